@@ -1,0 +1,41 @@
+/* Private to the spark-agent command: one function per subcommand, shared helpers. */
+#ifndef SPARK_CLI_H
+#define SPARK_CLI_H
+
+#include <stdbool.h>
+#include <stdio.h>
+
+/* Exit statuses of the command-line contract (docs/cli.md). */
+enum {
+    CLI_EXIT_OK = 0,
+    CLI_EXIT_FAIL = 1,
+    CLI_EXIT_USAGE = 2,
+    CLI_EXIT_SANDBOX = 125,
+};
+
+/* Each subcommand gets argv with argv[0] = its own name and returns the process exit status. */
+typedef int (*cli_command_fn)(int argc, char **argv);
+
+int cli_doctor(int argc, char **argv);
+int cli_version(int argc, char **argv);
+
+/* Settings resolved from flags > environment (SPARK_*) > config file (XDG) > defaults. */
+typedef struct {
+    char model[4096];        /* model file; "" = the embedded default */
+    char model_source[64];   /* where `model` came from: "flag", "SPARK_MODEL", config path... */
+    char device[16];         /* "auto", "cpu" or "cuda" */
+    char device_source[64];
+    int threads;             /* 0 = all cores */
+    bool sandbox_required;   /* false only when the user explicitly allowed unsandboxed runs */
+    char config_path[4096];  /* the config file consulted ("" if none exists) */
+    char error[4400];        /* set when the config file is malformed */
+} cli_config;
+
+/* Fill *cfg from the environment and the config file. Returns 0, or -1 with cfg->error set
+ * when the config file exists but cannot be parsed. */
+int cli_config_load(cli_config *cfg);
+
+/* Print "spark-agent NAME: message" to stderr (printf-style). */
+void cli_errorf(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#endif

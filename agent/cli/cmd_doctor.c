@@ -1,0 +1,174 @@
+/* spark-agent doctor: what a user needs to know before anything goes wrong. Every line is a
+ * fact read from this machine; a problem is printed as "PROBLEM:" and makes the exit status 1
+ * when the configuration asks for the missing thing. (A seeded lesson: an engine that silently
+ * lost its GPU ran at a quarter speed for weeks - so the GPU line is never quiet.) */
+#include "cli.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <getopt.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "engine.h"
+
+#ifdef SPARK_FULL_BUILD
+#include <git2.h>
+#include <jansson.h>
+#include <libwebsockets.h>
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+#include <seccomp.h>
+#include <tree_sitter/api.h>
+
+#include "sandbox.h"
+#endif
+
+typedef struct {
+    int problems; /* things the configuration asks for that are missing */
+    int warnings;
+} doctor_state;
+
+__attribute__((format(printf, 2, 3))) static void problem(doctor_state *st, const char *fmt,
+                                                          ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    printf("  PROBLEM: ");
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    st->problems++;
+}
+
+static void report_cpu(void) {
+    engine_cpu_info c;
+    engine_cpu_info_get(&c);
+    printf("CPU: %s, %s, %d logical cores\n", c.model_name[0] ? c.model_name : "(model unknown)",
+           c.arch, c.n_logical);
+    printf("  features:");
+    struct { const char *name; bool on; } f[] = {
+        {"sse4.2", c.sse42}, {"avx", c.avx}, {"avx2", c.avx2}, {"fma", c.fma}, {"f16c", c.f16c},
+        {"avx512f", c.avx512f}, {"avx512bw", c.avx512bw}, {"avx512vnni", c.avx512vnni},
+        {"avx-vnni", c.avx_vnni}, {"neon", c.neon}, {"dotprod", c.dotprod}, {"i8mm", c.i8mm},
+        {"sve", c.sve}};
+    int any = 0;
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (f[i].on) printf(" %s", f[i].name), any = 1;
+    printf("%s\n", any ? "" : " (none detected)");
+    printf("  CPU kernels: %s\n", engine_cpu_simd_path());
+}
+
+static void report_gpu(doctor_state *st, const cli_config *cfg) {
+    engine_gpu_info g;
+    engine_gpu_info_get(&g);
+    if (!g.backend_built) {
+        printf("GPU: no GPU: generation will run on the CPU (%s)\n", g.status);
+    } else if (g.n_devices == 0) {
+        printf("GPU: no GPU: generation will run on the CPU (%s; CUDA runtime %d.%d)\n", g.status,
+               g.runtime_version / 1000, (g.runtime_version % 1000) / 10);
+    } else {
+        printf("GPU: CUDA driver %d.%d, runtime %d.%d, %d device%s\n", g.driver_version / 1000,
+               (g.driver_version % 1000) / 10, g.runtime_version / 1000,
+               (g.runtime_version % 1000) / 10, g.n_devices, g.n_devices == 1 ? "" : "s");
+        for (int i = 0; i < g.n_devices; i++) {
+            const engine_gpu_device *d = &g.devices[i];
+            double bw = d->mem_clock_khz && d->mem_bus_width_bits
+                            ? 2.0 * d->mem_clock_khz * 1e3 * (d->mem_bus_width_bits / 8) / 1e9
+                            : 0;
+            printf("  [%d] %s, compute capability %d.%d, %.1f GiB (%.1f GiB free), %d SMs", i,
+                   d->name, d->major, d->minor, d->total_mem / 1073741824.0,
+                   d->free_mem / 1073741824.0, d->multiprocessors);
+            if (bw > 0) printf(", ~%.0f GB/s peak memory bandwidth", bw);
+            printf("\n");
+        }
+    }
+    if (!strcmp(cfg->device, "cuda") && g.n_devices == 0) {
+        problem(st, "device = cuda (from %s) but no GPU is usable", cfg->device_source);
+    }
+}
+
+#ifdef SPARK_FULL_BUILD
+static void report_sandbox(doctor_state *st, const cli_config *cfg) {
+    sandbox_caps c;
+    sandbox_caps_probe(&c);
+    printf("Sandbox: user namespaces %s, mount %s, PID %s, network %s, seccomp %s, landlock %s",
+           c.user_namespaces ? "yes" : "NO", c.mount_namespaces ? "yes" : "NO",
+           c.pid_namespaces ? "yes" : "NO", c.net_namespaces ? "yes" : "NO",
+           c.seccomp_filter ? "yes" : "NO", c.landlock_abi ? "yes" : "no");
+    if (c.landlock_abi) printf(" (ABI %d)", c.landlock_abi);
+    printf("\n");
+    bool usable = c.user_namespaces && c.mount_namespaces && c.pid_namespaces &&
+                  c.net_namespaces && c.seccomp_filter;
+    if (!usable && cfg->sandbox_required)
+        problem(st, "the sandbox cannot isolate commands here (%s); build and test tools will "
+                    "refuse to run unless you set `sandbox = off` in the config",
+                c.detail);
+    else if (!usable)
+        printf("  warning: sandbox = off in the config: tool commands run UNSANDBOXED\n");
+}
+
+static void report_libraries(void) {
+    int maj, min, rev;
+    git_libgit2_version(&maj, &min, &rev);
+    const struct scmp_version *sv = seccomp_version();
+    char pcre[64] = "";
+    pcre2_config(PCRE2_CONFIG_VERSION, pcre);
+    printf("Libraries: jansson %s, libgit2 %d.%d.%d, libwebsockets %s, libseccomp %u.%u.%u, "
+           "pcre2 %s, tree-sitter language ABI %d-%d\n",
+           jansson_version_str(), maj, min, rev, lws_get_library_version(), sv->major, sv->minor,
+           sv->micro, pcre, TREE_SITTER_MIN_COMPATIBLE_LANGUAGE_VERSION,
+           TREE_SITTER_LANGUAGE_VERSION);
+}
+#endif
+
+static void report_model(doctor_state *st, const cli_config *cfg) {
+    if (!cfg->model[0]) {
+        printf("Model: the embedded default (tiny random-weight Qwen3-MoE with the real Qwen3 "
+               "tokenizer); loading is not available yet in this build (issue 3)\n");
+        return;
+    }
+    struct stat sb;
+    if (stat(cfg->model, &sb) != 0) {
+        problem(st, "model %s (from %s): %s", cfg->model, cfg->model_source, strerror(errno));
+        return;
+    }
+    printf("Model: %s (from %s), %.2f GiB; loading is not available yet in this build "
+           "(issue 3)\n", cfg->model, cfg->model_source, sb.st_size / 1073741824.0);
+}
+
+int cli_doctor(int argc, char **argv) {
+    static const struct option opts[] = {{"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        if (c == 'h') {
+            printf("usage: spark-agent doctor\n\nReport the CPU, GPUs, sandbox support, library "
+                   "versions and the configured model.\nExit status 1 when something the "
+                   "configuration asks for is missing.\n");
+            return CLI_EXIT_OK;
+        }
+        return CLI_EXIT_USAGE;
+    }
+    doctor_state st = {0};
+    cli_config cfg;
+    int cfg_rc = cli_config_load(&cfg);
+    printf("spark-agent %s (%s)\n", engine_version(), engine_build_info());
+    printf("Config: %s; device = %s (%s)\n", cfg.config_path[0] ? cfg.config_path : "no config file",
+           cfg.device, cfg.device_source);
+    if (cfg_rc != 0) problem(&st, "%s", cfg.error);
+    report_cpu();
+    report_gpu(&st, &cfg);
+#ifdef SPARK_FULL_BUILD
+    report_sandbox(&st, &cfg);
+    report_libraries();
+#else
+    printf("Sandbox: not in this build (engine-only)\n");
+#endif
+    report_model(&st, &cfg);
+    if (st.problems) {
+        printf("%d problem%s found.\n", st.problems, st.problems == 1 ? "" : "s");
+        return CLI_EXIT_FAIL;
+    }
+    printf("All checks passed.\n");
+    return CLI_EXIT_OK;
+}

@@ -1,0 +1,65 @@
+/* Probing what isolation the running kernel offers. Each feature is tried for real in a
+ * short-lived child, because sysctls, LSMs and container runtimes can each forbid it. */
+#include "sandbox_int.h"
+
+#include <errno.h>
+#include <linux/landlock.h>
+#include <linux/seccomp.h>
+#include <linux/filter.h>
+#include <sched.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* Returns the child's exit status (0 = the feature works) or -1 when fork failed. */
+static int try_in_child(int (*fn)(void)) {
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) _exit(fn() == 0 ? 0 : 1);
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+    }
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 1;
+}
+
+static int try_userns(void) { return unshare(CLONE_NEWUSER); }
+static int try_mountns(void) { return unshare(CLONE_NEWUSER | CLONE_NEWNS); }
+static int try_pidns(void) { return unshare(CLONE_NEWUSER | CLONE_NEWPID); }
+static int try_netns(void) { return unshare(CLONE_NEWUSER | CLONE_NEWNET); }
+
+static int try_seccomp(void) {
+    struct sock_filter allow[] = {BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW)};
+    struct sock_fprog prog = {.len = 1, .filter = allow};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return -1;
+    return (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog);
+}
+
+void sandbox_caps_probe(sandbox_caps *out) {
+    memset(out, 0, sizeof *out);
+    out->user_namespaces = try_in_child(try_userns) == 0;
+    out->mount_namespaces = try_in_child(try_mountns) == 0;
+    out->pid_namespaces = try_in_child(try_pidns) == 0;
+    out->net_namespaces = try_in_child(try_netns) == 0;
+    out->seccomp_filter = try_in_child(try_seccomp) == 0;
+    long abi = syscall(SYS_landlock_create_ruleset, NULL, 0, LANDLOCK_CREATE_RULESET_VERSION);
+    out->landlock_abi = abi > 0 ? (int)abi : 0;
+
+    size_t n = 0;
+    out->detail[0] = 0;
+#define MISSING(cond, what)                                                                    \
+    if (!(cond) && n < sizeof out->detail)                                                     \
+        n += (size_t)snprintf(out->detail + n, sizeof out->detail - n, "%s%s", n ? "; " : "", what)
+    MISSING(out->user_namespaces, "user namespaces refused (kernel.unprivileged_userns_clone "
+                                  "or a container runtime forbids them)");
+    MISSING(out->mount_namespaces, "mount namespaces refused");
+    MISSING(out->pid_namespaces, "PID namespaces refused");
+    MISSING(out->net_namespaces, "network namespaces refused");
+    MISSING(out->seccomp_filter, "seccomp filters refused");
+    MISSING(out->landlock_abi > 0, "landlock absent (optional extra layer)");
+#undef MISSING
+}

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Install what spark-agent needs to build and test, on Debian 12. Idempotent: packages already
+# present are left alone, and the npm test peers are installed only when the lock file changed.
+#   scripts/install-deps.sh           build dependencies + test peers
+#   scripts/install-deps.sh --build   build dependencies only
+set -euo pipefail
+cd "$(dirname "$0")/.."
+want_tests=1
+[ "${1:-}" = "--build" ] && want_tests=0
+
+sudo_() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+build_pkgs=(build-essential cmake ninja-build pkg-config
+            libjansson-dev libgit2-dev libwebsockets-dev libseccomp-dev libtree-sitter-dev
+            libpcre2-dev)
+test_pkgs=(clang libclang-rt-14-dev nodejs npm git ripgrep bubblewrap neovim python3)
+pkgs=("${build_pkgs[@]}")
+[ $want_tests = 1 ] && pkgs+=("${test_pkgs[@]}")
+
+missing=()
+for p in "${pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+# node and npm may come from outside Debian (nodesource, nvm): accept any working ones.
+if command -v node >/dev/null && command -v npm >/dev/null; then
+    missing=("${missing[@]/nodejs}"); missing=("${missing[@]/npm}")
+fi
+missing=($(printf '%s\n' "${missing[@]}" | grep -v '^$' || true))
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "install-deps: installing ${missing[*]}"
+    sudo_ apt-get update -qq
+    sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        "${missing[@]}" >/dev/null
+else
+    echo "install-deps: Debian packages already installed"
+fi
+
+if [ $want_tests = 1 ]; then
+    # Test peers (reference tokenizer, chat-template renderer, JSON-Schema validator, real
+    # clients), pinned by tests/package-lock.json, installed without running install scripts.
+    stamp=tests/node_modules/.spark-lock-stamp
+    if [ ! -f "$stamp" ] || ! cmp -s tests/package-lock.json "$stamp"; then
+        (cd tests && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
+        cp tests/package-lock.json "$stamp"
+    else
+        echo "install-deps: npm test peers already installed"
+    fi
+fi
