@@ -213,7 +213,7 @@ void engine_detok_free(engine_detok *d);
 /* Forget any held bytes (start a new stream). */
 void engine_detok_reset(engine_detok *d);
 
-/* Feed one id. *text/*len receive the newly complete text (possibly empty), borrowed from the
+/* Feed one id. *text and *len receive the newly complete text (possibly empty), borrowed from the
  * detokenizer and valid until the next call on it. Ids out of range: EINVAL (state unchanged). */
 int engine_detok_feed(engine_detok *d, int32_t id, const char **text, size_t *len);
 
