@@ -128,6 +128,328 @@ typedef struct {
  * n_devices is 0 and `status` says why); returns ENGINE_EINTERNAL only on an unexpected error. */
 int engine_gpu_info_get(engine_gpu_info *out);
 
+/* ---------------------------------------------------------------------------------------------
+ * Models and generation
+ *
+ * engine_model     a loaded model file: weights (mapped, never copied on the CPU), tokenizer,
+ *                  chat template, and the CPU thread pool its forward passes run on.
+ * engine_session   one sequence and its KV cache: append tokens (prefill), read the logits of
+ *                  the last token, truncate back to n tokens (rollback). Many per model.
+ * engine_sampler   logits -> token: grammar mask, logit bias, penalties, temperature,
+ *                  top-k/top-p/min-p, seeded draw (or greedy).
+ * engine_generate  prompt -> streamed text on a session, with stop tokens/strings,
+ *                  cancellation and per-request stats.
+ *
+ * Thread-safety: a model is immutable after load and may be shared by any number of threads
+ * and sessions. A session (and a sampler) is used by one thread at a time. Sessions of one
+ * model may run on different threads; their forward passes are serialised on the model's
+ * thread pool, which uses every core for one pass at a time.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct engine_model engine_model;
+typedef struct engine_session engine_session;
+typedef struct engine_sampler engine_sampler;
+
+typedef enum {
+    ENGINE_DEVICE_AUTO = 0, /* CUDA when built and a GPU is usable, else the CPU (logged) */
+    ENGINE_DEVICE_CPU = 1,
+    ENGINE_DEVICE_CUDA = 2, /* ENGINE_ENODEV with the reason when the GPU cannot be used */
+} engine_device;
+
+/* Static "auto" / "cpu" / "cuda"; engine_device_parse returns the device or -1. */
+const char *engine_device_name(engine_device d);
+int engine_device_parse(const char *name);
+
+typedef struct {
+    int version;            /* ENGINE_MODEL_PARAMS_VERSION */
+    int n_threads;          /* CPU threads for the forward pass; 0 = every CPU we may use */
+    int32_t n_ctx;          /* default context length of new sessions; 0 = min(trained, 4096) */
+    engine_device device;
+    bool vocab_only;        /* load the tokenizer and metadata only: no sessions */
+} engine_model_params;
+
+#define ENGINE_MODEL_PARAMS_VERSION 1
+#define ENGINE_MODEL_PARAMS_INIT {ENGINE_MODEL_PARAMS_VERSION, 0, 0, ENGINE_DEVICE_AUTO, false}
+
+/* Load the GGUF file at `path` (architectures qwen3moe and qwen3). The file is mapped and
+ * validated (every tensor's shape and type) before anything runs. params may be NULL
+ * (defaults). Errors: ENGINE_EIO (cannot open/map), ENGINE_EFORMAT (malformed or truncated
+ * file: the message names the file and the field), ENGINE_EUNSUPPORTED (architecture or tensor
+ * type), ENGINE_ENODEV (device), ENGINE_ENOMEM, ENGINE_EINVAL. *out owned by the caller. */
+int engine_model_load(engine_model **out, const char *path, const engine_model_params *params);
+
+/* Free the model. Every session of the model must have been freed first. NULL: no-op. */
+void engine_model_free(engine_model *m);
+
+typedef struct {
+    char arch[32];              /* GGUF general.architecture: "qwen3moe", "qwen3" */
+    char name[128];             /* general.name, or "" */
+    int32_t n_vocab;
+    int32_t n_ctx_train;
+    int32_t n_ctx;              /* default context of new sessions */
+    int32_t n_layer, n_embd, n_head, n_head_kv, head_dim;
+    int32_t n_expert, n_expert_used; /* 0 for dense models */
+    uint64_t n_params;          /* total parameters */
+    uint64_t n_params_active;   /* parameters used per token */
+    uint64_t file_size;         /* bytes */
+    uint64_t weight_bytes;      /* bytes of tensor data in the file */
+    char weight_type[16];       /* the most common tensor type by bytes ("q4_K", "f32") */
+    int n_threads;              /* CPU threads of the forward pass */
+    engine_device device;       /* the device the model runs on (never AUTO) */
+    bool vocab_only;
+} engine_model_info;
+
+void engine_model_info_get(const engine_model *m, engine_model_info *out);
+
+/* Tokenize `len` bytes of `text` (any bytes; the tokenizer is byte-level). With parse_special,
+ * special-token texts such as "<|im_start|>" become their ids; without, they are plain text.
+ * Writes up to `cap` ids and the total count to *n_out; when cap is too small returns
+ * ENGINE_ERANGE with *n_out = the count needed (call again with a larger buffer). */
+int engine_model_tokenize(const engine_model *m, const char *text, size_t len, bool parse_special,
+                          int32_t *ids, size_t cap, size_t *n_out);
+
+/* The raw bytes of a token (special tokens: their text). Borrowed from the model; NULL and
+ * *len = 0 for an id out of range. */
+const char *engine_model_token_bytes(const engine_model *m, int32_t id, size_t *len);
+
+/* Concatenate the bytes of n ids into buf (cap bytes, NUL-terminated when it fits) and set
+ * *len_out to the byte count (without NUL). The result may end in or contain incomplete UTF-8
+ * when the ids do. ENGINE_ERANGE when buf is too small (*len_out = the size needed);
+ * ENGINE_EINVAL for an id out of range. */
+int engine_model_detokenize(const engine_model *m, const int32_t *ids, size_t n, char *buf,
+                            size_t cap, size_t *len_out);
+
+int32_t engine_model_n_vocab(const engine_model *m);
+/* Special ids from the file's tokenizer metadata; -1 when the file has none. */
+int32_t engine_model_token_bos(const engine_model *m);
+int32_t engine_model_token_eos(const engine_model *m);
+/* End of generation: eos, <|im_end|>, <|endoftext|> and the like. */
+bool engine_model_token_is_eog(const engine_model *m, int32_t id);
+/* Control / special tokens (not ordinary text). */
+bool engine_model_token_is_special(const engine_model *m, int32_t id);
+/* The chat template (Jinja source) from tokenizer.chat_template, or NULL. Borrowed. */
+const char *engine_model_chat_template(const engine_model *m);
+
+/* ----- sessions ----- */
+
+typedef enum {
+    ENGINE_KV_F16 = 0, /* half the memory; logits within ~1e-3 of F32 */
+    ENGINE_KV_F32 = 1, /* exact: what the reference-logits test uses */
+} engine_kv_type;
+
+typedef struct {
+    int version;            /* ENGINE_SESSION_PARAMS_VERSION */
+    int32_t n_ctx;          /* positions; 0 = the model's default */
+    int32_t n_batch;        /* prompt tokens per forward batch; 0 = 64 */
+    engine_kv_type kv_type;
+} engine_session_params;
+
+#define ENGINE_SESSION_PARAMS_VERSION 1
+#define ENGINE_SESSION_PARAMS_INIT {ENGINE_SESSION_PARAMS_VERSION, 0, 0, ENGINE_KV_F16}
+
+/* Create a session on m (params may be NULL). Everything the forward pass needs (KV cache,
+ * activations, logits) is allocated here, so appending tokens allocates nothing.
+ * ENGINE_ENOMEM names the bytes it wanted; ENGINE_EINVAL for a vocab-only model or a bad
+ * n_ctx. The session borrows m: free it before the model. */
+int engine_session_new(engine_session **out, engine_model *m, const engine_session_params *p);
+void engine_session_free(engine_session *s);
+
+int32_t engine_session_n_ctx(const engine_session *s);
+/* Tokens in the cache, and the tokens themselves (borrowed; valid until the next change). */
+int32_t engine_session_n_tokens(const engine_session *s);
+const int32_t *engine_session_tokens(const engine_session *s);
+
+/* Run the forward pass over n tokens appended after the cached ones (a prompt: in batches of
+ * n_batch; one token: a decode step). Afterwards engine_session_logits() holds the next-token
+ * logits after the last appended token. When logits_all is non-NULL it receives n * n_vocab
+ * floats: the logits after each appended token (speculative verification, tests).
+ * ENGINE_ERANGE when the tokens do not fit the context (nothing is appended),
+ * ENGINE_EINVAL for an id out of range. */
+int engine_session_append(engine_session *s, const int32_t *tokens, size_t n, float *logits_all);
+
+/* n_vocab logits after the last appended token, or NULL before the first append or after a
+ * truncate. Borrowed; valid until the next append or truncate. */
+const float *engine_session_logits(const engine_session *s);
+
+/* Forget every token from position n on (rollback; 0 clears). ENGINE_EINVAL when n is beyond
+ * the current length. */
+int engine_session_truncate(engine_session *s, int32_t n);
+
+/* ----- sampling ----- */
+
+/* Grammar hook. mask: set bit i of allowed[i / 32] (bit i % 32) for each token id that may
+ * come next; the sampler clears the bitset to zero before the call. Return 0, or non-zero to
+ * abort generation (ENGINE_ECANCELED). accept: called with the token chosen, so the grammar can
+ * advance; return 0, or non-zero to abort. Tokens the mask leaves out (end-of-generation
+ * tokens included) are never sampled; the mask is applied before penalties and temperature. */
+typedef int (*engine_mask_fn)(void *user, uint32_t *allowed, int32_t n_vocab);
+typedef int (*engine_accept_fn)(void *user, int32_t token);
+
+typedef struct {
+    int32_t token;
+    float bias;             /* added to the logit; -INFINITY bans the token */
+} engine_logit_bias;
+
+typedef struct {
+    int version;            /* ENGINE_SAMPLING_PARAMS_VERSION */
+    float temperature;      /* <= 0: greedy (argmax after mask, bias and penalties) */
+    int32_t top_k;          /* 0: off */
+    float top_p;            /* 1: off */
+    float min_p;            /* 0: off; drop tokens with p < min_p * p_max */
+    float repeat_penalty;   /* 1: off; CTRL-style: logit > 0 ? logit / r : logit * r */
+    float presence_penalty; /* 0: off; minus this once for a token seen in the window */
+    float frequency_penalty;/* 0: off; minus this times the token's count in the window */
+    int32_t penalty_last_n; /* window of recent tokens (prompt included); 0: off, -1: context */
+    uint64_t seed;          /* the draw is reproducible for a given seed */
+    const engine_logit_bias *logit_bias; /* borrowed for the sampler's lifetime */
+    size_t n_logit_bias;
+    engine_mask_fn mask;    /* optional grammar hook (both may be NULL) */
+    engine_accept_fn accept;
+    void *grammar_user;
+} engine_sampling_params;
+
+#define ENGINE_SAMPLING_PARAMS_VERSION 1
+#define ENGINE_SAMPLING_PARAMS_INIT                                                             \
+    {ENGINE_SAMPLING_PARAMS_VERSION, 0.8f, 40, 0.95f, 0.05f, 1.0f, 0.0f, 0.0f, 64, 0, NULL, 0,  \
+     NULL, NULL, NULL}
+
+/* A sampler for a vocabulary of n_vocab ids; copies params (the bias array stays borrowed).
+ * Scratch for the whole vocabulary is allocated here, none per token. */
+int engine_sampler_new(engine_sampler **out, const engine_sampling_params *p, int32_t n_vocab);
+void engine_sampler_free(engine_sampler *s);
+
+/* Choose the next token from n_vocab logits (not modified). Does NOT call accept and does not
+ * record the token: call engine_sampler_accept with the token you keep. ENGINE_ECANCELED when
+ * the mask callback aborts, ENGINE_EINVAL when the mask allows no token at all. */
+int engine_sampler_sample(engine_sampler *s, const float *logits, int32_t *out_token);
+
+/* Record a kept token: into the penalty window and, when grammar is true, through the accept
+ * hook (prompt tokens go in with grammar = false). ENGINE_ECANCELED when accept aborts. */
+int engine_sampler_accept(engine_sampler *s, int32_t token, bool grammar);
+
+/* Forget the penalty window and re-seed the generator (the grammar is the caller's). */
+void engine_sampler_reset(engine_sampler *s);
+
+/* ----- generation ----- */
+
+typedef enum {
+    ENGINE_STOP_NONE = 0,
+    ENGINE_STOP_LENGTH,     /* max_tokens generated */
+    ENGINE_STOP_EOG,        /* an end-of-generation token of the model (not emitted) */
+    ENGINE_STOP_TOKEN,      /* one of stop_tokens (not emitted) */
+    ENGINE_STOP_STRING,     /* one of stop_strings (the string and what follows not emitted) */
+    ENGINE_STOP_CONTEXT,    /* the session's context is full */
+    ENGINE_STOP_CANCELED,   /* the callback or a grammar hook asked to stop */
+} engine_stop_reason;
+
+/* Streaming callback: `text` (len bytes, not NUL-terminated) is the next piece of generated
+ * text, complete UTF-8 only, with any possible beginning of a stop string held back until it
+ * is decided; it may be empty (len 0) for a token that completed nothing yet. `token` is the
+ * token just generated, or -1 for the text released at the end of generation (a held-back
+ * tail). Return 0 to go on, non-zero to cancel. */
+typedef int (*engine_token_fn)(void *user, const char *text, size_t len, int32_t token);
+
+typedef struct {
+    int version;            /* ENGINE_GEN_PARAMS_VERSION */
+    const int32_t *prompt;  /* the full prompt (borrowed) */
+    size_t n_prompt;
+    int32_t max_tokens;     /* tokens to generate at most; <= 0: until stop or context full */
+    engine_sampling_params sampling;
+    bool ignore_eog;        /* do not stop at the model's end-of-generation tokens */
+    const int32_t *stop_tokens;          /* extra stop ids (borrowed) */
+    size_t n_stop_tokens;
+    const char *const *stop_strings;     /* NUL-terminated, non-empty (borrowed) */
+    size_t n_stop_strings;
+} engine_gen_params;
+
+#define ENGINE_GEN_PARAMS_VERSION 1
+#define ENGINE_GEN_PARAMS_INIT                                                                  \
+    {ENGINE_GEN_PARAMS_VERSION, NULL, 0, 128, ENGINE_SAMPLING_PARAMS_INIT, false, NULL, 0, NULL, 0}
+
+typedef struct {
+    int32_t prompt_tokens;      /* n_prompt */
+    int32_t cached_tokens;      /* prompt tokens reused from the session's cache */
+    int32_t generated_tokens;   /* tokens sampled (stop token included) */
+    double prefill_ms;          /* forward over the uncached prompt tokens */
+    double decode_ms;           /* forward of the generated tokens */
+    double sample_ms;           /* sampler, mask hook and detokenization */
+    engine_stop_reason stop;
+} engine_gen_stats;
+
+/* Generate on session s: the session keeps the longest common prefix of its tokens and the
+ * prompt (prefix reuse) and computes the rest, then samples up to max_tokens tokens, appending
+ * each to the session and streaming text through cb (may be NULL). stats (may be NULL) is
+ * filled also on failure. Returns 0 when generation stopped for any reason in
+ * engine_stop_reason other than cancellation, ENGINE_ECANCELED when cb or a hook cancelled,
+ * ENGINE_ERANGE when the prompt does not fit the context, ENGINE_EINVAL for bad params. */
+int engine_generate(engine_session *s, const engine_gen_params *p, engine_token_fn cb,
+                    void *user, engine_gen_stats *stats);
+
+/* ---------------------------------------------------------------------------------------------
+ * Random-model generator (engine/gen/)
+ *
+ * engine_model_gen() writes a GGUF file with the exact tensor names and metadata of a
+ * converted model of a preset shape ("tiny", "qwen3-tiny", "small", "qwen3-0.6b",
+ * "qwen3-30b-a3b"), random weights fully determined by the seed (the same bytes for any thread
+ * count), and the real Qwen3 tokenizer and chat template. Optionally it writes the same weights
+ * as Hugging Face safetensors + config.json for transformers' Qwen3MoeForCausalLM /
+ * Qwen3ForCausalLM, in F32: for quantised types the dequantised values, exactly what the
+ * engine computes with. It uses every core; thread-safe (no shared state).
+ * ------------------------------------------------------------------------------------------- */
+typedef struct {
+    const char *name;       /* GGUF tensor name, "blk.0.attn_q.weight" */
+    const char *type;       /* ggml type name: "f32", "q4_K", ... */
+    int n_dims;
+    int64_t ne[4];          /* ggml order: ne[0] is the row length; unused dimensions are 1 */
+    uint64_t nbytes;
+} engine_model_gen_tensor;
+
+typedef void (*engine_model_gen_tensor_fn)(void *user, const engine_model_gen_tensor *t);
+
+typedef struct {
+    int version;                /* ENGINE_MODEL_GEN_PARAMS_VERSION */
+    const char *preset;         /* a name from engine_model_gen_preset(); default "tiny" */
+    const char *type;           /* one of engine_model_gen_types(); default "f32" */
+    uint64_t seed;
+    const char *out_path;       /* the GGUF file, written atomically (path.tmp, then rename) */
+    const char *safetensors_dir;/* NULL, or a directory (created if absent) that receives
+                                 * model.safetensors, config.json, tokenizer.json and
+                                 * tokenizer_config.json */
+    const char *tokenizer_dir;  /* directory of tokenizer.json + tokenizer_config.json; NULL:
+                                 * the tokenizer embedded at build time (EINVAL if none) */
+    int n_threads;              /* 0: every online CPU */
+    bool dry_run;               /* report the tensors through on_tensor, write nothing */
+    engine_model_gen_tensor_fn on_tensor; /* optional: each tensor in file order, before any
+                                           * data is written (borrowed strings) */
+    void *user;
+} engine_model_gen_params;
+
+#define ENGINE_MODEL_GEN_PARAMS_VERSION 1
+
+/* Defaults: preset "tiny", type "f32", seed 0, all threads, no outputs. */
+void engine_model_gen_params_init(engine_model_gen_params *p);
+
+/* Generate. Errors: ENGINE_EINVAL (unknown preset or type, missing output, no tokenizer),
+ * ENGINE_EIO (cannot write; nothing is left behind but the error), ENGINE_ENOMEM. */
+int engine_model_gen(const engine_model_gen_params *p);
+
+/* Presets: the i-th name (NULL past the end) and its one-line description. Static strings. */
+size_t engine_model_gen_preset_count(void);
+const char *engine_model_gen_preset(size_t i, const char **description);
+
+/* "f32|f16|bf16|q8_0|q4_0|q4_k_m|q5_k_m|q6_k" (static). */
+const char *engine_model_gen_types(void);
+
+/* True when the Qwen3 tokenizer files were embedded at build time. */
+bool engine_model_gen_tokenizer_embedded(void);
+
+/* The path of the default model (the "tiny" preset, type q8_0, seed 0), generating it on first
+ * use into $XDG_CACHE_HOME/spark-agent/models/ (default ~/.cache/spark-agent/models/), named
+ * after the generator version, preset, type and seed so that a new generator never reuses a
+ * stale file. Generation is atomic and serialised between processes by a lock file. Writes a
+ * NUL-terminated path into buf. Errors: ENGINE_ERANGE (buf too small), ENGINE_EIO, and those
+ * of engine_model_gen (e.g. no embedded tokenizer). */
+int engine_default_model_path(char *buf, size_t cap);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,104 @@
+/*
+ * cpu.h - the CPU backend's thread pool and F32 ops (private to engine/).
+ *
+ * Activations are F32 throughout. Weights stay where the model file maps them and are read
+ * through quant.h's dot products (see engine_cpu_matmul). Every op here has a naive
+ * counterpart in the tests (tests/engine/test_forward_ops.c) that it is checked against.
+ *
+ * None of these functions allocate; the caller provides all scratch memory.
+ */
+#ifndef SPARK_ENGINE_CPU_H
+#define SPARK_ENGINE_CPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine.h"
+
+/* ---------------------------------------------------------------------------------------------
+ * Thread pool: persistent workers, one job at a time, the caller works as thread 0.
+ *
+ * engine_pool_run(pool, fn, ctx) calls fn(ctx, ith, nth) once on each of the nth threads and
+ * returns when all have returned (a full barrier). Workers spin for a short while after a job
+ * and then sleep on a condition variable, so a token loop pays no syscall between ops while an
+ * idle engine burns no CPU. One pool serves one caller thread at a time (not re-entrant).
+ * ------------------------------------------------------------------------------------------- */
+typedef struct engine_pool engine_pool;
+typedef void (*engine_pool_fn)(void *ctx, int ith, int nth);
+
+/* n_threads >= 1 (1 = no worker threads). ENGINE_ENOMEM / ENGINE_EINTERNAL on failure. */
+int engine_pool_new(engine_pool **out, int n_threads);
+void engine_pool_free(engine_pool *pool);
+int engine_pool_size(const engine_pool *pool);
+void engine_pool_run(engine_pool *pool, engine_pool_fn fn, void *ctx);
+
+/* The [*r0, *r1) share of thread ith of nth over n items, in contiguous chunks. */
+static inline void engine_split(int64_t n, int ith, int nth, int64_t *r0, int64_t *r1) {
+    int64_t per = (n + nth - 1) / nth;
+    int64_t a = per * ith, b = a + per;
+    *r0 = a < n ? a : n;
+    *r1 = b < n ? b : n;
+}
+
+/* The number of logical CPUs this process may run on (sched_getaffinity), at least 1. */
+int engine_cpu_count(void);
+
+/* ---------------------------------------------------------------------------------------------
+ * Ops on F32 vectors
+ * ------------------------------------------------------------------------------------------- */
+
+/* y = x / sqrt(mean(x^2) + eps) * w, n elements; y may alias x. */
+void engine_cpu_rmsnorm(float *y, const float *x, const float *w, int n, float eps);
+
+/* In-place softmax over n values; returns nothing, values sum to 1. */
+void engine_cpu_softmax(float *x, int n);
+
+/* NeoX-style rotary embedding ("rotate halves") of n_heads heads of head_dim values (head_dim
+ * even) at position pos: for i < head_dim/2, the pair (x[i], x[i + head_dim/2]) turns by the
+ * angle pos * inv_freq[i]. inv_freq comes from engine_cpu_rope_inv_freq. */
+void engine_cpu_rope_neox(float *x, int n_heads, int head_dim, int32_t pos,
+                          const float *inv_freq);
+
+/* inv_freq[i] = 1 / theta^(2i / head_dim), computed in F32 as the reference implementation
+ * does, for i < head_dim/2. */
+void engine_cpu_rope_inv_freq(float *inv_freq, int head_dim, float theta);
+
+/* y[i] = silu(g[i]) * u[i] for n values; y may alias g. */
+void engine_cpu_swiglu(float *y, const float *g, const float *u, int n);
+
+/* ---------------------------------------------------------------------------------------------
+ * Attention over a KV cache seen through a block table.
+ *
+ * The cache of one layer is a list of blocks of `block_size` positions each; position p lives in
+ * block blocks[p / block_size] at row p % block_size; a row holds n_head_kv * head_dim values
+ * (K and V separately) of type F32 or F16. Today's contiguous per-session cache is one block of
+ * n_ctx positions; the paged pool (issue 4) passes its block table unchanged.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct {
+    void *const *k_blocks;   /* [n_blocks] -> [block_size][n_head_kv * head_dim] */
+    void *const *v_blocks;
+    int32_t block_size;
+    engine_kv_type type;
+    int n_head_kv;
+    int head_dim;
+} engine_kv_view;
+
+/* Store one position's K and V rows (each n_head_kv * head_dim F32 values) at position pos. */
+void engine_cpu_kv_store(const engine_kv_view *kv, int32_t pos, const float *k, const float *v);
+
+/* Causal attention of one query head over positions [0, n_pos): out[head_dim] =
+ * softmax(q.K^T * scale) V, reading KV head kv_head. `scores` is scratch of n_pos floats. */
+void engine_cpu_attention_head(float *out, const float *q, const engine_kv_view *kv,
+                               int kv_head, int32_t n_pos, float scale, float *scores);
+
+/* ---------------------------------------------------------------------------------------------
+ * MoE routing
+ * ------------------------------------------------------------------------------------------- */
+
+/* Softmax over n_expert router logits, pick the k largest (ties: lower id first), and when
+ * norm_topk renormalise their weights to sum to 1. Writes ids[k] (descending weight) and
+ * weights[k]. `probs` is scratch of n_expert floats. */
+void engine_cpu_moe_route(const float *logits, int n_expert, int k, int norm_topk,
+                          int32_t *ids, float *weights, float *probs);
+
+#endif

@@ -1,0 +1,148 @@
+/* F32 ops of the CPU backend (contracts in cpu.h). Reductions accumulate in double: the
+ * vectors are short (a few thousand values) and it keeps us within 1e-6 of the reference. */
+#include "cpu.h"
+
+#include "cpu/quant.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <string.h>
+
+void engine_cpu_rmsnorm(float *y, const float *x, const float *w, int n, float eps) {
+    double ss = 0.0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    /* The reference computes mean and rsqrt in F32; the double sum only removes rounding. */
+    float scale = 1.0f / sqrtf((float)(ss / n) + eps);
+    for (int i = 0; i < n; i++) y[i] = w[i] * (x[i] * scale);
+}
+
+void engine_cpu_softmax(float *x, int n) {
+    float mx = -INFINITY;
+    for (int i = 0; i < n; i++)
+        if (x[i] > mx) mx = x[i];
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) {
+        x[i] = expf(x[i] - mx);
+        sum += x[i];
+    }
+    float inv = (float)(1.0 / sum);
+    for (int i = 0; i < n; i++) x[i] *= inv;
+}
+
+void engine_cpu_rope_inv_freq(float *inv_freq, int head_dim, float theta) {
+    for (int i = 0; i < head_dim / 2; i++) {
+        float e = (float)(2 * i) / (float)head_dim;
+        inv_freq[i] = 1.0f / powf(theta, e);
+    }
+}
+
+void engine_cpu_rope_neox(float *x, int n_heads, int head_dim, int32_t pos,
+                          const float *inv_freq) {
+    int half = head_dim / 2;
+    for (int i = 0; i < half; i++) {
+        /* The angle is rounded to F32 as the reference's F32 outer product does; cos and sin
+         * of that value are then computed exactly. */
+        float ang = (float)pos * inv_freq[i];
+        float c = (float)cos((double)ang), s = (float)sin((double)ang);
+        for (int h = 0; h < n_heads; h++) {
+            float *v = x + (size_t)h * head_dim;
+            float x0 = v[i], x1 = v[i + half];
+            v[i] = x0 * c - x1 * s;
+            v[i + half] = x0 * s + x1 * c;
+        }
+    }
+}
+
+void engine_cpu_swiglu(float *y, const float *g, const float *u, int n) {
+    for (int i = 0; i < n; i++) {
+        float a = g[i];
+        y[i] = a / (1.0f + expf(-a)) * u[i];
+    }
+}
+
+static inline const float *kv_row_f32(void *const *blocks, int32_t bs, int32_t pos, int stride) {
+    return (const float *)blocks[pos / bs] + (size_t)(pos % bs) * stride;
+}
+
+static inline const uint16_t *kv_row_f16(void *const *blocks, int32_t bs, int32_t pos,
+                                         int stride) {
+    return (const uint16_t *)blocks[pos / bs] + (size_t)(pos % bs) * stride;
+}
+
+void engine_cpu_kv_store(const engine_kv_view *kv, int32_t pos, const float *k, const float *v) {
+    int stride = kv->n_head_kv * kv->head_dim;
+    size_t off = (size_t)(pos % kv->block_size) * stride;
+    if (kv->type == ENGINE_KV_F32) {
+        memcpy((float *)kv->k_blocks[pos / kv->block_size] + off, k, sizeof(float) * stride);
+        memcpy((float *)kv->v_blocks[pos / kv->block_size] + off, v, sizeof(float) * stride);
+    } else {
+        uint16_t *kd = (uint16_t *)kv->k_blocks[pos / kv->block_size] + off;
+        uint16_t *vd = (uint16_t *)kv->v_blocks[pos / kv->block_size] + off;
+        for (int i = 0; i < stride; i++) {
+            kd[i] = engine_fp32_to_fp16(k[i]);
+            vd[i] = engine_fp32_to_fp16(v[i]);
+        }
+    }
+}
+
+void engine_cpu_attention_head(float *out, const float *q, const engine_kv_view *kv,
+                               int kv_head, int32_t n_pos, float scale, float *scores) {
+    int d = kv->head_dim, stride = kv->n_head_kv * d;
+    size_t hoff = (size_t)kv_head * d;
+    float mx = -INFINITY;
+    for (int32_t p = 0; p < n_pos; p++) {
+        float s = 0.0f;
+        if (kv->type == ENGINE_KV_F32) {
+            const float *k = kv_row_f32(kv->k_blocks, kv->block_size, p, stride) + hoff;
+            for (int i = 0; i < d; i++) s += q[i] * k[i];
+        } else {
+            const uint16_t *k = kv_row_f16(kv->k_blocks, kv->block_size, p, stride) + hoff;
+            for (int i = 0; i < d; i++) s += q[i] * engine_fp16_to_fp32(k[i]);
+        }
+        s *= scale;
+        scores[p] = s;
+        if (s > mx) mx = s;
+    }
+    double sum = 0.0;
+    for (int32_t p = 0; p < n_pos; p++) {
+        scores[p] = expf(scores[p] - mx);
+        sum += scores[p];
+    }
+    float inv = (float)(1.0 / sum);
+    for (int i = 0; i < d; i++) out[i] = 0.0f;
+    for (int32_t p = 0; p < n_pos; p++) {
+        float w = scores[p] * inv;
+        if (kv->type == ENGINE_KV_F32) {
+            const float *v = kv_row_f32(kv->v_blocks, kv->block_size, p, stride) + hoff;
+            for (int i = 0; i < d; i++) out[i] += w * v[i];
+        } else {
+            const uint16_t *v = kv_row_f16(kv->v_blocks, kv->block_size, p, stride) + hoff;
+            for (int i = 0; i < d; i++) out[i] += w * engine_fp16_to_fp32(v[i]);
+        }
+    }
+}
+
+void engine_cpu_moe_route(const float *logits, int n_expert, int k, int norm_topk,
+                          int32_t *ids, float *weights, float *probs) {
+    memcpy(probs, logits, sizeof(float) * (size_t)n_expert);
+    engine_cpu_softmax(probs, n_expert);
+    /* k is small (8 of 128): selection by repeated scan keeps ties in id order, as torch.topk
+     * does on CPU for distinct values. */
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < n_expert; e++) {
+            bool taken = false;
+            for (int t = 0; t < j; t++)
+                if (ids[t] == e) taken = true;
+            if (taken) continue;
+            if (best < 0 || probs[e] > probs[best]) best = e;
+        }
+        ids[j] = best;
+        weights[j] = probs[best];
+    }
+    if (norm_topk) {
+        double s = 0.0;
+        for (int j = 0; j < k; j++) s += weights[j];
+        for (int j = 0; j < k; j++) weights[j] = (float)(weights[j] / s);
+    }
+}

@@ -1,0 +1,653 @@
+/* The forward pass of qwen3moe (Qwen3-MoE) and qwen3 (dense) on the CPU.
+ *
+ * One block, for a batch of B tokens at positions p0 .. p0+B-1:
+ *   xn = rmsnorm(x) * attn_norm
+ *   q, k, v = Wq xn, Wk xn, Wv xn              (one pass over the three weights)
+ *   q, k = rmsnorm per head (q_norm, k_norm), then NeoX RoPE; k, v -> KV cache
+ *   a = softmax(q K^T / sqrt(d)) V per head     (causal; GQA: head h reads kv head h / group)
+ *   x += Wo a
+ *   xn = rmsnorm(x) * ffn_norm
+ *   MoE:   p = softmax(router xn); top-k; renormalise when norm_topk_prob;
+ *          x += sum_j p_j * down_j(silu(gate_j xn) * up_j xn)   (only the selected experts)
+ *   dense: x += down(silu(gate xn) * up xn)
+ * then logits = Wout (rmsnorm(x) * output_norm).
+ *
+ * Weights are read in place from the mapping. A batch reads each weight once: the product loops
+ * over row blocks and, inside, over the batch's tokens, and the MoE groups the batch's tokens by
+ * expert so each selected expert's rows are streamed once per batch. Every output value is
+ * computed by exactly one thread with the same arithmetic whatever the thread count or batch
+ * split, so 1 thread and N threads, batch prefill and token-by-token, give identical bits.
+ * Nothing is allocated here after engine_fwd_new. */
+#include "model/model_int.h"
+
+#include <math.h>
+#include <string.h>
+
+#define ROW_BLOCK 16  /* rows per inner block: a block of weights stays in cache over the batch */
+#define EXP_CHUNK 32  /* rows per MoE work item */
+
+struct engine_fwd {
+    int32_t n_ctx, B, k_used, n_threads;
+    /* KV cache: one contiguous block per layer */
+    void *kv_mem;
+    void **k_blocks, **v_blocks;  /* [n_layer] */
+    engine_kv_view *views;        /* [n_layer] */
+    /* activations, [B][...] */
+    float *x, *xn, *q, *k, *v, *att, *tmp;
+    float *g, *u;                 /* [B * k_used][n_ff_max] */
+    float *ffn_out;               /* [B * k_used][n_embd] (MoE) */
+    float *router, *probs;        /* [B][n_expert] */
+    int32_t *sel;                 /* [B * k_used] expert of each slot */
+    float *selw;                  /* [B * k_used] */
+    int32_t *exp_start;           /* [n_expert + 1] */
+    int32_t *exp_slots;           /* [B * k_used] slots grouped by expert */
+    int32_t *active;              /* [n_expert] experts with tokens */
+    uint8_t *conv, *conv2;        /* converted activations [B][conv_stride] */
+    uint8_t *hconv;               /* [B * k_used][hconv_stride] */
+    size_t conv_stride, hconv_stride;
+    float *scores;                /* [n_threads][n_ctx] */
+};
+
+static size_t fsz(size_t n) {
+    return n * sizeof(float);
+}
+
+static int64_t n_ff_max(const engine_hparams *hp) {
+    return hp->arch == ENGINE_ARCH_QWEN3MOE ? hp->n_ff_exp : hp->n_ff;
+}
+
+static int32_t k_used(const engine_hparams *hp) {
+    return hp->arch == ENGINE_ARCH_QWEN3MOE ? (int32_t)hp->n_expert_used : 1;
+}
+
+/* Layout of everything engine_fwd_new allocates, shared with engine_fwd_bytes. */
+typedef struct {
+    size_t kv, act, conv, hconv, scores, moe;
+} fwd_sizes;
+
+static fwd_sizes fwd_layout(const engine_model *m, int32_t n_ctx, int32_t B, engine_kv_type kvt,
+                            size_t *conv_stride, size_t *hconv_stride) {
+    const engine_hparams *hp = &m->hp;
+    fwd_sizes z;
+    size_t kv_dim = (size_t)hp->n_head_kv * hp->head_dim_k;
+    size_t elt = kvt == ENGINE_KV_F32 ? 4 : 2;
+    z.kv = 2 * (size_t)hp->n_layer * (size_t)n_ctx * kv_dim * elt;
+    size_t q_dim = (size_t)hp->n_head * hp->head_dim_k;
+    size_t emb = hp->n_embd;
+    size_t slots = (size_t)B * (size_t)k_used(hp);
+    z.act = fsz((size_t)B * (3 * emb + 2 * q_dim + 2 * kv_dim)) +
+            fsz(slots * 2 * (size_t)n_ff_max(hp));
+    /* F32 is the widest vec_dot type: 4 bytes per value covers every conversion. */
+    size_t widest_in = emb > q_dim ? emb : q_dim;
+    *conv_stride = (fsz(widest_in) + 63) & ~(size_t)63;
+    *hconv_stride = (fsz((size_t)n_ff_max(hp)) + 63) & ~(size_t)63;
+    z.conv = 2 * (size_t)B * *conv_stride;
+    z.hconv = slots * *hconv_stride;
+    z.scores = fsz((size_t)engine_pool_size(m->pool) * (size_t)n_ctx);
+    z.moe = 0;
+    if (hp->arch == ENGINE_ARCH_QWEN3MOE) {
+        size_t ne = hp->n_expert;
+        z.moe = fsz(slots * emb) + 2 * fsz((size_t)B * ne) + slots * (sizeof(int32_t) + 4) +
+                (ne + 1) * sizeof(int32_t) + slots * sizeof(int32_t) + ne * sizeof(int32_t);
+    }
+    return z;
+}
+
+size_t engine_fwd_bytes(const engine_model *m, int32_t n_ctx, int32_t n_batch,
+                        engine_kv_type kv) {
+    size_t a, b;
+    fwd_sizes z = fwd_layout(m, n_ctx, n_batch, kv, &a, &b);
+    return z.kv + z.act + z.conv + z.hconv + z.scores + z.moe;
+}
+
+void engine_fwd_free(engine_fwd *f) {
+    if (!f) return;
+    free(f->kv_mem);
+    free(f->k_blocks);
+    free(f->v_blocks);
+    free(f->views);
+    free(f->x);
+    free(f->g);
+    free(f->ffn_out);
+    free(f->router);
+    free(f->probs);
+    free(f->sel);
+    free(f->selw);
+    free(f->exp_start);
+    free(f->exp_slots);
+    free(f->active);
+    free(f->conv);
+    free(f->hconv);
+    free(f->scores);
+    free(f);
+}
+
+int engine_fwd_new(engine_session *s) {
+    const engine_model *m = s->m;
+    const engine_hparams *hp = &m->hp;
+    if (hp->head_dim_k != hp->head_dim_v)
+        return engine_err(ENGINE_EUNSUPPORTED, "%s: key_length %u != value_length %u is not "
+                          "supported", m->path, hp->head_dim_k, hp->head_dim_v);
+    engine_fwd *f = calloc(1, sizeof *f);
+    if (!f) return engine_err(ENGINE_ENOMEM, "out of memory for a session");
+    int32_t B = s->n_batch, n_ctx = s->n_ctx;
+    f->n_ctx = n_ctx;
+    f->B = B;
+    f->k_used = k_used(hp);
+    f->n_threads = engine_pool_size(m->pool);
+    fwd_sizes z = fwd_layout(m, n_ctx, B, s->kv_type, &f->conv_stride, &f->hconv_stride);
+    size_t L = hp->n_layer, emb = hp->n_embd, hd = hp->head_dim_k;
+    size_t kv_dim = (size_t)hp->n_head_kv * hd, q_dim = (size_t)hp->n_head * hd;
+    size_t slots = (size_t)B * (size_t)f->k_used, nff = (size_t)n_ff_max(hp);
+    size_t kv_layer = z.kv / (2 * L);
+
+    f->kv_mem = malloc(z.kv);
+    f->k_blocks = calloc(L, sizeof(void *));
+    f->v_blocks = calloc(L, sizeof(void *));
+    f->views = calloc(L, sizeof *f->views);
+    f->x = malloc(fsz((size_t)B * (3 * emb + 2 * q_dim + 2 * kv_dim)));
+    f->g = malloc(fsz(slots * 2 * nff));
+    f->conv = aligned_alloc(64, z.conv);
+    f->hconv = aligned_alloc(64, z.hconv);
+    f->scores = malloc(z.scores);
+    bool ok = f->kv_mem && f->k_blocks && f->v_blocks && f->views && f->x && f->g && f->conv &&
+              f->hconv && f->scores;
+    if (ok && hp->arch == ENGINE_ARCH_QWEN3MOE) {
+        size_t ne = hp->n_expert;
+        f->ffn_out = malloc(fsz(slots * emb));
+        f->router = malloc(fsz((size_t)B * ne));
+        f->probs = malloc(fsz((size_t)B * ne));
+        f->sel = malloc(slots * sizeof(int32_t));
+        f->selw = malloc(fsz(slots));
+        f->exp_start = malloc((ne + 1) * sizeof(int32_t));
+        f->exp_slots = malloc(slots * sizeof(int32_t));
+        f->active = malloc(ne * sizeof(int32_t));
+        ok = f->ffn_out && f->router && f->probs && f->sel && f->selw && f->exp_start &&
+             f->exp_slots && f->active;
+    }
+    if (!ok) {
+        engine_fwd_free(f);
+        return engine_err(ENGINE_ENOMEM, "out of memory for a session of %d positions (%.1f MiB "
+                          "of KV cache and buffers)", n_ctx,
+                          (double)engine_fwd_bytes(m, n_ctx, B, s->kv_type) / (1 << 20));
+    }
+    f->conv2 = f->conv + (size_t)B * f->conv_stride;
+    f->xn = f->x + (size_t)B * emb;
+    f->tmp = f->xn + (size_t)B * emb;
+    f->q = f->tmp + (size_t)B * emb;
+    f->att = f->q + (size_t)B * q_dim;
+    f->k = f->att + (size_t)B * q_dim;
+    f->v = f->k + (size_t)B * kv_dim;
+    f->u = f->g + slots * nff;
+    for (size_t l = 0; l < L; l++) {
+        f->k_blocks[l] = (uint8_t *)f->kv_mem + (2 * l) * kv_layer;
+        f->v_blocks[l] = (uint8_t *)f->kv_mem + (2 * l + 1) * kv_layer;
+        f->views[l] = (engine_kv_view){&f->k_blocks[l], &f->v_blocks[l], n_ctx, s->kv_type,
+                                       (int)hp->n_head_kv, (int)hd};
+    }
+    s->fwd = f;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Jobs for the thread pool. One struct describes whichever op runs; the pool calls job_fn.
+ * ------------------------------------------------------------------------------------------- */
+typedef enum {
+    OP_MATMUL,      /* up to 3 weights sharing one converted input */
+    OP_CONVERT,     /* rows of F32 -> a vec_dot type */
+    OP_NORM,        /* (x += add) then xn = rmsnorm(x) * w, per token */
+    OP_QK_ROPE,     /* per-head q/k norm, RoPE, store k/v */
+    OP_ATTENTION,   /* (token, head) pairs */
+    OP_EXPERT_UP,   /* gate and up rows of the selected experts */
+    OP_SWIGLU,      /* h = silu(g) * u, then convert for the down projection */
+    OP_EXPERT_DOWN, /* down rows of the selected experts */
+    OP_COMBINE,     /* x += sum_j w_j * expert_out_j */
+} job_op;
+
+typedef struct {
+    job_op op;
+    engine_session *s;
+    const engine_layer *layer;
+    engine_kv_view *kv;
+    int32_t n, p0;                 /* tokens in the batch, position of the first */
+    /* OP_MATMUL */
+    int n_w;
+    const engine_weight *w[3];
+    float *y[3];
+    size_t y_stride[3];            /* floats per token */
+    const uint8_t *x;              /* converted input */
+    size_t x_stride;               /* bytes per token */
+    /* OP_CONVERT / OP_SWIGLU */
+    engine_type type;
+    const float *src;
+    size_t src_stride;             /* floats */
+    int cols;
+    uint8_t *dst;
+    size_t dst_stride;             /* bytes */
+    /* OP_NORM */
+    const float *add;              /* NULL: no residual add */
+    const float *norm_w;
+    int32_t t0;                    /* first token to normalise */
+    /* OP_EXPERT_* */
+    const uint8_t *xg, *xu;        /* inputs for gate and up */
+    size_t xg_stride, xu_stride;
+    int n_active;
+    int64_t n_items, chunks;
+    int64_t next;                  /* work-item counter (atomic builtins) */
+} fwd_job;
+
+static void job_matmul(fwd_job *j, int ith, int nth) {
+    int64_t total = 0;
+    for (int i = 0; i < j->n_w; i++) total += j->w[i]->rows;
+    int64_t r0, r1;
+    engine_split(total, ith, nth, &r0, &r1);
+    int64_t base = 0;
+    for (int i = 0; i < j->n_w; i++) {
+        const engine_weight *w = j->w[i];
+        int64_t a = r0 - base, b = r1 - base;
+        base += w->rows;
+        if (a < 0) a = 0;
+        if (b > w->rows) b = w->rows;
+        for (int64_t rb = a; rb < b; rb += ROW_BLOCK) {
+            int64_t re = rb + ROW_BLOCK < b ? rb + ROW_BLOCK : b;
+            for (int32_t t = 0; t < j->n; t++)
+                engine_quant_matvec(w->type, w->data, w->row_bytes, (int)w->cols, (int)rb, (int)re,
+                                    j->x + (size_t)t * j->x_stride,
+                                    j->y[i] + (size_t)t * j->y_stride[i]);
+        }
+    }
+}
+
+static void job_convert(fwd_job *j, int ith, int nth) {
+    int64_t a, b;
+    engine_split(j->n, ith, nth, &a, &b);
+    for (int64_t t = a; t < b; t++)
+        engine_quantize_row(j->type, j->src + (size_t)t * j->src_stride,
+                            j->dst + (size_t)t * j->dst_stride, j->cols);
+}
+
+static void job_norm(fwd_job *j, int ith, int nth) {
+    const engine_hparams *hp = &j->s->m->hp;
+    engine_fwd *f = j->s->fwd;
+    size_t e = hp->n_embd;
+    int64_t a, b;
+    engine_split(j->n - j->t0, ith, nth, &a, &b);
+    for (int64_t t = j->t0 + a; t < j->t0 + b; t++) {
+        float *x = f->x + (size_t)t * e;
+        if (j->add) {
+            const float *d = j->add + (size_t)t * e;
+            for (size_t i = 0; i < e; i++) x[i] += d[i];
+        }
+        engine_cpu_rmsnorm(f->xn + (size_t)t * e, x, j->norm_w, (int)e, hp->rms_norm_eps);
+    }
+}
+
+static void job_qk_rope(fwd_job *j, int ith, int nth) {
+    const engine_model *m = j->s->m;
+    const engine_hparams *hp = &m->hp;
+    engine_fwd *f = j->s->fwd;
+    int hd = (int)hp->head_dim_k, nh = (int)hp->n_head, nkv = (int)hp->n_head_kv;
+    int64_t a, b;
+    engine_split(j->n, ith, nth, &a, &b);
+    for (int64_t t = a; t < b; t++) {
+        float *q = f->q + (size_t)t * nh * hd, *k = f->k + (size_t)t * nkv * hd;
+        for (int h = 0; h < nh; h++)
+            engine_cpu_rmsnorm(q + h * hd, q + h * hd, j->layer->q_norm, hd, hp->rms_norm_eps);
+        for (int h = 0; h < nkv; h++)
+            engine_cpu_rmsnorm(k + h * hd, k + h * hd, j->layer->k_norm, hd, hp->rms_norm_eps);
+        int32_t pos = j->p0 + (int32_t)t;
+        engine_cpu_rope_neox(q, nh, hd, pos, m->rope_inv_freq);
+        engine_cpu_rope_neox(k, nkv, hd, pos, m->rope_inv_freq);
+        engine_cpu_kv_store(j->kv, pos, k, f->v + (size_t)t * nkv * hd);
+    }
+}
+
+static void job_attention(fwd_job *j, int ith, int nth) {
+    const engine_hparams *hp = &j->s->m->hp;
+    engine_fwd *f = j->s->fwd;
+    int hd = (int)hp->head_dim_k, nh = (int)hp->n_head, group = (int)(hp->n_head / hp->n_head_kv);
+    float scale = 1.0f / sqrtf((float)hd);
+    float *scores = f->scores + (size_t)ith * f->n_ctx;
+    int64_t a, b;
+    engine_split((int64_t)j->n * nh, ith, nth, &a, &b);
+    for (int64_t i = a; i < b; i++) {
+        int64_t t = i / nh;
+        int h = (int)(i % nh);
+        size_t off = ((size_t)t * nh + h) * hd;
+        engine_cpu_attention_head(f->att + off, f->q + off, j->kv, h / group,
+                                  j->p0 + (int32_t)t + 1, scale, scores);
+    }
+}
+
+static inline const uint8_t *expert_rows(const engine_weight *w, int32_t e) {
+    return (const uint8_t *)w->data + (size_t)e * (size_t)w->rows * w->row_bytes;
+}
+
+static void job_expert_up(fwd_job *j, int ith, int nth) {
+    (void)ith;
+    (void)nth;
+    engine_fwd *f = j->s->fwd;
+    const engine_weight *wg = &j->layer->gate_exps, *wu = &j->layer->up_exps;
+    int k = f->k_used;
+    size_t nff = (size_t)wg->rows;
+    for (;;) {
+        int64_t it = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
+        if (it >= j->n_items) break;
+        int32_t e = f->active[it / j->chunks];
+        int64_t r0 = (it % j->chunks) * EXP_CHUNK;
+        int64_t r1 = r0 + EXP_CHUNK < wg->rows ? r0 + EXP_CHUNK : wg->rows;
+        const uint8_t *g = expert_rows(wg, e), *u = expert_rows(wu, e);
+        for (int32_t si = f->exp_start[e]; si < f->exp_start[e + 1]; si++) {
+            int32_t slot = f->exp_slots[si], t = slot / k;
+            engine_quant_matvec(wg->type, g, wg->row_bytes, (int)wg->cols, (int)r0, (int)r1,
+                                j->xg + (size_t)t * j->xg_stride, f->g + (size_t)slot * nff);
+            engine_quant_matvec(wu->type, u, wu->row_bytes, (int)wu->cols, (int)r0, (int)r1,
+                                j->xu + (size_t)t * j->xu_stride, f->u + (size_t)slot * nff);
+        }
+    }
+}
+
+static void job_expert_down(fwd_job *j, int ith, int nth) {
+    (void)ith;
+    (void)nth;
+    engine_fwd *f = j->s->fwd;
+    const engine_weight *wd = &j->layer->down_exps;
+    size_t e_out = (size_t)wd->rows;
+    for (;;) {
+        int64_t it = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
+        if (it >= j->n_items) break;
+        int32_t e = f->active[it / j->chunks];
+        int64_t r0 = (it % j->chunks) * EXP_CHUNK;
+        int64_t r1 = r0 + EXP_CHUNK < wd->rows ? r0 + EXP_CHUNK : wd->rows;
+        const uint8_t *d = expert_rows(wd, e);
+        for (int32_t si = f->exp_start[e]; si < f->exp_start[e + 1]; si++) {
+            int32_t slot = f->exp_slots[si];
+            engine_quant_matvec(wd->type, d, wd->row_bytes, (int)wd->cols, (int)r0, (int)r1,
+                                j->x + (size_t)slot * j->x_stride, f->ffn_out + (size_t)slot * e_out);
+        }
+    }
+}
+
+/* h = silu(g) * u for n rows, converted to `type` unless the down weight dots F32 rows. */
+static void job_swiglu(fwd_job *j, int ith, int nth) {
+    engine_fwd *f = j->s->fwd;
+    int64_t a, b;
+    engine_split(j->n, ith, nth, &a, &b);
+    for (int64_t r = a; r < b; r++) {
+        float *g = f->g + (size_t)r * j->src_stride;
+        engine_cpu_swiglu(g, g, f->u + (size_t)r * j->src_stride, j->cols);
+        if (j->type != ENGINE_TYPE_F32)
+            engine_quantize_row(j->type, g, j->dst + (size_t)r * j->dst_stride, j->cols);
+    }
+}
+
+static void job_combine(fwd_job *j, int ith, int nth) {
+    engine_fwd *f = j->s->fwd;
+    size_t e = j->s->m->hp.n_embd;
+    int k = f->k_used;
+    int64_t a, b;
+    engine_split(j->n, ith, nth, &a, &b);
+    for (int64_t t = a; t < b; t++) {
+        float *x = f->x + (size_t)t * e;
+        for (int jj = 0; jj < k; jj++) {
+            size_t slot = (size_t)t * k + jj;
+            float w = f->selw[slot];
+            const float *o = f->ffn_out + slot * e;
+            for (size_t i = 0; i < e; i++) x[i] += w * o[i];
+        }
+    }
+}
+
+static void job_fn(void *ctx, int ith, int nth) {
+    fwd_job *j = ctx;
+    switch (j->op) {
+    case OP_MATMUL: job_matmul(j, ith, nth); break;
+    case OP_CONVERT: job_convert(j, ith, nth); break;
+    case OP_NORM: job_norm(j, ith, nth); break;
+    case OP_QK_ROPE: job_qk_rope(j, ith, nth); break;
+    case OP_ATTENTION: job_attention(j, ith, nth); break;
+    case OP_EXPERT_UP: job_expert_up(j, ith, nth); break;
+    case OP_SWIGLU: job_swiglu(j, ith, nth); break;
+    case OP_EXPERT_DOWN: job_expert_down(j, ith, nth); break;
+    case OP_COMBINE: job_combine(j, ith, nth); break;
+    }
+}
+
+static void run(engine_session *s, fwd_job *j, job_op op) {
+    j->op = op;
+    j->next = 0;
+    engine_pool_run(s->m->pool, job_fn, j);
+}
+
+static engine_type vec_dot_type(const engine_weight *w) {
+    return engine_type_traits_get(w->type)->vec_dot_type;
+}
+
+/* Make n rows of F32 (src, src_stride floats apart, cols wide) available in w's vec_dot type:
+ * F32 rows are used in place; others are converted into dst. */
+static void prepare_input(engine_session *s, fwd_job *j, const engine_weight *w, const float *src,
+                          size_t src_stride, int cols, int32_t t0, int32_t n, uint8_t *dst,
+                          const uint8_t **x, size_t *x_stride) {
+    engine_type vt = vec_dot_type(w);
+    if (vt == ENGINE_TYPE_F32) {
+        *x = (const uint8_t *)(src + (size_t)t0 * src_stride);
+        *x_stride = src_stride * sizeof(float);
+        return;
+    }
+    j->type = vt;
+    j->src = src + (size_t)t0 * src_stride;
+    j->src_stride = src_stride;
+    j->cols = cols;
+    j->dst = dst;
+    j->dst_stride = s->fwd->conv_stride;
+    int32_t saved = j->n;
+    j->n = n;
+    run(s, j, OP_CONVERT);
+    j->n = saved;
+    *x = dst;
+    *x_stride = s->fwd->conv_stride;
+}
+
+/* y_i = W_i x for up to three weights that read the same input (rows t0 .. t0+n of src). */
+static void matmul(engine_session *s, fwd_job *j, int n_w, const engine_weight *const *w,
+                   float *const *y, const size_t *y_stride, const float *src, size_t src_stride,
+                   int32_t t0, int32_t n) {
+    engine_fwd *f = s->fwd;
+    int done[3] = {0, 0, 0};
+    for (int i = 0; i < n_w; i++) {
+        if (done[i]) continue;
+        /* Weights with the same vec_dot type share one conversion and one pool job. */
+        fwd_job mj = *j;
+        prepare_input(s, j, w[i], src, src_stride, (int)w[i]->cols, t0, n, f->conv, &mj.x,
+                      &mj.x_stride);
+        mj.n_w = 0;
+        mj.n = n;
+        for (int k = i; k < n_w; k++) {
+            if (done[k] || vec_dot_type(w[k]) != vec_dot_type(w[i])) continue;
+            done[k] = 1;
+            mj.w[mj.n_w] = w[k];
+            mj.y[mj.n_w] = y[k];
+            mj.y_stride[mj.n_w] = y_stride[k];
+            mj.n_w++;
+        }
+        run(s, &mj, OP_MATMUL);
+    }
+}
+
+static void moe_ffn(engine_session *s, fwd_job *j, const engine_layer *ly, int32_t n) {
+    engine_fwd *f = s->fwd;
+    const engine_hparams *hp = &s->m->hp;
+    int ne = (int)hp->n_expert, k = f->k_used;
+    size_t emb = hp->n_embd;
+
+    /* router logits, then top-k per token (cheap: serial) */
+    const engine_weight *rw = &ly->gate_inp;
+    size_t rs = (size_t)ne;
+    matmul(s, j, 1, &rw, &f->router, &rs, f->xn, emb, 0, n);
+    for (int32_t t = 0; t < n; t++)
+        engine_cpu_moe_route(f->router + (size_t)t * ne, ne, k, hp->norm_topk_prob,
+                             f->sel + (size_t)t * k, f->selw + (size_t)t * k, f->probs);
+
+    /* group slots (token t, choice jj) by expert, in token order */
+    memset(f->exp_start, 0, sizeof(int32_t) * (size_t)(ne + 1));
+    for (int32_t sl = 0; sl < n * k; sl++) f->exp_start[f->sel[sl] + 1]++;
+    int n_active = 0;
+    for (int e = 0; e < ne; e++) {
+        if (f->exp_start[e + 1] > 0) f->active[n_active++] = e;
+        f->exp_start[e + 1] += f->exp_start[e];
+    }
+    int32_t *fill = f->exp_slots; /* use exp_slots positions via a running cursor per expert */
+    for (int32_t sl = 0; sl < n * k; sl++) {
+        int32_t e = f->sel[sl];
+        /* exp_start[e] is advanced while filling and restored below */
+        fill[f->exp_start[e]++] = sl;
+    }
+    for (int e = ne; e > 0; e--) f->exp_start[e] = f->exp_start[e - 1];
+    f->exp_start[0] = 0;
+
+    /* gate and up of the selected experts */
+    const uint8_t *xg, *xu;
+    size_t xgs, xus;
+    prepare_input(s, j, &ly->gate_exps, f->xn, emb, (int)emb, 0, n, f->conv, &xg, &xgs);
+    if (vec_dot_type(&ly->up_exps) == vec_dot_type(&ly->gate_exps)) {
+        xu = xg;
+        xus = xgs;
+    } else {
+        prepare_input(s, j, &ly->up_exps, f->xn, emb, (int)emb, 0, n, f->conv2, &xu, &xus);
+    }
+    int64_t nff = ly->gate_exps.rows;
+    fwd_job ej = *j;
+    ej.xg = xg;
+    ej.xu = xu;
+    ej.xg_stride = xgs;
+    ej.xu_stride = xus;
+    ej.chunks = (nff + EXP_CHUNK - 1) / EXP_CHUNK;
+    ej.n_items = ej.chunks * n_active;
+    run(s, &ej, OP_EXPERT_UP);
+
+    /* h = silu(g) * u, converted for the down projection */
+    fwd_job sj = *j;
+    sj.n = n * k;
+    sj.cols = (int)nff;
+    sj.src_stride = (size_t)nff;
+    sj.type = vec_dot_type(&ly->down_exps);
+    sj.dst = f->hconv;
+    sj.dst_stride = f->hconv_stride;
+    run(s, &sj, OP_SWIGLU);
+
+    fwd_job dj = *j;
+    if (sj.type == ENGINE_TYPE_F32) {
+        dj.x = (const uint8_t *)f->g;
+        dj.x_stride = (size_t)nff * sizeof(float);
+    } else {
+        dj.x = f->hconv;
+        dj.x_stride = f->hconv_stride;
+    }
+    dj.chunks = (ly->down_exps.rows + EXP_CHUNK - 1) / EXP_CHUNK;
+    dj.n_items = dj.chunks * n_active;
+    run(s, &dj, OP_EXPERT_DOWN);
+
+    fwd_job cj = *j;
+    cj.n = n;
+    run(s, &cj, OP_COMBINE);
+}
+
+static void dense_ffn(engine_session *s, fwd_job *j, const engine_layer *ly, int32_t n) {
+    engine_fwd *f = s->fwd;
+    const engine_hparams *hp = &s->m->hp;
+    size_t emb = hp->n_embd, nff = hp->n_ff;
+    const engine_weight *w[2] = {&ly->ffn_gate, &ly->ffn_up};
+    float *y[2] = {f->g, f->u};
+    size_t ys[2] = {nff, nff};
+    matmul(s, j, 2, w, y, ys, f->xn, emb, 0, n);
+    fwd_job sj = *j;
+    sj.n = n;
+    sj.cols = (int)nff;
+    sj.src_stride = nff;
+    sj.type = vec_dot_type(&ly->ffn_down);
+    sj.dst = f->hconv;
+    sj.dst_stride = f->hconv_stride;
+    run(s, &sj, OP_SWIGLU);
+    fwd_job mj = *j;
+    mj.n = n;
+    mj.n_w = 1;
+    mj.w[0] = &ly->ffn_down;
+    mj.y[0] = f->tmp;
+    mj.y_stride[0] = emb;
+    if (sj.type == ENGINE_TYPE_F32) {
+        mj.x = (const uint8_t *)f->g;
+        mj.x_stride = nff * sizeof(float);
+    } else {
+        mj.x = f->hconv;
+        mj.x_stride = f->hconv_stride;
+    }
+    run(s, &mj, OP_MATMUL);
+    /* x += tmp (the next norm adds it; a last add here keeps x complete for the head) */
+    for (int32_t t = 0; t < n; t++) {
+        float *x = f->x + (size_t)t * emb;
+        const float *d = f->tmp + (size_t)t * emb;
+        for (size_t i = 0; i < emb; i++) x[i] += d[i];
+    }
+}
+
+int engine_fwd_run(engine_session *s, const int32_t *tokens, int32_t n, float *logits_all) {
+    engine_model *m = s->m;
+    engine_fwd *f = s->fwd;
+    const engine_hparams *hp = &m->hp;
+    ENGINE_ASSERT(n >= 1 && n <= f->B && s->n_tokens + n <= f->n_ctx);
+    size_t emb = hp->n_embd, hd = hp->head_dim_k;
+    size_t q_dim = hp->n_head * hd, kv_dim = hp->n_head_kv * hd;
+    int32_t p0 = s->n_tokens;
+
+    for (int32_t t = 0; t < n; t++) {
+        const uint8_t *row = (const uint8_t *)m->tok_embd.data + (size_t)tokens[t] * m->tok_embd.row_bytes;
+        engine_dequantize_row(m->tok_embd.type, row, f->x + (size_t)t * emb, (int64_t)emb);
+    }
+
+    fwd_job j;
+    memset(&j, 0, sizeof j);
+    j.s = s;
+    j.n = n;
+    j.p0 = p0;
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        const engine_layer *ly = &m->layers[l];
+        j.layer = ly;
+        j.kv = &f->views[l];
+
+        j.add = NULL;
+        j.norm_w = ly->attn_norm;
+        j.t0 = 0;
+        run(s, &j, OP_NORM);
+
+        const engine_weight *w[3] = {&ly->wq, &ly->wk, &ly->wv};
+        float *y[3] = {f->q, f->k, f->v};
+        size_t ys[3] = {q_dim, kv_dim, kv_dim};
+        matmul(s, &j, 3, w, y, ys, f->xn, emb, 0, n);
+        run(s, &j, OP_QK_ROPE);
+        run(s, &j, OP_ATTENTION);
+
+        const engine_weight *wo = &ly->wo;
+        size_t es = emb;
+        matmul(s, &j, 1, &wo, &f->tmp, &es, f->att, q_dim, 0, n);
+
+        j.add = f->tmp;
+        j.norm_w = ly->ffn_norm;
+        run(s, &j, OP_NORM);
+
+        if (hp->arch == ENGINE_ARCH_QWEN3MOE) moe_ffn(s, &j, ly, n);
+        else dense_ffn(s, &j, ly, n);
+    }
+
+    /* output head: every token's logits when asked, else only the last token's */
+    int32_t t0 = logits_all ? 0 : n - 1;
+    j.add = NULL;
+    j.norm_w = m->output_norm;
+    j.t0 = t0;
+    run(s, &j, OP_NORM);
+    const engine_weight *wout = &m->output;
+    size_t vs = hp->n_vocab;
+    float *dst = logits_all ? logits_all : s->logits;
+    matmul(s, &j, 1, &wout, &dst, &vs, f->xn, emb, t0, n - t0);
+    if (logits_all) memcpy(s->logits, logits_all + (size_t)(n - 1) * vs, fsz(vs));
+    return 0;
+}

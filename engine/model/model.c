@@ -1,0 +1,543 @@
+/* Loading a model (GGUF -> typed weights in place, tokenizer from the file's metadata) and the
+ * session object around the forward pass. Contracts in engine.h. */
+#include "model/model_int.h"
+
+#include <math.h>
+#include <string.h>
+#include <time.h>
+
+double engine_time_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+const char *engine_device_name(engine_device d) {
+    switch (d) {
+    case ENGINE_DEVICE_AUTO: return "auto";
+    case ENGINE_DEVICE_CPU: return "cpu";
+    case ENGINE_DEVICE_CUDA: return "cuda";
+    }
+    return "?";
+}
+
+int engine_device_parse(const char *name) {
+    if (!name) return -1;
+    if (!strcmp(name, "auto")) return ENGINE_DEVICE_AUTO;
+    if (!strcmp(name, "cpu")) return ENGINE_DEVICE_CPU;
+    if (!strcmp(name, "cuda")) return ENGINE_DEVICE_CUDA;
+    return -1;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Tokenizer from GGUF metadata (tokenizer.ggml.*; the mapping is in tokenizer/tokenizer.h)
+ * ------------------------------------------------------------------------------------------- */
+static int opt_id(const engine_gguf *g, const char *key, int32_t n_tokens, int32_t *out) {
+    if (!engine_gguf_find_key(g, key)) return 0;
+    uint32_t v;
+    int rc = engine_gguf_get_u32(g, key, &v);
+    if (rc) return rc;
+    if (v >= (uint32_t)n_tokens)
+        return engine_err(ENGINE_EFORMAT, "%s: %s = %u is not a token id (vocabulary %d)",
+                          engine_gguf_path(g), key, v, n_tokens);
+    *out = (int32_t)v;
+    return 0;
+}
+
+static int tokenizer_load(engine_tokenizer **out, const engine_gguf *g, uint32_t n_vocab_model) {
+    const char *path = engine_gguf_path(g);
+    engine_gguf_str model, pre = {"qwen2", 5};
+    const engine_gguf_value *tokens, *types = NULL, *merges = NULL;
+    int rc;
+    if (!engine_gguf_find_key(g, "tokenizer.ggml.model"))
+        return engine_err(ENGINE_EFORMAT, "%s: no tokenizer (missing key tokenizer.ggml.model)",
+                          path);
+    if ((rc = engine_gguf_get_str(g, "tokenizer.ggml.model", &model))) return rc;
+    if (model.len != 4 || memcmp(model.ptr, "gpt2", 4) != 0)
+        return engine_err(ENGINE_EUNSUPPORTED, "%s: tokenizer.ggml.model = \"%.*s\" is not "
+                          "supported (only \"gpt2\" byte-level BPE)", path, (int)model.len,
+                          model.ptr);
+    if (engine_gguf_find_key(g, "tokenizer.ggml.pre") &&
+        (rc = engine_gguf_get_str(g, "tokenizer.ggml.pre", &pre)))
+        return rc;
+    if ((rc = engine_gguf_get_arr(g, "tokenizer.ggml.tokens", ENGINE_GGUF_STRING, &tokens)))
+        return rc;
+    if (engine_gguf_find_key(g, "tokenizer.ggml.token_type") &&
+        (rc = engine_gguf_get_arr(g, "tokenizer.ggml.token_type", -1, &types)))
+        return rc;
+    if (engine_gguf_find_key(g, "tokenizer.ggml.merges") &&
+        (rc = engine_gguf_get_arr(g, "tokenizer.ggml.merges", ENGINE_GGUF_STRING, &merges)))
+        return rc;
+    uint64_t nt = tokens->arr.n, nm = merges ? merges->arr.n : 0;
+    if (nt == 0 || nt > (1u << 24) || nm > (1u << 24))
+        return engine_err(ENGINE_EFORMAT, "%s: tokenizer.ggml.tokens has %llu entries, merges "
+                          "%llu (limits 1..2^24)", path, (unsigned long long)nt,
+                          (unsigned long long)nm);
+    if (types) {
+        if (types->arr.n != nt)
+            return engine_err(ENGINE_EFORMAT, "%s: tokenizer.ggml.token_type has %llu entries "
+                              "but tokenizer.ggml.tokens %llu", path,
+                              (unsigned long long)types->arr.n, (unsigned long long)nt);
+        if (types->arr.type == ENGINE_GGUF_STRING || types->arr.type == ENGINE_GGUF_ARRAY ||
+            types->arr.type == ENGINE_GGUF_FLOAT32 || types->arr.type == ENGINE_GGUF_FLOAT64)
+            return engine_err(ENGINE_EFORMAT, "%s: tokenizer.ggml.token_type holds %s, not "
+                              "integers", path, engine_gguf_type_name(types->arr.type));
+    }
+    engine_tokenizer_spec *spec = NULL;
+    if ((rc = engine_tokenizer_spec_new(&spec, (int32_t)nt, (int32_t)nm))) return rc;
+    if ((rc = engine_tokenizer_spec_set_string(&spec->pre, pre.ptr, pre.len))) goto done;
+    for (uint64_t i = 0; i < nt; i++) {
+        int64_t ty = types ? engine_gguf_arr_i64(types, i) : ENGINE_TOKEN_NORMAL;
+        if (ty < 0 || ty > ENGINE_TOKEN_BYTE) {
+            rc = engine_err(ENGINE_EFORMAT, "%s: tokenizer.ggml.token_type[%llu] = %lld is not "
+                            "a token type", path, (unsigned long long)i, (long long)ty);
+            goto done;
+        }
+        const engine_gguf_str *t = &tokens->arr.strs[i];
+        rc = engine_tokenizer_spec_set_token(spec, (int32_t)i, t->ptr, t->len,
+                                             (engine_token_type)ty);
+        if (rc) {
+            rc = engine_err(rc, "%s: tokenizer.ggml.tokens[%llu]: %s", path,
+                            (unsigned long long)i, engine_error_last());
+            goto done;
+        }
+    }
+    for (uint64_t i = 0; i < nm; i++) {
+        const engine_gguf_str *t = &merges->arr.strs[i];
+        if ((rc = engine_tokenizer_spec_set_merge(spec, (int32_t)i, t->ptr, t->len))) {
+            rc = engine_err(rc, "%s: tokenizer.ggml.merges[%llu]: %s", path,
+                            (unsigned long long)i, engine_error_last());
+            goto done;
+        }
+    }
+    if ((rc = opt_id(g, "tokenizer.ggml.bos_token_id", (int32_t)nt, &spec->bos_id)) ||
+        (rc = opt_id(g, "tokenizer.ggml.eos_token_id", (int32_t)nt, &spec->eos_id)) ||
+        (rc = opt_id(g, "tokenizer.ggml.padding_token_id", (int32_t)nt, &spec->pad_id)))
+        goto done;
+    if (engine_gguf_find_key(g, "tokenizer.ggml.add_bos_token") &&
+        (rc = engine_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &spec->add_bos)))
+        goto done;
+    if (engine_gguf_find_key(g, "tokenizer.ggml.add_eos_token") &&
+        (rc = engine_gguf_get_bool(g, "tokenizer.ggml.add_eos_token", &spec->add_eos)))
+        goto done;
+    if (engine_gguf_find_key(g, "tokenizer.chat_template")) {
+        engine_gguf_str ct;
+        if ((rc = engine_gguf_get_str(g, "tokenizer.chat_template", &ct))) goto done;
+        if ((rc = engine_tokenizer_spec_set_string(&spec->chat_template, ct.ptr, ct.len)))
+            goto done;
+    }
+    if (n_vocab_model > nt && (rc = engine_tokenizer_spec_pad(spec, (int32_t)n_vocab_model)))
+        goto done;
+    rc = engine_tokenizer_new(out, spec);
+    if (rc) rc = engine_err(rc, "%s: tokenizer: %s", path, engine_error_last());
+done:
+    engine_tokenizer_spec_free(spec);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Weights
+ * ------------------------------------------------------------------------------------------- */
+static engine_weight weight_of(const engine_gguf_tensor *t) {
+    engine_weight w;
+    w.data = t->data;
+    w.type = t->type;
+    w.cols = t->ne[0];
+    w.rows = t->ne[1];
+    w.n_mat = t->ne[2];
+    w.row_bytes = engine_type_row_size(t->type, t->ne[0]);
+    return w;
+}
+
+static int tensor_get(engine_model *m, engine_tensor_role role, int layer,
+                      const engine_gguf_tensor **out) {
+    char name[ENGINE_TENSOR_NAME_MAX];
+    int rc = engine_tensor_name(name, sizeof name, role, layer);
+    if (rc) return rc;
+    *out = engine_gguf_find_tensor(m->gguf, name);
+    if (!*out) return engine_err(ENGINE_EFORMAT, "%s: missing tensor %s", m->path, name);
+    return 0;
+}
+
+static int load_matrix(engine_model *m, engine_tensor_role role, int layer, engine_weight *w) {
+    const engine_gguf_tensor *t;
+    int rc = tensor_get(m, role, layer, &t);
+    if (rc) return rc;
+    const engine_type_traits *tr = engine_type_traits_get(t->type);
+    if (!tr || !tr->supported)
+        return engine_err(ENGINE_EUNSUPPORTED, "%s: tensor %s has type %s, which the CPU "
+                          "kernels do not support", m->path, t->name, engine_type_name(t->type));
+    *w = weight_of(t);
+    return 0;
+}
+
+/* Norm weights are used as F32 in place; files with F16/BF16 norms get a converted copy. */
+static int load_norm(engine_model *m, engine_tensor_role role, int layer, const float **out) {
+    const engine_gguf_tensor *t;
+    int rc = tensor_get(m, role, layer, &t);
+    if (rc) return rc;
+    if (t->type == ENGINE_TYPE_F32 && ((uintptr_t)t->data % sizeof(float)) == 0) {
+        *out = t->data;
+        return 0;
+    }
+    float *buf = malloc(sizeof(float) * (size_t)t->n_elements);
+    if (!buf) return engine_err(ENGINE_ENOMEM, "out of memory converting %s", t->name);
+    if ((rc = engine_dequantize_row(t->type, t->data, buf, t->n_elements))) {
+        free(buf);
+        return engine_err(rc, "%s: tensor %s: %s", m->path, t->name, engine_error_last());
+    }
+    m->owned[m->n_owned++] = buf;
+    *out = buf;
+    return 0;
+}
+
+static int load_weights(engine_model *m) {
+    const engine_hparams *hp = &m->hp;
+    int rc;
+    size_t cap = 4 * (size_t)hp->n_layer + 1;
+    m->owned = calloc(cap, sizeof(float *));
+    m->layers = calloc(hp->n_layer, sizeof *m->layers);
+    m->rope_inv_freq = malloc(sizeof(float) * (hp->head_dim_k / 2));
+    if (!m->owned || !m->layers || !m->rope_inv_freq)
+        return engine_err(ENGINE_ENOMEM, "out of memory loading %s", m->path);
+    engine_cpu_rope_inv_freq(m->rope_inv_freq, (int)hp->head_dim_k, hp->rope_theta);
+    if ((rc = load_matrix(m, ENGINE_TENSOR_TOKEN_EMBD, -1, &m->tok_embd))) return rc;
+    if ((rc = load_norm(m, ENGINE_TENSOR_OUTPUT_NORM, -1, &m->output_norm))) return rc;
+    if (hp->tied_embeddings) m->output = m->tok_embd;
+    else if ((rc = load_matrix(m, ENGINE_TENSOR_OUTPUT, -1, &m->output))) return rc;
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        engine_layer *ly = &m->layers[l];
+        int L = (int)l;
+        if ((rc = load_norm(m, ENGINE_TENSOR_ATTN_NORM, L, &ly->attn_norm)) ||
+            (rc = load_norm(m, ENGINE_TENSOR_ATTN_Q_NORM, L, &ly->q_norm)) ||
+            (rc = load_norm(m, ENGINE_TENSOR_ATTN_K_NORM, L, &ly->k_norm)) ||
+            (rc = load_norm(m, ENGINE_TENSOR_FFN_NORM, L, &ly->ffn_norm)) ||
+            (rc = load_matrix(m, ENGINE_TENSOR_ATTN_Q, L, &ly->wq)) ||
+            (rc = load_matrix(m, ENGINE_TENSOR_ATTN_K, L, &ly->wk)) ||
+            (rc = load_matrix(m, ENGINE_TENSOR_ATTN_V, L, &ly->wv)) ||
+            (rc = load_matrix(m, ENGINE_TENSOR_ATTN_OUT, L, &ly->wo)))
+            return rc;
+        if (hp->arch == ENGINE_ARCH_QWEN3MOE) {
+            if ((rc = load_matrix(m, ENGINE_TENSOR_FFN_GATE_INP, L, &ly->gate_inp)) ||
+                (rc = load_matrix(m, ENGINE_TENSOR_FFN_GATE_EXPS, L, &ly->gate_exps)) ||
+                (rc = load_matrix(m, ENGINE_TENSOR_FFN_UP_EXPS, L, &ly->up_exps)) ||
+                (rc = load_matrix(m, ENGINE_TENSOR_FFN_DOWN_EXPS, L, &ly->down_exps)))
+                return rc;
+        } else {
+            if ((rc = load_matrix(m, ENGINE_TENSOR_FFN_GATE, L, &ly->ffn_gate)) ||
+                (rc = load_matrix(m, ENGINE_TENSOR_FFN_UP, L, &ly->ffn_up)) ||
+                (rc = load_matrix(m, ENGINE_TENSOR_FFN_DOWN, L, &ly->ffn_down)))
+                return rc;
+        }
+    }
+    return 0;
+}
+
+static void fill_info(engine_model *m) {
+    engine_model_info *in = &m->info;
+    const engine_hparams *hp = &m->hp;
+    in->file_size = engine_gguf_file_size(m->gguf);
+    engine_gguf_str s;
+    if (engine_gguf_find_key(m->gguf, "general.name") &&
+        engine_gguf_get_str(m->gguf, "general.name", &s) == 0)
+        snprintf(in->name, sizeof in->name, "%.*s", (int)(s.len < 127 ? s.len : 127), s.ptr);
+    uint64_t by_type[ENGINE_TYPE_COUNT] = {0};
+    for (int64_t i = 0; i < engine_gguf_tensor_count(m->gguf); i++) {
+        const engine_gguf_tensor *t = engine_gguf_tensor_at(m->gguf, i);
+        in->weight_bytes += t->nbytes;
+        if ((int)t->type >= 0 && t->type < ENGINE_TYPE_COUNT) by_type[t->type] += t->nbytes;
+    }
+    int best = 0;
+    for (int t = 1; t < ENGINE_TYPE_COUNT; t++)
+        if (by_type[t] > by_type[best]) best = t;
+    snprintf(in->weight_type, sizeof in->weight_type, "%s", engine_type_name(best));
+    if (in->vocab_only && hp->n_layer == 0) return;
+    in->n_ctx_train = (int32_t)hp->n_ctx_train;
+    in->n_layer = (int32_t)hp->n_layer;
+    in->n_embd = (int32_t)hp->n_embd;
+    in->n_head = (int32_t)hp->n_head;
+    in->n_head_kv = (int32_t)hp->n_head_kv;
+    in->head_dim = (int32_t)hp->head_dim_k;
+    in->n_expert = (int32_t)hp->n_expert;
+    in->n_expert_used = (int32_t)hp->n_expert_used;
+    engine_arch_param_count(hp, &in->n_params, &in->n_params_active);
+}
+
+int engine_model_load(engine_model **out, const char *path, const engine_model_params *params) {
+    *out = NULL;
+    engine_model_params p = ENGINE_MODEL_PARAMS_INIT;
+    if (params) {
+        if (params->version != ENGINE_MODEL_PARAMS_VERSION)
+            return engine_err(ENGINE_EINVAL, "model params of version %d (this engine knows %d)",
+                              params->version, ENGINE_MODEL_PARAMS_VERSION);
+        p = *params;
+    }
+    if (!path || !*path) return engine_err(ENGINE_EINVAL, "no model file given");
+    if (p.n_threads < 0 || p.n_threads > 1024 || p.n_ctx < 0)
+        return engine_err(ENGINE_EINVAL, "threads %d or context %d out of range", p.n_threads,
+                          p.n_ctx);
+    if ((int)p.device < ENGINE_DEVICE_AUTO || p.device > ENGINE_DEVICE_CUDA)
+        return engine_err(ENGINE_EINVAL, "unknown device %d", (int)p.device);
+    if (p.device == ENGINE_DEVICE_CUDA && !p.vocab_only)
+        return engine_err(ENGINE_ENODEV, "device cuda: %s",
+                          engine_cuda_built()
+                              ? "the CUDA forward pass is not implemented yet (issue 5); use "
+                                "--device cpu or auto"
+                              : "this build has no CUDA backend (built without nvcc); use "
+                                "--device cpu or auto");
+
+    engine_model *m = calloc(1, sizeof *m);
+    if (!m) return engine_err(ENGINE_ENOMEM, "out of memory loading %s", path);
+    pthread_mutex_init(&m->pool_mu, NULL);
+    int rc = 0;
+    if (!(m->path = strdup(path))) {
+        rc = engine_err(ENGINE_ENOMEM, "out of memory loading %s", path);
+        goto fail;
+    }
+    if ((rc = engine_gguf_open(&m->gguf, path))) goto fail;
+    engine_gguf_str arch;
+    if ((rc = engine_gguf_get_str(m->gguf, "general.architecture", &arch))) goto fail;
+    snprintf(m->info.arch, sizeof m->info.arch, "%.*s", (int)(arch.len < 31 ? arch.len : 31),
+             arch.ptr);
+    m->info.vocab_only = p.vocab_only;
+    rc = engine_hparams_read(&m->hp, m->gguf);
+    if (rc && !p.vocab_only) goto fail;
+    bool have_hp = rc == 0;
+    if (!have_hp) memset(&m->hp, 0, sizeof m->hp); /* vocab-only load of another arch */
+    if ((rc = tokenizer_load(&m->tok, m->gguf, have_hp ? m->hp.n_vocab : 0))) goto fail;
+    int32_t nv = engine_tokenizer_n_vocab(m->tok);
+    m->info.n_vocab = nv;
+    if (have_hp && (int64_t)nv != (int64_t)m->hp.n_vocab && !p.vocab_only) {
+        rc = engine_err(ENGINE_EFORMAT, "%s: the tokenizer has %d tokens but the model %u rows",
+                        path, nv, m->hp.n_vocab);
+        goto fail;
+    }
+    const char *ct = engine_tokenizer_chat_template(m->tok);
+    if (ct && !(m->chat_template = strdup(ct))) {
+        rc = engine_err(ENGINE_ENOMEM, "out of memory loading %s", path);
+        goto fail;
+    }
+    fill_info(m);
+    if (!p.vocab_only) {
+        if ((rc = engine_arch_validate(&m->hp, m->gguf))) goto fail;
+        if ((rc = load_weights(m))) goto fail;
+        int nt = p.n_threads > 0 ? p.n_threads : engine_cpu_count();
+        if ((rc = engine_pool_new(&m->pool, nt))) goto fail;
+        m->info.n_threads = nt;
+        int32_t train = (int32_t)m->hp.n_ctx_train;
+        if (p.n_ctx > train) {
+            rc = engine_err(ENGINE_ERANGE, "context %d exceeds %s's trained context of %d "
+                            "tokens", p.n_ctx, path, train);
+            goto fail;
+        }
+        m->info.n_ctx = p.n_ctx > 0 ? p.n_ctx : (train < 4096 ? train : 4096);
+        if (p.device == ENGINE_DEVICE_AUTO && engine_cuda_built())
+            engine_log(ENGINE_LOG_WARN, "running on the CPU: the CUDA forward pass is not "
+                       "implemented yet (issue 5)");
+    }
+    m->info.device = ENGINE_DEVICE_CPU;
+    *out = m;
+    return 0;
+fail:
+    engine_model_free(m);
+    return rc;
+}
+
+void engine_model_free(engine_model *m) {
+    if (!m) return;
+    ENGINE_ASSERT(m->n_sessions == 0);
+    engine_pool_free(m->pool);
+    for (size_t i = 0; i < m->n_owned; i++) free(m->owned[i]);
+    free(m->owned);
+    free(m->layers);
+    free(m->rope_inv_freq);
+    engine_tokenizer_free(m->tok);
+    engine_gguf_close(m->gguf);
+    free(m->chat_template);
+    free(m->path);
+    pthread_mutex_destroy(&m->pool_mu);
+    free(m);
+}
+
+void engine_model_info_get(const engine_model *m, engine_model_info *out) {
+    *out = m->info;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Tokens
+ * ------------------------------------------------------------------------------------------- */
+int engine_model_tokenize(const engine_model *m, const char *text, size_t len, bool parse_special,
+                          int32_t *ids, size_t cap, size_t *n_out) {
+    int rc = engine_tokenizer_encode(m->tok, text, len, parse_special, ids, cap, n_out);
+    if (rc == ENGINE_ERANGE)
+        return engine_err(ENGINE_ERANGE, "%zu tokens do not fit a buffer of %zu", *n_out, cap);
+    return rc;
+}
+
+const char *engine_model_token_bytes(const engine_model *m, int32_t id, size_t *len) {
+    return engine_tokenizer_token_bytes(m->tok, id, len);
+}
+
+int engine_model_detokenize(const engine_model *m, const int32_t *ids, size_t n, char *buf,
+                            size_t cap, size_t *len_out) {
+    size_t total = 0;
+    int32_t nv = engine_tokenizer_n_vocab(m->tok);
+    for (size_t i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= nv)
+            return engine_err(ENGINE_EINVAL, "token id %d at %zu is not in [0, %d)", ids[i], i,
+                              nv);
+        size_t l;
+        const char *b = engine_tokenizer_token_bytes(m->tok, ids[i], &l);
+        if (total + l <= cap) memcpy(buf + total, b, l);
+        total += l;
+    }
+    *len_out = total;
+    if (total >= cap) {
+        if (total > cap)
+            return engine_err(ENGINE_ERANGE, "the text needs %zu bytes, the buffer has %zu", total,
+                              cap);
+        return 0; /* fits exactly, without the NUL */
+    }
+    buf[total] = 0;
+    return 0;
+}
+
+int32_t engine_model_n_vocab(const engine_model *m) {
+    return engine_tokenizer_n_vocab(m->tok);
+}
+
+int32_t engine_model_token_bos(const engine_model *m) {
+    return engine_tokenizer_bos(m->tok);
+}
+
+int32_t engine_model_token_eos(const engine_model *m) {
+    return engine_tokenizer_eos(m->tok);
+}
+
+bool engine_model_token_is_eog(const engine_model *m, int32_t id) {
+    return engine_tokenizer_is_eog(m->tok, id);
+}
+
+bool engine_model_token_is_special(const engine_model *m, int32_t id) {
+    return engine_tokenizer_is_special(m->tok, id);
+}
+
+const char *engine_model_chat_template(const engine_model *m) {
+    return m->chat_template;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Sessions
+ * ------------------------------------------------------------------------------------------- */
+int engine_session_new(engine_session **out, engine_model *m, const engine_session_params *p) {
+    *out = NULL;
+    engine_session_params sp = ENGINE_SESSION_PARAMS_INIT;
+    if (p) {
+        if (p->version != ENGINE_SESSION_PARAMS_VERSION)
+            return engine_err(ENGINE_EINVAL, "session params of version %d (this engine knows "
+                              "%d)", p->version, ENGINE_SESSION_PARAMS_VERSION);
+        sp = *p;
+    }
+    if (m->info.vocab_only)
+        return engine_err(ENGINE_EINVAL, "%s was loaded for its vocabulary only: no sessions",
+                          m->path);
+    int32_t train = (int32_t)m->hp.n_ctx_train;
+    if (sp.n_ctx == 0) sp.n_ctx = m->info.n_ctx;
+    if (sp.n_ctx < 1 || sp.n_ctx > train)
+        return engine_err(ENGINE_ERANGE, "session context %d is not in [1, %d] (the model's "
+                          "trained context)", sp.n_ctx, train);
+    if (sp.n_batch == 0) sp.n_batch = 64;
+    if (sp.n_batch < 1 || sp.n_batch > 8192)
+        return engine_err(ENGINE_EINVAL, "batch size %d is not in [1, 8192]", sp.n_batch);
+    if (sp.n_batch > sp.n_ctx) sp.n_batch = sp.n_ctx;
+    if (sp.kv_type != ENGINE_KV_F16 && sp.kv_type != ENGINE_KV_F32)
+        return engine_err(ENGINE_EINVAL, "unknown KV cache type %d", (int)sp.kv_type);
+    engine_session *s = calloc(1, sizeof *s);
+    if (!s) return engine_err(ENGINE_ENOMEM, "out of memory for a session");
+    s->m = m;
+    s->n_ctx = sp.n_ctx;
+    s->n_batch = sp.n_batch;
+    s->kv_type = sp.kv_type;
+    s->tokens = malloc(sizeof(int32_t) * (size_t)sp.n_ctx);
+    s->logits = malloc(sizeof(float) * m->hp.n_vocab);
+    if (!s->tokens || !s->logits) {
+        free(s->tokens);
+        free(s->logits);
+        free(s);
+        return engine_err(ENGINE_ENOMEM, "out of memory for a session");
+    }
+    int rc = engine_fwd_new(s);
+    if (rc) {
+        free(s->tokens);
+        free(s->logits);
+        free(s);
+        return rc;
+    }
+    pthread_mutex_lock(&m->pool_mu);
+    m->n_sessions++;
+    pthread_mutex_unlock(&m->pool_mu);
+    *out = s;
+    return 0;
+}
+
+void engine_session_free(engine_session *s) {
+    if (!s) return;
+    pthread_mutex_lock(&s->m->pool_mu);
+    s->m->n_sessions--;
+    pthread_mutex_unlock(&s->m->pool_mu);
+    engine_fwd_free(s->fwd);
+    free(s->tokens);
+    free(s->logits);
+    free(s);
+}
+
+int32_t engine_session_n_ctx(const engine_session *s) {
+    return s->n_ctx;
+}
+
+int32_t engine_session_n_tokens(const engine_session *s) {
+    return s->n_tokens;
+}
+
+const int32_t *engine_session_tokens(const engine_session *s) {
+    return s->tokens;
+}
+
+const float *engine_session_logits(const engine_session *s) {
+    return s->logits_valid ? s->logits : NULL;
+}
+
+int engine_session_truncate(engine_session *s, int32_t n) {
+    if (n < 0 || n > s->n_tokens)
+        return engine_err(ENGINE_EINVAL, "cannot truncate a session of %d tokens to %d",
+                          s->n_tokens, n);
+    if (n < s->n_tokens) s->logits_valid = false;
+    s->n_tokens = n;
+    return 0;
+}
+
+int engine_session_append(engine_session *s, const int32_t *tokens, size_t n, float *logits_all) {
+    if (n == 0) return 0;
+    if (!tokens) return engine_err(ENGINE_EINVAL, "no tokens given");
+    if (n > (size_t)(s->n_ctx - s->n_tokens))
+        return engine_err(ENGINE_ERANGE, "%zu tokens do not fit the context: %d of %d positions "
+                          "are used", n, s->n_tokens, s->n_ctx);
+    int32_t nv = (int32_t)s->m->hp.n_vocab;
+    for (size_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= nv)
+            return engine_err(ENGINE_EINVAL, "token id %d at %zu is not in [0, %d)", tokens[i], i,
+                              nv);
+    pthread_mutex_lock(&s->m->pool_mu);
+    int rc = 0;
+    for (size_t i = 0; i < n && rc == 0; i += (size_t)s->n_batch) {
+        int32_t chunk = (int32_t)ENGINE_MIN((size_t)s->n_batch, n - i);
+        rc = engine_fwd_run(s, tokens + i, chunk, logits_all ? logits_all + i * (size_t)nv : NULL);
+        if (rc == 0) {
+            memcpy(s->tokens + s->n_tokens, tokens + i, sizeof(int32_t) * (size_t)chunk);
+            s->n_tokens += chunk;
+            s->logits_valid = true;
+        }
+    }
+    pthread_mutex_unlock(&s->m->pool_mu);
+    return rc;
+}

@@ -1,0 +1,209 @@
+/* engine_generate: prompt -> prefix reuse -> prefill -> sample/decode loop with streaming
+ * text, stop tokens, stop strings and cancellation. Contract in engine.h.
+ *
+ * Text flow: token -> streaming detokenizer (complete UTF-8 only) -> `pending` -> the part of
+ * pending that can no longer begin a stop string is handed to the callback. A stop string is
+ * matched across token boundaries because it is searched for in pending, which holds
+ * everything not yet emitted. */
+#include "model/model_int.h"
+
+#include <string.h>
+
+typedef struct {
+    engine_session *s;
+    const engine_gen_params *p;
+    engine_token_fn cb;
+    void *user;
+    char *pending;
+    size_t n_pending, cap_pending, max_stop;
+} gen_state;
+
+/* Length of the longest suffix of buf[0..n) that is a proper prefix of a stop string. */
+static size_t stop_prefix_tail(const engine_gen_params *p, const char *buf, size_t n) {
+    size_t best = 0;
+    for (size_t i = 0; i < p->n_stop_strings; i++) {
+        const char *st = p->stop_strings[i];
+        size_t sl = strlen(st);
+        for (size_t k = ENGINE_MIN(sl - 1, n); k > best; k--) {
+            if (memcmp(buf + n - k, st, k) == 0) {
+                best = k;
+                break;
+            }
+        }
+    }
+    return best;
+}
+
+/* Add text to pending and hand what is safe to the callback. *stopped is set when a stop
+ * string appeared (the text before it is emitted, the rest dropped); *cancel when the callback
+ * asked to stop. Returns 0 or ENGINE_ENOMEM. */
+static int push_text(gen_state *g, const char *text, size_t len, int32_t token, bool *stopped,
+                     bool *cancel) {
+    const engine_gen_params *p = g->p;
+    if (p->n_stop_strings == 0) {
+        if (g->cb && g->cb(g->user, text, len, token) != 0) *cancel = true;
+        return 0;
+    }
+    if (g->n_pending + len > g->cap_pending) {
+        /* pending holds less than the longest stop string, so this grows only for long pieces */
+        size_t need = g->n_pending + len;
+        char *nb = realloc(g->pending, need);
+        if (!nb) return engine_err(ENGINE_ENOMEM, "out of memory for generated text");
+        g->pending = nb;
+        g->cap_pending = need;
+    }
+    memcpy(g->pending + g->n_pending, text, len);
+    g->n_pending += len;
+    size_t cut = SIZE_MAX;
+    for (size_t i = 0; i < p->n_stop_strings; i++) {
+        const char *st = p->stop_strings[i];
+        size_t sl = strlen(st);
+        if (sl > g->n_pending) continue;
+        const char *hit = memmem(g->pending, g->n_pending, st, sl);
+        if (hit && (size_t)(hit - g->pending) < cut) cut = (size_t)(hit - g->pending);
+    }
+    if (cut != SIZE_MAX) {
+        *stopped = true;
+        if (g->cb && g->cb(g->user, g->pending, cut, token) != 0) *cancel = true;
+        g->n_pending = 0;
+        return 0;
+    }
+    size_t keep = stop_prefix_tail(p, g->pending, g->n_pending);
+    size_t emit = g->n_pending - keep;
+    if (g->cb && g->cb(g->user, g->pending, emit, token) != 0) *cancel = true;
+    memmove(g->pending, g->pending + emit, keep);
+    g->n_pending = keep;
+    return 0;
+}
+
+static bool is_stop_token(const engine_gen_params *p, int32_t t) {
+    for (size_t i = 0; i < p->n_stop_tokens; i++)
+        if (p->stop_tokens[i] == t) return true;
+    return false;
+}
+
+int engine_generate(engine_session *s, const engine_gen_params *p, engine_token_fn cb,
+                    void *user, engine_gen_stats *stats) {
+    engine_gen_stats st;
+    memset(&st, 0, sizeof st);
+    if (stats) *stats = st;
+    if (!p || p->version != ENGINE_GEN_PARAMS_VERSION)
+        return engine_err(ENGINE_EINVAL, "generate: params missing or of another version");
+    if (!p->prompt || p->n_prompt == 0)
+        return engine_err(ENGINE_EINVAL, "generate: the prompt is empty (at least one token)");
+    for (size_t i = 0; i < p->n_stop_strings; i++)
+        if (!p->stop_strings[i] || !p->stop_strings[i][0])
+            return engine_err(ENGINE_EINVAL, "generate: stop string %zu is empty", i);
+    if (p->n_prompt > (size_t)s->n_ctx)
+        return engine_err(ENGINE_ERANGE, "the prompt has %zu tokens but the context holds %d",
+                          p->n_prompt, s->n_ctx);
+    engine_model *m = s->m;
+    st.prompt_tokens = (int32_t)p->n_prompt;
+
+    engine_sampler *smp = NULL;
+    engine_detok *dt = NULL;
+    gen_state g = {s, p, cb, user, NULL, 0, 0, 0};
+    int rc = engine_sampler_new(&smp, &p->sampling, engine_model_n_vocab(m));
+    if (rc) goto done;
+    if ((rc = engine_detok_new(&dt, m->tok, true))) goto done;
+    for (size_t i = 0; i < p->n_stop_strings; i++)
+        g.max_stop = ENGINE_MAX(g.max_stop, strlen(p->stop_strings[i]));
+    if (g.max_stop) {
+        g.cap_pending = 2 * g.max_stop + 64;
+        if (!(g.pending = malloc(g.cap_pending))) {
+            rc = engine_err(ENGINE_ENOMEM, "out of memory for stop strings");
+            goto done;
+        }
+    }
+
+    /* prefix reuse: keep what the session already holds of this prompt, but recompute at least
+     * the last prompt token so that its logits are fresh */
+    int32_t common = 0, have = s->n_tokens;
+    while (common < have && (size_t)common < p->n_prompt && s->tokens[common] == p->prompt[common])
+        common++;
+    if ((size_t)common == p->n_prompt) common--;
+    if ((rc = engine_session_truncate(s, common))) goto done;
+    st.cached_tokens = common;
+    for (size_t i = 0; i < p->n_prompt; i++)
+        if ((rc = engine_sampler_accept(smp, p->prompt[i], false))) goto done;
+    double t0 = engine_time_ms();
+    rc = engine_session_append(s, p->prompt + common, p->n_prompt - (size_t)common, NULL);
+    st.prefill_ms = engine_time_ms() - t0;
+    if (rc) goto done;
+
+    int32_t max = p->max_tokens > 0 ? p->max_tokens : INT32_MAX;
+    for (;;) {
+        if (st.generated_tokens >= max) {
+            st.stop = ENGINE_STOP_LENGTH;
+            break;
+        }
+        double ts = engine_time_ms();
+        int32_t tok;
+        rc = engine_sampler_sample(smp, engine_session_logits(s), &tok);
+        if (rc) {
+            if (rc == ENGINE_ECANCELED) st.stop = ENGINE_STOP_CANCELED;
+            st.sample_ms += engine_time_ms() - ts;
+            goto done;
+        }
+        st.generated_tokens++;
+        if ((rc = engine_sampler_accept(smp, tok, true))) {
+            if (rc == ENGINE_ECANCELED) st.stop = ENGINE_STOP_CANCELED;
+            st.sample_ms += engine_time_ms() - ts;
+            goto done;
+        }
+        bool eog = !p->ignore_eog && engine_model_token_is_eog(m, tok);
+        if (eog || is_stop_token(p, tok)) {
+            st.stop = eog ? ENGINE_STOP_EOG : ENGINE_STOP_TOKEN;
+            st.sample_ms += engine_time_ms() - ts;
+            break;
+        }
+        const char *text;
+        size_t len;
+        if ((rc = engine_detok_feed(dt, tok, &text, &len))) goto done;
+        bool stopped = false, cancel = false;
+        rc = push_text(&g, text, len, tok, &stopped, &cancel);
+        st.sample_ms += engine_time_ms() - ts;
+        if (rc) goto done;
+        if (cancel) {
+            st.stop = ENGINE_STOP_CANCELED;
+            rc = engine_err(ENGINE_ECANCELED, "generation cancelled by the caller");
+            goto done;
+        }
+        if (stopped) {
+            st.stop = ENGINE_STOP_STRING;
+            break;
+        }
+        if (s->n_tokens >= s->n_ctx) {
+            st.stop = ENGINE_STOP_CONTEXT;
+            break;
+        }
+        double td = engine_time_ms();
+        rc = engine_session_append(s, &tok, 1, NULL);
+        st.decode_ms += engine_time_ms() - td;
+        if (rc) goto done;
+    }
+    /* end of stream: flush a held-back incomplete character and any stop-string prefix */
+    if (st.stop != ENGINE_STOP_STRING) {
+        const char *text;
+        size_t len;
+        engine_detok_flush(dt, &text, &len);
+        bool stopped = false, cancel = false;
+        if (len && (rc = push_text(&g, text, len, -1, &stopped, &cancel))) goto done;
+        if (cancel) {
+            st.stop = ENGINE_STOP_CANCELED;
+            rc = engine_err(ENGINE_ECANCELED, "generation cancelled by the caller");
+            goto done;
+        }
+        if (stopped) st.stop = ENGINE_STOP_STRING;
+        if (g.n_pending && cb && cb(user, g.pending, g.n_pending, -1) != 0) {
+            st.stop = ENGINE_STOP_CANCELED;
+            rc = engine_err(ENGINE_ECANCELED, "generation cancelled by the caller");
+        }
+    }
+done:
+    if (stats) *stats = st;
+    engine_sampler_free(smp);
+    engine_detok_free(dt);
+    free(g.pending);
+    return rc;
+}
