@@ -1,0 +1,45 @@
+/* Internals shared by the tokenizer's files (private). */
+#ifndef SPARK_ENGINE_TOKENIZER_INT_H
+#define SPARK_ENGINE_TOKENIZER_INT_H
+
+#include "tokenizer.h"
+
+struct engine_tokenizer {
+    int32_t n_vocab;
+    char *bytes;          /* raw bytes of every token, back to back */
+    size_t *off;          /* [n_vocab + 1] token i = bytes[off[i] .. off[i+1]) */
+    uint8_t *types;       /* [n_vocab] engine_token_type */
+    uint8_t *eog;         /* [n_vocab] end-of-generation flags */
+    size_t max_token_len;
+
+    int32_t *vhash;       /* open addressing over NORMAL tokens' raw bytes -> id, -1 empty */
+    uint32_t vmask;
+
+    uint64_t *mkey;       /* open addressing: (left id << 32 | right id) -> rank, result */
+    int32_t *mrank, *mres;
+    uint32_t mmask;
+
+    int32_t byte_id[256]; /* the token of each single byte */
+
+    int32_t *added;       /* added token ids (CONTROL, USER_DEFINED), by first byte, longest
+                             first */
+    uint32_t n_added;
+    uint32_t added_start[257]; /* added[added_start[b] .. added_start[b+1]) start with byte b */
+
+    int32_t bos, eos, pad;
+    char *chat_template;
+};
+
+/* The end of the Qwen2 pre-tokenizer match that starts at s[i] (s[0..n) is valid UTF-8,
+ * i < n). */
+size_t engine_pretok_qwen2_next(const unsigned char *s, size_t n, size_t i);
+
+/* 64-bit FNV-1a style hash used by the tables. */
+static inline uint32_t engine_tok_hash(const void *p, size_t n) {
+    const unsigned char *s = p;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ s[i]) * 1099511628211ull;
+    return (uint32_t)(h ^ (h >> 32));
+}
+
+#endif
