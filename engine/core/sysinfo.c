@@ -83,15 +83,4 @@ void engine_cpu_info_get(engine_cpu_info *out) {
 #endif
 }
 
-const char *engine_cpu_simd_path(void) {
-    /* Mirrors the run-time dispatch of the CPU kernels (engine/cpu): keep the two in step. */
-#if defined(__x86_64__)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "avx2+fma";
-    return "scalar";
-#elif defined(__aarch64__)
-    return "neon";
-#else
-    return "scalar";
-#endif
-}
+/* engine_cpu_simd_path() lives with the dispatch it reports, in engine/cpu/quant.c. */
