@@ -370,7 +370,8 @@ typedef struct {
     int32_t cached_tokens;      /* prompt tokens reused from the session's cache */
     int32_t generated_tokens;   /* tokens sampled (stop token included) */
     double prefill_ms;          /* forward over the uncached prompt tokens */
-    double decode_ms;           /* forward of the generated tokens */
+    int32_t decode_tokens;      /* generated tokens run through the model (decode steps) */
+    double decode_ms;           /* time of those decode steps */
     double sample_ms;           /* sampler, mask hook and detokenization */
     engine_stop_reason stop;
 } engine_gen_stats;

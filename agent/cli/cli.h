@@ -18,6 +18,12 @@ typedef int (*cli_command_fn)(int argc, char **argv);
 
 int cli_doctor(int argc, char **argv);
 int cli_version(int argc, char **argv);
+int cli_complete(int argc, char **argv);
+int cli_bench(int argc, char **argv);
+int cli_model(int argc, char **argv);
+/* `model gen` and `model info` (cmd_model_gen.c, cmd_model_info.c), called by cli_model. */
+int cli_model_gen(int argc, char **argv);
+int cli_model_info(int argc, char **argv);
 
 /* Settings resolved from flags > environment (SPARK_*) > config file (XDG) > defaults. */
 typedef struct {
@@ -34,6 +40,15 @@ typedef struct {
 /* Fill *cfg from the environment and the config file. Returns 0, or -1 with cfg->error set
  * when the config file exists but cannot be parsed. */
 int cli_config_load(cli_config *cfg);
+
+/* Engine commands' helpers (cmd_complete.c, cmd_model.c): the model file from the flag, else
+ * SPARK_MODEL / config, else the embedded default (printing the error and returning -1 when
+ * none is available); a strict UTF-8 check (*bad_at = offset of the first bad byte); all of
+ * stdin in a malloc'ed NUL-terminated buffer (NULL with errno on failure). */
+int cli_model_resolve(const char *cmd, const char *flag, const cli_config *cfg, char *out,
+                      size_t cap);
+bool cli_utf8_valid(const char *s, size_t n, size_t *bad_at);
+char *cli_read_stdin(size_t *len);
 
 /* Print "spark-agent NAME: message" to stderr (printf-style). */
 void cli_errorf(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

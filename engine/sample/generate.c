@@ -181,6 +181,7 @@ int engine_generate(engine_session *s, const engine_gen_params *p, engine_token_
         rc = engine_session_append(s, &tok, 1, NULL);
         st.decode_ms += engine_time_ms() - td;
         if (rc) goto done;
+        st.decode_tokens++;
     }
     /* end of stream: flush a held-back incomplete character and any stop-string prefix */
     if (st.stop != ENGINE_STOP_STRING) {

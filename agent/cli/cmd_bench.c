@@ -1,0 +1,223 @@
+/* spark-agent bench: prefill and decode speed of the in-process engine, as llama-bench reports
+ * them (pp = prompt processing, tg = text generation; mean ± sd over repetitions). */
+#include "cli.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include "engine.h"
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: spark-agent bench [-m FILE] [-p N_PROMPT] [-n N_GEN] [-t THREADS] "
+               "[-r REPS] [--kv f16|f32]\n\n"
+               "Measure prefill (pp) and decode (tg) speed: a prompt of N_PROMPT tokens, then\n"
+               "N_GEN tokens decoded one at a time after it; mean ± sd over REPS runs (after one\n"
+               "warm-up run). Prints a table and the peak resident memory.\n\n"
+               "  -m, --model FILE   GGUF model (default: SPARK_MODEL, config, embedded tiny)\n"
+               "  -p, --n-prompt N   prompt tokens (default 512; 0 skips pp)\n"
+               "  -n, --n-gen N      generated tokens (default 128; 0 skips tg)\n"
+               "  -t, --threads N    CPU threads (default: config, else all cores)\n"
+               "  -r, --reps N       repetitions (default 3)\n"
+               "  -b, --batch N      prompt tokens per forward batch (default 64)\n"
+               "  --kv TYPE          KV cache type f16 (default) or f32\n");
+}
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static bool parse_int(const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
+static void mean_sd(const double *x, int n, double *mean, double *sd) {
+    double s = 0, ss = 0;
+    for (int i = 0; i < n; i++) s += x[i];
+    *mean = s / n;
+    for (int i = 0; i < n; i++) ss += (x[i] - *mean) * (x[i] - *mean);
+    *sd = n > 1 ? sqrt(ss / (n - 1)) : 0.0;
+}
+
+static int argmax(const float *l, int32_t n) {
+    int best = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (l[i] > l[best]) best = i;
+    return best;
+}
+
+static void fmt_count(char *buf, size_t cap, double v) {
+    if (v >= 1e9) snprintf(buf, cap, "%.2f B", v / 1e9);
+    else if (v >= 1e6) snprintf(buf, cap, "%.2f M", v / 1e6);
+    else snprintf(buf, cap, "%.0f", v);
+}
+
+int cli_bench(int argc, char **argv) {
+    static const struct option opts[] = {
+        {"model", required_argument, 0, 'm'},   {"n-prompt", required_argument, 0, 'p'},
+        {"n-gen", required_argument, 0, 'n'},   {"threads", required_argument, 0, 't'},
+        {"reps", required_argument, 0, 'r'},    {"batch", required_argument, 0, 'b'},
+        {"kv", required_argument, 0, 'k'},      {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    const char *cmd = "bench", *model_flag = NULL;
+    long n_prompt = 512, n_gen = 128, threads = -1, reps = 3, batch = 64;
+    engine_kv_type kv = ENGINE_KV_F16;
+    int c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":m:p:n:t:r:b:h", opts, NULL)) != -1) {
+        bool ok = true;
+        switch (c) {
+        case 'm': model_flag = optarg; break;
+        case 'p': ok = parse_int(optarg, 0, 1 << 20, &n_prompt); break;
+        case 'n': ok = parse_int(optarg, 0, 1 << 20, &n_gen); break;
+        case 't': ok = parse_int(optarg, 1, 1024, &threads); break;
+        case 'r': ok = parse_int(optarg, 1, 1000, &reps); break;
+        case 'b': ok = parse_int(optarg, 1, 8192, &batch); break;
+        case 'k':
+            if (!strcmp(optarg, "f16")) kv = ENGINE_KV_F16;
+            else if (!strcmp(optarg, "f32")) kv = ENGINE_KV_F32;
+            else ok = false;
+            break;
+        case 'h': usage(stdout); return CLI_EXIT_OK;
+        case ':': cli_errorf(cmd, "option %s needs a value", argv[optind - 1]); return CLI_EXIT_USAGE;
+        default:
+            cli_errorf(cmd, "unknown option '%s'", argv[optind - 1]);
+            usage(stderr);
+            return CLI_EXIT_USAGE;
+        }
+        if (!ok) {
+            cli_errorf(cmd, "bad value '%s' for %s", optarg, argv[optind - 1]);
+            return CLI_EXIT_USAGE;
+        }
+    }
+    if (optind < argc) {
+        cli_errorf(cmd, "unexpected argument '%s'", argv[optind]);
+        return CLI_EXIT_USAGE;
+    }
+    if (n_prompt == 0 && n_gen == 0) {
+        cli_errorf(cmd, "nothing to measure: -p and -n are both 0");
+        return CLI_EXIT_USAGE;
+    }
+    cli_config cfg;
+    if (cli_config_load(&cfg) != 0) {
+        cli_errorf(cmd, "%s", cfg.error);
+        return CLI_EXIT_USAGE;
+    }
+    char path[4096];
+    if (cli_model_resolve(cmd, model_flag, &cfg, path, sizeof path) != 0) return CLI_EXIT_FAIL;
+
+    int ret = CLI_EXIT_FAIL;
+    engine_model *m = NULL;
+    engine_session *s = NULL;
+    int32_t *prompt = NULL;
+    double *pp = NULL, *tg = NULL;
+    engine_model_params mp = ENGINE_MODEL_PARAMS_INIT;
+    mp.n_threads = threads > 0 ? (int)threads : cfg.threads;
+    mp.device = (engine_device)engine_device_parse(cfg.device);
+    if (engine_model_load(&m, path, &mp) != 0) {
+        cli_errorf(cmd, "%s", engine_error_last());
+        goto done;
+    }
+    engine_model_info info;
+    engine_model_info_get(m, &info);
+    long need = n_prompt + n_gen + 1;
+    if (need > info.n_ctx_train) {
+        cli_errorf(cmd, "-p %ld + -n %ld exceeds the model's context of %d", n_prompt, n_gen,
+                   info.n_ctx_train);
+        ret = CLI_EXIT_USAGE;
+        goto done;
+    }
+    engine_session_params sp = ENGINE_SESSION_PARAMS_INIT;
+    sp.n_ctx = (int32_t)need;
+    sp.n_batch = (int32_t)batch;
+    sp.kv_type = kv;
+    if (engine_session_new(&s, m, &sp) != 0) {
+        cli_errorf(cmd, "%s", engine_error_last());
+        goto done;
+    }
+    prompt = malloc(sizeof(int32_t) * (size_t)(n_prompt + 1));
+    pp = calloc((size_t)reps, sizeof *pp);
+    tg = calloc((size_t)reps, sizeof *tg);
+    if (!prompt || !pp || !tg) {
+        cli_errorf(cmd, "out of memory");
+        goto done;
+    }
+    /* a fixed pseudo-random prompt over the ordinary vocabulary (ids below 151643 for Qwen) */
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    int32_t nv = engine_model_n_vocab(m), range = nv > 151643 ? 151643 : nv;
+    for (long i = 0; i <= n_prompt; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        prompt[i] = (int32_t)((x >> 33) % (uint64_t)range);
+    }
+    for (long r = -1; r < reps; r++) { /* r = -1: warm-up (page in the weights) */
+        engine_session_truncate(s, 0);
+        double t0 = now_ms();
+        /* tg alone still needs one token of context to decode after */
+        long np = n_prompt > 0 ? n_prompt : 1;
+        if (engine_session_append(s, prompt, (size_t)np, NULL) != 0) {
+            cli_errorf(cmd, "%s", engine_error_last());
+            goto done;
+        }
+        double t1 = now_ms();
+        for (long i = 0; i < n_gen; i++) {
+            int32_t tok = argmax(engine_session_logits(s), nv);
+            if (engine_session_append(s, &tok, 1, NULL) != 0) {
+                cli_errorf(cmd, "%s", engine_error_last());
+                goto done;
+            }
+        }
+        double t2 = now_ms();
+        if (r >= 0) {
+            pp[r] = n_prompt > 0 ? n_prompt * 1e3 / (t1 - t0) : 0.0;
+            tg[r] = n_gen > 0 ? n_gen * 1e3 / (t2 - t1) : 0.0;
+        }
+    }
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    double rss_mib = ru.ru_maxrss / 1024.0, file_mib = info.file_size / (1024.0 * 1024.0);
+    char params[32], desc[192];
+    fmt_count(params, sizeof params, (double)info.n_params);
+    snprintf(desc, sizeof desc, "%s %s %s", info.name[0] ? info.name : info.arch, info.arch,
+             info.weight_type);
+    printf("| %-36s | %10s | %10s | %-7s | %7s | %6s | %18s |\n", "model", "size", "params",
+           "backend", "threads", "test", "t/s");
+    printf("| %.36s | %.10s | %.10s | %.7s | %.7s | %.6s | %.18s |\n",
+           "------------------------------------", "----------", "----------", "-------",
+           "-------", "------", "------------------");
+    for (int k = 0; k < 2; k++) {
+        long n = k == 0 ? n_prompt : n_gen;
+        if (n == 0) continue;
+        double mean, sd;
+        mean_sd(k == 0 ? pp : tg, (int)reps, &mean, &sd);
+        char test[16], ts[32], size[16];
+        snprintf(test, sizeof test, "%s%ld", k == 0 ? "pp" : "tg", n);
+        snprintf(ts, sizeof ts, "%.2f ± %.2f", mean, sd);
+        snprintf(size, sizeof size, "%.2f MiB", file_mib);
+        printf("| %-36.36s | %10s | %10s | %-7s | %7d | %6s | %20s |\n", desc, size, params,
+               engine_device_name(info.device), info.n_threads, test, ts);
+    }
+    printf("\npeak RSS %.1f MiB, model file %.1f MiB (weights are mapped, not copied), "
+           "KV cache %s, batch %ld, %ld reps\n", rss_mib, file_mib,
+           kv == ENGINE_KV_F16 ? "f16" : "f32", batch, reps);
+    ret = CLI_EXIT_OK;
+done:
+    free(prompt);
+    free(pp);
+    free(tg);
+    engine_session_free(s);
+    engine_model_free(m);
+    return ret;
+}

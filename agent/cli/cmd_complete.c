@@ -1,0 +1,325 @@
+/* spark-agent complete: raw text completion. Generated text only on stdout; stats on stderr.
+ * Also the helpers the engine commands share (model resolution, UTF-8 check). */
+#include "cli.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine.h"
+
+
+int cli_model_resolve(const char *cmd, const char *flag, const cli_config *cfg, char *out,
+                      size_t cap) {
+    if (flag && *flag) {
+        snprintf(out, cap, "%s", flag);
+        return 0;
+    }
+    if (cfg->model[0]) {
+        snprintf(out, cap, "%s", cfg->model);
+        return 0;
+    }
+    if (engine_default_model_path(out, cap) != 0) {
+        cli_errorf(cmd, "no model given (-m FILE, SPARK_MODEL or model = in the config file) "
+                   "and the default model is not available: %s", engine_error_last());
+        return -1;
+    }
+    return 0;
+}
+
+bool cli_utf8_valid(const char *s, size_t n, size_t *bad_at) {
+    const unsigned char *p = (const unsigned char *)s;
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = p[i];
+        size_t len;
+        uint32_t cp;
+        if (c < 0x80) {
+            i++;
+            continue;
+        } else if ((c & 0xe0) == 0xc0) {
+            len = 2;
+            cp = c & 0x1f;
+        } else if ((c & 0xf0) == 0xe0) {
+            len = 3;
+            cp = c & 0x0f;
+        } else if ((c & 0xf8) == 0xf0) {
+            len = 4;
+            cp = c & 0x07;
+        } else {
+            goto bad;
+        }
+        if (i + len > n) goto bad;
+        for (size_t k = 1; k < len; k++) {
+            if ((p[i + k] & 0xc0) != 0x80) goto bad;
+            cp = (cp << 6) | (p[i + k] & 0x3f);
+        }
+        /* overlong forms, surrogates, beyond U+10FFFF */
+        if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
+            (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff)
+            goto bad;
+        i += len;
+    }
+    return true;
+bad:
+    if (bad_at) *bad_at = i;
+    return false;
+}
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: spark-agent complete [-m FILE] [-p TEXT] [-n N] [-s SEED] [--temp T]\n"
+            "                            [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
+            "                            [-t THREADS] [-c CTX] [--device D]\n"
+            "                            [--grammar FILE.gbnf] [--json-schema FILE.json]\n\n"
+            "Complete the prompt (from -p, else stdin) as raw text. The generated text goes to\n"
+            "stdout, statistics to stderr.\n\n"
+            "  -m, --model FILE        GGUF model (default: SPARK_MODEL, the config file, else\n"
+            "                          the embedded tiny model)\n"
+            "  -p, --prompt TEXT       the prompt (default: all of stdin); special tokens such as\n"
+            "                          <|im_start|> are parsed\n"
+            "  -n, --n-predict N       tokens to generate at most (default 128; -1: until the\n"
+            "                          end of generation or a full context)\n"
+            "  -s, --seed N            sampling seed (default: random, printed with the stats)\n"
+            "  --temp T                temperature (default 0.8; 0 = greedy)\n"
+            "  --top-k K               (default 40; 0 = off)\n"
+            "  --top-p P               (default 0.95; 1 = off)\n"
+            "  --min-p P               (default 0.05; 0 = off)\n"
+            "  --repeat-penalty R      over the last 64 tokens (default 1.0 = off)\n"
+            "  --ignore-eos            keep going after end-of-generation tokens\n"
+            "  -t, --threads N         CPU threads (default: config, else all cores)\n"
+            "  -c, --ctx-size N        context length (default: min(trained, 4096))\n"
+            "  --device D              auto, cpu or cuda (default: config, else auto)\n"
+            "  --grammar FILE          constrain the output with a GBNF grammar\n"
+            "  --json-schema FILE      constrain the output to JSON matching the schema\n");
+}
+
+static bool parse_long(const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
+static bool parse_float(const char *s, double lo, double hi, float *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi)) return false;
+    *out = (float)v;
+    return true;
+}
+
+static bool parse_u64(const char *s, uint64_t *out) {
+    char *end;
+    errno = 0;
+    if (!s[0] || s[0] == '-') return false;
+    unsigned long long v = strtoull(s, &end, 0);
+    if (errno || *end) return false;
+    *out = v;
+    return true;
+}
+
+typedef struct {
+    bool write_failed;
+} out_state;
+
+static int on_text(void *user, const char *text, size_t len, int32_t token) {
+    (void)token;
+    out_state *o = user;
+    if (len && (fwrite(text, 1, len, stdout) != len || fflush(stdout) != 0)) {
+        o->write_failed = true;
+        return 1; /* the reader went away: stop generating */
+    }
+    return 0;
+}
+
+static const char *stop_name(engine_stop_reason r) {
+    switch (r) {
+    case ENGINE_STOP_NONE: return "none";
+    case ENGINE_STOP_LENGTH: return "length";
+    case ENGINE_STOP_EOG: return "end of generation";
+    case ENGINE_STOP_TOKEN: return "stop token";
+    case ENGINE_STOP_STRING: return "stop string";
+    case ENGINE_STOP_CONTEXT: return "context full";
+    case ENGINE_STOP_CANCELED: return "cancelled";
+    }
+    return "?";
+}
+
+int cli_complete(int argc, char **argv) {
+    enum {
+        OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REP, OPT_GRAMMAR, OPT_SCHEMA,
+        OPT_DEVICE, OPT_IGNORE_EOS,
+    };
+    static const struct option opts[] = {
+        {"model", required_argument, 0, 'm'},
+        {"prompt", required_argument, 0, 'p'},
+        {"n-predict", required_argument, 0, 'n'},
+        {"seed", required_argument, 0, 's'},
+        {"temp", required_argument, 0, OPT_TEMP},
+        {"top-k", required_argument, 0, OPT_TOPK},
+        {"top-p", required_argument, 0, OPT_TOPP},
+        {"min-p", required_argument, 0, OPT_MINP},
+        {"repeat-penalty", required_argument, 0, OPT_REP},
+        {"threads", required_argument, 0, 't'},
+        {"ctx-size", required_argument, 0, 'c'},
+        {"device", required_argument, 0, OPT_DEVICE},
+        {"grammar", required_argument, 0, OPT_GRAMMAR},
+        {"json-schema", required_argument, 0, OPT_SCHEMA},
+        {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    const char *cmd = "complete";
+    const char *model_flag = NULL, *prompt = NULL, *grammar = NULL, *schema = NULL;
+    const char *device = NULL;
+    long n_predict = 128, threads = -1, n_ctx = 0, v;
+    bool have_seed = false;
+    engine_gen_params gp = ENGINE_GEN_PARAMS_INIT;
+    engine_sampling_params *sp = &gp.sampling;
+    int c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":m:p:n:s:t:c:h", opts, NULL)) != -1) {
+        bool ok = true;
+        switch (c) {
+        case 'm': model_flag = optarg; break;
+        case 'p': prompt = optarg; break;
+        case 'n': ok = parse_long(optarg, -1, INT32_MAX, &n_predict); break;
+        case 's': ok = parse_u64(optarg, &sp->seed); have_seed = true; break;
+        case OPT_TEMP: ok = parse_float(optarg, 0.0, 100.0, &sp->temperature); break;
+        case OPT_TOPK:
+            ok = parse_long(optarg, 0, INT32_MAX, &v);
+            sp->top_k = (int32_t)v;
+            break;
+        case OPT_TOPP: ok = parse_float(optarg, 1e-6, 1.0, &sp->top_p); break;
+        case OPT_MINP: ok = parse_float(optarg, 0.0, 1.0, &sp->min_p); break;
+        case OPT_REP: ok = parse_float(optarg, 1e-3, 100.0, &sp->repeat_penalty); break;
+        case 't': ok = parse_long(optarg, 1, 1024, &threads); break;
+        case 'c': ok = parse_long(optarg, 1, INT32_MAX, &n_ctx); break;
+        case OPT_DEVICE: device = optarg; ok = engine_device_parse(optarg) >= 0; break;
+        case OPT_GRAMMAR: grammar = optarg; break;
+        case OPT_SCHEMA: schema = optarg; break;
+        case OPT_IGNORE_EOS: gp.ignore_eog = true; break;
+        case 'h': usage(stdout); return CLI_EXIT_OK;
+        case ':': cli_errorf(cmd, "option %s needs a value", argv[optind - 1]); return CLI_EXIT_USAGE;
+        default:
+            cli_errorf(cmd, "unknown option '%s'", argv[optind - 1]);
+            usage(stderr);
+            return CLI_EXIT_USAGE;
+        }
+        if (!ok) {
+            cli_errorf(cmd, "bad value '%s' for %s", optarg, argv[optind - 1]);
+            return CLI_EXIT_USAGE;
+        }
+    }
+    if (optind < argc) {
+        cli_errorf(cmd, "unexpected argument '%s' (the prompt goes in -p or stdin)", argv[optind]);
+        return CLI_EXIT_USAGE;
+    }
+    if (grammar || schema) {
+#ifdef SPARK_FULL_BUILD
+        cli_errorf(cmd, "%s: not available yet (the grammar matcher is being written)",
+                   grammar ? "--grammar" : "--json-schema");
+#else
+        cli_errorf(cmd, "%s: not in this build: it was built with SPARK_ENGINE_ONLY=ON, "
+                   "without the grammar library", grammar ? "--grammar" : "--json-schema");
+#endif
+        return CLI_EXIT_USAGE;
+    }
+    cli_config cfg;
+    if (cli_config_load(&cfg) != 0) {
+        cli_errorf(cmd, "%s", cfg.error);
+        return CLI_EXIT_USAGE;
+    }
+    char path[4096];
+    if (cli_model_resolve(cmd, model_flag, &cfg, path, sizeof path) != 0) return CLI_EXIT_FAIL;
+    if (!have_seed) sp->seed = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
+    gp.max_tokens = n_predict < 0 ? 0 : (int32_t)n_predict;
+
+    char *in = NULL;
+    size_t plen;
+    if (prompt) {
+        plen = strlen(prompt);
+    } else {
+        if (!(in = cli_read_stdin(&plen))) {
+            cli_errorf(cmd, "cannot read the prompt from stdin: %s", strerror(errno));
+            return CLI_EXIT_FAIL;
+        }
+        prompt = in;
+    }
+    int ret = CLI_EXIT_FAIL;
+    engine_model *m = NULL;
+    engine_session *s = NULL;
+    int32_t *ids = NULL;
+    size_t bad;
+    if (!cli_utf8_valid(prompt, plen, &bad)) {
+        cli_errorf(cmd, "the prompt is not valid UTF-8 (byte %zu)", bad);
+        ret = CLI_EXIT_USAGE;
+        goto done;
+    }
+    if (plen == 0) {
+        cli_errorf(cmd, "the prompt is empty");
+        ret = CLI_EXIT_USAGE;
+        goto done;
+    }
+    engine_model_params mp = ENGINE_MODEL_PARAMS_INIT;
+    mp.n_threads = threads > 0 ? (int)threads : cfg.threads;
+    mp.device = (engine_device)engine_device_parse(device ? device : cfg.device);
+    if (engine_model_load(&m, path, &mp) != 0) {
+        cli_errorf(cmd, "%s", engine_error_last());
+        goto done;
+    }
+    engine_session_params ssp = ENGINE_SESSION_PARAMS_INIT;
+    ssp.n_ctx = (int32_t)n_ctx;
+    if (engine_session_new(&s, m, &ssp) != 0) {
+        cli_errorf(cmd, "%s", engine_error_last());
+        goto done;
+    }
+    size_t n_ids = 0, cap = plen + 16;
+    if (!(ids = malloc(cap * sizeof *ids))) {
+        cli_errorf(cmd, "out of memory for the prompt");
+        goto done;
+    }
+    if (engine_model_tokenize(m, prompt, plen, true, ids, cap, &n_ids) != 0) {
+        cli_errorf(cmd, "%s", engine_error_last());
+        goto done;
+    }
+    if (n_ids > (size_t)engine_session_n_ctx(s)) {
+        cli_errorf(cmd, "the prompt has %zu tokens but the context holds %d (raise -c, up to "
+                   "the model's trained context)", n_ids, engine_session_n_ctx(s));
+        goto done;
+    }
+    gp.prompt = ids;
+    gp.n_prompt = n_ids;
+    out_state os = {false};
+    engine_gen_stats st;
+    int rc = engine_generate(s, &gp, on_text, &os, &st);
+    if (rc && !(rc == ENGINE_ECANCELED && os.write_failed)) {
+        cli_errorf(cmd, "%s", engine_error_last());
+        goto done;
+    }
+    engine_model_info info;
+    engine_model_info_get(m, &info);
+    fprintf(stderr, "\n\nspark-agent complete: %s (%s, %s), %d threads, seed %llu\n", path,
+            info.arch, info.weight_type, info.n_threads, (unsigned long long)sp->seed);
+    fprintf(stderr, "  prompt    %6d tokens (%d cached) in %8.1f ms  %8.1f tok/s\n",
+            st.prompt_tokens, st.cached_tokens, st.prefill_ms,
+            st.prefill_ms > 0 ? (st.prompt_tokens - st.cached_tokens) * 1e3 / st.prefill_ms : 0.0);
+    fprintf(stderr, "  generated %6d tokens            in %8.1f ms  %8.1f tok/s (stop: %s)\n",
+            st.generated_tokens, st.decode_ms, st.decode_ms > 0 ? st.decode_tokens * 1e3 / st.decode_ms : 0.0,
+            stop_name(st.stop));
+    ret = os.write_failed ? CLI_EXIT_FAIL : CLI_EXIT_OK;
+done:
+    free(ids);
+    free(in);
+    engine_session_free(s);
+    engine_model_free(m);
+    return ret;
+}
