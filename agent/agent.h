@@ -23,6 +23,91 @@ enum {
 /* The calling thread's last error message ("" if none). Borrowed. */
 const char *agent_error_last(void);
 
+/* ----- chat templates (agent/template*.c) ---------------------------------------------------
+ * A small Jinja interpreter for the chat templates models ship in their GGUF
+ * (tokenizer.chat_template): Qwen3 (<think> handling, Hermes JSON tool calls) and Qwen3-Coder /
+ * Qwen3.5 (XML tool calls) and templates written in the same subset: {{ }}, {% if/elif/else %},
+ * {% for %} (with `if` filter, else, loop.*, break/continue), {% set %} (names, tuples,
+ * namespace attributes, blocks), {% macro %} (defaults, kwargs/varargs), {% filter %},
+ * comments, whitespace control, lstrip_blocks/trim_blocks as transformers enables them, the
+ * operators, tests and filters of @huggingface/jinja 0.5.11 (tojson, trim, length, items,
+ * selectattr/rejectattr, map(attribute), reverse, sort, unique, join, default, indent,
+ * replace, string, int, float, first, last, list, dictsort, ...) and the string methods
+ * (startswith, endswith, split, strip, lstrip, rstrip, replace, upper, lower, title, ...).
+ *
+ * The output equals @huggingface/jinja 0.5.11 byte for byte (tests/agent/test_template*.c run
+ * the node reference). That reference differs from Python Jinja2 (transformers) in places the
+ * templates above do not reach in ordinary conversations, and we follow the reference:
+ * strip/lstrip/rstrip ignore their argument and trim all Unicode whitespace; booleans print as
+ * true/false; `1.0 ~ ''` is "1"; string length and indices count UTF-16 units; a break or
+ * continue discards the output of its loop iteration.
+ * Not supported, with an error naming line and column instead of output: {% call %} blocks,
+ * `*args`/`**kwargs` unpacking in calls, tojson(sort_keys=true), case mapping of non-ASCII
+ * text, break/continue escaping a macro. Unknown filters, tests, statements and every runtime
+ * failure (raise_exception, None + str, ...) are errors too, never silent output.
+ *
+ * Prefix stability (matters for a token-level session that appends instead of re-rendering):
+ * render(messages[0..N]) is NOT always a byte prefix of render(messages[0..N+1]).
+ *  1. Qwen3, a new user message after assistant turns with reasoning: while an assistant
+ *     message comes after the last user query it renders as "<|im_start|>assistant\n<think>\n"
+ *     + reasoning + "\n</think>\n\n" + content; once a new user message follows, the same
+ *     message renders as "<|im_start|>assistant\n" + content (reasoning_content and a
+ *     <think>...</think> prefix of the content are dropped). The renders diverge at the
+ *     "<think>" right after the header of the first assistant turn after the previous query.
+ *  2. Qwen3 and Qwen3-Coder, a second consecutive tool result: a tool message closes the
+ *     user turn with "<|im_end|>\n" only while no tool message follows it, so appending the
+ *     next result replaces that "<|im_end|>". Append all results of one turn together.
+ * Every other append keeps the prefix: assistant after user or tool (also from the render
+ * with add_generation_prompt to the render containing the generated turn), the first tool
+ * result after an assistant turn, a user message after turns without reasoning, and every
+ * user message with Qwen3-Coder (it has no reasoning). tests/agent/test_template_prefix.c
+ * walks one agent conversation with both templates and asserts each divergence offset.
+ * Thread-safety: a template is immutable after agent_template_new and may be rendered by any
+ * number of threads at once; each render uses its own memory.
+ * ------------------------------------------------------------------------------------------- */
+enum {
+    AGENT_ETEMPLATE = -20, /* template syntax error, unsupported construct or render failure */
+};
+
+typedef struct agent_template agent_template;
+
+/* Parse the Jinja `source` (UTF-8, NUL-terminated). Errors: AGENT_ETEMPLATE with
+ * "template line L, column C: ..." in agent_error_last(), AGENT_EINVAL (NULL or invalid UTF-8),
+ * AGENT_ENOMEM. *out is owned by the caller (agent_template_free). */
+int agent_template_new(agent_template **out, const char *source);
+
+/* Free a template. NULL: no-op. */
+void agent_template_free(agent_template *t);
+
+typedef struct {
+    int version;                /* AGENT_TEMPLATE_OPTS_VERSION */
+    bool add_generation_prompt; /* end with the assistant header ("<|im_start|>assistant\n") */
+    int enable_thinking;        /* -1: leave undefined (the template's default), 0 false, 1 true */
+    const char *bos_token;      /* NULL: undefined in the template */
+    const char *eos_token;      /* NULL: undefined in the template */
+    const char *extra_vars_json; /* NULL or a JSON object of more variables (borrowed) */
+} agent_template_opts;
+
+#define AGENT_TEMPLATE_OPTS_VERSION 1
+#define AGENT_TEMPLATE_OPTS_INIT {AGENT_TEMPLATE_OPTS_VERSION, true, -1, NULL, NULL, NULL}
+
+/* Render an OpenAI-style conversation: messages_json is a JSON array of messages
+ * ({"role", "content", "reasoning_content", "tool_calls": [{"function": {"name",
+ * "arguments"}}]}, ...), tools_json NULL (undefined in the template) or a JSON array of tool
+ * definitions. opts NULL = AGENT_TEMPLATE_OPTS_INIT. On success *out is a malloc'd,
+ * NUL-terminated string the caller frees and *out_len (may be NULL) its length in bytes.
+ * Errors: AGENT_EINVAL (malformed JSON, with the JSON error's line and column),
+ * AGENT_ETEMPLATE (render error: raise_exception from the template, an undefined operation,
+ * a resource limit), AGENT_ENOMEM. */
+int agent_template_render(const agent_template *t, const char *messages_json,
+                          const char *tools_json, const agent_template_opts *opts, char **out,
+                          size_t *out_len);
+
+/* Render with exactly the variables of vars_json (a JSON object: messages, tools,
+ * add_generation_prompt, ...). Same results and errors as agent_template_render. */
+int agent_template_render_vars(const agent_template *t, const char *vars_json, char **out,
+                               size_t *out_len);
+
 #ifdef __cplusplus
 }
 #endif
