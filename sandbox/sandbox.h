@@ -69,11 +69,44 @@ typedef struct {
     size_t output_cap;         /* bytes kept per stream (head and tail); 0 = default 1 MiB */
     const char *const *extra_ro_paths; /* NULL-terminated: more read-only binds (toolchains) */
     const char *const *protected_paths; /* NULL-terminated: workspace-relative paths kept
-                                           read-only even when they do not exist yet */
+                                           read-only even when they do not exist yet, in
+                                           addition to the built-in ones (see below) */
+    uint64_t output_limit;     /* total bytes per stream after which the command is stopped
+                                  (SANDBOX_STOP_OUTPUT_CAP); 0 = default 64 x output_cap */
+    const volatile int *cancel; /* optional: set non-zero from another thread to stop the
+                                   command (SANDBOX_STOP_CANCELED); checked every 50 ms */
 } sandbox_policy;
 
 #define SANDBOX_POLICY_INIT {SANDBOX_POLICY_VERSION, NULL, SANDBOX_FS_WORKSPACE_WRITE, false, \
-                             false, 60.0, 0, 0, 0, 0, 0, 0, NULL, NULL}
+                             false, 60.0, 0, 0, 0, 0, 0, 0, NULL, NULL, 0, NULL}
+
+/* What a sandboxed command sees (the contract the escape tests check):
+ * - new user, mount, PID, IPC, UTS, cgroup and (unless policy->network) network namespaces;
+ *   without network only a loopback interface exists. It runs as the caller's uid/gid, with no
+ *   capabilities, no_new_privs, in a new session without a controlling terminal, stdin
+ *   /dev/null.
+ * - a new root: /usr /bin /sbin /lib* /etc and policy->extra_ro_paths read-only (secret files
+ *   of /etc such as shadow and SSH host keys masked), its own /proc, a minimal /dev (null,
+ *   zero, full, random, urandom, shm), a private /tmp, an empty $HOME (a tmpfs at the same
+ *   path; /tmp/home when $HOME is unusable), the workspace at its own path. Nothing else of
+ *   the host file system exists.
+ * - protected paths, read-only even in SANDBOX_FS_WORKSPACE_WRITE: `.git/hooks`, `.git/config`,
+ *   `.spark-agent` and policy->protected_paths. A protected path that does not exist is
+ *   blocked by an empty placeholder file that exists on the host only while the command runs
+ *   (it is removed afterwards); its directories cannot be renamed or removed.
+ * - environment: `env` minus variables whose name contains KEY, TOKEN, SECRET, PASSW,
+ *   CREDENTIAL or PRIVATE (any case) and SSH_AUTH_SOCK/GPG_AGENT_INFO; HOME and TMPDIR set.
+ * - seccomp-bpf: an allow-list (unknown system calls fail with ENOSYS) plus explicit EPERM for
+ *   ptrace, process_vm_*, the mount family, unshare/setns/namespace clone flags, kexec,
+ *   modules, bpf, perf_event_open, keyrings, userfaultfd, io_uring, personality changes,
+ *   reboot/swap/clock setting, TIOCSTI/TIOCLINUX; other ABIs (x32, i386) kill the process.
+ * - landlock (when the kernel has it): read/execute everywhere, write only in the workspace
+ *   (workspace-write), /tmp, $HOME and /dev; signals and abstract UNIX sockets scoped to the
+ *   sandbox (landlock ABI >= 6).
+ * - rlimits from the policy, no core dumps; a process cap for the whole PID namespace (also for
+ *   root, through the namespace's pid_max where the kernel has it, Linux >= 6.14).
+ * - the wall-clock timeout, the output limit, cancellation and the death of the caller kill
+ *   the whole process tree (the PID namespace's init). */
 
 typedef enum {
     SANDBOX_STOP_NONE = 0,    /* the command ended on its own */
@@ -99,13 +132,24 @@ typedef struct {
     sandbox_stop_reason stopped;
     double wall_s, user_s, sys_s;
     sandbox_output out, err;
+    bool isolated;            /* false: ran unsandboxed (policy->unsandboxed) */
+    int landlock_abi;         /* landlock ABI enforced on the command; 0 = not applied */
+    uint64_t peak_rss_bytes;  /* largest resident set of any process of the command */
 } sandbox_result;
 
 /* Run argv (argv[0] looked up in PATH of `env`) with environment `env` (NULL-terminated;
- * secrets are filtered out regardless) in directory `cwd` (inside the workspace) under
- * `policy`. Fills *out; the caller frees it with sandbox_result_deinit(). Returns
- * SANDBOX_EUNAVAILABLE, without running anything, when the policy needs isolation the kernel
- * lacks and policy->unsandboxed is false. Thread-safe. */
+ * secrets are filtered out regardless) in directory `cwd` (inside the workspace; NULL = the
+ * workspace) under `policy`. Fills *out; the caller frees it with sandbox_result_deinit().
+ * Returns SANDBOX_EUNAVAILABLE, without running anything, when the policy needs isolation the
+ * kernel lacks and policy->unsandboxed is false (the message names what is missing);
+ * SANDBOX_ESPAWN when setting the sandbox up failed. A command that cannot be executed is not
+ * an error: it exits 127 (not found) or 126 with the reason on its stderr, like a shell.
+ * Stop reasons: TIMEOUT, OUTPUT_CAP and CANCELED are certain (the sandbox did it); CPU and
+ * FILE_SIZE come from the kernel's rlimit signals; MEMORY is a best guess: the command failed
+ * and its peak resident set reached half of policy->memory_bytes (RLIMIT_AS makes allocations
+ * fail, it does not kill). With policy->unsandboxed the command runs with the limits and
+ * capture but without any isolation (out->isolated false); the caller must warn the user.
+ * Thread-safe; uses no signal handlers, does not disturb SIGCHLD handling of the caller. */
 int sandbox_run(sandbox_result *out, const sandbox_policy *policy, const char *const *argv,
                 const char *const *env, const char *cwd);
 

@@ -3,6 +3,121 @@
 #define SPARK_SANDBOX_INT_H
 #include "sandbox.h"
 
+#include <linux/filter.h>
+#include <sys/types.h>
+
 /* Record the calling thread's last error and return `code`. */
 int sandbox_err(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---------------------------------------------------------------------------------------------
+ * The plan: everything the child processes need, prepared in the caller's process before the
+ * clone, so that the children only make system calls (no malloc, no stdio, no locks: the caller
+ * may be multi-threaded and the children are raw clones).
+ * ------------------------------------------------------------------------------------------- */
+typedef enum {
+    SANDBOX_OP_BIND_RO,   /* bind src on dst (created), recursive, then read-only */
+    SANDBOX_OP_BIND_RW,   /* bind src on dst (created), recursive, nosuid+nodev */
+    SANDBOX_OP_PIN,       /* bind dst on itself: a mount point cannot be renamed or removed */
+    SANDBOX_OP_MASK,      /* bind /dev/null on the existing file dst, read-only */
+    SANDBOX_OP_TMPFS,     /* tmpfs on dst (created) with options `data` */
+    SANDBOX_OP_SYMLINK,   /* symlink dst -> src */
+    SANDBOX_OP_DEVNODE,   /* bind the host's device node src on a new file dst */
+    SANDBOX_OP_PROC,      /* a new procfs on dst */
+    SANDBOX_OP_REMOUNT_RO,/* make the mount at dst read-only (not recursive) */
+} sandbox_op_kind;
+
+typedef struct {
+    sandbox_op_kind kind;
+    char *src;            /* host path (BIND_*, DEVNODE), link target (SYMLINK) */
+    char *dst;            /* path below the new root's staging directory, mutable for mkdir */
+    const char *data;     /* tmpfs options */
+    bool host_src;        /* src is a host path: opened (O_PATH) before the root tmpfs hides
+                             it, then mounted through src_fd_path ("/proc/self/fd/N") */
+    int src_fd;
+    char src_fd_path[32];
+} sandbox_op;
+
+/* Kinds of records written to the status pipe by the children. */
+enum { SANDBOX_REC_RESULT = 1, SANDBOX_REC_SETUP = 2, SANDBOX_REC_UNAVAILABLE = 3 };
+
+typedef struct {
+    int kind;
+    int wait_status;      /* RESULT: the command's wait status */
+    int err;              /* SETUP/UNAVAILABLE: errno */
+    int landlock_abi;     /* RESULT: landlock ABI applied to the command (0 = none) */
+    char what[232];       /* SETUP/UNAVAILABLE: the step that failed, NUL-terminated */
+} sandbox_record;
+
+typedef struct {
+    /* file descriptors in the caller, remapped to 0..3 in the children */
+    int fd_stdin, fd_stdout, fd_stderr, fd_status, fd_alive;
+    bool isolated;
+    /* namespaces and mounts */
+    unsigned long clone_flags;
+    char uid_map[64], gid_map[64];
+    char *stage;          /* host directory the new root is assembled in ("/tmp") */
+    sandbox_op *ops;
+    size_t n_ops;
+    bool network;
+    char pid_max[24];     /* value for /proc/sys/kernel/pid_max, "" = leave */
+    /* the command */
+    char *cwd;            /* inside the new root */
+    char *const *argv;
+    char *const *envp;
+    const char *path;     /* PATH used to find argv[0] */
+    char *exec_buf;       /* scratch of exec_buf_len bytes for PATH search */
+    size_t exec_buf_len;
+    struct rlimit_set {
+        int resource;
+        unsigned long long soft, hard;
+    } rlimits[8];
+    int n_rlimits;
+    /* landlock: paths inside the new root */
+    int landlock_abi;     /* what the kernel offers; 0 = skip */
+    const char *ll_write[8];
+    int n_ll_write;
+    const char *ll_dev;
+    /* seccomp */
+    struct sock_fprog filters[2];
+} sandbox_plan;
+
+/* spawn.c: the children (never return). */
+_Noreturn void sandbox_child_init(sandbox_plan *p);
+_Noreturn void sandbox_child_plain(sandbox_plan *p);
+
+/* mounts.c: build the mount operations of `plan` for the policy (in the caller). The strings
+ * live in `arena` (freed by the caller with sandbox_plan_free_strings). */
+typedef struct {
+    char **items;
+    size_t n, cap;
+} sandbox_strings;
+char *sandbox_strdup(sandbox_strings *s, const char *str);
+char *sandbox_strcat3(sandbox_strings *s, const char *a, const char *b, const char *c);
+void sandbox_strings_free(sandbox_strings *s);
+
+/* Placeholders created on the host for protected paths that did not exist. */
+typedef struct {
+    char *paths[16];
+    int n;
+} sandbox_placeholders;
+
+int sandbox_mounts_plan(sandbox_plan *p, sandbox_strings *arena, const sandbox_policy *policy,
+                        const char *workspace, const char *home, sandbox_placeholders *ph);
+void sandbox_placeholders_remove(sandbox_placeholders *ph);
+/* In the init child: carry out the plan and pivot into the new root. Returns 0 or -errno with
+ * *what set to the failing step (a string from the plan or a literal). */
+int sandbox_mounts_apply(sandbox_plan *p, const char **what);
+
+/* seccomp.c: the two filters (built once per process, read-only afterwards). */
+int sandbox_seccomp_filters(struct sock_fprog out[2]);
+/* landlock.c */
+int sandbox_landlock_abi(void);
+int sandbox_landlock_apply(const sandbox_plan *p, const char **what); /* in the child */
+/* env.c */
+bool sandbox_env_is_secret(const char *entry);
+
+/* Async-signal-safe string helpers for the children. */
+size_t sandbox_cstr_len(const char *s);
+void sandbox_cstr_copy(char *dst, size_t cap, const char *a, const char *b, const char *c);
+
 #endif

@@ -18,6 +18,7 @@ typedef int (*cli_command_fn)(int argc, char **argv);
 
 int cli_doctor(int argc, char **argv);
 int cli_version(int argc, char **argv);
+int cli_sandbox(int argc, char **argv);
 int cli_complete(int argc, char **argv);
 int cli_bench(int argc, char **argv);
 int cli_model(int argc, char **argv);

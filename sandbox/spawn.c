@@ -1,0 +1,715 @@
+/* sandbox_run(): the one choke point through which the project starts processes for tools.
+ *
+ * Process structure (isolated):
+ *   caller ──clone(new user/mount/PID/IPC/UTS/cgroup/net ns, pidfd)──▶ init (PID 1)
+ *   init: maps its uid/gid, builds the new root, pivots, then clones the command and reaps
+ *         everything until the command exits; it reports the command's wait status on the
+ *         status pipe and exits, and the kernel kills whatever is left in the namespace.
+ *   command: rlimits, no capabilities, no_new_privs, landlock, seccomp, execve.
+ * The caller polls the output pipes and the pidfd; a timeout, the output limit or a cancel
+ * kills init, which takes the whole tree with it. init dies with the caller (PDEATHSIG).
+ *
+ * The children are raw clones of a possibly multi-threaded caller: they use system calls only,
+ * on data the caller prepared (sandbox_plan). */
+#include "sandbox_int.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/capability.h>
+#include <linux/securebits.h>
+#include <linux/seccomp.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef CLONE_PIDFD
+#define CLONE_PIDFD 0x00001000
+#endif
+#ifndef CLOSE_RANGE_CLOEXEC
+#define CLOSE_RANGE_CLOEXEC (1U << 2)
+#endif
+
+enum { FD_STATUS = 3, FD_ALIVE = 4 };
+
+#define DEFAULT_OUTPUT_CAP ((size_t)1 << 20)
+#define DEFAULT_MAX_PROCESSES 512
+#define DEFAULT_MAX_OPEN_FILES 4096
+
+/* ---------------------------------------------------------------------------------------------
+ * Children
+ * ------------------------------------------------------------------------------------------- */
+
+static void put(int fd, const char *s) {
+    size_t n = sandbox_cstr_len(s);
+    while (n) {
+        ssize_t w = write(fd, s, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return;
+        s += w;
+        n -= (size_t)w;
+    }
+}
+
+static _Noreturn void child_fail(int kind, const char *what, int err) {
+    sandbox_record rec;
+    memset(&rec, 0, sizeof rec);
+    rec.kind = kind;
+    rec.err = err;
+    sandbox_cstr_copy(rec.what, sizeof rec.what, what, "", "");
+    (void)!write(FD_STATUS, &rec, sizeof rec);
+    _exit(126);
+}
+
+/* 0..4 become stdin, stdout, stderr, status, alive; everything else is closed. */
+static void remap_fds(const sandbox_plan *p) {
+    int src[5] = {p->fd_stdin, p->fd_stdout, p->fd_stderr, p->fd_status, p->fd_alive};
+    int tmp[5];
+    for (int i = 0; i < 5; i++) {
+        tmp[i] = fcntl(src[i], F_DUPFD, 5);
+        if (tmp[i] < 0) _exit(126);
+    }
+    for (int i = 0; i < 5; i++)
+        if (dup2(tmp[i], i) < 0) _exit(126);
+    syscall(SYS_close_range, 5, ~0U, 0);
+    fcntl(FD_STATUS, F_SETFD, FD_CLOEXEC);
+    fcntl(FD_ALIVE, F_SETFD, FD_CLOEXEC);
+}
+
+/* Die with the caller; and if it is already gone (before PDEATHSIG was set), die now. */
+static void die_with_parent(void) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    struct pollfd pf = {.fd = FD_ALIVE, .events = POLLIN};
+    if (poll(&pf, 1, 0) != 0) _exit(126);
+}
+
+static const char *errno_text(int e) {
+    switch (e) {
+    case ENOENT: return "not found";
+    case EACCES: return "permission denied";
+    case ENOEXEC: return "not an executable format";
+    case ENOTDIR: return "a path component is not a directory";
+    case ELOOP: return "too many symbolic links";
+    case E2BIG: return "argument list too long";
+    case ENOMEM: return "out of memory";
+    case ETXTBSY: return "text file busy";
+    case EPERM: return "operation not permitted";
+    case EAGAIN: return "resource limit reached";
+    default: return "cannot execute";
+    }
+}
+
+static _Noreturn void exec_command(const sandbox_plan *p) {
+    const char *name = p->argv[0];
+    int err = ENOENT;
+    bool slash = false;
+    for (const char *c = name; *c; c++) slash |= *c == '/';
+    if (slash) {
+        execve(name, p->argv, p->envp);
+        err = errno;
+    } else {
+        const char *s = p->path;
+        while (*s) {
+            const char *e = s;
+            while (*e && *e != ':') e++;
+            size_t dl = (size_t)(e - s), nl = sandbox_cstr_len(name);
+            if (dl + nl + 2 <= p->exec_buf_len) {
+                char *b = p->exec_buf;
+                memcpy(b, dl ? s : ".", dl ? dl : 1);
+                size_t k = dl ? dl : 1;
+                b[k++] = '/';
+                memcpy(b + k, name, nl + 1);
+                execve(b, p->argv, p->envp);
+                if (errno == EACCES) err = EACCES;
+                else if (errno != ENOENT && errno != ENOTDIR) {
+                    err = errno;
+                    break;
+                }
+            }
+            s = *e ? e + 1 : e;
+        }
+    }
+    put(2, "spark-agent sandbox: cannot execute '");
+    put(2, name);
+    put(2, "': ");
+    put(2, errno_text(err));
+    put(2, "\n");
+    _exit(err == ENOENT ? 127 : 126);
+}
+
+static void apply_rlimits(const sandbox_plan *p) {
+    for (int i = 0; i < p->n_rlimits; i++) {
+        struct rlimit rl = {.rlim_cur = p->rlimits[i].soft, .rlim_max = p->rlimits[i].hard};
+        if (setrlimit(p->rlimits[i].resource, &rl) != 0)
+            child_fail(SANDBOX_REC_SETUP, "setrlimit", errno);
+    }
+}
+
+static void drop_capabilities(void) {
+    if (prctl(PR_SET_SECUREBITS, SECBIT_NOROOT | SECBIT_NOROOT_LOCKED | SECBIT_NO_SETUID_FIXUP |
+                                     SECBIT_NO_SETUID_FIXUP_LOCKED | SECBIT_KEEP_CAPS_LOCKED) != 0)
+        child_fail(SANDBOX_REC_SETUP, "securebits", errno);
+    for (int cap = 0; cap <= 63; cap++)
+        if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno != EINVAL)
+            child_fail(SANDBOX_REC_SETUP, "drop the capability bounding set", errno);
+    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+    struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+    struct __user_cap_data_struct data[2];
+    memset(data, 0, sizeof data);
+    if (syscall(SYS_capset, &hdr, data) != 0) child_fail(SANDBOX_REC_SETUP, "capset", errno);
+}
+
+static _Noreturn void command_child(const sandbox_plan *p) {
+    apply_rlimits(p);
+    drop_capabilities();
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+        child_fail(SANDBOX_REC_UNAVAILABLE, "no_new_privs", errno);
+    const char *what = "landlock";
+    int ll = sandbox_landlock_apply(p, &what);
+    if (ll < 0) child_fail(SANDBOX_REC_SETUP, what, -ll);
+    for (int i = 1; i >= 0; i--)
+        if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &p->filters[i]) != 0)
+            child_fail(SANDBOX_REC_UNAVAILABLE, "seccomp filter", errno);
+    exec_command(p);
+}
+
+_Noreturn void sandbox_child_init(sandbox_plan *p) {
+    remap_fds(p);
+    die_with_parent();
+    setsid();
+    int rc = 0;
+    {
+        int fd = open("/proc/self/setgroups", O_WRONLY | O_CLOEXEC);
+        if (fd >= 0) {
+            (void)!write(fd, "deny", 4);
+            close(fd);
+        }
+        const char *files[2] = {"/proc/self/uid_map", "/proc/self/gid_map"};
+        const char *maps[2] = {p->uid_map, p->gid_map};
+        for (int i = 0; i < 2; i++) {
+            fd = open(files[i], O_WRONLY | O_CLOEXEC);
+            if (fd < 0 || write(fd, maps[i], sandbox_cstr_len(maps[i])) < 0)
+                child_fail(SANDBOX_REC_SETUP, files[i], errno);
+            close(fd);
+        }
+    }
+    (void)sethostname("spark-sandbox", 13);
+    const char *what = "";
+    rc = sandbox_mounts_apply(p, &what);
+    if (rc) child_fail(SANDBOX_REC_SETUP, what, -rc);
+    if (chdir(p->cwd) != 0) child_fail(SANDBOX_REC_SETUP, p->cwd, errno);
+
+    pid_t cmd = (pid_t)syscall(SYS_clone, SIGCHLD, NULL, NULL, NULL, 0);
+    if (cmd < 0) child_fail(SANDBOX_REC_SETUP, "clone the command", errno);
+    if (cmd == 0) command_child(p);
+    close(0);
+    close(1);
+    close(2);
+    for (;;) {
+        int st = 0;
+        pid_t w = (pid_t)wait4(-1, &st, __WALL, NULL);
+        if (w == cmd) {
+            sandbox_record rec;
+            memset(&rec, 0, sizeof rec);
+            rec.kind = SANDBOX_REC_RESULT;
+            rec.wait_status = st;
+            rec.landlock_abi = p->landlock_abi;
+            (void)!write(FD_STATUS, &rec, sizeof rec);
+            _exit(0);
+        }
+        if (w < 0 && errno != EINTR) child_fail(SANDBOX_REC_SETUP, "lost the command", errno);
+    }
+}
+
+_Noreturn void sandbox_child_plain(sandbox_plan *p) {
+    remap_fds(p);
+    die_with_parent();
+    setsid();
+    if (chdir(p->cwd) != 0) child_fail(SANDBOX_REC_SETUP, p->cwd, errno);
+    apply_rlimits(p);
+    exec_command(p);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Output capture: the first half of the cap and a ring of the last half.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct {
+    int fd;
+    char *head, *ring;
+    size_t head_cap, head_len, ring_cap, ring_len, ring_pos;
+    uint64_t total;
+} capture;
+
+static int capture_init(capture *c, int fd, size_t cap) {
+    memset(c, 0, sizeof *c);
+    c->fd = fd;
+    c->head_cap = cap / 2;
+    c->ring_cap = cap - c->head_cap;
+    c->head = malloc(c->head_cap + 1);
+    c->ring = malloc(c->ring_cap + 1);
+    return c->head && c->ring ? 0 : -1;
+}
+
+static void capture_add(capture *c, const char *buf, size_t n) {
+    c->total += n;
+    size_t h = c->head_cap - c->head_len < n ? c->head_cap - c->head_len : n;
+    memcpy(c->head + c->head_len, buf, h);
+    c->head_len += h;
+    buf += h;
+    n -= h;
+    if (n >= c->ring_cap) {
+        memcpy(c->ring, buf + n - c->ring_cap, c->ring_cap);
+        c->ring_len = c->ring_cap;
+        c->ring_pos = 0;
+        return;
+    }
+    while (n) {
+        size_t room = c->ring_cap - c->ring_pos, k = n < room ? n : room;
+        memcpy(c->ring + c->ring_pos, buf, k);
+        c->ring_pos = (c->ring_pos + k) % c->ring_cap;
+        c->ring_len = c->ring_len + k > c->ring_cap ? c->ring_cap : c->ring_len + k;
+        buf += k;
+        n -= k;
+    }
+}
+
+static int capture_finish(capture *c, sandbox_output *o) {
+    char marker[96] = "";
+    uint64_t kept = c->head_len + c->ring_len;
+    o->total = c->total;
+    o->truncated = c->total > kept;
+    if (o->truncated)
+        snprintf(marker, sizeof marker, "\n[... %llu bytes omitted by the sandbox ...]\n",
+                 (unsigned long long)(c->total - kept));
+    size_t ml = strlen(marker);
+    o->data = malloc(c->head_len + ml + c->ring_len + 1);
+    if (!o->data) return -1;
+    size_t n = 0;
+    memcpy(o->data, c->head, c->head_len);
+    n += c->head_len;
+    memcpy(o->data + n, marker, ml);
+    n += ml;
+    size_t start = c->ring_len < c->ring_cap ? 0 : c->ring_pos;
+    size_t first = c->ring_len < c->ring_cap ? c->ring_len : c->ring_cap - start;
+    memcpy(o->data + n, c->ring + start, first);
+    n += first;
+    memcpy(o->data + n, c->ring, c->ring_len - first);
+    n += c->ring_len - first;
+    o->data[n] = 0;
+    o->len = n;
+    return 0;
+}
+
+static void capture_free(capture *c) {
+    free(c->head);
+    free(c->ring);
+    c->head = c->ring = NULL;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The caller's side
+ * ------------------------------------------------------------------------------------------- */
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static bool path_within(const char *path, const char *dir) {
+    size_t n = strlen(dir);
+    if (n == 1) return true;
+    return !strncmp(path, dir, n) && (path[n] == 0 || path[n] == '/');
+}
+
+/* $HOME inside: the caller's value when it is a clean absolute path a tmpfs can go on. */
+static const char *choose_home(const char *const *env, const char *ws) {
+    const char *h = NULL;
+    for (const char *const *e = env; e && *e; e++)
+        if (!strncmp(*e, "HOME=", 5)) h = *e + 5;
+    static const char *const bad[] = {"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64",
+                                      "/libx32", "/etc", "/proc", "/dev"};
+    if (!h || h[0] != '/' || !h[1] || strlen(h) >= PATH_MAX / 2 || strstr(h, "//") ||
+        strstr(h, "/./") || strstr(h, "/../") || h[strlen(h) - 1] == '/' ||
+        (strlen(h) >= 2 && !strcmp(h + strlen(h) - 2, "/.")) ||
+        (strlen(h) >= 3 && !strcmp(h + strlen(h) - 3, "/..")))
+        return "/tmp/home";
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        if (path_within(h, bad[i])) return "/tmp/home";
+    if (path_within(h, ws)) return "/tmp/home";
+    return h;
+}
+
+static void add_rlimit(sandbox_plan *p, int res, unsigned long long soft,
+                       unsigned long long hard) {
+    struct rlimit cur;
+    if (getrlimit(res, &cur) == 0 && cur.rlim_max != RLIM_INFINITY) {
+        if (hard > cur.rlim_max) hard = cur.rlim_max;
+        if (soft > hard) soft = hard;
+    }
+    p->rlimits[p->n_rlimits].resource = res;
+    p->rlimits[p->n_rlimits].soft = soft;
+    p->rlimits[p->n_rlimits].hard = hard;
+    p->n_rlimits++;
+}
+
+static void close_fd(int *fd) {
+    if (*fd >= 0) close(*fd);
+    *fd = -1;
+}
+
+typedef struct {
+    sandbox_strings strings;
+    sandbox_placeholders ph;
+    char **envp;
+    char *exec_buf;
+    int pipes[4][2]; /* stdout, stderr, status, alive */
+    int devnull, pidfd;
+    capture cap[2];
+} run_state;
+
+static int build_env(run_state *rs, sandbox_plan *p, const char *const *env, const char *home,
+                     bool isolated) {
+    size_t n = 0;
+    for (const char *const *e = env; e && *e; e++) n++;
+    rs->envp = calloc(n + 4, sizeof *rs->envp);
+    if (!rs->envp) return sandbox_err(SANDBOX_ENOMEM, "sandbox: out of memory");
+    size_t k = 0;
+    p->path = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin";
+    bool have_path = false;
+    for (const char *const *e = env; e && *e; e++) {
+        if (!strchr(*e, '=') || sandbox_env_is_secret(*e)) continue;
+        if (isolated && (!strncmp(*e, "HOME=", 5) || !strncmp(*e, "TMPDIR=", 7))) continue;
+        if (!strncmp(*e, "PATH=", 5)) {
+            p->path = *e + 5;
+            have_path = true;
+        }
+        rs->envp[k++] = (char *)*e;
+    }
+    if (!have_path) rs->envp[k++] = sandbox_strcat3(&rs->strings, "PATH=", p->path, "");
+    if (isolated) {
+        rs->envp[k++] = sandbox_strcat3(&rs->strings, "HOME=", home, "");
+        rs->envp[k++] = sandbox_strdup(&rs->strings, "TMPDIR=/tmp");
+    }
+    for (size_t i = 0; i < k; i++)
+        if (!rs->envp[i]) return sandbox_err(SANDBOX_ENOMEM, "sandbox: out of memory");
+    p->envp = rs->envp;
+    return 0;
+}
+
+static void run_state_free(run_state *rs) {
+    for (int i = 0; i < 4; i++) {
+        close_fd(&rs->pipes[i][0]);
+        close_fd(&rs->pipes[i][1]);
+    }
+    close_fd(&rs->devnull);
+    close_fd(&rs->pidfd);
+    sandbox_placeholders_remove(&rs->ph);
+    sandbox_strings_free(&rs->strings);
+    free(rs->envp);
+    free(rs->exec_buf);
+    capture_free(&rs->cap[0]);
+    capture_free(&rs->cap[1]);
+}
+
+static void kill_tree(run_state *rs, pid_t pid, bool isolated) {
+    /* Isolated: init is PID 1 of the namespace, its death kills the rest. Plain: the session
+     * the command started (it may have left it: unsandboxed means unsandboxed). */
+    if (!isolated) kill(-pid, SIGKILL);
+    if (syscall(SYS_pidfd_send_signal, rs->pidfd, SIGKILL, NULL, 0) != 0) kill(pid, SIGKILL);
+}
+
+static const char *unavailable_hint(void) {
+    return "pass --unsandboxed (policy.unsandboxed) to run without isolation at your own risk";
+}
+
+int sandbox_run(sandbox_result *out, const sandbox_policy *pol, const char *const *argv,
+                const char *const *env, const char *cwd) {
+    if (!out) return sandbox_err(SANDBOX_EINVAL, "sandbox_run: no result");
+    memset(out, 0, sizeof *out);
+    if (!pol || pol->version != SANDBOX_POLICY_VERSION)
+        return sandbox_err(SANDBOX_EINVAL, "sandbox_run: no policy or wrong policy version");
+    if (!argv || !argv[0] || !argv[0][0])
+        return sandbox_err(SANDBOX_EINVAL, "sandbox_run: empty argv");
+    if (!pol->workspace || pol->workspace[0] != '/')
+        return sandbox_err(SANDBOX_EINVAL, "sandbox_run: the workspace must be an absolute path");
+    if (pol->timeout_s < 0 || pol->cpu_s < 0 || pol->max_processes < 0 ||
+        pol->max_open_files < 0 || pol->timeout_s != pol->timeout_s || pol->cpu_s != pol->cpu_s)
+        return sandbox_err(SANDBOX_EINVAL, "sandbox_run: negative limit in the policy");
+    char ws[PATH_MAX], cwd_real[PATH_MAX];
+    struct stat st;
+    if (!realpath(pol->workspace, ws) || stat(ws, &st) != 0 || !S_ISDIR(st.st_mode))
+        return sandbox_err(SANDBOX_EINVAL, "sandbox_run: workspace %s: %s", pol->workspace,
+                           errno ? strerror(errno) : "not a directory");
+    if (!strcmp(ws, "/"))
+        return sandbox_err(SANDBOX_EINVAL, "sandbox_run: the workspace cannot be /");
+    if (!realpath(cwd ? cwd : ws, cwd_real))
+        return sandbox_err(SANDBOX_EINVAL, "sandbox_run: directory %s: %s", cwd, strerror(errno));
+    if (!path_within(cwd_real, ws))
+        return sandbox_err(SANDBOX_EINVAL, "sandbox_run: directory %s is outside the workspace "
+                                           "%s", cwd_real, ws);
+    bool isolated = !pol->unsandboxed;
+
+    sandbox_plan plan;
+    memset(&plan, 0, sizeof plan);
+    run_state rs;
+    memset(&rs, 0, sizeof rs);
+    for (int i = 0; i < 4; i++) rs.pipes[i][0] = rs.pipes[i][1] = -1;
+    rs.devnull = rs.pidfd = -1;
+    int rc = 0;
+    double t0 = now_s();
+
+    const char *home = isolated ? choose_home(env, ws) : "";
+    plan.isolated = isolated;
+    plan.argv = (char *const *)argv;
+    plan.cwd = cwd_real;
+    plan.network = pol->network;
+    if ((rc = build_env(&rs, &plan, env, home, isolated))) goto done;
+    size_t longest = 1;
+    for (const char *s = plan.path; *s;) {
+        const char *e = strchr(s, ':');
+        size_t l = e ? (size_t)(e - s) : strlen(s);
+        if (l > longest) longest = l;
+        s += l + (e ? 1 : 0);
+    }
+    plan.exec_buf_len = longest + strlen(argv[0]) + 2;
+    if (!(plan.exec_buf = rs.exec_buf = malloc(plan.exec_buf_len))) {
+        rc = sandbox_err(SANDBOX_ENOMEM, "sandbox: out of memory");
+        goto done;
+    }
+
+    add_rlimit(&plan, RLIMIT_CORE, 0, 0);
+    if (pol->memory_bytes) add_rlimit(&plan, RLIMIT_AS, pol->memory_bytes, pol->memory_bytes);
+    if (pol->cpu_s > 0) {
+        unsigned long long c = (unsigned long long)pol->cpu_s;
+        if ((double)c < pol->cpu_s) c++;
+        add_rlimit(&plan, RLIMIT_CPU, c, c + 1);
+    }
+    if (pol->file_size_bytes)
+        add_rlimit(&plan, RLIMIT_FSIZE, pol->file_size_bytes, pol->file_size_bytes);
+    int nproc = pol->max_processes ? pol->max_processes : DEFAULT_MAX_PROCESSES;
+    add_rlimit(&plan, RLIMIT_NPROC, (unsigned long long)nproc, (unsigned long long)nproc);
+    int nofile = pol->max_open_files ? pol->max_open_files : DEFAULT_MAX_OPEN_FILES;
+    add_rlimit(&plan, RLIMIT_NOFILE, (unsigned long long)nofile, (unsigned long long)nofile);
+    snprintf(plan.pid_max, sizeof plan.pid_max, "%d", nproc + 2 > 301 ? nproc + 2 : 301);
+
+    if (isolated) {
+        if ((rc = sandbox_seccomp_filters(plan.filters))) goto done;
+        plan.landlock_abi = sandbox_landlock_abi();
+        snprintf(plan.uid_map, sizeof plan.uid_map, "%u %u 1\n", (unsigned)geteuid(),
+                 (unsigned)geteuid());
+        snprintf(plan.gid_map, sizeof plan.gid_map, "%u %u 1\n", (unsigned)getegid(),
+                 (unsigned)getegid());
+        plan.clone_flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC |
+                           CLONE_NEWUTS | CLONE_NEWCGROUP | (pol->network ? 0 : CLONE_NEWNET);
+        if ((rc = sandbox_mounts_plan(&plan, &rs.strings, pol, ws, home, &rs.ph))) goto done;
+        if (pol->fs_mode == SANDBOX_FS_WORKSPACE_WRITE) plan.ll_write[plan.n_ll_write++] = ws;
+        plan.ll_write[plan.n_ll_write++] = "/tmp";
+        plan.ll_write[plan.n_ll_write++] = home;
+        plan.ll_write[plan.n_ll_write++] = "/dev/shm";
+        plan.ll_dev = "/dev";
+    }
+
+    size_t cap = pol->output_cap ? pol->output_cap : DEFAULT_OUTPUT_CAP;
+    if (cap < 64) cap = 64;
+    uint64_t limit = pol->output_limit ? pol->output_limit : (uint64_t)cap * 64;
+    for (int i = 0; i < 4; i++)
+        if (pipe2(rs.pipes[i], O_CLOEXEC) != 0) {
+            rc = sandbox_err(SANDBOX_ESPAWN, "sandbox: pipe: %s", strerror(errno));
+            goto done;
+        }
+    rs.devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (rs.devnull < 0) {
+        rc = sandbox_err(SANDBOX_ESPAWN, "sandbox: /dev/null: %s", strerror(errno));
+        goto done;
+    }
+    if (capture_init(&rs.cap[0], rs.pipes[0][0], cap) || capture_init(&rs.cap[1], rs.pipes[1][0],
+                                                                      cap)) {
+        rc = sandbox_err(SANDBOX_ENOMEM, "sandbox: out of memory for the output buffers");
+        goto done;
+    }
+    plan.fd_stdin = rs.devnull;
+    plan.fd_stdout = rs.pipes[0][1];
+    plan.fd_stderr = rs.pipes[1][1];
+    plan.fd_status = rs.pipes[2][1];
+    plan.fd_alive = rs.pipes[3][0];
+
+    /* Exit signal 0: a caller that ignores SIGCHLD or reaps with waitpid(-1) cannot steal it. */
+    int pidfd = -1;
+    pid_t pid = (pid_t)syscall(SYS_clone, (unsigned long)(plan.clone_flags | CLONE_PIDFD), NULL,
+                               &pidfd, NULL, 0);
+    if (pid == 0) {
+        if (isolated) sandbox_child_init(&plan);
+        sandbox_child_plain(&plan);
+    }
+    if (pid < 0) {
+        int e = errno;
+        if (isolated && (e == EPERM || e == EINVAL || e == ENOSPC || e == EUSERS)) {
+            sandbox_caps caps;
+            sandbox_caps_probe(&caps);
+            rc = sandbox_err(SANDBOX_EUNAVAILABLE, "sandbox: cannot create the namespaces "
+                             "(clone: %s): %s; refusing to run unsandboxed: %s", strerror(e),
+                             caps.detail[0] ? caps.detail : "no detail", unavailable_hint());
+        } else {
+            rc = sandbox_err(SANDBOX_ESPAWN, "sandbox: clone: %s", strerror(e));
+        }
+        goto done;
+    }
+    rs.pidfd = pidfd;
+    close_fd(&rs.pipes[0][1]);
+    close_fd(&rs.pipes[1][1]);
+    close_fd(&rs.pipes[2][1]);
+    close_fd(&rs.pipes[3][0]);
+    close_fd(&rs.devnull);
+
+    bool open_[2] = {true, true}, exited = false, killed = false;
+    double deadline = pol->timeout_s > 0 ? t0 + pol->timeout_s : 0, exited_at = 0;
+    char buf[65536];
+    while (open_[0] || open_[1] || !exited) {
+        double t = now_s();
+        int wait_ms = -1;
+        if (deadline && !killed) wait_ms = t >= deadline ? 0 : (int)((deadline - t) * 1000) + 1;
+        if (pol->cancel && !killed && (wait_ms < 0 || wait_ms > 50)) wait_ms = 50;
+        if (exited) {
+            /* Everything in the namespace is gone; the pipes are at EOF or about to be.
+             * (Unsandboxed, a daemonised grandchild may hold them: stop waiting.) */
+            if (!exited_at) exited_at = t;
+            double left = exited_at + (isolated ? 5.0 : 0.2) - t;
+            if (left <= 0) break;
+            wait_ms = (int)(left * 1000) + 1;
+        }
+        struct pollfd pf[3] = {{rs.cap[0].fd, POLLIN, 0}, {rs.cap[1].fd, POLLIN, 0},
+                               {rs.pidfd, POLLIN, 0}};
+        if (!open_[0]) pf[0].fd = -1;
+        if (!open_[1]) pf[1].fd = -1;
+        if (exited) pf[2].fd = -1;
+        int n = poll(pf, 3, wait_ms);
+        if (n < 0 && errno != EINTR) {
+            kill_tree(&rs, pid, isolated);
+            killed = true;
+            break;
+        }
+        for (int i = 0; n > 0 && i < 2; i++) {
+            if (!pf[i].revents) continue;
+            ssize_t r = read(rs.cap[i].fd, buf, sizeof buf);
+            if (r > 0) {
+                capture_add(&rs.cap[i], buf, (size_t)r);
+                if (rs.cap[i].total > limit && !killed) {
+                    kill_tree(&rs, pid, isolated);
+                    killed = true;
+                    out->stopped = SANDBOX_STOP_OUTPUT_CAP;
+                }
+            } else if (r == 0 || (errno != EINTR && errno != EAGAIN)) {
+                open_[i] = false;
+            }
+        }
+        if (n > 0 && pf[2].revents) exited = true;
+        if (!killed && deadline && now_s() >= deadline) {
+            kill_tree(&rs, pid, isolated);
+            killed = true;
+            out->stopped = SANDBOX_STOP_TIMEOUT;
+        }
+        if (!killed && pol->cancel && *pol->cancel) {
+            kill_tree(&rs, pid, isolated);
+            killed = true;
+            out->stopped = SANDBOX_STOP_CANCELED;
+        }
+    }
+    int wst = 0;
+    struct rusage ru;
+    memset(&ru, 0, sizeof ru);
+    while (wait4(pid, &wst, __WALL, &ru) < 0 && errno == EINTR) {
+    }
+    out->wall_s = now_s() - t0;
+    out->user_s = (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6;
+    out->sys_s = (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
+    out->peak_rss_bytes = (uint64_t)ru.ru_maxrss * 1024;
+    out->isolated = isolated;
+    close_fd(&rs.pipes[3][1]);
+
+    sandbox_record rec, got_result = {0}, got_error = {0};
+    bool have_result = false, have_error = false;
+    while (read(rs.pipes[2][0], &rec, sizeof rec) == (ssize_t)sizeof rec) {
+        if (rec.kind == SANDBOX_REC_RESULT) got_result = rec, have_result = true;
+        else if (!have_error) got_error = rec, have_error = true;
+    }
+    if (have_error && !have_result) {
+        got_error.what[sizeof got_error.what - 1] = 0;
+        rc = sandbox_err(got_error.kind == SANDBOX_REC_UNAVAILABLE ? SANDBOX_EUNAVAILABLE
+                                                                   : SANDBOX_ESPAWN,
+                         "sandbox: set-up failed: %s: %s%s%s", got_error.what,
+                         strerror(got_error.err),
+                         got_error.kind == SANDBOX_REC_UNAVAILABLE ? "; refusing to run: " : "",
+                         got_error.kind == SANDBOX_REC_UNAVAILABLE ? unavailable_hint() : "");
+        goto done;
+    }
+    int cst = isolated ? got_result.wait_status : wst;
+    if (isolated && !have_result) {
+        /* init was killed before the command ended: by us (stop reason set) or by someone. */
+        out->signal = SIGKILL;
+        out->exit_code = -1;
+        if (out->stopped == SANDBOX_STOP_NONE) out->stopped = SANDBOX_STOP_SIGNAL;
+    } else if (WIFEXITED(cst)) {
+        out->exit_code = WEXITSTATUS(cst);
+    } else if (WIFSIGNALED(cst)) {
+        out->signal = WTERMSIG(cst);
+        out->exit_code = -1;
+    }
+    if (isolated && have_result) out->landlock_abi = got_result.landlock_abi;
+    if (out->stopped == SANDBOX_STOP_NONE) {
+        bool failed = out->signal || out->exit_code != 0;
+        if (out->signal == SIGXCPU ||
+            (out->signal == SIGKILL && pol->cpu_s > 0 && out->user_s + out->sys_s >= pol->cpu_s))
+            out->stopped = SANDBOX_STOP_CPU;
+        else if (out->signal == SIGXFSZ)
+            out->stopped = SANDBOX_STOP_FILE_SIZE;
+        else if (failed && pol->memory_bytes && out->peak_rss_bytes >= pol->memory_bytes / 2)
+            out->stopped = SANDBOX_STOP_MEMORY;
+        else if (out->signal)
+            out->stopped = SANDBOX_STOP_SIGNAL;
+    }
+    if (capture_finish(&rs.cap[0], &out->out) || capture_finish(&rs.cap[1], &out->err)) {
+        sandbox_result_deinit(out);
+        rc = sandbox_err(SANDBOX_ENOMEM, "sandbox: out of memory for the output");
+    }
+done:
+    run_state_free(&rs);
+    free(plan.ops);
+    if (rc) {
+        free(out->out.data);
+        free(out->err.data);
+        memset(out, 0, sizeof *out);
+    }
+    return rc;
+}
+
+void sandbox_result_deinit(sandbox_result *r) {
+    if (!r) return;
+    free(r->out.data);
+    free(r->err.data);
+    r->out.data = r->err.data = NULL;
+    r->out.len = r->err.len = 0;
+}
+
+const char *sandbox_stop_reason_name(sandbox_stop_reason r) {
+    switch (r) {
+    case SANDBOX_STOP_NONE: return "none";
+    case SANDBOX_STOP_TIMEOUT: return "timeout";
+    case SANDBOX_STOP_MEMORY: return "memory";
+    case SANDBOX_STOP_OUTPUT_CAP: return "output-cap";
+    case SANDBOX_STOP_CPU: return "cpu";
+    case SANDBOX_STOP_FILE_SIZE: return "file-size";
+    case SANDBOX_STOP_SIGNAL: return "signal";
+    case SANDBOX_STOP_CANCELED: return "canceled";
+    }
+    return "unknown";
+}

@@ -1,0 +1,125 @@
+/* Helpers shared by the sandbox tests. */
+#include "sbx_util.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int sbx_failures;
+
+bool sbx_check(bool cond, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    printf("%s ", cond ? "ok  " : "FAIL");
+    vprintf(fmt, ap);
+    printf("\n");
+    fflush(stdout);
+    va_end(ap);
+    if (!cond) sbx_failures++;
+    return cond;
+}
+
+void sbx_mkdtemp(char *out, size_t cap) {
+    const char *t = getenv("TMPDIR");
+    snprintf(out, cap, "%s/spark-sbx-XXXXXX", t && *t ? t : "/tmp");
+    if (!mkdtemp(out)) {
+        perror("mkdtemp");
+        exit(1);
+    }
+    chmod(out, 0755);
+}
+
+void sbx_write_file(const char *path, const char *content) {
+    FILE *f = fopen(path, "w");
+    if (!f || fputs(content, f) < 0 || fclose(f) != 0) {
+        fprintf(stderr, "cannot write %s: %s\n", path, strerror(errno));
+        exit(1);
+    }
+}
+
+long sbx_read_file(const char *path, char *buf, size_t cap) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    size_t n = 0;
+    ssize_t r;
+    while (n + 1 < cap && (r = read(fd, buf + n, cap - 1 - n)) > 0) n += (size_t)r;
+    close(fd);
+    buf[n] = 0;
+    return (long)n;
+}
+
+static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb;
+    (void)ftw;
+    if (flag == FTW_DP || flag == FTW_D) rmdir(path);
+    else unlink(path);
+    return 0;
+}
+
+void sbx_rm_rf(const char *path) {
+    nftw(path, rm_one, 32, FTW_DEPTH | FTW_PHYS);
+}
+
+void sbx_self_dir(char *out, size_t cap) {
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) {
+        perror("readlink /proc/self/exe");
+        exit(1);
+    }
+    exe[n] = 0;
+    *strrchr(exe, '/') = 0;
+    snprintf(out, cap, "%s", exe);
+}
+
+int sbx_count_procs_with(const char *token) {
+    DIR *d = opendir("/proc");
+    if (!d) return -1;
+    int count = 0;
+    struct dirent *de;
+    size_t tl = strlen(token);
+    while ((de = readdir(d))) {
+        if (de->d_name[0] < '0' || de->d_name[0] > '9') continue;
+        char path[300], buf[4096];
+        snprintf(path, sizeof path, "/proc/%s/cmdline", de->d_name);
+        long n = sbx_read_file(path, buf, sizeof buf);
+        for (long i = 0; n > 0 && i + (long)tl <= n; i++)
+            if (!memcmp(buf + i, token, tl)) {
+                count++;
+                break;
+            }
+    }
+    closedir(d);
+    return count;
+}
+
+const char *const *sbx_env(const char *home, const char *const *extra) {
+    static char home_var[PATH_MAX + 8];
+    static const char *env[64];
+    snprintf(home_var, sizeof home_var, "HOME=%s", home);
+    int n = 0;
+    env[n++] = "PATH=/usr/local/bin:/usr/bin:/bin";
+    env[n++] = home_var;
+    env[n++] = "LANG=C";
+    /* LeakSanitizer stops the world with ptrace, which the sandbox refuses. */
+    env[n++] = "ASAN_OPTIONS=detect_leaks=0";
+    for (const char *const *e = extra; e && *e && n < 62; e++) env[n++] = *e;
+    env[n] = NULL;
+    return env;
+}
+
+void sbx_dump(const char *what, const sandbox_result *r) {
+    printf("  [%s] exit %d signal %d stopped %s wall %.3f s\n  stdout (%zu of %llu): %.400s\n"
+           "  stderr (%zu of %llu): %.600s\n",
+           what, r->exit_code, r->signal, sandbox_stop_reason_name(r->stopped), r->wall_s,
+           r->out.len, (unsigned long long)r->out.total, r->out.data ? r->out.data : "",
+           r->err.len, (unsigned long long)r->err.total, r->err.data ? r->err.data : "");
+}
