@@ -254,7 +254,7 @@ int engine_tokenizer_new(engine_tokenizer **out, const engine_tokenizer_spec *sp
         int32_t res = vocab_lookup(t, tmp, la + lb);
         if (a < 0 || b < 0 || res < 0) {
             rc = engine_err(ENGINE_EFORMAT, "tokenizer: merge %d \"%.64s\": %s is not in the "
-                            "vocabulary", (int)r, m, res >= 0 ? "a part" : "the result");
+                            "vocabulary", (int)r, m, a < 0 || b < 0 ? "a part" : "the result");
             goto fail;
         }
         uint64_t key = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;

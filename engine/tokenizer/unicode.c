@@ -181,7 +181,7 @@ static int buf_push(nfc_buf *b, uint32_t cp) {
 }
 
 static int out_reserve(nfc_buf *b, size_t more) {
-    if (b->out_cap - b->out_n >= more) return 0;
+    if (b->out && b->out_cap - b->out_n >= more) return 0;
     size_t cap = b->out_cap ? b->out_cap : 256;
     while (cap - b->out_n < more) cap *= 2;
     unsigned char *o = realloc(b->out, cap);
