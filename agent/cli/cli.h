@@ -18,6 +18,8 @@ typedef int (*cli_command_fn)(int argc, char **argv);
 
 int cli_doctor(int argc, char **argv);
 int cli_version(int argc, char **argv);
+int cli_tool(int argc, char **argv);
+int cli_undo(int argc, char **argv);
 int cli_sandbox(int argc, char **argv);
 int cli_complete(int argc, char **argv);
 int cli_bench(int argc, char **argv);
@@ -25,6 +27,8 @@ int cli_model(int argc, char **argv);
 /* `model gen` and `model info` (cmd_model_gen.c, cmd_model_info.c), called by cli_model. */
 int cli_model_gen(int argc, char **argv);
 int cli_model_info(int argc, char **argv);
+/* `model render` (cmd_full_render.c, full builds only): chat template of a model. */
+int cli_model_render(int argc, char **argv);
 
 /* Settings resolved from flags > environment (SPARK_*) > config file (XDG) > defaults. */
 typedef struct {
