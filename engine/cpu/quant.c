@@ -239,11 +239,14 @@ int engine_dequantize_row(engine_type t, const void *src, float *dst, int64_t n)
  * stored integers match the stored scales.
  * ------------------------------------------------------------------------------------------- */
 static inline int nearest_int(float f) {
-    /* Round half away from zero (lrintf would depend on the rounding mode); out-of-range and
-     * NaN inputs (hostile or degenerate data) saturate instead of being undefined. */
-    if (!(f > -1e9f)) return f != f ? 0 : -1000000000;
-    if (f > 1e9f) return 1000000000;
-    return (int)(f >= 0.0f ? f + 0.5f : f - 0.5f);
+    /* Adding 1.5 * 2^23 leaves round-to-nearest-even(f) in the low mantissa bits for |f| < 2^22:
+     * no branch, and no undefined float-to-int conversion for NaN or huge inputs (those give
+     * a meaningless value that every caller clamps; finite inputs never get near 2^22 because
+     * each scale is derived from the block's own largest value). */
+    const float v = f + 12582912.0f;
+    int32_t i;
+    memcpy(&i, &v, sizeof i);
+    return (i & 0x007fffff) - 0x00400000;
 }
 
 static inline int clampi(int v, int lo, int hi) {

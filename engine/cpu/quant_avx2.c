@@ -10,6 +10,12 @@
 
 #define TARGET __attribute__((target("avx2,fma,f16c")))
 
+/* Hardware f16 -> f32 (F16C): bit-identical to engine_fp16_to_fp32 (test_quant checks every
+ * half), without its branches. */
+TARGET static inline float h2f(uint16_t h) {
+    return _cvtsh_ss(h);
+}
+
 TARGET static inline float hsum_ps(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -65,7 +71,7 @@ TARGET static float vec_dot_f16_avx2(int n, const void *w, const void *x) {
     }
     for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(load_f16(a + i), _mm256_loadu_ps(b + i), acc0);
     float s = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
-    for (; i < n; i++) s += engine_fp16_to_fp32(a[i]) * b[i];
+    for (; i < n; i++) s += h2f(a[i]) * b[i];
     return s;
 }
 
@@ -91,7 +97,7 @@ TARGET static float vec_dot_q8_0_avx2(int n, const void *w, const void *x) {
     const engine_block_q8_0 *a = w, *b = x;
     __m256 acc = _mm256_setzero_ps();
     for (int i = 0; i < n / 32; i++) {
-        const __m256 d = _mm256_set1_ps(engine_fp16_to_fp32(a[i].d) * engine_fp16_to_fp32(b[i].d));
+        const __m256 d = _mm256_set1_ps(h2f(a[i].d) * h2f(b[i].d));
         const __m256i qa = _mm256_loadu_si256((const __m256i *)a[i].qs);
         const __m256i qb = _mm256_loadu_si256((const __m256i *)b[i].qs);
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8(qa, qb)), acc);
@@ -105,7 +111,7 @@ TARGET static float vec_dot_q4_0_avx2(int n, const void *w, const void *x) {
     const __m256i m4 = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi8(8);
     __m256 acc = _mm256_setzero_ps();
     for (int i = 0; i < n / 32; i++) {
-        const __m256 d = _mm256_set1_ps(engine_fp16_to_fp32(a[i].d) * engine_fp16_to_fp32(b[i].d));
+        const __m256 d = _mm256_set1_ps(h2f(a[i].d) * h2f(b[i].d));
         const __m128i raw = _mm_loadu_si128((const __m128i *)a[i].qs);
         /* low nibbles are values 0..15 (lower lane), high nibbles 16..31 (upper lane) */
         __m256i q = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
@@ -132,7 +138,7 @@ TARGET static float vec_dot_q4_K_avx2(int n, const void *w, const void *x) {
     float accm = 0.0f;
     for (int i = 0; i < n / ENGINE_QK_K; i++) {
         uint8_t sc[8], m[8];
-        for (int j = 0; j < 8; j++) engine_quant_scale_min_k4(j, a[i].scales, &sc[j], &m[j]);
+        engine_quant_unpack_k4(a[i].scales, sc, m);
         __m256i sumi = _mm256_setzero_si256();
         for (int c = 0; c < 4; c++) {
             const __m256i q = _mm256_loadu_si256((const __m256i *)(a[i].qs + 32 * c));
@@ -146,8 +152,8 @@ TARGET static float vec_dot_q4_K_avx2(int n, const void *w, const void *x) {
                                                  _mm256_set1_epi16(sc[2 * c + 1]));
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
         }
-        const float d = engine_fp16_to_fp32(a[i].d) * b[i].d;
-        const float dmin = engine_fp16_to_fp32(a[i].dmin) * b[i].d;
+        const float d = h2f(a[i].d) * b[i].d;
+        const float dmin = h2f(a[i].dmin) * b[i].d;
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
         accm += dmin * (float)k_mins(m, b[i].bsums);
     }
@@ -162,7 +168,7 @@ TARGET static float vec_dot_q5_K_avx2(int n, const void *w, const void *x) {
     float accm = 0.0f;
     for (int i = 0; i < n / ENGINE_QK_K; i++) {
         uint8_t sc[8], m[8];
-        for (int j = 0; j < 8; j++) engine_quant_scale_min_k4(j, a[i].scales, &sc[j], &m[j]);
+        engine_quant_unpack_k4(a[i].scales, sc, m);
         const __m256i qh = _mm256_loadu_si256((const __m256i *)a[i].qh);
         __m256i sumi = _mm256_setzero_si256();
         for (int c = 0; c < 4; c++) {
@@ -182,8 +188,8 @@ TARGET static float vec_dot_q5_K_avx2(int n, const void *w, const void *x) {
                                                  _mm256_set1_epi16(sc[2 * c + 1]));
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
         }
-        const float d = engine_fp16_to_fp32(a[i].d) * b[i].d;
-        const float dmin = engine_fp16_to_fp32(a[i].dmin) * b[i].d;
+        const float d = h2f(a[i].d) * b[i].d;
+        const float dmin = h2f(a[i].dmin) * b[i].d;
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
         accm += dmin * (float)k_mins(m, b[i].bsums);
     }
@@ -224,7 +230,7 @@ TARGET static float vec_dot_q6_K_avx2(int n, const void *w, const void *x) {
                                         _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], y), s));
             }
         }
-        const float d = engine_fp16_to_fp32(a[i].d) * b[i].d;
+        const float d = h2f(a[i].d) * b[i].d;
         /* lanes hold partial sums; the offset goes into lane 0 */
         sumi = _mm256_sub_epi32(sumi, _mm256_setr_epi32(32 * offset, 0, 0, 0, 0, 0, 0, 0));
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);

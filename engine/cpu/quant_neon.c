@@ -112,10 +112,10 @@ static float vec_dot_q4_K_neon(int n, const void *w, const void *x) {
     float s = 0.0f;
     for (int i = 0; i < n / ENGINE_QK_K; i++) {
         int sumi = 0, summ = 0;
+        uint8_t scs[8], ms[8];
+        engine_quant_unpack_k4(a[i].scales, scs, ms);
         for (int c = 0; c < 4; c++) {
-            uint8_t sc0, m0, sc1, m1;
-            engine_quant_scale_min_k4(2 * c, a[i].scales, &sc0, &m0);
-            engine_quant_scale_min_k4(2 * c + 1, a[i].scales, &sc1, &m1);
+            const int sc0 = scs[2 * c], m0 = ms[2 * c], sc1 = scs[2 * c + 1], m1 = ms[2 * c + 1];
             const uint8x16_t q0 = vld1q_u8(a[i].qs + 32 * c), q1 = vld1q_u8(a[i].qs + 32 * c + 16);
             const int8_t *y = b[i].qs + 64 * c;
             sumi += sc0 * dot_u8x32(vandq_u8(q0, m4), vandq_u8(q1, m4), y);
@@ -138,10 +138,10 @@ static float vec_dot_q5_K_neon(int n, const void *w, const void *x) {
     for (int i = 0; i < n / ENGINE_QK_K; i++) {
         const uint8x16_t h0 = vld1q_u8(a[i].qh), h1 = vld1q_u8(a[i].qh + 16);
         int sumi = 0, summ = 0;
+        uint8_t scs[8], ms[8];
+        engine_quant_unpack_k4(a[i].scales, scs, ms);
         for (int c = 0; c < 4; c++) {
-            uint8_t sc0, m0, sc1, m1;
-            engine_quant_scale_min_k4(2 * c, a[i].scales, &sc0, &m0);
-            engine_quant_scale_min_k4(2 * c + 1, a[i].scales, &sc1, &m1);
+            const int sc0 = scs[2 * c], m0 = ms[2 * c], sc1 = scs[2 * c + 1], m1 = ms[2 * c + 1];
             const int8x16_t shl = vdupq_n_s8((int8_t)-(2 * c)), shh = vdupq_n_s8((int8_t)-(2 * c + 1));
             const uint8x16_t q0 = vld1q_u8(a[i].qs + 32 * c), q1 = vld1q_u8(a[i].qs + 32 * c + 16);
             const uint8x16_t lo0 = vorrq_u8(vandq_u8(q0, m4),
