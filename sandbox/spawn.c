@@ -642,7 +642,7 @@ int sandbox_run(sandbox_result *out, const sandbox_policy *pol, const char *cons
         if (rec.kind == SANDBOX_REC_RESULT) got_result = rec, have_result = true;
         else if (!have_error) got_error = rec, have_error = true;
     }
-    if (have_error && !have_result) {
+    if (have_error) { /* set-up failed, in init or in the command before its execve */
         got_error.what[sizeof got_error.what - 1] = 0;
         rc = sandbox_err(got_error.kind == SANDBOX_REC_UNAVAILABLE ? SANDBOX_EUNAVAILABLE
                                                                    : SANDBOX_ESPAWN,
