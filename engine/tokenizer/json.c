@@ -29,7 +29,7 @@ static void skip_ws(parser *p) {
 static int new_node(parser *p, engine_json_type type, uint32_t *idx) {
     engine_json *d = p->doc;
     if (d->n == d->cap) {
-        size_t cap = d->cap ? d->cap * 2 : 1024;
+        size_t cap = d->cap ? d->cap * 2 : 1024 + p->len / 12; /* ~ one value per 12 bytes */
         if (cap > UINT32_MAX) return engine_err(ENGINE_ERANGE, "%s: JSON too large", p->name);
         engine_json_node *nn = realloc(d->nodes, cap * sizeof *nn);
         if (!nn) return engine_err(ENGINE_ENOMEM, "%s: out of memory parsing JSON", p->name);

@@ -79,10 +79,11 @@ static inline bool merge_lookup(const engine_tokenizer *t, int32_t a, int32_t b,
                                 int32_t *res) {
     uint64_t key = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
     for (uint32_t h = merge_slot(key, t->mmask);; h = (h + 1) & t->mmask) {
-        if (t->mres[h] < 0) return false;
-        if (t->mkey[h] == key) {
-            *rank = t->mrank[h];
-            *res = t->mres[h];
+        const engine_tok_merge *m = &t->merges[h];
+        if (m->res < 0) return false;
+        if (m->key == key) {
+            *rank = m->rank;
+            *res = m->res;
             return true;
         }
     }
@@ -95,9 +96,7 @@ void engine_tokenizer_free(engine_tokenizer *t) {
     free(t->types);
     free(t->eog);
     free(t->vhash);
-    free(t->mkey);
-    free(t->mrank);
-    free(t->mres);
+    free(t->merges);
     free(t->added);
     free(t->chat_template);
     free(t);
@@ -147,7 +146,7 @@ int engine_tokenizer_new(engine_tokenizer **out, const engine_tokenizer_spec *sp
         total += strlen(spec->tokens[i]);
     }
     t->bytes = malloc(total + 1);
-    tmp = malloc(total + 1);
+    tmp = malloc(total + 1024); /* a token, or the two sides of a merge (< 512 bytes each) */
     if (!t->off || !t->types || !t->eog || !t->bytes || !tmp) goto oom;
     size_t w = 0;
     for (int32_t i = 0; i < n; i++) {
@@ -224,11 +223,9 @@ int engine_tokenizer_new(engine_tokenizer **out, const engine_tokenizer_spec *sp
     /* merges: (left id, right id) -> rank, merged id */
     int32_t nm = spec->n_merges;
     t->mmask = pow2_at_least((size_t)nm * 2 + 1) - 1;
-    t->mkey = malloc(((size_t)t->mmask + 1) * sizeof *t->mkey);
-    t->mrank = malloc(((size_t)t->mmask + 1) * sizeof *t->mrank);
-    t->mres = malloc(((size_t)t->mmask + 1) * sizeof *t->mres);
-    if (!t->mkey || !t->mrank || !t->mres) goto oom;
-    memset(t->mres, 0xff, ((size_t)t->mmask + 1) * sizeof *t->mres);
+    t->merges = malloc(((size_t)t->mmask + 1) * sizeof *t->merges);
+    if (!t->merges) goto oom;
+    for (size_t i = 0; i <= t->mmask; i++) t->merges[i].res = -1;
     for (int32_t r = 0; r < nm; r++) {
         const char *m = spec->merges[r];
         const char *sp = m ? strchr(m, ' ') : NULL;
@@ -238,7 +235,7 @@ int engine_tokenizer_new(engine_tokenizer **out, const engine_tokenizer_spec *sp
         }
         size_t ll = (size_t)(sp - m);
         char left[512];
-        if (ll >= sizeof left) {
+        if (ll >= sizeof left || strlen(sp + 1) >= sizeof left) {
             rc = engine_err(ENGINE_EFORMAT, "tokenizer: merge %d is too long", (int)r);
             goto fail;
         }
@@ -259,11 +256,11 @@ int engine_tokenizer_new(engine_tokenizer **out, const engine_tokenizer_spec *sp
         }
         uint64_t key = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
         uint32_t h = merge_slot(key, t->mmask);
-        for (; t->mres[h] >= 0 && t->mkey[h] != key; h = (h + 1) & t->mmask) {}
-        if (t->mres[h] >= 0) continue; /* a repeated merge keeps its first (lowest) rank */
-        t->mkey[h] = key;
-        t->mrank[h] = r;
-        t->mres[h] = res;
+        for (; t->merges[h].res >= 0 && t->merges[h].key != key; h = (h + 1) & t->mmask) {}
+        if (t->merges[h].res >= 0) continue; /* a repeated merge keeps its first (lowest) rank */
+        t->merges[h].key = key;
+        t->merges[h].rank = r;
+        t->merges[h].res = res;
     }
 
     /* added tokens, grouped by first byte, longest first */
@@ -408,6 +405,7 @@ typedef struct {
     size_t c_keys_n, c_keys_cap;
     int32_t *c_vals;
     size_t c_vals_n, c_vals_cap;
+    size_t text_len;
 } bpe_work;
 
 static void work_free(bpe_work *w) {
@@ -536,8 +534,11 @@ static int cached_piece(const engine_tokenizer *t, bpe_work *w, const unsigned c
     if (n > CACHE_MAX_PIECE) return bpe_piece(t, w, p, n, e);
     int rc;
     if (!w->c_slot) {
-        w->c_mask = CACHE_ENTRIES * 2 - 1;
-        w->c_max = CACHE_ENTRIES;
+        /* sized to the text: a short prompt should not pay for a big table */
+        size_t want = w->text_len / 8;
+        w->c_max = 64;
+        while (w->c_max < want && w->c_max < CACHE_ENTRIES) w->c_max *= 2;
+        w->c_mask = (uint32_t)w->c_max * 2 - 1;
         w->c_slot = calloc((size_t)w->c_mask + 1, sizeof *w->c_slot);
         w->c_koff = malloc(w->c_max * sizeof *w->c_koff);
         w->c_klen = malloc(w->c_max * sizeof *w->c_klen);
@@ -633,6 +634,7 @@ static int encode_into(const engine_tokenizer *t, const char *text, size_t len, 
     const unsigned char *s = (const unsigned char *)(clean ? clean : text);
     size_t n = clean ? clean_len : len;
     bpe_work w = {0};
+    w.text_len = n;
     int rc = 0;
     size_t start = 0;
     for (size_t i = 0; i < n && !rc;) {

@@ -4,6 +4,13 @@
 
 #include "tokenizer.h"
 
+/* One slot of the merge table: 16 bytes, so a probe touches one cache line. */
+typedef struct {
+    uint64_t key;   /* left id << 32 | right id */
+    int32_t rank;
+    int32_t res;    /* merged id; -1 marks an empty slot */
+} engine_tok_merge;
+
 struct engine_tokenizer {
     int32_t n_vocab;
     char *bytes;          /* raw bytes of every token, back to back */
@@ -15,8 +22,7 @@ struct engine_tokenizer {
     int32_t *vhash;       /* open addressing over NORMAL tokens' raw bytes -> id, -1 empty */
     uint32_t vmask;
 
-    uint64_t *mkey;       /* open addressing: (left id << 32 | right id) -> rank, result */
-    int32_t *mrank, *mres;
+    engine_tok_merge *merges; /* open addressing: (left id << 32 | right id) -> rank, result */
     uint32_t mmask;
 
     int32_t byte_id[256]; /* the token of each single byte */

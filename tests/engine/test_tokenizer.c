@@ -207,6 +207,12 @@ static void test_spec(void) {
     CHECK(engine_tokenizer_spec_set_string(&spec->pre, "qwen2", 5) == 0);
     CHECK(engine_tokenizer_spec_set_merge(spec, 0, "h zz", 4) == 0);
     CHECK(engine_tokenizer_new(&tok, spec) == ENGINE_EFORMAT);
+    char longm[2100];
+    memset(longm, 'e', sizeof longm);
+    longm[0] = 'h';
+    longm[1] = ' ';
+    CHECK(engine_tokenizer_spec_set_merge(spec, 0, longm, sizeof longm) == 0);
+    CHECK(engine_tokenizer_new(&tok, spec) == ENGINE_EFORMAT); /* over-long side, no overflow */
     CHECK(engine_tokenizer_spec_set_merge(spec, 0, "h e", 3) == 0);
     CHECK(engine_tokenizer_spec_set_token(spec, 65, "B", 1, ENGINE_TOKEN_NORMAL) == 0);
     CHECK(engine_tokenizer_new(&tok, spec) == ENGINE_EFORMAT); /* duplicate "B" */
