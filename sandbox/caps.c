@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
@@ -62,4 +63,33 @@ void sandbox_caps_probe(sandbox_caps *out) {
     MISSING(out->seccomp_filter, "seccomp filters refused");
     MISSING(out->landlock_abi > 0, "landlock absent (optional extra layer)");
 #undef MISSING
+}
+
+int sandbox_self_test(int *landlock_abi, double *wall_ms) {
+    if (landlock_abi) *landlock_abi = 0;
+    if (wall_ms) *wall_ms = 0;
+    const char *t = getenv("TMPDIR");
+    char ws[512];
+    snprintf(ws, sizeof ws, "%s/spark-sandbox-selftest-XXXXXX", t && t[0] == '/' ? t : "/tmp");
+    if (!mkdtemp(ws))
+        return sandbox_err(SANDBOX_ESPAWN, "sandbox self-test: cannot make a directory %s: %s",
+                           ws, strerror(errno));
+    sandbox_policy pol = SANDBOX_POLICY_INIT;
+    pol.workspace = ws;
+    pol.timeout_s = 30;
+    const char *argv[] = {"true", NULL};
+    const char *env[] = {"PATH=/usr/local/bin:/usr/bin:/bin", NULL};
+    sandbox_result r;
+    int rc = sandbox_run(&r, &pol, argv, env, NULL);
+    if (rc == 0) {
+        if (landlock_abi) *landlock_abi = r.landlock_abi;
+        if (wall_ms) *wall_ms = r.wall_s * 1e3;
+        if (r.exit_code != 0 || r.signal)
+            rc = sandbox_err(SANDBOX_ESPAWN, "sandbox self-test: `true` failed inside the "
+                             "sandbox (exit %d, signal %d, stop %s): %.200s", r.exit_code,
+                             r.signal, sandbox_stop_reason_name(r.stopped), r.err.data);
+        sandbox_result_deinit(&r);
+    }
+    rmdir(ws);
+    return rc;
 }

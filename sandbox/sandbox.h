@@ -44,6 +44,14 @@ typedef struct {
 /* Probe by trying each feature in a short-lived child. Never fails; results in *out. */
 void sandbox_caps_probe(sandbox_caps *out);
 
+/* Run `true` under the default policy in an empty temporary workspace, exactly as a tool's
+ * command would run: proves that the whole set-up works on this machine (mounts, /proc,
+ * landlock, seccomp), not only that each feature exists. Returns 0, or the negative code of
+ * sandbox_run() (or SANDBOX_ESPAWN when `true` failed) with the reason in
+ * sandbox_error_last(). *landlock_abi gets the ABI enforced (0 = none), *wall_ms the time the
+ * run took. Either pointer may be NULL. */
+int sandbox_self_test(int *landlock_abi, double *wall_ms);
+
 /* ---------------------------------------------------------------------------------------------
  * Policies and running
  * ------------------------------------------------------------------------------------------- */

@@ -99,6 +99,18 @@ static void report_sandbox(doctor_state *st, const cli_config *cfg) {
     printf("\n");
     bool usable = c.user_namespaces && c.mount_namespaces && c.pid_namespaces &&
                   c.net_namespaces && c.seccomp_filter;
+    if (usable) {
+        /* Each feature exists; now prove the whole set-up works, as a tool would use it. */
+        int landlock = 0;
+        double ms = 0;
+        if (sandbox_self_test(&landlock, &ms) == 0) {
+            printf("  a test command ran isolated in %.1f ms; landlock %s\n", ms,
+                   landlock ? "enforced" : "not applied (kernel without it)");
+        } else {
+            usable = false;
+            snprintf(c.detail, sizeof c.detail, "%s", sandbox_error_last());
+        }
+    }
     if (!usable && cfg->sandbox_required)
         problem(st, "the sandbox cannot isolate commands here (%s); build and test tools will "
                     "refuse to run unless you set `sandbox = off` in the config",

@@ -1,0 +1,175 @@
+/* Spawn overhead: `true` and a small `make`, side by side in one run, interleaved round by
+ * round so that machine noise hits every method alike:
+ *   fork/exec     fork + execve + waitpid, output to /dev/null (the floor)
+ *   unsandboxed   sandbox_run() with policy.unsandboxed (capture, limits, no isolation)
+ *   sandbox       sandbox_run() with the default policy (what the agent does)
+ *   bwrap         bubblewrap with comparable isolation: all namespaces, a read-only system,
+ *                 private /proc /dev /tmp, the workspace bound, no capabilities, new session,
+ *                 die-with-parent, and our own seccomp filter loaded through --seccomp
+ * usage: bench_spawn WORKSPACE [ROUNDS_TRUE [ROUNDS_MAKE]]   (not a test; see run_bench.sh) */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "sandbox.h"
+#include "sandbox_int.h"
+
+extern char **environ;
+
+enum { M_FORK, M_PLAIN, M_SANDBOX, M_BWRAP, N_METHODS };
+static const char *method_names[] = {"fork/exec", "unsandboxed", "sandbox", "bwrap"};
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static const char *ws;
+static int seccomp_fd = -1;
+
+static int fork_exec(char *const *argv) {
+    pid_t p = fork();
+    if (p == 0) {
+        int fd = open("/dev/null", O_RDWR);
+        dup2(fd, 0), dup2(fd, 1), dup2(fd, 2);
+        if (chdir(ws) != 0) _exit(126);
+        execvp(argv[0], argv);
+        _exit(127);
+    }
+    int st;
+    waitpid(p, &st, 0);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+static int run_sandbox(char *const *argv, bool unsandboxed) {
+    sandbox_policy pol = SANDBOX_POLICY_INIT;
+    pol.workspace = ws;
+    pol.unsandboxed = unsandboxed;
+    sandbox_result r;
+    int rc = sandbox_run(&r, &pol, (const char *const *)argv, (const char *const *)environ, NULL);
+    if (rc) {
+        fprintf(stderr, "sandbox_run: %s\n", sandbox_error_last());
+        exit(1);
+    }
+    int code = r.exit_code;
+    sandbox_result_deinit(&r);
+    return code;
+}
+
+static int run_bwrap(char *const *cmd) {
+    char *argv[64];
+    int n = 0;
+    char fdarg[16];
+    snprintf(fdarg, sizeof fdarg, "%d", seccomp_fd);
+    const char *pre[] = {"bwrap", "--unshare-all", "--die-with-parent", "--new-session",
+                         "--cap-drop", "ALL", "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin",
+                         "/bin", "--symlink", "usr/sbin", "/sbin", "--symlink", "usr/lib", "/lib",
+                         "--symlink", "usr/lib64", "/lib64", "--ro-bind", "/etc", "/etc",
+                         "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", ws, ws,
+                         "--chdir", ws, "--seccomp", fdarg, "--", NULL};
+    for (int i = 0; pre[i]; i++) argv[n++] = (char *)pre[i];
+    for (int i = 0; cmd[i] && n < 63; i++) argv[n++] = cmd[i];
+    argv[n] = NULL;
+    /* bwrap reads the filter from the fd, so each run needs it at offset 0. */
+    lseek(seccomp_fd, 0, SEEK_SET);
+    pid_t p = fork();
+    if (p == 0) {
+        int fd = open("/dev/null", O_RDWR);
+        dup2(fd, 0), dup2(fd, 1), dup2(fd, 2);
+        execvp("bwrap", argv);
+        _exit(127);
+    }
+    int st;
+    waitpid(p, &st, 0);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+static int run_method(int m, char *const *argv) {
+    switch (m) {
+    case M_FORK: return fork_exec(argv);
+    case M_PLAIN: return run_sandbox(argv, true);
+    case M_SANDBOX: return run_sandbox(argv, false);
+    default: return run_bwrap(argv);
+    }
+}
+
+static void bench(const char *label, char *const *argv, int rounds) {
+    double *t[N_METHODS];
+    for (int m = 0; m < N_METHODS; m++) t[m] = calloc((size_t)rounds, sizeof(double));
+    for (int m = 0; m < N_METHODS; m++) /* warm-up, and each method must work */
+        if (run_method(m, argv) != 0) {
+            fprintf(stderr, "%s: %s failed\n", label, method_names[m]);
+            exit(1);
+        }
+    for (int r = 0; r < rounds; r++)
+        for (int k = 0; k < N_METHODS; k++) {
+            int m = (r + k) % N_METHODS; /* rotate the order too */
+            double t0 = now();
+            run_method(m, argv);
+            t[m][r] = now() - t0;
+        }
+    double base = 0;
+    printf("\n%s (%d rounds)\n%-12s %10s %10s %10s %12s\n", label, rounds, "method", "median ms",
+           "mean ms", "min ms", "vs fork/exec");
+    for (int m = 0; m < N_METHODS; m++) {
+        double sum = 0;
+        for (int r = 0; r < rounds; r++) sum += t[m][r];
+        qsort(t[m], (size_t)rounds, sizeof(double), cmp_double);
+        double med = t[m][rounds / 2];
+        if (m == M_FORK) base = med;
+        printf("%-12s %10.2f %10.2f %10.2f %11.2fx\n", method_names[m], med * 1e3,
+               sum / rounds * 1e3, t[m][0] * 1e3, med / base);
+        free(t[m]);
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s WORKSPACE [ROUNDS_TRUE [ROUNDS_MAKE]]\n", argv[0]);
+        return 2;
+    }
+    ws = argv[1];
+    int rounds_true = argc > 2 ? atoi(argv[2]) : 100, rounds_make = argc > 3 ? atoi(argv[3]) : 20;
+    struct sock_fprog f[2];
+    if (sandbox_seccomp_filters(f) != 0) {
+        fprintf(stderr, "%s\n", sandbox_error_last());
+        return 1;
+    }
+    seccomp_fd = memfd_create("bench-seccomp", 0);
+    if (write(seccomp_fd, f[0].filter, f[0].len * sizeof(struct sock_filter)) < 0) return 1;
+
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/hello.c", ws);
+    FILE *c = fopen(path, "w");
+    snprintf(path, sizeof path, "%s/Makefile", ws);
+    FILE *mk = fopen(path, "w");
+    if (!c || !mk) {
+        perror("write the make project");
+        return 1;
+    }
+    fputs("int main(void) { return 0; }\n", c);
+    fputs("all: hello\nhello: hello.o\n\tcc -o hello hello.o\nhello.o: hello.c\n"
+          "\tcc -O0 -c hello.c\n",
+          mk);
+    fclose(c);
+    fclose(mk);
+    printf("spawn overhead, workspace %s; each column the same command, interleaved\n", ws);
+    bench("true", (char *[]){"true", NULL}, rounds_true);
+    bench("make -B (compile and link hello.c)", (char *[]){"make", "-s", "-B", NULL},
+          rounds_make);
+    return 0;
+}
