@@ -471,6 +471,12 @@ static int check_tensor_data(parser *ps) {
                             "section at %llu)",
                         (unsigned long long)t->offset, t->nbytes, g->size,
                         (unsigned long long)g->data_offset);
+        if ((g->data_offset + t->offset) % ENGINE_GGUF_DATA_ALIGN)
+            return engine_err(ENGINE_EUNSUPPORTED, "%s: %s: data at file offset %llu is not "
+                              "%d-byte aligned (general.alignment %zu); the CPU kernels need "
+                              "aligned tensor data", g->path, ps->ctx,
+                              (unsigned long long)(g->data_offset + t->offset),
+                              ENGINE_GGUF_DATA_ALIGN, g->alignment);
         t->data = g->map + g->data_offset + t->offset;
     }
     ps->ctx[0] = 0;

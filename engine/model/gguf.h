@@ -17,7 +17,10 @@
  *   arrays <= ENGINE_GGUF_MAX_DEPTH levels, alignment a power of two in [1, 2^20], and every
  *   count or length is also bounded by the bytes left in the file. Tensor data must lie inside
  *   the file, start at an aligned offset, and not overlap another tensor. Duplicate keys and
- *   duplicate tensor names are errors.
+ *   duplicate tensor names are errors. The CPU kernels read f32/f16 values and block scales in
+ *   place, so tensor data must also start at a file offset that is a multiple of
+ *   ENGINE_GGUF_DATA_ALIGN (4); every real writer aligns to 32, and a file that does not is
+ *   refused with ENGINE_EUNSUPPORTED rather than read misaligned.
  *
  * Errors follow the engine's convention (0 or a negative ENGINE_E*, detail in
  * engine_error_last()); a format error names the file and the field, e.g.
@@ -45,6 +48,7 @@ extern "C" {
 #define ENGINE_GGUF_MAX_DIMS 4
 #define ENGINE_GGUF_MAX_NAME 65535          /* bytes in a key or a tensor name */
 #define ENGINE_GGUF_MAX_DEPTH 8             /* array of array of ... */
+#define ENGINE_GGUF_DATA_ALIGN 4            /* tensor data file offsets: a multiple of this */
 
 /* Metadata value types (GGUF numbering). */
 typedef enum {
@@ -233,7 +237,7 @@ int64_t engine_gguf_find_tensor_index(const engine_gguf *g, const char *name);
  * The writer object may be freed once begin returned; it is not thread-safe itself (build it
  * from one thread). Keys are unique (setting a key again replaces its value); tensor names
  * are unique. Tensor offsets are assigned in add order, each aligned to general.alignment
- * (set it with set_u32 before begin; default 32).
+ * (set it with set_u32 before begin; default 32; a power of two >= ENGINE_GGUF_DATA_ALIGN).
  * ------------------------------------------------------------------------------------------- */
 typedef struct engine_gguf_writer engine_gguf_writer;
 typedef struct engine_gguf_out engine_gguf_out;

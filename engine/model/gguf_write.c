@@ -459,9 +459,10 @@ static int writer_alignment(const engine_gguf_writer *w, size_t *out) {
         const engine_gguf_value *v = &w->kvs[i].value;
         if (v->type != ENGINE_GGUF_UINT32)
             return engine_err(ENGINE_EINVAL, "gguf writer: general.alignment must be a uint32");
-        if (v->u64 == 0 || (v->u64 & (v->u64 - 1)) || v->u64 > (1u << 20))
+        if (v->u64 < ENGINE_GGUF_DATA_ALIGN || (v->u64 & (v->u64 - 1)) || v->u64 > (1u << 20))
             return engine_err(ENGINE_EINVAL, "gguf writer: general.alignment %llu is not a power "
-                              "of two in [1, 1048576]", (unsigned long long)v->u64);
+                              "of two in [%d, 1048576]", (unsigned long long)v->u64,
+                              ENGINE_GGUF_DATA_ALIGN);
         *out = (size_t)v->u64;
     }
     return 0;

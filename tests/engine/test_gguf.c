@@ -339,6 +339,8 @@ static void test_two_phase_and_failures(void) {
     OK(engine_gguf_writer_new(&w));
     OK(engine_gguf_writer_set_u32(w, "general.alignment", 48));
     CHECK(engine_gguf_writer_write(w, path, NULL, NULL, 1) == ENGINE_EINVAL, "alignment 48");
+    OK(engine_gguf_writer_set_u32(w, "general.alignment", 2)); /* below the data alignment */
+    CHECK(engine_gguf_writer_write(w, path, NULL, NULL, 1) == ENGINE_EINVAL, "alignment 2");
     engine_gguf_writer_free(w);
     engine_gguf_writer_free(NULL);
     engine_gguf_close(NULL);
@@ -358,7 +360,7 @@ int main(void) {
     }
     test_roundtrip(0, 1);
     test_roundtrip(64, 4);
-    test_roundtrip(1, 3);
+    test_roundtrip(4, 3);
     test_roundtrip(4096, 2);
     test_two_phase_and_failures();
     rmdir(tmpdir);

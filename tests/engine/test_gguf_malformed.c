@@ -220,6 +220,8 @@ PATCH(p_key_nul, b->p[at.key0_byte] = 0)
 PATCH(p_strarr_len, patch64(b, at.strarr_s1_len, 5000))
 PATCH(p_strarr_count, patch64(b, at.strarr_count, 1000))
 PATCH(p_nested_n, patch64(b, at.nested_inner_n, (uint64_t)1 << 62))
+/* alignment 1 is legal GGUF, but the data section then starts right after the (odd-sized) infos */
+PATCH(p_align1_odd, patch32(b, at.align_val, 1); patch64(b, at.t2_offset, 129))
 PATCH(p_small, b->n = 10)
 PATCH(p_empty, b->n = 0)
 PATCH(p_none, (void)b)
@@ -266,6 +268,7 @@ static const bad_case cases[] = {
     {"string_array_elem_past_eof", V_BASE, p_strarr_len, ENGINE_EFORMAT, "array string length"},
     {"string_array_count", V_BASE, p_strarr_count, ENGINE_EFORMAT, "t.strs"},
     {"nested_count_huge", V_BASE, p_nested_n, ENGINE_EFORMAT, "t.nested"},
+    {"misaligned_data", V_BASE, p_align1_odd, ENGINE_EUNSUPPORTED, "is not 4-byte aligned (general.alignment 1)"},
     {"too_small", V_BASE, p_small, ENGINE_EFORMAT, "too small"},
     {"empty_file", V_BASE, p_empty, ENGINE_EFORMAT, "too small"},
 };
