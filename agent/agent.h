@@ -48,20 +48,23 @@ const char *agent_error_last(void);
  *
  * Prefix stability (matters for a token-level session that appends instead of re-rendering):
  * render(messages[0..N]) is NOT always a byte prefix of render(messages[0..N+1]).
- *  1. Qwen3, a new user message after assistant turns with reasoning: while an assistant
- *     message comes after the last user query it renders as "<|im_start|>assistant\n<think>\n"
- *     + reasoning + "\n</think>\n\n" + content; once a new user message follows, the same
- *     message renders as "<|im_start|>assistant\n" + content (reasoning_content and a
- *     <think>...</think> prefix of the content are dropped). The renders diverge at the
- *     "<think>" right after the header of the first assistant turn after the previous query.
- *  2. Qwen3 and Qwen3-Coder, a second consecutive tool result: a tool message closes the
+ *  1. Qwen3 and Qwen3.5, a new user message after assistant turns: an assistant message
+ *     after the last user query renders as "<|im_start|>assistant\n<think>\n" + reasoning +
+ *     "\n</think>\n\n" + content (an empty think block when it has no reasoning); once a
+ *     new user message follows, it renders as "<|im_start|>assistant\n" + content
+ *     (reasoning_content and a <think>...</think> prefix of the content are dropped). The
+ *     renders diverge at that "<think>" of the first assistant turn after the previous query.
+ *     Qwen3.5 keeps the blocks when the variable preserve_thinking is true. Since the model
+ *     itself generates "<think>...</think>" after the generation prompt, a session that keeps
+ *     the generated tokens holds a history the template would render differently.
+ *  2. All three templates, a second consecutive tool result: a tool message closes the
  *     user turn with "<|im_end|>\n" only while no tool message follows it, so appending the
  *     next result replaces that "<|im_end|>". Append all results of one turn together.
  * Every other append keeps the prefix: assistant after user or tool (also from the render
  * with add_generation_prompt to the render containing the generated turn), the first tool
- * result after an assistant turn, a user message after turns without reasoning, and every
- * user message with Qwen3-Coder (it has no reasoning). tests/agent/test_template_prefix.c
- * walks one agent conversation with both templates and asserts each divergence offset.
+ * result after an assistant turn, and with Qwen3-Coder (no reasoning) every user message.
+ * tests/agent/test_template_prefix.c walks one agent conversation with the three templates
+ * and asserts each divergence offset.
  * Thread-safety: a template is immutable after agent_template_new and may be rendered by any
  * number of threads at once; each render uses its own memory.
  * ------------------------------------------------------------------------------------------- */

@@ -2,14 +2,14 @@
  * is render(messages[0..N]) a byte prefix of render(messages[0..N+1])? For each step of one
  * agent conversation this test computes where the two renders diverge and asserts the exact
  * places documented in agent.h:
- *   - Qwen3, appending a user message after assistant turns that carry reasoning: the earlier
- *     turns lose their <think> block; the renders diverge right after the
- *     "<|im_start|>assistant\n" of the first assistant turn after the previous last query.
+ *   - Qwen3 and Qwen3.5, appending a user message after assistant turns: the turns after the
+ *     previous query lose their <think> block (an empty one when they had no reasoning); the
+ *     renders diverge right after the "<|im_start|>assistant\n" of the first of them.
  *   - both templates, appending a second consecutive tool result: the first result's
  *     "<|im_end|>\n" (written while it was last) is replaced by the next "<tool_response>".
  *   - every other append (assistant after user, tool after assistant, assistant after tool,
- *     user after a plain assistant) keeps the prefix, also from a render with the generation
- *     prompt to the render that contains the generated assistant turn. */
+ *     and with Qwen3-Coder also user after assistant) keeps the prefix, also from a render with
+ *     the generation prompt to the render that contains the generated assistant turn. */
 #include "agent.h"
 
 #include <stdio.h>
@@ -26,7 +26,7 @@ static const char *const MSGS[] = {
     "{\"role\":\"tool\",\"content\":\"int b;\"}",
     "{\"role\":\"assistant\",\"content\":\"Both compile now.\",\"reasoning_content\":\"ok\"}",
     "{\"role\":\"user\",\"content\":\"Thanks!\"}",
-    "{\"role\":\"assistant\",\"content\":\"<think>\\nsmall talk\\n</think>\\n\\nYou're welcome.\"}",
+    "{\"role\":\"assistant\",\"content\":\"You're welcome.\"}", /* no reasoning at all */
     "{\"role\":\"user\",\"content\":\"Bye.\"}",
 };
 #define N_MSGS (sizeof MSGS / sizeof MSGS[0])
@@ -48,10 +48,7 @@ static char *render(agent_template *t, size_t n, bool agp) {
     agent_template_opts opts = AGENT_TEMPLATE_OPTS_INIT;
     opts.add_generation_prompt = agp;
     char *out = NULL;
-    if (agent_template_render(t, json, TOOLS, &opts, &out, NULL)) {
-        fprintf(stderr, "render failed: %s\n", agent_error_last());
-        exit(1);
-    }
+    if (agent_template_render(t, json, TOOLS, &opts, &out, NULL)) return NULL;
     return out;
 }
 
@@ -78,6 +75,19 @@ static void check(const char *tname, agent_template *t, bool thinking_template) 
     printf("%s:\n", tname);
     for (size_t n = 1; n < N_MSGS; n++) {
         char *a = render(t, n, false), *b = render(t, n + 1, false);
+        if (!b) {
+            fprintf(stderr, "FAIL %s: %zu messages do not render: %s\n", tname, n + 1,
+                    agent_error_last());
+            failures++;
+            free(a);
+            continue;
+        }
+        if (!a) {
+            /* Qwen3.5 refuses a conversation without a user query */
+            printf("  %zu messages: refused by the template (%s)\n", n, agent_error_last());
+            free(b);
+            continue;
+        }
         size_t la = strlen(a), cp = common_prefix(a, b);
         bool prefix = cp == la;
         const char *added = strstr(MSGS[n], "\"role\":\"") + 8;
@@ -119,7 +129,7 @@ static void check(const char *tname, agent_template *t, bool thinking_template) 
         /* generation prompt then the generated assistant turn */
         if (!strncmp(added, "assistant", 9)) {
             char *g = render(t, n, true);
-            if (strncmp(b, g, strlen(g))) {
+            if (!g || strncmp(b, g, strlen(g))) {
                 fprintf(stderr, "FAIL %s: prompt with generation prompt (%zu) is not a prefix\n",
                         tname, n);
                 failures++;
@@ -153,11 +163,14 @@ static agent_template *load(const char *name) {
 }
 
 int main(void) {
-    agent_template *q = load("qwen3.jinja"), *c = load("qwen3_coder.jinja");
+    agent_template *q = load("qwen3.jinja"), *c = load("qwen3_coder.jinja"),
+                   *q35 = load("qwen35.jinja");
     check("qwen3", q, true);
     check("qwen3_coder", c, false);
+    check("qwen35", q35, true);
     agent_template_free(q);
     agent_template_free(c);
+    agent_template_free(q35);
     printf("%d failures\n", failures);
     return failures ? 1 : 0;
 }

@@ -1,5 +1,5 @@
 /* Chat templates against the reference: every conversation of
- * tests/fixtures/templates/cases.json (real Qwen3 and Qwen3-Coder templates) and every small
+ * tests/fixtures/templates/cases.json (real Qwen3, Qwen3-Coder and Qwen3.5 templates) and every small
  * template of features.json must render byte for byte like @huggingface/jinja 0.5.11, or fail
  * where it fails. The reference runs now (node tests/agent/template_ref.mjs); without node the
  * committed expected.json stands in, and with node the two must agree (stale fixtures fail). */
@@ -198,9 +198,10 @@ int main(void) {
     json_t *results = json_object_get(ref, "results");
 
     /* templates */
-    static const char *const NAMES[] = {"qwen3", "qwen3_coder"};
-    tpl_entry tpls[2];
-    for (int i = 0; i < 2; i++) {
+    static const char *const NAMES[] = {"qwen3", "qwen3_coder", "qwen35"};
+    enum { N_TPL = sizeof NAMES / sizeof NAMES[0] };
+    tpl_entry tpls[N_TPL];
+    for (int i = 0; i < N_TPL; i++) {
         snprintf(path, sizeof path, "%s/tests/fixtures/templates/%s.jinja", src, NAMES[i]);
         char *text = read_file(path, NULL);
         if (!text) {
@@ -225,7 +226,7 @@ int main(void) {
         const char *name = json_string_value(json_object_get(c, "name"));
         const char *tn = json_string_value(json_object_get(c, "template"));
         agent_template *t = NULL;
-        for (int k = 0; k < 2; k++)
+        for (int k = 0; k < N_TPL; k++)
             if (!strcmp(tn, tpls[k].name)) t = tpls[k].t;
         json_t *r = json_object_get(results, name);
         if (!t || !r) {
@@ -256,7 +257,7 @@ int main(void) {
         agent_template_free(t);
     }
 
-    for (int k = 0; k < 2; k++) agent_template_free(tpls[k].t);
+    for (int k = 0; k < N_TPL; k++) agent_template_free(tpls[k].t);
     json_decref(cases);
     json_decref(feats);
     json_decref(live);
