@@ -11,6 +11,10 @@
 
 #include "engine.h"
 
+#ifdef SPARK_FULL_BUILD
+#include "grammar.h"
+#endif
+
 
 int cli_model_resolve(const char *cmd, const char *flag, const cli_config *cfg, char *out,
                       size_t cap) {
@@ -68,6 +72,107 @@ bad:
     if (bad_at) *bad_at = i;
     return false;
 }
+
+#ifdef SPARK_FULL_BUILD
+/* Read a whole file (NUL-terminated). NULL with errno on failure. */
+static char *read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = NULL;
+    size_t cap = 0, n = 0;
+    for (;;) {
+        if (n + 4096 + 1 > cap) {
+            cap = cap ? cap * 2 : 65536;
+            if (cap > ((size_t)1 << 30)) { /* a grammar or schema of 1 GiB is a mistake */
+                errno = EFBIG;
+                goto fail;
+            }
+            char *nb = realloc(buf, cap);
+            if (!nb) goto fail;
+            buf = nb;
+        }
+        size_t r = fread(buf + n, 1, cap - n - 1, f);
+        n += r;
+        if (r == 0) break;
+    }
+    if (ferror(f)) goto fail;
+    fclose(f);
+    buf[n] = 0;
+    *len = n;
+    return buf;
+fail:;
+    int e = errno;
+    free(buf);
+    fclose(f);
+    errno = e;
+    return NULL;
+}
+
+/* A grammar matcher over the model's vocabulary, wired into the sampler's hooks. */
+typedef struct {
+    grammar *g;
+    grammar_vocab *v;
+    grammar_index *ix;
+    grammar_matcher *m;
+} cli_grammar;
+
+static void cli_grammar_free(cli_grammar *cg) {
+    grammar_matcher_free(cg->m);
+    grammar_index_free(cg->ix);
+    grammar_vocab_free(cg->v);
+    grammar_free(cg->g);
+}
+
+/* Returns a CLI exit status (0 on success). */
+static int cli_grammar_setup(cli_grammar *cg, engine_model *m, const char *gbnf,
+                             const char *schema, engine_sampling_params *sp) {
+    const char *cmd = "complete", *path = gbnf ? gbnf : schema;
+    size_t len;
+    char *text = read_file(path, &len);
+    if (!text) {
+        cli_errorf(cmd, "cannot read %s: %s", path, strerror(errno));
+        return CLI_EXIT_FAIL;
+    }
+    int rc = gbnf ? grammar_new_gbnf(&cg->g, text, len, NULL)
+                  : grammar_new_json_schema(&cg->g, text, len);
+    free(text);
+    if (rc) {
+        cli_errorf(cmd, "%s: %s", path, grammar_error_last());
+        return CLI_EXIT_USAGE;
+    }
+    int32_t nv = engine_model_n_vocab(m);
+    const char **pieces = malloc(sizeof(char *) * (size_t)nv);
+    uint32_t *lens = malloc(sizeof(uint32_t) * (size_t)nv);
+    int32_t *eog = malloc(sizeof(int32_t) * (size_t)nv);
+    int n_eog = 0, ret = CLI_EXIT_FAIL;
+    if (!pieces || !lens || !eog) {
+        cli_errorf(cmd, "out of memory for the grammar's vocabulary");
+        goto done;
+    }
+    for (int32_t i = 0; i < nv; i++) {
+        size_t l = 0;
+        pieces[i] = engine_model_token_bytes(m, i, &l);
+        /* control tokens never appear inside constrained text; EOG ones end it */
+        lens[i] = engine_model_token_is_special(m, i) ? 0 : (uint32_t)l;
+        if (engine_model_token_is_eog(m, i)) eog[n_eog++] = i;
+    }
+    if ((rc = grammar_vocab_new(&cg->v, nv, pieces, lens)) ||
+        (rc = grammar_index_new(&cg->ix, cg->g, cg->v)) ||
+        (rc = grammar_matcher_new(&cg->m, cg->ix, eog, n_eog))) {
+        cli_errorf(cmd, "%s: %s", path, grammar_error_last());
+        goto done;
+    }
+    sp->mask = grammar_sampler_mask;
+    sp->accept = grammar_sampler_accept;
+    sp->grammar_user = cg->m;
+    ret = CLI_EXIT_OK;
+done:
+    free(pieces);
+    free(lens);
+    free(eog);
+    return ret;
+}
+#endif
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -177,7 +282,7 @@ int cli_complete(int argc, char **argv) {
         {0, 0, 0, 0},
     };
     const char *cmd = "complete";
-    const char *model_flag = NULL, *prompt = NULL, *grammar = NULL, *schema = NULL;
+    const char *model_flag = NULL, *prompt = NULL, *gbnf_path = NULL, *schema_path = NULL;
     const char *device = NULL;
     long n_predict = 128, threads = -1, n_ctx = 0, v;
     bool have_seed = false;
@@ -204,8 +309,8 @@ int cli_complete(int argc, char **argv) {
         case 't': ok = parse_long(optarg, 1, 1024, &threads); break;
         case 'c': ok = parse_long(optarg, 1, INT32_MAX, &n_ctx); break;
         case OPT_DEVICE: device = optarg; ok = engine_device_parse(optarg) >= 0; break;
-        case OPT_GRAMMAR: grammar = optarg; break;
-        case OPT_SCHEMA: schema = optarg; break;
+        case OPT_GRAMMAR: gbnf_path = optarg; break;
+        case OPT_SCHEMA: schema_path = optarg; break;
         case OPT_IGNORE_EOS: gp.ignore_eog = true; break;
         case 'h': usage(stdout); return CLI_EXIT_OK;
         case ':': cli_errorf(cmd, "option %s needs a value", argv[optind - 1]); return CLI_EXIT_USAGE;
@@ -223,16 +328,17 @@ int cli_complete(int argc, char **argv) {
         cli_errorf(cmd, "unexpected argument '%s' (the prompt goes in -p or stdin)", argv[optind]);
         return CLI_EXIT_USAGE;
     }
-    if (grammar || schema) {
-#ifdef SPARK_FULL_BUILD
-        cli_errorf(cmd, "%s: not available yet (the grammar matcher is being written)",
-                   grammar ? "--grammar" : "--json-schema");
-#else
-        cli_errorf(cmd, "%s: not in this build: it was built with SPARK_ENGINE_ONLY=ON, "
-                   "without the grammar library", grammar ? "--grammar" : "--json-schema");
-#endif
+    if (gbnf_path && schema_path) {
+        cli_errorf(cmd, "--grammar and --json-schema exclude each other");
         return CLI_EXIT_USAGE;
     }
+#ifndef SPARK_FULL_BUILD
+    if (gbnf_path || schema_path) {
+        cli_errorf(cmd, "%s: not in this build: it was built with SPARK_ENGINE_ONLY=ON, "
+                   "without the grammar library", gbnf_path ? "--grammar" : "--json-schema");
+        return CLI_EXIT_USAGE;
+    }
+#endif
     cli_config cfg;
     if (cli_config_load(&cfg) != 0) {
         cli_errorf(cmd, "%s", cfg.error);
@@ -259,6 +365,9 @@ int cli_complete(int argc, char **argv) {
     engine_session *s = NULL;
     int32_t *ids = NULL;
     size_t bad;
+#ifdef SPARK_FULL_BUILD
+    cli_grammar cg = {NULL, NULL, NULL, NULL};
+#endif
     if (!cli_utf8_valid(prompt, plen, &bad)) {
         cli_errorf(cmd, "the prompt is not valid UTF-8 (byte %zu)", bad);
         ret = CLI_EXIT_USAGE;
@@ -276,6 +385,15 @@ int cli_complete(int argc, char **argv) {
         cli_errorf(cmd, "%s", engine_error_last());
         goto done;
     }
+#ifdef SPARK_FULL_BUILD
+    if (gbnf_path || schema_path) {
+        int grc = cli_grammar_setup(&cg, m, gbnf_path, schema_path, sp);
+        if (grc) {
+            ret = grc;
+            goto done;
+        }
+    }
+#endif
     engine_session_params ssp = ENGINE_SESSION_PARAMS_INIT;
     ssp.n_ctx = (int32_t)n_ctx;
     if (engine_session_new(&s, m, &ssp) != 0) {
@@ -320,6 +438,9 @@ done:
     free(ids);
     free(in);
     engine_session_free(s);
+#ifdef SPARK_FULL_BUILD
+    cli_grammar_free(&cg);
+#endif
     engine_model_free(m);
     return ret;
 }

@@ -226,7 +226,8 @@ static void usage(FILE *f) {
     fprintf(f, "usage: spark-agent model <gen|info|tokenize> ...\n\n"
                "  gen       write a deterministic random-weight model\n"
                "  info      inspect a model file\n"
-               "  tokenize  text to token ids (JSON array), or back with --decode\n\n"
+               "  tokenize  text to token ids (JSON array), or back with --decode\n"
+               "  render    render a chat (messages on stdin) with the model's chat template\n\n"
                "'spark-agent model <sub> --help' for the options.\n");
 }
 
@@ -244,7 +245,15 @@ int cli_model(int argc, char **argv) {
     if (!strcmp(sub, "tokenize")) fn = cli_model_tokenize;
     else if (!strcmp(sub, "gen")) fn = cli_model_gen;
     else if (!strcmp(sub, "info")) fn = cli_model_info;
-    else {
+    else if (!strcmp(sub, "render")) {
+#ifdef SPARK_FULL_BUILD
+        fn = cli_model_render;
+#else
+        cli_errorf("model", "render: not in this build: it was built with SPARK_ENGINE_ONLY=ON, "
+                   "without the chat-template interpreter");
+        return CLI_EXIT_USAGE;
+#endif
+    } else {
         cli_errorf("model", "unknown subcommand '%s'", sub);
         usage(stderr);
         return CLI_EXIT_USAGE;

@@ -84,9 +84,27 @@ has err "cuda"; check "the device error says cuda" $?
 expect_rc "bad flag value" 2 "$cli" complete -m "$m" --temp hot -p hi
 expect_rc "unknown flag" 2 "$cli" complete --frobnicate
 expect_rc "empty prompt" 2 "$cli" complete -m "$m" -p ""
-printf 'root ::= "a"\n' >"$tmp/g.gbnf"
-expect_rc "grammar flag" 2 "$cli" complete -m "$m" -p hi --grammar "$tmp/g.gbnf"
-grep -qE "not in this build|not available yet" "$tmp/err"; check "grammar says why it is unavailable" $?
+printf 'root ::= "yes" | "no" | "maybe " [0-9]+\n' >"$tmp/g.gbnf"
+printf '{"type":"object","properties":{"n":{"type":"integer"}},"required":["n"]}' >"$tmp/s.json"
+printf 'root ::= "unterminated\n' >"$tmp/bad.gbnf"
+if "$cli" version | grep -q "engine-only"; then
+    expect_rc "grammar flag, engine-only build" 2 "$cli" complete -m "$m" -p hi --grammar "$tmp/g.gbnf"
+    has err "not in this build"; check "grammar says why it is unavailable" $?
+else
+    for seed in 1 2 3 4 5; do
+        expect_rc "grammar, seed $seed" 0 "$cli" complete -m "$m" -p "Answer:" -n 16 -s $seed \
+            --temp 1.5 --grammar "$tmp/g.gbnf"
+        grep -qxE "yes|no|maybe [0-9]*" "$tmp/out"; check "grammar output matches (seed $seed)" $?
+    done
+    expect_rc "json-schema" 0 "$cli" complete -m "$m" -p "JSON:" -n 8 -s 1 --temp 1 \
+        --json-schema "$tmp/s.json"
+    grep -q '^{' "$tmp/out"; check "json-schema output starts an object" $?
+    expect_rc "bad grammar" 2 "$cli" complete -m "$m" -p hi --grammar "$tmp/bad.gbnf"
+    has err "bad.gbnf"; check "the bad grammar file is named" $?
+    expect_rc "missing grammar file" 1 "$cli" complete -m "$m" -p hi --grammar "$tmp/none.gbnf"
+    expect_rc "both grammar flags" 2 "$cli" complete -m "$m" -p hi --grammar "$tmp/g.gbnf" \
+        --json-schema "$tmp/s.json"
+fi
 expect_rc "complete --help" 0 "$cli" complete --help
 
 # bench
