@@ -14,6 +14,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -212,10 +213,21 @@ static int read_file(const char *path, char **out, size_t *len) {
     return 0;
 }
 
+/* The shortest decimal that reads back as the same float ("1e-06", not "9.99999997e-07"). */
+static void fmt_float(char *buf, size_t cap, float v) {
+    for (int prec = 1; prec <= 9; prec++) {
+        snprintf(buf, cap, "%.*g", prec, (double)v);
+        if (strtof(buf, NULL) == v) break;
+    }
+    if (!strpbrk(buf, ".en")) snprintf(buf + strlen(buf), cap - strlen(buf), ".0");
+}
+
 static int hf_config_write(const char *dir, const engine_hparams *hp,
                            const engine_tokenizer_spec *spec) {
-    char text[4096];
+    char text[4096], eps[32], theta[32];
     bool moe = engine_arch_is_moe(hp->arch);
+    fmt_float(eps, sizeof eps, hp->rms_norm_eps);
+    fmt_float(theta, sizeof theta, hp->rope_theta);
     int n = snprintf(
         text, sizeof text,
         "{\n"
@@ -230,9 +242,10 @@ static int hf_config_write(const char *dir, const engine_hparams *hp,
         "  \"head_dim\": %u,\n"
         "  \"hidden_act\": \"silu\",\n"
         "  \"max_position_embeddings\": %u,\n"
-        "  \"rms_norm_eps\": %.9g,\n"
-        "  \"rope_theta\": %.9g,\n"
+        "  \"rms_norm_eps\": %s,\n"
+        "  \"rope_theta\": %s,\n"
         "  \"rope_scaling\": null,\n"
+        "  \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": %s},\n"
         "  \"attention_bias\": false,\n"
         "  \"attention_dropout\": 0.0,\n"
         "  \"use_sliding_window\": false,\n"
@@ -246,7 +259,7 @@ static int hf_config_write(const char *dir, const engine_hparams *hp,
         "  \"dtype\": \"float32\"",
         moe ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM", moe ? "qwen3_moe" : "qwen3",
         hp->n_vocab, hp->n_embd, hp->n_ff, hp->n_layer, hp->n_head, hp->n_head_kv,
-        hp->head_dim_k, hp->n_ctx_train, (double)hp->rms_norm_eps, (double)hp->rope_theta,
+        hp->head_dim_k, hp->n_ctx_train, eps, theta, theta,
         hp->n_layer, hp->tied_embeddings ? "true" : "false", spec->bos_id, spec->eos_id);
     if (n > 0 && (size_t)n < sizeof text && moe)
         n += snprintf(text + n, sizeof text - (size_t)n,

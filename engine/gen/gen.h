@@ -10,7 +10,9 @@
  * rounding (half_width is a power of two whenever center != 0), so FMA contraction cannot
  * change a bit either. Scales: matrices are uniform with std 1/sqrt(fan_in) (fan_in = ne[0],
  * the row length), so every matmul keeps activations near unit scale; the embedding has std 1;
- * norm weights lie in (0.75, 1.25) so that a wrong norm index shows in the logits.
+ * norm weights lie in (0.75, 1.25) so that a wrong norm index shows in the logits. An untied
+ * head gives logits of std ~1; a tied one (the embedding, std 1) logits of std ~sqrt(n_embd):
+ * sharply peaked but finite, and the forward tests' quantisation tolerances rely on it.
  *
  * Type mixes (general.file_type numbers are llama.cpp's llama_ftype):
  *   f32 (0), f16 (1), bf16 (32), q8_0 (7), q4_0 (2), q6_k (18): every matrix that type;
