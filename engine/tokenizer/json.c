@@ -2,6 +2,7 @@
 #include "json.h"
 
 #include "common.h"
+#include "unicode.h"
 
 #include <string.h>
 
@@ -99,24 +100,7 @@ static int parse_string(parser *p, uint32_t *off, uint32_t *len) {
                 if (lo < 0xDC00 || lo > 0xDFFF) return fail(p, "bad low surrogate");
                 cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
             }
-            unsigned char *o = (unsigned char *)d->strs + d->sn;
-            if (cp < 0x80) { o[0] = (unsigned char)cp; d->sn += 1; }
-            else if (cp < 0x800) {
-                o[0] = (unsigned char)(0xC0 | (cp >> 6));
-                o[1] = (unsigned char)(0x80 | (cp & 0x3F));
-                d->sn += 2;
-            } else if (cp < 0x10000) {
-                o[0] = (unsigned char)(0xE0 | (cp >> 12));
-                o[1] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
-                o[2] = (unsigned char)(0x80 | (cp & 0x3F));
-                d->sn += 3;
-            } else {
-                o[0] = (unsigned char)(0xF0 | (cp >> 18));
-                o[1] = (unsigned char)(0x80 | ((cp >> 12) & 0x3F));
-                o[2] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
-                o[3] = (unsigned char)(0x80 | (cp & 0x3F));
-                d->sn += 4;
-            }
+            d->sn += engine_utf8_put(cp, (unsigned char *)d->strs + d->sn);
             continue;
         }
         if (c < 0x80) {
@@ -124,29 +108,13 @@ static int parse_string(parser *p, uint32_t *off, uint32_t *len) {
             p->pos++;
             continue;
         }
-        /* raw UTF-8: validate one character */
-        size_t need;
-        unsigned char lo = 0x80, hi = 0xBF;
-        if (c >= 0xC2 && c <= 0xDF) need = 1;
-        else if (c >= 0xE0 && c <= 0xEF) {
-            need = 2;
-            if (c == 0xE0) lo = 0xA0;
-            if (c == 0xED) hi = 0x9F;
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            need = 3;
-            if (c == 0xF0) lo = 0x90;
-            if (c == 0xF4) hi = 0x8F;
-        } else return fail(p, "invalid UTF-8 in string");
-        if (p->len - p->pos <= need) return fail(p, "truncated UTF-8 in string");
-        for (size_t i = 1; i <= need; i++) {
-            unsigned char b = p->s[p->pos + i];
-            if (b < lo || b > hi) return fail(p, "invalid UTF-8 in string");
-            lo = 0x80;
-            hi = 0xBF;
-        }
-        memcpy(d->strs + d->sn, p->s + p->pos, need + 1);
-        d->sn += need + 1;
-        p->pos += need + 1;
+        /* raw UTF-8: one whole, valid character */
+        int complete, invalid;
+        size_t k = engine_utf8_scan(p->s + p->pos, p->len - p->pos, &complete, &invalid);
+        if (!complete) return fail(p, "invalid UTF-8 in string");
+        memcpy(d->strs + d->sn, p->s + p->pos, k);
+        d->sn += k;
+        p->pos += k;
     }
     d->strs[d->sn++] = 0;
     *off = (uint32_t)start;
@@ -155,7 +123,6 @@ static int parse_string(parser *p, uint32_t *off, uint32_t *len) {
 }
 
 static int parse_number(parser *p, uint32_t idx) {
-    size_t st = p->pos;
     bool neg = false, is_int = true, overflow = false;
     uint64_t v = 0;
     if (p->s[p->pos] == '-') {
@@ -187,7 +154,6 @@ static int parse_number(parser *p, uint32_t idx) {
             return fail(p, "bad exponent");
         while (p->pos < p->len && p->s[p->pos] >= '0' && p->s[p->pos] <= '9') p->pos++;
     }
-    (void)st;
     engine_json_node *n = &p->doc->nodes[idx];
     if (is_int && !overflow && v <= (uint64_t)INT64_MAX) {
         n->is_int = true;
