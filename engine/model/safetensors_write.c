@@ -3,6 +3,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -223,6 +225,14 @@ int engine_st_writer_begin(engine_st_writer *w, const char *path, engine_st_out 
     }
     if (ftruncate(o->fd, (off_t)o->map_size) != 0) {
         rc = engine_err(ENGINE_EIO, "%s: cannot size to %zu bytes: %s", o->tmp, o->map_size,
+                        strerror(errno));
+        goto fail;
+    }
+    /* Reserve the blocks now: a full disk must be an error here, not a SIGBUS when a thread
+     * later writes into a hole of the mapping. Without fallocate the file stays sparse. */
+    if (fallocate(o->fd, 0, 0, (off_t)o->map_size) != 0 && errno != EOPNOTSUPP &&
+        errno != ENOSYS) {
+        rc = engine_err(ENGINE_EIO, "%s: cannot reserve %zu bytes: %s", o->tmp, o->map_size,
                         strerror(errno));
         goto fail;
     }

@@ -391,6 +391,42 @@ int main(void) {
         engine_gguf_close(g);
     }
 
+    /* The default model: generated once into $XDG_CACHE_HOME/spark-agent/models, then reused. */
+    char cache[600], want[700], got[4096];
+    snprintf(cache, sizeof cache, "%s/cache", tmpdir);
+    snprintf(want, sizeof want, "%s/spark-agent/models/tiny-q8_0-s0-g%d.gguf", cache,
+             ENGINE_GEN_VERSION);
+    setenv("XDG_CACHE_HOME", cache, 1);
+    int drc = engine_default_model_path(got, sizeof got);
+    if (tokdir) {
+        CHECK(drc == ENGINE_EINVAL && strstr(engine_error_last(), "tokenizer"));
+    } else {
+        CHECK(drc == 0 && !strcmp(got, want));
+        CHECK(engine_gguf_open(&g, got) == 0);
+        if (g) {
+            check_metadata(g, "tiny", 7);
+            engine_gguf_close(g);
+        }
+        struct stat s1, s2;
+        CHECK(stat(want, &s1) == 0);
+        CHECK(engine_default_model_path(got, sizeof got) == 0 && !strcmp(got, want));
+        CHECK(stat(want, &s2) == 0 && s1.st_mtim.tv_sec == s2.st_mtim.tv_sec &&
+              s1.st_mtim.tv_nsec == s2.st_mtim.tv_nsec); /* reused, not rewritten */
+    }
+    CHECK(engine_default_model_path(got, 10) == ENGINE_ERANGE);
+    /* A relative XDG_CACHE_HOME is ignored (XDG spec): $HOME/.cache is used. An existing file
+     * there is reused as it is. */
+    char home[600], dummy[700];
+    snprintf(home, sizeof home, "%s/home", tmpdir);
+    snprintf(dummy, sizeof dummy, "%s/.cache/spark-agent/models", home);
+    char mk[1600];
+    snprintf(mk, sizeof mk, "mkdir -p '%s' && echo x > '%s/tiny-q8_0-s0-g%d.gguf'", dummy, dummy,
+             ENGINE_GEN_VERSION);
+    CHECK(system(mk) == 0);
+    setenv("XDG_CACHE_HOME", "relative/cache", 1);
+    setenv("HOME", home, 1);
+    CHECK(engine_default_model_path(got, sizeof got) == 0 && !strncmp(got, dummy, strlen(dummy)));
+
     /* Bad input: unknown preset/type, unwritable output. */
     engine_model_gen_params p;
     engine_model_gen_params_init(&p);
