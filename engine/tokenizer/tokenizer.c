@@ -629,6 +629,9 @@ static int encode_into(const engine_tokenizer *t, const char *text, size_t len, 
     char *clean = NULL;
     size_t clean_len;
     if (len && !text) return engine_err(ENGINE_EINVAL, "tokenizer: NULL text");
+    if (len >= UINT32_MAX / 4) /* symbol indices and positions are 32-bit */
+        return engine_err(ENGINE_ERANGE, "tokenizer: text of %zu bytes is too long (1 GiB max)",
+                          len);
     if (engine_utf8_sanitize(text, len, &clean, &clean_len))
         return engine_err(ENGINE_ENOMEM, "tokenizer: out of memory");
     const unsigned char *s = (const unsigned char *)(clean ? clean : text);

@@ -147,7 +147,7 @@ void engine_tokenizer_free(engine_tokenizer *tok);
 /* Encode `len` bytes of `text` (any bytes; see the header comment for invalid UTF-8). No BOS
  * or EOS is added. Writes at most `cap` ids; *n_out receives the full count. Returns 0, or
  * ERANGE when the ids did not fit (then *n_out says how many are needed and the first `cap`
- * ids are written), ENOMEM. */
+ * ids are written), ERANGE also for a text of 1 GiB or more, ENOMEM. */
 int engine_tokenizer_encode(const engine_tokenizer *tok, const char *text, size_t len,
                             bool parse_special, int32_t *ids, size_t cap, size_t *n_out);
 
