@@ -475,21 +475,25 @@ static int lex_string(lexer *L, char quote, size_t start) {
 typedef struct {
     const char *seq;
     tpl_tok_type type;
+    size_t len;
 } tok_rule;
 
 static const tok_rule RULES[] = {
-    {"{%", TK_OPEN_STMT}, {"%}", TK_CLOSE_STMT}, {"{{", TK_OPEN_EXPR}, {"}}", TK_CLOSE_EXPR},
-    {"(", TK_LPAREN}, {")", TK_RPAREN}, {"{", TK_LBRACE}, {"}", TK_RBRACE},
-    {"[", TK_LBRACKET}, {"]", TK_RBRACKET}, {",", TK_COMMA}, {".", TK_DOT}, {":", TK_COLON},
-    {"|", TK_PIPE}, {"<=", TK_COMPARE}, {">=", TK_COMPARE}, {"==", TK_COMPARE},
-    {"!=", TK_COMPARE}, {"<", TK_COMPARE}, {">", TK_COMPARE}, {"+", TK_ADD}, {"-", TK_ADD},
-    {"~", TK_ADD}, {"**", TK_POW}, {"*", TK_MUL}, {"//", TK_MUL}, {"/", TK_MUL}, {"%", TK_MUL},
-    {"=", TK_EQUALS},
+    {"{%", TK_OPEN_STMT, 2}, {"%}", TK_CLOSE_STMT, 2}, {"{{", TK_OPEN_EXPR, 2},
+    {"}}", TK_CLOSE_EXPR, 2}, {"(", TK_LPAREN, 1}, {")", TK_RPAREN, 1}, {"{", TK_LBRACE, 1},
+    {"}", TK_RBRACE, 1}, {"[", TK_LBRACKET, 1}, {"]", TK_RBRACKET, 1}, {",", TK_COMMA, 1},
+    {".", TK_DOT, 1}, {":", TK_COLON, 1}, {"|", TK_PIPE, 1}, {"<=", TK_COMPARE, 2},
+    {">=", TK_COMPARE, 2}, {"==", TK_COMPARE, 2}, {"!=", TK_COMPARE, 2}, {"<", TK_COMPARE, 1},
+    {">", TK_COMPARE, 1}, {"+", TK_ADD, 1}, {"-", TK_ADD, 1}, {"~", TK_ADD, 1}, {"**", TK_POW, 2},
+    {"*", TK_MUL, 1}, {"//", TK_MUL, 2}, {"/", TK_MUL, 1}, {"%", TK_MUL, 1}, {"=", TK_EQUALS, 1},
 };
 
+static bool at_seq_n(const lexer *L, const char *seq, size_t k) {
+    return L->i + k <= L->n && L->s[L->i] == seq[0] && !memcmp(L->s + L->i, seq, k);
+}
+
 static bool at_seq(const lexer *L, const char *seq) {
-    size_t k = strlen(seq);
-    return L->i + k <= L->n && !memcmp(L->s + L->i, seq, k);
+    return at_seq_n(L, seq, strlen(seq));
 }
 
 int tpl_lex(tpl_arena *a, const char *src, size_t len, tpl_tok **out, size_t *n_out) {
@@ -578,8 +582,8 @@ int tpl_lex(tpl_arena *a, const char *src, size_t len, tpl_tok **out, size_t *n_
         bool matched = false;
         for (size_t r = 0; r < sizeof RULES / sizeof RULES[0]; r++) {
             if (RULES[r].type == TK_CLOSE_EXPR && curly > 0) continue;
-            if (!at_seq(&L, RULES[r].seq)) continue;
-            size_t k = strlen(RULES[r].seq);
+            size_t k = RULES[r].len;
+            if (!at_seq_n(&L, RULES[r].seq, k)) continue;
             if ((rc = push(&L, RULES[r].type, L.s + L.i, k, L.i))) return rc;
             if (RULES[r].type == TK_OPEN_EXPR) curly = 0;
             else if (RULES[r].type == TK_LBRACE) curly++;
