@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/socket.h>
@@ -80,6 +81,49 @@ static bool path_within(const char *path, const char *dir) {
     return !strncmp(path, dir, n) && (path[n] == 0 || path[n] == '/');
 }
 
+/* Placeholders: empty files of mode 0400 at a protected path that did not exist, covered by
+ * /dev/null inside the sandbox. Concurrent runs in one workspace share them: each holds a
+ * shared flock while it runs, and the last one (the one that gets the exclusive lock) removes
+ * the file. */
+#define PLACEHOLDER_MODE 0400
+
+static bool is_placeholder(const struct stat *st) {
+    return S_ISREG(st->st_mode) && st->st_size == 0 && (st->st_mode & 07777) == PLACEHOLDER_MODE;
+}
+
+static int placeholder_join(const char *path, sandbox_placeholders *ph) {
+    if (ph->n >= (int)(sizeof ph->paths / sizeof ph->paths[0])) return -E2BIG;
+    for (int tries = 0; tries < 16; tries++) {
+        int fd = open(path, O_CREAT | O_EXCL | O_RDONLY | O_NOFOLLOW | O_CLOEXEC,
+                      PLACEHOLDER_MODE);
+        if (fd < 0 && errno == EEXIST) fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0) {
+            if (errno == ENOENT) continue; /* removed by the run that owned it: again */
+            return -errno;
+        }
+        struct stat a, b;
+        if (flock(fd, LOCK_SH) != 0 || fstat(fd, &a) != 0) {
+            int e = errno;
+            close(fd);
+            return -e;
+        }
+        if (!is_placeholder(&a)) {
+            close(fd);
+            return -EEXIST; /* a real file took its place */
+        }
+        if (lstat(path, &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev) {
+            if (!(ph->paths[ph->n] = strdup(path))) {
+                close(fd);
+                return -ENOMEM;
+            }
+            ph->fds[ph->n++] = fd;
+            return 0;
+        }
+        close(fd); /* unlinked while we waited for the lock */
+    }
+    return -EAGAIN;
+}
+
 static size_t path_depth(const char *p) {
     size_t n = 0;
     for (; *p; p++) n += *p == '/';
@@ -116,18 +160,18 @@ static int plan_protected(sandbox_plan *p, size_t cap, sandbox_strings *a, const
             if (errno != ENOENT)
                 return sandbox_err(SANDBOX_ESPAWN, "sandbox: %s: %s", cur, strerror(errno));
             /* Missing: an empty placeholder blocks its creation for the run. */
-            if (ph->n >= (int)(sizeof ph->paths / sizeof ph->paths[0]))
-                return sandbox_err(SANDBOX_EINVAL, "sandbox: too many protected paths");
-            int fd = open(cur, O_CREAT | O_EXCL | O_WRONLY | O_NOFOLLOW | O_CLOEXEC, 0444);
-            if (fd < 0 && errno != EEXIST)
+            int rc = placeholder_join(cur, ph);
+            if (rc)
                 return sandbox_err(SANDBOX_ESPAWN, "sandbox: cannot create the placeholder "
-                                   "%s for a protected path: %s", cur, strerror(errno));
-            if (fd >= 0) {
-                close(fd);
-                if (!(ph->paths[ph->n] = strdup(cur)))
-                    return sandbox_err(SANDBOX_ENOMEM, "sandbox: out of memory");
-                ph->n++;
-            }
+                                   "%s for a protected path: %s", cur, strerror(-rc));
+            ADD(SANDBOX_OP_MASK, NULL, sandbox_strcat3(a, p->stage, cur, ""), NULL);
+            return 0;
+        }
+        if (is_placeholder(&st)) { /* another run's, still in use: share it */
+            int rc = placeholder_join(cur, ph);
+            if (rc)
+                return sandbox_err(SANDBOX_ESPAWN, "sandbox: placeholder %s: %s", cur,
+                                   strerror(-rc));
             ADD(SANDBOX_OP_MASK, NULL, sandbox_strcat3(a, p->stage, cur, ""), NULL);
             return 0;
         }
@@ -148,7 +192,15 @@ static int plan_protected(sandbox_plan *p, size_t cap, sandbox_strings *a, const
             p->ops[p->n_ops - 1].host_src = false;
             return 0;
         }
-        if (!S_ISDIR(st.st_mode)) return 0; /* nothing can be created below a file */
+        if (!S_ISDIR(st.st_mode)) {
+            /* Nothing can be created below a file as long as it stays one (a worktree's
+             * `.git` file): keep it, read-only and impossible to replace. */
+            for (size_t i = 0; i < p->n_ops; i++)
+                if (p->ops[i].kind == SANDBOX_OP_BIND_RO && !strcmp(p->ops[i].dst, d)) return 0;
+            ADD(SANDBOX_OP_BIND_RO, d, d, NULL);
+            p->ops[p->n_ops - 1].host_src = false;
+            return 0;
+        }
         bool pinned = false;
         for (size_t i = 0; i < p->n_ops; i++)
             if (p->ops[i].kind == SANDBOX_OP_PIN && !strcmp(p->ops[i].dst, d)) pinned = true;
@@ -293,11 +345,14 @@ int sandbox_mounts_plan(sandbox_plan *p, sandbox_strings *a, const sandbox_polic
 
 void sandbox_placeholders_remove(sandbox_placeholders *ph) {
     for (int i = 0; i < ph->n; i++) {
-        struct stat st;
-        /* Only what is still our empty file: the sandbox could not have replaced it (it was
-         * covered by a mount), but the user may have, since. */
-        if (lstat(ph->paths[i], &st) == 0 && S_ISREG(st.st_mode) && st.st_size == 0)
+        struct stat a, b;
+        /* Only the last run using it removes it, and only while it is still our empty file
+         * (the sandbox could not replace it: it was covered by a mount). */
+        if (flock(ph->fds[i], LOCK_EX | LOCK_NB) == 0 && fstat(ph->fds[i], &a) == 0 &&
+            lstat(ph->paths[i], &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev &&
+            is_placeholder(&b))
             unlink(ph->paths[i]);
+        close(ph->fds[i]);
         free(ph->paths[i]);
     }
     ph->n = 0;
@@ -334,7 +389,7 @@ static int mkparent(char *path) {
 static int touch(char *path) {
     int rc = mkparent(path);
     if (rc) return rc;
-    int fd = open(path, O_CREAT | O_WRONLY | O_CLOEXEC | O_NOFOLLOW, 0644);
+    int fd = open(path, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (fd < 0) return errno == EEXIST ? 0 : -errno;
     close(fd);
     return 0;

@@ -98,6 +98,7 @@ void sandbox_strings_free(sandbox_strings *s);
 /* Placeholders created on the host for protected paths that did not exist. */
 typedef struct {
     char *paths[16];
+    int fds[16];          /* each holds a shared flock while the run lasts */
     int n;
 } sandbox_placeholders;
 

@@ -208,6 +208,9 @@ _Noreturn void sandbox_child_init(sandbox_plan *p) {
     rc = sandbox_mounts_apply(p, &what);
     if (rc) child_fail(SANDBOX_REC_SETUP, what, -rc);
     if (chdir(p->cwd) != 0) child_fail(SANDBOX_REC_SETUP, p->cwd, errno);
+    /* init is a copy of the caller's memory (its secrets too): not readable through /proc by
+     * the command (it also lacks init's capabilities). The command's execve resets this. */
+    prctl(PR_SET_DUMPABLE, 0);
 
     pid_t cmd = (pid_t)syscall(SYS_clone, SIGCHLD, NULL, NULL, NULL, 0);
     if (cmd < 0) child_fail(SANDBOX_REC_SETUP, "clone the command", errno);

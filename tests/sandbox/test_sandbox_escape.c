@@ -247,6 +247,9 @@ static void test_files(void) {
 
     expect_blocked("read a planted ~/.ssh/id_rsa",
                    (const char *[]){"read", id_rsa, "~/.ssh/id_rsa", NULL}, "blocked ENOENT");
+    expect_blocked("read init's memory and environment (a copy of the caller's)",
+                   (const char *[]){"read", "/proc/1/environ", "/proc/1/mem", NULL},
+                   "/proc/1/environ: blocked EACCES");
     expect_blocked("read /etc/shadow (masked)",
                    (const char *[]){"read-nothing", "/etc/shadow", NULL}, NULL);
 }
@@ -381,6 +384,44 @@ static void test_git(void) {
     expect_blocked("create .git in a workspace without one", (const char *[]){"no-git", NULL},
                    "mkdir-.git: blocked EEXIST");
     sbx_check(missing(git), "host: no .git afterwards");
+
+    /* Two runs at once share the placeholder: the first to finish must not remove it. */
+    pid_t first = fork();
+    if (first == 0) {
+        sandbox_policy pol = SANDBOX_POLICY_INIT;
+        sandbox_result r;
+        _exit(run_in(&r, &pol, (const char *[]){"sleep", "0.5", NULL}, NULL, NULL) == 0 &&
+                      r.exit_code == 0
+                  ? 0
+                  : 1);
+    }
+    usleep(150 * 1000);
+    sandbox_policy pol = SANDBOX_POLICY_INIT;
+    sandbox_result r;
+    const char *late[] = {"sh", "-c", "sleep 1.2; mkdir .git/hooks .git 2>&1; echo done", NULL};
+    if (run_in(&r, &pol, late, NULL, NULL) == 0) {
+        int st;
+        waitpid(first, &st, 0);
+        bool shared = WIFEXITED(st) && WEXITSTATUS(st) == 0 && strstr(r.out.data, "done") &&
+                      strstr(r.out.data, "exists") && missing(git);
+        if (!sbx_check(shared, "concurrent runs share the placeholder; the last one removes it"))
+            sbx_dump("concurrent", &r);
+        sandbox_result_deinit(&r);
+    }
+
+    /* A worktree's .git file: kept, read-only, not replaceable. */
+    sbx_write_file(git, "gitdir: /nonexistent/worktree\n");
+    const char *wt[] = {"sh", "-c", "cat .git; rm -f .git 2>&1; mv .git x 2>&1; "
+                        "echo gitdir: /tmp/evil > .git 2>&1; cat .git", NULL};
+    if (run_in(&r, &pol, wt, NULL, NULL) == 0) {
+        bool kept = file_is(git, "gitdir: /nonexistent/worktree\n") &&
+                    !strstr(r.out.data, "evil\n");
+        if (!sbx_check(kept, "a .git file (worktree) stays as it is")) sbx_dump(".git file", &r);
+        sandbox_result_deinit(&r);
+    } else {
+        sbx_check(false, "a .git file (worktree): the sandbox runs");
+    }
+    unlink(git);
 }
 
 static void test_bombs(void) {
