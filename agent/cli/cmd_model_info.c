@@ -57,8 +57,8 @@ static void gather(const engine_gguf *g, model_facts *f) {
     f->has_template = tmpl && tmpl->value.type == ENGINE_GGUF_STRING && tmpl->value.str.len > 0;
     f->expert_count = (uint32_t)arch_u64(g, f->arch, "expert_count");
     f->expert_used = (uint32_t)arch_u64(g, f->arch, "expert_used_count");
-    f->has_experts_kv = f->expert_count > 0 && f->expert_used > 0 &&
-                        f->expert_used <= f->expert_count;
+    f->has_experts_kv =
+        f->expert_count > 0 && f->expert_used > 0 && f->expert_used <= f->expert_count;
     f->ctx_len = arch_u64(g, f->arch, "context_length");
     f->n_layers = arch_u64(g, f->arch, "block_count");
     f->n_embd = arch_u64(g, f->arch, "embedding_length");
@@ -70,8 +70,10 @@ static void gather(const engine_gguf *g, model_facts *f) {
         f->total += n;
         /* Routed expert weights (ffn_gate_exps, ffn_up_exps, ffn_down_exps, ...): only
          * expert_used_count of expert_count experts run for a token. */
-        if (strstr(t->name, "_exps.")) f->expert_params += n;
-        else dense += n;
+        if (strstr(t->name, "_exps."))
+            f->expert_params += n;
+        else
+            dense += n;
         type_stat *ts = &f->types[t->type];
         ts->tensors++;
         ts->params += n;
@@ -80,9 +82,10 @@ static void gather(const engine_gguf *g, model_facts *f) {
     f->active = dense;
     if (f->expert_params) {
         /* Without a usable expert count every expert is counted as active. */
-        f->active += f->has_experts_kv ? (uint64_t)((long double)f->expert_params *
-                                                    f->expert_used / f->expert_count)
-                                       : f->expert_params;
+        f->active +=
+            f->has_experts_kv
+                ? (uint64_t)((long double)f->expert_params * f->expert_used / f->expert_count)
+                : f->expert_params;
     }
 }
 
@@ -102,8 +105,10 @@ static void json_str(FILE *out, const char *s, size_t n) {
             i++;
         } else {
             /* Length of a well-formed sequence (no overlongs, surrogates or > U+10FFFF). */
-            size_t len = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3
-                       : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+            size_t len = c >= 0xc2 && c <= 0xdf   ? 2
+                         : c >= 0xe0 && c <= 0xef ? 3
+                         : c >= 0xf0 && c <= 0xf4 ? 4
+                                                  : 0;
             bool ok = len && i + len <= n;
             for (size_t k = 1; ok && k < len; k++)
                 ok = ((unsigned char)s[i + k] & 0xc0) == 0x80;
@@ -127,18 +132,26 @@ static void json_str(FILE *out, const char *s, size_t n) {
 
 /* 30532122624 -> "30.53 B" */
 static const char *human_count(uint64_t n, char *buf, size_t cap) {
-    if (n >= 1000000000ull) snprintf(buf, cap, "%.2f B", (double)n / 1e9);
-    else if (n >= 1000000ull) snprintf(buf, cap, "%.2f M", (double)n / 1e6);
-    else if (n >= 1000ull) snprintf(buf, cap, "%.2f K", (double)n / 1e3);
-    else snprintf(buf, cap, "%llu", (unsigned long long)n);
+    if (n >= 1000000000ull)
+        snprintf(buf, cap, "%.2f B", (double)n / 1e9);
+    else if (n >= 1000000ull)
+        snprintf(buf, cap, "%.2f M", (double)n / 1e6);
+    else if (n >= 1000ull)
+        snprintf(buf, cap, "%.2f K", (double)n / 1e3);
+    else
+        snprintf(buf, cap, "%llu", (unsigned long long)n);
     return buf;
 }
 
 static const char *human_bytes(uint64_t n, char *buf, size_t cap) {
-    if (n >= (1ull << 30)) snprintf(buf, cap, "%.2f GiB", (double)n / (double)(1ull << 30));
-    else if (n >= (1ull << 20)) snprintf(buf, cap, "%.2f MiB", (double)n / (double)(1ull << 20));
-    else if (n >= 1024) snprintf(buf, cap, "%.2f KiB", (double)n / 1024.0);
-    else snprintf(buf, cap, "%llu bytes", (unsigned long long)n);
+    if (n >= (1ull << 30))
+        snprintf(buf, cap, "%.2f GiB", (double)n / (double)(1ull << 30));
+    else if (n >= (1ull << 20))
+        snprintf(buf, cap, "%.2f MiB", (double)n / (double)(1ull << 20));
+    else if (n >= 1024)
+        snprintf(buf, cap, "%.2f KiB", (double)n / 1024.0);
+    else
+        snprintf(buf, cap, "%llu bytes", (unsigned long long)n);
     return buf;
 }
 
@@ -150,8 +163,10 @@ static void print_json(const engine_gguf *g, const char *path, const model_facts
             (unsigned long long)f->file_size, engine_gguf_version(g));
     json_str(o, f->arch.ptr, f->arch.len);
     fprintf(o, ",\"name\":");
-    if (f->name.ptr) json_str(o, f->name.ptr, f->name.len);
-    else fprintf(o, "null");
+    if (f->name.ptr)
+        json_str(o, f->name.ptr, f->name.len);
+    else
+        fprintf(o, "null");
     fprintf(o, ",\"parameters\":{\"total\":%llu,\"active\":%llu,\"experts\":%llu}",
             (unsigned long long)f->total, (unsigned long long)f->active,
             (unsigned long long)f->expert_params);
@@ -173,10 +188,14 @@ static void print_json(const engine_gguf *g, const char *path, const model_facts
         first = false;
     }
     fprintf(o, "},\"tokenizer\":{\"model\":");
-    if (f->tok_model.ptr) json_str(o, f->tok_model.ptr, f->tok_model.len);
-    else fprintf(o, "null");
-    if (f->vocab >= 0) fprintf(o, ",\"vocab_size\":%lld}", (long long)f->vocab);
-    else fprintf(o, ",\"vocab_size\":null}");
+    if (f->tok_model.ptr)
+        json_str(o, f->tok_model.ptr, f->tok_model.len);
+    else
+        fprintf(o, "null");
+    if (f->vocab >= 0)
+        fprintf(o, ",\"vocab_size\":%lld}", (long long)f->vocab);
+    else
+        fprintf(o, ",\"vocab_size\":null}");
     fprintf(o, ",\"chat_template\":%s}\n", f->has_template ? "true" : "false");
 }
 
@@ -258,8 +277,10 @@ int cli_model_info(int argc, char **argv) {
         engine_gguf_close(g);
         return CLI_EXIT_FAIL;
     }
-    if (json) print_json(g, path, &f);
-    else print_text(g, path, &f);
+    if (json)
+        print_json(g, path, &f);
+    else
+        print_text(g, path, &f);
     engine_gguf_close(g);
     return fflush(stdout) == 0 ? CLI_EXIT_OK : CLI_EXIT_FAIL;
 }

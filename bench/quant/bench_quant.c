@@ -54,7 +54,8 @@ int main(int argc, char **argv) {
         const double tq = now() - t0;
         float *deq = malloc(sizeof(float) * cols);
         t0 = now();
-        for (int r = 0; r < rows; r++) engine_dequantize_row(t, W + (size_t)r * stride, deq, cols);
+        for (int r = 0; r < rows; r++)
+            engine_dequantize_row(t, W + (size_t)r * stride, deq, cols);
         const double td = now() - t0;
         engine_quantize_row(vt, x, xc, cols);
         double best[2] = {1e9, 1e9};
@@ -63,7 +64,8 @@ int main(int argc, char **argv) {
             for (int path = 0; path < 2; path++) {
                 t0 = now();
                 if (path == 0)
-                    for (int r = 0; r < rows; r++) y[r] = scalar[t](cols, W + (size_t)r * stride, xc);
+                    for (int r = 0; r < rows; r++)
+                        y[r] = scalar[t](cols, W + (size_t)r * stride, xc);
                 else
                     engine_quant_matvec(t, W, stride, cols, 0, rows, xc, y);
                 const double dt = now() - t0;
@@ -73,8 +75,8 @@ int main(int argc, char **argv) {
         }
         const double bytes = (double)stride * rows;
         printf("%-5s %10.1f %12.2f %12.2f %8.1fx %14.1f %14.1f\n", engine_type_name(t),
-               bytes / (1 << 20), bytes / best[0] / 1e9, bytes / best[1] / 1e9,
-               best[0] / best[1], (double)rows * cols / tq / 1e6, (double)rows * cols / td / 1e6);
+               bytes / (1 << 20), bytes / best[0] / 1e9, bytes / best[1] / 1e9, best[0] / best[1],
+               (double)rows * cols / tq / 1e6, (double)rows * cols / td / 1e6);
         free(W);
         free(xc);
         free(deq);

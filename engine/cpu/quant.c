@@ -82,8 +82,8 @@ uint16_t engine_fp32_to_fp16(float f) {
     uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
     x &= 0x7fffffffu;
     if (x > 0x7f800000u) return sign | 0x7e00u | (uint16_t)((x >> 13) & 0x3ffu); /* NaN */
-    if (x >= 0x477ff000u) return sign | 0x7c00u; /* >= 65520 (incl. inf): rounds to inf */
-    if (x >= 0x38800000u) {                      /* normal half: >= 2^-14 */
+    if (x >= 0x477ff000u) return sign | 0x7c00u;     /* >= 65520 (incl. inf): rounds to inf */
+    if (x >= 0x38800000u) {                          /* normal half: >= 2^-14 */
         uint32_t r = x + 0x0fffu + ((x >> 13) & 1u); /* round to nearest even at bit 13 */
         return sign | (uint16_t)((r >> 13) - (112u << 10));
     }
@@ -122,7 +122,8 @@ static void dequant_q4_0(const engine_block_q4_0 *x, float *y, int64_t nb) {
 static void dequant_q8_0(const engine_block_q8_0 *x, float *y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++) {
         const float d = engine_fp16_to_fp32(x[i].d);
-        for (int j = 0; j < 32; j++) y[i * 32 + j] = (float)x[i].qs[j] * d;
+        for (int j = 0; j < 32; j++)
+            y[i * 32 + j] = (float)x[i].qs[j] * d;
     }
 }
 
@@ -136,8 +137,10 @@ static void dequant_q4_K(const engine_block_q4_K *x, float *y, int64_t nb) {
             const float d1 = d * sc, m1 = dmin * m;
             engine_quant_scale_min_k4(is + 1, x[i].scales, &sc, &m);
             const float d2 = d * sc, m2 = dmin * m;
-            for (int l = 0; l < 32; l++) *y++ = d1 * (float)(q[l] & 0xF) - m1;
-            for (int l = 0; l < 32; l++) *y++ = d2 * (float)(q[l] >> 4) - m2;
+            for (int l = 0; l < 32; l++)
+                *y++ = d1 * (float)(q[l] & 0xF) - m1;
+            for (int l = 0; l < 32; l++)
+                *y++ = d2 * (float)(q[l] >> 4) - m2;
         }
     }
 }
@@ -186,21 +189,32 @@ static void dequant_q6_K(const engine_block_q6_K *x, float *y, int64_t nb) {
 
 static void dequant_q8_K(const engine_block_q8_K *x, float *y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++)
-        for (int j = 0; j < ENGINE_QK_K; j++) *y++ = x[i].d * (float)x[i].qs[j];
+        for (int j = 0; j < ENGINE_QK_K; j++)
+            *y++ = x[i].d * (float)x[i].qs[j];
+}
+
+/* The argument checks of engine_dequantize_row and engine_quantize_row. */
+static int check_row(const char *op, engine_type t, int64_t n, const engine_type_traits **out) {
+    const engine_type_traits *tr = engine_type_traits_get((int)t);
+    if (!tr) return engine_err(ENGINE_EINVAL, "%s: unknown tensor type %d", op, (int)t);
+    if (!tr->supported && t != ENGINE_TYPE_Q8_K)
+        return engine_err(ENGINE_EUNSUPPORTED, "%s: tensor type %s is not supported", op, tr->name);
+    if (n < 0 || n % tr->block_size)
+        return engine_err(ENGINE_EINVAL, "%s %s: %lld values is not a multiple of %lld", op,
+                          tr->name, (long long)n, (long long)tr->block_size);
+    *out = tr;
+    return 0;
 }
 
 int engine_dequantize_row(engine_type t, const void *src, float *dst, int64_t n) {
-    const engine_type_traits *tr = engine_type_traits_get((int)t);
-    if (!tr) return engine_err(ENGINE_EINVAL, "dequantize: unknown tensor type %d", (int)t);
-    if (!tr->supported && t != ENGINE_TYPE_Q8_K)
-        return engine_err(ENGINE_EUNSUPPORTED, "dequantize: tensor type %s is not supported",
-                          tr->name);
-    if (n < 0 || n % tr->block_size)
-        return engine_err(ENGINE_EINVAL, "dequantize %s: %lld values is not a multiple of %lld",
-                          tr->name, (long long)n, (long long)tr->block_size);
+    const engine_type_traits *tr;
+    const int rc = check_row("dequantize", t, n, &tr);
+    if (rc) return rc;
     const int64_t nb = n / tr->block_size;
     switch (t) {
-    case ENGINE_TYPE_F32: memmove(dst, src, (size_t)n * sizeof(float)); break;
+    case ENGINE_TYPE_F32:
+        memmove(dst, src, (size_t)n * sizeof(float));
+        break;
     case ENGINE_TYPE_F16: {
         const uint8_t *s = src;
         for (int64_t i = 0; i < n; i++) {
@@ -219,13 +233,26 @@ int engine_dequantize_row(engine_type t, const void *src, float *dst, int64_t n)
         }
         break;
     }
-    case ENGINE_TYPE_Q4_0: dequant_q4_0(src, dst, nb); break;
-    case ENGINE_TYPE_Q8_0: dequant_q8_0(src, dst, nb); break;
-    case ENGINE_TYPE_Q4_K: dequant_q4_K(src, dst, nb); break;
-    case ENGINE_TYPE_Q5_K: dequant_q5_K(src, dst, nb); break;
-    case ENGINE_TYPE_Q6_K: dequant_q6_K(src, dst, nb); break;
-    case ENGINE_TYPE_Q8_K: dequant_q8_K(src, dst, nb); break;
-    default: return engine_err(ENGINE_EINTERNAL, "dequantize: no kernel for %s", tr->name);
+    case ENGINE_TYPE_Q4_0:
+        dequant_q4_0(src, dst, nb);
+        break;
+    case ENGINE_TYPE_Q8_0:
+        dequant_q8_0(src, dst, nb);
+        break;
+    case ENGINE_TYPE_Q4_K:
+        dequant_q4_K(src, dst, nb);
+        break;
+    case ENGINE_TYPE_Q5_K:
+        dequant_q5_K(src, dst, nb);
+        break;
+    case ENGINE_TYPE_Q6_K:
+        dequant_q6_K(src, dst, nb);
+        break;
+    case ENGINE_TYPE_Q8_K:
+        dequant_q8_K(src, dst, nb);
+        break;
+    default:
+        return engine_err(ENGINE_EINTERNAL, "dequantize: no kernel for %s", tr->name);
     }
     return 0;
 }
@@ -266,8 +293,8 @@ static float symmetric_scale(const float *x, int n, int qmin, int qmax) {
         }
     }
     if (!(amax > 0.0f) || !isfinite(amax)) return 0.0f;
-    const float levels[] = {(float)qmin, (float)qmin + 0.5f, (float)qmin + 1.0f,
-                            (float)qmin + 2.0f, (float)qmax, (float)qmax - 0.5f};
+    const float levels[] = {(float)qmin,        (float)qmin + 0.5f, (float)qmin + 1.0f,
+                            (float)qmin + 2.0f, (float)qmax,        (float)qmax - 0.5f};
     float best_d = max / (float)qmin, best_err = INFINITY;
     for (size_t c = 0; c < sizeof levels / sizeof levels[0]; c++) {
         const float d = max / levels[c], id = 1.0f / d;
@@ -294,10 +321,12 @@ static uint16_t fp16_scale(float d) {
 static void quant_q8_0(const float *x, engine_block_q8_0 *y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, x += 32) {
         float amax = 0.0f;
-        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
+        for (int j = 0; j < 32; j++)
+            amax = fmaxf(amax, fabsf(x[j]));
         const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
         y[i].d = fp16_scale(d);
-        for (int j = 0; j < 32; j++) y[i].qs[j] = (int8_t)clampi(nearest_int(x[j] * id), -127, 127);
+        for (int j = 0; j < 32; j++)
+            y[i].qs[j] = (int8_t)clampi(nearest_int(x[j] * id), -127, 127);
     }
 }
 
@@ -317,14 +346,16 @@ static void quant_q4_0(const float *x, engine_block_q4_0 *y, int64_t nb) {
 void engine_quant_q8_K_ref(const float *x, engine_block_q8_K *y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, x += ENGINE_QK_K) {
         float amax = 0.0f;
-        for (int j = 0; j < ENGINE_QK_K; j++) amax = fmaxf(amax, fabsf(x[j]));
+        for (int j = 0; j < ENGINE_QK_K; j++)
+            amax = fmaxf(amax, fabsf(x[j]));
         const float iscale = amax != 0.0f ? 127.0f / amax : 0.0f;
         y[i].d = amax != 0.0f ? 1.0f / iscale : 0.0f;
         for (int j = 0; j < ENGINE_QK_K; j++)
             y[i].qs[j] = (int8_t)clampi(nearest_int(x[j] * iscale), -127, 127);
         for (int g = 0; g < ENGINE_QK_K / 16; g++) {
             int s = 0;
-            for (int j = 0; j < 16; j++) s += y[i].qs[g * 16 + j];
+            for (int j = 0; j < 16; j++)
+                s += y[i].qs[g * 16 + j];
             y[i].bsums[g] = (int16_t)s;
         }
     }
@@ -361,7 +392,7 @@ static void fit_scale_min(const float *x, int n, int nmax, float *s_out, float *
         if (det > 0) {
             s = ((float)n * slx - sl * sx) / det;
             m = (s * sl - sx) / (float)n; /* x ~= s L - m */
-            if (m < 0) { /* the offset must not be positive: refit without it */
+            if (m < 0) {                  /* the offset must not be positive: refit without it */
                 m = 0;
                 s = sl2 > 0 ? slx / sl2 : 0;
             }
@@ -481,17 +512,14 @@ static void quant_q6_K(const float *x, engine_block_q6_K *y, int64_t nb) {
 }
 
 int engine_quantize_row(engine_type t, const float *src, void *dst, int64_t n) {
-    const engine_type_traits *tr = engine_type_traits_get((int)t);
-    if (!tr) return engine_err(ENGINE_EINVAL, "quantize: unknown tensor type %d", (int)t);
-    if (!tr->supported && t != ENGINE_TYPE_Q8_K)
-        return engine_err(ENGINE_EUNSUPPORTED, "quantize: tensor type %s is not supported",
-                          tr->name);
-    if (n < 0 || n % tr->block_size)
-        return engine_err(ENGINE_EINVAL, "quantize %s: %lld values is not a multiple of %lld",
-                          tr->name, (long long)n, (long long)tr->block_size);
+    const engine_type_traits *tr;
+    const int rc = check_row("quantize", t, n, &tr);
+    if (rc) return rc;
     const int64_t nb = n / tr->block_size;
     switch (t) {
-    case ENGINE_TYPE_F32: memmove(dst, src, (size_t)n * sizeof(float)); break;
+    case ENGINE_TYPE_F32:
+        memmove(dst, src, (size_t)n * sizeof(float));
+        break;
     case ENGINE_TYPE_F16: {
         uint8_t *d = dst;
         for (int64_t i = 0; i < n; i++) {
@@ -508,13 +536,26 @@ int engine_quantize_row(engine_type t, const float *src, void *dst, int64_t n) {
         }
         break;
     }
-    case ENGINE_TYPE_Q4_0: quant_q4_0(src, dst, nb); break;
-    case ENGINE_TYPE_Q8_0: quant_q8_0(src, dst, nb); break;
-    case ENGINE_TYPE_Q4_K: quant_q4_K(src, dst, nb); break;
-    case ENGINE_TYPE_Q5_K: quant_q5_K(src, dst, nb); break;
-    case ENGINE_TYPE_Q6_K: quant_q6_K(src, dst, nb); break;
-    case ENGINE_TYPE_Q8_K: engine_quant_q8_K_ref(src, dst, nb); break;
-    default: return engine_err(ENGINE_EINTERNAL, "quantize: no kernel for %s", tr->name);
+    case ENGINE_TYPE_Q4_0:
+        quant_q4_0(src, dst, nb);
+        break;
+    case ENGINE_TYPE_Q8_0:
+        quant_q8_0(src, dst, nb);
+        break;
+    case ENGINE_TYPE_Q4_K:
+        quant_q4_K(src, dst, nb);
+        break;
+    case ENGINE_TYPE_Q5_K:
+        quant_q5_K(src, dst, nb);
+        break;
+    case ENGINE_TYPE_Q6_K:
+        quant_q6_K(src, dst, nb);
+        break;
+    case ENGINE_TYPE_Q8_K:
+        engine_quant_q8_K_ref(src, dst, nb);
+        break;
+    default:
+        return engine_err(ENGINE_EINTERNAL, "quantize: no kernel for %s", tr->name);
     }
     return 0;
 }
@@ -525,7 +566,8 @@ int engine_quantize_row(engine_type t, const float *src, void *dst, int64_t n) {
 static float vec_dot_f32_scalar(int n, const void *w, const void *x) {
     const float *a = w, *b = x;
     float s = 0.0f;
-    for (int i = 0; i < n; i++) s += a[i] * b[i];
+    for (int i = 0; i < n; i++)
+        s += a[i] * b[i];
     return s;
 }
 
@@ -533,7 +575,8 @@ static float vec_dot_f16_scalar(int n, const void *w, const void *x) {
     const uint16_t *a = w;
     const float *b = x;
     float s = 0.0f;
-    for (int i = 0; i < n; i++) s += engine_fp16_to_fp32(a[i]) * b[i];
+    for (int i = 0; i < n; i++)
+        s += engine_fp16_to_fp32(a[i]) * b[i];
     return s;
 }
 
@@ -541,7 +584,8 @@ static float vec_dot_bf16_scalar(int n, const void *w, const void *x) {
     const uint16_t *a = w;
     const float *b = x;
     float s = 0.0f;
-    for (int i = 0; i < n; i++) s += engine_bf16_to_fp32(a[i]) * b[i];
+    for (int i = 0; i < n; i++)
+        s += engine_bf16_to_fp32(a[i]) * b[i];
     return s;
 }
 
@@ -550,7 +594,8 @@ static float vec_dot_q8_0_scalar(int n, const void *w, const void *x) {
     float s = 0.0f;
     for (int i = 0; i < n / 32; i++) {
         int sum = 0;
-        for (int j = 0; j < 32; j++) sum += a[i].qs[j] * b[i].qs[j];
+        for (int j = 0; j < 32; j++)
+            sum += a[i].qs[j] * b[i].qs[j];
         s += engine_fp16_to_fp32(a[i].d) * engine_fp16_to_fp32(b[i].d) * (float)sum;
     }
     return s;
@@ -571,26 +616,45 @@ static float vec_dot_q4_0_scalar(int n, const void *w, const void *x) {
     return s;
 }
 
+/* One Q4_K or Q5_K block (the layouts share d, dmin and scales; qh is NULL for Q4_K) against
+ * one Q8_K block. Inlined into each caller with a constant qh so the inner loops vectorize. */
+__attribute__((always_inline)) static inline float dot_k45_block(const uint8_t *blk,
+                                                                 const uint8_t *qs,
+                                                                 const uint8_t *qh,
+                                                                 const engine_block_q8_K *b) {
+    uint16_t dh, mh;
+    memcpy(&dh, blk, 2);
+    memcpy(&mh, blk + 2, 2);
+    uint8_t sc[8], m[8];
+    engine_quant_unpack_k4(blk + 4, sc, m);
+    int sumi = 0, summ = 0;
+    for (int c = 0; c < 4; c++) { /* sub-blocks 2c (low nibbles) and 2c + 1 (high) */
+        const uint8_t *q = qs + 32 * c;
+        const int8_t *y = b->qs + 64 * c;
+        int lo = 0, hi = 0;
+        for (int l = 0; l < 32; l++) {
+            int vl = q[l] & 0xF, vh = q[l] >> 4;
+            if (qh) {
+                vl |= ((qh[l] >> (2 * c)) & 1) << 4;
+                vh |= ((qh[l] >> (2 * c + 1)) & 1) << 4;
+            }
+            lo += vl * y[l];
+            hi += vh * y[l + 32];
+        }
+        sumi += sc[2 * c] * lo + sc[2 * c + 1] * hi;
+        summ += m[2 * c] * (b->bsums[4 * c] + b->bsums[4 * c + 1]) +
+                m[2 * c + 1] * (b->bsums[4 * c + 2] + b->bsums[4 * c + 3]);
+    }
+    const float d = engine_fp16_to_fp32(dh) * b->d, dmin = engine_fp16_to_fp32(mh) * b->d;
+    return d * (float)sumi - dmin * (float)summ;
+}
+
 static float vec_dot_q4_K_scalar(int n, const void *w, const void *x) {
     const engine_block_q4_K *a = w;
     const engine_block_q8_K *b = x;
     float s = 0.0f;
-    for (int i = 0; i < n / ENGINE_QK_K; i++) {
-        int sumi = 0, summ = 0;
-        for (int j = 0; j < 8; j++) {
-            uint8_t sc, m;
-            engine_quant_scale_min_k4(j, a[i].scales, &sc, &m);
-            const uint8_t *q = a[i].qs + 32 * (j / 2);
-            const int8_t *y = b[i].qs + 32 * j;
-            int sub = 0;
-            for (int l = 0; l < 32; l++) sub += ((j & 1) ? (q[l] >> 4) : (q[l] & 0xF)) * y[l];
-            sumi += sc * sub;
-            summ += m * (b[i].bsums[2 * j] + b[i].bsums[2 * j + 1]);
-        }
-        const float d = engine_fp16_to_fp32(a[i].d) * b[i].d;
-        const float dmin = engine_fp16_to_fp32(a[i].dmin) * b[i].d;
-        s += d * (float)sumi - dmin * (float)summ;
-    }
+    for (int i = 0; i < n / ENGINE_QK_K; i++)
+        s += dot_k45_block((const uint8_t *)&a[i], a[i].qs, NULL, &b[i]);
     return s;
 }
 
@@ -598,26 +662,8 @@ static float vec_dot_q5_K_scalar(int n, const void *w, const void *x) {
     const engine_block_q5_K *a = w;
     const engine_block_q8_K *b = x;
     float s = 0.0f;
-    for (int i = 0; i < n / ENGINE_QK_K; i++) {
-        int sumi = 0, summ = 0;
-        for (int j = 0; j < 8; j++) {
-            uint8_t sc, m;
-            engine_quant_scale_min_k4(j, a[i].scales, &sc, &m);
-            const uint8_t *q = a[i].qs + 32 * (j / 2);
-            const int8_t *y = b[i].qs + 32 * j;
-            int sub = 0;
-            for (int l = 0; l < 32; l++) {
-                const int lo = (j & 1) ? (q[l] >> 4) : (q[l] & 0xF);
-                const int hi = (a[i].qh[l] >> j) & 1;
-                sub += (lo | (hi << 4)) * y[l];
-            }
-            sumi += sc * sub;
-            summ += m * (b[i].bsums[2 * j] + b[i].bsums[2 * j + 1]);
-        }
-        const float d = engine_fp16_to_fp32(a[i].d) * b[i].d;
-        const float dmin = engine_fp16_to_fp32(a[i].dmin) * b[i].d;
-        s += d * (float)sumi - dmin * (float)summ;
-    }
+    for (int i = 0; i < n / ENGINE_QK_K; i++)
+        s += dot_k45_block((const uint8_t *)&a[i], a[i].qs, a[i].qh, &b[i]);
     return s;
 }
 
@@ -626,21 +672,23 @@ static float vec_dot_q6_K_scalar(int n, const void *w, const void *x) {
     const engine_block_q8_K *b = x;
     float s = 0.0f;
     for (int i = 0; i < n / ENGINE_QK_K; i++) {
+        const int8_t *scales = a[i].scales;
+        /* the -32 offset of every value, through the activation's sums of 16 */
         int sumi = 0;
+        for (int g = 0; g < 16; g++)
+            sumi -= 32 * scales[g] * b[i].bsums[g];
         for (int c = 0; c < 2; c++) {
             const uint8_t *ql = a[i].ql + 64 * c, *qh = a[i].qh + 32 * c;
-            const int8_t *y = b[i].qs + 128 * c, *sc = a[i].scales + 8 * c;
-            for (int g = 0; g < 8; g++) { /* 8 groups of 16 values */
-                const int quarter = g / 2;     /* which of q1..q4 */
-                int sub = 0;
-                for (int l16 = 0; l16 < 16; l16++) {
-                    const int l = (g & 1) * 16 + l16;
-                    const uint8_t lo = (quarter & 1) ? ql[l + 32] : ql[l];
-                    const int low = (quarter & 2) ? (lo >> 4) : (lo & 0xF);
-                    const int q = (low | (((qh[l] >> (2 * quarter)) & 3) << 4)) - 32;
-                    sub += q * y[32 * quarter + l];
+            const int8_t *y = b[i].qs + 128 * c, *sc = scales + 8 * c;
+            for (int h = 0; h < 2; h++) { /* l in [16h, 16h + 16): one scale per quarter */
+                int s1 = 0, s2 = 0, s3 = 0, s4 = 0;
+                for (int l = 16 * h; l < 16 * h + 16; l++) {
+                    s1 += ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) * y[l];
+                    s2 += ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) * y[l + 32];
+                    s3 += ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) * y[l + 64];
+                    s4 += ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) * y[l + 96];
                 }
-                sumi += sc[g] * sub;
+                sumi += sc[h] * s1 + sc[h + 2] * s2 + sc[h + 4] * s3 + sc[h + 6] * s4;
             }
         }
         s += engine_fp16_to_fp32(a[i].d) * b[i].d * (float)sumi;
@@ -710,12 +758,13 @@ float engine_vec_dot(engine_type t, int n, const void *w_row, const void *x_conv
     return dispatch.vec_dot[t](n, w_row, x_conv);
 }
 
-void engine_quant_matvec(engine_type t, const void *W, size_t row_stride_bytes, int n_cols,
-                         int r0, int r1, const void *x_conv, float *y) {
+void engine_quant_matvec(engine_type t, const void *W, size_t row_stride_bytes, int n_cols, int r0,
+                         int r1, const void *x_conv, float *y) {
     engine_quant_init();
     ENGINE_ASSERT((unsigned)t < ENGINE_TYPE_COUNT && dispatch.vec_dot[t]);
     ENGINE_ASSERT(n_cols % type_traits[t].block_size == 0);
     const engine_vec_dot_fn fn = dispatch.vec_dot[t];
     const char *w = W;
-    for (int r = r0; r < r1; r++) y[r] = fn(n_cols, w + (size_t)r * row_stride_bytes, x_conv);
+    for (int r = r0; r < r1; r++)
+        y[r] = fn(n_cols, w + (size_t)r * row_stride_bytes, x_conv);
 }

@@ -44,41 +44,41 @@ extern "C" {
 #define ENGINE_K_SCALE_SIZE 12
 
 typedef struct {
-    uint16_t d;                         /* f16 scale */
-    uint8_t qs[ENGINE_QK4_0 / 2];       /* nibbles: low = values 0..15, high = 16..31 */
+    uint16_t d;                   /* f16 scale */
+    uint8_t qs[ENGINE_QK4_0 / 2]; /* nibbles: low = values 0..15, high = 16..31 */
 } engine_block_q4_0;
 
 typedef struct {
-    uint16_t d;                         /* f16 scale */
+    uint16_t d; /* f16 scale */
     int8_t qs[ENGINE_QK8_0];
 } engine_block_q8_0;
 
 typedef struct {
-    uint16_t d;                         /* f16 super-block scale for the scales */
-    uint16_t dmin;                      /* f16 super-block scale for the mins */
-    uint8_t scales[ENGINE_K_SCALE_SIZE];/* 8 x (6-bit scale, 6-bit min), packed */
-    uint8_t qs[ENGINE_QK_K / 2];        /* nibbles, 64 values per 32 bytes */
+    uint16_t d;                          /* f16 super-block scale for the scales */
+    uint16_t dmin;                       /* f16 super-block scale for the mins */
+    uint8_t scales[ENGINE_K_SCALE_SIZE]; /* 8 x (6-bit scale, 6-bit min), packed */
+    uint8_t qs[ENGINE_QK_K / 2];         /* nibbles, 64 values per 32 bytes */
 } engine_block_q4_K;
 
 typedef struct {
     uint16_t d;
     uint16_t dmin;
     uint8_t scales[ENGINE_K_SCALE_SIZE];
-    uint8_t qh[ENGINE_QK_K / 8];        /* fifth bit of each value */
-    uint8_t qs[ENGINE_QK_K / 2];        /* low four bits */
+    uint8_t qh[ENGINE_QK_K / 8]; /* fifth bit of each value */
+    uint8_t qs[ENGINE_QK_K / 2]; /* low four bits */
 } engine_block_q5_K;
 
 typedef struct {
-    uint8_t ql[ENGINE_QK_K / 2];        /* low four bits */
-    uint8_t qh[ENGINE_QK_K / 4];        /* high two bits */
-    int8_t scales[ENGINE_QK_K / 16];    /* one per 16 values */
-    uint16_t d;                         /* f16 super-block scale */
+    uint8_t ql[ENGINE_QK_K / 2];     /* low four bits */
+    uint8_t qh[ENGINE_QK_K / 4];     /* high two bits */
+    int8_t scales[ENGINE_QK_K / 16]; /* one per 16 values */
+    uint16_t d;                      /* f16 super-block scale */
 } engine_block_q6_K;
 
 typedef struct {
     float d;
     int8_t qs[ENGINE_QK_K];
-    int16_t bsums[ENGINE_QK_K / 16];    /* sum of each group of 16 qs */
+    int16_t bsums[ENGINE_QK_K / 16]; /* sum of each group of 16 qs */
 } engine_block_q8_K;
 
 _Static_assert(sizeof(engine_block_q4_0) == 18, "block_q4_0 layout");
@@ -89,11 +89,11 @@ _Static_assert(sizeof(engine_block_q6_K) == 210, "block_q6_K layout");
 _Static_assert(sizeof(engine_block_q8_K) == 292, "block_q8_K layout");
 
 typedef struct {
-    const char *name;          /* "q4_K", as ggml names it */
-    int64_t block_size;        /* values per block (1 for plain types) */
-    size_t type_size;          /* bytes per block */
-    bool supported;            /* the CPU kernels can dequantise / dot this type */
-    engine_type vec_dot_type;  /* what activations are converted to (supported types only) */
+    const char *name;         /* "q4_K", as ggml names it */
+    int64_t block_size;       /* values per block (1 for plain types) */
+    size_t type_size;         /* bytes per block */
+    bool supported;           /* the CPU kernels can dequantise / dot this type */
+    engine_type vec_dot_type; /* what activations are converted to (supported types only) */
 } engine_type_traits;
 
 /* Traits of tensor type `t`, or NULL when `t` is not a ggml type number. Static. */
@@ -122,8 +122,8 @@ float engine_vec_dot(engine_type t, int n, const void *w_row, const void *x_conv
 /* y[r] = dot(W row r, x_conv) for r in [r0, r1). W is row-major, row r at
  * (const char *)W + r * row_stride_bytes; y is indexed by absolute row. Callers split [0, rows)
  * across threads. */
-void engine_quant_matvec(engine_type t, const void *W, size_t row_stride_bytes, int n_cols,
-                         int r0, int r1, const void *x_conv, float *y);
+void engine_quant_matvec(engine_type t, const void *W, size_t row_stride_bytes, int n_cols, int r0,
+                         int r1, const void *x_conv, float *y);
 
 /* Choose the kernels (idempotent, thread-safe; called implicitly by the functions above). */
 void engine_quant_init(void);

@@ -40,7 +40,7 @@ struct engine_gguf {
     engine_gguf_kv *kvs;
     int64_t n_tensors;
     engine_gguf_tensor *tensors;
-    uint32_t *kv_hash;     /* index + 1, 0 = empty; capacity a power of two */
+    uint32_t *kv_hash; /* index + 1, 0 = empty; capacity a power of two */
     size_t kv_hash_cap;
     uint32_t *tensor_hash;
     size_t tensor_hash_cap;
@@ -92,8 +92,8 @@ __attribute__((format(printf, 2, 3))) static int perr(parser *ps, const char *fm
 
 static int need(parser *ps, size_t n, const char *what) {
     if (ps->size - ps->pos < n)
-        return perr(ps, "%s at offset %zu needs %zu bytes, only %zu left (file is %zu bytes)",
-                    what, ps->pos, n, ps->size - ps->pos, ps->size);
+        return perr(ps, "%s at offset %zu needs %zu bytes, only %zu left (file is %zu bytes)", what,
+                    ps->pos, n, ps->size - ps->pos, ps->size);
     return 0;
 }
 
@@ -156,27 +156,32 @@ static int read_name(parser *ps, const char **out, const char *what) {
     return 0;
 }
 
-static size_t scalar_size(int type) {
+size_t engine_gguf_scalar_size(int type) {
     switch (type) {
     case ENGINE_GGUF_UINT8:
     case ENGINE_GGUF_INT8:
-    case ENGINE_GGUF_BOOL: return 1;
+    case ENGINE_GGUF_BOOL:
+        return 1;
     case ENGINE_GGUF_UINT16:
-    case ENGINE_GGUF_INT16: return 2;
+    case ENGINE_GGUF_INT16:
+        return 2;
     case ENGINE_GGUF_UINT32:
     case ENGINE_GGUF_INT32:
-    case ENGINE_GGUF_FLOAT32: return 4;
+    case ENGINE_GGUF_FLOAT32:
+        return 4;
     case ENGINE_GGUF_UINT64:
     case ENGINE_GGUF_INT64:
-    case ENGINE_GGUF_FLOAT64: return 8;
-    default: return 0; /* STRING, ARRAY, unknown */
+    case ENGINE_GGUF_FLOAT64:
+        return 8;
+    default:
+        return 0; /* STRING, ARRAY, unknown */
     }
 }
 
 const char *engine_gguf_type_name(int type) {
     static const char *const names[ENGINE_GGUF_TYPE_COUNT] = {
-        "uint8", "int8", "uint16", "int16", "uint32", "int32", "float32",
-        "bool", "string", "array", "uint64", "int64", "float64"};
+        "uint8", "int8",   "uint16", "int16",  "uint32", "int32",  "float32",
+        "bool",  "string", "array",  "uint64", "int64",  "float64"};
     return type >= 0 && type < ENGINE_GGUF_TYPE_COUNT ? names[type] : "?";
 }
 
@@ -184,22 +189,59 @@ const char *engine_gguf_type_name(int type) {
 static int decode_scalar(parser *ps, int type, const uint8_t *p, engine_gguf_value *v) {
     v->type = (engine_gguf_type)type;
     switch (type) {
-    case ENGINE_GGUF_UINT8: v->u64 = p[0]; break;
-    case ENGINE_GGUF_INT8: v->i64 = (int8_t)p[0]; break;
-    case ENGINE_GGUF_UINT16: { uint16_t x; memcpy(&x, p, 2); v->u64 = x; break; }
-    case ENGINE_GGUF_INT16: { int16_t x; memcpy(&x, p, 2); v->i64 = x; break; }
-    case ENGINE_GGUF_UINT32: v->u64 = rd_u32(p); break;
-    case ENGINE_GGUF_INT32: { int32_t x; memcpy(&x, p, 4); v->i64 = x; break; }
-    case ENGINE_GGUF_UINT64: v->u64 = rd_u64(p); break;
-    case ENGINE_GGUF_INT64: { int64_t x; memcpy(&x, p, 8); v->i64 = x; break; }
-    case ENGINE_GGUF_FLOAT32: { float x; memcpy(&x, p, 4); v->f64 = x; break; }
-    case ENGINE_GGUF_FLOAT64: memcpy(&v->f64, p, 8); break;
+    case ENGINE_GGUF_UINT8:
+        v->u64 = p[0];
+        break;
+    case ENGINE_GGUF_INT8:
+        v->i64 = (int8_t)p[0];
+        break;
+    case ENGINE_GGUF_UINT16: {
+        uint16_t x;
+        memcpy(&x, p, 2);
+        v->u64 = x;
+        break;
+    }
+    case ENGINE_GGUF_INT16: {
+        int16_t x;
+        memcpy(&x, p, 2);
+        v->i64 = x;
+        break;
+    }
+    case ENGINE_GGUF_UINT32:
+        v->u64 = rd_u32(p);
+        break;
+    case ENGINE_GGUF_INT32: {
+        int32_t x;
+        memcpy(&x, p, 4);
+        v->i64 = x;
+        break;
+    }
+    case ENGINE_GGUF_UINT64:
+        v->u64 = rd_u64(p);
+        break;
+    case ENGINE_GGUF_INT64: {
+        int64_t x;
+        memcpy(&x, p, 8);
+        v->i64 = x;
+        break;
+    }
+    case ENGINE_GGUF_FLOAT32: {
+        float x;
+        memcpy(&x, p, 4);
+        v->f64 = x;
+        break;
+    }
+    case ENGINE_GGUF_FLOAT64:
+        memcpy(&v->f64, p, 8);
+        break;
     case ENGINE_GGUF_BOOL:
-        if (p[0] > 1) return perr(ps, "bool value %u at offset %zu is neither 0 nor 1", p[0],
-                                  (size_t)(p - ps->p));
+        if (p[0] > 1)
+            return perr(ps, "bool value %u at offset %zu is neither 0 nor 1", p[0],
+                        (size_t)(p - ps->p));
         v->b = p[0] != 0;
         break;
-    default: return perr(ps, "internal: not a scalar type %d", type);
+    default:
+        return perr(ps, "internal: not a scalar type %d", type);
     }
     return 0;
 }
@@ -214,7 +256,7 @@ static int parse_value(parser *ps, int type, int depth, engine_gguf_value *v) {
         return read_str(ps, &v->str, "string");
     }
     if (type != ENGINE_GGUF_ARRAY) {
-        const size_t sz = scalar_size(type);
+        const size_t sz = engine_gguf_scalar_size(type);
         if ((rc = need(ps, sz, engine_gguf_type_name(type)))) return rc;
         rc = decode_scalar(ps, type, ps->p + ps->pos, v);
         ps->pos += sz;
@@ -236,11 +278,13 @@ static int parse_value(parser *ps, int type, int depth, engine_gguf_value *v) {
     const size_t left = ps->size - ps->pos;
     /* The smallest encoding of one element: a scalar's size, 8 for a string (its length),
      * 12 for a nested array (type + count). */
-    const size_t min_elem = et == ENGINE_GGUF_STRING ? 8 : et == ENGINE_GGUF_ARRAY ? 12
-                                                                                    : scalar_size((int)et);
+    const size_t min_elem = et == ENGINE_GGUF_STRING  ? 8
+                            : et == ENGINE_GGUF_ARRAY ? 12
+                                                      : engine_gguf_scalar_size((int)et);
     if (n > left / min_elem)
-        return perr(ps, "array of %llu %s at offset %zu cannot fit in the %zu bytes left (file "
-                        "is %zu bytes)",
+        return perr(ps,
+                    "array of %llu %s at offset %zu cannot fit in the %zu bytes left (file "
+                    "is %zu bytes)",
                     (unsigned long long)n, engine_gguf_type_name((int)et), at, left, ps->size);
     if (et == ENGINE_GGUF_STRING) {
         engine_gguf_str *strs = n ? arena_alloc(ps->g, (size_t)n * sizeof *strs) : NULL;
@@ -267,16 +311,17 @@ static int parse_value(parser *ps, int type, int depth, engine_gguf_value *v) {
     return 0;
 }
 
-/* FNV-1a over a NUL-terminated string. */
-static uint64_t hash_str(const char *s) {
+uint64_t engine_gguf_hash(const char *s) {
     uint64_t h = 1469598103934665603ull;
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 1099511628211ull;
     return h;
 }
 
 static size_t hash_cap_for(int64_t n) {
     size_t cap = 16;
-    while (cap < (size_t)n * 2) cap <<= 1;
+    while (cap < (size_t)n * 2)
+        cap <<= 1;
     return cap;
 }
 
@@ -285,7 +330,7 @@ static size_t hash_cap_for(int64_t n) {
 static int64_t hash_insert(uint32_t *table, size_t cap, const char *name, uint32_t idx,
                            const char *(*name_at)(const engine_gguf *, uint32_t),
                            const engine_gguf *g) {
-    size_t h = (size_t)hash_str(name) & (cap - 1);
+    size_t h = (size_t)engine_gguf_hash(name) & (cap - 1);
     while (table[h]) {
         if (!strcmp(name_at(g, table[h] - 1), name)) return table[h] - 1;
         h = (h + 1) & (cap - 1);
@@ -298,7 +343,7 @@ static int64_t hash_find(const uint32_t *table, size_t cap, const char *name,
                          const char *(*name_at)(const engine_gguf *, uint32_t),
                          const engine_gguf *g) {
     if (!table) return -1;
-    size_t h = (size_t)hash_str(name) & (cap - 1);
+    size_t h = (size_t)engine_gguf_hash(name) & (cap - 1);
     while (table[h]) {
         if (!strcmp(name_at(g, table[h] - 1), name)) return table[h] - 1;
         h = (h + 1) & (cap - 1);
@@ -318,30 +363,33 @@ static int parse_header_and_kv(parser *ps) {
     engine_gguf *g = ps->g;
     int rc;
     if (ps->size < 24)
-        return perr(ps, "file too small for a GGUF header (%zu bytes, need at least 24)",
-                    ps->size);
+        return perr(ps, "file too small for a GGUF header (%zu bytes, need at least 24)", ps->size);
     uint32_t magic, version;
     uint64_t n_tensors, n_kv;
     read_u32(ps, &magic, "magic");
     if (magic != ENGINE_GGUF_MAGIC)
-        return perr(ps, "not a GGUF file (magic %02x %02x %02x %02x, expected \"GGUF\")",
-                    ps->p[0], ps->p[1], ps->p[2], ps->p[3]);
+        return perr(ps, "not a GGUF file (magic %02x %02x %02x %02x, expected \"GGUF\")", ps->p[0],
+                    ps->p[1], ps->p[2], ps->p[3]);
     read_u32(ps, &version, "version");
     if (version == 1)
-        return engine_err(ENGINE_EUNSUPPORTED, "%s: GGUF version 1 is not supported (re-convert "
-                          "the model with a current converter)", g->path);
+        return engine_err(ENGINE_EUNSUPPORTED,
+                          "%s: GGUF version 1 is not supported (re-convert "
+                          "the model with a current converter)",
+                          g->path);
     if (version != 2 && version != 3) {
         if ((version & 0xffff) == 0 && version != 0)
-            return perr(ps, "GGUF version %u: a big-endian file? Only little-endian files are "
-                            "supported", version);
+            return perr(ps,
+                        "GGUF version %u: a big-endian file? Only little-endian files are "
+                        "supported",
+                        version);
         return perr(ps, "unsupported GGUF version %u (expected 3)", version);
     }
     g->version = version;
     read_u64(ps, &n_tensors, "tensor count");
     read_u64(ps, &n_kv, "metadata count");
     if (n_tensors > ENGINE_GGUF_MAX_TENSORS)
-        return perr(ps, "tensor count %llu exceeds the limit of %u",
-                    (unsigned long long)n_tensors, ENGINE_GGUF_MAX_TENSORS);
+        return perr(ps, "tensor count %llu exceeds the limit of %u", (unsigned long long)n_tensors,
+                    ENGINE_GGUF_MAX_TENSORS);
     if (n_kv > ENGINE_GGUF_MAX_KV)
         return perr(ps, "metadata count %llu exceeds the limit of %u", (unsigned long long)n_kv,
                     ENGINE_GGUF_MAX_KV);
@@ -349,8 +397,9 @@ static int parse_header_and_kv(parser *ps) {
      * tensor info at least 8 + 1 + 4 + 8 + 4 + 8. */
     const size_t left = ps->size - ps->pos;
     if (n_kv * 14 + n_tensors * 33 > left)
-        return perr(ps, "%llu metadata entries and %llu tensor infos cannot fit in the %zu bytes "
-                        "after the header",
+        return perr(ps,
+                    "%llu metadata entries and %llu tensor infos cannot fit in the %zu bytes "
+                    "after the header",
                     (unsigned long long)n_kv, (unsigned long long)n_tensors, left);
     g->n_kv = (int64_t)n_kv;
     g->n_tensors = (int64_t)n_tensors;
@@ -412,7 +461,8 @@ static int parse_tensor_infos(parser *ps) {
             return perr(ps, "n_dims %u is not in 1..%d", n_dims, ENGINE_GGUF_MAX_DIMS);
         t->n_dims = (int)n_dims;
         uint64_t nel = 1;
-        for (int d = 0; d < ENGINE_GGUF_MAX_DIMS; d++) t->ne[d] = 1;
+        for (int d = 0; d < ENGINE_GGUF_MAX_DIMS; d++)
+            t->ne[d] = 1;
         for (uint32_t d = 0; d < n_dims; d++) {
             uint64_t ne;
             if ((rc = read_u64(ps, &ne, "dimension"))) return rc;
@@ -455,8 +505,10 @@ static int check_tensor_data(parser *ps) {
     const uint64_t start = ((uint64_t)ps->pos + g->alignment - 1) / g->alignment * g->alignment;
     if (start > g->size) {
         if (g->n_tensors > 0)
-            return perr(ps, "data section at offset %llu starts beyond the end of the file "
-                            "(%zu bytes)", (unsigned long long)start, g->size);
+            return perr(ps,
+                        "data section at offset %llu starts beyond the end of the file "
+                        "(%zu bytes)",
+                        (unsigned long long)start, g->size);
     }
     g->data_offset = start > g->size ? g->size : start;
     const uint64_t avail = g->size - g->data_offset;
@@ -467,15 +519,17 @@ static int check_tensor_data(parser *ps) {
             return perr(ps, "data offset %llu is not a multiple of the alignment %zu",
                         (unsigned long long)t->offset, g->alignment);
         if (t->offset > avail || t->nbytes > avail - t->offset)
-            return perr(ps, "data offset %llu + size %zu beyond end of file (%zu bytes, data "
-                            "section at %llu)",
+            return perr(ps,
+                        "data offset %llu + size %zu beyond end of file (%zu bytes, data "
+                        "section at %llu)",
                         (unsigned long long)t->offset, t->nbytes, g->size,
                         (unsigned long long)g->data_offset);
         if ((g->data_offset + t->offset) % ENGINE_GGUF_DATA_ALIGN)
-            return engine_err(ENGINE_EUNSUPPORTED, "%s: %s: data at file offset %llu is not "
+            return engine_err(ENGINE_EUNSUPPORTED,
+                              "%s: %s: data at file offset %llu is not "
                               "%d-byte aligned (general.alignment %zu); the CPU kernels need "
-                              "aligned tensor data", g->path, ps->ctx,
-                              (unsigned long long)(g->data_offset + t->offset),
+                              "aligned tensor data",
+                              g->path, ps->ctx, (unsigned long long)(g->data_offset + t->offset),
                               ENGINE_GGUF_DATA_ALIGN, g->alignment);
         t->data = g->map + g->data_offset + t->offset;
     }
@@ -483,14 +537,16 @@ static int check_tensor_data(parser *ps) {
     if (g->n_tensors < 2) return 0;
     uint32_t *order = malloc((size_t)g->n_tensors * sizeof *order);
     if (!order) return engine_err(ENGINE_ENOMEM, "%s: out of memory", g->path);
-    for (int64_t i = 0; i < g->n_tensors; i++) order[i] = (uint32_t)i;
+    for (int64_t i = 0; i < g->n_tensors; i++)
+        order[i] = (uint32_t)i;
     qsort_r(order, (size_t)g->n_tensors, sizeof *order, cmp_by_offset, g->tensors);
     int rc = 0;
     for (int64_t k = 1; k < g->n_tensors && !rc; k++) {
         const engine_gguf_tensor *a = &g->tensors[order[k - 1]], *b = &g->tensors[order[k]];
         if (a->offset + a->nbytes > b->offset)
-            rc = perr(ps, "tensor %u \"%.100s\" (data %llu..%llu) overlaps tensor %u \"%.100s\" "
-                          "(data from %llu)",
+            rc = perr(ps,
+                      "tensor %u \"%.100s\" (data %llu..%llu) overlaps tensor %u \"%.100s\" "
+                      "(data from %llu)",
                       order[k - 1], a->name, (unsigned long long)a->offset,
                       (unsigned long long)(a->offset + a->nbytes), order[k], b->name,
                       (unsigned long long)b->offset);
@@ -525,15 +581,14 @@ int engine_gguf_open(engine_gguf **out, const char *path) {
     }
     if (st.st_size < 24) {
         rc = engine_err(ENGINE_EFORMAT,
-                        "%s: file too small for a GGUF header (%lld bytes, need at least 24)",
-                        path, (long long)st.st_size);
+                        "%s: file too small for a GGUF header (%lld bytes, need at least 24)", path,
+                        (long long)st.st_size);
         goto done;
     }
     g->size = (size_t)st.st_size;
     void *m = mmap(NULL, g->size, PROT_READ, MAP_PRIVATE, fd, 0);
     if (m == MAP_FAILED) {
-        rc = engine_err(ENGINE_EIO, "%s: cannot map %zu bytes: %s", path, g->size,
-                        strerror(errno));
+        rc = engine_err(ENGINE_EIO, "%s: cannot map %zu bytes: %s", path, g->size, strerror(errno));
         goto done;
     }
     g->map = m;
@@ -569,14 +624,30 @@ void engine_gguf_close(engine_gguf *g) {
 /* ---------------------------------------------------------------------------------------------
  * Accessors
  * ------------------------------------------------------------------------------------------- */
-const char *engine_gguf_path(const engine_gguf *g) { return g->path; }
-uint32_t engine_gguf_version(const engine_gguf *g) { return g->version; }
-uint64_t engine_gguf_file_size(const engine_gguf *g) { return g->size; }
-size_t engine_gguf_alignment(const engine_gguf *g) { return g->alignment; }
-uint64_t engine_gguf_data_offset(const engine_gguf *g) { return g->data_offset; }
-const void *engine_gguf_map(const engine_gguf *g) { return g->map; }
-int64_t engine_gguf_kv_count(const engine_gguf *g) { return g->n_kv; }
-int64_t engine_gguf_tensor_count(const engine_gguf *g) { return g->n_tensors; }
+const char *engine_gguf_path(const engine_gguf *g) {
+    return g->path;
+}
+uint32_t engine_gguf_version(const engine_gguf *g) {
+    return g->version;
+}
+uint64_t engine_gguf_file_size(const engine_gguf *g) {
+    return g->size;
+}
+size_t engine_gguf_alignment(const engine_gguf *g) {
+    return g->alignment;
+}
+uint64_t engine_gguf_data_offset(const engine_gguf *g) {
+    return g->data_offset;
+}
+const void *engine_gguf_map(const engine_gguf *g) {
+    return g->map;
+}
+int64_t engine_gguf_kv_count(const engine_gguf *g) {
+    return g->n_kv;
+}
+int64_t engine_gguf_tensor_count(const engine_gguf *g) {
+    return g->n_tensors;
+}
 
 const engine_gguf_kv *engine_gguf_kv_at(const engine_gguf *g, int64_t i) {
     return i >= 0 && i < g->n_kv ? &g->kvs[i] : NULL;
@@ -618,8 +689,8 @@ static int lookup(const engine_gguf *g, const char *key, const engine_gguf_kv **
 
 static int type_error(const engine_gguf *g, const char *key, const char *expected,
                       engine_gguf_type actual) {
-    return engine_err(ENGINE_EFORMAT, "%s: key %s: expected %s, found %s", g->path, key,
-                      expected, engine_gguf_type_name(actual));
+    return engine_err(ENGINE_EFORMAT, "%s: key %s: expected %s, found %s", g->path, key, expected,
+                      engine_gguf_type_name(actual));
 }
 
 /* An integer key as a value in [lo, hi]. */
@@ -631,16 +702,16 @@ static int get_int(const engine_gguf *g, const char *key, const char *expected, 
     const engine_gguf_value *v = &kv->value;
     if (is_unsigned(v->type)) {
         if (v->u64 > hi)
-            return engine_err(ENGINE_EFORMAT, "%s: key %s: value %llu out of range for %s",
-                              g->path, key, (unsigned long long)v->u64, expected);
+            return engine_err(ENGINE_EFORMAT, "%s: key %s: value %llu out of range for %s", g->path,
+                              key, (unsigned long long)v->u64, expected);
         *u = v->u64;
         *s = (int64_t)v->u64; /* hi never exceeds INT64_MAX for signed targets */
         return 0;
     }
     if (is_signed(v->type)) {
         if (v->i64 < lo || (v->i64 >= 0 && (uint64_t)v->i64 > hi))
-            return engine_err(ENGINE_EFORMAT, "%s: key %s: value %lld out of range for %s",
-                              g->path, key, (long long)v->i64, expected);
+            return engine_err(ENGINE_EFORMAT, "%s: key %s: value %lld out of range for %s", g->path,
+                              key, (long long)v->i64, expected);
         *u = (uint64_t)v->i64;
         *s = v->i64;
         return 0;
@@ -722,25 +793,64 @@ int engine_gguf_get_arr(const engine_gguf *g, const char *key, int elem_type,
 /* Element i of a scalar array, decoded (bounds checked by assertion only). */
 static engine_gguf_value arr_elem(const engine_gguf_value *v, uint64_t i) {
     ENGINE_ASSERT(v->type == ENGINE_GGUF_ARRAY && i < v->arr.n);
-    const size_t sz = scalar_size(v->arr.type);
+    const size_t sz = engine_gguf_scalar_size(v->arr.type);
     ENGINE_ASSERT(sz > 0);
     const uint8_t *p = (const uint8_t *)v->arr.data + i * sz;
     engine_gguf_value e;
     memset(&e, 0, sizeof e);
     e.type = v->arr.type;
     switch (v->arr.type) {
-    case ENGINE_GGUF_UINT8: e.u64 = p[0]; break;
-    case ENGINE_GGUF_INT8: e.i64 = (int8_t)p[0]; break;
-    case ENGINE_GGUF_BOOL: e.u64 = p[0] != 0; e.type = ENGINE_GGUF_UINT8; break;
-    case ENGINE_GGUF_UINT16: { uint16_t x; memcpy(&x, p, 2); e.u64 = x; break; }
-    case ENGINE_GGUF_INT16: { int16_t x; memcpy(&x, p, 2); e.i64 = x; break; }
-    case ENGINE_GGUF_UINT32: e.u64 = rd_u32(p); break;
-    case ENGINE_GGUF_INT32: { int32_t x; memcpy(&x, p, 4); e.i64 = x; break; }
-    case ENGINE_GGUF_UINT64: e.u64 = rd_u64(p); break;
-    case ENGINE_GGUF_INT64: { int64_t x; memcpy(&x, p, 8); e.i64 = x; break; }
-    case ENGINE_GGUF_FLOAT32: { float x; memcpy(&x, p, 4); e.f64 = x; break; }
-    case ENGINE_GGUF_FLOAT64: memcpy(&e.f64, p, 8); break;
-    default: break;
+    case ENGINE_GGUF_UINT8:
+        e.u64 = p[0];
+        break;
+    case ENGINE_GGUF_INT8:
+        e.i64 = (int8_t)p[0];
+        break;
+    case ENGINE_GGUF_BOOL:
+        e.u64 = p[0] != 0;
+        e.type = ENGINE_GGUF_UINT8;
+        break;
+    case ENGINE_GGUF_UINT16: {
+        uint16_t x;
+        memcpy(&x, p, 2);
+        e.u64 = x;
+        break;
+    }
+    case ENGINE_GGUF_INT16: {
+        int16_t x;
+        memcpy(&x, p, 2);
+        e.i64 = x;
+        break;
+    }
+    case ENGINE_GGUF_UINT32:
+        e.u64 = rd_u32(p);
+        break;
+    case ENGINE_GGUF_INT32: {
+        int32_t x;
+        memcpy(&x, p, 4);
+        e.i64 = x;
+        break;
+    }
+    case ENGINE_GGUF_UINT64:
+        e.u64 = rd_u64(p);
+        break;
+    case ENGINE_GGUF_INT64: {
+        int64_t x;
+        memcpy(&x, p, 8);
+        e.i64 = x;
+        break;
+    }
+    case ENGINE_GGUF_FLOAT32: {
+        float x;
+        memcpy(&x, p, 4);
+        e.f64 = x;
+        break;
+    }
+    case ENGINE_GGUF_FLOAT64:
+        memcpy(&e.f64, p, 8);
+        break;
+    default:
+        break;
     }
     return e;
 }

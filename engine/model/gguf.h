@@ -43,12 +43,12 @@ extern "C" {
 #define ENGINE_GGUF_MAGIC 0x46554747u /* "GGUF" read as a little-endian u32 */
 #define ENGINE_GGUF_VERSION 3
 #define ENGINE_GGUF_DEFAULT_ALIGNMENT 32
-#define ENGINE_GGUF_MAX_TENSORS (1u << 20)  /* 1M tensors: a 1T-parameter model has ~100k */
+#define ENGINE_GGUF_MAX_TENSORS (1u << 20) /* 1M tensors: a 1T-parameter model has ~100k */
 #define ENGINE_GGUF_MAX_KV (1u << 20)
 #define ENGINE_GGUF_MAX_DIMS 4
-#define ENGINE_GGUF_MAX_NAME 65535          /* bytes in a key or a tensor name */
-#define ENGINE_GGUF_MAX_DEPTH 8             /* array of array of ... */
-#define ENGINE_GGUF_DATA_ALIGN 4            /* tensor data file offsets: a multiple of this */
+#define ENGINE_GGUF_MAX_NAME 65535 /* bytes in a key or a tensor name */
+#define ENGINE_GGUF_MAX_DEPTH 8    /* array of array of ... */
+#define ENGINE_GGUF_DATA_ALIGN 4   /* tensor data file offsets: a multiple of this */
 
 /* Metadata value types (GGUF numbering). */
 typedef enum {
@@ -118,10 +118,10 @@ typedef struct {
 typedef struct engine_gguf_value {
     engine_gguf_type type;
     union {
-        uint64_t u64;   /* UINT8, UINT16, UINT32, UINT64 (zero-extended) */
-        int64_t i64;    /* INT8, INT16, INT32, INT64 (sign-extended) */
-        double f64;     /* FLOAT32, FLOAT64 (FLOAT32 widened exactly) */
-        bool b;         /* BOOL (any non-zero byte is an error: GGUF bools are 0 or 1) */
+        uint64_t u64;        /* UINT8, UINT16, UINT32, UINT64 (zero-extended) */
+        int64_t i64;         /* INT8, INT16, INT32, INT64 (sign-extended) */
+        double f64;          /* FLOAT32, FLOAT64 (FLOAT32 widened exactly) */
+        bool b;              /* BOOL (any non-zero byte is an error: GGUF bools are 0 or 1) */
         engine_gguf_str str; /* STRING */
         struct {
             engine_gguf_type type; /* element type */
@@ -143,14 +143,14 @@ typedef struct {
 } engine_gguf_kv;
 
 typedef struct {
-    const char *name;   /* NUL-terminated copy, owned by the file */
+    const char *name; /* NUL-terminated copy, owned by the file */
     engine_type type;
-    int n_dims;         /* 1..4 */
+    int n_dims;                       /* 1..4 */
     int64_t ne[ENGINE_GGUF_MAX_DIMS]; /* ne[0] is the contiguous (row) dimension; unused = 1 */
-    int64_t n_elements; /* product of ne[] */
-    uint64_t offset;    /* relative to the data section */
+    int64_t n_elements;               /* product of ne[] */
+    uint64_t offset;                  /* relative to the data section */
     size_t nbytes;
-    const void *data;   /* into the read-only mapping (zero-copy); valid until close */
+    const void *data; /* into the read-only mapping (zero-copy); valid until close */
 } engine_gguf_tensor;
 
 typedef struct engine_gguf engine_gguf;
@@ -169,17 +169,18 @@ int engine_gguf_open(engine_gguf **out, const char *path);
 /* Unmap and free everything; every pointer obtained from `g` becomes invalid. NULL: no-op. */
 void engine_gguf_close(engine_gguf *g);
 
-const char *engine_gguf_path(const engine_gguf *g);       /* as given to open */
+const char *engine_gguf_path(const engine_gguf *g); /* as given to open */
 uint32_t engine_gguf_version(const engine_gguf *g);
 uint64_t engine_gguf_file_size(const engine_gguf *g);
 size_t engine_gguf_alignment(const engine_gguf *g);
-uint64_t engine_gguf_data_offset(const engine_gguf *g);   /* start of the data section */
-const void *engine_gguf_map(const engine_gguf *g);        /* the whole mapped file */
+uint64_t engine_gguf_data_offset(const engine_gguf *g); /* start of the data section */
+const void *engine_gguf_map(const engine_gguf *g);      /* the whole mapped file */
 
 /* Metadata. Keys are unique; lookups are hashed. */
 int64_t engine_gguf_kv_count(const engine_gguf *g);
-const engine_gguf_kv *engine_gguf_kv_at(const engine_gguf *g, int64_t i);    /* NULL: out of range */
-const engine_gguf_kv *engine_gguf_find_key(const engine_gguf *g, const char *key); /* NULL: absent */
+const engine_gguf_kv *engine_gguf_kv_at(const engine_gguf *g, int64_t i); /* NULL: out of range */
+const engine_gguf_kv *engine_gguf_find_key(const engine_gguf *g,
+                                           const char *key); /* NULL: absent */
 
 /* Typed getters. Missing key: ENGINE_EFORMAT "FILE: missing key KEY". Wrong type:
  * ENGINE_EFORMAT naming the key, the expected and the actual type. Integer getters accept any
@@ -204,6 +205,12 @@ double engine_gguf_arr_f64(const engine_gguf_value *v, uint64_t i);   /* any num
 
 /* Static names: "uint32", "array", ...; "?" for an unknown value. */
 const char *engine_gguf_type_name(int type);
+
+/* Bytes of one scalar value of `type` (BOOL: 1); 0 for STRING, ARRAY and unknown types. */
+size_t engine_gguf_scalar_size(int type);
+
+/* The hash the reader and the writer use for key and tensor-name tables (64-bit FNV-1a). */
+uint64_t engine_gguf_hash(const char *s);
 
 /* Tensors, in file order; lookup by name is hashed. */
 int64_t engine_gguf_tensor_count(const engine_gguf *g);
@@ -268,8 +275,8 @@ int engine_gguf_writer_set_strn(engine_gguf_writer *w, const char *key, const ch
 int engine_gguf_writer_set_arr(engine_gguf_writer *w, const char *key, engine_gguf_type elem_type,
                                const void *data, uint64_t n);
 /* Array of strings: n NUL-terminated strings (lens == NULL) or n byte strings with lengths. */
-int engine_gguf_writer_set_arr_str(engine_gguf_writer *w, const char *key,
-                                   const char *const *strs, const size_t *lens, uint64_t n);
+int engine_gguf_writer_set_arr_str(engine_gguf_writer *w, const char *key, const char *const *strs,
+                                   const size_t *lens, uint64_t n);
 /* Any value, including nested arrays, given as a reader-style value tree (arrays of scalars in
  * arr.data, arrays of strings in arr.strs, nested arrays in arr.vals). Deep-copied. */
 int engine_gguf_writer_set_value(engine_gguf_writer *w, const char *key,
@@ -289,11 +296,11 @@ int engine_gguf_writer_write(engine_gguf_writer *w, const char *path, engine_ggu
 
 /* Two-phase writing (see above). */
 int engine_gguf_writer_begin(engine_gguf_writer *w, const char *path, engine_gguf_out **out);
-void *engine_gguf_out_tensor_data(engine_gguf_out *o, int64_t i);   /* NULL: out of range */
+void *engine_gguf_out_tensor_data(engine_gguf_out *o, int64_t i); /* NULL: out of range */
 size_t engine_gguf_out_tensor_nbytes(const engine_gguf_out *o, int64_t i);
 int64_t engine_gguf_out_tensor_count(const engine_gguf_out *o);
-int engine_gguf_out_commit(engine_gguf_out *o);  /* frees o, also on failure */
-void engine_gguf_out_abort(engine_gguf_out *o);  /* frees o; NULL: no-op */
+int engine_gguf_out_commit(engine_gguf_out *o); /* frees o, also on failure */
+void engine_gguf_out_abort(engine_gguf_out *o); /* frees o; NULL: no-op */
 
 #ifdef __cplusplus
 }

@@ -50,33 +50,18 @@ struct engine_gguf_out {
 /* ---------------------------------------------------------------------------------------------
  * Values: validation, deep copy, free, encoded size, encoding
  * ------------------------------------------------------------------------------------------- */
-static size_t scalar_size(int type) {
-    switch (type) {
-    case ENGINE_GGUF_UINT8:
-    case ENGINE_GGUF_INT8:
-    case ENGINE_GGUF_BOOL: return 1;
-    case ENGINE_GGUF_UINT16:
-    case ENGINE_GGUF_INT16: return 2;
-    case ENGINE_GGUF_UINT32:
-    case ENGINE_GGUF_INT32:
-    case ENGINE_GGUF_FLOAT32: return 4;
-    case ENGINE_GGUF_UINT64:
-    case ENGINE_GGUF_INT64:
-    case ENGINE_GGUF_FLOAT64: return 8;
-    default: return 0;
-    }
-}
-
 static void value_free(engine_gguf_value *v) {
     if (v->type == ENGINE_GGUF_STRING) {
         free((void *)v->str.ptr);
     } else if (v->type == ENGINE_GGUF_ARRAY) {
         if (v->arr.type == ENGINE_GGUF_STRING) {
-            for (uint64_t i = 0; i < v->arr.n; i++) free((void *)v->arr.strs[i].ptr);
+            for (uint64_t i = 0; i < v->arr.n; i++)
+                free((void *)v->arr.strs[i].ptr);
             free((void *)v->arr.strs);
         } else if (v->arr.type == ENGINE_GGUF_ARRAY) {
             engine_gguf_value *vals = (engine_gguf_value *)v->arr.vals;
-            for (uint64_t i = 0; i < v->arr.n; i++) value_free(&vals[i]);
+            for (uint64_t i = 0; i < v->arr.n; i++)
+                value_free(&vals[i]);
             free(vals);
         } else {
             free((void *)v->arr.data);
@@ -145,8 +130,10 @@ static int value_copy(engine_gguf_value *dst, const engine_gguf_value *src, int 
             if (src->arr.vals[i].type != ENGINE_GGUF_ARRAY) {
                 dst->arr.n = i;
                 value_free(dst);
-                return engine_err(ENGINE_EINVAL, "gguf writer: element %llu of an array of "
-                                  "arrays is a %s", (unsigned long long)i,
+                return engine_err(ENGINE_EINVAL,
+                                  "gguf writer: element %llu of an array of "
+                                  "arrays is a %s",
+                                  (unsigned long long)i,
                                   engine_gguf_type_name(src->arr.vals[i].type));
             }
             int rc = value_copy(&vals[i], &src->arr.vals[i], depth + 1);
@@ -157,13 +144,14 @@ static int value_copy(engine_gguf_value *dst, const engine_gguf_value *src, int 
             }
         }
     } else {
-        const size_t sz = scalar_size(et);
+        const size_t sz = engine_gguf_scalar_size(et);
         if (n && !src->arr.data) return engine_err(ENGINE_EINVAL, "gguf writer: NULL array data");
         void *data = malloc(n ? (size_t)n * sz : 1);
         if (!data) return engine_err(ENGINE_ENOMEM, "gguf writer: out of memory");
         if (n) memcpy(data, src->arr.data, (size_t)n * sz);
         if (et == ENGINE_GGUF_BOOL)
-            for (uint64_t i = 0; i < n; i++) ((uint8_t *)data)[i] = ((uint8_t *)data)[i] != 0;
+            for (uint64_t i = 0; i < n; i++)
+                ((uint8_t *)data)[i] = ((uint8_t *)data)[i] != 0;
         dst->arr.data = data;
     }
     dst->arr.n = n;
@@ -173,14 +161,16 @@ static int value_copy(engine_gguf_value *dst, const engine_gguf_value *src, int 
 /* Bytes of the encoding of v without its own type tag (an array's elem type + count + data). */
 static uint64_t value_size(const engine_gguf_value *v) {
     if (v->type == ENGINE_GGUF_STRING) return 8 + v->str.len;
-    if (v->type != ENGINE_GGUF_ARRAY) return scalar_size(v->type);
+    if (v->type != ENGINE_GGUF_ARRAY) return engine_gguf_scalar_size(v->type);
     uint64_t s = 4 + 8;
     if (v->arr.type == ENGINE_GGUF_STRING) {
-        for (uint64_t i = 0; i < v->arr.n; i++) s += 8 + v->arr.strs[i].len;
+        for (uint64_t i = 0; i < v->arr.n; i++)
+            s += 8 + v->arr.strs[i].len;
     } else if (v->arr.type == ENGINE_GGUF_ARRAY) {
-        for (uint64_t i = 0; i < v->arr.n; i++) s += value_size(&v->arr.vals[i]);
+        for (uint64_t i = 0; i < v->arr.n; i++)
+            s += value_size(&v->arr.vals[i]);
     } else {
-        s += v->arr.n * scalar_size(v->arr.type);
+        s += v->arr.n * engine_gguf_scalar_size(v->arr.type);
     }
     return s;
 }
@@ -190,8 +180,12 @@ static uint8_t *put(uint8_t *p, const void *src, size_t n) {
     return p + n;
 }
 
-static uint8_t *put_u32(uint8_t *p, uint32_t v) { return put(p, &v, 4); }
-static uint8_t *put_u64(uint8_t *p, uint64_t v) { return put(p, &v, 8); }
+static uint8_t *put_u32(uint8_t *p, uint32_t v) {
+    return put(p, &v, 4);
+}
+static uint8_t *put_u64(uint8_t *p, uint64_t v) {
+    return put(p, &v, 8);
+}
 
 static uint8_t *put_str(uint8_t *p, const char *s, size_t n) {
     return put(put_u64(p, n), s, n);
@@ -199,30 +193,58 @@ static uint8_t *put_str(uint8_t *p, const char *s, size_t n) {
 
 static uint8_t *put_value(uint8_t *p, const engine_gguf_value *v) {
     switch (v->type) {
-    case ENGINE_GGUF_UINT8: { uint8_t x = (uint8_t)v->u64; return put(p, &x, 1); }
-    case ENGINE_GGUF_INT8: { int8_t x = (int8_t)v->i64; return put(p, &x, 1); }
-    case ENGINE_GGUF_UINT16: { uint16_t x = (uint16_t)v->u64; return put(p, &x, 2); }
-    case ENGINE_GGUF_INT16: { int16_t x = (int16_t)v->i64; return put(p, &x, 2); }
-    case ENGINE_GGUF_UINT32: return put_u32(p, (uint32_t)v->u64);
-    case ENGINE_GGUF_INT32: { int32_t x = (int32_t)v->i64; return put(p, &x, 4); }
-    case ENGINE_GGUF_UINT64: return put_u64(p, v->u64);
-    case ENGINE_GGUF_INT64: return put(p, &v->i64, 8);
-    case ENGINE_GGUF_FLOAT32: { float x = (float)v->f64; return put(p, &x, 4); }
-    case ENGINE_GGUF_FLOAT64: return put(p, &v->f64, 8);
-    case ENGINE_GGUF_BOOL: { uint8_t x = v->b ? 1 : 0; return put(p, &x, 1); }
-    case ENGINE_GGUF_STRING: return put_str(p, v->str.ptr, v->str.len);
+    case ENGINE_GGUF_UINT8: {
+        uint8_t x = (uint8_t)v->u64;
+        return put(p, &x, 1);
+    }
+    case ENGINE_GGUF_INT8: {
+        int8_t x = (int8_t)v->i64;
+        return put(p, &x, 1);
+    }
+    case ENGINE_GGUF_UINT16: {
+        uint16_t x = (uint16_t)v->u64;
+        return put(p, &x, 2);
+    }
+    case ENGINE_GGUF_INT16: {
+        int16_t x = (int16_t)v->i64;
+        return put(p, &x, 2);
+    }
+    case ENGINE_GGUF_UINT32:
+        return put_u32(p, (uint32_t)v->u64);
+    case ENGINE_GGUF_INT32: {
+        int32_t x = (int32_t)v->i64;
+        return put(p, &x, 4);
+    }
+    case ENGINE_GGUF_UINT64:
+        return put_u64(p, v->u64);
+    case ENGINE_GGUF_INT64:
+        return put(p, &v->i64, 8);
+    case ENGINE_GGUF_FLOAT32: {
+        float x = (float)v->f64;
+        return put(p, &x, 4);
+    }
+    case ENGINE_GGUF_FLOAT64:
+        return put(p, &v->f64, 8);
+    case ENGINE_GGUF_BOOL: {
+        uint8_t x = v->b ? 1 : 0;
+        return put(p, &x, 1);
+    }
+    case ENGINE_GGUF_STRING:
+        return put_str(p, v->str.ptr, v->str.len);
     case ENGINE_GGUF_ARRAY:
         p = put_u64(put_u32(p, (uint32_t)v->arr.type), v->arr.n);
         if (v->arr.type == ENGINE_GGUF_STRING) {
             for (uint64_t i = 0; i < v->arr.n; i++)
                 p = put_str(p, v->arr.strs[i].ptr, v->arr.strs[i].len);
         } else if (v->arr.type == ENGINE_GGUF_ARRAY) {
-            for (uint64_t i = 0; i < v->arr.n; i++) p = put_value(p, &v->arr.vals[i]);
+            for (uint64_t i = 0; i < v->arr.n; i++)
+                p = put_value(p, &v->arr.vals[i]);
         } else {
-            p = put(p, v->arr.data, (size_t)v->arr.n * scalar_size(v->arr.type));
+            p = put(p, v->arr.data, (size_t)v->arr.n * engine_gguf_scalar_size(v->arr.type));
         }
         return p;
-    default: return p;
+    default:
+        return p;
     }
 }
 
@@ -240,7 +262,8 @@ void engine_gguf_writer_free(engine_gguf_writer *w) {
         free(w->kvs[i].key);
         value_free(&w->kvs[i].value);
     }
-    for (size_t i = 0; i < w->n_tensors; i++) free(w->tensors[i].name);
+    for (size_t i = 0; i < w->n_tensors; i++)
+        free(w->tensors[i].name);
     free(w->kvs);
     free(w->tensors);
     free(w->name_hash);
@@ -293,13 +316,13 @@ int engine_gguf_writer_set_value(engine_gguf_writer *w, const char *key,
     return 0;
 }
 
-#define SETTER(fn, ctype, gtype, field, conv)                                                  \
-    int engine_gguf_writer_set_##fn(engine_gguf_writer *w, const char *key, ctype v) {       \
-        engine_gguf_value val;                                                                 \
-        memset(&val, 0, sizeof val);                                                           \
-        val.type = gtype;                                                                      \
-        val.field = conv;                                                                      \
-        return engine_gguf_writer_set_value(w, key, &val);                                     \
+#define SETTER(fn, ctype, gtype, field, conv)                                                      \
+    int engine_gguf_writer_set_##fn(engine_gguf_writer *w, const char *key, ctype v) {             \
+        engine_gguf_value val;                                                                     \
+        memset(&val, 0, sizeof val);                                                               \
+        val.type = gtype;                                                                          \
+        val.field = conv;                                                                          \
+        return engine_gguf_writer_set_value(w, key, &val);                                         \
     }
 SETTER(u8, uint8_t, ENGINE_GGUF_UINT8, u64, v)
 SETTER(i8, int8_t, ENGINE_GGUF_INT8, i64, v)
@@ -331,9 +354,11 @@ int engine_gguf_writer_set_str(engine_gguf_writer *w, const char *key, const cha
 
 int engine_gguf_writer_set_arr(engine_gguf_writer *w, const char *key, engine_gguf_type elem_type,
                                const void *data, uint64_t n) {
-    if (!scalar_size(elem_type))
-        return engine_err(ENGINE_EINVAL, "gguf writer: key %s: set_arr takes scalar elements, "
-                          "not %s", key, engine_gguf_type_name(elem_type));
+    if (!engine_gguf_scalar_size(elem_type))
+        return engine_err(ENGINE_EINVAL,
+                          "gguf writer: key %s: set_arr takes scalar elements, "
+                          "not %s",
+                          key, engine_gguf_type_name(elem_type));
     engine_gguf_value val;
     memset(&val, 0, sizeof val);
     val.type = ENGINE_GGUF_ARRAY;
@@ -343,8 +368,8 @@ int engine_gguf_writer_set_arr(engine_gguf_writer *w, const char *key, engine_gg
     return engine_gguf_writer_set_value(w, key, &val);
 }
 
-int engine_gguf_writer_set_arr_str(engine_gguf_writer *w, const char *key,
-                                   const char *const *strs, const size_t *lens, uint64_t n) {
+int engine_gguf_writer_set_arr_str(engine_gguf_writer *w, const char *key, const char *const *strs,
+                                   const size_t *lens, uint64_t n) {
     if (n && !strs) return engine_err(ENGINE_EINVAL, "gguf writer: key %s: NULL strings", key);
     if (n > SIZE_MAX / sizeof(engine_gguf_str))
         return engine_err(ENGINE_EINVAL, "gguf writer: key %s: too many strings", key);
@@ -365,12 +390,6 @@ int engine_gguf_writer_set_arr_str(engine_gguf_writer *w, const char *key,
     return rc;
 }
 
-static uint64_t hash_name(const char *s) {
-    uint64_t h = 1469598103934665603ull;
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    return h;
-}
-
 /* Returns true if `name` is already a tensor; otherwise records index `idx` for it. */
 static int name_seen_or_insert(engine_gguf_writer *w, const char *name, size_t idx, bool *seen) {
     *seen = false;
@@ -379,15 +398,16 @@ static int name_seen_or_insert(engine_gguf_writer *w, const char *name, size_t i
         uint32_t *t = calloc(cap, sizeof *t);
         if (!t) return engine_err(ENGINE_ENOMEM, "gguf writer: out of memory");
         for (size_t i = 0; i < w->n_tensors; i++) {
-            size_t h = (size_t)hash_name(w->tensors[i].name) & (cap - 1);
-            while (t[h]) h = (h + 1) & (cap - 1);
+            size_t h = (size_t)engine_gguf_hash(w->tensors[i].name) & (cap - 1);
+            while (t[h])
+                h = (h + 1) & (cap - 1);
             t[h] = (uint32_t)i + 1;
         }
         free(w->name_hash);
         w->name_hash = t;
         w->name_hash_cap = cap;
     }
-    size_t h = (size_t)hash_name(name) & (w->name_hash_cap - 1);
+    size_t h = (size_t)engine_gguf_hash(name) & (w->name_hash_cap - 1);
     while (w->name_hash[h]) {
         if (!strcmp(w->tensors[w->name_hash[h] - 1].name, name)) {
             *seen = true;
@@ -404,8 +424,9 @@ int64_t engine_gguf_writer_add_tensor(engine_gguf_writer *w, const char *name, e
     int rc = check_name("tensor name", name);
     if (rc) return rc;
     const engine_type_traits *tr = engine_type_traits_get((int)type);
-    if (!tr) return engine_err(ENGINE_EINVAL, "gguf writer: tensor %s: unknown type %d", name,
-                               (int)type);
+    if (!tr)
+        return engine_err(ENGINE_EINVAL, "gguf writer: tensor %s: unknown type %d", name,
+                          (int)type);
     if (n_dims < 1 || n_dims > ENGINE_GGUF_MAX_DIMS)
         return engine_err(ENGINE_EINVAL, "gguf writer: tensor %s: n_dims %d not in 1..4", name,
                           n_dims);
@@ -422,9 +443,10 @@ int64_t engine_gguf_writer_add_tensor(engine_gguf_writer *w, const char *name, e
                               name, d, (long long)t.ne[d]);
     }
     if (t.ne[0] % tr->block_size)
-        return engine_err(ENGINE_EINVAL, "gguf writer: tensor %s: ne[0] = %lld is not a multiple "
-                          "of the %s block size %lld", name, (long long)t.ne[0], tr->name,
-                          (long long)tr->block_size);
+        return engine_err(ENGINE_EINVAL,
+                          "gguf writer: tensor %s: ne[0] = %lld is not a multiple "
+                          "of the %s block size %lld",
+                          name, (long long)t.ne[0], tr->name, (long long)tr->block_size);
     t.nbytes = (size_t)(nel / (uint64_t)tr->block_size) * tr->type_size;
     bool seen;
     if ((rc = name_seen_or_insert(w, name, w->n_tensors, &seen))) return rc;
@@ -460,9 +482,10 @@ static int writer_alignment(const engine_gguf_writer *w, size_t *out) {
         if (v->type != ENGINE_GGUF_UINT32)
             return engine_err(ENGINE_EINVAL, "gguf writer: general.alignment must be a uint32");
         if (v->u64 < ENGINE_GGUF_DATA_ALIGN || (v->u64 & (v->u64 - 1)) || v->u64 > (1u << 20))
-            return engine_err(ENGINE_EINVAL, "gguf writer: general.alignment %llu is not a power "
-                              "of two in [%d, 1048576]", (unsigned long long)v->u64,
-                              ENGINE_GGUF_DATA_ALIGN);
+            return engine_err(ENGINE_EINVAL,
+                              "gguf writer: general.alignment %llu is not a power "
+                              "of two in [%d, 1048576]",
+                              (unsigned long long)v->u64, ENGINE_GGUF_DATA_ALIGN);
         *out = (size_t)v->u64;
     }
     return 0;
@@ -575,7 +598,8 @@ int engine_gguf_writer_begin(engine_gguf_writer *w, const char *path, engine_ggu
         const wtensor *t = &w->tensors[i];
         p = put_str(p, t->name, strlen(t->name));
         p = put_u32(p, (uint32_t)t->n_dims);
-        for (int d = 0; d < t->n_dims; d++) p = put_u64(p, (uint64_t)t->ne[d]);
+        for (int d = 0; d < t->n_dims; d++)
+            p = put_u64(p, (uint64_t)t->ne[d]);
         p = put_u32(p, (uint32_t)t->type);
         p = put_u64(p, o->offsets[i] - data_start);
     }
@@ -655,8 +679,10 @@ int engine_gguf_writer_write(engine_gguf_writer *w, const char *path, engine_ggu
                              void *user, int n_threads) {
     for (size_t i = 0; i < w->n_tensors; i++)
         if (!w->tensors[i].data && !fill)
-            return engine_err(ENGINE_EINVAL, "gguf writer: tensor %s has no data and no fill "
-                              "callback was given", w->tensors[i].name);
+            return engine_err(ENGINE_EINVAL,
+                              "gguf writer: tensor %s has no data and no fill "
+                              "callback was given",
+                              w->tensors[i].name);
     engine_gguf_out *o;
     int rc = engine_gguf_writer_begin(w, path, &o);
     if (rc) return rc;
@@ -673,7 +699,8 @@ int engine_gguf_writer_write(engine_gguf_writer *w, const char *path, engine_ggu
         for (; started < n_threads - 1; started++)
             if (pthread_create(&tids[started], NULL, fill_worker, &job) != 0) break;
         fill_worker(&job); /* the calling thread works too */
-        for (int t = 0; t < started; t++) pthread_join(tids[t], NULL);
+        for (int t = 0; t < started; t++)
+            pthread_join(tids[t], NULL);
     }
     pthread_mutex_destroy(&job.lock);
     rc = atomic_load(&job.rc);

@@ -20,21 +20,26 @@ static uint64_t sink;
 static void walk_value(const engine_gguf_value *v) {
     switch (v->type) {
     case ENGINE_GGUF_STRING:
-        for (size_t i = 0; i < v->str.len; i++) sink += (unsigned char)v->str.ptr[i];
+        for (size_t i = 0; i < v->str.len; i++)
+            sink += (unsigned char)v->str.ptr[i];
         break;
     case ENGINE_GGUF_ARRAY:
         if (v->arr.type == ENGINE_GGUF_STRING) {
             for (uint64_t i = 0; i < v->arr.n; i++)
-                if (v->arr.strs[i].len) sink += (unsigned char)v->arr.strs[i].ptr[v->arr.strs[i].len - 1];
+                if (v->arr.strs[i].len)
+                    sink += (unsigned char)v->arr.strs[i].ptr[v->arr.strs[i].len - 1];
         } else if (v->arr.type == ENGINE_GGUF_ARRAY) {
-            for (uint64_t i = 0; i < v->arr.n; i++) walk_value(&v->arr.vals[i]);
+            for (uint64_t i = 0; i < v->arr.n; i++)
+                walk_value(&v->arr.vals[i]);
         } else {
             for (uint64_t i = 0; i < v->arr.n; i++)
                 sink += engine_gguf_arr_u64(v, i) + (uint64_t)engine_gguf_arr_i64(v, i) +
                         (uint64_t)(engine_gguf_arr_f64(v, i) != 0);
         }
         break;
-    default: sink += v->u64; break;
+    default:
+        sink += v->u64;
+        break;
     }
 }
 

@@ -14,14 +14,14 @@
 #include <unistd.h>
 
 static int failures;
-#define CHECK(cond, ...)                                                                        \
-    do {                                                                                        \
-        if (!(cond)) {                                                                          \
-            failures++;                                                                         \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                \
-            fprintf(stderr, __VA_ARGS__);                                                       \
-            fprintf(stderr, "\n");                                                              \
-        }                                                                                       \
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            failures++;                                                                            \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                   \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, "\n");                                                                 \
+        }                                                                                          \
     } while (0)
 #define OK(expr) CHECK((expr) == 0, "%s: %s", #expr, engine_error_last())
 
@@ -42,7 +42,8 @@ static int fill(int64_t idx, void *dst, size_t nbytes, void *user) {
     (void)user;
     atomic_fetch_add(&fill_calls, 1);
     uint8_t *p = dst;
-    for (size_t i = 0; i < nbytes; i++) p[i] = pattern(idx, i);
+    for (size_t i = 0; i < nbytes; i++)
+        p[i] = pattern(idx, i);
     return 0;
 }
 
@@ -125,7 +126,8 @@ static void test_roundtrip(int alignment, int n_threads) {
         const void *data = NULL;
         if (i % 2 == 0) { /* copied */
             copies[i] = malloc(nbytes);
-            for (size_t k = 0; k < nbytes; k++) copies[i][k] = pattern(i, k);
+            for (size_t k = 0; k < nbytes; k++)
+                copies[i][k] = pattern(i, k);
             data = copies[i];
         }
         const int64_t idx = engine_gguf_writer_add_tensor(w, name, types[i], 3 - i % 2, ne, data);
@@ -137,7 +139,8 @@ static void test_roundtrip(int alignment, int n_threads) {
     CHECK(engine_gguf_writer_add_tensor(w, "bad", ENGINE_TYPE_Q4_0, 1, ne1, NULL) == ENGINE_EINVAL,
           "partial block accepted");
     CHECK(engine_gguf_writer_add_tensor(w, "blk.0.f32.weight", ENGINE_TYPE_F32, 1, ne1, NULL) ==
-              ENGINE_EINVAL && strstr(engine_error_last(), "duplicate"),
+                  ENGINE_EINVAL &&
+              strstr(engine_error_last(), "duplicate"),
           "duplicate tensor accepted");
     CHECK(engine_gguf_writer_set_arr(w, "x", ENGINE_GGUF_STRING, strs, 1) == ENGINE_EINVAL,
           "set_arr with strings");
@@ -149,7 +152,8 @@ static void test_roundtrip(int alignment, int n_threads) {
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     CHECK(access(tmp, F_OK) != 0, "temporary file left behind");
     engine_gguf_writer_free(w);
-    for (int i = 0; i < 16; i++) free(copies[i]);
+    for (int i = 0; i < 16; i++)
+        free(copies[i]);
 
     /* Read back. */
     engine_gguf *g;
@@ -178,7 +182,8 @@ static void test_roundtrip(int alignment, int n_threads) {
     OK(engine_gguf_get_u32(g, "t.replaced", &u32));
     CHECK(u32 == 2, "replaced value");
     const engine_gguf_kv *kv = engine_gguf_find_key(g, "t.i64");
-    CHECK(kv && kv->value.type == ENGINE_GGUF_INT64 && kv->value.i64 == -0x123456789abcdefll, "i64");
+    CHECK(kv && kv->value.type == ENGINE_GGUF_INT64 && kv->value.i64 == -0x123456789abcdefll,
+          "i64");
     kv = engine_gguf_find_key(g, "t.i8");
     CHECK(kv && kv->value.type == ENGINE_GGUF_INT8 && kv->value.i64 == -120, "i8");
     kv = engine_gguf_find_key(g, "t.u16");
@@ -198,11 +203,14 @@ static void test_roundtrip(int alignment, int n_threads) {
     const engine_gguf_value *a;
     OK(engine_gguf_get_arr(g, "t.arr_i32", ENGINE_GGUF_INT32, &a));
     CHECK(a && a->arr.n == 5, "arr_i32 n");
-    for (int i = 0; a && i < 5; i++) CHECK(engine_gguf_arr_i64(a, i) == ints[i], "arr_i32[%d]", i);
+    for (int i = 0; a && i < 5; i++)
+        CHECK(engine_gguf_arr_i64(a, i) == ints[i], "arr_i32[%d]", i);
     OK(engine_gguf_get_arr(g, "t.arr_f32", ENGINE_GGUF_FLOAT32, &a));
-    for (int i = 0; a && i < 3; i++) CHECK(engine_gguf_arr_f64(a, i) == fl[i], "arr_f32[%d]", i);
+    for (int i = 0; a && i < 3; i++)
+        CHECK(engine_gguf_arr_f64(a, i) == fl[i], "arr_f32[%d]", i);
     OK(engine_gguf_get_arr(g, "t.arr_bool", ENGINE_GGUF_BOOL, &a));
-    for (int i = 0; a && i < 4; i++) CHECK(engine_gguf_arr_i64(a, i) == bools[i], "bool[%d]", i);
+    for (int i = 0; a && i < 4; i++)
+        CHECK(engine_gguf_arr_i64(a, i) == bools[i], "bool[%d]", i);
     OK(engine_gguf_get_arr(g, "t.arr_f64", ENGINE_GGUF_FLOAT64, &a));
     CHECK(a && signbit(engine_gguf_arr_f64(a, 0)) && engine_gguf_arr_f64(a, 1) == 1e300, "f64 arr");
     OK(engine_gguf_get_arr(g, "t.arr_u64", -1, &a));
@@ -211,36 +219,42 @@ static void test_roundtrip(int alignment, int n_threads) {
     CHECK(a && a->arr.n == 0, "empty arr");
     OK(engine_gguf_get_arr(g, "t.arr_str", ENGINE_GGUF_STRING, &a));
     CHECK(a && a->arr.n == 3 && str_eq(a->arr.strs[0], "Ġthe") && a->arr.strs[1].len == 0 &&
-              str_eq(a->arr.strs[2], "<|im_end|>"), "string array");
+              str_eq(a->arr.strs[2], "<|im_end|>"),
+          "string array");
     OK(engine_gguf_get_arr(g, "t.nested", ENGINE_GGUF_ARRAY, &a));
     if (a && a->arr.n == 3) {
         const engine_gguf_value *v = a->arr.vals;
         CHECK(v[0].arr.type == ENGINE_GGUF_INT16 && v[0].arr.n == 2 &&
-                  engine_gguf_arr_i64(&v[0], 1) == 2, "nested[0]");
+                  engine_gguf_arr_i64(&v[0], 1) == 2,
+              "nested[0]");
         CHECK(v[1].arr.type == ENGINE_GGUF_UINT8 && v[1].arr.n == 0, "nested[1]");
         CHECK(v[2].arr.type == ENGINE_GGUF_ARRAY && v[2].arr.n == 1 &&
                   v[2].arr.vals[0].arr.type == ENGINE_GGUF_STRING &&
-                  str_eq(v[2].arr.vals[0].arr.strs[1], "yz"), "nested[2]");
+                  str_eq(v[2].arr.vals[0].arr.strs[1], "yz"),
+              "nested[2]");
     } else {
         CHECK(0, "nested array shape");
     }
     /* Getter errors name the key and both types. */
     CHECK(engine_gguf_get_u32(g, "t.str", &u32) == ENGINE_EFORMAT &&
               strstr(engine_error_last(), "t.str") && strstr(engine_error_last(), "uint32") &&
-              strstr(engine_error_last(), "string"), "type error message: %s", engine_error_last());
+              strstr(engine_error_last(), "string"),
+          "type error message: %s", engine_error_last());
     CHECK(engine_gguf_get_u32(g, "t.i8", &u32) == ENGINE_EFORMAT, "negative into u32");
     CHECK(engine_gguf_get_i32(g, "t.u32", &i32) == ENGINE_EFORMAT &&
-              strstr(engine_error_last(), "out of range"), "u32 4e9 into i32");
+              strstr(engine_error_last(), "out of range"),
+          "u32 4e9 into i32");
     CHECK(engine_gguf_get_u32(g, "t.u64", &u32) == ENGINE_EFORMAT, "u64 into u32");
     CHECK(engine_gguf_get_u32(g, "no.such.key", &u32) == ENGINE_EFORMAT &&
-              strstr(engine_error_last(), "missing key no.such.key"), "missing key: %s",
-          engine_error_last());
+              strstr(engine_error_last(), "missing key no.such.key"),
+          "missing key: %s", engine_error_last());
     CHECK(engine_gguf_get_arr(g, "t.arr_i32", ENGINE_GGUF_STRING, &a) == ENGINE_EFORMAT &&
               strstr(engine_error_last(), "expected array of string, found array of int32"),
           "array type: %s", engine_error_last());
     CHECK(engine_gguf_get_arr(g, "t.u8", -1, &a) == ENGINE_EFORMAT, "scalar as array");
     CHECK(engine_gguf_get_bool(g, "t.u8", &b) == ENGINE_EFORMAT, "u8 as bool");
-    CHECK(engine_gguf_get_f32(g, "t.f64", &f32) == 0 && f32 == (float)3.141592653589793, "f64->f32");
+    CHECK(engine_gguf_get_f32(g, "t.f64", &f32) == 0 && f32 == (float)3.141592653589793,
+          "f64->f32");
     CHECK(engine_gguf_kv_count(g) == 24 + (alignment ? 1 : 0), "kv count %lld",
           (long long)engine_gguf_kv_count(g));
 
@@ -257,13 +271,15 @@ static void test_roundtrip(int alignment, int n_threads) {
         CHECK(t->type == types[i] && t->n_dims == 3 - i % 2, "type/dims %d", i);
         const int64_t bs = engine_type_traits_get(types[i])->block_size;
         CHECK(t->ne[0] == bs * (i + 1) * (bs == 1 ? 3 : 1) && t->ne[1] == i % 3 + 1 &&
-                  t->ne[2] == (t->n_dims == 3 ? i % 2 + 1 : 1) && t->ne[3] == 1, "shape %d", i);
+                  t->ne[2] == (t->n_dims == 3 ? i % 2 + 1 : 1) && t->ne[3] == 1,
+              "shape %d", i);
         CHECK(t->offset % al == 0, "offset alignment %d", i);
         CHECK(((const uint8_t *)t->data - (const uint8_t *)engine_gguf_map(g)) % al == 0,
               "data pointer alignment %d", i);
         const uint8_t *p = t->data;
         size_t bad = 0;
-        for (size_t k = 0; k < t->nbytes; k++) bad += p[k] != pattern(i, k);
+        for (size_t k = 0; k < t->nbytes; k++)
+            bad += p[k] != pattern(i, k);
         CHECK(bad == 0, "tensor %d: %zu bytes differ", i, bad);
     }
     CHECK(engine_gguf_find_tensor(g, "nope") == NULL, "absent tensor");
@@ -307,7 +323,8 @@ static void test_two_phase_and_failures(void) {
         uint8_t *p = engine_gguf_out_tensor_data(o, i);
         const size_t n = engine_gguf_out_tensor_nbytes(o, i);
         CHECK(n == 4 * 8 * 34, "out nbytes");
-        for (size_t k = 0; k < n; k++) p[k] = pattern(i, k);
+        for (size_t k = 0; k < n; k++)
+            p[k] = pattern(i, k);
     }
     CHECK(access(path, F_OK) != 0, "final file visible before commit");
     OK(engine_gguf_out_commit(o));
@@ -346,7 +363,8 @@ static void test_two_phase_and_failures(void) {
     engine_gguf_close(NULL);
     /* Open errors. */
     CHECK(engine_gguf_open(&g, "/nonexistent/x.gguf") == ENGINE_EIO &&
-              strstr(engine_error_last(), "/nonexistent/x.gguf"), "missing file");
+              strstr(engine_error_last(), "/nonexistent/x.gguf"),
+          "missing file");
     CHECK(engine_gguf_open(&g, tmpdir) == ENGINE_EIO, "directory");
     unlink(path);
 }

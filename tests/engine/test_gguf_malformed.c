@@ -16,14 +16,14 @@
 #include <unistd.h>
 
 static int failures;
-#define CHECK(cond, ...)                                                                        \
-    do {                                                                                        \
-        if (!(cond)) {                                                                          \
-            failures++;                                                                         \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                \
-            fprintf(stderr, __VA_ARGS__);                                                       \
-            fprintf(stderr, "\n");                                                              \
-        }                                                                                       \
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            failures++;                                                                            \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                   \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, "\n");                                                                 \
+        }                                                                                          \
     } while (0)
 
 typedef struct {
@@ -35,20 +35,28 @@ static void put(buf *b, const void *src, size_t n) {
     memcpy(b->p + b->n, src, n);
     b->n += n;
 }
-static void u32(buf *b, uint32_t v) { put(b, &v, 4); }
-static void u64(buf *b, uint64_t v) { put(b, &v, 8); }
+static void u32(buf *b, uint32_t v) {
+    put(b, &v, 4);
+}
+static void u64(buf *b, uint64_t v) {
+    put(b, &v, 8);
+}
 static void str(buf *b, const char *s) {
     u64(b, strlen(s));
     put(b, s, strlen(s));
 }
-static void patch32(buf *b, size_t at, uint32_t v) { memcpy(b->p + at, &v, 4); }
-static void patch64(buf *b, size_t at, uint64_t v) { memcpy(b->p + at, &v, 8); }
+static void patch32(buf *b, size_t at, uint32_t v) {
+    memcpy(b->p + at, &v, 4);
+}
+static void patch64(buf *b, size_t at, uint64_t v) {
+    memcpy(b->p + at, &v, 8);
+}
 
 /* Positions of fields in the base file, for patching. */
 static struct {
-    size_t version, n_tensors, n_kv, key0_len, key0_byte, arch_len, align_type, align_val,
-        arr_type, arr_count, strarr_count, strarr_s1_len, bool_val, vtype_bool, nested_inner_n,
-        t0_ndims, t0_ne0, t1_name_byte, t1_ne0, t1_ne1, t1_type, t2_name_byte, t2_offset, t2_ndims;
+    size_t version, n_tensors, n_kv, key0_len, key0_byte, arch_len, align_type, align_val, arr_type,
+        arr_count, strarr_count, strarr_s1_len, bool_val, vtype_bool, nested_inner_n, t0_ndims,
+        t0_ne0, t1_name_byte, t1_ne0, t1_ne1, t1_type, t2_name_byte, t2_offset, t2_ndims;
 } at;
 
 enum { V_BASE, V_DUP_KEY, V_DEEP, V_EMPTY_NAME, V_ALIGN_STR };
@@ -154,8 +162,10 @@ static void build(buf *b, int variant) {
     at.t2_offset = b->n;
     u64(b, 128);
     /* padding to 32, then 160 bytes of data */
-    while (b->n % 32) b->p[b->n++] = 0;
-    for (int i = 0; i < 160; i++) b->p[b->n++] = (uint8_t)i;
+    while (b->n % 32)
+        b->p[b->n++] = 0;
+    for (int i = 0; i < 160; i++)
+        b->p[b->n++] = (uint8_t)i;
     /* a = 8 floats 1..8 */
     for (int i = 0; i < 8; i++) {
         const float f = (float)(i + 1);
@@ -182,7 +192,10 @@ typedef struct {
     const char *needle; /* must appear in the message */
 } bad_case;
 
-#define PATCH(nm, body) static void nm(buf *b) { body; }
+#define PATCH(nm, body)                                                                            \
+    static void nm(buf *b) {                                                                       \
+        body;                                                                                      \
+    }
 PATCH(p_magic, b->p[0] = 'X')
 PATCH(p_v1, patch32(b, at.version, 1))
 PATCH(p_v4, patch32(b, at.version, 4))
@@ -204,7 +217,8 @@ PATCH(p_align_huge, patch32(b, at.align_val, 1u << 30))
 PATCH(p_ndims5, patch32(b, at.t0_ndims, 5))
 PATCH(p_ndims0, patch32(b, at.t0_ndims, 0))
 PATCH(p_ne0_zero, patch64(b, at.t0_ne0, 0))
-PATCH(p_ne_overflow, patch64(b, at.t1_ne0, (uint64_t)1 << 32); patch64(b, at.t1_ne1, (uint64_t)1 << 32))
+PATCH(p_ne_overflow, patch64(b, at.t1_ne0, (uint64_t)1 << 32);
+      patch64(b, at.t1_ne1, (uint64_t)1 << 32))
 PATCH(p_ne_huge, patch64(b, at.t0_ne0, UINT64_MAX))
 PATCH(p_type99, patch32(b, at.t1_type, 99))
 PATCH(p_type_removed, patch32(b, at.t1_type, 4))
@@ -237,7 +251,8 @@ static const bad_case cases[] = {
     {"n_kv_max", V_BASE, p_nkv_max, ENGINE_EFORMAT, "metadata count"},
     {"n_kv_one_more", V_BASE, p_nkv_more, ENGINE_EFORMAT, "tensor 0"}, /* infos read as a key */
     {"key_length_huge", V_BASE, p_keylen, ENGINE_EFORMAT, "key length"},
-    {"string_past_eof", V_BASE, p_strlen, ENGINE_EFORMAT, "key 0 \"general.architecture\": string length"},
+    {"string_past_eof", V_BASE, p_strlen, ENGINE_EFORMAT,
+     "key 0 \"general.architecture\": string length"},
     {"array_count_huge", V_BASE, p_arrcount, ENGINE_EFORMAT, "key 2 \"t.ints\": array of"},
     {"array_type_unknown", V_BASE, p_arrtype, ENGINE_EFORMAT, "unknown element type 77"},
     {"array_type_wrong", V_BASE, p_arrtype_str, ENGINE_EFORMAT, "t.ints"},
@@ -246,18 +261,22 @@ static const bad_case cases[] = {
     {"alignment_3", V_BASE, p_align3, ENGINE_EFORMAT, "general.alignment 3 is not a power of two"},
     {"alignment_0", V_BASE, p_align0, ENGINE_EFORMAT, "general.alignment 0"},
     {"alignment_huge", V_BASE, p_align_huge, ENGINE_EFORMAT, "general.alignment"},
-    {"alignment_string", V_ALIGN_STR, p_none, ENGINE_EFORMAT, "general.alignment: expected uint32, found string"},
+    {"alignment_string", V_ALIGN_STR, p_none, ENGINE_EFORMAT,
+     "general.alignment: expected uint32, found string"},
     {"n_dims_5", V_BASE, p_ndims5, ENGINE_EFORMAT, "tensor 0 \"a\": n_dims 5"},
     {"n_dims_0", V_BASE, p_ndims0, ENGINE_EFORMAT, "n_dims 0"},
     {"ne_zero", V_BASE, p_ne0_zero, ENGINE_EFORMAT, "ne[0] = 0"},
-    {"ne_overflow", V_BASE, p_ne_overflow, ENGINE_EFORMAT, "tensor 1 \"b\": element count overflows"},
+    {"ne_overflow", V_BASE, p_ne_overflow, ENGINE_EFORMAT,
+     "tensor 1 \"b\": element count overflows"},
     {"ne_huge", V_BASE, p_ne_huge, ENGINE_EFORMAT, "ne[0]"},
     {"type_99", V_BASE, p_type99, ENGINE_EFORMAT, "unknown tensor type 99"},
     {"type_removed", V_BASE, p_type_removed, ENGINE_EFORMAT, "unknown tensor type 4"},
-    {"partial_block", V_BASE, p_partial_block, ENGINE_EFORMAT, "not a multiple of the q8_0 block size"},
+    {"partial_block", V_BASE, p_partial_block, ENGINE_EFORMAT,
+     "not a multiple of the q8_0 block size"},
     {"misaligned_offset", V_BASE, p_misaligned, ENGINE_EFORMAT, "not a multiple of the alignment"},
     {"overlap", V_BASE, p_overlap, ENGINE_EFORMAT, "overlaps"},
-    {"data_beyond_eof", V_BASE, p_beyond, ENGINE_EFORMAT, "tensor 2 \"c\": data offset 1099511627776 + size 32 beyond end of file"},
+    {"data_beyond_eof", V_BASE, p_beyond, ENGINE_EFORMAT,
+     "tensor 2 \"c\": data offset 1099511627776 + size 32 beyond end of file"},
     {"offset_wraps", V_BASE, p_wrap, ENGINE_EFORMAT, "beyond end of file"},
     {"data_just_past_eof", V_BASE, p_end, ENGINE_EFORMAT, "beyond end of file"},
     {"duplicate_tensor", V_BASE, p_dup_tensor, ENGINE_EFORMAT, "duplicate tensor name"},
@@ -268,7 +287,8 @@ static const bad_case cases[] = {
     {"string_array_elem_past_eof", V_BASE, p_strarr_len, ENGINE_EFORMAT, "array string length"},
     {"string_array_count", V_BASE, p_strarr_count, ENGINE_EFORMAT, "t.strs"},
     {"nested_count_huge", V_BASE, p_nested_n, ENGINE_EFORMAT, "t.nested"},
-    {"misaligned_data", V_BASE, p_align1_odd, ENGINE_EUNSUPPORTED, "is not 4-byte aligned (general.alignment 1)"},
+    {"misaligned_data", V_BASE, p_align1_odd, ENGINE_EUNSUPPORTED,
+     "is not 4-byte aligned (general.alignment 1)"},
     {"too_small", V_BASE, p_small, ENGINE_EFORMAT, "too small"},
     {"empty_file", V_BASE, p_empty, ENGINE_EFORMAT, "too small"},
 };
@@ -289,7 +309,8 @@ static void test_base(void) {
     CHECK(c && c->nbytes == 32 && ((const uint8_t *)c->data)[0] == 128, "tensor c data");
     const engine_gguf_value *v;
     CHECK(engine_gguf_get_arr(g, "t.nested", ENGINE_GGUF_ARRAY, &v) == 0 &&
-              engine_gguf_arr_u64(&v->arr.vals[0], 0) == 7, "nested");
+              engine_gguf_arr_u64(&v->arr.vals[0], 0) == 7,
+          "nested");
     CHECK(engine_gguf_data_offset(g) + 160 == engine_gguf_file_size(g), "data offset");
     engine_gguf_close(g);
     /* An unsupported but known type still loads (model info can describe it). */
@@ -326,10 +347,10 @@ static void test_cases(void) {
         const char *msg = engine_error_last();
         CHECK(rc == cases[i].code && g == NULL, "%s: rc %d, expected %d (%s)", cases[i].name, rc,
               cases[i].code, msg);
-        CHECK(strstr(msg, path) != NULL, "%s: message does not name the file: %s",
-              cases[i].name, msg);
-        CHECK(strstr(msg, cases[i].needle) != NULL, "%s: message lacks \"%s\": %s",
-              cases[i].name, cases[i].needle, msg);
+        CHECK(strstr(msg, path) != NULL, "%s: message does not name the file: %s", cases[i].name,
+              msg);
+        CHECK(strstr(msg, cases[i].needle) != NULL, "%s: message lacks \"%s\": %s", cases[i].name,
+              cases[i].needle, msg);
         engine_gguf_close(g);
         unlink(path);
     }
@@ -387,7 +408,8 @@ static int write_corpus(const char *dir) {
     for (int i = 0; i < 8; i++) {
         const int64_t ne[2] = {256, 1};
         float x[256];
-        for (int k = 0; k < 256; k++) x[k] = (float)((k * 37 + i) % 19) - 9.0f;
+        for (int k = 0; k < 256; k++)
+            x[k] = (float)((k * 37 + i) % 19) - 9.0f;
         engine_quantize_row(types[i], x, data[i], 256);
         char name[64];
         snprintf(name, sizeof name, "blk.0.t%d.weight", i);

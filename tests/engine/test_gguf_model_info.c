@@ -13,14 +13,14 @@
 #include <unistd.h>
 
 static int failures;
-#define CHECK(cond, ...)                                                                        \
-    do {                                                                                        \
-        if (!(cond)) {                                                                          \
-            failures++;                                                                         \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                \
-            fprintf(stderr, __VA_ARGS__);                                                       \
-            fprintf(stderr, "\n");                                                              \
-        }                                                                                       \
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            failures++;                                                                            \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                   \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, "\n");                                                                 \
+        }                                                                                          \
     } while (0)
 
 static char out_path[600];
@@ -50,7 +50,8 @@ static int zero_fill(int64_t i, void *dst, size_t n, void *u) {
 
 int main(void) {
     char dir[256];
-    snprintf(dir, sizeof dir, "%s/spark_test_info_XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    snprintf(dir, sizeof dir, "%s/spark_test_info_XXXXXX",
+             getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     if (!mkdtemp(dir)) return 1;
     snprintf(out_path, sizeof out_path, "%s/stdout", dir);
     char model[600];
@@ -69,17 +70,22 @@ int main(void) {
     const char *toks[5] = {"a", "b", "c", "<|im_start|>", "<|im_end|>"};
     engine_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, NULL, 5);
     engine_gguf_writer_set_str(w, "tokenizer.chat_template", "{% for m in messages %}{% endfor %}");
-    const int64_t emb[2] = {256, 5}, q[2] = {256, 256}, exps[3] = {256, 64, 8}, dn[3] = {256, 64, 8},
-                  norm[1] = {256};
+    const int64_t emb[2] = {256, 5}, q[2] = {256, 256}, exps[3] = {256, 64, 8},
+                  dn[3] = {256, 64, 8}, norm[1] = {256};
     int64_t added = 0;
     added += engine_gguf_writer_add_tensor(w, "token_embd.weight", ENGINE_TYPE_Q8_0, 2, emb, NULL);
     added += engine_gguf_writer_add_tensor(w, "blk.0.attn_q.weight", ENGINE_TYPE_Q4_K, 2, q, NULL);
-    added += engine_gguf_writer_add_tensor(w, "blk.0.attn_norm.weight", ENGINE_TYPE_F32, 1, norm, NULL);
-    added += engine_gguf_writer_add_tensor(w, "blk.0.ffn_gate_exps.weight", ENGINE_TYPE_Q4_K, 3, exps, NULL);
-    added += engine_gguf_writer_add_tensor(w, "blk.0.ffn_up_exps.weight", ENGINE_TYPE_Q4_K, 3, exps, NULL);
-    added += engine_gguf_writer_add_tensor(w, "blk.0.ffn_down_exps.weight", ENGINE_TYPE_Q6_K, 3, dn, NULL);
+    added +=
+        engine_gguf_writer_add_tensor(w, "blk.0.attn_norm.weight", ENGINE_TYPE_F32, 1, norm, NULL);
+    added += engine_gguf_writer_add_tensor(w, "blk.0.ffn_gate_exps.weight", ENGINE_TYPE_Q4_K, 3,
+                                           exps, NULL);
+    added += engine_gguf_writer_add_tensor(w, "blk.0.ffn_up_exps.weight", ENGINE_TYPE_Q4_K, 3, exps,
+                                           NULL);
+    added += engine_gguf_writer_add_tensor(w, "blk.0.ffn_down_exps.weight", ENGINE_TYPE_Q6_K, 3, dn,
+                                           NULL);
     CHECK(added == 0 + 1 + 2 + 3 + 4 + 5, "add_tensor: %s", engine_error_last());
-    CHECK(engine_gguf_writer_write(w, model, zero_fill, NULL, 2) == 0, "write: %s", engine_error_last());
+    CHECK(engine_gguf_writer_write(w, model, zero_fill, NULL, 2) == 0, "write: %s",
+          engine_error_last());
     engine_gguf_writer_free(w);
 
     const unsigned long long dense = 256 * 5 + 256 * 256 + 256, experts = 3ull * 256 * 64 * 8;
@@ -94,8 +100,10 @@ int main(void) {
     CHECK(strstr(buf, "\"name\":\"Tiny \\\"MoE\\\"\\u000a\""), "escaped name: %s", buf);
     CHECK(strstr(buf, "\"expert_count\":8,\"expert_used_count\":2"), "experts: %s", buf);
     CHECK(strstr(buf, "\"tensor_count\":6"), "tensor count");
-    CHECK(strstr(buf, "\"q4_K\":{\"tensors\":3,\"parameters\":327680,\"bytes\":184320}"), "q4_K: %s", buf);
-    CHECK(strstr(buf, "\"q8_0\":{\"tensors\":1,\"parameters\":1280,\"bytes\":1360}"), "q8_0: %s", buf);
+    CHECK(strstr(buf, "\"q4_K\":{\"tensors\":3,\"parameters\":327680,\"bytes\":184320}"),
+          "q4_K: %s", buf);
+    CHECK(strstr(buf, "\"q8_0\":{\"tensors\":1,\"parameters\":1280,\"bytes\":1360}"), "q8_0: %s",
+          buf);
     CHECK(strstr(buf, "\"tokenizer\":{\"model\":\"gpt2\",\"vocab_size\":5}"), "tokenizer: %s", buf);
     CHECK(strstr(buf, "\"chat_template\":true"), "template");
     CHECK(strstr(buf, "\"context_length\":4096,\"block_count\":1,\"embedding_length\":256"), "hp");
@@ -112,7 +120,8 @@ int main(void) {
     snprintf(want, sizeof want, "active/token:    %.2f K (%llu), 2 of 8 experts used",
              (double)active / 1e3, active);
     CHECK(strstr(buf, want), "want '%s' in:\n%s", want, buf);
-    CHECK(strstr(buf, "chat template:   present") && strstr(buf, "vocabulary 5 tokens"), "text: %s", buf);
+    CHECK(strstr(buf, "chat template:   present") && strstr(buf, "vocabulary 5 tokens"), "text: %s",
+          buf);
 
     /* Bad input: exit statuses. */
     char *a_none[] = {"info"};

@@ -18,14 +18,14 @@
 #endif
 
 static int failures;
-#define CHECK(cond, ...)                                                                        \
-    do {                                                                                        \
-        if (!(cond)) {                                                                          \
-            failures++;                                                                         \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                \
-            fprintf(stderr, __VA_ARGS__);                                                       \
-            fprintf(stderr, "\n");                                                              \
-        }                                                                                       \
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            failures++;                                                                            \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                   \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, "\n");                                                                 \
+        }                                                                                          \
     } while (0)
 
 /* Deterministic random numbers (xorshift64*), independent of libc. */
@@ -62,8 +62,10 @@ static void test_half(void) {
     for (uint32_t h = 0; h < 65536; h++) {
         const float f = engine_fp16_to_fp32((uint16_t)h);
         const uint16_t back = engine_fp32_to_fp16(f);
-        if (isnan(f)) CHECK(isnan(engine_fp16_to_fp32(back)), "nan %04x", h);
-        else CHECK(back == h, "half %04x -> %g -> %04x", h, f, back);
+        if (isnan(f))
+            CHECK(isnan(engine_fp16_to_fp32(back)), "nan %04x", h);
+        else
+            CHECK(back == h, "half %04x -> %g -> %04x", h, f, back);
     }
     /* Known values. */
     CHECK(engine_fp16_to_fp32(0x3c00) == 1.0f, "1.0");
@@ -98,8 +100,10 @@ static void test_half(void) {
             float f;
             memcpy(&f, &bits, 4);
             const uint16_t a = engine_fp32_to_fp16(f), b = hw_f32_to_f16(f);
-            if (isnan(f)) CHECK((a & 0x7c00) == 0x7c00 && (a & 0x3ff), "nan %08x", bits);
-            else CHECK(a == b, "f32 %08x (%g): %04x vs hardware %04x", bits, f, a, b);
+            if (isnan(f))
+                CHECK((a & 0x7c00) == 0x7c00 && (a & 0x3ff), "nan %08x", bits);
+            else
+                CHECK(a == b, "f32 %08x (%g): %04x vs hardware %04x", bits, f, a, b);
         }
     } else {
         printf("note: no F16C on this CPU: half conversion checked against known values only\n");
@@ -167,13 +171,14 @@ static void test_dequant_exact(void) {
         engine_block_q4_K b;
         int sc[8], m[8], q[256];
         for (int j = 0; j < 8; j++) {
-            sc[j] = 10 + 7 * j;        /* 10 .. 59 */
-            m[j] = 63 - 6 * j;         /* 63 .. 21 */
+            sc[j] = 10 + 7 * j; /* 10 .. 59 */
+            m[j] = 63 - 6 * j;  /* 63 .. 21 */
         }
         b.d = 0x3000;
         b.dmin = 0x2800;
         pack_k_scales(sc, m, b.scales);
-        for (int p = 0; p < 256; p++) q[p] = (p * 7 + 3) & 15;
+        for (int p = 0; p < 256; p++)
+            q[p] = (p * 7 + 3) & 15;
         for (int c = 0; c < 4; c++)
             for (int l = 0; l < 32; l++)
                 b.qs[32 * c + l] = (uint8_t)(q[64 * c + l] | (q[64 * c + 32 + l] << 4));
@@ -191,12 +196,15 @@ static void test_dequant_exact(void) {
         b.d = 0x2c00;    /* 1/16 */
         b.dmin = 0x3400; /* 1/4 */
         pack_k_scales(sc, m, b.scales);
-        for (int p = 0; p < 256; p++) q[p] = (p * 11 + 5) & 31;
+        for (int p = 0; p < 256; p++)
+            q[p] = (p * 11 + 5) & 31;
         memset(b.qh, 0, sizeof b.qh);
         for (int c = 0; c < 4; c++)
             for (int l = 0; l < 32; l++)
-                b.qs[32 * c + l] = (uint8_t)((q[64 * c + l] & 15) | ((q[64 * c + 32 + l] & 15) << 4));
-        for (int p = 0; p < 256; p++) b.qh[p % 32] |= (uint8_t)((q[p] >> 4) << (p / 32));
+                b.qs[32 * c + l] =
+                    (uint8_t)((q[64 * c + l] & 15) | ((q[64 * c + 32 + l] & 15) << 4));
+        for (int p = 0; p < 256; p++)
+            b.qh[p % 32] |= (uint8_t)((q[p] >> 4) << (p / 32));
         for (int p = 0; p < 256; p++)
             want[p] = (float)(0.0625 * sc[p / 32] * q[p] - 0.25 * m[p / 32]);
         expect_row("q5_K", ENGINE_TYPE_Q5_K, &b, want, 256);
@@ -206,11 +214,13 @@ static void test_dequant_exact(void) {
        * v[l+96] at bits 0, 2, 4, 6; value = d * scale[p / 16] * (v - 32). */
         engine_block_q6_K b;
         int q[256];
-        for (int j = 0; j < 16; j++) b.scales[j] = (int8_t)((j * 17) % 41 - 20);
+        for (int j = 0; j < 16; j++)
+            b.scales[j] = (int8_t)((j * 17) % 41 - 20);
         b.scales[3] = -128;
         b.scales[12] = 127;
         b.d = 0x2400; /* 1/64 */
-        for (int p = 0; p < 256; p++) q[p] = (p * 13 + 1) & 63;
+        for (int p = 0; p < 256; p++)
+            q[p] = (p * 13 + 1) & 63;
         for (int c = 0; c < 2; c++) {
             const int *v = q + 128 * c;
             for (int l = 0; l < 32; l++) {
@@ -270,23 +280,27 @@ static void test_quant_accuracy(void) {
     static float x[NQ];
     /* Bounds: ~1.5x the error measured for Gaussian data; the uniform-step theory gives
      * step/sqrt(12) relative to sigma with step ~ 2.5 sigma / levels. */
-    const struct { engine_type t; double bound; } cases[] = {
-        {ENGINE_TYPE_F32, 0.0},     {ENGINE_TYPE_F16, 4e-4},   {ENGINE_TYPE_BF16, 3e-3},
-        {ENGINE_TYPE_Q8_0, 0.012},  {ENGINE_TYPE_Q6_K, 0.03},  {ENGINE_TYPE_Q5_K, 0.05},
-        {ENGINE_TYPE_Q4_K, 0.10},   {ENGINE_TYPE_Q4_0, 0.12},  {ENGINE_TYPE_Q8_K, 0.012},
+    const struct {
+        engine_type t;
+        double bound;
+    } cases[] = {
+        {ENGINE_TYPE_F32, 0.0},    {ENGINE_TYPE_F16, 4e-4},  {ENGINE_TYPE_BF16, 3e-3},
+        {ENGINE_TYPE_Q8_0, 0.012}, {ENGINE_TYPE_Q6_K, 0.03}, {ENGINE_TYPE_Q5_K, 0.05},
+        {ENGINE_TYPE_Q4_K, 0.10},  {ENGINE_TYPE_Q4_0, 0.12}, {ENGINE_TYPE_Q8_K, 0.012},
     };
     for (int dist = 0; dist < 3; dist++) {
         for (int i = 0; i < NQ; i++) {
             x[i] = rnd_normal();
-            if (dist == 1) x[i] = x[i] * 0.02f + 0.01f;            /* small, shifted weights */
+            if (dist == 1) x[i] = x[i] * 0.02f + 0.01f; /* small, shifted weights */
             if (dist == 2) x[i] = (i % 256 < 128) ? fabsf(x[i]) * 3 : -fabsf(x[i]); /* skewed */
         }
         for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
             const double e = rel_rmse(cases[c].t, x, NQ);
             CHECK(e <= cases[c].bound, "%s dist %d: relative RMSE %.5f > %.5f",
                   engine_type_name(cases[c].t), dist, e, cases[c].bound);
-            if (dist == 0) printf("  %-5s relative RMSE %.5f (bound %.4f)\n",
-                                  engine_type_name(cases[c].t), e, cases[c].bound);
+            if (dist == 0)
+                printf("  %-5s relative RMSE %.5f (bound %.4f)\n", engine_type_name(cases[c].t), e,
+                       cases[c].bound);
         }
     }
     /* Degenerate inputs: zeros, a constant, one spike, tiny and huge values: finite output,
@@ -298,15 +312,19 @@ static void test_quant_accuracy(void) {
         float in[512], out[512];
         for (int mode = 0; mode < 5; mode++) {
             for (int i = 0; i < 512; i++) {
-                in[i] = mode == 0 ? 0.0f : mode == 1 ? -0.75f : mode == 2 ? (i == 77 ? 5.0f : 0.0f)
-                      : mode == 3 ? ldexpf(rnd_normal(), -30) : rnd_normal() * 1e6f;
+                in[i] = mode == 0   ? 0.0f
+                        : mode == 1 ? -0.75f
+                        : mode == 2 ? (i == 77 ? 5.0f : 0.0f)
+                        : mode == 3 ? ldexpf(rnd_normal(), -30)
+                                    : rnd_normal() * 1e6f;
             }
             CHECK(engine_quantize_row(types[k], in, buf, 512) == 0, "quantize");
             CHECK(engine_dequantize_row(types[k], buf, out, 512) == 0, "dequantize");
-            for (int i = 0; i < 512; i++) CHECK(isfinite(out[i]), "%s mode %d: not finite",
-                                                engine_type_name(types[k]), mode);
+            for (int i = 0; i < 512; i++)
+                CHECK(isfinite(out[i]), "%s mode %d: not finite", engine_type_name(types[k]), mode);
             if (mode == 0)
-                for (int i = 0; i < 512; i++) CHECK(out[i] == 0.0f, "zeros stay zero");
+                for (int i = 0; i < 512; i++)
+                    CHECK(out[i] == 0.0f, "zeros stay zero");
             if (mode == 1)
                 CHECK(fabsf(out[3] + 0.75f) < 0.05f, "%s constant: %g", engine_type_name(types[k]),
                       out[3]);
@@ -317,7 +335,8 @@ static void test_quant_accuracy(void) {
     }
     /* Deterministic. */
     static uint8_t a[NQ], b[NQ];
-    for (int i = 0; i < 1024; i++) x[i] = rnd_normal();
+    for (int i = 0; i < 1024; i++)
+        x[i] = rnd_normal();
     engine_quantize_row(ENGINE_TYPE_Q4_K, x, a, 1024);
     engine_quantize_row(ENGINE_TYPE_Q4_K, x, b, 1024);
     CHECK(memcmp(a, b, engine_type_row_size(ENGINE_TYPE_Q4_K, 1024)) == 0, "deterministic");
@@ -378,7 +397,8 @@ static void test_dots(void) {
                 check_dot(t, n, wq, xq, "random", scalar[t]);
                 if (rep == 0) { /* random bytes as weights: any bit pattern with finite scales */
                     const size_t bytes = engine_type_row_size(t, n);
-                    for (size_t i = 0; i < bytes; i++) wq[i] = (uint8_t)rnd_u64();
+                    for (size_t i = 0; i < bytes; i++)
+                        wq[i] = (uint8_t)rnd_u64();
                     const size_t bs = engine_type_traits_get(t)->type_size;
                     /* clamp every f16/bf16/f32 value or block scale to something finite */
                     for (size_t i = 0; i < bytes; i += bs) {
@@ -400,14 +420,20 @@ static void test_dots(void) {
         }
         /* Extremes: every weight byte at its most negative / largest value against |x| max. */
         const int n = 512;
-        for (int i = 0; i < n; i++) x[i] = (i & 1) ? 1.0f : -1.0f;
+        for (int i = 0; i < n; i++)
+            x[i] = (i & 1) ? 1.0f : -1.0f;
         engine_quantize_row(vt, x, xq, n);
         const size_t bytes = engine_type_row_size(t, n), bs = engine_type_traits_get(t)->type_size;
         memset(wq, 0x80, bytes); /* int8 -128, nibbles 8/0, ... */
         for (size_t i = 0; i < bytes; i += bs) {
             if (t == ENGINE_TYPE_F32 || t == ENGINE_TYPE_F16 || t == ENGINE_TYPE_BF16) break;
-            if (t == ENGINE_TYPE_Q6_K) { wq[i + 208] = 0x00; wq[i + 209] = 0x3c; }
-            else { wq[i] = 0x00; wq[i + 1] = 0x3c; }
+            if (t == ENGINE_TYPE_Q6_K) {
+                wq[i + 208] = 0x00;
+                wq[i + 209] = 0x3c;
+            } else {
+                wq[i] = 0x00;
+                wq[i + 1] = 0x3c;
+            }
         }
         if (t == ENGINE_TYPE_F32 || t == ENGINE_TYPE_F16 || t == ENGINE_TYPE_BF16)
             engine_quantize_row(t, x, wq, n);
@@ -415,10 +441,16 @@ static void test_dots(void) {
         memset(wq, 0xff, bytes); /* all bits set: largest quants and scales */
         for (size_t i = 0; i < bytes; i += bs) {
             if (t == ENGINE_TYPE_F32 || t == ENGINE_TYPE_F16 || t == ENGINE_TYPE_BF16) break;
-            if (t == ENGINE_TYPE_Q6_K) { wq[i + 208] = 0x00; wq[i + 209] = 0x3c; }
-            else {
-                wq[i] = 0x00; wq[i + 1] = 0x3c;
-                if (t == ENGINE_TYPE_Q4_K || t == ENGINE_TYPE_Q5_K) { wq[i + 2] = 0; wq[i + 3] = 0x3c; }
+            if (t == ENGINE_TYPE_Q6_K) {
+                wq[i + 208] = 0x00;
+                wq[i + 209] = 0x3c;
+            } else {
+                wq[i] = 0x00;
+                wq[i + 1] = 0x3c;
+                if (t == ENGINE_TYPE_Q4_K || t == ENGINE_TYPE_Q5_K) {
+                    wq[i + 2] = 0;
+                    wq[i + 3] = 0x3c;
+                }
             }
         }
         if (t != ENGINE_TYPE_F32 && t != ENGINE_TYPE_F16 && t != ENGINE_TYPE_BF16)
@@ -430,13 +462,16 @@ static void test_dots(void) {
         static uint8_t W[7 * 512 * 2];
         const size_t stride = engine_type_row_size(ENGINE_TYPE_Q4_K, cols);
         for (int r = 0; r < rows; r++) {
-            for (int i = 0; i < cols; i++) w[i] = rnd_normal();
+            for (int i = 0; i < cols; i++)
+                w[i] = rnd_normal();
             engine_quantize_row(ENGINE_TYPE_Q4_K, w, W + r * stride, cols);
         }
-        for (int i = 0; i < cols; i++) x[i] = rnd_normal();
+        for (int i = 0; i < cols; i++)
+            x[i] = rnd_normal();
         engine_quantize_row(ENGINE_TYPE_Q8_K, x, xq, cols);
         float y[7];
-        for (int r = 0; r < rows; r++) y[r] = -123.0f;
+        for (int r = 0; r < rows; r++)
+            y[r] = -123.0f;
         engine_quant_matvec(ENGINE_TYPE_Q4_K, W, stride, cols, 2, 6, xq, y);
         for (int r = 0; r < rows; r++) {
             if (r >= 2 && r < 6)
@@ -483,8 +518,7 @@ int main(int argc, char **argv) {
     }
     int status = 0;
     waitpid(pid, &status, 0);
-    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "scalar child failed (status %d)",
-          status);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "scalar child failed (status %d)", status);
     if (failures) {
         fprintf(stderr, "%d failures\n", failures);
         return 1;
