@@ -546,15 +546,30 @@ done:
  * shortest sentence). Bellman-Ford style relaxation to a fixpoint. */
 static int compute_dist(grammar *g) {
     g->dist = malloc((size_t)g->n_states * sizeof *g->dist);
-    if (!g->dist) return grammar_err(GRAMMAR_ENOMEM, "out of memory");
+    int32_t *off = malloc(((size_t)g->n_states + 1) * sizeof *off);
+    int32_t *tg = NULL;
+    size_t n_tg = 0, cap_tg = 0;
+    if (!g->dist || !off) goto oom;
+    /* distinct byte targets per state, once */
+    for (int32_t q = 0; q < g->n_states; q++) {
+        off[q] = (int32_t)n_tg;
+        const int32_t *row = g->trans + (size_t)q * 256;
+        int32_t last = -1;
+        for (int b = 0; b < 256; b++) {
+            if (row[b] < 0 || row[b] == last) continue;
+            last = row[b];
+            if (grammar_grow((void **)&tg, &cap_tg, n_tg + 1, sizeof *tg)) goto oom;
+            tg[n_tg++] = row[b];
+        }
+    }
+    off[g->n_states] = (int32_t)n_tg;
     for (int32_t q = 0; q < g->n_states; q++) g->dist[q] = g->final[q] ? 0 : GRAMMAR_DIST_INF;
     for (int changed = 1; changed;) {
         changed = 0;
         for (int32_t q = g->n_states - 1; q >= 0; q--) {
             uint32_t best = g->dist[q];
-            const int32_t *row = g->trans + (size_t)q * 256;
-            for (int b = 0; b < 256; b++)
-                if (row[b] >= 0 && g->dist[row[b]] + 1 < best) best = g->dist[row[b]] + 1;
+            for (int32_t k = off[q]; k < off[q + 1]; k++)
+                if (g->dist[tg[k]] + 1 < best) best = g->dist[tg[k]] + 1;
             for (int32_t k = g->ref_off[q]; k < g->ref_off[q + 1]; k++) {
                 uint32_t d = g->dist[g->rule_start[g->refs[k].rule]] + g->dist[g->refs[k].ret];
                 if (d < best) best = d;
@@ -565,7 +580,13 @@ static int compute_dist(grammar *g) {
             }
         }
     }
+    free(off);
+    free(tg);
     return 0;
+oom:
+    free(off);
+    free(tg);
+    return grammar_err(GRAMMAR_ENOMEM, "out of memory");
 }
 
 int grammar_compile_ir(grammar **out, const grammar_ir *ir, const char *root) {

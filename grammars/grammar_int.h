@@ -61,6 +61,13 @@ struct grammar {
 
 #define GRAMMAR_DIST_INF 0x3fffffffu
 
+/* One character of JSON string content as a GBNF group (written inline, so a string body is one
+ * DFA loop rather than a rule call per character). \u escapes exclude surrogates, so every
+ * match is exactly one codepoint (what minLength/maxLength count). */
+#define GRAMMAR_JSON_CHAR                                                                        \
+    "( [^\"\\\\\\x00-\\x1F] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" ( [0-9a-cA-Ce-fE-F] "             \
+    "[0-9a-fA-F]{3} | [dD] [0-7] [0-9a-fA-F]{2} ) ) )"
+
 /* JSON strings (json_schema.c, regex.c): the GBNF alternatives (joined with " | ", *first
  * tracks the first) that match one character of the codepoint set as JSON string content. */
 void grammar_json_char_class(grammar_buf *b, const uint32_t *ranges, size_t pairs, int *first);
@@ -160,6 +167,8 @@ typedef struct {
     int32_t *out;
     size_t n_out, cap_out;
     uint32_t *wstamp;       /* per rule: popped to any caller already in this step */
+    uint32_t *seen;         /* per node: in out already in this step (== stamp) */
+    size_t cap_seen;
     uint32_t stamp;
     int depth;
     int err;

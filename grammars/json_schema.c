@@ -33,10 +33,7 @@ typedef struct {
 enum { U_WS = 1, U_STRING = 2, U_NUMBER = 4, U_INTEGER = 8, U_VALUE = 16, U_CHAR = 32 };
 
 static const char CORE_WS[] = "ws ::= ( \" \" | \"\\n\" [ ]{0,16} )?\n";
-static const char CORE_CHAR[] =
-    "char ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" ( [0-9a-cA-Ce-fE-F] "
-    "[0-9a-fA-F]{3} | [dD] [0-7] [0-9a-fA-F]{2} ) )\n";
-static const char CORE_STRING[] = "string ::= \"\\\"\" char* \"\\\"\"\n";
+static const char CORE_STRING[] = "string ::= \"\\\"\" " GRAMMAR_JSON_CHAR "* \"\\\"\"\n";
 static const char CORE_INTEGER[] = "integer ::= \"-\"? ( \"0\" | [1-9] [0-9]{0,15} )\n";
 static const char CORE_NUMBER[] =
     "number ::= integer ( \".\" [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,2} )?\n";
@@ -55,7 +52,7 @@ static int fail(sctx *c, int code, const char *path, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    c->err = grammar_err(code, "schema %s: %s", path[0] ? path : "#", msg);
+    c->err = grammar_err(code, "schema %s%s: %s", path[0] == '#' ? "" : "#", path, msg);
     return c->err;
 }
 
@@ -395,7 +392,7 @@ static int gen_string(sctx *c, json_t *s, const char *path, grammar_buf *b) {
         const char *f = json_string_value(fmt);
         if (!f) return fail(c, GRAMMAR_EINVAL, path, "format is not a string%s", "");
         static const char DATE[] =
-            "[0-9]{4} \"-\" ( \"0\" [1-9] | \"1\" [0-2] ) \"-\" ( \"0\" [1-9] | [12] [0-9] )";
+            "[0-9]{4} \"-\" ( \"0\" [1-9] | \"1\" [0-2] ) \"-\" ( \"0\" [1-9] | \"1\" [0-9] | \"2\" [0-8] )";
         static const char TIME[] =
             "( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] \":\" [0-5] [0-9] ( \".\" [0-9]{1,6} )? "
             "( \"Z\" | [+-] ( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] )";
@@ -409,7 +406,7 @@ static int gen_string(sctx *c, json_t *s, const char *path, grammar_buf *b) {
         } else if (strcmp(f, "uuid") == 0) {
             grammar_buf_puts(b, "[0-9a-f]{8} \"-\" [0-9a-f]{4} \"-\" [0-9a-f]{4} \"-\" [0-9a-f]{4} \"-\" [0-9a-f]{12}");
         } else if (strcmp(f, "email") == 0) {
-            grammar_buf_puts(b, "[a-zA-Z0-9_] [a-zA-Z0-9._+-]{0,30} \"@\" [a-zA-Z0-9] [a-zA-Z0-9-]{0,20} ( \".\" [a-zA-Z]{2,6} ){1,2}");
+            grammar_buf_puts(b, "[a-zA-Z0-9_] [a-zA-Z0-9._+-]{0,30} \"@\" [a-zA-Z0-9] ( [a-zA-Z0-9-]{0,20} [a-zA-Z0-9] )? ( \".\" [a-zA-Z]{2,6} ){1,2}");
         } else if (strcmp(f, "uri") == 0) {
             grammar_buf_puts(b, "( \"https\" | \"http\" ) \"://\" [a-z0-9] [a-z0-9.-]{0,30} ( \"/\" [a-zA-Z0-9._~%-]{0,20} ){0,6}");
         } else if (strcmp(f, "ipv4") == 0) {
@@ -426,8 +423,8 @@ static int gen_string(sctx *c, json_t *s, const char *path, grammar_buf *b) {
         grammar_buf_puts(b, "string");
         return 0;
     }
-    if (mx < 0) grammar_buf_printf(b, "\"\\\"\" char{%lld,} \"\\\"\"", mn);
-    else grammar_buf_printf(b, "\"\\\"\" char{%lld,%lld} \"\\\"\"", mn, mx);
+    if (mx < 0) grammar_buf_printf(b, "\"\\\"\" %s{%lld,} \"\\\"\"", GRAMMAR_JSON_CHAR, mn);
+    else grammar_buf_printf(b, "\"\\\"\" %s{%lld,%lld} \"\\\"\"", GRAMMAR_JSON_CHAR, mn, mx);
     return 0;
 }
 
@@ -1072,7 +1069,6 @@ static void put_core(grammar_buf *out, uint32_t used) {
     if (used & U_STRING) used |= U_CHAR;
     if (used & U_NUMBER) used |= U_INTEGER;
     if (used & U_WS) grammar_buf_puts(out, CORE_WS);
-    if (used & U_CHAR) grammar_buf_puts(out, CORE_CHAR);
     if (used & U_STRING) grammar_buf_puts(out, CORE_STRING);
     if (used & U_INTEGER) grammar_buf_puts(out, CORE_INTEGER);
     if (used & U_NUMBER) grammar_buf_puts(out, CORE_NUMBER);

@@ -399,11 +399,11 @@ int grammar_regex_to_gbnf(grammar_buf *b, const char *re, char *err, size_t errc
             }
         }
     }
-    if (!start) grammar_buf_puts(b, "char* ");
+    if (!start) grammar_buf_puts(b, GRAMMAR_JSON_CHAR "* ");
     grammar_buf_puts(b, "( ");
     if (parse_alt(&x)) return -1;
     if (x.p != x.end) return rx_fail(&x, "unbalanced )");
     grammar_buf_puts(b, " )");
-    if (!end) grammar_buf_puts(b, " char*");
+    if (!end) grammar_buf_puts(b, " " GRAMMAR_JSON_CHAR "*");
     return b->failed ? rx_fail(&x, "out of memory") : 0;
 }

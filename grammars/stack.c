@@ -151,12 +151,25 @@ int grammar_stepper_init(grammar_stepper *sp, const grammar *g, grammar_store *s
 void grammar_stepper_deinit(grammar_stepper *sp) {
     free(sp->out);
     free(sp->wstamp);
+    free(sp->seen);
     memset(sp, 0, sizeof *sp);
 }
 
 static void add_out(grammar_stepper *sp, int32_t id) {
-    for (size_t i = 0; i < sp->n_out; i++)
-        if (sp->out[i] == id) return;
+    if ((size_t)id >= sp->cap_seen) {
+        size_t cap = sp->cap_seen ? sp->cap_seen : 1024;
+        while (cap <= (size_t)id) cap *= 2;
+        uint32_t *n = realloc(sp->seen, cap * sizeof *n);
+        if (!n) {
+            sp->err = grammar_err(GRAMMAR_ENOMEM, "out of memory");
+            return;
+        }
+        memset(n + sp->cap_seen, 0, (cap - sp->cap_seen) * sizeof *n);
+        sp->seen = n;
+        sp->cap_seen = cap;
+    }
+    if (sp->seen[id] == sp->stamp) return;
+    sp->seen[id] = sp->stamp;
     if (sp->n_out >= STEP_MAX_SET) {
         sp->err = grammar_err(GRAMMAR_ELIMIT, "grammar too ambiguous: more than %u parse stacks",
                               STEP_MAX_SET);
@@ -171,6 +184,14 @@ static void add_out(grammar_stepper *sp, int32_t id) {
 }
 
 static void expand(grammar_stepper *sp, int32_t q, int32_t parent);
+
+static void next_stamp(grammar_stepper *sp) {
+    if (++sp->stamp == 0) { /* wrapped: forget every old mark */
+        if (sp->seen) memset(sp->seen, 0, sp->cap_seen * sizeof *sp->seen);
+        memset(sp->wstamp, 0, (size_t)sp->g->n_rules * sizeof *sp->wstamp);
+        sp->stamp = 1;
+    }
+}
 
 static void pop(grammar_stepper *sp, int32_t parent) {
     if (parent < 0) {
@@ -231,7 +252,7 @@ int grammar_stepper_start(grammar_stepper *sp, int32_t rule, int32_t parent) {
     sp->n_out = 0;
     sp->err = 0;
     sp->depth = 0;
-    sp->stamp++;
+    next_stamp(sp);
     expand(sp, sp->g->rule_start[rule], parent);
     return sp->err;
 }
@@ -242,7 +263,7 @@ int grammar_stepper_step(grammar_stepper *sp, const int32_t *in, size_t n, uint8
     sp->n_out = 0;
     sp->err = 0;
     sp->depth = 0;
-    sp->stamp++;
+    next_stamp(sp);
     for (size_t i = 0; i < n && !sp->err; i++) {
         int32_t q = st->q[in[i]];
         if (q < 0) continue;

@@ -123,3 +123,81 @@ void qwen_vocab_free(qwen_vocab *v) {
     grammar_vocab_free(v->vocab);
     memset(v, 0, sizeof *v);
 }
+
+uint64_t test_rng_next(test_rng *r) {
+    uint64_t x = (r->s += 0x9e3779b97f4a7c15ull);
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static int allowed(const uint32_t *mask, int32_t t) {
+    return (mask[t / 32] >> (t % 32)) & 1;
+}
+
+int test_generate(grammar_matcher *m, const qwen_vocab *qv, test_rng *r, int free_steps,
+                  int max_steps, char **out, size_t *len, uint32_t *mask) {
+    for (int step = 0; step < max_steps; step++) {
+        if (grammar_sampler_mask(m, mask, QWEN_N_VOCAB)) {
+            fprintf(stderr, "mask: %s\n", grammar_error_last());
+            return -1;
+        }
+        int32_t pick = -1;
+        int complete = allowed(mask, QWEN_IM_END);
+        if (step < free_steps) {
+            if (complete && test_rng_below(r, 8) == 0) {
+                pick = QWEN_IM_END;
+            } else {
+                int bytes_only = test_rng_below(r, 2) == 0;
+                uint64_t best = 0;
+                for (int32_t w = 0; w < (QWEN_N_VOCAB + 31) / 32; w++) {
+                    uint32_t bits = mask[w];
+                    while (bits) {
+                        int32_t t = w * 32 + __builtin_ctz(bits);
+                        bits &= bits - 1;
+                        if (t == QWEN_IM_END || (bytes_only && qv->len[t] != 1)) continue;
+                        uint64_t logit = test_rng_next(r) | 1;
+                        if (logit > best) {
+                            best = logit;
+                            pick = t;
+                        }
+                    }
+                }
+            }
+        }
+        if (pick < 0) {
+            if (complete) {
+                pick = QWEN_IM_END;
+            } else { /* steer: the one-byte token that leaves the fewest bytes to go */
+                uint32_t best = UINT32_MAX;
+                for (int32_t t = 0; t < QWEN_N_VOCAB; t++) {
+                    if (qv->len[t] != 1 || !allowed(mask, t)) continue;
+                    if (grammar_sampler_accept(m, t)) return -1;
+                    uint32_t d = grammar_matcher_distance(m);
+                    grammar_matcher_rollback(m, 1);
+                    if (d < best || (d == best && test_rng_below(r, 3) == 0)) {
+                        best = d;
+                        pick = t;
+                    }
+                }
+            }
+        }
+        if (pick < 0) {
+            fprintf(stderr, "no token allowed at step %d\n", step);
+            return -1;
+        }
+        if (grammar_sampler_accept(m, pick)) {
+            fprintf(stderr, "accept %d: %s\n", pick, grammar_error_last());
+            return -1;
+        }
+        if (pick == QWEN_IM_END) return 0;
+        char *n = realloc(*out, *len + qv->len[pick] + 1);
+        if (!n) return -1;
+        *out = n;
+        memcpy(*out + *len, qv->piece[pick], qv->len[pick]);
+        *len += qv->len[pick];
+        (*out)[*len] = 0;
+    }
+    fprintf(stderr, "not complete after %d tokens\n", max_steps);
+    return -1;
+}

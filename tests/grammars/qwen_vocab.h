@@ -24,4 +24,22 @@ void qwen_vocab_free(qwen_vocab *v);
 /* Path of a file under the source tree (SPARK_SOURCE_DIR or the compiled-in default). */
 const char *test_source_path(const char *rel, char *buf, size_t cap);
 
+/* A "model" that draws random logits: a seeded generator. */
+typedef struct {
+    uint64_t s;
+} test_rng;
+uint64_t test_rng_next(test_rng *r);
+static inline uint32_t test_rng_below(test_rng *r, uint32_t n) {
+    return (uint32_t)(test_rng_next(r) % n);
+}
+
+/* Constrained generation through the sampler hooks: for free_steps tokens, the token of the
+ * largest random logit among the allowed (half of the time among the allowed one-byte tokens);
+ * then the allowed one-byte token that brings the grammar closest to complete; end-of-sequence
+ * (QWEN_IM_END, which the matcher must know as its end-of-generation id) when complete and
+ * the draw says so or when steering. The text is appended to *out (NUL-terminated, realloc'd).
+ * Returns 0, or -1 with a message on stderr (no completion within max_steps, or a hook error). */
+int test_generate(grammar_matcher *m, const qwen_vocab *qv, test_rng *r, int free_steps,
+                  int max_steps, char **out, size_t *len, uint32_t *mask);
+
 #endif
