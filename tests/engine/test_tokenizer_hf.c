@@ -1,12 +1,13 @@
 /* Token-for-token comparison against @huggingface/tokenizers (run by test_tokenizer_hf.sh, which
  * first writes the corpus and the reference ids with tokenizer_ref.js).
  *
- *   test_tokenizer_hf TOKENIZER_JSON TOKENIZER_CONFIG_JSON CORPUS_BIN REF_BIN
+ *   test_tokenizer_hf TOKENIZER_JSON TOKENIZER_CONFIG_JSON CORPUS_BIN REF_BIN [NFC_BIN]
  *
  * For every document: ids with parse_special on and off must equal the reference's; our NFC
  * must equal String.normalize('NFC'); decode(encode(x)) == x for valid UTF-8 already in NFC;
  * the streaming detokenizer fed one id at a time must equal the one-shot decode. The first
- * mismatch is reported with context. */
+ * mismatch is reported with context. NFC_BIN adds systematic normalisation cases over every
+ * code point (our NFC against String.normalize only). */
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/unicode.h"
 
@@ -108,8 +109,9 @@ static int compare_ids(const engine_tokenizer *tok, size_t doc, const char *what
 }
 
 int main(int argc, char **argv) {
-    if (argc != 5) {
-        fprintf(stderr, "usage: %s TOKENIZER_JSON CONFIG_JSON CORPUS_BIN REF_BIN\n", argv[0]);
+    if (argc != 5 && argc != 6) {
+        fprintf(stderr, "usage: %s TOKENIZER_JSON CONFIG_JSON CORPUS_BIN REF_BIN [NFC_BIN]\n",
+                argv[0]);
         return 2;
     }
     engine_tokenizer_spec *spec;
@@ -240,12 +242,45 @@ int main(int argc, char **argv) {
         free(nfc);
         free(saved_dec);
     }
+    size_t nfc_cases = 0;
+    if (argc == 6 && failures == 0) {
+        size_t nlen;
+        unsigned char *nb = read_all(argv[5], &nlen);
+        reader nr = {nb, nb + nlen, "nfc"};
+        uint32_t n_cases = rd_u32(&nr);
+        for (uint32_t k = 0; k < n_cases && failures < 5; k++) {
+            uint32_t il = rd_u32(&nr);
+            const char *in = (const char *)rd_bytes(&nr, il);
+            uint32_t wl = rd_u32(&nr);
+            const char *want = (const char *)rd_bytes(&nr, wl);
+            char *nfc;
+            size_t nl;
+            if (engine_unicode_nfc(in, il, &nfc, &nl)) return 1;
+            const char *got = nfc ? nfc : in;
+            size_t gl = nfc ? nl : il;
+            if (gl != wl || memcmp(got, want, wl) != 0) {
+                size_t i = 0;
+                while (i < gl && i < wl && got[i] == want[i]) i++;
+                size_t lo = i > 24 ? i - 24 : 0;
+                fprintf(stderr, "NFC case %u differs at byte %zu: ours '", k, i);
+                print_escaped(got + lo, (gl < i + 24 ? gl : i + 24) - lo);
+                fprintf(stderr, "' reference '");
+                print_escaped(want + lo, (wl < i + 24 ? wl : i + 24) - lo);
+                fprintf(stderr, "'\n");
+                failures++;
+            }
+            free(nfc);
+            nfc_cases++;
+        }
+        free(nb);
+    }
     if (r.p != r.end && failures == 0) {
         fprintf(stderr, "reference file has trailing data\n");
         failures++;
     }
-    printf("test_tokenizer_hf: %u documents, %zu bytes, %zu tokens, %zu round trips: %s\n",
-           n_docs, total_bytes, total_tokens, roundtrips, failures ? "FAILED" : "all identical");
+    printf("test_tokenizer_hf: %u documents, %zu bytes, %zu tokens, %zu round trips, %zu NFC "
+           "blocks: %s\n", n_docs, total_bytes, total_tokens, roundtrips, nfc_cases,
+           failures ? "FAILED" : "all identical");
     free(stream);
     free(corpus);
     free(ref);

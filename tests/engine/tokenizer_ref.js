@@ -10,6 +10,8 @@
 //                             u32 n, n x i32 ids        (CONTROL tokens not parsed: the
 //                                                        reference without them as added tokens)
 //                             u32 length, NFC bytes     (String.normalize('NFC') of the text)
+//   nfc.bin     u32 n, then n x (u32 length, text, u32 length, String.normalize('NFC') of it):
+//               every code point alone, decomposed, and with combining marks
 // All integers little-endian. The reference takes JavaScript strings, so the bytes are decoded
 // first with TextDecoder (WHATWG: U+FFFD per maximal ill-formed subpart); the C side gets the
 // raw bytes and must do the same replacement itself.
@@ -250,5 +252,32 @@ for (const s of texts) {
     ntok += a.length;
 }
 fs.writeFileSync(path.join(outDir, 'ref.bin'), Buffer.concat(out));
+
+// nfc.bin: systematic NFC cases over every code point, checked by the C side's normaliser only
+// (too much text for the JS tokenizer): each code point alone, its full decomposition (which
+// must compose back), and followed by combining marks of several classes.
+{
+    const tails = [[], [0x301], [0x316, 0x301], [0x334, 0x345, 0x300], [0x308, 0x323], [0x11a8],
+        [0x1161], [0x3099], [0x093c, 0x094d]];
+    const parts = [];
+    let chunk = [];
+    const flush = () => {
+        if (!chunk.length) return;
+        const t = chunk.join('');
+        const a = Buffer.from(t, 'utf8'), b = Buffer.from(t.normalize('NFC'), 'utf8');
+        parts.push(u32(a.length), a, u32(b.length), b);
+        chunk = [];
+    };
+    for (let c = 0; c < 0x110000; c++) {
+        if (c >= 0xd800 && c <= 0xdfff) continue;
+        const ch = cp(c);
+        const d = ch.normalize('NFD');
+        chunk.push(ch + cp(...tails[c % tails.length]));
+        if (d !== ch) chunk.push(d, d + cp(...tails[(c >> 3) % tails.length]));
+        if (chunk.length >= 4096) flush();
+    }
+    flush();
+    fs.writeFileSync(path.join(outDir, 'nfc.bin'), Buffer.concat([u32(parts.length / 4), ...parts]));
+}
 console.log(`tokenizer_ref: ${docs.length} documents, ${(docs.reduce((a, b) => a + b.length, 0) / 1e6)
     .toFixed(2)} MB, ${ntok} reference tokens`);
