@@ -636,7 +636,9 @@ int tool_git_add(tool_ctx *ctx, json_t *args, json_t *res) {
         rc = tool_err_git(rc, "index write");
         goto done;
     }
-    rc = tool_git_status(ctx, json_object(), res);
+    json_t *none = json_object();
+    rc = none ? tool_git_status(ctx, none, res) : tool_err(TOOL_ENOMEM, "out of memory");
+    json_decref(none);
 done:
     free_spec(&spec);
     git_index_free(idx);

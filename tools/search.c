@@ -409,7 +409,7 @@ int tool_search(tool_ctx *ctx, json_t *args, json_t *res) {
     json_t *limited = json_array();
     for (int i = 0; i < s.nws; i++) {
         worker_state *w = &s.ws[i];
-        memcpy(all + k, w->hits, w->n_hits * sizeof *all);
+        if (w->n_hits) memcpy(all + k, w->hits, w->n_hits * sizeof *all);
         k += w->n_hits;
         w->n_hits = 0;
         files += w->files;

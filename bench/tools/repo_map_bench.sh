@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Repo map benchmark: files per second parsed (tree-sitter, all worker threads) and the wall
+# time of the whole repo_map call. Not a test: run by hand, e.g.
+#   bench/tools/repo_map_bench.sh build/spark-agent                 (this repository)
+#   bench/tools/repo_map_bench.sh build/spark-agent /usr/lib/python3.11
+set -euo pipefail
+cli=$(realpath "${1:?usage: repo_map_bench.sh SPARK_AGENT [TREE]}")
+tree=$(realpath "${2:-$(dirname "$0")/../..}")
+runs=${RUNS:-3}
+echo "tree: $tree, $(nproc) CPUs, best of $runs runs"
+best_fps=0
+for _ in $(seq "$runs"); do
+    s=$(date +%s.%N)
+    out=$(cd "$tree" && "$cli" tool --no-checkpoint repo_map '{"max_tokens":4096}')
+    e=$(date +%s.%N)
+    files=$(echo "$out" | grep -o '"files_parsed":[0-9]*' | cut -d: -f2)
+    secs=$(echo "$out" | grep -o '"parse_seconds":[0-9.e-]*' | cut -d: -f2)
+    fps=$(echo "$files / $secs" | bc -l)
+    printf 'files %s  parse+extract %.3f s  (%.0f files/s)  whole call %.3f s  symbols %s\n' \
+        "$files" "$secs" "$fps" "$(echo "$e - $s" | bc -l)" \
+        "$(echo "$out" | grep -o '"symbols_total":[0-9]*' | cut -d: -f2)"
+    if [ "$(echo "$fps > $best_fps" | bc -l)" = 1 ]; then best_fps=$fps; fi
+done
+printf 'best: %.0f files/s\n' "$best_fps"
