@@ -1,14 +1,16 @@
 /* Token-for-token comparison against @huggingface/tokenizers (run by test_tokenizer_hf.sh, which
  * first writes the corpus and the reference ids with tokenizer_ref.js).
  *
- *   test_tokenizer_hf TOKENIZER_JSON TOKENIZER_CONFIG_JSON CORPUS_BIN REF_BIN [NFC_BIN]
+ *   test_tokenizer_hf TOKENIZER_JSON TOKENIZER_CONFIG_JSON CORPUS_BIN REF_BIN [NFC_BIN PRETOK_BIN]
  *
  * For every document: ids with parse_special on and off must equal the reference's; our NFC
  * must equal String.normalize('NFC'); decode(encode(x)) == x for valid UTF-8 already in NFC;
  * the streaming detokenizer fed one id at a time must equal the one-shot decode. The first
- * mismatch is reported with context. NFC_BIN adds systematic normalisation cases over every
- * code point (our NFC against String.normalize only). */
+ * mismatch is reported with context. NFC_BIN and PRETOK_BIN add systematic cases over every
+ * code point: our NFC against String.normalize, and our pre-tokenizer's pieces against the
+ * reference's Split pre-tokenizer. */
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer_int.h"
 #include "tokenizer/unicode.h"
 
 #include <stdio.h>
@@ -109,9 +111,9 @@ static int compare_ids(const engine_tokenizer *tok, size_t doc, const char *what
 }
 
 int main(int argc, char **argv) {
-    if (argc != 5 && argc != 6) {
-        fprintf(stderr, "usage: %s TOKENIZER_JSON CONFIG_JSON CORPUS_BIN REF_BIN [NFC_BIN]\n",
-                argv[0]);
+    if (argc != 5 && argc != 7) {
+        fprintf(stderr, "usage: %s TOKENIZER_JSON CONFIG_JSON CORPUS_BIN REF_BIN "
+                "[NFC_BIN PRETOK_BIN]\n", argv[0]);
         return 2;
     }
     engine_tokenizer_spec *spec;
@@ -243,7 +245,7 @@ int main(int argc, char **argv) {
         free(saved_dec);
     }
     size_t nfc_cases = 0;
-    if (argc == 6 && failures == 0) {
+    if (argc == 7 && failures == 0) {
         size_t nlen;
         unsigned char *nb = read_all(argv[5], &nlen);
         reader nr = {nb, nb + nlen, "nfc"};
@@ -274,13 +276,56 @@ int main(int argc, char **argv) {
         }
         free(nb);
     }
+    size_t pretok_pieces = 0;
+    if (argc == 7 && failures == 0) {
+        size_t plen;
+        unsigned char *pb = read_all(argv[6], &plen);
+        reader pr = {pb, pb + plen, "pretok"};
+        uint32_t n_blocks = rd_u32(&pr);
+        for (uint32_t k = 0; k < n_blocks && failures < 5; k++) {
+            uint32_t tl = rd_u32(&pr);
+            const unsigned char *t = rd_bytes(&pr, tl);
+            uint32_t nl = rd_u32(&pr);
+            const unsigned char *lens = rd_bytes(&pr, nl);
+            size_t pos = 0, li = 0;
+            while (li < nl) {
+                size_t want = lens[li++];
+                if (want == 255) {
+                    const unsigned char *x = lens + li;
+                    if (nl - li < 4) {
+                        fprintf(stderr, "pretok: truncated\n");
+                        return 1;
+                    }
+                    want = (size_t)x[0] | (size_t)x[1] << 8 | (size_t)x[2] << 16 | (size_t)x[3] << 24;
+                    li += 4;
+                }
+                size_t end = pos < tl ? engine_pretok_qwen2_next(t, tl, pos) : pos;
+                if (end - pos != want) {
+                    size_t lo = pos > 16 ? pos - 16 : 0;
+                    fprintf(stderr, "pre-tokenizer block %u at byte %zu: our piece has %zu bytes, "
+                            "the reference's %zu; text '", k, pos, end - pos, want);
+                    print_escaped((const char *)t + lo, (pos + want + 16 < tl ? pos + want + 16 : tl) - lo);
+                    fprintf(stderr, "'\n");
+                    failures++;
+                    break;
+                }
+                pos = end;
+                pretok_pieces++;
+            }
+            if (pos != tl && failures == 0) {
+                fprintf(stderr, "pre-tokenizer block %u: pieces cover %zu of %u bytes\n", k, pos, tl);
+                failures++;
+            }
+        }
+        free(pb);
+    }
     if (r.p != r.end && failures == 0) {
         fprintf(stderr, "reference file has trailing data\n");
         failures++;
     }
     printf("test_tokenizer_hf: %u documents, %zu bytes, %zu tokens, %zu round trips, %zu NFC "
-           "blocks: %s\n", n_docs, total_bytes, total_tokens, roundtrips, nfc_cases,
-           failures ? "FAILED" : "all identical");
+           "blocks, %zu pre-tokenizer pieces: %s\n", n_docs, total_bytes, total_tokens,
+           roundtrips, nfc_cases, pretok_pieces, failures ? "FAILED" : "all identical");
     free(stream);
     free(corpus);
     free(ref);

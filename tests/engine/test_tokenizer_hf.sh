@@ -20,4 +20,4 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT INT TERM
 SPARK_NODE_MODULES=$nm node "$src/tests/engine/tokenizer_ref.js" "$src" "$out"
 "$bin" "$models/tokenizer.json" "$models/tokenizer_config.json" "$out/corpus.bin" "$out/ref.bin" \
-    "$out/nfc.bin"
+    "$out/nfc.bin" "$out/pretok.bin"

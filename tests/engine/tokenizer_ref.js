@@ -11,7 +11,9 @@
 //                                                        reference without them as added tokens)
 //                             u32 length, NFC bytes     (String.normalize('NFC') of the text)
 //   nfc.bin     u32 n, then n x (u32 length, text, u32 length, String.normalize('NFC') of it):
-//               every code point alone, decomposed, and with combining marks
+//               every code point (planes 4-13 sampled) alone, decomposed, with marks
+//   pretok.bin  u32 n, then n x (u32 length, text, u32 count, piece byte lengths as u8, or 255
+//               and a u32): the reference's Split pre-tokenizer on every code point in context
 // All integers little-endian. The reference takes JavaScript strings, so the bytes are decoded
 // first with TextDecoder (WHATWG: U+FFFD per maximal ill-formed subpart); the C side gets the
 // raw bytes and must do the same replacement itself.
@@ -253,6 +255,9 @@ for (const s of texts) {
 }
 fs.writeFileSync(path.join(outDir, 'ref.bin'), Buffer.concat(out));
 
+// Planes 4-13 hold no assigned character: every 16th of their code points is enough.
+const skipUnassigned = (c) => c >= 0x40000 && c < 0xe0000 && (c & 15) !== 0;
+
 // nfc.bin: systematic NFC cases over every code point, checked by the C side's normaliser only
 // (too much text for the JS tokenizer): each code point alone, its full decomposition (which
 // must compose back), and followed by combining marks of several classes.
@@ -269,7 +274,7 @@ fs.writeFileSync(path.join(outDir, 'ref.bin'), Buffer.concat(out));
         chunk = [];
     };
     for (let c = 0; c < 0x110000; c++) {
-        if (c >= 0xd800 && c <= 0xdfff) continue;
+        if ((c >= 0xd800 && c <= 0xdfff) || skipUnassigned(c)) continue;
         const ch = cp(c);
         const d = ch.normalize('NFD');
         chunk.push(ch + cp(...tails[c % tails.length]));
@@ -278,6 +283,37 @@ fs.writeFileSync(path.join(outDir, 'ref.bin'), Buffer.concat(out));
     }
     flush();
     fs.writeFileSync(path.join(outDir, 'nfc.bin'), Buffer.concat([u32(parts.length / 4), ...parts]));
+}
+
+// pretok.bin: the reference's Split pre-tokenizer (the rewritten Qwen2 regex) on every code point
+// in several contexts, without normalisation; checks our hand-written matcher and class tables
+// piece for piece.
+{
+    const split = tok.pre_tokenizer.tokenizers[0];
+    const parts = [];
+    let chunk = [];
+    const flush = () => {
+        if (!chunk.length) return;
+        const t = chunk.join('');
+        const pieces = split.pre_tokenize_text(t);
+        const lens = [];
+        for (const p of pieces) {
+            const l = Buffer.byteLength(p, 'utf8');
+            if (l < 255) lens.push(l);
+            else lens.push(255, l & 255, (l >> 8) & 255, (l >> 16) & 255, l >>> 24);
+        }
+        const a = Buffer.from(t, 'utf8');
+        parts.push(u32(a.length), a, u32(lens.length), Buffer.from(lens));
+        chunk = [];
+    };
+    for (let c = 0; c < 0x110000; c++) {
+        if ((c >= 0xd800 && c <= 0xdfff) || skipUnassigned(c)) continue;
+        const ch = cp(c);
+        chunk.push(`${ch}a ${ch}${ch}1.${ch}'${ch}\r\n ${ch}`);
+        if (chunk.length >= 4096) flush();
+    }
+    flush();
+    fs.writeFileSync(path.join(outDir, 'pretok.bin'), Buffer.concat([u32(parts.length / 4), ...parts]));
 }
 console.log(`tokenizer_ref: ${docs.length} documents, ${(docs.reduce((a, b) => a + b.length, 0) / 1e6)
     .toFixed(2)} MB, ${ntok} reference tokens`);
