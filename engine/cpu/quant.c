@@ -276,6 +276,15 @@ static inline int nearest_int(float f) {
     return (i & 0x007fffff) - 0x00400000;
 }
 
+/* max/min that ignore a NaN in b (as fmaxf/fminf do), inlined: libm's are calls. */
+static inline float maxf(float a, float b) {
+    return b > a ? b : a;
+}
+
+static inline float minf(float a, float b) {
+    return b < a ? b : a;
+}
+
 static inline int clampi(int v, int lo, int hi) {
     return v < lo ? lo : v > hi ? hi : v;
 }
@@ -296,11 +305,16 @@ static float symmetric_scale(const float *x, int n, int qmin, int qmax) {
     const float levels[] = {(float)qmin,        (float)qmin + 0.5f, (float)qmin + 1.0f,
                             (float)qmin + 2.0f, (float)qmax,        (float)qmax - 0.5f};
     float best_d = max / (float)qmin, best_err = INFINITY;
+    const float flo = (float)qmin, fhi = (float)qmax;
     for (size_t c = 0; c < sizeof levels / sizeof levels[0]; c++) {
         const float d = max / levels[c], id = 1.0f / d;
         float err = 0.0f;
         for (int i = 0; i < n; i++) {
-            const float e = x[i] - d * (float)clampi(nearest_int(x[i] * id), qmin, qmax);
+            /* clamp (NaN goes to qmin) and round in float, branch-free (see fit_scale_min) */
+            float f = x[i] * id;
+            f = f > flo ? f : flo;
+            f = f < fhi ? f : fhi;
+            const float e = x[i] - d * ((f + 12582912.0f) - 12582912.0f);
             err += e * e;
         }
         if (err < best_err) {
@@ -322,7 +336,7 @@ static void quant_q8_0(const float *x, engine_block_q8_0 *y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, x += 32) {
         float amax = 0.0f;
         for (int j = 0; j < 32; j++)
-            amax = fmaxf(amax, fabsf(x[j]));
+            amax = maxf(amax, fabsf(x[j]));
         const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
         y[i].d = fp16_scale(d);
         for (int j = 0; j < 32; j++)
@@ -347,7 +361,7 @@ void engine_quant_q8_K_ref(const float *x, engine_block_q8_K *y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, x += ENGINE_QK_K) {
         float amax = 0.0f;
         for (int j = 0; j < ENGINE_QK_K; j++)
-            amax = fmaxf(amax, fabsf(x[j]));
+            amax = maxf(amax, fabsf(x[j]));
         const float iscale = amax != 0.0f ? 127.0f / amax : 0.0f;
         y[i].d = amax != 0.0f ? 1.0f / iscale : 0.0f;
         for (int j = 0; j < ENGINE_QK_K; j++)
@@ -364,10 +378,10 @@ void engine_quant_q8_K_ref(const float *x, engine_block_q8_K *y, int64_t nb) {
 /* Fit x ~= s * L - m (s > 0, m >= 0, L in [0, nmax]) for one sub-block of n values: try a few
  * ranges, refit s and m by least squares for each, keep the best. */
 static void fit_scale_min(const float *x, int n, int nmax, float *s_out, float *m_out) {
-    float xmin = x[0], xmax = x[0];
-    for (int i = 1; i < n; i++) {
-        xmin = fminf(xmin, x[i]);
-        xmax = fmaxf(xmax, x[i]);
+    float xmin = INFINITY, xmax = -INFINITY; /* NaNs are skipped */
+    for (int i = 0; i < n; i++) {
+        xmin = minf(xmin, x[i]);
+        xmax = maxf(xmax, x[i]);
     }
     if (xmin > 0.0f) xmin = 0.0f;
     if (xmax <= xmin) {
@@ -375,41 +389,52 @@ static void fit_scale_min(const float *x, int n, int nmax, float *s_out, float *
         *m_out = -xmin;
         return;
     }
-    float best_s = (xmax - xmin) / (float)nmax, best_m = -xmin, best_err = INFINITY;
+    /* The squared error of a fit follows from sums taken once per candidate (in double, so
+     * that subtracting them loses nothing that matters): a single pass over the values. */
+    double sx = 0, sxx = 0;
+    for (int i = 0; i < n; i++) {
+        sx += x[i];
+        sxx += (double)x[i] * x[i];
+    }
+    float best_s = (xmax - xmin) / (float)nmax, best_m = -xmin;
+    double best_err = INFINITY;
     for (int c = -2; c <= 2; c++) {
         const float iscale = ((float)nmax + 0.5f * (float)c) / (xmax - xmin);
-        int L[ENGINE_QK_K];
-        float sl = 0, sl2 = 0, sx = 0, slx = 0;
+        /* All in float, branch-free: clamp (NaN goes to 0), then round to an integer value
+         * by adding and subtracting 1.5 * 2^23. Sums of small integers are exact in float. */
+        float fsl = 0, fsl2 = 0, fslx = 0;
+        const float fmax = (float)nmax;
         for (int i = 0; i < n; i++) {
-            L[i] = clampi(nearest_int((x[i] - xmin) * iscale), 0, nmax);
-            sl += (float)L[i];
-            sl2 += (float)(L[i] * L[i]);
-            sx += x[i];
-            slx += (float)L[i] * x[i];
+            float f = (x[i] - xmin) * iscale;
+            f = f > 0.0f ? f : 0.0f;
+            f = f < fmax ? f : fmax;
+            const float l = (f + 12582912.0f) - 12582912.0f;
+            fsl += l;
+            fsl2 += l * l;
+            fslx += l * x[i];
         }
-        const float det = (float)n * sl2 - sl * sl;
-        float s, m;
+        const double sl = fsl, sl2 = fsl2, slx = fslx;
+        const double det = n * sl2 - sl * sl;
+        double sd, md;
         if (det > 0) {
-            s = ((float)n * slx - sl * sx) / det;
-            m = (s * sl - sx) / (float)n; /* x ~= s L - m */
-            if (m < 0) {                  /* the offset must not be positive: refit without it */
-                m = 0;
-                s = sl2 > 0 ? slx / sl2 : 0;
+            sd = (n * slx - sl * sx) / det;
+            md = (sd * sl - sx) / n; /* x ~= s L - m */
+            if (md < 0) {            /* the offset must not be positive: refit without it */
+                md = 0;
+                sd = sl2 > 0 ? slx / sl2 : 0;
             }
         } else {
-            s = 1.0f / iscale;
-            m = -xmin;
+            sd = 1.0 / iscale;
+            md = -xmin;
         }
-        if (s <= 0) continue;
-        float err = 0;
-        for (int i = 0; i < n; i++) {
-            const float e = s * (float)L[i] - m - x[i];
-            err += e * e;
-        }
+        if (!(sd > 0)) continue;
+        /* sum (s L - m - x)^2 expanded */
+        const double err =
+            sd * sd * sl2 + n * md * md + sxx - 2 * sd * md * sl - 2 * sd * slx + 2 * md * sx;
         if (err < best_err) {
             best_err = err;
-            best_s = s;
-            best_m = m;
+            best_s = (float)sd;
+            best_m = (float)md;
         }
     }
     *s_out = best_s;
@@ -423,8 +448,8 @@ static void quant_k_scales(const float *x, int nmax, uint16_t *d_out, uint16_t *
     float s[8], m[8], max_s = 0, max_m = 0;
     for (int j = 0; j < 8; j++) {
         fit_scale_min(x + 32 * j, 32, nmax, &s[j], &m[j]);
-        max_s = fmaxf(max_s, s[j]);
-        max_m = fmaxf(max_m, m[j]);
+        max_s = maxf(max_s, s[j]);
+        max_m = maxf(max_m, m[j]);
     }
     const uint16_t dh = fp16_scale(max_s / 63.0f);
     const uint16_t mh = fp16_scale(max_m / 63.0f);
@@ -441,10 +466,9 @@ static void quant_k_scales(const float *x, int nmax, uint16_t *d_out, uint16_t *
     }
     for (int j = 0; j < 8; j++) {
         const float ds = d * (float)sc[j], dm = dmin * (float)mn[j];
-        for (int i = 0; i < 32; i++) {
-            const int q = ds > 0 ? nearest_int((x[32 * j + i] + dm) / ds) : 0;
-            L[32 * j + i] = (uint8_t)clampi(q, 0, nmax);
-        }
+        const float ids = ds > 0 ? 1.0f / ds : 0.0f;
+        for (int i = 0; i < 32; i++)
+            L[32 * j + i] = (uint8_t)clampi(nearest_int((x[32 * j + i] + dm) * ids), 0, nmax);
     }
     *d_out = dh;
     *dmin_out = mh;
@@ -492,11 +516,9 @@ static void quant_q6_K(const float *x, engine_block_q6_K *y, int64_t nb) {
         for (int j = 0; j < 16; j++) {
             const int sc = d != 0.0f ? clampi(nearest_int(s[j] / d), -128, 127) : 0;
             y[i].scales[j] = (int8_t)sc;
-            const float ds = d * (float)sc;
-            for (int l = 0; l < 16; l++) {
-                const int q = ds != 0.0f ? nearest_int(x[16 * j + l] / ds) : 0;
-                L[16 * j + l] = (uint8_t)(clampi(q, -32, 31) + 32);
-            }
+            const float ds = d * (float)sc, ids = ds != 0.0f ? 1.0f / ds : 0.0f;
+            for (int l = 0; l < 16; l++)
+                L[16 * j + l] = (uint8_t)(clampi(nearest_int(x[16 * j + l] * ids), -32, 31) + 32);
         }
         uint8_t *ql = y[i].ql, *qh = y[i].qh;
         for (int c = 0; c < ENGINE_QK_K; c += 128, ql += 64, qh += 32) {
