@@ -27,6 +27,24 @@ bool sbx_check(bool cond, const char *fmt, ...) {
     return cond;
 }
 
+int sbx_start(char *self, size_t self_cap, char *dir, size_t dir_cap) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    ssize_t n = readlink("/proc/self/exe", self, self_cap - 1);
+    if (n <= 0) {
+        perror("readlink /proc/self/exe");
+        exit(1);
+    }
+    self[n] = 0;
+    sbx_self_dir(dir, dir_cap);
+    sandbox_caps caps;
+    sandbox_caps_probe(&caps);
+    if (!caps.user_namespaces || !caps.seccomp_filter) {
+        printf("SKIP: this machine cannot sandbox (%s)\n", caps.detail);
+        return 77;
+    }
+    return 0;
+}
+
 void sbx_mkdtemp(char *out, size_t cap) {
     const char *t = getenv("TMPDIR");
     snprintf(out, cap, "%s/spark-sbx-XXXXXX", t && *t ? t : "/tmp");

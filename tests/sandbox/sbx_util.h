@@ -12,6 +12,9 @@ extern int sbx_failures;
 /* Print "ok   what" or "FAIL what" and count failures. Returns cond. */
 bool sbx_check(bool cond, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* Start of a test: line-buffered stdout, the path of this executable and its directory.
+ * Returns 0, or 77 (with the reason printed) when this machine cannot sandbox. */
+int sbx_start(char *self, size_t self_cap, char *dir, size_t dir_cap);
 /* A fresh directory under $TMPDIR or /tmp, mode 0755 (out gets the path). */
 void sbx_mkdtemp(char *out, size_t cap);
 void sbx_write_file(const char *path, const char *content);

@@ -325,17 +325,8 @@ static void test_bad_input(void) {
 
 int main(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "child")) return child(argc - 2, argv + 2);
-    setvbuf(stdout, NULL, _IOLBF, 0);
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) return 1;
-    self[n] = 0;
-    sbx_self_dir(self_dir, sizeof self_dir);
-    sandbox_caps caps;
-    sandbox_caps_probe(&caps);
-    if (!caps.user_namespaces || !caps.seccomp_filter) {
-        printf("SKIP: this machine cannot sandbox (%s)\n", caps.detail);
-        return 77;
-    }
+    int start = sbx_start(self, sizeof self, self_dir, sizeof self_dir);
+    if (start) return start;
     sbx_mkdtemp(root, sizeof root);
     snprintf(ws, sizeof ws, "%s/ws", root);
     snprintf(home, sizeof home, "%s/home", root);
