@@ -746,6 +746,11 @@ static void dispatch_init(void) {
     dispatch.path = "scalar";
     const char *env = getenv("SPARK_CPU_SIMD");
     if (env && !strcmp(env, "scalar")) return;
+    if (env && env[0] && strcmp(env, "auto") != 0)
+        engine_log(ENGINE_LOG_WARN,
+                   "SPARK_CPU_SIMD=%s: unknown value (use 'scalar' or 'auto'); "
+                   "choosing the kernels from the CPU's features",
+                   env);
 #if defined(__x86_64__)
     engine_cpu_info ci;
     engine_cpu_info_get(&ci);

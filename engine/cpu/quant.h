@@ -21,7 +21,8 @@
  *
  * SIMD: AVX2+FMA on x86-64, NEON on arm64, portable scalar everywhere; the path is chosen at
  * run time from the CPU's features the first time any kernel is used (engine_quant_init), and
- * SPARK_CPU_SIMD=scalar in the environment forces the scalar path (tests compare the two).
+ * SPARK_CPU_SIMD=scalar in the environment forces the scalar path (tests compare the two);
+ * "auto" or unset is the default, any other value is logged as a warning and ignored.
  * Everything here is thread-safe and allocation-free after initialisation.
  */
 #ifndef SPARK_ENGINE_QUANT_H
