@@ -3,13 +3,16 @@
  * speed (values/s), which bounds how fast the generator can write a model.
  *
  * Build and run (see bench/quant/run.sh):
- *   bench/quant/run.sh [BUILD_DIR]            default BUILD_DIR: build
+ *   bench/quant/run.sh [BUILD_DIR] [ROWS] [THREADS]      defaults: build, 4096, 1
+ * With THREADS > 1 it also measures quantize throughput on that many threads (each quantizes
+ * its own rows), the figure that bounds the random-model generator.
  * One thread. Weights: a matrix of ROWS x COLS that is larger than the last-level cache
  * (64 MiB of f32), so the figures are memory-bound the way the decode step is. */
 #include "cpu/quant.h"
 #include "cpu/quant_kernels.h"
 #include "engine.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,9 +24,48 @@ static double now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+typedef struct {
+    engine_type t;
+    const float *src;
+    int cols, rows;
+    uint8_t *dst;
+} qjob;
+
+static void *quantize_rows(void *arg) {
+    qjob *j = arg;
+    const size_t stride = engine_type_row_size(j->t, j->cols);
+    for (int r = 0; r < j->rows; r++)
+        engine_quantize_row(j->t, j->src + (size_t)(r % 64) * j->cols, j->dst + r * stride,
+                            j->cols);
+    return NULL;
+}
+
+/* Values per second quantized by n threads together. */
+static double parallel_quantize(engine_type t, const float *src, int cols, int rows, int n) {
+    pthread_t tid[256];
+    qjob jobs[256];
+    const size_t stride = engine_type_row_size(t, cols);
+    for (int i = 0; i < n; i++) {
+        jobs[i] = (qjob){t, src, cols, rows, malloc(stride * (size_t)rows)};
+        memset(jobs[i].dst, 0, stride * (size_t)rows);
+    }
+    const double t0 = now();
+    for (int i = 0; i < n; i++)
+        pthread_create(&tid[i], NULL, quantize_rows, &jobs[i]);
+    for (int i = 0; i < n; i++)
+        pthread_join(tid[i], NULL);
+    const double dt = now() - t0;
+    for (int i = 0; i < n; i++)
+        free(jobs[i].dst);
+    return (double)n * rows * cols / dt;
+}
+
 int main(int argc, char **argv) {
     const int cols = 4096;
     const int rows = argc > 1 ? atoi(argv[1]) : 4096;
+    int threads = argc > 2 ? atoi(argv[2]) : 1;
+    if (threads < 1) threads = 1;
+    if (threads > 256) threads = 256;
     const engine_type types[] = {ENGINE_TYPE_F32,  ENGINE_TYPE_F16,  ENGINE_TYPE_BF16,
                                  ENGINE_TYPE_Q8_0, ENGINE_TYPE_Q4_0, ENGINE_TYPE_Q4_K,
                                  ENGINE_TYPE_Q5_K, ENGINE_TYPE_Q6_K};
@@ -80,6 +122,15 @@ int main(int argc, char **argv) {
         free(W);
         free(xc);
         free(deq);
+    }
+    if (threads > 1) {
+        const engine_type qt[] = {ENGINE_TYPE_Q4_K, ENGINE_TYPE_Q5_K, ENGINE_TYPE_Q6_K,
+                                  ENGINE_TYPE_Q8_0, ENGINE_TYPE_Q4_0};
+        printf("quantize on %d threads (%d rows of %d each):", threads, rows / 4, cols);
+        for (size_t k = 0; k < sizeof qt / sizeof qt[0]; k++)
+            printf(" %s %.0f Mv/s%s", engine_type_name(qt[k]),
+                   parallel_quantize(qt[k], row, cols, rows / 4, threads) / 1e6,
+                   k + 1 < sizeof qt / sizeof qt[0] ? "," : "\n");
     }
     free(x);
     free(row);
