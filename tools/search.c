@@ -21,6 +21,12 @@
 #define MAX_LINE_SHOWN 400
 
 typedef struct {
+    const char *lit;
+    size_t len, rare;   /* rare: index of the byte memchr looks for */
+    bool icase;         /* ASCII case-insensitive */
+} prefilter;
+
+typedef struct {
     char *path;
     json_t *items;      /* matches of this file, in line order */
 } file_hits;
@@ -41,6 +47,7 @@ typedef struct {
     tool_ctx *ctx;
     const char *literal;       /* case-sensitive literal fast path, or NULL */
     size_t lit_len;
+    prefilter pf;              /* a literal every match contains (pf.len 0: none) */
     pcre2_code *code;
     bool jit;
     json_t *include, *exclude;
@@ -69,16 +76,219 @@ static bool any_glob(json_t *arr, const char *rel) {
     return false;
 }
 
+static const char *line_start(const char *buf, const char *p) {
+    while (p > buf && p[-1] != '\n') p--;
+    return p;
+}
+
+/* ---- literal prefilter ----
+ * A literal that every match must contain is found with memchr on its rarest byte and then
+ * verified; only lines holding it are given to the regex engine (as ripgrep does). */
+
+/* Rough rank of how common a byte is in source text and prose (higher = more common). */
+static int byte_rank(unsigned char c) {
+    static const char common[] = "etaoinsrhldcumfpgwybvkxjqz";
+    if (c == ' ' || c == '\n' || c == '\t') return 255;
+    if (c >= 'a' && c <= 'z') return 230 - (int)(strchr(common, c) - common) * 4;
+    if (c >= 'A' && c <= 'Z') return 140 - (int)(strchr(common, c + 32) - common) * 2;
+    if (c >= '0' && c <= '9') return 120;
+    if (strchr("_();,.=*/-\"'{}<>#:", c)) return 150;
+    if (c >= 0x80) return 40;
+    return 60;
+}
+
+static void pf_init(prefilter *pf, const char *lit, size_t len, bool icase) {
+    pf->lit = lit;
+    pf->len = len;
+    pf->icase = icase;
+    pf->rare = 0;
+    int best = 1000;
+    for (size_t i = 0; i < len; i++) {
+        int r = byte_rank((unsigned char)lit[i]);
+        if (r < best) {
+            best = r;
+            pf->rare = i;
+        }
+    }
+}
+
+static bool ascii_eq_icase(const char *a, const char *b, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        unsigned char x = (unsigned char)a[i], y = (unsigned char)b[i];
+        if (x >= 'A' && x <= 'Z') x += 32;
+        if (y >= 'A' && y <= 'Z') y += 32;
+        if (x != y) return false;
+    }
+    return true;
+}
+
+/* Next occurrence of the literal in [p, e), or NULL. */
+static const char *pf_find(const prefilter *pf, const char *p, const char *e) {
+    size_t n = pf->len, k = pf->rare;
+    if ((size_t)(e - p) < n) return NULL;
+    const char *q = p + k, *qe = e - (n - k) + 1;
+    unsigned char c = (unsigned char)pf->lit[k];
+    unsigned char lo = c, up = c;
+    if (pf->icase && c >= 'a' && c <= 'z') up = c - 32;
+    if (pf->icase && c >= 'A' && c <= 'Z') lo = c + 32;
+    const char *h1 = NULL, *h2 = NULL;
+    while (q < qe) {
+        const char *h;
+        if (lo == up) {
+            h = memchr(q, c, (size_t)(qe - q));
+        } else {
+            if (!h1 || h1 < q) h1 = memchr(q, lo, (size_t)(qe - q));
+            if (!h2 || h2 < q) h2 = memchr(q, up, (size_t)(qe - q));
+            if (!h1) h1 = qe;
+            if (!h2) h2 = qe;
+            h = h1 < h2 ? h1 : h2;
+            if (h == qe) h = NULL;
+        }
+        if (!h) return NULL;
+        const char *st = h - k;
+        if (pf->icase ? ascii_eq_icase(st, pf->lit, n) : !memcmp(st, pf->lit, n)) return st;
+        q = h + 1;
+    }
+    return NULL;
+}
+
+/* The longest run of literal bytes that every match of `re` must contain, or NULL (then
+ * no prefilter). Conservative: any alternation, group option or \Q gives up; runs inside
+ * groups or before an optional quantifier are not used. Caller frees. */
+static char *required_literal(const char *re, bool icase, size_t *out_len) {
+    *out_len = 0;
+    if (strstr(re, "(?") || strstr(re, "\\Q")) return NULL;
+    size_t n = strlen(re);
+    char *run = malloc(n + 1), *best = malloc(n + 1);
+    if (!run || !best) {
+        free(run);
+        free(best);
+        return NULL;
+    }
+    size_t rl = 0, bl = 0;
+    int depth = 0;
+#define END_RUN()                      \
+    do {                               \
+        if (rl > bl) {                 \
+            memcpy(best, run, rl);     \
+            bl = rl;                   \
+        }                              \
+        rl = 0;                        \
+    } while (0)
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)re[i];
+        bool lit = false;
+        if (c == '\\') {
+            if (i + 1 >= n) break;
+            unsigned char e = (unsigned char)re[++i];
+            if ((e >= '0' && e <= '9') || (e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z')) {
+                END_RUN(); /* \w \d \b \x.. \1 ...: not a literal */
+                continue;
+            }
+            c = e;
+            lit = true;
+        } else if (c == '[') {
+            END_RUN();
+            size_t j = i + 1;
+            if (j < n && re[j] == '^') j++;
+            if (j < n && re[j] == ']') j++;
+            while (j < n && re[j] != ']') j += re[j] == '\\' ? 2 : 1;
+            i = j;
+            continue;
+        } else if (c == '(') {
+            depth++;
+            END_RUN();
+            continue;
+        } else if (c == ')') {
+            depth--;
+            END_RUN();
+            continue;
+        } else if (c == '|') {
+            free(run);
+            free(best);
+            return NULL;
+        } else if (c == '.' || c == '^' || c == '$') {
+            END_RUN();
+            continue;
+        } else if (c == '*' || c == '?' || c == '+' || c == '{') {
+            size_t j = i + 1;
+            if (c == '{') { /* a real quantifier {n}, {n,}, {n,m}; else a literal '{' */
+                while (j < n && ((re[j] >= '0' && re[j] <= '9') || re[j] == ',')) j++;
+                if (j == i + 1 || j >= n || re[j] != '}') {
+                    lit = true;
+                } else {
+                    bool zero = re[i + 1] == '0';
+                    if (zero && rl) rl--;
+                    END_RUN();
+                    i = j;
+                    if (i + 1 < n && (re[i + 1] == '?' || re[i + 1] == '+')) i++;
+                    continue;
+                }
+            }
+            if (!lit) {
+                if (c != '+' && rl) rl--; /* the atom before * or ? may be absent */
+                END_RUN();
+                if (i + 1 < n && (re[i + 1] == '?' || re[i + 1] == '+')) i++;
+                continue;
+            }
+        } else {
+            lit = true;
+        }
+        if (lit) {
+            /* caseless UTF matching folds k and s with non-ASCII letters (KELVIN SIGN, long
+             * s): those cannot be found by an ASCII prefilter */
+            if (depth != 0 || (icase && (c >= 0x80 || c == 'k' || c == 'K' || c == 's' ||
+                                         c == 'S'))) {
+                END_RUN();
+                continue;
+            }
+            run[rl++] = (char)c;
+        }
+    }
+    END_RUN();
+#undef END_RUN
+    free(run);
+    if (bl < 3 || depth != 0) {
+        free(best);
+        return NULL;
+    }
+    best[bl] = '\0';
+    *out_len = bl;
+    return best;
+}
+
 /* Find the next match at or after `pos`; returns 1 with [*ms,*me), 0 for none, <0 error. */
 static int find_next(search_state *s, worker_state *w, const char *buf, size_t len, size_t pos,
                      size_t *ms, size_t *me) {
     if (s->literal) {
         if (pos >= len) return 0;
-        const char *p = memmem(buf + pos, len - pos, s->literal, s->lit_len);
+        const char *p = pf_find(&s->pf, buf + pos, buf + len);
         if (!p) return 0;
         *ms = (size_t)(p - buf);
         *me = *ms + s->lit_len;
         return 1;
+    }
+    if (s->pf.len) {
+        /* only lines holding the required literal go to the regex engine, one at a time */
+        while (pos < len) {
+            const char *h = pf_find(&s->pf, buf + pos, buf + len);
+            if (!h) return 0;
+            const char *ls = line_start(buf, h);
+            const char *nl = memchr(h, '\n', (size_t)(buf + len - h));
+            size_t le = nl ? (size_t)(nl - buf) : len;
+            size_t from = (size_t)(ls - buf) > pos ? (size_t)(ls - buf) : pos;
+            int r = s->jit ? pcre2_jit_match(s->code, (PCRE2_SPTR)buf, le, from, 0, w->md, w->mctx)
+                           : pcre2_match(s->code, (PCRE2_SPTR)buf, le, from, 0, w->md, w->mctx);
+            if (r >= 0) {
+                PCRE2_SIZE *ov = pcre2_get_ovector_pointer(w->md);
+                *ms = ov[0];
+                *me = ov[1];
+                return 1;
+            }
+            if (r != PCRE2_ERROR_NOMATCH) return r;
+            pos = le + 1;
+        }
+        return 0;
     }
     int r = s->jit ? pcre2_jit_match(s->code, (PCRE2_SPTR)buf, len, pos, 0, w->md, w->mctx)
                    : pcre2_match(s->code, (PCRE2_SPTR)buf, len, pos, 0, w->md, w->mctx);
@@ -110,11 +320,6 @@ static json_t *line_json(const char *ls, const char *le) {
         }
     }
     return j;
-}
-
-static const char *line_start(const char *buf, const char *p) {
-    while (p > buf && p[-1] != '\n') p--;
-    return p;
 }
 
 static json_t *context_lines(const char *buf, size_t len, const char *ls, const char *le,
@@ -316,9 +521,11 @@ int tool_search(tool_ctx *ctx, json_t *args, json_t *res) {
     s.exclude = json_array_size(json_object_get(args, "exclude")) ? json_object_get(args, "exclude")
                                                                    : NULL;
     s.deadline = now_s() + 30.0;
+    char *req = NULL;
     if (literal && !icase && !word) {
         s.literal = pattern;
         s.lit_len = strlen(pattern);
+        pf_init(&s.pf, pattern, s.lit_len, false);
     } else {
         const char *src = pattern;
         if (literal) {
@@ -329,14 +536,17 @@ int tool_search(tool_ctx *ctx, json_t *args, json_t *res) {
             }
             src = rx;
         }
+        size_t rq = 0;
+        req = required_literal(src, icase, &rq);
+        if (req) pf_init(&s.pf, req, rq, icase);
         if (word) {
             size_t n = strlen(src);
-            char *w = malloc(n + 16);
+            char *w = malloc(n + 32);
             if (!w) {
                 rc = tool_err(TOOL_ENOMEM, "out of memory");
                 goto done;
             }
-            snprintf(w, n + 16, "\\b(?:%s)\\b", src);
+            snprintf(w, n + 32, "(?<!\\w)(?:%s)(?!\\w)", src);
             free(rx);
             rx = w;
             src = rx;
@@ -471,6 +681,7 @@ done:
         free(s.ws);
     }
     if (s.code) pcre2_code_free(s.code);
+    free(req);
     free(rx);
     free(rel);
     return rc;

@@ -34,9 +34,9 @@ printf '%-28s %10s %10s %8s %10s %10s\n' pattern "rg s" "spark s" ratio "rg line
 # name | rg flags | pattern | spark JSON flags
 while IFS='|' read -r name rgflags pat jflags; do
     [ -z "$name" ] && continue
-    rg_lines=$(cd "$tree" && rg $rgflags -c -- "$pat" . | awk -F: '{s+=$NF} END {print s+0}')
+    rg_lines=$(cd "$tree" && { rg $rgflags -c -- "$pat" . || true; } | awk -F: '{s+=$NF} END {print s+0}')
     pj=$(printf '%s' "$pat" | sed 's/\\/\\\\/g; s/"/\\"/g')
-    args="{\"pattern\":\"$pj\",\"max_results\":10000000$jflags}"
+    args="{\"pattern\":\"$pj\",\"max_results\":1000000$jflags}"
     sp_lines=$(cd "$tree" && "$cli" tool search "$args" | grep -o '"match_count":[0-9]*' | cut -d: -f2)
     t_rg=$(cd "$tree" && best rg $rgflags -- "$pat" .)
     t_sp=$(cd "$tree" && best "$cli" tool search "$args")

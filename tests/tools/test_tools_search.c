@@ -74,6 +74,25 @@ int main(void) {
     r = search(ctx, "{\"pattern\":\"^end$\"}", &rc);
     CHECK_MSG(count(r) == 1, "%ld", count(r));
     json_decref(r);
+    /* patterns whose required literal prefilters the lines */
+    tt_puts(dir, "pf.txt", "color\ncolour\ncolr\nfood\nfod\na.bbbc\naxbc\nmutex_lock(\n"
+                           "MUTEX_LOCK(\nx_alloc(\n_alloc(\nfoo\\bar\n");
+    static const struct { const char *args; long n; } pf[] = {
+        {"{\"pattern\":\"colou?r\",\"path\":\"pf.txt\"}", 2},
+        {"{\"pattern\":\"fo{2}d\",\"path\":\"pf.txt\"}", 1},
+        {"{\"pattern\":\"a\\\\.b+c\",\"path\":\"pf.txt\"}", 1},
+        {"{\"pattern\":\"\\\\w+_alloc\\\\(\",\"path\":\"pf.txt\"}", 1},
+        {"{\"pattern\":\"mutex_lock\\\\(\",\"case_insensitive\":true,\"path\":\"pf.txt\"}", 2},
+        {"{\"pattern\":\"(colo)+ur|food\",\"path\":\"pf.txt\"}", 2},
+        {"{\"pattern\":\"foo\\\\\\\\bar\",\"path\":\"pf.txt\"}", 1},
+        {"{\"pattern\":\"_alloc(\",\"literal\":true,\"word\":true,\"path\":\"pf.txt\"}", 1},
+    };
+    for (size_t i = 0; i < sizeof pf / sizeof pf[0]; i++) {
+        r = search(ctx, pf[i].args, &rc);
+        CHECK_MSG(rc == 0 && count(r) == pf[i].n, "%s: rc %d, %ld matches, want %ld", pf[i].args,
+                  rc, count(r), pf[i].n);
+        json_decref(r);
+    }
     /* a single file, even an ignored one, is searched when named */
     r = search(ctx, "{\"pattern\":\"foo\",\"path\":\"ignored/x.c\"}", &rc);
     CHECK(rc == 0 && count(r) == 1);
