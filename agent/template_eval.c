@@ -491,8 +491,8 @@ static const json_opts JSON_DEFAULT = {-1, false, ", ", ": ", 2, 2, true};
 /* RuntimeValue.toString() of the reference: what {{ v }} prints. */
 static int to_string(ctx *c, const tpl_node *at, tpl_sb *b, const tpl_val *v) {
     switch (v->t) {
-    case V_UNDEF: tpl_sb_puts(b, "undefined"); return 0;
-    case V_NULL: tpl_sb_puts(b, "null"); return 0;
+    /* the reference's NullValue holds JavaScript undefined, so it prints like undefined */
+    case V_UNDEF: case V_NULL: tpl_sb_puts(b, "undefined"); return 0;
     case V_BOOL: tpl_sb_puts(b, v->b ? "true" : "false"); return 0;
     case V_INT: js_num(b, v->n); return 0;
     case V_FLOAT: float_str(b, v->n); return 0;
@@ -529,7 +529,7 @@ static int js_join_item(ctx *c, const tpl_node *at, tpl_sb *b, const tpl_val *v)
 
 /* ----- JavaScript equality ----- */
 typedef struct {
-    int k; /* 0 undefined, 1 null, 2 bool, 3 number, 4 string, 5 object */
+    int k; /* 0 undefined (also NullValue), 2 bool, 3 number, 4 string, 5 object */
     bool b;
     double n;
     tpl_str s;
@@ -541,8 +541,7 @@ static jsprim to_prim(const tpl_val *v) {
     jsprim p = {0};
     p.v = v;
     switch (v->t) {
-    case V_UNDEF: p.k = 0; break;
-    case V_NULL: p.k = 1; break;
+    case V_UNDEF: case V_NULL: p.k = 0; break; /* both hold JavaScript undefined */
     case V_BOOL: p.k = 2; p.b = v->b; break;
     case V_INT: case V_FLOAT: p.k = 3; p.n = v->n; break;
     case V_STR: p.k = 4; p.s = v->s; break;
@@ -1307,7 +1306,7 @@ static int call_value(ctx *c, scope *sc, const tpl_node *at, const tpl_val *fn, 
     case FN_RAISE: {
         tpl_sb b;
         tpl_sb_init(&b, c->A);
-        if (a->npos > 0 && a->pos[0].t != V_UNDEF) {
+        if (a->npos > 0 && a->pos[0].t != V_UNDEF && a->pos[0].t != V_NULL) {
             if (a->pos[0].t == V_STR) tpl_sb_put(&b, a->pos[0].s.p, a->pos[0].s.len);
             else TRY(js_value_str(c, at, &b, &a->pos[0]));
         }
