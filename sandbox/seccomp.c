@@ -146,6 +146,9 @@ static int build_a(struct sock_fprog *out, char *err, size_t errlen) {
     }
     int rc = seccomp_attr_set(ctx, SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_KILL_PROCESS);
     if (rc == 0) rc = seccomp_attr_set(ctx, SCMP_FLTATR_CTL_NNP, 0); /* we set it ourselves */
+    /* A binary tree instead of a linear list: the kernel emulates the filter for every system
+     * call number when it is attached (its action cache), which made attaching cost 0.7 ms. */
+    if (rc == 0) rc = seccomp_attr_set(ctx, SCMP_FLTATR_CTL_OPTIMIZE, 2);
     for (size_t i = 0; rc == 0 && i < sizeof allowed / sizeof allowed[0]; i++) {
         int nr = seccomp_syscall_resolve_name(allowed[i]);
         if (nr == __NR_SCMP_ERROR || nr < 0) continue; /* not on this architecture */
