@@ -25,7 +25,9 @@ const count = Number(process.argv[3] || 500);
 const ATOMS = ["1", "0", "-1", "2.5", "1.0", "'a'", "'Hello World'", "''", "' x '", "'a,b,,c'", "true", "false",
     "none", "x", "y", "s", "n", "f", "arr", "obj", "m", "m.role", "m.content", "arr[0]", "arr[-1]", "obj.a",
     "obj['k 2']", "undefinedvar", "[1,2,3]", "['b','a']", "{'z':1,'a':2}", "range(3)", "messages",
-    "messages[0]", "loop.index", "'<think>x</think>y'", "'\\n t \\n'", "'é😀'", "(1,2)", "ns.v"];
+    "messages[0]", "loop.index", "'<think>x</think>y'", "'\\n t \\n'", "'é😀'", "(1,2)", "ns.v",
+    "[none, 1]", "[[1, 2], 'x']", "{'a': none}", "big", "tiny", "nested", "(0/0)", "-0.0", "'😀x'",
+    "[1.0, 2]", "obj.b", "obj.b.c", "(arr ~ obj)", "(nested ~ '')", "[none]|join(',')"];
 const BIN = ["+", "-", "*", "/", "//", "%", "~", "==", "!=", "<", ">", "<=", ">=", "in", "not in", "and", "or", "**"];
 const FIL = ["length", "trim", "tojson", "string", "upper", "lower", "title", "capitalize", "first", "last",
     "reverse", "sort", "join", "list", "items", "int", "float", "abs", "unique", "safe", "join(', ')",
@@ -93,6 +95,7 @@ const VARS = {
     x: 3, y: "yy", s: "a,b,c d", n: null, f: 1.5, arr: [1, "two", 3.5, null, true],
     obj: { a: 1, "k 2": [1], 2: "two", b: { c: null } },
     m: { role: "user", content: "hello, world" },
+    big: 1e21, tiny: 1e-7, nested: [[1, [2]], { k: null, 10: "ten", 9: "nine" }],
     messages: [{ role: "system", content: "S" }, { role: "user", content: "U" },
         { role: "assistant", content: "<think>r</think>A" }],
 };
