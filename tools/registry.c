@@ -165,7 +165,7 @@ static const tool_def TOOLS[] = {
      tool_test, false},
     {"outline",
      "Outline a source file: its functions, types, classes and methods with line ranges "
-     "(C, C++, Python, JavaScript, TypeScript, Go, Rust, Java).",
+     "(C, C++, Python, JavaScript, TypeScript, TSX, Go, Rust, Java).",
      OBJ(PATH_PROP("source file"), "\"path\""),
      tool_outline, false},
     {"repo_map",

@@ -21,6 +21,7 @@ const TSLanguage *tree_sitter_cpp(void);
 const TSLanguage *tree_sitter_python(void);
 const TSLanguage *tree_sitter_javascript(void);
 const TSLanguage *tree_sitter_typescript(void);
+const TSLanguage *tree_sitter_tsx(void);
 const TSLanguage *tree_sitter_go(void);
 const TSLanguage *tree_sitter_rust(void);
 const TSLanguage *tree_sitter_java(void);
@@ -140,6 +141,7 @@ static const lang_def LANGS[] = {
     {"python", tree_sitter_python, Q_PYTHON, ".py .pyi"},
     {"javascript", tree_sitter_javascript, Q_JS, ".js .mjs .cjs .jsx"},
     {"typescript", tree_sitter_typescript, Q_TS, ".ts .mts .cts"},
+    {"tsx", tree_sitter_tsx, Q_TS, ".tsx"},
     {"go", tree_sitter_go, Q_GO, ".go"},
     {"rust", tree_sitter_rust, Q_RUST, ".rs"},
     {"java", tree_sitter_java, Q_JAVA, ".java"},
@@ -394,7 +396,7 @@ int tool_outline(tool_ctx *ctx, json_t *args, json_t *res) {
     int li = lang_for(rel);
     if (li < 0) {
         rc = tool_err(TOOL_EUNSUPPORTED, "no grammar for %s (outlines cover C, C++, Python, "
-                      "JavaScript, TypeScript, Go, Rust and Java by file extension)", rel);
+                      "JavaScript, TypeScript/TSX, Go, Rust and Java by file extension)", rel);
         goto done;
     }
     TSQuery *q;

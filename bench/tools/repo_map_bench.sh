@@ -7,17 +7,22 @@ set -euo pipefail
 cli=$(realpath "${1:?usage: repo_map_bench.sh SPARK_AGENT [TREE]}")
 tree=$(realpath "${2:-$(dirname "$0")/../..}")
 runs=${RUNS:-3}
+tmp=$(mktemp)
+trap 'rm -f "$tmp" "$tmp.t"' EXIT
 echo "tree: $tree, $(nproc) CPUs, best of $runs runs"
 best_fps=0
 for _ in $(seq "$runs"); do
     s=$(date +%s.%N)
-    out=$(cd "$tree" && "$cli" tool --no-checkpoint repo_map '{"max_tokens":4096}')
+    TIMEFORMAT='%U %S'
+    { time (cd "$tree" && "$cli" tool --no-checkpoint repo_map '{"max_tokens":4096}' > "$tmp"); } 2> "$tmp.t"
     e=$(date +%s.%N)
+    out=$(cat "$tmp")
+    cpu=$(awk '{print $1 + $2}' "$tmp.t")
     files=$(echo "$out" | grep -o '"files_parsed":[0-9]*' | cut -d: -f2)
     secs=$(echo "$out" | grep -o '"parse_seconds":[0-9.e-]*' | cut -d: -f2)
     fps=$(echo "$files / $secs" | bc -l)
-    printf 'files %s  parse+extract %.3f s  (%.0f files/s)  whole call %.3f s  symbols %s\n' \
-        "$files" "$secs" "$fps" "$(echo "$e - $s" | bc -l)" \
+    printf 'files %s  parse+extract %.3f s wall (%.0f files/s)  whole call %.3f s wall, %.2f s CPU (%.0f files per CPU-second)  symbols %s\n' \
+        "$files" "$secs" "$fps" "$(echo "$e - $s" | bc -l)" "$cpu" "$(echo "$files / $cpu" | bc -l)" \
         "$(echo "$out" | grep -o '"symbols_total":[0-9]*' | cut -d: -f2)"
     if [ "$(echo "$fps > $best_fps" | bc -l)" = 1 ]; then best_fps=$fps; fi
 done

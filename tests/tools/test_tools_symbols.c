@@ -78,6 +78,9 @@ int main(void) {
                               {"Mode", "enum", 7, NULL}, {"Runner", "class", 12, NULL},
                               {"run", "method", 19, "Runner"}, {"makeRunner", "function", 24, NULL},
                               {"double", "function", 28, NULL}, {NULL, NULL, 0, NULL}};
+    static const want tsx[] = {{"Props", "interface", 3, NULL}, {"Header", "function", 7, NULL},
+                               {"Panel", "class", 11, NULL}, {"render", "method", 12, "Panel"},
+                               {NULL, NULL, 0, NULL}};
     static const want go[] = {{"Store", "struct", 5, NULL}, {"Getter", "interface", 9, NULL},
                               {"Get", "method", 10, "Getter"}, {"Key", "type", 13, NULL},
                               {"New", "function", 15, NULL}, {"Get", "method", 19, NULL},
@@ -98,6 +101,7 @@ int main(void) {
     check_outline(ctx, "sample.py", "python", py);
     check_outline(ctx, "sample.js", "javascript", js);
     check_outline(ctx, "sample.ts", "typescript", ts);
+    check_outline(ctx, "sample.tsx", "tsx", tsx);
     check_outline(ctx, "sample.go", "go", go);
     check_outline(ctx, "sample.rs", "rust", rs);
     check_outline(ctx, "Sample.java", "java", java);
