@@ -147,6 +147,18 @@ static _Noreturn void exec_command(const sandbox_plan *p) {
     _exit(err == ENOENT ? 127 : 126);
 }
 
+/* The caller's signal mask and ignored signals survive execve: a server that ignores SIGPIPE
+ * would hand that to `yes | head`. The command starts with the defaults. */
+static void reset_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = SIG_DFL;
+    for (int sig = 1; sig < NSIG; sig++) (void)sigaction(sig, &sa, NULL);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+}
+
 static void apply_rlimits(const sandbox_plan *p) {
     for (int i = 0; i < p->n_rlimits; i++) {
         struct rlimit rl = {.rlim_cur = p->rlimits[i].soft, .rlim_max = p->rlimits[i].hard};
@@ -170,6 +182,7 @@ static void drop_capabilities(void) {
 }
 
 static _Noreturn void command_child(const sandbox_plan *p) {
+    reset_signals();
     apply_rlimits(p);
     drop_capabilities();
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
@@ -239,6 +252,7 @@ _Noreturn void sandbox_child_plain(sandbox_plan *p) {
     die_with_parent();
     setsid();
     if (chdir(p->cwd) != 0) child_fail(SANDBOX_REC_SETUP, p->cwd, errno);
+    reset_signals();
     apply_rlimits(p);
     exec_command(p);
 }

@@ -208,6 +208,30 @@ static void test_view(void) {
     unlink(marker);
 }
 
+/* A caller that ignores SIGPIPE and blocks SIGTERM (a server): the command gets defaults. */
+static void test_signals_reset(void) {
+    struct sigaction ign = {.sa_handler = SIG_IGN}, old_pipe;
+    sigaction(SIGPIPE, &ign, &old_pipe);
+    sigset_t block, old_mask;
+    sigemptyset(&block);
+    sigaddset(&block, SIGTERM);
+    sigprocmask(SIG_BLOCK, &block, &old_mask);
+    const char *argv[] = {"grep", "-E", "^Sig(Blk|Ign)", "/proc/self/status", NULL};
+    for (int unsandboxed = 0; unsandboxed < 2; unsandboxed++) {
+        sandbox_policy pol = SANDBOX_POLICY_INIT;
+        pol.unsandboxed = unsandboxed;
+        sandbox_result r;
+        if (run(&r, &pol, argv, NULL)) continue;
+        if (!sbx_check(!strcmp(r.out.data, "SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n"),
+                       "the command starts with default signals and an empty mask (%s)",
+                       unsandboxed ? "unsandboxed" : "sandboxed"))
+            sbx_dump("signals", &r);
+        sandbox_result_deinit(&r);
+    }
+    sigprocmask(SIG_SETMASK, &old_mask, NULL);
+    sigaction(SIGPIPE, &old_pipe, NULL);
+}
+
 static void *cancel_later(void *arg) {
     usleep(300 * 1000);
     *(volatile int *)arg = 1;
@@ -335,6 +359,7 @@ int main(int argc, char **argv) {
     test_capture();
     test_status();
     test_view();
+    test_signals_reset();
     test_make();
     test_git();
     test_cancel_and_parent_death();
