@@ -31,7 +31,8 @@ static void usage(FILE *f) {
             "  --file-size BYTES    largest file the command may write\n"
             "  --processes N        process limit (default 512)\n"
             "  --output-cap BYTES   bytes kept per stream, head and tail (default 1M)\n"
-            "  --workspace DIR      the writable tree (default: the current directory)\n"
+            "  --workspace DIR      the writable tree (default: the enclosing git repository's\n"
+            "                       root, as the agent uses it, else the current directory)\n"
             "  --ro PATH            also bind PATH read-only (toolchains); repeatable\n"
             "  --protect REL        keep REL (workspace-relative) read-only; repeatable\n"
             "  --unsandboxed        run WITHOUT isolation (limits and capture only); warns\n"
@@ -70,6 +71,20 @@ enum { OPT_TIMEOUT = 256, OPT_NETWORK, OPT_POLICY, OPT_MEMORY, OPT_CPU, OPT_FSIZ
 
 #define MAX_LIST 32
 
+/* The agent works on the repository root: the nearest directory above cwd holding a .git. */
+static void default_workspace(const char *cwd, char *out, size_t cap) {
+    snprintf(out, cap, "%s", cwd);
+    char probe[PATH_MAX + 8];
+    for (;;) {
+        snprintf(probe, sizeof probe, "%s/.git", out);
+        if (access(probe, F_OK) == 0) return;
+        char *slash = strrchr(out, '/');
+        if (!slash || slash == out) break;
+        *slash = 0;
+    }
+    snprintf(out, cap, "%s", cwd);
+}
+
 int cli_sandbox(int argc, char **argv) {
     static const struct option opts[] = {
         {"timeout", required_argument, 0, OPT_TIMEOUT},
@@ -96,7 +111,9 @@ int cli_sandbox(int argc, char **argv) {
         cli_errorf("sandbox", "cannot read the current directory: %s", strerror(errno));
         return CLI_EXIT_SANDBOX;
     }
-    const char *workspace = cwd;
+    char repo_root[PATH_MAX];
+    default_workspace(cwd, repo_root, sizeof repo_root);
+    const char *workspace = repo_root;
     int c;
     optind = 1;
     /* '+': stop at the first non-option, the command's own options are not ours. */

@@ -48,6 +48,10 @@ expect_rc "bad policy: usage" 2 "$cli" sandbox --policy everything -- true
 expect_rc "bad memory: usage" 2 "$cli" sandbox --memory lots -- true
 expect_rc "missing command: 127" 127 "$cli" sandbox -- no-such-command-spark
 mkdir -p "$tmp/other"
+mkdir -p "$tmp/repo/.git" "$tmp/repo/sub"
+(cd "$tmp/repo/sub" && "$cli" sandbox -- sh -c 'touch ../from-sub && pwd') >"$tmp/out" 2>"$tmp/err"
+[ -e "$tmp/repo/from-sub" ] && [ "$(cat "$tmp/out")" = "$tmp/repo/sub" ]
+check "inside a repository the workspace is its root, the directory the current one" $?
 expect_rc "directory outside the workspace: usage" 2 "$cli" sandbox --workspace "$tmp/other" -- true
 echo "$fails failure(s)"
 [ "$fails" = 0 ]
