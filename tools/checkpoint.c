@@ -7,13 +7,14 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #define CP_PREFIX "refs/spark-agent/checkpoints/"
 
 /* The paths a snapshot covers: index entries plus untracked, not ignored files. */
-static int worktree_paths(git_repository *repo, git_index *idx, json_t *out) {
+static int worktree_paths(git_repository *repo, git_index *idx, json_t *out, json_t *dirty) {
     size_t n = git_index_entrycount(idx);
     const char *last = NULL;
     for (size_t i = 0; i < n; i++) {
@@ -33,9 +34,28 @@ static int worktree_paths(git_repository *repo, git_index *idx, json_t *out) {
         const git_status_entry *e = git_status_byindex(list, i);
         if ((e->status & GIT_STATUS_WT_NEW) && e->index_to_workdir)
             json_object_set_new(out, e->index_to_workdir->new_file.path, json_integer(0));
+        if (dirty && e->index_to_workdir) {
+            json_object_set_new(dirty, e->index_to_workdir->new_file.path, json_true());
+            json_object_set_new(dirty, e->index_to_workdir->old_file.path, json_true());
+        }
     }
     git_status_list_free(list);
     return 0;
+}
+
+/* No attribute that makes git transform content between the blob and the file. */
+static bool no_filters(git_repository *repo, const char *path) {
+    static const char *names[] = {"filter", "text", "eol", "ident", "crlf"};
+    const char *vals[5];
+    if (git_attr_get_many(vals, repo, 0, path, 5, names) < 0) {
+        git_error_clear();
+        return false;
+    }
+    for (int i = 0; i < 5; i++) {
+        git_attr_value_t t = git_attr_value(vals[i]);
+        if (t != GIT_ATTR_VALUE_UNSPECIFIED && t != GIT_ATTR_VALUE_FALSE) return false;
+    }
+    return true;
 }
 
 static int open_workdir(git_repository *repo) {
@@ -111,7 +131,7 @@ int tool_checkpoint_create(tool_ctx *ctx, const char *reason, char **out_ref) {
     git_commit *head = NULL, *icommit = NULL;
     git_signature *sig = NULL;
     git_reference *headref = NULL, *newref = NULL;
-    json_t *paths = json_object();
+    json_t *paths = json_object(), *dirty = json_object();
     int wdfd = -1;
     char *msg = NULL;
     if ((rc = git_repository_index(&idx, repo)) < 0 || (rc = git_index_read(idx, true)) < 0) {
@@ -128,11 +148,20 @@ int tool_checkpoint_create(tool_ctx *ctx, const char *reason, char **out_ref) {
         rc = tool_err_git(rc, "index tree");
         goto done;
     }
-    if ((rc = worktree_paths(repo, idx, paths)) < 0) goto done;
+    if ((rc = worktree_paths(repo, idx, paths, dirty)) < 0) goto done;
     if ((wdfd = open_workdir(repo)) < 0) {
         rc = wdfd;
         goto done;
     }
+    bool autocrlf = false;
+    git_config *cfg = NULL;
+    if (git_repository_config_snapshot(&cfg, repo) == 0) {
+        const char *v = NULL;
+        if (git_config_get_string(&v, cfg, "core.autocrlf") == 0 && strcasecmp(v, "false"))
+            autocrlf = true;
+        git_config_free(cfg);
+    }
+    git_error_clear();
     if ((rc = git_index_new(&snap)) < 0) {
         rc = tool_err_git(rc, "index");
         goto done;
@@ -143,14 +172,27 @@ int tool_checkpoint_create(tool_ctx *ctx, const char *reason, char **out_ref) {
         char *data;
         size_t len;
         unsigned mode;
-        if ((rc = read_wt(wdfd, path, &data, &len, &mode)) < 0) goto done;
         git_index_entry e;
         memset(&e, 0, sizeof e);
         e.path = path;
+        /* a tracked file git sees unchanged, with no filter between blob and bytes: the
+         * index already holds its exact content */
+        const git_index_entry *ie = git_index_get_bypath(idx, path, 0);
+        if (ie && !json_object_get(dirty, path) && !autocrlf && no_filters(repo, path) &&
+            (ie->mode == GIT_FILEMODE_BLOB || ie->mode == GIT_FILEMODE_BLOB_EXECUTABLE ||
+             ie->mode == GIT_FILEMODE_LINK)) {
+            e.mode = ie->mode;
+            e.id = ie->id;
+            if ((rc = git_index_add(snap, &e)) < 0) {
+                rc = tool_err_git(rc, path);
+                goto done;
+            }
+            continue;
+        }
+        if ((rc = read_wt(wdfd, path, &data, &len, &mode)) < 0) goto done;
         if (mode == GIT_FILEMODE_TREE) {
             /* keep a submodule's recorded commit; a plain directory is skipped */
             if (json_integer_value(jm) == GIT_FILEMODE_COMMIT) {
-                const git_index_entry *ie = git_index_get_bypath(idx, path, 0);
                 if (ie) {
                     e.mode = GIT_FILEMODE_COMMIT;
                     e.id = ie->id;
@@ -226,6 +268,7 @@ done:
     if (wdfd >= 0) close(wdfd);
     free(msg);
     json_decref(paths);
+    json_decref(dirty);
     git_index_free(idx);
     git_index_free(snap);
     git_tree_free(itree);
@@ -430,7 +473,7 @@ int tool_checkpoint_restore(tool_ctx *ctx, const char *ref, char **out_json) {
         goto done;
     }
     /* 1. files present now but not in the snapshot go */
-    if ((rc = worktree_paths(repo, idx, paths)) < 0) goto done;
+    if ((rc = worktree_paths(repo, idx, paths, NULL)) < 0) goto done;
     const char *path;
     json_t *jm;
     json_object_foreach(paths, path, jm) {
