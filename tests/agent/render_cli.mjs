@@ -54,6 +54,30 @@ for (const c of JSON.parse(fs.readFileSync(path.join(fixtures, "cases.json"), "u
         failures++;
     }
 }
+// The template from the GGUF itself: a generated tiny model carries the real Qwen3 tokenizer and
+// its chat template, so `model render FILE` must equal the reference on qwen3.jinja.
+const gguf = path.join(tmp, "tiny.gguf");
+const gen = spawnSync(cli, ["model", "gen", "--preset", "tiny", "--type", "q4_0", "-o", gguf], { encoding: "utf8" });
+if (gen.status !== 0) {
+    console.error(`FAIL model gen: ${gen.stderr}`);
+    failures++;
+} else {
+    const qwen3 = new Template(fs.readFileSync(path.join(fixtures, "qwen3.jinja"), "utf8"));
+    for (const c of JSON.parse(fs.readFileSync(path.join(fixtures, "cases.json"), "utf8")).cases) {
+        if (c.template !== "qwen3" || Object.keys(c.vars).some((k) => !["messages", "add_generation_prompt"].includes(k)))
+            continue;
+        let want;
+        try { want = qwen3.render(c.vars); } catch { continue; }
+        const args = ["model", "render", gguf];
+        if (!c.vars.add_generation_prompt) args.push("--no-generation-prompt");
+        const r = spawnSync(cli, args, { input: JSON.stringify(c.vars.messages) });
+        checked++;
+        if (r.status !== 0 || !Buffer.from(want, "utf8").equals(r.stdout)) {
+            console.error(`FAIL GGUF ${c.name}: status ${r.status} ${r.stderr.toString().trim()}`);
+            failures++;
+        }
+    }
+}
 // usage errors
 const bad = spawnSync(cli, ["model", "render", "--template", path.join(fixtures, "qwen3.jinja")], { input: "[" });
 if (bad.status !== 2) { console.error(`FAIL malformed stdin: status ${bad.status}`); failures++; }
