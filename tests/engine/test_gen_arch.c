@@ -155,7 +155,23 @@ static void test_hparams_check(void) {
 
 /* Write a GGUF with the tiny preset's metadata and zero tensors of the right shapes, in a
  * temporary file; `mutate` may break one thing. */
-typedef enum { MUT_NONE, MUT_DROP_KEY, MUT_DROP_TENSOR, MUT_BAD_SHAPE, MUT_NORM_F16 } mutation;
+typedef enum {
+    MUT_NONE,
+    MUT_DROP_KEY,
+    MUT_DROP_TENSOR,
+    MUT_BAD_SHAPE,
+    MUT_NORM_F16,
+    MUT_COUNT_STR,    /* block_count as a string */
+    MUT_UNKNOWN_ARCH, /* general.architecture = "llama" */
+    MUT_HEADS_ZERO,   /* attention.head_count = 0 */
+    MUT_USED_GT,      /* expert_used_count > expert_count */
+    MUT_COUNT
+} mutation;
+
+static const char *const mutation_names[MUT_COUNT] = {
+    "valid", "no_expert_count", "no_ffn_up_exps", "bad_attn_k_shape", "norm_f16",
+    "block_count_string", "arch_llama", "head_count_0", "expert_used_99",
+};
 
 static int write_model(const char *path, const engine_hparams *hp, mutation m) {
     engine_gguf_writer *w;
@@ -174,6 +190,21 @@ static int write_model(const char *path, const engine_hparams *hp, mutation m) {
         engine_gguf_writer_set_f32(w, "qwen3moe.attention.layer_norm_rms_epsilon",
                                    hp->rms_norm_eps);
         engine_gguf_writer_set_u32(w, "qwen3moe.expert_used_count", hp->n_expert_used);
+    }
+    const char *an = engine_arch_name(hp->arch);
+    char key[96];
+    if (!rc && m == MUT_COUNT_STR) {
+        snprintf(key, sizeof key, "%s.block_count", an);
+        rc = engine_gguf_writer_set_str(w, key, "3");
+    }
+    if (!rc && m == MUT_UNKNOWN_ARCH) rc = engine_gguf_writer_set_str(w, "general.architecture", "llama");
+    if (!rc && m == MUT_HEADS_ZERO) {
+        snprintf(key, sizeof key, "%s.attention.head_count", an);
+        rc = engine_gguf_writer_set_u32(w, key, 0);
+    }
+    if (!rc && m == MUT_USED_GT) {
+        snprintf(key, sizeof key, "%s.expert_used_count", an);
+        rc = engine_gguf_writer_set_u32(w, key, 99);
     }
     engine_tensor_desc *d = NULL;
     size_t n = 0;
@@ -243,12 +274,29 @@ static void test_roundtrip_and_validate(void) {
         engine_gguf_close(g);
     }
 
-    CHECK(write_model(path, &tiny, MUT_DROP_KEY) == 0);
-    CHECK(engine_gguf_open(&g, path) == 0);
-    if (g) {
+    struct {
+        mutation m;
+        const char *needle;
+        int code;
+    } read_cases[] = {
+        {MUT_DROP_KEY, "qwen3moe.expert_count", ENGINE_EFORMAT},
+        {MUT_COUNT_STR, "qwen3moe.block_count", ENGINE_EFORMAT},
+        {MUT_UNKNOWN_ARCH, "llama", ENGINE_EUNSUPPORTED},
+        {MUT_HEADS_ZERO, "head_count", ENGINE_EFORMAT},
+        {MUT_USED_GT, "expert_used_count", ENGINE_EFORMAT},
+    };
+    for (size_t i = 0; i < sizeof read_cases / sizeof read_cases[0]; i++) {
+        CHECK(write_model(path, &tiny, read_cases[i].m) == 0);
+        CHECK(engine_gguf_open(&g, path) == 0);
+        if (!g) continue;
         engine_hparams hp;
-        CHECK(engine_hparams_read(&hp, g) == ENGINE_EFORMAT);
-        CHECK(strstr(engine_error_last(), "qwen3moe.expert_count") != NULL);
+        CHECK(engine_hparams_read(&hp, g) == read_cases[i].code);
+        if (!strstr(engine_error_last(), read_cases[i].needle) ||
+            !strstr(engine_error_last(), path)) {
+            fprintf(stderr, "read case %zu: error \"%s\" does not name %s and the file\n", i,
+                    engine_error_last(), read_cases[i].needle);
+            failures++;
+        }
         engine_gguf_close(g);
     }
 
@@ -278,7 +326,34 @@ static void test_roundtrip_and_validate(void) {
     unlink(path);
 }
 
-int main(void) {
+/* A micro model (3 layers, hidden 16, vocab 32: a few KB) and its mutations, as the seed
+ * corpus of fuzz_gen_arch (tests/fixtures/fuzz/gen_arch). */
+static int write_corpus(const char *dir) {
+    engine_hparams moe = {.arch = ENGINE_ARCH_QWEN3MOE, .n_layer = 3, .n_embd = 16, .n_head = 2,
+                          .n_head_kv = 1, .head_dim_k = 8, .head_dim_v = 8, .n_ff = 32,
+                          .n_expert = 2, .n_expert_used = 1, .n_ff_exp = 16, .n_vocab = 32,
+                          .n_ctx_train = 64, .rope_theta = 1e6f, .rms_norm_eps = 1e-6f,
+                          .norm_topk_prob = true};
+    engine_hparams dense = moe;
+    dense.arch = ENGINE_ARCH_QWEN3;
+    dense.n_expert = dense.n_expert_used = dense.n_ff_exp = 0;
+    dense.norm_topk_prob = false;
+    dense.tied_embeddings = true;
+    char path[4096];
+    for (int m = 0; m < MUT_COUNT; m++) {
+        snprintf(path, sizeof path, "%s/qwen3moe_%s.gguf", dir, mutation_names[m]);
+        if (write_model(path, &moe, (mutation)m)) return 1;
+    }
+    snprintf(path, sizeof path, "%s/qwen3_tied_valid.gguf", dir);
+    if (write_model(path, &dense, MUT_NONE)) return 1;
+    snprintf(path, sizeof path, "%s/qwen3_bad_attn_k_shape.gguf", dir);
+    if (write_model(path, &dense, MUT_BAD_SHAPE)) return 1;
+    printf("corpus written to %s\n", dir);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 3 && !strcmp(argv[1], "--write-corpus")) return write_corpus(argv[2]);
     test_qwen3_30b_a3b_tensors();
     test_dense_and_tied();
     test_hparams_check();
