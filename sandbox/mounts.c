@@ -218,16 +218,25 @@ int sandbox_mounts_plan(sandbox_plan *p, sandbox_strings *a, const sandbox_polic
     p->ops = calloc(cap, sizeof *p->ops);
     if (!p->ops) return sandbox_err(SANDBOX_ENOMEM, "sandbox: out of memory");
     p->n_ops = 0;
-    static const char *const stages[] = {"/tmp", "/mnt", "/run", "/var/tmp"};
+    /* The staging directory must not lie inside a tree we bind from the host: a recursive
+     * bind of that tree would carry the new root's tmpfs along (a workspace of /tmp). */
+    static const char *const stages[] = {"/tmp", "/mnt", "/run", "/var/tmp", "/media", "/srv"};
     p->stage = NULL;
     for (size_t i = 0; i < sizeof stages / sizeof stages[0] && !p->stage; i++) {
         struct stat st;
-        if (lstat(stages[i], &st) == 0 && S_ISDIR(st.st_mode))
-            p->stage = sandbox_strdup(a, stages[i]);
+        if (lstat(stages[i], &st) != 0 || !S_ISDIR(st.st_mode) || path_within(stages[i], ws))
+            continue;
+        bool clash = false;
+        for (const char *const *x = pol->extra_ro_paths; x && *x && !clash; x++) {
+            char real[PATH_MAX];
+            clash = realpath(*x, real) && path_within(stages[i], real);
+        }
+        if (!clash) p->stage = sandbox_strdup(a, stages[i]);
     }
     if (!p->stage)
         return sandbox_err(SANDBOX_ESPAWN, "sandbox: no directory to assemble the new root in "
-                                           "(tried /tmp, /mnt, /run, /var/tmp)");
+                                           "(tried /tmp, /mnt, /run, /var/tmp, /media, /srv "
+                                           "outside the workspace and the read-only paths)");
     const char *S = p->stage;
     ADD(SANDBOX_OP_TMPFS, NULL, sandbox_strdup(a, S), "mode=0755,size=1m");
 
@@ -268,6 +277,16 @@ int sandbox_mounts_plan(sandbox_plan *p, sandbox_strings *a, const sandbox_polic
         }
         closedir(d);
     }
+    /* With the network on, name resolution must work: /etc/resolv.conf is often a link into
+     * /run (systemd-resolved, NetworkManager), which the new root does not have. */
+    char resolv[PATH_MAX];
+    if (pol->network && realpath("/etc/resolv.conf", resolv) && !path_within(resolv, "/etc") &&
+        !path_within(resolv, "/usr") && strrchr(resolv, '/') != resolv) {
+        *strrchr(resolv, '/') = 0;
+        ADD(SANDBOX_OP_BIND_RO, sandbox_strdup(a, resolv), sandbox_strcat3(a, S, resolv, ""),
+            NULL);
+    }
+
     /* /proc of the new PID namespace, its sysctls read-only after pid_max is set. */
     sandbox_op *proc = add_op(p, cap, SANDBOX_OP_PROC, NULL, sandbox_strcat3(a, S, "/proc", ""),
                               NULL);

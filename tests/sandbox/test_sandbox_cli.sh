@@ -48,6 +48,8 @@ expect_rc "bad policy: usage" 2 "$cli" sandbox --policy everything -- true
 expect_rc "bad memory: usage" 2 "$cli" sandbox --memory lots -- true
 expect_rc "missing command: 127" 127 "$cli" sandbox -- no-such-command-spark
 mkdir -p "$tmp/other"
+touch "$tmp/host-file"
+expect_rc "a read-only tree that contains the staging directory (/tmp)" 0 "$cli" sandbox --ro /tmp -- test -e "$tmp/host-file"
 mkdir -p "$tmp/repo/.git" "$tmp/repo/sub"
 (cd "$tmp/repo/sub" && "$cli" sandbox -- sh -c 'touch ../from-sub && pwd') >"$tmp/out" 2>"$tmp/err"
 [ -e "$tmp/repo/from-sub" ] && [ "$(cat "$tmp/out")" = "$tmp/repo/sub" ]
