@@ -130,7 +130,13 @@ int tool_file_write_atomic_at(int basefd, const char *rel, const char *data, siz
     close(tfd);
     tfd = -1;
     if (must_not_exist) {
-        if (renameat2(dfd, tmp, dfd, base, RENAME_NOREPLACE) != 0) {
+        int r = renameat2(dfd, tmp, dfd, base, RENAME_NOREPLACE);
+        if (r != 0 && (errno == EINVAL || errno == ENOSYS)) {
+            /* no RENAME_NOREPLACE on this filesystem: a hard link fails the same way */
+            r = linkat(dfd, tmp, dfd, base, 0);
+            if (r == 0) unlinkat(dfd, tmp, 0);
+        }
+        if (r != 0) {
             rc = errno == EEXIST ? tool_err(TOOL_ECONFLICT, "'%s' already exists", rel)
                                  : tool_err(TOOL_EIO, "rename '%s': %s", rel, strerror(errno));
             goto done;
