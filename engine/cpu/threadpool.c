@@ -8,10 +8,13 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 
-/* How long a thread polls before it sleeps. A forward pass hands out a job every few
- * microseconds, so polling that long keeps the token loop off the futex; an idle engine then
- * sleeps after ~50-100 us. */
-#define POOL_SPIN 20000
+/* How a thread waits: POOL_SPIN polls with a pause (a forward pass hands out a job every few
+ * microseconds, so this keeps the token loop off the futex), then POOL_YIELDS polls that give
+ * the core away (when there are more runnable threads than cores, the thread we wait for may
+ * be waiting for our core: spinning there would stall the whole pass for a time slice), then
+ * sleep on the condition variable (an idle engine burns nothing). */
+#define POOL_SPIN 2000
+#define POOL_YIELDS 64
 
 typedef struct {
     engine_pool *pool;
@@ -50,6 +53,10 @@ static void *pool_main(void *arg) {
         unsigned g = atomic_load(&p->gen);
         for (int i = 0; g == seen && i < POOL_SPIN; i++) {
             cpu_relax();
+            g = atomic_load(&p->gen);
+        }
+        for (int i = 0; g == seen && i < POOL_YIELDS; i++) {
+            sched_yield();
             g = atomic_load(&p->gen);
         }
         if (g == seen) {
@@ -138,6 +145,7 @@ void engine_pool_run(engine_pool *p, engine_pool_fn fn, void *ctx) {
     pthread_mutex_unlock(&p->mu);
     fn(ctx, 0, p->n);
     for (int i = 0; atomic_load(&p->pending) > 0 && i < POOL_SPIN; i++) cpu_relax();
+    for (int i = 0; atomic_load(&p->pending) > 0 && i < POOL_YIELDS; i++) sched_yield();
     if (atomic_load(&p->pending) > 0) {
         pthread_mutex_lock(&p->mu);
         while (atomic_load(&p->pending) > 0) pthread_cond_wait(&p->cv_done, &p->mu);

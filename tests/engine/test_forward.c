@@ -5,7 +5,7 @@
  *   - 1 thread and 3 threads give bit-identical logits and the same greedy text;
  *   - truncate + re-append (rollback) reproduces the logits;
  *   - the F16 KV cache stays close to F32 (cosine >= 0.9999, same argmax);
- *   - a q8_0 model stays close to the F32 model of the same seed (see QUANT_* below);
+ *   (quantised models against F32: test_forward_quant.c, labelled slow)
  *   - bad input: prompt longer than the context, ids out of range, truncated and missing files,
  *     the CUDA device in a CPU build, sessions on a vocab-only model. */
 #include <math.h>
@@ -28,18 +28,6 @@ static int failures;
         }                                                                                      \
     } while (0)
 
-/* Quantised-model tolerances (cosine similarity of the logits against the F32 model of the
- * same seed, at every prompt position; greedy top-1 agreement over QUANT_STEPS steps with both
- * models fed the F32 model's tokens, so one early flip does not cascade).
- * Dense qwen3: Q8_0 keeps ~8 bits per weight with a scale per 32 (relative weight error ~0.4%)
- * and activations are quantised the same way: every position >= 0.999 (measured 0.9999);
- * Q4_K_M (4-6 bits): >= 0.98 (measured worst 0.986, median 0.992).
- * qwen3moe: the router makes a discrete top-2-of-8 choice, and a small perturbation that flips
- * one choice swaps half of the FFN output, so single positions can drop far (measured 0.937
- * worst over 40 positions); we require the median >= 0.995 and the worst >= 0.9. The random
- * model's logits are flat (rms ~1, many near-ties), so top-1 agreement is held to 12 of 16 for
- * the MoE and 15 of 16 for dense Q8_0. */
-#define QUANT_STEPS 16
 
 static char tmpdir[] = "/tmp/spark_test_forward_XXXXXX";
 static const char *tokdir; /* NULL: the tokenizer embedded in the build */
@@ -99,7 +87,7 @@ static double cosine(const float *a, const float *b, int32_t n) {
     return ab / sqrt(aa * bb);
 }
 
-#define N_PROMPT 40
+#define N_PROMPT 24
 
 static size_t make_prompt(engine_model *m, int32_t *ids) {
     const char *text = "<|im_start|>user\nWrite a function that reverses a linked list in C, "
@@ -195,52 +183,11 @@ static void test_threads(const char *path) {
     int32_t t1[12], t3[12];
     float *l1 = malloc(sizeof(float) * 151936), *l3 = malloc(sizeof(float) * 151936);
     greedy(path, 1, t1, l1);
-    greedy(path, 3, t3, l3);
+    greedy(path, 3, t3, l3); /* uneven splits; more threads than this machine may have */
     CHECK(memcmp(t1, t3, sizeof t1) == 0);
     CHECK(memcmp(l1, l3, sizeof(float) * 151936) == 0);
     free(l1);
     free(l3);
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static void test_quantised(const char *f32, const char *quant, const char *what, double worst_min,
-                           double median_min, int top1_min) {
-    engine_model *a = load(f32, 0), *b = load(quant, 0);
-    if (!a || !b) goto done;
-    int32_t nv = engine_model_n_vocab(a), ids[N_PROMPT];
-    size_t n = make_prompt(a, ids);
-    float *la = malloc(sizeof(float) * n * nv), *lb = malloc(sizeof(float) * n * nv);
-    double cs[N_PROMPT];
-    engine_session *sa = session(a, 64, ENGINE_KV_F32), *sb = session(b, 64, ENGINE_KV_F32);
-    if (sa && sb) {
-        CHECK(engine_session_append(sa, ids, n, la) == 0);
-        CHECK(engine_session_append(sb, ids, n, lb) == 0);
-        for (size_t t = 0; t < n; t++) cs[t] = cosine(la + t * nv, lb + t * nv, nv);
-        qsort(cs, n, sizeof cs[0], cmp_double);
-        int agree = 0;
-        for (int i = 0; i < QUANT_STEPS; i++) {
-            int32_t ta = argmax(engine_session_logits(sa), nv);
-            agree += ta == argmax(engine_session_logits(sb), nv);
-            CHECK(engine_session_append(sa, &ta, 1, NULL) == 0);
-            CHECK(engine_session_append(sb, &ta, 1, NULL) == 0);
-        }
-        printf("%s vs f32: cosine worst %.5f median %.5f over %zu positions; greedy top-1 "
-               "agreement %d/%d\n", what, cs[0], cs[n / 2], n, agree, QUANT_STEPS);
-        CHECK(cs[0] >= worst_min);
-        CHECK(cs[n / 2] >= median_min);
-        CHECK(agree >= top1_min);
-    }
-    engine_session_free(sa);
-    engine_session_free(sb);
-    free(la);
-    free(lb);
-done:
-    engine_model_free(a);
-    engine_model_free(b);
 }
 
 static void test_bad_files(const char *good) {
@@ -310,18 +257,14 @@ int main(void) {
         perror("mkdtemp");
         return 1;
     }
-    char moe[512], dense[512], q8[512], dq8[512], dq4[512];
+    char moe[512], dense[512];
     snprintf(moe, sizeof moe, "%s/tiny-f32.gguf", tmpdir);
     snprintf(dense, sizeof dense, "%s/qwen3-tiny-f32.gguf", tmpdir);
-    snprintf(q8, sizeof q8, "%s/tiny-q8_0.gguf", tmpdir);
-    snprintf(dq8, sizeof dq8, "%s/qwen3-tiny-q8_0.gguf", tmpdir);
-    snprintf(dq4, sizeof dq4, "%s/qwen3-tiny-q4_k_m.gguf", tmpdir);
-    if (gen("tiny", "f32", moe) || gen("qwen3-tiny", "f32", dense) || gen("tiny", "q8_0", q8) ||
-        gen("qwen3-tiny", "q8_0", dq8) || gen("qwen3-tiny", "q4_k_m", dq4)) {
+    if (gen("tiny", "f32", moe) || gen("qwen3-tiny", "f32", dense)) {
         failures++;
         goto out;
     }
-    engine_model *m = load(moe, 0);
+    engine_model *m = load(moe, 1);
     if (m) {
         engine_model_info info;
         engine_model_info_get(m, &info);
@@ -330,7 +273,7 @@ int main(void) {
         test_consistency(m, "qwen3moe");
         engine_model_free(m);
     }
-    m = load(dense, 2);
+    m = load(dense, 1);
     if (m) {
         engine_model_info info;
         engine_model_info_get(m, &info);
@@ -339,16 +282,10 @@ int main(void) {
         engine_model_free(m);
     }
     test_threads(moe);
-    test_quantised(moe, q8, "qwen3moe q8_0", 0.9, 0.995, 12);
-    test_quantised(dense, dq8, "qwen3 q8_0", 0.999, 0.999, 15);
-    test_quantised(dense, dq4, "qwen3 q4_k_m", 0.98, 0.98, 12);
     test_bad_files(moe);
 out:
     unlink(moe);
     unlink(dense);
-    unlink(q8);
-    unlink(dq8);
-    unlink(dq4);
     char tr[600];
     snprintf(tr, sizeof tr, "%s/truncated.gguf", tmpdir);
     unlink(tr);

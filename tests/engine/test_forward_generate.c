@@ -119,6 +119,7 @@ int main(void) {
     }
     engine_model_params mp = ENGINE_MODEL_PARAMS_INIT;
     mp.n_ctx = 128;
+    mp.n_threads = 1; /* deterministic anyway; one thread is fastest on a loaded CI machine */
     CHECK(engine_model_load(&m, path, &mp) == 0);
     if (!m) goto out;
     int32_t nv = engine_model_n_vocab(m);
