@@ -23,7 +23,12 @@ typedef struct {
     nedge *e;
     size_t n_e, cap_e;
     int err;
+    const uint8_t *inline_ok; /* per rule: written in place of its references */
+    size_t rule_base;         /* NFA states when the current rule began */
 } nfa;
+
+#define INLINE_MAX_SIZE 100      /* rules up to this expanded size are inlined... */
+#define INLINE_RULE_BUDGET 20000 /* ...while the rule being built has fewer NFA states */
 
 static int32_t nfa_state(nfa *a) {
     if (a->n_states >= MAX_NFA_STATES) {
@@ -147,6 +152,8 @@ static int32_t build(nfa *a, const grammar_ir *ir, int x, int32_t s, int depth) 
         return e;
     }
     case GA_REF: {
+        if (a->inline_ok && a->inline_ok[n->ref] && a->n_states - a->rule_base < INLINE_RULE_BUDGET)
+            return build(a, ir, ir->rule_body[n->ref], s, depth + 1);
         int32_t e = nfa_state(a);
         if (e < 0 || nfa_edge(a, s, NE_REF, 0, 0, n->ref, e)) return -1;
         return e;
@@ -217,6 +224,8 @@ typedef struct {
     size_t hmask;
     grammar *g;
     size_t cap_states;
+    size_t n_trans, cap_trans;
+    int cur_ncls;
     grammar_ref *refs;
     size_t n_refs, cap_refs;
     int32_t *ref_off;
@@ -305,8 +314,11 @@ static int add_dfa_state(sc *c, int32_t rule, int32_t accept_nfa, const int32_t 
         return c->err = grammar_err(GRAMMAR_ELIMIT, "grammar too large (more than %u states)",
                                     MAX_DFA_STATES);
     size_t id = (size_t)g->n_states;
+    if (grammar_grow((void **)&g->trans, &c->cap_trans, c->n_trans + (size_t)c->cur_ncls,
+                     sizeof(int32_t)))
+        goto oom;
     size_t cap = c->cap_states;
-    if (grammar_grow((void **)&g->trans, &cap, id + 1, 256 * sizeof(int32_t))) goto oom;
+    if (grammar_grow((void **)&g->row_off, &cap, id + 1, sizeof(uint32_t))) goto oom;
     cap = c->cap_states;
     if (grammar_grow((void **)&g->final, &cap, id + 1, 1)) goto oom;
     cap = c->cap_states;
@@ -318,6 +330,9 @@ static int add_dfa_state(sc *c, int32_t rule, int32_t accept_nfa, const int32_t 
     /* the set occupies items[n_items - n .. n_items) */
     c->set_off[id] = (size_t)(set - c->items);
     c->set_off[id + 1] = c->set_off[id] + n;
+    g->row_off[id] = (uint32_t)c->n_trans;
+    for (int k = 0; k < c->cur_ncls; k++) g->trans[c->n_trans + (size_t)k] = -1;
+    c->n_trans += (size_t)c->cur_ncls;
     g->final[id] = 0;
     for (size_t i = 0; i < n; i++)
         if (set[i] == accept_nfa) g->final[id] = 1;
@@ -334,8 +349,27 @@ oom:
 }
 
 /* Subset construction of one rule whose NFA starts at nfa state `start`, accepts at `accept`. */
-static int determinize_rule(sc *c, int32_t rule, int32_t start, int32_t accept) {
+static int determinize_rule(sc *c, int32_t rule, int32_t start, int32_t accept, int32_t nfa_end) {
     grammar *g = c->g;
+    /* byte classes of the rule: bytes no edge of its NFA tells apart */
+    {
+        uint8_t cut[257];
+        memset(cut, 0, sizeof cut);
+        for (int32_t s = start; s < nfa_end; s++)
+            for (int32_t e = c->a->head[s]; e >= 0; e = c->a->e[e].next)
+                if (c->a->e[e].kind == NE_BYTE) {
+                    cut[c->a->e[e].lo] = 1;
+                    cut[c->a->e[e].hi + 1] = 1;
+                }
+        int k = 0;
+        uint8_t *cls = g->rule_cls + (size_t)rule * 256;
+        for (int b = 0; b < 256; b++) {
+            if (b > 0 && cut[b]) k++;
+            cls[b] = (uint8_t)k;
+        }
+        c->cur_ncls = k + 1;
+        g->rule_ncls[rule] = (uint16_t)(k + 1);
+    }
     size_t base = c->n_items;
     size_t n = closure(c, &start, 1);
     if (c->err) return c->err;
@@ -345,9 +379,9 @@ static int determinize_rule(sc *c, int32_t rule, int32_t start, int32_t accept) 
     int32_t *seed = NULL;
     size_t cap_seed = 0;
     int rc = 0;
+    const uint8_t *cls = g->rule_cls + (size_t)rule * 256;
     for (int32_t q = s0; q < g->n_states; q++) {
-        int32_t *row = g->trans + (size_t)q * 256;
-        for (int b = 0; b < 256; b++) row[b] = -1;
+        int32_t *row = g->trans + g->row_off[q];
         /* byte edges: split 0..255 at every range boundary, one target set per piece */
         uint8_t cut[257];
         memset(cut, 0, sizeof cut);
@@ -390,8 +424,8 @@ static int determinize_rule(sc *c, int32_t rule, int32_t start, int32_t accept) 
                         rc = c->err;
                         goto done;
                     }
-                    row = g->trans + (size_t)q * 256; /* may have moved */
-                    for (int b = lo; b <= hi; b++) row[b] = t;
+                    row = g->trans + g->row_off[q]; /* may have moved */
+                    for (int b = lo; b <= hi; b++) row[cls[b]] = t;
                     g->has_bytes[q] = 1;
                 }
                 lo = hi + 1;
@@ -452,7 +486,8 @@ done:
 static int check_left_recursion(grammar *g) {
     int rc = 0;
     uint8_t *nullable = calloc((size_t)g->n_rules, 1);
-    uint8_t *seen = calloc((size_t)g->n_states, 1);
+    uint32_t *seen = calloc((size_t)g->n_states, sizeof *seen);
+    uint32_t pass = 0;
     int32_t *stack = malloc(((size_t)g->n_states + 1) * sizeof *stack);
     uint8_t *calls = calloc((size_t)g->n_rules * (size_t)g->n_rules, 1);
     uint8_t *color = calloc((size_t)g->n_rules, 1);
@@ -465,10 +500,10 @@ static int check_left_recursion(grammar *g) {
         changed = 0;
         for (int32_t r = 0; r < g->n_rules; r++) {
             if (nullable[r]) continue;
-            memset(seen, 0, (size_t)g->n_states);
+            pass++;
             size_t sp = 0;
             stack[sp++] = g->rule_start[r];
-            seen[g->rule_start[r]] = 1;
+            seen[g->rule_start[r]] = pass;
             while (sp) {
                 int32_t q = stack[--sp];
                 if (g->final[q]) {
@@ -477,24 +512,24 @@ static int check_left_recursion(grammar *g) {
                     break;
                 }
                 for (int32_t k = g->ref_off[q]; k < g->ref_off[q + 1]; k++)
-                    if (nullable[g->refs[k].rule] && !seen[g->refs[k].ret]) {
-                        seen[g->refs[k].ret] = 1;
+                    if (nullable[g->refs[k].rule] && seen[g->refs[k].ret] != pass) {
+                        seen[g->refs[k].ret] = pass;
                         stack[sp++] = g->refs[k].ret;
                     }
             }
         }
     }
     for (int32_t r = 0; r < g->n_rules; r++) {
-        memset(seen, 0, (size_t)g->n_states);
+        pass++;
         size_t sp = 0;
         stack[sp++] = g->rule_start[r];
-        seen[g->rule_start[r]] = 1;
+        seen[g->rule_start[r]] = pass;
         while (sp) {
             int32_t q = stack[--sp];
             for (int32_t k = g->ref_off[q]; k < g->ref_off[q + 1]; k++) {
                 calls[(size_t)r * (size_t)g->n_rules + (size_t)g->refs[k].rule] = 1;
-                if (nullable[g->refs[k].rule] && !seen[g->refs[k].ret]) {
-                    seen[g->refs[k].ret] = 1;
+                if (nullable[g->refs[k].rule] && seen[g->refs[k].ret] != pass) {
+                    seen[g->refs[k].ret] = pass;
                     stack[sp++] = g->refs[k].ret;
                 }
             }
@@ -553,9 +588,9 @@ static int compute_dist(grammar *g) {
     /* distinct byte targets per state, once */
     for (int32_t q = 0; q < g->n_states; q++) {
         off[q] = (int32_t)n_tg;
-        const int32_t *row = g->trans + (size_t)q * 256;
+        const int32_t *row = g->trans + g->row_off[q];
         int32_t last = -1;
-        for (int b = 0; b < 256; b++) {
+        for (int b = 0; b < g->rule_ncls[g->state_rule[q]]; b++) {
             if (row[b] < 0 || row[b] == last) continue;
             last = row[b];
             if (grammar_grow((void **)&tg, &cap_tg, n_tg + 1, sizeof *tg)) goto oom;
@@ -589,6 +624,141 @@ oom:
     return grammar_err(GRAMMAR_ENOMEM, "out of memory");
 }
 
+/* ----- inlining: a reference to a small rule that is not recursive becomes a copy of its body,
+ * so that rule boundaries (where a token's acceptance starts to depend on the stack) are few. */
+
+static void collect_refs(const grammar_ir *ir, int x, uint8_t *mark) {
+    const grammar_ast *n = &ir->nodes[x];
+    if (n->kind == GA_REF) mark[n->ref] = 1;
+    else if (n->kind == GA_SEQ || n->kind == GA_ALT)
+        for (int32_t i = 0; i < n->count; i++) collect_refs(ir, ir->kids[n->first + i], mark);
+    else if (n->kind == GA_REP) collect_refs(ir, n->first, mark);
+}
+
+static double ast_size(const grammar_ir *ir, int x, const double *rule_size, const uint8_t *ok) {
+    const grammar_ast *n = &ir->nodes[x];
+    double t = 0;
+    switch (n->kind) {
+    case GA_EMPTY: return 0;
+    case GA_LIT: return n->count;
+    case GA_CLASS: return 2 + n->count;
+    case GA_REF: return ok[n->ref] ? rule_size[n->ref] : 1;
+    case GA_SEQ: case GA_ALT:
+        for (int32_t i = 0; i < n->count; i++) t += ast_size(ir, ir->kids[n->first + i], rule_size, ok);
+        return t + 1;
+    case GA_REP: {
+        double k = ast_size(ir, n->first, rule_size, ok);
+        double copies = n->max < 0 ? n->min + 1 : (n->max > 0 ? n->max : 1);
+        /* counted repetitions multiply states wherever the rule is copied: keep them called */
+        if (copies > 4) return 1e9;
+        return k * copies + 1;
+    }
+    }
+    return 1;
+}
+
+typedef struct {
+    const grammar_ir *ir;
+    int32_t *adj_off, *adj;  /* references of each rule */
+    int32_t *index, *low, *stack;
+    uint8_t *on_stack, *rec, *ok, *state;
+    double *size;
+    int32_t next_index, sp;
+} inl;
+
+/* Tarjan's strongly connected components: rec[r] when r lies on a cycle. */
+static void tarjan(inl *t, int32_t v) {
+    t->index[v] = t->low[v] = t->next_index++;
+    t->stack[t->sp++] = v;
+    t->on_stack[v] = 1;
+    for (int32_t k = t->adj_off[v]; k < t->adj_off[v + 1]; k++) {
+        int32_t w = t->adj[k];
+        if (w == v) t->rec[v] = 1;
+        if (t->index[w] < 0) {
+            tarjan(t, w);
+            if (t->low[w] < t->low[v]) t->low[v] = t->low[w];
+        } else if (t->on_stack[w] && t->index[w] < t->low[v]) {
+            t->low[v] = t->index[w];
+        }
+    }
+    if (t->low[v] == t->index[v]) {
+        int32_t n = 0, w;
+        do {
+            w = t->stack[--t->sp];
+            t->on_stack[w] = 0;
+            n++;
+            if (n > 1) t->rec[w] = 1;
+        } while (w != v);
+        if (n > 1) t->rec[v] = 1;
+    }
+}
+
+/* Expanded size of a non-recursive rule (references to inlinable rules counted expanded). */
+static double inl_size(inl *t, int32_t r) {
+    if (t->state[r] == 2) return t->size[r];
+    for (int32_t k = t->adj_off[r]; k < t->adj_off[r + 1]; k++)
+        if (!t->rec[t->adj[k]]) inl_size(t, t->adj[k]);
+    t->size[r] = ast_size(t->ir, t->ir->rule_body[r], t->size, t->ok);
+    t->ok[r] = !t->rec[r] && t->size[r] <= INLINE_MAX_SIZE;
+    t->state[r] = 2;
+    return t->size[r];
+}
+
+/* ok[r] = 1 for rules that are on no cycle of references and small once expanded. */
+static int inline_analysis(const grammar_ir *ir, uint8_t *ok) {
+    size_t R = ir->n_rules;
+    inl t = {0};
+    t.ir = ir;
+    t.ok = ok;
+    uint8_t *mark = calloc(R, 1);
+    t.adj_off = calloc(R + 1, sizeof *t.adj_off);
+    t.index = malloc(R * sizeof *t.index);
+    t.low = malloc(R * sizeof *t.low);
+    t.stack = malloc(R * sizeof *t.stack);
+    t.on_stack = calloc(R, 1);
+    t.rec = calloc(R, 1);
+    t.state = calloc(R, 1);
+    t.size = calloc(R, sizeof *t.size);
+    size_t cap = 0, n = 0;
+    int rc = 0;
+    if (!mark || !t.adj_off || !t.index || !t.low || !t.stack || !t.on_stack || !t.rec || !t.state || !t.size) {
+        rc = grammar_err(GRAMMAR_ENOMEM, "out of memory");
+        goto out;
+    }
+    if (R > 20000) goto out; /* huge grammars: no inlining (and no deep recursion here) */
+    for (size_t r = 0; r < R; r++) {
+        memset(mark, 0, R);
+        collect_refs(ir, ir->rule_body[r], mark);
+        t.adj_off[r] = (int32_t)n;
+        for (size_t j = 0; j < R; j++)
+            if (mark[j]) {
+                if (grammar_grow((void **)&t.adj, &cap, n + 1, sizeof *t.adj)) {
+                    rc = grammar_err(GRAMMAR_ENOMEM, "out of memory");
+                    goto out;
+                }
+                t.adj[n++] = (int32_t)j;
+            }
+    }
+    t.adj_off[R] = (int32_t)n;
+    for (size_t r = 0; r < R; r++) t.index[r] = -1;
+    for (size_t r = 0; r < R; r++)
+        if (t.index[r] < 0) tarjan(&t, (int32_t)r);
+    for (size_t r = 0; r < R; r++)
+        if (!t.rec[r]) inl_size(&t, (int32_t)r);
+out:
+    free(mark);
+    free(t.adj_off);
+    free(t.adj);
+    free(t.index);
+    free(t.low);
+    free(t.stack);
+    free(t.on_stack);
+    free(t.rec);
+    free(t.state);
+    free(t.size);
+    return rc;
+}
+
 int grammar_compile_ir(grammar **out, const grammar_ir *ir, const char *root) {
     *out = NULL;
     nfa a = {0};
@@ -605,7 +775,9 @@ int grammar_compile_ir(grammar **out, const grammar_ir *ir, const char *root) {
     if (!root) root = "root";
     g->rule_names = calloc(ir->n_rules, sizeof *g->rule_names);
     g->rule_start = calloc(ir->n_rules, sizeof *g->rule_start);
-    if (!g->rule_names || !g->rule_start) {
+    g->rule_cls = calloc(ir->n_rules, 256);
+    g->rule_ncls = calloc(ir->n_rules, sizeof *g->rule_ncls);
+    if (!g->rule_names || !g->rule_start || !g->rule_cls || !g->rule_ncls) {
         rc = grammar_err(GRAMMAR_ENOMEM, "out of memory");
         goto done;
     }
@@ -621,7 +793,15 @@ int grammar_compile_ir(grammar **out, const grammar_ir *ir, const char *root) {
         rc = grammar_err(GRAMMAR_EINVAL, "the grammar has no rule named '%s'", root);
         goto done;
     }
+    uint8_t *inline_ok = calloc(ir->n_rules, 1);
+    if (!inline_ok || (rc = inline_analysis(ir, inline_ok))) {
+        free(inline_ok);
+        if (!rc) rc = grammar_err(GRAMMAR_ENOMEM, "out of memory");
+        goto done;
+    }
+    a.inline_ok = inline_ok;
     for (size_t r = 0; r < ir->n_rules; r++) {
+        a.rule_base = a.n_states;
         starts[r] = nfa_state(&a);
         if (starts[r] < 0) {
             rc = a.err;
@@ -629,10 +809,13 @@ int grammar_compile_ir(grammar **out, const grammar_ir *ir, const char *root) {
         }
         accepts[r] = build(&a, ir, ir->rule_body[r], starts[r], 0);
         if (accepts[r] < 0) {
+            free(inline_ok);
             rc = a.err;
             goto done;
         }
     }
+    free(inline_ok);
+    a.inline_ok = NULL;
     c.a = &a;
     c.g = g;
     c.stamp = calloc(a.n_states, sizeof *c.stamp);
@@ -644,7 +827,9 @@ int grammar_compile_ir(grammar **out, const grammar_ir *ir, const char *root) {
         goto done;
     }
     for (size_t r = 0; r < ir->n_rules; r++)
-        if ((rc = determinize_rule(&c, (int32_t)r, starts[r], accepts[r]))) goto done;
+        if ((rc = determinize_rule(&c, (int32_t)r, starts[r], accepts[r],
+                                   r + 1 < ir->n_rules ? starts[r + 1] : (int32_t)a.n_states)))
+            goto done;
     if (grammar_grow((void **)&c.ref_off, &c.cap_ref_off, (size_t)g->n_states + 1, sizeof *c.ref_off)) {
         rc = grammar_err(GRAMMAR_ENOMEM, "out of memory");
         goto done;
@@ -701,6 +886,9 @@ void grammar_free(grammar *g) {
     free(g->rule_names);
     free(g->rule_start);
     free(g->trans);
+    free(g->row_off);
+    free(g->rule_cls);
+    free(g->rule_ncls);
     free(g->final);
     free(g->has_bytes);
     free(g->state_rule);

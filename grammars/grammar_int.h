@@ -43,7 +43,12 @@ struct grammar {
     int32_t root;           /* start rule */
 
     int32_t n_states;
-    int32_t *trans;         /* n_states * 256 */
+    /* transitions over per-rule byte classes: next(q, b) =
+     * trans[row_off[q] + rule_cls[state_rule[q] * 256 + b]] (-1: none) */
+    int32_t *trans;
+    uint32_t *row_off;      /* n_states */
+    uint8_t *rule_cls;      /* n_rules * 256 */
+    uint16_t *rule_ncls;    /* n_rules */
     uint8_t *final;         /* n_states */
     uint8_t *has_bytes;     /* n_states: some byte edge leaves */
     int32_t *state_rule;    /* n_states: the rule a state belongs to */
@@ -60,6 +65,10 @@ struct grammar {
 };
 
 #define GRAMMAR_DIST_INF 0x3fffffffu
+
+static inline int32_t grammar_next(const grammar *g, int32_t q, uint8_t b) {
+    return g->trans[g->row_off[q] + g->rule_cls[(size_t)g->state_rule[q] * 256 + b]];
+}
 
 /* One character of JSON string content as a GBNF group (written inline, so a string body is one
  * DFA loop rather than a rule call per character). \u escapes exclude surrogates, so every
@@ -171,6 +180,7 @@ typedef struct {
     size_t cap_seen;
     uint32_t stamp;
     int depth;
+    int no_w;               /* popping the unknown caller (GQ_P0) ends the stack instead */
     int err;
 } grammar_stepper;
 
@@ -212,6 +222,9 @@ struct grammar_index {
     size_t *depth_mark;
     int32_t *tmp_acc, *tmp_unc;
     size_t cap_tmp_acc, cap_tmp_unc;
+    uint32_t *acc_stamp;    /* per rank: accepted in this build (== build_stamp) */
+    uint32_t build_stamp;
+    int32_t *pending;       /* per trie node + 1: prefix counts of not-accepted token ends */
     /* lazy triggers: per trigger and matched-prefix length k, the rank range of tokens that
      * start with trigger[k..]; plus the tokens that contain a whole trigger */
     int32_t trig_lo[GRAMMAR_MAX_TRIGGERS][64], trig_hi[GRAMMAR_MAX_TRIGGERS][64];

@@ -108,6 +108,8 @@ void grammar_index_free(grammar_index *ix) {
     free(ix->depth_mark);
     free(ix->tmp_acc);
     free(ix->tmp_unc);
+    free(ix->acc_stamp);
+    free(ix->pending);
     free(ix->trig_contain);
     free(ix);
 }
@@ -143,7 +145,9 @@ int grammar_index_new(grammar_index **out, const grammar *g, const grammar_vocab
     ix->cache = calloc((size_t)g->n_states, sizeof *ix->cache);
     ix->depth_off = malloc(((size_t)v->max_len + 3) * sizeof *ix->depth_off);
     ix->depth_mark = malloc(((size_t)v->max_len + 3) * sizeof *ix->depth_mark);
-    if (!ix->cache || !ix->depth_off || !ix->depth_mark) goto fail;
+    ix->acc_stamp = calloc((size_t)v->n_order + 1, sizeof *ix->acc_stamp);
+    ix->pending = malloc(((size_t)v->n_nodes + 1) * sizeof *ix->pending);
+    if (!ix->cache || !ix->depth_off || !ix->depth_mark || !ix->acc_stamp || !ix->pending) goto fail;
     if ((rc = grammar_store_init(&ix->st, 4096))) goto fail;
     if ((rc = grammar_stepper_init(&ix->sp, g, &ix->st))) goto fail;
     for (int t = 0; t < g->n_triggers; t++) {
@@ -176,15 +180,22 @@ fail:
     return rc;
 }
 
-static int build_state(grammar_index *ix, int32_t q) {
+static int push_id(int32_t **a, size_t *cap, size_t *n, int32_t v) {
+    if (grammar_grow((void **)a, cap, *n + 1, sizeof **a)) return grammar_err(GRAMMAR_ENOMEM, "out of memory");
+    (*a)[(*n)++] = v;
+    return 0;
+}
+
+/* One walk of the trie from the stack [caller of q's rule, q]. Pass 1 (no_w): tokens consumed
+ * with q's frame kept are accepted. Pass 2 (callers approximated), only through subtrees that
+ * hold tokens pass 1 did not accept: consumed ones are uncertain, the others rejected. */
+static int walk(grammar_index *ix, int32_t q, int pass, size_t *n_acc, size_t *n_unc) {
     const grammar *g = ix->g;
     const grammar_vocab *v = ix->v;
     grammar_store *st = &ix->st;
     grammar_stepper *sp = &ix->sp;
-    grammar_state_cache *c = &ix->cache[q];
-    double t0 = now_ms();
-    size_t n_acc = 0, n_unc = 0;
     int rc = 0;
+    sp->no_w = pass == 1;
     grammar_store_truncate(st, 2);
     int32_t p0 = grammar_store_intern(st, GQ_P0, g->state_rule[q]);
     int32_t top = p0 >= 0 ? grammar_store_intern(st, q, p0) : -1;
@@ -196,16 +207,16 @@ static int build_state(grammar_index *ix, int32_t q) {
     ix->depth_off[1] = 1;
     ix->depth_mark[0] = st->n;
     int32_t i = 0;
-    /* only children of the root whose first byte q accepts */
     while (i < v->n_nodes) {
         uint32_t d = v->tn_depth[i];
-        if (d == 1 && g->trans[(size_t)q * 256 + v->tn_byte[i]] < 0) {
+        if ((d == 1 && grammar_next(g, q, v->tn_byte[i]) < 0) ||
+            (pass == 2 && ix->pending[v->tn_skip[i]] == ix->pending[i])) {
             i = v->tn_skip[i];
             continue;
         }
         grammar_store_truncate(st, ix->depth_mark[d - 1]);
         size_t so = ix->depth_off[d - 1], n = ix->depth_off[d] - so;
-        if ((rc = grammar_stepper_step(sp, ix->depth_sets + so, n, v->tn_byte[i]))) goto fail;
+        if ((rc = grammar_stepper_step(sp, ix->depth_sets + so, n, v->tn_byte[i]))) break;
         if (sp->n_out == 0) {
             i = v->tn_skip[i];
             continue;
@@ -214,37 +225,58 @@ static int build_state(grammar_index *ix, int32_t q) {
         if (grammar_grow((void **)&ix->depth_sets, &ix->cap_depth_sets, base + sp->n_out,
                          sizeof *ix->depth_sets)) {
             rc = grammar_err(GRAMMAR_ENOMEM, "out of memory");
-            goto fail;
+            break;
         }
         memcpy(ix->depth_sets + base, sp->out, sp->n_out * sizeof *sp->out);
         ix->depth_off[d + 1] = base + sp->n_out;
         ix->depth_mark[d] = st->n;
-        int32_t nr = v->tn_nrank[i];
-        if (nr) {
-            int ctx0 = 0;
-            for (size_t k = 0; k < sp->n_out && !ctx0; k++) ctx0 = st->ctx[sp->out[k]] == 0;
-            int32_t r0 = v->tn_rank[i];
-            for (int32_t r = r0; r < r0 + nr; r++) {
-                if (ctx0) {
-                    if (grammar_grow((void **)&ix->tmp_acc, &ix->cap_tmp_acc, n_acc + 1,
-                                     sizeof *ix->tmp_acc)) {
-                        rc = grammar_err(GRAMMAR_ENOMEM, "out of memory");
-                        goto fail;
-                    }
-                    ix->tmp_acc[n_acc++] = v->order[r];
-                } else {
-                    if (grammar_grow((void **)&ix->tmp_unc, &ix->cap_tmp_unc, n_unc + 1,
-                                     sizeof *ix->tmp_unc)) {
-                        rc = grammar_err(GRAMMAR_ENOMEM, "out of memory");
-                        goto fail;
-                    }
-                    ix->tmp_unc[n_unc++] = r;
-                }
+        int32_t r0 = v->tn_rank[i], nr = v->tn_nrank[i];
+        for (int32_t r = r0; r < r0 + nr && !rc; r++) {
+            if (pass == 1) {
+                ix->acc_stamp[r] = ix->build_stamp;
+                rc = push_id(&ix->tmp_acc, &ix->cap_tmp_acc, n_acc, v->order[r]);
+            } else if (ix->acc_stamp[r] != ix->build_stamp) {
+                rc = push_id(&ix->tmp_unc, &ix->cap_tmp_unc, n_unc, r);
             }
         }
+        if (rc) break;
         i++;
     }
+    sp->no_w = 0;
     grammar_store_truncate(st, 2);
+    return rc;
+}
+
+static int build_state(grammar_index *ix, int32_t q) {
+    const grammar_vocab *v = ix->v;
+    grammar_state_cache *c = &ix->cache[q];
+    double t0 = now_ms();
+    size_t n_acc = 0, n_unc = 0;
+    if (++ix->build_stamp == 0) {
+        memset(ix->acc_stamp, 0, (size_t)v->n_order * sizeof *ix->acc_stamp);
+        ix->build_stamp = 1;
+    }
+    int rc = walk(ix, q, 1, &n_acc, &n_unc);
+    if (rc) return rc;
+    /* pending[k] = token ends before trie node k that pass 1 did not accept, over the span of
+     * the first bytes q accepts (the only subtrees pass 2 enters) */
+    int32_t lo = -1, hi = 0;
+    for (int32_t i = 0; i < v->n_nodes; i = v->tn_skip[i])
+        if (grammar_next(ix->g, q, v->tn_byte[i]) >= 0) {
+            if (lo < 0) lo = i;
+            hi = v->tn_skip[i];
+        }
+    int32_t cnt = 0;
+    for (int32_t i = lo < 0 ? 0 : lo; i < hi; i++) {
+        ix->pending[i] = cnt;
+        for (int32_t r = v->tn_rank[i]; r < v->tn_rank[i] + v->tn_nrank[i]; r++)
+            if (ix->acc_stamp[r] != ix->build_stamp) {
+                cnt++;
+                break;
+            }
+    }
+    ix->pending[hi] = cnt;
+    if ((rc = walk(ix, q, 2, &n_acc, &n_unc))) return rc;
     size_t words = ((size_t)v->n_vocab + 31) / 32;
     if (n_acc > words) {
         c->dense = 1;
@@ -269,9 +301,6 @@ static int build_state(grammar_index *ix, int32_t q) {
     c->built = 1;
     ix->build_ms += now_ms() - t0;
     return 0;
-fail:
-    grammar_store_truncate(st, 2);
-    return rc;
 }
 
 int grammar_index_state(grammar_index *ix, int32_t q, const grammar_state_cache **out) {

@@ -200,6 +200,7 @@ static void pop(grammar_stepper *sp, int32_t parent) {
     }
     grammar_store *st = sp->st;
     int32_t pq = st->q[parent];
+    if (pq == GQ_P0 && sp->no_w) return;
     if (pq == GQ_P0 || pq == GQ_W) {
         const grammar *g = sp->g;
         int32_t r = st->parent[parent];
@@ -267,7 +268,7 @@ int grammar_stepper_step(grammar_stepper *sp, const int32_t *in, size_t n, uint8
     for (size_t i = 0; i < n && !sp->err; i++) {
         int32_t q = st->q[in[i]];
         if (q < 0) continue;
-        int32_t t = g->trans[(size_t)q * 256 + b];
+        int32_t t = grammar_next(g, q, b);
         if (t >= 0) expand(sp, t, st->parent[in[i]]);
     }
     return sp->err;
