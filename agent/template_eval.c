@@ -19,9 +19,7 @@ enum { R_OK = 0, R_BREAK = 1, R_CONTINUE = 2 };
 typedef struct scope scope;
 struct scope {
     scope *parent;
-    size_t n, cap;
-    tpl_str *k;
-    tpl_val *v;
+    tpl_obj vars;
 };
 
 typedef struct {
@@ -199,32 +197,13 @@ static scope *scope_new(ctx *c, scope *parent) {
     return s;
 }
 static int scope_set(ctx *c, scope *s, tpl_str k, tpl_val v) {
-    for (size_t i = 0; i < s->n; i++)
-        if (str_same(s->k[i], k)) {
-            s->v[i] = v;
-            return 0;
-        }
-    if (s->n == s->cap) {
-        size_t cap = s->cap ? s->cap * 2 : 4;
-        tpl_str *nk = tpl_alloc(c->A, cap * sizeof *nk);
-        tpl_val *nv = tpl_alloc(c->A, cap * sizeof *nv);
-        if (!nk || !nv) return OOM();
-        if (s->n) {
-            memcpy(nk, s->k, s->n * sizeof *nk);
-            memcpy(nv, s->v, s->n * sizeof *nv);
-        }
-        s->k = nk;
-        s->v = nv;
-        s->cap = cap;
-    }
-    s->k[s->n] = k;
-    s->v[s->n++] = v;
-    return 0;
+    return obj_set(c, &s->vars, k, v);
 }
 static tpl_val lookup(const scope *s, tpl_str k) {
-    for (; s; s = s->parent)
-        for (size_t i = 0; i < s->n; i++)
-            if (str_same(s->k[i], k)) return s->v[i];
+    for (; s; s = s->parent) {
+        const tpl_val *v = obj_get(&s->vars, k);
+        if (v) return *v;
+    }
     return v_undef();
 }
 
@@ -1572,10 +1551,9 @@ static int ev_binary(ctx *c, scope *sc, const tpl_node *n, tpl_val *out) {
 }
 
 /* ----- tests ----- */
-static int ev_test(ctx *c, scope *sc, const tpl_node *n, tpl_val *out) {
-    tpl_val v;
-    TRY(ev(c, sc, n->a, &v));
-    tpl_str t = n->s;
+/* The named test `t` applied to v (at: the node for error positions). */
+static int test_value(ctx *c, const tpl_node *n, tpl_str t, const tpl_val *vp, bool *out) {
+    tpl_val v = *vp;
     bool r;
     if (str_eq(t, "boolean")) r = v.t == V_BOOL;
     else if (str_eq(t, "callable")) r = v.t == V_FUNC;
@@ -1607,6 +1585,15 @@ static int ev_test(ctx *c, scope *sc, const tpl_node *n, tpl_val *out) {
     else if (str_eq(t, "equalto") || str_eq(t, "eq"))
         return rerr(c, n, "test '%.*s' needs an argument", (int)t.len, t.p);
     else return rerr(c, n, "unknown test: %.*s", (int)t.len, t.p);
+    *out = r;
+    return 0;
+}
+
+static int ev_test(ctx *c, scope *sc, const tpl_node *n, tpl_val *out) {
+    tpl_val v;
+    TRY(ev(c, sc, n->a, &v));
+    bool r;
+    TRY(test_value(c, n, n->s, &v, &r));
     *out = v_bool(n->flag ? !r : r);
     return 0;
 }
@@ -1619,23 +1606,7 @@ static int apply_named_test(ctx *c, const tpl_node *at, tpl_str t, const tpl_val
         *out = js_strict_eq(a, b);
         return 0;
     }
-    tpl_node fake = {0};
-    fake.kind = N_TEST;
-    fake.pos = at->pos;
-    fake.s = t;
-    /* evaluate through ev_test with a literal operand held in a tiny scope */
-    scope s = {0};
-    tpl_str nm = {"\x01x", 2};
-    tpl_node ident = {0};
-    ident.kind = N_IDENT;
-    ident.s = nm;
-    ident.pos = at->pos;
-    fake.a = &ident;
-    TRY(scope_set(c, &s, nm, *a));
-    tpl_val r;
-    TRY(ev_test(c, &s, &fake, &r));
-    *out = r.b;
-    return 0;
+    return test_value(c, at, t, a, out);
 }
 
 /* ----- filters ----- */
@@ -2399,8 +2370,8 @@ int tpl_render_json(const agent_template *t, json_t *vars, const tpl_limits *lim
     json_t *jv;
     json_object_foreach(vars, k, jv) {
         tpl_str ks = {k, strlen(k)};
-        for (size_t i = 0; i < root->n; i++)
-            if (str_same(root->k[i], ks)) {
+        for (size_t i = 0; i < root->vars.n; i++)
+            if (str_same(root->vars.k[i], ks)) {
                 rc = agent_err(AGENT_EINVAL, "template variable '%s' is a built-in name", k);
                 goto done;
             }
