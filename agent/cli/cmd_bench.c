@@ -57,6 +57,20 @@ static int argmax(const float *l, int32_t n) {
     return best;
 }
 
+/* Current anonymous and file-backed resident memory in MiB (Linux /proc/self/status), or -1. */
+static void rss_split(double *anon, double *file) {
+    *anon = *file = -1;
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return;
+    char line[256];
+    long kb;
+    while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "RssAnon: %ld kB", &kb) == 1) *anon = kb / 1024.0;
+        if (sscanf(line, "RssFile: %ld kB", &kb) == 1) *file = kb / 1024.0;
+    }
+    fclose(f);
+}
+
 static void fmt_count(char *buf, size_t cap, double v) {
     if (v >= 1e9) snprintf(buf, cap, "%.2f B", v / 1e9);
     else if (v >= 1e6) snprintf(buf, cap, "%.2f M", v / 1e6);
@@ -209,8 +223,11 @@ int cli_bench(int argc, char **argv) {
         printf("| %-36.36s | %10s | %10s | %-7s | %7d | %6s | %20s |\n", desc, size, params,
                engine_device_name(info.device), info.n_threads, test, ts);
     }
-    printf("\npeak RSS %.1f MiB, model file %.1f MiB (weights are mapped, not copied), "
-           "KV cache %s, batch %ld, %ld reps\n", rss_mib, file_mib,
+    double anon, mapped;
+    rss_split(&anon, &mapped);
+    printf("\npeak RSS %.1f MiB for a model file of %.1f MiB; now %.1f MiB anonymous (KV cache, "
+           "buffers) + %.1f MiB of mapped file pages (the weights are used in place, never "
+           "copied); KV cache %s, batch %ld, %ld reps\n", rss_mib, file_mib, anon, mapped,
            kv == ENGINE_KV_F16 ? "f16" : "f32", batch, reps);
     ret = CLI_EXIT_OK;
 done:
