@@ -15,6 +15,7 @@
 enum { R_OK = 0, R_BREAK = 1, R_CONTINUE = 2 };
 
 #define MAX_CALL_DEPTH 100
+#define MAX_EVAL_DEPTH 400
 
 typedef struct scope scope;
 struct scope {
@@ -25,7 +26,8 @@ struct scope {
 typedef struct {
     tpl_arena *A;
     const agent_template *T;
-    int depth;
+    int depth;  /* macro calls in progress */
+    int edepth; /* evaluator recursion (expressions and blocks), bounded to protect the stack */
     uint64_t steps, max_steps;
 } ctx;
 
@@ -2035,7 +2037,17 @@ static int apply_filter(ctx *c, scope *sc, const tpl_node *at, const tpl_node *f
 }
 
 /* ----- expressions ----- */
+static int ev_node(ctx *c, scope *sc, const tpl_node *n, tpl_val *out);
+
 static int ev(ctx *c, scope *sc, const tpl_node *n, tpl_val *out) {
+    if (c->edepth >= MAX_EVAL_DEPTH) return rerr(c, n, "template evaluation nested too deeply");
+    c->edepth++;
+    int rc = ev_node(c, sc, n, out);
+    c->edepth--;
+    return rc;
+}
+
+static int ev_node(ctx *c, scope *sc, const tpl_node *n, tpl_val *out) {
     TRY(step(c, n));
     switch (n->kind) {
     case N_STR: *out = v_str(n->s.p, n->s.len); return 0;
@@ -2200,7 +2212,18 @@ static int ev_for(ctx *c, scope *env, const tpl_node *n, tpl_sb *out) {
     return 0;
 }
 
+static int ev_block_items(ctx *c, scope *sc, tpl_node *const *list, size_t n, tpl_sb *out);
+
 static int ev_block(ctx *c, scope *sc, tpl_node *const *list, size_t n, tpl_sb *out) {
+    if (c->edepth >= MAX_EVAL_DEPTH)
+        return rerr(c, n ? list[0] : NULL, "template evaluation nested too deeply");
+    c->edepth++;
+    int rc = ev_block_items(c, sc, list, n, out);
+    c->edepth--;
+    return rc;
+}
+
+static int ev_block_items(ctx *c, scope *sc, tpl_node *const *list, size_t n, tpl_sb *out) {
     for (size_t i = 0; i < n; i++) {
         const tpl_node *s = list[i];
         TRY(step(c, s));

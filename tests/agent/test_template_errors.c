@@ -89,6 +89,18 @@ int main(void) {
                  "macro calls nested too deeply");
     render_fails("{% break %}", NULL, "break or continue outside a loop");
     {
+        /* deep evaluation (macro recursion through nested literals) stops before the stack */
+        char deep[1200] = "{% macro f(n) %}{% if n > 0 %}{{ ";
+        for (int i = 0; i < 60; i++) strcat(deep, "[");
+        strcat(deep, "f(n - 1)");
+        for (int i = 0; i < 60; i++) strcat(deep, "]");
+        strcat(deep, " }}{% endif %}{% endmacro %}{{ f(99) }}");
+        render_fails(deep, NULL, "evaluation nested too deeply");
+    }
+    render_fails("{% set ns = namespace(x=1) %}{% for i in range(2000) %}{% set ns.x = [ns.x] %}"
+                 "{% endfor %}{{ ns.x|tojson }}",
+                 NULL, "value nested too deeply");
+    {
         agent_template *t = NULL;
         CHECK(agent_template_new(&t, "{% for i in range(100000) %}{% for j in range(1000) %}"
                                      "{% endfor %}{% endfor %}") == 0,
