@@ -36,11 +36,14 @@ const char *agent_error_last(void);
  * (startswith, endswith, split, strip, lstrip, rstrip, replace, upper, lower, title, ...).
  *
  * The output equals @huggingface/jinja 0.5.11 byte for byte (tests/agent/test_template*.c run
- * the node reference). That reference differs from Python Jinja2 (transformers) in places the
- * templates above do not reach in ordinary conversations, and we follow the reference:
- * strip/lstrip/rstrip ignore their argument and trim all Unicode whitespace; booleans print as
- * true/false; `1.0 ~ ''` is "1"; string length and indices count UTF-16 units; a break or
- * continue discards the output of its loop iteration.
+ * the node reference). That reference differs from Python Jinja2 (transformers), and we follow
+ * the reference: strip/lstrip/rstrip ignore their argument and trim all Unicode whitespace
+ * (so Qwen3's `.lstrip('\n')` also drops leading spaces of an answer after </think>, which
+ * Python keeps); booleans print as true/false; `1.0 ~ ''` is "1"; string length and indices
+ * count UTF-16 units; integer-like object keys iterate first (JavaScript order); `none` inside
+ * a list prints as "undefined" when concatenated; tuples cannot be printed; a break or
+ * continue discards the output of its loop iteration. Ordinary conversations render the
+ * same with both.
  * Not supported, with an error naming line and column instead of output: {% call %} blocks,
  * `*args`/`**kwargs` unpacking in calls, tojson(sort_keys=true), case mapping of non-ASCII
  * text, break/continue escaping a macro. Unknown filters, tests, statements and every runtime
