@@ -422,6 +422,9 @@ typedef struct {
     engine_model_gen_tensor_fn on_tensor; /* optional: each tensor in file order, before any
                                            * data is written (borrowed strings) */
     void *user;
+    /* optional: bytes of tensor data written so far out of the total, called on the calling
+     * thread about twice a second while writing and once at the end (user as above) */
+    void (*on_progress)(void *user, uint64_t done, uint64_t total);
 } engine_model_gen_params;
 
 #define ENGINE_MODEL_GEN_PARAMS_VERSION 1

@@ -7,14 +7,25 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "engine.h"
 
 typedef struct {
     bool list;          /* print each tensor (dry run) */
+    bool progress;      /* stderr is a terminal: show a progress line */
+    bool progress_shown;
     uint64_t n_tensors;
     uint64_t bytes;
 } gen_report;
+
+static void on_progress(void *user, uint64_t done, uint64_t total) {
+    gen_report *r = user;
+    if (!r->progress || !total) return;
+    fprintf(stderr, "\rspark-agent model gen: %3d%% of %.2f GB", (int)(100.0 * done / total),
+            total / 1e9);
+    r->progress_shown = true;
+}
 
 static void on_tensor(void *user, const engine_model_gen_tensor *t) {
     gen_report *r = user;
@@ -139,12 +150,14 @@ int cli_model_gen(int argc, char **argv) {
         return CLI_EXIT_USAGE;
     }
 
-    gen_report rep = {.list = p.dry_run};
+    gen_report rep = {.list = p.dry_run, .progress = isatty(STDERR_FILENO) == 1};
     p.on_tensor = on_tensor;
+    p.on_progress = on_progress;
     p.user = &rep;
     double t0 = now_s();
     int rc = engine_model_gen(&p);
     double dt = now_s() - t0;
+    if (rep.progress_shown) fputc('\n', stderr);
     if (rc) {
         cli_errorf("model gen", "%s", engine_error_last());
         return rc == ENGINE_EINVAL ? CLI_EXIT_USAGE : CLI_EXIT_FAIL;

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common.h"
@@ -48,6 +49,11 @@ typedef struct {
     size_t n_jobs;
     int64_t max_ne0;
     atomic_size_t next;
+    atomic_uint_fast64_t done;  /* GGUF bytes written */
+    uint64_t total;
+    void (*on_progress)(void *user, uint64_t done, uint64_t total);
+    void *user;
+    double last_report;
     atomic_int rc;
     pthread_mutex_t mu;
     char err[512];
@@ -62,12 +68,18 @@ static void ctx_fail(gen_ctx *c, int rc) {
     pthread_mutex_unlock(&c->mu);
 }
 
-static void *gen_worker(void *arg) {
-    gen_ctx *c = arg;
+static double mono_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* The worker loop; `reporter` is the calling thread, the only one that calls on_progress. */
+static void gen_work(gen_ctx *c, bool reporter) {
     float *buf = malloc((size_t)c->max_ne0 * sizeof *buf);
     if (!buf) {
         ctx_fail(c, engine_err(ENGINE_ENOMEM, "out of memory for a row buffer"));
-        return NULL;
+        return;
     }
     for (;;) {
         if (atomic_load_explicit(&c->rc, memory_order_relaxed)) break;
@@ -98,8 +110,22 @@ static void *gen_worker(void *arg) {
                 break;
             }
         }
+        uint64_t done = atomic_fetch_add(&c->done, (uint64_t)(job->row1 - job->row0) *
+                                                       t->row_bytes) +
+                        (uint64_t)(job->row1 - job->row0) * t->row_bytes;
+        if (reporter && c->on_progress) {
+            double now = mono_s();
+            if (now - c->last_report >= 0.5) {
+                c->last_report = now;
+                c->on_progress(c->user, done, c->total);
+            }
+        }
     }
     free(buf);
+}
+
+static void *gen_worker(void *arg) {
+    gen_work(arg, false);
     return NULL;
 }
 
@@ -112,7 +138,7 @@ static int gen_run(gen_ctx *c, int n_threads) {
         if (pthread_create(&th[i], NULL, gen_worker, c) != 0) break;
         started = i;
     }
-    gen_worker(c);
+    gen_work(c, true);
     for (int i = 1; i <= started; i++) pthread_join(th[i], NULL);
     free(th);
     int rc = atomic_load(&c->rc);
@@ -566,13 +592,17 @@ int engine_model_gen(const engine_model_gen_params *p) {
             jobs[k++] = (gen_job){(int64_t)i, r, ENGINE_MIN(r + per, gt[i].n_rows)};
     }
     ENGINE_ASSERT(k == n_jobs);
-    gen_ctx ctx = {.t = gt, .jobs = jobs, .n_jobs = n_jobs, .max_ne0 = max_ne0};
+    gen_ctx ctx = {.t = gt, .jobs = jobs, .n_jobs = n_jobs, .max_ne0 = max_ne0,
+                   .on_progress = p->on_progress, .user = p->user, .last_report = mono_s()};
+    for (size_t i = 0; i < n_desc; i++) ctx.total += gt[i].row_bytes * (uint64_t)gt[i].n_rows;
+    atomic_init(&ctx.done, 0);
     atomic_init(&ctx.next, 0);
     atomic_init(&ctx.rc, 0);
     pthread_mutex_init(&ctx.mu, NULL);
     rc = gen_run(&ctx, n_threads);
     pthread_mutex_destroy(&ctx.mu);
     if (rc) goto done;
+    if (p->on_progress) p->on_progress(p->user, ctx.total, ctx.total);
 
     if (sout) {
         rc = engine_st_out_commit(sout);

@@ -50,6 +50,24 @@ static int gen(const char *preset, const char *type, uint64_t seed, int threads,
     return rc;
 }
 
+typedef struct {
+    uint64_t tensor_bytes, last_done, last_total;
+    int n_progress;
+    bool monotonic;
+} progress_log;
+
+static void log_tensor(void *user, const engine_model_gen_tensor *t) {
+    ((progress_log *)user)->tensor_bytes += t->nbytes;
+}
+
+static void log_progress(void *user, uint64_t done, uint64_t total) {
+    progress_log *l = user;
+    if (done < l->last_done || done > total) l->monotonic = false;
+    l->last_done = done;
+    l->last_total = total;
+    l->n_progress++;
+}
+
 static char *slurp(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;
@@ -389,6 +407,24 @@ int main(void) {
         check_values(g, "token_embd.weight", 7);
         check_safetensors(g, st_dense, false);
         engine_gguf_close(g);
+    }
+
+    /* Callbacks: every tensor before the data, progress ending at done == total. */
+    {
+        progress_log log = {.monotonic = true};
+        engine_model_gen_params p;
+        engine_model_gen_params_init(&p);
+        p.preset = "qwen3-tiny";
+        p.type = "q8_0";
+        p.out_path = c;
+        p.tokenizer_dir = tokdir;
+        p.on_tensor = log_tensor;
+        p.on_progress = log_progress;
+        p.user = &log;
+        CHECK(engine_model_gen(&p) == 0);
+        CHECK(log.n_progress >= 1 && log.monotonic);
+        CHECK(log.tensor_bytes > 0 && log.last_done == log.tensor_bytes &&
+              log.last_total == log.tensor_bytes);
     }
 
     /* The default model: generated once into $XDG_CACHE_HOME/spark-agent/models, then reused. */
