@@ -212,7 +212,7 @@ static int plan_protected(sandbox_plan *p, size_t cap, sandbox_strings *a, const
 
 int sandbox_mounts_plan(sandbox_plan *p, sandbox_strings *a, const sandbox_policy *pol,
                         const char *ws, const char *home, sandbox_placeholders *ph) {
-    size_t cap = 96;
+    size_t cap = 160; /* the fixed mounts need ~60; /etc/ssh host keys vary */
     for (const char *const *x = pol->extra_ro_paths; x && *x; x++) cap++;
     for (const char *const *x = pol->protected_paths; x && *x; x++) cap += 16;
     p->ops = calloc(cap, sizeof *p->ops);

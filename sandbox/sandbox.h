@@ -72,8 +72,8 @@ typedef struct {
     double cpu_s;              /* RLIMIT_CPU; 0 = no limit */
     uint64_t memory_bytes;     /* RLIMIT_AS; 0 = no limit */
     uint64_t file_size_bytes;  /* RLIMIT_FSIZE; 0 = no limit */
-    int max_processes;         /* inside the sandbox; 0 = default */
-    int max_open_files;        /* 0 = default */
+    int max_processes;         /* inside the sandbox; 0 = default 512 */
+    int max_open_files;        /* 0 = default 4096 */
     size_t output_cap;         /* bytes kept per stream (head and tail); 0 = default 1 MiB */
     const char *const *extra_ro_paths; /* NULL-terminated: more read-only binds (toolchains) */
     const char *const *protected_paths; /* NULL-terminated: workspace-relative paths kept
@@ -98,12 +98,15 @@ typedef struct {
  *   zero, full, random, urandom, shm), a private /tmp, an empty $HOME (a tmpfs at the same
  *   path; /tmp/home when $HOME is unusable), the workspace at its own path. Nothing else of
  *   the host file system exists.
- * - protected paths, read-only even in SANDBOX_FS_WORKSPACE_WRITE: `.git/hooks`, `.git/config`,
- *   `.spark-agent` and policy->protected_paths. A protected path that does not exist is
- *   blocked by an empty placeholder file that exists on the host only while the command runs
- *   (it is removed afterwards); its directories cannot be renamed or removed.
+ * - protected paths, read-only even in SANDBOX_FS_WORKSPACE_WRITE: `.git/hooks`, `.git/config`
+ *   and policy->protected_paths; their directories cannot be renamed or removed. A protected
+ *   path that does not exist is blocked by a placeholder: an empty file of mode 0400 created
+ *   on the host, seen as /dev/null inside, removed by the last run using it (concurrent runs
+ *   share it). A non-directory on the way (a worktree's `.git` file) is kept read-only.
  * - environment: `env` minus variables whose name contains KEY, TOKEN, SECRET, PASSW,
- *   CREDENTIAL or PRIVATE (any case) and SSH_AUTH_SOCK/GPG_AGENT_INFO; HOME and TMPDIR set.
+ *   CREDENTIAL, PRIVATE or COOKIE (any case) and SSH_AUTH_SOCK, SSH_AGENT_PID, GPG_AGENT_INFO,
+ *   KRB5CCNAME; HOME and TMPDIR set; PATH defaulted when missing. Default signal dispositions
+ *   and an empty signal mask, whatever the caller's.
  * - seccomp-bpf: an allow-list (unknown system calls fail with ENOSYS) plus explicit EPERM for
  *   ptrace, process_vm_*, the mount family, unshare/setns/namespace clone flags, kexec,
  *   modules, bpf, perf_event_open, keyrings, userfaultfd, io_uring, personality changes,

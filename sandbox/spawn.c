@@ -150,13 +150,17 @@ static _Noreturn void exec_command(const sandbox_plan *p) {
 /* The caller's signal mask and ignored signals survive execve: a server that ignores SIGPIPE
  * would hand that to `yes | head`. The command starts with the defaults. */
 static void reset_signals(void) {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = SIG_DFL;
-    for (int sig = 1; sig < NSIG; sig++) (void)sigaction(sig, &sa, NULL);
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, NULL);
+    /* The raw call: libc refuses to touch the signals it reserves for itself (32, 33). */
+    struct {
+        void (*handler)(int);
+        unsigned long flags;
+        void (*restorer)(void);
+        uint64_t mask;
+    } dfl = {SIG_DFL, 0, NULL, 0};
+    for (int sig = 1; sig <= 64; sig++)
+        if (sig != SIGKILL && sig != SIGSTOP) (void)syscall(SYS_rt_sigaction, sig, &dfl, NULL, 8);
+    uint64_t none = 0;
+    (void)syscall(SYS_rt_sigprocmask, SIG_SETMASK, &none, NULL, 8);
 }
 
 static void apply_rlimits(const sandbox_plan *p) {

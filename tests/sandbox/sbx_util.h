@@ -15,6 +15,9 @@ bool sbx_check(bool cond, const char *fmt, ...) __attribute__((format(printf, 2,
 /* Start of a test: line-buffered stdout, the path of this executable and its directory.
  * Returns 0, or 77 (with the reason printed) when this machine cannot sandbox. */
 int sbx_start(char *self, size_t self_cap, char *dir, size_t dir_cap);
+/* When root (and not already the re-run): run this executable again as nobody through
+ * setpriv, so the unprivileged path (unprivileged user namespaces) is covered, and check it. */
+void sbx_rerun_as_nobody(const char *self);
 /* A fresh directory under $TMPDIR or /tmp, mode 0755 (out gets the path). */
 void sbx_mkdtemp(char *out, size_t cap);
 void sbx_write_file(const char *path, const char *content);

@@ -14,7 +14,6 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -438,8 +437,14 @@ static void test_bombs(void) {
             sbx_dump("fork bomb", &r);
         sandbox_result_deinit(&r);
     }
-    usleep(100 * 1000);
-    sbx_check(sbx_count_procs_with("spark-bomb-31337") == 0, "host: no fork-bomb process left");
+    /* init's end takes the namespace with it; processes still being torn down may show for a
+     * moment on a loaded machine, so look a few times. */
+    int left = -1;
+    for (int i = 0; i < 20 && left != 0; i++) {
+        usleep(100 * 1000);
+        left = sbx_count_procs_with("spark-bomb-31337");
+    }
+    sbx_check(left == 0, "host: no fork-bomb process left (%d)", left);
 
     /* Memory bomb: a shell doubling a string until the address-space limit. */
     sandbox_policy mp = SANDBOX_POLICY_INIT;
@@ -501,8 +506,12 @@ static void test_bombs(void) {
                   "a command that leaves a daemon behind exits normally");
         sandbox_result_deinit(&r);
     }
-    usleep(100 * 1000);
-    sbx_check(sbx_count_procs_with("98765") == 0, "host: no setsid grandchild survived");
+    int survivors = -1;
+    for (int i = 0; i < 20 && survivors != 0; i++) {
+        usleep(100 * 1000);
+        survivors = sbx_count_procs_with("98765");
+    }
+    sbx_check(survivors == 0, "host: no setsid grandchild survived (%d)", survivors);
 }
 
 static void test_read_only_policy(void) {
@@ -517,28 +526,6 @@ static void test_read_only_policy(void) {
                   "read-only policy: the workspace cannot be written");
         sandbox_result_deinit(&r);
     }
-}
-
-/* Run the whole suite again as nobody (when root): the unprivileged path. */
-static void rerun_as_nobody(void) {
-    if (geteuid() != 0 || getenv("SPARK_SBX_NO_NOBODY")) return;
-    if (access("/usr/bin/setpriv", X_OK) != 0) {
-        printf("skip as nobody: no setpriv\n");
-        return;
-    }
-    char *argv[] = {"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--",
-                    self, NULL};
-    char *env[] = {"PATH=/usr/bin:/bin", "SPARK_SBX_NO_NOBODY=1", "TMPDIR=/tmp", NULL};
-    pid_t pid;
-    /* A test driver starts its own sub-run directly (allow-listed in the choke-point test). */
-    if (posix_spawn(&pid, "/usr/bin/setpriv", NULL, NULL, argv, env) != 0) {
-        sbx_check(false, "spawn setpriv");
-        return;
-    }
-    int st;
-    waitpid(pid, &st, 0);
-    sbx_check(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the whole suite as nobody (exit %d)",
-              WIFEXITED(st) ? WEXITSTATUS(st) : -1);
 }
 
 int main(int argc, char **argv) {
@@ -571,7 +558,7 @@ int main(int argc, char **argv) {
     test_read_only_policy();
     sbx_check(file_is(key, "-----BEGIN SECRET-----\n"), "host: the planted key is unchanged");
     sbx_rm_rf(root);
-    rerun_as_nobody();
+    sbx_rerun_as_nobody(self);
     printf("%d failure%s\n", sbx_failures, sbx_failures == 1 ? "" : "s");
     return sbx_failures ? 1 : 0;
 }

@@ -366,6 +366,7 @@ int main(int argc, char **argv) {
     test_fail_closed();
     test_bad_input();
     sbx_rm_rf(root);
+    sbx_rerun_as_nobody(self);
     printf("%d failure%s\n", sbx_failures, sbx_failures == 1 ? "" : "s");
     return sbx_failures ? 1 : 0;
 }
