@@ -76,12 +76,14 @@ int grammar_new_gbnf(grammar **out, const char *text, size_t len, const char *ro
 /* JSON Schema -> GBNF text (NUL-terminated, caller frees with free()). Supported: type (also
  * arrays of types), properties, required, additionalProperties (false, true, or a schema),
  * enum, const, items, prefixItems, minItems/maxItems, minLength/maxLength, minimum/maximum and
- * exclusive bounds for integers (numbers: integral bounds >= 0), pattern (regex subset, see
- * docs/grammars.md), format date, time, date-time, uuid, email (simplified), anyOf/oneOf (as
- * anyOf), allOf of object schemas, $ref to #/$defs/.. and #/definitions/.. (recursion
- * allowed), nullable, title/description/default/examples/$schema/$id/$comment ignored.
- * Properties are generated in schema order (required and optional alike). An unknown keyword or
- * unsupported combination is GRAMMAR_EUNSUPPORTED with the JSON pointer of the place. */
+ * exclusive bounds for integers (numbers: integral bounds, minimum >= 0), pattern (regex
+ * subset), format date, time, date-time, uuid, email, uri, ipv4 (generated subsets), anyOf,
+ * oneOf (generated as anyOf), allOf of object schemas, $ref to any JSON pointer of the document
+ * (recursion allowed), $defs/definitions, nullable; annotations (title, description, default,
+ * examples, $schema, $id, $comment, ...) are ignored. The grammar generates a documented subset
+ * of the valid documents (schema property order, bounded whitespace and number sizes): see
+ * grammars/README.md. An unknown keyword or unsupported combination is GRAMMAR_EUNSUPPORTED
+ * (GRAMMAR_EINVAL for a malformed schema), the message naming the JSON pointer. */
 int grammar_schema_to_gbnf(char **out, const char *schema_json, size_t len);
 
 /* grammar_schema_to_gbnf followed by grammar_new_gbnf. */

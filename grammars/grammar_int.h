@@ -89,6 +89,7 @@ int grammar_regex_to_gbnf(grammar_buf *b, const char *re, char *err, size_t errc
  * appended to out; *name receives the top rule; *used collects the shared rules needed, which
  * grammar_schema_core appends once at the end. */
 struct json_t;
+#define GRAMMAR_CORE_WS 1u /* `used` bit: the ws rule */
 int grammar_schema_rules(grammar_buf *out, struct json_t *schema, const char *prefix, char *name,
                          uint32_t *used);
 void grammar_schema_core(grammar_buf *out, uint32_t used);

@@ -30,7 +30,7 @@ typedef struct {
     int err;
 } sctx;
 
-enum { U_WS = 1, U_STRING = 2, U_NUMBER = 4, U_INTEGER = 8, U_VALUE = 16, U_CHAR = 32 };
+enum { U_WS = GRAMMAR_CORE_WS, U_STRING = 2, U_NUMBER = 4, U_INTEGER = 8, U_VALUE = 16, U_CHAR = 32 };
 
 static const char CORE_WS[] = "ws ::= ( \" \" | \"\\n\" [ ]{0,16} )?\n";
 static const char CORE_STRING[] = "string ::= \"\\\"\" " GRAMMAR_JSON_CHAR "* \"\\\"\"\n";

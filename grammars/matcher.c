@@ -6,7 +6,7 @@
 #include <string.h>
 
 static int push_set(grammar_matcher *m, const int32_t *set, size_t n) {
-    if (grammar_grow((void **)&m->sets, &m->cap_sets, m->n_sets + n, sizeof *m->sets))
+    if (grammar_grow((void **)&m->sets, &m->cap_sets, m->n_sets + n + 1, sizeof *m->sets))
         return grammar_err(GRAMMAR_ENOMEM, "out of memory");
     size_t cap = m->cap_pos;
     if (grammar_grow((void **)&m->pos_off, &cap, m->n_pos + 2, sizeof *m->pos_off))
@@ -15,7 +15,7 @@ static int push_set(grammar_matcher *m, const int32_t *set, size_t n) {
     if (grammar_grow((void **)&m->pos_mark, &cap, m->n_pos + 2, sizeof *m->pos_mark))
         return grammar_err(GRAMMAR_ENOMEM, "out of memory");
     m->cap_pos = cap;
-    memcpy(m->sets + m->n_sets, set, n * sizeof *set);
+    if (n) memcpy(m->sets + m->n_sets, set, n * sizeof *set);
     m->pos_off[m->n_pos] = m->n_sets;
     m->n_sets += n;
     m->pos_off[m->n_pos + 1] = m->n_sets;
@@ -193,6 +193,7 @@ static long find_trigger(const grammar *g, const uint8_t *text, size_t n, size_t
 /* Free-text bytes while not triggered: append, and switch the grammar on at a trigger. */
 static int accept_lazy(grammar_matcher *m, const uint8_t *b, size_t n) {
     size_t old = m->n_text;
+    if (n == 0) return 0;
     if (grammar_grow((void **)&m->text, &m->cap_text, old + n, 1))
         return grammar_err(GRAMMAR_ENOMEM, "out of memory");
     memcpy(m->text + old, b, n);
@@ -324,19 +325,23 @@ static void clear_eog_bits(const grammar_matcher *m, uint32_t *allowed) {
  * trigger. 1 yes, 0 no, < 0 error. */
 static int lazy_try(grammar_matcher *m, int32_t tok) {
     const grammar_vocab *v = m->v;
-    uint8_t win[64 + 1024];
+    uint8_t small[64 + 1024];
     size_t keep = m->n_text < 63 ? m->n_text : 63;
     uint32_t l = v->off[tok + 1] - v->off[tok];
-    if (l > 1024) return 0;
-    memcpy(win, m->text + m->n_text - keep, keep);
+    uint8_t *win = l <= 1024 ? small : malloc(keep + l); /* only for giant tokens */
+    if (!win) return grammar_err(GRAMMAR_ENOMEM, "out of memory");
+    if (keep) memcpy(win, m->text + m->n_text - keep, keep);
     memcpy(win + keep, v->bytes + v->off[tok], l);
     long at = find_trigger(m->g, win, keep + l, keep);
-    if (at < 0) return 1;
-    size_t mark = m->st.n;
-    int rc = grammar_stepper_start(&m->sp, m->g->root, -1);
-    if (rc == 0) rc = grammar_checker_begin(&m->ck, m->sp.out, m->sp.n_out);
-    if (rc == 0) rc = grammar_checker_try(&m->ck, win + at, (uint32_t)(keep + l - (size_t)at), 0);
-    grammar_store_truncate(&m->st, mark);
+    int rc = 1;
+    if (at >= 0) {
+        size_t mark = m->st.n;
+        rc = grammar_stepper_start(&m->sp, m->g->root, -1);
+        if (rc == 0) rc = grammar_checker_begin(&m->ck, m->sp.out, m->sp.n_out);
+        if (rc == 0) rc = grammar_checker_try(&m->ck, win + at, (uint32_t)(keep + l - (size_t)at), 0);
+        grammar_store_truncate(&m->st, mark);
+    }
+    if (win != small) free(win);
     return rc;
 }
 

@@ -236,7 +236,7 @@ int grammar_tools_to_gbnf(char **out, const char **trigger_out, const char *tool
         else
             grammar_buf_printf(&b, "call ::= \"<tool_call>\\n\" ( %s ) \"</function>\\n</tool_call>\"\n",
                                alts.data);
-        if (opt->format == GRAMMAR_TOOLS_HERMES) used |= 1; /* ws */
+        if (opt->format == GRAMMAR_TOOLS_HERMES) used |= GRAMMAR_CORE_WS;
         if (opt->parallel) grammar_buf_puts(&b, "root ::= call ( \"\\n\" call )*\n");
         else grammar_buf_puts(&b, "root ::= call\n");
         if (need_raw) rc = text_without(&b, "xml-raw", "</parameter>");

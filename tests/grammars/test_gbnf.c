@@ -157,6 +157,36 @@ static void test_json_file(void) {
     grammar_free(any);
 }
 
+static grammar *shipped(const char *name) {
+    char path[4096];
+    const char *root = getenv("SPARK_SOURCE_DIR");
+    snprintf(path, sizeof path, "%s/grammars/%s", root ? root : ".", name);
+    FILE *f = fopen(path, "rb");
+    CHECK(f != NULL, "cannot open %s", path);
+    if (!f) return NULL;
+    static char text[16384];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = 0;
+    return gbnf(text);
+}
+
+static void test_shipped_tool_grammars(void) {
+    grammar *h = shipped("hermes_tool_call.gbnf"), *x = shipped("qwen3_xml_tool_call.gbnf");
+    if (h) {
+        CHECK(match(h, "<tool_call>\n{\"name\": \"any\", \"arguments\": {\"a\": [1, {}]}}\n</tool_call>") == 1,
+              "hermes file");
+        CHECK(match(h, "<tool_call>\n{\"name\": 3") == -1, "hermes file: name is a string");
+    }
+    if (x) {
+        CHECK(match(x, "<tool_call>\n<function=f>\n<parameter=p>\na <b> </param\n</parameter>\n</function>\n</tool_call>") == 1,
+              "xml file");
+        CHECK(match(x, "<tool_call>\n<function=f>\n<parameter=p>\na</parameter>x") == -1, "xml file: raw text");
+    }
+    grammar_free(h);
+    grammar_free(x);
+}
+
 static void test_integer_ranges(void) {
     static const long long ranges[][2] = {{0, 0}, {0, 9}, {5, 123}, {-17, 42}, {-1000, -17}, {99, 1000},
                                           {-5, -5}, {123, 98765}, {10, 19}, {1, 100000}};
@@ -349,6 +379,7 @@ int main(void) {
     }
     test_syntax();
     test_json_file();
+    test_shipped_tool_grammars();
     test_integer_ranges();
     test_schemas();
     test_tools();

@@ -16,7 +16,7 @@ static int failures;
 static qwen_vocab qv;
 static test_rng R = {777};
 static uint32_t *ma, *mb;
-static int n_compared, n_steps, n_partial, n_rollbacks;
+static int n_compared, n_steps, n_partial, n_rollbacks, n_lazy_checked;
 
 static char *read_file(const char *rel, size_t *n) {
     char path[4096];
@@ -215,6 +215,50 @@ static void eog_and_refusals(grammar *g) {
     grammar_index_free(ix);
 }
 
+/* Lazy grammar before its trigger: every token's verdict in the mask equals what accept does
+ * (brute force over the vocabulary), after text ending with a partial trigger too. */
+static void lazy_brute(grammar *g) {
+    grammar_index *ix;
+    grammar_matcher *m;
+    int32_t eog = QWEN_IM_END;
+    if (grammar_index_new(&ix, g, qv.vocab) || grammar_matcher_new(&m, ix, &eog, 1)) {
+        failures++;
+        return;
+    }
+    static const char *const prefixes[] = {"Let me check.", "Let me check <tool", "x <", "<tool_call"};
+    for (int p = 0; p < 4; p++) {
+        grammar_matcher_reset(m);
+        if (grammar_matcher_accept_bytes(m, prefixes[p], strlen(prefixes[p]))) {
+            failures++;
+            continue;
+        }
+        if (grammar_matcher_mask(m, ma, QWEN_N_VOCAB)) {
+            failures++;
+            continue;
+        }
+        int bad = 0, n_allowed = 0;
+        for (int32_t t = 0; t < QWEN_N_VOCAB; t++) {
+            int ok = grammar_matcher_accept(m, t) == 0;
+            if (ok) grammar_matcher_rollback(m, 1);
+            n_allowed += ok;
+            if (ok != bit(ma, t) && bad++ < 5)
+                fprintf(stderr, "lazy after '%s': token %d '%.*s' mask %d accept %d\n", prefixes[p], t,
+                        (int)qv.len[t], qv.piece[t] ? qv.piece[t] : "", bit(ma, t), ok);
+        }
+        if (bad) failures++;
+        n_lazy_checked += QWEN_N_VOCAB;
+        int32_t n_text = 0;
+        for (int32_t t = 0; t < QWEN_N_VOCAB; t++) n_text += qv.len[t] > 0;
+        if (p == 3 && n_allowed > n_text + 1 - 50) {
+            failures++;
+            fprintf(stderr, "after '<tool_call' the tokens that break the call must be refused (%d of %d allowed)\n",
+                    n_allowed, n_text);
+        }
+    }
+    grammar_matcher_free(m);
+    grammar_index_free(ix);
+}
+
 int main(void) {
     int rc = qwen_vocab_load(&qv);
     if (rc) return rc;
@@ -257,6 +301,7 @@ int main(void) {
     rollback(gd, "deep-schema");
     rollback(gh, "tools-hermes-auto");
     eog_and_refusals(gs);
+    lazy_brute(gh);
     grammar_free(gj);
     grammar_free(gh);
     grammar_free(gx);
@@ -273,8 +318,9 @@ int main(void) {
         return 1;
     }
     printf("test_matcher: %d masks compared with the naive ones over %d steps (%d partial-UTF-8 "
-           "tokens), %d rollbacks checked against replay: all passed\n",
-           n_compared, n_steps, n_partial, n_rollbacks);
+           "tokens), %d rollbacks checked against replay, %d lazy-mode verdicts checked against accept: "
+           "all passed\n",
+           n_compared, n_steps, n_partial, n_rollbacks, n_lazy_checked);
     if (n_compared < 40 || n_partial < 3 || n_rollbacks < 50) {
         fprintf(stderr, "the walks were too short to mean much\n");
         return 1;
