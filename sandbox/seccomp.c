@@ -80,9 +80,10 @@ static const char *const allowed[] = {
     "socket", "socketpair", "connect", "accept", "accept4", "bind", "listen", "shutdown",
     "getsockname", "getpeername", "setsockopt", "getsockopt", "sendto", "recvfrom", "sendmsg",
     "recvmsg", "sendmmsg", "recvmmsg",
-    /* System V IPC (private to the IPC namespace) */
+    /* System V and POSIX IPC (private to the IPC namespace) */
     "shmget", "shmat", "shmdt", "shmctl", "semget", "semop", "semtimedop", "semctl", "msgget",
-    "msgsnd", "msgrcv", "msgctl",
+    "msgsnd", "msgrcv", "msgctl", "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive",
+    "mq_notify", "mq_getsetattr",
 };
 
 /* Refused with EPERM: what escapes and attacks on the host are made of. */
