@@ -61,6 +61,14 @@ else
     has out "^Sandbox: user namespaces"; check "doctor reports the sandbox" $?
     has out "^Libraries: jansson"; check "doctor reports library versions" $?
 fi
+has out "embedded Qwen3 tokenizer"; check "doctor reports the embedded tokenizer" $?
+# A model that loads is described; a file that is not a model is a problem.
+expect_rc "model gen for doctor" 0 "$cli" model gen --preset tiny --type q8_0 -o "$tmp/m.gguf"
+expect_rc "doctor loads a configured model" 0 env SPARK_MODEL="$tmp/m.gguf" "$cli" doctor
+has out "loads: qwen3moe"; check "doctor describes the loaded model" $?
+head -c 100 /dev/urandom >"$tmp/junk.gguf"
+expect_rc "doctor fails on a file that is not a model" 1 env SPARK_MODEL="$tmp/junk.gguf" "$cli" doctor
+has out "PROBLEM: model $tmp/junk.gguf does not load"; check "doctor says why the model does not load" $?
 expect_rc "doctor fails on a missing model" 1 env SPARK_MODEL="$tmp/none.gguf" "$cli" doctor
 has out "PROBLEM: model $tmp/none.gguf"; check "doctor names the missing model" $?
 printf 'modle = x\n' >"$XDG_CONFIG_HOME/spark-agent/config"
