@@ -413,10 +413,25 @@ static void job_fn(void *ctx, int ith, int nth) {
     }
 }
 
+/* Per-token ops over a handful of rows cost less than waking the pool (a barrier is a few
+ * microseconds, far more on a loaded machine): the caller runs them alone. Results do not
+ * depend on the split, so this changes no bits. */
+static bool run_inline(const fwd_job *j) {
+    switch (j->op) {
+    case OP_NORM:
+    case OP_QK_ROPE:
+    case OP_CONVERT:
+    case OP_COMBINE: return j->n <= 2;
+    case OP_SWIGLU: return j->n <= 16;
+    default: return false;
+    }
+}
+
 static void run(engine_session *s, fwd_job *j, job_op op) {
     j->op = op;
     j->next = 0;
-    engine_pool_run(s->m->pool, job_fn, j);
+    if (run_inline(j)) job_fn(j, 0, 1);
+    else engine_pool_run(s->m->pool, job_fn, j);
 }
 
 static engine_type vec_dot_type(const engine_weight *w) {
