@@ -62,8 +62,10 @@ int tool_ignore_parse(tool_ignore **out, const char *dir_rel, const char *text, 
         if (memchr(ls, '/', (size_t)(le - ls))) r.anchored = true;
         if (le == ls) continue;
         r.len = (size_t)(le - ls);
-        r.pat = strndup(ls, r.len);
+        r.pat = malloc(r.len + 1); /* not strndup: a NUL inside must not shorten it */
         if (!r.pat) goto oom;
+        memcpy(r.pat, ls, r.len);
+        r.pat[r.len] = '\0';
         if (ig->n == ig->cap) {
             size_t nc = ig->cap ? ig->cap * 2 : 16;
             ig_rule *nr = realloc(ig->rules, nc * sizeof *nr);

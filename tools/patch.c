@@ -76,21 +76,32 @@ static int prefixed(const char *pfx, const char *s, size_t n, char **out) {
     return *out ? 0 : TOOL_ENOMEM;
 }
 
-static bool parse_range(const char **pp, long *start, long *count) {
+/* "12" or "12,3" within [*pp, e); digits only, bounded (the input need not end in NUL). */
+static bool parse_num(const char **pp, const char *e, long *out) {
     const char *p = *pp;
-    errno = 0;
-    char *e;
-    long a = strtol(p, &e, 10);
-    if (e == p || errno || a < 0 || a > INT_MAX) return false;
-    long b = 1;
-    if (*e == ',') {
-        p = e + 1;
-        b = strtol(p, &e, 10);
-        if (e == p || errno || b < 0 || b > INT_MAX) return false;
+    long v = 0;
+    int k = 0;
+    while (p < e && *p >= '0' && *p <= '9') {
+        if (++k > 9) return false;
+        v = v * 10 + (*p++ - '0');
+    }
+    if (!k) return false;
+    *out = v;
+    *pp = p;
+    return true;
+}
+
+static bool parse_range(const char **pp, const char *e, long *start, long *count) {
+    const char *p = *pp;
+    long a, b = 1;
+    if (!parse_num(&p, e, &a)) return false;
+    if (p < e && *p == ',') {
+        p++;
+        if (!parse_num(&p, e, &b)) return false;
     }
     *start = a;
     *count = b;
-    *pp = e;
+    *pp = p;
     return true;
 }
 
@@ -127,7 +138,7 @@ int tool_patch_parse(tool_patch *out, const char *text, size_t len) {
             git_header = true;
             /* "diff --git a/x b/x": take the paths now, ---/+++ override them */
             const char *b = NULL;
-            for (const char *q = le - 1; q > ls + 11; q--)
+            for (const char *q = le - 3; q > ls + 11; q--) /* q[1], q[2] stay in the line */
                 if (q[0] == ' ' && q[1] == 'b' && q[2] == '/') {
                     b = q;
                     break;
@@ -172,9 +183,12 @@ int tool_patch_parse(tool_patch *out, const char *text, size_t len) {
             char *op, *np;
             const char *nl2 = memchr(p, '\n', (size_t)(end - p));
             const char *le2 = nl2 ? nl2 : end;
-            if (header_path(ls + 4, ll - 4, &op, &on) < 0 ||
-                header_path(p + 4, (size_t)(le2 - p - 4), &np, &nn) < 0)
+            if (header_path(ls + 4, ll - 4, &op, &on) < 0)
                 FAIL(TOOL_EINVAL, "line %ld: bad file header", lineno);
+            if (header_path(p + 4, (size_t)(le2 - p - 4), &np, &nn) < 0) {
+                free(op);
+                FAIL(TOOL_EINVAL, "line %ld: bad file header", lineno + 1);
+            }
             free(cur->old_path);
             free(cur->new_path);
             cur->old_path = op;
@@ -190,11 +204,11 @@ int tool_patch_parse(tool_patch *out, const char *text, size_t len) {
             const char *q = ls + 4;
             tool_hunk h;
             memset(&h, 0, sizeof h);
-            if (!parse_range(&q, &h.old_start, &h.old_count) || q + 2 > le || q[0] != ' ' ||
+            if (!parse_range(&q, le, &h.old_start, &h.old_count) || q + 2 > le || q[0] != ' ' ||
                 q[1] != '+')
                 FAIL(TOOL_EINVAL, "line %ld: bad hunk header", lineno);
             q += 2;
-            if (!parse_range(&q, &h.new_start, &h.new_count) || q + 3 > le || memcmp(q, " @@", 3))
+            if (!parse_range(&q, le, &h.new_start, &h.new_count) || q + 3 > le || memcmp(q, " @@", 3))
                 FAIL(TOOL_EINVAL, "line %ld: bad hunk header", lineno);
             long need_old = h.old_count, need_new = h.new_count;
             size_t cap = 0;
