@@ -1,0 +1,97 @@
+/* Batch-1 decode speed of the CUDA backend (a benchmark, not a test).
+ *
+ *   bench_decode MODEL.gguf [-n N_GEN] [-r REPS] [-d DEPTH] [-c N_CTX]
+ *
+ * Uploads the model, then per repetition: the device-resident loop (one CUDA graph replay per
+ * token, greedy sampling on the GPU, nothing crossing to the host until the end) generates
+ * N_GEN tokens (default 128: llama-bench's tg128) starting at position DEPTH (default 0; the
+ * first DEPTH positions are filled by the same loop beforehand). Prints tok/s (mean +- sd
+ * after one warm-up run), the weight bytes a token reads, the achieved GB/s of weight traffic
+ * and the card's device-to-device copy bandwidth measured here. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cuda/cuda_backend.h"
+#include "engine.h"
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s MODEL.gguf [-n N_GEN] [-r REPS] [-d DEPTH] [-c N_CTX]\n", argv[0]);
+        return 2;
+    }
+    const char *path = argv[1];
+    int n_gen = 128, reps = 5, depth = 0, n_ctx = 0;
+    for (int i = 2; i + 1 < argc; i += 2) {
+        int v = atoi(argv[i + 1]);
+        if (!strcmp(argv[i], "-n")) n_gen = v;
+        else if (!strcmp(argv[i], "-r")) reps = v;
+        else if (!strcmp(argv[i], "-d")) depth = v;
+        else if (!strcmp(argv[i], "-c")) n_ctx = v;
+        else {
+            fprintf(stderr, "unknown option %s\n", argv[i]);
+            return 2;
+        }
+    }
+    if (n_gen < 1 || reps < 1 || depth < 0) return 2;
+    if (n_ctx == 0) n_ctx = depth + n_gen + 1 > 4096 ? depth + n_gen + 1 : 4096;
+    engine_model_params mp = ENGINE_MODEL_PARAMS_INIT;
+    mp.device = ENGINE_DEVICE_CPU; /* the bench drives the CUDA backend itself */
+    mp.n_threads = 1;
+    engine_model *m = NULL;
+    engine_cuda_model *gm = NULL;
+    engine_cuda_session *gs = NULL;
+    double t0 = now_ms();
+    if (engine_model_load(&m, path, &mp)) goto fail;
+    double t1 = now_ms();
+    if (engine_cuda_model_new(&gm, m, 0)) goto fail;
+    double t2 = now_ms();
+    if (engine_cuda_session_new(&gs, gm, n_ctx, ENGINE_KV_F16)) goto fail;
+    engine_model_info info;
+    engine_model_info_get(m, &info);
+    int32_t *out = malloc(sizeof(int32_t) * (size_t)(depth + n_gen + 1));
+    int32_t first = 0;
+    if (depth > 0 && engine_cuda_generate(gs, 0, 0, depth, 0.0f, 0, out)) goto fail;
+    if (depth > 0) first = out[depth - 1];
+    double *tps = malloc(sizeof(double) * (size_t)(reps + 1));
+    for (int r = 0; r <= reps; r++) {
+        double a = now_ms();
+        if (engine_cuda_generate(gs, first, depth, n_gen, 0.0f, 0, out)) goto fail;
+        tps[r] = n_gen / ((now_ms() - a) / 1e3);
+    }
+    double mean = 0, sd = 0;
+    for (int r = 1; r <= reps; r++) mean += tps[r] / reps;
+    for (int r = 1; r <= reps; r++) sd += (tps[r] - mean) * (tps[r] - mean);
+    sd = reps > 1 ? sqrt(sd / (reps - 1)) : 0;
+    double bw = 0;
+    engine_cuda_copy_bandwidth(0, (size_t)2 << 30, 5, &bw);
+    double bpt = (double)engine_cuda_model_bytes_per_token(gm);
+    printf("model %s: %s, %s, %.2f GB on the GPU (load %.1f s, upload %.1f s)\n", path, info.arch,
+           info.weight_type, engine_cuda_model_weight_bytes(gm) / 1e9, (t1 - t0) / 1e3,
+           (t2 - t1) / 1e3);
+    printf("tg%d at depth %d: %.1f +- %.1f tok/s (%d reps after a warm-up)\n", n_gen, depth, mean,
+           sd, reps);
+    printf("weights read per token: %.3f GB -> %.0f GB/s achieved; copy bandwidth %.0f GB/s "
+           "(%.0f%%); ceiling at that bandwidth %.0f tok/s\n", bpt / 1e9, bpt * mean / 1e9, bw,
+           100.0 * bpt * mean / 1e9 / bw, bw * 1e9 / bpt);
+    printf("first tokens:");
+    for (int i = 0; i < 8 && i < n_gen; i++) printf(" %d", out[i]);
+    printf("\n");
+    free(out);
+    free(tps);
+    engine_cuda_session_free(gs);
+    engine_cuda_model_free(gm);
+    engine_model_free(m);
+    return 0;
+fail:
+    fprintf(stderr, "bench_decode: %s\n", engine_error_last());
+    return 1;
+}

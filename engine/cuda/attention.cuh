@@ -1,0 +1,42 @@
+/* Decode attention on the GPU: one query position against the KV cache of one layer.
+ *
+ * One launch does, for every query head h:
+ *   q_h = rope(rmsnorm(q_h) * q_norm)         (NeoX, angle pos * inv_freq[i] rounded to F32)
+ *   k, v of the new position = rope(rmsnorm(k) * k_norm), v (rounded to the cache type) and
+ *     stored at row `pos` of the cache (by the first query head of each KV group)
+ *   out_h = softmax(q_h K^T / sqrt(d)) V over positions 0..pos of KV head h / group
+ * Split-K (flash-decoding): the positions are cut into splits of ENGINE_CU_ATT_SPLIT; a block
+ * per (head, split) computes a partial (max, sum, weighted V) and the last block of a head to
+ * finish (an atomic counter) merges them. The position is read from device memory, so the
+ * grid is sized for the whole context and blocks past the position exit at once: the same
+ * launch serves every step of a captured graph. The cache is contiguous per layer
+ * ([n_ctx][n_head_kv * head_dim], F16 or F32); the paged KV pool will pass a block table. */
+#ifndef SPARK_ENGINE_CUDA_ATTENTION_CUH
+#define SPARK_ENGINE_CUDA_ATTENTION_CUH
+
+#include <stdint.h>
+
+#include "common.cuh"
+
+#define ENGINE_CU_ATT_SPLIT 256
+
+typedef struct {
+    const float *q, *k, *v;      /* this position's projections [n_head*hd], [n_kv*hd] x 2 */
+    const float *q_norm, *k_norm;/* [hd] */
+    const float *inv_freq;       /* [hd / 2] */
+    float eps;
+    void *k_cache, *v_cache;     /* [n_ctx][n_kv * hd] of F16 (kv_f32 = 0) or F32 */
+    int kv_f32;
+    const int32_t *pos;          /* device: the position of this token */
+    int n_ctx, n_head, n_kv, hd;
+    float *partial;              /* [n_head][max_splits][hd + 2] scratch */
+    unsigned *counters;          /* [n_head], zero between launches */
+    float *out;                  /* [n_head * hd] */
+} engine_cu_att;
+
+/* Head dimensions the kernel is instantiated for (64, 128, 256). */
+bool engine_cu_att_head_dim_ok(int hd);
+int engine_cu_att_max_splits(int n_ctx);
+void engine_cu_attention(const engine_cu_att *a, cudaStream_t stream);
+
+#endif

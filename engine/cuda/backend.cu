@@ -1,0 +1,597 @@
+/* The CUDA backend: weight upload, decode sessions, the decode step as a CUDA graph
+ * (contracts in cuda_backend.h).
+ *
+ * A decode step is 2 + 5 * n_layer launches (MoE; dense the same):
+ *   embed | per layer: qkv (RMSNorm fused) | attention (q/k norm, RoPE, KV store fused) |
+ *   wo (+= residual) | router (RMSNorm fused) | gate/up + SwiGLU (routing fused) |
+ *   down (+ weighted combine + residual) | head (RMSNorm fused) | sample
+ * The token and position live in device memory (engine_cu_step), so the graph captured on the
+ * first step is replayed unchanged for every later one. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention.cuh"
+#include "common.cuh"
+#include "matvec.cuh"
+#include "moe.cuh"
+#include "sample.cuh"
+
+extern "C" {
+#include "cuda/cuda_backend.h"
+#include "model/model_int.h"
+}
+
+typedef struct {
+    const uint8_t *d;  /* device: matrix 0, row 0 */
+    int type;
+    int cols, rows, n_mat;
+    size_t row_bytes;
+} cu_w;
+
+typedef struct {
+    const float *attn_norm, *q_norm, *k_norm, *ffn_norm;
+    cu_w wq, wk, wv, wo, gate_inp, gate_exps, up_exps, down_exps, ffn_gate, ffn_up, ffn_down;
+} cu_layer;
+
+struct engine_cuda_model {
+    const engine_model *m;
+    int device;
+    uint8_t *mem;          /* one allocation for every weight and norm */
+    size_t bytes;
+    cu_layer *layers;
+    cu_w tok_embd, output;
+    const float *output_norm, *inv_freq;
+};
+
+struct engine_cuda_session {
+    engine_cuda_model *cm;
+    int32_t n_ctx;
+    engine_kv_type kv;
+    cudaStream_t stream;
+    cudaGraphExec_t exec;
+    bool captured;
+    uint8_t *mem;          /* one allocation: KV cache and step buffers */
+    size_t bytes;
+    void **k_cache, **v_cache; /* [n_layer] device pointers into mem */
+    float *x, *q, *k, *v, *att, *router, *h, *logits, *partial, *sscratch, *wts;
+    unsigned *counters;    /* [n_head + 1]: attention heads, sampler */
+    int32_t *ids, *out;
+    engine_cu_step *step;
+    engine_cu_step *h_step;/* pinned host copy */
+};
+
+static int cu_err(cudaError_t e, const char *what) {
+    if (e == cudaSuccess) return 0;
+    cudaGetLastError();
+    return engine_err(e == cudaErrorMemoryAllocation ? ENGINE_ENOMEM : ENGINE_EINTERNAL,
+                      "CUDA %s: %s", what, cudaGetErrorString(e));
+}
+
+#define CU(call)                                                                               \
+    do {                                                                                       \
+        if ((rc = cu_err((call), #call))) goto done;                                           \
+    } while (0)
+
+extern "C" int engine_cuda_usable(void) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        cudaGetLastError();
+        return engine_err(ENGINE_ENODEV, "no usable CUDA GPU (%s)",
+                          e != cudaSuccess ? cudaGetErrorString(e) : "device count is 0");
+    }
+    return 0;
+}
+
+static size_t align256(size_t n) {
+    return (n + 255) & ~(size_t)255;
+}
+
+static size_t weight_size(const engine_weight *w) {
+    return w->data ? (size_t)w->n_mat * (size_t)w->rows * w->row_bytes : 0;
+}
+
+/* Check that the kernels handle w: a supported type and rows of whole 32-value chunks. */
+static int check_weight(const engine_model *m, const engine_weight *w, const char *what) {
+    if (!w->data) return 0;
+    if (!engine_cu_type_supported(w->type))
+        return engine_err(ENGINE_EUNSUPPORTED, "%s: %s of type %s has no CUDA kernel", m->path,
+                          what, engine_type_name(w->type));
+    if (w->cols % 32 != 0 || w->rows > INT32_MAX || w->cols > INT32_MAX)
+        return engine_err(ENGINE_EUNSUPPORTED, "%s: %s has rows of %lld values (the CUDA kernels "
+                          "need a multiple of 32)", m->path, what, (long long)w->cols);
+    return 0;
+}
+
+typedef struct {
+    engine_cuda_model *cm;
+    size_t off;     /* next free byte of cm->mem */
+    size_t done, total, next_report;
+} upload_ctx;
+
+static int upload(upload_ctx *u, const void *src, size_t n, const void **dst) {
+    *dst = NULL;
+    if (!src || n == 0) return 0;
+    uint8_t *d = u->cm->mem + u->off;
+    /* chunks of 256 MiB keep the progress moving on large tensors */
+    for (size_t o = 0; o < n; o += (size_t)256 << 20) {
+        size_t c = n - o < ((size_t)256 << 20) ? n - o : ((size_t)256 << 20);
+        int rc = cu_err(cudaMemcpy(d + o, (const uint8_t *)src + o, c, cudaMemcpyHostToDevice),
+                        "cudaMemcpy (weights)");
+        if (rc) return rc;
+        u->done += c;
+        if (u->done >= u->next_report) {
+            engine_log(ENGINE_LOG_INFO, "cuda: uploading weights %3.0f%% (%.2f of %.2f GB)",
+                       100.0 * (double)u->done / (double)u->total, (double)u->done / 1e9,
+                       (double)u->total / 1e9);
+            u->next_report += u->total / 10 + 1;
+        }
+    }
+    u->off += align256(n);
+    *dst = d;
+    return 0;
+}
+
+static int upload_w(upload_ctx *u, const engine_weight *w, cu_w *out) {
+    memset(out, 0, sizeof *out);
+    if (!w->data) return 0;
+    out->type = w->type;
+    out->cols = (int)w->cols;
+    out->rows = (int)w->rows;
+    out->n_mat = (int)w->n_mat;
+    out->row_bytes = w->row_bytes;
+    const void *d;
+    int rc = upload(u, w->data, weight_size(w), &d);
+    out->d = (const uint8_t *)d;
+    return rc;
+}
+
+static int upload_f(upload_ctx *u, const float *src, size_t n, const float **out) {
+    const void *d;
+    int rc = upload(u, src, n * sizeof(float), &d);
+    *out = (const float *)d;
+    return rc;
+}
+
+#define FOR_LAYER_WEIGHTS(X)                                                                   \
+    X(wq) X(wk) X(wv) X(wo) X(gate_inp) X(gate_exps) X(up_exps) X(down_exps) X(ffn_gate)       \
+    X(ffn_up) X(ffn_down)
+
+extern "C" int engine_cuda_model_new(engine_cuda_model **out, const engine_model *m, int device) {
+    *out = NULL;
+    int rc = engine_cuda_usable();
+    if (rc) return rc;
+    const engine_hparams *hp = &m->hp;
+    if (!m->layers) return engine_err(ENGINE_EINVAL, "%s: no weights (vocab-only load)", m->path);
+    if (!engine_cu_att_head_dim_ok((int)hp->head_dim_k) || hp->head_dim_k != hp->head_dim_v)
+        return engine_err(ENGINE_EUNSUPPORTED, "%s: head dimension %u has no CUDA attention "
+                          "kernel (64, 128, 256)", m->path, hp->head_dim_k);
+    if (hp->n_expert_used > ENGINE_CU_MAX_EXPERT_USED)
+        return engine_err(ENGINE_EUNSUPPORTED, "%s: %u experts per token (the CUDA kernels take "
+                          "at most %d)", m->path, hp->n_expert_used, ENGINE_CU_MAX_EXPERT_USED);
+    size_t total = 0;
+    char what[64];
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        const engine_layer *ly = &m->layers[l];
+#define CHECK_W(f)                                                                             \
+    snprintf(what, sizeof what, "blk.%u." #f, l);                                              \
+    if ((rc = check_weight(m, &ly->f, what))) return rc;                                       \
+    total += align256(weight_size(&ly->f));
+        FOR_LAYER_WEIGHTS(CHECK_W)
+#undef CHECK_W
+        if (ly->gate_exps.data && ly->gate_exps.type != ly->up_exps.type)
+            return engine_err(ENGINE_EUNSUPPORTED, "%s: blk.%u: gate and up experts of different "
+                              "types have no CUDA kernel", m->path, l);
+        if (ly->ffn_gate.data && ly->ffn_gate.type != ly->ffn_up.type)
+            return engine_err(ENGINE_EUNSUPPORTED, "%s: blk.%u: ffn_gate and ffn_up of different "
+                              "types have no CUDA kernel", m->path, l);
+        total += 2 * align256(sizeof(float) * hp->n_embd) + 2 * align256(sizeof(float) * hp->head_dim_k);
+    }
+    if ((rc = check_weight(m, &m->tok_embd, "token_embd"))) return rc;
+    if ((rc = check_weight(m, &m->output, "output"))) return rc;
+    bool tied = m->output.data == m->tok_embd.data;
+    total += align256(weight_size(&m->tok_embd)) + (tied ? 0 : align256(weight_size(&m->output)));
+    total += align256(sizeof(float) * hp->n_embd) + align256(sizeof(float) * hp->head_dim_k / 2);
+
+    engine_cuda_model *cm = (engine_cuda_model *)calloc(1, sizeof *cm);
+    if (!cm) return engine_err(ENGINE_ENOMEM, "out of memory");
+    cm->m = m;
+    cm->device = device;
+    cm->bytes = total;
+    upload_ctx u = {cm, 0, 0, total, 0};
+    size_t free_b = 0, total_b = 0;
+    CU(cudaSetDevice(device));
+    CU(cudaMemGetInfo(&free_b, &total_b));
+    engine_log(ENGINE_LOG_INFO, "cuda: memory plan: weights %.2f GB; device %d has %.2f GB free "
+               "of %.2f GB", (double)total / 1e9, device, (double)free_b / 1e9,
+               (double)total_b / 1e9);
+    if (total + ((size_t)256 << 20) > free_b) {
+        rc = engine_err(ENGINE_ENOMEM, "%s: the weights need %.2f GB of GPU memory (+0.27 GB "
+                        "reserve) but GPU %d has %.2f GB free", m->path, (double)total / 1e9,
+                        device, (double)free_b / 1e9);
+        goto done;
+    }
+    if (!(cm->layers = (cu_layer *)calloc(hp->n_layer, sizeof(cu_layer)))) {
+        rc = engine_err(ENGINE_ENOMEM, "out of memory");
+        goto done;
+    }
+    CU(cudaMalloc((void **)&cm->mem, total));
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        const engine_layer *ly = &m->layers[l];
+        cu_layer *cl = &cm->layers[l];
+#define UP_W(f)                                                                                \
+    if ((rc = upload_w(&u, &ly->f, &cl->f))) goto done;
+        FOR_LAYER_WEIGHTS(UP_W)
+#undef UP_W
+        if ((rc = upload_f(&u, ly->attn_norm, hp->n_embd, &cl->attn_norm))) goto done;
+        if ((rc = upload_f(&u, ly->ffn_norm, hp->n_embd, &cl->ffn_norm))) goto done;
+        if ((rc = upload_f(&u, ly->q_norm, hp->head_dim_k, &cl->q_norm))) goto done;
+        if ((rc = upload_f(&u, ly->k_norm, hp->head_dim_k, &cl->k_norm))) goto done;
+    }
+    if ((rc = upload_w(&u, &m->tok_embd, &cm->tok_embd))) goto done;
+    if (tied) cm->output = cm->tok_embd;
+    else if ((rc = upload_w(&u, &m->output, &cm->output))) goto done;
+    if ((rc = upload_f(&u, m->output_norm, hp->n_embd, &cm->output_norm))) goto done;
+    if ((rc = upload_f(&u, m->rope_inv_freq, hp->head_dim_k / 2, &cm->inv_freq))) goto done;
+    ENGINE_ASSERT(u.off <= total);
+    *out = cm;
+    cm = NULL;
+done:
+    engine_cuda_model_free(cm);
+    return rc;
+}
+
+extern "C" void engine_cuda_model_free(engine_cuda_model *cm) {
+    if (!cm) return;
+    if (cm->mem) {
+        cudaSetDevice(cm->device);
+        cudaFree(cm->mem);
+    }
+    free(cm->layers);
+    free(cm);
+}
+
+extern "C" size_t engine_cuda_model_weight_bytes(const engine_cuda_model *cm) {
+    return cm->bytes;
+}
+
+static size_t mat_bytes(const cu_w *w) {
+    return (size_t)w->rows * w->row_bytes;
+}
+
+extern "C" size_t engine_cuda_model_bytes_per_token(const engine_cuda_model *cm) {
+    const engine_hparams *hp = &cm->m->hp;
+    size_t b = cm->tok_embd.row_bytes + mat_bytes(&cm->output);
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        const cu_layer *ly = &cm->layers[l];
+        b += mat_bytes(&ly->wq) + mat_bytes(&ly->wk) + mat_bytes(&ly->wv) + mat_bytes(&ly->wo);
+        if (hp->arch == ENGINE_ARCH_QWEN3MOE)
+            b += mat_bytes(&ly->gate_inp) +
+                 hp->n_expert_used * (mat_bytes(&ly->gate_exps) + mat_bytes(&ly->up_exps) +
+                                      mat_bytes(&ly->down_exps));
+        else
+            b += mat_bytes(&ly->ffn_gate) + mat_bytes(&ly->ffn_up) + mat_bytes(&ly->ffn_down);
+    }
+    return b;
+}
+
+extern "C" int engine_cuda_copy_bandwidth(int device, size_t bytes, int reps, double *gbps) {
+    *gbps = 0;
+    int rc = engine_cuda_usable();
+    if (rc) return rc;
+    void *a = NULL, *b = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    CU(cudaSetDevice(device));
+    CU(cudaMalloc(&a, bytes));
+    CU(cudaMalloc(&b, bytes));
+    CU(cudaMemset(a, 1, bytes));
+    CU(cudaEventCreate(&e0));
+    CU(cudaEventCreate(&e1));
+    for (int i = 0; i < reps + 1; i++) {
+        float ms = 0;
+        CU(cudaEventRecord(e0));
+        CU(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
+        CU(cudaEventRecord(e1));
+        CU(cudaEventSynchronize(e1));
+        CU(cudaEventElapsedTime(&ms, e0, e1));
+        double g = 2.0 * (double)bytes / (ms * 1e-3) / 1e9;
+        if (i > 0 && g > *gbps) *gbps = g; /* the first is a warm-up */
+    }
+done:
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    cudaFree(a);
+    cudaFree(b);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Sessions
+ * ------------------------------------------------------------------------------------------- */
+typedef struct {
+    size_t kv_layer, x, q, kv, att, router, h, logits, partial, sscratch, ids, wts, counters,
+        step, out, total;
+} sess_layout;
+
+static sess_layout layout(const engine_cuda_model *cm, int32_t n_ctx, engine_kv_type kv) {
+    const engine_hparams *hp = &cm->m->hp;
+    sess_layout z;
+    size_t hd = hp->head_dim_k, kv_dim = (size_t)hp->n_head_kv * hd;
+    size_t k = hp->n_expert_used ? hp->n_expert_used : 1;
+    size_t nff = hp->n_expert ? hp->n_ff_exp : hp->n_ff;
+    z.kv_layer = align256((size_t)n_ctx * kv_dim * (kv == ENGINE_KV_F32 ? 4 : 2));
+    z.x = align256(sizeof(float) * hp->n_embd);
+    z.q = align256(sizeof(float) * hp->n_head * hd);
+    z.kv = align256(sizeof(float) * kv_dim);
+    z.att = z.q;
+    z.router = align256(sizeof(float) * (hp->n_expert ? hp->n_expert : 1));
+    z.h = align256(sizeof(float) * k * nff);
+    z.logits = align256(sizeof(float) * hp->n_vocab);
+    z.partial = align256(sizeof(float) * hp->n_head * (size_t)engine_cu_att_max_splits(n_ctx) *
+                         (hd + 2));
+    z.sscratch = align256(sizeof(float) * 2 * ENGINE_CU_SAMPLE_BLOCKS);
+    z.ids = align256(sizeof(int32_t) * k);
+    z.wts = align256(sizeof(float) * k);
+    z.counters = align256(sizeof(unsigned) * (hp->n_head + 1));
+    z.step = align256(sizeof(engine_cu_step));
+    z.out = align256(sizeof(int32_t) * (size_t)n_ctx);
+    z.total = 2 * hp->n_layer * z.kv_layer + z.x + z.q + 2 * z.kv + z.att + z.router + z.h +
+              z.logits + z.partial + z.sscratch + z.ids + z.wts + z.counters + z.step + z.out;
+    return z;
+}
+
+extern "C" size_t engine_cuda_session_bytes(const engine_cuda_model *cm, int32_t n_ctx,
+                                            engine_kv_type kv) {
+    return layout(cm, n_ctx, kv).total;
+}
+
+extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_model *cm,
+                                       int32_t n_ctx, engine_kv_type kv) {
+    *out = NULL;
+    const engine_hparams *hp = &cm->m->hp;
+    if (n_ctx < 1 || (uint32_t)n_ctx > hp->n_ctx_train)
+        return engine_err(ENGINE_ERANGE, "cuda session: context %d is not in [1, %u]", n_ctx,
+                          hp->n_ctx_train);
+    int rc = 0;
+    sess_layout z = layout(cm, n_ctx, kv);
+    size_t free_b = 0, total_b = 0;
+    uint8_t *p;
+    engine_cuda_session *s = (engine_cuda_session *)calloc(1, sizeof *s);
+    if (!s) return engine_err(ENGINE_ENOMEM, "out of memory");
+    s->cm = cm;
+    s->n_ctx = n_ctx;
+    s->kv = kv;
+    s->k_cache = (void **)calloc(hp->n_layer, sizeof(void *));
+    s->v_cache = (void **)calloc(hp->n_layer, sizeof(void *));
+    if (!s->k_cache || !s->v_cache) {
+        rc = engine_err(ENGINE_ENOMEM, "out of memory");
+        goto done;
+    }
+    CU(cudaSetDevice(cm->device));
+    CU(cudaMemGetInfo(&free_b, &total_b));
+    engine_log(ENGINE_LOG_INFO, "cuda: session plan: KV cache %.1f MiB (%d positions, %s), "
+               "buffers %.1f MiB; %.2f GB free", (double)(2 * hp->n_layer * z.kv_layer) / 1048576.0,
+               n_ctx, kv == ENGINE_KV_F32 ? "f32" : "f16",
+               (double)(z.total - 2 * hp->n_layer * z.kv_layer) / 1048576.0, (double)free_b / 1e9);
+    if (z.total + ((size_t)64 << 20) > free_b) {
+        rc = engine_err(ENGINE_ENOMEM, "cuda session of %d positions needs %.2f GB of GPU memory "
+                        "(KV cache and buffers) but %.2f GB are free", n_ctx,
+                        (double)z.total / 1e9, (double)free_b / 1e9);
+        goto done;
+    }
+    CU(cudaMalloc((void **)&s->mem, z.total));
+    s->bytes = z.total;
+    CU(cudaMemset(s->mem, 0, z.total));
+    p = s->mem;
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        s->k_cache[l] = p;
+        p += z.kv_layer;
+        s->v_cache[l] = p;
+        p += z.kv_layer;
+    }
+#define CARVE(field, size, T)                                                                  \
+    s->field = (T *)p;                                                                         \
+    p += z.size;
+    CARVE(x, x, float) CARVE(q, q, float) CARVE(k, kv, float) CARVE(v, kv, float)
+    CARVE(att, att, float) CARVE(router, router, float) CARVE(h, h, float)
+    CARVE(logits, logits, float) CARVE(partial, partial, float) CARVE(sscratch, sscratch, float)
+    CARVE(ids, ids, int32_t) CARVE(wts, wts, float) CARVE(counters, counters, unsigned)
+    CARVE(step, step, engine_cu_step) CARVE(out, out, int32_t)
+#undef CARVE
+    ENGINE_ASSERT((size_t)(p - s->mem) == z.total);
+    CU(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
+    CU(cudaMallocHost((void **)&s->h_step, sizeof *s->h_step));
+    *out = s;
+    s = NULL;
+done:
+    engine_cuda_session_free(s);
+    return rc;
+}
+
+extern "C" void engine_cuda_session_free(engine_cuda_session *s) {
+    if (!s) return;
+    cudaSetDevice(s->cm->device);
+    if (s->exec) cudaGraphExecDestroy(s->exec);
+    if (s->stream) cudaStreamDestroy(s->stream);
+    cudaFreeHost(s->h_step);
+    cudaFree(s->mem);
+    free(s->k_cache);
+    free(s->v_cache);
+    free(s);
+}
+
+static engine_cu_mat mat(const cu_w *w, float *y, int accumulate) {
+    engine_cu_mat m = {w->d, w->row_bytes, w->type, w->rows, y, accumulate};
+    return m;
+}
+
+/* Enqueue one decode step (state in s->step) on s->stream. */
+static void enqueue_step(engine_cuda_session *s) {
+    const engine_cuda_model *cm = s->cm;
+    const engine_hparams *hp = &cm->m->hp;
+    cudaStream_t st = s->stream;
+    const int emb = (int)hp->n_embd, hd = (int)hp->head_dim_k;
+    const float eps = hp->rms_norm_eps;
+    engine_cu_embed(cm->tok_embd.d, cm->tok_embd.row_bytes, cm->tok_embd.type, emb, s->step,
+                    s->x, st);
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        const cu_layer *ly = &cm->layers[l];
+        engine_cu_mv mv;
+        memset(&mv, 0, sizeof mv);
+        mv.m[0] = mat(&ly->wq, s->q, 0);
+        mv.m[1] = mat(&ly->wk, s->k, 0);
+        mv.m[2] = mat(&ly->wv, s->v, 0);
+        mv.n_mat = 3;
+        mv.cols = emb;
+        mv.x = s->x;
+        mv.norm_w = ly->attn_norm;
+        mv.eps = eps;
+        engine_cu_matvec(&mv, st);
+
+        engine_cu_att at = {s->q, s->k, s->v, ly->q_norm, ly->k_norm, cm->inv_freq, eps,
+                            s->k_cache[l], s->v_cache[l], s->kv == ENGINE_KV_F32,
+                            &s->step->pos, s->n_ctx, (int)hp->n_head, (int)hp->n_head_kv, hd,
+                            s->partial, s->counters, s->att};
+        engine_cu_attention(&at, st);
+
+        memset(&mv, 0, sizeof mv);
+        mv.m[0] = mat(&ly->wo, s->x, 1);
+        mv.n_mat = 1;
+        mv.cols = (int)hp->n_head * hd;
+        mv.x = s->att;
+        engine_cu_matvec(&mv, st);
+
+        engine_cu_ffn_up_args up;
+        memset(&up, 0, sizeof up);
+        engine_cu_ffn_down_args dn;
+        memset(&dn, 0, sizeof dn);
+        if (hp->arch == ENGINE_ARCH_QWEN3MOE) {
+            memset(&mv, 0, sizeof mv);
+            mv.m[0] = mat(&ly->gate_inp, s->router, 0);
+            mv.n_mat = 1;
+            mv.cols = emb;
+            mv.x = s->x;
+            mv.norm_w = ly->ffn_norm;
+            mv.eps = eps;
+            engine_cu_matvec(&mv, st);
+            up.router = s->router;
+            up.n_expert = (int)hp->n_expert;
+            up.k = (int)hp->n_expert_used;
+            up.norm_topk = hp->norm_topk_prob;
+            up.gate = ly->gate_exps.d;
+            up.up = ly->up_exps.d;
+            up.expert_bytes = (size_t)ly->gate_exps.rows * ly->gate_exps.row_bytes;
+            up.row_bytes = ly->gate_exps.row_bytes;
+            up.type = ly->gate_exps.type;
+            up.rows = ly->gate_exps.rows;
+            dn.down = ly->down_exps.d;
+            dn.expert_bytes = (size_t)ly->down_exps.rows * ly->down_exps.row_bytes;
+            dn.row_bytes = ly->down_exps.row_bytes;
+            dn.type = ly->down_exps.type;
+            dn.rows = ly->down_exps.rows;
+            dn.k = up.k;
+            dn.ids = s->ids;
+            dn.weights = s->wts;
+        } else {
+            up.k = 1;
+            up.gate = ly->ffn_gate.d;
+            up.up = ly->ffn_up.d;
+            up.row_bytes = ly->ffn_gate.row_bytes;
+            up.type = ly->ffn_gate.type;
+            up.rows = ly->ffn_gate.rows;
+            dn.down = ly->ffn_down.d;
+            dn.row_bytes = ly->ffn_down.row_bytes;
+            dn.type = ly->ffn_down.type;
+            dn.rows = ly->ffn_down.rows;
+            dn.k = 1;
+        }
+        up.cols = emb;
+        up.x = s->x;
+        up.norm_w = ly->ffn_norm;
+        up.eps = eps;
+        up.h = s->h;
+        up.ids = s->ids;
+        up.weights = s->wts;
+        engine_cu_ffn_up(&up, st);
+        dn.cols = up.rows;
+        dn.h = s->h;
+        dn.y = s->x;
+        engine_cu_ffn_down(&dn, st);
+    }
+    engine_cu_mv mv;
+    memset(&mv, 0, sizeof mv);
+    mv.m[0] = mat(&cm->output, s->logits, 0);
+    mv.n_mat = 1;
+    mv.cols = emb;
+    mv.x = s->x;
+    mv.norm_w = cm->output_norm;
+    mv.eps = eps;
+    engine_cu_matvec(&mv, st);
+    engine_cu_sample(s->logits, (int)hp->n_vocab, s->step, s->out, s->sscratch,
+                     s->counters + hp->n_head, st);
+}
+
+static int capture(engine_cuda_session *s) {
+    int rc = 0;
+    cudaGraph_t g = NULL;
+    CU(cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal));
+    enqueue_step(s);
+    CU(cudaStreamEndCapture(s->stream, &g));
+    CU(cudaGetLastError());
+    CU(cudaGraphInstantiate(&s->exec, g, 0));
+    s->captured = true;
+done:
+    if (g) cudaGraphDestroy(g);
+    return rc;
+}
+
+/* Set the step state and run n steps. */
+static int run_steps(engine_cuda_session *s, int32_t token, int32_t pos, int32_t n, float temp,
+                     uint64_t seed) {
+    int rc = 0;
+    const engine_hparams *hp = &s->cm->m->hp;
+    if (pos < 0 || n < 1 || pos > s->n_ctx - n)
+        return engine_err(ENGINE_ERANGE, "cuda decode: positions %d..%d do not fit the context "
+                          "of %d", pos, pos + n - 1, s->n_ctx);
+    if (token < 0 || (uint32_t)token >= hp->n_vocab)
+        return engine_err(ENGINE_EINVAL, "cuda decode: token id %d is not in [0, %u)", token,
+                          hp->n_vocab);
+    CU(cudaSetDevice(s->cm->device));
+    if (!s->captured && (rc = capture(s))) goto done;
+    s->h_step->token = token;
+    s->h_step->pos = pos;
+    s->h_step->n_out = 0;
+    s->h_step->out_cap = n;
+    s->h_step->seed = seed;
+    s->h_step->temp = temp;
+    CU(cudaMemcpyAsync(s->step, s->h_step, sizeof *s->h_step, cudaMemcpyHostToDevice, s->stream));
+    for (int32_t i = 0; i < n; i++) CU(cudaGraphLaunch(s->exec, s->stream));
+done:
+    return rc;
+}
+
+extern "C" int engine_cuda_decode(engine_cuda_session *s, int32_t token, int32_t pos,
+                                  float *logits, int32_t *next) {
+    int rc = run_steps(s, token, pos, 1, 0.0f, 0);
+    if (rc) return rc;
+    const engine_hparams *hp = &s->cm->m->hp;
+    if (logits)
+        CU(cudaMemcpyAsync(logits, s->logits, sizeof(float) * hp->n_vocab, cudaMemcpyDeviceToHost,
+                           s->stream));
+    if (next) CU(cudaMemcpyAsync(next, s->out, sizeof *next, cudaMemcpyDeviceToHost, s->stream));
+    CU(cudaStreamSynchronize(s->stream));
+done:
+    return rc;
+}
+
+extern "C" int engine_cuda_generate(engine_cuda_session *s, int32_t token, int32_t pos, int32_t n,
+                                    float temperature, uint64_t seed, int32_t *out) {
+    int rc = run_steps(s, token, pos, n, temperature, seed);
+    if (rc) return rc;
+    CU(cudaMemcpyAsync(out, s->out, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost,
+                       s->stream));
+    CU(cudaStreamSynchronize(s->stream));
+done:
+    return rc;
+}

@@ -1,0 +1,109 @@
+/*
+ * cuda_backend.h - the CUDA backend's C door (private to engine/; plain C types only).
+ *
+ * Compiled only when the CUDA backend is built (SPARK_HAVE_CUDA): callers guard their use with
+ * #ifdef SPARK_HAVE_CUDA. Stage 1 of issue 5: the batch-1 decode step of qwen3moe and qwen3,
+ * captured once as a CUDA graph and replayed for every token. Prefill runs through the same
+ * step one token at a time; tensor-core prefill, batched decode and the paged KV pool come
+ * later (the attention kernel already takes the KV as rows addressed per position, and the
+ * step state lives in device memory so a graph per batch bucket can be added beside it).
+ *
+ * Errors: 0 or a negative ENGINE_E* code with the detail in engine_error_last():
+ * ENGINE_ENODEV (no usable GPU), ENGINE_ENOMEM (the memory plan does not fit: the message
+ * gives the plan and the free memory), ENGINE_EUNSUPPORTED (a weight type or shape the kernels
+ * do not handle), ENGINE_EINTERNAL (a CUDA call failed: the message names it).
+ * Thread-safety: a model may be shared; a session is used by one thread at a time.
+ */
+#ifndef SPARK_ENGINE_CUDA_BACKEND_H
+#define SPARK_ENGINE_CUDA_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine.h"
+#include "model/gguf.h" /* engine_type */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct engine_cuda_model engine_cuda_model;
+typedef struct engine_cuda_session engine_cuda_session;
+
+/* 0 when a GPU is usable, else ENGINE_ENODEV with the reason. */
+int engine_cuda_usable(void);
+
+/* Copy the weights of m (a loaded, non-vocab-only model) to GPU `device` once, quantised as
+ * they are, after checking their size against the free device memory. Logs the plan and the
+ * upload progress at INFO. m is borrowed and must outlive the result. */
+int engine_cuda_model_new(engine_cuda_model **out, const engine_model *m, int device);
+void engine_cuda_model_free(engine_cuda_model *cm);
+/* Bytes of weights on the device, and the bytes of weights one decode step reads (attention,
+ * router, the k selected experts, head, one embedding row: the traffic of a batch-1 token). */
+size_t engine_cuda_model_weight_bytes(const engine_cuda_model *cm);
+size_t engine_cuda_model_bytes_per_token(const engine_cuda_model *cm);
+
+/* Device-to-device copy bandwidth of GPU `device` in GB/s (bytes read + written per second,
+ * over `bytes`-sized buffers, best of `reps`): the ceiling the benchmark compares against. */
+int engine_cuda_copy_bandwidth(int device, size_t bytes, int reps, double *gbps);
+
+/* A decode session: KV cache of n_ctx positions (kv F16 or F32) and the step's buffers, all
+ * allocated here (checked against free memory first). */
+int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_model *cm, int32_t n_ctx,
+                            engine_kv_type kv);
+void engine_cuda_session_free(engine_cuda_session *s);
+/* Bytes a session of n_ctx positions allocates on the device. */
+size_t engine_cuda_session_bytes(const engine_cuda_model *cm, int32_t n_ctx, engine_kv_type kv);
+
+/* One decode step: token at position pos (0 <= pos < n_ctx; positions before pos must hold
+ * the earlier tokens). logits: NULL or n_vocab floats (host) for the next-token logits;
+ * next: NULL or the greedy choice (largest logit, ties to the lower id), chosen on the GPU.
+ * The first call captures the step as a CUDA graph; every later one replays it. */
+int engine_cuda_decode(engine_cuda_session *s, int32_t token, int32_t pos, float *logits,
+                       int32_t *next);
+
+/* n decode steps back to back on the device: token at pos, then each sampled token at the
+ * next position (temperature <= 0: greedy; else sampled with `seed`, reproducibly). out
+ * receives the n sampled tokens; nothing else crosses to the host. pos + n <= n_ctx. */
+int engine_cuda_generate(engine_cuda_session *s, int32_t token, int32_t pos, int32_t n,
+                         float temperature, uint64_t seed, int32_t *out);
+
+/* ---------------------------------------------------------------------------------------------
+ * Single ops on host buffers, for the tests that compare each kernel with the CPU backend
+ * (they allocate, copy, run one launch and copy back: not for hot paths).
+ * ------------------------------------------------------------------------------------------- */
+
+/* y[rows] = W x (+ y when accumulate), W rows of `type` (row_bytes each); norm_w: NULL or
+ * cols weights (x is RMS-normalised with eps first). */
+int engine_cuda_op_matvec(engine_type type, const void *w, int64_t rows, int64_t cols,
+                          size_t row_bytes, const float *x, const float *norm_w, float eps,
+                          bool accumulate, float *y);
+
+/* Decode attention at position pos over a cache holding positions 0..pos-1 (k_cache, v_cache:
+ * pos rows of n_kv*hd values, F32 or F16 bits per kv), with the raw q (n_head*hd), k, v
+ * (n_kv*hd) of position pos. Writes out (n_head*hd) and the new cache rows k_row, v_row
+ * (n_kv*hd, as stored, converted to F32). */
+int engine_cuda_op_attention(int n_head, int n_kv, int hd, int32_t pos, int32_t n_ctx,
+                             engine_kv_type kv, const void *k_cache, const void *v_cache,
+                             const float *q, const float *k, const float *v, const float *q_norm,
+                             const float *k_norm, const float *inv_freq, float eps, float *out,
+                             float *k_row, float *v_row);
+
+/* The MoE block of one token: route from router logits, gate/up of the selected experts,
+ * SwiGLU, down, weighted sum added to x (in place). Weights: [n_expert][rows][cols] stacks of
+ * `type`. ids/weights receive the routing. */
+int engine_cuda_op_moe(engine_type type, int n_expert, int k, bool norm_topk, int n_embd,
+                       int n_ff, const float *router, const void *gate, const void *up,
+                       const void *down, size_t row_bytes_in, size_t row_bytes_ff,
+                       const float *norm_w, float eps, float *x, int32_t *ids, float *weights);
+
+/* Sample from n logits as a decode step does (temperature <= 0: greedy). step: the value of
+ * the per-session draw counter (0 for the first token). */
+int engine_cuda_op_sample(const float *logits, int n, float temperature, uint64_t seed,
+                          int32_t step, int32_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,212 @@
+/* Single CUDA ops on host buffers (the engine_cuda_op_* entry points of cuda_backend.h), for
+ * the tests that hold every kernel against the CPU backend. Each call allocates, copies, runs
+ * one op on the default stream and copies back. */
+#include <cuda_fp16.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention.cuh"
+#include "common.cuh"
+#include "matvec.cuh"
+#include "moe.cuh"
+#include "sample.cuh"
+
+extern "C" {
+#include "cuda/cuda_backend.h"
+}
+
+namespace {
+
+/* Device allocations freed together. */
+struct dev_arena {
+    void *p[16];
+    int n = 0;
+    int rc = 0;
+    ~dev_arena() {
+        for (int i = 0; i < n; i++) cudaFree(p[i]);
+    }
+    template <typename T> T *put(const void *src, size_t bytes) {
+        if (rc || bytes == 0) return nullptr;
+        void *d = nullptr;
+        cudaError_t e = cudaMalloc(&d, bytes);
+        if (e == cudaSuccess) {
+            p[n++] = d;
+            e = src ? cudaMemcpy(d, src, bytes, cudaMemcpyHostToDevice) : cudaMemset(d, 0, bytes);
+        }
+        if (e != cudaSuccess) fail(e, "cudaMalloc/cudaMemcpy");
+        return (T *)d;
+    }
+    void fail(cudaError_t e, const char *what) {
+        if (!rc)
+            rc = engine_err(e == cudaErrorMemoryAllocation ? ENGINE_ENOMEM : ENGINE_EINTERNAL,
+                            "CUDA %s: %s", what, cudaGetErrorString(e));
+        cudaGetLastError();
+    }
+    int get(void *dst, const void *src, size_t bytes) {
+        if (rc) return rc;
+        cudaError_t e = cudaDeviceSynchronize();
+        if (e == cudaSuccess) e = cudaGetLastError();
+        if (e == cudaSuccess) e = cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
+        if (e != cudaSuccess) fail(e, "kernel or cudaMemcpy back");
+        return rc;
+    }
+};
+
+} // namespace
+
+extern "C" int engine_cuda_op_matvec(engine_type type, const void *w, int64_t rows, int64_t cols,
+                                     size_t row_bytes, const float *x, const float *norm_w,
+                                     float eps, bool accumulate, float *y) {
+    int rc = engine_cuda_usable();
+    if (rc) return rc;
+    if (!engine_cu_type_supported(type) || cols % 32 || rows < 1 || rows > INT32_MAX)
+        return engine_err(ENGINE_EINVAL, "matvec: type %d, %lld x %lld", (int)type,
+                          (long long)rows, (long long)cols);
+    dev_arena a;
+    const uint8_t *dw = a.put<uint8_t>(w, (size_t)rows * row_bytes);
+    const float *dx = a.put<float>(x, sizeof(float) * (size_t)cols);
+    const float *dn = norm_w ? a.put<float>(norm_w, sizeof(float) * (size_t)cols) : nullptr;
+    float *dy = a.put<float>(y, sizeof(float) * (size_t)rows);
+    if (a.rc) return a.rc;
+    engine_cu_mv mv;
+    memset(&mv, 0, sizeof mv);
+    mv.m[0] = {dw, row_bytes, (int)type, (int)rows, dy, accumulate};
+    mv.n_mat = 1;
+    mv.cols = (int)cols;
+    mv.x = dx;
+    mv.norm_w = dn;
+    mv.eps = eps;
+    engine_cu_matvec(&mv, 0);
+    return a.get(y, dy, sizeof(float) * (size_t)rows);
+}
+
+extern "C" int engine_cuda_op_attention(int n_head, int n_kv, int hd, int32_t pos, int32_t n_ctx,
+                                        engine_kv_type kv, const void *k_cache,
+                                        const void *v_cache, const float *q, const float *k,
+                                        const float *v, const float *q_norm, const float *k_norm,
+                                        const float *inv_freq, float eps, float *out, float *k_row,
+                                        float *v_row) {
+    int rc = engine_cuda_usable();
+    if (rc) return rc;
+    if (!engine_cu_att_head_dim_ok(hd) || n_kv < 1 || n_head % n_kv || pos < 0 || pos >= n_ctx)
+        return engine_err(ENGINE_EINVAL, "attention: bad shape");
+    const size_t kv_dim = (size_t)n_kv * hd, elt = kv == ENGINE_KV_F32 ? 4 : 2;
+    dev_arena a;
+    uint8_t *dk = a.put<uint8_t>(nullptr, (size_t)n_ctx * kv_dim * elt);
+    uint8_t *dv = a.put<uint8_t>(nullptr, (size_t)n_ctx * kv_dim * elt);
+    if (a.rc) return a.rc;
+    if (pos > 0) {
+        cudaError_t e = cudaMemcpy(dk, k_cache, (size_t)pos * kv_dim * elt, cudaMemcpyHostToDevice);
+        if (e == cudaSuccess)
+            e = cudaMemcpy(dv, v_cache, (size_t)pos * kv_dim * elt, cudaMemcpyHostToDevice);
+        if (e != cudaSuccess) a.fail(e, "cudaMemcpy (cache)");
+    }
+    const float *dq = a.put<float>(q, sizeof(float) * (size_t)n_head * hd);
+    const float *dkn = a.put<float>(k, sizeof(float) * kv_dim);
+    const float *dvn = a.put<float>(v, sizeof(float) * kv_dim);
+    const float *dqw = a.put<float>(q_norm, sizeof(float) * hd);
+    const float *dkw = a.put<float>(k_norm, sizeof(float) * hd);
+    const float *dif = a.put<float>(inv_freq, sizeof(float) * hd / 2);
+    const int32_t *dpos = a.put<int32_t>(&pos, sizeof pos);
+    float *dpart = a.put<float>(nullptr, sizeof(float) * n_head *
+                                             (size_t)engine_cu_att_max_splits(n_ctx) * (hd + 2));
+    unsigned *dcnt = a.put<unsigned>(nullptr, sizeof(unsigned) * n_head);
+    float *dout = a.put<float>(nullptr, sizeof(float) * (size_t)n_head * hd);
+    if (a.rc) return a.rc;
+    engine_cu_att at = {dq, dkn, dvn, dqw, dkw, dif, eps, dk, dv, kv == ENGINE_KV_F32, dpos,
+                        n_ctx, n_head, n_kv, hd, dpart, dcnt, dout};
+    engine_cu_attention(&at, 0);
+    if ((rc = a.get(out, dout, sizeof(float) * (size_t)n_head * hd))) return rc;
+    /* the stored row, widened to F32 */
+    void *row = malloc(2 * kv_dim * elt);
+    if (!row) return engine_err(ENGINE_ENOMEM, "out of memory");
+    rc = a.get(row, dk + (size_t)pos * kv_dim * elt, kv_dim * elt);
+    if (!rc) rc = a.get((uint8_t *)row + kv_dim * elt, dv + (size_t)pos * kv_dim * elt, kv_dim * elt);
+    for (size_t i = 0; !rc && i < kv_dim; i++) {
+        if (kv == ENGINE_KV_F32) {
+            k_row[i] = ((float *)row)[i];
+            v_row[i] = ((float *)row)[kv_dim + i];
+        } else {
+            __half_raw hk, hv;
+            hk.x = ((uint16_t *)row)[i];
+            hv.x = ((uint16_t *)row)[kv_dim + i];
+            k_row[i] = __half2float(__half(hk));
+            v_row[i] = __half2float(__half(hv));
+        }
+    }
+    free(row);
+    return rc;
+}
+
+extern "C" int engine_cuda_op_moe(engine_type type, int n_expert, int k, bool norm_topk,
+                                  int n_embd, int n_ff, const float *router, const void *gate,
+                                  const void *up, const void *down, size_t row_bytes_in,
+                                  size_t row_bytes_ff, const float *norm_w, float eps, float *x,
+                                  int32_t *ids, float *weights) {
+    int rc = engine_cuda_usable();
+    if (rc) return rc;
+    if (!engine_cu_type_supported(type) || k < 1 || k > ENGINE_CU_MAX_EXPERT_USED ||
+        k > n_expert || n_embd % 32 || n_ff % 32)
+        return engine_err(ENGINE_EINVAL, "moe: bad shape");
+    dev_arena a;
+    size_t ge = (size_t)n_ff * row_bytes_in, de = (size_t)n_embd * row_bytes_ff;
+    const float *dr = a.put<float>(router, sizeof(float) * n_expert);
+    const uint8_t *dg = a.put<uint8_t>(gate, ge * n_expert);
+    const uint8_t *du = a.put<uint8_t>(up, ge * n_expert);
+    const uint8_t *dd = a.put<uint8_t>(down, de * n_expert);
+    const float *dn = a.put<float>(norm_w, sizeof(float) * n_embd);
+    float *dx = a.put<float>(x, sizeof(float) * n_embd);
+    float *dh = a.put<float>(nullptr, sizeof(float) * (size_t)k * n_ff);
+    int32_t *di = a.put<int32_t>(nullptr, sizeof(int32_t) * k);
+    float *dw = a.put<float>(nullptr, sizeof(float) * k);
+    if (a.rc) return a.rc;
+    engine_cu_ffn_up_args u;
+    memset(&u, 0, sizeof u);
+    u.router = dr;
+    u.n_expert = n_expert;
+    u.k = k;
+    u.norm_topk = norm_topk;
+    u.gate = dg;
+    u.up = du;
+    u.expert_bytes = ge;
+    u.row_bytes = row_bytes_in;
+    u.type = type;
+    u.cols = n_embd;
+    u.rows = n_ff;
+    u.x = dx;
+    u.norm_w = dn;
+    u.eps = eps;
+    u.h = dh;
+    u.ids = di;
+    u.weights = dw;
+    engine_cu_ffn_up(&u, 0);
+    engine_cu_ffn_down_args d = {dd, de, row_bytes_ff, (int)type, n_ff, n_embd, k, dh, di, dw, dx};
+    engine_cu_ffn_down(&d, 0);
+    if ((rc = a.get(x, dx, sizeof(float) * n_embd))) return rc;
+    if ((rc = a.get(ids, di, sizeof(int32_t) * k))) return rc;
+    return a.get(weights, dw, sizeof(float) * k);
+}
+
+extern "C" int engine_cuda_op_sample(const float *logits, int n, float temperature,
+                                     uint64_t seed, int32_t step, int32_t *out) {
+    int rc = engine_cuda_usable();
+    if (rc) return rc;
+    if (n < 1) return engine_err(ENGINE_EINVAL, "sample: %d logits", n);
+    engine_cu_step hs;
+    memset(&hs, 0, sizeof hs);
+    hs.n_out = step;
+    hs.out_cap = step + 1;
+    hs.seed = seed;
+    hs.temp = temperature;
+    dev_arena a;
+    const float *dl = a.put<float>(logits, sizeof(float) * (size_t)n);
+    engine_cu_step *ds = a.put<engine_cu_step>(&hs, sizeof hs);
+    int32_t *dout = a.put<int32_t>(nullptr, sizeof(int32_t) * (size_t)(step + 1));
+    float *dsc = a.put<float>(nullptr, sizeof(float) * 2 * ENGINE_CU_SAMPLE_BLOCKS);
+    unsigned *dc = a.put<unsigned>(nullptr, sizeof(unsigned));
+    if (a.rc) return a.rc;
+    engine_cu_sample(dl, n, ds, dout, dsc, dc, 0);
+    if ((rc = a.get(&hs, ds, sizeof hs))) return rc;
+    *out = hs.token;
+    return 0;
+}

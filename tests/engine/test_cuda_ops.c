@@ -1,0 +1,350 @@
+/* Every CUDA kernel against the CPU backend, on fresh random inputs of realistic sizes
+ * (the Qwen3-30B-A3B shapes where it matters: hidden 2048, 32 q / 4 kv heads of 128).
+ *
+ * Error bounds (stated, not tuned to pass):
+ *   matvec, each type: |y_gpu - y_exact| <= 1e-5 * sum_i |w_i x_i| + 1e-6, y_exact the double
+ *     dot product of the CPU's dequantised row (bit-exact with ggml) and x. The GPU keeps x in
+ *     F32; the CPU quantises x to its vec_dot type (Q8_K / Q8_0), so the CPU's own error is
+ *     also reported and must stay under its quantisation bound (1% of sum |w_i x_i|).
+ *   attention (q/k norm + RoPE + KV store + softmax(qK^T)V, split-K): |out - cpu| <= 2e-5 *
+ *     (1 + max|v|); the stored K/V rows equal the CPU's bit for bit up to F32 rounding (1e-5).
+ *   MoE block: same expert ids as engine_cpu_moe_route, weights within 1e-6, output within
+ *     1e-4 * (1 + sum of |terms|) of a double reference.
+ *   sampling: greedy = the CPU's argmax with ties to the lower id; temperature draws follow
+ *     softmax(l / T) (chi-square style check, 3000 draws).
+ * Exits 77 (skip) with the reason when no GPU is usable or the build has no CUDA backend. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+
+#ifndef SPARK_HAVE_CUDA
+int main(void) {
+    printf("skip: this build has no CUDA backend\n");
+    return 77;
+}
+#else
+#include "cpu/cpu.h"
+#include "cpu/quant.h"
+#include "cuda/cuda_backend.h"
+
+static int failures;
+
+#define CHECK(cond, ...)                                                                       \
+    do {                                                                                       \
+        if (!(cond)) {                                                                         \
+            fprintf(stderr, "%s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #cond);           \
+            fprintf(stderr, __VA_ARGS__);                                                      \
+            fprintf(stderr, " (last error: %s)\n", engine_error_last());                       \
+            failures++;                                                                        \
+        }                                                                                      \
+    } while (0)
+
+static uint64_t rng_state = 0x1234567887654321ull;
+
+static float frand(void) { /* uniform in [-1, 1) */
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (float)((double)(rng_state >> 11) * 0x1.0p-52 - 1.0);
+}
+
+static void fill(float *a, size_t n, float scale) {
+    for (size_t i = 0; i < n; i++) a[i] = frand() * scale;
+}
+
+/* Random F32 rows quantised to `t`: rows * row_bytes bytes (caller frees). */
+static void *make_weights(engine_type t, int64_t rows, int64_t cols, size_t *row_bytes) {
+    *row_bytes = engine_type_row_size(t, cols);
+    uint8_t *w = malloc((size_t)rows * *row_bytes);
+    float *tmp = malloc(sizeof(float) * (size_t)cols);
+    for (int64_t r = 0; r < rows; r++) {
+        fill(tmp, (size_t)cols, 1.0f / sqrtf((float)cols) * 1.7f);
+        engine_quantize_row(t, tmp, w + (size_t)r * *row_bytes, cols);
+    }
+    free(tmp);
+    return w;
+}
+
+static void test_matvec_type(engine_type t, int64_t rows, int64_t cols, bool norm, bool acc) {
+    size_t rb;
+    uint8_t *w = make_weights(t, rows, cols, &rb);
+    float *x = malloc(sizeof(float) * cols), *xn = malloc(sizeof(float) * cols);
+    float *nw = malloc(sizeof(float) * cols), *row = malloc(sizeof(float) * cols);
+    float *y = malloc(sizeof(float) * rows), *y0 = malloc(sizeof(float) * rows);
+    float *ycpu = malloc(sizeof(float) * rows);
+    fill(x, cols, 2.0f);
+    for (int64_t i = 0; i < cols; i++) nw[i] = 0.75f + 0.5f * (frand() + 1.0f) * 0.5f;
+    fill(y0, rows, 1.0f);
+    memcpy(y, y0, sizeof(float) * rows);
+    if (norm) engine_cpu_rmsnorm(xn, x, nw, (int)cols, 1e-6f);
+    else memcpy(xn, x, sizeof(float) * cols);
+    int rc = engine_cuda_op_matvec(t, w, rows, cols, rb, x, norm ? nw : NULL, 1e-6f, acc, y);
+    CHECK(rc == 0, "matvec %s", engine_type_name(t));
+    /* the CPU path: x converted to the vec_dot type */
+    engine_type vt = engine_type_traits_get(t)->vec_dot_type;
+    void *xc = malloc(engine_type_row_size(vt, cols) + 64);
+    if (vt == ENGINE_TYPE_F32) memcpy(xc, xn, sizeof(float) * cols);
+    else engine_quantize_row(vt, xn, xc, cols);
+    engine_quant_matvec(t, w, rb, (int)cols, 0, (int)rows, xc, ycpu);
+    double worst = 0, worst_cpu = 0;
+    for (int64_t r = 0; rc == 0 && r < rows; r++) {
+        engine_dequantize_row(t, w + (size_t)r * rb, row, cols);
+        double s = 0, mag = 0;
+        for (int64_t i = 0; i < cols; i++) {
+            s += (double)row[i] * xn[i];
+            mag += fabs((double)row[i] * xn[i]);
+        }
+        double ref = s + (acc ? y0[r] : 0.0);
+        double err = fabs(y[r] - ref) / (mag + 1e-6);
+        double err_cpu = fabs(ycpu[r] - s) / (mag + 1e-6);
+        if (err > worst) worst = err;
+        if (err_cpu > worst_cpu) worst_cpu = err_cpu;
+        if (fabs(y[r] - ref) > 1e-5 * mag + 1e-6 + (acc ? 1e-6 * fabs(y0[r]) : 0)) {
+            CHECK(0, "%s row %lld: gpu %.9g exact %.9g (sum|wx| %.3g)", engine_type_name(t),
+                  (long long)r, y[r], ref, mag);
+            break;
+        }
+    }
+    CHECK(worst_cpu < 1e-2, "%s: the CPU's activation quantisation error %.3g", engine_type_name(t),
+          worst_cpu);
+    printf("matvec %-5s %5lld x %-5lld%s%s: worst |gpu-exact|/sum|wx| = %.2e (cpu path %.2e)\n",
+           engine_type_name(t), (long long)rows, (long long)cols, norm ? " +norm" : "",
+           acc ? " +acc" : "", worst, worst_cpu);
+    free(w);
+    free(x);
+    free(xn);
+    free(nw);
+    free(row);
+    free(y);
+    free(y0);
+    free(ycpu);
+    free(xc);
+}
+
+static void test_matvec(void) {
+    const engine_type types[] = {ENGINE_TYPE_Q4_K, ENGINE_TYPE_Q5_K, ENGINE_TYPE_Q6_K,
+                                 ENGINE_TYPE_Q8_0, ENGINE_TYPE_Q4_0, ENGINE_TYPE_F16,
+                                 ENGINE_TYPE_BF16, ENGINE_TYPE_F32};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        test_matvec_type(types[i], 1024, 2048, false, false);
+        test_matvec_type(types[i], 2049 - 1 + 3, 768 + 256, true, false); /* odd row count */
+    }
+    test_matvec_type(ENGINE_TYPE_Q4_K, 2048, 4096, false, true); /* wo: += residual */
+    test_matvec_type(ENGINE_TYPE_Q6_K, 4099, 2048, true, false);  /* head-like */
+}
+
+/* ------------------------------------------------------------------------------------------ */
+
+static void test_attention_case(int n_head, int n_kv, int hd, int32_t pos, engine_kv_type kvt) {
+    const int32_t n_ctx = pos + 37;
+    size_t kv_dim = (size_t)n_kv * hd, elt = kvt == ENGINE_KV_F32 ? 4 : 2;
+    float *q = malloc(sizeof(float) * n_head * hd), *k = malloc(sizeof(float) * kv_dim);
+    float *v = malloc(sizeof(float) * kv_dim), *qw = malloc(sizeof(float) * hd);
+    float *kw = malloc(sizeof(float) * hd), *inv = malloc(sizeof(float) * hd / 2);
+    float *out = malloc(sizeof(float) * n_head * hd), *ref = malloc(sizeof(float) * n_head * hd);
+    float *krow = malloc(sizeof(float) * kv_dim), *vrow = malloc(sizeof(float) * kv_dim);
+    float *scores = malloc(sizeof(float) * n_ctx);
+    uint8_t *kc = malloc((size_t)n_ctx * kv_dim * elt), *vc = malloc((size_t)n_ctx * kv_dim * elt);
+    float *tmp = malloc(sizeof(float) * kv_dim), *tmp2 = malloc(sizeof(float) * kv_dim);
+    fill(q, (size_t)n_head * hd, 3.0f);
+    fill(k, kv_dim, 3.0f);
+    fill(v, kv_dim, 2.0f);
+    for (int i = 0; i < hd; i++) {
+        qw[i] = 1.0f + 0.25f * frand();
+        kw[i] = 1.0f + 0.25f * frand();
+    }
+    engine_cpu_rope_inv_freq(inv, hd, 1000000.0f);
+    void *kb = kc, *vb = vc;
+    engine_kv_view view = {&kb, &vb, n_ctx, kvt, n_kv, hd};
+    /* earlier positions: keys of a realistic scale (normalised, |k| ~ sqrt(hd)) */
+    for (int32_t p = 0; p < pos; p++) {
+        fill(tmp, kv_dim, 1.7f);
+        fill(tmp2, kv_dim, 2.0f);
+        engine_cpu_kv_store(&view, p, tmp, tmp2);
+    }
+    int rc = engine_cuda_op_attention(n_head, n_kv, hd, pos, n_ctx, kvt, kc, vc, q, k, v, qw, kw,
+                                      inv, 1e-6f, out, krow, vrow);
+    CHECK(rc == 0, "attention");
+    /* CPU: norms, rope, store, attention per head */
+    for (int h = 0; h < n_head; h++) engine_cpu_rmsnorm(q + h * hd, q + h * hd, qw, hd, 1e-6f);
+    for (int h = 0; h < n_kv; h++) engine_cpu_rmsnorm(k + h * hd, k + h * hd, kw, hd, 1e-6f);
+    engine_cpu_rope_neox(q, n_head, hd, pos, inv);
+    engine_cpu_rope_neox(k, n_kv, hd, pos, inv);
+    /* the stored row: the CPU's values rounded to the cache type; an F16 value may round the
+     * other way when GPU and CPU differ in the last F32 bit, so one F16 ulp is allowed */
+    double worst = 0, worst_row = 0;
+    for (size_t i = 0; rc == 0 && i < kv_dim; i++) {
+        float ks = k[i], vs = v[i];
+        double tol = 4e-5;
+        if (kvt == ENGINE_KV_F16) {
+            ks = engine_fp16_to_fp32(engine_fp32_to_fp16(ks));
+            vs = engine_fp16_to_fp32(engine_fp32_to_fp16(vs));
+            tol += fabs(ks) * 0x1.0p-10;
+        }
+        double e = fmax(fabs(krow[i] - ks), fabs(vrow[i] - vs));
+        if (e > tol) CHECK(0, "stored K/V %zu: gpu %g/%g cpu %g/%g", i, krow[i], vrow[i], ks, vs);
+        worst_row = fmax(worst_row, e);
+    }
+    /* attention itself over identical caches: the GPU's row for pos */
+    engine_cpu_kv_store(&view, pos, krow, vrow);
+    int group = n_head / n_kv;
+    for (int h = 0; h < n_head; h++)
+        engine_cpu_attention_head(ref + h * hd, q + h * hd, &view, h / group, pos + 1,
+                                  1.0f / sqrtf((float)hd), scores);
+    for (int i = 0; rc == 0 && i < n_head * hd; i++) worst = fmax(worst, fabs(out[i] - ref[i]));
+    CHECK(worst <= 2e-5 * (1 + 2.0), "attention hd %d pos %d %s: worst |gpu - cpu| %.3g", hd, pos,
+          kvt == ENGINE_KV_F32 ? "f32" : "f16", worst);
+    printf("attention %2d/%d heads of %3d, pos %5d, kv %s: worst |gpu-cpu| = %.2e, K/V row %.2e\n",
+           n_head, n_kv, hd, pos, kvt == ENGINE_KV_F32 ? "f32" : "f16", worst, worst_row);
+    free(q), free(k), free(v), free(qw), free(kw), free(inv), free(out), free(ref);
+    free(krow), free(vrow), free(scores), free(kc), free(vc), free(tmp), free(tmp2);
+}
+
+static void test_attention(void) {
+    test_attention_case(32, 4, 128, 0, ENGINE_KV_F32);
+    test_attention_case(32, 4, 128, 1, ENGINE_KV_F16);
+    test_attention_case(32, 4, 128, 200, ENGINE_KV_F16);
+    test_attention_case(32, 4, 128, 255, ENGINE_KV_F32); /* split boundary: 256 positions */
+    test_attention_case(32, 4, 128, 256, ENGINE_KV_F32); /* the new one opens a split */
+    test_attention_case(32, 4, 128, 1500, ENGINE_KV_F16); /* 6 splits merged */
+    test_attention_case(4, 2, 64, 77, ENGINE_KV_F32);
+    test_attention_case(8, 8, 256, 600, ENGINE_KV_F16);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+
+static void test_moe_type(engine_type t, int n_expert, int k, int n_embd, int n_ff) {
+    size_t rbi = engine_type_row_size(t, n_embd), rbf = engine_type_row_size(t, n_ff);
+    size_t rb;
+    uint8_t *gate = make_weights(t, (int64_t)n_expert * n_ff, n_embd, &rb);
+    uint8_t *up = make_weights(t, (int64_t)n_expert * n_ff, n_embd, &rb);
+    uint8_t *down = make_weights(t, (int64_t)n_expert * n_embd, n_ff, &rb);
+    float *router = malloc(sizeof(float) * n_expert), *probs = malloc(sizeof(float) * n_expert);
+    float *x = malloc(sizeof(float) * n_embd), *xg = malloc(sizeof(float) * n_embd);
+    float *xn = malloc(sizeof(float) * n_embd), *nw = malloc(sizeof(float) * n_embd);
+    float *row = malloc(sizeof(float) * (n_embd > n_ff ? n_embd : n_ff));
+    double *h = malloc(sizeof(double) * n_ff), *ref = malloc(sizeof(double) * n_embd);
+    double *mag = malloc(sizeof(double) * n_embd);
+    int32_t ids[16], gids[16];
+    float wts[16], gw[16];
+    fill(router, n_expert, 3.0f);
+    fill(x, n_embd, 1.5f);
+    for (int i = 0; i < n_embd; i++) nw[i] = 1.0f + 0.2f * frand();
+    memcpy(xg, x, sizeof(float) * n_embd);
+    int rc = engine_cuda_op_moe(t, n_expert, k, true, n_embd, n_ff, router, gate, up, down, rbi,
+                                rbf, nw, 1e-6f, xg, gids, gw);
+    CHECK(rc == 0, "moe %s", engine_type_name(t));
+    engine_cpu_moe_route(router, n_expert, k, 1, ids, wts, probs);
+    engine_cpu_rmsnorm(xn, x, nw, n_embd, 1e-6f);
+    for (int i = 0; i < n_embd; i++) {
+        ref[i] = x[i];
+        mag[i] = fabs(x[i]);
+    }
+    for (int j = 0; j < k; j++) {
+        int e = ids[j];
+        for (int r = 0; r < n_ff; r++) {
+            double g = 0, u = 0;
+            engine_dequantize_row(t, gate + ((size_t)e * n_ff + r) * rbi, row, n_embd);
+            for (int i = 0; i < n_embd; i++) g += (double)row[i] * xn[i];
+            engine_dequantize_row(t, up + ((size_t)e * n_ff + r) * rbi, row, n_embd);
+            for (int i = 0; i < n_embd; i++) u += (double)row[i] * xn[i];
+            h[r] = g / (1.0 + exp(-g)) * u;
+        }
+        for (int r = 0; r < n_embd; r++) {
+            engine_dequantize_row(t, down + ((size_t)e * n_embd + r) * rbf, row, n_ff);
+            double s = 0, m = 0;
+            for (int i = 0; i < n_ff; i++) {
+                s += row[i] * h[i];
+                m += fabs(row[i] * h[i]);
+            }
+            ref[r] += wts[j] * s;
+            mag[r] += wts[j] * m;
+        }
+    }
+    for (int j = 0; rc == 0 && j < k; j++) {
+        CHECK(gids[j] == ids[j], "moe slot %d: expert %d, cpu %d", j, gids[j], ids[j]);
+        CHECK(fabsf(gw[j] - wts[j]) <= 1e-6f, "moe slot %d: weight %.9g, cpu %.9g", j, gw[j], wts[j]);
+    }
+    double worst = 0;
+    for (int r = 0; rc == 0 && r < n_embd; r++) {
+        double e = fabs(xg[r] - ref[r]) / (1 + mag[r]);
+        if (e > worst) worst = e;
+    }
+    CHECK(worst <= 1e-4, "moe %s: worst error %.3g", engine_type_name(t), worst);
+    printf("moe %-5s %d experts (%d used), %d -> %d: worst |gpu-exact|/(1+sum|terms|) = %.2e\n",
+           engine_type_name(t), n_expert, k, n_embd, n_ff, worst);
+    free(gate), free(up), free(down), free(router), free(probs), free(x), free(xg), free(xn);
+    free(nw), free(row), free(h), free(ref), free(mag);
+}
+
+static void test_moe(void) {
+    test_moe_type(ENGINE_TYPE_Q4_K, 16, 8, 2048, 768); /* the 30B-A3B expert shape */
+    test_moe_type(ENGINE_TYPE_Q6_K, 32, 8, 512, 256);
+    test_moe_type(ENGINE_TYPE_Q8_0, 16, 4, 512, 256);
+    test_moe_type(ENGINE_TYPE_F16, 8, 2, 256, 256);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+
+static void test_sample(void) {
+    int n = 151936;
+    float *l = malloc(sizeof(float) * n);
+    fill(l, n, 10.0f);
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (l[i] > l[best]) best = i;
+    int32_t tok = -1;
+    CHECK(engine_cuda_op_sample(l, n, 0.0f, 0, 0, &tok) == 0 && tok == best,
+          "greedy %d, cpu %d", tok, best);
+    if (best != n - 1) l[n - 1] = l[best]; /* ties with higher ids: the lower id wins */
+    l[77] = l[best];
+    CHECK(engine_cuda_op_sample(l, n, 0.0f, 0, 0, &tok) == 0 && tok == (best < 77 ? best : 77),
+          "greedy tie %d", tok);
+    l[5] = NAN;
+    l[6] = INFINITY;
+    CHECK(engine_cuda_op_sample(l, n, 0.0f, 0, 0, &tok) == 0 && tok == 6, "inf/NaN: %d", tok);
+    /* temperature: 4 live tokens, the rest -inf; draws vs softmax(l / T) */
+    for (int i = 0; i < n; i++) l[i] = -INFINITY;
+    const int ids[4] = {3, 1000, 70000, 151935};
+    const float lv[4] = {1.0f, 0.0f, 2.0f, 1.5f};
+    for (int i = 0; i < 4; i++) l[ids[i]] = lv[i];
+    const float T = 0.8f;
+    double p[4], z = 0;
+    for (int i = 0; i < 4; i++) z += p[i] = exp(lv[i] / T);
+    int cnt[4] = {0}, other = 0, draws = 3000;
+    for (int d = 0; d < draws; d++) {
+        CHECK(engine_cuda_op_sample(l, n, T, 42, d, &tok) == 0, "sample");
+        int hit = 0;
+        for (int i = 0; i < 4; i++)
+            if (tok == ids[i]) cnt[i]++, hit = 1;
+        other += !hit;
+    }
+    CHECK(other == 0, "%d draws of a -inf token", other);
+    for (int i = 0; i < 4; i++) {
+        double f = (double)cnt[i] / draws, want = p[i] / z;
+        double sd = sqrt(want * (1 - want) / draws);
+        CHECK(fabs(f - want) < 5 * sd, "token %d drawn %.4f, softmax %.4f", ids[i], f, want);
+        printf("sample T=%.1f token %6d: %.4f (softmax %.4f)\n", T, ids[i], f, want);
+    }
+    int32_t a, b;
+    CHECK(engine_cuda_op_sample(l, n, T, 9, 17, &a) == 0 &&
+          engine_cuda_op_sample(l, n, T, 9, 17, &b) == 0 && a == b, "same seed, same draw");
+    free(l);
+}
+
+int main(void) {
+    if (engine_cuda_usable() != 0) {
+        printf("skip: %s\n", engine_error_last());
+        return 77;
+    }
+    test_matvec();
+    test_attention();
+    test_moe();
+    test_sample();
+    if (failures) fprintf(stderr, "%d failures\n", failures);
+    return failures ? 1 : 0;
+}
+#endif
