@@ -36,6 +36,8 @@ static void usage(FILE *f) {
             "  --ro PATH            also bind PATH read-only (toolchains); repeatable\n"
             "  --protect REL        keep REL (workspace-relative) read-only; repeatable\n"
             "  --unsandboxed        run WITHOUT isolation (limits and capture only); warns\n"
+            "                       (with `sandbox = off` in the config, the same happens when\n"
+            "                       this machine cannot isolate, as for the agent's tools)\n"
             "  -v, --verbose        print the stop reason, times and sizes to stderr\n\n"
             "Exit status: the command's; 125 when the sandbox stopped it (timeout, limits,\n"
             "output cap, a signal such as seccomp's SIGSYS) or refused to run it; 2 usage.\n");
@@ -196,6 +198,15 @@ int cli_sandbox(int argc, char **argv) {
     sandbox_result r;
     int rc = sandbox_run(&r, &pol, (const char *const *)(argv + optind),
                          (const char *const *)environ, cwd);
+    cli_config cfg;
+    if (rc == SANDBOX_EUNAVAILABLE && cli_config_load(&cfg) == 0 && !cfg.sandbox_required) {
+        /* What the agent does with `sandbox = off`: run anyway, and say so every time. */
+        fprintf(stderr, "spark-agent sandbox: WARNING: running UNSANDBOXED (sandbox = off in %s): "
+                        "%s\n", cfg.config_path, sandbox_error_last());
+        pol.unsandboxed = true;
+        rc = sandbox_run(&r, &pol, (const char *const *)(argv + optind),
+                         (const char *const *)environ, cwd);
+    }
     if (rc) {
         cli_errorf("sandbox", "refused: %s", sandbox_error_last());
         return rc == SANDBOX_EINVAL ? CLI_EXIT_USAGE : CLI_EXIT_SANDBOX;

@@ -55,5 +55,18 @@ mkdir -p "$tmp/repo/.git" "$tmp/repo/sub"
 [ -e "$tmp/repo/from-sub" ] && [ "$(cat "$tmp/out")" = "$tmp/repo/sub" ]
 check "inside a repository the workspace is its root, the directory the current one" $?
 expect_rc "directory outside the workspace: usage" 2 "$cli" sandbox --workspace "$tmp/other" -- true
+# Fail closed: in a user namespace that may not create more, the sandbox refuses (125), naming
+# what is missing; with `sandbox = off` in the config it runs unsandboxed and says so.
+if unshare -U -r true 2>/dev/null; then
+    mkdir -p "$tmp/cfg/spark-agent"
+    nouserns() { XDG_CONFIG_HOME="$tmp/cfg" unshare -U -r sh -c 'echo 0 > /proc/sys/user/max_user_namespaces && exec "$@"' sh "$@"; }
+    expect_rc "no user namespaces: refused" 125 nouserns "$cli" sandbox -- true
+    has err "refused: .*user namespaces refused"; check "the refusal names user namespaces" $?
+    echo "sandbox = off" > "$tmp/cfg/spark-agent/config"
+    expect_rc "no user namespaces, sandbox = off: runs" 0 nouserns "$cli" sandbox -- true
+    has err "WARNING: running UNSANDBOXED (sandbox = off"; check "sandbox = off warns" $?
+else
+    echo "note: unshare -U unavailable: the fail-closed CLI checks are covered by test_sandbox_run only"
+fi
 echo "$fails failure(s)"
 [ "$fails" = 0 ]
