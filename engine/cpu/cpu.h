@@ -86,8 +86,17 @@ typedef struct {
 /* Store one position's K and V rows (each n_head_kv * head_dim F32 values) at position pos. */
 void engine_cpu_kv_store(const engine_kv_view *kv, int32_t pos, const float *k, const float *v);
 
-/* Causal attention of one query head over positions [0, n_pos): out[head_dim] =
- * softmax(q.K^T * scale) V, reading KV head kv_head. `scores` is scratch of n_pos floats. */
+#define ENGINE_CPU_MAX_HEAD_DIM 1024
+
+/* Causal attention of the n_q query heads that share KV head kv_head (a GQA group) over
+ * positions [0, n_pos): out[h] = softmax(q[h] . K^T * scale) V for h < n_q, each head_dim
+ * values (q and out hold n_q * head_dim). Each K and V row is read (and, for F16, converted)
+ * once for the whole group. `scores` is scratch of n_q * n_pos floats. head_dim <=
+ * ENGINE_CPU_MAX_HEAD_DIM. */
+void engine_cpu_attention_group(float *out, const float *q, int n_q, const engine_kv_view *kv,
+                                int kv_head, int32_t n_pos, float scale, float *scores);
+
+/* The same for one query head (n_q = 1). */
 void engine_cpu_attention_head(float *out, const float *q, const engine_kv_view *kv,
                                int kv_head, int32_t n_pos, float scale, float *scores);
 

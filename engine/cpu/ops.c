@@ -5,6 +5,7 @@
 #include "cpu/quant.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <string.h>
 
@@ -60,13 +61,17 @@ void engine_cpu_swiglu(float *y, const float *g, const float *u, int n) {
     }
 }
 
-static inline const float *kv_row_f32(void *const *blocks, int32_t bs, int32_t pos, int stride) {
-    return (const float *)blocks[pos / bs] + (size_t)(pos % bs) * stride;
+/* F16 -> F32 for the KV cache through a 64K-entry table (256 KiB, filled once per process and
+ * read-only after): a load instead of the branchy bit conversion, portable to every CPU. */
+static float f16_table[65536];
+static pthread_once_t f16_once = PTHREAD_ONCE_INIT;
+
+static void f16_table_fill(void) {
+    for (uint32_t i = 0; i < 65536; i++) f16_table[i] = engine_fp16_to_fp32((uint16_t)i);
 }
 
-static inline const uint16_t *kv_row_f16(void *const *blocks, int32_t bs, int32_t pos,
-                                         int stride) {
-    return (const uint16_t *)blocks[pos / bs] + (size_t)(pos % bs) * stride;
+static inline const void *kv_row(void *const *blocks, int32_t bs, int32_t pos, size_t row_bytes) {
+    return (const uint8_t *)blocks[pos / bs] + (size_t)(pos % bs) * row_bytes;
 }
 
 void engine_cpu_kv_store(const engine_kv_view *kv, int32_t pos, const float *k, const float *v) {
@@ -85,41 +90,67 @@ void engine_cpu_kv_store(const engine_kv_view *kv, int32_t pos, const float *k, 
     }
 }
 
+/* One head's row of K or V at `pos` as F32: in place for an F32 cache, else converted into buf. */
+static inline const float *kv_head_row(const engine_kv_view *kv, void *const *blocks, int32_t pos,
+                                       int kv_head, float *buf) {
+    int d = kv->head_dim, stride = kv->n_head_kv * d;
+    if (kv->type == ENGINE_KV_F32)
+        return (const float *)kv_row(blocks, kv->block_size, pos, sizeof(float) * stride) +
+               (size_t)kv_head * d;
+    const uint16_t *h = (const uint16_t *)kv_row(blocks, kv->block_size, pos,
+                                                 sizeof(uint16_t) * stride) + (size_t)kv_head * d;
+    for (int i = 0; i < d; i++) buf[i] = f16_table[h[i]];
+    return buf;
+}
+
+/* Dot product with four partial sums (vectorisable without -ffast-math). */
+static inline float dot(const float *a, const float *b, int n) {
+    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        s0 += a[i] * b[i];
+        s1 += a[i + 1] * b[i + 1];
+        s2 += a[i + 2] * b[i + 2];
+        s3 += a[i + 3] * b[i + 3];
+    }
+    for (; i < n; i++) s0 += a[i] * b[i];
+    return (s0 + s1) + (s2 + s3);
+}
+
+void engine_cpu_attention_group(float *out, const float *q, int n_q, const engine_kv_view *kv,
+                                int kv_head, int32_t n_pos, float scale, float *scores) {
+    int d = kv->head_dim;
+    float buf[ENGINE_CPU_MAX_HEAD_DIM];
+    if (kv->type == ENGINE_KV_F16) pthread_once(&f16_once, f16_table_fill);
+    for (int32_t p = 0; p < n_pos; p++) {
+        const float *k = kv_head_row(kv, kv->k_blocks, p, kv_head, buf);
+        for (int h = 0; h < n_q; h++) scores[(size_t)h * n_pos + p] = dot(q + (size_t)h * d, k, d) * scale;
+    }
+    for (int h = 0; h < n_q; h++) {
+        float *sc = scores + (size_t)h * n_pos, mx = -INFINITY;
+        for (int32_t p = 0; p < n_pos; p++)
+            if (sc[p] > mx) mx = sc[p];
+        double sum = 0.0;
+        for (int32_t p = 0; p < n_pos; p++) {
+            sc[p] = expf(sc[p] - mx);
+            sum += sc[p];
+        }
+        float inv = (float)(1.0 / sum);
+        for (int32_t p = 0; p < n_pos; p++) sc[p] *= inv;
+        for (int i = 0; i < d; i++) out[(size_t)h * d + i] = 0.0f;
+    }
+    for (int32_t p = 0; p < n_pos; p++) {
+        const float *v = kv_head_row(kv, kv->v_blocks, p, kv_head, buf);
+        for (int h = 0; h < n_q; h++) {
+            float w = scores[(size_t)h * n_pos + p], *o = out + (size_t)h * d;
+            for (int i = 0; i < d; i++) o[i] += w * v[i];
+        }
+    }
+}
+
 void engine_cpu_attention_head(float *out, const float *q, const engine_kv_view *kv,
                                int kv_head, int32_t n_pos, float scale, float *scores) {
-    int d = kv->head_dim, stride = kv->n_head_kv * d;
-    size_t hoff = (size_t)kv_head * d;
-    float mx = -INFINITY;
-    for (int32_t p = 0; p < n_pos; p++) {
-        float s = 0.0f;
-        if (kv->type == ENGINE_KV_F32) {
-            const float *k = kv_row_f32(kv->k_blocks, kv->block_size, p, stride) + hoff;
-            for (int i = 0; i < d; i++) s += q[i] * k[i];
-        } else {
-            const uint16_t *k = kv_row_f16(kv->k_blocks, kv->block_size, p, stride) + hoff;
-            for (int i = 0; i < d; i++) s += q[i] * engine_fp16_to_fp32(k[i]);
-        }
-        s *= scale;
-        scores[p] = s;
-        if (s > mx) mx = s;
-    }
-    double sum = 0.0;
-    for (int32_t p = 0; p < n_pos; p++) {
-        scores[p] = expf(scores[p] - mx);
-        sum += scores[p];
-    }
-    float inv = (float)(1.0 / sum);
-    for (int i = 0; i < d; i++) out[i] = 0.0f;
-    for (int32_t p = 0; p < n_pos; p++) {
-        float w = scores[p] * inv;
-        if (kv->type == ENGINE_KV_F32) {
-            const float *v = kv_row_f32(kv->v_blocks, kv->block_size, p, stride) + hoff;
-            for (int i = 0; i < d; i++) out[i] += w * v[i];
-        } else {
-            const uint16_t *v = kv_row_f16(kv->v_blocks, kv->block_size, p, stride) + hoff;
-            for (int i = 0; i < d; i++) out[i] += w * engine_fp16_to_fp32(v[i]);
-        }
-    }
+    engine_cpu_attention_group(out, q, 1, kv, kv_head, n_pos, scale, scores);
 }
 
 void engine_cpu_moe_route(const float *logits, int n_expert, int k, int norm_topk,

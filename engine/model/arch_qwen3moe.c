@@ -45,7 +45,7 @@ struct engine_fwd {
     uint8_t *conv, *conv2;        /* converted activations [B][conv_stride] */
     uint8_t *hconv;               /* [B * k_used][hconv_stride] */
     size_t conv_stride, hconv_stride;
-    float *scores;                /* [n_threads][n_ctx] */
+    float *scores;                /* [n_threads][group][n_ctx] */
 };
 
 static size_t fsz(size_t n) {
@@ -83,7 +83,8 @@ static fwd_sizes fwd_layout(const engine_model *m, int32_t n_ctx, int32_t B, eng
     *hconv_stride = (fsz((size_t)n_ff_max(hp)) + 63) & ~(size_t)63;
     z.conv = 2 * (size_t)B * *conv_stride;
     z.hconv = slots * *hconv_stride;
-    z.scores = fsz((size_t)engine_pool_size(m->pool) * (size_t)n_ctx);
+    z.scores = fsz((size_t)engine_pool_size(m->pool) * (hp->n_head / hp->n_head_kv) *
+                   (size_t)n_ctx);
     z.moe = 0;
     if (hp->arch == ENGINE_ARCH_QWEN3MOE) {
         size_t ne = hp->n_expert;
@@ -128,6 +129,9 @@ int engine_fwd_new(engine_session *s) {
     if (hp->head_dim_k != hp->head_dim_v)
         return engine_err(ENGINE_EUNSUPPORTED, "%s: key_length %u != value_length %u is not "
                           "supported", m->path, hp->head_dim_k, hp->head_dim_v);
+    if (hp->head_dim_k > ENGINE_CPU_MAX_HEAD_DIM)
+        return engine_err(ENGINE_EUNSUPPORTED, "%s: head size %u is above the supported %d",
+                          m->path, hp->head_dim_k, ENGINE_CPU_MAX_HEAD_DIM);
     engine_fwd *f = calloc(1, sizeof *f);
     if (!f) return engine_err(ENGINE_ENOMEM, "out of memory for a session");
     int32_t B = s->n_batch, n_ctx = s->n_ctx;
@@ -305,17 +309,18 @@ static void job_qk_rope(fwd_job *j, int ith, int nth) {
 static void job_attention(fwd_job *j, int ith, int nth) {
     const engine_hparams *hp = &j->s->m->hp;
     engine_fwd *f = j->s->fwd;
-    int hd = (int)hp->head_dim_k, nh = (int)hp->n_head, group = (int)(hp->n_head / hp->n_head_kv);
+    int hd = (int)hp->head_dim_k, nh = (int)hp->n_head, nkv = (int)hp->n_head_kv;
+    int group = nh / nkv;
     float scale = 1.0f / sqrtf((float)hd);
-    float *scores = f->scores + (size_t)ith * f->n_ctx;
+    float *scores = f->scores + (size_t)ith * group * f->n_ctx;
     int64_t a, b;
-    engine_split((int64_t)j->n * nh, ith, nth, &a, &b);
-    for (int64_t i = a; i < b; i++) {
-        int64_t t = i / nh;
-        int h = (int)(i % nh);
-        size_t off = ((size_t)t * nh + h) * hd;
-        engine_cpu_attention_head(f->att + off, f->q + off, j->kv, h / group,
-                                  j->p0 + (int32_t)t + 1, scale, scores);
+    engine_split((int64_t)j->n * nkv, ith, nth, &a, &b);
+    for (int64_t i = a; i < b; i++) { /* (token, kv head): the query heads of one group */
+        int64_t t = i / nkv;
+        int g = (int)(i % nkv);
+        size_t off = ((size_t)t * nh + (size_t)g * group) * hd;
+        engine_cpu_attention_group(f->att + off, f->q + off, group, j->kv, g,
+                                   j->p0 + (int32_t)t + 1, scale, scores);
     }
 }
 

@@ -123,8 +123,8 @@ static void test_attention_case(engine_kv_type type, int32_t n_pos, int32_t bs) 
     int32_t n_blocks = (n_pos + bs - 1) / bs;
     float *K = malloc(sizeof(float) * (size_t)n_pos * stride);
     float *V = malloc(sizeof(float) * (size_t)n_pos * stride);
-    float *q = malloc(sizeof(float) * (size_t)nh * hd), *out = malloc(sizeof(float) * hd);
-    float *scores = malloc(sizeof(float) * (size_t)n_pos);
+    float *q = malloc(sizeof(float) * (size_t)nh * hd), *out = malloc(sizeof(float) * nh * hd);
+    float *scores = malloc(sizeof(float) * (size_t)group * n_pos);
     void **kb = calloc((size_t)n_blocks, sizeof(void *)), **vb = calloc((size_t)n_blocks, sizeof(void *));
     size_t elt = type == ENGINE_KV_F32 ? 4 : 2;
     uint8_t *pool_k = malloc((size_t)n_blocks * bs * stride * elt);
@@ -147,6 +147,9 @@ static void test_attention_case(engine_kv_type type, int32_t n_pos, int32_t bs) 
     fill(q, (size_t)nh * hd, 1.0f);
     for (int32_t p = 0; p < n_pos; p++) engine_cpu_kv_store(&kv, p, K + (size_t)p * stride, V + (size_t)p * stride);
     float scale = 1.0f / sqrtf((float)hd);
+    for (int g = 0; g < nkv; g++)
+        engine_cpu_attention_group(out + (size_t)g * group * hd, q + (size_t)g * group * hd,
+                                   group, &kv, g, n_pos, scale, scores);
     double worst = 0;
     for (int h = 0; h < nh; h++) {
         int kvh = h / group;
@@ -171,8 +174,7 @@ static void test_attention_case(engine_kv_type type, int32_t n_pos, int32_t bs) 
             }
             ref[i] = a;
         }
-        engine_cpu_attention_head(out, q + h * hd, &kv, kvh, n_pos, scale, scores);
-        double e = rel_err(out, ref, (size_t)hd, 1e-2);
+        double e = rel_err(out + (size_t)h * hd, ref, (size_t)hd, 1e-2);
         if (e > worst) worst = e;
         free(w);
     }
