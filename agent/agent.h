@@ -114,6 +114,60 @@ int agent_template_render(const agent_template *t, const char *messages_json,
 int agent_template_render_vars(const agent_template *t, const char *vars_json, char **out,
                                size_t *out_len);
 
+
+/* ----- tool calls in model output (agent/toolcall_parse.c) ----------------------------------
+ * The two formats the chat templates teach: Hermes / Qwen3 JSON
+ *     <tool_call>\n{"name": "NAME", "arguments": {...}}\n</tool_call>
+ * and Qwen3-Coder / Qwen3.5 XML
+ *     <tool_call>\n<function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n</function>\n</tool_call>
+ * (an XML value is kept as a string when the parameter's schema says string, else read as
+ * JSON, falling back to the string). Every call is checked: complete markup, a known tool
+ * name, arguments that are a JSON object, and, when a validator is given, the tool's schema.
+ * A call that fails any check carries an `error` naming exactly what is wrong (for the model);
+ * such a call must never be executed. --------------------------------------------------------- */
+enum {
+    AGENT_ETOOLCALL = -21, /* reserved: a reply whose calls could not be parsed at all */
+};
+
+typedef enum {
+    AGENT_TOOLCALL_HERMES = 0,
+    AGENT_TOOLCALL_XML = 1,
+} agent_toolcall_format;
+
+typedef struct {
+    char *name;      /* the tool named by the call, or NULL when none could be read */
+    char *args_json; /* the arguments as compact JSON object text, or NULL */
+    char *error;     /* NULL: valid; else the message for the model (never execute the call) */
+} agent_toolcall;
+
+typedef struct {
+    char *content;          /* the reply without its tool calls (trimmed; "" when none) */
+    agent_toolcall *calls;
+    size_t n_calls;
+} agent_reply;
+
+/* Validate args (a JSON object text) for tool `name`: return 0, or non-zero and set *err to a
+ * malloc'd message. */
+typedef int (*agent_validate_fn)(void *user, const char *name, const char *args_json,
+                                 char **err);
+
+/* Largest call body (bytes between <tool_call> and </tool_call>) that is parsed; larger calls
+ * get an error. */
+#define AGENT_TOOLCALL_MAX_BYTES (256u * 1024u)
+
+/* Parse the reply text[0..len). tools_json is the OpenAI-style tool array (names, and the
+ * parameter schemas XML values are typed by); validate may be NULL. out is cleared first and
+ * owned by the caller (agent_reply_clear). Errors (the reply itself cannot be represented):
+ * AGENT_EINVAL (NULL arguments, malformed tools_json), AGENT_ENOMEM. Problems of individual
+ * calls are not errors of the function: they are in the calls' `error`. */
+int agent_toolcall_parse(agent_reply *out, const char *text, size_t len,
+                         agent_toolcall_format fmt, const char *tools_json,
+                         agent_validate_fn validate, void *validate_user);
+void agent_reply_clear(agent_reply *r);
+
+/* The validator of the built-in tools (tools/ registry schemas); user is ignored. */
+int agent_validate_builtin(void *user, const char *name, const char *args_json, char **err);
+
 #ifdef __cplusplus
 }
 #endif
