@@ -132,7 +132,10 @@ static int run_node(const char *jsonl) {
     return WEXITSTATUS(rc);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    /* "quick": 20 hand-written + 10 generated schemas (for sanitizer builds); default: all */
+    int quick = argc > 1 && strcmp(argv[1], "quick") == 0;
+    int generated = quick ? 10 : GENERATED;
     if (system("node --version > /dev/null 2>&1") != 0) {
         printf("SKIP: node is not installed\n");
         return 77;
@@ -148,22 +151,12 @@ int main(void) {
         return 1;
     }
     json_t *all = json_deep_copy(real);
-    for (int i = 0; i < GENERATED; i++) {
+    while (quick && json_array_size(all) > 20) json_array_remove(all, json_array_size(all) - 1);
+    for (int i = 0; i < generated; i++) {
         json_t *defs = json_object();
         int n_defs = 0;
         json_t *s = gen_schema(0, defs, &n_defs);
-        if (n_defs) {
-            if (json_is_object(s) && !json_object_get(s, "$ref")) {
-                json_object_set(s, "$defs", defs);
-            } else {
-                json_t *w = json_pack("{s:O,s:O}", "allOf", json_pack("[O]", s), "$defs", defs);
-                json_decref(s);
-                /* a bare $ref at the top: keep it as the root, with its $defs beside */
-                json_t *ref = json_object_get(json_array_get(json_object_get(w, "allOf"), 0), "$ref");
-                s = json_pack("{s:O,s:O}", "$ref", ref, "$defs", defs);
-                json_decref(w);
-            }
-        }
+        if (n_defs) json_object_set(s, "$defs", defs);
         json_decref(defs);
         json_array_append_new(all, s);
     }
@@ -241,7 +234,7 @@ int main(void) {
     json_decref(real);
     free(mask);
     qwen_vocab_free(&qv);
-    if (n_schemas < 200) {
+    if (!quick && n_schemas < 200) {
         fprintf(stderr, "only %d schemas\n", n_schemas);
         return 1;
     }
