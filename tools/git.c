@@ -295,20 +295,28 @@ done:
     return rc;
 }
 
-/* Does commit c change anything under pathspec compared with its first parent? */
-static int touches(git_repository *repo, git_commit *c, git_diff_options *o) {
+/* The diff of commit c against its first parent (or the empty tree). libgit2 status. */
+static int commit_diff(git_repository *repo, git_commit *c, const git_diff_options *o,
+                       git_diff **out) {
     git_tree *t = NULL, *pt = NULL;
     git_commit *p = NULL;
-    git_diff *d = NULL;
+    *out = NULL;
     int rc = git_commit_tree(&t, c);
     if (rc == 0 && git_commit_parentcount(c) > 0 && (rc = git_commit_parent(&p, c, 0)) == 0)
         rc = git_commit_tree(&pt, p);
-    if (rc == 0) rc = git_diff_tree_to_tree(&d, repo, pt, t, o);
-    int hit = rc == 0 ? git_diff_num_deltas(d) > 0 : rc;
-    git_diff_free(d);
+    if (rc == 0) rc = git_diff_tree_to_tree(out, repo, pt, t, o);
     git_tree_free(t);
     git_tree_free(pt);
     git_commit_free(p);
+    return rc;
+}
+
+/* Does commit c change anything under pathspec compared with its first parent? */
+static int touches(git_repository *repo, git_commit *c, git_diff_options *o) {
+    git_diff *d = NULL;
+    int rc = commit_diff(repo, c, o, &d);
+    int hit = rc == 0 ? git_diff_num_deltas(d) > 0 : rc;
+    git_diff_free(d);
     return hit;
 }
 
@@ -422,18 +430,10 @@ int tool_git_show(tool_ctx *ctx, json_t *args, json_t *res) {
     const char *msg = git_commit_message(c);
     json_object_set_new(cj, "message", tool_json_text(msg ? msg : "", msg ? strlen(msg) : 0));
     json_object_set_new(res, "commit", cj);
-    git_tree *t = NULL, *pt = NULL;
-    git_commit *p = NULL;
     git_diff *d = NULL;
-    rc = git_commit_tree(&t, c);
-    if (rc == 0 && git_commit_parentcount(c) > 0 && (rc = git_commit_parent(&p, c, 0)) == 0)
-        rc = git_commit_tree(&pt, p);
-    if (rc == 0) rc = git_diff_tree_to_tree(&d, repo, pt, t, NULL);
+    rc = commit_diff(repo, c, NULL, &d);
     rc = rc < 0 ? tool_err_git(rc, "show") : diff_result(d, res);
     git_diff_free(d);
-    git_tree_free(t);
-    git_tree_free(pt);
-    git_commit_free(p);
     git_commit_free(c);
     return rc;
 }
