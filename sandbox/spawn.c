@@ -463,18 +463,25 @@ int sandbox_run(sandbox_result *out, const sandbox_policy *pol, const char *cons
         return sandbox_err(SANDBOX_EINVAL, "sandbox_run: empty argv");
     if (!pol->workspace || pol->workspace[0] != '/')
         return sandbox_err(SANDBOX_EINVAL, "sandbox_run: the workspace must be an absolute path");
-    if (pol->timeout_s < 0 || pol->cpu_s < 0 || pol->max_processes < 0 ||
-        pol->max_open_files < 0 || pol->timeout_s != pol->timeout_s || pol->cpu_s != pol->cpu_s)
-        return sandbox_err(SANDBOX_EINVAL, "sandbox_run: negative limit in the policy");
+    /* (the negated comparisons also refuse NaN) */
+    if (!(pol->timeout_s >= 0 && pol->timeout_s <= 1e9) ||
+        !(pol->cpu_s >= 0 && pol->cpu_s <= 1e9) || pol->max_processes < 0 ||
+        pol->max_open_files < 0)
+        return sandbox_err(SANDBOX_EINVAL, "sandbox_run: a limit in the policy is negative or "
+                                           "absurd (times up to 1e9 s)");
     char ws[PATH_MAX], cwd_real[PATH_MAX];
     struct stat st;
-    if (!realpath(pol->workspace, ws) || stat(ws, &st) != 0 || !S_ISDIR(st.st_mode))
+    if (!realpath(pol->workspace, ws) || stat(ws, &st) != 0)
         return sandbox_err(SANDBOX_EINVAL, "sandbox_run: workspace %s: %s", pol->workspace,
-                           errno ? strerror(errno) : "not a directory");
+                           strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        return sandbox_err(SANDBOX_EINVAL, "sandbox_run: workspace %s: not a directory",
+                           pol->workspace);
     if (!strcmp(ws, "/"))
         return sandbox_err(SANDBOX_EINVAL, "sandbox_run: the workspace cannot be /");
     if (!realpath(cwd ? cwd : ws, cwd_real))
-        return sandbox_err(SANDBOX_EINVAL, "sandbox_run: directory %s: %s", cwd, strerror(errno));
+        return sandbox_err(SANDBOX_EINVAL, "sandbox_run: directory %s: %s", cwd ? cwd : ws,
+                           strerror(errno));
     if (!path_within(cwd_real, ws))
         return sandbox_err(SANDBOX_EINVAL, "sandbox_run: directory %s is outside the workspace "
                                            "%s", cwd_real, ws);

@@ -222,7 +222,8 @@ static void test_signals_reset(void) {
         pol.unsandboxed = unsandboxed;
         sandbox_result r;
         if (run(&r, &pol, argv, NULL)) continue;
-        if (!sbx_check(!strcmp(r.out.data, "SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n"),
+        const char *want = "SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n";
+        if (!sbx_check(!strcmp(r.out.data, want),
                        "the command starts with default signals and an empty mask (%s)",
                        unsandboxed ? "unsandboxed" : "sandboxed"))
             sbx_dump("signals", &r);
@@ -341,6 +342,23 @@ static void test_bad_input(void) {
     sbx_check(sandbox_run(&r, &pol, (const char *[]){"true", NULL}, env, NULL) == SANDBOX_EINVAL,
               "unknown policy version: EINVAL");
     pol.version = SANDBOX_POLICY_VERSION;
+    pol.cpu_s = 1e300;
+    sbx_check(sandbox_run(&r, &pol, (const char *[]){"true", NULL}, env, NULL) == SANDBOX_EINVAL,
+              "an absurd CPU limit: EINVAL");
+    pol.cpu_s = 0;
+    pol.timeout_s = -1;
+    sbx_check(sandbox_run(&r, &pol, (const char *[]){"true", NULL}, env, NULL) == SANDBOX_EINVAL,
+              "a negative timeout: EINVAL");
+    pol.timeout_s = 10;
+    char file[PATH_MAX + 16];
+    snprintf(file, sizeof file, "%s/a-file", ws);
+    sbx_write_file(file, "x");
+    pol.workspace = file;
+    sbx_check(sandbox_run(&r, &pol, (const char *[]){"true", NULL}, env, NULL) == SANDBOX_EINVAL &&
+                  strstr(sandbox_error_last(), "not a directory"),
+              "a workspace that is a file: EINVAL");
+    pol.workspace = ws;
+    unlink(file);
     const char *bad_prot[] = {"../outside", NULL};
     pol.protected_paths = bad_prot;
     sbx_check(sandbox_run(&r, &pol, (const char *[]){"true", NULL}, env, NULL) == SANDBOX_EINVAL,
