@@ -9,6 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../engine/engine.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -33,7 +35,8 @@ const char *agent_error_last(void);
  * operators, tests and filters of @huggingface/jinja 0.5.11 (tojson, trim, length, items,
  * selectattr/rejectattr, map(attribute), reverse, sort, unique, join, default, indent,
  * replace, string, int, float, first, last, list, dictsort, ...) and the string methods
- * (startswith, endswith, split, strip, lstrip, rstrip, replace, upper, lower, title, ...).
+ * (startswith, endswith, split, strip, lstrip, rstrip, replace, upper, lower, title, ...);
+ * upper/lower use JavaScript's full Unicode case mappings (tables generated from node's ICU).
  *
  * The output equals @huggingface/jinja 0.5.11 byte for byte (tests/agent/test_template*.c run
  * the node reference). That reference differs from Python Jinja2 (transformers), and we follow
@@ -45,8 +48,8 @@ const char *agent_error_last(void);
  * continue discards the output of its loop iteration. Ordinary conversations render the
  * same with both.
  * Not supported, with an error naming line and column instead of output: {% call %} blocks,
- * `*args`/`**kwargs` unpacking in calls, tojson(sort_keys=true), case mapping of non-ASCII
- * text, break/continue escaping a macro. Unknown filters, tests, statements and every runtime
+ * `*args`/`**kwargs` unpacking in calls, tojson(sort_keys=true) (locale collation),
+ * break/continue escaping a macro. Unknown filters, tests, statements and every runtime
  * failure (raise_exception, None + str, ...) are errors too, never silent output.
  *
  * Prefix stability (matters for a token-level session that appends instead of re-rendering):
@@ -167,6 +170,72 @@ void agent_reply_clear(agent_reply *r);
 
 /* The validator of the built-in tools (tools/ registry schemas); user is ignored. */
 int agent_validate_builtin(void *user, const char *name, const char *args_json, char **err);
+
+
+/* ----- the conversation as one token-level engine session (agent/session.c) -----------------
+ * Messages become tokens appended after what the engine already holds; earlier turns are never
+ * re-rendered, so the engine's cached prefix is always reused. Each new group of messages (a
+ * user message, or all tool results of one turn together: see "Prefix stability" above) is
+ * rendered by the chat template as a delta after a one-message stub of the previous role, and
+ * the delta is checked to extend that stub's render byte for byte (else AGENT_ETEMPLATE).
+ * Generated assistant turns are kept token for token as the model wrote them, including a
+ * Qwen3 "<think>...</think>" block the template would drop on a re-render: the model always
+ * sees the history it produced (deliberately; a re-rendering server would drop those tokens
+ * and recompute everything after them). The turn is then closed with the template's own
+ * closing text ("<|im_end|>\n", found by rendering a marker message).
+ * Context: when a group does not fit, the oldest groups after the first (the task) are
+ * replaced by one notice message; the system block with the tool definitions stays in place,
+ * so its cache stays valid. Message text is tokenized with special tokens parsed (as
+ * transformers does for a rendered chat), so text inside messages that spells a special token
+ * becomes that token.
+ * ------------------------------------------------------------------------------------------- */
+enum {
+    AGENT_ECONTEXT = -22,  /* the conversation cannot fit the context window */
+    AGENT_ECANCELED = -23, /* stopped by the caller */
+};
+
+typedef struct agent_session agent_session;
+
+typedef struct {
+    int version;                 /* AGENT_SESSION_OPTS_VERSION */
+    const char *system_prompt;   /* NULL: none */
+    const char *tools_json;      /* OpenAI-style tool array rendered into the system block */
+    int32_t n_ctx;               /* engine session context; 0: the model's default */
+    int enable_thinking;         /* -1: the template's default, 0, 1 */
+    const char *template_source; /* NULL: the model's tokenizer.chat_template */
+} agent_session_opts;
+
+#define AGENT_SESSION_OPTS_VERSION 1
+#define AGENT_SESSION_OPTS_INIT {AGENT_SESSION_OPTS_VERSION, NULL, NULL, 0, -1, NULL}
+
+/* A session on model m (borrowed; must outlive the session). */
+int agent_session_new(agent_session **out, engine_model *m, const agent_session_opts *o);
+void agent_session_free(agent_session *s);
+
+/* Append a JSON array of user/tool (or system) messages; add_prompt ends them with the
+ * generation prompt. Compacts when needed. AGENT_ECONTEXT when even compaction cannot make
+ * room, AGENT_ETEMPLATE, AGENT_EINVAL (bad messages, or a generation prompt is pending). */
+int agent_session_append(agent_session *s, const char *messages_json, bool add_prompt);
+
+/* Generate the assistant turn after the pending generation prompt (max_tokens <= 0: until the
+ * context is full; sampling NULL: engine defaults; its grammar hooks constrain the output).
+ * The generated tokens stay as produced and the turn is closed. *out_text (caller frees) is
+ * the generated text; stats (may be NULL) the engine's figures. AGENT_ECANCELED when cb
+ * cancelled (the partial turn is kept and closed). */
+int agent_session_generate(agent_session *s, int32_t max_tokens,
+                           const engine_sampling_params *sampling, engine_token_fn cb,
+                           void *user, char **out_text, engine_gen_stats *stats);
+
+/* Add an assistant turn given as text (resume, scripted replies) after the generation prompt. */
+int agent_session_add_assistant(agent_session *s, const char *text);
+
+int32_t agent_session_n_ctx(const agent_session *s);
+size_t agent_session_n_tokens(const agent_session *s);
+/* The conversation's tokens (borrowed; valid until the next change). */
+const int32_t *agent_session_tokens(const agent_session *s);
+/* How many times old turns were removed. */
+int agent_session_compactions(const agent_session *s);
+engine_model *agent_session_model(const agent_session *s);
 
 #ifdef __cplusplus
 }
