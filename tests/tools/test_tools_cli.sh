@@ -25,7 +25,7 @@ if command -v node >/dev/null && [ -d "${SPARK_NODE_MODULES:-}/ajv" ]; then
         process.exit(bad ? 1 : 0);' "$tmp/tools.json"
     check '[ $? -eq 0 ]' "schemas compile with ajv (strict)"
 else
-    echo "note: node/ajv not found, schema compile check skipped" >&2
+    echo "FAIL: node or ajv missing (scripts/install-deps.sh installs both)" >&2; fail=1
 fi
 "$cli" tool --schema search | grep -q '"pattern"'; check '[ $? -eq 0 ]' "tool --schema"
 
@@ -50,7 +50,7 @@ if command -v rg >/dev/null; then
         check '[ "$want" = "$got" ] && [ "$want" -gt 0 ]' "search '$pat' $flag: ripgrep $want lines, spark-agent $got"
     done
 else
-    echo "note: ripgrep not installed, comparison skipped" >&2
+    echo "FAIL: ripgrep (rg) missing (scripts/install-deps.sh installs it)" >&2; fail=1
 fi
 
 # edit (auto checkpoint) then undo, in a scratch repository
