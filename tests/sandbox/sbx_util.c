@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <signal.h>
 #include <limits.h>
 #include <spawn.h>
 #include <stdarg.h>
@@ -101,6 +102,10 @@ void sbx_self_dir(char *out, size_t cap) {
 }
 
 int sbx_count_procs_with(const char *token) {
+    return sbx_procs_with(token, false);
+}
+
+int sbx_procs_with(const char *token, bool kill_them) {
     DIR *d = opendir("/proc");
     if (!d) return -1;
     int count = 0;
@@ -114,6 +119,7 @@ int sbx_count_procs_with(const char *token) {
         for (long i = 0; n > 0 && i + (long)tl <= n; i++)
             if (!memcmp(buf + i, token, tl)) {
                 count++;
+                if (kill_them) kill((pid_t)atol(de->d_name), SIGKILL);
                 break;
             }
     }

@@ -28,6 +28,8 @@ void sbx_rm_rf(const char *path);
 void sbx_self_dir(char *out, size_t cap);
 /* Processes on the host whose command line contains token. */
 int sbx_count_procs_with(const char *token);
+/* The same, and SIGKILL them when kill_them: a test cleans up after an escape it detected. */
+int sbx_procs_with(const char *token, bool kill_them);
 /* A minimal environment for commands under test: PATH, HOME=home, LANG=C, sanitizer options
  * that work under seccomp, plus extra (NULL-terminated, may be NULL). Static storage. */
 const char *const *sbx_env(const char *home, const char *const *extra);

@@ -444,7 +444,9 @@ static void test_bombs(void) {
         usleep(100 * 1000);
         left = sbx_count_procs_with("spark-bomb-31337");
     }
-    sbx_check(left == 0, "host: no fork-bomb process left (%d)", left);
+    if (!sbx_check(left == 0, "host: no fork-bomb process left (%d)", left))
+        for (int i = 0; i < 50 && sbx_procs_with("spark-bomb-31337", true) > 0; i++)
+            usleep(20 * 1000); /* escaped: clean up all the same */
 
     /* Memory bomb: a shell doubling a string until the address-space limit. */
     sandbox_policy mp = SANDBOX_POLICY_INIT;
@@ -511,7 +513,8 @@ static void test_bombs(void) {
         usleep(100 * 1000);
         survivors = sbx_count_procs_with("98765");
     }
-    sbx_check(survivors == 0, "host: no setsid grandchild survived (%d)", survivors);
+    if (!sbx_check(survivors == 0, "host: no setsid grandchild survived (%d)", survivors))
+        sbx_procs_with("98765", true);
 }
 
 static void test_read_only_policy(void) {
