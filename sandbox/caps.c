@@ -32,6 +32,9 @@ static int try_userns(void) { return unshare(CLONE_NEWUSER); }
 static int try_mountns(void) { return unshare(CLONE_NEWUSER | CLONE_NEWNS); }
 static int try_pidns(void) { return unshare(CLONE_NEWUSER | CLONE_NEWPID); }
 static int try_netns(void) { return unshare(CLONE_NEWUSER | CLONE_NEWNET); }
+static int try_otherns(void) {
+    return unshare(CLONE_NEWUSER | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP);
+}
 
 static int try_seccomp(void) {
     struct sock_filter allow[] = {BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW)};
@@ -61,6 +64,9 @@ void sandbox_caps_probe(sandbox_caps *out) {
     MISSING(out->pid_namespaces, "PID namespaces refused");
     MISSING(out->net_namespaces, "network namespaces refused");
     MISSING(out->seccomp_filter, "seccomp filters refused");
+    /* Not fields of their own (the struct is part of the API): the sandbox needs them too. */
+    MISSING(!out->user_namespaces || try_in_child(try_otherns) == 0,
+            "IPC, UTS or cgroup namespaces refused");
     MISSING(out->landlock_abi > 0, "landlock absent (optional extra layer)");
 #undef MISSING
 }
