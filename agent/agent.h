@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "../engine/engine.h"
+#include "../tools/tools.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -236,6 +237,159 @@ const int32_t *agent_session_tokens(const agent_session *s);
 /* How many times old turns were removed. */
 int agent_session_compactions(const agent_session *s);
 engine_model *agent_session_model(const agent_session *s);
+
+
+/* ----- approval policy (agent/policy.c) ------------------------------------------------------
+ * Modes as in Codex: read-only (reading tools only; edits and commands refused), ask (reading
+ * tools run; edits and commands are asked), auto-edit (edits run; commands are asked),
+ * full-auto (everything runs; commands always run in the sandbox). Tools are "read" (not
+ * mutating), "edit" (tool_is_mutating) or "command" (build, test). Per-tool rules ("TOOL" or a
+ * prefix pattern "git_*", later rules win) override the mode. Without an interactive asker an
+ * "ask" decision is a refusal, reported to the model and in the result.
+ * ------------------------------------------------------------------------------------------- */
+typedef enum {
+    AGENT_APPROVAL_READ_ONLY = 0,
+    AGENT_APPROVAL_ASK = 1,
+    AGENT_APPROVAL_AUTO_EDIT = 2,
+    AGENT_APPROVAL_FULL_AUTO = 3,
+} agent_approval_mode;
+
+typedef enum {
+    AGENT_DECIDE_ALLOW = 0,
+    AGENT_DECIDE_ASK = 1,
+    AGENT_DECIDE_DENY = 2,
+} agent_decision;
+
+/* "read-only", "ask", "auto-edit", "full-auto" <-> mode; parse returns -1 when unknown. */
+int agent_approval_parse(const char *name);
+const char *agent_approval_name(agent_approval_mode m);
+/* "allow", "ask", "deny" <-> decision; parse returns -1 when unknown. */
+int agent_decision_parse(const char *name);
+const char *agent_decision_name(agent_decision d);
+
+typedef struct agent_policy agent_policy;
+int agent_policy_new(agent_policy **out, agent_approval_mode mode);
+void agent_policy_free(agent_policy *p);
+/* Add a rule: pattern is a tool name or a prefix ending in '*'. At most 64 rules. */
+int agent_policy_add_rule(agent_policy *p, const char *pattern, agent_decision d);
+/* Add rules from a JSON object {"pattern": "allow"|"ask"|"deny", ...} (a config's "approval"
+ * table). */
+int agent_policy_add_rules_json(agent_policy *p, const char *json);
+agent_decision agent_policy_decide(const agent_policy *p, const char *tool);
+agent_approval_mode agent_policy_mode(const agent_policy *p);
+
+/* ----- model backends (agent/backend_*.c) ----------------------------------------------------
+ * A backend turns the conversation into the next assistant reply text (tool calls written in
+ * its format's markup). The in-process engine appends only the messages it has not seen to its
+ * token-level session; the scripted one replays fixture replies (tests); the remote one sends
+ * the conversation to an OpenAI-compatible /v1/chat/completions endpoint (streaming).
+ * ------------------------------------------------------------------------------------------- */
+typedef struct agent_backend agent_backend;
+
+/* Replies: a JSON array of strings, one per model turn (Hermes markup for tool calls). Past
+ * the end a turn fails with AGENT_EINVAL ("script exhausted"). */
+int agent_backend_scripted_new(agent_backend **out, const char *replies_json);
+
+typedef enum {
+    AGENT_TOOLS_AUTO = 0,     /* free text; the tool-call grammar takes over at <tool_call> */
+    AGENT_TOOLS_REQUIRED = 1, /* every turn is tool calls only (grammar from the first token) */
+    AGENT_TOOLS_UNCONSTRAINED = 2, /* no grammar at all */
+} agent_tools_mode;
+
+typedef struct {
+    int version;                 /* AGENT_ENGINE_OPTS_VERSION */
+    int32_t n_ctx;               /* 0: the model's default */
+    agent_tools_mode tools_mode;
+    float temperature;           /* sampling; <= 0 greedy */
+    uint64_t seed;
+    const char *template_source; /* NULL: the model's chat template */
+    int enable_thinking;         /* -1: template default */
+} agent_engine_opts;
+
+#define AGENT_ENGINE_OPTS_VERSION 1
+#define AGENT_ENGINE_OPTS_INIT {AGENT_ENGINE_OPTS_VERSION, 0, AGENT_TOOLS_AUTO, 0.7f, 0, NULL, -1}
+
+/* The in-process engine on model m (borrowed). The tool-call format follows the template:
+ * XML when it mentions "<function=", else Hermes JSON. */
+int agent_backend_engine_new(agent_backend **out, engine_model *m, const agent_engine_opts *o);
+
+/* An OpenAI-compatible server: base_url like "http://host:8000/v1" (http only), api_key may
+ * be NULL, model the "model" field (NULL: "default"). */
+int agent_backend_remote_new(agent_backend **out, const char *base_url, const char *api_key,
+                             const char *model);
+
+void agent_backend_free(agent_backend *b);
+/* The engine backend's session (NULL for other backends). */
+agent_session *agent_backend_session(agent_backend *b);
+
+/* ----- the agent loop (agent/loop.c) ---------------------------------------------------------
+ * model turn -> parse calls -> policy -> tools/ (sandboxed builds) -> results -> next turn,
+ * until a final answer (a turn without tool calls), the step or token budget, a cancel, or the
+ * same call repeated. Every message is appended to a JSONL transcript when one is given.
+ * ------------------------------------------------------------------------------------------- */
+typedef enum {
+    AGENT_STOP_ANSWER = 0,   /* the model answered without tool calls */
+    AGENT_STOP_STEPS,        /* max_steps model turns */
+    AGENT_STOP_TOKENS,       /* token budget, or a turn that never ended */
+    AGENT_STOP_CANCELED,
+    AGENT_STOP_REPEAT,       /* the same call (name and arguments) repeat_limit times in a row */
+    AGENT_STOP_ERROR,        /* the backend failed (the message says why) */
+} agent_stop;
+
+const char *agent_stop_name(agent_stop s);
+
+/* Events for a UI or the --json stream: one JSON object text per event ({"type": "assistant"|
+ * "tool_call"|"tool_result"|"refused"|"invalid_call"|"stop", ...}). Borrowed for the call. */
+typedef void (*agent_event_fn)(void *user, const char *event_json);
+/* Streaming text of the model's turn as it is produced. */
+typedef void (*agent_text_fn)(void *user, const char *text, size_t len);
+/* Ask the user about a call (interactive mode): return true to run it. */
+typedef bool (*agent_ask_fn)(void *user, const char *tool, const char *args_json);
+
+typedef struct {
+    int version;                 /* AGENT_LOOP_OPTS_VERSION */
+    tool_ctx *tools;             /* the workspace (borrowed) */
+    const agent_policy *policy;  /* borrowed; NULL: read-only */
+    const char *system_prompt;   /* NULL: a built-in one */
+    int max_steps;               /* model turns per task; 0: 50 */
+    int64_t max_tokens;          /* generated tokens per task; 0: unlimited */
+    int32_t max_turn_tokens;     /* per model turn; 0: 4096 */
+    size_t tool_output_cap;      /* bytes of a tool result shown to the model; 0: 16 KiB */
+    int repeat_limit;            /* 0: 3 */
+    volatile int *cancel;        /* non-zero: stop at the next token or step (may be NULL) */
+    agent_event_fn on_event;
+    agent_text_fn on_text;
+    agent_ask_fn ask;            /* NULL: non-interactive (an "ask" decision is a refusal) */
+    void *user;                  /* for the three callbacks */
+    const char *transcript_path; /* JSONL, appended atomically line by line; NULL: none */
+} agent_loop_opts;
+
+#define AGENT_LOOP_OPTS_VERSION 1
+
+typedef struct {
+    agent_stop stop;
+    int steps;          /* model turns */
+    int tool_calls;     /* executed */
+    int tool_errors;    /* executed but failed */
+    int refused;        /* refused by the policy */
+    int invalid;        /* malformed, unknown or schema-invalid calls (never executed) */
+    int64_t tokens;     /* generated tokens (backends that count them) */
+    char *answer;       /* the final answer text (caller frees), or NULL */
+    char message[512];  /* why it stopped, for people */
+} agent_result;
+
+typedef struct agent agent;
+
+/* An agent on a backend (borrowed; must outlive it). opts is copied (its pointers borrowed). */
+int agent_new(agent **out, agent_backend *b, const agent_loop_opts *opts);
+void agent_free(agent *a);
+/* Load an earlier session's messages from a transcript so the next task continues it. */
+int agent_resume(agent *a, const char *transcript_path);
+/* Carry out one task (a user message). *res is filled also on error; free res->answer.
+ * Returns 0 when the loop ran (whatever stop reason), a negative code when it could not. */
+int agent_run_task(agent *a, const char *task, agent_result *res);
+/* The conversation so far as a JSON array of messages (caller frees). */
+char *agent_messages_json(const agent *a);
 
 #ifdef __cplusplus
 }

@@ -3,6 +3,7 @@
  * tag, string lengths and indices count UTF-16 units, `==` is JavaScript's loose equality,
  * strip/lstrip/rstrip ignore their argument and trim all Unicode whitespace. Anything the
  * reference would answer with a crash or an exception is an error here, with a position. */
+#include "template_case.h"
 #include "template_value.h"
 
 #include <math.h>
@@ -647,6 +648,7 @@ static bool js_strict_eq(const tpl_val *a, const tpl_val *b) {
 }
 
 /* ----- comparisons for sort/dictsort ----- */
+static int case_map(ctx *c, tpl_str s, int mode, tpl_val *out);
 static int utf16_cmp(tpl_str a, tpl_str b) {
     size_t i = 0, j = 0;
     while (i < a.len && j < b.len) {
@@ -662,23 +664,6 @@ static int utf16_cmp(tpl_str a, tpl_str b) {
     if (i < a.len) return 1;
     if (j < b.len) return -1;
     return 0;
-}
-
-static bool has_non_ascii(tpl_str s) {
-    for (size_t i = 0; i < s.len; i++)
-        if ((unsigned char)s.p[i] >= 0x80) return true;
-    return false;
-}
-
-static tpl_str ascii_lower(ctx *c, tpl_str s) {
-    char *p = tpl_alloc(c->A, s.len + 1);
-    if (!p) return s;
-    for (size_t i = 0; i < s.len; i++) {
-        char ch = s.p[i];
-        p[i] = (ch >= 'A' && ch <= 'Z') ? (char)(ch + 32) : ch;
-    }
-    tpl_str r = {p, s.len};
-    return r;
 }
 
 static int compare_values(ctx *c, const tpl_node *at, const tpl_val *a, const tpl_val *b,
@@ -698,11 +683,11 @@ static int compare_values(ctx *c, const tpl_node *at, const tpl_val *a, const tp
     if (a->t != V_STR) return rerr(c, at, "cannot compare type %s", tname(a));
     tpl_str x = a->s, y = b->s;
     if (!case_sensitive) {
-        if (has_non_ascii(x) || has_non_ascii(y))
-            return rerr(c, at, "case-insensitive comparison of non-ASCII strings is not "
-                               "supported");
-        x = ascii_lower(c, x);
-        y = ascii_lower(c, y);
+        tpl_val lx, ly;
+        TRY(case_map(c, x, 1, &lx));
+        TRY(case_map(c, y, 1, &ly));
+        x = lx.s;
+        y = ly.s;
     }
     *out = utf16_cmp(x, y);
     return 0;
@@ -982,45 +967,99 @@ static int str_affix(ctx *c, const tpl_node *at, tpl_str s, argv_t *a, bool star
     return 0;
 }
 
-static int case_map(ctx *c, const tpl_node *at, tpl_str s, int mode, tpl_val *out) {
-    /* mode 0 upper, 1 lower, 2 title, 3 capitalize */
-    if (mode != 2 && has_non_ascii(s))
-        return rerr(c, at, "case mapping of non-ASCII text is not supported");
-    char *p = tpl_alloc(c->A, s.len + 1);
-    if (!p) return OOM();
-    for (size_t i = 0; i < s.len; i++) {
-        char ch = s.p[i];
-        bool up;
-        if (mode == 0) up = true;
-        else if (mode == 1) up = false;
-        else if (mode == 3) up = i == 0;
-        else {
-            bool word = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
-                        (ch >= '0' && ch <= '9') || ch == '_';
-            char pc = i ? s.p[i - 1] : ' ';
-            bool pword = (pc >= 'a' && pc <= 'z') || (pc >= 'A' && pc <= 'Z') ||
-                         (pc >= '0' && pc <= '9') || pc == '_';
-            up = word && !pword;
-            if (!up) {
-                p[i] = ch;
-                continue;
-            }
-        }
-        if (up && ch >= 'a' && ch <= 'z') ch = (char)(ch - 32);
-        else if (!up && ch >= 'A' && ch <= 'Z' && mode != 3) ch = (char)(ch + 32);
-        p[i] = ch;
+static const char *case_lookup(const tpl_case_map *t, size_t n, uint32_t cp) {
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (t[mid].cp == cp) return t[mid].utf8;
+        if (t[mid].cp < cp) lo = mid + 1;
+        else hi = mid;
     }
-    *out = v_str(p, s.len);
+    return NULL;
+}
+
+static bool in_ranges(const tpl_case_range *r, size_t n, uint32_t cp) {
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (cp < r[mid].lo) hi = mid;
+        else if (cp > r[mid].hi) lo = mid + 1;
+        else return true;
+    }
+    return false;
+}
+
+/* Unicode's Final_Sigma condition for the capital sigma at s[i..i+2): preceded by a cased
+ * letter (skipping case-ignorables) and not followed by one. */
+static bool final_sigma(tpl_str s, size_t i) {
+    bool before = false;
+    for (size_t j = i; j > 0;) {
+        size_t st = j - 1;
+        while (st > 0 && ((unsigned char)s.p[st] & 0xC0) == 0x80) st--;
+        uint32_t cp;
+        tpl_utf8_decode(s.p, s.len, st, &cp);
+        j = st;
+        if (in_ranges(tpl_case_ignorable, tpl_case_ignorable_len, cp)) continue;
+        before = in_ranges(tpl_cased, tpl_cased_len, cp);
+        break;
+    }
+    if (!before) return false;
+    for (size_t j = i + 2; j < s.len;) {
+        uint32_t cp;
+        j += tpl_utf8_decode(s.p, s.len, j, &cp);
+        if (in_ranges(tpl_case_ignorable, tpl_case_ignorable_len, cp)) continue;
+        return !in_ranges(tpl_cased, tpl_cased_len, cp);
+    }
+    return true;
+}
+
+static bool ascii_word(char ch) {
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+           ch == '_';
+}
+
+/* JavaScript case mapping. mode 0: toUpperCase, 1: toLowerCase (with the final sigma rule),
+ * 2: the reference's title (/\b\w/ upper-cased: ASCII only), 3: capitalize (first UTF-16 unit
+ * upper-cased, the rest as is). */
+static int case_map(ctx *c, tpl_str s, int mode, tpl_val *out) {
+    tpl_sb b;
+    tpl_sb_init(&b, c->A);
+    for (size_t i = 0; i < s.len;) {
+        uint32_t cp;
+        size_t k = tpl_utf8_decode(s.p, s.len, i, &cp);
+        bool up = mode == 0 || (mode == 3 && i == 0) ||
+                  (mode == 2 && ascii_word(s.p[i]) && (i == 0 || !ascii_word(s.p[i - 1])));
+        bool low = mode == 1;
+        if (cp < 0x80) {
+            char ch = s.p[i];
+            if (up && ch >= 'a' && ch <= 'z') ch = (char)(ch - 32);
+            if (low && ch >= 'A' && ch <= 'Z') ch = (char)(ch + 32);
+            tpl_sb_putc(&b, ch);
+        } else {
+            const char *m = NULL;
+            /* capitalize upper-cases a UTF-16 unit: half of a pair maps to itself */
+            if (up && (mode == 0 || (mode == 3 && cp < 0x10000)))
+                m = case_lookup(tpl_case_upper, tpl_case_upper_len, cp);
+            if (low) m = cp == 0x3A3 && final_sigma(s, i)
+                             ? "\xcf\x82"
+                             : case_lookup(tpl_case_lower, tpl_case_lower_len, cp);
+            if (m) tpl_sb_puts(&b, m);
+            else tpl_sb_put(&b, s.p + i, k);
+        }
+        i += k;
+    }
+    if (b.oom) return OOM();
+    *out = v_sb(&b);
     return 0;
 }
 
 static int str_method(ctx *c, const tpl_node *at, const tpl_fn *f, argv_t *a, tpl_val *out) {
     tpl_str s = f->self.s;
     const char *m = f->name;
-    if (!strcmp(m, "upper")) return case_map(c, at, s, 0, out);
-    if (!strcmp(m, "lower")) return case_map(c, at, s, 1, out);
-    if (!strcmp(m, "title")) return case_map(c, at, s, 2, out);
-    if (!strcmp(m, "capitalize")) return case_map(c, at, s, 3, out);
+    if (!strcmp(m, "upper")) return case_map(c, s, 0, out);
+    if (!strcmp(m, "lower")) return case_map(c, s, 1, out);
+    if (!strcmp(m, "title")) return case_map(c, s, 2, out);
+    if (!strcmp(m, "capitalize")) return case_map(c, s, 3, out);
     if (!strcmp(m, "strip")) return *out = js_trim(s, true, true), 0;
     if (!strcmp(m, "lstrip")) return *out = js_trim(s, true, false), 0;
     if (!strcmp(m, "rstrip")) return *out = js_trim(s, false, true), 0;
@@ -1576,10 +1615,8 @@ static int test_value(ctx *c, const tpl_node *n, tpl_str t, const tpl_val *vp, b
         if (v.t != V_STR) {
             r = false;
         } else {
-            if (has_non_ascii(v.s))
-                return rerr(c, n, "case tests on non-ASCII text are not supported");
             tpl_val m;
-            TRY(case_map(c, n, v.s, str_eq(t, "lower") ? 1 : 0, &m));
+            TRY(case_map(c, v.s, str_eq(t, "lower") ? 1 : 0, &m));
             r = str_same(m.s, v.s);
         }
     } else if (str_eq(t, "defined")) r = v.t != V_UNDEF;
@@ -1768,10 +1805,10 @@ static int filter_ident(ctx *c, const tpl_node *at, tpl_str f, const tpl_val *v,
     }
     if (v->t == V_STR) {
         if (str_eq(f, "length")) return *out = v_int((double)u16_len(v->s)), 0;
-        if (str_eq(f, "upper")) return case_map(c, at, v->s, 0, out);
-        if (str_eq(f, "lower")) return case_map(c, at, v->s, 1, out);
-        if (str_eq(f, "title")) return case_map(c, at, v->s, 2, out);
-        if (str_eq(f, "capitalize")) return case_map(c, at, v->s, 3, out);
+        if (str_eq(f, "upper")) return case_map(c, v->s, 0, out);
+        if (str_eq(f, "lower")) return case_map(c, v->s, 1, out);
+        if (str_eq(f, "title")) return case_map(c, v->s, 2, out);
+        if (str_eq(f, "capitalize")) return case_map(c, v->s, 3, out);
         if (str_eq(f, "trim")) return *out = js_trim(v->s, true, true), 0;
         if (str_eq(f, "indent")) return indent_str(c, v->s, 4, false, false, out);
         if (str_eq(f, "join") || str_eq(f, "string")) return *out = *v, 0;
