@@ -55,20 +55,20 @@ expect_rc "model without subcommand" 2 "$cli" model
 expect_rc "model unknown subcommand" 2 "$cli" model frob
 
 # complete
-expect_rc "complete greedy" 0 "$cli" complete -m "$m" -p "Once upon a time" -n 12 --temp 0 -t 2
+expect_rc "complete greedy" 0 "$cli" complete -m "$m" -p "Once upon a time" -n 6 --temp 0 -t 2
 cp "$tmp/out" "$tmp/greedy2"
 [ -s "$tmp/out" ]; check "complete prints generated text" $?
 has err "generated"; check "complete prints stats on stderr" $?
 ! grep -q "generated" "$tmp/out"; check "stats stay off stdout" $?
-expect_rc "complete greedy, 1 thread" 0 "$cli" complete -m "$m" -p "Once upon a time" -n 12 --temp 0 -t 1
+expect_rc "complete greedy, 1 thread" 0 "$cli" complete -m "$m" -p "Once upon a time" -n 6 --temp 0 -t 1
 cmp -s "$tmp/out" "$tmp/greedy2"; check "1 and 2 threads give the same greedy text" $?
-expect_rc "complete seeded" 0 "$cli" complete -m "$m" -p "Once upon a time" -n 12 -s 11 --temp 1.0
+expect_rc "complete seeded" 0 "$cli" complete -m "$m" -p "Once upon a time" -n 6 -s 11 --temp 1.0
 cp "$tmp/out" "$tmp/seed1"
-expect_rc "complete seeded again" 0 "$cli" complete -m "$m" -p "Once upon a time" -n 12 -s 11 --temp 1.0
+expect_rc "complete seeded again" 0 "$cli" complete -m "$m" -p "Once upon a time" -n 6 -s 11 --temp 1.0
 cmp -s "$tmp/out" "$tmp/seed1"; check "the same seed gives the same text" $?
-printf 'Once upon a time' | "$cli" complete -m "$m" -n 12 --temp 0 -t 2 >"$tmp/out" 2>"$tmp/err"
+printf 'Once upon a time' | "$cli" complete -m "$m" -n 6 --temp 0 -t 2 >"$tmp/out" 2>"$tmp/err"
 cmp -s "$tmp/out" "$tmp/greedy2"; check "the prompt can come from stdin" $?
-SPARK_MODEL="$m" "$cli" complete -p "Once upon a time" -n 12 --temp 0 -t 2 >"$tmp/out" 2>"$tmp/err"
+SPARK_MODEL="$m" "$cli" complete -p "Once upon a time" -n 6 --temp 0 -t 2 >"$tmp/out" 2>"$tmp/err"
 cmp -s "$tmp/out" "$tmp/greedy2"; check "SPARK_MODEL picks the model" $?
 printf 'bad \xff\xfe utf-8' >"$tmp/bad.txt"
 expect_rc "invalid UTF-8 prompt" 2 "$cli" complete -m "$m" -n 4 <"$tmp/bad.txt"
@@ -91,8 +91,8 @@ if "$cli" version | grep -q "engine-only"; then
     expect_rc "grammar flag, engine-only build" 2 "$cli" complete -m "$m" -p hi --grammar "$tmp/g.gbnf"
     has err "not in this build"; check "grammar says why it is unavailable" $?
 else
-    for seed in 1 2 3 4 5; do
-        expect_rc "grammar, seed $seed" 0 "$cli" complete -m "$m" -p "Answer:" -n 16 -s $seed \
+    for seed in 1 2 3; do
+        expect_rc "grammar, seed $seed" 0 "$cli" complete -m "$m" -p "Answer:" -n 10 -s $seed \
             --temp 1.5 --grammar "$tmp/g.gbnf"
         grep -qxE "yes|no|maybe [0-9]*" "$tmp/out"; check "grammar output matches (seed $seed)" $?
     done
@@ -108,9 +108,9 @@ fi
 expect_rc "complete --help" 0 "$cli" complete --help
 
 # bench
-expect_rc "bench" 0 "$cli" bench -m "$m" -p 16 -n 4 -r 2 -t 2
-has out "pp16"; check "bench reports prefill" $?
-has out "tg4"; check "bench reports decode" $?
+expect_rc "bench" 0 "$cli" bench -m "$m" -p 8 -n 2 -r 2 -t 2
+has out "pp8"; check "bench reports prefill" $?
+has out "tg2"; check "bench reports decode" $?
 has out "peak RSS"; check "bench reports peak RSS" $?
 expect_rc "bench nothing to do" 2 "$cli" bench -m "$m" -p 0 -n 0
 expect_rc "bench bad reps" 2 "$cli" bench -m "$m" -r 0
