@@ -3,6 +3,7 @@
  * boundaries, never emitted), max_tokens, a full context, cancellation from the callback,
  * prefix reuse between calls, the grammar mask (EOS only when allowed), and bad input. */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,6 +81,24 @@ static int set_accept(void *user, int32_t token) {
     for (int i = 0; i < m->n; i++)
         if (m->ids[i] == token) return 0;
     return 1; /* a token outside the mask: the grammar would break */
+}
+
+/* Two sessions of one model generating on two threads at once (their passes serialise on the
+ * model's pool) give what each gives alone. */
+typedef struct {
+    engine_session *s;
+    const int32_t *prompt;
+    size_t np;
+    sink k;
+    int rc;
+} worker;
+
+static void *gen_thread(void *arg) {
+    worker *w = arg;
+    engine_gen_params p = greedy_params(w->prompt, w->np, 8);
+    memset(&w->k, 0, sizeof w->k);
+    w->rc = engine_generate(w->s, &p, on_text, &w->k, NULL);
+    return NULL;
 }
 
 int main(void) {
@@ -282,6 +301,23 @@ int main(void) {
     memset(&k, 0, sizeof k);
     CHECK(engine_generate(s, &pm, on_text, &k, &st) == 0);
     CHECK(st.stop == ENGINE_STOP_EOG && st.generated_tokens == 1 && k.len == 0);
+
+    /* concurrent sessions */
+    worker wk[2];
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) {
+        wk[i] = (worker){NULL, prompt, np, {{0}, 0, {0}, 0, 0, 0}, -1};
+        CHECK(engine_session_new(&wk[i].s, m, NULL) == 0);
+    }
+    if (wk[0].s && wk[1].s) {
+        for (int i = 0; i < 2; i++) CHECK(pthread_create(&th[i], NULL, gen_thread, &wk[i]) == 0);
+        for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+        for (int i = 0; i < 2; i++) {
+            CHECK(wk[i].rc == 0 && wk[i].k.n_toks == 8);
+            CHECK(memcmp(wk[i].k.toks, ref, sizeof(int32_t) * 8) == 0);
+        }
+    }
+    for (int i = 0; i < 2; i++) engine_session_free(wk[i].s);
 
     /* bad params */
     engine_gen_params pb = greedy_params(prompt, 0, 4);
