@@ -82,6 +82,17 @@ int main(int argc, char **argv) {
     printf("weights read per token: %.3f GB -> %.0f GB/s achieved; copy bandwidth %.0f GB/s "
            "(%.0f%%); ceiling at that bandwidth %.0f tok/s\n", bpt / 1e9, bpt * mean / 1e9, bw,
            100.0 * bpt * mean / 1e9 / bw, bw * 1e9 / bpt);
+    double us[ENGINE_CUDA_PROF_COUNT];
+    static const char *names[ENGINE_CUDA_PROF_COUNT] = {"embed", "qkv", "attention", "wo",
+                                                        "router", "ffn_up", "ffn_down", "head",
+                                                        "sample"};
+    if (engine_cuda_profile(gs, first, depth + n_gen / 2, 5, us) == 0) {
+        double tot = 0;
+        for (int i = 0; i < ENGINE_CUDA_PROF_COUNT; i++) tot += us[i];
+        printf("un-captured step by kernel (us/token, events after each launch): total %.0f\n", tot);
+        for (int i = 0; i < ENGINE_CUDA_PROF_COUNT; i++)
+            printf("  %-10s %8.1f\n", names[i], us[i]);
+    }
     printf("first tokens:");
     for (int i = 0; i < 8 && i < n_gen; i++) printf(" %d", out[i]);
     printf("\n");

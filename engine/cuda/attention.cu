@@ -140,17 +140,19 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) att_kernel(engine_cu_att a) {
         for (int i = 0; i < DPL; i++) acc[i] *= corr;
         m = mn;
         const int nb = min(32, p_end - p0);
-        for (int j = 0; j < nb; j++) {
-            const float pj = __shfl_sync(0xffffffffu, pe, j);
-            const int pp = p0 + j;
-            if (pp == pos) {
+        const size_t base = (size_t)p0 * kv_dim + (size_t)kvh * HD + lane;
+#pragma unroll 8
+        for (int j = 0; j < 32; j++) {
+            if (j < nb) {
+                const float pj = __shfl_sync(0xffffffffu, pe, j);
+                const size_t row = base + (size_t)j * kv_dim;
 #pragma unroll
-                for (int i = 0; i < DPL; i++) acc[i] += pj * sv[lane + 32 * i];
-            } else {
-                size_t row = (size_t)pp * kv_dim + (size_t)kvh * HD;
-#pragma unroll
-                for (int i = 0; i < DPL; i++)
-                    acc[i] += pj * kv_load1(a.v_cache, a.kv_f32, row + lane + 32 * i);
+                for (int i = 0; i < DPL; i++) {
+                    /* row pos may be being written by another block: its value is not used */
+                    float vv = kv_load1(a.v_cache, a.kv_f32, row + 32 * i);
+                    if (p0 + j == pos) vv = sv[lane + 32 * i];
+                    acc[i] += pj * vv;
+                }
             }
         }
     }

@@ -426,15 +426,30 @@ static engine_cu_mat mat(const cu_w *w, float *y, int accumulate) {
     return m;
 }
 
-/* Enqueue one decode step (state in s->step) on s->stream. */
-static void enqueue_step(engine_cuda_session *s) {
+/* Events after each launch of an un-captured step (engine_cuda_profile). */
+typedef struct {
+    cudaEvent_t *ev;
+    int *cat;
+    int n;
+} step_prof;
+
+static void mark(step_prof *p, int cat, cudaStream_t st) {
+    if (!p) return;
+    cudaEventRecord(p->ev[p->n], st);
+    p->cat[p->n++] = cat;
+}
+
+/* Enqueue one decode step (state in s->step) on s->stream; p: NULL, or events to record. */
+static void enqueue_step(engine_cuda_session *s, step_prof *p) {
     const engine_cuda_model *cm = s->cm;
     const engine_hparams *hp = &cm->m->hp;
     cudaStream_t st = s->stream;
     const int emb = (int)hp->n_embd, hd = (int)hp->head_dim_k;
     const float eps = hp->rms_norm_eps;
+    mark(p, -1, st);
     engine_cu_embed(cm->tok_embd.d, cm->tok_embd.row_bytes, cm->tok_embd.type, emb, s->step,
                     s->x, st);
+    mark(p, 0, st);
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         const cu_layer *ly = &cm->layers[l];
         engine_cu_mv mv;
@@ -448,12 +463,14 @@ static void enqueue_step(engine_cuda_session *s) {
         mv.norm_w = ly->attn_norm;
         mv.eps = eps;
         engine_cu_matvec(&mv, st);
+        mark(p, 1, st);
 
         engine_cu_att at = {s->q, s->k, s->v, ly->q_norm, ly->k_norm, cm->inv_freq, eps,
                             s->k_cache[l], s->v_cache[l], s->kv == ENGINE_KV_F32,
                             &s->step->pos, s->n_ctx, (int)hp->n_head, (int)hp->n_head_kv, hd,
                             s->partial, s->counters, s->att};
         engine_cu_attention(&at, st);
+        mark(p, 2, st);
 
         memset(&mv, 0, sizeof mv);
         mv.m[0] = mat(&ly->wo, s->x, 1);
@@ -461,6 +478,7 @@ static void enqueue_step(engine_cuda_session *s) {
         mv.cols = (int)hp->n_head * hd;
         mv.x = s->att;
         engine_cu_matvec(&mv, st);
+        mark(p, 3, st);
 
         engine_cu_ffn_up_args up;
         memset(&up, 0, sizeof up);
@@ -475,6 +493,7 @@ static void enqueue_step(engine_cuda_session *s) {
             mv.norm_w = ly->ffn_norm;
             mv.eps = eps;
             engine_cu_matvec(&mv, st);
+            mark(p, 4, st);
             up.router = s->router;
             up.n_expert = (int)hp->n_expert;
             up.k = (int)hp->n_expert_used;
@@ -514,10 +533,12 @@ static void enqueue_step(engine_cuda_session *s) {
         up.ids = s->ids;
         up.weights = s->wts;
         engine_cu_ffn_up(&up, st);
+        mark(p, 5, st);
         dn.cols = up.rows;
         dn.h = s->h;
         dn.y = s->x;
         engine_cu_ffn_down(&dn, st);
+        mark(p, 6, st);
     }
     engine_cu_mv mv;
     memset(&mv, 0, sizeof mv);
@@ -528,15 +549,17 @@ static void enqueue_step(engine_cuda_session *s) {
     mv.norm_w = cm->output_norm;
     mv.eps = eps;
     engine_cu_matvec(&mv, st);
+    mark(p, 7, st);
     engine_cu_sample(s->logits, (int)hp->n_vocab, s->step, s->out, s->sscratch,
                      s->counters + hp->n_head, st);
+    mark(p, 8, st);
 }
 
 static int capture(engine_cuda_session *s) {
     int rc = 0;
     cudaGraph_t g = NULL;
     CU(cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal));
-    enqueue_step(s);
+    enqueue_step(s, NULL);
     CU(cudaStreamEndCapture(s->stream, &g));
     CU(cudaGetLastError());
     CU(cudaGraphInstantiate(&s->exec, g, 0));
@@ -593,5 +616,49 @@ extern "C" int engine_cuda_generate(engine_cuda_session *s, int32_t token, int32
                        s->stream));
     CU(cudaStreamSynchronize(s->stream));
 done:
+    return rc;
+}
+
+extern "C" int engine_cuda_profile(engine_cuda_session *s, int32_t token, int32_t pos, int reps,
+                                   double us[ENGINE_CUDA_PROF_COUNT]) {
+    int rc = 0;
+    const engine_hparams *hp = &s->cm->m->hp;
+    const int n_ev = 3 + 6 * (int)hp->n_layer + 2;
+    step_prof p = {(cudaEvent_t *)calloc((size_t)n_ev, sizeof(cudaEvent_t)),
+                   (int *)calloc((size_t)n_ev, sizeof(int)), 0};
+    memset(us, 0, sizeof(double) * ENGINE_CUDA_PROF_COUNT);
+    if (!p.ev || !p.cat) {
+        rc = engine_err(ENGINE_ENOMEM, "out of memory");
+        goto done;
+    }
+    if (pos < 0 || pos >= s->n_ctx || token < 0 || (uint32_t)token >= hp->n_vocab || reps < 1) {
+        rc = engine_err(ENGINE_EINVAL, "cuda profile: bad token, position or repetitions");
+        goto done;
+    }
+    CU(cudaSetDevice(s->cm->device));
+    for (int i = 0; i < n_ev; i++) CU(cudaEventCreate(&p.ev[i]));
+    for (int r = 0; r < reps; r++) {
+        s->h_step->token = token;
+        s->h_step->pos = pos;
+        s->h_step->n_out = 0;
+        s->h_step->out_cap = 1;
+        s->h_step->temp = 0;
+        CU(cudaMemcpyAsync(s->step, s->h_step, sizeof *s->h_step, cudaMemcpyHostToDevice,
+                           s->stream));
+        p.n = 0;
+        enqueue_step(s, &p);
+        CU(cudaGetLastError());
+        CU(cudaStreamSynchronize(s->stream));
+        for (int i = 1; i < p.n; i++) {
+            float ms = 0;
+            CU(cudaEventElapsedTime(&ms, p.ev[i - 1], p.ev[i]));
+            us[p.cat[i]] += 1e3 * ms / reps;
+        }
+    }
+done:
+    for (int i = 0; p.ev && i < n_ev; i++)
+        if (p.ev[i]) cudaEventDestroy(p.ev[i]);
+    free(p.ev);
+    free(p.cat);
     return rc;
 }

@@ -69,6 +69,13 @@ int engine_cuda_decode(engine_cuda_session *s, int32_t token, int32_t pos, float
 int engine_cuda_generate(engine_cuda_session *s, int32_t token, int32_t pos, int32_t n,
                          float temperature, uint64_t seed, int32_t *out);
 
+/* Where a decode step's time goes: the step run un-captured with an event after each launch,
+ * reps times; us[i] = mean microseconds per step of category i (embed, qkv, attention, wo,
+ * router, ffn_up, ffn_down, head, sample). Launch gaps count towards the next kernel. */
+enum { ENGINE_CUDA_PROF_COUNT = 9 };
+int engine_cuda_profile(engine_cuda_session *s, int32_t token, int32_t pos, int reps,
+                        double us[ENGINE_CUDA_PROF_COUNT]);
+
 /* ---------------------------------------------------------------------------------------------
  * Single ops on host buffers, for the tests that compare each kernel with the CPU backend
  * (they allocate, copy, run one launch and copy back: not for hot paths).

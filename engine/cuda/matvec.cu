@@ -29,6 +29,7 @@ __device__ __forceinline__ void mv_warp(const engine_cu_mat &m, int r0, int cols
     for (int r = 0; r < R; r++) acc[r] = 0.0f;
     const int nr = m.rows - r0 < R ? m.rows - r0 : R;
     const int n_chunks = cols >> 5;
+#pragma unroll 2
     for (int c = lane; c < n_chunks; c += 32) {
         int a0, b0;
         engine_cu_chunk_cols(T, c, &a0, &b0);

@@ -59,6 +59,7 @@ __device__ __forceinline__ void up_warp(const engine_cu_ffn_up_args &a, const ui
 #pragma unroll
     for (int r = 0; r < R; r++) ag[r] = au[r] = 0.0f;
     const int nr = a.rows - r0 < R ? a.rows - r0 : R;
+#pragma unroll 2
     for (int c = lane; c < (a.cols >> 5); c += 32) {
         int a0, b0;
         engine_cu_chunk_cols(T, c, &a0, &b0);
@@ -115,38 +116,36 @@ __global__ void __launch_bounds__(FFN_WARPS * 32) ffn_up_kernel(engine_cu_ffn_up
     }
 }
 
+/* A lane takes (expert slot, chunk) items, so all 32 lanes work and the loads of different
+ * experts are in flight together. */
 template <int T>
-__device__ __forceinline__ void down_warp(const engine_cu_ffn_down_args &a, int r0) {
+__device__ __forceinline__ void down_warp(const engine_cu_ffn_down_args &a, int r0,
+                                          const int *ids, const float *wts) {
     const int lane = threadIdx.x & 31, R = ENGINE_CU_MV_ROWS;
     float tot[R];
 #pragma unroll
     for (int r = 0; r < R; r++) tot[r] = 0.0f;
     const int nr = a.rows - r0 < R ? a.rows - r0 : R;
-    for (int j = 0; j < a.k; j++) {
-        const int e = a.ids ? a.ids[j] : 0;
-        const float wj = a.ids ? a.weights[j] : 1.0f;
-        const uint8_t *d = a.down + (size_t)e * a.expert_bytes;
+    const int nch = a.cols >> 5, n_items = a.k * nch;
+#pragma unroll 2
+    for (int it = lane; it < n_items; it += 32) {
+        const int j = it / nch, c = it - j * nch;
+        const uint8_t *d = a.down + (size_t)ids[j] * a.expert_bytes;
         const float *h = a.h + (size_t)j * a.cols;
-        float acc[R];
+        int a0, b0;
+        engine_cu_chunk_cols(T, c, &a0, &b0);
+        float xa[16], xb[16];
+        engine_cu_load_run(h, nullptr, 1.0f, a0, xa);
+        engine_cu_load_run(h, nullptr, 1.0f, b0, xb);
+        const float wj = wts[j];
 #pragma unroll
-        for (int r = 0; r < R; r++) acc[r] = 0.0f;
-        for (int c = lane; c < (a.cols >> 5); c += 32) {
-            int a0, b0;
-            engine_cu_chunk_cols(T, c, &a0, &b0);
-            float xa[16], xb[16];
-            engine_cu_load_run(h, nullptr, 1.0f, a0, xa);
-            engine_cu_load_run(h, nullptr, 1.0f, b0, xb);
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                if (r < nr) {
-                    float va[16], vb[16];
-                    engine_cu_decode_chunk(T, d + (size_t)(r0 + r) * a.row_bytes, c, va, vb);
-                    acc[r] += engine_cu_dot32(va, vb, xa, xb);
-                }
+        for (int r = 0; r < R; r++) {
+            if (r < nr) {
+                float va[16], vb[16];
+                engine_cu_decode_chunk(T, d + (size_t)(r0 + r) * a.row_bytes, c, va, vb);
+                tot[r] += wj * engine_cu_dot32(va, vb, xa, xb);
             }
         }
-#pragma unroll
-        for (int r = 0; r < R; r++) tot[r] += wj * acc[r];
     }
 #pragma unroll
     for (int r = 0; r < R; r++) {
@@ -156,11 +155,18 @@ __device__ __forceinline__ void down_warp(const engine_cu_ffn_down_args &a, int 
 }
 
 __global__ void __launch_bounds__(FFN_WARPS * 32) ffn_down_kernel(engine_cu_ffn_down_args a) {
+    __shared__ int ids[ENGINE_CU_MAX_EXPERT_USED];
+    __shared__ float wts[ENGINE_CU_MAX_EXPERT_USED];
+    if (threadIdx.x < a.k) {
+        ids[threadIdx.x] = a.ids ? a.ids[threadIdx.x] : 0;
+        wts[threadIdx.x] = a.ids ? a.weights[threadIdx.x] : 1.0f;
+    }
+    __syncthreads();
     const int r0 = (blockIdx.x * FFN_WARPS + (threadIdx.x >> 5)) * ENGINE_CU_MV_ROWS;
     if (r0 >= a.rows) return;
     switch (a.type) {
 #define DOWN(T)                                                                                 \
-    case T: down_warp<T>(a, r0); break;
+    case T: down_warp<T>(a, r0, ids, wts); break;
         TYPE_CASES(DOWN)
 #undef DOWN
     }
