@@ -365,6 +365,8 @@ typedef struct {
 } agent_loop_opts;
 
 #define AGENT_LOOP_OPTS_VERSION 1
+#define AGENT_LOOP_OPTS_INIT                                                                    \
+    {AGENT_LOOP_OPTS_VERSION, NULL, NULL, NULL, 0, 0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL}
 
 typedef struct {
     agent_stop stop;

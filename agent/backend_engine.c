@@ -1,0 +1,178 @@
+/* The in-process engine backend: a token-level agent_session that receives only the messages
+ * it has not seen, and the tool-call grammar (lazy at <tool_call>, or required) on sampling. */
+#include "loop_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "grammar.h"
+
+typedef struct {
+    agent_backend base;
+    engine_model *model;
+    agent_engine_opts opts;
+    agent_session *s;
+    size_t seen;             /* messages of the conversation already in the session */
+    grammar *g;
+    grammar_vocab *v;
+    grammar_index *ix;
+    grammar_matcher *gm;
+} eng;
+
+static void eng_destroy(agent_backend *b) {
+    eng *e = (eng *)b;
+    grammar_matcher_free(e->gm);
+    grammar_index_free(e->ix);
+    grammar_vocab_free(e->v);
+    grammar_free(e->g);
+    agent_session_free(e->s);
+    free(e);
+}
+
+static agent_session *eng_session(agent_backend *b) {
+    return ((eng *)b)->s;
+}
+
+static int build_grammar(eng *e, const char *tools_json) {
+    grammar_tool_options go = GRAMMAR_TOOL_OPTIONS_INIT;
+    go.format = e->base.format == AGENT_TOOLCALL_XML ? GRAMMAR_TOOLS_QWEN3_XML
+                                                      : GRAMMAR_TOOLS_HERMES;
+    go.mode = e->opts.tools_mode == AGENT_TOOLS_REQUIRED ? GRAMMAR_TOOLS_REQUIRED
+                                                         : GRAMMAR_TOOLS_AUTO;
+    if (grammar_new_tools(&e->g, tools_json, strlen(tools_json), &go) < 0)
+        return agent_err(AGENT_EINVAL, "tool-call grammar: %s", grammar_error_last());
+    int32_t nv = engine_model_n_vocab(e->model);
+    const char **pieces = calloc((size_t)nv, sizeof *pieces);
+    uint32_t *lens = calloc((size_t)nv, sizeof *lens);
+    int32_t *eog = malloc(64 * sizeof *eog);
+    int n_eog = 0, rc = 0;
+    if (!pieces || !lens || !eog) {
+        rc = agent_err(AGENT_ENOMEM, "out of memory");
+        goto done;
+    }
+    for (int32_t i = 0; i < nv; i++) {
+        if (engine_model_token_is_eog(e->model, i) && n_eog < 64) eog[n_eog++] = i;
+        if (engine_model_token_is_special(e->model, i)) continue;
+        size_t l = 0;
+        pieces[i] = engine_model_token_bytes(e->model, i, &l);
+        lens[i] = (uint32_t)l;
+    }
+    if (grammar_vocab_new(&e->v, nv, pieces, lens) < 0 ||
+        grammar_index_new(&e->ix, e->g, e->v) < 0 ||
+        grammar_matcher_new(&e->gm, e->ix, eog, n_eog) < 0)
+        rc = agent_err(AGENT_EINTERNAL, "tool-call grammar: %s", grammar_error_last());
+done:
+    free(pieces);
+    free(lens);
+    free(eog);
+    return rc;
+}
+
+typedef struct {
+    const agent_turn_opts *o;
+} cb_ctx;
+
+static int on_token(void *user, const char *text, size_t len, int32_t token) {
+    (void)token;
+    const agent_turn_opts *o = ((cb_ctx *)user)->o;
+    if (len && o->on_text) o->on_text(o->user, text, len);
+    return o->cancel && *o->cancel;
+}
+
+static int eng_turn(agent_backend *b, json_t *msgs, const char *tools_json,
+                    const agent_turn_opts *o, char **out, agent_turn_info *info) {
+    eng *e = (eng *)b;
+    memset(info, 0, sizeof *info);
+    *out = NULL;
+    int rc;
+    size_t n = json_array_size(msgs);
+    if (!e->s) {
+        agent_session_opts so = AGENT_SESSION_OPTS_INIT;
+        json_t *m0 = json_array_get(msgs, 0);
+        const char *r0 = json_string_value(json_object_get(m0, "role"));
+        if (r0 && !strcmp(r0, "system")) {
+            so.system_prompt = json_string_value(json_object_get(m0, "content"));
+            e->seen = 1;
+        }
+        so.tools_json = tools_json;
+        so.n_ctx = e->opts.n_ctx;
+        so.enable_thinking = e->opts.enable_thinking;
+        so.template_source = e->opts.template_source;
+        if ((rc = agent_session_new(&e->s, e->model, &so))) return rc;
+        if (tools_json && e->opts.tools_mode != AGENT_TOOLS_UNCONSTRAINED &&
+            (rc = build_grammar(e, tools_json)))
+            return rc;
+    }
+    /* Feed what the session has not seen: groups of user/tool messages, and assistant turns
+     * (from a resumed transcript) as their raw text. */
+    while (e->seen < n) {
+        json_t *m = json_array_get(msgs, e->seen);
+        const char *role = json_string_value(json_object_get(m, "role"));
+        if (role && !strcmp(role, "assistant")) {
+            const char *raw = json_string_value(json_object_get(m, "raw"));
+            if (!raw) raw = json_string_value(json_object_get(m, "content"));
+            if ((rc = agent_session_add_assistant(e->s, raw ? raw : ""))) return rc;
+            e->seen++;
+            continue;
+        }
+        size_t end = e->seen;
+        json_t *group = json_array();
+        if (!group) return agent_err(AGENT_ENOMEM, "out of memory");
+        while (end < n) {
+            json_t *x = json_array_get(msgs, end);
+            const char *r = json_string_value(json_object_get(x, "role"));
+            if (r && !strcmp(r, "assistant")) break;
+            json_t *copy = json_pack("{s:s, s:O}", "role", r ? r : "user", "content",
+                                     json_object_get(x, "content"));
+            if (!copy) {
+                json_decref(group);
+                return agent_err(AGENT_EINVAL, "message %zu: no content", end);
+            }
+            json_array_append_new(group, copy);
+            end++;
+        }
+        char *gj = json_dumps(group, JSON_COMPACT);
+        json_decref(group);
+        if (!gj) return agent_err(AGENT_ENOMEM, "out of memory");
+        rc = agent_session_append(e->s, gj, true);
+        free(gj);
+        if (rc) return rc;
+        e->seen = end;
+    }
+    engine_sampling_params sp = ENGINE_SAMPLING_PARAMS_INIT;
+    sp.temperature = e->opts.temperature;
+    sp.seed = e->opts.seed;
+    if (e->gm) {
+        grammar_matcher_reset(e->gm);
+        sp.mask = grammar_sampler_mask;
+        sp.accept = grammar_sampler_accept;
+        sp.grammar_user = e->gm;
+    }
+    cb_ctx cc = {o};
+    engine_gen_stats st;
+    rc = agent_session_generate(e->s, o->max_tokens, &sp, on_token, &cc, out, &st);
+    info->tokens = st.generated_tokens;
+    info->length = st.stop == ENGINE_STOP_LENGTH || st.stop == ENGINE_STOP_CONTEXT;
+    info->tokens_per_s = st.decode_ms > 0 ? st.decode_tokens * 1000.0 / st.decode_ms : 0;
+    if (rc == 0 || rc == AGENT_ECANCELED) e->seen = n + 1; /* the assistant message the loop adds next */
+    return rc;
+}
+
+int agent_backend_engine_new(agent_backend **out, engine_model *m, const agent_engine_opts *o) {
+    if (!out || !m) return agent_err(AGENT_EINVAL, "agent_backend_engine_new: NULL");
+    *out = NULL;
+    agent_engine_opts d = AGENT_ENGINE_OPTS_INIT;
+    eng *e = calloc(1, sizeof *e);
+    if (!e) return agent_err(AGENT_ENOMEM, "out of memory");
+    e->base.turn = eng_turn;
+    e->base.destroy = eng_destroy;
+    e->base.session = eng_session;
+    e->model = m;
+    e->opts = o ? *o : d;
+    const char *tpl = e->opts.template_source ? e->opts.template_source
+                                              : engine_model_chat_template(m);
+    e->base.format = tpl && strstr(tpl, "<function=") ? AGENT_TOOLCALL_XML
+                                                      : AGENT_TOOLCALL_HERMES;
+    *out = &e->base;
+    return 0;
+}
