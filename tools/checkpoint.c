@@ -12,6 +12,10 @@
 #include <unistd.h>
 
 #define CP_PREFIX "refs/spark-agent/checkpoints/"
+/* Files larger than this are not copied into a snapshot (a data set, a core dump): they are
+ * named in the checkpoint instead, and a restore neither removes nor rewrites them. */
+#define CP_MAX_FILE ((off_t)64 << 20)
+#define CP_SKIPPED 1u
 
 /* The paths a snapshot covers: index entries plus untracked, not ignored files. */
 static int worktree_paths(git_repository *repo, git_index *idx, json_t *out, json_t *dirty) {
@@ -90,6 +94,8 @@ static int read_wt(int wdfd, const char *path, char **data, size_t *len, unsigne
         } else {
             rc = tool_err(TOOL_ENOMEM, "out of memory");
         }
+    } else if (S_ISREG(st.st_mode) && st.st_size > CP_MAX_FILE) {
+        *mode = CP_SKIPPED;
     } else if (S_ISREG(st.st_mode)) {
         int fd = openat(dfd, base, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
         if (fd < 0) {
@@ -131,9 +137,9 @@ int tool_checkpoint_create(tool_ctx *ctx, const char *reason, char **out_ref) {
     git_commit *head = NULL, *icommit = NULL;
     git_signature *sig = NULL;
     git_reference *headref = NULL, *newref = NULL;
-    json_t *paths = json_object(), *dirty = json_object();
+    json_t *paths = json_object(), *dirty = json_object(), *skipped = json_array();
     int wdfd = -1;
-    char *msg = NULL;
+    char *msg = NULL, *skipped_s = NULL;
     if ((rc = git_repository_index(&idx, repo)) < 0 || (rc = git_index_read(idx, true)) < 0) {
         rc = tool_err_git(rc, "index");
         goto done;
@@ -199,6 +205,8 @@ int tool_checkpoint_create(tool_ctx *ctx, const char *reason, char **out_ref) {
                     rc = git_index_add(snap, &e);
                 }
             }
+        } else if (mode == CP_SKIPPED) {
+            json_array_append_new(skipped, json_string(path));
         } else if (mode) {
             rc = git_blob_create_from_buffer(&e.id, repo, data ? data : "", len);
             e.mode = mode;
@@ -241,14 +249,17 @@ int tool_checkpoint_create(tool_ctx *ctx, const char *reason, char **out_ref) {
     }
     char icid_s[GIT_OID_HEXSZ + 1];
     git_oid_tostr(icid_s, sizeof icid_s, &icid);
-    size_t ml = strlen(reason ? reason : "") + strlen(head_name) + 256;
+    skipped_s = json_dumps(skipped, JSON_COMPACT);
+    size_t ml = strlen(reason ? reason : "") + strlen(head_name) + 256 +
+                (skipped_s ? strlen(skipped_s) : 0);
     msg = malloc(ml);
-    if (!msg) {
+    if (!msg || !skipped_s) {
         rc = tool_err(TOOL_ENOMEM, "out of memory");
         goto done;
     }
     snprintf(msg, ml, "spark-agent checkpoint: %s\n\nhead-ref: %s\nhead-commit: %s\n"
-             "index-commit: %s\n", reason ? reason : "manual", head_name, hid, icid_s);
+             "index-commit: %s\nskipped: %s\n", reason ? reason : "manual", head_name, hid,
+             icid_s, skipped_s);
     const git_commit *p2[2] = {icommit, head};
     if ((rc = git_commit_create(&wcid, repo, NULL, sig, sig, NULL, msg, wtree, head ? 2 : 1,
                                 p2)) < 0) {
@@ -267,6 +278,8 @@ int tool_checkpoint_create(tool_ctx *ctx, const char *reason, char **out_ref) {
 done:
     if (wdfd >= 0) close(wdfd);
     free(msg);
+    free(skipped_s);
+    json_decref(skipped);
     json_decref(paths);
     json_decref(dirty);
     git_index_free(idx);
@@ -438,6 +451,7 @@ int tool_checkpoint_restore(tool_ctx *ctx, const char *ref, char **out_json) {
     git_tree *wtree = NULL, *itree = NULL;
     git_index *idx = NULL;
     json_t *paths = json_object(), *removed = json_array(), *written = json_array();
+    json_t *skipped = NULL;
     int wdfd = -1;
     if ((rc = git_reference_lookup(&r, repo, name)) < 0) {
         rc = rc == GIT_ENOTFOUND ? tool_err(TOOL_ENOTFOUND, "no checkpoint %s", name)
@@ -458,6 +472,8 @@ int tool_checkpoint_restore(tool_ctx *ctx, const char *ref, char **out_json) {
     msg_field(msg, "\nhead-ref: ", head_ref, sizeof head_ref);
     msg_field(msg, "\nhead-commit: ", head_commit, sizeof head_commit);
     msg_field(msg, "\nindex-commit: ", index_commit, sizeof index_commit);
+    const char *sk = strstr(msg, "\nskipped: ");
+    skipped = sk ? json_loadb(sk + 10, strcspn(sk + 10, "\n"), 0, NULL) : NULL;
     git_oid iid;
     if (git_oid_fromstr(&iid, index_commit) < 0 || (rc = git_commit_lookup(&icommit, repo, &iid)) < 0 ||
         (rc = git_commit_tree(&itree, icommit)) < 0) {
@@ -484,6 +500,11 @@ int tool_checkpoint_restore(tool_ctx *ctx, const char *ref, char **out_json) {
         }
         git_error_clear();
         if (json_integer_value(jm) == GIT_FILEMODE_COMMIT) continue; /* submodules stay */
+        bool was_skipped = false;
+        size_t si;
+        json_t *sv;
+        json_array_foreach(skipped, si, sv) was_skipped = was_skipped || !strcmp(json_string_value(sv), path);
+        if (was_skipped) continue; /* too large to snapshot: never removed */
         if (remove_path(wdfd, path)) json_array_append_new(removed, json_string(path));
     }
     /* 2. snapshot files written back where they differ */
@@ -529,6 +550,7 @@ int tool_checkpoint_restore(tool_ctx *ctx, const char *ref, char **out_json) {
     }
 done:
     if (wdfd >= 0) close(wdfd);
+    json_decref(skipped);
     json_decref(paths);
     json_decref(removed);
     json_decref(written);
