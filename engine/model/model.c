@@ -129,7 +129,7 @@ static int tokenizer_load(engine_tokenizer **out, const engine_gguf *g, uint32_t
     if (n_vocab_model > nt && (rc = engine_tokenizer_spec_pad(spec, (int32_t)n_vocab_model)))
         goto done;
     rc = engine_tokenizer_new(out, spec);
-    if (rc) rc = engine_err(rc, "%s: tokenizer: %s", path, engine_error_last());
+    if (rc) rc = engine_err(rc, "%s: %s", path, engine_error_last());
 done:
     engine_tokenizer_spec_free(spec);
     return rc;
