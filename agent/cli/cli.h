@@ -20,6 +20,10 @@ int cli_doctor(int argc, char **argv);
 int cli_version(int argc, char **argv);
 int cli_tool(int argc, char **argv);
 int cli_undo(int argc, char **argv);
+/* `run`, `chat`, `sessions` (cmd_full_run.c, full builds only): the agent loop. */
+int cli_run(int argc, char **argv);
+int cli_chat(int argc, char **argv);
+int cli_sessions(int argc, char **argv);
 int cli_sandbox(int argc, char **argv);
 int cli_complete(int argc, char **argv);
 int cli_bench(int argc, char **argv);

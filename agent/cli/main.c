@@ -22,9 +22,9 @@ typedef struct {
 #endif
 
 static const cli_command commands[] = {
-    {"run", NULL, "carry out a task in the current repository",
+    {"run", FULL(cli_run), "carry out a task in the current repository",
      "not available yet: the agent loop comes with issue 9", true},
-    {"chat", NULL, "interactive session",
+    {"chat", FULL(cli_chat), "interactive session",
      "not available yet: the agent loop comes with issue 9", true},
     {"serve", NULL, "WebSocket JSON-RPC + OpenAI-compatible HTTP on one port",
      "not available yet: the server comes with issue 10", true},
@@ -38,7 +38,8 @@ static const cli_command commands[] = {
     {"sandbox", FULL(cli_sandbox), "run a command exactly as the agent would", NULL, true},
     {"tool", FULL(cli_tool), "run one repo tool", NULL, true},
     {"undo", FULL(cli_undo), "restore the last checkpoint", NULL, true},
-    {"sessions", NULL, "list sessions", "not available yet: sessions come with issue 9", true},
+    {"sessions", FULL(cli_sessions), "list sessions", "not available yet: sessions come with issue 9",
+     true},
     {"version", cli_version, "print the version and build", NULL, false},
     {"help", NULL, "this help", NULL, false},
 };
