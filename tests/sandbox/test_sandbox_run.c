@@ -233,6 +233,49 @@ static void test_signals_reset(void) {
     sigaction(SIGPIPE, &old_pipe, NULL);
 }
 
+/* sandbox_run from several threads at once (the agent runs tools concurrently). */
+typedef struct {
+    int id, ok;
+} par_job;
+
+static void *par_worker(void *arg) {
+    par_job *j = arg;
+    for (int k = 0; k < 4; k++) {
+        char script[64], want[32];
+        snprintf(script, sizeof script, "echo %d-%d; test ! -e .git/hooks/x", j->id, k);
+        snprintf(want, sizeof want, "%d-%d\n", j->id, k);
+        sandbox_policy pol = SANDBOX_POLICY_INIT;
+        pol.workspace = ws;
+        sandbox_result r;
+        if (sandbox_run(&r, &pol, (const char *[]){"sh", "-c", script, NULL}, sbx_env(home, NULL),
+                        NULL) != 0)
+            return NULL;
+        j->ok += r.exit_code == 0 && !strcmp(r.out.data, want);
+        sandbox_result_deinit(&r);
+    }
+    return NULL;
+}
+
+static void test_threads(void) {
+    pthread_t t[4];
+    par_job jobs[4];
+    for (int i = 0; i < 4; i++) {
+        jobs[i] = (par_job){i, 0};
+        pthread_create(&t[i], NULL, par_worker, &jobs[i]);
+    }
+    int ok = 0;
+    for (int i = 0; i < 4; i++) {
+        pthread_join(t[i], NULL);
+        ok += jobs[i].ok;
+    }
+    char git[PATH_MAX + 8];
+    snprintf(git, sizeof git, "%s/.git", ws);
+    struct stat st;
+    bool placeholder_gone = lstat(git, &st) != 0 || S_ISDIR(st.st_mode);
+    sbx_check(ok == 16 && placeholder_gone,
+              "4 threads x 4 runs at once: %d of 16 right, placeholders cleaned up", ok);
+}
+
 static void *cancel_later(void *arg) {
     usleep(300 * 1000);
     *(volatile int *)arg = 1;
@@ -375,6 +418,7 @@ int main(int argc, char **argv) {
     snprintf(home, sizeof home, "%s/home", root);
     mkdir(ws, 0755);
     mkdir(home, 0755);
+    test_threads();
     test_capture();
     test_status();
     test_view();
