@@ -252,6 +252,9 @@ int tool_git_diff(tool_ctx *ctx, json_t *args, json_t *res) {
     git_diff_options o;
     git_diff_options_init(&o, GIT_DIFF_OPTIONS_VERSION);
     o.context_lines = (uint32_t)tool_arg_int(args, "context", 3);
+    if (tool_arg_bool(args, "untracked", false))
+        o.flags |= GIT_DIFF_INCLUDE_UNTRACKED | GIT_DIFF_RECURSE_UNTRACKED_DIRS |
+                   GIT_DIFF_SHOW_UNTRACKED_CONTENT;
     git_tree *a = NULL, *b = NULL;
     git_diff *diff = NULL;
     git_index *idx = NULL;

@@ -102,7 +102,8 @@ static const tool_def TOOLS[] = {
      OBJ("\"mode\":{\"type\":\"string\",\"enum\":[\"worktree\",\"staged\",\"head\",\"refs\"]},"
          "\"from\":{\"type\":\"string\",\"maxLength\":200},\"to\":{\"type\":\"string\",\"maxLength\":200},"
          "\"paths\":{\"type\":\"array\",\"items\":{\"type\":\"string\",\"maxLength\":4000}},"
-         "\"context\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":100}",
+         "\"context\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":100},"
+         "\"untracked\":{\"type\":\"boolean\",\"description\":\"worktree/head modes: also show new untracked files\"}",
          ""),
      tool_git_diff, false},
     {"git_log",

@@ -244,6 +244,9 @@ int main(void) {
     r = call("git_diff", "{}", 0);
     CHECK(strstr(jstr(r, "diff"), "+delta") && !strstr(jstr(r, "diff"), "+BETA"));
     json_decref(r);
+    r = call("git_diff", "{\"untracked\":true}", 0);
+    CHECK(strstr(jstr(r, "diff"), "+untracked") && strstr(jstr(r, "diff"), "+nested untracked"));
+    json_decref(r);
     r = call("git_diff", "{\"mode\":\"staged\"}", 0);
     CHECK(strstr(jstr(r, "diff"), "+BETA") && !strstr(jstr(r, "diff"), "+delta"));
     json_decref(r);
