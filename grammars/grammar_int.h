@@ -226,6 +226,8 @@ struct grammar_index {
     uint32_t *acc_stamp;    /* per rank: accepted in this build (== build_stamp) */
     uint32_t build_stamp;
     int32_t *pending;       /* per trie node + 1: prefix counts of not-accepted token ends */
+    int32_t *vq, *vp;       /* per depth: a level held as one (state, caller) pair... */
+    uint8_t *virt;          /* ...when set (not interned: the walk's fast path) */
     /* lazy triggers: per trigger and matched-prefix length k, the rank range of tokens that
      * start with trigger[k..]; plus the tokens that contain a whole trigger */
     int32_t trig_lo[GRAMMAR_MAX_TRIGGERS][64], trig_hi[GRAMMAR_MAX_TRIGGERS][64];

@@ -110,6 +110,9 @@ void grammar_index_free(grammar_index *ix) {
     free(ix->tmp_unc);
     free(ix->acc_stamp);
     free(ix->pending);
+    free(ix->vq);
+    free(ix->vp);
+    free(ix->virt);
     free(ix->trig_contain);
     free(ix);
 }
@@ -147,6 +150,10 @@ int grammar_index_new(grammar_index **out, const grammar *g, const grammar_vocab
     ix->depth_mark = malloc(((size_t)v->max_len + 3) * sizeof *ix->depth_mark);
     ix->acc_stamp = calloc((size_t)v->n_order + 1, sizeof *ix->acc_stamp);
     ix->pending = malloc(((size_t)v->n_nodes + 1) * sizeof *ix->pending);
+    ix->vq = malloc(((size_t)v->max_len + 3) * sizeof *ix->vq);
+    ix->vp = malloc(((size_t)v->max_len + 3) * sizeof *ix->vp);
+    ix->virt = malloc((size_t)v->max_len + 3);
+    if (!ix->vq || !ix->vp || !ix->virt) goto fail;
     if (!ix->cache || !ix->depth_off || !ix->depth_mark || !ix->acc_stamp || !ix->pending) goto fail;
     if ((rc = grammar_store_init(&ix->st, 4096))) goto fail;
     if ((rc = grammar_stepper_init(&ix->sp, g, &ix->st))) goto fail;
@@ -206,6 +213,7 @@ static int walk(grammar_index *ix, int32_t q, int pass, size_t *n_acc, size_t *n
     ix->depth_off[0] = 0;
     ix->depth_off[1] = 1;
     ix->depth_mark[0] = st->n;
+    ix->virt[0] = 0;
     int32_t i = 0;
     while (i < v->n_nodes) {
         uint32_t d = v->tn_depth[i];
@@ -215,8 +223,45 @@ static int walk(grammar_index *ix, int32_t q, int pass, size_t *n_acc, size_t *n
             continue;
         }
         grammar_store_truncate(st, ix->depth_mark[d - 1]);
+        uint8_t b = v->tn_byte[i];
+        /* fast path: one stack whose next state only consumes bytes (no call, no return):
+         * the level is the pair (state, caller), nothing interned */
+        int32_t pq = -1, pp = -1;
         size_t so = ix->depth_off[d - 1], n = ix->depth_off[d] - so;
-        if ((rc = grammar_stepper_step(sp, ix->depth_sets + so, n, v->tn_byte[i]))) break;
+        if (ix->virt[d - 1]) {
+            pq = ix->vq[d - 1], pp = ix->vp[d - 1];
+        } else if (n == 1 && st->q[ix->depth_sets[so]] >= 0) {
+            pq = st->q[ix->depth_sets[so]], pp = st->parent[ix->depth_sets[so]];
+        }
+        if (pq >= 0) {
+            int32_t t = grammar_next(g, pq, b);
+            if (t < 0) {
+                i = v->tn_skip[i];
+                continue;
+            }
+            if (g->has_bytes[t] && !g->final[t] && g->ref_off[t] == g->ref_off[t + 1]) {
+                ix->virt[d] = 1;
+                ix->vq[d] = t;
+                ix->vp[d] = pp;
+                ix->depth_off[d + 1] = ix->depth_off[d];
+                ix->depth_mark[d] = st->n;
+                goto classify;
+            }
+        }
+        {
+            int32_t one;
+            const int32_t *in = ix->depth_sets + so;
+            if (ix->virt[d - 1]) {
+                one = grammar_store_intern(st, pq, pp);
+                if (one < 0) {
+                    rc = grammar_err(GRAMMAR_ENOMEM, "out of memory");
+                    break;
+                }
+                in = &one;
+                n = 1;
+            }
+            if ((rc = grammar_stepper_step(sp, in, n, b))) break;
+        }
         if (sp->n_out == 0) {
             i = v->tn_skip[i];
             continue;
@@ -230,6 +275,8 @@ static int walk(grammar_index *ix, int32_t q, int pass, size_t *n_acc, size_t *n
         memcpy(ix->depth_sets + base, sp->out, sp->n_out * sizeof *sp->out);
         ix->depth_off[d + 1] = base + sp->n_out;
         ix->depth_mark[d] = st->n;
+        ix->virt[d] = 0;
+    classify:;
         int32_t r0 = v->tn_rank[i], nr = v->tn_nrank[i];
         for (int32_t r = r0; r < r0 + nr && !rc; r++) {
             if (pass == 1) {
