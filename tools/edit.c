@@ -231,8 +231,33 @@ int tool_edit_file(tool_ctx *ctx, json_t *args, json_t *res) {
         if (me > ms && me[-1] == '\r') me--;
         bool crlf = fl[at].n && fl[at].s[fl[at].n - 1] == '\r';
         sb_add(&out, data, (size_t)(ms - data));
-        /* new text in the file's line ending style */
+        /* old_text missing the same indentation on every line (a model that dropped it):
+         * give the new text that indentation too */
+        const char *pre = NULL;
+        size_t pl = 0;
+        bool uniform = true;
+        for (size_t j = 0; j < k && uniform; j++) {
+            const line_ref *f = &fl[at + j], *o = &ol[o0 + j];
+            if (blank(o)) continue;
+            size_t fw = 0, ow = 0;
+            while (fw < f->n && (f->s[fw] == ' ' || f->s[fw] == '\t')) fw++;
+            while (ow < o->n && (o->s[ow] == ' ' || o->s[ow] == '\t')) ow++;
+            if (fw < ow || memcmp(f->s + fw - ow, o->s, ow) != 0) {
+                uniform = false;
+            } else if (!pre) {
+                pre = f->s;
+                pl = fw - ow;
+            } else if (pl != fw - ow || memcmp(pre, f->s, pl) != 0) {
+                uniform = false;
+            }
+        }
+        if (!uniform) pl = 0;
+        if (pl) json_object_set_new(res, "reindented", json_integer((json_int_t)pl));
+        /* new text in the file's line ending style (and indentation, see above) */
+        bool at_line_start = true;
         for (size_t i = 0; i < nwn; i++) {
+            if (at_line_start && pl && nw[i] != '\n' && nw[i] != '\r') sb_add(&out, pre, pl);
+            at_line_start = nw[i] == '\n';
             if (crlf && nw[i] == '\n' && (i == 0 || nw[i - 1] != '\r')) sb_add(&out, "\r", 1);
             sb_add(&out, &nw[i], 1);
         }

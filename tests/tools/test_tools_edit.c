@@ -102,6 +102,14 @@ int main(void) {
                        "    call(1);\r\n    call(2);"));
     json_decref(r);
     expect_content("w.txt", "if (x) {\r\n    call(3);\r\n    call(4);\r\n}\r\n");
+    /* old and new text both missing the indentation the file has: the new text gets it */
+    tt_puts(dir, "ind.py", "def f():\n    a = 1\n\n    b = 2\nc = 3\n");
+    r = tt_call(ctx, "edit_file", "{\"path\":\"ind.py\",\"old_text\":\"a = 1\\n\\nb = 2\\n\","
+                                  "\"new_text\":\"a = 10\\n\\nb = 20\\nb2 = 21\\n\"}", &rc);
+    CHECK_MSG(rc == 0, "%s", tool_error_last());
+    CHECK(r && json_integer_value(json_object_get(r, "reindented")) == 4);
+    json_decref(r);
+    expect_content("ind.py", "def f():\n    a = 10\n\n    b = 20\n    b2 = 21\nc = 3\n");
     /* the fallback is refused when ambiguous */
     tt_puts(dir, "amb.txt", "  x();\ny();\n\tx();\ny();\n");
     expect_fail("edit_file", "{\"path\":\"amb.txt\",\"old_text\":\"x();\\ny();\",\"new_text\":\"z\"}",
