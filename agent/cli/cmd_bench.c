@@ -33,6 +33,12 @@ static double now_ms(void) {
     return (double)ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
+static double cpu_ms(void) { /* CPU time of every thread of the process */
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
 static bool parse_int(const char *s, long lo, long hi, long *out) {
     char *end;
     errno = 0;
@@ -137,7 +143,7 @@ int cli_bench(int argc, char **argv) {
     engine_model *m = NULL;
     engine_session *s = NULL;
     int32_t *prompt = NULL;
-    double *pp = NULL, *tg = NULL;
+    double *pp = NULL, *tg = NULL, *pp_cpu = NULL, *tg_cpu = NULL;
     engine_model_params mp = ENGINE_MODEL_PARAMS_INIT;
     mp.n_threads = threads > 0 ? (int)threads : cfg.threads;
     mp.device = (engine_device)engine_device_parse(cfg.device);
@@ -165,7 +171,9 @@ int cli_bench(int argc, char **argv) {
     prompt = malloc(sizeof(int32_t) * (size_t)(n_prompt + 1));
     pp = calloc((size_t)reps, sizeof *pp);
     tg = calloc((size_t)reps, sizeof *tg);
-    if (!prompt || !pp || !tg) {
+    pp_cpu = calloc((size_t)reps, sizeof *pp_cpu);
+    tg_cpu = calloc((size_t)reps, sizeof *tg_cpu);
+    if (!prompt || !pp || !tg || !pp_cpu || !tg_cpu) {
         cli_errorf(cmd, "out of memory");
         goto done;
     }
@@ -178,14 +186,14 @@ int cli_bench(int argc, char **argv) {
     }
     for (long r = -1; r < reps; r++) { /* r = -1: warm-up (page in the weights) */
         engine_session_truncate(s, 0);
-        double t0 = now_ms();
+        double c0 = cpu_ms(), t0 = now_ms();
         /* tg alone still needs one token of context to decode after */
         long np = n_prompt > 0 ? n_prompt : 1;
         if (engine_session_append(s, prompt, (size_t)np, NULL) != 0) {
             cli_errorf(cmd, "%s", engine_error_last());
             goto done;
         }
-        double t1 = now_ms();
+        double c1 = cpu_ms(), t1 = now_ms();
         for (long i = 0; i < n_gen; i++) {
             int32_t tok = argmax(engine_session_logits(s), nv);
             if (engine_session_append(s, &tok, 1, NULL) != 0) {
@@ -193,10 +201,12 @@ int cli_bench(int argc, char **argv) {
                 goto done;
             }
         }
-        double t2 = now_ms();
+        double c2 = cpu_ms(), t2 = now_ms();
         if (r >= 0) {
             pp[r] = n_prompt > 0 ? n_prompt * 1e3 / (t1 - t0) : 0.0;
             tg[r] = n_gen > 0 ? n_gen * 1e3 / (t2 - t1) : 0.0;
+            pp_cpu[r] = n_prompt > 0 ? n_prompt * 1e3 / (c1 - c0) : 0.0;
+            tg_cpu[r] = n_gen > 0 ? n_gen * 1e3 / (c2 - c1) : 0.0;
         }
     }
     struct rusage ru;
@@ -206,26 +216,29 @@ int cli_bench(int argc, char **argv) {
     fmt_count(params, sizeof params, (double)info.n_params);
     snprintf(desc, sizeof desc, "%s %s %s", info.name[0] ? info.name : info.arch, info.arch,
              info.weight_type);
-    printf("| %-36s | %10s | %10s | %-7s | %7s | %6s | %18s |\n", "model", "size", "params",
-           "backend", "threads", "test", "t/s");
-    printf("| %.36s | %.10s | %.10s | %.7s | %.7s | %.6s | %.18s |\n",
+    printf("| %-36s | %10s | %10s | %-7s | %7s | %6s | %18s | %11s |\n", "model", "size",
+           "params", "backend", "threads", "test", "t/s", "t/CPU-s");
+    printf("| %.36s | %.10s | %.10s | %.7s | %.7s | %.6s | %.18s | %.11s |\n",
            "------------------------------------", "----------", "----------", "-------",
-           "-------", "------", "------------------");
+           "-------", "------", "------------------", "-----------");
     for (int k = 0; k < 2; k++) {
         long n = k == 0 ? n_prompt : n_gen;
         if (n == 0) continue;
-        double mean, sd;
+        double mean, sd, cmean, csd;
         mean_sd(k == 0 ? pp : tg, (int)reps, &mean, &sd);
+        mean_sd(k == 0 ? pp_cpu : tg_cpu, (int)reps, &cmean, &csd);
         char test[16], ts[32], size[16];
         snprintf(test, sizeof test, "%s%ld", k == 0 ? "pp" : "tg", n);
         snprintf(ts, sizeof ts, "%.2f ± %.2f", mean, sd);
         snprintf(size, sizeof size, "%.2f MiB", file_mib);
-        printf("| %-36.36s | %10s | %10s | %-7s | %7d | %6s | %20s |\n", desc, size, params,
-               engine_device_name(info.device), info.n_threads, test, ts);
+        printf("| %-36.36s | %10s | %10s | %-7s | %7d | %6s | %20s | %11.2f |\n", desc, size,
+               params, engine_device_name(info.device), info.n_threads, test, ts, cmean);
     }
     double anon, mapped;
     rss_split(&anon, &mapped);
-    printf("\npeak RSS %.1f MiB for a model file of %.1f MiB; now %.1f MiB anonymous (KV cache, "
+    printf("\nt/CPU-s: tokens per second of process CPU time (all threads): the speed without "
+           "other load on the machine when threads = 1; spinning waits count against it.\n");
+    printf("peak RSS %.1f MiB for a model file of %.1f MiB; now %.1f MiB anonymous (KV cache, "
            "buffers) + %.1f MiB of mapped file pages (the weights are used in place, never "
            "copied); KV cache %s, batch %ld, %ld reps\n", rss_mib, file_mib, anon, mapped,
            kv == ENGINE_KV_F16 ? "f16" : "f32", batch, reps);
@@ -234,6 +247,8 @@ done:
     free(prompt);
     free(pp);
     free(tg);
+    free(pp_cpu);
+    free(tg_cpu);
     engine_session_free(s);
     engine_model_free(m);
     return ret;
