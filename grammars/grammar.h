@@ -116,7 +116,7 @@ typedef struct {
 #define GRAMMAR_TOOL_OPTIONS_INIT \
     { GRAMMAR_TOOL_OPTIONS_VERSION, GRAMMAR_TOOLS_HERMES, GRAMMAR_TOOLS_AUTO, NULL, true }
 
-/* The GBNF text of a tool-call grammar (caller frees with free()); *triggers_out (may be NULL)
+/* The GBNF text of a tool-call grammar (caller frees with free()); *trigger_out (may be NULL)
  * receives the lazy trigger string or NULL when the grammar is not lazy (borrowed, static). */
 int grammar_tools_to_gbnf(char **out, const char **trigger_out, const char *tools_json,
                           size_t len, const grammar_tool_options *opt);
