@@ -91,7 +91,10 @@ static bool is_placeholder(const struct stat *st) {
     return S_ISREG(st->st_mode) && st->st_size == 0 && (st->st_mode & 07777) == PLACEHOLDER_MODE;
 }
 
+/* 0: joined (or created) it; 1: this run holds it already; -errno. */
 static int placeholder_join(const char *path, sandbox_placeholders *ph) {
+    for (int i = 0; i < ph->n; i++)
+        if (!strcmp(ph->paths[i], path)) return 1; /* this run has it already */
     if (ph->n >= (int)(sizeof ph->paths / sizeof ph->paths[0])) return -E2BIG;
     for (int tries = 0; tries < 16; tries++) {
         int fd = open(path, O_CREAT | O_EXCL | O_RDONLY | O_NOFOLLOW | O_CLOEXEC,
@@ -161,18 +164,18 @@ static int plan_protected(sandbox_plan *p, size_t cap, sandbox_strings *a, const
                 return sandbox_err(SANDBOX_ESPAWN, "sandbox: %s: %s", cur, strerror(errno));
             /* Missing: an empty placeholder blocks its creation for the run. */
             int rc = placeholder_join(cur, ph);
-            if (rc)
+            if (rc < 0)
                 return sandbox_err(SANDBOX_ESPAWN, "sandbox: cannot create the placeholder "
                                    "%s for a protected path: %s", cur, strerror(-rc));
-            ADD(SANDBOX_OP_MASK, NULL, sandbox_strcat3(a, p->stage, cur, ""), NULL);
+            if (rc == 0) ADD(SANDBOX_OP_MASK, NULL, sandbox_strcat3(a, p->stage, cur, ""), NULL);
             return 0;
         }
         if (is_placeholder(&st)) { /* another run's, still in use: share it */
             int rc = placeholder_join(cur, ph);
-            if (rc)
+            if (rc < 0)
                 return sandbox_err(SANDBOX_ESPAWN, "sandbox: placeholder %s: %s", cur,
                                    strerror(-rc));
-            ADD(SANDBOX_OP_MASK, NULL, sandbox_strcat3(a, p->stage, cur, ""), NULL);
+            if (rc == 0) ADD(SANDBOX_OP_MASK, NULL, sandbox_strcat3(a, p->stage, cur, ""), NULL);
             return 0;
         }
         if (S_ISLNK(st.st_mode)) {

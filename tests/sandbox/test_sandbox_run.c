@@ -233,6 +233,28 @@ static void test_signals_reset(void) {
     sigaction(SIGPIPE, &old_pipe, NULL);
 }
 
+/* The build tool protects all of .git; in a workspace without one, the paths below it all
+ * lead to one placeholder. */
+static void test_protect_whole_git(void) {
+    sandbox_policy pol = SANDBOX_POLICY_INIT;
+    const char *prot[] = {".git", ".git/info/exclude", NULL};
+    pol.protected_paths = prot;
+    sandbox_result r;
+    if (run(&r, &pol, (const char *[]){"sh", "-c", "test -c .git && mkdir .git 2>/dev/null || "
+                                       "echo blocked", NULL}, NULL) != 0) {
+        sbx_check(false, "protect .git: runs");
+        return;
+    }
+    char git[PATH_MAX + 8];
+    snprintf(git, sizeof git, "%s/.git", ws);
+    struct stat st;
+    if (!sbx_check(!strcmp(r.out.data, "blocked\n") && lstat(git, &st) != 0,
+                   "protecting .git and paths below it without a repository: one placeholder, "
+                   "removed after"))
+        sbx_dump("protect .git", &r);
+    sandbox_result_deinit(&r);
+}
+
 /* sandbox_run from several threads at once (the agent runs tools concurrently). */
 typedef struct {
     int id, ok;
@@ -419,6 +441,7 @@ int main(int argc, char **argv) {
     mkdir(ws, 0755);
     mkdir(home, 0755);
     test_threads();
+    test_protect_whole_git();
     test_capture();
     test_status();
     test_view();
