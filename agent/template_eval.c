@@ -1424,6 +1424,17 @@ static int str_at(ctx *c, tpl_str s, double idx, tpl_val *out) {
     return 0;
 }
 
+/* A bound method value (`"x".strip`, `d.items`), or undefined when `m` is NULL. */
+static int bound_method(ctx *c, tpl_fn_kind k, const char *m, const tpl_val *self,
+                        tpl_val *out) {
+    if (!m) return *out = v_undef(), 0;
+    tpl_fn *f = fn_new(c, k, m);
+    if (!f) return OOM();
+    f->self = *self;
+    *out = v_fn(f);
+    return 0;
+}
+
 static int member_get(ctx *c, const tpl_node *at, const tpl_val *obj, const tpl_val *prop,
                       tpl_val *out) {
     if (obj->t == V_OBJECT || obj->t == V_KWARGS || obj->t == V_NS) {
@@ -1431,16 +1442,8 @@ static int member_get(ctx *c, const tpl_node *at, const tpl_val *obj, const tpl_
             return rerr(c, at, "cannot access property with non-string: got %s", tname(prop));
         tpl_val *v = obj_get(obj->o, prop->s);
         if (v) return *out = *v, 0;
-        const char *m = obj->t != V_NS ? find_name(OBJ_METHODS, prop->s) : NULL;
-        if (m) {
-            tpl_fn *f = fn_new(c, FN_OBJ_METHOD, m);
-            if (!f) return OOM();
-            f->self = *obj;
-            *out = v_fn(f);
-            return 0;
-        }
-        *out = v_undef();
-        return 0;
+        return bound_method(c, FN_OBJ_METHOD,
+                            obj->t != V_NS ? find_name(OBJ_METHODS, prop->s) : NULL, obj, out);
     }
     if (is_arr(obj) || obj->t == V_STR) {
         if (prop->t == V_INT) {
@@ -1455,16 +1458,9 @@ static int member_get(ctx *c, const tpl_node *at, const tpl_val *obj, const tpl_
                 *out = v_int(is_arr(obj) ? (double)obj->a->n : (double)u16_len(obj->s));
                 return 0;
             }
-            const char *m = obj->t == V_STR ? find_name(STR_METHODS, prop->s) : NULL;
-            if (m) {
-                tpl_fn *f = fn_new(c, FN_STR_METHOD, m);
-                if (!f) return OOM();
-                f->self = *obj;
-                *out = v_fn(f);
-                return 0;
-            }
-            *out = v_undef();
-            return 0;
+            return bound_method(c, FN_STR_METHOD,
+                                obj->t == V_STR ? find_name(STR_METHODS, prop->s) : NULL, obj,
+                                out);
         }
         return rerr(c, at, "cannot access property with non-string/non-number: got %s",
                     tname(prop));

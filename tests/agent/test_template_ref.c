@@ -10,27 +10,28 @@
 #include <stdlib.h>
 #include <string.h>
 
-static char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    size_t cap = 1 << 16, n = 0;
+/* All of a stream in a malloc'ed NUL-terminated buffer, or NULL. */
+static char *read_all(FILE *f, size_t *len) {
+    size_t cap = 1 << 16, n = 0, got;
     char *buf = malloc(cap);
-    size_t got;
     while (buf && (got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
         n += got;
         if (cap - n < 2) {
             char *nb = realloc(buf, cap *= 2);
-            if (!nb) {
-                free(buf);
-                buf = NULL;
-            } else {
-                buf = nb;
-            }
+            if (!nb) free(buf);
+            buf = nb;
         }
     }
-    fclose(f);
     if (buf) buf[n] = 0;
     if (len) *len = n;
+    return buf;
+}
+
+static char *read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = read_all(f, len);
+    fclose(f);
     return buf;
 }
 
@@ -39,27 +40,12 @@ static char *run_node(const char *src_dir) {
     snprintf(cmd, sizeof cmd, "node '%s/tests/agent/template_ref.mjs' 2>/dev/null", src_dir);
     FILE *p = popen(cmd, "r");
     if (!p) return NULL;
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    size_t got;
-    while (buf && (got = fread(buf + n, 1, cap - n - 1, p)) > 0) {
-        n += got;
-        if (cap - n < 2) {
-            char *nb = realloc(buf, cap *= 2);
-            if (!nb) {
-                free(buf);
-                buf = NULL;
-            } else {
-                buf = nb;
-            }
-        }
-    }
-    int st = pclose(p);
-    if (!buf || st != 0 || n == 0) {
+    size_t n = 0;
+    char *buf = read_all(p, &n);
+    if (pclose(p) != 0 || n == 0) {
         free(buf);
         return NULL;
     }
-    buf[n] = 0;
     return buf;
 }
 
