@@ -92,7 +92,9 @@ static int byte_rank(unsigned char c) {
     if (c >= 'a' && c <= 'z') return 230 - (int)(strchr(common, c) - common) * 4;
     if (c >= 'A' && c <= 'Z') return 140 - (int)(strchr(common, c + 32) - common) * 2;
     if (c >= '0' && c <= '9') return 120;
-    if (strchr("_();,.=*/-\"'{}<>#:", c)) return 150;
+    if (c == '_' || c == '(' || c == ')' || c == ';' || c == ',' || c == '.') return 200;
+    if (strchr("=*/-\"'{}", c)) return 170;
+    if (strchr("<>#:[]&|!+", c)) return 150;
     if (c >= 0x80) return 40;
     return 60;
 }

@@ -5,7 +5,8 @@
 #                                                             /usr/lib/python3.11 in $TMPDIR)
 #   bench/tools/search_bench.sh build/spark-agent DIR        (any tree)
 # Both tools print every matching line (rg to /dev/null, spark-agent as JSON to /dev/null);
-# the best of RUNS wall times is reported with the matching-line counts, which must agree.
+# the best of RUNS wall and CPU (user+sys) times are reported with the matching-line counts,
+# which must agree.
 set -euo pipefail
 cli=$(realpath "${1:?usage: search_bench.sh SPARK_AGENT [TREE]}")
 tree=${2:-}
@@ -22,15 +23,21 @@ command -v rg >/dev/null || { echo "ripgrep (rg) is not installed" >&2; exit 1; 
 files=$(find "$tree" -type f | wc -l)
 size=$(du -sh "$tree" | cut -f1)
 echo "tree: $tree ($files files, $size), $(nproc) CPUs, best of $runs runs"
-best() { # best wall time of "$@" in seconds
-    local b=999999 t s e
+# best "WALL CPU" of RUNS runs of "$@" (CPU = user + sys; less sensitive to a loaded machine)
+best() {
+    local bw=999999 bc=999999 s e w c
     for _ in $(seq "$runs"); do
-        s=$(date +%s.%N); "$@" >/dev/null 2>&1 || true; e=$(date +%s.%N)
-        t=$(echo "$e - $s" | bc -l); b=$(echo "if ($t < $b) $t else $b" | bc -l)
+        s=$(date +%s.%N)
+        c=$( { TIMEFORMAT="%U %S"; time "$@" >/dev/null 2>&1 || true; } 2>&1 | awk "{print \$1 + \$2}")
+        e=$(date +%s.%N)
+        w=$(echo "$e - $s" | bc -l)
+        bw=$(echo "if ($w < $bw) $w else $bw" | bc -l)
+        bc=$(echo "if ($c < $bc) $c else $bc" | bc -l)
     done
-    printf '%.3f' "$b"
+    printf '%.3f %.3f\n' "$bw" "$bc"
 }
-printf '%-28s %10s %10s %8s %10s %10s\n' pattern "rg s" "spark s" ratio "rg lines" "spark lines"
+printf '%-28s %8s %8s %6s %8s %8s %6s %9s %9s\n' pattern "rg wall" "sp wall" ratio "rg cpu" \
+    "sp cpu" ratio "rg lines" "sp lines"
 # name | rg flags | pattern | spark JSON flags
 while IFS='|' read -r name rgflags pat jflags; do
     [ -z "$name" ] && continue
@@ -38,10 +45,11 @@ while IFS='|' read -r name rgflags pat jflags; do
     pj=$(printf '%s' "$pat" | sed 's/\\/\\\\/g; s/"/\\"/g')
     args="{\"pattern\":\"$pj\",\"max_results\":1000000$jflags}"
     sp_lines=$(cd "$tree" && "$cli" tool search "$args" | grep -o '"match_count":[0-9]*' | cut -d: -f2)
-    t_rg=$(cd "$tree" && best rg $rgflags -- "$pat" .)
-    t_sp=$(cd "$tree" && best "$cli" tool search "$args")
-    printf '%-28s %10s %10s %8.2f %10s %10s\n' "$name" "$t_rg" "$t_sp" \
-        "$(echo "$t_sp / $t_rg" | bc -l)" "$rg_lines" "$sp_lines"
+    read -r w_rg c_rg < <(cd "$tree" && best rg $rgflags -- "$pat" .)
+    read -r w_sp c_sp < <(cd "$tree" && best "$cli" tool --no-checkpoint search "$args")
+    printf '%-28s %8s %8s %6.2f %8s %8s %6.2f %9s %9s\n' "$name" "$w_rg" "$w_sp" \
+        "$(echo "$w_sp / $w_rg" | bc -l)" "$c_rg" "$c_sp" "$(echo "$c_sp / $c_rg" | bc -l)" \
+        "$rg_lines" "$sp_lines"
 done <<'PATTERNS'
 literal PyObject_GetAttr|-F|PyObject_GetAttr|,"literal":true
 literal rare zzyzx_nothing|-F|zzyzx_nothing|,"literal":true
