@@ -28,6 +28,14 @@ for t in $types; do
     bash bench/cuda/run.sh $B /tmp/30b-$t.gguf -n 128 -r 5 2>&1 | tee -a $OUT/bench.log
     [ -n "$DEPTH" ] && $B/bench_decode /tmp/30b-$t.gguf -n 128 -r 3 -d $DEPTH 2>&1 | tee -a $OUT/bench.log
 done
+if [ -n "$NCU" ]; then
+    t=${types%% *}
+    ncu --clock-control none -k regex:"mv_kernel|ffn_up_kernel|ffn_down_kernel|att_kernel" -c 6 \
+        --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
+        $B/bench_decode /tmp/30b-$t.gguf -n 2 -r 1 >$OUT/ncu.txt 2>&1
+    grep -E "^  [a-z_]+kernel|Duration|Memory Throughput|Achieved Occupancy|Registers Per|Stall|stalled" \
+        $OUT/ncu.txt | head -60
+fi
 if [ -n "$SANITIZE" ]; then
     timeout 150 compute-sanitizer --tool memcheck $B/tests/engine/test_cuda_ops >$OUT/memcheck.log 2>&1
     echo "memcheck test_cuda_ops rc=$?"; tail -4 $OUT/memcheck.log

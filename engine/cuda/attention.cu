@@ -21,10 +21,20 @@ int engine_cu_att_max_splits(int n_ctx) {
     return (n_ctx + ENGINE_CU_ATT_SPLIT - 1) / ENGINE_CU_ATT_SPLIT;
 }
 
+void engine_cu_rope_table(float *cs, const float *inv_freq, int hd, int n_pos) {
+    /* the CPU's arithmetic exactly: the angle rounded to F32, cos and sin in double */
+    for (int p = 0; p < n_pos; p++)
+        for (int i = 0; i < hd / 2; i++) {
+            float ang = (float)p * inv_freq[i];
+            cs[((size_t)p * (hd / 2) + i) * 2] = (float)cos((double)ang);
+            cs[((size_t)p * (hd / 2) + i) * 2 + 1] = (float)sin((double)ang);
+        }
+}
+
 /* dst = rope(rmsnorm(src) * w) for one head of HD values (block-wide; synchronises). */
 template <int HD>
-__device__ void norm_rope(const float *src, const float *w, const float *inv_freq, float eps,
-                          int pos, float *dst, float *red) {
+__device__ void norm_rope(const float *src, const float *w, const float2 *rope, float eps,
+                          float *dst, float *red) {
     float ss = 0.0f;
     for (int i = threadIdx.x; i < HD; i += blockDim.x) ss += src[i] * src[i];
     ss = engine_cu_block_sum(ss, red);
@@ -32,8 +42,8 @@ __device__ void norm_rope(const float *src, const float *w, const float *inv_fre
     for (int i = threadIdx.x; i < HD; i += blockDim.x) dst[i] = w[i] * (src[i] * scale);
     __syncthreads();
     for (int i = threadIdx.x; i < HD / 2; i += blockDim.x) {
-        float ang = (float)pos * inv_freq[i];
-        float c = (float)cos((double)ang), s = (float)sin((double)ang);
+        const float2 cs = rope[i];
+        const float c = cs.x, s = cs.y;
         float x0 = dst[i], x1 = dst[i + HD / 2];
         dst[i] = x0 * c - x1 * s;
         dst[i + HD / 2] = x0 * s + x1 * c;
@@ -83,10 +93,11 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) att_kernel(engine_cu_att a) {
     const size_t kv_dim = (size_t)a.n_kv * HD;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
 
-    norm_rope<HD>(a.q + (size_t)h * HD, a.q_norm, a.inv_freq, a.eps, pos, sq, red);
+    const float2 *rope = a.rope + (size_t)pos * (HD / 2);
+    norm_rope<HD>(a.q + (size_t)h * HD, a.q_norm, rope, a.eps, sq, red);
     const bool has_new = s == n_act - 1;
     if (has_new) {
-        norm_rope<HD>(a.k + (size_t)kvh * HD, a.k_norm, a.inv_freq, a.eps, pos, sk, red);
+        norm_rope<HD>(a.k + (size_t)kvh * HD, a.k_norm, rope, a.eps, sk, red);
         for (int i = threadIdx.x; i < HD; i += blockDim.x) {
             float kr = round_kv(sk[i], a.kv_f32), vr = round_kv(a.v[(size_t)kvh * HD + i], a.kv_f32);
             sk[i] = kr;
@@ -121,7 +132,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) att_kernel(engine_cu_att a) {
                 for (int i = 0; i < HD; i++) dot += sq[i] * sk[i];
             } else {
                 size_t row = (size_t)p * kv_dim + (size_t)kvh * HD;
-#pragma unroll 4
+#pragma unroll
                 for (int i8 = 0; i8 < HD / 8; i8++) {
                     float kk[8];
                     kv_load8(a.k_cache, a.kv_f32, row, i8, kk);
@@ -141,7 +152,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) att_kernel(engine_cu_att a) {
         m = mn;
         const int nb = min(32, p_end - p0);
         const size_t base = (size_t)p0 * kv_dim + (size_t)kvh * HD + lane;
-#pragma unroll 8
+#pragma unroll 16
         for (int j = 0; j < 32; j++) {
             if (j < nb) {
                 const float pj = __shfl_sync(0xffffffffu, pe, j);

@@ -23,7 +23,7 @@
 typedef struct {
     const float *q, *k, *v;      /* this position's projections [n_head*hd], [n_kv*hd] x 2 */
     const float *q_norm, *k_norm;/* [hd] */
-    const float *inv_freq;       /* [hd / 2] */
+    const float2 *rope;          /* [n_ctx][hd / 2] (cos, sin): engine_cu_rope_table */
     float eps;
     void *k_cache, *v_cache;     /* [n_ctx][n_kv * hd] of F16 (kv_f32 = 0) or F32 */
     int kv_f32;
@@ -37,6 +37,9 @@ typedef struct {
 /* Head dimensions the kernel is instantiated for (64, 128, 256). */
 bool engine_cu_att_head_dim_ok(int hd);
 int engine_cu_att_max_splits(int n_ctx);
+/* Host: cs[p][i] = (cos, sin) of the angle (float)p * inv_freq[i], computed as the CPU does
+ * (engine_cpu_rope_neox), for p < n_pos: 2 * n_pos * hd / 2 floats. */
+void engine_cu_rope_table(float *cs, const float *inv_freq, int hd, int n_pos);
 void engine_cu_attention(const engine_cu_att *a, cudaStream_t stream);
 
 #endif

@@ -55,6 +55,7 @@ struct engine_cuda_session {
     size_t bytes;
     void **k_cache, **v_cache; /* [n_layer] device pointers into mem */
     float *x, *q, *k, *v, *att, *router, *h, *logits, *partial, *sscratch, *wts;
+    float *rope;           /* [n_ctx][hd / 2][2] cos, sin */
     unsigned *counters;    /* [n_head + 1]: attention heads, sampler */
     int32_t *ids, *out;
     engine_cu_step *step;
@@ -167,6 +168,9 @@ extern "C" int engine_cuda_model_new(engine_cuda_model **out, const engine_model
     if (!engine_cu_att_head_dim_ok((int)hp->head_dim_k) || hp->head_dim_k != hp->head_dim_v)
         return engine_err(ENGINE_EUNSUPPORTED, "%s: head dimension %u has no CUDA attention "
                           "kernel (64, 128, 256)", m->path, hp->head_dim_k);
+    if (hp->n_expert > ENGINE_CU_MAX_EXPERT)
+        return engine_err(ENGINE_EUNSUPPORTED, "%s: %u experts (the CUDA routing takes at most "
+                          "%d)", m->path, hp->n_expert, ENGINE_CU_MAX_EXPERT);
     if (hp->n_expert_used > ENGINE_CU_MAX_EXPERT_USED)
         return engine_err(ENGINE_EUNSUPPORTED, "%s: %u experts per token (the CUDA kernels take "
                           "at most %d)", m->path, hp->n_expert_used, ENGINE_CU_MAX_EXPERT_USED);
@@ -311,7 +315,7 @@ done:
  * ------------------------------------------------------------------------------------------- */
 typedef struct {
     size_t kv_layer, x, q, kv, att, router, h, logits, partial, sscratch, ids, wts, counters,
-        step, out, total;
+        step, out, rope, total;
 } sess_layout;
 
 static sess_layout layout(const engine_cuda_model *cm, int32_t n_ctx, engine_kv_type kv) {
@@ -336,8 +340,10 @@ static sess_layout layout(const engine_cuda_model *cm, int32_t n_ctx, engine_kv_
     z.counters = align256(sizeof(unsigned) * (hp->n_head + 1));
     z.step = align256(sizeof(engine_cu_step));
     z.out = align256(sizeof(int32_t) * (size_t)n_ctx);
+    z.rope = align256(sizeof(float) * (size_t)n_ctx * hd);
     z.total = 2 * hp->n_layer * z.kv_layer + z.x + z.q + 2 * z.kv + z.att + z.router + z.h +
-              z.logits + z.partial + z.sscratch + z.ids + z.wts + z.counters + z.step + z.out;
+              z.logits + z.partial + z.sscratch + z.ids + z.wts + z.counters + z.step + z.out +
+              z.rope;
     return z;
 }
 
@@ -397,9 +403,21 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
     CARVE(att, att, float) CARVE(router, router, float) CARVE(h, h, float)
     CARVE(logits, logits, float) CARVE(partial, partial, float) CARVE(sscratch, sscratch, float)
     CARVE(ids, ids, int32_t) CARVE(wts, wts, float) CARVE(counters, counters, unsigned)
-    CARVE(step, step, engine_cu_step) CARVE(out, out, int32_t)
+    CARVE(step, step, engine_cu_step) CARVE(out, out, int32_t) CARVE(rope, rope, float)
 #undef CARVE
     ENGINE_ASSERT((size_t)(p - s->mem) == z.total);
+    {
+        size_t rb = sizeof(float) * (size_t)n_ctx * hp->head_dim_k;
+        float *t = (float *)malloc(rb);
+        if (!t) {
+            rc = engine_err(ENGINE_ENOMEM, "out of memory");
+            goto done;
+        }
+        engine_cu_rope_table(t, cm->m->rope_inv_freq, (int)hp->head_dim_k, n_ctx);
+        rc = cu_err(cudaMemcpy(s->rope, t, rb, cudaMemcpyHostToDevice), "cudaMemcpy (rope)");
+        free(t);
+        if (rc) goto done;
+    }
     CU(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
     CU(cudaMallocHost((void **)&s->h_step, sizeof *s->h_step));
     *out = s;
@@ -465,7 +483,8 @@ static void enqueue_step(engine_cuda_session *s, step_prof *p) {
         engine_cu_matvec(&mv, st);
         mark(p, 1, st);
 
-        engine_cu_att at = {s->q, s->k, s->v, ly->q_norm, ly->k_norm, cm->inv_freq, eps,
+        engine_cu_att at = {s->q, s->k, s->v, ly->q_norm, ly->k_norm, (const float2 *)s->rope,
+                            eps,
                             s->k_cache[l], s->v_cache[l], s->kv == ENGINE_KV_F32,
                             &s->step->pos, s->n_ctx, (int)hp->n_head, (int)hp->n_head_kv, hd,
                             s->partial, s->counters, s->att};

@@ -61,6 +61,20 @@ __device__ __forceinline__ void engine_cu_scale_min_k4(int j, const uint8_t *q, 
     }
 }
 
+/* The same from the 12 bytes held as three words (no local array: j is a run-time value). */
+__device__ __forceinline__ void engine_cu_scale_min_k4w(int j, uint32_t w0, uint32_t w1,
+                                                        uint32_t w2, int *sc, int *m) {
+    if (j < 4) {
+        *sc = (int)((w0 >> (8 * j)) & 63);
+        *m = (int)((w1 >> (8 * j)) & 63);
+    } else {
+        const int s = 8 * (j - 4);
+        const uint32_t q4 = (w2 >> s) & 0xff, qm4 = (w0 >> s) & 0xff, q0 = (w1 >> s) & 0xff;
+        *sc = (int)((q4 & 0xF) | ((qm4 >> 6) << 4));
+        *m = (int)((q4 >> 4) | ((q0 >> 6) << 4));
+    }
+}
+
 /* Columns of chunk c's two runs. */
 __device__ __forceinline__ void engine_cu_chunk_cols(int type, int c, int *a0, int *b0) {
     switch (type) {
@@ -95,15 +109,12 @@ __device__ __forceinline__ void engine_cu_decode_chunk(int type, const uint8_t *
         int q = c & 7, j = q >> 1, half = q & 1;
         float d = engine_cu_h2f(__ldg((const uint16_t *)b));
         float dmin = engine_cu_h2f(__ldg((const uint16_t *)b + 1));
-        uint8_t scl[12];
-        uint32_t sw[3] = {__ldg((const uint32_t *)(b + 4)), __ldg((const uint32_t *)(b + 8)),
-                          __ldg((const uint32_t *)(b + 12))};
-#pragma unroll
-        for (int i = 0; i < 12; i++) scl[i] = (uint8_t)(sw[i >> 2] >> (8 * (i & 3)));
+        const uint32_t w0 = __ldg((const uint32_t *)(b + 4)), w1 = __ldg((const uint32_t *)(b + 8)),
+                       w2 = __ldg((const uint32_t *)(b + 12));
         int sc, m;
-        engine_cu_scale_min_k4(2 * j, scl, &sc, &m);
+        engine_cu_scale_min_k4w(2 * j, w0, w1, w2, &sc, &m);
         float d1 = d * (float)sc, m1 = dmin * (float)m;
-        engine_cu_scale_min_k4(2 * j + 1, scl, &sc, &m);
+        engine_cu_scale_min_k4w(2 * j + 1, w0, w1, w2, &sc, &m);
         float d2 = d * (float)sc, m2 = dmin * (float)m;
         uint32_t qs[4];
         engine_cu_load16_a16(b + (q5 ? 48 : 16) + 32 * j + 16 * half, qs);
@@ -214,6 +225,19 @@ __device__ __forceinline__ float engine_cu_rms_scale(const float *x, int n, floa
         ss += v * v;
     }
     ss = engine_cu_block_sum(ss, red);
+    return 1.0f / sqrtf(ss / (float)n + eps);
+}
+
+/* 1 / sqrt(mean(x^2) + eps) computed by one warp (every lane gets it; no block sync, so the
+ * weight loads of the warp need not wait for it). */
+__device__ __forceinline__ float engine_cu_warp_rms_scale(const float *x, int n, float eps) {
+    float ss = 0.0f;
+    const float4 *p = (const float4 *)x;
+    for (int i = threadIdx.x & 31; i < (n >> 2); i += 32) {
+        float4 v = p[i];
+        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+    ss = engine_cu_warp_sum(ss);
     return 1.0f / sqrtf(ss / (float)n + eps);
 }
 

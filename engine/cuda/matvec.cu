@@ -21,7 +21,8 @@ bool engine_cu_type_supported(int type) {
 
 template <int T>
 __device__ __forceinline__ void mv_warp(const engine_cu_mat &m, int r0, int cols, const float *x,
-                                        const float *nw, float scale) {
+                                        const float *nw, float eps) {
+    float scale = 1.0f;
     const int lane = threadIdx.x & 31;
     const int R = ENGINE_CU_MV_ROWS;
     float acc[R];
@@ -34,8 +35,8 @@ __device__ __forceinline__ void mv_warp(const engine_cu_mat &m, int r0, int cols
         int a0, b0;
         engine_cu_chunk_cols(T, c, &a0, &b0);
         float xa[16], xb[16];
-        engine_cu_load_run(x, nw, scale, a0, xa);
-        engine_cu_load_run(x, nw, scale, b0, xb);
+        engine_cu_load_run(x, nw, 1.0f, a0, xa); /* nw * x; the RMS scale is applied last */
+        engine_cu_load_run(x, nw, 1.0f, b0, xb);
 #pragma unroll
         for (int r = 0; r < R; r++) {
             if (r < nr) {
@@ -45,9 +46,10 @@ __device__ __forceinline__ void mv_warp(const engine_cu_mat &m, int r0, int cols
             }
         }
     }
+    if (nw) scale = engine_cu_warp_rms_scale(x, cols, eps);
 #pragma unroll
     for (int r = 0; r < R; r++) {
-        float s = engine_cu_warp_sum(acc[r]);
+        float s = engine_cu_warp_sum(acc[r]) * scale;
         if (lane == 0 && r < nr) {
             float *y = m.y + r0 + r;
             *y = m.accumulate ? *y + s : s;
@@ -56,9 +58,6 @@ __device__ __forceinline__ void mv_warp(const engine_cu_mat &m, int r0, int cols
 }
 
 __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32) mv_kernel(engine_cu_mv a) {
-    __shared__ float red[32];
-    float scale = 1.0f;
-    if (a.norm_w) scale = engine_cu_rms_scale(a.x, a.cols, a.eps, red);
     const int R = ENGINE_CU_MV_ROWS;
     int g = (blockIdx.x * ENGINE_CU_MV_WARPS + (threadIdx.x >> 5)) * R;
     /* each matrix owns a range of the row space padded to a multiple of R */
@@ -71,14 +70,14 @@ __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32) mv_kernel(engine_cu_m
     if (i >= a.n_mat) return;
     const engine_cu_mat &m = a.m[i];
     switch (m.type) {
-    case ENGINE_TYPE_Q4_K: mv_warp<ENGINE_TYPE_Q4_K>(m, g, a.cols, a.x, a.norm_w, scale); break;
-    case ENGINE_TYPE_Q5_K: mv_warp<ENGINE_TYPE_Q5_K>(m, g, a.cols, a.x, a.norm_w, scale); break;
-    case ENGINE_TYPE_Q6_K: mv_warp<ENGINE_TYPE_Q6_K>(m, g, a.cols, a.x, a.norm_w, scale); break;
-    case ENGINE_TYPE_Q8_0: mv_warp<ENGINE_TYPE_Q8_0>(m, g, a.cols, a.x, a.norm_w, scale); break;
-    case ENGINE_TYPE_Q4_0: mv_warp<ENGINE_TYPE_Q4_0>(m, g, a.cols, a.x, a.norm_w, scale); break;
-    case ENGINE_TYPE_F16: mv_warp<ENGINE_TYPE_F16>(m, g, a.cols, a.x, a.norm_w, scale); break;
-    case ENGINE_TYPE_BF16: mv_warp<ENGINE_TYPE_BF16>(m, g, a.cols, a.x, a.norm_w, scale); break;
-    default: mv_warp<ENGINE_TYPE_F32>(m, g, a.cols, a.x, a.norm_w, scale); break;
+    case ENGINE_TYPE_Q4_K: mv_warp<ENGINE_TYPE_Q4_K>(m, g, a.cols, a.x, a.norm_w, a.eps); break;
+    case ENGINE_TYPE_Q5_K: mv_warp<ENGINE_TYPE_Q5_K>(m, g, a.cols, a.x, a.norm_w, a.eps); break;
+    case ENGINE_TYPE_Q6_K: mv_warp<ENGINE_TYPE_Q6_K>(m, g, a.cols, a.x, a.norm_w, a.eps); break;
+    case ENGINE_TYPE_Q8_0: mv_warp<ENGINE_TYPE_Q8_0>(m, g, a.cols, a.x, a.norm_w, a.eps); break;
+    case ENGINE_TYPE_Q4_0: mv_warp<ENGINE_TYPE_Q4_0>(m, g, a.cols, a.x, a.norm_w, a.eps); break;
+    case ENGINE_TYPE_F16: mv_warp<ENGINE_TYPE_F16>(m, g, a.cols, a.x, a.norm_w, a.eps); break;
+    case ENGINE_TYPE_BF16: mv_warp<ENGINE_TYPE_BF16>(m, g, a.cols, a.x, a.norm_w, a.eps); break;
+    default: mv_warp<ENGINE_TYPE_F32>(m, g, a.cols, a.x, a.norm_w, a.eps); break;
     }
 }
 

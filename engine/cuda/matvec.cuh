@@ -19,7 +19,7 @@
 
 #include "common.cuh"
 
-#define ENGINE_CU_MV_ROWS 4  /* rows per warp: the x chunk in registers serves them all */
+#define ENGINE_CU_MV_ROWS 1  /* rows per warp: the x chunk in registers serves them all */
 #define ENGINE_CU_MV_WARPS 4 /* warps per block */
 
 typedef struct {

@@ -8,29 +8,39 @@
 
 #define FFN_WARPS 4
 
-/* Softmax + top-k of the router logits by warp 0; results in ids[k], wts[k] (shared). */
+/* Softmax + top-k of the router logits by one warp; results in ids[k], wts[k] (shared). Each
+ * lane keeps its experts' probabilities in registers; a chosen one is struck out (-1). */
 __device__ void route(const float *logits, int n, int k, int norm_topk, int *ids, float *wts) {
     const int lane = threadIdx.x & 31;
+    float p[ENGINE_CU_MAX_EXPERT / 32];
     float mx = -INFINITY;
-    for (int e = lane; e < n; e += 32) mx = fmaxf(mx, logits[e]);
+#pragma unroll
+    for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++) {
+        const int e = lane + 32 * i;
+        p[i] = e < n ? logits[e] : -INFINITY;
+        mx = fmaxf(mx, p[i]);
+    }
     mx = engine_cu_warp_max(mx);
     float sum = 0.0f;
-    for (int e = lane; e < n; e += 32) sum += expf(logits[e] - mx);
-    sum = engine_cu_warp_sum(sum);
-    const float inv = 1.0f / sum;
+#pragma unroll
+    for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++) {
+        p[i] = lane + 32 * i < n ? expf(p[i] - mx) : -1.0f;
+        sum += p[i] > 0.0f ? p[i] : 0.0f;
+    }
+    const float inv = 1.0f / engine_cu_warp_sum(sum);
+#pragma unroll
+    for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
+        if (p[i] >= 0.0f) p[i] *= inv;
     float tot = 0.0f;
     for (int j = 0; j < k; j++) {
-        float best = -INFINITY;
+        float best = -1.0f;
         int bid = 0x7fffffff;
-        for (int e = lane; e < n; e += 32) {
-            bool taken = false;
-            for (int t = 0; t < j; t++) taken |= ids[t] == e;
-            float p = expf(logits[e] - mx) * inv;
-            if (!taken && (p > best || (p == best && e < bid))) {
-                best = p;
-                bid = e;
+#pragma unroll
+        for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
+            if (p[i] > best) { /* ascending e per lane: ties keep the lower id */
+                best = p[i];
+                bid = lane + 32 * i;
             }
-        }
         for (int o = 16; o > 0; o >>= 1) {
             float ob = __shfl_xor_sync(0xffffffffu, best, o);
             int oi = __shfl_xor_sync(0xffffffffu, bid, o);
@@ -39,13 +49,16 @@ __device__ void route(const float *logits, int n, int k, int norm_topk, int *ids
                 bid = oi;
             }
         }
+#pragma unroll
+        for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
+            if (lane + 32 * i == bid) p[i] = -1.0f;
         if (lane == 0) {
             ids[j] = bid;
             wts[j] = best;
         }
         tot += best;
-        __syncwarp();
     }
+    __syncwarp();
     if (norm_topk && lane == 0)
         for (int j = 0; j < k; j++) wts[j] = wts[j] / tot;
     __syncwarp();
@@ -59,13 +72,13 @@ __device__ __forceinline__ void up_warp(const engine_cu_ffn_up_args &a, const ui
 #pragma unroll
     for (int r = 0; r < R; r++) ag[r] = au[r] = 0.0f;
     const int nr = a.rows - r0 < R ? a.rows - r0 : R;
-#pragma unroll 2
+    scale = engine_cu_warp_rms_scale(a.x, a.cols, a.eps);
     for (int c = lane; c < (a.cols >> 5); c += 32) {
         int a0, b0;
         engine_cu_chunk_cols(T, c, &a0, &b0);
         float xa[16], xb[16];
-        engine_cu_load_run(a.x, a.norm_w, scale, a0, xa);
-        engine_cu_load_run(a.x, a.norm_w, scale, b0, xb);
+        engine_cu_load_run(a.x, a.norm_w, 1.0f, a0, xa); /* nw * x; RMS scale applied last */
+        engine_cu_load_run(a.x, a.norm_w, 1.0f, b0, xb);
 #pragma unroll
         for (int r = 0; r < R; r++) {
             if (r < nr) {
@@ -79,7 +92,7 @@ __device__ __forceinline__ void up_warp(const engine_cu_ffn_up_args &a, const ui
     }
 #pragma unroll
     for (int r = 0; r < R; r++) {
-        float gs = engine_cu_warp_sum(ag[r]), us = engine_cu_warp_sum(au[r]);
+        float gs = engine_cu_warp_sum(ag[r]) * scale, us = engine_cu_warp_sum(au[r]) * scale;
         if (lane == 0 && r < nr) h[r0 + r] = gs / (1.0f + expf(-gs)) * us;
     }
 }
@@ -88,8 +101,7 @@ __device__ __forceinline__ void up_warp(const engine_cu_ffn_up_args &a, const ui
     X(ENGINE_TYPE_Q4_K) X(ENGINE_TYPE_Q5_K) X(ENGINE_TYPE_Q6_K) X(ENGINE_TYPE_Q8_0)             \
     X(ENGINE_TYPE_Q4_0) X(ENGINE_TYPE_F16) X(ENGINE_TYPE_BF16) X(ENGINE_TYPE_F32)
 
-__global__ void __launch_bounds__(FFN_WARPS * 32) ffn_up_kernel(engine_cu_ffn_up_args a) {
-    __shared__ float red[32];
+__global__ void __launch_bounds__(FFN_WARPS * 32, 4) ffn_up_kernel(engine_cu_ffn_up_args a) {
     __shared__ int ids[ENGINE_CU_MAX_EXPERT_USED];
     __shared__ float wts[ENGINE_CU_MAX_EXPERT_USED];
     const int j = blockIdx.y;
@@ -102,7 +114,8 @@ __global__ void __launch_bounds__(FFN_WARPS * 32) ffn_up_kernel(engine_cu_ffn_up
     } else if (threadIdx.x == 0) {
         ids[0] = 0;
     }
-    float scale = engine_cu_rms_scale(a.x, a.cols, a.eps, red); /* synchronises */
+    __syncthreads();
+    const float scale = 1.0f; /* computed per warp in up_warp */
     const int e = ids[j];
     const uint8_t *g = a.gate + (size_t)e * a.expert_bytes, *u = a.up + (size_t)e * a.expert_bytes;
     const int r0 = (blockIdx.x * FFN_WARPS + (threadIdx.x >> 5)) * ENGINE_CU_MV_ROWS;

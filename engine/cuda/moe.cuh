@@ -18,6 +18,7 @@
 #include "common.cuh"
 
 #define ENGINE_CU_MAX_EXPERT_USED 16
+#define ENGINE_CU_MAX_EXPERT 256 /* router width the routing kernel holds in registers */
 
 typedef struct {
     const float *router;     /* device [n_expert] logits, or NULL for a dense FFN */

@@ -106,7 +106,11 @@ extern "C" int engine_cuda_op_attention(int n_head, int n_kv, int hd, int32_t po
     const float *dvn = a.put<float>(v, sizeof(float) * kv_dim);
     const float *dqw = a.put<float>(q_norm, sizeof(float) * hd);
     const float *dkw = a.put<float>(k_norm, sizeof(float) * hd);
-    const float *dif = a.put<float>(inv_freq, sizeof(float) * hd / 2);
+    float *tab = (float *)malloc(sizeof(float) * (size_t)n_ctx * hd);
+    if (!tab) return engine_err(ENGINE_ENOMEM, "out of memory");
+    engine_cu_rope_table(tab, inv_freq, hd, n_ctx);
+    const float2 *dif = a.put<float2>(tab, sizeof(float) * (size_t)n_ctx * hd);
+    free(tab);
     const int32_t *dpos = a.put<int32_t>(&pos, sizeof pos);
     float *dpart = a.put<float>(nullptr, sizeof(float) * n_head *
                                              (size_t)engine_cu_att_max_splits(n_ctx) * (hd + 2));
@@ -146,7 +150,7 @@ extern "C" int engine_cuda_op_moe(engine_type type, int n_expert, int k, bool no
     int rc = engine_cuda_usable();
     if (rc) return rc;
     if (!engine_cu_type_supported(type) || k < 1 || k > ENGINE_CU_MAX_EXPERT_USED ||
-        k > n_expert || n_embd % 32 || n_ff % 32)
+        k > n_expert || n_expert > ENGINE_CU_MAX_EXPERT || n_embd % 32 || n_ff % 32)
         return engine_err(ENGINE_EINVAL, "moe: bad shape");
     dev_arena a;
     size_t ge = (size_t)n_ff * row_bytes_in, de = (size_t)n_embd * row_bytes_ff;
