@@ -304,10 +304,15 @@ typedef struct {
     uint64_t seed;
     const char *template_source; /* NULL: the model's chat template */
     int enable_thinking;         /* -1: template default */
+    bool parallel_calls;         /* the grammar allows several calls per turn */
+    int max_string_len;          /* grammar-side bound of string arguments; 0: 1000 (schemas
+                                  * with larger maxLength are relaxed to this; the parsed call
+                                  * is still validated against the full schema) */
 } agent_engine_opts;
 
 #define AGENT_ENGINE_OPTS_VERSION 1
-#define AGENT_ENGINE_OPTS_INIT {AGENT_ENGINE_OPTS_VERSION, 0, AGENT_TOOLS_AUTO, 0.7f, 0, NULL, -1}
+#define AGENT_ENGINE_OPTS_INIT                                                                 \
+    {AGENT_ENGINE_OPTS_VERSION, 0, AGENT_TOOLS_AUTO, 0.7f, 0, NULL, -1, true, 0}
 
 /* The in-process engine on model m (borrowed). The tool-call format follows the template:
  * XML when it mentions "<function=", else Hermes JSON. */
@@ -362,11 +367,13 @@ typedef struct {
     agent_ask_fn ask;            /* NULL: non-interactive (an "ask" decision is a refusal) */
     void *user;                  /* for the three callbacks */
     const char *transcript_path; /* JSONL, appended atomically line by line; NULL: none */
+    const char *const *tool_names; /* NULL-terminated subset of the tools offered; NULL: all */
 } agent_loop_opts;
 
 #define AGENT_LOOP_OPTS_VERSION 1
 #define AGENT_LOOP_OPTS_INIT                                                                    \
-    {AGENT_LOOP_OPTS_VERSION, NULL, NULL, NULL, 0, 0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL}
+    {AGENT_LOOP_OPTS_VERSION, NULL, NULL, NULL, 0, 0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, \
+     NULL}
 
 typedef struct {
     agent_stop stop;

@@ -33,12 +33,47 @@ static agent_session *eng_session(agent_backend *b) {
     return ((eng *)b)->s;
 }
 
-static int build_grammar(eng *e, const char *tools_json) {
+static int build_grammar_from(eng *e, const char *tools_json);
+
+/* The grammar compiler refuses string bounds above 1000 (its automaton would blow up): the
+ * copy of the schemas the grammar sees bounds every string at max_string_len. The parsed
+ * arguments are still validated against the full schema before anything runs. */
+static void relax_schema(json_t *v, json_int_t max_len) {
+    if (json_is_object(v)) {
+        json_t *ty = json_object_get(v, "type");
+        json_t *ml = json_object_get(v, "maxLength");
+        if (json_is_integer(ml) && json_integer_value(ml) > max_len) ml = NULL;
+        if (json_is_string(ty) && !strcmp(json_string_value(ty), "string") && !ml)
+            json_object_set_new(v, "maxLength", json_integer(max_len));
+        const char *k;
+        json_t *x;
+        json_object_foreach(v, k, x) relax_schema(x, max_len);
+    } else if (json_is_array(v)) {
+        size_t i;
+        json_t *x;
+        json_array_foreach(v, i, x) relax_schema(x, max_len);
+    }
+}
+
+static int build_grammar(eng *e, const char *tools_json_full) {
+    json_t *tj = json_loads(tools_json_full, 0, NULL);
+    if (!tj) return agent_err(AGENT_EINVAL, "tools: not JSON");
+    relax_schema(tj, e->opts.max_string_len > 0 ? e->opts.max_string_len : 1000);
+    char *tools_json = json_dumps(tj, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(tj);
+    if (!tools_json) return agent_err(AGENT_ENOMEM, "out of memory");
+    int grc = build_grammar_from(e, tools_json);
+    free(tools_json);
+    return grc;
+}
+
+static int build_grammar_from(eng *e, const char *tools_json) {
     grammar_tool_options go = GRAMMAR_TOOL_OPTIONS_INIT;
     go.format = e->base.format == AGENT_TOOLCALL_XML ? GRAMMAR_TOOLS_QWEN3_XML
                                                       : GRAMMAR_TOOLS_HERMES;
     go.mode = e->opts.tools_mode == AGENT_TOOLS_REQUIRED ? GRAMMAR_TOOLS_REQUIRED
                                                          : GRAMMAR_TOOLS_AUTO;
+    go.parallel = e->opts.parallel_calls;
     if (grammar_new_tools(&e->g, tools_json, strlen(tools_json), &go) < 0)
         return agent_err(AGENT_EINVAL, "tool-call grammar: %s", grammar_error_last());
     int32_t nv = engine_model_n_vocab(e->model);

@@ -93,6 +93,25 @@ int agent_new(agent **out, agent_backend *b, const agent_loop_opts *opts) {
         agent_free(a);
         return agent_err(AGENT_ENOMEM, "agent_new: %s", tool_error_last());
     }
+    if (opts->tool_names) { /* offer only the named tools */
+        json_t *all = json_loads(a->tools_json, 0, NULL), *keep = json_array();
+        size_t i;
+        json_t *t;
+        json_array_foreach(all, i, t) {
+            const char *n = json_string_value(
+                json_object_get(json_object_get(t, "function"), "name"));
+            for (const char *const *w = opts->tool_names; n && *w; w++)
+                if (!strcmp(*w, n)) json_array_append(keep, t);
+        }
+        free(a->tools_json);
+        a->tools_json = keep ? json_dumps(keep, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+        json_decref(all);
+        json_decref(keep);
+        if (!a->tools_json) {
+            agent_free(a);
+            return agent_err(AGENT_ENOMEM, "out of memory");
+        }
+    }
     json_array_append_new(a->msgs, json_pack("{s:s, s:s}", "role", "system", "content",
                                              a->system));
     *out = a;

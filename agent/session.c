@@ -224,14 +224,18 @@ static int compact(agent_session *s, size_t need) {
     rc = tokenize(s, text, tl, &nt, &nn);
     free(text);
     if (rc) return rc;
-    /* The first group start (after the first one, which holds the task) that makes room. */
+    /* The first group start that leaves half the conversation's room free (so that the next
+     * turns do not compact again at once), else the first that makes just enough room. */
     size_t cut = 0, gi = 0;
-    for (size_t g = 1; g < s->n_groups; g++) {
-        size_t start = s->groups[g];
-        if (s->sys_end + nn + (s->n - start) + need <= n_ctx) {
-            cut = start;
-            gi = g;
-            break;
+    size_t slack = (n_ctx - s->sys_end) / 2;
+    for (int pass = 0; pass < 2 && !cut; pass++) {
+        for (size_t g = 1; g < s->n_groups; g++) {
+            size_t start = s->groups[g];
+            if (s->sys_end + nn + (s->n - start) + need + (pass ? 0 : slack) <= n_ctx) {
+                cut = start;
+                gi = g;
+                break;
+            }
         }
     }
     if (!cut) {
@@ -417,6 +421,7 @@ int agent_session_generate(agent_session *s, int32_t max_tokens,
     size_t n_ctx = (size_t)engine_session_n_ctx(s->es);
     /* room for at least a short answer and the close; compaction makes it when needed */
     size_t want = max_tokens > 0 ? (size_t)max_tokens + 8 : 256;
+    if (want > 512) want = 512; /* beyond that the turn gets what room there is */
     if (want > n_ctx / 2) want = n_ctx / 2;
     int rc = ensure_room(s, want);
     if (rc) return rc;

