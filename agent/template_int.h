@@ -24,7 +24,8 @@ typedef struct {
     size_t limit; /* 0 = unlimited */
 } tpl_arena;
 
-void *tpl_alloc(tpl_arena *a, size_t n); /* 16-byte aligned, zeroed; NULL when out of memory */
+void *tpl_alloc(tpl_arena *a, size_t n);     /* 16-byte aligned, zeroed; NULL when out of memory */
+void *tpl_alloc_raw(tpl_arena *a, size_t n); /* the same, not zeroed (byte buffers) */
 void tpl_arena_free(tpl_arena *a);
 
 typedef struct {

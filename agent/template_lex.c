@@ -16,6 +16,12 @@ struct tpl_chunk {
 };
 
 void *tpl_alloc(tpl_arena *a, size_t n) {
+    void *p = tpl_alloc_raw(a, n);
+    if (p) memset(p, 0, n);
+    return p;
+}
+
+void *tpl_alloc_raw(tpl_arena *a, size_t n) {
     n = (n + 15) & ~(size_t)15;
     if (n == 0) n = 16;
     if (n > ((size_t)1 << 40)) return NULL;
@@ -23,7 +29,6 @@ void *tpl_alloc(tpl_arena *a, size_t n) {
     if (c && c->cap - c->used >= n) {
         void *p = c->data + c->used;
         c->used += n;
-        memset(p, 0, n);
         return p;
     }
     bool big = n > 16384; /* a dedicated chunk, so the current one keeps its free space */
@@ -41,7 +46,6 @@ void *tpl_alloc(tpl_arena *a, size_t n) {
         nc->next = c;
         a->head = nc;
     }
-    memset(nc->data, 0, n);
     return nc->data;
 }
 
@@ -67,7 +71,7 @@ void tpl_sb_put(tpl_sb *b, const char *s, size_t n) {
     if (b->cap - b->len < n + 1) {
         size_t cap = b->cap ? b->cap * 2 : 64;
         while (cap - b->len < n + 1) cap *= 2;
-        char *p = tpl_alloc(b->a, cap);
+        char *p = tpl_alloc_raw(b->a, cap);
         if (!p) {
             b->oom = true;
             return;
@@ -246,10 +250,10 @@ static bool generation_tag(const char *s, size_t n, size_t i, size_t *end, bool 
 
 static int preprocess(tpl_arena *a, const char *src, size_t n, pp_buf *out) {
     pp_buf b1, b2;
-    b1.p = tpl_alloc(a, n + 1);
-    b1.map = tpl_alloc(a, (n + 1) * sizeof(size_t));
-    b2.p = tpl_alloc(a, n + 1);
-    b2.map = tpl_alloc(a, (n + 1) * sizeof(size_t));
+    b1.p = tpl_alloc_raw(a, n + 1);
+    b1.map = tpl_alloc_raw(a, (n + 1) * sizeof(size_t));
+    b2.p = tpl_alloc_raw(a, n + 1);
+    b2.map = tpl_alloc_raw(a, (n + 1) * sizeof(size_t));
     if (!b1.p || !b1.map || !b2.p || !b2.map) return agent_err(AGENT_ENOMEM, "out of memory");
     b1.len = b2.len = 0;
     if (n && src[n - 1] == '\n') n--; /* a single trailing newline is dropped */
