@@ -6,7 +6,8 @@
 #include <string.h>
 
 #define MAX_NFA_STATES (4u << 20)
-#define MAX_DFA_STATES (1u << 20)
+#define MAX_DFA_STATES (1u << 18)
+#define MAX_RULE_STATES (1u << 16)
 
 enum { NE_EPS, NE_BYTE, NE_REF };
 
@@ -226,6 +227,7 @@ typedef struct {
     size_t cap_states;
     size_t n_trans, cap_trans;
     int cur_ncls;
+    int32_t rule_first; /* first DFA state of the rule being built */
     grammar_ref *refs;
     size_t n_refs, cap_refs;
     int32_t *ref_off;
@@ -313,6 +315,9 @@ static int add_dfa_state(sc *c, int32_t rule, int32_t accept_nfa, const int32_t 
     if ((size_t)g->n_states >= MAX_DFA_STATES)
         return c->err = grammar_err(GRAMMAR_ELIMIT, "grammar too large (more than %u states)",
                                     MAX_DFA_STATES);
+    if ((uint32_t)(g->n_states - c->rule_first) >= MAX_RULE_STATES)
+        return c->err = grammar_err(GRAMMAR_ELIMIT, "rule '%s' too large (more than %u states)",
+                                    g->rule_names[rule], MAX_RULE_STATES);
     size_t id = (size_t)g->n_states;
     if (grammar_grow((void **)&g->trans, &c->cap_trans, c->n_trans + (size_t)c->cur_ncls,
                      sizeof(int32_t)))
@@ -370,6 +375,7 @@ static int determinize_rule(sc *c, int32_t rule, int32_t start, int32_t accept, 
         c->cur_ncls = k + 1;
         g->rule_ncls[rule] = (uint16_t)(k + 1);
     }
+    c->rule_first = g->n_states;
     size_t base = c->n_items;
     size_t n = closure(c, &start, 1);
     if (c->err) return c->err;

@@ -232,8 +232,8 @@ static int cmp_range(const void *a, const void *b) {
     return x[0] < y[0] ? -1 : x[0] > y[0];
 }
 
-/* Sort and merge ranges[first..) pairs in place; returns the new pair count. Surrogates are
- * removed (they cannot be encoded). */
+/* Sort and merge the pairs in place; returns the new pair count. (Surrogates are dropped later,
+ * when classes become UTF-8 byte sequences.) */
 static size_t normalize_ranges(uint32_t *r, size_t pairs) {
     qsort(r, pairs, 2 * sizeof *r, cmp_range);
     size_t out = 0;
@@ -263,7 +263,7 @@ static int class_finish(gp *g, int node, int negate) {
     grammar_ir *ir = g->ir;
     size_t first = (size_t)ir->nodes[node].first;
     size_t pairs = (ir->n_ranges - first) / 2;
-    pairs = normalize_ranges(ir->ranges + first, pairs);
+    if (pairs) pairs = normalize_ranges(ir->ranges + first, pairs);
     ir->n_ranges = first + 2 * pairs;
     if (negate) {
         uint32_t *tmp = malloc((pairs + 1) * 2 * sizeof *tmp);
@@ -490,7 +490,7 @@ static int gp_sequence(gp *g, int *node) {
         }
         ir->nodes[n].first = (int32_t)ir->n_kids;
         ir->nodes[n].count = (int32_t)total;
-        memcpy(ir->kids + ir->n_kids, items, (size_t)n_items * sizeof *items);
+        if (n_items) memcpy(ir->kids + ir->n_kids, items, (size_t)n_items * sizeof *items);
         if (n_big) memcpy(ir->kids + ir->n_kids + n_items, big, n_big * sizeof *big);
         ir->n_kids += total;
         *node = n;

@@ -379,6 +379,7 @@ static int cmp_i32(const void *a, const void *b) {
 
 /* The exact stacks as a key: per stack (ordered by structural hash) its states to the bottom. */
 static int memo_key(grammar_matcher *m, const int32_t *s, size_t n, uint64_t *hout) {
+    if (n == 0 || n > 0xffff) return -1; /* nothing to remember / not indexable below */
     if (grammar_grow((void **)&m->hs, &m->cap_hs, n, sizeof *m->hs)) return -1;
     for (size_t i = 0; i < n; i++) m->hs[i] = ((uint64_t)(uint32_t)i) | (m->st.h[s[i]] & ~0xffffull);
     qsort(m->hs, n, sizeof *m->hs, cmp_u64);
@@ -386,7 +387,6 @@ static int memo_key(grammar_matcher *m, const int32_t *s, size_t n, uint64_t *ho
     uint64_t h = 0x6d656d6f;
     for (size_t i = 0; i < n; i++) {
         int32_t id = s[m->hs[i] & 0xffff];
-        if (n > 0xffff) return -1;
         for (int32_t x = id; x >= 0; x = m->st.parent[x]) {
             if (len >= GRAMMAR_MEMO_KEY - 1) return -1;
             m->memo_key[len++] = m->st.q[x];
