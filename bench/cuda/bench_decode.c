@@ -25,17 +25,22 @@ static double now_ms(void) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: %s MODEL.gguf [-n N_GEN] [-r REPS] [-d DEPTH] [-c N_CTX]\n", argv[0]);
+        fprintf(stderr, "usage: %s MODEL.gguf [-n N_GEN] [-r REPS] [-d DEPTH] [-c N_CTX]\n",
+                argv[0]);
         return 2;
     }
     const char *path = argv[1];
     int n_gen = 128, reps = 5, depth = 0, n_ctx = 0;
     for (int i = 2; i + 1 < argc; i += 2) {
         int v = atoi(argv[i + 1]);
-        if (!strcmp(argv[i], "-n")) n_gen = v;
-        else if (!strcmp(argv[i], "-r")) reps = v;
-        else if (!strcmp(argv[i], "-d")) depth = v;
-        else if (!strcmp(argv[i], "-c")) n_ctx = v;
+        if (!strcmp(argv[i], "-n"))
+            n_gen = v;
+        else if (!strcmp(argv[i], "-r"))
+            reps = v;
+        else if (!strcmp(argv[i], "-d"))
+            depth = v;
+        else if (!strcmp(argv[i], "-c"))
+            n_ctx = v;
         else {
             fprintf(stderr, "unknown option %s\n", argv[i]);
             return 2;
@@ -68,8 +73,10 @@ int main(int argc, char **argv) {
         tps[r] = n_gen / ((now_ms() - a) / 1e3);
     }
     double mean = 0, sd = 0;
-    for (int r = 1; r <= reps; r++) mean += tps[r] / reps;
-    for (int r = 1; r <= reps; r++) sd += (tps[r] - mean) * (tps[r] - mean);
+    for (int r = 1; r <= reps; r++)
+        mean += tps[r] / reps;
+    for (int r = 1; r <= reps; r++)
+        sd += (tps[r] - mean) * (tps[r] - mean);
     sd = reps > 1 ? sqrt(sd / (reps - 1)) : 0;
     double bw = 0;
     engine_cuda_copy_bandwidth(0, (size_t)2 << 30, 5, &bw);
@@ -80,21 +87,23 @@ int main(int argc, char **argv) {
     printf("tg%d at depth %d: %.1f +- %.1f tok/s (%d reps after a warm-up)\n", n_gen, depth, mean,
            sd, reps);
     printf("weights read per token: %.3f GB -> %.0f GB/s achieved; copy bandwidth %.0f GB/s "
-           "(%.0f%%); ceiling at that bandwidth %.0f tok/s\n", bpt / 1e9, bpt * mean / 1e9, bw,
-           100.0 * bpt * mean / 1e9 / bw, bw * 1e9 / bpt);
+           "(%.0f%%); ceiling at that bandwidth %.0f tok/s\n",
+           bpt / 1e9, bpt * mean / 1e9, bw, 100.0 * bpt * mean / 1e9 / bw, bw * 1e9 / bpt);
     double us[ENGINE_CUDA_PROF_COUNT];
-    static const char *names[ENGINE_CUDA_PROF_COUNT] = {"embed", "qkv", "attention", "wo",
-                                                        "router", "ffn_up", "ffn_down", "head",
-                                                        "sample"};
+    static const char *names[ENGINE_CUDA_PROF_COUNT] = {
+        "embed", "qkv", "attention", "wo", "router", "ffn_up", "ffn_down", "head", "sample"};
     if (engine_cuda_profile(gs, first, depth + n_gen / 2, 5, us) == 0) {
         double tot = 0;
-        for (int i = 0; i < ENGINE_CUDA_PROF_COUNT; i++) tot += us[i];
-        printf("un-captured step by kernel (us/token, events after each launch): total %.0f\n", tot);
+        for (int i = 0; i < ENGINE_CUDA_PROF_COUNT; i++)
+            tot += us[i];
+        printf("un-captured step by kernel (us/token, events after each launch): total %.0f\n",
+               tot);
         for (int i = 0; i < ENGINE_CUDA_PROF_COUNT; i++)
             printf("  %-10s %8.1f\n", names[i], us[i]);
     }
     printf("first tokens:");
-    for (int i = 0; i < 8 && i < n_gen; i++) printf(" %d", out[i]);
+    for (int i = 0; i < 8 && i < n_gen; i++)
+        printf(" %d", out[i]);
     printf("\n");
     free(out);
     free(tps);

@@ -36,10 +36,12 @@ template <int HD>
 __device__ void norm_rope(const float *src, const float *w, const float2 *rope, float eps,
                           float *dst, float *red) {
     float ss = 0.0f;
-    for (int i = threadIdx.x; i < HD; i += blockDim.x) ss += src[i] * src[i];
+    for (int i = threadIdx.x; i < HD; i += blockDim.x)
+        ss += src[i] * src[i];
     ss = engine_cu_block_sum(ss, red);
     float scale = 1.0f / sqrtf(ss / (float)HD + eps);
-    for (int i = threadIdx.x; i < HD; i += blockDim.x) dst[i] = w[i] * (src[i] * scale);
+    for (int i = threadIdx.x; i < HD; i += blockDim.x)
+        dst[i] = w[i] * (src[i] * scale);
     __syncthreads();
     for (int i = threadIdx.x; i < HD / 2; i += blockDim.x) {
         const float2 cs = rope[i];
@@ -61,8 +63,14 @@ __device__ __forceinline__ void kv_load8(const void *cache, int f32, size_t row,
     if (f32) {
         const float4 *p = (const float4 *)((const float *)cache + row) + 2 * i8;
         float4 a = p[0], b = p[1];
-        out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
-        out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+        out[0] = a.x;
+        out[1] = a.y;
+        out[2] = a.z;
+        out[3] = a.w;
+        out[4] = b.x;
+        out[5] = b.y;
+        out[6] = b.z;
+        out[7] = b.w;
     } else {
         uint4 u = ((const uint4 *)((const __half *)cache + row))[i8];
         uint32_t w[4] = {u.x, u.y, u.z, u.w};
@@ -75,12 +83,10 @@ __device__ __forceinline__ void kv_load8(const void *cache, int f32, size_t row,
 }
 
 __device__ __forceinline__ float kv_load1(const void *cache, int f32, size_t idx) {
-    return f32 ? ((const float *)cache)[idx]
-               : __half2float(((const __half *)cache)[idx]);
+    return f32 ? ((const float *)cache)[idx] : __half2float(((const __half *)cache)[idx]);
 }
 
-template <int HD>
-__global__ void __launch_bounds__(ATT_WARPS * 32) att_kernel(engine_cu_att a) {
+template <int HD> __global__ void __launch_bounds__(ATT_WARPS * 32) att_kernel(engine_cu_att a) {
     constexpr int DPL = HD / 32;
     __shared__ float sq[HD], sk[HD], sv[HD], red[32];
     __shared__ float wm[ATT_WARPS], wl[ATT_WARPS], wacc[ATT_WARPS][HD];
@@ -99,7 +105,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) att_kernel(engine_cu_att a) {
     if (has_new) {
         norm_rope<HD>(a.k + (size_t)kvh * HD, a.k_norm, rope, a.eps, sk, red);
         for (int i = threadIdx.x; i < HD; i += blockDim.x) {
-            float kr = round_kv(sk[i], a.kv_f32), vr = round_kv(a.v[(size_t)kvh * HD + i], a.kv_f32);
+            float kr = round_kv(sk[i], a.kv_f32),
+                  vr = round_kv(a.v[(size_t)kvh * HD + i], a.kv_f32);
             sk[i] = kr;
             sv[i] = vr;
             if (h % group == 0) {
@@ -121,7 +128,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) att_kernel(engine_cu_att a) {
     const int p_end = min(p_begin + ENGINE_CU_ATT_SPLIT, n_pos);
     float m = -INFINITY, l = 0.0f, acc[DPL];
 #pragma unroll
-    for (int i = 0; i < DPL; i++) acc[i] = 0.0f;
+    for (int i = 0; i < DPL; i++)
+        acc[i] = 0.0f;
     for (int p0 = p_begin + 32 * w; p0 < p_end; p0 += 32 * ATT_WARPS) {
         const int p = p0 + lane;
         float sc = -INFINITY;
@@ -129,7 +137,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) att_kernel(engine_cu_att a) {
             float dot = 0.0f;
             if (p == pos) {
 #pragma unroll 8
-                for (int i = 0; i < HD; i++) dot += sq[i] * sk[i];
+                for (int i = 0; i < HD; i++)
+                    dot += sq[i] * sk[i];
             } else {
                 size_t row = (size_t)p * kv_dim + (size_t)kvh * HD;
 #pragma unroll
@@ -137,7 +146,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) att_kernel(engine_cu_att a) {
                     float kk[8];
                     kv_load8(a.k_cache, a.kv_f32, row, i8, kk);
 #pragma unroll
-                    for (int t = 0; t < 8; t++) dot += sq[8 * i8 + t] * kk[t];
+                    for (int t = 0; t < 8; t++)
+                        dot += sq[8 * i8 + t] * kk[t];
                 }
             }
             sc = dot * scale;
@@ -148,7 +158,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) att_kernel(engine_cu_att a) {
         const float corr = expf(m - mn);
         l = l * corr + engine_cu_warp_sum(pe);
 #pragma unroll
-        for (int i = 0; i < DPL; i++) acc[i] *= corr;
+        for (int i = 0; i < DPL; i++)
+            acc[i] *= corr;
         m = mn;
         const int nb = min(32, p_end - p0);
         const size_t base = (size_t)p0 * kv_dim + (size_t)kvh * HD + lane;
@@ -172,10 +183,12 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) att_kernel(engine_cu_att a) {
         wl[w] = l;
     }
 #pragma unroll
-    for (int i = 0; i < DPL; i++) wacc[w][lane + 32 * i] = acc[i];
+    for (int i = 0; i < DPL; i++)
+        wacc[w][lane + 32 * i] = acc[i];
     __syncthreads();
     float M = -INFINITY;
-    for (int k = 0; k < ATT_WARPS; k++) M = fmaxf(M, wm[k]);
+    for (int k = 0; k < ATT_WARPS; k++)
+        M = fmaxf(M, wm[k]);
     float L = 0.0f, f[ATT_WARPS];
     for (int k = 0; k < ATT_WARPS; k++) {
         f[k] = wl[k] > 0.0f ? expf(wm[k] - M) : 0.0f;
@@ -185,7 +198,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) att_kernel(engine_cu_att a) {
     if (n_act == 1) {
         for (int i = threadIdx.x; i < HD; i += blockDim.x) {
             float o = 0.0f;
-            for (int k = 0; k < ATT_WARPS; k++) o += wacc[k][i] * f[k];
+            for (int k = 0; k < ATT_WARPS; k++)
+                o += wacc[k][i] * f[k];
             a.out[(size_t)h * HD + i] = o / L;
         }
         return;
@@ -193,7 +207,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) att_kernel(engine_cu_att a) {
     float *part = a.partial + ((size_t)h * max_splits + s) * (HD + 2);
     for (int i = threadIdx.x; i < HD; i += blockDim.x) {
         float o = 0.0f;
-        for (int k = 0; k < ATT_WARPS; k++) o += wacc[k][i] * f[k];
+        for (int k = 0; k < ATT_WARPS; k++)
+            o += wacc[k][i] * f[k];
         part[2 + i] = o;
     }
     if (threadIdx.x == 0) {
@@ -212,7 +227,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) att_kernel(engine_cu_att a) {
     __threadfence();
     const float *ph = a.partial + (size_t)h * max_splits * (HD + 2);
     float MM = -INFINITY;
-    for (int k = 0; k < n_act; k++) MM = fmaxf(MM, __ldcg(ph + (size_t)k * (HD + 2)));
+    for (int k = 0; k < n_act; k++)
+        MM = fmaxf(MM, __ldcg(ph + (size_t)k * (HD + 2)));
     float LL = 0.0f;
     for (int k = 0; k < n_act; k++) {
         const float *pk = ph + (size_t)k * (HD + 2);
@@ -231,8 +247,14 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) att_kernel(engine_cu_att a) {
 void engine_cu_attention(const engine_cu_att *a, cudaStream_t stream) {
     dim3 grid(a->n_head, engine_cu_att_max_splits(a->n_ctx));
     switch (a->hd) {
-    case 64: att_kernel<64><<<grid, ATT_WARPS * 32, 0, stream>>>(*a); break;
-    case 128: att_kernel<128><<<grid, ATT_WARPS * 32, 0, stream>>>(*a); break;
-    default: att_kernel<256><<<grid, ATT_WARPS * 32, 0, stream>>>(*a); break;
+    case 64:
+        att_kernel<64><<<grid, ATT_WARPS * 32, 0, stream>>>(*a);
+        break;
+    case 128:
+        att_kernel<128><<<grid, ATT_WARPS * 32, 0, stream>>>(*a);
+        break;
+    default:
+        att_kernel<256><<<grid, ATT_WARPS * 32, 0, stream>>>(*a);
+        break;
     }
 }

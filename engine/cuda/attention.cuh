@@ -21,17 +21,17 @@
 #define ENGINE_CU_ATT_SPLIT 256
 
 typedef struct {
-    const float *q, *k, *v;      /* this position's projections [n_head*hd], [n_kv*hd] x 2 */
-    const float *q_norm, *k_norm;/* [hd] */
-    const float2 *rope;          /* [n_ctx][hd / 2] (cos, sin): engine_cu_rope_table */
+    const float *q, *k, *v;       /* this position's projections [n_head*hd], [n_kv*hd] x 2 */
+    const float *q_norm, *k_norm; /* [hd] */
+    const float2 *rope;           /* [n_ctx][hd / 2] (cos, sin): engine_cu_rope_table */
     float eps;
-    void *k_cache, *v_cache;     /* [n_ctx][n_kv * hd] of F16 (kv_f32 = 0) or F32 */
+    void *k_cache, *v_cache; /* [n_ctx][n_kv * hd] of F16 (kv_f32 = 0) or F32 */
     int kv_f32;
-    const int32_t *pos;          /* device: the position of this token */
+    const int32_t *pos; /* device: the position of this token */
     int n_ctx, n_head, n_kv, hd;
-    float *partial;              /* [n_head][max_splits][hd + 2] scratch */
-    unsigned *counters;          /* [n_head], zero between launches */
-    float *out;                  /* [n_head * hd] */
+    float *partial;     /* [n_head][max_splits][hd + 2] scratch */
+    unsigned *counters; /* [n_head], zero between launches */
+    float *out;         /* [n_head * hd] */
 } engine_cu_att;
 
 /* Head dimensions the kernel is instantiated for (64, 128, 256). */

@@ -23,7 +23,7 @@ extern "C" {
 }
 
 typedef struct {
-    const uint8_t *d;  /* device: matrix 0, row 0 */
+    const uint8_t *d; /* device: matrix 0, row 0 */
     int type;
     int cols, rows, n_mat;
     size_t row_bytes;
@@ -37,7 +37,7 @@ typedef struct {
 struct engine_cuda_model {
     const engine_model *m;
     int device;
-    uint8_t *mem;          /* one allocation for every weight and norm */
+    uint8_t *mem; /* one allocation for every weight and norm */
     size_t bytes;
     cu_layer *layers;
     cu_w tok_embd, output;
@@ -51,15 +51,15 @@ struct engine_cuda_session {
     cudaStream_t stream;
     cudaGraphExec_t exec;
     bool captured;
-    uint8_t *mem;          /* one allocation: KV cache and step buffers */
+    uint8_t *mem; /* one allocation: KV cache and step buffers */
     size_t bytes;
     void **k_cache, **v_cache; /* [n_layer] device pointers into mem */
     float *x, *q, *k, *v, *att, *router, *h, *logits, *partial, *sscratch, *wts;
-    float *rope;           /* [n_ctx][hd / 2][2] cos, sin */
-    unsigned *counters;    /* [n_head + 1]: attention heads, sampler */
+    float *rope;        /* [n_ctx][hd / 2][2] cos, sin */
+    unsigned *counters; /* [n_head + 1]: attention heads, sampler */
     int32_t *ids, *out;
     engine_cu_step *step;
-    engine_cu_step *h_step;/* pinned host copy */
+    engine_cu_step *h_step; /* pinned host copy */
 };
 
 static int cu_err(cudaError_t e, const char *what) {
@@ -69,9 +69,9 @@ static int cu_err(cudaError_t e, const char *what) {
                       "CUDA %s: %s", what, cudaGetErrorString(e));
 }
 
-#define CU(call)                                                                               \
-    do {                                                                                       \
-        if ((rc = cu_err((call), #call))) goto done;                                           \
+#define CU(call)                                                                                   \
+    do {                                                                                           \
+        if ((rc = cu_err((call), #call))) goto done;                                               \
     } while (0)
 
 extern "C" int engine_cuda_usable(void) {
@@ -100,14 +100,16 @@ static int check_weight(const engine_model *m, const engine_weight *w, const cha
         return engine_err(ENGINE_EUNSUPPORTED, "%s: %s of type %s has no CUDA kernel", m->path,
                           what, engine_type_name(w->type));
     if (w->cols % 32 != 0 || w->rows > INT32_MAX || w->cols > INT32_MAX)
-        return engine_err(ENGINE_EUNSUPPORTED, "%s: %s has rows of %lld values (the CUDA kernels "
-                          "need a multiple of 32)", m->path, what, (long long)w->cols);
+        return engine_err(ENGINE_EUNSUPPORTED,
+                          "%s: %s has rows of %lld values (the CUDA kernels "
+                          "need a multiple of 32)",
+                          m->path, what, (long long)w->cols);
     return 0;
 }
 
 typedef struct {
     engine_cuda_model *cm;
-    size_t off;     /* next free byte of cm->mem */
+    size_t off; /* next free byte of cm->mem */
     size_t done, total, next_report;
 } upload_ctx;
 
@@ -155,9 +157,10 @@ static int upload_f(upload_ctx *u, const float *src, size_t n, const float **out
     return rc;
 }
 
-#define FOR_LAYER_WEIGHTS(X)                                                                   \
-    X(wq) X(wk) X(wv) X(wo) X(gate_inp) X(gate_exps) X(up_exps) X(down_exps) X(ffn_gate)       \
-    X(ffn_up) X(ffn_down)
+#define FOR_LAYER_WEIGHTS(X)                                                                       \
+    X(wq)                                                                                          \
+    X(wk) X(wv) X(wo) X(gate_inp) X(gate_exps) X(up_exps) X(down_exps) X(ffn_gate) X(ffn_up)       \
+        X(ffn_down)
 
 extern "C" int engine_cuda_model_new(engine_cuda_model **out, const engine_model *m, int device) {
     *out = NULL;
@@ -166,31 +169,42 @@ extern "C" int engine_cuda_model_new(engine_cuda_model **out, const engine_model
     const engine_hparams *hp = &m->hp;
     if (!m->layers) return engine_err(ENGINE_EINVAL, "%s: no weights (vocab-only load)", m->path);
     if (!engine_cu_att_head_dim_ok((int)hp->head_dim_k) || hp->head_dim_k != hp->head_dim_v)
-        return engine_err(ENGINE_EUNSUPPORTED, "%s: head dimension %u has no CUDA attention "
-                          "kernel (64, 128, 256)", m->path, hp->head_dim_k);
+        return engine_err(ENGINE_EUNSUPPORTED,
+                          "%s: head dimension %u has no CUDA attention "
+                          "kernel (64, 128, 256)",
+                          m->path, hp->head_dim_k);
     if (hp->n_expert > ENGINE_CU_MAX_EXPERT)
-        return engine_err(ENGINE_EUNSUPPORTED, "%s: %u experts (the CUDA routing takes at most "
-                          "%d)", m->path, hp->n_expert, ENGINE_CU_MAX_EXPERT);
+        return engine_err(ENGINE_EUNSUPPORTED,
+                          "%s: %u experts (the CUDA routing takes at most "
+                          "%d)",
+                          m->path, hp->n_expert, ENGINE_CU_MAX_EXPERT);
     if (hp->n_expert_used > ENGINE_CU_MAX_EXPERT_USED)
-        return engine_err(ENGINE_EUNSUPPORTED, "%s: %u experts per token (the CUDA kernels take "
-                          "at most %d)", m->path, hp->n_expert_used, ENGINE_CU_MAX_EXPERT_USED);
+        return engine_err(ENGINE_EUNSUPPORTED,
+                          "%s: %u experts per token (the CUDA kernels take "
+                          "at most %d)",
+                          m->path, hp->n_expert_used, ENGINE_CU_MAX_EXPERT_USED);
     size_t total = 0;
     char what[64];
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         const engine_layer *ly = &m->layers[l];
-#define CHECK_W(f)                                                                             \
-    snprintf(what, sizeof what, "blk.%u." #f, l);                                              \
-    if ((rc = check_weight(m, &ly->f, what))) return rc;                                       \
+#define CHECK_W(f)                                                                                 \
+    snprintf(what, sizeof what, "blk.%u." #f, l);                                                  \
+    if ((rc = check_weight(m, &ly->f, what))) return rc;                                           \
     total += align256(weight_size(&ly->f));
         FOR_LAYER_WEIGHTS(CHECK_W)
 #undef CHECK_W
         if (ly->gate_exps.data && ly->gate_exps.type != ly->up_exps.type)
-            return engine_err(ENGINE_EUNSUPPORTED, "%s: blk.%u: gate and up experts of different "
-                              "types have no CUDA kernel", m->path, l);
+            return engine_err(ENGINE_EUNSUPPORTED,
+                              "%s: blk.%u: gate and up experts of different "
+                              "types have no CUDA kernel",
+                              m->path, l);
         if (ly->ffn_gate.data && ly->ffn_gate.type != ly->ffn_up.type)
-            return engine_err(ENGINE_EUNSUPPORTED, "%s: blk.%u: ffn_gate and ffn_up of different "
-                              "types have no CUDA kernel", m->path, l);
-        total += 2 * align256(sizeof(float) * hp->n_embd) + 2 * align256(sizeof(float) * hp->head_dim_k);
+            return engine_err(ENGINE_EUNSUPPORTED,
+                              "%s: blk.%u: ffn_gate and ffn_up of different "
+                              "types have no CUDA kernel",
+                              m->path, l);
+        total +=
+            2 * align256(sizeof(float) * hp->n_embd) + 2 * align256(sizeof(float) * hp->head_dim_k);
     }
     if ((rc = check_weight(m, &m->tok_embd, "token_embd"))) return rc;
     if ((rc = check_weight(m, &m->output, "output"))) return rc;
@@ -207,13 +221,15 @@ extern "C" int engine_cuda_model_new(engine_cuda_model **out, const engine_model
     size_t free_b = 0, total_b = 0;
     CU(cudaSetDevice(device));
     CU(cudaMemGetInfo(&free_b, &total_b));
-    engine_log(ENGINE_LOG_INFO, "cuda: memory plan: weights %.2f GB; device %d has %.2f GB free "
-               "of %.2f GB", (double)total / 1e9, device, (double)free_b / 1e9,
-               (double)total_b / 1e9);
+    engine_log(ENGINE_LOG_INFO,
+               "cuda: memory plan: weights %.2f GB; device %d has %.2f GB free "
+               "of %.2f GB",
+               (double)total / 1e9, device, (double)free_b / 1e9, (double)total_b / 1e9);
     if (total + ((size_t)256 << 20) > free_b) {
-        rc = engine_err(ENGINE_ENOMEM, "%s: the weights need %.2f GB of GPU memory (+0.27 GB "
-                        "reserve) but GPU %d has %.2f GB free", m->path, (double)total / 1e9,
-                        device, (double)free_b / 1e9);
+        rc = engine_err(ENGINE_ENOMEM,
+                        "%s: the weights need %.2f GB of GPU memory (+0.27 GB "
+                        "reserve) but GPU %d has %.2f GB free",
+                        m->path, (double)total / 1e9, device, (double)free_b / 1e9);
         goto done;
     }
     if (!(cm->layers = (cu_layer *)calloc(hp->n_layer, sizeof(cu_layer)))) {
@@ -224,7 +240,7 @@ extern "C" int engine_cuda_model_new(engine_cuda_model **out, const engine_model
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         const engine_layer *ly = &m->layers[l];
         cu_layer *cl = &cm->layers[l];
-#define UP_W(f)                                                                                \
+#define UP_W(f)                                                                                    \
     if ((rc = upload_w(&u, &ly->f, &cl->f))) goto done;
         FOR_LAYER_WEIGHTS(UP_W)
 #undef UP_W
@@ -234,8 +250,10 @@ extern "C" int engine_cuda_model_new(engine_cuda_model **out, const engine_model
         if ((rc = upload_f(&u, ly->k_norm, hp->head_dim_k, &cl->k_norm))) goto done;
     }
     if ((rc = upload_w(&u, &m->tok_embd, &cm->tok_embd))) goto done;
-    if (tied) cm->output = cm->tok_embd;
-    else if ((rc = upload_w(&u, &m->output, &cm->output))) goto done;
+    if (tied)
+        cm->output = cm->tok_embd;
+    else if ((rc = upload_w(&u, &m->output, &cm->output)))
+        goto done;
     if ((rc = upload_f(&u, m->output_norm, hp->n_embd, &cm->output_norm))) goto done;
     if ((rc = upload_f(&u, m->rope_inv_freq, hp->head_dim_k / 2, &cm->inv_freq))) goto done;
     ENGINE_ASSERT(u.off <= total);
@@ -314,8 +332,8 @@ done:
  * Sessions
  * ------------------------------------------------------------------------------------------- */
 typedef struct {
-    size_t kv_layer, x, q, kv, att, router, h, logits, partial, sscratch, ids, wts, counters,
-        step, out, rope, total;
+    size_t kv_layer, x, q, kv, att, router, h, logits, partial, sscratch, ids, wts, counters, step,
+        out, rope, total;
 } sess_layout;
 
 static sess_layout layout(const engine_cuda_model *cm, int32_t n_ctx, engine_kv_type kv) {
@@ -332,8 +350,8 @@ static sess_layout layout(const engine_cuda_model *cm, int32_t n_ctx, engine_kv_
     z.router = align256(sizeof(float) * (hp->n_expert ? hp->n_expert : 1));
     z.h = align256(sizeof(float) * k * nff);
     z.logits = align256(sizeof(float) * hp->n_vocab);
-    z.partial = align256(sizeof(float) * hp->n_head * (size_t)engine_cu_att_max_splits(n_ctx) *
-                         (hd + 2));
+    z.partial =
+        align256(sizeof(float) * hp->n_head * (size_t)engine_cu_att_max_splits(n_ctx) * (hd + 2));
     z.sscratch = align256(sizeof(float) * 2 * ENGINE_CU_SAMPLE_BLOCKS);
     z.ids = align256(sizeof(int32_t) * k);
     z.wts = align256(sizeof(float) * k);
@@ -376,14 +394,17 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
     }
     CU(cudaSetDevice(cm->device));
     CU(cudaMemGetInfo(&free_b, &total_b));
-    engine_log(ENGINE_LOG_INFO, "cuda: session plan: KV cache %.1f MiB (%d positions, %s), "
-               "buffers %.1f MiB; %.2f GB free", (double)(2 * hp->n_layer * z.kv_layer) / 1048576.0,
-               n_ctx, kv == ENGINE_KV_F32 ? "f32" : "f16",
+    engine_log(ENGINE_LOG_INFO,
+               "cuda: session plan: KV cache %.1f MiB (%d positions, %s), "
+               "buffers %.1f MiB; %.2f GB free",
+               (double)(2 * hp->n_layer * z.kv_layer) / 1048576.0, n_ctx,
+               kv == ENGINE_KV_F32 ? "f32" : "f16",
                (double)(z.total - 2 * hp->n_layer * z.kv_layer) / 1048576.0, (double)free_b / 1e9);
     if (z.total + ((size_t)64 << 20) > free_b) {
-        rc = engine_err(ENGINE_ENOMEM, "cuda session of %d positions needs %.2f GB of GPU memory "
-                        "(KV cache and buffers) but %.2f GB are free", n_ctx,
-                        (double)z.total / 1e9, (double)free_b / 1e9);
+        rc = engine_err(ENGINE_ENOMEM,
+                        "cuda session of %d positions needs %.2f GB of GPU memory "
+                        "(KV cache and buffers) but %.2f GB are free",
+                        n_ctx, (double)z.total / 1e9, (double)free_b / 1e9);
         goto done;
     }
     CU(cudaMalloc((void **)&s->mem, z.total));
@@ -396,16 +417,18 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         s->v_cache[l] = p;
         p += z.kv_layer;
     }
-#define CARVE(field, size, T)                                                                  \
-    s->field = (T *)p;                                                                         \
+#define CARVE(field, size, T)                                                                      \
+    s->field = (T *)p;                                                                             \
     p += z.size;
-    CARVE(x, x, float) CARVE(q, q, float) CARVE(k, kv, float) CARVE(v, kv, float)
-    CARVE(att, att, float) CARVE(router, router, float) CARVE(h, h, float)
-    CARVE(logits, logits, float) CARVE(partial, partial, float) CARVE(sscratch, sscratch, float)
-    CARVE(ids, ids, int32_t) CARVE(wts, wts, float) CARVE(counters, counters, unsigned)
-    CARVE(step, step, engine_cu_step) CARVE(out, out, int32_t) CARVE(rope, rope, float)
+    CARVE(x, x, float)
+    CARVE(q, q, float) CARVE(k, kv, float) CARVE(v, kv, float) CARVE(att, att, float)
+        CARVE(router, router, float) CARVE(h, h, float) CARVE(logits, logits, float)
+            CARVE(partial, partial, float) CARVE(sscratch, sscratch, float) CARVE(ids, ids, int32_t)
+                CARVE(wts, wts, float) CARVE(counters, counters, unsigned)
+                    CARVE(step, step, engine_cu_step) CARVE(out, out, int32_t)
+                        CARVE(rope, rope, float)
 #undef CARVE
-    ENGINE_ASSERT((size_t)(p - s->mem) == z.total);
+                            ENGINE_ASSERT((size_t)(p - s->mem) == z.total);
     {
         size_t rb = sizeof(float) * (size_t)n_ctx * hp->head_dim_k;
         float *t = (float *)malloc(rb);
@@ -465,8 +488,8 @@ static void enqueue_step(engine_cuda_session *s, step_prof *p) {
     const int emb = (int)hp->n_embd, hd = (int)hp->head_dim_k;
     const float eps = hp->rms_norm_eps;
     mark(p, -1, st);
-    engine_cu_embed(cm->tok_embd.d, cm->tok_embd.row_bytes, cm->tok_embd.type, emb, s->step,
-                    s->x, st);
+    engine_cu_embed(cm->tok_embd.d, cm->tok_embd.row_bytes, cm->tok_embd.type, emb, s->step, s->x,
+                    st);
     mark(p, 0, st);
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         const cu_layer *ly = &cm->layers[l];
@@ -483,11 +506,24 @@ static void enqueue_step(engine_cuda_session *s, step_prof *p) {
         engine_cu_matvec(&mv, st);
         mark(p, 1, st);
 
-        engine_cu_att at = {s->q, s->k, s->v, ly->q_norm, ly->k_norm, (const float2 *)s->rope,
+        engine_cu_att at = {s->q,
+                            s->k,
+                            s->v,
+                            ly->q_norm,
+                            ly->k_norm,
+                            (const float2 *)s->rope,
                             eps,
-                            s->k_cache[l], s->v_cache[l], s->kv == ENGINE_KV_F32,
-                            &s->step->pos, s->n_ctx, (int)hp->n_head, (int)hp->n_head_kv, hd,
-                            s->partial, s->counters, s->att};
+                            s->k_cache[l],
+                            s->v_cache[l],
+                            s->kv == ENGINE_KV_F32,
+                            &s->step->pos,
+                            s->n_ctx,
+                            (int)hp->n_head,
+                            (int)hp->n_head_kv,
+                            hd,
+                            s->partial,
+                            s->counters,
+                            s->att};
         engine_cu_attention(&at, st);
         mark(p, 2, st);
 
@@ -594,8 +630,10 @@ static int run_steps(engine_cuda_session *s, int32_t token, int32_t pos, int32_t
     int rc = 0;
     const engine_hparams *hp = &s->cm->m->hp;
     if (pos < 0 || n < 1 || pos > s->n_ctx - n)
-        return engine_err(ENGINE_ERANGE, "cuda decode: positions %d..%d do not fit the context "
-                          "of %d", pos, pos + n - 1, s->n_ctx);
+        return engine_err(ENGINE_ERANGE,
+                          "cuda decode: positions %d..%d do not fit the context "
+                          "of %d",
+                          pos, pos + n - 1, s->n_ctx);
     if (token < 0 || (uint32_t)token >= hp->n_vocab)
         return engine_err(ENGINE_EINVAL, "cuda decode: token id %d is not in [0, %u)", token,
                           hp->n_vocab);
@@ -608,13 +646,14 @@ static int run_steps(engine_cuda_session *s, int32_t token, int32_t pos, int32_t
     s->h_step->seed = seed;
     s->h_step->temp = temp;
     CU(cudaMemcpyAsync(s->step, s->h_step, sizeof *s->h_step, cudaMemcpyHostToDevice, s->stream));
-    for (int32_t i = 0; i < n; i++) CU(cudaGraphLaunch(s->exec, s->stream));
+    for (int32_t i = 0; i < n; i++)
+        CU(cudaGraphLaunch(s->exec, s->stream));
 done:
     return rc;
 }
 
-extern "C" int engine_cuda_decode(engine_cuda_session *s, int32_t token, int32_t pos,
-                                  float *logits, int32_t *next) {
+extern "C" int engine_cuda_decode(engine_cuda_session *s, int32_t token, int32_t pos, float *logits,
+                                  int32_t *next) {
     int rc = run_steps(s, token, pos, 1, 0.0f, 0);
     if (rc) return rc;
     const engine_hparams *hp = &s->cm->m->hp;
@@ -655,7 +694,8 @@ extern "C" int engine_cuda_profile(engine_cuda_session *s, int32_t token, int32_
         goto done;
     }
     CU(cudaSetDevice(s->cm->device));
-    for (int i = 0; i < n_ev; i++) CU(cudaEventCreate(&p.ev[i]));
+    for (int i = 0; i < n_ev; i++)
+        CU(cudaEventCreate(&p.ev[i]));
     for (int r = 0; r < reps; r++) {
         s->h_step->token = token;
         s->h_step->pos = pos;

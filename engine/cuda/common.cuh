@@ -11,13 +11,13 @@ int engine_err(int code, const char *fmt, ...);
 }
 
 /* Convert a CUDA error into an engine error at the boundary, naming the call site. */
-#define ENGINE_CUDA_CHECK(call)                                                              \
-    do {                                                                                     \
-        cudaError_t e_ = (call);                                                             \
-        if (e_ != cudaSuccess)                                                               \
-            return engine_err(e_ == cudaErrorMemoryAllocation ? ENGINE_ENOMEM : ENGINE_EINTERNAL, \
-                              "CUDA %s at %s:%d: %s", #call, __FILE__, __LINE__,             \
-                              cudaGetErrorString(e_));                                       \
+#define ENGINE_CUDA_CHECK(call)                                                                    \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess)                                                                     \
+            return engine_err(e_ == cudaErrorMemoryAllocation ? ENGINE_ENOMEM : ENGINE_EINTERNAL,  \
+                              "CUDA %s at %s:%d: %s", #call, __FILE__, __LINE__,                   \
+                              cudaGetErrorString(e_));                                             \
     } while (0)
 
 /* The C headers of engine/ use C11 spellings that C++17 lacks; map them for nvcc. */
@@ -31,12 +31,14 @@ int engine_err(int code, const char *fmt, ...);
 #define ENGINE_CUDA_WARP 32
 
 __device__ __forceinline__ float engine_cu_warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
 
 __device__ __forceinline__ float engine_cu_warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 

@@ -100,10 +100,10 @@ int engine_cuda_op_attention(int n_head, int n_kv, int hd, int32_t pos, int32_t 
 /* The MoE block of one token: route from router logits, gate/up of the selected experts,
  * SwiGLU, down, weighted sum added to x (in place). Weights: [n_expert][rows][cols] stacks of
  * `type`. ids/weights receive the routing. */
-int engine_cuda_op_moe(engine_type type, int n_expert, int k, bool norm_topk, int n_embd,
-                       int n_ff, const float *router, const void *gate, const void *up,
-                       const void *down, size_t row_bytes_in, size_t row_bytes_ff,
-                       const float *norm_w, float eps, float *x, int32_t *ids, float *weights);
+int engine_cuda_op_moe(engine_type type, int n_expert, int k, bool norm_topk, int n_embd, int n_ff,
+                       const float *router, const void *gate, const void *up, const void *down,
+                       size_t row_bytes_in, size_t row_bytes_ff, const float *norm_w, float eps,
+                       float *x, int32_t *ids, float *weights);
 
 /* Sample from n logits as a decode step does (temperature <= 0: greedy). step: the value of
  * the per-session draw counter (0 for the first token). */

@@ -35,7 +35,8 @@ __device__ __forceinline__ float engine_cu_bf2f(uint16_t h) {
 __device__ __forceinline__ void engine_cu_load16_a2(const uint8_t *p, uint32_t w[4]) {
     const uint16_t *h = (const uint16_t *)p;
 #pragma unroll
-    for (int i = 0; i < 4; i++) w[i] = (uint32_t)__ldg(h + 2 * i) | ((uint32_t)__ldg(h + 2 * i + 1) << 16);
+    for (int i = 0; i < 4; i++)
+        w[i] = (uint32_t)__ldg(h + 2 * i) | ((uint32_t)__ldg(h + 2 * i + 1) << 16);
 }
 
 __device__ __forceinline__ void engine_cu_load16_a16(const uint8_t *p, uint32_t w[4]) {
@@ -272,9 +273,11 @@ __device__ __forceinline__ float engine_cu_dot32(const float va[16], const float
                                                  const float xa[16], const float xb[16]) {
     float s = 0.0f;
 #pragma unroll
-    for (int l = 0; l < 16; l++) s = fmaf(va[l], xa[l], s);
+    for (int l = 0; l < 16; l++)
+        s = fmaf(va[l], xa[l], s);
 #pragma unroll
-    for (int l = 0; l < 16; l++) s = fmaf(vb[l], xb[l], s);
+    for (int l = 0; l < 16; l++)
+        s = fmaf(vb[l], xb[l], s);
     return s;
 }
 

@@ -14,8 +14,10 @@ bool engine_cu_type_supported(int type) {
     case ENGINE_TYPE_Q8_0:
     case ENGINE_TYPE_Q4_K:
     case ENGINE_TYPE_Q5_K:
-    case ENGINE_TYPE_Q6_K: return true;
-    default: return false;
+    case ENGINE_TYPE_Q6_K:
+        return true;
+    default:
+        return false;
     }
 }
 
@@ -27,7 +29,8 @@ __device__ __forceinline__ void mv_warp(const engine_cu_mat &m, int r0, int cols
     const int R = ENGINE_CU_MV_ROWS;
     float acc[R];
 #pragma unroll
-    for (int r = 0; r < R; r++) acc[r] = 0.0f;
+    for (int r = 0; r < R; r++)
+        acc[r] = 0.0f;
     const int nr = m.rows - r0 < R ? m.rows - r0 : R;
     const int n_chunks = cols >> 5;
 #pragma unroll 2
@@ -70,21 +73,38 @@ __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32) mv_kernel(engine_cu_m
     if (i >= a.n_mat) return;
     const engine_cu_mat &m = a.m[i];
     switch (m.type) {
-    case ENGINE_TYPE_Q4_K: mv_warp<ENGINE_TYPE_Q4_K>(m, g, a.cols, a.x, a.norm_w, a.eps); break;
-    case ENGINE_TYPE_Q5_K: mv_warp<ENGINE_TYPE_Q5_K>(m, g, a.cols, a.x, a.norm_w, a.eps); break;
-    case ENGINE_TYPE_Q6_K: mv_warp<ENGINE_TYPE_Q6_K>(m, g, a.cols, a.x, a.norm_w, a.eps); break;
-    case ENGINE_TYPE_Q8_0: mv_warp<ENGINE_TYPE_Q8_0>(m, g, a.cols, a.x, a.norm_w, a.eps); break;
-    case ENGINE_TYPE_Q4_0: mv_warp<ENGINE_TYPE_Q4_0>(m, g, a.cols, a.x, a.norm_w, a.eps); break;
-    case ENGINE_TYPE_F16: mv_warp<ENGINE_TYPE_F16>(m, g, a.cols, a.x, a.norm_w, a.eps); break;
-    case ENGINE_TYPE_BF16: mv_warp<ENGINE_TYPE_BF16>(m, g, a.cols, a.x, a.norm_w, a.eps); break;
-    default: mv_warp<ENGINE_TYPE_F32>(m, g, a.cols, a.x, a.norm_w, a.eps); break;
+    case ENGINE_TYPE_Q4_K:
+        mv_warp<ENGINE_TYPE_Q4_K>(m, g, a.cols, a.x, a.norm_w, a.eps);
+        break;
+    case ENGINE_TYPE_Q5_K:
+        mv_warp<ENGINE_TYPE_Q5_K>(m, g, a.cols, a.x, a.norm_w, a.eps);
+        break;
+    case ENGINE_TYPE_Q6_K:
+        mv_warp<ENGINE_TYPE_Q6_K>(m, g, a.cols, a.x, a.norm_w, a.eps);
+        break;
+    case ENGINE_TYPE_Q8_0:
+        mv_warp<ENGINE_TYPE_Q8_0>(m, g, a.cols, a.x, a.norm_w, a.eps);
+        break;
+    case ENGINE_TYPE_Q4_0:
+        mv_warp<ENGINE_TYPE_Q4_0>(m, g, a.cols, a.x, a.norm_w, a.eps);
+        break;
+    case ENGINE_TYPE_F16:
+        mv_warp<ENGINE_TYPE_F16>(m, g, a.cols, a.x, a.norm_w, a.eps);
+        break;
+    case ENGINE_TYPE_BF16:
+        mv_warp<ENGINE_TYPE_BF16>(m, g, a.cols, a.x, a.norm_w, a.eps);
+        break;
+    default:
+        mv_warp<ENGINE_TYPE_F32>(m, g, a.cols, a.x, a.norm_w, a.eps);
+        break;
     }
 }
 
 void engine_cu_matvec(const engine_cu_mv *a, cudaStream_t stream) {
     const int R = ENGINE_CU_MV_ROWS;
     int warps = 0;
-    for (int i = 0; i < a->n_mat; i++) warps += (a->m[i].rows + R - 1) / R;
+    for (int i = 0; i < a->n_mat; i++)
+        warps += (a->m[i].rows + R - 1) / R;
     int blocks = (warps + ENGINE_CU_MV_WARPS - 1) / ENGINE_CU_MV_WARPS;
     mv_kernel<<<blocks, ENGINE_CU_MV_WARPS * 32, 0, stream>>>(*a);
 }

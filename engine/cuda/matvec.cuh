@@ -23,12 +23,12 @@
 #define ENGINE_CU_MV_WARPS 4 /* warps per block */
 
 typedef struct {
-    const uint8_t *w;   /* device: row r at w + r * row_bytes */
+    const uint8_t *w; /* device: row r at w + r * row_bytes */
     size_t row_bytes;
-    int type;           /* engine_type */
+    int type; /* engine_type */
     int rows;
-    float *y;           /* device: rows outputs */
-    int accumulate;     /* y += W x instead of y = W x */
+    float *y;       /* device: rows outputs */
+    int accumulate; /* y += W x instead of y = W x */
 } engine_cu_mat;
 
 typedef struct {

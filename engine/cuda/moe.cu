@@ -60,7 +60,8 @@ __device__ void route(const float *logits, int n, int k, int norm_topk, int *ids
     }
     __syncwarp();
     if (norm_topk && lane == 0)
-        for (int j = 0; j < k; j++) wts[j] = wts[j] / tot;
+        for (int j = 0; j < k; j++)
+            wts[j] = wts[j] / tot;
     __syncwarp();
 }
 
@@ -70,7 +71,8 @@ __device__ __forceinline__ void up_warp(const engine_cu_ffn_up_args &a, const ui
     const int lane = threadIdx.x & 31, R = ENGINE_CU_MV_ROWS;
     float ag[R], au[R];
 #pragma unroll
-    for (int r = 0; r < R; r++) ag[r] = au[r] = 0.0f;
+    for (int r = 0; r < R; r++)
+        ag[r] = au[r] = 0.0f;
     const int nr = a.rows - r0 < R ? a.rows - r0 : R;
     scale = engine_cu_warp_rms_scale(a.x, a.cols, a.eps);
     for (int c = lane; c < (a.cols >> 5); c += 32) {
@@ -97,9 +99,10 @@ __device__ __forceinline__ void up_warp(const engine_cu_ffn_up_args &a, const ui
     }
 }
 
-#define TYPE_CASES(X)                                                                           \
-    X(ENGINE_TYPE_Q4_K) X(ENGINE_TYPE_Q5_K) X(ENGINE_TYPE_Q6_K) X(ENGINE_TYPE_Q8_0)             \
-    X(ENGINE_TYPE_Q4_0) X(ENGINE_TYPE_F16) X(ENGINE_TYPE_BF16) X(ENGINE_TYPE_F32)
+#define TYPE_CASES(X)                                                                              \
+    X(ENGINE_TYPE_Q4_K)                                                                            \
+    X(ENGINE_TYPE_Q5_K) X(ENGINE_TYPE_Q6_K) X(ENGINE_TYPE_Q8_0) X(ENGINE_TYPE_Q4_0)                \
+        X(ENGINE_TYPE_F16) X(ENGINE_TYPE_BF16) X(ENGINE_TYPE_F32)
 
 __global__ void __launch_bounds__(FFN_WARPS * 32, 4) ffn_up_kernel(engine_cu_ffn_up_args a) {
     __shared__ int ids[ENGINE_CU_MAX_EXPERT_USED];
@@ -122,8 +125,10 @@ __global__ void __launch_bounds__(FFN_WARPS * 32, 4) ffn_up_kernel(engine_cu_ffn
     if (r0 >= a.rows) return;
     float *h = a.h + (size_t)j * a.rows;
     switch (a.type) { /* gate and up share a type (checked at upload) */
-#define SAME(T)                                                                                 \
-    case T: up_warp<T>(a, g, u, r0, scale, h); break;
+#define SAME(T)                                                                                    \
+    case T:                                                                                        \
+        up_warp<T>(a, g, u, r0, scale, h);                                                         \
+        break;
         TYPE_CASES(SAME)
 #undef SAME
     }
@@ -132,12 +137,13 @@ __global__ void __launch_bounds__(FFN_WARPS * 32, 4) ffn_up_kernel(engine_cu_ffn
 /* A lane takes (expert slot, chunk) items, so all 32 lanes work and the loads of different
  * experts are in flight together. */
 template <int T>
-__device__ __forceinline__ void down_warp(const engine_cu_ffn_down_args &a, int r0,
-                                          const int *ids, const float *wts) {
+__device__ __forceinline__ void down_warp(const engine_cu_ffn_down_args &a, int r0, const int *ids,
+                                          const float *wts) {
     const int lane = threadIdx.x & 31, R = ENGINE_CU_MV_ROWS;
     float tot[R];
 #pragma unroll
-    for (int r = 0; r < R; r++) tot[r] = 0.0f;
+    for (int r = 0; r < R; r++)
+        tot[r] = 0.0f;
     const int nr = a.rows - r0 < R ? a.rows - r0 : R;
     const int nch = a.cols >> 5, n_items = a.k * nch;
 #pragma unroll 2
@@ -178,8 +184,10 @@ __global__ void __launch_bounds__(FFN_WARPS * 32) ffn_down_kernel(engine_cu_ffn_
     const int r0 = (blockIdx.x * FFN_WARPS + (threadIdx.x >> 5)) * ENGINE_CU_MV_ROWS;
     if (r0 >= a.rows) return;
     switch (a.type) {
-#define DOWN(T)                                                                                 \
-    case T: down_warp<T>(a, r0, ids, wts); break;
+#define DOWN(T)                                                                                    \
+    case T:                                                                                        \
+        down_warp<T>(a, r0, ids, wts);                                                             \
+        break;
         TYPE_CASES(DOWN)
 #undef DOWN
     }

@@ -21,29 +21,29 @@
 #define ENGINE_CU_MAX_EXPERT 256 /* router width the routing kernel holds in registers */
 
 typedef struct {
-    const float *router;     /* device [n_expert] logits, or NULL for a dense FFN */
+    const float *router; /* device [n_expert] logits, or NULL for a dense FFN */
     int n_expert, k, norm_topk;
-    const uint8_t *gate, *up;/* expert 0's rows; expert e at + e * expert_bytes */
+    const uint8_t *gate, *up; /* expert 0's rows; expert e at + e * expert_bytes */
     size_t expert_bytes, row_bytes;
-    int type;                /* gate and up share it */
-    int cols, rows;          /* n_embd, n_ff */
+    int type;       /* gate and up share it */
+    int cols, rows; /* n_embd, n_ff */
     const float *x, *norm_w;
     float eps;
-    float *h;                /* [k][rows] */
-    int32_t *ids;            /* [k] written by the first block (MoE) */
-    float *weights;          /* [k] */
+    float *h;       /* [k][rows] */
+    int32_t *ids;   /* [k] written by the first block (MoE) */
+    float *weights; /* [k] */
 } engine_cu_ffn_up_args;
 
 typedef struct {
-    const uint8_t *down;     /* expert 0's rows */
+    const uint8_t *down; /* expert 0's rows */
     size_t expert_bytes, row_bytes;
     int type;
-    int cols, rows;          /* n_ff, n_embd */
+    int cols, rows; /* n_ff, n_embd */
     int k;
-    const float *h;          /* [k][cols] */
-    const int32_t *ids;      /* [k] or NULL (dense: expert 0, weight 1) */
+    const float *h;     /* [k][cols] */
+    const int32_t *ids; /* [k] or NULL (dense: expert 0, weight 1) */
     const float *weights;
-    float *y;                /* [rows], accumulated into */
+    float *y; /* [rows], accumulated into */
 } engine_cu_ffn_down_args;
 
 void engine_cu_ffn_up(const engine_cu_ffn_up_args *a, cudaStream_t stream);

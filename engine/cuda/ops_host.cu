@@ -23,7 +23,8 @@ struct dev_arena {
     int n = 0;
     int rc = 0;
     ~dev_arena() {
-        for (int i = 0; i < n; i++) cudaFree(p[i]);
+        for (int i = 0; i < n; i++)
+            cudaFree(p[i]);
     }
     template <typename T> T *put(const void *src, size_t bytes) {
         if (rc || bytes == 0) return nullptr;
@@ -60,8 +61,8 @@ extern "C" int engine_cuda_op_matvec(engine_type type, const void *w, int64_t ro
     int rc = engine_cuda_usable();
     if (rc) return rc;
     if (!engine_cu_type_supported(type) || cols % 32 || rows < 1 || rows > INT32_MAX)
-        return engine_err(ENGINE_EINVAL, "matvec: type %d, %lld x %lld", (int)type,
-                          (long long)rows, (long long)cols);
+        return engine_err(ENGINE_EINVAL, "matvec: type %d, %lld x %lld", (int)type, (long long)rows,
+                          (long long)cols);
     dev_arena a;
     const uint8_t *dw = a.put<uint8_t>(w, (size_t)rows * row_bytes);
     const float *dx = a.put<float>(x, sizeof(float) * (size_t)cols);
@@ -81,9 +82,9 @@ extern "C" int engine_cuda_op_matvec(engine_type type, const void *w, int64_t ro
 }
 
 extern "C" int engine_cuda_op_attention(int n_head, int n_kv, int hd, int32_t pos, int32_t n_ctx,
-                                        engine_kv_type kv, const void *k_cache,
-                                        const void *v_cache, const float *q, const float *k,
-                                        const float *v, const float *q_norm, const float *k_norm,
+                                        engine_kv_type kv, const void *k_cache, const void *v_cache,
+                                        const float *q, const float *k, const float *v,
+                                        const float *q_norm, const float *k_norm,
                                         const float *inv_freq, float eps, float *out, float *k_row,
                                         float *v_row) {
     int rc = engine_cuda_usable();
@@ -117,15 +118,16 @@ extern "C" int engine_cuda_op_attention(int n_head, int n_kv, int hd, int32_t po
     unsigned *dcnt = a.put<unsigned>(nullptr, sizeof(unsigned) * n_head);
     float *dout = a.put<float>(nullptr, sizeof(float) * (size_t)n_head * hd);
     if (a.rc) return a.rc;
-    engine_cu_att at = {dq, dkn, dvn, dqw, dkw, dif, eps, dk, dv, kv == ENGINE_KV_F32, dpos,
-                        n_ctx, n_head, n_kv, hd, dpart, dcnt, dout};
+    engine_cu_att at = {dq,   dkn,   dvn,    dqw,  dkw, dif,   eps,  dk,  dv, kv == ENGINE_KV_F32,
+                        dpos, n_ctx, n_head, n_kv, hd,  dpart, dcnt, dout};
     engine_cu_attention(&at, 0);
     if ((rc = a.get(out, dout, sizeof(float) * (size_t)n_head * hd))) return rc;
     /* the stored row, widened to F32 */
     void *row = malloc(2 * kv_dim * elt);
     if (!row) return engine_err(ENGINE_ENOMEM, "out of memory");
     rc = a.get(row, dk + (size_t)pos * kv_dim * elt, kv_dim * elt);
-    if (!rc) rc = a.get((uint8_t *)row + kv_dim * elt, dv + (size_t)pos * kv_dim * elt, kv_dim * elt);
+    if (!rc)
+        rc = a.get((uint8_t *)row + kv_dim * elt, dv + (size_t)pos * kv_dim * elt, kv_dim * elt);
     for (size_t i = 0; !rc && i < kv_dim; i++) {
         if (kv == ENGINE_KV_F32) {
             k_row[i] = ((float *)row)[i];
@@ -142,15 +144,15 @@ extern "C" int engine_cuda_op_attention(int n_head, int n_kv, int hd, int32_t po
     return rc;
 }
 
-extern "C" int engine_cuda_op_moe(engine_type type, int n_expert, int k, bool norm_topk,
-                                  int n_embd, int n_ff, const float *router, const void *gate,
-                                  const void *up, const void *down, size_t row_bytes_in,
-                                  size_t row_bytes_ff, const float *norm_w, float eps, float *x,
-                                  int32_t *ids, float *weights) {
+extern "C" int engine_cuda_op_moe(engine_type type, int n_expert, int k, bool norm_topk, int n_embd,
+                                  int n_ff, const float *router, const void *gate, const void *up,
+                                  const void *down, size_t row_bytes_in, size_t row_bytes_ff,
+                                  const float *norm_w, float eps, float *x, int32_t *ids,
+                                  float *weights) {
     int rc = engine_cuda_usable();
     if (rc) return rc;
-    if (!engine_cu_type_supported(type) || k < 1 || k > ENGINE_CU_MAX_EXPERT_USED ||
-        k > n_expert || n_expert > ENGINE_CU_MAX_EXPERT || n_embd % 32 || n_ff % 32)
+    if (!engine_cu_type_supported(type) || k < 1 || k > ENGINE_CU_MAX_EXPERT_USED || k > n_expert ||
+        n_expert > ENGINE_CU_MAX_EXPERT || n_embd % 32 || n_ff % 32)
         return engine_err(ENGINE_EINVAL, "moe: bad shape");
     dev_arena a;
     size_t ge = (size_t)n_ff * row_bytes_in, de = (size_t)n_embd * row_bytes_ff;
@@ -191,8 +193,8 @@ extern "C" int engine_cuda_op_moe(engine_type type, int n_expert, int k, bool no
     return a.get(weights, dw, sizeof(float) * k);
 }
 
-extern "C" int engine_cuda_op_sample(const float *logits, int n, float temperature,
-                                     uint64_t seed, int32_t step, int32_t *out) {
+extern "C" int engine_cuda_op_sample(const float *logits, int n, float temperature, uint64_t seed,
+                                     int32_t step, int32_t *out) {
     int rc = engine_cuda_usable();
     if (rc) return rc;
     if (n < 1) return engine_err(ENGINE_EINVAL, "sample: %d logits", n);

@@ -17,12 +17,12 @@
 #include "common.cuh"
 
 typedef struct {
-    int32_t token;     /* the token this step consumes */
-    int32_t pos;       /* its position */
-    int32_t n_out;     /* tokens appended to out so far */
+    int32_t token; /* the token this step consumes */
+    int32_t pos;   /* its position */
+    int32_t n_out; /* tokens appended to out so far */
     int32_t out_cap;
     uint64_t seed;
-    float temp;        /* <= 0: greedy */
+    float temp; /* <= 0: greedy */
     int32_t pad;
 } engine_cu_step;
 

@@ -32,14 +32,14 @@ int main(void) {
 
 static int failures;
 
-#define CHECK(cond, ...)                                                                       \
-    do {                                                                                       \
-        if (!(cond)) {                                                                         \
-            fprintf(stderr, "%s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #cond);           \
-            fprintf(stderr, __VA_ARGS__);                                                      \
-            fprintf(stderr, " (last error: %s)\n", engine_error_last());                       \
-            failures++;                                                                        \
-        }                                                                                      \
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "%s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #cond);               \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, " (last error: %s)\n", engine_error_last());                           \
+            failures++;                                                                            \
+        }                                                                                          \
     } while (0)
 
 static uint64_t rng_state = 0x1234567887654321ull;
@@ -52,7 +52,8 @@ static float frand(void) { /* uniform in [-1, 1) */
 }
 
 static void fill(float *a, size_t n, float scale) {
-    for (size_t i = 0; i < n; i++) a[i] = frand() * scale;
+    for (size_t i = 0; i < n; i++)
+        a[i] = frand() * scale;
 }
 
 /* Random F32 rows quantised to `t`: rows * row_bytes bytes (caller frees). */
@@ -76,18 +77,23 @@ static void test_matvec_type(engine_type t, int64_t rows, int64_t cols, bool nor
     float *y = malloc(sizeof(float) * rows), *y0 = malloc(sizeof(float) * rows);
     float *ycpu = malloc(sizeof(float) * rows);
     fill(x, cols, 2.0f);
-    for (int64_t i = 0; i < cols; i++) nw[i] = 0.75f + 0.5f * (frand() + 1.0f) * 0.5f;
+    for (int64_t i = 0; i < cols; i++)
+        nw[i] = 0.75f + 0.5f * (frand() + 1.0f) * 0.5f;
     fill(y0, rows, 1.0f);
     memcpy(y, y0, sizeof(float) * rows);
-    if (norm) engine_cpu_rmsnorm(xn, x, nw, (int)cols, 1e-6f);
-    else memcpy(xn, x, sizeof(float) * cols);
+    if (norm)
+        engine_cpu_rmsnorm(xn, x, nw, (int)cols, 1e-6f);
+    else
+        memcpy(xn, x, sizeof(float) * cols);
     int rc = engine_cuda_op_matvec(t, w, rows, cols, rb, x, norm ? nw : NULL, 1e-6f, acc, y);
     CHECK(rc == 0, "matvec %s", engine_type_name(t));
     /* the CPU path: x converted to the vec_dot type */
     engine_type vt = engine_type_traits_get(t)->vec_dot_type;
     void *xc = malloc(engine_type_row_size(vt, cols) + 64);
-    if (vt == ENGINE_TYPE_F32) memcpy(xc, xn, sizeof(float) * cols);
-    else engine_quantize_row(vt, xn, xc, cols);
+    if (vt == ENGINE_TYPE_F32)
+        memcpy(xc, xn, sizeof(float) * cols);
+    else
+        engine_quantize_row(vt, xn, xc, cols);
     engine_quant_matvec(t, w, rb, (int)cols, 0, (int)rows, xc, ycpu);
     double worst = 0, worst_cpu = 0;
     for (int64_t r = 0; rc == 0 && r < rows; r++) {
@@ -133,7 +139,7 @@ static void test_matvec(void) {
         test_matvec_type(types[i], 2049 - 1 + 3, 768 + 256, true, false); /* odd row count */
     }
     test_matvec_type(ENGINE_TYPE_Q4_K, 2048, 4096, false, true); /* wo: += residual */
-    test_matvec_type(ENGINE_TYPE_Q6_K, 4099, 2048, true, false);  /* head-like */
+    test_matvec_type(ENGINE_TYPE_Q6_K, 4099, 2048, true, false); /* head-like */
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -169,8 +175,10 @@ static void test_attention_case(int n_head, int n_kv, int hd, int32_t pos, engin
                                       inv, 1e-6f, out, krow, vrow);
     CHECK(rc == 0, "attention");
     /* CPU: norms, rope, store, attention per head */
-    for (int h = 0; h < n_head; h++) engine_cpu_rmsnorm(q + h * hd, q + h * hd, qw, hd, 1e-6f);
-    for (int h = 0; h < n_kv; h++) engine_cpu_rmsnorm(k + h * hd, k + h * hd, kw, hd, 1e-6f);
+    for (int h = 0; h < n_head; h++)
+        engine_cpu_rmsnorm(q + h * hd, q + h * hd, qw, hd, 1e-6f);
+    for (int h = 0; h < n_kv; h++)
+        engine_cpu_rmsnorm(k + h * hd, k + h * hd, kw, hd, 1e-6f);
     engine_cpu_rope_neox(q, n_head, hd, pos, inv);
     engine_cpu_rope_neox(k, n_kv, hd, pos, inv);
     /* the stored row: the CPU's values rounded to the cache type; an F16 value may round the
@@ -194,7 +202,8 @@ static void test_attention_case(int n_head, int n_kv, int hd, int32_t pos, engin
     for (int h = 0; h < n_head; h++)
         engine_cpu_attention_head(ref + h * hd, q + h * hd, &view, h / group, pos + 1,
                                   1.0f / sqrtf((float)hd), scores);
-    for (int i = 0; rc == 0 && i < n_head * hd; i++) worst = fmax(worst, fabs(out[i] - ref[i]));
+    for (int i = 0; rc == 0 && i < n_head * hd; i++)
+        worst = fmax(worst, fabs(out[i] - ref[i]));
     CHECK(worst <= 2e-5 * (1 + 2.0), "attention hd %d pos %d %s: worst |gpu - cpu| %.3g", hd, pos,
           kvt == ENGINE_KV_F32 ? "f32" : "f16", worst);
     printf("attention %2d/%d heads of %3d, pos %5d, kv %s: worst |gpu-cpu| = %.2e, K/V row %.2e\n",
@@ -207,8 +216,8 @@ static void test_attention(void) {
     test_attention_case(32, 4, 128, 0, ENGINE_KV_F32);
     test_attention_case(32, 4, 128, 1, ENGINE_KV_F16);
     test_attention_case(32, 4, 128, 200, ENGINE_KV_F16);
-    test_attention_case(32, 4, 128, 255, ENGINE_KV_F32); /* split boundary: 256 positions */
-    test_attention_case(32, 4, 128, 256, ENGINE_KV_F32); /* the new one opens a split */
+    test_attention_case(32, 4, 128, 255, ENGINE_KV_F32);  /* split boundary: 256 positions */
+    test_attention_case(32, 4, 128, 256, ENGINE_KV_F32);  /* the new one opens a split */
     test_attention_case(32, 4, 128, 1500, ENGINE_KV_F16); /* 6 splits merged */
     test_attention_case(4, 2, 64, 77, ENGINE_KV_F32);
     test_attention_case(8, 8, 256, 600, ENGINE_KV_F16);
@@ -232,7 +241,8 @@ static void test_moe_type(engine_type t, int n_expert, int k, int n_embd, int n_
     float wts[16], gw[16];
     fill(router, n_expert, 3.0f);
     fill(x, n_embd, 1.5f);
-    for (int i = 0; i < n_embd; i++) nw[i] = 1.0f + 0.2f * frand();
+    for (int i = 0; i < n_embd; i++)
+        nw[i] = 1.0f + 0.2f * frand();
     memcpy(xg, x, sizeof(float) * n_embd);
     int rc = engine_cuda_op_moe(t, n_expert, k, true, n_embd, n_ff, router, gate, up, down, rbi,
                                 rbf, nw, 1e-6f, xg, gids, gw);
@@ -248,9 +258,11 @@ static void test_moe_type(engine_type t, int n_expert, int k, int n_embd, int n_
         for (int r = 0; r < n_ff; r++) {
             double g = 0, u = 0;
             engine_dequantize_row(t, gate + ((size_t)e * n_ff + r) * rbi, row, n_embd);
-            for (int i = 0; i < n_embd; i++) g += (double)row[i] * xn[i];
+            for (int i = 0; i < n_embd; i++)
+                g += (double)row[i] * xn[i];
             engine_dequantize_row(t, up + ((size_t)e * n_ff + r) * rbi, row, n_embd);
-            for (int i = 0; i < n_embd; i++) u += (double)row[i] * xn[i];
+            for (int i = 0; i < n_embd; i++)
+                u += (double)row[i] * xn[i];
             h[r] = g / (1.0 + exp(-g)) * u;
         }
         for (int r = 0; r < n_embd; r++) {
@@ -266,7 +278,8 @@ static void test_moe_type(engine_type t, int n_expert, int k, int n_embd, int n_
     }
     for (int j = 0; rc == 0 && j < k; j++) {
         CHECK(gids[j] == ids[j], "moe slot %d: expert %d, cpu %d", j, gids[j], ids[j]);
-        CHECK(fabsf(gw[j] - wts[j]) <= 1e-6f, "moe slot %d: weight %.9g, cpu %.9g", j, gw[j], wts[j]);
+        CHECK(fabsf(gw[j] - wts[j]) <= 1e-6f, "moe slot %d: weight %.9g, cpu %.9g", j, gw[j],
+              wts[j]);
     }
     double worst = 0;
     for (int r = 0; rc == 0 && r < n_embd; r++) {
@@ -297,8 +310,8 @@ static void test_sample(void) {
     for (int i = 1; i < n; i++)
         if (l[i] > l[best]) best = i;
     int32_t tok = -1;
-    CHECK(engine_cuda_op_sample(l, n, 0.0f, 0, 0, &tok) == 0 && tok == best,
-          "greedy %d, cpu %d", tok, best);
+    CHECK(engine_cuda_op_sample(l, n, 0.0f, 0, 0, &tok) == 0 && tok == best, "greedy %d, cpu %d",
+          tok, best);
     if (best != n - 1) l[n - 1] = l[best]; /* ties with higher ids: the lower id wins */
     l[77] = l[best];
     CHECK(engine_cuda_op_sample(l, n, 0.0f, 0, 0, &tok) == 0 && tok == (best < 77 ? best : 77),
@@ -307,13 +320,16 @@ static void test_sample(void) {
     l[6] = INFINITY;
     CHECK(engine_cuda_op_sample(l, n, 0.0f, 0, 0, &tok) == 0 && tok == 6, "inf/NaN: %d", tok);
     /* temperature: 4 live tokens, the rest -inf; draws vs softmax(l / T) */
-    for (int i = 0; i < n; i++) l[i] = -INFINITY;
+    for (int i = 0; i < n; i++)
+        l[i] = -INFINITY;
     const int ids[4] = {3, 1000, 70000, 151935};
     const float lv[4] = {1.0f, 0.0f, 2.0f, 1.5f};
-    for (int i = 0; i < 4; i++) l[ids[i]] = lv[i];
+    for (int i = 0; i < 4; i++)
+        l[ids[i]] = lv[i];
     const float T = 0.8f;
     double p[4], z = 0;
-    for (int i = 0; i < 4; i++) z += p[i] = exp(lv[i] / T);
+    for (int i = 0; i < 4; i++)
+        z += p[i] = exp(lv[i] / T);
     int cnt[4] = {0}, other = 0, draws = 3000;
     for (int d = 0; d < draws; d++) {
         CHECK(engine_cuda_op_sample(l, n, T, 42, d, &tok) == 0, "sample");
@@ -331,7 +347,8 @@ static void test_sample(void) {
     }
     int32_t a, b;
     CHECK(engine_cuda_op_sample(l, n, T, 9, 17, &a) == 0 &&
-          engine_cuda_op_sample(l, n, T, 9, 17, &b) == 0 && a == b, "same seed, same draw");
+              engine_cuda_op_sample(l, n, T, 9, 17, &b) == 0 && a == b,
+          "same seed, same draw");
     free(l);
 }
 
