@@ -353,7 +353,8 @@ int cli_run(int argc, char **argv) {
         return CLI_EXIT_USAGE;
     }
     run_state s;
-    int rc = setup(&s, &a, false);
+    /* on a terminal "ask" decisions are asked; otherwise they are refusals */
+    int rc = setup(&s, &a, isatty(0) && !a.json);
     if (rc) {
         state_free(&s);
         return rc;
