@@ -24,7 +24,7 @@ run_ctest() {
     local t
     for t in $(sed -nE 's/.*Test +#[0-9]+: ([^ ]+) .*\*\*\*(Skipped|Not Run).*/\1/p' "$dir/ctest.log"); do
         echo "-- skipped $t: $(ctest --test-dir "$dir" -R "^${t}\$" -V 2>&1 \
-            | sed -nE 's/^[0-9]+: //p' | grep -vE "^(Test command|Test timeout)" | tail -n 2 | tr '\n' ' ')"
+            | sed -nE 's/^[0-9]+: //p' | grep -vE "^(Test command|Test timeout)" | tail -n 1 | tr '\n' ' ')"
     done
     return "$rc"
 }
