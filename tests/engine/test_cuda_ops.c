@@ -29,18 +29,9 @@ int main(void) {
 #include "cpu/cpu.h"
 #include "cpu/quant.h"
 #include "cuda/cuda_backend.h"
+#include "test_cuda_check.h"
 
 static int failures;
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #cond);               \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, " (last error: %s)\n", engine_error_last());                           \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
 
 static uint64_t rng_state = 0x1234567887654321ull;
 
