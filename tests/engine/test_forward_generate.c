@@ -151,7 +151,7 @@ int main(void) {
     CHECK(engine_model_tokenize(m, text, strlen(text), true, prompt, 64, &np) == 0);
 
     /* greedy generate == argmax loop; streamed text == decoded tokens */
-    enum { N = 24 };
+    enum { N = 12 };
     int32_t ref[N];
     CHECK(engine_session_append(r, prompt, np, NULL) == 0);
     for (int i = 0; i < N; i++) {
