@@ -1,7 +1,7 @@
 /* Hand-built small models (a 261-token byte-level vocabulary, tiny dimensions) written with the
  * GGUF writer: they load, tokenize, run and generate, batch and token-by-token agree, and a file
  * whose tokenizer metadata is damaged in each of several ways fails with a message naming the
- * key. They are also the seed corpus of fuzz_model_load:
+ * key, as do an unsupported architecture and an unsupported tensor type. They are also the seed corpus of fuzz_model_load:
  *     test_forward_small --write-corpus tests/fixtures/fuzz/model */
 #include <math.h>
 #include <stdio.h>
@@ -50,7 +50,15 @@ static void byte_token(int b, char *out) {
     }
 }
 
-typedef enum { DAMAGE_NONE, DAMAGE_NO_MODEL, DAMAGE_TYPES_SHORT, DAMAGE_BAD_MERGE, DAMAGE_EOS } damage;
+typedef enum {
+    DAMAGE_NONE,
+    DAMAGE_NO_MODEL,
+    DAMAGE_TYPES_SHORT,
+    DAMAGE_BAD_MERGE,
+    DAMAGE_EOS,
+    DAMAGE_ARCH, /* general.architecture = "llama": valid, not supported */
+    DAMAGE_TYPE, /* blk.0.attn_q.weight in Q4_1: valid, no CPU kernel */
+} damage;
 
 static uint64_t rng = 88172645463325252ull;
 
@@ -88,6 +96,7 @@ static int write_model(const char *path, engine_arch arch, engine_type type, dam
     void **data = NULL;
     int rc = engine_gguf_writer_new(&w);
     if (!rc) rc = engine_hparams_write(&hp, w);
+    if (!rc && dmg == DAMAGE_ARCH) rc = engine_gguf_writer_set_str(w, "general.architecture", "llama");
     /* tokenizer */
     char tok_store[N_VOCAB][16];
     const char *toks[N_VOCAB];
@@ -134,6 +143,10 @@ static int write_model(const char *path, engine_arch arch, engine_type type, dam
         for (int64_t k = 0; k < n; k++) f[k] = d->is_norm ? 1.0f + 0.1f * frand() : frand() * scale * 1.7f;
         rc = engine_quantize_row(t, f, data[i], n);
         free(f);
+        if (!rc && dmg == DAMAGE_TYPE && !strcmp(d->name, "blk.0.attn_q.weight")) {
+            t = ENGINE_TYPE_Q4_1; /* 20 bytes per 32 values: fits in the F32 buffer; zeros */
+            memset(data[i], 0, engine_type_row_size(t, d->ne[0]) * (size_t)(n / d->ne[0]));
+        }
         int64_t r = rc ? rc : engine_gguf_writer_add_tensor(w, d->name, t, d->n_dims, d->ne, data[i]);
         if (r < 0) rc = (int)r;
     }
@@ -214,13 +227,17 @@ int main(int argc, char **argv) {
         {"token-types-short", ENGINE_ARCH_QWEN3, ENGINE_TYPE_Q8_0, DAMAGE_TYPES_SHORT},
         {"bad-merge", ENGINE_ARCH_QWEN3, ENGINE_TYPE_Q8_0, DAMAGE_BAD_MERGE},
         {"eos-out-of-range", ENGINE_ARCH_QWEN3, ENGINE_TYPE_Q8_0, DAMAGE_EOS},
+        {"arch-llama", ENGINE_ARCH_QWEN3, ENGINE_TYPE_Q8_0, DAMAGE_ARCH},
+        {"type-q4_1", ENGINE_ARCH_QWEN3, ENGINE_TYPE_F32, DAMAGE_TYPE}, /* not in the corpus */
     };
     const char *expect_in_error[] = {NULL, NULL, NULL, NULL, "tokenizer.ggml.model",
                                      "tokenizer.ggml.token_type", "merge 1",
-                                     "tokenizer.ggml.eos_token_id"};
+                                     "tokenizer.ggml.eos_token_id", "llama",
+                                     "blk.0.attn_q.weight"};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char path[4200];
-        bool to_corpus = corpus && i > 0; /* the corpus stays small: no F32 copy */
+        /* the corpus stays small: no F32 models */
+        bool to_corpus = corpus && cases[i].type != ENGINE_TYPE_F32;
         snprintf(path, sizeof path, "%s/%s.gguf", to_corpus ? corpus : dir, cases[i].name);
         CHECK(write_model(path, cases[i].arch, cases[i].type, cases[i].dmg) == 0);
         if (cases[i].dmg == DAMAGE_NONE) {
@@ -228,12 +245,21 @@ int main(int argc, char **argv) {
         } else {
             engine_model *m = NULL;
             int rc = engine_model_load(&m, path, NULL);
-            CHECK(rc == ENGINE_EFORMAT || rc == ENGINE_EUNSUPPORTED);
+            if (cases[i].dmg == DAMAGE_ARCH || cases[i].dmg == DAMAGE_TYPE)
+                CHECK(rc == ENGINE_EUNSUPPORTED);
+            else
+                CHECK(rc == ENGINE_EFORMAT || rc == ENGINE_EUNSUPPORTED);
             CHECK(m == NULL);
             if (!strstr(engine_error_last(), expect_in_error[i]))
                 fprintf(stderr, "%s: error \"%s\" does not name %s\n", cases[i].name,
                         engine_error_last(), expect_in_error[i]);
             CHECK(strstr(engine_error_last(), expect_in_error[i]) != NULL);
+            if (cases[i].dmg == DAMAGE_ARCH) { /* the tokenizer of any architecture still loads */
+                engine_model_params mp = ENGINE_MODEL_PARAMS_INIT;
+                mp.vocab_only = true;
+                CHECK(engine_model_load(&m, path, &mp) == 0);
+                engine_model_free(m);
+            }
         }
         if (!to_corpus) unlink(path);
     }
