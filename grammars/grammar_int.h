@@ -260,8 +260,6 @@ int grammar_checker_begin(grammar_checker *c, const int32_t *set, size_t n);
 /* 1 when bytes[0..len) can follow, 0 when not, < 0 on error. With `shared`, reuse the depths
  * of the common prefix with the previous call's bytes. */
 int grammar_checker_try(grammar_checker *c, const uint8_t *bytes, uint32_t len, int shared);
-/* The set after the last try's bytes (valid when it returned 1). */
-const int32_t *grammar_checker_last(const grammar_checker *c, size_t *n);
 /* Drop every frame made since begin. */
 void grammar_checker_end(grammar_checker *c);
 

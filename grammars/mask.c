@@ -81,11 +81,6 @@ int grammar_checker_try(grammar_checker *c, const uint8_t *bytes, uint32_t len, 
     return c->depth == len && c->off[len + 1] > c->off[len];
 }
 
-const int32_t *grammar_checker_last(const grammar_checker *c, size_t *n) {
-    *n = c->off[c->depth + 1] - c->off[c->depth];
-    return c->sets + c->off[c->depth];
-}
-
 void grammar_checker_end(grammar_checker *c) {
     grammar_store_truncate(c->st, c->mark[0]);
     c->prev = NULL;
