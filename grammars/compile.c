@@ -353,6 +353,15 @@ oom:
     return c->err = grammar_err(GRAMMAR_ENOMEM, "out of memory");
 }
 
+/* The DFA state of the closure of seed[0..n) (found or made): *t, or an error. */
+static int target_state(sc *c, const int32_t *seed, size_t n, int32_t rule, int32_t accept, int32_t *t) {
+    size_t base = c->n_items;
+    size_t m = closure(c, seed, n);
+    if (c->err) return c->err;
+    *t = intern_set(c, base, m, rule, accept);
+    return *t < -1 ? c->err : 0;
+}
+
 /* Subset construction of one rule whose NFA starts at nfa state `start`, accepts at `accept`. */
 static int determinize_rule(sc *c, int32_t rule, int32_t start, int32_t accept, int32_t nfa_end) {
     grammar *g = c->g;
@@ -419,17 +428,8 @@ static int determinize_rule(sc *c, int32_t rule, int32_t start, int32_t accept, 
                         }
                     }
                 if (ns) {
-                    base = c->n_items;
-                    size_t m = closure(c, seed, ns);
-                    if (c->err) {
-                        rc = c->err;
-                        goto done;
-                    }
-                    int32_t t = intern_set(c, base, m, rule, accept);
-                    if (t < -1) {
-                        rc = c->err;
-                        goto done;
-                    }
+                    int32_t t;
+                    if ((rc = target_state(c, seed, ns, rule, accept, &t))) goto done;
                     row = g->trans + g->row_off[q]; /* may have moved */
                     for (int b = lo; b <= hi; b++) row[cls[b]] = t;
                     g->has_bytes[q] = 1;
@@ -462,17 +462,8 @@ static int determinize_rule(sc *c, int32_t rule, int32_t start, int32_t accept, 
                             }
                             seed[ns++] = c->a->e[e2].to;
                         }
-                base = c->n_items;
-                size_t m = closure(c, seed, ns);
-                if (c->err) {
-                    rc = c->err;
-                    goto done;
-                }
-                int32_t t = intern_set(c, base, m, rule, accept);
-                if (t < -1) {
-                    rc = c->err;
-                    goto done;
-                }
+                int32_t t;
+                if ((rc = target_state(c, seed, ns, rule, accept, &t))) goto done;
                 if (grammar_grow((void **)&c->refs, &c->cap_refs, c->n_refs + 1, sizeof *c->refs)) {
                     rc = grammar_err(GRAMMAR_ENOMEM, "out of memory");
                     goto done;

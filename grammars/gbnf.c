@@ -107,13 +107,6 @@ static void gp_space(gp *g, int nl) {
     }
 }
 
-static int hexval(char c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
-
 /* Decode one UTF-8 character at g->p (raw bytes that are not valid UTF-8 are refused). */
 static int gp_utf8(gp *g, uint32_t *cp) {
     const unsigned char *u = (const unsigned char *)g->p;
@@ -171,7 +164,7 @@ static int gp_char(gp *g, uint32_t *cp) {
     }
     uint32_t v = 0;
     for (int i = 0; i < digits; i++) {
-        int h = g->p < g->end ? hexval(*g->p) : -1;
+        int h = g->p < g->end ? grammar_hexval(*g->p) : -1;
         if (h < 0) return gp_fail(g, at, "bad hexadecimal escape");
         v = v * 16 + (uint32_t)h;
         g->p++;

@@ -22,6 +22,14 @@ void grammar_buf_printf(grammar_buf *b, const char *fmt, ...) __attribute__((for
 /* Append s as the body of a GBNF string literal (escaping quotes, backslashes, controls). */
 void grammar_buf_put_gbnf_literal(grammar_buf *b, const char *s, size_t n);
 
+/* Value of a hexadecimal digit, -1 if c is none. */
+static inline int grammar_hexval(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
 /* Grow *p (an array of `size`-byte items, capacity *cap) to hold at least `need` items. */
 int grammar_grow(void **p, size_t *cap, size_t need, size_t size);
 

@@ -92,13 +92,6 @@ static int add_named(rx *x, cset *s, char k) {
     return rc;
 }
 
-static int hexv(char c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
-
 static int utf8_next(rx *x, uint32_t *cp) {
     const unsigned char *u = (const unsigned char *)x->p;
     size_t left = (size_t)(x->end - x->p);
@@ -129,7 +122,7 @@ static int escape(rx *x, uint32_t *cp, cset *s) {
     case 'v': *cp = '\v'; return 0;
     case '0': *cp = 0; return 0;
     case 'x': {
-        int h1 = x->p + 1 < x->end ? hexv(x->p[0]) : -1, h2 = x->p + 1 < x->end ? hexv(x->p[1]) : -1;
+        int h1 = x->p + 1 < x->end ? grammar_hexval(x->p[0]) : -1, h2 = x->p + 1 < x->end ? grammar_hexval(x->p[1]) : -1;
         if (h1 < 0 || h2 < 0) return rx_fail(x, "bad \\x escape");
         x->p += 2;
         *cp = (uint32_t)(h1 * 16 + h2);
@@ -141,7 +134,7 @@ static int escape(rx *x, uint32_t *cp, cset *s) {
             x->p++;
             int n = 0;
             while (x->p < x->end && *x->p != '}') {
-                int h = hexv(*x->p++);
+                int h = grammar_hexval(*x->p++);
                 if (h < 0 || ++n > 6) return rx_fail(x, "bad \\u{} escape");
                 v = v * 16 + (uint32_t)h;
             }
@@ -149,7 +142,7 @@ static int escape(rx *x, uint32_t *cp, cset *s) {
             x->p++;
         } else {
             for (int i = 0; i < 4; i++) {
-                int h = x->p < x->end ? hexv(*x->p) : -1;
+                int h = x->p < x->end ? grammar_hexval(*x->p) : -1;
                 if (h < 0) return rx_fail(x, "bad \\u escape");
                 v = v * 16 + (uint32_t)h;
                 x->p++;

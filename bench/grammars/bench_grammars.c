@@ -145,22 +145,6 @@ static void workload(const char *name, grammar *g, int samples) {
     free(naive.v);
 }
 
-static char *slurp(const char *rel) {
-    char path[4096];
-    FILE *f = fopen(test_source_path(rel, path, sizeof path), "rb");
-    if (!f) {
-        fprintf(stderr, "cannot open %s\n", path);
-        exit(1);
-    }
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    b[fread(b, 1, (size_t)n, f)] = 0;
-    fclose(f);
-    return b;
-}
-
 typedef int (*make_fn)(grammar **g, const char *src, const void *arg);
 
 static int make_tools(grammar **g, const char *src, const void *arg) {
@@ -201,8 +185,9 @@ int main(int argc, char **argv) {
     if (qwen_vocab_load(&qv)) return 1;
     printf("vocabulary: %d ids, trie built in %.0f ms (load + decode included)\n", QWEN_N_VOCAB, (now_us() - t0) / 1e3);
     mask = malloc((QWEN_N_VOCAB + 31) / 32 * sizeof *mask);
-    char *json = slurp("grammars/json.gbnf");
-    char *tools = slurp("tests/fixtures/grammars/agent_tools.json");
+    size_t n_json, n_tools;
+    char *json = test_read_source("grammars/json.gbnf", &n_json);
+    char *tools = test_read_source("tests/fixtures/grammars/agent_tools.json", &n_tools);
     static const char deep[] =
         "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"object\",\"properties\":{\"b\":{\"type\":\"array\","
         "\"items\":{\"type\":\"object\",\"properties\":{\"c\":{\"type\":\"array\",\"items\":{\"anyOf\":[{\"type\":"

@@ -16,6 +16,24 @@ const char *test_source_path(const char *rel, char *buf, size_t cap) {
     return buf;
 }
 
+char *test_read_source(const char *rel, size_t *n) {
+    char path[4096];
+    FILE *f = fopen(test_source_path(rel, path, sizeof path), "rb");
+    if (!f) {
+        fprintf(stderr, "cannot open %s\n", path);
+        exit(1);
+    }
+    fseek(f, 0, SEEK_END);
+    long l = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)(l > 0 ? l : 0) + 1);
+    if (!b) exit(1);
+    *n = fread(b, 1, (size_t)(l > 0 ? l : 0), f);
+    b[*n] = 0;
+    fclose(f);
+    return b;
+}
+
 /* GPT-2 byte-level alphabet: printable bytes stand for themselves, the others for U+0100+k. */
 static void byte_decoder(int16_t *dec /* 324 entries: codepoint -> byte */) {
     for (int i = 0; i < 324; i++) dec[i] = -1;

@@ -24,6 +24,10 @@ void qwen_vocab_free(qwen_vocab *v);
 /* Path of a file under the source tree (SPARK_SOURCE_DIR or the compiled-in default). */
 const char *test_source_path(const char *rel, char *buf, size_t cap);
 
+/* The whole file at rel under the source tree, NUL-terminated (caller frees); exits with a
+ * message when it cannot be read. */
+char *test_read_source(const char *rel, size_t *n);
+
 /* A "model" that draws random logits: a seeded generator. */
 typedef struct {
     uint64_t s;

@@ -18,22 +18,18 @@ static test_rng R = {777};
 static uint32_t *ma, *mb;
 static int n_compared, n_steps, n_partial, n_rollbacks, n_lazy_checked;
 
-static char *read_file(const char *rel, size_t *n) {
-    char path[4096];
-    test_source_path(rel, path, sizeof path);
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "cannot open %s\n", path);
-        exit(1);
+/* An index and a matcher (end of generation: QWEN_IM_END); 0, or counts a failure. */
+static int open_matcher(grammar *g, grammar_index **ix, grammar_matcher **m, const char *what) {
+    int32_t eog = QWEN_IM_END;
+    *ix = NULL;
+    *m = NULL;
+    if (grammar_index_new(ix, g, qv.vocab) || grammar_matcher_new(m, *ix, &eog, 1)) {
+        fprintf(stderr, "%s: %s\n", what, grammar_error_last());
+        grammar_index_free(*ix);
+        failures++;
+        return -1;
     }
-    fseek(f, 0, SEEK_END);
-    long l = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)l + 1);
-    *n = fread(b, 1, (size_t)l, f);
-    b[*n] = 0;
-    fclose(f);
-    return b;
+    return 0;
 }
 
 static int bit(const uint32_t *m, int32_t t) {
@@ -65,12 +61,7 @@ static int compare_masks(grammar_matcher *m, const char *what, int step) {
 static void walk(grammar *g, const char *what, int steps, int every) {
     grammar_index *ix;
     grammar_matcher *m;
-    int32_t eog = QWEN_IM_END;
-    if (grammar_index_new(&ix, g, qv.vocab) || grammar_matcher_new(&m, ix, &eog, 1)) {
-        fprintf(stderr, "%s: %s\n", what, grammar_error_last());
-        failures++;
-        return;
-    }
+    if (open_matcher(g, &ix, &m, what)) return;
     for (int step = 0; step < steps; step++) {
         if (step % every == 0) {
             n_compared++;
@@ -178,11 +169,7 @@ static void rollback(grammar *g, const char *what) {
 static void eog_and_refusals(grammar *g) {
     grammar_index *ix;
     grammar_matcher *m;
-    int32_t eog = QWEN_IM_END;
-    if (grammar_index_new(&ix, g, qv.vocab) || grammar_matcher_new(&m, ix, &eog, 1)) {
-        failures++;
-        return;
-    }
+    if (open_matcher(g, &ix, &m, "matcher")) return;
     grammar_matcher_mask(m, ma, QWEN_N_VOCAB);
     if (bit(ma, QWEN_IM_END) || grammar_matcher_accept(m, QWEN_IM_END) != GRAMMAR_EREJECT) {
         failures++;
@@ -220,11 +207,7 @@ static void eog_and_refusals(grammar *g) {
 static void lazy_brute(grammar *g) {
     grammar_index *ix;
     grammar_matcher *m;
-    int32_t eog = QWEN_IM_END;
-    if (grammar_index_new(&ix, g, qv.vocab) || grammar_matcher_new(&m, ix, &eog, 1)) {
-        failures++;
-        return;
-    }
+    if (open_matcher(g, &ix, &m, "matcher")) return;
     static const char *const prefixes[] = {"Let me check.", "Let me check <tool", "x <", "<tool_call"};
     for (int p = 0; p < 4; p++) {
         grammar_matcher_reset(m);
@@ -265,8 +248,8 @@ int main(void) {
     ma = malloc(WORDS * sizeof *ma);
     mb = malloc(WORDS * sizeof *mb);
     size_t n;
-    char *json = read_file("grammars/json.gbnf", &n);
-    char *tools = read_file("tests/fixtures/grammars/agent_tools.json", &n);
+    char *json = test_read_source("grammars/json.gbnf", &n);
+    char *tools = test_read_source("tests/fixtures/grammars/agent_tools.json", &n);
     grammar *gj, *gh, *gx, *gr, *gd, *gs;
     grammar_tool_options o = GRAMMAR_TOOL_OPTIONS_INIT;
     static const char deep[] =
