@@ -217,6 +217,7 @@ int agent_run_task(agent *a, const char *task, agent_result *res) {
         return rc;
     }
     char *last_sig = NULL;
+    size_t last_len = 0;
     int repeats = 0;
     bool done = false;
     while (!done) {
@@ -307,9 +308,11 @@ int agent_run_task(agent *a, const char *task, agent_result *res) {
                 if (sig) {
                     memcpy(sig, c->name, nl + 1);
                     memcpy(sig + nl + 1, c->args_json, al + 1);
-                    repeats = last_sig && !memcmp(last_sig, sig, nl + al + 2) ? repeats + 1 : 1;
+                    repeats = last_sig && last_len == nl + al + 2 &&
+                                      !memcmp(last_sig, sig, nl + al + 2) ? repeats + 1 : 1;
                     free(last_sig);
                     last_sig = sig;
+                    last_len = nl + al + 2;
                 }
                 if (repeats >= a->o.repeat_limit) {
                     char m[256];
