@@ -1,0 +1,326 @@
+/* The prefix tree over token ids at block granularity (see kv.h): lookup with copy-on-write
+ * of a partly matching block, insertion, pinning and least-recently-used eviction.
+ *
+ * Eviction takes leaves only (an inner node's KV is the prefix of its children's), whose block
+ * has no sequence reference and whose node is not pinned. Those nodes sit in a list ordered by
+ * last use (a clock bumped at every touch), so eviction is O(1); a node entering the list is
+ * inserted at its place, which is the tail for a block going idle now and the head for a
+ * parent uncovered by evicting its last child (a touch of a node is a touch of its path). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "kv/kv.h"
+
+struct engine_kv_node {
+    int32_t parent;       /* -1 for the root */
+    int32_t first_child;  /* -1 when a leaf */
+    int32_t next_sibling; /* also links the free node list */
+    int32_t prev_sibling;
+    int32_t block; /* pool block holding this prefix's last block_size positions */
+    int32_t pin;   /* nested pins; > 0: never evicted */
+    int32_t lru_prev, lru_next;
+    int32_t in_lru;
+    /* Reserved for hybrid (Gated DeltaNet) models: index of a recurrent-state snapshot taken
+     * after this block's last position, so a prefix hit can also restore the recurrent layers.
+     * -1 today; the snapshot store (engine/kv/snapshot.c) comes with the hybrid architecture. */
+    int32_t snapshot;
+    uint64_t hash; /* of the key tokens */
+    uint64_t last_use;
+};
+
+static uint64_t key_hash(const int32_t *t, int32_t n) {
+    uint64_t h = 1469598103934665603ull;
+    for (int32_t i = 0; i < n; i++) {
+        h ^= (uint32_t)t[i];
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+static const int32_t *node_key(const engine_kv_cache *c, int32_t n) {
+    return c->node_tokens + (size_t)n * c->p.block_size;
+}
+
+int engine_kv_radix_init(engine_kv_cache *c) {
+    size_t nn = (size_t)c->n_blocks + 1;
+    c->nodes = calloc(nn, sizeof *c->nodes);
+    c->node_tokens = malloc(nn * (size_t)c->p.block_size * sizeof *c->node_tokens);
+    c->path = malloc(nn * sizeof *c->path);
+    if (!c->nodes || !c->node_tokens || !c->path) return ENGINE_ENOMEM;
+    engine_kv_node *r = &c->nodes[0];
+    r->parent = -1;
+    r->first_child = -1;
+    r->next_sibling = r->prev_sibling = -1;
+    r->block = -1;
+    r->lru_prev = r->lru_next = -1;
+    r->snapshot = -1;
+    c->node_free = -1;
+    for (int32_t i = (int32_t)nn - 1; i >= 1; i--) {
+        c->nodes[i].next_sibling = c->node_free;
+        c->node_free = i;
+    }
+    c->lru_head = c->lru_tail = -1;
+    return 0;
+}
+
+void engine_kv_radix_deinit(engine_kv_cache *c) {
+    free(c->nodes);
+    free(c->node_tokens);
+    free(c->path);
+}
+
+/* ---- LRU list of evictable nodes ----------------------------------------------------------- */
+
+static int evictable(const engine_kv_cache *c, int32_t n) {
+    const engine_kv_node *x = &c->nodes[n];
+    return n != 0 && x->first_child < 0 && x->pin == 0 && c->refcount[x->block] == 0;
+}
+
+static void lru_remove(engine_kv_cache *c, int32_t n) {
+    engine_kv_node *x = &c->nodes[n];
+    if (x->lru_prev >= 0)
+        c->nodes[x->lru_prev].lru_next = x->lru_next;
+    else
+        c->lru_head = x->lru_next;
+    if (x->lru_next >= 0)
+        c->nodes[x->lru_next].lru_prev = x->lru_prev;
+    else
+        c->lru_tail = x->lru_prev;
+    x->lru_prev = x->lru_next = -1;
+    x->in_lru = 0;
+}
+
+/* Insert in last-use order: at the head when older than everything listed, else walking
+ * back from the tail (the common case stops at once). */
+static void lru_insert(engine_kv_cache *c, int32_t n) {
+    engine_kv_node *x = &c->nodes[n];
+    int32_t after;
+    if (c->lru_head >= 0 && x->last_use <= c->nodes[c->lru_head].last_use) {
+        after = -1;
+    } else {
+        after = c->lru_tail;
+        while (after >= 0 && c->nodes[after].last_use > x->last_use)
+            after = c->nodes[after].lru_prev;
+    }
+    x->lru_prev = after;
+    x->lru_next = after >= 0 ? c->nodes[after].lru_next : c->lru_head;
+    if (x->lru_prev >= 0)
+        c->nodes[x->lru_prev].lru_next = n;
+    else
+        c->lru_head = n;
+    if (x->lru_next >= 0)
+        c->nodes[x->lru_next].lru_prev = n;
+    else
+        c->lru_tail = n;
+    x->in_lru = 1;
+}
+
+static void lru_update(engine_kv_cache *c, int32_t n) {
+    int e = evictable(c, n);
+    if (e && !c->nodes[n].in_lru)
+        lru_insert(c, n);
+    else if (!e && c->nodes[n].in_lru)
+        lru_remove(c, n);
+}
+
+static void touch(engine_kv_cache *c, int32_t n) {
+    c->nodes[n].last_use = ++c->clock;
+    if (c->nodes[n].in_lru) {
+        lru_remove(c, n);
+        lru_insert(c, n);
+    }
+}
+
+void engine_kv_radix_on_idle(engine_kv_cache *c, int32_t block) {
+    int32_t n = c->node_of[block];
+    touch(c, n);
+    lru_update(c, n);
+}
+
+void engine_kv_radix_on_busy(engine_kv_cache *c, int32_t block) {
+    lru_update(c, c->node_of[block]);
+}
+
+int32_t engine_kv_evict(engine_kv_cache *c, int32_t n_blocks) {
+    int32_t done = 0;
+    while (done < n_blocks && c->lru_head >= 0) {
+        int32_t n = c->lru_head;
+        engine_kv_node *x = &c->nodes[n];
+        ENGINE_ASSERT(evictable(c, n));
+        lru_remove(c, n);
+        /* unlink from the parent */
+        if (x->prev_sibling >= 0)
+            c->nodes[x->prev_sibling].next_sibling = x->next_sibling;
+        else
+            c->nodes[x->parent].first_child = x->next_sibling;
+        if (x->next_sibling >= 0) c->nodes[x->next_sibling].prev_sibling = x->prev_sibling;
+        int32_t parent = x->parent, b = x->block;
+        c->node_of[b] = -1;
+        c->free_list[c->n_free++] = b;
+        x->next_sibling = c->node_free;
+        c->node_free = n;
+        c->n_nodes--;
+        c->n_evicted++;
+        done++;
+        if (parent != 0) lru_update(c, parent);
+    }
+    return done;
+}
+
+/* ---- lookup ------------------------------------------------------------------------------- */
+
+static int32_t find_child(const engine_kv_cache *c, int32_t n, const int32_t *key, uint64_t h) {
+    size_t bytes = (size_t)c->p.block_size * sizeof *key;
+    for (int32_t ch = c->nodes[n].first_child; ch >= 0; ch = c->nodes[ch].next_sibling)
+        if (c->nodes[ch].hash == h && memcmp(node_key(c, ch), key, bytes) == 0) return ch;
+    return -1;
+}
+
+/* Match full blocks from the root; path (optional) receives the matched nodes. Fills m and
+ * returns the depth (full blocks matched); *best = the child of the deepest node sharing the
+ * most leading tokens with the rest of the request (-1 when none shares any). */
+static int32_t walk(const engine_kv_cache *c, const int32_t *tokens, int32_t n, int32_t *path,
+                    engine_kv_match *m, int32_t *best) {
+    int32_t bs = c->p.block_size, node = 0, depth = 0;
+    while ((depth + 1) * bs <= n) {
+        const int32_t *key = tokens + (size_t)depth * bs;
+        int32_t ch = find_child(c, node, key, key_hash(key, bs));
+        if (ch < 0) break;
+        if (path) path[depth] = ch;
+        node = ch;
+        depth++;
+    }
+    int32_t rem = n - depth * bs, lim = ENGINE_MIN(rem, bs), r = 0;
+    *best = -1;
+    for (int32_t ch = c->nodes[node].first_child; ch >= 0 && rem > 0;
+         ch = c->nodes[ch].next_sibling) {
+        const int32_t *k = node_key(c, ch), *t = tokens + (size_t)depth * bs;
+        int32_t i = 0;
+        while (i < lim && k[i] == t[i])
+            i++;
+        if (i > r) {
+            r = i;
+            *best = ch;
+        }
+    }
+    m->cached_tokens = 0;
+    m->match_tokens = depth * bs + r;
+    /* a difference only when a cached continuation exists and the request did not end */
+    m->diverged_at = rem > 0 && c->nodes[node].first_child >= 0 && r < lim ? m->match_tokens : -1;
+    return depth;
+}
+
+void engine_kv_prefix_peek(const engine_kv_cache *c, const int32_t *tokens, int32_t n,
+                           engine_kv_match *m) {
+    int32_t best;
+    walk(c, tokens, n < 0 ? 0 : n, NULL, m, &best);
+}
+
+int engine_kv_prefix_attach(engine_kv_cache *c, engine_kv_seq *s, const int32_t *tokens, int32_t n,
+                            int32_t max_tokens, engine_kv_match *m) {
+    if (s->n_blocks != 0 || s->n_pos != 0)
+        return engine_err(ENGINE_EINVAL, "kv prefix attach: the sequence is not empty");
+    if (n < 0) n = 0;
+    int32_t bs = c->p.block_size, best;
+    int32_t depth = walk(c, tokens, n, c->path, m, &best);
+    int32_t target = ENGINE_MIN(m->match_tokens, max_tokens);
+    target = ENGINE_MIN(target, s->max_blocks * bs);
+    if (target < 0) target = 0;
+    int32_t full = ENGINE_MIN(target / bs, depth), part = target - full * bs;
+    for (int32_t i = 0; i < full; i++) {
+        int32_t nd = c->path[i];
+        engine_kv_block_ref(c, c->nodes[nd].block);
+        touch(c, nd);
+        engine_kv_seq_push(c, s, c->nodes[nd].block);
+    }
+    m->cached_tokens = full * bs;
+    if (part > 0 && s->n_blocks < s->max_blocks) {
+        int32_t src = full < depth ? c->path[full] : best, nb;
+        ENGINE_ASSERT(src > 0);
+        /* the source must survive the allocation's eviction: pin it meanwhile (no touch) */
+        c->nodes[src].pin++;
+        lru_update(c, src);
+        int rc = engine_kv_block_alloc(c, &nb);
+        c->nodes[src].pin--;
+        lru_update(c, src);
+        if (rc == 0) {
+            engine_kv_block_copy(c, nb, c->nodes[src].block, part);
+            engine_kv_seq_push(c, s, nb);
+            m->cached_tokens += part;
+        }
+    }
+    s->n_pos = m->cached_tokens;
+    return 0;
+}
+
+/* ---- insert and pin ----------------------------------------------------------------------- */
+
+void engine_kv_prefix_insert(engine_kv_cache *c, const engine_kv_seq *s, const int32_t *tokens,
+                             int32_t n) {
+    int32_t bs = c->p.block_size, node = 0;
+    int32_t full = ENGINE_MIN(n, s->n_pos) / bs;
+    for (int32_t i = 0; i < full; i++) {
+        const int32_t *key = tokens + (size_t)i * bs;
+        uint64_t h = key_hash(key, bs);
+        int32_t ch = find_child(c, node, key, h);
+        if (ch < 0) {
+            int32_t b = s->blocks[i];
+            /* a block already in the tree belongs to its own prefix: only a caller passing
+             * tokens other than the sequence's can get here */
+            if (c->node_of[b] >= 0 || c->node_free < 0) return;
+            ch = c->node_free;
+            engine_kv_node *x = &c->nodes[ch];
+            c->node_free = x->next_sibling;
+            memset(x, 0, sizeof *x);
+            x->parent = node;
+            x->first_child = -1;
+            x->prev_sibling = -1;
+            x->next_sibling = c->nodes[node].first_child;
+            if (x->next_sibling >= 0) c->nodes[x->next_sibling].prev_sibling = ch;
+            c->nodes[node].first_child = ch;
+            x->block = b;
+            x->lru_prev = x->lru_next = -1;
+            x->snapshot = -1;
+            x->hash = h;
+            memcpy(c->node_tokens + (size_t)ch * bs, key, (size_t)bs * sizeof *key);
+            c->node_of[b] = ch;
+            c->n_nodes++;
+            if (node != 0) lru_update(c, node); /* no longer a leaf */
+        }
+        touch(c, ch);
+        lru_update(c, ch);
+        node = ch;
+    }
+}
+
+int engine_kv_prefix_pin(engine_kv_cache *c, const int32_t *tokens, int32_t n, int32_t *n_tokens) {
+    engine_kv_match m;
+    int32_t best, depth = walk(c, tokens, n < 0 ? 0 : n, c->path, &m, &best);
+    for (int32_t i = 0; i < depth; i++) {
+        engine_kv_node *x = &c->nodes[c->path[i]];
+        if (x->pin++ == 0) c->n_pinned++;
+        lru_update(c, c->path[i]);
+    }
+    if (n_tokens) *n_tokens = depth * c->p.block_size;
+    return 0;
+}
+
+int engine_kv_prefix_unpin(engine_kv_cache *c, const int32_t *tokens, int32_t n) {
+    engine_kv_match m;
+    int32_t best, bs = c->p.block_size;
+    int32_t depth = walk(c, tokens, n < 0 ? 0 : n, c->path, &m, &best);
+    if (depth * bs < (n / bs) * bs)
+        return engine_err(ENGINE_EINVAL, "kv unpin: only %d of %d tokens are cached",
+                          (int)(depth * bs), (int)n);
+    for (int32_t i = 0; i < depth; i++)
+        if (c->nodes[c->path[i]].pin == 0)
+            return engine_err(ENGINE_EINVAL, "kv unpin: block %d of the prefix is not pinned",
+                              (int)i);
+    for (int32_t i = 0; i < depth; i++) {
+        engine_kv_node *x = &c->nodes[c->path[i]];
+        if (--x->pin == 0) c->n_pinned--;
+        lru_update(c, c->path[i]);
+    }
+    return 0;
+}
