@@ -3,6 +3,7 @@
 #define SPARK_CLI_H
 
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 
 /* Exit statuses of the command-line contract (docs/cli.md). */
@@ -18,6 +19,12 @@ typedef int (*cli_command_fn)(int argc, char **argv);
 
 int cli_doctor(int argc, char **argv);
 int cli_version(int argc, char **argv);
+int cli_complete(int argc, char **argv);
+int cli_bench(int argc, char **argv);
+int cli_model(int argc, char **argv);
+/* `model gen` and `model info` (cmd_model_gen.c, cmd_model_info.c), called by cli_model. */
+int cli_model_gen(int argc, char **argv);
+int cli_model_info(int argc, char **argv);
 int cli_tool(int argc, char **argv);
 int cli_undo(int argc, char **argv);
 /* `run`, `chat`, `sessions` (cmd_full_run.c, full builds only): the agent loop. */
@@ -58,6 +65,10 @@ int cli_model_resolve(const char *cmd, const char *flag, const cli_config *cfg, 
                       size_t cap);
 bool cli_utf8_valid(const char *s, size_t n, size_t *bad_at);
 char *cli_read_stdin(size_t *len);
+/* Strict number parsing for options: the whole string, in [lo, hi] (u64: no sign). */
+bool cli_parse_long(const char *s, long lo, long hi, long *out);
+bool cli_parse_float(const char *s, double lo, double hi, float *out);
+bool cli_parse_u64(const char *s, uint64_t *out);
 
 /* Print "spark-agent NAME: message" to stderr (printf-style). */
 void cli_errorf(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

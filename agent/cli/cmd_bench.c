@@ -39,15 +39,6 @@ static double cpu_ms(void) { /* CPU time of every thread of the process */
     return (double)ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-static bool parse_int(const char *s, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return false;
-    *out = v;
-    return true;
-}
-
 static void mean_sd(const double *x, int n, double *mean, double *sd) {
     double s = 0, ss = 0;
     for (int i = 0; i < n; i++) s += x[i];
@@ -101,11 +92,11 @@ int cli_bench(int argc, char **argv) {
         bool ok = true;
         switch (c) {
         case 'm': model_flag = optarg; break;
-        case 'p': ok = parse_int(optarg, 0, 1 << 20, &n_prompt); break;
-        case 'n': ok = parse_int(optarg, 0, 1 << 20, &n_gen); break;
-        case 't': ok = parse_int(optarg, 1, 1024, &threads); break;
-        case 'r': ok = parse_int(optarg, 1, 1000, &reps); break;
-        case 'b': ok = parse_int(optarg, 1, 8192, &batch); break;
+        case 'p': ok = cli_parse_long(optarg, 0, 1 << 20, &n_prompt); break;
+        case 'n': ok = cli_parse_long(optarg, 0, 1 << 20, &n_gen); break;
+        case 't': ok = cli_parse_long(optarg, 1, 1024, &threads); break;
+        case 'r': ok = cli_parse_long(optarg, 1, 1000, &reps); break;
+        case 'b': ok = cli_parse_long(optarg, 1, 8192, &batch); break;
         case 'k':
             if (!strcmp(optarg, "f16")) kv = ENGINE_KV_F16;
             else if (!strcmp(optarg, "f32")) kv = ENGINE_KV_F32;

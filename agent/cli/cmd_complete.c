@@ -202,7 +202,7 @@ static void usage(FILE *f) {
             "  --json-schema FILE      constrain the output to JSON matching the schema\n");
 }
 
-static bool parse_long(const char *s, long lo, long hi, long *out) {
+bool cli_parse_long(const char *s, long lo, long hi, long *out) {
     char *end;
     errno = 0;
     long v = strtol(s, &end, 10);
@@ -211,7 +211,7 @@ static bool parse_long(const char *s, long lo, long hi, long *out) {
     return true;
 }
 
-static bool parse_float(const char *s, double lo, double hi, float *out) {
+bool cli_parse_float(const char *s, double lo, double hi, float *out) {
     char *end;
     errno = 0;
     double v = strtod(s, &end);
@@ -220,7 +220,7 @@ static bool parse_float(const char *s, double lo, double hi, float *out) {
     return true;
 }
 
-static bool parse_u64(const char *s, uint64_t *out) {
+bool cli_parse_u64(const char *s, uint64_t *out) {
     char *end;
     errno = 0;
     if (!s[0] || s[0] == '-') return false;
@@ -296,18 +296,18 @@ int cli_complete(int argc, char **argv) {
         switch (c) {
         case 'm': model_flag = optarg; break;
         case 'p': prompt = optarg; break;
-        case 'n': ok = parse_long(optarg, -1, INT32_MAX, &n_predict); break;
-        case 's': ok = parse_u64(optarg, &sp->seed); have_seed = true; break;
-        case OPT_TEMP: ok = parse_float(optarg, 0.0, 100.0, &sp->temperature); break;
+        case 'n': ok = cli_parse_long(optarg, -1, INT32_MAX, &n_predict); break;
+        case 's': ok = cli_parse_u64(optarg, &sp->seed); have_seed = true; break;
+        case OPT_TEMP: ok = cli_parse_float(optarg, 0.0, 100.0, &sp->temperature); break;
         case OPT_TOPK:
-            ok = parse_long(optarg, 0, INT32_MAX, &v);
+            ok = cli_parse_long(optarg, 0, INT32_MAX, &v);
             sp->top_k = (int32_t)v;
             break;
-        case OPT_TOPP: ok = parse_float(optarg, 1e-6, 1.0, &sp->top_p); break;
-        case OPT_MINP: ok = parse_float(optarg, 0.0, 1.0, &sp->min_p); break;
-        case OPT_REP: ok = parse_float(optarg, 1e-3, 100.0, &sp->repeat_penalty); break;
-        case 't': ok = parse_long(optarg, 1, 1024, &threads); break;
-        case 'c': ok = parse_long(optarg, 1, INT32_MAX, &n_ctx); break;
+        case OPT_TOPP: ok = cli_parse_float(optarg, 1e-6, 1.0, &sp->top_p); break;
+        case OPT_MINP: ok = cli_parse_float(optarg, 0.0, 1.0, &sp->min_p); break;
+        case OPT_REP: ok = cli_parse_float(optarg, 1e-3, 100.0, &sp->repeat_penalty); break;
+        case 't': ok = cli_parse_long(optarg, 1, 1024, &threads); break;
+        case 'c': ok = cli_parse_long(optarg, 1, INT32_MAX, &n_ctx); break;
         case OPT_DEVICE: device = optarg; ok = engine_device_parse(optarg) >= 0; break;
         case OPT_GRAMMAR: gbnf_path = optarg; break;
         case OPT_SCHEMA: schema_path = optarg; break;

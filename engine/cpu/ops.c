@@ -127,16 +127,7 @@ void engine_cpu_attention_group(float *out, const float *q, int n_q, const engin
         for (int h = 0; h < n_q; h++) scores[(size_t)h * n_pos + p] = dot(q + (size_t)h * d, k, d) * scale;
     }
     for (int h = 0; h < n_q; h++) {
-        float *sc = scores + (size_t)h * n_pos, mx = -INFINITY;
-        for (int32_t p = 0; p < n_pos; p++)
-            if (sc[p] > mx) mx = sc[p];
-        double sum = 0.0;
-        for (int32_t p = 0; p < n_pos; p++) {
-            sc[p] = expf(sc[p] - mx);
-            sum += sc[p];
-        }
-        float inv = (float)(1.0 / sum);
-        for (int32_t p = 0; p < n_pos; p++) sc[p] *= inv;
+        engine_cpu_softmax(scores + (size_t)h * n_pos, n_pos);
         for (int i = 0; i < d; i++) out[(size_t)h * d + i] = 0.0f;
     }
     for (int32_t p = 0; p < n_pos; p++) {
