@@ -32,12 +32,6 @@ int cli_run(int argc, char **argv);
 int cli_chat(int argc, char **argv);
 int cli_sessions(int argc, char **argv);
 int cli_sandbox(int argc, char **argv);
-int cli_complete(int argc, char **argv);
-int cli_bench(int argc, char **argv);
-int cli_model(int argc, char **argv);
-/* `model gen` and `model info` (cmd_model_gen.c, cmd_model_info.c), called by cli_model. */
-int cli_model_gen(int argc, char **argv);
-int cli_model_info(int argc, char **argv);
 /* `model render` (cmd_full_render.c, full builds only): chat template of a model. */
 int cli_model_render(int argc, char **argv);
 
