@@ -63,16 +63,6 @@ static void usage(FILE *f) {
             engine_model_gen_tokenizer_embedded() ? "" : "; this build has none");
 }
 
-static bool parse_u64(const char *s, uint64_t *out) {
-    char *end;
-    errno = 0;
-    if (!s[0] || s[0] == '-') return false;
-    unsigned long long v = strtoull(s, &end, 0);
-    if (errno || *end) return false;
-    *out = v;
-    return true;
-}
-
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -111,13 +101,13 @@ int cli_model_gen(int argc, char **argv) {
         case OPT_LIST: list_presets = true; break;
         case 'o': p.out_path = optarg; break;
         case 's':
-            if (!parse_u64(optarg, &p.seed)) {
+            if (!cli_parse_u64(optarg, &p.seed)) {
                 cli_errorf("model gen", "bad seed '%s' (a non-negative integer)", optarg);
                 return CLI_EXIT_USAGE;
             }
             break;
         case 't':
-            if (!parse_u64(optarg, &v) || v < 1 || v > 1024) {
+            if (!cli_parse_u64(optarg, &v) || v < 1 || v > 1024) {
                 cli_errorf("model gen", "bad thread count '%s' (1..1024)", optarg);
                 return CLI_EXIT_USAGE;
             }
