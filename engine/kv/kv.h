@@ -184,6 +184,25 @@ int engine_kv_prefix_unpin(engine_kv_cache *c, const int32_t *tokens, int32_t n)
 /* Evict up to n_blocks cached blocks, least recently used first; returns how many. */
 int32_t engine_kv_evict(engine_kv_cache *c, int32_t n_blocks);
 
+/* ---- sessions on the pool (kv_session.c; called by engine/model/model.c) ------------------ */
+
+/* Give m a prefix cache of budget_bytes of KV storage of `type`, shared by the model's
+ * sessions of the same KV type (others keep a private contiguous cache). Once, before any
+ * session. Errors as engine_kv_cache_new, ENGINE_EINVAL when sessions exist. */
+int engine_kv_model_enable(engine_model *m, size_t budget_bytes, engine_kv_type type);
+/* The rest hold the model's pool_mu. init: decide paged or not, set up the block table. */
+int engine_kv_session_init(engine_session *s);
+/* Insert the session's full blocks into the tree and release its table. */
+void engine_kv_session_deinit(engine_session *s);
+/* For an empty session about to take tokens[0, n): attach the cached prefix (at most n - 1
+ * positions); returns the positions reused (0 when not paged or not empty). */
+int32_t engine_kv_session_attach(engine_session *s, const int32_t *tokens, int32_t n);
+/* Make positions [n_tokens, n_pos) writable before a forward. ENGINE_ENOMEM: pool exhausted. */
+int engine_kv_session_reserve(engine_session *s, int32_t n_pos);
+/* After an append: drop unused reserved positions, insert newly full blocks into the tree. */
+void engine_kv_session_commit(engine_session *s);
+void engine_kv_session_truncate(engine_session *s, int32_t n);
+
 /* Cross-file (block_pool.c <-> radix.c). */
 void engine_kv_seq_push(engine_kv_cache *c, engine_kv_seq *s, int32_t b); /* owns the ref */
 int engine_kv_radix_init(engine_kv_cache *c);

@@ -145,7 +145,7 @@ int engine_fwd_new(engine_session *s) {
     size_t slots = (size_t)B * (size_t)f->k_used, nff = (size_t)n_ff_max(hp);
     size_t kv_layer = z.kv / (2 * L);
 
-    f->kv_mem = malloc(z.kv);
+    f->kv_mem = s->kv_paged ? NULL : malloc(z.kv); /* paged: the model's pool holds the KV */
     f->k_blocks = calloc(L, sizeof(void *));
     f->v_blocks = calloc(L, sizeof(void *));
     f->views = calloc(L, sizeof *f->views);
@@ -154,8 +154,8 @@ int engine_fwd_new(engine_session *s) {
     f->conv = aligned_alloc(64, z.conv);
     f->hconv = aligned_alloc(64, z.hconv);
     f->scores = malloc(z.scores);
-    bool ok = f->kv_mem && f->k_blocks && f->v_blocks && f->views && f->x && f->g && f->conv &&
-              f->hconv && f->scores;
+    bool ok = (f->kv_mem || s->kv_paged) && f->k_blocks && f->v_blocks && f->views && f->x &&
+              f->g && f->conv && f->hconv && f->scores;
     if (ok && hp->arch == ENGINE_ARCH_QWEN3MOE) {
         size_t ne = hp->n_expert;
         f->ffn_out = malloc(fsz(slots * emb));
@@ -184,6 +184,10 @@ int engine_fwd_new(engine_session *s) {
     f->v = f->k + (size_t)B * kv_dim;
     f->u = f->g + slots * nff;
     for (size_t l = 0; l < L; l++) {
+        if (s->kv_paged) { /* the session's block table on the model's pool (engine/kv) */
+            f->views[l] = engine_kv_seq_view(m->kvc, &s->kvs, (int32_t)l);
+            continue;
+        }
         f->k_blocks[l] = (uint8_t *)f->kv_mem + (2 * l) * kv_layer;
         f->v_blocks[l] = (uint8_t *)f->kv_mem + (2 * l + 1) * kv_layer;
         f->views[l] = (engine_kv_view){&f->k_blocks[l], &f->v_blocks[l], n_ctx, s->kv_type,

@@ -346,6 +346,7 @@ fail:
 void engine_model_free(engine_model *m) {
     if (!m) return;
     ENGINE_ASSERT(m->n_sessions == 0);
+    engine_kv_cache_free(m->kvc);
     engine_pool_free(m->pool);
     for (size_t i = 0; i < m->n_owned; i++) free(m->owned[i]);
     free(m->owned);
@@ -466,8 +467,10 @@ int engine_session_new(engine_session **out, engine_model *m, const engine_sessi
         free(s);
         return engine_err(ENGINE_ENOMEM, "out of memory for a session");
     }
-    int rc = engine_fwd_new(s);
+    int rc = engine_kv_session_init(s);
+    if (rc == 0) rc = engine_fwd_new(s);
     if (rc) {
+        engine_kv_seq_deinit(m->kvc, &s->kvs);
         free(s->tokens);
         free(s->logits);
         free(s);
@@ -484,6 +487,7 @@ void engine_session_free(engine_session *s) {
     if (!s) return;
     pthread_mutex_lock(&s->m->pool_mu);
     s->m->n_sessions--;
+    engine_kv_session_deinit(s);
     pthread_mutex_unlock(&s->m->pool_mu);
     engine_fwd_free(s->fwd);
     free(s->tokens);
@@ -512,6 +516,9 @@ int engine_session_truncate(engine_session *s, int32_t n) {
         return engine_err(ENGINE_EINVAL, "cannot truncate a session of %d tokens to %d",
                           s->n_tokens, n);
     if (n < s->n_tokens) s->logits_valid = false;
+    pthread_mutex_lock(&s->m->pool_mu);
+    engine_kv_session_truncate(s, n);
+    pthread_mutex_unlock(&s->m->pool_mu);
     s->n_tokens = n;
     return 0;
 }
@@ -529,15 +536,30 @@ int engine_session_append(engine_session *s, const int32_t *tokens, size_t n, fl
                               nv);
     pthread_mutex_lock(&s->m->pool_mu);
     int rc = 0;
-    for (size_t i = 0; i < n && rc == 0; i += (size_t)s->n_batch) {
+    size_t i0 = 0;
+    s->kv_cached = 0;
+    s->kv_diverged_at = -1;
+    if (!logits_all) { /* a prefix served from the cache has no per-token logits */
+        i0 = (size_t)engine_kv_session_attach(s, tokens, (int32_t)n);
+        if (i0 > 0) { /* only an empty session attaches */
+            memcpy(s->tokens, tokens, sizeof(int32_t) * i0);
+            s->n_tokens = (int32_t)i0;
+            s->kv_cached = (int32_t)i0;
+        }
+    }
+    for (size_t i = i0; i < n && rc == 0; i += (size_t)s->n_batch) {
         int32_t chunk = (int32_t)ENGINE_MIN((size_t)s->n_batch, n - i);
-        rc = engine_fwd_run(s, tokens + i, chunk, logits_all ? logits_all + i * (size_t)nv : NULL);
+        rc = engine_kv_session_reserve(s, s->n_tokens + chunk);
+        if (rc == 0)
+            rc = engine_fwd_run(s, tokens + i, chunk,
+                                logits_all ? logits_all + i * (size_t)nv : NULL);
         if (rc == 0) {
             memcpy(s->tokens + s->n_tokens, tokens + i, sizeof(int32_t) * (size_t)chunk);
             s->n_tokens += chunk;
             s->logits_valid = true;
         }
     }
+    engine_kv_session_commit(s);
     pthread_mutex_unlock(&s->m->pool_mu);
     return rc;
 }

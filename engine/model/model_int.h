@@ -8,6 +8,7 @@
 #include "common.h"
 #include "cpu/cpu.h"
 #include "cpu/quant.h"
+#include "kv/kv.h"
 #include "model/arch.h"
 #include "model/gguf.h"
 #include "tokenizer/tokenizer.h"
@@ -61,6 +62,7 @@ struct engine_model {
     engine_pool *pool;
     pthread_mutex_t pool_mu;  /* one forward pass at a time on the pool */
     int n_sessions;           /* live sessions (model_free asserts none) */
+    engine_kv_cache *kvc;     /* shared paged KV + prefix cache (engine/kv), or NULL; pool_mu */
 };
 
 /* Forward state of one session: the architecture's buffers (arch_qwen3moe.c). */
@@ -76,6 +78,12 @@ struct engine_session {
     float *logits;            /* [n_vocab] after the last token */
     bool logits_valid;
     engine_fwd *fwd;
+    /* paged KV on m->kvc (engine/kv/kv_session.c) when kv_paged */
+    bool kv_paged;
+    engine_kv_seq kvs;        /* block table; kvs.n_pos >= n_tokens */
+    int32_t kv_committed;     /* full blocks already inserted into the prefix tree */
+    int32_t kv_cached;        /* positions the last append took from the prefix cache */
+    int32_t kv_diverged_at;   /* cache-miss explainer of that append (engine_kv_match) */
 };
 
 /* arch_qwen3moe.c: allocate/free the forward state of s (KV cache, activations) and run the

@@ -130,6 +130,7 @@ int engine_generate(engine_session *s, const engine_gen_params *p, engine_token_
     rc = engine_session_append(s, p->prompt + common, p->n_prompt - (size_t)common, NULL);
     st.prefill_ms = engine_time_ms() - t0;
     if (rc) goto done;
+    st.cached_tokens += s->kv_cached; /* served by the model's prefix cache (engine/kv) */
 
     int32_t max = p->max_tokens > 0 ? p->max_tokens : INT32_MAX;
     for (;;) {
