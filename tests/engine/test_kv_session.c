@@ -2,7 +2,8 @@
  * session whose prompt shares a cached prefix computes only the rest, and its logits equal a
  * cold session's (contiguous private cache, no prefix cache) for F32 and F16 KV: after a full
  * hit, a divergence inside a block (copy-on-write), two live sessions sharing blocks, decoding
- * on, rolling back into a shared block, and engine_generate's greedy tokens. At the end every
+ * on, rolling back into a shared block, and engine_generate's greedy tokens; an exhausted pool
+ * fails an append with ENGINE_ENOMEM after the chunks that fit. At the end every
  * block is released (refcounts zero) and an eviction empties the pool. */
 #include <math.h>
 #include <stdio.h>
@@ -197,6 +198,35 @@ int main(void) {
         engine_session_free(o);
         engine_kv_cache_free(warm->kvc);
         warm->kvc = NULL;
+    }
+    /* a pool of 4 blocks (64 positions): an append beyond it fails cleanly with ENGINE_ENOMEM
+     * after the chunks that fit, and the session goes on from there */
+    {
+        engine_kv_stats st;
+        engine_session_params sp = ENGINE_SESSION_PARAMS_INIT;
+        sp.n_ctx = 256;
+        sp.n_batch = 24;
+        sp.kv_type = ENGINE_KV_F32;
+        CHECK(engine_kv_model_enable(warm, 4 * (size_t)65536, ENGINE_KV_F32) == 0);
+        engine_kv_cache_stats(warm->kvc, &st);
+        CHECK(st.n_blocks == 4 && st.block_bytes == 65536);
+        int32_t p[100];
+        for (int i = 0; i < 100; i++)
+            p[i] = (int32_t)((i * 7919 + 13) % (n_vocab - 1)) + 1;
+        engine_session *w = NULL, *c = NULL;
+        CHECK(engine_session_new(&w, warm, &sp) == 0 && engine_session_new(&c, cold, &sp) == 0);
+        if (w && c) {
+            CHECK(engine_session_append(w, p, 100, NULL) == ENGINE_ENOMEM);
+            CHECK(strstr(engine_error_last(), "4 blocks") != NULL);
+            CHECK(engine_session_n_tokens(w) == 48 && w->kvs.n_pos == 48);
+            CHECK(engine_session_truncate(w, 0) == 0);
+            CHECK(engine_session_append(w, p, 60, NULL) == 0);
+            CHECK(engine_session_append(c, p, 60, NULL) == 0);
+            same_logits(c, w, "small pool");
+        }
+        engine_session_free(w);
+        engine_session_free(c);
+        check_drained(warm);
     }
     printf("largest logit difference cached vs cold: %g\n", worst);
 done:
