@@ -36,29 +36,40 @@ static agent_session *eng_session(agent_backend *b) {
 static int build_grammar_from(eng *e, const char *tools_json);
 
 /* The grammar compiler refuses string bounds above 1000 (its automaton would blow up): the
- * copy of the schemas the grammar sees bounds every string at max_string_len. The parsed
- * arguments are still validated against the full schema before anything runs. */
-static void relax_schema(json_t *v, json_int_t max_len) {
+ * copy of the schemas the grammar sees bounds every string at max_string_len (in the XML
+ * format, string parameters are raw text without constraints). The parsed arguments are still
+ * validated against the full schema before anything runs. */
+static void relax_schema(json_t *v, json_int_t max_len, bool xml) {
     if (json_is_object(v)) {
         json_t *ty = json_object_get(v, "type");
+        if (xml && json_is_string(ty) && !strcmp(json_string_value(ty), "string")) {
+            /* the XML format's grammar takes a string parameter as raw text up to
+             * </parameter> and supports no constraints on it */
+            json_object_del(v, "minLength");
+            json_object_del(v, "maxLength");
+            json_object_del(v, "pattern");
+            json_object_del(v, "format");
+            return;
+        }
         json_t *ml = json_object_get(v, "maxLength");
         if (json_is_integer(ml) && json_integer_value(ml) > max_len) ml = NULL;
         if (json_is_string(ty) && !strcmp(json_string_value(ty), "string") && !ml)
             json_object_set_new(v, "maxLength", json_integer(max_len));
         const char *k;
         json_t *x;
-        json_object_foreach(v, k, x) relax_schema(x, max_len);
+        json_object_foreach(v, k, x) relax_schema(x, max_len, xml);
     } else if (json_is_array(v)) {
         size_t i;
         json_t *x;
-        json_array_foreach(v, i, x) relax_schema(x, max_len);
+        json_array_foreach(v, i, x) relax_schema(x, max_len, xml);
     }
 }
 
 static int build_grammar(eng *e, const char *tools_json_full) {
     json_t *tj = json_loads(tools_json_full, 0, NULL);
     if (!tj) return agent_err(AGENT_EINVAL, "tools: not JSON");
-    relax_schema(tj, e->opts.max_string_len > 0 ? e->opts.max_string_len : 1000);
+    relax_schema(tj, e->opts.max_string_len > 0 ? e->opts.max_string_len : 1000,
+                 e->base.format == AGENT_TOOLCALL_XML);
     char *tools_json = json_dumps(tj, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(tj);
     if (!tools_json) return agent_err(AGENT_ENOMEM, "out of memory");
