@@ -284,7 +284,7 @@ int cli_complete(int argc, char **argv) {
     const char *cmd = "complete";
     const char *model_flag = NULL, *prompt = NULL, *gbnf_path = NULL, *schema_path = NULL;
     const char *device = NULL;
-    long n_predict = 128, threads = -1, n_ctx = 0, v;
+    long n_predict = 128, threads = -1, n_ctx = 0, v = 0;
     bool have_seed = false;
     engine_gen_params gp = ENGINE_GEN_PARAMS_INIT;
     engine_sampling_params *sp = &gp.sampling;
@@ -425,8 +425,12 @@ int cli_complete(int argc, char **argv) {
     }
     engine_model_info info;
     engine_model_info_get(m, &info);
-    fprintf(stderr, "\n\nspark-agent complete: %s (%s, %s), %d threads, seed %llu\n", path,
-            info.arch, info.weight_type, info.n_threads, (unsigned long long)sp->seed);
+    if (info.device == ENGINE_DEVICE_CUDA)
+        fprintf(stderr, "\n\nspark-agent complete: %s (%s, %s), on cuda, seed %llu\n", path,
+                info.arch, info.weight_type, (unsigned long long)sp->seed);
+    else
+        fprintf(stderr, "\n\nspark-agent complete: %s (%s, %s), on cpu with %d threads, seed %llu\n",
+                path, info.arch, info.weight_type, info.n_threads, (unsigned long long)sp->seed);
     fprintf(stderr, "  prompt    %6d tokens (%d cached) in %8.1f ms  %8.1f tok/s\n",
             st.prompt_tokens, st.cached_tokens, st.prefill_ms,
             st.prefill_ms > 0 ? (st.prompt_tokens - st.cached_tokens) * 1e3 / st.prefill_ms : 0.0);

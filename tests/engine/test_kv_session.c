@@ -172,8 +172,12 @@ int main(void) {
     gp.tokenizer_dir = tokdir;
     engine_model *cold = NULL, *warm = NULL;
     CHECK(engine_model_gen(&gp) == 0);
-    CHECK(engine_model_load(&cold, path, NULL) == 0);
-    CHECK(engine_model_load(&warm, path, NULL) == 0);
+    /* The paged pool serves CPU sessions; pin the device so that a GPU machine (where auto
+     * picks the GPU) tests the same thing. */
+    engine_model_params mp = ENGINE_MODEL_PARAMS_INIT;
+    mp.device = ENGINE_DEVICE_CPU;
+    CHECK(engine_model_load(&cold, path, &mp) == 0);
+    CHECK(engine_model_load(&warm, path, &mp) == 0);
     if (!cold || !warm) goto done;
     engine_model_info info;
     engine_model_info_get(cold, &info);
