@@ -165,10 +165,15 @@ typedef struct {
     int32_t n_ctx;          /* default context length of new sessions; 0 = min(trained, 4096) */
     engine_device device;
     bool vocab_only;        /* load the tokenizer and metadata only: no sessions */
+    size_t prefix_cache_bytes; /* 0: off. Else a paged KV pool of this many bytes (F16),
+                             * shared by the model's CPU sessions of KV type f16 as a prefix
+                             * cache: a session whose first tokens were computed before (by a
+                             * live or an ended session) reuses them instead of computing them.
+                             * Not on the GPU yet (logged and ignored there). */
 } engine_model_params;
 
 #define ENGINE_MODEL_PARAMS_VERSION 1
-#define ENGINE_MODEL_PARAMS_INIT {ENGINE_MODEL_PARAMS_VERSION, 0, 0, ENGINE_DEVICE_AUTO, false}
+#define ENGINE_MODEL_PARAMS_INIT {ENGINE_MODEL_PARAMS_VERSION, 0, 0, ENGINE_DEVICE_AUTO, false, 0}
 
 /* Load the GGUF file at `path` (architectures qwen3moe and qwen3). The file is mapped and
  * validated (every tensor's shape and type) before anything runs. params may be NULL

@@ -3,6 +3,7 @@
 #include "model/model_int.h"
 #ifdef SPARK_HAVE_CUDA
 #include "cuda/cuda_backend.h"
+#include "kv/kv.h"
 #endif
 
 #include <math.h>
@@ -350,6 +351,14 @@ int engine_model_load(engine_model **out, const char *path, const engine_model_p
         }
     }
 #endif
+    if (p.prefix_cache_bytes && !p.vocab_only) {
+        if (m->info.device == ENGINE_DEVICE_CPU) {
+            if ((rc = engine_kv_model_enable(m, p.prefix_cache_bytes, ENGINE_KV_F16))) goto fail;
+        } else {
+            engine_log(ENGINE_LOG_WARN, "the prefix cache is not available on the GPU yet: "
+                                        "sessions compute their whole prompt");
+        }
+    }
     *out = m;
     return 0;
 fail:

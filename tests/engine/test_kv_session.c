@@ -232,6 +232,31 @@ int main(void) {
         engine_session_free(c);
         check_drained(warm);
     }
+    /* the public switch: engine_model_params.prefix_cache_bytes gives the model the pool */
+    {
+        engine_model_params pp = ENGINE_MODEL_PARAMS_INIT;
+        pp.device = ENGINE_DEVICE_CPU;
+        pp.prefix_cache_bytes = 8u << 20;
+        engine_model *pm = NULL;
+        CHECK(engine_model_load(&pm, path, &pp) == 0 && pm && pm->kvc);
+        int32_t p[40];
+        for (int i = 0; i < 40; i++) p[i] = (int32_t)((i * 104729 + 7) % (n_vocab - 1)) + 1;
+        engine_session_params sp = ENGINE_SESSION_PARAMS_INIT;
+        sp.n_ctx = 64; /* kv_type f16 by default: the pool's type */
+        for (int round = 0; pm && round < 2; round++) {
+            engine_session *ps = NULL;
+            CHECK(engine_session_new(&ps, pm, &sp) == 0 && ps && ps->kv_paged);
+            if (ps) {
+                CHECK(engine_session_append(ps, p, 40, NULL) == 0);
+                /* the second session finds the two full blocks the first one left behind */
+                CHECK(ps->kv_cached == (round ? 32 : 0));
+            }
+            engine_session_free(ps);
+        }
+        engine_model_free(pm);
+        pp.prefix_cache_bytes = 1; /* smaller than one block: refused with the size needed */
+        CHECK(engine_model_load(&pm, path, &pp) == ENGINE_ERANGE && !pm);
+    }
     printf("largest logit difference cached vs cold: %g\n", worst);
 done:
     engine_model_free(cold);
