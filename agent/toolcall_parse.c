@@ -10,10 +10,6 @@
 
 #include "tools.h"
 
-/* tools/registry.c's schema checker, the one tool_call() applies before running a tool. It is
- * private to tools/ (tool_int.h); declared here so a call is judged by exactly the same rules
- * before it is approved. */
-int tool_schema_validate(json_t *schema, json_t *v, const char *where);
 
 static const char OPEN[] = "<tool_call>";
 static const char CLOSE[] = "</tool_call>";
@@ -382,24 +378,10 @@ int agent_toolcall_parse(agent_reply *out, const char *text, size_t len,
 int agent_validate_builtin(void *user, const char *name, const char *args_json, char **err) {
     (void)user;
     *err = NULL;
-    char *schema_text = NULL;
-    if (tool_schema_json(&schema_text, name) < 0) {
+    /* the very check tool_call() applies before running, so approval sees the same verdict */
+    if (tool_args_check(name, args_json) < 0) {
         *err = strdup(tool_error_last());
         return -1;
     }
-    json_t *schema = json_loads(schema_text, 0, NULL);
-    free(schema_text);
-    json_error_t je;
-    json_t *args = json_loads(args_json ? args_json : "{}", 0, &je);
-    int rc = 0;
-    if (!schema || !args) {
-        *err = xasprintf("arguments are not JSON: %s", je.text);
-        rc = -1;
-    } else if (tool_schema_validate(schema, args, "arguments") < 0) {
-        *err = strdup(tool_error_last());
-        rc = -1;
-    }
-    json_decref(schema);
-    json_decref(args);
-    return rc;
+    return 0;
 }

@@ -424,29 +424,46 @@ static char *error_json(int code) {
     return s;
 }
 
-int tool_call(tool_ctx *ctx, const char *name, const char *args_json, char **out) {
-    *out = NULL;
-    int rc = 0;
-    json_t *args = NULL, *schema = NULL, *res = NULL;
+/* Find tool `name`, parse args_json (NULL or "" = {}) and check it against the tool's schema.
+ * On success *args_out holds the parsed arguments (caller-owned). */
+static int args_parse_checked(const char *name, const char *args_json, const tool_def **t_out,
+                              json_t **args_out) {
+    *args_out = NULL;
     const tool_def *t = name ? find_tool(name) : NULL;
-    if (!t) {
-        rc = tool_err(TOOL_ENOTFOUND, "unknown tool '%s'", name ? name : "(null)");
-        goto done;
-    }
+    if (!t) return tool_err(TOOL_ENOTFOUND, "unknown tool '%s'", name ? name : "(null)");
+    *t_out = t;
     if (!args_json || !*args_json) args_json = "{}";
     json_error_t je;
-    args = json_loads(args_json, JSON_REJECT_DUPLICATES, &je);
-    if (!args) {
-        rc = tool_err(TOOL_EINVAL, "arguments are not valid JSON: %s (line %d, column %d)",
-                      je.text, je.line, je.column);
-        goto done;
+    json_t *args = json_loads(args_json, JSON_REJECT_DUPLICATES, &je);
+    if (!args)
+        return tool_err(TOOL_EINVAL, "arguments are not valid JSON: %s (line %d, column %d)",
+                        je.text, je.line, je.column);
+    json_t *schema = schema_of(t);
+    int rc = schema ? tool_schema_validate(schema, args, "arguments")
+                    : tool_err(TOOL_EINTERNAL, "schema of %s does not parse", t->name);
+    json_decref(schema);
+    if (rc < 0) {
+        json_decref(args);
+        return rc;
     }
-    schema = schema_of(t);
-    if (!schema) {
-        rc = tool_err(TOOL_EINTERNAL, "schema of %s does not parse", t->name);
-        goto done;
-    }
-    if ((rc = tool_schema_validate(schema, args, "arguments")) < 0) goto done;
+    *args_out = args;
+    return 0;
+}
+
+int tool_args_check(const char *name, const char *args_json) {
+    const tool_def *t = NULL;
+    json_t *args = NULL;
+    int rc = args_parse_checked(name, args_json, &t, &args);
+    json_decref(args);
+    return rc;
+}
+
+int tool_call(tool_ctx *ctx, const char *name, const char *args_json, char **out) {
+    *out = NULL;
+    const tool_def *t = NULL;
+    json_t *args = NULL, *res = NULL;
+    int rc = args_parse_checked(name, args_json, &t, &args);
+    if (rc < 0) goto done;
     if (t->mutating && t->fn != tool_git_checkpoint && ctx->opt.auto_checkpoint &&
         (rc = tool_maybe_checkpoint(ctx, t->name)) < 0)
         goto done;
@@ -464,7 +481,6 @@ int tool_call(tool_ctx *ctx, const char *name, const char *args_json, char **out
 done:
     if (rc < 0) *out = error_json(rc);
     json_decref(args);
-    json_decref(schema);
     json_decref(res);
     return rc;
 }

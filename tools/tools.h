@@ -101,6 +101,12 @@ int tool_schemas_json(char **out, tool_format format);
 /* One tool's argument schema as JSON text. TOOL_ENOTFOUND for an unknown name. */
 int tool_schema_json(char **out, const char *name);
 
+/* Check `args_json` (a JSON object; NULL or "" = {}) against tool `name`'s schema without
+ * running anything: 0, or TOOL_ENOTFOUND / TOOL_EINVAL with the reason (naming the argument)
+ * in tool_error_last(). What tool_call() checks first; the agent uses it to refuse a model's
+ * call before asking for approval. Thread-safe. */
+int tool_args_check(const char *name, const char *args_json);
+
 /* Run tool `name` with `args_json` (a JSON object; NULL or "" = {}). The arguments are checked
  * against the tool's schema first. On success returns 0 and *out holds the result object; on
  * failure returns the negative code and *out (when memory allows) holds
