@@ -391,6 +391,92 @@ int engine_generate(engine_session *s, const engine_gen_params *p, engine_token_
                     void *user, engine_gen_stats *stats);
 
 /* ---------------------------------------------------------------------------------------------
+ * Scheduler: many requests on one model, continuously batched (engine/sched/)
+ *
+ * A scheduler owns one thread that runs the model for all its requests. Front ends (server,
+ * agent, CLI) submit from any thread and get a request id back at once. Each engine step runs
+ * one forward pass over every active sequence: a bounded chunk of prompt tokens (chunked
+ * prefill, so running decodes are not stalled) plus one decode token for each generating
+ * sequence. Requests keep their KV in the model's paged pool (engine_model_params.
+ * prefix_cache_bytes; the scheduler sizes one from n_ctx * max_seqs when the model has none),
+ * so a prompt reuses the longest prefix computed by any earlier request, and a finished or
+ * cancelled request releases its blocks at once. When blocks run out the scheduler queues new
+ * requests or preempts the youngest running one (its work is recomputed later); it never fails
+ * a request silently and never touches another request's blocks.
+ *
+ * Callbacks (on_token, on_done, and the sampling mask/accept hooks) run ON THE SCHEDULER
+ * THREAD: keep them short (copy the text and signal your own thread) and never call
+ * engine_sched_free from them; engine_sched_submit/cancel/stats_get are allowed.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct engine_sched engine_sched;
+
+typedef struct {
+    int version;            /* ENGINE_SCHED_PARAMS_VERSION */
+    int32_t max_seqs;       /* sequences decoded together; 0 = 16 */
+    int32_t max_queue;      /* waiting requests before submit returns ENGINE_ERANGE; 0 = 1024 */
+    int32_t prefill_chunk;  /* prompt tokens per step over all sequences; 0 = 256 */
+    int32_t n_ctx;          /* positions per request (prompt + generated); 0 = model's n_ctx */
+} engine_sched_params;
+
+#define ENGINE_SCHED_PARAMS_VERSION 1
+#define ENGINE_SCHED_PARAMS_INIT {ENGINE_SCHED_PARAMS_VERSION, 0, 0, 0, 0}
+
+typedef struct {
+    engine_gen_stats gen;       /* as engine_generate's; gen.cached_tokens = prompt tokens
+                                 * served from the prefix cache */
+    int32_t cache_diverged_at;  /* cache-miss explainer: -1 when the whole cached match was
+                                 * used, else the prompt index where this prompt departs from
+                                 * the longest cached sequence it shares a prefix with */
+    int32_t preemptions;        /* times the request's blocks were reclaimed and recomputed */
+    double queue_ms;            /* submit -> admitted */
+    double ttft_ms;             /* submit -> first generated token */
+    double total_ms;            /* submit -> done */
+} engine_request_stats;
+
+/* Called exactly once per submitted request, last of its callbacks: rc 0 (why it stopped in
+ * st->gen.stop), ENGINE_ECANCELED (engine_sched_cancel, or a callback returned non-zero), or
+ * an error (ENGINE_ERANGE: the prompt does not fit n_ctx; ENGINE_ENOMEM: the request alone
+ * needs more blocks than the pool has). */
+typedef void (*engine_done_fn)(void *user, uint64_t id, int rc, const engine_request_stats *st);
+
+typedef struct {
+    engine_gen_params gen;      /* prompt, max_tokens, sampling, stops: everything is copied
+                                 * at submit except sampling.logit_bias and grammar_user,
+                                 * which stay borrowed until on_done */
+    engine_token_fn on_token;   /* streamed text, as engine_generate's callback; may be NULL */
+    engine_done_fn on_done;     /* may be NULL */
+    void *user;
+} engine_request;
+
+/* Start a scheduler on m (params may be NULL). The model must outlive it. Errors:
+ * ENGINE_EINVAL (vocab-only model, bad params), ENGINE_ENOMEM. */
+int engine_sched_new(engine_sched **out, engine_model *m, const engine_sched_params *p);
+
+/* Cancel everything (on_done with ENGINE_ECANCELED for each request), join the thread, free.
+ * NULL: no-op. */
+void engine_sched_free(engine_sched *s);
+
+/* Queue a request; *id (never 0) names it for cancel. ENGINE_ERANGE when the queue is full or
+ * the prompt cannot fit n_ctx, ENGINE_EINVAL for bad params (on_done is not called then). */
+int engine_sched_submit(engine_sched *s, const engine_request *r, uint64_t *id);
+
+/* Cancel a queued or running request: it stops within one engine step, releases its blocks,
+ * and gets on_done(ENGINE_ECANCELED). ENGINE_EINVAL when the id is unknown or already done. */
+int engine_sched_cancel(engine_sched *s, uint64_t id);
+
+typedef struct {
+    int32_t running;            /* sequences admitted (prefilling or decoding) */
+    int32_t queued;             /* waiting for admission */
+    int32_t blocks_total, blocks_used, blocks_cached, blocks_pinned;
+    int32_t block_tokens;       /* positions per KV block */
+    uint64_t requests_done, requests_canceled, preemptions;
+    uint64_t prompt_tokens, cached_tokens, generated_tokens; /* totals over finished requests */
+    uint64_t steps;             /* engine steps run */
+} engine_sched_stats;
+
+void engine_sched_stats_get(engine_sched *s, engine_sched_stats *out);
+
+/* ---------------------------------------------------------------------------------------------
  * Random-model generator (engine/gen/)
  *
  * engine_model_gen() writes a GGUF file with the exact tensor names and metadata of a
