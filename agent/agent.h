@@ -400,6 +400,62 @@ int agent_run_task(agent *a, const char *task, agent_result *res);
 /* The conversation so far as a JSON array of messages (caller frees). */
 char *agent_messages_json(const agent *a);
 
+/* ----- the server (agent/server/): `spark-agent serve` ---------------------------------------
+ * One libwebsockets listener for HTTP (OpenAI-compatible routes, /health, /metrics and the other
+ * dialects) and WebSocket JSON-RPC (/rpc), one service thread, one engine scheduler shared by
+ * every client. Every route and the WebSocket handshake need the token. See docs/cli.md
+ * (serve) and docs/architecture.md (Server).
+ * ------------------------------------------------------------------------------------------- */
+enum {
+    AGENT_EIO = -40,      /* server: cannot listen, token file unusable */
+};
+
+typedef struct agent_server agent_server;
+
+typedef struct {
+    int version;                  /* AGENT_SERVER_OPTS_VERSION */
+    const char *host;             /* listen address; NULL: "127.0.0.1" */
+    int port;                     /* 0: an ephemeral port (agent_server_port tells which) */
+    bool listen_public;           /* required for a non-loopback host */
+    const char *token;            /* required (see agent_server_token_load) */
+    const char *model_name;       /* public model name; NULL: the file's name */
+    const char *const *allow_hosts;   /* NULL-terminated extra Host values ("box.lan:8088") */
+    const char *const *allow_origins; /* NULL-terminated Origins allowed (exact match) */
+    size_t max_body;              /* 0: 8 MiB */
+    size_t max_ws_message;        /* 0: 8 MiB */
+    int max_json_depth;           /* 0: 64 */
+    int max_conns_per_client;     /* 0: 32 */
+    int max_tokens_default;       /* 0: 512 */
+    int idle_timeout_s;           /* 0: 60 */
+    int drain_timeout_s;          /* SIGTERM: wait this long for running work; 0: 10 */
+    int32_t max_seqs;             /* scheduler: sequences decoded together; 0: 16 */
+    int32_t n_ctx;                /* scheduler: positions per request; 0: the model's */
+} agent_server_opts;
+
+#define AGENT_SERVER_OPTS_VERSION 1
+#define AGENT_SERVER_OPTS_INIT                                                                 \
+    {AGENT_SERVER_OPTS_VERSION, NULL, 8088, false, NULL, NULL, NULL, NULL, 0, 0, 0, 0, 0, 0, 0,  \
+     0, 0}
+
+/* Listen on host:port with model m (borrowed; must outlive the server). Errors: AGENT_EINVAL
+ * (no token, a public address without listen_public, bad options), AGENT_EIO (cannot listen),
+ * AGENT_ENOMEM. */
+int agent_server_new(agent_server **out, engine_model *m, const agent_server_opts *o);
+/* The port listened on. */
+int agent_server_port(const agent_server *s);
+/* Serve until agent_server_stop; then drain (running work gets drain_timeout_s, then is
+ * cancelled), close every connection and return 0. */
+int agent_server_run(agent_server *s);
+/* Async-signal-safe, any thread: make agent_server_run drain and return. */
+void agent_server_stop(agent_server *s);
+void agent_server_free(agent_server *s);
+
+/* The token: from the environment variable SPARK_API_KEY when set, else the file
+ * $XDG_CONFIG_HOME/spark-agent/token (~/.config/...), created with 32 random bytes in hex and
+ * mode 0600 on first use (a file readable by others is refused). path_out (may be NULL) gets
+ * the file used ("" for the environment). */
+int agent_server_token_load(char *out, size_t cap, char *path_out, size_t path_cap);
+
 #ifdef __cplusplus
 }
 #endif
