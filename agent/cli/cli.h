@@ -43,6 +43,18 @@ typedef struct {
     char device_source[64];
     int threads;             /* 0 = all cores */
     bool sandbox_required;   /* false only when the user explicitly allowed unsandboxed runs */
+    char approval[16];       /* approval mode name ("" = the command's default); checked by
+                              * the agent commands */
+    char approval_source[4200]; /* "flag", "SPARK_APPROVAL", "FILE:LINE" or "default" */
+    /* Per-tool approval rules, JSON objects {"PATTERN": "allow"|"ask"|"deny"}: the config
+     * file's `approval_rules` and SPARK_APPROVAL_RULES ("" when absent); the agent applies the
+     * file's first, so the environment's win for the same pattern. */
+    char approval_rules_file[8192];
+    char approval_rules_env[8192];
+    int approval_rules_line; /* the config file's line of approval_rules (0: none) */
+    /* MCP servers from `mcp.NAME = {JSON}` lines, assembled as the text of one JSON object
+     * {"NAME": {...}, ...} ("" when none); the agent parses and checks the values. */
+    char mcp_servers[16384];
     char config_path[4096];  /* the config file consulted ("" if none exists) */
     char error[4400];        /* set when the config file is malformed */
 } cli_config;

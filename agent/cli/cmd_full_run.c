@@ -115,7 +115,7 @@ static char *read_all(const char *path) {
 typedef struct {
     const char *cmd;
     const char *model_flag, *model_url, *api_key, *remote_model, *script, *resume, *root;
-    const char *approval;
+    const char *approval, *default_approval, *approval_rules;
     bool json;
     int max_steps;
     long max_tokens;
@@ -167,32 +167,73 @@ static int transcript_meta(run_state *s, const run_args *a) {
     return w == n ? 0 : -1;
 }
 
-static int setup(run_state *s, const run_args *a, bool interactive) {
+static int setup_policy(run_state *s, run_args *a, const cli_config *cfg);
+static int setup_rest(run_state *s, const run_args *a, const cli_config *cfg, bool interactive);
+
+static int setup(run_state *s, run_args *a, bool interactive) {
     memset(s, 0, sizeof *s);
     s->u.cmd = a->cmd;
     s->u.json = a->json;
     s->u.tty = isatty(2);
-    int mode = agent_approval_parse(a->approval);
-    if (mode < 0) {
-        cli_errorf(a->cmd, "unknown approval mode '%s' (read-only, ask, auto-edit, full-auto)",
-                   a->approval);
-        return CLI_EXIT_USAGE;
-    }
-    cli_config cfg;
-    if (cli_config_load(&cfg) != 0) {
-        cli_errorf(a->cmd, "%s", cfg.error);
+    cli_config *cfgp = malloc(sizeof *cfgp);
+    if (!cfgp) {
+        cli_errorf(a->cmd, "out of memory");
         return CLI_EXIT_FAIL;
     }
-    if (agent_policy_new(&s->policy, (agent_approval_mode)mode)) return CLI_EXIT_FAIL;
-    const char *rules = getenv("SPARK_APPROVAL_RULES");
-    if (rules && agent_policy_add_rules_json(s->policy, rules)) {
-        cli_errorf(a->cmd, "SPARK_APPROVAL_RULES: %s", agent_error_last());
-        return CLI_EXIT_USAGE;
+    int rc = cli_config_load(cfgp);
+    if (rc != 0) {
+        cli_errorf(a->cmd, "%s", cfgp->error);
+        free(cfgp);
+        return CLI_EXIT_FAIL;
     }
+    rc = setup_policy(s, a, cfgp);
+    if (!rc) rc = setup_rest(s, a, cfgp, interactive);
+    free(cfgp);
+    return rc;
+}
+
+/* Approval: --approval > SPARK_APPROVAL > the config's `approval` > the command's default;
+ * rules from the config file, then SPARK_APPROVAL_RULES, then --approval-rules (later rules
+ * win for the same tool). */
+static int setup_policy(run_state *s, run_args *a, const cli_config *cfg) {
+    const char *name = a->approval, *from = "--approval";
+    if (!name && cfg->approval[0]) name = cfg->approval, from = cfg->approval_source;
+    if (!name) name = a->default_approval, from = NULL;
+    int mode = agent_approval_parse(name);
+    if (mode < 0) {
+        cli_errorf(a->cmd, "%s%sunknown approval mode '%s' (read-only, ask, auto-edit, "
+                   "full-auto)", from ? from : "", from ? ": " : "", name);
+        /* a bad file is a failure (as any config error); a bad flag or variable is usage */
+        return from == cfg->approval_source && strcmp(from, "SPARK_APPROVAL") ? CLI_EXIT_FAIL
+                                                                               : CLI_EXIT_USAGE;
+    }
+    a->approval = agent_approval_name((agent_approval_mode)mode);
+    if (agent_policy_new(&s->policy, (agent_approval_mode)mode)) return CLI_EXIT_FAIL;
+    struct {
+        const char *json;
+        char where[4200];
+        int exit;
+    } src[3] = {{cfg->approval_rules_file, "", CLI_EXIT_FAIL},
+                {cfg->approval_rules_env, "SPARK_APPROVAL_RULES", CLI_EXIT_USAGE},
+                {a->approval_rules, "--approval-rules", CLI_EXIT_USAGE}};
+    snprintf(src[0].where, sizeof src[0].where, "%s:%d (approval_rules)", cfg->config_path,
+             cfg->approval_rules_line);
+    for (int i = 0; i < 3; i++) {
+        if (!src[i].json || !src[i].json[0]) continue;
+        if (agent_policy_add_rules_json(s->policy, src[i].json)) {
+            cli_errorf(a->cmd, "%s: %s", src[i].where, agent_error_last());
+            return src[i].exit;
+        }
+    }
+    return 0;
+}
+
+static int setup_rest(run_state *s, const run_args *a, const cli_config *cfg,
+                      bool interactive) {
     tool_options to = TOOL_OPTIONS_INIT;
     to.root = a->root;
     to.auto_checkpoint = true; /* git safety: snapshot before the first edit; `undo` restores */
-    to.unsandboxed = !cfg.sandbox_required && getenv("SPARK_UNSANDBOXED");
+    to.unsandboxed = !cfg->sandbox_required && getenv("SPARK_UNSANDBOXED");
     if (tool_ctx_new(&s->tools, &to)) {
         cli_errorf(a->cmd, "%s", tool_error_last());
         return CLI_EXIT_FAIL;
@@ -210,10 +251,10 @@ static int setup(run_state *s, const run_args *a, bool interactive) {
         rc = agent_backend_remote_new(&s->backend, a->model_url, a->api_key, a->remote_model);
     } else {
         char path[4096];
-        if (cli_model_resolve(a->cmd, a->model_flag, &cfg, path, sizeof path)) return 1;
+        if (cli_model_resolve(a->cmd, a->model_flag, cfg, path, sizeof path)) return 1;
         engine_model_params mp = ENGINE_MODEL_PARAMS_INIT;
-        mp.n_threads = cfg.threads;
-        mp.device = (engine_device)engine_device_parse(cfg.device);
+        mp.n_threads = cfg->threads;
+        mp.device = (engine_device)engine_device_parse(cfg->device);
         if (!a->json && s->u.tty) fprintf(stderr, "loading %s ...\n", path);
         if (engine_model_load(&s->model, path, &mp)) {
             cli_errorf(a->cmd, "%s", engine_error_last());
@@ -290,6 +331,7 @@ static int parse_args(run_args *a, int argc, char **argv, int *first_arg) {
         {"resume", required_argument, NULL, 'r'},  {"script", required_argument, NULL, 'S'},
         {"root", required_argument, NULL, 'C'},    {"ctx", required_argument, NULL, 'c'},
         {"tool-calls", required_argument, NULL, 'T'}, {"help", no_argument, NULL, 'h'},
+        {"approval-rules", required_argument, NULL, 'A'},
         {NULL, 0, NULL, 0}};
     int c;
     optind = 1;
@@ -301,6 +343,7 @@ static int parse_args(run_args *a, int argc, char **argv, int *first_arg) {
         case 'K': a->api_key = optarg; break;
         case 'R': a->remote_model = optarg; break;
         case 'a': a->approval = optarg; break;
+        case 'A': a->approval_rules = optarg; break;
         case 'j': a->json = true; break;
         case 'r': a->resume = optarg; break;
         case 'S': a->script = optarg; break;
@@ -320,11 +363,14 @@ static int parse_args(run_args *a, int argc, char **argv, int *first_arg) {
             break;
         case 'h':
             printf("usage: spark-agent %s %s[-m FILE | --model-url URL [--api-key K]] "
-                   "[--approval MODE]\n       [--json] [--max-steps N] [--max-tokens N] "
+                   "[--approval MODE]\n       [--approval-rules JSON] [--json] [--max-steps N] [--max-tokens N] "
                    "[--resume ID] [--root DIR] [--ctx N]\n       [--tool-calls auto|required|none]"
                    " [--script REPLIES.json]\n\n"
-                   "Approval modes: read-only, ask, auto-edit (default for run), full-auto.\n"
-                   "Per-tool rules: SPARK_APPROVAL_RULES='{\"build\":\"allow\",\"git_*\":\"deny\"}'.\n"
+                   "Approval modes: read-only, ask (default for chat), auto-edit (default for "
+                   "run),\nfull-auto; --approval > SPARK_APPROVAL > `approval =` in the config "
+                   "file.\nPer-tool rules: --approval-rules / SPARK_APPROVAL_RULES / "
+                   "`approval_rules =`,\ne.g. '{\"build\":\"allow\",\"git_*\":\"deny\"}' "
+                   "(all apply; flag over variable over file).\n"
                    "Transcripts: $XDG_STATE_HOME/spark-agent/sessions/ID.jsonl.\n"
                    "Exit status: 0 answered, 1 stopped otherwise (budget, refusal loop, error),\n"
                    "2 usage, 130 canceled.\n",
@@ -345,7 +391,7 @@ bad:
 }
 
 int cli_run(int argc, char **argv) {
-    run_args a = {.cmd = "run", .approval = "auto-edit"};
+    run_args a = {.cmd = "run", .default_approval = "auto-edit"};
     int first, pr = parse_args(&a, argc, argv, &first);
     if (pr) return pr > 0 ? CLI_EXIT_OK : CLI_EXIT_USAGE;
     if (argc - first != 1) {
@@ -376,7 +422,7 @@ int cli_run(int argc, char **argv) {
 }
 
 int cli_chat(int argc, char **argv) {
-    run_args a = {.cmd = "chat", .approval = "ask"};
+    run_args a = {.cmd = "chat", .default_approval = "ask"};
     int first, pr = parse_args(&a, argc, argv, &first);
     if (pr) return pr > 0 ? CLI_EXIT_OK : CLI_EXIT_USAGE;
     if (argc != first) {

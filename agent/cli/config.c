@@ -1,6 +1,7 @@
 /* Configuration: flags > environment (SPARK_*) > config file > defaults. The file is
  * $XDG_CONFIG_HOME/spark-agent/config (default ~/.config/spark-agent/config), lines of
- * `key = value`, `#` comments. Unknown keys are an error so that typos do not go unnoticed. */
+ * `key = value`, `#` comments (not inside a JSON value: `key = {...}` runs to the line's end).
+ * Unknown keys are an error so that typos do not go unnoticed. */
 #include "cli.h"
 
 #include <ctype.h>
@@ -33,14 +34,34 @@ static int set_str(char *dst, size_t cap, const char *v, char *src, size_t src_c
     return 0;
 }
 
+/* `mcp.NAME = {...}`: appended to cfg->mcp_servers as "NAME": {...} (the value's JSON is
+ * checked where it is used). Names: letters, digits, '_' and '-', at most 32 bytes, once. */
+static int add_mcp(cli_config *cfg, const char *name, const char *val) {
+    size_t nl = strlen(name);
+    if (!nl || nl > 32 || val[0] != '{') return -1;
+    for (const char *c = name; *c; c++)
+        if (!isalnum((unsigned char)*c) && *c != '_' && *c != '-') return -1;
+    char key[40];
+    snprintf(key, sizeof key, "\"%s\":", name);
+    if (strstr(cfg->mcp_servers, key)) return -1;
+    size_t have = strlen(cfg->mcp_servers);
+    int n = snprintf(cfg->mcp_servers + (have ? have - 1 : 0),
+                     sizeof cfg->mcp_servers - (have ? have - 1 : 0), "%s%s%s}",
+                     have ? "," : "{", key, val);
+    if (n < 0 || (size_t)n >= sizeof cfg->mcp_servers - (have ? have - 1 : 0)) return -1;
+    return 0;
+}
+
 static int parse_file(cli_config *cfg, FILE *f) {
     char line[8192];
     int lineno = 0;
     while (fgets(line, sizeof line, f)) {
         lineno++;
-        char *hash = strchr(line, '#');
-        if (hash) *hash = 0;
-        char *s = trim(line);
+        /* '#' starts a comment, except inside a JSON value (`key = {...}` to the line's end) */
+        char *s = trim(line), *eq0 = strchr(s, '=');
+        char *hash = strchr(s, '#');
+        if (hash && (!eq0 || hash < eq0 || *trim(eq0 + 1) != '{')) *hash = 0;
+        s = trim(s);
         if (!*s) continue;
         char *eq = strchr(s, '=');
         if (!eq) goto bad;
@@ -63,6 +84,17 @@ static int parse_file(cli_config *cfg, FILE *f) {
             if (strcmp(val, "required") == 0) cfg->sandbox_required = true;
             else if (strcmp(val, "off") == 0) cfg->sandbox_required = false;
             else goto bad;
+        } else if (strcmp(key, "approval") == 0) {
+            /* the mode name is checked by the agent commands (which know the modes) */
+            if (set_str(cfg->approval, sizeof cfg->approval, val, NULL, 0, "") != 0) goto bad;
+            snprintf(cfg->approval_source, sizeof cfg->approval_source, "%s:%d",
+                     cfg->config_path, lineno);
+        } else if (strcmp(key, "approval_rules") == 0) {
+            if (val[0] != '{') goto bad;
+            set_str(cfg->approval_rules_file, sizeof cfg->approval_rules_file, val, NULL, 0, "");
+            cfg->approval_rules_line = lineno;
+        } else if (strncmp(key, "mcp.", 4) == 0) {
+            if (add_mcp(cfg, key + 4, val) != 0) goto bad;
         } else {
             goto bad;
         }
@@ -70,7 +102,8 @@ static int parse_file(cli_config *cfg, FILE *f) {
     return 0;
 bad:
     snprintf(cfg->error, sizeof cfg->error, "%s:%d: cannot parse this line (keys: model, device "
-             "= auto|cpu|cuda, threads, sandbox = required|off)", cfg->config_path, lineno);
+             "= auto|cpu|cuda, threads, sandbox = required|off, approval = MODE, approval_rules "
+             "= {JSON}, mcp.NAME = {JSON})", cfg->config_path, lineno);
     return -1;
 }
 
@@ -79,6 +112,7 @@ int cli_config_load(cli_config *cfg) {
     snprintf(cfg->device, sizeof cfg->device, "auto");
     snprintf(cfg->device_source, sizeof cfg->device_source, "default");
     snprintf(cfg->model_source, sizeof cfg->model_source, "default");
+    snprintf(cfg->approval_source, sizeof cfg->approval_source, "default");
     cfg->sandbox_required = true;
 
     const char *xdg = getenv("XDG_CONFIG_HOME"), *home = getenv("HOME");
@@ -112,5 +146,18 @@ int cli_config_load(cli_config *cfg) {
         }
     }
     if ((v = getenv("SPARK_THREADS")) && *v) cfg->threads = atoi(v);
+    if ((v = getenv("SPARK_APPROVAL")) && *v) {
+        if (set_str(cfg->approval, sizeof cfg->approval, v, cfg->approval_source,
+                    sizeof cfg->approval_source, "SPARK_APPROVAL") != 0) {
+            snprintf(cfg->error, sizeof cfg->error, "SPARK_APPROVAL=%.64s: unknown mode", v);
+            rc = -1;
+        }
+    }
+    if ((v = getenv("SPARK_APPROVAL_RULES")) && *v &&
+        set_str(cfg->approval_rules_env, sizeof cfg->approval_rules_env, v, NULL, 0, "") != 0) {
+        snprintf(cfg->error, sizeof cfg->error, "SPARK_APPROVAL_RULES: longer than %zu bytes",
+                 sizeof cfg->approval_rules_env - 1);
+        rc = -1;
+    }
     return rc;
 }
