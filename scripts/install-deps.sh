@@ -48,3 +48,12 @@ if [ ! -f "$stamp" ] || ! cmp -s tests/package-lock.json "$stamp"; then
 else
     echo "install-deps: npm packages already installed"
 fi
+
+# The VS Code extension's locked dependencies (ws at run time, @vscode/vsce to package the .vsix).
+stamp=editor-plugins/vscode/node_modules/.spark-lock-stamp
+if [ ! -f "$stamp" ] || ! cmp -s editor-plugins/vscode/package-lock.json "$stamp"; then
+    (cd editor-plugins/vscode && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
+    cp editor-plugins/vscode/package-lock.json "$stamp"
+else
+    echo "install-deps: editor extension packages already installed"
+fi

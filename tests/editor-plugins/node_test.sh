@@ -1,0 +1,7 @@
+#!/bin/sh
+# Run node test files with node's built-in runner; skip (77) only when node itself is missing.
+if ! command -v node >/dev/null 2>&1; then
+    echo "SKIP: node is not installed (scripts/install-deps.sh installs it)"
+    exit 77
+fi
+exec node --test "$@"
