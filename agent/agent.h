@@ -243,7 +243,7 @@ engine_model *agent_session_model(const agent_session *s);
  * Modes as in Codex: read-only (reading tools only; edits and commands refused), ask (reading
  * tools run; edits and commands are asked), auto-edit (edits run; commands are asked),
  * full-auto (everything runs; commands always run in the sandbox). Tools are "read" (not
- * mutating), "edit" (tool_is_mutating) or "command" (build, test). Per-tool rules ("TOOL" or a
+ * mutating), "edit" (tool_is_mutating) or "command" (build, test, and MCP tools "mcp__*"). Per-tool rules ("TOOL" or a
  * prefix pattern "git_*", later rules win) override the mode. Without an interactive asker an
  * "ask" decision is a refusal, reported to the model and in the result.
  * ------------------------------------------------------------------------------------------- */
@@ -327,6 +327,71 @@ void agent_backend_free(agent_backend *b);
 /* The engine backend's session (NULL for other backends). */
 agent_session *agent_backend_session(agent_backend *b);
 
+/* ----- MCP servers (agent/mcp.c) -------------------------------------------------------------
+ * A Model Context Protocol client over the stdio transport: the server is started through the
+ * sandbox (sandbox_run, the one choke point: a thread holds the run while the server lives; its
+ * stdin and stdout are two FIFOs in a private host directory bound read-only into the sandbox,
+ * opened by `/bin/sh -c 'exec "$@" <in >out'`), then JSON-RPC 2.0, one message per line:
+ * initialize (+ notifications/initialized), tools/list (all pages), tools/call. Requests the
+ * server sends are answered (ping; anything else "method not found"), notifications ignored.
+ * The server's tools are offered as "mcp__SERVER__TOOL" with their inputSchema (so the engine
+ * backend grammar-constrains them like the built-in tools); a tool whose schema the grammar
+ * compiler refuses, or whose name is not [A-Za-z0-9_.-]{1,64}, is left out with a warning.
+ * The approval policy treats MCP tools as commands (read-only: denied; ask and auto-edit:
+ * asked; full-auto: run) unless a rule ("mcp__fs__*": "allow") says otherwise.
+ * The sandbox filters secrets out of the environment (names containing KEY, TOKEN, SECRET, ...),
+ * also those given in opts.env: a server that needs a credential cannot get it this way.
+ * ------------------------------------------------------------------------------------------- */
+enum {
+    AGENT_EMCP = -24, /* the server could not be started, broke the protocol, or timed out */
+};
+
+typedef struct agent_mcp agent_mcp;
+
+typedef struct {
+    int version;                   /* AGENT_MCP_OPTS_VERSION */
+    const char *name;              /* [A-Za-z0-9_-]{1,32}: the "SERVER" of the tool names */
+    const char *const *argv;       /* the server command (argv[0] looked up in PATH) */
+    const char *const *env;        /* NULL-terminated "NAME=VALUE" added to the environment */
+    const char *workspace;         /* absolute: the server's working directory and sandbox
+                                    * workspace */
+    bool write;                    /* the workspace is writable for the server (else read-only) */
+    bool network;                  /* network access (else loopback only) */
+    bool unsandboxed;              /* explicit user choice: run without isolation */
+    const char *const *ro_paths;   /* NULL-terminated: more read-only paths inside the sandbox */
+    double start_timeout_s;        /* start-up and initialize; 0: 30 */
+    double call_timeout_s;         /* each tools/call; 0: 120 */
+} agent_mcp_opts;
+
+#define AGENT_MCP_OPTS_VERSION 1
+#define AGENT_MCP_OPTS_INIT {AGENT_MCP_OPTS_VERSION, NULL, NULL, NULL, NULL, false, false, false, \
+                             NULL, 0, 0}
+
+/* Start the server, initialize and list its tools. Errors: AGENT_EINVAL (bad options),
+ * AGENT_EMCP (with the server's stderr tail or the sandbox's reason), AGENT_ENOMEM. */
+int agent_mcp_start(agent_mcp **out, const agent_mcp_opts *o);
+/* Close the server's stdin, give it 2 s to exit, then stop its sandbox. NULL: no-op. */
+void agent_mcp_free(agent_mcp *m);
+const char *agent_mcp_name(const agent_mcp *m);
+/* The offered tools: an OpenAI-style JSON array (borrowed, valid while m lives). */
+const char *agent_mcp_tools_json(const agent_mcp *m);
+/* Why tools were left out, one per line ("" when none). Borrowed. */
+const char *agent_mcp_warnings(const agent_mcp *m);
+/* Whether `tool` (a full "mcp__SERVER__TOOL" name) is one of m's offered tools. */
+bool agent_mcp_has_tool(const agent_mcp *m, const char *tool);
+/* Check args_json against the tool's inputSchema (tool_schema_check's keywords): 0, or
+ * non-zero and *err a malloc'd message. */
+int agent_mcp_check_args(const agent_mcp *m, const char *tool, const char *args_json, char **err);
+/* Call a tool. On return 0, *out_json (caller frees) is the result for the model:
+ * {"text": joined text content, "structured": structuredContent (when given), "other":
+ * [non-text content summaries] (when any)}, or {"error":{"code":"tool_error","message":...}}
+ * with *is_error true when the tool reported an error (isError or a JSON-RPC error).
+ * Errors: AGENT_EMCP (timeout: the request is cancelled with notifications/cancelled; the
+ * server died; a protocol violation), AGENT_ECANCELED (*cancel became non-zero),
+ * AGENT_EINVAL (unknown tool). */
+int agent_mcp_call(agent_mcp *m, const char *tool, const char *args_json,
+                   volatile int *cancel, char **out_json, bool *is_error);
+
 /* ----- the agent loop (agent/loop.c) ---------------------------------------------------------
  * model turn -> parse calls -> policy -> tools/ (sandboxed builds) -> results -> next turn,
  * until a final answer (a turn without tool calls), the step or token budget, a cancel, or the
@@ -368,12 +433,14 @@ typedef struct {
     void *user;                  /* for the three callbacks */
     const char *transcript_path; /* JSONL, appended atomically line by line; NULL: none */
     const char *const *tool_names; /* NULL-terminated subset of the tools offered; NULL: all */
+    agent_mcp *const *mcp;       /* MCP servers whose tools are offered too (borrowed) */
+    int n_mcp;
 } agent_loop_opts;
 
 #define AGENT_LOOP_OPTS_VERSION 1
 #define AGENT_LOOP_OPTS_INIT                                                                    \
     {AGENT_LOOP_OPTS_VERSION, NULL, NULL, NULL, 0, 0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, \
-     NULL}
+     NULL, NULL, 0}
 
 typedef struct {
     agent_stop stop;

@@ -67,6 +67,41 @@ static int add_msg(agent *a, json_t *m) {
     return rc;
 }
 
+/* Offer the MCP servers' tools after the built-in ones. */
+static int add_mcp_tools(agent *a) {
+    json_t *all = json_loads(a->tools_json, 0, NULL);
+    for (int i = 0; all && i < a->o.n_mcp; i++) {
+        json_t *more = json_loads(agent_mcp_tools_json(a->o.mcp[i]), 0, NULL);
+        if (!more || json_array_extend(all, more)) {
+            json_decref(more);
+            json_decref(all);
+            return -1;
+        }
+        json_decref(more);
+    }
+    char *s = all ? json_dumps(all, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(all);
+    if (!s) return -1;
+    free(a->tools_json);
+    a->tools_json = s;
+    return 0;
+}
+
+static agent_mcp *mcp_of(const agent *a, const char *tool) {
+    if (!tool || strncmp(tool, "mcp__", 5)) return NULL;
+    for (int i = 0; i < a->o.n_mcp; i++)
+        if (agent_mcp_has_tool(a->o.mcp[i], tool)) return a->o.mcp[i];
+    return NULL;
+}
+
+/* The validator the parser applies: MCP tools against their server's schema, the rest against
+ * the registry's. */
+static int validate_call(void *user, const char *name, const char *args_json, char **err) {
+    agent_mcp *m = mcp_of(user, name);
+    if (m) return agent_mcp_check_args(m, name, args_json, err);
+    return agent_validate_builtin(NULL, name, args_json, err);
+}
+
 void agent_free(agent *a) {
     if (!a) return;
     json_decref(a->msgs);
@@ -111,6 +146,10 @@ int agent_new(agent **out, agent_backend *b, const agent_loop_opts *opts) {
             agent_free(a);
             return agent_err(AGENT_ENOMEM, "out of memory");
         }
+    }
+    if (opts->n_mcp > 0 && add_mcp_tools(a) != 0) {
+        agent_free(a);
+        return agent_err(AGENT_ENOMEM, "out of memory");
     }
     json_array_append_new(a->msgs, json_pack("{s:s, s:s}", "role", "system", "content",
                                              a->system));
@@ -251,7 +290,7 @@ int agent_run_task(agent *a, const char *task, agent_result *res) {
         }
         agent_reply r;
         rc = agent_toolcall_parse(&r, text ? text : "", text ? strlen(text) : 0, a->b->format,
-                                  a->tools_json, agent_validate_builtin, NULL);
+                                  a->tools_json, validate_call, a);
         if (rc) {
             stopf(res, AGENT_STOP_ERROR, "%s", agent_error_last());
             free(text);
@@ -343,11 +382,23 @@ int agent_run_task(agent *a, const char *task, agent_result *res) {
                         kind = "refused";
                     } else {
                         char *out = NULL;
-                        int tr = tool_call(a->o.tools, c->name, c->args_json, &out);
+                        agent_mcp *mcp = mcp_of(a, c->name);
+                        int tr;
+                        if (mcp) {
+                            bool is_err = false;
+                            tr = agent_mcp_call(mcp, c->name, c->args_json, a->o.cancel, &out,
+                                                &is_err);
+                            if (tr == 0 && is_err) tr = -1;
+                            if (!out) out = error_json(tr == AGENT_ECANCELED ? "canceled"
+                                                                             : "mcp_error",
+                                                       agent_error_last());
+                        } else {
+                            tr = tool_call(a->o.tools, c->name, c->args_json, &out);
+                            if (!out) out = error_json(tool_error_name(tr), tool_error_last());
+                        }
                         ok = tr == 0;
                         res->tool_calls++;
                         if (tr) res->tool_errors++;
-                        if (!out) out = error_json(tool_error_name(tr), tool_error_last());
                         if (out && strlen(out) > a->o.tool_output_cap) {
                             char *cut = NULL;
                             if (!tool_bound_text(&cut, out, strlen(out), a->o.tool_output_cap)) {

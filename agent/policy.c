@@ -98,8 +98,9 @@ int agent_policy_add_rules_json(agent_policy *p, const char *json) {
     return rc;
 }
 
+/* Commands: build and test, and every MCP server's tool (it may do anything its server can). */
 static bool is_command(const char *tool) {
-    return !strcmp(tool, "build") || !strcmp(tool, "test");
+    return !strcmp(tool, "build") || !strcmp(tool, "test") || !strncmp(tool, "mcp__", 5);
 }
 
 agent_decision agent_policy_decide(const agent_policy *p, const char *tool) {

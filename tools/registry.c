@@ -458,6 +458,23 @@ int tool_args_check(const char *name, const char *args_json) {
     return rc;
 }
 
+int tool_schema_check(const char *schema_json, const char *args_json) {
+    json_error_t je;
+    json_t *schema = json_loads(schema_json ? schema_json : "", 0, &je);
+    if (!json_is_object(schema)) {
+        json_decref(schema);
+        return tool_err(TOOL_EINVAL, "the schema is not a JSON object");
+    }
+    json_t *args = json_loads(args_json && *args_json ? args_json : "{}",
+                              JSON_REJECT_DUPLICATES, &je);
+    int rc = args ? tool_schema_validate(schema, args, "arguments")
+                  : tool_err(TOOL_EINVAL, "arguments are not valid JSON: %s (line %d, column %d)",
+                             je.text, je.line, je.column);
+    json_decref(args);
+    json_decref(schema);
+    return rc;
+}
+
 int tool_call(tool_ctx *ctx, const char *name, const char *args_json, char **out) {
     *out = NULL;
     const tool_def *t = NULL;

@@ -107,6 +107,12 @@ int tool_schema_json(char **out, const char *name);
  * call before asking for approval. Thread-safe. */
 int tool_args_check(const char *name, const char *args_json);
 
+/* The same check against a schema given as JSON text, for tools defined outside the registry
+ * (MCP servers): the keywords the registry's schemas use are checked (type, enum, minimum,
+ * maximum, minLength, maxLength, items, minItems, maxItems, properties, required,
+ * additionalProperties false); others are not. 0, or TOOL_EINVAL with the reason. Thread-safe. */
+int tool_schema_check(const char *schema_json, const char *args_json);
+
 /* Run tool `name` with `args_json` (a JSON object; NULL or "" = {}). The arguments are checked
  * against the tool's schema first. On success returns 0 and *out holds the result object; on
  * failure returns the negative code and *out (when memory allows) holds

@@ -116,7 +116,7 @@ typedef struct {
     const char *cmd;
     const char *model_flag, *model_url, *api_key, *remote_model, *script, *resume, *root;
     const char *approval, *default_approval, *approval_rules;
-    bool json;
+    bool json, no_mcp;
     int max_steps;
     long max_tokens;
     int ctx;
@@ -130,6 +130,8 @@ typedef struct {
     agent_policy *policy;
     tool_ctx *tools;
     agent *agent;
+    agent_mcp *mcp[16];
+    int n_mcp;
     char transcript[4400];
     char id[64];
     ui u;
@@ -137,6 +139,7 @@ typedef struct {
 
 static void state_free(run_state *s) {
     agent_free(s->agent);
+    for (int i = 0; i < s->n_mcp; i++) agent_mcp_free(s->mcp[i]);
     agent_backend_free(s->backend);
     engine_model_free(s->model);
     agent_policy_free(s->policy);
@@ -168,6 +171,126 @@ static int transcript_meta(run_state *s, const run_args *a) {
 }
 
 static int setup_policy(run_state *s, run_args *a, const cli_config *cfg);
+
+/* The strings of a JSON array (NULL-terminated, borrowed from the array; NULL or not an array:
+ * empty), or NULL on a non-string item or no memory. */
+static const char **str_array(json_t *arr) {
+    size_t n = json_array_size(arr);
+    const char **v = calloc(n + 1, sizeof *v);
+    for (size_t i = 0; v && i < n; i++) {
+        if (!(v[i] = json_string_value(json_array_get(arr, i)))) {
+            free(v);
+            return NULL;
+        }
+    }
+    return v;
+}
+
+/* The config's `mcp.NAME = {"command": "...", "args": [...], "env": {...}, "write": false,
+ * "network": false, "read_only_paths": [...], "timeout_s": 120}` servers, started in the
+ * workspace. A server that cannot be started fails the command (--no-mcp skips them). */
+static int start_mcp(run_state *s, const run_args *a, const cli_config *cfg, bool unsandboxed) {
+    json_error_t je;
+    json_t *all = json_loads(cfg->mcp_servers, 0, &je);
+    if (!json_is_object(all)) {
+        cli_errorf(a->cmd, "%s: an mcp.NAME value is not a JSON object: %s", cfg->config_path,
+                   je.text);
+        json_decref(all);
+        return CLI_EXIT_FAIL;
+    }
+    const char *name;
+    json_t *sv;
+    int rc = 0;
+    json_object_foreach(all, name, sv) {
+        static const char *const keys[] = {"command", "args", "env", "write", "network",
+                                           "read_only_paths", "timeout_s"};
+        const char *k;
+        json_t *x;
+        const char *bad = NULL;
+        json_object_foreach(sv, k, x) {
+            bool known = false;
+            for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) known |= !strcmp(k, keys[i]);
+            if (!known) bad = k;
+        }
+        const char *command = json_string_value(json_object_get(sv, "command"));
+        json_t *args = json_object_get(sv, "args"), *env = json_object_get(sv, "env");
+        json_t *ro = json_object_get(sv, "read_only_paths"), *to = json_object_get(sv,
+                                                                                   "timeout_s");
+        const char **argv = NULL, **ro_v = NULL, **env_v = NULL;
+        char *env_buf = NULL;
+        if (bad) {
+            cli_errorf(a->cmd, "%s: mcp.%s: unknown key \"%s\" (command, args, env, write, "
+                       "network, read_only_paths, timeout_s)", cfg->config_path, name, bad);
+            rc = CLI_EXIT_FAIL;
+        } else if (!command || (args && !json_is_array(args)) || (env && !json_is_object(env)) ||
+                   (ro && !json_is_array(ro)) || (to && !json_is_number(to))) {
+            cli_errorf(a->cmd, "%s: mcp.%s: needs \"command\" (a string); \"args\" and "
+                       "\"read_only_paths\" are arrays of strings, \"env\" an object of "
+                       "strings, \"timeout_s\" a number", cfg->config_path, name);
+            rc = CLI_EXIT_FAIL;
+        } else if (s->n_mcp == (int)(sizeof s->mcp / sizeof s->mcp[0])) {
+            cli_errorf(a->cmd, "more than %zu MCP servers", sizeof s->mcp / sizeof s->mcp[0]);
+            rc = CLI_EXIT_FAIL;
+        } else {
+            json_t *all_args = json_array();
+            json_array_append_new(all_args, json_string(command));
+            if (args) json_array_extend(all_args, args);
+            argv = str_array(all_args);
+            ro_v = str_array(ro);
+            /* env: "K=V" strings in one buffer */
+            size_t ne = json_object_size(env), cap = 1, at = 0;
+            const char *ek;
+            json_t *ev;
+            json_object_foreach(env, ek, ev) cap += strlen(ek) + (json_is_string(ev) ?
+                                                   strlen(json_string_value(ev)) : 0) + 2;
+            env_buf = malloc(cap);
+            env_v = calloc(ne + 1, sizeof *env_v);
+            bool env_ok = env_buf && env_v;
+            size_t i = 0;
+            json_object_foreach(env, ek, ev) {
+                if (!env_ok) break;
+                if (!json_is_string(ev)) {
+                    env_ok = false;
+                    break;
+                }
+                env_v[i++] = env_buf + at;
+                at += (size_t)sprintf(env_buf + at, "%s=%s", ek, json_string_value(ev)) + 1;
+            }
+            if (!argv || !ro_v || !env_ok) {
+                cli_errorf(a->cmd, "%s: mcp.%s: \"args\" and \"read_only_paths\" must hold "
+                           "strings, \"env\" string values", cfg->config_path, name);
+                rc = CLI_EXIT_FAIL;
+            } else {
+                agent_mcp_opts mo = AGENT_MCP_OPTS_INIT;
+                mo.name = name;
+                mo.argv = argv;
+                mo.env = env_v;
+                mo.workspace = tool_ctx_root(s->tools);
+                mo.write = json_is_true(json_object_get(sv, "write"));
+                mo.network = json_is_true(json_object_get(sv, "network"));
+                mo.unsandboxed = unsandboxed;
+                mo.ro_paths = ro_v;
+                mo.call_timeout_s = to ? json_number_value(to) : 0;
+                if (agent_mcp_start(&s->mcp[s->n_mcp], &mo)) {
+                    cli_errorf(a->cmd, "%s (skip MCP servers with --no-mcp)", agent_error_last());
+                    rc = CLI_EXIT_FAIL;
+                } else {
+                    const char *w = agent_mcp_warnings(s->mcp[s->n_mcp]);
+                    if (*w) fprintf(stderr, "%s", w);
+                    s->n_mcp++;
+                }
+            }
+            json_decref(all_args);
+        }
+        free(argv);
+        free(ro_v);
+        free(env_v);
+        free(env_buf);
+        if (rc) break;
+    }
+    json_decref(all);
+    return rc;
+}
 static int setup_rest(run_state *s, const run_args *a, const cli_config *cfg, bool interactive);
 
 static int setup(run_state *s, run_args *a, bool interactive) {
@@ -300,7 +423,12 @@ static int setup_rest(run_state *s, const run_args *a, const cli_config *cfg,
         cli_errorf(a->cmd, "cannot write %s: %s", s->transcript, strerror(errno));
         return CLI_EXIT_FAIL;
     }
+    if (!a->no_mcp && cfg->mcp_servers[0] &&
+        (rc = start_mcp(s, a, cfg, to.unsandboxed)) != 0)
+        return rc;
     agent_loop_opts o = AGENT_LOOP_OPTS_INIT;
+    o.mcp = s->mcp;
+    o.n_mcp = s->n_mcp;
     o.tools = s->tools;
     o.policy = s->policy;
     o.max_steps = a->max_steps;
@@ -331,7 +459,7 @@ static int parse_args(run_args *a, int argc, char **argv, int *first_arg) {
         {"resume", required_argument, NULL, 'r'},  {"script", required_argument, NULL, 'S'},
         {"root", required_argument, NULL, 'C'},    {"ctx", required_argument, NULL, 'c'},
         {"tool-calls", required_argument, NULL, 'T'}, {"help", no_argument, NULL, 'h'},
-        {"approval-rules", required_argument, NULL, 'A'},
+        {"approval-rules", required_argument, NULL, 'A'}, {"no-mcp", no_argument, NULL, 'N'},
         {NULL, 0, NULL, 0}};
     int c;
     optind = 1;
@@ -344,6 +472,7 @@ static int parse_args(run_args *a, int argc, char **argv, int *first_arg) {
         case 'R': a->remote_model = optarg; break;
         case 'a': a->approval = optarg; break;
         case 'A': a->approval_rules = optarg; break;
+        case 'N': a->no_mcp = true; break;
         case 'j': a->json = true; break;
         case 'r': a->resume = optarg; break;
         case 'S': a->script = optarg; break;
@@ -365,7 +494,7 @@ static int parse_args(run_args *a, int argc, char **argv, int *first_arg) {
             printf("usage: spark-agent %s %s[-m FILE | --model-url URL [--api-key K]] "
                    "[--approval MODE]\n       [--approval-rules JSON] [--json] [--max-steps N] [--max-tokens N] "
                    "[--resume ID] [--root DIR] [--ctx N]\n       [--tool-calls auto|required|none]"
-                   " [--script REPLIES.json]\n\n"
+                   " [--script REPLIES.json] [--no-mcp]\n\n"
                    "Approval modes: read-only, ask (default for chat), auto-edit (default for "
                    "run),\nfull-auto; --approval > SPARK_APPROVAL > `approval =` in the config "
                    "file.\nPer-tool rules: --approval-rules / SPARK_APPROVAL_RULES / "
