@@ -28,10 +28,15 @@
 
 struct engine_fwd {
     int32_t n_ctx, B, k_used, n_threads;
-    /* KV cache: one contiguous block per layer */
+    int32_t max_seqs;             /* sequences one pass may carry (1 for a session) */
+    /* KV cache of a session: one contiguous block per layer (NULL when paged) */
     void *kv_mem;
     void **k_blocks, **v_blocks;  /* [n_layer] */
     engine_kv_view *views;        /* [n_layer] */
+    /* the pass's tokens: position and sequence of each, and each sequence's KV views */
+    int32_t *pos, *tok_seq;       /* [B] */
+    const engine_kv_view **seq_views; /* [max_seqs] -> [n_layer] */
+    float *out_logits;            /* batched passes: [max_seqs][n_vocab] */
     /* activations, [B][...] */
     float *x, *xn, *q, *k, *v, *att, *tmp;
     float *g, *u;                 /* [B * k_used][n_ff_max] */
@@ -62,11 +67,12 @@ static int32_t k_used(const engine_hparams *hp) {
 
 /* Layout of everything engine_fwd_new allocates, shared with engine_fwd_bytes. */
 typedef struct {
-    size_t kv, act, conv, hconv, scores, moe;
+    size_t kv, act, conv, hconv, scores, moe, seqs;
 } fwd_sizes;
 
-static fwd_sizes fwd_layout(const engine_model *m, int32_t n_ctx, int32_t B, engine_kv_type kvt,
-                            size_t *conv_stride, size_t *hconv_stride) {
+static fwd_sizes fwd_layout(const engine_model *m, int32_t n_ctx, int32_t B, int32_t max_seqs,
+                            bool batch, engine_kv_type kvt, size_t *conv_stride,
+                            size_t *hconv_stride) {
     const engine_hparams *hp = &m->hp;
     fwd_sizes z;
     size_t kv_dim = (size_t)hp->n_head_kv * hp->head_dim_k;
@@ -85,6 +91,8 @@ static fwd_sizes fwd_layout(const engine_model *m, int32_t n_ctx, int32_t B, eng
     z.hconv = slots * *hconv_stride;
     z.scores = fsz((size_t)engine_pool_size(m->pool) * (hp->n_head / hp->n_head_kv) *
                    (size_t)n_ctx);
+    z.seqs = 2 * (size_t)B * sizeof(int32_t) + (size_t)max_seqs * sizeof(void *);
+    if (batch) z.seqs += fsz((size_t)max_seqs * hp->n_vocab);
     z.moe = 0;
     if (hp->arch == ENGINE_ARCH_QWEN3MOE) {
         size_t ne = hp->n_expert;
@@ -97,8 +105,8 @@ static fwd_sizes fwd_layout(const engine_model *m, int32_t n_ctx, int32_t B, eng
 size_t engine_fwd_bytes(const engine_model *m, int32_t n_ctx, int32_t n_batch,
                         engine_kv_type kv) {
     size_t a, b;
-    fwd_sizes z = fwd_layout(m, n_ctx, n_batch, kv, &a, &b);
-    return z.kv + z.act + z.conv + z.hconv + z.scores + z.moe;
+    fwd_sizes z = fwd_layout(m, n_ctx, n_batch, 1, false, kv, &a, &b);
+    return z.kv + z.act + z.conv + z.hconv + z.scores + z.moe + z.seqs;
 }
 
 void engine_fwd_free(engine_fwd *f) {
@@ -107,6 +115,10 @@ void engine_fwd_free(engine_fwd *f) {
     free(f->k_blocks);
     free(f->v_blocks);
     free(f->views);
+    free(f->pos);
+    free(f->tok_seq);
+    free(f->seq_views);
+    free(f->out_logits);
     free(f->x);
     free(f->g);
     free(f->ffn_out);
@@ -123,9 +135,13 @@ void engine_fwd_free(engine_fwd *f) {
     free(f);
 }
 
-int engine_fwd_new(engine_session *s) {
-    const engine_model *m = s->m;
+/* Allocate the state of passes over up to B tokens of up to max_seqs sequences with at most
+ * n_ctx positions each; kv_type other than -1: also a contiguous KV cache of n_ctx positions
+ * (a session without the paged pool). */
+static int fwd_alloc(engine_fwd **out, const engine_model *m, int32_t n_ctx, int32_t B,
+                     int32_t max_seqs, bool batch, int kv_type) {
     const engine_hparams *hp = &m->hp;
+    *out = NULL;
     if (hp->head_dim_k != hp->head_dim_v)
         return engine_err(ENGINE_EUNSUPPORTED, "%s: key_length %u != value_length %u is not "
                           "supported", m->path, hp->head_dim_k, hp->head_dim_v);
@@ -133,29 +149,36 @@ int engine_fwd_new(engine_session *s) {
         return engine_err(ENGINE_EUNSUPPORTED, "%s: head size %u is above the supported %d",
                           m->path, hp->head_dim_k, ENGINE_CPU_MAX_HEAD_DIM);
     engine_fwd *f = calloc(1, sizeof *f);
-    if (!f) return engine_err(ENGINE_ENOMEM, "out of memory for a session");
-    int32_t B = s->n_batch, n_ctx = s->n_ctx;
+    if (!f) return engine_err(ENGINE_ENOMEM, "out of memory for a forward pass");
     f->n_ctx = n_ctx;
     f->B = B;
+    f->max_seqs = max_seqs;
     f->k_used = k_used(hp);
     f->n_threads = engine_pool_size(m->pool);
-    fwd_sizes z = fwd_layout(m, n_ctx, B, s->kv_type, &f->conv_stride, &f->hconv_stride);
+    bool own_kv = kv_type >= 0;
+    engine_kv_type kvt = own_kv ? (engine_kv_type)kv_type : ENGINE_KV_F16;
+    fwd_sizes z = fwd_layout(m, n_ctx, B, max_seqs, batch, kvt, &f->conv_stride, &f->hconv_stride);
     size_t L = hp->n_layer, emb = hp->n_embd, hd = hp->head_dim_k;
     size_t kv_dim = (size_t)hp->n_head_kv * hd, q_dim = (size_t)hp->n_head * hd;
     size_t slots = (size_t)B * (size_t)f->k_used, nff = (size_t)n_ff_max(hp);
     size_t kv_layer = z.kv / (2 * L);
 
-    f->kv_mem = s->kv_paged ? NULL : malloc(z.kv); /* paged: the model's pool holds the KV */
+    f->kv_mem = own_kv ? malloc(z.kv) : NULL;
     f->k_blocks = calloc(L, sizeof(void *));
     f->v_blocks = calloc(L, sizeof(void *));
     f->views = calloc(L, sizeof *f->views);
+    f->pos = malloc((size_t)B * sizeof(int32_t));
+    f->tok_seq = calloc((size_t)B, sizeof(int32_t));
+    f->seq_views = calloc((size_t)max_seqs, sizeof *f->seq_views);
+    if (batch) f->out_logits = malloc(fsz((size_t)max_seqs * hp->n_vocab));
     f->x = malloc(fsz((size_t)B * (3 * emb + 2 * q_dim + 2 * kv_dim)));
     f->g = malloc(fsz(slots * 2 * nff));
     f->conv = aligned_alloc(64, z.conv);
     f->hconv = aligned_alloc(64, z.hconv);
     f->scores = malloc(z.scores);
-    bool ok = (f->kv_mem || s->kv_paged) && f->k_blocks && f->v_blocks && f->views && f->x &&
-              f->g && f->conv && f->hconv && f->scores;
+    bool ok = (f->kv_mem || !own_kv) && f->k_blocks && f->v_blocks && f->views && f->pos &&
+              f->tok_seq && f->seq_views && (f->out_logits || !batch) && f->x && f->g &&
+              f->conv && f->hconv && f->scores;
     if (ok && hp->arch == ENGINE_ARCH_QWEN3MOE) {
         size_t ne = hp->n_expert;
         f->ffn_out = malloc(fsz(slots * emb));
@@ -171,9 +194,10 @@ int engine_fwd_new(engine_session *s) {
     }
     if (!ok) {
         engine_fwd_free(f);
-        return engine_err(ENGINE_ENOMEM, "out of memory for a session of %d positions (%.1f MiB "
-                          "of KV cache and buffers)", n_ctx,
-                          (double)engine_fwd_bytes(m, n_ctx, B, s->kv_type) / (1 << 20));
+        return engine_err(ENGINE_ENOMEM, "out of memory for %d positions x %d tokens (%.1f MiB "
+                          "of KV cache and buffers)", n_ctx, B,
+                          (double)(z.kv * own_kv + z.act + z.conv + z.hconv + z.scores + z.moe +
+                                   z.seqs) / (1 << 20));
     }
     f->conv2 = f->conv + (size_t)B * f->conv_stride;
     f->xn = f->x + (size_t)B * emb;
@@ -183,18 +207,37 @@ int engine_fwd_new(engine_session *s) {
     f->k = f->att + (size_t)B * q_dim;
     f->v = f->k + (size_t)B * kv_dim;
     f->u = f->g + slots * nff;
-    for (size_t l = 0; l < L; l++) {
-        if (s->kv_paged) { /* the session's block table on the model's pool (engine/kv) */
-            f->views[l] = engine_kv_seq_view(m->kvc, &s->kvs, (int32_t)l);
-            continue;
-        }
+    for (size_t l = 0; own_kv && l < L; l++) {
         f->k_blocks[l] = (uint8_t *)f->kv_mem + (2 * l) * kv_layer;
         f->v_blocks[l] = (uint8_t *)f->kv_mem + (2 * l + 1) * kv_layer;
-        f->views[l] = (engine_kv_view){&f->k_blocks[l], &f->v_blocks[l], n_ctx, s->kv_type,
+        f->views[l] = (engine_kv_view){&f->k_blocks[l], &f->v_blocks[l], n_ctx, kvt,
                                        (int)hp->n_head_kv, (int)hd};
     }
+    *out = f;
+    return 0;
+}
+
+int engine_fwd_new(engine_session *s) {
+    const engine_model *m = s->m;
+    engine_fwd *f;
+    int rc = fwd_alloc(&f, m, s->n_ctx, s->n_batch, 1, false, s->kv_paged ? -1 : (int)s->kv_type);
+    if (rc) return rc;
+    for (uint32_t l = 0; s->kv_paged && l < m->hp.n_layer; l++) /* the block table (engine/kv) */
+        f->views[l] = engine_kv_seq_view(m->kvc, &s->kvs, (int32_t)l);
+    f->seq_views[0] = f->views;
     s->fwd = f;
     return 0;
+}
+
+int engine_fwd_batch_new(engine_fwd **out, const engine_model *m, int32_t n_ctx,
+                         int32_t n_tokens, int32_t max_seqs) {
+    if (m->hp.arch != ENGINE_ARCH_QWEN3MOE && m->hp.arch != ENGINE_ARCH_QWEN3)
+        return engine_err(ENGINE_EUNSUPPORTED, "%s: no batched forward for this architecture",
+                          m->path);
+    if (n_ctx < 1 || n_tokens < 1 || max_seqs < 1 || max_seqs > n_tokens)
+        return engine_err(ENGINE_EINVAL, "batched forward of %d tokens, %d sequences, %d "
+                          "positions", n_tokens, max_seqs, n_ctx);
+    return fwd_alloc(out, m, n_ctx, n_tokens, max_seqs, true, -1);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -214,10 +257,11 @@ typedef enum {
 
 typedef struct {
     job_op op;
-    engine_session *s;
+    const engine_model *m;
+    engine_fwd *f;
     const engine_layer *layer;
-    engine_kv_view *kv;
-    int32_t n, p0;                 /* tokens in the batch, position of the first */
+    int32_t l;                     /* layer index (KV views) */
+    int32_t n;                     /* tokens in the batch */
     /* OP_MATMUL */
     int n_w;
     const engine_weight *w[3];
@@ -275,8 +319,8 @@ static void job_convert(fwd_job *j, int ith, int nth) {
 }
 
 static void job_norm(fwd_job *j, int ith, int nth) {
-    const engine_hparams *hp = &j->s->m->hp;
-    engine_fwd *f = j->s->fwd;
+    const engine_hparams *hp = &j->m->hp;
+    engine_fwd *f = j->f;
     size_t e = hp->n_embd;
     int64_t a, b;
     engine_split(j->n - j->t0, ith, nth, &a, &b);
@@ -291,9 +335,9 @@ static void job_norm(fwd_job *j, int ith, int nth) {
 }
 
 static void job_qk_rope(fwd_job *j, int ith, int nth) {
-    const engine_model *m = j->s->m;
+    const engine_model *m = j->m;
     const engine_hparams *hp = &m->hp;
-    engine_fwd *f = j->s->fwd;
+    engine_fwd *f = j->f;
     int hd = (int)hp->head_dim_k, nh = (int)hp->n_head, nkv = (int)hp->n_head_kv;
     int64_t a, b;
     engine_split(j->n, ith, nth, &a, &b);
@@ -303,16 +347,17 @@ static void job_qk_rope(fwd_job *j, int ith, int nth) {
             engine_cpu_rmsnorm(q + h * hd, q + h * hd, j->layer->q_norm, hd, hp->rms_norm_eps);
         for (int h = 0; h < nkv; h++)
             engine_cpu_rmsnorm(k + h * hd, k + h * hd, j->layer->k_norm, hd, hp->rms_norm_eps);
-        int32_t pos = j->p0 + (int32_t)t;
+        int32_t pos = f->pos[t];
         engine_cpu_rope_neox(q, nh, hd, pos, m->rope_inv_freq);
         engine_cpu_rope_neox(k, nkv, hd, pos, m->rope_inv_freq);
-        engine_cpu_kv_store(j->kv, pos, k, f->v + (size_t)t * nkv * hd);
+        engine_cpu_kv_store(&f->seq_views[f->tok_seq[t]][j->l], pos, k,
+                            f->v + (size_t)t * nkv * hd);
     }
 }
 
 static void job_attention(fwd_job *j, int ith, int nth) {
-    const engine_hparams *hp = &j->s->m->hp;
-    engine_fwd *f = j->s->fwd;
+    const engine_hparams *hp = &j->m->hp;
+    engine_fwd *f = j->f;
     int hd = (int)hp->head_dim_k, nh = (int)hp->n_head, nkv = (int)hp->n_head_kv;
     int group = nh / nkv;
     float scale = 1.0f / sqrtf((float)hd);
@@ -323,8 +368,9 @@ static void job_attention(fwd_job *j, int ith, int nth) {
         int64_t t = i / nkv;
         int g = (int)(i % nkv);
         size_t off = ((size_t)t * nh + (size_t)g * group) * hd;
-        engine_cpu_attention_group(f->att + off, f->q + off, group, j->kv, g,
-                                   j->p0 + (int32_t)t + 1, scale, scores);
+        engine_cpu_attention_group(f->att + off, f->q + off, group,
+                                   &f->seq_views[f->tok_seq[t]][j->l], g, f->pos[t] + 1, scale,
+                                   scores);
     }
 }
 
@@ -335,7 +381,7 @@ static inline const uint8_t *expert_rows(const engine_weight *w, int32_t e) {
 static void job_expert_up(fwd_job *j, int ith, int nth) {
     (void)ith;
     (void)nth;
-    engine_fwd *f = j->s->fwd;
+    engine_fwd *f = j->f;
     const engine_weight *wg = &j->layer->gate_exps, *wu = &j->layer->up_exps;
     int k = f->k_used;
     size_t nff = (size_t)wg->rows;
@@ -359,7 +405,7 @@ static void job_expert_up(fwd_job *j, int ith, int nth) {
 static void job_expert_down(fwd_job *j, int ith, int nth) {
     (void)ith;
     (void)nth;
-    engine_fwd *f = j->s->fwd;
+    engine_fwd *f = j->f;
     const engine_weight *wd = &j->layer->down_exps;
     size_t e_out = (size_t)wd->rows;
     for (;;) {
@@ -379,7 +425,7 @@ static void job_expert_down(fwd_job *j, int ith, int nth) {
 
 /* h = silu(g) * u for n rows, converted to `type` unless the down weight dots F32 rows. */
 static void job_swiglu(fwd_job *j, int ith, int nth) {
-    engine_fwd *f = j->s->fwd;
+    engine_fwd *f = j->f;
     int64_t a, b;
     engine_split(j->n, ith, nth, &a, &b);
     for (int64_t r = a; r < b; r++) {
@@ -391,8 +437,8 @@ static void job_swiglu(fwd_job *j, int ith, int nth) {
 }
 
 static void job_combine(fwd_job *j, int ith, int nth) {
-    engine_fwd *f = j->s->fwd;
-    size_t e = j->s->m->hp.n_embd;
+    engine_fwd *f = j->f;
+    size_t e = j->m->hp.n_embd;
     int k = f->k_used;
     int64_t a, b;
     engine_split(j->n, ith, nth, &a, &b);
@@ -436,11 +482,11 @@ static bool run_inline(const fwd_job *j) {
     }
 }
 
-static void run(engine_session *s, fwd_job *j, job_op op) {
+static void run(fwd_job *j, job_op op) {
     j->op = op;
     j->next = 0;
     if (run_inline(j)) job_fn(j, 0, 1);
-    else engine_pool_run(s->m->pool, job_fn, j);
+    else engine_pool_run(j->m->pool, job_fn, j);
 }
 
 static engine_type vec_dot_type(const engine_weight *w) {
@@ -449,7 +495,7 @@ static engine_type vec_dot_type(const engine_weight *w) {
 
 /* Make n rows of F32 (src, src_stride floats apart, cols wide) available in w's vec_dot type:
  * F32 rows are used in place; others are converted into dst. */
-static void prepare_input(engine_session *s, fwd_job *j, const engine_weight *w, const float *src,
+static void prepare_input(fwd_job *j, const engine_weight *w, const float *src,
                           size_t src_stride, int cols, int32_t t0, int32_t n, uint8_t *dst,
                           const uint8_t **x, size_t *x_stride) {
     engine_type vt = vec_dot_type(w);
@@ -463,26 +509,26 @@ static void prepare_input(engine_session *s, fwd_job *j, const engine_weight *w,
     j->src_stride = src_stride;
     j->cols = cols;
     j->dst = dst;
-    j->dst_stride = s->fwd->conv_stride;
+    j->dst_stride = j->f->conv_stride;
     int32_t saved = j->n;
     j->n = n;
-    run(s, j, OP_CONVERT);
+    run(j, OP_CONVERT);
     j->n = saved;
     *x = dst;
-    *x_stride = s->fwd->conv_stride;
+    *x_stride = j->f->conv_stride;
 }
 
 /* y_i = W_i x for up to three weights that read the same input (rows t0 .. t0+n of src). */
-static void matmul(engine_session *s, fwd_job *j, int n_w, const engine_weight *const *w,
+static void matmul(fwd_job *j, int n_w, const engine_weight *const *w,
                    float *const *y, const size_t *y_stride, const float *src, size_t src_stride,
                    int32_t t0, int32_t n) {
-    engine_fwd *f = s->fwd;
+    engine_fwd *f = j->f;
     int done[3] = {0, 0, 0};
     for (int i = 0; i < n_w; i++) {
         if (done[i]) continue;
         /* Weights with the same vec_dot type share one conversion and one pool job. */
         fwd_job mj = *j;
-        prepare_input(s, j, w[i], src, src_stride, (int)w[i]->cols, t0, n, f->conv, &mj.x,
+        prepare_input(j, w[i], src, src_stride, (int)w[i]->cols, t0, n, f->conv, &mj.x,
                       &mj.x_stride);
         mj.n_w = 0;
         mj.n = n;
@@ -494,20 +540,20 @@ static void matmul(engine_session *s, fwd_job *j, int n_w, const engine_weight *
             mj.y_stride[mj.n_w] = y_stride[k];
             mj.n_w++;
         }
-        run(s, &mj, OP_MATMUL);
+        run(&mj, OP_MATMUL);
     }
 }
 
-static void moe_ffn(engine_session *s, fwd_job *j, const engine_layer *ly, int32_t n) {
-    engine_fwd *f = s->fwd;
-    const engine_hparams *hp = &s->m->hp;
+static void moe_ffn(fwd_job *j, const engine_layer *ly, int32_t n) {
+    engine_fwd *f = j->f;
+    const engine_hparams *hp = &j->m->hp;
     int ne = (int)hp->n_expert, k = f->k_used;
     size_t emb = hp->n_embd;
 
     /* router logits, then top-k per token (cheap: serial) */
     const engine_weight *rw = &ly->gate_inp;
     size_t rs = (size_t)ne;
-    matmul(s, j, 1, &rw, &f->router, &rs, f->xn, emb, 0, n);
+    matmul(j, 1, &rw, &f->router, &rs, f->xn, emb, 0, n);
     for (int32_t t = 0; t < n; t++)
         engine_cpu_moe_route(f->router + (size_t)t * ne, ne, k, hp->norm_topk_prob,
                              f->sel + (size_t)t * k, f->selw + (size_t)t * k, f->probs);
@@ -532,12 +578,12 @@ static void moe_ffn(engine_session *s, fwd_job *j, const engine_layer *ly, int32
     /* gate and up of the selected experts */
     const uint8_t *xg, *xu;
     size_t xgs, xus;
-    prepare_input(s, j, &ly->gate_exps, f->xn, emb, (int)emb, 0, n, f->conv, &xg, &xgs);
+    prepare_input(j, &ly->gate_exps, f->xn, emb, (int)emb, 0, n, f->conv, &xg, &xgs);
     if (vec_dot_type(&ly->up_exps) == vec_dot_type(&ly->gate_exps)) {
         xu = xg;
         xus = xgs;
     } else {
-        prepare_input(s, j, &ly->up_exps, f->xn, emb, (int)emb, 0, n, f->conv2, &xu, &xus);
+        prepare_input(j, &ly->up_exps, f->xn, emb, (int)emb, 0, n, f->conv2, &xu, &xus);
     }
     int64_t nff = ly->gate_exps.rows;
     fwd_job ej = *j;
@@ -547,7 +593,7 @@ static void moe_ffn(engine_session *s, fwd_job *j, const engine_layer *ly, int32
     ej.xu_stride = xus;
     ej.chunks = (nff + EXP_CHUNK - 1) / EXP_CHUNK;
     ej.n_items = ej.chunks * n_active;
-    run(s, &ej, OP_EXPERT_UP);
+    run(&ej, OP_EXPERT_UP);
 
     /* h = silu(g) * u, converted for the down projection */
     fwd_job sj = *j;
@@ -557,7 +603,7 @@ static void moe_ffn(engine_session *s, fwd_job *j, const engine_layer *ly, int32
     sj.type = vec_dot_type(&ly->down_exps);
     sj.dst = f->hconv;
     sj.dst_stride = f->hconv_stride;
-    run(s, &sj, OP_SWIGLU);
+    run(&sj, OP_SWIGLU);
 
     fwd_job dj = *j;
     if (sj.type == ENGINE_TYPE_F32) {
@@ -569,21 +615,21 @@ static void moe_ffn(engine_session *s, fwd_job *j, const engine_layer *ly, int32
     }
     dj.chunks = (ly->down_exps.rows + EXP_CHUNK - 1) / EXP_CHUNK;
     dj.n_items = dj.chunks * n_active;
-    run(s, &dj, OP_EXPERT_DOWN);
+    run(&dj, OP_EXPERT_DOWN);
 
     fwd_job cj = *j;
     cj.n = n;
-    run(s, &cj, OP_COMBINE);
+    run(&cj, OP_COMBINE);
 }
 
-static void dense_ffn(engine_session *s, fwd_job *j, const engine_layer *ly, int32_t n) {
-    engine_fwd *f = s->fwd;
-    const engine_hparams *hp = &s->m->hp;
+static void dense_ffn(fwd_job *j, const engine_layer *ly, int32_t n) {
+    engine_fwd *f = j->f;
+    const engine_hparams *hp = &j->m->hp;
     size_t emb = hp->n_embd, nff = hp->n_ff;
     const engine_weight *w[2] = {&ly->ffn_gate, &ly->ffn_up};
     float *y[2] = {f->g, f->u};
     size_t ys[2] = {nff, nff};
-    matmul(s, j, 2, w, y, ys, f->xn, emb, 0, n);
+    matmul(j, 2, w, y, ys, f->xn, emb, 0, n);
     fwd_job sj = *j;
     sj.n = n;
     sj.cols = (int)nff;
@@ -591,7 +637,7 @@ static void dense_ffn(engine_session *s, fwd_job *j, const engine_layer *ly, int
     sj.type = vec_dot_type(&ly->ffn_down);
     sj.dst = f->hconv;
     sj.dst_stride = f->hconv_stride;
-    run(s, &sj, OP_SWIGLU);
+    run(&sj, OP_SWIGLU);
     fwd_job mj = *j;
     mj.n = n;
     mj.n_w = 1;
@@ -605,7 +651,7 @@ static void dense_ffn(engine_session *s, fwd_job *j, const engine_layer *ly, int
         mj.x = f->hconv;
         mj.x_stride = f->hconv_stride;
     }
-    run(s, &mj, OP_MATMUL);
+    run(&mj, OP_MATMUL);
     /* x += tmp (the next norm adds it; a last add here keeps x complete for the head) */
     for (int32_t t = 0; t < n; t++) {
         float *x = f->x + (size_t)t * emb;
@@ -614,64 +660,121 @@ static void dense_ffn(engine_session *s, fwd_job *j, const engine_layer *ly, int
     }
 }
 
-int engine_fwd_run(engine_session *s, const int32_t *tokens, int32_t n, float *logits_all) {
-    engine_model *m = s->m;
-    engine_fwd *f = s->fwd;
+/* Rows t0 .. t0+n of x = the embeddings of tokens. */
+static void embed(const engine_model *m, engine_fwd *f, int32_t t0, const int32_t *tokens,
+                  int32_t n) {
+    size_t emb = m->hp.n_embd;
+    for (int32_t t = 0; t < n; t++) {
+        const uint8_t *row =
+            (const uint8_t *)m->tok_embd.data + (size_t)tokens[t] * m->tok_embd.row_bytes;
+        engine_dequantize_row(m->tok_embd.type, row, f->x + (size_t)(t0 + t) * emb,
+                              (int64_t)emb);
+    }
+}
+
+/* Every block over the n tokens embedded in x (positions, sequences and views set). */
+static void blocks(const engine_model *m, engine_fwd *f, fwd_job *j, int32_t n) {
     const engine_hparams *hp = &m->hp;
-    ENGINE_ASSERT(n >= 1 && n <= f->B && s->n_tokens + n <= f->n_ctx);
     size_t emb = hp->n_embd, hd = hp->head_dim_k;
     size_t q_dim = hp->n_head * hd, kv_dim = hp->n_head_kv * hd;
-    int32_t p0 = s->n_tokens;
-
-    for (int32_t t = 0; t < n; t++) {
-        const uint8_t *row = (const uint8_t *)m->tok_embd.data + (size_t)tokens[t] * m->tok_embd.row_bytes;
-        engine_dequantize_row(m->tok_embd.type, row, f->x + (size_t)t * emb, (int64_t)emb);
-    }
-
-    fwd_job j;
-    memset(&j, 0, sizeof j);
-    j.s = s;
-    j.n = n;
-    j.p0 = p0;
+    memset(j, 0, sizeof *j);
+    j->m = m;
+    j->f = f;
+    j->n = n;
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         const engine_layer *ly = &m->layers[l];
-        j.layer = ly;
-        j.kv = &f->views[l];
+        j->layer = ly;
+        j->l = (int32_t)l;
 
-        j.add = NULL;
-        j.norm_w = ly->attn_norm;
-        j.t0 = 0;
-        run(s, &j, OP_NORM);
+        j->add = NULL;
+        j->norm_w = ly->attn_norm;
+        j->t0 = 0;
+        run(j, OP_NORM);
 
         const engine_weight *w[3] = {&ly->wq, &ly->wk, &ly->wv};
         float *y[3] = {f->q, f->k, f->v};
         size_t ys[3] = {q_dim, kv_dim, kv_dim};
-        matmul(s, &j, 3, w, y, ys, f->xn, emb, 0, n);
-        run(s, &j, OP_QK_ROPE);
-        run(s, &j, OP_ATTENTION);
+        matmul(j, 3, w, y, ys, f->xn, emb, 0, n);
+        run(j, OP_QK_ROPE);
+        run(j, OP_ATTENTION);
 
         const engine_weight *wo = &ly->wo;
         size_t es = emb;
-        matmul(s, &j, 1, &wo, &f->tmp, &es, f->att, q_dim, 0, n);
+        matmul(j, 1, &wo, &f->tmp, &es, f->att, q_dim, 0, n);
 
-        j.add = f->tmp;
-        j.norm_w = ly->ffn_norm;
-        run(s, &j, OP_NORM);
+        j->add = f->tmp;
+        j->norm_w = ly->ffn_norm;
+        run(j, OP_NORM);
 
-        if (hp->arch == ENGINE_ARCH_QWEN3MOE) moe_ffn(s, &j, ly, n);
-        else dense_ffn(s, &j, ly, n);
+        if (hp->arch == ENGINE_ARCH_QWEN3MOE) moe_ffn(j, ly, n);
+        else dense_ffn(j, ly, n);
     }
+}
 
-    /* output head: every token's logits when asked, else only the last token's */
-    int32_t t0 = logits_all ? 0 : n - 1;
-    j.add = NULL;
-    j.norm_w = m->output_norm;
-    j.t0 = t0;
-    run(s, &j, OP_NORM);
+/* dst[r] = logits of rows t0 .. t0+n of x (n_vocab floats apart). */
+static void head(const engine_model *m, engine_fwd *f, fwd_job *j, int32_t t0, int32_t n,
+                 float *dst) {
+    j->add = NULL;
+    j->norm_w = m->output_norm;
+    j->t0 = t0;
+    j->n = t0 + n;
+    run(j, OP_NORM);
     const engine_weight *wout = &m->output;
-    size_t vs = hp->n_vocab;
-    float *dst = logits_all ? logits_all : s->logits;
-    matmul(s, &j, 1, &wout, &dst, &vs, f->xn, emb, t0, n - t0);
-    if (logits_all) memcpy(s->logits, logits_all + (size_t)(n - 1) * vs, fsz(vs));
+    size_t vs = m->hp.n_vocab;
+    matmul(j, 1, &wout, &dst, &vs, f->xn, m->hp.n_embd, t0, n);
+}
+
+int engine_fwd_run(engine_session *s, const int32_t *tokens, int32_t n, float *logits_all) {
+    engine_model *m = s->m;
+    engine_fwd *f = s->fwd;
+    ENGINE_ASSERT(n >= 1 && n <= f->B && s->n_tokens + n <= f->n_ctx);
+    for (int32_t t = 0; t < n; t++) {
+        f->pos[t] = s->n_tokens + t;
+        f->tok_seq[t] = 0;
+    }
+    embed(m, f, 0, tokens, n);
+    fwd_job j;
+    blocks(m, f, &j, n);
+    /* output head: every token's logits when asked, else only the last token's */
+    if (logits_all) {
+        head(m, f, &j, 0, n, logits_all);
+        memcpy(s->logits, logits_all + (size_t)(n - 1) * m->hp.n_vocab, fsz(m->hp.n_vocab));
+    } else {
+        head(m, f, &j, n - 1, 1, s->logits);
+    }
+    return 0;
+}
+
+int engine_fwd_run_batch(const engine_model *m, engine_fwd *f, engine_fwd_seq *seqs,
+                         int32_t n_seqs) {
+    ENGINE_ASSERT(n_seqs >= 1 && n_seqs <= f->max_seqs);
+    int32_t n = 0;
+    for (int32_t i = 0; i < n_seqs; i++) {
+        const engine_fwd_seq *q = &seqs[i];
+        ENGINE_ASSERT(q->n >= 1 && n + q->n <= f->B && q->p0 + q->n <= f->n_ctx);
+        f->seq_views[i] = q->views;
+        for (int32_t t = 0; t < q->n; t++) {
+            f->pos[n + t] = q->p0 + t;
+            f->tok_seq[n + t] = i;
+        }
+        embed(m, f, n, q->tokens, q->n);
+        n += q->n;
+    }
+    fwd_job j;
+    blocks(m, f, &j, n);
+    /* the head runs over the last token of each sequence that wants logits: move those rows of
+     * x to the front (row r comes from a row >= r, so copying in order is safe) */
+    size_t emb = m->hp.n_embd;
+    int32_t n_out = 0, end = 0;
+    for (int32_t i = 0; i < n_seqs; i++) {
+        end += seqs[i].n;
+        seqs[i].logits_out = NULL;
+        if (!seqs[i].logits) continue;
+        if (end - 1 != n_out)
+            memcpy(f->x + (size_t)n_out * emb, f->x + (size_t)(end - 1) * emb, fsz(emb));
+        seqs[i].logits_out = f->out_logits + (size_t)n_out * m->hp.n_vocab;
+        n_out++;
+    }
+    if (n_out) head(m, f, &j, 0, n_out, f->out_logits);
     return 0;
 }

@@ -64,6 +64,7 @@ struct engine_model {
     void *cuda;               /* engine_cuda_model (cuda/cuda_backend.h) when on the GPU */
     int n_sessions;           /* live sessions (model_free asserts none) */
     engine_kv_cache *kvc;     /* shared paged KV + prefix cache (engine/kv), or NULL; pool_mu */
+    struct engine_q35_model *q35; /* qwen35moe weights (arch_qwen35moe.c), else NULL */
 };
 
 /* Forward state of one session: the architecture's buffers (arch_qwen3moe.c). */
@@ -79,6 +80,7 @@ struct engine_session {
     float *logits;            /* [n_vocab] after the last token */
     bool logits_valid;
     engine_fwd *fwd;          /* CPU forward state (NULL on the GPU) */
+    struct engine_q35_fwd *q35; /* qwen35moe forward state instead of fwd (arch_qwen35moe.c) */
     void *cuda;               /* engine_cuda_session when the model is on the GPU */
     /* paged KV on m->kvc (engine/kv/kv_session.c) when kv_paged */
     bool kv_paged;
@@ -95,9 +97,72 @@ struct engine_session {
 int engine_fwd_new(engine_session *s);
 void engine_fwd_free(engine_fwd *f);
 int engine_fwd_run(engine_session *s, const int32_t *tokens, int32_t n, float *logits_all);
+/* Batched passes (the scheduler, engine/sched): one pass over the tokens of several sequences,
+ * each with its own positions and KV (a block table on the paged pool). Norms, matmuls and the
+ * MoE run over all the tokens together (each expert's rows are read once per pass); attention
+ * runs per sequence. A token's results do not depend on the other tokens of the pass. */
+typedef struct {
+    const int32_t *tokens;          /* n tokens at positions p0 .. p0+n-1 */
+    int32_t n, p0;
+    const engine_kv_view *views;    /* [n_layer]: positions < p0 + n must be writable */
+    bool logits;                    /* wants the logits after its last token */
+    const float *logits_out;        /* set by the pass: n_vocab floats in the pass's buffer,
+                                     * valid until the next pass (NULL when not wanted) */
+} engine_fwd_seq;
+
+/* State for passes of up to n_tokens tokens over up to max_seqs (>= 1) sequences of at most
+ * n_ctx positions: every buffer a pass needs, allocated here. ENGINE_EUNSUPPORTED for an
+ * architecture without a batched pass, ENGINE_EINVAL, ENGINE_ENOMEM. Free with
+ * engine_fwd_free. */
+int engine_fwd_batch_new(engine_fwd **out, const engine_model *m, int32_t n_ctx,
+                         int32_t n_tokens, int32_t max_seqs);
+/* Run one pass (the caller holds the model's pool lock and has reserved the KV positions). */
+int engine_fwd_run_batch(const engine_model *m, engine_fwd *f, engine_fwd_seq *seqs,
+                         int32_t n_seqs);
 /* Bytes engine_fwd_new will allocate for a session of n_ctx positions and batch n_batch. */
 size_t engine_fwd_bytes(const engine_model *m, int32_t n_ctx, int32_t n_batch,
                         engine_kv_type kv);
+
+/* Generated text as engine_generate streams it (sample/generate.c), shared with the scheduler:
+ * token -> streaming detokenizer (complete UTF-8) -> held back while it may begin a stop
+ * string -> callback. p is borrowed for the stream's life. */
+typedef struct {
+    const engine_model *m;
+    const engine_gen_params *p;
+    engine_token_fn cb;
+    void *user;
+    engine_detok *dt;
+    char *pending;            /* text not yet emitted (a possible stop-string beginning) */
+    size_t n_pending, cap_pending;
+} engine_gen_text;
+
+/* The checks engine_generate applies to its params (version, prompt, stops): ENGINE_EINVAL. */
+int engine_gen_check_params(const engine_gen_params *p);
+int engine_gen_text_init(engine_gen_text *g, const engine_model *m, const engine_gen_params *p,
+                         engine_token_fn cb, void *user);
+void engine_gen_text_deinit(engine_gen_text *g);
+/* A sampled (and accepted) token: *stop = EOG/TOKEN (not emitted), STRING (the text before it
+ * emitted), CANCELED (the callback returned non-zero; returns ENGINE_ECANCELED) or NONE (go
+ * on). Other errors: ENGINE_ENOMEM, those of the detokenizer. */
+int engine_gen_text_token(engine_gen_text *g, int32_t tok, engine_stop_reason *stop);
+/* End of the stream with *stop decided: release the held-back tail (token -1), unless a stop
+ * string ended it. The callback may still cancel (*stop = CANCELED, ENGINE_ECANCELED). */
+int engine_gen_text_finish(engine_gen_text *g, engine_stop_reason *stop);
+
+/* qwen35moe (arch_qwen35moe.c), used instead of engine_fwd_* for that architecture: load the
+ * weights into m->q35 (after engine_arch_validate), free them; a session's state in s->q35
+ * (KV of the attention blocks, conv and recurrent state of the Gated DeltaNet blocks) and its
+ * forward pass (same contract as engine_fwd_run). Truncation: to n_tokens is a no-op, to 0
+ * resets the recurrent state, anything else is ENGINE_EUNSUPPORTED (no state snapshots yet). */
+typedef struct engine_q35_model engine_q35_model;
+typedef struct engine_q35_fwd engine_q35_fwd;
+int engine_q35_load(engine_model *m);
+void engine_q35_model_free(engine_q35_model *qm);
+int engine_q35_fwd_new(engine_session *s);
+void engine_q35_fwd_free(engine_q35_fwd *f);
+int engine_q35_fwd_run(engine_session *s, const int32_t *tokens, int32_t n, float *logits_all);
+void engine_q35_fwd_reset(engine_q35_fwd *f);
+int engine_q35_fwd_truncate(engine_q35_fwd *f, int32_t n_tokens, int32_t n);
 
 /* Monotonic clock in milliseconds. */
 double engine_time_ms(void);

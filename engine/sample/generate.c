@@ -9,15 +9,6 @@
 
 #include <string.h>
 
-typedef struct {
-    engine_session *s;
-    const engine_gen_params *p;
-    engine_token_fn cb;
-    void *user;
-    char *pending;
-    size_t n_pending, cap_pending, max_stop;
-} gen_state;
-
 /* Length of the longest suffix of buf[0..n) that is a proper prefix of a stop string. */
 static size_t stop_prefix_tail(const engine_gen_params *p, const char *buf, size_t n) {
     size_t best = 0;
@@ -34,11 +25,57 @@ static size_t stop_prefix_tail(const engine_gen_params *p, const char *buf, size
     return best;
 }
 
+int engine_gen_check_params(const engine_gen_params *p) {
+    if (!p || p->version != ENGINE_GEN_PARAMS_VERSION)
+        return engine_err(ENGINE_EINVAL, "generate: params missing or of another version");
+    if (!p->prompt || p->n_prompt == 0)
+        return engine_err(ENGINE_EINVAL, "generate: the prompt is empty (at least one token)");
+    for (size_t i = 0; i < p->n_stop_strings; i++)
+        if (!p->stop_strings[i] || !p->stop_strings[i][0])
+            return engine_err(ENGINE_EINVAL, "generate: stop string %zu is empty", i);
+    if (p->n_stop_tokens && !p->stop_tokens)
+        return engine_err(ENGINE_EINVAL, "generate: %zu stop tokens but no array",
+                          p->n_stop_tokens);
+    if (p->n_stop_strings && !p->stop_strings)
+        return engine_err(ENGINE_EINVAL, "generate: %zu stop strings but no array",
+                          p->n_stop_strings);
+    return 0;
+}
+
+int engine_gen_text_init(engine_gen_text *g, const engine_model *m, const engine_gen_params *p,
+                         engine_token_fn cb, void *user) {
+    memset(g, 0, sizeof *g);
+    g->m = m;
+    g->p = p;
+    g->cb = cb;
+    g->user = user;
+    int rc = engine_detok_new(&g->dt, m->tok, true);
+    if (rc) return rc;
+    size_t max_stop = 0;
+    for (size_t i = 0; i < p->n_stop_strings; i++)
+        max_stop = ENGINE_MAX(max_stop, strlen(p->stop_strings[i]));
+    if (max_stop) {
+        g->cap_pending = 2 * max_stop + 64;
+        if (!(g->pending = malloc(g->cap_pending))) {
+            engine_gen_text_deinit(g);
+            return engine_err(ENGINE_ENOMEM, "out of memory for stop strings");
+        }
+    }
+    return 0;
+}
+
+void engine_gen_text_deinit(engine_gen_text *g) {
+    engine_detok_free(g->dt);
+    free(g->pending);
+    g->dt = NULL;
+    g->pending = NULL;
+}
+
 /* Add text to pending and hand what is safe to the callback. *stopped is set when a stop
  * string appeared (the text before it is emitted, the rest dropped); *cancel when the callback
  * asked to stop. Returns 0 or ENGINE_ENOMEM. */
-static int push_text(gen_state *g, const char *text, size_t len, int32_t token, bool *stopped,
-                     bool *cancel) {
+static int push_text(engine_gen_text *g, const char *text, size_t len, int32_t token,
+                     bool *stopped, bool *cancel) {
     const engine_gen_params *p = g->p;
     if (p->n_stop_strings == 0) {
         if (g->cb && g->cb(g->user, text, len, token) != 0) *cancel = true;
@@ -82,18 +119,56 @@ static bool is_stop_token(const engine_gen_params *p, int32_t t) {
     return false;
 }
 
+int engine_gen_text_token(engine_gen_text *g, int32_t tok, engine_stop_reason *stop) {
+    const engine_gen_params *p = g->p;
+    *stop = ENGINE_STOP_NONE;
+    bool eog = !p->ignore_eog && engine_model_token_is_eog(g->m, tok);
+    if (eog || is_stop_token(p, tok)) {
+        *stop = eog ? ENGINE_STOP_EOG : ENGINE_STOP_TOKEN;
+        return 0;
+    }
+    const char *text;
+    size_t len;
+    int rc = engine_detok_feed(g->dt, tok, &text, &len);
+    if (rc) return rc;
+    bool stopped = false, cancel = false;
+    if ((rc = push_text(g, text, len, tok, &stopped, &cancel))) return rc;
+    if (cancel) {
+        *stop = ENGINE_STOP_CANCELED;
+        return engine_err(ENGINE_ECANCELED, "generation cancelled by the caller");
+    }
+    if (stopped) *stop = ENGINE_STOP_STRING;
+    return 0;
+}
+
+int engine_gen_text_finish(engine_gen_text *g, engine_stop_reason *stop) {
+    if (*stop == ENGINE_STOP_STRING) return 0;
+    const char *text;
+    size_t len;
+    engine_detok_flush(g->dt, &text, &len);
+    bool stopped = false, cancel = false;
+    int rc;
+    if (len && (rc = push_text(g, text, len, -1, &stopped, &cancel))) return rc;
+    if (cancel) {
+        *stop = ENGINE_STOP_CANCELED;
+        return engine_err(ENGINE_ECANCELED, "generation cancelled by the caller");
+    }
+    if (stopped) *stop = ENGINE_STOP_STRING;
+    if (g->n_pending && g->cb && g->cb(g->user, g->pending, g->n_pending, -1) != 0) {
+        *stop = ENGINE_STOP_CANCELED;
+        return engine_err(ENGINE_ECANCELED, "generation cancelled by the caller");
+    }
+    g->n_pending = 0;
+    return 0;
+}
+
 int engine_generate(engine_session *s, const engine_gen_params *p, engine_token_fn cb,
                     void *user, engine_gen_stats *stats) {
     engine_gen_stats st;
     memset(&st, 0, sizeof st);
     if (stats) *stats = st;
-    if (!p || p->version != ENGINE_GEN_PARAMS_VERSION)
-        return engine_err(ENGINE_EINVAL, "generate: params missing or of another version");
-    if (!p->prompt || p->n_prompt == 0)
-        return engine_err(ENGINE_EINVAL, "generate: the prompt is empty (at least one token)");
-    for (size_t i = 0; i < p->n_stop_strings; i++)
-        if (!p->stop_strings[i] || !p->stop_strings[i][0])
-            return engine_err(ENGINE_EINVAL, "generate: stop string %zu is empty", i);
+    int rc = engine_gen_check_params(p);
+    if (rc) return rc;
     if (p->n_prompt > (size_t)s->n_ctx)
         return engine_err(ENGINE_ERANGE, "the prompt has %zu tokens but the context holds %d",
                           p->n_prompt, s->n_ctx);
@@ -101,20 +176,12 @@ int engine_generate(engine_session *s, const engine_gen_params *p, engine_token_
     st.prompt_tokens = (int32_t)p->n_prompt;
 
     engine_sampler *smp = NULL;
-    engine_detok *dt = NULL;
-    gen_state g = {s, p, cb, user, NULL, 0, 0, 0};
-    int rc = engine_sampler_new(&smp, &p->sampling, engine_model_n_vocab(m));
+    engine_gen_text g;
+    bool have_text = false;
+    rc = engine_sampler_new(&smp, &p->sampling, engine_model_n_vocab(m));
     if (rc) goto done;
-    if ((rc = engine_detok_new(&dt, m->tok, true))) goto done;
-    for (size_t i = 0; i < p->n_stop_strings; i++)
-        g.max_stop = ENGINE_MAX(g.max_stop, strlen(p->stop_strings[i]));
-    if (g.max_stop) {
-        g.cap_pending = 2 * g.max_stop + 64;
-        if (!(g.pending = malloc(g.cap_pending))) {
-            rc = engine_err(ENGINE_ENOMEM, "out of memory for stop strings");
-            goto done;
-        }
-    }
+    if ((rc = engine_gen_text_init(&g, m, p, cb, user))) goto done;
+    have_text = true;
 
     /* prefix reuse: keep what the session already holds of this prompt, but recompute at least
      * the last prompt token so that its logits are fresh */
@@ -141,39 +208,18 @@ int engine_generate(engine_session *s, const engine_gen_params *p, engine_token_
         double ts = engine_time_ms();
         int32_t tok;
         rc = engine_sampler_sample(smp, engine_session_logits(s), &tok);
+        if (rc == 0) {
+            st.generated_tokens++;
+            rc = engine_sampler_accept(smp, tok, true);
+        }
         if (rc) {
             if (rc == ENGINE_ECANCELED) st.stop = ENGINE_STOP_CANCELED;
             st.sample_ms += engine_time_ms() - ts;
             goto done;
         }
-        st.generated_tokens++;
-        if ((rc = engine_sampler_accept(smp, tok, true))) {
-            if (rc == ENGINE_ECANCELED) st.stop = ENGINE_STOP_CANCELED;
-            st.sample_ms += engine_time_ms() - ts;
-            goto done;
-        }
-        bool eog = !p->ignore_eog && engine_model_token_is_eog(m, tok);
-        if (eog || is_stop_token(p, tok)) {
-            st.stop = eog ? ENGINE_STOP_EOG : ENGINE_STOP_TOKEN;
-            st.sample_ms += engine_time_ms() - ts;
-            break;
-        }
-        const char *text;
-        size_t len;
-        if ((rc = engine_detok_feed(dt, tok, &text, &len))) goto done;
-        bool stopped = false, cancel = false;
-        rc = push_text(&g, text, len, tok, &stopped, &cancel);
+        rc = engine_gen_text_token(&g, tok, &st.stop);
         st.sample_ms += engine_time_ms() - ts;
-        if (rc) goto done;
-        if (cancel) {
-            st.stop = ENGINE_STOP_CANCELED;
-            rc = engine_err(ENGINE_ECANCELED, "generation cancelled by the caller");
-            goto done;
-        }
-        if (stopped) {
-            st.stop = ENGINE_STOP_STRING;
-            break;
-        }
+        if (rc || st.stop != ENGINE_STOP_NONE) break;
         if (s->n_tokens >= s->n_ctx) {
             st.stop = ENGINE_STOP_CONTEXT;
             break;
@@ -185,27 +231,10 @@ int engine_generate(engine_session *s, const engine_gen_params *p, engine_token_
         st.decode_tokens++;
     }
     /* end of stream: flush a held-back incomplete character and any stop-string prefix */
-    if (st.stop != ENGINE_STOP_STRING) {
-        const char *text;
-        size_t len;
-        engine_detok_flush(dt, &text, &len);
-        bool stopped = false, cancel = false;
-        if (len && (rc = push_text(&g, text, len, -1, &stopped, &cancel))) goto done;
-        if (cancel) {
-            st.stop = ENGINE_STOP_CANCELED;
-            rc = engine_err(ENGINE_ECANCELED, "generation cancelled by the caller");
-            goto done;
-        }
-        if (stopped) st.stop = ENGINE_STOP_STRING;
-        if (g.n_pending && cb && cb(user, g.pending, g.n_pending, -1) != 0) {
-            st.stop = ENGINE_STOP_CANCELED;
-            rc = engine_err(ENGINE_ECANCELED, "generation cancelled by the caller");
-        }
-    }
+    if (rc == 0) rc = engine_gen_text_finish(&g, &st.stop);
 done:
     if (stats) *stats = st;
     engine_sampler_free(smp);
-    engine_detok_free(dt);
-    free(g.pending);
+    if (have_text) engine_gen_text_deinit(&g);
     return rc;
 }
