@@ -16,9 +16,27 @@ const wss = new WebSocketServer({
         ? 'spark-agent.jsonrpc.v1' : false),
 });
 
+// Apply an LSP content change (UTF-16 positions: JavaScript string indices) to `text`.
+function applyChange(text, c) {
+    if (!c.range) return c.text;
+    const starts = [0];
+    for (let i = 0; i < text.length; i++) if (text[i] === '\n') starts.push(i + 1);
+    const off = (p) => {
+        if (p.line >= starts.length) throw new Error('range past the end');
+        const end = p.line + 1 < starts.length ? starts[p.line + 1] - 1 : text.length;
+        return Math.min(starts[p.line] + p.character, end);
+    };
+    return text.slice(0, off(c.range.start)) + c.text + text.slice(off(c.range.end));
+}
+
+// The fake model: a suggestion derived from the cursor's line, so tests can predict nothing
+// about it but its presence (as with the real tiny model's random weights).
+let completionDelayMs = 0;
+
 wss.on('connection', (ws) => {
     const waiting = new Map(); // server request id -> resolve
     const slow = new Map(); // request id -> respond-on-cancel
+    const docs = new Map(); // uri -> { version, text }
     const send = (m) => ws.send(JSON.stringify(m));
     ws.on('message', (data) => {
         const m = JSON.parse(String(data));
@@ -45,6 +63,88 @@ wss.on('connection', (ws) => {
             ws.send(text.slice(20), { fin: true });
             send({ jsonrpc: '2.0', method: 'window/logMessage', params: { type: 3, message: 'hi' } });
             return reply({ done: true });
+        }
+        case 'textDocument/didOpen':
+            docs.set(m.params.textDocument.uri,
+                { version: m.params.textDocument.version, text: m.params.textDocument.text });
+            return undefined;
+        case 'textDocument/didChange': {
+            const d = docs.get(m.params.textDocument.uri);
+            try {
+                for (const c of m.params.contentChanges) d.text = applyChange(d.text, c);
+                d.version = m.params.textDocument.version;
+            } catch (e) {
+                docs.delete(m.params.textDocument.uri);
+                send({ jsonrpc: '2.0', method: 'window/logMessage',
+                    params: { type: 1, message: String(e.message) } });
+            }
+            return undefined;
+        }
+        case 'textDocument/didClose':
+            docs.delete(m.params.textDocument.uri);
+            return undefined;
+        case 'spark/documentText': {
+            const d = docs.get(m.params.textDocument.uri);
+            if (!d) return send({ jsonrpc: '2.0', id: m.id, error: { code: -32010, message: 'not open' } });
+            return reply({ version: d.version, text: d.text });
+        }
+        case 'fake/setDelay':
+            completionDelayMs = m.params.ms;
+            return reply(null);
+        case 'textDocument/inlineCompletion': {
+            const uri = m.params.textDocument?.uri;
+            if (uri && !m.params.prefix && !docs.has(uri)) {
+                return send({ jsonrpc: '2.0', id: m.id, error: { code: -32010, message: 'not open' } });
+            }
+            const answer = () => {
+                if (!slow.has(m.id)) return;
+                slow.delete(m.id);
+                reply({ items: [{ insertText: `_${m.params.position?.line ?? 0}x(1);\nnext();`,
+                    range: { start: m.params.position, end: m.params.position } }],
+                cached: false, stopReason: 'eos',
+                timings: { promptTokens: 10, cachedTokens: 0, generatedTokens: 4, ttftMs: 1,
+                    totalMs: 2, tokensPerSecond: 123 } });
+            };
+            slow.set(m.id, () => send({ jsonrpc: '2.0', id: m.id,
+                error: { code: -32800, message: 'request cancelled' } }));
+            setTimeout(answer, completionDelayMs);
+            return undefined;
+        }
+        case 'chat/completion': {
+            const last = m.params.messages[m.params.messages.length - 1].content;
+            const words = ['You', ' said: ', last];
+            words.forEach((w) => send({ jsonrpc: '2.0', method: 'chat/delta',
+                params: { id: m.id, content: w } }));
+            return reply({ message: { role: 'assistant', content: words.join('') },
+                finishReason: 'stop', usage: { promptTokens: 5, completionTokens: 3,
+                    cachedTokens: 0, tokensPerSecond: 99 },
+                turns: m.params.messages.length });
+        }
+        case 'agent/run': {
+            const ev = (event) => send({ jsonrpc: '2.0', method: 'agent/event',
+                params: { id: m.id, event } });
+            ev({ type: 'text', text: 'Editing.' });
+            waiting.set('s7', (ans) => {
+                const ok = ans.result && ans.result.approved === true;
+                ev({ type: 'tool_call', callId: 'c1', name: 'edit_file',
+                    arguments: '{"path":"a.txt"}', decision: ok ? 'allow' : 'deny' });
+                if (ok) {
+                    ev({ type: 'tool_result', callId: 'c1', name: 'edit_file', ok: true,
+                        content: '{"ok":true}' });
+                    ev({ type: 'diff', callId: 'c1', name: 'edit_file',
+                        diff: 'diff --git a/a.txt b/a.txt\n-old\n+new\n' });
+                } else {
+                    ev({ type: 'refused', callId: 'c1', name: 'edit_file', content: 'denied' });
+                }
+                ev({ type: 'stop', reason: 'answer', message: 'answered', steps: 2,
+                    tool_calls: 1, refused: ok ? 0 : 1, invalid: 0, tool_errors: 0, tokens: 9 });
+                reply({ stop: 'answer', message: 'answered', answer: ok ? 'Done.' : 'Not allowed.',
+                    steps: 2, toolCalls: 1, toolErrors: 0, refused: ok ? 0 : 1, invalid: 0,
+                    tokens: 9 });
+            });
+            return send({ jsonrpc: '2.0', id: 's7', method: 'agent/approval',
+                params: { runId: m.id, callId: 'c1', tool: 'edit_file',
+                    arguments: '{"path":"a.txt"}', kind: 'edit' } });
         }
         case 'big': return reply({ text: 'x'.repeat(m.params.n) });
         case 'ask': {
