@@ -73,7 +73,6 @@ bad:
     return false;
 }
 
-#ifdef SPARK_FULL_BUILD
 /* Read a whole file (NUL-terminated). NULL with errno on failure. */
 static char *read_file(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
@@ -108,6 +107,166 @@ fail:;
     return NULL;
 }
 
+/* ----- fill in the middle: complete FILE:LINE[:COL] ----- */
+
+/* "FILE:LINE" or "FILE:LINE:COL" (FILE may contain ':'). *col = 0 when not given. */
+static bool fim_parse_position(const char *arg, char *path, size_t cap, long *line, long *col) {
+    const char *c1 = strrchr(arg, ':');
+    if (!c1 || c1 == arg) return false;
+    const char *c2 = NULL;
+    for (const char *p = c1 - 1; p > arg; p--)
+        if (*p == ':') {
+            c2 = p;
+            break;
+        }
+    char num[32];
+    long a, b;
+    snprintf(num, sizeof num, "%s", c1 + 1);
+    if (!cli_parse_long(num, 1, INT32_MAX, &b)) return false;
+    if (c2 && (size_t)(c1 - c2 - 1) < sizeof num) {
+        snprintf(num, sizeof num, "%.*s", (int)(c1 - c2 - 1), c2 + 1);
+        if (cli_parse_long(num, 1, INT32_MAX, &a) && c2 > arg) {
+            if ((size_t)(c2 - arg) >= cap) return false;
+            snprintf(path, cap, "%.*s", (int)(c2 - arg), arg);
+            *line = a;
+            *col = b;
+            return true;
+        }
+    }
+    if ((size_t)(c1 - arg) >= cap) return false;
+    snprintf(path, cap, "%.*s", (int)(c1 - arg), arg);
+    *line = b;
+    *col = 0;
+    return true;
+}
+
+/* The byte offset of (line, col) in text: line 1-based (one past the last line is the end of a
+ * file that ends with a newline), col 1-based in characters (0: the end of the line; the
+ * line's length + 1 is its end). Returns NULL or what is wrong. */
+static const char *fim_locate(const char *text, size_t len, long line, long col, size_t *cut,
+                              long *n_lines) {
+    size_t at = 0;
+    long ln = 1;
+    while (ln < line && at < len) {
+        const char *nl = memchr(text + at, '\n', len - at);
+        if (!nl) break;
+        at = (size_t)(nl - text) + 1;
+        ln++;
+    }
+    *n_lines = ln;
+    if (ln < line) {
+        /* count the file's lines for the message */
+        while (at < len) {
+            const char *nl = memchr(text + at, '\n', len - at);
+            if (!nl) break;
+            at = (size_t)(nl - text) + 1;
+            (*n_lines)++;
+        }
+        return "the file has fewer lines than that";
+    }
+    const char *nl = memchr(text + at, '\n', len - at);
+    size_t end = nl ? (size_t)(nl - text) : len;
+    if (col == 0) {
+        *cut = end;
+        return NULL;
+    }
+    long ch = 1;
+    size_t p = at;
+    while (ch < col && p < end) {
+        p++;
+        while (p < end && ((unsigned char)text[p] & 0xc0) == 0x80) p++;
+        ch++;
+    }
+    if (ch < col) return "the line is shorter than that column";
+    *cut = p;
+    return NULL;
+}
+
+/* The id of a special token spelled `text`, or -1 when the model has none. */
+static int32_t fim_special(const engine_model *m, const char *text) {
+    int32_t ids[4];
+    size_t n = 0;
+    if (engine_model_tokenize(m, text, strlen(text), true, ids, 4, &n) != 0 || n != 1 ||
+        !engine_model_token_is_special(m, ids[0]))
+        return -1;
+    return ids[0];
+}
+
+typedef struct {
+    int32_t *ids;
+    size_t n, n_prefix, n_suffix;
+    bool cut_prefix, cut_suffix;
+    int32_t stop[8];
+    size_t n_stop;
+} fim_prompt;
+
+/* Build <|fim_prefix|>PREFIX<|fim_suffix|>SUFFIX<|fim_middle|> for the cursor at `cut` of
+ * text, within `budget` tokens: the prefix keeps its end and the suffix its start (the prefix
+ * gets at least three quarters of a tight budget). The file's text is tokenized without
+ * special tokens, so a file that spells one cannot inject it. Returns an exit status. */
+static int fim_build(const char *cmd, const engine_model *m, const char *text, size_t len,
+                     size_t cut, size_t budget, fim_prompt *fp) {
+    static const char *const names[3] = {"<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"};
+    int32_t mark[3];
+    for (int i = 0; i < 3; i++)
+        if ((mark[i] = fim_special(m, names[i])) < 0) {
+            cli_errorf(cmd, "this model has no fill-in-the-middle tokens (%s is not a special "
+                       "token of its vocabulary)", names[i]);
+            return CLI_EXIT_FAIL;
+        }
+    static const char *const stops[] = {"<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>",
+                                        "<|fim_pad|>", "<|file_sep|>", "<|repo_name|>",
+                                        "<|endoftext|>", "<|im_end|>"};
+    for (size_t i = 0; i < sizeof stops / sizeof stops[0]; i++) {
+        int32_t id = fim_special(m, stops[i]);
+        if (id >= 0) fp->stop[fp->n_stop++] = id;
+    }
+    if (budget < 8) {
+        cli_errorf(cmd, "the context is too small for a fill-in-the-middle prompt (raise -c or "
+                   "lower -n)");
+        return CLI_EXIT_USAGE;
+    }
+    int32_t *pre = malloc((cut + 1) * sizeof *pre), *suf = malloc((len - cut + 1) * sizeof *suf);
+    fp->ids = malloc((len + 8) * sizeof *fp->ids);
+    size_t np = 0, ns = 0;
+    int ret = CLI_EXIT_FAIL;
+    if (!pre || !suf || !fp->ids) {
+        cli_errorf(cmd, "out of memory for the prompt");
+        goto done;
+    }
+    if ((cut && engine_model_tokenize(m, text, cut, false, pre, cut + 1, &np) != 0) ||
+        (len > cut &&
+         engine_model_tokenize(m, text + cut, len - cut, false, suf, len - cut + 1, &ns) != 0)) {
+        cli_errorf(cmd, "%s", engine_error_last());
+        goto done;
+    }
+    size_t room = budget - 3, keep_p = np, keep_s = ns;
+    if (np + ns > room) {
+        size_t min_p = room * 3 / 4;
+        keep_s = ns < room - (np < min_p ? np : min_p) ? ns : room - (np < min_p ? np : min_p);
+        keep_p = np < room - keep_s ? np : room - keep_s;
+    }
+    fp->cut_prefix = keep_p < np;
+    fp->cut_suffix = keep_s < ns;
+    size_t k = 0;
+    fp->ids[k++] = mark[0];
+    memcpy(fp->ids + k, pre + (np - keep_p), keep_p * sizeof *pre);
+    k += keep_p;
+    fp->ids[k++] = mark[1];
+    memcpy(fp->ids + k, suf, keep_s * sizeof *suf);
+    k += keep_s;
+    fp->ids[k++] = mark[2];
+    fp->n = k;
+    fp->n_prefix = keep_p;
+    fp->n_suffix = keep_s;
+    ret = CLI_EXIT_OK;
+done:
+    free(pre);
+    free(suf);
+    return ret;
+}
+
+#ifdef SPARK_FULL_BUILD
 /* A grammar matcher over the model's vocabulary, wired into the sampler's hooks. */
 typedef struct {
     grammar *g;
@@ -199,7 +358,14 @@ static void usage(FILE *f) {
             "  -c, --ctx-size N        context length (default: min(trained, 4096))\n"
             "  --device D              auto, cpu or cuda (default: config, else auto)\n"
             "  --grammar FILE          constrain the output with a GBNF grammar\n"
-            "  --json-schema FILE      constrain the output to JSON matching the schema\n");
+            "  --json-schema FILE      constrain the output to JSON matching the schema\n\n"
+            "       spark-agent complete [options] FILE:LINE[:COL] [--print-prompt]\n\n"
+            "Fill in the middle at a position of a file: the text before the cursor and after\n"
+            "it become the model's <|fim_prefix|>/<|fim_suffix|>/<|fim_middle|> prompt (Qwen\n"
+            "coder models; the file's text never becomes special tokens) and the generated\n"
+            "middle goes to stdout. LINE counts from 1; COL counts characters from 1 (default:\n"
+            "the end of the line). A file too long for the context keeps the text nearest to\n"
+            "the cursor. --print-prompt prints the prompt's token ids as JSON instead.\n");
 }
 
 bool cli_parse_long(const char *s, long lo, long hi, long *out) {
@@ -260,7 +426,7 @@ static const char *stop_name(engine_stop_reason r) {
 int cli_complete(int argc, char **argv) {
     enum {
         OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REP, OPT_GRAMMAR, OPT_SCHEMA,
-        OPT_DEVICE, OPT_IGNORE_EOS,
+        OPT_DEVICE, OPT_IGNORE_EOS, OPT_PRINT_PROMPT,
     };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},
@@ -278,6 +444,7 @@ int cli_complete(int argc, char **argv) {
         {"grammar", required_argument, 0, OPT_GRAMMAR},
         {"json-schema", required_argument, 0, OPT_SCHEMA},
         {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS},
+        {"print-prompt", no_argument, 0, OPT_PRINT_PROMPT},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -285,7 +452,7 @@ int cli_complete(int argc, char **argv) {
     const char *model_flag = NULL, *prompt = NULL, *gbnf_path = NULL, *schema_path = NULL;
     const char *device = NULL;
     long n_predict = 128, threads = -1, n_ctx = 0, v = 0;
-    bool have_seed = false;
+    bool have_seed = false, print_prompt = false;
     engine_gen_params gp = ENGINE_GEN_PARAMS_INIT;
     engine_sampling_params *sp = &gp.sampling;
     int c;
@@ -312,6 +479,7 @@ int cli_complete(int argc, char **argv) {
         case OPT_GRAMMAR: gbnf_path = optarg; break;
         case OPT_SCHEMA: schema_path = optarg; break;
         case OPT_IGNORE_EOS: gp.ignore_eog = true; break;
+        case OPT_PRINT_PROMPT: print_prompt = true; break;
         case 'h': usage(stdout); return CLI_EXIT_OK;
         case ':': cli_errorf(cmd, "option %s needs a value", argv[optind - 1]); return CLI_EXIT_USAGE;
         default:
@@ -324,8 +492,21 @@ int cli_complete(int argc, char **argv) {
             return CLI_EXIT_USAGE;
         }
     }
-    if (optind < argc) {
-        cli_errorf(cmd, "unexpected argument '%s' (the prompt goes in -p or stdin)", argv[optind]);
+    /* fill in the middle: one FILE:LINE[:COL] argument instead of a prompt */
+    const char *fim_arg = optind < argc ? argv[optind] : NULL;
+    char fim_path[4096];
+    long fim_line = 0, fim_col = 0;
+    if (optind + 1 < argc || (fim_arg && prompt)) {
+        cli_errorf(cmd, "unexpected argument '%s' (the prompt goes in -p or stdin; a position "
+                   "is one FILE:LINE[:COL])", argv[fim_arg && prompt ? optind : optind + 1]);
+        return CLI_EXIT_USAGE;
+    }
+    if (fim_arg && !fim_parse_position(fim_arg, fim_path, sizeof fim_path, &fim_line, &fim_col)) {
+        cli_errorf(cmd, "'%s' is not FILE:LINE or FILE:LINE:COL", fim_arg);
+        return CLI_EXIT_USAGE;
+    }
+    if (print_prompt && !fim_arg) {
+        cli_errorf(cmd, "--print-prompt goes with a FILE:LINE position");
         return CLI_EXIT_USAGE;
     }
     if (gbnf_path && schema_path) {
@@ -350,8 +531,22 @@ int cli_complete(int argc, char **argv) {
     gp.max_tokens = n_predict < 0 ? 0 : (int32_t)n_predict;
 
     char *in = NULL;
-    size_t plen;
-    if (prompt) {
+    size_t plen, fim_cut = 0;
+    if (fim_arg) {
+        if (!(in = read_file(fim_path, &plen))) {
+            cli_errorf(cmd, "cannot read %s: %s", fim_path, strerror(errno));
+            return CLI_EXIT_FAIL;
+        }
+        long n_lines = 0;
+        const char *why = fim_locate(in, plen, fim_line, fim_col, &fim_cut, &n_lines);
+        if (why) {
+            cli_errorf(cmd, "%s: no position %ld:%ld: %s (%ld lines)", fim_path, fim_line,
+                       fim_col, why, n_lines);
+            free(in);
+            return CLI_EXIT_USAGE;
+        }
+        prompt = in;
+    } else if (prompt) {
         plen = strlen(prompt);
     } else {
         if (!(in = cli_read_stdin(&plen))) {
@@ -368,12 +563,14 @@ int cli_complete(int argc, char **argv) {
 #ifdef SPARK_FULL_BUILD
     cli_grammar cg = {NULL, NULL, NULL, NULL};
 #endif
+    fim_prompt fp = {0};
     if (!cli_utf8_valid(prompt, plen, &bad)) {
-        cli_errorf(cmd, "the prompt is not valid UTF-8 (byte %zu)", bad);
+        if (fim_arg) cli_errorf(cmd, "%s is not valid UTF-8 text (byte %zu)", fim_path, bad);
+        else cli_errorf(cmd, "the prompt is not valid UTF-8 (byte %zu)", bad);
         ret = CLI_EXIT_USAGE;
         goto done;
     }
-    if (plen == 0) {
+    if (plen == 0 && !fim_arg) {
         cli_errorf(cmd, "the prompt is empty");
         ret = CLI_EXIT_USAGE;
         goto done;
@@ -401,11 +598,32 @@ int cli_complete(int argc, char **argv) {
         goto done;
     }
     size_t n_ids = 0, cap = plen + 16;
-    if (!(ids = malloc(cap * sizeof *ids))) {
+    if (fim_arg) {
+        size_t nctx = (size_t)engine_session_n_ctx(s);
+        size_t gen = gp.max_tokens > 0 ? (size_t)gp.max_tokens : nctx / 4;
+        int frc = fim_build(cmd, m, prompt, plen, fim_cut, nctx > gen ? nctx - gen : 0, &fp);
+        if (frc) {
+            ret = frc;
+            goto done;
+        }
+        if (print_prompt) {
+            printf("{\"prefix_tokens\":%zu,\"suffix_tokens\":%zu,\"prefix_cut\":%s,"
+                   "\"suffix_cut\":%s,\"ids\":[", fp.n_prefix, fp.n_suffix,
+                   fp.cut_prefix ? "true" : "false", fp.cut_suffix ? "true" : "false");
+            for (size_t i = 0; i < fp.n; i++) printf("%s%d", i ? "," : "", fp.ids[i]);
+            printf("]}\n");
+            ret = CLI_EXIT_OK;
+            goto done;
+        }
+        ids = fp.ids;
+        fp.ids = NULL;
+        n_ids = fp.n;
+        gp.stop_tokens = fp.stop;
+        gp.n_stop_tokens = fp.n_stop;
+    } else if (!(ids = malloc(cap * sizeof *ids))) {
         cli_errorf(cmd, "out of memory for the prompt");
         goto done;
-    }
-    if (engine_model_tokenize(m, prompt, plen, true, ids, cap, &n_ids) != 0) {
+    } else if (engine_model_tokenize(m, prompt, plen, true, ids, cap, &n_ids) != 0) {
         cli_errorf(cmd, "%s", engine_error_last());
         goto done;
     }
@@ -439,6 +657,7 @@ int cli_complete(int argc, char **argv) {
             stop_name(st.stop));
     ret = os.write_failed ? CLI_EXIT_FAIL : CLI_EXIT_OK;
 done:
+    free(fp.ids);
     free(ids);
     free(in);
     engine_session_free(s);
