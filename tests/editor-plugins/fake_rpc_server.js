@@ -37,6 +37,7 @@ wss.on('connection', (ws) => {
     const waiting = new Map(); // server request id -> resolve
     const slow = new Map(); // request id -> respond-on-cancel
     const docs = new Map(); // uri -> { version, text }
+    let initialized = false;
     const send = (m) => ws.send(JSON.stringify(m));
     ws.on('message', (data) => {
         const m = JSON.parse(String(data));
@@ -47,9 +48,16 @@ wss.on('connection', (ws) => {
         const reply = (result) => send({ jsonrpc: '2.0', id: m.id, result });
         switch (m.method) {
         case 'initialize':
+            if (initialized) {
+                return send({ jsonrpc: '2.0', id: m.id,
+                    error: { code: -32600, message: 'already initialized' } });
+            }
+            initialized = true;
             return reply({ protocolVersion: 1, model: { id: 'fake', fim: true },
                 params: m.params, protocol: ws.protocol });
         case 'initialized': return undefined;
+        case 'shutdown': return reply(null);
+        case 'exit': return ws.close(1000, '');
         case 'echo': return reply(m.params);
         case 'stream': {
             for (const piece of ['a', 'é', 'ü€']) {

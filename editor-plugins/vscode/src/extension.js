@@ -412,4 +412,9 @@ async function deactivate() {
     ext = null;
 }
 
-module.exports = { activate, deactivate };
+/** The running extension object (tests reach its connection and state through it). */
+function instance() {
+    return ext;
+}
+
+module.exports = { activate, deactivate, instance };
