@@ -422,7 +422,8 @@ typedef struct {
     const agent_policy *policy;  /* borrowed; NULL: read-only */
     const char *system_prompt;   /* NULL: a built-in one */
     int max_steps;               /* model turns per task; 0: 50 */
-    int64_t max_tokens;          /* generated tokens per task; 0: unlimited */
+    int64_t max_tokens;          /* generated tokens per task (a turn stops there too); 0:
+                                  * unlimited */
     int32_t max_turn_tokens;     /* per model turn; 0: 4096 */
     size_t tool_output_cap;      /* bytes of a tool result shown to the model; 0: 16 KiB */
     int repeat_limit;            /* 0: 3 */

@@ -276,7 +276,10 @@ int agent_run_task(agent *a, const char *task, agent_result *res) {
             res->stop = AGENT_STOP_TOKENS;
             break;
         }
-        agent_turn_opts to = {a->o.max_turn_tokens, a->o.cancel, a->o.on_text, a->o.user};
+        int32_t turn_max = a->o.max_turn_tokens;
+        if (a->o.max_tokens && a->o.max_tokens - res->tokens < turn_max)
+            turn_max = (int32_t)(a->o.max_tokens - res->tokens); /* the task's budget bounds it */
+        agent_turn_opts to = {turn_max, a->o.cancel, a->o.on_text, a->o.user};
         char *text = NULL;
         agent_turn_info info;
         int trc = a->b->turn(a->b, a->msgs, a->tools_json, &to, &text, &info);
@@ -320,7 +323,7 @@ int agent_run_task(agent *a, const char *task, agent_result *res) {
         for (size_t i = 0; i < r.n_calls; i++) n_valid += !r.calls[i].error;
         if (info.length && !n_valid) {
             snprintf(res->message, sizeof res->message, "the model's turn did not end within "
-                     "%d tokens", a->o.max_turn_tokens);
+                     "%d tokens", turn_max);
             res->stop = AGENT_STOP_TOKENS;
             agent_reply_clear(&r);
             break;

@@ -6,6 +6,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "engine.h"
+
 /* Exit statuses of the command-line contract (docs/cli.md). */
 enum {
     CLI_EXIT_OK = 0,
@@ -71,6 +73,11 @@ int cli_model_resolve(const char *cmd, const char *flag, const cli_config *cfg, 
                       size_t cap);
 bool cli_utf8_valid(const char *s, size_t n, size_t *bad_at);
 char *cli_read_stdin(size_t *len);
+/* Load a model (cli_load.c). On a terminal, for files of 256 MiB or more (SPARK_PROGRESS=
+ * always|never overrides), a progress bar on stderr while the file is read ahead, then the
+ * load time. Prints the error itself ("spark-agent CMD: ...") and returns the engine's code. */
+int cli_model_load(const char *cmd, engine_model **out, const char *path,
+                   const engine_model_params *params);
 /* Strict number parsing for options: the whole string, in [lo, hi] (u64: no sign). */
 bool cli_parse_long(const char *s, long lo, long hi, long *out);
 bool cli_parse_float(const char *s, double lo, double hi, float *out);

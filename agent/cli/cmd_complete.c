@@ -578,10 +578,7 @@ int cli_complete(int argc, char **argv) {
     engine_model_params mp = ENGINE_MODEL_PARAMS_INIT;
     mp.n_threads = threads > 0 ? (int)threads : cfg.threads;
     mp.device = (engine_device)engine_device_parse(device ? device : cfg.device);
-    if (engine_model_load(&m, path, &mp) != 0) {
-        cli_errorf(cmd, "%s", engine_error_last());
-        goto done;
-    }
+    if (cli_model_load(cmd, &m, path, &mp) != 0) goto done;
 #ifdef SPARK_FULL_BUILD
     if (gbnf_path || schema_path) {
         int grc = cli_grammar_setup(&cg, m, gbnf_path, schema_path, sp);

@@ -378,11 +378,7 @@ static int setup_rest(run_state *s, const run_args *a, const cli_config *cfg,
         engine_model_params mp = ENGINE_MODEL_PARAMS_INIT;
         mp.n_threads = cfg->threads;
         mp.device = (engine_device)engine_device_parse(cfg->device);
-        if (!a->json && s->u.tty) fprintf(stderr, "loading %s ...\n", path);
-        if (engine_model_load(&s->model, path, &mp)) {
-            cli_errorf(a->cmd, "%s", engine_error_last());
-            return CLI_EXIT_FAIL;
-        }
+        if (cli_model_load(a->cmd, &s->model, path, &mp)) return CLI_EXIT_FAIL;
         agent_engine_opts eo = AGENT_ENGINE_OPTS_INIT;
         eo.n_ctx = a->ctx;
         if (a->tools_mode && !strcmp(a->tools_mode, "required"))
@@ -528,13 +524,15 @@ int cli_run(int argc, char **argv) {
         return CLI_EXIT_USAGE;
     }
     run_state s;
+    /* Ctrl-C from here on: a first one during the model's load or a turn stops the task
+     * cleanly (transcript written, session resumable), a second one exits at once */
+    signal(SIGINT, on_sigint);
     /* on a terminal "ask" decisions are asked; otherwise they are refusals */
     int rc = setup(&s, &a, isatty(0) && !a.json);
     if (rc) {
         state_free(&s);
         return rc;
     }
-    signal(SIGINT, on_sigint);
     agent_result res;
     agent_run_task(s.agent, argv[first], &res);
     if (!a.json) {

@@ -41,21 +41,18 @@ out=$("$CLI" run --script "$T/edit.json" --approval read-only --max-steps 2 --js
 check "read-only run stops on the step budget (rc=$rc)" '[ $rc -eq 1 ]'
 check "refusal reported" 'echo "$out" | grep -q "\"type\":\"refused\",\"name\":\"edit_file\""'
 check "file untouched" '[ "$(cat a.txt)" = hello ]'
-# approvals on a terminal (a pseudo-terminal from script(1)): "ask" prompts; n refuses, y runs
-if command -v script > /dev/null 2>&1; then
-    printf 'n\n' > "$T/no"; printf 'y\n' > "$T/yes"
-    script -qec "'$CLI' run --script '$T/edit.json' --approval ask 'x'" /dev/null \
-        > "$T/pty.out" 2>&1 < "$T/no"
-    check "pty: asked about the edit" 'grep -q "allow edit_file" "$T/pty.out"'
-    check "pty: declined edit not applied" '[ "$(cat a.txt)" = hello ]'
-    check "pty: refusal reported" 'grep -q "the user declined" "$T/pty.out"'
-    script -qec "'$CLI' run --script '$T/edit.json' --approval ask 'x'" /dev/null \
-        > "$T/pty.out" 2>&1 < "$T/yes"
-    check "pty: accepted edit applied" '[ "$(cat a.txt)" = bye ]'
-    git checkout -q a.txt
-else
-    echo "note: script(1) missing: pty approval flow not run"
-fi
+# approvals on a terminal (tests/agent/pty_run): "ask" prompts; n refuses, y runs
+PTY=${SPARK_BINARY_DIR:?SPARK_BINARY_DIR not set}/tests/agent/pty_run
+"$PTY" -t 60 -o "$T/pty.out" 'wait:[y/N] ' 'send:n\r' -- \
+    "$CLI" run --script "$T/edit.json" --approval ask 'x'
+check "pty: asked about the edit" 'grep -q "allow edit_file" "$T/pty.out"'
+check "pty: declined edit not applied" '[ "$(cat a.txt)" = hello ]'
+check "pty: refusal reported" 'grep -q "the user declined" "$T/pty.out"'
+"$PTY" -t 60 -o "$T/pty.out" 'wait:[y/N] ' 'send:y\r' -- \
+    "$CLI" run --script "$T/edit.json" --approval ask 'x'
+rc=$?
+check "pty: accepted edit applied (rc=$rc)" '[ $rc -eq 0 ] && [ "$(cat a.txt)" = bye ]'
+git checkout -q a.txt
 # chat: a REPL on stdin (not a terminal: asks are refusals), slash commands
 printf '["first answer", "second answer"]\n' > "$T/two.json"
 out=$(printf 'hello\n/session\n/nope\nagain\n/exit\n' | "$CLI" chat --script "$T/two.json" 2>"$T/chat.err"); rc=$?
