@@ -6,8 +6,15 @@ const path = require('node:path');
 const modules = process.env.SPARK_NODE_MODULES || path.join(__dirname, '../node_modules');
 const { WebSocketServer } = require(path.join(modules, 'ws'));
 
+// `fake_rpc_server.js serve --host H --port P` (as `spark-agent serve` is called by the
+// plugins' start commands) listens there and runs until killed; without arguments it picks a
+// free port, prints it, and exits when its stdin closes.
+const argv = process.argv.slice(2);
+const serveMode = argv[0] === 'serve';
+const arg = (name, d) => (argv.includes(name) ? argv[argv.indexOf(name) + 1] : d);
+
 const wss = new WebSocketServer({
-    port: 0, host: '127.0.0.1', path: '/rpc',
+    port: Number(arg('--port', 0)), host: arg('--host', '127.0.0.1'), path: '/rpc',
     verifyClient: (info, done) => {
         if (info.req.headers.authorization !== 'Bearer secret') return done(false, 401);
         done(true);
@@ -185,5 +192,7 @@ wss.on('connection', (ws) => {
     ws.on('pong', () => send({ jsonrpc: '2.0', method: 'test/pong', params: {} }));
 });
 wss.on('listening', () => console.log(wss.address().port));
-process.stdin.on('end', () => process.exit(0));
-process.stdin.resume();
+if (!serveMode) {
+    process.stdin.on('end', () => process.exit(0));
+    process.stdin.resume();
+}

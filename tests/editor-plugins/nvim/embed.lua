@@ -62,8 +62,9 @@ function E.server(opts)
     local token = 'test-token-' .. port
     local home = vim.fn.tempname()
     vim.fn.mkdir(home, 'p')
-    local env = { SPARK_API_KEY = token, XDG_CONFIG_HOME = home, XDG_DATA_HOME = home,
-                  XDG_CACHE_HOME = home .. '/cache' }
+    -- a fresh config (token) and data directory; the model cache (XDG_CACHE_HOME) is shared, so
+    -- the default tiny model is generated once
+    local env = { SPARK_API_KEY = token, XDG_CONFIG_HOME = home, XDG_DATA_HOME = home }
     for k, v in pairs(opts.env or {}) do
       env[k] = v
     end

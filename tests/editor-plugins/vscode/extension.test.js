@@ -162,3 +162,39 @@ test('agent run from the webview: approval asked, granted, result shown', async 
     assert.ok(evs.includes('tool_call') && evs.includes('diff'), evs.join(','));
     if (server.real) assert.equal(fs.readFileSync(path.join(ws, 'hello.txt'), 'utf8'), 'goodbye\n');
 });
+
+test('start/stop server commands run the configured binary and connect to it', async (t) => {
+    if (skipped(t)) return;
+    const net = require('node:net');
+    const port = await new Promise((r) => {
+        const srv = net.createServer().listen(0, '127.0.0.1', () => {
+            const p = srv.address().port;
+            srv.close(() => r(p));
+        });
+    });
+    const old = E().client;
+    await api.commands.get('spark.stopServer')();
+    assert.equal(E().client, null);
+    assert.equal(old.closed, true);
+    const settings = api.vscode.workspace.getConfiguration('spark');
+    await settings.update('serverUrl', `ws://127.0.0.1:${port}/rpc`);
+    // the real binary when testing against it (its token from the environment it inherits)
+    const tok = server.real ? `start-test-${port}` : 'secret';
+    if (server.real) {
+        process.env.SPARK_API_KEY = tok;
+        process.env.XDG_CONFIG_HOME = fs.mkdtempSync(path.join(os.tmpdir(), 'spark-start-'));
+    }
+    await settings.update('token', tok);
+    await settings.update('serverPath', server.real ? process.env.SPARK_CLI
+        : path.join(__dirname, '../fake_serve.sh'));
+    await api.commands.get('spark.startServer')();
+    assert.ok(E().server, 'server process kept');
+    assert.ok(E().client && !E().client.closed, 'connected to the started server');
+    assert.match(E().status.text, server.real ? /\$\(sparkle\) \S/ : /\$\(sparkle\) fake/);
+    const child = E().server;
+    const exited = new Promise((r) => child.once('exit', r));
+    await api.commands.get('spark.stopServer')();
+    await exited;
+    assert.equal(E().server, null);
+    assert.match(E().status.text, /circle-slash/);
+});

@@ -34,8 +34,10 @@ async function start(opts = {}) {
         const port = await freePort();
         const home = fs.mkdtempSync(path.join(os.tmpdir(), 'spark-vscode-'));
         const token = `test-token-${port}`;
+        // a fresh config (token) and data directory; the model cache is shared (the default
+        // tiny model is generated once)
         const env = { ...process.env, SPARK_API_KEY: token, XDG_CONFIG_HOME: home,
-            XDG_DATA_HOME: home, XDG_CACHE_HOME: path.join(home, 'cache'), ...(opts.env ?? {}) };
+            XDG_DATA_HOME: home, ...(opts.env ?? {}) };
         const child = cp.spawn(cli, ['serve', '--host', '127.0.0.1', '--port', String(port),
             ...(opts.args ?? [])], { env, stdio: ['ignore', 'pipe', 'pipe'] });
         let log = '';
