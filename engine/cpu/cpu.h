@@ -10,6 +10,7 @@
 #ifndef SPARK_ENGINE_CPU_H
 #define SPARK_ENGINE_CPU_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -109,5 +110,30 @@ void engine_cpu_attention_head(float *out, const float *q, const engine_kv_view 
  * weights[k]. `probs` is scratch of n_expert floats. */
 void engine_cpu_moe_route(const float *logits, int n_expert, int k, int norm_topk,
                           int32_t *ids, float *weights, float *probs);
+
+/* ---------------------------------------------------------------------------------------------
+ * Gated DeltaNet (linear attention) ops (ops_ssm.c)
+ * ------------------------------------------------------------------------------------------- */
+#define ENGINE_CPU_MAX_CONV 16
+
+/* y = x * scale / sqrt(sum(x^2) + eps) over n values (the FLA library's l2norm; y may alias x). */
+void engine_cpu_l2norm(float *y, const float *x, int n, float eps, float scale);
+
+/* Causal depthwise convolution of one channel over n steps, in place: x[t * stride] becomes
+ * sum_i w[i] * in[t - (k-1) + i] (w[k-1] weighs the current input), SiLU'd when silu. `state`
+ * holds the k-1 inputs before step 0 (oldest first) and is advanced to the last k-1 inputs.
+ * 1 <= k <= ENGINE_CPU_MAX_CONV. */
+void engine_cpu_conv1d_causal(float *x, size_t stride, int n, const float *w, int k,
+                              float *state, bool silu);
+
+/* One step of the gated delta rule for one head, state s [dk][dv] (row i for key dim i):
+ *   s *= g;  s += k ((v - s^T k) * beta)^T;  o = s^T q
+ * q is expected already scaled (1/sqrt(dk)); tmp is scratch of dv floats. */
+void engine_cpu_delta_rule(float *s, int dk, int dv, const float *q, const float *k,
+                           const float *v, float g, float beta, float *o, float *tmp);
+
+/* y = rmsnorm(x) * w * silu(z) over n values (the gated RMSNorm of the DeltaNet output). */
+void engine_cpu_rmsnorm_gated(float *y, const float *x, const float *w, const float *z, int n,
+                              float eps);
 
 #endif

@@ -37,6 +37,7 @@ typedef struct {
     size_t row_bytes; /* GGUF bytes per row */
     uint8_t *dst;     /* GGUF data */
     float *st;        /* safetensors F32 data, or NULL */
+    const engine_hparams *q35; /* qwen35moe: rows go through engine_gen_q35_st_row */
 } gen_tensor;
 
 typedef struct {
@@ -97,7 +98,10 @@ static void gen_work(gen_ctx *c, bool reporter) {
                 memcpy(dst, buf, (size_t)ne0 * sizeof *buf);
             else
                 rc = engine_quantize_row(t->type, buf, dst, ne0);
-            if (!rc && t->st) {
+            if (!rc && t->st && t->q35) { /* HF layout differs: see gen_qwen35.c */
+                if (t->type != ENGINE_TYPE_F32) rc = engine_dequantize_row(t->type, dst, buf, ne0);
+                if (!rc) engine_gen_q35_st_row(t->q35, t->d, t->st, r, buf);
+            } else if (!rc && t->st) {
                 float *st = t->st + (size_t)r * (size_t)ne0;
                 if (t->type == ENGINE_TYPE_F32)
                     memcpy(st, buf, (size_t)ne0 * sizeof *buf);
@@ -250,10 +254,19 @@ static void fmt_float(char *buf, size_t cap, float v) {
 
 static int hf_config_write(const char *dir, const engine_hparams *hp,
                            const engine_tokenizer_spec *spec) {
-    char text[4096], eps[32], theta[32];
+    char text[8192], eps[32], theta[32];
     bool moe = engine_arch_is_moe(hp->arch);
     fmt_float(eps, sizeof eps, hp->rms_norm_eps);
     fmt_float(theta, sizeof theta, hp->rope_theta);
+    if (hp->arch == ENGINE_ARCH_QWEN35MOE) {
+        int qn = engine_gen_q35_config(hp, spec->bos_id, spec->eos_id, eps, theta, text,
+                                       sizeof text);
+        if (qn < 0) return qn;
+        char qpath[4096];
+        if ((size_t)snprintf(qpath, sizeof qpath, "%s/config.json", dir) >= sizeof qpath)
+            return engine_err(ENGINE_EINVAL, "%s: path too long", dir);
+        return write_file_atomic(qpath, text, (size_t)qn);
+    }
     int n = snprintf(
         text, sizeof text,
         "{\n"
@@ -545,7 +558,10 @@ int engine_model_gen(const engine_model_gen_params *p) {
         if ((rc = engine_st_writer_new(&sw)) ||
             (rc = engine_st_writer_set_meta(sw, "format", "pt")))
             goto done;
-        for (size_t i = 0; i < n_desc; i++) {
+        if (hp->arch == ENGINE_ARCH_QWEN35MOE &&
+            (rc = engine_gen_q35_st_add(hp, desc, n_desc, sw, st_first)))
+            goto done;
+        for (size_t i = 0; i < n_desc && hp->arch != ENGINE_ARCH_QWEN35MOE; i++) {
             const engine_tensor_desc *d = &desc[i];
             int64_t n_exp = d->n_dims == 3 ? d->ne[2] : 1;
             for (int64_t e = 0; e < n_exp; e++) {
@@ -575,6 +591,7 @@ int engine_model_gen(const engine_model_gen_params *p) {
         if (sout)
             gt[i].st = (float *)((uint8_t *)engine_st_out_data(sout) +
                                  engine_st_writer_offset(sw, st_first[i]));
+        if (sout && hp->arch == ENGINE_ARCH_QWEN35MOE) gt[i].q35 = hp;
         size_t row_out = gt[i].row_bytes + (sout ? (size_t)desc[i].ne[0] * sizeof(float) : 0);
         int64_t per = (int64_t)ENGINE_MAX((size_t)1, GEN_JOB_BYTES / row_out);
         n_jobs += (size_t)((gt[i].n_rows + per - 1) / per);

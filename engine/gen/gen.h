@@ -67,4 +67,17 @@ void engine_gen_fill(float *dst, int64_t n, uint64_t key, uint64_t first, float 
 bool engine_gen_embedded_tokenizer(const char **json, size_t *json_len, const char **config,
                                    size_t *config_len);
 
+/* qwen35moe's Hugging Face side (gen_qwen35.c; the mapping is described there). */
+struct engine_st_writer;
+/* Add the HF tensors of the n GGUF tensors desc[] to sw; st_index[i] receives the HF tensor
+ * that GGUF tensor i's rows go to (both expert halves share mlp.experts.gate_up_proj). */
+int engine_gen_q35_st_add(const engine_hparams *hp, const engine_tensor_desc *desc, size_t n,
+                          struct engine_st_writer *sw, int64_t *st_index);
+/* Store row r (ne[0] values as the GGUF holds them) of tensor d into its HF tensor at base. */
+void engine_gen_q35_st_row(const engine_hparams *hp, const engine_tensor_desc *d, float *base,
+                           int64_t r, const float *row);
+/* config.json of Qwen3_5MoeForCausalLM into buf; returns its length or a negative error. */
+int engine_gen_q35_config(const engine_hparams *hp, int32_t bos, int32_t eos, const char *eps,
+                          const char *theta, char *buf, size_t cap);
+
 #endif

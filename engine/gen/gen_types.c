@@ -38,6 +38,11 @@ static bool fits(engine_type t, int64_t ne0) {
 engine_type engine_gen_tensor_type(const engine_gen_ftype *ft, const engine_hparams *hp,
                                    const engine_tensor_desc *d) {
     if (d->is_norm || d->role == ENGINE_TENSOR_FFN_GATE_INP) return ENGINE_TYPE_F32;
+    /* qwen35moe: the small DeltaNet parameters and the shared-expert gate stay F32 as in
+     * converted files (llama.cpp keeps 1-D tensors and the conv kernel in F32) */
+    if (d->role == ENGINE_TENSOR_SSM_A || d->role == ENGINE_TENSOR_SSM_DT ||
+        d->role == ENGINE_TENSOR_SSM_CONV1D || d->role == ENGINE_TENSOR_FFN_GATE_INP_SHEXP)
+        return ENGINE_TYPE_F32;
     engine_type t = ft->base;
     bool head = d->role == ENGINE_TENSOR_OUTPUT ||
                 (d->role == ENGINE_TENSOR_TOKEN_EMBD && hp->tied_embeddings);
@@ -57,6 +62,16 @@ void engine_gen_tensor_scale(const engine_tensor_desc *d, float *center, float *
     if (d->is_norm) {
         *center = 1.0f;
         *half_width = 0.25f; /* a power of two: 1 + hw*s is exact up to one rounding */
+        return;
+    }
+    if (d->role == ENGINE_TENSOR_SSM_A) { /* -exp(A_log): a decay rate, must be negative */
+        *center = -1.0f;
+        *half_width = 0.5f;
+        return;
+    }
+    if (d->role == ENGINE_TENSOR_SSM_DT) { /* dt_bias */
+        *center = 1.0f;
+        *half_width = 0.5f;
         return;
     }
     *center = 0.0f;

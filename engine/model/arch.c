@@ -12,6 +12,7 @@
 static const char *const arch_names[ENGINE_ARCH_COUNT] = {
     [ENGINE_ARCH_QWEN3MOE] = "qwen3moe",
     [ENGINE_ARCH_QWEN3] = "qwen3",
+    [ENGINE_ARCH_QWEN35MOE] = "qwen35moe",
 };
 
 const char *engine_arch_name(engine_arch arch) {
@@ -26,7 +27,7 @@ int engine_arch_from_name(const char *name) {
 }
 
 bool engine_arch_is_moe(engine_arch arch) {
-    return arch == ENGINE_ARCH_QWEN3MOE;
+    return arch == ENGINE_ARCH_QWEN3MOE || arch == ENGINE_ARCH_QWEN35MOE;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -54,6 +55,10 @@ int engine_hparams_check(const engine_hparams *hp) {
         {"feed_forward_length", hp->n_ff},
     };
     for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) {
+        /* converted Qwen3.5 files have no feed_forward_length (no dense FFN) */
+        if (hp->arch == ENGINE_ARCH_QWEN35MOE && dims[i].v == 0 && !strcmp(dims[i].name,
+                                                                           "feed_forward_length"))
+            continue;
         if (dims[i].v == 0 || dims[i].v > HP_MAX_DIM)
             return engine_err(ENGINE_EFORMAT, "%s.%s = %u is out of range (1..%u)", an,
                               dims[i].name, dims[i].v, HP_MAX_DIM);
@@ -93,6 +98,7 @@ int engine_hparams_check(const engine_hparams *hp) {
     } else if (hp->n_expert || hp->n_expert_used || hp->n_ff_exp) {
         return engine_err(ENGINE_EFORMAT, "%s is dense but has expert parameters", an);
     }
+    if (hp->arch == ENGINE_ARCH_QWEN35MOE) return engine_q35_hparams_check(hp);
     return 0;
 }
 
@@ -133,7 +139,8 @@ int engine_hparams_read(engine_hparams *out, const engine_gguf *g) {
     int arch = engine_arch_from_name(an);
     if (arch < 0)
         return engine_err(ENGINE_EUNSUPPORTED,
-                          "%s: unsupported architecture \"%s\" (supported: qwen3moe, qwen3)", path,
+                          "%s: unsupported architecture \"%s\" (supported: qwen3moe, qwen3, "
+                          "qwen35moe)", path,
                           an);
 
     engine_hparams hp;
@@ -142,7 +149,8 @@ int engine_hparams_read(engine_hparams *out, const engine_gguf *g) {
     if ((rc = get_u32_req(g, an, "block_count", &hp.n_layer)) ||
         (rc = get_u32_req(g, an, "context_length", &hp.n_ctx_train)) ||
         (rc = get_u32_req(g, an, "embedding_length", &hp.n_embd)) ||
-        (rc = get_u32_req(g, an, "feed_forward_length", &hp.n_ff)) ||
+        (rc = (hp.arch == ENGINE_ARCH_QWEN35MOE ? get_u32_opt : get_u32_req)(
+             g, an, "feed_forward_length", &hp.n_ff)) ||
         (rc = get_u32_req(g, an, "attention.head_count", &hp.n_head)) ||
         (rc = get_u32_req(g, an, "attention.head_count_kv", &hp.n_head_kv)))
         return rc;
@@ -194,6 +202,7 @@ int engine_hparams_read(engine_hparams *out, const engine_gguf *g) {
         hp.n_vocab = (uint32_t)t->ne[1];
     }
     hp.tied_embeddings = engine_gguf_find_tensor(g, "output.weight") == NULL;
+    if (hp.arch == ENGINE_ARCH_QWEN35MOE && (rc = engine_q35_hparams_read(&hp, g, an))) return rc;
 
     if ((rc = engine_hparams_check(&hp)))
         return engine_err(rc, "%s: %s", path, engine_error_last());
@@ -223,7 +232,7 @@ int engine_hparams_write(const engine_hparams *hp, engine_gguf_writer *w) {
     SET_U32("block_count", hp->n_layer);
     SET_U32("context_length", hp->n_ctx_train);
     SET_U32("embedding_length", hp->n_embd);
-    SET_U32("feed_forward_length", hp->n_ff);
+    if (hp->n_ff || hp->arch != ENGINE_ARCH_QWEN35MOE) SET_U32("feed_forward_length", hp->n_ff);
     SET_U32("attention.head_count", hp->n_head);
     SET_U32("attention.head_count_kv", hp->n_head_kv);
     SET_F32("rope.freq_base", hp->rope_theta);
@@ -244,6 +253,7 @@ int engine_hparams_write(const engine_hparams *hp, engine_gguf_writer *w) {
     }
 #undef SET_U32
 #undef SET_F32
+    if (hp->arch == ENGINE_ARCH_QWEN35MOE) return engine_q35_hparams_write(hp, w, an);
     return 0;
 }
 
@@ -269,6 +279,20 @@ static const char *const role_names[ENGINE_TENSOR_ROLE_COUNT] = {
     [ENGINE_TENSOR_FFN_GATE] = "ffn_gate",
     [ENGINE_TENSOR_FFN_UP] = "ffn_up",
     [ENGINE_TENSOR_FFN_DOWN] = "ffn_down",
+    [ENGINE_TENSOR_ATTN_POST_NORM] = "post_attention_norm",
+    [ENGINE_TENSOR_ATTN_QKV] = "attn_qkv",
+    [ENGINE_TENSOR_ATTN_GATE] = "attn_gate",
+    [ENGINE_TENSOR_SSM_CONV1D] = "ssm_conv1d",
+    [ENGINE_TENSOR_SSM_DT] = "ssm_dt",
+    [ENGINE_TENSOR_SSM_A] = "ssm_a",
+    [ENGINE_TENSOR_SSM_BETA] = "ssm_beta",
+    [ENGINE_TENSOR_SSM_ALPHA] = "ssm_alpha",
+    [ENGINE_TENSOR_SSM_NORM] = "ssm_norm",
+    [ENGINE_TENSOR_SSM_OUT] = "ssm_out",
+    [ENGINE_TENSOR_FFN_GATE_INP_SHEXP] = "ffn_gate_inp_shexp",
+    [ENGINE_TENSOR_FFN_GATE_SHEXP] = "ffn_gate_shexp",
+    [ENGINE_TENSOR_FFN_UP_SHEXP] = "ffn_up_shexp",
+    [ENGINE_TENSOR_FFN_DOWN_SHEXP] = "ffn_down_shexp",
 };
 
 const char *engine_tensor_role_name(engine_tensor_role role) {
@@ -284,8 +308,13 @@ static bool role_is_global(engine_tensor_role role) {
 int engine_tensor_name(char *buf, size_t cap, engine_tensor_role role, int layer) {
     if ((int)role < 0 || role >= ENGINE_TENSOR_ROLE_COUNT)
         return engine_err(ENGINE_EINVAL, "tensor role %d out of range", (int)role);
-    int n = role_is_global(role) ? snprintf(buf, cap, "%s.weight", role_names[role])
-                                 : snprintf(buf, cap, "blk.%d.%s.weight", layer, role_names[role]);
+    /* llama.cpp names dt_bias "ssm_dt.bias" and the decay "ssm_a" (a parameter, no suffix) */
+    const char *suffix = role == ENGINE_TENSOR_SSM_DT ? ".bias"
+                         : role == ENGINE_TENSOR_SSM_A ? ""
+                                                       : ".weight";
+    int n = role_is_global(role)
+                ? snprintf(buf, cap, "%s%s", role_names[role], suffix)
+                : snprintf(buf, cap, "blk.%d.%s%s", layer, role_names[role], suffix);
     if (n < 0 || (size_t)n >= cap)
         return engine_err(ENGINE_EINVAL, "tensor name does not fit in %zu bytes", cap);
     return 0;
@@ -305,7 +334,13 @@ static void desc_set(engine_tensor_desc *d, engine_tensor_role role, int layer, 
     d->ne[3] = 1;
     d->is_norm = role == ENGINE_TENSOR_OUTPUT_NORM || role == ENGINE_TENSOR_ATTN_NORM ||
                  role == ENGINE_TENSOR_ATTN_Q_NORM || role == ENGINE_TENSOR_ATTN_K_NORM ||
-                 role == ENGINE_TENSOR_FFN_NORM;
+                 role == ENGINE_TENSOR_FFN_NORM || role == ENGINE_TENSOR_ATTN_POST_NORM ||
+                 role == ENGINE_TENSOR_SSM_NORM;
+}
+
+void engine_tensor_desc_set(engine_tensor_desc *d, engine_tensor_role role, int layer,
+                            int n_dims, int64_t ne0, int64_t ne1, int64_t ne2) {
+    desc_set(d, role, layer, n_dims, ne0, ne1, ne2);
 }
 
 static size_t tensors_per_layer(const engine_hparams *hp) {
@@ -317,6 +352,7 @@ int engine_arch_tensors(const engine_hparams *hp, engine_tensor_desc **out, size
     *n_out = 0;
     int rc = engine_hparams_check(hp);
     if (rc) return rc;
+    if (hp->arch == ENGINE_ARCH_QWEN35MOE) return engine_q35_tensors(hp, out, n_out);
     size_t n = 1 + (size_t)hp->n_layer * tensors_per_layer(hp) + 1 + (hp->tied_embeddings ? 0 : 1);
     engine_tensor_desc *d = calloc(n, sizeof *d);
     if (!d) return engine_err(ENGINE_ENOMEM, "out of memory for %zu tensor descriptions", n);
@@ -358,6 +394,10 @@ int engine_arch_tensors(const engine_hparams *hp, engine_tensor_desc **out, size
 }
 
 void engine_arch_param_count(const engine_hparams *hp, uint64_t *total, uint64_t *active) {
+    if (hp->arch == ENGINE_ARCH_QWEN35MOE) {
+        engine_q35_param_count(hp, total, active);
+        return;
+    }
     const uint64_t E = hp->n_embd, V = hp->n_vocab;
     const uint64_t attn = E * hp->n_head * hp->head_dim_k + E * hp->n_head_kv * hp->head_dim_k +
                           E * hp->n_head_kv * hp->head_dim_v + (uint64_t)hp->n_head * hp->head_dim_v * E +
@@ -479,6 +519,27 @@ static const engine_arch_preset presets[] = {
       .n_expert_used = 8, .n_ff_exp = 768, .n_vocab = 151936, .n_ctx_train = 40960,
       .rope_theta = 1e6f, .rms_norm_eps = 1e-6f, .norm_topk_prob = true,
       .tied_embeddings = false}},
+    {"qwen35-tiny",
+     "qwen35moe hybrid, 8 layers (every 4th full attention), hidden 256, 4 q / 2 kv heads of 64 "
+     "(16 rotated), DeltaNet 2 k / 4 v heads of 64, 8 experts (2 active) of 256 + shared 256",
+     {.arch = ENGINE_ARCH_QWEN35MOE, .n_layer = 8, .n_embd = 256, .n_head = 4, .n_head_kv = 2,
+      .head_dim_k = 64, .head_dim_v = 64, .n_ff = 0, .n_expert = 8, .n_expert_used = 2,
+      .n_ff_exp = 256, .n_vocab = 151936, .n_ctx_train = 262144, .rope_theta = 1e7f,
+      .rms_norm_eps = 1e-6f, .norm_topk_prob = true, .tied_embeddings = false,
+      .n_ff_shexp = 256, .n_rot = 16, .rope_sections = {3, 3, 2, 0}, .full_attn_interval = 4,
+      .ssm_d_conv = 4, .ssm_d_state = 64, .ssm_n_group = 2, .ssm_dt_rank = 4,
+      .ssm_d_inner = 256}},
+    {"qwen35-35b-a3b",
+     "qwen35moe, the shape of Qwen3.5/3.6-35B-A3B: 40 layers (30 Gated DeltaNet, 10 gated "
+     "attention 16 q / 2 kv of 256), hidden 2048, 256 experts (8 active) of 512 + shared 512, "
+     "vocabulary 248320 (the Qwen3 tokenizer padded), no MTP block",
+     {.arch = ENGINE_ARCH_QWEN35MOE, .n_layer = 40, .n_embd = 2048, .n_head = 16,
+      .n_head_kv = 2, .head_dim_k = 256, .head_dim_v = 256, .n_ff = 0, .n_expert = 256,
+      .n_expert_used = 8, .n_ff_exp = 512, .n_vocab = 248320, .n_ctx_train = 262144,
+      .rope_theta = 1e7f, .rms_norm_eps = 1e-6f, .norm_topk_prob = true,
+      .tied_embeddings = false, .n_ff_shexp = 512, .n_rot = 64, .rope_sections = {11, 11, 10, 0},
+      .full_attn_interval = 4, .ssm_d_conv = 4, .ssm_d_state = 128, .ssm_n_group = 16,
+      .ssm_dt_rank = 32, .ssm_d_inner = 4096}},
 };
 
 size_t engine_arch_preset_count(void) {

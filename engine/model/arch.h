@@ -4,6 +4,9 @@
  * Private to engine/ (the loader, the forward pass, the random-model generator, `model info`).
  *
  * Supported architectures (GGUF `general.architecture`):
+ *   qwen35moe Qwen3.5/3.6-35B-A3B: Gated DeltaNet and gated full-attention blocks with MoE and
+ *             a shared expert; its keys, tensors and the HF mapping are documented in
+ *             arch_qwen35moe.c, which the functions below dispatch to.
  *   qwen3moe  Qwen3-MoE (Qwen3-30B-A3B, ...): GQA attention with per-head q/k RMSNorm, NeoX
  *             RoPE, and in every block a softmax router over n_expert SwiGLU experts of which
  *             n_expert_used run per token (weights renormalised when norm_topk_prob).
@@ -75,6 +78,7 @@ extern "C" {
 typedef enum {
     ENGINE_ARCH_QWEN3MOE = 0,
     ENGINE_ARCH_QWEN3 = 1,
+    ENGINE_ARCH_QWEN35MOE = 2, /* hybrid Gated DeltaNet + gated attention MoE (arch_qwen35moe.c) */
     ENGINE_ARCH_COUNT
 } engine_arch;
 
@@ -103,6 +107,17 @@ typedef struct {
     float rms_norm_eps;
     bool norm_topk_prob;    /* renormalise the top-k router weights to sum to 1 */
     bool tied_embeddings;   /* no output.weight: the head uses token_embd.weight */
+    /* qwen35moe only (0 elsewhere); GGUF keys and HF names in arch_qwen35moe.c */
+    uint32_t n_ff_shexp;    /* shared expert FFN size */
+    uint32_t n_rot;         /* rope.dimension_count: rotated dims per head (partial rotary) */
+    uint32_t rope_sections[4]; /* rope.dimension_sections (IMROPE; text positions: unused) */
+    uint32_t full_attn_interval; /* every n-th block is full attention, the rest Gated DeltaNet */
+    uint32_t n_nextn;       /* nextn_predict_layers: MTP blocks after the n_layer main blocks */
+    uint32_t ssm_d_conv;    /* ssm.conv_kernel */
+    uint32_t ssm_d_state;   /* ssm.state_size: linear-attention key head dim (= value head dim) */
+    uint32_t ssm_n_group;   /* ssm.group_count: linear-attention key heads */
+    uint32_t ssm_dt_rank;   /* ssm.time_step_rank: linear-attention value heads */
+    uint32_t ssm_d_inner;   /* ssm.inner_size: value heads x value head dim */
 } engine_hparams;
 
 /* Check the hyper-parameters for consistency (non-zero sizes, n_head % n_head_kv, expert
@@ -143,6 +158,21 @@ typedef enum {
     ENGINE_TENSOR_FFN_GATE,      /* dense */
     ENGINE_TENSOR_FFN_UP,
     ENGINE_TENSOR_FFN_DOWN,
+    /* qwen35moe (hybrid) */
+    ENGINE_TENSOR_ATTN_POST_NORM,     /* post_attention_norm: the norm before the FFN */
+    ENGINE_TENSOR_ATTN_QKV,           /* linear attention: q, k, v in one (conv input) */
+    ENGINE_TENSOR_ATTN_GATE,          /* linear attention: z, the output norm's gate */
+    ENGINE_TENSOR_SSM_CONV1D,         /* depthwise causal conv, {d_conv, conv channels} */
+    ENGINE_TENSOR_SSM_DT,             /* "ssm_dt.bias": dt_bias per value head */
+    ENGINE_TENSOR_SSM_A,              /* "ssm_a" (no suffix): -exp(A_log) per value head */
+    ENGINE_TENSOR_SSM_BETA,
+    ENGINE_TENSOR_SSM_ALPHA,
+    ENGINE_TENSOR_SSM_NORM,           /* gated RMSNorm over a value head */
+    ENGINE_TENSOR_SSM_OUT,
+    ENGINE_TENSOR_FFN_GATE_INP_SHEXP, /* the shared expert's sigmoid gate, {n_embd} */
+    ENGINE_TENSOR_FFN_GATE_SHEXP,
+    ENGINE_TENSOR_FFN_UP_SHEXP,
+    ENGINE_TENSOR_FFN_DOWN_SHEXP,
     ENGINE_TENSOR_ROLE_COUNT
 } engine_tensor_role;
 
@@ -195,6 +225,21 @@ size_t engine_arch_preset_count(void);
 const engine_arch_preset *engine_arch_preset_at(size_t i);
 /* The preset named `name`, or NULL. */
 const engine_arch_preset *engine_arch_preset_find(const char *name);
+
+/* The shape setter engine_arch_tensors uses (name from role and layer, is_norm from role). */
+void engine_tensor_desc_set(engine_tensor_desc *d, engine_tensor_role role, int layer,
+                            int n_dims, int64_t ne0, int64_t ne1, int64_t ne2);
+
+/* qwen35moe (arch_qwen35moe.c), called by the generic functions above for that architecture:
+ * the extra checks, the extra keys read into *hp (an: the architecture name; block_count
+ * minus nextn_predict_layers becomes n_layer) and written, the tensor list, parameter counts. */
+int engine_q35_hparams_check(const engine_hparams *hp);
+int engine_q35_hparams_read(engine_hparams *hp, const engine_gguf *g, const char *an);
+int engine_q35_hparams_write(const engine_hparams *hp, engine_gguf_writer *w, const char *an);
+int engine_q35_tensors(const engine_hparams *hp, engine_tensor_desc **out, size_t *n_out);
+void engine_q35_param_count(const engine_hparams *hp, uint64_t *total, uint64_t *active);
+/* True when layer l (< n_layer) is a full-attention block (else Gated DeltaNet). */
+bool engine_q35_layer_is_attn(const engine_hparams *hp, uint32_t l);
 
 #ifdef __cplusplus
 }

@@ -197,6 +197,7 @@ static int load_norm(engine_model *m, engine_tensor_role role, int layer, const 
 
 static int load_weights(engine_model *m) {
     const engine_hparams *hp = &m->hp;
+    if (hp->arch == ENGINE_ARCH_QWEN35MOE) return engine_q35_load(m);
     int rc;
     size_t cap = 4 * (size_t)hp->n_layer + 1;
     m->owned = calloc(cap, sizeof(float *));
@@ -337,7 +338,9 @@ int engine_model_load(engine_model **out, const char *path, const engine_model_p
     if (!p.vocab_only && p.device != ENGINE_DEVICE_CPU) {
         /* the GPU when asked for or usable; asking for it and not getting it is an error,
          * auto falls back to the CPU loudly */
-        int crc = engine_cuda_usable();
+        int crc = m->hp.arch == ENGINE_ARCH_QWEN35MOE
+                      ? engine_err(ENGINE_EUNSUPPORTED, "qwen35moe has no CUDA forward yet")
+                      : engine_cuda_usable();
         if (crc == 0) crc = engine_cuda_model_new((engine_cuda_model **)&m->cuda, m, 0);
         if (crc == 0) {
             m->info.device = ENGINE_DEVICE_CUDA;
@@ -352,7 +355,10 @@ int engine_model_load(engine_model **out, const char *path, const engine_model_p
     }
 #endif
     if (p.prefix_cache_bytes && !p.vocab_only) {
-        if (m->info.device == ENGINE_DEVICE_CPU) {
+        if (m->hp.arch == ENGINE_ARCH_QWEN35MOE) {
+            engine_log(ENGINE_LOG_WARN, "the prefix cache does not cover qwen35moe's recurrent "
+                                        "state yet: sessions compute their whole prompt");
+        } else if (m->info.device == ENGINE_DEVICE_CPU) {
             if ((rc = engine_kv_model_enable(m, p.prefix_cache_bytes, ENGINE_KV_F16))) goto fail;
         } else {
             engine_log(ENGINE_LOG_WARN, "the prefix cache is not available on the GPU yet: "
@@ -374,6 +380,7 @@ void engine_model_free(engine_model *m) {
 #endif
     engine_kv_cache_free(m->kvc);
     engine_pool_free(m->pool);
+    engine_q35_model_free(m->q35);
     for (size_t i = 0; i < m->n_owned; i++) free(m->owned[i]);
     free(m->owned);
     free(m->layers);
@@ -499,10 +506,10 @@ int engine_session_new(engine_session **out, engine_model *m, const engine_sessi
         rc = engine_cuda_session_new((engine_cuda_session **)&s->cuda, m->cuda, sp.n_ctx,
                                      sp.kv_type);
     else if ((rc = engine_kv_session_init(s)) == 0)
-        rc = engine_fwd_new(s);
+        rc = m->q35 ? engine_q35_fwd_new(s) : engine_fwd_new(s);
 #else
     int rc = engine_kv_session_init(s);
-    if (rc == 0) rc = engine_fwd_new(s);
+    if (rc == 0) rc = m->q35 ? engine_q35_fwd_new(s) : engine_fwd_new(s);
 #endif
     if (rc) {
         engine_kv_seq_deinit(m->kvc, &s->kvs);
@@ -525,6 +532,7 @@ void engine_session_free(engine_session *s) {
     engine_kv_session_deinit(s);
     pthread_mutex_unlock(&s->m->pool_mu);
     engine_fwd_free(s->fwd);
+    engine_q35_fwd_free(s->q35);
 #ifdef SPARK_HAVE_CUDA
     engine_cuda_session_free(s->cuda);
 #endif
@@ -553,6 +561,10 @@ int engine_session_truncate(engine_session *s, int32_t n) {
     if (n < 0 || n > s->n_tokens)
         return engine_err(ENGINE_EINVAL, "cannot truncate a session of %d tokens to %d",
                           s->n_tokens, n);
+    if (s->q35) {
+        int rc = engine_q35_fwd_truncate(s->q35, s->n_tokens, n);
+        if (rc) return rc;
+    }
     if (n < s->n_tokens) s->logits_valid = false;
     pthread_mutex_lock(&s->m->pool_mu);
     engine_kv_session_truncate(s, n);
@@ -610,8 +622,8 @@ int engine_session_append(engine_session *s, const int32_t *tokens, size_t n, fl
         int32_t chunk = (int32_t)ENGINE_MIN((size_t)s->n_batch, n - i);
         rc = engine_kv_session_reserve(s, s->n_tokens + chunk);
         if (rc == 0)
-            rc = engine_fwd_run(s, tokens + i, chunk,
-                                logits_all ? logits_all + i * (size_t)nv : NULL);
+            rc = (s->q35 ? engine_q35_fwd_run : engine_fwd_run)(
+                s, tokens + i, chunk, logits_all ? logits_all + i * (size_t)nv : NULL);
         if (rc == 0) {
             memcpy(s->tokens + s->n_tokens, tokens + i, sizeof(int32_t) * (size_t)chunk);
             s->n_tokens += chunk;

@@ -1,0 +1,1161 @@
+/* qwen35moe: Qwen3.5/3.6-35B-A3B, hybrid Gated DeltaNet / gated attention with MoE, on the CPU.
+ *
+ * Reference: HF transformers 5.17 `Qwen3_5MoeForCausalLM` (modeling_qwen3_5_moe.py); GGUF
+ * layout: llama.cpp's convert_hf_to_gguf.py (Qwen3_5MoeTextModel) and src/models/qwen35moe.cpp.
+ *
+ * Blocks: layer l is full attention when (l + 1) % full_attention_interval == 0 (HF
+ * `layer_types`, default interval 4), else Gated DeltaNet ("linear attention"). Every block:
+ *   h = x + mixer(rmsnorm(x) * attn_norm);  x = h + moe(rmsnorm(h) * post_attention_norm)
+ * RMSNorm is x / sqrt(mean(x^2) + eps) * (1 + w) in HF; the converter stores 1 + w, so GGUF
+ * norms multiply plainly (not ssm_norm: HF's gated norm uses w itself, stored as is).
+ *
+ * Full attention (16 q / 2 kv heads of 256 in the real model):
+ *   [q | gate] per head = Wq xn (2 * head_dim per head, q first); k = Wk xn; v = Wv xn
+ *   q, k: RMSNorm per head (q_norm, k_norm), then NeoX RoPE on the first n_rot dims of each
+ *   head (partial_rotary_factor 0.25: 64 of 256; theta 1e7). The checkpoint asks for interleaved
+ *   MRoPE (sections 11/11/10); for text all three position ids are the token's position, so it is
+ *   exactly 1-D RoPE (what this file does; image/video positions are not supported).
+ *   out = Wo (softmax(q K^T / sqrt(head_dim)) V * sigmoid(gate))
+ * Gated DeltaNet (value heads nv = 32, key heads nk = 16, head dims dk = dv = 128 real):
+ *   qkv = Wqkv xn (conv channels 2*nk*dk + nv*dv), z = Wz xn, b = Wbeta xn, a = Walpha xn
+ *   qkv = silu(causal depthwise conv1d(qkv)), kernel d_conv = 4, no bias; state: the last
+ *         d_conv - 1 inputs per channel
+ *   q, k = l2norm per key head (x * rsqrt(sum x^2 + 1e-6)); q *= 1/sqrt(dk)
+ *   beta = sigmoid(b); g = exp(A * softplus(a + dt_bias)) with A = -exp(A_log) (GGUF ssm_a)
+ *   per value head h (reading key head kh(h)), state S [dk][dv]:
+ *       S *= g;  delta = (v - S^T k) * beta;  S += k delta^T;  o = S^T q
+ *   o = rmsnorm(o) * ssm_norm * silu(z) per value head;  out = Wout o
+ * MoE: p = softmax(router xn), top-k renormalised; y = sum p_j expert_j(xn)
+ *      + sigmoid(w_shexp . xn) * shared_expert(xn)   (SwiGLU experts)
+ *
+ * Value-head order. HF groups value heads by key head (kh(h) = h / (nv/nk), torch's
+ * repeat_interleave); llama.cpp's converter reorders every value-head-indexed tensor to the tiled
+ * order (kh(h) = h % nk) so that ggml_repeat can broadcast. The arithmetic is per value head, so
+ * the forward only needs kh(): GGUF files are tiled (the generator writes them that way and
+ * reorders its safetensors output back to HF's grouped order).
+ *
+ * Names and shapes (GGUF ne order, i.e. {in, out} for a matrix; torch shape reversed):
+ *   HF (model.layers.N.)                 GGUF (blk.N.)                 GGUF shape
+ *   embed_tokens (model.)                token_embd.weight             {E, V}
+ *   norm (model.)                        output_norm.weight (+1)       {E}
+ *   lm_head                              output.weight                 {E, V}
+ *   input_layernorm                      attn_norm.weight (+1)         {E}
+ *   post_attention_layernorm             post_attention_norm (+1)      {E}
+ *   self_attn.q_proj                     attn_q.weight                 {E, 2 * nh * hd}
+ *   self_attn.k_proj / v_proj            attn_k / attn_v.weight        {E, nkv * hd}
+ *   self_attn.o_proj                     attn_output.weight            {nh * hd, E}
+ *   self_attn.q_norm / k_norm            attn_q_norm / attn_k_norm (+1) {hd}
+ *   linear_attn.in_proj_qkv              attn_qkv.weight (v rows tiled) {E, 2*nk*dk + nv*dv}
+ *   linear_attn.in_proj_z                attn_gate.weight (tiled)      {E, nv * dv}
+ *   linear_attn.in_proj_b / in_proj_a    ssm_beta / ssm_alpha (tiled)  {E, nv}
+ *   linear_attn.conv1d [C, 1, K]         ssm_conv1d.weight (v tiled)   {K, C}
+ *   linear_attn.dt_bias                  ssm_dt.bias (tiled)           {nv}
+ *   linear_attn.A_log                    ssm_a = -exp(A_log) (tiled)   {nv}
+ *   linear_attn.norm                     ssm_norm.weight (as is)       {dv}
+ *   linear_attn.out_proj                 ssm_out.weight (cols tiled)   {nv * dv, E}
+ *   mlp.gate                             ffn_gate_inp.weight           {E, X}
+ *   mlp.experts.gate_up_proj [X, 2F, E]  ffn_gate_exps / ffn_up_exps   {E, F, X} each (gate =
+ *                                        rows 0..F-1 of each expert, up = rows F..2F-1)
+ *   mlp.experts.down_proj [X, E, F]      ffn_down_exps.weight          {F, E, X}
+ *   mlp.shared_expert.gate/up_proj       ffn_gate_shexp / ffn_up_shexp {E, Fs}
+ *   mlp.shared_expert.down_proj          ffn_down_shexp.weight         {Fs, E}
+ *   mlp.shared_expert_gate [1, E]        ffn_gate_inp_shexp.weight     {E} (or {E, 1})
+ *   mtp.* (one MTP block)                blk.<n_layer>.* + nextn.*     not loaded (stage 1)
+ * Keys (qwen35moe.*): the common ones (arch.h; feed_forward_length absent), plus
+ *   expert_shared_feed_forward_length Fs, ssm.conv_kernel K, ssm.state_size dk, ssm.group_count
+ *   nk, ssm.time_step_rank nv, ssm.inner_size nv*dv, full_attention_interval (default 4),
+ *   rope.dimension_count n_rot, rope.dimension_sections [4] (IMROPE), nextn_predict_layers
+ *   (optional: recent converters append the MTP block as blk.<n_layer>, block_count counts it).
+ *
+ * Sessions: KV for the full-attention blocks in a private contiguous cache; per Gated DeltaNet
+ * block a conv state [C][K-1] and a recurrent state [nv][dk][dv] (F32). Prefill runs the
+ * recurrent form token by token inside each block (the matmuls are batched over the chunk);
+ * the chunked parallel form is a later optimisation. The state covers exactly the session's
+ * tokens, so a truncation can only go back to 0 until state snapshots exist (the prefix cache
+ * stage): engine_q35_fwd_truncate says ENGINE_EUNSUPPORTED otherwise. Nothing allocates after
+ * engine_q35_fwd_new. */
+#include "model/model_int.h"
+
+#include <math.h>
+#include <string.h>
+
+#define Q35_ROW_BLOCK 16
+#define Q35_EXP_CHUNK 32
+#define Q35_MAX_CONV ENGINE_CPU_MAX_CONV
+
+/* ---------------------------------------------------------------------------------------------
+ * Hyper-parameters and tensors
+ * ------------------------------------------------------------------------------------------- */
+bool engine_q35_layer_is_attn(const engine_hparams *hp, uint32_t l) {
+    return hp->full_attn_interval > 0 && (l + 1) % hp->full_attn_interval == 0;
+}
+
+int engine_q35_hparams_check(const engine_hparams *hp) {
+    const char *an = "qwen35moe";
+    const uint32_t big = 1u << 20;
+    if (hp->n_ff_shexp == 0 || hp->n_ff_shexp > big)
+        return engine_err(ENGINE_EFORMAT, "%s.expert_shared_feed_forward_length = %u is out of "
+                          "range (1..%u)", an, hp->n_ff_shexp, big);
+    if (hp->head_dim_k != hp->head_dim_v)
+        return engine_err(ENGINE_EFORMAT, "%s: key_length %u != value_length %u", an,
+                          hp->head_dim_k, hp->head_dim_v);
+    if (hp->n_rot == 0 || hp->n_rot % 2 || hp->n_rot > hp->head_dim_k)
+        return engine_err(ENGINE_EFORMAT, "%s.rope.dimension_count = %u must be even and in "
+                          "(0, key_length = %u]", an, hp->n_rot, hp->head_dim_k);
+    if (hp->full_attn_interval == 0 || hp->full_attn_interval > hp->n_layer)
+        return engine_err(ENGINE_EFORMAT, "%s.full_attention_interval = %u is out of range "
+                          "(1..block_count = %u)", an, hp->full_attn_interval, hp->n_layer);
+    if (hp->ssm_d_conv < 1 || hp->ssm_d_conv > Q35_MAX_CONV)
+        return engine_err(ENGINE_EFORMAT, "%s.ssm.conv_kernel = %u is out of range (1..%d)", an,
+                          hp->ssm_d_conv, Q35_MAX_CONV);
+    if (hp->ssm_d_state == 0 || hp->ssm_d_state > 1024 || hp->ssm_n_group == 0 ||
+        hp->ssm_n_group > 4096 || hp->ssm_dt_rank == 0 || hp->ssm_dt_rank > 4096)
+        return engine_err(ENGINE_EFORMAT, "%s: ssm.state_size %u (1..1024), group_count %u, "
+                          "time_step_rank %u (1..4096) out of range", an, hp->ssm_d_state,
+                          hp->ssm_n_group, hp->ssm_dt_rank);
+    if (hp->ssm_dt_rank % hp->ssm_n_group)
+        return engine_err(ENGINE_EFORMAT, "%s.ssm.time_step_rank = %u (value heads) is not a "
+                          "multiple of ssm.group_count = %u (key heads)", an, hp->ssm_dt_rank,
+                          hp->ssm_n_group);
+    if ((uint64_t)hp->ssm_d_inner != (uint64_t)hp->ssm_dt_rank * hp->ssm_d_state)
+        return engine_err(ENGINE_EFORMAT, "%s.ssm.inner_size = %u is not time_step_rank x "
+                          "state_size = %u x %u (value heads of the key head size)", an,
+                          hp->ssm_d_inner, hp->ssm_dt_rank, hp->ssm_d_state);
+    if (hp->n_nextn > 16)
+        return engine_err(ENGINE_EFORMAT, "%s.nextn_predict_layers = %u is out of range (0..16)",
+                          an, hp->n_nextn);
+    if (!hp->norm_topk_prob)
+        return engine_err(ENGINE_EUNSUPPORTED, "%s: expert_weights_norm = false (the reference "
+                          "always renormalises the top-k weights)", an);
+    return 0;
+}
+
+static int q35_u32(const engine_gguf *g, const char *an, const char *suffix, uint32_t *out,
+                   bool required) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", an, suffix);
+    if (!required && !engine_gguf_find_key(g, key)) return 0;
+    return engine_gguf_get_u32(g, key, out);
+}
+
+int engine_q35_hparams_read(engine_hparams *hp, const engine_gguf *g, const char *an) {
+    int rc;
+    hp->full_attn_interval = 4;
+    if ((rc = q35_u32(g, an, "expert_shared_feed_forward_length", &hp->n_ff_shexp, true)) ||
+        (rc = q35_u32(g, an, "ssm.conv_kernel", &hp->ssm_d_conv, true)) ||
+        (rc = q35_u32(g, an, "ssm.state_size", &hp->ssm_d_state, true)) ||
+        (rc = q35_u32(g, an, "ssm.group_count", &hp->ssm_n_group, true)) ||
+        (rc = q35_u32(g, an, "ssm.time_step_rank", &hp->ssm_dt_rank, true)) ||
+        (rc = q35_u32(g, an, "ssm.inner_size", &hp->ssm_d_inner, true)) ||
+        (rc = q35_u32(g, an, "full_attention_interval", &hp->full_attn_interval, false)) ||
+        (rc = q35_u32(g, an, "nextn_predict_layers", &hp->n_nextn, false)))
+        return rc;
+    hp->n_rot = hp->head_dim_k;
+    if ((rc = q35_u32(g, an, "rope.dimension_count", &hp->n_rot, false))) return rc;
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.dimension_sections", an);
+    if (engine_gguf_find_key(g, key)) {
+        const engine_gguf_value *v;
+        if ((rc = engine_gguf_get_arr(g, key, -1, &v))) return rc;
+        if (v->arr.n > 4 || v->arr.type == ENGINE_GGUF_STRING ||
+            v->arr.type == ENGINE_GGUF_ARRAY || v->arr.type == ENGINE_GGUF_FLOAT32 ||
+            v->arr.type == ENGINE_GGUF_FLOAT64)
+            return engine_err(ENGINE_EFORMAT, "%s: %s must be at most 4 integers",
+                              engine_gguf_path(g), key);
+        for (uint64_t i = 0; i < v->arr.n; i++) {
+            int64_t x = engine_gguf_arr_i64(v, i);
+            if (x < 0 || x > 4096)
+                return engine_err(ENGINE_EFORMAT, "%s: %s[%llu] = %lld is out of range",
+                                  engine_gguf_path(g), key, (unsigned long long)i, (long long)x);
+            hp->rope_sections[i] = (uint32_t)x;
+        }
+    }
+    /* block_count counts the MTP blocks of recent converters; the main stack is the rest */
+    if (hp->n_nextn >= hp->n_layer)
+        return engine_err(ENGINE_EFORMAT, "%s: %s.nextn_predict_layers = %u but block_count = %u",
+                          engine_gguf_path(g), an, hp->n_nextn, hp->n_layer);
+    hp->n_layer -= hp->n_nextn;
+    return 0;
+}
+
+int engine_q35_hparams_write(const engine_hparams *hp, engine_gguf_writer *w, const char *an) {
+    char key[128];
+    int rc = 0;
+    struct {
+        const char *suffix;
+        uint32_t v;
+    } keys[] = {
+        {"expert_shared_feed_forward_length", hp->n_ff_shexp},
+        {"ssm.conv_kernel", hp->ssm_d_conv},
+        {"ssm.state_size", hp->ssm_d_state},
+        {"ssm.group_count", hp->ssm_n_group},
+        {"ssm.time_step_rank", hp->ssm_dt_rank},
+        {"ssm.inner_size", hp->ssm_d_inner},
+        {"full_attention_interval", hp->full_attn_interval},
+        {"rope.dimension_count", hp->n_rot},
+    };
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0] && rc == 0; i++) {
+        snprintf(key, sizeof key, "%s.%s", an, keys[i].suffix);
+        rc = engine_gguf_writer_set_u32(w, key, keys[i].v);
+    }
+    if (rc) return rc;
+    int32_t sec[4];
+    for (int i = 0; i < 4; i++) sec[i] = (int32_t)hp->rope_sections[i];
+    snprintf(key, sizeof key, "%s.rope.dimension_sections", an);
+    if ((rc = engine_gguf_writer_set_arr(w, key, ENGINE_GGUF_INT32, sec, 4))) return rc;
+    /* block_count (written by the caller) counts the main blocks only: no MTP block is
+     * written by the generator yet */
+    if (hp->n_nextn) {
+        snprintf(key, sizeof key, "%s.nextn_predict_layers", an);
+        rc = engine_gguf_writer_set_u32(w, key, hp->n_nextn);
+    }
+    return rc;
+}
+
+static size_t q35_layer_tensors(const engine_hparams *hp, uint32_t l) {
+    return 2 + (engine_q35_layer_is_attn(hp, l) ? 6 : 9) + 8;
+}
+
+int engine_q35_tensors(const engine_hparams *hp, engine_tensor_desc **out, size_t *n_out) {
+    *out = NULL;
+    *n_out = 0;
+    size_t n = 2 + (hp->tied_embeddings ? 0 : 1);
+    for (uint32_t l = 0; l < hp->n_layer; l++) n += q35_layer_tensors(hp, l);
+    engine_tensor_desc *d = calloc(n, sizeof *d);
+    if (!d) return engine_err(ENGINE_ENOMEM, "out of memory for %zu tensor descriptions", n);
+    const int64_t E = hp->n_embd, V = hp->n_vocab, hd = hp->head_dim_k;
+    const int64_t nh = hp->n_head, nkv = hp->n_head_kv;
+    const int64_t dk = hp->ssm_d_state, nk = hp->ssm_n_group, nv = hp->ssm_dt_rank;
+    const int64_t di = hp->ssm_d_inner, conv = 2 * nk * dk + di;
+    const int64_t X = hp->n_expert, F = hp->n_ff_exp, Fs = hp->n_ff_shexp;
+    size_t i = 0;
+    engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_TOKEN_EMBD, -1, 2, E, V, 1);
+    for (int l = 0; l < (int)hp->n_layer; l++) {
+        engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_ATTN_NORM, l, 1, E, 1, 1);
+        if (engine_q35_layer_is_attn(hp, (uint32_t)l)) {
+            engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_ATTN_Q, l, 2, E, 2 * nh * hd, 1);
+            engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_ATTN_K, l, 2, E, nkv * hd, 1);
+            engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_ATTN_V, l, 2, E, nkv * hd, 1);
+            engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_ATTN_OUT, l, 2, nh * hd, E, 1);
+            engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_ATTN_Q_NORM, l, 1, hd, 1, 1);
+            engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_ATTN_K_NORM, l, 1, hd, 1, 1);
+        } else {
+            engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_ATTN_QKV, l, 2, E, conv, 1);
+            engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_ATTN_GATE, l, 2, E, di, 1);
+            engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_SSM_CONV1D, l, 2, hp->ssm_d_conv,
+                                   conv, 1);
+            engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_SSM_DT, l, 1, nv, 1, 1);
+            engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_SSM_A, l, 1, nv, 1, 1);
+            engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_SSM_BETA, l, 2, E, nv, 1);
+            engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_SSM_ALPHA, l, 2, E, nv, 1);
+            engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_SSM_NORM, l, 1, dk, 1, 1);
+            engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_SSM_OUT, l, 2, di, E, 1);
+        }
+        engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_ATTN_POST_NORM, l, 1, E, 1, 1);
+        engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_FFN_GATE_INP, l, 2, E, X, 1);
+        engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_FFN_GATE_EXPS, l, 3, E, F, X);
+        engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_FFN_UP_EXPS, l, 3, E, F, X);
+        engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_FFN_DOWN_EXPS, l, 3, F, E, X);
+        engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_FFN_GATE_INP_SHEXP, l, 1, E, 1, 1);
+        engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_FFN_GATE_SHEXP, l, 2, E, Fs, 1);
+        engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_FFN_UP_SHEXP, l, 2, E, Fs, 1);
+        engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_FFN_DOWN_SHEXP, l, 2, Fs, E, 1);
+    }
+    engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_OUTPUT_NORM, -1, 1, E, 1, 1);
+    if (!hp->tied_embeddings) engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_OUTPUT, -1, 2, E, V, 1);
+    ENGINE_ASSERT(i == n);
+    *out = d;
+    *n_out = n;
+    return 0;
+}
+
+void engine_q35_param_count(const engine_hparams *hp, uint64_t *total, uint64_t *active) {
+    const uint64_t E = hp->n_embd, V = hp->n_vocab, hd = hp->head_dim_k;
+    const uint64_t nh = hp->n_head, nkv = hp->n_head_kv;
+    const uint64_t dk = hp->ssm_d_state, nk = hp->ssm_n_group, nv = hp->ssm_dt_rank;
+    const uint64_t di = hp->ssm_d_inner, conv = 2 * nk * dk + di;
+    const uint64_t attn = E * 2 * nh * hd + 2 * E * nkv * hd + nh * hd * E + 2 * hd;
+    const uint64_t lin = E * conv + E * di + 2 * E * nv + hp->ssm_d_conv * conv + 2 * nv + dk +
+                         di * E;
+    const uint64_t per_expert = 3 * E * hp->n_ff_exp;
+    const uint64_t ffn_common = 2 * E + E * hp->n_expert + E + 3 * E * hp->n_ff_shexp;
+    uint64_t t = E * V + E + (hp->tied_embeddings ? 0 : E * V), a = t;
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        uint64_t mix = engine_q35_layer_is_attn(hp, l) ? attn : lin;
+        t += mix + ffn_common + per_expert * hp->n_expert;
+        a += mix + ffn_common + per_expert * hp->n_expert_used;
+    }
+    if (total) *total = t;
+    if (active) *active = a;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Weights
+ * ------------------------------------------------------------------------------------------- */
+typedef struct {
+    bool attn;
+    int32_t slot;                  /* index among the attention or the DeltaNet blocks */
+    const float *attn_norm;        /* [E] */
+    const float *post_norm;        /* [E] */
+    /* full attention */
+    const float *q_norm, *k_norm;  /* [hd] */
+    engine_weight wq;              /* E -> nh * 2hd ([q | gate] per head) */
+    engine_weight wk, wv;          /* E -> nkv * hd */
+    engine_weight wo;              /* nh * hd -> E */
+    /* Gated DeltaNet */
+    engine_weight wqkv;            /* E -> conv channels */
+    engine_weight wz;              /* E -> nv * dv */
+    engine_weight wbeta, walpha;   /* E -> nv */
+    engine_weight wout;            /* nv * dv -> E */
+    const float *conv;             /* [channels][d_conv] */
+    const float *dt_bias, *a;      /* [nv]; a = -exp(A_log) */
+    const float *ssm_norm;         /* [dv] */
+    /* MoE */
+    engine_weight gate_inp;        /* E -> X */
+    engine_weight gate_exps, up_exps, down_exps;
+    engine_weight gate_shexp, up_shexp, down_shexp;
+    const float *gate_inp_shexp;   /* [E] */
+} q35_layer;
+
+struct engine_q35_model {
+    q35_layer *layers;
+    int32_t n_attn, n_lin;
+    float *rope_inv_freq;          /* [n_rot / 2] */
+    float **owned;                 /* small tensors converted to F32 */
+    size_t n_owned, cap_owned;
+};
+
+void engine_q35_model_free(engine_q35_model *qm) {
+    if (!qm) return;
+    for (size_t i = 0; i < qm->n_owned; i++) free(qm->owned[i]);
+    free(qm->owned);
+    free(qm->layers);
+    free(qm->rope_inv_freq);
+    free(qm);
+}
+
+static int q35_tensor(const engine_model *m, engine_tensor_role role, int layer,
+                      const engine_gguf_tensor **out) {
+    char name[ENGINE_TENSOR_NAME_MAX];
+    int rc = engine_tensor_name(name, sizeof name, role, layer);
+    if (rc) return rc;
+    *out = engine_gguf_find_tensor(m->gguf, name);
+    if (!*out) return engine_err(ENGINE_EFORMAT, "%s: missing tensor %s", m->path, name);
+    return 0;
+}
+
+static int q35_matrix(const engine_model *m, engine_tensor_role role, int layer,
+                      engine_weight *w) {
+    const engine_gguf_tensor *t;
+    int rc = q35_tensor(m, role, layer, &t);
+    if (rc) return rc;
+    const engine_type_traits *tr = engine_type_traits_get(t->type);
+    if (!tr || !tr->supported)
+        return engine_err(ENGINE_EUNSUPPORTED, "%s: tensor %s has type %s, which the CPU kernels "
+                          "do not support", m->path, t->name, engine_type_name(t->type));
+    w->data = t->data;
+    w->type = t->type;
+    w->cols = t->ne[0];
+    w->rows = t->ne[1];
+    w->n_mat = t->ne[2];
+    w->row_bytes = engine_type_row_size(t->type, t->ne[0]);
+    return 0;
+}
+
+/* A small tensor as F32: in place when the file has it so, else a converted copy. */
+static int q35_f32(engine_model *m, engine_tensor_role role, int layer, const float **out) {
+    engine_q35_model *qm = m->q35;
+    const engine_gguf_tensor *t;
+    int rc = q35_tensor(m, role, layer, &t);
+    if (rc) return rc;
+    if (t->type == ENGINE_TYPE_F32 && ((uintptr_t)t->data % sizeof(float)) == 0) {
+        *out = t->data;
+        return 0;
+    }
+    ENGINE_ASSERT(qm->n_owned < qm->cap_owned);
+    float *buf = malloc(sizeof(float) * (size_t)t->n_elements);
+    if (!buf) return engine_err(ENGINE_ENOMEM, "out of memory converting %s", t->name);
+    if ((rc = engine_dequantize_row(t->type, t->data, buf, t->n_elements))) {
+        free(buf);
+        return engine_err(rc, "%s: tensor %s: %s", m->path, t->name, engine_error_last());
+    }
+    qm->owned[qm->n_owned++] = buf;
+    *out = buf;
+    return 0;
+}
+
+int engine_q35_load(engine_model *m) {
+    const engine_hparams *hp = &m->hp;
+    engine_q35_model *qm = calloc(1, sizeof *qm);
+    if (!qm) return engine_err(ENGINE_ENOMEM, "out of memory loading %s", m->path);
+    m->q35 = qm;
+    qm->cap_owned = 8 * (size_t)hp->n_layer + 2;
+    qm->owned = calloc(qm->cap_owned, sizeof(float *));
+    qm->layers = calloc(hp->n_layer, sizeof *qm->layers);
+    qm->rope_inv_freq = malloc(sizeof(float) * (hp->n_rot / 2));
+    if (!qm->owned || !qm->layers || !qm->rope_inv_freq)
+        return engine_err(ENGINE_ENOMEM, "out of memory loading %s", m->path);
+    engine_cpu_rope_inv_freq(qm->rope_inv_freq, (int)hp->n_rot, hp->rope_theta);
+    int rc;
+    if ((rc = q35_matrix(m, ENGINE_TENSOR_TOKEN_EMBD, -1, &m->tok_embd)) ||
+        (rc = q35_f32(m, ENGINE_TENSOR_OUTPUT_NORM, -1, &m->output_norm)))
+        return rc;
+    if (hp->tied_embeddings) m->output = m->tok_embd;
+    else if ((rc = q35_matrix(m, ENGINE_TENSOR_OUTPUT, -1, &m->output))) return rc;
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        q35_layer *ly = &qm->layers[l];
+        int L = (int)l;
+        ly->attn = engine_q35_layer_is_attn(hp, l);
+        ly->slot = ly->attn ? qm->n_attn++ : qm->n_lin++;
+        if ((rc = q35_f32(m, ENGINE_TENSOR_ATTN_NORM, L, &ly->attn_norm)) ||
+            (rc = q35_f32(m, ENGINE_TENSOR_ATTN_POST_NORM, L, &ly->post_norm)))
+            return rc;
+        if (ly->attn) {
+            if ((rc = q35_f32(m, ENGINE_TENSOR_ATTN_Q_NORM, L, &ly->q_norm)) ||
+                (rc = q35_f32(m, ENGINE_TENSOR_ATTN_K_NORM, L, &ly->k_norm)) ||
+                (rc = q35_matrix(m, ENGINE_TENSOR_ATTN_Q, L, &ly->wq)) ||
+                (rc = q35_matrix(m, ENGINE_TENSOR_ATTN_K, L, &ly->wk)) ||
+                (rc = q35_matrix(m, ENGINE_TENSOR_ATTN_V, L, &ly->wv)) ||
+                (rc = q35_matrix(m, ENGINE_TENSOR_ATTN_OUT, L, &ly->wo)))
+                return rc;
+        } else {
+            if ((rc = q35_matrix(m, ENGINE_TENSOR_ATTN_QKV, L, &ly->wqkv)) ||
+                (rc = q35_matrix(m, ENGINE_TENSOR_ATTN_GATE, L, &ly->wz)) ||
+                (rc = q35_matrix(m, ENGINE_TENSOR_SSM_BETA, L, &ly->wbeta)) ||
+                (rc = q35_matrix(m, ENGINE_TENSOR_SSM_ALPHA, L, &ly->walpha)) ||
+                (rc = q35_matrix(m, ENGINE_TENSOR_SSM_OUT, L, &ly->wout)) ||
+                (rc = q35_f32(m, ENGINE_TENSOR_SSM_CONV1D, L, &ly->conv)) ||
+                (rc = q35_f32(m, ENGINE_TENSOR_SSM_DT, L, &ly->dt_bias)) ||
+                (rc = q35_f32(m, ENGINE_TENSOR_SSM_A, L, &ly->a)) ||
+                (rc = q35_f32(m, ENGINE_TENSOR_SSM_NORM, L, &ly->ssm_norm)))
+                return rc;
+        }
+        if ((rc = q35_matrix(m, ENGINE_TENSOR_FFN_GATE_INP, L, &ly->gate_inp)) ||
+            (rc = q35_matrix(m, ENGINE_TENSOR_FFN_GATE_EXPS, L, &ly->gate_exps)) ||
+            (rc = q35_matrix(m, ENGINE_TENSOR_FFN_UP_EXPS, L, &ly->up_exps)) ||
+            (rc = q35_matrix(m, ENGINE_TENSOR_FFN_DOWN_EXPS, L, &ly->down_exps)) ||
+            (rc = q35_matrix(m, ENGINE_TENSOR_FFN_GATE_SHEXP, L, &ly->gate_shexp)) ||
+            (rc = q35_matrix(m, ENGINE_TENSOR_FFN_UP_SHEXP, L, &ly->up_shexp)) ||
+            (rc = q35_matrix(m, ENGINE_TENSOR_FFN_DOWN_SHEXP, L, &ly->down_shexp)) ||
+            (rc = q35_f32(m, ENGINE_TENSOR_FFN_GATE_INP_SHEXP, L, &ly->gate_inp_shexp)))
+            return rc;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Session state
+ * ------------------------------------------------------------------------------------------- */
+struct engine_q35_fwd {
+    int32_t n_ctx, B, k_used, n_threads;
+    /* dims */
+    int E, hd, nh, nkv, nk, nv, dk, dv, K, C, di, X, F, Fs;
+    int32_t n_attn, n_lin;
+    bool v_tiled;                   /* value head h reads key head h % nk (GGUF), else h / r */
+    /* full attention KV: one contiguous block of n_ctx positions per attention block */
+    void *kv_mem;
+    void **k_blocks, **v_blocks;
+    engine_kv_view *views;          /* [n_attn] */
+    /* Gated DeltaNet state */
+    float *conv_state;              /* [n_lin][C][K-1] */
+    float *ssm_state;               /* [n_lin][nv][dk][dv] */
+    size_t conv_per_layer, ssm_per_layer;
+    /* activations [B][...] */
+    float *x, *xn, *tmp;            /* [B][E] */
+    float *big;                     /* [B][max(2 nh hd, C)] q+gate or qkv */
+    float *q, *gate, *att;          /* [B][nh hd]; att also holds o [B][di] */
+    float *k, *v;                   /* [B][nkv hd] */
+    float *z;                       /* [B][di] */
+    float *bb, *aa;                 /* [B][nv] */
+    float *router, *probs;          /* [B][X], [X] */
+    int32_t *sel;                   /* [B k] */
+    float *selw;                    /* [B k] */
+    int32_t *exp_start, *exp_slots, *active;
+    float *g, *u;                   /* [B k][F] */
+    float *eout;                    /* [B k][E] */
+    float *sg, *su;                 /* [B][Fs] */
+    float *shgate;                  /* [B] */
+    uint8_t *conv, *hconv;          /* converted inputs */
+    size_t conv_stride, hconv_stride;
+    float *scores;                  /* [n_threads][group][n_ctx] */
+    float *scratch;                 /* [n_threads][2 dk + dv] */
+};
+
+static size_t q35_fsz(size_t n) {
+    return n * sizeof(float);
+}
+
+void engine_q35_fwd_free(engine_q35_fwd *f) {
+    if (!f) return;
+    free(f->kv_mem);
+    free(f->k_blocks);
+    free(f->v_blocks);
+    free(f->views);
+    free(f->conv_state);
+    free(f->ssm_state);
+    free(f->x);
+    free(f->big);
+    free(f->q);
+    free(f->router);
+    free(f->sel);
+    free(f->exp_start);
+    free(f->g);
+    free(f->sg);
+    free(f->conv);
+    free(f->hconv);
+    free(f->scores);
+    free(f->scratch);
+    free(f);
+}
+
+
+void engine_q35_fwd_reset(engine_q35_fwd *f) {
+    memset(f->conv_state, 0, q35_fsz(f->conv_per_layer * (size_t)f->n_lin));
+    memset(f->ssm_state, 0, q35_fsz(f->ssm_per_layer * (size_t)f->n_lin));
+}
+
+int engine_q35_fwd_truncate(engine_q35_fwd *f, int32_t n_tokens, int32_t n) {
+    if (n == n_tokens) return 0;
+    if (n != 0)
+        return engine_err(ENGINE_EUNSUPPORTED, "qwen35moe: the recurrent state of the Gated "
+                          "DeltaNet blocks cannot be rolled back from %d to %d tokens (no state "
+                          "snapshots yet): truncate to 0 and recompute", n_tokens, n);
+    engine_q35_fwd_reset(f);
+    return 0;
+}
+
+static size_t q35_align(size_t n) {
+    return (n + 63) & ~(size_t)63;
+}
+
+int engine_q35_fwd_new(engine_session *s) {
+    const engine_model *m = s->m;
+    const engine_hparams *hp = &m->hp;
+    const engine_q35_model *qm = m->q35;
+    if (hp->head_dim_k > ENGINE_CPU_MAX_HEAD_DIM)
+        return engine_err(ENGINE_EUNSUPPORTED, "%s: head size %u is above the supported %d",
+                          m->path, hp->head_dim_k, ENGINE_CPU_MAX_HEAD_DIM);
+    engine_q35_fwd *f = calloc(1, sizeof *f);
+    if (!f) return engine_err(ENGINE_ENOMEM, "out of memory for a session");
+    int32_t B = s->n_batch, n_ctx = s->n_ctx;
+    f->n_ctx = n_ctx;
+    f->B = B;
+    f->k_used = (int32_t)hp->n_expert_used;
+    f->n_threads = engine_pool_size(m->pool);
+    f->E = (int)hp->n_embd;
+    f->hd = (int)hp->head_dim_k;
+    f->nh = (int)hp->n_head;
+    f->nkv = (int)hp->n_head_kv;
+    f->nk = (int)hp->ssm_n_group;
+    f->nv = (int)hp->ssm_dt_rank;
+    f->dk = f->dv = (int)hp->ssm_d_state;
+    f->K = (int)hp->ssm_d_conv;
+    f->di = (int)hp->ssm_d_inner;
+    f->C = 2 * f->nk * f->dk + f->di;
+    f->X = (int)hp->n_expert;
+    f->F = (int)hp->n_ff_exp;
+    f->Fs = (int)hp->n_ff_shexp;
+    f->n_attn = qm->n_attn;
+    f->n_lin = qm->n_lin;
+    f->v_tiled = true; /* GGUF files: llama.cpp's converter tiles the value heads */
+    size_t Bz = (size_t)B, kslots = Bz * (size_t)f->k_used;
+    size_t qd = (size_t)f->nh * f->hd, kvd = (size_t)f->nkv * f->hd;
+    size_t elt = s->kv_type == ENGINE_KV_F32 ? 4 : 2;
+    size_t kv_layer = (size_t)n_ctx * kvd * elt;
+    size_t bigw = ENGINE_MAX(2 * qd, (size_t)f->C), attw = ENGINE_MAX(qd, (size_t)f->di);
+    size_t widest = ENGINE_MAX(ENGINE_MAX((size_t)f->E, qd), ENGINE_MAX((size_t)f->di,
+                                                                         (size_t)f->Fs));
+    f->conv_stride = q35_align(q35_fsz(ENGINE_MAX(widest, (size_t)f->F)));
+    f->hconv_stride = q35_align(q35_fsz((size_t)ENGINE_MAX(f->F, f->Fs)));
+    f->conv_per_layer = (size_t)f->C * (size_t)(f->K - 1);
+    f->ssm_per_layer = (size_t)f->nv * f->dk * f->dv;
+    int group = f->nh / f->nkv;
+
+    f->kv_mem = malloc(ENGINE_MAX((size_t)1, 2 * (size_t)f->n_attn * kv_layer));
+    f->k_blocks = calloc((size_t)ENGINE_MAX(1, f->n_attn), sizeof(void *));
+    f->v_blocks = calloc((size_t)ENGINE_MAX(1, f->n_attn), sizeof(void *));
+    f->views = calloc((size_t)ENGINE_MAX(1, f->n_attn), sizeof *f->views);
+    f->conv_state = calloc(ENGINE_MAX((size_t)1, f->conv_per_layer * (size_t)f->n_lin),
+                           sizeof(float));
+    f->ssm_state = calloc(ENGINE_MAX((size_t)1, f->ssm_per_layer * (size_t)f->n_lin),
+                          sizeof(float));
+    f->x = malloc(q35_fsz(Bz * 3 * (size_t)f->E));
+    f->big = malloc(q35_fsz(Bz * bigw));
+    f->q = malloc(q35_fsz(Bz * (2 * qd + attw + 2 * kvd + (size_t)f->di + 2 * (size_t)f->nv + 1)));
+    f->router = malloc(q35_fsz(Bz * (size_t)f->X + (size_t)f->X + kslots));
+    f->sel = malloc(sizeof(int32_t) * kslots);
+    f->exp_start = malloc(sizeof(int32_t) * ((size_t)f->X + 1 + kslots + (size_t)f->X));
+    f->g = malloc(q35_fsz(kslots * (2 * (size_t)f->F + (size_t)f->E)));
+    f->sg = malloc(q35_fsz(Bz * 2 * (size_t)f->Fs));
+    f->conv = aligned_alloc(64, 2 * Bz * f->conv_stride);
+    f->hconv = aligned_alloc(64, kslots * f->hconv_stride);
+    f->scores = malloc(q35_fsz((size_t)f->n_threads * (size_t)group * (size_t)n_ctx));
+    f->scratch = malloc(q35_fsz((size_t)f->n_threads * (2 * (size_t)f->dk + 2 * (size_t)f->dv)));
+    if (!f->kv_mem || !f->k_blocks || !f->v_blocks || !f->views || !f->conv_state ||
+        !f->ssm_state || !f->x || !f->big || !f->q || !f->router || !f->sel || !f->exp_start ||
+        !f->g || !f->sg || !f->conv || !f->hconv || !f->scores || !f->scratch) {
+        engine_q35_fwd_free(f);
+        return engine_err(ENGINE_ENOMEM, "out of memory for a qwen35moe session of %d "
+                          "positions", n_ctx);
+    }
+    f->xn = f->x + Bz * (size_t)f->E;
+    f->tmp = f->xn + Bz * (size_t)f->E;
+    f->gate = f->q + Bz * qd;
+    f->att = f->gate + Bz * qd;
+    f->k = f->att + Bz * attw;
+    f->v = f->k + Bz * kvd;
+    f->z = f->v + Bz * kvd;
+    f->bb = f->z + Bz * (size_t)f->di;
+    f->aa = f->bb + Bz * (size_t)f->nv;
+    f->shgate = f->aa + Bz * (size_t)f->nv;
+    f->probs = f->router + Bz * (size_t)f->X;
+    f->selw = f->probs + f->X;
+    f->exp_slots = f->exp_start + f->X + 1;
+    f->active = f->exp_slots + kslots;
+    f->u = f->g + kslots * (size_t)f->F;
+    f->eout = f->u + kslots * (size_t)f->F;
+    f->su = f->sg + Bz * (size_t)f->Fs;
+    for (int32_t l = 0; l < f->n_attn; l++) {
+        f->k_blocks[l] = (uint8_t *)f->kv_mem + (2 * (size_t)l) * kv_layer;
+        f->v_blocks[l] = (uint8_t *)f->kv_mem + (2 * (size_t)l + 1) * kv_layer;
+        f->views[l] = (engine_kv_view){&f->k_blocks[l], &f->v_blocks[l], n_ctx, s->kv_type,
+                                       f->nkv, f->hd};
+    }
+    s->q35 = f;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Jobs for the thread pool
+ * ------------------------------------------------------------------------------------------- */
+typedef enum {
+    Q_MATMUL,     /* up to 4 weights sharing one converted input */
+    Q_CONVERT,    /* rows of F32 -> a vec_dot type */
+    Q_NORM,       /* (x += add) then xn = rmsnorm(x) * w */
+    Q_ATTN_PREP,  /* split q/gate, q/k norms, partial RoPE, store k/v */
+    Q_ATTENTION,  /* (token, kv head) pairs */
+    Q_ATTN_GATE,  /* att *= sigmoid(gate) */
+    Q_CONV,       /* causal depthwise conv + SiLU per channel, over the chunk's tokens */
+    Q_DELTA,      /* gated delta rule + gated RMSNorm per value head, over the tokens */
+    Q_EXP_UP,     /* gate and up rows of the selected experts */
+    Q_SWIGLU,     /* h = silu(g) * u, converted for the down projection */
+    Q_EXP_DOWN,   /* down rows of the selected experts */
+    Q_COMBINE,    /* x += sum_j w_j expert_j + sigmoid(gate . xn) * shared */
+} q35_op;
+
+typedef struct {
+    q35_op op;
+    const engine_model *m;
+    engine_q35_fwd *f;
+    const q35_layer *ly;
+    int32_t n, p0, t0;
+    /* Q_MATMUL */
+    int n_w;
+    const engine_weight *w[4];
+    float *y[4];
+    size_t y_stride[4];
+    const uint8_t *x;
+    size_t x_stride;
+    /* Q_CONVERT / Q_SWIGLU */
+    engine_type type;
+    const float *src;
+    float *g, *u;
+    size_t src_stride;
+    int cols;
+    uint8_t *dst;
+    size_t dst_stride;
+    /* Q_NORM */
+    const float *add, *norm_w;
+    /* Q_ATTN_PREP / Q_ATTENTION */
+    const engine_kv_view *kv;
+    /* Q_CONV / Q_DELTA */
+    float *conv_state, *ssm_state;
+    /* Q_EXP_* */
+    const uint8_t *xg, *xu;
+    size_t xg_stride, xu_stride;
+    int64_t n_items, chunks, next;
+} q35_job;
+
+static void q_matmul(q35_job *j, int ith, int nth) {
+    int64_t total = 0;
+    for (int i = 0; i < j->n_w; i++) total += j->w[i]->rows;
+    int64_t r0, r1;
+    engine_split(total, ith, nth, &r0, &r1);
+    int64_t base = 0;
+    for (int i = 0; i < j->n_w; i++) {
+        const engine_weight *w = j->w[i];
+        int64_t a = r0 - base, b = r1 - base;
+        base += w->rows;
+        if (a < 0) a = 0;
+        if (b > w->rows) b = w->rows;
+        for (int64_t rb = a; rb < b; rb += Q35_ROW_BLOCK) {
+            int64_t re = rb + Q35_ROW_BLOCK < b ? rb + Q35_ROW_BLOCK : b;
+            for (int32_t t = 0; t < j->n; t++)
+                engine_quant_matvec(w->type, w->data, w->row_bytes, (int)w->cols, (int)rb,
+                                    (int)re, j->x + (size_t)t * j->x_stride,
+                                    j->y[i] + (size_t)t * j->y_stride[i]);
+        }
+    }
+}
+
+static void q_convert(q35_job *j, int ith, int nth) {
+    int64_t a, b;
+    engine_split(j->n, ith, nth, &a, &b);
+    for (int64_t t = a; t < b; t++)
+        engine_quantize_row(j->type, j->src + (size_t)t * j->src_stride,
+                            j->dst + (size_t)t * j->dst_stride, j->cols);
+}
+
+static void q_norm(q35_job *j, int ith, int nth) {
+    engine_q35_fwd *f = j->f;
+    size_t e = (size_t)f->E;
+    int64_t a, b;
+    engine_split(j->n - j->t0, ith, nth, &a, &b);
+    for (int64_t t = j->t0 + a; t < j->t0 + b; t++) {
+        float *x = f->x + (size_t)t * e;
+        if (j->add) {
+            const float *d = j->add + (size_t)t * e;
+            for (size_t i = 0; i < e; i++) x[i] += d[i];
+        }
+        engine_cpu_rmsnorm(f->xn + (size_t)t * e, x, j->norm_w, (int)e,
+                           j->m->hp.rms_norm_eps);
+    }
+}
+
+static void q_attn_prep(q35_job *j, int ith, int nth) {
+    engine_q35_fwd *f = j->f;
+    const engine_hparams *hp = &j->m->hp;
+    const float *inv_freq = j->m->q35->rope_inv_freq;
+    int hd = f->hd, nh = f->nh, nkv = f->nkv, rot = (int)hp->n_rot;
+    float eps = hp->rms_norm_eps;
+    int64_t a, b;
+    engine_split(j->n, ith, nth, &a, &b);
+    for (int64_t t = a; t < b; t++) {
+        const float *qg = f->big + (size_t)t * 2 * nh * hd;
+        float *q = f->q + (size_t)t * nh * hd, *gt = f->gate + (size_t)t * nh * hd;
+        float *k = f->k + (size_t)t * nkv * hd;
+        int32_t pos = j->p0 + (int32_t)t;
+        for (int h = 0; h < nh; h++) {
+            memcpy(gt + h * hd, qg + (size_t)h * 2 * hd + hd, q35_fsz((size_t)hd));
+            engine_cpu_rmsnorm(q + h * hd, qg + (size_t)h * 2 * hd, j->ly->q_norm, hd, eps);
+            engine_cpu_rope_neox(q + h * hd, 1, rot, pos, inv_freq);
+        }
+        for (int h = 0; h < nkv; h++) {
+            engine_cpu_rmsnorm(k + h * hd, k + h * hd, j->ly->k_norm, hd, eps);
+            engine_cpu_rope_neox(k + h * hd, 1, rot, pos, inv_freq);
+        }
+        engine_cpu_kv_store(j->kv, pos, k, f->v + (size_t)t * nkv * hd);
+    }
+}
+
+static void q_attention(q35_job *j, int ith, int nth) {
+    engine_q35_fwd *f = j->f;
+    int hd = f->hd, nh = f->nh, nkv = f->nkv, group = nh / nkv;
+    float scale = 1.0f / sqrtf((float)hd);
+    float *scores = f->scores + (size_t)ith * group * f->n_ctx;
+    int64_t a, b;
+    engine_split((int64_t)j->n * nkv, ith, nth, &a, &b);
+    for (int64_t i = a; i < b; i++) {
+        int64_t t = i / nkv;
+        int g = (int)(i % nkv);
+        size_t off = ((size_t)t * nh + (size_t)g * group) * hd;
+        engine_cpu_attention_group(f->att + off, f->q + off, group, j->kv, g,
+                                   j->p0 + (int32_t)t + 1, scale, scores);
+    }
+}
+
+static void q_attn_gate(q35_job *j, int ith, int nth) {
+    engine_q35_fwd *f = j->f;
+    size_t w = (size_t)f->nh * f->hd;
+    int64_t a, b;
+    engine_split(j->n, ith, nth, &a, &b);
+    for (int64_t t = a; t < b; t++) {
+        float *o = f->att + (size_t)t * w;
+        const float *g = f->gate + (size_t)t * w;
+        for (size_t i = 0; i < w; i++) o[i] *= 1.0f / (1.0f + expf(-g[i]));
+    }
+}
+
+static void q_conv(q35_job *j, int ith, int nth) {
+    engine_q35_fwd *f = j->f;
+    int K = f->K, C = f->C;
+    int64_t c0, c1;
+    engine_split(C, ith, nth, &c0, &c1);
+    for (int64_t c = c0; c < c1; c++)
+        engine_cpu_conv1d_causal(f->big + c, (size_t)C, j->n, j->ly->conv + (size_t)c * K, K,
+                                 j->conv_state + (size_t)c * (K - 1), true);
+}
+
+static float q35_softplus(float x) {
+    return x > 20.0f ? x : log1pf(expf(x)); /* torch's softplus, threshold 20 */
+}
+
+static void q_delta(q35_job *j, int ith, int nth) {
+    engine_q35_fwd *f = j->f;
+    const q35_layer *ly = j->ly;
+    int nk = f->nk, nv = f->nv, dk = f->dk, dv = f->dv, C = f->C, di = f->di;
+    int r = nv / nk;
+    float qscale = 1.0f / sqrtf((float)dk), eps = j->m->hp.rms_norm_eps;
+    float *qn = f->scratch + (size_t)ith * (2 * (size_t)dk + 2 * (size_t)dv);
+    float *kn = qn + dk, *o = kn + dk, *tmp = o + dv;
+    int64_t h0, h1;
+    engine_split(nv, ith, nth, &h0, &h1);
+    for (int64_t h = h0; h < h1; h++) {
+        int kh = f->v_tiled ? (int)(h % nk) : (int)(h / r);
+        float *S = j->ssm_state + (size_t)h * dk * dv;
+        float A = ly->a[h], dt = ly->dt_bias[h];
+        for (int32_t t = 0; t < j->n; t++) {
+            const float *row = f->big + (size_t)t * C;
+            const float *v = row + 2 * (size_t)nk * dk + (size_t)h * dv;
+            engine_cpu_l2norm(qn, row + (size_t)kh * dk, dk, 1e-6f, qscale);
+            engine_cpu_l2norm(kn, row + (size_t)nk * dk + (size_t)kh * dk, dk, 1e-6f, 1.0f);
+            float beta = 1.0f / (1.0f + expf(-f->bb[(size_t)t * nv + h]));
+            float g = expf(A * q35_softplus(f->aa[(size_t)t * nv + h] + dt));
+            engine_cpu_delta_rule(S, dk, dv, qn, kn, v, g, beta, o, tmp);
+            engine_cpu_rmsnorm_gated(f->att + (size_t)t * di + (size_t)h * dv, o, ly->ssm_norm,
+                                     f->z + (size_t)t * di + (size_t)h * dv, dv, eps);
+        }
+    }
+}
+
+static inline const uint8_t *q35_expert_rows(const engine_weight *w, int32_t e) {
+    return (const uint8_t *)w->data + (size_t)e * (size_t)w->rows * w->row_bytes;
+}
+
+static void q_exp_up(q35_job *j) {
+    engine_q35_fwd *f = j->f;
+    const engine_weight *wg = &j->ly->gate_exps, *wu = &j->ly->up_exps;
+    int k = f->k_used;
+    size_t nff = (size_t)wg->rows;
+    for (;;) {
+        int64_t it = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
+        if (it >= j->n_items) break;
+        int32_t e = f->active[it / j->chunks];
+        int64_t r0 = (it % j->chunks) * Q35_EXP_CHUNK;
+        int64_t r1 = ENGINE_MIN(r0 + Q35_EXP_CHUNK, wg->rows);
+        const uint8_t *g = q35_expert_rows(wg, e), *u = q35_expert_rows(wu, e);
+        for (int32_t si = f->exp_start[e]; si < f->exp_start[e + 1]; si++) {
+            int32_t slot = f->exp_slots[si], t = slot / k;
+            engine_quant_matvec(wg->type, g, wg->row_bytes, (int)wg->cols, (int)r0, (int)r1,
+                                j->xg + (size_t)t * j->xg_stride, f->g + (size_t)slot * nff);
+            engine_quant_matvec(wu->type, u, wu->row_bytes, (int)wu->cols, (int)r0, (int)r1,
+                                j->xu + (size_t)t * j->xu_stride, f->u + (size_t)slot * nff);
+        }
+    }
+}
+
+static void q_exp_down(q35_job *j) {
+    engine_q35_fwd *f = j->f;
+    const engine_weight *wd = &j->ly->down_exps;
+    size_t e_out = (size_t)wd->rows;
+    for (;;) {
+        int64_t it = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
+        if (it >= j->n_items) break;
+        int32_t e = f->active[it / j->chunks];
+        int64_t r0 = (it % j->chunks) * Q35_EXP_CHUNK;
+        int64_t r1 = ENGINE_MIN(r0 + Q35_EXP_CHUNK, wd->rows);
+        const uint8_t *d = q35_expert_rows(wd, e);
+        for (int32_t si = f->exp_start[e]; si < f->exp_start[e + 1]; si++) {
+            int32_t slot = f->exp_slots[si];
+            engine_quant_matvec(wd->type, d, wd->row_bytes, (int)wd->cols, (int)r0, (int)r1,
+                                j->x + (size_t)slot * j->x_stride, f->eout + (size_t)slot * e_out);
+        }
+    }
+}
+
+/* g = silu(g) * u for n rows of `cols` (src_stride apart), converted to `type` into dst unless
+ * the down weight dots F32 rows. */
+static void q_swiglu(q35_job *j, int ith, int nth) {
+    int64_t a, b;
+    engine_split(j->n, ith, nth, &a, &b);
+    for (int64_t r = a; r < b; r++) {
+        float *g = j->g + (size_t)r * j->src_stride;
+        engine_cpu_swiglu(g, g, j->u + (size_t)r * j->src_stride, j->cols);
+        if (j->type != ENGINE_TYPE_F32)
+            engine_quantize_row(j->type, g, j->dst + (size_t)r * j->dst_stride, j->cols);
+    }
+}
+
+static void q_combine(q35_job *j, int ith, int nth) {
+    engine_q35_fwd *f = j->f;
+    size_t e = (size_t)f->E;
+    int k = f->k_used;
+    const float *wg = j->ly->gate_inp_shexp;
+    int64_t a, b;
+    engine_split(j->n, ith, nth, &a, &b);
+    for (int64_t t = a; t < b; t++) {
+        float *x = f->x + (size_t)t * e;
+        const float *xn = f->xn + (size_t)t * e, *sh = f->tmp + (size_t)t * e;
+        double dot = 0.0;
+        for (size_t i = 0; i < e; i++) dot += (double)wg[i] * xn[i];
+        float sgate = 1.0f / (1.0f + expf(-(float)dot));
+        for (size_t i = 0; i < e; i++) x[i] += sgate * sh[i];
+        for (int jj = 0; jj < k; jj++) {
+            size_t slot = (size_t)t * k + jj;
+            float w = f->selw[slot];
+            const float *o = f->eout + slot * e;
+            for (size_t i = 0; i < e; i++) x[i] += w * o[i];
+        }
+    }
+}
+
+static void q35_job_fn(void *ctx, int ith, int nth) {
+    q35_job *j = ctx;
+    switch (j->op) {
+    case Q_MATMUL: q_matmul(j, ith, nth); break;
+    case Q_CONVERT: q_convert(j, ith, nth); break;
+    case Q_NORM: q_norm(j, ith, nth); break;
+    case Q_ATTN_PREP: q_attn_prep(j, ith, nth); break;
+    case Q_ATTENTION: q_attention(j, ith, nth); break;
+    case Q_ATTN_GATE: q_attn_gate(j, ith, nth); break;
+    case Q_CONV: q_conv(j, ith, nth); break;
+    case Q_DELTA: q_delta(j, ith, nth); break;
+    case Q_EXP_UP: q_exp_up(j); break;
+    case Q_SWIGLU: q_swiglu(j, ith, nth); break;
+    case Q_EXP_DOWN: q_exp_down(j); break;
+    case Q_COMBINE: q_combine(j, ith, nth); break;
+    }
+}
+
+/* Per-token ops over one or two tokens cost less than waking the pool; results do not depend
+ * on the split (each value is computed by one thread the same way), so this changes no bits. */
+static void q35_run(const engine_model *m, q35_job *j, q35_op op) {
+    j->op = op;
+    j->next = 0;
+    bool inline_ok = (op == Q_NORM || op == Q_ATTN_PREP || op == Q_ATTN_GATE ||
+                      op == Q_CONVERT || op == Q_COMBINE) && j->n <= 2;
+    if (inline_ok) q35_job_fn(j, 0, 1);
+    else engine_pool_run(m->pool, q35_job_fn, j);
+}
+
+static engine_type q35_vdt(const engine_weight *w) {
+    return engine_type_traits_get(w->type)->vec_dot_type;
+}
+
+/* Rows t0 .. t0+n of src (src_stride floats apart) in w's vec_dot type: F32 in place, others
+ * converted into dst (conv_stride bytes apart). */
+static void q35_input(const engine_model *m, engine_q35_fwd *f, const engine_weight *w,
+                      const float *src, size_t src_stride, int cols, int32_t t0, int32_t n,
+                      uint8_t *dst, const uint8_t **x, size_t *x_stride) {
+    engine_type vt = q35_vdt(w);
+    if (vt == ENGINE_TYPE_F32) {
+        *x = (const uint8_t *)(src + (size_t)t0 * src_stride);
+        *x_stride = src_stride * sizeof(float);
+        return;
+    }
+    q35_job cj;
+    memset(&cj, 0, sizeof cj);
+    cj.m = m;
+    cj.f = f;
+    cj.n = n;
+    cj.type = vt;
+    cj.src = src + (size_t)t0 * src_stride;
+    cj.src_stride = src_stride;
+    cj.cols = cols;
+    cj.dst = dst;
+    cj.dst_stride = f->conv_stride;
+    q35_run(m, &cj, Q_CONVERT);
+    *x = dst;
+    *x_stride = f->conv_stride;
+}
+
+/* y_i = W_i x for up to four weights reading the same input (rows t0 .. t0+n of src). */
+static void q35_matmul(const engine_model *m, engine_q35_fwd *f, int n_w,
+                       const engine_weight *const *w, float *const *y, const size_t *ys,
+                       const float *src, size_t src_stride, int32_t t0, int32_t n) {
+    int done[4] = {0, 0, 0, 0};
+    for (int i = 0; i < n_w; i++) {
+        if (done[i]) continue;
+        q35_job mj;
+        memset(&mj, 0, sizeof mj);
+        mj.m = m;
+        mj.f = f;
+        mj.n = n;
+        q35_input(m, f, w[i], src, src_stride, (int)w[i]->cols, t0, n, f->conv, &mj.x,
+                  &mj.x_stride);
+        for (int k = i; k < n_w; k++) {
+            if (done[k] || q35_vdt(w[k]) != q35_vdt(w[i])) continue;
+            done[k] = 1;
+            mj.w[mj.n_w] = w[k];
+            mj.y[mj.n_w] = y[k];
+            mj.y_stride[mj.n_w] = ys[k];
+            mj.n_w++;
+        }
+        q35_run(m, &mj, Q_MATMUL);
+    }
+}
+
+static void q35_attention_block(const engine_model *m, engine_q35_fwd *f, const q35_layer *ly,
+                                int32_t n, int32_t p0) {
+    size_t E = (size_t)f->E, qd = (size_t)f->nh * f->hd, kvd = (size_t)f->nkv * f->hd;
+    const engine_weight *w[3] = {&ly->wq, &ly->wk, &ly->wv};
+    float *y[3] = {f->big, f->k, f->v};
+    size_t ys[3] = {2 * qd, kvd, kvd};
+    q35_matmul(m, f, 3, w, y, ys, f->xn, E, 0, n);
+    q35_job j;
+    memset(&j, 0, sizeof j);
+    j.m = m;
+    j.f = f;
+    j.ly = ly;
+    j.n = n;
+    j.p0 = p0;
+    j.kv = &f->views[ly->slot];
+    q35_run(m, &j, Q_ATTN_PREP);
+    q35_run(m, &j, Q_ATTENTION);
+    q35_run(m, &j, Q_ATTN_GATE);
+    const engine_weight *wo = &ly->wo;
+    q35_matmul(m, f, 1, &wo, &f->tmp, &E, f->att, qd, 0, n);
+}
+
+static void q35_deltanet_block(const engine_model *m, engine_q35_fwd *f, const q35_layer *ly,
+                               int32_t n) {
+    size_t E = (size_t)f->E, di = (size_t)f->di, nv = (size_t)f->nv;
+    const engine_weight *w[4] = {&ly->wqkv, &ly->wz, &ly->wbeta, &ly->walpha};
+    float *y[4] = {f->big, f->z, f->bb, f->aa};
+    size_t ys[4] = {(size_t)f->C, di, nv, nv};
+    q35_matmul(m, f, 4, w, y, ys, f->xn, E, 0, n);
+    q35_job j;
+    memset(&j, 0, sizeof j);
+    j.m = m;
+    j.f = f;
+    j.ly = ly;
+    j.n = n;
+    j.conv_state = f->conv_state + (size_t)ly->slot * f->conv_per_layer;
+    j.ssm_state = f->ssm_state + (size_t)ly->slot * f->ssm_per_layer;
+    q35_run(m, &j, Q_CONV);
+    q35_run(m, &j, Q_DELTA);
+    const engine_weight *wo = &ly->wout;
+    q35_matmul(m, f, 1, &wo, &f->tmp, &E, f->att, di, 0, n);
+}
+
+static void q35_moe(const engine_model *m, engine_q35_fwd *f, const q35_layer *ly, int32_t n) {
+    int ne = f->X, k = f->k_used;
+    size_t E = (size_t)f->E;
+    const engine_weight *rw = &ly->gate_inp;
+    size_t rs = (size_t)ne;
+    q35_matmul(m, f, 1, &rw, &f->router, &rs, f->xn, E, 0, n);
+    for (int32_t t = 0; t < n; t++)
+        engine_cpu_moe_route(f->router + (size_t)t * ne, ne, k, 1, f->sel + (size_t)t * k,
+                             f->selw + (size_t)t * k, f->probs);
+    /* slots (token, choice) grouped by expert, in token order */
+    memset(f->exp_start, 0, sizeof(int32_t) * (size_t)(ne + 1));
+    for (int32_t sl = 0; sl < n * k; sl++) f->exp_start[f->sel[sl] + 1]++;
+    int n_active = 0;
+    for (int e = 0; e < ne; e++) {
+        if (f->exp_start[e + 1] > 0) f->active[n_active++] = e;
+        f->exp_start[e + 1] += f->exp_start[e];
+    }
+    for (int32_t sl = 0; sl < n * k; sl++) f->exp_slots[f->exp_start[f->sel[sl]]++] = sl;
+    for (int e = ne; e > 0; e--) f->exp_start[e] = f->exp_start[e - 1];
+    f->exp_start[0] = 0;
+
+    /* the shared expert's gate and up, then the routed experts' gate and up */
+    const engine_weight *sw[2] = {&ly->gate_shexp, &ly->up_shexp};
+    float *sy[2] = {f->sg, f->su};
+    size_t sys[2] = {(size_t)f->Fs, (size_t)f->Fs};
+    q35_matmul(m, f, 2, sw, sy, sys, f->xn, E, 0, n);
+    q35_job ej;
+    memset(&ej, 0, sizeof ej);
+    ej.m = m;
+    ej.f = f;
+    ej.ly = ly;
+    ej.n = n;
+    q35_input(m, f, &ly->gate_exps, f->xn, E, (int)E, 0, n, f->conv, &ej.xg, &ej.xg_stride);
+    if (q35_vdt(&ly->up_exps) == q35_vdt(&ly->gate_exps)) {
+        ej.xu = ej.xg;
+        ej.xu_stride = ej.xg_stride;
+    } else {
+        q35_input(m, f, &ly->up_exps, f->xn, E, (int)E, 0, n,
+                  f->conv + (size_t)f->B * f->conv_stride, &ej.xu, &ej.xu_stride);
+    }
+    int64_t nff = ly->gate_exps.rows;
+    ej.chunks = (nff + Q35_EXP_CHUNK - 1) / Q35_EXP_CHUNK;
+    ej.n_items = ej.chunks * n_active;
+    q35_run(m, &ej, Q_EXP_UP);
+
+    q35_job sj = ej;
+    sj.n = n * k;
+    sj.g = f->g;
+    sj.u = f->u;
+    sj.cols = (int)nff;
+    sj.src_stride = (size_t)nff;
+    sj.type = q35_vdt(&ly->down_exps);
+    sj.dst = f->hconv;
+    sj.dst_stride = f->hconv_stride;
+    q35_run(m, &sj, Q_SWIGLU);
+
+    q35_job dj = ej;
+    if (sj.type == ENGINE_TYPE_F32) {
+        dj.x = (const uint8_t *)f->g;
+        dj.x_stride = (size_t)nff * sizeof(float);
+    } else {
+        dj.x = f->hconv;
+        dj.x_stride = f->hconv_stride;
+    }
+    dj.chunks = (ly->down_exps.rows + Q35_EXP_CHUNK - 1) / Q35_EXP_CHUNK;
+    dj.n_items = dj.chunks * n_active;
+    dj.next = 0;
+    q35_run(m, &dj, Q_EXP_DOWN);
+
+    /* shared expert: h = silu(g) * u (in sg), down into tmp */
+    q35_job hj = ej;
+    hj.n = n;
+    hj.g = f->sg;
+    hj.u = f->su;
+    hj.cols = f->Fs;
+    hj.src_stride = (size_t)f->Fs;
+    hj.type = ENGINE_TYPE_F32; /* q35_matmul converts for the down weight */
+    q35_run(m, &hj, Q_SWIGLU);
+    const engine_weight *wd = &ly->down_shexp;
+    q35_matmul(m, f, 1, &wd, &f->tmp, &E, f->sg, (size_t)f->Fs, 0, n);
+
+    q35_job cj = ej;
+    cj.n = n;
+    q35_run(m, &cj, Q_COMBINE);
+}
+
+int engine_q35_fwd_run(engine_session *s, const int32_t *tokens, int32_t n, float *logits_all) {
+    const engine_model *m = s->m;
+    const engine_hparams *hp = &m->hp;
+    const engine_q35_model *qm = m->q35;
+    engine_q35_fwd *f = s->q35;
+    ENGINE_ASSERT(n >= 1 && n <= f->B && s->n_tokens + n <= f->n_ctx);
+    size_t E = (size_t)f->E;
+    int32_t p0 = s->n_tokens;
+    for (int32_t t = 0; t < n; t++) {
+        const uint8_t *row =
+            (const uint8_t *)m->tok_embd.data + (size_t)tokens[t] * m->tok_embd.row_bytes;
+        engine_dequantize_row(m->tok_embd.type, row, f->x + (size_t)t * E, (int64_t)E);
+    }
+    q35_job j;
+    memset(&j, 0, sizeof j);
+    j.m = m;
+    j.f = f;
+    j.n = n;
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        const q35_layer *ly = &qm->layers[l];
+        j.ly = ly;
+        j.add = NULL;
+        j.norm_w = ly->attn_norm;
+        j.t0 = 0;
+        q35_run(m, &j, Q_NORM);
+        if (ly->attn) q35_attention_block(m, f, ly, n, p0);
+        else q35_deltanet_block(m, f, ly, n);
+        j.add = f->tmp;
+        j.norm_w = ly->post_norm;
+        q35_run(m, &j, Q_NORM);
+        q35_moe(m, f, ly, n);
+    }
+    /* output head: every token's logits when asked, else only the last token's */
+    int32_t t0 = logits_all ? 0 : n - 1;
+    j.add = NULL;
+    j.norm_w = m->output_norm;
+    j.t0 = t0;
+    q35_run(m, &j, Q_NORM);
+    const engine_weight *wout = &m->output;
+    size_t vs = hp->n_vocab;
+    float *dst = logits_all ? logits_all : s->logits;
+    q35_matmul(m, f, 1, &wout, &dst, &vs, f->xn, E, t0, n - t0);
+    if (logits_all) memcpy(s->logits, logits_all + (size_t)(n - 1) * vs, q35_fsz(vs));
+    return 0;
+}

@@ -1,0 +1,443 @@
+/* qwen35moe (Qwen3.5/3.6-35B-A3B hybrid, engine/model/arch_qwen35moe.c) on the CPU.
+ *
+ * Against HF transformers: tests/fixtures/reference/qwen35-tiny-f32-s1.{bin,json} holds
+ * Qwen3_5MoeForCausalLM's float32 logits (pure-PyTorch conv and chunked delta rule) on the
+ * generator's qwen35-tiny model, seed 1 (made by scripts/reference/make_fixture_qwen35.sh; the
+ * format is in tests/fixtures/reference/README.md). The test regenerates the GGUF, runs each
+ * prompt through a session in chunks that end at the stored positions (so prefill crosses
+ * chunk boundaries with the recurrent state carried) and checks at every stored position
+ *     max_i |engine[i] - hf[i]| / max_i |hf[i]| <= 1e-4
+ * over the stored ids (every 211th and the reference's top 64), and the argmax unless the
+ * reference's top two are within that tolerance.
+ *
+ * Then, on the same model: chunked prefill == token by token == 1 thread (bit for bit);
+ * truncation to 0 restarts exactly, to another point is ENGINE_EUNSUPPORTED and changes
+ * nothing; engine_generate greedy twice on one session (prefix reuse must not reuse stale
+ * recurrent state) == a fresh session == a manual greedy loop; hyper-parameter checks; the
+ * parameter count of the real 35B-A3B shape; the safetensors reordering back to HF's layout. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine.h"
+#include "gen/gen.h"
+#include "model/arch.h"
+#include "model/gguf.h"
+#include "support.h"
+#include "tokenizer/json.h"
+
+#define REL_TOL 1e-4
+#define N_CTX 256
+
+typedef struct {
+    const unsigned char *p, *end;
+    bool bad;
+} rd;
+
+static uint32_t rd_u32(rd *r) {
+    if (r->bad || r->end - r->p < 4) {
+        r->bad = true;
+        return 0;
+    }
+    uint32_t v = (uint32_t)r->p[0] | (uint32_t)r->p[1] << 8 | (uint32_t)r->p[2] << 16 |
+                 (uint32_t)r->p[3] << 24;
+    r->p += 4;
+    return v;
+}
+
+static float rd_f32(rd *r) {
+    uint32_t u = rd_u32(r);
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* Compare the logits at one position with the fixture's stored values; returns the relative
+ * error (and counts an argmax disagreement). */
+static double compare_row(rd *r, const float *e, uint32_t n_vocab, uint32_t stride,
+                          uint32_t top_k, const char *label, uint32_t pos) {
+    double maxref = 0, maxdiff = 0;
+    for (uint32_t id = 0; id < n_vocab; id += stride) {
+        float ref = rd_f32(r);
+        maxref = fmax(maxref, fabs(ref));
+        maxdiff = fmax(maxdiff, fabs((double)e[id] - ref));
+    }
+    int32_t top_ids[1024];
+    float top_vals[1024];
+    for (uint32_t i = 0; i < top_k; i++) top_ids[i] = (int32_t)rd_u32(r);
+    for (uint32_t i = 0; i < top_k; i++) top_vals[i] = rd_f32(r);
+    if (r->bad) return INFINITY;
+    for (uint32_t i = 0; i < top_k; i++) {
+        if (top_ids[i] < 0 || (uint32_t)top_ids[i] >= n_vocab) {
+            r->bad = true;
+            return INFINITY;
+        }
+        maxref = fmax(maxref, fabs(top_vals[i]));
+        maxdiff = fmax(maxdiff, fabs((double)e[top_ids[i]] - top_vals[i]));
+    }
+    int32_t am = support_argmax(e, (int32_t)n_vocab);
+    if (am != top_ids[0] && top_vals[0] - top_vals[1] > REL_TOL * maxref)
+        support_fail("%s pos %u: engine argmax %d, reference %d", label, pos, am, top_ids[0]);
+    return maxref > 0 ? maxdiff / maxref : maxdiff;
+}
+
+static void check_reference(engine_model *m, const char *dir, const char *name) {
+    char path[4600];
+    size_t len = 0;
+    snprintf(path, sizeof path, "%s/%s.json", dir, name);
+    char *meta = support_slurp(path, &len);
+    CHECK(meta != NULL);
+    if (!meta) return;
+    engine_json doc;
+    memset(&doc, 0, sizeof doc);
+    CHECK(engine_json_parse(&doc, meta, len, path) == 0);
+    const engine_json_node *gv = engine_json_get(&doc, &doc.nodes[0], "generator_version");
+    const engine_json_node *arch = engine_json_get(&doc, &doc.nodes[0], "architecture");
+    CHECK(gv && gv->is_int && gv->ival == ENGINE_GEN_VERSION);
+    CHECK(arch && !strcmp(engine_json_str(&doc, arch), "Qwen3_5MoeForCausalLM"));
+    const engine_json_node *prompts = engine_json_get(&doc, &doc.nodes[0], "prompts");
+    CHECK(prompts && prompts->type == ENGINE_JSON_ARRAY);
+
+    snprintf(path, sizeof path, "%s/%s.bin", dir, name);
+    char *bin = support_slurp(path, &len);
+    CHECK(bin != NULL && len > 28 && !memcmp(bin, "SPRKREF1", 8));
+    if (!bin || len <= 28 || memcmp(bin, "SPRKREF1", 8) || !prompts) {
+        free(bin);
+        engine_json_deinit(&doc);
+        free(meta);
+        return;
+    }
+    rd r = {(const unsigned char *)bin + 8, (const unsigned char *)bin + len, false};
+    uint32_t version = rd_u32(&r), n_prompts = rd_u32(&r), n_vocab = rd_u32(&r);
+    uint32_t stride = rd_u32(&r), top_k = rd_u32(&r);
+    CHECK(version == 1 && n_prompts == prompts->count && stride > 0 && top_k > 0 &&
+          top_k <= 1024 && (int32_t)n_vocab == engine_model_n_vocab(m));
+
+    const engine_json_node *pj = engine_json_first(&doc, prompts);
+    for (uint32_t pi = 0; pi < n_prompts && !r.bad && pj; pi++, pj = engine_json_next(&doc, pj)) {
+        uint32_t n = rd_u32(&r);
+        if (r.bad || n == 0 || n > N_CTX) {
+            r.bad = true;
+            break;
+        }
+        int32_t *ids = malloc(n * sizeof *ids);
+        for (uint32_t i = 0; i < n; i++) ids[i] = (int32_t)rd_u32(&r);
+        const engine_json_node *pname = engine_json_get(&doc, pj, "name");
+        char label[128];
+        snprintf(label, sizeof label, "%s/%s", name, pname ? engine_json_str(&doc, pname) : "?");
+        const engine_json_node *text = engine_json_get(&doc, pj, "text");
+        if (text) { /* the engine's tokenizer gives the reference's ids */
+            int32_t got[512];
+            size_t n_got = 0;
+            CHECK(engine_model_tokenize(m, engine_json_str(&doc, text), text->len, true, got,
+                                        512, &n_got) == 0);
+            if (n_got != n || memcmp(got, ids, n * sizeof *ids) != 0)
+                support_fail("%s: the tokenizer gives %zu ids, the reference %u (or they differ)",
+                             label, n_got, n);
+        }
+        /* batch 16: the 128-token prompt's prefill spans chunks of the session as well */
+        engine_session *s = support_session(m, 16, ENGINE_KV_F32);
+        uint32_t n_pos = rd_u32(&r), done = 0, worst_pos = 0;
+        double worst = 0;
+        for (uint32_t k = 0; k < n_pos && !r.bad && s; k++) {
+            uint32_t pos = rd_u32(&r);
+            if (pos >= n || pos + 1 < done) {
+                r.bad = true;
+                break;
+            }
+            if (pos + 1 > done) {
+                CHECK(engine_session_append(s, ids + done, pos + 1 - done, NULL) == 0);
+                done = pos + 1;
+            }
+            const float *e = engine_session_logits(s);
+            CHECK(e != NULL);
+            if (!e) break;
+            double rel = compare_row(&r, e, n_vocab, stride, top_k, label, pos);
+            if (rel > worst) {
+                worst = rel;
+                worst_pos = pos;
+            }
+        }
+        printf("%s: %u tokens, worst relative error %.3g at position %u\n", label, n, worst,
+               worst_pos);
+        if (!(worst <= REL_TOL)) support_fail("%s: relative error %.3g > %.0e", label, worst,
+                                              REL_TOL);
+        engine_session_free(s);
+        free(ids);
+    }
+    CHECK(!r.bad && r.p == r.end);
+    free(bin);
+    engine_json_deinit(&doc);
+    free(meta);
+}
+
+/* Logits after appending ids[0..n) in chunks of `chunk` tokens to a fresh session. */
+static bool run_chunks(engine_model *m, const int32_t *ids, size_t n, size_t chunk, float *out) {
+    engine_session *s = support_session(m, 64, ENGINE_KV_F32);
+    if (!s) return false;
+    bool ok = true;
+    for (size_t i = 0; i < n && ok; i += chunk)
+        ok = engine_session_append(s, ids + i, (chunk < n - i ? chunk : n - i), NULL) == 0;
+    CHECK(ok);
+    if (ok) memcpy(out, engine_session_logits(s), sizeof(float) * (size_t)engine_model_n_vocab(m));
+    engine_session_free(s);
+    return ok;
+}
+
+typedef struct {
+    int32_t toks[64];
+    int n;
+} collected;
+
+static int collect(void *user, const char *text, size_t len, int32_t token) {
+    (void)text;
+    (void)len;
+    collected *c = user;
+    if (token >= 0 && c->n < 64) c->toks[c->n++] = token;
+    return 0;
+}
+
+static void check_sessions(engine_model *m, const char *path) {
+    int32_t nv = engine_model_n_vocab(m);
+    int32_t ids[80];
+    size_t n = support_chat_prompt(m, ids, 80);
+    float *a = malloc(sizeof(float) * (size_t)nv), *b = malloc(sizeof(float) * (size_t)nv);
+    /* one chunk of 64 + 16, token by token, 7 at a time: the same bits */
+    CHECK(run_chunks(m, ids, n, 64, a));
+    CHECK(run_chunks(m, ids, n, 1, b));
+    double d1 = support_max_abs_diff(a, b, nv);
+    CHECK(run_chunks(m, ids, n, 7, b));
+    double d7 = support_max_abs_diff(a, b, nv);
+    printf("prefill chunk 64 vs 1: max diff %g, vs 7: %g\n", d1, d7);
+    CHECK(d1 == 0 && d7 == 0);
+
+    /* one thread gives the same bits */
+    engine_model *m1 = support_load(path, 1, N_CTX, ENGINE_DEVICE_CPU);
+    if (m1) {
+        CHECK(run_chunks(m1, ids, n, 64, b));
+        double dt = support_max_abs_diff(a, b, nv);
+        printf("1 thread vs 2: max diff %g\n", dt);
+        CHECK(dt == 0);
+        engine_model_free(m1);
+    }
+
+    /* truncation: to 0 restarts exactly; elsewhere it is refused and changes nothing */
+    engine_session *s = support_session(m, 64, ENGINE_KV_F32);
+    if (s) {
+        CHECK(engine_session_append(s, ids, n, NULL) == 0);
+        CHECK(engine_session_truncate(s, (int32_t)n / 2) == ENGINE_EUNSUPPORTED);
+        CHECK(engine_session_n_tokens(s) == (int32_t)n && engine_session_logits(s) != NULL);
+        CHECK(engine_session_truncate(s, (int32_t)n) == 0);
+        CHECK(engine_session_truncate(s, 0) == 0);
+        CHECK(engine_session_n_tokens(s) == 0 && engine_session_logits(s) == NULL);
+        CHECK(engine_session_append(s, ids, n, NULL) == 0);
+        const float *l = engine_session_logits(s);
+        CHECK(l && support_max_abs_diff(a, l, nv) == 0);
+        engine_session_free(s);
+    }
+
+    /* greedy generation: a manual loop, a fresh session, and a session that already holds
+     * another conversation (engine_generate must not keep its recurrent state) */
+    int32_t manual[16];
+    s = support_session(m, 64, ENGINE_KV_F32);
+    if (s) {
+        CHECK(engine_session_append(s, ids, n, NULL) == 0);
+        for (int i = 0; i < 16; i++) {
+            manual[i] = support_argmax(engine_session_logits(s), nv);
+            CHECK(engine_session_append(s, &manual[i], 1, NULL) == 0);
+        }
+        engine_session_free(s);
+    }
+    engine_gen_params gp = ENGINE_GEN_PARAMS_INIT;
+    gp.prompt = ids;
+    gp.n_prompt = n;
+    gp.max_tokens = 16;
+    gp.ignore_eog = true;
+    gp.sampling.temperature = 0.0f;
+    s = support_session(m, 64, ENGINE_KV_F32);
+    for (int round = 0; round < 4 && s; round++) {
+        /* round 1 repeats round 0's prompt: the session holds it plus the answer, and a
+         * rollback to inside it is only possible through a restart */
+        if (round == 2) { /* a different conversation in between */
+            engine_gen_params other = gp;
+            other.prompt = ids + 5;
+            other.n_prompt = n - 5;
+            collected junk = {{0}, 0};
+            CHECK(engine_generate(s, &other, collect, &junk, NULL) == 0);
+            continue;
+        }
+        collected c = {{0}, 0};
+        engine_gen_stats st;
+        CHECK(engine_generate(s, &gp, collect, &c, &st) == 0);
+        CHECK(c.n == 16 && st.generated_tokens == 16);
+        CHECK(c.n == 16 && memcmp(c.toks, manual, sizeof manual) == 0);
+        printf("engine_generate round %d: %d tokens, first %d, matches the manual loop: %s\n",
+               round, c.n, c.toks[0], memcmp(c.toks, manual, sizeof manual) ? "no" : "yes");
+    }
+    engine_session_free(s);
+    free(a);
+    free(b);
+}
+
+static void check_hparams(void) {
+    const engine_arch_preset *p = engine_arch_preset_find("qwen35-35b-a3b");
+    CHECK(p != NULL);
+    if (!p) return;
+    engine_hparams hp = p->hp;
+    CHECK(engine_hparams_check(&hp) == 0);
+    uint64_t total = 0, active = 0;
+    engine_arch_param_count(&hp, &total, &active);
+    printf("qwen35-35b-a3b: %.2f B parameters, %.2f B active\n", total / 1e9, active / 1e9);
+    CHECK(total > 34.0e9 && total < 36.0e9 && active > 2.5e9 && active < 4.0e9);
+    int n_attn = 0;
+    for (uint32_t l = 0; l < hp.n_layer; l++) n_attn += engine_q35_layer_is_attn(&hp, l);
+    CHECK(n_attn == 10 && engine_q35_layer_is_attn(&hp, 3) && !engine_q35_layer_is_attn(&hp, 0));
+    engine_tensor_desc *d = NULL;
+    size_t nd = 0;
+    CHECK(engine_arch_tensors(&hp, &d, &nd) == 0);
+    CHECK(nd == 1 + 10 * 16 + 30 * 19 + 2);
+    free(d);
+    engine_hparams h = hp;
+    h.ssm_d_inner = 4000; /* not value heads x head size */
+    CHECK(engine_hparams_check(&h) == ENGINE_EFORMAT);
+    h = hp;
+    h.ssm_dt_rank = 24; /* value heads not a multiple of key heads */
+    CHECK(engine_hparams_check(&h) == ENGINE_EFORMAT);
+    h = hp;
+    h.n_rot = 257;
+    CHECK(engine_hparams_check(&h) == ENGINE_EFORMAT);
+    h = hp;
+    h.full_attn_interval = 0;
+    CHECK(engine_hparams_check(&h) == ENGINE_EFORMAT);
+    h = hp;
+    h.ssm_d_conv = 99;
+    CHECK(engine_hparams_check(&h) == ENGINE_EFORMAT);
+}
+
+/* The F32 data of safetensors tensor `name` into *out; false when absent. */
+static bool HF(const engine_json *doc, const char *data, const float **out, const char *name) {
+    *out = NULL;
+    const engine_json_node *nd = engine_json_get(doc, &doc->nodes[0], name);
+    const engine_json_node *off = nd ? engine_json_get(doc, nd, "data_offsets") : NULL;
+    const engine_json_node *first = off ? engine_json_first(doc, off) : NULL;
+    if (!first || !first->is_int) return false;
+    *out = (const float *)(data + first->ival);
+    return true;
+}
+
+/* The safetensors copy is the HF layout: spot-check the reorderings against the GGUF. */
+static void check_safetensors(const char *tmp) {
+    char gpath[600], sdir[600], spath[700];
+    snprintf(gpath, sizeof gpath, "%s/st.gguf", tmp);
+    snprintf(sdir, sizeof sdir, "%s/hf", tmp);
+    snprintf(spath, sizeof spath, "%s/model.safetensors", sdir);
+    engine_model_gen_params p;
+    support_gen_params(&p, "qwen35-tiny", "f32", 3, gpath);
+    p.safetensors_dir = sdir;
+    if (engine_model_gen(&p) != 0) {
+        support_fail("gen with safetensors: %s", engine_error_last());
+        return;
+    }
+    size_t len = 0;
+    char *st = support_slurp(spath, &len);
+    engine_gguf *g = NULL;
+    CHECK(st && engine_gguf_open(&g, gpath) == 0);
+    if (!st || !g) {
+        free(st);
+        engine_gguf_close(g);
+        return;
+    }
+    uint64_t hl = 0;
+    memcpy(&hl, st, 8);
+    engine_json doc;
+    memset(&doc, 0, sizeof doc);
+    CHECK(hl < len && engine_json_parse(&doc, st + 8, (size_t)hl, spath) == 0);
+    const char *data = st + 8 + hl;
+    const engine_hparams *hp = &engine_arch_preset_find("qwen35-tiny")->hp;
+    int64_t nk = hp->ssm_n_group, nv = hp->ssm_dt_rank, r = nv / nk, dv = hp->ssm_d_state;
+    int64_t E = hp->n_embd, di = hp->ssm_d_inner, F = hp->n_ff_exp;
+    /* (HF name, GGUF name) pairs and how an HF element maps to the GGUF */
+    const float *hf;
+    const engine_gguf_tensor *t;
+    int bad = 0;
+    /* A_log (grouped) vs ssm_a (tiled): v head h = kh * r + s sits at tiled s * nk + kh */
+    if (HF(&doc, data, &hf, "model.layers.0.linear_attn.A_log") &&
+        (t = engine_gguf_find_tensor(g, "blk.0.ssm_a"))) {
+        const float *a = t->data;
+        for (int64_t kh = 0; kh < nk; kh++)
+            for (int64_t s = 0; s < r; s++)
+                bad += fabsf(-expf(hf[kh * r + s]) - a[s * nk + kh]) > 1e-6f * fabsf(a[0]) + 1e-6f;
+    } else {
+        bad++;
+    }
+    /* out_proj columns */
+    if (HF(&doc, data, &hf, "model.layers.1.linear_attn.out_proj.weight") &&
+        (t = engine_gguf_find_tensor(g, "blk.1.ssm_out.weight"))) {
+        const float *w = t->data;
+        for (int64_t row = 0; row < E; row += 37)
+            for (int64_t kh = 0; kh < nk; kh++)
+                for (int64_t s = 0; s < r; s++)
+                    for (int64_t d = 0; d < dv; d += 13)
+                        bad += hf[row * di + (kh * r + s) * dv + d] !=
+                               w[row * di + (s * nk + kh) * dv + d];
+    } else {
+        bad++;
+    }
+    /* input_layernorm holds w - 1; experts' up half is rows F..2F-1 of gate_up_proj */
+    if (HF(&doc, data, &hf, "model.layers.2.input_layernorm.weight") &&
+        (t = engine_gguf_find_tensor(g, "blk.2.attn_norm.weight"))) {
+        for (int64_t i = 0; i < E; i++) bad += hf[i] + 1.0f != ((const float *)t->data)[i];
+    } else {
+        bad++;
+    }
+    if (HF(&doc, data, &hf, "model.layers.3.mlp.experts.gate_up_proj") &&
+        (t = engine_gguf_find_tensor(g, "blk.3.ffn_up_exps.weight"))) {
+        const float *w = t->data;
+        for (int64_t e = 0; e < (int64_t)hp->n_expert; e++)
+            for (int64_t f = 0; f < F; f += 17)
+                bad += memcmp(hf + (e * 2 * F + F + f) * E, w + (e * F + f) * E,
+                              sizeof(float) * (size_t)E) != 0;
+    } else {
+        bad++;
+    }
+    CHECK(bad == 0);
+    printf("safetensors: A_log, out_proj, input_layernorm, gate_up_proj checked against the "
+           "GGUF (%d mismatches)\n", bad);
+    engine_json_deinit(&doc);
+    engine_gguf_close(g);
+    free(st);
+    unlink(gpath);
+    support_rmtree(sdir);
+}
+
+int main(void) {
+    int skip = support_init();
+    if (skip) return skip;
+    check_hparams();
+    char tmp[512];
+    if (support_tmpdir(tmp, sizeof tmp, "qwen35", true)) return 1;
+    char path[600];
+    snprintf(path, sizeof path, "%s/qwen35-tiny.gguf", tmp);
+    if (support_gen("qwen35-tiny", "f32", 1, path) == 0) {
+        engine_model *m = support_load(path, 2, N_CTX, ENGINE_DEVICE_CPU);
+        if (m) {
+            engine_model_info info;
+            engine_model_info_get(m, &info);
+            CHECK(!strcmp(info.arch, "qwen35moe") && info.n_layer == 8 && info.n_expert == 8);
+            const char *src = getenv("SPARK_SOURCE_DIR");
+            char dir[4096];
+            snprintf(dir, sizeof dir, "%s/tests/fixtures/reference", src ? src : ".");
+            check_reference(m, dir, "qwen35-tiny-f32-s1");
+            check_sessions(m, path);
+            engine_model_free(m);
+        }
+    } else {
+        support_failures++;
+    }
+    unlink(path);
+    check_safetensors(tmp);
+    support_rmtree(tmp);
+    return support_finish("test_qwen35");
+}
