@@ -217,4 +217,29 @@ T.test('agent run: approval in the floating window, events in the agent buffer',
   end
 end)
 
+T.test(':SparkStart runs the server command and connects; :SparkStop stops it', function()
+  local tcp = vim.loop.new_tcp()
+  tcp:bind('127.0.0.1', 0)
+  local port = tcp:getsockname().port
+  tcp:close()
+  local cmd = server.real and { os.getenv('SPARK_CLI'), 'serve' }
+    or { os.getenv('SPARK_TEST_DIR') .. '/fake_serve.sh', 'serve' }
+  E.lua([[local port, cmd, real = ...
+    local spark = require('spark')
+    spark.state.client:close()
+    spark.config.url = 'ws://127.0.0.1:' .. port .. '/rpc'
+    spark.config.server_cmd = cmd
+    spark.config.token = ''
+    vim.env.SPARK_API_KEY = real and ('start-test-' .. port) or 'secret'
+    vim.env.XDG_CONFIG_HOME = vim.fn.tempname()]], port, cmd, server.real)
+  E.wait_for(5000, [[return require('spark').state.client == nil]], 'the old connection to close')
+  E.lua([[vim.cmd('SparkStart')]])
+  E.wait_for(60000, [[local s = require('spark').state
+    return s.client ~= nil and s.client:is_open() and s.server_job ~= nil]], 'the started server')
+  T.ok(E.lua([[return require('spark').config.url]]):find(tostring(port), 1, true), 'url')
+  E.lua([[_G.job = require('spark').state.server_job; vim.cmd('SparkStop')]])
+  E.wait_for(10000, [[return vim.fn.jobwait({_G.job}, 0)[1] ~= -1]], 'the server to stop')
+  T.eq(E.lua([[return require('spark').state.server_job == nil]]), true)
+end)
+
 T.run()

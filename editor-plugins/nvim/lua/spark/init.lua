@@ -70,7 +70,8 @@ function M.connect(cb)
     end
   end
   local cwd = vim.loop.cwd()
-  local client, err = rpc.connect({
+  local client, err -- declared first: the callbacks below compare against it
+  client, err = rpc.connect({
     url = M.config.url,
     token = token.find(M.config.token),
     init = {
