@@ -3,6 +3,7 @@
  * client. Structured tool calls in the answer are turned into Hermes markup so that the loop
  * parses and validates them exactly like the engine's. */
 #include "loop_int.h"
+#include "sse_int.h"
 
 #include <libwebsockets.h>
 #include <stdlib.h>
@@ -45,82 +46,12 @@ typedef struct {
     const agent_turn_opts *o;
     buf body;          /* request body */
     size_t sent;
-    buf line;          /* SSE line being assembled */
     buf raw;           /* whole response (errors, non-streamed answers) */
-    buf content;
-    json_t *calls;     /* [{id, name, arguments (string)}] by index */
+    agent_sse sse;     /* the streamed answer (agent/sse.c) */
     int status;
-    bool done, failed, oom, finished_length;
+    bool done, failed, oom;
     char err[512];
-    int64_t chunks;
 } req;
-
-static void sse_event(req *q, const char *data) {
-    if (!strcmp(data, "[DONE]")) {
-        q->done = true;
-        return;
-    }
-    json_t *v = json_loads(data, 0, NULL);
-    if (!v) return;
-    json_t *ch = json_array_get(json_object_get(v, "choices"), 0);
-    json_t *d = json_object_get(ch, "delta");
-    const char *fr = json_string_value(json_object_get(ch, "finish_reason"));
-    if (fr && !strcmp(fr, "length")) q->finished_length = true;
-    const char *c = json_string_value(json_object_get(d, "content"));
-    if (c && *c) {
-        if (buf_add(&q->content, c, strlen(c))) q->oom = true;
-        if (q->o->on_text) q->o->on_text(q->o->user, c, strlen(c));
-        q->chunks++;
-    }
-    size_t i;
-    json_t *tc;
-    json_array_foreach(json_object_get(d, "tool_calls"), i, tc) {
-        json_int_t idx = json_integer_value(json_object_get(tc, "index"));
-        if (idx < 0 || idx > 64) continue;
-        while ((json_int_t)json_array_size(q->calls) <= idx)
-            json_array_append_new(q->calls, json_pack("{s:s, s:s}", "name", "", "arguments",
-                                                      ""));
-        json_t *slot = json_array_get(q->calls, (size_t)idx);
-        json_t *f = json_object_get(tc, "function");
-        const char *nm = json_string_value(json_object_get(f, "name"));
-        const char *ar = json_string_value(json_object_get(f, "arguments"));
-        if (nm && *nm) json_object_set_new(slot, "name", json_string(nm));
-        if (ar) {
-            const char *old = json_string_value(json_object_get(slot, "arguments"));
-            size_t ol = strlen(old), al = strlen(ar);
-            char *cat = malloc(ol + al + 1);
-            if (!cat) {
-                q->oom = true;
-                break;
-            }
-            memcpy(cat, old, ol);
-            memcpy(cat + ol, ar, al + 1);
-            json_object_set_new(slot, "arguments", json_string(cat));
-            free(cat);
-        }
-        q->chunks++;
-    }
-    json_decref(v);
-}
-
-static void sse_feed(req *q, const char *in, size_t len) {
-    for (size_t i = 0; i < len; i++) {
-        if (in[i] == '\n') {
-            char *l = q->line.d ? q->line.d : (char *)"";
-            size_t ln = q->line.n;
-            if (ln && l[ln - 1] == '\r') l[--ln] = 0;
-            if (!strncmp(l, "data:", 5)) {
-                const char *dt = l + 5;
-                while (*dt == ' ') dt++;
-                sse_event(q, dt);
-            }
-            q->line.n = 0;
-            if (q->line.d) q->line.d[0] = 0;
-        } else if (buf_add(&q->line, in + i, 1)) {
-            q->oom = true;
-        }
-    }
-}
 
 static int cb(struct lws *wsi, enum lws_callback_reasons reason, void *user, void *in,
               size_t len) {
@@ -167,7 +98,10 @@ static int cb(struct lws *wsi, enum lws_callback_reasons reason, void *user, voi
         return 0;
     case LWS_CALLBACK_RECEIVE_CLIENT_HTTP_READ:
         if (buf_add(&q->raw, in, len)) q->oom = true;
-        if (q->status >= 200 && q->status < 300) sse_feed(q, in, len);
+        if (q->status >= 200 && q->status < 300) {
+            agent_sse_feed(&q->sse, in, len);
+            if (q->sse.done) q->done = true;
+        }
         if (q->o->cancel && *q->o->cancel) return -1;
         return 0;
     case LWS_CALLBACK_RECEIVE_CLIENT_HTTP: {
@@ -235,7 +169,7 @@ static int remote_turn(agent_backend *b, json_t *msgs, const char *tools_json,
     memset(&q, 0, sizeof q);
     q.r = r;
     q.o = o;
-    q.calls = json_array();
+    if (agent_sse_init(&q.sse, o->on_text, o->user)) return AGENT_ENOMEM;
     json_t *body = json_pack("{s:s, s:o, s:b}", "model", r->model, "messages",
                              wire_messages(msgs), "stream", 1);
     if (tools_json) json_object_set_new(body, "tools", json_loads(tools_json, 0, NULL));
@@ -243,7 +177,7 @@ static int remote_turn(agent_backend *b, json_t *msgs, const char *tools_json,
     char *bj = body ? json_dumps(body, JSON_COMPACT) : NULL;
     json_decref(body);
     int rc = 0;
-    if (!bj || !q.calls || buf_add(&q.body, bj, strlen(bj))) {
+    if (!bj || buf_add(&q.body, bj, strlen(bj))) {
         free(bj);
         rc = agent_err(AGENT_ENOMEM, "out of memory");
         goto done;
@@ -286,7 +220,8 @@ static int remote_turn(agent_backend *b, json_t *msgs, const char *tools_json,
         if (lws_service(ctx, 0) < 0) break;
     }
     lws_context_destroy(ctx);
-    if (q.oom) {
+    agent_sse_finish(&q.sse);
+    if (q.oom || q.sse.oom) {
         rc = agent_err(AGENT_ENOMEM, "out of memory reading the response");
         goto done;
     }
@@ -299,39 +234,21 @@ static int remote_turn(agent_backend *b, json_t *msgs, const char *tools_json,
         rc = agent_err(AGENT_EINVAL, "%s:%d%s: HTTP %d: %.300s", r->host, r->port, r->path,
                        q.status, q.raw.d ? q.raw.d : "");
         goto done;
+    } else if (q.sse.error[0]) {
+        rc = agent_err(AGENT_EINVAL, "%s:%d%s: %s", r->host, r->port, r->path, q.sse.error);
+        goto done;
     }
-    /* The reply as text with Hermes markup for the structured calls. */
-    buf t = {0};
-    if (q.content.d) buf_add(&t, q.content.d, q.content.n);
-    size_t i;
-    json_t *c;
-    json_array_foreach(q.calls, i, c) {
-        const char *nm = json_string_value(json_object_get(c, "name"));
-        const char *ar = json_string_value(json_object_get(c, "arguments"));
-        json_t *nj = json_string(nm ? nm : "");
-        char *ns = nj ? json_dumps(nj, JSON_ENCODE_ANY) : NULL;
-        json_decref(nj);
-        const char *args = ar && *ar ? ar : "{}";
-        if (!ns || buf_add(&t, "\n<tool_call>\n{\"name\": ", 22) || buf_add(&t, ns, strlen(ns)) ||
-            buf_add(&t, ", \"arguments\": ", 15) || buf_add(&t, args, strlen(args)) ||
-            buf_add(&t, "}\n</tool_call>", 14))
-            q.oom = true;
-        free(ns);
-    }
-    if (q.oom) {
-        free(t.d);
+    /* the reply as text with Hermes markup for the structured calls */
+    if (!(*out = agent_sse_reply(&q.sse))) {
         rc = agent_err(AGENT_ENOMEM, "out of memory");
         goto done;
     }
-    *out = t.d ? t.d : strdup("");
-    info->tokens = q.chunks;
-    info->length = q.finished_length;
+    info->tokens = q.sse.chunks;
+    info->length = q.sse.finished_length;
 done:
     free(q.body.d);
-    free(q.line.d);
     free(q.raw.d);
-    free(q.content.d);
-    json_decref(q.calls);
+    agent_sse_deinit(&q.sse);
     return rc;
 }
 
