@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "grammar.h"
+#include "tool_grammar_int.h"
 
 typedef struct {
     agent_backend base;
@@ -36,40 +37,14 @@ static agent_session *eng_session(agent_backend *b) {
 static int build_grammar_from(eng *e, const char *tools_json);
 
 /* The grammar compiler refuses string bounds above 1000 (its automaton would blow up): the
- * copy of the schemas the grammar sees bounds every string at max_string_len (in the XML
- * format, string parameters are raw text without constraints). The parsed arguments are still
- * validated against the full schema before anything runs. */
-static void relax_schema(json_t *v, json_int_t max_len, bool xml) {
-    if (json_is_object(v)) {
-        json_t *ty = json_object_get(v, "type");
-        if (xml && json_is_string(ty) && !strcmp(json_string_value(ty), "string")) {
-            /* the XML format's grammar takes a string parameter as raw text up to
-             * </parameter> and supports no constraints on it */
-            json_object_del(v, "minLength");
-            json_object_del(v, "maxLength");
-            json_object_del(v, "pattern");
-            json_object_del(v, "format");
-            return;
-        }
-        json_t *ml = json_object_get(v, "maxLength");
-        if (json_is_integer(ml) && json_integer_value(ml) > max_len) ml = NULL;
-        if (json_is_string(ty) && !strcmp(json_string_value(ty), "string") && !ml)
-            json_object_set_new(v, "maxLength", json_integer(max_len));
-        const char *k;
-        json_t *x;
-        json_object_foreach(v, k, x) relax_schema(x, max_len, xml);
-    } else if (json_is_array(v)) {
-        size_t i;
-        json_t *x;
-        json_array_foreach(v, i, x) relax_schema(x, max_len, xml);
-    }
-}
-
+ * copy of the schemas the grammar sees bounds every string at max_string_len
+ * (agent_schema_relax). The parsed arguments are still validated against the full schema
+ * before anything runs. */
 static int build_grammar(eng *e, const char *tools_json_full) {
     json_t *tj = json_loads(tools_json_full, 0, NULL);
     if (!tj) return agent_err(AGENT_EINVAL, "tools: not JSON");
-    relax_schema(tj, e->opts.max_string_len > 0 ? e->opts.max_string_len : 1000,
-                 e->base.format == AGENT_TOOLCALL_XML);
+    agent_schema_relax(tj, e->opts.max_string_len > 0 ? e->opts.max_string_len : 1000,
+                       e->base.format == AGENT_TOOLCALL_XML);
     char *tools_json = json_dumps(tj, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(tj);
     if (!tools_json) return agent_err(AGENT_ENOMEM, "out of memory");
@@ -87,29 +62,12 @@ static int build_grammar_from(eng *e, const char *tools_json) {
     go.parallel = e->opts.parallel_calls;
     if (grammar_new_tools(&e->g, tools_json, strlen(tools_json), &go) < 0)
         return agent_err(AGENT_EINVAL, "tool-call grammar: %s", grammar_error_last());
-    int32_t nv = engine_model_n_vocab(e->model);
-    const char **pieces = calloc((size_t)nv, sizeof *pieces);
-    uint32_t *lens = calloc((size_t)nv, sizeof *lens);
-    int32_t *eog = malloc(64 * sizeof *eog);
-    int n_eog = 0, rc = 0;
-    if (!pieces || !lens || !eog) {
-        rc = agent_err(AGENT_ENOMEM, "out of memory");
-        goto done;
-    }
-    for (int32_t i = 0; i < nv; i++) {
-        if (engine_model_token_is_eog(e->model, i) && n_eog < 64) eog[n_eog++] = i;
-        if (engine_model_token_is_special(e->model, i)) continue;
-        size_t l = 0;
-        pieces[i] = engine_model_token_bytes(e->model, i, &l);
-        lens[i] = (uint32_t)l;
-    }
-    if (grammar_vocab_new(&e->v, nv, pieces, lens) < 0 ||
-        grammar_index_new(&e->ix, e->g, e->v) < 0 ||
-        grammar_matcher_new(&e->gm, e->ix, eog, n_eog) < 0)
+    int32_t *eog = NULL;
+    int n_eog = 0;
+    int rc = agent_grammar_vocab_new(&e->v, &eog, &n_eog, e->model);
+    if (rc == 0 && (grammar_index_new(&e->ix, e->g, e->v) < 0 ||
+                    grammar_matcher_new(&e->gm, e->ix, eog, n_eog) < 0))
         rc = agent_err(AGENT_EINTERNAL, "tool-call grammar: %s", grammar_error_last());
-done:
-    free(pieces);
-    free(lens);
     free(eog);
     return rc;
 }
@@ -217,8 +175,7 @@ int agent_backend_engine_new(agent_backend **out, engine_model *m, const agent_e
     e->opts = o ? *o : d;
     const char *tpl = e->opts.template_source ? e->opts.template_source
                                               : engine_model_chat_template(m);
-    e->base.format = tpl && strstr(tpl, "<function=") ? AGENT_TOOLCALL_XML
-                                                      : AGENT_TOOLCALL_HERMES;
+    e->base.format = agent_toolcall_format_of(tpl);
     *out = &e->base;
     return 0;
 }

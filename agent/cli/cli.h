@@ -34,6 +34,8 @@ int cli_run(int argc, char **argv);
 int cli_chat(int argc, char **argv);
 int cli_sessions(int argc, char **argv);
 int cli_sandbox(int argc, char **argv);
+/* `serve` (cmd_full_serve.c, full builds only): the HTTP + WebSocket server. */
+int cli_serve(int argc, char **argv);
 /* `model render` (cmd_full_render.c, full builds only): chat template of a model. */
 int cli_model_render(int argc, char **argv);
 
@@ -57,6 +59,8 @@ typedef struct {
     /* MCP servers from `mcp.NAME = {JSON}` lines, assembled as the text of one JSON object
      * {"NAME": {...}, ...} ("" when none); the agent parses and checks the values. */
     char mcp_servers[16384];
+    char serve_host[256];    /* serve.host ("" = not set) */
+    int serve_port;          /* serve.port (0 = not set) */
     char config_path[4096];  /* the config file consulted ("" if none exists) */
     char error[4400];        /* set when the config file is malformed */
 } cli_config;

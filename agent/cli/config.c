@@ -93,6 +93,14 @@ static int parse_file(cli_config *cfg, FILE *f) {
             if (val[0] != '{') goto bad;
             set_str(cfg->approval_rules_file, sizeof cfg->approval_rules_file, val, NULL, 0, "");
             cfg->approval_rules_line = lineno;
+        } else if (strcmp(key, "serve.host") == 0) {
+            if (!*val || set_str(cfg->serve_host, sizeof cfg->serve_host, val, NULL, 0, ""))
+                goto bad;
+        } else if (strcmp(key, "serve.port") == 0) {
+            char *end;
+            long p = strtol(val, &end, 10);
+            if (*end || p < 1 || p > 65535) goto bad;
+            cfg->serve_port = (int)p;
         } else if (strncmp(key, "mcp.", 4) == 0) {
             if (add_mcp(cfg, key + 4, val) != 0) goto bad;
         } else {
@@ -103,7 +111,7 @@ static int parse_file(cli_config *cfg, FILE *f) {
 bad:
     snprintf(cfg->error, sizeof cfg->error, "%s:%d: cannot parse this line (keys: model, device "
              "= auto|cpu|cuda, threads, sandbox = required|off, approval = MODE, approval_rules "
-             "= {JSON}, mcp.NAME = {JSON})", cfg->config_path, lineno);
+             "= {JSON}, mcp.NAME = {JSON}, serve.host, serve.port)", cfg->config_path, lineno);
     return -1;
 }
 

@@ -26,7 +26,7 @@ static const cli_command commands[] = {
      "not available yet: the agent loop comes with issue 9", true},
     {"chat", FULL(cli_chat), "interactive session",
      "not available yet: the agent loop comes with issue 9", true},
-    {"serve", NULL, "WebSocket JSON-RPC + OpenAI-compatible HTTP on one port",
+    {"serve", FULL(cli_serve), "WebSocket JSON-RPC + OpenAI-compatible HTTP on one port",
      "not available yet: the server comes with issue 10", true},
     {"complete", cli_complete, "raw text completion of a prompt",
      "not available yet: generation comes with issue 3", false},

@@ -167,7 +167,20 @@ int srv_conn_post(srv *s, uint64_t conn_id, const char *text, size_t len);
 /* Service thread: the live connection with this id, or NULL. */
 srv_conn *srv_conn_find(srv *s, uint64_t conn_id);
 
-/* ----- JSON ------------------------------------------------------------------------------------ */
+/* ----- a growable byte buffer -------------------------------------------------------------- */
+typedef struct {
+    char *p;                /* NUL-terminated after every add (NULL while empty) */
+    size_t len, cap;
+    size_t off;             /* bytes consumed at the front (a writer's progress); an add
+                             * reuses that room once it is past half the capacity */
+} srv_buf;
+
+/* Append n bytes / formatted text. AGENT_ENOMEM. */
+int srv_buf_add(srv_buf *b, const void *d, size_t n);
+int srv_buf_printf(srv_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void srv_buf_free(srv_buf *b);
+
+/* ----- JSON --------------------------------------------------------------------------------- */
 
 /* Parse text with the server's depth limit. NULL with *err (a static or caller buffer of 160
  * bytes) set: malformed ("line L column C: ...") or too deep. */
@@ -231,6 +244,10 @@ typedef struct {
     const srv_chunk *extra; /* FIM context from other files (borrowed until submit returns) */
     int n_extra;
     const char *repo_name;  /* FIM: "<|repo_name|>" when non-NULL */
+    const char *file_name;  /* FIM: the current file ("<|file_sep|>name\n" before the
+                             * prefix), may be NULL */
+    const char *middle;     /* FIM: text after <|fim_middle|> that the generation continues
+                             * (llama.cpp /infill's "prompt"); not repeated in the events */
     int32_t time_budget_ms; /* > 0: stop generating after this long (finish "time") */
     srv_sampling sampling;
 } srv_complete_req;
@@ -261,13 +278,16 @@ typedef struct {
 
 typedef struct {
     srv_ev_type type;
-    const char *text;       /* REASONING/TEXT: the delta (UTF-8, not NUL-terminated) */
+    const char *text;       /* REASONING/TEXT: the delta (UTF-8, not NUL-terminated);
+                             * TOOL_CALL: the call's markup as the model wrote it */
     size_t len;
     int tool_index;         /* TOOL_CALL: 0, 1, ... within the turn */
     const char *tool_id;    /* "call_<random>" */
     const char *tool_name;
     const char *tool_args;  /* compact JSON object text */
-    const char *tool_error; /* non-NULL: the call is malformed or fails its schema */
+    const char *tool_error; /* non-NULL: complete markup but not a valid call (unknown
+                             * name, arguments not a JSON object): never run it; a
+                             * front end may pass the markup (text) on as content */
     srv_finish finish;      /* DONE */
     const char *error;      /* DONE with SRV_FINISH_ERROR */
     int status;             /* DONE with SRV_FINISH_ERROR: the HTTP status it maps to */
