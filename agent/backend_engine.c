@@ -18,6 +18,11 @@ typedef struct {
     grammar_vocab *v;
     grammar_index *ix;
     grammar_matcher *gm;
+    /* persisted prefix: the system block's tokens and its file (engine_prefix_*) */
+    int32_t *prefix;
+    size_t n_prefix;
+    bool prefix_pinned;      /* loaded or saved: pinned in the model's prefix cache */
+    char prefix_path[4096];
 } eng;
 
 static void eng_destroy(agent_backend *b) {
@@ -27,6 +32,8 @@ static void eng_destroy(agent_backend *b) {
     grammar_vocab_free(e->v);
     grammar_free(e->g);
     agent_session_free(e->s);
+    if (e->prefix_pinned) engine_prefix_unpin(e->model, e->prefix, e->n_prefix);
+    free(e->prefix);
     free(e);
 }
 
@@ -83,6 +90,61 @@ static int on_token(void *user, const char *text, size_t len, int32_t token) {
     return o->cancel && *o->cancel;
 }
 
+/* Persisted prefix. The system block (system prompt and tool definitions) is the same in
+ * every run of a configuration, so its KV is kept on disk (engine_prefix_*: the file is named
+ * after the model file and the tokens, under $XDG_CACHE_HOME/spark-agent/prefixes) and loaded,
+ * pinned, before the first turn, which then computes only what follows it. Without a usable
+ * file it is saved after the first turn, when its blocks are cached. A cache only: any failure
+ * leaves the turn as it would have been. Needs a model loaded with a prefix cache
+ * (engine_model_params.prefix_cache_bytes); without one nothing happens. */
+static void prefix_load(eng *e, const char *system, const char *tools_json) {
+    const char *src = e->opts.template_source ? e->opts.template_source
+                                              : engine_model_chat_template(e->model);
+    if ((!system && !tools_json) || !src) return;
+    json_t *msgs = system ? json_pack("[{s:s, s:s}]", "role", "system", "content", system)
+                          : json_array();
+    char *mj = msgs ? json_dumps(msgs, JSON_COMPACT) : NULL, *text = NULL;
+    json_decref(msgs);
+    agent_template *t = NULL;
+    agent_template_opts to = AGENT_TEMPLATE_OPTS_INIT;
+    to.add_generation_prompt = false;
+    to.enable_thinking = e->opts.enable_thinking;
+    size_t len = 0, n = 0;
+    if (!mj || agent_template_new(&t, src) || agent_template_render(t, mj, tools_json, &to, &text,
+                                                                    &len))
+        goto done;
+    engine_model_tokenize(e->model, text, len, true, NULL, 0, &n);
+    if (!n || !(e->prefix = malloc(n * sizeof *e->prefix)) ||
+        engine_model_tokenize(e->model, text, len, true, e->prefix, n, &n) ||
+        engine_prefix_default_path(e->model, e->prefix, n, e->prefix_path,
+                                   sizeof e->prefix_path)) {
+        free(e->prefix); /* no prefix cache, shorter than a block, ... */
+        e->prefix = NULL;
+        goto done;
+    }
+    e->n_prefix = n;
+    e->prefix_pinned = engine_prefix_load(e->model, e->prefix_path, e->prefix, n, NULL) == 0;
+done:
+    agent_template_free(t);
+    free(text);
+    free(mj);
+}
+
+/* After the first turn: save the prefix when none was loaded and the conversation does start
+ * with it (the session renders the system block the same way). */
+static void prefix_save(eng *e) {
+    if (!e->prefix || e->prefix_pinned) return;
+    const int32_t *t = agent_session_tokens(e->s);
+    if (agent_session_n_tokens(e->s) >= e->n_prefix &&
+        !memcmp(t, e->prefix, e->n_prefix * sizeof *t))
+        e->prefix_pinned = engine_prefix_save(e->model, e->prefix, e->n_prefix, e->prefix_path,
+                                              NULL) == 0;
+    if (!e->prefix_pinned) {
+        free(e->prefix);
+        e->prefix = NULL;
+    }
+}
+
 static int eng_turn(agent_backend *b, json_t *msgs, const char *tools_json,
                     const agent_turn_opts *o, char **out, agent_turn_info *info) {
     eng *e = (eng *)b;
@@ -103,6 +165,7 @@ static int eng_turn(agent_backend *b, json_t *msgs, const char *tools_json,
         so.enable_thinking = e->opts.enable_thinking;
         so.template_source = e->opts.template_source;
         if ((rc = agent_session_new(&e->s, e->model, &so))) return rc;
+        prefix_load(e, so.system_prompt, tools_json);
         if (tools_json && e->opts.tools_mode != AGENT_TOOLS_UNCONSTRAINED &&
             (rc = build_grammar(e, tools_json)))
             return rc;
@@ -155,6 +218,7 @@ static int eng_turn(agent_backend *b, json_t *msgs, const char *tools_json,
     cb_ctx cc = {o};
     engine_gen_stats st;
     rc = agent_session_generate(e->s, o->max_tokens, &sp, on_token, &cc, out, &st);
+    if (rc == 0) prefix_save(e);
     info->tokens = st.generated_tokens;
     info->length = st.stop == ENGINE_STOP_LENGTH || st.stop == ENGINE_STOP_CONTEXT;
     info->tokens_per_s = st.decode_ms > 0 ? st.decode_tokens * 1000.0 / st.decode_ms : 0;
