@@ -2,6 +2,7 @@
  * handler. A front end adds its row here (part B: srv_rpc_init, srv_anthropic_init,
  * srv_responses_init, srv_infill_init). */
 #include "server_core.h"
+#include "dialects.h"
 
 static const struct {
     const char *name;
@@ -9,6 +10,9 @@ static const struct {
 } modules[] = {
     {"metrics", srv_metrics_init},
     {"openai", srv_openai_init},
+    {"anthropic", srv_anthropic_init},
+    {"responses", srv_responses_init},
+    {"infill", srv_infill_init},
 };
 
 int srv_modules_init(srv *s) {
