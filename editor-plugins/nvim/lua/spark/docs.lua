@@ -85,7 +85,9 @@ end
 --- Returns a cancel function.
 function Docs:request(buf, method, params, cb)
   local cancelled = false
-  local _, cancel = self.client:request(method, params, function(r, err)
+  local cancel -- declared first: the retry below replaces it
+  local _
+  _, cancel = self.client:request(method, params, function(r, err)
     if err and err.code == codes.DocumentNotOpen and not cancelled and self.open[buf]
         and vim.api.nvim_buf_is_valid(buf) then
       self:_send_open(buf, self.open[buf])
