@@ -64,8 +64,10 @@ static bool q35_hf_tensor(const engine_hparams *hp, const engine_tensor_desc *d,
         [ENGINE_TENSOR_FFN_DOWN_SHEXP] = "mlp.shared_expert.down_proj.weight",
     };
     if (d->role == ENGINE_TENSOR_FFN_UP_EXPS || !names[d->role]) return false;
-    if (d->layer < 0) snprintf(name, cap, "%s", names[d->role]);
-    else snprintf(name, cap, "model.layers.%d.%s", d->layer, names[d->role]);
+    if (d->layer < 0)
+        snprintf(name, cap, "%s", names[d->role]);
+    else
+        snprintf(name, cap, "model.layers.%d.%s", d->layer, names[d->role]);
     switch (d->role) {
     case ENGINE_TENSOR_FFN_GATE_EXPS: /* [X, 2F, E] */
         *n_dims = 3;
@@ -146,13 +148,16 @@ void engine_gen_q35_st_row(const engine_hparams *hp, const engine_tensor_desc *d
         memcpy(base + q35_grouped(hp, r, 1) * ne0, row, sizeof(float) * (size_t)ne0);
         return;
     case ENGINE_TENSOR_SSM_DT:
-        for (int64_t j = 0; j < ne0; j++) base[q35_grouped(hp, j, 1)] = row[j];
+        for (int64_t j = 0; j < ne0; j++)
+            base[q35_grouped(hp, j, 1)] = row[j];
         return;
     case ENGINE_TENSOR_SSM_A:
-        for (int64_t j = 0; j < ne0; j++) base[q35_grouped(hp, j, 1)] = logf(-row[j]);
+        for (int64_t j = 0; j < ne0; j++)
+            base[q35_grouped(hp, j, 1)] = logf(-row[j]);
         return;
     case ENGINE_TENSOR_SSM_OUT: /* columns are value-head-indexed */
-        for (int64_t j = 0; j < ne0; j++) base[r * ne0 + q35_grouped(hp, j, dv)] = row[j];
+        for (int64_t j = 0; j < ne0; j++)
+            base[r * ne0 + q35_grouped(hp, j, dv)] = row[j];
         return;
     case ENGINE_TENSOR_FFN_GATE_EXPS:
     case ENGINE_TENSOR_FFN_UP_EXPS: {
@@ -166,7 +171,8 @@ void engine_gen_q35_st_row(const engine_hparams *hp, const engine_tensor_desc *d
     }
     float *dst = base + r * ne0;
     if (q35_norm_plus_one(d->role)) {
-        for (int64_t j = 0; j < ne0; j++) dst[j] = row[j] - 1.0f; /* exact for (0.5, 2) */
+        for (int64_t j = 0; j < ne0; j++)
+            dst[j] = row[j] - 1.0f; /* exact for (0.5, 2) */
         return;
     }
     memcpy(dst, row, sizeof(float) * (size_t)ne0);
@@ -184,50 +190,50 @@ int engine_gen_q35_config(const engine_hparams *hp, int32_t bos, int32_t eos, co
     if (t >= sizeof types) return engine_err(ENGINE_EINTERNAL, "layer_types does not fit");
     char prf[32];
     snprintf(prf, sizeof prf, "%.9g", (double)hp->n_rot / (double)hp->head_dim_k);
-    int n = snprintf(
-        buf, cap,
-        "{\n"
-        "  \"architectures\": [\"Qwen3_5MoeForCausalLM\"],\n"
-        "  \"model_type\": \"qwen3_5_moe_text\",\n"
-        "  \"vocab_size\": %u,\n"
-        "  \"hidden_size\": %u,\n"
-        "  \"num_hidden_layers\": %u,\n"
-        "  \"num_attention_heads\": %u,\n"
-        "  \"num_key_value_heads\": %u,\n"
-        "  \"head_dim\": %u,\n"
-        "  \"hidden_act\": \"silu\",\n"
-        "  \"max_position_embeddings\": %u,\n"
-        "  \"rms_norm_eps\": %s,\n"
-        "  \"partial_rotary_factor\": %s,\n"
-        "  \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": %s, "
-        "\"partial_rotary_factor\": %s, \"mrope_section\": [%u, %u, %u], "
-        "\"mrope_interleaved\": true},\n"
-        "  \"attention_bias\": false,\n"
-        "  \"attention_dropout\": 0.0,\n"
-        "  \"linear_conv_kernel_dim\": %u,\n"
-        "  \"linear_key_head_dim\": %u,\n"
-        "  \"linear_value_head_dim\": %u,\n"
-        "  \"linear_num_key_heads\": %u,\n"
-        "  \"linear_num_value_heads\": %u,\n"
-        "  \"moe_intermediate_size\": %u,\n"
-        "  \"shared_expert_intermediate_size\": %u,\n"
-        "  \"num_experts\": %u,\n"
-        "  \"num_experts_per_tok\": %u,\n"
-        "  \"output_router_logits\": false,\n"
-        "  \"router_aux_loss_coef\": 0.001,\n"
-        "  \"layer_types\": [%s],\n"
-        "  \"tie_word_embeddings\": %s,\n"
-        "  \"initializer_range\": 0.02,\n"
-        "  \"use_cache\": true,\n"
-        "  \"bos_token_id\": %d,\n"
-        "  \"eos_token_id\": %d,\n"
-        "  \"dtype\": \"float32\"\n"
-        "}\n",
-        hp->n_vocab, hp->n_embd, hp->n_layer, hp->n_head, hp->n_head_kv, hp->head_dim_k,
-        hp->n_ctx_train, eps, prf, theta, prf, hp->rope_sections[0], hp->rope_sections[1],
-        hp->rope_sections[2], hp->ssm_d_conv, hp->ssm_d_state, hp->ssm_d_state, hp->ssm_n_group,
-        hp->ssm_dt_rank, hp->n_ff_exp, hp->n_ff_shexp, hp->n_expert, hp->n_expert_used, types,
-        hp->tied_embeddings ? "true" : "false", bos, eos);
+    int n =
+        snprintf(buf, cap,
+                 "{\n"
+                 "  \"architectures\": [\"Qwen3_5MoeForCausalLM\"],\n"
+                 "  \"model_type\": \"qwen3_5_moe_text\",\n"
+                 "  \"vocab_size\": %u,\n"
+                 "  \"hidden_size\": %u,\n"
+                 "  \"num_hidden_layers\": %u,\n"
+                 "  \"num_attention_heads\": %u,\n"
+                 "  \"num_key_value_heads\": %u,\n"
+                 "  \"head_dim\": %u,\n"
+                 "  \"hidden_act\": \"silu\",\n"
+                 "  \"max_position_embeddings\": %u,\n"
+                 "  \"rms_norm_eps\": %s,\n"
+                 "  \"partial_rotary_factor\": %s,\n"
+                 "  \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": %s, "
+                 "\"partial_rotary_factor\": %s, \"mrope_section\": [%u, %u, %u], "
+                 "\"mrope_interleaved\": true},\n"
+                 "  \"attention_bias\": false,\n"
+                 "  \"attention_dropout\": 0.0,\n"
+                 "  \"linear_conv_kernel_dim\": %u,\n"
+                 "  \"linear_key_head_dim\": %u,\n"
+                 "  \"linear_value_head_dim\": %u,\n"
+                 "  \"linear_num_key_heads\": %u,\n"
+                 "  \"linear_num_value_heads\": %u,\n"
+                 "  \"moe_intermediate_size\": %u,\n"
+                 "  \"shared_expert_intermediate_size\": %u,\n"
+                 "  \"num_experts\": %u,\n"
+                 "  \"num_experts_per_tok\": %u,\n"
+                 "  \"output_router_logits\": false,\n"
+                 "  \"router_aux_loss_coef\": 0.001,\n"
+                 "  \"layer_types\": [%s],\n"
+                 "  \"tie_word_embeddings\": %s,\n"
+                 "  \"initializer_range\": 0.02,\n"
+                 "  \"use_cache\": true,\n"
+                 "  \"bos_token_id\": %d,\n"
+                 "  \"eos_token_id\": %d,\n"
+                 "  \"dtype\": \"float32\"\n"
+                 "}\n",
+                 hp->n_vocab, hp->n_embd, hp->n_layer, hp->n_head, hp->n_head_kv, hp->head_dim_k,
+                 hp->n_ctx_train, eps, prf, theta, prf, hp->rope_sections[0], hp->rope_sections[1],
+                 hp->rope_sections[2], hp->ssm_d_conv, hp->ssm_d_state, hp->ssm_d_state,
+                 hp->ssm_n_group, hp->ssm_dt_rank, hp->n_ff_exp, hp->n_ff_shexp, hp->n_expert,
+                 hp->n_expert_used, types, hp->tied_embeddings ? "true" : "false", bos, eos);
     if (n <= 0 || (size_t)n >= cap)
         return engine_err(ENGINE_EINTERNAL, "config.json does not fit its buffer");
     return n;

@@ -79,6 +79,9 @@
 #include <math.h>
 #include <string.h>
 
+#include "model/safetensors.h"
+#include "tokenizer/json.h"
+
 #define Q35_ROW_BLOCK 16
 #define Q35_EXP_CHUNK 32
 #define Q35_MAX_CONV ENGINE_CPU_MAX_CONV
@@ -94,39 +97,50 @@ int engine_q35_hparams_check(const engine_hparams *hp) {
     const char *an = "qwen35moe";
     const uint32_t big = 1u << 20;
     if (hp->n_ff_shexp == 0 || hp->n_ff_shexp > big)
-        return engine_err(ENGINE_EFORMAT, "%s.expert_shared_feed_forward_length = %u is out of "
-                          "range (1..%u)", an, hp->n_ff_shexp, big);
+        return engine_err(ENGINE_EFORMAT,
+                          "%s.expert_shared_feed_forward_length = %u is out of "
+                          "range (1..%u)",
+                          an, hp->n_ff_shexp, big);
     if (hp->head_dim_k != hp->head_dim_v)
         return engine_err(ENGINE_EFORMAT, "%s: key_length %u != value_length %u", an,
                           hp->head_dim_k, hp->head_dim_v);
     if (hp->n_rot == 0 || hp->n_rot % 2 || hp->n_rot > hp->head_dim_k)
-        return engine_err(ENGINE_EFORMAT, "%s.rope.dimension_count = %u must be even and in "
-                          "(0, key_length = %u]", an, hp->n_rot, hp->head_dim_k);
+        return engine_err(ENGINE_EFORMAT,
+                          "%s.rope.dimension_count = %u must be even and in "
+                          "(0, key_length = %u]",
+                          an, hp->n_rot, hp->head_dim_k);
     if (hp->full_attn_interval == 0 || hp->full_attn_interval > hp->n_layer)
-        return engine_err(ENGINE_EFORMAT, "%s.full_attention_interval = %u is out of range "
-                          "(1..block_count = %u)", an, hp->full_attn_interval, hp->n_layer);
+        return engine_err(ENGINE_EFORMAT,
+                          "%s.full_attention_interval = %u is out of range "
+                          "(1..block_count = %u)",
+                          an, hp->full_attn_interval, hp->n_layer);
     if (hp->ssm_d_conv < 1 || hp->ssm_d_conv > Q35_MAX_CONV)
         return engine_err(ENGINE_EFORMAT, "%s.ssm.conv_kernel = %u is out of range (1..%d)", an,
                           hp->ssm_d_conv, Q35_MAX_CONV);
     if (hp->ssm_d_state == 0 || hp->ssm_d_state > 1024 || hp->ssm_n_group == 0 ||
         hp->ssm_n_group > 4096 || hp->ssm_dt_rank == 0 || hp->ssm_dt_rank > 4096)
-        return engine_err(ENGINE_EFORMAT, "%s: ssm.state_size %u (1..1024), group_count %u, "
-                          "time_step_rank %u (1..4096) out of range", an, hp->ssm_d_state,
-                          hp->ssm_n_group, hp->ssm_dt_rank);
+        return engine_err(ENGINE_EFORMAT,
+                          "%s: ssm.state_size %u (1..1024), group_count %u, "
+                          "time_step_rank %u (1..4096) out of range",
+                          an, hp->ssm_d_state, hp->ssm_n_group, hp->ssm_dt_rank);
     if (hp->ssm_dt_rank % hp->ssm_n_group)
-        return engine_err(ENGINE_EFORMAT, "%s.ssm.time_step_rank = %u (value heads) is not a "
-                          "multiple of ssm.group_count = %u (key heads)", an, hp->ssm_dt_rank,
-                          hp->ssm_n_group);
+        return engine_err(ENGINE_EFORMAT,
+                          "%s.ssm.time_step_rank = %u (value heads) is not a "
+                          "multiple of ssm.group_count = %u (key heads)",
+                          an, hp->ssm_dt_rank, hp->ssm_n_group);
     if ((uint64_t)hp->ssm_d_inner != (uint64_t)hp->ssm_dt_rank * hp->ssm_d_state)
-        return engine_err(ENGINE_EFORMAT, "%s.ssm.inner_size = %u is not time_step_rank x "
-                          "state_size = %u x %u (value heads of the key head size)", an,
-                          hp->ssm_d_inner, hp->ssm_dt_rank, hp->ssm_d_state);
+        return engine_err(ENGINE_EFORMAT,
+                          "%s.ssm.inner_size = %u is not time_step_rank x "
+                          "state_size = %u x %u (value heads of the key head size)",
+                          an, hp->ssm_d_inner, hp->ssm_dt_rank, hp->ssm_d_state);
     if (hp->n_nextn > 16)
         return engine_err(ENGINE_EFORMAT, "%s.nextn_predict_layers = %u is out of range (0..16)",
                           an, hp->n_nextn);
     if (!hp->norm_topk_prob)
-        return engine_err(ENGINE_EUNSUPPORTED, "%s: expert_weights_norm = false (the reference "
-                          "always renormalises the top-k weights)", an);
+        return engine_err(ENGINE_EUNSUPPORTED,
+                          "%s: expert_weights_norm = false (the reference "
+                          "always renormalises the top-k weights)",
+                          an);
     return 0;
 }
 
@@ -157,9 +171,8 @@ int engine_q35_hparams_read(engine_hparams *hp, const engine_gguf *g, const char
     if (engine_gguf_find_key(g, key)) {
         const engine_gguf_value *v;
         if ((rc = engine_gguf_get_arr(g, key, -1, &v))) return rc;
-        if (v->arr.n > 4 || v->arr.type == ENGINE_GGUF_STRING ||
-            v->arr.type == ENGINE_GGUF_ARRAY || v->arr.type == ENGINE_GGUF_FLOAT32 ||
-            v->arr.type == ENGINE_GGUF_FLOAT64)
+        if (v->arr.n > 4 || v->arr.type == ENGINE_GGUF_STRING || v->arr.type == ENGINE_GGUF_ARRAY ||
+            v->arr.type == ENGINE_GGUF_FLOAT32 || v->arr.type == ENGINE_GGUF_FLOAT64)
             return engine_err(ENGINE_EFORMAT, "%s: %s must be at most 4 integers",
                               engine_gguf_path(g), key);
         for (uint64_t i = 0; i < v->arr.n; i++) {
@@ -200,7 +213,8 @@ int engine_q35_hparams_write(const engine_hparams *hp, engine_gguf_writer *w, co
     }
     if (rc) return rc;
     int32_t sec[4];
-    for (int i = 0; i < 4; i++) sec[i] = (int32_t)hp->rope_sections[i];
+    for (int i = 0; i < 4; i++)
+        sec[i] = (int32_t)hp->rope_sections[i];
     snprintf(key, sizeof key, "%s.rope.dimension_sections", an);
     if ((rc = engine_gguf_writer_set_arr(w, key, ENGINE_GGUF_INT32, sec, 4))) return rc;
     /* block_count (written by the caller) counts the main blocks only: no MTP block is
@@ -220,7 +234,8 @@ int engine_q35_tensors(const engine_hparams *hp, engine_tensor_desc **out, size_
     *out = NULL;
     *n_out = 0;
     size_t n = 2 + (hp->tied_embeddings ? 0 : 1);
-    for (uint32_t l = 0; l < hp->n_layer; l++) n += q35_layer_tensors(hp, l);
+    for (uint32_t l = 0; l < hp->n_layer; l++)
+        n += q35_layer_tensors(hp, l);
     engine_tensor_desc *d = calloc(n, sizeof *d);
     if (!d) return engine_err(ENGINE_ENOMEM, "out of memory for %zu tensor descriptions", n);
     const int64_t E = hp->n_embd, V = hp->n_vocab, hd = hp->head_dim_k;
@@ -242,8 +257,8 @@ int engine_q35_tensors(const engine_hparams *hp, engine_tensor_desc **out, size_
         } else {
             engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_ATTN_QKV, l, 2, E, conv, 1);
             engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_ATTN_GATE, l, 2, E, di, 1);
-            engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_SSM_CONV1D, l, 2, hp->ssm_d_conv,
-                                   conv, 1);
+            engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_SSM_CONV1D, l, 2, hp->ssm_d_conv, conv,
+                                   1);
             engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_SSM_DT, l, 1, nv, 1, 1);
             engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_SSM_A, l, 1, nv, 1, 1);
             engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_SSM_BETA, l, 2, E, nv, 1);
@@ -275,8 +290,8 @@ void engine_q35_param_count(const engine_hparams *hp, uint64_t *total, uint64_t 
     const uint64_t dk = hp->ssm_d_state, nk = hp->ssm_n_group, nv = hp->ssm_dt_rank;
     const uint64_t di = hp->ssm_d_inner, conv = 2 * nk * dk + di;
     const uint64_t attn = E * 2 * nh * hd + 2 * E * nkv * hd + nh * hd * E + 2 * hd;
-    const uint64_t lin = E * conv + E * di + 2 * E * nv + hp->ssm_d_conv * conv + 2 * nv + dk +
-                         di * E;
+    const uint64_t lin =
+        E * conv + E * di + 2 * E * nv + hp->ssm_d_conv * conv + 2 * nv + dk + di * E;
     const uint64_t per_expert = 3 * E * hp->n_ff_exp;
     const uint64_t ffn_common = 2 * E + E * hp->n_expert + E + 3 * E * hp->n_ff_shexp;
     uint64_t t = E * V + E + (hp->tied_embeddings ? 0 : E * V), a = t;
@@ -294,43 +309,49 @@ void engine_q35_param_count(const engine_hparams *hp, uint64_t *total, uint64_t 
  * ------------------------------------------------------------------------------------------- */
 typedef struct {
     bool attn;
-    int32_t slot;                  /* index among the attention or the DeltaNet blocks */
-    const float *attn_norm;        /* [E] */
-    const float *post_norm;        /* [E] */
+    int32_t slot;           /* index among the attention or the DeltaNet blocks */
+    const float *attn_norm; /* [E] */
+    const float *post_norm; /* [E] */
     /* full attention */
-    const float *q_norm, *k_norm;  /* [hd] */
-    engine_weight wq;              /* E -> nh * 2hd ([q | gate] per head) */
-    engine_weight wk, wv;          /* E -> nkv * hd */
-    engine_weight wo;              /* nh * hd -> E */
+    const float *q_norm, *k_norm; /* [hd] */
+    engine_weight wq;             /* E -> nh * 2hd ([q | gate] per head) */
+    engine_weight wk, wv;         /* E -> nkv * hd */
+    engine_weight wo;             /* nh * hd -> E */
     /* Gated DeltaNet */
-    engine_weight wqkv;            /* E -> conv channels */
-    engine_weight wz;              /* E -> nv * dv */
-    engine_weight wbeta, walpha;   /* E -> nv */
-    engine_weight wout;            /* nv * dv -> E */
-    const float *conv;             /* [channels][d_conv] */
-    const float *dt_bias, *a;      /* [nv]; a = -exp(A_log) */
-    const float *ssm_norm;         /* [dv] */
+    engine_weight wqkv;          /* E -> conv channels */
+    engine_weight wz;            /* E -> nv * dv */
+    engine_weight wbeta, walpha; /* E -> nv */
+    engine_weight wout;          /* nv * dv -> E */
+    const float *conv;           /* [channels][d_conv] */
+    const float *dt_bias, *a;    /* [nv]; a = -exp(A_log) */
+    const float *ssm_norm;       /* [dv] */
     /* MoE */
-    engine_weight gate_inp;        /* E -> X */
+    engine_weight gate_inp; /* E -> X */
     engine_weight gate_exps, up_exps, down_exps;
+    int64_t gu_stride; /* rows from one expert's gate (up) matrix to the next: F in
+                        * GGUF, 2F in HF's fused gate_up_proj */
     engine_weight gate_shexp, up_shexp, down_shexp;
-    const float *gate_inp_shexp;   /* [E] */
+    const float *gate_inp_shexp; /* [E] */
 } q35_layer;
 
 struct engine_q35_model {
+    engine_st *st; /* HF checkpoint (weights point into it), or NULL for GGUF */
+    bool v_tiled;  /* value heads in llama.cpp's tiled order (GGUF) */
     q35_layer *layers;
     int32_t n_attn, n_lin;
-    float *rope_inv_freq;          /* [n_rot / 2] */
-    float **owned;                 /* small tensors converted to F32 */
+    float *rope_inv_freq; /* [n_rot / 2] */
+    float **owned;        /* small tensors converted to F32 */
     size_t n_owned, cap_owned;
 };
 
 void engine_q35_model_free(engine_q35_model *qm) {
     if (!qm) return;
-    for (size_t i = 0; i < qm->n_owned; i++) free(qm->owned[i]);
+    for (size_t i = 0; i < qm->n_owned; i++)
+        free(qm->owned[i]);
     free(qm->owned);
     free(qm->layers);
     free(qm->rope_inv_freq);
+    engine_st_close(qm->st);
     free(qm);
 }
 
@@ -344,15 +365,16 @@ static int q35_tensor(const engine_model *m, engine_tensor_role role, int layer,
     return 0;
 }
 
-static int q35_matrix(const engine_model *m, engine_tensor_role role, int layer,
-                      engine_weight *w) {
+static int q35_matrix(const engine_model *m, engine_tensor_role role, int layer, engine_weight *w) {
     const engine_gguf_tensor *t;
     int rc = q35_tensor(m, role, layer, &t);
     if (rc) return rc;
     const engine_type_traits *tr = engine_type_traits_get(t->type);
     if (!tr || !tr->supported)
-        return engine_err(ENGINE_EUNSUPPORTED, "%s: tensor %s has type %s, which the CPU kernels "
-                          "do not support", m->path, t->name, engine_type_name(t->type));
+        return engine_err(ENGINE_EUNSUPPORTED,
+                          "%s: tensor %s has type %s, which the CPU kernels "
+                          "do not support",
+                          m->path, t->name, engine_type_name(t->type));
     w->data = t->data;
     w->type = t->type;
     w->cols = t->ne[0];
@@ -389,6 +411,7 @@ int engine_q35_load(engine_model *m) {
     engine_q35_model *qm = calloc(1, sizeof *qm);
     if (!qm) return engine_err(ENGINE_ENOMEM, "out of memory loading %s", m->path);
     m->q35 = qm;
+    qm->v_tiled = true;
     qm->cap_owned = 8 * (size_t)hp->n_layer + 2;
     qm->owned = calloc(qm->cap_owned, sizeof(float *));
     qm->layers = calloc(hp->n_layer, sizeof *qm->layers);
@@ -400,8 +423,10 @@ int engine_q35_load(engine_model *m) {
     if ((rc = q35_matrix(m, ENGINE_TENSOR_TOKEN_EMBD, -1, &m->tok_embd)) ||
         (rc = q35_f32(m, ENGINE_TENSOR_OUTPUT_NORM, -1, &m->output_norm)))
         return rc;
-    if (hp->tied_embeddings) m->output = m->tok_embd;
-    else if ((rc = q35_matrix(m, ENGINE_TENSOR_OUTPUT, -1, &m->output))) return rc;
+    if (hp->tied_embeddings)
+        m->output = m->tok_embd;
+    else if ((rc = q35_matrix(m, ENGINE_TENSOR_OUTPUT, -1, &m->output)))
+        return rc;
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         q35_layer *ly = &qm->layers[l];
         int L = (int)l;
@@ -434,6 +459,7 @@ int engine_q35_load(engine_model *m) {
             (rc = q35_matrix(m, ENGINE_TENSOR_FFN_GATE_EXPS, L, &ly->gate_exps)) ||
             (rc = q35_matrix(m, ENGINE_TENSOR_FFN_UP_EXPS, L, &ly->up_exps)) ||
             (rc = q35_matrix(m, ENGINE_TENSOR_FFN_DOWN_EXPS, L, &ly->down_exps)) ||
+            (ly->gu_stride = ly->gate_exps.rows, 0) ||
             (rc = q35_matrix(m, ENGINE_TENSOR_FFN_GATE_SHEXP, L, &ly->gate_shexp)) ||
             (rc = q35_matrix(m, ENGINE_TENSOR_FFN_UP_SHEXP, L, &ly->up_shexp)) ||
             (rc = q35_matrix(m, ENGINE_TENSOR_FFN_DOWN_SHEXP, L, &ly->down_shexp)) ||
@@ -451,34 +477,34 @@ struct engine_q35_fwd {
     /* dims */
     int E, hd, nh, nkv, nk, nv, dk, dv, K, C, di, X, F, Fs;
     int32_t n_attn, n_lin;
-    bool v_tiled;                   /* value head h reads key head h % nk (GGUF), else h / r */
+    bool v_tiled; /* value head h reads key head h % nk (GGUF), else h / r */
     /* full attention KV: one contiguous block of n_ctx positions per attention block */
     void *kv_mem;
     void **k_blocks, **v_blocks;
-    engine_kv_view *views;          /* [n_attn] */
+    engine_kv_view *views; /* [n_attn] */
     /* Gated DeltaNet state */
-    float *conv_state;              /* [n_lin][C][K-1] */
-    float *ssm_state;               /* [n_lin][nv][dk][dv] */
+    float *conv_state; /* [n_lin][C][K-1] */
+    float *ssm_state;  /* [n_lin][nv][dk][dv] */
     size_t conv_per_layer, ssm_per_layer;
     /* activations [B][...] */
-    float *x, *xn, *tmp;            /* [B][E] */
-    float *big;                     /* [B][max(2 nh hd, C)] q+gate or qkv */
-    float *q, *gate, *att;          /* [B][nh hd]; att also holds o [B][di] */
-    float *k, *v;                   /* [B][nkv hd] */
-    float *z;                       /* [B][di] */
-    float *bb, *aa;                 /* [B][nv] */
-    float *router, *probs;          /* [B][X], [X] */
-    int32_t *sel;                   /* [B k] */
-    float *selw;                    /* [B k] */
+    float *x, *xn, *tmp;   /* [B][E] */
+    float *big;            /* [B][max(2 nh hd, C)] q+gate or qkv */
+    float *q, *gate, *att; /* [B][nh hd]; att also holds o [B][di] */
+    float *k, *v;          /* [B][nkv hd] */
+    float *z;              /* [B][di] */
+    float *bb, *aa;        /* [B][nv] */
+    float *router, *probs; /* [B][X], [X] */
+    int32_t *sel;          /* [B k] */
+    float *selw;           /* [B k] */
     int32_t *exp_start, *exp_slots, *active;
-    float *g, *u;                   /* [B k][F] */
-    float *eout;                    /* [B k][E] */
-    float *sg, *su;                 /* [B][Fs] */
-    float *shgate;                  /* [B] */
-    uint8_t *conv, *hconv;          /* converted inputs */
+    float *g, *u;          /* [B k][F] */
+    float *eout;           /* [B k][E] */
+    float *sg, *su;        /* [B][Fs] */
+    float *shgate;         /* [B] */
+    uint8_t *conv, *hconv; /* converted inputs */
     size_t conv_stride, hconv_stride;
-    float *scores;                  /* [n_threads][group][n_ctx] */
-    float *scratch;                 /* [n_threads][2 dk + dv] */
+    float *scores;  /* [n_threads][group][n_ctx] */
+    float *scratch; /* [n_threads][2 dk + dv] */
 };
 
 static size_t q35_fsz(size_t n) {
@@ -508,7 +534,6 @@ void engine_q35_fwd_free(engine_q35_fwd *f) {
     free(f);
 }
 
-
 void engine_q35_fwd_reset(engine_q35_fwd *f) {
     memset(f->conv_state, 0, q35_fsz(f->conv_per_layer * (size_t)f->n_lin));
     memset(f->ssm_state, 0, q35_fsz(f->ssm_per_layer * (size_t)f->n_lin));
@@ -517,9 +542,11 @@ void engine_q35_fwd_reset(engine_q35_fwd *f) {
 int engine_q35_fwd_truncate(engine_q35_fwd *f, int32_t n_tokens, int32_t n) {
     if (n == n_tokens) return 0;
     if (n != 0)
-        return engine_err(ENGINE_EUNSUPPORTED, "qwen35moe: the recurrent state of the Gated "
+        return engine_err(ENGINE_EUNSUPPORTED,
+                          "qwen35moe: the recurrent state of the Gated "
                           "DeltaNet blocks cannot be rolled back from %d to %d tokens (no state "
-                          "snapshots yet): truncate to 0 and recompute", n_tokens, n);
+                          "snapshots yet): truncate to 0 and recompute",
+                          n_tokens, n);
     engine_q35_fwd_reset(f);
     return 0;
 }
@@ -557,14 +584,14 @@ int engine_q35_fwd_new(engine_session *s) {
     f->Fs = (int)hp->n_ff_shexp;
     f->n_attn = qm->n_attn;
     f->n_lin = qm->n_lin;
-    f->v_tiled = true; /* GGUF files: llama.cpp's converter tiles the value heads */
+    f->v_tiled = qm->v_tiled;
     size_t Bz = (size_t)B, kslots = Bz * (size_t)f->k_used;
     size_t qd = (size_t)f->nh * f->hd, kvd = (size_t)f->nkv * f->hd;
     size_t elt = s->kv_type == ENGINE_KV_F32 ? 4 : 2;
     size_t kv_layer = (size_t)n_ctx * kvd * elt;
     size_t bigw = ENGINE_MAX(2 * qd, (size_t)f->C), attw = ENGINE_MAX(qd, (size_t)f->di);
-    size_t widest = ENGINE_MAX(ENGINE_MAX((size_t)f->E, qd), ENGINE_MAX((size_t)f->di,
-                                                                         (size_t)f->Fs));
+    size_t widest =
+        ENGINE_MAX(ENGINE_MAX((size_t)f->E, qd), ENGINE_MAX((size_t)f->di, (size_t)f->Fs));
     f->conv_stride = q35_align(q35_fsz(ENGINE_MAX(widest, (size_t)f->F)));
     f->hconv_stride = q35_align(q35_fsz((size_t)ENGINE_MAX(f->F, f->Fs)));
     f->conv_per_layer = (size_t)f->C * (size_t)(f->K - 1);
@@ -575,10 +602,10 @@ int engine_q35_fwd_new(engine_session *s) {
     f->k_blocks = calloc((size_t)ENGINE_MAX(1, f->n_attn), sizeof(void *));
     f->v_blocks = calloc((size_t)ENGINE_MAX(1, f->n_attn), sizeof(void *));
     f->views = calloc((size_t)ENGINE_MAX(1, f->n_attn), sizeof *f->views);
-    f->conv_state = calloc(ENGINE_MAX((size_t)1, f->conv_per_layer * (size_t)f->n_lin),
-                           sizeof(float));
-    f->ssm_state = calloc(ENGINE_MAX((size_t)1, f->ssm_per_layer * (size_t)f->n_lin),
-                          sizeof(float));
+    f->conv_state =
+        calloc(ENGINE_MAX((size_t)1, f->conv_per_layer * (size_t)f->n_lin), sizeof(float));
+    f->ssm_state =
+        calloc(ENGINE_MAX((size_t)1, f->ssm_per_layer * (size_t)f->n_lin), sizeof(float));
     f->x = malloc(q35_fsz(Bz * 3 * (size_t)f->E));
     f->big = malloc(q35_fsz(Bz * bigw));
     f->q = malloc(q35_fsz(Bz * (2 * qd + attw + 2 * kvd + (size_t)f->di + 2 * (size_t)f->nv + 1)));
@@ -595,8 +622,10 @@ int engine_q35_fwd_new(engine_session *s) {
         !f->ssm_state || !f->x || !f->big || !f->q || !f->router || !f->sel || !f->exp_start ||
         !f->g || !f->sg || !f->conv || !f->hconv || !f->scores || !f->scratch) {
         engine_q35_fwd_free(f);
-        return engine_err(ENGINE_ENOMEM, "out of memory for a qwen35moe session of %d "
-                          "positions", n_ctx);
+        return engine_err(ENGINE_ENOMEM,
+                          "out of memory for a qwen35moe session of %d "
+                          "positions",
+                          n_ctx);
     }
     f->xn = f->x + Bz * (size_t)f->E;
     f->tmp = f->xn + Bz * (size_t)f->E;
@@ -618,8 +647,8 @@ int engine_q35_fwd_new(engine_session *s) {
     for (int32_t l = 0; l < f->n_attn; l++) {
         f->k_blocks[l] = (uint8_t *)f->kv_mem + (2 * (size_t)l) * kv_layer;
         f->v_blocks[l] = (uint8_t *)f->kv_mem + (2 * (size_t)l + 1) * kv_layer;
-        f->views[l] = (engine_kv_view){&f->k_blocks[l], &f->v_blocks[l], n_ctx, s->kv_type,
-                                       f->nkv, f->hd};
+        f->views[l] =
+            (engine_kv_view){&f->k_blocks[l], &f->v_blocks[l], n_ctx, s->kv_type, f->nkv, f->hd};
     }
     s->q35 = f;
     return 0;
@@ -629,18 +658,18 @@ int engine_q35_fwd_new(engine_session *s) {
  * Jobs for the thread pool
  * ------------------------------------------------------------------------------------------- */
 typedef enum {
-    Q_MATMUL,     /* up to 4 weights sharing one converted input */
-    Q_CONVERT,    /* rows of F32 -> a vec_dot type */
-    Q_NORM,       /* (x += add) then xn = rmsnorm(x) * w */
-    Q_ATTN_PREP,  /* split q/gate, q/k norms, partial RoPE, store k/v */
-    Q_ATTENTION,  /* (token, kv head) pairs */
-    Q_ATTN_GATE,  /* att *= sigmoid(gate) */
-    Q_CONV,       /* causal depthwise conv + SiLU per channel, over the chunk's tokens */
-    Q_DELTA,      /* gated delta rule + gated RMSNorm per value head, over the tokens */
-    Q_EXP_UP,     /* gate and up rows of the selected experts */
-    Q_SWIGLU,     /* h = silu(g) * u, converted for the down projection */
-    Q_EXP_DOWN,   /* down rows of the selected experts */
-    Q_COMBINE,    /* x += sum_j w_j expert_j + sigmoid(gate . xn) * shared */
+    Q_MATMUL,    /* up to 4 weights sharing one converted input */
+    Q_CONVERT,   /* rows of F32 -> a vec_dot type */
+    Q_NORM,      /* (x += add) then xn = rmsnorm(x) * w */
+    Q_ATTN_PREP, /* split q/gate, q/k norms, partial RoPE, store k/v */
+    Q_ATTENTION, /* (token, kv head) pairs */
+    Q_ATTN_GATE, /* att *= sigmoid(gate) */
+    Q_CONV,      /* causal depthwise conv + SiLU per channel, over the chunk's tokens */
+    Q_DELTA,     /* gated delta rule + gated RMSNorm per value head, over the tokens */
+    Q_EXP_UP,    /* gate and up rows of the selected experts */
+    Q_SWIGLU,    /* h = silu(g) * u, converted for the down projection */
+    Q_EXP_DOWN,  /* down rows of the selected experts */
+    Q_COMBINE,   /* x += sum_j w_j expert_j + sigmoid(gate . xn) * shared */
 } q35_op;
 
 typedef struct {
@@ -678,7 +707,8 @@ typedef struct {
 
 static void q_matmul(q35_job *j, int ith, int nth) {
     int64_t total = 0;
-    for (int i = 0; i < j->n_w; i++) total += j->w[i]->rows;
+    for (int i = 0; i < j->n_w; i++)
+        total += j->w[i]->rows;
     int64_t r0, r1;
     engine_split(total, ith, nth, &r0, &r1);
     int64_t base = 0;
@@ -691,8 +721,8 @@ static void q_matmul(q35_job *j, int ith, int nth) {
         for (int64_t rb = a; rb < b; rb += Q35_ROW_BLOCK) {
             int64_t re = rb + Q35_ROW_BLOCK < b ? rb + Q35_ROW_BLOCK : b;
             for (int32_t t = 0; t < j->n; t++)
-                engine_quant_matvec(w->type, w->data, w->row_bytes, (int)w->cols, (int)rb,
-                                    (int)re, j->x + (size_t)t * j->x_stride,
+                engine_quant_matvec(w->type, w->data, w->row_bytes, (int)w->cols, (int)rb, (int)re,
+                                    j->x + (size_t)t * j->x_stride,
                                     j->y[i] + (size_t)t * j->y_stride[i]);
         }
     }
@@ -715,10 +745,10 @@ static void q_norm(q35_job *j, int ith, int nth) {
         float *x = f->x + (size_t)t * e;
         if (j->add) {
             const float *d = j->add + (size_t)t * e;
-            for (size_t i = 0; i < e; i++) x[i] += d[i];
+            for (size_t i = 0; i < e; i++)
+                x[i] += d[i];
         }
-        engine_cpu_rmsnorm(f->xn + (size_t)t * e, x, j->norm_w, (int)e,
-                           j->m->hp.rms_norm_eps);
+        engine_cpu_rmsnorm(f->xn + (size_t)t * e, x, j->norm_w, (int)e, j->m->hp.rms_norm_eps);
     }
 }
 
@@ -772,7 +802,8 @@ static void q_attn_gate(q35_job *j, int ith, int nth) {
     for (int64_t t = a; t < b; t++) {
         float *o = f->att + (size_t)t * w;
         const float *g = f->gate + (size_t)t * w;
-        for (size_t i = 0; i < w; i++) o[i] *= 1.0f / (1.0f + expf(-g[i]));
+        for (size_t i = 0; i < w; i++)
+            o[i] *= 1.0f / (1.0f + expf(-g[i]));
     }
 }
 
@@ -818,8 +849,8 @@ static void q_delta(q35_job *j, int ith, int nth) {
     }
 }
 
-static inline const uint8_t *q35_expert_rows(const engine_weight *w, int32_t e) {
-    return (const uint8_t *)w->data + (size_t)e * (size_t)w->rows * w->row_bytes;
+static inline const uint8_t *q35_expert_rows(const engine_weight *w, int32_t e, int64_t stride) {
+    return (const uint8_t *)w->data + (size_t)e * (size_t)stride * w->row_bytes;
 }
 
 static void q_exp_up(q35_job *j) {
@@ -833,7 +864,8 @@ static void q_exp_up(q35_job *j) {
         int32_t e = f->active[it / j->chunks];
         int64_t r0 = (it % j->chunks) * Q35_EXP_CHUNK;
         int64_t r1 = ENGINE_MIN(r0 + Q35_EXP_CHUNK, wg->rows);
-        const uint8_t *g = q35_expert_rows(wg, e), *u = q35_expert_rows(wu, e);
+        const uint8_t *g = q35_expert_rows(wg, e, j->ly->gu_stride);
+        const uint8_t *u = q35_expert_rows(wu, e, j->ly->gu_stride);
         for (int32_t si = f->exp_start[e]; si < f->exp_start[e + 1]; si++) {
             int32_t slot = f->exp_slots[si], t = slot / k;
             engine_quant_matvec(wg->type, g, wg->row_bytes, (int)wg->cols, (int)r0, (int)r1,
@@ -854,7 +886,7 @@ static void q_exp_down(q35_job *j) {
         int32_t e = f->active[it / j->chunks];
         int64_t r0 = (it % j->chunks) * Q35_EXP_CHUNK;
         int64_t r1 = ENGINE_MIN(r0 + Q35_EXP_CHUNK, wd->rows);
-        const uint8_t *d = q35_expert_rows(wd, e);
+        const uint8_t *d = q35_expert_rows(wd, e, wd->rows);
         for (int32_t si = f->exp_start[e]; si < f->exp_start[e + 1]; si++) {
             int32_t slot = f->exp_slots[si];
             engine_quant_matvec(wd->type, d, wd->row_bytes, (int)wd->cols, (int)r0, (int)r1,
@@ -887,14 +919,17 @@ static void q_combine(q35_job *j, int ith, int nth) {
         float *x = f->x + (size_t)t * e;
         const float *xn = f->xn + (size_t)t * e, *sh = f->tmp + (size_t)t * e;
         double dot = 0.0;
-        for (size_t i = 0; i < e; i++) dot += (double)wg[i] * xn[i];
+        for (size_t i = 0; i < e; i++)
+            dot += (double)wg[i] * xn[i];
         float sgate = 1.0f / (1.0f + expf(-(float)dot));
-        for (size_t i = 0; i < e; i++) x[i] += sgate * sh[i];
+        for (size_t i = 0; i < e; i++)
+            x[i] += sgate * sh[i];
         for (int jj = 0; jj < k; jj++) {
             size_t slot = (size_t)t * k + jj;
             float w = f->selw[slot];
             const float *o = f->eout + slot * e;
-            for (size_t i = 0; i < e; i++) x[i] += w * o[i];
+            for (size_t i = 0; i < e; i++)
+                x[i] += w * o[i];
         }
     }
 }
@@ -902,18 +937,42 @@ static void q_combine(q35_job *j, int ith, int nth) {
 static void q35_job_fn(void *ctx, int ith, int nth) {
     q35_job *j = ctx;
     switch (j->op) {
-    case Q_MATMUL: q_matmul(j, ith, nth); break;
-    case Q_CONVERT: q_convert(j, ith, nth); break;
-    case Q_NORM: q_norm(j, ith, nth); break;
-    case Q_ATTN_PREP: q_attn_prep(j, ith, nth); break;
-    case Q_ATTENTION: q_attention(j, ith, nth); break;
-    case Q_ATTN_GATE: q_attn_gate(j, ith, nth); break;
-    case Q_CONV: q_conv(j, ith, nth); break;
-    case Q_DELTA: q_delta(j, ith, nth); break;
-    case Q_EXP_UP: q_exp_up(j); break;
-    case Q_SWIGLU: q_swiglu(j, ith, nth); break;
-    case Q_EXP_DOWN: q_exp_down(j); break;
-    case Q_COMBINE: q_combine(j, ith, nth); break;
+    case Q_MATMUL:
+        q_matmul(j, ith, nth);
+        break;
+    case Q_CONVERT:
+        q_convert(j, ith, nth);
+        break;
+    case Q_NORM:
+        q_norm(j, ith, nth);
+        break;
+    case Q_ATTN_PREP:
+        q_attn_prep(j, ith, nth);
+        break;
+    case Q_ATTENTION:
+        q_attention(j, ith, nth);
+        break;
+    case Q_ATTN_GATE:
+        q_attn_gate(j, ith, nth);
+        break;
+    case Q_CONV:
+        q_conv(j, ith, nth);
+        break;
+    case Q_DELTA:
+        q_delta(j, ith, nth);
+        break;
+    case Q_EXP_UP:
+        q_exp_up(j);
+        break;
+    case Q_SWIGLU:
+        q_swiglu(j, ith, nth);
+        break;
+    case Q_EXP_DOWN:
+        q_exp_down(j);
+        break;
+    case Q_COMBINE:
+        q_combine(j, ith, nth);
+        break;
     }
 }
 
@@ -922,10 +981,13 @@ static void q35_job_fn(void *ctx, int ith, int nth) {
 static void q35_run(const engine_model *m, q35_job *j, q35_op op) {
     j->op = op;
     j->next = 0;
-    bool inline_ok = (op == Q_NORM || op == Q_ATTN_PREP || op == Q_ATTN_GATE ||
-                      op == Q_CONVERT || op == Q_COMBINE) && j->n <= 2;
-    if (inline_ok) q35_job_fn(j, 0, 1);
-    else engine_pool_run(m->pool, q35_job_fn, j);
+    bool inline_ok = (op == Q_NORM || op == Q_ATTN_PREP || op == Q_ATTN_GATE || op == Q_CONVERT ||
+                      op == Q_COMBINE) &&
+                     j->n <= 2;
+    if (inline_ok)
+        q35_job_fn(j, 0, 1);
+    else
+        engine_pool_run(m->pool, q35_job_fn, j);
 }
 
 static engine_type q35_vdt(const engine_weight *w) {
@@ -1039,14 +1101,17 @@ static void q35_moe(const engine_model *m, engine_q35_fwd *f, const q35_layer *l
                              f->selw + (size_t)t * k, f->probs);
     /* slots (token, choice) grouped by expert, in token order */
     memset(f->exp_start, 0, sizeof(int32_t) * (size_t)(ne + 1));
-    for (int32_t sl = 0; sl < n * k; sl++) f->exp_start[f->sel[sl] + 1]++;
+    for (int32_t sl = 0; sl < n * k; sl++)
+        f->exp_start[f->sel[sl] + 1]++;
     int n_active = 0;
     for (int e = 0; e < ne; e++) {
         if (f->exp_start[e + 1] > 0) f->active[n_active++] = e;
         f->exp_start[e + 1] += f->exp_start[e];
     }
-    for (int32_t sl = 0; sl < n * k; sl++) f->exp_slots[f->exp_start[f->sel[sl]]++] = sl;
-    for (int e = ne; e > 0; e--) f->exp_start[e] = f->exp_start[e - 1];
+    for (int32_t sl = 0; sl < n * k; sl++)
+        f->exp_slots[f->exp_start[f->sel[sl]]++] = sl;
+    for (int e = ne; e > 0; e--)
+        f->exp_start[e] = f->exp_start[e - 1];
     f->exp_start[0] = 0;
 
     /* the shared expert's gate and up, then the routed experts' gate and up */
@@ -1139,8 +1204,10 @@ int engine_q35_fwd_run(engine_session *s, const int32_t *tokens, int32_t n, floa
         j.norm_w = ly->attn_norm;
         j.t0 = 0;
         q35_run(m, &j, Q_NORM);
-        if (ly->attn) q35_attention_block(m, f, ly, n, p0);
-        else q35_deltanet_block(m, f, ly, n);
+        if (ly->attn)
+            q35_attention_block(m, f, ly, n, p0);
+        else
+            q35_deltanet_block(m, f, ly, n);
         j.add = f->tmp;
         j.norm_w = ly->post_norm;
         q35_run(m, &j, Q_NORM);
@@ -1158,4 +1225,409 @@ int engine_q35_fwd_run(engine_session *s, const int32_t *tokens, int32_t n, floa
     q35_matmul(m, f, 1, &wout, &dst, &vs, f->xn, E, t0, n - t0);
     if (logits_all) memcpy(s->logits, logits_all + (size_t)(n - 1) * vs, q35_fsz(vs));
     return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Hugging Face checkpoints: config.json + tokenizer files + safetensors (text model only)
+ * ------------------------------------------------------------------------------------------- */
+typedef struct {
+    const engine_json *doc;
+    const engine_json_node *obj;
+    const char *path;
+} q35_cfg;
+
+static int q35_cfg_u32(const q35_cfg *c, const char *key, uint32_t *out, bool required) {
+    const engine_json_node *n = engine_json_get(c->doc, c->obj, key);
+    if (!n || n->type == ENGINE_JSON_NULL) {
+        return required ? engine_err(ENGINE_EFORMAT, "%s: missing \"%s\"", c->path, key) : 0;
+    }
+    if (n->type != ENGINE_JSON_NUMBER || !n->is_int || n->ival < 0 || n->ival > (1 << 30))
+        return engine_err(ENGINE_EFORMAT, "%s: \"%s\" is not a count", c->path, key);
+    *out = (uint32_t)n->ival;
+    return 0;
+}
+
+static int q35_cfg_f32(const q35_cfg *c, const engine_json_node *obj, const char *key, float *out) {
+    const engine_json_node *n = obj ? engine_json_get(c->doc, obj, key) : NULL;
+    if (!n || n->type == ENGINE_JSON_NULL) return 0;
+    if (n->type != ENGINE_JSON_NUMBER)
+        return engine_err(ENGINE_EFORMAT, "%s: \"%s\" is not a number", c->path, key);
+    *out = (float)n->dval;
+    return 0;
+}
+
+static bool q35_cfg_is(const q35_cfg *c, const engine_json_node *obj, const char *key,
+                       const char *want) {
+    const engine_json_node *n = engine_json_get(c->doc, obj, key);
+    return n && n->type == ENGINE_JSON_STRING && !strcmp(engine_json_str(c->doc, n), want);
+}
+
+/* config.json (Qwen3_5MoeForCausalLM's text config, or the multimodal one's text_config) into
+ * hyper-parameters; *bos is its bos_token_id or -1. */
+static int q35_hf_hparams(engine_hparams *hp, int32_t *bos, const char *dir) {
+    char path[4096];
+    if ((size_t)snprintf(path, sizeof path, "%s/config.json", dir) >= sizeof path)
+        return engine_err(ENGINE_EINVAL, "%s: path too long", dir);
+    size_t len = 0;
+    char *text = engine_st_read_text(path, &len);
+    if (!text)
+        return engine_err(ENGINE_EIO,
+                          "%s: cannot read (a Hugging Face checkpoint "
+                          "directory needs config.json)",
+                          path);
+    engine_json doc;
+    memset(&doc, 0, sizeof doc);
+    int rc = engine_json_parse(&doc, text, len, path);
+    free(text);
+    if (rc) return rc;
+    q35_cfg c = {&doc, &doc.nodes[0], path};
+    const engine_json_node *tc = engine_json_get(&doc, c.obj, "text_config");
+    if (tc && tc->type == ENGINE_JSON_OBJECT) c.obj = tc;
+    memset(hp, 0, sizeof *hp);
+    *bos = -1;
+    if (c.obj->type != ENGINE_JSON_OBJECT ||
+        !q35_cfg_is(&c, c.obj, "model_type", "qwen3_5_moe_text")) {
+        bool root = q35_cfg_is(&c, &doc.nodes[0], "model_type", "qwen3_5_moe");
+        if (!root || c.obj == &doc.nodes[0]) {
+            engine_json_deinit(&doc);
+            return engine_err(ENGINE_EUNSUPPORTED,
+                              "%s: only Qwen3.5/3.6 MoE checkpoints "
+                              "(model_type qwen3_5_moe_text or qwen3_5_moe) load from safetensors; "
+                              "convert other models to GGUF",
+                              path);
+        }
+    }
+    hp->arch = ENGINE_ARCH_QWEN35MOE;
+    hp->norm_topk_prob = true;
+    hp->rope_theta = 10000.0f;
+    hp->rms_norm_eps = 1e-6f;
+    hp->ssm_d_conv = 4;
+    hp->n_ctx_train = 32768;
+    uint32_t dv = 0, lv = 0;
+    if ((rc = q35_cfg_u32(&c, "vocab_size", &hp->n_vocab, true)) ||
+        (rc = q35_cfg_u32(&c, "hidden_size", &hp->n_embd, true)) ||
+        (rc = q35_cfg_u32(&c, "num_hidden_layers", &hp->n_layer, true)) ||
+        (rc = q35_cfg_u32(&c, "num_attention_heads", &hp->n_head, true)) ||
+        (rc = q35_cfg_u32(&c, "num_key_value_heads", &hp->n_head_kv, true)) ||
+        (rc = q35_cfg_u32(&c, "max_position_embeddings", &hp->n_ctx_train, false)) ||
+        (rc = q35_cfg_u32(&c, "linear_conv_kernel_dim", &hp->ssm_d_conv, false)) ||
+        (rc = q35_cfg_u32(&c, "linear_key_head_dim", &hp->ssm_d_state, true)) ||
+        (rc = q35_cfg_u32(&c, "linear_value_head_dim", &dv, true)) ||
+        (rc = q35_cfg_u32(&c, "linear_num_key_heads", &hp->ssm_n_group, true)) ||
+        (rc = q35_cfg_u32(&c, "linear_num_value_heads", &lv, true)) ||
+        (rc = q35_cfg_u32(&c, "moe_intermediate_size", &hp->n_ff_exp, true)) ||
+        (rc = q35_cfg_u32(&c, "shared_expert_intermediate_size", &hp->n_ff_shexp, true)) ||
+        (rc = q35_cfg_u32(&c, "num_experts", &hp->n_expert, true)) ||
+        (rc = q35_cfg_u32(&c, "num_experts_per_tok", &hp->n_expert_used, true)))
+        goto done;
+    hp->head_dim_k = hp->n_head ? hp->n_embd / hp->n_head : 0;
+    if ((rc = q35_cfg_u32(&c, "head_dim", &hp->head_dim_k, false))) goto done;
+    hp->head_dim_v = hp->head_dim_k;
+    if (dv != hp->ssm_d_state) {
+        rc = engine_err(ENGINE_EUNSUPPORTED,
+                        "%s: linear_value_head_dim %u != linear_key_head_dim "
+                        "%u is not supported",
+                        path, dv, hp->ssm_d_state);
+        goto done;
+    }
+    hp->ssm_dt_rank = lv;
+    hp->ssm_d_inner = lv * dv;
+    const engine_json_node *n = engine_json_get(&doc, c.obj, "tie_word_embeddings");
+    hp->tied_embeddings = n && n->type == ENGINE_JSON_TRUE;
+    float prf = 0.25f;
+    const engine_json_node *rp = engine_json_get(&doc, c.obj, "rope_parameters");
+    if (rp && rp->type != ENGINE_JSON_OBJECT) rp = NULL;
+    if ((rc = q35_cfg_f32(&c, c.obj, "rms_norm_eps", &hp->rms_norm_eps)) ||
+        (rc = q35_cfg_f32(&c, c.obj, "rope_theta", &hp->rope_theta)) ||
+        (rc = q35_cfg_f32(&c, c.obj, "partial_rotary_factor", &prf)) ||
+        (rc = q35_cfg_f32(&c, rp, "rope_theta", &hp->rope_theta)) ||
+        (rc = q35_cfg_f32(&c, rp, "partial_rotary_factor", &prf)))
+        goto done;
+    if (!(prf > 0.0f && prf <= 1.0f)) {
+        rc = engine_err(ENGINE_EFORMAT, "%s: partial_rotary_factor %g is not in (0, 1]", path,
+                        (double)prf);
+        goto done;
+    }
+    hp->n_rot = (uint32_t)((float)hp->head_dim_k * prf);
+    const engine_json_node *ms = rp ? engine_json_get(&doc, rp, "mrope_section") : NULL;
+    int ns = 0;
+    for (const engine_json_node *x =
+             ms && ms->type == ENGINE_JSON_ARRAY ? engine_json_first(&doc, ms) : NULL;
+         x && ns < 4; x = engine_json_next(&doc, x))
+        if (x->type == ENGINE_JSON_NUMBER && x->is_int && x->ival >= 0 && x->ival < 4096)
+            hp->rope_sections[ns++] = (uint32_t)x->ival;
+    /* the block pattern: every full_attention_interval-th block is full attention */
+    hp->full_attn_interval = 4;
+    if ((rc = q35_cfg_u32(&c, "full_attention_interval", &hp->full_attn_interval, false)))
+        goto done;
+    const engine_json_node *lt = engine_json_get(&doc, c.obj, "layer_types");
+    if (lt && lt->type == ENGINE_JSON_ARRAY) {
+        uint32_t l = 0, first = 0;
+        for (const engine_json_node *x = engine_json_first(&doc, lt); x;
+             x = engine_json_next(&doc, x), l++)
+            if (!first && x->type == ENGINE_JSON_STRING &&
+                !strcmp(engine_json_str(&doc, x), "full_attention"))
+                first = l + 1;
+        if (first) hp->full_attn_interval = first;
+        l = 0;
+        for (const engine_json_node *x = engine_json_first(&doc, lt); x;
+             x = engine_json_next(&doc, x), l++) {
+            bool want = engine_q35_layer_is_attn(hp, l);
+            bool full = x->type == ENGINE_JSON_STRING &&
+                        !strcmp(engine_json_str(&doc, x), "full_attention");
+            bool lin = x->type == ENGINE_JSON_STRING &&
+                       !strcmp(engine_json_str(&doc, x), "linear_attention");
+            if (!(want ? full : lin) || l >= hp->n_layer) {
+                rc = engine_err(ENGINE_EUNSUPPORTED,
+                                "%s: layer_types[%u] breaks the pattern of "
+                                "one full-attention block every %u (the only one supported)",
+                                path, l, hp->full_attn_interval);
+                goto done;
+            }
+        }
+        if (l != hp->n_layer) {
+            rc = engine_err(ENGINE_EFORMAT, "%s: layer_types has %u entries for %u layers", path, l,
+                            hp->n_layer);
+            goto done;
+        }
+    }
+    n = engine_json_get(&doc, c.obj, "bos_token_id");
+    if (!n) n = engine_json_get(&doc, &doc.nodes[0], "bos_token_id");
+    if (n && n->type == ENGINE_JSON_NUMBER && n->is_int && n->ival >= 0 &&
+        n->ival < (int64_t)hp->n_vocab)
+        *bos = (int32_t)n->ival;
+    if ((rc = engine_hparams_check(hp))) rc = engine_err(rc, "%s: %s", path, engine_error_last());
+done:
+    engine_json_deinit(&doc);
+    return rc;
+}
+
+/* Tensor `name` with the expected torch shape (trailing zeros in `want` end the list). */
+static int q35_st_get(const engine_model *m, const char *name, const int64_t *want, int nd,
+                      const engine_st_tensor **out) {
+    const engine_st_tensor *t = engine_st_find(m->q35->st, name);
+    if (!t) return engine_err(ENGINE_EFORMAT, "%s: missing tensor %s", m->path, name);
+    bool same = t->n_dims == nd;
+    for (int i = 0; same && i < nd; i++)
+        same = t->shape[i] == want[i];
+    if (!same)
+        return engine_err(
+            ENGINE_EFORMAT,
+            "%s: tensor %s has shape [%lld, %lld, %lld] (%d dims), "
+            "expected [%lld, %lld, %lld]",
+            m->path, name, (long long)t->shape[0], (long long)(t->n_dims > 1 ? t->shape[1] : 0),
+            (long long)(t->n_dims > 2 ? t->shape[2] : 0), t->n_dims, (long long)want[0],
+            (long long)(nd > 1 ? want[1] : 0), (long long)(nd > 2 ? want[2] : 0));
+    if (t->type < 0)
+        return engine_err(ENGINE_EUNSUPPORTED,
+                          "%s: tensor %s has dtype %s (supported: F32, F16, "
+                          "BF16)",
+                          m->path, name, t->dtype);
+    *out = t;
+    return 0;
+}
+
+/* A matrix [rows, cols] (n_mat 0), or experts [n_mat, rows, cols], read in place. */
+static int q35_st_matrix(const engine_model *m, const char *name, int64_t n_mat, int64_t rows,
+                         int64_t cols, engine_weight *w) {
+    const engine_st_tensor *t;
+    int64_t want[3] = {n_mat, rows, cols};
+    int rc = n_mat > 0 ? q35_st_get(m, name, want, 3, &t) : q35_st_get(m, name, want + 1, 2, &t);
+    if (rc) return rc;
+    w->data = t->data;
+    w->type = (engine_type)t->type;
+    w->cols = cols;
+    w->rows = rows;
+    w->n_mat = n_mat > 0 ? n_mat : 1;
+    w->row_bytes = engine_type_row_size(w->type, cols);
+    return 0;
+}
+
+typedef enum { Q35_AS_IS, Q35_PLUS_ONE, Q35_NEG_EXP } q35_xform;
+
+/* A small tensor as F32 (n values), transformed as the converter would: in place when it is
+ * F32 already and needs no change, else an owned copy. */
+static int q35_st_f32(engine_model *m, const char *name, const int64_t *want, int nd, q35_xform x,
+                      const float **out) {
+    engine_q35_model *qm = m->q35;
+    const engine_st_tensor *t;
+    int rc = q35_st_get(m, name, want, nd, &t);
+    if (rc) return rc;
+    if (t->type == ENGINE_TYPE_F32 && x == Q35_AS_IS && (uintptr_t)t->data % sizeof(float) == 0) {
+        *out = t->data;
+        return 0;
+    }
+    ENGINE_ASSERT(qm->n_owned < qm->cap_owned);
+    float *buf = malloc(sizeof(float) * (size_t)t->n_elements);
+    if (!buf) return engine_err(ENGINE_ENOMEM, "out of memory converting %s", name);
+    if ((rc = engine_dequantize_row((engine_type)t->type, t->data, buf, t->n_elements))) {
+        free(buf);
+        return engine_err(rc, "%s: tensor %s: %s", m->path, name, engine_error_last());
+    }
+    for (int64_t i = 0; i < t->n_elements; i++)
+        buf[i] = x == Q35_PLUS_ONE ? buf[i] + 1.0f : x == Q35_NEG_EXP ? -expf(buf[i]) : buf[i];
+    qm->owned[qm->n_owned++] = buf;
+    *out = buf;
+    return 0;
+}
+
+static int q35_hf_weights(engine_model *m) {
+    const engine_hparams *hp = &m->hp;
+    engine_q35_model *qm = m->q35;
+    const int64_t E = hp->n_embd, V = hp->n_vocab, hd = hp->head_dim_k, nh = hp->n_head;
+    const int64_t nkv = hp->n_head_kv, dk = hp->ssm_d_state, nk = hp->ssm_n_group;
+    const int64_t nv = hp->ssm_dt_rank, di = hp->ssm_d_inner, C = 2 * nk * dk + di;
+    const int64_t X = hp->n_expert, F = hp->n_ff_exp, Fs = hp->n_ff_shexp;
+    /* text-only checkpoints say model.layers, multimodal ones model.language_model.layers */
+    const char *pre = engine_st_find(qm->st, "model.language_model.embed_tokens.weight")
+                          ? "model.language_model."
+                          : "model.";
+    char nm[256];
+    int rc;
+#define NAME(...) (snprintf(nm, sizeof nm, __VA_ARGS__), nm)
+    int64_t e1[1] = {E};
+    snprintf(nm, sizeof nm, "%sembed_tokens.weight", pre);
+    if ((rc = q35_st_matrix(m, nm, 0, V, E, &m->tok_embd)) ||
+        (rc = q35_st_f32(m, NAME("%snorm.weight", pre), e1, 1, Q35_PLUS_ONE, &m->output_norm)))
+        return rc;
+    if (hp->tied_embeddings)
+        m->output = m->tok_embd;
+    else if ((rc = q35_st_matrix(m, "lm_head.weight", 0, V, E, &m->output)))
+        return rc;
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        q35_layer *ly = &qm->layers[l];
+        ly->attn = engine_q35_layer_is_attn(hp, l);
+        ly->slot = ly->attn ? qm->n_attn++ : qm->n_lin++;
+        char lp[160];
+        snprintf(lp, sizeof lp, "%slayers.%u.", pre, l);
+        int64_t hd1[1] = {hd}, nv1[1] = {nv}, dk1[1] = {dk}, conv[3] = {C, 1, hp->ssm_d_conv};
+        int64_t sg[2] = {1, E};
+        if ((rc = q35_st_f32(m, NAME("%sinput_layernorm.weight", lp), e1, 1, Q35_PLUS_ONE,
+                             &ly->attn_norm)) ||
+            (rc = q35_st_f32(m, NAME("%spost_attention_layernorm.weight", lp), e1, 1, Q35_PLUS_ONE,
+                             &ly->post_norm)))
+            return rc;
+        if (ly->attn) {
+            if ((rc = q35_st_f32(m, NAME("%sself_attn.q_norm.weight", lp), hd1, 1, Q35_PLUS_ONE,
+                                 &ly->q_norm)) ||
+                (rc = q35_st_f32(m, NAME("%sself_attn.k_norm.weight", lp), hd1, 1, Q35_PLUS_ONE,
+                                 &ly->k_norm)) ||
+                (rc = q35_st_matrix(m, NAME("%sself_attn.q_proj.weight", lp), 0, 2 * nh * hd, E,
+                                    &ly->wq)) ||
+                (rc = q35_st_matrix(m, NAME("%sself_attn.k_proj.weight", lp), 0, nkv * hd, E,
+                                    &ly->wk)) ||
+                (rc = q35_st_matrix(m, NAME("%sself_attn.v_proj.weight", lp), 0, nkv * hd, E,
+                                    &ly->wv)) ||
+                (rc = q35_st_matrix(m, NAME("%sself_attn.o_proj.weight", lp), 0, E, nh * hd,
+                                    &ly->wo)))
+                return rc;
+        } else {
+            if ((rc = q35_st_matrix(m, NAME("%slinear_attn.in_proj_qkv.weight", lp), 0, C, E,
+                                    &ly->wqkv)) ||
+                (rc = q35_st_matrix(m, NAME("%slinear_attn.in_proj_z.weight", lp), 0, di, E,
+                                    &ly->wz)) ||
+                (rc = q35_st_matrix(m, NAME("%slinear_attn.in_proj_b.weight", lp), 0, nv, E,
+                                    &ly->wbeta)) ||
+                (rc = q35_st_matrix(m, NAME("%slinear_attn.in_proj_a.weight", lp), 0, nv, E,
+                                    &ly->walpha)) ||
+                (rc = q35_st_matrix(m, NAME("%slinear_attn.out_proj.weight", lp), 0, E, di,
+                                    &ly->wout)) ||
+                (rc = q35_st_f32(m, NAME("%slinear_attn.conv1d.weight", lp), conv, 3, Q35_AS_IS,
+                                 &ly->conv)) ||
+                (rc = q35_st_f32(m, NAME("%slinear_attn.dt_bias", lp), nv1, 1, Q35_AS_IS,
+                                 &ly->dt_bias)) ||
+                (rc =
+                     q35_st_f32(m, NAME("%slinear_attn.A_log", lp), nv1, 1, Q35_NEG_EXP, &ly->a)) ||
+                (rc = q35_st_f32(m, NAME("%slinear_attn.norm.weight", lp), dk1, 1, Q35_AS_IS,
+                                 &ly->ssm_norm)))
+                return rc;
+        }
+        if ((rc = q35_st_matrix(m, NAME("%smlp.gate.weight", lp), 0, X, E, &ly->gate_inp)) ||
+            (rc = q35_st_matrix(m, NAME("%smlp.experts.gate_up_proj", lp), X, 2 * F, E,
+                                &ly->gate_exps)) ||
+            (rc = q35_st_matrix(m, NAME("%smlp.experts.down_proj", lp), X, E, F, &ly->down_exps)) ||
+            (rc = q35_st_matrix(m, NAME("%smlp.shared_expert.gate_proj.weight", lp), 0, Fs, E,
+                                &ly->gate_shexp)) ||
+            (rc = q35_st_matrix(m, NAME("%smlp.shared_expert.up_proj.weight", lp), 0, Fs, E,
+                                &ly->up_shexp)) ||
+            (rc = q35_st_matrix(m, NAME("%smlp.shared_expert.down_proj.weight", lp), 0, E, Fs,
+                                &ly->down_shexp)) ||
+            (rc = q35_st_f32(m, NAME("%smlp.shared_expert_gate.weight", lp), sg, 2, Q35_AS_IS,
+                             &ly->gate_inp_shexp)))
+            return rc;
+        /* the fused [X, 2F, E]: gate rows 0..F-1 and up rows F..2F-1 of each expert */
+        ly->gate_exps.rows = F;
+        ly->up_exps = ly->gate_exps;
+        ly->up_exps.data =
+            (const uint8_t *)ly->gate_exps.data + (size_t)F * ly->gate_exps.row_bytes;
+        ly->gu_stride = 2 * F;
+    }
+#undef NAME
+    return 0;
+}
+
+int engine_q35_hf_open(engine_model *m, const char *dir, bool vocab_only) {
+    int32_t bos = -1;
+    int rc = q35_hf_hparams(&m->hp, &bos, dir);
+    if (rc) return rc;
+    const engine_hparams *hp = &m->hp;
+    char tj[4096], tc[4096];
+    snprintf(tj, sizeof tj, "%s/tokenizer.json", dir);
+    snprintf(tc, sizeof tc, "%s/tokenizer_config.json", dir);
+    engine_tokenizer_spec *spec = NULL;
+    if ((rc = engine_tokenizer_spec_from_hf_files(&spec, tj, tc))) return rc;
+    if (spec->n_tokens > (int32_t)hp->n_vocab)
+        rc = engine_err(ENGINE_EFORMAT, "%s: the tokenizer has %d tokens, more than vocab_size %u",
+                        dir, spec->n_tokens, hp->n_vocab);
+    if (!rc) rc = engine_tokenizer_spec_pad(spec, (int32_t)hp->n_vocab);
+    if (!rc && spec->bos_id < 0) spec->bos_id = bos;
+    if (!rc) rc = engine_tokenizer_new(&m->tok, spec);
+    engine_tokenizer_spec_free(spec);
+    if (rc) return rc;
+    const char *ct = engine_tokenizer_chat_template(m->tok);
+    if (ct && !(m->chat_template = strdup(ct)))
+        return engine_err(ENGINE_ENOMEM, "out of memory loading %s", dir);
+
+    engine_model_info *in = &m->info;
+    snprintf(in->arch, sizeof in->arch, "qwen35moe");
+    const char *base = strrchr(dir, '/');
+    snprintf(in->name, sizeof in->name, "%s", base && base[1] ? base + 1 : dir);
+    in->n_vocab = engine_tokenizer_n_vocab(m->tok);
+    in->vocab_only = vocab_only;
+    in->n_ctx_train = (int32_t)hp->n_ctx_train;
+    in->n_layer = (int32_t)hp->n_layer;
+    in->n_embd = (int32_t)hp->n_embd;
+    in->n_head = (int32_t)hp->n_head;
+    in->n_head_kv = (int32_t)hp->n_head_kv;
+    in->head_dim = (int32_t)hp->head_dim_k;
+    in->n_expert = (int32_t)hp->n_expert;
+    in->n_expert_used = (int32_t)hp->n_expert_used;
+    engine_arch_param_count(hp, &in->n_params, &in->n_params_active);
+    if (vocab_only) return 0;
+
+    engine_q35_model *qm = calloc(1, sizeof *qm);
+    if (!qm) return engine_err(ENGINE_ENOMEM, "out of memory loading %s", dir);
+    m->q35 = qm;
+    qm->v_tiled = false; /* HF's grouped value heads */
+    if ((rc = engine_st_open(&qm->st, dir))) return rc;
+    in->file_size = in->weight_bytes = engine_st_bytes(qm->st);
+    uint64_t by[3] = {0, 0, 0}; /* F32, F16, BF16 */
+    for (int64_t i = 0; i < engine_st_count(qm->st); i++) {
+        const engine_st_tensor *t = engine_st_at(qm->st, i);
+        int k = t->type == ENGINE_TYPE_F32 ? 0 : t->type == ENGINE_TYPE_F16 ? 1 : 2;
+        if (t->type >= 0) by[k] += t->nbytes;
+    }
+    int best = by[1] > by[0] ? (by[2] > by[1] ? 2 : 1) : (by[2] > by[0] ? 2 : 0);
+    snprintf(in->weight_type, sizeof in->weight_type, "%s",
+             engine_type_name(best == 0   ? ENGINE_TYPE_F32
+                              : best == 1 ? ENGINE_TYPE_F16
+                                          : ENGINE_TYPE_BF16));
+    qm->cap_owned = 8 * (size_t)hp->n_layer + 2;
+    qm->owned = calloc(qm->cap_owned, sizeof(float *));
+    qm->layers = calloc(hp->n_layer, sizeof *qm->layers);
+    qm->rope_inv_freq = malloc(sizeof(float) * (hp->n_rot / 2));
+    if (!qm->owned || !qm->layers || !qm->rope_inv_freq)
+        return engine_err(ENGINE_ENOMEM, "out of memory loading %s", dir);
+    engine_cpu_rope_inv_freq(qm->rope_inv_freq, (int)hp->n_rot, hp->rope_theta);
+    return q35_hf_weights(m);
 }

@@ -8,6 +8,7 @@
 
 #include <math.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 double engine_time_ms(void) {
@@ -295,33 +296,39 @@ int engine_model_load(engine_model **out, const char *path, const engine_model_p
         rc = engine_err(ENGINE_ENOMEM, "out of memory loading %s", path);
         goto fail;
     }
-    if ((rc = engine_gguf_open(&m->gguf, path))) goto fail;
-    engine_gguf_str arch;
-    if ((rc = engine_gguf_get_str(m->gguf, "general.architecture", &arch))) goto fail;
-    snprintf(m->info.arch, sizeof m->info.arch, "%.*s", (int)(arch.len < 31 ? arch.len : 31),
-             arch.ptr);
-    m->info.vocab_only = p.vocab_only;
-    rc = engine_hparams_read(&m->hp, m->gguf);
-    if (rc && !p.vocab_only) goto fail;
-    bool have_hp = rc == 0;
-    if (!have_hp) memset(&m->hp, 0, sizeof m->hp); /* vocab-only load of another arch */
-    if ((rc = tokenizer_load(&m->tok, m->gguf, have_hp ? m->hp.n_vocab : 0))) goto fail;
-    int32_t nv = engine_tokenizer_n_vocab(m->tok);
-    m->info.n_vocab = nv;
-    if (have_hp && (int64_t)nv != (int64_t)m->hp.n_vocab && !p.vocab_only) {
-        rc = engine_err(ENGINE_EFORMAT, "%s: the tokenizer has %d tokens but the model %u rows",
-                        path, nv, m->hp.n_vocab);
-        goto fail;
+    struct stat sb;
+    bool hf = stat(path, &sb) == 0 && S_ISDIR(sb.st_mode); /* a Hugging Face checkpoint */
+    if (hf) {
+        if ((rc = engine_q35_hf_open(m, path, p.vocab_only))) goto fail;
+    } else {
+        if ((rc = engine_gguf_open(&m->gguf, path))) goto fail;
+        engine_gguf_str arch;
+        if ((rc = engine_gguf_get_str(m->gguf, "general.architecture", &arch))) goto fail;
+        snprintf(m->info.arch, sizeof m->info.arch, "%.*s", (int)(arch.len < 31 ? arch.len : 31),
+                 arch.ptr);
+        m->info.vocab_only = p.vocab_only;
+        rc = engine_hparams_read(&m->hp, m->gguf);
+        if (rc && !p.vocab_only) goto fail;
+        bool have_hp = rc == 0;
+        if (!have_hp) memset(&m->hp, 0, sizeof m->hp); /* vocab-only load of another arch */
+        if ((rc = tokenizer_load(&m->tok, m->gguf, have_hp ? m->hp.n_vocab : 0))) goto fail;
+        int32_t nv = engine_tokenizer_n_vocab(m->tok);
+        m->info.n_vocab = nv;
+        if (have_hp && (int64_t)nv != (int64_t)m->hp.n_vocab && !p.vocab_only) {
+            rc = engine_err(ENGINE_EFORMAT, "%s: the tokenizer has %d tokens but the model %u rows",
+                            path, nv, m->hp.n_vocab);
+            goto fail;
+        }
+        const char *ct = engine_tokenizer_chat_template(m->tok);
+        if (ct && !(m->chat_template = strdup(ct))) {
+            rc = engine_err(ENGINE_ENOMEM, "out of memory loading %s", path);
+            goto fail;
+        }
+        fill_info(m);
     }
-    const char *ct = engine_tokenizer_chat_template(m->tok);
-    if (ct && !(m->chat_template = strdup(ct))) {
-        rc = engine_err(ENGINE_ENOMEM, "out of memory loading %s", path);
-        goto fail;
-    }
-    fill_info(m);
     if (!p.vocab_only) {
-        if ((rc = engine_arch_validate(&m->hp, m->gguf))) goto fail;
-        if ((rc = load_weights(m))) goto fail;
+        if (!hf && ((rc = engine_arch_validate(&m->hp, m->gguf)) || (rc = load_weights(m))))
+            goto fail;
         int nt = p.n_threads > 0 ? p.n_threads : engine_cpu_count();
         if ((rc = engine_pool_new(&m->pool, nt))) goto fail;
         m->info.n_threads = nt;

@@ -163,6 +163,11 @@ void engine_q35_fwd_free(engine_q35_fwd *f);
 int engine_q35_fwd_run(engine_session *s, const int32_t *tokens, int32_t n, float *logits_all);
 void engine_q35_fwd_reset(engine_q35_fwd *f);
 int engine_q35_fwd_truncate(engine_q35_fwd *f, int32_t n_tokens, int32_t n);
+/* A Hugging Face checkpoint directory (config.json, tokenizer.json + tokenizer_config.json,
+ * model.safetensors or shards): hyper-parameters, tokenizer, info and, unless vocab_only, the
+ * weights (read in place where the layout allows). Only Qwen3.5/3.6 MoE text models:
+ * ENGINE_EUNSUPPORTED for other model types. */
+int engine_q35_hf_open(engine_model *m, const char *dir, bool vocab_only);
 
 /* Monotonic clock in milliseconds. */
 double engine_time_ms(void);

@@ -4,6 +4,7 @@
 #include "common.h"
 #include "unicode.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #define JSON_MAX_DEPTH 64
@@ -123,6 +124,7 @@ static int parse_string(parser *p, uint32_t *off, uint32_t *len) {
 }
 
 static int parse_number(parser *p, uint32_t idx) {
+    size_t start = p->pos;
     bool neg = false, is_int = true, overflow = false;
     uint64_t v = 0;
     if (p->s[p->pos] == '-') {
@@ -155,6 +157,12 @@ static int parse_number(parser *p, uint32_t idx) {
         while (p->pos < p->len && p->s[p->pos] >= '0' && p->s[p->pos] <= '9') p->pos++;
     }
     engine_json_node *n = &p->doc->nodes[idx];
+    char num[64]; /* the text is not NUL-terminated: strtod reads a bounded copy (numbers
+                   * longer than 63 characters keep only their first 63) */
+    size_t nl = p->pos - start < sizeof num - 1 ? p->pos - start : sizeof num - 1;
+    memcpy(num, p->s + start, nl);
+    num[nl] = '\0';
+    n->dval = strtod(num, NULL);
     if (is_int && !overflow && v <= (uint64_t)INT64_MAX) {
         n->is_int = true;
         n->ival = neg ? -(int64_t)v : (int64_t)v;

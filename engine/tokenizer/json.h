@@ -22,6 +22,7 @@ typedef struct {
     uint8_t type;
     bool is_int;       /* NUMBER without fraction or exponent that fits int64 */
     int64_t ival;
+    double dval;       /* NUMBER: its value as a double (strtod), also for integers */
     uint32_t str, len; /* STRING: offset and length of the unescaped bytes in doc->strs */
     uint32_t key, klen;/* member of an OBJECT: its key, likewise */
     uint32_t child;    /* ARRAY/OBJECT: first element (0 = none; node 0 is always the root) */

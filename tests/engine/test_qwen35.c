@@ -25,6 +25,7 @@
 #include "gen/gen.h"
 #include "model/arch.h"
 #include "model/gguf.h"
+#include "model/safetensors.h"
 #include "support.h"
 #include "tokenizer/json.h"
 
@@ -56,8 +57,8 @@ static float rd_f32(rd *r) {
 
 /* Compare the logits at one position with the fixture's stored values; returns the relative
  * error (and counts an argmax disagreement). */
-static double compare_row(rd *r, const float *e, uint32_t n_vocab, uint32_t stride,
-                          uint32_t top_k, const char *label, uint32_t pos) {
+static double compare_row(rd *r, const float *e, uint32_t n_vocab, uint32_t stride, uint32_t top_k,
+                          const char *label, uint32_t pos) {
     double maxref = 0, maxdiff = 0;
     for (uint32_t id = 0; id < n_vocab; id += stride) {
         float ref = rd_f32(r);
@@ -66,8 +67,10 @@ static double compare_row(rd *r, const float *e, uint32_t n_vocab, uint32_t stri
     }
     int32_t top_ids[1024];
     float top_vals[1024];
-    for (uint32_t i = 0; i < top_k; i++) top_ids[i] = (int32_t)rd_u32(r);
-    for (uint32_t i = 0; i < top_k; i++) top_vals[i] = rd_f32(r);
+    for (uint32_t i = 0; i < top_k; i++)
+        top_ids[i] = (int32_t)rd_u32(r);
+    for (uint32_t i = 0; i < top_k; i++)
+        top_vals[i] = rd_f32(r);
     if (r->bad) return INFINITY;
     for (uint32_t i = 0; i < top_k; i++) {
         if (top_ids[i] < 0 || (uint32_t)top_ids[i] >= n_vocab) {
@@ -83,7 +86,7 @@ static double compare_row(rd *r, const float *e, uint32_t n_vocab, uint32_t stri
     return maxref > 0 ? maxdiff / maxref : maxdiff;
 }
 
-static void check_reference(engine_model *m, const char *dir, const char *name) {
+static void check_reference(engine_model *m, const char *dir, const char *name, const char *tag) {
     char path[4600];
     size_t len = 0;
     snprintf(path, sizeof path, "%s/%s.json", dir, name);
@@ -112,8 +115,8 @@ static void check_reference(engine_model *m, const char *dir, const char *name) 
     rd r = {(const unsigned char *)bin + 8, (const unsigned char *)bin + len, false};
     uint32_t version = rd_u32(&r), n_prompts = rd_u32(&r), n_vocab = rd_u32(&r);
     uint32_t stride = rd_u32(&r), top_k = rd_u32(&r);
-    CHECK(version == 1 && n_prompts == prompts->count && stride > 0 && top_k > 0 &&
-          top_k <= 1024 && (int32_t)n_vocab == engine_model_n_vocab(m));
+    CHECK(version == 1 && n_prompts == prompts->count && stride > 0 && top_k > 0 && top_k <= 1024 &&
+          (int32_t)n_vocab == engine_model_n_vocab(m));
 
     const engine_json_node *pj = engine_json_first(&doc, prompts);
     for (uint32_t pi = 0; pi < n_prompts && !r.bad && pj; pi++, pj = engine_json_next(&doc, pj)) {
@@ -123,16 +126,18 @@ static void check_reference(engine_model *m, const char *dir, const char *name) 
             break;
         }
         int32_t *ids = malloc(n * sizeof *ids);
-        for (uint32_t i = 0; i < n; i++) ids[i] = (int32_t)rd_u32(&r);
+        for (uint32_t i = 0; i < n; i++)
+            ids[i] = (int32_t)rd_u32(&r);
         const engine_json_node *pname = engine_json_get(&doc, pj, "name");
         char label[128];
-        snprintf(label, sizeof label, "%s/%s", name, pname ? engine_json_str(&doc, pname) : "?");
+        snprintf(label, sizeof label, "%s %s/%s", tag, name,
+                 pname ? engine_json_str(&doc, pname) : "?");
         const engine_json_node *text = engine_json_get(&doc, pj, "text");
         if (text) { /* the engine's tokenizer gives the reference's ids */
             int32_t got[512];
             size_t n_got = 0;
-            CHECK(engine_model_tokenize(m, engine_json_str(&doc, text), text->len, true, got,
-                                        512, &n_got) == 0);
+            CHECK(engine_model_tokenize(m, engine_json_str(&doc, text), text->len, true, got, 512,
+                                        &n_got) == 0);
             if (n_got != n || memcmp(got, ids, n * sizeof *ids) != 0)
                 support_fail("%s: the tokenizer gives %zu ids, the reference %u (or they differ)",
                              label, n_got, n);
@@ -162,8 +167,8 @@ static void check_reference(engine_model *m, const char *dir, const char *name) 
         }
         printf("%s: %u tokens, worst relative error %.3g at position %u\n", label, n, worst,
                worst_pos);
-        if (!(worst <= REL_TOL)) support_fail("%s: relative error %.3g > %.0e", label, worst,
-                                              REL_TOL);
+        if (!(worst <= REL_TOL))
+            support_fail("%s: relative error %.3g > %.0e", label, worst, REL_TOL);
         engine_session_free(s);
         free(ids);
     }
@@ -292,7 +297,8 @@ static void check_hparams(void) {
     printf("qwen35-35b-a3b: %.2f B parameters, %.2f B active\n", total / 1e9, active / 1e9);
     CHECK(total > 34.0e9 && total < 36.0e9 && active > 2.5e9 && active < 4.0e9);
     int n_attn = 0;
-    for (uint32_t l = 0; l < hp.n_layer; l++) n_attn += engine_q35_layer_is_attn(&hp, l);
+    for (uint32_t l = 0; l < hp.n_layer; l++)
+        n_attn += engine_q35_layer_is_attn(&hp, l);
     CHECK(n_attn == 10 && engine_q35_layer_is_attn(&hp, 3) && !engine_q35_layer_is_attn(&hp, 0));
     engine_tensor_desc *d = NULL;
     size_t nd = 0;
@@ -379,7 +385,8 @@ static void check_safetensors(const char *gpath, const char *sdir) {
     /* input_layernorm holds w - 1; experts' up half is rows F..2F-1 of gate_up_proj */
     if (HF(&doc, data, &hf, "model.layers.2.input_layernorm.weight") &&
         (t = engine_gguf_find_tensor(g, "blk.2.attn_norm.weight"))) {
-        for (int64_t i = 0; i < E; i++) bad += hf[i] + 1.0f != ((const float *)t->data)[i];
+        for (int64_t i = 0; i < E; i++)
+            bad += hf[i] + 1.0f != ((const float *)t->data)[i];
     } else {
         bad++;
     }
@@ -395,15 +402,67 @@ static void check_safetensors(const char *gpath, const char *sdir) {
     }
     CHECK(bad == 0);
     printf("safetensors: A_log, out_proj, input_layernorm, gate_up_proj checked against the "
-           "GGUF (%d mismatches)\n", bad);
+           "GGUF (%d mismatches)\n",
+           bad);
     engine_json_deinit(&doc);
     engine_gguf_close(g);
     free(st);
 }
 
+/* The safetensors reader on the fuzz corpus: the valid file lists its two tensors, every
+ * malformed one is refused with ENGINE_EFORMAT (and I8 is listed with type -1). */
+static void check_st_reader(void) {
+    const char *src = getenv("SPARK_SOURCE_DIR");
+    static const struct {
+        const char *file;
+        int rc;
+    } cases[] = {
+        {"valid.st", 0},
+        {"empty_object.st", 0},
+        {"other_dtype.st", 0},
+        {"truncated_header.st", ENGINE_EFORMAT},
+        {"header_too_long.st", ENGINE_EFORMAT},
+        {"bad_offsets.st", ENGINE_EFORMAT},
+        {"size_mismatch.st", ENGINE_EFORMAT},
+        {"unknown_dtype.st", ENGINE_EFORMAT},
+        {"negative_dim.st", ENGINE_EFORMAT},
+        {"many_dims.st", ENGINE_EFORMAT},
+        {"not_object.st", ENGINE_EFORMAT},
+        {"duplicate.st", ENGINE_EFORMAT},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/tests/fixtures/fuzz/safetensors/%s", src ? src : ".",
+                 cases[i].file);
+        size_t len = 0;
+        char *buf = support_slurp(path, &len);
+        CHECK(buf != NULL);
+        engine_st *st = NULL;
+        if (!buf || engine_st_new(&st)) {
+            free(buf);
+            continue;
+        }
+        int rc = engine_st_parse(st, (const uint8_t *)buf, len, cases[i].file);
+        if (rc != cases[i].rc)
+            support_fail("%s: rc %d, expected %d", cases[i].file, rc, cases[i].rc);
+        if (!strcmp(cases[i].file, "valid.st")) {
+            const engine_st_tensor *a = engine_st_find(st, "a"), *b = engine_st_find(st, "b");
+            CHECK(engine_st_count(st) == 2 && a && b && a->type == ENGINE_TYPE_F32 &&
+                  a->n_dims == 2 && a->shape[0] == 2 && a->shape[1] == 3 && a->nbytes == 24 &&
+                  b->type == ENGINE_TYPE_BF16 && b->n_elements == 4 &&
+                  (const char *)b->data - (const char *)a->data == 24);
+        }
+        if (!strcmp(cases[i].file, "other_dtype.st"))
+            CHECK(engine_st_count(st) == 1 && engine_st_at(st, 0)->type == -1);
+        engine_st_close(st);
+        free(buf);
+    }
+}
+
 int main(void) {
     int skip = support_init();
     if (skip) return skip;
+    check_st_reader();
     check_hparams();
     char tmp[512];
     if (support_tmpdir(tmp, sizeof tmp, "qwen35", true)) return 1;
@@ -415,16 +474,26 @@ int main(void) {
     gp.safetensors_dir = sdir;
     if (engine_model_gen(&gp) == 0) {
         check_safetensors(path, sdir);
+        const char *src = getenv("SPARK_SOURCE_DIR");
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s/tests/fixtures/reference", src ? src : ".");
+        /* the HF checkpoint itself: loaded from safetensors + config.json, same reference */
+        engine_model *mh = support_load(sdir, 2, N_CTX, ENGINE_DEVICE_CPU);
+        if (mh) {
+            engine_model_info info;
+            engine_model_info_get(mh, &info);
+            CHECK(!strcmp(info.arch, "qwen35moe") && info.n_layer == 8 &&
+                  !strcmp(info.weight_type, "f32"));
+            check_reference(mh, dir, "qwen35-tiny-f32-s1", "safetensors");
+            engine_model_free(mh);
+        }
         support_rmtree(sdir);
         engine_model *m = support_load(path, 2, N_CTX, ENGINE_DEVICE_CPU);
         if (m) {
             engine_model_info info;
             engine_model_info_get(m, &info);
             CHECK(!strcmp(info.arch, "qwen35moe") && info.n_layer == 8 && info.n_expert == 8);
-            const char *src = getenv("SPARK_SOURCE_DIR");
-            char dir[4096];
-            snprintf(dir, sizeof dir, "%s/tests/fixtures/reference", src ? src : ".");
-            check_reference(m, dir, "qwen35-tiny-f32-s1");
+            check_reference(m, dir, "qwen35-tiny-f32-s1", "gguf");
             check_sessions(m, path);
             engine_model_free(m);
         }
