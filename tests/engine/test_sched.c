@@ -30,6 +30,10 @@
 #define MAX_OUT 64
 
 static int32_t n_vocab;
+/* --stress (label slow): the full sizes (64 batched requests, a longer pressure run, the random
+ * operations run to completion). Without it the same cases run smaller, so that the test stays
+ * quick in an unoptimised ASan build, where every token's output head takes most of a second. */
+static bool stress;
 
 /* ---- what a request streamed ------------------------------------------------------------- */
 typedef struct {
@@ -148,6 +152,7 @@ static void same_output(const outcome *got, const outcome *want, const char *wha
 /* ---- the batched pass against single passes and a session -------------------------------- */
 static void test_batch_pass(engine_model *m) {
     enum { NS = 16 };
+    int ns = stress ? NS : 6;
     engine_kv_params kp = {(int32_t)m->hp.n_layer, (int32_t)m->hp.n_head_kv,
                            (int32_t)m->hp.head_dim_k, ENGINE_KV_F16, 0, 0};
     size_t block_bytes = (size_t)kp.n_layer * 2 * ENGINE_KV_BLOCK_SIZE * kp.n_head_kv *
@@ -166,7 +171,7 @@ static void test_batch_pass(engine_model *m) {
     float *want[NS];
     engine_fwd_seq q[NS];
     CHECK(m->hp.n_layer == 4);
-    for (int i = 0; i < NS; i++) {
+    for (int i = 0; i < ns; i++) {
         CHECK(engine_kv_seq_init(c, &a[i], 128) == 0);
         CHECK(engine_kv_seq_init(c, &b[i], 128) == 0);
         for (int l = 0; l < 4; l++) {
@@ -179,7 +184,7 @@ static void test_batch_pass(engine_model *m) {
     }
     /* pass 1: every prompt in one batched pass; alone: one pass per sequence */
     int32_t total = 0;
-    for (int i = 0; i < NS; i++) {
+    for (int i = 0; i < ns; i++) {
         CHECK(engine_kv_seq_extend(c, &a[i], len[i]) == 0);
         CHECK(engine_kv_seq_extend(c, &b[i], len[i]) == 0);
         q[i] = (engine_fwd_seq){prompt[i], len[i], 0, va[i], i % 3 != 1, NULL};
@@ -189,9 +194,9 @@ static void test_batch_pass(engine_model *m) {
         memcpy(want[i], one.logits_out, sizeof(float) * (size_t)n_vocab);
     }
     CHECK(total <= 64 * NS);
-    CHECK(engine_fwd_run_batch(m, fb, q, NS) == 0);
+    CHECK(engine_fwd_run_batch(m, fb, q, ns) == 0);
     double worst = 0;
-    for (int i = 0; i < NS; i++) {
+    for (int i = 0; i < ns; i++) {
         if (i % 3 == 1) {
             CHECK(q[i].logits_out == NULL);
             continue;
@@ -199,7 +204,7 @@ static void test_batch_pass(engine_model *m) {
         worst = fmax(worst, support_max_abs_diff(q[i].logits_out, want[i], n_vocab));
     }
     /* pass 2: a decode token each (positions len[i]) together */
-    for (int i = 0; i < NS; i++) {
+    for (int i = 0; i < ns; i++) {
         CHECK(engine_kv_seq_extend(c, &a[i], len[i] + 1) == 0);
         CHECK(engine_kv_seq_extend(c, &b[i], len[i] + 1) == 0);
         q[i] = (engine_fwd_seq){&prompt[i][len[i]], 1, len[i], va[i], true, NULL};
@@ -207,20 +212,21 @@ static void test_batch_pass(engine_model *m) {
         CHECK(engine_fwd_run_batch(m, f1, &one, 1) == 0);
         memcpy(want[i], one.logits_out, sizeof(float) * (size_t)n_vocab);
     }
-    CHECK(engine_fwd_run_batch(m, fb, q, NS) == 0);
-    for (int i = 0; i < NS; i++)
+    CHECK(engine_fwd_run_batch(m, fb, q, ns) == 0);
+    for (int i = 0; i < ns; i++)
         worst = fmax(worst, support_max_abs_diff(q[i].logits_out, want[i], n_vocab));
     /* and an ordinary session (contiguous F16 cache) over the same tokens */
     engine_session *ss = support_session(m, 0, ENGINE_KV_F16);
     if (ss) {
-        CHECK(engine_session_append(ss, prompt[NS - 1], (size_t)len[NS - 1] + 1, NULL) == 0);
-        worst = fmax(worst, support_max_abs_diff(engine_session_logits(ss), q[NS - 1].logits_out,
+        CHECK(engine_session_append(ss, prompt[ns - 1], (size_t)len[ns - 1] + 1, NULL) == 0);
+        worst = fmax(worst, support_max_abs_diff(engine_session_logits(ss), q[ns - 1].logits_out,
                                                  n_vocab));
         engine_session_free(ss);
     }
-    printf("batched pass vs alone and session: largest logit difference %g\n", worst);
+    printf("batched pass over %d sequences vs alone and a session: largest logit difference "
+           "%g\n", ns, worst);
     CHECK(worst <= 1e-5);
-    for (int i = 0; i < NS; i++) {
+    for (int i = 0; i < ns; i++) {
         engine_kv_seq_deinit(c, &a[i]);
         engine_kv_seq_deinit(c, &b[i]);
         free(want[i]);
@@ -256,7 +262,7 @@ static void test_greedy(engine_model *ref, engine_model *m, engine_sched_mode mo
         lens[i] = 2 + (i * 37) % 90;
         fill_prompt(prompts[i], 96, (uint32_t)(i % 7)); /* groups of shared prefixes */
         bool stops = i % 4 == 3;
-        submit(s, &got[i], prompts[i], (size_t)lens[i], 3 + i % 3, stops ? stop_a : NULL,
+        submit(s, &got[i], prompts[i], (size_t)lens[i], 2 + i % 3, stops ? stop_a : NULL,
                stops ? 2 : 0);
     }
     wait_done(got, n_req);
@@ -265,7 +271,7 @@ static void test_greedy(engine_model *ref, engine_model *m, engine_sched_mode mo
     engine_sched_free(s);
     for (int i = 0; i < n_req; i++) {
         bool stops = i % 4 == 3;
-        reference(ref, &want[i], prompts[i], (size_t)lens[i], 3 + i % 3, stops ? stop_a : NULL,
+        reference(ref, &want[i], prompts[i], (size_t)lens[i], 2 + i % 3, stops ? stop_a : NULL,
                   stops ? 2 : 0);
         CHECK(got[i].n_done == 1);
         same_output(&got[i], &want[i], what, i);
@@ -364,16 +370,19 @@ static void test_cancel(engine_model *m) {
 
 /* ---- a small pool: preemption and an oversized request ----------------------------------- */
 static void test_pressure(engine_model *ref, const char *path) {
+    enum { NR = 6 };
+    /* 6 x 70-75 positions on 20 blocks; or 3 x 38-40 on 5 (two are admitted with 2 blocks each
+     * and 1 to spare, and both need a third after 2 tokens) */
+    int nr = stress ? NR : 3, gen = stress ? 30 : 8, blocks = stress ? 20 : 5;
+    size_t plen = stress ? 40 : 30;
     engine_model_params mp = ENGINE_MODEL_PARAMS_INIT;
     mp.n_threads = 2;
     mp.device = ENGINE_DEVICE_CPU;
     mp.n_ctx = N_CTX;
-    /* 20 blocks of 16 positions */
-    mp.prefix_cache_bytes = (size_t)20 * 4 * 2 * ENGINE_KV_BLOCK_SIZE * 2 * 64 * 2;
+    mp.prefix_cache_bytes = (size_t)blocks * 4 * 2 * ENGINE_KV_BLOCK_SIZE * 2 * 64 * 2;
     engine_model *m = NULL;
     CHECK(engine_model_load(&m, path, &mp) == 0);
     if (!m) return;
-    enum { NR = 6 };
     static int32_t p[NR][64], big[400];
     outcome o[NR + 1], w[NR];
     memset(o, 0, sizeof o);
@@ -381,33 +390,34 @@ static void test_pressure(engine_model *ref, const char *path) {
     engine_sched *s = NULL;
     engine_sched_params sp = ENGINE_SCHED_PARAMS_INIT;
     sp.n_ctx = N_CTX;
-    sp.max_seqs = NR;
+    sp.max_seqs = nr;
     sp.prefill_chunk = 32;
     CHECK(engine_sched_new(&s, m, &sp) == 0);
     if (!s) goto out;
-    /* each needs 3-4 blocks now and 5 by the end: 6 of them cannot all fit 20 blocks */
-    for (int i = 0; i < NR; i++) {
+    for (int i = 0; i < nr; i++) {
         fill_prompt(p[i], 64, (uint32_t)(1000 + i));
-        submit(s, &o[i], p[i], 40 + (size_t)i, 30, NULL, 0);
+        submit(s, &o[i], p[i], plen + (size_t)i, gen, NULL, 0);
     }
     fill_prompt(big, 400, 7);
-    submit(s, &o[NR], big, 400, 4, NULL, 0); /* 26 blocks: more than the pool */
-    wait_done(o, NR + 1);
+    submit(s, &o[nr], big, 400, 4, NULL, 0); /* 26 blocks: more than the pool */
+    wait_done(o, nr);
+    wait_done(&o[nr], 1);
     engine_sched_stats ss;
     engine_sched_stats_get(s, &ss);
     engine_sched_free(s);
     int preempted = 0;
-    for (int i = 0; i < NR; i++) {
-        reference(ref, &w[i], p[i], 40 + (size_t)i, 30, NULL, 0);
+    for (int i = 0; i < nr; i++) {
+        reference(ref, &w[i], p[i], plen + (size_t)i, gen, NULL, 0);
         same_output(&o[i], &w[i], "under pressure", i);
         preempted += o[i].st.preemptions;
     }
-    printf("pressure: %d preemptions over %d requests of a 20-block pool\n", preempted, NR);
+    printf("pressure: %d preemptions over %d requests of a %d-block pool\n", preempted, nr, blocks);
     CHECK(preempted > 0 && (uint64_t)preempted == ss.preemptions);
-    CHECK(o[NR].rc == ENGINE_ENOMEM && o[NR].n_done == 1);
+    CHECK(o[nr].rc == ENGINE_ENOMEM && o[nr].n_done == 1);
     engine_kv_stats ks;
     engine_kv_cache_stats(m->kvc, &ks);
     CHECK(ks.n_used == 0 && ks.n_free + ks.n_cached == ks.n_blocks);
+    CHECK(ks.n_evicted > 0); /* the preempted requests' cached blocks were reclaimed */
 out:
     engine_model_free(m);
 }
@@ -478,10 +488,9 @@ static void test_random(const char *path) {
             pthread_create(&th[i], NULL, rnd_thread, &args[i]);
         }
         for (int i = 0; i < 3; i++) pthread_join(th[i], NULL);
-        /* let the rest run for a while (all of it in a release build), then free: what is left
-         * is cancelled */
+        /* --stress: let the rest run to the end; else free at once (what is left is cancelled) */
         engine_sched_stats ss;
-        for (int i = 0; i < 2000; i++) {
+        for (int i = 0; i < (stress ? 1000000 : 1); i++) {
             engine_sched_stats_get(s, &ss);
             if (ss.running == 0 && ss.queued == 0) break;
             usleep(5000);
@@ -571,7 +580,9 @@ static void test_bad_input(engine_model *m) {
     engine_sched_free(NULL);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    stress = argc > 1 && strcmp(argv[1], "--stress") == 0;
+    setvbuf(stdout, NULL, _IONBF, 0);
     int rc = support_init();
     if (rc) return rc;
     char dir[256], path[512];
@@ -588,20 +599,27 @@ int main(void) {
     CHECK(engine_model_load(&m, path, &mp) == 0);
     if (ref && m) {
         n_vocab = engine_model_n_vocab(m);
-        test_bad_input(m);
-        test_batch_pass(ref);
-        test_greedy(ref, m, ENGINE_SCHED_MODE_AUTO, 64, "batched");
-        test_greedy(ref, m, ENGINE_SCHED_MODE_SESSIONS, 8, "sessions");
-        test_cached(ref, m);
-        test_cancel(m);
+        double t = engine_time_ms();
+#define STEP(call)                                                                             \
+    do {                                                                                       \
+        call;                                                                                  \
+        printf("  (%s: %.1f s)\n", #call, (engine_time_ms() - t) / 1000);                      \
+        t = engine_time_ms();                                                                  \
+    } while (0)
+        STEP(test_bad_input(m));
+        STEP(test_batch_pass(ref));
+        STEP(test_greedy(ref, m, ENGINE_SCHED_MODE_AUTO, stress ? 64 : 12, "batched"));
+        STEP(test_greedy(ref, m, ENGINE_SCHED_MODE_SESSIONS, stress ? 8 : 3, "sessions"));
+        STEP(test_cached(ref, m));
+        STEP(test_cancel(m));
         engine_kv_stats ks;
         engine_kv_cache_stats(m->kvc, &ks);
         CHECK(ks.n_used == 0);
-        test_pressure(ref, path);
-        test_random(path);
+        STEP(test_pressure(ref, path));
+        STEP(test_random(path));
     }
     engine_model_free(m);
     engine_model_free(ref);
     support_rmtree(dir);
-    return support_finish("test_sched");
+    return support_finish(stress ? "test_sched --stress" : "test_sched");
 }
