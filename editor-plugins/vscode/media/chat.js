@@ -1,6 +1,7 @@
 // The chat webview. It only renders and forwards: the extension holds the connection. Model
 // output is put in the page with textContent only, never as HTML.
 (function () {
+    'use strict';
     const vscode = acquireVsCodeApi();
     const log = document.getElementById('log');
     const input = document.getElementById('input');

@@ -41,6 +41,8 @@ function buildRequest(a) {
         maxSuffixLines,
     };
     if (o.temperature !== undefined) params.temperature = o.temperature;
+    // in the middle of a line only the rest of that line makes sense (as llama.vscode does)
+    if (/\S/.test(cur.slice(col))) params.singleLine = true;
     if (a.ring) {
         const chunks = a.ring.take(a.uri, first, line + 1 + maxSuffixLines,
             o.contextBudget ?? 8192).slice(-(o.maxExtraChunks ?? 32));

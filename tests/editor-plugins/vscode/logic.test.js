@@ -203,3 +203,25 @@ test('completer: typing cancels the stale request; typing through uses the cache
     assert.equal(c.lastError.message, 'boom');
     assert.equal(c.stats.errors, 1);
 });
+
+test('buildRequest: windows, extra chunks, single line in the middle of a line', () => {
+    const { buildRequest } = require(path.join(src, 'completion'));
+    const lines = ['a', 'b', 'cX = 1', 'd', 'e'];
+    const ring = new ContextRing();
+    ring.add('other.c', 0, ['o1', 'o2', 'o3']);
+    const r = buildRequest({ uri: 'f.py', lines, position: { line: 2, character: 1 }, ring,
+        opts: { maxPrefixLines: 1, maxSuffixLines: 1, relPath: (u) => `rel/${u}` } });
+    assert.equal(r.prefix, 'b\nc');
+    assert.equal(r.suffix, 'X = 1\nd');
+    assert.equal(r.params.singleLine, true);
+    assert.deepEqual(r.params.position, { line: 2, character: 1 });
+    assert.deepEqual(r.params.extra, [{ uri: 'other.c', filename: 'rel/other.c',
+        text: 'o1\no2\no3' }]);
+    const end = buildRequest({ uri: 'f.py', lineCount: 5, getLine: (i) => lines[i],
+        position: { line: 2, character: 99 } });
+    assert.equal(end.params.position.character, 6);
+    assert.equal(end.params.singleLine, undefined);
+    assert.equal(end.params.extra, undefined);
+    assert.throws(() => buildRequest({ uri: 'f', lines, position: { line: 9, character: 0 } }),
+        RangeError);
+});

@@ -155,6 +155,9 @@ function M.build_request(buf, row, col)
     maxTokens = c.max_tokens, timeBudgetMs = c.time_budget_ms, temperature = c.temperature,
     maxPrefixLines = c.max_prefix_lines, maxSuffixLines = c.max_suffix_lines,
   }
+  if cur:sub(col + 1):match('%S') then
+    params.singleLine = true -- in the middle of a line only the rest of that line makes sense
+  end
   local maxn = S.init and S.init.limits and S.init.limits.maxExtraChunks or 32
   local chunks = M.ring:take(uri, first, row + 1 + c.max_suffix_lines, M.config.context.budget)
   if #chunks > 0 then
