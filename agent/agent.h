@@ -492,7 +492,7 @@ typedef struct {
     size_t max_body;              /* 0: 8 MiB */
     size_t max_ws_message;        /* 0: 8 MiB */
     int max_json_depth;           /* 0: 64 */
-    int max_conns_per_client;     /* 0: 32 */
+    int max_conns_per_client;     /* 0: 64 */
     int max_tokens_default;       /* 0: 512 */
     int idle_timeout_s;           /* 0: 60 */
     int drain_timeout_s;          /* SIGTERM: wait this long for running work; 0: 10 */

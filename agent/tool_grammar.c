@@ -52,7 +52,9 @@ void agent_schema_relax(json_t *v, json_int_t max_len, bool xml) {
         }
         json_t *ml = json_object_get(v, "maxLength");
         if (json_is_integer(ml) && json_integer_value(ml) > max_len) ml = NULL;
-        if (json_is_string(ty) && !strcmp(json_string_value(ty), "string") && !ml)
+        /* enum and const bound the string already (and refuse a length beside them) */
+        bool fixed = json_object_get(v, "enum") || json_object_get(v, "const");
+        if (json_is_string(ty) && !strcmp(json_string_value(ty), "string") && !ml && !fixed)
             json_object_set_new(v, "maxLength", json_integer(max_len));
         const char *k;
         json_t *x;

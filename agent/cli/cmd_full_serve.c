@@ -40,7 +40,7 @@ static void usage(FILE *f) {
         "      --max-seqs N       sequences decoded together (default 16)\n"
         "      --max-tokens N     default max_tokens of a chat request (default 512)\n"
         "      --max-body BYTES   request body limit (default 8 MiB)\n"
-        "      --max-conns N      open connections per client address (default 32)\n"
+        "      --max-conns N      open connections per client address (default 64)\n"
         "      --idle-timeout S   idle connection timeout (default 60)\n"
         "      --drain-timeout S  on SIGTERM, wait this long for running requests (default "
         "10)\n");

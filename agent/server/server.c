@@ -682,7 +682,7 @@ static void conn_uncount(srv *s, struct lws *w) {
 
 /* ----- HTTP requests ----------------------------------------------------------------------- */
 static void req_free(pss *ps) {
-    srv_req *r = ps->req;
+    srv_req *r = ps ? ps->req : NULL;
     if (!r) return;
     ps->req = NULL;
     r->gone = true;
@@ -782,6 +782,8 @@ static int on_http(srv *s, pss *ps, struct lws *w, const char *uri) {
             r->hdr_len = (size_t)n;
             r->status = 204;
             r->started = true;
+            srv_metrics_request(s->metrics, "preflight", 204);
+            req_writable(r);
             r->finished = true;
             return 0;
         }
@@ -927,7 +929,7 @@ srv_conn *srv_conn_find(srv *s, uint64_t id) {
 }
 
 static void conn_free(srv *s, pss *ps) {
-    srv_conn *c = ps->conn;
+    srv_conn *c = ps ? ps->conn : NULL;
     if (!c) return;
     ps->conn = NULL;
     if (s->has_ws && s->ws.close) s->ws.close(c, c->state);
@@ -1086,16 +1088,16 @@ static int callback(struct lws *w, enum lws_callback_reasons reason, void *user,
         s->n_http--;
         return 0;
     case LWS_CALLBACK_HTTP:
-        return on_http(s, ps, w, in);
+        return ps ? on_http(s, ps, w, in) : -1;
     case LWS_CALLBACK_HTTP_BODY: {
-        srv_req *r = ps->req;
+        srv_req *r = ps ? ps->req : NULL;
         if (!r || r->gone || r->started) return 0; /* answered already: the body is dropped */
         if (r->body.len + len > r->body_expected) return -1;
         if (srv_buf_add(&r->body, in, len)) return -1;
         return 0;
     }
     case LWS_CALLBACK_HTTP_BODY_COMPLETION: {
-        srv_req *r = ps->req;
+        srv_req *r = ps ? ps->req : NULL;
         if (!r || r->started || r->body_done) return 0;
         r->body_done = true;
         lws_set_timeout(w, NO_PENDING_TIMEOUT, 0);
@@ -1103,26 +1105,26 @@ static int callback(struct lws *w, enum lws_callback_reasons reason, void *user,
         return 0;
     }
     case LWS_CALLBACK_HTTP_WRITEABLE:
-        return on_http_writeable(s, ps, w);
+        return ps ? on_http_writeable(s, ps, w) : 0;
     case LWS_CALLBACK_CLOSED_HTTP:
         req_free(ps);
         return 0;
     case LWS_CALLBACK_HTTP_CONFIRM_UPGRADE: {
-        /* the WebSocket handshake: path, Host, Origin and token before the upgrade */
-        req_free(ps);
+        /* the WebSocket handshake: path, Host, Origin and token before the upgrade (no
+         * per-connection data exists yet here) */
+        if (ps) req_free(ps);
         char uri[256];
         const char *why = NULL;
         char origin[256];
-        int deny = 0;
-        if (hdr(w, WSI_TOKEN_GET_URI, uri, sizeof uri) <= 0 || strcmp(uri, "/rpc") || !s->has_ws ||
-            !in || strcmp(in, "websocket")) {
+        /* access first: without the token nobody learns which paths exist */
+        int deny = check_access(s, w, true, origin, sizeof origin, &why);
+        if (!deny && (hdr(w, WSI_TOKEN_GET_URI, uri, sizeof uri) <= 0 || strcmp(uri, "/rpc") ||
+                      !s->has_ws || !in || strcmp(in, "websocket"))) {
             deny = 404;
             why = "no WebSocket endpoint here (use /rpc)";
-        } else if (s->draining) {
+        } else if (!deny && s->draining) {
             deny = 503;
             why = "the server is shutting down";
-        } else {
-            deny = check_access(s, w, true, origin, sizeof origin, &why);
         }
         if (!deny) return 0;
         engine_log(ENGINE_LOG_INFO, "serve: WebSocket handshake refused (%d): %s", deny, why);
@@ -1131,7 +1133,7 @@ static int callback(struct lws *w, enum lws_callback_reasons reason, void *user,
         return 1;
     }
     case LWS_CALLBACK_ESTABLISHED: {
-        srv_conn *c = calloc(1, sizeof *c);
+        srv_conn *c = ps ? calloc(1, sizeof *c) : NULL;
         if (!c) return -1;
         c->s = s;
         c->wsi = w;
@@ -1146,10 +1148,10 @@ static int callback(struct lws *w, enum lws_callback_reasons reason, void *user,
         return 0;
     }
     case LWS_CALLBACK_RECEIVE:
-        if (!ps->conn) return -1;
+        if (!ps || !ps->conn) return -1;
         return on_ws_receive(s, ps->conn, w, in, len);
     case LWS_CALLBACK_SERVER_WRITEABLE:
-        if (!ps->conn) return -1;
+        if (!ps || !ps->conn) return -1;
         return on_ws_writeable(ps->conn, w);
     case LWS_CALLBACK_CLOSED:
         conn_free(s, ps);
@@ -1268,7 +1270,7 @@ int agent_server_new(agent_server **out, engine_model *m, const agent_server_opt
     s->lim.max_body = o->max_body ? o->max_body : 8u << 20;
     s->lim.max_ws_message = o->max_ws_message ? o->max_ws_message : 8u << 20;
     s->lim.max_json_depth = o->max_json_depth > 0 ? o->max_json_depth : 64;
-    s->lim.max_conns_per_client = o->max_conns_per_client > 0 ? o->max_conns_per_client : 32;
+    s->lim.max_conns_per_client = o->max_conns_per_client > 0 ? o->max_conns_per_client : 64;
     s->lim.max_pending_out = 16u << 20;
     s->lim.max_tokens_default = o->max_tokens_default > 0 ? o->max_tokens_default : 512;
     s->lim.idle_timeout_s = o->idle_timeout_s > 0 ? o->idle_timeout_s : 60;

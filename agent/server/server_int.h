@@ -52,7 +52,7 @@ typedef struct {
     size_t max_body;          /* HTTP request body bytes (default 8 MiB): 413 above */
     size_t max_ws_message;    /* one reassembled WebSocket message (default 8 MiB): close 1009 */
     int max_json_depth;       /* nesting of arrays/objects in a JSON body (default 64): 400 */
-    int max_conns_per_client; /* open connections per peer address (default 32): refused */
+    int max_conns_per_client; /* open connections per peer address (default 64): refused */
     size_t max_pending_out;   /* bytes queued for one client not reading (default 16 MiB) */
     int max_tokens_default;   /* max_tokens when a request gives none (default 512) */
     int idle_timeout_s;       /* idle keep-alive / WebSocket without pong (default 60) */
