@@ -67,6 +67,8 @@ typedef struct {
     const char *path;     /* PATH used to find argv[0] */
     char *exec_buf;       /* scratch of exec_buf_len bytes for PATH search */
     size_t exec_buf_len;
+    char *cmd_stack;      /* the command's stack until its execve (CLONE_VM | CLONE_VFORK) */
+    size_t cmd_stack_len;
     struct rlimit_set {
         int resource;
         unsigned long long soft, hard;

@@ -5,7 +5,11 @@
  *   init: maps its uid/gid, builds the new root, pivots, then clones the command and reaps
  *         everything until the command exits; it reports the command's wait status on the
  *         status pipe and exits, and the kernel kills whatever is left in the namespace.
- *   command: rlimits, no capabilities, no_new_privs, landlock, seccomp, execve.
+ *   command: rlimits, no capabilities, no_new_privs, landlock, seccomp, execve. It is cloned
+ *         the way posix_spawn does (CLONE_VM | CLONE_VFORK, on a stack of its own): it shares
+ *         init's memory only until its execve, while init waits, so no page table of init (a
+ *         copy of the caller's: large in a process holding a model) is copied for it and none
+ *         is torn down at its execve. Until then it runs only our code on plan data.
  * The caller polls the output pipes and the pidfd; a timeout, the output limit or a cancel
  * kills init, which takes the whole tree with it. init dies with the caller (PDEATHSIG).
  *
@@ -45,6 +49,7 @@ enum { FD_STATUS = 3, FD_ALIVE = 4 };
 #define DEFAULT_OUTPUT_CAP ((size_t)1 << 20)
 #define DEFAULT_MAX_PROCESSES 512
 #define DEFAULT_MAX_OPEN_FILES 4096
+#define CMD_STACK_BYTES ((size_t)64 << 10) /* below malloc's mmap threshold: no munmap */
 
 /* ---------------------------------------------------------------------------------------------
  * Children
@@ -200,6 +205,20 @@ static _Noreturn void command_child(const sandbox_plan *p) {
     exec_command(p);
 }
 
+#if defined(__SANITIZE_ADDRESS__)
+#define SANDBOX_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SANDBOX_ASAN 1
+#endif
+#endif
+#ifndef SANDBOX_ASAN
+#define SANDBOX_ASAN 0
+static int command_entry(void *arg) {
+    command_child(arg);
+}
+#endif
+
 _Noreturn void sandbox_child_init(sandbox_plan *p) {
     remap_fds(p);
     die_with_parent();
@@ -229,9 +248,18 @@ _Noreturn void sandbox_child_init(sandbox_plan *p) {
      * the command (it also lacks init's capabilities). The command's execve resets this. */
     prctl(PR_SET_DUMPABLE, 0);
 
+#if SANDBOX_ASAN
+    /* AddressSanitizer cannot follow a child running on another stack in shared memory (it
+     * warns on the command's stderr): a copy, as fork does. */
     pid_t cmd = (pid_t)syscall(SYS_clone, SIGCHLD, NULL, NULL, NULL, 0);
-    if (cmd < 0) child_fail(SANDBOX_REC_SETUP, "clone the command", errno);
     if (cmd == 0) command_child(p);
+#else
+    /* glibc's clone() runs command_entry on the given stack (a raw clone with a new stack
+     * could not return); the stack grows down from its end. */
+    pid_t cmd = clone(command_entry, p->cmd_stack + p->cmd_stack_len,
+                      CLONE_VM | CLONE_VFORK | SIGCHLD, p);
+#endif
+    if (cmd < 0) child_fail(SANDBOX_REC_SETUP, "clone the command", errno);
     close(0);
     close(1);
     close(2);
@@ -262,32 +290,50 @@ _Noreturn void sandbox_child_plain(sandbox_plan *p) {
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Output capture: the first half of the cap and a ring of the last half.
+ * Output capture: the first half of the cap and a ring of the last half. The buffers grow with
+ * the output (most commands write little; `true` writes nothing): no allocation of the whole
+ * cap, and no unmapping of it, per run.
  * ------------------------------------------------------------------------------------------- */
 typedef struct {
     int fd;
     char *head, *ring;
-    size_t head_cap, head_len, ring_cap, ring_len, ring_pos;
+    size_t head_cap, head_len, head_alloc, ring_cap, ring_len, ring_pos;
     uint64_t total;
+    bool oom; /* a buffer could not grow: the run fails with SANDBOX_ENOMEM */
 } capture;
 
-static int capture_init(capture *c, int fd, size_t cap) {
+static void capture_init(capture *c, int fd, size_t cap) {
     memset(c, 0, sizeof *c);
     c->fd = fd;
     c->head_cap = cap / 2;
     c->ring_cap = cap - c->head_cap;
-    c->head = malloc(c->head_cap + 1);
-    c->ring = malloc(c->ring_cap + 1);
-    return c->head && c->ring ? 0 : -1;
 }
 
 static void capture_add(capture *c, const char *buf, size_t n) {
     c->total += n;
+    if (c->oom) return;
     size_t h = c->head_cap - c->head_len < n ? c->head_cap - c->head_len : n;
+    if (c->head_len + h > c->head_alloc) {
+        size_t na = c->head_alloc ? c->head_alloc : 4096;
+        while (na < c->head_len + h) na *= 2;
+        if (na > c->head_cap) na = c->head_cap;
+        char *q = realloc(c->head, na);
+        if (!q) {
+            c->oom = true;
+            return;
+        }
+        c->head = q;
+        c->head_alloc = na;
+    }
     memcpy(c->head + c->head_len, buf, h);
     c->head_len += h;
     buf += h;
     n -= h;
+    if (!n) return;
+    if (!c->ring && !(c->ring = malloc(c->ring_cap))) {
+        c->oom = true;
+        return;
+    }
     if (n >= c->ring_cap) {
         memcpy(c->ring, buf + n - c->ring_cap, c->ring_cap);
         c->ring_len = c->ring_cap;
@@ -305,6 +351,7 @@ static void capture_add(capture *c, const char *buf, size_t n) {
 }
 
 static int capture_finish(capture *c, sandbox_output *o) {
+    if (c->oom) return -1;
     char marker[96] = "";
     uint64_t kept = c->head_len + c->ring_len;
     o->total = c->total;
@@ -316,16 +363,18 @@ static int capture_finish(capture *c, sandbox_output *o) {
     o->data = malloc(c->head_len + ml + c->ring_len + 1);
     if (!o->data) return -1;
     size_t n = 0;
-    memcpy(o->data, c->head, c->head_len);
+    if (c->head_len) memcpy(o->data, c->head, c->head_len);
     n += c->head_len;
     memcpy(o->data + n, marker, ml);
     n += ml;
-    size_t start = c->ring_len < c->ring_cap ? 0 : c->ring_pos;
-    size_t first = c->ring_len < c->ring_cap ? c->ring_len : c->ring_cap - start;
-    memcpy(o->data + n, c->ring + start, first);
-    n += first;
-    memcpy(o->data + n, c->ring, c->ring_len - first);
-    n += c->ring_len - first;
+    if (c->ring_len) {
+        size_t start = c->ring_len < c->ring_cap ? 0 : c->ring_pos;
+        size_t first = c->ring_len < c->ring_cap ? c->ring_len : c->ring_cap - start;
+        memcpy(o->data + n, c->ring + start, first);
+        n += first;
+        memcpy(o->data + n, c->ring, c->ring_len - first);
+        n += c->ring_len - first;
+    }
     o->data[n] = 0;
     o->len = n;
     return 0;
@@ -393,6 +442,7 @@ typedef struct {
     sandbox_placeholders ph;
     char **envp;
     char *exec_buf;
+    char *cmd_stack;
     int pipes[4][2]; /* stdout, stderr, status, alive */
     int devnull, pidfd;
     capture cap[2];
@@ -438,6 +488,7 @@ static void run_state_free(run_state *rs) {
     sandbox_strings_free(&rs->strings);
     free(rs->envp);
     free(rs->exec_buf);
+    free(rs->cmd_stack);
     capture_free(&rs->cap[0]);
     capture_free(&rs->cap[1]);
 }
@@ -510,7 +561,9 @@ int sandbox_run(sandbox_result *out, const sandbox_policy *pol, const char *cons
         s += l + (e ? 1 : 0);
     }
     plan.exec_buf_len = longest + strlen(argv[0]) + 2;
-    if (!(plan.exec_buf = rs.exec_buf = malloc(plan.exec_buf_len))) {
+    plan.cmd_stack_len = CMD_STACK_BYTES;
+    if (!(plan.exec_buf = rs.exec_buf = malloc(plan.exec_buf_len)) ||
+        !(plan.cmd_stack = rs.cmd_stack = malloc(plan.cmd_stack_len))) {
         rc = sandbox_err(SANDBOX_ENOMEM, "sandbox: out of memory");
         goto done;
     }
@@ -560,11 +613,8 @@ int sandbox_run(sandbox_result *out, const sandbox_policy *pol, const char *cons
         rc = sandbox_err(SANDBOX_ESPAWN, "sandbox: /dev/null: %s", strerror(errno));
         goto done;
     }
-    if (capture_init(&rs.cap[0], rs.pipes[0][0], cap) || capture_init(&rs.cap[1], rs.pipes[1][0],
-                                                                      cap)) {
-        rc = sandbox_err(SANDBOX_ENOMEM, "sandbox: out of memory for the output buffers");
-        goto done;
-    }
+    capture_init(&rs.cap[0], rs.pipes[0][0], cap);
+    capture_init(&rs.cap[1], rs.pipes[1][0], cap);
     plan.fd_stdin = rs.devnull;
     plan.fd_stdout = rs.pipes[0][1];
     plan.fd_stderr = rs.pipes[1][1];
