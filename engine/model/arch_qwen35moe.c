@@ -328,15 +328,18 @@ typedef struct {
     /* MoE */
     engine_weight gate_inp; /* E -> X */
     engine_weight gate_exps, up_exps, down_exps;
-    int64_t gu_stride; /* rows from one expert's gate (up) matrix to the next: F in
-                        * GGUF, 2F in HF's fused gate_up_proj */
+    int64_t gu_stride;             /* rows from one expert's gate (up) matrix to the next: F in
+                                    * GGUF, 2F in HF's fused gate_up_proj */
+    const uint8_t *const *exp_ptr; /* HF checkpoints with one tensor per expert: [3][X] gate,
+                                    * up, down matrices; NULL when each stack is contiguous */
     engine_weight gate_shexp, up_shexp, down_shexp;
     const float *gate_inp_shexp; /* [E] */
 } q35_layer;
 
 struct engine_q35_model {
-    engine_st *st; /* HF checkpoint (weights point into it), or NULL for GGUF */
-    bool v_tiled;  /* value heads in llama.cpp's tiled order (GGUF) */
+    engine_st *st;            /* HF checkpoint (weights point into it), or NULL for GGUF */
+    const uint8_t **exp_ptrs; /* [n_layer][3][X] for per-expert HF checkpoints */
+    bool v_tiled;             /* value heads in llama.cpp's tiled order (GGUF) */
     q35_layer *layers;
     int32_t n_attn, n_lin;
     float *rope_inv_freq; /* [n_rot / 2] */
@@ -352,6 +355,7 @@ void engine_q35_model_free(engine_q35_model *qm) {
     free(qm->layers);
     free(qm->rope_inv_freq);
     engine_st_close(qm->st);
+    free(qm->exp_ptrs);
     free(qm);
 }
 
@@ -849,7 +853,13 @@ static void q_delta(q35_job *j, int ith, int nth) {
     }
 }
 
-static inline const uint8_t *q35_expert_rows(const engine_weight *w, int32_t e, int64_t stride) {
+/* Expert e's matrix `which` (0 gate, 1 up, 2 down). */
+static inline const uint8_t *q35_expert_rows(const q35_layer *ly, int which, int32_t e) {
+    const engine_weight *w = which == 0   ? &ly->gate_exps
+                             : which == 1 ? &ly->up_exps
+                                          : &ly->down_exps;
+    if (ly->exp_ptr) return ly->exp_ptr[(size_t)which * (size_t)w->n_mat + (size_t)e];
+    int64_t stride = which == 2 ? w->rows : ly->gu_stride;
     return (const uint8_t *)w->data + (size_t)e * (size_t)stride * w->row_bytes;
 }
 
@@ -864,8 +874,7 @@ static void q_exp_up(q35_job *j) {
         int32_t e = f->active[it / j->chunks];
         int64_t r0 = (it % j->chunks) * Q35_EXP_CHUNK;
         int64_t r1 = ENGINE_MIN(r0 + Q35_EXP_CHUNK, wg->rows);
-        const uint8_t *g = q35_expert_rows(wg, e, j->ly->gu_stride);
-        const uint8_t *u = q35_expert_rows(wu, e, j->ly->gu_stride);
+        const uint8_t *g = q35_expert_rows(j->ly, 0, e), *u = q35_expert_rows(j->ly, 1, e);
         for (int32_t si = f->exp_start[e]; si < f->exp_start[e + 1]; si++) {
             int32_t slot = f->exp_slots[si], t = slot / k;
             engine_quant_matvec(wg->type, g, wg->row_bytes, (int)wg->cols, (int)r0, (int)r1,
@@ -886,7 +895,7 @@ static void q_exp_down(q35_job *j) {
         int32_t e = f->active[it / j->chunks];
         int64_t r0 = (it % j->chunks) * Q35_EXP_CHUNK;
         int64_t r1 = ENGINE_MIN(r0 + Q35_EXP_CHUNK, wd->rows);
-        const uint8_t *d = q35_expert_rows(wd, e, wd->rows);
+        const uint8_t *d = q35_expert_rows(j->ly, 2, e);
         for (int32_t si = f->exp_start[e]; si < f->exp_start[e + 1]; si++) {
             int32_t slot = f->exp_slots[si];
             engine_quant_matvec(wd->type, d, wd->row_bytes, (int)wd->cols, (int)r0, (int)r1,
@@ -1471,13 +1480,62 @@ static int q35_st_f32(engine_model *m, const char *name, const int64_t *want, in
     return 0;
 }
 
+/* The routed experts of layer l: transformers 5.x's fused mlp.experts.gate_up_proj [X, 2F, E]
+ * (gate rows 0..F-1, up rows F..2F-1 of each expert) and down_proj [X, E, F], read through an
+ * expert stride; or one tensor per expert (mlp.experts.N.{gate,up,down}_proj.weight, the
+ * per-expert layout other writers use), read through a pointer table. */
+static int q35_hf_experts(engine_model *m, const char *lp, q35_layer *ly, uint32_t l) {
+    const engine_hparams *hp = &m->hp;
+    engine_q35_model *qm = m->q35;
+    const int64_t E = hp->n_embd, X = hp->n_expert, F = hp->n_ff_exp;
+    char nm[256];
+    int rc;
+    snprintf(nm, sizeof nm, "%smlp.experts.gate_up_proj", lp);
+    if (engine_st_find(qm->st, nm)) {
+        if ((rc = q35_st_matrix(m, nm, X, 2 * F, E, &ly->gate_exps))) return rc;
+        snprintf(nm, sizeof nm, "%smlp.experts.down_proj", lp);
+        if ((rc = q35_st_matrix(m, nm, X, E, F, &ly->down_exps))) return rc;
+        ly->gate_exps.rows = F;
+        ly->up_exps = ly->gate_exps;
+        ly->up_exps.data =
+            (const uint8_t *)ly->gate_exps.data + (size_t)F * ly->gate_exps.row_bytes;
+        ly->gu_stride = 2 * F;
+        return 0;
+    }
+    if (!qm->exp_ptrs &&
+        !(qm->exp_ptrs = calloc((size_t)hp->n_layer * 3 * (size_t)X, sizeof *qm->exp_ptrs)))
+        return engine_err(ENGINE_ENOMEM, "out of memory loading %s", m->path);
+    const uint8_t **tab = qm->exp_ptrs + (size_t)l * 3 * (size_t)X;
+    static const char *const part[3] = {"gate_proj", "up_proj", "down_proj"};
+    engine_weight *dst[3] = {&ly->gate_exps, &ly->up_exps, &ly->down_exps};
+    for (int which = 0; which < 3; which++) {
+        for (int64_t e = 0; e < X; e++) {
+            engine_weight w;
+            snprintf(nm, sizeof nm, "%smlp.experts.%lld.%s.weight", lp, (long long)e, part[which]);
+            if ((rc = q35_st_matrix(m, nm, 0, which == 2 ? E : F, which == 2 ? F : E, &w)))
+                return rc;
+            if (e == 0)
+                *dst[which] = w;
+            else if (w.type != dst[which]->type)
+                return engine_err(ENGINE_EFORMAT, "%s: tensor %s is %s but expert 0's is %s",
+                                  m->path, nm, engine_type_name(w.type),
+                                  engine_type_name(dst[which]->type));
+            tab[(size_t)which * (size_t)X + (size_t)e] = w.data;
+        }
+        dst[which]->n_mat = X;
+    }
+    ly->gu_stride = F;
+    ly->exp_ptr = tab;
+    return 0;
+}
+
 static int q35_hf_weights(engine_model *m) {
     const engine_hparams *hp = &m->hp;
     engine_q35_model *qm = m->q35;
     const int64_t E = hp->n_embd, V = hp->n_vocab, hd = hp->head_dim_k, nh = hp->n_head;
     const int64_t nkv = hp->n_head_kv, dk = hp->ssm_d_state, nk = hp->ssm_n_group;
     const int64_t nv = hp->ssm_dt_rank, di = hp->ssm_d_inner, C = 2 * nk * dk + di;
-    const int64_t X = hp->n_expert, F = hp->n_ff_exp, Fs = hp->n_ff_shexp;
+    const int64_t X = hp->n_expert, Fs = hp->n_ff_shexp;
     /* text-only checkpoints say model.layers, multimodal ones model.language_model.layers */
     const char *pre = engine_st_find(qm->st, "model.language_model.embed_tokens.weight")
                           ? "model.language_model."
@@ -1543,9 +1601,7 @@ static int q35_hf_weights(engine_model *m) {
                 return rc;
         }
         if ((rc = q35_st_matrix(m, NAME("%smlp.gate.weight", lp), 0, X, E, &ly->gate_inp)) ||
-            (rc = q35_st_matrix(m, NAME("%smlp.experts.gate_up_proj", lp), X, 2 * F, E,
-                                &ly->gate_exps)) ||
-            (rc = q35_st_matrix(m, NAME("%smlp.experts.down_proj", lp), X, E, F, &ly->down_exps)) ||
+            (rc = q35_hf_experts(m, lp, ly, l)) ||
             (rc = q35_st_matrix(m, NAME("%smlp.shared_expert.gate_proj.weight", lp), 0, Fs, E,
                                 &ly->gate_shexp)) ||
             (rc = q35_st_matrix(m, NAME("%smlp.shared_expert.up_proj.weight", lp), 0, Fs, E,
@@ -1555,12 +1611,6 @@ static int q35_hf_weights(engine_model *m) {
             (rc = q35_st_f32(m, NAME("%smlp.shared_expert_gate.weight", lp), sg, 2, Q35_AS_IS,
                              &ly->gate_inp_shexp)))
             return rc;
-        /* the fused [X, 2F, E]: gate rows 0..F-1 and up rows F..2F-1 of each expert */
-        ly->gate_exps.rows = F;
-        ly->up_exps = ly->gate_exps;
-        ly->up_exps.data =
-            (const uint8_t *)ly->gate_exps.data + (size_t)F * ly->gate_exps.row_bytes;
-        ly->gu_stride = 2 * F;
     }
 #undef NAME
     return 0;

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "engine.h"
@@ -26,6 +27,7 @@
 #include "model/arch.h"
 #include "model/gguf.h"
 #include "model/safetensors.h"
+#include "model/safetensors_write.h"
 #include "support.h"
 #include "tokenizer/json.h"
 
@@ -409,6 +411,67 @@ static void check_safetensors(const char *gpath, const char *sdir) {
     free(st);
 }
 
+/* Rewrite the checkpoint in src_dir into dst_dir with one tensor per expert
+ * (mlp.experts.N.{gate,up,down}_proj.weight) instead of the fused stacks. */
+static bool write_per_expert(const char *src_dir, const char *dst_dir) {
+    engine_st *st = NULL;
+    engine_st_writer *w = NULL;
+    engine_st_out *o = NULL;
+    bool ok = engine_st_open(&st, src_dir) == 0 && engine_st_writer_new(&w) == 0 &&
+              mkdir(dst_dir, 0755) == 0;
+    int64_t n = ok ? engine_st_count(st) : 0;
+    int64_t *first = calloc((size_t)n + 1, sizeof *first);
+    for (int64_t i = 0; i < n && ok; i++) {
+        const engine_st_tensor *t = engine_st_at(st, i);
+        size_t nl = strlen(t->name);
+        bool gu = nl > 13 && !strcmp(t->name + nl - 13, ".gate_up_proj");
+        bool dn = nl > 10 && !strcmp(t->name + nl - 10, ".down_proj") && t->n_dims == 3;
+        if (!gu && !dn) {
+            first[i] = engine_st_writer_add(w, t->name, ENGINE_ST_F32, t->n_dims, t->shape);
+            ok = first[i] >= 0;
+            continue;
+        }
+        int64_t X = t->shape[0], rows = gu ? t->shape[1] / 2 : t->shape[1], cols = t->shape[2];
+        char base[256];
+        snprintf(base, sizeof base, "%.*s", (int)(nl - (gu ? 12 : 9)), t->name);
+        /* expert by expert, gate before up: the source's byte order */
+        for (int64_t e = 0; e < X && ok; e++)
+            for (int part = 0; part < (gu ? 2 : 1) && ok; part++) {
+                char name[300];
+                snprintf(name, sizeof name, "%s%lld.%s.weight", base, (long long)e,
+                         gu ? (part ? "up_proj" : "gate_proj") : "down_proj");
+                int64_t shape[2] = {rows, cols};
+                int64_t idx = engine_st_writer_add(w, name, ENGINE_ST_F32, 2, shape);
+                if (part == 0 && e == 0) first[i] = idx;
+                ok = idx >= 0;
+            }
+    }
+    char path[1024];
+    snprintf(path, sizeof path, "%s/model.safetensors", dst_dir);
+    ok = ok && engine_st_writer_begin(w, path, &o) == 0;
+    for (int64_t i = 0; i < n && ok; i++) {
+        const engine_st_tensor *t = engine_st_at(st, i);
+        /* the added tensors of one source tensor are consecutive, in source order */
+        memcpy((char *)engine_st_out_data(o) + engine_st_writer_offset(w, first[i]), t->data,
+               t->nbytes);
+    }
+    if (ok)
+        ok = engine_st_out_commit(o) == 0;
+    else
+        engine_st_out_abort(o);
+    const char *files[] = {"config.json", "tokenizer.json", "tokenizer_config.json"};
+    for (size_t i = 0; i < 3 && ok; i++) {
+        char a[1024], b[1024];
+        snprintf(a, sizeof a, "%s/%s", src_dir, files[i]);
+        snprintf(b, sizeof b, "%s/%s", dst_dir, files[i]);
+        ok = symlink(a, b) == 0;
+    }
+    free(first);
+    engine_st_writer_free(w);
+    engine_st_close(st);
+    return ok;
+}
+
 /* The safetensors reader on the fuzz corpus: the valid file lists its two tensors, every
  * malformed one is refused with ENGINE_EFORMAT (and I8 is listed with type -1). */
 static void check_st_reader(void) {
@@ -485,6 +548,25 @@ int main(void) {
             CHECK(!strcmp(info.arch, "qwen35moe") && info.n_layer == 8 &&
                   !strcmp(info.weight_type, "f32"));
             check_reference(mh, dir, "qwen35-tiny-f32-s1", "safetensors");
+            /* the same checkpoint with one tensor per expert: the same bits */
+            char pdir[700];
+            snprintf(pdir, sizeof pdir, "%s/hf-per-expert", tmp);
+            CHECK(write_per_expert(sdir, pdir));
+            engine_model *mp = support_load(pdir, 2, N_CTX, ENGINE_DEVICE_CPU);
+            if (mp) {
+                int32_t ids[32], nv = engine_model_n_vocab(mh);
+                size_t n = support_chat_prompt(mh, ids, 32);
+                float *a = malloc(sizeof(float) * (size_t)nv),
+                      *b = malloc(sizeof(float) * (size_t)nv);
+                CHECK(run_chunks(mh, ids, n, 64, a) && run_chunks(mp, ids, n, 64, b));
+                double d = support_max_abs_diff(a, b, nv);
+                printf("per-expert safetensors vs fused: max diff %g\n", d);
+                CHECK(d == 0);
+                free(a);
+                free(b);
+                engine_model_free(mp);
+            }
+            support_rmtree(pdir);
             engine_model_free(mh);
         }
         support_rmtree(sdir);
