@@ -1,20 +1,29 @@
 /* Decode attention with fused q/k norm, RoPE and KV store (contract in attention.cuh).
  *
- * Inside a block (4 warps) each warp takes batches of 32 positions: lane j scores position
- * p0 + j against q (whole K row per lane, 16-byte loads), the warp updates its running max and
- * sum (online softmax), then accumulates the 32 V rows with the lanes spread over the head's
- * dimensions (coalesced). The warps' partials merge in shared memory, the splits' partials
- * through global scratch in the last block of the head. */
+ * A block (KV head, split) of ENGINE_CU_ATT_SPLIT threads: its warps normalise and rotate the
+ * group's query heads into shared memory (a warp per head, values in registers), the block of
+ * the last split stores the new K/V row; then each thread scores one position against every
+ * query head of the group (its K row read once, 16-byte loads), a warp per head takes the
+ * softmax of its scores, and for V the lanes spread over the head's dimensions (coalesced
+ * rows) while the warps take every 8th position, adding their sums in shared memory in warp
+ * order (deterministic). The block asks L2 for its K and V rows before it waits for the
+ * previous kernel. */
 #include <cuda_fp16.h>
 #include <math.h>
 
 #include "attention.cuh"
 #include "dequant.cuh"
 
-#define ATT_WARPS 4
+#define ATT_THREADS ENGINE_CU_ATT_SPLIT
+#define ATT_WARPS (ATT_THREADS / 32)
+#define ATT_GP 8 /* query heads per pass of the score and V loops */
 
 bool engine_cu_att_head_dim_ok(int hd) {
     return hd == 64 || hd == 128 || hd == 256;
+}
+
+bool engine_cu_att_group_ok(int n_head, int n_kv) {
+    return n_kv >= 1 && n_head % n_kv == 0 && n_head / n_kv <= ENGINE_CU_ATT_MAX_GROUP;
 }
 
 int engine_cu_att_max_splits(int n_ctx) {
@@ -31,49 +40,42 @@ void engine_cu_rope_table(float *cs, const float *inv_freq, int hd, int n_pos) {
         }
 }
 
-/* dst = rope(rmsnorm(src) * w) for one head of HD values (block-wide; synchronises). */
+/* v[t] = element lane + 32 t of rope(rmsnorm(src) * w) for one head of HD values (one warp). */
 template <int HD>
-__device__ void norm_rope(const float *src, const float *w, const float2 *rope, float eps,
-                          float *dst, float *red) {
+__device__ __forceinline__ void norm_rope_warp(const float *src, const float *w, const float2 *rope,
+                                               float eps, float v[HD / 32]) {
+    const int lane = threadIdx.x & 31;
     float ss = 0.0f;
-    for (int i = threadIdx.x; i < HD; i += blockDim.x)
-        ss += src[i] * src[i];
-    ss = engine_cu_block_sum(ss, red);
-    float scale = 1.0f / sqrtf(ss / (float)HD + eps);
-    for (int i = threadIdx.x; i < HD; i += blockDim.x)
-        dst[i] = w[i] * (src[i] * scale);
-    __syncthreads();
-    for (int i = threadIdx.x; i < HD / 2; i += blockDim.x) {
-        const float2 cs = rope[i];
-        const float c = cs.x, s = cs.y;
-        float x0 = dst[i], x1 = dst[i + HD / 2];
-        dst[i] = x0 * c - x1 * s;
-        dst[i + HD / 2] = x0 * s + x1 * c;
+#pragma unroll
+    for (int t = 0; t < HD / 32; t++) {
+        v[t] = src[lane + 32 * t];
+        ss += v[t] * v[t];
     }
-    __syncthreads();
+    ss = engine_cu_warp_sum(ss);
+    const float scale = 1.0f / sqrtf(ss / (float)HD + eps);
+#pragma unroll
+    for (int t = 0; t < HD / 32; t++)
+        v[t] = w[lane + 32 * t] * (v[t] * scale);
+    constexpr int H2 = HD / 64; /* element i + HD / 2 sits H2 slots further */
+#pragma unroll
+    for (int t = 0; t < H2; t++) {
+        const float2 cs = rope[lane + 32 * t];
+        const float x0 = v[t], x1 = v[t + H2];
+        v[t] = x0 * cs.x - x1 * cs.y;
+        v[t + H2] = x0 * cs.y + x1 * cs.x;
+    }
 }
 
-__device__ __forceinline__ float round_kv(float v, int f32) {
-    return f32 ? v : __half2float(__float2half_rn(v));
-}
-
-/* K or V row p of KV head kvh: 8 values from index i8 * 8. */
-__device__ __forceinline__ void kv_load8(const void *cache, int f32, size_t row, int i8,
-                                         float out[8]) {
+/* 8 values of K or V from element index idx (8-aligned) of a cache. */
+__device__ __forceinline__ void kv_load8(const void *cache, int f32, size_t idx, float out[8]) {
     if (f32) {
-        const float4 *p = (const float4 *)((const float *)cache + row) + 2 * i8;
-        float4 a = p[0], b = p[1];
-        out[0] = a.x;
-        out[1] = a.y;
-        out[2] = a.z;
-        out[3] = a.w;
-        out[4] = b.x;
-        out[5] = b.y;
-        out[6] = b.z;
-        out[7] = b.w;
+        const float4 *p = (const float4 *)((const float *)cache + idx);
+        const float4 a = p[0], b = p[1];
+        out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
+        out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
     } else {
-        uint4 u = ((const uint4 *)((const __half *)cache + row))[i8];
-        uint32_t w[4] = {u.x, u.y, u.z, u.w};
+        const uint4 u = *(const uint4 *)((const __half *)cache + idx);
+        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             out[2 * k] = engine_cu_h2f((uint16_t)(w[k] & 0xffffu));
@@ -82,179 +84,239 @@ __device__ __forceinline__ void kv_load8(const void *cache, int f32, size_t row,
     }
 }
 
-__device__ __forceinline__ float kv_load1(const void *cache, int f32, size_t idx) {
-    return f32 ? ((const float *)cache)[idx] : __half2float(((const __half *)cache)[idx]);
+/* N (2, 4 or 8) consecutive values of a cache from element index idx (N-aligned). */
+template <int N>
+__device__ __forceinline__ void kv_loadn(const void *cache, int f32, size_t idx, float out[N]) {
+    if (N == 8) {
+        kv_load8(cache, f32, idx, out);
+    } else if (f32) {
+        const float *p = (const float *)cache + idx;
+        if (N == 4) {
+            const float4 a = *(const float4 *)p;
+            out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
+        } else {
+            const float2 a = *(const float2 *)p;
+            out[0] = a.x, out[1] = a.y;
+        }
+    } else {
+        const __half *p = (const __half *)cache + idx;
+        if (N == 4) {
+            const uint2 u = *(const uint2 *)p;
+            out[0] = engine_cu_h2f((uint16_t)(u.x & 0xffffu));
+            out[1] = engine_cu_h2f((uint16_t)(u.x >> 16));
+            out[2] = engine_cu_h2f((uint16_t)(u.y & 0xffffu));
+            out[3] = engine_cu_h2f((uint16_t)(u.y >> 16));
+        } else {
+            const uint32_t u = *(const uint32_t *)p;
+            out[0] = engine_cu_h2f((uint16_t)(u & 0xffffu));
+            out[1] = engine_cu_h2f((uint16_t)(u >> 16));
+        }
+    }
 }
 
-template <int HD> __global__ void __launch_bounds__(ATT_WARPS * 32) att_kernel(engine_cu_att a) {
-    constexpr int DPL = HD / 32;
-    __shared__ float sq[HD], sk[HD], sv[HD], red[32];
-    __shared__ float wm[ATT_WARPS], wl[ATT_WARPS], wacc[ATT_WARPS][HD];
+/* Shared memory of a block: sq[GP][HD], sc[GP][SPLIT], so[ATT_GP][HD] floats (GP = the group
+ * rounded up to ATT_GP). */
+static size_t att_smem_bytes(int group, int hd) {
+    const int gp = (group + ATT_GP - 1) / ATT_GP * ATT_GP;
+    return sizeof(float) *
+           ((size_t)gp * hd + (size_t)gp * ENGINE_CU_ATT_SPLIT + (size_t)ATT_GP * hd);
+}
+
+template <int HD> __global__ void __launch_bounds__(ATT_THREADS) att_kernel(engine_cu_att a) {
+    constexpr int DPL = HD / 32; /* V dimensions per lane */
+    extern __shared__ float att_smem[];
+    __shared__ float hm[ENGINE_CU_ATT_MAX_GROUP], hl[ENGINE_CU_ATT_MAX_GROUP];
     __shared__ int s_last;
-    const int h = blockIdx.x, s = blockIdx.y;
+    engine_cu_pdl_launch();
+    const int kvh = blockIdx.x, s = blockIdx.y;
+    const size_t kv_dim = (size_t)a.n_kv * HD;
+    const size_t elt = a.kv_f32 ? 4 : 2;
+    /* the position is set before the step's graph runs (no kernel of the step writes it) */
     const int pos = *a.pos, n_pos = pos + 1;
     const int n_act = (n_pos + ENGINE_CU_ATT_SPLIT - 1) / ENGINE_CU_ATT_SPLIT;
     if (s >= n_act) return;
-    const int group = a.n_head / a.n_kv, kvh = h / group;
-    const size_t kv_dim = (size_t)a.n_kv * HD;
+    { /* this split's K and V rows (before the position: final) to L2 while the previous
+       * kernel finishes */
+        const int p = s * ENGINE_CU_ATT_SPLIT + (int)threadIdx.x;
+        if (p < pos) {
+            const size_t off = ((size_t)p * kv_dim + (size_t)kvh * HD) * elt;
+            engine_cu_prefetch_rows((const uint8_t *)a.k_cache + off, HD * elt);
+            engine_cu_prefetch_rows((const uint8_t *)a.v_cache + off, HD * elt);
+        }
+    }
+    engine_cu_pdl_wait();
+    const int G = a.n_head / a.n_kv, GP = (G + ATT_GP - 1) / ATT_GP * ATT_GP;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-
+    float *sq = att_smem, *sc = sq + (size_t)GP * HD, *so = sc + (size_t)GP * ENGINE_CU_ATT_SPLIT;
     const float2 *rope = a.rope + (size_t)pos * (HD / 2);
-    norm_rope<HD>(a.q + (size_t)h * HD, a.q_norm, rope, a.eps, sq, red);
-    const bool has_new = s == n_act - 1;
-    if (has_new) {
-        norm_rope<HD>(a.k + (size_t)kvh * HD, a.k_norm, rope, a.eps, sk, red);
-        for (int i = threadIdx.x; i < HD; i += blockDim.x) {
-            float kr = round_kv(sk[i], a.kv_f32),
-                  vr = round_kv(a.v[(size_t)kvh * HD + i], a.kv_f32);
-            sk[i] = kr;
-            sv[i] = vr;
-            if (h % group == 0) {
-                size_t o = (size_t)pos * kv_dim + (size_t)kvh * HD + i;
-                if (a.kv_f32) {
-                    ((float *)a.k_cache)[o] = kr;
-                    ((float *)a.v_cache)[o] = vr;
-                } else {
-                    ((__half *)a.k_cache)[o] = __float2half_rn(kr);
-                    ((__half *)a.v_cache)[o] = __float2half_rn(vr);
-                }
-            }
-        }
-        __syncthreads();
-    }
 
-    const float scale = 1.0f / sqrtf((float)HD);
-    const int p_begin = s * ENGINE_CU_ATT_SPLIT;
-    const int p_end = min(p_begin + ENGINE_CU_ATT_SPLIT, n_pos);
-    float m = -INFINITY, l = 0.0f, acc[DPL];
+    /* the group's query heads (padding heads zero), and the new K/V row */
+    for (int g = w; g < GP; g += ATT_WARPS) {
+        float v[DPL];
+        if (g < G) norm_rope_warp<HD>(a.q + (size_t)(kvh * G + g) * HD, a.q_norm, rope, a.eps, v);
 #pragma unroll
-    for (int i = 0; i < DPL; i++)
-        acc[i] = 0.0f;
-    for (int p0 = p_begin + 32 * w; p0 < p_end; p0 += 32 * ATT_WARPS) {
-        const int p = p0 + lane;
-        float sc = -INFINITY;
-        if (p < p_end) {
-            float dot = 0.0f;
-            if (p == pos) {
-#pragma unroll 8
-                for (int i = 0; i < HD; i++)
-                    dot += sq[i] * sk[i];
+        for (int t = 0; t < DPL; t++)
+            sq[g * HD + lane + 32 * t] = g < G ? v[t] : 0.0f;
+    }
+    if (s == n_act - 1 && w == ATT_WARPS - 1) {
+        float v[DPL];
+        norm_rope_warp<HD>(a.k + (size_t)kvh * HD, a.k_norm, rope, a.eps, v);
+        const size_t o = (size_t)pos * kv_dim + (size_t)kvh * HD;
+#pragma unroll
+        for (int t = 0; t < DPL; t++) {
+            const int i = lane + 32 * t;
+            const float vv = a.v[(size_t)kvh * HD + i];
+            if (a.kv_f32) {
+                ((float *)a.k_cache)[o + i] = v[t];
+                ((float *)a.v_cache)[o + i] = vv;
             } else {
-                size_t row = (size_t)p * kv_dim + (size_t)kvh * HD;
-#pragma unroll
-                for (int i8 = 0; i8 < HD / 8; i8++) {
-                    float kk[8];
-                    kv_load8(a.k_cache, a.kv_f32, row, i8, kk);
-#pragma unroll
-                    for (int t = 0; t < 8; t++)
-                        dot += sq[8 * i8 + t] * kk[t];
-                }
-            }
-            sc = dot * scale;
-        }
-        const float bm = engine_cu_warp_max(sc);
-        const float mn = fmaxf(m, bm);
-        const float pe = p < p_end ? expf(sc - mn) : 0.0f;
-        const float corr = expf(m - mn);
-        l = l * corr + engine_cu_warp_sum(pe);
-#pragma unroll
-        for (int i = 0; i < DPL; i++)
-            acc[i] *= corr;
-        m = mn;
-        const int nb = min(32, p_end - p0);
-        const size_t base = (size_t)p0 * kv_dim + (size_t)kvh * HD + lane;
-#pragma unroll 16
-        for (int j = 0; j < 32; j++) {
-            if (j < nb) {
-                const float pj = __shfl_sync(0xffffffffu, pe, j);
-                const size_t row = base + (size_t)j * kv_dim;
-#pragma unroll
-                for (int i = 0; i < DPL; i++) {
-                    /* row pos may be being written by another block: its value is not used */
-                    float vv = kv_load1(a.v_cache, a.kv_f32, row + 32 * i);
-                    if (p0 + j == pos) vv = sv[lane + 32 * i];
-                    acc[i] += pj * vv;
-                }
+                ((__half *)a.k_cache)[o + i] = __float2half_rn(v[t]);
+                ((__half *)a.v_cache)[o + i] = __float2half_rn(vv);
             }
         }
     }
-    if (lane == 0) {
-        wm[w] = m;
-        wl[w] = l;
-    }
+    __syncthreads(); /* also makes the stored row visible to the block */
+
+    /* scores: a thread per position, every head of the group */
+    const float scale = 1.0f / sqrtf((float)HD);
+    const int p_begin = s * ENGINE_CU_ATT_SPLIT, np = min(ENGINE_CU_ATT_SPLIT, n_pos - p_begin);
+    for (int j = threadIdx.x; j < np; j += ATT_THREADS) {
+        const size_t row = (size_t)(p_begin + j) * kv_dim + (size_t)kvh * HD;
+        for (int g0 = 0; g0 < GP; g0 += ATT_GP) {
+            float d[ATT_GP];
 #pragma unroll
-    for (int i = 0; i < DPL; i++)
-        wacc[w][lane + 32 * i] = acc[i];
+            for (int gg = 0; gg < ATT_GP; gg++)
+                d[gg] = 0.0f;
+#pragma unroll 4
+            for (int i8 = 0; i8 < HD / 8; i8++) {
+                float kk[8];
+                kv_load8(a.k_cache, a.kv_f32, row + 8 * i8, kk);
+#pragma unroll
+                for (int gg = 0; gg < ATT_GP; gg++) {
+                    const float4 q0 = *(const float4 *)(sq + (g0 + gg) * HD + 8 * i8),
+                                 q1 = *(const float4 *)(sq + (g0 + gg) * HD + 8 * i8 + 4);
+                    d[gg] += q0.x * kk[0] + q0.y * kk[1] + q0.z * kk[2] + q0.w * kk[3] +
+                             q1.x * kk[4] + q1.y * kk[5] + q1.z * kk[6] + q1.w * kk[7];
+                }
+            }
+#pragma unroll
+            for (int gg = 0; gg < ATT_GP; gg++)
+                sc[(g0 + gg) * ENGINE_CU_ATT_SPLIT + j] = d[gg] * scale;
+        }
+    }
     __syncthreads();
-    float M = -INFINITY;
-    for (int k = 0; k < ATT_WARPS; k++)
-        M = fmaxf(M, wm[k]);
-    float L = 0.0f, f[ATT_WARPS];
-    for (int k = 0; k < ATT_WARPS; k++) {
-        f[k] = wl[k] > 0.0f ? expf(wm[k] - M) : 0.0f;
-        L += wl[k] * f[k];
+    /* softmax numerators per head (a warp per head); padding heads keep zeros (q = 0) */
+    for (int g = w; g < G; g += ATT_WARPS) {
+        float *r = sc + g * ENGINE_CU_ATT_SPLIT;
+        float mx = -INFINITY;
+        for (int j = lane; j < np; j += 32)
+            mx = fmaxf(mx, r[j]);
+        mx = engine_cu_warp_max(mx);
+        float sum = 0.0f;
+        for (int j = lane; j < np; j += 32) {
+            const float e = expf(r[j] - mx);
+            r[j] = e;
+            sum += e;
+        }
+        sum = engine_cu_warp_sum(sum);
+        if (lane == 0) {
+            hm[g] = mx;
+            hl[g] = sum;
+        }
     }
+    __syncthreads();
+
+    /* V: lane over dimensions lane * DPL .., warp over positions w, w + ATT_WARPS, ... */
     const int max_splits = gridDim.y;
-    if (n_act == 1) {
-        for (int i = threadIdx.x; i < HD; i += blockDim.x) {
-            float o = 0.0f;
-            for (int k = 0; k < ATT_WARPS; k++)
-                o += wacc[k][i] * f[k];
-            a.out[(size_t)h * HD + i] = o / L;
+    for (int g0 = 0; g0 < GP; g0 += ATT_GP) {
+        float acc[ATT_GP][DPL];
+#pragma unroll
+        for (int gg = 0; gg < ATT_GP; gg++)
+#pragma unroll
+            for (int t = 0; t < DPL; t++)
+                acc[gg][t] = 0.0f;
+#pragma unroll 4
+        for (int j = w; j < np; j += ATT_WARPS) {
+            float vv[DPL];
+            kv_loadn<DPL>(a.v_cache, a.kv_f32,
+                          (size_t)(p_begin + j) * kv_dim + (size_t)kvh * HD + lane * DPL, vv);
+#pragma unroll
+            for (int gg = 0; gg < ATT_GP; gg++) {
+                const float pj = sc[(g0 + gg) * ENGINE_CU_ATT_SPLIT + j];
+#pragma unroll
+                for (int t = 0; t < DPL; t++)
+                    acc[gg][t] += pj * vv[t];
+            }
         }
-        return;
+        /* the warps' sums in a fixed order (deterministic: no atomics) */
+        for (int k = 0; k < ATT_WARPS; k++) {
+            if (w == k)
+#pragma unroll
+                for (int gg = 0; gg < ATT_GP; gg++)
+#pragma unroll
+                    for (int t = 0; t < DPL; t++) {
+                        float *o = so + gg * HD + lane * DPL + t;
+                        *o = (k == 0 ? 0.0f : *o) + acc[gg][t];
+                    }
+            __syncthreads();
+        }
+        for (int i = threadIdx.x; i < ATT_GP * HD; i += ATT_THREADS) {
+            const int gg = i / HD, d = i - gg * HD, g = g0 + gg, h = kvh * G + g;
+            if (g >= G) continue;
+            if (n_act == 1) {
+                a.out[(size_t)h * HD + d] = so[i] / hl[g];
+            } else {
+                float *part = a.partial + ((size_t)h * max_splits + s) * (HD + 2);
+                part[2 + d] = so[i];
+                if (d == 0) {
+                    part[0] = hm[g];
+                    part[1] = hl[g];
+                }
+            }
+        }
+        __syncthreads(); /* before so is written again */
     }
-    float *part = a.partial + ((size_t)h * max_splits + s) * (HD + 2);
-    for (int i = threadIdx.x; i < HD; i += blockDim.x) {
-        float o = 0.0f;
-        for (int k = 0; k < ATT_WARPS; k++)
-            o += wacc[k][i] * f[k];
-        part[2 + i] = o;
-    }
-    if (threadIdx.x == 0) {
-        part[0] = M;
-        part[1] = L;
-    }
+    if (n_act == 1) return;
+
+    /* the last block of this KV head merges the splits of its heads */
     __threadfence();
-    __syncthreads();
     if (threadIdx.x == 0) {
-        unsigned done = atomicAdd(a.counters + h, 1u);
+        const unsigned done = atomicAdd(a.counters + kvh, 1u);
         s_last = done == (unsigned)(n_act - 1);
-        if (s_last) a.counters[h] = 0; /* ready for the next launch */
+        if (s_last) a.counters[kvh] = 0; /* ready for the next launch */
     }
     __syncthreads();
     if (!s_last) return;
     __threadfence();
-    const float *ph = a.partial + (size_t)h * max_splits * (HD + 2);
-    float MM = -INFINITY;
-    for (int k = 0; k < n_act; k++)
-        MM = fmaxf(MM, __ldcg(ph + (size_t)k * (HD + 2)));
-    float LL = 0.0f;
-    for (int k = 0; k < n_act; k++) {
-        const float *pk = ph + (size_t)k * (HD + 2);
-        LL += __ldcg(pk + 1) * expf(__ldcg(pk) - MM);
-    }
-    for (int i = threadIdx.x; i < HD; i += blockDim.x) {
-        float o = 0.0f;
+    for (int i = threadIdx.x; i < G * HD; i += ATT_THREADS) {
+        const int g = i / HD, d = i - g * HD, h = kvh * G + g;
+        const float *ph = a.partial + (size_t)h * max_splits * (HD + 2);
+        float mm = -INFINITY;
+        for (int k = 0; k < n_act; k++)
+            mm = fmaxf(mm, __ldcg(ph + (size_t)k * (HD + 2)));
+        float ll = 0.0f, o = 0.0f;
         for (int k = 0; k < n_act; k++) {
             const float *pk = ph + (size_t)k * (HD + 2);
-            o += __ldcg(pk + 2 + i) * expf(__ldcg(pk) - MM);
+            const float f = expf(__ldcg(pk) - mm);
+            ll += __ldcg(pk + 1) * f;
+            o += __ldcg(pk + 2 + d) * f;
         }
-        a.out[(size_t)h * HD + i] = o / LL;
+        a.out[(size_t)h * HD + d] = o / ll;
     }
 }
 
 void engine_cu_attention(const engine_cu_att *a, cudaStream_t stream) {
-    dim3 grid(a->n_head, engine_cu_att_max_splits(a->n_ctx));
+    dim3 grid(a->n_kv, engine_cu_att_max_splits(a->n_ctx));
+    const size_t smem = att_smem_bytes(a->n_head / a->n_kv, a->hd);
     switch (a->hd) {
     case 64:
-        att_kernel<64><<<grid, ATT_WARPS * 32, 0, stream>>>(*a);
+        engine_cu_launch(att_kernel<64>, grid, dim3(ATT_THREADS), smem, stream, *a);
         break;
     case 128:
-        att_kernel<128><<<grid, ATT_WARPS * 32, 0, stream>>>(*a);
+        engine_cu_launch(att_kernel<128>, grid, dim3(ATT_THREADS), smem, stream, *a);
         break;
     default:
-        att_kernel<256><<<grid, ATT_WARPS * 32, 0, stream>>>(*a);
+        engine_cu_launch(att_kernel<256>, grid, dim3(ATT_THREADS), smem, stream, *a);
         break;
     }
 }

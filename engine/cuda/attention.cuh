@@ -3,12 +3,13 @@
  * One launch does, for every query head h:
  *   q_h = rope(rmsnorm(q_h) * q_norm)         (NeoX, angle pos * inv_freq[i] rounded to F32)
  *   k, v of the new position = rope(rmsnorm(k) * k_norm), v (rounded to the cache type) and
- *     stored at row `pos` of the cache (by the first query head of each KV group)
+ *     stored at row `pos` of the cache
  *   out_h = softmax(q_h K^T / sqrt(d)) V over positions 0..pos of KV head h / group
- * Split-K (flash-decoding): the positions are cut into splits of ENGINE_CU_ATT_SPLIT; a block
- * per (head, split) computes a partial (max, sum, weighted V) and the last block of a head to
- * finish (an atomic counter) merges them. The position is read from device memory, so the
- * grid is sized for the whole context and blocks past the position exit at once: the same
+ * A block serves one KV head and all the query heads of its GQA group (each K and V row is read
+ * once for the group), over a split of ENGINE_CU_ATT_SPLIT positions (flash-decoding): it
+ * computes each head's partial (max, sum, weighted V), and the last block of a KV head to
+ * finish (an atomic counter) merges the splits. The position is read from device memory, so
+ * the grid is sized for the whole context and blocks past the position exit at once: the same
  * launch serves every step of a captured graph. The cache is contiguous per layer
  * ([n_ctx][n_head_kv * head_dim], F16 or F32); the paged KV pool will pass a block table. */
 #ifndef SPARK_ENGINE_CUDA_ATTENTION_CUH
@@ -18,7 +19,8 @@
 
 #include "common.cuh"
 
-#define ENGINE_CU_ATT_SPLIT 256
+#define ENGINE_CU_ATT_SPLIT 256    /* positions per block (= its threads) */
+#define ENGINE_CU_ATT_MAX_GROUP 16 /* query heads per KV head */
 
 typedef struct {
     const float *q, *k, *v;       /* this position's projections [n_head*hd], [n_kv*hd] x 2 */
@@ -30,12 +32,14 @@ typedef struct {
     const int32_t *pos; /* device: the position of this token */
     int n_ctx, n_head, n_kv, hd;
     float *partial;     /* [n_head][max_splits][hd + 2] scratch */
-    unsigned *counters; /* [n_head], zero between launches */
+    unsigned *counters; /* [n_kv], zero between launches */
     float *out;         /* [n_head * hd] */
 } engine_cu_att;
 
 /* Head dimensions the kernel is instantiated for (64, 128, 256). */
 bool engine_cu_att_head_dim_ok(int hd);
+/* True when n_head / n_kv query heads per KV head fit the kernel. */
+bool engine_cu_att_group_ok(int n_head, int n_kv);
 int engine_cu_att_max_splits(int n_ctx);
 /* Host: cs[p][i] = (cos, sin) of the angle (float)p * inv_freq[i], computed as the CPU does
  * (engine_cpu_rope_neox), for p < n_pos: 2 * n_pos * hd / 2 floats. */

@@ -1,12 +1,15 @@
 /* The CUDA backend: weight upload, decode sessions, the decode step as a CUDA graph
  * (contracts in cuda_backend.h).
  *
- * A decode step is 2 + 5 * n_layer launches (MoE; dense the same):
+ * A decode step is 2 + 6 * n_layer launches (MoE; dense 2 + 5 * n_layer), each launched with
+ * programmatic dependent launch (a kernel prefetches its weights before it waits for the
+ * previous one):
  *   embed | per layer: qkv (RMSNorm fused) | attention (q/k norm, RoPE, KV store fused) |
  *   wo (+= residual) | router (RMSNorm fused) | gate/up + SwiGLU (routing fused) |
  *   down (+ weighted combine + residual) | head (RMSNorm fused) | sample
  * The token and position live in device memory (engine_cu_step), so the graph captured on the
  * first step is replayed unchanged for every later one. */
+#include <algorithm>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +18,7 @@
 #include "common.cuh"
 #include "matvec.cuh"
 #include "moe.cuh"
+#include "qdot.cuh"
 #include "sample.cuh"
 
 extern "C" {
@@ -157,10 +161,18 @@ static int upload_f(upload_ctx *u, const float *src, size_t n, const float **out
     return rc;
 }
 
+/* Shared memory the kernels take to stage an activation vector of n values for weights of
+ * `type`; at most ENGINE_CU_MAX_STAGE_BYTES (sm_120 gives a block 99 KB at most). */
+#define ENGINE_CU_MAX_STAGE_BYTES (96 * 1024)
+
+static size_t stage_bytes(int type, int64_t n) {
+    return engine_cu_xs_bytes(engine_cu_type_quant(type), (int)n);
+}
+
 #define FOR_LAYER_WEIGHTS(X)                                                                       \
     X(wq)                                                                                          \
-    X(wk) X(wv) X(wo) X(gate_inp) X(gate_exps) X(up_exps) X(down_exps) X(ffn_gate) X(ffn_up)       \
-        X(ffn_down)
+    X(wk)                                                                                          \
+    X(wv) X(wo) X(gate_inp) X(gate_exps) X(up_exps) X(down_exps) X(ffn_gate) X(ffn_up) X(ffn_down)
 
 extern "C" int engine_cuda_model_new(engine_cuda_model **out, const engine_model *m, int device) {
     *out = NULL;
@@ -173,6 +185,11 @@ extern "C" int engine_cuda_model_new(engine_cuda_model **out, const engine_model
                           "%s: head dimension %u has no CUDA attention "
                           "kernel (64, 128, 256)",
                           m->path, hp->head_dim_k);
+    if (!engine_cu_att_group_ok((int)hp->n_head, (int)hp->n_head_kv))
+        return engine_err(ENGINE_EUNSUPPORTED,
+                          "%s: %u query heads over %u KV heads have no CUDA attention kernel (at "
+                          "most %d per KV head)",
+                          m->path, hp->n_head, hp->n_head_kv, ENGINE_CU_ATT_MAX_GROUP);
     if (hp->n_expert > ENGINE_CU_MAX_EXPERT)
         return engine_err(ENGINE_EUNSUPPORTED,
                           "%s: %u experts (the CUDA routing takes at most "
@@ -183,10 +200,20 @@ extern "C" int engine_cuda_model_new(engine_cuda_model **out, const engine_model
                           "%s: %u experts per token (the CUDA kernels take "
                           "at most %d)",
                           m->path, hp->n_expert_used, ENGINE_CU_MAX_EXPERT_USED);
-    size_t total = 0;
+    size_t total = 0, stage = 0;
     char what[64];
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         const engine_layer *ly = &m->layers[l];
+        /* the activation vectors the kernels stage in shared memory */
+        const int k = hp->n_expert_used ? (int)hp->n_expert_used : 1;
+        const engine_weight *in_w[] = {&ly->wq, &ly->gate_inp, &ly->gate_exps, &ly->ffn_gate};
+        for (size_t i = 0; i < sizeof in_w / sizeof in_w[0]; i++)
+            if (in_w[i]->data) stage = std::max(stage, stage_bytes(in_w[i]->type, in_w[i]->cols));
+        if (ly->wo.data) stage = std::max(stage, stage_bytes(ly->wo.type, ly->wo.cols));
+        if (ly->down_exps.data)
+            stage = std::max(stage, stage_bytes(ly->down_exps.type, k * ly->down_exps.cols));
+        if (ly->ffn_down.data)
+            stage = std::max(stage, stage_bytes(ly->ffn_down.type, ly->ffn_down.cols));
 #define CHECK_W(f)                                                                                 \
     snprintf(what, sizeof what, "blk.%u." #f, l);                                                  \
     if ((rc = check_weight(m, &ly->f, what))) return rc;                                           \
@@ -206,6 +233,12 @@ extern "C" int engine_cuda_model_new(engine_cuda_model **out, const engine_model
         total +=
             2 * align256(sizeof(float) * hp->n_embd) + 2 * align256(sizeof(float) * hp->head_dim_k);
     }
+    if (m->output.data) stage = std::max(stage, stage_bytes(m->output.type, m->output.cols));
+    if (stage > ENGINE_CU_MAX_STAGE_BYTES)
+        return engine_err(ENGINE_EUNSUPPORTED,
+                          "%s: an activation vector needs %zu bytes of shared memory in the CUDA "
+                          "kernels (at most %d)",
+                          m->path, stage, ENGINE_CU_MAX_STAGE_BYTES);
     if ((rc = check_weight(m, &m->tok_embd, "token_embd"))) return rc;
     if ((rc = check_weight(m, &m->output, "output"))) return rc;
     bool tied = m->output.data == m->tok_embd.data;
@@ -421,14 +454,14 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
     s->field = (T *)p;                                                                             \
     p += z.size;
     CARVE(x, x, float)
-    CARVE(q, q, float) CARVE(k, kv, float) CARVE(v, kv, float) CARVE(att, att, float)
-        CARVE(router, router, float) CARVE(h, h, float) CARVE(logits, logits, float)
-            CARVE(partial, partial, float) CARVE(sscratch, sscratch, float) CARVE(ids, ids, int32_t)
-                CARVE(wts, wts, float) CARVE(counters, counters, unsigned)
-                    CARVE(step, step, engine_cu_step) CARVE(out, out, int32_t)
-                        CARVE(rope, rope, float)
+    CARVE(q, q, float)
+    CARVE(k, kv, float) CARVE(v, kv, float) CARVE(att, att, float) CARVE(router, router, float)
+        CARVE(h, h, float) CARVE(logits, logits, float) CARVE(partial, partial, float)
+            CARVE(sscratch, sscratch, float) CARVE(ids, ids, int32_t) CARVE(wts, wts, float)
+                CARVE(counters, counters, unsigned) CARVE(step, step, engine_cu_step)
+                    CARVE(out, out, int32_t) CARVE(rope, rope, float)
 #undef CARVE
-                            ENGINE_ASSERT((size_t)(p - s->mem) == z.total);
+                        ENGINE_ASSERT((size_t)(p - s->mem) == z.total);
     {
         size_t rb = sizeof(float) * (size_t)n_ctx * hp->head_dim_k;
         float *t = (float *)malloc(rb);

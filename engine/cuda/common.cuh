@@ -4,6 +4,7 @@
 #define SPARK_ENGINE_CUDA_COMMON_CUH
 
 #include <cuda_runtime.h>
+#include <stdint.h>
 
 extern "C" {
 #include "engine.h"
@@ -52,6 +53,57 @@ __device__ __forceinline__ float engine_cu_block_sum(float v, float *red) {
     __syncthreads();
     v = lane < nw ? red[lane] : 0.0f;
     return engine_cu_warp_sum(v);
+}
+
+/* Programmatic dependent launch (sm_90 and later): a kernel lets the next one in the stream
+ * start early (launch_dependents), and waits for the previous one to finish and flush before
+ * it reads activations or writes anything (wait). Before the wait a kernel may only read
+ * weights (prefetch). No-ops when the launch did not ask for it. */
+__device__ __forceinline__ void engine_cu_pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void engine_cu_pdl_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
+/* Ask L2 for `bytes` bytes from p (its 128-byte lines spread over the lanes of a warp, which
+ * all call this). */
+__device__ __forceinline__ void engine_cu_prefetch_l2(const uint8_t *p, size_t bytes) {
+    const uintptr_t a = (uintptr_t)p & ~(uintptr_t)127, end = (uintptr_t)p + bytes;
+    for (uintptr_t o = a + 128 * (threadIdx.x & 31); o < end; o += 128 * 32)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(o));
+}
+
+/* Ask L2 for the `bytes` bytes from p, every 128-byte line of them (one thread). */
+__device__ __forceinline__ void engine_cu_prefetch_rows(const uint8_t *p, size_t bytes) {
+    const uintptr_t end = (uintptr_t)p + bytes;
+    for (uintptr_t o = (uintptr_t)p & ~(uintptr_t)127; o < end; o += 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(o));
+}
+
+/* Launch with programmatic stream serialisation (the kernel must call engine_cu_pdl_wait before
+ * touching anything a previous kernel writes or reads). Errors surface in cudaGetLastError. */
+template <typename... KA, typename... A>
+static inline void engine_cu_launch(void (*kernel)(KA...), dim3 grid, dim3 block, size_t smem,
+                                    cudaStream_t st, A... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    if (smem > 48 * 1024)
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 
 #endif

@@ -1,16 +1,21 @@
 /* Quantised matrix-vector products on the GPU (batch 1 decode).
  *
  * y = W x for weights of type Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, F16, BF16 or F32, read in place
- * (quantised, as uploaded) and decoded in registers; activations stay F32 and every product is
- * accumulated in F32. So the result is the exact dot product of the dequantised row with x up
- * to F32 rounding of the sum: |y - y_exact| <= ~n * 2^-24 * sum_i |w_i x_i| (the test checks
- * 1e-5 * sum |w_i x_i|). The CPU path instead quantises x to Q8_K / Q8_0 first, so GPU and CPU
- * differ by the CPU's activation quantisation error (~0.5% of sum |w_i x_i| at most).
+ * (quantised, as uploaded). Each block first stages x in shared memory (qdot.cuh): as 8-bit
+ * blocks of 32 for the quantised types (integer dot products, dp4a), as F32 for the float
+ * types. So for the float types y is the exact dot product up to F32 rounding of the sum, and
+ * for the quantised ones the exact dot product of the dequantised row with the 8-bit xhat:
+ * |y - sum_i w_i xhat_i| <= ~1e-6 * sum_i |w_i xhat_i| (the test checks 1e-5), with
+ * |xhat_i - x_i| <= amax / 254 over x's block of 32 (the CPU's Q8_K blocks are 256 wide).
  *
- * Fusions: an optional RMSNorm prologue (x is normalised with norm_w on the fly: every block
- * computes the scale itself, which costs an L2 read of x and saves a launch) and an optional
- * accumulate epilogue (y += W x: the residual add). Up to three matrices reading the same x
- * run in one launch (q, k, v). Host launchers only; no CUDA type leaves engine/cuda/. */
+ * A warp computes a row (its lanes take consecutive 32-value chunks: coalesced weight reads),
+ * a block ENGINE_CU_MV_WARPS rows; a single large matrix (the output head) is covered by a grid
+ * of resident blocks that loop over row groups, so the staging is paid once per block.
+ * Before waiting for the previous kernel (programmatic dependent launch) each warp asks L2 for
+ * its first row, so the weight fetch overlaps the previous kernel's tail and the staging.
+ * Fusions: an optional RMSNorm prologue (in the staging) and an optional accumulate epilogue
+ * (y += W x: the residual add). Up to three matrices reading the same x run in one launch
+ * (q, k, v). Host launchers only; no CUDA type leaves engine/cuda/. */
 #ifndef SPARK_ENGINE_CUDA_MATVEC_CUH
 #define SPARK_ENGINE_CUDA_MATVEC_CUH
 
@@ -19,8 +24,7 @@
 
 #include "common.cuh"
 
-#define ENGINE_CU_MV_ROWS 1  /* rows per warp: the x chunk in registers serves them all */
-#define ENGINE_CU_MV_WARPS 4 /* warps per block */
+#define ENGINE_CU_MV_WARPS 8 /* warps per block, a row each */
 
 typedef struct {
     const uint8_t *w; /* device: row r at w + r * row_bytes */

@@ -1,12 +1,12 @@
-/* MoE / dense FFN kernels (contract in moe.cuh). Same warp scheme as matvec.cu: a warp owns
- * ENGINE_CU_MV_ROWS rows, lanes take consecutive 32-value chunks. */
+/* MoE / dense FFN kernels (contract in moe.cuh). Same scheme as matvec.cu: the block stages
+ * its input in shared memory (qdot.cuh), a warp owns a row, lanes take consecutive 32-value
+ * chunks. */
 #include <math.h>
 
-#include "dequant.cuh"
-#include "matvec.cuh"
 #include "moe.cuh"
+#include "qdot.cuh"
 
-#define FFN_WARPS 4
+#define FFN_WARPS 8
 
 /* Softmax + top-k of the router logits by one warp; results in ids[k], wts[k] (shared). Each
  * lane keeps its experts' probabilities in registers; a chosen one is struck out (-1). */
@@ -65,141 +65,154 @@ __device__ void route(const float *logits, int n, int k, int norm_topk, int *ids
     __syncwarp();
 }
 
+/* gate and up of rows r and r + FFN_WARPS of one expert against the staged x, in one loop (the
+ * four rows' loads in flight together): h = silu(g) * u for each. */
 template <int T>
-__device__ __forceinline__ void up_warp(const engine_cu_ffn_up_args &a, const uint8_t *g,
-                                        const uint8_t *u, int r0, float scale, float *h) {
-    const int lane = threadIdx.x & 31, R = ENGINE_CU_MV_ROWS;
-    float ag[R], au[R];
-#pragma unroll
-    for (int r = 0; r < R; r++)
-        ag[r] = au[r] = 0.0f;
-    const int nr = a.rows - r0 < R ? a.rows - r0 : R;
-    scale = engine_cu_warp_rms_scale(a.x, a.cols, a.eps);
-    for (int c = lane; c < (a.cols >> 5); c += 32) {
-        int a0, b0;
-        engine_cu_chunk_cols(T, c, &a0, &b0);
-        float xa[16], xb[16];
-        engine_cu_load_run(a.x, a.norm_w, 1.0f, a0, xa); /* nw * x; RMS scale applied last */
-        engine_cu_load_run(a.x, a.norm_w, 1.0f, b0, xb);
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            if (r < nr) {
-                float va[16], vb[16];
-                engine_cu_decode_chunk(T, g + (size_t)(r0 + r) * a.row_bytes, c, va, vb);
-                ag[r] += engine_cu_dot32(va, vb, xa, xb);
-                engine_cu_decode_chunk(T, u + (size_t)(r0 + r) * a.row_bytes, c, va, vb);
-                au[r] += engine_cu_dot32(va, vb, xa, xb);
-            }
-        }
+__device__ __forceinline__ void up_rows(const uint8_t *g, const uint8_t *u, size_t stride,
+                                        int n_chunks, const engine_cu_xv &xv, float h[2]) {
+    float ag0 = 0.0f, au0 = 0.0f, ag1 = 0.0f, au1 = 0.0f;
+    for (int c = threadIdx.x & 31; c < n_chunks; c += 32) {
+        ag0 += engine_cu_dot_chunk<T>(g, c, xv);
+        au0 += engine_cu_dot_chunk<T>(u, c, xv);
+        ag1 += engine_cu_dot_chunk<T>(g + stride, c, xv);
+        au1 += engine_cu_dot_chunk<T>(u + stride, c, xv);
     }
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        float gs = engine_cu_warp_sum(ag[r]) * scale, us = engine_cu_warp_sum(au[r]) * scale;
-        if (lane == 0 && r < nr) h[r0 + r] = gs / (1.0f + expf(-gs)) * us;
-    }
+    float gs = engine_cu_warp_sum(ag0), us = engine_cu_warp_sum(au0);
+    h[0] = gs / (1.0f + expf(-gs)) * us;
+    gs = engine_cu_warp_sum(ag1);
+    us = engine_cu_warp_sum(au1);
+    h[1] = gs / (1.0f + expf(-gs)) * us;
 }
 
-#define TYPE_CASES(X)                                                                              \
-    X(ENGINE_TYPE_Q4_K)                                                                            \
-    X(ENGINE_TYPE_Q5_K) X(ENGINE_TYPE_Q6_K) X(ENGINE_TYPE_Q8_0) X(ENGINE_TYPE_Q4_0)                \
-        X(ENGINE_TYPE_F16) X(ENGINE_TYPE_BF16) X(ENGINE_TYPE_F32)
-
-__global__ void __launch_bounds__(FFN_WARPS * 32, 4) ffn_up_kernel(engine_cu_ffn_up_args a) {
+/* Grid (row groups of 2 * FFN_WARPS, expert slots): warp w computes rows w and w + FFN_WARPS
+ * of its group. With a router, warp 0 routes while the other warps stage x. */
+template <int MODE>
+__global__ void __launch_bounds__(FFN_WARPS * 32, 3) ffn_up_kernel(engine_cu_ffn_up_args a) {
+    extern __shared__ uint4 up_smem[];
     __shared__ int ids[ENGINE_CU_MAX_EXPERT_USED];
     __shared__ float wts[ENGINE_CU_MAX_EXPERT_USED];
-    const int j = blockIdx.y;
+    uint8_t *sm = (uint8_t *)up_smem;
+    engine_cu_pdl_launch();
+    engine_cu_pdl_wait();
+    const int j = blockIdx.y, w = threadIdx.x >> 5;
     if (a.router) {
-        if (threadIdx.x < 32) route(a.router, a.n_expert, a.k, a.norm_topk, ids, wts);
-        if (blockIdx.x == 0 && j == 0 && threadIdx.x < a.k) {
-            a.ids[threadIdx.x] = ids[threadIdx.x];
-            a.weights[threadIdx.x] = wts[threadIdx.x];
-        }
+        if (w == 0) route(a.router, a.n_expert, a.k, a.norm_topk, ids, wts);
     } else if (threadIdx.x == 0) {
         ids[0] = 0;
     }
-    __syncthreads();
-    const float scale = 1.0f; /* computed per warp in up_warp */
+    engine_cu_stage_x<MODE>(a.x, a.cols, a.norm_w, a.eps, sm, a.router ? 1 : 0);
+    if (a.router && blockIdx.x == 0 && j == 0 && threadIdx.x < a.k) {
+        a.ids[threadIdx.x] = ids[threadIdx.x];
+        a.weights[threadIdx.x] = wts[threadIdx.x];
+    }
+    const int r = blockIdx.x * 2 * FFN_WARPS + w;
+    if (r >= a.rows) return;
     const int e = ids[j];
-    const uint8_t *g = a.gate + (size_t)e * a.expert_bytes, *u = a.up + (size_t)e * a.expert_bytes;
-    const int r0 = (blockIdx.x * FFN_WARPS + (threadIdx.x >> 5)) * ENGINE_CU_MV_ROWS;
-    if (r0 >= a.rows) return;
-    float *h = a.h + (size_t)j * a.rows;
+    const size_t off = (size_t)e * a.expert_bytes + (size_t)r * a.row_bytes;
+    const uint8_t *gr = a.gate + off, *ur = a.up + off;
+    const bool two = r + FFN_WARPS < a.rows;
+    const size_t stride = two ? (size_t)FFN_WARPS * a.row_bytes : 0;
+    const engine_cu_xv xv = engine_cu_xv_at(sm, a.cols, MODE != ENGINE_CU_X_F32, 0);
+    float hv[2] = {0.0f, 0.0f};
     switch (a.type) { /* gate and up share a type (checked at upload) */
-#define SAME(T)                                                                                    \
+#define UP_CASE(T)                                                                                 \
     case T:                                                                                        \
-        up_warp<T>(a, g, u, r0, scale, h);                                                         \
+        if (MODE == engine_cu_x_mode(T)) up_rows<T>(gr, ur, stride, a.cols >> 5, xv, hv);          \
         break;
-        TYPE_CASES(SAME)
-#undef SAME
+        ENGINE_CU_QUANT_CASES(UP_CASE)
+#undef UP_CASE
+#define UP_CASE(T)                                                                                 \
+    case T:                                                                                        \
+        if (MODE == ENGINE_CU_X_F32) up_rows<T>(gr, ur, stride, a.cols >> 5, xv, hv);              \
+        break;
+        ENGINE_CU_FLOAT_CASES(UP_CASE)
+#undef UP_CASE
+    }
+    if ((threadIdx.x & 31) == 0) {
+        float *h = a.h + (size_t)j * a.rows;
+        h[r] = hv[0];
+        if (two) h[r + FFN_WARPS] = hv[1];
     }
 }
 
 /* A lane takes (expert slot, chunk) items, so all 32 lanes work and the loads of different
  * experts are in flight together. */
 template <int T>
-__device__ __forceinline__ void down_warp(const engine_cu_ffn_down_args &a, int r0, const int *ids,
-                                          const float *wts) {
-    const int lane = threadIdx.x & 31, R = ENGINE_CU_MV_ROWS;
-    float tot[R];
-#pragma unroll
-    for (int r = 0; r < R; r++)
-        tot[r] = 0.0f;
-    const int nr = a.rows - r0 < R ? a.rows - r0 : R;
+__device__ __forceinline__ float down_row(const engine_cu_ffn_down_args &a, int r, const int *ids,
+                                          const float *wts, const uint8_t *sm, bool quant) {
     const int nch = a.cols >> 5, n_items = a.k * nch;
+    float tot = 0.0f;
 #pragma unroll 2
-    for (int it = lane; it < n_items; it += 32) {
+    for (int it = threadIdx.x & 31; it < n_items; it += 32) {
         const int j = it / nch, c = it - j * nch;
-        const uint8_t *d = a.down + (size_t)ids[j] * a.expert_bytes;
-        const float *h = a.h + (size_t)j * a.cols;
-        int a0, b0;
-        engine_cu_chunk_cols(T, c, &a0, &b0);
-        float xa[16], xb[16];
-        engine_cu_load_run(h, nullptr, 1.0f, a0, xa);
-        engine_cu_load_run(h, nullptr, 1.0f, b0, xb);
-        const float wj = wts[j];
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            if (r < nr) {
-                float va[16], vb[16];
-                engine_cu_decode_chunk(T, d + (size_t)(r0 + r) * a.row_bytes, c, va, vb);
-                tot[r] += wj * engine_cu_dot32(va, vb, xa, xb);
-            }
-        }
+        const uint8_t *d = a.down + (size_t)ids[j] * a.expert_bytes + (size_t)r * a.row_bytes;
+        const engine_cu_xv xv = engine_cu_xv_at(sm, a.k * a.cols, quant, j * a.cols);
+        tot += wts[j] * engine_cu_dot_chunk<T>(d, c, xv);
     }
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        float s = engine_cu_warp_sum(tot[r]);
-        if (lane == 0 && r < nr) a.y[r0 + r] += s;
-    }
+    return engine_cu_warp_sum(tot);
 }
 
-__global__ void __launch_bounds__(FFN_WARPS * 32) ffn_down_kernel(engine_cu_ffn_down_args a) {
+template <int MODE>
+__global__ void __launch_bounds__(FFN_WARPS * 32, 3) ffn_down_kernel(engine_cu_ffn_down_args a) {
+    extern __shared__ uint4 down_smem[];
     __shared__ int ids[ENGINE_CU_MAX_EXPERT_USED];
     __shared__ float wts[ENGINE_CU_MAX_EXPERT_USED];
+    uint8_t *sm = (uint8_t *)down_smem;
+    engine_cu_pdl_launch();
+    engine_cu_pdl_wait();
     if (threadIdx.x < a.k) {
         ids[threadIdx.x] = a.ids ? a.ids[threadIdx.x] : 0;
         wts[threadIdx.x] = a.ids ? a.weights[threadIdx.x] : 1.0f;
     }
     __syncthreads();
-    const int r0 = (blockIdx.x * FFN_WARPS + (threadIdx.x >> 5)) * ENGINE_CU_MV_ROWS;
-    if (r0 >= a.rows) return;
+    const int r = blockIdx.x * FFN_WARPS + (threadIdx.x >> 5);
+    if (r < a.rows)
+        for (int j = 0; j < a.k; j++)
+            engine_cu_prefetch_l2(
+                a.down + (size_t)ids[j] * a.expert_bytes + (size_t)r * a.row_bytes, a.row_bytes);
+    engine_cu_stage_x<MODE>(a.h, a.k * a.cols, nullptr, 0.0f, sm);
+    if (r >= a.rows) return;
+    float s = 0.0f;
     switch (a.type) {
-#define DOWN(T)                                                                                    \
+#define DOWN_CASE(T)                                                                               \
     case T:                                                                                        \
-        down_warp<T>(a, r0, ids, wts);                                                             \
+        if (MODE == engine_cu_x_mode(T)) s = down_row<T>(a, r, ids, wts, sm, true);                \
         break;
-        TYPE_CASES(DOWN)
-#undef DOWN
+        ENGINE_CU_QUANT_CASES(DOWN_CASE)
+#undef DOWN_CASE
+#define DOWN_CASE(T)                                                                               \
+    case T:                                                                                        \
+        if (MODE == ENGINE_CU_X_F32) s = down_row<T>(a, r, ids, wts, sm, false);                   \
+        break;
+        ENGINE_CU_FLOAT_CASES(DOWN_CASE)
+#undef DOWN_CASE
     }
+    if ((threadIdx.x & 31) == 0) a.y[r] += s;
+}
+
+static size_t engine_cu_ffn_up_smem(int type, int cols) {
+    return engine_cu_xs_bytes(engine_cu_type_quant(type), cols);
+}
+
+static size_t engine_cu_ffn_down_smem(int type, int k, int cols) {
+    return engine_cu_xs_bytes(engine_cu_type_quant(type), k * cols);
 }
 
 void engine_cu_ffn_up(const engine_cu_ffn_up_args *a, cudaStream_t stream) {
-    int per_block = FFN_WARPS * ENGINE_CU_MV_ROWS;
-    dim3 grid((a->rows + per_block - 1) / per_block, a->router ? a->k : 1);
-    ffn_up_kernel<<<grid, FFN_WARPS * 32, 0, stream>>>(*a);
+    dim3 grid((a->rows + 2 * FFN_WARPS - 1) / (2 * FFN_WARPS), a->router ? a->k : 1);
+    const int mode = engine_cu_x_mode(a->type);
+    engine_cu_launch(mode == ENGINE_CU_X_Q8_K   ? ffn_up_kernel<ENGINE_CU_X_Q8_K>
+                     : mode == ENGINE_CU_X_Q8_0 ? ffn_up_kernel<ENGINE_CU_X_Q8_0>
+                                                : ffn_up_kernel<ENGINE_CU_X_F32>,
+                     grid, dim3(FFN_WARPS * 32), engine_cu_ffn_up_smem(a->type, a->cols), stream,
+                     *a);
 }
 
 void engine_cu_ffn_down(const engine_cu_ffn_down_args *a, cudaStream_t stream) {
-    int per_block = FFN_WARPS * ENGINE_CU_MV_ROWS;
-    ffn_down_kernel<<<(a->rows + per_block - 1) / per_block, FFN_WARPS * 32, 0, stream>>>(*a);
+    const int mode = engine_cu_x_mode(a->type);
+    engine_cu_launch(mode == ENGINE_CU_X_Q8_K   ? ffn_down_kernel<ENGINE_CU_X_Q8_K>
+                     : mode == ENGINE_CU_X_Q8_0 ? ffn_down_kernel<ENGINE_CU_X_Q8_0>
+                                                : ffn_down_kernel<ENGINE_CU_X_F32>,
+                     dim3((a->rows + FFN_WARPS - 1) / FFN_WARPS), dim3(FFN_WARPS * 32),
+                     engine_cu_ffn_down_smem(a->type, a->k, a->cols), stream, *a);
 }

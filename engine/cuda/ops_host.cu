@@ -89,7 +89,8 @@ extern "C" int engine_cuda_op_attention(int n_head, int n_kv, int hd, int32_t po
                                         float *v_row) {
     int rc = engine_cuda_usable();
     if (rc) return rc;
-    if (!engine_cu_att_head_dim_ok(hd) || n_kv < 1 || n_head % n_kv || pos < 0 || pos >= n_ctx)
+    if (!engine_cu_att_head_dim_ok(hd) || !engine_cu_att_group_ok(n_head, n_kv) || pos < 0 ||
+        pos >= n_ctx)
         return engine_err(ENGINE_EINVAL, "attention: bad shape");
     const size_t kv_dim = (size_t)n_kv * hd, elt = kv == ENGINE_KV_F32 ? 4 : 2;
     dev_arena a;

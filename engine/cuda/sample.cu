@@ -6,6 +6,8 @@
 
 __global__ void embed_kernel(const uint8_t *emb, size_t row_bytes, int type, int n_embd,
                              const engine_cu_step *step, float *x) {
+    engine_cu_pdl_launch();
+    engine_cu_pdl_wait();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= (n_embd >> 5)) return;
     const uint8_t *row = emb + (size_t)step->token * row_bytes;
@@ -22,7 +24,8 @@ __global__ void embed_kernel(const uint8_t *emb, size_t row_bytes, int type, int
 void engine_cu_embed(const uint8_t *emb, size_t row_bytes, int type, int n_embd,
                      const engine_cu_step *step, float *x, cudaStream_t stream) {
     int chunks = n_embd / 32;
-    embed_kernel<<<(chunks + 127) / 128, 128, 0, stream>>>(emb, row_bytes, type, n_embd, step, x);
+    engine_cu_launch(embed_kernel, dim3((chunks + 127) / 128), dim3(128), 0, stream, emb, row_bytes,
+                     type, n_embd, step, x);
 }
 
 __device__ __forceinline__ uint64_t splitmix64(uint64_t z) {
@@ -68,6 +71,8 @@ __device__ void block_argmax(float *bv, int *bi) {
 __global__ void sample_kernel(const float *logits, int n, engine_cu_step *step, int32_t *out,
                               float *scratch, unsigned *counter) {
     __shared__ int s_last;
+    engine_cu_pdl_launch();
+    engine_cu_pdl_wait();
     const float temp = step->temp;
     const uint64_t key = splitmix64(step->seed ^ splitmix64((uint64_t)step->n_out + 1));
     float bv = -INFINITY;
@@ -110,6 +115,6 @@ __global__ void sample_kernel(const float *logits, int n, engine_cu_step *step, 
 
 void engine_cu_sample(const float *logits, int n, engine_cu_step *step, int32_t *out,
                       float *scratch, unsigned *counter, cudaStream_t stream) {
-    sample_kernel<<<ENGINE_CU_SAMPLE_BLOCKS, 256, 0, stream>>>(logits, n, step, out, scratch,
-                                                               counter);
+    engine_cu_launch(sample_kernel, dim3(ENGINE_CU_SAMPLE_BLOCKS), dim3(256), 0, stream, logits, n,
+                     step, out, scratch, counter);
 }

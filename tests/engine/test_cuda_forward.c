@@ -6,11 +6,13 @@
  * backends, and the next-token logits of every step compared:
  *   f32 files: the CPU keeps activations in F32 too, so the two differ by summation order
  *     only: max |gpu - cpu| <= 1e-4 * (1 + max |logit|), and the greedy tokens are identical;
- *   quantised files: the CPU quantises activations (Q8_0 / Q8_K), the GPU keeps them F32, so
- *     logits agree to cosine >= 0.999 at every step of the dense model; in the MoE model a
- *     step where the CPU's rounding swaps two near-tied experts differs more, so there at most
- *     1 step in 10 may fall below 0.999 and none below 0.9. The test reports the first step
- *     where the greedy tokens part (precision, not a bug: the per-op tests bound each kernel).
+ *   quantised files: the GPU quantises activations to 8 bits exactly as the CPU does (Q8_K
+ *     for the K-quants, Q8_0 for Q8_0 / Q4_0: engine/cuda/qdot.cuh), so the two differ by
+ *     summation order and by a rare rounding tie that falls the other way; logits agree to
+ *     cosine >= 0.999 at every step of the dense model; in the MoE model a step where such a
+ *     difference swaps two near-tied experts differs more, so there at most 1 step in 10 may
+ *     fall below 0.999 and none below 0.9. The test reports the first step where the greedy
+ *     tokens part (precision, not a bug: the per-op tests bound each kernel).
  * Then engine_cuda_generate (n steps on the device, sampling on the GPU) must reproduce the
  * token-by-token greedy tokens of the GPU, and a seeded temperature run must repeat itself;
  * and a model loaded with device cuda through engine.h gives the same logits bit for bit. */

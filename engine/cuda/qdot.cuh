@@ -1,0 +1,302 @@
+/* Dot products of weight rows with an activation vector staged in shared memory, for the
+ * matrix-vector and MoE kernels (batch-1 decode).
+ *
+ * Staging (engine_cu_stage_x, the whole block at the start of a kernel): the block reads the
+ * F32 activations once from global memory (L2), applies the optional RMSNorm, and keeps them
+ * in shared memory in the form the weight type wants, quantised exactly as the CPU backend
+ * quantises activations for its dot products (engine/cpu/quant.c), so that the GPU computes
+ * the CPU's products up to F32 summation order:
+ *   Q4_K, Q5_K, Q6_K (mode Q8_K): int8 in blocks of 256, iscale = 127 / amax, q =
+ *     round-to-nearest-even(v * iscale), d = 1 / iscale;
+ *   Q8_0, Q4_0 (mode Q8_0): int8 in blocks of 32, d = amax / 127, q = rne(v * (1 / d)), d
+ *     then rounded to F16 as the CPU stores it;
+ *   F32, F16, BF16 (mode F32): F32, exact.
+ * The int8 vector is kept as q[n], d per 32 values and s = d * sum q per 16 values; the
+ * products run on integers (dp4a: four 8-bit products per instruction), one F32 multiply per
+ * 16 or 32 weights. y = sum_i w_i * xhat_i up to F32 rounding, xhat the dequantised int8.
+ * Chunks: as dequant.cuh (32 values of a row, two runs of 16 values, a contiguous piece of the
+ * row's bytes), so the lanes of a warp taking consecutive chunks read consecutive bytes. */
+#ifndef SPARK_ENGINE_CUDA_QDOT_CUH
+#define SPARK_ENGINE_CUDA_QDOT_CUH
+
+#include "dequant.cuh"
+
+/* How a kernel stages its activations for weights of a type (see above). */
+enum { ENGINE_CU_X_F32 = 0, ENGINE_CU_X_Q8_0 = 1, ENGINE_CU_X_Q8_K = 2 };
+
+__host__ __device__ constexpr int engine_cu_x_mode(int t) {
+    return t == ENGINE_TYPE_Q4_K || t == ENGINE_TYPE_Q5_K || t == ENGINE_TYPE_Q6_K
+               ? ENGINE_CU_X_Q8_K
+           : t == ENGINE_TYPE_Q8_0 || t == ENGINE_TYPE_Q4_0 ? ENGINE_CU_X_Q8_0
+                                                            : ENGINE_CU_X_F32;
+}
+
+__host__ __device__ constexpr bool engine_cu_type_quant(int t) {
+    return engine_cu_x_mode(t) != ENGINE_CU_X_F32;
+}
+
+/* Shared-memory bytes to stage n values (n a multiple of 32, of 256 for mode Q8_K). int8
+ * modes: q[n] int8, d[n / 32], s[n / 16] floats; F32: f[n] floats. */
+__host__ __device__ __forceinline__ size_t engine_cu_xs_bytes(bool quant, int n) {
+    return quant ? (size_t)n + sizeof(float) * ((size_t)n / 32 + (size_t)n / 16)
+                 : sizeof(float) * (size_t)n;
+}
+
+/* A view of the staged vector from value `off` on (off a multiple of 32). */
+typedef struct {
+    const int8_t *q;
+    const float *d, *s, *f;
+} engine_cu_xv;
+
+__device__ __forceinline__ engine_cu_xv engine_cu_xv_at(const uint8_t *sm, int n, bool quant,
+                                                        int off) {
+    engine_cu_xv v;
+    if (quant) {
+        v.q = (const int8_t *)sm + off;
+        v.d = (const float *)(sm + n) + off / 32;
+        v.s = (const float *)(sm + n) + n / 32 + off / 16;
+        v.f = nullptr;
+    } else {
+        v.q = nullptr;
+        v.d = v.s = nullptr;
+        v.f = (const float *)sm + off;
+    }
+    return v;
+}
+
+__device__ __forceinline__ float4 engine_cu_norm4(const float4 *x4, const float4 *w4, int i,
+                                                  float scale) {
+    float4 v = x4[i];
+    if (w4) {
+        const float4 w = __ldg(w4 + i);
+        v = make_float4(w.x * (v.x * scale), w.y * (v.y * scale), w.z * (v.z * scale),
+                        w.w * (v.w * scale));
+    }
+    return v;
+}
+
+__device__ __forceinline__ float engine_cu_amax4(float4 v) {
+    return fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+}
+
+/* rne(v * s) of four values, clamped to [-127, 127] as the CPU does; packed into a word, with
+ * their sum in *sum. */
+__device__ __forceinline__ int engine_cu_q4x8(float4 v, float s, int *sum) {
+    const int a = max(-127, min(127, __float2int_rn(v.x * s)));
+    const int b = max(-127, min(127, __float2int_rn(v.y * s)));
+    const int c = max(-127, min(127, __float2int_rn(v.z * s)));
+    const int e = max(-127, min(127, __float2int_rn(v.w * s)));
+    *sum = a + b + c + e;
+    return (a & 0xff) | ((b & 0xff) << 8) | ((c & 0xff) << 16) | ((e & 0xff) << 24);
+}
+
+/* Stage x[0..n) in shared memory `sm` (engine_cu_xs_bytes(MODE != F32, n) bytes), normalised
+ * as engine_cpu_rmsnorm (nw[i] * (x[i] * scale)) when nw != NULL. Done by warps w0 .. (the
+ * block's last warp); every thread of the block must call it, since it ends with a barrier
+ * (warps below w0 can do other work first, e.g. the MoE routing). Each working warp computes
+ * the RMS scale itself (x is read again from L1), so there is no other barrier. */
+template <int MODE>
+__device__ __forceinline__ void engine_cu_stage_x(const float *x, int n, const float *nw, float eps,
+                                                  uint8_t *sm, int w0 = 0) {
+    const float4 *x4 = (const float4 *)x, *w4 = (const float4 *)nw;
+    const int n4 = n >> 2, lane = threadIdx.x & 31, w = (threadIdx.x >> 5) - w0;
+    const int nwarps = (blockDim.x >> 5) - w0;
+    if (w >= 0) {
+        float scale = 1.0f;
+        if (nw) {
+            float ss = 0.0f;
+            for (int i = lane; i < n4; i += 32) {
+                const float4 v = x4[i];
+                ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+            }
+            ss = engine_cu_warp_sum(ss);
+            scale = 1.0f / sqrtf(ss / (float)n + eps);
+        }
+        if (MODE == ENGINE_CU_X_F32) {
+            float4 *f = (float4 *)sm;
+            for (int i = 32 * w + lane; i < n4; i += 32 * nwarps)
+                f[i] = engine_cu_norm4(x4, w4, i, scale);
+        } else if (MODE == ENGINE_CU_X_Q8_0) {
+            int *q4 = (int *)sm;
+            float *d = (float *)(sm + n), *s = d + n / 32;
+            /* 8 lanes per block of 32 values, 4 values each; every lane of the warp takes part
+             * in the shuffles (n4 is a multiple of 8, so a group of 8 is wholly in or out) */
+            for (int base = 32 * w; base < n4; base += 32 * nwarps) {
+                const int i = base + lane;
+                const bool in = i < n4;
+                const float4 v = in ? engine_cu_norm4(x4, w4, i, scale) : make_float4(0, 0, 0, 0);
+                float am = engine_cu_amax4(v);
+                am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, 1));
+                am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, 2));
+                am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, 4));
+                const float db = am / 127.0f, id = db != 0.0f ? 1.0f / db : 0.0f;
+                /* the scale as the CPU stores it, in F16 */
+                const float dh = __half2float(__float2half_rn(fminf(db, 65504.0f)));
+                int sum;
+                const int packed = engine_cu_q4x8(v, id, &sum);
+                sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+                sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+                if (in) {
+                    q4[i] = packed;
+                    if ((lane & 7) == 0) d[i >> 3] = dh;
+                    if ((lane & 3) == 0) s[i >> 2] = dh * (float)sum;
+                }
+            }
+        } else {
+            int *q4 = (int *)sm;
+            float *d = (float *)(sm + n), *s = d + n / 32;
+            /* a warp per block of 256 values, 8 consecutive values a lane */
+            for (int blk = w; blk < (n >> 8); blk += nwarps) {
+                const int i = blk * 64 + 2 * lane;
+                const float4 v0 = engine_cu_norm4(x4, w4, i, scale),
+                             v1 = engine_cu_norm4(x4, w4, i + 1, scale);
+                const float am =
+                    engine_cu_warp_max(fmaxf(engine_cu_amax4(v0), engine_cu_amax4(v1)));
+                const float is = am != 0.0f ? 127.0f / am : 0.0f,
+                            db = am != 0.0f ? 1.0f / is : 0.0f;
+                int s0, s1;
+                q4[i] = engine_cu_q4x8(v0, is, &s0);
+                q4[i + 1] = engine_cu_q4x8(v1, is, &s1);
+                int sum = s0 + s1;
+                sum += __shfl_xor_sync(0xffffffffu, sum, 1); /* 16 values: two lanes */
+                if ((lane & 3) == 0) d[i >> 3] = db;
+                if ((lane & 1) == 0) s[i >> 2] = db * (float)sum;
+            }
+        }
+    }
+    __syncthreads();
+}
+
+/* 4 * N bytes from a 2-byte-aligned address as N words (aligned word loads and funnel
+ * shifts; the last piece of a misaligned run is a 2-byte load: no byte past the 4 * N). */
+template <int N> __device__ __forceinline__ void engine_cu_ldw_a2(const uint8_t *p, uint32_t w[N]) {
+    const uintptr_t a = (uintptr_t)p;
+    const uint32_t *b = (const uint32_t *)(a & ~(uintptr_t)3);
+    const int sh = (int)(a & 3) * 8;
+    uint32_t u[N + 1];
+#pragma unroll
+    for (int i = 0; i < N; i++)
+        u[i] = __ldg(b + i);
+    u[N] = sh ? (uint32_t)__ldg((const uint16_t *)(b + N)) : 0u;
+#pragma unroll
+    for (int i = 0; i < N; i++)
+        w[i] = __funnelshift_r(u[i], u[i + 1], sh);
+}
+
+__device__ __forceinline__ int engine_cu_dp4a4(const uint32_t w[4], int4 x, int acc) {
+    acc = __dp4a((int)w[0], x.x, acc);
+    acc = __dp4a((int)w[1], x.y, acc);
+    acc = __dp4a((int)w[2], x.z, acc);
+    return __dp4a((int)w[3], x.w, acc);
+}
+
+/* Chunk c of a quantised row against the staged int8 vector (the row's column 0 at xv). */
+template <int T>
+__device__ __forceinline__ float engine_cu_qdot_chunk(const uint8_t *row, int c,
+                                                      const engine_cu_xv &xv) {
+    int a0, b0;
+    engine_cu_chunk_cols(T, c, &a0, &b0);
+    const int4 xa = *(const int4 *)(xv.q + a0), xb = *(const int4 *)(xv.q + b0);
+    const float da = xv.d[a0 >> 5], db = xv.d[b0 >> 5], sa = xv.s[a0 >> 4], sb = xv.s[b0 >> 4];
+    uint32_t lo[4], hi[4];
+    if (T == ENGINE_TYPE_Q4_K || T == ENGINE_TYPE_Q5_K) {
+        const bool q5 = T == ENGINE_TYPE_Q5_K;
+        const uint8_t *b = row + (size_t)(c >> 3) * (q5 ? 176 : 144);
+        const int q = c & 7, j = q >> 1, half = q & 1;
+        const uint32_t dd = __ldg((const uint32_t *)b);
+        const float d = engine_cu_h2f((uint16_t)(dd & 0xffffu)),
+                    dmin = engine_cu_h2f((uint16_t)(dd >> 16));
+        const uint32_t w0 = __ldg((const uint32_t *)(b + 4)), w1 = __ldg((const uint32_t *)(b + 8)),
+                       w2 = __ldg((const uint32_t *)(b + 12));
+        uint32_t qs[4];
+        engine_cu_load16_a16(b + (q5 ? 48 : 16) + 32 * j + 16 * half, qs);
+        int sc, m;
+        engine_cu_scale_min_k4w(2 * j, w0, w1, w2, &sc, &m);
+        const float d1 = d * (float)sc, m1 = dmin * (float)m;
+        engine_cu_scale_min_k4w(2 * j + 1, w0, w1, w2, &sc, &m);
+        const float d2 = d * (float)sc, m2 = dmin * (float)m;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            lo[i] = qs[i] & 0x0F0F0F0Fu;
+            hi[i] = (qs[i] >> 4) & 0x0F0F0F0Fu;
+        }
+        if (q5) {
+            uint32_t qh[4];
+            engine_cu_load16_a16(b + 16 + 16 * half, qh);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                lo[i] |= ((qh[i] >> (2 * j)) & 0x01010101u) << 4;
+                hi[i] |= ((qh[i] >> (2 * j + 1)) & 0x01010101u) << 4;
+            }
+        }
+        const int ia = engine_cu_dp4a4(lo, xa, 0), ib = engine_cu_dp4a4(hi, xb, 0);
+        return d1 * (da * (float)ia) - m1 * sa + (d2 * (db * (float)ib) - m2 * sb);
+    } else if (T == ENGINE_TYPE_Q6_K) {
+        const uint8_t *b = row + (size_t)(c >> 3) * 210;
+        const int q = c & 7, hh = q >> 2, r = q & 3, w = r >> 1, l0 = 16 * (r & 1);
+        const float d = engine_cu_h2f(__ldg((const uint16_t *)(b + 208)));
+        uint32_t ql[4], qh[4];
+        engine_cu_ldw_a2<4>(b + 64 * hh + 32 * w + l0, ql);
+        engine_cu_ldw_a2<4>(b + 128 + 32 * hh + l0, qh);
+        const int8_t *scp = (const int8_t *)(b + 192 + 8 * hh + (l0 >> 4));
+        const float d1 = d * (float)__ldg(scp + 2 * w), d2 = d * (float)__ldg(scp + 4 + 2 * w);
+        const int s1 = 2 * w, s2 = 4 + 2 * w;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            lo[i] = (ql[i] & 0x0F0F0F0Fu) | (((qh[i] >> s1) & 0x03030303u) << 4);
+            hi[i] = ((ql[i] >> 4) & 0x0F0F0F0Fu) | (((qh[i] >> s2) & 0x03030303u) << 4);
+        }
+        const int ia = engine_cu_dp4a4(lo, xa, 0), ib = engine_cu_dp4a4(hi, xb, 0);
+        /* values q - 32: sum (q - 32) xq = sum q xq - 32 sum xq */
+        return d1 * (da * (float)ia - 32.0f * sa) + d2 * (db * (float)ib - 32.0f * sb);
+    } else if (T == ENGINE_TYPE_Q8_0) {
+        const uint8_t *b = row + (size_t)c * 34;
+        const float d = engine_cu_h2f(__ldg((const uint16_t *)b));
+        uint32_t v[8];
+        engine_cu_ldw_a2<8>(b + 2, v);
+        const int ia = engine_cu_dp4a4(v, xa, 0), ib = engine_cu_dp4a4(v + 4, xb, 0);
+        return d * (da * (float)(ia + ib)); /* da == db: one block of 32 */
+    } else {                                /* Q4_0 */
+        const uint8_t *b = row + (size_t)c * 18;
+        const float d = engine_cu_h2f(__ldg((const uint16_t *)b));
+        uint32_t v[4];
+        engine_cu_ldw_a2<4>(b + 2, v);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            lo[i] = v[i] & 0x0F0F0F0Fu;
+            hi[i] = (v[i] >> 4) & 0x0F0F0F0Fu;
+        }
+        const int ia = engine_cu_dp4a4(lo, xa, 0), ib = engine_cu_dp4a4(hi, xb, 0);
+        /* values q - 8 */
+        return d * (da * (float)(ia + ib) - 8.0f * (sa + sb));
+    }
+}
+
+/* Chunk c of an F32 / F16 / BF16 row against the staged F32 vector. */
+template <int T>
+__device__ __forceinline__ float engine_cu_fdot_chunk(const uint8_t *row, int c,
+                                                      const engine_cu_xv &xv) {
+    int a0, b0;
+    engine_cu_chunk_cols(T, c, &a0, &b0);
+    float va[16], vb[16], xa[16], xb[16];
+    engine_cu_decode_chunk(T, row, c, va, vb);
+    engine_cu_load_run(xv.f, nullptr, 1.0f, a0, xa);
+    engine_cu_load_run(xv.f, nullptr, 1.0f, b0, xb);
+    return engine_cu_dot32(va, vb, xa, xb);
+}
+
+template <int T>
+__device__ __forceinline__ float engine_cu_dot_chunk(const uint8_t *row, int c,
+                                                     const engine_cu_xv &xv) {
+    if (engine_cu_type_quant(T)) return engine_cu_qdot_chunk<T>(row, c, xv);
+    return engine_cu_fdot_chunk<T>(row, c, xv);
+}
+
+/* The types of each kernel class (X(type) once each): a kernel is instantiated per class, so
+ * the float types' register needs do not weigh on the quantised ones. */
+#define ENGINE_CU_QUANT_CASES(X)                                                                   \
+    X(ENGINE_TYPE_Q4_K)                                                                            \
+    X(ENGINE_TYPE_Q5_K) X(ENGINE_TYPE_Q6_K) X(ENGINE_TYPE_Q8_0) X(ENGINE_TYPE_Q4_0)
+#define ENGINE_CU_FLOAT_CASES(X) X(ENGINE_TYPE_F16) X(ENGINE_TYPE_BF16) X(ENGINE_TYPE_F32)
+
+#endif
