@@ -59,7 +59,7 @@ function E.server(opts)
       return nil, 'spark-agent is not built (' .. cli .. ')'
     end
     local port = free_port()
-    local token = 'test-token-' .. port
+    local token = 'editor-test-token-' .. port
     local home = vim.fn.tempname()
     vim.fn.mkdir(home, 'p')
     -- a fresh config (token) and data directory; the model cache (XDG_CACHE_HOME) is shared, so

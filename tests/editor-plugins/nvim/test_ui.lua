@@ -230,7 +230,7 @@ T.test(':SparkStart runs the server command and connects; :SparkStop stops it', 
     spark.config.url = 'ws://127.0.0.1:' .. port .. '/rpc'
     spark.config.server_cmd = cmd
     spark.config.token = ''
-    vim.env.SPARK_API_KEY = real and ('start-test-' .. port) or 'secret'
+    vim.env.SPARK_API_KEY = real and ('editor-start-token-' .. port) or 'secret'
     vim.env.XDG_CONFIG_HOME = vim.fn.tempname()]], port, cmd, server.real)
   E.wait_for(5000, [[return require('spark').state.client == nil]], 'the old connection to close')
   E.lua([[vim.cmd('SparkStart')]])

@@ -179,7 +179,7 @@ test('start/stop server commands run the configured binary and connect to it', a
     const settings = api.vscode.workspace.getConfiguration('spark');
     await settings.update('serverUrl', `ws://127.0.0.1:${port}/rpc`);
     // the real binary when testing against it (its token from the environment it inherits)
-    const tok = server.real ? `start-test-${port}` : 'secret';
+    const tok = server.real ? `editor-start-token-${port}` : 'secret';
     if (server.real) {
         process.env.SPARK_API_KEY = tok;
         process.env.XDG_CONFIG_HOME = fs.mkdtempSync(path.join(os.tmpdir(), 'spark-start-'));

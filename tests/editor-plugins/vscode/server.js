@@ -33,7 +33,7 @@ async function start(opts = {}) {
         if (!fs.existsSync(cli)) return { skip: `spark-agent is not built (${cli})` };
         const port = await freePort();
         const home = fs.mkdtempSync(path.join(os.tmpdir(), 'spark-vscode-'));
-        const token = `test-token-${port}`;
+        const token = `editor-test-token-${port}`;
         // a fresh config (token) and data directory; the model cache is shared (the default
         // tiny model is generated once)
         const env = { ...process.env, SPARK_API_KEY: token, XDG_CONFIG_HOME: home,
