@@ -1273,7 +1273,7 @@ static bool q35_cfg_is(const q35_cfg *c, const engine_json_node *obj, const char
 
 /* config.json (Qwen3_5MoeForCausalLM's text config, or the multimodal one's text_config) into
  * hyper-parameters; *bos is its bos_token_id or -1. */
-static int q35_hf_hparams(engine_hparams *hp, int32_t *bos, const char *dir) {
+int engine_q35_hf_config(engine_hparams *hp, int32_t *bos, const char *dir) {
     char path[4096];
     if ((size_t)snprintf(path, sizeof path, "%s/config.json", dir) >= sizeof path)
         return engine_err(ENGINE_EINVAL, "%s: path too long", dir);
@@ -1618,7 +1618,7 @@ static int q35_hf_weights(engine_model *m) {
 
 int engine_q35_hf_open(engine_model *m, const char *dir, bool vocab_only) {
     int32_t bos = -1;
-    int rc = q35_hf_hparams(&m->hp, &bos, dir);
+    int rc = engine_q35_hf_config(&m->hp, &bos, dir);
     if (rc) return rc;
     const engine_hparams *hp = &m->hp;
     char tj[4096], tc[4096];

@@ -472,6 +472,55 @@ static bool write_per_expert(const char *src_dir, const char *dst_dir) {
     return ok;
 }
 
+/* config.json reading on the fuzz corpus of fuzz_hf_config. */
+static void check_hf_configs(const char *tmp) {
+    const char *src = getenv("SPARK_SOURCE_DIR");
+    static const struct {
+        const char *file;
+        int rc;
+        uint32_t n_layer, n_rot;
+    } cases[] = {
+        {"tiny.json", 0, 8, 16},
+        {"35b.json", 0, 40, 64},
+        {"multimodal.json", 0, 40, 64},
+        {"bad_heads.json", ENGINE_EFORMAT, 0, 0},
+        {"bad_layers.json", ENGINE_EUNSUPPORTED, 0, 0},
+        {"other_model.json", ENGINE_EUNSUPPORTED, 0, 0},
+        {"missing.json", ENGINE_EFORMAT, 0, 0},
+        {"truncated.json", ENGINE_EFORMAT, 0, 0},
+    };
+    char dir[700], path[800];
+    snprintf(dir, sizeof dir, "%s/cfg", tmp);
+    CHECK(mkdir(dir, 0755) == 0);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char from[4096];
+        snprintf(from, sizeof from, "%s/tests/fixtures/fuzz/hf_config/%s", src ? src : ".",
+                 cases[i].file);
+        size_t len = 0;
+        char *text = support_slurp(from, &len);
+        CHECK(text != NULL);
+        FILE *f = text ? fopen(path, "wb") : NULL;
+        if (f) {
+            fwrite(text, 1, len, f);
+            fclose(f);
+        }
+        free(text);
+        engine_hparams hp;
+        int32_t bos = -1;
+        int rc = engine_q35_hf_config(&hp, &bos, dir);
+        if (rc != cases[i].rc)
+            support_fail("%s: rc %d (%s), expected %d", cases[i].file, rc, engine_error_last(),
+                         cases[i].rc);
+        if (rc == 0 && (hp.n_layer != cases[i].n_layer || hp.n_rot != cases[i].n_rot ||
+                        hp.full_attn_interval != 4 || !(hp.rope_theta == 1e7f)))
+            support_fail("%s: %u layers, %u rotated dims, interval %u, theta %g", cases[i].file,
+                         hp.n_layer, hp.n_rot, hp.full_attn_interval, (double)hp.rope_theta);
+    }
+    unlink(path);
+    rmdir(dir);
+}
+
 /* The safetensors reader on the fuzz corpus: the valid file lists its two tensors, every
  * malformed one is refused with ENGINE_EFORMAT (and I8 is listed with type -1). */
 static void check_st_reader(void) {
@@ -529,6 +578,7 @@ int main(void) {
     check_hparams();
     char tmp[512];
     if (support_tmpdir(tmp, sizeof tmp, "qwen35", true)) return 1;
+    check_hf_configs(tmp);
     char path[600], sdir[600];
     snprintf(path, sizeof path, "%s/qwen35-tiny.gguf", tmp);
     snprintf(sdir, sizeof sdir, "%s/hf", tmp);
