@@ -1,16 +1,19 @@
 /* Quantised matrix-vector products on the GPU (batch 1 decode).
  *
  * y = W x for weights of type Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, F16, BF16 or F32, read in place
- * (quantised, as uploaded). Each block first stages x in shared memory (qdot.cuh): as 8-bit
- * blocks of 32 for the quantised types (integer dot products, dp4a), as F32 for the float
- * types. So for the float types y is the exact dot product up to F32 rounding of the sum, and
- * for the quantised ones the exact dot product of the dequantised row with the 8-bit xhat:
- * |y - sum_i w_i xhat_i| <= ~1e-6 * sum_i |w_i xhat_i| (the test checks 1e-5), with
- * |xhat_i - x_i| <= amax / 254 over x's block of 32 (the CPU's Q8_K blocks are 256 wide).
+ * (quantised, as uploaded). Each block first stages x in shared memory (qdot.cuh): for the
+ * quantised types as the 8-bit values the CPU's dot products use (Q8_K or Q8_0, quantised the
+ * same way; integer dot products, dp4a), for the float types as F32. So for the float types y
+ * is the exact dot product up to F32 rounding of the sum, and for the quantised ones the exact
+ * dot product of the dequantised row with the CPU's 8-bit xhat: |y - sum_i w_i xhat_i| <=
+ * ~1e-6 * sum_i |w_i xhat_i| (the test checks 1e-5), the CPU's result up to summation order.
  *
  * A warp computes a row (its lanes take consecutive 32-value chunks: coalesced weight reads),
- * a block ENGINE_CU_MV_WARPS rows; a single large matrix (the output head) is covered by a grid
- * of resident blocks that loop over row groups, so the staging is paid once per block.
+ * or two rows at once when one row per warp would take more than one wave of blocks; a block
+ * has ENGINE_CU_MV_WARPS warps. A matrix of fewer rows than the device has multiprocessors
+ * (the MoE router) gets a block per row, its warps splitting the row (split-K). A single large
+ * matrix (the output head) is covered by one wave of resident blocks that loop over row
+ * groups, so the staging is paid once per block.
  * Before waiting for the previous kernel (programmatic dependent launch) each warp asks L2 for
  * its first row, so the weight fetch overlaps the previous kernel's tail and the staging.
  * Fusions: an optional RMSNorm prologue (in the staging) and an optional accumulate epilogue
