@@ -219,7 +219,19 @@ typedef struct {
 struct grammar_index {
     const grammar *g;
     const grammar_vocab *v;
-    grammar_state_cache *cache; /* n_states */
+    grammar_state_cache *cache; /* n_states (only representatives' entries are filled) */
+    int32_t *rep;           /* n_states: the representative of the state's cache class */
+    int32_t n_classes;      /* cache classes (states with the same caches share one) */
+    /* walks of first-byte subtrees of the trie, shared between states: key (class of the
+     * state after the first byte, the byte) -> the subtree's accepted ids and uncertain
+     * ranks, slices of sub_ids */
+    uint64_t *sub_key;      /* key + 1, 0 = empty; linear probing */
+    uint32_t (*sub_val)[4]; /* acc offset, acc count, unc offset, unc count */
+    size_t sub_mask, sub_n;
+    int32_t *sub_ids;
+    size_t n_sub_ids, cap_sub_ids;
+    uint64_t sub_hits;
+    int no_share;           /* tests: build every cache on its own (no classes, no sharing) */
     size_t bytes_used;
     double build_ms;
     /* builder scratch */

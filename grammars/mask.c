@@ -96,6 +96,10 @@ void grammar_index_free(grammar_index *ix) {
             free(ix->cache[q].unc);
         }
     free(ix->cache);
+    free(ix->rep);
+    free(ix->sub_key);
+    free(ix->sub_val);
+    free(ix->sub_ids);
     grammar_stepper_deinit(&ix->sp);
     grammar_store_deinit(&ix->st);
     free(ix->depth_sets);
@@ -132,6 +136,8 @@ static int32_t lower_rank(const grammar_vocab *v, const char *p, size_t n, int u
     return lo;
 }
 
+static int cache_classes(grammar_index *ix);
+
 int grammar_index_new(grammar_index **out, const grammar *g, const grammar_vocab *v) {
     if (!out || !g || !v) return grammar_err(GRAMMAR_EINVAL, "grammar_index_new: NULL argument");
     *out = NULL;
@@ -141,6 +147,7 @@ int grammar_index_new(grammar_index **out, const grammar *g, const grammar_vocab
     ix->v = v;
     int rc = GRAMMAR_ENOMEM;
     ix->cache = calloc((size_t)g->n_states, sizeof *ix->cache);
+    ix->rep = malloc((size_t)g->n_states * sizeof *ix->rep);
     ix->depth_off = malloc(((size_t)v->max_len + 3) * sizeof *ix->depth_off);
     ix->depth_mark = malloc(((size_t)v->max_len + 3) * sizeof *ix->depth_mark);
     ix->acc_stamp = calloc((size_t)v->n_order + 1, sizeof *ix->acc_stamp);
@@ -149,7 +156,11 @@ int grammar_index_new(grammar_index **out, const grammar *g, const grammar_vocab
     ix->vp = malloc(((size_t)v->max_len + 3) * sizeof *ix->vp);
     ix->virt = malloc((size_t)v->max_len + 3);
     if (!ix->vq || !ix->vp || !ix->virt) goto fail;
-    if (!ix->cache || !ix->depth_off || !ix->depth_mark || !ix->acc_stamp || !ix->pending) goto fail;
+    if (!ix->cache || !ix->rep || !ix->depth_off || !ix->depth_mark || !ix->acc_stamp ||
+        !ix->pending)
+        goto fail;
+    if ((rc = cache_classes(ix))) goto fail;
+    rc = GRAMMAR_ENOMEM;
     if ((rc = grammar_store_init(&ix->st, 4096))) goto fail;
     if ((rc = grammar_stepper_init(&ix->sp, g, &ix->st))) goto fail;
     for (int t = 0; t < g->n_triggers; t++) {
@@ -182,16 +193,234 @@ fail:
     return rc;
 }
 
+/* ----- cache classes -----
+ * A state's cache is a function of what its rule can do from it within one token: the walk
+ * from [caller of q's rule, q] consumes at most max_len bytes; on its way it follows q's rule's
+ * byte edges, calls (callees and their behaviour are the same for everyone), returns into the
+ * call's return state in q's rule, and pops q's rule into its callers (the same for every
+ * state of the rule). So two states of one rule that behave the same on every input of up to
+ * max_len bytes have equal caches. Such states are common: subset construction leaves
+ * equivalent states (a string's "inside" state after a plain character, an escape or a
+ * multi-byte character), and bounded repetitions (maxLength 1000) make chains whose states are
+ * indistinguishable except near the bound. Moore-style partition refinement, one round per
+ * byte of depth, computes the classes: round 0 splits by (rule, final, has bytes, callee
+ * rules); round k by the round k-1 classes of the byte successors, then to a fixpoint by the
+ * round-k classes of call return states (a callee may consume nothing). Refinement stops after
+ * max_len + 1 rounds or when a round splits nothing (the classes are then exact
+ * bisimulation). Tuples are compared exactly, never by hash alone. */
+
+typedef struct {
+    int32_t *buf;           /* tuples, flat */
+    size_t n, cap;
+    size_t *toff;           /* per state: offset of its tuple in buf */
+    uint32_t *table;        /* state + 1 of the first state with a tuple, linear probing */
+    size_t tmask;
+} class_map;
+
+static uint64_t tuple_hash(const int32_t *t, size_t n) {
+    uint64_t h = 1469598103934665603ull ^ n;
+    for (size_t i = 0; i < n; i++) {
+        h ^= (uint32_t)t[i];
+        h *= 1099511628211ull;
+        h ^= h >> 29;
+    }
+    return h;
+}
+
+/* Number the states' tuples (cm->buf from toff[q] to toff[q + 1]): equal tuples, equal ids. */
+static int32_t number_tuples(class_map *cm, int32_t n_states, int32_t *out) {
+    memset(cm->table, 0, (cm->tmask + 1) * sizeof *cm->table);
+    int32_t next = 0;
+    for (int32_t q = 0; q < n_states; q++) {
+        const int32_t *t = cm->buf + cm->toff[q];
+        size_t tl = cm->toff[q + 1] - cm->toff[q];
+        size_t slot = (size_t)tuple_hash(t, tl) & cm->tmask;
+        for (;; slot = (slot + 1) & cm->tmask) {
+            uint32_t e = cm->table[slot];
+            if (!e) {
+                cm->table[slot] = (uint32_t)q + 1;
+                out[q] = next++;
+                break;
+            }
+            int32_t o = (int32_t)e - 1;
+            size_t ol = cm->toff[o + 1] - cm->toff[o];
+            if (ol == tl && !memcmp(cm->buf + cm->toff[o], t, tl * sizeof *t)) {
+                out[q] = out[o];
+                break;
+            }
+        }
+    }
+    return next;
+}
+
+static int tuple_put(class_map *cm, int32_t x) {
+    if (grammar_grow((void **)&cm->buf, &cm->cap, cm->n + 1, sizeof *cm->buf)) return -1;
+    cm->buf[cm->n++] = x;
+    return 0;
+}
+
+/* level: 0 = round 0 keys; 1 = byte successors (cls_prev) + returns (cls_prev); 2 = the
+ * same-round fixpoint (cur for the state and the return states). */
+static int make_tuples(class_map *cm, const grammar *g, int level, const int32_t *prev,
+                       const int32_t *cur, const int32_t *size, const uint8_t *dirty) {
+    cm->n = 0;
+    for (int32_t q = 0; q < g->n_states; q++) {
+        cm->toff[q] = cm->n;
+        int32_t r = g->state_rule[q];
+        int rc = 0;
+        if (level == 0) {
+            rc |= tuple_put(cm, r);
+            rc |= tuple_put(cm, g->final[q] | (g->has_bytes[q] << 1));
+            for (int32_t k = g->ref_off[q]; k < g->ref_off[q + 1]; k++)
+                rc |= tuple_put(cm, g->refs[k].rule);
+        } else if (size[cur[q]] == 1 || (dirty && !dirty[cur[q]])) {
+            /* a singleton cannot split, nor a class none of whose members has a successor
+             * that changed class in the last round */
+            rc |= tuple_put(cm, -1 - cur[q]);
+        } else if (level == 1) {
+            rc |= tuple_put(cm, cur[q]);
+            uint32_t nc = g->rule_ncls[r];
+            for (uint32_t c = 0; c < nc; c++) {
+                int32_t t = g->trans[g->row_off[q] + c];
+                rc |= tuple_put(cm, t < 0 ? -1 : prev[t]);
+            }
+            for (int32_t k = g->ref_off[q]; k < g->ref_off[q + 1]; k++)
+                rc |= tuple_put(cm, prev[g->refs[k].ret]);
+        } else {
+            rc |= tuple_put(cm, cur[q]);
+            for (int32_t k = g->ref_off[q]; k < g->ref_off[q + 1]; k++)
+                rc |= tuple_put(cm, cur[g->refs[k].ret]);
+        }
+        if (rc) return grammar_err(GRAMMAR_ENOMEM, "out of memory");
+    }
+    cm->toff[g->n_states] = cm->n;
+    return 0;
+}
+
+static void class_sizes(const int32_t *cls, int32_t n_states, int32_t *size, int32_t n_cls) {
+    memset(size, 0, (size_t)n_cls * sizeof *size);
+    for (int32_t q = 0; q < n_states; q++) size[cls[q]]++;
+}
+
+/* Predecessors (byte edges and call returns) as CSR: *off has n_states + 1 entries. */
+static int predecessors(const grammar *g, int32_t **off_out, int32_t **pred_out) {
+    int32_t n = g->n_states;
+    int32_t *off = calloc((size_t)n + 1, sizeof *off), *pred = NULL;
+    if (!off) return GRAMMAR_ENOMEM;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int32_t q = 0; q < n; q++) {
+            uint32_t nc = g->rule_ncls[g->state_rule[q]];
+            for (uint32_t c = 0; c < nc; c++) {
+                int32_t t = g->trans[g->row_off[q] + c];
+                if (t < 0) continue;
+                if (pass == 0) off[t + 1]++;
+                else pred[off[t]++] = q;
+            }
+            for (int32_t k = g->ref_off[q]; k < g->ref_off[q + 1]; k++) {
+                int32_t t = g->refs[k].ret;
+                if (pass == 0) off[t + 1]++;
+                else pred[off[t]++] = q;
+            }
+        }
+        if (pass == 0) {
+            for (int32_t q = 0; q < n; q++) off[q + 1] += off[q];
+            pred = malloc(((size_t)off[n] + 1) * sizeof *pred);
+            if (!pred) {
+                free(off);
+                return GRAMMAR_ENOMEM;
+            }
+        } else { /* off[q] now holds the end of q's list: shift back */
+            for (int32_t q = n; q > 0; q--) off[q] = off[q - 1];
+            off[0] = 0;
+        }
+    }
+    *off_out = off;
+    *pred_out = pred;
+    return 0;
+}
+
+static int cache_classes(grammar_index *ix) {
+    const grammar *g = ix->g;
+    int32_t n = g->n_states;
+    class_map cm = {0};
+    int32_t *cls = malloc((size_t)n * sizeof *cls), *nxt = malloc((size_t)n * sizeof *nxt);
+    int32_t *size = malloc((size_t)n * sizeof *size), *first = malloc((size_t)n * sizeof *first);
+    uint8_t *dirty = malloc((size_t)n), *split = malloc((size_t)n);
+    int32_t *poff = NULL, *pred = NULL;
+    size_t tcap = 16;
+    while (tcap < (size_t)n * 2) tcap *= 2;
+    cm.tmask = tcap - 1;
+    cm.table = malloc(tcap * sizeof *cm.table);
+    cm.toff = malloc(((size_t)n + 1) * sizeof *cm.toff);
+    int rc = GRAMMAR_ENOMEM;
+    if (!cls || !nxt || !size || !first || !dirty || !split || !cm.table || !cm.toff) goto done;
+    if ((rc = predecessors(g, &poff, &pred))) goto done;
+    if ((rc = make_tuples(&cm, g, 0, NULL, NULL, NULL, NULL))) goto done;
+    int32_t n_cls = number_tuples(&cm, n, cls);
+    memset(dirty, 1, (size_t)n);
+    for (uint32_t round = 1; round <= ix->v->max_len + 1; round++) {
+        class_sizes(cls, n, size, n_cls);
+        if ((rc = make_tuples(&cm, g, 1, cls, cls, size, dirty))) goto done;
+        int32_t n_new = number_tuples(&cm, n, nxt);
+        for (;;) { /* same-round fixpoint over return states */
+            class_sizes(nxt, n, size, n_new);
+            if ((rc = make_tuples(&cm, g, 2, NULL, nxt, size, NULL))) goto done;
+            int32_t n_fix = number_tuples(&cm, n, nxt);
+            if (n_fix == n_new) break;
+            n_new = n_fix;
+        }
+        bool same = n_new == n_cls;
+        /* the old classes that split; the classes of their members' predecessors may split in
+         * the next round, no other */
+        for (int32_t c = 0; c < n_cls; c++) first[c] = -1, split[c] = 0;
+        for (int32_t q = 0; q < n; q++) {
+            if (first[cls[q]] < 0) first[cls[q]] = nxt[q];
+            else if (first[cls[q]] != nxt[q]) split[cls[q]] = 1;
+        }
+        memset(dirty, 0, (size_t)n_new);
+        for (int32_t q = 0; q < n; q++)
+            if (split[cls[q]])
+                for (int32_t k = poff[q]; k < poff[q + 1]; k++) dirty[nxt[pred[k]]] = 1;
+        memcpy(cls, nxt, (size_t)n * sizeof *cls);
+        n_cls = n_new;
+        if (same) break;
+    }
+    /* the representative of a class: its first state */
+    for (int32_t c = 0; c < n_cls; c++) size[c] = -1;
+    for (int32_t q = 0; q < n; q++) {
+        if (size[cls[q]] < 0) size[cls[q]] = q;
+        ix->rep[q] = size[cls[q]];
+    }
+    ix->n_classes = n_cls;
+    rc = 0;
+done:
+    if (rc == GRAMMAR_ENOMEM) grammar_err(GRAMMAR_ENOMEM, "out of memory");
+    free(cls);
+    free(nxt);
+    free(size);
+    free(first);
+    free(dirty);
+    free(split);
+    free(poff);
+    free(pred);
+    free(cm.buf);
+    free(cm.toff);
+    free(cm.table);
+    return rc;
+}
+
 static int push_id(int32_t **a, size_t *cap, size_t *n, int32_t v) {
     if (grammar_grow((void **)a, cap, *n + 1, sizeof **a)) return grammar_err(GRAMMAR_ENOMEM, "out of memory");
     (*a)[(*n)++] = v;
     return 0;
 }
 
-/* One walk of the trie from the stack [caller of q's rule, q]. Pass 1 (no_w): tokens consumed
- * with q's frame kept are accepted. Pass 2 (callers approximated), only through subtrees that
- * hold tokens pass 1 did not accept: consumed ones are uncertain, the others rejected. */
-static int walk(grammar_index *ix, int32_t q, int pass, size_t *n_acc, size_t *n_unc) {
+/* One walk of the trie nodes [from, to) (whole subtrees) from the stack [caller of q's rule, q].
+ * Pass 1 (no_w): tokens consumed with q's frame kept are accepted. Pass 2 (callers
+ * approximated), only through subtrees that hold tokens pass 1 did not accept: consumed ones
+ * are uncertain, the others rejected. */
+static int walk(grammar_index *ix, int32_t q, int pass, int32_t from, int32_t to, size_t *n_acc,
+                size_t *n_unc) {
     const grammar *g = ix->g;
     const grammar_vocab *v = ix->v;
     grammar_store *st = &ix->st;
@@ -209,8 +438,8 @@ static int walk(grammar_index *ix, int32_t q, int pass, size_t *n_acc, size_t *n
     ix->depth_off[1] = 1;
     ix->depth_mark[0] = st->n;
     ix->virt[0] = 0;
-    int32_t i = 0;
-    while (i < v->n_nodes) {
+    int32_t i = from;
+    while (i < to) {
         uint32_t d = v->tn_depth[i];
         if ((d == 1 && grammar_next(g, q, v->tn_byte[i]) < 0) ||
             (pass == 2 && ix->pending[v->tn_skip[i]] == ix->pending[i])) {
@@ -289,7 +518,85 @@ static int walk(grammar_index *ix, int32_t q, int pass, size_t *n_acc, size_t *n
     return rc;
 }
 
+/* Shared subtree walks (see sub_key): the slot of key, or of the empty place for it. */
+#define SUB_MIN_TOKENS 32            /* smaller subtrees are walked again: cheaper than storing */
+#define SUB_MAX_IDS ((size_t)8 << 20) /* 32 MB of ids at most; beyond, nothing more is shared */
+
+static size_t sub_slot(const grammar_index *ix, uint64_t key) {
+    size_t h = (size_t)((key + 1) * 0x9E3779B97F4A7C15ull >> 20) & ix->sub_mask;
+    while (ix->sub_key[h] && ix->sub_key[h] != key + 1) h = (h + 1) & ix->sub_mask;
+    return h;
+}
+
+/* Keep tmp_acc[a0 .. a0 + n_acc) and tmp_unc[u0 .. u0 + n_unc) as the result of subtree key. */
+static int sub_store(grammar_index *ix, uint64_t key, size_t a0, size_t n_acc, size_t u0,
+                     size_t n_unc) {
+    if (ix->n_sub_ids + n_acc + n_unc > SUB_MAX_IDS) return 0;
+    if ((ix->sub_n + 1) * 2 > ix->sub_mask + 1 || !ix->sub_key) { /* grow and rehash */
+        size_t cap = ix->sub_key ? (ix->sub_mask + 1) * 2 : 1024;
+        uint64_t *ok = ix->sub_key;
+        uint32_t(*ov)[4] = ix->sub_val;
+        size_t omask = ix->sub_mask;
+        ix->sub_key = calloc(cap, sizeof *ix->sub_key);
+        ix->sub_val = malloc(cap * sizeof *ix->sub_val);
+        if (!ix->sub_key || !ix->sub_val) {
+            free(ix->sub_key);
+            free(ix->sub_val);
+            ix->sub_key = ok;
+            ix->sub_val = ov;
+            return grammar_err(GRAMMAR_ENOMEM, "out of memory");
+        }
+        ix->sub_mask = cap - 1;
+        for (size_t k = 0; ok && k <= omask; k++)
+            if (ok[k]) {
+                size_t h = sub_slot(ix, ok[k] - 1);
+                ix->sub_key[h] = ok[k];
+                memcpy(ix->sub_val[h], ov[k], sizeof ov[k]);
+            }
+        free(ok);
+        free(ov);
+    }
+    if (grammar_grow((void **)&ix->sub_ids, &ix->cap_sub_ids, ix->n_sub_ids + n_acc + n_unc,
+                     sizeof *ix->sub_ids))
+        return grammar_err(GRAMMAR_ENOMEM, "out of memory");
+    size_t h = sub_slot(ix, key);
+    ix->sub_key[h] = key + 1;
+    ix->sub_val[h][0] = (uint32_t)ix->n_sub_ids;
+    ix->sub_val[h][1] = (uint32_t)n_acc;
+    if (n_acc) memcpy(ix->sub_ids + ix->n_sub_ids, ix->tmp_acc + a0, n_acc * sizeof *ix->tmp_acc);
+    ix->n_sub_ids += n_acc;
+    ix->sub_val[h][2] = (uint32_t)ix->n_sub_ids;
+    ix->sub_val[h][3] = (uint32_t)n_unc;
+    if (n_unc) memcpy(ix->sub_ids + ix->n_sub_ids, ix->tmp_unc + u0, n_unc * sizeof *ix->tmp_unc);
+    ix->n_sub_ids += n_unc;
+    ix->sub_n++;
+    ix->bytes_used += (n_acc + n_unc) * sizeof *ix->sub_ids;
+    return 0;
+}
+
+/* The two passes over one first-byte subtree [i, end) of the trie. */
+static int walk_subtree(grammar_index *ix, int32_t q, int32_t i, int32_t end, size_t *n_acc,
+                        size_t *n_unc) {
+    const grammar_vocab *v = ix->v;
+    int rc = walk(ix, q, 1, i, end, n_acc, n_unc);
+    if (rc) return rc;
+    /* pending[k] = token ends before trie node k (within the subtree) that pass 1 did not
+     * accept: pass 2 enters only subtrees that hold some */
+    int32_t cnt = 0;
+    for (int32_t k = i; k < end; k++) {
+        ix->pending[k] = cnt;
+        for (int32_t r = v->tn_rank[k]; r < v->tn_rank[k] + v->tn_nrank[k]; r++)
+            if (ix->acc_stamp[r] != ix->build_stamp) {
+                cnt++;
+                break;
+            }
+    }
+    ix->pending[end] = cnt;
+    return cnt ? walk(ix, q, 2, i, end, n_acc, n_unc) : 0;
+}
+
 static int build_state(grammar_index *ix, int32_t q) {
+    const grammar *g = ix->g;
     const grammar_vocab *v = ix->v;
     grammar_state_cache *c = &ix->cache[q];
     double t0 = now_ms();
@@ -298,27 +605,46 @@ static int build_state(grammar_index *ix, int32_t q) {
         memset(ix->acc_stamp, 0, (size_t)v->n_order * sizeof *ix->acc_stamp);
         ix->build_stamp = 1;
     }
-    int rc = walk(ix, q, 1, &n_acc, &n_unc);
-    if (rc) return rc;
-    /* pending[k] = token ends before trie node k that pass 1 did not accept, over the span of
-     * the first bytes q accepts (the only subtrees pass 2 enters) */
-    int32_t lo = -1, hi = 0;
-    for (int32_t i = 0; i < v->n_nodes; i = v->tn_skip[i])
-        if (grammar_next(ix->g, q, v->tn_byte[i]) >= 0) {
-            if (lo < 0) lo = i;
-            hi = v->tn_skip[i];
-        }
-    int32_t cnt = 0;
-    for (int32_t i = lo < 0 ? 0 : lo; i < hi; i++) {
-        ix->pending[i] = cnt;
-        for (int32_t r = v->tn_rank[i]; r < v->tn_rank[i] + v->tn_nrank[i]; r++)
-            if (ix->acc_stamp[r] != ix->build_stamp) {
-                cnt++;
-                break;
+    int rc = 0;
+    /* one first byte at a time. The walk enters a first-byte subtree through q's own byte edge
+     * to t and continues from the closure of [caller of the rule, t] (grammar_stepper_step
+     * expands after the byte): what it finds below depends only on t (t's rule is q's) and
+     * the byte, so it is shared between states (and with t's class: equal behaviour within
+     * a token's length, see cache classes) */
+    for (int32_t i = 0; i < v->n_nodes && !rc; i = v->tn_skip[i]) {
+        uint8_t b = v->tn_byte[i];
+        int32_t t = grammar_next(g, q, b), end = v->tn_skip[i];
+        if (t < 0) continue;
+        int32_t n_tok = (end < v->n_nodes ? v->tn_rank[end] : v->n_order) - v->tn_rank[i];
+        bool shareable = n_tok >= SUB_MIN_TOKENS && !ix->no_share;
+        uint64_t key = ((uint64_t)(uint32_t)ix->rep[t] << 8) | b;
+        if (shareable && ix->sub_key) {
+            size_t h = sub_slot(ix, key);
+            if (ix->sub_key[h]) {
+                const uint32_t *sv = ix->sub_val[h];
+                if (grammar_grow((void **)&ix->tmp_acc, &ix->cap_tmp_acc, n_acc + sv[1],
+                                 sizeof *ix->tmp_acc) ||
+                    grammar_grow((void **)&ix->tmp_unc, &ix->cap_tmp_unc, n_unc + sv[3],
+                                 sizeof *ix->tmp_unc)) {
+                    rc = grammar_err(GRAMMAR_ENOMEM, "out of memory");
+                    break;
+                }
+                if (sv[1])
+                    memcpy(ix->tmp_acc + n_acc, ix->sub_ids + sv[0], sv[1] * sizeof *ix->sub_ids);
+                if (sv[3])
+                    memcpy(ix->tmp_unc + n_unc, ix->sub_ids + sv[2], sv[3] * sizeof *ix->sub_ids);
+                n_acc += sv[1];
+                n_unc += sv[3];
+                ix->sub_hits++;
+                continue;
             }
+        }
+        size_t a0 = n_acc, u0 = n_unc;
+        rc = walk_subtree(ix, q, i, end, &n_acc, &n_unc);
+        if (!rc && shareable)
+            rc = sub_store(ix, key, a0, n_acc - a0, u0, n_unc - u0);
     }
-    ix->pending[hi] = cnt;
-    if ((rc = walk(ix, q, 2, &n_acc, &n_unc))) return rc;
+    if (rc) return rc;
     size_t words = ((size_t)v->n_vocab + 31) / 32;
     if (n_acc > words) {
         c->dense = 1;
@@ -346,6 +672,7 @@ static int build_state(grammar_index *ix, int32_t q) {
 }
 
 int grammar_index_state(grammar_index *ix, int32_t q, const grammar_state_cache **out) {
+    if (!ix->no_share) q = ix->rep[q]; /* equal caches are built once (see cache classes) */
     if (!ix->cache[q].built) {
         int rc = build_state(ix, q);
         if (rc) return rc;
@@ -357,7 +684,7 @@ int grammar_index_state(grammar_index *ix, int32_t q, const grammar_state_cache 
 int grammar_index_precompute(grammar_index *ix) {
     if (!ix) return grammar_err(GRAMMAR_EINVAL, "NULL index");
     for (int32_t q = 0; q < ix->g->n_states; q++)
-        if (ix->g->has_bytes[q] && !ix->cache[q].built) {
+        if (ix->g->has_bytes[q] && ix->rep[q] == q && !ix->cache[q].built) {
             int rc = build_state(ix, q);
             if (rc) return rc;
         }
