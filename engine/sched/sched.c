@@ -680,6 +680,20 @@ int engine_sched_new_mode(engine_sched **out, engine_model *m, const engine_sche
     }
     s->thread_started = true;
     stats_snapshot(s);
+    if (s->batched) {
+        engine_kv_stats ks;
+        pthread_mutex_lock(&m->pool_mu);
+        engine_kv_cache_stats(s->kvc, &ks);
+        pthread_mutex_unlock(&m->pool_mu);
+        engine_log(ENGINE_LOG_INFO, "scheduler: batched, %d sequences of %d positions, %d-token "
+                   "prefill chunks; KV pool %s: %d blocks of %d positions (%.1f MiB)",
+                   sp.max_seqs, sp.n_ctx, sp.prefill_chunk, s->own_kvc ? "own" : "the model's",
+                   ks.n_blocks, ks.block_size, (double)ks.total_bytes / (1 << 20));
+    } else {
+        engine_log(ENGINE_LOG_INFO, "scheduler: one session per request (%s), %d sequences of %d "
+                   "positions", m->cuda ? "the GPU path is batch-1" : can_batch ? "as asked"
+                   : "no batched pass for this architecture", sp.max_seqs, sp.n_ctx);
+    }
     *out = s;
     return 0;
 fail:
