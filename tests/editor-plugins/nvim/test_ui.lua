@@ -115,8 +115,8 @@ T.test('accept word and typing through need no new request', function()
     T.eq(E.lua('return _G.stats().sent'), sent, 'no new request after accept word')
     -- type the next character of the suggestion by hand
     local ch = vim.fn.strcharpart(rest, 0, 1)
-    local key = ch == '<' and '<lt>' or ch == '\n' and '<CR>' or ch == '\t' and '<C-v><Tab>'
-      or ch == ' ' and '<Space>' or ch
+    local key = ch == '<' and '<lt>' or ch == '\n' and '<CR>' or ch == ' ' and '<Space>'
+      or (#ch == 1 and ch:byte() < 32) and ('<C-v>' .. ch) or ch
     E.input(key)
     local after = vim.fn.strcharpart(rest, 1)
     if after ~= '' then
