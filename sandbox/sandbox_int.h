@@ -80,7 +80,8 @@ typedef struct {
     int n_ll_write;
     const char *ll_dev;
     /* seccomp */
-    struct sock_fprog filters[2];
+    struct sock_fprog filters[2]; /* attached from filters[n_filters - 1] to filters[0] */
+    int n_filters;
 } sandbox_plan;
 
 /* spawn.c: the children (never return). */
@@ -111,8 +112,10 @@ void sandbox_placeholders_remove(sandbox_placeholders *ph);
  * *what set to the failing step (a string from the plan or a literal). */
 int sandbox_mounts_apply(sandbox_plan *p, const char **what);
 
-/* seccomp.c: the two filters (built once per process, read-only afterwards). */
-int sandbox_seccomp_filters(struct sock_fprog out[2]);
+/* seccomp.c: the filter (built once per process, read-only afterwards): *n = 1, one program
+ * (the libseccomp allow-list merged with the hand-written checks), or 2 when the merge was not
+ * possible (out[1] to be attached before out[0]). */
+int sandbox_seccomp_filters(struct sock_fprog out[2], int *n);
 /* landlock.c */
 int sandbox_landlock_abi(void);
 int sandbox_landlock_apply(const sandbox_plan *p, const char **what); /* in the child */

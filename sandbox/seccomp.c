@@ -1,4 +1,4 @@
-/* The seccomp-bpf policy: two filters, both installed on the command.
+/* The seccomp-bpf policy installed on the command: two filters, merged into one program.
  *
  * Filter A (libseccomp): default-deny. An allow-list of the system calls that build tools,
  * compilers, interpreters and test runners use; everything else fails with ENOSYS (programs
@@ -11,9 +11,11 @@
  * ignores the high ones), clone() with namespace flags, personality() other than a query,
  * clone3() (its flags sit in memory a filter cannot read: ENOSYS makes libc fall back to
  * clone), and x32 system calls, which arrive with the native AUDIT_ARCH and bit 30 set.
- * When two filters disagree the kernel takes the stricter action, so B only ever narrows A.
+ * B only ever narrows A. The two are merged into one program (merge(): one attach, one JIT
+ * compilation, one action cache instead of two) that decides exactly as the kernel would with
+ * both filters stacked; when the merge is impossible, both are attached.
  *
- * Both are built once per process (pthread_once) and are read-only afterwards. */
+ * Built once per process (pthread_once), read-only afterwards. */
 #include "sandbox_int.h"
 
 #include <errno.h>
@@ -101,7 +103,8 @@ static const char *const refused[] = {
 };
 
 typedef struct {
-    struct sock_fprog progs[2];
+    struct sock_fprog progs[2]; /* [0] attached last */
+    int n;                      /* 1: one merged program; 2: progs[1] attached first */
     int rc;
     char err[256];
 } filters_t;
@@ -196,15 +199,21 @@ static int build_a(struct sock_fprog *out, char *err, size_t errlen) {
 #define NS_CLONE_FLAGS (CLONE_NEWNS | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET | \
                         CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP | 0x00000080 /* TIME */)
 
-static const struct sock_filter filter_b[] = {
+/* What libseccomp cannot express next to an unconditional allow, in two parts that wrap the
+ * libseccomp program (see merge()): first the foreign-ABI kills, last the argument checks. */
+static const struct sock_filter filter_prefix[] = {
     LD_ABS(offsetof(struct seccomp_data, arch)),
     JEQ(SANDBOX_AUDIT_ARCH, 1, 0),
     RET(SECCOMP_RET_KILL_PROCESS),
-    LD_ABS(offsetof(struct seccomp_data, nr)),
 #ifdef SANDBOX_X32_BIT
+    LD_ABS(offsetof(struct seccomp_data, nr)),
     JGE(SANDBOX_X32_BIT, 0, 1),
     RET(SECCOMP_RET_KILL_PROCESS),
 #endif
+};
+
+static const struct sock_filter filter_rest[] = {
+    LD_ABS(offsetof(struct seccomp_data, nr)),
     JEQ(__NR_ioctl, 0, 5),
     LD_ABS(ARG_LO(1)),
     JEQ(TIOCSTI, 2, 0),
@@ -229,17 +238,68 @@ static const struct sock_filter filter_b[] = {
     RET(SECCOMP_RET_ALLOW),
 };
 
+#define N_PREFIX (sizeof filter_prefix / sizeof filter_prefix[0])
+#define N_REST (sizeof filter_rest / sizeof filter_rest[0])
+
+/* One program instead of two: attaching a filter costs a JIT compilation and the emulation of
+ * its action cache, per filter. prefix, then the libseccomp program with each "return allow"
+ * turned into a jump to the rest, then the rest. The result is what the kernel would decide
+ * with the two filters stacked (the libseccomp one attached last): the foreign-ABI kills first
+ * (the highest precedence); then the libseccomp program's own result unless it allows (on a
+ * tie of two errno results the last attached filter's errno won, and that was the libseccomp
+ * program); else the argument checks. Fails (and the two filters are used) when the program
+ * returns anything but constants. */
+static int merge(const struct sock_fprog *a, struct sock_fprog *out) {
+    size_t na = a->len, n = N_PREFIX + na + N_REST;
+    if (n > BPF_MAXINSNS) return -E2BIG;
+    struct sock_filter *f = malloc(n * sizeof *f);
+    if (!f) return -ENOMEM;
+    memcpy(f, filter_prefix, sizeof filter_prefix);
+    for (size_t i = 0; i < na; i++) {
+        struct sock_filter ins = a->filter[i];
+        if (BPF_CLASS(ins.code) == BPF_RET) {
+            if (BPF_RVAL(ins.code) != BPF_K) {
+                free(f);
+                return -EINVAL;
+            }
+            if (ins.k == SECCOMP_RET_ALLOW) { /* to the first instruction after the program */
+                struct sock_filter ja = BPF_JUMP(BPF_JMP | BPF_JA, (uint32_t)(na - 1 - i), 0, 0);
+                ins = ja;
+            }
+        }
+        f[N_PREFIX + i] = ins;
+    }
+    memcpy(f + N_PREFIX + na, filter_rest, sizeof filter_rest);
+    out->filter = f;
+    out->len = (unsigned short)n;
+    return 0;
+}
+
 static void build_once(void) {
     filters_t *f = &g_filters;
     f->rc = build_a(&f->progs[0], f->err, sizeof f->err);
-    f->progs[1].filter = (struct sock_filter *)filter_b;
-    f->progs[1].len = sizeof filter_b / sizeof filter_b[0];
+    if (f->rc) return;
+    struct sock_fprog merged;
+    if (merge(&f->progs[0], &merged) == 0) {
+        free(f->progs[0].filter);
+        f->progs[0] = merged;
+        f->n = 1;
+        return;
+    }
+    /* the two filters stacked: the hand-written one (prefix + rest) attached first */
+    static struct sock_filter both[N_PREFIX + N_REST];
+    memcpy(both, filter_prefix, sizeof filter_prefix);
+    memcpy(both + N_PREFIX, filter_rest, sizeof filter_rest);
+    f->progs[1].filter = both;
+    f->progs[1].len = (unsigned short)(N_PREFIX + N_REST);
+    f->n = 2;
 }
 
-int sandbox_seccomp_filters(struct sock_fprog out[2]) {
+int sandbox_seccomp_filters(struct sock_fprog out[2], int *n) {
     pthread_once(&g_once, build_once);
     if (g_filters.rc != 0) return sandbox_err(SANDBOX_EINTERNAL, "%s", g_filters.err);
     out[0] = g_filters.progs[0];
     out[1] = g_filters.progs[1];
+    *n = g_filters.n;
     return 0;
 }

@@ -199,7 +199,7 @@ static _Noreturn void command_child(const sandbox_plan *p) {
     const char *what = "landlock";
     int ll = sandbox_landlock_apply(p, &what);
     if (ll < 0) child_fail(SANDBOX_REC_SETUP, what, -ll);
-    for (int i = 1; i >= 0; i--)
+    for (int i = p->n_filters - 1; i >= 0; i--)
         if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &p->filters[i]) != 0)
             child_fail(SANDBOX_REC_UNAVAILABLE, "seccomp filter", errno);
     exec_command(p);
@@ -584,7 +584,7 @@ int sandbox_run(sandbox_result *out, const sandbox_policy *pol, const char *cons
     snprintf(plan.pid_max, sizeof plan.pid_max, "%d", nproc + 2 > 301 ? nproc + 2 : 301);
 
     if (isolated) {
-        if ((rc = sandbox_seccomp_filters(plan.filters))) goto done;
+        if ((rc = sandbox_seccomp_filters(plan.filters, &plan.n_filters))) goto done;
         plan.landlock_abi = sandbox_landlock_abi();
         snprintf(plan.uid_map, sizeof plan.uid_map, "%u %u 1\n", (unsigned)geteuid(),
                  (unsigned)geteuid());
