@@ -7,9 +7,11 @@
  *       TOKENS tokens each, end-of-generation ignored), through one scheduler; the same
  *       requests one after another through engine_generate as the baseline.
  *   bench_sched MODEL.gguf replay N_THREADS TURNS SYSTEM NEW ANSWER
- *       a TURNS-turn agent transcript (bench/kv/kv_replay.c's shape) submitted turn by turn to
- *       a scheduler on a model with a prefix cache: per turn the prompt, the tokens served from
- *       the cache and the time to first token. */
+ *       a TURNS-turn agent conversation (bench/kv/kv_replay.c's shape) through a scheduler on a
+ *       model with a prefix cache: each turn re-sends everything before plus NEW tokens of text
+ *       and tool results, and the model's ANSWER tokens (generated) join the conversation, as
+ *       in an agent. Per turn: the prompt, the tokens served from the cache, time to first
+ *       token. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -118,11 +120,23 @@ static int decode(engine_model *m, int32_t tokens, int n_conc, const int *conc) 
     return 0;
 }
 
+/* The answer being generated in replay (the scheduler thread appends, main reads after done). */
+static int32_t *answer;
+static int32_t n_answer, cap_answer;
+
+static int on_answer(void *user, const char *text, size_t len, int32_t token) {
+    (void)user;
+    (void)text;
+    (void)len;
+    if (token >= 0 && n_answer < cap_answer) answer[n_answer++] = token;
+    return 0;
+}
+
 static int replay(engine_model *m, int turns, int32_t sys, int32_t add, int32_t ans) {
     int32_t n = sys + turns * (add + ans), nv = engine_model_n_vocab(m);
     int32_t *tr = malloc(sizeof(int32_t) * (size_t)n);
     if (!tr) return 1;
-    for (int32_t i = 0; i < n; i++) tr[i] = (int32_t)(((uint32_t)i * 2654435761u) % (uint32_t)nv);
+    for (int32_t i = 0; i < sys; i++) tr[i] = (int32_t)(((uint32_t)i * 2654435761u) % (uint32_t)nv);
     engine_sched_params sp = ENGINE_SCHED_PARAMS_INIT;
     sp.n_ctx = n + 1;
     sp.max_seqs = 4;
@@ -132,18 +146,43 @@ static int replay(engine_model *m, int turns, int32_t sys, int32_t add, int32_t 
         free(tr);
         return 1;
     }
-    printf("# replay through the scheduler: %d turns, system %d, +%d new and %d answer tokens "
-           "per turn\n", turns, sys, add, ans);
+    printf("# replay through the scheduler: %d turns, system %d, +%d new tokens per turn, then "
+           "the model's answer (%d tokens, greedy) goes into the next turn's prompt\n", turns, sys,
+           add, ans);
     printf("%4s %7s %9s %8s %9s\n", "turn", "prompt", "computed", "cached", "ttft_ms");
     uint64_t sum_prompt = 0, sum_cached = 0;
+    int32_t len = sys;
     for (int t = 0; t < turns; t++) {
-        int32_t end = sys + t * (add + ans) + add;
-        if (submit(s, tr, (size_t)end, 1)) break;
+        for (int32_t i = 0; i < add; i++, len++)
+            tr[len] = (int32_t)(((uint32_t)len * 2654435761u) % (uint32_t)nv);
+        answer = tr + len;
+        n_answer = 0;
+        cap_answer = ans;
+        engine_request r;
+        memset(&r, 0, sizeof r);
+        engine_gen_params g = ENGINE_GEN_PARAMS_INIT;
+        r.gen = g;
+        r.gen.prompt = tr;
+        r.gen.n_prompt = (size_t)len;
+        r.gen.max_tokens = ans;
+        r.gen.sampling.temperature = 0;
+        r.gen.ignore_eog = true;
+        r.on_token = on_answer;
+        r.on_done = on_done;
+        uint64_t id;
+        pthread_mutex_lock(&mu);
+        n_left = 1;
+        pthread_mutex_unlock(&mu);
+        if (engine_sched_submit(s, &r, &id)) {
+            fprintf(stderr, "submit: %s\n", engine_error_last());
+            break;
+        }
         wait_all();
-        printf("%4d %7d %9d %7.1f%% %9.1f\n", t + 1, end, end - last.gen.cached_tokens,
-               100.0 * last.gen.cached_tokens / end, last.ttft_ms);
-        sum_prompt += (uint64_t)end;
+        printf("%4d %7d %9d %7.1f%% %9.1f\n", t + 1, len, len - last.gen.cached_tokens,
+               100.0 * last.gen.cached_tokens / len, last.ttft_ms);
+        sum_prompt += (uint64_t)len;
         sum_cached += (uint64_t)last.gen.cached_tokens;
+        len += n_answer;
     }
     engine_sched_stats st;
     engine_sched_stats_get(s, &st);
