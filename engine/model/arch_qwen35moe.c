@@ -343,71 +343,16 @@ struct engine_q35_model {
     q35_layer *layers;
     int32_t n_attn, n_lin;
     float *rope_inv_freq; /* [n_rot / 2] */
-    float **owned;        /* small tensors converted to F32 */
-    size_t n_owned, cap_owned;
+    size_t cap_owned;     /* converted copies go on m->owned (model.c frees them) */
 };
 
 void engine_q35_model_free(engine_q35_model *qm) {
     if (!qm) return;
-    for (size_t i = 0; i < qm->n_owned; i++)
-        free(qm->owned[i]);
-    free(qm->owned);
     free(qm->layers);
     free(qm->rope_inv_freq);
     engine_st_close(qm->st);
     free(qm->exp_ptrs);
     free(qm);
-}
-
-static int q35_tensor(const engine_model *m, engine_tensor_role role, int layer,
-                      const engine_gguf_tensor **out) {
-    char name[ENGINE_TENSOR_NAME_MAX];
-    int rc = engine_tensor_name(name, sizeof name, role, layer);
-    if (rc) return rc;
-    *out = engine_gguf_find_tensor(m->gguf, name);
-    if (!*out) return engine_err(ENGINE_EFORMAT, "%s: missing tensor %s", m->path, name);
-    return 0;
-}
-
-static int q35_matrix(const engine_model *m, engine_tensor_role role, int layer, engine_weight *w) {
-    const engine_gguf_tensor *t;
-    int rc = q35_tensor(m, role, layer, &t);
-    if (rc) return rc;
-    const engine_type_traits *tr = engine_type_traits_get(t->type);
-    if (!tr || !tr->supported)
-        return engine_err(ENGINE_EUNSUPPORTED,
-                          "%s: tensor %s has type %s, which the CPU kernels "
-                          "do not support",
-                          m->path, t->name, engine_type_name(t->type));
-    w->data = t->data;
-    w->type = t->type;
-    w->cols = t->ne[0];
-    w->rows = t->ne[1];
-    w->n_mat = t->ne[2];
-    w->row_bytes = engine_type_row_size(t->type, t->ne[0]);
-    return 0;
-}
-
-/* A small tensor as F32: in place when the file has it so, else a converted copy. */
-static int q35_f32(engine_model *m, engine_tensor_role role, int layer, const float **out) {
-    engine_q35_model *qm = m->q35;
-    const engine_gguf_tensor *t;
-    int rc = q35_tensor(m, role, layer, &t);
-    if (rc) return rc;
-    if (t->type == ENGINE_TYPE_F32 && ((uintptr_t)t->data % sizeof(float)) == 0) {
-        *out = t->data;
-        return 0;
-    }
-    ENGINE_ASSERT(qm->n_owned < qm->cap_owned);
-    float *buf = malloc(sizeof(float) * (size_t)t->n_elements);
-    if (!buf) return engine_err(ENGINE_ENOMEM, "out of memory converting %s", t->name);
-    if ((rc = engine_dequantize_row(t->type, t->data, buf, t->n_elements))) {
-        free(buf);
-        return engine_err(rc, "%s: tensor %s: %s", m->path, t->name, engine_error_last());
-    }
-    qm->owned[qm->n_owned++] = buf;
-    *out = buf;
-    return 0;
 }
 
 int engine_q35_load(engine_model *m) {
@@ -416,58 +361,58 @@ int engine_q35_load(engine_model *m) {
     if (!qm) return engine_err(ENGINE_ENOMEM, "out of memory loading %s", m->path);
     m->q35 = qm;
     qm->v_tiled = true;
-    qm->cap_owned = 8 * (size_t)hp->n_layer + 2;
-    qm->owned = calloc(qm->cap_owned, sizeof(float *));
+    qm->cap_owned = ENGINE_Q35_OWNED_PER_LAYER * (size_t)hp->n_layer + 2;
     qm->layers = calloc(hp->n_layer, sizeof *qm->layers);
     qm->rope_inv_freq = malloc(sizeof(float) * (hp->n_rot / 2));
-    if (!qm->owned || !qm->layers || !qm->rope_inv_freq)
+    if (!m->owned || !qm->layers || !qm->rope_inv_freq)
         return engine_err(ENGINE_ENOMEM, "out of memory loading %s", m->path);
     engine_cpu_rope_inv_freq(qm->rope_inv_freq, (int)hp->n_rot, hp->rope_theta);
     int rc;
-    if ((rc = q35_matrix(m, ENGINE_TENSOR_TOKEN_EMBD, -1, &m->tok_embd)) ||
-        (rc = q35_f32(m, ENGINE_TENSOR_OUTPUT_NORM, -1, &m->output_norm)))
+    if ((rc = engine_model_load_matrix(m, ENGINE_TENSOR_TOKEN_EMBD, -1, &m->tok_embd)) ||
+        (rc = engine_model_load_f32(m, ENGINE_TENSOR_OUTPUT_NORM, -1, &m->output_norm)))
         return rc;
     if (hp->tied_embeddings)
         m->output = m->tok_embd;
-    else if ((rc = q35_matrix(m, ENGINE_TENSOR_OUTPUT, -1, &m->output)))
+    else if ((rc = engine_model_load_matrix(m, ENGINE_TENSOR_OUTPUT, -1, &m->output)))
         return rc;
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         q35_layer *ly = &qm->layers[l];
         int L = (int)l;
         ly->attn = engine_q35_layer_is_attn(hp, l);
         ly->slot = ly->attn ? qm->n_attn++ : qm->n_lin++;
-        if ((rc = q35_f32(m, ENGINE_TENSOR_ATTN_NORM, L, &ly->attn_norm)) ||
-            (rc = q35_f32(m, ENGINE_TENSOR_ATTN_POST_NORM, L, &ly->post_norm)))
+        if ((rc = engine_model_load_f32(m, ENGINE_TENSOR_ATTN_NORM, L, &ly->attn_norm)) ||
+            (rc = engine_model_load_f32(m, ENGINE_TENSOR_ATTN_POST_NORM, L, &ly->post_norm)))
             return rc;
         if (ly->attn) {
-            if ((rc = q35_f32(m, ENGINE_TENSOR_ATTN_Q_NORM, L, &ly->q_norm)) ||
-                (rc = q35_f32(m, ENGINE_TENSOR_ATTN_K_NORM, L, &ly->k_norm)) ||
-                (rc = q35_matrix(m, ENGINE_TENSOR_ATTN_Q, L, &ly->wq)) ||
-                (rc = q35_matrix(m, ENGINE_TENSOR_ATTN_K, L, &ly->wk)) ||
-                (rc = q35_matrix(m, ENGINE_TENSOR_ATTN_V, L, &ly->wv)) ||
-                (rc = q35_matrix(m, ENGINE_TENSOR_ATTN_OUT, L, &ly->wo)))
+            if ((rc = engine_model_load_f32(m, ENGINE_TENSOR_ATTN_Q_NORM, L, &ly->q_norm)) ||
+                (rc = engine_model_load_f32(m, ENGINE_TENSOR_ATTN_K_NORM, L, &ly->k_norm)) ||
+                (rc = engine_model_load_matrix(m, ENGINE_TENSOR_ATTN_Q, L, &ly->wq)) ||
+                (rc = engine_model_load_matrix(m, ENGINE_TENSOR_ATTN_K, L, &ly->wk)) ||
+                (rc = engine_model_load_matrix(m, ENGINE_TENSOR_ATTN_V, L, &ly->wv)) ||
+                (rc = engine_model_load_matrix(m, ENGINE_TENSOR_ATTN_OUT, L, &ly->wo)))
                 return rc;
         } else {
-            if ((rc = q35_matrix(m, ENGINE_TENSOR_ATTN_QKV, L, &ly->wqkv)) ||
-                (rc = q35_matrix(m, ENGINE_TENSOR_ATTN_GATE, L, &ly->wz)) ||
-                (rc = q35_matrix(m, ENGINE_TENSOR_SSM_BETA, L, &ly->wbeta)) ||
-                (rc = q35_matrix(m, ENGINE_TENSOR_SSM_ALPHA, L, &ly->walpha)) ||
-                (rc = q35_matrix(m, ENGINE_TENSOR_SSM_OUT, L, &ly->wout)) ||
-                (rc = q35_f32(m, ENGINE_TENSOR_SSM_CONV1D, L, &ly->conv)) ||
-                (rc = q35_f32(m, ENGINE_TENSOR_SSM_DT, L, &ly->dt_bias)) ||
-                (rc = q35_f32(m, ENGINE_TENSOR_SSM_A, L, &ly->a)) ||
-                (rc = q35_f32(m, ENGINE_TENSOR_SSM_NORM, L, &ly->ssm_norm)))
+            if ((rc = engine_model_load_matrix(m, ENGINE_TENSOR_ATTN_QKV, L, &ly->wqkv)) ||
+                (rc = engine_model_load_matrix(m, ENGINE_TENSOR_ATTN_GATE, L, &ly->wz)) ||
+                (rc = engine_model_load_matrix(m, ENGINE_TENSOR_SSM_BETA, L, &ly->wbeta)) ||
+                (rc = engine_model_load_matrix(m, ENGINE_TENSOR_SSM_ALPHA, L, &ly->walpha)) ||
+                (rc = engine_model_load_matrix(m, ENGINE_TENSOR_SSM_OUT, L, &ly->wout)) ||
+                (rc = engine_model_load_f32(m, ENGINE_TENSOR_SSM_CONV1D, L, &ly->conv)) ||
+                (rc = engine_model_load_f32(m, ENGINE_TENSOR_SSM_DT, L, &ly->dt_bias)) ||
+                (rc = engine_model_load_f32(m, ENGINE_TENSOR_SSM_A, L, &ly->a)) ||
+                (rc = engine_model_load_f32(m, ENGINE_TENSOR_SSM_NORM, L, &ly->ssm_norm)))
                 return rc;
         }
-        if ((rc = q35_matrix(m, ENGINE_TENSOR_FFN_GATE_INP, L, &ly->gate_inp)) ||
-            (rc = q35_matrix(m, ENGINE_TENSOR_FFN_GATE_EXPS, L, &ly->gate_exps)) ||
-            (rc = q35_matrix(m, ENGINE_TENSOR_FFN_UP_EXPS, L, &ly->up_exps)) ||
-            (rc = q35_matrix(m, ENGINE_TENSOR_FFN_DOWN_EXPS, L, &ly->down_exps)) ||
+        if ((rc = engine_model_load_matrix(m, ENGINE_TENSOR_FFN_GATE_INP, L, &ly->gate_inp)) ||
+            (rc = engine_model_load_matrix(m, ENGINE_TENSOR_FFN_GATE_EXPS, L, &ly->gate_exps)) ||
+            (rc = engine_model_load_matrix(m, ENGINE_TENSOR_FFN_UP_EXPS, L, &ly->up_exps)) ||
+            (rc = engine_model_load_matrix(m, ENGINE_TENSOR_FFN_DOWN_EXPS, L, &ly->down_exps)) ||
             (ly->gu_stride = ly->gate_exps.rows, 0) ||
-            (rc = q35_matrix(m, ENGINE_TENSOR_FFN_GATE_SHEXP, L, &ly->gate_shexp)) ||
-            (rc = q35_matrix(m, ENGINE_TENSOR_FFN_UP_SHEXP, L, &ly->up_shexp)) ||
-            (rc = q35_matrix(m, ENGINE_TENSOR_FFN_DOWN_SHEXP, L, &ly->down_shexp)) ||
-            (rc = q35_f32(m, ENGINE_TENSOR_FFN_GATE_INP_SHEXP, L, &ly->gate_inp_shexp)))
+            (rc = engine_model_load_matrix(m, ENGINE_TENSOR_FFN_GATE_SHEXP, L, &ly->gate_shexp)) ||
+            (rc = engine_model_load_matrix(m, ENGINE_TENSOR_FFN_UP_SHEXP, L, &ly->up_shexp)) ||
+            (rc = engine_model_load_matrix(m, ENGINE_TENSOR_FFN_DOWN_SHEXP, L, &ly->down_shexp)) ||
+            (rc = engine_model_load_f32(m, ENGINE_TENSOR_FFN_GATE_INP_SHEXP, L,
+                                        &ly->gate_inp_shexp)))
             return rc;
     }
     return 0;
@@ -1466,7 +1411,7 @@ static int q35_st_f32(engine_model *m, const char *name, const int64_t *want, in
         *out = t->data;
         return 0;
     }
-    ENGINE_ASSERT(qm->n_owned < qm->cap_owned);
+    ENGINE_ASSERT(m->n_owned < qm->cap_owned);
     float *buf = malloc(sizeof(float) * (size_t)t->n_elements);
     if (!buf) return engine_err(ENGINE_ENOMEM, "out of memory converting %s", name);
     if ((rc = engine_dequantize_row((engine_type)t->type, t->data, buf, t->n_elements))) {
@@ -1475,7 +1420,7 @@ static int q35_st_f32(engine_model *m, const char *name, const int64_t *want, in
     }
     for (int64_t i = 0; i < t->n_elements; i++)
         buf[i] = x == Q35_PLUS_ONE ? buf[i] + 1.0f : x == Q35_NEG_EXP ? -expf(buf[i]) : buf[i];
-    qm->owned[qm->n_owned++] = buf;
+    m->owned[m->n_owned++] = buf;
     *out = buf;
     return 0;
 }
@@ -1672,11 +1617,11 @@ int engine_q35_hf_open(engine_model *m, const char *dir, bool vocab_only) {
              engine_type_name(best == 0   ? ENGINE_TYPE_F32
                               : best == 1 ? ENGINE_TYPE_F16
                                           : ENGINE_TYPE_BF16));
-    qm->cap_owned = 8 * (size_t)hp->n_layer + 2;
-    qm->owned = calloc(qm->cap_owned, sizeof(float *));
+    qm->cap_owned = ENGINE_Q35_OWNED_PER_LAYER * (size_t)hp->n_layer + 2;
+    m->owned = calloc(qm->cap_owned, sizeof(float *));
     qm->layers = calloc(hp->n_layer, sizeof *qm->layers);
     qm->rope_inv_freq = malloc(sizeof(float) * (hp->n_rot / 2));
-    if (!qm->owned || !qm->layers || !qm->rope_inv_freq)
+    if (!m->owned || !qm->layers || !qm->rope_inv_freq)
         return engine_err(ENGINE_ENOMEM, "out of memory loading %s", dir);
     engine_cpu_rope_inv_freq(qm->rope_inv_freq, (int)hp->n_rot, hp->rope_theta);
     return q35_hf_weights(m);

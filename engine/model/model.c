@@ -196,12 +196,23 @@ static int load_norm(engine_model *m, engine_tensor_role role, int layer, const 
     return 0;
 }
 
+int engine_model_load_matrix(engine_model *m, engine_tensor_role role, int layer,
+                             engine_weight *w) {
+    return load_matrix(m, role, layer, w);
+}
+
+int engine_model_load_f32(engine_model *m, engine_tensor_role role, int layer,
+                          const float **out) {
+    return load_norm(m, role, layer, out);
+}
+
 static int load_weights(engine_model *m) {
     const engine_hparams *hp = &m->hp;
-    if (hp->arch == ENGINE_ARCH_QWEN35MOE) return engine_q35_load(m);
     int rc;
-    size_t cap = 4 * (size_t)hp->n_layer + 1;
+    /* converted copies: 4 norms per block (qwen35moe: up to 7 small tensors) and the output's */
+    size_t cap = ENGINE_Q35_OWNED_PER_LAYER * (size_t)hp->n_layer + 2;
     m->owned = calloc(cap, sizeof(float *));
+    if (m->owned && hp->arch == ENGINE_ARCH_QWEN35MOE) return engine_q35_load(m);
     m->layers = calloc(hp->n_layer, sizeof *m->layers);
     m->rope_inv_freq = malloc(sizeof(float) * (hp->head_dim_k / 2));
     if (!m->owned || !m->layers || !m->rope_inv_freq)

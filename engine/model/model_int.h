@@ -149,6 +149,15 @@ int engine_gen_text_token(engine_gen_text *g, int32_t tok, engine_stop_reason *s
  * string ended it. The callback may still cancel (*stop = CANCELED, ENGINE_ECANCELED). */
 int engine_gen_text_finish(engine_gen_text *g, engine_stop_reason *stop);
 
+/* model.c's GGUF weight loaders for the architecture files: a matrix read in place (type
+ * checked), a small tensor as F32 (in place, or a converted copy on m->owned, which holds
+ * ENGINE_Q35_OWNED_PER_LAYER per block + 2). Errors name the file and tensor. */
+#define ENGINE_Q35_OWNED_PER_LAYER 8
+int engine_model_load_matrix(engine_model *m, engine_tensor_role role, int layer,
+                             engine_weight *w);
+int engine_model_load_f32(engine_model *m, engine_tensor_role role, int layer,
+                          const float **out);
+
 /* qwen35moe (arch_qwen35moe.c), used instead of engine_fwd_* for that architecture: load the
  * weights into m->q35 (after engine_arch_validate), free them; a session's state in s->q35
  * (KV of the attention blocks, conv and recurrent state of the Gated DeltaNet blocks) and its
