@@ -469,7 +469,9 @@ typedef struct {
     int32_t queued;             /* waiting for admission */
     int32_t blocks_total, blocks_used, blocks_cached, blocks_pinned;
     int32_t block_tokens;       /* positions per KV block */
-    uint64_t requests_done, requests_canceled, preemptions;
+    uint64_t requests_done;     /* finished requests, whatever their rc */
+    uint64_t requests_canceled; /* those of them that ended with ENGINE_ECANCELED */
+    uint64_t preemptions;
     uint64_t prompt_tokens, cached_tokens, generated_tokens; /* totals over finished requests */
     uint64_t steps;             /* engine steps run */
 } engine_sched_stats;
