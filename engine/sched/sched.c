@@ -330,7 +330,9 @@ static void admit(engine_sched *s) {
         } else {
             rc = admit_session(s, rq, slot);
         }
-        if (rc == 0) return; /* first come, first served: the head waits for room */
+        /* first come, first served: the head waits for room (in sessions mode, for the memory
+         * of a session that running requests will give back) */
+        if (rc == 0 || (rc == ENGINE_ENOMEM && !s->batched && s->n_running > 0)) return;
         wait_pop(s);
         if (rc < 0) req_finish(s, rq, rc);
     }

@@ -10,6 +10,8 @@
  *     returns non-zero;
  *   - a small pool: preemption, with the same tokens as unpreempted runs; an oversized request
  *     ends with ENGINE_ENOMEM;
+ *   - grammar hooks (mask, accept) run per request and give engine_generate's tokens; a mask
+ *     that aborts ends the request cancelled;
  *   - the session path (engine_sched_new_mode SESSIONS: what a GPU model runs) gives the same
  *     tokens;
  *   - 1,000 random submits and cancels from 3 threads: on_done exactly once each, and every
@@ -320,6 +322,81 @@ static void test_cached(engine_model *ref, engine_model *m) {
     CHECK(o[1].st.ttft_ms >= o[1].st.queue_ms && o[1].st.total_ms >= o[1].st.ttft_ms);
 }
 
+/* ---- grammar hooks (run on the scheduler thread) ---------------------------------------- */
+typedef struct {
+    int accepts, outside, abort_after;
+} grammar;
+
+static int g_mask(void *user, uint32_t *allowed, int32_t nv) {
+    grammar *g = user;
+    if (g->abort_after && g->accepts >= g->abort_after) return 1;
+    for (int32_t i = 3; i < nv; i += 7) allowed[i / 32] |= 1u << (i % 32);
+    return 0;
+}
+
+static int g_accept(void *user, int32_t token) {
+    grammar *g = user;
+    g->accepts++;
+    if (token % 7 != 3) g->outside++;
+    return 0;
+}
+
+static void test_hooks(engine_model *ref, engine_model *m) {
+    static int32_t p[40];
+    fill_prompt(p, 40, 4242);
+    engine_sched *s = NULL;
+    engine_sched_params sp = ENGINE_SCHED_PARAMS_INIT;
+    sp.n_ctx = N_CTX;
+    CHECK(engine_sched_new(&s, m, &sp) == 0);
+    if (!s) return;
+    grammar g[3] = {{0, 0, 0}, {0, 0, 2}, {0, 0, 0}};
+    outcome o[2], w;
+    memset(o, 0, sizeof o);
+    memset(&w, 0, sizeof w);
+    for (int i = 0; i < 2; i++) {
+        engine_request r;
+        memset(&r, 0, sizeof r);
+        engine_gen_params gp = ENGINE_GEN_PARAMS_INIT;
+        r.gen = gp;
+        r.gen.prompt = p;
+        r.gen.n_prompt = 40;
+        r.gen.max_tokens = 4;
+        r.gen.sampling.temperature = 0;
+        r.gen.sampling.mask = g_mask;
+        r.gen.sampling.accept = g_accept;
+        r.gen.sampling.grammar_user = &g[i];
+        r.on_token = on_token;
+        r.on_done = on_done;
+        r.user = &o[i];
+        pthread_mutex_lock(&mu);
+        CHECK(engine_sched_submit(s, &r, &o[i].id) == 0);
+        pthread_mutex_unlock(&mu);
+    }
+    wait_done(o, 2);
+    engine_sched_free(s);
+    /* the reference with the same hooks */
+    engine_session *ss = support_session(ref, 0, ENGINE_KV_F16);
+    if (ss) {
+        engine_gen_params gp = ENGINE_GEN_PARAMS_INIT;
+        gp.prompt = p;
+        gp.n_prompt = 40;
+        gp.max_tokens = 4;
+        gp.sampling.temperature = 0;
+        gp.sampling.mask = g_mask;
+        gp.sampling.accept = g_accept;
+        gp.sampling.grammar_user = &g[2];
+        engine_gen_stats st;
+        w.rc = engine_generate(ss, &gp, on_token, &w, &st);
+        w.st.gen = st;
+        engine_session_free(ss);
+    }
+    same_output(&o[0], &w, "grammar hooks", 0);
+    CHECK(g[0].accepts == 4 && g[0].outside == 0 && o[0].rc == 0);
+    /* a mask that aborts: ECANCELED after the tokens before it */
+    CHECK(o[1].rc == ENGINE_ECANCELED && o[1].st.gen.stop == ENGINE_STOP_CANCELED);
+    CHECK(g[1].accepts == 2 && o[1].n_toks == 2);
+}
+
 /* ---- cancellation ------------------------------------------------------------------------- */
 static void test_cancel(engine_model *m) {
     static int32_t p[400];
@@ -612,6 +689,7 @@ int main(int argc, char **argv) {
         STEP(test_greedy(ref, m, ENGINE_SCHED_MODE_AUTO, stress ? 64 : 8, "batched"));
         STEP(test_greedy(ref, m, ENGINE_SCHED_MODE_SESSIONS, stress ? 8 : 3, "sessions"));
         STEP(test_cached(ref, m));
+        STEP(test_hooks(ref, m));
         STEP(test_cancel(m));
         engine_kv_stats ks;
         engine_kv_cache_stats(m->kvc, &ks);
