@@ -25,12 +25,13 @@ static int failures;
 
 static char ws[64];
 static char script[4300], tests_dir[4200];
+static char modules_dir[4200]; /* tests/node_modules resolved (it may be a symbolic link) */
 static bool unsandboxed;
 
 static int start(agent_mcp **m, const char *name, const char *mode, const char *const *env,
                  bool write, double call_timeout) {
     const char *argv[] = {"node", script, mode, NULL};
-    const char *ro[] = {tests_dir, NULL};
+    const char *ro[] = {tests_dir, modules_dir, NULL};
     agent_mcp_opts o = AGENT_MCP_OPTS_INIT;
     o.name = name;
     o.argv = argv;
@@ -265,7 +266,10 @@ int main(void) {
     snprintf(script, sizeof script, "%s/agent/mcp_server.mjs", tests_dir);
     char sdk[4400];
     snprintf(sdk, sizeof sdk, "%s/node_modules/@modelcontextprotocol/sdk/package.json", tests_dir);
-    if (system("node --version > /dev/null 2>&1") != 0 || access(sdk, R_OK) != 0) {
+    char nm[4300];
+    snprintf(nm, sizeof nm, "%s/node_modules", tests_dir);
+    if (system("node --version > /dev/null 2>&1") != 0 || access(sdk, R_OK) != 0 ||
+        !realpath(nm, modules_dir)) {
         printf("skip: node or @modelcontextprotocol/sdk (tests/node_modules) is not installed\n");
         return 77;
     }

@@ -24,7 +24,9 @@ if ! "$CLI" sandbox -- true > /dev/null 2>&1; then
     export SPARK_UNSANDBOXED=1
     echo "note: the sandbox does not work here: the server runs unsandboxed"
 fi
-server="{\"command\": \"node\", \"args\": [\"$SRC/tests/agent/mcp_server.mjs\"], \"read_only_paths\": [\"$SRC/tests\"], \"env\": {\"SPARK_MCP_TEST\": \"from config\"}}"
+# node_modules may be a symbolic link: its target must be visible in the sandbox too
+NM=$(cd "$SRC/tests/node_modules" && pwd -P)
+server="{\"command\": \"node\", \"args\": [\"$SRC/tests/agent/mcp_server.mjs\"], \"read_only_paths\": [\"$SRC/tests\", \"$NM\"], \"env\": {\"SPARK_MCP_TEST\": \"from config\"}}"
 printf 'mcp.t = %s\n' "$server" >> "$CONF"
 cat > "$T/add.json" <<'J'
 ["<tool_call>\n{\"name\": \"mcp__t__add\", \"arguments\": {\"a\": 20, \"b\": 22}}\n</tool_call>",
