@@ -816,6 +816,7 @@ static int job_submit(srv_chat *c, srv_job *j, const int32_t *ids, size_t n, con
     size_t ns = 0;
     for (int i = 0; i < sm->n_stop && i < 4; i++)
         if (sm->stop[i] && sm->stop[i][0]) stops[ns++] = sm->stop[i];
+    rq.gen.ignore_eog = sm->ignore_eos;
     rq.gen.stop_strings = ns ? stops : NULL;
     rq.gen.n_stop_strings = ns;
     rq.gen.stop_tokens = n_stop_ids ? stop_ids : NULL;

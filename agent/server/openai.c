@@ -124,6 +124,10 @@ static int parse_sampling(json_t *b, srv_sampling *sp, bool chat, const srv_limi
     } else if (stop && !json_is_null(stop)) {
         return bad(e, "stop", "%s must be a string or an array of strings", "stop");
     }
+    json_t *ie = json_object_get(b, "ignore_eos"); /* llama.cpp / vLLM extension */
+    if (ie && !json_is_null(ie) && !json_is_boolean(ie))
+        return bad(e, "ignore_eos", "%s must be a boolean", "ignore_eos");
+    sp->ignore_eos = json_is_true(ie);
     json_t *n = json_object_get(b, "n");
     if (n && !json_is_null(n) && (!json_is_integer(n) || json_integer_value(n) != 1))
         return bad(e, "n", "%s: only one choice per request is supported", "n");

@@ -213,9 +213,10 @@ typedef struct {
     int32_t max_tokens;     /* <= 0: srv_limits.max_tokens_default */
     const char *stop[4];    /* stop strings (borrowed until submit returns) */
     int n_stop;
+    bool ignore_eos;        /* go on past the model's end-of-generation tokens (benchmarks) */
 } srv_sampling;
 
-#define SRV_SAMPLING_INIT {1.0f, 1.0f, 0, 0.0f, 0.0f, 0.0f, 1.0f, 0, false, 0, {0}, 0}
+#define SRV_SAMPLING_INIT {1.0f, 1.0f, 0, 0.0f, 0.0f, 0.0f, 1.0f, 0, false, 0, {0}, 0, false}
 
 typedef struct {
     json_t *messages;       /* OpenAI-style messages (borrowed until submit returns):

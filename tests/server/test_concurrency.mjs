@@ -1,4 +1,4 @@
-// Many clients on one scheduler: 32 concurrent streamed chats (the `openai` SDK) on the tiny
+// Many clients on one scheduler: N (32) concurrent streamed chats (the `openai` SDK) on the tiny
 // model finish with exactly the text of the same requests run alone (greedy); a client that
 // disconnects mid-stream has its request cancelled and its KV blocks freed (seen in /metrics);
 // SIGTERM lets running streams finish, refuses new work, and exits 0; with a short drain
@@ -7,8 +7,12 @@ import OpenAI from 'openai';
 import { startServer, checker, metric, req, sleep } from './serve_util.mjs';
 
 const { check, failures } = checker();
-const N = 32, MAX = 16;
-const srv = await startServer({ tag: 'concurrency', args: ['--max-seqs', '32', '--max-conns', '200'] });
+// SPARK_TEST_STREAMS / SPARK_TEST_TOKENS: the ctest rows run 8 x 4 (integration, quick also
+// under ASan) and 32 x 12 (slow).
+const N = Number(process.env.SPARK_TEST_STREAMS || 32);
+const MAX = Number(process.env.SPARK_TEST_TOKENS || 12);
+const srv = await startServer({ tag: 'concurrency', args: ['--max-seqs', String(Math.max(N, 4)),
+  '--max-conns', String(2 * N + 16)] });
 const client = new OpenAI({ baseURL: srv.url + '/v1', apiKey: srv.token, maxRetries: 0 });
 const topics = ['rivers', 'bridges', 'compilers', 'owls', 'tea', 'glaciers', 'chess', 'radio'];
 const prompt = (i) => [{ role: 'user', content: `Request ${i}: tell me about ${topics[i % 8]}` +
@@ -42,6 +46,7 @@ try {
       JSON.stringify(together[i]));
   }
   check(same === N, `${N} concurrent streams identical to solo runs (${same}/${N}, ${ms} ms)`);
+  console.log(`${N} concurrent streams of ${MAX} tokens: ${ms} ms`);
   const steps = await metric(srv, 'spark_engine_steps_total');
   check(steps > 0, 'engine steps counted');
   check((await metric(srv, 'spark_requests_running')) === 0 &&
@@ -52,7 +57,8 @@ try {
   const canceled0 = await metric(srv, 'spark_generations_total{finish="canceled"}');
   const ac = new AbortController();
   const long = await client.completions.create({ model: 'tiny', prompt: 'Once upon a time',
-    max_tokens: 4000, temperature: 0.8, seed: 1, stream: true }, { signal: ac.signal });
+    max_tokens: 4000, temperature: 0.8, seed: 1, stream: true, ignore_eos: true },
+  { signal: ac.signal });
   let got = 0;
   let runningSeen = 0, usedSeen = 0;
   try {
@@ -106,7 +112,7 @@ check(code === 0, 'drain: exit 0 (' + code + ')');
   const s2 = await startServer({ tag: 'drain', args: ['--drain-timeout', '1'] });
   const c2 = new OpenAI({ baseURL: s2.url + '/v1', apiKey: s2.token, maxRetries: 0 });
   const st = await c2.completions.create({ model: 'tiny', prompt: 'Once', max_tokens: 100000,
-    temperature: 1, seed: 3, stream: true });
+    temperature: 1, seed: 3, stream: true, ignore_eos: true });
   const t0 = Date.now();
   let first = false;
   let finish = null;

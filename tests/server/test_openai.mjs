@@ -22,7 +22,7 @@ try {
   // plain chat, greedy: deterministic; the second identical request hits the prefix cache
   const messages = [{ role: 'system', content: 'You are terse.' },
     { role: 'user', content: 'Say something about the sea.' }];
-  const a = await client.chat.completions.create({ model, messages, max_tokens: 12,
+  const a = await client.chat.completions.create({ model, messages, max_tokens: 8,
     temperature: 0, chat_template_kwargs: { enable_thinking: false } });
   check(a.object === 'chat.completion' && a.id.startsWith('chatcmpl-'), 'chat: object/id');
   check(a.choices.length === 1 && a.choices[0].message.role === 'assistant', 'chat: choice');
@@ -30,9 +30,9 @@ try {
   check(typeof text === 'string' && text.length > 0, 'chat: content ' + JSON.stringify(text));
   check(['length', 'stop'].includes(a.choices[0].finish_reason), 'chat: finish_reason');
   check(a.usage.prompt_tokens > 10 && a.usage.completion_tokens > 0 &&
-    a.usage.completion_tokens <= 12 &&
+    a.usage.completion_tokens <= 8 &&
     a.usage.total_tokens === a.usage.prompt_tokens + a.usage.completion_tokens, 'chat: usage');
-  const b = await client.chat.completions.create({ model, messages, max_tokens: 12,
+  const b = await client.chat.completions.create({ model, messages, max_tokens: 8,
     temperature: 0, chat_template_kwargs: { enable_thinking: false } });
   check(b.choices[0].message.content === text, 'chat: greedy is deterministic');
   check(b.usage.prompt_tokens_details.cached_tokens >= 16,
@@ -40,7 +40,7 @@ try {
     b.usage.prompt_tokens_details.cached_tokens + ')');
 
   // streaming: the deltas add up to the same greedy text; usage in the last chunk
-  const stream = await client.chat.completions.create({ model, messages, max_tokens: 12,
+  const stream = await client.chat.completions.create({ model, messages, max_tokens: 8,
     temperature: 0, stream: true, stream_options: { include_usage: true },
     chat_template_kwargs: { enable_thinking: false } });
   let streamed = '', finish = null, usage = null, chunks = 0, role = null;
@@ -61,14 +61,14 @@ try {
   // stop string: the text ends before it
   if (text.length > 4) {
     const stopAt = text.slice(2, 4);
-    const s = await client.chat.completions.create({ model, messages, max_tokens: 12,
+    const s = await client.chat.completions.create({ model, messages, max_tokens: 8,
       temperature: 0, stop: [stopAt], chat_template_kwargs: { enable_thinking: false } });
     check(s.choices[0].message.content === text.slice(0, text.indexOf(stopAt)) &&
       s.choices[0].finish_reason === 'stop', 'stop: cut before ' + JSON.stringify(stopAt));
   }
 
   // tools: required -> a call of a declared tool whose arguments satisfy its schema
-  const params = { type: 'object', properties: { city: { type: 'string', maxLength: 20 },
+  const params = { type: 'object', properties: { city: { type: 'string', maxLength: 6 },
     days: { type: 'integer', minimum: 1, maximum: 7 } }, required: ['city', 'days'],
   additionalProperties: false };
   const tools = [{ type: 'function', function: { name: 'get_weather', description: 'Weather',
@@ -77,7 +77,7 @@ try {
       required: ['tz'] } } }];
   const tmsg = [{ role: 'user', content: 'What is the weather in Paris for 3 days?' }];
   const t = await client.chat.completions.create({ model, messages: tmsg, tools,
-    tool_choice: 'required', max_tokens: 200, temperature: 0 });
+    tool_choice: 'required', max_tokens: 80, temperature: 0 });
   const calls = t.choices[0].message.tool_calls || [];
   check(calls.length >= 1 && t.choices[0].finish_reason === 'tool_calls',
     'tools required: a call and finish_reason tool_calls ' + JSON.stringify(t.choices[0]));
@@ -92,7 +92,7 @@ try {
   }
   // named tool, streamed: the tool_calls delta carries id, name and arguments
   const ts = await client.chat.completions.create({ model, messages: tmsg, tools,
-    tool_choice: { type: 'function', function: { name: 'get_time' } }, max_tokens: 200,
+    tool_choice: { type: 'function', function: { name: 'get_time' } }, max_tokens: 80,
     temperature: 0, stream: true, parallel_tool_calls: false });
   const acc = {};
   let tfinish = null;
@@ -119,11 +119,11 @@ try {
   check(back.usage.prompt_tokens > t.usage.prompt_tokens, 'tool result: longer prompt');
 
   // response_format json_schema: the content parses and satisfies the schema
-  const schema = { type: 'object', properties: { name: { type: 'string', maxLength: 16 },
+  const schema = { type: 'object', properties: { name: { type: 'string', maxLength: 6 },
     age: { type: 'integer', minimum: 0, maximum: 150 }, tags: { type: 'array',
-      items: { type: 'string', enum: ['a', 'b'] }, maxItems: 3 } },
+      items: { type: 'string', enum: ['a', 'b'] }, maxItems: 2 } },
   required: ['name', 'age', 'tags'], additionalProperties: false };
-  const j = await client.chat.completions.create({ model, max_tokens: 300, temperature: 0,
+  const j = await client.chat.completions.create({ model, max_tokens: 100, temperature: 0,
     messages: [{ role: 'user', content: 'A person as JSON.' }],
     response_format: { type: 'json_schema', json_schema: { name: 'person', schema,
       strict: true } } });
@@ -131,7 +131,7 @@ try {
   try { doc = JSON.parse(j.choices[0].message.content); } catch { doc = undefined; }
   check(doc !== undefined && ajv.validate(schema, doc) && j.choices[0].finish_reason === 'stop',
     'json_schema: valid document ' + j.choices[0].message.content);
-  const jo = await client.chat.completions.create({ model, max_tokens: 300, temperature: 0.7,
+  const jo = await client.chat.completions.create({ model, max_tokens: 24, temperature: 0.7,
     seed: 5, messages: [{ role: 'user', content: 'JSON please' }],
     response_format: { type: 'json_object' } });
   let obj;
@@ -141,9 +141,9 @@ try {
   'json_object: an object ' + jo.choices[0].message.content);
 
   // seeded sampling is reproducible
-  const s1 = await client.chat.completions.create({ model, messages, max_tokens: 10,
+  const s1 = await client.chat.completions.create({ model, messages, max_tokens: 6,
     temperature: 0.9, top_p: 0.9, seed: 42 });
-  const s2 = await client.chat.completions.create({ model, messages, max_tokens: 10,
+  const s2 = await client.chat.completions.create({ model, messages, max_tokens: 6,
     temperature: 0.9, top_p: 0.9, seed: 42 });
   check(s1.choices[0].message.content === s2.choices[0].message.content, 'seed: reproducible');
 
@@ -165,6 +165,10 @@ try {
     'completions: FIM prompt differs from the plain one');
   const def = await client.completions.create({ model, prompt: 'x', temperature: 0 });
   check(def.usage.completion_tokens <= 16, 'completions: default max_tokens 16');
+  const ie = await client.completions.create({ model, prompt: 'x', temperature: 0, max_tokens: 5,
+    ignore_eos: true });
+  check(ie.usage.completion_tokens === 5 && ie.choices[0].finish_reason === 'length',
+    'completions: ignore_eos runs to max_tokens');
 
   // typed errors
   const bad = new OpenAI({ baseURL: srv.url + '/v1', apiKey: 'wrong-token-wrong-token',
