@@ -229,7 +229,7 @@ int engine_hparams_write(const engine_hparams *hp, engine_gguf_writer *w) {
     } while (0)
     /* The order convert_hf_to_gguf.py writes them in. */
     if ((rc = engine_gguf_writer_set_str(w, "general.architecture", an))) return rc;
-    SET_U32("block_count", hp->n_layer);
+    SET_U32("block_count", hp->n_layer + hp->n_nextn); /* qwen35moe: MTP blocks count */
     SET_U32("context_length", hp->n_ctx_train);
     SET_U32("embedding_length", hp->n_embd);
     if (hp->n_ff || hp->arch != ENGINE_ARCH_QWEN35MOE) SET_U32("feed_forward_length", hp->n_ff);

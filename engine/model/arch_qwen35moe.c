@@ -217,8 +217,8 @@ int engine_q35_hparams_write(const engine_hparams *hp, engine_gguf_writer *w, co
         sec[i] = (int32_t)hp->rope_sections[i];
     snprintf(key, sizeof key, "%s.rope.dimension_sections", an);
     if ((rc = engine_gguf_writer_set_arr(w, key, ENGINE_GGUF_INT32, sec, 4))) return rc;
-    /* block_count (written by the caller) counts the main blocks only: no MTP block is
-     * written by the generator yet */
+    /* block_count (written by the caller) counts the MTP blocks too, as recent converters
+     * write it; the generator's presets have none (n_nextn 0) */
     if (hp->n_nextn) {
         snprintf(key, sizeof key, "%s.nextn_predict_layers", an);
         rc = engine_gguf_writer_set_u32(w, key, hp->n_nextn);

@@ -335,6 +335,39 @@ static bool HF(const engine_json *doc, const char *data, const float **out, cons
     return true;
 }
 
+/* The qwen35moe keys round-trip through a GGUF file, also with an MTP block counted in
+ * block_count (nextn_predict_layers = 1, as recent converters write it). */
+static void check_hparams_gguf(const char *tmp) {
+    engine_hparams hp = engine_arch_preset_find("qwen35-35b-a3b")->hp;
+    hp.n_nextn = 1;
+    char path[700];
+    snprintf(path, sizeof path, "%s/keys.gguf", tmp);
+    engine_gguf_writer *w = NULL;
+    engine_gguf_out *o = NULL;
+    CHECK(engine_gguf_writer_new(&w) == 0);
+    if (!w) return;
+    CHECK(engine_hparams_write(&hp, w) == 0);
+    CHECK(engine_gguf_writer_set_u32(w, "qwen35moe.vocab_size", hp.n_vocab) == 0);
+    CHECK(engine_gguf_writer_begin(w, path, &o) == 0 && engine_gguf_out_commit(o) == 0);
+    engine_gguf_writer_free(w);
+    engine_gguf *g = NULL;
+    CHECK(engine_gguf_open(&g, path) == 0);
+    uint32_t bc = 0;
+    engine_hparams got;
+    memset(&got, 0, sizeof got);
+    if (g) {
+        CHECK(engine_gguf_get_u32(g, "qwen35moe.block_count", &bc) == 0 && bc == 41);
+        CHECK(engine_hparams_read(&got, g) == 0);
+        engine_gguf_close(g);
+    }
+    CHECK(got.n_layer == 40 && got.n_nextn == 1 && got.n_ff == 0 && got.n_rot == 64 &&
+          got.ssm_d_state == 128 && got.ssm_n_group == 16 && got.ssm_dt_rank == 32 &&
+          got.ssm_d_inner == 4096 && got.n_ff_shexp == 512 && got.full_attn_interval == 4 &&
+          got.rope_sections[0] == 11 && got.rope_sections[2] == 10 && got.rope_theta == 1e7f &&
+          got.n_expert == 256 && got.n_expert_used == 8 && got.norm_topk_prob);
+    unlink(path);
+}
+
 /* The safetensors copy is the HF layout: spot-check the reorderings against the GGUF. */
 static void check_safetensors(const char *gpath, const char *sdir) {
     char spath[700];
@@ -579,6 +612,7 @@ int main(void) {
     char tmp[512];
     if (support_tmpdir(tmp, sizeof tmp, "qwen35", true)) return 1;
     check_hf_configs(tmp);
+    check_hparams_gguf(tmp);
     char path[600], sdir[600];
     snprintf(path, sizeof path, "%s/qwen35-tiny.gguf", tmp);
     snprintf(sdir, sizeof sdir, "%s/hf", tmp);
