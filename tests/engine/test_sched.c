@@ -1,7 +1,8 @@
 /* The scheduler (engine/sched) and the batched forward pass (engine_fwd_run_batch) on the tiny
  * random model:
- *   - a batched pass over 16 sequences (prompts and decodes mixed) gives every sequence the
- *     logits it gets alone and the logits of an ordinary session;
+ *   - a batched pass over 6 (--stress: 64) sequences, prompts of different lengths with shared
+ *     prefixes, then a decode token each, gives every sequence the logits it gets alone and the
+ *     logits of an ordinary session;
  *   - 64 greedy requests (different lengths, shared prefixes, stop strings) batched together
  *     stream the same tokens and text as engine_generate on a fresh session, each;
  *   - a repeated prompt is served from the prefix cache (cached_tokens, the explainer) with
@@ -153,7 +154,7 @@ static void same_output(const outcome *got, const outcome *want, const char *wha
 
 /* ---- the batched pass against single passes and a session -------------------------------- */
 static void test_batch_pass(engine_model *m) {
-    enum { NS = 16 };
+    enum { NS = 64 };
     int ns = stress ? NS : 6;
     engine_kv_params kp = {(int32_t)m->hp.n_layer, (int32_t)m->hp.n_head_kv,
                            (int32_t)m->hp.head_dim_k, ENGINE_KV_F16, 0, 0};
