@@ -2,6 +2,7 @@
  * it has not seen, and the tool-call grammar (lazy at <tool_call>, or required) on sampling. */
 #include "loop_int.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,6 +23,8 @@ typedef struct {
     int32_t *prefix;
     size_t n_prefix;
     bool prefix_pinned;      /* loaded or saved: pinned in the model's prefix cache */
+    bool prefix_saving;      /* the save thread runs (joined by eng_destroy) */
+    pthread_t prefix_thread;
     char prefix_path[4096];
 } eng;
 
@@ -32,6 +35,7 @@ static void eng_destroy(agent_backend *b) {
     grammar_vocab_free(e->v);
     grammar_free(e->g);
     agent_session_free(e->s);
+    if (e->prefix_saving) pthread_join(e->prefix_thread, NULL);
     if (e->prefix_pinned) engine_prefix_unpin(e->model, e->prefix, e->n_prefix);
     free(e->prefix);
     free(e);
@@ -130,19 +134,28 @@ done:
     free(mj);
 }
 
+static void *prefix_save_thread(void *arg) {
+    eng *e = arg;
+    e->prefix_pinned = engine_prefix_save(e->model, e->prefix, e->n_prefix, e->prefix_path,
+                                          NULL) == 0;
+    return NULL;
+}
+
 /* After the first turn: save the prefix when none was loaded and the conversation does start
- * with it (the session renders the system block the same way). */
+ * with it (the session renders the system block the same way). The file can be large (the KV
+ * of thousands of tokens) and is fsynced: written on a thread of its own (engine_prefix_save
+ * is safe beside the session's turns), so the next step does not wait for the disk. */
 static void prefix_save(eng *e) {
-    if (!e->prefix || e->prefix_pinned) return;
+    if (e->prefix_saving || !e->prefix || e->prefix_pinned) return; /* (the thread owns pinned) */
     const int32_t *t = agent_session_tokens(e->s);
     if (agent_session_n_tokens(e->s) >= e->n_prefix &&
-        !memcmp(t, e->prefix, e->n_prefix * sizeof *t))
-        e->prefix_pinned = engine_prefix_save(e->model, e->prefix, e->n_prefix, e->prefix_path,
-                                              NULL) == 0;
-    if (!e->prefix_pinned) {
-        free(e->prefix);
-        e->prefix = NULL;
+        !memcmp(t, e->prefix, e->n_prefix * sizeof *t) &&
+        pthread_create(&e->prefix_thread, NULL, prefix_save_thread, e) == 0) {
+        e->prefix_saving = true;
+        return;
     }
+    free(e->prefix);
+    e->prefix = NULL;
 }
 
 static int eng_turn(agent_backend *b, json_t *msgs, const char *tools_json,
