@@ -597,8 +597,14 @@ static void test_random(const char *path) {
 }
 
 /* ---- bad input ---------------------------------------------------------------------------- */
-static void test_bad_input(engine_model *m) {
+static void test_bad_input(engine_model *m, const char *path) {
     engine_sched *s = NULL;
+    engine_model_params vp = ENGINE_MODEL_PARAMS_INIT;
+    vp.vocab_only = true;
+    engine_model *vm = NULL;
+    CHECK(engine_model_load(&vm, path, &vp) == 0);
+    if (vm) CHECK(engine_sched_new(&s, vm, NULL) == ENGINE_EINVAL && !s);
+    engine_model_free(vm);
     engine_sched_params sp = ENGINE_SCHED_PARAMS_INIT;
     sp.max_seqs = -1;
     CHECK(engine_sched_new(&s, m, &sp) == ENGINE_EINVAL && !s);
@@ -685,7 +691,7 @@ int main(int argc, char **argv) {
         printf("  (%s: %.1f s)\n", #call, (engine_time_ms() - t) / 1000);                      \
         t = engine_time_ms();                                                                  \
     } while (0)
-        STEP(test_bad_input(m));
+        STEP(test_bad_input(m, path));
         STEP(test_batch_pass(ref));
         STEP(test_greedy(ref, m, ENGINE_SCHED_MODE_AUTO, stress ? 64 : 8, "batched"));
         STEP(test_greedy(ref, m, ENGINE_SCHED_MODE_SESSIONS, stress ? 8 : 3, "sessions"));
