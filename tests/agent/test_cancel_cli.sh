@@ -24,7 +24,8 @@ mkdir "$T/repo" && cd "$T/repo" && git init -q || exit 1
 SESS="$XDG_STATE_HOME/spark-agent/sessions"
 
 # run: the bar (forced: the tiny model is below the size threshold), then Ctrl-C mid-turn
-SPARK_PROGRESS=always "$PTY" -t 120 -o "$T/run.out" 'wait:loaded tiny.gguf' more:48 'send:\x03' -- \
+SPARK_PROGRESS=always "$PTY" -t 240 -o "$T/run.out" 'wait:loaded tiny.gguf' 'wait:\n' more:48 \
+    'send:\x03' -- \
     "$CLI" run -m "$M" --tool-calls none "write a long poem"
 rc=$?
 check "Ctrl-C stops run with 130 (rc=$rc)" '[ $rc -eq 130 ]'
@@ -42,7 +43,7 @@ check "the canceled session resumes (rc=$rc)" '[ $rc -eq 0 ] && [ "$out" = "Resu
 check "resumed transcript grew" '[ $(wc -l < "$tr") -eq 5 ]'
 
 # chat: Ctrl-C stops the turn, the prompt comes back, /exit leaves
-SPARK_PROGRESS=never "$PTY" -t 120 -o "$T/chat.out" 'wait:> ' 'send:hello\r' more:48 \
+SPARK_PROGRESS=never "$PTY" -t 240 -o "$T/chat.out" 'wait:> ' 'send:hello\r' 'wait:\n' more:48 \
     'send:\x03' 'wait:[canceled' 'wait:> ' 'send:/exit\r' -- "$CLI" chat -m "$M" --tool-calls none
 rc=$?
 check "chat continues after Ctrl-C and exits 0 on /exit (rc=$rc)" '[ $rc -eq 0 ]'

@@ -19,7 +19,7 @@ if ! "$CLI" model gen --help | grep -q 'embedded in this build)'; then
     tokdir=(--tokenizer-dir "$d")
 fi
 M="$T/tiny.gguf"
-"$CLI" model gen --preset tiny -s 5 -o "$M" "${tokdir[@]}" > /dev/null 2>&1 || { echo "FAIL: model gen"; exit 1; }
+"$CLI" model gen --preset tiny --type q8_0 -s 5 -o "$M" "${tokdir[@]}" > /dev/null 2>&1 || { echo "FAIL: model gen"; exit 1; }
 tok() { "$CLI" model tokenize "$M" --no-parse-special --text "$1" | tr -d ' []'; }
 special() { "$CLI" model tokenize "$M" --text "$1" | tr -d ' []'; }
 P=$(special '<|fim_prefix|>'); S=$(special '<|fim_suffix|>'); MID=$(special '<|fim_middle|>')
