@@ -2,9 +2,11 @@
 # One call on the GPU machine (device tool): engine-only build with CUDA for sm_90, the gpu
 # tests, the random-weight Qwen3-30B-A3B models (generated in the background meanwhile), and
 # the decode benchmark of each model as soon as it is generated. Logs go to $OUT.
-# Usage: [DEPTH=N] [NCU=N_KERNELS] [SANITIZE=1] bench/cuda/h200_run.sh [TYPE...] (q4_k_m)
+# Usage: [DEPTH=N] [NCU=N_KERNELS] [SANITIZE=1] [ALT="VAR=VALUE"] bench/cuda/h200_run.sh [TYPE...]
+#   (TYPE default q4_k_m); ALT: the first type benched again with that environment (A/B).
 #   DEPTH: also decode 128 tokens after N (first type); NCU: per-kernel durations (ncu) of the
-#   first N_KERNELS kernels (first type); SANITIZE: compute-sanitizer memcheck test_cuda_ops.
+#   first N_KERNELS kernels (first type); SANITIZE: compute-sanitizer memcheck and racecheck
+#   over both gpu tests (the two tools side by side, while the models are generated).
 set -o pipefail
 B=/tmp/b
 OUT=${OUT:-/tmp/out}
@@ -14,7 +16,7 @@ t0=$(date +%s)
 stamp() { echo "[+$(($(date +%s) - t0)) s] $*"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 cmake -S . -B $B -G Ninja -DSPARK_ENGINE_ONLY=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-    -DCMAKE_BUILD_TYPE=Release >$OUT/cfg.log 2>&1 || { tail -30 $OUT/cfg.log; exit 1; }
+    -DCMAKE_BUILD_TYPE=Release >/tmp/cfg.log 2>&1 || { tail -30 /tmp/cfg.log; exit 1; }
 ninja -C $B spark-agent >$OUT/build.log 2>&1 || { grep -B2 -A12 -m3 error $OUT/build.log; exit 1; }
 (for t in $types; do
     rm -f /tmp/gen-$t.done
@@ -31,12 +33,33 @@ echo "test_cuda_ops rc=$?"
 $B/tests/engine/test_cuda_forward 2>&1 | tee $OUT/fwd.log
 echo "test_cuda_forward rc=$?"
 stamp "tests done"
+if [ -n "$SANITIZE" ]; then # before the benches: the models are still being generated (CPU)
+    pids=
+    for tool in memcheck racecheck; do
+        (for t in test_cuda_ops test_cuda_forward; do
+            timeout ${SANITIZE_S:-150} compute-sanitizer --tool $tool --error-exitcode 3 \
+                $B/tests/engine/$t >/tmp/$tool-$t.log 2>&1
+            echo "$tool $t rc=$? ($(grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" \
+                /tmp/$tool-$t.log | tail -1))"
+        done) &
+        pids="$pids $!"
+    done
+    wait $pids
+    for f in /tmp/memcheck-*.log /tmp/racecheck-*.log; do
+        echo "== $f"; grep -v "^attention\|^matvec\|^moe\|^sample\|^embed\|^rmsnorm" $f | tail -40
+    done >$OUT/sanitize.log
+    stamp "sanitizers done"
+fi
 first=1
 for t in $types; do # each model is benched as soon as it is generated
     while [ ! -e /tmp/gen-$t.done ] && kill -0 $gen 2>/dev/null; do sleep 1; done
     [ -e /tmp/gen-$t.done ] || { echo "gen $t failed"; tail -5 $OUT/gen.log; break; }
     stamp "model $t generated"; grep -v "^\[" $OUT/gen.log | grep "$t" | tail -2
     bash bench/cuda/run.sh $B /tmp/30b-$t.gguf -n 128 -r 5 2>&1 | tee -a $OUT/bench.log
+    if [ $first = 1 ] && [ -n "$ALT" ]; then # the same code with a run-time switch (A/B)
+        echo "# with $ALT"
+        env $ALT $B/bench_decode /tmp/30b-$t.gguf -n 128 -r 5 2>&1 | tee -a $OUT/bench.log
+    fi
     if [ $first = 1 ] && [ -n "$DEPTH" ]; then
         $B/bench_decode /tmp/30b-$t.gguf -n 128 -r 3 -d $DEPTH 2>&1 | tee -a $OUT/bench.log
     fi
@@ -49,7 +72,3 @@ for t in $types; do # each model is benched as soon as it is generated
     rm -f /tmp/30b-$t.gguf
     first=0
 done
-if [ -n "$SANITIZE" ]; then
-    timeout 150 compute-sanitizer --tool memcheck $B/tests/engine/test_cuda_ops >$OUT/memcheck.log 2>&1
-    echo "memcheck test_cuda_ops rc=$?"; tail -4 $OUT/memcheck.log
-fi

@@ -2,12 +2,13 @@
  *
  * A block (KV head, split) of ENGINE_CU_ATT_SPLIT threads: its warps normalise and rotate the
  * group's query heads into shared memory (a warp per head, values in registers), the block of
- * the last split stores the new K/V row; then each thread scores one position against every
- * query head of the group (its K row read once, 16-byte loads), a warp per head takes the
- * softmax of its scores, and for V the lanes spread over the head's dimensions (coalesced
- * rows) while the warps take every 8th position, adding their sums in shared memory in warp
- * order (deterministic). The block asks L2 for its K and V rows before it waits for the
- * previous kernel. */
+ * the last split stores the new K/V row; then four threads score one position against every
+ * query head of the group (each a quarter of the K row, all its 16-byte loads issued at once,
+ * the quarters summed in shuffles), a warp per head takes the softmax of its scores, and for V
+ * the lanes spread over the head's dimensions (coalesced rows) while the warps take every 8th
+ * position (8 positions' loads in flight), each warp's sums kept apart in shared memory and
+ * added in warp order (deterministic). The block asks L2 for its K and V rows before it waits
+ * for the previous kernel. */
 #include <cuda_fp16.h>
 #include <math.h>
 
@@ -16,7 +17,8 @@
 
 #define ATT_THREADS ENGINE_CU_ATT_SPLIT
 #define ATT_WARPS (ATT_THREADS / 32)
-#define ATT_GP 8 /* query heads per pass of the score and V loops */
+#define ATT_GP 8  /* query heads per pass of the score and V loops */
+#define ATT_TPP 4 /* threads per position in the score loop */
 
 bool engine_cu_att_head_dim_ok(int hd) {
     return hd == 64 || hd == 128 || hd == 256;
@@ -114,12 +116,12 @@ __device__ __forceinline__ void kv_loadn(const void *cache, int f32, size_t idx,
     }
 }
 
-/* Shared memory of a block: sq[GP][HD], sc[GP][SPLIT], so[ATT_GP][HD] floats (GP = the group
- * rounded up to ATT_GP). */
+/* Shared memory of a block: sq[GP][HD], sc[GP][SPLIT], so[ATT_WARPS][ATT_GP][HD] floats (GP =
+ * the group rounded up to ATT_GP). */
 static size_t att_smem_bytes(int group, int hd) {
     const int gp = (group + ATT_GP - 1) / ATT_GP * ATT_GP;
     return sizeof(float) *
-           ((size_t)gp * hd + (size_t)gp * ENGINE_CU_ATT_SPLIT + (size_t)ATT_GP * hd);
+           ((size_t)gp * hd + (size_t)gp * ENGINE_CU_ATT_SPLIT + (size_t)ATT_WARPS * ATT_GP * hd);
 }
 
 template <int HD> __global__ void __launch_bounds__(ATT_THREADS) att_kernel(engine_cu_att a) {
@@ -177,31 +179,40 @@ template <int HD> __global__ void __launch_bounds__(ATT_THREADS) att_kernel(engi
     }
     __syncthreads(); /* also makes the stored row visible to the block */
 
-    /* scores: a thread per position, every head of the group */
+    /* scores: ATT_TPP threads per position (each a quarter of the head dimensions, its K loads
+     * all issued before any math), every head of the group; the parts meet in shuffles */
     const float scale = 1.0f / sqrtf((float)HD);
     const int p_begin = s * ENGINE_CU_ATT_SPLIT, np = min(ENGINE_CU_ATT_SPLIT, n_pos - p_begin);
-    for (int j = threadIdx.x; j < np; j += ATT_THREADS) {
-        const size_t row = (size_t)(p_begin + j) * kv_dim + (size_t)kvh * HD;
+    constexpr int NI = HD / 8 / ATT_TPP; /* groups of 8 values per thread: part, part + TPP, .. */
+    const int part = threadIdx.x & (ATT_TPP - 1);
+    for (int jb = 0; jb < np; jb += ATT_THREADS / ATT_TPP) { /* uniform over the block */
+        const int j = jb + (int)threadIdx.x / ATT_TPP;
+        const size_t row = (size_t)(p_begin + min(j, np - 1)) * kv_dim + (size_t)kvh * HD;
+        float kk[NI][8];
+#pragma unroll
+        for (int ii = 0; ii < NI; ii++)
+            kv_load8(a.k_cache, a.kv_f32, row + 8 * (part + ATT_TPP * ii), kk[ii]);
         for (int g0 = 0; g0 < GP; g0 += ATT_GP) {
             float d[ATT_GP];
 #pragma unroll
-            for (int gg = 0; gg < ATT_GP; gg++)
+            for (int gg = 0; gg < ATT_GP; gg++) {
                 d[gg] = 0.0f;
-#pragma unroll 4
-            for (int i8 = 0; i8 < HD / 8; i8++) {
-                float kk[8];
-                kv_load8(a.k_cache, a.kv_f32, row + 8 * i8, kk);
 #pragma unroll
-                for (int gg = 0; gg < ATT_GP; gg++) {
-                    const float4 q0 = *(const float4 *)(sq + (g0 + gg) * HD + 8 * i8),
-                                 q1 = *(const float4 *)(sq + (g0 + gg) * HD + 8 * i8 + 4);
-                    d[gg] += q0.x * kk[0] + q0.y * kk[1] + q0.z * kk[2] + q0.w * kk[3] +
-                             q1.x * kk[4] + q1.y * kk[5] + q1.z * kk[6] + q1.w * kk[7];
+                for (int ii = 0; ii < NI; ii++) {
+                    const float *qp = sq + (g0 + gg) * HD + 8 * (part + ATT_TPP * ii);
+                    const float4 q0 = *(const float4 *)qp, q1 = *(const float4 *)(qp + 4);
+                    d[gg] += q0.x * kk[ii][0] + q0.y * kk[ii][1] + q0.z * kk[ii][2] +
+                             q0.w * kk[ii][3] + q1.x * kk[ii][4] + q1.y * kk[ii][5] +
+                             q1.z * kk[ii][6] + q1.w * kk[ii][7];
                 }
-            }
 #pragma unroll
-            for (int gg = 0; gg < ATT_GP; gg++)
-                sc[(g0 + gg) * ENGINE_CU_ATT_SPLIT + j] = d[gg] * scale;
+                for (int o = 1; o < ATT_TPP; o <<= 1)
+                    d[gg] += __shfl_xor_sync(0xffffffffu, d[gg], o);
+            }
+            if (part == 0 && j < np)
+#pragma unroll
+                for (int gg = 0; gg < ATT_GP; gg++)
+                    sc[(g0 + gg) * ENGINE_CU_ATT_SPLIT + j] = d[gg] * scale;
         }
     }
     __syncthreads();
@@ -235,7 +246,7 @@ template <int HD> __global__ void __launch_bounds__(ATT_THREADS) att_kernel(engi
 #pragma unroll
             for (int t = 0; t < DPL; t++)
                 acc[gg][t] = 0.0f;
-#pragma unroll 4
+#pragma unroll(DPL <= 4 ? 8 : 4)
         for (int j = w; j < np; j += ATT_WARPS) {
             float vv[DPL];
             kv_loadn<DPL>(a.v_cache, a.kv_f32,
@@ -248,26 +259,27 @@ template <int HD> __global__ void __launch_bounds__(ATT_THREADS) att_kernel(engi
                     acc[gg][t] += pj * vv[t];
             }
         }
-        /* the warps' sums in a fixed order (deterministic: no atomics) */
-        for (int k = 0; k < ATT_WARPS; k++) {
-            if (w == k)
+        /* each warp's sums to its own slice; then every output is summed over the warps in a
+         * fixed order (deterministic: no atomics, one barrier) */
+        float *sw = so + (size_t)w * ATT_GP * HD;
 #pragma unroll
-                for (int gg = 0; gg < ATT_GP; gg++)
+        for (int gg = 0; gg < ATT_GP; gg++)
 #pragma unroll
-                    for (int t = 0; t < DPL; t++) {
-                        float *o = so + gg * HD + lane * DPL + t;
-                        *o = (k == 0 ? 0.0f : *o) + acc[gg][t];
-                    }
-            __syncthreads();
-        }
+            for (int t = 0; t < DPL; t++)
+                sw[gg * HD + lane * DPL + t] = acc[gg][t];
+        __syncthreads();
         for (int i = threadIdx.x; i < ATT_GP * HD; i += ATT_THREADS) {
             const int gg = i / HD, d = i - gg * HD, g = g0 + gg, h = kvh * G + g;
             if (g >= G) continue;
+            float o = 0.0f;
+#pragma unroll
+            for (int k = 0; k < ATT_WARPS; k++)
+                o += so[(size_t)k * ATT_GP * HD + i];
             if (n_act == 1) {
-                a.out[(size_t)h * HD + d] = so[i] / hl[g];
+                a.out[(size_t)h * HD + d] = o / hl[g];
             } else {
                 float *part = a.partial + ((size_t)h * max_splits + s) * (HD + 2);
-                part[2 + d] = so[i];
+                part[2 + d] = o;
                 if (d == 0) {
                     part[0] = hm[g];
                     part[1] = hl[g];

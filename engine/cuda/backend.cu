@@ -55,6 +55,7 @@ struct engine_cuda_session {
     cudaStream_t stream;
     cudaGraphExec_t exec;
     bool captured;
+    int touch;    /* matvec weights into L1 before the wait (SPARK_CUDA_TOUCH=0: into L2 only) */
     uint8_t *mem; /* one allocation: KV cache and step buffers */
     size_t bytes;
     void **k_cache, **v_cache; /* [n_layer] device pointers into mem */
@@ -419,6 +420,10 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
     s->cm = cm;
     s->n_ctx = n_ctx;
     s->kv = kv;
+    {
+        const char *e = getenv("SPARK_CUDA_TOUCH");
+        s->touch = !(e && e[0] == '0');
+    }
     s->k_cache = (void **)calloc(hp->n_layer, sizeof(void *));
     s->v_cache = (void **)calloc(hp->n_layer, sizeof(void *));
     if (!s->k_cache || !s->v_cache) {
@@ -532,6 +537,7 @@ static void enqueue_step(engine_cuda_session *s, step_prof *p) {
         mv.m[1] = mat(&ly->wk, s->k, 0);
         mv.m[2] = mat(&ly->wv, s->v, 0);
         mv.n_mat = 3;
+        mv.touch = s->touch;
         mv.cols = emb;
         mv.x = s->x;
         mv.norm_w = ly->attn_norm;
@@ -563,6 +569,7 @@ static void enqueue_step(engine_cuda_session *s, step_prof *p) {
         memset(&mv, 0, sizeof mv);
         mv.m[0] = mat(&ly->wo, s->x, 1);
         mv.n_mat = 1;
+        mv.touch = s->touch;
         mv.cols = (int)hp->n_head * hd;
         mv.x = s->att;
         engine_cu_matvec(&mv, st);
@@ -572,10 +579,12 @@ static void enqueue_step(engine_cuda_session *s, step_prof *p) {
         memset(&up, 0, sizeof up);
         engine_cu_ffn_down_args dn;
         memset(&dn, 0, sizeof dn);
+        dn.touch = s->touch;
         if (hp->arch == ENGINE_ARCH_QWEN3MOE) {
             memset(&mv, 0, sizeof mv);
             mv.m[0] = mat(&ly->gate_inp, s->router, 0);
             mv.n_mat = 1;
+            mv.touch = s->touch;
             mv.cols = emb;
             mv.x = s->x;
             mv.norm_w = ly->ffn_norm;
@@ -632,6 +641,7 @@ static void enqueue_step(engine_cuda_session *s, step_prof *p) {
     memset(&mv, 0, sizeof mv);
     mv.m[0] = mat(&cm->output, s->logits, 0);
     mv.n_mat = 1;
+    mv.touch = s->touch;
     mv.cols = emb;
     mv.x = s->x;
     mv.norm_w = cm->output_norm;

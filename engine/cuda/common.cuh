@@ -86,6 +86,31 @@ __device__ __forceinline__ void engine_cu_prefetch_rows(const uint8_t *p, size_t
         asm volatile("prefetch.global.L2 [%0];" ::"l"(o));
 }
 
+/* Bring the 128-byte lines of p[0, bytes) into this multiprocessor's L1 (and L2) before they
+ * are needed, so the kernel's later loads of them hit L1: the lanes of a warp take the lines,
+ * at most N each with a one-byte load (never outside p[0, bytes)); lines past those are only
+ * asked of L2. The loaded bytes land in v[N], which the caller must consume late (see
+ * engine_cu_sink) so that no instruction waits for them early. */
+template <int N>
+__device__ __forceinline__ void engine_cu_touch(const uint8_t *p, size_t bytes, uint32_t v[N]) {
+    const uintptr_t b = (uintptr_t)p, end = b + bytes;
+    uintptr_t o = (b & ~(uintptr_t)127) + 128 * (threadIdx.x & 31);
+#pragma unroll
+    for (int i = 0; i < N; i++, o += 128 * 32) {
+        v[i] = 0;
+        if (o < end) asm volatile("ld.global.nc.u8 %0, [%1];" : "=r"(v[i]) : "l"(o < b ? b : o));
+    }
+    for (; o < end; o += 128 * 32)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(o));
+}
+
+/* Consume touched bytes at the end of a kernel: their sum (at most 255 per byte, so never all
+ * ones for fewer than 2^24 bytes) decides a store that cannot happen, which keeps the loads
+ * alive without any instruction waiting for them before this point. */
+__device__ __forceinline__ void engine_cu_sink(uint32_t sum, float *never) {
+    if (sum == 0xffffffffu) *never = 0.0f;
+}
+
 /* Launch with programmatic stream serialisation (the kernel must call engine_cu_pdl_wait before
  * touching anything a previous kernel writes or reads). Errors surface in cudaGetLastError. */
 template <typename... KA, typename... A>

@@ -69,19 +69,33 @@ __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 3)
     const size_t rb = a.m[mi].row_bytes;
     const int rows = a.m[mi].rows, type = a.m[mi].type, accumulate = a.m[mi].accumulate;
     float *y = a.m[mi].y;
-    { /* the first group's weights: fetched into L2 while the previous kernel finishes */
+    uint32_t tv[NR][2]; /* touched bytes (a.touch), consumed at the end */
+    /* the first group's weights: fetched while the previous kernel finishes */
+    {
         const int r0 = (blockIdx.x - first) * PER;
-        if (R == 0) {
-            const size_t part_b = (rb + ENGINE_CU_MV_WARPS - 1) / ENGINE_CU_MV_WARPS;
-            if (w * part_b < rb)
-                engine_cu_prefetch_l2(mw + (size_t)r0 * rb + w * part_b,
-                                      min(part_b, rb - w * part_b));
-        } else {
-            for (int i = 0; i < NR; i++)
-                if (r0 + w + 8 * i < rows)
-                    engine_cu_prefetch_l2(mw + (size_t)(r0 + w + 8 * i) * rb, rb);
+#pragma unroll
+        for (int i = 0; i < NR; i++) {
+            const uint8_t *p = nullptr;
+            size_t n = 0;
+            if (R == 0) {
+                const size_t part_b = (rb + ENGINE_CU_MV_WARPS - 1) / ENGINE_CU_MV_WARPS;
+                if (w * part_b < rb) {
+                    p = mw + (size_t)r0 * rb + w * part_b;
+                    n = min(part_b, rb - w * part_b);
+                }
+            } else if (r0 + w + 8 * i < rows) {
+                p = mw + (size_t)(r0 + w + 8 * i) * rb;
+                n = rb;
+            }
+            tv[i][0] = tv[i][1] = 0;
+            if (p && a.touch && MODE != ENGINE_CU_X_F32) /* F32: registers are short */
+                engine_cu_touch<2>(p, n, tv[i]);
+            else if (p)
+                engine_cu_prefetch_l2(p, n);
         }
     }
+    if (a.norm_w && w == ENGINE_CU_MV_WARPS - 1) /* read by every block: L2 */
+        engine_cu_prefetch_l2((const uint8_t *)a.norm_w, sizeof(float) * (size_t)a.cols);
     engine_cu_pdl_wait();
     engine_cu_stage_x<MODE>(a.x, a.cols, a.norm_w, a.eps, sm);
     const engine_cu_xv xv = engine_cu_xv_at(sm, a.cols, MODE != ENGINE_CU_X_F32, 0);
@@ -136,6 +150,11 @@ __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 3)
             __syncthreads();
         }
     }
+    uint32_t sum = 0;
+#pragma unroll
+    for (int i = 0; i < NR; i++)
+        sum += tv[i][0] + tv[i][1];
+    engine_cu_sink(sum, y);
 }
 
 template <int MODE> static void mv_launch_mode(const engine_cu_mv *a, cudaStream_t stream) {

@@ -14,8 +14,10 @@
  * (the MoE router) gets a block per row, its warps splitting the row (split-K). A single large
  * matrix (the output head) is covered by one wave of resident blocks that loop over row
  * groups, so the staging is paid once per block.
- * Before waiting for the previous kernel (programmatic dependent launch) each warp asks L2 for
- * its first row, so the weight fetch overlaps the previous kernel's tail and the staging.
+ * Before waiting for the previous kernel (programmatic dependent launch) each warp fetches its
+ * first rows into its multiprocessor's L1 (touch, quantised types: one byte load per 128-byte
+ * line per lane, up to 8 KB a row; else only into L2), so the weight fetch overlaps the
+ * previous kernel's tail and the staging, and the dot products then read L1.
  * Fusions: an optional RMSNorm prologue (in the staging) and an optional accumulate epilogue
  * (y += W x: the residual add). Up to three matrices reading the same x run in one launch
  * (q, k, v). Host launchers only; no CUDA type leaves engine/cuda/. */
@@ -45,6 +47,7 @@ typedef struct {
     const float *x;      /* device: cols values */
     const float *norm_w; /* device or NULL: x := rmsnorm(x) * norm_w first */
     float eps;
+    int touch; /* bring each warp's first rows into L1 before the wait (else L2 only) */
 } engine_cu_mv;
 
 /* True for the weight types the GPU kernels decode. */

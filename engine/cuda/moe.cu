@@ -93,10 +93,25 @@ __global__ void __launch_bounds__(FFN_WARPS * 32, 3) ffn_up_kernel(engine_cu_ffn
     __shared__ float wts[ENGINE_CU_MAX_EXPERT_USED];
     uint8_t *sm = (uint8_t *)up_smem;
     engine_cu_pdl_launch();
-    engine_cu_pdl_wait();
     const int j = blockIdx.y, w = threadIdx.x >> 5;
+    const int r0 = blockIdx.x * 2 * FFN_WARPS, nr = min(2 * FFN_WARPS, a.rows - r0);
+    /* the block's gate and up rows are two contiguous runs of an expert: asked of L2 as soon
+     * as the expert is known (dense: before the wait; MoE: by the routing warp once it has
+     * routed, while the other warps still stage x) */
+    if (a.norm_w && w == FFN_WARPS - 1)
+        engine_cu_prefetch_l2((const uint8_t *)a.norm_w, sizeof(float) * (size_t)a.cols);
+    if (!a.router && w == 0) {
+        engine_cu_prefetch_l2(a.gate + (size_t)r0 * a.row_bytes, (size_t)nr * a.row_bytes);
+        engine_cu_prefetch_l2(a.up + (size_t)r0 * a.row_bytes, (size_t)nr * a.row_bytes);
+    }
+    engine_cu_pdl_wait();
     if (a.router) {
-        if (w == 0) route(a.router, a.n_expert, a.k, a.norm_topk, ids, wts);
+        if (w == 0) {
+            route(a.router, a.n_expert, a.k, a.norm_topk, ids, wts);
+            const size_t off = (size_t)ids[j] * a.expert_bytes + (size_t)r0 * a.row_bytes;
+            engine_cu_prefetch_l2(a.gate + off, (size_t)nr * a.row_bytes);
+            engine_cu_prefetch_l2(a.up + off, (size_t)nr * a.row_bytes);
+        }
     } else if (threadIdx.x == 0) {
         ids[0] = 0;
     }
@@ -105,7 +120,7 @@ __global__ void __launch_bounds__(FFN_WARPS * 32, 3) ffn_up_kernel(engine_cu_ffn
         a.ids[threadIdx.x] = ids[threadIdx.x];
         a.weights[threadIdx.x] = wts[threadIdx.x];
     }
-    const int r = blockIdx.x * 2 * FFN_WARPS + w;
+    const int r = r0 + w;
     if (r >= a.rows) return;
     const int e = ids[j];
     const size_t off = (size_t)e * a.expert_bytes + (size_t)r * a.row_bytes;
@@ -165,11 +180,29 @@ __global__ void __launch_bounds__(FFN_WARPS * 32, 3) ffn_down_kernel(engine_cu_f
         wts[threadIdx.x] = a.ids ? a.weights[threadIdx.x] : 1.0f;
     }
     __syncthreads();
-    const int r = blockIdx.x * FFN_WARPS + (threadIdx.x >> 5);
-    if (r < a.rows)
+    const int r = blockIdx.x * FFN_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    uint32_t tv0 = 0, tv1 = 0; /* touched bytes, consumed at the end */
+    if (r < a.rows && a.touch && MODE != ENGINE_CU_X_F32) {
+        /* the warp's k rows into L1 while the block stages h: lane items (expert j, line),
+         * each row's lines counted with one to spare for a misaligned start, the last clamped
+         * to the row's last byte; items past 64 only to L2 */
+        const int lpr = (int)((a.row_bytes + 127) / 128) + 1, n_it = a.k * lpr;
+        for (int it = lane, i = 0; it < n_it; it += 32, i++) {
+            const int j = it / lpr, ln = it - j * lpr;
+            const uint8_t *p = a.down + (size_t)ids[j] * a.expert_bytes + (size_t)r * a.row_bytes +
+                               min((size_t)ln * 128, a.row_bytes - 1);
+            if (i == 0)
+                asm volatile("ld.global.nc.u8 %0, [%1];" : "=r"(tv0) : "l"(p));
+            else if (i == 1)
+                asm volatile("ld.global.nc.u8 %0, [%1];" : "=r"(tv1) : "l"(p));
+            else
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+        }
+    } else if (r < a.rows) {
         for (int j = 0; j < a.k; j++)
             engine_cu_prefetch_l2(
                 a.down + (size_t)ids[j] * a.expert_bytes + (size_t)r * a.row_bytes, a.row_bytes);
+    }
     engine_cu_stage_x<MODE>(a.h, a.k * a.cols, nullptr, 0.0f, sm);
     if (r >= a.rows) return;
     float s = 0.0f;
@@ -187,7 +220,8 @@ __global__ void __launch_bounds__(FFN_WARPS * 32, 3) ffn_down_kernel(engine_cu_f
         ENGINE_CU_FLOAT_CASES(DOWN_CASE)
 #undef DOWN_CASE
     }
-    if ((threadIdx.x & 31) == 0) a.y[r] += s;
+    if (lane == 0) a.y[r] += s;
+    engine_cu_sink(tv0 + tv1, a.y);
 }
 
 static size_t engine_cu_ffn_up_smem(int type, int cols) {

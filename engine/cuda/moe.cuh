@@ -43,7 +43,8 @@ typedef struct {
     const float *h;     /* [k][cols] */
     const int32_t *ids; /* [k] or NULL (dense: expert 0, weight 1) */
     const float *weights;
-    float *y; /* [rows], accumulated into */
+    float *y;  /* [rows], accumulated into */
+    int touch; /* bring the warp's rows of the k experts into L1 first (else L2 only) */
 } engine_cu_ffn_down_args;
 
 void engine_cu_ffn_up(const engine_cu_ffn_up_args *a, cudaStream_t stream);

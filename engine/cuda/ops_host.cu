@@ -73,6 +73,7 @@ extern "C" int engine_cuda_op_matvec(engine_type type, const void *w, int64_t ro
     memset(&mv, 0, sizeof mv);
     mv.m[0] = {dw, row_bytes, (int)type, (int)rows, dy, accumulate};
     mv.n_mat = 1;
+    mv.touch = 1;
     mv.cols = (int)cols;
     mv.x = dx;
     mv.norm_w = dn;
@@ -187,7 +188,8 @@ extern "C" int engine_cuda_op_moe(engine_type type, int n_expert, int k, bool no
     u.ids = di;
     u.weights = dw;
     engine_cu_ffn_up(&u, 0);
-    engine_cu_ffn_down_args d = {dd, de, row_bytes_ff, (int)type, n_ff, n_embd, k, dh, di, dw, dx};
+    engine_cu_ffn_down_args d = {dd, de, row_bytes_ff, (int)type, n_ff, n_embd,
+                                 k,  dh, di,           dw,        dx,   1};
     engine_cu_ffn_down(&d, 0);
     if ((rc = a.get(x, dx, sizeof(float) * n_embd))) return rc;
     if ((rc = a.get(ids, di, sizeof(int32_t) * k))) return rc;

@@ -105,6 +105,8 @@ __device__ __forceinline__ void engine_cu_stage_x(const float *x, int n, const f
         float scale = 1.0f;
         if (nw) {
             float ss = 0.0f;
+            /* the loads of 2048 values all in flight at once: one L2 round trip, not four */
+#pragma unroll 16
             for (int i = lane; i < n4; i += 32) {
                 const float4 v = x4[i];
                 ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
@@ -145,7 +147,9 @@ __device__ __forceinline__ void engine_cu_stage_x(const float *x, int n, const f
         } else {
             int *q4 = (int *)sm;
             float *d = (float *)(sm + n), *s = d + n / 32;
-            /* a warp per block of 256 values, 8 consecutive values a lane */
+            /* a warp per block of 256 values, 8 consecutive values a lane (a warp's blocks'
+             * loads in flight together: the MoE down kernel stages 24 blocks) */
+#pragma unroll 4
             for (int blk = w; blk < (n >> 8); blk += nwarps) {
                 const int i = blk * 64 + 2 * lane;
                 const float4 v0 = engine_cu_norm4(x4, w4, i, scale),
