@@ -1054,6 +1054,16 @@ static void run_posts(srv *s) {
     }
 }
 
+/* SIGTERM seen (from the wake-up agent_server_stop sends, or the timer): refuse new work from
+ * now on. */
+static void drain_begin(srv *s) {
+    if (!s->stop_requested || s->draining) return;
+    s->draining = true;
+    s->drain_deadline = srv_now_ms() + s->drain_timeout_s * 1000.0;
+    engine_log(ENGINE_LOG_INFO, "serve: stopping: %d request(s) running, waiting up to %d s",
+               s->chat ? srv_chat_active(s->chat) : 0, s->drain_timeout_s);
+}
+
 /* ----- the protocol callback ------------------------------------------------------------------ */
 static int callback(struct lws *w, enum lws_callback_reasons reason, void *user, void *in,
                     size_t len) {
@@ -1158,6 +1168,7 @@ static int callback(struct lws *w, enum lws_callback_reasons reason, void *user,
         return 0;
     case LWS_CALLBACK_EVENT_WAIT_CANCELLED:
         if (s) {
+            drain_begin(s);
             run_posts(s);
             if (s->chat) srv_chat_service(s->chat);
         }
@@ -1170,14 +1181,7 @@ static int callback(struct lws *w, enum lws_callback_reasons reason, void *user,
 /* ----- lifecycle ------------------------------------------------------------------------------ */
 static void tick(lws_sorted_usec_list_t *sul) {
     srv *s = lws_container_of(sul, srv, tick);
-    if (s->stop_requested && !s->draining) {
-        s->draining = true;
-        s->drain_deadline = srv_now_ms() + s->drain_timeout_s * 1000.0;
-        engine_log(ENGINE_LOG_INFO,
-                   "serve: stopping: %d request(s) running, waiting up to "
-                   "%d s",
-                   s->chat ? srv_chat_active(s->chat) : 0, s->drain_timeout_s);
-    }
+    drain_begin(s);
     if (s->draining) {
         int active = s->chat ? srv_chat_active(s->chat) : 0;
         if (active && !s->canceled_all && srv_now_ms() >= s->drain_deadline) {

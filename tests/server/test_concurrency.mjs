@@ -64,8 +64,12 @@ try {
   try {
     for await (const ch of long) {
       got += (ch.choices[0]?.text ?? '').length;
-      if (got > 0 && !runningSeen) {
-        runningSeen = await metric(srv, 'spark_requests_running');
+      if (got > 0 && !ac.signal.aborted) {
+        // the scheduler publishes its figures after each step: wait for the step to end
+        for (let k = 0; k < 100 && runningSeen !== 1; k++) {
+          runningSeen = await metric(srv, 'spark_requests_running');
+          if (runningSeen !== 1) await sleep(20);
+        }
         usedSeen = await metric(srv, 'spark_kv_blocks_used');
         ac.abort();
       }
@@ -73,7 +77,8 @@ try {
   } catch (e) {
     check(e.name === 'APIUserAbortError' || /abort/i.test(String(e)), 'abort: ' + e);
   }
-  check(runningSeen === 1 && usedSeen > used0, `while streaming: 1 running, blocks in use (${usedSeen} > ${used0})`);
+  check(runningSeen === 1 && usedSeen > used0,
+    `while streaming: 1 running (${runningSeen}), blocks in use (${usedSeen} > ${used0})`);
   let freed = false;
   for (let i = 0; i < 50 && !freed; i++) {
     await sleep(100);
