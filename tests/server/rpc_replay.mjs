@@ -17,6 +17,9 @@ export function loadFixtures(dir) {
     .map((f) => ({ file: f, ...JSON.parse(fs.readFileSync(path.join(dir, f), 'utf8')) }));
 }
 
+// The placeholders; any other string (also "$/progress") is literal.
+const PLACEHOLDER = /^\$(any|absent|string|text|number|int|bool|object|array|null|capture:.+|ref:.+)$/;
+
 function typeOf(v) {
   if (v === null) return 'null';
   if (Array.isArray(v)) return 'array';
@@ -25,7 +28,7 @@ function typeOf(v) {
 
 // null when `value` matches `pattern`, else a description of the first difference.
 export function match(pattern, value, caps, where = '$') {
-  if (typeof pattern === 'string' && pattern.startsWith('$') && !pattern.startsWith('$$')) {
+  if (typeof pattern === 'string' && PLACEHOLDER.test(pattern)) {
     const [kind, name] = [pattern.split(':')[0], pattern.slice(pattern.indexOf(':') + 1)];
     switch (kind) {
       case '$any': return null;
@@ -49,7 +52,8 @@ export function match(pattern, value, caps, where = '$') {
       default: return `${where}: unknown placeholder ${pattern}`;
     }
   }
-  if (typeof pattern === 'string' && pattern.startsWith('$$')) pattern = pattern.slice(1);
+  if (typeof pattern === 'string' && /^\$\$/.test(pattern) && PLACEHOLDER.test(pattern.slice(1)))
+    pattern = pattern.slice(1);
   if (typeOf(pattern) === 'object') {
     if (typeOf(value) !== 'object') return `${where}: want an object, got ${JSON.stringify(value)}`;
     for (const k of Object.keys(pattern)) {
