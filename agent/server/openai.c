@@ -211,6 +211,17 @@ static int parse_chat(json_t *b, srv_chat_req *q, const srv_limits *lim, perr *e
     return parse_sampling(b, &q->sampling, true, lim, e);
 }
 
+int srv_openai_chat_parse(json_t *body, srv_chat_req *q, const srv_limits *lim, char msg[256],
+                          const char **param) {
+    perr e = {{0}, NULL};
+    int rc = parse_chat(body, q, lim, &e);
+    if (rc) {
+        snprintf(msg, 256, "%s", e.msg);
+        *param = e.param;
+    }
+    return rc;
+}
+
 static int reply_perr(srv_req *r, const perr *e) {
     json_t *j = json_pack("{s:{s:s, s:s, s:s?, s:n}}", "error", "message", e->msg, "type",
                           "invalid_request_error", "param", e->param, "code");

@@ -177,6 +177,8 @@ struct srv {
     int n_peers, cap_peers;
     srv_metrics *metrics;
     srv_chat *chat;
+    void (*at_free)(srv *s, void *arg);
+    void *at_free_arg;
     /* cross-thread */
     pthread_mutex_t mu;
     post *posts_head, *posts_tail;
@@ -276,6 +278,13 @@ int srv_route_add(srv *s, const char *method, const char *path, srv_route_fn fn,
     snprintf(r->path, sizeof r->path, "%s", path);
     r->fn = fn;
     r->flags = flags;
+    return 0;
+}
+
+int srv_at_free(srv *s, void (*fn)(srv *s, void *arg), void *arg) {
+    if (s->at_free) return agent_err(AGENT_EINVAL, "srv_at_free: the slot is taken");
+    s->at_free = fn;
+    s->at_free_arg = arg;
     return 0;
 }
 
@@ -1361,6 +1370,7 @@ void agent_server_free(agent_server *as) {
         lws_context_destroy(s->ctx); /* closes every connection: cleanups release their jobs */
         s->ctx = NULL;
     }
+    if (s->at_free) s->at_free(s, s->at_free_arg);
     pthread_mutex_lock(&s->mu);
     s->closed = true;
     post *p = s->posts_head;

@@ -156,6 +156,11 @@ uint64_t srv_conn_id(const srv_conn *c);       /* unique for the server's life, 
 srv *srv_conn_server(const srv_conn *c);
 const char *srv_conn_peer(const srv_conn *c);
 
+/* Run fn(s, arg) once in agent_server_free, after every connection is closed (their close /
+ * cleanup callbacks have run) and before pending posts are dropped and the chat service is
+ * freed (a front end joins its worker threads there). One slot: AGENT_EINVAL when taken. */
+int srv_at_free(srv *s, void (*fn)(srv *s, void *arg), void *arg);
+
 /* ----- reaching the service thread from other threads --------------------------------------- */
 
 /* Any thread: run fn(s, arg) on the service thread soon. AGENT_ENOMEM, AGENT_EINVAL after the
@@ -307,6 +312,12 @@ int srv_chat_submit(srv *s, const srv_chat_req *req, srv_job_wake_fn wake, void 
                     srv_job **out, int *status_out);
 int srv_complete_submit(srv *s, const srv_complete_req *req, srv_job_wake_fn wake, void *user,
                         srv_job **out, int *status_out);
+
+/* The OpenAI chat body -> a chat request (the fields /v1/chat/completions takes; q borrows
+ * from body). 0, or -1 with msg (the error) and *param (the field, or NULL). stream and
+ * stream_options are not read. */
+int srv_openai_chat_parse(json_t *body, srv_chat_req *q, const srv_limits *lim, char msg[256],
+                          const char **param);
 
 /* Render and tokenize a chat request without running it (count_tokens). */
 int srv_chat_count_tokens(srv *s, const srv_chat_req *req, int32_t *n_tokens, int *status_out);
