@@ -76,7 +76,32 @@ local function key(ch)
 end
 
 local follow_keys, follow_hits = 0, 0
+local mode = os.getenv('SPARK_BENCH_MODE') or 'session'
 E.input('i')
+if mode == 'latency' then
+  -- one keystroke at a time, each waiting for its ghost text (up to 10 s): the latency of a
+  -- keystroke after a pause, with nothing else in flight
+  local n = tonumber(os.getenv('SPARK_BENCH_KEYS') or '60')
+  local typed = 0
+  for _, line in ipairs(text) do
+    for i = 1, #line do
+      if typed >= n then
+        break
+      end
+      local before = E.lua('return #_G.bench.shows')
+      E.input(key(line:sub(i, i)))
+      typed = typed + 1
+      vim.wait(10000, function() return E.lua('return #_G.bench.shows') > before end, 2)
+      sleep(50)
+    end
+    if typed >= n then
+      break
+    end
+    E.input('<CR>')
+    sleep(debounce + 50)
+  end
+  text = {}
+end
 for li, line in ipairs(text) do
   for i = 1, #line do
     E.input(key(line:sub(i, i)))
@@ -129,8 +154,9 @@ local function pct(p)
   return lat[math.max(1, math.ceil(p / 100 * #lat))]
 end
 local out = io.stdout
-out:write(string.format('server: %s, debounce %d ms, max_tokens %s\n',
-  server.real and 'spark-agent serve' or 'fake', debounce, os.getenv('SPARK_BENCH_TOKENS') or '16'))
+out:write(string.format('server: %s, mode %s, debounce %d ms, max_tokens %s\n',
+  server.real and 'spark-agent serve' or 'fake', mode, debounce,
+  os.getenv('SPARK_BENCH_TOKENS') or '16'))
 out:write(string.format('keystrokes (TextChangedI): %d\n', b.keys))
 out:write(string.format('ghost text from the server: %d, keystroke -> ghost p50 %.1f ms, p99 %.1f ms, '
   .. 'min %.1f, max %.1f\n', #lat, pct(50), pct(99), lat[1] or 0 / 0, lat[#lat] or 0 / 0))
