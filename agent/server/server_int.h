@@ -42,6 +42,80 @@
 
 #include "../agent_int.h"
 
+/* Every function of the server is exported from libagent under the module's prefix: the code
+ * says srv_x, the linker sees agent_srv_x (like zlib's Z_PREFIX). A front end adds its own
+ * cross-file functions here too. */
+#define srv_at_free agent_srv_at_free
+#define srv_buf_add agent_srv_buf_add
+#define srv_buf_free agent_srv_buf_free
+#define srv_buf_printf agent_srv_buf_printf
+#define srv_chat_active agent_srv_chat_active
+#define srv_chat_cancel_all agent_srv_chat_cancel_all
+#define srv_chat_count_tokens agent_srv_chat_count_tokens
+#define srv_chat_free agent_srv_chat_free
+#define srv_chat_new agent_srv_chat_new
+#define srv_chat_of agent_srv_chat_of
+#define srv_chat_sched agent_srv_chat_sched
+#define srv_chat_service agent_srv_chat_service
+#define srv_chat_submit agent_srv_chat_submit
+#define srv_complete_submit agent_srv_complete_submit
+#define srv_conn_close agent_srv_conn_close
+#define srv_conn_find agent_srv_conn_find
+#define srv_conn_id agent_srv_conn_id
+#define srv_conn_peer agent_srv_conn_peer
+#define srv_conn_post agent_srv_conn_post
+#define srv_conn_server agent_srv_conn_server
+#define srv_draining agent_srv_draining
+#define srv_finish_name agent_srv_finish_name
+#define srv_http_connections agent_srv_http_connections
+#define srv_job_cancel agent_srv_job_cancel
+#define srv_job_next agent_srv_job_next
+#define srv_job_release agent_srv_job_release
+#define srv_json_parse agent_srv_json_parse
+#define srv_limits_get agent_srv_limits_get
+#define srv_metrics_free agent_srv_metrics_free
+#define srv_metrics_init agent_srv_metrics_init
+#define srv_metrics_job agent_srv_metrics_job
+#define srv_metrics_new agent_srv_metrics_new
+#define srv_metrics_of agent_srv_metrics_of
+#define srv_metrics_request agent_srv_metrics_request
+#define srv_model agent_srv_model
+#define srv_model_name agent_srv_model_name
+#define srv_modules_init agent_srv_modules_init
+#define srv_now_ms agent_srv_now_ms
+#define srv_openai_chat_parse agent_srv_openai_chat_parse
+#define srv_openai_init agent_srv_openai_init
+#define srv_post agent_srv_post
+#define srv_random_id agent_srv_random_id
+#define srv_reply_error agent_srv_reply_error
+#define srv_reply_json agent_srv_reply_json
+#define srv_reply_raw agent_srv_reply_raw
+#define srv_req_body agent_srv_req_body
+#define srv_req_gone agent_srv_req_gone
+#define srv_req_header agent_srv_req_header
+#define srv_req_hold agent_srv_req_hold
+#define srv_req_json agent_srv_req_json
+#define srv_req_method agent_srv_req_method
+#define srv_req_path agent_srv_req_path
+#define srv_req_peer agent_srv_req_peer
+#define srv_req_query agent_srv_req_query
+#define srv_req_server agent_srv_req_server
+#define srv_route_add agent_srv_route_add
+#define srv_sse_json agent_srv_sse_json
+#define srv_sse_send agent_srv_sse_send
+#define srv_stream_end agent_srv_stream_end
+#define srv_stream_start agent_srv_stream_start
+#define srv_stream_write agent_srv_stream_write
+#define srv_wake agent_srv_wake
+#define srv_ws_connections agent_srv_ws_connections
+#define srv_ws_handler_set agent_srv_ws_handler_set
+#define srv_ws_send agent_srv_ws_send
+#define srv_ws_send_json agent_srv_ws_send_json
+#define srv_rpc_init agent_srv_rpc_init
+#define srv_anthropic_init agent_srv_anthropic_init
+#define srv_responses_init agent_srv_responses_init
+#define srv_infill_init agent_srv_infill_init
+
 typedef struct srv srv;           /* the server (one per process) */
 typedef struct srv_req srv_req;   /* one HTTP request */
 typedef struct srv_conn srv_conn; /* one WebSocket connection */
