@@ -13,6 +13,7 @@ static const struct {
     {"anthropic", srv_anthropic_init},
     {"responses", srv_responses_init},
     {"infill", srv_infill_init},
+    {"rpc", srv_rpc_init},
 };
 
 int srv_modules_init(srv *s) {
