@@ -17,15 +17,6 @@
 
 #include "../tool_grammar_int.h"
 
-typedef enum {
-    P_START, /* chat: a leading <think> block or content */
-    P_THINK,
-    P_SKIP_WS, /* whitespace after </think> or between tool calls */
-    P_CONTENT,
-    P_TOOL, /* inside <tool_call> ... </tool_call> */
-    P_RAW,  /* raw completion: everything is text */
-} pstate;
-
 struct srv_job {
     srv_chat *c;
     uint64_t id;
@@ -49,14 +40,8 @@ struct srv_job {
     struct srv_job *ready_next;
     /* service thread */
     bool released, counted, done_given;
-    size_t taken; /* bytes of raw copied into text */
-    srv_buf text; /* generated text copied from raw */
-    size_t pos;   /* parsed up to here */
-    pstate ps;
-    int n_calls;
-    bool think_capable;
-    agent_reply reply; /* the last parsed call */
-    char call_id[40];
+    size_t taken;                /* bytes of raw handed to the splitter */
+    srv_split split;             /* generated text -> events */
     struct srv_job *prev, *next; /* every live job */
 };
 
@@ -166,8 +151,7 @@ static void job_free(srv_job *j) {
     grammar_free(j->g);
     free(j->tools_json);
     free(j->raw.p);
-    free(j->text.p);
-    agent_reply_clear(&j->reply);
+    srv_split_free(&j->split);
     free(j);
 }
 
@@ -255,7 +239,7 @@ static srv_finish job_finish(srv_job *j, int *status, const char **err) {
     if (j->st.gen.stop == ENGINE_STOP_LENGTH || j->st.gen.stop == ENGINE_STOP_CONTEXT)
         return SRV_FINISH_LENGTH;
     if (j->st.gen.stop == ENGINE_STOP_CANCELED) return SRV_FINISH_CANCELED;
-    return j->n_calls ? SRV_FINISH_TOOL_CALLS : SRV_FINISH_STOP;
+    return srv_split_calls(&j->split) ? SRV_FINISH_TOOL_CALLS : SRV_FINISH_STOP;
 }
 
 static void usage_of(const srv_job *j, srv_usage *u) {
@@ -351,45 +335,6 @@ void srv_job_release(srv_job *j) {
     if (!busy) job_free(j);
 }
 
-/* Longest suffix of t[0..n) that is a proper prefix of mark (a marker possibly cut off). */
-static size_t partial_suffix(const char *t, size_t n, const char *mark) {
-    size_t ml = strlen(mark);
-    for (size_t k = ml - 1; k > 0; k--)
-        if (k <= n && !memcmp(t + n - k, mark, k)) return k;
-    return 0;
-}
-
-static void *memmem_s(const char *h, size_t hn, const char *needle) {
-    size_t nl = strlen(needle);
-    if (nl > hn) return NULL;
-    for (size_t i = 0; i + nl <= hn; i++)
-        if (h[i] == needle[0] && !memcmp(h + i, needle, nl)) return (void *)(h + i);
-    return NULL;
-}
-
-/* Text up to a marker: emit what cannot be the start of `mark`, or up to it. Returns the
- * bytes of text to emit (from pos) and sets *found to the marker's offset (or SIZE_MAX). */
-static size_t scan_to(const srv_job *j, const char *mark, bool done, size_t *found) {
-    const char *t = j->text.p + j->pos;
-    size_t n = j->text.len - j->pos;
-    const char *hit = mark ? memmem_s(t, n, mark) : NULL;
-    if (hit) {
-        *found = (size_t)(hit - t);
-        return *found;
-    }
-    *found = SIZE_MAX;
-    if (done || !mark) return n;
-    return n - partial_suffix(t, n, mark);
-}
-
-static int emit_text(srv_job *j, srv_ev_type type, size_t n, srv_event *ev) {
-    ev->type = type;
-    ev->text = j->text.p + j->pos;
-    ev->len = n;
-    j->pos += n;
-    return 1;
-}
-
 int srv_job_next(srv_job *j, srv_event *ev) {
     memset(ev, 0, sizeof *ev);
     if (j->done_given) return 0;
@@ -397,101 +342,14 @@ int srv_job_next(srv_job *j, srv_event *ev) {
     pthread_mutex_lock(&c->mu);
     bool done = j->engine_done;
     if (j->raw.len > j->taken) {
-        if (srv_buf_add(&j->text, j->raw.p + j->taken, j->raw.len - j->taken)) {
+        if (srv_split_feed(&j->split, j->raw.p + j->taken, j->raw.len - j->taken)) {
             pthread_mutex_unlock(&c->mu);
             return 0;
         }
         j->taken = j->raw.len;
     }
     pthread_mutex_unlock(&c->mu);
-    for (;;) {
-        const char *t = j->text.p ? j->text.p + j->pos : "";
-        size_t n = j->text.len - j->pos, found, k;
-        switch (j->ps) {
-        case P_RAW:
-            if (n) return emit_text(j, SRV_EV_TEXT, n, ev);
-            break;
-        case P_START:
-            if (!j->think_capable) {
-                j->ps = P_CONTENT;
-                continue;
-            }
-            if (n < 7 && !done && !memcmp(t, "<think>", n)) return 0;
-            if (n >= 7 && !memcmp(t, "<think>", 7)) {
-                j->pos += 7;
-                if (j->pos < j->text.len && j->text.p[j->pos] == '\n') j->pos++;
-                j->ps = P_THINK;
-            } else {
-                j->ps = P_CONTENT;
-            }
-            continue;
-        case P_THINK:
-            k = scan_to(j, "</think>", done, &found);
-            if (found != SIZE_MAX) {
-                size_t e = found;
-                if (e && t[e - 1] == '\n') e--; /* the template's newline before </think> */
-                if (e) {
-                    emit_text(j, SRV_EV_REASONING, e, ev);
-                    j->pos += found - e + 8;
-                    j->ps = P_SKIP_WS;
-                    return 1;
-                }
-                j->pos += found + 8;
-                j->ps = P_SKIP_WS;
-                continue;
-            }
-            if (k) return emit_text(j, SRV_EV_REASONING, k, ev);
-            break;
-        case P_SKIP_WS:
-            while (j->pos < j->text.len && strchr(" \t\r\n", j->text.p[j->pos]))
-                j->pos++;
-            if (j->pos < j->text.len || done) {
-                j->ps = P_CONTENT;
-                continue;
-            }
-            return 0;
-        case P_CONTENT:
-            k = scan_to(j, j->tools_json ? "<tool_call>" : NULL, done, &found);
-            if (found != SIZE_MAX) {
-                if (found) return emit_text(j, SRV_EV_TEXT, found, ev);
-                j->ps = P_TOOL;
-                continue;
-            }
-            if (k) return emit_text(j, SRV_EV_TEXT, k, ev);
-            break;
-        case P_TOOL: {
-            const char *end = memmem_s(t, n, "</tool_call>");
-            if (!end) {
-                if (!done) return 0;
-                /* cut off inside a call (length or cancel): the markup stays text */
-                j->ps = P_CONTENT;
-                if (n) return emit_text(j, SRV_EV_TEXT, n, ev);
-                break;
-            }
-            size_t blen = (size_t)(end - t) + 12;
-            agent_reply_clear(&j->reply);
-            int rc = agent_toolcall_parse(&j->reply, t, blen, c->fmt, j->tools_json, NULL, NULL);
-            if (rc || j->reply.n_calls == 0) {
-                j->ps = P_SKIP_WS;
-                return emit_text(j, SRV_EV_TEXT, blen, ev);
-            }
-            j->pos += blen;
-            j->ps = P_SKIP_WS;
-            agent_toolcall *tc = &j->reply.calls[0];
-            srv_random_id(j->call_id, sizeof j->call_id, "call_");
-            ev->type = SRV_EV_TOOL_CALL;
-            ev->text = t;
-            ev->len = blen;
-            ev->tool_index = j->n_calls++;
-            ev->tool_id = j->call_id;
-            ev->tool_name = tc->name ? tc->name : "";
-            ev->tool_args = tc->args_json ? tc->args_json : "{}";
-            ev->tool_error = tc->error;
-            return 1;
-        }
-        }
-        break;
-    }
+    if (srv_split_next(&j->split, done, ev)) return 1;
     if (!done) return 0;
     /* everything parsed and the scheduler is done */
     j->done_given = true;
@@ -860,12 +718,12 @@ int srv_chat_submit(srv *s, const srv_chat_req *req, srv_job_wake_fn wake, void 
         (!tools && (req->json_schema || req->json_object));
     int think = req->enable_thinking;
     if (think < 0 && constrained) think = 0;
-    j->think_capable = c->tpl_src && strstr(c->tpl_src, "<think>") && think != 0;
-    j->ps = P_START;
+    bool think_capable = c->tpl_src && strstr(c->tpl_src, "<think>") && think != 0;
     int32_t *ids = NULL;
     size_t n = 0;
-    if ((rc = job_grammar(c, j, req, status)) ||
-        (rc = chat_prompt(c, req, think, &ids, &n, status)) ||
+    rc = job_grammar(c, j, req, status);
+    srv_split_init(&j->split, false, think_capable, j->tools_json, c->fmt);
+    if (rc || (rc = chat_prompt(c, req, think, &ids, &n, status)) ||
         (rc = job_submit(c, j, ids, n, &req->sampling, NULL, 0, status))) {
         free(ids);
         j->engine_done = true; /* never reached the scheduler */
@@ -962,7 +820,7 @@ int srv_complete_submit(srv *s, const srv_complete_req *req, srv_job_wake_fn wak
     srv_job *j = NULL;
     if (!rc) rc = job_new(c, wake, user, &j);
     if (!rc && j) {
-        j->ps = P_RAW;
+        srv_split_init(&j->split, true, false, NULL, c->fmt);
         if (req->time_budget_ms > 0) j->deadline = srv_now_ms() + req->time_budget_ms;
         rc = job_submit(c, j, b.p, b.n, &req->sampling, stop_ids, n_stop, status);
         if (rc) {

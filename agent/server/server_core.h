@@ -32,6 +32,30 @@ void srv_chat_cancel_all(srv_chat *c);
 /* The scheduler's figures (metrics). */
 struct engine_sched *srv_chat_sched(srv_chat *c);
 
+/* The splitter of generated text into events (split.c): a leading <think> block (when think),
+ * content, complete tool calls (when tools_json; fmt is the template's markup); raw: all text.
+ * Feed the text as it comes; next gives the next event (1) or nothing now (0); done: no more
+ * text will come (everything held back is released). Event strings live until the next call.
+ * Independent of how the text is cut into pieces. */
+typedef struct {
+    srv_buf text;
+    size_t pos;
+    int ps;
+    bool think;
+    const char *tools_json; /* borrowed */
+    agent_toolcall_format fmt;
+    int n_calls;
+    agent_reply reply;
+    char call_id[40];
+} srv_split;
+
+void srv_split_init(srv_split *sp, bool raw, bool think, const char *tools_json,
+                    agent_toolcall_format fmt);
+int srv_split_feed(srv_split *sp, const char *d, size_t n);
+int srv_split_next(srv_split *sp, bool done, srv_event *ev);
+int srv_split_calls(const srv_split *sp);
+void srv_split_free(srv_split *sp);
+
 int srv_metrics_new(srv_metrics **out);
 void srv_metrics_free(srv_metrics *m);
 #endif

@@ -102,6 +102,11 @@
 #define srv_req_server agent_srv_req_server
 #define srv_route_add agent_srv_route_add
 #define srv_sse_json agent_srv_sse_json
+#define srv_split_calls agent_srv_split_calls
+#define srv_split_feed agent_srv_split_feed
+#define srv_split_free agent_srv_split_free
+#define srv_split_init agent_srv_split_init
+#define srv_split_next agent_srv_split_next
 #define srv_sse_send agent_srv_sse_send
 #define srv_stream_end agent_srv_stream_end
 #define srv_stream_start agent_srv_stream_start
