@@ -55,7 +55,7 @@ struct engine_cuda_session {
     cudaStream_t stream;
     cudaGraphExec_t exec;
     bool captured;
-    int touch;    /* matvec weights into L1 before the wait (SPARK_CUDA_TOUCH=0: into L2 only) */
+    int touch;    /* SPARK_CUDA_TOUCH=1: weights into L1 before use (measured slower: off) */
     uint8_t *mem; /* one allocation: KV cache and step buffers */
     size_t bytes;
     void **k_cache, **v_cache; /* [n_layer] device pointers into mem */
@@ -422,7 +422,7 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
     s->kv = kv;
     {
         const char *e = getenv("SPARK_CUDA_TOUCH");
-        s->touch = !(e && e[0] == '0');
+        s->touch = e && e[0] == '1';
     }
     s->k_cache = (void **)calloc(hp->n_layer, sizeof(void *));
     s->v_cache = (void **)calloc(hp->n_layer, sizeof(void *));

@@ -49,7 +49,9 @@ size_t engine_cuda_model_bytes_per_token(const engine_cuda_model *cm);
 int engine_cuda_copy_bandwidth(int device, size_t bytes, int reps, double *gbps);
 
 /* A decode session: KV cache of n_ctx positions (kv F16 or F32) and the step's buffers, all
- * allocated here (checked against free memory first). */
+ * allocated here (checked against free memory first). SPARK_CUDA_TOUCH=1 in the environment
+ * makes its kernels load their weight lines into L1 ahead of use (an experiment, measured
+ * slower; the default asks L2 only). */
 int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_model *cm, int32_t n_ctx,
                             engine_kv_type kv);
 void engine_cuda_session_free(engine_cuda_session *s);

@@ -14,10 +14,11 @@
  * (the MoE router) gets a block per row, its warps splitting the row (split-K). A single large
  * matrix (the output head) is covered by one wave of resident blocks that loop over row
  * groups, so the staging is paid once per block.
- * Before waiting for the previous kernel (programmatic dependent launch) each warp fetches its
- * first rows into its multiprocessor's L1 (touch, quantised types: one byte load per 128-byte
- * line per lane, up to 8 KB a row; else only into L2), so the weight fetch overlaps the
- * previous kernel's tail and the staging, and the dot products then read L1.
+ * Before waiting for the previous kernel (programmatic dependent launch) each warp asks L2 for
+ * its first rows, so the weight fetch overlaps the previous kernel's tail and the staging.
+ * With `touch` (quantised types) it loads one byte of each 128-byte line instead, so the rows
+ * land in its multiprocessor's L1; measured 4% slower on the H200 (bench/RESULTS.md, stage 3),
+ * so sessions use it only with SPARK_CUDA_TOUCH=1; the op tests run it.
  * Fusions: an optional RMSNorm prologue (in the staging) and an optional accumulate epilogue
  * (y += W x: the residual add). Up to three matrices reading the same x run in one launch
  * (q, k, v). Host launchers only; no CUDA type leaves engine/cuda/. */

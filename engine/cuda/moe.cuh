@@ -4,7 +4,8 @@
  *   (x normalised with norm_w on the fly). For MoE every block first routes from the router
  *   logits itself (softmax over n_expert, top-k with ties to the lower id, renormalised when
  *   norm_topk), so the expert ids never leave the device and no routing launch is needed; the
- *   first block also stores ids and weights for the down kernel. Dense: one "expert" 0 of
+ *   first block also stores ids and weights for the down kernel; the routing warp asks L2 for
+ *   the block's gate and up rows as soon as it has routed. Dense: one "expert" 0 of
  *   weight 1 (n_expert = 0).
  * engine_cu_ffn_down: y += sum_j weight[j] * D_e h[j]: the down products of the selected
  *   experts, the weighted combine and the residual add in one kernel (a warp owns its output
