@@ -140,7 +140,7 @@ static int read_str(parser *ps, engine_gguf_str *out, const char *what) {
 
 /* A name (key or tensor name) as a NUL-terminated copy in the arena. */
 static int read_name(parser *ps, const char **out, const char *what) {
-    engine_gguf_str s;
+    engine_gguf_str s = {0};
     int rc = read_str(ps, &s, what);
     if (rc) return rc;
     if (s.len == 0) return perr(ps, "empty %s", what);
@@ -720,24 +720,24 @@ static int get_int(const engine_gguf *g, const char *key, const char *expected, 
 }
 
 int engine_gguf_get_u32(const engine_gguf *g, const char *key, uint32_t *out) {
-    uint64_t u;
-    int64_t s;
+    uint64_t u = 0;
+    int64_t s = 0;
     int rc = get_int(g, key, "uint32", 0, UINT32_MAX, &u, &s);
     if (!rc) *out = (uint32_t)u;
     return rc;
 }
 
 int engine_gguf_get_i32(const engine_gguf *g, const char *key, int32_t *out) {
-    uint64_t u;
-    int64_t s;
+    uint64_t u = 0;
+    int64_t s = 0;
     int rc = get_int(g, key, "int32", INT32_MIN, INT32_MAX, &u, &s);
     if (!rc) *out = (int32_t)s;
     return rc;
 }
 
 int engine_gguf_get_u64(const engine_gguf *g, const char *key, uint64_t *out) {
-    uint64_t u;
-    int64_t s;
+    uint64_t u = 0;
+    int64_t s = 0;
     int rc = get_int(g, key, "uint64", 0, UINT64_MAX, &u, &s);
     if (!rc) *out = u;
     return rc;
