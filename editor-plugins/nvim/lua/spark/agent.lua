@@ -70,14 +70,15 @@ function M.start(task, on_done)
     vim.api.nvim_win_set_buf(0, buf)
   end
   append(buf, '\n# ' .. task .. '\n')
-  spark().connect(function(client, err)
+  local root = vim.loop.cwd()
+  spark().connect_for_root(root, function(client, err)
     if not client then
       append(buf, '(not connected: ' .. tostring(err) .. ')\n')
       if on_done then on_done(nil, { message = err }) end
       return
     end
     local id, cancel = client:request('agent/run', {
-      root = vim.uri_from_fname(vim.loop.cwd()), task = task,
+      root = vim.uri_from_fname(root), task = task,
       approval = spark().config.agent.approval,
     }, function(r, rerr)
       M.run = nil

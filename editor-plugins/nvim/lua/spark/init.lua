@@ -61,7 +61,12 @@ function M.connect(cb)
     return
   end
   S.connecting = true
+  local finished = false -- this attempt's waiters were answered
   local function finish(client, err)
+    if finished then
+      return
+    end
+    finished = true
     S.connecting = false
     local w = S.waiters
     S.waiters = {}
@@ -80,7 +85,7 @@ function M.connect(cb)
       workspaceFolders = { { uri = vim.uri_from_fname(cwd), name = vim.fn.fnamemodify(cwd, ':t') } },
     },
     on_ready = function(c, init)
-      S.client, S.init = c, init
+      S.client, S.init, S.root = c, init, cwd
       S.docs = Docs.new(c)
       S.model = init.model and init.model.id or 'model'
       c:on_request('agent/approval', function(params, reply)
@@ -96,9 +101,7 @@ function M.connect(cb)
         S.client, S.docs = nil, nil
         M.dismiss()
       end
-      if S.connecting then
-        finish(nil, 'connection closed')
-      end
+      finish(nil, 'connection closed')
     end,
     on_log = function(p)
       if M.config.log then
@@ -109,6 +112,24 @@ function M.connect(cb)
   if not client then
     finish(nil, err)
   end
+end
+
+--- Connect with `root` among the workspace folders (the agent may only work there): the
+--- connection made from another directory is replaced. cb(client or nil, err).
+function M.connect_for_root(root, cb)
+  local c = S.client
+  if c and c:is_open() and S.root then
+    local base = S.root:gsub('/$', '') .. '/'
+    if root == S.root or root:sub(1, #base) == base then
+      return cb(c)
+    end
+  end
+  if c then
+    S.client, S.docs = nil, nil
+    M.dismiss()
+    c:close()
+  end
+  M.connect(cb)
 end
 
 --- For the statusline: "spark: MODEL N tok/s", or "spark: off".
