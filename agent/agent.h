@@ -305,9 +305,12 @@ typedef struct {
     const char *template_source; /* NULL: the model's chat template */
     int enable_thinking;         /* -1: template default */
     bool parallel_calls;         /* the grammar allows several calls per turn */
-    int max_string_len;          /* grammar-side bound of string arguments; 0: 1000 (schemas
-                                  * with larger maxLength are relaxed to this; the parsed call
-                                  * is still validated against the full schema) */
+    int max_string_len;          /* grammar-side bound of every string argument; 0: maxLength
+                                  * up to 128 kept, longer and unbounded strings unbounded in
+                                  * the grammar (a turn's token budget ends one that never
+                                  * closes; bounded strings cost DFA states per character).
+                                  * The parsed call is still validated against the full
+                                  * schema */
 } agent_engine_opts;
 
 #define AGENT_ENGINE_OPTS_VERSION 1

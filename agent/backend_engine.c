@@ -47,15 +47,16 @@ static agent_session *eng_session(agent_backend *b) {
 
 static int build_grammar_from(eng *e, const char *tools_json);
 
-/* The grammar compiler refuses string bounds above 1000 (its automaton would blow up): the
- * copy of the schemas the grammar sees bounds every string at max_string_len
- * (agent_schema_relax). The parsed arguments are still validated against the full schema
- * before anything runs. */
+/* Bounded strings cost DFA states per character (the compiler refuses bounds above 1000 and
+ * grammars above 262,144 states): the copy of the schemas the grammar sees keeps maxLength up
+ * to 128 and leaves longer or unbounded strings unbounded (max_string_len 0), or bounds every
+ * string at max_string_len (agent_schema_relax_ex). The parsed arguments are still validated
+ * against the full schema before anything runs. */
 static int build_grammar(eng *e, const char *tools_json_full) {
     json_t *tj = json_loads(tools_json_full, 0, NULL);
     if (!tj) return agent_err(AGENT_EINVAL, "tools: not JSON");
-    agent_schema_relax(tj, e->opts.max_string_len > 0 ? e->opts.max_string_len : 1000,
-                       e->base.format == AGENT_TOOLCALL_XML);
+    agent_schema_relax_ex(tj, e->opts.max_string_len > 0 ? e->opts.max_string_len : 128,
+                          e->base.format == AGENT_TOOLCALL_XML, e->opts.max_string_len > 0);
     char *tools_json = json_dumps(tj, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(tj);
     if (!tools_json) return agent_err(AGENT_ENOMEM, "out of memory");

@@ -39,6 +39,10 @@ done:
 }
 
 void agent_schema_relax(json_t *v, json_int_t max_len, bool xml) {
+    agent_schema_relax_ex(v, max_len, xml, true);
+}
+
+void agent_schema_relax_ex(json_t *v, json_int_t max_len, bool xml, bool bound_all) {
     if (json_is_object(v)) {
         json_t *ty = json_object_get(v, "type");
         if (xml && json_is_string(ty) && !strcmp(json_string_value(ty), "string")) {
@@ -54,15 +58,18 @@ void agent_schema_relax(json_t *v, json_int_t max_len, bool xml) {
         if (json_is_integer(ml) && json_integer_value(ml) > max_len) ml = NULL;
         /* enum and const bound the string already (and refuse a length beside them) */
         bool fixed = json_object_get(v, "enum") || json_object_get(v, "const");
-        if (json_is_string(ty) && !strcmp(json_string_value(ty), "string") && !ml && !fixed)
-            json_object_set_new(v, "maxLength", json_integer(max_len));
+        bool is_str = json_is_string(ty) && !strcmp(json_string_value(ty), "string");
+        if (is_str && !ml && !fixed) {
+            if (bound_all) json_object_set_new(v, "maxLength", json_integer(max_len));
+            else json_object_del(v, "maxLength"); /* larger than max_len: unbounded */
+        }
         const char *k;
         json_t *x;
-        json_object_foreach(v, k, x) agent_schema_relax(x, max_len, xml);
+        json_object_foreach(v, k, x) agent_schema_relax_ex(x, max_len, xml, bound_all);
     } else if (json_is_array(v)) {
         size_t i;
         json_t *x;
-        json_array_foreach(v, i, x) agent_schema_relax(x, max_len, xml);
+        json_array_foreach(v, i, x) agent_schema_relax_ex(x, max_len, xml, bound_all);
     }
 }
 

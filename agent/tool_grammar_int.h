@@ -19,6 +19,11 @@ int agent_grammar_vocab_new(grammar_vocab **out, int32_t **eog, int *n_eog, cons
  * grammar takes them as raw text). Modifies v in place. The parsed call or document is still
  * checked against the full schema where the caller can. */
 void agent_schema_relax(json_t *v, json_int_t max_len, bool xml);
+/* The same; with bound_all false, a maxLength up to max_len is kept, a larger one dropped, and
+ * strings without one stay unbounded: a bounded string is a chain of some 30 DFA states per
+ * character, so bounding the strings of the built-in tool set at 1000 goes past the
+ * compiler's limit of 262,144 states. */
+void agent_schema_relax_ex(json_t *v, json_int_t max_len, bool xml, bool bound_all);
 
 /* The tool-call format a chat template teaches: XML when it mentions "<function=". */
 agent_toolcall_format agent_toolcall_format_of(const char *template_source);
