@@ -1327,6 +1327,7 @@ int agent_server_new(agent_server **out, engine_model *m, const agent_server_opt
                    LWS_SERVER_OPTION_DISABLE_IPV6 * 0;
     info.timeout_secs = (unsigned)s->lim.idle_timeout_s;
     info.keepalive_timeout = s->lim.idle_timeout_s;
+    info.timeout_secs_ah_idle = (unsigned)s->lim.idle_timeout_s; /* connected, says nothing */
     info.retry_and_idle_policy = &s->retry;
     info.max_http_header_data = 8192;
     info.max_http_header_pool = 64;

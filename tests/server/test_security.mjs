@@ -36,7 +36,7 @@ function raw(srv, { method = 'GET', path: p = '/health', headers = {}, body, tok
 
 const ORIGIN = 'http://editor.example:3000';
 const srv = await startServer({ tag: 'security', args: ['--max-body', '4096', '--max-conns', '6',
-  '--allow-origin', ORIGIN, '--allow-host', 'box.lan:1234'] });
+  '--allow-origin', ORIGIN, '--allow-host', 'box.lan:1234', '--idle-timeout', '3'] });
 try {
   // the token
   let r = await raw(srv, { token: null });
@@ -143,9 +143,22 @@ try {
   await new Promise((res) => half.on('connect', res));
   half.write(`POST ${chat} HTTP/1.1\r\nHost: 127.0.0.1:${srv.port}\r\nAuthorization: Bearer ` +
     `${srv.token}\r\nContent-Length: 100\r\n\r\n{"mess`);
+  const halfClosed = new Promise((res) => half.on('close', () => res(Date.now())));
+  const t0 = Date.now();
   r = await raw(srv);
   check(r.status === 200, 'served while another client stalls mid-body');
+  // idle clients time out: the stalled body and a connection that never sends anything
+  const idle = net.connect(srv.port, '127.0.0.1');
+  const idleClosed = new Promise((res) => idle.on('close', () => res(Date.now())));
+  idle.on('error', () => {});
+  half.on('error', () => {});
+  const timeout = sleep(12000).then(() => 0);
+  const [tHalf, tIdle] = await Promise.all([Promise.race([halfClosed, timeout]),
+    Promise.race([idleClosed, timeout])]);
+  check(tHalf && tHalf - t0 < 10000, `stalled body: closed by the server (${tHalf && tHalf - t0} ms)`);
+  check(tIdle && tIdle - t0 < 10000, `silent connection: closed by the server (${tIdle && tIdle - t0} ms)`);
   half.destroy();
+  idle.destroy();
 } catch (e) {
   check(false, 'unexpected: ' + (e.stack || e));
 } finally {
