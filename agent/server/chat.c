@@ -32,6 +32,8 @@ struct srv_job {
     atomic_int timed_out;
     /* shared with the scheduler thread (c->mu) */
     srv_buf raw;
+    srv_buf gaps;    /* float ms between consecutive tokens (the per-token histogram) */
+    double last_tok; /* srv_now_ms of the last token, 0 before the first */
     bool engine_done;
     int done_rc;
     engine_request_stats st;
@@ -151,6 +153,7 @@ static void job_free(srv_job *j) {
     grammar_free(j->g);
     free(j->tools_json);
     free(j->raw.p);
+    free(j->gaps.p);
     srv_split_free(&j->split);
     free(j);
 }
@@ -192,12 +195,17 @@ static void job_ready_locked(srv_job *j, bool *wake) {
 }
 
 static int on_token(void *user, const char *text, size_t len, int32_t token) {
-    (void)token;
     srv_job *j = user;
     srv_chat *c = j->c;
     bool wake = false;
+    double now = token >= 0 ? srv_now_ms() : 0;
     pthread_mutex_lock(&c->mu);
     if (len && srv_buf_add(&j->raw, text, len)) atomic_store(&j->cancel, 1);
+    if (token >= 0) {
+        float gap = (float)(now - j->last_tok);
+        if (j->last_tok > 0 && srv_buf_add(&j->gaps, &gap, sizeof gap)) atomic_store(&j->cancel, 1);
+        j->last_tok = now;
+    }
     if (len) job_ready_locked(j, &wake);
     pthread_mutex_unlock(&c->mu);
     if (wake) srv_wake(c->s);
@@ -259,7 +267,10 @@ static void count_done(srv_job *j) {
     int status;
     const char *err;
     srv_metrics *m = srv_metrics_of(j->c->s);
-    if (m) srv_metrics_job(m, &u, job_finish(j, &status, &err));
+    if (!m) return;
+    srv_metrics_job(m, &u, job_finish(j, &status, &err));
+    /* engine_done was set under the lock after the last on_token: gaps is final */
+    srv_metrics_token_gaps(m, (const float *)(const void *)j->gaps.p, j->gaps.len / sizeof(float));
 }
 
 void srv_chat_service(srv_chat *c) {

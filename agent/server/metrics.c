@@ -29,7 +29,7 @@ struct srv_metrics {
     int n_routes, cap_routes;
     uint64_t finish[SRV_FINISH_ERROR + 1];
     uint64_t prompt_tokens, cached_tokens, completion_tokens;
-    histo ttft, tpot, e2e, queue;
+    histo ttft, tpot, itl, e2e, queue;
     double started;
 };
 
@@ -45,6 +45,7 @@ int srv_metrics_new(srv_metrics **out) {
     m->e2e.le = le_ttft;
     m->queue.le = le_ttft;
     m->tpot.le = le_tpot;
+    m->itl.le = le_tpot;
     m->started = srv_now_ms();
     *out = m;
     return 0;
@@ -82,6 +83,11 @@ void srv_metrics_request(srv_metrics *m, const char *route, int status) {
     snprintf(r->route, sizeof r->route, "%s", route);
     r->status = status;
     r->n = 1;
+}
+
+void srv_metrics_token_gaps(srv_metrics *m, const float *gaps_ms, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        observe(&m->itl, gaps_ms[i] / 1e3);
 }
 
 void srv_metrics_job(srv_metrics *m, const srv_usage *u, srv_finish f) {
@@ -157,6 +163,8 @@ static int route_metrics(srv_req *r) {
                       &m->ttft);
     bad |= histo_text(&b, "spark_time_per_output_token_seconds",
                       "Mean time per generated token after the first, per generation.", &m->tpot);
+    bad |= histo_text(&b, "spark_inter_token_latency_seconds",
+                      "Time between consecutive generated tokens, every token.", &m->itl);
     bad |= histo_text(&b, "spark_queue_time_seconds", "Submit to admission by the scheduler.",
                       &m->queue);
     bad |= histo_text(&b, "spark_generation_duration_seconds", "Submit to the end of a generation.",

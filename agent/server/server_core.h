@@ -56,6 +56,9 @@ int srv_split_next(srv_split *sp, bool done, srv_event *ev);
 int srv_split_calls(const srv_split *sp);
 void srv_split_free(srv_split *sp);
 
+/* Observe the gaps between consecutive tokens of a generation (ms). */
+void srv_metrics_token_gaps(srv_metrics *m, const float *gaps_ms, size_t n);
+
 int srv_metrics_new(srv_metrics **out);
 void srv_metrics_free(srv_metrics *m);
 #endif

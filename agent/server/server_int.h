@@ -79,6 +79,7 @@
 #define srv_metrics_new agent_srv_metrics_new
 #define srv_metrics_of agent_srv_metrics_of
 #define srv_metrics_request agent_srv_metrics_request
+#define srv_metrics_token_gaps agent_srv_metrics_token_gaps
 #define srv_model agent_srv_model
 #define srv_model_name agent_srv_model_name
 #define srv_modules_init agent_srv_modules_init

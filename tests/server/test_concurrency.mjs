@@ -47,6 +47,12 @@ try {
   }
   check(same === N, `${N} concurrent streams identical to solo runs (${same}/${N}, ${ms} ms)`);
   console.log(`${N} concurrent streams of ${MAX} tokens: ${ms} ms`);
+  const gen0 = await metric(srv, 'spark_generated_tokens_total');
+  const itl = await metric(srv, 'spark_inter_token_latency_seconds_count');
+  // one gap per streamed token after the first (a sampled end-of-turn token is counted in
+  // the generated tokens but streams nothing)
+  check(itl > 0 && itl <= gen0 - 2 * N && itl >= gen0 - 4 * N, `per-token histogram: one gap ` +
+    `per token after the first (${itl} vs ${gen0} tokens in ${2 * N} generations)`);
   const steps = await metric(srv, 'spark_engine_steps_total');
   check(steps > 0, 'engine steps counted');
   check((await metric(srv, 'spark_requests_running')) === 0 &&
