@@ -325,6 +325,10 @@ int agent_backend_engine_new(agent_backend **out, engine_model *m, const agent_e
  * be NULL, model the "model" field (NULL: "default"). */
 int agent_backend_remote_new(agent_backend **out, const char *base_url, const char *api_key,
                              const char *model);
+/* The remote backend's "tool_choice" on every turn: "auto", "required" (each turn is tool
+ * calls only, as AGENT_TOOLS_REQUIRED) or "none"; NULL: not sent (the server's default).
+ * AGENT_EINVAL when b is not a remote backend or the choice is none of these. */
+int agent_backend_remote_set_tool_choice(agent_backend *b, const char *choice);
 
 void agent_backend_free(agent_backend *b);
 /* The engine backend's session (NULL for other backends). */

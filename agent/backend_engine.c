@@ -236,6 +236,8 @@ static int eng_turn(agent_backend *b, json_t *msgs, const char *tools_json,
     info->tokens = st.generated_tokens;
     info->length = st.stop == ENGINE_STOP_LENGTH || st.stop == ENGINE_STOP_CONTEXT;
     info->tokens_per_s = st.decode_ms > 0 ? st.decode_tokens * 1000.0 / st.decode_ms : 0;
+    info->prompt_tokens = st.prompt_tokens;
+    info->cached_tokens = st.cached_tokens;
     if (rc == 0 || rc == AGENT_ECANCELED) e->seen = n + 1; /* the assistant message the loop adds next */
     return rc;
 }

@@ -9,6 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Seconds a request may wait for the server's response to begin or continue. */
+#define AGENT_REMOTE_TIMEOUT_S 600
+
 typedef struct {
     agent_backend base;
     char *url;      /* scratch copy parsed by lws_parse_uri */
@@ -18,6 +21,7 @@ typedef struct {
     bool tls;
     char *api_key;
     char *model;
+    const char *tool_choice; /* static string or NULL */
 } remote;
 
 typedef struct {
@@ -173,6 +177,8 @@ static int remote_turn(agent_backend *b, json_t *msgs, const char *tools_json,
     json_t *body = json_pack("{s:s, s:o, s:b}", "model", r->model, "messages",
                              wire_messages(msgs), "stream", 1);
     if (tools_json) json_object_set_new(body, "tools", json_loads(tools_json, 0, NULL));
+    if (tools_json && r->tool_choice)
+        json_object_set_new(body, "tool_choice", json_string(r->tool_choice));
     if (o->max_tokens > 0) json_object_set_new(body, "max_tokens", json_integer(o->max_tokens));
     char *bj = body ? json_dumps(body, JSON_COMPACT) : NULL;
     json_decref(body);
@@ -191,6 +197,10 @@ static int remote_turn(agent_backend *b, json_t *msgs, const char *tools_json,
     ci.gid = (gid_t)-1;
     ci.uid = (uid_t)-1;
     if (r->tls) ci.options |= LWS_SERVER_OPTION_DO_SSL_GLOBAL_INIT;
+    /* a server answers a long prompt only after its prefill (minutes on a loaded CPU): lws's
+     * default 20 s for the response closed such requests without a word. Ctrl-C still stops
+     * the wait (the service loop checks the cancel flag) */
+    ci.timeout_secs = AGENT_REMOTE_TIMEOUT_S;
     struct lws_context *ctx = lws_create_context(&ci);
     if (!ctx) {
         rc = agent_err(AGENT_EINTERNAL, "libwebsockets: cannot create a client context");
@@ -202,8 +212,16 @@ static int remote_turn(agent_backend *b, json_t *msgs, const char *tools_json,
     cc.address = r->host;
     cc.port = r->port;
     cc.path = r->path;
-    cc.host = r->host;
-    cc.origin = r->host;
+    /* Host names the port when it is not the scheme's (RFC 7230 5.4: servers that guard
+     * against DNS rebinding, ours included, refuse a Host without it); no Origin header: this
+     * is not a browser */
+    char host_hdr[300];
+    bool v6 = strchr(r->host, ':') != NULL;
+    if (r->port == (r->tls ? 443 : 80))
+        snprintf(host_hdr, sizeof host_hdr, v6 ? "[%s]" : "%s", r->host);
+    else
+        snprintf(host_hdr, sizeof host_hdr, v6 ? "[%s]:%d" : "%s:%d", r->host, r->port);
+    cc.host = host_hdr;
     cc.method = "POST";
     cc.protocol = PROTOCOLS[0].name;
     cc.ssl_connection = r->tls ? LCCSCF_USE_SSL : 0;
@@ -229,6 +247,11 @@ static int remote_turn(agent_backend *b, json_t *msgs, const char *tools_json,
         rc = agent_err(AGENT_ECANCELED, "canceled");
     } else if (q.failed) {
         rc = agent_err(AGENT_EINVAL, "%s: %s", r->path, q.err);
+        goto done;
+    } else if (q.status == 0) {
+        rc = agent_err(AGENT_EINVAL, "%s:%d%s: the connection closed without a response (no "
+                       "answer within %d s, or the server reset it)", r->host, r->port, r->path,
+                       AGENT_REMOTE_TIMEOUT_S);
         goto done;
     } else if (q.status < 200 || q.status >= 300) {
         rc = agent_err(AGENT_EINVAL, "%s:%d%s: HTTP %d: %.300s", r->host, r->port, r->path,
@@ -309,4 +332,21 @@ int agent_backend_remote_new(agent_backend **out, const char *base_url, const ch
     }
     *out = &r->base;
     return 0;
+}
+
+int agent_backend_remote_set_tool_choice(agent_backend *b, const char *choice) {
+    static const char *const known[] = {"auto", "required", "none"};
+    if (!b || b->turn != remote_turn)
+        return agent_err(AGENT_EINVAL, "tool_choice: not a remote backend");
+    if (!choice) {
+        ((remote *)b)->tool_choice = NULL;
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
+        if (!strcmp(choice, known[i])) {
+            ((remote *)b)->tool_choice = known[i];
+            return 0;
+        }
+    }
+    return agent_err(AGENT_EINVAL, "tool_choice %.32s: expected auto, required or none", choice);
 }

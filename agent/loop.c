@@ -302,12 +302,13 @@ int agent_run_task(agent *a, const char *task, agent_result *res) {
         json_t *am = assistant_msg(text ? text : "", &r, &a->next_call_id);
         free(text);
         int first_id = a->next_call_id - (int)r.n_calls;
-        emit(a, json_pack("{s:s, s:i, s:O, s:O, s:I, s:b, s:f}", "type", "assistant", "step",
-                          res->steps, "content", json_object_get(am, "content"), "reasoning",
-                          json_object_get(am, "reasoning_content") ?
+        emit(a, json_pack("{s:s, s:i, s:O, s:O, s:I, s:b, s:f, s:I, s:I}", "type", "assistant",
+                          "step", res->steps, "content", json_object_get(am, "content"),
+                          "reasoning", json_object_get(am, "reasoning_content") ?
                           json_object_get(am, "reasoning_content") : json_null(), "tokens",
                           (json_int_t)info.tokens, "truncated", info.length, "tokens_per_s",
-                          info.tokens_per_s));
+                          info.tokens_per_s, "prompt_tokens", (json_int_t)info.prompt_tokens,
+                          "cached_tokens", (json_int_t)info.cached_tokens));
         if ((rc = add_msg(a, am))) {
             agent_reply_clear(&r);
             stopf(res, AGENT_STOP_ERROR, "%s", agent_error_last());

@@ -16,6 +16,8 @@ typedef struct {
     int64_t tokens;         /* generated in this turn (0 when the backend cannot count) */
     bool length;            /* the turn hit max_tokens without ending */
     double tokens_per_s;    /* decode speed (0 when unknown) */
+    int64_t prompt_tokens;  /* the turn's prompt and how much of it the engine's cache served */
+    int64_t cached_tokens;  /* (both 0 when the backend cannot count) */
 } agent_turn_info;
 
 struct agent_backend {

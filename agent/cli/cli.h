@@ -59,6 +59,10 @@ typedef struct {
     /* MCP servers from `mcp.NAME = {JSON}` lines, assembled as the text of one JSON object
      * {"NAME": {...}, ...} ("" when none); the agent parses and checks the values. */
     char mcp_servers[16384];
+    /* KV pool of the model's prefix cache (engine_model_params.prefix_cache_bytes), MiB:
+     * -1 = auto (cli_kv_cache_plan's default), 0 = off; `kv_cache =` / SPARK_KV_CACHE */
+    long kv_cache_mib;
+    char kv_cache_source[64];
     char serve_host[256];    /* serve.host ("" = not set) */
     int serve_port;          /* serve.port (0 = not set) */
     char config_path[4096];  /* the config file consulted ("" if none exists) */
@@ -82,6 +86,16 @@ char *cli_read_stdin(size_t *len);
  * load time. Prints the error itself ("spark-agent CMD: ...") and returns the engine's code. */
 int cli_model_load(const char *cmd, engine_model **out, const char *path,
                    const engine_model_params *params);
+/* The prefix cache's KV pool for a model about to be loaded on the CPU, into
+ * mp->prefix_cache_bytes: `flag` (--kv-cache: "auto", or MiB with 0 = off) > SPARK_KV_CACHE >
+ * the config's kv_cache > auto. Auto reads the model's shape (a vocabulary-only load) and sizes
+ * the pool for n_ctx positions (0: the model's default) plus two blocks: the session's KV lives
+ * in the pool, so this costs what the session's own cache would; off where the engine has no
+ * prefix cache (a GPU, qwen35moe). Prints a line on stderr when `log` ("spark-agent CMD: kv
+ * cache ..."). Returns 0, or -1 after printing the error (a bad flag or value). */
+bool cli_parse_kv_cache(const char *s, long *mib); /* "auto" (-1) or 0..16777216 MiB */
+int cli_kv_cache_plan(const char *cmd, const char *flag, const cli_config *cfg, const char *path,
+                      int32_t n_ctx, engine_model_params *mp, bool log);
 /* Strict number parsing for options: the whole string, in [lo, hi] (u64: no sign). */
 bool cli_parse_long(const char *s, long lo, long hi, long *out);
 bool cli_parse_float(const char *s, double lo, double hi, float *out);

@@ -135,3 +135,65 @@ int cli_model_load(const char *cmd, engine_model **out, const char *path,
     *out = j.model;
     return 0;
 }
+
+/* Positions per KV block of the engine's paged pool (engine.h: engine_prefix_*, B = 16). */
+#define CLI_KV_BLOCK 16
+
+int cli_kv_cache_plan(const char *cmd, const char *flag, const cli_config *cfg, const char *path,
+                      int32_t n_ctx, engine_model_params *mp, bool log) {
+    long mib = cfg->kv_cache_mib;
+    const char *src = cfg->kv_cache_source;
+    if (flag) {
+        if (!cli_parse_kv_cache(flag, &mib)) {
+            cli_errorf(cmd, "--kv-cache %s: expected auto or a size in MiB (0: off)", flag);
+            return -1;
+        }
+        src = "--kv-cache";
+    }
+    mp->prefix_cache_bytes = 0;
+    if (mib >= 0) {
+        mp->prefix_cache_bytes = (size_t)mib << 20;
+        if (log && mib) fprintf(stderr, "spark-agent %s: kv cache %ld MiB (%s)\n", cmd, mib, src);
+        else if (log) fprintf(stderr, "spark-agent %s: kv cache off (%s)\n", cmd, src);
+        return 0;
+    }
+    /* auto: the engine has no prefix cache on the GPU yet */
+    engine_gpu_info gi;
+    if (mp->device == ENGINE_DEVICE_CUDA ||
+        (mp->device == ENGINE_DEVICE_AUTO && engine_cuda_built() && engine_gpu_info_get(&gi) == 0 &&
+         gi.n_devices > 0)) {
+        if (log) fprintf(stderr, "spark-agent %s: kv cache off (auto: none on the GPU yet)\n", cmd);
+        return 0;
+    }
+    /* the model's shape without its weights; a file that cannot be read is reported by the
+     * real load that follows */
+    engine_model_params vp = ENGINE_MODEL_PARAMS_INIT;
+    vp.vocab_only = true;
+    vp.n_ctx = mp->n_ctx;
+    engine_model *vm = NULL;
+    if (engine_model_load(&vm, path, &vp)) return 0;
+    engine_model_info in;
+    engine_model_info_get(vm, &in);
+    engine_model_free(vm);
+    if (!strcmp(in.arch, "qwen35moe") || in.n_layer <= 0 || in.n_head_kv <= 0 ||
+        in.head_dim <= 0) {
+        if (log)
+            fprintf(stderr, "spark-agent %s: kv cache off (auto: %s has no prefix cache yet)\n",
+                    cmd, in.arch);
+        return 0;
+    }
+    /* K and V, F16, every layer */
+    uint64_t per_token = 2ull * (uint64_t)in.n_layer * (uint64_t)in.n_head_kv *
+                         (uint64_t)in.head_dim * 2;
+    /* a vocabulary-only model reports no session context: the engine's default then,
+     * min(trained, 4096) (engine_model_params.n_ctx) */
+    int64_t pos = n_ctx > 0 ? n_ctx : in.n_ctx > 0 ? in.n_ctx : in.n_ctx_train;
+    if (n_ctx <= 0 && in.n_ctx <= 0 && (pos <= 0 || pos > 4096)) pos = 4096;
+    uint64_t blocks = (uint64_t)(pos + CLI_KV_BLOCK - 1) / CLI_KV_BLOCK + 2;
+    mp->prefix_cache_bytes = (size_t)(blocks * CLI_KV_BLOCK * per_token);
+    if (log)
+        fprintf(stderr, "spark-agent %s: kv cache %.1f MiB (auto: %lld positions + 2 blocks x "
+                "%.1f KiB per token)\n", cmd, (double)mp->prefix_cache_bytes / (1 << 20),
+                (long long)pos, (double)per_token / 1024);
+    return 0;
+}

@@ -52,11 +52,28 @@ typedef struct {
     bool json;
     bool tty;
     bool streamed;
+    bool stats;    /* --stats: each turn's prompt, cache and speed figures on stderr */
     const char *cmd;
 } ui;
 
+/* --stats: "[stats: step S: P prompt tokens (C cached), G generated, T tok/s]" */
+static void ui_stats(const char *ev) {
+    json_t *e = json_loads(ev, 0, NULL);
+    fprintf(stderr, "[stats: step %lld: %lld prompt tokens (%lld cached), %lld generated, "
+            "%.1f tok/s]\n", (long long)json_integer_value(json_object_get(e, "step")),
+            (long long)json_integer_value(json_object_get(e, "prompt_tokens")),
+            (long long)json_integer_value(json_object_get(e, "cached_tokens")),
+            (long long)json_integer_value(json_object_get(e, "tokens")),
+            json_number_value(json_object_get(e, "tokens_per_s")));
+    json_decref(e);
+}
+
 static void ui_event(void *user, const char *ev) {
     ui *u = user;
+    if (u->stats && strstr(ev, "\"type\":\"assistant\"")) {
+        if (u->streamed) fputc('\n', stderr), u->streamed = false;
+        ui_stats(ev);
+    }
     if (u->json) {
         printf("%s\n", ev);
         fflush(stdout);
@@ -116,7 +133,9 @@ typedef struct {
     const char *cmd;
     const char *model_flag, *model_url, *api_key, *remote_model, *script, *resume, *root;
     const char *approval, *default_approval, *approval_rules;
-    bool json, no_mcp;
+    const char *kv_cache; /* --kv-cache auto|MiB */
+    const char *tools;    /* --tools NAME,...|none: the built-in tools offered */
+    bool json, no_mcp, stats;
     int max_steps;
     long max_tokens;
     int ctx;
@@ -134,6 +153,8 @@ typedef struct {
     int n_mcp;
     char transcript[4400];
     char id[64];
+    char tool_buf[1024];      /* --tools: the names, split in place */
+    const char *tool_names[33];
     ui u;
 } run_state;
 
@@ -298,6 +319,7 @@ static int setup(run_state *s, run_args *a, bool interactive) {
     s->u.cmd = a->cmd;
     s->u.json = a->json;
     s->u.tty = isatty(2);
+    s->u.stats = a->stats;
     cli_config *cfgp = malloc(sizeof *cfgp);
     if (!cfgp) {
         cli_errorf(a->cmd, "out of memory");
@@ -372,12 +394,20 @@ static int setup_rest(run_state *s, const run_args *a, const cli_config *cfg,
         free(sc);
     } else if (a->model_url) {
         rc = agent_backend_remote_new(&s->backend, a->model_url, a->api_key, a->remote_model);
+        /* --tool-calls required: the server constrains every turn to tool calls */
+        if (rc == 0 && a->tools_mode && !strcmp(a->tools_mode, "required"))
+            rc = agent_backend_remote_set_tool_choice(s->backend, "required");
     } else {
         char path[4096];
         if (cli_model_resolve(a->cmd, a->model_flag, cfg, path, sizeof path)) return 1;
         engine_model_params mp = ENGINE_MODEL_PARAMS_INIT;
         mp.n_threads = cfg->threads;
         mp.device = (engine_device)engine_device_parse(cfg->device);
+        /* the prefix cache: the persisted system block (agent/backend_engine.c) and cached
+         * prefixes need the model's paged KV pool */
+        if (cli_kv_cache_plan(a->cmd, a->kv_cache, cfg, path, a->ctx, &mp, true))
+            return CLI_EXIT_USAGE;
+        if (a->stats) engine_log_set(NULL, NULL, ENGINE_LOG_DEBUG); /* prefix loads and saves */
         if (cli_model_load(a->cmd, &s->model, path, &mp)) return CLI_EXIT_FAIL;
         agent_engine_opts eo = AGENT_ENGINE_OPTS_INIT;
         eo.n_ctx = a->ctx;
@@ -423,6 +453,23 @@ static int setup_rest(run_state *s, const run_args *a, const cli_config *cfg,
         (rc = start_mcp(s, a, cfg, to.unsandboxed)) != 0)
         return rc;
     agent_loop_opts o = AGENT_LOOP_OPTS_INIT;
+    if (a->tools) { /* the built-in tools offered ("none": only the MCP servers' tools) */
+        size_t n = 0;
+        snprintf(s->tool_buf, sizeof s->tool_buf, "%s", strcmp(a->tools, "none") ? a->tools : "");
+        char *save = NULL;
+        for (char *t = strtok_r(s->tool_buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+            char *schema = NULL;
+            if (n == sizeof s->tool_names / sizeof s->tool_names[0] - 1 ||
+                tool_schema_json(&schema, t) < 0) {
+                cli_errorf(a->cmd, "--tools: no built-in tool '%s' (spark-agent tool --list)", t);
+                return CLI_EXIT_USAGE;
+            }
+            free(schema);
+            s->tool_names[n++] = t;
+        }
+        s->tool_names[n] = NULL;
+        o.tool_names = s->tool_names;
+    }
     o.mcp = s->mcp;
     o.n_mcp = s->n_mcp;
     o.tools = s->tools;
@@ -456,6 +503,8 @@ static int parse_args(run_args *a, int argc, char **argv, int *first_arg) {
         {"root", required_argument, NULL, 'C'},    {"ctx", required_argument, NULL, 'c'},
         {"tool-calls", required_argument, NULL, 'T'}, {"help", no_argument, NULL, 'h'},
         {"approval-rules", required_argument, NULL, 'A'}, {"no-mcp", no_argument, NULL, 'N'},
+        {"kv-cache", required_argument, NULL, 'k'}, {"stats", no_argument, NULL, 'x'},
+        {"tools", required_argument, NULL, 'L'},
         {NULL, 0, NULL, 0}};
     int c;
     optind = 1;
@@ -469,6 +518,9 @@ static int parse_args(run_args *a, int argc, char **argv, int *first_arg) {
         case 'a': a->approval = optarg; break;
         case 'A': a->approval_rules = optarg; break;
         case 'N': a->no_mcp = true; break;
+        case 'k': a->kv_cache = optarg; break;
+        case 'L': a->tools = optarg; break;
+        case 'x': a->stats = true; break;
         case 'j': a->json = true; break;
         case 'r': a->resume = optarg; break;
         case 'S': a->script = optarg; break;
@@ -490,13 +542,20 @@ static int parse_args(run_args *a, int argc, char **argv, int *first_arg) {
             printf("usage: spark-agent %s %s[-m FILE | --model-url URL [--api-key K]] "
                    "[--approval MODE]\n       [--approval-rules JSON] [--json] [--max-steps N] [--max-tokens N] "
                    "[--resume ID] [--root DIR] [--ctx N]\n       [--tool-calls auto|required|none]"
-                   " [--script REPLIES.json] [--no-mcp]\n\n"
+                   " [--script REPLIES.json] [--no-mcp]\n       [--kv-cache auto|MiB] "
+                   "[--stats] [--tools NAME,...|none]\n\n"
                    "Approval modes: read-only, ask (default for chat), auto-edit (default for "
                    "run),\nfull-auto; --approval > SPARK_APPROVAL > `approval =` in the config "
                    "file.\nPer-tool rules: --approval-rules / SPARK_APPROVAL_RULES / "
                    "`approval_rules =`,\ne.g. '{\"build\":\"allow\",\"git_*\":\"deny\"}' "
                    "(all apply; flag over variable over file).\n"
                    "Transcripts: $XDG_STATE_HOME/spark-agent/sessions/ID.jsonl.\n"
+                   "--kv-cache: the prefix cache's KV pool (> SPARK_KV_CACHE > `kv_cache =`;\n"
+                   "auto sizes it for the context; 0 off); the system block's KV is kept under\n"
+                   "$XDG_CACHE_HOME/spark-agent/prefixes. --stats: prompt and cached tokens per "
+                   "turn.\n--tools: offer only these built-in tools (none: only MCP servers' "
+                   "tools).\n--tool-calls required with --model-url sends tool_choice "
+                   "\"required\".\n"
                    "Exit status: 0 answered, 1 stopped otherwise (budget, refusal loop, error),\n"
                    "2 usage, 130 canceled.\n",
                    a->cmd, strcmp(a->cmd, "run") ? "" : "\"TASK\" ");

@@ -38,6 +38,8 @@ static void usage(FILE *f) {
         "      --device D         auto|cpu|cuda (SPARK_DEVICE, device)\n"
         "  -c, --ctx N            positions per request (default: the model's)\n"
         "      --max-seqs N       sequences decoded together (default 16)\n"
+        "      --kv-cache MIB     KV pool of the prefix cache, shared by every request\n"
+        "                         (SPARK_KV_CACHE, kv_cache; default auto: ctx x max-seqs)\n"
         "      --max-tokens N     default max_tokens of a chat request (default 512)\n"
         "      --max-body BYTES   request body limit (default 8 MiB)\n"
         "      --max-conns N      open connections per client address (default 64)\n"
@@ -60,6 +62,7 @@ enum {
     OPT_CONNS,
     OPT_IDLE,
     OPT_DRAIN,
+    OPT_KV,
 };
 
 #define MAX_ALLOW 32
@@ -82,14 +85,16 @@ int cli_serve(int argc, char **argv) {
         {"max-conns", required_argument, 0, OPT_CONNS},
         {"idle-timeout", required_argument, 0, OPT_IDLE},
         {"drain-timeout", required_argument, 0, OPT_DRAIN},
+        {"kv-cache", required_argument, 0, OPT_KV},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
     const char *cmd = "serve";
-    const char *model_flag = NULL, *host = NULL, *device = NULL;
+    const char *model_flag = NULL, *host = NULL, *device = NULL, *kv_flag = NULL;
     const char *hosts[MAX_ALLOW + 1] = {0}, *origins[MAX_ALLOW + 1] = {0};
     int n_hosts = 0, n_origins = 0;
     long port = -1, threads = -1, n_ctx = 0, seqs = 0, maxtok = 0, conns = 0, idle = 0, drain = 0;
+    long kv = -1;
     uint64_t body = 0;
     agent_server_opts so = AGENT_SERVER_OPTS_INIT;
     int c;
@@ -149,6 +154,10 @@ int cli_serve(int argc, char **argv) {
         case OPT_DRAIN:
             ok = cli_parse_long(optarg, 1, 86400, &drain);
             break;
+        case OPT_KV:
+            kv_flag = optarg;
+            ok = cli_parse_kv_cache(optarg, &kv) && kv != 0;
+            break;
         case 'h':
             usage(stdout);
             return CLI_EXIT_OK;
@@ -197,6 +206,15 @@ int cli_serve(int argc, char **argv) {
     mp.n_threads = threads > 0 ? (int)threads : cfg.threads;
     mp.device = (engine_device)engine_device_parse(device ? device : cfg.device);
     if (n_ctx) mp.n_ctx = (int32_t)n_ctx;
+    /* --kv-cache MiB > SPARK_KV_CACHE > kv_cache: the model's paged pool, which the scheduler
+     * then shares (and engine_prefix_* could use); auto (and 0) leave the pool to the
+     * scheduler, sized n_ctx x max_seqs and logged by it */
+    if (!kv_flag) kv = cfg.kv_cache_mib;
+    if (kv > 0) {
+        mp.prefix_cache_bytes = (size_t)kv << 20;
+        fprintf(stderr, "spark-agent serve: kv cache %ld MiB (%s)\n", kv,
+                kv_flag ? "--kv-cache" : cfg.kv_cache_source);
+    }
     engine_model *m = NULL;
     if (engine_model_load(&m, path, &mp)) {
         cli_errorf(cmd, "%s: %s", path, engine_error_last());

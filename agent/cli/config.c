@@ -19,6 +19,14 @@ void cli_errorf(const char *cmd, const char *fmt, ...) {
     va_end(ap);
 }
 
+bool cli_parse_kv_cache(const char *s, long *mib) {
+    if (!strcmp(s, "auto")) {
+        *mib = -1;
+        return true;
+    }
+    return cli_parse_long(s, 0, 1L << 24, mib);
+}
+
 static char *trim(char *s) {
     while (isspace((unsigned char)*s)) s++;
     char *e = s + strlen(s);
@@ -93,6 +101,9 @@ static int parse_file(cli_config *cfg, FILE *f) {
             if (val[0] != '{') goto bad;
             set_str(cfg->approval_rules_file, sizeof cfg->approval_rules_file, val, NULL, 0, "");
             cfg->approval_rules_line = lineno;
+        } else if (strcmp(key, "kv_cache") == 0) {
+            if (!cli_parse_kv_cache(val, &cfg->kv_cache_mib)) goto bad;
+            snprintf(cfg->kv_cache_source, sizeof cfg->kv_cache_source, "config file");
         } else if (strcmp(key, "serve.host") == 0) {
             if (!*val || set_str(cfg->serve_host, sizeof cfg->serve_host, val, NULL, 0, ""))
                 goto bad;
@@ -111,7 +122,8 @@ static int parse_file(cli_config *cfg, FILE *f) {
 bad:
     snprintf(cfg->error, sizeof cfg->error, "%s:%d: cannot parse this line (keys: model, device "
              "= auto|cpu|cuda, threads, sandbox = required|off, approval = MODE, approval_rules "
-             "= {JSON}, mcp.NAME = {JSON}, serve.host, serve.port)", cfg->config_path, lineno);
+             "= {JSON}, mcp.NAME = {JSON}, kv_cache = auto|MiB, serve.host, serve.port)",
+             cfg->config_path, lineno);
     return -1;
 }
 
@@ -122,6 +134,8 @@ int cli_config_load(cli_config *cfg) {
     snprintf(cfg->model_source, sizeof cfg->model_source, "default");
     snprintf(cfg->approval_source, sizeof cfg->approval_source, "default");
     cfg->sandbox_required = true;
+    cfg->kv_cache_mib = -1;
+    snprintf(cfg->kv_cache_source, sizeof cfg->kv_cache_source, "default");
 
     const char *xdg = getenv("XDG_CONFIG_HOME"), *home = getenv("HOME");
     char path[4096] = "";
@@ -154,6 +168,15 @@ int cli_config_load(cli_config *cfg) {
         }
     }
     if ((v = getenv("SPARK_THREADS")) && *v) cfg->threads = atoi(v);
+    if ((v = getenv("SPARK_KV_CACHE")) && *v) {
+        if (!cli_parse_kv_cache(v, &cfg->kv_cache_mib)) {
+            snprintf(cfg->error, sizeof cfg->error,
+                     "SPARK_KV_CACHE=%.64s: expected auto or a size in MiB (0: off)", v);
+            rc = -1;
+        } else {
+            snprintf(cfg->kv_cache_source, sizeof cfg->kv_cache_source, "SPARK_KV_CACHE");
+        }
+    }
     if ((v = getenv("SPARK_APPROVAL")) && *v) {
         if (set_str(cfg->approval, sizeof cfg->approval, v, cfg->approval_source,
                     sizeof cfg->approval_source, "SPARK_APPROVAL") != 0) {
