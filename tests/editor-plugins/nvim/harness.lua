@@ -39,9 +39,11 @@ end
 
 function T.run()
   for _, t in ipairs(T.tests) do
+    local t0 = vim.loop.hrtime()
     local ok, err = xpcall(t.fn, debug.traceback)
+    local ms = (vim.loop.hrtime() - t0) / 1e6
     if ok then
-      io.stdout:write('ok - ' .. t.name .. '\n')
+      io.stdout:write(string.format('ok - %s (%.0f ms)\n', t.name, ms))
     else
       T.failures = T.failures + 1
       io.stdout:write('not ok - ' .. t.name .. '\n' .. err .. '\n')

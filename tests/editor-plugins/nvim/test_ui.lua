@@ -34,7 +34,8 @@ io.stdout:write(string.format('# server: %s (%s)\n', server.url, server.real and
   or 'fake'))
 
 E.child({ url = server.url, token = server.token, auto_connect = true,
-  completion = { debounce_ms = 0, max_tokens = 16, time_budget_ms = 20000 } })
+  completion = { debounce_ms = 0, max_tokens = 6, time_budget_ms = 20000 },
+  chat = { max_tokens = 8, temperature = 0 } })
 E.lua([[vim.o.autoindent = false; vim.cmd('cd ' .. ...)]], ws_dir)
 
 -- a helper in the child: call a server method and keep the answer in _G.answers[key]
@@ -145,7 +146,7 @@ T.test('further typing cancels the request in flight', function()
   end
   -- a long prefix makes the real server's request take a while (prefill)
   E.lua([[local l = {}
-    for i = 1, 60 do l[i] = string.format('value_%d = compute(%d, "%s")', i, i, ('x'):rep(i % 17)) end
+    for i = 1, 30 do l[i] = string.format('value_%d = compute(%d, "%s")', i, i, ('x'):rep(i % 17)) end
     l[#l + 1] = ''
     vim.api.nvim_buf_set_lines(0, 0, -1, false, l)
     _G.cancel_base = _G.stats()]])

@@ -136,7 +136,7 @@ test('$/cancelRequest: the cancelled request answers -32800 and the connection g
 
 test('chat: streamed deltas add up to the final message; history grows', async (t) => {
     if (skip()) return t.skip(skip());
-    const chat = new ChatSession(client, { max_tokens: 24, temperature: 0 });
+    const chat = new ChatSession(client, { max_tokens: 8, temperature: 0 });
     let streamed = '';
     const r = await chat.send('Say hi', (d) => { if (d.content) streamed += d.content; });
     assert.equal(r.cancelled, false);

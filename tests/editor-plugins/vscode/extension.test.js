@@ -40,8 +40,8 @@ test.before(async () => {
     server = await start({ env: { SPARK_SERVE_AGENT_SCRIPT: script } });
     if (server.skip) return;
     api = stub.create({ 'spark.serverUrl': server.url, 'spark.token': server.token,
-        'spark.completion.debounceMs': 0, 'spark.completion.maxTokens': 12,
-        'spark.completion.timeBudgetMs': 30000, 'spark.chat.maxTokens': 16 });
+        'spark.completion.debounceMs': 0, 'spark.completion.maxTokens': 6,
+        'spark.completion.timeBudgetMs': 30000, 'spark.chat.maxTokens': 8 });
     api.vscode.workspace.workspaceFolders = [{ uri: api.vscode.Uri.file(ws), name: 'ws' }];
     stub.install(api);
     ext = require('../../../editor-plugins/vscode/src/extension');
