@@ -28,8 +28,11 @@
  *
  * Tree: each node is one full block; its key is the block's block_size token ids and its
  * path from the root is the whole prefix, so the KV of a node is valid for exactly that token
- * prefix. Only full blocks enter the tree; a sequence's partly filled last block stays
- * private. Node storage is preallocated (at most one node per block), children are linked
+ * prefix. Full blocks enter the tree as a sequence fills them; its partly filled last block
+ * enters as a partial leaf (key of len < block_size tokens) when the sequence ends, so the next
+ * turn of a conversation, which re-sends those tokens, copies the rows (copy-on-write) instead
+ * of recomputing them. A partial leaf never has children and is never referenced by a block
+ * table (lookups copy it); it is dropped when a longer block for the same rows is inserted. Node storage is preallocated (at most one node per block), children are linked
  * lists compared by a key hash first, and nothing allocates after creation.
  *
  * Not thread-safe: one owner (the scheduler thread) calls everything.
@@ -179,6 +182,12 @@ void engine_kv_prefix_insert(engine_kv_cache *c, const engine_kv_seq *s, const i
 /* Pin (or unpin) the cached full blocks of the prefix tokens[0, n): pinned blocks are never
  * evicted. Pins nest. *n_tokens = the tokens covered (full cached blocks only). Unpinning a
  * prefix that is not pinned or not cached: ENGINE_EINVAL, nothing changed. */
+/* At the end of a sequence, after engine_kv_prefix_insert: insert its partly filled last block
+ * (tokens [full blocks, min(n, s->n_pos))) as a partial leaf when its full blocks are cached
+ * and no cached block holds those rows already. s must be released or truncated before it
+ * writes again (its block is the tree's now: a write would copy it first). Never fails. */
+void engine_kv_prefix_insert_tail(engine_kv_cache *c, const engine_kv_seq *s,
+                                  const int32_t *tokens, int32_t n);
 int engine_kv_prefix_pin(engine_kv_cache *c, const int32_t *tokens, int32_t n, int32_t *n_tokens);
 int engine_kv_prefix_unpin(engine_kv_cache *c, const int32_t *tokens, int32_t n);
 /* Evict up to n_blocks cached blocks, least recently used first; returns how many. */

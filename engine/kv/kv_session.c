@@ -33,6 +33,7 @@ int engine_kv_session_init(engine_session *s) {
 void engine_kv_session_deinit(engine_session *s) {
     if (!s->kv_paged) return;
     engine_kv_session_commit(s);
+    engine_kv_prefix_insert_tail(s->m->kvc, &s->kvs, s->tokens, s->n_tokens);
     engine_kv_seq_deinit(s->m->kvc, &s->kvs);
 }
 

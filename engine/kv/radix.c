@@ -18,6 +18,8 @@ struct engine_kv_node {
     int32_t next_sibling; /* also links the free node list */
     int32_t prev_sibling;
     int32_t block; /* pool block holding this prefix's last block_size positions */
+    int32_t len;   /* key tokens: block_size, or fewer for a partial leaf (a finished
+                    * sequence's partly filled last block, rows [0, len) valid) */
     int32_t pin;   /* nested pins; > 0: never evicted */
     int32_t lru_prev, lru_next;
     int32_t in_lru;
@@ -142,28 +144,31 @@ void engine_kv_radix_on_busy(engine_kv_cache *c, int32_t block) {
     lru_update(c, c->node_of[block]);
 }
 
+/* Unlink an evictable leaf n and free its block and node. */
+static void drop_node(engine_kv_cache *c, int32_t n) {
+    engine_kv_node *x = &c->nodes[n];
+    ENGINE_ASSERT(evictable(c, n));
+    if (x->in_lru) lru_remove(c, n);
+    if (x->prev_sibling >= 0)
+        c->nodes[x->prev_sibling].next_sibling = x->next_sibling;
+    else
+        c->nodes[x->parent].first_child = x->next_sibling;
+    if (x->next_sibling >= 0) c->nodes[x->next_sibling].prev_sibling = x->prev_sibling;
+    int32_t parent = x->parent, b = x->block;
+    c->node_of[b] = -1;
+    c->free_list[c->n_free++] = b;
+    x->next_sibling = c->node_free;
+    c->node_free = n;
+    c->n_nodes--;
+    if (parent != 0) lru_update(c, parent);
+}
+
 int32_t engine_kv_evict(engine_kv_cache *c, int32_t n_blocks) {
     int32_t done = 0;
     while (done < n_blocks && c->lru_head >= 0) {
-        int32_t n = c->lru_head;
-        engine_kv_node *x = &c->nodes[n];
-        ENGINE_ASSERT(evictable(c, n));
-        lru_remove(c, n);
-        /* unlink from the parent */
-        if (x->prev_sibling >= 0)
-            c->nodes[x->prev_sibling].next_sibling = x->next_sibling;
-        else
-            c->nodes[x->parent].first_child = x->next_sibling;
-        if (x->next_sibling >= 0) c->nodes[x->next_sibling].prev_sibling = x->prev_sibling;
-        int32_t parent = x->parent, b = x->block;
-        c->node_of[b] = -1;
-        c->free_list[c->n_free++] = b;
-        x->next_sibling = c->node_free;
-        c->node_free = n;
-        c->n_nodes--;
+        drop_node(c, c->lru_head);
         c->n_evicted++;
         done++;
-        if (parent != 0) lru_update(c, parent);
     }
     return done;
 }
@@ -173,7 +178,9 @@ int32_t engine_kv_evict(engine_kv_cache *c, int32_t n_blocks) {
 static int32_t find_child(const engine_kv_cache *c, int32_t n, const int32_t *key, uint64_t h) {
     size_t bytes = (size_t)c->p.block_size * sizeof *key;
     for (int32_t ch = c->nodes[n].first_child; ch >= 0; ch = c->nodes[ch].next_sibling)
-        if (c->nodes[ch].hash == h && memcmp(node_key(c, ch), key, bytes) == 0) return ch;
+        if (c->nodes[ch].hash == h && c->nodes[ch].len == c->p.block_size &&
+            memcmp(node_key(c, ch), key, bytes) == 0)
+            return ch;
     return -1;
 }
 
@@ -192,22 +199,27 @@ static int32_t walk(const engine_kv_cache *c, const int32_t *tokens, int32_t n, 
         depth++;
     }
     int32_t rem = n - depth * bs, lim = ENGINE_MIN(rem, bs), r = 0;
+    int ended = 0; /* best's key (a partial leaf) ended before the request differed */
     *best = -1;
     for (int32_t ch = c->nodes[node].first_child; ch >= 0 && rem > 0;
          ch = c->nodes[ch].next_sibling) {
         const int32_t *k = node_key(c, ch), *t = tokens + (size_t)depth * bs;
-        int32_t i = 0;
-        while (i < lim && k[i] == t[i])
+        int32_t i = 0, kl = ENGINE_MIN(lim, c->nodes[ch].len);
+        while (i < kl && k[i] == t[i])
             i++;
-        if (i > r) {
+        int e = i == c->nodes[ch].len && i < lim;
+        if (i > r || (i == r && i > 0 && e && !ended)) {
             r = i;
+            ended = e;
             *best = ch;
         }
     }
     m->cached_tokens = 0;
     m->match_tokens = depth * bs + r;
-    /* a difference only when a cached continuation exists and the request did not end */
-    m->diverged_at = rem > 0 && c->nodes[node].first_child >= 0 && r < lim ? m->match_tokens : -1;
+    /* a difference only when a cached continuation exists, the request did not end, and the
+     * most similar cached sequence did not end either */
+    m->diverged_at =
+        rem > 0 && c->nodes[node].first_child >= 0 && r < lim && !ended ? m->match_tokens : -1;
     return depth;
 }
 
@@ -254,6 +266,22 @@ int engine_kv_prefix_attach(engine_kv_cache *c, engine_kv_seq *s, const int32_t 
     return 0;
 }
 
+/* Drop the idle partial leaves under parent whose rows the newer sibling `by` holds too (their
+ * key is a prefix of by's): a cached partial block is worth keeping only until a longer one
+ * replaces it. Partial leaves still referenced stay until the LRU takes them. */
+static void drop_covered(engine_kv_cache *c, int32_t parent, int32_t by) {
+    const engine_kv_node *y = &c->nodes[by];
+    int32_t ch = c->nodes[parent].first_child;
+    while (ch >= 0) {
+        int32_t next = c->nodes[ch].next_sibling;
+        const engine_kv_node *x = &c->nodes[ch];
+        if (ch != by && x->len < c->p.block_size && x->len <= y->len && evictable(c, ch) &&
+            memcmp(node_key(c, ch), node_key(c, by), (size_t)x->len * sizeof(int32_t)) == 0)
+            drop_node(c, ch);
+        ch = next;
+    }
+}
+
 /* ---- insert and pin ----------------------------------------------------------------------- */
 
 void engine_kv_prefix_insert(engine_kv_cache *c, const engine_kv_seq *s, const int32_t *tokens,
@@ -280,6 +308,7 @@ void engine_kv_prefix_insert(engine_kv_cache *c, const engine_kv_seq *s, const i
             if (x->next_sibling >= 0) c->nodes[x->next_sibling].prev_sibling = ch;
             c->nodes[node].first_child = ch;
             x->block = b;
+            x->len = bs;
             x->lru_prev = x->lru_next = -1;
             x->snapshot = -1;
             x->hash = h;
@@ -290,8 +319,49 @@ void engine_kv_prefix_insert(engine_kv_cache *c, const engine_kv_seq *s, const i
         }
         touch(c, ch);
         lru_update(c, ch);
+        drop_covered(c, node, ch);
         node = ch;
     }
+}
+
+void engine_kv_prefix_insert_tail(engine_kv_cache *c, const engine_kv_seq *s,
+                                  const int32_t *tokens, int32_t n) {
+    int32_t bs = c->p.block_size, node = 0, len = ENGINE_MIN(n, s->n_pos);
+    int32_t full = len / bs, rem = len - full * bs;
+    if (rem == 0 || full >= s->n_blocks) return;
+    for (int32_t i = 0; i < full && node >= 0; i++) {
+        const int32_t *key = tokens + (size_t)i * bs;
+        node = find_child(c, node, key, key_hash(key, bs));
+    }
+    int32_t b = s->blocks[full];
+    if (node < 0 || c->node_of[b] >= 0) return; /* the full blocks are not all cached */
+    const int32_t *key = tokens + (size_t)full * bs;
+    for (int32_t ch = c->nodes[node].first_child; ch >= 0; ch = c->nodes[ch].next_sibling)
+        if (c->nodes[ch].len >= rem && memcmp(node_key(c, ch), key, (size_t)rem * sizeof *key) == 0)
+            return; /* a cached block (full or partial) covers these rows already */
+    if (c->node_free < 0) return;
+    int32_t ch = c->node_free;
+    engine_kv_node *x = &c->nodes[ch];
+    c->node_free = x->next_sibling;
+    memset(x, 0, sizeof *x);
+    x->parent = node;
+    x->first_child = -1;
+    x->prev_sibling = -1;
+    x->next_sibling = c->nodes[node].first_child;
+    if (x->next_sibling >= 0) c->nodes[x->next_sibling].prev_sibling = ch;
+    c->nodes[node].first_child = ch;
+    x->block = b;
+    x->len = rem;
+    x->lru_prev = x->lru_next = -1;
+    x->snapshot = -1;
+    x->hash = key_hash(key, rem);
+    memcpy(c->node_tokens + (size_t)ch * bs, key, (size_t)rem * sizeof *key);
+    c->node_of[b] = ch;
+    c->n_nodes++;
+    if (node != 0) lru_update(c, node); /* no longer a leaf */
+    touch(c, ch);
+    lru_update(c, ch);
+    drop_covered(c, node, ch);
 }
 
 int engine_kv_prefix_pin(engine_kv_cache *c, const int32_t *tokens, int32_t n, int32_t *n_tokens) {

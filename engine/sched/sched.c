@@ -179,14 +179,16 @@ static void slot_commit(engine_sched *s, sched_slot *sl) {
     sl->committed = full;
 }
 
-/* Take the request out of its slot: its full blocks stay in the prefix tree (cached), the rest
- * go back to the pool at once. */
+/* Take the request out of its slot: its blocks stay in the prefix tree (cached; the partly
+ * filled last one as a partial leaf), the rest go back to the pool at once. */
 static void slot_release(engine_sched *s, sched_req *rq) {
     sched_slot *sl = &s->slots[rq->slot];
     pthread_mutex_lock(&s->m->pool_mu);
     if (s->batched) {
         if (sl->kvs.n_pos > sl->n_done) engine_kv_seq_truncate(s->kvc, &sl->kvs, sl->n_done);
         slot_commit(s, sl);
+        /* the partly filled last block too: the next turn re-sends these tokens */
+        engine_kv_prefix_insert_tail(s->kvc, &sl->kvs, sl->rq->toks, sl->n_done);
         engine_kv_seq_release(s->kvc, &sl->kvs);
     }
     pthread_mutex_unlock(&s->m->pool_mu);

@@ -193,6 +193,90 @@ static void test_explainer_and_cow(void) {
     engine_kv_cache_free(c);
 }
 
+/* A finished sequence's partly filled last block enters the tree as a partial leaf: the next
+ * turn copies its rows, a longer block for the same rows replaces it, the explainer does not
+ * call its end a divergence, and it is evicted like any cached block. */
+static void test_partial_tail(engine_kv_type type) {
+    engine_kv_cache *c = make(type, 16, 12);
+    int32_t a[80], b[80];
+    for (int i = 0; i < 80; i++)
+        a[i] = b[i] = 300 + i * 3;
+    engine_kv_seq s, t;
+    engine_kv_match m;
+    engine_kv_stats st;
+    CHECK(engine_kv_seq_init(c, &s, 80) == 0 && engine_kv_seq_init(c, &t, 80) == 0);
+    /* turn 1: 37 positions = 2 full blocks + 5 rows */
+    CHECK(engine_kv_seq_extend(c, &s, 37) == 0);
+    kv_write(c, &s, a, 0, 37);
+    engine_kv_prefix_insert(c, &s, a, 37);
+    engine_kv_prefix_insert_tail(c, &s, a, 37);
+    engine_kv_prefix_insert_tail(c, &s, a, 37); /* again: nothing new */
+    int32_t tail = s.blocks[2];
+    engine_kv_cache_stats(c, &st);
+    CHECK(st.n_nodes == 3 && st.n_used == 3);
+    /* the tree holds the tail block now: a write copies it first */
+    CHECK(engine_kv_seq_extend(c, &s, 38) == 0 && s.blocks[2] != tail);
+    CHECK(block_ok(c, tail, a, 32, 5));
+    engine_kv_seq_release(c, &s);
+    engine_kv_cache_stats(c, &st);
+    CHECK(st.n_used == 0 && st.n_cached == 3 && st.n_free == 9);
+
+    /* turn 2 re-sends the 37 tokens and more: every computed position is served */
+    engine_kv_prefix_peek(c, a, 60, &m);
+    CHECK(m.match_tokens == 37 && m.diverged_at == -1);
+    CHECK(engine_kv_prefix_attach(c, &t, a, 60, 59, &m) == 0);
+    CHECK(m.cached_tokens == 37 && t.n_pos == 37 && seq_ok(c, &t, a));
+    CHECK(t.blocks[2] != tail && engine_kv_block_refcount(c, tail) == 0);
+    /* a request ending inside the tail: all but its last token */
+    engine_kv_seq_release(c, &t);
+    CHECK(engine_kv_prefix_attach(c, &t, a, 35, 34, &m) == 0 && m.cached_tokens == 34);
+    engine_kv_seq_release(c, &t);
+    /* a request differing inside the tail: a divergence, the common rows copied */
+    b[34] = 1;
+    CHECK(engine_kv_prefix_attach(c, &t, b, 50, 49, &m) == 0);
+    CHECK(m.cached_tokens == 34 && m.diverged_at == 34 && seq_ok(c, &t, b));
+    engine_kv_seq_release(c, &t);
+    /* pins cover full blocks only */
+    int32_t covered = -1;
+    CHECK(engine_kv_prefix_pin(c, a, 37, &covered) == 0 && covered == 32);
+    CHECK(engine_kv_prefix_unpin(c, a, 37) == 0);
+
+    /* turn 2 finishes at 53 positions: block 2 is full now and replaces the partial leaf, the
+     * new partial tail (5 rows of block 3) joins */
+    CHECK(engine_kv_prefix_attach(c, &t, a, 60, 59, &m) == 0 && m.cached_tokens == 37);
+    CHECK(engine_kv_seq_extend(c, &t, 53) == 0);
+    kv_write(c, &t, a, 37, 53);
+    engine_kv_prefix_insert(c, &t, a, 53);
+    engine_kv_prefix_insert_tail(c, &t, a, 53);
+    engine_kv_seq_release(c, &t);
+    engine_kv_cache_stats(c, &st);
+    CHECK(st.n_nodes == 4 && st.n_used == 0 && st.n_free == 8);
+    CHECK(engine_kv_prefix_attach(c, &t, a, 70, 69, &m) == 0);
+    CHECK(m.cached_tokens == 53 && seq_ok(c, &t, a));
+    engine_kv_seq_release(c, &t);
+
+    /* a shorter tail than one cached adds nothing; a tail whose full blocks are not cached
+     * adds nothing either */
+    CHECK(engine_kv_prefix_attach(c, &s, a, 51, 51, &m) == 0 && s.n_pos == 51);
+    engine_kv_prefix_insert_tail(c, &s, a, 51);
+    engine_kv_seq_release(c, &s);
+    for (int i = 0; i < 80; i++)
+        b[i] = 900 + i;
+    CHECK(engine_kv_seq_extend(c, &s, 20) == 0);
+    kv_write(c, &s, b, 0, 20);
+    engine_kv_prefix_insert_tail(c, &s, b, 20);
+    engine_kv_seq_release(c, &s);
+    engine_kv_cache_stats(c, &st);
+    CHECK(st.n_nodes == 4 && st.n_free == 8);
+
+    engine_kv_seq_deinit(c, &s);
+    engine_kv_seq_deinit(c, &t);
+    CHECK(engine_kv_evict(c, 100) == 4);
+    engine_kv_cache_stats(c, &st);
+    CHECK(st.n_free == st.n_blocks && st.n_nodes == 0 && st.n_used == 0);
+    engine_kv_cache_free(c);
+}
+
 static void test_pin_pressure(void) {
     engine_kv_cache *c = make(ENGINE_KV_F32, 4, 6);
     int32_t a[16], x[16];
@@ -577,6 +661,8 @@ static void test_random(engine_kv_type type, uint64_t seed, int n_ops) {
 int main(void) {
     test_budget();
     test_explainer_and_cow();
+    test_partial_tail(ENGINE_KV_F16);
+    test_partial_tail(ENGINE_KV_F32);
     test_pin_pressure();
     test_random(ENGINE_KV_F32, 0x9e3779b97f4a7c15ull, 1500);
     test_random(ENGINE_KV_F16, 0x2545f4914f6cdd1dull, 1500);

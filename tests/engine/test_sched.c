@@ -289,7 +289,7 @@ static void test_greedy(engine_model *ref, engine_model *m, engine_sched_mode mo
 
 /* ---- the prefix cache through the scheduler ---------------------------------------------- */
 static void test_cached(engine_model *ref, engine_model *m) {
-    static int32_t p[200], q[200];
+    static int32_t p[200], q[200], t2[220], t3[240];
     fill_prompt(p, 200, 99);
     memcpy(q, p, sizeof p);
     q[150] = (q[150] + 1) % n_vocab; /* diverges at 150 */
@@ -299,7 +299,7 @@ static void test_cached(engine_model *ref, engine_model *m) {
     sp.prefill_chunk = 48;
     CHECK(engine_sched_new(&s, m, &sp) == 0);
     if (!s) return;
-    outcome o[3], w[2];
+    outcome o[5], w[4];
     memset(o, 0, sizeof o);
     memset(w, 0, sizeof w);
     submit(s, &o[0], p, 180, 3, NULL, 0);
@@ -308,18 +308,46 @@ static void test_cached(engine_model *ref, engine_model *m) {
     wait_done(&o[1], 1);
     submit(s, &o[2], q, 180, 3, NULL, 0);
     wait_done(&o[2], 1);
+    /* the next turn of a conversation: the first prompt, its answer, new text. Position 182
+     * (the answer's last token) never had KV; the partly filled block 11 (176..181) is copied */
+    CHECK(o[0].n_toks == 3);
+    int32_t n2 = 0, n3 = 0;
+    memcpy(t2, p, 180 * sizeof *p);
+    n2 = 180;
+    for (int i = 0; i < o[0].n_toks && i < 3; i++) t2[n2++] = o[0].toks[i];
+    fill_prompt(t2 + n2, 20, 7);
+    n2 += 20;
+    submit(s, &o[3], t2, (size_t)n2, 4, NULL, 0);
+    wait_done(&o[3], 1);
+    /* and the turn after (its tail block 12 is partly filled: 192..206) */
+    memcpy(t3, t2, (size_t)n2 * sizeof *t2);
+    n3 = n2;
+    for (int i = 0; i < o[3].n_toks && i < 4; i++) t3[n3++] = o[3].toks[i];
+    fill_prompt(t3 + n3, 9, 8);
+    n3 += 9;
+    submit(s, &o[4], t3, (size_t)n3, 3, NULL, 0);
+    wait_done(&o[4], 1);
     engine_sched_free(s);
     reference(ref, &w[0], p, 180, 3, NULL, 0);
     reference(ref, &w[1], q, 180, 3, NULL, 0);
+    reference(ref, &w[2], t2, (size_t)n2, 4, NULL, 0);
+    reference(ref, &w[3], t3, (size_t)n3, 3, NULL, 0);
     same_output(&o[0], &w[0], "cold", 0);
     same_output(&o[1], &w[0], "cached", 1);
     same_output(&o[2], &w[1], "diverged", 2);
+    same_output(&o[3], &w[2], "next turn", 3);
+    same_output(&o[4], &w[3], "turn after", 4);
     /* the first may hit blocks of earlier tests' prompts (other seeds: not these) */
     CHECK(o[0].st.gen.cached_tokens == 0);
-    /* the first fed 182 positions: 11 full blocks went to the tree, the 12th was partial */
-    CHECK(o[1].st.gen.cached_tokens == 176 && o[1].st.cache_diverged_at == -1);
+    /* the first fed 182 positions: 11 full blocks went to the tree, the 12th (6 rows) as a
+     * partial leaf: 179 = all but the last prompt token */
+    CHECK(o[1].st.gen.cached_tokens == 179 && o[1].st.cache_diverged_at == -1);
     /* 144 = 9 full blocks, then 6 rows of the 10th copied: 150 positions */
     CHECK(o[2].st.gen.cached_tokens == 150 && o[2].st.cache_diverged_at == 150);
+    /* every position the first request computed: 182 */
+    CHECK(o[3].st.gen.cached_tokens == 182);
+    /* o[3] fed n2 + 3 positions (its 4th token has no KV) */
+    CHECK(o[3].n_toks == 4 && o[4].st.gen.cached_tokens == n2 + 3);
     CHECK(o[1].st.ttft_ms >= o[1].st.queue_ms && o[1].st.total_ms >= o[1].st.ttft_ms);
 }
 
