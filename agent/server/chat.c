@@ -586,7 +586,11 @@ static int job_grammar(srv_chat *c, srv_job *j, const srv_chat_req *r, int *stat
     if (tools) {
         json_t *copy = json_deep_copy(r->tools);
         if (!copy) return fail_st(status, 500, agent_err(AGENT_ENOMEM, "%s", "out of memory"));
-        agent_schema_relax(copy, 1000, c->fmt == AGENT_TOOLCALL_XML);
+        /* as the engine backend does: maxLength up to 128 kept, longer and unbounded strings
+         * unbounded in the grammar's copy (bounds cost DFA states per character: the agent's
+         * own tool set went past the compiler's state limit bounded at 1000); the parsed call
+         * is still checked against the full schema */
+        agent_schema_relax_ex(copy, 128, c->fmt == AGENT_TOOLCALL_XML, false);
         char *tj = json_dumps(copy, JSON_COMPACT | JSON_PRESERVE_ORDER);
         json_decref(copy);
         j->tools_json = json_dumps(r->tools, JSON_COMPACT | JSON_PRESERVE_ORDER);
