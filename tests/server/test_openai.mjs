@@ -77,9 +77,9 @@ try {
       required: ['tz'] } } }];
   const tmsg = [{ role: 'user', content: 'What is the weather in Paris for 3 days?' }];
   const t = await client.chat.completions.create({ model, messages: tmsg, tools,
-    tool_choice: 'required', max_tokens: 80, temperature: 0 });
+    tool_choice: 'required', parallel_tool_calls: false, max_tokens: 80, temperature: 0 });
   const calls = t.choices[0].message.tool_calls || [];
-  check(calls.length >= 1 && t.choices[0].finish_reason === 'tool_calls',
+  check(calls.length === 1 && t.choices[0].finish_reason === 'tool_calls',
     'tools required: a call and finish_reason tool_calls ' + JSON.stringify(t.choices[0]));
   for (const c of calls) {
     const tool = tools.find((x) => x.function.name === c.function.name);
