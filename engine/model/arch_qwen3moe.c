@@ -19,12 +19,11 @@
  * split, so 1 thread and N threads, batch prefill and token-by-token, give identical bits.
  * Nothing is allocated here after engine_fwd_new. */
 #include "model/model_int.h"
+#include "model/ffn_moe.h"
 
 #include <math.h>
 #include <string.h>
 
-#define ROW_BLOCK 16  /* rows per inner block: a block of weights stays in cache over the batch */
-#define EXP_CHUNK 32  /* rows per MoE work item */
 
 struct engine_fwd {
     int32_t n_ctx, B, k_used, n_threads;
@@ -249,9 +248,7 @@ typedef enum {
     OP_NORM,        /* (x += add) then xn = rmsnorm(x) * w, per token */
     OP_QK_ROPE,     /* per-head q/k norm, RoPE, store k/v */
     OP_ATTENTION,   /* (token, head) pairs */
-    OP_EXPERT_UP,   /* gate and up rows of the selected experts */
     OP_SWIGLU,      /* h = silu(g) * u, then convert for the down projection */
-    OP_EXPERT_DOWN, /* down rows of the selected experts */
     OP_COMBINE,     /* x += sum_j w_j * expert_out_j */
 } job_op;
 
@@ -280,42 +277,15 @@ typedef struct {
     const float *add;              /* NULL: no residual add */
     const float *norm_w;
     int32_t t0;                    /* first token to normalise */
-    /* OP_EXPERT_* */
-    const uint8_t *xg, *xu;        /* inputs for gate and up */
-    size_t xg_stride, xu_stride;
-    int n_active;
-    int64_t n_items, chunks;
-    int64_t next;                  /* work-item counter (atomic builtins) */
 } fwd_job;
 
 static void job_matmul(fwd_job *j, int ith, int nth) {
-    int64_t total = 0;
-    for (int i = 0; i < j->n_w; i++) total += j->w[i]->rows;
-    int64_t r0, r1;
-    engine_split(total, ith, nth, &r0, &r1);
-    int64_t base = 0;
-    for (int i = 0; i < j->n_w; i++) {
-        const engine_weight *w = j->w[i];
-        int64_t a = r0 - base, b = r1 - base;
-        base += w->rows;
-        if (a < 0) a = 0;
-        if (b > w->rows) b = w->rows;
-        for (int64_t rb = a; rb < b; rb += ROW_BLOCK) {
-            int64_t re = rb + ROW_BLOCK < b ? rb + ROW_BLOCK : b;
-            for (int32_t t = 0; t < j->n; t++)
-                engine_quant_matvec(w->type, w->data, w->row_bytes, (int)w->cols, (int)rb, (int)re,
-                                    j->x + (size_t)t * j->x_stride,
-                                    j->y[i] + (size_t)t * j->y_stride[i]);
-        }
-    }
+    engine_ffn_matmul_part(j->n_w, j->w, j->y, j->y_stride, j->x, j->x_stride, j->n, ith, nth);
 }
 
 static void job_convert(fwd_job *j, int ith, int nth) {
-    int64_t a, b;
-    engine_split(j->n, ith, nth, &a, &b);
-    for (int64_t t = a; t < b; t++)
-        engine_quantize_row(j->type, j->src + (size_t)t * j->src_stride,
-                            j->dst + (size_t)t * j->dst_stride, j->cols);
+    engine_ffn_convert_part(j->type, j->src, j->src_stride, j->cols, j->dst, j->dst_stride, j->n,
+                            ith, nth);
 }
 
 static void job_norm(fwd_job *j, int ith, int nth) {
@@ -374,66 +344,10 @@ static void job_attention(fwd_job *j, int ith, int nth) {
     }
 }
 
-static inline const uint8_t *expert_rows(const engine_weight *w, int32_t e) {
-    return (const uint8_t *)w->data + (size_t)e * (size_t)w->rows * w->row_bytes;
-}
-
-static void job_expert_up(fwd_job *j, int ith, int nth) {
-    (void)ith;
-    (void)nth;
-    engine_fwd *f = j->f;
-    const engine_weight *wg = &j->layer->gate_exps, *wu = &j->layer->up_exps;
-    int k = f->k_used;
-    size_t nff = (size_t)wg->rows;
-    for (;;) {
-        int64_t it = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
-        if (it >= j->n_items) break;
-        int32_t e = f->active[it / j->chunks];
-        int64_t r0 = (it % j->chunks) * EXP_CHUNK;
-        int64_t r1 = r0 + EXP_CHUNK < wg->rows ? r0 + EXP_CHUNK : wg->rows;
-        const uint8_t *g = expert_rows(wg, e), *u = expert_rows(wu, e);
-        for (int32_t si = f->exp_start[e]; si < f->exp_start[e + 1]; si++) {
-            int32_t slot = f->exp_slots[si], t = slot / k;
-            engine_quant_matvec(wg->type, g, wg->row_bytes, (int)wg->cols, (int)r0, (int)r1,
-                                j->xg + (size_t)t * j->xg_stride, f->g + (size_t)slot * nff);
-            engine_quant_matvec(wu->type, u, wu->row_bytes, (int)wu->cols, (int)r0, (int)r1,
-                                j->xu + (size_t)t * j->xu_stride, f->u + (size_t)slot * nff);
-        }
-    }
-}
-
-static void job_expert_down(fwd_job *j, int ith, int nth) {
-    (void)ith;
-    (void)nth;
-    engine_fwd *f = j->f;
-    const engine_weight *wd = &j->layer->down_exps;
-    size_t e_out = (size_t)wd->rows;
-    for (;;) {
-        int64_t it = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
-        if (it >= j->n_items) break;
-        int32_t e = f->active[it / j->chunks];
-        int64_t r0 = (it % j->chunks) * EXP_CHUNK;
-        int64_t r1 = r0 + EXP_CHUNK < wd->rows ? r0 + EXP_CHUNK : wd->rows;
-        const uint8_t *d = expert_rows(wd, e);
-        for (int32_t si = f->exp_start[e]; si < f->exp_start[e + 1]; si++) {
-            int32_t slot = f->exp_slots[si];
-            engine_quant_matvec(wd->type, d, wd->row_bytes, (int)wd->cols, (int)r0, (int)r1,
-                                j->x + (size_t)slot * j->x_stride, f->ffn_out + (size_t)slot * e_out);
-        }
-    }
-}
-
 /* h = silu(g) * u for n rows, converted to `type` unless the down weight dots F32 rows. */
 static void job_swiglu(fwd_job *j, int ith, int nth) {
-    engine_fwd *f = j->f;
-    int64_t a, b;
-    engine_split(j->n, ith, nth, &a, &b);
-    for (int64_t r = a; r < b; r++) {
-        float *g = f->g + (size_t)r * j->src_stride;
-        engine_cpu_swiglu(g, g, f->u + (size_t)r * j->src_stride, j->cols);
-        if (j->type != ENGINE_TYPE_F32)
-            engine_quantize_row(j->type, g, j->dst + (size_t)r * j->dst_stride, j->cols);
-    }
+    engine_ffn_swiglu_part(j->f->g, j->f->u, j->src_stride, j->cols, j->type, j->dst,
+                           j->dst_stride, j->n, ith, nth);
 }
 
 static void job_combine(fwd_job *j, int ith, int nth) {
@@ -461,9 +375,7 @@ static void job_fn(void *ctx, int ith, int nth) {
     case OP_NORM: job_norm(j, ith, nth); break;
     case OP_QK_ROPE: job_qk_rope(j, ith, nth); break;
     case OP_ATTENTION: job_attention(j, ith, nth); break;
-    case OP_EXPERT_UP: job_expert_up(j, ith, nth); break;
     case OP_SWIGLU: job_swiglu(j, ith, nth); break;
-    case OP_EXPERT_DOWN: job_expert_down(j, ith, nth); break;
     case OP_COMBINE: job_combine(j, ith, nth); break;
     }
 }
@@ -484,7 +396,6 @@ static bool run_inline(const fwd_job *j) {
 
 static void run(fwd_job *j, job_op op) {
     j->op = op;
-    j->next = 0;
     if (run_inline(j)) job_fn(j, 0, 1);
     else engine_pool_run(j->m->pool, job_fn, j);
 }
@@ -559,41 +470,30 @@ static void moe_ffn(fwd_job *j, const engine_layer *ly, int32_t n) {
                              f->sel + (size_t)t * k, f->selw + (size_t)t * k, f->probs);
 
     /* group slots (token t, choice jj) by expert, in token order */
-    memset(f->exp_start, 0, sizeof(int32_t) * (size_t)(ne + 1));
-    for (int32_t sl = 0; sl < n * k; sl++) f->exp_start[f->sel[sl] + 1]++;
-    int n_active = 0;
-    for (int e = 0; e < ne; e++) {
-        if (f->exp_start[e + 1] > 0) f->active[n_active++] = e;
-        f->exp_start[e + 1] += f->exp_start[e];
-    }
-    int32_t *fill = f->exp_slots; /* use exp_slots positions via a running cursor per expert */
-    for (int32_t sl = 0; sl < n * k; sl++) {
-        int32_t e = f->sel[sl];
-        /* exp_start[e] is advanced while filling and restored below */
-        fill[f->exp_start[e]++] = sl;
-    }
-    for (int e = ne; e > 0; e--) f->exp_start[e] = f->exp_start[e - 1];
-    f->exp_start[0] = 0;
+    engine_moe_job ej = {
+        .w = {&ly->gate_exps, &ly->up_exps, &ly->down_exps, ly->gate_exps.rows, NULL},
+        .exp_start = f->exp_start,
+        .exp_slots = f->exp_slots,
+        .active = f->active,
+        .n_active = engine_moe_group(f->sel, n * k, ne, f->exp_start, f->exp_slots, f->active),
+        .k = k,
+        .g = f->g,
+        .u = f->u,
+        .out = f->ffn_out,
+    };
 
     /* gate and up of the selected experts */
-    const uint8_t *xg, *xu;
-    size_t xgs, xus;
-    prepare_input(j, &ly->gate_exps, f->xn, emb, (int)emb, 0, n, f->conv, &xg, &xgs);
+    prepare_input(j, &ly->gate_exps, f->xn, emb, (int)emb, 0, n, f->conv, &ej.xg, &ej.xg_stride);
     if (vec_dot_type(&ly->up_exps) == vec_dot_type(&ly->gate_exps)) {
-        xu = xg;
-        xus = xgs;
+        ej.xu = ej.xg;
+        ej.xu_stride = ej.xg_stride;
     } else {
-        prepare_input(j, &ly->up_exps, f->xn, emb, (int)emb, 0, n, f->conv2, &xu, &xus);
+        prepare_input(j, &ly->up_exps, f->xn, emb, (int)emb, 0, n, f->conv2, &ej.xu,
+                      &ej.xu_stride);
     }
     int64_t nff = ly->gate_exps.rows;
-    fwd_job ej = *j;
-    ej.xg = xg;
-    ej.xu = xu;
-    ej.xg_stride = xgs;
-    ej.xu_stride = xus;
-    ej.chunks = (nff + EXP_CHUNK - 1) / EXP_CHUNK;
-    ej.n_items = ej.chunks * n_active;
-    run(&ej, OP_EXPERT_UP);
+    engine_moe_job_items(&ej, false);
+    engine_pool_run(j->m->pool, engine_moe_up_fn, &ej);
 
     /* h = silu(g) * u, converted for the down projection */
     fwd_job sj = *j;
@@ -605,17 +505,15 @@ static void moe_ffn(fwd_job *j, const engine_layer *ly, int32_t n) {
     sj.dst_stride = f->hconv_stride;
     run(&sj, OP_SWIGLU);
 
-    fwd_job dj = *j;
     if (sj.type == ENGINE_TYPE_F32) {
-        dj.x = (const uint8_t *)f->g;
-        dj.x_stride = (size_t)nff * sizeof(float);
+        ej.x = (const uint8_t *)f->g;
+        ej.x_stride = (size_t)nff * sizeof(float);
     } else {
-        dj.x = f->hconv;
-        dj.x_stride = f->hconv_stride;
+        ej.x = f->hconv;
+        ej.x_stride = f->hconv_stride;
     }
-    dj.chunks = (ly->down_exps.rows + EXP_CHUNK - 1) / EXP_CHUNK;
-    dj.n_items = dj.chunks * n_active;
-    run(&dj, OP_EXPERT_DOWN);
+    engine_moe_job_items(&ej, true);
+    engine_pool_run(j->m->pool, engine_moe_down_fn, &ej);
 
     fwd_job cj = *j;
     cj.n = n;

@@ -1,6 +1,8 @@
 /* Shared helpers of the engine tests; see support.h. */
 #include "support.h"
 
+#include "gen/gen.h"
+
 #include <dirent.h>
 #include <math.h>
 #include <stdarg.h>
@@ -171,6 +173,136 @@ char *support_slurp(const char *path, size_t *len) {
     }
     fclose(f);
     return buf;
+}
+
+int support_ref_open(support_ref *r, const char *dir, const char *name) {
+    char path[4096];
+    size_t len = 0;
+    memset(r, 0, sizeof *r);
+    snprintf(path, sizeof path, "%s/%s.json", dir, name);
+    r->meta = support_slurp(path, &len);
+    CHECK(r->meta != NULL);
+    if (!r->meta) return -1;
+    if (engine_json_parse(&r->doc, r->meta, len, path) != 0) {
+        support_fail("%s: %s", path, engine_error_last());
+        free(r->meta);
+        return -1;
+    }
+    const engine_json_node *root = &r->doc.nodes[0];
+    const engine_json_node *gv = engine_json_get(&r->doc, root, "generator_version");
+    CHECK(gv && gv->is_int && gv->ival == ENGINE_GEN_VERSION);
+    r->prompts = engine_json_get(&r->doc, root, "prompts");
+    CHECK(r->prompts && r->prompts->type == ENGINE_JSON_ARRAY);
+    snprintf(path, sizeof path, "%s/%s.bin", dir, name);
+    r->bin = support_slurp(path, &len);
+    CHECK(r->bin != NULL && len > 28 && !memcmp(r->bin, "SPRKREF1", 8));
+    if (!r->bin || len <= 28 || memcmp(r->bin, "SPRKREF1", 8) || !r->prompts ||
+        r->prompts->type != ENGINE_JSON_ARRAY) {
+        support_ref_close(r);
+        return -1;
+    }
+    r->p = (const unsigned char *)r->bin + 8;
+    r->end = (const unsigned char *)r->bin + len;
+    uint32_t version = support_ref_u32(r);
+    r->n_prompts = support_ref_u32(r);
+    r->n_vocab = support_ref_u32(r);
+    r->stride = support_ref_u32(r);
+    r->top_k = support_ref_u32(r);
+    CHECK(version == 1 && r->n_prompts == r->prompts->count && r->stride > 0 && r->top_k > 0 &&
+          r->top_k <= 1024);
+    if (version != 1 || r->stride == 0 || r->top_k == 0 || r->top_k > 1024) {
+        support_ref_close(r);
+        return -1;
+    }
+    return 0;
+}
+
+void support_ref_close(support_ref *r) {
+    if (r->meta) engine_json_deinit(&r->doc);
+    free(r->meta);
+    free(r->bin);
+    memset(r, 0, sizeof *r);
+}
+
+uint32_t support_ref_u32(support_ref *r) {
+    if (r->bad || r->end - r->p < 4) {
+        r->bad = true;
+        return 0;
+    }
+    uint32_t v = (uint32_t)r->p[0] | (uint32_t)r->p[1] << 8 | (uint32_t)r->p[2] << 16 |
+                 (uint32_t)r->p[3] << 24;
+    r->p += 4;
+    return v;
+}
+
+float support_ref_f32(support_ref *r) {
+    uint32_t u = support_ref_u32(r);
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+int32_t *support_ref_ids(support_ref *r, uint32_t max_n, uint32_t *n) {
+    *n = support_ref_u32(r);
+    if (r->bad || *n == 0 || *n > max_n) {
+        r->bad = true;
+        *n = 0;
+        return NULL;
+    }
+    int32_t *ids = malloc(*n * sizeof *ids);
+    if (!ids) {
+        r->bad = true;
+        return NULL;
+    }
+    for (uint32_t i = 0; i < *n; i++)
+        ids[i] = (int32_t)support_ref_u32(r);
+    if (r->bad) {
+        free(ids);
+        return NULL;
+    }
+    return ids;
+}
+
+void support_ref_check_text(support_ref *r, const engine_model *m, const engine_json_node *prompt,
+                            const int32_t *ids, uint32_t n, const char *label) {
+    const engine_json_node *text = engine_json_get(&r->doc, prompt, "text");
+    if (!text) return;
+    int32_t got[512];
+    size_t n_got = 0;
+    CHECK(engine_model_tokenize(m, engine_json_str(&r->doc, text), text->len, true, got, 512,
+                                &n_got) == 0);
+    if (n_got != n || memcmp(got, ids, n * sizeof *ids) != 0)
+        support_fail("%s: the tokenizer gives %zu ids, the reference %u (or they differ)", label,
+                     n_got, n);
+}
+
+double support_ref_compare(support_ref *r, const float *e, double tol, const char *label,
+                           uint32_t pos) {
+    double maxref = 0, maxdiff = 0;
+    for (uint32_t id = 0; id < r->n_vocab; id += r->stride) {
+        float ref = support_ref_f32(r);
+        maxref = fmax(maxref, fabs(ref));
+        maxdiff = fmax(maxdiff, fabs((double)e[id] - ref));
+    }
+    int32_t top_ids[1024];
+    float top_vals[1024];
+    for (uint32_t i = 0; i < r->top_k; i++)
+        top_ids[i] = (int32_t)support_ref_u32(r);
+    for (uint32_t i = 0; i < r->top_k; i++)
+        top_vals[i] = support_ref_f32(r);
+    if (r->bad) return INFINITY;
+    for (uint32_t i = 0; i < r->top_k; i++) {
+        if (top_ids[i] < 0 || (uint32_t)top_ids[i] >= r->n_vocab) {
+            r->bad = true;
+            return INFINITY;
+        }
+        maxref = fmax(maxref, fabs(top_vals[i]));
+        maxdiff = fmax(maxdiff, fabs((double)e[top_ids[i]] - top_vals[i]));
+    }
+    int32_t am = support_argmax(e, (int32_t)r->n_vocab);
+    if (am != top_ids[0] && (r->top_k < 2 || top_vals[0] - top_vals[1] > tol * maxref))
+        support_fail("%s pos %u: engine argmax %d, reference %d", label, pos, am, top_ids[0]);
+    return maxref > 0 ? maxdiff / maxref : maxdiff;
 }
 
 int support_finish(const char *name) {

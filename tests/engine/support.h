@@ -5,7 +5,8 @@
  *     build, else the npm peer under tests/node_modules) or says why the test is skipped;
  *   - generating, loading and opening sessions on the tiny random models;
  *   - argmax, cosine similarity and largest absolute difference of logit vectors;
- *   - temporary directories, whole-file reads and the final "ok / N failure(s)" line.
+ *   - temporary directories, whole-file reads and the final "ok / N failure(s)" line;
+ *   - the reader of the HF reference-logit fixtures (tests/fixtures/reference/README.md).
  * Test code only: single-threaded use, one failure counter per process. */
 #ifndef SPARK_TESTS_ENGINE_SUPPORT_H
 #define SPARK_TESTS_ENGINE_SUPPORT_H
@@ -16,6 +17,7 @@
 #include <stdio.h>
 
 #include "engine.h"
+#include "tokenizer/json.h"
 
 /* Failures so far (CHECK, support_fail and the helpers below add to it). */
 extern int support_failures;
@@ -81,6 +83,36 @@ double support_max_abs_diff(const float *a, const float *b, int32_t n);
 /* The whole file, NUL-terminated (malloc'd, the caller frees) with its length in *len; NULL
  * when it cannot be read. */
 char *support_slurp(const char *path, size_t *len);
+
+/* A reference-logit fixture <dir>/<name>.{json,bin}: the JSON metadata (doc, its prompts
+ * array) and a little-endian reader over the binary that sets bad instead of overrunning. */
+typedef struct {
+    char *meta, *bin;
+    engine_json doc;
+    const engine_json_node *prompts;
+    const unsigned char *p, *end;
+    bool bad;
+    uint32_t n_prompts, n_vocab, stride, top_k; /* the binary's header */
+} support_ref;
+
+/* Read both files and the header; checks (counting failures) the generator version, the magic,
+ * the format version, the prompt count and the header's ranges. 0, or -1 with nothing held. */
+int support_ref_open(support_ref *r, const char *dir, const char *name);
+void support_ref_close(support_ref *r);
+uint32_t support_ref_u32(support_ref *r);
+float support_ref_f32(support_ref *r);
+/* A prompt's ids: the count (0 and bad when above max_n) then the ids into a malloc'd array.
+ * NULL when bad. */
+int32_t *support_ref_ids(support_ref *r, uint32_t max_n, uint32_t *n);
+/* The engine tokenizes the prompt's "text" (when the JSON has one) into exactly ids[0..n). */
+void support_ref_check_text(support_ref *r, const engine_model *m, const engine_json_node *prompt,
+                            const int32_t *ids, uint32_t n, const char *label);
+/* Compare the logits e at one stored position with the next stored row (every stride-th id,
+ * then the reference's top_k ids and values): returns max |e - ref| / max |ref| (INFINITY when
+ * the row is bad) and counts a failure when the argmax differs where the reference's top two
+ * are more than tol * max |ref| apart. */
+double support_ref_compare(support_ref *r, const float *e, double tol, const char *label,
+                           uint32_t pos);
 
 /* Print "<name>: ok" to stdout, or "<name>: N failure(s)" to stderr; the exit status (0 or 1). */
 int support_finish(const char *name);
