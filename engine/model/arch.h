@@ -240,6 +240,9 @@ int engine_q35_tensors(const engine_hparams *hp, engine_tensor_desc **out, size_
 void engine_q35_param_count(const engine_hparams *hp, uint64_t *total, uint64_t *active);
 /* True when layer l (< n_layer) is a full-attention block (else Gated DeltaNet). */
 bool engine_q35_layer_is_attn(const engine_hparams *hp, uint32_t l);
+/* Bytes of one recurrent-state snapshot (conv + DeltaNet state of every DeltaNet block, F32):
+ * what a session keeps per snapshot for rollback (model_int.h: ENGINE_Q35_SNAPSHOTS). */
+size_t engine_q35_snapshot_bytes(const engine_hparams *hp);
 /* Hyper-parameters from a Hugging Face checkpoint's dir/config.json (Qwen3_5MoeForCausalLM's
  * text config, or the multimodal config's text_config), checked; *bos = bos_token_id or -1.
  * ENGINE_EIO (no file), ENGINE_EFORMAT (bad JSON or values), ENGINE_EUNSUPPORTED (another

@@ -71,19 +71,24 @@
  * block a conv state [C][K-1] and a recurrent state [nv][dk][dv] (F32). Prefill runs the
  * recurrent form token by token inside each block (the matmuls are batched over the chunk);
  * the chunked parallel form is a later optimisation. The state covers exactly the session's
- * tokens, so a truncation can only go back to 0 until state snapshots exist (the prefix cache
- * stage): engine_q35_fwd_truncate says ENGINE_EUNSUPPORTED otherwise. Nothing allocates after
+ * tokens; at every position that is a multiple of ENGINE_Q35_SNAP_EVERY (16, the paged KV
+ * block) the conv and DeltaNet blocks copy it into a ring of ENGINE_Q35_SNAPSHOTS snapshots
+ * (inside a chunk too: the conv runs in segments ending there, the delta rule copies S after
+ * that token). Truncation restores the latest snapshot at or before the target and recomputes
+ * the rest from the session's tokens (from 0 when none is left), bit-identical to never having
+ * gone further. One snapshot of the 35B-A3B shape: 30 DeltaNet blocks x (8192 x 3 conv + 32 x
+ * 128 x 128 state) F32 = 65.9 MB (engine_q35_snapshot_bytes). The MoE passes and the row-split
+ * matmul are ffn_moe.c's, shared with arch_qwen3moe.c. Nothing allocates after
  * engine_q35_fwd_new. */
 #include "model/model_int.h"
 
 #include <math.h>
 #include <string.h>
 
+#include "model/ffn_moe.h"
 #include "model/safetensors.h"
 #include "tokenizer/json.h"
 
-#define Q35_ROW_BLOCK 16
-#define Q35_EXP_CHUNK 32
 #define Q35_MAX_CONV ENGINE_CPU_MAX_CONV
 
 /* ---------------------------------------------------------------------------------------------
@@ -435,6 +440,12 @@ struct engine_q35_fwd {
     float *conv_state; /* [n_lin][C][K-1] */
     float *ssm_state;  /* [n_lin][nv][dk][dv] */
     size_t conv_per_layer, ssm_per_layer;
+    /* state snapshots at block boundaries (positions b = k * ENGINE_Q35_SNAP_EVERY): slot
+     * (b / ENGINE_Q35_SNAP_EVERY) % ENGINE_Q35_SNAPSHOTS holds the conv and recurrent state
+     * after b tokens, laid out as conv_state then ssm_state */
+    float *snap;                               /* [ENGINE_Q35_SNAPSHOTS][state floats] */
+    int32_t snap_pos[ENGINE_Q35_SNAPSHOTS];    /* b of each slot, -1 when empty */
+    engine_session *s;                         /* the owner (truncation recomputes) */
     /* activations [B][...] */
     float *x, *xn, *tmp;   /* [B][E] */
     float *big;            /* [B][max(2 nh hd, C)] q+gate or qkv */
@@ -468,6 +479,7 @@ void engine_q35_fwd_free(engine_q35_fwd *f) {
     free(f->views);
     free(f->conv_state);
     free(f->ssm_state);
+    free(f->snap);
     free(f->x);
     free(f->big);
     free(f->q);
@@ -483,21 +495,62 @@ void engine_q35_fwd_free(engine_q35_fwd *f) {
     free(f);
 }
 
+/* Floats of one copy of the recurrent state (conv_state then ssm_state, every DeltaNet block). */
+static size_t q35_state_floats(const engine_q35_fwd *f) {
+    return (f->conv_per_layer + f->ssm_per_layer) * (size_t)f->n_lin;
+}
+
 void engine_q35_fwd_reset(engine_q35_fwd *f) {
     memset(f->conv_state, 0, q35_fsz(f->conv_per_layer * (size_t)f->n_lin));
     memset(f->ssm_state, 0, q35_fsz(f->ssm_per_layer * (size_t)f->n_lin));
+    for (int i = 0; i < ENGINE_Q35_SNAPSHOTS; i++)
+        f->snap_pos[i] = -1;
+}
+
+size_t engine_q35_snapshot_bytes(const engine_hparams *hp) {
+    uint32_t n_lin = 0;
+    for (uint32_t l = 0; l < hp->n_layer; l++)
+        n_lin += !engine_q35_layer_is_attn(hp, l);
+    size_t C = 2 * (size_t)hp->ssm_n_group * hp->ssm_d_state + hp->ssm_d_inner;
+    size_t per_layer = C * (hp->ssm_d_conv - 1) +
+                       (size_t)hp->ssm_dt_rank * hp->ssm_d_state * hp->ssm_d_state;
+    return q35_fsz(per_layer * n_lin);
 }
 
 int engine_q35_fwd_truncate(engine_q35_fwd *f, int32_t n_tokens, int32_t n) {
     if (n == n_tokens) return 0;
-    if (n != 0)
-        return engine_err(ENGINE_EUNSUPPORTED,
-                          "qwen35moe: the recurrent state of the Gated "
-                          "DeltaNet blocks cannot be rolled back from %d to %d tokens (no state "
-                          "snapshots yet): truncate to 0 and recompute",
-                          n_tokens, n);
-    engine_q35_fwd_reset(f);
-    return 0;
+    /* the latest snapshot at or before n; later ones describe tokens about to be dropped */
+    int best = -1;
+    for (int i = 0; i < ENGINE_Q35_SNAPSHOTS; i++) {
+        if (f->snap_pos[i] > n) f->snap_pos[i] = -1;
+        else if (f->snap_pos[i] > 0 && (best < 0 || f->snap_pos[i] > f->snap_pos[best])) best = i;
+    }
+    int32_t b = 0;
+    if (best < 0) {
+        engine_q35_fwd_reset(f);
+    } else {
+        b = f->snap_pos[best];
+        size_t nc = f->conv_per_layer * (size_t)f->n_lin;
+        const float *src = f->snap + (size_t)best * q35_state_floats(f);
+        memcpy(f->conv_state, src, q35_fsz(nc));
+        memcpy(f->ssm_state, src + nc, q35_fsz(f->ssm_per_layer * (size_t)f->n_lin));
+    }
+    if (b == n) return 0;
+    /* recompute tokens b .. n-1 from the restored state: the same bits as the first time (the
+     * forward pass does not depend on the chunking); their KV entries are rewritten as they
+     * were, and the snapshots between b and n are taken again */
+    engine_session *s = f->s;
+    pthread_mutex_lock(&s->m->pool_mu);
+    int32_t saved = s->n_tokens;
+    int rc = 0;
+    for (s->n_tokens = b; s->n_tokens < n && rc == 0;) {
+        int32_t k = ENGINE_MIN(f->B, n - s->n_tokens);
+        rc = engine_q35_fwd_run(s, s->tokens + s->n_tokens, k, NULL);
+        s->n_tokens += k;
+    }
+    s->n_tokens = saved;
+    pthread_mutex_unlock(&s->m->pool_mu);
+    return rc;
 }
 
 static size_t q35_align(size_t n) {
@@ -551,6 +604,7 @@ int engine_q35_fwd_new(engine_session *s) {
     f->k_blocks = calloc((size_t)ENGINE_MAX(1, f->n_attn), sizeof(void *));
     f->v_blocks = calloc((size_t)ENGINE_MAX(1, f->n_attn), sizeof(void *));
     f->views = calloc((size_t)ENGINE_MAX(1, f->n_attn), sizeof *f->views);
+    f->snap = malloc(ENGINE_MAX((size_t)1, q35_fsz(q35_state_floats(f)) * ENGINE_Q35_SNAPSHOTS));
     f->conv_state =
         calloc(ENGINE_MAX((size_t)1, f->conv_per_layer * (size_t)f->n_lin), sizeof(float));
     f->ssm_state =
@@ -567,7 +621,7 @@ int engine_q35_fwd_new(engine_session *s) {
     f->hconv = aligned_alloc(64, kslots * f->hconv_stride);
     f->scores = malloc(q35_fsz((size_t)f->n_threads * (size_t)group * (size_t)n_ctx));
     f->scratch = malloc(q35_fsz((size_t)f->n_threads * (2 * (size_t)f->dk + 2 * (size_t)f->dv)));
-    if (!f->kv_mem || !f->k_blocks || !f->v_blocks || !f->views || !f->conv_state ||
+    if (!f->kv_mem || !f->k_blocks || !f->v_blocks || !f->views || !f->conv_state || !f->snap ||
         !f->ssm_state || !f->x || !f->big || !f->q || !f->router || !f->sel || !f->exp_start ||
         !f->g || !f->sg || !f->conv || !f->hconv || !f->scores || !f->scratch) {
         engine_q35_fwd_free(f);
@@ -599,6 +653,9 @@ int engine_q35_fwd_new(engine_session *s) {
         f->views[l] =
             (engine_kv_view){&f->k_blocks[l], &f->v_blocks[l], n_ctx, s->kv_type, f->nkv, f->hd};
     }
+    for (int i = 0; i < ENGINE_Q35_SNAPSHOTS; i++)
+        f->snap_pos[i] = -1;
+    f->s = s;
     s->q35 = f;
     return 0;
 }
@@ -615,9 +672,7 @@ typedef enum {
     Q_ATTN_GATE, /* att *= sigmoid(gate) */
     Q_CONV,      /* causal depthwise conv + SiLU per channel, over the chunk's tokens */
     Q_DELTA,     /* gated delta rule + gated RMSNorm per value head, over the tokens */
-    Q_EXP_UP,    /* gate and up rows of the selected experts */
     Q_SWIGLU,    /* h = silu(g) * u, converted for the down projection */
-    Q_EXP_DOWN,  /* down rows of the selected experts */
     Q_COMBINE,   /* x += sum_j w_j expert_j + sigmoid(gate . xn) * shared */
 } q35_op;
 
@@ -648,41 +703,15 @@ typedef struct {
     const engine_kv_view *kv;
     /* Q_CONV / Q_DELTA */
     float *conv_state, *ssm_state;
-    /* Q_EXP_* */
-    const uint8_t *xg, *xu;
-    size_t xg_stride, xu_stride;
-    int64_t n_items, chunks, next;
 } q35_job;
 
 static void q_matmul(q35_job *j, int ith, int nth) {
-    int64_t total = 0;
-    for (int i = 0; i < j->n_w; i++)
-        total += j->w[i]->rows;
-    int64_t r0, r1;
-    engine_split(total, ith, nth, &r0, &r1);
-    int64_t base = 0;
-    for (int i = 0; i < j->n_w; i++) {
-        const engine_weight *w = j->w[i];
-        int64_t a = r0 - base, b = r1 - base;
-        base += w->rows;
-        if (a < 0) a = 0;
-        if (b > w->rows) b = w->rows;
-        for (int64_t rb = a; rb < b; rb += Q35_ROW_BLOCK) {
-            int64_t re = rb + Q35_ROW_BLOCK < b ? rb + Q35_ROW_BLOCK : b;
-            for (int32_t t = 0; t < j->n; t++)
-                engine_quant_matvec(w->type, w->data, w->row_bytes, (int)w->cols, (int)rb, (int)re,
-                                    j->x + (size_t)t * j->x_stride,
-                                    j->y[i] + (size_t)t * j->y_stride[i]);
-        }
-    }
+    engine_ffn_matmul_part(j->n_w, j->w, j->y, j->y_stride, j->x, j->x_stride, j->n, ith, nth);
 }
 
 static void q_convert(q35_job *j, int ith, int nth) {
-    int64_t a, b;
-    engine_split(j->n, ith, nth, &a, &b);
-    for (int64_t t = a; t < b; t++)
-        engine_quantize_row(j->type, j->src + (size_t)t * j->src_stride,
-                            j->dst + (size_t)t * j->dst_stride, j->cols);
+    engine_ffn_convert_part(j->type, j->src, j->src_stride, j->cols, j->dst, j->dst_stride, j->n,
+                            ith, nth);
 }
 
 static void q_norm(q35_job *j, int ith, int nth) {
@@ -756,14 +785,39 @@ static void q_attn_gate(q35_job *j, int ith, int nth) {
     }
 }
 
+/* Tokens t < n of a pass starting at position p0 after which the state is snapshotted: the
+ * first is *t (none when >= n), the next ENGINE_Q35_SNAP_EVERY later. */
+static int32_t q35_first_snap(int32_t p0) {
+    return ENGINE_Q35_SNAP_EVERY - 1 - p0 % ENGINE_Q35_SNAP_EVERY;
+}
+
+/* Where the snapshot after token t (position p0 + t + 1, a block boundary) goes: the slot's
+ * conv state (ssm false) or recurrent state of DeltaNet block li. */
+static float *q35_snap_at(const engine_q35_fwd *f, int32_t pos, int32_t li, bool ssm) {
+    size_t slot = (size_t)(pos / ENGINE_Q35_SNAP_EVERY) % ENGINE_Q35_SNAPSHOTS;
+    float *base = f->snap + slot * q35_state_floats(f);
+    if (!ssm) return base + (size_t)li * f->conv_per_layer;
+    return base + f->conv_per_layer * (size_t)f->n_lin + (size_t)li * f->ssm_per_layer;
+}
+
 static void q_conv(q35_job *j, int ith, int nth) {
     engine_q35_fwd *f = j->f;
     int K = f->K, C = f->C;
     int64_t c0, c1;
     engine_split(C, ith, nth, &c0, &c1);
-    for (int64_t c = c0; c < c1; c++)
-        engine_cpu_conv1d_causal(f->big + c, (size_t)C, j->n, j->ly->conv + (size_t)c * K, K,
-                                 j->conv_state + (size_t)c * (K - 1), true);
+    for (int64_t c = c0; c < c1; c++) {
+        const float *w = j->ly->conv + (size_t)c * K;
+        float *st = j->conv_state + (size_t)c * (K - 1);
+        /* in segments that end at the snapshot points (same bits: the state carries over) */
+        for (int32_t t = 0, ts = q35_first_snap(j->p0); t < j->n; ts += ENGINE_Q35_SNAP_EVERY) {
+            int32_t e = ENGINE_MIN(ts + 1, j->n);
+            engine_cpu_conv1d_causal(f->big + (size_t)t * C + c, (size_t)C, e - t, w, K, st, true);
+            if (ts < j->n)
+                memcpy(q35_snap_at(f, j->p0 + ts + 1, j->ly->slot, false) + (size_t)c * (K - 1),
+                       st, q35_fsz((size_t)K - 1));
+            t = e;
+        }
+    }
 }
 
 static float q35_softplus(float x) {
@@ -794,57 +848,9 @@ static void q_delta(q35_job *j, int ith, int nth) {
             engine_cpu_delta_rule(S, dk, dv, qn, kn, v, g, beta, o, tmp);
             engine_cpu_rmsnorm_gated(f->att + (size_t)t * di + (size_t)h * dv, o, ly->ssm_norm,
                                      f->z + (size_t)t * di + (size_t)h * dv, dv, eps);
-        }
-    }
-}
-
-/* Expert e's matrix `which` (0 gate, 1 up, 2 down). */
-static inline const uint8_t *q35_expert_rows(const q35_layer *ly, int which, int32_t e) {
-    const engine_weight *w = which == 0   ? &ly->gate_exps
-                             : which == 1 ? &ly->up_exps
-                                          : &ly->down_exps;
-    if (ly->exp_ptr) return ly->exp_ptr[(size_t)which * (size_t)w->n_mat + (size_t)e];
-    int64_t stride = which == 2 ? w->rows : ly->gu_stride;
-    return (const uint8_t *)w->data + (size_t)e * (size_t)stride * w->row_bytes;
-}
-
-static void q_exp_up(q35_job *j) {
-    engine_q35_fwd *f = j->f;
-    const engine_weight *wg = &j->ly->gate_exps, *wu = &j->ly->up_exps;
-    int k = f->k_used;
-    size_t nff = (size_t)wg->rows;
-    for (;;) {
-        int64_t it = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
-        if (it >= j->n_items) break;
-        int32_t e = f->active[it / j->chunks];
-        int64_t r0 = (it % j->chunks) * Q35_EXP_CHUNK;
-        int64_t r1 = ENGINE_MIN(r0 + Q35_EXP_CHUNK, wg->rows);
-        const uint8_t *g = q35_expert_rows(j->ly, 0, e), *u = q35_expert_rows(j->ly, 1, e);
-        for (int32_t si = f->exp_start[e]; si < f->exp_start[e + 1]; si++) {
-            int32_t slot = f->exp_slots[si], t = slot / k;
-            engine_quant_matvec(wg->type, g, wg->row_bytes, (int)wg->cols, (int)r0, (int)r1,
-                                j->xg + (size_t)t * j->xg_stride, f->g + (size_t)slot * nff);
-            engine_quant_matvec(wu->type, u, wu->row_bytes, (int)wu->cols, (int)r0, (int)r1,
-                                j->xu + (size_t)t * j->xu_stride, f->u + (size_t)slot * nff);
-        }
-    }
-}
-
-static void q_exp_down(q35_job *j) {
-    engine_q35_fwd *f = j->f;
-    const engine_weight *wd = &j->ly->down_exps;
-    size_t e_out = (size_t)wd->rows;
-    for (;;) {
-        int64_t it = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
-        if (it >= j->n_items) break;
-        int32_t e = f->active[it / j->chunks];
-        int64_t r0 = (it % j->chunks) * Q35_EXP_CHUNK;
-        int64_t r1 = ENGINE_MIN(r0 + Q35_EXP_CHUNK, wd->rows);
-        const uint8_t *d = q35_expert_rows(j->ly, 2, e);
-        for (int32_t si = f->exp_start[e]; si < f->exp_start[e + 1]; si++) {
-            int32_t slot = f->exp_slots[si];
-            engine_quant_matvec(wd->type, d, wd->row_bytes, (int)wd->cols, (int)r0, (int)r1,
-                                j->x + (size_t)slot * j->x_stride, f->eout + (size_t)slot * e_out);
+            if ((j->p0 + t + 1) % ENGINE_Q35_SNAP_EVERY == 0)
+                memcpy(q35_snap_at(f, j->p0 + t + 1, ly->slot, true) + (size_t)h * dk * dv, S,
+                       q35_fsz((size_t)dk * dv));
         }
     }
 }
@@ -852,14 +858,8 @@ static void q_exp_down(q35_job *j) {
 /* g = silu(g) * u for n rows of `cols` (src_stride apart), converted to `type` into dst unless
  * the down weight dots F32 rows. */
 static void q_swiglu(q35_job *j, int ith, int nth) {
-    int64_t a, b;
-    engine_split(j->n, ith, nth, &a, &b);
-    for (int64_t r = a; r < b; r++) {
-        float *g = j->g + (size_t)r * j->src_stride;
-        engine_cpu_swiglu(g, g, j->u + (size_t)r * j->src_stride, j->cols);
-        if (j->type != ENGINE_TYPE_F32)
-            engine_quantize_row(j->type, g, j->dst + (size_t)r * j->dst_stride, j->cols);
-    }
+    engine_ffn_swiglu_part(j->g, j->u, j->src_stride, j->cols, j->type, j->dst, j->dst_stride,
+                           j->n, ith, nth);
 }
 
 static void q_combine(q35_job *j, int ith, int nth) {
@@ -915,14 +915,8 @@ static void q35_job_fn(void *ctx, int ith, int nth) {
     case Q_DELTA:
         q_delta(j, ith, nth);
         break;
-    case Q_EXP_UP:
-        q_exp_up(j);
-        break;
     case Q_SWIGLU:
         q_swiglu(j, ith, nth);
-        break;
-    case Q_EXP_DOWN:
-        q_exp_down(j);
         break;
     case Q_COMBINE:
         q_combine(j, ith, nth);
@@ -934,7 +928,6 @@ static void q35_job_fn(void *ctx, int ith, int nth) {
  * on the split (each value is computed by one thread the same way), so this changes no bits. */
 static void q35_run(const engine_model *m, q35_job *j, q35_op op) {
     j->op = op;
-    j->next = 0;
     bool inline_ok = (op == Q_NORM || op == Q_ATTN_PREP || op == Q_ATTN_GATE || op == Q_CONVERT ||
                       op == Q_COMBINE) &&
                      j->n <= 2;
@@ -1024,7 +1017,7 @@ static void q35_attention_block(const engine_model *m, engine_q35_fwd *f, const 
 }
 
 static void q35_deltanet_block(const engine_model *m, engine_q35_fwd *f, const q35_layer *ly,
-                               int32_t n) {
+                               int32_t n, int32_t p0) {
     size_t E = (size_t)f->E, di = (size_t)f->di, nv = (size_t)f->nv;
     const engine_weight *w[4] = {&ly->wqkv, &ly->wz, &ly->wbeta, &ly->walpha};
     float *y[4] = {f->big, f->z, f->bb, f->aa};
@@ -1036,6 +1029,7 @@ static void q35_deltanet_block(const engine_model *m, engine_q35_fwd *f, const q
     j.f = f;
     j.ly = ly;
     j.n = n;
+    j.p0 = p0;
     j.conv_state = f->conv_state + (size_t)ly->slot * f->conv_per_layer;
     j.ssm_state = f->ssm_state + (size_t)ly->slot * f->ssm_per_layer;
     q35_run(m, &j, Q_CONV);
@@ -1053,32 +1047,24 @@ static void q35_moe(const engine_model *m, engine_q35_fwd *f, const q35_layer *l
     for (int32_t t = 0; t < n; t++)
         engine_cpu_moe_route(f->router + (size_t)t * ne, ne, k, 1, f->sel + (size_t)t * k,
                              f->selw + (size_t)t * k, f->probs);
-    /* slots (token, choice) grouped by expert, in token order */
-    memset(f->exp_start, 0, sizeof(int32_t) * (size_t)(ne + 1));
-    for (int32_t sl = 0; sl < n * k; sl++)
-        f->exp_start[f->sel[sl] + 1]++;
-    int n_active = 0;
-    for (int e = 0; e < ne; e++) {
-        if (f->exp_start[e + 1] > 0) f->active[n_active++] = e;
-        f->exp_start[e + 1] += f->exp_start[e];
-    }
-    for (int32_t sl = 0; sl < n * k; sl++)
-        f->exp_slots[f->exp_start[f->sel[sl]]++] = sl;
-    for (int e = ne; e > 0; e--)
-        f->exp_start[e] = f->exp_start[e - 1];
-    f->exp_start[0] = 0;
+    int n_active = engine_moe_group(f->sel, n * k, ne, f->exp_start, f->exp_slots, f->active);
 
     /* the shared expert's gate and up, then the routed experts' gate and up */
     const engine_weight *sw[2] = {&ly->gate_shexp, &ly->up_shexp};
     float *sy[2] = {f->sg, f->su};
     size_t sys[2] = {(size_t)f->Fs, (size_t)f->Fs};
     q35_matmul(m, f, 2, sw, sy, sys, f->xn, E, 0, n);
-    q35_job ej;
-    memset(&ej, 0, sizeof ej);
-    ej.m = m;
-    ej.f = f;
-    ej.ly = ly;
-    ej.n = n;
+    engine_moe_job ej = {
+        .w = {&ly->gate_exps, &ly->up_exps, &ly->down_exps, ly->gu_stride, ly->exp_ptr},
+        .exp_start = f->exp_start,
+        .exp_slots = f->exp_slots,
+        .active = f->active,
+        .n_active = n_active,
+        .k = k,
+        .g = f->g,
+        .u = f->u,
+        .out = f->eout,
+    };
     q35_input(m, f, &ly->gate_exps, f->xn, E, (int)E, 0, n, f->conv, &ej.xg, &ej.xg_stride);
     if (q35_vdt(&ly->up_exps) == q35_vdt(&ly->gate_exps)) {
         ej.xu = ej.xg;
@@ -1088,11 +1074,14 @@ static void q35_moe(const engine_model *m, engine_q35_fwd *f, const q35_layer *l
                   f->conv + (size_t)f->B * f->conv_stride, &ej.xu, &ej.xu_stride);
     }
     int64_t nff = ly->gate_exps.rows;
-    ej.chunks = (nff + Q35_EXP_CHUNK - 1) / Q35_EXP_CHUNK;
-    ej.n_items = ej.chunks * n_active;
-    q35_run(m, &ej, Q_EXP_UP);
+    engine_moe_job_items(&ej, false);
+    engine_pool_run(m->pool, engine_moe_up_fn, &ej);
 
-    q35_job sj = ej;
+    q35_job sj;
+    memset(&sj, 0, sizeof sj);
+    sj.m = m;
+    sj.f = f;
+    sj.ly = ly;
     sj.n = n * k;
     sj.g = f->g;
     sj.u = f->u;
@@ -1103,21 +1092,18 @@ static void q35_moe(const engine_model *m, engine_q35_fwd *f, const q35_layer *l
     sj.dst_stride = f->hconv_stride;
     q35_run(m, &sj, Q_SWIGLU);
 
-    q35_job dj = ej;
     if (sj.type == ENGINE_TYPE_F32) {
-        dj.x = (const uint8_t *)f->g;
-        dj.x_stride = (size_t)nff * sizeof(float);
+        ej.x = (const uint8_t *)f->g;
+        ej.x_stride = (size_t)nff * sizeof(float);
     } else {
-        dj.x = f->hconv;
-        dj.x_stride = f->hconv_stride;
+        ej.x = f->hconv;
+        ej.x_stride = f->hconv_stride;
     }
-    dj.chunks = (ly->down_exps.rows + Q35_EXP_CHUNK - 1) / Q35_EXP_CHUNK;
-    dj.n_items = dj.chunks * n_active;
-    dj.next = 0;
-    q35_run(m, &dj, Q_EXP_DOWN);
+    engine_moe_job_items(&ej, true);
+    engine_pool_run(m->pool, engine_moe_down_fn, &ej);
 
     /* shared expert: h = silu(g) * u (in sg), down into tmp */
-    q35_job hj = ej;
+    q35_job hj = sj;
     hj.n = n;
     hj.g = f->sg;
     hj.u = f->su;
@@ -1128,7 +1114,7 @@ static void q35_moe(const engine_model *m, engine_q35_fwd *f, const q35_layer *l
     const engine_weight *wd = &ly->down_shexp;
     q35_matmul(m, f, 1, &wd, &f->tmp, &E, f->sg, (size_t)f->Fs, 0, n);
 
-    q35_job cj = ej;
+    q35_job cj = sj;
     cj.n = n;
     q35_run(m, &cj, Q_COMBINE);
 }
@@ -1146,6 +1132,9 @@ int engine_q35_fwd_run(engine_session *s, const int32_t *tokens, int32_t n, floa
             (const uint8_t *)m->tok_embd.data + (size_t)tokens[t] * m->tok_embd.row_bytes;
         engine_dequantize_row(m->tok_embd.type, row, f->x + (size_t)t * E, (int64_t)E);
     }
+    /* the snapshots this pass takes (every block overwrites them) */
+    for (int32_t ts = q35_first_snap(p0); ts < n; ts += ENGINE_Q35_SNAP_EVERY)
+        f->snap_pos[((p0 + ts + 1) / ENGINE_Q35_SNAP_EVERY) % ENGINE_Q35_SNAPSHOTS] = p0 + ts + 1;
     q35_job j;
     memset(&j, 0, sizeof j);
     j.m = m;
@@ -1161,7 +1150,7 @@ int engine_q35_fwd_run(engine_session *s, const int32_t *tokens, int32_t n, floa
         if (ly->attn)
             q35_attention_block(m, f, ly, n, p0);
         else
-            q35_deltanet_block(m, f, ly, n);
+            q35_deltanet_block(m, f, ly, n, p0);
         j.add = f->tmp;
         j.norm_w = ly->post_norm;
         q35_run(m, &j, Q_NORM);

@@ -161,8 +161,14 @@ int engine_model_load_f32(engine_model *m, engine_tensor_role role, int layer,
 /* qwen35moe (arch_qwen35moe.c), used instead of engine_fwd_* for that architecture: load the
  * weights into m->q35 (after engine_arch_validate), free them; a session's state in s->q35
  * (KV of the attention blocks, conv and recurrent state of the Gated DeltaNet blocks) and its
- * forward pass (same contract as engine_fwd_run). Truncation: to n_tokens is a no-op, to 0
- * resets the recurrent state, anything else is ENGINE_EUNSUPPORTED (no state snapshots yet). */
+ * forward pass (same contract as engine_fwd_run). The pass snapshots the recurrent state at
+ * every position that is a multiple of ENGINE_Q35_SNAP_EVERY (the paged KV block size), keeping
+ * the last ENGINE_Q35_SNAPSHOTS of them (engine_q35_snapshot_bytes each). Truncation to n
+ * (called without the pool lock; takes it) restores the latest snapshot at or before n (or
+ * the empty state) and recomputes the tokens from there to n from s->tokens: any n works, with
+ * the same bits as a session that never went past n. */
+#define ENGINE_Q35_SNAP_EVERY ENGINE_KV_BLOCK_SIZE
+#define ENGINE_Q35_SNAPSHOTS 4
 typedef struct engine_q35_model engine_q35_model;
 typedef struct engine_q35_fwd engine_q35_fwd;
 int engine_q35_load(engine_model *m);

@@ -11,8 +11,8 @@
  * reference's top two are within that tolerance.
  *
  * Then, on the same model: chunked prefill == token by token == 1 thread (bit for bit);
- * truncation to 0 restarts exactly, to another point is ENGINE_EUNSUPPORTED and changes
- * nothing; engine_generate greedy twice on one session (prefix reuse must not reuse stale
+ * truncation to 0 restarts exactly; rollback to points on and off the snapshot grid, within
+ * and beyond the kept snapshots, == a cold session (check_rollback); engine_generate greedy twice on one session (prefix reuse must not reuse stale
  * recurrent state) == a fresh session == a manual greedy loop; hyper-parameter checks; the
  * parameter count of the real 35B-A3B shape; the safetensors reordering back to HF's layout. */
 #include <math.h>
@@ -34,122 +34,30 @@
 #define REL_TOL 1e-4
 #define N_CTX 256
 
-typedef struct {
-    const unsigned char *p, *end;
-    bool bad;
-} rd;
-
-static uint32_t rd_u32(rd *r) {
-    if (r->bad || r->end - r->p < 4) {
-        r->bad = true;
-        return 0;
-    }
-    uint32_t v = (uint32_t)r->p[0] | (uint32_t)r->p[1] << 8 | (uint32_t)r->p[2] << 16 |
-                 (uint32_t)r->p[3] << 24;
-    r->p += 4;
-    return v;
-}
-
-static float rd_f32(rd *r) {
-    uint32_t u = rd_u32(r);
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-/* Compare the logits at one position with the fixture's stored values; returns the relative
- * error (and counts an argmax disagreement). */
-static double compare_row(rd *r, const float *e, uint32_t n_vocab, uint32_t stride, uint32_t top_k,
-                          const char *label, uint32_t pos) {
-    double maxref = 0, maxdiff = 0;
-    for (uint32_t id = 0; id < n_vocab; id += stride) {
-        float ref = rd_f32(r);
-        maxref = fmax(maxref, fabs(ref));
-        maxdiff = fmax(maxdiff, fabs((double)e[id] - ref));
-    }
-    int32_t top_ids[1024];
-    float top_vals[1024];
-    for (uint32_t i = 0; i < top_k; i++)
-        top_ids[i] = (int32_t)rd_u32(r);
-    for (uint32_t i = 0; i < top_k; i++)
-        top_vals[i] = rd_f32(r);
-    if (r->bad) return INFINITY;
-    for (uint32_t i = 0; i < top_k; i++) {
-        if (top_ids[i] < 0 || (uint32_t)top_ids[i] >= n_vocab) {
-            r->bad = true;
-            return INFINITY;
-        }
-        maxref = fmax(maxref, fabs(top_vals[i]));
-        maxdiff = fmax(maxdiff, fabs((double)e[top_ids[i]] - top_vals[i]));
-    }
-    int32_t am = support_argmax(e, (int32_t)n_vocab);
-    if (am != top_ids[0] && top_vals[0] - top_vals[1] > REL_TOL * maxref)
-        support_fail("%s pos %u: engine argmax %d, reference %d", label, pos, am, top_ids[0]);
-    return maxref > 0 ? maxdiff / maxref : maxdiff;
-}
-
 static void check_reference(engine_model *m, const char *dir, const char *name, const char *tag) {
-    char path[4600];
-    size_t len = 0;
-    snprintf(path, sizeof path, "%s/%s.json", dir, name);
-    char *meta = support_slurp(path, &len);
-    CHECK(meta != NULL);
-    if (!meta) return;
-    engine_json doc;
-    memset(&doc, 0, sizeof doc);
-    CHECK(engine_json_parse(&doc, meta, len, path) == 0);
-    const engine_json_node *gv = engine_json_get(&doc, &doc.nodes[0], "generator_version");
-    const engine_json_node *arch = engine_json_get(&doc, &doc.nodes[0], "architecture");
-    CHECK(gv && gv->is_int && gv->ival == ENGINE_GEN_VERSION);
-    CHECK(arch && !strcmp(engine_json_str(&doc, arch), "Qwen3_5MoeForCausalLM"));
-    const engine_json_node *prompts = engine_json_get(&doc, &doc.nodes[0], "prompts");
-    CHECK(prompts && prompts->type == ENGINE_JSON_ARRAY);
+    support_ref r;
+    if (support_ref_open(&r, dir, name)) return;
+    const engine_json_node *arch = engine_json_get(&r.doc, &r.doc.nodes[0], "architecture");
+    CHECK(arch && !strcmp(engine_json_str(&r.doc, arch), "Qwen3_5MoeForCausalLM"));
+    CHECK((int32_t)r.n_vocab == engine_model_n_vocab(m));
 
-    snprintf(path, sizeof path, "%s/%s.bin", dir, name);
-    char *bin = support_slurp(path, &len);
-    CHECK(bin != NULL && len > 28 && !memcmp(bin, "SPRKREF1", 8));
-    if (!bin || len <= 28 || memcmp(bin, "SPRKREF1", 8) || !prompts) {
-        free(bin);
-        engine_json_deinit(&doc);
-        free(meta);
-        return;
-    }
-    rd r = {(const unsigned char *)bin + 8, (const unsigned char *)bin + len, false};
-    uint32_t version = rd_u32(&r), n_prompts = rd_u32(&r), n_vocab = rd_u32(&r);
-    uint32_t stride = rd_u32(&r), top_k = rd_u32(&r);
-    CHECK(version == 1 && n_prompts == prompts->count && stride > 0 && top_k > 0 && top_k <= 1024 &&
-          (int32_t)n_vocab == engine_model_n_vocab(m));
-
-    const engine_json_node *pj = engine_json_first(&doc, prompts);
-    for (uint32_t pi = 0; pi < n_prompts && !r.bad && pj; pi++, pj = engine_json_next(&doc, pj)) {
-        uint32_t n = rd_u32(&r);
-        if (r.bad || n == 0 || n > N_CTX) {
-            r.bad = true;
-            break;
-        }
-        int32_t *ids = malloc(n * sizeof *ids);
-        for (uint32_t i = 0; i < n; i++)
-            ids[i] = (int32_t)rd_u32(&r);
-        const engine_json_node *pname = engine_json_get(&doc, pj, "name");
+    const engine_json_node *pj = engine_json_first(&r.doc, r.prompts);
+    for (uint32_t pi = 0; pi < r.n_prompts && !r.bad && pj;
+         pi++, pj = engine_json_next(&r.doc, pj)) {
+        uint32_t n;
+        int32_t *ids = support_ref_ids(&r, N_CTX, &n);
+        if (!ids) break;
+        const engine_json_node *pname = engine_json_get(&r.doc, pj, "name");
         char label[128];
         snprintf(label, sizeof label, "%s %s/%s", tag, name,
-                 pname ? engine_json_str(&doc, pname) : "?");
-        const engine_json_node *text = engine_json_get(&doc, pj, "text");
-        if (text) { /* the engine's tokenizer gives the reference's ids */
-            int32_t got[512];
-            size_t n_got = 0;
-            CHECK(engine_model_tokenize(m, engine_json_str(&doc, text), text->len, true, got, 512,
-                                        &n_got) == 0);
-            if (n_got != n || memcmp(got, ids, n * sizeof *ids) != 0)
-                support_fail("%s: the tokenizer gives %zu ids, the reference %u (or they differ)",
-                             label, n_got, n);
-        }
+                 pname ? engine_json_str(&r.doc, pname) : "?");
+        support_ref_check_text(&r, m, pj, ids, n, label);
         /* batch 16: the 128-token prompt's prefill spans chunks of the session as well */
         engine_session *s = support_session(m, 16, ENGINE_KV_F32);
-        uint32_t n_pos = rd_u32(&r), done = 0, worst_pos = 0;
+        uint32_t n_pos = support_ref_u32(&r), done = 0, worst_pos = 0;
         double worst = 0;
         for (uint32_t k = 0; k < n_pos && !r.bad && s; k++) {
-            uint32_t pos = rd_u32(&r);
+            uint32_t pos = support_ref_u32(&r);
             if (pos >= n || pos + 1 < done) {
                 r.bad = true;
                 break;
@@ -161,7 +69,7 @@ static void check_reference(engine_model *m, const char *dir, const char *name, 
             const float *e = engine_session_logits(s);
             CHECK(e != NULL);
             if (!e) break;
-            double rel = compare_row(&r, e, n_vocab, stride, top_k, label, pos);
+            double rel = support_ref_compare(&r, e, REL_TOL, label, pos);
             if (rel > worst) {
                 worst = rel;
                 worst_pos = pos;
@@ -175,9 +83,7 @@ static void check_reference(engine_model *m, const char *dir, const char *name, 
         free(ids);
     }
     CHECK(!r.bad && r.p == r.end);
-    free(bin);
-    engine_json_deinit(&doc);
-    free(meta);
+    support_ref_close(&r);
 }
 
 /* Logits after appending ids[0..n) in chunks of `chunk` tokens to a fresh session. */
@@ -230,13 +136,12 @@ static void check_sessions(engine_model *m, const char *path) {
         engine_model_free(m1);
     }
 
-    /* truncation: to 0 restarts exactly; elsewhere it is refused and changes nothing */
+    /* truncation to 0 restarts exactly */
     engine_session *s = support_session(m, 64, ENGINE_KV_F32);
     if (s) {
         CHECK(engine_session_append(s, ids, n, NULL) == 0);
-        CHECK(engine_session_truncate(s, (int32_t)n / 2) == ENGINE_EUNSUPPORTED);
-        CHECK(engine_session_n_tokens(s) == (int32_t)n && engine_session_logits(s) != NULL);
         CHECK(engine_session_truncate(s, (int32_t)n) == 0);
+        CHECK(engine_session_n_tokens(s) == (int32_t)n && engine_session_logits(s) != NULL);
         CHECK(engine_session_truncate(s, 0) == 0);
         CHECK(engine_session_n_tokens(s) == 0 && engine_session_logits(s) == NULL);
         CHECK(engine_session_append(s, ids, n, NULL) == 0);
@@ -288,6 +193,45 @@ static void check_sessions(engine_model *m, const char *path) {
     free(b);
 }
 
+/* Rollback through the state snapshots: a session of 100 tokens (appended 7 at a time, so
+ * snapshot points fall inside chunks) truncated step by step to points on and off the
+ * ENGINE_Q35_SNAP_EVERY grid, within the kept snapshots (restore + recompute, or an exact
+ * restore) and beyond them (recompute from the start), each time continued with 5 other tokens:
+ * the logits equal a cold session's on the same tokens bit for bit. */
+static void check_rollback(engine_model *m) {
+    enum { N = 100, ALT = 5 };
+    int32_t nv = engine_model_n_vocab(m);
+    int32_t ids[N + ALT], alt[N + ALT];
+    support_chat_prompt(m, ids, N);
+    for (int i = 0; i < N + ALT; i++)
+        alt[i] = (ids[i % N] * 7 + 13 + i) % 200 + 20;
+    engine_session *s = support_session(m, 64, ENGINE_KV_F32);
+    float *cold = malloc(sizeof(float) * (size_t)nv);
+    int32_t *seq = malloc(sizeof(int32_t) * (N + ALT));
+    bool ok = s && cold && seq;
+    for (int i = 0; ok && i < N; i += 7)
+        ok = engine_session_append(s, ids + i, (size_t)(N - i < 7 ? N - i : 7), NULL) == 0;
+    CHECK(ok);
+    const int32_t points[] = {90, 64, 63, 40, 17, 16, 1};
+    for (size_t p = 0; ok && p < sizeof points / sizeof *points; p++) {
+        int32_t t = points[p];
+        CHECK(engine_session_truncate(s, t) == 0);
+        CHECK(engine_session_n_tokens(s) == t && engine_session_logits(s) == NULL);
+        CHECK(engine_session_append(s, alt + t, ALT, NULL) == 0);
+        const float *l = engine_session_logits(s);
+        /* the cold session: ids[0..t) then alt[t..t+ALT) */
+        memcpy(seq, ids, sizeof(int32_t) * (size_t)t);
+        memcpy(seq + t, alt + t, sizeof(int32_t) * ALT);
+        CHECK(run_chunks(m, seq, (size_t)t + ALT, 64, cold));
+        double d = l ? support_max_abs_diff(cold, l, nv) : INFINITY;
+        printf("rollback to %d (+%d other tokens) vs cold: max diff %g\n", t, ALT, d);
+        CHECK(d == 0);
+    }
+    engine_session_free(s);
+    free(cold);
+    free(seq);
+}
+
 static void check_hparams(void) {
     const engine_arch_preset *p = engine_arch_preset_find("qwen35-35b-a3b");
     CHECK(p != NULL);
@@ -302,6 +246,10 @@ static void check_hparams(void) {
     for (uint32_t l = 0; l < hp.n_layer; l++)
         n_attn += engine_q35_layer_is_attn(&hp, l);
     CHECK(n_attn == 10 && engine_q35_layer_is_attn(&hp, 3) && !engine_q35_layer_is_attn(&hp, 0));
+    /* one state snapshot: 30 DeltaNet blocks x (8192 channels x 3 conv + 32 x 128 x 128) F32 */
+    size_t snap = engine_q35_snapshot_bytes(&hp);
+    printf("qwen35-35b-a3b: %zu bytes per state snapshot\n", snap);
+    CHECK(snap == (size_t)30 * (8192 * 3 + 32 * 128 * 128) * 4);
     engine_tensor_desc *d = NULL;
     size_t nd = 0;
     CHECK(engine_arch_tensors(&hp, &d, &nd) == 0);
@@ -671,6 +619,7 @@ int main(void) {
             CHECK(!strcmp(info.arch, "qwen35moe") && info.n_layer == 8 && info.n_expert == 8);
             check_reference(m, dir, "qwen35-tiny-f32-s1", "gguf");
             check_sessions(m, path);
+            check_rollback(m);
             engine_model_free(m);
         }
     } else {
