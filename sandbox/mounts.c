@@ -464,7 +464,7 @@ static int write_file(const char *path, const char *s) {
     return w == (ssize_t)n ? 0 : -(w < 0 ? e : EIO);
 }
 
-static int loopback_up(void) {
+int sandbox_loopback_up(void) {
     int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     if (s < 0) return -errno;
     struct ifreq ifr;
@@ -561,9 +561,9 @@ int sandbox_mounts_apply(sandbox_plan *p, const char **what) {
     if (syscall(SYS_pivot_root, ".", ".") != 0) return -errno;
     if (umount2(".", MNT_DETACH) != 0) return -errno;
     if (chdir("/") != 0) return -errno;
-    if (!p->network) {
+    if (!p->network && p->ns_user_fd < 0) { /* a pooled namespace is set up already */
         *what = "bring up the loopback interface";
-        int rc = loopback_up();
+        int rc = sandbox_loopback_up();
         if (rc) return rc;
     }
     return 0;

@@ -62,6 +62,10 @@ typedef enum {
 
 #define SANDBOX_POLICY_VERSION 1
 
+/* A pool of network namespaces for runs without network (a context object; see
+ * sandbox_netns_pool_new below). */
+typedef struct sandbox_netns_pool sandbox_netns_pool;
+
 typedef struct {
     unsigned version;          /* SANDBOX_POLICY_VERSION */
     const char *workspace;     /* absolute path; the only writable tree (per fs_mode) */
@@ -83,10 +87,12 @@ typedef struct {
                                   (SANDBOX_STOP_OUTPUT_CAP); 0 = default 64 x output_cap */
     const volatile int *cancel; /* optional: set non-zero from another thread to stop the
                                    command (SANDBOX_STOP_CANCELED); checked every 50 ms */
+    sandbox_netns_pool *netns_pool; /* optional (network false): reuse a loopback-only network
+                                       namespace from this pool instead of creating one */
 } sandbox_policy;
 
 #define SANDBOX_POLICY_INIT {SANDBOX_POLICY_VERSION, NULL, SANDBOX_FS_WORKSPACE_WRITE, false, \
-                             false, 60.0, 0, 0, 0, 0, 0, 0, NULL, NULL, 0, NULL}
+                             false, 60.0, 0, 0, 0, 0, 0, 0, NULL, NULL, 0, NULL, NULL}
 
 /* What a sandboxed command sees (the contract the escape tests check):
  * - new user, mount, PID, IPC, UTS, cgroup and (unless policy->network) network namespaces;
@@ -165,6 +171,24 @@ int sandbox_run(sandbox_result *out, const sandbox_policy *policy, const char *c
                 const char *const *env, const char *cwd);
 
 void sandbox_result_deinit(sandbox_result *r);
+
+/* ---------------------------------------------------------------------------------------------
+ * Network namespace pool: creating (and tearing down) a network namespace is the most expensive
+ * step of an isolated run. A pool keeps loopback-only network namespaces, each in a user
+ * namespace of its own (P) mapping only the caller's uid/gid, and hands one to a run at a time:
+ * the run joins P and the network namespace, then creates its own user, mount, PID, IPC, UTS
+ * and cgroup namespaces below P as usual. What a command shares with the commands that used
+ * the same namespace before it (never with one running at the same time: a namespace is taken
+ * exclusively, the pool creates another when all are in use): the loopback interface and its
+ * configuration, which nothing inside can change (no process of a run holds a capability over
+ * P, which owns the network namespace), and kernel state that outlives every process of a run,
+ * in practice TIME_WAIT entries. Sockets, listeners and abstract UNIX names die with the
+ * processes that hold them, and every process of a run dies with its PID namespace.
+ * Thread-safe. sandbox_netns_pool_new returns NULL (sandbox_error_last() says why) when out of
+ * memory; namespaces are created lazily, and a run whose pool cannot create one falls back to
+ * a namespace of its own. */
+sandbox_netns_pool *sandbox_netns_pool_new(void);
+void sandbox_netns_pool_free(sandbox_netns_pool *pool); /* NULL: no-op; no run may use it */
 
 const char *sandbox_stop_reason_name(sandbox_stop_reason r);
 

@@ -54,6 +54,14 @@ typedef struct {
     bool isolated;
     /* namespaces and mounts */
     unsigned long clone_flags;
+    /* A pooled network namespace (netpool.c), -1 when none: the first child joins its user
+     * namespace and it, unshares unshare_flags, and clones init (on init_stack, sharing the
+     * first child's memory, CLONE_VM) into the new PID namespace. */
+    int ns_user_fd, ns_net_fd;
+    unsigned long unshare_flags;
+    char *init_stack;
+    size_t init_stack_len;
+    int a_alive[2];       /* in the first child: a pipe whose write end only it holds */
     char uid_map[64], gid_map[64];
     char *stage;          /* host directory the new root is assembled in ("/tmp") */
     sandbox_op *ops;
@@ -87,6 +95,15 @@ typedef struct {
 /* spawn.c: the children (never return). */
 _Noreturn void sandbox_child_init(sandbox_plan *p);
 _Noreturn void sandbox_child_plain(sandbox_plan *p);
+_Noreturn void sandbox_child_joined(sandbox_plan *p);
+
+/* netpool.c: take a (user, network) namespace pair from the pool, creating one when none is
+ * free (0 or a negative code); give it back after a run whose processes are all gone
+ * (reusable false: close it instead). */
+int sandbox_netns_acquire(sandbox_netns_pool *pool, int *user_fd, int *net_fd);
+void sandbox_netns_release(sandbox_netns_pool *pool, int user_fd, int net_fd, bool reusable);
+/* mounts.c: bring up "lo" in the current network namespace (0 or -errno). */
+int sandbox_loopback_up(void);
 
 /* mounts.c: build the mount operations of `plan` for the policy (in the caller). The strings
  * live in `arena` (freed by the caller with sandbox_plan_free_strings). */

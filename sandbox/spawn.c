@@ -44,7 +44,7 @@
 #define CLOSE_RANGE_CLOEXEC (1U << 2)
 #endif
 
-enum { FD_STATUS = 3, FD_ALIVE = 4 };
+enum { FD_STATUS = 3, FD_ALIVE = 4, FD_NS_USER = 5, FD_NS_NET = 6 };
 
 #define DEFAULT_OUTPUT_CAP ((size_t)1 << 20)
 #define DEFAULT_MAX_PROCESSES 512
@@ -76,19 +76,21 @@ static _Noreturn void child_fail(int kind, const char *what, int err) {
     _exit(126);
 }
 
-/* 0..4 become stdin, stdout, stderr, status, alive; everything else is closed. */
+/* 0..4 become stdin, stdout, stderr, status, alive (5 and 6 the pooled namespaces, when
+ * used); everything else is closed. */
 static void remap_fds(const sandbox_plan *p) {
-    int src[5] = {p->fd_stdin, p->fd_stdout, p->fd_stderr, p->fd_status, p->fd_alive};
-    int tmp[5];
-    for (int i = 0; i < 5; i++) {
-        tmp[i] = fcntl(src[i], F_DUPFD, 5);
+    int src[7] = {p->fd_stdin, p->fd_stdout, p->fd_stderr, p->fd_status, p->fd_alive,
+                  p->ns_user_fd, p->ns_net_fd};
+    int n = p->ns_user_fd >= 0 ? 7 : 5;
+    int tmp[7];
+    for (int i = 0; i < n; i++) {
+        tmp[i] = fcntl(src[i], F_DUPFD, n);
         if (tmp[i] < 0) _exit(126);
     }
-    for (int i = 0; i < 5; i++)
+    for (int i = 0; i < n; i++)
         if (dup2(tmp[i], i) < 0) _exit(126);
-    syscall(SYS_close_range, 5, ~0U, 0);
-    fcntl(FD_STATUS, F_SETFD, FD_CLOEXEC);
-    fcntl(FD_ALIVE, F_SETFD, FD_CLOEXEC);
+    syscall(SYS_close_range, (unsigned)n, ~0U, 0);
+    for (int i = FD_STATUS; i < n; i++) fcntl(i, F_SETFD, FD_CLOEXEC);
 }
 
 /* Die with the caller; and if it is already gone (before PDEATHSIG was set), die now. */
@@ -219,29 +221,29 @@ static int command_entry(void *arg) {
 }
 #endif
 
-_Noreturn void sandbox_child_init(sandbox_plan *p) {
-    remap_fds(p);
-    die_with_parent();
-    setsid();
-    int rc = 0;
-    {
-        int fd = open("/proc/self/setgroups", O_WRONLY | O_CLOEXEC);
-        if (fd >= 0) {
-            (void)!write(fd, "deny", 4);
-            close(fd);
-        }
-        const char *files[2] = {"/proc/self/uid_map", "/proc/self/gid_map"};
-        const char *maps[2] = {p->uid_map, p->gid_map};
-        for (int i = 0; i < 2; i++) {
-            fd = open(files[i], O_WRONLY | O_CLOEXEC);
-            if (fd < 0 || write(fd, maps[i], sandbox_cstr_len(maps[i])) < 0)
-                child_fail(SANDBOX_REC_SETUP, files[i], errno);
-            close(fd);
-        }
+/* Map the caller's uid/gid in the user namespace just created. */
+static void write_id_maps(const sandbox_plan *p) {
+    int fd = open("/proc/self/setgroups", O_WRONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        (void)!write(fd, "deny", 4);
+        close(fd);
     }
+    const char *files[2] = {"/proc/self/uid_map", "/proc/self/gid_map"};
+    const char *maps[2] = {p->uid_map, p->gid_map};
+    for (int i = 0; i < 2; i++) {
+        fd = open(files[i], O_WRONLY | O_CLOEXEC);
+        if (fd < 0 || write(fd, maps[i], sandbox_cstr_len(maps[i])) < 0)
+            child_fail(SANDBOX_REC_SETUP, files[i], errno);
+        close(fd);
+    }
+}
+
+/* init once its namespaces exist and its ids are mapped: build the root, start the command,
+ * reap until it ends. */
+static _Noreturn void init_main(sandbox_plan *p) {
     (void)sethostname("spark-sandbox", 13);
     const char *what = "";
-    rc = sandbox_mounts_apply(p, &what);
+    int rc = sandbox_mounts_apply(p, &what);
     if (rc) child_fail(SANDBOX_REC_SETUP, what, -rc);
     if (chdir(p->cwd) != 0) child_fail(SANDBOX_REC_SETUP, p->cwd, errno);
     /* init is a copy of the caller's memory (its secrets too): not readable through /proc by
@@ -276,6 +278,66 @@ _Noreturn void sandbox_child_init(sandbox_plan *p) {
             _exit(0);
         }
         if (w < 0 && errno != EINTR) child_fail(SANDBOX_REC_SETUP, "lost the command", errno);
+    }
+}
+
+_Noreturn void sandbox_child_init(sandbox_plan *p) {
+    remap_fds(p);
+    die_with_parent();
+    setsid();
+    write_id_maps(p);
+    init_main(p);
+}
+
+/* init under sandbox_child_joined: it also dies with the first child, its parent (`a_alive`
+ * is the read end of a pipe only the first child writes to: closed, the parent is gone). */
+static _Noreturn void joined_init(sandbox_plan *p) {
+    close(p->a_alive[1]);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    struct pollfd pf[2] = {{FD_ALIVE, POLLIN, 0}, {p->a_alive[0], POLLIN, 0}};
+    if (poll(pf, 2, 0) != 0) _exit(126);
+    close(p->a_alive[0]);
+    setsid();
+    init_main(p);
+}
+
+#if !SANDBOX_ASAN
+static int joined_init_entry(void *arg) {
+    joined_init(arg);
+}
+#endif
+
+_Noreturn void sandbox_child_joined(sandbox_plan *p) {
+    remap_fds(p);
+    die_with_parent();
+    setsid();
+    if (setns(FD_NS_USER, CLONE_NEWUSER) != 0)
+        child_fail(SANDBOX_REC_SETUP, "join the pooled user namespace", errno);
+    if (setns(FD_NS_NET, CLONE_NEWNET) != 0)
+        child_fail(SANDBOX_REC_SETUP, "join the pooled network namespace", errno);
+    close(FD_NS_USER);
+    close(FD_NS_NET);
+    if (unshare((int)p->unshare_flags) != 0)
+        child_fail(SANDBOX_REC_UNAVAILABLE, "create the namespaces", errno);
+    write_id_maps(p);
+    /* The plan is this process's copy of the caller's: a field can carry the pipe to init. */
+    if (pipe2(p->a_alive, O_CLOEXEC) != 0) child_fail(SANDBOX_REC_SETUP, "pipe", errno);
+#if SANDBOX_ASAN
+    pid_t init = (pid_t)syscall(SYS_clone, SIGCHLD, NULL, NULL, NULL, 0);
+    if (init == 0) joined_init(p);
+#else
+    /* init shares this process's memory (no page tables copied); this process only waits. */
+    pid_t init = clone(joined_init_entry, p->init_stack + p->init_stack_len, CLONE_VM | SIGCHLD,
+                       p);
+#endif
+    if (init < 0) child_fail(SANDBOX_REC_SETUP, "clone init", errno);
+    close(p->a_alive[0]);
+    close(0);
+    close(1);
+    close(2);
+    for (;;) {
+        pid_t w = (pid_t)wait4(-1, NULL, __WALL, NULL);
+        if (w == init || (w < 0 && errno != EINTR)) _exit(0);
     }
 }
 
@@ -442,7 +504,10 @@ typedef struct {
     sandbox_placeholders ph;
     char **envp;
     char *exec_buf;
-    char *cmd_stack;
+    char *cmd_stack, *init_stack;
+    int ns_user_fd, ns_net_fd; /* a pooled namespace pair, -1 when none */
+    sandbox_netns_pool *pool;
+    bool ns_reusable;
     int pipes[4][2]; /* stdout, stderr, status, alive */
     int devnull, pidfd;
     capture cap[2];
@@ -489,6 +554,8 @@ static void run_state_free(run_state *rs) {
     free(rs->envp);
     free(rs->exec_buf);
     free(rs->cmd_stack);
+    free(rs->init_stack);
+    if (rs->pool) sandbox_netns_release(rs->pool, rs->ns_user_fd, rs->ns_net_fd, rs->ns_reusable);
     capture_free(&rs->cap[0]);
     capture_free(&rs->cap[1]);
 }
@@ -540,10 +607,11 @@ int sandbox_run(sandbox_result *out, const sandbox_policy *pol, const char *cons
 
     sandbox_plan plan;
     memset(&plan, 0, sizeof plan);
+    plan.ns_user_fd = plan.ns_net_fd = -1;
     run_state rs;
     memset(&rs, 0, sizeof rs);
     for (int i = 0; i < 4; i++) rs.pipes[i][0] = rs.pipes[i][1] = -1;
-    rs.devnull = rs.pidfd = -1;
+    rs.devnull = rs.pidfd = rs.ns_user_fd = rs.ns_net_fd = -1;
     int rc = 0;
     double t0 = now_s();
 
@@ -592,6 +660,21 @@ int sandbox_run(sandbox_result *out, const sandbox_policy *pol, const char *cons
                  (unsigned)getegid());
         plan.clone_flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC |
                            CLONE_NEWUTS | CLONE_NEWCGROUP | (pol->network ? 0 : CLONE_NEWNET);
+        /* A pooled network namespace when the policy brings a pool and one can be had;
+         * otherwise (the pool cannot create one) a namespace of the run's own, as without. */
+        if (!pol->network && pol->netns_pool &&
+            sandbox_netns_acquire(pol->netns_pool, &rs.ns_user_fd, &rs.ns_net_fd) == 0) {
+            rs.pool = pol->netns_pool;
+            plan.init_stack_len = CMD_STACK_BYTES;
+            if (!(plan.init_stack = rs.init_stack = malloc(plan.init_stack_len))) {
+                rc = sandbox_err(SANDBOX_ENOMEM, "sandbox: out of memory");
+                goto done;
+            }
+            plan.ns_user_fd = rs.ns_user_fd;
+            plan.ns_net_fd = rs.ns_net_fd;
+            plan.unshare_flags = plan.clone_flags & ~(unsigned long)CLONE_NEWNET;
+            plan.clone_flags = 0;
+        }
         if ((rc = sandbox_mounts_plan(&plan, &rs.strings, pol, ws, home, &rs.ph))) goto done;
         if (pol->fs_mode == SANDBOX_FS_WORKSPACE_WRITE) plan.ll_write[plan.n_ll_write++] = ws;
         plan.ll_write[plan.n_ll_write++] = "/tmp";
@@ -626,6 +709,7 @@ int sandbox_run(sandbox_result *out, const sandbox_policy *pol, const char *cons
     pid_t pid = (pid_t)syscall(SYS_clone, (unsigned long)(plan.clone_flags | CLONE_PIDFD), NULL,
                                &pidfd, NULL, 0);
     if (pid == 0) {
+        if (plan.ns_user_fd >= 0) sandbox_child_joined(&plan);
         if (isolated) sandbox_child_init(&plan);
         sandbox_child_plain(&plan);
     }
@@ -743,6 +827,10 @@ int sandbox_run(sandbox_result *out, const sandbox_policy *pol, const char *cons
         out->exit_code = -1;
     }
     if (isolated && have_result) out->landlock_abi = got_result.landlock_abi;
+    /* init reported and exited on its own: its exit waited for every process of the PID
+     * namespace, so nothing of this run is left in the network namespace. Otherwise (killed,
+     * set-up failed) some process may still be dying: the namespace is not reused. */
+    rs.ns_reusable = have_result && !killed;
     if (out->stopped == SANDBOX_STOP_NONE) {
         bool failed = out->signal || out->exit_code != 0;
         if (out->signal == SIGXCPU ||

@@ -2,7 +2,8 @@
  * round so that machine noise hits every method alike:
  *   fork/exec     fork + execve + waitpid, output to /dev/null (the floor)
  *   unsandboxed   sandbox_run() with policy.unsandboxed (capture, limits, no isolation)
- *   sandbox       sandbox_run() with the default policy (what the agent does)
+ *   sandbox       sandbox_run() with the default policy, no pool
+ *   sandbox+pool  the same with policy.netns_pool: the network namespace taken from a pool
  *   bwrap         bubblewrap with comparable isolation: all namespaces, a read-only system,
  *                 private /proc /dev /tmp, the workspace bound, no capabilities, new session,
  *                 die-with-parent, and our own seccomp filter loaded through --seccomp
@@ -33,8 +34,9 @@
 
 extern char **environ;
 
-enum { M_FORK, M_PLAIN, M_SANDBOX, M_BWRAP, N_METHODS };
-static const char *method_names[] = {"fork/exec", "unsandboxed", "sandbox", "bwrap"};
+enum { M_FORK, M_PLAIN, M_SANDBOX, M_POOL, M_BWRAP, N_METHODS };
+static const char *method_names[] = {"fork/exec", "unsandboxed", "sandbox", "sandbox+pool",
+                                     "bwrap"};
 
 static double now(void) {
     struct timespec t;
@@ -59,6 +61,7 @@ static int cmp_double(const void *a, const void *b) {
 
 static const char *ws;
 static int seccomp_fd = -1;
+static sandbox_netns_pool *pool;
 
 static int fork_exec(char *const *argv) {
     pid_t p = fork();
@@ -74,10 +77,11 @@ static int fork_exec(char *const *argv) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
 }
 
-static int run_sandbox(char *const *argv, bool unsandboxed) {
+static int run_sandbox(char *const *argv, bool unsandboxed, sandbox_netns_pool *np) {
     sandbox_policy pol = SANDBOX_POLICY_INIT;
     pol.workspace = ws;
     pol.unsandboxed = unsandboxed;
+    pol.netns_pool = np;
     sandbox_result r;
     int rc = sandbox_run(&r, &pol, (const char *const *)argv, (const char *const *)environ, NULL);
     if (rc) {
@@ -120,8 +124,9 @@ static int run_bwrap(char *const *cmd) {
 static int run_method(int m, char *const *argv) {
     switch (m) {
     case M_FORK: return fork_exec(argv);
-    case M_PLAIN: return run_sandbox(argv, true);
-    case M_SANDBOX: return run_sandbox(argv, false);
+    case M_PLAIN: return run_sandbox(argv, true, NULL);
+    case M_SANDBOX: return run_sandbox(argv, false, NULL);
+    case M_POOL: return run_sandbox(argv, false, pool);
     default: return run_bwrap(argv);
     }
 }
@@ -146,7 +151,7 @@ static void bench(const char *label, char *const *argv, int rounds) {
             c[m][r] = cpu_now() - c0;
         }
     double base = 0, cbase = 0;
-    printf("\n%s (%d rounds)\n%-12s %10s %10s %10s %12s %12s %12s\n", label, rounds, "method",
+    printf("\n%s (%d rounds)\n%-13s %10s %10s %10s %12s %12s %12s\n", label, rounds, "method",
            "median ms", "mean ms", "min ms", "vs fork/exec", "median cpu", "cpu vs f/e");
     for (int m = 0; m < N_METHODS; m++) {
         double sum = 0;
@@ -156,10 +161,10 @@ static void bench(const char *label, char *const *argv, int rounds) {
         double med = t[m][rounds / 2], cmed = c[m][rounds / 2];
         if (m == M_FORK) base = med, cbase = cmed;
         if (m == M_BWRAP) /* its sandboxed processes are not reaped into our rusage */
-            printf("%-12s %10.2f %10.2f %10.2f %11.2fx %12s %12s\n", method_names[m],
+            printf("%-13s %10.2f %10.2f %10.2f %11.2fx %12s %12s\n", method_names[m],
                    med * 1e3, sum / rounds * 1e3, t[m][0] * 1e3, med / base, "n/a", "n/a");
         else
-            printf("%-12s %10.2f %10.2f %10.2f %11.2fx %9.2f ms %11.2fx\n", method_names[m],
+            printf("%-13s %10.2f %10.2f %10.2f %11.2fx %9.2f ms %11.2fx\n", method_names[m],
                    med * 1e3, sum / rounds * 1e3, t[m][0] * 1e3, med / base, cmed * 1e3,
                    cmed / cbase);
         free(t[m]);
@@ -178,6 +183,10 @@ int main(int argc, char **argv) {
     struct sock_fprog f[2];
     int n_filters = 0;
     if (sandbox_seccomp_filters(f, &n_filters) != 0 || n_filters != 1) {
+        fprintf(stderr, "%s\n", sandbox_error_last());
+        return 1;
+    }
+    if (!(pool = sandbox_netns_pool_new())) {
         fprintf(stderr, "%s\n", sandbox_error_last());
         return 1;
     }
@@ -213,5 +222,6 @@ int main(int argc, char **argv) {
         bench(label, (char *[]){"true", NULL}, rounds_true);
         free(big);
     }
+    sandbox_netns_pool_free(pool);
     return 0;
 }

@@ -158,7 +158,8 @@ void sbx_rerun_as_nobody(const char *self) {
     }
     char *argv[] = {"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--",
                     (char *)self, NULL};
-    char *env[] = {"PATH=/usr/bin:/bin", "SPARK_SBX_NO_NOBODY=1", "TMPDIR=/tmp", NULL};
+    char *env[] = {"PATH=/usr/bin:/bin", "SPARK_SBX_NO_NOBODY=1", "TMPDIR=/tmp",
+                   getenv("SPARK_SBX_POOL") ? "SPARK_SBX_POOL=1" : NULL, NULL};
     pid_t pid;
     /* A test driver starts its own re-run directly (allow-listed in the choke-point test). */
     if (posix_spawn(&pid, "/usr/bin/setpriv", NULL, NULL, argv, env) != 0) {

@@ -171,12 +171,14 @@ static int attempt(int argc, char **argv) {
  * ------------------------------------------------------------------------------------------- */
 static char self[PATH_MAX], self_dir[PATH_MAX], root[PATH_MAX - 64], ws[PATH_MAX], home[PATH_MAX],
     outside[PATH_MAX], rodir[PATH_MAX];
+static sandbox_netns_pool *pool; /* SPARK_SBX_POOL set: every run through a pool */
 
 static int run_in(sandbox_result *r, sandbox_policy *pol, const char *const *argv,
                   const char *const *extra_env, const char *cwd) {
     const char *ro[] = {self_dir, rodir, NULL};
     pol->extra_ro_paths = ro;
     pol->workspace = ws;
+    pol->netns_pool = pool;
     int rc = sandbox_run(r, pol, argv, sbx_env(home, extra_env), cwd);
     if (rc) printf("  sandbox_run: %d %s\n", rc, sandbox_error_last());
     return rc;
@@ -536,6 +538,11 @@ int main(int argc, char **argv) {
     int start = sbx_start(self, sizeof self, self_dir, sizeof self_dir);
     if (start) return start;
     printf("running as uid %d\n", (int)geteuid());
+    if (getenv("SPARK_SBX_POOL")) {
+        pool = sandbox_netns_pool_new();
+        if (!sbx_check(pool != NULL, "a network namespace pool")) return 1;
+        printf("every run takes its network namespace from a pool\n");
+    }
     sbx_mkdtemp(root, sizeof root);
     snprintf(home, sizeof home, "%s/home", root);
     snprintf(ws, sizeof ws, "%s/home/project", root);
@@ -561,6 +568,7 @@ int main(int argc, char **argv) {
     test_read_only_policy();
     sbx_check(file_is(key, "-----BEGIN SECRET-----\n"), "host: the planted key is unchanged");
     sbx_rm_rf(root);
+    sandbox_netns_pool_free(pool);
     sbx_rerun_as_nobody(self);
     printf("%d failure%s\n", sbx_failures, sbx_failures == 1 ? "" : "s");
     return sbx_failures ? 1 : 0;
