@@ -152,6 +152,8 @@ struct grammar_vocab {
     int32_t *tn_skip;
     int32_t *tn_rank;
     int32_t *tn_nrank;
+    int32_t *tn_parent;     /* -1 at depth 1 */
+    int32_t *tn_nchild;
     uint32_t *nonempty;     /* bitset of tokens with bytes */
 };
 
@@ -216,6 +218,18 @@ typedef struct {
     size_t n;
 } grammar_trigger_list;
 
+/* A byte region: the states reached from a looping state through byte edges alone while no
+ * state on the way can finish, call or return (at most GRAMMAR_REGION_MAX of them, numbered in
+ * breadth-first order from the looping state: the shape does not depend on the rule). ok has a
+ * bit per trie node: set when, entering the node from the region's first state, every token of
+ * the node's subtree stays in the region (so it is consumed with the frame kept). */
+#define GRAMMAR_REGION_MAX 16
+typedef struct {
+    int n;
+    int8_t *table;          /* n x 256: byte -> region state index, -1 leaves the region */
+    uint64_t *ok;           /* n_nodes bits */
+} grammar_region;
+
 struct grammar_index {
     const grammar *g;
     const grammar_vocab *v;
@@ -231,7 +245,13 @@ struct grammar_index {
     int32_t *sub_ids;
     size_t n_sub_ids, cap_sub_ids;
     uint64_t sub_hits;
-    int no_share;           /* tests: build every cache on its own (no classes, no sharing) */
+    int no_share;           /* tests: build every cache on its own (no classes, no sharing,
+                             * no byte regions) */
+    /* byte regions (see mask.c, region_get): per state -2 not looked at, -1 none, else an
+     * index into regions; regions with equal shapes (in any rule) are one */
+    int32_t *region_of;
+    grammar_region *regions;
+    size_t n_regions, cap_regions;
     size_t bytes_used;
     double build_ms;
     /* builder scratch */
@@ -245,7 +265,12 @@ struct grammar_index {
     size_t cap_tmp_acc, cap_tmp_unc;
     uint32_t *acc_stamp;    /* per rank: accepted in this build (== build_stamp) */
     uint32_t build_stamp;
-    int32_t *pending;       /* per trie node + 1: prefix counts of not-accepted token ends */
+    /* per trie node, == walk_stamp when pass 1 of the current subtree walk accepted every
+     * token below the node; full_kids counts such children of nodes pass 1 entered */
+    uint32_t *full_stamp, walk_stamp;
+    int32_t *full_kids;
+    int32_t *visited;       /* nodes pass 1 entered, in order */
+    size_t n_visited, cap_visited;
     int32_t *vq, *vp;       /* per depth: a level held as one (state, caller) pair... */
     uint8_t *virt;          /* ...when set (not interned: the walk's fast path) */
     /* lazy triggers: per trigger and matched-prefix length k, the rank range of tokens that

@@ -108,11 +108,19 @@ void grammar_index_free(grammar_index *ix) {
     free(ix->tmp_acc);
     free(ix->tmp_unc);
     free(ix->acc_stamp);
-    free(ix->pending);
+    free(ix->full_stamp);
+    free(ix->full_kids);
+    free(ix->visited);
     free(ix->vq);
     free(ix->vp);
     free(ix->virt);
     free(ix->trig_contain);
+    for (size_t r = 0; r < ix->n_regions; r++) {
+        free(ix->regions[r].table);
+        free(ix->regions[r].ok);
+    }
+    free(ix->regions);
+    free(ix->region_of);
     free(ix);
 }
 
@@ -151,14 +159,16 @@ int grammar_index_new(grammar_index **out, const grammar *g, const grammar_vocab
     ix->depth_off = malloc(((size_t)v->max_len + 3) * sizeof *ix->depth_off);
     ix->depth_mark = malloc(((size_t)v->max_len + 3) * sizeof *ix->depth_mark);
     ix->acc_stamp = calloc((size_t)v->n_order + 1, sizeof *ix->acc_stamp);
-    ix->pending = malloc(((size_t)v->n_nodes + 1) * sizeof *ix->pending);
+    ix->full_stamp = calloc((size_t)v->n_nodes + 1, sizeof *ix->full_stamp);
+    ix->full_kids = malloc(((size_t)v->n_nodes + 1) * sizeof *ix->full_kids);
     ix->vq = malloc(((size_t)v->max_len + 3) * sizeof *ix->vq);
     ix->vp = malloc(((size_t)v->max_len + 3) * sizeof *ix->vp);
     ix->virt = malloc((size_t)v->max_len + 3);
-    if (!ix->vq || !ix->vp || !ix->virt) goto fail;
-    if (!ix->cache || !ix->rep || !ix->depth_off || !ix->depth_mark || !ix->acc_stamp ||
-        !ix->pending)
+    ix->region_of = malloc((size_t)g->n_states * sizeof *ix->region_of);
+    if (!ix->vq || !ix->vp || !ix->virt || !ix->region_of || !ix->full_stamp || !ix->full_kids)
         goto fail;
+    for (int32_t q = 0; q < g->n_states; q++) ix->region_of[q] = -2;
+    if (!ix->cache || !ix->rep || !ix->depth_off || !ix->depth_mark || !ix->acc_stamp) goto fail;
     if ((rc = cache_classes(ix))) goto fail;
     rc = GRAMMAR_ENOMEM;
     if ((rc = grammar_store_init(&ix->st, 4096))) goto fail;
@@ -415,6 +425,111 @@ static int push_id(int32_t **a, size_t *cap, size_t *n, int32_t v) {
     return 0;
 }
 
+/* ----- byte regions -----
+ * The costly caches are those of states that loop on many bytes (the inside of a string, raw
+ * text): their walk visits most of the trie. But a token that, from such a state, only moves
+ * between states that consume bytes (never final, no call, no return) is accepted with the
+ * frame kept whatever the rule; the walk can take whole subtrees of such tokens at once if it
+ * knows, per trie node, that every token below stays in the region. That per-node bit depends
+ * only on the region's shape (its byte transition table numbered from the looping state), so
+ * the inlined copies of a string rule in different rules share one computation: one pass over
+ * the trie, bottom up, per distinct shape. Only states looping on many bytes start a region
+ * (building one costs about one plain walk). */
+#define REGION_MIN_LOOPS 16 /* bytes looping on the first state; fewer: the walk is cheap */
+#define REGION_MAX_COUNT 64 /* distinct shapes per index (n_nodes / 8 bytes each) */
+
+static bool region_member(const grammar *g, int32_t s) {
+    return g->has_bytes[s] && !g->final[s] && g->ref_off[s] == g->ref_off[s + 1];
+}
+
+static int region_build(grammar_index *ix, grammar_region *rg) {
+    const grammar_vocab *v = ix->v;
+    int32_t n = v->n_nodes;
+    /* below[i]: bit k when every child subtree of i stays in the region entered from state k */
+    uint16_t *below = malloc(((size_t)n + 1) * sizeof *below);
+    rg->ok = calloc(((size_t)n + 63) / 64, sizeof *rg->ok);
+    if (!below || !rg->ok) {
+        free(below);
+        return grammar_err(GRAMMAR_ENOMEM, "out of memory");
+    }
+    memset(below, 0xff, ((size_t)n + 1) * sizeof *below);
+    /* from[b][t]: the states k with k --b--> t; most nodes (leaves) have every bit below */
+    uint16_t from[256][GRAMMAR_REGION_MAX] = {{0}}, any[256] = {0};
+    for (int k = 0; k < rg->n; k++)
+        for (int b = 0; b < 256; b++)
+            if (rg->table[k * 256 + b] >= 0) {
+                from[b][rg->table[k * 256 + b]] |= (uint16_t)(1u << k);
+                any[b] |= (uint16_t)(1u << k);
+            }
+    const unsigned full = (1u << rg->n) - 1;
+    for (int32_t i = n - 1; i >= 0; i--) {
+        uint8_t b = v->tn_byte[i];
+        unsigned m = 0, below_i = below[i] & full;
+        if (below_i == full)
+            m = any[b];
+        else
+            for (unsigned t = below_i; t; t &= t - 1) m |= from[b][__builtin_ctz(t)];
+        if (m & 1) rg->ok[i / 64] |= 1ull << (i % 64);
+        if (v->tn_parent[i] >= 0) below[v->tn_parent[i]] &= (uint16_t)m;
+    }
+    free(below);
+    ix->bytes_used += ((size_t)n + 63) / 64 * sizeof *rg->ok + (size_t)rg->n * 256;
+    return 0;
+}
+
+/* The region bits of state s (*out NULL when s starts no region worth one). */
+static int region_get(grammar_index *ix, int32_t s, const uint64_t **out) {
+    *out = NULL;
+    int32_t id = ix->region_of[s];
+    if (id >= 0) *out = ix->regions[id].ok;
+    if (id != -2) return 0;
+    ix->region_of[s] = -1;
+    const grammar *g = ix->g;
+    if (!region_member(g, s)) return 0;
+    int loops = 0;
+    for (int b = 0; b < 256; b++) loops += grammar_next(g, s, (uint8_t)b) == s;
+    if (loops < REGION_MIN_LOOPS) return 0;
+    int32_t st[GRAMMAR_REGION_MAX];
+    int8_t table[GRAMMAR_REGION_MAX * 256];
+    int n = 1;
+    st[0] = s;
+    for (int k = 0; k < n; k++) /* breadth first; states beyond the limit count as outside */
+        for (int b = 0; b < 256; b++) {
+            int32_t t = grammar_next(g, st[k], (uint8_t)b);
+            int j = 0;
+            if (t >= 0 && region_member(g, t)) {
+                while (j < n && st[j] != t) j++;
+                if (j == n && n < GRAMMAR_REGION_MAX) st[n++] = t;
+            }
+            table[k * 256 + b] = (int8_t)(t >= 0 && region_member(g, t) && j < n ? j : -1);
+        }
+    for (size_t r = 0; r < ix->n_regions; r++)
+        if (ix->regions[r].n == n && !memcmp(ix->regions[r].table, table, (size_t)n * 256)) {
+            ix->region_of[s] = (int32_t)r;
+            *out = ix->regions[r].ok;
+            return 0;
+        }
+    if (ix->n_regions >= REGION_MAX_COUNT) return 0;
+    if (grammar_grow((void **)&ix->regions, &ix->cap_regions, ix->n_regions + 1,
+                     sizeof *ix->regions))
+        return grammar_err(GRAMMAR_ENOMEM, "out of memory");
+    grammar_region *rg = &ix->regions[ix->n_regions];
+    memset(rg, 0, sizeof *rg);
+    rg->n = n;
+    rg->table = malloc((size_t)n * 256);
+    if (!rg->table) return grammar_err(GRAMMAR_ENOMEM, "out of memory");
+    memcpy(rg->table, table, (size_t)n * 256);
+    int rc = region_build(ix, rg);
+    if (rc) {
+        free(rg->table);
+        free(rg->ok);
+        return rc;
+    }
+    ix->region_of[s] = (int32_t)ix->n_regions++;
+    *out = rg->ok;
+    return 0;
+}
+
 /* One walk of the trie nodes [from, to) (whole subtrees) from the stack [caller of q's rule, q].
  * Pass 1 (no_w): tokens consumed with q's frame kept are accepted. Pass 2 (callers
  * approximated), only through subtrees that hold tokens pass 1 did not accept: consumed ones
@@ -442,7 +557,7 @@ static int walk(grammar_index *ix, int32_t q, int pass, int32_t from, int32_t to
     while (i < to) {
         uint32_t d = v->tn_depth[i];
         if ((d == 1 && grammar_next(g, q, v->tn_byte[i]) < 0) ||
-            (pass == 2 && ix->pending[v->tn_skip[i]] == ix->pending[i])) {
+            (pass == 2 && ix->full_stamp[i] == ix->walk_stamp)) {
             i = v->tn_skip[i];
             continue;
         }
@@ -456,6 +571,28 @@ static int walk(grammar_index *ix, int32_t q, int pass, int32_t from, int32_t to
             pq = ix->vq[d - 1], pp = ix->vp[d - 1];
         } else if (n == 1 && st->q[ix->depth_sets[so]] >= 0) {
             pq = st->q[ix->depth_sets[so]], pp = st->parent[ix->depth_sets[so]];
+        }
+        if (pq >= 0 && pass == 1 && !ix->no_share && ix->region_of[pq] != -1) {
+            /* a whole subtree that stays in pq's byte region: accepted, frame kept */
+            const uint64_t *ok;
+            if ((rc = region_get(ix, pq, &ok))) break;
+            if (ok && ((ok[i / 64] >> (i % 64)) & 1)) {
+                int32_t end = v->tn_skip[i];
+                int32_t r1 = end < v->n_nodes ? v->tn_rank[end] : v->n_order;
+                if (grammar_grow((void **)&ix->tmp_acc, &ix->cap_tmp_acc,
+                                 *n_acc + (size_t)(r1 - v->tn_rank[i]), sizeof *ix->tmp_acc)) {
+                    rc = grammar_err(GRAMMAR_ENOMEM, "out of memory");
+                    break;
+                }
+                for (int32_t r = v->tn_rank[i]; r < r1; r++) {
+                    ix->acc_stamp[r] = ix->build_stamp;
+                    ix->tmp_acc[(*n_acc)++] = v->order[r];
+                }
+                ix->full_stamp[i] = ix->walk_stamp;
+                if ((rc = push_id(&ix->visited, &ix->cap_visited, &ix->n_visited, i))) break;
+                i = end;
+                continue;
+            }
         }
         if (pq >= 0) {
             int32_t t = grammar_next(g, pq, b);
@@ -501,6 +638,10 @@ static int walk(grammar_index *ix, int32_t q, int pass, int32_t from, int32_t to
         ix->depth_mark[d] = st->n;
         ix->virt[d] = 0;
     classify:;
+        if (pass == 1) {
+            ix->full_kids[i] = 0;
+            if ((rc = push_id(&ix->visited, &ix->cap_visited, &ix->n_visited, i))) break;
+        }
         int32_t r0 = v->tn_rank[i], nr = v->tn_nrank[i];
         for (int32_t r = r0; r < r0 + nr && !rc; r++) {
             if (pass == 1) {
@@ -578,21 +719,28 @@ static int sub_store(grammar_index *ix, uint64_t key, size_t a0, size_t n_acc, s
 static int walk_subtree(grammar_index *ix, int32_t q, int32_t i, int32_t end, size_t *n_acc,
                         size_t *n_unc) {
     const grammar_vocab *v = ix->v;
+    size_t a0 = *n_acc;
+    if (++ix->walk_stamp == 0) {
+        memset(ix->full_stamp, 0, (size_t)v->n_nodes * sizeof *ix->full_stamp);
+        ix->walk_stamp = 1;
+    }
+    ix->n_visited = 0;
     int rc = walk(ix, q, 1, i, end, n_acc, n_unc);
     if (rc) return rc;
-    /* pending[k] = token ends before trie node k (within the subtree) that pass 1 did not
-     * accept: pass 2 enters only subtrees that hold some */
-    int32_t cnt = 0;
-    for (int32_t k = i; k < end; k++) {
-        ix->pending[k] = cnt;
-        for (int32_t r = v->tn_rank[k]; r < v->tn_rank[k] + v->tn_nrank[k]; r++)
-            if (ix->acc_stamp[r] != ix->build_stamp) {
-                cnt++;
-                break;
-            }
+    if (*n_acc - a0 == (size_t)((end < v->n_nodes ? v->tn_rank[end] : v->n_order) - v->tn_rank[i]))
+        return 0; /* all accepted: nothing for pass 2 */
+    /* the subtrees pass 1 accepted whole (pass 2 skips them): a node pass 1 entered accepted
+     * the tokens ending there, so it is full when all its children are; children come before
+     * their parents in reverse preorder */
+    for (size_t k = ix->n_visited; k-- > 0;) {
+        int32_t x = ix->visited[k];
+        if (ix->full_stamp[x] != ix->walk_stamp) {
+            if (ix->full_kids[x] != v->tn_nchild[x]) continue;
+            ix->full_stamp[x] = ix->walk_stamp;
+        }
+        if (v->tn_parent[x] >= 0) ix->full_kids[v->tn_parent[x]]++;
     }
-    ix->pending[end] = cnt;
-    return cnt ? walk(ix, q, 2, i, end, n_acc, n_unc) : 0;
+    return walk(ix, q, 2, i, end, n_acc, n_unc);
 }
 
 static int build_state(grammar_index *ix, int32_t q) {

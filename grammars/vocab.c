@@ -37,6 +37,8 @@ void grammar_vocab_free(grammar_vocab *v) {
     free(v->tn_skip);
     free(v->tn_rank);
     free(v->tn_nrank);
+    free(v->tn_parent);
+    free(v->tn_nchild);
     free(v->nonempty);
     free(v);
 }
@@ -139,8 +141,11 @@ int grammar_vocab_new(grammar_vocab **out, int32_t n_vocab, const char *const *t
     }
     v->n_nodes = (int32_t)n;
     v->tn_skip = malloc((n + 1) * sizeof *v->tn_skip);
-    if (!v->tn_skip) goto fail;
-    /* subtree end: the next node whose depth is not greater */
+    v->tn_parent = malloc((n + 1) * sizeof *v->tn_parent);
+    v->tn_nchild = calloc(n + 1, sizeof *v->tn_nchild);
+    if (!v->tn_skip || !v->tn_parent || !v->tn_nchild) goto fail;
+    /* subtree end: the next node whose depth is not greater; the parent: the node left on
+     * the stack below */
     {
         size_t sp = 0;
         for (size_t i = 0; i < n; i++) {
@@ -149,6 +154,8 @@ int grammar_vocab_new(grammar_vocab **out, int32_t n_vocab, const char *const *t
                 rc = grammar_err(GRAMMAR_EINTERNAL, "trie construction");
                 goto fail;
             }
+            v->tn_parent[i] = sp ? stack[sp - 1] : -1;
+            if (sp) v->tn_nchild[stack[sp - 1]]++;
             stack[sp++] = (int32_t)i;
         }
         while (sp) v->tn_skip[stack[--sp]] = (int32_t)n;

@@ -4,7 +4,10 @@
  * with the real Qwen3 vocabulary: states of shared classes (up to 40 per grammar, all of
  * JSON's) and representatives (up to 60) are built by an index that shares and by one that
  * does not (no_share), and compared as sets (accepted ids, uncertain ranks). Also: the classes
- * are fewer than the states, and some subtree walks were reused. */
+ * are fewer than the states, and some subtree walks were reused. The unshared index uses no
+ * byte regions either (whole subtrees accepted at once from looping states), so the same
+ * comparison checks them; some must have been built (strings, raw text, free text). The
+ * grammars are the benchmark's (bench/grammars) plus tool mode none and a recursive schema. */
 #include "qwen_vocab.h"
 
 #include <stdio.h>
@@ -15,6 +18,7 @@
 
 static int failures;
 static unsigned long long total_hits;
+static size_t total_regions;
 static qwen_vocab qv;
 
 static int cmp_i32(const void *a, const void *b) {
@@ -87,8 +91,13 @@ static void check(const char *name, grammar *g) {
         checked++;
     }
     printf("%s: %d states, %d classes, %d shared states, %d checked, %llu subtree walks "
-           "reused\n", name, g->n_states, ix->n_classes, shared, checked,
-           (unsigned long long)ix->sub_hits);
+           "reused, %zu byte regions\n", name, g->n_states, ix->n_classes, shared, checked,
+           (unsigned long long)ix->sub_hits, ix->n_regions);
+    if (own->n_regions) {
+        fprintf(stderr, "%s: the unshared index used byte regions\n", name);
+        failures++;
+    }
+    total_regions += ix->n_regions;
     if (ix->n_classes >= g->n_states) {
         fprintf(stderr, "%s: no state shares a cache\n", name);
         failures++;
@@ -111,12 +120,13 @@ int main(void) {
     grammar_free(g);
     free(json);
     char *tools = test_read_source("tests/fixtures/grammars/agent_tools.json", &n);
-    for (int f = 0; f < 2 && tools; f++) {
+    for (int f = 0; f < 3 && tools; f++) {
+        static const char *const names[] = {"tools, Hermes", "tools, XML", "tools, none"};
         grammar_tool_options o = GRAMMAR_TOOL_OPTIONS_INIT;
-        o.mode = GRAMMAR_TOOLS_REQUIRED;
-        o.format = f ? GRAMMAR_TOOLS_QWEN3_XML : GRAMMAR_TOOLS_HERMES;
+        o.mode = f == 2 ? GRAMMAR_TOOLS_NONE : GRAMMAR_TOOLS_REQUIRED;
+        o.format = f == 1 ? GRAMMAR_TOOLS_QWEN3_XML : GRAMMAR_TOOLS_HERMES;
         if (grammar_new_tools(&g, tools, n, &o)) return 1;
-        check(f ? "tools, XML" : "tools, Hermes", g);
+        check(names[f], g);
         grammar_free(g);
     }
     free(tools);
@@ -128,6 +138,23 @@ int main(void) {
     if (grammar_new_json_schema(&g, deep, strlen(deep))) return 1;
     check("recursive schema", g);
     grammar_free(g);
+    static const char bench_deep[] = /* bench/grammars' deep nested schema */
+        "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"object\",\"properties\":{\"b\":"
+        "{\"type\":\"array\",\"items\":{\"type\":\"object\",\"properties\":{\"c\":{\"type\":"
+        "\"array\",\"items\":{\"anyOf\":[{\"type\":\"string\",\"maxLength\":12},{\"type\":"
+        "\"integer\",\"minimum\":-20,\"maximum\":300},{\"$ref\":\"#/$defs/t\"}]},\"maxItems\":3},"
+        "\"d\":{\"enum\":[\"x\",\"y\",null]}},\"required\":[\"c\"]},\"minItems\":1,\"maxItems\":3}},"
+        "\"required\":[\"b\"]},\"e\":{\"$ref\":\"#/$defs/t\"}},\"required\":[\"a\",\"e\"],\"$defs\":"
+        "{\"t\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"string\",\"format\":"
+        "\"date\"},\"w\":{\"type\":\"number\"},\"k\":{\"type\":\"array\",\"items\":{\"$ref\":"
+        "\"#/$defs/t\"},\"maxItems\":3}},\"required\":[\"v\",\"k\"]}}}";
+    if (grammar_new_json_schema(&g, bench_deep, strlen(bench_deep))) return 1;
+    check("deep nested schema", g);
+    grammar_free(g);
+    if (!total_regions) {
+        fprintf(stderr, "no byte region was built\n");
+        failures++;
+    }
     if (!total_hits) {
         fprintf(stderr, "no subtree walk was reused\n");
         failures++;
