@@ -11,7 +11,10 @@
  *       model with a prefix cache: each turn re-sends everything before plus NEW tokens of text
  *       and tool results, and the model's ANSWER tokens (generated) join the conversation, as
  *       in an agent. Per turn: the prompt, the tokens served from the cache, time to first
- *       token. */
+ *       token.
+ *   bench_sched MODEL.gguf replay-off N_THREADS TURNS SYSTEM NEW ANSWER
+ *       the same conversation with the prefix cache off: each turn a fresh session computing
+ *       its whole prompt (the baseline for the TTFT column). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -132,7 +135,35 @@ static int on_answer(void *user, const char *text, size_t len, int32_t token) {
     return 0;
 }
 
-static int replay(engine_model *m, int turns, int32_t sys, int32_t add, int32_t ans) {
+/* Cache off: the same turn through engine_generate on a fresh session of a model without a
+ * prefix cache, so the whole prompt is computed; time to first token = prefill + first sample
+ * (the greedy answer is the same as with the cache). */
+static int turn_cold(engine_model *m, int32_t n_ctx, const int32_t *tr, int32_t len, int32_t ans,
+                     engine_request_stats *out) {
+    engine_session_params pp = ENGINE_SESSION_PARAMS_INIT;
+    pp.n_ctx = n_ctx;
+    engine_session *ss = NULL;
+    if (engine_session_new(&ss, m, &pp)) return -1;
+    engine_gen_params g = ENGINE_GEN_PARAMS_INIT;
+    g.prompt = tr;
+    g.n_prompt = (size_t)len;
+    g.max_tokens = ans;
+    g.sampling.temperature = 0;
+    g.ignore_eog = true;
+    engine_gen_stats gs;
+    double t0 = engine_time_ms();
+    int rc = engine_generate(ss, &g, on_answer, NULL, &gs);
+    double all = engine_time_ms() - t0;
+    engine_session_free(ss);
+    memset(out, 0, sizeof *out);
+    out->gen = gs;
+    /* prefill plus the first token's share of sampling */
+    out->ttft_ms = gs.prefill_ms + (gs.generated_tokens ? gs.sample_ms / gs.generated_tokens : 0);
+    out->total_ms = all;
+    return rc;
+}
+
+static int replay(engine_model *m, int turns, int32_t sys, int32_t add, int32_t ans, bool off) {
     int32_t n = sys + turns * (add + ans), nv = engine_model_n_vocab(m);
     int32_t *tr = malloc(sizeof(int32_t) * (size_t)n);
     if (!tr) return 1;
@@ -141,14 +172,15 @@ static int replay(engine_model *m, int turns, int32_t sys, int32_t add, int32_t 
     sp.n_ctx = n + 1;
     sp.max_seqs = 4;
     engine_sched *s = NULL;
-    if (engine_sched_new(&s, m, &sp)) {
+    if (!off && engine_sched_new(&s, m, &sp)) {
         fprintf(stderr, "%s\n", engine_error_last());
         free(tr);
         return 1;
     }
-    printf("# replay through the scheduler: %d turns, system %d, +%d new tokens per turn, then "
-           "the model's answer (%d tokens, greedy) goes into the next turn's prompt\n", turns, sys,
-           add, ans);
+    printf("# replay %s: %d turns, system %d, +%d new tokens per turn, then the model's answer "
+           "(%d tokens, greedy) goes into the next turn's prompt\n",
+           off ? "with the prefix cache OFF (a fresh session per turn)" : "through the scheduler",
+           turns, sys, add, ans);
     printf("%4s %7s %9s %8s %9s\n", "turn", "prompt", "computed", "cached", "ttft_ms");
     uint64_t sum_prompt = 0, sum_cached = 0;
     int32_t len = sys;
@@ -158,26 +190,33 @@ static int replay(engine_model *m, int turns, int32_t sys, int32_t add, int32_t 
         answer = tr + len;
         n_answer = 0;
         cap_answer = ans;
-        engine_request r;
-        memset(&r, 0, sizeof r);
-        engine_gen_params g = ENGINE_GEN_PARAMS_INIT;
-        r.gen = g;
-        r.gen.prompt = tr;
-        r.gen.n_prompt = (size_t)len;
-        r.gen.max_tokens = ans;
-        r.gen.sampling.temperature = 0;
-        r.gen.ignore_eog = true;
-        r.on_token = on_answer;
-        r.on_done = on_done;
-        uint64_t id;
-        pthread_mutex_lock(&mu);
-        n_left = 1;
-        pthread_mutex_unlock(&mu);
-        if (engine_sched_submit(s, &r, &id)) {
-            fprintf(stderr, "submit: %s\n", engine_error_last());
-            break;
+        if (off) {
+            if (turn_cold(m, n + 1, tr, len, ans, &last)) {
+                fprintf(stderr, "turn %d: %s\n", t + 1, engine_error_last());
+                break;
+            }
+        } else {
+            engine_request r;
+            memset(&r, 0, sizeof r);
+            engine_gen_params g = ENGINE_GEN_PARAMS_INIT;
+            r.gen = g;
+            r.gen.prompt = tr;
+            r.gen.n_prompt = (size_t)len;
+            r.gen.max_tokens = ans;
+            r.gen.sampling.temperature = 0;
+            r.gen.ignore_eog = true;
+            r.on_token = on_answer;
+            r.on_done = on_done;
+            uint64_t id;
+            pthread_mutex_lock(&mu);
+            n_left = 1;
+            pthread_mutex_unlock(&mu);
+            if (engine_sched_submit(s, &r, &id)) {
+                fprintf(stderr, "submit: %s\n", engine_error_last());
+                break;
+            }
+            wait_all();
         }
-        wait_all();
         printf("%4d %7d %9d %7.1f%% %9.1f\n", t + 1, len, len - last.gen.cached_tokens,
                100.0 * last.gen.cached_tokens / len, last.ttft_ms);
         sum_prompt += (uint64_t)len;
@@ -185,7 +224,8 @@ static int replay(engine_model *m, int turns, int32_t sys, int32_t add, int32_t 
         len += n_answer;
     }
     engine_sched_stats st;
-    engine_sched_stats_get(s, &st);
+    memset(&st, 0, sizeof st);
+    if (s) engine_sched_stats_get(s, &st);
     printf("# total: %llu of %llu prompt tokens from the cache (%.1f%%); pool %d blocks of %d "
            "positions\n", (unsigned long long)sum_cached, (unsigned long long)sum_prompt,
            100.0 * (double)sum_cached / (double)sum_prompt, st.blocks_total, st.block_tokens);
@@ -208,15 +248,16 @@ int main(int argc, char **argv) {
     }
     if (argc < 5) {
         fprintf(stderr, "usage: %s MODEL decode N_THREADS TOKENS CONC...\n"
-                        "       %s MODEL replay N_THREADS TURNS SYSTEM NEW ANSWER\n",
+                        "       %s MODEL replay|replay-off N_THREADS TURNS SYSTEM NEW ANSWER\n",
                 argv[0], argv[0]);
         return 2;
     }
-    bool rep = strcmp(argv[2], "replay") == 0;
+    bool off = strcmp(argv[2], "replay-off") == 0;
+    bool rep = off || strcmp(argv[2], "replay") == 0;
     engine_model_params mp = ENGINE_MODEL_PARAMS_INIT;
     mp.n_threads = atoi(argv[3]);
     mp.device = ENGINE_DEVICE_CPU;
-    if (rep) mp.prefix_cache_bytes = (size_t)256 << 20;
+    if (rep && !off) mp.prefix_cache_bytes = (size_t)256 << 20;
     engine_model *m = NULL;
     if (engine_model_load(&m, argv[1], &mp)) {
         fprintf(stderr, "%s\n", engine_error_last());
@@ -229,7 +270,7 @@ int main(int argc, char **argv) {
     int rc;
     if (rep) {
         if (argc < 8) return 2;
-        rc = replay(m, atoi(argv[4]), atoi(argv[5]), atoi(argv[6]), atoi(argv[7]));
+        rc = replay(m, atoi(argv[4]), atoi(argv[5]), atoi(argv[6]), atoi(argv[7]), off);
     } else {
         int conc[16], n_conc = 0;
         for (int i = 5; i < argc && n_conc < 16; i++) conc[n_conc++] = atoi(argv[i]);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Scheduler benchmark (not a test): aggregate decode tok/s at 1, 4 and 16 concurrent requests
-# and a prefix-cache replay through the scheduler. Builds bench/sched/bench_sched.c against an
-# existing build's engine library and generates the model with the CLI of that build.
+# and a prefix-cache replay through the scheduler, then the same replay with the cache off.
+# Builds bench/sched/bench_sched.c against an existing build's engine library and generates the
+# model with the CLI of that build.
 #
 #   bench/sched/run.sh [-b BUILD_DIR] [PRESET [TYPE [THREADS [TOKENS]]]]
 #
@@ -21,3 +22,4 @@ echo "# $(date -u +%FT%TZ) $(git -C "$src" rev-parse --short HEAD)," \
      "load average $(cut -d' ' -f1-3 /proc/loadavg)"
 "$exe" "$model" decode "$threads" "$tokens" 1 4 16
 "$exe" "$model" replay "$threads" 20 512 96 32
+"$exe" "$model" replay-off "$threads" 20 512 96 32
