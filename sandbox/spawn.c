@@ -320,6 +320,9 @@ _Noreturn void sandbox_child_joined(sandbox_plan *p) {
     if (unshare((int)p->unshare_flags) != 0)
         child_fail(SANDBOX_REC_UNAVAILABLE, "create the namespaces", errno);
     write_id_maps(p);
+    /* A copy of the caller's memory, as init is (after the maps: a non-dumpable process's
+     * /proc/self files belong to root). */
+    prctl(PR_SET_DUMPABLE, 0);
     /* The plan is this process's copy of the caller's: a field can carry the pipe to init. */
     if (pipe2(p->a_alive, O_CLOEXEC) != 0) child_fail(SANDBOX_REC_SETUP, "pipe", errno);
 #if SANDBOX_ASAN
