@@ -2,7 +2,7 @@
 // Generates engine/tokenizer/unicode_tables.c: the Unicode data the tokenizer needs, taken from
 // the JavaScript engine that runs the reference tokenizer (@huggingface/tokenizers in node), so
 // that both follow the same Unicode version:
-//   - per code point class bits: \p{L}, \p{N}, \p{White_Space} (what the reference rewrites the
+//   - per code point class bits: \p{L}, \p{N}, \p{M}, \p{White_Space} (what the reference rewrites the
 //     regex's \s to), and "NFC-unsafe" (the char may change under NFC in some context),
 //   - NFC data derived from String.prototype.normalize: full canonical decompositions, the
 //     canonical combining class order, and the primary composition pairs.
@@ -15,7 +15,7 @@ const isHangulSyllable = (c) => c >= 0xac00 && c <= 0xd7a3;
 const str = (...cps) => String.fromCodePoint(...cps);
 const cps = (s) => Array.from(s, (ch) => ch.codePointAt(0));
 
-const reL = /\p{L}/u, reN = /\p{N}/u, reWS = /\p{White_Space}/u;
+const reL = /\p{L}/u, reN = /\p{N}/u, reM = /\p{M}/u, reWS = /\p{White_Space}/u;
 
 // ---- canonical combining classes, as an order (only the order matters for reordering) --------
 // c has ccc > 1  <=>  NFD(c + U+0334 [ccc 1]) reorders to U+0334 + c
@@ -76,7 +76,7 @@ for (let c = 0x1161; c <= 0x1175; c++) seconds.add(c);
 for (let c = 0x11a8; c <= 0x11c2; c++) seconds.add(c);
 
 // ---- per code point class bits -------------------------------------------------------------------
-const L = 1, N = 2, WS = 4, NFC_UNSAFE = 8, DECOMP = 16;
+const L = 1, N = 2, WS = 4, NFC_UNSAFE = 8, DECOMP = 16, M = 32;
 const cls = new Uint8Array(MAX);
 for (let c = 0; c < MAX; c++) {
     if (isSurrogate(c)) continue;
@@ -85,6 +85,7 @@ for (let c = 0; c < MAX; c++) {
     if (reL.test(s)) v |= L;
     if (reN.test(s)) v |= N;
     if (reWS.test(s)) v |= WS;
+    if (reM.test(s)) v |= M;
     if (s.normalize('NFC') !== s || ccc.has(c) || seconds.has(c)) v |= NFC_UNSAFE;
     if (!isHangulSyllable(c) && s.normalize('NFD') !== s) v |= DECOMP;
     cls[c] = v;

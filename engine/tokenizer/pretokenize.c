@@ -1,7 +1,13 @@
 /* The Qwen2 pre-tokenizer regex, matched by hand:
  *   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|
  *   \s*[\r\n]+|\s+(?!\S)|\s+
- * with the reference's semantics: alternatives tried in order at each position (leftmost
+ * and its Qwen3.5 variant ("qwen35"), where marks join the letter runs and leave the others:
+ *   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}|
+ *    ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+ * The optional prefix of the letter run still admits a mark, but that changes no match: a mark
+ * there is itself the start of an [\p{L}\p{M}]+ run that ends at the same place. So both are
+ * one matcher with the letter class a parameter (\p{L}, or \p{L} | \p{M}). With the
+ * reference's semantics: alternatives tried in order at each position (leftmost
  * first, backtracking), \s = White_Space, (?i:) folding ASCII only. Every position matches one
  * alternative, so consecutive matches tile the text. */
 #include "tokenizer_int.h"
@@ -19,7 +25,7 @@ static inline uint8_t cls_at(const unsigned char *s, size_t i, size_t *len, uint
 
 static inline int lower(unsigned char c) { return c >= 'A' && c <= 'Z' ? c + 32 : c; }
 
-size_t engine_pretok_qwen2_next(const unsigned char *s, size_t n, size_t i) {
+static inline size_t pretok_next(const unsigned char *s, size_t n, size_t i, uint8_t letter) {
     size_t l0, l1;
     uint32_t c0, c1;
     uint8_t k0 = cls_at(s, i, &l0, &c0);
@@ -37,14 +43,14 @@ size_t engine_pretok_qwen2_next(const unsigned char *s, size_t n, size_t i) {
     /* [^\r\n\p{L}\p{N}]?\p{L}+ */
     {
         size_t j = 0;
-        if (k0 & ENGINE_UC_L) {
+        if (k0 & letter) {
             j = i + l0;
-        } else if (c0 != '\r' && c0 != '\n' && !(k0 & ENGINE_UC_N) && i + l0 < n &&
-                   (cls_at(s, i + l0, &l1, &c1) & ENGINE_UC_L)) {
+        } else if (c0 != '\r' && c0 != '\n' && !(k0 & (ENGINE_UC_L | ENGINE_UC_N)) &&
+                   i + l0 < n && (cls_at(s, i + l0, &l1, &c1) & letter)) {
             j = i + l0 + l1;
         }
         if (j) {
-            while (j < n && (cls_at(s, j, &l1, &c1) & ENGINE_UC_L)) j += l1;
+            while (j < n && (cls_at(s, j, &l1, &c1) & letter)) j += l1;
             return j;
         }
     }
@@ -54,7 +60,7 @@ size_t engine_pretok_qwen2_next(const unsigned char *s, size_t n, size_t i) {
     {
         size_t j = i;
         if (c0 == ' ') j = i + 1;
-        const uint8_t other = ENGINE_UC_WS | ENGINE_UC_L | ENGINE_UC_N;
+        const uint8_t other = ENGINE_UC_WS | letter | ENGINE_UC_N;
         if (j < n && !(cls_at(s, j, &l1, &c1) & other)) {
             j += l1;
             while (j < n && !(cls_at(s, j, &l1, &c1) & other)) j += l1;
@@ -80,4 +86,12 @@ size_t engine_pretok_qwen2_next(const unsigned char *s, size_t n, size_t i) {
     if (last_start > i) return last_start;
     /* \s+ */
     return end;
+}
+
+size_t engine_pretok_qwen2_next(const unsigned char *s, size_t n, size_t i) {
+    return pretok_next(s, n, i, ENGINE_UC_L);
+}
+
+size_t engine_pretok_qwen35_next(const unsigned char *s, size_t n, size_t i) {
+    return pretok_next(s, n, i, ENGINE_UC_L | ENGINE_UC_M);
 }

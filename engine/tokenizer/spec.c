@@ -7,10 +7,14 @@
 #include <stdio.h>
 #include <string.h>
 
-/* The Qwen2 pre-tokenizer regex, as tokenizer.json spells it (we match it by hand). */
+/* The Qwen2 pre-tokenizer regex and its Qwen3.5 variant (marks in the letter runs), as
+ * tokenizer.json spells them (we match them by hand: pretokenize.c). */
 static const char QWEN2_PATTERN[] =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+"
     "[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+static const char QWEN35_PATTERN[] =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| "
+    "?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
 static char *dup_n(const char *s, size_t n) {
     char *d = malloc(n + 1);
@@ -137,7 +141,9 @@ static bool looks_special(const char *t, size_t n) {
            (n >= 6 && memcmp(t, "<\xef\xbd\x9c", 4) == 0 && memcmp(t + n - 4, "\xef\xbd\x9c>", 4) == 0);
 }
 
-static int check_pipeline(const engine_json *d, const engine_json_node *root, const char *name) {
+/* The pipeline must be Qwen2's or Qwen3.5's; *qwen35 says which. */
+static int check_pipeline(const engine_json *d, const engine_json_node *root, const char *name,
+                          bool *qwen35) {
     const engine_json_node *norm = engine_json_get(d, root, "normalizer");
     if (!norm || !str_eq(d, engine_json_get(d, norm, "type"), "NFC"))
         return engine_err(ENGINE_EUNSUPPORTED,
@@ -150,12 +156,14 @@ static int check_pipeline(const engine_json *d, const engine_json_node *root, co
                           "Sequence [Split, ByteLevel])", name);
     const engine_json_node *split = engine_json_first(d, seq), *bl = engine_json_next(d, split);
     const engine_json_node *pat = engine_json_get(d, split, "pattern");
+    const engine_json_node *re = engine_json_get(d, pat, "Regex");
+    *qwen35 = str_eq(d, re, QWEN35_PATTERN);
     if (!str_eq(d, engine_json_get(d, split, "type"), "Split") ||
-        !str_eq(d, engine_json_get(d, pat, "Regex"), QWEN2_PATTERN) ||
+        !(str_eq(d, re, QWEN2_PATTERN) || *qwen35) ||
         !str_eq(d, engine_json_get(d, split, "behavior"), "Isolated") ||
         !is_false_or_absent(engine_json_get(d, split, "invert")))
         return engine_err(ENGINE_EUNSUPPORTED, "%s: unsupported Split pre-tokenizer (only the "
-                          "Qwen2 regex, Isolated)", name);
+                          "Qwen2 or Qwen3.5 regex, Isolated)", name);
     const engine_json_node *ups = engine_json_get(d, bl, "use_regex");
     if (!str_eq(d, engine_json_get(d, bl, "type"), "ByteLevel") ||
         !is_false_or_absent(engine_json_get(d, bl, "add_prefix_space")) ||
@@ -273,7 +281,8 @@ int engine_tokenizer_spec_from_hf(engine_tokenizer_spec **out, const char *tj, s
         rc = engine_err(ENGINE_EFORMAT, "%s: added_tokens is not an array", name);
         goto fail;
     }
-    if ((rc = check_pipeline(&d, root, name))) goto fail;
+    bool qwen35 = false;
+    if ((rc = check_pipeline(&d, root, name, &qwen35))) goto fail;
 
     /* ids: vocab values and added token ids must cover 0..n-1 */
     int64_t max_id = -1;
@@ -300,6 +309,7 @@ int engine_tokenizer_spec_from_hf(engine_tokenizer_spec **out, const char *tj, s
     }
     if ((rc = engine_tokenizer_spec_new(&s, (int32_t)(max_id + 1), (int32_t)merges->count)))
         goto fail;
+    if (qwen35 && (rc = engine_tokenizer_spec_set_string(&s->pre, "qwen35", 6))) goto fail;
     for (const engine_json_node *e = engine_json_first(&d, vocab); e; e = engine_json_next(&d, e)) {
         int32_t id = (int32_t)e->ival;
         if (s->tokens[id]) {

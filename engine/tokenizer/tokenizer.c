@@ -122,9 +122,9 @@ int engine_tokenizer_new(engine_tokenizer **out, const engine_tokenizer_spec *sp
     if (!spec->model || strcmp(spec->model, "gpt2") != 0)
         return engine_err(ENGINE_EUNSUPPORTED, "tokenizer: model \"%s\" is not supported (only "
                           "byte-level BPE, \"gpt2\")", spec->model ? spec->model : "(none)");
-    if (!spec->pre || strcmp(spec->pre, "qwen2") != 0)
+    if (!spec->pre || (strcmp(spec->pre, "qwen2") != 0 && strcmp(spec->pre, "qwen35") != 0))
         return engine_err(ENGINE_EUNSUPPORTED, "tokenizer: pre-tokenizer \"%s\" is not supported "
-                          "(only \"qwen2\")", spec->pre ? spec->pre : "(none)");
+                          "(only \"qwen2\" and \"qwen35\")", spec->pre ? spec->pre : "(none)");
     int rev[512];
     for (int i = 0; i < 512; i++) rev[i] = unicode_to_byte((uint32_t)i);
 
@@ -134,6 +134,7 @@ int engine_tokenizer_new(engine_tokenizer **out, const engine_tokenizer_spec *sp
     if (!t) goto oom;
     int32_t n = spec->n_tokens;
     t->n_vocab = n;
+    t->pre_qwen35 = strcmp(spec->pre, "qwen35") == 0;
     t->off = malloc(((size_t)n + 1) * sizeof *t->off);
     t->types = calloc((size_t)n, 1);
     t->eog = calloc((size_t)n, 1);
@@ -603,7 +604,8 @@ static int encode_section(const engine_tokenizer *t, bpe_work *w, const char *s,
     size_t len = norm ? nn : n;
     int rc = 0;
     for (size_t i = 0; i < len && !rc;) {
-        size_t j = engine_pretok_qwen2_next(u, len, i);
+        size_t j = t->pre_qwen35 ? engine_pretok_qwen35_next(u, len, i)
+                                 : engine_pretok_qwen2_next(u, len, i);
         rc = cached_piece(t, w, u + i, j - i, e);
         i = j;
     }

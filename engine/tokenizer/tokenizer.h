@@ -53,7 +53,7 @@ typedef enum {
  *
  * GGUF mapping (what a converted Qwen3 GGUF carries, and what the HF reader produces):
  *   tokenizer.ggml.model          = model          "gpt2" (byte-level BPE)
- *   tokenizer.ggml.pre            = pre            "qwen2"
+ *   tokenizer.ggml.pre            = pre            "qwen2" (or "qwen35": Qwen3.5's marks)
  *   tokenizer.ggml.tokens         = tokens[]       see "token form" below
  *   tokenizer.ggml.token_type     = token_types[]  NORMAL for the BPE vocab; CONTROL for added
  *                                                  tokens marked special, or that look special
@@ -75,7 +75,7 @@ typedef enum {
  * ------------------------------------------------------------------------------------------- */
 typedef struct engine_tokenizer_spec {
     char *model;              /* "gpt2" */
-    char *pre;                /* "qwen2" */
+    char *pre;                /* "qwen2" or "qwen35" */
     int32_t n_tokens;
     char **tokens;            /* [n_tokens] */
     int32_t *token_types;     /* [n_tokens] engine_token_type */
@@ -137,7 +137,7 @@ int engine_tokenizer_spec_from_hf_files(engine_tokenizer_spec **out, const char 
  * ------------------------------------------------------------------------------------------- */
 typedef struct engine_tokenizer engine_tokenizer;
 
-/* Compile a spec. Supports model "gpt2" with pre "qwen2" (others: EUNSUPPORTED). Errors:
+/* Compile a spec. Supports model "gpt2" with pre "qwen2" or "qwen35" (else EUNSUPPORTED). Errors:
  * EFORMAT (a token that is not valid in its form, a merge whose parts or result are not in the
  * vocabulary, duplicate tokens, a byte without a token, ids out of range), EUNSUPPORTED,
  * ENOMEM. */

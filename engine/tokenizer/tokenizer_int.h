@@ -13,6 +13,7 @@ typedef struct {
 
 struct engine_tokenizer {
     int32_t n_vocab;
+    bool pre_qwen35;      /* pre-tokenizer: "qwen35" (else "qwen2") */
     char *bytes;          /* raw bytes of every token, back to back */
     size_t *off;          /* [n_vocab + 1] token i = bytes[off[i] .. off[i+1]) */
     uint8_t *types;       /* [n_vocab] engine_token_type */
@@ -37,8 +38,9 @@ struct engine_tokenizer {
 };
 
 /* The end of the Qwen2 pre-tokenizer match that starts at s[i] (s[0..n) is valid UTF-8,
- * i < n). */
+ * i < n); the same for the Qwen3.5 variant (pre "qwen35": marks in the letter runs). */
 size_t engine_pretok_qwen2_next(const unsigned char *s, size_t n, size_t i);
+size_t engine_pretok_qwen35_next(const unsigned char *s, size_t n, size_t i);
 
 /* 64-bit FNV-1a style hash used by the tables. */
 static inline uint32_t engine_tok_hash(const void *p, size_t n) {

@@ -14,6 +14,7 @@ enum {
     ENGINE_UC_NFC_UNSAFE = 8, /* may change under NFC: not NFC-stable alone, a non-zero
                                  combining class, or the second half of a composition */
     ENGINE_UC_DECOMP = 16,    /* has a canonical decomposition (Hangul syllables excluded) */
+    ENGINE_UC_M = 32,         /* \p{M} (marks: Mn, Mc, Me), for the qwen35 pre-tokenizer */
 };
 
 typedef struct { uint32_t cp; uint8_t rank; } engine_unicode_ccc;           /* rank ~ ccc order */
