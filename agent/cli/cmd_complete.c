@@ -368,15 +368,6 @@ static void usage(FILE *f) {
             "the cursor. --print-prompt prints the prompt's token ids as JSON instead.\n");
 }
 
-bool cli_parse_long(const char *s, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return false;
-    *out = v;
-    return true;
-}
-
 bool cli_parse_float(const char *s, double lo, double hi, float *out) {
     char *end;
     errno = 0;

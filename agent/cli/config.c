@@ -19,6 +19,17 @@ void cli_errorf(const char *cmd, const char *fmt, ...) {
     va_end(ap);
 }
 
+/* Shared by every command (declared in cli.h); here because config.c is linked wherever the
+ * CLI helpers are, tests included. */
+bool cli_parse_long(const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
 bool cli_parse_kv_cache(const char *s, long *mib) {
     if (!strcmp(s, "auto")) {
         *mib = -1;
