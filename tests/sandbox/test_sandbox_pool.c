@@ -144,6 +144,49 @@ static void run_netns(char *out, size_t cap, const char *sleep_ms, double timeou
     sandbox_result_deinit(&r);
 }
 
+/* While a timed-out run sleeps, open its network namespace from the host (/proc/PID/ns/net of
+ * the command, found by its "3000" argument) and keep the descriptor: the kernel recycles a
+ * freed namespace's inode number, so without a reference a NEW namespace may show the number of
+ * a dropped one and look "reused". Returns the descriptor, or -1 when none could be opened (the
+ * check then still runs, without that guard). */
+typedef struct {
+    int fd;
+} ns_hold;
+
+static void *ns_hold_worker(void *arg) {
+    ns_hold *h = arg;
+    h->fd = -1;
+    for (int tries = 0; tries < 200 && h->fd < 0; tries++) {
+        DIR *d = opendir("/proc");
+        if (!d) return NULL;
+        struct dirent *de;
+        while (h->fd < 0 && (de = readdir(d))) {
+            if (de->d_name[0] < '0' || de->d_name[0] > '9') continue;
+            char path[300], buf[4096];
+            snprintf(path, sizeof path, "/proc/%s/cmdline", de->d_name);
+            long n = sbx_read_file(path, buf, sizeof buf);
+            static const char want[] = "netns\0" "3000";
+            for (long i = 0; n > 0 && i + (long)sizeof want - 1 <= n; i++)
+                if (!memcmp(buf + i, want, sizeof want - 1)) {
+                    snprintf(path, sizeof path, "/proc/%s/ns/net", de->d_name);
+                    h->fd = open(path, O_RDONLY | O_CLOEXEC);
+                    break;
+                }
+        }
+        closedir(d);
+        if (h->fd < 0) usleep(2000);
+    }
+    return NULL;
+}
+
+static void run_netns_held(char *out, size_t cap, ns_hold *h) {
+    pthread_t t;
+    bool threaded = pthread_create(&t, NULL, ns_hold_worker, h) == 0;
+    run_netns(out, cap, "3000", 0.5);
+    if (threaded) pthread_join(t, NULL);
+    else h->fd = -1;
+}
+
 static bool run_code(const char *mode, int want) {
     sandbox_result r;
     if (run(&r, (const char *[]){self, "child", mode, NULL}, 0)) return false;
@@ -203,12 +246,15 @@ int main(int argc, char **argv) {
 
     /* A killed run's namespace is dropped: drain the pool (two runs at once left two in it),
      * then time one out and look at the next. */
-    run_netns(a, sizeof a, "3000", 0.5);
-    run_netns(c, sizeof c, "3000", 0.5);
+    ns_hold ha, hc;
+    run_netns_held(a, sizeof a, &ha);
+    run_netns_held(c, sizeof c, &hc);
     run_netns(b, sizeof b, NULL, 0);
     sbx_check(a[0] && c[0] && b[0] && strcmp(a, b) && strcmp(c, b),
-              "the namespace of a run stopped by its timeout is not reused (%s, %s, then %s)", a,
-              c, b);
+              "the namespace of a run stopped by its timeout is not reused (%s, %s, then %s%s)",
+              a, c, b, ha.fd >= 0 && hc.fd >= 0 ? "; both held open" : "; not held open");
+    if (ha.fd >= 0) close(ha.fd);
+    if (hc.fd >= 0) close(hc.fd);
 
     sandbox_netns_pool_free(pool);
     sandbox_netns_pool_free(NULL);
