@@ -1615,3 +1615,18 @@ int engine_q35_hf_open(engine_model *m, const char *dir, bool vocab_only) {
     engine_cpu_rope_inv_freq(qm->rope_inv_freq, (int)hp->n_rot, hp->rope_theta);
     return q35_hf_weights(m);
 }
+
+void engine_q35_layer_weights(const engine_model *m, uint32_t l, engine_q35_layer_w *out) {
+    const engine_q35_model *qm = m->q35;
+    const q35_layer *ly = &qm->layers[l];
+    *out = (engine_q35_layer_w){
+        .attn = ly->attn, .v_tiled = qm->v_tiled, .attn_norm = ly->attn_norm,
+        .post_norm = ly->post_norm, .q_norm = ly->q_norm, .k_norm = ly->k_norm, .wq = ly->wq,
+        .wk = ly->wk, .wv = ly->wv, .wo = ly->wo, .wqkv = ly->wqkv, .wz = ly->wz,
+        .wbeta = ly->wbeta, .walpha = ly->walpha, .wout = ly->wout, .conv = ly->conv,
+        .dt_bias = ly->dt_bias, .a = ly->a, .ssm_norm = ly->ssm_norm,
+        .gate_inp_shexp = ly->gate_inp_shexp, .gate_inp = ly->gate_inp,
+        .gate_exps = ly->gate_exps, .up_exps = ly->up_exps, .down_exps = ly->down_exps,
+        .gate_shexp = ly->gate_shexp, .up_shexp = ly->up_shexp, .down_shexp = ly->down_shexp,
+        .gu_stride = ly->gu_stride, .exp_ptr = ly->exp_ptr, .rope_inv_freq = qm->rope_inv_freq};
+}

@@ -183,6 +183,22 @@ int engine_q35_fwd_truncate(engine_q35_fwd *f, int32_t n_tokens, int32_t n);
  * weights (read in place where the layout allows). Only Qwen3.5/3.6 MoE text models:
  * ENGINE_EUNSUPPORTED for other model types. */
 int engine_q35_hf_open(engine_model *m, const char *dir, bool vocab_only);
+/* The weights of qwen35moe block l for another backend (the CUDA upload), copied from the
+ * architecture's private layer record; unused fields are zero (attention or DeltaNet). Experts:
+ * gate/up matrix e at data + e * gu_stride * row_bytes (GGUF: gu_stride = rows; HF's fused
+ * gate_up_proj: 2 * rows), or through exp_ptr[0..3][X] when non-NULL (one tensor per expert).
+ * v_tiled: value head h reads key head h % nk (GGUF), else h / (nv / nk). */
+typedef struct {
+    bool attn, v_tiled;
+    const float *attn_norm, *post_norm, *q_norm, *k_norm;
+    engine_weight wq, wk, wv, wo, wqkv, wz, wbeta, walpha, wout;
+    const float *conv, *dt_bias, *a, *ssm_norm, *gate_inp_shexp;
+    engine_weight gate_inp, gate_exps, up_exps, down_exps, gate_shexp, up_shexp, down_shexp;
+    int64_t gu_stride;
+    const uint8_t *const *exp_ptr;
+    const float *rope_inv_freq; /* [n_rot / 2] (model-wide) */
+} engine_q35_layer_w;
+void engine_q35_layer_weights(const engine_model *m, uint32_t l, engine_q35_layer_w *out);
 
 /* Monotonic clock in milliseconds. */
 double engine_time_ms(void);
