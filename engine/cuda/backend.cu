@@ -764,3 +764,42 @@ done:
     free(p.cat);
     return rc;
 }
+
+/* ---------------------------------------------------------------------------------------------
+ * Views for the batched / prefill path (cuda_backend.h)
+ * ------------------------------------------------------------------------------------------- */
+static engine_cuda_wview wview(const cu_w *w) {
+    engine_cuda_wview v = {w->d, w->type, w->cols, w->rows, w->n_mat, w->row_bytes};
+    return v;
+}
+
+extern "C" void engine_cuda_model_view_get(const engine_cuda_model *cm,
+                                           engine_cuda_model_view *out) {
+    out->m = cm->m;
+    out->device = cm->device;
+    out->tok_embd = wview(&cm->tok_embd);
+    out->output = wview(&cm->output);
+    out->output_norm = cm->output_norm;
+}
+
+extern "C" void engine_cuda_layer_view_get(const engine_cuda_model *cm, int layer,
+                                           engine_cuda_layer_view *out) {
+    const cu_layer *l = &cm->layers[layer];
+    out->attn_norm = l->attn_norm;
+    out->q_norm = l->q_norm;
+    out->k_norm = l->k_norm;
+    out->ffn_norm = l->ffn_norm;
+#define VIEW_W(f) out->f = wview(&l->f);
+    FOR_LAYER_WEIGHTS(VIEW_W)
+#undef VIEW_W
+}
+
+extern "C" void engine_cuda_session_view_get(const engine_cuda_session *s,
+                                             engine_cuda_session_view *out) {
+    out->stream = (void *)s->stream;
+    out->n_ctx = s->n_ctx;
+    out->kv_f32 = s->kv == ENGINE_KV_F32;
+    out->k_cache = s->k_cache;
+    out->v_cache = s->v_cache;
+    out->rope = s->rope;
+}

@@ -112,6 +112,47 @@ int engine_cuda_op_moe(engine_type type, int n_expert, int k, bool norm_topk, in
 int engine_cuda_op_sample(const float *logits, int n, float temperature, uint64_t seed,
                           int32_t step, int32_t *out);
 
+/* ---------------------------------------------------------------------------------------------
+ * Device views for the batched / prefill path (engine/cuda/batch.cu, prefill.cu, gemm.cu).
+ * Borrowed pointers into the model's and the session's device memory: valid while they live.
+ * The weights are as uploaded: rows in the engine/cpu/quant.h block layout (a backend that
+ * repacks a type at upload must give it a new engine_type here, or the batched kernels would
+ * decode it wrongly).
+ * ------------------------------------------------------------------------------------------- */
+typedef struct {
+    const void *d; /* device: matrix 0, row 0 (matrix i at + i * rows * row_bytes); NULL: none */
+    int type;      /* engine_type */
+    int cols, rows, n_mat;
+    size_t row_bytes;
+} engine_cuda_wview;
+
+typedef struct {
+    const float *attn_norm, *q_norm, *k_norm, *ffn_norm; /* device */
+    engine_cuda_wview wq, wk, wv, wo, gate_inp, gate_exps, up_exps, down_exps, ffn_gate, ffn_up,
+        ffn_down;
+} engine_cuda_layer_view;
+
+typedef struct {
+    const engine_model *m;
+    int device;
+    engine_cuda_wview tok_embd, output;
+    const float *output_norm; /* device [n_embd] */
+} engine_cuda_model_view;
+
+typedef struct {
+    void *stream; /* the session's cudaStream_t: work on its KV goes there */
+    int32_t n_ctx;
+    int kv_f32;                          /* 1: F32 cache rows, 0: F16 */
+    void *const *k_cache, *const *v_cache; /* [n_layer] device: [n_ctx][n_head_kv * head_dim] */
+    const float *rope;                   /* device [n_ctx][head_dim / 2] (cos, sin) */
+} engine_cuda_session_view;
+
+void engine_cuda_model_view_get(const engine_cuda_model *cm, engine_cuda_model_view *out);
+/* layer < n_layer */
+void engine_cuda_layer_view_get(const engine_cuda_model *cm, int layer,
+                                engine_cuda_layer_view *out);
+void engine_cuda_session_view_get(const engine_cuda_session *s, engine_cuda_session_view *out);
+
 #ifdef __cplusplus
 }
 #endif
