@@ -237,8 +237,8 @@ struct grammar_index {
     int32_t *rep;           /* n_states: the representative of the state's cache class */
     int32_t n_classes;      /* cache classes (states with the same caches share one) */
     /* walks of first-byte subtrees of the trie, shared between states: key (class of the
-     * state after the first byte, the byte) -> the subtree's accepted ids and uncertain
-     * ranks, slices of sub_ids */
+     * state after the first byte, the byte) -> the subtree's accepted rank ranges (lo, hi
+     * pairs) and uncertain ranks, slices of sub_ids */
     uint64_t *sub_key;      /* key + 1, 0 = empty; linear probing */
     uint32_t (*sub_val)[4]; /* acc offset, acc count, unc offset, unc count */
     size_t sub_mask, sub_n;
@@ -261,8 +261,10 @@ struct grammar_index {
     size_t cap_depth_sets;
     size_t *depth_off;
     size_t *depth_mark;
-    int32_t *tmp_acc, *tmp_unc;
+    int32_t *tmp_acc, *tmp_unc; /* accepted rank ranges (lo, hi pairs); uncertain ranks */
     size_t cap_tmp_acc, cap_tmp_unc;
+    size_t n_tok_acc;       /* tokens in the accepted ranges of the current build */
+    size_t acc_floor;       /* ranges before this one belong to earlier subtrees: no merging */
     uint32_t *acc_stamp;    /* per rank: accepted in this build (== build_stamp) */
     uint32_t build_stamp;
     /* per trie node, == walk_stamp when pass 1 of the current subtree walk accepted every

@@ -530,12 +530,31 @@ static int region_get(grammar_index *ix, int32_t s, const uint64_t **out) {
     return 0;
 }
 
+/* Accepted tokens are kept as rank ranges [lo, hi) (pairs in tmp_acc; *n counts the pairs) in
+ * increasing order: the trie is in rank order, so a subtree accepted whole is one range and
+ * neighbours merge. Ranges of one first-byte subtree never merge into an earlier one's
+ * (acc_floor), so each subtree's result is a slice that can be stored for sharing. */
+static int acc_range(grammar_index *ix, size_t *n, int32_t lo, int32_t hi) {
+    ix->n_tok_acc += (size_t)(hi - lo);
+    if (*n > ix->acc_floor && ix->tmp_acc[2 * *n - 1] == lo) {
+        ix->tmp_acc[2 * *n - 1] = hi;
+        return 0;
+    }
+    if (grammar_grow((void **)&ix->tmp_acc, &ix->cap_tmp_acc, 2 * *n + 2, sizeof *ix->tmp_acc))
+        return grammar_err(GRAMMAR_ENOMEM, "out of memory");
+    ix->tmp_acc[2 * *n] = lo;
+    ix->tmp_acc[2 * *n + 1] = hi;
+    (*n)++;
+    return 0;
+}
+
 /* One walk of the trie nodes [from, to) (whole subtrees) from the stack [caller of q's rule, q].
  * Pass 1 (no_w): tokens consumed with q's frame kept are accepted. Pass 2 (callers
  * approximated), only through subtrees that hold tokens pass 1 did not accept: consumed ones
  * are uncertain, the others rejected. */
 static int walk(grammar_index *ix, int32_t q, int pass, int32_t from, int32_t to, size_t *n_acc,
                 size_t *n_unc) {
+    /* n_acc counts accepted rank ranges (pairs in tmp_acc), ix->n_tok_acc their tokens */
     const grammar *g = ix->g;
     const grammar_vocab *v = ix->v;
     grammar_store *st = &ix->st;
@@ -579,15 +598,8 @@ static int walk(grammar_index *ix, int32_t q, int pass, int32_t from, int32_t to
             if (ok && ((ok[i / 64] >> (i % 64)) & 1)) {
                 int32_t end = v->tn_skip[i];
                 int32_t r1 = end < v->n_nodes ? v->tn_rank[end] : v->n_order;
-                if (grammar_grow((void **)&ix->tmp_acc, &ix->cap_tmp_acc,
-                                 *n_acc + (size_t)(r1 - v->tn_rank[i]), sizeof *ix->tmp_acc)) {
-                    rc = grammar_err(GRAMMAR_ENOMEM, "out of memory");
-                    break;
-                }
-                for (int32_t r = v->tn_rank[i]; r < r1; r++) {
-                    ix->acc_stamp[r] = ix->build_stamp;
-                    ix->tmp_acc[(*n_acc)++] = v->order[r];
-                }
+                /* pass 2 skips the subtree (full_stamp): no per-rank stamp needed */
+                if ((rc = acc_range(ix, n_acc, v->tn_rank[i], r1))) break;
                 ix->full_stamp[i] = ix->walk_stamp;
                 if ((rc = push_id(&ix->visited, &ix->cap_visited, &ix->n_visited, i))) break;
                 i = end;
@@ -643,15 +655,15 @@ static int walk(grammar_index *ix, int32_t q, int pass, int32_t from, int32_t to
             if ((rc = push_id(&ix->visited, &ix->cap_visited, &ix->n_visited, i))) break;
         }
         int32_t r0 = v->tn_rank[i], nr = v->tn_nrank[i];
-        for (int32_t r = r0; r < r0 + nr && !rc; r++) {
-            if (pass == 1) {
-                ix->acc_stamp[r] = ix->build_stamp;
-                rc = push_id(&ix->tmp_acc, &ix->cap_tmp_acc, n_acc, v->order[r]);
-            } else if (ix->acc_stamp[r] != ix->build_stamp) {
-                rc = push_id(&ix->tmp_unc, &ix->cap_tmp_unc, n_unc, r);
-            }
+        if (pass == 1) {
+            for (int32_t r = r0; r < r0 + nr; r++) ix->acc_stamp[r] = ix->build_stamp;
+            if (nr && (rc = acc_range(ix, n_acc, r0, r0 + nr))) break;
+        } else {
+            for (int32_t r = r0; r < r0 + nr && !rc; r++)
+                if (ix->acc_stamp[r] != ix->build_stamp)
+                    rc = push_id(&ix->tmp_unc, &ix->cap_tmp_unc, n_unc, r);
+            if (rc) break;
         }
-        if (rc) break;
         i++;
     }
     sp->no_w = 0;
@@ -669,10 +681,11 @@ static size_t sub_slot(const grammar_index *ix, uint64_t key) {
     return h;
 }
 
-/* Keep tmp_acc[a0 .. a0 + n_acc) and tmp_unc[u0 .. u0 + n_unc) as the result of subtree key. */
+/* Keep the accepted ranges a0 .. a0 + n_acc (pairs in tmp_acc) and tmp_unc[u0 .. u0 + n_unc)
+ * as the result of subtree key. */
 static int sub_store(grammar_index *ix, uint64_t key, size_t a0, size_t n_acc, size_t u0,
                      size_t n_unc) {
-    if (ix->n_sub_ids + n_acc + n_unc > SUB_MAX_IDS) return 0;
+    if (ix->n_sub_ids + 2 * n_acc + n_unc > SUB_MAX_IDS) return 0;
     if ((ix->sub_n + 1) * 2 > ix->sub_mask + 1 || !ix->sub_key) { /* grow and rehash */
         size_t cap = ix->sub_key ? (ix->sub_mask + 1) * 2 : 1024;
         uint64_t *ok = ix->sub_key;
@@ -697,21 +710,22 @@ static int sub_store(grammar_index *ix, uint64_t key, size_t a0, size_t n_acc, s
         free(ok);
         free(ov);
     }
-    if (grammar_grow((void **)&ix->sub_ids, &ix->cap_sub_ids, ix->n_sub_ids + n_acc + n_unc,
+    if (grammar_grow((void **)&ix->sub_ids, &ix->cap_sub_ids, ix->n_sub_ids + 2 * n_acc + n_unc,
                      sizeof *ix->sub_ids))
         return grammar_err(GRAMMAR_ENOMEM, "out of memory");
     size_t h = sub_slot(ix, key);
     ix->sub_key[h] = key + 1;
     ix->sub_val[h][0] = (uint32_t)ix->n_sub_ids;
     ix->sub_val[h][1] = (uint32_t)n_acc;
-    if (n_acc) memcpy(ix->sub_ids + ix->n_sub_ids, ix->tmp_acc + a0, n_acc * sizeof *ix->tmp_acc);
-    ix->n_sub_ids += n_acc;
+    if (n_acc)
+        memcpy(ix->sub_ids + ix->n_sub_ids, ix->tmp_acc + 2 * a0, 2 * n_acc * sizeof *ix->tmp_acc);
+    ix->n_sub_ids += 2 * n_acc;
     ix->sub_val[h][2] = (uint32_t)ix->n_sub_ids;
     ix->sub_val[h][3] = (uint32_t)n_unc;
     if (n_unc) memcpy(ix->sub_ids + ix->n_sub_ids, ix->tmp_unc + u0, n_unc * sizeof *ix->tmp_unc);
     ix->n_sub_ids += n_unc;
     ix->sub_n++;
-    ix->bytes_used += (n_acc + n_unc) * sizeof *ix->sub_ids;
+    ix->bytes_used += (2 * n_acc + n_unc) * sizeof *ix->sub_ids;
     return 0;
 }
 
@@ -719,7 +733,8 @@ static int sub_store(grammar_index *ix, uint64_t key, size_t a0, size_t n_acc, s
 static int walk_subtree(grammar_index *ix, int32_t q, int32_t i, int32_t end, size_t *n_acc,
                         size_t *n_unc) {
     const grammar_vocab *v = ix->v;
-    size_t a0 = *n_acc;
+    size_t t0 = ix->n_tok_acc;
+    ix->acc_floor = *n_acc;
     if (++ix->walk_stamp == 0) {
         memset(ix->full_stamp, 0, (size_t)v->n_nodes * sizeof *ix->full_stamp);
         ix->walk_stamp = 1;
@@ -727,7 +742,7 @@ static int walk_subtree(grammar_index *ix, int32_t q, int32_t i, int32_t end, si
     ix->n_visited = 0;
     int rc = walk(ix, q, 1, i, end, n_acc, n_unc);
     if (rc) return rc;
-    if (*n_acc - a0 == (size_t)((end < v->n_nodes ? v->tn_rank[end] : v->n_order) - v->tn_rank[i]))
+    if (ix->n_tok_acc - t0 == (size_t)((end < v->n_nodes ? v->tn_rank[end] : v->n_order) - v->tn_rank[i]))
         return 0; /* all accepted: nothing for pass 2 */
     /* the subtrees pass 1 accepted whole (pass 2 skips them): a node pass 1 entered accepted
      * the tokens ending there, so it is full when all its children are; children come before
@@ -743,12 +758,57 @@ static int walk_subtree(grammar_index *ix, int32_t q, int32_t i, int32_t end, si
     return walk(ix, q, 2, i, end, n_acc, n_unc);
 }
 
+/* The cache's accepted set from the sorted rank ranges (pairs in tmp_acc): a list of ids, or a
+ * bitset over ids when it has more ids than the bitset has words. A bitset of most of the
+ * vocabulary starts from every token and clears the gaps between the ranges, so its cost
+ * follows the tokens not accepted (a string's inside accepts ~147K of 151,936 tokens). */
+static int acc_finish(grammar_index *ix, grammar_state_cache *c, size_t n_rng) {
+    const grammar_vocab *v = ix->v;
+    const int32_t *rg = ix->tmp_acc;
+    size_t n_tok = ix->n_tok_acc, words = ((size_t)v->n_vocab + 31) / 32;
+    if (n_tok > words) {
+        c->dense = 1;
+        c->acc = malloc(words * sizeof *c->acc);
+        if (!c->acc) return grammar_err(GRAMMAR_ENOMEM, "out of memory");
+        if (n_tok * 2 > (size_t)v->n_order) {
+            memcpy(c->acc, v->nonempty, words * sizeof *c->acc);
+            int32_t at = 0;
+            for (size_t k = 0; k <= n_rng; k++) {
+                int32_t lo = k < n_rng ? rg[2 * k] : v->n_order;
+                for (int32_t r = at; r < lo; r++) {
+                    int32_t id = v->order[r];
+                    c->acc[id / 32] &= ~(1u << (id % 32));
+                }
+                if (k < n_rng) at = rg[2 * k + 1];
+            }
+        } else {
+            memset(c->acc, 0, words * sizeof *c->acc);
+            for (size_t k = 0; k < n_rng; k++)
+                for (int32_t r = rg[2 * k]; r < rg[2 * k + 1]; r++) {
+                    int32_t id = v->order[r];
+                    c->acc[id / 32] |= 1u << (id % 32);
+                }
+        }
+        ix->bytes_used += words * sizeof *c->acc;
+    } else if (n_tok) {
+        c->acc = malloc(n_tok * sizeof *c->acc);
+        if (!c->acc) return grammar_err(GRAMMAR_ENOMEM, "out of memory");
+        size_t at = 0;
+        for (size_t k = 0; k < n_rng; k++)
+            for (int32_t r = rg[2 * k]; r < rg[2 * k + 1]; r++) c->acc[at++] = (uint32_t)v->order[r];
+        ix->bytes_used += n_tok * sizeof *c->acc;
+    }
+    c->n_acc = (uint32_t)n_tok;
+    return 0;
+}
+
 static int build_state(grammar_index *ix, int32_t q) {
     const grammar *g = ix->g;
     const grammar_vocab *v = ix->v;
     grammar_state_cache *c = &ix->cache[q];
     double t0 = now_ms();
-    size_t n_acc = 0, n_unc = 0;
+    size_t n_acc = 0, n_unc = 0; /* accepted: rank ranges */
+    ix->n_tok_acc = 0;
     if (++ix->build_stamp == 0) {
         memset(ix->acc_stamp, 0, (size_t)v->n_order * sizeof *ix->acc_stamp);
         ix->build_stamp = 1;
@@ -770,15 +830,19 @@ static int build_state(grammar_index *ix, int32_t q) {
             size_t h = sub_slot(ix, key);
             if (ix->sub_key[h]) {
                 const uint32_t *sv = ix->sub_val[h];
-                if (grammar_grow((void **)&ix->tmp_acc, &ix->cap_tmp_acc, n_acc + sv[1],
+                if (grammar_grow((void **)&ix->tmp_acc, &ix->cap_tmp_acc, 2 * (n_acc + sv[1]),
                                  sizeof *ix->tmp_acc) ||
                     grammar_grow((void **)&ix->tmp_unc, &ix->cap_tmp_unc, n_unc + sv[3],
                                  sizeof *ix->tmp_unc)) {
                     rc = grammar_err(GRAMMAR_ENOMEM, "out of memory");
                     break;
                 }
-                if (sv[1])
-                    memcpy(ix->tmp_acc + n_acc, ix->sub_ids + sv[0], sv[1] * sizeof *ix->sub_ids);
+                for (uint32_t k = 0; k < sv[1]; k++) {
+                    int32_t lo = ix->sub_ids[sv[0] + 2 * k], hi = ix->sub_ids[sv[0] + 2 * k + 1];
+                    ix->tmp_acc[2 * (n_acc + k)] = lo;
+                    ix->tmp_acc[2 * (n_acc + k) + 1] = hi;
+                    ix->n_tok_acc += (size_t)(hi - lo);
+                }
                 if (sv[3])
                     memcpy(ix->tmp_unc + n_unc, ix->sub_ids + sv[2], sv[3] * sizeof *ix->sub_ids);
                 n_acc += sv[1];
@@ -793,20 +857,7 @@ static int build_state(grammar_index *ix, int32_t q) {
             rc = sub_store(ix, key, a0, n_acc - a0, u0, n_unc - u0);
     }
     if (rc) return rc;
-    size_t words = ((size_t)v->n_vocab + 31) / 32;
-    if (n_acc > words) {
-        c->dense = 1;
-        c->acc = calloc(words, sizeof *c->acc);
-        if (!c->acc) return grammar_err(GRAMMAR_ENOMEM, "out of memory");
-        for (size_t k = 0; k < n_acc; k++) c->acc[ix->tmp_acc[k] / 32] |= 1u << (ix->tmp_acc[k] % 32);
-        ix->bytes_used += words * sizeof *c->acc;
-    } else if (n_acc) {
-        c->acc = malloc(n_acc * sizeof *c->acc);
-        if (!c->acc) return grammar_err(GRAMMAR_ENOMEM, "out of memory");
-        for (size_t k = 0; k < n_acc; k++) c->acc[k] = (uint32_t)ix->tmp_acc[k];
-        ix->bytes_used += n_acc * sizeof *c->acc;
-    }
-    c->n_acc = (uint32_t)n_acc;
+    if ((rc = acc_finish(ix, c, n_acc))) return rc;
     if (n_unc) {
         c->unc = malloc(n_unc * sizeof *c->unc);
         if (!c->unc) return grammar_err(GRAMMAR_ENOMEM, "out of memory");
