@@ -192,6 +192,7 @@ typedef struct {
     uint32_t stamp;
     int depth;
     int no_w;               /* popping the unknown caller (GQ_P0) ends the stack instead */
+    int p0_popped;          /* set (never cleared) when no_w ended a stack that way */
     int err;
 } grammar_stepper;
 
@@ -199,6 +200,9 @@ int grammar_stepper_init(grammar_stepper *sp, const grammar *g, grammar_store *s
 void grammar_stepper_deinit(grammar_stepper *sp);
 /* The expanded set that starts rule `rule` with caller `parent` (-1: bottom) into sp->out. */
 int grammar_stepper_start(grammar_stepper *sp, int32_t rule, int32_t parent);
+/* The expanded set after rule `rule` returns to any of its callers (as popping GQ_P0 does when
+ * no_w is off) into sp->out. */
+int grammar_stepper_callers(grammar_stepper *sp, int32_t rule);
 /* out = the set after byte b from set in[0..n) (in must not alias sp->out). */
 int grammar_stepper_step(grammar_stepper *sp, const int32_t *in, size_t n, uint8_t b);
 
@@ -273,6 +277,13 @@ struct grammar_index {
     int32_t *full_kids;
     int32_t *visited;       /* nodes pass 1 entered, in order */
     size_t n_visited, cap_visited;
+    /* pop memo walks (mask.c, pop_walk): levels per depth below the pop node, the ranks */
+    int32_t *pw_sets;
+    size_t cap_pw_sets;
+    size_t *pw_off, *pw_mark;
+    int32_t *pw_list;
+    size_t n_pw_list, cap_pw_list;
+    int unc_unsorted;       /* a pop union added uncertain ranks in this subtree's pass 2 */
     int32_t *vq, *vp;       /* per depth: a level held as one (state, caller) pair... */
     uint8_t *virt;          /* ...when set (not interned: the walk's fast path) */
     /* lazy triggers: per trigger and matched-prefix length k, the rank range of tokens that

@@ -115,6 +115,10 @@ void grammar_index_free(grammar_index *ix) {
     free(ix->vp);
     free(ix->virt);
     free(ix->trig_contain);
+    free(ix->pw_sets);
+    free(ix->pw_off);
+    free(ix->pw_mark);
+    free(ix->pw_list);
     for (size_t r = 0; r < ix->n_regions; r++) {
         free(ix->regions[r].table);
         free(ix->regions[r].ok);
@@ -164,8 +168,11 @@ int grammar_index_new(grammar_index **out, const grammar *g, const grammar_vocab
     ix->vq = malloc(((size_t)v->max_len + 3) * sizeof *ix->vq);
     ix->vp = malloc(((size_t)v->max_len + 3) * sizeof *ix->vp);
     ix->virt = malloc((size_t)v->max_len + 3);
+    ix->pw_off = malloc(((size_t)v->max_len + 3) * sizeof *ix->pw_off);
+    ix->pw_mark = malloc(((size_t)v->max_len + 3) * sizeof *ix->pw_mark);
     ix->region_of = malloc((size_t)g->n_states * sizeof *ix->region_of);
-    if (!ix->vq || !ix->vp || !ix->virt || !ix->region_of || !ix->full_stamp || !ix->full_kids)
+    if (!ix->vq || !ix->vp || !ix->virt || !ix->region_of || !ix->full_stamp || !ix->full_kids ||
+        !ix->pw_off || !ix->pw_mark)
         goto fail;
     for (int32_t q = 0; q < g->n_states; q++) ix->region_of[q] = -2;
     if (!ix->cache || !ix->rep || !ix->depth_off || !ix->depth_mark || !ix->acc_stamp) goto fail;
@@ -419,6 +426,11 @@ done:
     return rc;
 }
 
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
 static int push_id(int32_t **a, size_t *cap, size_t *n, int32_t v) {
     if (grammar_grow((void **)a, cap, *n + 1, sizeof **a)) return grammar_err(GRAMMAR_ENOMEM, "out of memory");
     (*a)[(*n)++] = v;
@@ -548,10 +560,15 @@ static int acc_range(grammar_index *ix, size_t *n, int32_t lo, int32_t hi) {
     return 0;
 }
 
+static int pop_union(grammar_index *ix, int32_t r, int32_t i, size_t n_acc, size_t *n_unc);
+#define POP_MIN_TOKENS 64 /* pops at nodes with smaller subtrees are walked inline */
+
 /* One walk of the trie nodes [from, to) (whole subtrees) from the stack [caller of q's rule, q].
  * Pass 1 (no_w): tokens consumed with q's frame kept are accepted. Pass 2 (callers
  * approximated), only through subtrees that hold tokens pass 1 did not accept: consumed ones
- * are uncertain, the others rejected. */
+ * are uncertain, the others rejected. In pass 2, a pop of q's rule at a node with a large
+ * subtree is not expanded inline: what the callers consume below that node is a function of
+ * (rule, node), walked once and shared (pop_union). */
 static int walk(grammar_index *ix, int32_t q, int pass, int32_t from, int32_t to, size_t *n_acc,
                 size_t *n_unc) {
     /* n_acc counts accepted rank ranges (pairs in tmp_acc), ix->n_tok_acc their tokens */
@@ -582,6 +599,7 @@ static int walk(grammar_index *ix, int32_t q, int pass, int32_t from, int32_t to
         }
         grammar_store_truncate(st, ix->depth_mark[d - 1]);
         uint8_t b = v->tn_byte[i];
+        int memo = 0;
         /* fast path: one stack whose next state only consumes bytes (no call, no return):
          * the level is the pair (state, caller), nothing interned */
         int32_t pq = -1, pp = -1;
@@ -633,9 +651,18 @@ static int walk(grammar_index *ix, int32_t q, int pass, int32_t from, int32_t to
                 in = &one;
                 n = 1;
             }
+            if (pass == 2) {
+                int32_t end = v->tn_skip[i];
+                int32_t n_tok = (end < v->n_nodes ? v->tn_rank[end] : v->n_order) - v->tn_rank[i];
+                memo = !ix->no_share && n_tok >= POP_MIN_TOKENS;
+                sp->no_w = memo;
+                sp->p0_popped = 0;
+            }
             if ((rc = grammar_stepper_step(sp, in, n, b))) break;
+            memo = memo && sp->p0_popped;
         }
         if (sp->n_out == 0) {
+            if (memo && (rc = pop_union(ix, g->state_rule[q], i, *n_acc, n_unc))) break;
             i = v->tn_skip[i];
             continue;
         }
@@ -649,6 +676,7 @@ static int walk(grammar_index *ix, int32_t q, int pass, int32_t from, int32_t to
         ix->depth_off[d + 1] = base + sp->n_out;
         ix->depth_mark[d] = st->n;
         ix->virt[d] = 0;
+        if (memo && (rc = pop_union(ix, g->state_rule[q], i, *n_acc, n_unc))) break;
     classify:;
         if (pass == 1) {
             ix->full_kids[i] = 0;
@@ -683,8 +711,8 @@ static size_t sub_slot(const grammar_index *ix, uint64_t key) {
 
 /* Keep the accepted ranges a0 .. a0 + n_acc (pairs in tmp_acc) and tmp_unc[u0 .. u0 + n_unc)
  * as the result of subtree key. */
-static int sub_store(grammar_index *ix, uint64_t key, size_t a0, size_t n_acc, size_t u0,
-                     size_t n_unc) {
+static int sub_store_lists(grammar_index *ix, uint64_t key, const int32_t *acc, size_t n_acc,
+                           const int32_t *unc, size_t n_unc) {
     if (ix->n_sub_ids + 2 * n_acc + n_unc > SUB_MAX_IDS) return 0;
     if ((ix->sub_n + 1) * 2 > ix->sub_mask + 1 || !ix->sub_key) { /* grow and rehash */
         size_t cap = ix->sub_key ? (ix->sub_mask + 1) * 2 : 1024;
@@ -717,15 +745,123 @@ static int sub_store(grammar_index *ix, uint64_t key, size_t a0, size_t n_acc, s
     ix->sub_key[h] = key + 1;
     ix->sub_val[h][0] = (uint32_t)ix->n_sub_ids;
     ix->sub_val[h][1] = (uint32_t)n_acc;
-    if (n_acc)
-        memcpy(ix->sub_ids + ix->n_sub_ids, ix->tmp_acc + 2 * a0, 2 * n_acc * sizeof *ix->tmp_acc);
+    if (n_acc) memcpy(ix->sub_ids + ix->n_sub_ids, acc, 2 * n_acc * sizeof *acc);
     ix->n_sub_ids += 2 * n_acc;
     ix->sub_val[h][2] = (uint32_t)ix->n_sub_ids;
     ix->sub_val[h][3] = (uint32_t)n_unc;
-    if (n_unc) memcpy(ix->sub_ids + ix->n_sub_ids, ix->tmp_unc + u0, n_unc * sizeof *ix->tmp_unc);
+    if (n_unc) memcpy(ix->sub_ids + ix->n_sub_ids, unc, n_unc * sizeof *unc);
     ix->n_sub_ids += n_unc;
     ix->sub_n++;
     ix->bytes_used += (2 * n_acc + n_unc) * sizeof *ix->sub_ids;
+    return 0;
+}
+
+static int sub_store(grammar_index *ix, uint64_t key, size_t a0, size_t n_acc, size_t u0,
+                     size_t n_unc) {
+    return sub_store_lists(ix, key, ix->tmp_acc + 2 * a0, n_acc, ix->tmp_unc + u0, n_unc);
+}
+
+/* ----- pop memo -----
+ * A pop of q's rule to an unknown caller goes on from every return state of the rule (with
+ * callers unknown again): from the node where it happens, what it consumes depends on the rule
+ * and the node only. The `ws` rule of a tool grammar has hundreds of return states, so the
+ * space subtree (~40K tokens) after its first space costs ~1.5 ms with all of them; each ws
+ * state (one per count of indenting spaces) used to walk it again. */
+#define POP_KEY(r, i) ((1ull << 63) | ((uint64_t)(uint32_t)(r) << 32) | (uint32_t)(i))
+
+static int pw_level(grammar_index *ix, uint32_t d, const int32_t *set, size_t n) {
+    if (grammar_grow((void **)&ix->pw_sets, &ix->cap_pw_sets, ix->pw_off[d] + n,
+                     sizeof *ix->pw_sets))
+        return grammar_err(GRAMMAR_ENOMEM, "out of memory");
+    memcpy(ix->pw_sets + ix->pw_off[d], set, n * sizeof *set);
+    ix->pw_off[d + 1] = ix->pw_off[d] + n;
+    ix->pw_mark[d] = ix->st.n;
+    return 0;
+}
+
+static int pw_tokens(grammar_index *ix, int32_t node) {
+    const grammar_vocab *v = ix->v;
+    for (int32_t r = v->tn_rank[node]; r < v->tn_rank[node] + v->tn_nrank[node]; r++)
+        if (push_id(&ix->pw_list, &ix->cap_pw_list, &ix->n_pw_list, r))
+            return GRAMMAR_ENOMEM;
+    return 0;
+}
+
+/* The ranks of node i's subtree (i included) consumed after rule r returned to any caller
+ * right after node i's byte, into pw_list. Leaves the store and stepper as it found them. */
+static int pop_walk(grammar_index *ix, int32_t r, int32_t i) {
+    const grammar_vocab *v = ix->v;
+    grammar_store *st = &ix->st;
+    grammar_stepper *sp = &ix->sp;
+    size_t mark0 = st->n;
+    int no_w = sp->no_w, rc;
+    uint32_t base = v->tn_depth[i];
+    sp->no_w = 0;
+    ix->n_pw_list = 0;
+    ix->pw_off[0] = 0;
+    if ((rc = grammar_stepper_callers(sp, r)) || (rc = pw_level(ix, 0, sp->out, sp->n_out)))
+        goto done;
+    if (sp->n_out == 0) goto done;
+    if ((rc = pw_tokens(ix, i))) goto done;
+    for (int32_t j = i + 1, end = v->tn_skip[i]; j < end;) {
+        uint32_t d = v->tn_depth[j] - base;
+        grammar_store_truncate(st, ix->pw_mark[d - 1]);
+        size_t so = ix->pw_off[d - 1];
+        if ((rc = grammar_stepper_step(sp, ix->pw_sets + so, ix->pw_off[d] - so, v->tn_byte[j])))
+            break;
+        if (sp->n_out == 0) {
+            j = v->tn_skip[j];
+            continue;
+        }
+        if ((rc = pw_level(ix, d, sp->out, sp->n_out)) || (rc = pw_tokens(ix, j))) break;
+        j++;
+    }
+done:
+    if (rc == GRAMMAR_ENOMEM) grammar_err(GRAMMAR_ENOMEM, "out of memory");
+    grammar_store_truncate(st, mark0);
+    sp->no_w = no_w;
+    return rc;
+}
+
+/* Was rank r accepted by pass 1 of the current subtree (ranges acc_floor .. n_acc)? */
+static bool acc_has(const grammar_index *ix, size_t n_acc, int32_t r) {
+    if (ix->acc_stamp[r] == ix->build_stamp) return true;
+    size_t lo = ix->acc_floor, hi = n_acc; /* the last range with start <= r */
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (ix->tmp_acc[2 * mid] <= r) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo > ix->acc_floor && r < ix->tmp_acc[2 * (lo - 1) + 1];
+}
+
+/* Pass 2 met a pop of rule r at node i: add what the callers consume below i (walked once per
+ * (rule, node), then shared) to the uncertain ranks, except what pass 1 accepted. */
+static int pop_union(grammar_index *ix, int32_t r, int32_t i, size_t n_acc, size_t *n_unc) {
+    uint64_t key = POP_KEY(r, i);
+    const int32_t *list = NULL;
+    size_t n = 0;
+    if (ix->sub_key) {
+        size_t h = sub_slot(ix, key);
+        if (ix->sub_key[h]) {
+            list = ix->sub_ids + ix->sub_val[h][2];
+            n = ix->sub_val[h][3];
+            ix->sub_hits++;
+        }
+    }
+    int rc;
+    if (!list) {
+        if ((rc = pop_walk(ix, r, i)) ||
+            (rc = sub_store_lists(ix, key, NULL, 0, ix->pw_list, ix->n_pw_list)))
+            return rc;
+        list = ix->pw_list;
+        n = ix->n_pw_list;
+    }
+    for (size_t k = 0; k < n; k++)
+        if (!acc_has(ix, n_acc, list[k]) &&
+            (rc = push_id(&ix->tmp_unc, &ix->cap_tmp_unc, n_unc, list[k])))
+            return rc;
+    ix->unc_unsorted = 1;
     return 0;
 }
 
@@ -740,6 +876,7 @@ static int walk_subtree(grammar_index *ix, int32_t q, int32_t i, int32_t end, si
         ix->walk_stamp = 1;
     }
     ix->n_visited = 0;
+    size_t u0 = *n_unc;
     int rc = walk(ix, q, 1, i, end, n_acc, n_unc);
     if (rc) return rc;
     if (ix->n_tok_acc - t0 == (size_t)((end < v->n_nodes ? v->tn_rank[end] : v->n_order) - v->tn_rank[i]))
@@ -755,7 +892,17 @@ static int walk_subtree(grammar_index *ix, int32_t q, int32_t i, int32_t end, si
         }
         if (v->tn_parent[x] >= 0) ix->full_kids[v->tn_parent[x]]++;
     }
-    return walk(ix, q, 2, i, end, n_acc, n_unc);
+    ix->unc_unsorted = 0;
+    if ((rc = walk(ix, q, 2, i, end, n_acc, n_unc))) return rc;
+    if (ix->unc_unsorted) { /* pop unions: out of order, maybe twice */
+        int32_t *u = ix->tmp_unc + u0;
+        size_t nu = *n_unc - u0, k = 0;
+        qsort(u, nu, sizeof *u, cmp_i32);
+        for (size_t j = 0; j < nu; j++)
+            if (k == 0 || u[k - 1] != u[j]) u[k++] = u[j];
+        *n_unc = u0 + k;
+    }
+    return 0;
 }
 
 /* The cache's accepted set from the sorted rank ranges (pairs in tmp_acc): a list of ids, or a

@@ -193,6 +193,24 @@ static void next_stamp(grammar_stepper *sp) {
     }
 }
 
+/* Return from rule r to any of its callers: every return state of r, with an unknown caller of
+ * its own rule below (GQ_W); and complete in an unknown context when r is the root. */
+static void pop_any(grammar_stepper *sp, int32_t r) {
+    const grammar *g = sp->g;
+    if (sp->wstamp[r] == sp->stamp) return;
+    sp->wstamp[r] = sp->stamp;
+    for (int32_t k = g->ret_off[r]; k < g->ret_off[r + 1] && !sp->err; k++) {
+        int32_t q2 = g->rets[k];
+        int32_t w = grammar_store_intern(sp->st, GQ_W, g->state_rule[q2]);
+        if (w < 0) {
+            sp->err = grammar_err(GRAMMAR_ENOMEM, "out of memory");
+            return;
+        }
+        expand(sp, q2, w);
+    }
+    if (r == g->root) add_out(sp, 1);
+}
+
 static void pop(grammar_stepper *sp, int32_t parent) {
     if (parent < 0) {
         add_out(sp, 0);
@@ -200,22 +218,12 @@ static void pop(grammar_stepper *sp, int32_t parent) {
     }
     grammar_store *st = sp->st;
     int32_t pq = st->q[parent];
-    if (pq == GQ_P0 && sp->no_w) return;
+    if (pq == GQ_P0 && sp->no_w) {
+        sp->p0_popped = 1;
+        return;
+    }
     if (pq == GQ_P0 || pq == GQ_W) {
-        const grammar *g = sp->g;
-        int32_t r = st->parent[parent];
-        if (sp->wstamp[r] == sp->stamp) return;
-        sp->wstamp[r] = sp->stamp;
-        for (int32_t k = g->ret_off[r]; k < g->ret_off[r + 1] && !sp->err; k++) {
-            int32_t q2 = g->rets[k];
-            int32_t w = grammar_store_intern(st, GQ_W, g->state_rule[q2]);
-            if (w < 0) {
-                sp->err = grammar_err(GRAMMAR_ENOMEM, "out of memory");
-                return;
-            }
-            expand(sp, q2, w);
-        }
-        if (r == g->root) add_out(sp, 1);
+        pop_any(sp, st->parent[parent]);
         return;
     }
     expand(sp, pq, st->parent[parent]);
@@ -255,6 +263,15 @@ int grammar_stepper_start(grammar_stepper *sp, int32_t rule, int32_t parent) {
     sp->depth = 0;
     next_stamp(sp);
     expand(sp, sp->g->rule_start[rule], parent);
+    return sp->err;
+}
+
+int grammar_stepper_callers(grammar_stepper *sp, int32_t rule) {
+    sp->n_out = 0;
+    sp->err = 0;
+    sp->depth = 0;
+    next_stamp(sp);
+    pop_any(sp, rule);
     return sp->err;
 }
 
