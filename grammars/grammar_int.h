@@ -227,11 +227,18 @@ typedef struct {
  * breadth-first order from the looping state: the shape does not depend on the rule). ok has a
  * bit per trie node: set when, entering the node from the region's first state, every token of
  * the node's subtree stays in the region (so it is consumed with the frame kept). */
-#define GRAMMAR_REGION_MAX 16
+#define GRAMMAR_REGION_MAX 64
 typedef struct {
     int n;
-    int8_t *table;          /* n x 256: byte -> region state index, -1 leaves the region */
+    int8_t *table;          /* n x 256: byte -> region state index, -1 leaves the region,
+                             * -2 no edge */
     uint64_t *ok;           /* n_nodes bits */
+    /* the first state's shared part of its cache (mask.c, region_result), made on first use */
+    int done;
+    uint32_t *in_bits;      /* ids of the tokens that stay in the region */
+    uint32_t n_in;
+    int32_t (*exits)[2];    /* (trie node, region index before its byte): the token leaves */
+    size_t n_exits;
 } grammar_region;
 
 struct grammar_index {
@@ -256,6 +263,8 @@ struct grammar_index {
     int32_t *region_of;
     grammar_region *regions;
     size_t n_regions, cap_regions;
+    uint64_t region_builds; /* caches built from a region's shared result (tests) */
+    int8_t *region_at;      /* n_states: scratch of region_states, -1 */
     size_t bytes_used;
     double build_ms;
     /* builder scratch */

@@ -122,9 +122,12 @@ void grammar_index_free(grammar_index *ix) {
     for (size_t r = 0; r < ix->n_regions; r++) {
         free(ix->regions[r].table);
         free(ix->regions[r].ok);
+        free(ix->regions[r].in_bits);
+        free(ix->regions[r].exits);
     }
     free(ix->regions);
     free(ix->region_of);
+    free(ix->region_at);
     free(ix);
 }
 
@@ -175,6 +178,9 @@ int grammar_index_new(grammar_index **out, const grammar *g, const grammar_vocab
         !ix->pw_off || !ix->pw_mark)
         goto fail;
     for (int32_t q = 0; q < g->n_states; q++) ix->region_of[q] = -2;
+    ix->region_at = malloc((size_t)g->n_states);
+    if (!ix->region_at) goto fail;
+    memset(ix->region_at, -1, (size_t)g->n_states);
     if (!ix->cache || !ix->rep || !ix->depth_off || !ix->depth_mark || !ix->acc_stamp) goto fail;
     if ((rc = cache_classes(ix))) goto fail;
     rc = GRAMMAR_ENOMEM;
@@ -458,36 +464,138 @@ static int region_build(grammar_index *ix, grammar_region *rg) {
     const grammar_vocab *v = ix->v;
     int32_t n = v->n_nodes;
     /* below[i]: bit k when every child subtree of i stays in the region entered from state k */
-    uint16_t *below = malloc(((size_t)n + 1) * sizeof *below);
+    uint64_t *below = malloc(((size_t)n + 1) * sizeof *below);
+    /* per byte: the region states with an edge on it (any) and the edges (k -> t), as pairs */
+    uint64_t *any = calloc(256, sizeof *any);
+    uint8_t(*edge)[2] = malloc((size_t)rg->n * 256 * sizeof *edge);
+    int32_t *eoff = malloc(257 * sizeof *eoff);
     rg->ok = calloc(((size_t)n + 63) / 64, sizeof *rg->ok);
-    if (!below || !rg->ok) {
+    if (!below || !rg->ok || !any || !edge || !eoff) {
+        free(rg->ok);
+        rg->ok = NULL;
         free(below);
+        free(any);
+        free(edge);
+        free(eoff);
         return grammar_err(GRAMMAR_ENOMEM, "out of memory");
     }
     memset(below, 0xff, ((size_t)n + 1) * sizeof *below);
-    /* from[b][t]: the states k with k --b--> t; most nodes (leaves) have every bit below */
-    uint16_t from[256][GRAMMAR_REGION_MAX] = {{0}}, any[256] = {0};
-    for (int k = 0; k < rg->n; k++)
-        for (int b = 0; b < 256; b++)
+    int32_t ne = 0;
+    for (int b = 0; b < 256; b++) {
+        eoff[b] = ne;
+        for (int k = 0; k < rg->n; k++)
             if (rg->table[k * 256 + b] >= 0) {
-                from[b][rg->table[k * 256 + b]] |= (uint16_t)(1u << k);
-                any[b] |= (uint16_t)(1u << k);
+                edge[ne][0] = (uint8_t)k;
+                edge[ne][1] = (uint8_t)rg->table[k * 256 + b];
+                ne++;
+                any[b] |= 1ull << k;
             }
-    const unsigned full = (1u << rg->n) - 1;
+    }
+    eoff[256] = ne;
+    const uint64_t full = rg->n == 64 ? ~0ull : (1ull << rg->n) - 1;
     for (int32_t i = n - 1; i >= 0; i--) {
         uint8_t b = v->tn_byte[i];
-        unsigned m = 0, below_i = below[i] & full;
-        if (below_i == full)
+        uint64_t m = 0, below_i = below[i] & full;
+        if (below_i == full) { /* most nodes (leaves) */
             m = any[b];
-        else
-            for (unsigned t = below_i; t; t &= t - 1) m |= from[b][__builtin_ctz(t)];
+        } else {
+            for (int32_t e = eoff[b]; e < eoff[b + 1]; e++)
+                if ((below_i >> edge[e][1]) & 1) m |= 1ull << edge[e][0];
+        }
         if (m & 1) rg->ok[i / 64] |= 1ull << (i % 64);
-        if (v->tn_parent[i] >= 0) below[v->tn_parent[i]] &= (uint16_t)m;
+        if (v->tn_parent[i] >= 0) below[v->tn_parent[i]] &= m;
     }
     free(below);
+    free(any);
+    free(edge);
+    free(eoff);
     ix->bytes_used += ((size_t)n + 63) / 64 * sizeof *rg->ok + (size_t)rg->n * 256;
     return 0;
 }
+
+/* The region's states from s, breadth first (st[0] = s), and its table: byte -> index, -1 when
+ * the edge leaves the region (a state that is no member, or beyond the limit), -2 no edge. */
+static int region_states(grammar_index *ix, int32_t s, int32_t *st, int8_t *table) {
+    const grammar *g = ix->g;
+    int8_t *at = ix->region_at; /* per state: index in st, -1 (reset before returning) */
+    int n = 1;
+    st[0] = s;
+    at[s] = 0;
+    for (int k = 0; k < n; k++) {
+        int32_t prev = -3, x = -2;
+        for (int b = 0; b < 256; b++) {
+            int32_t t = grammar_next(g, st[k], (uint8_t)b);
+            if (t != prev) { /* runs of bytes share a target */
+                prev = t;
+                if (t < 0) {
+                    x = -2;
+                } else if (!region_member(g, t)) {
+                    x = -1;
+                } else {
+                    if (at[t] < 0 && n < GRAMMAR_REGION_MAX) {
+                        at[t] = (int8_t)n;
+                        st[n++] = t;
+                    }
+                    x = at[t];
+                }
+            }
+            table[k * 256 + b] = (int8_t)x;
+        }
+    }
+    for (int k = 0; k < n; k++) at[st[k]] = -1;
+    return n;
+}
+
+/* The region's own part of the cache of its first state, the same in every rule's copy: one
+ * walk down the trie following the table from index 0. Tokens that stay in the region are
+ * accepted (rank ranges and a bitset); a byte with no edge rejects the subtree; a byte that
+ * leaves the region is an exit (node, index before it) where the rule's own states take over
+ * (build_region_state walks below each exit). A string's inside: ~147K tokens stay, ~3.5K
+ * die on a control character, ~200 exits (a closing quote after a prefix). */
+static int region_result(grammar_index *ix, grammar_region *rg) {
+    const grammar_vocab *v = ix->v;
+    size_t words = ((size_t)v->n_vocab + 31) / 32;
+    int8_t *idx = malloc((size_t)v->max_len + 2);
+    rg->in_bits = calloc(words, sizeof *rg->in_bits);
+    size_t cap_ex = 0;
+    int rc = 0;
+    if (!idx || !rg->in_bits) {
+        rc = grammar_err(GRAMMAR_ENOMEM, "out of memory");
+        goto done;
+    }
+    idx[0] = 0;
+    for (int32_t i = 0; i < v->n_nodes;) {
+        uint32_t d = v->tn_depth[i];
+        int x = rg->table[idx[d - 1] * 256 + v->tn_byte[i]];
+        if (x < 0) {
+            if (x == -1) {
+                if (grammar_grow((void **)&rg->exits, &cap_ex, rg->n_exits + 1, sizeof *rg->exits)) {
+                    rc = grammar_err(GRAMMAR_ENOMEM, "out of memory");
+                    goto done;
+                }
+                rg->exits[rg->n_exits][0] = i;
+                rg->exits[rg->n_exits][1] = idx[d - 1];
+                rg->n_exits++;
+            }
+            i = v->tn_skip[i];
+            continue;
+        }
+        idx[d] = (int8_t)x;
+        for (int32_t r = v->tn_rank[i]; r < v->tn_rank[i] + v->tn_nrank[i]; r++) {
+            int32_t id = v->order[r];
+            rg->in_bits[id / 32] |= 1u << (id % 32);
+        }
+        rg->n_in += (uint32_t)v->tn_nrank[i];
+        i++;
+    }
+    rg->done = 1;
+    ix->bytes_used += words * sizeof *rg->in_bits + rg->n_exits * sizeof *rg->exits;
+done:
+    free(idx);
+    return rc;
+}
+
+static int region_find(grammar_index *ix, int32_t s, int32_t *id);
 
 /* The region bits of state s (*out NULL when s starts no region worth one). */
 static int region_get(grammar_index *ix, int32_t s, const uint64_t **out) {
@@ -501,24 +609,23 @@ static int region_get(grammar_index *ix, int32_t s, const uint64_t **out) {
     int loops = 0;
     for (int b = 0; b < 256; b++) loops += grammar_next(g, s, (uint8_t)b) == s;
     if (loops < REGION_MIN_LOOPS) return 0;
+    int rc = region_find(ix, s, &id);
+    if (rc || id < 0) return rc;
+    if (!ix->regions[id].ok && (rc = region_build(ix, &ix->regions[id]))) return rc;
+    ix->region_of[s] = id;
+    *out = ix->regions[id].ok;
+    return 0;
+}
+
+/* The region of shape `from s` (found or made; *id -1 when the index has too many). */
+static int region_find(grammar_index *ix, int32_t s, int32_t *id) {
+    *id = -1;
     int32_t st[GRAMMAR_REGION_MAX];
     int8_t table[GRAMMAR_REGION_MAX * 256];
-    int n = 1;
-    st[0] = s;
-    for (int k = 0; k < n; k++) /* breadth first; states beyond the limit count as outside */
-        for (int b = 0; b < 256; b++) {
-            int32_t t = grammar_next(g, st[k], (uint8_t)b);
-            int j = 0;
-            if (t >= 0 && region_member(g, t)) {
-                while (j < n && st[j] != t) j++;
-                if (j == n && n < GRAMMAR_REGION_MAX) st[n++] = t;
-            }
-            table[k * 256 + b] = (int8_t)(t >= 0 && region_member(g, t) && j < n ? j : -1);
-        }
+    int n = region_states(ix, s, st, table);
     for (size_t r = 0; r < ix->n_regions; r++)
         if (ix->regions[r].n == n && !memcmp(ix->regions[r].table, table, (size_t)n * 256)) {
-            ix->region_of[s] = (int32_t)r;
-            *out = ix->regions[r].ok;
+            *id = (int32_t)r;
             return 0;
         }
     if (ix->n_regions >= REGION_MAX_COUNT) return 0;
@@ -531,14 +638,7 @@ static int region_get(grammar_index *ix, int32_t s, const uint64_t **out) {
     rg->table = malloc((size_t)n * 256);
     if (!rg->table) return grammar_err(GRAMMAR_ENOMEM, "out of memory");
     memcpy(rg->table, table, (size_t)n * 256);
-    int rc = region_build(ix, rg);
-    if (rc) {
-        free(rg->table);
-        free(rg->ok);
-        return rc;
-    }
-    ix->region_of[s] = (int32_t)ix->n_regions++;
-    *out = rg->ok;
+    *id = (int32_t)ix->n_regions++; /* bits (region_build) and result (region_result): lazily */
     return 0;
 }
 
@@ -571,6 +671,8 @@ static int pop_union(grammar_index *ix, int32_t r, int32_t i, size_t n_acc, size
  * (rule, node), walked once and shared (pop_union). */
 static int walk(grammar_index *ix, int32_t q, int pass, int32_t from, int32_t to, size_t *n_acc,
                 size_t *n_unc) {
+    /* the walk starts at node `from` (at any depth: the subtree of a region exit), from the
+     * level above it */
     /* n_acc counts accepted rank ranges (pairs in tmp_acc), ix->n_tok_acc their tokens */
     const grammar *g = ix->g;
     const grammar_vocab *v = ix->v;
@@ -584,15 +686,16 @@ static int walk(grammar_index *ix, int32_t q, int pass, int32_t from, int32_t to
     if (top < 0) return grammar_err(GRAMMAR_ENOMEM, "out of memory");
     if (grammar_grow((void **)&ix->depth_sets, &ix->cap_depth_sets, 1, sizeof *ix->depth_sets))
         return grammar_err(GRAMMAR_ENOMEM, "out of memory");
+    uint32_t top_d = v->tn_depth[from] - 1;
     ix->depth_sets[0] = top;
-    ix->depth_off[0] = 0;
-    ix->depth_off[1] = 1;
-    ix->depth_mark[0] = st->n;
-    ix->virt[0] = 0;
+    ix->depth_off[top_d] = 0;
+    ix->depth_off[top_d + 1] = 1;
+    ix->depth_mark[top_d] = st->n;
+    ix->virt[top_d] = 0;
     int32_t i = from;
     while (i < to) {
         uint32_t d = v->tn_depth[i];
-        if ((d == 1 && grammar_next(g, q, v->tn_byte[i]) < 0) ||
+        if ((d == top_d + 1 && grammar_next(g, q, v->tn_byte[i]) < 0) ||
             (pass == 2 && ix->full_stamp[i] == ix->walk_stamp)) {
             i = v->tn_skip[i];
             continue;
@@ -949,6 +1052,68 @@ static int acc_finish(grammar_index *ix, grammar_state_cache *c, size_t n_rng) {
     return 0;
 }
 
+/* The cache of a state that starts a byte region: the region's shared result plus walks of
+ * the subtrees below its exits from this rule's own states. */
+static int unc_finish(grammar_index *ix, grammar_state_cache *c, size_t n_unc) {
+    if (n_unc) {
+        c->unc = malloc(n_unc * sizeof *c->unc);
+        if (!c->unc) return grammar_err(GRAMMAR_ENOMEM, "out of memory");
+        memcpy(c->unc, ix->tmp_unc, n_unc * sizeof *c->unc);
+        ix->bytes_used += n_unc * sizeof *c->unc;
+    }
+    c->n_unc = (uint32_t)n_unc;
+    return 0;
+}
+
+static int build_region_state(grammar_index *ix, int32_t q, grammar_region *rg) {
+    const grammar_vocab *v = ix->v;
+    grammar_state_cache *c = &ix->cache[q];
+    int rc;
+    if (!rg->done && (rc = region_result(ix, rg))) return rc;
+    int32_t st[GRAMMAR_REGION_MAX];
+    int8_t table[GRAMMAR_REGION_MAX * 256];
+    region_states(ix, q, st, table);
+    size_t n_acc = 0, n_unc = 0;
+    for (size_t e = 0; e < rg->n_exits; e++) {
+        int32_t i = rg->exits[e][0];
+        if ((rc = walk_subtree(ix, st[rg->exits[e][1]], i, v->tn_skip[i], &n_acc, &n_unc)))
+            return rc;
+    }
+    size_t words = ((size_t)v->n_vocab + 31) / 32, n_tok = rg->n_in + ix->n_tok_acc;
+    if (n_tok > words) {
+        c->dense = 1;
+        c->acc = malloc(words * sizeof *c->acc);
+        if (!c->acc) return grammar_err(GRAMMAR_ENOMEM, "out of memory");
+        memcpy(c->acc, rg->in_bits, words * sizeof *c->acc);
+        for (size_t k = 0; k < n_acc; k++)
+            for (int32_t r = ix->tmp_acc[2 * k]; r < ix->tmp_acc[2 * k + 1]; r++)
+                c->acc[v->order[r] / 32] |= 1u << (v->order[r] % 32);
+        ix->bytes_used += words * sizeof *c->acc;
+        c->n_acc = (uint32_t)n_tok;
+    } else { /* few tokens stay: the list of ids */
+        for (int32_t id = 0; id < v->n_vocab; id++)
+            if ((rg->in_bits[id / 32] >> (id % 32)) & 1) {
+                int32_t r = v->rank[id];
+                if ((rc = acc_range(ix, &n_acc, r, r + 1))) return rc;
+            }
+        /* the ranges are out of order now: acc_finish only needs them disjoint for lists */
+        if ((rc = acc_finish(ix, c, n_acc))) return rc;
+    }
+    return unc_finish(ix, c, n_unc);
+}
+
+/* Does q's cache come from a region's shared result? When q can stay in byte-only states on
+ * many bytes (the opening state or the inside of a string, raw text). */
+static bool region_root(const grammar *g, int32_t q) {
+    if (!region_member(g, q)) return false;
+    int into = 0;
+    for (int b = 0; b < 256; b++) {
+        int32_t t = grammar_next(g, q, (uint8_t)b);
+        into += t >= 0 && region_member(g, t);
+    }
+    return into >= REGION_MIN_LOOPS;
+}
+
 static int build_state(grammar_index *ix, int32_t q) {
     const grammar *g = ix->g;
     const grammar_vocab *v = ix->v;
@@ -961,6 +1126,18 @@ static int build_state(grammar_index *ix, int32_t q) {
         ix->build_stamp = 1;
     }
     int rc = 0;
+    int32_t rid = -1;
+    if (!ix->no_share && region_root(g, q) && (rc = region_find(ix, q, &rid))) return rc;
+    {
+        if (rid >= 0) {
+            ix->acc_floor = 0;
+            if ((rc = build_region_state(ix, q, &ix->regions[rid]))) return rc;
+            c->built = 1;
+            ix->region_builds++;
+            ix->build_ms += now_ms() - t0;
+            return 0;
+        }
+    }
     /* one first byte at a time. The walk enters a first-byte subtree through q's own byte edge
      * to t and continues from the closure of [caller of the rule, t] (grammar_stepper_step
      * expands after the byte): what it finds below depends only on t (t's rule is q's) and
@@ -1004,14 +1181,7 @@ static int build_state(grammar_index *ix, int32_t q) {
             rc = sub_store(ix, key, a0, n_acc - a0, u0, n_unc - u0);
     }
     if (rc) return rc;
-    if ((rc = acc_finish(ix, c, n_acc))) return rc;
-    if (n_unc) {
-        c->unc = malloc(n_unc * sizeof *c->unc);
-        if (!c->unc) return grammar_err(GRAMMAR_ENOMEM, "out of memory");
-        memcpy(c->unc, ix->tmp_unc, n_unc * sizeof *c->unc);
-        ix->bytes_used += n_unc * sizeof *c->unc;
-    }
-    c->n_unc = (uint32_t)n_unc;
+    if ((rc = acc_finish(ix, c, n_acc)) || (rc = unc_finish(ix, c, n_unc))) return rc;
     c->built = 1;
     ix->build_ms += now_ms() - t0;
     return 0;
