@@ -180,6 +180,8 @@ extern "C" int engine_cuda_model_new(engine_cuda_model **out, const engine_model
     int rc = engine_cuda_usable();
     if (rc) return rc;
     const engine_hparams *hp = &m->hp;
+    if (hp->arch == ENGINE_ARCH_QWEN35MOE) /* its own backend: engine/cuda/qwen35.cu */
+        return engine_err(ENGINE_EINVAL, "%s: qwen35moe: see engine_cuda_q35_model_new", m->path);
     if (!m->layers) return engine_err(ENGINE_EINVAL, "%s: no weights (vocab-only load)", m->path);
     if (!engine_cu_att_head_dim_ok((int)hp->head_dim_k) || hp->head_dim_k != hp->head_dim_v)
         return engine_err(ENGINE_EUNSUPPORTED,

@@ -153,6 +153,105 @@ void engine_cuda_layer_view_get(const engine_cuda_model *cm, int layer,
                                 engine_cuda_layer_view *out);
 void engine_cuda_session_view_get(const engine_cuda_session *s, engine_cuda_session_view *out);
 
+/* ---------------------------------------------------------------------------------------------
+ * qwen35moe (Qwen3.5/3.6 hybrid Gated DeltaNet / gated attention MoE): engine/cuda/qwen35.cu.
+ * The same contracts as the engine_cuda_* calls above, for a model loaded with the qwen35moe
+ * architecture (m->q35). The decode step: 3 + 8 launches per DeltaNet block and 9 per
+ * attention block (+1 where the shared expert's down matrix cannot join the routed ones),
+ * captured once as a CUDA graph. A session holds on the device the KV cache of the attention
+ * blocks (F16 or F32), the conv ring ([C][K]: the input of position p in slot p % K) and the
+ * recurrent state ([nv][dk][dv] F32) of every DeltaNet block, and a ring of
+ * ENGINE_CUDA_Q35_SNAPSHOTS copies of those two taken after every position that is a multiple
+ * of ENGINE_CUDA_Q35_SNAP_EVERY, for rollback.
+ * ------------------------------------------------------------------------------------------- */
+#define ENGINE_CUDA_Q35_SNAP_EVERY 16
+#define ENGINE_CUDA_Q35_SNAPSHOTS 4
+
+typedef struct engine_cuda_q35_model engine_cuda_q35_model;
+typedef struct engine_cuda_q35_session engine_cuda_q35_session;
+
+int engine_cuda_q35_model_new(engine_cuda_q35_model **out, const engine_model *m, int device);
+void engine_cuda_q35_model_free(engine_cuda_q35_model *cm);
+size_t engine_cuda_q35_model_weight_bytes(const engine_cuda_q35_model *cm);
+/* Weight bytes a batch-1 token reads (mixers, router, k experts + the shared one, head). */
+size_t engine_cuda_q35_model_bytes_per_token(const engine_cuda_q35_model *cm);
+
+int engine_cuda_q35_session_new(engine_cuda_q35_session **out, engine_cuda_q35_model *cm,
+                                int32_t n_ctx, engine_kv_type kv);
+void engine_cuda_q35_session_free(engine_cuda_q35_session *s);
+size_t engine_cuda_q35_session_bytes(const engine_cuda_q35_model *cm, int32_t n_ctx,
+                                     engine_kv_type kv);
+
+/* One step at pos; the session's recurrent state must hold exactly the tokens 0..pos-1 (steps
+ * run in order, or after engine_cuda_q35_truncate). logits / next as engine_cuda_decode. */
+int engine_cuda_q35_decode(engine_cuda_q35_session *s, int32_t token, int32_t pos, float *logits,
+                           int32_t *next);
+/* n steps on the device from (token, pos), as engine_cuda_generate. */
+int engine_cuda_q35_generate(engine_cuda_q35_session *s, int32_t token, int32_t pos, int32_t n,
+                             float temperature, uint64_t seed, int32_t *out);
+/* Roll the state back from n_tokens to n (0 <= n <= n_tokens): restore the latest snapshot at
+ * or before n (or the empty state) and run tokens[b..n) again; the result equals a session
+ * that never went past n. tokens: the session's n_tokens tokens. */
+int engine_cuda_q35_truncate(engine_cuda_q35_session *s, const int32_t *tokens, int32_t n_tokens,
+                             int32_t n);
+
+/* Where a step's time goes (the step un-captured with an event after each launch, reps
+ * times, at pos >= 1: it changes the state as a step there does); us[i]: mean microseconds per
+ * step of category i: embed, mixer in (projections), deltanet, attention (prep + attention),
+ * mixer out, router (+ shared gate logit), ffn up (routed + shared), shared gate, ffn down,
+ * head, sample. Launch gaps count towards the next kernel. */
+enum { ENGINE_CUDA_Q35_PROF_COUNT = 11 };
+int engine_cuda_q35_profile(engine_cuda_q35_session *s, int32_t token, int32_t pos, int reps,
+                            double us[ENGINE_CUDA_Q35_PROF_COUNT]);
+
+/* Single ops for the tests (host buffers). One DeltaNet step of one block at position pos:
+ * qkv [C = 2 nk dk + nv dv], z [nv dv], beta / alpha [nv], conv_w [C][K], dt_bias / a [nv],
+ * norm_w [dv]; ring [C][K] and state [nv][dk][dv] are updated in place; out [nv dv]. */
+int engine_cuda_op_q35_deltanet(int nk, int nv, int dk, int dv, int K, bool v_tiled, int32_t pos,
+                                const float *qkv, const float *z, const float *beta,
+                                const float *alpha, const float *conv_w, const float *dt_bias,
+                                const float *a, const float *norm_w, float eps, float *ring,
+                                float *state, float *out);
+/* Gated attention at pos over a cache holding positions 0..pos-1 (n_kv * hd values per row,
+ * F16 bits or F32 per kv): qg [n_head][2 hd] (q then gate), k, v [n_kv hd], q_norm / k_norm
+ * [hd], inv_freq [rot / 2]. Writes out [n_head hd] and the stored rows k_row, v_row (F32). */
+int engine_cuda_op_q35_attention(int n_head, int n_kv, int hd, int rot, int32_t pos,
+                                 engine_kv_type kv, const void *k_cache, const void *v_cache,
+                                 const float *qg, const float *k, const float *v,
+                                 const float *q_norm, const float *k_norm, const float *inv_freq,
+                                 float eps, float *out, float *k_row, float *v_row);
+
+/* ---------------------------------------------------------------------------------------------
+ * Prefill on tensor cores (engine/cuda/prefill.cu): many tokens of one session per pass.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct engine_cuda_prefill engine_cuda_prefill;
+
+/* Buffers for passes of up to max_tokens tokens (1 <= max_tokens <= the session's context) over
+ * session s of model cm, checked against the free device memory (ENGINE_ENOMEM with the plan);
+ * ENGINE_EUNSUPPORTED when a weight has no prefill GEMM. cm and s are borrowed and must outlive
+ * the result. */
+/* Tokens per prefill chunk sessions use: 512, or SPARK_CUDA_PREFILL_CHUNK (16 .. 8192) from the
+ * environment (bigger chunks give each expert more rows per GEMM tile, at more memory). */
+int32_t engine_cuda_prefill_chunk(void);
+int engine_cuda_prefill_new(engine_cuda_prefill **out, engine_cuda_model *cm,
+                            engine_cuda_session *s, int32_t max_tokens);
+void engine_cuda_prefill_free(engine_cuda_prefill *p);
+size_t engine_cuda_prefill_bytes(const engine_cuda_model *cm, int32_t max_tokens);
+
+/* Run tokens[0..n) at positions pos .. pos+n-1 through the session (chunks of max_tokens): the
+ * KV rows of those positions are written, as decode steps would write them, so decoding goes on
+ * at pos + n. logits_all: NULL or n * n_vocab floats (host) for every token's next-token logits;
+ * logits_last: NULL or n_vocab floats for the last token's. Positions before pos must hold the
+ * earlier tokens. Synchronous (returns when the logits are on the host). */
+int engine_cuda_prefill_run(engine_cuda_prefill *p, const int32_t *tokens, int32_t n,
+                            int32_t pos, float *logits_all, float *logits_last);
+
+/* Test op: y[m][rows] = X W^T (+ y when accumulate) through the prefill GEMM, X = m rows of
+ * cols floats (host), RMS-normalised with norm_w (NULL: none) first. */
+int engine_cuda_op_gemm(engine_type type, const void *w, int64_t rows, int64_t cols,
+                        size_t row_bytes, int m, const float *x, const float *norm_w, float eps,
+                        bool accumulate, float *y);
+
 #ifdef __cplusplus
 }
 #endif

@@ -356,10 +356,10 @@ int engine_model_load(engine_model **out, const char *path, const engine_model_p
     if (!p.vocab_only && p.device != ENGINE_DEVICE_CPU) {
         /* the GPU when asked for or usable; asking for it and not getting it is an error,
          * auto falls back to the CPU loudly */
-        int crc = m->hp.arch == ENGINE_ARCH_QWEN35MOE
-                      ? engine_err(ENGINE_EUNSUPPORTED, "qwen35moe has no CUDA forward yet")
-                      : engine_cuda_usable();
-        if (crc == 0) crc = engine_cuda_model_new((engine_cuda_model **)&m->cuda, m, 0);
+        int crc = engine_cuda_usable();
+        if (crc == 0)
+            crc = m->q35 ? engine_cuda_q35_model_new((engine_cuda_q35_model **)&m->cuda, m, 0)
+                         : engine_cuda_model_new((engine_cuda_model **)&m->cuda, m, 0);
         if (crc == 0) {
             m->info.device = ENGINE_DEVICE_CUDA;
         } else if (p.device == ENGINE_DEVICE_CUDA) {
@@ -394,7 +394,10 @@ void engine_model_free(engine_model *m) {
     if (!m) return;
     ENGINE_ASSERT(m->n_sessions == 0);
 #ifdef SPARK_HAVE_CUDA
-    engine_cuda_model_free(m->cuda);
+    if (m->q35)
+        engine_cuda_q35_model_free(m->cuda);
+    else
+        engine_cuda_model_free(m->cuda);
 #endif
     engine_kv_cache_free(m->kvc);
     engine_pool_free(m->pool);
@@ -520,7 +523,10 @@ int engine_session_new(engine_session **out, engine_model *m, const engine_sessi
     }
 #ifdef SPARK_HAVE_CUDA
     int rc = 0;
-    if (m->cuda) /* KV on the GPU, contiguous (stage 1): no paged pool, no prefix cache */
+    if (m->cuda && m->q35) /* KV, conv and recurrent state on the GPU */
+        rc = engine_cuda_q35_session_new((engine_cuda_q35_session **)&s->cuda, m->cuda,
+                                         sp.n_ctx, sp.kv_type);
+    else if (m->cuda) /* KV on the GPU, contiguous (stage 1): no paged pool, no prefix cache */
         rc = engine_cuda_session_new((engine_cuda_session **)&s->cuda, m->cuda, sp.n_ctx,
                                      sp.kv_type);
     else if ((rc = engine_kv_session_init(s)) == 0)
@@ -552,7 +558,10 @@ void engine_session_free(engine_session *s) {
     engine_fwd_free(s->fwd);
     engine_q35_fwd_free(s->q35);
 #ifdef SPARK_HAVE_CUDA
-    engine_cuda_session_free(s->cuda);
+    if (s->m->q35)
+        engine_cuda_q35_session_free(s->cuda);
+    else
+        engine_cuda_session_free(s->cuda);
 #endif
     free(s->tokens);
     free(s->logits);
@@ -583,6 +592,14 @@ int engine_session_truncate(engine_session *s, int32_t n) {
         int rc = engine_q35_fwd_truncate(s->q35, s->n_tokens, n);
         if (rc) return rc;
     }
+#ifdef SPARK_HAVE_CUDA
+    if (s->cuda && s->m->q35) { /* the recurrent state from a snapshot on the device */
+        pthread_mutex_lock(&s->m->pool_mu);
+        int rc = engine_cuda_q35_truncate(s->cuda, s->tokens, s->n_tokens, n);
+        pthread_mutex_unlock(&s->m->pool_mu);
+        if (rc) return rc;
+    }
+#endif
     if (n < s->n_tokens) s->logits_valid = false;
     pthread_mutex_lock(&s->m->pool_mu);
     engine_kv_session_truncate(s, n);
@@ -609,7 +626,8 @@ int engine_session_append(engine_session *s, const int32_t *tokens, size_t n, fl
         /* CUDA stage 1: every token through the captured decode step (no prefix cache) */
         for (size_t i = 0; i < n && rc == 0; i++) {
             float *dst = logits_all ? logits_all + i * (size_t)nv : i + 1 == n ? s->logits : NULL;
-            rc = engine_cuda_decode(s->cuda, tokens[i], s->n_tokens, dst, NULL);
+            rc = s->m->q35 ? engine_cuda_q35_decode(s->cuda, tokens[i], s->n_tokens, dst, NULL)
+                           : engine_cuda_decode(s->cuda, tokens[i], s->n_tokens, dst, NULL);
             if (rc == 0) s->tokens[s->n_tokens++] = tokens[i];
         }
         if (rc == 0) {

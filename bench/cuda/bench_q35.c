@@ -1,0 +1,148 @@
+/* Batch-1 decode speed of the CUDA backend on a qwen35moe model (a benchmark, not a test).
+ *
+ *   bench_q35 MODEL.gguf [-n N_GEN] [-r REPS] [-d DEPTH] [-c N_CTX]
+ *
+ * As bench_decode.c, through the engine_cuda_q35_* calls: per repetition the device-resident
+ * loop (one CUDA graph replay per token, greedy sampling on the GPU) generates N_GEN tokens
+ * (default 128: tg128) from position DEPTH (filled by the same loop first; a generation from
+ * position 0 starts the recurrent state over). Prints tok/s (mean +- sd after a warm-up), the
+ * time of one step inside the loop and of one engine_cuda_q35_decode call with its host round
+ * trip (logits copied back), the weight bytes a token reads and the achieved GB/s against the
+ * card's copy bandwidth, and where an un-captured step's time goes. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cuda/cuda_backend.h"
+#include "engine.h"
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s MODEL.gguf [-n N_GEN] [-r REPS] [-d DEPTH] [-c N_CTX]\n",
+                argv[0]);
+        return 2;
+    }
+    const char *path = argv[1];
+    int n_gen = 128, reps = 5, depth = 0, n_ctx = 0;
+    for (int i = 2; i + 1 < argc; i += 2) {
+        int v = atoi(argv[i + 1]);
+        if (!strcmp(argv[i], "-n"))
+            n_gen = v;
+        else if (!strcmp(argv[i], "-r"))
+            reps = v;
+        else if (!strcmp(argv[i], "-d"))
+            depth = v;
+        else if (!strcmp(argv[i], "-c"))
+            n_ctx = v;
+        else {
+            fprintf(stderr, "unknown option %s\n", argv[i]);
+            return 2;
+        }
+    }
+    if (n_gen < 1 || reps < 1 || depth < 0) return 2;
+    if (n_ctx == 0) n_ctx = depth + n_gen + 1 > 4096 ? depth + n_gen + 1 : 4096;
+    engine_model_params mp = ENGINE_MODEL_PARAMS_INIT;
+    mp.device = ENGINE_DEVICE_CPU; /* the bench drives the CUDA backend itself */
+    mp.n_threads = 1;
+    engine_model *m = NULL;
+    engine_cuda_q35_model *gm = NULL;
+    engine_cuda_q35_session *gs = NULL;
+    int32_t *out = NULL;
+    double *tps = NULL;
+    float *logits = NULL;
+    double t0 = now_ms();
+    if (engine_model_load(&m, path, &mp)) goto fail;
+    double t1 = now_ms();
+    if (engine_cuda_q35_model_new(&gm, m, 0)) goto fail;
+    double t2 = now_ms();
+    if (engine_cuda_q35_session_new(&gs, gm, n_ctx, ENGINE_KV_F16)) goto fail;
+    engine_model_info info;
+    engine_model_info_get(m, &info);
+    out = malloc(sizeof(int32_t) * (size_t)(depth + n_gen + 1));
+    tps = malloc(sizeof(double) * (size_t)(reps + 1));
+    logits = malloc(sizeof(float) * (size_t)engine_model_n_vocab(m));
+    if (!out || !tps || !logits) goto fail;
+    int32_t first = 0;
+    for (int r = 0; r <= reps; r++) {
+        /* from 0 each time: the recurrent state must hold exactly the tokens before DEPTH */
+        if (depth > 0 && engine_cuda_q35_generate(gs, 0, 0, depth, 0.0f, 0, out)) goto fail;
+        if (depth > 0) first = out[depth - 1];
+        double a = now_ms();
+        if (engine_cuda_q35_generate(gs, first, depth, n_gen, 0.0f, 0, out)) goto fail;
+        tps[r] = n_gen / ((now_ms() - a) / 1e3);
+    }
+    double mean = 0, sd = 0;
+    for (int r = 1; r <= reps; r++)
+        mean += tps[r] / reps;
+    for (int r = 1; r <= reps; r++)
+        sd += (tps[r] - mean) * (tps[r] - mean);
+    sd = reps > 1 ? sqrt(sd / (reps - 1)) : 0;
+    /* one step with its host round trip, at the position after the loop */
+    double one = 0;
+    {
+        int32_t pos = depth + n_gen, tok = out[n_gen - 1];
+        const int n_one = 16;
+        double a = now_ms();
+        for (int i = 0; i < n_one && pos + i < n_ctx; i++) {
+            int32_t next = 0;
+            if (engine_cuda_q35_decode(gs, tok, pos + i, logits, &next)) goto fail;
+            tok = next;
+        }
+        one = (now_ms() - a) / n_one;
+    }
+    double bw = 0;
+    engine_cuda_copy_bandwidth(0, (size_t)2 << 30, 5, &bw);
+    double bpt = (double)engine_cuda_q35_model_bytes_per_token(gm);
+    printf("model %s: %s, %s, %.2f GB on the GPU (load %.1f s, upload %.1f s)\n", path, info.arch,
+           info.weight_type, engine_cuda_q35_model_weight_bytes(gm) / 1e9, (t1 - t0) / 1e3,
+           (t2 - t1) / 1e3);
+    printf("tg%d at depth %d: %.1f +- %.1f tok/s (%d reps after a warm-up): %.0f us per step in "
+           "the graph loop; one engine_cuda_q35_decode with logits to the host: %.0f us\n",
+           n_gen, depth, mean, sd, reps, 1e6 / mean, one * 1e3);
+    printf("weights read per token: %.3f GB -> %.0f GB/s achieved; copy bandwidth %.0f GB/s "
+           "(%.0f%%); ceiling at that bandwidth %.0f tok/s\n",
+           bpt / 1e9, bpt * mean / 1e9, bw, 100.0 * bpt * mean / 1e9 / bw, bw * 1e9 / bpt);
+    double us[ENGINE_CUDA_Q35_PROF_COUNT];
+    static const char *names[ENGINE_CUDA_Q35_PROF_COUNT] = {
+        "embed",     "mixer_in", "deltanet", "attention", "mixer_out", "router",
+        "ffn_up",    "shgate",   "ffn_down", "head",      "sample"};
+    if (engine_cuda_q35_profile(gs, out[0], depth + n_gen / 2, 5, us) == 0) {
+        double tot = 0;
+        for (int i = 0; i < ENGINE_CUDA_Q35_PROF_COUNT; i++)
+            tot += us[i];
+        printf("un-captured step by kernel (us/token, events after each launch): total %.0f\n",
+               tot);
+        for (int i = 0; i < ENGINE_CUDA_Q35_PROF_COUNT; i++)
+            printf("  %-10s %8.1f\n", names[i], us[i]);
+    } else {
+        printf("profile: %s\n", engine_error_last());
+    }
+    printf("first tokens:");
+    for (int i = 0; i < 8 && i < n_gen; i++)
+        printf(" %d", out[i]);
+    printf("\n");
+    free(out);
+    free(tps);
+    free(logits);
+    engine_cuda_q35_session_free(gs);
+    engine_cuda_q35_model_free(gm);
+    engine_model_free(m);
+    return 0;
+fail:
+    fprintf(stderr, "bench_q35: %s\n", engine_error_last());
+    free(out);
+    free(tps);
+    free(logits);
+    engine_cuda_q35_session_free(gs);
+    engine_cuda_q35_model_free(gm);
+    engine_model_free(m);
+    return 1;
+}

@@ -1,0 +1,58 @@
+/* The Gated DeltaNet (linear attention) block of qwen35moe on the GPU, one token (decode).
+ *
+ * engine_cu_deltanet_step: one launch per block does, for every value head h (a thread block
+ * each), with kh the key head h reads (h % nk when v_tiled, else h / (nv / nk)):
+ *   qkv channels of h (q and k of kh, v of h) = silu(causal depthwise conv1d, kernel K) over
+ *     the channel's last K inputs; the input of position pos is stored in the channel's ring
+ *     slot pos % K (ring [C][K], zero for positions < 0), so no state shifts and the blocks
+ *     that share a key head never race: they read slots of earlier positions and the key
+ *     head's first value head (its "owner") alone writes slot pos % K of the q and k channels
+ *   q = l2norm(q) / sqrt(dk), k = l2norm(k)  (x * rsqrt(sum x^2 + 1e-6))
+ *   beta = sigmoid(b[h]), g = exp(a[h] * softplus(alpha[h] + dt_bias[h]))   (a = -exp(A_log))
+ *   S_h *= g; delta = (v - S_h^T k) beta; S_h += k delta^T; o = S_h^T q   (S_h [dk][dv] F32)
+ *   out[h] = rmsnorm(o) * norm_w * silu(z[h])
+ * The state columns are independent in the delta rule: a thread owns one column of 32
+ * consecutive rows in registers (lanes take consecutive columns: coalesced rows), warps split
+ * the rows and columns, and the two column sums (S^T k and S^T q) are added over the row
+ * warps in shared memory; S is read and written once per token.
+ * Snapshots: after a token whose position pos + 1 is a multiple of snap_every, each block
+ * also copies its part of the ring and its S_h into snapshot slot ((pos + 1) / snap_every) %
+ * n_snap (snap_ring / snap_state + slot * snap_stride floats), so rollback can restore them.
+ * Limits (engine_cu_deltanet_ok): dk and dv multiples of 32, dk * dv <= 16384, K <= 8.
+ *
+ * engine_cu_q35_shgate: w[0] = sigmoid(logit[0]), id[0] = id_value: the shared expert's gate as
+ * one more (expert id, weight) slot of the MoE down kernel. */
+#ifndef SPARK_ENGINE_CUDA_DELTANET_CUH
+#define SPARK_ENGINE_CUDA_DELTANET_CUH
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common.cuh"
+
+#define ENGINE_CU_DELTA_MAX_CONV 8
+
+typedef struct {
+    const float *qkv;              /* [C] this token's projections (before the conv) */
+    const float *z;                /* [nv * dv] output gate */
+    const float *beta, *alpha;     /* [nv] logits */
+    const float *conv_w;           /* [C][K] */
+    const float *dt_bias, *a;      /* [nv] */
+    const float *norm_w;           /* [dv] */
+    float *ring;                   /* [C][K] */
+    float *state;                  /* [nv][dk][dv] */
+    float *snap_ring, *snap_state; /* slot 0 of this block's snapshot parts, or NULL */
+    size_t snap_stride;            /* floats from one snapshot slot to the next */
+    int snap_every, n_snap;
+    const int32_t *pos; /* device: the token's position */
+    int nk, nv, dk, dv, K, v_tiled;
+    float eps;
+    float *out; /* [nv * dv] */
+} engine_cu_delta;
+
+bool engine_cu_deltanet_ok(int dk, int dv, int K);
+void engine_cu_deltanet_step(const engine_cu_delta *a, cudaStream_t stream);
+void engine_cu_q35_shgate(const float *logit, float *w, int32_t *id, int32_t id_value,
+                          cudaStream_t stream);
+
+#endif

