@@ -51,6 +51,13 @@ static const char *const etc_masked[] = {"/etc/shadow", "/etc/shadow-", "/etc/gs
 static const char *const dev_nodes[] = {"null", "zero", "full", "random", "urandom"};
 static const char *const default_protected[] = {".git/hooks", ".git/config"};
 
+/* Is `path` equal to or below `dir`? Both absolute and normalised. */
+static bool path_within(const char *path, const char *dir) {
+    size_t n = strlen(dir);
+    if (n == 1) return true; /* "/" */
+    return !strncmp(path, dir, n) && (path[n] == 0 || path[n] == '/');
+}
+
 static sandbox_op *add_op(sandbox_plan *p, size_t cap, sandbox_op_kind kind, char *src,
                           char *dst, const char *data) {
     if (!dst || (kind != SANDBOX_OP_PIN && kind != SANDBOX_OP_TMPFS && kind != SANDBOX_OP_PROC &&
@@ -62,10 +69,19 @@ static sandbox_op *add_op(sandbox_plan *p, size_t cap, sandbox_op_kind kind, cha
     op->src = src;
     op->dst = dst;
     op->data = data;
-    op->host_src = kind == SANDBOX_OP_BIND_RO || kind == SANDBOX_OP_BIND_RW ||
-                   kind == SANDBOX_OP_DEVNODE;
+    /* Only a source below the staging directory is hidden by the new root's tmpfs (every
+     * mount of the plan goes below it): the others are bound by name, saving an open, a close
+     * and a lookup through /proc per mount. */
+    op->host_src = (kind == SANDBOX_OP_BIND_RO || kind == SANDBOX_OP_BIND_RW ||
+                    kind == SANDBOX_OP_DEVNODE) && path_within(src, p->stage);
+    op->src_dir = kind == SANDBOX_OP_DEVNODE ? 0 : -1;
     op->src_fd = -1;
     return op;
+}
+
+/* The last op added: its source is (not) a directory, as the caller's lstat saw. */
+static void known_dir(sandbox_plan *p, bool dir) {
+    p->ops[p->n_ops - 1].src_dir = dir ? 1 : 0;
 }
 
 #define ADD(kind, src, dst, data)                                                              \
@@ -73,13 +89,6 @@ static sandbox_op *add_op(sandbox_plan *p, size_t cap, sandbox_op_kind kind, cha
         if (!add_op(p, cap, (kind), (src), (dst), (data)))                                     \
             return sandbox_err(SANDBOX_ENOMEM, "sandbox: out of memory planning the mounts");  \
     } while (0)
-
-/* Is `path` equal to or below `dir`? Both absolute and normalised. */
-static bool path_within(const char *path, const char *dir) {
-    size_t n = strlen(dir);
-    if (n == 1) return true; /* "/" */
-    return !strncmp(path, dir, n) && (path[n] == 0 || path[n] == '/');
-}
 
 /* Placeholders: empty files of mode 0400 at a protected path that did not exist, covered by
  * /dev/null inside the sandbox. Concurrent runs in one workspace share them: each holds a
@@ -187,12 +196,14 @@ static int plan_protected(sandbox_plan *p, size_t cap, sandbox_strings *a, const
             char *d = sandbox_strcat3(a, p->stage, dir, "");
             ADD(SANDBOX_OP_BIND_RO, d, d, NULL);
             p->ops[p->n_ops - 1].host_src = false;
+            known_dir(p, true);
             return 0;
         }
         char *d = sandbox_strcat3(a, p->stage, cur, "");
         if (last) {
             ADD(SANDBOX_OP_BIND_RO, d, d, NULL);
             p->ops[p->n_ops - 1].host_src = false;
+            known_dir(p, S_ISDIR(st.st_mode));
             return 0;
         }
         if (!S_ISDIR(st.st_mode)) {
@@ -202,6 +213,7 @@ static int plan_protected(sandbox_plan *p, size_t cap, sandbox_strings *a, const
                 if (p->ops[i].kind == SANDBOX_OP_BIND_RO && !strcmp(p->ops[i].dst, d)) return 0;
             ADD(SANDBOX_OP_BIND_RO, d, d, NULL);
             p->ops[p->n_ops - 1].host_src = false;
+            known_dir(p, false);
             return 0;
         }
         bool pinned = false;
@@ -256,13 +268,15 @@ int sandbox_mounts_plan(sandbox_plan *p, sandbox_strings *a, const sandbox_polic
         } else if (S_ISDIR(st.st_mode)) {
             ADD(SANDBOX_OP_BIND_RO, sandbox_strdup(a, system_dirs[i]),
                 sandbox_strcat3(a, S, system_dirs[i], ""), NULL);
+            known_dir(p, true);
         }
     }
     for (size_t i = 0; i < sizeof etc_masked / sizeof etc_masked[0]; i++) {
         struct stat st;
-        if (lstat(etc_masked[i], &st) == 0 && S_ISREG(st.st_mode))
+        if (lstat(etc_masked[i], &st) != 0) continue;
+        if (S_ISREG(st.st_mode))
             ADD(SANDBOX_OP_MASK, NULL, sandbox_strcat3(a, S, etc_masked[i], ""), NULL);
-        else if (lstat(etc_masked[i], &st) == 0 && S_ISDIR(st.st_mode))
+        else if (S_ISDIR(st.st_mode))
             ADD(SANDBOX_OP_TMPFS, NULL, sandbox_strcat3(a, S, etc_masked[i], ""),
                 "mode=0755,size=4k");
     }
@@ -288,6 +302,7 @@ int sandbox_mounts_plan(sandbox_plan *p, sandbox_strings *a, const sandbox_polic
         *strrchr(resolv, '/') = 0;
         ADD(SANDBOX_OP_BIND_RO, sandbox_strdup(a, resolv), sandbox_strcat3(a, S, resolv, ""),
             NULL);
+        known_dir(p, true);
     }
 
     /* /proc of the new PID namespace, its sysctls read-only after pid_max is set. */
@@ -340,6 +355,7 @@ int sandbox_mounts_plan(sandbox_plan *p, sandbox_strings *a, const sandbox_polic
     }
     ADD(pol->fs_mode == SANDBOX_FS_READ_ONLY ? SANDBOX_OP_BIND_RO : SANDBOX_OP_BIND_RW,
         sandbox_strdup(a, ws), sandbox_strcat3(a, S, ws, ""), NULL);
+    known_dir(p, true); /* (sandbox_run checked) */
     for (size_t i = first + 1; i < p->n_ops; i++) { /* stable insertion sort by depth */
         sandbox_op op = p->ops[i];
         size_t j = i;
@@ -384,19 +400,32 @@ void sandbox_placeholders_remove(sandbox_placeholders *ph) {
  * In the init child: system calls only.
  * ------------------------------------------------------------------------------------------- */
 
-/* mkdir -p; `path` is modified while walking and restored. */
+/* mkdir -p; `path` is modified while walking and restored. From the end: most paths of the
+ * plan need one mkdir, their parent exists (one system call instead of one per component). */
 static int mkdirs(char *path) {
-    for (char *s = path + 1;; s++) {
-        if (*s == '/' || *s == 0) {
-            char c = *s;
-            *s = 0;
-            int rc = mkdir(path, 0755);
-            int e = errno;
-            *s = c;
-            if (rc != 0 && e != EEXIST) return -e;
-            if (!c) return 0;
+    char *end = path + sandbox_cstr_len(path), *cut = end;
+    int rc = 0;
+    for (;;) { /* up until a prefix exists or is made */
+        if (mkdir(path, 0755) == 0 || errno == EEXIST) break;
+        if (errno != ENOENT) {
+            rc = -errno;
+            break;
         }
+        char *slash = cut - 1;
+        while (slash > path && *slash != '/') slash--;
+        if (slash <= path) {
+            rc = -ENOENT;
+            break;
+        }
+        *slash = 0;
+        cut = slash;
     }
+    while (cut < end) { /* down again, restoring each cut */
+        *cut = '/';
+        if (rc == 0 && mkdir(path, 0755) != 0 && errno != EEXIST) rc = -errno;
+        cut += sandbox_cstr_len(cut);
+    }
+    return rc;
 }
 
 static int mkparent(char *path) {
@@ -446,10 +475,13 @@ static int set_attr(const char *path, uint64_t set, bool recursive) {
     return mount(NULL, path, NULL, f, NULL) == 0 ? 0 : -errno;
 }
 
-static int bind_path(const char *src, char *dst, bool recursive) {
-    struct stat st;
-    if (stat(src, &st) != 0) return -errno; /* through /proc/self/fd: the opened file */
-    int rc = S_ISDIR(st.st_mode) ? mkdirs(dst) : touch(dst);
+static int bind_path(const char *src, int src_dir, char *dst, bool recursive) {
+    if (src_dir < 0) {
+        struct stat st;
+        if (stat(src, &st) != 0) return -errno; /* through /proc/self/fd: the opened file */
+        src_dir = S_ISDIR(st.st_mode);
+    }
+    int rc = src_dir ? mkdirs(dst) : touch(dst);
     if (rc) return rc;
     return mount(src, dst, NULL, MS_BIND | (recursive ? MS_REC : 0), NULL) == 0 ? 0 : -errno;
 }
@@ -512,7 +544,7 @@ int sandbox_mounts_apply(sandbox_plan *p, const char **what) {
         switch (op->kind) {
         case SANDBOX_OP_BIND_RO:
         case SANDBOX_OP_BIND_RW:
-            rc = bind_path(src, op->dst, true);
+            rc = bind_path(src, op->src_dir, op->dst, true);
             if (rc == 0)
                 rc = set_attr(op->dst, SBX_MOUNT_ATTR_NOSUID | SBX_MOUNT_ATTR_NODEV |
                                            (op->kind == SANDBOX_OP_BIND_RO ? SBX_MOUNT_ATTR_RDONLY
@@ -536,7 +568,7 @@ int sandbox_mounts_apply(sandbox_plan *p, const char **what) {
             if (rc == 0 && symlink(op->src, op->dst) != 0 && errno != EEXIST) rc = -errno;
             break;
         case SANDBOX_OP_DEVNODE:
-            rc = bind_path(src, op->dst, false);
+            rc = bind_path(src, op->src_dir, op->dst, false);
             if (rc == 0) rc = set_attr(op->dst, SBX_MOUNT_ATTR_NOSUID | SBX_MOUNT_ATTR_NOEXEC,
                                        false);
             break;

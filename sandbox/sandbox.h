@@ -152,6 +152,7 @@ typedef struct {
     bool isolated;            /* false: ran unsandboxed (policy->unsandboxed) */
     int landlock_abi;         /* landlock ABI enforced on the command; 0 = not applied */
     uint64_t peak_rss_bytes;  /* largest resident set of any process of the command */
+    bool netns_pooled;        /* it ran in a network namespace from policy->netns_pool */
 } sandbox_result;
 
 /* Run argv (argv[0] looked up in PATH of `env`) with environment `env` (NULL-terminated;

@@ -31,8 +31,10 @@ typedef struct {
     char *src;            /* host path (BIND_*, DEVNODE), link target (SYMLINK) */
     char *dst;            /* path below the new root's staging directory, mutable for mkdir */
     const char *data;     /* tmpfs options */
-    bool host_src;        /* src is a host path: opened (O_PATH) before the root tmpfs hides
-                             it, then mounted through src_fd_path ("/proc/self/fd/N") */
+    bool host_src;        /* src is a host path below the staging directory: opened (O_PATH)
+                             before the root tmpfs hides it, then mounted through src_fd_path
+                             ("/proc/self/fd/N"); other host paths stay visible by name */
+    signed char src_dir;  /* BIND_*: 1 src is a directory, 0 it is not, -1 unknown (stat) */
     int src_fd;
     char src_fd_path[32];
 } sandbox_op;
@@ -77,6 +79,7 @@ typedef struct {
     size_t exec_buf_len;
     char *cmd_stack;      /* the command's stack until its execve (CLONE_VM | CLONE_VFORK) */
     size_t cmd_stack_len;
+    int cap_last;         /* highest capability the kernel knows (bounding set dropped to it) */
     struct rlimit_set {
         int resource;
         unsigned long long soft, hard;

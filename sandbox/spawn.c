@@ -24,6 +24,7 @@
 #include <linux/securebits.h>
 #include <linux/seccomp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -154,8 +155,46 @@ static _Noreturn void exec_command(const sandbox_plan *p) {
     _exit(err == ENOENT ? 127 : 126);
 }
 
+/* The 16 hex digits after `key` in text as a mask; false when absent. */
+static bool hex_mask(const char *text, const char *key, uint64_t *out) {
+    size_t kl = sandbox_cstr_len(key);
+    for (const char *t = text; *t; t++) {
+        if (memcmp(t, key, kl) != 0) continue;
+        uint64_t v = 0;
+        int n = 0;
+        for (t += kl; n < 16; t++, n++) {
+            char c = *t;
+            int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+            if (d < 0) return false;
+            v = v << 4 | (uint64_t)d;
+        }
+        *out = v;
+        return true;
+    }
+    return false;
+}
+
+/* Signals whose disposition is not the default (ignored or caught: bit n-1 for signal n), read
+ * from /proc/self/status in three system calls instead of asking for each of 64 signals; all
+ * of them when it cannot be read. */
+static uint64_t non_default_signals(void) {
+    char buf[4096];
+    int fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return ~(uint64_t)0;
+    size_t n = 0;
+    ssize_t r;
+    while (n < sizeof buf - 1 && (r = read(fd, buf + n, sizeof buf - 1 - n)) > 0) n += (size_t)r;
+    close(fd);
+    buf[n] = 0;
+    uint64_t ign, cgt;
+    if (!hex_mask(buf, "\nSigIgn:\t", &ign) || !hex_mask(buf, "\nSigCgt:\t", &cgt))
+        return ~(uint64_t)0;
+    return ign | cgt;
+}
+
 /* The caller's signal mask and ignored signals survive execve: a server that ignores SIGPIPE
- * would hand that to `yes | head`. The command starts with the defaults. */
+ * would hand that to `yes | head`. The command starts with the defaults (caught signals too:
+ * none of the caller's handlers may run in the child before its execve). */
 static void reset_signals(void) {
     /* The raw call: libc refuses to touch the signals it reserves for itself (32, 33). */
     struct {
@@ -164,8 +203,10 @@ static void reset_signals(void) {
         void (*restorer)(void);
         uint64_t mask;
     } dfl = {SIG_DFL, 0, NULL, 0};
+    uint64_t todo = non_default_signals();
     for (int sig = 1; sig <= 64; sig++)
-        if (sig != SIGKILL && sig != SIGSTOP) (void)syscall(SYS_rt_sigaction, sig, &dfl, NULL, 8);
+        if (sig != SIGKILL && sig != SIGSTOP && (todo >> (sig - 1) & 1))
+            (void)syscall(SYS_rt_sigaction, sig, &dfl, NULL, 8);
     uint64_t none = 0;
     (void)syscall(SYS_rt_sigprocmask, SIG_SETMASK, &none, NULL, 8);
 }
@@ -178,11 +219,11 @@ static void apply_rlimits(const sandbox_plan *p) {
     }
 }
 
-static void drop_capabilities(void) {
+static void drop_capabilities(const sandbox_plan *p) {
     if (prctl(PR_SET_SECUREBITS, SECBIT_NOROOT | SECBIT_NOROOT_LOCKED | SECBIT_NO_SETUID_FIXUP |
                                      SECBIT_NO_SETUID_FIXUP_LOCKED | SECBIT_KEEP_CAPS_LOCKED) != 0)
         child_fail(SANDBOX_REC_SETUP, "securebits", errno);
-    for (int cap = 0; cap <= 63; cap++)
+    for (int cap = 0; cap <= p->cap_last; cap++)
         if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno != EINVAL)
             child_fail(SANDBOX_REC_SETUP, "drop the capability bounding set", errno);
     prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
@@ -195,7 +236,7 @@ static void drop_capabilities(void) {
 static _Noreturn void command_child(const sandbox_plan *p) {
     reset_signals();
     apply_rlimits(p);
-    drop_capabilities();
+    drop_capabilities(p);
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
         child_fail(SANDBOX_REC_UNAVAILABLE, "no_new_privs", errno);
     const char *what = "landlock";
@@ -484,6 +525,18 @@ static const char *choose_home(const char *const *env, const char *ws) {
     return h;
 }
 
+/* /proc/sys/kernel/cap_last_cap, read once per process (63 when it cannot be read): the
+ * command drops the bounding set up to it instead of trying all 64 numbers. */
+static int g_cap_last = 63;
+static pthread_once_t g_cap_once = PTHREAD_ONCE_INIT;
+
+static void read_cap_last(void) {
+    FILE *f = fopen("/proc/sys/kernel/cap_last_cap", "re");
+    int v;
+    if (f && fscanf(f, "%d", &v) == 1 && v > 0 && v < 63) g_cap_last = v;
+    if (f) fclose(f);
+}
+
 static void add_rlimit(sandbox_plan *p, int res, unsigned long long soft,
                        unsigned long long hard) {
     struct rlimit cur;
@@ -600,8 +653,10 @@ int sandbox_run(sandbox_result *out, const sandbox_policy *pol, const char *cons
                            pol->workspace);
     if (!strcmp(ws, "/"))
         return sandbox_err(SANDBOX_EINVAL, "sandbox_run: the workspace cannot be /");
-    if (!realpath(cwd ? cwd : ws, cwd_real))
-        return sandbox_err(SANDBOX_EINVAL, "sandbox_run: directory %s: %s", cwd ? cwd : ws,
+    if (!cwd || !strcmp(cwd, pol->workspace)) /* (resolved already) */
+        memcpy(cwd_real, ws, strlen(ws) + 1);
+    else if (!realpath(cwd, cwd_real))
+        return sandbox_err(SANDBOX_EINVAL, "sandbox_run: directory %s: %s", cwd,
                            strerror(errno));
     if (!path_within(cwd_real, ws))
         return sandbox_err(SANDBOX_EINVAL, "sandbox_run: directory %s is outside the workspace "
@@ -656,6 +711,8 @@ int sandbox_run(sandbox_result *out, const sandbox_policy *pol, const char *cons
 
     if (isolated) {
         if ((rc = sandbox_seccomp_filters(plan.filters, &plan.n_filters))) goto done;
+        pthread_once(&g_cap_once, read_cap_last);
+        plan.cap_last = g_cap_last;
         plan.landlock_abi = sandbox_landlock_abi();
         snprintf(plan.uid_map, sizeof plan.uid_map, "%u %u 1\n", (unsigned)geteuid(),
                  (unsigned)geteuid());
@@ -799,6 +856,7 @@ int sandbox_run(sandbox_result *out, const sandbox_policy *pol, const char *cons
     out->sys_s = (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
     out->peak_rss_bytes = (uint64_t)ru.ru_maxrss * 1024;
     out->isolated = isolated;
+    out->netns_pooled = rs.pool != NULL;
     close_fd(&rs.pipes[3][1]);
 
     sandbox_record rec, got_result = {0}, got_error = {0};

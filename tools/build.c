@@ -83,6 +83,7 @@ static int run(tool_ctx *ctx, json_t *args, json_t *res, bool test) {
     pol.timeout_s = (double)tool_arg_int(args, "timeout_s", 0);
     if (pol.timeout_s <= 0) pol.timeout_s = ctx->opt.build_timeout_s;
     pol.protected_paths = protected_paths; /* a build may not rewrite hooks or config */
+    pol.netns_pool = ctx->netns_pool;      /* used when pol.network is false */
     sandbox_result r;
     memset(&r, 0, sizeof r);
     const char *const *env = ctx->opt.env ? ctx->opt.env : (const char *const *)environ;

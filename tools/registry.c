@@ -10,6 +10,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "sandbox.h"
+
 typedef struct {
     const char *name;
     const char *description;
@@ -394,6 +396,16 @@ int tool_ctx_new(tool_ctx **out, const tool_options *opt) {
         free(c);
         return e == ENOTDIR ? TOOL_EINVAL : TOOL_EIO;
     }
+    /* build/test runs take their network namespace from this pool (the fast path of
+     * sandbox_run; namespaces are made on first use, so a context that never builds pays
+     * nothing). Without user namespaces the runs still fail closed in sandbox_run. */
+    if (!(c->netns_pool = sandbox_netns_pool_new())) {
+        tool_err(TOOL_ENOMEM, "%s", sandbox_error_last());
+        close(c->rootfd);
+        free(c->root);
+        free(c);
+        return TOOL_ENOMEM;
+    }
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     c->threads = o.threads > 0 ? o.threads : (n > 0 ? (int)(n > 16 ? 16 : n) : 2);
     git_libgit2_init();
@@ -406,6 +418,7 @@ void tool_ctx_free(tool_ctx *ctx) {
     if (ctx->repo) git_repository_free(ctx->repo);
     free(ctx->repo_prefix);
     if (ctx->rootfd >= 0) close(ctx->rootfd);
+    sandbox_netns_pool_free(ctx->netns_pool);
     free(ctx->root);
     free(ctx);
     git_libgit2_shutdown();

@@ -23,6 +23,9 @@ struct tool_ctx {
     bool repo_tried;
     bool checkpointed;         /* auto checkpoint done in this context */
     int threads;
+    /* Loopback-only network namespaces reused by this context's build/test runs without
+     * network (sandbox.h): owned here, freed with the context. */
+    struct sandbox_netns_pool *netns_pool;
 };
 
 /* A tool's implementation: fill *res (an object created by the caller). */

@@ -76,7 +76,10 @@ typedef struct {
 
 /* Open a context on opt->root (NULL opt = defaults). The root must be an existing directory;
  * it is opened once and every later path is resolved beneath that descriptor. When the root is
- * inside a git repository, git tools and checkpoints use it. Errors: TOOL_EINVAL, TOOL_EIO. */
+ * inside a git repository, git tools and checkpoints use it. build/test commands without the
+ * network run in a network namespace from a pool the context owns (sandbox_netns_pool: made on
+ * first use, reused by the next command, released by tool_ctx_free). Errors: TOOL_EINVAL,
+ * TOOL_EIO, TOOL_ENOMEM. */
 int tool_ctx_new(tool_ctx **out, const tool_options *opt);
 void tool_ctx_free(tool_ctx *ctx);
 

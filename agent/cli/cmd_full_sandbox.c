@@ -195,6 +195,13 @@ int cli_sandbox(int argc, char **argv) {
                         "command can read your secrets, reach the network and change any of "
                         "your files\n");
 
+    /* As the agent's tools do: the network namespace comes from a pool (sandbox.h). */
+    sandbox_netns_pool *pool = pol.network ? NULL : sandbox_netns_pool_new();
+    if (!pol.network && !pool) {
+        cli_errorf("sandbox", "%s", sandbox_error_last());
+        return CLI_EXIT_SANDBOX;
+    }
+    pol.netns_pool = pool;
     sandbox_result r;
     int rc = sandbox_run(&r, &pol, (const char *const *)(argv + optind),
                          (const char *const *)environ, cwd);
@@ -207,6 +214,7 @@ int cli_sandbox(int argc, char **argv) {
         rc = sandbox_run(&r, &pol, (const char *const *)(argv + optind),
                          (const char *const *)environ, cwd);
     }
+    sandbox_netns_pool_free(pool); /* no run uses it any more */
     if (rc) {
         cli_errorf("sandbox", "refused: %s", sandbox_error_last());
         return rc == SANDBOX_EINVAL ? CLI_EXIT_USAGE : CLI_EXIT_SANDBOX;
@@ -230,10 +238,11 @@ int cli_sandbox(int argc, char **argv) {
         cli_errorf("sandbox", "output truncated: stdout %llu bytes, stderr %llu bytes written",
                    (unsigned long long)r.out.total, (unsigned long long)r.err.total);
     if (verbose)
-        fprintf(stderr, "spark-agent sandbox: %s, landlock ABI %d; exit %d, signal %d, stop %s; "
-                        "wall %.3f s, user %.3f s, sys %.3f s, peak RSS %llu KiB\n",
-                r.isolated ? "isolated" : "UNSANDBOXED", r.landlock_abi, r.exit_code, r.signal,
-                sandbox_stop_reason_name(r.stopped), r.wall_s, r.user_s, r.sys_s,
+        fprintf(stderr, "spark-agent sandbox: %s%s, landlock ABI %d; exit %d, signal %d, "
+                        "stop %s; wall %.3f s, user %.3f s, sys %.3f s, peak RSS %llu KiB\n",
+                r.isolated ? "isolated" : "UNSANDBOXED",
+                r.netns_pooled ? " (pooled network namespace)" : "", r.landlock_abi, r.exit_code,
+                r.signal, sandbox_stop_reason_name(r.stopped), r.wall_s, r.user_s, r.sys_s,
                 (unsigned long long)(r.peak_rss_bytes / 1024));
     sandbox_result_deinit(&r);
     return status;

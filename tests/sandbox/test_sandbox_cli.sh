@@ -42,7 +42,9 @@ has out "omitted by the sandbox"; check "truncation marked in the output" $?
 expect_rc "unsandboxed runs, with a warning" 0 "$cli" sandbox --unsandboxed -- true
 has err "WARNING: running UNSANDBOXED"; check "unsandboxed warning" $?
 expect_rc "verbose" 0 "$cli" sandbox -v -- true
-has err "isolated, landlock ABI"; check "verbose summary" $?
+has err "isolated (pooled network namespace), landlock ABI"; check "verbose summary: pooled by default, as the tools" $?
+expect_rc "verbose, with the network" 0 "$cli" sandbox -v --network -- true
+has err "isolated, landlock ABI"; check "verbose summary: the network is the host's, nothing pooled" $?
 expect_rc "no command: usage" 2 "$cli" sandbox
 expect_rc "bad policy: usage" 2 "$cli" sandbox --policy everything -- true
 expect_rc "bad memory: usage" 2 "$cli" sandbox --memory lots -- true
