@@ -45,11 +45,12 @@ typedef struct {
 void sandbox_caps_probe(sandbox_caps *out);
 
 /* Run `true` under the default policy in an empty temporary workspace, exactly as a tool's
- * command would run: proves that the whole set-up works on this machine (mounts, /proc,
+ * command would run (twice, with a network namespace pool: the second run reuses the first
+ * one's namespace): proves that the whole set-up works on this machine (mounts, /proc,
  * landlock, seccomp), not only that each feature exists. Returns 0, or the negative code of
  * sandbox_run() (or SANDBOX_ESPAWN when `true` failed) with the reason in
  * sandbox_error_last(). *landlock_abi gets the ABI enforced (0 = none), *wall_ms the time the
- * run took. Either pointer may be NULL. */
+ * second run took. Either pointer may be NULL. */
 int sandbox_self_test(int *landlock_abi, double *wall_ms);
 
 /* ---------------------------------------------------------------------------------------------
