@@ -237,6 +237,8 @@ typedef struct {
     int done;
     uint32_t *in_bits;      /* ids of the tokens that stay in the region */
     uint32_t n_in;
+    int32_t *in_rng;        /* the same as rank ranges (lo, hi pairs) */
+    size_t n_in_rng;
     int32_t (*exits)[2];    /* (trie node, region index before its byte): the token leaves */
     size_t n_exits;
 } grammar_region;
@@ -264,6 +266,7 @@ struct grammar_index {
     grammar_region *regions;
     size_t n_regions, cap_regions;
     uint64_t region_builds; /* caches built from a region's shared result (tests) */
+    uint64_t pop_unions;    /* pops in pass 2 answered by the pop memo (tests) */
     int8_t *region_at;      /* n_states: scratch of region_states, -1 */
     size_t bytes_used;
     double build_ms;

@@ -124,6 +124,7 @@ void grammar_index_free(grammar_index *ix) {
         free(ix->regions[r].ok);
         free(ix->regions[r].in_bits);
         free(ix->regions[r].exits);
+        free(ix->regions[r].in_rng);
     }
     free(ix->regions);
     free(ix->region_of);
@@ -557,7 +558,7 @@ static int region_result(grammar_index *ix, grammar_region *rg) {
     size_t words = ((size_t)v->n_vocab + 31) / 32;
     int8_t *idx = malloc((size_t)v->max_len + 2);
     rg->in_bits = calloc(words, sizeof *rg->in_bits);
-    size_t cap_ex = 0;
+    size_t cap_ex = 0, cap_rng = 0;
     int rc = 0;
     if (!idx || !rg->in_bits) {
         rc = grammar_err(GRAMMAR_ENOMEM, "out of memory");
@@ -581,15 +582,31 @@ static int region_result(grammar_index *ix, grammar_region *rg) {
             continue;
         }
         idx[d] = (int8_t)x;
-        for (int32_t r = v->tn_rank[i]; r < v->tn_rank[i] + v->tn_nrank[i]; r++) {
+        int32_t r0 = v->tn_rank[i], r1 = r0 + v->tn_nrank[i];
+        for (int32_t r = r0; r < r1; r++) {
             int32_t id = v->order[r];
             rg->in_bits[id / 32] |= 1u << (id % 32);
         }
-        rg->n_in += (uint32_t)v->tn_nrank[i];
+        if (r1 > r0) {
+            if (rg->n_in_rng && rg->in_rng[2 * rg->n_in_rng - 1] == r0) {
+                rg->in_rng[2 * rg->n_in_rng - 1] = r1;
+            } else {
+                if (grammar_grow((void **)&rg->in_rng, &cap_rng, 2 * rg->n_in_rng + 2,
+                                 sizeof *rg->in_rng)) {
+                    rc = grammar_err(GRAMMAR_ENOMEM, "out of memory");
+                    goto done;
+                }
+                rg->in_rng[2 * rg->n_in_rng] = r0;
+                rg->in_rng[2 * rg->n_in_rng + 1] = r1;
+                rg->n_in_rng++;
+            }
+        }
+        rg->n_in += (uint32_t)(r1 - r0);
         i++;
     }
     rg->done = 1;
-    ix->bytes_used += words * sizeof *rg->in_bits + rg->n_exits * sizeof *rg->exits;
+    ix->bytes_used += words * sizeof *rg->in_bits + rg->n_exits * sizeof *rg->exits +
+                      2 * rg->n_in_rng * sizeof *rg->in_rng;
 done:
     free(idx);
     return rc;
@@ -861,7 +878,8 @@ static int sub_store_lists(grammar_index *ix, uint64_t key, const int32_t *acc, 
 
 static int sub_store(grammar_index *ix, uint64_t key, size_t a0, size_t n_acc, size_t u0,
                      size_t n_unc) {
-    return sub_store_lists(ix, key, ix->tmp_acc + 2 * a0, n_acc, ix->tmp_unc + u0, n_unc);
+    return sub_store_lists(ix, key, n_acc ? ix->tmp_acc + 2 * a0 : NULL, n_acc,
+                           n_unc ? ix->tmp_unc + u0 : NULL, n_unc);
 }
 
 /* ----- pop memo -----
@@ -944,22 +962,25 @@ static int pop_union(grammar_index *ix, int32_t r, int32_t i, size_t n_acc, size
     uint64_t key = POP_KEY(r, i);
     const int32_t *list = NULL;
     size_t n = 0;
+    bool found = false;
     if (ix->sub_key) {
         size_t h = sub_slot(ix, key);
         if (ix->sub_key[h]) {
-            list = ix->sub_ids + ix->sub_val[h][2];
             n = ix->sub_val[h][3];
+            if (n) list = ix->sub_ids + ix->sub_val[h][2];
+            found = true;
             ix->sub_hits++;
         }
     }
     int rc;
-    if (!list) {
+    if (!found) {
         if ((rc = pop_walk(ix, r, i)) ||
             (rc = sub_store_lists(ix, key, NULL, 0, ix->pw_list, ix->n_pw_list)))
             return rc;
         list = ix->pw_list;
         n = ix->n_pw_list;
     }
+    ix->pop_unions++;
     for (size_t k = 0; k < n; k++)
         if (!acc_has(ix, n_acc, list[k]) &&
             (rc = push_id(&ix->tmp_unc, &ix->cap_tmp_unc, n_unc, list[k])))
@@ -1091,11 +1112,8 @@ static int build_region_state(grammar_index *ix, int32_t q, grammar_region *rg) 
         ix->bytes_used += words * sizeof *c->acc;
         c->n_acc = (uint32_t)n_tok;
     } else { /* few tokens stay: the list of ids */
-        for (int32_t id = 0; id < v->n_vocab; id++)
-            if ((rg->in_bits[id / 32] >> (id % 32)) & 1) {
-                int32_t r = v->rank[id];
-                if ((rc = acc_range(ix, &n_acc, r, r + 1))) return rc;
-            }
+        for (size_t k = 0; k < rg->n_in_rng; k++)
+            if ((rc = acc_range(ix, &n_acc, rg->in_rng[2 * k], rg->in_rng[2 * k + 1]))) return rc;
         /* the ranges are out of order now: acc_finish only needs them disjoint for lists */
         if ((rc = acc_finish(ix, c, n_acc))) return rc;
     }
