@@ -324,7 +324,7 @@ char *agent_anthropic_count_body(int64_t input_tokens) {
 
 /* ----- the encoder ----- */
 
-enum { BLK_NONE, BLK_TEXT, BLK_TOOL };
+enum { BLK_NONE, BLK_TEXT, BLK_TOOL, BLK_THINKING };
 
 struct agent_anthropic_enc {
     char id[48];
@@ -403,8 +403,18 @@ void agent_anthropic_enc_free(agent_anthropic_enc *e) {
 static int close_block(agent_anthropic_enc *e) {
     if (e->open == BLK_NONE) return 0;
     json_t *blk;
+    int rc = 0;
     if (e->open == BLK_TEXT) {
         blk = json_pack("{s:s, s:o}", "type", "text", "text", agent_json_text(e->cur.p, e->cur.len));
+    } else if (e->open == BLK_THINKING) {
+        /* no signature: nothing here verifies one; clients send the block back as it is */
+        blk = json_pack("{s:s, s:o, s:s}", "type", "thinking", "thinking",
+                        agent_json_text(e->cur.p, e->cur.len), "signature", "");
+        if (e->stream)
+            rc = send_event(e, "content_block_delta",
+                            json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_delta",
+                                      "index", e->n_blocks - 1, "delta", "type", "signature_delta",
+                                      "signature", ""));
     } else {
         json_error_t je;
         json_t *input = e->cur.len ? json_loadb(e->cur.p, e->cur.len, 0, &je) : json_object();
@@ -418,8 +428,7 @@ static int close_block(agent_anthropic_enc *e) {
                         "input", input);
     }
     if (!blk || json_array_append_new(e->content, blk)) return agent_err(AGENT_ENOMEM, "out of memory");
-    int rc = 0;
-    if (e->stream)
+    if (e->stream && !rc)
         rc = send_event(e, "content_block_stop", json_pack("{s:s, s:i}", "type",
                                                            "content_block_stop", "index",
                                                            e->n_blocks - 1));
@@ -433,25 +442,31 @@ static int close_block(agent_anthropic_enc *e) {
 
 static int stream_text(agent_anthropic_enc *e, const char *s, size_t n) {
     if (!e->stream || !n) return 0;
+    bool th = e->open == BLK_THINKING;
     return send_event(e, "content_block_delta",
                       json_pack("{s:s, s:i, s:{s:s, s:o}}", "type", "content_block_delta", "index",
-                                e->n_blocks - 1, "delta", "type", "text_delta", "text",
+                                e->n_blocks - 1, "delta", "type",
+                                th ? "thinking_delta" : "text_delta", th ? "thinking" : "text",
                                 agent_json_text(s, n)));
 }
 
-int agent_anthropic_enc_text(agent_anthropic_enc *e, const char *text, size_t len) {
+static int flush_held(agent_anthropic_enc *e);
+
+/* Text into a text or thinking block (opened when another block is open). */
+static int block_text(agent_anthropic_enc *e, int kind, const char *text, size_t len) {
     if (e->failed) return agent_err(AGENT_EINTERNAL, "the response already failed");
     if (!len) return 0;
     int rc = 0;
-    if (e->open != BLK_TEXT) {
-        if ((rc = close_block(e))) return rc;
-        e->open = BLK_TEXT;
+    if (e->open != kind) {
+        if ((rc = flush_held(e)) || (rc = close_block(e))) return rc;
+        e->open = kind;
         e->n_blocks++;
+        const char *ty = kind == BLK_THINKING ? "thinking" : "text";
         if (e->stream &&
             (rc = send_event(e, "content_block_start",
                              json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_start",
-                                       "index", e->n_blocks - 1, "content_block", "type", "text",
-                                       "text", ""))))
+                                       "index", e->n_blocks - 1, "content_block", "type", ty, ty,
+                                       ""))))
             return rc;
     }
     if ((rc = srv_buf_add(&e->cur, text, len))) return rc;
@@ -463,12 +478,20 @@ int agent_anthropic_enc_text(agent_anthropic_enc *e, const char *text, size_t le
     return rc;
 }
 
+int agent_anthropic_enc_text(agent_anthropic_enc *e, const char *text, size_t len) {
+    return block_text(e, BLK_TEXT, text, len);
+}
+
+int agent_anthropic_enc_thinking(agent_anthropic_enc *e, const char *text, size_t len) {
+    return block_text(e, BLK_THINKING, text, len);
+}
+
 /* Flush text held back at a block boundary (an incomplete character stays invalid; jansson
  * refuses invalid UTF-8, so it becomes U+FFFD). */
 static int flush_held(agent_anthropic_enc *e) {
     if (!e->held.len) return 0;
     e->held.len = 0;
-    if (e->open == BLK_TEXT) {
+    if (e->open == BLK_TEXT || e->open == BLK_THINKING) {
         /* replace the bad tail in the block text too */
         size_t ok = agent_utf8_complete_len(e->cur.p, e->cur.len);
         e->cur.len = ok;
@@ -602,15 +625,23 @@ static int anth_text(void *ctx, const char *text, size_t len) {
 }
 
 static int anth_tool(void *ctx, const srv_event *ev) {
+    agent_anthropic_enc *enc = ((anth_ctx *)ctx)->enc;
+    if (ev->type == SRV_EV_TOOL_DELTA)
+        return agent_anthropic_enc_tool(enc, ev->tool_index, ev->tool_id, ev->tool_name,
+                                        ev->text, ev->len);
     const char *args = ev->tool_args ? ev->tool_args : "{}";
-    return agent_anthropic_enc_tool(((anth_ctx *)ctx)->enc, ev->tool_index, ev->tool_id,
-                                    ev->tool_name, args, strlen(args));
+    size_t skip = ev->tool_begun ? ev->tool_streamed : 0, al = strlen(args);
+    if (ev->tool_begun && (ev->tool_error || skip >= al)) return 0; /* stays as streamed */
+    return agent_anthropic_enc_tool(enc, ev->tool_index, ev->tool_id, ev->tool_name, args + skip,
+                                    al - skip);
+}
+
+static int anth_thinking(void *ctx, const char *text, size_t len) {
+    return agent_anthropic_enc_thinking(((anth_ctx *)ctx)->enc, text, len);
 }
 
 static int anth_done(void *ctx, const srv_event *ev, char **body) {
-    agent_dialect_done d = {agent_dialect_finish(ev->finish), NULL,
-                            {ev->usage.prompt_tokens, ev->usage.completion_tokens,
-                             ev->usage.cached_tokens}};
+    agent_dialect_done d = agent_dialect_done_of(ev);
     return agent_anthropic_enc_done(((anth_ctx *)ctx)->enc, &d, body);
 }
 
@@ -630,7 +661,7 @@ static void anth_free(void *ctx) {
 }
 
 static const agent_dialect_ops anth_ops = {anth_start, anth_text, anth_tool, anth_done,
-                                           anth_fail, error_body, anth_free};
+                                           anth_fail, error_body, anth_free, anth_thinking};
 
 static int route_messages(srv_req *r) {
     srv *s = srv_req_server(r);
@@ -658,6 +689,7 @@ static int route_messages(srv_req *r) {
     }
     const char *model = json_string_value(json_object_get(body, "model"));
     a->stream = a->x.stream;
+    a->x.req.stream_tool_args = a->stream;
     if (!(a->model = strdup(model ? model : srv_model_name(s)))) {
         anth_free(a);
         return agent_err(AGENT_ENOMEM, "out of memory");

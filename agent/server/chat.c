@@ -33,6 +33,10 @@ struct srv_job {
     /* shared with the scheduler thread (c->mu) */
     srv_buf raw;
     srv_buf gaps;    /* float ms between consecutive tokens (the per-token histogram) */
+    srv_buf tokbytes; /* the generated tokens' bytes (only with stop strings: which one
+                       * ended the generation) */
+    char *stops[4];  /* the request's stop strings (copies) */
+    int n_stops;
     double last_tok; /* srv_now_ms of the last token, 0 before the first */
     bool engine_done;
     int done_rc;
@@ -154,6 +158,9 @@ static void job_free(srv_job *j) {
     free(j->tools_json);
     free(j->raw.p);
     free(j->gaps.p);
+    free(j->tokbytes.p);
+    for (int i = 0; i < j->n_stops; i++)
+        free(j->stops[i]);
     srv_split_free(&j->split);
     free(j);
 }
@@ -201,6 +208,11 @@ static int on_token(void *user, const char *text, size_t len, int32_t token) {
     double now = token >= 0 ? srv_now_ms() : 0;
     pthread_mutex_lock(&c->mu);
     if (len && srv_buf_add(&j->raw, text, len)) atomic_store(&j->cancel, 1);
+    if (token >= 0 && j->n_stops) {
+        size_t tl = 0;
+        const char *tb = engine_model_token_bytes(c->m, token, &tl);
+        if (tb && tl && srv_buf_add(&j->tokbytes, tb, tl)) atomic_store(&j->cancel, 1);
+    }
     if (token >= 0) {
         float gap = (float)(now - j->last_tok);
         if (j->last_tok > 0 && srv_buf_add(&j->gaps, &gap, sizeof gap)) atomic_store(&j->cancel, 1);
@@ -346,6 +358,30 @@ void srv_job_release(srv_job *j) {
     if (!busy) job_free(j);
 }
 
+/* The stop string that ended the generation: the engine emitted the text before it (raw),
+ * so it is the one whose occurrence in the generated tokens' bytes ends first (none of them
+ * occurs earlier: the engine would have stopped there). The window starts a little before
+ * the emitted text's end in case the token bytes and the emitted text differ slightly. */
+static const char *job_stop_sequence(srv_job *j) {
+    const char *best = NULL;
+    size_t best_end = SIZE_MAX;
+    const char *t = j->tokbytes.p;
+    size_t n = j->tokbytes.len, from = j->raw.len > 64 ? j->raw.len - 64 : 0;
+    for (int i = 0; i < j->n_stops && t; i++) {
+        size_t sl = strlen(j->stops[i]);
+        for (size_t p = from; p + sl <= n && p + sl < best_end; p++) {
+            if (!memcmp(t + p, j->stops[i], sl)) {
+                best_end = p + sl;
+                best = j->stops[i];
+                break;
+            }
+        }
+    }
+    /* one stop string and no trace of it in the bytes: it is still the one */
+    if (!best && j->n_stops == 1) best = j->stops[0];
+    return best;
+}
+
 int srv_job_next(srv_job *j, srv_event *ev) {
     memset(ev, 0, sizeof *ev);
     if (j->done_given) return 0;
@@ -367,6 +403,8 @@ int srv_job_next(srv_job *j, srv_event *ev) {
     ev->type = SRV_EV_DONE;
     ev->finish = job_finish(j, &ev->status, &ev->error);
     usage_of(j, &ev->usage);
+    if (ev->finish == SRV_FINISH_STOP && j->st.gen.stop == ENGINE_STOP_STRING)
+        ev->stop_sequence = job_stop_sequence(j);
     return 1;
 }
 
@@ -538,7 +576,7 @@ static int tokenize_alloc(const engine_model *m, const char *text, size_t len, b
 
 /* Render and tokenize a chat request. */
 static int chat_prompt(srv_chat *c, const srv_chat_req *r, int enable_thinking, int32_t **ids,
-                       size_t *n, int *status) {
+                       size_t *n, int *status, bool *think_open) {
     if (!c->tpl)
         return fail_st(status, 400,
                        agent_err(AGENT_EINVAL, "%s", "the model has no chat template"));
@@ -564,6 +602,13 @@ static int chat_prompt(srv_chat *c, const srv_chat_req *r, int enable_thinking, 
         if (status) *status = rc == AGENT_ENOMEM ? 500 : 400;
         return agent_err(AGENT_EINVAL, "chat template: %s", agent_error_last());
     }
+    /* a template that opens the think block itself (Qwen3's Thinking-2507 models end the
+     * generation prompt with "<think>\n"): the generation starts inside it */
+    if (think_open) {
+        size_t e = plen;
+        while (e && (prompt[e - 1] == '\n' || prompt[e - 1] == ' ')) e--;
+        *think_open = e >= 7 && !memcmp(prompt + e - 7, "<think>", 7);
+    }
     rc = tokenize_alloc(c->m, prompt, plen, true, ids, n);
     free(prompt);
     if (rc && status) *status = 500;
@@ -574,7 +619,7 @@ int srv_chat_count_tokens(srv *s, const srv_chat_req *req, int32_t *n_tokens, in
     srv_chat *c = srv_chat_of(s);
     int32_t *ids = NULL;
     size_t n = 0;
-    int rc = chat_prompt(c, req, req->enable_thinking, &ids, &n, status);
+    int rc = chat_prompt(c, req, req->enable_thinking, &ids, &n, status, NULL);
     free(ids);
     if (!rc) *n_tokens = (int32_t)n;
     return rc;
@@ -689,6 +734,13 @@ static int job_submit(srv_chat *c, srv_job *j, const int32_t *ids, size_t n, con
     size_t ns = 0;
     for (int i = 0; i < sm->n_stop && i < 4; i++)
         if (sm->stop[i] && sm->stop[i][0]) stops[ns++] = sm->stop[i];
+    for (size_t i = 0; i < ns; i++) {
+        if (!(j->stops[i] = strdup(stops[i]))) {
+            if (status) *status = 500;
+            return agent_err(AGENT_ENOMEM, "out of memory");
+        }
+        j->n_stops = (int)i + 1;
+    }
     rq.gen.ignore_eog = sm->ignore_eos;
     rq.gen.stop_strings = ns ? stops : NULL;
     rq.gen.n_stop_strings = ns;
@@ -738,8 +790,11 @@ int srv_chat_submit(srv *s, const srv_chat_req *req, srv_job_wake_fn wake, void 
     size_t n = 0;
     rc = job_grammar(c, j, req, status);
     srv_split_init(&j->split, false, think_capable, j->tools_json, c->fmt);
-    if (rc || (rc = chat_prompt(c, req, think, &ids, &n, status)) ||
-        (rc = job_submit(c, j, ids, n, &req->sampling, NULL, 0, status))) {
+    srv_split_set_deltas(&j->split, req->stream_tool_args);
+    bool think_open = false;
+    if (!rc && !(rc = chat_prompt(c, req, think, &ids, &n, status, &think_open)) && think_open)
+        srv_split_think_open(&j->split);
+    if (rc || (rc = job_submit(c, j, ids, n, &req->sampling, NULL, 0, status))) {
         free(ids);
         j->engine_done = true; /* never reached the scheduler */
         j->released = true;

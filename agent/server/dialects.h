@@ -74,6 +74,9 @@ typedef struct {
     agent_dialect_usage usage;
 } agent_dialect_done;
 
+/* The dialects' view of the chat service's DONE event. */
+agent_dialect_done agent_dialect_done_of(const srv_event *ev);
+
 /* A request translated for the chat service. req.messages / req.tools point to the owned
  * JSON below, req.tool_name and req.sampling.stop into `hold` or the request body: keep the
  * body alive until srv_chat_submit returns. */
@@ -105,13 +108,16 @@ typedef struct {
     /* Text; returns 0, 1 to end the response normally here (the generation is cancelled),
      * or a negative error. */
     int (*text)(void *ctx, const char *text, size_t len);
-    /* A tool call (complete; ev->tool_error is NULL). Returns like text. May be NULL for
-     * dialects without tools. */
+    /* A tool call: SRV_EV_TOOL_DELTA pieces (streaming) and the SRV_EV_TOOL_CALL that ends
+     * it (ev->tool_error NULL, or set with ev->tool_begun: the call stays as streamed).
+     * Returns like text. May be NULL for dialects without tools. */
     int (*tool)(void *ctx, const srv_event *ev);
     int (*done)(void *ctx, const srv_event *ev, char **body);
     int (*fail)(void *ctx, const agent_dialect_err *e);
     char *(*error_body)(const agent_dialect_err *e);
     void (*free)(void *ctx);
+    /* Reasoning text (a leading <think> block). Returns like text. NULL: not shown. */
+    int (*reasoning)(void *ctx, const char *text, size_t len);
 } agent_dialect_ops;
 
 /* Submit x (chat) or cq (raw completion; exactly one of them non-NULL) for request r with
@@ -158,6 +164,8 @@ int agent_anthropic_enc_new(agent_anthropic_enc **out, const char *model, bool s
 void agent_anthropic_enc_free(agent_anthropic_enc *e);
 /* A piece of assistant text (any split, also inside a UTF-8 character). */
 int agent_anthropic_enc_text(agent_anthropic_enc *e, const char *text, size_t len);
+/* A piece of the model's reasoning: a "thinking" content block (thinking_delta events). */
+int agent_anthropic_enc_thinking(agent_anthropic_enc *e, const char *text, size_t len);
 /* A piece of tool call `index` (0, 1, ... in order): id and name with its first piece (NULL
  * afterwards), args a piece of its arguments' JSON text. */
 int agent_anthropic_enc_tool(agent_anthropic_enc *e, int index, const char *id, const char *name,
@@ -188,6 +196,9 @@ int agent_responses_enc_new(agent_responses_enc **out, const char *model, const 
                             bool stream, agent_sse_fn sink, void *user);
 void agent_responses_enc_free(agent_responses_enc *e);
 int agent_responses_enc_text(agent_responses_enc *e, const char *text, size_t len);
+/* A piece of the model's reasoning: a "reasoning" output item with reasoning_text content
+ * (response.reasoning_text.delta events). */
+int agent_responses_enc_reasoning(agent_responses_enc *e, const char *text, size_t len);
 int agent_responses_enc_tool(agent_responses_enc *e, int index, const char *id, const char *name,
                              const char *args, size_t len);
 int agent_responses_enc_done(agent_responses_enc *e, const agent_dialect_done *d, char **body);

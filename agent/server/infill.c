@@ -353,8 +353,10 @@ static int inf_done(void *ctx, const srv_event *ev, char **body) {
                              u->ttft_ms > u->queue_ms ? u->ttft_ms - u->queue_ms : 0,
                              u->total_ms > u->ttft_ms ? u->total_ms - u->ttft_ms : 0,
                              ev->finish == SRV_FINISH_LENGTH ? "limit"
-                             : ev->finish == SRV_FINISH_TIME ? "time" : "eos",
-                             NULL, false};
+                             : ev->finish == SRV_FINISH_TIME ? "time"
+                             : ev->stop_sequence             ? "word"
+                                                             : "eos",
+                             ev->stop_sequence, false};
     return agent_infill_enc_done(((infill_ctx *)ctx)->enc, &st, body);
 }
 
@@ -372,7 +374,7 @@ static void inf_free(void *ctx) {
 }
 
 static const agent_dialect_ops inf_ops = {inf_start, inf_text, NULL, inf_done, inf_fail,
-                                          agent_infill_error_body, inf_free};
+                                          agent_infill_error_body, inf_free, NULL};
 
 static int route_infill(srv_req *r) {
     srv *s = srv_req_server(r);

@@ -21,6 +21,8 @@ typedef struct {
     size_t content_len, reasoning_len;
     json_t *calls; /* accumulated tool calls (non-streamed) */
     int n_calls;
+    int open_call; /* streaming: the tool call the last delta belonged to */
+    const char *stop_reason; /* the stop string for the last chunk (vLLM's stop_reason) */
 } oai;
 
 static void oai_cleanup(srv_req *r, void *user) {
@@ -267,6 +269,8 @@ static void send_chunk(oai *o, json_t *delta, const char *text, size_t len, cons
     delta = NULL;
     if (!o->chat) json_object_set_new(choice, "logprobs", json_null());
     json_object_set_new(choice, "finish_reason", finish ? json_string(finish) : json_null());
+    if (finish && o->stop_reason)
+        json_object_set_new(choice, "stop_reason", json_string(o->stop_reason));
     json_object_set_new(c, "choices", json_pack("[o]", choice));
     choice = NULL;
     srv_sse_json(o->r, NULL, c);
@@ -291,6 +295,26 @@ static json_t *call_json(const srv_event *ev, bool with_index) {
     return c;
 }
 
+/* A streamed piece of tool call `index`: its id, type and name with the first piece. */
+static void send_call_piece(oai *o, const srv_event *ev, const char *args, size_t len,
+                            bool first) {
+    json_t *fn = json_pack("{s:s%}", "arguments", args, len);
+    if (fn && first) json_object_set_new(fn, "name", json_string(ev->tool_name));
+    json_t *c = json_pack("{s:i}", "index", ev->tool_index);
+    if (c && first) {
+        json_object_set_new(c, "id", json_string(ev->tool_id));
+        json_object_set_new(c, "type", json_string("function"));
+    }
+    if (!fn || !c) {
+        json_decref(fn);
+        json_decref(c);
+        return;
+    }
+    json_object_set_new(c, "function", fn);
+    start_stream(o);
+    send_chunk(o, json_pack("{s:[o]}", "tool_calls", c), NULL, 0, NULL);
+}
+
 static void finish_whole(oai *o, const srv_event *ev) {
     srv *s = srv_req_server(o->r);
     json_t *choice;
@@ -306,10 +330,14 @@ static void finish_whole(oai *o, const srv_event *ev) {
         if (o->n_calls) json_object_set(m, "tool_calls", o->calls);
         choice = json_pack("{s:i, s:o, s:n, s:s}", "index", 0, "message", m, "logprobs",
                            "finish_reason", finish_reason(ev->finish));
+        if (choice && ev->stop_sequence)
+            json_object_set_new(choice, "stop_reason", json_string(ev->stop_sequence));
     } else {
         choice =
             json_pack("{s:i, s:s%, s:n, s:s}", "index", 0, "text", o->content ? o->content : "",
                       o->content_len, "logprobs", "finish_reason", finish_reason(ev->finish));
+        if (choice && ev->stop_sequence)
+            json_object_set_new(choice, "stop_reason", json_string(ev->stop_sequence));
     }
     json_t *resp =
         json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", o->id, "object",
@@ -333,7 +361,22 @@ static void on_event(oai *o, const srv_event *ev) {
                        NULL);
         }
         break;
+    case SRV_EV_TOOL_DELTA:
+        /* only streaming requests ask for deltas */
+        send_call_piece(o, ev, ev->text, ev->len, !o->n_calls || ev->tool_index != o->open_call);
+        if (!o->n_calls || ev->tool_index != o->open_call) o->n_calls++;
+        o->open_call = ev->tool_index;
+        break;
     case SRV_EV_TOOL_CALL:
+        if (ev->tool_begun) {
+            /* announced by deltas: the rest of its arguments (an invalid or cut-off call
+             * stays as far as it was streamed; finish_reason tells why) */
+            size_t al = strlen(ev->tool_args);
+            if (!ev->tool_error && al > ev->tool_streamed)
+                send_call_piece(o, ev, ev->tool_args + ev->tool_streamed, al - ev->tool_streamed,
+                                false);
+            break;
+        }
         if (ev->tool_error) {
             /* not a valid call: the model's markup stays text, never a call to run */
             srv_event t = *ev;
@@ -381,6 +424,7 @@ static void on_event(oai *o, const srv_event *ev) {
             if (err) srv_sse_json(o->r, NULL, err);
             json_decref(err);
         } else {
+            o->stop_reason = ev->stop_sequence;
             send_chunk(o, NULL, NULL, 0, finish_reason(ev->finish));
             if (o->include_usage) {
                 json_t *c = chunk_base(o);
@@ -434,6 +478,7 @@ static int route_chat(srv_req *r) {
         free(o);
         return reply_perr(r, &e);
     }
+    q.stream_tool_args = o->stream;
     int status = 400;
     if (srv_chat_submit(s, &q, oai_wake, o, &o->job, &status)) return submit_failed(r, o, status);
     srv_req_hold(r, oai_cleanup, o);

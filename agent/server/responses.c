@@ -325,7 +325,7 @@ char *agent_responses_error_body(const agent_dialect_err *e) {
 
 /* ----- the encoder ----- */
 
-enum { ITEM_NONE, ITEM_MESSAGE, ITEM_CALL };
+enum { ITEM_NONE, ITEM_MESSAGE, ITEM_CALL, ITEM_REASONING };
 
 struct agent_responses_enc {
     char id[48];
@@ -461,11 +461,31 @@ static json_t *call_item(const agent_responses_enc *e, const char *status) {
                      e->name ? e->name : "", "arguments", agent_json_text(e->cur.p, e->cur.len));
 }
 
+/* A reasoning item: the model's thoughts as reasoning_text content (no summary). */
+static json_t *reasoning_item(const agent_responses_enc *e, const char *status, bool with_text) {
+    json_t *content = with_text ? json_pack("[{s:s, s:o}]", "type", "reasoning_text", "text",
+                                            agent_json_text(e->cur.p, e->cur.len))
+                                : json_array();
+    return json_pack("{s:s, s:s, s:[], s:o, s:s}", "id", e->item_id, "type", "reasoning",
+                     "summary", "content", content, "status", status);
+}
+
 static int close_item(agent_responses_enc *e) {
     if (e->open == ITEM_NONE) return 0;
     int rc = 0;
     int idx = (int)json_array_size(e->output);
-    if (e->stream && e->open == ITEM_MESSAGE) {
+    if (e->stream && e->open == ITEM_REASONING) {
+        rc = send_event(e, "response.reasoning_text.done",
+                        json_pack("{s:s, s:i, s:i, s:o}", "item_id", e->item_id, "output_index",
+                                  idx, "content_index", 0, "text",
+                                  agent_json_text(e->cur.p, e->cur.len)));
+        if (!rc)
+            rc = send_event(e, "response.content_part.done",
+                            json_pack("{s:s, s:i, s:i, s:{s:s, s:o}}", "item_id", e->item_id,
+                                      "output_index", idx, "content_index", 0, "part", "type",
+                                      "reasoning_text", "text",
+                                      agent_json_text(e->cur.p, e->cur.len)));
+    } else if (e->stream && e->open == ITEM_MESSAGE) {
         json_t *part = json_pack("{s:s, s:o, s:[]}", "type", "output_text", "text",
                                  agent_json_text(e->cur.p, e->cur.len), "annotations");
         rc = send_event(e, "response.output_text.done",
@@ -483,8 +503,9 @@ static int close_item(agent_responses_enc *e) {
                                   idx, "name", e->name ? e->name : "", "arguments",
                                   agent_json_text(e->cur.p, e->cur.len)));
     }
-    json_t *item = e->open == ITEM_MESSAGE ? message_item(e, "completed", true)
-                                           : call_item(e, "completed");
+    json_t *item = e->open == ITEM_MESSAGE     ? message_item(e, "completed", true)
+                   : e->open == ITEM_REASONING ? reasoning_item(e, "completed", true)
+                                               : call_item(e, "completed");
     if (!item) return agent_err(AGENT_ENOMEM, "out of memory");
     if (!rc && e->stream)
         rc = send_event(e, "response.output_item.done",
@@ -500,31 +521,46 @@ static int close_item(agent_responses_enc *e) {
 
 static int stream_text(agent_responses_enc *e, const char *s, size_t n) {
     if (!e->stream || !n) return 0;
+    if (e->open == ITEM_REASONING)
+        return send_event(e, "response.reasoning_text.delta",
+                          json_pack("{s:s, s:i, s:i, s:o}", "item_id", e->item_id,
+                                    "output_index", (int)json_array_size(e->output),
+                                    "content_index", 0, "delta", agent_json_text(s, n)));
     return send_event(e, "response.output_text.delta",
                       json_pack("{s:s, s:i, s:i, s:o, s:[]}", "item_id", e->item_id,
                                 "output_index", (int)json_array_size(e->output), "content_index",
                                 0, "delta", agent_json_text(s, n), "logprobs"));
 }
 
-int agent_responses_enc_text(agent_responses_enc *e, const char *text, size_t len) {
+static int flush_held(agent_responses_enc *e);
+
+/* Text into a message or reasoning item (opened when another item is open). */
+static int item_text(agent_responses_enc *e, int kind, const char *text, size_t len) {
     if (e->failed) return agent_err(AGENT_EINTERNAL, "the response already failed");
     if (!len) return 0;
     int rc = 0;
-    if (e->open != ITEM_MESSAGE) {
-        if ((rc = close_item(e))) return rc;
-        e->open = ITEM_MESSAGE;
-        srv_random_id(e->item_id, sizeof e->item_id, "msg_");
+    if (e->open != kind) {
+        if ((rc = flush_held(e)) || (rc = close_item(e))) return rc;
+        e->open = kind;
+        bool msg = kind == ITEM_MESSAGE;
+        srv_random_id(e->item_id, sizeof e->item_id, msg ? "msg_" : "rs_");
         if (e->stream) {
             int idx = (int)json_array_size(e->output);
             rc = send_event(e, "response.output_item.added",
                             json_pack("{s:i, s:o}", "output_index", idx, "item",
-                                      message_item(e, "in_progress", false)));
-            if (!rc)
+                                      msg ? message_item(e, "in_progress", false)
+                                          : reasoning_item(e, "in_progress", false)));
+            if (!rc && msg)
                 rc = send_event(e, "response.content_part.added",
                                 json_pack("{s:s, s:i, s:i, s:{s:s, s:s, s:[]}}", "item_id",
                                           e->item_id, "output_index", idx, "content_index", 0,
                                           "part", "type", "output_text", "text", "",
                                           "annotations"));
+            else if (!rc)
+                rc = send_event(e, "response.content_part.added",
+                                json_pack("{s:s, s:i, s:i, s:{s:s, s:s}}", "item_id", e->item_id,
+                                          "output_index", idx, "content_index", 0, "part",
+                                          "type", "reasoning_text", "text", ""));
             if (rc) return rc;
         }
     }
@@ -535,6 +571,14 @@ int agent_responses_enc_text(agent_responses_enc *e, const char *text, size_t le
     memmove(e->held.p, e->held.p + ok, e->held.len - ok);
     e->held.len -= ok;
     return rc;
+}
+
+int agent_responses_enc_text(agent_responses_enc *e, const char *text, size_t len) {
+    return item_text(e, ITEM_MESSAGE, text, len);
+}
+
+int agent_responses_enc_reasoning(agent_responses_enc *e, const char *text, size_t len) {
+    return item_text(e, ITEM_REASONING, text, len);
 }
 
 static int flush_held(agent_responses_enc *e) {
@@ -634,15 +678,23 @@ static int resp_text(void *ctx, const char *text, size_t len) {
 }
 
 static int resp_tool(void *ctx, const srv_event *ev) {
+    agent_responses_enc *enc = ((resp_ctx *)ctx)->enc;
+    if (ev->type == SRV_EV_TOOL_DELTA)
+        return agent_responses_enc_tool(enc, ev->tool_index, ev->tool_id, ev->tool_name,
+                                        ev->text, ev->len);
     const char *args = ev->tool_args ? ev->tool_args : "{}";
-    return agent_responses_enc_tool(((resp_ctx *)ctx)->enc, ev->tool_index, ev->tool_id,
-                                    ev->tool_name, args, strlen(args));
+    size_t skip = ev->tool_begun ? ev->tool_streamed : 0, al = strlen(args);
+    if (ev->tool_begun && (ev->tool_error || skip >= al)) return 0; /* stays as streamed */
+    return agent_responses_enc_tool(enc, ev->tool_index, ev->tool_id, ev->tool_name, args + skip,
+                                    al - skip);
+}
+
+static int resp_reasoning(void *ctx, const char *text, size_t len) {
+    return agent_responses_enc_reasoning(((resp_ctx *)ctx)->enc, text, len);
 }
 
 static int resp_done(void *ctx, const srv_event *ev, char **body) {
-    agent_dialect_done d = {agent_dialect_finish(ev->finish), NULL,
-                            {ev->usage.prompt_tokens, ev->usage.completion_tokens,
-                             ev->usage.cached_tokens}};
+    agent_dialect_done d = agent_dialect_done_of(ev);
     return agent_responses_enc_done(((resp_ctx *)ctx)->enc, &d, body);
 }
 
@@ -660,7 +712,8 @@ static void resp_free(void *ctx) {
 }
 
 static const agent_dialect_ops resp_ops = {resp_start, resp_text, resp_tool, resp_done,
-                                           resp_fail, agent_responses_error_body, resp_free};
+                                           resp_fail, agent_responses_error_body, resp_free,
+                                           resp_reasoning};
 
 static int route_responses(srv_req *r) {
     srv *s = srv_req_server(r);
@@ -691,6 +744,7 @@ static int route_responses(srv_req *r) {
         resp_free(c);
         return agent_err(AGENT_ENOMEM, "out of memory");
     }
+    c->x.req.stream_tool_args = c->x.stream;
     return agent_dialect_submit(r, &c->x.req, NULL, c->x.stream, &resp_ops, c);
 }
 

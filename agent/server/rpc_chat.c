@@ -99,6 +99,8 @@ static void wake(srv_job *j, void *user) {
                             "name", ev.tool_name, "arguments",
                             ev.tool_args ? ev.tool_args : "{}"));
             break;
+        case SRV_EV_TOOL_DELTA: /* not asked for: calls come whole */
+            break;
         case SRV_EV_DONE: {
             flush_text(call, q, q->reasoning ? "reasoning" : "content", true);
             agent_rpc_progress(call, "end", NULL, NULL, -1);

@@ -110,6 +110,13 @@ int agent_dialect_reply_error(srv_req *r, const agent_dialect_err *e,
     return rc;
 }
 
+agent_dialect_done agent_dialect_done_of(const srv_event *ev) {
+    agent_dialect_done d = {agent_dialect_finish(ev->finish), ev->stop_sequence,
+                            {ev->usage.prompt_tokens, ev->usage.completion_tokens,
+                             ev->usage.cached_tokens}};
+    return d;
+}
+
 const char *agent_dialect_finish(srv_finish f) {
     switch (f) {
     case SRV_FINISH_LENGTH:
@@ -149,7 +156,6 @@ static void run_wake(srv_job *j, void *user) {
             run->finished = true;
             return;
         }
-        if (ev.type == SRV_EV_REASONING) continue; /* the dialects show answers, not thoughts */
         if (ev.type == SRV_EV_DONE && ev.finish == SRV_FINISH_ERROR && !run->stream_started) {
             run_fail(run, ev.status ? ev.status : 500, ev.error ? ev.error : "generation failed");
             return;
@@ -173,10 +179,18 @@ static void run_wake(srv_job *j, void *user) {
                 srv_job_cancel(j);
                 rc = 0;
             }
+        } else if (!rc && ev.type == SRV_EV_REASONING && !run->stopping) {
+            if (run->ops->reasoning) rc = run->ops->reasoning(run->ctx, ev.text, ev.len);
+        } else if (!rc && ev.type == SRV_EV_TOOL_DELTA && !run->stopping) {
+            if (run->ops->tool) rc = run->ops->tool(run->ctx, &ev);
         } else if (!rc && ev.type == SRV_EV_TOOL_CALL && !run->stopping) {
-            /* a call that is not valid stays visible as text, never as a call */
-            rc = ev.tool_error || !run->ops->tool ? run->ops->text(run->ctx, ev.text, ev.len)
-                                                  : run->ops->tool(run->ctx, &ev);
+            /* a call that is not valid stays visible as text, never as a call (unless it
+             * was announced already while streamed: then it stays as it went) */
+            if (ev.tool_begun)
+                rc = run->ops->tool ? run->ops->tool(run->ctx, &ev) : 0;
+            else
+                rc = ev.tool_error || !run->ops->tool ? run->ops->text(run->ctx, ev.text, ev.len)
+                                                      : run->ops->tool(run->ctx, &ev);
         } else if (!rc && ev.type == SRV_EV_DONE) {
             if (ev.finish == SRV_FINISH_ERROR) {
                 run_fail(run, ev.status ? ev.status : 500, ev.error ? ev.error : "generation failed");

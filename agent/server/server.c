@@ -92,6 +92,10 @@ struct srv_req {
     srv_buf body;
     size_t body_expected;
     bool body_done;
+    bool drain;       /* refused before its body was read: the body is read and dropped, then
+                       * the refusal is written (a response sent while the client still sends
+                       * ends in a reset that can lose it) */
+    size_t drained;
     json_t *json;
     /* response */
     int status;
@@ -743,6 +747,24 @@ static void dispatch(srv_req *r) {
         srv_reply_error(r, 500, "server_error", NULL, "the handler gave no answer");
 }
 
+/* A request refused before its body was read: read the body (up to SRV_DRAIN_MAX bytes, within
+ * the idle timeout) and drop it before the refusal is written, so that a client still sending
+ * sees the answer instead of a connection reset. Not for a client that waits for "100
+ * Continue" (it sends nothing until answered) or a larger body (answered at once, best
+ * effort). */
+#define SRV_DRAIN_MAX (64u << 20)
+static void refuse_after_body(srv *s, srv_req *r, struct lws *w) {
+    char cl[32], ex[64];
+    if (hdr(w, WSI_TOKEN_HTTP_CONTENT_LENGTH, cl, sizeof cl) <= 0) return;
+    if (hdr(w, WSI_TOKEN_HTTP_EXPECT, ex, sizeof ex) != 0) return;
+    char *e;
+    unsigned long long n = strtoull(cl, &e, 10);
+    if (*e || cl[0] == '-' || n == 0 || n > SRV_DRAIN_MAX) return;
+    r->drain = true;
+    r->body_expected = (size_t)n;
+    lws_set_timeout(w, PENDING_TIMEOUT_HTTP_CONTENT, s->lim.idle_timeout_s);
+}
+
 static int on_http(srv *s, pss *ps, struct lws *w, const char *uri) {
     req_free(ps); /* a previous transaction on a kept-alive connection */
     srv_req *r = calloc(1, sizeof *r);
@@ -803,6 +825,7 @@ static int on_http(srv *s, pss *ps, struct lws *w, const char *uri) {
     }
     if ((deny = check_access(s, w, false, r->origin, sizeof r->origin, &why))) {
         r->close_after = true;
+        refuse_after_body(s, r, w);
         srv_reply_error(r, deny, deny == 401 ? "authentication_error" : "permission_error",
                         deny == 401 ? "invalid_api_key" : "forbidden", "%s", why);
         return 0;
@@ -811,6 +834,7 @@ static int on_http(srv *s, pss *ps, struct lws *w, const char *uri) {
     r->route = route_find(s, r->method, r->path, &known);
     if (!r->route) {
         r->close_after = lws_hdr_total_length(w, WSI_TOKEN_HTTP_CONTENT_LENGTH) > 0;
+        refuse_after_body(s, r, w);
         if (known)
             srv_reply_error(r, 405, "invalid_request_error", "method_not_allowed",
                             "%s is not allowed on %s", r->method, r->path);
@@ -836,6 +860,7 @@ static int on_http(srv *s, pss *ps, struct lws *w, const char *uri) {
         }
         if (n > s->lim.max_body) {
             r->close_after = true;
+            refuse_after_body(s, r, w);
             srv_reply_error(r, 413, "invalid_request_error", "body_too_large",
                             "request body of %llu bytes exceeds the limit of %zu bytes", n,
                             s->lim.max_body);
@@ -859,6 +884,7 @@ static int on_http(srv *s, pss *ps, struct lws *w, const char *uri) {
 static int on_http_writeable(srv *s, pss *ps, struct lws *w) {
     srv_req *r = ps->req;
     if (!r || !r->started) return 0;
+    if (r->drain && !r->body_done) return 0; /* written once the body is read */
     if (!r->hdr_sent) {
         if (lws_write(w, r->hdr + LWS_PRE, r->hdr_len, LWS_WRITE_HTTP_HEADERS) != (int)r->hdr_len)
             return -1;
@@ -1110,6 +1136,10 @@ static int callback(struct lws *w, enum lws_callback_reasons reason, void *user,
         return ps ? on_http(s, ps, w, in) : -1;
     case LWS_CALLBACK_HTTP_BODY: {
         srv_req *r = ps ? ps->req : NULL;
+        if (r && r->drain) {
+            r->drained += len;
+            return r->drained > r->body_expected ? -1 : 0;
+        }
         if (!r || r->gone || r->started) return 0; /* answered already: the body is dropped */
         if (r->body.len + len > r->body_expected) return -1;
         if (srv_buf_add(&r->body, in, len)) return -1;
@@ -1117,6 +1147,13 @@ static int callback(struct lws *w, enum lws_callback_reasons reason, void *user,
     }
     case LWS_CALLBACK_HTTP_BODY_COMPLETION: {
         srv_req *r = ps ? ps->req : NULL;
+        if (r && r->drain && !r->body_done) {
+            /* the refused request's body is read: now its answer */
+            r->body_done = true;
+            lws_set_timeout(w, NO_PENDING_TIMEOUT, 0);
+            lws_callback_on_writable(w);
+            return 0;
+        }
         if (!r || r->started || r->body_done) return 0;
         r->body_done = true;
         lws_set_timeout(w, NO_PENDING_TIMEOUT, 0);

@@ -47,10 +47,30 @@ typedef struct {
     int n_calls;
     agent_reply reply;
     char call_id[40];
+    /* streaming a call's arguments as it is written (srv_split_set_deltas; split.c) */
+    bool deltas;
+    json_t *tools;        /* tools_json parsed (the XML format's parameter types), lazily */
+    int cs;               /* the streamer's state (CS_*) */
+    size_t at;            /* bytes of the call markup scanned */
+    size_t mark;          /* start of the token being scanned (XML tags and values) */
+    bool begun;           /* the call's first TOOL_DELTA (id and name) was given */
+    bool in_str, x_str, x_any; /* inside a JSON string; XML: string value, any parameter */
+    int depth;            /* Hermes: nesting inside "arguments" */
+    int esc;              /* JSON string escape state */
+    uint32_t u, hi;       /* \u value being read, pending high surrogate */
+    srv_buf name, tok;    /* the call's name; a key / literal / XML value being read */
+    srv_buf args;         /* the arguments text produced so far */
+    size_t sent;          /* bytes of args given as deltas */
 } srv_split;
 
 void srv_split_init(srv_split *sp, bool raw, bool think, const char *tools_json,
                     agent_toolcall_format fmt);
+/* Stream tool-call arguments: SRV_EV_TOOL_DELTA events while a call is written (before
+ * the first text is fed). */
+void srv_split_set_deltas(srv_split *sp, bool on);
+/* The prompt opened the think block already: the text starts as reasoning (until
+ * </think>). */
+void srv_split_think_open(srv_split *sp);
 int srv_split_feed(srv_split *sp, const char *d, size_t n);
 int srv_split_next(srv_split *sp, bool done, srv_event *ev);
 int srv_split_calls(const srv_split *sp);

@@ -108,6 +108,8 @@
 #define srv_split_free agent_srv_split_free
 #define srv_split_init agent_srv_split_init
 #define srv_split_next agent_srv_split_next
+#define srv_split_set_deltas agent_srv_split_set_deltas
+#define srv_split_think_open agent_srv_split_think_open
 #define srv_sse_send agent_srv_sse_send
 #define srv_stream_end agent_srv_stream_end
 #define srv_stream_start agent_srv_stream_start
@@ -315,6 +317,7 @@ typedef struct {
     json_t *json_schema;    /* response_format json_schema's "schema" (borrowed), or NULL */
     bool json_object;       /* response_format {"type":"json_object"}: any JSON object */
     int enable_thinking;    /* -1 the template's default, 0, 1 */
+    bool stream_tool_args;  /* give SRV_EV_TOOL_DELTA events while a call is written */
     srv_sampling sampling;
 } srv_chat_req;
 
@@ -343,6 +346,10 @@ typedef enum {
     SRV_EV_TEXT = 2,        /* content text */
     SRV_EV_TOOL_CALL = 3,   /* one complete tool call */
     SRV_EV_DONE = 4,        /* last event */
+    SRV_EV_TOOL_DELTA = 5,  /* a piece of a tool call being written (srv_chat_req.
+                             * stream_tool_args): the first of a call has tool_index,
+                             * tool_id and tool_name (text may be empty), every one text/len
+                             * = the next bytes of its arguments' JSON text */
 } srv_ev_type;
 
 typedef enum {
@@ -373,11 +380,18 @@ typedef struct {
     const char *tool_args;  /* compact JSON object text */
     const char *tool_error; /* non-NULL: complete markup but not a valid call (unknown
                              * name, arguments not a JSON object): never run it; a
-                             * front end may pass the markup (text) on as content */
+                             * front end may pass the markup (text) on as content (unless
+                             * tool_begun: then the call was announced already and stays
+                             * as far as it was streamed, finish tells why) */
+    bool tool_begun;        /* TOOL_CALL: TOOL_DELTA events announced this call */
+    size_t tool_streamed;   /* TOOL_CALL with tool_begun: bytes of tool_args already given
+                             * as deltas (tool_args starts with them when no tool_error) */
     srv_finish finish;      /* DONE */
     const char *error;      /* DONE with SRV_FINISH_ERROR */
     int status;             /* DONE with SRV_FINISH_ERROR: the HTTP status it maps to */
     srv_usage usage;        /* DONE */
+    const char *stop_sequence; /* DONE: the request's stop string that ended the generation,
+                                * or NULL */
 } srv_event;
 
 /* Wake-up: the job has events (service thread). Called once per batch of new events, not

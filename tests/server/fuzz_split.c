@@ -1,7 +1,8 @@
 /* Fuzz target of agent/server/split.c. Input: one flag byte (bit 0 raw, bit 1 think, bit 2
  * tools, bit 3 XML format), one seed byte for where the text is cut, then the text. The events
  * of the text fed in pieces must equal those of the whole text, and every event stays inside
- * the text (split_events.h aborts otherwise). */
+ * the text (split_events.h aborts otherwise); with tool-call deltas on too, where the pieces
+ * of a call's arguments must be exactly the start of the parsed call's arguments. */
 #include <stdint.h>
 
 #include "split_events.h"
@@ -29,13 +30,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (at >= n) break;
         cuts[n_cuts++] = at;
     }
-    char *whole = split_run(text, n, NULL, 0, raw, think, tools, fmt, NULL);
-    char *pieces = split_run(text, n, cuts, n_cuts, raw, think, tools, fmt, NULL);
-    if (strcmp(whole, pieces)) {
-        fprintf(stderr, "fuzz_split: pieces differ:\n%s\nvs\n%s\n", pieces, whole);
-        abort();
+    for (int deltas = 0; deltas < 2; deltas++) {
+        char *whole = split_run_ex(text, n, NULL, 0, raw, think, tools, fmt, NULL, deltas, NULL);
+        char *pieces =
+            split_run_ex(text, n, cuts, n_cuts, raw, think, tools, fmt, NULL, deltas, NULL);
+        if (strcmp(whole, pieces)) {
+            fprintf(stderr, "fuzz_split: pieces differ:\n%s\nvs\n%s\n", pieces, whole);
+            abort();
+        }
+        /* streamed arguments are exactly what the parsed call holds */
+        if (strstr(whole, "differs from what was streamed") ||
+            strstr(whole, "differ from what was streamed")) {
+            fprintf(stderr, "fuzz_split: streamed arguments differ: %s\n", whole);
+            abort();
+        }
+        free(whole);
+        free(pieces);
     }
-    free(whole);
-    free(pieces);
     return 0;
 }

@@ -110,6 +110,29 @@ try {
   r = await raw(srv, { method: 'POST', path: '/v1/models', body: '{}' });
   check(r.status === 405, 'POST with a body on a GET route: 405');
 
+  // a refusal sent before the body was read still reaches the client: curl posting a large
+  // body without waiting for 100 Continue (as SDKs do) gets the status, never a reset
+  const bigFile = path.join(srv.dir, 'big.json');
+  fs.writeFileSync(bigFile, '{"messages": "' + 'a'.repeat(3 << 20) + '"}');
+  const curl = (args) => spawnSync('curl', ['-s', '-o', '/dev/null', '-w', '%{http_code}',
+    '-H', 'Expect:', '-H', 'content-type: application/json', '--data-binary', '@' + bigFile,
+    ...args], { encoding: 'utf8', timeout: 30000 });
+  for (const [what, args, want] of [
+    ['wrong token', ['-H', 'authorization: Bearer ' + 'x'.repeat(48), srv.url + chat], '401'],
+    ['no token', [srv.url + chat], '401'],
+    ['over --max-body', ['-H', `authorization: Bearer ${srv.token}`, srv.url + chat], '413'],
+    ['unknown path', ['-H', `authorization: Bearer ${srv.token}`, srv.url + '/v1/nothing'], '404']]) {
+    let got = [];
+    for (let i = 0; i < 8; i++) {
+      const c = curl(args);
+      got.push(c.error ? 'spawn: ' + c.error.message : c.status === 0 ? c.stdout : `curl ${c.status}`);
+    }
+    check(got.every((x) => x === want), `large body, ${what}: ${want} every time (${got})`);
+  }
+  r = await raw(srv, { method: 'POST', path: chat, token: 'y'.repeat(48),
+    body: 'z'.repeat(2 << 20) });
+  check(r.status === 401, 'node http, large body, wrong token: 401');
+
   // WebSocket handshake: token and Origin before anything else
   const wsHandshake = (headers, p = '/rpc') => raw(srv, { path: p, token: null, headers: {
     connection: 'Upgrade', upgrade: 'websocket', 'sec-websocket-version': '13',

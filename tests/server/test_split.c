@@ -25,47 +25,112 @@ typedef struct {
     const char *text;
     bool raw, think, tools;
     agent_toolcall_format fmt;
-    const char *want;
+    const char *want;       /* NULL: an unknown-tool error; "...*": a prefix */
     int calls;
+    const char *want_deltas; /* with tool-call deltas on, when different */
 } tcase;
 
 static const tcase cases[] = {
     {"raw", "hello <think> <tool_call> world", true, true, true, AGENT_TOOLCALL_HERMES,
-     "T:hello <think> <tool_call> world", 0},
-    {"plain", "just text\n", false, false, false, AGENT_TOOLCALL_HERMES, "T:just text\n", 0},
+     "T:hello <think> <tool_call> world", 0, NULL},
+    {"plain", "just text\n", false, false, false, AGENT_TOOLCALL_HERMES, "T:just text\n", 0, NULL},
     {"think", "<think>\nplan it\n</think>\n\nThe answer.", false, true, false,
-     AGENT_TOOLCALL_HERMES, "R:plan it|T:The answer.", 0},
+     AGENT_TOOLCALL_HERMES, "R:plan it|T:The answer.", 0, NULL},
     {"think, empty block", "<think>\n\n</think>\n\nok", false, true, false,
-     AGENT_TOOLCALL_HERMES, "T:ok", 0},
+     AGENT_TOOLCALL_HERMES, "T:ok", 0, NULL},
     {"think, no newline", "<think>a</think>b", false, true, false, AGENT_TOOLCALL_HERMES,
-     "R:a|T:b", 0},
+     "R:a|T:b", 0, NULL},
     {"think off: the markup is text", "<think>\nx\n</think>y", false, false, false,
-     AGENT_TOOLCALL_HERMES, "T:<think>\nx\n</think>y", 0},
+     AGENT_TOOLCALL_HERMES, "T:<think>\nx\n</think>y", 0, NULL},
     {"think not at the start", "x<think>y</think>", false, true, false, AGENT_TOOLCALL_HERMES,
-     "T:x<think>y</think>", 0},
+     "T:x<think>y</think>", 0, NULL},
     {"think cut off", "<think>\nstill thinking", false, true, false, AGENT_TOOLCALL_HERMES,
-     "R:still thinking", 0},
+     "R:still thinking", 0, NULL},
     {"hermes calls", "Sure. <tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n"
      "</tool_call>\n<tool_call>\n{\"name\": \"g\", \"arguments\": {}}\n</tool_call>",
      false, false, true, AGENT_TOOLCALL_HERMES,
-     "T:Sure. |C0:f:{\"a\":1}|C1:g:{}", 2},
+     "T:Sure. |C0:f:{\"a\":1}|C1:g:{}", 2, NULL},
     {"think then a call", "<think>\nneed f\n</think>\n\n<tool_call>\n{\"name\": \"f\", "
      "\"arguments\": {\"s\": \"</think>\"}}\n</tool_call>", false, true, true,
-     AGENT_TOOLCALL_HERMES, "R:need f|C0:f:{\"s\":\"</think>\"}", 1},
+     AGENT_TOOLCALL_HERMES, "R:need f|C0:f:{\"s\":\"</think>\"}", 1, NULL},
     {"unknown tool", "<tool_call>\n{\"name\": \"nope\", \"arguments\": {}}\n</tool_call>", false,
-     false, true, AGENT_TOOLCALL_HERMES, NULL, 1},
+     false, true, AGENT_TOOLCALL_HERMES, NULL, 1, NULL},
     {"call cut off", "x <tool_call>\n{\"name\": \"f\", \"argu", false, false, true,
-     AGENT_TOOLCALL_HERMES, "T:x <tool_call>\n{\"name\": \"f\", \"argu", 0},
+     AGENT_TOOLCALL_HERMES, "T:x <tool_call>\n{\"name\": \"f\", \"argu", 0, NULL},
     {"no tools: markup is text", "<tool_call>\n{\"name\": \"f\"}\n</tool_call>", false, false,
-     false, AGENT_TOOLCALL_HERMES, "T:<tool_call>\n{\"name\": \"f\"}\n</tool_call>", 0},
+     false, AGENT_TOOLCALL_HERMES, "T:<tool_call>\n{\"name\": \"f\"}\n</tool_call>", 0, NULL},
     {"almost a marker", "a <tool_cal b </tool_call> c", false, false, true,
-     AGENT_TOOLCALL_HERMES, "T:a <tool_cal b </tool_call> c", 0},
+     AGENT_TOOLCALL_HERMES, "T:a <tool_cal b </tool_call> c", 0, NULL},
     {"xml call", "<tool_call>\n<function=f>\n<parameter=a>\n7\n</parameter>\n<parameter=s>\n"
      "hi there\n</parameter>\n</function>\n</tool_call>", false, false, true,
-     AGENT_TOOLCALL_XML, "C0:f:{\"a\":7,\"s\":\"hi there\"}", 1},
+     AGENT_TOOLCALL_XML, "C0:f:{\"a\":7,\"s\":\"hi there\"}", 1, NULL},
     {"utf-8 around markers", "é<tool_call>\n{\"name\": \"g\", \"arguments\": {}}\n"
-     "</tool_call>ü", false, false, true, AGENT_TOOLCALL_HERMES, "T:é|C0:g:{}|T:ü", 1},
+     "</tool_call>ü", false, false, true, AGENT_TOOLCALL_HERMES, "T:é|C0:g:{}|T:ü", 1, NULL},
+    /* streamed arguments are rewritten the way the parsed call is dumped (jansson, compact) */
+    {"hermes escapes and numbers", "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"s\": "
+     "\"q\\\"b\\\\c\\/d\\u00e9\\ud83d\\ude00\\n\\t\\u0001\\u007f é\", \"a\": 1.50,\n "
+     "\"n\": [1, 2e3, true, null, {\"x\": -0, \"y\": 0.1}], \"e\": {}, \"l\": []}}\n"
+     "</tool_call>", false, false, true, AGENT_TOOLCALL_HERMES,
+     "C0:f:{\"s\":\"q\\\"b\\\\c/dé😀\\n\\t\\u0001\x7f é\",\"a\":1.5,\"n\":[1,2000.0,"
+     "true,null,{\"x\":0,\"y\":0.10000000000000001}],\"e\":{},\"l\":[]}", 1, NULL},
+    {"hermes arguments before the name", "<tool_call>{\"arguments\": {\"a\": 2}, "
+     "\"name\": \"f\"}</tool_call>", false, false, true, AGENT_TOOLCALL_HERMES,
+     "C0:f:{\"a\":2}", 1, NULL},
+    {"hermes arguments as a string", "<tool_call>{\"name\": \"f\", \"arguments\": "
+     "\"{\\\"a\\\": 3}\"}</tool_call>", false, false, true, AGENT_TOOLCALL_HERMES,
+     "C0:f:{\"a\":3}", 1, NULL},
+    {"hermes call with a bad body", "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": "
+     "[1}}}</tool_call>", false, false, true, AGENT_TOOLCALL_HERMES, "E0::tool call 1: the body*",
+     1, "E0:f:tool call 1: the body*"},
+    {"hermes call cut off in its arguments", "<tool_call>{\"name\": \"f\", \"arguments\": "
+     "{\"s\": \"abc", false, false, true, AGENT_TOOLCALL_HERMES,
+     "T:<tool_call>{\"name\": \"f\", \"arguments\": {\"s\": \"abc", 0,
+     "E0:f:the tool call was cut off"},
+    {"xml unknown tool", "<tool_call>\n<function=nope>\n<parameter=v>\n[1,2]\n</parameter>\n"
+     "</function>\n</tool_call>", false, false, true, AGENT_TOOLCALL_XML, NULL, 1, NULL},
+    {"xml strings verbatim, typed values", "<tool_call>\n<function=f>\n<parameter=s>\n"
+     "say \"hi\"\\\n\ttwo lines </param\n\n</parameter>\n<parameter=a>\n 42 \n</parameter>\n"
+     "<parameter=z>\n[1, {\"k\": 2.0}]\n</parameter>\n</function>\n</tool_call>", false, false,
+     true, AGENT_TOOLCALL_XML,
+     "C0:f:{\"s\":\"say \\\"hi\\\"\\\\\\n\\ttwo lines </param\\n\",\"a\":42,"
+     "\"z\":\"[1, {\\\"k\\\": 2.0}]\"}", 1, NULL},
+    {"xml tool without properties: strings", "<tool_call>\n<function=g>\n<parameter=v>\n"
+     "[1,2]\n</parameter>\n<parameter=w>\nplain\n</parameter>\n</function>\n</tool_call>",
+     false, false, true, AGENT_TOOLCALL_XML, "C0:g:{\"v\":\"[1,2]\",\"w\":\"plain\"}", 1, NULL},
+    {"xml no parameters", "<tool_call>\n<function=g>\n</function>\n</tool_call>", false, false,
+     true, AGENT_TOOLCALL_XML, "C0:g:{}", 1, NULL},
+    {"xml empty and newline-only values", "<tool_call><function=f><parameter=s></parameter>"
+     "<parameter=t>\n\n</parameter></function></tool_call>", false, false, true,
+     AGENT_TOOLCALL_XML, "C0:f:{\"s\":\"\",\"t\":\"\"}", 1, NULL},
 };
+
+static bool matches(const char *got, const char *want) {
+    size_t wl = strlen(want);
+    if (wl && want[wl - 1] == '*') return !strncmp(got, want, wl - 1);
+    return !strcmp(got, want);
+}
+
+/* Every cut into two pieces, and byte by byte, gives the whole text's events. */
+static void check_cuts(const tcase *c, const char *whole, bool deltas) {
+    size_t n = strlen(c->text);
+    const char *tools = c->tools ? TOOLS : NULL;
+    for (size_t cut = 0; cut <= n; cut++) {
+        char *two = split_run_ex(c->text, n, &cut, 1, c->raw, c->think, tools, c->fmt, NULL,
+                                 deltas, NULL);
+        CHECK(!strcmp(two, whole), "%s%s: cut at %zu: '%s' vs '%s'", c->name,
+              deltas ? " (deltas)" : "", cut, two, whole);
+        free(two);
+    }
+    size_t *all = malloc((n + 1) * sizeof *all);
+    for (size_t k = 0; k < n; k++) all[k] = k + 1;
+    int nd = 0;
+    char *bytes = split_run_ex(c->text, n, all, n, c->raw, c->think, tools, c->fmt, NULL, deltas,
+                               &nd);
+    CHECK(!strcmp(bytes, whole), "%s%s: byte by byte: '%s' vs '%s'", c->name,
+          deltas ? " (deltas)" : "", bytes, whole);
+    free(bytes);
+    free(all);
+}
 
 int main(void) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -74,23 +139,61 @@ int main(void) {
         const char *tools = c->tools ? TOOLS : NULL;
         int calls = -1;
         char *whole = split_run(c->text, n, NULL, 0, c->raw, c->think, tools, c->fmt, &calls);
-        if (c->want) CHECK(!strcmp(whole, c->want), "%s: got '%s', want '%s'", c->name, whole,
+        if (c->want) CHECK(matches(whole, c->want), "%s: got '%s', want '%s'", c->name, whole,
                            c->want);
         else CHECK(!strncmp(whole, "E0:nope:", 8), "%s: got '%s'", c->name, whole);
         CHECK(calls == (c->want ? c->calls : 0) || (!c->want && calls == 1), "%s: %d calls",
               c->name, calls);
-        for (size_t cut = 0; cut <= n; cut++) {
-            char *two = split_run(c->text, n, &cut, 1, c->raw, c->think, tools, c->fmt, NULL);
-            CHECK(!strcmp(two, whole), "%s: cut at %zu: '%s' vs '%s'", c->name, cut, two, whole);
-            free(two);
-        }
-        size_t *all = malloc((n + 1) * sizeof *all);
-        for (size_t k = 0; k < n; k++) all[k] = k + 1;
-        char *bytes = split_run(c->text, n, all, n, c->raw, c->think, tools, c->fmt, NULL);
-        CHECK(!strcmp(bytes, whole), "%s: byte by byte: '%s' vs '%s'", c->name, bytes, whole);
-        free(bytes);
-        free(all);
+        check_cuts(c, whole, false);
+        /* with deltas: the pieces plus each call's rest give the same calls */
+        char *dw = split_run_ex(c->text, n, NULL, 0, c->raw, c->think, tools, c->fmt, NULL, true,
+                                NULL);
+        if (c->want_deltas)
+            CHECK(matches(dw, c->want_deltas), "%s (deltas): got '%s', want '%s'", c->name, dw,
+                  c->want_deltas);
+        else if (c->want && c->want[strlen(c->want) - 1] != '*')
+            CHECK(!strcmp(dw, whole), "%s (deltas): got '%s', want '%s'", c->name, dw, whole);
+        else
+            CHECK(!strncmp(dw, "E0:", 3), "%s (deltas): got '%s'", c->name, dw);
+        check_cuts(c, dw, true);
+        free(dw);
         free(whole);
+    }
+    /* the arguments come while they are written: fed byte by byte, a call whose arguments
+     * hold a long string arrives in many pieces, each before the call's end */
+    const char *long_call = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"s\": "
+                            "\"0123456789abcdefghij0123456789\", \"a\": 12}}\n</tool_call>";
+    const char *long_xml = "<tool_call>\n<function=f>\n<parameter=s>\n0123456789abcdefghij"
+                           "0123456789\n</parameter>\n</function>\n</tool_call>";
+    for (int k = 0; k < 2; k++) {
+        const char *t = k ? long_xml : long_call;
+        size_t n = strlen(t);
+        size_t *all = malloc(n * sizeof *all);
+        for (size_t j = 0; j < n; j++) all[j] = j + 1;
+        int nd = 0;
+        char *d = split_run_ex(t, n, all, n - 1, false, false, TOOLS,
+                               k ? AGENT_TOOLCALL_XML : AGENT_TOOLCALL_HERMES, NULL, true, &nd);
+        CHECK(nd >= 25, "%s call byte by byte: only %d argument pieces (%s)", k ? "xml" : "hermes",
+              nd, d);
+        free(d);
+        free(all);
+    }
+    /* a prompt that opened the think block: the text starts as reasoning */
+    for (int k = 0; k < 2; k++) {
+        const char *t = k ? "plan\n</think>\n\nanswer" : "no end of the thoughts";
+        srv_split sp;
+        srv_split_init(&sp, false, false, NULL, AGENT_TOOLCALL_HERMES);
+        srv_split_think_open(&sp);
+        split_desc d = {0};
+        d.delta_index = -1;
+        desc_add(&d, "", 0);
+        srv_event ev;
+        if (srv_split_feed(&sp, t, strlen(t))) abort();
+        while (srv_split_next(&sp, true, &ev)) desc_event(&d, &ev, strlen(t));
+        const char *want = k ? "R:plan|T:answer" : "R:no end of the thoughts";
+        CHECK(!strcmp(d.p, want), "think open: got '%s', want '%s'", d.p, want);
+        free(d.p);
+        srv_split_free(&sp);
     }
     if (failures) return 1;
     printf("test_split: %zu cases ok\n", sizeof cases / sizeof cases[0]);
