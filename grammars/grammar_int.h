@@ -233,15 +233,37 @@ typedef struct {
     int8_t *table;          /* n x 256: byte -> region state index, -1 leaves the region,
                              * -2 no edge */
     uint64_t *ok;           /* n_nodes bits */
-    /* the first state's shared part of its cache (mask.c, region_result), made on first use */
-    int done;
+} grammar_region;
+
+/* A shape (mask.c, shape_map): the byte region seen from a state, up to GRAMMAR_SHAPE_MAX
+ * states breadth first, with its table (byte -> index, -1 leaves, -2 no edge); its roots
+ * (index 0 and the states with many tokens into the region, at most GRAMMAR_SHAPE_ROOTS) each
+ * get the tokens that stay in the region and the exits (trie node, index before its byte). A
+ * copy is one occurrence of a shape in the grammar: its real states. */
+#define GRAMMAR_SHAPE_MAX 1024
+#define GRAMMAR_SHAPE_ROOTS 32
+typedef struct {
     uint32_t *in_bits;      /* ids of the tokens that stay in the region */
     uint32_t n_in;
     int32_t *in_rng;        /* the same as rank ranges (lo, hi pairs) */
     size_t n_in_rng;
-    int32_t (*exits)[2];    /* (trie node, region index before its byte): the token leaves */
+    int32_t (*exits)[2];
     size_t n_exits;
-} grammar_region;
+} grammar_shape_root;
+
+typedef struct {
+    int n;
+    int16_t *table;         /* n x 256 */
+    uint64_t hash;
+    int n_roots;
+    int16_t root_idx[GRAMMAR_SHAPE_ROOTS];
+    grammar_shape_root *roots;
+} grammar_shape;
+
+typedef struct {
+    int32_t shape;
+    size_t off;             /* its states: copy_states[off .. off + shape's n) */
+} grammar_copy;
 
 struct grammar_index {
     const grammar *g;
@@ -265,7 +287,18 @@ struct grammar_index {
     int32_t *region_of;
     grammar_region *regions;
     size_t n_regions, cap_regions;
-    uint64_t region_builds; /* caches built from a region's shared result (tests) */
+    /* shapes (mask.c): per state -2 not looked at, -1 none, else its copy and root slot */
+    grammar_shape *shapes;
+    size_t n_shapes, cap_shapes, shape_bytes;
+    grammar_copy *copies;
+    size_t n_copies, cap_copies;
+    int32_t *copy_states;
+    size_t n_copy_states, cap_copy_states;
+    int32_t *shape_of;
+    int16_t *shape_slot;
+    int16_t *shape_at;      /* n_states: scratch of shape_map, -1 */
+    int32_t first_tok[256]; /* tokens per first byte */
+    uint64_t region_builds; /* caches built from a shape's shared result (tests) */
     uint64_t pop_unions;    /* pops in pass 2 answered by the pop memo (tests) */
     int8_t *region_at;      /* n_states: scratch of region_states, -1 */
     size_t bytes_used;

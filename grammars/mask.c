@@ -122,11 +122,25 @@ void grammar_index_free(grammar_index *ix) {
     for (size_t r = 0; r < ix->n_regions; r++) {
         free(ix->regions[r].table);
         free(ix->regions[r].ok);
-        free(ix->regions[r].in_bits);
-        free(ix->regions[r].exits);
-        free(ix->regions[r].in_rng);
+
     }
     free(ix->regions);
+    for (size_t k = 0; k < ix->n_shapes; k++) {
+        grammar_shape *sh = &ix->shapes[k];
+        for (int r = 0; sh->roots && r < sh->n_roots; r++) {
+            free(sh->roots[r].in_bits);
+            free(sh->roots[r].in_rng);
+            free(sh->roots[r].exits);
+        }
+        free(sh->roots);
+        free(sh->table);
+    }
+    free(ix->shapes);
+    free(ix->copies);
+    free(ix->copy_states);
+    free(ix->shape_of);
+    free(ix->shape_slot);
+    free(ix->shape_at);
     free(ix->region_of);
     free(ix->region_at);
     free(ix);
@@ -180,7 +194,15 @@ int grammar_index_new(grammar_index **out, const grammar *g, const grammar_vocab
         goto fail;
     for (int32_t q = 0; q < g->n_states; q++) ix->region_of[q] = -2;
     ix->region_at = malloc((size_t)g->n_states);
-    if (!ix->region_at) goto fail;
+    ix->shape_of = malloc((size_t)g->n_states * sizeof *ix->shape_of);
+    ix->shape_slot = malloc((size_t)g->n_states * sizeof *ix->shape_slot);
+    ix->shape_at = malloc((size_t)g->n_states * sizeof *ix->shape_at);
+    if (!ix->region_at || !ix->shape_of || !ix->shape_slot || !ix->shape_at) goto fail;
+    for (int32_t q = 0; q < g->n_states; q++) ix->shape_of[q] = -2, ix->shape_at[q] = -1;
+    for (int32_t i = 0; i < v->n_nodes; i = v->tn_skip[i]) {
+        int32_t end = v->tn_skip[i];
+        ix->first_tok[v->tn_byte[i]] = (end < v->n_nodes ? v->tn_rank[end] : v->n_order) - v->tn_rank[i];
+    }
     memset(ix->region_at, -1, (size_t)g->n_states);
     if (!ix->cache || !ix->rep || !ix->depth_off || !ix->depth_mark || !ix->acc_stamp) goto fail;
     if ((rc = cache_classes(ix))) goto fail;
@@ -545,71 +567,6 @@ static int region_states(grammar_index *ix, int32_t s, int32_t *st, int8_t *tabl
     }
     for (int k = 0; k < n; k++) at[st[k]] = -1;
     return n;
-}
-
-/* The region's own part of the cache of its first state, the same in every rule's copy: one
- * walk down the trie following the table from index 0. Tokens that stay in the region are
- * accepted (rank ranges and a bitset); a byte with no edge rejects the subtree; a byte that
- * leaves the region is an exit (node, index before it) where the rule's own states take over
- * (build_region_state walks below each exit). A string's inside: ~147K tokens stay, ~3.5K
- * die on a control character, ~200 exits (a closing quote after a prefix). */
-static int region_result(grammar_index *ix, grammar_region *rg) {
-    const grammar_vocab *v = ix->v;
-    size_t words = ((size_t)v->n_vocab + 31) / 32;
-    int8_t *idx = malloc((size_t)v->max_len + 2);
-    rg->in_bits = calloc(words, sizeof *rg->in_bits);
-    size_t cap_ex = 0, cap_rng = 0;
-    int rc = 0;
-    if (!idx || !rg->in_bits) {
-        rc = grammar_err(GRAMMAR_ENOMEM, "out of memory");
-        goto done;
-    }
-    idx[0] = 0;
-    for (int32_t i = 0; i < v->n_nodes;) {
-        uint32_t d = v->tn_depth[i];
-        int x = rg->table[idx[d - 1] * 256 + v->tn_byte[i]];
-        if (x < 0) {
-            if (x == -1) {
-                if (grammar_grow((void **)&rg->exits, &cap_ex, rg->n_exits + 1, sizeof *rg->exits)) {
-                    rc = grammar_err(GRAMMAR_ENOMEM, "out of memory");
-                    goto done;
-                }
-                rg->exits[rg->n_exits][0] = i;
-                rg->exits[rg->n_exits][1] = idx[d - 1];
-                rg->n_exits++;
-            }
-            i = v->tn_skip[i];
-            continue;
-        }
-        idx[d] = (int8_t)x;
-        int32_t r0 = v->tn_rank[i], r1 = r0 + v->tn_nrank[i];
-        for (int32_t r = r0; r < r1; r++) {
-            int32_t id = v->order[r];
-            rg->in_bits[id / 32] |= 1u << (id % 32);
-        }
-        if (r1 > r0) {
-            if (rg->n_in_rng && rg->in_rng[2 * rg->n_in_rng - 1] == r0) {
-                rg->in_rng[2 * rg->n_in_rng - 1] = r1;
-            } else {
-                if (grammar_grow((void **)&rg->in_rng, &cap_rng, 2 * rg->n_in_rng + 2,
-                                 sizeof *rg->in_rng)) {
-                    rc = grammar_err(GRAMMAR_ENOMEM, "out of memory");
-                    goto done;
-                }
-                rg->in_rng[2 * rg->n_in_rng] = r0;
-                rg->in_rng[2 * rg->n_in_rng + 1] = r1;
-                rg->n_in_rng++;
-            }
-        }
-        rg->n_in += (uint32_t)(r1 - r0);
-        i++;
-    }
-    rg->done = 1;
-    ix->bytes_used += words * sizeof *rg->in_bits + rg->n_exits * sizeof *rg->exits +
-                      2 * rg->n_in_rng * sizeof *rg->in_rng;
-done:
-    free(idx);
-    return rc;
 }
 
 static int region_find(grammar_index *ix, int32_t s, int32_t *id);
@@ -1073,8 +1030,6 @@ static int acc_finish(grammar_index *ix, grammar_state_cache *c, size_t n_rng) {
     return 0;
 }
 
-/* The cache of a state that starts a byte region: the region's shared result plus walks of
- * the subtrees below its exits from this rule's own states. */
 static int unc_finish(grammar_index *ix, grammar_state_cache *c, size_t n_unc) {
     if (n_unc) {
         c->unc = malloc(n_unc * sizeof *c->unc);
@@ -1086,50 +1041,264 @@ static int unc_finish(grammar_index *ix, grammar_state_cache *c, size_t n_unc) {
     return 0;
 }
 
-static int build_region_state(grammar_index *ix, int32_t q, grammar_region *rg) {
+/* ----- shapes: byte regions' shared results, several states at once -----
+ * A state that can stay in byte-only states (no final state, call or return on the way) on
+ * many bytes, such as the opening state or the inside of a string, or the states of a string
+ * with maxLength (a counted chain: each state differs from the next by what remains), gets most
+ * of its cache from its region alone: the tokens that stay in the region are accepted in every
+ * rule's copy, a byte with no edge rejects, and only below the exits (a byte into a state that
+ * is no member: the closing quote) do the rule's own states matter. The region seen from a
+ * state q (its states breadth first, at most GRAMMAR_SHAPE_MAX; its byte table) is a shape,
+ * equal in every copy of the string. One walk down the trie serves all the shape's roots at
+ * once (its states with many tokens into the region: the opening and inside states of a
+ * string, every count of a counted chain), carrying per depth the region state of each root
+ * still inside. A state's cache is then its root's tokens plus walks below its exits from the
+ * copy's real states. */
+#define SHAPE_MIN_TOKENS 65536 /* tokens whose first byte stays in the region: a root */
+#define SHAPE_MAX_COUNT 256
+#define SHAPE_MAX_BYTES ((size_t)64 << 20)
+
+static uint64_t shape_hash(const int16_t *t, size_t n) {
+    uint64_t h = 1469598103934665603ull ^ n;
+    for (size_t i = 0; i < n; i++) h = (h ^ (uint16_t)t[i]) * 1099511628211ull;
+    return h;
+}
+
+/* Can q start a shape? A member with >= 16 bytes into members holding many tokens. */
+static bool shape_start(const grammar_index *ix, int32_t q) {
+    const grammar *g = ix->g;
+    if (!region_member(g, q)) return false;
+    int into = 0;
+    int32_t toks = 0;
+    for (int b = 0; b < 256; b++) {
+        int32_t t = grammar_next(g, q, (uint8_t)b);
+        if (t >= 0 && region_member(g, t)) into++, toks += ix->first_tok[b];
+    }
+    return into >= REGION_MIN_LOOPS && toks >= SHAPE_MIN_TOKENS;
+}
+
+/* The walk down the trie for every root of shape sh. */
+static int shape_pass(grammar_index *ix, grammar_shape *sh) {
+    const grammar_vocab *v = ix->v;
+    size_t levels = (size_t)v->max_len + 2;
+    int R = sh->n_roots, rc = 0;
+    int16_t *vec = malloc(levels * (size_t)R * sizeof *vec);
+    uint32_t *alive = malloc(levels * sizeof *alive);
+    size_t *cap_ex = calloc((size_t)R, sizeof *cap_ex), *cap_rng = calloc((size_t)R, sizeof *cap_rng);
+    sh->roots = calloc((size_t)R, sizeof *sh->roots);
+    if (!vec || !alive || !cap_ex || !cap_rng || !sh->roots) goto nomem;
+    for (int r = 0; r < R; r++) vec[r] = sh->root_idx[r];
+    alive[0] = R == 32 ? 0xffffffffu : (1u << R) - 1;
+    for (int32_t i = 0; i < v->n_nodes;) {
+        uint32_t d = v->tn_depth[i], a = alive[d - 1], na = 0;
+        const int16_t *up = vec + (size_t)(d - 1) * R;
+        int16_t *cur = vec + (size_t)d * R;
+        const int16_t *col = sh->table + v->tn_byte[i];
+        for (uint32_t m = a; m; m &= m - 1) {
+            int r = __builtin_ctz(m);
+            int x = col[up[r] * 256];
+            if (x >= 0) {
+                cur[r] = (int16_t)x;
+                na |= 1u << r;
+            } else if (x == -1) { /* the token leaves the region here: an exit */
+                grammar_shape_root *sr = &sh->roots[r];
+                if (grammar_grow((void **)&sr->exits, &cap_ex[r], sr->n_exits + 1, sizeof *sr->exits))
+                    goto nomem;
+                sr->exits[sr->n_exits][0] = i;
+                sr->exits[sr->n_exits][1] = up[r];
+                sr->n_exits++;
+            }
+        }
+        if (!na) {
+            i = v->tn_skip[i];
+            continue;
+        }
+        alive[d] = na;
+        int32_t r0 = v->tn_rank[i], r1 = r0 + v->tn_nrank[i];
+        if (r1 > r0)
+            for (uint32_t m = na; m; m &= m - 1) {
+                grammar_shape_root *sr = &sh->roots[__builtin_ctz(m)];
+                sr->n_in += (uint32_t)(r1 - r0);
+                if (sr->n_in_rng && sr->in_rng[2 * sr->n_in_rng - 1] == r0) {
+                    sr->in_rng[2 * sr->n_in_rng - 1] = r1;
+                    continue;
+                }
+                if (grammar_grow((void **)&sr->in_rng, &cap_rng[__builtin_ctz(m)],
+                                 2 * sr->n_in_rng + 2, sizeof *sr->in_rng))
+                    goto nomem;
+                sr->in_rng[2 * sr->n_in_rng] = r0;
+                sr->in_rng[2 * sr->n_in_rng + 1] = r1;
+                sr->n_in_rng++;
+            }
+        i++;
+    }
+    for (int r = 0; r < R; r++)
+        ix->bytes_used += sh->roots[r].n_exits * sizeof *sh->roots[r].exits +
+                          2 * sh->roots[r].n_in_rng * sizeof(int32_t);
+    goto done;
+nomem:
+    rc = grammar_err(GRAMMAR_ENOMEM, "out of memory");
+done:
+    free(vec);
+    free(alive);
+    free(cap_ex);
+    free(cap_rng);
+    return rc;
+}
+
+/* Look at q (its first build): when it starts a shape, find or make the shape and map this
+ * copy's roots to it (shape_of: copy, shape_slot: root). */
+static int shape_map(grammar_index *ix, int32_t q) {
+    const grammar *g = ix->g;
+    ix->shape_of[q] = -1;
+    if (!shape_start(ix, q) || ix->n_shapes >= SHAPE_MAX_COUNT || ix->shape_bytes > SHAPE_MAX_BYTES)
+        return 0;
+    int rc = 0;
+    int32_t *st = malloc(GRAMMAR_SHAPE_MAX * sizeof *st);
+    int16_t *table = malloc((size_t)GRAMMAR_SHAPE_MAX * 256 * sizeof *table);
+    if (!st || !table) {
+        rc = grammar_err(GRAMMAR_ENOMEM, "out of memory");
+        goto done;
+    }
+    /* breadth first from q; states beyond the limit count as outside */
+    int16_t *at = ix->shape_at;
+    int n = 1;
+    st[0] = q;
+    at[q] = 0;
+    for (int k = 0; k < n; k++) {
+        int32_t prev = -3;
+        int16_t x = -2;
+        for (int b = 0; b < 256; b++) {
+            int32_t t = grammar_next(g, st[k], (uint8_t)b);
+            if (t != prev) {
+                prev = t;
+                if (t < 0) {
+                    x = -2;
+                } else if (!region_member(g, t)) {
+                    x = -1;
+                } else {
+                    if (at[t] < 0 && n < GRAMMAR_SHAPE_MAX) {
+                        at[t] = (int16_t)n;
+                        st[n++] = t;
+                    }
+                    x = at[t];
+                }
+            }
+            table[k * 256 + b] = x;
+        }
+    }
+    for (int k = 0; k < n; k++) at[st[k]] = -1;
+    size_t tn = (size_t)n * 256;
+    uint64_t h = shape_hash(table, tn);
+    size_t id = 0;
+    while (id < ix->n_shapes && (ix->shapes[id].n != n || ix->shapes[id].hash != h ||
+                                 memcmp(ix->shapes[id].table, table, tn * sizeof *table)))
+        id++;
+    if (id == ix->n_shapes) { /* a new shape: its roots (a function of the table) and pass */
+        if (grammar_grow((void **)&ix->shapes, &ix->cap_shapes, ix->n_shapes + 1, sizeof *ix->shapes)) {
+            rc = grammar_err(GRAMMAR_ENOMEM, "out of memory");
+            goto done;
+        }
+        grammar_shape *sh = &ix->shapes[id];
+        memset(sh, 0, sizeof *sh);
+        sh->n = n;
+        sh->hash = h;
+        for (int k = 0; k < n && sh->n_roots < GRAMMAR_SHAPE_ROOTS; k++) {
+            int into = 0;
+            int32_t toks = 0;
+            for (int b = 0; b < 256; b++)
+                if (table[k * 256 + b] >= 0) into++, toks += ix->first_tok[b];
+            if (k == 0 || (into >= REGION_MIN_LOOPS && toks >= SHAPE_MIN_TOKENS))
+                sh->root_idx[sh->n_roots++] = (int16_t)k;
+        }
+        sh->table = malloc(tn * sizeof *table);
+        if (!sh->table) {
+            rc = grammar_err(GRAMMAR_ENOMEM, "out of memory");
+            goto done;
+        }
+        memcpy(sh->table, table, tn * sizeof *table);
+        ix->n_shapes++;
+        size_t before = ix->bytes_used;
+        if ((rc = shape_pass(ix, sh))) goto done;
+        ix->bytes_used += tn * sizeof *table;
+        ix->shape_bytes += ix->bytes_used - before;
+    }
+    /* this copy: its real states, and its roots mapped (unless already in another copy) */
+    if (grammar_grow((void **)&ix->copies, &ix->cap_copies, ix->n_copies + 1, sizeof *ix->copies) ||
+        grammar_grow((void **)&ix->copy_states, &ix->cap_copy_states, ix->n_copy_states + (size_t)n,
+                     sizeof *ix->copy_states)) {
+        rc = grammar_err(GRAMMAR_ENOMEM, "out of memory");
+        goto done;
+    }
+    ix->copies[ix->n_copies].shape = (int32_t)id;
+    ix->copies[ix->n_copies].off = ix->n_copy_states;
+    memcpy(ix->copy_states + ix->n_copy_states, st, (size_t)n * sizeof *st);
+    ix->n_copy_states += (size_t)n;
+    ix->bytes_used += (size_t)n * sizeof *st;
+    const grammar_shape *sh = &ix->shapes[id];
+    for (int r = 0; r < sh->n_roots; r++) {
+        int32_t s2 = st[sh->root_idx[r]];
+        if (s2 == q || ix->shape_of[s2] == -2) {
+            ix->shape_of[s2] = (int32_t)ix->n_copies;
+            ix->shape_slot[s2] = (int16_t)r;
+        }
+    }
+    ix->n_copies++;
+done:
+    free(st);
+    free(table);
+    return rc;
+}
+
+/* The cache of q from its shape root: the root's tokens plus walks below its exits from the
+ * copy's real states. */
+static int build_shape_state(grammar_index *ix, int32_t q) {
     const grammar_vocab *v = ix->v;
     grammar_state_cache *c = &ix->cache[q];
-    int rc;
-    if (!rg->done && (rc = region_result(ix, rg))) return rc;
-    int32_t st[GRAMMAR_REGION_MAX];
-    int8_t table[GRAMMAR_REGION_MAX * 256];
-    region_states(ix, q, st, table);
+    const grammar_copy *cp = &ix->copies[ix->shape_of[q]];
+    grammar_shape_root *sr = &ix->shapes[cp->shape].roots[ix->shape_slot[q]];
+    const int32_t *st = ix->copy_states + cp->off;
     size_t n_acc = 0, n_unc = 0;
-    for (size_t e = 0; e < rg->n_exits; e++) {
-        int32_t i = rg->exits[e][0];
-        if ((rc = walk_subtree(ix, st[rg->exits[e][1]], i, v->tn_skip[i], &n_acc, &n_unc)))
+    int rc;
+    ix->acc_floor = 0;
+    for (size_t e = 0; e < sr->n_exits; e++) {
+        int32_t i = sr->exits[e][0];
+        if ((rc = walk_subtree(ix, st[sr->exits[e][1]], i, v->tn_skip[i], &n_acc, &n_unc)))
             return rc;
     }
-    size_t words = ((size_t)v->n_vocab + 31) / 32, n_tok = rg->n_in + ix->n_tok_acc;
+    size_t words = ((size_t)v->n_vocab + 31) / 32, n_tok = sr->n_in + ix->n_tok_acc;
+    if (n_tok > words && !sr->in_bits) { /* the root's bitset, on its first use */
+        grammar_state_cache tmp = {0};
+        size_t keep = ix->n_tok_acc;
+        ix->n_tok_acc = sr->n_in;
+        int32_t *save = ix->tmp_acc; /* acc_finish reads the ranges from tmp_acc */
+        ix->tmp_acc = sr->in_rng;
+        rc = acc_finish(ix, &tmp, sr->n_in_rng);
+        ix->tmp_acc = save;
+        ix->n_tok_acc = keep;
+        if (rc) return rc;
+        if (!tmp.dense) { /* cannot be: more ids than words */
+            free(tmp.acc);
+            return grammar_err(GRAMMAR_EINTERNAL, "shape root bitset");
+        }
+        sr->in_bits = tmp.acc;
+    }
     if (n_tok > words) {
         c->dense = 1;
         c->acc = malloc(words * sizeof *c->acc);
         if (!c->acc) return grammar_err(GRAMMAR_ENOMEM, "out of memory");
-        memcpy(c->acc, rg->in_bits, words * sizeof *c->acc);
+        memcpy(c->acc, sr->in_bits, words * sizeof *c->acc);
         for (size_t k = 0; k < n_acc; k++)
             for (int32_t r = ix->tmp_acc[2 * k]; r < ix->tmp_acc[2 * k + 1]; r++)
                 c->acc[v->order[r] / 32] |= 1u << (v->order[r] % 32);
         ix->bytes_used += words * sizeof *c->acc;
         c->n_acc = (uint32_t)n_tok;
-    } else { /* few tokens stay: the list of ids */
-        for (size_t k = 0; k < rg->n_in_rng; k++)
-            if ((rc = acc_range(ix, &n_acc, rg->in_rng[2 * k], rg->in_rng[2 * k + 1]))) return rc;
-        /* the ranges are out of order now: acc_finish only needs them disjoint for lists */
+    } else { /* few tokens: the list of ids (acc_finish only needs disjoint ranges for it) */
+        for (size_t k = 0; k < sr->n_in_rng; k++)
+            if ((rc = acc_range(ix, &n_acc, sr->in_rng[2 * k], sr->in_rng[2 * k + 1]))) return rc;
         if ((rc = acc_finish(ix, c, n_acc))) return rc;
     }
     return unc_finish(ix, c, n_unc);
-}
-
-/* Does q's cache come from a region's shared result? When q can stay in byte-only states on
- * many bytes (the opening state or the inside of a string, raw text). */
-static bool region_root(const grammar *g, int32_t q) {
-    if (!region_member(g, q)) return false;
-    int into = 0;
-    for (int b = 0; b < 256; b++) {
-        int32_t t = grammar_next(g, q, (uint8_t)b);
-        into += t >= 0 && region_member(g, t);
-    }
-    return into >= REGION_MIN_LOOPS;
 }
 
 static int build_state(grammar_index *ix, int32_t q) {
@@ -1144,17 +1313,13 @@ static int build_state(grammar_index *ix, int32_t q) {
         ix->build_stamp = 1;
     }
     int rc = 0;
-    int32_t rid = -1;
-    if (!ix->no_share && region_root(g, q) && (rc = region_find(ix, q, &rid))) return rc;
-    {
-        if (rid >= 0) {
-            ix->acc_floor = 0;
-            if ((rc = build_region_state(ix, q, &ix->regions[rid]))) return rc;
-            c->built = 1;
-            ix->region_builds++;
-            ix->build_ms += now_ms() - t0;
-            return 0;
-        }
+    if (!ix->no_share && ix->shape_of[q] == -2 && (rc = shape_map(ix, q))) return rc;
+    if (!ix->no_share && ix->shape_of[q] >= 0) {
+        if ((rc = build_shape_state(ix, q))) return rc;
+        c->built = 1;
+        ix->region_builds++;
+        ix->build_ms += now_ms() - t0;
+        return 0;
     }
     /* one first byte at a time. The walk enters a first-byte subtree through q's own byte edge
      * to t and continues from the closure of [caller of the rule, t] (grammar_stepper_step
