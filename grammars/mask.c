@@ -839,6 +839,30 @@ static int sub_store(grammar_index *ix, uint64_t key, size_t a0, size_t n_acc, s
                            n_unc ? ix->tmp_unc + u0 : NULL, n_unc);
 }
 
+/* Append the stored result of key (accepted ranges, uncertain ranks): 1 when there was one,
+ * 0 when not, < 0 on error. */
+static int sub_get(grammar_index *ix, uint64_t key, size_t *n_acc, size_t *n_unc) {
+    if (!ix->sub_key) return 0;
+    size_t h = sub_slot(ix, key);
+    if (!ix->sub_key[h]) return 0;
+    const uint32_t *sv = ix->sub_val[h];
+    if (grammar_grow((void **)&ix->tmp_acc, &ix->cap_tmp_acc, 2 * (*n_acc + sv[1]),
+                     sizeof *ix->tmp_acc) ||
+        grammar_grow((void **)&ix->tmp_unc, &ix->cap_tmp_unc, *n_unc + sv[3], sizeof *ix->tmp_unc))
+        return grammar_err(GRAMMAR_ENOMEM, "out of memory");
+    for (uint32_t k = 0; k < sv[1]; k++) {
+        int32_t lo = ix->sub_ids[sv[0] + 2 * k], hi = ix->sub_ids[sv[0] + 2 * k + 1];
+        ix->tmp_acc[2 * (*n_acc + k)] = lo;
+        ix->tmp_acc[2 * (*n_acc + k) + 1] = hi;
+        ix->n_tok_acc += (size_t)(hi - lo);
+    }
+    if (sv[3]) memcpy(ix->tmp_unc + *n_unc, ix->sub_ids + sv[2], sv[3] * sizeof *ix->sub_ids);
+    *n_acc += sv[1];
+    *n_unc += sv[3];
+    ix->sub_hits++;
+    return 1;
+}
+
 /* ----- pop memo -----
  * A pop of q's rule to an unknown caller goes on from every return state of the rule (with
  * callers unknown again): from the node where it happens, what it consumes depends on the rule
@@ -846,6 +870,8 @@ static int sub_store(grammar_index *ix, uint64_t key, size_t a0, size_t n_acc, s
  * space subtree (~40K tokens) after its first space costs ~1.5 ms with all of them; each ws
  * state (one per count of indenting spaces) used to walk it again. */
 #define POP_KEY(r, i) ((1ull << 63) | ((uint64_t)(uint32_t)(r) << 32) | (uint32_t)(i))
+/* below a shape exit at trie node i into a state of class c (c, i < 2^31) */
+#define EXIT_KEY(c, i) ((1ull << 62) | ((uint64_t)(uint32_t)(c) << 31) | (uint32_t)(i))
 
 static int pw_level(grammar_index *ix, uint32_t d, const int32_t *set, size_t n) {
     if (grammar_grow((void **)&ix->pw_sets, &ix->cap_pw_sets, ix->pw_off[d] + n,
@@ -1077,6 +1103,23 @@ static bool shape_start(const grammar_index *ix, int32_t q) {
     return into >= REGION_MIN_LOOPS && toks >= SHAPE_MIN_TOKENS;
 }
 
+/* The root's tokens as a bitset (when they are more ids than the bitset has words). */
+static int root_bits(grammar_index *ix, grammar_shape_root *sr) {
+    const grammar_vocab *v = ix->v;
+    if ((size_t)sr->n_in <= ((size_t)v->n_vocab + 31) / 32) return 0;
+    grammar_state_cache tmp = {0};
+    size_t keep_n = ix->n_tok_acc;
+    int32_t *keep = ix->tmp_acc; /* acc_finish reads the ranges from tmp_acc */
+    ix->n_tok_acc = sr->n_in;
+    ix->tmp_acc = sr->in_rng;
+    int rc = acc_finish(ix, &tmp, sr->n_in_rng);
+    ix->tmp_acc = keep;
+    ix->n_tok_acc = keep_n;
+    if (rc) return rc;
+    sr->in_bits = tmp.acc; /* dense: more ids than words */
+    return 0;
+}
+
 /* The walk down the trie for every root of shape sh. */
 static int shape_pass(grammar_index *ix, grammar_shape *sh) {
     const grammar_vocab *v = ix->v;
@@ -1132,9 +1175,11 @@ static int shape_pass(grammar_index *ix, grammar_shape *sh) {
             }
         i++;
     }
-    for (int r = 0; r < R; r++)
+    for (int r = 0; r < R && !rc; r++) {
         ix->bytes_used += sh->roots[r].n_exits * sizeof *sh->roots[r].exits +
                           2 * sh->roots[r].n_in_rng * sizeof(int32_t);
+        rc = root_bits(ix, &sh->roots[r]);
+    }
     goto done;
 nomem:
     rc = grammar_err(GRAMMAR_ENOMEM, "out of memory");
@@ -1262,28 +1307,21 @@ static int build_shape_state(grammar_index *ix, int32_t q) {
     int rc;
     ix->acc_floor = 0;
     for (size_t e = 0; e < sr->n_exits; e++) {
-        int32_t i = sr->exits[e][0];
-        if ((rc = walk_subtree(ix, st[sr->exits[e][1]], i, v->tn_skip[i], &n_acc, &n_unc)))
+        /* what lies below an exit depends on the state its byte leads to (by class) and the
+         * node: the same for the roots of a counted chain (the closing quote leads to one
+         * state from every count), so kept with the shared subtree results */
+        int32_t i = sr->exits[e][0], from = st[sr->exits[e][1]];
+        int32_t t = grammar_next(ix->g, from, v->tn_byte[i]);
+        uint64_t key = EXIT_KEY(ix->rep[t], i);
+        if ((rc = sub_get(ix, key, &n_acc, &n_unc)) < 0) return rc;
+        if (rc) continue;
+        size_t a0 = n_acc, u0 = n_unc;
+        if ((rc = walk_subtree(ix, from, i, v->tn_skip[i], &n_acc, &n_unc)) ||
+            (rc = sub_store(ix, key, a0, n_acc - a0, u0, n_unc - u0)))
             return rc;
     }
     size_t words = ((size_t)v->n_vocab + 31) / 32, n_tok = sr->n_in + ix->n_tok_acc;
-    if (n_tok > words && !sr->in_bits) { /* the root's bitset, on its first use */
-        grammar_state_cache tmp = {0};
-        size_t keep = ix->n_tok_acc;
-        ix->n_tok_acc = sr->n_in;
-        int32_t *save = ix->tmp_acc; /* acc_finish reads the ranges from tmp_acc */
-        ix->tmp_acc = sr->in_rng;
-        rc = acc_finish(ix, &tmp, sr->n_in_rng);
-        ix->tmp_acc = save;
-        ix->n_tok_acc = keep;
-        if (rc) return rc;
-        if (!tmp.dense) { /* cannot be: more ids than words */
-            free(tmp.acc);
-            return grammar_err(GRAMMAR_EINTERNAL, "shape root bitset");
-        }
-        sr->in_bits = tmp.acc;
-    }
-    if (n_tok > words) {
+    if (n_tok > words && sr->in_bits) {
         c->dense = 1;
         c->acc = malloc(words * sizeof *c->acc);
         if (!c->acc) return grammar_err(GRAMMAR_ENOMEM, "out of memory");
@@ -1293,9 +1331,10 @@ static int build_shape_state(grammar_index *ix, int32_t q) {
                 c->acc[v->order[r] / 32] |= 1u << (v->order[r] % 32);
         ix->bytes_used += words * sizeof *c->acc;
         c->n_acc = (uint32_t)n_tok;
-    } else { /* few tokens: the list of ids (acc_finish only needs disjoint ranges for it) */
+    } else { /* few tokens stay: acc_finish from all the ranges, in rank order */
         for (size_t k = 0; k < sr->n_in_rng; k++)
             if ((rc = acc_range(ix, &n_acc, sr->in_rng[2 * k], sr->in_rng[2 * k + 1]))) return rc;
+        qsort(ix->tmp_acc, n_acc, 2 * sizeof *ix->tmp_acc, cmp_i32);
         if ((rc = acc_finish(ix, c, n_acc))) return rc;
     }
     return unc_finish(ix, c, n_unc);
@@ -1333,28 +1372,10 @@ static int build_state(grammar_index *ix, int32_t q) {
         int32_t n_tok = (end < v->n_nodes ? v->tn_rank[end] : v->n_order) - v->tn_rank[i];
         bool shareable = n_tok >= SUB_MIN_TOKENS && !ix->no_share;
         uint64_t key = ((uint64_t)(uint32_t)ix->rep[t] << 8) | b;
-        if (shareable && ix->sub_key) {
-            size_t h = sub_slot(ix, key);
-            if (ix->sub_key[h]) {
-                const uint32_t *sv = ix->sub_val[h];
-                if (grammar_grow((void **)&ix->tmp_acc, &ix->cap_tmp_acc, 2 * (n_acc + sv[1]),
-                                 sizeof *ix->tmp_acc) ||
-                    grammar_grow((void **)&ix->tmp_unc, &ix->cap_tmp_unc, n_unc + sv[3],
-                                 sizeof *ix->tmp_unc)) {
-                    rc = grammar_err(GRAMMAR_ENOMEM, "out of memory");
-                    break;
-                }
-                for (uint32_t k = 0; k < sv[1]; k++) {
-                    int32_t lo = ix->sub_ids[sv[0] + 2 * k], hi = ix->sub_ids[sv[0] + 2 * k + 1];
-                    ix->tmp_acc[2 * (n_acc + k)] = lo;
-                    ix->tmp_acc[2 * (n_acc + k) + 1] = hi;
-                    ix->n_tok_acc += (size_t)(hi - lo);
-                }
-                if (sv[3])
-                    memcpy(ix->tmp_unc + n_unc, ix->sub_ids + sv[2], sv[3] * sizeof *ix->sub_ids);
-                n_acc += sv[1];
-                n_unc += sv[3];
-                ix->sub_hits++;
+        if (shareable) {
+            if ((rc = sub_get(ix, key, &n_acc, &n_unc)) < 0) break;
+            if (rc) {
+                rc = 0;
                 continue;
             }
         }
