@@ -364,11 +364,18 @@ typedef struct {
     size_t n_stop_tokens;
     const char *const *stop_strings;     /* NUL-terminated, non-empty (borrowed) */
     size_t n_stop_strings;
+    int32_t mtp_draft;      /* 0: off. 1..4: speculative decoding with the model's MTP block
+                             * (qwen35moe files that carry it, CPU): it drafts this many tokens,
+                             * one forward pass verifies them; greedy output is identical to
+                             * plain decoding and sampled output has the same distribution.
+                             * ENGINE_EUNSUPPORTED when the model has no MTP block or runs on
+                             * the GPU */
 } engine_gen_params;
 
 #define ENGINE_GEN_PARAMS_VERSION 1
 #define ENGINE_GEN_PARAMS_INIT                                                                  \
-    {ENGINE_GEN_PARAMS_VERSION, NULL, 0, 128, ENGINE_SAMPLING_PARAMS_INIT, false, NULL, 0, NULL, 0}
+    {ENGINE_GEN_PARAMS_VERSION, NULL, 0, 128, ENGINE_SAMPLING_PARAMS_INIT, false, NULL, 0, NULL, 0, \
+     0}
 
 typedef struct {
     int32_t prompt_tokens;      /* n_prompt */
@@ -379,6 +386,14 @@ typedef struct {
     double decode_ms;           /* time of those decode steps */
     double sample_ms;           /* sampler, mask hook and detokenization */
     engine_stop_reason stop;
+    /* speculative decoding (mtp_draft > 0): verify passes, drafted and accepted tokens in all
+     * and by draft position (i = 0: the first draft of a step; a draft after a rejected one
+     * counts as drafted, not accepted), so spec_accepted_at[i] / spec_drafted_at[i] is the
+     * rate at which the i-th draft of a step is kept */
+    int32_t spec_steps;
+    int32_t spec_drafted, spec_accepted;
+    int32_t spec_drafted_at[4], spec_accepted_at[4];
+    double draft_ms;            /* MTP drafting (inside decode_ms) */
 } engine_gen_stats;
 
 /* Generate on session s: the session keeps the longest common prefix of its tokens and the

@@ -6,7 +6,11 @@
  *   ssm_a                         -exp(A_log)           -> HF A_log = log(-a)
  *   value-head-indexed tensors    tiled (h % nk)        -> HF grouped (h / (nv / nk))
  *   ffn_gate_exps / ffn_up_exps   two {E, F, X} tensors -> mlp.experts.gate_up_proj [X, 2F, E]
- *   ssm_conv1d {K, C}             -> linear_attn.conv1d.weight [C, 1, K] */
+ *   ssm_conv1d {K, C}             -> linear_attn.conv1d.weight [C, 1, K]
+ *   MTP block blk.<n_layer>.*     -> mtp.layers.0.* (the same mapping as a full-attention block)
+ *   nextn.eh_proj {2E, E}         -> mtp.fc.weight [E, 2E] (columns: embedding half first)
+ *   nextn.enorm / hnorm / shared_head_norm (1 + w) -> mtp.pre_fc_norm_embedding /
+ *                                    pre_fc_norm_hidden / mtp.norm (w) */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -27,7 +31,8 @@ static int64_t q35_grouped(const engine_hparams *hp, int64_t j, int64_t hd) {
 static bool q35_norm_plus_one(engine_tensor_role role) {
     return role == ENGINE_TENSOR_OUTPUT_NORM || role == ENGINE_TENSOR_ATTN_NORM ||
            role == ENGINE_TENSOR_ATTN_POST_NORM || role == ENGINE_TENSOR_ATTN_Q_NORM ||
-           role == ENGINE_TENSOR_ATTN_K_NORM;
+           role == ENGINE_TENSOR_ATTN_K_NORM || role == ENGINE_TENSOR_NEXTN_ENORM ||
+           role == ENGINE_TENSOR_NEXTN_HNORM || role == ENGINE_TENSOR_NEXTN_SHARED_HEAD_NORM;
 }
 
 /* HF name and torch shape of GGUF tensor d; false for the up half of the experts (it shares
@@ -62,10 +67,19 @@ static bool q35_hf_tensor(const engine_hparams *hp, const engine_tensor_desc *d,
         [ENGINE_TENSOR_FFN_GATE_SHEXP] = "mlp.shared_expert.gate_proj.weight",
         [ENGINE_TENSOR_FFN_UP_SHEXP] = "mlp.shared_expert.up_proj.weight",
         [ENGINE_TENSOR_FFN_DOWN_SHEXP] = "mlp.shared_expert.down_proj.weight",
+        [ENGINE_TENSOR_NEXTN_EH_PROJ] = "mtp.fc.weight",
+        [ENGINE_TENSOR_NEXTN_ENORM] = "mtp.pre_fc_norm_embedding.weight",
+        [ENGINE_TENSOR_NEXTN_HNORM] = "mtp.pre_fc_norm_hidden.weight",
+        [ENGINE_TENSOR_NEXTN_SHARED_HEAD_NORM] = "mtp.norm.weight",
     };
     if (d->role == ENGINE_TENSOR_FFN_UP_EXPS || !names[d->role]) return false;
-    if (d->layer < 0)
+    bool nextn = d->role == ENGINE_TENSOR_NEXTN_EH_PROJ || d->role == ENGINE_TENSOR_NEXTN_ENORM ||
+                 d->role == ENGINE_TENSOR_NEXTN_HNORM ||
+                 d->role == ENGINE_TENSOR_NEXTN_SHARED_HEAD_NORM;
+    if (d->layer < 0 || nextn)
         snprintf(name, cap, "%s", names[d->role]);
+    else if ((uint32_t)d->layer >= hp->n_layer) /* the MTP block: HF mtp.layers.<j> */
+        snprintf(name, cap, "mtp.layers.%u.%s", (uint32_t)d->layer - hp->n_layer, names[d->role]);
     else
         snprintf(name, cap, "model.layers.%d.%s", d->layer, names[d->role]);
     switch (d->role) {
@@ -95,7 +109,6 @@ static bool q35_hf_tensor(const engine_hparams *hp, const engine_tensor_desc *d,
     default:
         break;
     }
-    (void)hp;
     if (d->n_dims == 1) {
         *n_dims = 1;
         shape[0] = d->ne[0];
@@ -222,6 +235,7 @@ int engine_gen_q35_config(const engine_hparams *hp, int32_t bos, int32_t eos, co
                  "  \"output_router_logits\": false,\n"
                  "  \"router_aux_loss_coef\": 0.001,\n"
                  "  \"layer_types\": [%s],\n"
+                 "  \"mtp_num_hidden_layers\": %u,\n"
                  "  \"tie_word_embeddings\": %s,\n"
                  "  \"initializer_range\": 0.02,\n"
                  "  \"use_cache\": true,\n"
@@ -233,7 +247,7 @@ int engine_gen_q35_config(const engine_hparams *hp, int32_t bos, int32_t eos, co
                  hp->n_ctx_train, eps, prf, theta, prf, hp->rope_sections[0], hp->rope_sections[1],
                  hp->rope_sections[2], hp->ssm_d_conv, hp->ssm_d_state, hp->ssm_d_state,
                  hp->ssm_n_group, hp->ssm_dt_rank, hp->n_ff_exp, hp->n_ff_shexp, hp->n_expert,
-                 hp->n_expert_used, types, hp->tied_embeddings ? "true" : "false", bos, eos);
+                 hp->n_expert_used, types, hp->n_nextn, hp->tied_embeddings ? "true" : "false", bos, eos);
     if (n <= 0 || (size_t)n >= cap)
         return engine_err(ENGINE_EINTERNAL, "config.json does not fit its buffer");
     return n;

@@ -293,6 +293,10 @@ static const char *const role_names[ENGINE_TENSOR_ROLE_COUNT] = {
     [ENGINE_TENSOR_FFN_GATE_SHEXP] = "ffn_gate_shexp",
     [ENGINE_TENSOR_FFN_UP_SHEXP] = "ffn_up_shexp",
     [ENGINE_TENSOR_FFN_DOWN_SHEXP] = "ffn_down_shexp",
+    [ENGINE_TENSOR_NEXTN_EH_PROJ] = "nextn.eh_proj",
+    [ENGINE_TENSOR_NEXTN_ENORM] = "nextn.enorm",
+    [ENGINE_TENSOR_NEXTN_HNORM] = "nextn.hnorm",
+    [ENGINE_TENSOR_NEXTN_SHARED_HEAD_NORM] = "nextn.shared_head_norm",
 };
 
 const char *engine_tensor_role_name(engine_tensor_role role) {
@@ -335,7 +339,8 @@ static void desc_set(engine_tensor_desc *d, engine_tensor_role role, int layer, 
     d->is_norm = role == ENGINE_TENSOR_OUTPUT_NORM || role == ENGINE_TENSOR_ATTN_NORM ||
                  role == ENGINE_TENSOR_ATTN_Q_NORM || role == ENGINE_TENSOR_ATTN_K_NORM ||
                  role == ENGINE_TENSOR_FFN_NORM || role == ENGINE_TENSOR_ATTN_POST_NORM ||
-                 role == ENGINE_TENSOR_SSM_NORM;
+                 role == ENGINE_TENSOR_SSM_NORM || role == ENGINE_TENSOR_NEXTN_ENORM ||
+                 role == ENGINE_TENSOR_NEXTN_HNORM || role == ENGINE_TENSOR_NEXTN_SHARED_HEAD_NORM;
 }
 
 void engine_tensor_desc_set(engine_tensor_desc *d, engine_tensor_role role, int layer,
@@ -521,14 +526,15 @@ static const engine_arch_preset presets[] = {
       .tied_embeddings = false}},
     {"qwen35-tiny",
      "qwen35moe hybrid, 8 layers (every 4th full attention), hidden 256, 4 q / 2 kv heads of 64 "
-     "(16 rotated), DeltaNet 2 k / 4 v heads of 64, 8 experts (2 active) of 256 + shared 256",
+     "(16 rotated), DeltaNet 2 k / 4 v heads of 64, 8 experts (2 active) of 256 + shared 256, "
+     "one MTP block",
      {.arch = ENGINE_ARCH_QWEN35MOE, .n_layer = 8, .n_embd = 256, .n_head = 4, .n_head_kv = 2,
       .head_dim_k = 64, .head_dim_v = 64, .n_ff = 0, .n_expert = 8, .n_expert_used = 2,
       .n_ff_exp = 256, .n_vocab = 151936, .n_ctx_train = 262144, .rope_theta = 1e7f,
       .rms_norm_eps = 1e-6f, .norm_topk_prob = true, .tied_embeddings = false,
       .n_ff_shexp = 256, .n_rot = 16, .rope_sections = {3, 3, 2, 0}, .full_attn_interval = 4,
       .ssm_d_conv = 4, .ssm_d_state = 64, .ssm_n_group = 2, .ssm_dt_rank = 4,
-      .ssm_d_inner = 256}},
+      .ssm_d_inner = 256, .n_nextn = 1}},
     {"qwen35-35b-a3b",
      "qwen35moe, the shape of Qwen3.5/3.6-35B-A3B: 40 layers (30 Gated DeltaNet, 10 gated "
      "attention 16 q / 2 kv of 256), hidden 2048, 256 experts (8 active) of 512 + shared 512, "
@@ -540,6 +546,17 @@ static const engine_arch_preset presets[] = {
       .tied_embeddings = false, .n_ff_shexp = 512, .n_rot = 64, .rope_sections = {11, 11, 10, 0},
       .full_attn_interval = 4, .ssm_d_conv = 4, .ssm_d_state = 128, .ssm_n_group = 16,
       .ssm_dt_rank = 32, .ssm_d_inner = 4096}},
+    {"qwen35-35b-a3b-mtp",
+     "qwen35moe, the shape of Qwen3.5/3.6-35B-A3B: 40 layers (30 Gated DeltaNet, 10 gated "
+     "attention 16 q / 2 kv of 256), hidden 2048, 256 experts (8 active) of 512 + shared 512, "
+     "vocabulary 248320 (the Qwen3 tokenizer padded), with its MTP block (blk.40, nextn.*)",
+     {.arch = ENGINE_ARCH_QWEN35MOE, .n_layer = 40, .n_embd = 2048, .n_head = 16,
+      .n_head_kv = 2, .head_dim_k = 256, .head_dim_v = 256, .n_ff = 0, .n_expert = 256,
+      .n_expert_used = 8, .n_ff_exp = 512, .n_vocab = 248320, .n_ctx_train = 262144,
+      .rope_theta = 1e7f, .rms_norm_eps = 1e-6f, .norm_topk_prob = true,
+      .tied_embeddings = false, .n_ff_shexp = 512, .n_rot = 64, .rope_sections = {11, 11, 10, 0},
+      .full_attn_interval = 4, .ssm_d_conv = 4, .ssm_d_state = 128, .ssm_n_group = 16,
+      .ssm_dt_rank = 32, .ssm_d_inner = 4096, .n_nextn = 1}},
 };
 
 size_t engine_arch_preset_count(void) {

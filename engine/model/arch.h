@@ -173,6 +173,11 @@ typedef enum {
     ENGINE_TENSOR_FFN_GATE_SHEXP,
     ENGINE_TENSOR_FFN_UP_SHEXP,
     ENGINE_TENSOR_FFN_DOWN_SHEXP,
+    /* qwen35moe MTP block (blk.<n_layer>.nextn.*, beside that block's attention and MoE) */
+    ENGINE_TENSOR_NEXTN_EH_PROJ,          /* fc over [enorm(embedding) | hnorm(hidden)] */
+    ENGINE_TENSOR_NEXTN_ENORM,
+    ENGINE_TENSOR_NEXTN_HNORM,
+    ENGINE_TENSOR_NEXTN_SHARED_HEAD_NORM, /* the MTP block's final norm (HF mtp.norm) */
     ENGINE_TENSOR_ROLE_COUNT
 } engine_tensor_role;
 

@@ -193,6 +193,11 @@ int engine_q35_hparams_read(engine_hparams *hp, const engine_gguf *g, const char
         return engine_err(ENGINE_EFORMAT, "%s: %s.nextn_predict_layers = %u but block_count = %u",
                           engine_gguf_path(g), an, hp->n_nextn, hp->n_layer);
     hp->n_layer -= hp->n_nextn;
+    /* a model file that counts an MTP block but carries none of its tensors (a converter that
+     * drops them) loads as a plain model: MTP unavailable (a metadata-only file keeps the key) */
+    snprintf(key, sizeof key, "blk.%u.nextn.eh_proj.weight", hp->n_layer);
+    if (hp->n_nextn && engine_gguf_tensor_count(g) > 0 && !engine_gguf_find_tensor(g, key))
+        hp->n_nextn = 0;
     return 0;
 }
 
@@ -223,7 +228,7 @@ int engine_q35_hparams_write(const engine_hparams *hp, engine_gguf_writer *w, co
     snprintf(key, sizeof key, "%s.rope.dimension_sections", an);
     if ((rc = engine_gguf_writer_set_arr(w, key, ENGINE_GGUF_INT32, sec, 4))) return rc;
     /* block_count (written by the caller) counts the MTP blocks too, as recent converters
-     * write it; the generator's presets have none (n_nextn 0) */
+     * write it */
     if (hp->n_nextn) {
         snprintf(key, sizeof key, "%s.nextn_predict_layers", an);
         rc = engine_gguf_writer_set_u32(w, key, hp->n_nextn);
@@ -235,54 +240,75 @@ static size_t q35_layer_tensors(const engine_hparams *hp, uint32_t l) {
     return 2 + (engine_q35_layer_is_attn(hp, l) ? 6 : 9) + 8;
 }
 
-int engine_q35_tensors(const engine_hparams *hp, engine_tensor_desc **out, size_t *n_out) {
-    *out = NULL;
-    *n_out = 0;
-    size_t n = 2 + (hp->tied_embeddings ? 0 : 1);
-    for (uint32_t l = 0; l < hp->n_layer; l++)
-        n += q35_layer_tensors(hp, l);
-    engine_tensor_desc *d = calloc(n, sizeof *d);
-    if (!d) return engine_err(ENGINE_ENOMEM, "out of memory for %zu tensor descriptions", n);
-    const int64_t E = hp->n_embd, V = hp->n_vocab, hd = hp->head_dim_k;
+/* The tensors of block l (a full-attention block when attn) at d[*i], in converter order. */
+static void q35_block_tensors(const engine_hparams *hp, engine_tensor_desc *d, size_t *i, int l,
+                              bool attn) {
+    const int64_t E = hp->n_embd, hd = hp->head_dim_k;
     const int64_t nh = hp->n_head, nkv = hp->n_head_kv;
     const int64_t dk = hp->ssm_d_state, nk = hp->ssm_n_group, nv = hp->ssm_dt_rank;
     const int64_t di = hp->ssm_d_inner, conv = 2 * nk * dk + di;
     const int64_t X = hp->n_expert, F = hp->n_ff_exp, Fs = hp->n_ff_shexp;
+    size_t k = *i;
+    engine_tensor_desc_set(&d[k++], ENGINE_TENSOR_ATTN_NORM, l, 1, E, 1, 1);
+    if (attn) {
+        engine_tensor_desc_set(&d[k++], ENGINE_TENSOR_ATTN_Q, l, 2, E, 2 * nh * hd, 1);
+        engine_tensor_desc_set(&d[k++], ENGINE_TENSOR_ATTN_K, l, 2, E, nkv * hd, 1);
+        engine_tensor_desc_set(&d[k++], ENGINE_TENSOR_ATTN_V, l, 2, E, nkv * hd, 1);
+        engine_tensor_desc_set(&d[k++], ENGINE_TENSOR_ATTN_OUT, l, 2, nh * hd, E, 1);
+        engine_tensor_desc_set(&d[k++], ENGINE_TENSOR_ATTN_Q_NORM, l, 1, hd, 1, 1);
+        engine_tensor_desc_set(&d[k++], ENGINE_TENSOR_ATTN_K_NORM, l, 1, hd, 1, 1);
+    } else {
+        engine_tensor_desc_set(&d[k++], ENGINE_TENSOR_ATTN_QKV, l, 2, E, conv, 1);
+        engine_tensor_desc_set(&d[k++], ENGINE_TENSOR_ATTN_GATE, l, 2, E, di, 1);
+        engine_tensor_desc_set(&d[k++], ENGINE_TENSOR_SSM_CONV1D, l, 2, hp->ssm_d_conv, conv, 1);
+        engine_tensor_desc_set(&d[k++], ENGINE_TENSOR_SSM_DT, l, 1, nv, 1, 1);
+        engine_tensor_desc_set(&d[k++], ENGINE_TENSOR_SSM_A, l, 1, nv, 1, 1);
+        engine_tensor_desc_set(&d[k++], ENGINE_TENSOR_SSM_BETA, l, 2, E, nv, 1);
+        engine_tensor_desc_set(&d[k++], ENGINE_TENSOR_SSM_ALPHA, l, 2, E, nv, 1);
+        engine_tensor_desc_set(&d[k++], ENGINE_TENSOR_SSM_NORM, l, 1, dk, 1, 1);
+        engine_tensor_desc_set(&d[k++], ENGINE_TENSOR_SSM_OUT, l, 2, di, E, 1);
+    }
+    engine_tensor_desc_set(&d[k++], ENGINE_TENSOR_ATTN_POST_NORM, l, 1, E, 1, 1);
+    engine_tensor_desc_set(&d[k++], ENGINE_TENSOR_FFN_GATE_INP, l, 2, E, X, 1);
+    engine_tensor_desc_set(&d[k++], ENGINE_TENSOR_FFN_GATE_EXPS, l, 3, E, F, X);
+    engine_tensor_desc_set(&d[k++], ENGINE_TENSOR_FFN_UP_EXPS, l, 3, E, F, X);
+    engine_tensor_desc_set(&d[k++], ENGINE_TENSOR_FFN_DOWN_EXPS, l, 3, F, E, X);
+    engine_tensor_desc_set(&d[k++], ENGINE_TENSOR_FFN_GATE_INP_SHEXP, l, 1, E, 1, 1);
+    engine_tensor_desc_set(&d[k++], ENGINE_TENSOR_FFN_GATE_SHEXP, l, 2, E, Fs, 1);
+    engine_tensor_desc_set(&d[k++], ENGINE_TENSOR_FFN_UP_SHEXP, l, 2, E, Fs, 1);
+    engine_tensor_desc_set(&d[k++], ENGINE_TENSOR_FFN_DOWN_SHEXP, l, 2, Fs, E, 1);
+    *i = k;
+}
+
+/* The MTP blocks (n_nextn, at most 1 supported by the forward) follow the main stack as
+ * blk.<n_layer + j>: a full-attention block plus the four nextn tensors; they share the
+ * embedding and the output head with the main model (Qwen3.5 has no nextn.embed_tokens or
+ * nextn.shared_head_head). */
+#define Q35_MTP_TENSORS (2 + 6 + 8 + 4)
+
+int engine_q35_tensors(const engine_hparams *hp, engine_tensor_desc **out, size_t *n_out) {
+    *out = NULL;
+    *n_out = 0;
+    size_t n = 2 + (hp->tied_embeddings ? 0 : 1) + (size_t)hp->n_nextn * Q35_MTP_TENSORS;
+    for (uint32_t l = 0; l < hp->n_layer; l++)
+        n += q35_layer_tensors(hp, l);
+    engine_tensor_desc *d = calloc(n, sizeof *d);
+    if (!d) return engine_err(ENGINE_ENOMEM, "out of memory for %zu tensor descriptions", n);
+    const int64_t E = hp->n_embd, V = hp->n_vocab;
     size_t i = 0;
     engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_TOKEN_EMBD, -1, 2, E, V, 1);
-    for (int l = 0; l < (int)hp->n_layer; l++) {
-        engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_ATTN_NORM, l, 1, E, 1, 1);
-        if (engine_q35_layer_is_attn(hp, (uint32_t)l)) {
-            engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_ATTN_Q, l, 2, E, 2 * nh * hd, 1);
-            engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_ATTN_K, l, 2, E, nkv * hd, 1);
-            engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_ATTN_V, l, 2, E, nkv * hd, 1);
-            engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_ATTN_OUT, l, 2, nh * hd, E, 1);
-            engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_ATTN_Q_NORM, l, 1, hd, 1, 1);
-            engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_ATTN_K_NORM, l, 1, hd, 1, 1);
-        } else {
-            engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_ATTN_QKV, l, 2, E, conv, 1);
-            engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_ATTN_GATE, l, 2, E, di, 1);
-            engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_SSM_CONV1D, l, 2, hp->ssm_d_conv, conv,
-                                   1);
-            engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_SSM_DT, l, 1, nv, 1, 1);
-            engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_SSM_A, l, 1, nv, 1, 1);
-            engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_SSM_BETA, l, 2, E, nv, 1);
-            engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_SSM_ALPHA, l, 2, E, nv, 1);
-            engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_SSM_NORM, l, 1, dk, 1, 1);
-            engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_SSM_OUT, l, 2, di, E, 1);
-        }
-        engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_ATTN_POST_NORM, l, 1, E, 1, 1);
-        engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_FFN_GATE_INP, l, 2, E, X, 1);
-        engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_FFN_GATE_EXPS, l, 3, E, F, X);
-        engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_FFN_UP_EXPS, l, 3, E, F, X);
-        engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_FFN_DOWN_EXPS, l, 3, F, E, X);
-        engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_FFN_GATE_INP_SHEXP, l, 1, E, 1, 1);
-        engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_FFN_GATE_SHEXP, l, 2, E, Fs, 1);
-        engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_FFN_UP_SHEXP, l, 2, E, Fs, 1);
-        engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_FFN_DOWN_SHEXP, l, 2, Fs, E, 1);
-    }
+    for (int l = 0; l < (int)hp->n_layer; l++)
+        q35_block_tensors(hp, d, &i, l, engine_q35_layer_is_attn(hp, (uint32_t)l));
     engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_OUTPUT_NORM, -1, 1, E, 1, 1);
     if (!hp->tied_embeddings) engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_OUTPUT, -1, 2, E, V, 1);
+    for (uint32_t j = 0; j < hp->n_nextn; j++) {
+        int l = (int)(hp->n_layer + j);
+        q35_block_tensors(hp, d, &i, l, true);
+        engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_NEXTN_EH_PROJ, l, 2, 2 * E, E, 1);
+        engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_NEXTN_ENORM, l, 1, E, 1, 1);
+        engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_NEXTN_HNORM, l, 1, E, 1, 1);
+        engine_tensor_desc_set(&d[i++], ENGINE_TENSOR_NEXTN_SHARED_HEAD_NORM, l, 1, E, 1, 1);
+    }
     ENGINE_ASSERT(i == n);
     *out = d;
     *n_out = n;
@@ -305,6 +331,8 @@ void engine_q35_param_count(const engine_hparams *hp, uint64_t *total, uint64_t 
         t += mix + ffn_common + per_expert * hp->n_expert;
         a += mix + ffn_common + per_expert * hp->n_expert_used;
     }
+    /* the MTP blocks are in the file but not on the path of a plain token */
+    t += (uint64_t)hp->n_nextn * (attn + ffn_common + per_expert * hp->n_expert + 2 * E * E + 3 * E);
     if (total) *total = t;
     if (active) *active = a;
 }
@@ -349,6 +377,14 @@ struct engine_q35_model {
     int32_t n_attn, n_lin;
     float *rope_inv_freq; /* [n_rot / 2] */
     size_t cap_owned;     /* converted copies go on m->owned (model.c frees them) */
+    /* the MTP block (blk.<n_layer> / HF mtp.*), when the file has one: a full-attention block
+     * whose KV is the session's attention slot n_attn */
+    bool has_mtp;
+    q35_layer mtp;
+    engine_weight mtp_eh;      /* 2E -> E over [enorm(embedding) | hnorm(hidden)] */
+    const float *mtp_enorm;    /* [E] */
+    const float *mtp_hnorm;    /* [E] */
+    const float *mtp_norm;     /* [E] the block's final norm (shared_head_norm, HF mtp.norm) */
 };
 
 void engine_q35_model_free(engine_q35_model *qm) {
@@ -358,6 +394,45 @@ void engine_q35_model_free(engine_q35_model *qm) {
     engine_st_close(qm->st);
     free(qm->exp_ptrs);
     free(qm);
+}
+
+/* The tensors of block L of a GGUF file into ly (ly->attn set by the caller). */
+static int q35_gguf_block(engine_model *m, q35_layer *ly, int L) {
+    int rc;
+    if ((rc = engine_model_load_f32(m, ENGINE_TENSOR_ATTN_NORM, L, &ly->attn_norm)) ||
+        (rc = engine_model_load_f32(m, ENGINE_TENSOR_ATTN_POST_NORM, L, &ly->post_norm)))
+        return rc;
+    if (ly->attn) {
+        if ((rc = engine_model_load_f32(m, ENGINE_TENSOR_ATTN_Q_NORM, L, &ly->q_norm)) ||
+            (rc = engine_model_load_f32(m, ENGINE_TENSOR_ATTN_K_NORM, L, &ly->k_norm)) ||
+            (rc = engine_model_load_matrix(m, ENGINE_TENSOR_ATTN_Q, L, &ly->wq)) ||
+            (rc = engine_model_load_matrix(m, ENGINE_TENSOR_ATTN_K, L, &ly->wk)) ||
+            (rc = engine_model_load_matrix(m, ENGINE_TENSOR_ATTN_V, L, &ly->wv)) ||
+            (rc = engine_model_load_matrix(m, ENGINE_TENSOR_ATTN_OUT, L, &ly->wo)))
+            return rc;
+    } else {
+        if ((rc = engine_model_load_matrix(m, ENGINE_TENSOR_ATTN_QKV, L, &ly->wqkv)) ||
+            (rc = engine_model_load_matrix(m, ENGINE_TENSOR_ATTN_GATE, L, &ly->wz)) ||
+            (rc = engine_model_load_matrix(m, ENGINE_TENSOR_SSM_BETA, L, &ly->wbeta)) ||
+            (rc = engine_model_load_matrix(m, ENGINE_TENSOR_SSM_ALPHA, L, &ly->walpha)) ||
+            (rc = engine_model_load_matrix(m, ENGINE_TENSOR_SSM_OUT, L, &ly->wout)) ||
+            (rc = engine_model_load_f32(m, ENGINE_TENSOR_SSM_CONV1D, L, &ly->conv)) ||
+            (rc = engine_model_load_f32(m, ENGINE_TENSOR_SSM_DT, L, &ly->dt_bias)) ||
+            (rc = engine_model_load_f32(m, ENGINE_TENSOR_SSM_A, L, &ly->a)) ||
+            (rc = engine_model_load_f32(m, ENGINE_TENSOR_SSM_NORM, L, &ly->ssm_norm)))
+            return rc;
+    }
+    if ((rc = engine_model_load_matrix(m, ENGINE_TENSOR_FFN_GATE_INP, L, &ly->gate_inp)) ||
+        (rc = engine_model_load_matrix(m, ENGINE_TENSOR_FFN_GATE_EXPS, L, &ly->gate_exps)) ||
+        (rc = engine_model_load_matrix(m, ENGINE_TENSOR_FFN_UP_EXPS, L, &ly->up_exps)) ||
+        (rc = engine_model_load_matrix(m, ENGINE_TENSOR_FFN_DOWN_EXPS, L, &ly->down_exps)) ||
+        (rc = engine_model_load_matrix(m, ENGINE_TENSOR_FFN_GATE_SHEXP, L, &ly->gate_shexp)) ||
+        (rc = engine_model_load_matrix(m, ENGINE_TENSOR_FFN_UP_SHEXP, L, &ly->up_shexp)) ||
+        (rc = engine_model_load_matrix(m, ENGINE_TENSOR_FFN_DOWN_SHEXP, L, &ly->down_shexp)) ||
+        (rc = engine_model_load_f32(m, ENGINE_TENSOR_FFN_GATE_INP_SHEXP, L, &ly->gate_inp_shexp)))
+        return rc;
+    ly->gu_stride = ly->gate_exps.rows;
+    return 0;
 }
 
 int engine_q35_load(engine_model *m) {
@@ -382,43 +457,22 @@ int engine_q35_load(engine_model *m) {
         return rc;
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         q35_layer *ly = &qm->layers[l];
-        int L = (int)l;
         ly->attn = engine_q35_layer_is_attn(hp, l);
         ly->slot = ly->attn ? qm->n_attn++ : qm->n_lin++;
-        if ((rc = engine_model_load_f32(m, ENGINE_TENSOR_ATTN_NORM, L, &ly->attn_norm)) ||
-            (rc = engine_model_load_f32(m, ENGINE_TENSOR_ATTN_POST_NORM, L, &ly->post_norm)))
+        if ((rc = q35_gguf_block(m, ly, (int)l))) return rc;
+    }
+    if (hp->n_nextn) {
+        int L = (int)hp->n_layer;
+        qm->mtp.attn = true;
+        qm->mtp.slot = qm->n_attn;
+        if ((rc = q35_gguf_block(m, &qm->mtp, L)) ||
+            (rc = engine_model_load_matrix(m, ENGINE_TENSOR_NEXTN_EH_PROJ, L, &qm->mtp_eh)) ||
+            (rc = engine_model_load_f32(m, ENGINE_TENSOR_NEXTN_ENORM, L, &qm->mtp_enorm)) ||
+            (rc = engine_model_load_f32(m, ENGINE_TENSOR_NEXTN_HNORM, L, &qm->mtp_hnorm)) ||
+            (rc = engine_model_load_f32(m, ENGINE_TENSOR_NEXTN_SHARED_HEAD_NORM, L,
+                                        &qm->mtp_norm)))
             return rc;
-        if (ly->attn) {
-            if ((rc = engine_model_load_f32(m, ENGINE_TENSOR_ATTN_Q_NORM, L, &ly->q_norm)) ||
-                (rc = engine_model_load_f32(m, ENGINE_TENSOR_ATTN_K_NORM, L, &ly->k_norm)) ||
-                (rc = engine_model_load_matrix(m, ENGINE_TENSOR_ATTN_Q, L, &ly->wq)) ||
-                (rc = engine_model_load_matrix(m, ENGINE_TENSOR_ATTN_K, L, &ly->wk)) ||
-                (rc = engine_model_load_matrix(m, ENGINE_TENSOR_ATTN_V, L, &ly->wv)) ||
-                (rc = engine_model_load_matrix(m, ENGINE_TENSOR_ATTN_OUT, L, &ly->wo)))
-                return rc;
-        } else {
-            if ((rc = engine_model_load_matrix(m, ENGINE_TENSOR_ATTN_QKV, L, &ly->wqkv)) ||
-                (rc = engine_model_load_matrix(m, ENGINE_TENSOR_ATTN_GATE, L, &ly->wz)) ||
-                (rc = engine_model_load_matrix(m, ENGINE_TENSOR_SSM_BETA, L, &ly->wbeta)) ||
-                (rc = engine_model_load_matrix(m, ENGINE_TENSOR_SSM_ALPHA, L, &ly->walpha)) ||
-                (rc = engine_model_load_matrix(m, ENGINE_TENSOR_SSM_OUT, L, &ly->wout)) ||
-                (rc = engine_model_load_f32(m, ENGINE_TENSOR_SSM_CONV1D, L, &ly->conv)) ||
-                (rc = engine_model_load_f32(m, ENGINE_TENSOR_SSM_DT, L, &ly->dt_bias)) ||
-                (rc = engine_model_load_f32(m, ENGINE_TENSOR_SSM_A, L, &ly->a)) ||
-                (rc = engine_model_load_f32(m, ENGINE_TENSOR_SSM_NORM, L, &ly->ssm_norm)))
-                return rc;
-        }
-        if ((rc = engine_model_load_matrix(m, ENGINE_TENSOR_FFN_GATE_INP, L, &ly->gate_inp)) ||
-            (rc = engine_model_load_matrix(m, ENGINE_TENSOR_FFN_GATE_EXPS, L, &ly->gate_exps)) ||
-            (rc = engine_model_load_matrix(m, ENGINE_TENSOR_FFN_UP_EXPS, L, &ly->up_exps)) ||
-            (rc = engine_model_load_matrix(m, ENGINE_TENSOR_FFN_DOWN_EXPS, L, &ly->down_exps)) ||
-            (ly->gu_stride = ly->gate_exps.rows, 0) ||
-            (rc = engine_model_load_matrix(m, ENGINE_TENSOR_FFN_GATE_SHEXP, L, &ly->gate_shexp)) ||
-            (rc = engine_model_load_matrix(m, ENGINE_TENSOR_FFN_UP_SHEXP, L, &ly->up_shexp)) ||
-            (rc = engine_model_load_matrix(m, ENGINE_TENSOR_FFN_DOWN_SHEXP, L, &ly->down_shexp)) ||
-            (rc = engine_model_load_f32(m, ENGINE_TENSOR_FFN_GATE_INP_SHEXP, L,
-                                        &ly->gate_inp_shexp)))
-            return rc;
+        qm->has_mtp = true;
     }
     return 0;
 }
@@ -465,6 +519,22 @@ struct engine_q35_fwd {
     size_t conv_stride, hconv_stride;
     float *scores;  /* [n_threads][group][n_ctx] */
     float *scratch; /* [n_threads][2 dk + dv] */
+    /* MTP (when the model has the block): its KV is attention slot n_attn. The MTP KV at
+     * position p holds the pair (h_p, token p+1), h_p the main model's final normed hidden
+     * state after token p; every main pass appends the pairs its tokens complete, so the MTP
+     * KV covers positions 0 .. n_tokens-2 and `pend` holds h_{n_tokens-1} (pend_ok). */
+    bool mtp;        /* the model has the block (buffers allocated) */
+    bool mtp_on;     /* passes feed it (engine_q35_mtp_enable) */
+    bool pend_ok;
+    float *hid;      /* [B][E] final normed hidden of the last pass's tokens */
+    float *pend;     /* [E] */
+    float *mtp_in;   /* [B + 1][2E] [enorm(embedding) | hnorm(hidden)] rows */
+    float *mtp_h;    /* [E] the last MTP output (normed), the hidden of the next chained step */
+    float *snap_hid; /* [ENGINE_Q35_SNAPSHOTS][E] h of the token before each snapshot */
+    /* the speculative checkpoint: the recurrent state (and pend) at position ckpt_pos, taken
+     * before a verify pass so that rejecting drafts recomputes only the accepted tokens */
+    float *ckpt;     /* [state floats + E] */
+    int32_t ckpt_pos; /* -1: none */
 };
 
 static size_t q35_fsz(size_t n) {
@@ -492,6 +562,10 @@ void engine_q35_fwd_free(engine_q35_fwd *f) {
     free(f->hconv);
     free(f->scores);
     free(f->scratch);
+    free(f->hid);
+    free(f->mtp_in);
+    free(f->snap_hid);
+    free(f->ckpt);
     free(f);
 }
 
@@ -505,6 +579,8 @@ void engine_q35_fwd_reset(engine_q35_fwd *f) {
     memset(f->ssm_state, 0, q35_fsz(f->ssm_per_layer * (size_t)f->n_lin));
     for (int i = 0; i < ENGINE_Q35_SNAPSHOTS; i++)
         f->snap_pos[i] = -1;
+    f->pend_ok = false;
+    f->ckpt_pos = -1;
 }
 
 size_t engine_q35_snapshot_bytes(const engine_hparams *hp) {
@@ -525,15 +601,27 @@ int engine_q35_fwd_truncate(engine_q35_fwd *f, int32_t n_tokens, int32_t n) {
         if (f->snap_pos[i] > n) f->snap_pos[i] = -1;
         else if (f->snap_pos[i] > 0 && (best < 0 || f->snap_pos[i] > f->snap_pos[best])) best = i;
     }
+    if (f->ckpt_pos > n) f->ckpt_pos = -1;
+    bool use_ckpt = f->ckpt_pos > 0 && (best < 0 || f->ckpt_pos > f->snap_pos[best]);
     int32_t b = 0;
-    if (best < 0) {
+    size_t nc = f->conv_per_layer * (size_t)f->n_lin;
+    if (use_ckpt) {
+        b = f->ckpt_pos;
+        memcpy(f->conv_state, f->ckpt, q35_fsz(nc));
+        memcpy(f->ssm_state, f->ckpt + nc, q35_fsz(f->ssm_per_layer * (size_t)f->n_lin));
+        if (f->mtp) memcpy(f->pend, f->ckpt + q35_state_floats(f), q35_fsz((size_t)f->E));
+        f->pend_ok = f->mtp;
+    } else if (best < 0) {
+        int32_t keep = f->ckpt_pos;
         engine_q35_fwd_reset(f);
+        f->ckpt_pos = keep;
     } else {
         b = f->snap_pos[best];
-        size_t nc = f->conv_per_layer * (size_t)f->n_lin;
         const float *src = f->snap + (size_t)best * q35_state_floats(f);
         memcpy(f->conv_state, src, q35_fsz(nc));
         memcpy(f->ssm_state, src + nc, q35_fsz(f->ssm_per_layer * (size_t)f->n_lin));
+        if (f->mtp) memcpy(f->pend, f->snap_hid + (size_t)best * f->E, q35_fsz((size_t)f->E));
+        f->pend_ok = f->mtp;
     }
     if (b == n) return 0;
     /* recompute tokens b .. n-1 from the restored state: the same bits as the first time (the
@@ -584,9 +672,11 @@ int engine_q35_fwd_new(engine_session *s) {
     f->X = (int)hp->n_expert;
     f->F = (int)hp->n_ff_exp;
     f->Fs = (int)hp->n_ff_shexp;
-    f->n_attn = qm->n_attn;
+    f->n_attn = qm->n_attn + (qm->has_mtp ? 1 : 0); /* the MTP block's KV is the last slot */
     f->n_lin = qm->n_lin;
     f->v_tiled = qm->v_tiled;
+    f->mtp = qm->has_mtp;
+    f->ckpt_pos = -1;
     size_t Bz = (size_t)B, kslots = Bz * (size_t)f->k_used;
     size_t qd = (size_t)f->nh * f->hd, kvd = (size_t)f->nkv * f->hd;
     size_t elt = s->kv_type == ENGINE_KV_F32 ? 4 : 2;
@@ -594,6 +684,7 @@ int engine_q35_fwd_new(engine_session *s) {
     size_t bigw = ENGINE_MAX(2 * qd, (size_t)f->C), attw = ENGINE_MAX(qd, (size_t)f->di);
     size_t widest =
         ENGINE_MAX(ENGINE_MAX((size_t)f->E, qd), ENGINE_MAX((size_t)f->di, (size_t)f->Fs));
+    if (f->mtp) widest = ENGINE_MAX(widest, 2 * (size_t)f->E); /* the MTP fc input */
     f->conv_stride = q35_align(q35_fsz(ENGINE_MAX(widest, (size_t)f->F)));
     f->hconv_stride = q35_align(q35_fsz((size_t)ENGINE_MAX(f->F, f->Fs)));
     f->conv_per_layer = (size_t)f->C * (size_t)(f->K - 1);
@@ -621,7 +712,11 @@ int engine_q35_fwd_new(engine_session *s) {
     f->hconv = aligned_alloc(64, kslots * f->hconv_stride);
     f->scores = malloc(q35_fsz((size_t)f->n_threads * (size_t)group * (size_t)n_ctx));
     f->scratch = malloc(q35_fsz((size_t)f->n_threads * (2 * (size_t)f->dk + 2 * (size_t)f->dv)));
-    if (!f->kv_mem || !f->k_blocks || !f->v_blocks || !f->views || !f->conv_state || !f->snap ||
+    f->hid = malloc(q35_fsz((Bz + 2) * (size_t)f->E));
+    f->mtp_in = malloc(q35_fsz((Bz + 1) * 2 * (size_t)f->E));
+    f->snap_hid = malloc(q35_fsz(ENGINE_Q35_SNAPSHOTS * (size_t)f->E));
+    f->ckpt = malloc(q35_fsz(q35_state_floats(f) + (size_t)f->E));
+    if (!f->hid || !f->mtp_in || !f->snap_hid || !f->ckpt || !f->kv_mem || !f->k_blocks || !f->v_blocks || !f->views || !f->conv_state || !f->snap ||
         !f->ssm_state || !f->x || !f->big || !f->q || !f->router || !f->sel || !f->exp_start ||
         !f->g || !f->sg || !f->conv || !f->hconv || !f->scores || !f->scratch) {
         engine_q35_fwd_free(f);
@@ -647,6 +742,8 @@ int engine_q35_fwd_new(engine_session *s) {
     f->u = f->g + kslots * (size_t)f->F;
     f->eout = f->u + kslots * (size_t)f->F;
     f->su = f->sg + Bz * (size_t)f->Fs;
+    f->pend = f->hid + Bz * (size_t)f->E;
+    f->mtp_h = f->pend + f->E;
     for (int32_t l = 0; l < f->n_attn; l++) {
         f->k_blocks[l] = (uint8_t *)f->kv_mem + (2 * (size_t)l) * kv_layer;
         f->v_blocks[l] = (uint8_t *)f->kv_mem + (2 * (size_t)l + 1) * kv_layer;
@@ -1119,6 +1216,104 @@ static void q35_moe(const engine_model *m, engine_q35_fwd *f, const q35_layer *l
     q35_run(m, &cj, Q_COMBINE);
 }
 
+/* The MTP block over cnt pairs at positions pos0 .. pos0+cnt-1: pair t is (hidden row t,
+ * token toks[t]), the hidden rows being h_first (when non-NULL) then h_rest's rows (E floats
+ * apart). Writes the block's KV at those positions, leaves the normed output of the last pair
+ * in f->mtp_h and, when logits is non-NULL, its logits there. cnt <= B. */
+static void q35_mtp_pass(const engine_model *m, engine_q35_fwd *f, const float *h_first,
+                         const float *h_rest, const int32_t *toks, int32_t cnt, int32_t pos0,
+                         float *logits) {
+    const engine_q35_model *qm = m->q35;
+    const q35_layer *ly = &qm->mtp;
+    size_t E = (size_t)f->E, E2 = 2 * E;
+    float eps = m->hp.rms_norm_eps;
+    for (int32_t t = 0; t < cnt; t++) {
+        const float *h = h_first ? (t == 0 ? h_first : h_rest + (size_t)(t - 1) * E)
+                                 : h_rest + (size_t)t * E;
+        float *in = f->mtp_in + (size_t)t * E2, *x = f->x + (size_t)t * E;
+        const uint8_t *row =
+            (const uint8_t *)m->tok_embd.data + (size_t)toks[t] * m->tok_embd.row_bytes;
+        engine_dequantize_row(m->tok_embd.type, row, x, (int64_t)E);
+        engine_cpu_rmsnorm(in, x, qm->mtp_enorm, (int)E, eps);
+        engine_cpu_rmsnorm(in + E, h, qm->mtp_hnorm, (int)E, eps);
+    }
+    const engine_weight *eh = &qm->mtp_eh;
+    q35_matmul(m, f, 1, &eh, &f->x, &E, f->mtp_in, E2, 0, cnt);
+    q35_job j;
+    memset(&j, 0, sizeof j);
+    j.m = m;
+    j.f = f;
+    j.n = cnt;
+    j.ly = ly;
+    j.norm_w = ly->attn_norm;
+    q35_run(m, &j, Q_NORM);
+    q35_attention_block(m, f, ly, cnt, pos0);
+    j.add = f->tmp;
+    j.norm_w = ly->post_norm;
+    q35_run(m, &j, Q_NORM);
+    q35_moe(m, f, ly, cnt);
+    j.add = NULL;
+    j.norm_w = qm->mtp_norm;
+    j.t0 = cnt - 1;
+    q35_run(m, &j, Q_NORM);
+    memcpy(f->mtp_h, f->xn + (size_t)(cnt - 1) * E, q35_fsz(E));
+    if (logits) {
+        const engine_weight *wout = &m->output;
+        size_t vs = m->hp.n_vocab;
+        q35_matmul(m, f, 1, &wout, &logits, &vs, f->xn, E, cnt - 1, 1);
+    }
+}
+
+bool engine_q35_has_mtp(const engine_model *m) {
+    return m->q35 && m->q35->has_mtp;
+}
+
+int engine_q35_mtp_enable(engine_session *s, bool *was_off) {
+    engine_q35_fwd *f = s->q35;
+    *was_off = false;
+    if (!f || !f->mtp)
+        return engine_err(ENGINE_EUNSUPPORTED,
+                          "%s has no MTP block (nextn_predict_layers / mtp.* tensors): "
+                          "speculative decoding with MTP is unavailable",
+                          s->m->path);
+    if (!f->mtp_on) {
+        /* the MTP KV must cover every position: start over */
+        f->mtp_on = true;
+        *was_off = true;
+    }
+    return 0;
+}
+
+void engine_q35_checkpoint(engine_session *s) {
+    engine_q35_fwd *f = s->q35;
+    size_t nc = f->conv_per_layer * (size_t)f->n_lin;
+    memcpy(f->ckpt, f->conv_state, q35_fsz(nc));
+    memcpy(f->ckpt + nc, f->ssm_state, q35_fsz(f->ssm_per_layer * (size_t)f->n_lin));
+    if (f->mtp) memcpy(f->ckpt + q35_state_floats(f), f->pend, q35_fsz((size_t)f->E));
+    f->ckpt_pos = s->n_tokens;
+}
+
+const float *engine_q35_mtp_hidden(const engine_session *s) {
+    return s->q35 && s->q35->mtp ? s->q35->mtp_h : NULL;
+}
+
+int engine_q35_mtp_step(engine_session *s, int32_t i, int32_t token, float *logits) {
+    engine_q35_fwd *f = s->q35;
+    if (!f || !f->mtp_on || !f->pend_ok || s->n_tokens < 1)
+        return engine_err(ENGINE_EINVAL, "MTP step: the session has no MTP state (enable it, "
+                          "then append at least one token)");
+    int32_t pos = s->n_tokens - 1 + i;
+    if (i < 0 || pos >= f->n_ctx || token < 0 || token >= (int32_t)s->m->hp.n_vocab)
+        return engine_err(ENGINE_EINVAL, "MTP step %d at position %d (context %d), token %d", i,
+                          pos, f->n_ctx, token);
+    pthread_mutex_lock(&s->m->pool_mu);
+    /* step 0 pairs the main model's last hidden state with the token sampled after it; later
+     * steps chain on the block's own output */
+    q35_mtp_pass(s->m, f, NULL, i == 0 ? f->pend : f->mtp_h, &token, 1, pos, logits);
+    pthread_mutex_unlock(&s->m->pool_mu);
+    return 0;
+}
+
 int engine_q35_fwd_run(engine_session *s, const int32_t *tokens, int32_t n, float *logits_all) {
     const engine_model *m = s->m;
     const engine_hparams *hp = &m->hp;
@@ -1156,17 +1351,35 @@ int engine_q35_fwd_run(engine_session *s, const int32_t *tokens, int32_t n, floa
         q35_run(m, &j, Q_NORM);
         q35_moe(m, f, ly, n);
     }
-    /* output head: every token's logits when asked, else only the last token's */
+    /* output head: every token's logits when asked, else only the last token's (the final
+     * norm of every token when the MTP block needs their hidden states) */
     int32_t t0 = logits_all ? 0 : n - 1;
     j.add = NULL;
     j.norm_w = m->output_norm;
-    j.t0 = t0;
+    j.t0 = f->mtp_on ? 0 : t0;
     q35_run(m, &j, Q_NORM);
+    if (f->mtp_on) memcpy(f->hid, f->xn, q35_fsz((size_t)n * E));
     const engine_weight *wout = &m->output;
     size_t vs = hp->n_vocab;
     float *dst = logits_all ? logits_all : s->logits;
     q35_matmul(m, f, 1, &wout, &dst, &vs, f->xn, E, t0, n - t0);
     if (logits_all) memcpy(s->logits, logits_all + (size_t)(n - 1) * vs, q35_fsz(vs));
+    if (!f->mtp_on) return 0;
+    /* the MTP pairs these tokens complete: (h_{p0-1}, tokens[0]) .. (h_{p0+n-2}, tokens[n-1]) */
+    for (int32_t ts = q35_first_snap(p0); ts < n; ts += ENGINE_Q35_SNAP_EVERY) {
+        size_t slot = (size_t)((p0 + ts + 1) / ENGINE_Q35_SNAP_EVERY) % ENGINE_Q35_SNAPSHOTS;
+        memcpy(f->snap_hid + slot * E, f->hid + (size_t)ts * E, q35_fsz(E));
+    }
+    if (p0 > 0 && !f->pend_ok)
+        return engine_err(ENGINE_EINTERNAL, "qwen35moe: MTP hidden state of position %d lost",
+                          p0 - 1);
+    bool first = p0 > 0;
+    int32_t cnt = first ? n : n - 1;
+    if (cnt > 0)
+        q35_mtp_pass(m, f, first ? f->pend : NULL, f->hid, tokens + (first ? 0 : 1), cnt,
+                     first ? p0 - 1 : p0, NULL);
+    memcpy(f->pend, f->hid + (size_t)(n - 1) * E, q35_fsz(E));
+    f->pend_ok = true;
     return 0;
 }
 
@@ -1437,7 +1650,8 @@ static int q35_hf_experts(engine_model *m, const char *lp, q35_layer *ly, uint32
         return 0;
     }
     if (!qm->exp_ptrs &&
-        !(qm->exp_ptrs = calloc((size_t)hp->n_layer * 3 * (size_t)X, sizeof *qm->exp_ptrs)))
+        !(qm->exp_ptrs = calloc(((size_t)hp->n_layer + hp->n_nextn) * 3 * (size_t)X,
+                                sizeof *qm->exp_ptrs)))
         return engine_err(ENGINE_ENOMEM, "out of memory loading %s", m->path);
     const uint8_t **tab = qm->exp_ptrs + (size_t)l * 3 * (size_t)X;
     static const char *const part[3] = {"gate_proj", "up_proj", "down_proj"};
@@ -1463,20 +1677,83 @@ static int q35_hf_experts(engine_model *m, const char *lp, q35_layer *ly, uint32
     return 0;
 }
 
-static int q35_hf_weights(engine_model *m) {
+#define NAME(...) (snprintf(nm, sizeof nm, __VA_ARGS__), nm)
+
+/* Block l's tensors under the prefix lp ("model.layers.3.", "mtp.layers.0.") into ly (ly->attn
+ * set by the caller); l indexes the per-expert pointer table. */
+static int q35_hf_block(engine_model *m, q35_layer *ly, const char *lp, uint32_t l) {
     const engine_hparams *hp = &m->hp;
-    engine_q35_model *qm = m->q35;
-    const int64_t E = hp->n_embd, V = hp->n_vocab, hd = hp->head_dim_k, nh = hp->n_head;
+    const int64_t E = hp->n_embd, hd = hp->head_dim_k, nh = hp->n_head;
     const int64_t nkv = hp->n_head_kv, dk = hp->ssm_d_state, nk = hp->ssm_n_group;
     const int64_t nv = hp->ssm_dt_rank, di = hp->ssm_d_inner, C = 2 * nk * dk + di;
     const int64_t X = hp->n_expert, Fs = hp->n_ff_shexp;
+    char nm[256];
+    int rc;
+    int64_t e1[1] = {E}, hd1[1] = {hd}, nv1[1] = {nv}, dk1[1] = {dk};
+    int64_t conv[3] = {C, 1, hp->ssm_d_conv}, sg[2] = {1, E};
+    if ((rc = q35_st_f32(m, NAME("%sinput_layernorm.weight", lp), e1, 1, Q35_PLUS_ONE,
+                         &ly->attn_norm)) ||
+        (rc = q35_st_f32(m, NAME("%spost_attention_layernorm.weight", lp), e1, 1, Q35_PLUS_ONE,
+                         &ly->post_norm)))
+        return rc;
+    if (ly->attn) {
+        if ((rc = q35_st_f32(m, NAME("%sself_attn.q_norm.weight", lp), hd1, 1, Q35_PLUS_ONE,
+                             &ly->q_norm)) ||
+            (rc = q35_st_f32(m, NAME("%sself_attn.k_norm.weight", lp), hd1, 1, Q35_PLUS_ONE,
+                             &ly->k_norm)) ||
+            (rc = q35_st_matrix(m, NAME("%sself_attn.q_proj.weight", lp), 0, 2 * nh * hd, E,
+                                &ly->wq)) ||
+            (rc = q35_st_matrix(m, NAME("%sself_attn.k_proj.weight", lp), 0, nkv * hd, E,
+                                &ly->wk)) ||
+            (rc = q35_st_matrix(m, NAME("%sself_attn.v_proj.weight", lp), 0, nkv * hd, E,
+                                &ly->wv)) ||
+            (rc = q35_st_matrix(m, NAME("%sself_attn.o_proj.weight", lp), 0, E, nh * hd,
+                                &ly->wo)))
+            return rc;
+    } else {
+        if ((rc = q35_st_matrix(m, NAME("%slinear_attn.in_proj_qkv.weight", lp), 0, C, E,
+                                &ly->wqkv)) ||
+            (rc = q35_st_matrix(m, NAME("%slinear_attn.in_proj_z.weight", lp), 0, di, E,
+                                &ly->wz)) ||
+            (rc = q35_st_matrix(m, NAME("%slinear_attn.in_proj_b.weight", lp), 0, nv, E,
+                                &ly->wbeta)) ||
+            (rc = q35_st_matrix(m, NAME("%slinear_attn.in_proj_a.weight", lp), 0, nv, E,
+                                &ly->walpha)) ||
+            (rc = q35_st_matrix(m, NAME("%slinear_attn.out_proj.weight", lp), 0, E, di,
+                                &ly->wout)) ||
+            (rc = q35_st_f32(m, NAME("%slinear_attn.conv1d.weight", lp), conv, 3, Q35_AS_IS,
+                             &ly->conv)) ||
+            (rc = q35_st_f32(m, NAME("%slinear_attn.dt_bias", lp), nv1, 1, Q35_AS_IS,
+                             &ly->dt_bias)) ||
+            (rc = q35_st_f32(m, NAME("%slinear_attn.A_log", lp), nv1, 1, Q35_NEG_EXP, &ly->a)) ||
+            (rc = q35_st_f32(m, NAME("%slinear_attn.norm.weight", lp), dk1, 1, Q35_AS_IS,
+                             &ly->ssm_norm)))
+            return rc;
+    }
+    if ((rc = q35_st_matrix(m, NAME("%smlp.gate.weight", lp), 0, X, E, &ly->gate_inp)) ||
+        (rc = q35_hf_experts(m, lp, ly, l)) ||
+        (rc = q35_st_matrix(m, NAME("%smlp.shared_expert.gate_proj.weight", lp), 0, Fs, E,
+                            &ly->gate_shexp)) ||
+        (rc = q35_st_matrix(m, NAME("%smlp.shared_expert.up_proj.weight", lp), 0, Fs, E,
+                            &ly->up_shexp)) ||
+        (rc = q35_st_matrix(m, NAME("%smlp.shared_expert.down_proj.weight", lp), 0, E, Fs,
+                            &ly->down_shexp)) ||
+        (rc = q35_st_f32(m, NAME("%smlp.shared_expert_gate.weight", lp), sg, 2, Q35_AS_IS,
+                         &ly->gate_inp_shexp)))
+        return rc;
+    return 0;
+}
+
+static int q35_hf_weights(engine_model *m) {
+    const engine_hparams *hp = &m->hp;
+    engine_q35_model *qm = m->q35;
+    const int64_t E = hp->n_embd, V = hp->n_vocab;
     /* text-only checkpoints say model.layers, multimodal ones model.language_model.layers */
     const char *pre = engine_st_find(qm->st, "model.language_model.embed_tokens.weight")
                           ? "model.language_model."
                           : "model.";
     char nm[256];
     int rc;
-#define NAME(...) (snprintf(nm, sizeof nm, __VA_ARGS__), nm)
     int64_t e1[1] = {E};
     snprintf(nm, sizeof nm, "%sembed_tokens.weight", pre);
     if ((rc = q35_st_matrix(m, nm, 0, V, E, &m->tok_embd)) ||
@@ -1492,63 +1769,25 @@ static int q35_hf_weights(engine_model *m) {
         ly->slot = ly->attn ? qm->n_attn++ : qm->n_lin++;
         char lp[160];
         snprintf(lp, sizeof lp, "%slayers.%u.", pre, l);
-        int64_t hd1[1] = {hd}, nv1[1] = {nv}, dk1[1] = {dk}, conv[3] = {C, 1, hp->ssm_d_conv};
-        int64_t sg[2] = {1, E};
-        if ((rc = q35_st_f32(m, NAME("%sinput_layernorm.weight", lp), e1, 1, Q35_PLUS_ONE,
-                             &ly->attn_norm)) ||
-            (rc = q35_st_f32(m, NAME("%spost_attention_layernorm.weight", lp), e1, 1, Q35_PLUS_ONE,
-                             &ly->post_norm)))
-            return rc;
-        if (ly->attn) {
-            if ((rc = q35_st_f32(m, NAME("%sself_attn.q_norm.weight", lp), hd1, 1, Q35_PLUS_ONE,
-                                 &ly->q_norm)) ||
-                (rc = q35_st_f32(m, NAME("%sself_attn.k_norm.weight", lp), hd1, 1, Q35_PLUS_ONE,
-                                 &ly->k_norm)) ||
-                (rc = q35_st_matrix(m, NAME("%sself_attn.q_proj.weight", lp), 0, 2 * nh * hd, E,
-                                    &ly->wq)) ||
-                (rc = q35_st_matrix(m, NAME("%sself_attn.k_proj.weight", lp), 0, nkv * hd, E,
-                                    &ly->wk)) ||
-                (rc = q35_st_matrix(m, NAME("%sself_attn.v_proj.weight", lp), 0, nkv * hd, E,
-                                    &ly->wv)) ||
-                (rc = q35_st_matrix(m, NAME("%sself_attn.o_proj.weight", lp), 0, E, nh * hd,
-                                    &ly->wo)))
-                return rc;
-        } else {
-            if ((rc = q35_st_matrix(m, NAME("%slinear_attn.in_proj_qkv.weight", lp), 0, C, E,
-                                    &ly->wqkv)) ||
-                (rc = q35_st_matrix(m, NAME("%slinear_attn.in_proj_z.weight", lp), 0, di, E,
-                                    &ly->wz)) ||
-                (rc = q35_st_matrix(m, NAME("%slinear_attn.in_proj_b.weight", lp), 0, nv, E,
-                                    &ly->wbeta)) ||
-                (rc = q35_st_matrix(m, NAME("%slinear_attn.in_proj_a.weight", lp), 0, nv, E,
-                                    &ly->walpha)) ||
-                (rc = q35_st_matrix(m, NAME("%slinear_attn.out_proj.weight", lp), 0, E, di,
-                                    &ly->wout)) ||
-                (rc = q35_st_f32(m, NAME("%slinear_attn.conv1d.weight", lp), conv, 3, Q35_AS_IS,
-                                 &ly->conv)) ||
-                (rc = q35_st_f32(m, NAME("%slinear_attn.dt_bias", lp), nv1, 1, Q35_AS_IS,
-                                 &ly->dt_bias)) ||
-                (rc =
-                     q35_st_f32(m, NAME("%slinear_attn.A_log", lp), nv1, 1, Q35_NEG_EXP, &ly->a)) ||
-                (rc = q35_st_f32(m, NAME("%slinear_attn.norm.weight", lp), dk1, 1, Q35_AS_IS,
-                                 &ly->ssm_norm)))
-                return rc;
-        }
-        if ((rc = q35_st_matrix(m, NAME("%smlp.gate.weight", lp), 0, X, E, &ly->gate_inp)) ||
-            (rc = q35_hf_experts(m, lp, ly, l)) ||
-            (rc = q35_st_matrix(m, NAME("%smlp.shared_expert.gate_proj.weight", lp), 0, Fs, E,
-                                &ly->gate_shexp)) ||
-            (rc = q35_st_matrix(m, NAME("%smlp.shared_expert.up_proj.weight", lp), 0, Fs, E,
-                                &ly->up_shexp)) ||
-            (rc = q35_st_matrix(m, NAME("%smlp.shared_expert.down_proj.weight", lp), 0, E, Fs,
-                                &ly->down_shexp)) ||
-            (rc = q35_st_f32(m, NAME("%smlp.shared_expert_gate.weight", lp), sg, 2, Q35_AS_IS,
-                             &ly->gate_inp_shexp)))
-            return rc;
+        if ((rc = q35_hf_block(m, ly, lp, l))) return rc;
     }
-#undef NAME
+    if (hp->n_nextn) {
+        /* mtp.fc [E, 2E] over [pre_fc_norm_embedding(embedding) | pre_fc_norm_hidden(h)] */
+        qm->mtp.attn = true;
+        qm->mtp.slot = qm->n_attn;
+        if ((rc = q35_hf_block(m, &qm->mtp, "mtp.layers.0.", hp->n_layer)) ||
+            (rc = q35_st_matrix(m, "mtp.fc.weight", 0, E, 2 * E, &qm->mtp_eh)) ||
+            (rc = q35_st_f32(m, "mtp.pre_fc_norm_embedding.weight", e1, 1, Q35_PLUS_ONE,
+                             &qm->mtp_enorm)) ||
+            (rc = q35_st_f32(m, "mtp.pre_fc_norm_hidden.weight", e1, 1, Q35_PLUS_ONE,
+                             &qm->mtp_hnorm)) ||
+            (rc = q35_st_f32(m, "mtp.norm.weight", e1, 1, Q35_PLUS_ONE, &qm->mtp_norm)))
+            return rc;
+        qm->has_mtp = true;
+    }
     return 0;
 }
+#undef NAME
 
 int engine_q35_hf_open(engine_model *m, const char *dir, bool vocab_only) {
     int32_t bos = -1;
@@ -1594,6 +1833,9 @@ int engine_q35_hf_open(engine_model *m, const char *dir, bool vocab_only) {
     m->q35 = qm;
     qm->v_tiled = false; /* HF's grouped value heads */
     if ((rc = engine_st_open(&qm->st, dir))) return rc;
+    /* Qwen3.5 checkpoints carry one MTP block (config mtp_num_hidden_layers = 1); HF's own
+     * model class ignores it, this loader reads it when the tensors are there */
+    m->hp.n_nextn = engine_st_find(qm->st, "mtp.fc.weight") ? 1 : 0;
     in->file_size = in->weight_bytes = engine_st_bytes(qm->st);
     uint64_t by[3] = {0, 0, 0}; /* F32, F16, BF16 */
     for (int64_t i = 0; i < engine_st_count(qm->st); i++) {
@@ -1606,7 +1848,7 @@ int engine_q35_hf_open(engine_model *m, const char *dir, bool vocab_only) {
              engine_type_name(best == 0   ? ENGINE_TYPE_F32
                               : best == 1 ? ENGINE_TYPE_F16
                                           : ENGINE_TYPE_BF16));
-    qm->cap_owned = ENGINE_Q35_OWNED_PER_LAYER * (size_t)hp->n_layer + 2;
+    qm->cap_owned = ENGINE_Q35_OWNED_PER_LAYER * ((size_t)hp->n_layer + hp->n_nextn) + 2;
     m->owned = calloc(qm->cap_owned, sizeof(float *));
     qm->layers = calloc(hp->n_layer, sizeof *qm->layers);
     qm->rope_inv_freq = malloc(sizeof(float) * (hp->n_rot / 2));

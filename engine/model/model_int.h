@@ -178,6 +178,21 @@ void engine_q35_fwd_free(engine_q35_fwd *f);
 int engine_q35_fwd_run(engine_session *s, const int32_t *tokens, int32_t n, float *logits_all);
 void engine_q35_fwd_reset(engine_q35_fwd *f);
 int engine_q35_fwd_truncate(engine_q35_fwd *f, int32_t n_tokens, int32_t n);
+/* MTP (the model's nextn block, arch_qwen35moe.c). has_mtp: the model carries one. enable:
+ * from now on every pass of s also feeds the block (its KV at position p holds the pair
+ * (h_p, token p+1), h_p the final normed hidden state); *was_off tells the caller that the
+ * tokens already in s were not fed, so it must truncate s to 0 and recompute them.
+ * ENGINE_EUNSUPPORTED without the block. checkpoint: keep the recurrent state at the current
+ * length (taken before a verify pass; a later truncation to >= that length restarts from it).
+ * mtp_step: draft step i after the n tokens of s: the pair (h_{n-1} for i = 0, else the
+ * previous step's output; token) at position n - 1 + i -> logits (n_vocab floats). Takes the
+ * model's pool lock. ENGINE_EINVAL when s has no MTP state or the position is out of range. */
+bool engine_q35_has_mtp(const engine_model *m);
+int engine_q35_mtp_enable(engine_session *s, bool *was_off);
+void engine_q35_checkpoint(engine_session *s);
+int engine_q35_mtp_step(engine_session *s, int32_t i, int32_t token, float *logits);
+/* The block's normed output (n_embd floats) of the last step or pass (tests), or NULL. */
+const float *engine_q35_mtp_hidden(const engine_session *s);
 /* A Hugging Face checkpoint directory (config.json, tokenizer.json + tokenizer_config.json,
  * model.safetensors or shards): hyper-parameters, tokenizer, info and, unless vocab_only, the
  * weights (read in place where the layout allows). Only Qwen3.5/3.6 MoE text models:

@@ -6,6 +6,7 @@
  * matched across token boundaries because it is searched for in pending, which holds
  * everything not yet emitted. */
 #include "model/model_int.h"
+#include "sample/spec.h"
 
 #include <string.h>
 
@@ -174,6 +175,17 @@ int engine_generate(engine_session *s, const engine_gen_params *p, engine_token_
                           p->n_prompt, s->n_ctx);
     engine_model *m = s->m;
     st.prompt_tokens = (int32_t)p->n_prompt;
+    bool mtp_fresh = false; /* MTP just enabled: the cached tokens never fed it */
+    if (p->mtp_draft) {
+        if (p->mtp_draft < 0 || p->mtp_draft > 4)
+            return engine_err(ENGINE_EINVAL, "generate: mtp_draft %d is not in 0..4",
+                              p->mtp_draft);
+        if (!s->q35)
+            return engine_err(ENGINE_EUNSUPPORTED,
+                              "generate: MTP speculative decoding needs a qwen35moe model with "
+                              "an MTP block on the CPU");
+        if ((rc = engine_q35_mtp_enable(s, &mtp_fresh))) return rc;
+    }
 
     engine_sampler *smp = NULL;
     engine_gen_text g;
@@ -189,6 +201,7 @@ int engine_generate(engine_session *s, const engine_gen_params *p, engine_token_
     while (common < have && (size_t)common < p->n_prompt && s->tokens[common] == p->prompt[common])
         common++;
     if ((size_t)common == p->n_prompt) common--;
+    if (mtp_fresh) common = 0;
     rc = engine_session_truncate(s, common);
     if (rc == ENGINE_EUNSUPPORTED) { /* recurrent state (qwen35moe) rolls back only to 0 */
         common = 0;
@@ -205,7 +218,10 @@ int engine_generate(engine_session *s, const engine_gen_params *p, engine_token_
     st.cached_tokens += s->kv_cached; /* served by the model's prefix cache (engine/kv) */
 
     int32_t max = p->max_tokens > 0 ? p->max_tokens : INT32_MAX;
-    for (;;) {
+    if (p->mtp_draft) {
+        if ((rc = engine_spec_decode(s, p, smp, &g, &st))) goto done;
+    }
+    for (; !p->mtp_draft;) {
         if (st.generated_tokens >= max) {
             st.stop = ENGINE_STOP_LENGTH;
             break;

@@ -5,6 +5,7 @@
  * does), so a hot sampler's nucleus is wider. Candidates are ordered by (logit desc, id asc), a
  * total order, so a seed reproduces the same tokens on every machine. */
 #include "common.h"
+#include "sample/spec.h"
 
 #include <math.h>
 #include <string.h>
@@ -182,8 +183,11 @@ static void apply_penalties(engine_sampler *s, float *l) {
     }
 }
 
-int engine_sampler_sample(engine_sampler *s, const float *logits, int32_t *out_token) {
+/* The distribution the sampler draws from: greedy (*greedy set to the token), or candidates
+ * s->cands[0 .. *n_out) with unnormalised probabilities. */
+static int sampler_dist(engine_sampler *s, const float *logits, int32_t *n_out, int32_t *greedy) {
     const engine_sampling_params *p = &s->p;
+    *greedy = -1;
     int32_t nv = s->n_vocab;
     float *l = s->work;
     memcpy(l, logits, sizeof(float) * (size_t)nv);
@@ -210,7 +214,7 @@ int engine_sampler_sample(engine_sampler *s, const float *logits, int32_t *out_t
         cand best = c[0];
         for (int32_t i = 1; i < n; i++)
             if (cand_before(&c[i], &best)) best = c[i];
-        *out_token = best.id;
+        *greedy = best.id;
         return 0;
     }
     float inv_t = 1.0f / p->temperature;
@@ -261,6 +265,19 @@ int engine_sampler_sample(engine_sampler *s, const float *logits, int32_t *out_t
             if (c[i].l >= thr) c[k++] = c[i];
         n = k;
     }
+    *n_out = n;
+    return 0;
+}
+
+int engine_sampler_sample(engine_sampler *s, const float *logits, int32_t *out_token) {
+    int32_t n = 0, greedy;
+    int rc = sampler_dist(s, logits, &n, &greedy);
+    if (rc) return rc;
+    if (greedy >= 0) {
+        *out_token = greedy;
+        return 0;
+    }
+    const cand *c = s->cands;
     double sum = 0.0;
     for (int32_t i = 0; i < n; i++) sum += c[i].l;
     double r = rng_uniform(s->rng) * sum, acc = 0.0;
@@ -274,4 +291,27 @@ int engine_sampler_sample(engine_sampler *s, const float *logits, int32_t *out_t
     }
     *out_token = c[pick].id;
     return 0;
+}
+
+int engine_sampler_probs(engine_sampler *s, const float *logits, float *probs) {
+    int32_t n = 0, greedy;
+    int rc = sampler_dist(s, logits, &n, &greedy);
+    if (rc) return rc;
+    memset(probs, 0, sizeof(float) * (size_t)s->n_vocab);
+    if (greedy >= 0) {
+        probs[greedy] = 1.0f;
+        return 0;
+    }
+    double sum = 0.0;
+    for (int32_t i = 0; i < n; i++) sum += s->cands[i].l;
+    for (int32_t i = 0; i < n; i++) probs[s->cands[i].id] = (float)(s->cands[i].l / sum);
+    return 0;
+}
+
+double engine_sampler_uniform(engine_sampler *s) {
+    return rng_uniform(s->rng);
+}
+
+bool engine_sampler_is_greedy(const engine_sampler *s) {
+    return s->p.temperature <= 0.0f;
 }
