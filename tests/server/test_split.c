@@ -1,6 +1,8 @@
 /* agent/server/split.c: generated text -> reasoning / text / tool-call events. Fixed cases in
  * both tool-call formats, and for each case every cut of the text into two pieces (and a cut
  * after every byte) gives the same events as the whole text. */
+#include <stdint.h>
+
 #include "split_events.h"
 
 static int failures;
@@ -132,6 +134,167 @@ static void check_cuts(const tcase *c, const char *whole, bool deltas) {
     free(all);
 }
 
+/* ----- random calls: the streamed arguments are always the parsed call's ------------------ */
+typedef struct {
+    char *p;
+    size_t len, cap;
+} gbuf;
+
+static void gput(gbuf *b, const char *s, size_t n) {
+    if (b->len + n + 1 > b->cap) {
+        b->cap = (b->len + n + 1) * 2;
+        b->p = realloc(b->p, b->cap);
+        if (!b->p) abort();
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = 0;
+}
+static void gputs(gbuf *b, const char *s) {
+    gput(b, s, strlen(s));
+}
+
+static uint32_t rng_state;
+static uint32_t rnd(uint32_t n) {
+    rng_state = rng_state * 1103515245u + 12345u;
+    return (rng_state >> 8) % n;
+}
+
+static void gws(gbuf *b) {
+    static const char *ws[] = {"", "", "", " ", "\n", "  ", "\t", "\r\n "};
+    gputs(b, ws[rnd(8)]);
+}
+
+/* A JSON string with every kind of escape jansson reads. */
+static void gstring(gbuf *b) {
+    static const char *parts[] = {"a", "Z", " ", "0", "/", "\\/", "\\\"", "\\\\", "\\n", "\\t",
+                                  "\\b", "\\f", "\\r", "\\u0001", "\\u001f", "\\u00e9", "é",
+                                  "\\u20AC", "€", "\\ud83d\\ude00", "😀", "<", "</tool", "\x7f",
+                                  "\\u2028", "}", "]", ",", ":", "{"};
+    gputs(b, "\"");
+    for (uint32_t i = rnd(8); i > 0; i--) gputs(b, parts[rnd(sizeof parts / sizeof parts[0])]);
+    gputs(b, "\"");
+}
+
+static void gvalue(gbuf *b, int depth) {
+    static const char *lits[] = {"0", "-0", "7", "-12", "1.5", "1.50", "2e3", "-0.25", "1E-2",
+                                 "0.1", "123456789", "true", "false", "null", "3.0e+2"};
+    uint32_t k = rnd(depth > 1 ? 3 : 5);
+    if (k == 0) {
+        gstring(b);
+    } else if (k <= 2) {
+        gputs(b, lits[rnd(sizeof lits / sizeof lits[0])]);
+    } else if (k == 3) {
+        gputs(b, "[");
+        for (uint32_t i = 0, n = rnd(4); i < n; i++) {
+            if (i) gputs(b, ",");
+            gws(b);
+            gvalue(b, depth + 1);
+            gws(b);
+        }
+        gputs(b, "]");
+    } else {
+        gputs(b, "{");
+        for (uint32_t i = 0, n = rnd(4); i < n; i++) {
+            char key[16];
+            snprintf(key, sizeof key, "%s\"k%u\"", i ? "," : "", i);
+            gputs(b, key);
+            gws(b);
+            gputs(b, ":");
+            gws(b);
+            gvalue(b, depth + 1);
+            gws(b);
+        }
+        gputs(b, "}");
+    }
+}
+
+static void gcall(gbuf *b, bool xml) {
+    gputs(b, "<tool_call>");
+    gws(b);
+    if (!xml) {
+        gputs(b, "{");
+        gws(b);
+        gputs(b, "\"name\":");
+        gws(b);
+        gputs(b, rnd(2) ? "\"f\"" : "\"g\"");
+        gws(b);
+        gputs(b, ",");
+        gws(b);
+        gputs(b, "\"arguments\":");
+        gws(b);
+        gputs(b, "{");
+        static const char *keys[] = {"\"a\"", "\"s\"", "\"x\\u00e9\"", "\"q\\\"\"", "\"\""};
+        for (uint32_t i = 0, n = rnd(5); i < n; i++) {
+            if (i) gputs(b, ",");
+            gws(b);
+            gputs(b, keys[i]);
+            gws(b);
+            gputs(b, ":");
+            gws(b);
+            gvalue(b, 0);
+            gws(b);
+        }
+        gputs(b, "}");
+        gws(b);
+        gputs(b, "}");
+    } else {
+        bool f = rnd(2);
+        gputs(b, f ? "<function=f>" : "<function=g>");
+        static const char *names[] = {"a", "s", "p", "longer_name"};
+        static const char *texts[] = {"x", "\n", "\\", "\"", "</param", "<", " 42 ", "[1, 2]",
+                                      "{\"k\": 1.0}", "é", "\t", "true", "</parameter", "\r"};
+        for (uint32_t i = 0, n = rnd(5); i < n; i++) {
+            gws(b);
+            gputs(b, "<parameter=");
+            gputs(b, names[i]);
+            gputs(b, ">");
+            if (rnd(2)) gputs(b, "\n");
+            for (uint32_t k = rnd(6); k > 0; k--) gputs(b, texts[rnd(sizeof texts / sizeof texts[0])]);
+            if (rnd(2)) gputs(b, "\n");
+            gputs(b, "</parameter>");
+        }
+        gws(b);
+        gputs(b, "</function>");
+    }
+    gws(b);
+    gputs(b, "</tool_call>");
+}
+
+static void random_calls(void) {
+    int bad = 0, streamed_calls = 0;
+    for (uint32_t iter = 0; iter < 3000 && bad < 5; iter++) {
+        rng_state = iter * 2654435761u + 7;
+        bool xml = iter & 1;
+        gbuf b = {0};
+        gputs(&b, rnd(2) ? "text " : "");
+        gcall(&b, xml);
+        if (rnd(3) == 0) gcall(&b, xml);
+        size_t n = b.len, cuts[16], nc = 0;
+        for (size_t at = 0; nc < 16;) {
+            at += 1 + rnd(12);
+            if (at >= n) break;
+            cuts[nc++] = at;
+        }
+        agent_toolcall_format fmt = xml ? AGENT_TOOLCALL_XML : AGENT_TOOLCALL_HERMES;
+        char *whole = split_run(b.p, n, NULL, 0, false, false, TOOLS, fmt, NULL);
+        int nd = 0;
+        char *pieces = split_run_ex(b.p, n, cuts, nc, false, false, TOOLS, fmt, NULL, true, &nd);
+        /* every call the parser accepts comes out the same streamed, with no error */
+        if (strcmp(whole, pieces) || strstr(pieces, "E0") || strstr(pieces, "E1")) {
+            fprintf(stderr, "FAIL random call %u:\n%s\n-> %s\nstreamed -> %s\n", iter, b.p, whole,
+                    pieces);
+            bad++;
+        }
+        streamed_calls += nd > 0;
+        free(whole);
+        free(pieces);
+        free(b.p);
+    }
+    CHECK(!bad, "%d random calls differ streamed", bad);
+    CHECK(streamed_calls > 2500, "only %d of 3000 random calls streamed pieces", streamed_calls);
+}
+
 int main(void) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const tcase *c = &cases[i];
@@ -195,7 +358,8 @@ int main(void) {
         free(d.p);
         srv_split_free(&sp);
     }
+    random_calls();
     if (failures) return 1;
-    printf("test_split: %zu cases ok\n", sizeof cases / sizeof cases[0]);
+    printf("test_split: %zu cases and 3000 random calls ok\n", sizeof cases / sizeof cases[0]);
     return 0;
 }
