@@ -13,6 +13,7 @@ typedef struct {
     srv_buf held;       /* streamed text held back until its UTF-8 character completes */
     json_t *calls;      /* complete tool calls, OpenAI shape */
     bool reasoning;     /* a reasoning block was streamed */
+    int open_call;      /* the tool call the last piece belonged to (-1: none) */
     srv_buf reasoning_text;
 } chat;
 
@@ -81,9 +82,42 @@ static void wake(srv_job *j, void *user) {
                 !srv_buf_add(&q->held, ev.text, ev.len))
                 flush_text(call, q, "content", false);
             break;
+        case SRV_EV_TOOL_DELTA: {
+            /* a piece of a call being written: id and name with its first piece */
+            flush_text(call, q, q->reasoning ? "reasoning" : "content", true);
+            q->reasoning = false;
+            bool first = ev.tool_index != q->open_call;
+            q->open_call = ev.tool_index;
+            json_t *tc = json_pack("{s:i, s:s%}", "index", ev.tool_index, "arguments", ev.text,
+                                   ev.len);
+            if (tc && first) {
+                json_object_set_new(tc, "id", json_string(ev.tool_id));
+                json_object_set_new(tc, "name", json_string(ev.tool_name));
+            }
+            delta(call, "toolCall", tc);
+            break;
+        }
         case SRV_EV_TOOL_CALL:
             flush_text(call, q, q->reasoning ? "reasoning" : "content", true);
             q->reasoning = false;
+            if (ev.tool_begun) {
+                /* streamed: the rest of its arguments; an invalid or cut-off one is not a
+                 * call of the final message (its markup is kept as content there) */
+                size_t al = strlen(ev.tool_args);
+                if (ev.tool_error) {
+                    srv_buf_add(&q->content, ev.text, ev.len);
+                    break;
+                }
+                if (al > ev.tool_streamed)
+                    delta(call, "toolCall",
+                          json_pack("{s:i, s:s%}", "index", ev.tool_index, "arguments",
+                                    ev.tool_args + ev.tool_streamed, al - ev.tool_streamed));
+                json_array_append_new(q->calls,
+                                      json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", ev.tool_id,
+                                                "type", "function", "function", "name",
+                                                ev.tool_name, "arguments", ev.tool_args));
+                break;
+            }
             if (ev.tool_error) {
                 /* complete markup that is not a valid call: content, never a call */
                 if (!srv_buf_add(&q->content, ev.text, ev.len))
@@ -98,8 +132,6 @@ static void wake(srv_job *j, void *user) {
                   json_pack("{s:i, s:s, s:s, s:s}", "index", ev.tool_index, "id", ev.tool_id,
                             "name", ev.tool_name, "arguments",
                             ev.tool_args ? ev.tool_args : "{}"));
-            break;
-        case SRV_EV_TOOL_DELTA: /* not asked for: calls come whole */
             break;
         case SRV_EV_DONE: {
             flush_text(call, q, q->reasoning ? "reasoning" : "content", true);
@@ -148,6 +180,8 @@ void agent_rpc_chat(agent_rpc_conn *c, const json_t *id, const json_t *params) {
         chat_free(q);
         return;
     }
+    q->req.stream_tool_args = true;
+    q->open_call = -1;
     agent_rpc_call *call = agent_rpc_call_new(c, id, params);
     if (!call) {
         chat_free(q);

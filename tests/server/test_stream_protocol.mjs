@@ -1,8 +1,9 @@
 // What the streaming dialects show as the model writes, with the official clients against a
 // real `spark-agent serve` on the tiny model:
 //  - tool-call arguments arrive in pieces while the call is written (openai chat tool_calls
-//    deltas, Anthropic input_json_delta, Responses function_call_arguments.delta), and the
-//    pieces add up to exactly the arguments of the same request answered whole;
+//    deltas, Anthropic input_json_delta, Responses function_call_arguments.delta, JSON-RPC
+//    chat/delta toolCall over the ws client), and the pieces add up to exactly the arguments of
+//    the same request answered whole;
 //  - the model's reasoning: Anthropic thinking blocks (thinking_delta, signature_delta) and
 //    Responses reasoning items (reasoning_text deltas), streamed and whole. The random tiny
 //    model never writes <think> itself, so this part runs on a copy whose chat template opens
@@ -16,6 +17,7 @@ import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { startServer, checker, tmpDir, CLI } from './serve_util.mjs';
+import { connect } from './rpc_replay.mjs';
 
 const { check, failures } = checker();
 const TOOLS = process.env.SPARK_TEST_TOOLS !== '0';
@@ -149,6 +151,33 @@ async function defaultModel() {
     check(rd.length >= 4, `responses: arguments in ${rd.length} pieces`);
     check(rcall && scall && rd.join('') === scall.arguments && scall.arguments === rcall.arguments,
       `responses: pieces add up: ${rd.join('')} vs ${scall?.arguments} vs ${rcall?.arguments}`);
+
+    // JSON-RPC chat/completion (docs/protocol.md §6): toolCall pieces, id and name first
+    const c = await connect(srv.url.replace('http', 'ws') + '/rpc', srv.token);
+    c.send({ jsonrpc: '2.0', id: 1, method: 'initialize', params: {} });
+    await c.next();
+    c.send({ jsonrpc: '2.0', method: 'initialized', params: {} });
+    c.send({ jsonrpc: '2.0', id: 2, method: 'chat/completion', params: { messages: tmsg, tools,
+      tool_choice: 'required', parallel_tool_calls: false, max_tokens: 120, temperature: 0 } });
+    const jp = [];
+    let jhead = null, jres = null;
+    for (;;) {
+      const m = (await c.next()).msg;
+      if (!m) break;
+      if (m.method === 'chat/delta' && m.params?.toolCall) {
+        const t = m.params.toolCall;
+        if (!jhead) jhead = { ...t, at: jp.length };
+        else check(t.id === undefined && t.name === undefined, 'JSON-RPC: id and name only first');
+        jp.push(t.arguments);
+      }
+      if (m.id === 2) { jres = m; break; }
+    }
+    c.ws.close();
+    seen.rpc_pieces = jp.length;
+    const jcall = jres?.result?.message?.tool_calls?.[0];
+    check(jhead?.name === 'get_weather' && jhead?.id === jcall?.id && jp.length >= 4 &&
+      jp.join('') === jcall?.function?.arguments && jcall?.function?.arguments === wcall?.function?.arguments,
+    `JSON-RPC: toolCall pieces add up ${JSON.stringify(jp)} vs ${JSON.stringify(jres)}`);
   } finally {
     const code = await srv.stop();
     check(code === 0, `serve exit ${code}: ${srv.stderr().slice(-1500)}`);
