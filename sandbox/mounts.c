@@ -313,6 +313,7 @@ int sandbox_mounts_plan(sandbox_plan *p, sandbox_strings *a, const sandbox_polic
     char *sys = sandbox_strcat3(a, S, "/proc/sys", "");
     ADD(SANDBOX_OP_BIND_RO, sys, sys, NULL);
     p->ops[p->n_ops - 1].host_src = false;
+    known_dir(p, true);
 
     ADD(SANDBOX_OP_TMPFS, NULL, sandbox_strcat3(a, S, "/dev", ""), "mode=0755,size=64k");
     for (size_t i = 0; i < sizeof dev_nodes / sizeof dev_nodes[0]; i++)
@@ -400,49 +401,72 @@ void sandbox_placeholders_remove(sandbox_placeholders *ph) {
  * In the init child: system calls only.
  * ------------------------------------------------------------------------------------------- */
 
-/* mkdir -p; `path` is modified while walking and restored. From the end: most paths of the
- * plan need one mkdir, their parent exists (one system call instead of one per component). */
-static int mkdirs(char *path) {
-    char *end = path + sandbox_cstr_len(path), *cut = end;
+/* The last directory mkdirs_n made or found (in the plan's strings, which stay put): the ops
+ * come in path order, so most parents are the one before (the root, /dev). A directory of the
+ * new root, once there, stays there: nothing of the plan removes one. */
+typedef struct {
+    const char *path;
+    size_t len;
+} dir_cache;
+
+/* mkdir -p of path[0..len), walked in a copy on this child's stack: the plan's strings are
+ * the caller's memory, copied page by page on a write (a fork), so the children only read them.
+ * From the end: most paths of the plan need one mkdir, their parent exists (one system call
+ * instead of one per component). */
+static int mkdirs_n(dir_cache *dc, const char *path, size_t len) {
+    if (dc->path && len <= dc->len && !memcmp(path, dc->path, len) &&
+        (len == dc->len || dc->path[len] == '/'))
+        return 0; /* it, or a directory below it, exists */
+    char buf[PATH_MAX];
+    if (len == 0 || len >= sizeof buf) return -ENAMETOOLONG;
+    memcpy(buf, path, len);
+    buf[len] = 0;
+    char *end = buf + len, *cut = end;
     int rc = 0;
     for (;;) { /* up until a prefix exists or is made */
-        if (mkdir(path, 0755) == 0 || errno == EEXIST) break;
+        if (mkdir(buf, 0755) == 0 || errno == EEXIST) break;
         if (errno != ENOENT) {
             rc = -errno;
             break;
         }
         char *slash = cut - 1;
-        while (slash > path && *slash != '/') slash--;
-        if (slash <= path) {
+        while (slash > buf && *slash != '/') slash--;
+        if (slash <= buf) {
             rc = -ENOENT;
             break;
         }
         *slash = 0;
         cut = slash;
     }
-    while (cut < end) { /* down again, restoring each cut */
+    while (rc == 0 && cut < end) { /* down again */
         *cut = '/';
-        if (rc == 0 && mkdir(path, 0755) != 0 && errno != EEXIST) rc = -errno;
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST) rc = -errno;
         cut += sandbox_cstr_len(cut);
+    }
+    if (rc == 0) {
+        dc->path = path;
+        dc->len = len;
     }
     return rc;
 }
 
-static int mkparent(char *path) {
-    char *slash = strrchr(path, '/');
-    if (!slash || slash == path) return 0;
-    *slash = 0;
-    int rc = mkdirs(path);
-    *slash = '/';
-    return rc;
+static int mkdirs(dir_cache *dc, const char *path) {
+    return mkdirs_n(dc, path, sandbox_cstr_len(path));
 }
 
-static int touch(char *path) {
-    int rc = mkparent(path);
+static int mkparent(dir_cache *dc, const char *path) {
+    const char *slash = NULL;
+    for (const char *c = path; *c; c++)
+        if (*c == '/') slash = c;
+    if (!slash || slash == path) return 0;
+    return mkdirs_n(dc, path, (size_t)(slash - path));
+}
+
+/* An empty file to bind a non-directory on (mknod of a regular file: one system call). */
+static int touch(dir_cache *dc, const char *path) {
+    int rc = mkparent(dc, path);
     if (rc) return rc;
-    int fd = open(path, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC | O_NOFOLLOW, 0644);
-    if (fd < 0) return errno == EEXIST ? 0 : -errno;
-    close(fd);
+    if (mknod(path, S_IFREG | 0644, 0) != 0 && errno != EEXIST) return -errno;
     return 0;
 }
 
@@ -475,13 +499,14 @@ static int set_attr(const char *path, uint64_t set, bool recursive) {
     return mount(NULL, path, NULL, f, NULL) == 0 ? 0 : -errno;
 }
 
-static int bind_path(const char *src, int src_dir, char *dst, bool recursive) {
+static int bind_path(dir_cache *dc, const char *src, int src_dir, const char *dst,
+                     bool recursive) {
     if (src_dir < 0) {
         struct stat st;
         if (stat(src, &st) != 0) return -errno; /* through /proc/self/fd: the opened file */
         src_dir = S_ISDIR(st.st_mode);
     }
-    int rc = src_dir ? mkdirs(dst) : touch(dst);
+    int rc = src_dir ? mkdirs(dc, dst) : touch(dc, dst);
     if (rc) return rc;
     return mount(src, dst, NULL, MS_BIND | (recursive ? MS_REC : 0), NULL) == 0 ? 0 : -errno;
 }
@@ -525,6 +550,7 @@ static void fd_path(char out[32], int fd) {
 }
 
 int sandbox_mounts_apply(sandbox_plan *p, const char **what) {
+    dir_cache dc = {NULL, 0};
     *what = "make / private";
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) return -errno;
     /* Host sources first: the root tmpfs may hide them (a workspace below /tmp). */
@@ -544,7 +570,7 @@ int sandbox_mounts_apply(sandbox_plan *p, const char **what) {
         switch (op->kind) {
         case SANDBOX_OP_BIND_RO:
         case SANDBOX_OP_BIND_RW:
-            rc = bind_path(src, op->src_dir, op->dst, true);
+            rc = bind_path(&dc, src, op->src_dir, op->dst, true);
             if (rc == 0)
                 rc = set_attr(op->dst, SBX_MOUNT_ATTR_NOSUID | SBX_MOUNT_ATTR_NODEV |
                                            (op->kind == SANDBOX_OP_BIND_RO ? SBX_MOUNT_ATTR_RDONLY
@@ -559,21 +585,21 @@ int sandbox_mounts_apply(sandbox_plan *p, const char **what) {
                                        false);
             break;
         case SANDBOX_OP_TMPFS:
-            rc = mkdirs(op->dst);
+            rc = mkdirs(&dc, op->dst);
             if (rc == 0 && mount("tmpfs", op->dst, "tmpfs", MS_NOSUID | MS_NODEV, op->data))
                 rc = -errno;
             break;
         case SANDBOX_OP_SYMLINK:
-            rc = mkparent(op->dst);
+            rc = mkparent(&dc, op->dst);
             if (rc == 0 && symlink(op->src, op->dst) != 0 && errno != EEXIST) rc = -errno;
             break;
         case SANDBOX_OP_DEVNODE:
-            rc = bind_path(src, op->src_dir, op->dst, false);
+            rc = bind_path(&dc, src, op->src_dir, op->dst, false);
             if (rc == 0) rc = set_attr(op->dst, SBX_MOUNT_ATTR_NOSUID | SBX_MOUNT_ATTR_NOEXEC,
                                        false);
             break;
         case SANDBOX_OP_PROC:
-            rc = mkdirs(op->dst);
+            rc = mkdirs(&dc, op->dst);
             if (rc == 0 && mount("proc", op->dst, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL))
                 rc = -errno;
             /* The process cap of the namespace (per-namespace pid_max, Linux >= 6.14); older
@@ -585,8 +611,13 @@ int sandbox_mounts_apply(sandbox_plan *p, const char **what) {
             break;
         }
         if (rc) return rc;
-        if (op->src_fd >= 0) close(op->src_fd);
-        op->src_fd = -1;
+        size_t dl = sandbox_cstr_len(op->dst);
+        if (dc.path && dl < dc.len && dc.path[dl] == '/' && !memcmp(dc.path, op->dst, dl))
+            dc.path = NULL; /* something was put over a parent of the known directory */
+        if (op->src_fd >= 0) { /* (written only when set: see mkdirs_n) */
+            close(op->src_fd);
+            op->src_fd = -1;
+        }
     }
     *what = "pivot_root";
     if (chdir(p->stage) != 0) return -errno;

@@ -29,7 +29,7 @@ typedef enum {
 typedef struct {
     sandbox_op_kind kind;
     char *src;            /* host path (BIND_*, DEVNODE), link target (SYMLINK) */
-    char *dst;            /* path below the new root's staging directory, mutable for mkdir */
+    char *dst;            /* path below the new root's staging directory */
     const char *data;     /* tmpfs options */
     bool host_src;        /* src is a host path below the staging directory: opened (O_PATH)
                              before the root tmpfs hides it, then mounted through src_fd_path

@@ -83,15 +83,13 @@ static void remap_fds(const sandbox_plan *p) {
     int src[7] = {p->fd_stdin, p->fd_stdout, p->fd_stderr, p->fd_status, p->fd_alive,
                   p->ns_user_fd, p->ns_net_fd};
     int n = p->ns_user_fd >= 0 ? 7 : 5;
-    int tmp[7];
-    for (int i = 0; i < n; i++) {
-        tmp[i] = fcntl(src[i], F_DUPFD, n);
-        if (tmp[i] < 0) _exit(126);
-    }
+    /* A source below n could be overwritten by an earlier dup: moved above n first. Then
+     * each lands on its number (close-on-exec from FD_STATUS on: only 0..2 reach the command) */
     for (int i = 0; i < n; i++)
-        if (dup2(tmp[i], i) < 0) _exit(126);
+        if (src[i] < n && (src[i] = fcntl(src[i], F_DUPFD, n)) < 0) _exit(126);
+    for (int i = 0; i < n; i++)
+        if (dup3(src[i], i, i >= FD_STATUS ? O_CLOEXEC : 0) < 0) _exit(126);
     syscall(SYS_close_range, (unsigned)n, ~0U, 0);
-    for (int i = FD_STATUS; i < n; i++) fcntl(i, F_SETFD, FD_CLOEXEC);
 }
 
 /* Die with the caller; and if it is already gone (before PDEATHSIG was set), die now. */
@@ -178,7 +176,7 @@ static bool hex_mask(const char *text, const char *key, uint64_t *out) {
  * from /proc/self/status in three system calls instead of asking for each of 64 signals; all
  * of them when it cannot be read. */
 static uint64_t non_default_signals(void) {
-    char buf[4096];
+    char buf[2048]; /* the two lines sit near byte 750 (after Groups, which can be long) */
     int fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
     if (fd < 0) return ~(uint64_t)0;
     size_t n = 0;
