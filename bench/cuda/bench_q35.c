@@ -112,8 +112,8 @@ int main(int argc, char **argv) {
            bpt / 1e9, bpt * mean / 1e9, bw, 100.0 * bpt * mean / 1e9 / bw, bw * 1e9 / bpt);
     double us[ENGINE_CUDA_Q35_PROF_COUNT];
     static const char *names[ENGINE_CUDA_Q35_PROF_COUNT] = {
-        "embed",     "mixer_in", "deltanet", "attention", "mixer_out", "router",
-        "ffn_up",    "shgate",   "ffn_down", "head",      "sample"};
+        "embed",  "mixer_in", "deltanet", "attention", "mixer_out", "router",
+        "ffn_up", "shgate",   "ffn_down", "head",      "sample"};
     if (engine_cuda_q35_profile(gs, out[0], depth + n_gen / 2, 5, us) == 0) {
         double tot = 0;
         for (int i = 0; i < ENGINE_CUDA_Q35_PROF_COUNT; i++)

@@ -3,7 +3,8 @@
 # they run there, else an engine-only build for sm_90 here), the qwen35 gpu test, the random
 # Qwen3.5-35B-A3B-shaped model (generated in the background meanwhile) and its batch-1 decode
 # benchmark (tg128). Logs go to $OUT.
-# Usage: [BIN=DIR] [TYPE=q4_k_m] bash bench/cuda/q35_run.sh
+# Usage: [BIN=DIR] [TYPE=q4_k_m] [DEPTH=N] bash bench/cuda/q35_run.sh
+#   DEPTH: also tg128 after N tokens (one repetition after the warm-up).
 #   BIN holds spark-agent, test_cuda_qwen35 and bench_q35 built elsewhere (carried).
 set -o pipefail
 OUT=${OUT:-/tmp/out}
@@ -39,3 +40,7 @@ wait $gen || { echo "gen failed"; tail -5 $OUT/gen.log; exit 1; }
 stamp "model generated: $(grep -v '^\[' $OUT/gen.log | tail -1)"
 "$BIN/bench_q35" /tmp/q35-$TYPE.gguf -n 128 -r 5 2>&1 | tee $OUT/bench.log
 stamp "bench done"
+if [ -n "$DEPTH" ]; then
+    "$BIN/bench_q35" /tmp/q35-$TYPE.gguf -n 128 -r 1 -d $DEPTH 2>&1 | tee -a $OUT/bench.log
+    stamp "bench at depth $DEPTH done"
+fi

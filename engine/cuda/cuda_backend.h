@@ -156,8 +156,8 @@ void engine_cuda_session_view_get(const engine_cuda_session *s, engine_cuda_sess
 /* ---------------------------------------------------------------------------------------------
  * qwen35moe (Qwen3.5/3.6 hybrid Gated DeltaNet / gated attention MoE): engine/cuda/qwen35.cu.
  * The same contracts as the engine_cuda_* calls above, for a model loaded with the qwen35moe
- * architecture (m->q35). The decode step: 3 + 8 launches per DeltaNet block and 9 per
- * attention block (+1 where the shared expert's down matrix cannot join the routed ones),
+ * architecture (m->q35). The decode step: 8 launches per block + 3 (+1 where the shared
+ * expert's down matrix cannot join the routed ones, +1 where beta and alpha differ in type),
  * captured once as a CUDA graph. A session holds on the device the KV cache of the attention
  * blocks (F16 or F32), the conv ring ([C][K]: the input of position p in slot p % K) and the
  * recurrent state ([nv][dk][dv] F32) of every DeltaNet block, and a ring of

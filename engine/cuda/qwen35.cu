@@ -6,8 +6,8 @@
  *   embed | per block:
  *     DeltaNet: qkv, z, beta|alpha (attn_norm fused; one launch) | deltanet step (conv, l2
  *       norms, gates, delta rule, gated RMSNorm, snapshots) | out_proj (+= residual)
- *     attention: [q|gate], k, v (attn_norm fused) | prep (q/k norm, partial rope, KV store) |
- *       attention (+ output gate) | o_proj (+= residual)
+ *     attention: [q|gate], k, v (attn_norm fused) | attention (q/k norm, partial rope, KV
+ *       store, split softmax, output gate) | o_proj (+= residual)
  *     MoE: router + shared-expert gate logit (post_norm fused) | routed gate/up (routing fused)
  *       | shared gate/up | shared gate sigmoid | down of the k routed experts and the shared
  *       one in one launch (+ weighted combine + residual; the shared down matrix is uploaded as
@@ -178,9 +178,9 @@ static q35_w q35_put_stack(q35_up *u, const engine_weight *w, int X, int64_t str
         q35_copy(u, d, w->data, eb * (size_t)X);
     } else {
         for (int e = 0; e < X; e++) {
-            const uint8_t *src = exp_ptr ? exp_ptr[(size_t)which * X + e]
-                                         : (const uint8_t *)w->data +
-                                               (size_t)e * (size_t)stride_rows * w->row_bytes;
+            const uint8_t *src =
+                exp_ptr ? exp_ptr[(size_t)which * X + e]
+                        : (const uint8_t *)w->data + (size_t)e * (size_t)stride_rows * w->row_bytes;
             q35_copy(u, u->dry ? NULL : d + (size_t)e * eb, src, eb);
         }
     }
@@ -188,9 +188,9 @@ static q35_w q35_put_stack(q35_up *u, const engine_weight *w, int X, int64_t str
     return o;
 }
 
-static int q35_check_w(const engine_model *m, const engine_weight *w, uint32_t l, const char *what) {
-    if (!w->data)
-        return engine_err(ENGINE_EFORMAT, "%s: blk.%u.%s is missing", m->path, l, what);
+static int q35_check_w(const engine_model *m, const engine_weight *w, uint32_t l,
+                       const char *what) {
+    if (!w->data) return engine_err(ENGINE_EFORMAT, "%s: blk.%u.%s is missing", m->path, l, what);
     if (!engine_cu_type_supported(w->type))
         return engine_err(ENGINE_EUNSUPPORTED, "%s: blk.%u.%s of type %s has no CUDA kernel",
                           m->path, l, what, engine_type_name(w->type));
@@ -282,7 +282,7 @@ static int q35_check(const engine_model *m, const q35_dims *d) {
     if (!engine_cu_deltanet_ok(d->dk, d->dv, d->K))
         return engine_err(ENGINE_EUNSUPPORTED,
                           "%s: DeltaNet heads of %d x %d with a conv kernel of %d have no CUDA "
-                          "kernel (multiples of 32, dk * dv <= 16384, kernel <= %d)",
+                          "kernel (multiples of 32, dk <= 512, kernel <= %d)",
                           m->path, d->dk, d->dv, d->K, ENGINE_CU_DELTA_MAX_CONV);
     if (!engine_cu_gatt_ok(d->nh, d->nkv, d->hd, d->rot))
         return engine_err(ENGINE_EUNSUPPORTED,
@@ -305,9 +305,12 @@ static int q35_check(const engine_model *m, const q35_dims *d) {
             const char *name;
             int in; /* the activation length it stages */
         } mats[] = {
-            {&w.gate_inp, "ffn_gate_inp", d->E},     {&w.gate_exps, "ffn_gate_exps", d->E},
-            {&w.up_exps, "ffn_up_exps", d->E},       {&w.down_exps, "ffn_down_exps", 0},
-            {&w.gate_shexp, "ffn_gate_shexp", d->E}, {&w.up_shexp, "ffn_up_shexp", d->E},
+            {&w.gate_inp, "ffn_gate_inp", d->E},
+            {&w.gate_exps, "ffn_gate_exps", d->E},
+            {&w.up_exps, "ffn_up_exps", d->E},
+            {&w.down_exps, "ffn_down_exps", 0},
+            {&w.gate_shexp, "ffn_gate_shexp", d->E},
+            {&w.up_shexp, "ffn_up_shexp", d->E},
             {&w.down_shexp, "ffn_down_shexp", d->Fs},
             {w.attn ? &w.wq : &w.wqkv, w.attn ? "attn_q" : "attn_qkv", d->E},
             {w.attn ? &w.wk : &w.wz, w.attn ? "attn_k" : "attn_gate", d->E},
@@ -329,8 +332,8 @@ static int q35_check(const engine_model *m, const q35_dims *d) {
     }
     if (!m->output.data || !m->tok_embd.data || !engine_cu_type_supported(m->output.type) ||
         !engine_cu_type_supported(m->tok_embd.type) || m->output.cols % 32)
-        return engine_err(ENGINE_EUNSUPPORTED, "%s: the embedding or output head has no CUDA kernel",
-                          m->path);
+        return engine_err(ENGINE_EUNSUPPORTED,
+                          "%s: the embedding or output head has no CUDA kernel", m->path);
     stage = std::max(stage, q35_stage(m->output.type, d->E));
     if (stage > Q35_MAX_STAGE_BYTES)
         return engine_err(ENGINE_EUNSUPPORTED,
@@ -441,38 +444,37 @@ struct engine_cuda_q35_session {
     bool captured;
     uint8_t *mem;
     size_t bytes;
-    void **k_cache, **v_cache; /* [n_attn] */
-    float *ring, *state;       /* [n_lin][C][K], [n_lin][nv][dk][dv] */
-    float *snap;               /* [SNAPSHOTS][ring | state] */
+    void **k_cache, **v_cache;               /* [n_attn] */
+    float *ring, *state;                     /* [n_lin][C][K], [n_lin][nv][dk][dv] */
+    float *snap;                             /* [SNAPSHOTS][ring | state] */
     size_t ring_per, state_per, snap_stride; /* floats */
     int32_t snap_pos[ENGINE_CUDA_Q35_SNAPSHOTS];
-    float *x, *big, *z, *ba, *q, *k, *v, *att, *router, *shl, *h, *logits, *partial, *sscratch;
-    float *wts, *rope;
+    float *x, *big, *z, *ba, *k, *v, *att, *router, *shl, *h, *logits, *partial, *sscratch;
+    float *wts, *rope, *dssq; /* dssq: the DeltaNet step's [nv][dv / 32] sums of squares */
     int32_t *ids, *out;
-    unsigned *counters; /* [n_kv + 1]: attention, sampler */
+    unsigned *counters; /* [n_kv + 1 + nv]: attention, sampler, DeltaNet step */
     engine_cu_step *step, *h_step;
 };
 
 typedef struct {
-    size_t kv_layer, ring, state, snap, x, big, z, ba, q, kv, att, router, shl, h, logits,
-        partial, sscratch, wts, ids, counters, step, out, rope, total;
+    size_t kv_layer, ring, state, snap, x, big, z, ba, kv, att, router, shl, h, logits, partial,
+        sscratch, wts, ids, counters, step, out, rope, dssq, total;
 } q35_layout;
 
-static q35_layout q35_layout_of(const engine_cuda_q35_model *cm, int32_t n_ctx,
-                                engine_kv_type kv) {
+static q35_layout q35_layout_of(const engine_cuda_q35_model *cm, int32_t n_ctx, engine_kv_type kv) {
     const q35_dims *d = &cm->d;
     q35_layout z;
     size_t f = sizeof(float), kvd = (size_t)d->nkv * d->hd;
     z.kv_layer = q35_align((size_t)n_ctx * kvd * (kv == ENGINE_KV_F32 ? 4 : 2));
     z.ring = q35_align(f * (size_t)cm->n_lin * d->C * d->K);
     z.state = q35_align(f * (size_t)cm->n_lin * d->nv * d->dk * d->dv);
-    z.snap = q35_align(f * ENGINE_CUDA_Q35_SNAPSHOTS *
-                       ((size_t)cm->n_lin * d->C * d->K + (size_t)cm->n_lin * d->nv * d->dk * d->dv));
+    z.snap =
+        q35_align(f * ENGINE_CUDA_Q35_SNAPSHOTS *
+                  ((size_t)cm->n_lin * d->C * d->K + (size_t)cm->n_lin * d->nv * d->dk * d->dv));
     z.x = q35_align(f * d->E);
     z.big = q35_align(f * std::max((size_t)d->C, 2 * (size_t)d->nh * d->hd));
     z.z = q35_align(f * d->di);
     z.ba = q35_align(f * 2 * d->nv);
-    z.q = q35_align(f * d->nh * d->hd);
     z.kv = q35_align(f * kvd);
     z.att = q35_align(f * std::max((size_t)d->nh * d->hd, (size_t)d->di));
     z.router = q35_align(f * d->X);
@@ -483,13 +485,14 @@ static q35_layout q35_layout_of(const engine_cuda_q35_model *cm, int32_t n_ctx,
     z.sscratch = q35_align(f * 2 * ENGINE_CU_SAMPLE_BLOCKS);
     z.wts = q35_align(f * (d->k + 1));
     z.ids = q35_align(sizeof(int32_t) * (d->k + 1));
-    z.counters = q35_align(sizeof(unsigned) * (d->nkv + 1));
+    z.counters = q35_align(sizeof(unsigned) * (d->nkv + 1 + d->nv));
     z.step = q35_align(sizeof(engine_cu_step));
     z.out = q35_align(sizeof(int32_t) * (size_t)n_ctx);
     z.rope = q35_align(f * (size_t)n_ctx * d->rot);
-    z.total = 2 * (size_t)cm->n_attn * z.kv_layer + z.ring + z.state + z.snap + z.x + z.big +
-              z.z + z.ba + z.q + 2 * z.kv + z.att + z.router + z.shl + z.h + z.logits +
-              z.partial + z.sscratch + z.wts + z.ids + z.counters + z.step + z.out + z.rope;
+    z.dssq = q35_align(f * d->nv * (d->dv / 32));
+    z.total = 2 * (size_t)cm->n_attn * z.kv_layer + z.ring + z.state + z.snap + z.x + z.big + z.z +
+              z.ba + 2 * z.kv + z.att + z.router + z.shl + z.h + z.logits + z.partial + z.sscratch +
+              z.wts + z.ids + z.counters + z.step + z.out + z.rope + z.dssq;
     return z;
 }
 
@@ -503,9 +506,8 @@ static void q35_reset_state(engine_cuda_q35_session *s) {
         s->snap_pos[i] = -1;
 }
 
-extern "C" int engine_cuda_q35_session_new(engine_cuda_q35_session **out,
-                                           engine_cuda_q35_model *cm, int32_t n_ctx,
-                                           engine_kv_type kv) {
+extern "C" int engine_cuda_q35_session_new(engine_cuda_q35_session **out, engine_cuda_q35_model *cm,
+                                           int32_t n_ctx, engine_kv_type kv) {
     *out = NULL;
     const engine_hparams *hp = &cm->m->hp;
     const q35_dims *d = &cm->d;
@@ -572,7 +574,6 @@ extern "C" int engine_cuda_q35_session_new(engine_cuda_q35_session **out,
     CARVE(big, big, float)
     CARVE(z, z, float)
     CARVE(ba, ba, float)
-    CARVE(q, q, float)
     CARVE(k, kv, float)
     CARVE(v, kv, float)
     CARVE(att, att, float)
@@ -588,6 +589,7 @@ extern "C" int engine_cuda_q35_session_new(engine_cuda_q35_session **out,
     CARVE(step, step, engine_cu_step)
     CARVE(out, out, int32_t)
     CARVE(rope, rope, float)
+    CARVE(dssq, dssq, float)
 #undef CARVE
     ENGINE_ASSERT((size_t)(p - s->mem) == z.total);
     {
@@ -641,8 +643,8 @@ static void q35_mark(q35_prof *p, int cat, cudaStream_t st) {
     p->cat[p->n++] = cat;
 }
 
-static void q35_mv(cudaStream_t st, const float *x, int cols, const float *norm_w, float eps,
-                   int n, const engine_cu_mat *mats) {
+static void q35_mv(cudaStream_t st, const float *x, int cols, const float *norm_w, float eps, int n,
+                   const engine_cu_mat *mats) {
     engine_cu_mv mv;
     memset(&mv, 0, sizeof mv);
     for (int i = 0; i < n; i++)
@@ -693,6 +695,8 @@ static void q35_deltanet(engine_cuda_q35_session *s, const q35_cl *ly, float eps
     a.v_tiled = cm->v_tiled;
     a.eps = eps;
     a.out = s->att;
+    a.ssq = s->dssq;
+    a.counters = s->counters + d->nkv + 1;
     engine_cu_deltanet_step(&a, st);
     q35_mark(p, 2, st);
     engine_cu_mat o = q35_mat(&ly->wout, s->x, 1);
@@ -726,11 +730,9 @@ static void q35_attention(engine_cuda_q35_session *s, const q35_cl *ly, float ep
     a.n_head = d->nh;
     a.n_kv = d->nkv;
     a.hd = d->hd;
-    a.q = s->q;
     a.partial = s->partial;
     a.counters = s->counters;
     a.out = s->att;
-    engine_cu_gatt_prep(&a, st);
     engine_cu_gatt_run(&a, st);
     q35_mark(p, 3, st);
     engine_cu_mat o = q35_mat(&ly->wo, s->x, 1);
@@ -817,8 +819,8 @@ static void q35_enqueue_step(engine_cuda_q35_session *s, q35_prof *p) {
     const float eps = cm->m->hp.rms_norm_eps;
     cudaStream_t st = s->stream;
     q35_mark(p, -1, st);
-    engine_cu_embed(cm->tok_embd.d, cm->tok_embd.row_bytes, cm->tok_embd.type, d->E, s->step,
-                    s->x, st);
+    engine_cu_embed(cm->tok_embd.d, cm->tok_embd.row_bytes, cm->tok_embd.type, d->E, s->step, s->x,
+                    st);
     q35_mark(p, 0, st);
     for (int l = 0; l < d->n_layer; l++) {
         const q35_cl *ly = &cm->layers[l];
@@ -855,8 +857,9 @@ static int q35_run_steps(engine_cuda_q35_session *s, int32_t token, int32_t pos,
     int rc = 0;
     const q35_dims *d = &s->cm->d;
     if (pos < 0 || n < 1 || pos > s->n_ctx - n)
-        return engine_err(ENGINE_ERANGE, "cuda decode: positions %d..%d do not fit the context of %d",
-                          pos, pos + n - 1, s->n_ctx);
+        return engine_err(ENGINE_ERANGE,
+                          "cuda decode: positions %d..%d do not fit the context of %d", pos,
+                          pos + n - 1, s->n_ctx);
     if (token < 0 || token >= d->V)
         return engine_err(ENGINE_EINVAL, "cuda decode: token id %d is not in [0, %d)", token, d->V);
     CU(cudaSetDevice(s->cm->device));
@@ -897,8 +900,7 @@ done:
 }
 
 extern "C" int engine_cuda_q35_generate(engine_cuda_q35_session *s, int32_t token, int32_t pos,
-                                        int32_t n, float temperature, uint64_t seed,
-                                        int32_t *out) {
+                                        int32_t n, float temperature, uint64_t seed, int32_t *out) {
     int rc = q35_run_steps(s, token, pos, n, temperature, seed);
     if (rc) return rc;
     CU(cudaMemcpyAsync(out, s->out, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost,
@@ -1061,6 +1063,8 @@ extern "C" int engine_cuda_op_q35_deltanet(int nk, int nv, int dk, int dv, int K
     g.eps = eps;
     g.snap_every = 1;
     g.n_snap = 1;
+    g.ssq = b.put<float>(NULL, f * nv * (dv / 32));
+    g.counters = b.put<unsigned>(NULL, sizeof(unsigned) * nv);
     if (b.rc) return b.rc;
     engine_cu_deltanet_step(&g, 0);
     if ((rc = b.get(out, g.out, f * nv * dv)) || (rc = b.get(ring, g.ring, f * C * K)) ||
@@ -1101,11 +1105,13 @@ extern "C" int engine_cuda_op_q35_attention(int n_head, int n_kv, int hd, int ro
     g.k_cache = b.put<uint8_t>(NULL, cache);
     g.v_cache = b.put<uint8_t>(NULL, cache);
     if (!b.rc && pos > 0) {
-        b.rc = q35_cu_err(cudaMemcpy(g.k_cache, k_cache, (size_t)pos * row * elt,
-                                     cudaMemcpyHostToDevice), "cudaMemcpy (op)");
+        b.rc = q35_cu_err(
+            cudaMemcpy(g.k_cache, k_cache, (size_t)pos * row * elt, cudaMemcpyHostToDevice),
+            "cudaMemcpy (op)");
         if (!b.rc)
-            b.rc = q35_cu_err(cudaMemcpy(g.v_cache, v_cache, (size_t)pos * row * elt,
-                                         cudaMemcpyHostToDevice), "cudaMemcpy (op)");
+            b.rc = q35_cu_err(
+                cudaMemcpy(g.v_cache, v_cache, (size_t)pos * row * elt, cudaMemcpyHostToDevice),
+                "cudaMemcpy (op)");
     }
     g.kv_f32 = kv == ENGINE_KV_F32;
     g.pos = b.put<int32_t>(&pos, sizeof pos);
@@ -1113,19 +1119,17 @@ extern "C" int engine_cuda_op_q35_attention(int n_head, int n_kv, int hd, int ro
     g.n_head = n_head;
     g.n_kv = n_kv;
     g.hd = hd;
-    g.q = b.put<float>(NULL, f * n_head * hd);
     g.partial = b.put<float>(NULL, f * n_head * (size_t)engine_cu_gatt_splits(n_ctx) * (hd + 2));
     g.counters = b.put<unsigned>(NULL, sizeof(unsigned) * n_kv);
     g.out = b.put<float>(NULL, f * n_head * hd);
     if (b.rc) return b.rc;
-    engine_cu_gatt_prep(&g, 0);
     engine_cu_gatt_run(&g, 0);
     if ((rc = b.get(out, g.out, f * n_head * hd))) return rc;
     uint8_t *tmp = (uint8_t *)malloc(2 * row * elt);
     if (!tmp) return engine_err(ENGINE_ENOMEM, "out of memory");
     if ((rc = b.get(tmp, (uint8_t *)g.k_cache + (size_t)pos * row * elt, row * elt)) == 0 &&
-        (rc = b.get(tmp + row * elt, (uint8_t *)g.v_cache + (size_t)pos * row * elt,
-                    row * elt)) == 0)
+        (rc = b.get(tmp + row * elt, (uint8_t *)g.v_cache + (size_t)pos * row * elt, row * elt)) ==
+            0)
         for (size_t i = 0; i < row; i++) {
             if (kv == ENGINE_KV_F32) {
                 k_row[i] = ((const float *)tmp)[i];

@@ -1,19 +1,24 @@
 /* The gated full-attention block of qwen35moe on the GPU, one query position (decode).
  *
- * engine_cu_gatt_prep (a block per query head and per KV head):
- *   q_h = rope(rmsnorm(q_h) * q_norm) into q, from the projection [q_h | gate_h] of each head
- *   k_j = rope(rmsnorm(k_j) * k_norm), v_j: stored at row `pos` of the cache (F16 or F32)
+ * engine_cu_gatt_run, one launch: out_h = softmax(q_h K^T / sqrt(hd)) V * sigmoid(gate_h) over
+ * positions 0..pos of KV head h / group, where
+ *   q_h = rope(rmsnorm(q_h) * q_norm), from the projection [q_h | gate_h] of each head
+ *   k_j = rope(rmsnorm(k_j) * k_norm) and v_j of this position are stored at row `pos` of the
+ *     cache (F16 or F32) first, by the block whose split holds pos (no other block reads that
+ *     row)
  *   rope: NeoX on the first `rot` dimensions of a head (pairs i, i + rot / 2), the angle table
- *   of engine_cu_rope_table over rot; dimensions past rot are left as they are (text positions:
- *   the checkpoint's interleaved MRoPE is exactly this 1-D rope).
- * engine_cu_gatt: out_h = softmax(q_h K^T / sqrt(hd)) V * sigmoid(gate_h) over positions
- *   0..pos of KV head h / group. Blocks (KV head, split runner) take splits of
- *   ENGINE_CU_GATT_SPLIT positions in turn (flash-decoding): per split each query head's max,
- *   sum and weighted V go to `partial`; the last block of a KV head to finish (an atomic
- *   counter, reset by it) merges the splits and applies the output gate. The position comes
- *   from device memory, so one launch serves every step of a captured graph.
- * Limits (engine_cu_gatt_ok): hd a multiple of 32 and at most 256, rot even and <= hd, at
- * most 16 query heads per KV head. */
+ *     of engine_cu_rope_table over rot; dimensions past rot are left as they are (text
+ *     positions: the checkpoint's interleaved MRoPE is exactly this 1-D rope).
+ * Blocks (KV head, split runner) take splits of ENGINE_CU_GATT_SPLIT positions in turn
+ * (flash-decoding): each block prepares its group's queries in shared memory (a warp per head);
+ * per split a warp scores a position against every query head of the group, a warp per head
+ * takes the softmax, and the threads (dimension, position group) sum V; each head's max, sum
+ * and weighted V go to `partial`, and the last block of a KV head to finish (an atomic counter,
+ * reset by it) merges the splits and applies the output gate. The kernel is instantiated per
+ * (query heads per KV head, head size), so every per-head loop is unrolled into registers. The
+ * position comes from device memory: one launch serves every step of a captured graph.
+ * Limits (engine_cu_gatt_ok): head size 64, 128 or 256, 1, 2, 4, 8 or 16 query heads per KV
+ * head, rot even and <= head size. */
 #ifndef SPARK_ENGINE_CUDA_QWEN35_ATTN_CUH
 #define SPARK_ENGINE_CUDA_QWEN35_ATTN_CUH
 
@@ -21,7 +26,7 @@
 
 #include "common.cuh"
 
-#define ENGINE_CU_GATT_SPLIT 64    /* positions per split */
+#define ENGINE_CU_GATT_SPLIT 32    /* positions per split */
 #define ENGINE_CU_GATT_RUNNERS 128 /* blocks per KV head at most */
 #define ENGINE_CU_GATT_MAX_GROUP 16
 
@@ -36,7 +41,6 @@ typedef struct {
     int kv_f32;
     const int32_t *pos; /* device */
     int n_ctx, n_head, n_kv, hd;
-    float *q;           /* [n_head * hd] scratch: the prepared queries */
     float *partial;     /* [n_head][engine_cu_gatt_splits(n_ctx)][hd + 2] */
     unsigned *counters; /* [n_kv], zero between launches */
     float *out;         /* [n_head * hd] */
@@ -44,7 +48,6 @@ typedef struct {
 
 bool engine_cu_gatt_ok(int n_head, int n_kv, int hd, int rot);
 int engine_cu_gatt_splits(int n_ctx);
-void engine_cu_gatt_prep(const engine_cu_gatt *a, cudaStream_t stream);
 void engine_cu_gatt_run(const engine_cu_gatt *a, cudaStream_t stream);
 
 #endif

@@ -121,8 +121,8 @@ static void check_deltanet(int nk, int nv, int dk, int K, bool tiled) {
         if (rc) break;
         memcpy(xc, qkv, sizeof(float) * C);
         for (int c = 0; c < C; c++)
-            engine_cpu_conv1d_causal(xc + c, 1, 1, cw + (size_t)c * K, K,
-                                     win + (size_t)c * (K - 1), true);
+            engine_cpu_conv1d_causal(xc + c, 1, 1, cw + (size_t)c * K, K, win + (size_t)c * (K - 1),
+                                     true);
         for (int h = 0; h < nv; h++) {
             int kh = tiled ? h % nk : h / r;
             engine_cpu_l2norm(qn, xc + (size_t)kh * dk, dk, 1e-6f, 1.0f / sqrtf((float)dk));
@@ -137,10 +137,10 @@ static void check_deltanet(int nk, int nv, int dk, int K, bool tiled) {
         double dout = max_diff(og, oc, (size_t)nv * dv), dst = max_diff(sg, sc, S);
         worst_o = fmax(worst_o, dout / (1 + mo));
         worst_s = fmax(worst_s, dst / (1 + ms));
-        CHECK(dout <= 1e-4 * (1 + mo), "deltanet %d/%d x %d step %d: out diff %.3g (max %.3g)",
-              nk, nv, dk, t, dout, mo);
-        CHECK(dst <= 1e-5 * (1 + ms), "deltanet %d/%d x %d step %d: state diff %.3g (max %.3g)",
-              nk, nv, dk, t, dst, ms);
+        CHECK(dout <= 1e-4 * (1 + mo), "deltanet %d/%d x %d step %d: out diff %.3g (max %.3g)", nk,
+              nv, dk, t, dout, mo);
+        CHECK(dst <= 1e-5 * (1 + ms), "deltanet %d/%d x %d step %d: state diff %.3g (max %.3g)", nk,
+              nv, dk, t, dst, ms);
         /* the ring holds the inputs of the last K positions */
         for (int c = 0; c < C; c += 7)
             for (int i = 0; i < K - 1; i++) {
@@ -208,8 +208,8 @@ static void check_attention(int nh, int nkv, int hd, int rot, int32_t pos, engin
         engine_kv_view view = {kb, vb, n_ctx, kv, nkv, hd};
         engine_cpu_kv_store(&view, pos, kr, v);
         for (int j = 0; j < nkv; j++)
-            engine_cpu_attention_group(oc + (size_t)j * G * hd, q + (size_t)j * G * hd, G, &view,
-                                       j, pos + 1, 1.0f / sqrtf((float)hd), scores);
+            engine_cpu_attention_group(oc + (size_t)j * G * hd, q + (size_t)j * G * hd, G, &view, j,
+                                       pos + 1, 1.0f / sqrtf((float)hd), scores);
         for (int h = 0; h < nh; h++)
             for (int i = 0; i < hd; i++) {
                 float gt = qg[(size_t)h * 2 * hd + hd + i];
@@ -217,11 +217,12 @@ static void check_attention(int nh, int nkv, int hd, int rot, int32_t pos, engin
             }
         double d = max_diff(og, oc, (size_t)nh * hd), bound = kv == ENGINE_KV_F32 ? 2e-5 : 2e-3;
         /* 1 + max |v|: the V values are drawn from [-1, 1) */
-        CHECK(d <= bound * 2.0, "attention %d/%d x %d rot %d pos %d %s: out diff %.3g", nh, nkv,
-              hd, rot, pos, kv == ENGINE_KV_F32 ? "f32" : "f16", d);
+        CHECK(d <= bound * 2.0, "attention %d/%d x %d rot %d pos %d %s: out diff %.3g", nh, nkv, hd,
+              rot, pos, kv == ENGINE_KV_F32 ? "f32" : "f16", d);
         double dk = 0, dv = 0;
         for (int i = 0; i < row; i++) {
-            float ck = kv == ENGINE_KV_F32 ? kr[i] : engine_fp16_to_fp32(engine_fp32_to_fp16(kr[i]));
+            float ck =
+                kv == ENGINE_KV_F32 ? kr[i] : engine_fp16_to_fp32(engine_fp32_to_fp16(kr[i]));
             float cv = kv == ENGINE_KV_F32 ? v[i] : engine_fp16_to_fp32(engine_fp32_to_fp16(v[i]));
             double step = kv == ENGINE_KV_F32 ? 1e-5 : fabs(ck) * 1.0 / 1024 + 1e-7;
             if (fabs(krow[i] - ck) > step) dk = fmax(dk, fabs(krow[i] - ck));
@@ -380,8 +381,10 @@ static void run_model(const char *type) {
                 n_cmp++;
                 n_low += cosv < 0.999;
                 if (exact)
-                    CHECK(d <= 5e-4 * (1 + mx), "qwen35-tiny %s step %d: max |gpu-cpu| %.3g (max "
-                          "|l| %.3g)", type, i, d, mx);
+                    CHECK(d <= 5e-4 * (1 + mx),
+                          "qwen35-tiny %s step %d: max |gpu-cpu| %.3g (max "
+                          "|l| %.3g)",
+                          type, i, d, mx);
             }
             if (i + 1 >= N_PROMPT) {
                 tok_cpu[i + 1] = argmax(lc, nv);
@@ -389,7 +392,8 @@ static void run_model(const char *type) {
                 if (part < 0 && tok_cpu[i + 1] != tok_gpu[i + 1]) part = i + 1 - N_PROMPT;
             }
         }
-        if (exact) CHECK(part < 0, "qwen35-tiny %s: greedy tokens part at %d", type, part);
+        if (exact)
+            CHECK(part < 0, "qwen35-tiny %s: greedy tokens part at %d", type, part);
         else
             CHECK(n_low * 10 <= n_cmp && worst_cos >= 0.9,
                   "qwen35-tiny %s: %d of %d steps below cosine 0.999 (min %.4f)", type, n_low,
@@ -416,8 +420,8 @@ static void run_model(const char *type) {
         for (int rep = 0; rep < 2; rep++) {
             for (int i = 0; i < N_PROMPT - 1; i++)
                 CHECK(engine_cuda_q35_decode(gs, tok_gpu[i], i, NULL, NULL) == 0, "replay %d", i);
-            CHECK(engine_cuda_q35_generate(gs, tok_gpu[N_PROMPT - 1], N_PROMPT - 1, N_GEN - 1,
-                                           0.9f, 5, rep ? outs2 : outs) == 0,
+            CHECK(engine_cuda_q35_generate(gs, tok_gpu[N_PROMPT - 1], N_PROMPT - 1, N_GEN - 1, 0.9f,
+                                           5, rep ? outs2 : outs) == 0,
                   "sampled generate");
         }
         CHECK(memcmp(outs, outs2, sizeof(int32_t) * (N_GEN - 1)) == 0, "seeded sampling repeats");
