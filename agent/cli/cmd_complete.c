@@ -338,7 +338,8 @@ static void usage(FILE *f) {
             "usage: spark-agent complete [-m FILE] [-p TEXT] [-n N] [-s SEED] [--temp T]\n"
             "                            [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
             "                            [-t THREADS] [-c CTX] [--device D]\n"
-            "                            [--grammar FILE.gbnf] [--json-schema FILE.json]\n\n"
+            "                            [--grammar FILE.gbnf] [--json-schema FILE.json]\n"
+            "                            [--mtp K]\n\n"
             "Complete the prompt (from -p, else stdin) as raw text. The generated text goes to\n"
             "stdout, statistics to stderr.\n\n"
             "  -m, --model FILE        GGUF model (default: SPARK_MODEL, the config file, else\n"
@@ -358,7 +359,11 @@ static void usage(FILE *f) {
             "  -c, --ctx-size N        context length (default: min(trained, 4096))\n"
             "  --device D              auto, cpu or cuda (default: config, else auto)\n"
             "  --grammar FILE          constrain the output with a GBNF grammar\n"
-            "  --json-schema FILE      constrain the output to JSON matching the schema\n\n"
+            "  --json-schema FILE      constrain the output to JSON matching the schema\n"
+            "  --mtp K                 speculative decoding with the model's MTP block: draft K\n"
+            "                          tokens (1-4) per verify pass (qwen35moe files that carry\n"
+            "                          it, CPU; default: SPARK_MTP, else 0 = off); prints the\n"
+            "                          acceptance statistics\n\n"
             "       spark-agent complete [options] FILE:LINE[:COL] [--print-prompt]\n\n"
             "Fill in the middle at a position of a file: the text before the cursor and after\n"
             "it become the model's <|fim_prefix|>/<|fim_suffix|>/<|fim_middle|> prompt (Qwen\n"
@@ -417,7 +422,7 @@ static const char *stop_name(engine_stop_reason r) {
 int cli_complete(int argc, char **argv) {
     enum {
         OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REP, OPT_GRAMMAR, OPT_SCHEMA,
-        OPT_DEVICE, OPT_IGNORE_EOS, OPT_PRINT_PROMPT,
+        OPT_DEVICE, OPT_IGNORE_EOS, OPT_PRINT_PROMPT, OPT_MTP,
     };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},
@@ -436,6 +441,7 @@ int cli_complete(int argc, char **argv) {
         {"json-schema", required_argument, 0, OPT_SCHEMA},
         {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS},
         {"print-prompt", no_argument, 0, OPT_PRINT_PROMPT},
+        {"mtp", required_argument, 0, OPT_MTP},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -443,7 +449,7 @@ int cli_complete(int argc, char **argv) {
     const char *model_flag = NULL, *prompt = NULL, *gbnf_path = NULL, *schema_path = NULL;
     const char *device = NULL;
     long n_predict = 128, threads = -1, n_ctx = 0, v = 0;
-    bool have_seed = false, print_prompt = false;
+    bool have_seed = false, print_prompt = false, have_mtp = false;
     engine_gen_params gp = ENGINE_GEN_PARAMS_INIT;
     engine_sampling_params *sp = &gp.sampling;
     int c;
@@ -464,6 +470,11 @@ int cli_complete(int argc, char **argv) {
         case OPT_TOPP: ok = cli_parse_float(optarg, 1e-6, 1.0, &sp->top_p); break;
         case OPT_MINP: ok = cli_parse_float(optarg, 0.0, 1.0, &sp->min_p); break;
         case OPT_REP: ok = cli_parse_float(optarg, 1e-3, 100.0, &sp->repeat_penalty); break;
+        case OPT_MTP:
+            ok = cli_parse_long(optarg, 0, 4, &v);
+            gp.mtp_draft = (int32_t)v;
+            have_mtp = true;
+            break;
         case 't': ok = cli_parse_long(optarg, 1, 1024, &threads); break;
         case 'c': ok = cli_parse_long(optarg, 1, INT32_MAX, &n_ctx); break;
         case OPT_DEVICE: device = optarg; ok = engine_device_parse(optarg) >= 0; break;
@@ -519,6 +530,14 @@ int cli_complete(int argc, char **argv) {
     char path[4096];
     if (cli_model_resolve(cmd, model_flag, &cfg, path, sizeof path) != 0) return CLI_EXIT_FAIL;
     if (!have_seed) sp->seed = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
+    const char *mtp_env = getenv("SPARK_MTP");
+    if (!have_mtp && mtp_env && mtp_env[0]) {
+        if (!cli_parse_long(mtp_env, 0, 4, &v)) {
+            cli_errorf(cmd, "SPARK_MTP=%s is not a draft count 0..4", mtp_env);
+            return CLI_EXIT_USAGE;
+        }
+        gp.mtp_draft = (int32_t)v;
+    }
     gp.max_tokens = n_predict < 0 ? 0 : (int32_t)n_predict;
 
     char *in = NULL;
@@ -643,6 +662,17 @@ int cli_complete(int argc, char **argv) {
     fprintf(stderr, "  generated %6d tokens            in %8.1f ms  %8.1f tok/s (stop: %s)\n",
             st.generated_tokens, st.decode_ms, st.decode_ms > 0 ? st.decode_tokens * 1e3 / st.decode_ms : 0.0,
             stop_name(st.stop));
+    if (gp.mtp_draft > 0) {
+        fprintf(stderr, "  mtp k=%d   %6d verify steps, %d of %d drafts accepted (%.1f%%), "
+                "%.2f tokens per step, %.1f tok/s emitted; by position:",
+                gp.mtp_draft, st.spec_steps, st.spec_accepted, st.spec_drafted,
+                st.spec_drafted ? 100.0 * st.spec_accepted / st.spec_drafted : 0.0,
+                st.spec_steps ? (double)(st.spec_accepted + st.spec_steps) / st.spec_steps : 0.0,
+                st.decode_ms > 0 ? st.generated_tokens * 1e3 / st.decode_ms : 0.0);
+        for (int i = 0; i < gp.mtp_draft; i++)
+            fprintf(stderr, " %d/%d", st.spec_accepted_at[i], st.spec_drafted_at[i]);
+        fprintf(stderr, "\n");
+    }
     ret = os.write_failed ? CLI_EXIT_FAIL : CLI_EXIT_OK;
 done:
     free(fp.ids);

@@ -24,7 +24,9 @@
  *              decided by a verify pass: an accepted draft or a correction) over many seeds with
  *              MTP (k = 1) against plain sampling, chi-square two-sample test (p 0.001): 40 seeds
  *              here, 400 in test_mtp_sampling (`test_mtp --sampling 400`, label slow)
- *   errors     mtp_draft out of range */
+ *   grammar    a mask hook (ids divisible by 3) with an accept hook: greedy output with MTP
+ *              equals plain, and the accept hook saw exactly the emitted tokens
+ *   errors     mtp_draft out of range, a step before MTP is enabled */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -259,6 +261,57 @@ typedef struct {
 static void oracle_draft(void *user, int32_t pos, int32_t *tok) {
     const oracle *o = user;
     if (pos < o->n_all) *tok = pos % 3 ? o->all[pos] : (o->all[pos] + 1) % o->nv;
+}
+
+/* A grammar stand-in: only ids that are multiples of 3 may come next; the accept hook records
+ * what it is given (it must see the emitted tokens only, in order). */
+typedef struct {
+    int32_t seen[64];
+    int n;
+} mask3;
+
+static int mask3_mask(void *user, uint32_t *allowed, int32_t n_vocab) {
+    (void)user;
+    for (int32_t i = 0; i < n_vocab; i += 3)
+        allowed[i >> 5] |= 1u << (i & 31);
+    return 0;
+}
+
+static int mask3_accept(void *user, int32_t token) {
+    mask3 *g = user;
+    if (g->n < 64) g->seen[g->n++] = token;
+    return token % 3 != 0; /* a token the mask excluded aborts */
+}
+
+static void check_grammar(engine_model *m) {
+    int32_t prompt[17];
+    for (int i = 0; i < 17; i++)
+        prompt[i] = 700 + 613 * i % 80000;
+    engine_session *s = mtp_session(m, 16);
+    collect out[2];
+    mask3 g[2];
+    for (int with = 0; with < 2 && s; with++) {
+        engine_gen_params gp = ENGINE_GEN_PARAMS_INIT;
+        gp.prompt = prompt;
+        gp.n_prompt = 17;
+        gp.max_tokens = 10;
+        gp.ignore_eog = true;
+        gp.sampling.temperature = 0.0f;
+        gp.sampling.mask = mask3_mask;
+        gp.sampling.accept = mask3_accept;
+        gp.sampling.grammar_user = &g[with];
+        gp.mtp_draft = with ? 3 : 0;
+        g[with].n = 0;
+        out[with].n = 0;
+        engine_gen_stats st;
+        CHECK(engine_generate(s, &gp, on_token, &out[with], &st) == 0);
+    }
+    bool same = out[0].n == 10 && out[1].n == 10 &&
+                !memcmp(out[0].toks, out[1].toks, sizeof(int32_t) * 10) && g[1].n == 10 &&
+                !memcmp(g[1].seen, out[1].toks, sizeof(int32_t) * 10);
+    printf("grammar mask, greedy with and without MTP: %s\n", same ? "identical" : "DIFFERENT");
+    CHECK(same);
+    engine_session_free(s);
 }
 
 static void check_greedy(engine_model *m) {
@@ -517,7 +570,10 @@ int main(int argc, char **argv) {
                 check_errors(mh);
             }
             double t1 = engine_time_ms();
-            if (!only_sampling) check_greedy(mh);
+            if (!only_sampling) {
+                check_greedy(mh);
+                check_grammar(mh);
+            }
             double t2 = engine_time_ms();
             check_sampling(mh, n_seeds);
             printf("times: reference+rollback %.0f ms, greedy %.0f ms, sampling %.0f ms\n",
