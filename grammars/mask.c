@@ -877,7 +877,7 @@ static int pw_level(grammar_index *ix, uint32_t d, const int32_t *set, size_t n)
     if (grammar_grow((void **)&ix->pw_sets, &ix->cap_pw_sets, ix->pw_off[d] + n,
                      sizeof *ix->pw_sets))
         return grammar_err(GRAMMAR_ENOMEM, "out of memory");
-    memcpy(ix->pw_sets + ix->pw_off[d], set, n * sizeof *set);
+    if (n) memcpy(ix->pw_sets + ix->pw_off[d], set, n * sizeof *set);
     ix->pw_off[d + 1] = ix->pw_off[d] + n;
     ix->pw_mark[d] = ix->st.n;
     return 0;
@@ -1001,7 +1001,7 @@ static int walk_subtree(grammar_index *ix, int32_t q, int32_t i, int32_t end, si
     }
     ix->unc_unsorted = 0;
     if ((rc = walk(ix, q, 2, i, end, n_acc, n_unc))) return rc;
-    if (ix->unc_unsorted) { /* pop unions: out of order, maybe twice */
+    if (ix->unc_unsorted && *n_unc - u0 > 1) { /* pop unions: out of order, maybe twice */
         int32_t *u = ix->tmp_unc + u0;
         size_t nu = *n_unc - u0, k = 0;
         qsort(u, nu, sizeof *u, cmp_i32);
@@ -1334,7 +1334,7 @@ static int build_shape_state(grammar_index *ix, int32_t q) {
     } else { /* few tokens stay: acc_finish from all the ranges, in rank order */
         for (size_t k = 0; k < sr->n_in_rng; k++)
             if ((rc = acc_range(ix, &n_acc, sr->in_rng[2 * k], sr->in_rng[2 * k + 1]))) return rc;
-        qsort(ix->tmp_acc, n_acc, 2 * sizeof *ix->tmp_acc, cmp_i32);
+        if (n_acc > 1) qsort(ix->tmp_acc, n_acc, 2 * sizeof *ix->tmp_acc, cmp_i32);
         if ((rc = acc_finish(ix, c, n_acc))) return rc;
     }
     return unc_finish(ix, c, n_unc);
