@@ -40,7 +40,8 @@ typedef struct {
 } sandbox_op;
 
 /* Kinds of records written to the status pipe by the children. */
-enum { SANDBOX_REC_RESULT = 1, SANDBOX_REC_SETUP = 2, SANDBOX_REC_UNAVAILABLE = 3 };
+enum { SANDBOX_REC_RESULT = 1, SANDBOX_REC_SETUP = 2, SANDBOX_REC_UNAVAILABLE = 3,
+       SANDBOX_REC_INIT = 4 /* pooled: init started as the caller's child, pid in wait_status */ };
 
 typedef struct {
     int kind;
@@ -57,13 +58,13 @@ typedef struct {
     /* namespaces and mounts */
     unsigned long clone_flags;
     /* A pooled network namespace (netpool.c), -1 when none: the first child joins its user
-     * namespace and it, unshares unshare_flags, and clones init (on init_stack, sharing the
-     * first child's memory, CLONE_VM) into the new PID namespace. */
+     * namespace and it, unshares unshare_flags, clones init into the new PID namespace as the
+     * caller's child (CLONE_PARENT; on init_stack, sharing the first child's memory, CLONE_VM),
+     * reports init's pid (SANDBOX_REC_INIT) and exits. */
     int ns_user_fd, ns_net_fd;
     unsigned long unshare_flags;
     char *init_stack;
     size_t init_stack_len;
-    int a_alive[2];       /* in the first child: a pipe whose write end only it holds */
     char uid_map[64], gid_map[64];
     char *stage;          /* host directory the new root is assembled in ("/tmp") */
     sandbox_op *ops;

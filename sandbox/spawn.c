@@ -328,14 +328,10 @@ _Noreturn void sandbox_child_init(sandbox_plan *p) {
     init_main(p);
 }
 
-/* init under sandbox_child_joined: it also dies with the first child, its parent (`a_alive`
- * is the read end of a pipe only the first child writes to: closed, the parent is gone). */
+/* init under sandbox_child_joined: the caller's child (CLONE_PARENT), so it dies with the
+ * caller as an unpooled init does. */
 static _Noreturn void joined_init(sandbox_plan *p) {
-    close(p->a_alive[1]);
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    struct pollfd pf[2] = {{FD_ALIVE, POLLIN, 0}, {p->a_alive[0], POLLIN, 0}};
-    if (poll(pf, 2, 0) != 0) _exit(126);
-    close(p->a_alive[0]);
+    die_with_parent();
     setsid();
     init_main(p);
 }
@@ -362,25 +358,24 @@ _Noreturn void sandbox_child_joined(sandbox_plan *p) {
     /* A copy of the caller's memory, as init is (after the maps: a non-dumpable process's
      * /proc/self files belong to root). */
     prctl(PR_SET_DUMPABLE, 0);
-    /* The plan is this process's copy of the caller's: a field can carry the pipe to init. */
-    if (pipe2(p->a_alive, O_CLOEXEC) != 0) child_fail(SANDBOX_REC_SETUP, "pipe", errno);
+    /* init becomes the caller's child (CLONE_PARENT, with this process's exit signal, 0): the
+     * caller waits for it directly and this process exits now, one process fewer to wake when
+     * the command ends. */
 #if SANDBOX_ASAN
-    pid_t init = (pid_t)syscall(SYS_clone, SIGCHLD, NULL, NULL, NULL, 0);
+    pid_t init = (pid_t)syscall(SYS_clone, CLONE_PARENT, NULL, NULL, NULL, 0);
     if (init == 0) joined_init(p);
 #else
-    /* init shares this process's memory (no page tables copied); this process only waits. */
-    pid_t init = clone(joined_init_entry, p->init_stack + p->init_stack_len, CLONE_VM | SIGCHLD,
-                       p);
+    /* init shares this process's memory (no page tables copied), which outlives this exit. */
+    pid_t init = clone(joined_init_entry, p->init_stack + p->init_stack_len,
+                       CLONE_VM | CLONE_PARENT, p);
 #endif
     if (init < 0) child_fail(SANDBOX_REC_SETUP, "clone init", errno);
-    close(p->a_alive[0]);
-    close(0);
-    close(1);
-    close(2);
-    for (;;) {
-        pid_t w = (pid_t)wait4(-1, NULL, __WALL, NULL);
-        if (w == init || (w < 0 && errno != EINTR)) _exit(0);
-    }
+    sandbox_record rec;
+    memset(&rec, 0, sizeof rec);
+    rec.kind = SANDBOX_REC_INIT;
+    rec.wait_status = init;
+    (void)!write(FD_STATUS, &rec, sizeof rec);
+    _exit(0);
 }
 
 _Noreturn void sandbox_child_plain(sandbox_plan *p) {
@@ -625,6 +620,16 @@ static const char *unavailable_hint(void) {
     return "pass --unsandboxed (policy.unsandboxed) to run without isolation at your own risk";
 }
 
+/* The error a child's SETUP or UNAVAILABLE record stands for. */
+static int setup_error(sandbox_record *rec) {
+    rec->what[sizeof rec->what - 1] = 0;
+    bool unavailable = rec->kind == SANDBOX_REC_UNAVAILABLE;
+    return sandbox_err(unavailable ? SANDBOX_EUNAVAILABLE : SANDBOX_ESPAWN,
+                       "sandbox: set-up failed: %s: %s%s%s", rec->what, strerror(rec->err),
+                       unavailable ? "; refusing to run: " : "",
+                       unavailable ? unavailable_hint() : "");
+}
+
 int sandbox_run(sandbox_result *out, const sandbox_policy *pol, const char *const *argv,
                 const char *const *env, const char *cwd) {
     if (!out) return sandbox_err(SANDBOX_EINVAL, "sandbox_run: no result");
@@ -791,6 +796,40 @@ int sandbox_run(sandbox_result *out, const sandbox_policy *pol, const char *cons
     close_fd(&rs.pipes[3][0]);
     close_fd(&rs.devnull);
 
+    sandbox_record rec, got_result = {0}, got_error = {0};
+    bool have_result = false, have_error = false;
+    if (rs.pool) {
+        /* The first child only joins the pooled namespaces, starts init as our child and
+         * reports its pid: from then on init is the run's process, as without a pool. */
+        while (wait4(pid, NULL, __WALL, NULL) < 0 && errno == EINTR) {
+        }
+        close_fd(&rs.pidfd);
+        pid_t init = 0;
+        struct pollfd sp = {rs.pipes[2][0], POLLIN, 0};
+        /* what it wrote is there (and perhaps already init's records) */
+        while (poll(&sp, 1, 0) == 1 && (sp.revents & POLLIN) &&
+               read(rs.pipes[2][0], &rec, sizeof rec) == (ssize_t)sizeof rec) {
+            if (rec.kind == SANDBOX_REC_INIT) init = rec.wait_status;
+            else if (rec.kind == SANDBOX_REC_RESULT) got_result = rec, have_result = true;
+            else if (!have_error) got_error = rec, have_error = true;
+        }
+        if (init <= 0) { /* it failed before: its record says why */
+            rc = have_error ? setup_error(&got_error)
+                            : sandbox_err(SANDBOX_ESPAWN, "sandbox: joining the pooled "
+                                                          "namespaces failed");
+            goto done;
+        }
+        pid = init;
+        rs.pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+        if (rs.pidfd < 0) { /* (init is our unreaped child: the pid is still its own) */
+            rc = sandbox_err(SANDBOX_ESPAWN, "sandbox: pidfd_open: %s", strerror(errno));
+            kill(pid, SIGKILL);
+            while (wait4(pid, NULL, __WALL, NULL) < 0 && errno == EINTR) {
+            }
+            goto done;
+        }
+    }
+
     bool open_[2] = {true, true}, exited = false, killed = false;
     double deadline = pol->timeout_s > 0 ? t0 + pol->timeout_s : 0, exited_at = 0;
     char buf[65536];
@@ -857,20 +896,12 @@ int sandbox_run(sandbox_result *out, const sandbox_policy *pol, const char *cons
     out->netns_pooled = rs.pool != NULL;
     close_fd(&rs.pipes[3][1]);
 
-    sandbox_record rec, got_result = {0}, got_error = {0};
-    bool have_result = false, have_error = false;
     while (read(rs.pipes[2][0], &rec, sizeof rec) == (ssize_t)sizeof rec) {
         if (rec.kind == SANDBOX_REC_RESULT) got_result = rec, have_result = true;
         else if (!have_error) got_error = rec, have_error = true;
     }
     if (have_error) { /* set-up failed, in init or in the command before its execve */
-        got_error.what[sizeof got_error.what - 1] = 0;
-        rc = sandbox_err(got_error.kind == SANDBOX_REC_UNAVAILABLE ? SANDBOX_EUNAVAILABLE
-                                                                   : SANDBOX_ESPAWN,
-                         "sandbox: set-up failed: %s: %s%s%s", got_error.what,
-                         strerror(got_error.err),
-                         got_error.kind == SANDBOX_REC_UNAVAILABLE ? "; refusing to run: " : "",
-                         got_error.kind == SANDBOX_REC_UNAVAILABLE ? unavailable_hint() : "");
+        rc = setup_error(&got_error);
         goto done;
     }
     int cst = isolated ? got_result.wait_status : wst;

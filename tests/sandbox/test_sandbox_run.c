@@ -317,30 +317,34 @@ static void test_cancel_and_parent_death(void) {
     }
     pthread_join(t, NULL);
 
-    /* The caller dies: the whole tree goes with it. */
-    pid_t caller = fork();
-    if (caller == 0) {
-        sandbox_policy p2 = SANDBOX_POLICY_INIT;
-        sandbox_result r2;
-        run(&r2, &p2, (const char *[]){"sh", "-c", "setsid sleep 987661 & sleep 987662", NULL},
-            NULL);
-        _exit(0);
+    /* The caller dies: the whole tree goes with it (also when init was started by a pooled
+     * run's first child, which has exited by then: init is the caller's child). */
+    for (int pooled = 0; pooled < 2; pooled++) {
+        pid_t caller = fork();
+        if (caller == 0) {
+            sandbox_policy p2 = SANDBOX_POLICY_INIT;
+            p2.netns_pool = pooled ? sandbox_netns_pool_new() : NULL;
+            sandbox_result r2;
+            run(&r2, &p2, (const char *[]){"sh", "-c", "setsid sleep 987661 & sleep 987662",
+                                           NULL}, NULL);
+            _exit(0);
+        }
+        int seen = 0;
+        for (int i = 0; i < 100 && seen < 3; i++) {
+            usleep(50 * 1000);
+            seen = sbx_count_procs_with("98766");
+        }
+        kill(caller, SIGKILL);
+        waitpid(caller, NULL, 0);
+        int left = -1;
+        for (int i = 0; i < 40 && left != 0; i++) {
+            usleep(50 * 1000);
+            left = sbx_count_procs_with("98766");
+        }
+        if (!sbx_check(seen == 3 && left == 0, "the tree dies with the caller%s (%d running, "
+                       "%d left)", pooled ? ", pooled" : "", seen, left))
+            sbx_procs_with("98766", true);
     }
-    int seen = 0;
-    for (int i = 0; i < 100 && seen < 3; i++) {
-        usleep(50 * 1000);
-        seen = sbx_count_procs_with("98766");
-    }
-    kill(caller, SIGKILL);
-    waitpid(caller, NULL, 0);
-    int left = -1;
-    for (int i = 0; i < 40 && left != 0; i++) {
-        usleep(50 * 1000);
-        left = sbx_count_procs_with("98766");
-    }
-    if (!sbx_check(seen == 3 && left == 0, "the tree dies with the caller (%d running, %d left)",
-                   seen, left))
-        sbx_procs_with("98766", true);
 }
 
 /* Without namespaces (refused by a seccomp filter here, as a container runtime would), the
