@@ -14,16 +14,20 @@
 
 static void usage(FILE *f) {
     fprintf(f, "usage: spark-agent bench [-m FILE] [-p N_PROMPT] [-n N_GEN] [-t THREADS] "
-               "[-r REPS] [--kv f16|f32]\n\n"
+               "[-r REPS] [-d DEPTH] [--kv f16|f32]\n\n"
                "Measure prefill (pp) and decode (tg) speed: a prompt of N_PROMPT tokens, then\n"
                "N_GEN tokens decoded one at a time after it; mean ± sd over REPS runs (after one\n"
-               "warm-up run). Prints a table and the peak resident memory.\n\n"
+               "warm-up run). With -d, both run after DEPTH tokens of context (filled untimed, as\n"
+               "llama-bench's -d). Prints a table and the peak resident memory; on the GPU also\n"
+               "the card and driver (the device: config or SPARK_DEVICE).\n\n"
                "  -m, --model FILE   GGUF model (default: SPARK_MODEL, config, embedded tiny)\n"
                "  -p, --n-prompt N   prompt tokens (default 512; 0 skips pp)\n"
                "  -n, --n-gen N      generated tokens (default 128; 0 skips tg)\n"
                "  -t, --threads N    CPU threads (default: config, else all cores)\n"
                "  -r, --reps N       repetitions (default 3)\n"
-               "  -b, --batch N      prompt tokens per forward batch (default 64)\n"
+               "  -b, --batch N      prompt tokens per forward batch (default 64; the GPU\n"
+               "                     prefills in chunks of SPARK_CUDA_PREFILL_CHUNK, default 512)\n"
+               "  -d, --depth N      context tokens before each measurement (default 0)\n"
                "  --kv TYPE          KV cache type f16 (default) or f32\n");
 }
 
@@ -79,16 +83,17 @@ int cli_bench(int argc, char **argv) {
         {"model", required_argument, 0, 'm'},   {"n-prompt", required_argument, 0, 'p'},
         {"n-gen", required_argument, 0, 'n'},   {"threads", required_argument, 0, 't'},
         {"reps", required_argument, 0, 'r'},    {"batch", required_argument, 0, 'b'},
-        {"kv", required_argument, 0, 'k'},      {"help", no_argument, 0, 'h'},
+        {"kv", required_argument, 0, 'k'},      {"depth", required_argument, 0, 'd'},
+        {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
     const char *cmd = "bench", *model_flag = NULL;
-    long n_prompt = 512, n_gen = 128, threads = -1, reps = 3, batch = 64;
+    long n_prompt = 512, n_gen = 128, threads = -1, reps = 3, batch = 64, depth = 0;
     engine_kv_type kv = ENGINE_KV_F16;
     int c;
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, ":m:p:n:t:r:b:h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":m:p:n:t:r:b:d:h", opts, NULL)) != -1) {
         bool ok = true;
         switch (c) {
         case 'm': model_flag = optarg; break;
@@ -97,6 +102,7 @@ int cli_bench(int argc, char **argv) {
         case 't': ok = cli_parse_long(optarg, 1, 1024, &threads); break;
         case 'r': ok = cli_parse_long(optarg, 1, 1000, &reps); break;
         case 'b': ok = cli_parse_long(optarg, 1, 8192, &batch); break;
+        case 'd': ok = cli_parse_long(optarg, 0, 1 << 20, &depth); break;
         case 'k':
             if (!strcmp(optarg, "f16")) kv = ENGINE_KV_F16;
             else if (!strcmp(optarg, "f32")) kv = ENGINE_KV_F32;
@@ -144,10 +150,10 @@ int cli_bench(int argc, char **argv) {
     }
     engine_model_info info;
     engine_model_info_get(m, &info);
-    long need = n_prompt + n_gen + 1;
+    long need = depth + n_prompt + n_gen + 1;
     if (need > info.n_ctx_train) {
-        cli_errorf(cmd, "-p %ld + -n %ld exceeds the model's context of %d", n_prompt, n_gen,
-                   info.n_ctx_train);
+        cli_errorf(cmd, "-d %ld + -p %ld + -n %ld exceeds the model's context of %d", depth,
+                   n_prompt, n_gen, info.n_ctx_train);
         ret = CLI_EXIT_USAGE;
         goto done;
     }
@@ -159,7 +165,7 @@ int cli_bench(int argc, char **argv) {
         cli_errorf(cmd, "%s", engine_error_last());
         goto done;
     }
-    prompt = malloc(sizeof(int32_t) * (size_t)(n_prompt + 1));
+    prompt = malloc(sizeof(int32_t) * (size_t)(depth + n_prompt + 1));
     pp = calloc((size_t)reps, sizeof *pp);
     tg = calloc((size_t)reps, sizeof *tg);
     pp_cpu = calloc((size_t)reps, sizeof *pp_cpu);
@@ -171,16 +177,20 @@ int cli_bench(int argc, char **argv) {
     /* a fixed pseudo-random prompt over the ordinary vocabulary (ids below 151643 for Qwen) */
     uint64_t x = 0x9e3779b97f4a7c15ull;
     int32_t nv = engine_model_n_vocab(m), range = nv > 151643 ? 151643 : nv;
-    for (long i = 0; i <= n_prompt; i++) {
+    for (long i = 0; i <= depth + n_prompt; i++) {
         x = x * 6364136223846793005ull + 1442695040888963407ull;
         prompt[i] = (int32_t)((x >> 33) % (uint64_t)range);
     }
     for (long r = -1; r < reps; r++) { /* r = -1: warm-up (page in the weights) */
         engine_session_truncate(s, 0);
+        if (depth > 0 && engine_session_append(s, prompt, (size_t)depth, NULL) != 0) {
+            cli_errorf(cmd, "%s", engine_error_last());
+            goto done;
+        }
         double c0 = cpu_ms(), t0 = now_ms();
         /* tg alone still needs one token of context to decode after */
-        long np = n_prompt > 0 ? n_prompt : 1;
-        if (engine_session_append(s, prompt, (size_t)np, NULL) != 0) {
+        long np = n_prompt > 0 || depth > 0 ? n_prompt : 1;
+        if (np > 0 && engine_session_append(s, prompt + depth, (size_t)np, NULL) != 0) {
             cli_errorf(cmd, "%s", engine_error_last());
             goto done;
         }
@@ -207,23 +217,34 @@ int cli_bench(int argc, char **argv) {
     fmt_count(params, sizeof params, (double)info.n_params);
     snprintf(desc, sizeof desc, "%s %s %s", info.name[0] ? info.name : info.arch, info.arch,
              info.weight_type);
-    printf("| %-36s | %10s | %10s | %-7s | %7s | %6s | %18s | %11s |\n", "model", "size",
+    printf("| %-36s | %10s | %10s | %-7s | %7s | %10s | %18s | %11s |\n", "model", "size",
            "params", "backend", "threads", "test", "t/s", "t/CPU-s");
-    printf("| %.36s | %.10s | %.10s | %.7s | %.7s | %.6s | %.18s | %.11s |\n",
+    printf("| %.36s | %.10s | %.10s | %.7s | %.7s | %.10s | %.18s | %.11s |\n",
            "------------------------------------", "----------", "----------", "-------",
-           "-------", "------", "------------------", "-----------");
+           "-------", "----------", "------------------", "-----------");
     for (int k = 0; k < 2; k++) {
         long n = k == 0 ? n_prompt : n_gen;
         if (n == 0) continue;
         double mean, sd, cmean, csd;
         mean_sd(k == 0 ? pp : tg, (int)reps, &mean, &sd);
         mean_sd(k == 0 ? pp_cpu : tg_cpu, (int)reps, &cmean, &csd);
-        char test[16], ts[32], size[16];
-        snprintf(test, sizeof test, "%s%ld", k == 0 ? "pp" : "tg", n);
+        char test[40], ts[32], size[16];
+        if (depth > 0)
+            snprintf(test, sizeof test, "%s%ld@d%ld", k == 0 ? "pp" : "tg", n, depth);
+        else
+            snprintf(test, sizeof test, "%s%ld", k == 0 ? "pp" : "tg", n);
         snprintf(ts, sizeof ts, "%.2f ± %.2f", mean, sd);
         snprintf(size, sizeof size, "%.2f MiB", file_mib);
-        printf("| %-36.36s | %10s | %10s | %-7s | %7d | %6s | %20s | %11.2f |\n", desc, size,
+        printf("| %-36.36s | %10s | %10s | %-7s | %7d | %10s | %20s | %11.2f |\n", desc, size,
                params, engine_device_name(info.device), info.n_threads, test, ts, cmean);
+    }
+    if (info.device == ENGINE_DEVICE_CUDA) {
+        engine_gpu_info gi;
+        if (engine_gpu_info_get(&gi) == 0 && gi.n_devices > 0)
+            printf("\nGPU: %s (sm_%d%d, %.1f GB), driver %d, runtime %d; prompts in chunks of "
+                   "SPARK_CUDA_PREFILL_CHUNK tokens (default 512)\n", gi.devices[0].name,
+                   gi.devices[0].major, gi.devices[0].minor, gi.devices[0].total_mem / 1e9,
+                   gi.driver_version, gi.runtime_version);
     }
     double anon, mapped;
     rss_split(&anon, &mapped);

@@ -531,6 +531,11 @@ int engine_session_new(engine_session **out, engine_model *m, const engine_sessi
                                      sp.kv_type);
     else if ((rc = engine_kv_session_init(s)) == 0)
         rc = m->q35 ? engine_q35_fwd_new(s) : engine_fwd_new(s);
+    if (rc == 0 && m->cuda && !m->q35) { /* prompts through the tensor-core prefill */
+        rc = engine_cuda_prefill_new((engine_cuda_prefill **)&s->cuda_pf, m->cuda, s->cuda,
+                                     ENGINE_MIN(sp.n_ctx, engine_cuda_prefill_chunk()));
+        if (rc) engine_cuda_session_free(s->cuda);
+    }
 #else
     int rc = engine_kv_session_init(s);
     if (rc == 0) rc = m->q35 ? engine_q35_fwd_new(s) : engine_fwd_new(s);
@@ -558,6 +563,7 @@ void engine_session_free(engine_session *s) {
     engine_fwd_free(s->fwd);
     engine_q35_fwd_free(s->q35);
 #ifdef SPARK_HAVE_CUDA
+    engine_cuda_prefill_free(s->cuda_pf);
     if (s->m->q35)
         engine_cuda_q35_session_free(s->cuda);
     else
@@ -623,6 +629,21 @@ int engine_session_append(engine_session *s, const int32_t *tokens, size_t n, fl
     int rc = 0;
 #ifdef SPARK_HAVE_CUDA
     if (s->cuda) {
+        if (s->cuda_pf && n > 1 && !logits_all) {
+            /* a prompt: chunks through the tensor-core prefill (engine/cuda/prefill.cu); with
+             * logits_all each token goes through the decode step (its logits bit for bit) */
+            rc = engine_cuda_prefill_run(s->cuda_pf, tokens, (int32_t)n, s->n_tokens, NULL,
+                                         s->logits);
+            if (rc == 0) {
+                memcpy(s->tokens + s->n_tokens, tokens, sizeof(int32_t) * n);
+                s->n_tokens += (int32_t)n;
+            }
+            s->logits_valid = rc == 0;
+            s->kv_cached = 0;
+            s->kv_diverged_at = -1;
+            pthread_mutex_unlock(&s->m->pool_mu);
+            return rc;
+        }
         /* CUDA stage 1: every token through the captured decode step (no prefix cache) */
         for (size_t i = 0; i < n && rc == 0; i++) {
             float *dst = logits_all ? logits_all + i * (size_t)nv : i + 1 == n ? s->logits : NULL;

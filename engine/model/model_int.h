@@ -82,6 +82,7 @@ struct engine_session {
     engine_fwd *fwd;          /* CPU forward state (NULL on the GPU) */
     struct engine_q35_fwd *q35; /* qwen35moe forward state instead of fwd (arch_qwen35moe.c) */
     void *cuda;               /* engine_cuda_session when the model is on the GPU */
+    void *cuda_pf;            /* engine_cuda_prefill: prompts on the GPU (qwen3/qwen3moe) */
     /* paged KV on m->kvc (engine/kv/kv_session.c) when kv_paged */
     bool kv_paged;
     engine_kv_seq kvs;        /* block table; kvs.n_pos >= n_tokens */

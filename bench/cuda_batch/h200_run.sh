@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# One call on the GPU machine (device tool) for the prefill path: engine-only build with CUDA
+# for sm_90, test_cuda_batch, the random-weight Qwen3-30B-A3B model (generated in the
+# background meanwhile), then `spark-agent bench` on the GPU: pp512 + tg128, pp4096 (chunks of
+# 512 and, as an A/B, of CHUNK_B), and tg128 after DEPTH tokens. Logs go to $OUT.
+# Usage: [TYPE=q4_k_m] [DEPTH=8192] [CHUNK_B=2048] [SKIP_TEST=1] [BENCH="pp512 pp4096 ab depth"]
+#        [PROF=0|1 (default 1: the prefill's per-phase times, SPARK_CUDA_PREFILL_PROF)]
+#   bench/cuda_batch/h200_run.sh
+set -o pipefail
+B=/tmp/b
+OUT=${OUT:-/tmp/out}
+TOK=$PWD/.tok
+TYPE=${TYPE:-q4_k_m}
+t0=$(date +%s)
+stamp() { echo "[+$(($(date +%s) - t0)) s] $*"; }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+cmake -S . -B $B -G Ninja -DSPARK_ENGINE_ONLY=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+    -DSPARK_TOKENIZER_DIR=$TOK -DCMAKE_BUILD_TYPE=Release >/tmp/cfg.log 2>&1 ||
+    { tail -30 /tmp/cfg.log; exit 1; }
+ninja -C $B spark-agent test_cuda_batch >$OUT/build.log 2>&1 ||
+    { grep -B2 -A12 -m3 error $OUT/build.log; exit 1; }
+stamp "built"
+(/usr/bin/time -f "gen $TYPE: %e s" $B/spark-agent model gen --preset qwen3-30b-a3b \
+    --type $TYPE -s 1 -o /tmp/30b.gguf --tokenizer-dir $TOK && touch /tmp/gen.done) \
+    >$OUT/gen.log 2>&1 &
+gen=$!
+if [ -z "$SKIP_TEST" ]; then
+    SPARK_TOKENIZER_DIR=$TOK timeout 240 $B/tests/engine/test_cuda_batch 2>&1 | tee $OUT/test.log
+    rc=$?
+    echo "test_cuda_batch rc=$rc"
+    if [ $rc != 0 ]; then # the per-op decode step as a control (SPARK_CUDA_FUSED=0)
+        SPARK_CUDA_FUSED=0 SPARK_TOKENIZER_DIR=$TOK timeout 60 $B/tests/engine/test_cuda_batch \
+            tiny f32 2>&1 | grep -v "^gemm" | tee $OUT/test_unfused.log
+        echo "test_cuda_batch tiny f32 (SPARK_CUDA_FUSED=0) rc=$?"
+    fi
+    stamp "test done"
+fi
+wait $gen
+[ -e /tmp/gen.done ] || { echo "gen failed"; tail -5 $OUT/gen.log; exit 1; }
+stamp "model generated"; tail -1 $OUT/gen.log
+export SPARK_DEVICE=cuda SPARK_CUDA_PREFILL_PROF=${PROF:-1}
+bench() { timeout 150 $B/spark-agent bench -m /tmp/30b.gguf "$@" 2>&1 | grep -v "^\[" |
+    tee -a $OUT/bench.log; }
+for b in ${BENCH:-pp512 pp4096 ab depth}; do
+    case $b in
+    pp512) bench -p 512 -n 128 -r 3 ;;
+    pp4096) bench -p 4096 -n 0 -r 2 ;;
+    ab) SPARK_CUDA_PREFILL_CHUNK=${CHUNK_B:-2048} bench -p 4096 -n 0 -r 2 ;;
+    depth) bench -d ${DEPTH:-8192} -p 0 -n 128 -r 2 ;;
+    esac
+    stamp "$b done"
+done

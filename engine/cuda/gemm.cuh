@@ -1,0 +1,88 @@
+/* Matrix-matrix products on tensor cores for prefill and batched passes: Y[m][rows] = X W^T.
+ *
+ * The weights stay as uploaded (quantised, engine/cpu/quant.h layouts) and are decoded tile by
+ * tile into shared memory; the activations are prepared once per matrix input by
+ * engine_cu_gemm_prep into the form the weight type wants:
+ *   Q4_K, Q5_K, Q6_K (Q8_K activations) and Q8_0, Q4_0 (Q8_0 activations): int8 quantised
+ *     exactly as the CPU quantises activations for its dot products (qdot.cuh staging, the
+ *     same code as the decode kernels). The product runs on int8 tensor cores (mma.sync
+ *     m16n8k16 s8): each 16-value run of a weight row is s * q + o (q int8: Q4_K/Q5_K q with
+ *     o = -dmin * m, Q6_K q - 32, Q4_0 q - 8), and each 16-column step adds
+ *     s * dx * (sum q xq) + o * (dx * sum xq) in F32: the CPU's products up to summation order.
+ *   F16 and BF16: X rounded to the weight's own 16-bit type, products on F16/BF16 tensor cores
+ *     (mma.sync m16n8k16, F32 accumulation): exact products of the rounded X.
+ *   F32 (the MoE router): F32 SIMT tiles, exact F32 products (routing must match the CPU).
+ * One kernel body for the seven tensor-core types: the decode switches on the type at run time
+ * inside the tile load (two instantiations: int8 and 16-bit float).
+ *
+ * Tiles: 64 X rows x 64 weight rows x 128 columns per step, 4 warps of 32 x 32. Columns must be
+ * a multiple of 128 for the tensor-core types (every K-quant row is; Q8_0 / Q4_0 / F16 rows of
+ * 32-multiple lengths are zero-padded per tile).
+ * Grouped mode (MoE): a device list of tiles (matrix index, first X row, X row count), the X
+ * rows gathered through an index (the token of each sorted expert slot); blocks past the
+ * device count exit at once, so the grid is sized by an upper bound and nothing returns to the
+ * host. Host launchers only. */
+#ifndef SPARK_ENGINE_CUDA_GEMM_CUH
+#define SPARK_ENGINE_CUDA_GEMM_CUH
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common.cuh"
+
+#define ENGINE_CU_GEMM_BM 64  /* X rows per block tile */
+#define ENGINE_CU_GEMM_BN 64  /* weight rows per block tile */
+#define ENGINE_CU_GEMM_BK 128 /* columns per step */
+
+/* Activation forms (engine_cu_gemm_xform). */
+enum {
+    ENGINE_CU_GX_Q8_K = 0, /* int8 per 256, d per 32 entry, s = d * sum q per 16 */
+    ENGINE_CU_GX_Q8_0 = 1, /* int8 per 32, d rounded to F16 */
+    ENGINE_CU_GX_F16 = 2,
+    ENGINE_CU_GX_BF16 = 3,
+    ENGINE_CU_GX_F32 = 4,
+};
+
+/* The activation form weights of `type` take; -1 when the GEMM does not handle the type. */
+int engine_cu_gemm_xform(int type);
+/* True when the GEMM handles rows of `cols` values of `type`. */
+bool engine_cu_gemm_ok(int type, int cols);
+
+/* Prepared activations: m rows of `cols` values in form `form`. Buffers are the caller's;
+ * engine_cu_gemm_x_bytes gives the size of one block holding all three parts. */
+typedef struct {
+    int form, cols;
+    const void *v;   /* int8 [m][cols] | uint16 [m][cols] | float [m][cols] */
+    const float *d;  /* int8 forms: [m][cols / 32] */
+    const float *s;  /* int8 forms: [m][cols / 16] */
+} engine_cu_gx;
+
+size_t engine_cu_gemm_x_bytes(int form, int m, int cols);
+
+/* Prepare m rows of X for form `form` into buf (engine_cu_gemm_x_bytes bytes), filling *gx.
+ * Row t of the input is x + t * ldx (F32), RMS-normalised with norm_w (NULL: none) and eps;
+ * with g != NULL the input is instead silu(g) * x elementwise (SwiGLU, g + t * ldx; no norm).
+ * cols a multiple of 32 (of 256 for Q8_K). */
+void engine_cu_gemm_prep(engine_cu_gx *gx, void *buf, int form, int m, int cols, const float *x,
+                         const float *g, int ldx, const float *norm_w, float eps,
+                         cudaStream_t stream);
+
+typedef struct {
+    const uint8_t *w; /* device: matrix 0, row 0 */
+    size_t row_bytes, mat_bytes; /* mat_bytes: matrix i at w + i * mat_bytes */
+    int type, rows, cols;
+    engine_cu_gx x;   /* prepared X (the form of this type) */
+    int m;            /* X rows (dense mode) */
+    const int32_t *x_idx; /* NULL, or device: tile row i reads X row x_idx[i] (grouped mode) */
+    float *y;         /* device: Y row i at y + i * ldy */
+    int ldy;
+    int accumulate;   /* Y += X W^T */
+    /* grouped mode: tiles[j] = (matrix, first row, row count) for j < *n_tiles, at most
+     * max_tiles; NULL: dense, matrix 0, X rows 0 .. m-1 */
+    const int32_t *tiles, *n_tiles;
+    int max_tiles;
+} engine_cu_gemm_args;
+
+void engine_cu_gemm(const engine_cu_gemm_args *a, cudaStream_t stream);
+
+#endif

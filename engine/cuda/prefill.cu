@@ -1,0 +1,806 @@
+/* Prefill on the GPU: the kernels of prefill.cuh and the pass over a chunk of tokens
+ * (engine_cuda_prefill_*, contract in cuda_backend.h).
+ *
+ * A pass over n tokens at positions pos .. pos + n - 1 of a session (per layer):
+ *   prep(x, attn_norm) | q, k, v GEMMs | q/k norm + RoPE + KV store | attention |
+ *   prep(att) | wo GEMM (+= x) | prep(x, ffn_norm) | router GEMM (F32) | route | sort |
+ *   gate, up grouped GEMMs (selected experts only, tokens gathered) | prep(silu(g) * u) |
+ *   down grouped GEMM | weighted combine (+= x)
+ * then the final norm and the output head for the rows whose logits are wanted. Everything is
+ * enqueued on the session's stream: nothing returns to the host inside a pass (the grouped
+ * GEMMs take their tile list from device memory), and the decode graph that follows on the
+ * same stream sees the KV rows the pass wrote. */
+#include <algorithm>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dequant.cuh"
+#include "gemm.cuh"
+#include "prefill.cuh"
+
+extern "C" {
+#include "cuda/cuda_backend.h"
+#include "model/model_int.h"
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Kernels
+ * ------------------------------------------------------------------------------------------- */
+__global__ void pf_embed_kernel(const uint8_t *emb, size_t row_bytes, int type, int n_embd,
+                                const int32_t *tokens, float *x) {
+    const int t = blockIdx.x;
+    const uint8_t *row = emb + (size_t)tokens[t] * row_bytes;
+    float *o = x + (size_t)t * n_embd;
+    for (int c = threadIdx.x; c < n_embd / 32; c += blockDim.x) {
+        float va[16], vb[16];
+        int a0, b0;
+        engine_cu_decode_chunk(type, row, c, va, vb);
+        engine_cu_chunk_cols(type, c, &a0, &b0);
+#pragma unroll
+        for (int l = 0; l < 16; l++) {
+            o[a0 + l] = va[l];
+            o[b0 + l] = vb[l];
+        }
+    }
+}
+
+void engine_cu_pf_embed(const uint8_t *emb, size_t row_bytes, int type, int n_embd,
+                        const int32_t *tokens, int n, float *x, cudaStream_t stream) {
+    if (n > 0) pf_embed_kernel<<<n, 128, 0, stream>>>(emb, row_bytes, type, n_embd, tokens, x);
+}
+
+/* One warp per (token, head): heads 0 .. n_head-1 are q, then n_kv k heads, then n_kv v heads. */
+template <int HD> __global__ void pf_qk_kernel(engine_cu_pf_qk_args a) {
+    const int warp = (int)(blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5));
+    const int lane = threadIdx.x & 31, nh = a.n_head + 2 * a.n_kv;
+    if (warp >= a.n * nh) return;
+    const int t = warp / nh, h = warp % nh, pos = a.pos0 + t, kv_dim = a.n_kv * HD;
+    constexpr int NV = HD / 32, H2 = HD / 64;
+    float v[NV];
+    const float *src;
+    const float *w;
+    if (h < a.n_head) {
+        src = a.q + ((size_t)t * a.n_head + h) * HD;
+        w = a.q_norm;
+    } else if (h < a.n_head + a.n_kv) {
+        src = a.k + (size_t)t * kv_dim + (size_t)(h - a.n_head) * HD;
+        w = a.k_norm;
+    } else {
+        src = a.v + (size_t)t * kv_dim + (size_t)(h - a.n_head - a.n_kv) * HD;
+        w = nullptr;
+    }
+#pragma unroll
+    for (int i = 0; i < NV; i++)
+        v[i] = src[lane + 32 * i];
+    if (w) { /* rmsnorm * w, then RoPE, as the decode attention kernel */
+        float ss = 0.0f;
+#pragma unroll
+        for (int i = 0; i < NV; i++)
+            ss += v[i] * v[i];
+        ss = engine_cu_warp_sum(ss);
+        const float scale = 1.0f / sqrtf(ss / (float)HD + a.eps);
+#pragma unroll
+        for (int i = 0; i < NV; i++)
+            v[i] = w[lane + 32 * i] * (v[i] * scale);
+        const float2 *rope = a.rope + (size_t)pos * (HD / 2);
+#pragma unroll
+        for (int i = 0; i < H2; i++) {
+            const float2 cs = rope[lane + 32 * i];
+            const float x0 = v[i], x1 = v[i + H2];
+            v[i] = x0 * cs.x - x1 * cs.y;
+            v[i + H2] = x0 * cs.y + x1 * cs.x;
+        }
+    }
+    if (h < a.n_head) {
+        float *dst = a.q + ((size_t)t * a.n_head + h) * HD;
+#pragma unroll
+        for (int i = 0; i < NV; i++)
+            dst[lane + 32 * i] = v[i];
+        return;
+    }
+    const bool is_k = h < a.n_head + a.n_kv;
+    const int kvh = is_k ? h - a.n_head : h - a.n_head - a.n_kv;
+    void *cache = is_k ? a.k_cache : a.v_cache;
+    const size_t off = (size_t)pos * kv_dim + (size_t)kvh * HD;
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+        if (a.kv_f32)
+            ((float *)cache)[off + lane + 32 * i] = v[i];
+        else
+            ((__half *)cache)[off + lane + 32 * i] = __float2half_rn(v[i]);
+    }
+}
+
+void engine_cu_pf_qk_store(const engine_cu_pf_qk_args *a, cudaStream_t stream) {
+    const int warps = a->n * (a->n_head + 2 * a->n_kv);
+    if (warps <= 0) return;
+    const dim3 grid((unsigned)((warps + 7) / 8)), block(256);
+    if (a->hd == 64)
+        pf_qk_kernel<64><<<grid, block, 0, stream>>>(*a);
+    else if (a->hd == 128)
+        pf_qk_kernel<128><<<grid, block, 0, stream>>>(*a);
+    else
+        pf_qk_kernel<256><<<grid, block, 0, stream>>>(*a);
+}
+
+#define PF_QT 32 /* queries per attention block (8 threads each) */
+
+/* Flash attention, SIMT: block (query tile, head), 256 threads = 32 queries x 8. Thread
+ * (qi, kl) scores keys kl + 8 j of each key tile, and owns output dimensions kl + 8 u. */
+template <int HD>
+__global__ void __launch_bounds__(256) pf_att_kernel(engine_cu_pf_att_args a) {
+    constexpr int KT = HD == 256 ? 16 : 32, KJ = KT / 8, OU = HD / 8;
+    extern __shared__ __align__(16) float smf[];
+    float *sQ = smf;                         /* [PF_QT][HD + 1] */
+    float *sK = sQ + PF_QT * (HD + 1);       /* [KT][HD + 1] */
+    float *sV = sK + KT * (HD + 1);          /* [KT][HD] */
+    float *sP = sV + KT * HD;                /* [PF_QT][KT + 1] */
+    const int tid = threadIdx.x, qi = tid >> 3, kl = tid & 7;
+    const int q0 = (int)blockIdx.x * PF_QT, h = (int)blockIdx.y;
+    const int group = a.n_head / a.n_kv, kvh = h / group, kv_dim = a.n_kv * HD;
+    const int nq = min(PF_QT, a.n - q0);
+    const float scale = 1.0f / sqrtf((float)HD);
+    for (int idx = tid; idx < PF_QT * HD; idx += 256) {
+        const int r = idx / HD, d = idx % HD;
+        sQ[r * (HD + 1) + d] = r < nq ? a.q[((size_t)(q0 + r) * a.n_head + h) * HD + d] : 0.0f;
+    }
+    const int qpos = a.pos0 + q0 + min(qi, nq - 1); /* this thread's query position */
+    const int n_keys = a.pos0 + q0 + nq;           /* keys 0 .. n_keys-1 serve the block */
+    float o[OU], m = -INFINITY, l = 0.0f;
+#pragma unroll
+    for (int u = 0; u < OU; u++)
+        o[u] = 0.0f;
+    for (int k0 = 0; k0 < n_keys; k0 += KT) {
+        __syncthreads(); /* the previous tile's K, V are consumed (and sQ is written) */
+        for (int idx = tid; idx < KT * HD; idx += 256) {
+            const int r = idx / HD, d = idx % HD, p = k0 + r;
+            float kv = 0.0f, vv = 0.0f;
+            if (p < n_keys) {
+                const size_t off = (size_t)p * kv_dim + (size_t)kvh * HD + d;
+                if (a.kv_f32) {
+                    kv = ((const float *)a.k_cache)[off];
+                    vv = ((const float *)a.v_cache)[off];
+                } else {
+                    kv = __half2float(((const __half *)a.k_cache)[off]);
+                    vv = __half2float(((const __half *)a.v_cache)[off]);
+                }
+            }
+            sK[r * (HD + 1) + d] = kv;
+            sV[r * HD + d] = vv;
+        }
+        __syncthreads();
+        float s[KJ], smax = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < KJ; j++) {
+            const int kj = kl + 8 * j;
+            const float *qr = sQ + qi * (HD + 1), *kr = sK + kj * (HD + 1);
+            float acc = 0.0f;
+#pragma unroll 16
+            for (int d = 0; d < HD; d++)
+                acc = fmaf(qr[d], kr[d], acc);
+            s[j] = k0 + kj <= qpos ? acc * scale : -INFINITY;
+            smax = fmaxf(smax, s[j]);
+        }
+        smax = fmaxf(smax, __shfl_xor_sync(0xffffffffu, smax, 1));
+        smax = fmaxf(smax, __shfl_xor_sync(0xffffffffu, smax, 2));
+        smax = fmaxf(smax, __shfl_xor_sync(0xffffffffu, smax, 4));
+        /* a tile wholly after this query (possible past the first tile, where m is already
+         * finite: key 0 serves every query) leaves m, l and o as they are: corr 1, p 0 */
+        const float mn = fmaxf(m, smax), corr = expf(m - mn);
+        float ps = 0.0f;
+#pragma unroll
+        for (int j = 0; j < KJ; j++) {
+            const float p = expf(s[j] - mn);
+            sP[qi * (KT + 1) + kl + 8 * j] = p;
+            ps += p;
+        }
+        ps += __shfl_xor_sync(0xffffffffu, ps, 1);
+        ps += __shfl_xor_sync(0xffffffffu, ps, 2);
+        ps += __shfl_xor_sync(0xffffffffu, ps, 4);
+        l = l * corr + ps;
+        m = mn;
+        __syncwarp();
+#pragma unroll
+        for (int u = 0; u < OU; u++)
+            o[u] *= corr;
+        for (int kj = 0; kj < KT; kj++) {
+            const float p = sP[qi * (KT + 1) + kj];
+            const float *vr = sV + kj * HD + kl;
+#pragma unroll
+            for (int u = 0; u < OU; u++)
+                o[u] = fmaf(p, vr[8 * u], o[u]);
+        }
+        __syncwarp();
+    }
+    if (qi < nq) {
+        float *dst = a.out + ((size_t)(q0 + qi) * a.n_head + h) * HD;
+        const float il = 1.0f / l;
+#pragma unroll
+        for (int u = 0; u < OU; u++)
+            dst[kl + 8 * u] = o[u] * il;
+    }
+}
+
+template <int HD> static size_t pf_att_smem() {
+    constexpr int KT = HD == 256 ? 16 : 32;
+    return sizeof(float) * ((size_t)PF_QT * (HD + 1) + (size_t)KT * (HD + 1) + (size_t)KT * HD +
+                            (size_t)PF_QT * (KT + 1));
+}
+
+template <int HD> static void pf_att_launch(const engine_cu_pf_att_args *a, cudaStream_t st) {
+    const size_t smem = pf_att_smem<HD>();
+    cudaFuncSetAttribute(pf_att_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         (int)smem);
+    const dim3 grid((unsigned)((a->n + PF_QT - 1) / PF_QT), (unsigned)a->n_head);
+    pf_att_kernel<HD><<<grid, 256, smem, st>>>(*a);
+}
+
+void engine_cu_pf_attention(const engine_cu_pf_att_args *a, cudaStream_t stream) {
+    if (a->n <= 0) return;
+    if (a->hd == 64)
+        pf_att_launch<64>(a, stream);
+    else if (a->hd == 128)
+        pf_att_launch<128>(a, stream);
+    else
+        pf_att_launch<256>(a, stream);
+}
+
+/* A warp per token; n_expert <= 256 (8 per lane). */
+__global__ void pf_route_kernel(const float *logits, int n, int n_expert, int k, int norm_topk,
+                                int32_t *ids, float *weights) {
+    const int t = (int)(blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)), lane = threadIdx.x & 31;
+    if (t >= n) return;
+    const float *lg = logits + (size_t)t * n_expert;
+    float p[8];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int e = lane + 32 * i;
+        p[i] = e < n_expert ? lg[e] : -INFINITY;
+        mx = fmaxf(mx, p[i]);
+    }
+    mx = engine_cu_warp_max(mx);
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        p[i] = lane + 32 * i < n_expert ? expf(p[i] - mx) : 0.0f;
+        sum += p[i];
+    }
+    sum = engine_cu_warp_sum(sum);
+    const float inv = 1.0f / sum;
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        p[i] = lane + 32 * i < n_expert ? p[i] * inv : -1.0f; /* -1: not a candidate */
+    float wsum = 0.0f, wk = 0.0f;
+    for (int j = 0; j < k; j++) {
+        float bv = -2.0f;
+        int be = 0x7fffffff;
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            if (p[i] > bv) { /* strictly greater: the lowest id of this lane wins a tie */
+                bv = p[i];
+                be = lane + 32 * i;
+            }
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oe = __shfl_xor_sync(0xffffffffu, be, o);
+            if (ov > bv || (ov == bv && oe < be)) {
+                bv = ov;
+                be = oe;
+            }
+        }
+        if ((be & 31) == lane) p[be >> 5] = -1.0f;
+        wsum += bv;
+        if (lane == j) wk = bv;
+        if (lane == 0) ids[(size_t)t * k + j] = be;
+    }
+    if (lane < k) weights[(size_t)t * k + lane] = norm_topk ? wk / wsum : wk;
+}
+
+void engine_cu_pf_route(const float *logits, int n, int n_expert, int k, int norm_topk,
+                        int32_t *ids, float *weights, cudaStream_t stream) {
+    if (n > 0)
+        pf_route_kernel<<<(n + 7) / 8, 256, 0, stream>>>(logits, n, n_expert, k, norm_topk, ids,
+                                                         weights);
+}
+
+int engine_cu_pf_max_tiles(int n_slots, int n_expert) {
+    return (n_slots + ENGINE_CU_GEMM_BM - 1) / ENGINE_CU_GEMM_BM + n_expert;
+}
+
+/* One block: counts per expert, exclusive scan and tile list (one thread: <= 256 experts),
+ * then every slot takes its place (the order inside an expert does not matter: each row of the
+ * grouped GEMM is computed alone). */
+__global__ void __launch_bounds__(1024)
+    pf_sort_kernel(const int32_t *ids, int n_slots, int k, int n_expert, int32_t *sorted_tok,
+                   int32_t *slot_pos, int32_t *tiles, int32_t *n_tiles) {
+    __shared__ int cnt[ENGINE_CU_PF_MAX_EXPERT], off[ENGINE_CU_PF_MAX_EXPERT],
+        cur[ENGINE_CU_PF_MAX_EXPERT];
+    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) {
+        cnt[e] = 0;
+        cur[e] = 0;
+    }
+    __syncthreads();
+    for (int s = threadIdx.x; s < n_slots; s += blockDim.x)
+        atomicAdd(&cnt[ids[s]], 1);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int o = 0, nt = 0;
+        for (int e = 0; e < n_expert; e++) {
+            off[e] = o;
+            for (int r = 0; r < cnt[e]; r += ENGINE_CU_GEMM_BM) {
+                tiles[3 * nt] = e;
+                tiles[3 * nt + 1] = o + r;
+                tiles[3 * nt + 2] = min(ENGINE_CU_GEMM_BM, cnt[e] - r);
+                nt++;
+            }
+            o += cnt[e];
+        }
+        *n_tiles = nt;
+    }
+    __syncthreads();
+    for (int s = threadIdx.x; s < n_slots; s += blockDim.x) {
+        const int e = ids[s], p = off[e] + atomicAdd(&cur[e], 1);
+        sorted_tok[p] = s / k;
+        slot_pos[s] = p;
+    }
+}
+
+void engine_cu_pf_sort(const int32_t *ids, int n, int k, int n_expert, int32_t *sorted_tok,
+                       int32_t *slot_pos, int32_t *tiles, int32_t *n_tiles, cudaStream_t stream) {
+    pf_sort_kernel<<<1, 1024, 0, stream>>>(ids, n * k, k, n_expert, sorted_tok, slot_pos, tiles,
+                                           n_tiles);
+}
+
+__global__ void pf_combine_kernel(float *x, const float *d, const int32_t *slot_pos,
+                                  const float *weights, int k, int n_embd) {
+    const int t = blockIdx.x;
+    float *xr = x + (size_t)t * n_embd;
+    for (int i = threadIdx.x; i < n_embd; i += blockDim.x) {
+        float acc = 0.0f;
+        for (int j = 0; j < k; j++)
+            acc = fmaf(weights[(size_t)t * k + j],
+                       d[(size_t)slot_pos[(size_t)t * k + j] * n_embd + i], acc);
+        xr[i] += acc;
+    }
+}
+
+void engine_cu_pf_combine(float *x, const float *d, const int32_t *slot_pos, const float *weights,
+                          int n, int k, int n_embd, cudaStream_t stream) {
+    if (n > 0) pf_combine_kernel<<<n, 256, 0, stream>>>(x, d, slot_pos, weights, k, n_embd);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The pass
+ * ------------------------------------------------------------------------------------------- */
+#define PF_LOGIT_ROWS 32 /* rows of the output head per launch when every token's logits go out */
+
+/* SPARK_CUDA_PREFILL_PROF=1: time the phases of every pass with events (the per-phase sums
+ * are logged at INFO when the prefill object is freed). */
+enum { PF_P_QKV, PF_P_ATT, PF_P_WO, PF_P_ROUTE, PF_P_UP, PF_P_DOWN, PF_P_HEAD, PF_P_N };
+static const char *const pf_phase_name[PF_P_N] = {"embed+norm+qkv", "rope+attention", "wo",
+                                                  "router+route+sort", "gate/up", "down+combine",
+                                                  "head"};
+
+struct engine_cuda_prefill {
+    engine_cuda_session *s;
+    int prof;
+    cudaEvent_t *ev; /* [2 + 6 * n_layer] */
+    int *ev_cat, n_ev;
+    double prof_ms[PF_P_N];
+    long prof_tokens;
+    engine_cuda_model_view mv;
+    engine_cuda_session_view sv;
+    engine_cuda_layer_view *lv; /* [n_layer] */
+    int32_t max_tokens;
+    uint8_t *mem;
+    size_t bytes;
+    int32_t *tok, *ids, *sorted_tok, *slot_pos, *tiles, *n_tiles;
+    float *x, *q, *k, *v, *att, *router, *wts, *g, *u, *d, *logits;
+    void *xbuf; /* prepared activations */
+    size_t xbuf_bytes;
+};
+
+typedef struct {
+    size_t tok, ids, sorted, slot, tiles, ntiles, x, q, kv, att, router, wts, g, d, logits, xbuf,
+        total;
+} pf_layout;
+
+static size_t al256(size_t n) {
+    return (n + 255) & ~(size_t)255;
+}
+
+static pf_layout pf_plan(const engine_model *m, int32_t n) {
+    const engine_hparams *hp = &m->hp;
+    const size_t hd = hp->head_dim_k, qd = hp->n_head * hd, kvd = hp->n_head_kv * hd;
+    const size_t k = hp->n_expert ? hp->n_expert_used : 1;
+    const size_t nff = hp->n_expert ? hp->n_ff_exp : hp->n_ff;
+    const size_t slots = (size_t)n * k, lr = std::min<size_t>((size_t)n, PF_LOGIT_ROWS);
+    pf_layout z;
+    z.tok = al256(sizeof(int32_t) * n);
+    z.ids = al256(sizeof(int32_t) * slots);
+    z.sorted = z.ids;
+    z.slot = z.ids;
+    z.tiles = al256(sizeof(int32_t) * 3 *
+                    (size_t)engine_cu_pf_max_tiles((int)slots, (int)std::max(1u, hp->n_expert)));
+    z.ntiles = 256;
+    z.x = al256(sizeof(float) * n * hp->n_embd);
+    z.q = al256(sizeof(float) * n * qd);
+    z.kv = al256(sizeof(float) * n * kvd);
+    z.att = z.q;
+    z.router = al256(sizeof(float) * n * std::max(1u, hp->n_expert));
+    z.wts = al256(sizeof(float) * slots);
+    z.g = al256(sizeof(float) * slots * nff);
+    z.d = hp->n_expert ? al256(sizeof(float) * slots * hp->n_embd) : 0;
+    z.logits = al256(sizeof(float) * lr * hp->n_vocab);
+    /* the largest activation a GEMM prepares, in its largest form (F32) */
+    size_t big = std::max({(size_t)n * hp->n_embd, (size_t)n * qd, slots * nff});
+    z.xbuf = al256(4 * big) + 3 * 256;
+    z.total = z.tok + z.ids + z.sorted + z.slot + z.tiles + z.ntiles + z.x + z.q + 2 * z.kv +
+              z.att + z.router + z.wts + 2 * z.g + z.d + z.logits + z.xbuf;
+    return z;
+}
+
+extern "C" size_t engine_cuda_prefill_bytes(const engine_cuda_model *cm, int32_t max_tokens) {
+    engine_cuda_model_view mv;
+    engine_cuda_model_view_get(cm, &mv);
+    return pf_plan(mv.m, max_tokens).total;
+}
+
+static int pf_err(cudaError_t e, const char *what) {
+    if (e == cudaSuccess) return 0;
+    cudaGetLastError();
+    return engine_err(e == cudaErrorMemoryAllocation ? ENGINE_ENOMEM : ENGINE_EINTERNAL,
+                      "CUDA %s: %s", what, cudaGetErrorString(e));
+}
+
+static int pf_check_w(const engine_model *m, const engine_cuda_wview *w, const char *what,
+                      int layer) {
+    if (!w->d) return 0;
+    if (!engine_cu_gemm_ok(w->type, w->cols))
+        return engine_err(ENGINE_EUNSUPPORTED,
+                          "%s: blk.%d.%s (%s, rows of %d) has no CUDA prefill GEMM", m->path, layer,
+                          what, engine_type_name((engine_type)w->type), w->cols);
+    return 0;
+}
+
+extern "C" int32_t engine_cuda_prefill_chunk(void) {
+    const char *e = getenv("SPARK_CUDA_PREFILL_CHUNK");
+    const long v = e ? strtol(e, NULL, 10) : 0;
+    return v >= 16 && v <= 8192 ? (int32_t)v : 512;
+}
+
+extern "C" void engine_cuda_prefill_free(engine_cuda_prefill *p) {
+    if (!p) return;
+    cudaSetDevice(p->mv.device);
+    if (p->prof && p->prof_tokens > 0) {
+        double tot = 0;
+        char line[512];
+        int o = 0;
+        for (int i = 0; i < PF_P_N; i++)
+            tot += p->prof_ms[i];
+        for (int i = 0; i < PF_P_N && o < (int)sizeof line; i++)
+            o += snprintf(line + o, sizeof line - (size_t)o, "%s%s %.1f ms (%.0f%%)", i ? ", " : "",
+                          pf_phase_name[i], p->prof_ms[i], 100.0 * p->prof_ms[i] / (tot + 1e-9));
+        engine_log(ENGINE_LOG_INFO, "cuda prefill profile: %ld tokens, %.1f ms (%.0f tok/s): %s",
+                   p->prof_tokens, tot, 1e3 * (double)p->prof_tokens / (tot + 1e-9), line);
+    }
+    for (int i = 0; p->ev && i < p->n_ev; i++)
+        if (p->ev[i]) cudaEventDestroy(p->ev[i]);
+    free(p->ev);
+    free(p->ev_cat);
+    cudaFree(p->mem);
+    free(p->lv);
+    free(p);
+}
+
+extern "C" int engine_cuda_prefill_new(engine_cuda_prefill **out, engine_cuda_model *cm,
+                                       engine_cuda_session *s, int32_t max_tokens) {
+    *out = NULL;
+    engine_cuda_prefill *p = NULL;
+    int rc = 0;
+    size_t free_b = 0, total_b = 0;
+    uint8_t *b;
+    engine_cuda_model_view mv;
+    engine_cuda_model_view_get(cm, &mv);
+    const engine_model *m = mv.m;
+    const engine_hparams *hp = &m->hp;
+    engine_cuda_session_view sv;
+    engine_cuda_session_view_get(s, &sv);
+    if (max_tokens < 1 || max_tokens > sv.n_ctx)
+        return engine_err(ENGINE_EINVAL, "cuda prefill: chunk of %d tokens (context %d)",
+                          max_tokens, sv.n_ctx);
+    if (hp->n_expert > ENGINE_CU_PF_MAX_EXPERT)
+        return engine_err(ENGINE_EUNSUPPORTED, "%s: %u experts (the CUDA prefill takes at most %d)",
+                          m->path, hp->n_expert, ENGINE_CU_PF_MAX_EXPERT);
+    if (hp->n_expert && hp->n_expert_used > 32)
+        return engine_err(ENGINE_EUNSUPPORTED, "%s: %u experts per token (the CUDA prefill "
+                          "takes at most 32)", m->path, hp->n_expert_used);
+    p = (engine_cuda_prefill *)calloc(1, sizeof *p);
+    if (!p) return engine_err(ENGINE_ENOMEM, "out of memory");
+    p->s = s;
+    p->mv = mv;
+    p->sv = sv;
+    p->max_tokens = max_tokens;
+    p->lv = (engine_cuda_layer_view *)calloc(hp->n_layer, sizeof *p->lv);
+    if (!p->lv) {
+        rc = engine_err(ENGINE_ENOMEM, "out of memory");
+        goto done;
+    }
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        engine_cuda_layer_view *v = &p->lv[l];
+        engine_cuda_layer_view_get(cm, (int)l, v);
+#define PF_CHECK(f)                                                                                \
+    if ((rc = pf_check_w(m, &v->f, #f, (int)l))) goto done;
+        PF_CHECK(wq) PF_CHECK(wk) PF_CHECK(wv) PF_CHECK(wo) PF_CHECK(gate_inp)
+        PF_CHECK(gate_exps) PF_CHECK(up_exps) PF_CHECK(down_exps) PF_CHECK(ffn_gate)
+        PF_CHECK(ffn_up) PF_CHECK(ffn_down)
+#undef PF_CHECK
+    }
+    if (!engine_cu_gemm_ok(mv.output.type, mv.output.cols)) {
+        rc = engine_err(ENGINE_EUNSUPPORTED, "%s: output (%s) has no CUDA prefill GEMM", m->path,
+                        engine_type_name((engine_type)mv.output.type));
+        goto done;
+    }
+    {
+        const pf_layout z = pf_plan(m, max_tokens);
+        if ((rc = pf_err(cudaSetDevice(mv.device), "cudaSetDevice"))) goto done;
+        if ((rc = pf_err(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo"))) goto done;
+        engine_log(ENGINE_LOG_INFO, "cuda: prefill buffers %.1f MiB (chunks of %d tokens); "
+                   "%.2f GB free", (double)z.total / 1048576.0, max_tokens, (double)free_b / 1e9);
+        if (z.total + ((size_t)64 << 20) > free_b) {
+            rc = engine_err(ENGINE_ENOMEM, "cuda prefill of %d-token chunks needs %.2f GB of GPU "
+                            "memory but %.2f GB are free", max_tokens, (double)z.total / 1e9,
+                            (double)free_b / 1e9);
+            goto done;
+        }
+        if ((rc = pf_err(cudaMalloc((void **)&p->mem, z.total), "cudaMalloc (prefill)")))
+            goto done;
+        p->bytes = z.total;
+        b = p->mem;
+#define PF_CARVE(field, size, T)                                                                   \
+    p->field = (T *)b;                                                                             \
+    b += z.size;
+        PF_CARVE(tok, tok, int32_t)
+        PF_CARVE(ids, ids, int32_t)
+        PF_CARVE(sorted_tok, sorted, int32_t)
+        PF_CARVE(slot_pos, slot, int32_t)
+        PF_CARVE(tiles, tiles, int32_t)
+        PF_CARVE(n_tiles, ntiles, int32_t)
+        PF_CARVE(x, x, float)
+        PF_CARVE(q, q, float)
+        PF_CARVE(k, kv, float)
+        PF_CARVE(v, kv, float)
+        PF_CARVE(att, att, float)
+        PF_CARVE(router, router, float)
+        PF_CARVE(wts, wts, float)
+        PF_CARVE(g, g, float)
+        PF_CARVE(u, g, float)
+        PF_CARVE(d, d, float)
+        PF_CARVE(logits, logits, float)
+        PF_CARVE(xbuf, xbuf, void)
+#undef PF_CARVE
+        p->xbuf_bytes = z.xbuf;
+        ENGINE_ASSERT((size_t)(b - p->mem) == z.total);
+    }
+    {
+        const char *e = getenv("SPARK_CUDA_PREFILL_PROF");
+        p->prof = e && e[0] == '1';
+    }
+    if (p->prof) {
+        const int n_ev = 2 + 6 * (int)hp->n_layer;
+        p->ev = (cudaEvent_t *)calloc((size_t)n_ev, sizeof(cudaEvent_t));
+        p->ev_cat = (int *)calloc((size_t)n_ev, sizeof(int));
+        if (!p->ev || !p->ev_cat) {
+            rc = engine_err(ENGINE_ENOMEM, "out of memory");
+            goto done;
+        }
+        p->n_ev = n_ev;
+        for (int i = 0; i < n_ev; i++)
+            if ((rc = pf_err(cudaEventCreate(&p->ev[i]), "cudaEventCreate"))) goto done;
+    }
+    *out = p;
+    p = NULL;
+done:
+    engine_cuda_prefill_free(p);
+    return rc;
+}
+
+/* The prepared form of X last made (so that q, k and v, or gate and up, share one). */
+typedef struct {
+    const float *x;
+    const float *norm;
+    int form, m, cols;
+    engine_cu_gx gx;
+} pf_prep_cache;
+
+static const engine_cu_gx *pf_prep(engine_cuda_prefill *p, pf_prep_cache *c, int type,
+                                   const float *x, const float *g, int m, int cols,
+                                   const float *norm_w, cudaStream_t st) {
+    const int form = engine_cu_gemm_xform(type);
+    if (!g && c->x == x && c->norm == norm_w && c->form == form && c->m == m && c->cols == cols)
+        return &c->gx;
+    engine_cu_gemm_prep(&c->gx, p->xbuf, form, m, cols, x, g, cols, norm_w,
+                        p->mv.m->hp.rms_norm_eps, st);
+    c->x = g ? nullptr : x;
+    c->norm = norm_w;
+    c->form = form;
+    c->m = m;
+    c->cols = cols;
+    return &c->gx;
+}
+
+/* The GEMM of weight w on prepared X into y (row stride ldy). Dense: X rows 0 .. m-1. Grouped
+ * (p != NULL): the tiles of the last sort, X rows gathered through x_idx (NULL: the sorted
+ * slot itself), n_slots slots. */
+static void pf_gemm_run(const engine_cuda_prefill *p, const engine_cuda_wview *w,
+                        const engine_cu_gx *gx, int m, const int32_t *x_idx, float *y, int ldy,
+                        int accumulate, cudaStream_t st) {
+    engine_cu_gemm_args a;
+    memset(&a, 0, sizeof a);
+    a.w = (const uint8_t *)w->d;
+    a.row_bytes = w->row_bytes;
+    a.mat_bytes = (size_t)w->rows * w->row_bytes;
+    a.type = w->type;
+    a.rows = w->rows;
+    a.cols = w->cols;
+    a.x = *gx;
+    a.m = m;
+    a.x_idx = x_idx;
+    a.y = y;
+    a.ldy = ldy;
+    a.accumulate = accumulate;
+    if (p) {
+        a.tiles = p->tiles;
+        a.n_tiles = p->n_tiles;
+        a.max_tiles = engine_cu_pf_max_tiles(m, (int)p->mv.m->hp.n_expert);
+    }
+    engine_cu_gemm(&a, st);
+}
+
+static void pf_gemm(const engine_cuda_wview *w, const engine_cu_gx *gx, int m, float *y, int ldy,
+                    int accumulate, cudaStream_t st) {
+    pf_gemm_run(NULL, w, gx, m, NULL, y, ldy, accumulate, st);
+}
+
+static void pf_gemm_grouped(const engine_cuda_prefill *p, const engine_cuda_wview *w,
+                            const engine_cu_gx *gx, const int32_t *x_idx, int n_slots, float *y,
+                            cudaStream_t st) {
+    pf_gemm_run(p, w, gx, n_slots, x_idx, y, w->rows, 0, st);
+}
+
+/* One chunk of n <= max_tokens tokens at pos. */
+static int pf_chunk(engine_cuda_prefill *p, const int32_t *tokens, int32_t n, int32_t pos,
+                    float *logits_all, float *logits_last) {
+    const engine_model *m = p->mv.m;
+    const engine_hparams *hp = &m->hp;
+    cudaStream_t st = (cudaStream_t)p->sv.stream;
+    const int emb = (int)hp->n_embd, hd = (int)hp->head_dim_k, nh = (int)hp->n_head,
+              nkv = (int)hp->n_head_kv;
+    const float eps = hp->rms_norm_eps;
+    const bool moe = hp->arch == ENGINE_ARCH_QWEN3MOE;
+    const int k = moe ? (int)hp->n_expert_used : 1;
+    int rc, n_mark = 0;
+#define PF_MARK(c)                                                                                 \
+    do {                                                                                           \
+        if (p->prof && n_mark < p->n_ev) {                                                         \
+            cudaEventRecord(p->ev[n_mark], st);                                                    \
+            p->ev_cat[n_mark++] = (c);                                                             \
+        }                                                                                          \
+    } while (0)
+    pf_prep_cache pc;
+    memset(&pc, 0, sizeof pc);
+    pc.form = -1;
+    if ((rc = pf_err(cudaMemcpyAsync(p->tok, tokens, sizeof(int32_t) * (size_t)n,
+                                     cudaMemcpyHostToDevice, st),
+                     "cudaMemcpyAsync (tokens)")))
+        return rc;
+    PF_MARK(-1);
+    engine_cu_pf_embed((const uint8_t *)p->mv.tok_embd.d, p->mv.tok_embd.row_bytes,
+                       p->mv.tok_embd.type, emb, p->tok, n, p->x, st);
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        const engine_cuda_layer_view *ly = &p->lv[l];
+        const engine_cu_gx *gx;
+        gx = pf_prep(p, &pc, ly->wq.type, p->x, NULL, n, emb, ly->attn_norm, st);
+        pf_gemm(&ly->wq, gx, n, p->q, nh * hd, 0, st);
+        gx = pf_prep(p, &pc, ly->wk.type, p->x, NULL, n, emb, ly->attn_norm, st);
+        pf_gemm(&ly->wk, gx, n, p->k, nkv * hd, 0, st);
+        gx = pf_prep(p, &pc, ly->wv.type, p->x, NULL, n, emb, ly->attn_norm, st);
+        pf_gemm(&ly->wv, gx, n, p->v, nkv * hd, 0, st);
+        PF_MARK(PF_P_QKV);
+        engine_cu_pf_qk_args qa = {p->q, p->k, p->v, ly->q_norm, ly->k_norm,
+                                   (const float2 *)p->sv.rope, eps, p->sv.k_cache[l],
+                                   p->sv.v_cache[l], p->sv.kv_f32, n, pos, nh, nkv, hd};
+        engine_cu_pf_qk_store(&qa, st);
+        engine_cu_pf_att_args aa = {p->q, p->sv.k_cache[l], p->sv.v_cache[l], p->sv.kv_f32,
+                                    n, pos, nh, nkv, hd, p->att};
+        engine_cu_pf_attention(&aa, st);
+        PF_MARK(PF_P_ATT);
+        gx = pf_prep(p, &pc, ly->wo.type, p->att, NULL, n, nh * hd, NULL, st);
+        pf_gemm(&ly->wo, gx, n, p->x, emb, 1, st);
+        pc.x = NULL; /* x changed */
+        PF_MARK(PF_P_WO);
+        if (moe) {
+            const int ne = (int)hp->n_expert, nff = ly->gate_exps.rows;
+            gx = pf_prep(p, &pc, ly->gate_inp.type, p->x, NULL, n, emb, ly->ffn_norm, st);
+            pf_gemm(&ly->gate_inp, gx, n, p->router, ne, 0, st);
+            engine_cu_pf_route(p->router, n, ne, k, hp->norm_topk_prob, p->ids, p->wts, st);
+            engine_cu_pf_sort(p->ids, n, k, ne, p->sorted_tok, p->slot_pos, p->tiles,
+                              p->n_tiles, st);
+            PF_MARK(PF_P_ROUTE);
+            gx = pf_prep(p, &pc, ly->gate_exps.type, p->x, NULL, n, emb, ly->ffn_norm, st);
+            pf_gemm_grouped(p, &ly->gate_exps, gx, p->sorted_tok, n * k, p->g, st);
+            gx = pf_prep(p, &pc, ly->up_exps.type, p->x, NULL, n, emb, ly->ffn_norm, st);
+            pf_gemm_grouped(p, &ly->up_exps, gx, p->sorted_tok, n * k, p->u, st);
+            PF_MARK(PF_P_UP);
+            gx = pf_prep(p, &pc, ly->down_exps.type, p->u, p->g, n * k, nff, NULL, st);
+            pf_gemm_grouped(p, &ly->down_exps, gx, NULL, n * k, p->d, st);
+            engine_cu_pf_combine(p->x, p->d, p->slot_pos, p->wts, n, k, emb, st);
+            PF_MARK(PF_P_DOWN);
+        } else {
+            const int nff = ly->ffn_gate.rows;
+            gx = pf_prep(p, &pc, ly->ffn_gate.type, p->x, NULL, n, emb, ly->ffn_norm, st);
+            pf_gemm(&ly->ffn_gate, gx, n, p->g, nff, 0, st);
+            gx = pf_prep(p, &pc, ly->ffn_up.type, p->x, NULL, n, emb, ly->ffn_norm, st);
+            pf_gemm(&ly->ffn_up, gx, n, p->u, nff, 0, st);
+            PF_MARK(PF_P_UP);
+            gx = pf_prep(p, &pc, ly->ffn_down.type, p->u, p->g, n, nff, NULL, st);
+            pf_gemm(&ly->ffn_down, gx, n, p->x, emb, 1, st);
+            PF_MARK(PF_P_DOWN);
+        }
+        pc.x = NULL;
+        if ((rc = pf_err(cudaGetLastError(), "prefill layer launch"))) return rc;
+    }
+    const engine_cuda_wview *ow = &p->mv.output;
+    const size_t nv = hp->n_vocab;
+    /* the rows whose logits are wanted: every row (in groups), or the last */
+    for (int r0 = logits_all ? 0 : n - 1; r0 < n; r0 += PF_LOGIT_ROWS) {
+        const int rows = std::min(PF_LOGIT_ROWS, n - r0);
+        const engine_cu_gx *gx = pf_prep(p, &pc, ow->type, p->x + (size_t)r0 * emb, NULL, rows,
+                                         emb, p->mv.output_norm, st);
+        pf_gemm(ow, gx, rows, p->logits, (int)nv, 0, st);
+        float *dst = logits_all ? logits_all + (size_t)r0 * nv : logits_last;
+        if (dst && (rc = pf_err(cudaMemcpyAsync(dst, p->logits, sizeof(float) * nv * rows,
+                                                cudaMemcpyDeviceToHost, st),
+                                "cudaMemcpyAsync (logits)")))
+            return rc;
+        if (logits_all && logits_last && r0 + rows == n)
+            if ((rc = pf_err(cudaMemcpyAsync(logits_last, p->logits + (size_t)(rows - 1) * nv,
+                                             sizeof(float) * nv, cudaMemcpyDeviceToHost, st),
+                             "cudaMemcpyAsync (logits)")))
+                return rc;
+        PF_MARK(PF_P_HEAD);
+        if ((rc = pf_err(cudaStreamSynchronize(st), "prefill"))) return rc;
+    }
+    if (p->prof) {
+        for (int i = 1; i < n_mark; i++) {
+            float ms = 0.0f;
+            if (cudaEventElapsedTime(&ms, p->ev[i - 1], p->ev[i]) == cudaSuccess)
+                p->prof_ms[p->ev_cat[i]] += ms;
+        }
+        p->prof_tokens += n;
+    }
+#undef PF_MARK
+    return 0;
+}
+
+extern "C" int engine_cuda_prefill_run(engine_cuda_prefill *p, const int32_t *tokens, int32_t n,
+                                       int32_t pos, float *logits_all, float *logits_last) {
+    const engine_hparams *hp = &p->mv.m->hp;
+    if (n < 1 || pos < 0 || pos > p->sv.n_ctx - n)
+        return engine_err(ENGINE_ERANGE, "cuda prefill: positions %d..%d do not fit the context "
+                          "of %d", pos, pos + n - 1, p->sv.n_ctx);
+    for (int32_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || (uint32_t)tokens[i] >= hp->n_vocab)
+            return engine_err(ENGINE_EINVAL, "cuda prefill: token id %d is not in [0, %u)",
+                              tokens[i], hp->n_vocab);
+    int rc = pf_err(cudaSetDevice(p->mv.device), "cudaSetDevice");
+    for (int32_t i = 0; rc == 0 && i < n; i += p->max_tokens) {
+        const int32_t c = std::min(p->max_tokens, n - i);
+        rc = pf_chunk(p, tokens + i, c, pos + i,
+                      logits_all ? logits_all + (size_t)i * hp->n_vocab : NULL,
+                      i + c == n ? logits_last : NULL);
+    }
+    return rc;
+}

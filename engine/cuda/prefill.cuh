@@ -1,0 +1,63 @@
+/* The kernels of a prefill pass on the GPU (many tokens of one sequence at once), besides the
+ * tensor-core GEMM (gemm.cuh). Host launchers only; the pass itself is in prefill.cu.
+ *
+ *   engine_cu_pf_embed       x[t] = row tokens[t] of the embedding (any supported type)
+ *   engine_cu_pf_qk_store    per token: q and k heads RMS-normalised and rotated (NeoX RoPE at
+ *                            position pos0 + t, the session's table) as the decode attention
+ *                            does; k and v rows stored in the KV cache (F16 or F32)
+ *   engine_cu_pf_attention   causal attention of n queries at pos0.. over the cache rows
+ *                            0 .. pos0 + n - 1 (GQA), tiled: a block holds 32 queries of one
+ *                            head and streams the key/value tiles through shared memory with an
+ *                            online softmax (flash attention; F32 on the SIMT cores)
+ *   engine_cu_pf_route       router logits -> the k experts of each token (softmax, top-k with
+ *                            ties to the lower id, renormalised), as engine_cpu_moe_route
+ *   engine_cu_pf_sort        counting sort of the n * k slots by expert on the GPU: the token of
+ *                            each sorted slot, each slot's sorted position, and the tile list of
+ *                            the grouped GEMM (expert, first position, count <= 64)
+ *   engine_cu_pf_combine     x[t] += sum_j weight[t][j] * D[position of slot (t, j)], j in order */
+#ifndef SPARK_ENGINE_CUDA_PREFILL_CUH
+#define SPARK_ENGINE_CUDA_PREFILL_CUH
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common.cuh"
+
+#define ENGINE_CU_PF_MAX_EXPERT 256 /* experts the sort holds in shared memory */
+
+void engine_cu_pf_embed(const uint8_t *emb, size_t row_bytes, int type, int n_embd,
+                        const int32_t *tokens, int n, float *x, cudaStream_t stream);
+
+typedef struct {
+    float *q;              /* [n][n_head * hd], rotated in place */
+    const float *k, *v;    /* [n][n_kv * hd] */
+    const float *q_norm, *k_norm;
+    const float2 *rope;    /* [n_ctx][hd / 2] */
+    float eps;
+    void *k_cache, *v_cache; /* [n_ctx][n_kv * hd] */
+    int kv_f32;
+    int n, pos0, n_head, n_kv, hd;
+} engine_cu_pf_qk_args;
+void engine_cu_pf_qk_store(const engine_cu_pf_qk_args *a, cudaStream_t stream);
+
+typedef struct {
+    const float *q; /* [n][n_head * hd] */
+    const void *k_cache, *v_cache;
+    int kv_f32;
+    int n, pos0, n_head, n_kv, hd;
+    float *out; /* [n][n_head * hd] */
+} engine_cu_pf_att_args;
+void engine_cu_pf_attention(const engine_cu_pf_att_args *a, cudaStream_t stream);
+
+void engine_cu_pf_route(const float *logits, int n, int n_expert, int k, int norm_topk,
+                        int32_t *ids, float *weights, cudaStream_t stream);
+
+/* tiles: room for engine_cu_pf_max_tiles(n * k, n_expert) entries of 3 ints. */
+int engine_cu_pf_max_tiles(int n_slots, int n_expert);
+void engine_cu_pf_sort(const int32_t *ids, int n, int k, int n_expert, int32_t *sorted_tok,
+                       int32_t *slot_pos, int32_t *tiles, int32_t *n_tiles, cudaStream_t stream);
+
+void engine_cu_pf_combine(float *x, const float *d, const int32_t *slot_pos, const float *weights,
+                          int n, int k, int n_embd, cudaStream_t stream);
+
+#endif
