@@ -255,12 +255,15 @@ fail:
  * max_len + 1 rounds or when a round splits nothing (the classes are then exact
  * bisimulation). Tuples are compared exactly, never by hash alone. */
 
+/* Refinement works on the members of the classes that may split only (after the first rounds
+ * a handful of classes per round); class ids are stable: when a class splits, its first group
+ * (in state order) keeps the id and the others get new ones. */
 typedef struct {
-    int32_t *buf;           /* tuples, flat */
+    int32_t *buf;           /* tuples of the listed states, flat */
     size_t n, cap;
-    size_t *toff;           /* per state: offset of its tuple in buf */
-    uint32_t *table;        /* state + 1 of the first state with a tuple, linear probing */
-    size_t tmask;
+    size_t *toff;           /* per listed state: offset of its tuple in buf */
+    uint32_t *table;        /* list position + 1, linear probing */
+    size_t tcap;
 } class_map;
 
 static uint64_t tuple_hash(const int32_t *t, size_t n) {
@@ -273,89 +276,95 @@ static uint64_t tuple_hash(const int32_t *t, size_t n) {
     return h;
 }
 
-/* Number the states' tuples (cm->buf from toff[q] to toff[q + 1]): equal tuples, equal ids. */
-static int32_t number_tuples(class_map *cm, int32_t n_states, int32_t *out) {
-    memset(cm->table, 0, (cm->tmask + 1) * sizeof *cm->table);
-    int32_t next = 0;
-    for (int32_t q = 0; q < n_states; q++) {
-        const int32_t *t = cm->buf + cm->toff[q];
-        size_t tl = cm->toff[q + 1] - cm->toff[q];
-        size_t slot = (size_t)tuple_hash(t, tl) & cm->tmask;
-        for (;; slot = (slot + 1) & cm->tmask) {
+static int tuple_reserve(class_map *cm, size_t more) {
+    return grammar_grow((void **)&cm->buf, &cm->cap, cm->n + more, sizeof *cm->buf);
+}
+
+/* The tuple of list[k] (level 0: the round-0 key; 1: its class, the classes `prev` of its
+ * byte successors and call return states; 2: its class, the classes `cls` of its call return
+ * states). */
+static int make_tuple(class_map *cm, const grammar *g, int level, int32_t q, const int32_t *prev,
+                      const int32_t *cls) {
+    int32_t r = g->state_rule[q];
+    size_t nr = (size_t)(g->ref_off[q + 1] - g->ref_off[q]);
+    size_t need = level == 0 ? 2 + nr : level == 1 ? 1 + g->rule_ncls[r] + nr : 1 + nr;
+    if (tuple_reserve(cm, need)) return grammar_err(GRAMMAR_ENOMEM, "out of memory");
+    int32_t *t = cm->buf + cm->n;
+    size_t k = 0;
+    if (level == 0) {
+        t[k++] = r;
+        t[k++] = g->final[q] | (g->has_bytes[q] << 1);
+        for (int32_t e = g->ref_off[q]; e < g->ref_off[q + 1]; e++) t[k++] = g->refs[e].rule;
+    } else {
+        t[k++] = cls[q];
+        if (level == 1)
+            for (uint32_t c = 0; c < g->rule_ncls[r]; c++) {
+                int32_t x = g->trans[g->row_off[q] + c];
+                t[k++] = x < 0 ? -1 : prev[x];
+            }
+        for (int32_t e = g->ref_off[q]; e < g->ref_off[q + 1]; e++)
+            t[k++] = (level == 1 ? prev : cls)[g->refs[e].ret];
+    }
+    cm->n += k;
+    return 0;
+}
+
+/* Group list[0 .. n) by tuple (tuples of one class only ever equal each other's: the class is
+ * their first item, except at level 0) and give each group an id into out[]: at level 0 ids
+ * from 0; else a class's first group keeps the class id and the others get *n_cls++. Returns
+ * the number of states whose id changed (level > 0), or < 0 on error. */
+static long number_list(class_map *cm, const int32_t *list, size_t n, int level, const int32_t *cls,
+                        int32_t *out, int32_t *n_cls, uint32_t *claim, uint32_t stamp) {
+    size_t tcap = 16;
+    while (tcap < n * 2) tcap *= 2;
+    if (tcap > cm->tcap) {
+        uint32_t *t = realloc(cm->table, tcap * sizeof *t);
+        if (!t) return grammar_err(GRAMMAR_ENOMEM, "out of memory");
+        cm->table = t;
+        cm->tcap = tcap;
+    }
+    memset(cm->table, 0, tcap * sizeof *cm->table);
+    long changed = 0;
+    for (size_t k = 0; k < n; k++) {
+        const int32_t *t = cm->buf + cm->toff[k];
+        size_t tl = cm->toff[k + 1] - cm->toff[k];
+        size_t slot = (size_t)tuple_hash(t, tl) & (tcap - 1);
+        for (;; slot = (slot + 1) & (tcap - 1)) {
             uint32_t e = cm->table[slot];
             if (!e) {
-                cm->table[slot] = (uint32_t)q + 1;
-                out[q] = next++;
+                cm->table[slot] = (uint32_t)k + 1;
+                int32_t q = list[k];
+                if (level == 0) {
+                    out[q] = (*n_cls)++;
+                } else if (claim[cls[q]] != stamp) { /* the class's first group */
+                    claim[cls[q]] = stamp;
+                    out[q] = cls[q];
+                } else {
+                    out[q] = (*n_cls)++;
+                }
                 break;
             }
-            int32_t o = (int32_t)e - 1;
+            size_t o = e - 1;
             size_t ol = cm->toff[o + 1] - cm->toff[o];
             if (ol == tl && !memcmp(cm->buf + cm->toff[o], t, tl * sizeof *t)) {
-                out[q] = out[o];
+                out[list[k]] = out[list[o]];
                 break;
             }
         }
+        if (level > 0 && out[list[k]] != cls[list[k]]) changed++;
     }
-    return next;
+    return changed;
 }
 
-static int tuple_put(class_map *cm, int32_t x) {
-    if (grammar_grow((void **)&cm->buf, &cm->cap, cm->n + 1, sizeof *cm->buf)) return -1;
-    cm->buf[cm->n++] = x;
-    return 0;
-}
-
-/* level: 0 = round 0 keys; 1 = byte successors (cls_prev) + returns (cls_prev); 2 = the
- * same-round fixpoint (cur for the state and the return states). */
-static int make_tuples(class_map *cm, const grammar *g, int level, const int32_t *prev,
-                       const int32_t *cur, const int32_t *size, const uint8_t *dirty) {
-    cm->n = 0;
-    for (int32_t q = 0; q < g->n_states; q++) {
-        cm->toff[q] = cm->n;
-        int32_t r = g->state_rule[q];
-        int rc = 0;
-        if (level == 0) {
-            rc |= tuple_put(cm, r);
-            rc |= tuple_put(cm, g->final[q] | (g->has_bytes[q] << 1));
-            for (int32_t k = g->ref_off[q]; k < g->ref_off[q + 1]; k++)
-                rc |= tuple_put(cm, g->refs[k].rule);
-        } else if (size[cur[q]] == 1 || (dirty && !dirty[cur[q]])) {
-            /* a singleton cannot split, nor a class none of whose members has a successor
-             * that changed class in the last round */
-            rc |= tuple_put(cm, -1 - cur[q]);
-        } else if (level == 1) {
-            rc |= tuple_put(cm, cur[q]);
-            uint32_t nc = g->rule_ncls[r];
-            for (uint32_t c = 0; c < nc; c++) {
-                int32_t t = g->trans[g->row_off[q] + c];
-                rc |= tuple_put(cm, t < 0 ? -1 : prev[t]);
-            }
-            for (int32_t k = g->ref_off[q]; k < g->ref_off[q + 1]; k++)
-                rc |= tuple_put(cm, prev[g->refs[k].ret]);
-        } else {
-            rc |= tuple_put(cm, cur[q]);
-            for (int32_t k = g->ref_off[q]; k < g->ref_off[q + 1]; k++)
-                rc |= tuple_put(cm, cur[g->refs[k].ret]);
-        }
-        if (rc) return grammar_err(GRAMMAR_ENOMEM, "out of memory");
-    }
-    cm->toff[g->n_states] = cm->n;
-    return 0;
-}
-
-static void class_sizes(const int32_t *cls, int32_t n_states, int32_t *size, int32_t n_cls) {
-    memset(size, 0, (size_t)n_cls * sizeof *size);
-    for (int32_t q = 0; q < n_states; q++) size[cls[q]]++;
-}
-
-/* Predecessors (byte edges and call returns) as CSR: *off has n_states + 1 entries. */
-static int predecessors(const grammar *g, int32_t **off_out, int32_t **pred_out) {
+/* Predecessors (byte edges and call returns) as CSR: *off has n_states + 1 entries; with
+ * refs_only, call returns only. */
+static int predecessors(const grammar *g, int refs_only, int32_t **off_out, int32_t **pred_out) {
     int32_t n = g->n_states;
     int32_t *off = calloc((size_t)n + 1, sizeof *off), *pred = NULL;
     if (!off) return GRAMMAR_ENOMEM;
     for (int pass = 0; pass < 2; pass++) {
         for (int32_t q = 0; q < n; q++) {
-            uint32_t nc = g->rule_ncls[g->state_rule[q]];
+            uint32_t nc = refs_only ? 0 : g->rule_ncls[g->state_rule[q]];
             for (uint32_t c = 0; c < nc; c++) {
                 int32_t t = g->trans[g->row_off[q] + c];
                 if (t < 0) continue;
@@ -388,48 +397,85 @@ static int predecessors(const grammar *g, int32_t **off_out, int32_t **pred_out)
 static int cache_classes(grammar_index *ix) {
     const grammar *g = ix->g;
     int32_t n = g->n_states;
+    if (n <= 0) return 0;
     class_map cm = {0};
     int32_t *cls = malloc((size_t)n * sizeof *cls), *nxt = malloc((size_t)n * sizeof *nxt);
-    int32_t *size = malloc((size_t)n * sizeof *size), *first = malloc((size_t)n * sizeof *first);
-    uint8_t *dirty = malloc((size_t)n), *split = malloc((size_t)n);
-    int32_t *poff = NULL, *pred = NULL;
-    size_t tcap = 16;
-    while (tcap < (size_t)n * 2) tcap *= 2;
-    cm.tmask = tcap - 1;
-    cm.table = malloc(tcap * sizeof *cm.table);
-    cm.toff = malloc(((size_t)n + 1) * sizeof *cm.toff);
+    int32_t *prev = malloc((size_t)n * sizeof *prev), *size = calloc((size_t)n, sizeof *size);
+    int32_t *list = malloc((size_t)n * sizeof *list), *moved = malloc((size_t)n * sizeof *moved);
+    uint32_t *claim = calloc((size_t)n, sizeof *claim), *mark = calloc((size_t)n, sizeof *mark);
+    uint8_t *dirty = calloc((size_t)n, 1);
+    int32_t *poff = NULL, *pred = NULL, *roff = NULL, *rpred = NULL;
+    uint32_t stamp = 0;
     int rc = GRAMMAR_ENOMEM;
-    if (!cls || !nxt || !size || !first || !dirty || !split || !cm.table || !cm.toff) goto done;
-    if ((rc = predecessors(g, &poff, &pred))) goto done;
-    if ((rc = make_tuples(&cm, g, 0, NULL, NULL, NULL, NULL))) goto done;
-    int32_t n_cls = number_tuples(&cm, n, cls);
+    cm.toff = malloc(((size_t)n + 1) * sizeof *cm.toff);
+    if (!cls || !nxt || !prev || !size || !list || !moved || !claim || !mark || !dirty || !cm.toff)
+        goto done;
+    if ((rc = predecessors(g, 0, &poff, &pred)) || (rc = predecessors(g, 1, &roff, &rpred)))
+        goto done;
+    /* round 0 */
+    for (int32_t q = 0; q < n; q++) {
+        cm.toff[q] = cm.n;
+        list[q] = q;
+        if ((rc = make_tuple(&cm, g, 0, q, NULL, NULL))) goto done;
+    }
+    cm.toff[n] = cm.n;
+    int32_t n_cls = 0;
+    long lr;
+    if ((lr = number_list(&cm, list, (size_t)n, 0, NULL, cls, &n_cls, claim, 0)) < 0) {
+        rc = (int)lr;
+        goto done;
+    }
+    for (int32_t q = 0; q < n; q++) size[cls[q]]++;
     memset(dirty, 1, (size_t)n);
     for (uint32_t round = 1; round <= ix->v->max_len + 1; round++) {
-        class_sizes(cls, n, size, n_cls);
-        if ((rc = make_tuples(&cm, g, 1, cls, cls, size, dirty))) goto done;
-        int32_t n_new = number_tuples(&cm, n, nxt);
-        for (;;) { /* same-round fixpoint over return states */
-            class_sizes(nxt, n, size, n_new);
-            if ((rc = make_tuples(&cm, g, 2, NULL, nxt, size, NULL))) goto done;
-            int32_t n_fix = number_tuples(&cm, n, nxt);
-            if (n_fix == n_new) break;
-            n_new = n_fix;
-        }
-        bool same = n_new == n_cls;
-        /* the old classes that split; the classes of their members' predecessors may split in
-         * the next round, no other */
-        for (int32_t c = 0; c < n_cls; c++) first[c] = -1, split[c] = 0;
-        for (int32_t q = 0; q < n; q++) {
-            if (first[cls[q]] < 0) first[cls[q]] = nxt[q];
-            else if (first[cls[q]] != nxt[q]) split[cls[q]] = 1;
-        }
-        memset(dirty, 0, (size_t)n_new);
+        /* level 1: the members of dirty classes of two or more, by their byte successors'
+         * and return states' classes at the end of the last round */
+        size_t nl = 0;
         for (int32_t q = 0; q < n; q++)
-            if (split[cls[q]])
-                for (int32_t k = poff[q]; k < poff[q + 1]; k++) dirty[nxt[pred[k]]] = 1;
-        memcpy(cls, nxt, (size_t)n * sizeof *cls);
-        n_cls = n_new;
-        if (same) break;
+            if (dirty[cls[q]] && size[cls[q]] > 1) list[nl++] = q;
+        if (nl == 0) break;
+        memcpy(prev, cls, (size_t)n * sizeof *cls);
+        size_t n_moved = 0;
+        int level = 1;
+        for (;;) {
+            cm.n = 0;
+            for (size_t k = 0; k < nl; k++) {
+                cm.toff[k] = cm.n;
+                if ((rc = make_tuple(&cm, g, level, list[k], prev, cls))) goto done;
+            }
+            cm.toff[nl] = cm.n;
+            if ((lr = number_list(&cm, list, nl, level, cls, nxt, &n_cls, claim, ++stamp)) < 0) {
+                rc = (int)lr;
+                goto done;
+            }
+            /* apply, then the same-round fixpoint over return states (a callee may consume
+             * nothing): the classes holding a caller of a state that moved may split */
+            size_t first = n_moved;
+            for (size_t k = 0; k < nl; k++) {
+                int32_t q = list[k];
+                if (nxt[q] != cls[q]) {
+                    size[cls[q]]--;
+                    size[nxt[q]]++;
+                    cls[q] = nxt[q];
+                    moved[n_moved++] = q;
+                }
+            }
+            if (n_moved == first) break;
+            ++stamp;
+            for (size_t k = first; k < n_moved; k++)
+                for (int32_t e = roff[moved[k]]; e < roff[moved[k] + 1]; e++)
+                    mark[cls[rpred[e]]] = stamp;
+            nl = 0;
+            for (int32_t q = 0; q < n; q++)
+                if (mark[cls[q]] == stamp && size[cls[q]] > 1) list[nl++] = q;
+            if (nl == 0) break;
+            level = 2;
+        }
+        if (n_moved == 0) break; /* nothing split: the classes are exact bisimulation */
+        /* the classes of the moved states' predecessors may split in the next round, no other */
+        memset(dirty, 0, (size_t)n_cls);
+        for (size_t k = 0; k < n_moved; k++)
+            for (int32_t e = poff[moved[k]]; e < poff[moved[k] + 1]; e++) dirty[cls[pred[e]]] = 1;
     }
     /* the representative of a class: its first state */
     for (int32_t c = 0; c < n_cls; c++) size[c] = -1;
@@ -443,12 +489,17 @@ done:
     if (rc == GRAMMAR_ENOMEM) grammar_err(GRAMMAR_ENOMEM, "out of memory");
     free(cls);
     free(nxt);
+    free(prev);
     free(size);
-    free(first);
+    free(list);
+    free(moved);
+    free(claim);
+    free(mark);
     free(dirty);
-    free(split);
     free(poff);
     free(pred);
+    free(roff);
+    free(rpred);
     free(cm.buf);
     free(cm.toff);
     free(cm.table);
