@@ -526,6 +526,7 @@ struct engine_q35_fwd {
     bool mtp;        /* the model has the block (buffers allocated) */
     bool mtp_on;     /* passes feed it (engine_q35_mtp_enable) */
     bool pend_ok;
+    bool no_head;    /* truncation's recompute: the logits are dropped, skip the head */
     float *hid;      /* [B][E] final normed hidden of the last pass's tokens */
     float *pend;     /* [E] */
     float *mtp_in;   /* [B + 1][2E] [enorm(embedding) | hnorm(hidden)] rows */
@@ -633,7 +634,9 @@ int engine_q35_fwd_truncate(engine_q35_fwd *f, int32_t n_tokens, int32_t n) {
     int rc = 0;
     for (s->n_tokens = b; s->n_tokens < n && rc == 0;) {
         int32_t k = ENGINE_MIN(f->B, n - s->n_tokens);
+        f->no_head = true;
         rc = engine_q35_fwd_run(s, s->tokens + s->n_tokens, k, NULL);
+        f->no_head = false;
         s->n_tokens += k;
     }
     s->n_tokens = saved;
@@ -1362,8 +1365,10 @@ int engine_q35_fwd_run(engine_session *s, const int32_t *tokens, int32_t n, floa
     const engine_weight *wout = &m->output;
     size_t vs = hp->n_vocab;
     float *dst = logits_all ? logits_all : s->logits;
-    q35_matmul(m, f, 1, &wout, &dst, &vs, f->xn, E, t0, n - t0);
-    if (logits_all) memcpy(s->logits, logits_all + (size_t)(n - 1) * vs, q35_fsz(vs));
+    if (!f->no_head || logits_all) {
+        q35_matmul(m, f, 1, &wout, &dst, &vs, f->xn, E, t0, n - t0);
+        if (logits_all) memcpy(s->logits, logits_all + (size_t)(n - 1) * vs, q35_fsz(vs));
+    }
     if (!f->mtp_on) return 0;
     /* the MTP pairs these tokens complete: (h_{p0-1}, tokens[0]) .. (h_{p0+n-2}, tokens[n-1]) */
     for (int32_t ts = q35_first_snap(p0); ts < n; ts += ENGINE_Q35_SNAP_EVERY) {

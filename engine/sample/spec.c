@@ -89,8 +89,8 @@ static int32_t spec_draw(engine_sampler *smp, const float *probs, const float *s
     return last;
 }
 
-/* Draft i from its logits. */
-static int spec_draft_pick(spec *sp, int32_t i, int32_t *tok) {
+/* Draft i (for session position pos) from its logits. */
+static int spec_draft_pick(spec *sp, int32_t i, int32_t pos, int32_t *tok) {
     const float *l = sp->qlog + (size_t)i * sp->nv;
     if (sp->greedy) {
         int32_t best = 0;
@@ -102,6 +102,7 @@ static int spec_draft_pick(spec *sp, int32_t i, int32_t *tok) {
     float *q = sp->qprob + (size_t)i * sp->nv;
     int rc = engine_sampler_probs(sp->dsmp, l, q);
     if (rc) return rc;
+    if (sp->hooks && sp->hooks->draft_q) sp->hooks->draft_q(sp->hooks->user, pos, q, sp->nv);
     *tok = spec_draw(sp->dsmp, q, NULL, sp->nv);
     return 0;
 }
@@ -161,7 +162,7 @@ static int spec_step(spec *sp, int32_t k, int32_t *x) {
     int rc = 0;
     for (int32_t i = 0; i < k && rc == 0; i++) {
         rc = engine_q35_mtp_step(s, i, toks[i], sp->qlog + (size_t)i * sp->nv);
-        if (rc == 0) rc = spec_draft_pick(sp, i, &toks[i + 1]);
+        if (rc == 0) rc = spec_draft_pick(sp, i, s->n_tokens + 1 + i, &toks[i + 1]);
         if (rc == 0 && sp->hooks && sp->hooks->draft)
             sp->hooks->draft(sp->hooks->user, s->n_tokens + 1 + i, &toks[i + 1]);
     }

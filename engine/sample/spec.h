@@ -27,10 +27,12 @@ bool engine_sampler_is_greedy(const engine_sampler *s);
 int engine_spec_decode(engine_session *s, const engine_gen_params *p, engine_sampler *smp,
                        engine_gen_text *g, engine_gen_stats *st);
 
-/* Test hooks: draft replaces the drafted token that would sit at session position pos (it must stay a token
- * the drafter could give: in sampling mode one with q > 0, so tests use it greedy only). */
+/* Test hooks. draft (greedy only): replaces the drafted token that would sit at session
+ * position pos. draft_q (sampling only): replaces the draft distribution q[n_vocab] for that
+ * position before the draft is drawn from it (the rejection rule then uses the new q). */
 typedef struct {
     void (*draft)(void *user, int32_t pos, int32_t *tok);
+    void (*draft_q)(void *user, int32_t pos, float *q, int32_t n_vocab);
     void *user;
 } engine_spec_hooks;
 int engine_spec_decode_ex(engine_session *s, const engine_gen_params *p, engine_sampler *smp,
