@@ -507,7 +507,9 @@ static int cs_delta(srv_split *sp, const char *t, size_t n, srv_event *ev) {
         sp->begun = true;
     }
     /* never a piece that ends inside a UTF-8 character */
-    size_t len = agent_utf8_complete_len(sp->args.p + sp->sent, sp->args.len - sp->sent);
+    size_t len = sp->args.p ? agent_utf8_complete_len(sp->args.p + sp->sent,
+                                                      sp->args.len - sp->sent)
+                            : 0;
     ev->type = SRV_EV_TOOL_DELTA;
     ev->tool_index = sp->n_calls;
     ev->tool_id = sp->call_id;
@@ -614,7 +616,8 @@ int srv_split_next(srv_split *sp, bool done, srv_event *ev) {
                 ev->tool_streamed = sp->sent;
                 ev->tool_name = sp->name.p;
                 if (!ev->tool_error && (strlen(ev->tool_args) < sp->sent ||
-                                        memcmp(ev->tool_args, sp->args.p, sp->sent))) {
+                                        (sp->sent && memcmp(ev->tool_args, sp->args.p,
+                                                            sp->sent)))) {
                     ev->tool_error = "the call's arguments differ from what was streamed";
                 }
                 if (ev->tool_error) ev->tool_args = sp->args.p ? sp->args.p : "";
