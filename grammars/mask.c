@@ -1357,12 +1357,34 @@ static int build_shape_state(grammar_index *ix, int32_t q) {
     size_t n_acc = 0, n_unc = 0;
     int rc;
     ix->acc_floor = 0;
+    /* an exit node without children (most: a token that ends with the closing quote): its
+     * tokens' verdict depends only on the state the exit byte leads to */
+    int32_t leaf_t[8], n_leaf = 0;
+    int8_t leaf_v[8];
     for (size_t e = 0; e < sr->n_exits; e++) {
+        int32_t i = sr->exits[e][0], from = st[sr->exits[e][1]];
+        int32_t t = grammar_next(ix->g, from, v->tn_byte[i]);
+        if (v->tn_skip[i] == i + 1 && v->tn_nrank[i] > 0) {
+            int k = 0;
+            while (k < n_leaf && leaf_t[k] != t) k++;
+            if (k < n_leaf) {
+                int32_t r0 = v->tn_rank[i], r1 = r0 + v->tn_nrank[i];
+                if (leaf_v[k] == 1 && (rc = acc_range(ix, &n_acc, r0, r1))) return rc;
+                for (int32_t r = r0; leaf_v[k] == 2 && r < r1; r++)
+                    if ((rc = push_id(&ix->tmp_unc, &ix->cap_tmp_unc, &n_unc, r))) return rc;
+                continue;
+            }
+            if (n_leaf < 8) { /* walk this one and remember its verdict */
+                size_t t0 = ix->n_tok_acc, u0 = n_unc;
+                if ((rc = walk_subtree(ix, from, i, i + 1, &n_acc, &n_unc))) return rc;
+                leaf_t[n_leaf] = t;
+                leaf_v[n_leaf++] = (int8_t)(ix->n_tok_acc > t0 ? 1 : n_unc > u0 ? 2 : 0);
+                continue;
+            }
+        }
         /* what lies below an exit depends on the state its byte leads to (by class) and the
          * node: the same for the roots of a counted chain (the closing quote leads to one
          * state from every count), so kept with the shared subtree results */
-        int32_t i = sr->exits[e][0], from = st[sr->exits[e][1]];
-        int32_t t = grammar_next(ix->g, from, v->tn_byte[i]);
         uint64_t key = EXIT_KEY(ix->rep[t], i);
         if ((rc = sub_get(ix, key, &n_acc, &n_unc)) < 0) return rc;
         if (rc) continue;
