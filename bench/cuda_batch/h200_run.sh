@@ -3,7 +3,8 @@
 # for sm_90, test_cuda_batch, the random-weight Qwen3-30B-A3B model (generated in the
 # background meanwhile), then `spark-agent bench` on the GPU: pp512 + tg128, pp4096 (chunks of
 # 512 and, as an A/B, of CHUNK_B), and tg128 after DEPTH tokens. Logs go to $OUT.
-# Usage: [TYPE=q4_k_m] [DEPTH=8192] [CHUNK_B=2048] [SKIP_TEST=1] [BENCH="pp512 pp4096 ab depth"]
+# Usage: [TYPE=q4_k_m] [DEPTH=8192] [CHUNK_B=2048] [SKIP_TEST=1] [NEXT=1]
+#        [BENCH="pp512 pp4096 ab depth next512 next4096"]
 #        [PROF=0|1 (default 1: the prefill's per-phase times, SPARK_CUDA_PREFILL_PROF)]
 #   bench/cuda_batch/h200_run.sh
 set -o pipefail
@@ -33,6 +34,11 @@ if [ -z "$SKIP_TEST" ]; then
             tiny f32 2>&1 | grep -v "^gemm" | tee $OUT/test_unfused.log
         echo "test_cuda_batch tiny f32 (SPARK_CUDA_FUSED=0) rc=$?"
     fi
+    if [ -n "$NEXT" ]; then # the kernels behind SPARK_CUDA_PREFILL_NEXT=1
+        SPARK_CUDA_PREFILL_NEXT=1 SPARK_TOKENIZER_DIR=$TOK timeout 240 \
+            $B/tests/engine/test_cuda_batch 2>&1 | grep -v "^gemm" | tee $OUT/test_next.log
+        echo "test_cuda_batch (SPARK_CUDA_PREFILL_NEXT=1) rc=$?"
+    fi
     stamp "test done"
 fi
 wait $gen
@@ -47,6 +53,8 @@ for b in ${BENCH:-pp512 pp4096 ab depth}; do
     pp4096) bench -p 4096 -n 0 -r 2 ;;
     ab) SPARK_CUDA_PREFILL_CHUNK=${CHUNK_B:-2048} bench -p 4096 -n 0 -r 2 ;;
     depth) bench -d ${DEPTH:-8192} -p 0 -n 128 -r 2 ;;
+    next512) SPARK_CUDA_PREFILL_NEXT=1 bench -p 512 -n 0 -r 3 ;;
+    next4096) SPARK_CUDA_PREFILL_NEXT=1 bench -p 4096 -n 0 -r 2 ;;
     esac
     stamp "$b done"
 done

@@ -562,13 +562,16 @@ __global__ void __launch_bounds__(256) gemm_f32_kernel(engine_cu_gemm_args a) {
     const int n0 = (int)blockIdx.x * BN;
     const float *W = (const float *)(a.w + (size_t)mat * a.mat_bytes);
     const float *X = (const float *)a.x.v;
+    /* split z of ksplit: whole 32-column steps [kb, ke) */
+    const int ks = a.ksplit > 1 ? a.ksplit : 1, steps = a.cols / 32, z = (int)blockIdx.z;
+    const int kb = 32 * (int)((long)steps * z / ks), ke = 32 * (int)((long)steps * (z + 1) / ks);
     if (tid < BM) {
         const int i = row0 + tid;
         sIdx[tid] = tid < nrow ? (a.x_idx ? a.x_idx[i] : i) : -1;
     }
     __syncthreads();
     float acc[4][4] = {};
-    for (int k0 = 0; k0 < a.cols; k0 += 32) {
+    for (int k0 = kb; k0 < ke; k0 += 32) {
         for (int idx = tid; idx < BM * 32; idx += 256) {
             const int r = idx >> 5, k = idx & 31, src = sIdx[r], grow = n0 + r;
             sX[r][k] = src >= 0 ? X[(size_t)src * a.cols + k0 + k] : 0.0f;
@@ -598,7 +601,7 @@ __global__ void __launch_bounds__(256) gemm_f32_kernel(engine_cu_gemm_args a) {
     for (int u = 0; u < 4; u++) {
         const int i = ty + 16 * u;
         if (i >= nrow) continue;
-        float *y = a.y + (size_t)(row0 + i) * a.ldy;
+        float *y = a.y + ((size_t)z * a.m + (size_t)(row0 + i)) * a.ldy;
 #pragma unroll
         for (int v = 0; v < 4; v++) {
             const int r = n0 + tx + 16 * v;
@@ -610,8 +613,9 @@ __global__ void __launch_bounds__(256) gemm_f32_kernel(engine_cu_gemm_args a) {
 void engine_cu_gemm(const engine_cu_gemm_args *a, cudaStream_t stream) {
     const unsigned ny = a->tiles ? (unsigned)a->max_tiles : (unsigned)((a->m + BM - 1) / BM);
     if (ny == 0 || a->rows <= 0) return;
-    const dim3 grid((unsigned)((a->rows + BN - 1) / BN), ny);
     const int form = engine_cu_gemm_xform(a->type);
+    const unsigned nz = form == ENGINE_CU_GX_F32 && a->ksplit > 1 && !a->tiles ? a->ksplit : 1;
+    const dim3 grid((unsigned)((a->rows + BN - 1) / BN), ny, nz);
     if (form == ENGINE_CU_GX_F32)
         gemm_f32_kernel<<<grid, 256, 0, stream>>>(*a);
     else if (form == ENGINE_CU_GX_F16 || form == ENGINE_CU_GX_BF16)

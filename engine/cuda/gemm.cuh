@@ -81,6 +81,9 @@ typedef struct {
      * max_tiles; NULL: dense, matrix 0, X rows 0 .. m-1 */
     const int32_t *tiles, *n_tiles;
     int max_tiles;
+    /* F32 weights only: split the columns over ksplit (>= 1) blocks, split z writing its
+     * partial sums to y + z * m * ldy (no accumulate); the reader adds them in order */
+    int ksplit;
 } engine_cu_gemm_args;
 
 void engine_cu_gemm(const engine_cu_gemm_args *a, cudaStream_t stream);

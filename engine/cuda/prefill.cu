@@ -222,6 +222,176 @@ __global__ void __launch_bounds__(256) pf_att_kernel(engine_cu_pf_att_args a) {
     }
 }
 
+bool engine_cu_pf_att_tc_ok(int kv_f32, int hd) {
+    return !kv_f32 && (hd == 64 || hd == 128);
+}
+
+#define PF_TQ 64 /* queries per tensor-core attention block: 4 warps of 16 */
+#define PF_TK 64 /* keys per tile */
+
+__device__ __forceinline__ uint32_t pf_pack_h2(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *(const uint32_t *)&h;
+}
+
+__device__ __forceinline__ void pf_mma_f16(float d[4], const uint32_t a[4], uint32_t b0,
+                                           uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+/* Flash attention on tensor cores (F16 cache): block (64 queries, head), warp w the queries
+ * 16 w .. 16 w + 15. Lane (g = lane / 4, t = lane % 4) holds, as the mma fragments do, rows g
+ * and g + 8 of its warp's 16 and columns 2 t, 2 t + 1 of each 8-column tile. The score tile
+ * of two 8-key tiles is the P operand of the next product as it stands (rounded to F16). V is
+ * stored transposed in shared memory so that its fragments are 32-bit loads. */
+template <int HD>
+__global__ void __launch_bounds__(128) pf_att_tc_kernel(engine_cu_pf_att_args a) {
+    constexpr int SQ = HD + 8, SV = PF_TK + 8, KS = HD / 16, NT = PF_TK / 8, DT = HD / 8;
+    extern __shared__ __align__(16) __half smh[];
+    __half *sQ = smh;              /* [PF_TQ][SQ] */
+    __half *sK = sQ + PF_TQ * SQ;  /* [PF_TK][SQ] */
+    __half *sVt = sK + PF_TK * SQ; /* [HD][SV] */
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int q0 = (int)blockIdx.x * PF_TQ, h = (int)blockIdx.y;
+    const int kvh = h / (a.n_head / a.n_kv), kv_dim = a.n_kv * HD;
+    const int nq = min(PF_TQ, a.n - q0), n_keys = a.pos0 + q0 + nq;
+    const float scale = 1.0f / sqrtf((float)HD);
+    const __half *kc = (const __half *)a.k_cache, *vc = (const __half *)a.v_cache;
+    for (int idx = tid; idx < PF_TQ * HD; idx += 128) {
+        const int r = idx / HD, d = idx % HD;
+        sQ[r * SQ + d] = __float2half_rn(
+            r < nq ? a.q[((size_t)(q0 + r) * a.n_head + h) * HD + d] : 0.0f);
+    }
+    __syncthreads();
+    uint32_t qf[KS][4];
+    {
+        const __half *qr = sQ + (16 * w + g) * SQ + 2 * t;
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            qf[ks][0] = *(const uint32_t *)(qr + 16 * ks);
+            qf[ks][1] = *(const uint32_t *)(qr + 8 * SQ + 16 * ks);
+            qf[ks][2] = *(const uint32_t *)(qr + 16 * ks + 8);
+            qf[ks][3] = *(const uint32_t *)(qr + 8 * SQ + 16 * ks + 8);
+        }
+    }
+    /* the positions of this lane's two query rows (rows past the block's queries repeat the
+     * last one: finite scores, never stored) */
+    const int qp0 = a.pos0 + q0 + min(16 * w + g, nq - 1);
+    const int qp1 = a.pos0 + q0 + min(16 * w + g + 8, nq - 1);
+    float o[DT][4], m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+#pragma unroll
+    for (int i = 0; i < DT; i++)
+        o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    for (int k0 = 0; k0 < n_keys; k0 += PF_TK) {
+        __syncthreads(); /* the previous tile is consumed */
+        /* consecutive threads take consecutive keys: the transposed V stores of a warp then
+         * fall in different banks */
+        for (int idx = tid; idx < PF_TK * (HD / 8); idx += 128) {
+            const int r = idx % PF_TK, c8 = 8 * (idx / PF_TK), p = k0 + r;
+            uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
+            if (p < n_keys) {
+                const size_t off = (size_t)p * kv_dim + (size_t)kvh * HD + c8;
+                kv = *(const uint4 *)(kc + off);
+                vv = *(const uint4 *)(vc + off);
+            }
+            *(uint4 *)(sK + r * SQ + c8) = kv;
+            const __half *vh = (const __half *)&vv;
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                sVt[(c8 + e) * SV + r] = vh[e];
+        }
+        __syncthreads();
+        float s[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+            const __half *kr = sK + (8 * nt + g) * SQ + 2 * t;
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++)
+                pf_mma_f16(s[nt], qf[ks], *(const uint32_t *)(kr + 16 * ks),
+                           *(const uint32_t *)(kr + 16 * ks + 8));
+        }
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int key = k0 + 8 * nt + 2 * t + e;
+                s[nt][e] = key <= qp0 ? s[nt][e] * scale : -INFINITY;
+                s[nt][2 + e] = key <= qp1 ? s[nt][2 + e] * scale : -INFINITY;
+                mx0 = fmaxf(mx0, s[nt][e]);
+                mx1 = fmaxf(mx1, s[nt][2 + e]);
+            }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        /* key 0 serves every query, so m is finite from the first tile on; a later tile wholly
+         * after a row leaves it as it is (corr 1, p 0) */
+        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        const float c0 = expf(m0 - mn0), c1 = expf(m1 - mn1);
+        m0 = mn0;
+        m1 = mn1;
+        l0 *= c0;
+        l1 *= c1;
+#pragma unroll
+        for (int i = 0; i < DT; i++) {
+            o[i][0] *= c0;
+            o[i][1] *= c0;
+            o[i][2] *= c1;
+            o[i][3] *= c1;
+        }
+#pragma unroll
+        for (int j = 0; j < NT / 2; j++) { /* 16 keys: score tiles 2 j and 2 j + 1 */
+            float pr[2][4];
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                pr[u][0] = expf(s[2 * j + u][0] - mn0);
+                pr[u][1] = expf(s[2 * j + u][1] - mn0);
+                pr[u][2] = expf(s[2 * j + u][2] - mn1);
+                pr[u][3] = expf(s[2 * j + u][3] - mn1);
+                l0 += pr[u][0] + pr[u][1];
+                l1 += pr[u][2] + pr[u][3];
+            }
+            const uint32_t pa[4] = {pf_pack_h2(pr[0][0], pr[0][1]), pf_pack_h2(pr[0][2], pr[0][3]),
+                                    pf_pack_h2(pr[1][0], pr[1][1]), pf_pack_h2(pr[1][2], pr[1][3])};
+#pragma unroll
+            for (int i = 0; i < DT; i++) {
+                const __half *vr = sVt + (8 * i + g) * SV + 16 * j + 2 * t;
+                pf_mma_f16(o[i], pa, *(const uint32_t *)vr, *(const uint32_t *)(vr + 8));
+            }
+        }
+    }
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const int r0 = 16 * w + g, r1 = r0 + 8;
+    const float i0 = 1.0f / l0, i1 = 1.0f / l1;
+#pragma unroll
+    for (int i = 0; i < DT; i++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int d = 8 * i + 2 * t + e;
+            if (r0 < nq) a.out[((size_t)(q0 + r0) * a.n_head + h) * HD + d] = o[i][e] * i0;
+            if (r1 < nq) a.out[((size_t)(q0 + r1) * a.n_head + h) * HD + d] = o[i][2 + e] * i1;
+        }
+}
+
+template <int HD> static void pf_att_tc_launch(const engine_cu_pf_att_args *a, cudaStream_t st) {
+    const size_t smem =
+        sizeof(__half) * ((size_t)(PF_TQ + PF_TK) * (HD + 8) + (size_t)HD * (PF_TK + 8));
+    cudaFuncSetAttribute(pf_att_tc_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         (int)smem);
+    const dim3 grid((unsigned)((a->n + PF_TQ - 1) / PF_TQ), (unsigned)a->n_head);
+    pf_att_tc_kernel<HD><<<grid, 128, smem, st>>>(*a);
+}
+
 template <int HD> static size_t pf_att_smem() {
     constexpr int KT = HD == 256 ? 16 : 32;
     return sizeof(float) * ((size_t)PF_QT * (HD + 1) + (size_t)KT * (HD + 1) + (size_t)KT * HD +
@@ -238,6 +408,13 @@ template <int HD> static void pf_att_launch(const engine_cu_pf_att_args *a, cuda
 
 void engine_cu_pf_attention(const engine_cu_pf_att_args *a, cudaStream_t stream) {
     if (a->n <= 0) return;
+    if (a->tc && engine_cu_pf_att_tc_ok(a->kv_f32, a->hd)) {
+        if (a->hd == 64)
+            pf_att_tc_launch<64>(a, stream);
+        else
+            pf_att_tc_launch<128>(a, stream);
+        return;
+    }
     if (a->hd == 64)
         pf_att_launch<64>(a, stream);
     else if (a->hd == 128)
@@ -247,8 +424,8 @@ void engine_cu_pf_attention(const engine_cu_pf_att_args *a, cudaStream_t stream)
 }
 
 /* A warp per token; n_expert <= 256 (8 per lane). */
-__global__ void pf_route_kernel(const float *logits, int n, int n_expert, int k, int norm_topk,
-                                int32_t *ids, float *weights) {
+__global__ void pf_route_kernel(const float *logits, int n_split, int n, int n_expert, int k,
+                                int norm_topk, int32_t *ids, float *weights) {
     const int t = (int)(blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)), lane = threadIdx.x & 31;
     if (t >= n) return;
     const float *lg = logits + (size_t)t * n_expert;
@@ -257,7 +434,13 @@ __global__ void pf_route_kernel(const float *logits, int n, int n_expert, int k,
 #pragma unroll
     for (int i = 0; i < 8; i++) {
         const int e = lane + 32 * i;
-        p[i] = e < n_expert ? lg[e] : -INFINITY;
+        float v = -INFINITY;
+        if (e < n_expert) {
+            v = lg[e];
+            for (int z = 1; z < n_split; z++) /* split-K partial sums, in split order */
+                v += lg[(size_t)z * n * n_expert + e];
+        }
+        p[i] = v;
         mx = fmaxf(mx, p[i]);
     }
     mx = engine_cu_warp_max(mx);
@@ -298,11 +481,11 @@ __global__ void pf_route_kernel(const float *logits, int n, int n_expert, int k,
     if (lane < k) weights[(size_t)t * k + lane] = norm_topk ? wk / wsum : wk;
 }
 
-void engine_cu_pf_route(const float *logits, int n, int n_expert, int k, int norm_topk,
-                        int32_t *ids, float *weights, cudaStream_t stream) {
+void engine_cu_pf_route(const float *logits, int n_split, int n, int n_expert, int k,
+                        int norm_topk, int32_t *ids, float *weights, cudaStream_t stream) {
     if (n > 0)
-        pf_route_kernel<<<(n + 7) / 8, 256, 0, stream>>>(logits, n, n_expert, k, norm_topk, ids,
-                                                         weights);
+        pf_route_kernel<<<(n + 7) / 8, 256, 0, stream>>>(logits, n_split, n, n_expert, k,
+                                                         norm_topk, ids, weights);
 }
 
 int engine_cu_pf_max_tiles(int n_slots, int n_expert) {
@@ -375,6 +558,7 @@ void engine_cu_pf_combine(float *x, const float *d, const int32_t *slot_pos, con
  * The pass
  * ------------------------------------------------------------------------------------------- */
 #define PF_LOGIT_ROWS 32 /* rows of the output head per launch when every token's logits go out */
+#define PF_ROUTER_SPLIT 8 /* split-K of the F32 router GEMM (SPARK_CUDA_PREFILL_NEXT=1) */
 
 /* SPARK_CUDA_PREFILL_PROF=1: time the phases of every pass with events (the per-phase sums
  * are logged at INFO when the prefill object is freed). */
@@ -386,6 +570,8 @@ static const char *const pf_phase_name[PF_P_N] = {"embed+norm+qkv", "rope+attent
 struct engine_cuda_prefill {
     engine_cuda_session *s;
     int prof;
+    int next;   /* SPARK_CUDA_PREFILL_NEXT=1: tensor-core attention and split-K router */
+    int ksplit; /* router GEMM splits */
     cudaEvent_t *ev; /* [2 + 6 * n_layer] */
     int *ev_cat, n_ev;
     double prof_ms[PF_P_N];
@@ -429,7 +615,7 @@ static pf_layout pf_plan(const engine_model *m, int32_t n) {
     z.q = al256(sizeof(float) * n * qd);
     z.kv = al256(sizeof(float) * n * kvd);
     z.att = z.q;
-    z.router = al256(sizeof(float) * n * std::max(1u, hp->n_expert));
+    z.router = al256(sizeof(float) * PF_ROUTER_SPLIT * n * std::max(1u, hp->n_expert));
     z.wts = al256(sizeof(float) * slots);
     z.g = al256(sizeof(float) * slots * nff);
     z.d = hp->n_expert ? al256(sizeof(float) * slots * hp->n_embd) : 0;
@@ -587,6 +773,9 @@ extern "C" int engine_cuda_prefill_new(engine_cuda_prefill **out, engine_cuda_mo
     {
         const char *e = getenv("SPARK_CUDA_PREFILL_PROF");
         p->prof = e && e[0] == '1';
+        e = getenv("SPARK_CUDA_PREFILL_NEXT");
+        p->next = e && e[0] == '1';
+        p->ksplit = p->next ? PF_ROUTER_SPLIT : 1;
     }
     if (p->prof) {
         const int n_ev = 2 + 6 * (int)hp->n_layer;
@@ -633,10 +822,11 @@ static const engine_cu_gx *pf_prep(engine_cuda_prefill *p, pf_prep_cache *c, int
 
 /* The GEMM of weight w on prepared X into y (row stride ldy). Dense: X rows 0 .. m-1. Grouped
  * (p != NULL): the tiles of the last sort, X rows gathered through x_idx (NULL: the sorted
- * slot itself), n_slots slots. */
+ * slot itself), n_slots slots. ksplit > 1 (F32 weights, dense): partial sums per split, y
+ * holding ksplit blocks of m rows. */
 static void pf_gemm_run(const engine_cuda_prefill *p, const engine_cuda_wview *w,
                         const engine_cu_gx *gx, int m, const int32_t *x_idx, float *y, int ldy,
-                        int accumulate, cudaStream_t st) {
+                        int accumulate, int ksplit, cudaStream_t st) {
     engine_cu_gemm_args a;
     memset(&a, 0, sizeof a);
     a.w = (const uint8_t *)w->d;
@@ -651,6 +841,7 @@ static void pf_gemm_run(const engine_cuda_prefill *p, const engine_cuda_wview *w
     a.y = y;
     a.ldy = ldy;
     a.accumulate = accumulate;
+    a.ksplit = ksplit;
     if (p) {
         a.tiles = p->tiles;
         a.n_tiles = p->n_tiles;
@@ -661,13 +852,13 @@ static void pf_gemm_run(const engine_cuda_prefill *p, const engine_cuda_wview *w
 
 static void pf_gemm(const engine_cuda_wview *w, const engine_cu_gx *gx, int m, float *y, int ldy,
                     int accumulate, cudaStream_t st) {
-    pf_gemm_run(NULL, w, gx, m, NULL, y, ldy, accumulate, st);
+    pf_gemm_run(NULL, w, gx, m, NULL, y, ldy, accumulate, 1, st);
 }
 
 static void pf_gemm_grouped(const engine_cuda_prefill *p, const engine_cuda_wview *w,
                             const engine_cu_gx *gx, const int32_t *x_idx, int n_slots, float *y,
                             cudaStream_t st) {
-    pf_gemm_run(p, w, gx, n_slots, x_idx, y, w->rows, 0, st);
+    pf_gemm_run(p, w, gx, n_slots, x_idx, y, w->rows, 0, 1, st);
 }
 
 /* One chunk of n <= max_tokens tokens at pos. */
@@ -714,7 +905,7 @@ static int pf_chunk(engine_cuda_prefill *p, const int32_t *tokens, int32_t n, in
                                    p->sv.v_cache[l], p->sv.kv_f32, n, pos, nh, nkv, hd};
         engine_cu_pf_qk_store(&qa, st);
         engine_cu_pf_att_args aa = {p->q, p->sv.k_cache[l], p->sv.v_cache[l], p->sv.kv_f32,
-                                    n, pos, nh, nkv, hd, p->att};
+                                    n, pos, nh, nkv, hd, p->att, p->next};
         engine_cu_pf_attention(&aa, st);
         PF_MARK(PF_P_ATT);
         gx = pf_prep(p, &pc, ly->wo.type, p->att, NULL, n, nh * hd, NULL, st);
@@ -724,8 +915,10 @@ static int pf_chunk(engine_cuda_prefill *p, const int32_t *tokens, int32_t n, in
         if (moe) {
             const int ne = (int)hp->n_expert, nff = ly->gate_exps.rows;
             gx = pf_prep(p, &pc, ly->gate_inp.type, p->x, NULL, n, emb, ly->ffn_norm, st);
-            pf_gemm(&ly->gate_inp, gx, n, p->router, ne, 0, st);
-            engine_cu_pf_route(p->router, n, ne, k, hp->norm_topk_prob, p->ids, p->wts, st);
+            const int ksplit = ly->gate_inp.type == ENGINE_TYPE_F32 ? p->ksplit : 1;
+            pf_gemm_run(NULL, &ly->gate_inp, gx, n, NULL, p->router, ne, 0, ksplit, st);
+            engine_cu_pf_route(p->router, ksplit, n, ne, k, hp->norm_topk_prob, p->ids, p->wts,
+                               st);
             engine_cu_pf_sort(p->ids, n, k, ne, p->sorted_tok, p->slot_pos, p->tiles,
                               p->n_tiles, st);
             PF_MARK(PF_P_ROUTE);

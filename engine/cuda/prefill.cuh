@@ -46,11 +46,19 @@ typedef struct {
     int kv_f32;
     int n, pos0, n_head, n_kv, hd;
     float *out; /* [n][n_head * hd] */
+    int tc;     /* tensor cores (F16 cache, head size 64 or 128): engine_cu_pf_att_tc_ok */
 } engine_cu_pf_att_args;
+
+/* The tensor-core attention (64 queries of one head per block, 4 warps of 16; S = Q K^T and
+ * O += P V with mma.sync m16n8k16 F16, Q and P rounded to F16, the online softmax in F32
+ * registers) serves an F16 cache of head size 64 or 128. */
+bool engine_cu_pf_att_tc_ok(int kv_f32, int hd);
 void engine_cu_pf_attention(const engine_cu_pf_att_args *a, cudaStream_t stream);
 
-void engine_cu_pf_route(const float *logits, int n, int n_expert, int k, int norm_topk,
-                        int32_t *ids, float *weights, cudaStream_t stream);
+/* logits: n_split partial sums [n_split][n][n_expert] (a split-K router GEMM), added in split
+ * order (deterministic). */
+void engine_cu_pf_route(const float *logits, int n_split, int n, int n_expert, int k,
+                        int norm_topk, int32_t *ids, float *weights, cudaStream_t stream);
 
 /* tiles: room for engine_cu_pf_max_tiles(n * k, n_expert) entries of 3 ints. */
 int engine_cu_pf_max_tiles(int n_slots, int n_expert);

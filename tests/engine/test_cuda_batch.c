@@ -17,6 +17,9 @@
  *       of the dense model; in the MoE model a rounding difference can swap two near-tied
  *       experts, so at most 1 position in 10 below 0.999 and none below 0.9 (as
  *       test_cuda_forward's decode check).
+ *   f32 models with an F16 KV cache: the prefill against the CPU with the same cache type,
+ *     max |gpu - cpu| <= 5e-3 * (1 + max |logit|) (room for the tensor-core attention of
+ *     SPARK_CUDA_PREFILL_NEXT=1, which rounds Q and the softmax weights to F16).
  *   Then 8 decode steps on the GPU after the prefill (the KV the prefill wrote) against the
  *     CPU with the same criteria, and against a GPU session that ran every token through the
  *     decode step (a control that tells a prefill KV fault from a decode fault); the prompt fed in two calls (30 + 40 tokens) and in one
@@ -328,6 +331,45 @@ static void run_model(const char *preset, const char *type) {
           "%s %s: chunked and two-call prefill logits differ", preset, type);
     CHECK(memcmp(ld, lg + (size_t)(N_PROMPT - 1) * nv, sizeof(float) * nv) == 0,
           "%s %s: logits_last differs from the last row", preset, type);
+    /* F16 KV (the f32 models): the prefill against the CPU with the same cache type; with
+     * SPARK_CUDA_PREFILL_NEXT=1 this runs the tensor-core attention (Q and P rounded to F16) */
+    if (c.exact) {
+        engine_session *c16 = NULL;
+        engine_cuda_session *g16 = NULL;
+        engine_cuda_prefill *p16 = NULL;
+        engine_session_params sp16 = sp;
+        sp16.kv_type = ENGINE_KV_F16;
+        CHECK(engine_session_new(&c16, m, &sp16) == 0, "cpu session f16 kv");
+        CHECK(engine_cuda_session_new(&g16, gm, 256, ENGINE_KV_F16) == 0, "cuda session f16 kv");
+        if (g16) CHECK(engine_cuda_prefill_new(&p16, gm, g16, CHUNK) == 0, "prefill f16 kv");
+        if (c16 && p16 && engine_session_append(c16, tok, N_PROMPT, lc) == 0 &&
+            engine_cuda_prefill_run(p16, tok, N_PROMPT, 0, lg2, NULL) == 0) {
+            double worst = 0;
+            for (int i = 0; i < N_PROMPT; i++) {
+                const float *a = lc + (size_t)i * nv, *b = lg2 + (size_t)i * nv;
+                double mx = 0, d = 0;
+                for (int32_t t = 0; t < nv; t++) {
+                    mx = fmax(mx, fabs(a[t]));
+                    d = fmax(d, fabs(a[t] - b[t]));
+                }
+                worst = fmax(worst, d / (1 + mx));
+                if (d > 5e-3 * (1 + mx)) {
+                    CHECK(0, "%s %s f16 kv position %d: max |gpu-cpu| %.3g (max |l| %.3g)",
+                          preset, type, i, d, mx);
+                    break;
+                }
+            }
+            printf("%-34s: max |gpu-cpu|/(1+max|l|) %.2e\n",
+                   strcmp(preset, "tiny") == 0 ? "tiny f32 prefill, f16 kv"
+                                               : "qwen3-tiny f32 prefill, f16 kv",
+                   worst);
+        } else {
+            CHECK(0, "%s %s: f16 kv prefill", preset, type);
+        }
+        engine_cuda_prefill_free(p16);
+        engine_cuda_session_free(g16);
+        engine_session_free(c16);
+    }
     /* bad input: an error, not a crash */
     int32_t bad = nv;
     CHECK(engine_cuda_prefill_run(pf2, &bad, 1, 0, NULL, NULL) == ENGINE_EINVAL, "bad token");
