@@ -4,6 +4,7 @@
  *   unsandboxed   sandbox_run() with policy.unsandboxed (capture, limits, no isolation)
  *   sandbox       sandbox_run() with the default policy, no pool
  *   sandbox+pool  the same with policy.netns_pool: the network namespace taken from a pool
+ *                 (what the agent's tools and `spark-agent sandbox` run by default)
  *   bwrap         bubblewrap with comparable isolation: all namespaces, a read-only system,
  *                 private /proc /dev /tmp, the workspace bound, no capabilities, new session,
  *                 die-with-parent, and our own seccomp filter loaded through --seccomp

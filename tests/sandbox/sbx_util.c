@@ -5,6 +5,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <sched.h>
+#include <seccomp.h>
 #include <signal.h>
 #include <limits.h>
 #include <spawn.h>
@@ -170,4 +172,17 @@ void sbx_rerun_as_nobody(const char *self) {
     waitpid(pid, &st, 0);
     sbx_check(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the whole suite again as nobody (exit %d)",
               WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+}
+
+int sbx_deny_user_namespaces(void) {
+    scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
+    if (!ctx) return -1;
+    int rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(unshare), 0);
+    if (rc == 0)
+        rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(clone), 1,
+                              SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_NEWUSER, CLONE_NEWUSER));
+    if (rc == 0) rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0);
+    if (rc == 0) rc = seccomp_load(ctx);
+    seccomp_release(ctx);
+    return rc == 0 ? 0 : -1;
 }

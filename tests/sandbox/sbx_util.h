@@ -33,6 +33,10 @@ int sbx_procs_with(const char *token, bool kill_them);
 /* A minimal environment for commands under test: PATH, HOME=home, LANG=C, sanitizer options
  * that work under seccomp, plus extra (NULL-terminated, may be NULL). Static storage. */
 const char *const *sbx_env(const char *home, const char *const *extra);
+/* In a forked child: refuse user namespaces from now on with a seccomp filter (unshare and
+ * clone with CLONE_NEWUSER fail with EPERM, clone3 with ENOSYS), as a container runtime or a
+ * sysctl would. Returns 0, or -1 when the filter cannot be loaded. */
+int sbx_deny_user_namespaces(void);
 /* Print the result briefly (for failing checks). */
 void sbx_dump(const char *what, const sandbox_result *r);
 
