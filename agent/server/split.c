@@ -400,6 +400,7 @@ static int cs_xml(srv_split *sp, const char *body, size_t n) {
                 sp->cs = CS_X_PARAMS;
                 continue;
             }
+            if (memchr(t + ol, 0, nl)) return -1; /* the parser's name ends at a NUL */
             char *pname = malloc(nl + 1);
             if (!pname) return -1;
             memcpy(pname, t + ol, nl);
@@ -494,8 +495,9 @@ static void cs_reset(srv_split *sp) {
 static int cs_delta(srv_split *sp, const char *t, size_t n, srv_event *ev) {
     if (sp->cs == CS_OFF && !sp->begun) return 0;
     cs_scan(sp, t, n);
-    bool announce = !sp->begun && sp->name.len &&
-                    (sp->args.len || sp->cs == CS_DONE || sp->cs == CS_X_PARAMS);
+    /* announced once the arguments start: how far the scan got before that depends on how
+     * the text was cut, what it produced does not */
+    bool announce = !sp->begun && sp->name.len && sp->args.len;
     if (!announce && (!sp->begun || sp->args.len == sp->sent)) return 0;
     if (announce) {
         if (srv_buf_add(&sp->name, "", 1)) { /* NUL-terminate */

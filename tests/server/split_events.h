@@ -39,6 +39,10 @@ static void desc_add(split_desc *d, const char *s, size_t n) {
     d->p[d->len] = 0;
 }
 
+/* Calls whose streamed pieces disagreed with the parsed call (the splitter's tool_error for
+ * it), counted over every run: never expected. */
+static int split_mismatches;
+
 static void desc_event(split_desc *d, const srv_event *ev, size_t text_len) {
     if (ev->type == SRV_EV_TEXT || ev->type == SRV_EV_REASONING) {
         if ((!ev->text && ev->len) || ev->len > text_len) abort(); /* out of bounds */
@@ -90,6 +94,10 @@ static void desc_event(split_desc *d, const srv_event *ev, size_t text_len) {
         } else if (d->delta_index >= 0) {
             abort(); /* deltas for a call that did not end as announced */
         }
+        if (ev->tool_error &&
+            (!strcmp(ev->tool_error, "the call's arguments differ from what was streamed") ||
+             !strcmp(ev->tool_error, "the call's name differs from what was streamed")))
+            split_mismatches++;
         if (ev->tool_error) desc_add(d, ev->tool_error, strlen(ev->tool_error));
         else desc_add(d, ev->tool_args, strlen(ev->tool_args));
         if (!ev->tool_id || strncmp(ev->tool_id, "call_", 5)) abort();
