@@ -1,13 +1,17 @@
 /* Batch-1 decode speed of the CUDA backend (a benchmark, not a test).
  *
- *   bench_decode MODEL.gguf [-n N_GEN] [-r REPS] [-d DEPTH] [-c N_CTX]
+ *   bench_decode MODEL.gguf [-n N_GEN] [-r REPS] [-d DEPTH] [-c N_CTX] [-a 0|1]
  *
  * Uploads the model, then per repetition: the device-resident loop (one CUDA graph replay per
  * token, greedy sampling on the GPU, nothing crossing to the host until the end) generates
  * N_GEN tokens (default 128: llama-bench's tg128) starting at position DEPTH (default 0; the
  * first DEPTH positions are filled by the same loop beforehand). Prints tok/s (mean +- sd
  * after one warm-up run), the weight bytes a token reads, the achieved GB/s of weight traffic
- * and the card's device-to-device copy bandwidth measured here. */
+ * and the card's device-to-device copy bandwidth measured here. Sessions run as the
+ * environment says (SPARK_CUDA_FUSED; default: the per-op launches). Then the same with a
+ * session of the other kind (fused step kernel <-> per-op launches), whose greedy tokens (the
+ * depth fill and the timed ones) must equal the first session's; the program exits 1 when
+ * they differ (-a 0 skips this second session). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,14 +27,32 @@ static double now_ms(void) {
     return (double)ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
+/* reps timed runs of n_gen tokens from (first, depth) after a warm-up; tok/s mean and sd. */
+static int timed(engine_cuda_session *gs, int32_t first, int depth, int n_gen, int reps,
+                 int32_t *out, double *tps, double *mean, double *sd) {
+    for (int r = 0; r <= reps; r++) {
+        double a = now_ms();
+        if (engine_cuda_generate(gs, first, depth, n_gen, 0.0f, 0, out)) return -1;
+        tps[r] = n_gen / ((now_ms() - a) / 1e3);
+    }
+    *mean = *sd = 0;
+    for (int r = 1; r <= reps; r++)
+        *mean += tps[r] / reps;
+    for (int r = 1; r <= reps; r++)
+        *sd += (tps[r] - *mean) * (tps[r] - *mean);
+    *sd = reps > 1 ? sqrt(*sd / (reps - 1)) : 0;
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: %s MODEL.gguf [-n N_GEN] [-r REPS] [-d DEPTH] [-c N_CTX]\n",
+        fprintf(stderr,
+                "usage: %s MODEL.gguf [-n N_GEN] [-r REPS] [-d DEPTH] [-c N_CTX] [-a 0|1]\n",
                 argv[0]);
         return 2;
     }
     const char *path = argv[1];
-    int n_gen = 128, reps = 5, depth = 0, n_ctx = 0;
+    int n_gen = 128, reps = 5, depth = 0, n_ctx = 0, ab = 1;
     for (int i = 2; i + 1 < argc; i += 2) {
         int v = atoi(argv[i + 1]);
         if (!strcmp(argv[i], "-n"))
@@ -41,6 +63,8 @@ int main(int argc, char **argv) {
             depth = v;
         else if (!strcmp(argv[i], "-c"))
             n_ctx = v;
+        else if (!strcmp(argv[i], "-a"))
+            ab = v;
         else {
             fprintf(stderr, "unknown option %s\n", argv[i]);
             return 2;
@@ -53,39 +77,60 @@ int main(int argc, char **argv) {
     mp.n_threads = 1;
     engine_model *m = NULL;
     engine_cuda_model *gm = NULL;
-    engine_cuda_session *gs = NULL;
+    engine_cuda_session *gs = NULL, *gs2 = NULL;
     double t0 = now_ms();
     if (engine_model_load(&m, path, &mp)) goto fail;
     double t1 = now_ms();
     if (engine_cuda_model_new(&gm, m, 0)) goto fail;
     double t2 = now_ms();
+    const char *fe = getenv("SPARK_CUDA_FUSED");
+    const int fused = fe && fe[0] == '1';
     if (engine_cuda_session_new(&gs, gm, n_ctx, ENGINE_KV_F16)) goto fail;
     engine_model_info info;
     engine_model_info_get(m, &info);
     int32_t *out = malloc(sizeof(int32_t) * (size_t)(depth + n_gen + 1));
-    int32_t first = 0;
-    if (depth > 0 && engine_cuda_generate(gs, 0, 0, depth, 0.0f, 0, out)) goto fail;
-    if (depth > 0) first = out[depth - 1];
+    int32_t *out2 = malloc(sizeof(int32_t) * (size_t)(depth + n_gen + 1));
+    int32_t *pre = malloc(sizeof(int32_t) * (size_t)(depth + 1));
     double *tps = malloc(sizeof(double) * (size_t)(reps + 1));
-    for (int r = 0; r <= reps; r++) {
-        double a = now_ms();
-        if (engine_cuda_generate(gs, first, depth, n_gen, 0.0f, 0, out)) goto fail;
-        tps[r] = n_gen / ((now_ms() - a) / 1e3);
-    }
+    int32_t first = 0;
+    if (!out || !out2 || !pre || !tps) return 1;
+    if (depth > 0 && engine_cuda_generate(gs, 0, 0, depth, 0.0f, 0, pre)) goto fail;
+    if (depth > 0) first = pre[depth - 1];
     double mean = 0, sd = 0;
-    for (int r = 1; r <= reps; r++)
-        mean += tps[r] / reps;
-    for (int r = 1; r <= reps; r++)
-        sd += (tps[r] - mean) * (tps[r] - mean);
-    sd = reps > 1 ? sqrt(sd / (reps - 1)) : 0;
+    if (timed(gs, first, depth, n_gen, reps, out, tps, &mean, &sd)) goto fail;
+    /* the per-op launches: speed, and the same greedy tokens */
+    double mean2 = 0, sd2 = 0;
+    int differ = -1;
+    if (!ab) goto report;
+    setenv("SPARK_CUDA_FUSED", fused ? "0" : "1", 1);
+    if (engine_cuda_session_new(&gs2, gm, n_ctx, ENGINE_KV_F16)) goto fail;
+    if (fe)
+        setenv("SPARK_CUDA_FUSED", fe, 1);
+    else
+        unsetenv("SPARK_CUDA_FUSED");
+    if (depth > 0 && engine_cuda_generate(gs2, 0, 0, depth, 0.0f, 0, out2)) goto fail;
+    for (int i = 0; i < depth && differ < 0; i++)
+        if (out2[i] != pre[i]) differ = i;
+    if (timed(gs2, first, depth, n_gen, reps, out2, tps, &mean2, &sd2)) goto fail;
+    for (int i = 0; i < n_gen && differ < 0; i++)
+        if (out2[i] != out[i]) differ = depth + i;
+    engine_cuda_session_free(gs2);
+    gs2 = NULL;
+report:;
     double bw = 0;
     engine_cuda_copy_bandwidth(0, (size_t)2 << 30, 5, &bw);
     double bpt = (double)engine_cuda_model_bytes_per_token(gm);
     printf("model %s: %s, %s, %.2f GB on the GPU (load %.1f s, upload %.1f s)\n", path, info.arch,
            info.weight_type, engine_cuda_model_weight_bytes(gm) / 1e9, (t1 - t0) / 1e3,
            (t2 - t1) / 1e3);
-    printf("tg%d at depth %d: %.1f +- %.1f tok/s (%d reps after a warm-up)\n", n_gen, depth, mean,
-           sd, reps);
+    printf("tg%d at depth %d (%s): %.1f +- %.1f tok/s (%d reps after a warm-up)\n", n_gen, depth,
+           fused ? "fused step" : "per-op launches", mean, sd, reps);
+    if (ab)
+        printf("%s (SPARK_CUDA_FUSED=%d): %.1f +- %.1f tok/s; greedy tokens of the %d positions "
+               "%s\n",
+               fused ? "per-op launches" : "fused step", !fused, mean2, sd2, depth + n_gen,
+               differ < 0 ? "identical" : "DIFFER");
+    if (differ >= 0) printf("first difference at position %d\n", differ);
     printf("weights read per token: %.3f GB -> %.0f GB/s achieved; copy bandwidth %.0f GB/s "
            "(%.0f%%); ceiling at that bandwidth %.0f tok/s\n",
            bpt / 1e9, bpt * mean / 1e9, bw, 100.0 * bpt * mean / 1e9 / bw, bw * 1e9 / bpt);
@@ -106,11 +151,13 @@ int main(int argc, char **argv) {
         printf(" %d", out[i]);
     printf("\n");
     free(out);
+    free(out2);
+    free(pre);
     free(tps);
     engine_cuda_session_free(gs);
     engine_cuda_model_free(gm);
     engine_model_free(m);
-    return 0;
+    return differ >= 0 ? 1 : 0;
 fail:
     fprintf(stderr, "bench_decode: %s\n", engine_error_last());
     return 1;

@@ -4,9 +4,13 @@
 # the decode benchmark of each model as soon as it is generated. Logs go to $OUT.
 # Usage: [DEPTH=N] [NCU=N_KERNELS] [SANITIZE=1] [ALT="VAR=VALUE"] bench/cuda/h200_run.sh [TYPE...]
 #   (TYPE default q4_k_m); ALT: the first type benched again with that environment (A/B).
-#   DEPTH: also decode 128 tokens after N (first type); NCU: per-kernel durations (ncu) of the
-#   first N_KERNELS kernels (first type); SANITIZE: compute-sanitizer memcheck and racecheck
-#   over both gpu tests (the two tools side by side, while the models are generated).
+#   DEPTH: also decode 128 tokens after N (first type; no per-op comparison there, but a short
+#   run at depth 700 compares the fused step with the per-op launches over several splits);
+#   NCU: per-kernel durations (ncu) of the first N_KERNELS kernels (first type); SANITIZE:
+#   compute-sanitizer memcheck and racecheck over both gpu tests, side by side with the tests
+#   (SANITIZE_S seconds at most each). Each bench also runs the per-op launches
+#   (SPARK_CUDA_FUSED=0) and checks the same tokens; bench_sync first times a dependent step
+#   alone (per-op launches against the fused kernel's counter waits).
 set -o pipefail
 B=/tmp/b
 OUT=${OUT:-/tmp/out}
@@ -28,46 +32,55 @@ gen=$!
 stamp "spark-agent built"
 ninja -C $B test_cuda_ops test_cuda_forward >>$OUT/build.log 2>&1 || { grep -A12 -m3 error $OUT/build.log; }
 export SPARK_TOKENIZER_DIR=$TOK
-$B/tests/engine/test_cuda_ops 2>&1 | tee $OUT/ops.log
+pids=
+if [ -n "$SANITIZE" ]; then # side by side with the tests (correctness only: no timing yet)
+    for tool in memcheck racecheck; do # the four runs side by side
+        for t in test_cuda_ops test_cuda_forward; do
+            args= # the forward test over all six models takes minutes: the MoE Q4_K_M one
+            [ $t = test_cuda_forward ] && args="tiny q4_k_m 12"
+            [ $tool = racecheck ] && [ $t = test_cuda_forward ] && args="tiny q4_k_m 4"
+            (timeout ${SANITIZE_S:-150} compute-sanitizer --tool $tool --error-exitcode 3 \
+                $B/tests/engine/$t $args >/tmp/$tool-$t.log 2>&1
+            echo "$tool $t $args rc=$? ($(grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" \
+                /tmp/$tool-$t.log | tail -1))") &
+            pids="$pids $!"
+        done
+    done
+fi
+timeout 150 $B/tests/engine/test_cuda_ops 2>&1 | tee $OUT/ops.log
 echo "test_cuda_ops rc=$?"
-$B/tests/engine/test_cuda_forward 2>&1 | tee $OUT/fwd.log
+timeout 200 $B/tests/engine/test_cuda_forward 2>&1 | tee $OUT/fwd.log
 echo "test_cuda_forward rc=$?"
 stamp "tests done"
-if [ -n "$SANITIZE" ]; then # before the benches: the models are still being generated (CPU)
-    pids=
-    for tool in memcheck racecheck; do
-        (for t in test_cuda_ops test_cuda_forward; do
-            args= # racecheck over all six forward models takes minutes: the MoE Q4_K_M one
-            [ $tool = racecheck ] && [ $t = test_cuda_forward ] && args="tiny q4_k_m"
-            timeout ${SANITIZE_S:-150} compute-sanitizer --tool $tool --error-exitcode 3 \
-                $B/tests/engine/$t $args >/tmp/$tool-$t.log 2>&1
-            echo "$tool $t rc=$? ($(grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" \
-                /tmp/$tool-$t.log | tail -1))"
-        done) &
-        pids="$pids $!"
-    done
+if [ -n "$SANITIZE" ]; then
     wait $pids
     for f in /tmp/memcheck-*.log /tmp/racecheck-*.log; do
         echo "== $f"; grep -v "^attention\|^matvec\|^moe\|^sample\|^embed\|^rmsnorm" $f | tail -40
     done >$OUT/sanitize.log
     stamp "sanitizers done"
 fi
+# the cost of a dependent step alone: per-op launches against the fused kernel's counter waits
+nvcc -O3 -std=c++17 -arch=sm_90 -Iengine -Iengine/cuda bench/cuda/bench_sync.cu -o $B/bench_sync &&
+    timeout 60 $B/bench_sync 288 396 2>&1 | tee -a $OUT/bench.log
 first=1
 for t in $types; do # each model is benched as soon as it is generated
     while [ ! -e /tmp/gen-$t.done ] && kill -0 $gen 2>/dev/null; do sleep 1; done
     [ -e /tmp/gen-$t.done ] || { echo "gen $t failed"; tail -5 $OUT/gen.log; break; }
     stamp "model $t generated"; grep -v "^\[" $OUT/gen.log | grep "$t" | tail -2
-    bash bench/cuda/run.sh $B /tmp/30b-$t.gguf -n 128 -r 5 2>&1 | tee -a $OUT/bench.log
+    timeout 240 bash bench/cuda/run.sh $B /tmp/30b-$t.gguf -n 128 -r 5 2>&1 | tee -a $OUT/bench.log
     if [ $first = 1 ] && [ -n "$ALT" ]; then # the same code with a run-time switch (A/B)
         echo "# with $ALT"
         env $ALT $B/bench_decode /tmp/30b-$t.gguf -n 128 -r 5 2>&1 | tee -a $OUT/bench.log
     fi
     if [ $first = 1 ] && [ -n "$DEPTH" ]; then
-        $B/bench_decode /tmp/30b-$t.gguf -n 128 -r 3 -d $DEPTH 2>&1 | tee -a $OUT/bench.log
+        timeout 60 $B/bench_decode /tmp/30b-$t.gguf -n 16 -r 1 -d 700 2>&1 | grep -v "^  \|info" |
+            tee -a $OUT/bench.log
+        timeout 240 $B/bench_decode /tmp/30b-$t.gguf -n 128 -r 3 -d $DEPTH -a 0 2>&1 |
+            tee -a $OUT/bench.log
     fi
     if [ $first = 1 ] && [ -n "$NCU" ]; then # per-kernel durations of the first $NCU kernels
         ncu --clock-control none --csv --metrics gpu__time_duration.sum -c $NCU \
-            $B/bench_decode /tmp/30b-$t.gguf -n 1 -r 1 >$OUT/ncu.csv 2>$OUT/ncu.err
+            $B/bench_decode /tmp/30b-$t.gguf -n 1 -r 1 -a 0 >$OUT/ncu.csv 2>$OUT/ncu.err
         python3 bench/cuda/ncu_summary.py $OUT/ncu.csv
     fi
     stamp "bench $t done"

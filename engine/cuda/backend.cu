@@ -20,11 +20,16 @@
 #include "moe.cuh"
 #include "qdot.cuh"
 #include "sample.cuh"
+#include "step.cuh"
 
 extern "C" {
 #include "cuda/cuda_backend.h"
 #include "model/model_int.h"
 }
+
+/* Whether sessions run the layers as one fused kernel (step.cuh) unless SPARK_CUDA_FUSED=0/1
+ * says otherwise. */
+#define SPARK_CUDA_FUSED_DEFAULT 0
 
 typedef struct {
     const uint8_t *d; /* device: matrix 0, row 0 */
@@ -55,8 +60,10 @@ struct engine_cuda_session {
     cudaStream_t stream;
     cudaGraphExec_t exec;
     bool captured;
-    int touch;    /* SPARK_CUDA_TOUCH=1: weights into L1 before use (measured slower: off) */
-    uint8_t *mem; /* one allocation: KV cache and step buffers */
+    int touch; /* SPARK_CUDA_TOUCH=1: weights into L1 before use (measured slower: off) */
+    int fused; /* the layers as one fused step kernel (step.cuh); SPARK_CUDA_FUSED=0/1 */
+    engine_cu_prog prog; /* the fused step's program, built at the first capture */
+    uint8_t *mem;        /* one allocation: KV cache and step buffers */
     size_t bytes;
     void **k_cache, **v_cache; /* [n_layer] device pointers into mem */
     float *x, *q, *k, *v, *att, *router, *h, *logits, *partial, *sscratch, *wts;
@@ -425,6 +432,8 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
     {
         const char *e = getenv("SPARK_CUDA_TOUCH");
         s->touch = e && e[0] == '1';
+        e = getenv("SPARK_CUDA_FUSED");
+        s->fused = e ? e[0] == '1' : SPARK_CUDA_FUSED_DEFAULT;
     }
     s->k_cache = (void **)calloc(hp->n_layer, sizeof(void *));
     s->v_cache = (void **)calloc(hp->n_layer, sizeof(void *));
@@ -494,6 +503,7 @@ extern "C" void engine_cuda_session_free(engine_cuda_session *s) {
     if (!s) return;
     cudaSetDevice(s->cm->device);
     if (s->exec) cudaGraphExecDestroy(s->exec);
+    engine_cu_prog_free(&s->prog);
     if (s->stream) cudaStreamDestroy(s->stream);
     cudaFreeHost(s->h_step);
     cudaFree(s->mem);
@@ -520,124 +530,184 @@ static void mark(step_prof *p, int cat, cudaStream_t st) {
     p->cat[p->n++] = cat;
 }
 
-/* Enqueue one decode step (state in s->step) on s->stream; p: NULL, or events to record. */
+/* The arguments of one layer's ops (the same for the per-op launches and the fused step). */
+typedef struct {
+    engine_cu_mv qkv, wo, router;
+    engine_cu_att at;
+    engine_cu_ffn_up_args up;
+    engine_cu_ffn_down_args dn;
+    bool moe;
+} layer_ops;
+
+static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o) {
+    const engine_cuda_model *cm = s->cm;
+    const engine_hparams *hp = &cm->m->hp;
+    const cu_layer *ly = &cm->layers[l];
+    const int emb = (int)hp->n_embd, hd = (int)hp->head_dim_k;
+    const float eps = hp->rms_norm_eps;
+    memset(o, 0, sizeof *o);
+    engine_cu_mv *mv = &o->qkv;
+    mv->m[0] = mat(&ly->wq, s->q, 0);
+    mv->m[1] = mat(&ly->wk, s->k, 0);
+    mv->m[2] = mat(&ly->wv, s->v, 0);
+    mv->n_mat = 3;
+    mv->touch = s->touch;
+    mv->cols = emb;
+    mv->x = s->x;
+    mv->norm_w = ly->attn_norm;
+    mv->eps = eps;
+
+    engine_cu_att at = {s->q,
+                        s->k,
+                        s->v,
+                        ly->q_norm,
+                        ly->k_norm,
+                        (const float2 *)s->rope,
+                        eps,
+                        s->k_cache[l],
+                        s->v_cache[l],
+                        s->kv == ENGINE_KV_F32,
+                        &s->step->pos,
+                        s->n_ctx,
+                        (int)hp->n_head,
+                        (int)hp->n_head_kv,
+                        hd,
+                        s->partial,
+                        s->counters,
+                        s->att};
+    o->at = at;
+
+    mv = &o->wo;
+    mv->m[0] = mat(&ly->wo, s->x, 1);
+    mv->n_mat = 1;
+    mv->touch = s->touch;
+    mv->cols = (int)hp->n_head * hd;
+    mv->x = s->att;
+
+    engine_cu_ffn_up_args *up = &o->up;
+    engine_cu_ffn_down_args *dn = &o->dn;
+    dn->touch = s->touch;
+    o->moe = hp->arch == ENGINE_ARCH_QWEN3MOE;
+    if (o->moe) {
+        mv = &o->router;
+        mv->m[0] = mat(&ly->gate_inp, s->router, 0);
+        mv->n_mat = 1;
+        mv->touch = s->touch;
+        mv->cols = emb;
+        mv->x = s->x;
+        mv->norm_w = ly->ffn_norm;
+        mv->eps = eps;
+        up->router = s->router;
+        up->n_expert = (int)hp->n_expert;
+        up->k = (int)hp->n_expert_used;
+        up->norm_topk = hp->norm_topk_prob;
+        up->gate = ly->gate_exps.d;
+        up->up = ly->up_exps.d;
+        up->expert_bytes = (size_t)ly->gate_exps.rows * ly->gate_exps.row_bytes;
+        up->row_bytes = ly->gate_exps.row_bytes;
+        up->type = ly->gate_exps.type;
+        up->rows = ly->gate_exps.rows;
+        dn->down = ly->down_exps.d;
+        dn->expert_bytes = (size_t)ly->down_exps.rows * ly->down_exps.row_bytes;
+        dn->row_bytes = ly->down_exps.row_bytes;
+        dn->type = ly->down_exps.type;
+        dn->rows = ly->down_exps.rows;
+        dn->k = up->k;
+        dn->ids = s->ids;
+        dn->weights = s->wts;
+    } else {
+        up->k = 1;
+        up->gate = ly->ffn_gate.d;
+        up->up = ly->ffn_up.d;
+        up->row_bytes = ly->ffn_gate.row_bytes;
+        up->type = ly->ffn_gate.type;
+        up->rows = ly->ffn_gate.rows;
+        dn->down = ly->ffn_down.d;
+        dn->row_bytes = ly->ffn_down.row_bytes;
+        dn->type = ly->ffn_down.type;
+        dn->rows = ly->ffn_down.rows;
+        dn->k = 1;
+    }
+    up->cols = emb;
+    up->x = s->x;
+    up->norm_w = ly->ffn_norm;
+    up->eps = eps;
+    up->h = s->h;
+    up->ids = s->ids;
+    up->weights = s->wts;
+    dn->cols = up->rows;
+    dn->h = s->h;
+    dn->y = s->x;
+}
+
+/* Build and upload the fused step's program: per layer the ops in the per-op order, each
+ * waiting for the one before (step.cuh). */
+static int prog_build(engine_cuda_session *s) {
+    const engine_hparams *hp = &s->cm->m->hp;
+    engine_cu_prog *pr = &s->prog;
+    engine_cu_prog_free(pr);
+    pr->hd = (int)hp->head_dim_k;
+    int rc = 0;
+    for (uint32_t l = 0; l < hp->n_layer && !rc; l++) {
+        layer_ops o;
+        layer_ops_get(s, l, &o);
+        engine_cu_phase ph[3];
+        int n = engine_cu_matvec_phases(&o.qkv, ph);
+        if ((rc = engine_cu_prog_add(pr, ph, n, -1))) break;
+        ph[0] = engine_cu_attention_phase(&o.at);
+        if ((rc = engine_cu_prog_add(pr, ph, 1, -1))) break;
+        n = engine_cu_matvec_phases(&o.wo, ph);
+        if ((rc = engine_cu_prog_add(pr, ph, n, -1))) break;
+        int flag = -1;
+        if (o.moe) {
+            n = engine_cu_matvec_phases(&o.router, ph);
+            if ((rc = engine_cu_prog_add(pr, ph, n, -1))) break;
+            flag = engine_cu_prog_flag(pr);
+        }
+        ph[0] = engine_cu_ffn_up_phase(&o.up);
+        if ((rc = engine_cu_prog_add(pr, ph, 1, flag))) break;
+        ph[0] = engine_cu_ffn_down_phase(&o.dn);
+        rc = engine_cu_prog_add(pr, ph, 1, flag);
+    }
+    if (!rc) rc = cu_err(cudaGetLastError(), "occupancy query (fused step)");
+    if (!rc) rc = engine_cu_prog_upload(pr);
+    if (rc) engine_cu_prog_free(pr);
+    return rc;
+}
+
+/* Enqueue one decode step (state in s->step) on s->stream; p: NULL, or events to record (then
+ * always the per-op launches, so that each op's time shows). */
 static void enqueue_step(engine_cuda_session *s, step_prof *p) {
     const engine_cuda_model *cm = s->cm;
     const engine_hparams *hp = &cm->m->hp;
     cudaStream_t st = s->stream;
-    const int emb = (int)hp->n_embd, hd = (int)hp->head_dim_k;
+    const int emb = (int)hp->n_embd;
     const float eps = hp->rms_norm_eps;
     mark(p, -1, st);
     engine_cu_embed(cm->tok_embd.d, cm->tok_embd.row_bytes, cm->tok_embd.type, emb, s->step, s->x,
                     st);
     mark(p, 0, st);
-    for (uint32_t l = 0; l < hp->n_layer; l++) {
-        const cu_layer *ly = &cm->layers[l];
-        engine_cu_mv mv;
-        memset(&mv, 0, sizeof mv);
-        mv.m[0] = mat(&ly->wq, s->q, 0);
-        mv.m[1] = mat(&ly->wk, s->k, 0);
-        mv.m[2] = mat(&ly->wv, s->v, 0);
-        mv.n_mat = 3;
-        mv.touch = s->touch;
-        mv.cols = emb;
-        mv.x = s->x;
-        mv.norm_w = ly->attn_norm;
-        mv.eps = eps;
-        engine_cu_matvec(&mv, st);
-        mark(p, 1, st);
-
-        engine_cu_att at = {s->q,
-                            s->k,
-                            s->v,
-                            ly->q_norm,
-                            ly->k_norm,
-                            (const float2 *)s->rope,
-                            eps,
-                            s->k_cache[l],
-                            s->v_cache[l],
-                            s->kv == ENGINE_KV_F32,
-                            &s->step->pos,
-                            s->n_ctx,
-                            (int)hp->n_head,
-                            (int)hp->n_head_kv,
-                            hd,
-                            s->partial,
-                            s->counters,
-                            s->att};
-        engine_cu_attention(&at, st);
-        mark(p, 2, st);
-
-        memset(&mv, 0, sizeof mv);
-        mv.m[0] = mat(&ly->wo, s->x, 1);
-        mv.n_mat = 1;
-        mv.touch = s->touch;
-        mv.cols = (int)hp->n_head * hd;
-        mv.x = s->att;
-        engine_cu_matvec(&mv, st);
-        mark(p, 3, st);
-
-        engine_cu_ffn_up_args up;
-        memset(&up, 0, sizeof up);
-        engine_cu_ffn_down_args dn;
-        memset(&dn, 0, sizeof dn);
-        dn.touch = s->touch;
-        if (hp->arch == ENGINE_ARCH_QWEN3MOE) {
-            memset(&mv, 0, sizeof mv);
-            mv.m[0] = mat(&ly->gate_inp, s->router, 0);
-            mv.n_mat = 1;
-            mv.touch = s->touch;
-            mv.cols = emb;
-            mv.x = s->x;
-            mv.norm_w = ly->ffn_norm;
-            mv.eps = eps;
-            engine_cu_matvec(&mv, st);
-            mark(p, 4, st);
-            up.router = s->router;
-            up.n_expert = (int)hp->n_expert;
-            up.k = (int)hp->n_expert_used;
-            up.norm_topk = hp->norm_topk_prob;
-            up.gate = ly->gate_exps.d;
-            up.up = ly->up_exps.d;
-            up.expert_bytes = (size_t)ly->gate_exps.rows * ly->gate_exps.row_bytes;
-            up.row_bytes = ly->gate_exps.row_bytes;
-            up.type = ly->gate_exps.type;
-            up.rows = ly->gate_exps.rows;
-            dn.down = ly->down_exps.d;
-            dn.expert_bytes = (size_t)ly->down_exps.rows * ly->down_exps.row_bytes;
-            dn.row_bytes = ly->down_exps.row_bytes;
-            dn.type = ly->down_exps.type;
-            dn.rows = ly->down_exps.rows;
-            dn.k = up.k;
-            dn.ids = s->ids;
-            dn.weights = s->wts;
-        } else {
-            up.k = 1;
-            up.gate = ly->ffn_gate.d;
-            up.up = ly->ffn_up.d;
-            up.row_bytes = ly->ffn_gate.row_bytes;
-            up.type = ly->ffn_gate.type;
-            up.rows = ly->ffn_gate.rows;
-            dn.down = ly->ffn_down.d;
-            dn.row_bytes = ly->ffn_down.row_bytes;
-            dn.type = ly->ffn_down.type;
-            dn.rows = ly->ffn_down.rows;
-            dn.k = 1;
+    if (s->fused && s->prog.total && !p) {
+        engine_cu_prog_launch(&s->prog, st);
+    } else {
+        for (uint32_t l = 0; l < hp->n_layer; l++) {
+            layer_ops o;
+            layer_ops_get(s, l, &o);
+            engine_cu_matvec(&o.qkv, st);
+            mark(p, 1, st);
+            engine_cu_attention(&o.at, st);
+            mark(p, 2, st);
+            engine_cu_matvec(&o.wo, st);
+            mark(p, 3, st);
+            if (o.moe) {
+                engine_cu_matvec(&o.router, st);
+                mark(p, 4, st);
+            }
+            engine_cu_ffn_up(&o.up, st);
+            mark(p, 5, st);
+            engine_cu_ffn_down(&o.dn, st);
+            mark(p, 6, st);
         }
-        up.cols = emb;
-        up.x = s->x;
-        up.norm_w = ly->ffn_norm;
-        up.eps = eps;
-        up.h = s->h;
-        up.ids = s->ids;
-        up.weights = s->wts;
-        engine_cu_ffn_up(&up, st);
-        mark(p, 5, st);
-        dn.cols = up.rows;
-        dn.h = s->h;
-        dn.y = s->x;
-        engine_cu_ffn_down(&dn, st);
-        mark(p, 6, st);
     }
     engine_cu_mv mv;
     memset(&mv, 0, sizeof mv);
@@ -658,6 +728,12 @@ static void enqueue_step(engine_cuda_session *s, step_prof *p) {
 static int capture(engine_cuda_session *s) {
     int rc = 0;
     cudaGraph_t g = NULL;
+    if (s->fused && !s->prog.total && (rc = prog_build(s))) {
+        if (rc != ENGINE_EUNSUPPORTED) return rc;
+        engine_log(ENGINE_LOG_INFO, "cuda: per-op decode step (%s)", engine_error_last());
+        s->fused = 0;
+        rc = 0;
+    }
     CU(cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal));
     enqueue_step(s, NULL);
     CU(cudaStreamEndCapture(s->stream, &g));

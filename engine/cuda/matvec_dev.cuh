@@ -1,0 +1,148 @@
+/* Device side of the quantised matrix-vector products (contract in matvec.cuh): the work of
+ * one block, shared by the per-op kernel (matvec.cu) and the fused decode step (step.cu). */
+#ifndef SPARK_ENGINE_CUDA_MATVEC_DEV_CUH
+#define SPARK_ENGINE_CUDA_MATVEC_DEV_CUH
+
+#include "matvec.cuh"
+#include "qdot.cuh"
+#include "sync.cuh"
+
+/* The lane's partial dot products of R rows (row0, row0 + stride, ...) with the staged x over
+ * chunks c0, c0 + step, ... (the R rows' loads are in flight together). */
+template <int T, int R>
+__device__ __forceinline__ void mv_rows(const uint8_t *row0, size_t stride, int c0, int step,
+                                        int n_chunks, const engine_cu_xv &xv, float acc[R]) {
+#pragma unroll
+    for (int i = 0; i < R; i++)
+        acc[i] = 0.0f;
+#pragma unroll(R == 1 ? 2 : 1)
+    for (int c = c0; c < n_chunks; c += step)
+#pragma unroll
+        for (int i = 0; i < R; i++)
+            acc[i] += engine_cu_dot_chunk<T>(row0 + i * stride, c, xv);
+}
+
+/* Row groups: matrix i owns groups [start_i, start_i + n_i), of `per` rows each. */
+__device__ __forceinline__ int mv_find(const engine_cu_mv &a, int g, int per, int *first) {
+    int start = 0;
+    for (int i = 0; i < a.n_mat; i++) {
+        const int n = (a.m[i].rows + per - 1) / per;
+        if (g < start + n) {
+            *first = start;
+            return i;
+        }
+        start += n;
+    }
+    *first = start;
+    return -1;
+}
+
+/* Block bx of a grid of gdx blocks (n_groups row groups), `sm` the dynamic shared memory;
+ * `sync.wait()` where the block must wait for its inputs (every thread calls it).
+ * MODE: the activation staging (qdot.cuh) of the weight types this instance handles.
+ * R > 0: a group is 8 * R rows, warp w computing rows w, w + 8, ... of it (R at once).
+ * R == 0 (split-K, for matrices of few rows): a group is one row, warp w taking chunks
+ * w, w + 8, ... and the block summing the warps' parts. */
+template <int MODE, int R, typename S>
+__device__ __forceinline__ void mv_block(const engine_cu_mv &a, int n_groups, int bx, int gdx,
+                                         uint8_t *sm, const S &sync) {
+    constexpr int NR = R > 0 ? R : 1, PER = R > 0 ? ENGINE_CU_MV_WARPS * R : 1;
+    __shared__ float part[ENGINE_CU_MV_WARPS];
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int first;
+    /* a block's groups all lie in one matrix: several matrices get one group per block */
+    const int mi = mv_find(a, bx, PER, &first);
+    if (mi < 0) return; /* never: the grid has at most n_groups blocks */
+    const uint8_t *mw = a.m[mi].w;
+    const size_t rb = a.m[mi].row_bytes;
+    const int rows = a.m[mi].rows, type = a.m[mi].type, accumulate = a.m[mi].accumulate;
+    float *y = a.m[mi].y;
+    uint32_t tv[NR][2]; /* touched bytes (a.touch), consumed at the end */
+    /* the first group's weights: fetched while the previous kernel finishes */
+    {
+        const int r0 = (bx - first) * PER;
+#pragma unroll
+        for (int i = 0; i < NR; i++) {
+            const uint8_t *p = nullptr;
+            size_t n = 0;
+            if (R == 0) {
+                const size_t part_b = (rb + ENGINE_CU_MV_WARPS - 1) / ENGINE_CU_MV_WARPS;
+                if (w * part_b < rb) {
+                    p = mw + (size_t)r0 * rb + w * part_b;
+                    n = min(part_b, rb - w * part_b);
+                }
+            } else if (r0 + w + 8 * i < rows) {
+                p = mw + (size_t)(r0 + w + 8 * i) * rb;
+                n = rb;
+            }
+            tv[i][0] = tv[i][1] = 0;
+            if (p && a.touch && MODE != ENGINE_CU_X_F32) /* F32: registers are short */
+                engine_cu_touch<2>(p, n, tv[i]);
+            else if (p)
+                engine_cu_prefetch_l2(p, n);
+        }
+    }
+    if (a.norm_w && w == ENGINE_CU_MV_WARPS - 1) /* read by every block: L2 */
+        engine_cu_prefetch_l2((const uint8_t *)a.norm_w, sizeof(float) * (size_t)a.cols);
+    sync.wait();
+    engine_cu_stage_x<MODE>(a.x, a.cols, a.norm_w, a.eps, sm);
+    const engine_cu_xv xv = engine_cu_xv_at(sm, a.cols, MODE != ENGINE_CU_X_F32, 0);
+    const int n_chunks = a.cols >> 5;
+    const int end = a.n_mat == 1 ? n_groups : bx + 1;
+    for (int g = bx; g < end; g += gdx) {
+        const int r0 = (g - first) * PER + (R > 0 ? w : 0);
+        float acc[NR];
+        if (R > 0 && r0 >= rows) continue; /* no barrier below when R > 0 */
+        /* rows past the end compute on the last row and are not stored */
+        const uint8_t *row = mw + (size_t)r0 * rb;
+        const size_t stride = (size_t)8 * rb;
+        const int c0 = R > 0 ? lane : 32 * w + lane, step = R > 0 ? 32 : 32 * ENGINE_CU_MV_WARPS;
+        switch (type) {
+#define MV_CASE(T)                                                                                 \
+    case T:                                                                                        \
+        if (MODE == engine_cu_x_mode(T))                                                           \
+            mv_rows<T, NR>(row, r0 + 8 * (NR - 1) < rows ? stride : 0, c0, step, n_chunks, xv,     \
+                           acc);                                                                   \
+        break;
+            ENGINE_CU_QUANT_CASES(MV_CASE)
+#undef MV_CASE
+#define MV_CASE(T)                                                                                 \
+    case T:                                                                                        \
+        if (MODE == ENGINE_CU_X_F32)                                                               \
+            mv_rows<T, NR>(row, r0 + 8 * (NR - 1) < rows ? stride : 0, c0, step, n_chunks, xv,     \
+                           acc);                                                                   \
+        break;
+            ENGINE_CU_FLOAT_CASES(MV_CASE)
+#undef MV_CASE
+        default:
+            for (int i = 0; i < NR; i++)
+                acc[i] = 0.0f;
+        }
+        if (R > 0) {
+#pragma unroll
+            for (int i = 0; i < NR; i++) {
+                const float s = engine_cu_warp_sum(acc[i]);
+                const int r = r0 + 8 * i;
+                if (lane == 0 && r < rows) y[r] = accumulate ? y[r] + s : s;
+            }
+        } else {
+            const float s = engine_cu_warp_sum(acc[0]);
+            if (lane == 0) part[w] = s;
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                float t = 0.0f;
+                for (int k = 0; k < ENGINE_CU_MV_WARPS; k++)
+                    t += part[k];
+                y[r0] = accumulate ? y[r0] + t : t;
+            }
+            __syncthreads();
+        }
+    }
+    uint32_t sum = 0;
+#pragma unroll
+    for (int i = 0; i < NR; i++)
+        sum += tv[i][0] + tv[i][1];
+    engine_cu_sink(sum, y);
+}
+
+#endif

@@ -1,0 +1,233 @@
+/* Device side of the FFN kernels (contract in moe.cuh): the work of one block, shared by the
+ * per-op kernels (moe.cu) and the fused decode step (step.cu). Same scheme as matvec_dev.cuh:
+ * the block stages its input in shared memory (qdot.cuh), a warp owns a row, lanes take
+ * consecutive 32-value chunks. */
+#ifndef SPARK_ENGINE_CUDA_MOE_DEV_CUH
+#define SPARK_ENGINE_CUDA_MOE_DEV_CUH
+
+#include <math.h>
+
+#include "moe.cuh"
+#include "qdot.cuh"
+#include "sync.cuh"
+
+#define FFN_WARPS 8
+
+/* Softmax + top-k of the router logits by one warp; results in ids[k], wts[k] (shared). Each
+ * lane keeps its experts' probabilities in registers; a chosen one is struck out (-1). */
+static __device__ void route(const float *logits, int n, int k, int norm_topk, int *ids,
+                             float *wts) {
+    const int lane = threadIdx.x & 31;
+    float p[ENGINE_CU_MAX_EXPERT / 32];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++) {
+        const int e = lane + 32 * i;
+        p[i] = e < n ? logits[e] : -INFINITY;
+        mx = fmaxf(mx, p[i]);
+    }
+    mx = engine_cu_warp_max(mx);
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++) {
+        p[i] = lane + 32 * i < n ? expf(p[i] - mx) : -1.0f;
+        sum += p[i] > 0.0f ? p[i] : 0.0f;
+    }
+    const float inv = 1.0f / engine_cu_warp_sum(sum);
+#pragma unroll
+    for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
+        if (p[i] >= 0.0f) p[i] *= inv;
+    float tot = 0.0f;
+    for (int j = 0; j < k; j++) {
+        float best = -1.0f;
+        int bid = 0x7fffffff;
+#pragma unroll
+        for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
+            if (p[i] > best) { /* ascending e per lane: ties keep the lower id */
+                best = p[i];
+                bid = lane + 32 * i;
+            }
+        for (int o = 16; o > 0; o >>= 1) {
+            float ob = __shfl_xor_sync(0xffffffffu, best, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bid, o);
+            if (ob > best || (ob == best && oi < bid)) {
+                best = ob;
+                bid = oi;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
+            if (lane + 32 * i == bid) p[i] = -1.0f;
+        if (lane == 0) {
+            ids[j] = bid;
+            wts[j] = best;
+        }
+        tot += best;
+    }
+    __syncwarp();
+    if (norm_topk && lane == 0)
+        for (int j = 0; j < k; j++)
+            wts[j] = wts[j] / tot;
+    __syncwarp();
+}
+
+/* gate and up of rows r and r + FFN_WARPS of one expert against the staged x, in one loop (the
+ * four rows' loads in flight together): h = silu(g) * u for each. */
+template <int T>
+__device__ __forceinline__ void up_rows(const uint8_t *g, const uint8_t *u, size_t stride,
+                                        int n_chunks, const engine_cu_xv &xv, float h[2]) {
+    float ag0 = 0.0f, au0 = 0.0f, ag1 = 0.0f, au1 = 0.0f;
+    for (int c = threadIdx.x & 31; c < n_chunks; c += 32) {
+        ag0 += engine_cu_dot_chunk<T>(g, c, xv);
+        au0 += engine_cu_dot_chunk<T>(u, c, xv);
+        ag1 += engine_cu_dot_chunk<T>(g + stride, c, xv);
+        au1 += engine_cu_dot_chunk<T>(u + stride, c, xv);
+    }
+    float gs = engine_cu_warp_sum(ag0), us = engine_cu_warp_sum(au0);
+    h[0] = gs / (1.0f + expf(-gs)) * us;
+    gs = engine_cu_warp_sum(ag1);
+    us = engine_cu_warp_sum(au1);
+    h[1] = gs / (1.0f + expf(-gs)) * us;
+}
+
+/* Grid (row groups of 2 * FFN_WARPS, expert slots): warp w computes rows w and w + FFN_WARPS
+ * of its group. With a router, warp 0 routes while the other warps stage x. */
+template <int MODE, typename S>
+__device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int bx, int j,
+                                             uint8_t *sm, const S &sync) {
+    __shared__ int ids[ENGINE_CU_MAX_EXPERT_USED];
+    __shared__ float wts[ENGINE_CU_MAX_EXPERT_USED];
+    const int w = threadIdx.x >> 5;
+    const int r0 = bx * 2 * FFN_WARPS, nr = min(2 * FFN_WARPS, a.rows - r0);
+    /* the block's gate and up rows are two contiguous runs of an expert: asked of L2 as soon
+     * as the expert is known (dense: before the wait; MoE: by the routing warp once it has
+     * routed, while the other warps still stage x) */
+    if (a.norm_w && w == FFN_WARPS - 1)
+        engine_cu_prefetch_l2((const uint8_t *)a.norm_w, sizeof(float) * (size_t)a.cols);
+    if (!a.router && w == 0) {
+        engine_cu_prefetch_l2(a.gate + (size_t)r0 * a.row_bytes, (size_t)nr * a.row_bytes);
+        engine_cu_prefetch_l2(a.up + (size_t)r0 * a.row_bytes, (size_t)nr * a.row_bytes);
+    }
+    sync.wait();
+    if (a.router) {
+        if (w == 0) {
+            route(a.router, a.n_expert, a.k, a.norm_topk, ids, wts);
+            const size_t off = (size_t)ids[j] * a.expert_bytes + (size_t)r0 * a.row_bytes;
+            engine_cu_prefetch_l2(a.gate + off, (size_t)nr * a.row_bytes);
+            engine_cu_prefetch_l2(a.up + off, (size_t)nr * a.row_bytes);
+        }
+    } else if (threadIdx.x == 0) {
+        ids[0] = 0;
+    }
+    engine_cu_stage_x<MODE>(a.x, a.cols, a.norm_w, a.eps, sm, a.router ? 1 : 0);
+    if (a.router && bx == 0 && j == 0 && w == 0) {
+        if (threadIdx.x < a.k) {
+            a.ids[threadIdx.x] = ids[threadIdx.x];
+            a.weights[threadIdx.x] = wts[threadIdx.x];
+        }
+        sync.ids_written();
+    }
+    const int r = r0 + w;
+    if (r >= a.rows) return;
+    const int e = ids[j];
+    const size_t off = (size_t)e * a.expert_bytes + (size_t)r * a.row_bytes;
+    const uint8_t *gr = a.gate + off, *ur = a.up + off;
+    const bool two = r + FFN_WARPS < a.rows;
+    const size_t stride = two ? (size_t)FFN_WARPS * a.row_bytes : 0;
+    const engine_cu_xv xv = engine_cu_xv_at(sm, a.cols, MODE != ENGINE_CU_X_F32, 0);
+    float hv[2] = {0.0f, 0.0f};
+    switch (a.type) { /* gate and up share a type (checked at upload) */
+#define UP_CASE(T)                                                                                 \
+    case T:                                                                                        \
+        if (MODE == engine_cu_x_mode(T)) up_rows<T>(gr, ur, stride, a.cols >> 5, xv, hv);          \
+        break;
+        ENGINE_CU_QUANT_CASES(UP_CASE)
+#undef UP_CASE
+#define UP_CASE(T)                                                                                 \
+    case T:                                                                                        \
+        if (MODE == ENGINE_CU_X_F32) up_rows<T>(gr, ur, stride, a.cols >> 5, xv, hv);              \
+        break;
+        ENGINE_CU_FLOAT_CASES(UP_CASE)
+#undef UP_CASE
+    }
+    if ((threadIdx.x & 31) == 0) {
+        float *h = a.h + (size_t)j * a.rows;
+        h[r] = hv[0];
+        if (two) h[r + FFN_WARPS] = hv[1];
+    }
+}
+
+/* A lane takes (expert slot, chunk) items, so all 32 lanes work and the loads of different
+ * experts are in flight together. */
+template <int T>
+__device__ __forceinline__ float down_row(const engine_cu_ffn_down_args &a, int r, const int *ids,
+                                          const float *wts, const uint8_t *sm, bool quant) {
+    const int nch = a.cols >> 5, n_items = a.k * nch;
+    float tot = 0.0f;
+#pragma unroll 2
+    for (int it = threadIdx.x & 31; it < n_items; it += 32) {
+        const int j = it / nch, c = it - j * nch;
+        const uint8_t *d = a.down + (size_t)ids[j] * a.expert_bytes + (size_t)r * a.row_bytes;
+        const engine_cu_xv xv = engine_cu_xv_at(sm, a.k * a.cols, quant, j * a.cols);
+        tot += wts[j] * engine_cu_dot_chunk<T>(d, c, xv);
+    }
+    return engine_cu_warp_sum(tot);
+}
+
+template <int MODE, typename S>
+__device__ __forceinline__ void ffn_down_block(const engine_cu_ffn_down_args &a, int bx,
+                                               uint8_t *sm, const S &sync) {
+    __shared__ int ids[ENGINE_CU_MAX_EXPERT_USED];
+    __shared__ float wts[ENGINE_CU_MAX_EXPERT_USED];
+    sync.wait_ids();
+    if (threadIdx.x < a.k) {
+        ids[threadIdx.x] = a.ids ? a.ids[threadIdx.x] : 0;
+        wts[threadIdx.x] = a.ids ? a.weights[threadIdx.x] : 1.0f;
+    }
+    __syncthreads();
+    const int r = bx * FFN_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    uint32_t tv0 = 0, tv1 = 0; /* touched bytes, consumed at the end */
+    if (r < a.rows && a.touch && MODE != ENGINE_CU_X_F32) {
+        /* the warp's k rows into L1 while the block stages h: lane items (expert j, line),
+         * each row's lines counted with one to spare for a misaligned start, the last clamped
+         * to the row's last byte; items past 64 only to L2 */
+        const int lpr = (int)((a.row_bytes + 127) / 128) + 1, n_it = a.k * lpr;
+        for (int it = lane, i = 0; it < n_it; it += 32, i++) {
+            const int j = it / lpr, ln = it - j * lpr;
+            const uint8_t *p = a.down + (size_t)ids[j] * a.expert_bytes + (size_t)r * a.row_bytes +
+                               min((size_t)ln * 128, a.row_bytes - 1);
+            if (i == 0)
+                asm volatile("ld.global.nc.u8 %0, [%1];" : "=r"(tv0) : "l"(p));
+            else if (i == 1)
+                asm volatile("ld.global.nc.u8 %0, [%1];" : "=r"(tv1) : "l"(p));
+            else
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+        }
+    } else if (r < a.rows) {
+        for (int j = 0; j < a.k; j++)
+            engine_cu_prefetch_l2(
+                a.down + (size_t)ids[j] * a.expert_bytes + (size_t)r * a.row_bytes, a.row_bytes);
+    }
+    sync.wait(); /* h complete */
+    engine_cu_stage_x<MODE>(a.h, a.k * a.cols, nullptr, 0.0f, sm);
+    if (r >= a.rows) return;
+    float s = 0.0f;
+    switch (a.type) {
+#define DOWN_CASE(T)                                                                               \
+    case T:                                                                                        \
+        if (MODE == engine_cu_x_mode(T)) s = down_row<T>(a, r, ids, wts, sm, true);                \
+        break;
+        ENGINE_CU_QUANT_CASES(DOWN_CASE)
+#undef DOWN_CASE
+#define DOWN_CASE(T)                                                                               \
+    case T:                                                                                        \
+        if (MODE == ENGINE_CU_X_F32) s = down_row<T>(a, r, ids, wts, sm, false);                   \
+        break;
+        ENGINE_CU_FLOAT_CASES(DOWN_CASE)
+#undef DOWN_CASE
+    }
+    if (lane == 0) a.y[r] += s;
+    engine_cu_sink(tv0 + tv1, a.y);
+}
+
+#endif
