@@ -2,7 +2,8 @@
 # One call on the GPU machine (device tool): engine-only build with CUDA for sm_90, the gpu
 # tests, the random-weight Qwen3-30B-A3B models (generated in the background meanwhile), and
 # the decode benchmark of each model as soon as it is generated. Logs go to $OUT.
-# Usage: [DEPTH=N] [NCU=N_KERNELS] [SANITIZE=1] [ALT="VAR=VALUE"] bench/cuda/h200_run.sh [TYPE...]
+# Usage: [DEPTH=N] [NCU=N_KERNELS] [SANITIZE=1] [ALT="VAR=VALUE"] [FUSED=1]
+#        bench/cuda/h200_run.sh [TYPE...]
 #   (TYPE default q4_k_m); ALT: the first type benched again with that environment (A/B).
 #   DEPTH: also decode 128 tokens after N (first type; no per-op comparison there, but a short
 #   run at depth 700 compares the fused step with the per-op launches over several splits);
@@ -10,7 +11,9 @@
 #   compute-sanitizer memcheck and racecheck over both gpu tests, side by side with the tests
 #   (SANITIZE_S seconds at most each). Each bench also runs the per-op launches
 #   (SPARK_CUDA_FUSED=0) and checks the same tokens; bench_sync first times a dependent step
-#   alone (per-op launches against the fused kernel's counter waits).
+#   alone (per-op launches against the fused kernel's counter waits). FUSED=1: test_cuda_forward
+#   again with SPARK_TEST_CUDA_FUSED=1 (the fused step bit for bit against the per-op launches)
+#   and the DEPTH bench of the fused step too.
 set -o pipefail
 B=/tmp/b
 OUT=${OUT:-/tmp/out}
@@ -51,6 +54,11 @@ timeout 150 $B/tests/engine/test_cuda_ops 2>&1 | tee $OUT/ops.log
 echo "test_cuda_ops rc=$?"
 timeout 200 $B/tests/engine/test_cuda_forward 2>&1 | tee $OUT/fwd.log
 echo "test_cuda_forward rc=$?"
+if [ -n "$FUSED" ]; then
+    SPARK_TEST_CUDA_FUSED=1 timeout 200 $B/tests/engine/test_cuda_forward 2>&1 |
+        tee $OUT/fwd_fused.log | grep -v "^spark-agent: info" | tail -12
+    echo "test_cuda_forward (fused step checked) rc=$?"
+fi
 stamp "tests done"
 if [ -n "$SANITIZE" ]; then
     wait $pids
@@ -77,6 +85,8 @@ for t in $types; do # each model is benched as soon as it is generated
             tee -a $OUT/bench.log
         timeout 240 $B/bench_decode /tmp/30b-$t.gguf -n 128 -r 3 -d $DEPTH -a 0 2>&1 |
             tee -a $OUT/bench.log
+        [ -n "$FUSED" ] && SPARK_CUDA_FUSED=1 timeout 240 $B/bench_decode /tmp/30b-$t.gguf \
+            -n 128 -r 3 -d $DEPTH -a 0 2>&1 | grep -v "info" | tee -a $OUT/bench.log
     fi
     if [ $first = 1 ] && [ -n "$NCU" ]; then # per-kernel durations of the first $NCU kernels
         ncu --clock-control none --csv --metrics gpu__time_duration.sum -c $NCU \
