@@ -518,16 +518,18 @@ static const char *choose_home(const char *const *env, const char *ws) {
     return h;
 }
 
-/* /proc/sys/kernel/cap_last_cap, read once per process (63 when it cannot be read): the
- * command drops the bounding set up to it instead of trying all 64 numbers. */
-static int g_cap_last = 63;
-static pthread_once_t g_cap_once = PTHREAD_ONCE_INIT;
+/* What the kernel offers, read once per process (it does not change while it runs):
+ * /proc/sys/kernel/cap_last_cap (63 when it cannot be read: the command drops the bounding
+ * set up to it instead of trying all 64 numbers) and the landlock ABI. */
+static int g_cap_last = 63, g_landlock_abi;
+static pthread_once_t g_kernel_once = PTHREAD_ONCE_INIT;
 
-static void read_cap_last(void) {
+static void read_kernel_facts(void) {
     FILE *f = fopen("/proc/sys/kernel/cap_last_cap", "re");
     int v;
     if (f && fscanf(f, "%d", &v) == 1 && v > 0 && v < 63) g_cap_last = v;
     if (f) fclose(f);
+    g_landlock_abi = sandbox_landlock_abi();
 }
 
 static void add_rlimit(sandbox_plan *p, int res, unsigned long long soft,
@@ -714,13 +716,12 @@ int sandbox_run(sandbox_result *out, const sandbox_policy *pol, const char *cons
 
     if (isolated) {
         if ((rc = sandbox_seccomp_filters(plan.filters, &plan.n_filters))) goto done;
-        pthread_once(&g_cap_once, read_cap_last);
+        pthread_once(&g_kernel_once, read_kernel_facts);
         plan.cap_last = g_cap_last;
-        plan.landlock_abi = sandbox_landlock_abi();
-        snprintf(plan.uid_map, sizeof plan.uid_map, "%u %u 1\n", (unsigned)geteuid(),
-                 (unsigned)geteuid());
-        snprintf(plan.gid_map, sizeof plan.gid_map, "%u %u 1\n", (unsigned)getegid(),
-                 (unsigned)getegid());
+        plan.landlock_abi = g_landlock_abi;
+        unsigned uid = (unsigned)geteuid(), gid = (unsigned)getegid();
+        snprintf(plan.uid_map, sizeof plan.uid_map, "%u %u 1\n", uid, uid);
+        snprintf(plan.gid_map, sizeof plan.gid_map, "%u %u 1\n", gid, gid);
         plan.clone_flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC |
                            CLONE_NEWUTS | CLONE_NEWCGROUP | (pol->network ? 0 : CLONE_NEWNET);
         /* A pooled network namespace when the policy brings a pool and one can be had;
