@@ -11,11 +11,12 @@
  *   rollback   a checkpoint + truncation inside a verify window, and a truncation back to a
  *              ring snapshot, give the same main logits and the same draft logits (bit for bit)
  *              as a session that never went further
- *   greedy     engine_generate with mtp_draft 1..4 emits exactly the tokens of plain greedy
- *              decoding and leaves the session holding the same tokens (k 1..4 on one prompt,
- *              2 on another; the random MTP block's drafts are all rejected); with an oracle drafter (the true
- *              continuation, wrong every third position) the output is still identical while
- *              drafts are both accepted and rejected (k 1 and 4)
+ *   greedy     engine_generate with mtp_draft k emits exactly the tokens of plain greedy
+ *              decoding and leaves the session holding the same tokens (the random MTP block's
+ *              drafts are all rejected); with an oracle drafter (the true continuation, wrong
+ *              every third position) the output is still identical while drafts are both
+ *              accepted and rejected. Unit run: k 1 and 4, oracle k 4; --full: k 1..4 on one
+ *              prompt and 2 on another, oracle k 1 and 4
  *   rule       the rejection rule on fixed p and q (mismatched, each with tokens the other
  *              lacks): the emitted token's histogram over 200,000 draws against p (chi-square,
  *              7 degrees of freedom, limit 24.3 = p 0.001) and the acceptance rate against
@@ -24,7 +25,7 @@
  *              decided by a verify pass: an accepted draft or a correction) over many seeds with
  *              MTP (one draft, drawn from a q uniform over the tokens the target can give there,
  *              so that drafts are both kept and rejected) against plain sampling, chi-square
- *              two-sample test (p 0.001): 24 seeds here, 400 in test_mtp_sampling (`test_mtp --sampling 400`, label slow)
+ *              two-sample test (p 0.001); --full only (test_mtp_full, label slow: 400 seeds)
  *   grammar    a mask hook (ids divisible by 3) with an accept hook: greedy output with MTP
  *              equals plain, and the accept hook saw exactly the emitted tokens
  *   preset     qwen35-35b-a3b-mtp lists blk.40 with the nextn tensors (shapes of the real model)
@@ -342,7 +343,7 @@ static void check_grammar(engine_model *m) {
     engine_session_free(s);
 }
 
-static void check_greedy(engine_model *m) {
+static void check_greedy(engine_model *m, bool full) {
     int32_t prompts[3][40];
     size_t lens[3] = {support_chat_prompt(m, prompts[0], 24), 17, 33};
     for (int i = 0; i < 40; i++) {
@@ -352,13 +353,13 @@ static void check_greedy(engine_model *m) {
     engine_session *plain = support_session(m, 16, ENGINE_KV_F32);
     engine_session *sp = mtp_session(m, 16);
     const int32_t max = 10;
-    for (int pi = 0; pi < 2 && plain && sp; pi++) {
+    for (int pi = 0; pi < (full ? 2 : 1) && plain && sp; pi++) {
         collect ref, got;
         engine_gen_stats st;
         CHECK(gen_tokens(plain, prompts[pi], lens[pi], 0, max, &ref, &st) == 0);
         CHECK(ref.n == max && st.spec_steps == 0);
-        /* k 1..4 on the first prompt, 2 on the second (ASan time) */
-        for (int32_t k = pi ? 2 : 1; k <= (pi ? 2 : 4); k++) {
+        /* full: k 1..4 on the first prompt, 2 on the second; else k 1 and 4 on the first */
+        for (int32_t k = pi ? 2 : 1; k <= (pi ? 2 : 4); k += full || pi ? 1 : 3) {
             CHECK(gen_tokens(sp, prompts[pi], lens[pi], k, max, &got, &st) == 0);
             bool same = got.n == ref.n && !memcmp(got.toks, ref.toks, sizeof(int32_t) * ref.n);
             bool same_session =
@@ -383,7 +384,7 @@ static void check_greedy(engine_model *m) {
         memcpy(all + lens[pi], ref.toks, sizeof(int32_t) * (size_t)ref.n);
         oracle o = {all, (int32_t)lens[pi] + ref.n, engine_model_n_vocab(m)};
         engine_spec_hooks hooks = {oracle_draft, NULL, &o};
-        for (int32_t k = 1; k <= 4 && pi == 0; k += 3) {
+        for (int32_t k = full ? 1 : 4; k <= 4 && pi == 0; k += 3) {
             engine_gen_params gp = ENGINE_GEN_PARAMS_INIT;
             gp.prompt = prompts[pi];
             gp.n_prompt = lens[pi];
@@ -627,14 +628,18 @@ static void check_errors(engine_model *m) {
 int main(int argc, char **argv) {
     int skip = support_init();
     if (skip) return skip;
-    /* --sampling N: only the end-to-end sampling comparison, over N seeds (the slow run) */
-    bool only_sampling = argc > 2 && !strcmp(argv[1], "--sampling");
-    int n_seeds = only_sampling ? atoi(argv[2]) : 24;
-    if (n_seeds < 10) n_seeds = 10;
-    if (!only_sampling) {
-        check_rule();
-        check_preset();
+    /* default: the unit run (small enough for ASan); --full: every greedy case (k 1..4 on one
+     * prompt, 2 on another), the oracle at k 1 and 4, and the end-to-end sampling comparison
+     * over --sampling N seeds (default 400) */
+    bool full = false;
+    int n_seeds = 400;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--full")) full = true;
+        else if (!strcmp(argv[i], "--sampling") && i + 1 < argc) n_seeds = atoi(argv[++i]);
     }
+    if (n_seeds < 10) n_seeds = 10;
+    check_rule();
+    check_preset();
     char tmp[512];
     if (support_tmpdir(tmp, sizeof tmp, "mtp", true)) return 1;
     char path[600], sdir[600];
@@ -654,19 +659,15 @@ int main(int argc, char **argv) {
         /* the rest on the HF copy: F32 values (the reference's arithmetic), F32 matmuls */
         if (mh) {
             double t0 = engine_time_ms();
-            if (!only_sampling) {
-                check_reference(mh, dir);
-                check_rollback(mh);
-                check_errors(mh);
-            }
+            check_reference(mh, dir);
+            check_rollback(mh);
+            check_errors(mh);
             double t1 = engine_time_ms();
-            if (!only_sampling) {
-                check_greedy(mh);
-                check_grammar(mh);
-            }
+            check_greedy(mh, full);
+            check_grammar(mh);
             double t2 = engine_time_ms();
-            check_sampling(mh, n_seeds);
-            printf("times: reference+rollback %.0f ms, greedy %.0f ms, sampling %.0f ms\n",
+            if (full) check_sampling(mh, n_seeds);
+            printf("times: reference+rollback %.0f ms, greedy+grammar %.0f ms, sampling %.0f ms\n",
                    t1 - t0, t2 - t1, engine_time_ms() - t2);
         }
         engine_model_free(mh);
