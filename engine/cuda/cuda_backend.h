@@ -229,9 +229,11 @@ typedef struct engine_cuda_prefill engine_cuda_prefill;
 /* Buffers for passes of up to max_tokens tokens (1 <= max_tokens <= the session's context) over
  * session s of model cm, checked against the free device memory (ENGINE_ENOMEM with the plan);
  * ENGINE_EUNSUPPORTED when a weight has no prefill GEMM. cm and s are borrowed and must outlive
- * the result. SPARK_CUDA_PREFILL_NEXT=1 in the environment selects the next kernels, not yet
- * run on a GPU: tensor-core attention (F16 caches of head size 64 or 128) and the F32 router
- * GEMM split over 8 blocks along K. SPARK_CUDA_PREFILL_PROF=1 logs per-phase times at free. */
+ * the result. By default the attention runs on tensor cores (F16 caches of head size 64 or
+ * 128; else the F32 SIMT kernel) and the F32 router GEMM is split over 8 blocks along K;
+ * SPARK_CUDA_PREFILL_NEXT=0 in the environment selects the SIMT attention and the unsplit
+ * router (the first version, kept as a control). SPARK_CUDA_PREFILL_PROF=1 logs per-phase
+ * times at free. */
 /* Tokens per prefill chunk sessions use: 512, or SPARK_CUDA_PREFILL_CHUNK (16 .. 8192) from the
  * environment (bigger chunks give each expert more rows per GEMM tile, at more memory). */
 int32_t engine_cuda_prefill_chunk(void);

@@ -558,7 +558,7 @@ void engine_cu_pf_combine(float *x, const float *d, const int32_t *slot_pos, con
  * The pass
  * ------------------------------------------------------------------------------------------- */
 #define PF_LOGIT_ROWS 32 /* rows of the output head per launch when every token's logits go out */
-#define PF_ROUTER_SPLIT 8 /* split-K of the F32 router GEMM (SPARK_CUDA_PREFILL_NEXT=1) */
+#define PF_ROUTER_SPLIT 8 /* split-K of the F32 router GEMM (the default; =1 with ..._NEXT=0) */
 
 /* SPARK_CUDA_PREFILL_PROF=1: time the phases of every pass with events (the per-phase sums
  * are logged at INFO when the prefill object is freed). */
@@ -570,7 +570,7 @@ static const char *const pf_phase_name[PF_P_N] = {"embed+norm+qkv", "rope+attent
 struct engine_cuda_prefill {
     engine_cuda_session *s;
     int prof;
-    int next;   /* SPARK_CUDA_PREFILL_NEXT=1: tensor-core attention and split-K router */
+    int next;   /* tensor-core attention, split-K router (SPARK_CUDA_PREFILL_NEXT=0: off) */
     int ksplit; /* router GEMM splits */
     cudaEvent_t *ev; /* [2 + 6 * n_layer] */
     int *ev_cat, n_ev;
@@ -773,8 +773,8 @@ extern "C" int engine_cuda_prefill_new(engine_cuda_prefill **out, engine_cuda_mo
     {
         const char *e = getenv("SPARK_CUDA_PREFILL_PROF");
         p->prof = e && e[0] == '1';
-        e = getenv("SPARK_CUDA_PREFILL_NEXT");
-        p->next = e && e[0] == '1';
+        e = getenv("SPARK_CUDA_PREFILL_NEXT"); /* default on; =0: the SIMT attention path */
+        p->next = !(e && e[0] == '0');
         p->ksplit = p->next ? PF_ROUTER_SPLIT : 1;
     }
     if (p->prof) {

@@ -18,8 +18,8 @@
  *       experts, so at most 1 position in 10 below 0.999 and none below 0.9 (as
  *       test_cuda_forward's decode check).
  *   f32 models with an F16 KV cache: the prefill against the CPU with the same cache type,
- *     max |gpu - cpu| <= 5e-3 * (1 + max |logit|) (room for the tensor-core attention of
- *     SPARK_CUDA_PREFILL_NEXT=1, which rounds Q and the softmax weights to F16).
+ *     max |gpu - cpu| <= 5e-3 * (1 + max |logit|) (room for the
+ *     default tensor-core attention, which rounds Q and the softmax weights to F16).
  *   Then 8 decode steps on the GPU after the prefill (the KV the prefill wrote) against the
  *     CPU with the same criteria, and against a GPU session that ran every token through the
  *     decode step (a control that tells a prefill KV fault from a decode fault); the prompt fed in two calls (30 + 40 tokens) and in one
@@ -332,7 +332,8 @@ static void run_model(const char *preset, const char *type) {
     CHECK(memcmp(ld, lg + (size_t)(N_PROMPT - 1) * nv, sizeof(float) * nv) == 0,
           "%s %s: logits_last differs from the last row", preset, type);
     /* F16 KV (the f32 models): the prefill against the CPU with the same cache type; with
-     * SPARK_CUDA_PREFILL_NEXT=1 this runs the tensor-core attention (Q and P rounded to F16) */
+     * the default tensor-core attention (Q and P rounded to F16; SPARK_CUDA_PREFILL_NEXT=0:
+     * the SIMT one) */
     if (c.exact) {
         engine_session *c16 = NULL;
         engine_cuda_session *g16 = NULL;
