@@ -266,7 +266,7 @@ int tool_checkpoint_create(tool_ctx *ctx, const char *reason, char **out_ref) {
         rc = tool_err_git(rc, "checkpoint");
         goto done;
     }
-    long num;
+    long num = 0; /* set by next_number; gcc -O3 cannot see that through tool_err_git */
     if ((rc = next_number(repo, &num)) < 0) goto done;
     char refname[128];
     snprintf(refname, sizeof refname, CP_PREFIX "%06ld", num);
@@ -295,7 +295,7 @@ done:
 }
 
 static int newest(git_repository *repo, char *out, size_t cap) {
-    long n;
+    long n = 0;
     int rc = next_number(repo, &n);
     if (rc < 0) return rc;
     if (n == 1) return tool_err(TOOL_ENOTFOUND, "no checkpoint in this repository");
