@@ -159,21 +159,44 @@ typedef enum {
 const char *engine_device_name(engine_device d);
 int engine_device_parse(const char *name);
 
+/* The element type of a KV cache (model params: the prefix cache; session params). */
+typedef enum {
+    ENGINE_KV_DEFAULT = -1, /* sessions: the model's KV type (engine_model_params.kv_type) */
+    ENGINE_KV_F16 = 0,  /* half the memory of F32; logits within ~1e-3 of F32 */
+    ENGINE_KV_F32 = 1,  /* exact: what the reference-logits test uses */
+    ENGINE_KV_Q8_0 = 2, /* blocks of 32 values: an F16 scale + 32 int8 (34 bytes, 0.53x F16);
+                         * the query is quantised to Q8_0 too for the integer K dot. CPU only
+                         * (ENGINE_EUNSUPPORTED on the GPU); head_dim a multiple of 32. Logits
+                         * within 2e-2 of F16's, relative to the largest (test_kv_q8) */
+} engine_kv_type;
+
+/* "f16", "f32", "q8_0" ("default" for ENGINE_KV_DEFAULT, "?" otherwise). Static. */
+const char *engine_kv_type_name(engine_kv_type t);
+/* The type named by `name` ("f16", "f32", "q8_0"), or -2 when unknown. */
+int engine_kv_type_parse(const char *name);
+
 typedef struct {
     int version;            /* ENGINE_MODEL_PARAMS_VERSION */
     int n_threads;          /* CPU threads for the forward pass; 0 = every CPU we may use */
     int32_t n_ctx;          /* default context length of new sessions; 0 = min(trained, 4096) */
     engine_device device;
     bool vocab_only;        /* load the tokenizer and metadata only: no sessions */
-    size_t prefix_cache_bytes; /* 0: off. Else a paged KV pool of this many bytes (F16),
-                             * shared by the model's CPU sessions of KV type f16 as a prefix
-                             * cache: a session whose first tokens were computed before (by a
-                             * live or an ended session) reuses them instead of computing them.
-                             * Not on the GPU yet (logged and ignored there). */
+    size_t prefix_cache_bytes; /* 0: off. Else a paged KV pool of this many bytes (of type
+                             * kv_type), shared by the model's CPU sessions of that KV type as
+                             * a prefix cache: a session whose first tokens were computed before
+                             * (by a live or an ended session) reuses them instead of computing
+                             * them. Not on the GPU yet (logged and ignored there). qwen35moe:
+                             * the pool holds the attention layers' KV, and half the budget (at
+                             * least one) goes to snapshots of the recurrent state at the end of
+                             * prompts and sessions; a hit restores the latest one it covers. */
+    engine_kv_type kv_type; /* the prefix cache's KV type and that of sessions created with
+                             * ENGINE_KV_DEFAULT; default F16. ENGINE_KV_Q8_0 on the GPU:
+                             * ENGINE_EUNSUPPORTED at load */
 } engine_model_params;
 
 #define ENGINE_MODEL_PARAMS_VERSION 1
-#define ENGINE_MODEL_PARAMS_INIT {ENGINE_MODEL_PARAMS_VERSION, 0, 0, ENGINE_DEVICE_AUTO, false, 0}
+#define ENGINE_MODEL_PARAMS_INIT                                                                \
+    {ENGINE_MODEL_PARAMS_VERSION, 0, 0, ENGINE_DEVICE_AUTO, false, 0, ENGINE_KV_F16}
 
 /* Load the GGUF file at `path` (architectures qwen3moe and qwen3). The file is mapped and
  * validated (every tensor's shape and type) before anything runs. params may be NULL
@@ -236,20 +259,15 @@ const char *engine_model_chat_template(const engine_model *m);
 
 /* ----- sessions ----- */
 
-typedef enum {
-    ENGINE_KV_F16 = 0, /* half the memory; logits within ~1e-3 of F32 */
-    ENGINE_KV_F32 = 1, /* exact: what the reference-logits test uses */
-} engine_kv_type;
-
 typedef struct {
     int version;            /* ENGINE_SESSION_PARAMS_VERSION */
     int32_t n_ctx;          /* positions; 0 = the model's default */
     int32_t n_batch;        /* prompt tokens per forward batch; 0 = 64 */
-    engine_kv_type kv_type;
+    engine_kv_type kv_type; /* ENGINE_KV_DEFAULT: the model's (engine_model_params.kv_type) */
 } engine_session_params;
 
 #define ENGINE_SESSION_PARAMS_VERSION 1
-#define ENGINE_SESSION_PARAMS_INIT {ENGINE_SESSION_PARAMS_VERSION, 0, 0, ENGINE_KV_F16}
+#define ENGINE_SESSION_PARAMS_INIT {ENGINE_SESSION_PARAMS_VERSION, 0, 0, ENGINE_KV_DEFAULT}
 
 /* Create a session on m (params may be NULL). Everything the forward pass needs (KV cache,
  * activations, logits) is allocated here, so appending tokens allocates nothing.
@@ -417,7 +435,10 @@ int engine_generate(engine_session *s, const engine_gen_params *p, engine_token_
  * so a prompt reuses the longest prefix computed by any earlier request, and a finished or
  * cancelled request releases its blocks at once. When blocks run out the scheduler queues new
  * requests or preempts the youngest running one (its work is recomputed later); it never fails
- * a request silently and never touches another request's blocks.
+ * a request silently and never touches another request's blocks. Admission goes in submission
+ * order, except that a request waiting for room lets later requests that fit now go first, a
+ * bounded number of times (engine_sched_params.max_bypass), so a large request neither blocks
+ * small ones nor starves.
  *
  * Callbacks (on_token, on_done, and the sampling mask/accept hooks) run ON THE SCHEDULER
  * THREAD: keep them short (copy the text and signal your own thread) and never call
@@ -431,10 +452,13 @@ typedef struct {
     int32_t max_queue;      /* waiting requests before submit returns ENGINE_ERANGE; 0 = 1024 */
     int32_t prefill_chunk;  /* prompt tokens per step over all sequences; 0 = 256 */
     int32_t n_ctx;          /* positions per request (prompt + generated); 0 = model's n_ctx */
+    int32_t max_bypass;     /* admission: a waiting request that does not fit yet lets later
+                             * ones that fit go first, at most this many times, then nothing
+                             * behind it is admitted before it; 0 = 8, -1 = strict FCFS */
 } engine_sched_params;
 
 #define ENGINE_SCHED_PARAMS_VERSION 1
-#define ENGINE_SCHED_PARAMS_INIT {ENGINE_SCHED_PARAMS_VERSION, 0, 0, 0, 0}
+#define ENGINE_SCHED_PARAMS_INIT {ENGINE_SCHED_PARAMS_VERSION, 0, 0, 0, 0, 0}
 
 typedef struct {
     engine_gen_stats gen;       /* as engine_generate's; gen.cached_tokens = prompt tokens
@@ -446,6 +470,7 @@ typedef struct {
     double queue_ms;            /* submit -> admitted */
     double ttft_ms;             /* submit -> first generated token */
     double total_ms;            /* submit -> done */
+    uint64_t admitted_step;     /* engine_sched_stats.steps when it was first admitted */
 } engine_request_stats;
 
 /* Called exactly once per submitted request, last of its callbacks: rc 0 (why it stopped in
@@ -518,6 +543,9 @@ void engine_sched_stats_get(engine_sched *s, engine_sched_stats *out);
  * confined to tensor data outside the sampled pages (a hand-patched weight), and the hashes
  * are not cryptographic: they catch accidents (corruption, stale files), not a forger with
  * write access to the cache directory.
+ *
+ * A hybrid model's (qwen35moe) prefix cache is not persisted yet: its recurrent-state snapshots
+ * are not in the format, so save, load, unpin and default_path return ENGINE_EUNSUPPORTED.
  *
  * Writes are atomic: a temporary file in the same directory, fsync, rename over the target,
  * fsync of the directory; a failed save leaves the previous file (or none) and no temporary.

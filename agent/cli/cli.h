@@ -63,6 +63,10 @@ typedef struct {
      * -1 = auto (cli_kv_cache_plan's default), 0 = off; `kv_cache =` / SPARK_KV_CACHE */
     long kv_cache_mib;
     char kv_cache_source[64];
+    /* KV type of the model's sessions and prefix cache (engine_model_params.kv_type):
+     * `kv_type = f16|f32|q8_0` / SPARK_KV_TYPE; default f16 */
+    int kv_type;
+    char kv_type_source[64];
     char serve_host[256];    /* serve.host ("" = not set) */
     int serve_port;          /* serve.port (0 = not set) */
     char config_path[4096];  /* the config file consulted ("" if none exists) */
@@ -96,6 +100,11 @@ int cli_model_load(const char *cmd, engine_model **out, const char *path,
 bool cli_parse_kv_cache(const char *s, long *mib); /* "auto" (-1) or 0..16777216 MiB */
 int cli_kv_cache_plan(const char *cmd, const char *flag, const cli_config *cfg, const char *path,
                       int32_t n_ctx, engine_model_params *mp, bool log);
+/* mp->kv_type from `flag` (--kv f16|f32|q8_0) > SPARK_KV_TYPE > the config's kv_type > f16
+ * (call before cli_kv_cache_plan, which sizes the pool for that type). Returns 0, or -1 after
+ * printing the error (an unknown type). */
+int cli_kv_type_plan(const char *cmd, const char *flag, const cli_config *cfg,
+                     engine_model_params *mp);
 /* Strict number parsing for options: the whole string, in [lo, hi] (u64: no sign). */
 bool cli_parse_long(const char *s, long lo, long hi, long *out);
 bool cli_parse_float(const char *s, double lo, double hi, float *out);

@@ -139,6 +139,17 @@ int cli_model_load(const char *cmd, engine_model **out, const char *path,
 /* Positions per KV block of the engine's paged pool (engine.h: engine_prefix_*, B = 16). */
 #define CLI_KV_BLOCK 16
 
+int cli_kv_type_plan(const char *cmd, const char *flag, const cli_config *cfg,
+                     engine_model_params *mp) {
+    int t = flag ? engine_kv_type_parse(flag) : cfg->kv_type;
+    if (t < 0) {
+        cli_errorf(cmd, "--kv %s: expected f16, f32 or q8_0", flag);
+        return -1;
+    }
+    mp->kv_type = (engine_kv_type)t;
+    return 0;
+}
+
 int cli_kv_cache_plan(const char *cmd, const char *flag, const cli_config *cfg, const char *path,
                       int32_t n_ctx, engine_model_params *mp, bool log) {
     long mib = cfg->kv_cache_mib;
@@ -153,7 +164,9 @@ int cli_kv_cache_plan(const char *cmd, const char *flag, const cli_config *cfg, 
     mp->prefix_cache_bytes = 0;
     if (mib >= 0) {
         mp->prefix_cache_bytes = (size_t)mib << 20;
-        if (log && mib) fprintf(stderr, "spark-agent %s: kv cache %ld MiB (%s)\n", cmd, mib, src);
+        if (log && mib)
+            fprintf(stderr, "spark-agent %s: kv cache %ld MiB (%s), %s KV\n", cmd, mib, src,
+                    engine_kv_type_name(mp->kv_type));
         else if (log) fprintf(stderr, "spark-agent %s: kv cache off (%s)\n", cmd, src);
         return 0;
     }
@@ -175,16 +188,20 @@ int cli_kv_cache_plan(const char *cmd, const char *flag, const cli_config *cfg, 
     engine_model_info in;
     engine_model_info_get(vm, &in);
     engine_model_free(vm);
-    if (!strcmp(in.arch, "qwen35moe") || in.n_layer <= 0 || in.n_head_kv <= 0 ||
-        in.head_dim <= 0) {
+    if (in.n_layer <= 0 || in.n_head_kv <= 0 || in.head_dim <= 0) {
         if (log)
-            fprintf(stderr, "spark-agent %s: kv cache off (auto: %s has no prefix cache yet)\n",
+            fprintf(stderr, "spark-agent %s: kv cache off (auto: %s reports no KV shape)\n",
                     cmd, in.arch);
         return 0;
     }
-    /* K and V, F16, every layer */
+    /* K and V, every layer, of the KV type (Q8_0: 34 bytes per 32 values). For qwen35moe
+     * (a quarter of the layers have KV) the engine gives half of the pool to snapshots of the
+     * recurrent state: counting every layer leaves it room for the positions and for them. */
+    uint64_t per_value = mp->kv_type == ENGINE_KV_F32    ? 64
+                         : mp->kv_type == ENGINE_KV_Q8_0 ? 17
+                                                         : 32; /* sixteenths of a byte */
     uint64_t per_token = 2ull * (uint64_t)in.n_layer * (uint64_t)in.n_head_kv *
-                         (uint64_t)in.head_dim * 2;
+                         (uint64_t)in.head_dim * per_value / 16;
     /* a vocabulary-only model reports no session context: the engine's default then,
      * min(trained, 4096) (engine_model_params.n_ctx) */
     int64_t pos = n_ctx > 0 ? n_ctx : in.n_ctx > 0 ? in.n_ctx : in.n_ctx_train;
@@ -193,7 +210,7 @@ int cli_kv_cache_plan(const char *cmd, const char *flag, const cli_config *cfg, 
     mp->prefix_cache_bytes = (size_t)(blocks * CLI_KV_BLOCK * per_token);
     if (log)
         fprintf(stderr, "spark-agent %s: kv cache %.1f MiB (auto: %lld positions + 2 blocks x "
-                "%.1f KiB per token)\n", cmd, (double)mp->prefix_cache_bytes / (1 << 20),
-                (long long)pos, (double)per_token / 1024);
+                "%.1f KiB per token of %s KV)\n", cmd, (double)mp->prefix_cache_bytes / (1 << 20),
+                (long long)pos, (double)per_token / 1024, engine_kv_type_name(mp->kv_type));
     return 0;
 }

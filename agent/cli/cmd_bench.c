@@ -14,7 +14,7 @@
 
 static void usage(FILE *f) {
     fprintf(f, "usage: spark-agent bench [-m FILE] [-p N_PROMPT] [-n N_GEN] [-t THREADS] "
-               "[-r REPS] [-d DEPTH] [--kv f16|f32]\n\n"
+               "[-r REPS] [-d DEPTH] [--kv f16|f32|q8_0]\n\n"
                "Measure prefill (pp) and decode (tg) speed: a prompt of N_PROMPT tokens, then\n"
                "N_GEN tokens decoded one at a time after it; mean ± sd over REPS runs (after one\n"
                "warm-up run). With -d, both run after DEPTH tokens of context (filled untimed, as\n"
@@ -28,7 +28,8 @@ static void usage(FILE *f) {
                "  -b, --batch N      prompt tokens per forward batch (default 64; the GPU\n"
                "                     prefills in chunks of SPARK_CUDA_PREFILL_CHUNK, default 512)\n"
                "  -d, --depth N      context tokens before each measurement (default 0)\n"
-               "  --kv TYPE          KV cache type f16 (default) or f32\n");
+               "  --kv TYPE          KV cache type f16, f32 or q8_0 (CPU only) (default:\n"
+               "                     SPARK_KV_TYPE, the config's kv_type, else f16)\n");
 }
 
 static double now_ms(void) {
@@ -90,6 +91,7 @@ int cli_bench(int argc, char **argv) {
     const char *cmd = "bench", *model_flag = NULL;
     long n_prompt = 512, n_gen = 128, threads = -1, reps = 3, batch = 64, depth = 0;
     engine_kv_type kv = ENGINE_KV_F16;
+    const char *kv_flag = NULL;
     int c;
     optind = 1;
     opterr = 0;
@@ -104,9 +106,8 @@ int cli_bench(int argc, char **argv) {
         case 'b': ok = cli_parse_long(optarg, 1, 8192, &batch); break;
         case 'd': ok = cli_parse_long(optarg, 0, 1 << 20, &depth); break;
         case 'k':
-            if (!strcmp(optarg, "f16")) kv = ENGINE_KV_F16;
-            else if (!strcmp(optarg, "f32")) kv = ENGINE_KV_F32;
-            else ok = false;
+            kv_flag = optarg;
+            ok = engine_kv_type_parse(optarg) >= 0;
             break;
         case 'h': usage(stdout); return CLI_EXIT_OK;
         case ':': cli_errorf(cmd, "option %s needs a value", argv[optind - 1]); return CLI_EXIT_USAGE;
@@ -144,6 +145,11 @@ int cli_bench(int argc, char **argv) {
     engine_model_params mp = ENGINE_MODEL_PARAMS_INIT;
     mp.n_threads = threads > 0 ? (int)threads : cfg.threads;
     mp.device = (engine_device)engine_device_parse(cfg.device);
+    if (cli_kv_type_plan(cmd, kv_flag, &cfg, &mp)) {
+        ret = CLI_EXIT_USAGE;
+        goto done;
+    }
+    kv = mp.kv_type;
     if (engine_model_load(&m, path, &mp) != 0) {
         cli_errorf(cmd, "%s", engine_error_last());
         goto done;
@@ -253,7 +259,7 @@ int cli_bench(int argc, char **argv) {
     printf("peak RSS %.1f MiB for a model file of %.1f MiB; now %.1f MiB anonymous (KV cache, "
            "buffers) + %.1f MiB of mapped file pages (the weights are used in place, never "
            "copied); KV cache %s, batch %ld, %ld reps\n", rss_mib, file_mib, anon, mapped,
-           kv == ENGINE_KV_F16 ? "f16" : "f32", batch, reps);
+           engine_kv_type_name(kv), batch, reps);
     ret = CLI_EXIT_OK;
 done:
     free(prompt);

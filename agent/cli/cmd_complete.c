@@ -337,7 +337,7 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: spark-agent complete [-m FILE] [-p TEXT] [-n N] [-s SEED] [--temp T]\n"
             "                            [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
-            "                            [-t THREADS] [-c CTX] [--device D]\n"
+            "                            [-t THREADS] [-c CTX] [--device D] [--kv TYPE]\n"
             "                            [--grammar FILE.gbnf] [--json-schema FILE.json]\n"
             "                            [--mtp K]\n\n"
             "Complete the prompt (from -p, else stdin) as raw text. The generated text goes to\n"
@@ -358,6 +358,8 @@ static void usage(FILE *f) {
             "  -t, --threads N         CPU threads (default: config, else all cores)\n"
             "  -c, --ctx-size N        context length (default: min(trained, 4096))\n"
             "  --device D              auto, cpu or cuda (default: config, else auto)\n"
+            "  --kv TYPE               KV cache type f16, f32 or q8_0 (CPU only; default:\n"
+            "                          SPARK_KV_TYPE, the config's kv_type, else f16)\n"
             "  --grammar FILE          constrain the output with a GBNF grammar\n"
             "  --json-schema FILE      constrain the output to JSON matching the schema\n"
             "  --mtp K                 speculative decoding with the model's MTP block: draft K\n"
@@ -422,7 +424,7 @@ static const char *stop_name(engine_stop_reason r) {
 int cli_complete(int argc, char **argv) {
     enum {
         OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REP, OPT_GRAMMAR, OPT_SCHEMA,
-        OPT_DEVICE, OPT_IGNORE_EOS, OPT_PRINT_PROMPT, OPT_MTP,
+        OPT_DEVICE, OPT_IGNORE_EOS, OPT_PRINT_PROMPT, OPT_KV, OPT_MTP,
     };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},
@@ -437,6 +439,7 @@ int cli_complete(int argc, char **argv) {
         {"threads", required_argument, 0, 't'},
         {"ctx-size", required_argument, 0, 'c'},
         {"device", required_argument, 0, OPT_DEVICE},
+        {"kv", required_argument, 0, OPT_KV},
         {"grammar", required_argument, 0, OPT_GRAMMAR},
         {"json-schema", required_argument, 0, OPT_SCHEMA},
         {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS},
@@ -447,7 +450,7 @@ int cli_complete(int argc, char **argv) {
     };
     const char *cmd = "complete";
     const char *model_flag = NULL, *prompt = NULL, *gbnf_path = NULL, *schema_path = NULL;
-    const char *device = NULL;
+    const char *device = NULL, *kv_flag = NULL;
     long n_predict = 128, threads = -1, n_ctx = 0, v = 0;
     bool have_seed = false, print_prompt = false, have_mtp = false;
     engine_gen_params gp = ENGINE_GEN_PARAMS_INIT;
@@ -478,6 +481,7 @@ int cli_complete(int argc, char **argv) {
         case 't': ok = cli_parse_long(optarg, 1, 1024, &threads); break;
         case 'c': ok = cli_parse_long(optarg, 1, INT32_MAX, &n_ctx); break;
         case OPT_DEVICE: device = optarg; ok = engine_device_parse(optarg) >= 0; break;
+        case OPT_KV: kv_flag = optarg; ok = engine_kv_type_parse(optarg) >= 0; break;
         case OPT_GRAMMAR: gbnf_path = optarg; break;
         case OPT_SCHEMA: schema_path = optarg; break;
         case OPT_IGNORE_EOS: gp.ignore_eog = true; break;
@@ -588,6 +592,10 @@ int cli_complete(int argc, char **argv) {
     engine_model_params mp = ENGINE_MODEL_PARAMS_INIT;
     mp.n_threads = threads > 0 ? (int)threads : cfg.threads;
     mp.device = (engine_device)engine_device_parse(device ? device : cfg.device);
+    if (cli_kv_type_plan(cmd, kv_flag, &cfg, &mp)) {
+        ret = CLI_EXIT_USAGE;
+        goto done;
+    }
     if (cli_model_load(cmd, &m, path, &mp) != 0) goto done;
 #ifdef SPARK_FULL_BUILD
     if (gbnf_path || schema_path) {

@@ -134,6 +134,7 @@ typedef struct {
     const char *model_flag, *model_url, *api_key, *remote_model, *script, *resume, *root;
     const char *approval, *default_approval, *approval_rules;
     const char *kv_cache; /* --kv-cache auto|MiB */
+    const char *kv_type;  /* --kv f16|f32|q8_0 */
     const char *tools;    /* --tools NAME,...|none: the built-in tools offered */
     bool json, no_mcp, stats;
     int max_steps;
@@ -405,7 +406,8 @@ static int setup_rest(run_state *s, const run_args *a, const cli_config *cfg,
         mp.device = (engine_device)engine_device_parse(cfg->device);
         /* the prefix cache: the persisted system block (agent/backend_engine.c) and cached
          * prefixes need the model's paged KV pool */
-        if (cli_kv_cache_plan(a->cmd, a->kv_cache, cfg, path, a->ctx, &mp, true))
+        if (cli_kv_type_plan(a->cmd, a->kv_type, cfg, &mp) ||
+            cli_kv_cache_plan(a->cmd, a->kv_cache, cfg, path, a->ctx, &mp, true))
             return CLI_EXIT_USAGE;
         if (a->stats) engine_log_set(NULL, NULL, ENGINE_LOG_DEBUG); /* prefix loads and saves */
         if (cli_model_load(a->cmd, &s->model, path, &mp)) return CLI_EXIT_FAIL;
@@ -504,7 +506,7 @@ static int parse_args(run_args *a, int argc, char **argv, int *first_arg) {
         {"tool-calls", required_argument, NULL, 'T'}, {"help", no_argument, NULL, 'h'},
         {"approval-rules", required_argument, NULL, 'A'}, {"no-mcp", no_argument, NULL, 'N'},
         {"kv-cache", required_argument, NULL, 'k'}, {"stats", no_argument, NULL, 'x'},
-        {"tools", required_argument, NULL, 'L'},
+        {"tools", required_argument, NULL, 'L'}, {"kv", required_argument, NULL, 'V'},
         {NULL, 0, NULL, 0}};
     int c;
     optind = 1;
@@ -519,6 +521,13 @@ static int parse_args(run_args *a, int argc, char **argv, int *first_arg) {
         case 'A': a->approval_rules = optarg; break;
         case 'N': a->no_mcp = true; break;
         case 'k': a->kv_cache = optarg; break;
+        case 'V':
+            a->kv_type = optarg;
+            if (engine_kv_type_parse(optarg) < 0) {
+                cli_errorf(a->cmd, "--kv %s: expected f16, f32 or q8_0", optarg);
+                return -1;
+            }
+            break;
         case 'L': a->tools = optarg; break;
         case 'x': a->stats = true; break;
         case 'j': a->json = true; break;
@@ -543,6 +552,7 @@ static int parse_args(run_args *a, int argc, char **argv, int *first_arg) {
                    "[--approval MODE]\n       [--approval-rules JSON] [--json] [--max-steps N] [--max-tokens N] "
                    "[--resume ID] [--root DIR] [--ctx N]\n       [--tool-calls auto|required|none]"
                    " [--script REPLIES.json] [--no-mcp]\n       [--kv-cache auto|MiB] "
+                   "[--kv f16|f32|q8_0] "
                    "[--stats] [--tools NAME,...|none]\n\n"
                    "Approval modes: read-only, ask (default for chat), auto-edit (default for "
                    "run),\nfull-auto; --approval > SPARK_APPROVAL > `approval =` in the config "
@@ -552,8 +562,9 @@ static int parse_args(run_args *a, int argc, char **argv, int *first_arg) {
                    "Transcripts: $XDG_STATE_HOME/spark-agent/sessions/ID.jsonl.\n"
                    "--kv-cache: the prefix cache's KV pool (> SPARK_KV_CACHE > `kv_cache =`;\n"
                    "auto sizes it for the context; 0 off); the system block's KV is kept under\n"
-                   "$XDG_CACHE_HOME/spark-agent/prefixes. --stats: prompt and cached tokens per "
-                   "turn.\n--tools: offer only these built-in tools (none: only MCP servers' "
+                   "$XDG_CACHE_HOME/spark-agent/prefixes. --kv: the KV type (> SPARK_KV_TYPE >\n"
+                   "`kv_type =`; default f16; q8_0 is about half of f16's memory, CPU only).\n"
+                   "--stats: prompt and cached tokens per turn.\n--tools: offer only these built-in tools (none: only MCP servers' "
                    "tools).\n--tool-calls required with --model-url sends tool_choice "
                    "\"required\".\n"
                    "Exit status: 0 answered, 1 stopped otherwise (budget, refusal loop, error),\n"

@@ -206,14 +206,16 @@ int cli_serve(int argc, char **argv) {
     mp.n_threads = threads > 0 ? (int)threads : cfg.threads;
     mp.device = (engine_device)engine_device_parse(device ? device : cfg.device);
     if (n_ctx) mp.n_ctx = (int32_t)n_ctx;
+    /* the KV type: SPARK_KV_TYPE > kv_type (config) > f16 */
+    if (cli_kv_type_plan(cmd, NULL, &cfg, &mp)) return CLI_EXIT_USAGE;
     /* --kv-cache MiB > SPARK_KV_CACHE > kv_cache: the model's paged pool, which the scheduler
      * then shares (and engine_prefix_* could use); auto (and 0) leave the pool to the
      * scheduler, sized n_ctx x max_seqs and logged by it */
     if (!kv_flag) kv = cfg.kv_cache_mib;
     if (kv > 0) {
         mp.prefix_cache_bytes = (size_t)kv << 20;
-        fprintf(stderr, "spark-agent serve: kv cache %ld MiB (%s)\n", kv,
-                kv_flag ? "--kv-cache" : cfg.kv_cache_source);
+        fprintf(stderr, "spark-agent serve: kv cache %ld MiB (%s), %s KV\n", kv,
+                kv_flag ? "--kv-cache" : cfg.kv_cache_source, engine_kv_type_name(mp.kv_type));
     }
     engine_model *m = NULL;
     if (engine_model_load(&m, path, &mp)) {

@@ -115,6 +115,9 @@ static int parse_file(cli_config *cfg, FILE *f) {
         } else if (strcmp(key, "kv_cache") == 0) {
             if (!cli_parse_kv_cache(val, &cfg->kv_cache_mib)) goto bad;
             snprintf(cfg->kv_cache_source, sizeof cfg->kv_cache_source, "config file");
+        } else if (strcmp(key, "kv_type") == 0) {
+            if ((cfg->kv_type = engine_kv_type_parse(val)) < 0) goto bad;
+            snprintf(cfg->kv_type_source, sizeof cfg->kv_type_source, "config file");
         } else if (strcmp(key, "serve.host") == 0) {
             if (!*val || set_str(cfg->serve_host, sizeof cfg->serve_host, val, NULL, 0, ""))
                 goto bad;
@@ -133,7 +136,8 @@ static int parse_file(cli_config *cfg, FILE *f) {
 bad:
     snprintf(cfg->error, sizeof cfg->error, "%s:%d: cannot parse this line (keys: model, device "
              "= auto|cpu|cuda, threads, sandbox = required|off, approval = MODE, approval_rules "
-             "= {JSON}, mcp.NAME = {JSON}, kv_cache = auto|MiB, serve.host, serve.port)",
+             "= {JSON}, mcp.NAME = {JSON}, kv_cache = auto|MiB, kv_type = f16|f32|q8_0, serve.host, "
+             "serve.port)",
              cfg->config_path, lineno);
     return -1;
 }
@@ -147,6 +151,8 @@ int cli_config_load(cli_config *cfg) {
     cfg->sandbox_required = true;
     cfg->kv_cache_mib = -1;
     snprintf(cfg->kv_cache_source, sizeof cfg->kv_cache_source, "default");
+    cfg->kv_type = ENGINE_KV_F16;
+    snprintf(cfg->kv_type_source, sizeof cfg->kv_type_source, "default");
 
     const char *xdg = getenv("XDG_CONFIG_HOME"), *home = getenv("HOME");
     char path[4096] = "";
@@ -186,6 +192,17 @@ int cli_config_load(cli_config *cfg) {
             rc = -1;
         } else {
             snprintf(cfg->kv_cache_source, sizeof cfg->kv_cache_source, "SPARK_KV_CACHE");
+        }
+    }
+    if ((v = getenv("SPARK_KV_TYPE")) && *v) {
+        int t = engine_kv_type_parse(v);
+        if (t < 0) {
+            snprintf(cfg->error, sizeof cfg->error,
+                     "SPARK_KV_TYPE=%.64s: expected f16, f32 or q8_0", v);
+            rc = -1;
+        } else {
+            cfg->kv_type = t;
+            snprintf(cfg->kv_type_source, sizeof cfg->kv_type_source, "SPARK_KV_TYPE");
         }
     }
     if ((v = getenv("SPARK_APPROVAL")) && *v) {

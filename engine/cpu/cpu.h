@@ -84,7 +84,14 @@ typedef struct {
     int head_dim;
 } engine_kv_view;
 
-/* Store one position's K and V rows (each n_head_kv * head_dim F32 values) at position pos. */
+/* Bytes of one K (or V) row of n_head_kv * head_dim values of type t: 4 or 2 per value for F32
+ * and F16; Q8_0 stores each head's head_dim values as head_dim / 32 blocks of 34 bytes (an F16
+ * scale + 32 int8), so a head starts on a block boundary. 0 when the type is unknown or Q8_0
+ * with head_dim not a multiple of 32. */
+size_t engine_cpu_kv_row_bytes(engine_kv_type t, int n_head_kv, int head_dim);
+
+/* Store one position's K and V rows (each n_head_kv * head_dim F32 values) at position pos
+ * (rounded to F16, or quantised to Q8_0 per block of 32). */
 void engine_cpu_kv_store(const engine_kv_view *kv, int32_t pos, const float *k, const float *v);
 
 #define ENGINE_CPU_MAX_HEAD_DIM 1024
@@ -92,8 +99,10 @@ void engine_cpu_kv_store(const engine_kv_view *kv, int32_t pos, const float *k, 
 /* Causal attention of the n_q query heads that share KV head kv_head (a GQA group) over
  * positions [0, n_pos): out[h] = softmax(q[h] . K^T * scale) V for h < n_q, each head_dim
  * values (q and out hold n_q * head_dim). Each K and V row is read (and, for F16, converted)
- * once for the whole group. `scores` is scratch of n_q * n_pos floats. head_dim <=
- * ENGINE_CPU_MAX_HEAD_DIM. */
+ * once for the whole group. Q8_0: each query head is quantised to Q8_0 once and dotted with
+ * the K rows of a block by the integer kernels of quant.h (AVX2 / NEON); V rows are
+ * dequantised on the fly into the weighted sums. `scores` is scratch of n_q * n_pos floats.
+ * head_dim <= ENGINE_CPU_MAX_HEAD_DIM. */
 void engine_cpu_attention_group(float *out, const float *q, int n_q, const engine_kv_view *kv,
                                 int kv_head, int32_t n_pos, float scale, float *scores);
 
@@ -131,6 +140,31 @@ void engine_cpu_conv1d_causal(float *x, size_t stride, int n, const float *w, in
  * q is expected already scaled (1/sqrt(dk)); tmp is scratch of dv floats. */
 void engine_cpu_delta_rule(float *s, int dk, int dv, const float *q, const float *k,
                            const float *v, float g, float beta, float *o, float *tmp);
+
+/* The same rule in chunked form (issue 11): the state s [dk][dv] is kept at a base position
+ * and the tokens since then are held as pending rows `pend` (ENGINE_CPU_DELTA_PEND_FLOATS
+ * floats for up to `cap` rows: keys [cap][dk], corrections [cap][dv], then the cumulative log
+ * decays since the base [cap]). With c_t the cumulative log gate and gamma_t = exp(c_t),
+ *   delta_t = beta_t (v_t - gamma_t s^T k_t - sum_{j<t} exp(c_t - c_j) (k_t . k_j) delta_j)
+ *   o_t     = gamma_t s^T q_t + sum_{j<=t} exp(c_t - c_j) (q_t . k_j) delta_j
+ * (forward substitution through the chunk's unit lower-triangular system), which is what the
+ * recurrent form computes token by token. engine_cpu_delta_chunk_rows appends n rows to the m
+ * pending ones (m + n <= cap <= ENGINE_CPU_DELTA_CHUNK_MAX): q and k hold n rows of dk values
+ * (normalised; q scaled), v n rows v_stride floats apart, lg the log gates (<= 0), beta the
+ * betas; o receives n rows of dv. s^T k and s^T q of all n rows come from one pass over s.
+ * Row t's bits depend only on s and the rows before it, never on n: a chunk appended in any
+ * split gives the same outputs and pending rows. scratch: 2 n dv floats. */
+#define ENGINE_CPU_DELTA_CHUNK_MAX 64
+#define ENGINE_CPU_DELTA_PEND_FLOATS(cap, dk, dv) \
+    ((size_t)(cap) * ((size_t)(dk) + (size_t)(dv) + 1))
+void engine_cpu_delta_chunk_rows(const float *s, float *pend, int cap, int m, int n, int dk,
+                                 int dv, const float *q, const float *k, const float *v,
+                                 size_t v_stride, const float *lg, const float *beta, float *o,
+                                 float *scratch);
+
+/* Fold the m pending rows into s, which becomes the state after them (then m = 0):
+ *   s = gamma_{m-1} s + sum_j exp(c_{m-1} - c_j) k_j delta_j^T */
+void engine_cpu_delta_chunk_fold(float *s, const float *pend, int cap, int m, int dk, int dv);
 
 /* y = rmsnorm(x) * w * silu(z) over n values (the gated RMSNorm of the DeltaNet output). */
 void engine_cpu_rmsnorm_gated(float *y, const float *x, const float *w, const float *z, int n,

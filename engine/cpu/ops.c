@@ -74,10 +74,29 @@ static inline const void *kv_row(void *const *blocks, int32_t bs, int32_t pos, s
     return (const uint8_t *)blocks[pos / bs] + (size_t)(pos % bs) * row_bytes;
 }
 
+size_t engine_cpu_kv_row_bytes(engine_kv_type t, int n_head_kv, int head_dim) {
+    size_t n = (size_t)n_head_kv * (size_t)head_dim;
+    switch (t) {
+    case ENGINE_KV_F32: return n * 4;
+    case ENGINE_KV_F16: return n * 2;
+    case ENGINE_KV_Q8_0:
+        if (head_dim % ENGINE_QK8_0) return 0;
+        return n / ENGINE_QK8_0 * sizeof(engine_block_q8_0);
+    default: return 0;
+    }
+}
+
 void engine_cpu_kv_store(const engine_kv_view *kv, int32_t pos, const float *k, const float *v) {
     int stride = kv->n_head_kv * kv->head_dim;
     size_t off = (size_t)(pos % kv->block_size) * stride;
-    if (kv->type == ENGINE_KV_F32) {
+    if (kv->type == ENGINE_KV_Q8_0) {
+        size_t rb = (size_t)stride / ENGINE_QK8_0 * sizeof(engine_block_q8_0);
+        size_t boff = (size_t)(pos % kv->block_size) * rb;
+        engine_quantize_row(ENGINE_TYPE_Q8_0, k,
+                            (uint8_t *)kv->k_blocks[pos / kv->block_size] + boff, stride);
+        engine_quantize_row(ENGINE_TYPE_Q8_0, v,
+                            (uint8_t *)kv->v_blocks[pos / kv->block_size] + boff, stride);
+    } else if (kv->type == ENGINE_KV_F32) {
         memcpy((float *)kv->k_blocks[pos / kv->block_size] + off, k, sizeof(float) * stride);
         memcpy((float *)kv->v_blocks[pos / kv->block_size] + off, v, sizeof(float) * stride);
     } else {
@@ -117,11 +136,54 @@ static inline float dot(const float *a, const float *b, int n) {
     return (s0 + s1) + (s2 + s3);
 }
 
+/* Q8_0 KV: per query head, q is quantised once; the scores of a block's rows come from one
+ * integer mat-vec over the block (rows of the same head are row_bytes apart); V rows are
+ * dequantised block by block into the weighted sums (w * scale folded once per block). */
+static void attention_group_q8(float *out, const float *q, int n_q, const engine_kv_view *kv,
+                               int kv_head, int32_t n_pos, float scale, float *scores) {
+    enum { QBUF = ENGINE_CPU_MAX_HEAD_DIM / ENGINE_QK8_0 };
+    int d = kv->head_dim, nbh = d / ENGINE_QK8_0, bs = kv->block_size;
+    size_t bq = sizeof(engine_block_q8_0);
+    size_t rb = (size_t)kv->n_head_kv * (size_t)nbh * bq, hoff = (size_t)kv_head * nbh * bq;
+    engine_block_q8_0 qq[QBUF];
+    for (int h = 0; h < n_q; h++) {
+        float *sc = scores + (size_t)h * n_pos;
+        engine_quantize_row(ENGINE_TYPE_Q8_0, q + (size_t)h * d, qq, d);
+        for (int32_t p0 = 0; p0 < n_pos; p0 += bs) {
+            int32_t n = n_pos - p0 < bs ? n_pos - p0 : bs;
+            const uint8_t *base = (const uint8_t *)kv->k_blocks[p0 / bs] + hoff;
+            /* y is indexed by absolute row: row r of this block lands at sc[p0 + r] */
+            engine_quant_matvec(ENGINE_TYPE_Q8_0, base, rb, d, 0, n, qq, sc + p0);
+        }
+        for (int32_t p = 0; p < n_pos; p++) sc[p] *= scale;
+        engine_cpu_softmax(sc, n_pos);
+        for (int i = 0; i < d; i++) out[(size_t)h * d + i] = 0.0f;
+    }
+    for (int32_t p = 0; p < n_pos; p++) {
+        const engine_block_q8_0 *vb =
+            (const engine_block_q8_0 *)((const uint8_t *)kv->v_blocks[p / bs] +
+                                        (size_t)(p % bs) * rb + hoff);
+        for (int j = 0; j < nbh; j++) {
+            float dv = f16_table[vb[j].d];
+            const int8_t *qs = vb[j].qs;
+            for (int h = 0; h < n_q; h++) {
+                float w = scores[(size_t)h * n_pos + p] * dv;
+                float *o = out + (size_t)h * d + (size_t)j * ENGINE_QK8_0;
+                for (int i = 0; i < ENGINE_QK8_0; i++) o[i] += w * (float)qs[i];
+            }
+        }
+    }
+}
+
 void engine_cpu_attention_group(float *out, const float *q, int n_q, const engine_kv_view *kv,
                                 int kv_head, int32_t n_pos, float scale, float *scores) {
     int d = kv->head_dim;
     float buf[ENGINE_CPU_MAX_HEAD_DIM];
-    if (kv->type == ENGINE_KV_F16) pthread_once(&f16_once, f16_table_fill);
+    if (kv->type != ENGINE_KV_F32) pthread_once(&f16_once, f16_table_fill);
+    if (kv->type == ENGINE_KV_Q8_0) {
+        attention_group_q8(out, q, n_q, kv, kv_head, n_pos, scale, scores);
+        return;
+    }
     for (int32_t p = 0; p < n_pos; p++) {
         const float *k = kv_head_row(kv, kv->k_blocks, p, kv_head, buf);
         for (int h = 0; h < n_q; h++) scores[(size_t)h * n_pos + p] = dot(q + (size_t)h * d, k, d) * scale;

@@ -6,19 +6,44 @@
 #include "common.h"
 #include "kv/kv.h"
 
+const char *engine_kv_type_name(engine_kv_type t) {
+    switch (t) {
+    case ENGINE_KV_DEFAULT: return "default";
+    case ENGINE_KV_F16: return "f16";
+    case ENGINE_KV_F32: return "f32";
+    case ENGINE_KV_Q8_0: return "q8_0";
+    }
+    return "?";
+}
+
+int engine_kv_type_parse(const char *name) {
+    static const engine_kv_type all[] = {ENGINE_KV_F16, ENGINE_KV_F32, ENGINE_KV_Q8_0};
+    for (size_t i = 0; name && i < sizeof all / sizeof *all; i++)
+        if (!strcmp(name, engine_kv_type_name(all[i]))) return (int)all[i];
+    return -2;
+}
+
 int engine_kv_cache_new(engine_kv_cache **out, const engine_kv_params *p) {
     *out = NULL;
     if (!p || p->n_layer <= 0 || p->n_head_kv <= 0 || p->head_dim <= 0 || p->block_size < 0 ||
-        (p->type != ENGINE_KV_F16 && p->type != ENGINE_KV_F32))
+        (p->type != ENGINE_KV_F16 && p->type != ENGINE_KV_F32 && p->type != ENGINE_KV_Q8_0))
         return engine_err(ENGINE_EINVAL, "kv cache: bad parameters");
     if (p->n_layer > 4096 || p->n_head_kv > 4096 || p->head_dim > 65536 || p->block_size > 4096)
         return engine_err(ENGINE_EINVAL, "kv cache: shape out of range");
+    if (p->n_snaps < 0 || p->n_snaps > 65536 || (p->n_snaps && p->snap_bytes == 0) ||
+        p->snap_bytes > ((size_t)1 << 40))
+        return engine_err(ENGINE_EINVAL, "kv cache: %d snapshots of %zu bytes", (int)p->n_snaps,
+                          p->snap_bytes);
+    size_t row_bytes = engine_cpu_kv_row_bytes(p->type, p->n_head_kv, p->head_dim);
+    if (row_bytes == 0)
+        return engine_err(ENGINE_EUNSUPPORTED, "kv cache: type %s needs a head size that is a "
+                          "multiple of 32 (not %d)", engine_kv_type_name(p->type),
+                          (int)p->head_dim);
     engine_kv_cache *c = calloc(1, sizeof *c);
     if (!c) return engine_err(ENGINE_ENOMEM, "kv cache: out of memory");
     c->p = *p;
     if (c->p.block_size == 0) c->p.block_size = ENGINE_KV_BLOCK_SIZE;
-    size_t elt = p->type == ENGINE_KV_F32 ? 4 : 2;
-    c->row_bytes = (size_t)p->n_head_kv * (size_t)p->head_dim * elt;
+    c->row_bytes = row_bytes;
     c->block_rows_bytes = (size_t)c->p.block_size * c->row_bytes;
     size_t block_bytes = c->block_rows_bytes * 2 * (size_t)p->n_layer;
     size_t nb = p->budget_bytes / block_bytes;
@@ -55,8 +80,9 @@ int engine_kv_cache_new(engine_kv_cache **out, const engine_kv_params *p) {
 fail:
     engine_kv_cache_free(c);
     if (rc == ENGINE_ENOMEM)
-        return engine_err(ENGINE_ENOMEM, "kv cache: out of memory for %zu bytes of KV",
-                          nb * block_bytes);
+        return engine_err(ENGINE_ENOMEM, "kv cache: out of memory for %zu bytes of KV and %d "
+                          "snapshots of %zu bytes", nb * block_bytes, (int)p->n_snaps,
+                          p->snap_bytes);
     return rc;
 }
 
@@ -77,6 +103,7 @@ void engine_kv_cache_free(engine_kv_cache *c) {
 
 void engine_kv_cache_stats(const engine_kv_cache *c, engine_kv_stats *st) {
     memset(st, 0, sizeof *st);
+    st->type = c->p.type;
     st->block_size = c->p.block_size;
     st->n_blocks = c->n_blocks;
     st->n_free = c->n_free;
@@ -85,8 +112,14 @@ void engine_kv_cache_stats(const engine_kv_cache *c, engine_kv_stats *st) {
     st->n_pinned = c->n_pinned;
     st->n_nodes = c->n_nodes;
     st->block_bytes = c->block_rows_bytes * 2 * (size_t)c->p.n_layer;
-    st->total_bytes = st->block_bytes * (size_t)c->n_blocks;
     st->n_evicted = c->n_evicted;
+    if (c->snaps) {
+        st->n_snaps = c->p.n_snaps;
+        st->n_snaps_used = c->p.n_snaps - c->n_snap_free;
+        st->snap_bytes = c->p.snap_bytes;
+        st->n_snaps_evicted = c->n_snaps_evicted;
+    }
+    st->total_bytes = st->block_bytes * (size_t)c->n_blocks + st->snap_bytes * (size_t)st->n_snaps;
 }
 
 int engine_kv_block_alloc(engine_kv_cache *c, int32_t *id) {

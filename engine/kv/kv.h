@@ -15,9 +15,11 @@
  *   - Table size: a 32k-token context is a 2048-entry block table per layer.
  *
  * Storage: per layer, one K array and one V array of n_blocks * block_size rows, a row being
- * n_head_kv * head_dim values of F16 (default) or F32 (exact tests). Block b of layer l starts
- * at k[l] + b * block_size * row_bytes. The number of blocks is planned at creation from a
- * byte budget: n_blocks = budget / (n_layer * 2 * block_size * row_bytes).
+ * n_head_kv * head_dim values of F16 (default), F32 (exact tests) or Q8_0 (each head's values
+ * as head_dim / 32 blocks of an F16 scale + 32 int8: 1.0625 bytes per value, 0.53x F16;
+ * engine_cpu_kv_row_bytes). Block b of layer l starts at k[l] + b * block_size * row_bytes.
+ * The number of blocks is planned at creation from a byte budget:
+ * n_blocks = budget / (n_layer * 2 * block_size * row_bytes).
  *
  * Block states (every block is in exactly one):
  *   free   refcount 0, not in the tree, on the free list;
@@ -52,12 +54,17 @@ typedef struct {
     int32_t n_layer;
     int32_t n_head_kv;
     int32_t head_dim;
-    engine_kv_type type; /* ENGINE_KV_F16 or ENGINE_KV_F32 */
+    engine_kv_type type; /* ENGINE_KV_F16, ENGINE_KV_F32 or ENGINE_KV_Q8_0 */
     int32_t block_size;  /* positions per block; 0 = ENGINE_KV_BLOCK_SIZE */
     size_t budget_bytes; /* KV storage to plan for (K + V of every layer) */
+    /* hybrid models (qwen35moe): recurrent-state snapshots kept in tree nodes, n_snaps of
+     * snap_bytes each, allocated beside the blocks (not out of budget_bytes); 0: none */
+    size_t snap_bytes;
+    int32_t n_snaps;
 } engine_kv_params;
 
 typedef struct {
+    engine_kv_type type; /* F16, F32 or Q8_0 */
     int32_t block_size;
     int32_t n_blocks;   /* planned from the budget */
     int32_t n_free;     /* on the free list */
@@ -66,8 +73,12 @@ typedef struct {
     int32_t n_pinned;   /* tree nodes with a pin (their blocks are never evicted) */
     int32_t n_nodes;    /* tree nodes (= blocks held by the tree) */
     size_t block_bytes; /* one block: K + V of every layer */
-    size_t total_bytes; /* n_blocks * block_bytes */
+    size_t total_bytes; /* n_blocks * block_bytes + n_snaps * snap_bytes */
     int64_t n_evicted;  /* blocks evicted since creation */
+    int32_t n_snaps;        /* recurrent-state snapshot slots (hybrid models), 0 otherwise */
+    int32_t n_snaps_used;   /* held by tree nodes */
+    size_t snap_bytes;      /* one snapshot */
+    int64_t n_snaps_evicted; /* snapshots dropped to make room for newer ones */
 } engine_kv_stats;
 
 /* A sequence's block table: position p is row p % block_size of block blocks[p / block_size].
@@ -119,6 +130,13 @@ struct engine_kv_cache {
     int32_t n_pinned;
     int32_t lru_head, lru_tail; /* evictable nodes, least recently used first */
     uint64_t clock;
+
+    /* recurrent-state snapshots (radix.c; hybrid models) */
+    unsigned char *snaps;  /* [n_snaps * snap_bytes] */
+    int32_t *snap_owner;   /* [n_snaps] node holding the slot, or -1 */
+    int32_t *snap_free;    /* stack of free slots */
+    int32_t n_snap_free;
+    int64_t n_snaps_evicted;
 };
 typedef struct engine_kv_cache engine_kv_cache;
 
@@ -193,6 +211,31 @@ int engine_kv_prefix_unpin(engine_kv_cache *c, const int32_t *tokens, int32_t n)
 /* Evict up to n_blocks cached blocks, least recently used first; returns how many. */
 int32_t engine_kv_evict(engine_kv_cache *c, int32_t n_blocks);
 
+/* ---- recurrent-state snapshots in the tree (radix.c; hybrid models) ----------------------------
+ *
+ * A hybrid model's cached prefix is usable only where the state of its recurrent layers at
+ * that position is known too: a node may carry a snapshot of that state after its block's
+ * last position (a block boundary). Snapshots are large (63 MB for Qwen3.5-35B-A3B), so the
+ * sessions take them at chosen boundaries only: the last boundary of each prompt and of each
+ * finished sequence (kv_session.c). A snapshot lives as long as its node (it is freed with the
+ * node's block when the LRU evicts it) unless a newer snapshot needs its slot: then the least
+ * recently used one of an unpinned node gives way (the node and its KV stay). */
+
+/* Like engine_kv_prefix_attach, but only up to the deepest cached node, within max_tokens,
+ * that carries a snapshot: full blocks only, no partial rows. *state = that snapshot (valid
+ * until the next change of the cache), NULL when nothing was attached. */
+int engine_kv_prefix_attach_state(engine_kv_cache *c, engine_kv_seq *s, const int32_t *tokens,
+                                  int32_t n, int32_t max_tokens, engine_kv_match *m,
+                                  const void **state);
+/* A slot for the snapshot of the cached prefix tokens[0, n) (n a positive multiple of the block
+ * size): the buffer of snap_bytes the caller fills, and *node for engine_kv_snapshot_drop.
+ * NULL when the cache takes no snapshots, the prefix's blocks are not all in the tree, its node
+ * has a snapshot already (touched), or every slot belongs to a pinned node. */
+void *engine_kv_snapshot_claim(engine_kv_cache *c, const int32_t *tokens, int32_t n,
+                               int32_t *node);
+/* Give a claimed slot back (its buffer could not be filled). */
+void engine_kv_snapshot_drop(engine_kv_cache *c, int32_t node);
+
 /* ---- sessions on the pool (kv_session.c; called by engine/model/model.c) ------------------ */
 
 /* Give m a prefix cache of budget_bytes of KV storage of `type`, shared by the model's
@@ -210,6 +253,9 @@ int32_t engine_kv_session_attach(engine_session *s, const int32_t *tokens, int32
 int engine_kv_session_reserve(engine_session *s, int32_t n_pos);
 /* After an append: drop unused reserved positions, insert newly full blocks into the tree. */
 void engine_kv_session_commit(engine_session *s);
+/* Hybrid models, after a prompt (and at the session's end): keep a snapshot of the recurrent
+ * state at the last block boundary in the tree (when the session still has it). */
+void engine_kv_session_snapshot(engine_session *s);
 void engine_kv_session_truncate(engine_session *s, int32_t n);
 
 /* ---- persisted prefixes (persist.c; the public API is in engine.h) ------------------------- */
@@ -228,5 +274,6 @@ int engine_kv_radix_init(engine_kv_cache *c);
 void engine_kv_radix_deinit(engine_kv_cache *c);
 void engine_kv_radix_on_idle(engine_kv_cache *c, int32_t block); /* refcount fell to 0 */
 void engine_kv_radix_on_busy(engine_kv_cache *c, int32_t block); /* refcount rose from 0 */
+
 
 #endif

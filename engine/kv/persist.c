@@ -171,6 +171,9 @@ static int check_prefix(engine_model *m, const int32_t *tokens, size_t n, int32_
     if (!m->kvc)
         return engine_err(ENGINE_EINVAL, "%s: %s has no prefix cache (load it with "
                           "engine_model_params.prefix_cache_bytes, on the CPU)", what, m->path);
+    if (m->kvc->snaps)
+        return engine_err(ENGINE_EUNSUPPORTED, "%s: a prefix file does not hold the recurrent "
+                          "state of %s's hybrid layers yet", what, m->path);
     int32_t bs = m->kvc->p.block_size;
     if (n > (size_t)m->info.n_ctx_train)
         return engine_err(ENGINE_ERANGE, "%s: %zu tokens exceed the model's context (%d)", what,
@@ -493,8 +496,9 @@ static int check_file(const engine_model *m, const char *path, const unsigned ch
     uint32_t type = get32(f, 32);
     if (type != (uint32_t)p->type)
         return engine_err(ENGINE_EINVAL, "%s: KV type %s, the model's prefix cache holds %s", path,
-                          type == ENGINE_KV_F16 ? "f16" : type == ENGINE_KV_F32 ? "f32" : "unknown",
-                          p->type == ENGINE_KV_F16 ? "f16" : "f32");
+                          type <= ENGINE_KV_Q8_0 ? engine_kv_type_name((engine_kv_type)type)
+                                                 : "unknown",
+                          engine_kv_type_name(p->type));
     uint32_t bs = get32(f, 36), nl = get32(f, 40), nh = get32(f, 44), hd = get32(f, 48);
     if (bs != (uint32_t)p->block_size || nl != (uint32_t)p->n_layer ||
         nh != (uint32_t)p->n_head_kv || hd != (uint32_t)p->head_dim)
@@ -601,6 +605,9 @@ int engine_prefix_load(engine_model *m, const char *path, const int32_t *tokens,
     if (!m->kvc)
         return engine_err(ENGINE_EINVAL, "engine_prefix_load: %s has no prefix cache (load it "
                           "with engine_model_params.prefix_cache_bytes, on the CPU)", m->path);
+    if (m->kvc->snaps)
+        return engine_err(ENGINE_EUNSUPPORTED, "engine_prefix_load: a prefix file does not hold "
+                          "the recurrent state of %s's hybrid layers yet", m->path);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return engine_err(ENGINE_EIO, "%s: cannot open: %s", path, strerror(errno));
     struct stat sb;

@@ -5,7 +5,11 @@
  * has no sequence reference and whose node is not pinned. Those nodes sit in a list ordered by
  * last use (a clock bumped at every touch), so eviction is O(1); a node entering the list is
  * inserted at its place, which is the tail for a block going idle now and the head for a
- * parent uncovered by evicting its last child (a touch of a node is a touch of its path). */
+ * parent uncovered by evicting its last child (a touch of a node is a touch of its path).
+ *
+ * Snapshots (hybrid models, kv.h): a fixed store of n_snaps slots; a slot belongs to at most
+ * one node, is freed with it, and the least recently used unpinned owner gives its slot up
+ * when a newer snapshot finds none free (a linear scan: the slots are few and large). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,9 +27,8 @@ struct engine_kv_node {
     int32_t pin;   /* nested pins; > 0: never evicted */
     int32_t lru_prev, lru_next;
     int32_t in_lru;
-    /* Reserved for hybrid (Gated DeltaNet) models: index of a recurrent-state snapshot taken
-     * after this block's last position, so a prefix hit can also restore the recurrent layers.
-     * -1 today; the snapshot store (engine/kv/snapshot.c) comes with the hybrid architecture. */
+    /* Hybrid (Gated DeltaNet) models: the slot of a recurrent-state snapshot taken after this
+     * block's last position, so a prefix hit can also restore the recurrent layers; -1 none */
     int32_t snapshot;
     uint64_t hash; /* of the key tokens */
     uint64_t last_use;
@@ -63,6 +66,18 @@ int engine_kv_radix_init(engine_kv_cache *c) {
         c->node_free = i;
     }
     c->lru_head = c->lru_tail = -1;
+    int32_t ns = c->p.snap_bytes ? c->p.n_snaps : 0;
+    if (ns > 0) {
+        c->snaps = malloc((size_t)ns * c->p.snap_bytes);
+        c->snap_owner = malloc((size_t)ns * sizeof *c->snap_owner);
+        c->snap_free = malloc((size_t)ns * sizeof *c->snap_free);
+        if (!c->snaps || !c->snap_owner || !c->snap_free) return ENGINE_ENOMEM;
+        for (int32_t i = 0; i < ns; i++) {
+            c->snap_owner[i] = -1;
+            c->snap_free[i] = ns - 1 - i;
+        }
+        c->n_snap_free = ns;
+    }
     return 0;
 }
 
@@ -70,6 +85,17 @@ void engine_kv_radix_deinit(engine_kv_cache *c) {
     free(c->nodes);
     free(c->node_tokens);
     free(c->path);
+    free(c->snaps);
+    free(c->snap_owner);
+    free(c->snap_free);
+}
+
+static void snap_release(engine_kv_cache *c, int32_t n) {
+    int32_t slot = c->nodes[n].snapshot;
+    if (slot < 0) return;
+    c->nodes[n].snapshot = -1;
+    c->snap_owner[slot] = -1;
+    c->snap_free[c->n_snap_free++] = slot;
 }
 
 /* ---- LRU list of evictable nodes ----------------------------------------------------------- */
@@ -155,6 +181,7 @@ static void drop_node(engine_kv_cache *c, int32_t n) {
         c->nodes[x->parent].first_child = x->next_sibling;
     if (x->next_sibling >= 0) c->nodes[x->next_sibling].prev_sibling = x->prev_sibling;
     int32_t parent = x->parent, b = x->block;
+    snap_release(c, n);
     c->node_of[b] = -1;
     c->free_list[c->n_free++] = b;
     x->next_sibling = c->node_free;
@@ -229,8 +256,10 @@ void engine_kv_prefix_peek(const engine_kv_cache *c, const int32_t *tokens, int3
     walk(c, tokens, n < 0 ? 0 : n, NULL, m, &best);
 }
 
-int engine_kv_prefix_attach(engine_kv_cache *c, engine_kv_seq *s, const int32_t *tokens, int32_t n,
-                            int32_t max_tokens, engine_kv_match *m) {
+/* The attach of engine_kv_prefix_attach(_state); with state, whole blocks up to the deepest
+ * node that carries a snapshot. */
+static int attach(engine_kv_cache *c, engine_kv_seq *s, const int32_t *tokens, int32_t n,
+                  int32_t max_tokens, engine_kv_match *m, const void **state) {
     if (s->n_blocks != 0 || s->n_pos != 0)
         return engine_err(ENGINE_EINVAL, "kv prefix attach: the sequence is not empty");
     if (n < 0) n = 0;
@@ -240,6 +269,15 @@ int engine_kv_prefix_attach(engine_kv_cache *c, engine_kv_seq *s, const int32_t 
     target = ENGINE_MIN(target, s->max_blocks * bs);
     if (target < 0) target = 0;
     int32_t full = ENGINE_MIN(target / bs, depth), part = target - full * bs;
+    if (state) {
+        *state = NULL;
+        while (full > 0 && c->nodes[c->path[full - 1]].snapshot < 0) full--;
+        part = 0;
+        if (full > 0) {
+            int32_t slot = c->nodes[c->path[full - 1]].snapshot;
+            *state = c->snaps + (size_t)slot * c->p.snap_bytes;
+        }
+    }
     for (int32_t i = 0; i < full; i++) {
         int32_t nd = c->path[i];
         engine_kv_block_ref(c, c->nodes[nd].block);
@@ -264,6 +302,58 @@ int engine_kv_prefix_attach(engine_kv_cache *c, engine_kv_seq *s, const int32_t 
     }
     s->n_pos = m->cached_tokens;
     return 0;
+}
+
+int engine_kv_prefix_attach(engine_kv_cache *c, engine_kv_seq *s, const int32_t *tokens, int32_t n,
+                            int32_t max_tokens, engine_kv_match *m) {
+    return attach(c, s, tokens, n, max_tokens, m, NULL);
+}
+
+int engine_kv_prefix_attach_state(engine_kv_cache *c, engine_kv_seq *s, const int32_t *tokens,
+                                  int32_t n, int32_t max_tokens, engine_kv_match *m,
+                                  const void **state) {
+    return attach(c, s, tokens, n, max_tokens, m, state);
+}
+
+/* ---- snapshots ---------------------------------------------------------------------------- */
+
+void *engine_kv_snapshot_claim(engine_kv_cache *c, const int32_t *tokens, int32_t n,
+                               int32_t *node) {
+    int32_t bs = c->p.block_size, nd = 0;
+    *node = -1;
+    if (!c->snaps || n < bs || n % bs) return NULL;
+    for (int32_t i = 0; i < n / bs && nd >= 0; i++) {
+        const int32_t *key = tokens + (size_t)i * bs;
+        nd = find_child(c, nd, key, key_hash(key, bs));
+    }
+    if (nd <= 0) return NULL;
+    if (c->nodes[nd].snapshot >= 0) {
+        touch(c, nd);
+        return NULL;
+    }
+    if (c->n_snap_free == 0) {
+        /* the least recently used slot whose owner is not pinned gives way */
+        int32_t victim = -1;
+        for (int32_t i = 0; i < c->p.n_snaps; i++) {
+            int32_t o = c->snap_owner[i];
+            if (o >= 0 && c->nodes[o].pin == 0 &&
+                (victim < 0 || c->nodes[o].last_use < c->nodes[victim].last_use))
+                victim = o;
+        }
+        if (victim < 0) return NULL;
+        snap_release(c, victim);
+        c->n_snaps_evicted++;
+    }
+    int32_t slot = c->snap_free[--c->n_snap_free];
+    c->snap_owner[slot] = nd;
+    c->nodes[nd].snapshot = slot;
+    touch(c, nd);
+    *node = nd;
+    return c->snaps + (size_t)slot * c->p.snap_bytes;
+}
+
+void engine_kv_snapshot_drop(engine_kv_cache *c, int32_t node) {
+    if (node > 0) snap_release(c, node);
 }
 
 /* Drop the idle partial leaves under parent whose rows the newer sibling `by` holds too (their

@@ -644,6 +644,38 @@ int engine_q35_fwd_truncate(engine_q35_fwd *f, int32_t n_tokens, int32_t n) {
     return rc;
 }
 
+int engine_q35_state_copy(const engine_session *s, int32_t pos, void *dst) {
+    const engine_q35_fwd *f = s->q35;
+    size_t nc = f->conv_per_layer * (size_t)f->n_lin, ns = f->ssm_per_layer * (size_t)f->n_lin;
+    if (pos == s->n_tokens) {
+        memcpy(dst, f->conv_state, q35_fsz(nc));
+        memcpy((float *)dst + nc, f->ssm_state, q35_fsz(ns));
+        return 0;
+    }
+    int slot = (pos / ENGINE_Q35_SNAP_EVERY) % ENGINE_Q35_SNAPSHOTS;
+    if (pos <= 0 || pos % ENGINE_Q35_SNAP_EVERY || f->snap_pos[slot] != pos)
+        return engine_err(ENGINE_ERANGE, "no recurrent-state snapshot at position %d", pos);
+    memcpy(dst, f->snap + (size_t)slot * q35_state_floats(f), q35_fsz(nc + ns));
+    return 0;
+}
+
+int engine_q35_state_restore(engine_session *s, const void *src, int32_t pos) {
+    engine_q35_fwd *f = s->q35;
+    if (f->mtp_on)
+        return engine_err(ENGINE_EUNSUPPORTED, "the prefix cache does not hold the MTP block's "
+                          "KV");
+    size_t nc = f->conv_per_layer * (size_t)f->n_lin, ns = f->ssm_per_layer * (size_t)f->n_lin;
+    engine_q35_fwd_reset(f);
+    memcpy(f->conv_state, src, q35_fsz(nc));
+    memcpy(f->ssm_state, (const float *)src + nc, q35_fsz(ns));
+    if (pos > 0 && pos % ENGINE_Q35_SNAP_EVERY == 0) { /* a rollback target too */
+        int slot = (pos / ENGINE_Q35_SNAP_EVERY) % ENGINE_Q35_SNAPSHOTS;
+        memcpy(f->snap + (size_t)slot * q35_state_floats(f), src, q35_fsz(nc + ns));
+        f->snap_pos[slot] = pos;
+    }
+    return 0;
+}
+
 static size_t q35_align(size_t n) {
     return (n + 63) & ~(size_t)63;
 }
@@ -682,8 +714,7 @@ int engine_q35_fwd_new(engine_session *s) {
     f->ckpt_pos = -1;
     size_t Bz = (size_t)B, kslots = Bz * (size_t)f->k_used;
     size_t qd = (size_t)f->nh * f->hd, kvd = (size_t)f->nkv * f->hd;
-    size_t elt = s->kv_type == ENGINE_KV_F32 ? 4 : 2;
-    size_t kv_layer = (size_t)n_ctx * kvd * elt;
+    size_t kv_layer = (size_t)n_ctx * engine_cpu_kv_row_bytes(s->kv_type, f->nkv, f->hd);
     size_t bigw = ENGINE_MAX(2 * qd, (size_t)f->C), attw = ENGINE_MAX(qd, (size_t)f->di);
     size_t widest =
         ENGINE_MAX(ENGINE_MAX((size_t)f->E, qd), ENGINE_MAX((size_t)f->di, (size_t)f->Fs));
@@ -694,7 +725,10 @@ int engine_q35_fwd_new(engine_session *s) {
     f->ssm_per_layer = (size_t)f->nv * f->dk * f->dv;
     int group = f->nh / f->nkv;
 
-    f->kv_mem = malloc(ENGINE_MAX((size_t)1, 2 * (size_t)f->n_attn * kv_layer));
+    /* on the model's paged pool (engine/kv) the attention blocks' KV is the session's block
+     * table; only the MTP slot stays here */
+    int32_t n_paged = s->kv_paged ? qm->n_attn : 0;
+    f->kv_mem = malloc(ENGINE_MAX((size_t)1, 2 * (size_t)(f->n_attn - n_paged) * kv_layer));
     f->k_blocks = calloc((size_t)ENGINE_MAX(1, f->n_attn), sizeof(void *));
     f->v_blocks = calloc((size_t)ENGINE_MAX(1, f->n_attn), sizeof(void *));
     f->views = calloc((size_t)ENGINE_MAX(1, f->n_attn), sizeof *f->views);
@@ -748,8 +782,12 @@ int engine_q35_fwd_new(engine_session *s) {
     f->pend = f->hid + Bz * (size_t)f->E;
     f->mtp_h = f->pend + f->E;
     for (int32_t l = 0; l < f->n_attn; l++) {
-        f->k_blocks[l] = (uint8_t *)f->kv_mem + (2 * (size_t)l) * kv_layer;
-        f->v_blocks[l] = (uint8_t *)f->kv_mem + (2 * (size_t)l + 1) * kv_layer;
+        if (l < n_paged) {
+            f->views[l] = engine_kv_seq_view(m->kvc, &s->kvs, l);
+            continue;
+        }
+        f->k_blocks[l] = (uint8_t *)f->kv_mem + (2 * (size_t)(l - n_paged)) * kv_layer;
+        f->v_blocks[l] = (uint8_t *)f->kv_mem + (2 * (size_t)(l - n_paged) + 1) * kv_layer;
         f->views[l] =
             (engine_kv_view){&f->k_blocks[l], &f->v_blocks[l], n_ctx, s->kv_type, f->nkv, f->hd};
     }

@@ -75,8 +75,8 @@ static fwd_sizes fwd_layout(const engine_model *m, int32_t n_ctx, int32_t B, int
     const engine_hparams *hp = &m->hp;
     fwd_sizes z;
     size_t kv_dim = (size_t)hp->n_head_kv * hp->head_dim_k;
-    size_t elt = kvt == ENGINE_KV_F32 ? 4 : 2;
-    z.kv = 2 * (size_t)hp->n_layer * (size_t)n_ctx * kv_dim * elt;
+    z.kv = 2 * (size_t)hp->n_layer * (size_t)n_ctx *
+           engine_cpu_kv_row_bytes(kvt, (int)hp->n_head_kv, (int)hp->head_dim_k);
     size_t q_dim = (size_t)hp->n_head * hp->head_dim_k;
     size_t emb = hp->n_embd;
     size_t slots = (size_t)B * (size_t)k_used(hp);

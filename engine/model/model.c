@@ -280,6 +280,18 @@ static void fill_info(engine_model *m) {
     engine_arch_param_count(hp, &in->n_params, &in->n_params_active);
 }
 
+/* Can m's sessions keep their KV as type t? Q8_0 is CPU-only and needs whole blocks per head. */
+static int kv_type_check(const engine_model *m, engine_kv_type t) {
+    if (t != ENGINE_KV_Q8_0) return 0;
+    if (m->info.device == ENGINE_DEVICE_CUDA)
+        return engine_err(ENGINE_EUNSUPPORTED, "KV type q8_0 is not supported on the GPU yet "
+                          "(use --kv f16, or --device cpu)");
+    if (engine_cpu_kv_row_bytes(t, (int)m->hp.n_head_kv, (int)m->hp.head_dim_k) == 0)
+        return engine_err(ENGINE_EUNSUPPORTED, "KV type q8_0 needs a head size that is a "
+                          "multiple of 32 (%s has %u)", m->path, m->hp.head_dim_k);
+    return 0;
+}
+
 int engine_model_load(engine_model **out, const char *path, const engine_model_params *params) {
     *out = NULL;
     engine_model_params p = ENGINE_MODEL_PARAMS_INIT;
@@ -295,6 +307,8 @@ int engine_model_load(engine_model **out, const char *path, const engine_model_p
                           p.n_ctx);
     if ((int)p.device < ENGINE_DEVICE_AUTO || p.device > ENGINE_DEVICE_CUDA)
         return engine_err(ENGINE_EINVAL, "unknown device %d", (int)p.device);
+    if (p.kv_type != ENGINE_KV_F16 && p.kv_type != ENGINE_KV_F32 && p.kv_type != ENGINE_KV_Q8_0)
+        return engine_err(ENGINE_EINVAL, "unknown KV cache type %d", (int)p.kv_type);
     if (p.device == ENGINE_DEVICE_CUDA && !p.vocab_only && !engine_cuda_built())
         return engine_err(ENGINE_ENODEV, "device cuda: this build has no CUDA backend (built "
                           "without nvcc); use --device cpu or auto");
@@ -372,12 +386,12 @@ int engine_model_load(engine_model **out, const char *path, const engine_model_p
         }
     }
 #endif
+    m->kv_type = p.kv_type;
+    if (!p.vocab_only && (rc = kv_type_check(m, p.kv_type))) goto fail;
     if (p.prefix_cache_bytes && !p.vocab_only) {
-        if (m->hp.arch == ENGINE_ARCH_QWEN35MOE) {
-            engine_log(ENGINE_LOG_WARN, "the prefix cache does not cover qwen35moe's recurrent "
-                                        "state yet: sessions compute their whole prompt");
-        } else if (m->info.device == ENGINE_DEVICE_CPU) {
-            if ((rc = engine_kv_model_enable(m, p.prefix_cache_bytes, ENGINE_KV_F16))) goto fail;
+        /* qwen35moe too: attention KV in the pool, recurrent-state snapshots in the tree */
+        if (m->info.device == ENGINE_DEVICE_CPU) {
+            if ((rc = engine_kv_model_enable(m, p.prefix_cache_bytes, p.kv_type))) goto fail;
         } else {
             engine_log(ENGINE_LOG_WARN, "the prefix cache is not available on the GPU yet: "
                                         "sessions compute their whole prompt");
@@ -505,8 +519,12 @@ int engine_session_new(engine_session **out, engine_model *m, const engine_sessi
     if (sp.n_batch < 1 || sp.n_batch > 8192)
         return engine_err(ENGINE_EINVAL, "batch size %d is not in [1, 8192]", sp.n_batch);
     if (sp.n_batch > sp.n_ctx) sp.n_batch = sp.n_ctx;
-    if (sp.kv_type != ENGINE_KV_F16 && sp.kv_type != ENGINE_KV_F32)
+    if (sp.kv_type == ENGINE_KV_DEFAULT) sp.kv_type = m->kv_type;
+    if (sp.kv_type != ENGINE_KV_F16 && sp.kv_type != ENGINE_KV_F32 &&
+        sp.kv_type != ENGINE_KV_Q8_0)
         return engine_err(ENGINE_EINVAL, "unknown KV cache type %d", (int)sp.kv_type);
+    int krc = kv_type_check(m, sp.kv_type);
+    if (krc) return krc;
     engine_session *s = calloc(1, sizeof *s);
     if (!s) return engine_err(ENGINE_ENOMEM, "out of memory for a session");
     s->m = m;
@@ -688,6 +706,8 @@ int engine_session_append(engine_session *s, const int32_t *tokens, size_t n, fl
         }
     }
     engine_kv_session_commit(s);
+    /* a prompt's end (hybrid models; not a speculative verify pass, which wants logits_all) */
+    if (n > 1 && !logits_all) engine_kv_session_snapshot(s);
     pthread_mutex_unlock(&s->m->pool_mu);
     return rc;
 }

@@ -64,6 +64,7 @@ struct engine_model {
     void *cuda;               /* engine_cuda_model (cuda/cuda_backend.h) when on the GPU */
     int n_sessions;           /* live sessions (model_free asserts none) */
     engine_kv_cache *kvc;     /* shared paged KV + prefix cache (engine/kv), or NULL; pool_mu */
+    engine_kv_type kv_type;   /* sessions' default KV type and kvc's (engine_model_params) */
     struct engine_q35_model *q35; /* qwen35moe weights (arch_qwen35moe.c), else NULL */
 };
 
@@ -179,6 +180,13 @@ void engine_q35_fwd_free(engine_q35_fwd *f);
 int engine_q35_fwd_run(engine_session *s, const int32_t *tokens, int32_t n, float *logits_all);
 void engine_q35_fwd_reset(engine_q35_fwd *f);
 int engine_q35_fwd_truncate(engine_q35_fwd *f, int32_t n_tokens, int32_t n);
+/* The prefix cache (engine/kv/kv_session.c): copy the recurrent state after pos tokens
+ * (engine_q35_snapshot_bytes: conv states then DeltaNet states) out of s, from its current
+ * state (pos = n_tokens) or its snapshot ring (ENGINE_ERANGE when it has none at pos); restore
+ * such a copy into an empty session about to continue at pos (ENGINE_EUNSUPPORTED while MTP
+ * feeds it: the MTP block's KV is not cached). Under the pool lock. */
+int engine_q35_state_copy(const engine_session *s, int32_t pos, void *dst);
+int engine_q35_state_restore(engine_session *s, const void *src, int32_t pos);
 /* MTP (the model's nextn block, arch_qwen35moe.c). has_mtp: the model carries one. enable:
  * from now on every pass of s also feeds the block (its KV at position p holds the pair
  * (h_p, token p+1), h_p the final normed hidden state); *was_off tells the caller that the

@@ -8,7 +8,9 @@
  * prefill, decode and recomputation after preemption are one mechanism.
  *
  * One step: take new submissions and cancellations; end cancelled requests; admit waiting
- * requests while a slot is free and the pool has room for their prompt; reserve KV blocks for
+ * requests while a slot is free and the pool has room for their prompt (in queue order; a
+ * request that does not fit yet is passed over by later ones that do, at most max_bypass
+ * times: see admit()); reserve KV blocks for
  * each running request's tokens of this step, oldest first, preempting the youngest when the
  * pool is full; one forward pass; commit full blocks to the prefix tree; sample; stream text.
  *
@@ -43,6 +45,7 @@ struct sched_req {
     bool cancel_seen;                 /* the thread's copy */
     bool admitted_once, cache_noted, sampled_once;
     int32_t slot;                     /* -1 when not running */
+    int32_t bypassed;                 /* later requests admitted while this one waited */
 };
 
 typedef struct {
@@ -154,13 +157,12 @@ static void wait_push_front(engine_sched *s, sched_req *rq) {
     if (!s->wait_tail) s->wait_tail = rq;
 }
 
-static sched_req *wait_pop(engine_sched *s) {
-    sched_req *rq = s->wait_head;
-    if (!rq) return NULL;
-    s->wait_head = rq->next;
-    if (!s->wait_head) s->wait_tail = NULL;
+/* Unlink rq, which follows prev (NULL: rq is the head), from the waiting list. */
+static void wait_remove(engine_sched *s, sched_req *prev, sched_req *rq) {
+    if (prev) prev->next = rq->next;
+    else s->wait_head = rq->next;
+    if (s->wait_tail == rq) s->wait_tail = prev;
     rq->next = NULL;
-    return rq;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -276,7 +278,12 @@ static int32_t free_slot(engine_sched *s) {
 static void slot_take(engine_sched *s, int32_t i, sched_req *rq) {
     s->slots[i].rq = rq;
     rq->slot = i;
-    if (!rq->admitted_once) rq->st.queue_ms = engine_time_ms() - rq->t_submit;
+    if (!rq->admitted_once) {
+        rq->st.queue_ms = engine_time_ms() - rq->t_submit;
+        lock(s);
+        rq->st.admitted_step = s->stats.steps;
+        unlock(s);
+    }
     rq->admitted_once = true;
     s->order[s->n_running++] = i;
 }
@@ -319,11 +326,20 @@ static int admit_session(engine_sched *s, sched_req *rq, int32_t slot) {
     return 1;
 }
 
+/* Admission, in queue order, without head-of-line blocking: a request that does not fit now
+ * (its blocks, or in sessions mode its session's memory, are not free while others run) keeps
+ * its place and the walk goes on to the requests behind it, which are admitted when they fit.
+ * Each admission that passes over waiting requests counts one bypass for each of them; a
+ * waiting request already passed over max_bypass times stops the walk, so nothing behind it is
+ * admitted until it is: it then waits only for running requests to end, which they do within
+ * their max_tokens / n_ctx, and it cannot starve. (A request that could never fit the pool
+ * ends at once with ENGINE_ENOMEM.) max_bypass -1 is strict first come, first served. */
 static void admit(engine_sched *s) {
-    for (;;) {
+    sched_req *prev = NULL, *rq = s->wait_head;
+    int32_t blocked = 0; /* waiting requests passed over in this walk */
+    while (rq) {
         int32_t slot = free_slot(s);
-        if (slot < 0 || !s->wait_head) return;
-        sched_req *rq = s->wait_head;
+        if (slot < 0) return;
         int rc;
         if (s->batched) {
             pthread_mutex_lock(&s->m->pool_mu);
@@ -331,12 +347,26 @@ static void admit(engine_sched *s) {
             pthread_mutex_unlock(&s->m->pool_mu);
         } else {
             rc = admit_session(s, rq, slot);
+            if (rc == ENGINE_ENOMEM && s->n_running > 0) rc = 0; /* memory comes back later */
         }
-        /* first come, first served: the head waits for room (in sessions mode, for the memory
-         * of a session that running requests will give back) */
-        if (rc == 0 || (rc == ENGINE_ENOMEM && !s->batched && s->n_running > 0)) return;
-        wait_pop(s);
-        if (rc < 0) req_finish(s, rq, rc);
+        sched_req *next = rq->next;
+        if (rc == 0) { /* not now: keep its place */
+            if (s->p.max_bypass < 0 || rq->bypassed >= s->p.max_bypass) return;
+            blocked++;
+            prev = rq;
+            rq = next;
+            continue;
+        }
+        wait_remove(s, prev, rq);
+        if (rc < 0) {
+            req_finish(s, rq, rc);
+        } else if (blocked) {
+            bool limit = false;
+            for (sched_req *w = s->wait_head; w && w != next; w = w->next)
+                limit |= ++w->bypassed >= s->p.max_bypass;
+            if (limit) return; /* one of them may be passed no more */
+        }
+        rq = next;
     }
 }
 
@@ -594,7 +624,7 @@ void engine_sched_free(engine_sched *s) {
 }
 
 /* The paged pool of batched mode: the model's prefix cache, or one of n_ctx * max_seqs
- * positions of F16 KV owned by the scheduler. */
+ * positions of the model's KV type (engine_model_params.kv_type) owned by the scheduler. */
 static int sched_pool(engine_sched *s) {
     engine_model *m = s->m;
     if (m->kvc) {
@@ -604,10 +634,11 @@ static int sched_pool(engine_sched *s) {
     const engine_hparams *hp = &m->hp;
     int64_t blocks = (int64_t)s->p.max_seqs *
                      ((s->p.n_ctx + ENGINE_KV_BLOCK_SIZE - 1) / ENGINE_KV_BLOCK_SIZE);
-    size_t block_bytes = (size_t)hp->n_layer * 2 * ENGINE_KV_BLOCK_SIZE * hp->n_head_kv *
-                         hp->head_dim_k * 2;
+    size_t block_bytes = (size_t)hp->n_layer * 2 * ENGINE_KV_BLOCK_SIZE *
+                         engine_cpu_kv_row_bytes(m->kv_type, (int)hp->n_head_kv,
+                                                 (int)hp->head_dim_k);
     engine_kv_params kp = {(int32_t)hp->n_layer, (int32_t)hp->n_head_kv, (int32_t)hp->head_dim_k,
-                           ENGINE_KV_F16, 0, (size_t)blocks * block_bytes};
+                           m->kv_type, 0, (size_t)blocks * block_bytes, 0, 0};
     int rc = engine_kv_cache_new(&s->own_kvc, &kp);
     s->kvc = s->own_kvc;
     return rc;
@@ -628,13 +659,15 @@ int engine_sched_new_mode(engine_sched **out, engine_model *m, const engine_sche
     if (sp.max_seqs == 0) sp.max_seqs = 16;
     if (sp.max_queue == 0) sp.max_queue = 1024;
     if (sp.prefill_chunk == 0) sp.prefill_chunk = 256;
+    if (sp.max_bypass == 0) sp.max_bypass = 8;
     if (sp.n_ctx == 0) sp.n_ctx = m->info.n_ctx;
     if (sp.max_seqs < 1 || sp.max_seqs > 1024 || sp.max_queue < 1 || sp.prefill_chunk < 1 ||
-        sp.prefill_chunk > 8192 || sp.n_ctx < 1 || sp.n_ctx > m->info.n_ctx_train)
+        sp.prefill_chunk > 8192 || sp.n_ctx < 1 || sp.n_ctx > m->info.n_ctx_train ||
+        sp.max_bypass < -1)
         return engine_err(ENGINE_EINVAL, "scheduler params out of range: max_seqs %d (1..1024), "
-                          "max_queue %d (>= 1), prefill_chunk %d (1..8192), n_ctx %d (1..%d)",
-                          sp.max_seqs, sp.max_queue, sp.prefill_chunk, sp.n_ctx,
-                          m->info.n_ctx_train);
+                          "max_queue %d (>= 1), prefill_chunk %d (1..8192), n_ctx %d (1..%d), "
+                          "max_bypass %d (>= -1)", sp.max_seqs, sp.max_queue, sp.prefill_chunk,
+                          sp.n_ctx, m->info.n_ctx_train, sp.max_bypass);
     bool can_batch = !m->cuda && (m->hp.arch == ENGINE_ARCH_QWEN3MOE ||
                                   m->hp.arch == ENGINE_ARCH_QWEN3);
     if (mode == ENGINE_SCHED_MODE_BATCHED && !can_batch)
@@ -690,9 +723,10 @@ int engine_sched_new_mode(engine_sched **out, engine_model *m, const engine_sche
         engine_kv_cache_stats(s->kvc, &ks);
         pthread_mutex_unlock(&m->pool_mu);
         engine_log(ENGINE_LOG_INFO, "scheduler: batched, %d sequences of %d positions, %d-token "
-                   "prefill chunks; KV pool %s: %d blocks of %d positions (%.1f MiB)",
+                   "prefill chunks; KV pool %s: %s, %d blocks of %d positions (%.1f MiB)",
                    sp.max_seqs, sp.n_ctx, sp.prefill_chunk, s->own_kvc ? "own" : "the model's",
-                   ks.n_blocks, ks.block_size, (double)ks.total_bytes / (1 << 20));
+                   engine_kv_type_name(ks.type), ks.n_blocks, ks.block_size,
+                   (double)ks.total_bytes / (1 << 20));
     } else {
         engine_log(ENGINE_LOG_INFO, "scheduler: one session per request (%s), %d sequences of %d "
                    "positions", m->cuda ? "the GPU path is batch-1" : can_batch ? "as asked"

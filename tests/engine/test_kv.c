@@ -2,7 +2,9 @@
  * explainer, copy-on-write, pinning under pressure, and 2 x 1,500 random operations (F32 and
  * F16) checked after every step against a simple model: block ids returned by lookups,
  * refcounts, stats, least-recently-used eviction order, pinned prefixes kept, and the KV
- * content of every sequence and every cached block; at the end every block is free again. */
+ * content of every sequence and every cached block; at the end every block is free again.
+ * Snapshots of recurrent state in tree nodes: claim, hits that stop at the deepest snapshot,
+ * slot reuse by least recent use, pins, and eviction freeing them. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -90,8 +92,8 @@ static int seq_ok(const engine_kv_cache *c, const engine_kv_seq *s, const int32_
 
 static engine_kv_cache *make(engine_kv_type type, int32_t bs, int32_t n_blocks) {
     size_t elt = type == ENGINE_KV_F32 ? 4 : 2;
-    engine_kv_params p = {NL,   NKV, HD,
-                          type, bs,  (size_t)n_blocks * NL * 2 * (size_t)bs * ROW * elt + 7};
+    engine_kv_params p = {
+        NL, NKV, HD, type, bs, (size_t)n_blocks * NL * 2 * (size_t)bs * ROW * elt + 7, 0, 0};
     engine_kv_cache *c = NULL;
     int rc = engine_kv_cache_new(&c, &p);
     CHECK(rc == 0 && c);
@@ -101,7 +103,7 @@ static engine_kv_cache *make(engine_kv_type type, int32_t bs, int32_t n_blocks) 
 /* ---- fixed cases -------------------------------------------------------------------------- */
 
 static void test_budget(void) {
-    engine_kv_params p = {NL, NKV, HD, ENGINE_KV_F16, 0, 1000};
+    engine_kv_params p = {NL, NKV, HD, ENGINE_KV_F16, 0, 1000, 0, 0};
     engine_kv_cache *c = NULL;
     /* one block: 2 layers * K,V * 16 rows * 8 values * 2 bytes = 1024 bytes */
     CHECK(engine_kv_cache_new(&c, &p) == ENGINE_ERANGE && !c);
@@ -658,7 +660,106 @@ static void test_random(engine_kv_type type, uint64_t seed, int n_ops) {
     engine_kv_cache_free(c);
 }
 
+/* ---- recurrent-state snapshots in tree nodes (hybrid models) ------------------------------ */
+static void fill_snap(void *dst, int tag) {
+    memset(dst, tag, 64);
+}
+
+static void test_snapshots(void) {
+    engine_kv_params p = {NL, NKV, HD, ENGINE_KV_F32, 16, 12 * NL * 2 * 16 * ROW * 4, 64, 2};
+    engine_kv_cache *c = NULL;
+    CHECK(engine_kv_cache_new(&c, &p) == 0 && c);
+    if (!c) return;
+    engine_kv_stats st;
+    engine_kv_cache_stats(c, &st);
+    CHECK(st.n_blocks == 12 && st.n_snaps == 2 && st.n_snaps_used == 0 && st.snap_bytes == 64);
+    CHECK(st.total_bytes == 12 * st.block_bytes + 2 * 64);
+    int32_t ta[64], tb[64];
+    for (int i = 0; i < 64; i++) {
+        ta[i] = 1000 + i;
+        tb[i] = 2000 + i;
+    }
+    engine_kv_seq s;
+    CHECK(engine_kv_seq_init(c, &s, 64) == 0);
+    CHECK(engine_kv_seq_extend(c, &s, 48) == 0);
+    kv_write(c, &s, ta, 0, 48);
+    engine_kv_prefix_insert(c, &s, ta, 48);
+    int32_t node;
+    void *d;
+    CHECK(engine_kv_snapshot_claim(c, ta, 40, &node) == NULL); /* not a block boundary */
+    CHECK(engine_kv_snapshot_claim(c, tb, 16, &node) == NULL); /* not cached */
+    CHECK((d = engine_kv_snapshot_claim(c, ta, 32, &node)) != NULL && node > 0);
+    if (d) fill_snap(d, 32);
+    CHECK((d = engine_kv_snapshot_claim(c, ta, 48, &node)) != NULL);
+    if (d) fill_snap(d, 48);
+    CHECK(engine_kv_snapshot_claim(c, ta, 32, &node) == NULL); /* has one already */
+    engine_kv_seq_release(c, &s);
+    engine_kv_cache_stats(c, &st);
+    CHECK(st.n_snaps_used == 2 && st.n_used == 0);
+
+    /* a hit stops at the deepest node with a snapshot within the match and max_tokens */
+    int32_t q[60];
+    memcpy(q, ta, 40 * sizeof *q);
+    for (int i = 40; i < 60; i++) q[i] = 3000 + i;
+    engine_kv_match m;
+    const void *state = NULL;
+    CHECK(engine_kv_prefix_attach_state(c, &s, q, 60, 59, &m, &state) == 0);
+    CHECK(m.cached_tokens == 32 && s.n_pos == 32 && m.match_tokens == 40 && m.diverged_at == 40);
+    const unsigned char *sb = state;
+    CHECK(sb && sb[0] == 32 && sb[63] == 32);
+    CHECK(seq_ok(c, &s, ta));
+    engine_kv_seq_release(c, &s);
+    /* the whole cached sequence: the last token is computed, so the hit is at 32, not 48 */
+    CHECK(engine_kv_prefix_attach_state(c, &s, ta, 48, 47, &m, &state) == 0);
+    CHECK(m.cached_tokens == 32 && state && ((const unsigned char *)state)[0] == 32);
+    engine_kv_seq_release(c, &s);
+    CHECK(engine_kv_prefix_attach_state(c, &s, ta, 60, 59, &m, &state) == 0);
+    CHECK(m.cached_tokens == 48 && state && ((const unsigned char *)state)[0] == 48);
+    engine_kv_seq_release(c, &s);
+    /* nothing with a snapshot along the way: no hit */
+    CHECK(engine_kv_prefix_attach_state(c, &s, ta, 20, 19, &m, &state) == 0);
+    CHECK(m.cached_tokens == 0 && s.n_blocks == 0 && state == NULL && m.match_tokens == 20);
+
+    /* a third snapshot takes the least recently used slot (48 was used last: 32 goes) */
+    CHECK(engine_kv_seq_extend(c, &s, 16) == 0);
+    kv_write(c, &s, tb, 0, 16);
+    engine_kv_prefix_insert(c, &s, tb, 16);
+    engine_kv_seq_release(c, &s);
+    CHECK((d = engine_kv_snapshot_claim(c, tb, 16, &node)) != NULL);
+    if (d) fill_snap(d, 16);
+    engine_kv_cache_stats(c, &st);
+    CHECK(st.n_snaps_used == 2 && st.n_snaps_evicted == 1);
+    CHECK(engine_kv_prefix_attach_state(c, &s, ta, 40, 39, &m, &state) == 0);
+    CHECK(m.cached_tokens == 0); /* 32's snapshot is gone, its blocks stay */
+    engine_kv_seq_release(c, &s);
+    /* a pinned owner keeps its slot: pin both owners, a new claim finds no slot and a drop
+     * gives a slot back */
+    int32_t pinned;
+    CHECK(engine_kv_prefix_pin(c, ta, 48, &pinned) == 0 && pinned == 48);
+    CHECK(engine_kv_prefix_pin(c, tb, 16, &pinned) == 0 && pinned == 16);
+    CHECK(engine_kv_snapshot_claim(c, ta, 32, &node) == NULL);
+    CHECK(engine_kv_prefix_unpin(c, tb, 16) == 0);
+    CHECK((d = engine_kv_snapshot_claim(c, ta, 32, &node)) != NULL);
+    engine_kv_snapshot_drop(c, node); /* could not be filled */
+    engine_kv_cache_stats(c, &st);
+    CHECK(st.n_snaps_used == 1);
+    CHECK(engine_kv_prefix_unpin(c, ta, 48) == 0);
+    /* eviction frees the snapshots with their blocks */
+    CHECK(engine_kv_evict(c, 100) == 4);
+    engine_kv_cache_stats(c, &st);
+    CHECK(st.n_snaps_used == 0 && st.n_nodes == 0 && st.n_free == st.n_blocks && st.n_used == 0);
+    engine_kv_seq_deinit(c, &s);
+    engine_kv_cache_free(c);
+    /* bad snapshot parameters */
+    p.snap_bytes = 0;
+    CHECK(engine_kv_cache_new(&c, &p) == ENGINE_EINVAL && !c);
+    p.snap_bytes = 64;
+    p.n_snaps = -1;
+    CHECK(engine_kv_cache_new(&c, &p) == ENGINE_EINVAL && !c);
+}
+
 int main(void) {
+    test_snapshots();
     test_budget();
     test_explainer_and_cow();
     test_partial_tail(ENGINE_KV_F16);

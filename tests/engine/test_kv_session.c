@@ -1,6 +1,7 @@
 /* Sessions on the shared paged KV pool (engine/kv/kv_session.c): on the tiny random model, a
  * session whose prompt shares a cached prefix computes only the rest, and its logits equal a
- * cold session's (contiguous private cache, no prefix cache) for F32 and F16 KV: after a full
+ * cold session's (contiguous private cache, no prefix cache) for F32, F16 and Q8_0 KV (Q8_0 is
+ * deterministic, so cached == cold holds for it exactly too): after a full
  * hit, a divergence inside a block (copy-on-write), two live sessions sharing blocks, decoding
  * on, rolling back into a shared block, and engine_generate's greedy tokens; an exhausted pool
  * fails an append with ENGINE_ENOMEM after the chunks that fit. At the end every
@@ -153,20 +154,22 @@ int main(void) {
     engine_model_info_get(cold, &info);
     n_vocab = info.n_vocab;
 
-    for (int t = 0; t < 2; t++) {
-        engine_kv_type type = t ? ENGINE_KV_F16 : ENGINE_KV_F32;
+    for (int t = 0; t < 3; t++) {
+        static const engine_kv_type types[3] = {ENGINE_KV_F32, ENGINE_KV_F16, ENGINE_KV_Q8_0};
+        engine_kv_type type = types[t];
         CHECK(engine_kv_model_enable(warm, 8u << 20, type) == 0);
         CHECK(engine_kv_model_enable(warm, 8u << 20, type) == ENGINE_EINVAL);
         engine_kv_stats st;
         engine_kv_cache_stats(warm->kvc, &st);
-        printf("%s: pool of %d blocks of %zu bytes\n", t ? "f16" : "f32", st.n_blocks,
+        CHECK(st.type == type);
+        printf("%s: pool of %d blocks of %zu bytes\n", engine_kv_type_name(type), st.n_blocks,
                st.block_bytes);
         run(cold, warm, type);
         check_drained(warm);
         /* a session of the other KV type keeps a private cache */
         engine_session_params sp = ENGINE_SESSION_PARAMS_INIT;
         sp.n_ctx = 64;
-        sp.kv_type = t ? ENGINE_KV_F32 : ENGINE_KV_F16;
+        sp.kv_type = types[(t + 1) % 3];
         engine_session *o = NULL;
         CHECK(engine_session_new(&o, warm, &sp) == 0 && o && !o->kv_paged);
         engine_session_free(o);

@@ -11,7 +11,9 @@
  *   - atomic writes: a save that runs out of file-size limit leaves the old file intact and no
  *     temporary behind, and loads racing with repeated saves never see a partial file;
  *   - engine_prefix_default_path: under $XDG_CACHE_HOME/spark-agent/prefixes, one name per
- *     model and prefix.
+ *     model and prefix;
+ *   - Q8_0 KV: save/load gives the saving model's logits bit for bit and a cold Q8_0 session's
+ *     tokens; F16 and Q8_0 pools refuse each other's files naming both types.
  * `test_prefix_persist --write-corpus DIR` writes the seed corpus of fuzz_prefix_load (files
  * for the default model). */
 #include <dirent.h>
@@ -39,8 +41,9 @@
 static char dir[256];
 static int32_t n_vocab;
 
-static engine_model *load_cached(const char *path, size_t cache_bytes) {
+static engine_model *load_cached_kv(const char *path, size_t cache_bytes, engine_kv_type kv) {
     engine_model_params mp = ENGINE_MODEL_PARAMS_INIT;
+    mp.kv_type = kv;
     mp.n_threads = 1; /* no worker threads: the fork tests below stay simple */
     mp.n_ctx = 256;
     mp.device = ENGINE_DEVICE_CPU; /* the prefix cache serves CPU sessions */
@@ -48,6 +51,10 @@ static engine_model *load_cached(const char *path, size_t cache_bytes) {
     engine_model *m = NULL;
     if (engine_model_load(&m, path, &mp) != 0) support_fail("load %s: %s", path, engine_error_last());
     return m;
+}
+
+static engine_model *load_cached(const char *path, size_t cache_bytes) {
+    return load_cached_kv(path, cache_bytes, ENGINE_KV_F16);
 }
 
 static void stats(engine_model *m, engine_kv_stats *st) {
@@ -421,6 +428,59 @@ static int write_corpus(const char *out) {
     return rc ? 1 : 0;
 }
 
+/* Q8_0 KV (engine_model_params.kv_type): save on one model, load into a fresh one; the loaded
+ * prefix gives the logits and greedy tokens of the saving model and of a cold Q8_0 session;
+ * the file records the type, so F16 and Q8_0 pools refuse each other's files. */
+static void test_q8(const char *model_path, const char *f16_file, const int32_t *prompt) {
+    char file[600];
+    snprintf(file, sizeof file, "%s/prefix-q8_0.kvp", dir);
+    engine_model *a = load_cached_kv(model_path, 1u << 20, ENGINE_KV_Q8_0);
+    engine_model *b = load_cached_kv(model_path, 1u << 20, ENGINE_KV_Q8_0);
+    engine_model *cold = load_cached_kv(model_path, 0, ENGINE_KV_Q8_0);
+    engine_model *f16 = load_cached(model_path, 2u << 20);
+    float *la = NULL, *lb = NULL, *lc = NULL;
+    if (!a || !b || !cold || !f16) goto out;
+    engine_prefix_info info;
+    engine_kv_stats st;
+    CHECK(engine_prefix_save(a, prompt, N_PRE, file, &info) == 0);
+    /* 4 blocks x 4 layers x K,V x 16 rows x (2 heads x 2 blocks of 34 bytes) */
+    CHECK(info.n_blocks == 4 && info.file_bytes == HDR + N_FULL * 4 + 4 * 4 * 2 * 16 * 136);
+    int32_t cached = -1;
+    la = prompt_logits(a, prompt, &cached);
+    CHECK(cached == N_FULL);
+    CHECK(engine_prefix_load(b, file, prompt, N_PRE, &info) == 0 && info.inserted_blocks == 4);
+    lb = prompt_logits(b, prompt, &cached);
+    CHECK(cached == N_FULL);
+    lc = prompt_logits(cold, prompt, NULL);
+    if (la && lb && lc) {
+        CHECK(memcmp(la, lb, sizeof(float) * (size_t)n_vocab) == 0);
+        double d = support_max_abs_diff(lb, lc, n_vocab);
+        printf("q8_0: loaded prefix vs cold: largest logit difference %g\n", d);
+        CHECK(d <= 1e-5);
+    }
+    int32_t gb[8], gc[8];
+    greedy(b, prompt, gb, 8);
+    greedy(cold, prompt, gc, 8);
+    CHECK(memcmp(gb, gc, sizeof gb) == 0);
+    /* the type is part of the file and is checked */
+    expect_refused(f16, file, NULL, 0, ENGINE_EINVAL, "KV type q8_0", "q8_0 file, f16 pool");
+    stats(b, &st);
+    CHECK(engine_prefix_load(b, f16_file, NULL, 0, NULL) == ENGINE_EINVAL &&
+          strstr(engine_error_last(), "KV type f16") && strstr(engine_error_last(), "q8_0"));
+    engine_kv_stats st2;
+    stats(b, &st2);
+    CHECK(same_stats(&st, &st2));
+    CHECK(engine_prefix_unpin(a, prompt, N_PRE) == 0 && engine_prefix_unpin(b, prompt, N_PRE) == 0);
+out:
+    free(la);
+    free(lb);
+    free(lc);
+    engine_model_free(a);
+    engine_model_free(b);
+    engine_model_free(cold);
+    engine_model_free(f16);
+}
+
 int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "--write-corpus")) return write_corpus(argv[2]);
     int skip = support_init();
@@ -523,6 +583,7 @@ int main(int argc, char **argv) {
         CHECK(engine_prefix_default_path(a, prompt, 8, p2, sizeof p2) == ENGINE_EINVAL);
     }
 
+    test_q8(model_path, file, prompt);
     test_errors(model_path, other_path, file, prompt, other);
     test_fingerprint(model_path, file);
     test_atomic(a, model_path, file, prompt);

@@ -11,13 +11,17 @@
  *     returns non-zero;
  *   - a small pool: preemption, with the same tokens as unpreempted runs; an oversized request
  *     ends with ENGINE_ENOMEM;
+ *   - admission: a small request passes a large one waiting for blocks and completes first;
+ *     the large one runs once blocks free up; max_bypass bounds the passing (and -1 is FCFS);
  *   - grammar hooks (mask, accept) run per request and give engine_generate's tokens; a mask
  *     that aborts ends the request cancelled;
  *   - the session path (engine_sched_new_mode SESSIONS: what a GPU model runs) gives the same
  *     tokens;
  *   - 1,000 random submits and cancels from 3 threads: on_done exactly once each, and every
  *     block back (refcounts zero, pool free or cached) at the end;
- *   - bad input is refused with the documented codes. */
+ *   - bad input is refused with the documented codes;
+ *   - with Q8_0 KV (engine_model_params.kv_type): the batched pass, batched and session-mode
+ *     greedy requests and the prefix cache again, against Q8_0 references. */
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -37,6 +41,9 @@ static int32_t n_vocab;
  * operations run to completion). Without it the same cases run smaller, so that the test stays
  * quick in an unoptimised ASan build, where every token's output head takes most of a second. */
 static bool stress;
+/* the KV type of the reference sessions and test_batch_pass's pool (main runs the batched
+ * cases once more with a Q8_0 model) */
+static engine_kv_type kv_type = ENGINE_KV_F16;
 
 /* ---- what a request streamed ------------------------------------------------------------- */
 typedef struct {
@@ -53,6 +60,10 @@ typedef struct {
     bool cancel_by_return;
     engine_sched *s;
     uint64_t id;
+    bool *gate;          /* non-NULL: the first token waits (on the scheduler thread) until
+                          * *gate is true (under mu), after setting at_gate */
+    bool at_gate;
+    uint64_t done_step;  /* engine_sched_stats.steps when on_done ran */
 } outcome;
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -61,6 +72,13 @@ static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
 static int on_token(void *user, const char *text, size_t len, int32_t token) {
     outcome *o = user;
     if (token >= 0 && o->n_toks < MAX_OUT) o->toks[o->n_toks++] = token;
+    if (o->gate && o->n_toks == 1) {
+        pthread_mutex_lock(&mu);
+        o->at_gate = true;
+        pthread_cond_broadcast(&cv);
+        while (!*o->gate) pthread_cond_wait(&cv, &mu);
+        pthread_mutex_unlock(&mu);
+    }
     if (o->n_text + len < sizeof o->text) {
         memcpy(o->text + o->n_text, text, len);
         o->n_text += len;
@@ -74,7 +92,11 @@ static int on_token(void *user, const char *text, size_t len, int32_t token) {
 
 static void on_done(void *user, uint64_t id, int rc, const engine_request_stats *st) {
     outcome *o = user;
+    engine_sched_stats ss;
+    memset(&ss, 0, sizeof ss);
+    if (o->s) engine_sched_stats_get(o->s, &ss); /* allowed from a callback */
     pthread_mutex_lock(&mu);
+    o->done_step = ss.steps;
     if (o->id && o->id != id) support_fail("on_done for id %llu on request %llu",
                                            (unsigned long long)id, (unsigned long long)o->id);
     o->rc = rc;
@@ -121,10 +143,10 @@ static uint64_t submit(engine_sched *s, outcome *o, const int32_t *prompt, size_
     return id;
 }
 
-/* engine_generate on a fresh F16 session of m: the reference output. */
+/* engine_generate on a fresh session of m (KV kv_type): the reference output. */
 static void reference(engine_model *m, outcome *o, const int32_t *prompt, size_t n,
                       int32_t max_tokens, const char *const *stops, size_t n_stops) {
-    engine_session *ss = support_session(m, 0, ENGINE_KV_F16);
+    engine_session *ss = support_session(m, 0, kv_type);
     if (!ss) return;
     engine_gen_params g = ENGINE_GEN_PARAMS_INIT;
     g.prompt = prompt;
@@ -157,9 +179,9 @@ static void test_batch_pass(engine_model *m) {
     enum { NS = 64 };
     int ns = stress ? NS : 6;
     engine_kv_params kp = {(int32_t)m->hp.n_layer, (int32_t)m->hp.n_head_kv,
-                           (int32_t)m->hp.head_dim_k, ENGINE_KV_F16, 0, 0};
-    size_t block_bytes = (size_t)kp.n_layer * 2 * ENGINE_KV_BLOCK_SIZE * kp.n_head_kv *
-                         kp.head_dim * 2;
+                           (int32_t)m->hp.head_dim_k, kv_type, 0, 0, 0, 0};
+    size_t block_bytes = (size_t)kp.n_layer * 2 * ENGINE_KV_BLOCK_SIZE *
+                         engine_cpu_kv_row_bytes(kv_type, kp.n_head_kv, kp.head_dim);
     kp.budget_bytes = block_bytes * 2 * NS * 8;
     engine_kv_cache *c = NULL;
     CHECK(engine_kv_cache_new(&c, &kp) == 0);
@@ -218,16 +240,16 @@ static void test_batch_pass(engine_model *m) {
     CHECK(engine_fwd_run_batch(m, fb, q, ns) == 0);
     for (int i = 0; i < ns; i++)
         worst = fmax(worst, support_max_abs_diff(q[i].logits_out, want[i], n_vocab));
-    /* and an ordinary session (contiguous F16 cache) over the same tokens */
-    engine_session *ss = support_session(m, 0, ENGINE_KV_F16);
+    /* and an ordinary session (contiguous cache of the same type) over the same tokens */
+    engine_session *ss = support_session(m, 0, kv_type);
     if (ss) {
         CHECK(engine_session_append(ss, prompt[ns - 1], (size_t)len[ns - 1] + 1, NULL) == 0);
         worst = fmax(worst, support_max_abs_diff(engine_session_logits(ss), q[ns - 1].logits_out,
                                                  n_vocab));
         engine_session_free(ss);
     }
-    printf("batched pass over %d sequences vs alone and a session: largest logit difference "
-           "%g\n", ns, worst);
+    printf("batched pass over %d sequences (%s KV) vs alone and a session: largest logit "
+           "difference %g\n", ns, engine_kv_type_name(kv_type), worst);
     CHECK(worst <= 1e-5);
     for (int i = 0; i < ns; i++) {
         engine_kv_seq_deinit(c, &a[i]);
@@ -472,6 +494,80 @@ static void test_cancel(engine_model *m) {
     engine_sched_free(s);
     CHECK(o[4].n_done == 1 && o[4].rc == ENGINE_ECANCELED);
     for (int i = 0; i < 5; i++) CHECK(o[i].n_done == 1);
+}
+
+/* ---- admission without head-of-line blocking --------------------------------------------- */
+/* On a pool of 8 blocks, A (50 + 12 positions) runs and holds its first token until B (81
+ * positions: 6 blocks, fits the pool alone but not beside A) and the small ones are queued.
+ * max_bypass 8: C (12 + 3) is admitted past the waiting B and completes before B is admitted;
+ * B runs once A is done, with the same output as alone. max_bypass 1: C1 passes B, C2 may not.
+ * max_bypass -1 (FCFS): C waits behind B. */
+static void test_admission(engine_model *ref, const char *path) {
+    engine_model_params mp = ENGINE_MODEL_PARAMS_INIT;
+    mp.n_threads = 2;
+    mp.device = ENGINE_DEVICE_CPU;
+    mp.n_ctx = N_CTX;
+    mp.prefix_cache_bytes = (size_t)8 * 4 * 2 * ENGINE_KV_BLOCK_SIZE * 2 * 64 * 2;
+    engine_model *m = NULL;
+    CHECK(engine_model_load(&m, path, &mp) == 0);
+    if (!m) return;
+    CHECK(m->kvc->n_blocks == 8);
+    static int32_t pa[50], pb[80], pc[2][12];
+    fill_prompt(pa, 50, 3001);
+    fill_prompt(pb, 80, 3002);
+    fill_prompt(pc[0], 12, 3003);
+    fill_prompt(pc[1], 12, 3004);
+    outcome want[4];
+    memset(want, 0, sizeof want);
+    reference(ref, &want[0], pa, 50, 12, NULL, 0);
+    reference(ref, &want[1], pb, 80, 4, NULL, 0);
+    reference(ref, &want[2], pc[0], 12, 3, NULL, 0);
+    reference(ref, &want[3], pc[1], 12, 3, NULL, 0);
+    static const int32_t bypass[3] = {0, 1, -1};
+    for (int round = 0; round < 3; round++) {
+        engine_sched_params sp = ENGINE_SCHED_PARAMS_INIT;
+        sp.n_ctx = N_CTX;
+        sp.max_seqs = 4;
+        sp.max_bypass = bypass[round];
+        engine_sched *s = NULL;
+        CHECK(engine_sched_new(&s, m, &sp) == 0);
+        if (!s) break;
+        outcome o[4];
+        memset(o, 0, sizeof o);
+        bool gate = false;
+        o[0].gate = &gate;
+        int n = round == 1 ? 4 : 3;
+        submit(s, &o[0], pa, 50, 12, NULL, 0);
+        pthread_mutex_lock(&mu); /* A runs (its prompt's blocks taken) before the others come */
+        while (!o[0].at_gate) pthread_cond_wait(&cv, &mu);
+        pthread_mutex_unlock(&mu);
+        submit(s, &o[1], pb, 80, 4, NULL, 0);
+        for (int i = 2; i < n; i++) submit(s, &o[i], pc[i - 2], 12, 3, NULL, 0);
+        pthread_mutex_lock(&mu);
+        gate = true;
+        pthread_cond_broadcast(&cv);
+        pthread_mutex_unlock(&mu);
+        wait_done(o, n);
+        engine_sched_free(s);
+        for (int i = 0; i < n; i++) same_output(&o[i], &want[i], "admission", round * 4 + i);
+        printf("admission, max_bypass %d: A admitted at step %llu, B at %llu, C at %llu (done "
+               "at %llu)\n", bypass[round], (unsigned long long)o[0].st.admitted_step,
+               (unsigned long long)o[1].st.admitted_step,
+               (unsigned long long)o[2].st.admitted_step, (unsigned long long)o[2].done_step);
+        if (n == 4) printf("  C2 admitted at step %llu\n",
+                           (unsigned long long)o[3].st.admitted_step);
+        uint64_t a = o[0].st.admitted_step, b = o[1].st.admitted_step;
+        uint64_t c = o[2].st.admitted_step;
+        /* B cannot run beside A: it starts after A's last step */
+        CHECK(b > a && b >= o[0].done_step);
+        if (round == 0) CHECK(c < b && o[2].done_step < b); /* C done while B waited */
+        if (round == 1) CHECK(c < b && o[3].st.admitted_step >= b); /* the bound */
+        if (round == 2) CHECK(c >= b); /* FCFS: C waits behind B */
+    }
+    engine_kv_stats ks;
+    engine_kv_cache_stats(m->kvc, &ks);
+    CHECK(ks.n_used == 0 && ks.n_free + ks.n_cached == ks.n_blocks);
+    engine_model_free(m);
 }
 
 /* ---- a small pool: preemption and an oversized request ----------------------------------- */
@@ -732,7 +828,28 @@ int main(int argc, char **argv) {
         engine_kv_cache_stats(m->kvc, &ks);
         CHECK(ks.n_used == 0);
         STEP(test_pressure(ref, path));
+        STEP(test_admission(ref, path));
         STEP(test_random(path));
+        /* Q8_0 KV (the model's type, so the scheduler's pool and the sessions use it): batched
+         * == alone == a session with Q8_0 references (--stress: also the session path and the
+         * prefix cache; test_kv_session and test_prefix_persist cover cached == cold for Q8_0
+         * in the unit run) */
+        engine_model *m8 = NULL;
+        mp.kv_type = ENGINE_KV_Q8_0;
+        CHECK(engine_model_load(&m8, path, &mp) == 0);
+        kv_type = ENGINE_KV_Q8_0;
+        if (m8) {
+            CHECK(m8->kvc && m8->kvc->p.type == ENGINE_KV_Q8_0);
+            STEP(test_batch_pass(ref));
+            STEP(test_greedy(ref, m8, ENGINE_SCHED_MODE_AUTO, stress ? 64 : 4, "batched q8_0"));
+            if (stress) {
+                STEP(test_greedy(ref, m8, ENGINE_SCHED_MODE_SESSIONS, 3, "sessions q8_0"));
+                STEP(test_cached(ref, m8));
+            }
+            engine_kv_cache_stats(m8->kvc, &ks);
+            CHECK(ks.n_used == 0);
+        }
+        engine_model_free(m8);
     }
     engine_model_free(m);
     engine_model_free(ref);
