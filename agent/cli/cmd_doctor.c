@@ -4,6 +4,7 @@
  * lost its GPU ran at a quarter speed for weeks - so the GPU line is never quiet.) */
 #include "cli.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <getopt.h>
@@ -134,6 +135,65 @@ static void report_libraries(void) {
 }
 #endif
 
+/* $XDG_CACHE_HOME/spark-agent/<sub> (else ~/.cache/spark-agent/<sub>), as the engine names its
+ * cache directories; "" when neither variable gives a directory. */
+static void cache_dir(char *dir, size_t cap, const char *sub) {
+    const char *cache = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    dir[0] = '\0';
+    if (cache && cache[0] == '/') snprintf(dir, cap, "%s/spark-agent/%s", cache, sub);
+    else if (home && *home) snprintf(dir, cap, "%s/.cache/spark-agent/%s", home, sub);
+}
+
+/* The prefix cache: the KV pool and type the engine commands will use, and the persisted
+ * prefixes (engine_prefix_default_path's directory: what `run` saves of the agent's system
+ * block). Doctor only reads: a missing directory is reported, not created. */
+static void report_prefix_cache(const cli_config *cfg) {
+    if (cfg->kv_cache_mib < 0)
+        printf("Prefix cache: KV pool auto (ctx positions + 2 blocks; from %s), ",
+               cfg->kv_cache_source);
+    else if (cfg->kv_cache_mib == 0)
+        printf("Prefix cache: OFF (kv_cache = 0 from %s), ", cfg->kv_cache_source);
+    else
+        printf("Prefix cache: KV pool %ld MiB (from %s), ", cfg->kv_cache_mib,
+               cfg->kv_cache_source);
+    printf("%s KV (from %s)\n",
+           engine_kv_type_name((engine_kv_type)cfg->kv_type), cfg->kv_type_source);
+    char dir[4096];
+    cache_dir(dir, sizeof dir, "prefixes");
+    if (!dir[0]) {
+        printf("  persisted prefixes: no cache directory (HOME and XDG_CACHE_HOME unset)\n");
+        return;
+    }
+    DIR *d = opendir(dir);
+    if (!d) {
+        if (errno == ENOENT) printf("  persisted prefixes: %s (none yet)\n", dir);
+        else printf("  warning: persisted prefixes: %s: %s\n", dir, strerror(errno));
+        return;
+    }
+    long n = 0, other = 0;
+    unsigned long long bytes = 0;
+    char path[4400];
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        size_t len = strlen(e->d_name);
+        struct stat sb;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) continue;
+        if (len > 4 && !strcmp(e->d_name + len - 4, ".kvp")) {
+            n++;
+            bytes += (unsigned long long)sb.st_size;
+        } else {
+            other++; /* e.g. the temporary of a save that was killed */
+        }
+    }
+    closedir(d);
+    printf("  persisted prefixes: %s: %ld file%s, %.1f MiB", dir, n, n == 1 ? "" : "s",
+           bytes / 1048576.0);
+    if (other) printf(" (and %ld other file%s)", other, other == 1 ? "" : "s");
+    printf("\n");
+}
+
 /* Load the model the configuration names (or the cached default) the way `complete` would, and
  * say what it is; a model that is configured but does not load is a problem. */
 static void report_model(doctor_state *st, const cli_config *cfg) {
@@ -144,10 +204,8 @@ static void report_model(doctor_state *st, const cli_config *cfg) {
                                                  : "ABSENT (build without tests/node_modules)");
     if (!cfg->model[0]) {
         /* The default model is generated on first use; doctor reports, it does not generate. */
-        const char *cache = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
-        char dir[4096] = "";
-        if (cache && cache[0] == '/') snprintf(dir, sizeof dir, "%s/spark-agent/models", cache);
-        else if (home && *home) snprintf(dir, sizeof dir, "%s/.cache/spark-agent/models", home);
+        char dir[4096];
+        cache_dir(dir, sizeof dir, "models");
         printf("  configured: the embedded default (tiny random-weight Qwen3-MoE, made on first "
                "use in %s)\n", dir[0] ? dir : "(no cache directory: HOME unset)");
         if (!engine_model_gen_tokenizer_embedded())
@@ -191,7 +249,7 @@ int cli_doctor(int argc, char **argv) {
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         if (c == 'h') {
             printf("usage: spark-agent doctor\n\nReport the CPU, GPUs, sandbox support, library "
-                   "versions and the configured model.\nExit status 1 when something the "
+                   "versions, the configured model and the prefix cache.\nExit status 1 when something the "
                    "configuration asks for is missing.\n");
             return CLI_EXIT_OK;
         }
@@ -213,6 +271,7 @@ int cli_doctor(int argc, char **argv) {
     printf("Sandbox: not in this build (engine-only)\n");
 #endif
     report_model(&st, &cfg);
+    report_prefix_cache(&cfg);
     if (st.problems) {
         printf("%d problem%s found.\n", st.problems, st.problems == 1 ? "" : "s");
         return CLI_EXIT_FAIL;

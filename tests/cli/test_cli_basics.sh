@@ -62,6 +62,23 @@ else
     has out "^Libraries: jansson"; check "doctor reports library versions" $?
 fi
 has out "embedded Qwen3 tokenizer"; check "doctor reports the embedded tokenizer" $?
+# the prefix cache: the KV pool, its type and the persisted prefixes (a directory doctor reads,
+# never creates)
+pfx="$tmp/cache/spark-agent/prefixes"
+env XDG_CACHE_HOME="$tmp/cache" "$cli" doctor >"$tmp/out" 2>&1
+has out "^Prefix cache: KV pool auto .*from default), f16 KV (from default)"
+check "doctor reports the prefix cache's pool and KV type" $?
+has out "persisted prefixes: $pfx (none yet)"; check "doctor says no prefix is persisted" $?
+[ ! -e "$pfx" ]; check "doctor does not create the prefixes directory" $?
+mkdir -p "$pfx"
+head -c 4096 /dev/zero >"$pfx/a.kvp"; head -c 2097152 /dev/zero >"$pfx/b.kvp"; : >"$pfx/b.kvp.x1"
+env XDG_CACHE_HOME="$tmp/cache" SPARK_KV_CACHE=64 SPARK_KV_TYPE=q8_0 "$cli" doctor >"$tmp/out" 2>&1
+has out "^Prefix cache: KV pool 64 MiB (from SPARK_KV_CACHE), q8_0 KV (from SPARK_KV_TYPE)"
+check "doctor reports a configured pool and KV type" $?
+has out "persisted prefixes: $pfx: 2 files, 2.0 MiB (and 1 other file)"
+check "doctor counts the persisted prefixes and their size" $?
+env XDG_CACHE_HOME="$tmp/cache" SPARK_KV_CACHE=0 "$cli" doctor >"$tmp/out" 2>&1
+has out "^Prefix cache: OFF (kv_cache = 0 from SPARK_KV_CACHE)"; check "doctor: prefix cache off" $?
 # A model that loads is described; a file that is not a model is a problem.
 expect_rc "model gen for doctor" 0 "$cli" model gen --preset tiny --type q8_0 -o "$tmp/m.gguf"
 expect_rc "doctor loads a configured model" 0 env SPARK_MODEL="$tmp/m.gguf" "$cli" doctor
