@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static int failures;
@@ -40,6 +41,14 @@ static int run(char *buf, size_t cap, int argc, char **argv) {
     buf[n > 0 ? n : 0] = 0;
     close(fd);
     return rc;
+}
+
+static void write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
 }
 
 static int zero_fill(int64_t i, void *dst, size_t n, void *u) {
@@ -153,6 +162,76 @@ int main(void) {
     CHECK(run(buf, sizeof buf, 2, a_trunc) == CLI_EXIT_FAIL, "no architecture");
     char *a_help[] = {"info", "--help"};
     CHECK(run(buf, sizeof buf, 2, a_help) == CLI_EXIT_OK && strstr(buf, "usage:"), "help");
+
+    /* A Hugging Face checkpoint directory: config.json + a safetensors file written here by
+     * hand (BF16 embedding, four F32 routed experts, an F16 norm), tokenizer_config.json with a
+     * template, no tokenizer.json. */
+    char hf[700], path[800];
+    snprintf(hf, sizeof hf, "%s/hf", dir);
+    mkdir(hf, 0700);
+    char *a_hf[] = {"info", hf, "--json"};
+    CHECK(run(buf, sizeof buf, 3, a_hf) == CLI_EXIT_FAIL && buf[0] == 0, "dir without config");
+    snprintf(path, sizeof path, "%s/config.json", hf);
+    write_text(path, "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"model_type\": "
+                     "\"qwen3_moe\", \"hidden_size\": 8, \"num_hidden_layers\": 1, "
+                     "\"max_position_embeddings\": 2048, \"vocab_size\": 5, \"num_experts\": 4, "
+                     "\"num_experts_per_tok\": 2, \"torch_dtype\": \"bfloat16\"}");
+    CHECK(run(buf, sizeof buf, 3, a_hf) == CLI_EXIT_FAIL && buf[0] == 0, "no safetensors");
+    {
+        char hdr[1024];
+        int o = snprintf(hdr, sizeof hdr, "{\"model.embed_tokens.weight\":{\"dtype\":\"BF16\","
+                         "\"shape\":[5,8],\"data_offsets\":[0,80]}");
+        size_t off = 80;
+        for (int e = 0; e < 4; e++, off += 128)
+            o += snprintf(hdr + o, sizeof hdr - (size_t)o,
+                          ",\"model.layers.0.mlp.experts.%d.up_proj.weight\":{\"dtype\":\"F32\","
+                          "\"shape\":[4,8],\"data_offsets\":[%zu,%zu]}", e, off, off + 128);
+        o += snprintf(hdr + o, sizeof hdr - (size_t)o, ",\"model.norm.weight\":{\"dtype\":"
+                      "\"F16\",\"shape\":[8],\"data_offsets\":[%zu,%zu]}}", off, off + 16);
+        off += 16;
+        snprintf(path, sizeof path, "%s/model.safetensors", hf);
+        FILE *sf = fopen(path, "wb");
+        uint64_t hl = (uint64_t)o; /* little-endian hosts only (as the loader) */
+        fwrite(&hl, 8, 1, sf);
+        fwrite(hdr, 1, (size_t)o, sf);
+        static const char zeros[1024];
+        fwrite(zeros, 1, off, sf);
+        fclose(sf);
+    }
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", hf);
+    write_text(path, "{\"chat_template\": \"{{ messages }}\"}");
+    CHECK(run(buf, sizeof buf, 3, a_hf) == CLI_EXIT_OK, "hf json run: %s", buf);
+    /* dense 40 + 8, experts 4 x 32, 2 of 4 active */
+    CHECK(strstr(buf, "\"parameters\":{\"total\":176,\"active\":112,\"experts\":128}"),
+          "hf params: %s", buf);
+    CHECK(strstr(buf, "\"architecture\":\"qwen3_moe\",\"hf_architecture\":"
+                      "\"Qwen3MoeForCausalLM\",\"dtype\":\"bfloat16\""), "hf arch: %s", buf);
+    CHECK(strstr(buf, "\"expert_count\":4,\"expert_used_count\":2,\"context_length\":2048,"
+                      "\"block_count\":1,\"embedding_length\":8,\"tensor_count\":6"), "hf hp: %s",
+          buf);
+    CHECK(strstr(buf, "\"BF16\":{\"tensors\":1,\"parameters\":40,\"bytes\":80}") &&
+              strstr(buf, "\"F32\":{\"tensors\":4,\"parameters\":128,\"bytes\":512}") &&
+              strstr(buf, "\"F16\":{\"tensors\":1,\"parameters\":8,\"bytes\":16}"),
+          "hf types: %s", buf);
+    CHECK(strstr(buf, "\"tokenizer_json_tokens\":null") && strstr(buf, "\"vocab_size\":5") &&
+              strstr(buf, "\"chat_template\":true,\"loadable\":false}"),
+          "hf tokenizer, template: %s", buf);
+    char *a_hft[] = {"info", hf};
+    CHECK(run(buf, sizeof buf, 2, a_hft) == CLI_EXIT_OK, "hf text run");
+    CHECK(strstr(buf, "active/token:    112 (112), 2 of 4 experts used") &&
+              strstr(buf, "no tokenizer.json (vocab_size 5)") &&
+              strstr(buf, "loads here:      no"),
+          "hf text: %s", buf);
+    /* a damaged config.json is an error naming the file */
+    snprintf(path, sizeof path, "%s/config.json", hf);
+    write_text(path, "{\"model_type\": ");
+    CHECK(run(buf, sizeof buf, 2, a_hft) == CLI_EXIT_FAIL && buf[0] == 0, "bad config.json");
+    unlink(path);
+    snprintf(path, sizeof path, "%s/model.safetensors", hf);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", hf);
+    unlink(path);
+    rmdir(hf);
 
     unlink(model);
     unlink(trunc);
