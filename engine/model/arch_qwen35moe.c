@@ -68,13 +68,21 @@
  *   (optional: recent converters append the MTP block as blk.<n_layer>, block_count counts it).
  *
  * Sessions: KV for the full-attention blocks in a private contiguous cache; per Gated DeltaNet
- * block a conv state [C][K-1] and a recurrent state [nv][dk][dv] (F32). Prefill runs the
- * recurrent form token by token inside each block (the matmuls are batched over the chunk);
- * the chunked parallel form is a later optimisation. The state covers exactly the session's
- * tokens; at every position that is a multiple of ENGINE_Q35_SNAP_EVERY (16, the paged KV
- * block) the conv and DeltaNet blocks copy it into a ring of ENGINE_Q35_SNAPSHOTS snapshots
- * (inside a chunk too: the conv runs in segments ending there, the delta rule copies S after
- * that token). Truncation restores the latest snapshot at or before the target and recomputes
+ * block a conv state [C][K-1] and a recurrent state [nv][dk][dv] (F32). The delta rule runs in
+ * chunked form (engine_cpu_delta_chunk_rows, issue 11) on chunks that end on the grid of
+ * ENGINE_Q35_SNAP_EVERY positions: S is the state at the last grid point (the base), the
+ * tokens since then are pending rows per value head (key, correction, cumulative log decay;
+ * n_pend of them, the same in every block), and a token's output comes from S and the rows
+ * before it; reaching a grid point folds the rows into S. Prefill appends a chunk's rows at
+ * once (one pass over S for s^T k and s^T q of all of them); decode appends one. A row's bits
+ * depend only on the base and the rows before it, so the logits do not depend on how tokens
+ * are split into passes, exactly as with the recurrent form (within ~1e-6 of it:
+ * test_q35_chunk). The state covers exactly the session's tokens; at every position that is
+ * a multiple of ENGINE_Q35_SNAP_EVERY (16, the paged KV block) the conv and DeltaNet blocks
+ * copy it into a ring of ENGINE_Q35_SNAPSHOTS snapshots (inside a chunk too: the conv runs in
+ * segments ending there, the delta rule folds and copies S there; no rows are pending at a
+ * grid point).
+ * Truncation restores the latest snapshot at or before the target and recomputes
  * the rest from the session's tokens (from 0 when none is left), bit-identical to never having
  * gone further. One snapshot of the 35B-A3B shape: 30 DeltaNet blocks x (8192 x 3 conv + 32 x
  * 128 x 128 state) F32 = 65.9 MB (engine_q35_snapshot_bytes). The MoE passes and the row-split
@@ -90,6 +98,8 @@
 #include "tokenizer/json.h"
 
 #define Q35_MAX_CONV ENGINE_CPU_MAX_CONV
+_Static_assert(ENGINE_Q35_SNAP_EVERY <= ENGINE_CPU_DELTA_CHUNK_MAX,
+               "the delta rule's chunks end on the snapshot grid");
 
 /* ---------------------------------------------------------------------------------------------
  * Hyper-parameters and tensors
@@ -518,7 +528,6 @@ struct engine_q35_fwd {
     uint8_t *conv, *hconv; /* converted inputs */
     size_t conv_stride, hconv_stride;
     float *scores;  /* [n_threads][group][n_ctx] */
-    float *scratch; /* [n_threads][2 dk + dv] */
     /* MTP (when the model has the block): its KV is attention slot n_attn. The MTP KV at
      * position p holds the pair (h_p, token p+1), h_p the main model's final normed hidden
      * state after token p; every main pass appends the pairs its tokens complete, so the MTP
@@ -536,6 +545,12 @@ struct engine_q35_fwd {
      * before a verify pass so that rejecting drafts recomputes only the accepted tokens */
     float *ckpt;     /* [state floats + E] */
     int32_t ckpt_pos; /* -1: none */
+    /* chunked delta rule: rows since the base, per DeltaNet block and value head */
+    float *dpend;       /* [n_lin][nv][ENGINE_CPU_DELTA_PEND_FLOATS(SNAP_EVERY, dk, dv)] */
+    float *dscratch;    /* [n_threads][SNAP_EVERY (2 dk + 3 dv + 2)] */
+    int32_t n_pend;     /* rows pending (positions since the base) */
+    int32_t ckpt_npend; /* n_pend at ckpt_pos; the checkpoint holds the rows after its E */
+    bool recurrent;     /* SPARK_Q35_DELTA=recurrent: token by token (benchmarks, checks) */
 };
 
 static size_t q35_fsz(size_t n) {
@@ -562,12 +577,19 @@ void engine_q35_fwd_free(engine_q35_fwd *f) {
     free(f->conv);
     free(f->hconv);
     free(f->scores);
-    free(f->scratch);
     free(f->hid);
     free(f->mtp_in);
     free(f->snap_hid);
     free(f->ckpt);
+    free(f->dpend);
+    free(f->dscratch);
     free(f);
+}
+
+/* Floats of the chunked delta rule's pending rows (every DeltaNet block and value head). */
+static size_t q35_dpend_floats(const engine_q35_fwd *f) {
+    return ENGINE_CPU_DELTA_PEND_FLOATS(ENGINE_Q35_SNAP_EVERY, f->dk, f->dv) * (size_t)f->nv *
+           (size_t)f->n_lin;
 }
 
 /* Floats of one copy of the recurrent state (conv_state then ssm_state, every DeltaNet block). */
@@ -582,6 +604,7 @@ void engine_q35_fwd_reset(engine_q35_fwd *f) {
         f->snap_pos[i] = -1;
     f->pend_ok = false;
     f->ckpt_pos = -1;
+    f->n_pend = 0;
 }
 
 size_t engine_q35_snapshot_bytes(const engine_hparams *hp) {
@@ -612,6 +635,8 @@ int engine_q35_fwd_truncate(engine_q35_fwd *f, int32_t n_tokens, int32_t n) {
         memcpy(f->ssm_state, f->ckpt + nc, q35_fsz(f->ssm_per_layer * (size_t)f->n_lin));
         if (f->mtp) memcpy(f->pend, f->ckpt + q35_state_floats(f), q35_fsz((size_t)f->E));
         f->pend_ok = f->mtp;
+        memcpy(f->dpend, f->ckpt + q35_state_floats(f) + f->E, q35_fsz(q35_dpend_floats(f)));
+        f->n_pend = f->ckpt_npend;
     } else if (best < 0) {
         int32_t keep = f->ckpt_pos;
         engine_q35_fwd_reset(f);
@@ -623,6 +648,7 @@ int engine_q35_fwd_truncate(engine_q35_fwd *f, int32_t n_tokens, int32_t n) {
         memcpy(f->ssm_state, src + nc, q35_fsz(f->ssm_per_layer * (size_t)f->n_lin));
         if (f->mtp) memcpy(f->pend, f->snap_hid + (size_t)best * f->E, q35_fsz((size_t)f->E));
         f->pend_ok = f->mtp;
+        f->n_pend = 0; /* a grid point */
     }
     if (b == n) return 0;
     /* recompute tokens b .. n-1 from the restored state: the same bits as the first time (the
@@ -712,6 +738,8 @@ int engine_q35_fwd_new(engine_session *s) {
     f->v_tiled = qm->v_tiled;
     f->mtp = qm->has_mtp;
     f->ckpt_pos = -1;
+    const char *dm = getenv("SPARK_Q35_DELTA");
+    f->recurrent = dm && !strcmp(dm, "recurrent");
     size_t Bz = (size_t)B, kslots = Bz * (size_t)f->k_used;
     size_t qd = (size_t)f->nh * f->hd, kvd = (size_t)f->nkv * f->hd;
     size_t kv_layer = (size_t)n_ctx * engine_cpu_kv_row_bytes(s->kv_type, f->nkv, f->hd);
@@ -748,14 +776,20 @@ int engine_q35_fwd_new(engine_session *s) {
     f->conv = aligned_alloc(64, 2 * Bz * f->conv_stride);
     f->hconv = aligned_alloc(64, kslots * f->hconv_stride);
     f->scores = malloc(q35_fsz((size_t)f->n_threads * (size_t)group * (size_t)n_ctx));
-    f->scratch = malloc(q35_fsz((size_t)f->n_threads * (2 * (size_t)f->dk + 2 * (size_t)f->dv)));
     f->hid = malloc(q35_fsz((Bz + 2) * (size_t)f->E));
     f->mtp_in = malloc(q35_fsz((Bz + 1) * 2 * (size_t)f->E));
     f->snap_hid = malloc(q35_fsz(ENGINE_Q35_SNAPSHOTS * (size_t)f->E));
-    f->ckpt = malloc(q35_fsz(q35_state_floats(f) + (size_t)f->E));
+    f->ckpt = malloc(q35_fsz(q35_state_floats(f) + (size_t)f->E + q35_dpend_floats(f)));
+    f->dpend = malloc(ENGINE_MAX((size_t)1, q35_fsz(q35_dpend_floats(f))));
+    f->dscratch = malloc(q35_fsz((size_t)f->n_threads * ENGINE_Q35_SNAP_EVERY *
+                                 (2 * (size_t)f->dk + 3 * (size_t)f->dv + 2)));
+    if (!f->dpend || !f->dscratch) {
+        engine_q35_fwd_free(f);
+        return engine_err(ENGINE_ENOMEM, "out of memory for a qwen35moe session's delta rule");
+    }
     if (!f->hid || !f->mtp_in || !f->snap_hid || !f->ckpt || !f->kv_mem || !f->k_blocks || !f->v_blocks || !f->views || !f->conv_state || !f->snap ||
         !f->ssm_state || !f->x || !f->big || !f->q || !f->router || !f->sel || !f->exp_start ||
-        !f->g || !f->sg || !f->conv || !f->hconv || !f->scores || !f->scratch) {
+        !f->g || !f->sg || !f->conv || !f->hconv || !f->scores) {
         engine_q35_fwd_free(f);
         return engine_err(ENGINE_ENOMEM,
                           "out of memory for a qwen35moe session of %d "
@@ -962,16 +996,14 @@ static float q35_softplus(float x) {
     return x > 20.0f ? x : log1pf(expf(x)); /* torch's softplus, threshold 20 */
 }
 
-static void q_delta(q35_job *j, int ith, int nth) {
+/* The recurrent form, token by token, for value heads h0 .. h1 (scratch: 2 dk + 2 dv). */
+static void q35_delta_recurrent(q35_job *j, int64_t h0, int64_t h1, float *scratch) {
     engine_q35_fwd *f = j->f;
     const q35_layer *ly = j->ly;
     int nk = f->nk, nv = f->nv, dk = f->dk, dv = f->dv, C = f->C, di = f->di;
     int r = nv / nk;
     float qscale = 1.0f / sqrtf((float)dk), eps = j->m->hp.rms_norm_eps;
-    float *qn = f->scratch + (size_t)ith * (2 * (size_t)dk + 2 * (size_t)dv);
-    float *kn = qn + dk, *o = kn + dk, *tmp = o + dv;
-    int64_t h0, h1;
-    engine_split(nv, ith, nth, &h0, &h1);
+    float *qn = scratch, *kn = qn + dk, *o = kn + dk, *tmp = o + dv;
     for (int64_t h = h0; h < h1; h++) {
         int kh = f->v_tiled ? (int)(h % nk) : (int)(h / r);
         float *S = j->ssm_state + (size_t)h * dk * dv;
@@ -989,6 +1021,62 @@ static void q_delta(q35_job *j, int ith, int nth) {
             if ((j->p0 + t + 1) % ENGINE_Q35_SNAP_EVERY == 0)
                 memcpy(q35_snap_at(f, j->p0 + t + 1, ly->slot, true) + (size_t)h * dk * dv, S,
                        q35_fsz((size_t)dk * dv));
+        }
+    }
+}
+
+/* The delta rule of the block's value heads over the pass's tokens, in chunks that end on the
+ * snapshot grid (engine_cpu_delta_chunk_rows, then a fold and a snapshot at each grid point). */
+static void q_delta(q35_job *j, int ith, int nth) {
+    engine_q35_fwd *f = j->f;
+    const q35_layer *ly = j->ly;
+    enum { CAP = ENGINE_Q35_SNAP_EVERY };
+    int nk = f->nk, nv = f->nv, dk = f->dk, dv = f->dv, C = f->C, di = f->di;
+    int r = nv / nk;
+    float qscale = 1.0f / sqrtf((float)dk), eps = j->m->hp.rms_norm_eps;
+    float *qs = f->dscratch + (size_t)ith * CAP * (2 * (size_t)dk + 3 * (size_t)dv + 2);
+    float *ks = qs + (size_t)CAP * dk, *os = ks + (size_t)CAP * dk, *rs = os + (size_t)CAP * dv;
+    float *lg = rs + 2 * (size_t)CAP * dv, *bt = lg + CAP;
+    size_t pf = ENGINE_CPU_DELTA_PEND_FLOATS(CAP, dk, dv);
+    int64_t h0, h1;
+    engine_split(nv, ith, nth, &h0, &h1);
+    if (f->recurrent) {
+        q35_delta_recurrent(j, h0, h1, qs);
+        return;
+    }
+    for (int64_t h = h0; h < h1; h++) {
+        int kh = f->v_tiled ? (int)(h % nk) : (int)(h / r);
+        float *S = j->ssm_state + (size_t)h * dk * dv;
+        float *P = f->dpend + ((size_t)ly->slot * nv + (size_t)h) * pf;
+        float A = ly->a[h], dt = ly->dt_bias[h];
+        int m = f->n_pend;
+        for (int32_t t = 0; t < j->n;) {
+            int32_t pos = j->p0 + t;
+            int np = (int)ENGINE_MIN(j->n - t, CAP - pos % CAP);
+            ENGINE_ASSERT(m + np <= CAP);
+            for (int u = 0; u < np; u++) {
+                const float *row = f->big + (size_t)(t + u) * C;
+                engine_cpu_l2norm(qs + (size_t)u * dk, row + (size_t)kh * dk, dk, 1e-6f, qscale);
+                engine_cpu_l2norm(ks + (size_t)u * dk, row + (size_t)nk * dk + (size_t)kh * dk, dk,
+                                  1e-6f, 1.0f);
+                bt[u] = 1.0f / (1.0f + expf(-f->bb[(size_t)(t + u) * nv + h]));
+                lg[u] = A * q35_softplus(f->aa[(size_t)(t + u) * nv + h] + dt);
+            }
+            const float *v = f->big + (size_t)t * C + 2 * (size_t)nk * dk + (size_t)h * dv;
+            engine_cpu_delta_chunk_rows(S, P, CAP, m, np, dk, dv, qs, ks, v, (size_t)C, lg, bt,
+                                        os, rs);
+            for (int u = 0; u < np; u++)
+                engine_cpu_rmsnorm_gated(f->att + (size_t)(t + u) * di + (size_t)h * dv,
+                                         os + (size_t)u * dv, ly->ssm_norm,
+                                         f->z + (size_t)(t + u) * di + (size_t)h * dv, dv, eps);
+            m += np;
+            t += np;
+            if ((j->p0 + t) % CAP == 0) {
+                engine_cpu_delta_chunk_fold(S, P, CAP, m, dk, dv);
+                m = 0;
+                memcpy(q35_snap_at(f, j->p0 + t, ly->slot, true) + (size_t)h * dk * dv, S,
+                       q35_fsz((size_t)dk * dv));
+            }
         }
     }
 }
@@ -1331,6 +1419,8 @@ void engine_q35_checkpoint(engine_session *s) {
     memcpy(f->ckpt, f->conv_state, q35_fsz(nc));
     memcpy(f->ckpt + nc, f->ssm_state, q35_fsz(f->ssm_per_layer * (size_t)f->n_lin));
     if (f->mtp) memcpy(f->ckpt + q35_state_floats(f), f->pend, q35_fsz((size_t)f->E));
+    memcpy(f->ckpt + q35_state_floats(f) + f->E, f->dpend, q35_fsz(q35_dpend_floats(f)));
+    f->ckpt_npend = f->n_pend;
     f->ckpt_pos = s->n_tokens;
 }
 
@@ -1392,6 +1482,13 @@ int engine_q35_fwd_run(engine_session *s, const int32_t *tokens, int32_t n, floa
         q35_run(m, &j, Q_NORM);
         q35_moe(m, f, ly, n);
     }
+    /* the delta rule's rows now pending: those since the last grid point the pass reached */
+    if (f->recurrent)
+        f->n_pend = 0;
+    else if ((p0 + n) / ENGINE_Q35_SNAP_EVERY > p0 / ENGINE_Q35_SNAP_EVERY)
+        f->n_pend = (p0 + n) % ENGINE_Q35_SNAP_EVERY;
+    else
+        f->n_pend += n;
     /* output head: every token's logits when asked, else only the last token's (the final
      * norm of every token when the MTP block needs their hidden states) */
     int32_t t0 = logits_all ? 0 : n - 1;
