@@ -673,7 +673,8 @@ int engine_q35_fwd_truncate(engine_q35_fwd *f, int32_t n_tokens, int32_t n) {
 int engine_q35_state_copy(const engine_session *s, int32_t pos, void *dst) {
     const engine_q35_fwd *f = s->q35;
     size_t nc = f->conv_per_layer * (size_t)f->n_lin, ns = f->ssm_per_layer * (size_t)f->n_lin;
-    if (pos == s->n_tokens) {
+    /* the live state is S only with no delta-rule rows pending (always so on the grid) */
+    if (pos == s->n_tokens && f->n_pend == 0) {
         memcpy(dst, f->conv_state, q35_fsz(nc));
         memcpy((float *)dst + nc, f->ssm_state, q35_fsz(ns));
         return 0;
