@@ -748,6 +748,9 @@ int engine_sched_submit(engine_sched *s, const engine_request *r, uint64_t *id) 
     if (!s || !r || !id) return engine_err(ENGINE_EINVAL, "submit: missing argument");
     int rc = engine_gen_check_params(&r->gen);
     if (rc) return rc;
+    if (r->gen.mtp_draft > 0) /* not silently dropped: the scheduler has no speculative step */
+        return engine_err(ENGINE_EUNSUPPORTED, "speculative decoding (mtp_draft = %d) runs through "
+                          "engine_generate only, not the scheduler", r->gen.mtp_draft);
     if (r->gen.n_prompt > (size_t)s->p.n_ctx)
         return engine_err(ENGINE_ERANGE, "the prompt has %zu tokens but a request holds %d",
                           r->gen.n_prompt, s->p.n_ctx);
