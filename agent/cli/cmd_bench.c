@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -14,7 +15,7 @@
 
 static void usage(FILE *f) {
     fprintf(f, "usage: spark-agent bench [-m FILE] [-p N_PROMPT] [-n N_GEN] [-t THREADS] "
-               "[-r REPS] [-d DEPTH] [--kv f16|f32|q8_0]\n\n"
+               "[-r REPS] [-d DEPTH] [-B SEQS] [--kv f16|f32|q8_0]\n\n"
                "Measure prefill (pp) and decode (tg) speed: a prompt of N_PROMPT tokens, then\n"
                "N_GEN tokens decoded one at a time after it; mean ± sd over REPS runs (after one\n"
                "warm-up run). With -d, both run after DEPTH tokens of context (filled untimed, as\n"
@@ -28,6 +29,12 @@ static void usage(FILE *f) {
                "  -b, --batch N      prompt tokens per forward batch (default 64; the GPU\n"
                "                     prefills in chunks of SPARK_CUDA_PREFILL_CHUNK, default 512)\n"
                "  -d, --depth N      context tokens before each measurement (default 0)\n"
+               "  -B, --seqs N       aggregate decode of N sequences at once through the\n"
+               "                     scheduler instead (each: a distinct N_PROMPT-token prompt,\n"
+               "                     then N_GEN tokens); t/s = all sequences' tokens per second\n"
+               "                     once every one of them decodes. On the GPU the scheduler\n"
+               "                     runs one session per request unless SPARK_SCHED_GPU_BATCH=1\n"
+               "                     (one batched pass per step over a paged KV pool)\n"
                "  --kv TYPE          KV cache type f16, f32 or q8_0 (CPU only) (default:\n"
                "                     SPARK_KV_TYPE, the config's kv_type, else f16)\n");
 }
@@ -79,23 +86,210 @@ static void fmt_count(char *buf, size_t cap, double v) {
     else snprintf(buf, cap, "%.0f", v);
 }
 
+/* -B: N requests through the scheduler; the decode window starts when the last of them has
+ * its first token (every sequence decodes from then on) and ends at the last token. */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    long n_seqs, pending, started, tokens, tokens_at_start;
+    double t_all_started, t_last;
+    int rc;
+    char err[256];
+} agg_run;
+
+typedef struct {
+    agg_run *a;
+    bool first;
+} agg_seq;
+
+static int agg_on_token(void *user, const char *text, size_t len, int32_t token) {
+    (void)text;
+    (void)len;
+    agg_seq *q = user;
+    agg_run *a = q->a;
+    if (token < 0) return 0;
+    pthread_mutex_lock(&a->mu);
+    a->tokens++;
+    a->t_last = now_ms();
+    if (!q->first) {
+        q->first = true;
+        if (++a->started == a->n_seqs) {
+            a->t_all_started = a->t_last;
+            a->tokens_at_start = a->tokens;
+        }
+    }
+    pthread_mutex_unlock(&a->mu);
+    return 0;
+}
+
+static void agg_on_done(void *user, uint64_t id, int rc, const engine_request_stats *st) {
+    (void)id;
+    (void)st;
+    agg_run *a = ((agg_seq *)user)->a;
+    pthread_mutex_lock(&a->mu);
+    if (rc && !a->rc) {
+        a->rc = rc;
+        snprintf(a->err, sizeof a->err, "%s", engine_error_last());
+    }
+    a->pending--;
+    pthread_cond_signal(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+}
+
+/* One run of n_seqs requests on sched; *tps: aggregate decode tokens per second, *wall_tps: all
+ * generated tokens over the whole wall time (prefill included). */
+static int agg_once(engine_sched *sched, long n_seqs, const int32_t *prompts, long n_prompt,
+                    long n_gen, double *tps, double *wall_tps, char *err, size_t err_cap) {
+    agg_run a;
+    memset(&a, 0, sizeof a);
+    pthread_mutex_init(&a.mu, NULL);
+    pthread_cond_init(&a.cv, NULL);
+    a.n_seqs = n_seqs;
+    agg_seq *seqs = calloc((size_t)n_seqs, sizeof *seqs);
+    if (!seqs) {
+        snprintf(err, err_cap, "out of memory");
+        return -1;
+    }
+    double t0 = now_ms();
+    int rc = 0;
+    for (long i = 0; i < n_seqs; i++) {
+        seqs[i].a = &a;
+        engine_request r = {ENGINE_GEN_PARAMS_INIT, agg_on_token, agg_on_done, &seqs[i]};
+        r.gen.prompt = prompts + i * n_prompt;
+        r.gen.n_prompt = (size_t)n_prompt;
+        r.gen.max_tokens = (int32_t)n_gen;
+        r.gen.ignore_eog = true;
+        r.gen.sampling.temperature = 0.0f;
+        uint64_t id;
+        pthread_mutex_lock(&a.mu);
+        a.pending++;
+        pthread_mutex_unlock(&a.mu);
+        if ((rc = engine_sched_submit(sched, &r, &id)) != 0) {
+            snprintf(err, err_cap, "%s", engine_error_last());
+            pthread_mutex_lock(&a.mu);
+            a.pending--;
+            pthread_mutex_unlock(&a.mu);
+            break;
+        }
+    }
+    pthread_mutex_lock(&a.mu);
+    while (a.pending > 0)
+        pthread_cond_wait(&a.cv, &a.mu);
+    pthread_mutex_unlock(&a.mu);
+    double t1 = now_ms();
+    if (!rc && a.rc) {
+        rc = a.rc;
+        snprintf(err, err_cap, "%s", a.err);
+    }
+    if (!rc && a.started < n_seqs) {
+        rc = -1;
+        snprintf(err, err_cap, "only %ld of %ld sequences generated a token", a.started, n_seqs);
+    }
+    if (!rc) {
+        double win = a.t_last - a.t_all_started;
+        long n = a.tokens - a.tokens_at_start;
+        *tps = n > 0 && win > 0 ? n * 1e3 / win : 0.0;
+        *wall_tps = a.tokens * 1e3 / (t1 - t0);
+    }
+    free(seqs);
+    pthread_cond_destroy(&a.cv);
+    pthread_mutex_destroy(&a.mu);
+    return rc;
+}
+
+/* -B: the aggregate decode of n_seqs sequences, warm-up then reps runs. */
+static int bench_seqs(const char *cmd, engine_model *m, const engine_model_info *info,
+                      long n_seqs, long n_prompt, long n_gen, long reps) {
+    int ret = CLI_EXIT_FAIL;
+    engine_sched *sched = NULL;
+    int32_t *prompts = malloc(sizeof(int32_t) * (size_t)(n_seqs * n_prompt));
+    double *tps = calloc((size_t)reps, sizeof *tps), *wall = calloc((size_t)reps, sizeof *wall);
+    char err[256];
+    if (!prompts || !tps || !wall) {
+        cli_errorf(cmd, "out of memory");
+        goto done;
+    }
+    engine_sched_params sp = ENGINE_SCHED_PARAMS_INIT;
+    sp.max_seqs = (int32_t)n_seqs;
+    sp.n_ctx = (int32_t)(n_prompt + n_gen + 1);
+    sp.prefill_chunk = 512;
+    if (engine_sched_new(&sched, m, &sp) != 0) {
+        cli_errorf(cmd, "%s", engine_error_last());
+        goto done;
+    }
+    int32_t nv = engine_model_n_vocab(m), range = nv > 151643 ? 151643 : nv;
+    for (long r = -1; r < reps; r++) { /* r = -1: warm-up */
+        /* distinct prompts per run and sequence (no prefix reuse between them) */
+        uint64_t x = 0x9e3779b97f4a7c15ull + (uint64_t)(r + 1) * 0x2545f4914f6cdd1dull;
+        for (long i = 0; i < n_seqs * n_prompt; i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            prompts[i] = (int32_t)((x >> 33) % (uint64_t)range);
+        }
+        double t = 0, w = 0;
+        if (agg_once(sched, n_seqs, prompts, n_prompt, n_gen, &t, &w, err, sizeof err) != 0) {
+            cli_errorf(cmd, "%s", err);
+            goto done;
+        }
+        if (r >= 0) {
+            tps[r] = t;
+            wall[r] = w;
+        }
+    }
+    engine_sched_stats st;
+    engine_sched_stats_get(sched, &st);
+    double mean, sd, wmean, wsd;
+    mean_sd(tps, (int)reps, &mean, &sd);
+    mean_sd(wall, (int)reps, &wmean, &wsd);
+    char params[32], desc[192], test[48], ts[32], size[16];
+    fmt_count(params, sizeof params, (double)info->n_params);
+    snprintf(desc, sizeof desc, "%s %s %s", info->name[0] ? info->name : info->arch, info->arch,
+             info->weight_type);
+    snprintf(test, sizeof test, "tg%ld x%ld", n_gen, n_seqs);
+    snprintf(ts, sizeof ts, "%.2f ± %.2f", mean, sd);
+    snprintf(size, sizeof size, "%.2f MiB", info->file_size / (1024.0 * 1024.0));
+    printf("| %-36s | %10s | %10s | %-7s | %12s | %18s | %13s | %14s |\n", "model", "size",
+           "params", "backend", "test", "aggregate t/s", "t/s per seq", "t/s incl. pp");
+    printf("| %.36s | %.10s | %.10s | %.7s | %.12s | %.18s | %.13s | %.14s |\n",
+           "------------------------------------", "----------", "----------", "-------",
+           "------------", "------------------", "-------------", "--------------");
+    printf("| %-36.36s | %10s | %10s | %-7s | %12s | %20s | %13.2f | %14.2f |\n", desc, size,
+           params, engine_device_name(info->device), test, ts, mean / (double)n_seqs, wmean);
+    const char *gb = getenv("SPARK_SCHED_GPU_BATCH");
+    printf("\n%ld sequences of a %ld-token prompt then %ld tokens (greedy, end-of-generation "
+           "ignored), %ld reps after a warm-up; aggregate t/s: tokens of all sequences per "
+           "second once every one decodes; %llu scheduler steps in all\n", n_seqs, n_prompt,
+           n_gen, reps, (unsigned long long)st.steps);
+    if (info->device == ENGINE_DEVICE_CUDA)
+        printf("GPU scheduler: %s\n", gb && !strcmp(gb, "1")
+                   ? "one batched pass per step over a paged KV pool (SPARK_SCHED_GPU_BATCH=1)"
+                   : "one session per request, batch-1 (SPARK_SCHED_GPU_BATCH=1 selects the "
+                     "batched pass)");
+    ret = CLI_EXIT_OK;
+done:
+    engine_sched_free(sched);
+    free(prompts);
+    free(tps);
+    free(wall);
+    return ret;
+}
+
 int cli_bench(int argc, char **argv) {
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},   {"n-prompt", required_argument, 0, 'p'},
         {"n-gen", required_argument, 0, 'n'},   {"threads", required_argument, 0, 't'},
         {"reps", required_argument, 0, 'r'},    {"batch", required_argument, 0, 'b'},
         {"kv", required_argument, 0, 'k'},      {"depth", required_argument, 0, 'd'},
-        {"help", no_argument, 0, 'h'},
+        {"seqs", required_argument, 0, 'B'},    {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
     const char *cmd = "bench", *model_flag = NULL;
-    long n_prompt = 512, n_gen = 128, threads = -1, reps = 3, batch = 64, depth = 0;
+    long n_prompt = 512, n_gen = 128, threads = -1, reps = 3, batch = 64, depth = 0, n_seqs = 0;
     engine_kv_type kv = ENGINE_KV_F16;
     const char *kv_flag = NULL;
     int c;
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, ":m:p:n:t:r:b:d:h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":m:p:n:t:r:b:d:B:h", opts, NULL)) != -1) {
         bool ok = true;
         switch (c) {
         case 'm': model_flag = optarg; break;
@@ -105,6 +299,7 @@ int cli_bench(int argc, char **argv) {
         case 'r': ok = cli_parse_long(optarg, 1, 1000, &reps); break;
         case 'b': ok = cli_parse_long(optarg, 1, 8192, &batch); break;
         case 'd': ok = cli_parse_long(optarg, 0, 1 << 20, &depth); break;
+        case 'B': ok = cli_parse_long(optarg, 1, 1024, &n_seqs); break;
         case 'k':
             kv_flag = optarg;
             ok = engine_kv_type_parse(optarg) >= 0;
@@ -123,6 +318,10 @@ int cli_bench(int argc, char **argv) {
     }
     if (optind < argc) {
         cli_errorf(cmd, "unexpected argument '%s'", argv[optind]);
+        return CLI_EXIT_USAGE;
+    }
+    if (n_seqs > 0 && (n_prompt < 1 || n_gen < 2 || depth > 0)) {
+        cli_errorf(cmd, "-B needs -p >= 1 and -n >= 2, and no -d");
         return CLI_EXIT_USAGE;
     }
     if (n_prompt == 0 && n_gen == 0) {
@@ -161,6 +360,10 @@ int cli_bench(int argc, char **argv) {
         cli_errorf(cmd, "-d %ld + -p %ld + -n %ld exceeds the model's context of %d", depth,
                    n_prompt, n_gen, info.n_ctx_train);
         ret = CLI_EXIT_USAGE;
+        goto done;
+    }
+    if (n_seqs > 0) {
+        ret = bench_seqs(cmd, m, &info, n_seqs, n_prompt, n_gen, reps);
         goto done;
     }
     engine_session_params sp = ENGINE_SESSION_PARAMS_INIT;

@@ -256,6 +256,44 @@ int engine_cuda_op_gemm(engine_type type, const void *w, int64_t rows, int64_t c
                         size_t row_bytes, int m, const float *x, const float *norm_w, float eps,
                         bool accumulate, float *y);
 
+/* ---------------------------------------------------------------------------------------------
+ * Batched pass over several sequences (engine/cuda/prefill.cu, paged_att.cu): the prefill pass
+ * over the tokens of n_seqs sequences at once (prefill chunks and single decode tokens mixed),
+ * each with its own positions and its KV in a device pool of blocks addressed through its
+ * block table, as engine/kv addresses the CPU pool (position p: row p % block_size of block
+ * blocks[p / block_size]; the same block ids when the caller takes them from an engine_kv
+ * cache of the same n_blocks and block_size). The GEMMs run with m = all the pass's tokens, so
+ * one step reads the weights once for every sequence. Attention: per (token, head), F32 SIMT
+ * over the sequence's blocks (no tensor cores on this path yet).
+ * ------------------------------------------------------------------------------------------- */
+typedef struct engine_cuda_batch engine_cuda_batch;
+
+typedef struct {
+    const int32_t *tokens; /* n_tokens ids at positions pos .. pos + n_tokens - 1 */
+    int32_t n_tokens;
+    int32_t pos;            /* positions before pos hold the sequence's earlier tokens */
+    const int32_t *blocks;  /* block table: at least ceil((pos + n_tokens) / block_size) ids */
+    int32_t n_blocks;
+    float *logits; /* NULL or n_vocab floats (host): the last token's next-token logits */
+} engine_cuda_batch_seq;
+
+/* A KV pool of n_blocks blocks of block_size positions (kv F16 or F32) on model cm's device,
+ * positions 0 .. max_pos-1 per sequence, passes of up to max_tokens tokens over up to max_seqs
+ * sequences; all device memory checked against the free memory first (ENGINE_ENOMEM with the
+ * plan). qwen3moe and qwen3 models (head size 64, 128 or 256). cm is borrowed. */
+int engine_cuda_batch_new(engine_cuda_batch **out, engine_cuda_model *cm, int32_t n_blocks,
+                          int32_t block_size, int32_t max_pos, int32_t max_tokens,
+                          int32_t max_seqs, engine_kv_type kv);
+void engine_cuda_batch_free(engine_cuda_batch *b);
+size_t engine_cuda_batch_bytes(const engine_cuda_model *cm, int32_t n_blocks, int32_t block_size,
+                               int32_t max_pos, int32_t max_tokens, int32_t max_seqs,
+                               engine_kv_type kv);
+/* One pass: writes the KV rows of every token given, then fills each seqs[i].logits. The
+ * sequences must not share a block that this pass writes. Synchronous; nothing on the host is
+ * allocated. ENGINE_EINVAL / ENGINE_ERANGE for a bad table, token or size, before any work. */
+int engine_cuda_batch_run(engine_cuda_batch *b, const engine_cuda_batch_seq *seqs,
+                          int32_t n_seqs);
+
 #ifdef __cplusplus
 }
 #endif

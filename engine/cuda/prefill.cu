@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention.cuh"
 #include "dequant.cuh"
 #include "gemm.cuh"
 #include "prefill.cuh"
@@ -55,7 +56,8 @@ template <int HD> __global__ void pf_qk_kernel(engine_cu_pf_qk_args a) {
     const int warp = (int)(blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5));
     const int lane = threadIdx.x & 31, nh = a.n_head + 2 * a.n_kv;
     if (warp >= a.n * nh) return;
-    const int t = warp / nh, h = warp % nh, pos = a.pos0 + t, kv_dim = a.n_kv * HD;
+    const int t = warp / nh, h = warp % nh, kv_dim = a.n_kv * HD;
+    const int pos = a.pos_of ? a.pos_of[t] : a.pos0 + t, row = a.row_of ? a.row_of[t] : pos;
     constexpr int NV = HD / 32, H2 = HD / 64;
     float v[NV];
     const float *src;
@@ -102,7 +104,7 @@ template <int HD> __global__ void pf_qk_kernel(engine_cu_pf_qk_args a) {
     const bool is_k = h < a.n_head + a.n_kv;
     const int kvh = is_k ? h - a.n_head : h - a.n_head - a.n_kv;
     void *cache = is_k ? a.k_cache : a.v_cache;
-    const size_t off = (size_t)pos * kv_dim + (size_t)kvh * HD;
+    const size_t off = (size_t)row * kv_dim + (size_t)kvh * HD;
 #pragma unroll
     for (int i = 0; i < NV; i++) {
         if (a.kv_f32)
@@ -583,14 +585,14 @@ struct engine_cuda_prefill {
     uint8_t *mem;
     size_t bytes;
     int32_t *tok, *ids, *sorted_tok, *slot_pos, *tiles, *n_tiles;
-    float *x, *q, *k, *v, *att, *router, *wts, *g, *u, *d, *logits;
+    float *x, *q, *k, *v, *att, *router, *wts, *g, *u, *d, *logits, *xrows;
     void *xbuf; /* prepared activations */
     size_t xbuf_bytes;
 };
 
 typedef struct {
-    size_t tok, ids, sorted, slot, tiles, ntiles, x, q, kv, att, router, wts, g, d, logits, xbuf,
-        total;
+    size_t tok, ids, sorted, slot, tiles, ntiles, x, q, kv, att, router, wts, g, d, logits, xrows,
+        xbuf, total;
 } pf_layout;
 
 static size_t al256(size_t n) {
@@ -620,11 +622,12 @@ static pf_layout pf_plan(const engine_model *m, int32_t n) {
     z.g = al256(sizeof(float) * slots * nff);
     z.d = hp->n_expert ? al256(sizeof(float) * slots * hp->n_embd) : 0;
     z.logits = al256(sizeof(float) * lr * hp->n_vocab);
+    z.xrows = al256(sizeof(float) * lr * hp->n_embd);
     /* the largest activation a GEMM prepares, in its largest form (F32) */
     size_t big = std::max({(size_t)n * hp->n_embd, (size_t)n * qd, slots * nff});
     z.xbuf = al256(4 * big) + 3 * 256;
     z.total = z.tok + z.ids + z.sorted + z.slot + z.tiles + z.ntiles + z.x + z.q + 2 * z.kv +
-              z.att + z.router + z.wts + 2 * z.g + z.d + z.logits + z.xbuf;
+              z.att + z.router + z.wts + 2 * z.g + z.d + z.logits + z.xrows + z.xbuf;
     return z;
 }
 
@@ -681,8 +684,9 @@ extern "C" void engine_cuda_prefill_free(engine_cuda_prefill *p) {
     free(p);
 }
 
-extern "C" int engine_cuda_prefill_new(engine_cuda_prefill **out, engine_cuda_model *cm,
-                                       engine_cuda_session *s, int32_t max_tokens) {
+/* The pass's buffers over the KV of view sv (a session's, or the batched pass's pool). */
+static int pf_new_view(engine_cuda_prefill **out, engine_cuda_model *cm, engine_cuda_session *s,
+                       const engine_cuda_session_view *svp, int32_t max_tokens) {
     *out = NULL;
     engine_cuda_prefill *p = NULL;
     int rc = 0;
@@ -692,8 +696,7 @@ extern "C" int engine_cuda_prefill_new(engine_cuda_prefill **out, engine_cuda_mo
     engine_cuda_model_view_get(cm, &mv);
     const engine_model *m = mv.m;
     const engine_hparams *hp = &m->hp;
-    engine_cuda_session_view sv;
-    engine_cuda_session_view_get(s, &sv);
+    const engine_cuda_session_view sv = *svp;
     if (max_tokens < 1 || max_tokens > sv.n_ctx)
         return engine_err(ENGINE_EINVAL, "cuda prefill: chunk of %d tokens (context %d)",
                           max_tokens, sv.n_ctx);
@@ -765,6 +768,7 @@ extern "C" int engine_cuda_prefill_new(engine_cuda_prefill **out, engine_cuda_mo
         PF_CARVE(u, g, float)
         PF_CARVE(d, d, float)
         PF_CARVE(logits, logits, float)
+        PF_CARVE(xrows, xrows, float)
         PF_CARVE(xbuf, xbuf, void)
 #undef PF_CARVE
         p->xbuf_bytes = z.xbuf;
@@ -794,6 +798,13 @@ extern "C" int engine_cuda_prefill_new(engine_cuda_prefill **out, engine_cuda_mo
 done:
     engine_cuda_prefill_free(p);
     return rc;
+}
+
+extern "C" int engine_cuda_prefill_new(engine_cuda_prefill **out, engine_cuda_model *cm,
+                                       engine_cuda_session *s, int32_t max_tokens) {
+    engine_cuda_session_view sv;
+    engine_cuda_session_view_get(s, &sv);
+    return pf_new_view(out, cm, s, &sv, max_tokens);
 }
 
 /* The prepared form of X last made (so that q, k and v, or gate and up, share one). */
@@ -861,9 +872,18 @@ static void pf_gemm_grouped(const engine_cuda_prefill *p, const engine_cuda_wvie
     pf_gemm_run(p, w, gx, n_slots, x_idx, y, w->rows, 0, 1, st);
 }
 
-/* One chunk of n <= max_tokens tokens at pos. */
+/* The batched pass's addressing (device arrays) and the rows whose logits go out. */
+typedef struct {
+    const int32_t *pos_of, *row_of, *seq_of, *tables; /* device */
+    int max_blocks, block_size;
+    const int32_t *out_rows_d; /* device [n_out]: rows of the pass */
+    int n_out;
+    float *const *out; /* host [n_out]: n_vocab floats each, or NULL */
+} pf_paged;
+
+/* One chunk of n <= max_tokens tokens at pos (pg NULL), or the batched pass's tokens (pg). */
 static int pf_chunk(engine_cuda_prefill *p, const int32_t *tokens, int32_t n, int32_t pos,
-                    float *logits_all, float *logits_last) {
+                    float *logits_all, float *logits_last, const pf_paged *pg) {
     const engine_model *m = p->mv.m;
     const engine_hparams *hp = &m->hp;
     cudaStream_t st = (cudaStream_t)p->sv.stream;
@@ -902,11 +922,19 @@ static int pf_chunk(engine_cuda_prefill *p, const int32_t *tokens, int32_t n, in
         PF_MARK(PF_P_QKV);
         engine_cu_pf_qk_args qa = {p->q, p->k, p->v, ly->q_norm, ly->k_norm,
                                    (const float2 *)p->sv.rope, eps, p->sv.k_cache[l],
-                                   p->sv.v_cache[l], p->sv.kv_f32, n, pos, nh, nkv, hd};
+                                   p->sv.v_cache[l], p->sv.kv_f32, n, pos, nh, nkv, hd,
+                                   pg ? pg->pos_of : NULL, pg ? pg->row_of : NULL};
         engine_cu_pf_qk_store(&qa, st);
-        engine_cu_pf_att_args aa = {p->q, p->sv.k_cache[l], p->sv.v_cache[l], p->sv.kv_f32,
-                                    n, pos, nh, nkv, hd, p->att, p->next};
-        engine_cu_pf_attention(&aa, st);
+        if (pg) {
+            engine_cu_pg_att_args ga = {p->q, p->sv.k_cache[l], p->sv.v_cache[l], p->sv.kv_f32,
+                                        n, nh, nkv, hd, pg->pos_of, pg->seq_of, pg->tables,
+                                        pg->max_blocks, pg->block_size, p->att};
+            engine_cu_pg_attention(&ga, st);
+        } else {
+            engine_cu_pf_att_args aa = {p->q, p->sv.k_cache[l], p->sv.v_cache[l], p->sv.kv_f32,
+                                        n, pos, nh, nkv, hd, p->att, p->next};
+            engine_cu_pf_attention(&aa, st);
+        }
         PF_MARK(PF_P_ATT);
         gx = pf_prep(p, &pc, ly->wo.type, p->att, NULL, n, nh * hd, NULL, st);
         pf_gemm(&ly->wo, gx, n, p->x, emb, 1, st);
@@ -947,8 +975,25 @@ static int pf_chunk(engine_cuda_prefill *p, const int32_t *tokens, int32_t n, in
     }
     const engine_cuda_wview *ow = &p->mv.output;
     const size_t nv = hp->n_vocab;
+    /* the batched pass: the listed rows, gathered in groups */
+    for (int r0 = 0; pg && r0 < pg->n_out; r0 += PF_LOGIT_ROWS) {
+        const int rows = std::min(PF_LOGIT_ROWS, pg->n_out - r0);
+        engine_cu_pf_gather_rows(p->x, pg->out_rows_d + r0, rows, emb, p->xrows, st);
+        const engine_cu_gx *gx = pf_prep(p, &pc, ow->type, p->xrows, NULL, rows, emb,
+                                         p->mv.output_norm, st);
+        pc.x = NULL; /* xrows is rewritten by the next group */
+        pf_gemm(ow, gx, rows, p->logits, (int)nv, 0, st);
+        for (int i = 0; i < rows; i++)
+            if (pg->out[r0 + i] &&
+                (rc = pf_err(cudaMemcpyAsync(pg->out[r0 + i], p->logits + (size_t)i * nv,
+                                             sizeof(float) * nv, cudaMemcpyDeviceToHost, st),
+                             "cudaMemcpyAsync (logits)")))
+                return rc;
+        PF_MARK(PF_P_HEAD);
+        if ((rc = pf_err(cudaStreamSynchronize(st), "batched pass"))) return rc;
+    }
     /* the rows whose logits are wanted: every row (in groups), or the last */
-    for (int r0 = logits_all ? 0 : n - 1; r0 < n; r0 += PF_LOGIT_ROWS) {
+    for (int r0 = pg ? n : logits_all ? 0 : n - 1; r0 < n; r0 += PF_LOGIT_ROWS) {
         const int rows = std::min(PF_LOGIT_ROWS, n - r0);
         const engine_cu_gx *gx = pf_prep(p, &pc, ow->type, p->x + (size_t)r0 * emb, NULL, rows,
                                          emb, p->mv.output_norm, st);
@@ -993,7 +1038,249 @@ extern "C" int engine_cuda_prefill_run(engine_cuda_prefill *p, const int32_t *to
         const int32_t c = std::min(p->max_tokens, n - i);
         rc = pf_chunk(p, tokens + i, c, pos + i,
                       logits_all ? logits_all + (size_t)i * hp->n_vocab : NULL,
-                      i + c == n ? logits_last : NULL);
+                      i + c == n ? logits_last : NULL, NULL);
     }
     return rc;
 }
+
+/* ---------------------------------------------------------------------------------------------
+ * The batched pass over several sequences (engine_cuda_batch_*, contract in cuda_backend.h):
+ * the prefill pass above over the tokens of every sequence at once, its KV in a device pool of
+ * blocks addressed through each sequence's block table.
+ * ------------------------------------------------------------------------------------------- */
+struct engine_cuda_batch {
+    engine_cuda_prefill *pf;
+    int device;
+    cudaStream_t stream;
+    int32_t n_blocks, block_size, max_pos, max_tokens, max_seqs, max_blocks, n_layer;
+    int kv_f32;
+    uint8_t *pool;          /* device: per layer K then V, n_blocks * block_size rows each */
+    size_t pool_bytes;
+    void **k_layer, **v_layer; /* host [n_layer]: device pointers into pool */
+    float *rope;            /* device [max_pos][hd / 2] (cos, sin) */
+    int32_t *meta_d, *meta_h; /* device / pinned host: tok, pos_of, row_of, seq_of, out_rows,
+                               * tables ([max_seqs][max_blocks]) */
+    float **out;            /* host [max_seqs] */
+};
+
+static size_t pb_meta_ints(int32_t max_tokens, int32_t max_seqs, int32_t max_blocks) {
+    return 4 * (size_t)max_tokens + (size_t)max_seqs + (size_t)max_seqs * max_blocks;
+}
+
+static size_t pb_pool_bytes(const engine_hparams *hp, int32_t n_blocks, int32_t block_size,
+                            engine_kv_type kv) {
+    const size_t row = (size_t)hp->n_head_kv * hp->head_dim_k * (kv == ENGINE_KV_F32 ? 4 : 2);
+    return al256(row * (size_t)n_blocks * block_size) * 2 * hp->n_layer;
+}
+
+extern "C" size_t engine_cuda_batch_bytes(const engine_cuda_model *cm, int32_t n_blocks,
+                                          int32_t block_size, int32_t max_pos, int32_t max_tokens,
+                                          int32_t max_seqs, engine_kv_type kv) {
+    engine_cuda_model_view mv;
+    engine_cuda_model_view_get(cm, &mv);
+    const engine_hparams *hp = &mv.m->hp;
+    const int32_t mb = block_size > 0 ? (max_pos + block_size - 1) / block_size : 0;
+    return pb_pool_bytes(hp, n_blocks, block_size, kv) +
+           al256(sizeof(float) * (size_t)max_pos * hp->head_dim_k) +
+           al256(sizeof(int32_t) * pb_meta_ints(max_tokens, max_seqs, mb)) +
+           pf_plan(mv.m, max_tokens).total;
+}
+
+extern "C" void engine_cuda_batch_free(engine_cuda_batch *b) {
+    if (!b) return;
+    cudaSetDevice(b->device);
+    engine_cuda_prefill_free(b->pf);
+    if (b->stream) cudaStreamSynchronize(b->stream);
+    cudaFree(b->pool);
+    cudaFree(b->rope);
+    cudaFree(b->meta_d);
+    cudaFreeHost(b->meta_h);
+    if (b->stream) cudaStreamDestroy(b->stream);
+    free(b->k_layer);
+    free(b->v_layer);
+    free(b->out);
+    free(b);
+}
+
+extern "C" int engine_cuda_batch_new(engine_cuda_batch **out, engine_cuda_model *cm,
+                                     int32_t n_blocks, int32_t block_size, int32_t max_pos,
+                                     int32_t max_tokens, int32_t max_seqs, engine_kv_type kv) {
+    *out = NULL;
+    engine_cuda_model_view mv;
+    engine_cuda_model_view_get(cm, &mv);
+    const engine_model *m = mv.m;
+    const engine_hparams *hp = &m->hp;
+    const int hd = (int)hp->head_dim_k;
+    if (hp->arch != ENGINE_ARCH_QWEN3MOE && hp->arch != ENGINE_ARCH_QWEN3)
+        return engine_err(ENGINE_EUNSUPPORTED, "%s: the CUDA batched pass serves qwen3moe and "
+                          "qwen3", m->path);
+    if (hd != 64 && hd != 128 && hd != 256)
+        return engine_err(ENGINE_EUNSUPPORTED, "%s: head size %d (the CUDA batched pass takes "
+                          "64, 128 or 256)", m->path, hd);
+    if (kv != ENGINE_KV_F16 && kv != ENGINE_KV_F32)
+        return engine_err(ENGINE_EUNSUPPORTED, "cuda batch: KV type %d (F16 or F32 only)", (int)kv);
+    if (n_blocks < 1 || block_size < 1 || block_size > 4096 || max_pos < 1 || max_tokens < 1 ||
+        max_seqs < 1 || max_seqs > max_tokens ||
+        (int64_t)n_blocks * block_size > INT32_MAX)
+        return engine_err(ENGINE_EINVAL, "cuda batch: %d blocks of %d positions, %d positions, "
+                          "%d tokens, %d sequences", n_blocks, block_size, max_pos, max_tokens,
+                          max_seqs);
+    engine_cuda_batch *b = (engine_cuda_batch *)calloc(1, sizeof *b);
+    if (!b) return engine_err(ENGINE_ENOMEM, "out of memory");
+    int rc = 0;
+    size_t free_b = 0, total_b = 0;
+    float *t = NULL;
+    b->device = mv.device;
+    b->n_blocks = n_blocks;
+    b->block_size = block_size;
+    b->max_pos = max_pos;
+    b->max_tokens = max_tokens;
+    b->max_seqs = max_seqs;
+    b->max_blocks = (max_pos + block_size - 1) / block_size;
+    b->n_layer = (int32_t)hp->n_layer;
+    b->kv_f32 = kv == ENGINE_KV_F32;
+    b->k_layer = (void **)calloc(hp->n_layer, sizeof(void *));
+    b->v_layer = (void **)calloc(hp->n_layer, sizeof(void *));
+    b->out = (float **)calloc((size_t)max_seqs, sizeof(float *));
+    if (!b->k_layer || !b->v_layer || !b->out) {
+        rc = engine_err(ENGINE_ENOMEM, "out of memory");
+        goto done;
+    }
+    {
+        const size_t need = engine_cuda_batch_bytes(cm, n_blocks, block_size, max_pos, max_tokens,
+                                                    max_seqs, kv);
+        const size_t meta = pb_meta_ints(max_tokens, max_seqs, b->max_blocks);
+        const size_t layer = pb_pool_bytes(hp, n_blocks, block_size, kv) / (2 * hp->n_layer);
+        const size_t rb = sizeof(float) * (size_t)max_pos * hd;
+        if ((rc = pf_err(cudaSetDevice(mv.device), "cudaSetDevice"))) goto done;
+        if ((rc = pf_err(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo"))) goto done;
+        engine_log(ENGINE_LOG_INFO, "cuda: batched pass: KV pool %d blocks of %d positions "
+                   "(%.1f MiB, %s), %.1f MiB in all; %.2f GB free", n_blocks, block_size,
+                   (double)(2 * layer * hp->n_layer) / 1048576.0, b->kv_f32 ? "F32" : "F16",
+                   (double)need / 1048576.0, (double)free_b / 1e9);
+        if (need + ((size_t)64 << 20) > free_b) {
+            rc = engine_err(ENGINE_ENOMEM, "cuda batched pass (%d KV blocks, %d-token passes) "
+                            "needs %.2f GB of GPU memory but %.2f GB are free", n_blocks,
+                            max_tokens, (double)need / 1e9, (double)free_b / 1e9);
+            goto done;
+        }
+        if ((rc = pf_err(cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking),
+                         "cudaStreamCreate")))
+            goto done;
+        if ((rc = pf_err(cudaMalloc((void **)&b->pool, 2 * layer * hp->n_layer),
+                         "cudaMalloc (KV pool)")))
+            goto done;
+        b->pool_bytes = 2 * layer * hp->n_layer;
+        for (uint32_t l = 0; l < hp->n_layer; l++) {
+            b->k_layer[l] = b->pool + (2 * (size_t)l) * layer;
+            b->v_layer[l] = b->pool + (2 * (size_t)l + 1) * layer;
+        }
+        if ((rc = pf_err(cudaMalloc((void **)&b->meta_d, sizeof(int32_t) * meta),
+                         "cudaMalloc (batch tables)")))
+            goto done;
+        if ((rc = pf_err(cudaMallocHost((void **)&b->meta_h, sizeof(int32_t) * meta),
+                         "cudaMallocHost (batch tables)")))
+            goto done;
+        if ((rc = pf_err(cudaMalloc((void **)&b->rope, rb), "cudaMalloc (rope)"))) goto done;
+        t = (float *)malloc(rb);
+        if (!t) {
+            rc = engine_err(ENGINE_ENOMEM, "out of memory");
+            goto done;
+        }
+        engine_cu_rope_table(t, m->rope_inv_freq, hd, max_pos);
+        if ((rc = pf_err(cudaMemcpy(b->rope, t, rb, cudaMemcpyHostToDevice), "cudaMemcpy (rope)")))
+            goto done;
+    }
+    {
+        engine_cuda_session_view sv;
+        sv.stream = (void *)b->stream;
+        sv.n_ctx = max_pos;
+        sv.kv_f32 = b->kv_f32;
+        sv.k_cache = b->k_layer;
+        sv.v_cache = b->v_layer;
+        sv.rope = b->rope;
+        if ((rc = pf_new_view(&b->pf, cm, NULL, &sv, max_tokens))) goto done;
+    }
+    *out = b;
+    b = NULL;
+done:
+    free(t);
+    engine_cuda_batch_free(b);
+    return rc;
+}
+
+extern "C" int engine_cuda_batch_run(engine_cuda_batch *b, const engine_cuda_batch_seq *seqs,
+                                     int32_t n_seqs) {
+    const engine_hparams *hp = &b->pf->mv.m->hp;
+    if (n_seqs < 1 || n_seqs > b->max_seqs)
+        return engine_err(ENGINE_EINVAL, "cuda batch: %d sequences (1 .. %d)", n_seqs,
+                          b->max_seqs);
+    int32_t n = 0;
+    for (int32_t i = 0; i < n_seqs; i++) {
+        const engine_cuda_batch_seq *q = &seqs[i];
+        if (q->n_tokens < 1 || q->pos < 0 || q->pos > b->max_pos - q->n_tokens)
+            return engine_err(ENGINE_ERANGE, "cuda batch: sequence %d: positions %d..%d (the "
+                              "pass holds %d)", i, q->pos, q->pos + q->n_tokens - 1, b->max_pos);
+        if (q->n_tokens > b->max_tokens - n)
+            return engine_err(ENGINE_ERANGE, "cuda batch: more than %d tokens in one pass",
+                              b->max_tokens);
+        const int32_t need = (q->pos + q->n_tokens + b->block_size - 1) / b->block_size;
+        if (!q->blocks || q->n_blocks < need || q->n_blocks > b->max_blocks)
+            return engine_err(ENGINE_EINVAL, "cuda batch: sequence %d: a block table of %d "
+                              "blocks for positions up to %d (blocks of %d)", i, q->n_blocks,
+                              q->pos + q->n_tokens - 1, b->block_size);
+        for (int32_t j = 0; j < need; j++)
+            if (q->blocks[j] < 0 || q->blocks[j] >= b->n_blocks)
+                return engine_err(ENGINE_EINVAL, "cuda batch: sequence %d: block id %d is not "
+                                  "in [0, %d)", i, q->blocks[j], b->n_blocks);
+        for (int32_t j = 0; j < q->n_tokens; j++)
+            if (q->tokens[j] < 0 || (uint32_t)q->tokens[j] >= hp->n_vocab)
+                return engine_err(ENGINE_EINVAL, "cuda batch: token id %d is not in [0, %u)",
+                                  q->tokens[j], hp->n_vocab);
+        n += q->n_tokens;
+    }
+    const int32_t mt = b->max_tokens, mb = b->max_blocks;
+    int32_t *tok = b->meta_h, *pos_of = tok + mt, *row_of = pos_of + mt, *seq_of = row_of + mt,
+            *out_rows = seq_of + mt, *tables = out_rows + b->max_seqs;
+    int32_t t = 0, n_out = 0;
+    for (int32_t i = 0; i < n_seqs; i++) {
+        const engine_cuda_batch_seq *q = &seqs[i];
+        const int32_t need = (q->pos + q->n_tokens + b->block_size - 1) / b->block_size;
+        memcpy(tables + (size_t)i * mb, q->blocks, sizeof(int32_t) * (size_t)need);
+        for (int32_t j = 0; j < q->n_tokens; j++, t++) {
+            const int32_t p = q->pos + j;
+            tok[t] = q->tokens[j];
+            pos_of[t] = p;
+            row_of[t] = q->blocks[p / b->block_size] * b->block_size + p % b->block_size;
+            seq_of[t] = i;
+        }
+        if (q->logits) {
+            out_rows[n_out] = t - 1;
+            b->out[n_out++] = q->logits;
+        }
+    }
+    cudaStream_t st = b->stream;
+    int rc = pf_err(cudaSetDevice(b->device), "cudaSetDevice");
+    const size_t bytes = sizeof(int32_t) * (4 * (size_t)mt + b->max_seqs + (size_t)n_seqs * mb);
+    if (!rc)
+        rc = pf_err(cudaMemcpyAsync(b->meta_d, b->meta_h, bytes, cudaMemcpyHostToDevice, st),
+                    "cudaMemcpyAsync (batch tables)");
+    if (!rc) {
+        const int32_t *d = b->meta_d;
+        pf_paged pg;
+        pg.pos_of = d + mt;
+        pg.row_of = d + 2 * mt;
+        pg.seq_of = d + 3 * mt;
+        pg.out_rows_d = d + 4 * mt;
+        pg.tables = d + 4 * mt + b->max_seqs;
+        pg.max_blocks = mb;
+        pg.block_size = b->block_size;
+        pg.n_out = n_out;
+        pg.out = b->out;
+        rc = pf_chunk(b->pf, tok, n, 0, NULL, NULL, &pg);
+    }
+    /* the pinned tables are rewritten by the next call: wait for this pass to have read them */
+    const int rs = pf_err(cudaStreamSynchronize(st), "batched pass");
+    return rc ? rc : rs;
+}
+

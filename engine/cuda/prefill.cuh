@@ -37,6 +37,9 @@ typedef struct {
     void *k_cache, *v_cache; /* [n_ctx][n_kv * hd] */
     int kv_f32;
     int n, pos0, n_head, n_kv, hd;
+    /* NULL: token t is at position pos0 + t and stored in cache row pos0 + t; else (the batched
+     * pass over a paged pool) at position pos_of[t], stored in pool row row_of[t] */
+    const int32_t *pos_of, *row_of;
 } engine_cu_pf_qk_args;
 void engine_cu_pf_qk_store(const engine_cu_pf_qk_args *a, cudaStream_t stream);
 
@@ -64,6 +67,29 @@ void engine_cu_pf_route(const float *logits, int n_split, int n, int n_expert, i
 int engine_cu_pf_max_tiles(int n_slots, int n_expert);
 void engine_cu_pf_sort(const int32_t *ids, int n, int k, int n_expert, int32_t *sorted_tok,
                        int32_t *slot_pos, int32_t *tiles, int32_t *n_tiles, cudaStream_t stream);
+
+/* Attention of n queries of several sequences over a paged KV pool (the batched pass): token t
+ * of sequence seq_of[t] at position pos_of[t] attends to that sequence's positions
+ * 0 .. pos_of[t], position p being pool row tables[seq][p / block_size] * block_size +
+ * p % block_size (its own row stored before). One block of 4 warps per (token, head): each
+ * warp streams every fourth group of 32 keys with an online softmax (a lane scores one key, then
+ * the warp accumulates the 32 value rows, a lane owning hd / 32 dimensions); the warps' partial
+ * results are merged at the end. F32 arithmetic on F16 or F32 rows; head size 64, 128 or 256. */
+typedef struct {
+    const float *q; /* [n][n_head * hd], normalised and rotated */
+    const void *k_cache, *v_cache; /* pool rows [n_blocks * block_size][n_kv * hd] */
+    int kv_f32;
+    int n, n_head, n_kv, hd;
+    const int32_t *pos_of, *seq_of; /* [n] */
+    const int32_t *tables;          /* [n_seqs][max_blocks] */
+    int max_blocks, block_size;
+    float *out; /* [n][n_head * hd] */
+} engine_cu_pg_att_args;
+void engine_cu_pg_attention(const engine_cu_pg_att_args *a, cudaStream_t stream);
+
+/* dst[i] = src[rows[i]] for i < n (rows of `cols` floats). */
+void engine_cu_pf_gather_rows(const float *src, const int32_t *rows, int n, int cols, float *dst,
+                              cudaStream_t stream);
 
 void engine_cu_pf_combine(float *x, const float *d, const int32_t *slot_pos, const float *weights,
                           int n, int k, int n_embd, cudaStream_t stream);

@@ -19,12 +19,16 @@
  * other threads take it too). Order: pool_mu before mu. No lock is held while a callback runs.
  */
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common.h"
 #include "kv/kv.h"
 #include "model/model_int.h"
 #include "sched/sched_int.h"
+#ifdef SPARK_HAVE_CUDA
+#include "cuda/cuda_backend.h"
+#endif
 
 typedef struct sched_req sched_req;
 struct sched_req {
@@ -64,6 +68,13 @@ struct engine_sched {
     engine_kv_cache *kvc;             /* batched: m->kvc or own_kvc */
     engine_kv_cache *own_kvc;
     engine_fwd *fwd;
+    /* batched mode on the GPU (SPARK_SCHED_GPU_BATCH=1): the pass is engine_cuda_batch_run over
+     * a device pool with the block ids of kvc (an own pool whose host storage stays unused); no
+     * prefix reuse: the GPU's blocks are not inserted into the tree */
+    bool gpu_mode;
+    void *gpu;                        /* engine_cuda_batch */
+    void *gpu_seqs;                   /* [max_seqs] engine_cuda_batch_seq */
+    float *gpu_logits;                /* [max_seqs][n_vocab] */
     sched_slot *slots;                /* [max_seqs] */
     int32_t *order;                   /* running slots, oldest admission first */
     int32_t n_running;
@@ -175,6 +186,7 @@ static int32_t blocks_for(const engine_sched *s, int32_t n_pos) {
 
 /* Insert the slot's newly full blocks into the prefix tree (pool_mu held). */
 static void slot_commit(engine_sched *s, sched_slot *sl) {
+    if (s->gpu_mode) return; /* the tree holds no GPU blocks */
     int32_t full = sl->n_done / s->kvc->p.block_size;
     if (full <= sl->committed) return;
     engine_kv_prefix_insert(s->kvc, &sl->kvs, sl->rq->toks, sl->n_done);
@@ -190,7 +202,8 @@ static void slot_release(engine_sched *s, sched_req *rq) {
         if (sl->kvs.n_pos > sl->n_done) engine_kv_seq_truncate(s->kvc, &sl->kvs, sl->n_done);
         slot_commit(s, sl);
         /* the partly filled last block too: the next turn re-sends these tokens */
-        engine_kv_prefix_insert_tail(s->kvc, &sl->kvs, sl->rq->toks, sl->n_done);
+        if (!s->gpu_mode)
+            engine_kv_prefix_insert_tail(s->kvc, &sl->kvs, sl->rq->toks, sl->n_done);
         engine_kv_seq_release(s->kvc, &sl->kvs);
     }
     pthread_mutex_unlock(&s->m->pool_mu);
@@ -299,8 +312,10 @@ static int admit_batched(engine_sched *s, sched_req *rq, int32_t slot) {
                           "pool has %d (%d pinned)", blocks_for(s, rq->n_toks + 1),
                           ks.block_size, ks.n_blocks, ks.n_pinned);
     sched_slot *sl = &s->slots[slot];
-    engine_kv_match km;
-    if (engine_kv_prefix_attach(s->kvc, &sl->kvs, rq->toks, rq->n_toks, rq->n_toks - 1, &km))
+    engine_kv_match km = {0, 0, -1};
+    if (s->gpu_mode ? sl->kvs.n_blocks != 0
+                    : engine_kv_prefix_attach(s->kvc, &sl->kvs, rq->toks, rq->n_toks,
+                                              rq->n_toks - 1, &km))
         return engine_err(ENGINE_EINTERNAL, "sched: a free slot's block table is not empty");
     int32_t need = blocks_for(s, rq->n_toks + 1) - sl->kvs.n_blocks + s->n_running;
     engine_kv_cache_stats(s->kvc, &ks);
@@ -396,6 +411,34 @@ static int32_t step_tokens(const sched_slot *sl, int32_t *budget) {
     return n;
 }
 
+#ifdef SPARK_HAVE_CUDA
+/* The GPU pass over the step's sequences (pool_mu held): their block tables as they are. */
+static int gpu_run(engine_sched *s, int32_t n_batch) {
+    engine_cuda_batch_seq *g = s->gpu_seqs;
+    for (int32_t b = 0; b < n_batch; b++) {
+        engine_fwd_seq *q = &s->batch[b];
+        const sched_slot *sl = &s->slots[s->batch_slot[b]];
+        float *out = q->logits ? s->gpu_logits + (size_t)b * s->n_vocab : NULL;
+        g[b] = (engine_cuda_batch_seq){q->tokens, q->n, q->p0, sl->kvs.blocks, sl->kvs.n_blocks,
+                                       out};
+        q->logits_out = out;
+    }
+    return engine_cuda_batch_run(s->gpu, g, n_batch);
+}
+
+static int gpu_new(engine_sched *s) {
+    engine_kv_stats ks;
+    engine_kv_cache_stats(s->kvc, &ks);
+    s->gpu_seqs = calloc((size_t)s->p.max_seqs, sizeof(engine_cuda_batch_seq));
+    s->gpu_logits = malloc(sizeof(float) * (size_t)s->p.max_seqs * (size_t)s->n_vocab);
+    if (!s->gpu_seqs || !s->gpu_logits)
+        return engine_err(ENGINE_ENOMEM, "out of memory for a scheduler");
+    return engine_cuda_batch_new((engine_cuda_batch **)&s->gpu, s->m->cuda, ks.n_blocks,
+                                 ks.block_size, s->p.n_ctx, s->p.prefill_chunk + s->p.max_seqs,
+                                 s->p.max_seqs, s->m->kv_type);
+}
+#endif
+
 static void step_batched(engine_sched *s) {
     int32_t budget = s->p.prefill_chunk, n_batch = 0;
     double t0 = engine_time_ms();
@@ -437,7 +480,12 @@ static void step_batched(engine_sched *s) {
         pthread_mutex_unlock(&s->m->pool_mu);
         return;
     }
+#ifdef SPARK_HAVE_CUDA
+    int rc = s->gpu_mode ? gpu_run(s, n_batch)
+                         : engine_fwd_run_batch(s->m, s->fwd, s->batch, n_batch);
+#else
     int rc = engine_fwd_run_batch(s->m, s->fwd, s->batch, n_batch);
+#endif
     for (int32_t b = 0; b < n_batch; b++) {
         sched_slot *sl = &s->slots[s->batch_slot[b]];
         if (rc) {
@@ -617,6 +665,11 @@ void engine_sched_free(engine_sched *s) {
     free(s->batch);
     free(s->batch_slot);
     engine_fwd_free(s->fwd);
+#ifdef SPARK_HAVE_CUDA
+    engine_cuda_batch_free(s->gpu);
+#endif
+    free(s->gpu_seqs);
+    free(s->gpu_logits);
     engine_kv_cache_free(s->own_kvc);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
@@ -627,7 +680,7 @@ void engine_sched_free(engine_sched *s) {
  * positions of the model's KV type (engine_model_params.kv_type) owned by the scheduler. */
 static int sched_pool(engine_sched *s) {
     engine_model *m = s->m;
-    if (m->kvc) {
+    if (m->kvc && !s->gpu_mode) {
         s->kvc = m->kvc;
         return 0;
     }
@@ -668,8 +721,13 @@ int engine_sched_new_mode(engine_sched **out, engine_model *m, const engine_sche
                           "max_queue %d (>= 1), prefill_chunk %d (1..8192), n_ctx %d (1..%d), "
                           "max_bypass %d (>= -1)", sp.max_seqs, sp.max_queue, sp.prefill_chunk,
                           sp.n_ctx, m->info.n_ctx_train, sp.max_bypass);
-    bool can_batch = !m->cuda && (m->hp.arch == ENGINE_ARCH_QWEN3MOE ||
-                                  m->hp.arch == ENGINE_ARCH_QWEN3);
+    bool gpu_batch = false; /* the GPU's batched pass: off by default until verified */
+#ifdef SPARK_HAVE_CUDA
+    const char *gb = getenv("SPARK_SCHED_GPU_BATCH");
+    gpu_batch = m->cuda && !m->q35 && gb && !strcmp(gb, "1");
+#endif
+    bool can_batch = (!m->cuda || gpu_batch) && (m->hp.arch == ENGINE_ARCH_QWEN3MOE ||
+                                                 m->hp.arch == ENGINE_ARCH_QWEN3);
     if (mode == ENGINE_SCHED_MODE_BATCHED && !can_batch)
         return engine_err(ENGINE_EUNSUPPORTED, "%s: no batched forward pass for this model "
                           "(architecture or device)", m->path);
@@ -678,6 +736,7 @@ int engine_sched_new_mode(engine_sched **out, engine_model *m, const engine_sche
     s->m = m;
     s->p = sp;
     s->batched = mode == ENGINE_SCHED_MODE_BATCHED || (mode == ENGINE_SCHED_MODE_AUTO && can_batch);
+    s->gpu_mode = s->batched && m->cuda;
     s->n_vocab = engine_model_n_vocab(m);
     s->next_id = 1;
     pthread_mutex_init(&s->mu, NULL);
@@ -694,8 +753,12 @@ int engine_sched_new_mode(engine_sched **out, engine_model *m, const engine_sche
     }
     if (s->batched) {
         if ((rc = sched_pool(s))) goto fail;
-        if ((rc = engine_fwd_batch_new(&s->fwd, m, sp.n_ctx, sp.prefill_chunk + sp.max_seqs,
-                                       sp.max_seqs)))
+#ifdef SPARK_HAVE_CUDA
+        if (s->gpu_mode && (rc = gpu_new(s))) goto fail;
+#endif
+        if (!s->gpu_mode && (rc = engine_fwd_batch_new(&s->fwd, m, sp.n_ctx,
+                                                       sp.prefill_chunk + sp.max_seqs,
+                                                       sp.max_seqs)))
             goto fail;
         for (int32_t i = 0; i < sp.max_seqs; i++) {
             sched_slot *sl = &s->slots[i];
@@ -724,7 +787,10 @@ int engine_sched_new_mode(engine_sched **out, engine_model *m, const engine_sche
         pthread_mutex_unlock(&m->pool_mu);
         engine_log(ENGINE_LOG_INFO, "scheduler: batched, %d sequences of %d positions, %d-token "
                    "prefill chunks; KV pool %s: %s, %d blocks of %d positions (%.1f MiB)",
-                   sp.max_seqs, sp.n_ctx, sp.prefill_chunk, s->own_kvc ? "own" : "the model's",
+                   sp.max_seqs, sp.n_ctx, sp.prefill_chunk,
+                   s->gpu_mode ? "on the GPU (no prefix reuse)"
+                   : s->own_kvc ? "own"
+                                : "the model's",
                    engine_kv_type_name(ks.type), ks.n_blocks, ks.block_size,
                    (double)ks.total_bytes / (1 << 20));
     } else {
