@@ -4,10 +4,14 @@
  * requests get --drain-timeout seconds, then are cancelled, and the process exits 0. */
 #include "cli.h"
 
+#include <errno.h>
 #include <getopt.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "agent.h"
@@ -17,6 +21,36 @@ static agent_server *g_server; /* for the signal handler only */
 static void on_signal(int sig) {
     (void)sig;
     if (g_server) agent_server_stop(g_server);
+}
+
+/* --exit-with-parent, stdin half: a pipe from the editor reads EOF once every copy of its write
+ * end is closed, i.e. when the editor exits or dies (also through a wrapper script, which
+ * PR_SET_PDEATHSIG does not see through). The signal path then drains as on SIGTERM. */
+static void *stdin_watch(void *arg) {
+    (void)arg;
+    char buf[256];
+    for (;;) {
+        ssize_t n = read(STDIN_FILENO, buf, sizeof buf);
+        if (n == 0 || (n < 0 && errno != EINTR)) break;
+    }
+    kill(getpid(), SIGTERM);
+    return NULL;
+}
+
+/* Tie the server's life to the process that started it (editor plugins): SIGTERM when the
+ * parent dies (PR_SET_PDEATHSIG), and, when stdin is a pipe or socket, when it reaches EOF.
+ * Returns 1 when the parent is already gone, -1 when a watch could not be set up. */
+static int watch_parent(pid_t parent) {
+    int rc = prctl(PR_SET_PDEATHSIG, SIGTERM) == 0 ? 0 : -1;
+    /* the parent may have died before the prctl: we were re-parented already */
+    if (getppid() != parent) return 1;
+    struct stat st;
+    if (fstat(STDIN_FILENO, &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode))) {
+        pthread_t t;
+        if (pthread_create(&t, NULL, stdin_watch, NULL) != 0) return -1;
+        pthread_detach(t);
+    }
+    return rc;
 }
 
 static void usage(FILE *f) {
@@ -45,7 +79,9 @@ static void usage(FILE *f) {
         "      --max-conns N      open connections per client address (default 64)\n"
         "      --idle-timeout S   idle connection timeout (default 60)\n"
         "      --drain-timeout S  on SIGTERM, wait this long for running requests (default "
-        "10)\n");
+        "10)\n"
+        "      --exit-with-parent stop (as on SIGTERM) when the process that started serve\n"
+        "                         exits, or when stdin (a pipe) closes: for editor plugins\n");
 }
 
 enum {
@@ -63,6 +99,7 @@ enum {
     OPT_IDLE,
     OPT_DRAIN,
     OPT_KV,
+    OPT_PARENT,
 };
 
 #define MAX_ALLOW 32
@@ -86,6 +123,7 @@ int cli_serve(int argc, char **argv) {
         {"idle-timeout", required_argument, 0, OPT_IDLE},
         {"drain-timeout", required_argument, 0, OPT_DRAIN},
         {"kv-cache", required_argument, 0, OPT_KV},
+        {"exit-with-parent", no_argument, 0, OPT_PARENT},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -96,6 +134,8 @@ int cli_serve(int argc, char **argv) {
     long port = -1, threads = -1, n_ctx = 0, seqs = 0, maxtok = 0, conns = 0, idle = 0, drain = 0;
     long kv = -1;
     uint64_t body = 0;
+    bool with_parent = false;
+    pid_t parent = getppid();
     agent_server_opts so = AGENT_SERVER_OPTS_INIT;
     int c;
     optind = 1;
@@ -157,6 +197,9 @@ int cli_serve(int argc, char **argv) {
         case OPT_KV:
             kv_flag = optarg;
             ok = cli_parse_kv_cache(optarg, &kv) && kv != 0;
+            break;
+        case OPT_PARENT:
+            with_parent = true;
             break;
         case 'h':
             usage(stdout);
@@ -246,6 +289,14 @@ int cli_serve(int argc, char **argv) {
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
+    /* after the handler is installed: a parent already gone stops the server at once */
+    int w = with_parent ? watch_parent(parent) : 0;
+    if (w > 0) {
+        fprintf(stderr, "spark-agent serve: the parent process is gone: stopping\n");
+        agent_server_stop(s);
+    } else if (w < 0) {
+        fprintf(stderr, "spark-agent serve: warning: --exit-with-parent: %s\n", strerror(errno));
+    }
     bool v6 = strchr(so.host, ':') != NULL;
     printf("spark-agent serve: listening on http://%s%s%s:%d (WebSocket ws://%s%s%s:%d/rpc); "
            "token %s\n",

@@ -205,11 +205,14 @@ class Extension {
         }
         const c = cfg();
         const url = new URL(c.get('serverUrl', 'ws://127.0.0.1:8088/rpc'));
-        const args = ['serve', '--host', url.hostname, '--port', url.port || '8088'];
+        // --exit-with-parent: the server we start dies with the extension host, also when
+        // VS Code is killed (deactivate runs only on a clean exit); stdin is the pipe it watches
+        const args = ['serve', '--host', url.hostname, '--port', url.port || '8088',
+            '--exit-with-parent'];
         if (c.get('model')) args.push('-m', c.get('model'));
         const bin = c.get('serverPath', 'spark-agent');
         this.output.appendLine(`starting ${bin} ${args.join(' ')}`);
-        const child = cp.spawn(bin, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+        const child = cp.spawn(bin, args, { stdio: ['pipe', 'pipe', 'pipe'] });
         this.server = child;
         child.stdout.on('data', (d) => this.output.append(String(d)));
         child.stderr.on('data', (d) => this.output.append(String(d)));

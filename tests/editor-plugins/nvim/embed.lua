@@ -68,7 +68,10 @@ function E.server(opts)
     for k, v in pairs(opts.env or {}) do
       env[k] = v
     end
-    local cmd = { cli, 'serve', '--host', '127.0.0.1', '--port', tostring(port) }
+    -- --exit-with-parent: the harness ends with os.exit, which skips Neovim's job teardown;
+    -- without it the server outlived the test
+    local cmd = { cli, 'serve', '--host', '127.0.0.1', '--port', tostring(port),
+      '--exit-with-parent' }
     for _, a in ipairs(opts.args or {}) do
       cmd[#cmd + 1] = a
     end

@@ -38,8 +38,10 @@ async function start(opts = {}) {
         // tiny model is generated once)
         const env = { ...process.env, SPARK_API_KEY: token, XDG_CONFIG_HOME: home,
             XDG_DATA_HOME: home, ...(opts.env ?? {}) };
+        // --exit-with-parent: the server does not outlive the test process (a failed or killed
+        // test left it running before)
         const child = cp.spawn(cli, ['serve', '--host', '127.0.0.1', '--port', String(port),
-            ...(opts.args ?? [])], { env, stdio: ['ignore', 'pipe', 'pipe'] });
+            '--exit-with-parent', ...(opts.args ?? [])], { env, stdio: ['pipe', 'pipe', 'pipe'] });
         let log = '';
         child.stdout.on('data', (d) => { log += d; });
         child.stderr.on('data', (d) => { log += d; });

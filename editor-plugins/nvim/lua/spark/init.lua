@@ -15,7 +15,8 @@ local M = {}
 M.defaults = {
   url = 'ws://127.0.0.1:8088/rpc',
   token = '', -- empty: SPARK_API_KEY, then $XDG_CONFIG_HOME/spark-agent/token
-  server_cmd = { 'spark-agent', 'serve' }, -- :SparkStart (host/port from url are appended)
+  -- :SparkStart (--host/--port from url and --exit-with-parent are appended)
+  server_cmd = { 'spark-agent', 'serve' },
   model = '', -- -m for :SparkStart
   auto_connect = true,
   completion = {
@@ -377,7 +378,10 @@ function M.start_server()
     return notify(port, vim.log.levels.ERROR)
   end
   local cmd = vim.deepcopy(M.config.server_cmd)
-  vim.list_extend(cmd, { '--host', host, '--port', tostring(port) })
+  -- the server we start dies with this Neovim, also when it is killed or crashes (the
+  -- VimLeavePre stop below covers only a clean exit): the server watches its parent and the
+  -- stdin pipe the job holds
+  vim.list_extend(cmd, { '--host', host, '--port', tostring(port), '--exit-with-parent' })
   if M.config.model ~= '' then
     vim.list_extend(cmd, { '-m', M.config.model })
   end
