@@ -22,8 +22,12 @@
  * Block accounting: while the sequences live the cache holds exactly their blocks; after they
  * are released every block is free again. Bad tables, tokens and sizes are refused before any
  * work (ENGINE_EINVAL / ENGINE_ERANGE).
+ * The scheduler on the GPU (f32 models, F32 KV): SPARK_SCHED_GPU_BATCH=1 against the default
+ * sessions mode, 6 requests 4 at a time with 32-token prefill chunks: the same greedy tokens,
+ * and every block free at the end.
  * Exits 77 (skip) with the reason when no GPU is usable or the build has no CUDA backend. */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -242,6 +246,143 @@ static void check_errors(engine_cuda_batch *gb, int32_t nv) {
     free(l);
 }
 
+/* The scheduler on a GPU model (F32 KV): SPARK_SCHED_GPU_BATCH=1 (one batched pass per step)
+ * against the default (one session per request): 6 requests, 4 at a time, prompts in chunks of
+ * 32 tokens per step, 8 greedy tokens each; the same tokens (f32 weights: the two paths differ
+ * by summation order only, far below the gap of the top two logits of these models), and every
+ * block free again at the end. */
+#define SCHED_REQS 6
+#define SCHED_GEN 8
+
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int pending;
+    int rc[SCHED_REQS];
+    int32_t toks[SCHED_REQS][SCHED_GEN];
+    int n[SCHED_REQS];
+} sched_run;
+
+typedef struct {
+    sched_run *r;
+    int i;
+} sched_ctx;
+
+static int sched_tok(void *user, const char *text, size_t len, int32_t token) {
+    (void)text;
+    (void)len;
+    sched_ctx *c = user;
+    if (token >= 0 && c->r->n[c->i] < SCHED_GEN) c->r->toks[c->i][c->r->n[c->i]++] = token;
+    return 0;
+}
+
+static void sched_done(void *user, uint64_t id, int rc, const engine_request_stats *st) {
+    (void)id;
+    (void)st;
+    sched_ctx *c = user;
+    pthread_mutex_lock(&c->r->mu);
+    c->r->rc[c->i] = rc;
+    c->r->pending--;
+    pthread_cond_signal(&c->r->cv);
+    pthread_mutex_unlock(&c->r->mu);
+}
+
+static void sched_once(engine_model *m, bool gpu_batch, sched_run *run, const char *name) {
+    memset(run, 0, sizeof *run);
+    pthread_mutex_init(&run->mu, NULL);
+    pthread_cond_init(&run->cv, NULL);
+    if (gpu_batch)
+        setenv("SPARK_SCHED_GPU_BATCH", "1", 1);
+    else
+        unsetenv("SPARK_SCHED_GPU_BATCH");
+    engine_sched_params sp = ENGINE_SCHED_PARAMS_INIT;
+    sp.max_seqs = 4;
+    sp.n_ctx = N_CTX;
+    sp.prefill_chunk = 32;
+    engine_sched *s = NULL;
+    int rc = engine_sched_new(&s, m, &sp);
+    unsetenv("SPARK_SCHED_GPU_BATCH");
+    CHECK(rc == 0, "%s: scheduler (%s)", name, gpu_batch ? "GPU batched" : "sessions");
+    if (rc) {
+        for (int i = 0; i < SCHED_REQS; i++)
+            run->rc[i] = rc;
+        return;
+    }
+    const int32_t nv = engine_model_n_vocab(m);
+    static int32_t prompts[SCHED_REQS][64];
+    sched_ctx ctx[SCHED_REQS];
+    for (int i = 0; i < SCHED_REQS; i++) {
+        for (int j = 0; j < prompt_len[i]; j++)
+            prompts[i][j] = (17 * i + 41 * j + 5 * j * j + 1) % nv;
+        ctx[i] = (sched_ctx){run, i};
+        engine_request r = {ENGINE_GEN_PARAMS_INIT, sched_tok, sched_done, &ctx[i]};
+        r.gen.prompt = prompts[i];
+        r.gen.n_prompt = (size_t)prompt_len[i];
+        r.gen.max_tokens = SCHED_GEN;
+        r.gen.ignore_eog = true;
+        r.gen.sampling.temperature = 0.0f;
+        uint64_t id;
+        pthread_mutex_lock(&run->mu);
+        run->pending++;
+        pthread_mutex_unlock(&run->mu);
+        if ((rc = engine_sched_submit(s, &r, &id)) != 0) {
+            CHECK(0, "%s: submit %d", name, i);
+            pthread_mutex_lock(&run->mu);
+            run->pending--;
+            run->rc[i] = rc;
+            pthread_mutex_unlock(&run->mu);
+        }
+    }
+    pthread_mutex_lock(&run->mu);
+    while (run->pending > 0)
+        pthread_cond_wait(&run->cv, &run->mu);
+    pthread_mutex_unlock(&run->mu);
+    if (gpu_batch) { /* the stats are refreshed after the step that ended the last request */
+        engine_sched_stats st;
+        memset(&st, 0, sizeof st);
+        for (int t = 0; t < 200; t++) {
+            engine_sched_stats_get(s, &st);
+            if (st.requests_done == SCHED_REQS && st.blocks_used == 0) break;
+            usleep(5000);
+        }
+        CHECK(st.blocks_used == 0 && st.blocks_total > 0 && st.requests_done == SCHED_REQS,
+              "%s: GPU batched scheduler: %d of %d blocks used at the end, %llu requests done",
+              name, st.blocks_used, st.blocks_total, (unsigned long long)st.requests_done);
+    }
+    engine_sched_free(s);
+    pthread_cond_destroy(&run->cv);
+    pthread_mutex_destroy(&run->mu);
+}
+
+static void run_sched(const char *path, const char *name) {
+    engine_model_params mp = ENGINE_MODEL_PARAMS_INIT;
+    mp.device = ENGINE_DEVICE_CUDA;
+    mp.n_ctx = N_CTX;
+    mp.kv_type = ENGINE_KV_F32;
+    engine_model *m = NULL;
+    if (engine_model_load(&m, path, &mp) != 0) {
+        CHECK(0, "load %s on cuda", path);
+        return;
+    }
+    static sched_run a, b;
+    sched_once(m, false, &a, name);
+    sched_once(m, true, &b, name);
+    int same = 0;
+    for (int i = 0; i < SCHED_REQS; i++) {
+        CHECK(a.rc[i] == 0 && b.rc[i] == 0, "%s: request %d: rc %d (sessions), %d (GPU batched)",
+              name, i, a.rc[i], b.rc[i]);
+        CHECK(a.n[i] == SCHED_GEN && b.n[i] == SCHED_GEN, "%s: request %d: %d and %d tokens",
+              name, i, a.n[i], b.n[i]);
+        bool eq = a.n[i] == b.n[i] && !memcmp(a.toks[i], b.toks[i], sizeof(int32_t) * SCHED_GEN);
+        CHECK(eq, "%s: request %d: the GPU batched scheduler's tokens differ from the sessions'",
+              name, i);
+        same += eq;
+    }
+    printf("%-40s: scheduler, GPU batched vs sessions: %d of %d requests identical\n", name,
+           same, SCHED_REQS);
+    engine_model_free(m);
+}
+
 static void run_model(const char *preset, const char *type) {
     char path[600], name[64];
     snprintf(path, sizeof path, "%s/%s-%s.gguf", tmpdir, preset, type);
@@ -316,6 +457,7 @@ static void run_model(const char *preset, const char *type) {
     engine_cuda_model_free(gm);
     engine_kv_cache_free(kc);
     engine_model_free(m);
+    if (!strcmp(type, "f32")) run_sched(path, name);
     unlink(path);
 }
 
