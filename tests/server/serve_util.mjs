@@ -22,10 +22,12 @@ export async function startServer({ args = [], env = {}, tag = 'serve', timeoutM
   const dir = tmpDir(tag);
   const token = crypto.randomBytes(24).toString('hex');
   const model = process.env.SPARK_TEST_MODEL ? ['-m', process.env.SPARK_TEST_MODEL] : [];
-  const proc = spawn(CLI, ['serve', ...model, '--port', '0', ...args], {
+  // --exit-with-parent and a stdin pipe: a test that throws or is killed does not leave the
+  // server running (an orphan also holds ctest's output pipe open until the time-out)
+  const proc = spawn(CLI, ['serve', ...model, '--port', '0', '--exit-with-parent', ...args], {
     env: { ...process.env, XDG_CONFIG_HOME: path.join(dir, 'config'), SPARK_API_KEY: token,
       ...env },
-    stdio: ['ignore', 'pipe', 'pipe'],
+    stdio: ['pipe', 'pipe', 'pipe'],
   });
   let out = '', err = '';
   proc.stderr.on('data', (d) => { err += d; });

@@ -8,7 +8,15 @@ import Ajv from 'ajv';
 import { startServer, checker } from './serve_util.mjs';
 
 const { check, failures } = checker();
+// where the time goes (the ASan run is the slow one): each section's wall time on stdout
+let t0 = Date.now();
+const mark = (what) => {
+  const t = Date.now();
+  console.log(`# ${String(t - t0).padStart(6)} ms  ${what}`);
+  t0 = t;
+};
 const srv = await startServer({ tag: 'openai' });
+mark('server start-up (model load)');
 const client = new OpenAI({ baseURL: srv.url + '/v1', apiKey: srv.token, maxRetries: 0 });
 const ajv = new Ajv();
 
@@ -19,6 +27,7 @@ try {
   check(ids.length === 1 && typeof ids[0] === 'string', 'models.list: one model ' + ids);
   const model = ids[0];
 
+  mark('models.list');
   // plain chat, greedy: deterministic; the second identical request hits the prefix cache
   const messages = [{ role: 'system', content: 'You are terse.' },
     { role: 'user', content: 'Say something about the sea.' }];
@@ -67,6 +76,7 @@ try {
       s.choices[0].finish_reason === 'stop', 'stop: cut before ' + JSON.stringify(stopAt));
   }
 
+  mark('plain chat x2 + stream + stop');
   // tools: required -> a call of a declared tool whose arguments satisfy its schema
   const params = { type: 'object', properties: { city: { type: 'string', maxLength: 6 },
     days: { type: 'integer', minimum: 1, maximum: 7 } }, required: ['city', 'days'],
@@ -90,6 +100,7 @@ try {
     check(tool && args && ajv.validate(tool.function.parameters, args),
       'tools: arguments match the schema ' + c.function.arguments);
   }
+  mark('tools required');
   // named tool, streamed: the tool_calls delta carries id, name and arguments
   const ts = await client.chat.completions.create({ model, messages: tmsg, tools,
     tool_choice: { type: 'function', function: { name: 'get_time' } }, max_tokens: 80,
@@ -112,12 +123,14 @@ try {
     tfinish === 'tool_calls', 'tools named+stream: one get_time call ' + JSON.stringify(got));
   check(got.length === 1 && ajv.validate(tools[1].function.parameters, JSON.parse(got[0].args)),
     'tools named+stream: arguments match ' + got[0]?.args);
+  mark('tools named, streamed');
   // a tool result goes back in the conversation and renders
   const back = await client.chat.completions.create({ model, tools, max_tokens: 8,
     temperature: 0, messages: [...tmsg, t.choices[0].message,
       { role: 'tool', tool_call_id: calls[0]?.id ?? 'x', content: '{"temp": 21}' }] });
   check(back.usage.prompt_tokens > t.usage.prompt_tokens, 'tool result: longer prompt');
 
+  mark('tool result');
   // response_format json_schema: the content parses and satisfies the schema
   const schema = { type: 'object', properties: { name: { type: 'string', maxLength: 6 },
     age: { type: 'integer', minimum: 0, maximum: 150 }, tags: { type: 'array',
@@ -131,6 +144,7 @@ try {
   try { doc = JSON.parse(j.choices[0].message.content); } catch { doc = undefined; }
   check(doc !== undefined && ajv.validate(schema, doc) && j.choices[0].finish_reason === 'stop',
     'json_schema: valid document ' + j.choices[0].message.content);
+  mark('json_schema');
   const jo = await client.chat.completions.create({ model, max_tokens: 24, temperature: 0.7,
     seed: 5, messages: [{ role: 'user', content: 'JSON please' }],
     response_format: { type: 'json_object' } });
@@ -140,6 +154,7 @@ try {
     (obj !== null && typeof obj === 'object' && !Array.isArray(obj)),
   'json_object: an object ' + jo.choices[0].message.content);
 
+  mark('json_object');
   // seeded sampling is reproducible
   const s1 = await client.chat.completions.create({ model, messages, max_tokens: 6,
     temperature: 0.9, top_p: 0.9, seed: 42 });
@@ -147,6 +162,7 @@ try {
     temperature: 0.9, top_p: 0.9, seed: 42 });
   check(s1.choices[0].message.content === s2.choices[0].message.content, 'seed: reproducible');
 
+  mark('seeded sampling x2');
   // completions: plain, streamed (same greedy text), and FIM with a suffix
   const c1 = await client.completions.create({ model, prompt: 'def add(a, b):',
     max_tokens: 10, temperature: 0 });
@@ -170,6 +186,7 @@ try {
   check(ie.usage.completion_tokens === 5 && ie.choices[0].finish_reason === 'length',
     'completions: ignore_eos runs to max_tokens');
 
+  mark('completions x5');
   // typed errors
   const bad = new OpenAI({ baseURL: srv.url + '/v1', apiKey: 'wrong-token-wrong-token',
     maxRetries: 0 });
@@ -205,6 +222,7 @@ try {
   } catch (e) {
     check(e instanceof OpenAI.BadRequestError && /schema/.test(e.message), 'bad schema: 400 ' + e);
   }
+  mark('typed errors');
   const after = await client.models.list();
   check(after.data.length === 1, 'still serving after the errors');
 } catch (e) {
