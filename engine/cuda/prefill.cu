@@ -697,7 +697,9 @@ static int pf_new_view(engine_cuda_prefill **out, engine_cuda_model *cm, engine_
     const engine_model *m = mv.m;
     const engine_hparams *hp = &m->hp;
     const engine_cuda_session_view sv = *svp;
-    if (max_tokens < 1 || max_tokens > sv.n_ctx)
+    /* a session's chunk lies inside its context; a batched pass's tokens belong to many
+     * sequences, each bounded by the pool's positions (checked per pass) */
+    if (max_tokens < 1 || (s && max_tokens > sv.n_ctx))
         return engine_err(ENGINE_EINVAL, "cuda prefill: chunk of %d tokens (context %d)",
                           max_tokens, sv.n_ctx);
     if (hp->n_expert > ENGINE_CU_PF_MAX_EXPERT)
