@@ -147,15 +147,18 @@ static void wake(srv_job *j, void *user) {
                                                                     : RPC_INTERNAL_ERROR,
                                       NULL, "%s", ev.error ? ev.error : "generation failed");
             } else {
-                agent_rpc_reply(
-                    c, call->id,
+                json_t *res =
                     json_pack("{s:o, s:s, s:{s:i, s:i, s:i, s:f, s:f}}", "message", message(q),
                               "finishReason", agent_dialect_finish(ev.finish), "usage",
                               "promptTokens", u->prompt_tokens, "completionTokens",
                               u->completion_tokens, "cachedTokens", u->cached_tokens, "ttftMs",
                               u->ttft_ms, "tokensPerSecond",
                               ms > 0 && u->completion_tokens > 1
-                                  ? (u->completion_tokens - 1) * 1000.0 / ms : 0.0));
+                                  ? (u->completion_tokens - 1) * 1000.0 / ms : 0.0);
+                /* the stop string that ended the generation (absent otherwise) */
+                if (res && ev.stop_sequence)
+                    json_object_set_new(res, "stopSequence", json_string(ev.stop_sequence));
+                agent_rpc_reply(c, call->id, res);
             }
             agent_rpc_call_end(call);
             return;

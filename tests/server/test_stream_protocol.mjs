@@ -88,6 +88,26 @@ async function defaultModel() {
       check(false, `infill gave too little text to cut: ${JSON.stringify(f1)}`);
     }
 
+    // JSON-RPC chat/completion: stopSequence in the result (absent when none ended it)
+    const rc = await connect(srv.url.replace('http', 'ws') + '/rpc', srv.token);
+    rc.send({ jsonrpc: '2.0', id: 1, method: 'initialize', params: {} });
+    await rc.next();
+    rc.send({ jsonrpc: '2.0', method: 'initialized', params: {} });
+    const rpcChat = async (id, params) => {
+      rc.send({ jsonrpc: '2.0', id, method: 'chat/completion', params: { messages,
+        temperature: 0, chat_template_kwargs: { enable_thinking: false }, ...params } });
+      for (;;) {
+        const m = (await rc.next()).msg;
+        if (!m || m.id === id) return m;
+      }
+    };
+    const j1 = await rpcChat(2, { max_tokens: 12, stop: ['@@never@@', stopAt] });
+    check(j1?.result?.message?.content === cut && j1.result.finishReason === 'stop' &&
+      j1.result.stopSequence === stopAt, `JSON-RPC stopSequence ${JSON.stringify(j1)}`);
+    const j2 = await rpcChat(3, { max_tokens: 3, stop: ['@@never@@'] });
+    check(j2?.result && !('stopSequence' in j2.result), `JSON-RPC: no stopSequence ${JSON.stringify(j2)}`);
+    rc.ws.close();
+
     if (!TOOLS) return;
     // ----- tool-call arguments in pieces -----
     const tools = [{ type: 'function', function: { name: 'get_weather', parameters: WEATHER_SCHEMA } }];
