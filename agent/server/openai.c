@@ -78,7 +78,7 @@ static int get_num(json_t *b, const char *k, double lo, double hi, double *out, 
 
 static int parse_sampling(json_t *b, srv_sampling *sp, bool chat, const srv_limits *lim, perr *e) {
     *sp = (srv_sampling)SRV_SAMPLING_INIT;
-    double d;
+    double d = 0;
     int rc;
     if ((rc = get_num(b, "temperature", 0, 2, &d, e)) < 0) return -1;
     if (rc) sp->temperature = (float)d;
