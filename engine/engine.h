@@ -545,8 +545,10 @@ void engine_sched_stats_get(engine_sched *s, engine_sched_stats *out);
  * are not cryptographic: they catch accidents (corruption, stale files), not a forger with
  * write access to the cache directory.
  *
- * A hybrid model's (qwen35moe) prefix cache is not persisted yet: its recurrent-state snapshots
- * are not in the format, so save, load, unpin and default_path return ENGINE_EUNSUPPORTED.
+ * A hybrid model's (qwen35moe) file (format version 2) also holds the recurrent (conv + DeltaNet)
+ * state at the prefix's end, covered by the payload hash; the load puts it into the prefix's
+ * snapshot slot, so a later prompt over the prefix restores it. A version 1 file (no state) is
+ * refused by a hybrid model and a version 2 file by any other (ENGINE_EUNSUPPORTED).
  *
  * Writes are atomic: a temporary file in the same directory, fsync, rename over the target,
  * fsync of the directory; a failed save leaves the previous file (or none) and no temporary.

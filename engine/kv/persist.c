@@ -15,6 +15,12 @@
  *   128  n_tokens x i32 token ids
  *        payload: for each block, for each layer, K rows then V rows (block size x row bytes
  *        each, the pool's own storage format)
+ * Version 2 (hybrid models, qwen35moe) is version 1 plus the recurrent layers' state (conv +
+ * DeltaNet, engine_q35_state_copy's snapshot format) at the prefix's last position:
+ *    96  u64 state bytes (the model's snapshot size), 104..120 reserved (0)
+ *        after the KV payload: the state snapshot (state bytes)
+ *   and the payload hash (88) covers the KV payload and then the state. Version 1 files (models
+ *   without recurrent layers) are written and read as before.
  * The header is checked field by field (and by its hash) before the sizes are trusted, the
  * file size must be exactly what the header says, and the tokens and the payload must match
  * their hashes: a damaged file is refused before anything enters the cache. */
@@ -35,7 +41,8 @@
 #endif
 
 #define HDR_BYTES ENGINE_KV_PERSIST_HEADER_BYTES
-#define FORMAT_VERSION 1u
+#define FORMAT_VERSION 1u   /* models without recurrent layers */
+#define FORMAT_VERSION_STATE 2u /* hybrid models: with the recurrent state */
 static const char MAGIC[8] = {'S', 'P', 'K', 'V', 'P', 'R', 'F', 'X'};
 
 /* Fingerprint sampling: FP_PAGES pages of FP_PAGE bytes spread evenly over the tensor data. */
@@ -171,9 +178,6 @@ static int check_prefix(engine_model *m, const int32_t *tokens, size_t n, int32_
     if (!m->kvc)
         return engine_err(ENGINE_EINVAL, "%s: %s has no prefix cache (load it with "
                           "engine_model_params.prefix_cache_bytes, on the CPU)", what, m->path);
-    if (m->kvc->snaps)
-        return engine_err(ENGINE_EUNSUPPORTED, "%s: a prefix file does not hold the recurrent "
-                          "state of %s's hybrid layers yet", what, m->path);
     int32_t bs = m->kvc->p.block_size;
     if (n > (size_t)m->info.n_ctx_train)
         return engine_err(ENGINE_ERANGE, "%s: %zu tokens exceed the model's context (%d)", what,
@@ -194,14 +198,18 @@ static int check_prefix(engine_model *m, const int32_t *tokens, size_t n, int32_
 /* Take references to the cached blocks of tokens[0, n_full) into seq and pin them, when all are
  * cached (*held = true); otherwise leave nothing behind. Under the model's KV lock. */
 static int hold_prefix(engine_model *m, engine_kv_seq *seq, const int32_t *tokens, int32_t n_full,
-                       bool *held) {
+                       bool *held, const void **state) {
     engine_kv_cache *c = m->kvc;
     *held = false;
+    *state = NULL;
     pthread_mutex_lock(&m->pool_mu);
     int rc = engine_kv_seq_init(c, seq, n_full);
     if (rc == 0) {
         engine_kv_match mt;
-        rc = engine_kv_prefix_attach(c, seq, tokens, n_full, n_full, &mt);
+        /* hybrid models: the prefix is held only with the recurrent state at its end (the
+         * snapshot of a pinned node keeps its slot) */
+        rc = c->snaps ? engine_kv_prefix_attach_state(c, seq, tokens, n_full, n_full, &mt, state)
+                      : engine_kv_prefix_attach(c, seq, tokens, n_full, n_full, &mt);
         if (rc == 0 && seq->n_pos == n_full) {
             int32_t covered = 0;
             rc = engine_kv_prefix_pin(c, tokens, n_full, &covered);
@@ -321,7 +329,8 @@ static int sync_dir(const char *path) {
 /* Write the held blocks of seq (cached full blocks: immutable while referenced) to a temporary
  * file beside path, then rename it over path. */
 static int write_prefix(const engine_kv_cache *c, const engine_kv_seq *seq, const int32_t *tokens,
-                        int32_t n_full, const uint64_t fp[2], const char *path, uint64_t *bytes) {
+                        int32_t n_full, const void *state, const uint64_t fp[2], const char *path,
+                        uint64_t *bytes) {
     size_t plen = strlen(path);
     char *tmp = malloc(plen + 8);
     unsigned char *buf = malloc((size_t)1 << 20);
@@ -363,11 +372,16 @@ static int write_prefix(const engine_kv_cache *c, const engine_kv_seq *seq, cons
                 goto done;
         }
     }
+    size_t state_bytes = c->snaps ? c->p.snap_bytes : 0;
+    if (state_bytes) {
+        h_update(&hp, state, state_bytes);
+        if ((rc = w_put(&w, state, state_bytes))) goto done;
+    }
     if ((rc = w_flush(&w))) goto done;
     uint64_t hpay[2];
     h_final(&hp, hpay);
     memcpy(hdr, MAGIC, 8);
-    put32(hdr, 8, FORMAT_VERSION);
+    put32(hdr, 8, state_bytes ? FORMAT_VERSION_STATE : FORMAT_VERSION);
     put32(hdr, 12, HDR_BYTES);
     put64(hdr, 16, fp[0]);
     put64(hdr, 24, fp[1]);
@@ -382,6 +396,7 @@ static int write_prefix(const engine_kv_cache *c, const engine_kv_seq *seq, cons
     put64(hdr, 72, payload);
     put64(hdr, 80, engine_kv_persist_hash(tokens, (size_t)n_full * sizeof *tokens, SEED_TOKENS));
     put64(hdr, 88, hpay[0]);
+    put64(hdr, 96, state_bytes);
     put64(hdr, 120, engine_kv_persist_hash(hdr, 120, SEED_HEADER));
     for (size_t off = 0; off < HDR_BYTES;) {
         ssize_t r = pwrite(fd, hdr + off, HDR_BYTES - off, (off_t)off);
@@ -430,19 +445,22 @@ int engine_prefix_save(engine_model *m, const int32_t *tokens, size_t n, const c
     if ((rc = model_fingerprint(m, fp))) return rc;
     engine_kv_seq seq;
     bool held = false;
-    rc = hold_prefix(m, &seq, tokens, n_full, &held);
+    const void *state = NULL;
+    rc = hold_prefix(m, &seq, tokens, n_full, &held, &state);
     if (rc == 0 && !held) {
         rc = compute_prefix(m, tokens, n_full, &computed);
-        if (rc == 0) rc = hold_prefix(m, &seq, tokens, n_full, &held);
+        if (rc == 0) rc = hold_prefix(m, &seq, tokens, n_full, &held, &state);
         if (rc == 0 && !held)
-            rc = engine_err(ENGINE_ENOMEM, "engine_prefix_save: the prefix's %d blocks were "
-                            "evicted as soon as they were computed: the prefix cache (%d blocks) "
+            rc = engine_err(ENGINE_ENOMEM, "engine_prefix_save: the prefix's %d blocks%s were "
+                            "evicted as soon as they were computed: the prefix cache (%d blocks%s) "
                             "is too small for it", (int)(n_full / m->kvc->p.block_size),
-                            (int)m->kvc->n_blocks);
+                            m->kvc->snaps ? " or its recurrent-state snapshot" : "",
+                            (int)m->kvc->n_blocks, m->kvc->snaps ? ", snapshot slots all pinned"
+                                                                 : "");
     }
     if (rc) return rc;
     uint64_t bytes = 0;
-    rc = write_prefix(m->kvc, &seq, tokens, n_full, fp, path, &bytes);
+    rc = write_prefix(m->kvc, &seq, tokens, n_full, state, fp, path, &bytes);
     pthread_mutex_lock(&m->pool_mu);
     if (rc) engine_kv_prefix_unpin(m->kvc, tokens, n_full); /* nothing saved: no pin either */
     engine_kv_seq_deinit(m->kvc, &seq);
@@ -464,7 +482,8 @@ int engine_prefix_save(engine_model *m, const int32_t *tokens, size_t n, const c
 /* Check the mapped file against m; on success *n_tokens and the pointers into the mapping. */
 static int check_file(const engine_model *m, const char *path, const unsigned char *f,
                       uint64_t size, const int32_t *want, size_t n_want, int32_t *n_tokens_out,
-                      const int32_t **toks_out, const unsigned char **payload_out) {
+                      const int32_t **toks_out, const unsigned char **payload_out,
+                      const unsigned char **state_out) {
     const engine_kv_cache *c = m->kvc;
     const engine_kv_params *p = &c->p;
     if (size < HDR_BYTES)
@@ -473,9 +492,10 @@ static int check_file(const engine_model *m, const char *path, const unsigned ch
     if (memcmp(f, MAGIC, 8) != 0)
         return engine_err(ENGINE_EFORMAT, "%s: not a spark-agent prefix file (bad magic)", path);
     uint32_t version = get32(f, 8);
-    if (version != FORMAT_VERSION)
+    if (version != FORMAT_VERSION && version != FORMAT_VERSION_STATE)
         return engine_err(ENGINE_EUNSUPPORTED, "%s: prefix file format version %u; this build "
-                          "reads version %u", path, version, FORMAT_VERSION);
+                          "reads versions %u and %u", path, version, FORMAT_VERSION,
+                          FORMAT_VERSION_STATE);
     if (get32(f, 12) != HDR_BYTES)
         return engine_err(ENGINE_EFORMAT, "%s: header size %u, version %u has %d", path,
                           get32(f, 12), version, HDR_BYTES);
@@ -483,8 +503,21 @@ static int check_file(const engine_model *m, const char *path, const unsigned ch
         return engine_err(ENGINE_EFORMAT, "%s: the header is damaged (its hash does not match)",
                           path);
     if (get32(f, 60) != 0) return engine_err(ENGINE_EFORMAT, "%s: reserved field set", path);
-    for (size_t i = 96; i < 120; i++)
+    for (size_t i = version == FORMAT_VERSION ? 96 : 104; i < 120; i++)
         if (f[i]) return engine_err(ENGINE_EFORMAT, "%s: reserved header bytes set", path);
+    /* version 2 carries the recurrent state of a hybrid model, version 1 none */
+    uint64_t state_bytes = version == FORMAT_VERSION ? 0 : get64(f, 96);
+    if (version == FORMAT_VERSION && c->snaps)
+        return engine_err(ENGINE_EUNSUPPORTED, "%s: prefix file format version 1 holds no "
+                          "recurrent state; %s is a hybrid model and needs version %u", path,
+                          m->path, FORMAT_VERSION_STATE);
+    if (version == FORMAT_VERSION_STATE && !c->snaps)
+        return engine_err(ENGINE_EUNSUPPORTED, "%s: prefix file format version %u holds a hybrid "
+                          "model's recurrent state; %s has no recurrent layers (version %u)", path,
+                          version, m->path, FORMAT_VERSION);
+    if (c->snaps && state_bytes != c->p.snap_bytes)
+        return engine_err(ENGINE_EFORMAT, "%s: recurrent state of %llu bytes, the model's is %zu",
+                          path, (unsigned long long)state_bytes, c->p.snap_bytes);
     uint64_t fp[2];
     int rc = model_fingerprint(m, fp);
     if (rc) return rc;
@@ -520,7 +553,7 @@ static int check_file(const engine_model *m, const char *path, const unsigned ch
     if (get64(f, 72) != payload)
         return engine_err(ENGINE_EFORMAT, "%s: payload of %llu bytes, its layout needs %llu", path,
                           (unsigned long long)get64(f, 72), (unsigned long long)payload);
-    uint64_t need = HDR_BYTES + (uint64_t)n_tokens * 4 + payload;
+    uint64_t need = HDR_BYTES + (uint64_t)n_tokens * 4 + payload + state_bytes;
     if (size != need)
         return engine_err(ENGINE_EFORMAT, "%s: %s: %llu bytes, the header says %llu", path,
                           size < need ? "truncated" : "trailing bytes",
@@ -548,20 +581,22 @@ static int check_file(const engine_model *m, const char *path, const unsigned ch
     uint64_t hpay[2];
     h_init(&hp, SEED_PAYLOAD);
     h_update(&hp, pay, payload);
+    h_update(&hp, pay + payload, state_bytes);
     h_final(&hp, hpay);
     if (get64(f, 88) != hpay[0])
-        return engine_err(ENGINE_EFORMAT, "%s: the KV data is damaged (its hash does not match)",
-                          path);
+        return engine_err(ENGINE_EFORMAT, "%s: the KV data%s is damaged (its hash does not match)",
+                          path, state_bytes ? " or the recurrent state" : "");
     *n_tokens_out = (int32_t)n_tokens;
     *toks_out = toks;
     *payload_out = pay;
+    *state_out = state_bytes ? pay + payload : NULL;
     return 0;
 }
 
 /* Put the checked blocks into the cache, pinned: the cached part of the prefix by reference,
  * the rest copied from the file into new blocks, then inserted. Under the model's KV lock. */
 static int insert_prefix(engine_model *m, const char *path, const int32_t *toks, int32_t n_full,
-                         const unsigned char *pay, int32_t *inserted) {
+                         const unsigned char *pay, const unsigned char *state, int32_t *inserted) {
     engine_kv_cache *c = m->kvc;
     int32_t bs = c->p.block_size, n_blocks = n_full / bs;
     engine_kv_seq seq;
@@ -591,6 +626,31 @@ static int insert_prefix(engine_model *m, const char *path, const int32_t *toks,
     int32_t covered = 0;
     rc = engine_kv_prefix_pin(c, toks, n_full, &covered);
     ENGINE_ASSERT(rc == 0 && covered == n_full);
+    if (state) {
+        /* the recurrent state at the prefix's end into its node's snapshot slot (a node that
+         * has one already holds the same state: computed by the same model for the same
+         * tokens); the node is pinned, so its snapshot stays */
+        int32_t node;
+        void *dst = engine_kv_snapshot_claim(c, toks, n_full, &node);
+        if (dst) {
+            memcpy(dst, state, c->p.snap_bytes);
+        } else {
+            engine_kv_seq probe;
+            const void *have = NULL;
+            bool ok = engine_kv_seq_init(c, &probe, n_full) == 0 &&
+                      engine_kv_prefix_attach_state(c, &probe, toks, n_full, n_full, &mt,
+                                                    &have) == 0 &&
+                      probe.n_pos == n_full;
+            engine_kv_seq_deinit(c, &probe);
+            if (!ok) {
+                engine_kv_prefix_unpin(c, toks, n_full);
+                rc = engine_err(ENGINE_ENOMEM, "%s: no recurrent-state snapshot slot free for "
+                                "the prefix (all %d belong to pinned prefixes)", path,
+                                (int)c->p.n_snaps);
+                goto done;
+            }
+        }
+    }
     *inserted = n_blocks - first_new;
 done:
     engine_kv_seq_deinit(c, &seq);
@@ -605,9 +665,6 @@ int engine_prefix_load(engine_model *m, const char *path, const int32_t *tokens,
     if (!m->kvc)
         return engine_err(ENGINE_EINVAL, "engine_prefix_load: %s has no prefix cache (load it "
                           "with engine_model_params.prefix_cache_bytes, on the CPU)", m->path);
-    if (m->kvc->snaps)
-        return engine_err(ENGINE_EUNSUPPORTED, "engine_prefix_load: a prefix file does not hold "
-                          "the recurrent state of %s's hybrid layers yet", m->path);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return engine_err(ENGINE_EIO, "%s: cannot open: %s", path, strerror(errno));
     struct stat sb;
@@ -629,10 +686,10 @@ int engine_prefix_load(engine_model *m, const char *path, const int32_t *tokens,
     close(fd);
     int32_t n_tokens = 0, inserted = 0;
     const int32_t *toks = NULL;
-    const unsigned char *pay = NULL;
+    const unsigned char *pay = NULL, *state = NULL;
     int rc = check_file(m, path, map ? map : (const void *)"", size, tokens, n, &n_tokens, &toks,
-                        &pay);
-    if (rc == 0) rc = insert_prefix(m, path, toks, n_tokens, pay, &inserted);
+                        &pay, &state);
+    if (rc == 0) rc = insert_prefix(m, path, toks, n_tokens, pay, state, &inserted);
     if (map) munmap(map, (size_t)size);
     if (rc) return rc;
     if (info) {

@@ -224,13 +224,7 @@ int main(void) {
     }
     engine_kv_cache_stats(warm->kvc, &st);
     CHECK(st.n_used == 0);
-    /* persisted prefixes do not hold the recurrent state: refused clearly */
-    char pp[4096];
-    CHECK(engine_prefix_default_path(warm, p, 64, pp, sizeof pp) == ENGINE_EUNSUPPORTED);
-    CHECK(engine_prefix_save(warm, p, 64, "/nonexistent/x.kvp", NULL) == ENGINE_EUNSUPPORTED);
-    CHECK(strstr(engine_error_last(), "recurrent state") != NULL);
-    CHECK(engine_prefix_load(warm, "/nonexistent/x.kvp", NULL, 0, NULL) == ENGINE_EUNSUPPORTED);
-    CHECK(strstr(engine_error_last(), "recurrent state") != NULL);
+    /* persisted prefixes with the recurrent state: test_prefix_persist_q35 */
     /* 7. eviction frees the snapshots with their blocks */
     int32_t ev = engine_kv_evict(warm->kvc, st.n_blocks);
     engine_kv_cache_stats(warm->kvc, &st);
