@@ -37,6 +37,10 @@ struct srv_job {
                        * ended the generation) */
     char *stops[4];  /* the request's stop strings (copies) */
     int n_stops;
+    bool think_watch;   /* the turn may start with a think block: watch for </think> */
+    srv_think_watch think_w; /* the tokens' bytes so far, for </think> across tokens */
+    int32_t n_tokens;   /* tokens generated so far */
+    int32_t think_end;  /* tokens through the one that completed the first </think>; -1 */
     double last_tok; /* srv_now_ms of the last token, 0 before the first */
     bool engine_done;
     int done_rc;
@@ -214,6 +218,11 @@ static int on_token(void *user, const char *text, size_t len, int32_t token) {
         if (tb && tl && srv_buf_add(&j->tokbytes, tb, tl)) atomic_store(&j->cancel, 1);
     }
     if (token >= 0) {
+        j->n_tokens++;
+        size_t tl = 0;
+        const char *tb = j->think_watch && j->think_end < 0
+                             ? engine_model_token_bytes(c->m, token, &tl) : NULL;
+        if (tb && srv_think_watch_feed(&j->think_w, tb, tl)) j->think_end = j->n_tokens;
         float gap = (float)(now - j->last_tok);
         if (j->last_tok > 0 && srv_buf_add(&j->gaps, &gap, sizeof gap)) atomic_store(&j->cancel, 1);
         j->last_tok = now;
@@ -266,6 +275,9 @@ static void usage_of(const srv_job *j, srv_usage *u) {
     u->prompt_tokens = j->st.gen.prompt_tokens;
     u->cached_tokens = j->st.gen.cached_tokens;
     u->completion_tokens = j->st.gen.generated_tokens;
+    /* a think block that was not closed: every token was reasoning */
+    int32_t r = !j->split.thought ? 0 : j->think_end >= 0 ? j->think_end : j->n_tokens;
+    u->reasoning_tokens = r < u->completion_tokens ? r : u->completion_tokens;
     u->queue_ms = j->st.queue_ms;
     u->ttft_ms = j->st.ttft_ms;
     u->total_ms = j->st.total_ms;
@@ -706,6 +718,7 @@ static int job_new(srv_chat *c, srv_job_wake_fn wake, void *user, srv_job **out)
     j->c = c;
     j->wake = wake;
     j->user = user;
+    j->think_end = -1;
     *out = j;
     return 0;
 }
@@ -791,6 +804,7 @@ int srv_chat_submit(srv *s, const srv_chat_req *req, srv_job_wake_fn wake, void 
     rc = job_grammar(c, j, req, status);
     srv_split_init(&j->split, false, think_capable, j->tools_json, c->fmt);
     srv_split_set_deltas(&j->split, req->stream_tool_args);
+    j->think_watch = think_capable;
     bool think_open = false;
     if (!rc && !(rc = chat_prompt(c, req, think, &ids, &n, status, &think_open)) && think_open)
         srv_split_think_open(&j->split);

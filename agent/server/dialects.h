@@ -58,11 +58,13 @@ int agent_dialect_note(json_t *notes, const char *fmt, ...) __attribute__((forma
  * is held back by streaming encoders until it completes). */
 size_t agent_utf8_complete_len(const char *s, size_t n);
 
-/* Usage of a finished generation. cached <= prompt. */
+/* Usage of a finished generation. cached <= prompt; reasoning (the leading think block's
+ * tokens) <= completion. */
 typedef struct {
     int64_t prompt_tokens;
     int64_t completion_tokens;
     int64_t cached_tokens;
+    int64_t reasoning_tokens;
 } agent_dialect_usage;
 
 /* The end of a chat generation, as the chat service reports it. finish is OpenAI's

@@ -629,11 +629,13 @@ int agent_responses_enc_done(agent_responses_enc *e, const agent_dialect_done *d
     if (rc) return rc;
     const agent_dialect_usage *u = &d->usage;
     int64_t cached = u->cached_tokens < u->prompt_tokens ? u->cached_tokens : u->prompt_tokens;
-    json_t *usage = json_pack("{s:I, s:{s:I}, s:I, s:{s:i}, s:I}", "input_tokens",
+    int64_t reasoning = u->reasoning_tokens < u->completion_tokens ? u->reasoning_tokens
+                                                                   : u->completion_tokens;
+    json_t *usage = json_pack("{s:I, s:{s:I}, s:I, s:{s:I}, s:I}", "input_tokens",
                               (json_int_t)u->prompt_tokens, "input_tokens_details",
                               "cached_tokens", (json_int_t)cached, "output_tokens",
                               (json_int_t)u->completion_tokens, "output_tokens_details",
-                              "reasoning_tokens", 0, "total_tokens",
+                              "reasoning_tokens", (json_int_t)reasoning, "total_tokens",
                               (json_int_t)(u->prompt_tokens + u->completion_tokens));
     bool incomplete = d->finish && !strcmp(d->finish, "length");
     json_t *r = response_obj(e, incomplete ? "incomplete" : "completed", json_incref(e->output),

@@ -113,7 +113,7 @@ int agent_dialect_reply_error(srv_req *r, const agent_dialect_err *e,
 agent_dialect_done agent_dialect_done_of(const srv_event *ev) {
     agent_dialect_done d = {agent_dialect_finish(ev->finish), ev->stop_sequence,
                             {ev->usage.prompt_tokens, ev->usage.completion_tokens,
-                             ev->usage.cached_tokens}};
+                             ev->usage.cached_tokens, ev->usage.reasoning_tokens}};
     return d;
 }
 

@@ -42,6 +42,7 @@ typedef struct {
     size_t pos;
     int ps;
     bool think;
+    bool thought;           /* the text opened a think block (or the prompt did) */
     const char *tools_json; /* borrowed */
     agent_toolcall_format fmt;
     int n_calls;
@@ -71,6 +72,15 @@ void srv_split_set_deltas(srv_split *sp, bool on);
 /* The prompt opened the think block already: the text starts as reasoning (until
  * </think>). */
 void srv_split_think_open(srv_split *sp);
+
+/* Watching generated tokens' bytes for the "</think>" that closes the reasoning (the tag may
+ * span tokens or be one special token). Zero-initialize; feed returns true for the token that
+ * completes the first tag. */
+typedef struct {
+    char tail[7]; /* the last bytes fed (a tag that is not whole yet) */
+    size_t len;
+} srv_think_watch;
+bool srv_think_watch_feed(srv_think_watch *w, const char *b, size_t n);
 int srv_split_feed(srv_split *sp, const char *d, size_t n);
 int srv_split_next(srv_split *sp, bool done, srv_event *ev);
 int srv_split_calls(const srv_split *sp);

@@ -110,6 +110,7 @@
 #define srv_split_next agent_srv_split_next
 #define srv_split_set_deltas agent_srv_split_set_deltas
 #define srv_split_think_open agent_srv_split_think_open
+#define srv_think_watch_feed agent_srv_think_watch_feed
 #define srv_sse_send agent_srv_sse_send
 #define srv_stream_end agent_srv_stream_end
 #define srv_stream_start agent_srv_stream_start
@@ -366,6 +367,8 @@ const char *srv_finish_name(srv_finish f);
 
 typedef struct {
     int32_t prompt_tokens, cached_tokens, completion_tokens;
+    int32_t reasoning_tokens; /* of completion_tokens: the leading think block's (through the
+                               * token that closed it with </think>) */
     double queue_ms, ttft_ms, total_ms;
 } srv_usage;
 

@@ -31,8 +31,31 @@ void srv_split_init(srv_split *sp, bool raw, bool think, const char *tools_json,
 void srv_split_think_open(srv_split *sp) {
     if (sp->ps == P_START) {
         sp->think = true;
+        sp->thought = true;
         sp->ps = P_THINK;
     }
+}
+
+bool srv_think_watch_feed(srv_think_watch *w, const char *b, size_t n) {
+    static const char tag[] = "</think>";
+    const size_t tl = sizeof tag - 1, keep = tl - 1;
+    if (!n) return false;
+    /* the kept bytes and the token's first bytes: a tag across tokens; then the token */
+    char buf[sizeof w->tail + 16];
+    size_t k = n < 16 ? n : 16, bl = w->len;
+    memcpy(buf, w->tail, bl);
+    memcpy(buf + bl, b, k);
+    bl += k;
+    if (memmem(buf, bl, tag, tl) || (n > k && memmem(b, n, tag, tl))) return true;
+    if (n >= keep) {
+        memcpy(w->tail, b + n - keep, keep);
+        w->len = keep;
+    } else {
+        size_t from = bl > keep ? bl - keep : 0;
+        memmove(w->tail, buf + from, bl - from);
+        w->len = bl - from;
+    }
+    return false;
 }
 
 void srv_split_set_deltas(srv_split *sp, bool on) {
@@ -538,6 +561,7 @@ int srv_split_next(srv_split *sp, bool done, srv_event *ev) {
             if (n < 8 && !done && !memcmp(t, "<think>\n", n)) return 0;
             if (n >= 7 && !memcmp(t, "<think>", 7)) {
                 sp->pos += 7 + (n > 7 && t[7] == '\n');
+                sp->thought = true;
                 sp->ps = P_THINK;
             } else {
                 sp->ps = P_CONTENT;

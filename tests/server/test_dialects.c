@@ -217,7 +217,7 @@ static void test_anthropic_stream(void) {
     CHECK(agent_anthropic_enc_tool(e, 0, "call_1", "LS", "{\"path\":", 8) == 0);
     CHECK(agent_anthropic_enc_tool(e, 0, NULL, NULL, "\"/r\"}", 5) == 0);
     CHECK(agent_anthropic_enc_tool(e, 1, "call_2", "Read", "{}", 2) == 0);
-    agent_dialect_done d = {"tool_calls", NULL, {100, 9, 64}};
+    agent_dialect_done d = {"tool_calls", NULL, {100, 9, 64, 0}};
     char *body = (char *)1;
     CHECK(agent_anthropic_enc_done(e, &d, &body) == 0 && body == NULL);
     agent_anthropic_enc_free(e);
@@ -272,7 +272,7 @@ static void test_anthropic_whole(void) {
     agent_anthropic_enc *e;
     CHECK(agent_anthropic_enc_new(&e, "m", false, 0, NULL, NULL) == 0);
     CHECK(agent_anthropic_enc_text(e, "Done", 4) == 0);
-    agent_dialect_done d = {"stop", NULL, {10, 1, 0}};
+    agent_dialect_done d = {"stop", NULL, {10, 1, 0, 0}};
     char *body = NULL;
     CHECK(agent_anthropic_enc_done(e, &d, &body) == 0 && body);
     json_t *j = J(body);
@@ -290,7 +290,7 @@ static void test_anthropic_whole(void) {
     CHECK(agent_anthropic_enc_new(&e, "m", false, 0, NULL, NULL) == 0);
     CHECK(agent_anthropic_enc_text(e, "a\xFF" "b\xE2\x82", 5) == 0);
     CHECK(agent_anthropic_enc_tool(e, 0, "c", "f", "[1]", 3) == 0);
-    agent_dialect_done d2 = {"length", NULL, {3, 2, 0}};
+    agent_dialect_done d2 = {"length", NULL, {3, 2, 0, 0}};
     CHECK(agent_anthropic_enc_done(e, &d2, &body) == 0);
     j = J(body);
     CHECK(same(json_object_get(j, "content"),
@@ -303,7 +303,7 @@ static void test_anthropic_whole(void) {
 
     CHECK(agent_anthropic_enc_new(&e, "m", false, 0, NULL, NULL) == 0);
     CHECK(agent_anthropic_enc_text(e, "x", 1) == 0);
-    agent_dialect_done d3 = {"stop", "END", {3, 2, 0}};
+    agent_dialect_done d3 = {"stop", "END", {3, 2, 0, 0}};
     CHECK(agent_anthropic_enc_done(e, &d3, &body) == 0);
     j = J(body);
     CHECK(!strcmp(json_string_value(json_object_get(j, "stop_reason")), "stop_sequence"));
@@ -444,7 +444,7 @@ static void test_responses_stream(void) {
     CHECK(agent_responses_enc_text(e, "Hi ", 3) == 0);
     CHECK(agent_responses_enc_text(e, "there", 5) == 0);
     CHECK(agent_responses_enc_tool(e, 0, "call_x", "shell", "{\"command\":[\"ls\"]}", 18) == 0);
-    agent_dialect_done d = {"tool_calls", NULL, {50, 7, 32}};
+    agent_dialect_done d = {"tool_calls", NULL, {50, 7, 32, 0}};
     char *body = NULL;
     CHECK(agent_responses_enc_done(e, &d, &body) == 0 && !body);
     agent_responses_enc_free(e);
@@ -496,9 +496,12 @@ static void test_responses_stream(void) {
     /* whole answer, cut by max_output_tokens: status incomplete */
     CHECK(agent_responses_enc_new(&e, "m", NULL, false, NULL, NULL) == 0);
     CHECK(agent_responses_enc_text(e, "abc", 3) == 0);
-    agent_dialect_done d2 = {"length", NULL, {5, 3, 0}};
+    /* reasoning tokens are reported, never more than the output tokens */
+    agent_dialect_done d2 = {"length", NULL, {5, 3, 0, 9}};
     CHECK(agent_responses_enc_done(e, &d2, &body) == 0 && body);
     json_t *j = J(body);
+    CHECK(same(json_object_get(json_object_get(j, "usage"), "output_tokens_details"),
+               "{\"reasoning_tokens\":3}"));
     CHECK(!strcmp(json_string_value(json_object_get(j, "status")), "incomplete"));
     CHECK(same(json_object_get(j, "incomplete_details"), "{\"reason\":\"max_output_tokens\"}"));
     json_t *o0 = json_array_get(json_object_get(j, "output"), 0);

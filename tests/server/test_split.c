@@ -296,7 +296,42 @@ static void random_calls(void) {
     CHECK(streamed_calls > 2500, "only %d of 3000 random calls streamed pieces", streamed_calls);
 }
 
+/* The reasoning's end for the token count: whatever the cut of the bytes into tokens, the
+ * token that holds the last byte of the first "</think>" is the one the watcher names. */
+static void think_watch_cuts(void) {
+    const char *texts[] = {"plan\n</think>\n\nHi", "</think>", "a</thin</think>k>",
+                           "<</think></think>", "0123456789abcdefghijklmnop</think>qrstuvwxyz",
+                           "no end here </think", "x</ think>"};
+    for (size_t t = 0; t < sizeof texts / sizeof texts[0]; t++) {
+        const char *s = texts[t], *at = strstr(s, "</think>");
+        size_t n = strlen(s), last = at ? (size_t)(at - s) + 7 : SIZE_MAX;
+        /* every cut into up to three tokens */
+        for (size_t i = 0; i <= n; i++) {
+            for (size_t j = i; j <= n; j++) {
+                size_t cut[4] = {0, i, j, n};
+                srv_think_watch w = {0};
+                int got = -1, want = -1;
+                for (int k = 0; k < 3; k++) {
+                    if (cut[k + 1] == cut[k]) continue;
+                    if (last >= cut[k] && last < cut[k + 1]) want = k;
+                    if (got < 0 && srv_think_watch_feed(&w, s + cut[k], cut[k + 1] - cut[k]))
+                        got = k;
+                }
+                CHECK(got == want, "think watch '%s' cut %zu/%zu: token %d, want %d", s, i, j,
+                      got, want);
+            }
+        }
+        /* byte by byte */
+        srv_think_watch w = {0};
+        size_t got = SIZE_MAX;
+        for (size_t i = 0; i < n && got == SIZE_MAX; i++)
+            if (srv_think_watch_feed(&w, s + i, 1)) got = i;
+        CHECK(got == last, "think watch '%s' bytewise: %zu, want %zu", s, got, last);
+    }
+}
+
 int main(void) {
+    think_watch_cuts();
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const tcase *c = &cases[i];
         size_t n = strlen(c->text);

@@ -5,9 +5,10 @@
 //    chat/delta toolCall over the ws client), and the pieces add up to exactly the arguments of
 //    the same request answered whole;
 //  - the model's reasoning: Anthropic thinking blocks (thinking_delta, signature_delta) and
-//    Responses reasoning items (reasoning_text deltas), streamed and whole. The random tiny
-//    model never writes <think> itself, so this part runs on a copy whose chat template opens
-//    the think block in the prompt, as Qwen3's Thinking-2507 templates do;
+//    Responses reasoning items (reasoning_text deltas) and their reasoning_tokens, streamed and
+//    whole. The random tiny model never writes <think> itself, so this part runs on a copy
+//    whose chat template opens the think block in the prompt, as Qwen3's Thinking-2507
+//    templates do;
 //  - the stop string that ended a generation: Anthropic stop_sequence, the vLLM-style
 //    stop_reason of OpenAI choices, /infill's stopping_word.
 // SPARK_TEST_TOOLS=0 leaves the tool calls out (grammar-constrained, slow under ASan).
@@ -55,6 +56,11 @@ async function defaultModel() {
     const n1 = await openai.chat.completions.create({ model: 'm', messages, max_tokens: 3,
       temperature: 0, chat_template_kwargs: { enable_thinking: false } });
     check(!('stop_reason' in n1.choices[0]), 'no stop string: no stop_reason');
+    // a model that does not think: no reasoning tokens
+    const r0 = await openai.responses.create({ model: 'm', input: messages, max_output_tokens: 4,
+      temperature: 0 });
+    check(r0.usage?.output_tokens > 0 && r0.usage.output_tokens_details?.reasoning_tokens === 0 &&
+      !r0.output.some((o) => o.type === 'reasoning'), `no reasoning: ${JSON.stringify(r0)}`);
 
     const a1 = await anthropic.messages.create({ model: 'm', max_tokens: 12, temperature: 0,
       messages, stop_sequences: [stopAt, '@@never@@'], thinking: { type: 'disabled' } });
@@ -269,16 +275,29 @@ async function reasoning() {
     check(item?.type === 'reasoning' && item.id.startsWith('rs_') &&
       item.content?.[0]?.type === 'reasoning_text' && item.content[0].text === thought &&
       Array.isArray(item.summary), `responses reasoning item ${JSON.stringify(r.output)}`);
+    // the reasoning's tokens: all of them while the think block is still open at the end
+    const rtok = (u) => u?.output_tokens_details?.reasoning_tokens;
+    const open = !r.output.some((o) => o.type === 'message');
+    seen.reasoning_tokens = `${rtok(r.usage)}/${r.usage?.output_tokens}`;
+    check(open ? rtok(r.usage) === r.usage.output_tokens
+      : rtok(r.usage) > 0 && rtok(r.usage) < r.usage.output_tokens,
+    `responses reasoning_tokens ${JSON.stringify(r.usage)} ${JSON.stringify(r.output)}`);
     let rd = '';
     const rs = openai.responses.stream({ model: 'm', input: messages, max_output_tokens: 8,
       temperature: 0 });
     rs.on('response.reasoning_text.delta', (ev) => { rd += ev.delta; });
     let doneText = null;
     rs.on('response.reasoning_text.done', (ev) => { doneText = ev.text; });
+    // the last event's response (response.incomplete here: max_output_tokens ends it)
+    let lastUsage = null;
+    for (const t of ['response.completed', 'response.incomplete'])
+      rs.on(t, (ev) => { lastUsage = ev.response.usage; });
     const rfin = await rs.finalResponse();
     check(rfin.output[0]?.type === 'reasoning' && rfin.output[0].content?.[0]?.text === thought &&
       rd === thought && doneText === thought,
     `responses stream: reasoning adds up ${JSON.stringify(rfin.output)} / ${JSON.stringify(rd)}`);
+    check(rtok(lastUsage) === rtok(r.usage) && lastUsage.output_tokens === r.usage.output_tokens,
+      `responses stream: reasoning_tokens in the last event ${JSON.stringify(lastUsage)}`);
   } finally {
     const code = await srv.stop();
     check(code === 0, `serve exit ${code}: ${srv.stderr().slice(-1500)}`);
