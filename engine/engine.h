@@ -633,6 +633,9 @@ typedef struct {
     /* optional: bytes of tensor data written so far out of the total, called on the calling
      * thread about twice a second while writing and once at the end (user as above) */
     void (*on_progress)(void *user, uint64_t done, uint64_t total);
+    uint32_t n_layer;           /* 0: the preset's block count; else that many blocks of the
+                                 * preset's shape (a cut-down model for quick per-layer timing;
+                                 * qwen35moe: a multiple of its full-attention interval) */
 } engine_model_gen_params;
 
 #define ENGINE_MODEL_GEN_PARAMS_VERSION 1

@@ -44,6 +44,7 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: spark-agent model gen --preset NAME [--type T] [-s SEED] -o FILE\n"
             "                             [--safetensors DIR] [--tokenizer-dir DIR] [-t N]\n"
+            "                             [--layers N]\n"
             "       spark-agent model gen --preset NAME [--type T] --dry-run\n"
             "       spark-agent model gen --list-presets\n\n"
             "Write a model with deterministic random weights (the seed fixes every byte, for any\n"
@@ -58,6 +59,7 @@ static void usage(FILE *f) {
             "  --tokenizer-dir DIR  where tokenizer.json and tokenizer_config.json are\n"
             "                       (default: the copy embedded in this build%s)\n"
             "  -t, --threads N      threads (default: all cores)\n"
+            "  --layers N           only N blocks of the preset's shape (quick per-layer timing)\n"
             "  --dry-run            list the tensors (name, type, ggml shape, bytes), write nothing\n",
             engine_model_gen_types(),
             engine_model_gen_tokenizer_embedded() ? "" : "; this build has none");
@@ -70,7 +72,7 @@ static double now_s(void) {
 }
 
 int cli_model_gen(int argc, char **argv) {
-    enum { OPT_PRESET = 256, OPT_TYPE, OPT_ST, OPT_TOKDIR, OPT_DRY, OPT_LIST };
+    enum { OPT_PRESET = 256, OPT_TYPE, OPT_ST, OPT_TOKDIR, OPT_DRY, OPT_LIST, OPT_LAYERS };
     static const struct option opts[] = {
         {"preset", required_argument, 0, OPT_PRESET},
         {"type", required_argument, 0, OPT_TYPE},
@@ -81,6 +83,7 @@ int cli_model_gen(int argc, char **argv) {
         {"threads", required_argument, 0, 't'},
         {"dry-run", no_argument, 0, OPT_DRY},
         {"list-presets", no_argument, 0, OPT_LIST},
+        {"layers", required_argument, 0, OPT_LAYERS},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -112,6 +115,13 @@ int cli_model_gen(int argc, char **argv) {
                 return CLI_EXIT_USAGE;
             }
             p.n_threads = (int)v;
+            break;
+        case OPT_LAYERS:
+            if (!cli_parse_u64(optarg, &v) || v < 1 || v > 4096) {
+                cli_errorf("model gen", "bad layer count '%s' (1..4096)", optarg);
+                return CLI_EXIT_USAGE;
+            }
+            p.n_layer = (uint32_t)v;
             break;
         case 'h': usage(stdout); return CLI_EXIT_OK;
         case ':':

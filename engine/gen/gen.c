@@ -458,7 +458,17 @@ int engine_model_gen(const engine_model_gen_params *p) {
                           engine_gen_ftype_list());
     if (!p->dry_run && (!p->out_path || !p->out_path[0]))
         return engine_err(ENGINE_EINVAL, "no output file given");
-    const engine_hparams *hp = &preset->hp;
+    engine_hparams hp_cut = preset->hp;
+    if (p->n_layer) {
+        if (p->n_layer > preset->hp.n_layer ||
+            (hp_cut.full_attn_interval && p->n_layer % hp_cut.full_attn_interval))
+            return engine_err(ENGINE_EINVAL, "--layers %u: 1..%u%s", p->n_layer,
+                              preset->hp.n_layer,
+                              hp_cut.full_attn_interval ? ", a multiple of the full-attention "
+                                                          "interval" : "");
+        hp_cut.n_layer = p->n_layer;
+    }
+    const engine_hparams *hp = &hp_cut;
     int n_threads = p->n_threads;
     if (n_threads <= 0) {
         engine_cpu_info ci;
@@ -524,9 +534,10 @@ int engine_model_gen(const engine_model_gen_params *p) {
     if ((rc = engine_gguf_writer_new(&w))) goto done;
     char text[512];
     snprintf(text, sizeof text,
-             "random weights: spark-agent model gen --preset %s --type %s --seed %llu "
+             "random weights: spark-agent model gen --preset %s --type %s --seed %llu%s%.0u "
              "(generator v%d)",
-             preset->name, ft->name, (unsigned long long)p->seed, ENGINE_GEN_VERSION);
+             preset->name, ft->name, (unsigned long long)p->seed,
+             p->n_layer ? " --layers " : "", p->n_layer, ENGINE_GEN_VERSION);
     if ((rc = engine_gguf_writer_set_str(w, "general.architecture", engine_arch_name(hp->arch))) ||
         (rc = engine_gguf_writer_set_str(w, "general.type", "model")) ||
         (rc = engine_gguf_writer_set_str(w, "general.name", preset->name)) ||

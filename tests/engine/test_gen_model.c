@@ -357,6 +357,30 @@ int main(void) {
         engine_gguf_close(g);
     }
 
+    /* A cut-down model (--layers): that many blocks of the preset's shape, the same tensors
+     * per block; block counts the preset does not allow are refused. */
+    {
+        engine_model_gen_params p;
+        support_gen_params(&p, "tiny", "q8_0", 1, c);
+        p.n_layer = 2;
+        CHECK(engine_model_gen(&p) == 0);
+        CHECK(engine_gguf_open(&g, c) == 0);
+        if (g) {
+            CHECK(engine_gguf_find_tensor(g, "blk.1.ffn_up_exps.weight") != NULL);
+            CHECK(engine_gguf_find_tensor(g, "blk.2.attn_q.weight") == NULL);
+            check_values(g, "blk.1.attn_q.weight", 1);
+            engine_gguf_close(g);
+        }
+        engine_model *m = NULL;
+        CHECK(engine_model_load(&m, c, NULL) == 0 && m);
+        engine_model_free(m);
+        p.n_layer = 1000;
+        CHECK(engine_model_gen(&p) == ENGINE_EINVAL && strstr(engine_error_last(), "--layers"));
+        p.preset = "qwen35-tiny";
+        p.n_layer = 3; /* not a multiple of the full-attention interval */
+        CHECK(engine_model_gen(&p) == ENGINE_EINVAL && strstr(engine_error_last(), "interval"));
+    }
+
     /* Callbacks: every tensor before the data, progress ending at done == total. */
     {
         progress_log log = {.monotonic = true};
