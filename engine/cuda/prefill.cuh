@@ -94,4 +94,34 @@ void engine_cu_pf_gather_rows(const float *src, const int32_t *rows, int n, int 
 void engine_cu_pf_combine(float *x, const float *d, const int32_t *slot_pos, const float *weights,
                           int n, int k, int n_embd, cudaStream_t stream);
 
+/* ---------------------------------------------------------------------------------------------
+ * The prefill pass's entry points for the batched pass (batch.cu drives the pass of prefill.cu
+ * over a paged KV pool).
+ * ------------------------------------------------------------------------------------------- */
+extern "C" {
+#include "cuda/cuda_backend.h"
+}
+
+/* The batched pass's addressing (device arrays) and the rows whose logits go out. */
+typedef struct {
+    const int32_t *pos_of, *row_of, *seq_of, *tables; /* device */
+    int max_blocks, block_size;
+    const int32_t *out_rows_d; /* device [n_out]: rows of the pass */
+    int n_out;
+    float *const *out; /* host [n_out]: n_vocab floats each, or NULL */
+} engine_cu_pf_paged;
+
+/* A CUDA error as an engine error naming `what` (0 for cudaSuccess; clears the sticky error). */
+int engine_cu_pf_err(cudaError_t e, const char *what);
+
+/* The pass's buffers over the KV of view sv (a session's, s != NULL, or the batched pass's pool,
+ * s == NULL), for passes of at most max_tokens tokens. */
+int engine_cu_pf_new_view(engine_cuda_prefill **out, engine_cuda_model *cm, engine_cuda_session *s,
+                          const engine_cuda_session_view *sv, int32_t max_tokens);
+
+/* One chunk of n <= max_tokens tokens at pos (pg NULL), or the batched pass's tokens (pg): the
+ * logits of every row (logits_all) and/or the last (logits_last); with pg, the rows pg lists. */
+int engine_cu_pf_chunk(engine_cuda_prefill *p, const int32_t *tokens, int32_t n, int32_t pos,
+                       float *logits_all, float *logits_last, const engine_cu_pf_paged *pg);
+
 #endif
