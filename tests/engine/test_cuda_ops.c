@@ -39,16 +39,9 @@ int main(void) {
 #include "cuda/cuda_backend.h"
 #include "test_cuda_check.h"
 
-static int failures;
-
 static uint64_t rng_state = 0x1234567887654321ull;
 
-static float frand(void) { /* uniform in [-1, 1) */
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (float)((double)(rng_state >> 11) * 0x1.0p-52 - 1.0);
-}
+static float frand(void) { return support_frand(&rng_state); }
 
 static void fill(float *a, size_t n, float scale) {
     for (size_t i = 0; i < n; i++)
@@ -427,7 +420,6 @@ int main(void) {
     test_attention();
     test_moe();
     test_sample();
-    if (failures) fprintf(stderr, "%d failures\n", failures);
-    return failures ? 1 : 0;
+    return support_finish("test_cuda_ops");
 }
 #endif
