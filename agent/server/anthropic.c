@@ -177,21 +177,13 @@ static int convert_tools(agent_chat_xlat *x, const json_t *tools, json_t *notes,
             json_decref(out);
             return BAD(e, w, "%s.input_schema: must be a JSON Schema object", w);
         }
-        json_t *fn = json_pack("{s:s, s:O}", "name", name, "parameters", schema);
-        json_t *d = json_object_get(t, "description");
-        if (fn && json_is_string(d)) json_object_set(fn, "description", d);
-        if (!fn || json_array_append_new(out, json_pack("{s:s, s:o}", "type", "function",
-                                                        "function", fn))) {
+        int rc = agent_chat_add_function(out, name, schema, json_object_get(t, "description"));
+        if (rc) {
             json_decref(out);
-            return agent_err(AGENT_ENOMEM, "out of memory");
+            return rc;
         }
     }
-    if (json_array_size(out)) {
-        x->tools = out;
-        x->req.tools = out;
-    } else {
-        json_decref(out);
-    }
+    agent_chat_xlat_set_tools(x, out);
     return 0;
 }
 
@@ -221,12 +213,8 @@ static int convert_tool_choice(agent_chat_xlat *x, const json_t *tc, agent_diale
 
 int agent_anthropic_to_chat(const json_t *body, bool count_only, int default_max_tokens,
                             agent_chat_xlat *x, json_t *notes, agent_dialect_err *e) {
-    memset(x, 0, sizeof *x);
+    agent_chat_xlat_init(x, default_max_tokens);
     srv_chat_req *q = &x->req;
-    q->enable_thinking = -1;
-    q->parallel_tool_calls = true;
-    q->sampling = (srv_sampling)SRV_SAMPLING_INIT;
-    q->sampling.max_tokens = default_max_tokens;
     if (!json_is_object(body)) return BAD(e, "", "the request body must be a JSON object");
     json_t *messages = json_object_get(body, "messages");
     if (!json_is_array(messages) || json_array_size(messages) == 0)
@@ -308,18 +296,12 @@ int agent_anthropic_to_chat(const json_t *body, bool count_only, int default_max
 }
 
 char *agent_anthropic_error_body(const agent_dialect_err *e) {
-    json_t *j = json_pack("{s:s, s:{s:s, s:s}}", "type", "error", "error", "type", e->type,
-                          "message", e->message);
-    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
-    json_decref(j);
-    return s;
+    return agent_json_dump(json_pack("{s:s, s:{s:s, s:s}}", "type", "error", "error", "type",
+                                     e->type, "message", e->message));
 }
 
 char *agent_anthropic_count_body(int64_t input_tokens) {
-    json_t *j = json_pack("{s:I}", "input_tokens", (json_int_t)input_tokens);
-    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
-    json_decref(j);
-    return s;
+    return agent_json_dump(json_pack("{s:I}", "input_tokens", (json_int_t)input_tokens));
 }
 
 /* ----- the encoder ----- */
@@ -469,12 +451,10 @@ static int block_text(agent_anthropic_enc *e, int kind, const char *text, size_t
                                        ""))))
             return rc;
     }
-    if ((rc = srv_buf_add(&e->cur, text, len))) return rc;
-    if ((rc = srv_buf_add(&e->held, text, len))) return rc;
-    size_t ok = agent_utf8_complete_len(e->held.p, e->held.len);
+    size_t ok;
+    if ((rc = agent_text_hold(&e->cur, &e->held, text, len, &ok))) return rc;
     rc = stream_text(e, e->held.p, ok);
-    memmove(e->held.p, e->held.p + ok, e->held.len - ok);
-    e->held.len -= ok;
+    agent_text_release(&e->held, ok);
     return rc;
 }
 
@@ -486,20 +466,12 @@ int agent_anthropic_enc_thinking(agent_anthropic_enc *e, const char *text, size_
     return block_text(e, BLK_THINKING, text, len);
 }
 
-/* Flush text held back at a block boundary (an incomplete character stays invalid; jansson
- * refuses invalid UTF-8, so it becomes U+FFFD). */
+/* Flush text held back at a block boundary (only a text or thinking block holds any): an
+ * incomplete character becomes U+FFFD. */
 static int flush_held(agent_anthropic_enc *e) {
-    if (!e->held.len) return 0;
-    e->held.len = 0;
-    if (e->open == BLK_TEXT || e->open == BLK_THINKING) {
-        /* replace the bad tail in the block text too */
-        size_t ok = agent_utf8_complete_len(e->cur.p, e->cur.len);
-        e->cur.len = ok;
-        int rc = srv_buf_add(&e->cur, "\xEF\xBF\xBD", 3);
-        if (!rc) rc = stream_text(e, "\xEF\xBF\xBD", 3);
-        return rc;
-    }
-    return 0;
+    int rc;
+    if (!agent_text_flush_held(&e->cur, &e->held, &rc) || rc) return rc;
+    return stream_text(e, "\xEF\xBF\xBD", 3);
 }
 
 int agent_anthropic_enc_tool(agent_anthropic_enc *e, int index, const char *id, const char *name,
@@ -602,99 +574,68 @@ static const char *anthropic_type(int status) {
     }
 }
 
-static char *error_body(const agent_dialect_err *e) {
+/* e with the Anthropic error type of its status when it names none. */
+static agent_dialect_err typed(const agent_dialect_err *e) {
     agent_dialect_err t = *e;
     if (!t.type[0]) snprintf(t.type, sizeof t.type, "%s", anthropic_type(t.status));
+    return t;
+}
+
+static char *error_body(const agent_dialect_err *e) {
+    agent_dialect_err t = typed(e);
     return agent_anthropic_error_body(&t);
 }
 
-typedef struct {
-    char *model;
-    bool stream;
-    agent_chat_xlat x;
-    agent_anthropic_enc *enc;
-} anth_ctx;
-
 static int anth_start(agent_dialect_run *run, void *ctx) {
-    anth_ctx *a = ctx;
-    return agent_anthropic_enc_new(&a->enc, a->model, a->stream, 0, agent_dialect_sse, run);
+    agent_chat_ctx *c = ctx;
+    agent_anthropic_enc *enc = NULL;
+    int rc = agent_anthropic_enc_new(&enc, c->model, c->x.stream, 0, agent_dialect_sse, run);
+    c->enc = enc;
+    return rc;
 }
 
 static int anth_text(void *ctx, const char *text, size_t len) {
-    return agent_anthropic_enc_text(((anth_ctx *)ctx)->enc, text, len);
+    return agent_anthropic_enc_text(((agent_chat_ctx *)ctx)->enc, text, len);
 }
 
 static int anth_tool(void *ctx, const srv_event *ev) {
-    agent_anthropic_enc *enc = ((anth_ctx *)ctx)->enc;
-    if (ev->type == SRV_EV_TOOL_DELTA)
-        return agent_anthropic_enc_tool(enc, ev->tool_index, ev->tool_id, ev->tool_name,
-                                        ev->text, ev->len);
-    const char *args = ev->tool_args ? ev->tool_args : "{}";
-    size_t skip = ev->tool_begun ? ev->tool_streamed : 0, al = strlen(args);
-    if (ev->tool_begun && (ev->tool_error || skip >= al)) return 0; /* stays as streamed */
-    return agent_anthropic_enc_tool(enc, ev->tool_index, ev->tool_id, ev->tool_name, args + skip,
-                                    al - skip);
+    const char *args;
+    size_t len;
+    if (!agent_dialect_tool_piece(ev, &args, &len)) return 0;
+    return agent_anthropic_enc_tool(((agent_chat_ctx *)ctx)->enc, ev->tool_index, ev->tool_id,
+                                    ev->tool_name, args, len);
 }
 
 static int anth_thinking(void *ctx, const char *text, size_t len) {
-    return agent_anthropic_enc_thinking(((anth_ctx *)ctx)->enc, text, len);
+    return agent_anthropic_enc_thinking(((agent_chat_ctx *)ctx)->enc, text, len);
 }
 
 static int anth_done(void *ctx, const srv_event *ev, char **body) {
     agent_dialect_done d = agent_dialect_done_of(ev);
-    return agent_anthropic_enc_done(((anth_ctx *)ctx)->enc, &d, body);
+    return agent_anthropic_enc_done(((agent_chat_ctx *)ctx)->enc, &d, body);
 }
 
 static int anth_fail(void *ctx, const agent_dialect_err *e) {
-    agent_dialect_err t = *e;
-    if (!t.type[0]) snprintf(t.type, sizeof t.type, "%s", anthropic_type(t.status));
-    return agent_anthropic_enc_fail(((anth_ctx *)ctx)->enc, &t);
+    agent_dialect_err t = typed(e);
+    return agent_anthropic_enc_fail(((agent_chat_ctx *)ctx)->enc, &t);
 }
 
 static void anth_free(void *ctx) {
-    anth_ctx *a = ctx;
-    if (!a) return;
-    agent_anthropic_enc_free(a->enc);
-    agent_chat_xlat_clear(&a->x);
-    free(a->model);
-    free(a);
+    agent_chat_ctx *c = ctx;
+    if (c) agent_anthropic_enc_free(c->enc);
+    agent_chat_ctx_free(c);
 }
 
 static const agent_dialect_ops anth_ops = {anth_start, anth_text, anth_tool, anth_done,
                                            anth_fail, error_body, anth_free, anth_thinking};
 
+static int messages_to_chat(const json_t *body, int default_max_tokens, agent_chat_xlat *x,
+                            json_t *notes, agent_dialect_err *e) {
+    return agent_anthropic_to_chat(body, false, default_max_tokens, x, notes, e);
+}
+
 static int route_messages(srv_req *r) {
-    srv *s = srv_req_server(r);
-    agent_dialect_err e = {0};
-    if (srv_draining(s)) {
-        agent_dialect_fail(&e, 503, "", NULL, "the server is shutting down");
-        return agent_dialect_reply_error(r, &e, error_body);
-    }
-    json_t *body = srv_req_json(r);
-    anth_ctx *a = calloc(1, sizeof *a);
-    json_t *notes = json_array();
-    if (!a || !notes) {
-        free(a);
-        json_decref(notes);
-        return agent_err(AGENT_ENOMEM, "out of memory");
-    }
-    int rc = agent_anthropic_to_chat(body, false, srv_limits_get(s)->max_tokens_default, &a->x,
-                                     notes, &e);
-    agent_dialect_log_notes("/v1/messages", notes);
-    json_decref(notes);
-    if (rc) {
-        anth_free(a);
-        if (rc == AGENT_EINVAL) return agent_dialect_reply_error(r, &e, error_body);
-        return rc;
-    }
-    const char *model = json_string_value(json_object_get(body, "model"));
-    a->stream = a->x.stream;
-    a->x.req.stream_tool_args = a->stream;
-    if (!(a->model = strdup(model ? model : srv_model_name(s)))) {
-        anth_free(a);
-        return agent_err(AGENT_ENOMEM, "out of memory");
-    }
-    return agent_dialect_submit(r, &a->x.req, NULL, a->stream, &anth_ops, a);
+    return agent_dialect_chat_route(r, "/v1/messages", messages_to_chat, &anth_ops);
 }
 
 static int route_count_tokens(srv_req *r) {

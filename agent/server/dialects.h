@@ -51,12 +51,26 @@ int agent_dialect_fail(agent_dialect_err *e, int status, const char *type, const
  * NULL only when out of memory. */
 json_t *agent_json_text(const char *s, size_t n);
 
+/* The compact JSON text of j, which it takes (NULL j, or out of memory: NULL; caller frees). */
+char *agent_json_dump(json_t *j);
+
 /* Append a formatted note to the JSON array notes (NULL: nothing). 0 or AGENT_ENOMEM. */
 int agent_dialect_note(json_t *notes, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Length of the longest prefix of s[0..n) that does not end inside a UTF-8 sequence (the rest
  * is held back by streaming encoders until it completes). */
 size_t agent_utf8_complete_len(const char *s, size_t n);
+
+/* A streaming encoder's open text block: text goes into cur (the whole block) and held (what
+ * is not streamed yet); *ready is how many bytes at held->p are whole characters to send now,
+ * after which agent_text_release(held, *ready) drops them. 0 or AGENT_ENOMEM. */
+int agent_text_hold(srv_buf *cur, srv_buf *held, const char *text, size_t len, size_t *ready);
+void agent_text_release(srv_buf *held, size_t n);
+/* At the block's end with bytes still held (an incomplete character): drop them and end cur
+ * with U+FFFD instead of its incomplete character (jansson refuses invalid UTF-8). Returns
+ * true when the caller must stream U+FFFD ("\xEF\xBF\xBD", *rc 0) or *rc is AGENT_ENOMEM;
+ * false when nothing was held. */
+bool agent_text_flush_held(srv_buf *cur, srv_buf *held, int *rc);
 
 /* Usage of a finished generation. cached <= prompt; reasoning (the leading think block's
  * tokens) <= completion. */
@@ -92,6 +106,19 @@ typedef struct {
 } agent_chat_xlat;
 
 void agent_chat_xlat_clear(agent_chat_xlat *x);
+
+/* Clear x and set the chat request's defaults: thinking as the template says, parallel tool
+ * calls, SRV_SAMPLING_INIT with max_tokens default_max_tokens. */
+void agent_chat_xlat_init(agent_chat_xlat *x, int default_max_tokens);
+
+/* Append an OpenAI function tool {"type":"function","function":{name, parameters,
+ * description}} to the array out: params (borrowed) NULL gives an empty object schema,
+ * description (borrowed) is copied when it is a string. 0 or AGENT_ENOMEM. */
+int agent_chat_add_function(json_t *out, const char *name, json_t *params,
+                            const json_t *description);
+
+/* x takes the tool array (the request's tools) when it is not empty; else it is freed. */
+void agent_chat_xlat_set_tools(agent_chat_xlat *x, json_t *tools);
 
 /* Where a streaming encoder writes one server-sent event: event is the "event:" field (NULL:
  * none), data the JSON text. Returns 0, or non-zero to make the encoder fail with
@@ -138,6 +165,34 @@ int agent_dialect_reply_error(srv_req *r, const agent_dialect_err *e,
 const char *agent_dialect_finish(srv_finish f);
 /* Log the notes a translation left (info level), one line per note, naming the route. */
 void agent_dialect_log_notes(const char *route, const json_t *notes);
+
+/* ----- a chat dialect's route (rpc_json.c): Anthropic Messages and OpenAI Responses -------
+ * Both translate the body for the chat service and answer through one encoder; they share
+ * the request's context, the tool-event rule and the route handler itself. */
+typedef struct {
+    char *model;       /* the body's "model", else the server's model name */
+    agent_chat_xlat x; /* the translated request */
+    void *enc;         /* the dialect's encoder (ops->start makes it, ops->free frees it) */
+} agent_chat_ctx;
+
+/* Free c's translation, model and c itself (not c->enc). NULL: nothing. */
+void agent_chat_ctx_free(agent_chat_ctx *c);
+
+/* The piece of tool call ev to give the encoder: a SRV_EV_TOOL_DELTA's text, or the arguments
+ * ("{}" when none) of the SRV_EV_TOOL_CALL that ends the call, past what was streamed. false:
+ * nothing to give (a streamed call that failed or is complete stays as it went). */
+bool agent_dialect_tool_piece(const srv_event *ev, const char **args, size_t *len);
+
+/* agent_anthropic_to_chat / agent_responses_to_chat for a route. */
+typedef int (*agent_chat_to_fn)(const json_t *body, int default_max_tokens, agent_chat_xlat *x,
+                                json_t *notes, agent_dialect_err *e);
+
+/* The route handler: refuses while the server drains (503), translates the body with to_chat
+ * (its notes logged naming route; a bad request answered with ops->error_body), names the
+ * model, streams tool arguments when the request streams, and submits a fresh agent_chat_ctx
+ * with ops (ops->free frees it, whatever happens). */
+int agent_dialect_chat_route(srv_req *r, const char *route, agent_chat_to_fn to_chat,
+                             const agent_dialect_ops *ops);
 
 /* ----- Anthropic Messages (anthropic.c): POST /v1/messages, /v1/messages/count_tokens ------- */
 

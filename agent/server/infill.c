@@ -147,11 +147,8 @@ char *agent_infill_error_body(const agent_dialect_err *e) {
                                             : e->status == 503 ? "unavailable_error"
                                             : e->status >= 500 ? "server_error"
                                                                : "invalid_request_error";
-    json_t *j = json_pack("{s:{s:i, s:s, s:s}}", "error", "code", e->status, "message",
-                          e->message, "type", type);
-    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
-    json_decref(j);
-    return s;
+    return agent_json_dump(json_pack("{s:{s:i, s:s, s:s}}", "error", "code", e->status,
+                                     "message", e->message, "type", type));
 }
 
 struct agent_infill_enc {

@@ -158,24 +158,14 @@ static int convert_tools(agent_chat_xlat *x, const json_t *tools, json_t *notes,
             rc = BAD(e, w, "%s.parameters: must be a JSON Schema object", w);
             break;
         }
-        json_t *fn = json_is_object(params)
-                         ? json_pack("{s:s, s:O}", "name", name, "parameters", params)
-                         : json_pack("{s:s, s:{s:s, s:{}}}", "name", name, "parameters", "type",
-                                     "object", "properties");
-        json_t *d = json_object_get(t, "description");
-        if (fn && json_is_string(d)) json_object_set(fn, "description", d);
-        if (!fn || json_array_append_new(out, json_pack("{s:s, s:o}", "type", "function",
-                                                        "function", fn))) {
-            rc = agent_err(AGENT_ENOMEM, "out of memory");
-            break;
-        }
+        rc = agent_chat_add_function(out, name, json_is_object(params) ? params : NULL,
+                                     json_object_get(t, "description"));
+        if (rc) break;
     }
-    if (!rc && json_array_size(out)) {
-        x->tools = out;
-        x->req.tools = out;
-    } else {
+    if (rc)
         json_decref(out);
-    }
+    else
+        agent_chat_xlat_set_tools(x, out);
     return rc;
 }
 
@@ -229,12 +219,8 @@ static int convert_format(agent_chat_xlat *x, const json_t *text, agent_dialect_
 
 int agent_responses_to_chat(const json_t *body, int default_max_tokens, agent_chat_xlat *x,
                             json_t *notes, agent_dialect_err *e) {
-    memset(x, 0, sizeof *x);
+    agent_chat_xlat_init(x, default_max_tokens);
     srv_chat_req *q = &x->req;
-    q->enable_thinking = -1;
-    q->parallel_tool_calls = true;
-    q->sampling = (srv_sampling)SRV_SAMPLING_INIT;
-    q->sampling.max_tokens = default_max_tokens;
     if (!json_is_object(body)) return BAD(e, "", "the request body must be a JSON object");
     json_t *input = json_object_get(body, "input");
     if (!json_is_string(input) && !json_is_array(input))
@@ -315,12 +301,9 @@ char *agent_responses_error_body(const agent_dialect_err *e) {
                                             : e->status == 429 ? "rate_limit_error"
                                             : e->status == 401 ? "authentication_error"
                                                                : "invalid_request_error";
-    json_t *j = json_pack("{s:{s:s, s:s, s:o, s:n}}", "error", "message", e->message, "type",
-                          type, "param", e->param[0] ? json_string(e->param) : json_null(),
-                          "code");
-    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
-    json_decref(j);
-    return s;
+    return agent_json_dump(json_pack("{s:{s:s, s:s, s:o, s:n}}", "error", "message",
+                                     e->message, "type", type, "param",
+                                     e->param[0] ? json_string(e->param) : json_null(), "code"));
 }
 
 /* ----- the encoder ----- */
@@ -564,12 +547,10 @@ static int item_text(agent_responses_enc *e, int kind, const char *text, size_t 
             if (rc) return rc;
         }
     }
-    if ((rc = srv_buf_add(&e->cur, text, len)) || (rc = srv_buf_add(&e->held, text, len)))
-        return rc;
-    size_t ok = agent_utf8_complete_len(e->held.p, e->held.len);
+    size_t ok;
+    if ((rc = agent_text_hold(&e->cur, &e->held, text, len, &ok))) return rc;
     rc = stream_text(e, e->held.p, ok);
-    memmove(e->held.p, e->held.p + ok, e->held.len - ok);
-    e->held.len -= ok;
+    agent_text_release(&e->held, ok);
     return rc;
 }
 
@@ -581,13 +562,11 @@ int agent_responses_enc_reasoning(agent_responses_enc *e, const char *text, size
     return item_text(e, ITEM_REASONING, text, len);
 }
 
+/* An incomplete character at the end of a text item: shown as U+FFFD. */
 static int flush_held(agent_responses_enc *e) {
-    if (!e->held.len) return 0;
-    e->held.len = 0;
-    /* an incomplete character at the end of a text item: shown as U+FFFD */
-    e->cur.len = agent_utf8_complete_len(e->cur.p, e->cur.len);
-    int rc = srv_buf_add(&e->cur, "\xEF\xBF\xBD", 3);
-    return rc ? rc : stream_text(e, "\xEF\xBF\xBD", 3);
+    int rc;
+    if (!agent_text_flush_held(&e->cur, &e->held, &rc) || rc) return rc;
+    return stream_text(e, "\xEF\xBF\xBD", 3);
 }
 
 int agent_responses_enc_tool(agent_responses_enc *e, int index, const char *id, const char *name,
@@ -663,54 +642,44 @@ int agent_responses_enc_fail(agent_responses_enc *e, const agent_dialect_err *er
 
 /* ----- route ----- */
 
-typedef struct {
-    char *model;
-    agent_chat_xlat x;
-    agent_responses_enc *enc;
-} resp_ctx;
-
 static int resp_start(agent_dialect_run *run, void *ctx) {
-    resp_ctx *c = ctx;
-    return agent_responses_enc_new(&c->enc, c->model, c->x.echo, c->x.stream, agent_dialect_sse,
-                                   run);
+    agent_chat_ctx *c = ctx;
+    agent_responses_enc *enc = NULL;
+    int rc = agent_responses_enc_new(&enc, c->model, c->x.echo, c->x.stream, agent_dialect_sse,
+                                     run);
+    c->enc = enc;
+    return rc;
 }
 
 static int resp_text(void *ctx, const char *text, size_t len) {
-    return agent_responses_enc_text(((resp_ctx *)ctx)->enc, text, len);
+    return agent_responses_enc_text(((agent_chat_ctx *)ctx)->enc, text, len);
 }
 
 static int resp_tool(void *ctx, const srv_event *ev) {
-    agent_responses_enc *enc = ((resp_ctx *)ctx)->enc;
-    if (ev->type == SRV_EV_TOOL_DELTA)
-        return agent_responses_enc_tool(enc, ev->tool_index, ev->tool_id, ev->tool_name,
-                                        ev->text, ev->len);
-    const char *args = ev->tool_args ? ev->tool_args : "{}";
-    size_t skip = ev->tool_begun ? ev->tool_streamed : 0, al = strlen(args);
-    if (ev->tool_begun && (ev->tool_error || skip >= al)) return 0; /* stays as streamed */
-    return agent_responses_enc_tool(enc, ev->tool_index, ev->tool_id, ev->tool_name, args + skip,
-                                    al - skip);
+    const char *args;
+    size_t len;
+    if (!agent_dialect_tool_piece(ev, &args, &len)) return 0;
+    return agent_responses_enc_tool(((agent_chat_ctx *)ctx)->enc, ev->tool_index, ev->tool_id,
+                                    ev->tool_name, args, len);
 }
 
 static int resp_reasoning(void *ctx, const char *text, size_t len) {
-    return agent_responses_enc_reasoning(((resp_ctx *)ctx)->enc, text, len);
+    return agent_responses_enc_reasoning(((agent_chat_ctx *)ctx)->enc, text, len);
 }
 
 static int resp_done(void *ctx, const srv_event *ev, char **body) {
     agent_dialect_done d = agent_dialect_done_of(ev);
-    return agent_responses_enc_done(((resp_ctx *)ctx)->enc, &d, body);
+    return agent_responses_enc_done(((agent_chat_ctx *)ctx)->enc, &d, body);
 }
 
 static int resp_fail(void *ctx, const agent_dialect_err *e) {
-    return agent_responses_enc_fail(((resp_ctx *)ctx)->enc, e);
+    return agent_responses_enc_fail(((agent_chat_ctx *)ctx)->enc, e);
 }
 
 static void resp_free(void *ctx) {
-    resp_ctx *c = ctx;
-    if (!c) return;
-    agent_responses_enc_free(c->enc);
-    agent_chat_xlat_clear(&c->x);
-    free(c->model);
-    free(c);
+    agent_chat_ctx *c = ctx;
+    if (c) agent_responses_enc_free(c->enc);
+    agent_chat_ctx_free(c);
 }
 
 static const agent_dialect_ops resp_ops = {resp_start, resp_text, resp_tool, resp_done,
@@ -718,36 +687,7 @@ static const agent_dialect_ops resp_ops = {resp_start, resp_text, resp_tool, res
                                            resp_reasoning};
 
 static int route_responses(srv_req *r) {
-    srv *s = srv_req_server(r);
-    agent_dialect_err e = {0};
-    if (srv_draining(s)) {
-        agent_dialect_fail(&e, 503, "", NULL, "the server is shutting down");
-        return agent_dialect_reply_error(r, &e, agent_responses_error_body);
-    }
-    json_t *body = srv_req_json(r);
-    resp_ctx *c = calloc(1, sizeof *c);
-    json_t *notes = json_array();
-    if (!c || !notes) {
-        free(c);
-        json_decref(notes);
-        return agent_err(AGENT_ENOMEM, "out of memory");
-    }
-    int rc = agent_responses_to_chat(body, srv_limits_get(s)->max_tokens_default, &c->x, notes,
-                                     &e);
-    agent_dialect_log_notes("/v1/responses", notes);
-    json_decref(notes);
-    if (rc) {
-        resp_free(c);
-        return rc == AGENT_EINVAL ? agent_dialect_reply_error(r, &e, agent_responses_error_body)
-                                  : rc;
-    }
-    const char *model = json_string_value(json_object_get(body, "model"));
-    if (!(c->model = strdup(model ? model : srv_model_name(s)))) {
-        resp_free(c);
-        return agent_err(AGENT_ENOMEM, "out of memory");
-    }
-    c->x.req.stream_tool_args = c->x.stream;
-    return agent_dialect_submit(r, &c->x.req, NULL, c->x.stream, &resp_ops, c);
+    return agent_dialect_chat_route(r, "/v1/responses", agent_responses_to_chat, &resp_ops);
 }
 
 int srv_responses_init(srv *s) {

@@ -30,12 +30,71 @@ size_t agent_utf8_complete_len(const char *s, size_t n) {
     return n;
 }
 
+int agent_text_hold(srv_buf *cur, srv_buf *held, const char *text, size_t len, size_t *ready) {
+    *ready = 0;
+    int rc = srv_buf_add(cur, text, len);
+    if (!rc) rc = srv_buf_add(held, text, len);
+    if (!rc) *ready = agent_utf8_complete_len(held->p, held->len);
+    return rc;
+}
+
+void agent_text_release(srv_buf *held, size_t n) {
+    memmove(held->p, held->p + n, held->len - n);
+    held->len -= n;
+}
+
+bool agent_text_flush_held(srv_buf *cur, srv_buf *held, int *rc) {
+    *rc = 0;
+    if (!held->len) return false;
+    held->len = 0;
+    cur->len = agent_utf8_complete_len(cur->p, cur->len);
+    *rc = srv_buf_add(cur, "\xEF\xBF\xBD", 3);
+    return true;
+}
+
+char *agent_json_dump(json_t *j) {
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    return s;
+}
+
 void agent_chat_xlat_clear(agent_chat_xlat *x) {
     json_decref(x->messages);
     json_decref(x->tools);
     json_decref(x->hold);
     json_decref(x->echo);
     memset(x, 0, sizeof *x);
+}
+
+void agent_chat_xlat_init(agent_chat_xlat *x, int default_max_tokens) {
+    memset(x, 0, sizeof *x);
+    srv_chat_req *q = &x->req;
+    q->enable_thinking = -1;
+    q->parallel_tool_calls = true;
+    q->sampling = (srv_sampling)SRV_SAMPLING_INIT;
+    q->sampling.max_tokens = default_max_tokens;
+}
+
+int agent_chat_add_function(json_t *out, const char *name, json_t *params,
+                            const json_t *description) {
+    json_t *fn = params ? json_pack("{s:s, s:O}", "name", name, "parameters", params)
+                        : json_pack("{s:s, s:{s:s, s:{}}}", "name", name, "parameters", "type",
+                                    "object", "properties");
+    if (fn && json_is_string(description))
+        json_object_set(fn, "description", (json_t *)description);
+    if (!fn || json_array_append_new(out, json_pack("{s:s, s:o}", "type", "function", "function",
+                                                    fn)))
+        return agent_err(AGENT_ENOMEM, "out of memory");
+    return 0;
+}
+
+void agent_chat_xlat_set_tools(agent_chat_xlat *x, json_t *tools) {
+    if (json_array_size(tools)) {
+        x->tools = tools;
+        x->req.tools = tools;
+    } else {
+        json_decref(tools);
+    }
 }
 
 json_t *agent_json_text(const char *s, size_t n) {
@@ -239,4 +298,59 @@ int agent_dialect_submit(srv_req *r, const srv_chat_req *x, const srv_complete_r
     }
     srv_req_hold(r, run_cleanup, run);
     return 0;
+}
+
+/* ----- a chat dialect's route ----- */
+
+void agent_chat_ctx_free(agent_chat_ctx *c) {
+    if (!c) return;
+    agent_chat_xlat_clear(&c->x);
+    free(c->model);
+    free(c);
+}
+
+bool agent_dialect_tool_piece(const srv_event *ev, const char **args, size_t *len) {
+    if (ev->type == SRV_EV_TOOL_DELTA) {
+        *args = ev->text;
+        *len = ev->len;
+        return true;
+    }
+    const char *a = ev->tool_args ? ev->tool_args : "{}";
+    size_t skip = ev->tool_begun ? ev->tool_streamed : 0, al = strlen(a);
+    if (ev->tool_begun && (ev->tool_error || skip >= al)) return false; /* stays as streamed */
+    *args = a + skip;
+    *len = al - skip;
+    return true;
+}
+
+int agent_dialect_chat_route(srv_req *r, const char *route, agent_chat_to_fn to_chat,
+                             const agent_dialect_ops *ops) {
+    srv *s = srv_req_server(r);
+    agent_dialect_err e = {0};
+    if (srv_draining(s)) {
+        agent_dialect_fail(&e, 503, "", NULL, "the server is shutting down");
+        return agent_dialect_reply_error(r, &e, ops->error_body);
+    }
+    json_t *body = srv_req_json(r);
+    agent_chat_ctx *c = calloc(1, sizeof *c);
+    json_t *notes = json_array();
+    if (!c || !notes) {
+        free(c);
+        json_decref(notes);
+        return agent_err(AGENT_ENOMEM, "out of memory");
+    }
+    int rc = to_chat(body, srv_limits_get(s)->max_tokens_default, &c->x, notes, &e);
+    agent_dialect_log_notes(route, notes);
+    json_decref(notes);
+    if (rc) {
+        ops->free(c);
+        return rc == AGENT_EINVAL ? agent_dialect_reply_error(r, &e, ops->error_body) : rc;
+    }
+    const char *model = json_string_value(json_object_get(body, "model"));
+    if (!(c->model = strdup(model ? model : srv_model_name(s)))) {
+        ops->free(c);
+        return agent_err(AGENT_ENOMEM, "out of memory");
+    }
+    c->x.req.stream_tool_args = c->x.stream;
+    return agent_dialect_submit(r, &c->x.req, NULL, c->x.stream, ops, c);
 }

@@ -77,27 +77,22 @@ void agent_rpc_msg_clear(agent_rpc_msg *m) {
     memset(m, 0, sizeof *m);
 }
 
-static char *dump(json_t *j) {
-    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
-    json_decref(j);
-    return s;
-}
-
 char *agent_rpc_result(const json_t *id, json_t *result) {
-    return dump(json_pack("{s:s, s:O, s:o}", "jsonrpc", "2.0", "id", id ? id : json_null(),
-                          "result", result ? result : json_null()));
+    return agent_json_dump(json_pack("{s:s, s:O, s:o}", "jsonrpc", "2.0", "id",
+                                     id ? id : json_null(), "result",
+                                     result ? result : json_null()));
 }
 
 char *agent_rpc_error(const json_t *id, int code, const char *message, json_t *data) {
     json_t *err = json_pack("{s:i, s:s}", "code", code, "message", message);
     if (err && data) json_object_set_new(err, "data", data);
     else json_decref(data);
-    return dump(json_pack("{s:s, s:O, s:o}", "jsonrpc", "2.0", "id", id ? id : json_null(),
-                          "error", err));
+    return agent_json_dump(json_pack("{s:s, s:O, s:o}", "jsonrpc", "2.0", "id",
+                                     id ? id : json_null(), "error", err));
 }
 
 char *agent_rpc_notification(const char *method, json_t *params) {
-    return dump(json_pack("{s:s, s:s, s:o}", "jsonrpc", "2.0", "method", method, "params",
-                          params ? params : json_object()));
+    return agent_json_dump(json_pack("{s:s, s:s, s:o}", "jsonrpc", "2.0", "method", method,
+                                     "params", params ? params : json_object()));
 }
 
