@@ -413,12 +413,8 @@ static int q35_gguf_block(engine_model *m, q35_layer *ly, int L) {
         (rc = engine_model_load_f32(m, ENGINE_TENSOR_ATTN_POST_NORM, L, &ly->post_norm)))
         return rc;
     if (ly->attn) {
-        if ((rc = engine_model_load_f32(m, ENGINE_TENSOR_ATTN_Q_NORM, L, &ly->q_norm)) ||
-            (rc = engine_model_load_f32(m, ENGINE_TENSOR_ATTN_K_NORM, L, &ly->k_norm)) ||
-            (rc = engine_model_load_matrix(m, ENGINE_TENSOR_ATTN_Q, L, &ly->wq)) ||
-            (rc = engine_model_load_matrix(m, ENGINE_TENSOR_ATTN_K, L, &ly->wk)) ||
-            (rc = engine_model_load_matrix(m, ENGINE_TENSOR_ATTN_V, L, &ly->wv)) ||
-            (rc = engine_model_load_matrix(m, ENGINE_TENSOR_ATTN_OUT, L, &ly->wo)))
+        if ((rc = engine_model_load_attn(m, L, &ly->q_norm, &ly->k_norm, &ly->wq, &ly->wk, &ly->wv,
+                                         &ly->wo)))
             return rc;
     } else {
         if ((rc = engine_model_load_matrix(m, ENGINE_TENSOR_ATTN_QKV, L, &ly->wqkv)) ||
@@ -432,10 +428,8 @@ static int q35_gguf_block(engine_model *m, q35_layer *ly, int L) {
             (rc = engine_model_load_f32(m, ENGINE_TENSOR_SSM_NORM, L, &ly->ssm_norm)))
             return rc;
     }
-    if ((rc = engine_model_load_matrix(m, ENGINE_TENSOR_FFN_GATE_INP, L, &ly->gate_inp)) ||
-        (rc = engine_model_load_matrix(m, ENGINE_TENSOR_FFN_GATE_EXPS, L, &ly->gate_exps)) ||
-        (rc = engine_model_load_matrix(m, ENGINE_TENSOR_FFN_UP_EXPS, L, &ly->up_exps)) ||
-        (rc = engine_model_load_matrix(m, ENGINE_TENSOR_FFN_DOWN_EXPS, L, &ly->down_exps)) ||
+    if ((rc = engine_model_load_experts(m, L, &ly->gate_inp, &ly->gate_exps, &ly->up_exps,
+                                        &ly->down_exps)) ||
         (rc = engine_model_load_matrix(m, ENGINE_TENSOR_FFN_GATE_SHEXP, L, &ly->gate_shexp)) ||
         (rc = engine_model_load_matrix(m, ENGINE_TENSOR_FFN_UP_SHEXP, L, &ly->up_shexp)) ||
         (rc = engine_model_load_matrix(m, ENGINE_TENSOR_FFN_DOWN_SHEXP, L, &ly->down_shexp)) ||
@@ -458,13 +452,7 @@ int engine_q35_load(engine_model *m) {
         return engine_err(ENGINE_ENOMEM, "out of memory loading %s", m->path);
     engine_cpu_rope_inv_freq(qm->rope_inv_freq, (int)hp->n_rot, hp->rope_theta);
     int rc;
-    if ((rc = engine_model_load_matrix(m, ENGINE_TENSOR_TOKEN_EMBD, -1, &m->tok_embd)) ||
-        (rc = engine_model_load_f32(m, ENGINE_TENSOR_OUTPUT_NORM, -1, &m->output_norm)))
-        return rc;
-    if (hp->tied_embeddings)
-        m->output = m->tok_embd;
-    else if ((rc = engine_model_load_matrix(m, ENGINE_TENSOR_OUTPUT, -1, &m->output)))
-        return rc;
+    if ((rc = engine_model_load_head(m))) return rc;
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         q35_layer *ly = &qm->layers[l];
         ly->attn = engine_q35_layer_is_attn(hp, l);
@@ -1958,15 +1946,7 @@ int engine_q35_hf_open(engine_model *m, const char *dir, bool vocab_only) {
     snprintf(in->name, sizeof in->name, "%s", base && base[1] ? base + 1 : dir);
     in->n_vocab = engine_tokenizer_n_vocab(m->tok);
     in->vocab_only = vocab_only;
-    in->n_ctx_train = (int32_t)hp->n_ctx_train;
-    in->n_layer = (int32_t)hp->n_layer;
-    in->n_embd = (int32_t)hp->n_embd;
-    in->n_head = (int32_t)hp->n_head;
-    in->n_head_kv = (int32_t)hp->n_head_kv;
-    in->head_dim = (int32_t)hp->head_dim_k;
-    in->n_expert = (int32_t)hp->n_expert;
-    in->n_expert_used = (int32_t)hp->n_expert_used;
-    engine_arch_param_count(hp, &in->n_params, &in->n_params_active);
+    engine_model_info_dims(in, hp);
     if (vocab_only) return 0;
 
     engine_q35_model *qm = calloc(1, sizeof *qm);

@@ -206,6 +206,44 @@ int engine_model_load_f32(engine_model *m, engine_tensor_role role, int layer,
     return load_norm(m, role, layer, out);
 }
 
+int engine_model_load_head(engine_model *m) {
+    int rc;
+    if ((rc = load_matrix(m, ENGINE_TENSOR_TOKEN_EMBD, -1, &m->tok_embd)) ||
+        (rc = load_norm(m, ENGINE_TENSOR_OUTPUT_NORM, -1, &m->output_norm)))
+        return rc;
+    if (m->hp.tied_embeddings)
+        m->output = m->tok_embd;
+    else if ((rc = load_matrix(m, ENGINE_TENSOR_OUTPUT, -1, &m->output)))
+        return rc;
+    return 0;
+}
+
+int engine_model_load_attn(engine_model *m, int L, const float **q_norm, const float **k_norm,
+                           engine_weight *wq, engine_weight *wk, engine_weight *wv,
+                           engine_weight *wo) {
+    int rc;
+    if ((rc = load_norm(m, ENGINE_TENSOR_ATTN_Q_NORM, L, q_norm)) ||
+        (rc = load_norm(m, ENGINE_TENSOR_ATTN_K_NORM, L, k_norm)) ||
+        (rc = load_matrix(m, ENGINE_TENSOR_ATTN_Q, L, wq)) ||
+        (rc = load_matrix(m, ENGINE_TENSOR_ATTN_K, L, wk)) ||
+        (rc = load_matrix(m, ENGINE_TENSOR_ATTN_V, L, wv)) ||
+        (rc = load_matrix(m, ENGINE_TENSOR_ATTN_OUT, L, wo)))
+        return rc;
+    return 0;
+}
+
+int engine_model_load_experts(engine_model *m, int L, engine_weight *gate_inp,
+                              engine_weight *gate_exps, engine_weight *up_exps,
+                              engine_weight *down_exps) {
+    int rc;
+    if ((rc = load_matrix(m, ENGINE_TENSOR_FFN_GATE_INP, L, gate_inp)) ||
+        (rc = load_matrix(m, ENGINE_TENSOR_FFN_GATE_EXPS, L, gate_exps)) ||
+        (rc = load_matrix(m, ENGINE_TENSOR_FFN_UP_EXPS, L, up_exps)) ||
+        (rc = load_matrix(m, ENGINE_TENSOR_FFN_DOWN_EXPS, L, down_exps)))
+        return rc;
+    return 0;
+}
+
 static int load_weights(engine_model *m) {
     const engine_hparams *hp = &m->hp;
     int rc;
@@ -218,27 +256,18 @@ static int load_weights(engine_model *m) {
     if (!m->owned || !m->layers || !m->rope_inv_freq)
         return engine_err(ENGINE_ENOMEM, "out of memory loading %s", m->path);
     engine_cpu_rope_inv_freq(m->rope_inv_freq, (int)hp->head_dim_k, hp->rope_theta);
-    if ((rc = load_matrix(m, ENGINE_TENSOR_TOKEN_EMBD, -1, &m->tok_embd))) return rc;
-    if ((rc = load_norm(m, ENGINE_TENSOR_OUTPUT_NORM, -1, &m->output_norm))) return rc;
-    if (hp->tied_embeddings) m->output = m->tok_embd;
-    else if ((rc = load_matrix(m, ENGINE_TENSOR_OUTPUT, -1, &m->output))) return rc;
+    if ((rc = engine_model_load_head(m))) return rc;
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         engine_layer *ly = &m->layers[l];
         int L = (int)l;
         if ((rc = load_norm(m, ENGINE_TENSOR_ATTN_NORM, L, &ly->attn_norm)) ||
-            (rc = load_norm(m, ENGINE_TENSOR_ATTN_Q_NORM, L, &ly->q_norm)) ||
-            (rc = load_norm(m, ENGINE_TENSOR_ATTN_K_NORM, L, &ly->k_norm)) ||
             (rc = load_norm(m, ENGINE_TENSOR_FFN_NORM, L, &ly->ffn_norm)) ||
-            (rc = load_matrix(m, ENGINE_TENSOR_ATTN_Q, L, &ly->wq)) ||
-            (rc = load_matrix(m, ENGINE_TENSOR_ATTN_K, L, &ly->wk)) ||
-            (rc = load_matrix(m, ENGINE_TENSOR_ATTN_V, L, &ly->wv)) ||
-            (rc = load_matrix(m, ENGINE_TENSOR_ATTN_OUT, L, &ly->wo)))
+            (rc = engine_model_load_attn(m, L, &ly->q_norm, &ly->k_norm, &ly->wq, &ly->wk,
+                                         &ly->wv, &ly->wo)))
             return rc;
         if (hp->arch == ENGINE_ARCH_QWEN3MOE) {
-            if ((rc = load_matrix(m, ENGINE_TENSOR_FFN_GATE_INP, L, &ly->gate_inp)) ||
-                (rc = load_matrix(m, ENGINE_TENSOR_FFN_GATE_EXPS, L, &ly->gate_exps)) ||
-                (rc = load_matrix(m, ENGINE_TENSOR_FFN_UP_EXPS, L, &ly->up_exps)) ||
-                (rc = load_matrix(m, ENGINE_TENSOR_FFN_DOWN_EXPS, L, &ly->down_exps)))
+            if ((rc = engine_model_load_experts(m, L, &ly->gate_inp, &ly->gate_exps, &ly->up_exps,
+                                                &ly->down_exps)))
                 return rc;
         } else {
             if ((rc = load_matrix(m, ENGINE_TENSOR_FFN_GATE, L, &ly->ffn_gate)) ||
@@ -269,6 +298,10 @@ static void fill_info(engine_model *m) {
         if (by_type[t] > by_type[best]) best = t;
     snprintf(in->weight_type, sizeof in->weight_type, "%s", engine_type_name(best));
     if (in->vocab_only && hp->n_layer == 0) return;
+    engine_model_info_dims(in, hp);
+}
+
+void engine_model_info_dims(engine_model_info *in, const engine_hparams *hp) {
     in->n_ctx_train = (int32_t)hp->n_ctx_train;
     in->n_layer = (int32_t)hp->n_layer;
     in->n_embd = (int32_t)hp->n_embd;

@@ -159,6 +159,19 @@ int engine_model_load_matrix(engine_model *m, engine_tensor_role role, int layer
                              engine_weight *w);
 int engine_model_load_f32(engine_model *m, engine_tensor_role role, int layer,
                           const float **out);
+/* The weights every architecture shares, through the loaders above: the token embedding,
+ * output norm and output matrix (the embedding when tied) into m; block L's Q/K norms and
+ * attention projections; block L's router and routed expert stacks. */
+int engine_model_load_head(engine_model *m);
+int engine_model_load_attn(engine_model *m, int L, const float **q_norm, const float **k_norm,
+                           engine_weight *wq, engine_weight *wk, engine_weight *wv,
+                           engine_weight *wo);
+int engine_model_load_experts(engine_model *m, int L, engine_weight *gate_inp,
+                              engine_weight *gate_exps, engine_weight *up_exps,
+                              engine_weight *down_exps);
+/* The model's dimensions (n_ctx_train, layers, widths, heads, experts, parameter counts) from
+ * its hyperparameters into in. */
+void engine_model_info_dims(engine_model_info *in, const engine_hparams *hp);
 
 /* qwen35moe (arch_qwen35moe.c), used instead of engine_fwd_* for that architecture: load the
  * weights into m->q35 (after engine_arch_validate), free them; a session's state in s->q35

@@ -202,12 +202,7 @@ int engine_generate(engine_session *s, const engine_gen_params *p, engine_token_
         common++;
     if ((size_t)common == p->n_prompt) common--;
     if (mtp_fresh) common = 0;
-    rc = engine_session_truncate(s, common);
-    if (rc == ENGINE_EUNSUPPORTED) { /* recurrent state (qwen35moe) rolls back only to 0 */
-        common = 0;
-        rc = engine_session_truncate(s, 0);
-    }
-    if (rc) goto done;
+    if ((rc = engine_session_truncate(s, common))) goto done;
     st.cached_tokens = common;
     for (size_t i = 0; i < p->n_prompt; i++)
         if ((rc = engine_sampler_accept(smp, p->prompt[i], false))) goto done;
