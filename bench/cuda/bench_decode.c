@@ -1,6 +1,6 @@
 /* Batch-1 decode speed of the CUDA backend (a benchmark, not a test).
  *
- *   bench_decode MODEL.gguf [-n N_GEN] [-r REPS] [-d DEPTH] [-c N_CTX] [-a 0|1]
+ *   bench_decode MODEL.gguf [-n N_GEN] [-r REPS] [-d DEPTH] [-c N_CTX] [-a 0|1] [-e VARIANTS]
  *
  * Uploads the model, then per repetition: the device-resident loop (one CUDA graph replay per
  * token, greedy sampling on the GPU, nothing crossing to the host until the end) generates
@@ -11,7 +11,10 @@
  * environment says (SPARK_CUDA_FUSED; default: the per-op launches). Then the same with a
  * session of the other kind (fused step kernel <-> per-op launches), whose greedy tokens (the
  * depth fill and the timed ones) must equal the first session's; the program exits 1 when
- * they differ (-a 0 skips this second session). */
+ * they differ (-a 0 skips this second session). -e "A=1 B=2;C=3;..." times more sessions in the
+ * same process, one per ';'-separated variant with those environment variables set (restored
+ * after), each printed with its tok/s and whether its greedy tokens equal the first session's
+ * (an A/B of run-time switches without reloading the model; exit 1 when any differ). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,18 +47,69 @@ static int timed(engine_cuda_session *gs, int32_t first, int depth, int n_gen, i
     return 0;
 }
 
+/* One -e variant: set its variables, time a fresh session, restore them. 1: tokens differ, 0:
+ * identical, -1: error. */
+static int variant(engine_cuda_model *gm, const char *spec, int n_ctx, int32_t first, int depth,
+                   int n_gen, int reps, const int32_t *pre, const int32_t *ref, int32_t *out,
+                   double *tps) {
+    char buf[512], *names[16], *olds[16];
+    int nv = 0, rc = 0, differ = -1;
+    snprintf(buf, sizeof buf, "%s", spec);
+    for (char *save = NULL, *t = strtok_r(buf, " ", &save); t && nv < 16;
+         t = strtok_r(NULL, " ", &save)) {
+        char *eq = strchr(t, '=');
+        if (!eq) continue;
+        *eq = 0;
+        const char *o = getenv(t);
+        names[nv] = t;
+        olds[nv] = o ? strdup(o) : NULL;
+        setenv(t, eq + 1, 1);
+        nv++;
+    }
+    engine_cuda_session *vs = NULL;
+    double mean = 0, sd = 0;
+    if (engine_cuda_session_new(&vs, gm, n_ctx, ENGINE_KV_F16)) rc = -1;
+    if (!rc && depth > 0 && engine_cuda_generate(vs, 0, 0, depth, 0.0f, 0, out)) rc = -1;
+    for (int i = 0; !rc && i < depth && differ < 0; i++)
+        if (out[i] != pre[i]) differ = i;
+    if (!rc && timed(vs, first, depth, n_gen, reps, out, tps, &mean, &sd)) rc = -1;
+    for (int i = 0; !rc && i < n_gen && differ < 0; i++)
+        if (out[i] != ref[i]) differ = depth + i;
+    engine_cuda_session_free(vs);
+    for (int i = 0; i < nv; i++) {
+        if (olds[i])
+            setenv(names[i], olds[i], 1);
+        else
+            unsetenv(names[i]);
+        free(olds[i]);
+    }
+    if (rc) {
+        fprintf(stderr, "bench_decode: variant \"%s\": %s\n", spec, engine_error_last());
+        return -1;
+    }
+    printf("variant \"%s\": %.1f +- %.1f tok/s; greedy tokens %s", spec, mean, sd,
+           differ < 0 ? "identical" : "DIFFER");
+    if (differ >= 0) printf(" (first at position %d)", differ);
+    printf("\n");
+    return differ >= 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr,
-                "usage: %s MODEL.gguf [-n N_GEN] [-r REPS] [-d DEPTH] [-c N_CTX] [-a 0|1]\n",
+                "usage: %s MODEL.gguf [-n N_GEN] [-r REPS] [-d DEPTH] [-c N_CTX] [-a 0|1] "
+                "[-e VARIANTS]\n",
                 argv[0]);
         return 2;
     }
     const char *path = argv[1];
     int n_gen = 128, reps = 5, depth = 0, n_ctx = 0, ab = 1;
+    const char *variants = NULL;
     for (int i = 2; i + 1 < argc; i += 2) {
         int v = atoi(argv[i + 1]);
-        if (!strcmp(argv[i], "-n"))
+        if (!strcmp(argv[i], "-e"))
+            variants = argv[i + 1];
+        else if (!strcmp(argv[i], "-n"))
             n_gen = v;
         else if (!strcmp(argv[i], "-r"))
             reps = v;
@@ -117,6 +171,16 @@ int main(int argc, char **argv) {
     engine_cuda_session_free(gs2);
     gs2 = NULL;
 report:;
+    int vdiffer = 0;
+    if (variants) {
+        char vb[2048];
+        snprintf(vb, sizeof vb, "%s", variants);
+        for (char *save = NULL, *t = strtok_r(vb, ";", &save); t; t = strtok_r(NULL, ";", &save)) {
+            const int r = variant(gm, t, n_ctx, first, depth, n_gen, reps, pre, out, out2, tps);
+            if (r < 0) goto fail;
+            vdiffer |= r;
+        }
+    }
     double bw = 0;
     engine_cuda_copy_bandwidth(0, (size_t)2 << 30, 5, &bw);
     double bpt = (double)engine_cuda_model_bytes_per_token(gm);
@@ -157,7 +221,7 @@ report:;
     engine_cuda_session_free(gs);
     engine_cuda_model_free(gm);
     engine_model_free(m);
-    return differ >= 0 ? 1 : 0;
+    return differ >= 0 || vdiffer ? 1 : 0;
 fail:
     fprintf(stderr, "bench_decode: %s\n", engine_error_last());
     return 1;

@@ -62,6 +62,12 @@ struct engine_cuda_session {
     bool captured;
     int touch; /* SPARK_CUDA_TOUCH=1: weights into L1 before use (measured slower: off) */
     int fused; /* the layers as one fused step kernel (step.cuh); SPARK_CUDA_FUSED=0/1 */
+    /* Decode stage 5 (per-op launches), both measured slower on the H200 (bench/RESULTS.md),
+     * so off unless asked for: SPARK_CUDA_BPS=mv,up,dn caps the matvec (qkv, wo), up and down
+     * launches at that many blocks per multiprocessor (0: the stage-4 grids);
+     * SPARK_CUDA_DOWN_ROUTE=1: the down kernel routes before its wait (the up launch then
+     * triggers its successor late). */
+    int bps_mv, bps_up, bps_dn, down_routes;
     engine_cu_prog prog; /* the fused step's program, built at the first capture */
     uint8_t *mem;        /* one allocation: KV cache and step buffers */
     size_t bytes;
@@ -434,6 +440,11 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         s->touch = e && e[0] == '1';
         e = getenv("SPARK_CUDA_FUSED");
         s->fused = e ? e[0] == '1' : SPARK_CUDA_FUSED_DEFAULT;
+        e = getenv("SPARK_CUDA_BPS");
+        if (e && sscanf(e, "%d,%d,%d", &s->bps_mv, &s->bps_up, &s->bps_dn) != 3)
+            s->bps_mv = s->bps_up = s->bps_dn = 0;
+        e = getenv("SPARK_CUDA_DOWN_ROUTE");
+        s->down_routes = e && e[0] == '1';
     }
     s->k_cache = (void **)calloc(hp->n_layer, sizeof(void *));
     s->v_cache = (void **)calloc(hp->n_layer, sizeof(void *));
@@ -552,6 +563,7 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
     mv->m[2] = mat(&ly->wv, s->v, 0);
     mv->n_mat = 3;
     mv->touch = s->touch;
+    mv->max_bps = s->bps_mv;
     mv->cols = emb;
     mv->x = s->x;
     mv->norm_w = ly->attn_norm;
@@ -581,6 +593,7 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
     mv->m[0] = mat(&ly->wo, s->x, 1);
     mv->n_mat = 1;
     mv->touch = s->touch;
+    mv->max_bps = s->bps_mv;
     mv->cols = (int)hp->n_head * hd;
     mv->x = s->att;
 
@@ -615,6 +628,12 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
         dn->k = up->k;
         dn->ids = s->ids;
         dn->weights = s->wts;
+        if (s->down_routes) { /* routes before its wait: the up launch triggers it late */
+            up->trigger_late = 1;
+            dn->router = s->router;
+            dn->n_expert = up->n_expert;
+            dn->norm_topk = up->norm_topk;
+        }
     } else {
         up->k = 1;
         up->gate = ly->ffn_gate.d;
@@ -635,6 +654,8 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
     up->h = s->h;
     up->ids = s->ids;
     up->weights = s->wts;
+    up->max_bps = s->bps_up;
+    dn->max_bps = s->bps_dn;
     dn->cols = up->rows;
     dn->h = s->h;
     dn->y = s->x;

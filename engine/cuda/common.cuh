@@ -71,6 +71,71 @@ __device__ __forceinline__ void engine_cu_pdl_launch() {
 #endif
 }
 
+/* Loads of the decode kernels' weights (qdot.cuh), which every token reads once: a 40 MB per
+ * layer stream through the 50 MB L2. With ENGINE_CU_L2_HINT=1 they carry an L2 evict-first
+ * policy so that the stream does not push out of L2 what is reused from layer to layer and
+ * kernel to kernel (the kernels' code and parameters, activations, the KV cache); 0: plain
+ * read-only loads. Read-only data only. */
+#ifndef ENGINE_CU_L2_HINT
+#define ENGINE_CU_L2_HINT 0
+#endif
+#if ENGINE_CU_L2_HINT && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define ENGINE_CU_HINTED 1
+__device__ __forceinline__ uint64_t engine_cu_pol_stream() {
+    uint64_t p;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
+#endif
+
+__device__ __forceinline__ uint32_t engine_cu_ldw(const uint32_t *p) {
+#ifdef ENGINE_CU_HINTED
+    uint32_t v;
+    asm("ld.global.nc.L2::cache_hint.u32 %0, [%1], %2;"
+        : "=r"(v)
+        : "l"(p), "l"(engine_cu_pol_stream()));
+    return v;
+#else
+    return __ldg(p);
+#endif
+}
+
+__device__ __forceinline__ uint16_t engine_cu_ldh(const uint16_t *p) {
+#ifdef ENGINE_CU_HINTED
+    uint16_t v;
+    asm("ld.global.nc.L2::cache_hint.u16 %0, [%1], %2;"
+        : "=h"(v)
+        : "l"(p), "l"(engine_cu_pol_stream()));
+    return v;
+#else
+    return __ldg(p);
+#endif
+}
+
+__device__ __forceinline__ int engine_cu_ldsb(const int8_t *p) {
+#ifdef ENGINE_CU_HINTED
+    int v;
+    asm("ld.global.nc.L2::cache_hint.s8 %0, [%1], %2;"
+        : "=r"(v)
+        : "l"(p), "l"(engine_cu_pol_stream()));
+    return v;
+#else
+    return __ldg(p);
+#endif
+}
+
+__device__ __forceinline__ uint4 engine_cu_ldq(const uint4 *p) {
+#ifdef ENGINE_CU_HINTED
+    uint4 v;
+    asm("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p), "l"(engine_cu_pol_stream()));
+    return v;
+#else
+    return __ldg(p);
+#endif
+}
+
 /* Ask L2 for `bytes` bytes from p (its 128-byte lines spread over the lanes of a warp, which
  * all call this). */
 __device__ __forceinline__ void engine_cu_prefetch_l2(const uint8_t *p, size_t bytes) {
@@ -109,6 +174,16 @@ __device__ __forceinline__ void engine_cu_touch(const uint8_t *p, size_t bytes, 
  * alive without any instruction waiting for them before this point. */
 __device__ __forceinline__ void engine_cu_sink(uint32_t sum, float *never) {
     if (sum == 0xffffffffu) *never = 0.0f;
+}
+
+/* Multiprocessors of the current device (1 when the query fails; the error stays for the
+ * caller's cudaGetLastError). */
+static inline int engine_cu_sm_count() {
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms < 1)
+        return 1;
+    return sms;
 }
 
 /* Launch with programmatic stream serialisation (the kernel must call engine_cu_pdl_wait before

@@ -59,6 +59,12 @@ template <int MODE> static mv_plan mv_plan_mode(const engine_cu_mv *a) {
     if (a->n_mat == 1 && g1 < sms && a->cols >= 32 * 32 * 2) {
         p.r = 0;
         p.blocks = p.n_groups = rows;
+    } else if (a->max_bps > 0) {
+        /* stage 5: at most max_bps blocks per multiprocessor, looping over their groups */
+        const int cap = sms * a->max_bps;
+        p.r = g1 <= cap ? 1 : 2;
+        p.n_groups = p.r == 1 ? g1 : g2;
+        p.blocks = p.n_groups < cap ? p.n_groups : cap;
     } else if (g1 <= slots) {
         p.r = 1;
         p.blocks = p.n_groups = g1;
@@ -101,6 +107,8 @@ static void mv_split(const engine_cu_mv *a, engine_cu_mv part[3]) {
 int engine_cu_matvec_phases(const engine_cu_mv *a, engine_cu_phase out[3]) {
     engine_cu_mv part[3];
     mv_split(a, part);
+    for (int k = 0; k < 3; k++)
+        part[k].max_bps = 0; /* the fused step keeps the stage-4 plan */
     int n = 0;
     for (int mode = 0; mode < 3; mode++) {
         if (!part[mode].n_mat) continue;

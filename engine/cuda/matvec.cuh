@@ -49,6 +49,11 @@ typedef struct {
     const float *norm_w; /* device or NULL: x := rmsnorm(x) * norm_w first */
     float eps;
     int touch; /* bring each warp's first rows into L1 before the wait (else L2 only) */
+    /* Decode stage 5: > 0: at most max_bps blocks per multiprocessor, each looping over its row
+     * groups, with ALL of its rows asked of L2 before the wait (so that the next kernels' blocks
+     * stay resident beside this one and fetch their weights while it runs); 0: a block per row
+     * group (stage 4). Zero-initialised callers keep the stage-4 plan. */
+    int max_bps;
 } engine_cu_mv;
 
 /* True for the weight types the GPU kernels decode. */

@@ -49,18 +49,16 @@ __device__ __forceinline__ void mv_block(const engine_cu_mv &a, int n_groups, in
     constexpr int NR = R > 0 ? R : 1, PER = R > 0 ? ENGINE_CU_MV_WARPS * R : 1;
     __shared__ float part[ENGINE_CU_MV_WARPS];
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int first;
-    /* a block's groups all lie in one matrix: several matrices get one group per block */
-    const int mi = mv_find(a, bx, PER, &first);
-    if (mi < 0) return; /* never: the grid has at most n_groups blocks */
-    const uint8_t *mw = a.m[mi].w;
-    const size_t rb = a.m[mi].row_bytes;
-    const int rows = a.m[mi].rows, type = a.m[mi].type, accumulate = a.m[mi].accumulate;
-    float *y = a.m[mi].y;
-    uint32_t tv[NR][2]; /* touched bytes (a.touch), consumed at the end */
-    /* the first group's weights: fetched while the previous kernel finishes */
-    {
-        const int r0 = (bx - first) * PER;
+    uint32_t tv[NR][2] = {}; /* touched bytes (a.touch), consumed at the end */
+    /* the first group's weights (with max_bps: every group's, L2 only) fetched while the
+     * previous kernel finishes */
+    for (int g = bx; g < n_groups; g += gdx) {
+        int first;
+        const int mi = mv_find(a, g, PER, &first);
+        if (mi < 0) break; /* never: n_groups row groups in all */
+        const uint8_t *mw = a.m[mi].w;
+        const size_t rb = a.m[mi].row_bytes;
+        const int r0 = (g - first) * PER;
 #pragma unroll
         for (int i = 0; i < NR; i++) {
             const uint8_t *p = nullptr;
@@ -71,16 +69,20 @@ __device__ __forceinline__ void mv_block(const engine_cu_mv &a, int n_groups, in
                     p = mw + (size_t)r0 * rb + w * part_b;
                     n = min(part_b, rb - w * part_b);
                 }
-            } else if (r0 + w + 8 * i < rows) {
+            } else if (r0 + w + 8 * i < a.m[mi].rows) {
                 p = mw + (size_t)(r0 + w + 8 * i) * rb;
                 n = rb;
             }
-            tv[i][0] = tv[i][1] = 0;
-            if (p && a.touch && MODE != ENGINE_CU_X_F32) /* F32: registers are short */
-                engine_cu_touch<2>(p, n, tv[i]);
-            else if (p)
+            if (g == bx) {
+                if (p && a.touch && MODE != ENGINE_CU_X_F32) /* F32: registers are short */
+                    engine_cu_touch<2>(p, n, tv[i]);
+                else if (p)
+                    engine_cu_prefetch_l2(p, n);
+            } else if (p) {
                 engine_cu_prefetch_l2(p, n);
+            }
         }
+        if (!a.max_bps) break;
     }
     if (a.norm_w && w == ENGINE_CU_MV_WARPS - 1) /* read by every block: L2 */
         engine_cu_prefetch_l2((const uint8_t *)a.norm_w, sizeof(float) * (size_t)a.cols);
@@ -88,8 +90,15 @@ __device__ __forceinline__ void mv_block(const engine_cu_mv &a, int n_groups, in
     engine_cu_stage_x<MODE>(a.x, a.cols, a.norm_w, a.eps, sm);
     const engine_cu_xv xv = engine_cu_xv_at(sm, a.cols, MODE != ENGINE_CU_X_F32, 0);
     const int n_chunks = a.cols >> 5;
-    const int end = a.n_mat == 1 ? n_groups : bx + 1;
-    for (int g = bx; g < end; g += gdx) {
+    float *y = nullptr;
+    for (int g = bx; g < n_groups; g += gdx) {
+        int first;
+        const int mi = mv_find(a, g, PER, &first);
+        if (mi < 0) break;
+        const uint8_t *mw = a.m[mi].w;
+        const size_t rb = a.m[mi].row_bytes;
+        const int rows = a.m[mi].rows, type = a.m[mi].type, accumulate = a.m[mi].accumulate;
+        y = a.m[mi].y;
         const int r0 = (g - first) * PER + (R > 0 ? w : 0);
         float acc[NR];
         if (R > 0 && r0 >= rows) continue; /* no barrier below when R > 0 */
@@ -142,7 +151,7 @@ __device__ __forceinline__ void mv_block(const engine_cu_mv &a, int n_groups, in
 #pragma unroll
     for (int i = 0; i < NR; i++)
         sum += tv[i][0] + tv[i][1];
-    engine_cu_sink(sum, y);
+    if (y) engine_cu_sink(sum, y);
 }
 
 #endif

@@ -7,15 +7,22 @@
 template <int MODE>
 __global__ void __launch_bounds__(FFN_WARPS * 32, 3) ffn_up_kernel(engine_cu_ffn_up_args a) {
     extern __shared__ uint4 up_smem[];
-    engine_cu_pdl_launch();
-    ffn_up_block<MODE>(a, blockIdx.x, blockIdx.y, (uint8_t *)up_smem, engine_cu_pdl_sync());
+    if (!a.trigger_late) engine_cu_pdl_launch();
+    ffn_up_block<MODE>(a, blockIdx.x, gridDim.x, (uint8_t *)up_smem, engine_cu_pdl_sync());
 }
 
 template <int MODE>
 __global__ void __launch_bounds__(FFN_WARPS * 32, 3) ffn_down_kernel(engine_cu_ffn_down_args a) {
     extern __shared__ uint4 down_smem[];
     engine_cu_pdl_launch();
-    ffn_down_block<MODE>(a, blockIdx.x, (uint8_t *)down_smem, engine_cu_pdl_sync());
+    ffn_down_block<MODE>(a, blockIdx.x, gridDim.x, (uint8_t *)down_smem, engine_cu_pdl_sync());
+}
+
+/* Blocks of a launch of n work items: one per item, or at most max_bps per multiprocessor. */
+static int ffn_blocks(int n, int max_bps) {
+    if (max_bps <= 0) return n;
+    const int cap = engine_cu_sm_count() * max_bps;
+    return n < cap ? n : cap;
 }
 
 static size_t engine_cu_ffn_up_smem(int type, int cols) {
@@ -27,7 +34,8 @@ static size_t engine_cu_ffn_down_smem(int type, int k, int cols) {
 }
 
 void engine_cu_ffn_up(const engine_cu_ffn_up_args *a, cudaStream_t stream) {
-    dim3 grid((a->rows + 2 * FFN_WARPS - 1) / (2 * FFN_WARPS), a->router ? a->k : 1);
+    const int n_items = engine_cu_up_groups(a->rows) * (a->router ? a->k : 1);
+    const dim3 grid(ffn_blocks(n_items, a->max_bps));
     const int mode = engine_cu_x_mode(a->type);
     engine_cu_launch(mode == ENGINE_CU_X_Q8_K   ? ffn_up_kernel<ENGINE_CU_X_Q8_K>
                      : mode == ENGINE_CU_X_Q8_0 ? ffn_up_kernel<ENGINE_CU_X_Q8_0>
@@ -41,19 +49,21 @@ void engine_cu_ffn_down(const engine_cu_ffn_down_args *a, cudaStream_t stream) {
     engine_cu_launch(mode == ENGINE_CU_X_Q8_K   ? ffn_down_kernel<ENGINE_CU_X_Q8_K>
                      : mode == ENGINE_CU_X_Q8_0 ? ffn_down_kernel<ENGINE_CU_X_Q8_0>
                                                 : ffn_down_kernel<ENGINE_CU_X_F32>,
-                     dim3((a->rows + FFN_WARPS - 1) / FFN_WARPS), dim3(FFN_WARPS * 32),
-                     engine_cu_ffn_down_smem(a->type, a->k, a->cols), stream, *a);
+                     dim3(ffn_blocks((a->rows + FFN_WARPS - 1) / FFN_WARPS, a->max_bps)),
+                     dim3(FFN_WARPS * 32), engine_cu_ffn_down_smem(a->type, a->k, a->cols), stream,
+                     *a);
 }
 
 engine_cu_phase engine_cu_ffn_up_phase(const engine_cu_ffn_up_args *a) {
     engine_cu_phase ph;
     memset(&ph, 0, sizeof ph);
     ph.kind = ENGINE_CU_PH_UP + engine_cu_x_mode(a->type);
-    ph.gx = (a->rows + 2 * FFN_WARPS - 1) / (2 * FFN_WARPS);
+    ph.gx = engine_cu_up_groups(a->rows);
     ph.gy = a->router ? a->k : 1;
-    ph.n_blocks = ph.gx * ph.gy;
+    ph.n_blocks = ph.gx * ph.gy; /* one item per block: the fused step keeps the stage-4 plan */
     ph.smem = engine_cu_ffn_up_smem(a->type, a->cols);
     ph.u.up = *a;
+    ph.u.up.max_bps = ph.u.up.trigger_late = 0;
     return ph;
 }
 
@@ -65,5 +75,7 @@ engine_cu_phase engine_cu_ffn_down_phase(const engine_cu_ffn_down_args *a) {
     ph.gy = 1;
     ph.smem = engine_cu_ffn_down_smem(a->type, a->k, a->cols);
     ph.u.dn = *a;
+    ph.u.dn.max_bps = 0;
+    ph.u.dn.router = nullptr; /* the fused step waits for the routing flag instead */
     return ph;
 }

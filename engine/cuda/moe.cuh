@@ -33,6 +33,12 @@ typedef struct {
     float *h;       /* [k][rows] */
     int32_t *ids;   /* [k] written by the first block (MoE) */
     float *weights; /* [k] */
+    /* Decode stage 5 (zero: the stage-4 launch). max_bps > 0: at most max_bps blocks per
+     * multiprocessor, each looping over its (row group, expert) items, all of their rows asked
+     * of L2 once routed. trigger_late: the next kernel is launched only once this one has
+     * waited for its inputs (the router's logits are then complete, so a down kernel with
+     * `router` set can route before its own wait). */
+    int max_bps, trigger_late;
 } engine_cu_ffn_up_args;
 
 typedef struct {
@@ -46,6 +52,18 @@ typedef struct {
     const float *weights;
     float *y;  /* [rows], accumulated into */
     int touch; /* bring the warp's rows of the k experts into L1 first (else L2 only) */
+    /* Decode stage 5 (zero: the stage-4 launch). max_bps > 0: at most max_bps blocks per
+     * multiprocessor, each looping over its row groups, every expert row asked of L2 before the
+     * wait. router != NULL (only after an up launch with trigger_late): each block routes from
+     * these logits itself (n_expert, norm_topk; ids and weights then unused) BEFORE its wait,
+     * so that it fetches its experts' rows while the up kernel runs. sh_logit != NULL: slot
+     * k - 1 is a shared expert of id sh_id and weight sigmoid(*sh_logit) (qwen35moe; its
+     * ids / weights entries are not read). */
+    int max_bps;
+    const float *router;
+    int n_expert, norm_topk;
+    const float *sh_logit;
+    int sh_id;
 } engine_cu_ffn_down_args;
 
 void engine_cu_ffn_up(const engine_cu_ffn_up_args *a, cudaStream_t stream);

@@ -15,15 +15,15 @@
 
 /* Softmax + top-k of the router logits by one warp; results in ids[k], wts[k] (shared). Each
  * lane keeps its experts' probabilities in registers; a chosen one is struck out (-1). */
-static __device__ void route(const float *logits, int n, int k, int norm_topk, int *ids,
-                             float *wts) {
+static __device__ void route(const float *logits, int n, int k, int norm_topk, int *ids, float *wts,
+                             bool cg = false) {
     const int lane = threadIdx.x & 31;
     float p[ENGINE_CU_MAX_EXPERT / 32];
     float mx = -INFINITY;
 #pragma unroll
     for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++) {
         const int e = lane + 32 * i;
-        p[i] = e < n ? logits[e] : -INFINITY;
+        p[i] = e < n ? (cg ? __ldcg(logits + e) : logits[e]) : -INFINITY;
         mx = fmaxf(mx, p[i]);
     }
     mx = engine_cu_warp_max(mx);
@@ -90,70 +90,88 @@ __device__ __forceinline__ void up_rows(const uint8_t *g, const uint8_t *u, size
     h[1] = gs / (1.0f + expf(-gs)) * us;
 }
 
-/* Grid (row groups of 2 * FFN_WARPS, expert slots): warp w computes rows w and w + FFN_WARPS
- * of its group. With a router, warp 0 routes while the other warps stage x. */
+/* Row groups of 2 * FFN_WARPS rows of the up products. */
+__host__ __device__ __forceinline__ int engine_cu_up_groups(int rows) {
+    return (rows + 2 * FFN_WARPS - 1) / (2 * FFN_WARPS);
+}
+
+/* Items (row group g, expert slot j), item j * groups + g; block b of gdx takes items b,
+ * b + gdx, ...: warp w computes rows w and w + FFN_WARPS of each item's group. With a router,
+ * warp 0 routes while the other warps stage x. */
 template <int MODE, typename S>
-__device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int bx, int j,
+__device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int b, int gdx,
                                              uint8_t *sm, const S &sync) {
     __shared__ int ids[ENGINE_CU_MAX_EXPERT_USED];
     __shared__ float wts[ENGINE_CU_MAX_EXPERT_USED];
     const int w = threadIdx.x >> 5;
-    const int r0 = bx * 2 * FFN_WARPS, nr = min(2 * FFN_WARPS, a.rows - r0);
-    /* the block's gate and up rows are two contiguous runs of an expert: asked of L2 as soon
+    const int gx = engine_cu_up_groups(a.rows), n_items = gx * (a.router ? a.k : 1);
+    /* the item's gate and up rows are two contiguous runs of an expert: asked of L2 as soon
      * as the expert is known (dense: before the wait; MoE: by the routing warp once it has
-     * routed, while the other warps still stage x) */
+     * routed, while the other warps still stage x); with max_bps every item's, else the
+     * first's (the block has one) */
     if (a.norm_w && w == FFN_WARPS - 1)
         engine_cu_prefetch_l2((const uint8_t *)a.norm_w, sizeof(float) * (size_t)a.cols);
-    if (!a.router && w == 0) {
-        engine_cu_prefetch_l2(a.gate + (size_t)r0 * a.row_bytes, (size_t)nr * a.row_bytes);
-        engine_cu_prefetch_l2(a.up + (size_t)r0 * a.row_bytes, (size_t)nr * a.row_bytes);
-    }
+    if (!a.router && w == 0)
+        for (int it = b; it < n_items; it += gdx) {
+            const int r0 = it * 2 * FFN_WARPS, nr = min(2 * FFN_WARPS, a.rows - r0);
+            engine_cu_prefetch_l2(a.gate + (size_t)r0 * a.row_bytes, (size_t)nr * a.row_bytes);
+            engine_cu_prefetch_l2(a.up + (size_t)r0 * a.row_bytes, (size_t)nr * a.row_bytes);
+            if (!a.max_bps) break;
+        }
     sync.wait();
+    if (a.trigger_late) engine_cu_pdl_launch(); /* the router's logits are complete */
     if (a.router) {
         if (w == 0) {
             route(a.router, a.n_expert, a.k, a.norm_topk, ids, wts);
-            const size_t off = (size_t)ids[j] * a.expert_bytes + (size_t)r0 * a.row_bytes;
-            engine_cu_prefetch_l2(a.gate + off, (size_t)nr * a.row_bytes);
-            engine_cu_prefetch_l2(a.up + off, (size_t)nr * a.row_bytes);
+            for (int it = b; it < n_items; it += gdx) {
+                const int j = it / gx, r0 = (it - j * gx) * 2 * FFN_WARPS;
+                const int nr = min(2 * FFN_WARPS, a.rows - r0);
+                const size_t off = (size_t)ids[j] * a.expert_bytes + (size_t)r0 * a.row_bytes;
+                engine_cu_prefetch_l2(a.gate + off, (size_t)nr * a.row_bytes);
+                engine_cu_prefetch_l2(a.up + off, (size_t)nr * a.row_bytes);
+                if (!a.max_bps) break;
+            }
         }
     } else if (threadIdx.x == 0) {
         ids[0] = 0;
     }
     engine_cu_stage_x<MODE>(a.x, a.cols, a.norm_w, a.eps, sm, a.router ? 1 : 0);
-    if (a.router && bx == 0 && j == 0 && w == 0) {
+    if (a.router && b == 0 && w == 0) { /* the block of item 0 */
         if (threadIdx.x < a.k) {
             a.ids[threadIdx.x] = ids[threadIdx.x];
             a.weights[threadIdx.x] = wts[threadIdx.x];
         }
         sync.ids_written();
     }
-    const int r = r0 + w;
-    if (r >= a.rows) return;
-    const int e = ids[j];
-    const size_t off = (size_t)e * a.expert_bytes + (size_t)r * a.row_bytes;
-    const uint8_t *gr = a.gate + off, *ur = a.up + off;
-    const bool two = r + FFN_WARPS < a.rows;
-    const size_t stride = two ? (size_t)FFN_WARPS * a.row_bytes : 0;
     const engine_cu_xv xv = engine_cu_xv_at(sm, a.cols, MODE != ENGINE_CU_X_F32, 0);
-    float hv[2] = {0.0f, 0.0f};
-    switch (a.type) { /* gate and up share a type (checked at upload) */
+    for (int it = b; it < n_items; it += gdx) {
+        const int j = it / gx, r = (it - j * gx) * 2 * FFN_WARPS + w;
+        if (r >= a.rows) continue;
+        const int e = ids[j];
+        const size_t off = (size_t)e * a.expert_bytes + (size_t)r * a.row_bytes;
+        const uint8_t *gr = a.gate + off, *ur = a.up + off;
+        const bool two = r + FFN_WARPS < a.rows;
+        const size_t stride = two ? (size_t)FFN_WARPS * a.row_bytes : 0;
+        float hv[2] = {0.0f, 0.0f};
+        switch (a.type) { /* gate and up share a type (checked at upload) */
 #define UP_CASE(T)                                                                                 \
     case T:                                                                                        \
         if (MODE == engine_cu_x_mode(T)) up_rows<T>(gr, ur, stride, a.cols >> 5, xv, hv);          \
         break;
-        ENGINE_CU_QUANT_CASES(UP_CASE)
+            ENGINE_CU_QUANT_CASES(UP_CASE)
 #undef UP_CASE
 #define UP_CASE(T)                                                                                 \
     case T:                                                                                        \
         if (MODE == ENGINE_CU_X_F32) up_rows<T>(gr, ur, stride, a.cols >> 5, xv, hv);              \
         break;
-        ENGINE_CU_FLOAT_CASES(UP_CASE)
+            ENGINE_CU_FLOAT_CASES(UP_CASE)
 #undef UP_CASE
-    }
-    if ((threadIdx.x & 31) == 0) {
-        float *h = a.h + (size_t)j * a.rows;
-        h[r] = hv[0];
-        if (two) h[r + FFN_WARPS] = hv[1];
+        }
+        if ((threadIdx.x & 31) == 0) {
+            float *h = a.h + (size_t)j * a.rows;
+            h[r] = hv[0];
+            if (two) h[r + FFN_WARPS] = hv[1];
+        }
     }
 }
 
@@ -174,59 +192,78 @@ __device__ __forceinline__ float down_row(const engine_cu_ffn_down_args &a, int 
     return engine_cu_warp_sum(tot);
 }
 
+/* Row groups of FFN_WARPS rows of the down products: block b of gdx takes groups b, b + gdx,
+ * ...; warp w computes row w of each. */
 template <int MODE, typename S>
-__device__ __forceinline__ void ffn_down_block(const engine_cu_ffn_down_args &a, int bx,
+__device__ __forceinline__ void ffn_down_block(const engine_cu_ffn_down_args &a, int b, int gdx,
                                                uint8_t *sm, const S &sync) {
     __shared__ int ids[ENGINE_CU_MAX_EXPERT_USED];
     __shared__ float wts[ENGINE_CU_MAX_EXPERT_USED];
-    sync.wait_ids();
-    if (threadIdx.x < a.k) {
-        ids[threadIdx.x] = a.ids ? a.ids[threadIdx.x] : 0;
-        wts[threadIdx.x] = a.ids ? a.weights[threadIdx.x] : 1.0f;
-    }
-    __syncthreads();
-    const int r = bx * FFN_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    uint32_t tv0 = 0, tv1 = 0; /* touched bytes, consumed at the end */
-    if (r < a.rows && a.touch && MODE != ENGINE_CU_X_F32) {
-        /* the warp's k rows into L1 while the block stages h: lane items (expert j, line),
-         * each row's lines counted with one to spare for a misaligned start, the last clamped
-         * to the row's last byte; items past 64 only to L2 */
-        const int lpr = (int)((a.row_bytes + 127) / 128) + 1, n_it = a.k * lpr;
-        for (int it = lane, i = 0; it < n_it; it += 32, i++) {
-            const int j = it / lpr, ln = it - j * lpr;
-            const uint8_t *p = a.down + (size_t)ids[j] * a.expert_bytes + (size_t)r * a.row_bytes +
-                               min((size_t)ln * 128, a.row_bytes - 1);
-            if (i == 0)
-                asm volatile("ld.global.nc.u8 %0, [%1];" : "=r"(tv0) : "l"(p));
-            else if (i == 1)
-                asm volatile("ld.global.nc.u8 %0, [%1];" : "=r"(tv1) : "l"(p));
-            else
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int n_groups = (a.rows + FFN_WARPS - 1) / FFN_WARPS;
+    const int ks = a.sh_logit ? a.k - 1 : a.k; /* slots routed or read */
+    if (a.router) { /* the logits are complete (the up launch triggered late): route now */
+        if (w == 0) route(a.router, a.n_expert, ks, a.norm_topk, ids, wts, true);
+    } else {
+        sync.wait_ids();
+        if ((int)threadIdx.x < ks) {
+            ids[threadIdx.x] = a.ids ? a.ids[threadIdx.x] : 0;
+            wts[threadIdx.x] = a.ids ? a.weights[threadIdx.x] : 1.0f;
         }
-    } else if (r < a.rows) {
-        for (int j = 0; j < a.k; j++)
-            engine_cu_prefetch_l2(
-                a.down + (size_t)ids[j] * a.expert_bytes + (size_t)r * a.row_bytes, a.row_bytes);
+    }
+    if (a.sh_logit && threadIdx.x == 0) ids[a.k - 1] = a.sh_id;
+    __syncthreads();
+    uint32_t tv0 = 0, tv1 = 0; /* touched bytes, consumed at the end */
+    for (int g = b; g < n_groups; g += gdx) {
+        const int r = g * FFN_WARPS + w;
+        if (r >= a.rows) {
+        } else if (g == b && a.touch && MODE != ENGINE_CU_X_F32) {
+            /* the warp's k rows into L1 while the block stages h: lane items (expert j, line),
+             * each row's lines counted with one to spare for a misaligned start, the last
+             * clamped to the row's last byte; items past 64 only to L2 */
+            const int lpr = (int)((a.row_bytes + 127) / 128) + 1, n_it = a.k * lpr;
+            for (int it = lane, i = 0; it < n_it; it += 32, i++) {
+                const int j = it / lpr, ln = it - j * lpr;
+                const uint8_t *p = a.down + (size_t)ids[j] * a.expert_bytes +
+                                   (size_t)r * a.row_bytes + min((size_t)ln * 128, a.row_bytes - 1);
+                if (i == 0)
+                    asm volatile("ld.global.nc.u8 %0, [%1];" : "=r"(tv0) : "l"(p));
+                else if (i == 1)
+                    asm volatile("ld.global.nc.u8 %0, [%1];" : "=r"(tv1) : "l"(p));
+                else
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+            }
+        } else {
+            for (int j = 0; j < a.k; j++)
+                engine_cu_prefetch_l2(a.down + (size_t)ids[j] * a.expert_bytes +
+                                          (size_t)r * a.row_bytes,
+                                      a.row_bytes);
+        }
+        if (!a.max_bps) break;
     }
     sync.wait(); /* h complete */
-    engine_cu_stage_x<MODE>(a.h, a.k * a.cols, nullptr, 0.0f, sm);
-    if (r >= a.rows) return;
-    float s = 0.0f;
-    switch (a.type) {
+    if (a.sh_logit && threadIdx.x == 0) wts[a.k - 1] = 1.0f / (1.0f + expf(-*a.sh_logit));
+    engine_cu_stage_x<MODE>(a.h, a.k * a.cols, nullptr, 0.0f, sm); /* ends with a barrier */
+    for (int g = b; g < n_groups; g += gdx) {
+        const int r = g * FFN_WARPS + w;
+        if (r >= a.rows) continue;
+        float s = 0.0f;
+        switch (a.type) {
 #define DOWN_CASE(T)                                                                               \
     case T:                                                                                        \
         if (MODE == engine_cu_x_mode(T)) s = down_row<T>(a, r, ids, wts, sm, true);                \
         break;
-        ENGINE_CU_QUANT_CASES(DOWN_CASE)
+            ENGINE_CU_QUANT_CASES(DOWN_CASE)
 #undef DOWN_CASE
 #define DOWN_CASE(T)                                                                               \
     case T:                                                                                        \
         if (MODE == ENGINE_CU_X_F32) s = down_row<T>(a, r, ids, wts, sm, false);                   \
         break;
-        ENGINE_CU_FLOAT_CASES(DOWN_CASE)
+            ENGINE_CU_FLOAT_CASES(DOWN_CASE)
 #undef DOWN_CASE
+        }
+        if (lane == 0) a.y[r] += s;
     }
-    if (lane == 0) a.y[r] += s;
     engine_cu_sink(tv0 + tv1, a.y);
 }
 

@@ -53,6 +53,15 @@ struct dev_arena {
     }
 };
 
+/* SPARK_CUDA_OP_BPS=N (N > 0): the matvec and MoE ops run the decode stage-5 launches (at most
+ * N blocks per multiprocessor looping over their work; the down kernel routing before its
+ * wait after an up launch that triggers late), as sessions do; else the stage-4 grids. */
+int op_bps() {
+    const char *e = getenv("SPARK_CUDA_OP_BPS");
+    const int n = e ? atoi(e) : 0;
+    return n > 0 ? n : 0;
+}
+
 } // namespace
 
 extern "C" int engine_cuda_op_matvec(engine_type type, const void *w, int64_t rows, int64_t cols,
@@ -74,6 +83,7 @@ extern "C" int engine_cuda_op_matvec(engine_type type, const void *w, int64_t ro
     mv.m[0] = {dw, row_bytes, (int)type, (int)rows, dy, accumulate};
     mv.n_mat = 1;
     mv.touch = 1;
+    mv.max_bps = op_bps();
     mv.cols = (int)cols;
     mv.x = dx;
     mv.norm_w = dn;
@@ -187,9 +197,27 @@ extern "C" int engine_cuda_op_moe(engine_type type, int n_expert, int k, bool no
     u.h = dh;
     u.ids = di;
     u.weights = dw;
+    engine_cu_ffn_down_args d;
+    memset(&d, 0, sizeof d);
+    d.down = dd;
+    d.expert_bytes = de;
+    d.row_bytes = row_bytes_ff;
+    d.type = (int)type;
+    d.cols = n_ff;
+    d.rows = n_embd;
+    d.k = k;
+    d.h = dh;
+    d.ids = di;
+    d.weights = dw;
+    d.y = dx;
+    d.touch = 1;
+    if ((u.max_bps = d.max_bps = op_bps())) {
+        u.trigger_late = 1;
+        d.router = dr;
+        d.n_expert = n_expert;
+        d.norm_topk = norm_topk;
+    }
     engine_cu_ffn_up(&u, 0);
-    engine_cu_ffn_down_args d = {dd, de, row_bytes_ff, (int)type, n_ff, n_embd,
-                                 k,  dh, di,           dw,        dx,   1};
     engine_cu_ffn_down(&d, 0);
     if ((rc = a.get(x, dx, sizeof(float) * n_embd))) return rc;
     if ((rc = a.get(ids, di, sizeof(int32_t) * k))) return rc;

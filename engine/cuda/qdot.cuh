@@ -172,16 +172,20 @@ __device__ __forceinline__ void engine_cu_stage_x(const float *x, int n, const f
 }
 
 /* 4 * N bytes from a 2-byte-aligned address as N words (aligned word loads and funnel
- * shifts; the last piece of a misaligned run is a 2-byte load: no byte past the 4 * N). */
-template <int N> __device__ __forceinline__ void engine_cu_ldw_a2(const uint8_t *p, uint32_t w[N]) {
+ * shifts; the last piece of a misaligned run is a 2-byte load: no byte past the 4 * N).
+ * W: decode weights (common.cuh's engine_cu_ldw: the L2 streaming policy). */
+template <int N, bool W = false>
+__device__ __forceinline__ void engine_cu_ldw_a2(const uint8_t *p, uint32_t w[N]) {
     const uintptr_t a = (uintptr_t)p;
     const uint32_t *b = (const uint32_t *)(a & ~(uintptr_t)3);
     const int sh = (int)(a & 3) * 8;
     uint32_t u[N + 1];
 #pragma unroll
     for (int i = 0; i < N; i++)
-        u[i] = __ldg(b + i);
-    u[N] = sh ? (uint32_t)__ldg((const uint16_t *)(b + N)) : 0u;
+        u[i] = W ? engine_cu_ldw(b + i) : __ldg(b + i);
+    u[N] = sh ? (uint32_t)(W ? engine_cu_ldh((const uint16_t *)(b + N))
+                             : __ldg((const uint16_t *)(b + N)))
+              : 0u;
 #pragma unroll
     for (int i = 0; i < N; i++)
         w[i] = __funnelshift_r(u[i], u[i + 1], sh);
@@ -192,6 +196,15 @@ __device__ __forceinline__ int engine_cu_dp4a4(const uint32_t w[4], int4 x, int 
     acc = __dp4a((int)w[1], x.y, acc);
     acc = __dp4a((int)w[2], x.z, acc);
     return __dp4a((int)w[3], x.w, acc);
+}
+
+/* 16 weight bytes from a 16-byte-aligned address (the L2 streaming policy). */
+__device__ __forceinline__ void qd_load16(const uint8_t *p, uint32_t w[4]) {
+    const uint4 v = engine_cu_ldq((const uint4 *)p);
+    w[0] = v.x;
+    w[1] = v.y;
+    w[2] = v.z;
+    w[3] = v.w;
 }
 
 /* Chunk c of a quantised row against the staged int8 vector (the row's column 0 at xv). */
@@ -207,13 +220,14 @@ __device__ __forceinline__ float engine_cu_qdot_chunk(const uint8_t *row, int c,
         const bool q5 = T == ENGINE_TYPE_Q5_K;
         const uint8_t *b = row + (size_t)(c >> 3) * (q5 ? 176 : 144);
         const int q = c & 7, j = q >> 1, half = q & 1;
-        const uint32_t dd = __ldg((const uint32_t *)b);
+        const uint32_t dd = engine_cu_ldw((const uint32_t *)b);
         const float d = engine_cu_h2f((uint16_t)(dd & 0xffffu)),
                     dmin = engine_cu_h2f((uint16_t)(dd >> 16));
-        const uint32_t w0 = __ldg((const uint32_t *)(b + 4)), w1 = __ldg((const uint32_t *)(b + 8)),
-                       w2 = __ldg((const uint32_t *)(b + 12));
+        const uint32_t w0 = engine_cu_ldw((const uint32_t *)(b + 4)),
+                       w1 = engine_cu_ldw((const uint32_t *)(b + 8)),
+                       w2 = engine_cu_ldw((const uint32_t *)(b + 12));
         uint32_t qs[4];
-        engine_cu_load16_a16(b + (q5 ? 48 : 16) + 32 * j + 16 * half, qs);
+        qd_load16(b + (q5 ? 48 : 16) + 32 * j + 16 * half, qs);
         int sc, m;
         engine_cu_scale_min_k4w(2 * j, w0, w1, w2, &sc, &m);
         const float d1 = d * (float)sc, m1 = dmin * (float)m;
@@ -226,7 +240,7 @@ __device__ __forceinline__ float engine_cu_qdot_chunk(const uint8_t *row, int c,
         }
         if (q5) {
             uint32_t qh[4];
-            engine_cu_load16_a16(b + 16 + 16 * half, qh);
+            qd_load16(b + 16 + 16 * half, qh);
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 lo[i] |= ((qh[i] >> (2 * j)) & 0x01010101u) << 4;
@@ -238,12 +252,13 @@ __device__ __forceinline__ float engine_cu_qdot_chunk(const uint8_t *row, int c,
     } else if (T == ENGINE_TYPE_Q6_K) {
         const uint8_t *b = row + (size_t)(c >> 3) * 210;
         const int q = c & 7, hh = q >> 2, r = q & 3, w = r >> 1, l0 = 16 * (r & 1);
-        const float d = engine_cu_h2f(__ldg((const uint16_t *)(b + 208)));
+        const float d = engine_cu_h2f(engine_cu_ldh((const uint16_t *)(b + 208)));
         uint32_t ql[4], qh[4];
-        engine_cu_ldw_a2<4>(b + 64 * hh + 32 * w + l0, ql);
-        engine_cu_ldw_a2<4>(b + 128 + 32 * hh + l0, qh);
+        engine_cu_ldw_a2<4, true>(b + 64 * hh + 32 * w + l0, ql);
+        engine_cu_ldw_a2<4, true>(b + 128 + 32 * hh + l0, qh);
         const int8_t *scp = (const int8_t *)(b + 192 + 8 * hh + (l0 >> 4));
-        const float d1 = d * (float)__ldg(scp + 2 * w), d2 = d * (float)__ldg(scp + 4 + 2 * w);
+        const float d1 = d * (float)engine_cu_ldsb(scp + 2 * w),
+                    d2 = d * (float)engine_cu_ldsb(scp + 4 + 2 * w);
         const int s1 = 2 * w, s2 = 4 + 2 * w;
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -255,16 +270,16 @@ __device__ __forceinline__ float engine_cu_qdot_chunk(const uint8_t *row, int c,
         return d1 * (da * (float)ia - 32.0f * sa) + d2 * (db * (float)ib - 32.0f * sb);
     } else if (T == ENGINE_TYPE_Q8_0) {
         const uint8_t *b = row + (size_t)c * 34;
-        const float d = engine_cu_h2f(__ldg((const uint16_t *)b));
+        const float d = engine_cu_h2f(engine_cu_ldh((const uint16_t *)b));
         uint32_t v[8];
-        engine_cu_ldw_a2<8>(b + 2, v);
+        engine_cu_ldw_a2<8, true>(b + 2, v);
         const int ia = engine_cu_dp4a4(v, xa, 0), ib = engine_cu_dp4a4(v + 4, xb, 0);
         return d * (da * (float)(ia + ib)); /* da == db: one block of 32 */
     } else {                                /* Q4_0 */
         const uint8_t *b = row + (size_t)c * 18;
-        const float d = engine_cu_h2f(__ldg((const uint16_t *)b));
+        const float d = engine_cu_h2f(engine_cu_ldh((const uint16_t *)b));
         uint32_t v[4];
-        engine_cu_ldw_a2<4>(b + 2, v);
+        engine_cu_ldw_a2<4, true>(b + 2, v);
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             lo[i] = v[i] & 0x0F0F0F0Fu;

@@ -23,13 +23,13 @@ __device__ __noinline__ void step_mv(const engine_cu_phase &P, int b, uint8_t *s
 template <int MODE>
 __device__ __noinline__ void step_up(const engine_cu_phase &P, int b, uint8_t *sm,
                                      const engine_cu_dep_sync &sy) {
-    ffn_up_block<MODE>(P.u.up, b % P.gx, b / P.gx, sm, sy);
+    ffn_up_block<MODE>(P.u.up, b, P.n_blocks, sm, sy);
 }
 
 template <int MODE>
 __device__ __noinline__ void step_down(const engine_cu_phase &P, int b, uint8_t *sm,
                                        const engine_cu_dep_sync &sy) {
-    ffn_down_block<MODE>(P.u.dn, b, sm, sy);
+    ffn_down_block<MODE>(P.u.dn, b, P.n_blocks, sm, sy);
 }
 
 template <int HD>

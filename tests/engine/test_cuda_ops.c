@@ -420,6 +420,13 @@ int main(void) {
     test_attention();
     test_moe();
     test_sample();
+    /* the decode stage-5 launches of sessions: few blocks looping over their rows, the MoE
+     * down kernel routing before its wait (engine/cuda/moe.cuh) */
+    printf("with SPARK_CUDA_OP_BPS=1:\n");
+    setenv("SPARK_CUDA_OP_BPS", "1", 1);
+    test_matvec();
+    test_moe();
+    unsetenv("SPARK_CUDA_OP_BPS");
     return support_finish("test_cuda_ops");
 }
 #endif
