@@ -294,6 +294,34 @@ size_t engine_cuda_batch_bytes(const engine_cuda_model *cm, int32_t n_blocks, in
 int engine_cuda_batch_run(engine_cuda_batch *b, const engine_cuda_batch_seq *seqs,
                           int32_t n_seqs);
 
+/* ---------------------------------------------------------------------------------------------
+ * Prefill of qwen35moe on the GPU (engine/cuda/q35_prefill.cu, deltanet_chunk.cu): a prompt's
+ * tokens in chunks of up to max_tokens, each block over the whole chunk (tensor-core GEMMs of
+ * every projection and of the grouped experts, the chunked delta rule, causal attention), the
+ * conv ring, recurrent state, KV rows and snapshots left as decode steps would leave them (the
+ * delta rule's summation order differs: within ~1e-5 of the recurrent form, not bit for bit).
+ * ------------------------------------------------------------------------------------------- */
+typedef struct engine_cuda_q35_prefill engine_cuda_q35_prefill;
+
+/* Buffers for chunks of up to max_tokens (1 .. the session's context) over session s (borrowed,
+ * must outlive the result), checked against the free device memory. *out stays NULL (and 0 is
+ * returned) when SPARK_CUDA_Q35_PREFILL=0 is set or a shape has no prefill kernel (a weight
+ * type without a GEMM, DeltaNet heads beyond 256): prompts then go through the decode step. */
+int engine_cuda_q35_prefill_new(engine_cuda_q35_prefill **out, engine_cuda_q35_session *s,
+                                int32_t max_tokens);
+void engine_cuda_q35_prefill_free(engine_cuda_q35_prefill *p);
+
+/* Run tokens[0..n) at positions pos .. pos + n - 1 (positions before pos hold the earlier
+ * tokens; pos 0 starts the recurrent state over); logits_last: NULL or n_vocab floats (host)
+ * for the last token's next-token logits. Synchronous. */
+int engine_cuda_q35_prefill_run(engine_cuda_q35_prefill *p, const int32_t *tokens, int32_t n,
+                                int32_t pos, float *logits_last);
+
+/* Test op: the session's conv rings (ring_n floats: [n_lin][C][K]) and recurrent states
+ * (state_n: [n_lin][nv][dk][dv]) copied to the host; NULL buffers: only the counts. */
+int engine_cuda_q35_state_get(engine_cuda_q35_session *s, float *ring, size_t *ring_n,
+                              float *state, size_t *state_n);
+
 #ifdef __cplusplus
 }
 #endif

@@ -25,6 +25,7 @@
 #include "deltanet.cuh"
 #include "matvec.cuh"
 #include "moe.cuh"
+#include "q35_prefill.cuh"
 #include "qdot.cuh"
 #include "qwen35_attn.cuh"
 #include "sample.cuh"
@@ -623,6 +624,81 @@ extern "C" void engine_cuda_q35_session_free(engine_cuda_q35_session *s) {
     free(s->k_cache);
     free(s->v_cache);
     free(s);
+}
+
+/* The prefill pass's views of a session and its model's blocks (q35_prefill.cuh). */
+static engine_cuda_wview q35_wview(const q35_w *w, int n_mat) {
+    engine_cuda_wview v = {w->d, w->type, w->cols, w->rows, n_mat, w->row_bytes};
+    return v;
+}
+
+extern "C" void engine_cuda_q35_view_get(engine_cuda_q35_session *s, engine_cu_q35_view *v) {
+    const engine_cuda_q35_model *cm = s->cm;
+    memset(v, 0, sizeof *v);
+    v->m = cm->m;
+    v->device = cm->device;
+    v->stream = s->stream;
+    v->n_ctx = s->n_ctx;
+    v->kv_f32 = s->kv == ENGINE_KV_F32;
+    v->v_tiled = cm->v_tiled;
+    v->n_lin = cm->n_lin;
+    v->n_attn = cm->n_attn;
+    v->k_cache = s->k_cache;
+    v->v_cache = s->v_cache;
+    v->ring = s->ring;
+    v->state = s->state;
+    v->snap = s->snap;
+    v->ring_per = s->ring_per;
+    v->state_per = s->state_per;
+    v->snap_stride = s->snap_stride;
+    v->snap_pos = s->snap_pos;
+    v->rope = s->rope;
+    v->tok_embd = q35_wview(&cm->tok_embd, 1);
+    v->output = q35_wview(&cm->output, 1);
+    v->output_norm = cm->output_norm;
+}
+
+extern "C" void engine_cuda_q35_layer_get(engine_cuda_q35_session *s, int l,
+                                          engine_cu_q35_layer *o) {
+    const engine_cuda_q35_model *cm = s->cm;
+    const q35_cl *c = &cm->layers[l];
+    const int X = cm->d.X;
+    memset(o, 0, sizeof *o);
+    o->attn = c->attn;
+    o->slot = c->slot;
+    o->attn_norm = c->attn_norm;
+    o->post_norm = c->post_norm;
+    o->q_norm = c->q_norm;
+    o->k_norm = c->k_norm;
+    o->conv = c->conv;
+    o->dt_bias = c->dt_bias;
+    o->a = c->a;
+    o->ssm_norm = c->ssm_norm;
+    o->shg = (const float *)c->shg.d;
+    if (c->attn) {
+        o->wq = q35_wview(&c->wq, 1);
+        o->wk = q35_wview(&c->wk, 1);
+        o->wv = q35_wview(&c->wv, 1);
+        o->wo = q35_wview(&c->wo, 1);
+    } else {
+        o->wqkv = q35_wview(&c->wqkv, 1);
+        o->wz = q35_wview(&c->wz, 1);
+        o->wbeta = q35_wview(&c->wba, 1);
+        if (!c->ba_fused) o->walpha = q35_wview(&c->walpha, 1);
+        o->wout = q35_wview(&c->wout, 1);
+    }
+    o->router = q35_wview(&c->router, 1);
+    o->gate_exps = q35_wview(&c->gate_exps, X);
+    o->up_exps = q35_wview(&c->up_exps, X);
+    o->down_exps = q35_wview(&c->down_exps, X);
+    o->gate_sh = q35_wview(&c->gate_sh, 1);
+    o->up_sh = q35_wview(&c->up_sh, 1);
+    if (c->down_merged) { /* expert X of the routed stack */
+        o->down_sh = q35_wview(&c->down_exps, 1);
+        o->down_sh.d = c->down_exps.d + (size_t)X * q35_mat_bytes(&c->down_exps);
+    } else {
+        o->down_sh = q35_wview(&c->down_sh, 1);
+    }
 }
 
 static engine_cu_mat q35_mat(const q35_w *w, float *y, int accumulate) {

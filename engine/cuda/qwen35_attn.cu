@@ -68,8 +68,10 @@ __device__ __forceinline__ void gatt_norm_rope(const float *src, const float *w,
 template <int G, int HD>
 __global__ void __launch_bounds__(GATT_THREADS) gatt_kernel(engine_cu_gatt a) {
     constexpr int PG = GATT_THREADS / HD; /* position groups of the V sums */
+    constexpr int EPT = (G * HD + GATT_THREADS - 1) / GATT_THREADS; /* merged elements/thread */
     extern __shared__ float ga_smem[];
-    __shared__ float ml[G][2];
+    __shared__ float ml[G][2], rml[G][2]; /* the split's, the runner's running (max, sum) */
+    __shared__ float wr[G][ENGINE_CU_GATT_RUNNERS]; /* the final merge's runner weights */
     __shared__ int last;
     const int g = blockIdx.x, tid = threadIdx.x, lane = tid & 31, wi = tid >> 5;
     float *qs = ga_smem;           /* [G][HD] */
@@ -107,6 +109,15 @@ __global__ void __launch_bounds__(GATT_THREADS) gatt_kernel(engine_cu_gatt a) {
     __syncthreads();
     const float scale = 1.0f / sqrtf((float)HD);
     const int pg = tid / HD, d = tid - pg * HD;
+    /* this runner's running merge of its splits: elements tid + j * GATT_THREADS of [G][HD] */
+    float run[EPT];
+#pragma unroll
+    for (int j = 0; j < EPT; j++)
+        run[j] = 0.0f;
+    if (tid < G) {
+        rml[tid][0] = -INFINITY;
+        rml[tid][1] = 0.0f;
+    }
     for (int s = blockIdx.y; s < nsplit; s += nact) {
         const int p0 = s * SPL, np = min(SPL, n - p0);
         /* scores: a warp per position */
@@ -158,43 +169,76 @@ __global__ void __launch_bounds__(GATT_THREADS) gatt_kernel(engine_cu_gatt a) {
         for (int h = 0; h < G; h++)
             red[((size_t)pg * G + h) * HD + d] = acc[h];
         __syncthreads();
-        for (int i = tid; i < G * HD; i += GATT_THREADS) {
-            const int h = i / HD, dd = i - h * HD;
-            float sum = 0.0f;
+        /* into the running merge (rescaled to the new running max) */
 #pragma unroll
-            for (int k = 0; k < PG; k++)
-                sum += red[((size_t)k * G + h) * HD + dd];
-            float *pp = a.partial + ((size_t)(g * G + h) * max_splits + s) * (HD + 2);
-            pp[dd] = sum;
-            if (dd == 0) {
-                pp[HD] = ml[h][0];
-                pp[HD + 1] = ml[h][1];
+        for (int j = 0; j < EPT; j++) {
+            const int i = tid + j * GATT_THREADS;
+            if (i < G * HD) {
+                const int h = i / HD, dd = i - h * HD;
+                float sum = 0.0f;
+#pragma unroll
+                for (int k = 0; k < PG; k++)
+                    sum += red[((size_t)k * G + h) * HD + dd];
+                const float mo = rml[h][0], ms = ml[h][0], mn = fmaxf(mo, ms);
+                run[j] = run[j] * expf(mo - mn) + sum * expf(ms - mn);
             }
         }
         __syncthreads();
+        if (tid < G) {
+            const float mo = rml[tid][0], ms = ml[tid][0], mn = fmaxf(mo, ms);
+            rml[tid][1] = rml[tid][1] * expf(mo - mn) + ml[tid][1] * expf(ms - mn);
+            rml[tid][0] = mn;
+        }
+        __syncthreads();
     }
-    /* the last runner of this KV head merges the splits */
+    /* one partial per runner: [G][HD] weighted V, then the max and the sum */
+#pragma unroll
+    for (int j = 0; j < EPT; j++) {
+        const int i = tid + j * GATT_THREADS;
+        if (i < G * HD) {
+            const int h = i / HD, dd = i - h * HD;
+            float *pp = a.partial + ((size_t)(g * G + h) * max_splits + blockIdx.y) * (HD + 2);
+            pp[dd] = run[j];
+            if (dd == 0) {
+                pp[HD] = rml[h][0];
+                pp[HD + 1] = rml[h][1];
+            }
+        }
+    }
+    /* the last runner of this KV head merges the runners' partials */
     __threadfence();
     __syncthreads();
     if (tid == 0) last = atomicAdd(&a.counters[g], 1u) == (unsigned)(nact - 1);
     __syncthreads();
     if (!last) return;
     __threadfence();
+    /* per head, a warp: the runners' weights exp(m_r - m) once, and the denominator */
+    for (int h = wi; h < G; h += GATT_WARPS) {
+        const float *ph = a.partial + (size_t)(g * G + h) * max_splits * (HD + 2);
+        float m = -INFINITY;
+        for (int r = lane; r < nact; r += 32)
+            m = fmaxf(m, __ldcg(ph + (size_t)r * (HD + 2) + HD));
+        m = engine_cu_warp_max(m);
+        float den = 0.0f;
+        for (int r = lane; r < nact; r += 32) {
+            const float w = expf(__ldcg(ph + (size_t)r * (HD + 2) + HD) - m);
+            wr[h][r] = w;
+            den += w * __ldcg(ph + (size_t)r * (HD + 2) + HD + 1);
+        }
+        den = engine_cu_warp_sum(den);
+        if (lane == 0) rml[h][1] = 1.0f / den;
+    }
+    __syncthreads();
+    /* then coalesced weighted sums over the runners */
     for (int i = tid; i < G * HD; i += GATT_THREADS) {
         const int h = i / HD, dd = i - h * HD;
-        const float *pp = a.partial + (size_t)(g * G + h) * max_splits * (HD + 2);
-        float m = -INFINITY;
-        for (int s = 0; s < nsplit; s++)
-            m = fmaxf(m, __ldcg(pp + (size_t)s * (HD + 2) + HD));
-        float num = 0.0f, den = 0.0f;
-        for (int s = 0; s < nsplit; s++) {
-            const float *ps = pp + (size_t)s * (HD + 2);
-            const float w = expf(__ldcg(ps + HD) - m);
-            num += __ldcg(ps + dd) * w;
-            den += __ldcg(ps + HD + 1) * w;
-        }
+        const float *ph = a.partial + (size_t)(g * G + h) * max_splits * (HD + 2) + dd;
+        float num = 0.0f;
+#pragma unroll 8
+        for (int r = 0; r < nact; r++)
+            num += wr[h][r] * __ldcg(ph + (size_t)r * (HD + 2));
         const float gate = a.qg[(size_t)(g * G + h) * 2 * HD + HD + dd];
-        a.out[(size_t)(g * G + h) * HD + dd] = num / den * (1.0f / (1.0f + expf(-gate)));
+        a.out[(size_t)(g * G + h) * HD + dd] = num * rml[h][1] * (1.0f / (1.0f + expf(-gate)));
     }
     if (tid == 0) a.counters[g] = 0;
 }
@@ -235,4 +279,72 @@ void engine_cu_gatt_run(const engine_cu_gatt *a, cudaStream_t stream) {
         gatt_launch_hd<128>(a, stream);
     else
         gatt_launch_hd<256>(a, stream);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Prefill (many positions of one sequence): the q/k preparation with the KV store, and the
+ * output gate; the attention itself is prefill.cu's causal pass.
+ * ------------------------------------------------------------------------------------------- */
+
+/* A warp per (token, head): query heads first (to q), then KV heads (to the cache). */
+template <int HD> __global__ void __launch_bounds__(256) gatt_pf_qk_kernel(engine_cu_gatt_pf a) {
+    __shared__ float buf[8][HD];
+    const int wi = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int nh = a.n_head, nkv = a.n_kv, per = nh + nkv;
+    const long j = (long)blockIdx.x * 8 + wi;
+    if (j >= (long)a.n * per) return;
+    const int t = (int)(j / per), hh = (int)(j - (long)t * per), pos = a.pos0 + t;
+    const int half = a.rot / 2;
+    const float2 *cs = a.rope + (size_t)pos * half;
+    float *dst = buf[wi];
+    if (hh < nh) {
+        gatt_norm_rope<HD>(a.qg + ((size_t)t * nh + hh) * 2 * HD, a.q_norm, a.eps, cs, half, dst);
+#pragma unroll
+        for (int u = 0; u < HD / 32; u++)
+            a.q[((size_t)t * nh + hh) * HD + lane + 32 * u] = dst[lane + 32 * u];
+        return;
+    }
+    const int g = hh - nh;
+    gatt_norm_rope<HD>(a.k + ((size_t)t * nkv + g) * HD, a.k_norm, a.eps, cs, half, dst);
+    const size_t o = (size_t)pos * nkv * HD + (size_t)g * HD;
+#pragma unroll
+    for (int u = 0; u < HD / 32; u++) {
+        const int i = lane + 32 * u;
+        const float vv = a.v[((size_t)t * nkv + g) * HD + i];
+        if (a.kv_f32) {
+            ((float *)a.k_cache)[o + i] = dst[i];
+            ((float *)a.v_cache)[o + i] = vv;
+        } else {
+            ((__half *)a.k_cache)[o + i] = __float2half_rn(dst[i]);
+            ((__half *)a.v_cache)[o + i] = __float2half_rn(vv);
+        }
+    }
+}
+
+void engine_cu_gatt_pf_qk(const engine_cu_gatt_pf *a, cudaStream_t stream) {
+    const long warps = (long)a->n * (a->n_head + a->n_kv);
+    if (warps <= 0) return;
+    const unsigned blocks = (unsigned)((warps + 7) / 8);
+    if (a->hd == 64)
+        gatt_pf_qk_kernel<64><<<blocks, 256, 0, stream>>>(*a);
+    else if (a->hd == 128)
+        gatt_pf_qk_kernel<128><<<blocks, 256, 0, stream>>>(*a);
+    else
+        gatt_pf_qk_kernel<256><<<blocks, 256, 0, stream>>>(*a);
+}
+
+__global__ void gatt_pf_gate_kernel(float *att, const float *qg, int hd, size_t total) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    const size_t th = i / (size_t)hd, d = i - th * (size_t)hd; /* th: token * n_head + head */
+    const float gate = qg[th * 2 * (size_t)hd + (size_t)hd + d];
+    att[i] *= 1.0f / (1.0f + expf(-gate));
+}
+
+void engine_cu_gatt_pf_gate(float *att, const float *qg, int n, int n_head, int hd,
+                            cudaStream_t stream) {
+    const size_t total = (size_t)n * n_head * hd;
+    if (total)
+        gatt_pf_gate_kernel<<<(unsigned)((total + 255) / 256), 256, 0, stream>>>(att, qg, hd,
+                                                                               total);
 }

@@ -12,9 +12,12 @@
  * Blocks (KV head, split runner) take splits of ENGINE_CU_GATT_SPLIT positions in turn
  * (flash-decoding): each block prepares its group's queries in shared memory (a warp per head);
  * per split a warp scores a position against every query head of the group, a warp per head
- * takes the softmax, and the threads (dimension, position group) sum V; each head's max, sum
- * and weighted V go to `partial`, and the last block of a KV head to finish (an atomic counter,
- * reset by it) merges the splits and applies the output gate. The kernel is instantiated per
+ * takes the softmax, and the threads (dimension, position group) sum V into the block's running
+ * merge of its splits (registers, rescaled to the running max); each block's merged weighted V,
+ * max and sum go to `partial` (one entry per block), and the last block of a KV head to finish
+ * (an atomic counter, reset by it) merges them: per head a warp computes the blocks' weights
+ * exp(m_b - m) once (shared memory) and the denominator, then the threads sum the weighted
+ * rows coalesced and apply the output gate. The kernel is instantiated per
  * (query heads per KV head, head size), so every per-head loop is unrolled into registers. The
  * position comes from device memory: one launch serves every step of a captured graph.
  * Limits (engine_cu_gatt_ok): head size 64, 128 or 256, 1, 2, 4, 8 or 16 query heads per KV
@@ -41,7 +44,8 @@ typedef struct {
     int kv_f32;
     const int32_t *pos; /* device */
     int n_ctx, n_head, n_kv, hd;
-    float *partial;     /* [n_head][engine_cu_gatt_splits(n_ctx)][hd + 2] */
+    float *partial;     /* [n_head][engine_cu_gatt_splits(n_ctx)][hd + 2] (a block's at its
+                         * index: the blocks are never more than the splits) */
     unsigned *counters; /* [n_kv], zero between launches */
     float *out;         /* [n_head * hd] */
 } engine_cu_gatt;
@@ -49,5 +53,25 @@ typedef struct {
 bool engine_cu_gatt_ok(int n_head, int n_kv, int hd, int rot);
 int engine_cu_gatt_splits(int n_ctx);
 void engine_cu_gatt_run(const engine_cu_gatt *a, cudaStream_t stream);
+
+/* Prefill: per token t (position pos0 + t) and head, q = rope(rmsnorm(q) * q_norm) from the
+ * projection [q_h | gate_h] into q ([n][n_head][hd]); k likewise with k_norm, stored with v at
+ * cache row pos0 + t (F16 or F32). Head size 64, 128 or 256. */
+typedef struct {
+    const float *qg;              /* [n][n_head][2 hd] */
+    const float *k, *v;           /* [n][n_kv * hd] */
+    const float *q_norm, *k_norm; /* [hd] */
+    const float2 *rope;           /* [n_ctx][rot / 2] */
+    int rot;
+    float eps;
+    void *k_cache, *v_cache;
+    int kv_f32;
+    int n, pos0, n_head, n_kv, hd;
+    float *q; /* [n][n_head * hd] */
+} engine_cu_gatt_pf;
+void engine_cu_gatt_pf_qk(const engine_cu_gatt_pf *a, cudaStream_t stream);
+/* att[t][h] *= sigmoid(gate of head h of token t) ([n][n_head * hd]; qg as above). */
+void engine_cu_gatt_pf_gate(float *att, const float *qg, int n, int n_head, int hd,
+                            cudaStream_t stream);
 
 #endif

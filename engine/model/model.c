@@ -587,6 +587,11 @@ int engine_session_new(engine_session **out, engine_model *m, const engine_sessi
                                      ENGINE_MIN(sp.n_ctx, engine_cuda_prefill_chunk()));
         if (rc) engine_cuda_session_free(s->cuda);
     }
+    if (rc == 0 && m->cuda && m->q35) { /* prompts through the qwen35moe prefill (or, with
+                                         * none for the shapes, the decode step) */
+        rc = engine_cuda_q35_prefill_new((engine_cuda_q35_prefill **)&s->cuda_pf, s->cuda, 0);
+        if (rc) engine_cuda_q35_session_free(s->cuda);
+    }
 #else
     int rc = engine_kv_session_init(s);
     if (rc == 0) rc = m->q35 ? engine_q35_fwd_new(s) : engine_fwd_new(s);
@@ -614,7 +619,10 @@ void engine_session_free(engine_session *s) {
     engine_fwd_free(s->fwd);
     engine_q35_fwd_free(s->q35);
 #ifdef SPARK_HAVE_CUDA
-    engine_cuda_prefill_free(s->cuda_pf);
+    if (s->m->q35)
+        engine_cuda_q35_prefill_free(s->cuda_pf);
+    else
+        engine_cuda_prefill_free(s->cuda_pf);
     if (s->m->q35)
         engine_cuda_q35_session_free(s->cuda);
     else
@@ -683,8 +691,10 @@ int engine_session_append(engine_session *s, const int32_t *tokens, size_t n, fl
         if (s->cuda_pf && n > 1 && !logits_all) {
             /* a prompt: chunks through the tensor-core prefill (engine/cuda/prefill.cu); with
              * logits_all each token goes through the decode step (its logits bit for bit) */
-            rc = engine_cuda_prefill_run(s->cuda_pf, tokens, (int32_t)n, s->n_tokens, NULL,
-                                         s->logits);
+            rc = s->m->q35 ? engine_cuda_q35_prefill_run(s->cuda_pf, tokens, (int32_t)n,
+                                                         s->n_tokens, s->logits)
+                           : engine_cuda_prefill_run(s->cuda_pf, tokens, (int32_t)n,
+                                                     s->n_tokens, NULL, s->logits);
             if (rc == 0) {
                 memcpy(s->tokens + s->n_tokens, tokens, sizeof(int32_t) * n);
                 s->n_tokens += (int32_t)n;

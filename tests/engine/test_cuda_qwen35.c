@@ -244,6 +244,9 @@ static char tmpdir[256];
  * tokens 0..i on a session that ran straight). */
 static void check_rollback(const char *path, const int32_t *toks, float *const *ref,
                            const int32_t *at, int n_at, int32_t nv) {
+    /* bit for bit against the decode step: prompts through it too, not the prefill pass
+     * (test_cuda_q35_prefill checks that one) */
+    setenv("SPARK_CUDA_Q35_PREFILL", "0", 1);
     engine_model_params mg = ENGINE_MODEL_PARAMS_INIT;
     mg.device = ENGINE_DEVICE_CUDA;
     mg.n_ctx = N_CTX;

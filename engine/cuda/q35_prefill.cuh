@@ -1,0 +1,109 @@
+/* The prefill pass of qwen35moe on the GPU (q35_prefill.cu): n tokens of one session per
+ * chunk, each block over all of them at once.
+ *
+ *   DeltaNet block: qkv, z, beta|alpha on the GEMMs of gemm.cuh (attn_norm in the activation
+ *     prep) | engine_cu_q35_conv (causal conv + SiLU over the chunk, the positions before it
+ *     from the conv ring) | engine_cu_q35_ring (the ring after the chunk, and its copies at the
+ *     snapshot points inside it) | engine_cu_q35_delta_chunk (l2 norms, gates and the chunked
+ *     delta rule, snapshots of S) | engine_cu_q35_gnorm (gated RMSNorm) | out_proj (+= x)
+ *   attention block: [q|gate], k, v GEMMs | engine_cu_gatt_pf_qk (q/k norms, partial rope, KV
+ *     store) | engine_cu_pf_attention (causal, prefill.cu) | engine_cu_gatt_pf_gate | o_proj
+ *   MoE: router GEMM (split-K F32) | engine_cu_pf_route / _sort | grouped gate/up and down
+ *     GEMMs of the routed experts, dense ones of the shared expert | engine_cu_q35_pf_combine
+ *     (x += sigmoid(shared gate) * shared + sum of the routed outputs, in the CPU's order)
+ *   head: output_norm + output GEMM of the last row.
+ *
+ * The chunked delta rule (engine_cu_q35_delta_chunk): per value head h and 32 of its state
+ * columns (grid nv x dv / 32, the columns of S are independent in the delta rule), over
+ * sub-chunks that end on the snapshot grid (ENGINE_CUDA_Q35_SNAP_EVERY positions, as the CPU's
+ * chunks): with S0 the state before the sub-chunk, G_t the cumulative log decay inside it and
+ * k, q l2-normalised,
+ *   u_t = beta_t (v_t - e^{G_t} S0^T k_t - sum_{s<t} e^{G_t - G_s} (k_t . k_s) u_s)
+ *   o_t = e^{G_t} S0^T q_t + sum_{s<=t} e^{G_t - G_s} (q_t . k_s) u_s
+ *   S   = e^{G_L} S0 + sum_s e^{G_L - G_s} k_s u_s^T
+ * which is the recurrent form (deltanet.cuh) regrouped (the WY form; a forward substitution of
+ * L <= 16 unknowns per column). S stays in registers for the whole chunk; at each grid point
+ * whose snapshot slot no later grid point of the chunk overwrites, S is copied into the slot
+ * (as the decode step does, so rollback works from either path).
+ * Host launchers only. */
+#ifndef SPARK_ENGINE_CUDA_Q35_PREFILL_CUH
+#define SPARK_ENGINE_CUDA_Q35_PREFILL_CUH
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common.cuh"
+
+extern "C" {
+#include "cuda/cuda_backend.h"
+}
+
+/* One block's weights as uploaded by qwen35.cu (device pointers). */
+typedef struct {
+    int attn, slot; /* slot: index among the attention or the DeltaNet blocks */
+    const float *attn_norm, *post_norm, *q_norm, *k_norm, *conv, *dt_bias, *a, *ssm_norm;
+    const float *shg; /* [E] shared-expert gate */
+    /* wbeta holds beta's rows then alpha's when walpha.d is NULL */
+    engine_cuda_wview wq, wk, wv, wo, wqkv, wz, wbeta, walpha, wout, router;
+    engine_cuda_wview gate_exps, up_exps, down_exps, gate_sh, up_sh, down_sh;
+} engine_cu_q35_layer;
+
+/* A session's device state (borrowed from qwen35.cu). */
+typedef struct {
+    const engine_model *m;
+    int device;
+    void *stream; /* cudaStream_t */
+    int32_t n_ctx;
+    int kv_f32, v_tiled, n_lin, n_attn;
+    void *const *k_cache, *const *v_cache; /* [n_attn] */
+    float *ring, *state, *snap;            /* as engine_cuda_q35_session */
+    size_t ring_per, state_per, snap_stride;
+    int32_t *snap_pos; /* host [ENGINE_CUDA_Q35_SNAPSHOTS] */
+    const float *rope; /* [n_ctx][rot / 2] (cos, sin) */
+    engine_cuda_wview tok_embd, output;
+    const float *output_norm;
+} engine_cu_q35_view;
+
+extern "C" {
+/* qwen35.cu: the views of a session and of block l of its model. */
+void engine_cuda_q35_view_get(engine_cuda_q35_session *s, engine_cu_q35_view *out);
+void engine_cuda_q35_layer_get(engine_cuda_q35_session *s, int l, engine_cu_q35_layer *out);
+}
+
+/* The DeltaNet kernels (deltanet_chunk.cu). */
+typedef struct {
+    const float *qkv; /* [n][C] projections (before the conv) */
+    const float *conv_w;
+    float *ring;      /* [C][K]: slot p % K holds the input of position p */
+    float *cv;        /* [n][C] silu(conv) */
+    float *snap_ring; /* slot 0 of this block's ring in the snapshots (stride snap_stride) */
+    size_t snap_stride;
+    int n, pos0, C, K;
+} engine_cu_q35_conv_args;
+void engine_cu_q35_conv(const engine_cu_q35_conv_args *a, cudaStream_t stream);
+/* The ring after the chunk (and its copies at the kept snapshot points): after the conv. */
+void engine_cu_q35_ring(const engine_cu_q35_conv_args *a, cudaStream_t stream);
+
+typedef struct {
+    const float *cv;       /* [n][C] after the conv: q, k (key heads), v (value heads) */
+    const float *ba;       /* [n][2 nv]: beta logits then alpha logits */
+    const float *dt_bias, *a; /* [nv] */
+    float *state;          /* [nv][dk][dv] */
+    float *snap_state;     /* slot 0 of this block's state in the snapshots */
+    size_t snap_stride;
+    float *out;            /* [n][nv * dv] o (before the gated norm) */
+    int n, pos0, nk, nv, dk, dv, C, v_tiled;
+} engine_cu_q35_delta_args;
+bool engine_cu_q35_delta_ok(int dk, int dv);
+void engine_cu_q35_delta_chunk(const engine_cu_q35_delta_args *a, cudaStream_t stream);
+
+/* o[t][h] = rmsnorm(o[t][h]) * norm_w * silu(z[t][h]) in place, per token and value head. */
+void engine_cu_q35_gnorm(float *o, const float *z, const float *norm_w, int n, int nv, int dv,
+                         float eps, cudaStream_t stream);
+
+/* Which snapshot points a chunk of n tokens at pos0 writes: grid points b in (pos0, pos0 + n]
+ * with b > last - SNAP_EVERY * SNAPSHOTS (the older ones would be overwritten in the same
+ * chunk); returns that lower bound (exclusive). */
+int32_t engine_cu_q35_snap_floor(int32_t pos0, int32_t n);
+
+#endif
