@@ -8,7 +8,18 @@
  * position 0 starts the recurrent state over). Prints tok/s (mean +- sd after a warm-up), the
  * time of one step inside the loop and of one engine_cuda_q35_decode call with its host round
  * trip (logits copied back), the weight bytes a token reads and the achieved GB/s against the
- * card's copy bandwidth, and where an un-captured step's time goes. */
+ * card's copy bandwidth, and where an un-captured step's time goes.
+ *
+ * With an MTP block (qwen35-35b-a3b-mtp) also MTP speculative decoding on a second session
+ * (after P = max(DEPTH, 16) prompt tokens): the time of one draft step and of one verify pass
+ * of m = 1..5 tokens (CUDA events around 20 graph replays each, so without the host round
+ * trip of a step), each pass's cost relative to the plain step of the graph loop above, and
+ * the tok/s these step costs give at acceptance rates a = 0.6, 0.8, 0.9 for k = 1..4 drafts:
+ * E[tokens per step] = (1 - a^(k+1)) / (1 - a) over k draft steps + one verify pass of k + 1
+ * (COMPUTED from the measured costs: random weights cannot measure acceptance). Then the
+ * device-resident greedy loop (drafts, verify, acceptance and rollback on the GPU, one host
+ * sync per step) measured for k = 1..4: on random weights nearly every draft is rejected, so
+ * this is the cost floor (a ~ 0), with the accepted count printed. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,7 +27,16 @@
 #include <time.h>
 
 #include "cuda/cuda_backend.h"
+#include "cuda/q35_mtp.h"
 #include "engine.h"
+
+/* Index of the largest value (the first on ties). */
+static int32_t support_argmax_f(const float *v, int32_t n) {
+    int32_t b = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (v[i] > v[b]) b = i;
+    return b;
+}
 
 static double now_ms(void) {
     struct timespec ts;
@@ -124,6 +144,69 @@ int main(int argc, char **argv) {
             printf("  %-10s %8.1f\n", names[i], us[i]);
     } else {
         printf("profile: %s\n", engine_error_last());
+    }
+    if (engine_cuda_q35_has_mtp(gm)) {
+        /* MTP: step costs, the computed table, the device loop */
+        engine_cuda_q35_session *ms = NULL;
+        bool was = false;
+        const int32_t P = depth > 16 ? depth : 16, nv = engine_model_n_vocab(m);
+        int32_t *toks = malloc(sizeof(int32_t) * (size_t)(P + n_gen + 8));
+        double draft_us = 0, vus[ENGINE_CUDA_Q35_VMAX + 1];
+        const double plain_us = 1e6 / mean;
+        if (!toks || engine_cuda_q35_session_new(&ms, gm, n_ctx, ENGINE_KV_F16) ||
+            engine_cuda_q35_mtp_enable(ms, &was)) {
+            free(toks);
+            engine_cuda_q35_session_free(ms);
+            goto fail;
+        }
+        for (int32_t i = 0; i < P; i++)
+            toks[i] = (int32_t)((i * 7919 + 13) % nv);
+        if (engine_cuda_q35_append(ms, toks, P, 0, NULL, logits) ||
+            engine_cuda_q35_spec_time(ms, P, 20, &draft_us, vus)) {
+            free(toks);
+            engine_cuda_q35_session_free(ms);
+            goto fail;
+        }
+        printf("MTP (at position %d): plain step %.0f us (graph loop above); draft step %.0f us "
+               "(%.3f x plain)\n",
+               P, plain_us, draft_us, draft_us / plain_us);
+        printf("  verify pass of m tokens (m = k + 1), cost relative to one plain step:\n");
+        for (int mm = 1; mm <= ENGINE_CUDA_Q35_VMAX; mm++)
+            printf("    m %d (k %d): %7.0f us  %.3f x plain\n", mm, mm - 1, vus[mm],
+                   vus[mm] / plain_us);
+        printf("  COMPUTED tok/s from these step costs (k drafts + one verify of k + 1; "
+               "E[tokens/step] = (1 - a^(k+1)) / (1 - a)):\n");
+        printf("    k   step us   a=0.6   a=0.8   a=0.9\n");
+        for (int k = 1; k + 1 <= ENGINE_CUDA_Q35_VMAX; k++) {
+            const double cost = k * draft_us + vus[k + 1];
+            printf("    %d  %8.0f", k, cost);
+            const double as[3] = {0.6, 0.8, 0.9};
+            for (int i = 0; i < 3; i++)
+                printf("  %6.1f", (1.0 - pow(as[i], k + 1)) / (1.0 - as[i]) * 1e6 / cost);
+            printf("\n");
+        }
+        int32_t x = support_argmax_f(logits, nv);
+        for (int32_t k = 1; k + 1 <= ENGINE_CUDA_Q35_VMAX; k++) {
+            int32_t n_out = 0, n_pos = 0, steps = 0, acc = 0;
+            double a = now_ms();
+            if (engine_cuda_q35_spec_generate(ms, x, P, n_gen, k, toks + P, &n_out, &n_pos,
+                                              &steps, &acc)) {
+                free(toks);
+                engine_cuda_q35_session_free(ms);
+                goto fail;
+            }
+            const double ms_ = now_ms() - a;
+            printf("  device greedy loop k %d (measured, random weights): %d tokens in %d steps, "
+                   "%d drafts accepted, %.1f tok/s\n",
+                   k, n_out, steps, acc, n_out / (ms_ / 1e3));
+            if (engine_cuda_q35_truncate(ms, toks, n_pos, P)) {
+                free(toks);
+                engine_cuda_q35_session_free(ms);
+                goto fail;
+            }
+        }
+        free(toks);
+        engine_cuda_q35_session_free(ms);
     }
     printf("first tokens:");
     for (int i = 0; i < 8 && i < n_gen; i++)

@@ -3,14 +3,24 @@
 # they run there, else an engine-only build for sm_90 here), the qwen35 gpu test, the random
 # Qwen3.5-35B-A3B-shaped model (generated in the background meanwhile) and its batch-1 decode
 # benchmark (tg128). Logs go to $OUT.
-# Usage: [BIN=DIR] [TYPE=q4_k_m] [DEPTH=N] bash bench/cuda/q35_run.sh
+# Usage: [BIN=DIR] [TYPE=q4_k_m] [DEPTH=N] [MTP=1] [LAYERS=N] bash bench/cuda/q35_run.sh
 #   DEPTH: also tg128 after N tokens (one repetition after the warm-up).
-#   BIN holds spark-agent, test_cuda_qwen35 and bench_q35 built elsewhere (carried).
+#   MTP=1: the model with its MTP block (preset qwen35-35b-a3b-mtp), test_cuda_mtp too, and the
+#     bench's MTP figures (draft / verify step costs, the computed tok/s table, the device loop).
+#   LAYERS=N: a cut-down model of N blocks (a multiple of 4) for quick per-layer timing.
+#   BIN holds spark-agent, test_cuda_qwen35 (test_cuda_mtp) and bench_q35 built elsewhere.
 set -o pipefail
 OUT=${OUT:-/tmp/out}
 TOK=$PWD/.tok # tokenizer.json + tokenizer_config.json, carried
 TYPE=${TYPE:-q4_k_m}
 BIN=${BIN:-/nonexistent}
+PRESET=qwen35-35b-a3b
+TESTS=test_cuda_qwen35
+if [ -n "$MTP" ]; then
+    PRESET=qwen35-35b-a3b-mtp
+    TESTS="test_cuda_qwen35 test_cuda_mtp"
+fi
+CUT=${LAYERS:+--layers $LAYERS}
 t0=$(date +%s)
 stamp() { echo "[+$(($(date +%s) - t0)) s] $*"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem \
@@ -22,20 +32,23 @@ if ! "$BIN/spark-agent" --version >/dev/null 2>&1; then
     cmake -S . -B $B -G Ninja -DSPARK_ENGINE_ONLY=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
         -DCMAKE_BUILD_TYPE=Release -DSPARK_TOKENIZER_DIR=$TOK >/tmp/cfg.log 2>&1 ||
         { tail -30 /tmp/cfg.log; exit 1; }
-    ninja -C $B spark-agent test_cuda_qwen35 >$OUT/build.log 2>&1 ||
+    ninja -C $B spark-agent $TESTS >$OUT/build.log 2>&1 ||
         { grep -B2 -A12 -m3 error $OUT/build.log; exit 1; }
     cc -O2 -std=c17 -D_GNU_SOURCE -Iengine -c bench/cuda/bench_q35.c -o $B/bench_q35.o &&
         nvcc -o $B/bench_q35 $B/bench_q35.o $B/engine/libengine.a -lpthread -lm || exit 1
     BIN=/tmp/bin
-    mkdir -p $BIN && cp $B/spark-agent $B/tests/engine/test_cuda_qwen35 $B/bench_q35 $BIN/
+    mkdir -p $BIN && cp $B/spark-agent $B/bench_q35 $BIN/
+    for t in $TESTS; do cp $B/tests/engine/$t $BIN/; done
 fi
 stamp "binaries ready: $("$BIN/spark-agent" --version | head -1)"
-(/usr/bin/time -f "gen $TYPE: %e s" "$BIN/spark-agent" model gen --preset qwen35-35b-a3b \
+(/usr/bin/time -f "gen $TYPE: %e s" "$BIN/spark-agent" model gen --preset $PRESET $CUT \
     --type $TYPE -s 1 -o /tmp/q35-$TYPE.gguf --tokenizer-dir $TOK) >$OUT/gen.log 2>&1 &
 gen=$!
-SPARK_TOKENIZER_DIR=$TOK "$BIN/test_cuda_qwen35" 2>&1 | tee $OUT/test.log
-echo "test_cuda_qwen35 rc=$?"
-stamp "test done"
+for t in $TESTS; do
+    SPARK_TOKENIZER_DIR=$TOK "$BIN/$t" 2>&1 | tee $OUT/$t.log
+    echo "$t rc=$?"
+done
+stamp "tests done"
 wait $gen || { echo "gen failed"; tail -5 $OUT/gen.log; exit 1; }
 stamp "model generated: $(grep -v '^\[' $OUT/gen.log | tail -1)"
 "$BIN/bench_q35" /tmp/q35-$TYPE.gguf -n 128 -r 5 2>&1 | tee $OUT/bench.log

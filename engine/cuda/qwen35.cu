@@ -71,6 +71,10 @@ struct engine_cuda_q35_model {
     const float *output_norm, *inv_freq;
     int n_lin, n_attn;
     bool v_tiled;
+    /* the MTP block (q35_mtp_host.cuh): layers[n_layer], its fc and norms */
+    bool has_mtp;
+    q35_w mtp_eh;
+    const float *mtp_enorm, *mtp_hnorm, *mtp_norm;
 };
 
 static q35_dims q35_dims_of(const engine_hparams *hp) {
@@ -203,19 +207,24 @@ static int q35_check_w(const engine_model *m, const engine_weight *w, uint32_t l
     return 0;
 }
 
+/* MTP (q35_mtp_host.cuh, included at the end of this file) */
+typedef struct q35_spec q35_spec;
+static void q35_mtp_upload(q35_up *u);
+static int q35_mtp_check(engine_cuda_q35_model *cm);
+
 /* Plan (dry) or upload every weight; also fills the layer records. */
 static int q35_upload_all(q35_up *u) {
     engine_cuda_q35_model *cm = u->cm;
     const engine_model *m = cm->m;
     const q35_dims *d = &cm->d;
     cm->n_lin = cm->n_attn = 0;
-    for (int l = 0; l < d->n_layer; l++) {
+    for (int l = 0; l < d->n_layer + (cm->has_mtp ? 1 : 0); l++) {
         engine_q35_layer_w w;
         engine_q35_layer_weights(m, (uint32_t)l, &w);
         q35_cl *cl = &cm->layers[l];
         memset(cl, 0, sizeof *cl);
         cl->attn = w.attn;
-        cl->slot = w.attn ? cm->n_attn++ : cm->n_lin++;
+        cl->slot = l == d->n_layer ? -1 : w.attn ? cm->n_attn++ : cm->n_lin++; /* -1: MTP */
         cm->v_tiled = w.v_tiled;
         cm->inv_freq = w.rope_inv_freq;
         cl->attn_norm = q35_put_f(u, w.attn_norm, (size_t)d->E);
@@ -273,6 +282,7 @@ static int q35_upload_all(q35_up *u) {
     else
         cm->output = q35_put_w(u, &m->output);
     cm->output_norm = q35_put_f(u, m->output_norm, (size_t)d->E);
+    q35_mtp_upload(u);
     return u->rc;
 }
 
@@ -297,7 +307,7 @@ static int q35_check(const engine_model *m, const q35_dims *d) {
                           "%d per token with the shared one)",
                           m->path, d->X, d->k, ENGINE_CU_MAX_EXPERT, ENGINE_CU_MAX_EXPERT_USED);
     size_t stage = 0;
-    for (uint32_t l = 0; l < hp->n_layer; l++) {
+    for (uint32_t l = 0; l < hp->n_layer + (engine_q35_has_mtp(m) ? 1u : 0u); l++) {
         engine_q35_layer_w w;
         engine_q35_layer_weights(m, l, &w);
         int rc;
@@ -359,11 +369,12 @@ extern "C" int engine_cuda_q35_model_new(engine_cuda_q35_model **out, const engi
     cm->m = m;
     cm->device = device;
     cm->d = d;
+    if ((rc = q35_mtp_check(cm))) goto done;
     q35_up u;
     memset(&u, 0, sizeof u);
     u.cm = cm;
     u.dry = true;
-    if (!(cm->layers = (q35_cl *)calloc((size_t)d.n_layer, sizeof(q35_cl)))) {
+    if (!(cm->layers = (q35_cl *)calloc((size_t)d.n_layer + 1, sizeof(q35_cl)))) {
         rc = engine_err(ENGINE_ENOMEM, "out of memory");
         goto done;
     }
@@ -455,7 +466,13 @@ struct engine_cuda_q35_session {
     int32_t *ids, *out;
     unsigned *counters; /* [n_kv + 1 + nv]: attention, sampler, DeltaNet step */
     engine_cu_step *step, *h_step;
+    q35_spec *spec; /* MTP buffers and graphs, NULL until enabled (q35_mtp_host.cuh) */
 };
+
+static void q35m_free(engine_cuda_q35_session *s);
+static bool q35m_on(const engine_cuda_q35_session *s);
+static int q35m_truncate(engine_cuda_q35_session *s, const int32_t *tokens, int32_t n_tokens,
+                         int32_t n);
 
 typedef struct {
     size_t kv_layer, ring, state, snap, x, big, z, ba, kv, att, router, shl, h, logits, partial,
@@ -616,6 +633,7 @@ done:
 
 extern "C" void engine_cuda_q35_session_free(engine_cuda_q35_session *s) {
     if (!s) return;
+    q35m_free(s);
     cudaSetDevice(s->cm->device);
     if (s->exec) cudaGraphExecDestroy(s->exec);
     if (s->stream) cudaStreamDestroy(s->stream);
@@ -938,6 +956,8 @@ static int q35_run_steps(engine_cuda_q35_session *s, int32_t token, int32_t pos,
                           pos + n - 1, s->n_ctx);
     if (token < 0 || token >= d->V)
         return engine_err(ENGINE_EINVAL, "cuda decode: token id %d is not in [0, %d)", token, d->V);
+    if (q35m_on(s)) /* its passes also feed the MTP block */
+        return engine_err(ENGINE_EINVAL, "cuda decode: MTP is on (engine_cuda_q35_append)");
     CU(cudaSetDevice(s->cm->device));
     if (!s->captured && (rc = q35_capture(s))) goto done;
     if (pos == 0) { /* a new sequence: the conv ring and the recurrent state start at zero */
@@ -992,6 +1012,7 @@ extern "C" int engine_cuda_q35_truncate(engine_cuda_q35_session *s, const int32_
         return engine_err(ENGINE_EINVAL, "cannot truncate a session of %d tokens to %d", n_tokens,
                           n);
     if (n == n_tokens) return 0;
+    if (q35m_on(s)) return q35m_truncate(s, tokens, n_tokens, n);
     int rc = 0, best = -1;
     for (int i = 0; i < ENGINE_CUDA_Q35_SNAPSHOTS; i++) {
         if (s->snap_pos[i] > n)
@@ -1218,3 +1239,5 @@ extern "C" int engine_cuda_op_q35_attention(int n_head, int n_kv, int hd, int ro
     free(tmp);
     return rc;
 }
+
+#include "q35_mtp_host.cuh"

@@ -94,6 +94,9 @@
 #include <string.h>
 
 #include "model/ffn_moe.h"
+#ifdef SPARK_HAVE_CUDA
+#include "cuda/q35_mtp.h" /* MTP on a CUDA session */
+#endif
 #include "model/safetensors.h"
 #include "tokenizer/json.h"
 
@@ -1389,6 +1392,9 @@ bool engine_q35_has_mtp(const engine_model *m) {
 int engine_q35_mtp_enable(engine_session *s, bool *was_off) {
     engine_q35_fwd *f = s->q35;
     *was_off = false;
+#ifdef SPARK_HAVE_CUDA
+    if (s->cuda) return engine_cuda_q35_mtp_enable(s->cuda, was_off);
+#endif
     if (!f || !f->mtp)
         return engine_err(ENGINE_EUNSUPPORTED,
                           "%s has no MTP block (nextn_predict_layers / mtp.* tensors): "
@@ -1404,6 +1410,7 @@ int engine_q35_mtp_enable(engine_session *s, bool *was_off) {
 
 void engine_q35_checkpoint(engine_session *s) {
     engine_q35_fwd *f = s->q35;
+    if (!f) return; /* CUDA: every pass keeps the state after each of its tokens */
     size_t nc = f->conv_per_layer * (size_t)f->n_lin;
     memcpy(f->ckpt, f->conv_state, q35_fsz(nc));
     memcpy(f->ckpt + nc, f->ssm_state, q35_fsz(f->ssm_per_layer * (size_t)f->n_lin));
@@ -1419,6 +1426,14 @@ const float *engine_q35_mtp_hidden(const engine_session *s) {
 
 int engine_q35_mtp_step(engine_session *s, int32_t i, int32_t token, float *logits) {
     engine_q35_fwd *f = s->q35;
+#ifdef SPARK_HAVE_CUDA
+    if (s->cuda) {
+        pthread_mutex_lock(&s->m->pool_mu);
+        int rc = engine_cuda_q35_mtp_step(s->cuda, i, token, s->n_tokens, logits);
+        pthread_mutex_unlock(&s->m->pool_mu);
+        return rc;
+    }
+#endif
     if (!f || !f->mtp_on || !f->pend_ok || s->n_tokens < 1)
         return engine_err(ENGINE_EINVAL, "MTP step: the session has no MTP state (enable it, "
                           "then append at least one token)");
@@ -1981,7 +1996,7 @@ int engine_q35_hf_open(engine_model *m, const char *dir, bool vocab_only) {
 
 void engine_q35_layer_weights(const engine_model *m, uint32_t l, engine_q35_layer_w *out) {
     const engine_q35_model *qm = m->q35;
-    const q35_layer *ly = &qm->layers[l];
+    const q35_layer *ly = l == m->hp.n_layer && qm->has_mtp ? &qm->mtp : &qm->layers[l];
     *out = (engine_q35_layer_w){
         .attn = ly->attn, .v_tiled = qm->v_tiled, .attn_norm = ly->attn_norm,
         .post_norm = ly->post_norm, .q_norm = ly->q_norm, .k_norm = ly->k_norm, .wq = ly->wq,
@@ -1992,4 +2007,15 @@ void engine_q35_layer_weights(const engine_model *m, uint32_t l, engine_q35_laye
         .gate_exps = ly->gate_exps, .up_exps = ly->up_exps, .down_exps = ly->down_exps,
         .gate_shexp = ly->gate_shexp, .up_shexp = ly->up_shexp, .down_shexp = ly->down_shexp,
         .gu_stride = ly->gu_stride, .exp_ptr = ly->exp_ptr, .rope_inv_freq = qm->rope_inv_freq};
+}
+
+bool engine_q35_mtp_weights(const engine_model *m, engine_weight *eh, const float **enorm,
+                            const float **hnorm, const float **norm) {
+    const engine_q35_model *qm = m->q35;
+    if (!qm || !qm->has_mtp) return false;
+    *eh = qm->mtp_eh;
+    *enorm = qm->mtp_enorm;
+    *hnorm = qm->mtp_hnorm;
+    *norm = qm->mtp_norm;
+    return true;
 }

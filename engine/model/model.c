@@ -3,6 +3,7 @@
 #include "model/model_int.h"
 #ifdef SPARK_HAVE_CUDA
 #include "cuda/cuda_backend.h"
+#include "cuda/q35_mtp.h"
 #include "kv/kv.h"
 #endif
 
@@ -687,6 +688,21 @@ int engine_session_append(engine_session *s, const int32_t *tokens, size_t n, fl
     pthread_mutex_lock(&s->m->pool_mu);
     int rc = 0;
 #ifdef SPARK_HAVE_CUDA
+    if (s->cuda && s->m->q35 && engine_cuda_q35_mtp_on(s->cuda)) {
+        /* MTP on: verify passes of up to ENGINE_CUDA_Q35_VMAX tokens that also feed the MTP
+         * block (engine/cuda/q35_mtp_host.cuh) */
+        rc = engine_cuda_q35_append(s->cuda, tokens, (int32_t)n, s->n_tokens, logits_all,
+                                    s->logits);
+        if (rc == 0) {
+            memcpy(s->tokens + s->n_tokens, tokens, sizeof(int32_t) * n);
+            s->n_tokens += (int32_t)n;
+        }
+        s->logits_valid = rc == 0;
+        s->kv_cached = 0;
+        s->kv_diverged_at = -1;
+        pthread_mutex_unlock(&s->m->pool_mu);
+        return rc;
+    }
     if (s->cuda) {
         if (s->cuda_pf && n > 1 && !logits_all) {
             /* a prompt: chunks through the tensor-core prefill (engine/cuda/prefill.cu); with

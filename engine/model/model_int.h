@@ -236,6 +236,11 @@ typedef struct {
     const float *rope_inv_freq; /* [n_rot / 2] (model-wide) */
 } engine_q35_layer_w;
 void engine_q35_layer_weights(const engine_model *m, uint32_t l, engine_q35_layer_w *out);
+/* The MTP block for another backend: engine_q35_layer_weights(m, n_layer) gives its attention
+ * block and MoE; this its fc (eh_proj, 2E -> E over [enorm(embedding) | hnorm(hidden)]), the
+ * two input norms and its final norm. false when the model has no MTP block. */
+bool engine_q35_mtp_weights(const engine_model *m, engine_weight *eh, const float **enorm,
+                            const float **hnorm, const float **norm);
 
 /* Monotonic clock in milliseconds. */
 double engine_time_ms(void);

@@ -180,10 +180,10 @@ int engine_generate(engine_session *s, const engine_gen_params *p, engine_token_
         if (p->mtp_draft < 0 || p->mtp_draft > 4)
             return engine_err(ENGINE_EINVAL, "generate: mtp_draft %d is not in 0..4",
                               p->mtp_draft);
-        if (!s->q35 || s->cuda)
+        if (!s->m->q35)
             return engine_err(ENGINE_EUNSUPPORTED,
                               "generate: MTP speculative decoding needs a qwen35moe model with "
-                              "an MTP block on the CPU");
+                              "an MTP block");
         if ((rc = engine_q35_mtp_enable(s, &mtp_fresh))) return rc;
     }
 

@@ -1,0 +1,794 @@
+/* MTP speculative decoding for qwen35moe on the CUDA backend: the session side (contracts in
+ * q35_mtp.h). Included at the end of qwen35.cu (it works on that file's model and session
+ * records); the kernels it adds are in q35_verify.cu.
+ *
+ * A verify pass of m tokens (one CUDA graph per m) at positions p0 .. p0+m-1, the tokens and
+ * positions in device memory (vstep[m]):
+ *   embed m | per block: DeltaNet: [qkv|z|ba] x m (one launch, weights read once) | m delta
+ *     steps (each also stores the state after its token in slot (pos + 1) % VMAX of vsnap) |
+ *     out_proj x m (+= residual); attention: [q|gate], k, v x m | m causal attention launches
+ *     (each stores its KV row, then attends to 0..pos) | o_proj x m;
+ *     MoE: router + shared gate x m | routed up (token, slot) in one launch | shared up |
+ *     shared gate | down (+ combine + residual) in one launch
+ *   head x m (logits of every token) | argmax of each | final norm -> hbuf rows 1..m
+ *   MTP feed: the pairs (hbuf row t, token t) at positions max(p0 - 1 + t, 0) through the MTP
+ *     block (its own KV; at p0 = 0 pair 0 is overwritten by pair 1 at position 0).
+ * hbuf row 0 holds h_{n-1} of the session's last token (the first pair's hidden state).
+ * A draft step (graphs for step 0 and for later steps): embed the token of dstep, [enorm(e) |
+ * hnorm(h)] with h = hbuf row 0 (step 0) or the previous step's output, fc, the block's
+ * attention at dstep.pos and MoE, the shared final norm -> mtp_h, head, greedy sample (dstep
+ * advances, the draft lands in dtok). */
+extern "C" {
+#include "cuda/q35_mtp.h"
+}
+#include "q35_verify.cuh"
+
+static_assert(ENGINE_CUDA_Q35_VMAX == ENGINE_CU_VMAX, "one verify width");
+
+#define Q35M_NBUF 32
+
+struct q35_spec {
+    bool on;
+    void *bufs[Q35M_NBUF];
+    int n_bufs;
+    void *mk, *mv;                /* the MTP block's KV [n_ctx][n_kv hd] */
+    float *vsnap;                 /* [VMAX][ring | state] after each token of the last pass */
+    float *hbuf;                  /* [VMAX + 1][E] */
+    float *mtp_h;                 /* [E] the last draft step's normed output */
+    float *snap_hid;              /* [SNAPSHOTS][E] h of the token before each snapshot */
+    float *X, *emb, *cat, *big, *z, *ba, *k, *v, *att, *router, *shl, *h, *wts, *logits, *ascr;
+    int32_t *ids, *y, *dtok;
+    engine_cu_step *vstep, *dstep; /* device */
+    engine_cu_spec_ctl *ctl;       /* device */
+    uint8_t *pinned;               /* host: h_vstep[VMAX], h_dstep, h_ctl */
+    engine_cu_step *h_vstep, *h_dstep;
+    engine_cu_spec_ctl *h_ctl;
+    size_t sbig, sz, sba, skv, satt, sh, sw; /* per-token strides (floats) */
+    cudaGraphExec_t verify[ENGINE_CU_VMAX + 1], draft[2], fast[ENGINE_CU_VMAX];
+    int32_t win_p0, win_m; /* the last pass's window (win_m 0: none) */
+};
+
+static void q35m_free(engine_cuda_q35_session *s) {
+    q35_spec *sp = s->spec;
+    if (!sp) return;
+    cudaSetDevice(s->cm->device);
+    for (int i = 0; i <= ENGINE_CU_VMAX; i++)
+        if (sp->verify[i]) cudaGraphExecDestroy(sp->verify[i]);
+    for (int i = 0; i < ENGINE_CU_VMAX; i++)
+        if (sp->fast[i]) cudaGraphExecDestroy(sp->fast[i]);
+    for (int i = 0; i < 2; i++)
+        if (sp->draft[i]) cudaGraphExecDestroy(sp->draft[i]);
+    for (int i = 0; i < sp->n_bufs; i++)
+        cudaFree(sp->bufs[i]);
+    cudaFreeHost(sp->pinned);
+    free(sp);
+    s->spec = NULL;
+}
+
+/* The model's MTP block: blk.<n_layer> as layers[n_layer] (uploaded by q35_upload_all's loop)
+ * and the fc / norms here. */
+static void q35_mtp_upload(q35_up *u) {
+    engine_cuda_q35_model *cm = u->cm;
+    engine_weight eh;
+    const float *en = NULL, *hn = NULL, *nm = NULL;
+    if (!cm->has_mtp || !engine_q35_mtp_weights(cm->m, &eh, &en, &hn, &nm)) return;
+    const size_t E = (size_t)cm->d.E;
+    cm->mtp_eh = q35_put_w(u, &eh);
+    cm->mtp_enorm = q35_put_f(u, en, E);
+    cm->mtp_hnorm = q35_put_f(u, hn, E);
+    cm->mtp_norm = q35_put_f(u, nm, E);
+}
+
+/* Whether the block can run here: its weights as q35_check's, and every dense matrix's m
+ * staged vectors within the shared memory of one block. Logs why not and turns MTP off. */
+static int q35_mtp_check(engine_cuda_q35_model *cm) {
+    const engine_model *m = cm->m;
+    const q35_dims *d = &cm->d;
+    engine_weight eh;
+    const float *en, *hn, *nm;
+    cm->has_mtp = engine_q35_has_mtp(m) && engine_q35_mtp_weights(m, &eh, &en, &hn, &nm);
+    if (!cm->has_mtp) return 0;
+    int rc = q35_check_w(m, &eh, (uint32_t)d->n_layer, "nextn.eh_proj");
+    if (rc) return rc;
+    size_t worst = 0;
+    for (int l = 0; l <= d->n_layer; l++) {
+        engine_q35_layer_w w;
+        engine_q35_layer_weights(m, (uint32_t)l, &w);
+        const engine_weight *mats[] = {w.attn ? &w.wq : &w.wqkv, w.attn ? &w.wo : &w.wout,
+                                       &w.gate_inp, &m->output};
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
+            worst = std::max(worst, engine_cu_vmatvec_smem(mats[i]->type, (int)mats[i]->cols,
+                                                           ENGINE_CU_VMAX));
+        worst = std::max(worst, engine_cu_vmatvec_smem(ENGINE_TYPE_F32, d->E, ENGINE_CU_VMAX));
+    }
+    worst = std::max(worst, engine_cu_vmatvec_smem(eh.type, (int)eh.cols, ENGINE_CU_VMAX));
+    if (worst > Q35_MAX_STAGE_BYTES) {
+        engine_log(ENGINE_LOG_INFO,
+                   "cuda: %s: MTP off (a verify pass of %d tokens would stage %zu bytes of "
+                   "activations per block, at most %d)",
+                   m->path, ENGINE_CU_VMAX, worst, Q35_MAX_STAGE_BYTES);
+        cm->has_mtp = false;
+    }
+    return 0;
+}
+
+extern "C" bool engine_cuda_q35_has_mtp(const engine_cuda_q35_model *cm) {
+    return cm && cm->has_mtp;
+}
+
+static bool q35m_on(const engine_cuda_q35_session *s) {
+    return s && s->spec && s->spec->on;
+}
+
+extern "C" bool engine_cuda_q35_mtp_on(const engine_cuda_q35_session *s) {
+    return q35m_on(s);
+}
+
+static void *q35m_alloc(q35_spec *sp, size_t bytes, int *rc) {
+    void *p = NULL;
+    if (*rc) return NULL;
+    if (sp->n_bufs == Q35M_NBUF) {
+        *rc = engine_err(ENGINE_EINTERNAL, "cuda MTP: too many buffers");
+        return NULL;
+    }
+    *rc = q35_cu_err(cudaMalloc(&p, bytes ? bytes : 4), "cudaMalloc (MTP)");
+    if (*rc) return NULL;
+    sp->bufs[sp->n_bufs++] = p;
+    *rc = q35_cu_err(cudaMemset(p, 0, bytes ? bytes : 4), "cudaMemset (MTP)");
+    return p;
+}
+
+extern "C" int engine_cuda_q35_mtp_enable(engine_cuda_q35_session *s, bool *was_off) {
+    *was_off = false;
+    engine_cuda_q35_model *cm = s->cm;
+    const q35_dims *d = &cm->d;
+    if (!cm->has_mtp)
+        return engine_err(ENGINE_EUNSUPPORTED,
+                          "%s has no MTP block the CUDA backend can run (nextn_predict_layers / "
+                          "mtp.* tensors): speculative decoding with MTP is unavailable",
+                          cm->m->path);
+    if (s->spec) {
+        *was_off = !s->spec->on;
+        s->spec->on = true;
+        return 0;
+    }
+    int rc = 0;
+    CU(cudaSetDevice(cm->device));
+    {
+        q35_spec *sp = (q35_spec *)calloc(1, sizeof *sp);
+        if (!sp) return engine_err(ENGINE_ENOMEM, "out of memory");
+        s->spec = sp;
+        const size_t f = sizeof(float), V = ENGINE_CU_VMAX, E = (size_t)d->E;
+        const size_t kvd = (size_t)d->nkv * d->hd, elt = s->kv == ENGINE_KV_F32 ? 4 : 2;
+        sp->sbig = std::max((size_t)d->C, 2 * (size_t)d->nh * d->hd);
+        sp->sz = (size_t)d->di;
+        sp->sba = 2 * (size_t)d->nv;
+        sp->skv = kvd;
+        sp->satt = std::max((size_t)d->nh * d->hd, (size_t)d->di);
+        sp->sh = (size_t)d->k * d->F + (size_t)std::max(d->F, d->Fs);
+        sp->sw = (size_t)d->k + 1;
+        sp->mk = q35m_alloc(sp, (size_t)s->n_ctx * kvd * elt, &rc);
+        sp->mv = q35m_alloc(sp, (size_t)s->n_ctx * kvd * elt, &rc);
+        sp->vsnap = (float *)q35m_alloc(sp, f * V * s->snap_stride, &rc);
+        sp->hbuf = (float *)q35m_alloc(sp, f * (V + 1) * E, &rc);
+        sp->mtp_h = (float *)q35m_alloc(sp, f * E, &rc);
+        sp->snap_hid = (float *)q35m_alloc(sp, f * ENGINE_CUDA_Q35_SNAPSHOTS * E, &rc);
+        sp->X = (float *)q35m_alloc(sp, f * V * E, &rc);
+        sp->emb = (float *)q35m_alloc(sp, f * V * E, &rc);
+        sp->cat = (float *)q35m_alloc(sp, f * V * 2 * E, &rc);
+        sp->big = (float *)q35m_alloc(sp, f * V * sp->sbig, &rc);
+        sp->z = (float *)q35m_alloc(sp, f * V * sp->sz, &rc);
+        sp->ba = (float *)q35m_alloc(sp, f * V * sp->sba, &rc);
+        sp->k = (float *)q35m_alloc(sp, f * V * kvd, &rc);
+        sp->v = (float *)q35m_alloc(sp, f * V * kvd, &rc);
+        sp->att = (float *)q35m_alloc(sp, f * V * sp->satt, &rc);
+        sp->router = (float *)q35m_alloc(sp, f * V * d->X, &rc);
+        sp->shl = (float *)q35m_alloc(sp, f * V, &rc);
+        sp->h = (float *)q35m_alloc(sp, f * V * sp->sh, &rc);
+        sp->wts = (float *)q35m_alloc(sp, f * V * sp->sw, &rc);
+        sp->ids = (int32_t *)q35m_alloc(sp, sizeof(int32_t) * V * sp->sw, &rc);
+        sp->logits = (float *)q35m_alloc(sp, f * V * d->V, &rc);
+        sp->ascr = (float *)q35m_alloc(sp, f * 2 * ENGINE_CU_VARGMAX_BLOCKS * V, &rc);
+        sp->y = (int32_t *)q35m_alloc(sp, sizeof(int32_t) * V, &rc);
+        sp->dtok = (int32_t *)q35m_alloc(sp, sizeof(int32_t) * V, &rc);
+        sp->vstep = (engine_cu_step *)q35m_alloc(sp, sizeof(engine_cu_step) * V, &rc);
+        sp->dstep = (engine_cu_step *)q35m_alloc(sp, sizeof(engine_cu_step), &rc);
+        sp->ctl = (engine_cu_spec_ctl *)q35m_alloc(sp, sizeof(engine_cu_spec_ctl), &rc);
+        if (rc) goto done;
+        const size_t pb = sizeof(engine_cu_step) * (V + 1) + sizeof(engine_cu_spec_ctl);
+        CU(cudaMallocHost((void **)&sp->pinned, pb));
+        memset(sp->pinned, 0, pb);
+        sp->h_vstep = (engine_cu_step *)sp->pinned;
+        sp->h_dstep = sp->h_vstep + V;
+        sp->h_ctl = (engine_cu_spec_ctl *)(sp->h_dstep + 1);
+        sp->on = true;
+        *was_off = true;
+        engine_log(ENGINE_LOG_INFO,
+                   "cuda: MTP on (qwen35moe): block KV %.1f MiB, per-token states of a verify "
+                   "pass %.1f MiB",
+                   2.0 * (double)((size_t)s->n_ctx * kvd * elt) / 1048576.0,
+                   (double)(f * V * s->snap_stride) / 1048576.0);
+    }
+done:
+    if (rc) q35m_free(s);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Enqueueing a pass
+ * ------------------------------------------------------------------------------------------- */
+typedef struct {
+    int m;
+    const int32_t *pos; /* device: token t's position at pos + t * pstride */
+    size_t pstride;
+} q35m_pass;
+
+static engine_cu_vmv q35m_vmv(const float *x, size_t xs, int cols, const float *norm_w, float eps,
+                              int m) {
+    engine_cu_vmv v;
+    memset(&v, 0, sizeof v);
+    v.mv.cols = cols;
+    v.mv.x = x;
+    v.mv.norm_w = norm_w;
+    v.mv.eps = eps;
+    v.m = m;
+    v.x_stride = xs;
+    return v;
+}
+
+static void q35m_add(engine_cu_vmv *v, const q35_w *w, float *y, size_t ys, int acc) {
+    v->mv.m[v->mv.n_mat] = q35_mat(w, y, acc);
+    v->y_stride[v->mv.n_mat++] = ys;
+}
+
+static void q35m_deltanet(engine_cuda_q35_session *s, const q35_cl *ly, float eps,
+                          const q35m_pass *ps) {
+    const engine_cuda_q35_model *cm = s->cm;
+    const q35_dims *d = &cm->d;
+    q35_spec *sp = s->spec;
+    cudaStream_t st = s->stream;
+    const size_t E = (size_t)d->E;
+    engine_cu_vmv in = q35m_vmv(sp->X, E, d->E, ly->attn_norm, eps, ps->m);
+    q35m_add(&in, &ly->wqkv, sp->big, sp->sbig, 0);
+    q35m_add(&in, &ly->wz, sp->z, sp->sz, 0);
+    q35m_add(&in, &ly->wba, sp->ba, sp->sba, 0);
+    engine_cu_vmatvec(&in, st);
+    if (!ly->ba_fused) {
+        engine_cu_vmv al = q35m_vmv(sp->X, E, d->E, ly->attn_norm, eps, ps->m);
+        q35m_add(&al, &ly->walpha, sp->ba + d->nv, sp->sba, 0);
+        engine_cu_vmatvec(&al, st);
+    }
+    for (int t = 0; t < ps->m; t++) {
+        engine_cu_delta a;
+        memset(&a, 0, sizeof a);
+        a.qkv = sp->big + (size_t)t * sp->sbig;
+        a.z = sp->z + (size_t)t * sp->sz;
+        a.beta = sp->ba + (size_t)t * sp->sba;
+        a.alpha = a.beta + d->nv;
+        a.conv_w = ly->conv;
+        a.dt_bias = ly->dt_bias;
+        a.a = ly->a;
+        a.norm_w = ly->ssm_norm;
+        a.ring = s->ring + (size_t)ly->slot * s->ring_per;
+        a.state = s->state + (size_t)ly->slot * s->state_per;
+        /* the state after every token, in slot (pos + 1) % VMAX */
+        a.snap_ring = sp->vsnap + (size_t)ly->slot * s->ring_per;
+        a.snap_state = sp->vsnap + s->ring_per * (size_t)cm->n_lin + (size_t)ly->slot * s->state_per;
+        a.snap_stride = s->snap_stride;
+        a.snap_every = 1;
+        a.n_snap = ENGINE_CU_VMAX;
+        a.pos = ps->pos + (size_t)t * ps->pstride;
+        a.nk = d->nk;
+        a.nv = d->nv;
+        a.dk = d->dk;
+        a.dv = d->dv;
+        a.K = d->K;
+        a.v_tiled = cm->v_tiled;
+        a.eps = eps;
+        a.out = sp->att + (size_t)t * sp->satt;
+        a.ssq = s->dssq;
+        a.counters = s->counters + d->nkv + 1;
+        engine_cu_deltanet_step(&a, st);
+    }
+    engine_cu_vmv o = q35m_vmv(sp->att, sp->satt, d->di, NULL, 0.0f, ps->m);
+    q35m_add(&o, &ly->wout, sp->X, E, 1);
+    engine_cu_vmatvec(&o, st);
+}
+
+static void q35m_attention(engine_cuda_q35_session *s, const q35_cl *ly, float eps,
+                           const q35m_pass *ps, void *kc, void *vc) {
+    const q35_dims *d = &s->cm->d;
+    q35_spec *sp = s->spec;
+    cudaStream_t st = s->stream;
+    const size_t E = (size_t)d->E;
+    engine_cu_vmv in = q35m_vmv(sp->X, E, d->E, ly->attn_norm, eps, ps->m);
+    q35m_add(&in, &ly->wq, sp->big, sp->sbig, 0);
+    q35m_add(&in, &ly->wk, sp->k, sp->skv, 0);
+    q35m_add(&in, &ly->wv, sp->v, sp->skv, 0);
+    engine_cu_vmatvec(&in, st);
+    for (int t = 0; t < ps->m; t++) { /* causal: token t's KV row is stored before t + 1 reads */
+        engine_cu_gatt a;
+        memset(&a, 0, sizeof a);
+        a.qg = sp->big + (size_t)t * sp->sbig;
+        a.k = sp->k + (size_t)t * sp->skv;
+        a.v = sp->v + (size_t)t * sp->skv;
+        a.q_norm = ly->q_norm;
+        a.k_norm = ly->k_norm;
+        a.rope = (const float2 *)s->rope;
+        a.rot = d->rot;
+        a.eps = eps;
+        a.k_cache = kc;
+        a.v_cache = vc;
+        a.kv_f32 = s->kv == ENGINE_KV_F32;
+        a.pos = ps->pos + (size_t)t * ps->pstride;
+        a.n_ctx = s->n_ctx;
+        a.n_head = d->nh;
+        a.n_kv = d->nkv;
+        a.hd = d->hd;
+        a.partial = s->partial;
+        a.counters = s->counters;
+        a.out = sp->att + (size_t)t * sp->satt;
+        engine_cu_gatt_run(&a, st);
+    }
+    engine_cu_vmv o = q35m_vmv(sp->att, sp->satt, d->nh * d->hd, NULL, 0.0f, ps->m);
+    q35m_add(&o, &ly->wo, sp->X, E, 1);
+    engine_cu_vmatvec(&o, st);
+}
+
+static void q35m_moe(engine_cuda_q35_session *s, const q35_cl *ly, float eps, int m) {
+    const q35_dims *d = &s->cm->d;
+    q35_spec *sp = s->spec;
+    cudaStream_t st = s->stream;
+    const size_t E = (size_t)d->E;
+    engine_cu_vmv r = q35m_vmv(sp->X, E, d->E, ly->post_norm, eps, m);
+    q35m_add(&r, &ly->router, sp->router, (size_t)d->X, 0);
+    q35m_add(&r, &ly->shg, sp->shl, 1, 0);
+    engine_cu_vmatvec(&r, st);
+    engine_cu_ffn_up_args up;
+    memset(&up, 0, sizeof up);
+    up.router = sp->router;
+    up.n_expert = d->X;
+    up.k = d->k;
+    up.norm_topk = 1;
+    up.gate = ly->gate_exps.d;
+    up.up = ly->up_exps.d;
+    up.expert_bytes = q35_mat_bytes(&ly->gate_exps);
+    up.row_bytes = ly->gate_exps.row_bytes;
+    up.type = ly->gate_exps.type;
+    up.cols = d->E;
+    up.rows = ly->gate_exps.rows;
+    up.x = sp->X;
+    up.norm_w = ly->post_norm;
+    up.eps = eps;
+    up.h = sp->h;
+    up.ids = sp->ids;
+    up.weights = sp->wts;
+    engine_cu_vffn_up(&up, m, (size_t)d->X, E, sp->sh, sp->sw, st);
+    engine_cu_ffn_up_args sh;
+    memset(&sh, 0, sizeof sh);
+    sh.k = 1;
+    sh.gate = ly->gate_sh.d;
+    sh.up = ly->up_sh.d;
+    sh.row_bytes = ly->gate_sh.row_bytes;
+    sh.type = ly->gate_sh.type;
+    sh.cols = d->E;
+    sh.rows = ly->gate_sh.rows;
+    sh.x = sp->X;
+    sh.norm_w = ly->post_norm;
+    sh.eps = eps;
+    sh.h = sp->h + (size_t)d->k * d->F;
+    engine_cu_vffn_up(&sh, m, 0, E, sp->sh, 0, st);
+    engine_cu_vshgate(sp->shl, sp->wts + d->k, sp->ids + d->k, sp->sw,
+                      ly->down_merged ? d->X : 0, m, st);
+    engine_cu_ffn_down_args dn;
+    memset(&dn, 0, sizeof dn);
+    dn.down = ly->down_exps.d;
+    dn.expert_bytes = q35_mat_bytes(&ly->down_exps);
+    dn.row_bytes = ly->down_exps.row_bytes;
+    dn.type = ly->down_exps.type;
+    dn.cols = d->F;
+    dn.rows = d->E;
+    dn.k = ly->down_merged ? d->k + 1 : d->k;
+    dn.h = sp->h;
+    dn.ids = sp->ids;
+    dn.weights = sp->wts;
+    dn.y = sp->X;
+    engine_cu_vffn_down(&dn, m, sp->sh, sp->sw, E, st);
+    if (!ly->down_merged) {
+        dn.down = ly->down_sh.d;
+        dn.expert_bytes = 0;
+        dn.row_bytes = ly->down_sh.row_bytes;
+        dn.type = ly->down_sh.type;
+        dn.cols = d->Fs;
+        dn.k = 1;
+        dn.h = sp->h + (size_t)d->k * d->F;
+        dn.ids = sp->ids + d->k;
+        dn.weights = sp->wts + d->k;
+        engine_cu_vffn_down(&dn, m, sp->sh, sp->sw, E, st);
+    }
+}
+
+/* The MTP block over m pairs (hidden row t of hrows, token of tok[t]) at positions pos: its
+ * output (before the final norm) in X. */
+static void q35m_mtp_block(engine_cuda_q35_session *s, int m, const engine_cu_step *tok,
+                           const float *hrows, const int32_t *pos, size_t pstride) {
+    const engine_cuda_q35_model *cm = s->cm;
+    const q35_dims *d = &cm->d;
+    q35_spec *sp = s->spec;
+    cudaStream_t st = s->stream;
+    const float eps = cm->m->hp.rms_norm_eps;
+    const size_t E = (size_t)d->E;
+    for (int t = 0; t < m; t++)
+        engine_cu_embed(cm->tok_embd.d, cm->tok_embd.row_bytes, cm->tok_embd.type, d->E, tok + t,
+                        sp->emb + (size_t)t * E, st);
+    engine_cu_vcat_norm(sp->emb, hrows, cm->mtp_enorm, cm->mtp_hnorm, eps, d->E, m, sp->cat, st);
+    engine_cu_vmv fc = q35m_vmv(sp->cat, 2 * E, 2 * d->E, NULL, 0.0f, m);
+    q35m_add(&fc, &cm->mtp_eh, sp->X, E, 0);
+    engine_cu_vmatvec(&fc, st);
+    const q35_cl *ly = &cm->layers[d->n_layer];
+    const q35m_pass ps = {m, pos, pstride};
+    q35m_attention(s, ly, eps, &ps, sp->mk, sp->mv);
+    q35m_moe(s, ly, eps, m);
+}
+
+static void q35m_enqueue_verify(engine_cuda_q35_session *s, int m) {
+    const engine_cuda_q35_model *cm = s->cm;
+    const q35_dims *d = &cm->d;
+    q35_spec *sp = s->spec;
+    cudaStream_t st = s->stream;
+    const float eps = cm->m->hp.rms_norm_eps;
+    const size_t E = (size_t)d->E;
+    const q35m_pass ps = {m, &sp->vstep[0].pos, sizeof(engine_cu_step) / sizeof(int32_t)};
+    for (int t = 0; t < m; t++)
+        engine_cu_embed(cm->tok_embd.d, cm->tok_embd.row_bytes, cm->tok_embd.type, d->E,
+                        sp->vstep + t, sp->X + (size_t)t * E, st);
+    for (int l = 0; l < d->n_layer; l++) {
+        const q35_cl *ly = &cm->layers[l];
+        if (ly->attn)
+            q35m_attention(s, ly, eps, &ps, s->k_cache[ly->slot], s->v_cache[ly->slot]);
+        else
+            q35m_deltanet(s, ly, eps, &ps);
+        q35m_moe(s, ly, eps, m);
+    }
+    engine_cu_vmv hd = q35m_vmv(sp->X, E, d->E, cm->output_norm, eps, m);
+    q35m_add(&hd, &cm->output, sp->logits, (size_t)d->V, 0);
+    engine_cu_vmatvec(&hd, st);
+    engine_cu_vargmax(sp->logits, d->V, m, sp->ascr, sp->y, st);
+    engine_cu_vrmsnorm(sp->X, E, cm->output_norm, eps, d->E, m, sp->hbuf + E, E, st);
+    q35m_mtp_block(s, m, sp->vstep, sp->hbuf, sp->ctl->mpos, 1);
+}
+
+static void q35m_enqueue_draft(engine_cuda_q35_session *s, bool first) {
+    const engine_cuda_q35_model *cm = s->cm;
+    const q35_dims *d = &cm->d;
+    q35_spec *sp = s->spec;
+    cudaStream_t st = s->stream;
+    const float eps = cm->m->hp.rms_norm_eps;
+    const size_t E = (size_t)d->E;
+    q35m_mtp_block(s, 1, sp->dstep, first ? sp->hbuf : sp->mtp_h, &sp->dstep->pos, 0);
+    engine_cu_vmv hd = q35m_vmv(sp->X, E, d->E, cm->mtp_norm, eps, 1);
+    q35m_add(&hd, &cm->output, sp->logits, (size_t)d->V, 0);
+    engine_cu_vmatvec(&hd, st);
+    engine_cu_vrmsnorm(sp->X, E, cm->mtp_norm, eps, d->E, 1, sp->mtp_h, E, st);
+    engine_cu_sample(sp->logits, d->V, sp->dstep, sp->dtok, s->sscratch, s->counters + d->nkv, st);
+}
+
+/* One greedy speculative step of k drafts (ctl->p0, ctl->k and vstep[0].token set). */
+static void q35m_enqueue_fast(engine_cuda_q35_session *s, int k) {
+    const engine_cuda_q35_model *cm = s->cm;
+    q35_spec *sp = s->spec;
+    cudaStream_t st = s->stream;
+    const size_t nr = s->ring_per * (size_t)cm->n_lin, ns = s->state_per * (size_t)cm->n_lin;
+    engine_cu_spec_prep(sp->ctl, sp->vstep, sp->dstep, sp->dtok, k + 1, false, st);
+    for (int i = 0; i < k; i++)
+        q35m_enqueue_draft(s, i == 0);
+    engine_cu_spec_prep(sp->ctl, sp->vstep, sp->dstep, sp->dtok, k + 1, true, st);
+    q35m_enqueue_verify(s, k + 1);
+    engine_cu_spec_accept(sp->ctl, sp->y, sp->dtok, sp->hbuf, cm->d.E, sp->vstep, st);
+    engine_cu_spec_restore(sp->ctl, sp->vsnap, s->snap_stride, s->ring, nr, st);
+    engine_cu_spec_restore(sp->ctl, sp->vsnap + nr, s->snap_stride, s->state, ns, st);
+}
+
+/* kind 0: verify of m tokens, 1: draft (m = 1: step 0, else a later step), 2: fast step of m
+ * drafts. */
+static int q35m_graph(engine_cuda_q35_session *s, int kind, int m, cudaGraphExec_t *out) {
+    if (*out) return 0;
+    int rc = 0;
+    cudaGraph_t g = NULL;
+    CU(cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal));
+    if (kind == 0)
+        q35m_enqueue_verify(s, m);
+    else if (kind == 1)
+        q35m_enqueue_draft(s, m == 1);
+    else
+        q35m_enqueue_fast(s, m);
+    CU(cudaStreamEndCapture(s->stream, &g));
+    CU(cudaGetLastError());
+    CU(cudaGraphInstantiate(out, g, 0));
+done:
+    if (g) cudaGraphDestroy(g);
+    return rc;
+}
+
+/* After a pass from p0 that keeps n tokens: the grid snapshots among them (state and the
+ * hidden state of the token before) into the session's snapshot ring. */
+static int q35m_grid(engine_cuda_q35_session *s, int32_t p0, int32_t n) {
+    q35_spec *sp = s->spec;
+    const size_t E = (size_t)s->cm->d.E, f = sizeof(float);
+    int rc = 0;
+    for (int32_t b = p0 + 1; b <= p0 + n; b++) {
+        if (b % ENGINE_CUDA_Q35_SNAP_EVERY) continue;
+        const int slot = (b / ENGINE_CUDA_Q35_SNAP_EVERY) % ENGINE_CUDA_Q35_SNAPSHOTS;
+        CU(cudaMemcpyAsync(s->snap + (size_t)slot * s->snap_stride,
+                           sp->vsnap + (size_t)(b % ENGINE_CU_VMAX) * s->snap_stride,
+                           f * s->snap_stride, cudaMemcpyDeviceToDevice, s->stream));
+        CU(cudaMemcpyAsync(sp->snap_hid + (size_t)slot * E, sp->hbuf + (size_t)(b - p0) * E,
+                           f * E, cudaMemcpyDeviceToDevice, s->stream));
+        s->snap_pos[slot] = b;
+    }
+done:
+    return rc;
+}
+
+/* A new sequence: zero conv ring, recurrent state and the pending hidden state. */
+static int q35m_reset(engine_cuda_q35_session *s) {
+    const size_t nl = (size_t)s->cm->n_lin, f = sizeof(float);
+    int rc = 0;
+    CU(cudaMemsetAsync(s->ring, 0, f * s->ring_per * nl, s->stream));
+    CU(cudaMemsetAsync(s->state, 0, f * s->state_per * nl, s->stream));
+    CU(cudaMemsetAsync(s->spec->hbuf, 0, f * (size_t)s->cm->d.E, s->stream));
+    q35_reset_state(s);
+    s->spec->win_m = 0;
+done:
+    return rc;
+}
+
+extern "C" int engine_cuda_q35_append(engine_cuda_q35_session *s, const int32_t *tokens, int32_t n,
+                                      int32_t pos, float *logits_all, float *last) {
+    q35_spec *sp = s->spec;
+    const q35_dims *d = &s->cm->d;
+    const size_t E = (size_t)d->E, V = (size_t)d->V, f = sizeof(float);
+    if (!sp || !sp->on) return engine_err(ENGINE_EINVAL, "cuda append: MTP is not on");
+    if (pos < 0 || n < 1 || pos > s->n_ctx - n)
+        return engine_err(ENGINE_ERANGE, "cuda append: positions %d..%d do not fit the context "
+                          "of %d", pos, pos + n - 1, s->n_ctx);
+    for (int32_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= d->V)
+            return engine_err(ENGINE_EINVAL, "cuda append: token id %d is not in [0, %d)",
+                              tokens[i], d->V);
+    int rc = 0;
+    CU(cudaSetDevice(s->cm->device));
+    if (pos == 0 && (rc = q35m_reset(s))) goto done;
+    for (int32_t i = 0; i < n; i += ENGINE_CU_VMAX) {
+        const int m = std::min((int)(n - i), ENGINE_CU_VMAX);
+        const int32_t p0 = pos + i;
+        if ((rc = q35m_graph(s, 0, m, &sp->verify[m]))) goto done;
+        for (int t = 0; t < m; t++) {
+            memset(&sp->h_vstep[t], 0, sizeof sp->h_vstep[t]);
+            sp->h_vstep[t].token = tokens[i + t];
+            sp->h_vstep[t].pos = p0 + t;
+            sp->h_ctl->mpos[t] = std::max(p0 - 1 + t, 0);
+        }
+        sp->h_ctl->p0 = p0;
+        sp->h_ctl->k = m - 1;
+        CU(cudaMemcpyAsync(sp->vstep, sp->h_vstep, sizeof(engine_cu_step) * m,
+                           cudaMemcpyHostToDevice, s->stream));
+        CU(cudaMemcpyAsync(sp->ctl, sp->h_ctl, sizeof *sp->h_ctl, cudaMemcpyHostToDevice,
+                           s->stream));
+        CU(cudaGraphLaunch(sp->verify[m], s->stream));
+        if (logits_all)
+            CU(cudaMemcpyAsync(logits_all + (size_t)i * V, sp->logits, f * V * m,
+                               cudaMemcpyDeviceToHost, s->stream));
+        else if (last && i + m == n)
+            CU(cudaMemcpyAsync(last, sp->logits + (size_t)(m - 1) * V, f * V,
+                               cudaMemcpyDeviceToHost, s->stream));
+        if ((rc = q35m_grid(s, p0, m))) goto done;
+        CU(cudaMemcpyAsync(sp->hbuf, sp->hbuf + (size_t)m * E, f * E, cudaMemcpyDeviceToDevice,
+                           s->stream));
+        sp->win_p0 = p0;
+        sp->win_m = m;
+        CU(cudaStreamSynchronize(s->stream)); /* the pinned step records are reused */
+    }
+    if (logits_all && last) memcpy(last, logits_all + (size_t)(n - 1) * V, f * V);
+done:
+    return rc;
+}
+
+/* engine_cuda_q35_truncate with MTP on: inside the last pass's window from its per-token
+ * states, else from a snapshot (with its hidden state) and recompute through verify passes. */
+static int q35m_truncate(engine_cuda_q35_session *s, const int32_t *tokens, int32_t n_tokens,
+                         int32_t n) {
+    q35_spec *sp = s->spec;
+    const engine_cuda_q35_model *cm = s->cm;
+    const size_t E = (size_t)cm->d.E, f = sizeof(float);
+    const size_t nr = s->ring_per * (size_t)cm->n_lin, ns = s->state_per * (size_t)cm->n_lin;
+    int rc = 0, best = -1;
+    CU(cudaSetDevice(cm->device));
+    for (int i = 0; i < ENGINE_CUDA_Q35_SNAPSHOTS; i++) {
+        if (s->snap_pos[i] > n)
+            s->snap_pos[i] = -1;
+        else if (s->snap_pos[i] > 0 && (best < 0 || s->snap_pos[i] > s->snap_pos[best]))
+            best = i;
+    }
+    if (sp->win_m > 0 && sp->win_p0 + sp->win_m == n_tokens && n > sp->win_p0) {
+        const float *src = sp->vsnap + (size_t)(n % ENGINE_CU_VMAX) * s->snap_stride;
+        CU(cudaMemcpyAsync(s->ring, src, f * nr, cudaMemcpyDeviceToDevice, s->stream));
+        CU(cudaMemcpyAsync(s->state, src + nr, f * ns, cudaMemcpyDeviceToDevice, s->stream));
+        CU(cudaMemcpyAsync(sp->hbuf, sp->hbuf + (size_t)(n - sp->win_p0) * E, f * E,
+                           cudaMemcpyDeviceToDevice, s->stream));
+        sp->win_m = n - sp->win_p0;
+        CU(cudaStreamSynchronize(s->stream));
+        return 0;
+    }
+    {
+        int32_t b = 0;
+        if (best < 0) {
+            if ((rc = q35m_reset(s))) goto done;
+        } else {
+            b = s->snap_pos[best];
+            const float *src = s->snap + (size_t)best * s->snap_stride;
+            CU(cudaMemcpyAsync(s->ring, src, f * nr, cudaMemcpyDeviceToDevice, s->stream));
+            CU(cudaMemcpyAsync(s->state, src + nr, f * ns, cudaMemcpyDeviceToDevice, s->stream));
+            CU(cudaMemcpyAsync(sp->hbuf, sp->snap_hid + (size_t)best * E, f * E,
+                               cudaMemcpyDeviceToDevice, s->stream));
+        }
+        sp->win_m = 0;
+        if (b < n)
+            rc = engine_cuda_q35_append(s, tokens + b, n - b, b, NULL, NULL);
+        else
+            CU(cudaStreamSynchronize(s->stream));
+    }
+done:
+    return rc;
+}
+
+extern "C" int engine_cuda_q35_mtp_step(engine_cuda_q35_session *s, int32_t i, int32_t token,
+                                        int32_t n_tokens, float *logits) {
+    q35_spec *sp = s->spec;
+    const q35_dims *d = &s->cm->d;
+    const int32_t pos = n_tokens - 1 + i;
+    if (!sp || !sp->on || n_tokens < 1)
+        return engine_err(ENGINE_EINVAL, "MTP step: the session has no MTP state (enable it, "
+                          "then append at least one token)");
+    if (i < 0 || pos >= s->n_ctx || token < 0 || token >= d->V)
+        return engine_err(ENGINE_EINVAL, "MTP step %d at position %d (context %d), token %d", i,
+                          pos, s->n_ctx, token);
+    int rc = 0;
+    CU(cudaSetDevice(s->cm->device));
+    if ((rc = q35m_graph(s, 1, i == 0 ? 1 : 2, &sp->draft[i == 0 ? 0 : 1]))) goto done;
+    memset(sp->h_dstep, 0, sizeof *sp->h_dstep);
+    sp->h_dstep->token = token;
+    sp->h_dstep->pos = pos;
+    sp->h_dstep->out_cap = ENGINE_CU_VMAX;
+    CU(cudaMemcpyAsync(sp->dstep, sp->h_dstep, sizeof *sp->h_dstep, cudaMemcpyHostToDevice,
+                       s->stream));
+    CU(cudaGraphLaunch(sp->draft[i == 0 ? 0 : 1], s->stream));
+    if (logits)
+        CU(cudaMemcpyAsync(logits, sp->logits, sizeof(float) * (size_t)d->V,
+                           cudaMemcpyDeviceToHost, s->stream));
+    CU(cudaStreamSynchronize(s->stream));
+done:
+    return rc;
+}
+
+extern "C" int engine_cuda_q35_spec_generate(engine_cuda_q35_session *s, int32_t x, int32_t pos,
+                                             int32_t n_gen, int32_t k, int32_t *out,
+                                             int32_t *n_out, int32_t *n_pos, int32_t *steps,
+                                             int32_t *accepted) {
+    q35_spec *sp = s->spec;
+    *n_out = 0;
+    *n_pos = pos;
+    if (!sp || !sp->on || pos < 1 || k < 1 || k + 1 > ENGINE_CU_VMAX || n_gen < 1)
+        return engine_err(ENGINE_EINVAL, "cuda speculative loop: needs MTP on, a session of at "
+                          "least one token and 1..%d drafts", ENGINE_CU_VMAX - 1);
+    if (x < 0 || x >= s->cm->d.V)
+        return engine_err(ENGINE_EINVAL, "cuda speculative loop: token id %d", x);
+    int rc = 0;
+    int32_t p0 = pos, got = 0, n_steps = 0, n_acc = 0;
+    CU(cudaSetDevice(s->cm->device));
+    if ((rc = q35m_graph(s, 2, k, &sp->fast[k]))) goto done;
+    memset(sp->h_ctl, 0, sizeof *sp->h_ctl);
+    sp->h_ctl->p0 = pos;
+    sp->h_ctl->k = k;
+    memset(&sp->h_vstep[0], 0, sizeof sp->h_vstep[0]);
+    sp->h_vstep[0].token = x;
+    sp->h_vstep[0].pos = pos;
+    CU(cudaMemcpyAsync(sp->ctl, sp->h_ctl, sizeof *sp->h_ctl, cudaMemcpyHostToDevice, s->stream));
+    CU(cudaMemcpyAsync(sp->vstep, sp->h_vstep, sizeof sp->h_vstep[0], cudaMemcpyHostToDevice,
+                       s->stream));
+    sp->win_m = 0;
+    while (got < n_gen && p0 + k + 1 <= s->n_ctx) {
+        CU(cudaGraphLaunch(sp->fast[k], s->stream));
+        CU(cudaMemcpyAsync(sp->h_ctl, sp->ctl, sizeof *sp->h_ctl, cudaMemcpyDeviceToHost,
+                           s->stream));
+        CU(cudaStreamSynchronize(s->stream));
+        const int32_t j = sp->h_ctl->j;
+        for (int32_t t = 0; t <= j; t++)
+            out[got++] = sp->h_ctl->emit[t];
+        n_steps++;
+        n_acc += j;
+        if ((rc = q35m_grid(s, p0, j + 1))) goto done;
+        p0 += j + 1;
+    }
+    CU(cudaStreamSynchronize(s->stream));
+done:
+    *n_out = got;
+    *n_pos = p0;
+    if (steps) *steps = n_steps;
+    if (accepted) *accepted = n_acc;
+    return rc;
+}
+
+extern "C" int engine_cuda_q35_spec_time(engine_cuda_q35_session *s, int32_t pos, int reps,
+                                         double *draft_us,
+                                         double verify_us[ENGINE_CUDA_Q35_VMAX + 1]) {
+    q35_spec *sp = s->spec;
+    const engine_cuda_q35_model *cm = s->cm;
+    const size_t nr = s->ring_per * (size_t)cm->n_lin, ns = s->state_per * (size_t)cm->n_lin;
+    const size_t f = sizeof(float);
+    if (!sp || !sp->on || pos < 1 || pos + ENGINE_CU_VMAX > s->n_ctx || reps < 1)
+        return engine_err(ENGINE_EINVAL, "cuda MTP timing: needs MTP on and room after pos");
+    int rc = 0;
+    float *keep = NULL, ms = 0.0f;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    CU(cudaSetDevice(cm->device));
+    CU(cudaMalloc((void **)&keep, f * (nr + ns + (size_t)cm->d.E)));
+    CU(cudaMemcpyAsync(keep, s->ring, f * nr, cudaMemcpyDeviceToDevice, s->stream));
+    CU(cudaMemcpyAsync(keep + nr, s->state, f * ns, cudaMemcpyDeviceToDevice, s->stream));
+    CU(cudaMemcpyAsync(keep + nr + ns, sp->hbuf, f * cm->d.E, cudaMemcpyDeviceToDevice, s->stream));
+    CU(cudaEventCreate(&e0));
+    CU(cudaEventCreate(&e1));
+    if ((rc = q35m_graph(s, 1, 1, &sp->draft[0]))) goto done;
+    memset(sp->h_dstep, 0, sizeof *sp->h_dstep);
+    sp->h_dstep->token = 1;
+    sp->h_dstep->pos = pos - 1;
+    sp->h_dstep->out_cap = ENGINE_CU_VMAX;
+    CU(cudaGraphLaunch(sp->draft[0], s->stream)); /* warm */
+    CU(cudaEventRecord(e0, s->stream));
+    for (int r = 0; r < reps; r++) { /* the step advances dstep: start it over each time */
+        CU(cudaMemcpyAsync(sp->dstep, sp->h_dstep, sizeof *sp->h_dstep, cudaMemcpyHostToDevice,
+                           s->stream));
+        CU(cudaGraphLaunch(sp->draft[0], s->stream));
+    }
+    CU(cudaEventRecord(e1, s->stream));
+    CU(cudaEventSynchronize(e1));
+    CU(cudaEventElapsedTime(&ms, e0, e1));
+    *draft_us = 1e3 * ms / reps;
+    verify_us[0] = 0.0;
+    for (int m = 1; m <= ENGINE_CU_VMAX; m++) {
+        if ((rc = q35m_graph(s, 0, m, &sp->verify[m]))) goto done;
+        for (int t = 0; t < m; t++) {
+            memset(&sp->h_vstep[t], 0, sizeof sp->h_vstep[t]);
+            sp->h_vstep[t].token = 1 + t;
+            sp->h_vstep[t].pos = pos + t;
+            sp->h_ctl->mpos[t] = pos - 1 + t;
+        }
+        sp->h_ctl->p0 = pos;
+        sp->h_ctl->k = m - 1;
+        CU(cudaMemcpyAsync(sp->vstep, sp->h_vstep, sizeof(engine_cu_step) * m,
+                           cudaMemcpyHostToDevice, s->stream));
+        CU(cudaMemcpyAsync(sp->ctl, sp->h_ctl, sizeof *sp->h_ctl, cudaMemcpyHostToDevice,
+                           s->stream));
+        CU(cudaGraphLaunch(sp->verify[m], s->stream)); /* warm */
+        CU(cudaEventRecord(e0, s->stream));
+        for (int r = 0; r < reps; r++)
+            CU(cudaGraphLaunch(sp->verify[m], s->stream));
+        CU(cudaEventRecord(e1, s->stream));
+        CU(cudaEventSynchronize(e1));
+        CU(cudaEventElapsedTime(&ms, e0, e1));
+        verify_us[m] = 1e3 * ms / reps;
+    }
+    /* back to the state at pos (the passes moved it on; KV past pos is rewritten later) */
+    CU(cudaMemcpyAsync(s->ring, keep, f * nr, cudaMemcpyDeviceToDevice, s->stream));
+    CU(cudaMemcpyAsync(s->state, keep + nr, f * ns, cudaMemcpyDeviceToDevice, s->stream));
+    CU(cudaMemcpyAsync(sp->hbuf, keep + nr + ns, f * cm->d.E, cudaMemcpyDeviceToDevice, s->stream));
+    CU(cudaStreamSynchronize(s->stream));
+    sp->win_m = 0;
+    for (int i = 0; i < ENGINE_CUDA_Q35_SNAPSHOTS; i++)
+        if (s->snap_pos[i] > pos) s->snap_pos[i] = -1;
+done:
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    cudaFree(keep);
+    return rc;
+}

@@ -1,0 +1,637 @@
+/* Kernels of the qwen35moe speculative path (contracts in q35_verify.cuh). */
+#include <string.h>
+
+#include "matvec_dev.cuh"
+#include "moe_dev.cuh"
+#include "q35_verify.cuh"
+
+/* ---------------------------------------------------------------------------------------------
+ * Matrix times m vectors
+ * ------------------------------------------------------------------------------------------- */
+static __host__ __device__ __forceinline__ size_t vmv_xs(bool quant, int cols) {
+    return (engine_cu_xs_bytes(quant, cols) + 15) & ~(size_t)15;
+}
+
+/* The staged vector t of a block (vmv_xs bytes each). */
+__device__ __forceinline__ engine_cu_xv vmv_xv(const uint8_t *sm, size_t xs, int cols, bool quant,
+                                               int t) {
+    return engine_cu_xv_at(sm + (size_t)t * xs, cols, quant, 0);
+}
+
+/* acc[t] += chunk c of a quantised row against staged vector t, for t < m: the row's chunk is
+ * loaded and unpacked once for all m vectors, and each product is engine_cu_qdot_chunk's
+ * expression (qdot.cuh) on the same operands, so each sum is the decode matvec's bit for bit.
+ * (qdot.cuh's function unpacks per call: calling it m times loads and unpacks m times.) Plain
+ * read-only loads: the values of qdot.cuh's, without its optional L2 policy. */
+template <int T>
+__device__ __forceinline__ void vq_chunk(const uint8_t *row, int c, const uint8_t *sm, size_t xs,
+                                         int cols, int m, float acc[ENGINE_CU_VMAX]) {
+    int a0, b0;
+    engine_cu_chunk_cols(T, c, &a0, &b0);
+    uint32_t lo[4], hi[4];
+    float d1 = 0.0f, d2 = 0.0f, m1 = 0.0f, m2 = 0.0f, d = 0.0f;
+    if (T == ENGINE_TYPE_Q4_K || T == ENGINE_TYPE_Q5_K) {
+        const bool q5 = T == ENGINE_TYPE_Q5_K;
+        const uint8_t *b = row + (size_t)(c >> 3) * (q5 ? 176 : 144);
+        const int q = c & 7, j = q >> 1, half = q & 1;
+        const uint32_t dd = __ldg((const uint32_t *)b);
+        const float dk = engine_cu_h2f((uint16_t)(dd & 0xffffu)),
+                    dmin = engine_cu_h2f((uint16_t)(dd >> 16));
+        const uint32_t w0 = __ldg((const uint32_t *)(b + 4)),
+                       w1 = __ldg((const uint32_t *)(b + 8)),
+                       w2 = __ldg((const uint32_t *)(b + 12));
+        uint32_t qs[4];
+        engine_cu_load16_a16(b + (q5 ? 48 : 16) + 32 * j + 16 * half, qs);
+        int sc, mn;
+        engine_cu_scale_min_k4w(2 * j, w0, w1, w2, &sc, &mn);
+        d1 = dk * (float)sc;
+        m1 = dmin * (float)mn;
+        engine_cu_scale_min_k4w(2 * j + 1, w0, w1, w2, &sc, &mn);
+        d2 = dk * (float)sc;
+        m2 = dmin * (float)mn;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            lo[i] = qs[i] & 0x0F0F0F0Fu;
+            hi[i] = (qs[i] >> 4) & 0x0F0F0F0Fu;
+        }
+        if (q5) {
+            uint32_t qh[4];
+            engine_cu_load16_a16(b + 16 + 16 * half, qh);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                lo[i] |= ((qh[i] >> (2 * j)) & 0x01010101u) << 4;
+                hi[i] |= ((qh[i] >> (2 * j + 1)) & 0x01010101u) << 4;
+            }
+        }
+    } else if (T == ENGINE_TYPE_Q6_K) {
+        const uint8_t *b = row + (size_t)(c >> 3) * 210;
+        const int q = c & 7, hh = q >> 2, r = q & 3, w = r >> 1, l0 = 16 * (r & 1);
+        const float dk = engine_cu_h2f(__ldg((const uint16_t *)(b + 208)));
+        uint32_t ql[4], qh[4];
+        engine_cu_ldw_a2<4>(b + 64 * hh + 32 * w + l0, ql);
+        engine_cu_ldw_a2<4>(b + 128 + 32 * hh + l0, qh);
+        const int8_t *scp = (const int8_t *)(b + 192 + 8 * hh + (l0 >> 4));
+        d1 = dk * (float)__ldg(scp + 2 * w);
+        d2 = dk * (float)__ldg(scp + 4 + 2 * w);
+        const int s1 = 2 * w, s2 = 4 + 2 * w;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            lo[i] = (ql[i] & 0x0F0F0F0Fu) | (((qh[i] >> s1) & 0x03030303u) << 4);
+            hi[i] = ((ql[i] >> 4) & 0x0F0F0F0Fu) | (((qh[i] >> s2) & 0x03030303u) << 4);
+        }
+    } else if (T == ENGINE_TYPE_Q8_0) {
+        const uint8_t *b = row + (size_t)c * 34;
+        d = engine_cu_h2f(__ldg((const uint16_t *)b));
+        uint32_t v[8];
+        engine_cu_ldw_a2<8>(b + 2, v);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            lo[i] = v[i];
+            hi[i] = v[i + 4];
+        }
+    } else { /* Q4_0 */
+        const uint8_t *b = row + (size_t)c * 18;
+        d = engine_cu_h2f(__ldg((const uint16_t *)b));
+        uint32_t v[4];
+        engine_cu_ldw_a2<4>(b + 2, v);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            lo[i] = v[i] & 0x0F0F0F0Fu;
+            hi[i] = (v[i] >> 4) & 0x0F0F0F0Fu;
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < ENGINE_CU_VMAX; t++) {
+        if (t >= m) break;
+        const engine_cu_xv xv = vmv_xv(sm, xs, cols, true, t);
+        const int4 xa = *(const int4 *)(xv.q + a0), xb = *(const int4 *)(xv.q + b0);
+        const float da = xv.d[a0 >> 5], db = xv.d[b0 >> 5], sa = xv.s[a0 >> 4], sb = xv.s[b0 >> 4];
+        const int ia = engine_cu_dp4a4(lo, xa, 0), ib = engine_cu_dp4a4(hi, xb, 0);
+        float v;
+        if (T == ENGINE_TYPE_Q4_K || T == ENGINE_TYPE_Q5_K)
+            v = d1 * (da * (float)ia) - m1 * sa + (d2 * (db * (float)ib) - m2 * sb);
+        else if (T == ENGINE_TYPE_Q6_K)
+            v = d1 * (da * (float)ia - 32.0f * sa) + d2 * (db * (float)ib - 32.0f * sb);
+        else if (T == ENGINE_TYPE_Q8_0)
+            v = d * (da * (float)(ia + ib));
+        else
+            v = d * (da * (float)(ia + ib) - 8.0f * (sa + sb));
+        acc[t] += v;
+    }
+}
+
+/* Lane partial sums of R rows (row0, row0 + stride) against the m staged vectors over chunks
+ * c0, c0 + step, ...: per row and vector the additions of mv_rows, in its order. */
+template <int T, int R>
+__device__ __forceinline__ void vmv_rows(const uint8_t *row0, size_t stride, int c0, int step,
+                                         int n_chunks, const uint8_t *sm, size_t xs, int cols,
+                                         int m, float acc[R][ENGINE_CU_VMAX]) {
+#pragma unroll
+    for (int i = 0; i < R; i++)
+#pragma unroll
+        for (int t = 0; t < ENGINE_CU_VMAX; t++)
+            acc[i][t] = 0.0f;
+    for (int c = c0; c < n_chunks; c += step)
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            if (engine_cu_type_quant(T)) {
+                vq_chunk<T>(row0 + i * stride, c, sm, xs, cols, m, acc[i]);
+            } else {
+#pragma unroll
+                for (int t = 0; t < ENGINE_CU_VMAX; t++)
+                    if (t < m)
+                        acc[i][t] += engine_cu_dot_chunk<T>(row0 + i * stride, c,
+                                                            vmv_xv(sm, xs, cols, false, t));
+            }
+        }
+}
+
+/* R == 0 (split-K, one matrix of few rows): a group is one row, warp w taking chunks 32 w +
+ * lane step 256 (matvec.cu's split-K); else a group is 8 R rows, warp w computing rows w,
+ * w + 8 (R = 2) with lanes taking chunks lane step 32. */
+template <int MODE, int R>
+__global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 2)
+    vmv_kernel(engine_cu_vmv a, int n_groups) {
+    extern __shared__ uint4 vmv_smem[];
+    __shared__ float part[ENGINE_CU_VMAX][ENGINE_CU_MV_WARPS];
+    engine_cu_pdl_launch();
+    constexpr bool SPLIT = R == 0;
+    constexpr int NR = SPLIT ? 1 : R, PER = SPLIT ? 1 : ENGINE_CU_MV_WARPS * R;
+    uint8_t *sm = (uint8_t *)vmv_smem;
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, m = a.m, cols = a.mv.cols;
+    const bool quant = MODE != ENGINE_CU_X_F32;
+    const size_t xs = vmv_xs(quant, cols);
+    { /* the first group's rows: fetched while the previous kernel finishes */
+        int first;
+        const int mi = mv_find(a.mv, blockIdx.x, PER, &first);
+        if (mi >= 0) {
+            const size_t rb = a.mv.m[mi].row_bytes;
+            const int r = (blockIdx.x - first) * PER + (SPLIT ? 0 : w);
+#pragma unroll
+            for (int i = 0; i < NR; i++)
+                if (r + 8 * i < a.mv.m[mi].rows && (!SPLIT || w == 0))
+                    engine_cu_prefetch_l2(a.mv.m[mi].w + (size_t)(r + 8 * i) * rb, rb);
+        }
+    }
+    engine_cu_pdl_wait();
+    for (int t = 0; t < m; t++)
+        engine_cu_stage_x<MODE>(a.mv.x + (size_t)t * a.x_stride, cols, a.mv.norm_w, a.mv.eps,
+                                sm + (size_t)t * xs);
+    const int n_chunks = cols >> 5;
+    for (int g = blockIdx.x; g < n_groups; g += gridDim.x) {
+        int first;
+        const int mi = mv_find(a.mv, g, PER, &first);
+        if (mi < 0) break;
+        const engine_cu_mat &mt = a.mv.m[mi];
+        const int r = (g - first) * PER + (SPLIT ? 0 : w);
+        if (!SPLIT && r >= mt.rows) continue; /* no barrier below when !SPLIT */
+        const uint8_t *row = mt.w + (size_t)r * mt.row_bytes;
+        /* rows past the end compute on the last row and are not stored */
+        const size_t stride = r + 8 * (NR - 1) < mt.rows ? (size_t)8 * mt.row_bytes : 0;
+        const int c0 = SPLIT ? 32 * w + lane : lane, step = SPLIT ? 32 * ENGINE_CU_MV_WARPS : 32;
+        float acc[NR][ENGINE_CU_VMAX];
+        switch (mt.type) {
+#define VMV_CASE(T)                                                                                \
+    case T:                                                                                        \
+        if (MODE == engine_cu_x_mode(T))                                                           \
+            vmv_rows<T, NR>(row, stride, c0, step, n_chunks, sm, xs, cols, m, acc);                \
+        break;
+            ENGINE_CU_QUANT_CASES(VMV_CASE)
+#undef VMV_CASE
+#define VMV_CASE(T)                                                                                \
+    case T:                                                                                        \
+        if (MODE == ENGINE_CU_X_F32)                                                               \
+            vmv_rows<T, NR>(row, stride, c0, step, n_chunks, sm, xs, cols, m, acc);                \
+        break;
+            ENGINE_CU_FLOAT_CASES(VMV_CASE)
+#undef VMV_CASE
+        default:
+            for (int i = 0; i < NR; i++)
+                for (int t = 0; t < ENGINE_CU_VMAX; t++)
+                    acc[i][t] = 0.0f;
+        }
+        const size_t ys = a.y_stride[mi];
+        if (!SPLIT) {
+#pragma unroll
+            for (int i = 0; i < NR; i++)
+#pragma unroll
+                for (int t = 0; t < ENGINE_CU_VMAX; t++) {
+                    if (t >= m) break;
+                    const float s = engine_cu_warp_sum(acc[i][t]);
+                    float *y = mt.y + (size_t)t * ys;
+                    const int ri = r + 8 * i;
+                    if (lane == 0 && ri < mt.rows) y[ri] = mt.accumulate ? y[ri] + s : s;
+                }
+        } else {
+#pragma unroll
+            for (int t = 0; t < ENGINE_CU_VMAX; t++) {
+                if (t >= m) break;
+                const float s = engine_cu_warp_sum(acc[0][t]);
+                if (lane == 0) part[t][w] = s;
+            }
+            __syncthreads();
+            if (threadIdx.x < m) {
+                const int t = threadIdx.x;
+                float tot = 0.0f;
+                for (int k = 0; k < ENGINE_CU_MV_WARPS; k++)
+                    tot += part[t][k];
+                float *y = mt.y + (size_t)t * ys;
+                y[r] = mt.accumulate ? y[r] + tot : tot;
+            }
+            __syncthreads();
+        }
+    }
+}
+
+size_t engine_cu_vmatvec_smem(int type, int cols, int m) {
+    return vmv_xs(engine_cu_type_quant(type), cols) * (size_t)m;
+}
+
+/* The decode matvec's plan (matvec.cu, mv_plan_mode) for this kernel's occupancy. */
+template <int MODE> static void vmv_launch_mode(const engine_cu_vmv *a, cudaStream_t st) {
+    const size_t smem = vmv_xs(MODE != ENGINE_CU_X_F32, a->mv.cols) * (size_t)a->m;
+    const int threads = ENGINE_CU_MV_WARPS * 32;
+    int dev = 0, sms = 1, per1 = 1, per2 = 1, rows = 0, g1 = 0, g2 = 0;
+    for (int i = 0; i < a->mv.n_mat; i++) {
+        rows += a->mv.m[i].rows;
+        g1 += (a->mv.m[i].rows + ENGINE_CU_MV_WARPS - 1) / ENGINE_CU_MV_WARPS;
+        g2 += (a->mv.m[i].rows + 2 * ENGINE_CU_MV_WARPS - 1) / (2 * ENGINE_CU_MV_WARPS);
+    }
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        sms < 1)
+        sms = 1;
+    if (a->mv.n_mat == 1 && g1 < sms && a->mv.cols >= 32 * 32 * 2) { /* split-K */
+        engine_cu_launch(vmv_kernel<MODE, 0>, dim3(rows), dim3(threads), smem, st, *a, rows);
+        return;
+    }
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per1, vmv_kernel<MODE, 1>, threads,
+                                                      smem) != cudaSuccess ||
+        per1 < 1)
+        per1 = 1;
+    if (g1 <= sms * per1) {
+        engine_cu_launch(vmv_kernel<MODE, 1>, dim3(g1), dim3(threads), smem, st, *a, g1);
+        return;
+    }
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per2, vmv_kernel<MODE, 2>, threads,
+                                                      smem) != cudaSuccess ||
+        per2 < 1)
+        per2 = 1;
+    const int blocks = a->mv.n_mat == 1 && g2 > sms * per2 ? sms * per2 : g2;
+    engine_cu_launch(vmv_kernel<MODE, 2>, dim3(blocks), dim3(threads), smem, st, *a, g2);
+}
+
+void engine_cu_vmatvec(const engine_cu_vmv *a, cudaStream_t stream) {
+    engine_cu_vmv part[3];
+    for (int k = 0; k < 3; k++) {
+        part[k] = *a;
+        part[k].mv.n_mat = 0;
+    }
+    for (int i = 0; i < a->mv.n_mat; i++) {
+        engine_cu_vmv *p = &part[engine_cu_x_mode(a->mv.m[i].type)];
+        p->y_stride[p->mv.n_mat] = a->y_stride[i];
+        p->mv.m[p->mv.n_mat++] = a->mv.m[i];
+    }
+    if (part[ENGINE_CU_X_F32].mv.n_mat) vmv_launch_mode<ENGINE_CU_X_F32>(&part[0], stream);
+    if (part[ENGINE_CU_X_Q8_0].mv.n_mat) vmv_launch_mode<ENGINE_CU_X_Q8_0>(&part[1], stream);
+    if (part[ENGINE_CU_X_Q8_K].mv.n_mat) vmv_launch_mode<ENGINE_CU_X_Q8_K>(&part[2], stream);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * MoE over m tokens
+ * ------------------------------------------------------------------------------------------- */
+/* The MoE kernels' per-row work (moe_dev.cuh: route, up_rows, down_row) with the token as a
+ * grid dimension; the same staging and products as the per-token launches. */
+template <int MODE>
+__global__ void __launch_bounds__(FFN_WARPS * 32, 3)
+    vup_kernel(engine_cu_ffn_up_args a, size_t rs, size_t xs, size_t hs, size_t is) {
+    extern __shared__ uint4 vup_smem[];
+    __shared__ int ids[ENGINE_CU_MAX_EXPERT_USED];
+    __shared__ float wts[ENGINE_CU_MAX_EXPERT_USED];
+    engine_cu_pdl_launch();
+    uint8_t *sm = (uint8_t *)vup_smem;
+    const size_t t = blockIdx.z;
+    const int j = blockIdx.y, w = threadIdx.x >> 5;
+    const float *router = a.router ? a.router + t * rs : nullptr;
+    const int r0 = blockIdx.x * 2 * FFN_WARPS, nr = min(2 * FFN_WARPS, a.rows - r0);
+    /* the block's gate and up rows (two runs of an expert) asked of L2: dense before the wait,
+     * routed as soon as warp 0 has routed, while the others stage x */
+    if (!router && w == 0) {
+        engine_cu_prefetch_l2(a.gate + (size_t)r0 * a.row_bytes, (size_t)nr * a.row_bytes);
+        engine_cu_prefetch_l2(a.up + (size_t)r0 * a.row_bytes, (size_t)nr * a.row_bytes);
+    }
+    engine_cu_pdl_wait();
+    if (router) {
+        if (w == 0) {
+            route(router, a.n_expert, a.k, a.norm_topk, ids, wts);
+            const size_t off = (size_t)ids[j] * a.expert_bytes + (size_t)r0 * a.row_bytes;
+            engine_cu_prefetch_l2(a.gate + off, (size_t)nr * a.row_bytes);
+            engine_cu_prefetch_l2(a.up + off, (size_t)nr * a.row_bytes);
+        }
+    } else if (threadIdx.x == 0) {
+        ids[0] = 0;
+    }
+    /* warp 0 routes meanwhile; the staging ends with a barrier */
+    engine_cu_stage_x<MODE>(a.x + t * xs, a.cols, a.norm_w, a.eps, sm, router ? 1 : 0);
+    if (router && blockIdx.x == 0 && j == 0 && threadIdx.x < a.k) {
+        a.ids[t * is + threadIdx.x] = ids[threadIdx.x];
+        a.weights[t * is + threadIdx.x] = wts[threadIdx.x];
+    }
+    const int r = r0 + w;
+    if (r >= a.rows) return;
+    const size_t off = (size_t)ids[j] * a.expert_bytes + (size_t)r * a.row_bytes;
+    const uint8_t *gr = a.gate + off, *ur = a.up + off;
+    const bool two = r + FFN_WARPS < a.rows;
+    const size_t stride = two ? (size_t)FFN_WARPS * a.row_bytes : 0;
+    const engine_cu_xv xv = engine_cu_xv_at(sm, a.cols, MODE != ENGINE_CU_X_F32, 0);
+    float hv[2] = {0.0f, 0.0f};
+    switch (a.type) {
+#define VUP_CASE(T)                                                                                \
+    case T:                                                                                        \
+        if (MODE == engine_cu_x_mode(T)) up_rows<T>(gr, ur, stride, a.cols >> 5, xv, hv);          \
+        break;
+        ENGINE_CU_QUANT_CASES(VUP_CASE)
+#undef VUP_CASE
+#define VUP_CASE(T)                                                                                \
+    case T:                                                                                        \
+        if (MODE == ENGINE_CU_X_F32) up_rows<T>(gr, ur, stride, a.cols >> 5, xv, hv);              \
+        break;
+        ENGINE_CU_FLOAT_CASES(VUP_CASE)
+#undef VUP_CASE
+    }
+    if ((threadIdx.x & 31) == 0) {
+        float *h = a.h + t * hs + (size_t)j * a.rows;
+        h[r] = hv[0];
+        if (two) h[r + FFN_WARPS] = hv[1];
+    }
+}
+
+template <int MODE>
+__global__ void __launch_bounds__(FFN_WARPS * 32, 3)
+    vdown_kernel(engine_cu_ffn_down_args a, size_t hs, size_t is, size_t ys) {
+    extern __shared__ uint4 vdown_smem[];
+    __shared__ int ids[ENGINE_CU_MAX_EXPERT_USED];
+    __shared__ float wts[ENGINE_CU_MAX_EXPERT_USED];
+    engine_cu_pdl_launch();
+    uint8_t *sm = (uint8_t *)vdown_smem;
+    const size_t t = blockIdx.y;
+    engine_cu_pdl_wait();
+    if (threadIdx.x < a.k) {
+        ids[threadIdx.x] = a.ids ? a.ids[t * is + threadIdx.x] : 0;
+        wts[threadIdx.x] = a.ids ? a.weights[t * is + threadIdx.x] : 1.0f;
+    }
+    __syncthreads();
+    const int r = blockIdx.x * FFN_WARPS + (threadIdx.x >> 5);
+    if (r < a.rows) /* the warp's rows of the k experts, asked of L2 while the block stages h */
+        for (int j = 0; j < a.k; j++)
+            engine_cu_prefetch_l2(a.down + (size_t)ids[j] * a.expert_bytes +
+                                      (size_t)r * a.row_bytes,
+                                  a.row_bytes);
+    engine_cu_stage_x<MODE>(a.h + t * hs, a.k * a.cols, nullptr, 0.0f, sm); /* ends in a barrier */
+    if (r >= a.rows) return;
+    float s = 0.0f;
+    switch (a.type) {
+#define VDOWN_CASE(T)                                                                              \
+    case T:                                                                                        \
+        if (MODE == engine_cu_x_mode(T)) s = down_row<T>(a, r, ids, wts, sm, true);                \
+        break;
+        ENGINE_CU_QUANT_CASES(VDOWN_CASE)
+#undef VDOWN_CASE
+#define VDOWN_CASE(T)                                                                              \
+    case T:                                                                                        \
+        if (MODE == ENGINE_CU_X_F32) s = down_row<T>(a, r, ids, wts, sm, false);                   \
+        break;
+        ENGINE_CU_FLOAT_CASES(VDOWN_CASE)
+#undef VDOWN_CASE
+    }
+    if ((threadIdx.x & 31) == 0) a.y[t * ys + r] += s;
+}
+
+void engine_cu_vffn_up(const engine_cu_ffn_up_args *a, int m, size_t router_stride,
+                       size_t x_stride, size_t h_stride, size_t id_stride, cudaStream_t stream) {
+    const dim3 grid((a->rows + 2 * FFN_WARPS - 1) / (2 * FFN_WARPS), a->router ? a->k : 1, m);
+    const int mode = engine_cu_x_mode(a->type);
+    const size_t smem = engine_cu_xs_bytes(engine_cu_type_quant(a->type), a->cols);
+    engine_cu_launch(mode == ENGINE_CU_X_Q8_K   ? vup_kernel<ENGINE_CU_X_Q8_K>
+                     : mode == ENGINE_CU_X_Q8_0 ? vup_kernel<ENGINE_CU_X_Q8_0>
+                                                : vup_kernel<ENGINE_CU_X_F32>,
+                     grid, dim3(FFN_WARPS * 32), smem, stream, *a, router_stride, x_stride,
+                     h_stride, id_stride);
+}
+
+void engine_cu_vffn_down(const engine_cu_ffn_down_args *a, int m, size_t h_stride,
+                         size_t id_stride, size_t y_stride, cudaStream_t stream) {
+    const int mode = engine_cu_x_mode(a->type);
+    const size_t smem = engine_cu_xs_bytes(engine_cu_type_quant(a->type), a->k * a->cols);
+    engine_cu_launch(mode == ENGINE_CU_X_Q8_K   ? vdown_kernel<ENGINE_CU_X_Q8_K>
+                     : mode == ENGINE_CU_X_Q8_0 ? vdown_kernel<ENGINE_CU_X_Q8_0>
+                                                : vdown_kernel<ENGINE_CU_X_F32>,
+                     dim3((a->rows + FFN_WARPS - 1) / FFN_WARPS, m), dim3(FFN_WARPS * 32), smem,
+                     stream, *a, h_stride, id_stride, y_stride);
+}
+
+__global__ void vshgate_kernel(const float *logit, float *w, int32_t *id, size_t stride,
+                               int32_t id_value, int m) {
+    engine_cu_pdl_launch();
+    engine_cu_pdl_wait();
+    const int t = threadIdx.x;
+    if (t < m) { /* as deltanet.cu's shgate */
+        w[(size_t)t * stride] = 1.0f / (1.0f + expf(-logit[t]));
+        id[(size_t)t * stride] = id_value;
+    }
+}
+
+void engine_cu_vshgate(const float *logit, float *w, int32_t *id, size_t stride, int32_t id_value,
+                       int m, cudaStream_t stream) {
+    engine_cu_launch(vshgate_kernel, dim3(1), dim3(32), 0, stream, logit, w, id, stride, id_value,
+                     m);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Norms, argmax
+ * ------------------------------------------------------------------------------------------- */
+__device__ __forceinline__ void vnorm_row(const float *x, const float *w, float eps, int n,
+                                          float *out, float *red) {
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        ss += x[i] * x[i];
+    ss = engine_cu_block_sum(ss, red);
+    const float scale = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        out[i] = w[i] * (x[i] * scale);
+}
+
+__global__ void vrmsnorm_kernel(const float *x, size_t xs, const float *w, float eps, int n,
+                                float *out, size_t os) {
+    __shared__ float red[32];
+    engine_cu_pdl_launch();
+    engine_cu_pdl_wait();
+    const size_t t = blockIdx.x;
+    vnorm_row(x + t * xs, w, eps, n, out + t * os, red);
+}
+
+void engine_cu_vrmsnorm(const float *x, size_t x_stride, const float *w, float eps, int n, int m,
+                        float *out, size_t out_stride, cudaStream_t stream) {
+    engine_cu_launch(vrmsnorm_kernel, dim3(m), dim3(256), 0, stream, x, x_stride, w, eps, n, out,
+                     out_stride);
+}
+
+__global__ void vcat_kernel(const float *e, const float *h, const float *we, const float *wh,
+                            float eps, int n, float *out) {
+    __shared__ float red[32];
+    engine_cu_pdl_launch();
+    engine_cu_pdl_wait();
+    const size_t t = blockIdx.x;
+    if (blockIdx.y == 0)
+        vnorm_row(e + t * n, we, eps, n, out + t * 2 * n, red);
+    else
+        vnorm_row(h + t * n, wh, eps, n, out + t * 2 * n + n, red);
+}
+
+void engine_cu_vcat_norm(const float *e, const float *h, const float *we, const float *wh,
+                         float eps, int n, int m, float *out, cudaStream_t stream) {
+    engine_cu_launch(vcat_kernel, dim3(m, 2), dim3(256), 0, stream, e, h, we, wh, eps, n, out);
+}
+
+__device__ __forceinline__ void vbest(float &bv, int &bi, float v, int i) {
+    if (v > bv || (v == bv && i < bi)) {
+        bv = v;
+        bi = i;
+    }
+}
+
+__device__ __forceinline__ void vbest_block(float &bv, int &bi) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    for (int o = 16; o > 0; o >>= 1)
+        vbest(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    if (lane == 0) {
+        sv[w] = bv;
+        si[w] = bi;
+    }
+    __syncthreads();
+    if (w == 0) {
+        bv = lane < (int)(blockDim.x >> 5) ? sv[lane] : -INFINITY;
+        bi = lane < (int)(blockDim.x >> 5) ? si[lane] : 0x7fffffff;
+        for (int o = 16; o > 0; o >>= 1)
+            vbest(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o),
+                  __shfl_xor_sync(0xffffffffu, bi, o));
+    }
+}
+
+__global__ void vargmax_part(const float *logits, int n, float *scratch) {
+    engine_cu_pdl_launch();
+    engine_cu_pdl_wait();
+    const size_t t = blockIdx.y;
+    const float *l = logits + t * n;
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        vbest(bv, bi, l[i], i);
+    vbest_block(bv, bi);
+    if (threadIdx.x == 0) {
+        scratch[2 * (t * gridDim.x + blockIdx.x)] = bv;
+        scratch[2 * (t * gridDim.x + blockIdx.x) + 1] = __int_as_float(bi);
+    }
+}
+
+__global__ void vargmax_final(const float *scratch, int nb, int32_t *y) {
+    engine_cu_pdl_launch();
+    engine_cu_pdl_wait();
+    const size_t t = blockIdx.x;
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int b = threadIdx.x; b < nb; b += blockDim.x)
+        vbest(bv, bi, scratch[2 * (t * nb + b)], __float_as_int(scratch[2 * (t * nb + b) + 1]));
+    vbest_block(bv, bi);
+    if (threadIdx.x == 0) y[t] = bi == 0x7fffffff ? 0 : bi; /* all NaN: token 0 */
+}
+
+void engine_cu_vargmax(const float *logits, int n, int m, float *scratch, int32_t *y,
+                       cudaStream_t stream) {
+    engine_cu_launch(vargmax_part, dim3(ENGINE_CU_VARGMAX_BLOCKS, m), dim3(256), 0, stream, logits,
+                     n, scratch);
+    engine_cu_launch(vargmax_final, dim3(m), dim3(64), 0, stream, (const float *)scratch,
+                     (int)ENGINE_CU_VARGMAX_BLOCKS, y);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The greedy speculative loop's device steps
+ * ------------------------------------------------------------------------------------------- */
+__global__ void spec_prep_kernel(engine_cu_spec_ctl *ctl, engine_cu_step *vstep,
+                                 engine_cu_step *dstep, const int32_t *drafts, int m,
+                                 int with_drafts) {
+    engine_cu_pdl_launch();
+    engine_cu_pdl_wait();
+    if (threadIdx.x != 0) return;
+    const int32_t p0 = ctl->p0;
+    for (int t = 0; t < m; t++) {
+        vstep[t].pos = p0 + t;
+        ctl->mpos[t] = p0 - 1 + t > 0 ? p0 - 1 + t : 0;
+    }
+    if (with_drafts) {
+        for (int i = 0; i + 1 < m; i++)
+            vstep[1 + i].token = drafts[i];
+    } else {
+        dstep->token = vstep[0].token;
+        dstep->pos = p0 - 1;
+        dstep->n_out = 0;
+        dstep->out_cap = ENGINE_CU_VMAX;
+        dstep->temp = 0.0f;
+    }
+}
+
+void engine_cu_spec_prep(engine_cu_spec_ctl *ctl, engine_cu_step *vstep, engine_cu_step *dstep,
+                         const int32_t *drafts, int m, bool with_drafts, cudaStream_t stream) {
+    engine_cu_launch(spec_prep_kernel, dim3(1), dim3(32), 0, stream, ctl, vstep, dstep, drafts, m,
+                     (int)with_drafts);
+}
+
+__global__ void spec_accept_kernel(engine_cu_spec_ctl *ctl, const int32_t *y,
+                                   const int32_t *drafts, float *hbuf, int n, engine_cu_step *vstep) {
+    __shared__ int sj;
+    engine_cu_pdl_launch();
+    engine_cu_pdl_wait();
+    if (threadIdx.x == 0) {
+        const int k = ctl->k;
+        int j = 0;
+        while (j < k && drafts[j] == y[j]) {
+            ctl->emit[j] = drafts[j];
+            j++;
+        }
+        ctl->emit[j] = y[j];
+        ctl->j = j;
+        ctl->n_emit = j + 1;
+        vstep[0].token = y[j];
+        ctl->p0 += j + 1;
+        sj = j;
+    }
+    __syncthreads();
+    const float *src = hbuf + (size_t)(sj + 1) * n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        hbuf[i] = src[i];
+}
+
+void engine_cu_spec_accept(engine_cu_spec_ctl *ctl, const int32_t *y, const int32_t *drafts,
+                           float *hbuf, int n_embd, engine_cu_step *vstep, cudaStream_t stream) {
+    engine_cu_launch(spec_accept_kernel, dim3(1), dim3(256), 0, stream, ctl, y, drafts, hbuf,
+                     n_embd, vstep);
+}
+
+__global__ void spec_restore_kernel(const engine_cu_spec_ctl *ctl, const float4 *src0,
+                                    size_t stride4, float4 *dst, size_t n4) {
+    engine_cu_pdl_launch();
+    engine_cu_pdl_wait();
+    if (ctl->j >= ctl->k) return;
+    const float4 *src = src0 + (size_t)(ctl->p0 % ENGINE_CU_VMAX) * stride4;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4;
+         i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = src[i];
+}
+
+void engine_cu_spec_restore(const engine_cu_spec_ctl *ctl, const float *src_slot0,
+                            size_t slot_stride, float *dst, size_t n, cudaStream_t stream) {
+    engine_cu_launch(spec_restore_kernel, dim3(264), dim3(256), 0, stream, ctl,
+                     (const float4 *)src_slot0, slot_stride / 4, (float4 *)dst, n / 4);
+}

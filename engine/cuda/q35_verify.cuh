@@ -1,0 +1,89 @@
+/* Kernels of the qwen35moe speculative path (MTP drafts and the verify pass of m <= 5 tokens):
+ * device code in q35_verify.cu, used by the session code of q35_mtp_host.cuh (qwen35.cu).
+ *
+ * engine_cu_vmatvec: y_t = W x_t for m activation vectors (x_t at x + t * x_stride, y_t at
+ *   y + t * y_stride of each matrix): each block stages all m vectors (qdot.cuh staging, the
+ *   optional RMSNorm per vector), a warp owns a row and reads its weights once for all m
+ *   products. Each product is summed in exactly the order of the decode matvec (matvec.cu:
+ *   lane chunks c = lane, lane + 32, ... then a warp sum; split-K for one matrix of few rows:
+ *   warp w chunks 32 w + lane step 256, warp sums, then the 8 warps in order), so every y_t
+ *   equals the decode step's bit for bit.
+ * engine_cu_vffn_up / _down: the MoE kernels (moe_dev.cuh) with the token as one more grid
+ *   dimension: token t's router, x, h, ids, weights at the given strides. Bit for bit the
+ *   per-token launches.
+ * engine_cu_vshgate: the shared expert's gate slot of every token (deltanet.cu's shgate).
+ * engine_cu_vrmsnorm: out_t = rmsnorm(x_t) * w (as the staging computes it, in F32).
+ * engine_cu_vcat_norm: the MTP block's input rows [rmsnorm(e_t) * we | rmsnorm(h_t) * wh].
+ * engine_cu_vargmax: y[t] = argmax of logits row t (ties to the lower id, as the samplers).
+ * engine_cu_spec_prep / engine_cu_spec_accept / engine_cu_spec_restore: the device side of the
+ *   greedy speculative loop (see q35_mtp_host.cuh). */
+#ifndef SPARK_ENGINE_CUDA_Q35_VERIFY_CUH
+#define SPARK_ENGINE_CUDA_Q35_VERIFY_CUH
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common.cuh"
+#include "matvec.cuh"
+#include "moe.cuh"
+#include "sample.cuh"
+
+#define ENGINE_CU_VMAX 5 /* tokens of one verify pass: k + 1 for k <= 4 drafts */
+
+typedef struct {
+    engine_cu_mv mv;     /* matrices, cols, x (token 0), norm_w, eps */
+    int m;               /* vectors, 1 .. ENGINE_CU_VMAX */
+    size_t x_stride;     /* floats from x_t to x_{t+1} */
+    size_t y_stride[3];  /* floats from y_t to y_{t+1} of each matrix */
+} engine_cu_vmv;
+
+/* Shared memory one block of engine_cu_vmatvec needs for m vectors of cols values. */
+size_t engine_cu_vmatvec_smem(int type, int cols, int m);
+void engine_cu_vmatvec(const engine_cu_vmv *a, cudaStream_t stream);
+
+/* a: token 0's arguments; token t's router + t * router_stride, x + t * x_stride, h + t *
+ * h_stride, ids / weights + t * id_stride. */
+void engine_cu_vffn_up(const engine_cu_ffn_up_args *a, int m, size_t router_stride,
+                       size_t x_stride, size_t h_stride, size_t id_stride, cudaStream_t stream);
+void engine_cu_vffn_down(const engine_cu_ffn_down_args *a, int m, size_t h_stride,
+                         size_t id_stride, size_t y_stride, cudaStream_t stream);
+/* w[t * stride] = sigmoid(logit[t]), id[t * stride] = id_value for t < m. */
+void engine_cu_vshgate(const float *logit, float *w, int32_t *id, size_t stride, int32_t id_value,
+                       int m, cudaStream_t stream);
+void engine_cu_vrmsnorm(const float *x, size_t x_stride, const float *w, float eps, int n, int m,
+                        float *out, size_t out_stride, cudaStream_t stream);
+/* out_t[0..n) = rmsnorm(e_t) * we, out_t[n..2n) = rmsnorm(h_t) * wh (out rows of 2n). */
+void engine_cu_vcat_norm(const float *e, const float *h, const float *we, const float *wh,
+                         float eps, int n, int m, float *out, cudaStream_t stream);
+/* y[t] = argmax logits[t * n .. t * n + n); scratch: 2 * ENGINE_CU_VARGMAX_BLOCKS * m. */
+#define ENGINE_CU_VARGMAX_BLOCKS 64
+void engine_cu_vargmax(const float *logits, int n, int m, float *scratch, int32_t *y,
+                       cudaStream_t stream);
+
+/* The speculative loop's control block (device). */
+typedef struct {
+    int32_t p0;                         /* position of the verify pass's first token */
+    int32_t k;                          /* drafts this step */
+    int32_t j;                          /* drafts accepted (set by accept) */
+    int32_t n_emit;                     /* tokens emitted this step: j + 1 */
+    int32_t emit[ENGINE_CU_VMAX];       /* d_1 .. d_j, then the target's token */
+    int32_t mpos[ENGINE_CU_VMAX];       /* positions of the MTP pairs of the verify pass */
+} engine_cu_spec_ctl;
+
+/* Before a step (one thread): vstep[t].pos = p0 + t for t < m, vstep[0].token = x (from
+ * x_src when non-NULL, else left), vstep[1 + i].token = drafts[i] for i < m - 1, the MTP
+ * pair positions max(p0 - 1 + t, 0), and the draft state dstep (token x, position p0 - 1,
+ * n_out 0). p0 and k come from the control block. */
+void engine_cu_spec_prep(engine_cu_spec_ctl *ctl, engine_cu_step *vstep, engine_cu_step *dstep,
+                         const int32_t *drafts, int m, bool with_drafts, cudaStream_t stream);
+/* After a verify pass of k + 1 tokens with the target's choices y[0..k]: j = the drafts
+ * kept (d_{i+1} == y[i]), emit = d_1 .. d_j, y[j]; hidden row 0 = row j + 1 (the new last
+ * token's), vstep[0].token = y[j]; the next step's p0 = p0 + j + 1. */
+void engine_cu_spec_accept(engine_cu_spec_ctl *ctl, const int32_t *y, const int32_t *drafts,
+                           float *hbuf, int n_embd, engine_cu_step *vstep, cudaStream_t stream);
+/* When ctl->j < ctl->k: dst[i] = src_slot0[slot * slot_stride + i] for i < n, slot = (p0 + j +
+ * 1) % ENGINE_CU_VMAX, with p0 the pass's (before accept moved it: p0_old = ctl->p0 - j - 1). */
+void engine_cu_spec_restore(const engine_cu_spec_ctl *ctl, const float *src_slot0,
+                            size_t slot_stride, float *dst, size_t n, cudaStream_t stream);
+
+#endif
