@@ -3,6 +3,10 @@
 #include <cuda_fp16.h>
 
 #include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <type_traits>
 
 #include "gemm.cuh"
 #include "qdot.cuh"
@@ -237,14 +241,22 @@ __device__ __forceinline__ void gemm_decode_q(int type, const uint8_t *row, int 
     }
 }
 
-__device__ __forceinline__ void mma_s8(int c[4], uint32_t a0, uint32_t a1, uint32_t b0) {
+/* The int8 products start from GEMM_MAGIC (the bits of the float 1.5 * 2^23) instead of 0: for
+ * |sum| < 2^22 the int32 result is then the bit pattern of the float 1.5 * 2^23 + sum, and one
+ * F32 subtraction gives the sum exactly, where an int-to-float conversion runs at a quarter of
+ * the F32 rate. The sums stay below 2^20 (|q| <= 128, |xq| <= 127, 32 columns). The legacy
+ * kernels (engine_cu_gemm_args.legacy) start from 0 and convert. */
+#define GEMM_MAGIC 0x4B400000
+#define GEMM_MAGIC_F 12582912.0f
+
+__device__ __forceinline__ void mma_s8(int c[4], uint32_t a0, uint32_t a1, uint32_t b0, int c0) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
                  "{%7,%7,%7,%7};"
                  : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
-                 : "r"(a0), "r"(a1), "r"(b0), "r"(0));
+                 : "r"(a0), "r"(a1), "r"(b0), "r"(c0));
 #else
-    c[0] = c[1] = c[2] = c[3] = 0;
+    c[0] = c[1] = c[2] = c[3] = c0;
 #endif
 }
 
@@ -264,44 +276,82 @@ __device__ __forceinline__ void mma_f16(float d[4], const uint32_t a[4], uint32_
 #endif
 }
 
-/* The block's tile: matrix, first X row (dense: of X; grouped: of the sorted slots), rows. */
+/* The block's tile: matrix, first X row (dense: of X; grouped: of the sorted slots), rows.
+ * WM = 2: tiles of 64 X rows (grouped: one list entry per block); WM = 1: 32 rows (grouped:
+ * two blocks per list entry of <= 64 rows, the second exits when the entry has <= 32). */
+template <int WM>
 __device__ __forceinline__ bool gemm_tile(const engine_cu_gemm_args &a, int *mat, int *row0,
                                           int *nrow) {
     if (a.tiles) {
-        const int j = (int)blockIdx.y;
+        const int j = WM == 1 ? (int)blockIdx.y >> 1 : (int)blockIdx.y;
         if (j >= *a.n_tiles) return false;
         *mat = a.tiles[3 * j];
         *row0 = a.tiles[3 * j + 1];
         *nrow = a.tiles[3 * j + 2];
+        if (WM == 1) {
+            const int h = 32 * (int)(blockIdx.y & 1);
+            *row0 += h;
+            *nrow = min(32, *nrow - h);
+        }
     } else {
         *mat = 0;
-        *row0 = (int)blockIdx.y * BM;
-        *nrow = min(BM, a.m - *row0);
+        *row0 = (int)blockIdx.y * 32 * WM;
+        *nrow = min(32 * WM, a.m - *row0);
     }
     return *nrow > 0;
 }
 
 __device__ __forceinline__ void mma_s8_k32(int c[4], const uint32_t a[4], uint32_t b0,
-                                           uint32_t b1) {
+                                           uint32_t b1, int c0) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, "
                  "{%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
                  : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(c0));
 #else
-    c[0] = c[1] = c[2] = c[3] = 0;
+    c[0] = c[1] = c[2] = c[3] = c0;
 #endif
 }
 
 /* Add one int8 product of a 16 x 8 fragment to the accumulators: element (token i, row r) +=
- * ws_r * xd_i * c + wo_r * xs_i, i = g (+8 for c[2], c[3]), r = 2 tig (+1 for c[1], c[3]). */
+ * ws_r * xd_i * c + wo_r * xs_i, i = g (+8 for c[2], c[3]), r = 2 tig (+1 for c[1], c[3]).
+ * LEGACY: c from 0, converted; else c from GEMM_MAGIC, and OFF = false drops the offset term
+ * (types without one: Q6_K, Q8_0, Q4_0). */
+template <bool LEGACY, bool OFF>
 __device__ __forceinline__ void gemm_epilogue(float d[4], const int c[4], float ws0, float wo0,
                                               float ws1, float wo1, const float xd[2],
                                               const float xs[2]) {
-    d[0] += ws0 * xd[0] * (float)c[0] + wo0 * xs[0];
-    d[1] += ws1 * xd[0] * (float)c[1] + wo1 * xs[0];
-    d[2] += ws0 * xd[1] * (float)c[2] + wo0 * xs[1];
-    d[3] += ws1 * xd[1] * (float)c[3] + wo1 * xs[1];
+    if (LEGACY) {
+        d[0] += ws0 * xd[0] * (float)c[0] + wo0 * xs[0];
+        d[1] += ws1 * xd[0] * (float)c[1] + wo1 * xs[0];
+        d[2] += ws0 * xd[1] * (float)c[2] + wo0 * xs[1];
+        d[3] += ws1 * xd[1] * (float)c[3] + wo1 * xs[1];
+        return;
+    }
+    const float f0 = __int_as_float(c[0]) - GEMM_MAGIC_F, f1 = __int_as_float(c[1]) - GEMM_MAGIC_F,
+                f2 = __int_as_float(c[2]) - GEMM_MAGIC_F, f3 = __int_as_float(c[3]) - GEMM_MAGIC_F;
+    if (OFF) {
+        d[0] = fmaf(ws0 * xd[0], f0, fmaf(wo0, xs[0], d[0]));
+        d[1] = fmaf(ws1 * xd[0], f1, fmaf(wo1, xs[0], d[1]));
+        d[2] = fmaf(ws0 * xd[1], f2, fmaf(wo0, xs[1], d[2]));
+        d[3] = fmaf(ws1 * xd[1], f3, fmaf(wo1, xs[1], d[3]));
+    } else {
+        d[0] = fmaf(ws0 * xd[0], f0, d[0]);
+        d[1] = fmaf(ws1 * xd[0], f1, d[1]);
+        d[2] = fmaf(ws0 * xd[1], f2, d[2]);
+        d[3] = fmaf(ws1 * xd[1], f3, d[3]);
+    }
+}
+
+/* Ask for the 128-byte lines of p[0, bytes) in L2, or in this multiprocessor's L1 as well. */
+__device__ __forceinline__ void gemm_prefetch(const uint8_t *p, int bytes, int l1) {
+    const uintptr_t end = (uintptr_t)p + (uintptr_t)bytes;
+    for (uintptr_t o = (uintptr_t)p & ~(uintptr_t)127; o < end; o += 128) {
+        if (l1)
+            asm volatile("prefetch.global.L1 [%0];" ::"l"(o));
+        else
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(o));
+    }
 }
 
 /* The bytes chunk c of a row reads (its block), for the L2 prefetch of the next step. */
@@ -318,30 +368,48 @@ __device__ __forceinline__ const uint8_t *gemm_chunk_block(int type, const uint8
 }
 
 /* MODE 0: int8 tensor cores in 16-column steps (Q6_K: a scale per 16 values); MODE 1: int8 in
- * 32-column steps (Q4_K, Q5_K, Q8_0, Q4_0: a scale and offset per 32 values, so one m16n8k32
- * product and one F32 epilogue per 32 columns); MODE 2: F16 / BF16 tensor cores. Shared rows
- * are padded to 144 / 272 bytes so that the fragment loads of a warp hit 32 different banks.
- * Each step prefetches the next step's X tile into registers and asks L2 for its weight
- * blocks before the products, so their latency overlaps the tensor-core work. */
-template <int MODE>
+ * 32-column steps (Q4_K, Q5_K: a scale and offset per 32 values, so one m16n8k32 product and
+ * one F32 epilogue per 32 columns); MODE 3: as MODE 1 without offsets (Q8_0, Q4_0); MODE 2:
+ * F16 / BF16 tensor cores. WM: 2 warps of 32 X rows (tiles of 64 X rows x 64 weight rows) or 1
+ * (32 X rows x 128 weight rows); each warp computes 32 x 32. LEGACY: the first version (64 x
+ * 64, converted sums, offsets for every type; MODE 3 runs as MODE 1). Shared rows are padded
+ * to 144 / 272 bytes so that the fragment loads of a warp hit 32 different banks. Each step
+ * prefetches the next step's X tile into registers and asks L2 for its weight blocks before
+ * the products, so their latency overlaps the tensor-core work. */
+template <int MODE, int WM, bool LEGACY>
 __global__ void __launch_bounds__(GEMM_THREADS, 3) gemm_kernel(engine_cu_gemm_args a) {
-    constexpr bool Q = MODE != 2;
-    constexpr int SROW = Q ? BK + 16 : 2 * BK + 16, NR = MODE == 1 ? 4 : 8; /* scale runs */
-    constexpr int XV = Q ? (BM * BK / 16) / GEMM_THREADS : (BM * BK / 8) / GEMM_THREADS;
-    __shared__ __align__(16) uint8_t sA[BM * SROW];
-    __shared__ __align__(16) uint8_t sB[BN * SROW];
-    __shared__ float sWs[Q ? BN : 1][NR], sWo[Q ? BN : 1][NR], sXd[Q ? BM : 1][4],
-        sXs[Q ? BM : 1][NR];
-    __shared__ int sIdx[BM];
+    constexpr bool Q = MODE != 2, K32 = MODE == 1 || MODE == 3;
+    constexpr bool OFF = LEGACY ? Q : MODE == 1;
+    constexpr int TBM = 32 * WM, TBN = 128 / WM, WNN = 4 / WM;
+    constexpr int SROW = Q ? BK + 16 : 2 * BK + 16, NR = K32 ? 4 : 8; /* scale runs */
+    constexpr int XV = Q ? (TBM * BK / 16) / GEMM_THREADS : (TBM * BK / 8) / GEMM_THREADS;
+    __shared__ __align__(16) uint8_t sA[TBM * SROW];
+    __shared__ __align__(16) uint8_t sB[TBN * SROW];
+    __shared__ float sWs[Q ? TBN : 1][NR], sWo[OFF ? TBN : 1][NR], sXd[Q ? TBM : 1][4],
+        sXs[OFF ? TBM : 1][NR];
+    __shared__ int sIdx[TBM];
     int mat, row0, nrow;
-    if (!gemm_tile(a, &mat, &row0, &nrow)) return;
+    if (!gemm_tile<WM>(a, &mat, &row0, &nrow)) return;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int wm = warp >> 1, wn = warp & 1, g = lane >> 2, tig = lane & 3;
-    const int n0 = (int)blockIdx.x * BN;
+    const int wm = warp / WNN, wn = warp % WNN, g = lane >> 2, tig = lane & 3;
+    /* the matrix of this column tile: w's tiles first, then those of each further part */
     const uint8_t *W = a.w + (size_t)mat * a.mat_bytes;
+    float *Y = a.y;
+    int rows = a.rows, ldy = a.ldy, bx = (int)blockIdx.x;
+    for (int j = 0; j < a.n_more; j++) {
+        const int nt = (rows + TBN - 1) / TBN;
+        if (bx < nt) break;
+        bx -= nt;
+        W = a.more[j].w + (size_t)mat * a.mat_bytes;
+        Y = a.more[j].y;
+        rows = a.more[j].rows;
+        ldy = a.more[j].ldy;
+    }
+    const int n0 = bx * TBN;
     const int nch = a.cols / 32;
     const bool bf = a.type == ENGINE_TYPE_BF16;
-    if (tid < BM) {
+    const int c0 = LEGACY ? 0 : GEMM_MAGIC;
+    if (tid < TBM) {
         const int i = row0 + tid;
         sIdx[tid] = tid < nrow ? (a.x_idx ? a.x_idx[i] : i) : -1;
     }
@@ -355,8 +423,12 @@ __global__ void __launch_bounds__(GEMM_THREADS, 3) gemm_kernel(engine_cu_gemm_ar
             for (int e = 0; e < 4; e++)
                 acc[mi][ni][e] = 0.0f;
 
-    /* this thread's X vectors of a step: rows and 16-byte parts */
+    /* this thread's X vectors of a step: rows and 16-byte parts; and (int8 forms, not LEGACY)
+     * its X scales of the step: (row, 32-column block) pairs idx = tid + 128 j */
+    constexpr int XS = Q && !LEGACY ? TBM * 4 / GEMM_THREADS : 1;
     int4 xr[XV];
+    float xdr[XS], xsr[XS];
+    int kstep = 0; /* the step wtile loads */
     auto load_x = [&](int k0) {
 #pragma unroll
         for (int j = 0; j < XV; j++) {
@@ -368,34 +440,120 @@ __global__ void __launch_bounds__(GEMM_THREADS, 3) gemm_kernel(engine_cu_gemm_ar
                 xr[j] = Q ? *(const int4 *)((const int8_t *)a.x.v + (size_t)src * a.cols + col)
                           : *(const int4 *)((const uint16_t *)a.x.v + (size_t)src * a.cols + col);
         }
+        if (Q && !LEGACY)
+#pragma unroll
+            for (int j = 0; j < XS; j++) {
+                const int idx = tid + GEMM_THREADS * j, r = idx >> 2, cd = k0 + 32 * (idx & 3);
+                const int src = sIdx[r];
+                const bool in = src >= 0 && cd < a.cols;
+                xdr[j] = in ? a.x.d[(size_t)src * (a.cols / 32) + cd / 32] : 0.0f;
+                xsr[j] = 0.0f;
+                if (OFF && in) { /* !LEGACY: only MODE 1 keeps offsets (per 32) */
+                    const float *xs = a.x.s + (size_t)src * (a.cols / 16) + cd / 16;
+                    xsr[j] = xs[0] + xs[1];
+                }
+            }
+    };
+    /* the W tile of step k0 for weights of type tc (int8 forms): a chunk outside the matrix
+     * decodes row 0's chunk 0 (always there) and stores zeros; then the L2 (a.prefetch_l1: L1)
+     * prefetch of the next step's blocks */
+    auto wtile = [&](auto tc) {
+        constexpr int T = decltype(tc)::value;
+        constexpr int NJ = (TBN * 4) / GEMM_THREADS;
+        const int k0 = kstep;
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {
+            const int cid = tid + GEMM_THREADS * j, r = cid >> 2, c = k0 / 32 + (cid & 3);
+            const int grow = n0 + r;
+            const bool in = grow < rows && c < nch;
+            const uint8_t *row = W + (size_t)(in ? grow : 0) * a.row_bytes;
+            int a0, b0;
+            engine_cu_chunk_cols(T, c, &a0, &b0);
+            a0 -= k0;
+            b0 -= k0;
+            uint32_t qa[4], qb[4];
+            float s1, o1, s2, o2;
+            gemm_decode_q(T, row, in ? c : 0, qa, qb, &s1, &o1, &s2, &o2);
+            const uint32_t mk = in ? 0xffffffffu : 0u;
+            *(uint4 *)(sB + r * SROW + a0) =
+                make_uint4(qa[0] & mk, qa[1] & mk, qa[2] & mk, qa[3] & mk);
+            *(uint4 *)(sB + r * SROW + b0) =
+                make_uint4(qb[0] & mk, qb[1] & mk, qb[2] & mk, qb[3] & mk);
+            /* K32: both runs of a 32-column block carry its scale (written twice) */
+            const int ra = K32 ? a0 >> 5 : a0 >> 4, rb = K32 ? b0 >> 5 : b0 >> 4;
+            sWs[r][ra] = in ? s1 : 0.0f;
+            sWs[r][rb] = in ? s2 : 0.0f;
+            if (OFF) {
+                sWo[r][ra] = in ? o1 : 0.0f;
+                sWo[r][rb] = in ? o2 : 0.0f;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {
+            const int cid = tid + GEMM_THREADS * j, r = cid >> 2, c = k0 / 32 + (cid & 3);
+            const int grow = n0 + r;
+            if (grow < rows && c + 4 < nch) { /* the next step's block of this chunk */
+                int nb;
+                const uint8_t *nxt =
+                    gemm_chunk_block(T, W + (size_t)grow * a.row_bytes, c + 4, &nb);
+                gemm_prefetch(nxt, nb, a.prefetch_l1);
+            }
+        }
     };
     load_x(0);
     for (int k0 = 0; k0 < a.cols; k0 += BK) {
+        kstep = k0;
 #pragma unroll
         for (int j = 0; j < XV; j++) {
             const int idx = tid + GEMM_THREADS * j;
             const int r = Q ? idx >> 3 : idx >> 4, part = Q ? idx & 7 : idx & 15;
             *(int4 *)(sA + r * SROW + 16 * part) = xr[j];
         }
-        if (Q)
-            for (int idx = tid; idx < BM * 4; idx += GEMM_THREADS) {
+        if (Q && !LEGACY)
+#pragma unroll
+            for (int j = 0; j < XS; j++) {
+                const int idx = tid + GEMM_THREADS * j;
+                sXd[idx >> 2][idx & 3] = xdr[j];
+                if (OFF) sXs[idx >> 2][idx & 3] = xsr[j];
+            }
+        if (Q && LEGACY)
+            for (int idx = tid; idx < TBM * 4; idx += GEMM_THREADS) {
                 const int r = idx >> 2, e = idx & 3, src = sIdx[r], cd = k0 + 32 * e;
                 const bool in = src >= 0 && cd < a.cols;
-                const float *xs = in ? a.x.s + (size_t)src * (a.cols / 16) + cd / 16 : nullptr;
                 sXd[r][e] = in ? a.x.d[(size_t)src * (a.cols / 32) + cd / 32] : 0.0f;
-                if (MODE == 1) {
-                    sXs[r][e] = in ? xs[0] + xs[1] : 0.0f;
-                } else {
-                    sXs[r][2 * e] = in ? xs[0] : 0.0f;
-                    sXs[r][2 * e + 1] = in ? xs[1] : 0.0f;
+                if (OFF) {
+                    const float *xs = in ? a.x.s + (size_t)src * (a.cols / 16) + cd / 16 : nullptr;
+                    if (K32) {
+                        sXs[r][e] = in ? xs[0] + xs[1] : 0.0f;
+                    } else {
+                        sXs[r][2 * e] = in ? xs[0] : 0.0f;
+                        sXs[r][2 * e + 1] = in ? xs[1] : 0.0f;
+                    }
                 }
             }
-        /* W tile: 4 chunks of 32 values per row cover the step's 128 columns (every layout) */
+        /* W tile: 4 chunks of 32 values per row cover the step's 128 columns (every layout).
+         * The int8 forms (not LEGACY) decode with the type fixed at compile time and without
+         * branches, so that the loads of all of a thread's chunks are in flight together. */
+        if constexpr (Q && !LEGACY) {
+            if constexpr (MODE == 0) {
+                wtile(std::integral_constant<int, ENGINE_TYPE_Q6_K>());
+            } else if constexpr (MODE == 1) {
+                if (a.type == ENGINE_TYPE_Q4_K)
+                    wtile(std::integral_constant<int, ENGINE_TYPE_Q4_K>());
+                else
+                    wtile(std::integral_constant<int, ENGINE_TYPE_Q5_K>());
+            } else {
+                if (a.type == ENGINE_TYPE_Q8_0)
+                    wtile(std::integral_constant<int, ENGINE_TYPE_Q8_0>());
+                else
+                    wtile(std::integral_constant<int, ENGINE_TYPE_Q4_0>());
+            }
+        }
 #pragma unroll
-        for (int j = 0; j < (BN * 4) / GEMM_THREADS; j++) {
+        for (int j = 0; j < (Q && !LEGACY ? 0 : (TBN * 4) / GEMM_THREADS); j++) {
             const int cid = tid + GEMM_THREADS * j, r = cid >> 2, c = k0 / 32 + (cid & 3);
             const int grow = n0 + r;
-            const bool in = grow < a.rows && c < nch;
+            const bool in = grow < rows && c < nch;
             const uint8_t *row = W + (size_t)grow * a.row_bytes;
             int a0, b0;
             engine_cu_chunk_cols(a.type, c, &a0, &b0);
@@ -407,12 +565,14 @@ __global__ void __launch_bounds__(GEMM_THREADS, 3) gemm_kernel(engine_cu_gemm_ar
                 if (in) gemm_decode_q(a.type, row, c, qa, qb, &s1, &o1, &s2, &o2);
                 *(uint4 *)(sB + r * SROW + a0) = make_uint4(qa[0], qa[1], qa[2], qa[3]);
                 *(uint4 *)(sB + r * SROW + b0) = make_uint4(qb[0], qb[1], qb[2], qb[3]);
-                /* MODE 1: both runs of a 32-column block carry its scale (written twice) */
-                const int ra = MODE == 1 ? a0 >> 5 : a0 >> 4, rb = MODE == 1 ? b0 >> 5 : b0 >> 4;
+                /* K32: both runs of a 32-column block carry its scale (written twice) */
+                const int ra = K32 ? a0 >> 5 : a0 >> 4, rb = K32 ? b0 >> 5 : b0 >> 4;
                 sWs[r][ra] = s1;
-                sWo[r][ra] = o1;
                 sWs[r][rb] = s2;
-                sWo[r][rb] = o2;
+                if (OFF) {
+                    sWo[r][ra] = o1;
+                    sWo[r][rb] = o2;
+                }
             } else {
                 const uint4 z = make_uint4(0, 0, 0, 0);
                 const uint4 *p = (const uint4 *)(row + (size_t)c * 64);
@@ -429,7 +589,7 @@ __global__ void __launch_bounds__(GEMM_THREADS, 3) gemm_kernel(engine_cu_gemm_ar
         }
         __syncthreads();
         if (k0 + BK < a.cols) load_x(k0 + BK);
-        if (MODE == 1) {
+        if (K32) {
 #pragma unroll
             for (int ks = 0; ks < BK / 32; ks++) {
                 const int kk = 32 * ks;
@@ -455,18 +615,19 @@ __global__ void __launch_bounds__(GEMM_THREADS, 3) gemm_kernel(engine_cu_gemm_ar
                     for (int h = 0; h < 2; h++) {
                         const int i = wm * 32 + mi * 16 + g + 8 * h;
                         xd[mi][h] = sXd[i][ks];
-                        xs[mi][h] = sXs[i][ks];
+                        xs[mi][h] = OFF ? sXs[i][ks] : 0.0f;
                     }
 #pragma unroll
                 for (int ni = 0; ni < 4; ni++) {
                     const int r = wn * 32 + ni * 8 + 2 * tig;
-                    const float ws0 = sWs[r][ks], wo0 = sWo[r][ks], ws1 = sWs[r + 1][ks],
-                                wo1 = sWo[r + 1][ks];
+                    const float ws0 = sWs[r][ks], ws1 = sWs[r + 1][ks];
+                    const float wo0 = OFF ? sWo[r][ks] : 0.0f, wo1 = OFF ? sWo[r + 1][ks] : 0.0f;
 #pragma unroll
                     for (int mi = 0; mi < 2; mi++) {
                         int c[4];
-                        mma_s8_k32(c, af[mi], bfr[ni][0], bfr[ni][1]);
-                        gemm_epilogue(acc[mi][ni], c, ws0, wo0, ws1, wo1, xd[mi], xs[mi]);
+                        mma_s8_k32(c, af[mi], bfr[ni][0], bfr[ni][1], c0);
+                        gemm_epilogue<LEGACY, OFF>(acc[mi][ni], c, ws0, wo0, ws1, wo1, xd[mi],
+                                                   xs[mi]);
                     }
                 }
             }
@@ -493,18 +654,20 @@ __global__ void __launch_bounds__(GEMM_THREADS, 3) gemm_kernel(engine_cu_gemm_ar
                         for (int h = 0; h < 2; h++) {
                             const int i = wm * 32 + mi * 16 + g + 8 * h;
                             xd[mi][h] = sXd[i][ks >> 1];
-                            xs[mi][h] = sXs[i][ks];
+                            xs[mi][h] = OFF ? sXs[i][ks] : 0.0f;
                         }
 #pragma unroll
                     for (int ni = 0; ni < 4; ni++) {
                         const int r = wn * 32 + ni * 8 + 2 * tig;
-                        const float ws0 = sWs[r][ks], wo0 = sWo[r][ks], ws1 = sWs[r + 1][ks],
-                                    wo1 = sWo[r + 1][ks];
+                        const float ws0 = sWs[r][ks], ws1 = sWs[r + 1][ks];
+                        const float wo0 = OFF ? sWo[r][ks] : 0.0f,
+                                    wo1 = OFF ? sWo[r + 1][ks] : 0.0f;
 #pragma unroll
                         for (int mi = 0; mi < 2; mi++) {
                             int c[4];
-                            mma_s8(c, af[mi][0], af[mi][1], bfr[ni]);
-                            gemm_epilogue(acc[mi][ni], c, ws0, wo0, ws1, wo1, xd[mi], xs[mi]);
+                            mma_s8(c, af[mi][0], af[mi][1], bfr[ni], c0);
+                            gemm_epilogue<LEGACY, OFF>(acc[mi][ni], c, ws0, wo0, ws1, wo1,
+                                                       xd[mi], xs[mi]);
                         }
                     }
                 } else {
@@ -538,13 +701,13 @@ __global__ void __launch_bounds__(GEMM_THREADS, 3) gemm_kernel(engine_cu_gemm_ar
         for (int h = 0; h < 2; h++) {
             const int i = wm * 32 + mi * 16 + g + 8 * h;
             if (i >= nrow) continue;
-            float *y = a.y + (size_t)(row0 + i) * a.ldy;
+            float *y = Y + (size_t)(row0 + i) * ldy;
 #pragma unroll
             for (int ni = 0; ni < 4; ni++)
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
                     const int r = n0 + wn * 32 + ni * 8 + 2 * tig + e;
-                    if (r >= a.rows) continue;
+                    if (r >= rows) continue;
                     const float v = acc[mi][ni][2 * h + e];
                     y[r] = a.accumulate ? y[r] + v : v;
                 }
@@ -557,7 +720,7 @@ __global__ void __launch_bounds__(256) gemm_f32_kernel(engine_cu_gemm_args a) {
     __shared__ float sX[BM][33], sW[BN][33];
     __shared__ int sIdx[BM];
     int mat, row0, nrow;
-    if (!gemm_tile(a, &mat, &row0, &nrow)) return;
+    if (!gemm_tile<2>(a, &mat, &row0, &nrow)) return;
     const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
     const int n0 = (int)blockIdx.x * BN;
     const float *W = (const float *)(a.w + (size_t)mat * a.mat_bytes);
@@ -610,24 +773,69 @@ __global__ void __launch_bounds__(256) gemm_f32_kernel(engine_cu_gemm_args a) {
     }
 }
 
+template <int WM, bool LEGACY>
+static void gemm_launch(int mode, dim3 grid, const engine_cu_gemm_args *a, cudaStream_t st) {
+    switch (mode) {
+    case 0: gemm_kernel<0, WM, LEGACY><<<grid, GEMM_THREADS, 0, st>>>(*a); break;
+    case 1: gemm_kernel<1, WM, LEGACY><<<grid, GEMM_THREADS, 0, st>>>(*a); break;
+    case 2: gemm_kernel<2, WM, false><<<grid, GEMM_THREADS, 0, st>>>(*a); break; /* no int sums */
+    default: gemm_kernel<LEGACY ? 1 : 3, WM, LEGACY><<<grid, GEMM_THREADS, 0, st>>>(*a); break;
+    }
+}
+
 void engine_cu_gemm(const engine_cu_gemm_args *a, cudaStream_t stream) {
-    const unsigned ny = a->tiles ? (unsigned)a->max_tiles : (unsigned)((a->m + BM - 1) / BM);
-    if (ny == 0 || a->rows <= 0) return;
+    if (a->rows <= 0) return;
     const int form = engine_cu_gemm_xform(a->type);
-    const unsigned nz = form == ENGINE_CU_GX_F32 && a->ksplit > 1 && !a->tiles ? a->ksplit : 1;
-    const dim3 grid((unsigned)((a->rows + BN - 1) / BN), ny, nz);
-    if (form == ENGINE_CU_GX_F32)
+    if (form == ENGINE_CU_GX_F32 && a->n_more > 0) { /* one launch per part */
+        engine_cu_gemm_args b = *a;
+        b.n_more = 0;
+        engine_cu_gemm(&b, stream);
+        for (int j = 0; j < a->n_more; j++) {
+            b.w = a->more[j].w;
+            b.y = a->more[j].y;
+            b.rows = a->more[j].rows;
+            b.ldy = a->more[j].ldy;
+            engine_cu_gemm(&b, stream);
+        }
+        return;
+    }
+    if (form == ENGINE_CU_GX_F32) {
+        const unsigned ny = a->tiles ? (unsigned)a->max_tiles : (unsigned)((a->m + BM - 1) / BM);
+        const unsigned nz = a->ksplit > 1 && !a->tiles ? (unsigned)a->ksplit : 1u;
+        if (ny == 0) return;
+        const dim3 grid((unsigned)((a->rows + BN - 1) / BN), ny, nz);
         gemm_f32_kernel<<<grid, 256, 0, stream>>>(*a);
-    else if (form == ENGINE_CU_GX_F16 || form == ENGINE_CU_GX_BF16)
-        gemm_kernel<2><<<grid, GEMM_THREADS, 0, stream>>>(*a);
-    else if (a->type == ENGINE_TYPE_Q6_K)
-        gemm_kernel<0><<<grid, GEMM_THREADS, 0, stream>>>(*a);
+        return;
+    }
+    const int mode = form == ENGINE_CU_GX_F16 || form == ENGINE_CU_GX_BF16 ? 2
+                     : a->type == ENGINE_TYPE_Q6_K                         ? 0
+                     : a->type == ENGINE_TYPE_Q4_K || a->type == ENGINE_TYPE_Q5_K ? 1
+                                                                                   : 3;
+    const int tr = a->legacy ? 64 : a->tile_rows ? a->tile_rows : a->tiles ? 32 : 64;
+    const int wm = tr == 32 ? 1 : 2, tbm = 32 * wm, tbn = 128 / wm;
+    const unsigned ny = a->tiles ? (unsigned)a->max_tiles * (wm == 1 ? 2u : 1u)
+                                 : (unsigned)((a->m + tbm - 1) / tbm);
+    unsigned nx = (unsigned)((a->rows + tbn - 1) / tbn);
+    for (int j = 0; j < a->n_more; j++)
+        nx += (unsigned)((a->more[j].rows + tbn - 1) / tbn);
+    if (ny == 0) return;
+    const dim3 grid(nx, ny);
+    if (a->legacy)
+        gemm_launch<2, true>(mode, grid, a, stream);
+    else if (wm == 1)
+        gemm_launch<1, false>(mode, grid, a, stream);
     else
-        gemm_kernel<1><<<grid, GEMM_THREADS, 0, stream>>>(*a);
+        gemm_launch<2, false>(mode, grid, a, stream);
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Test op (cuda_backend.h): allocates, copies, runs, copies back.
+ * Test op (cuda_backend.h): allocates, copies, runs, copies back. SPARK_CUDA_GEMM_OP picks the
+ * kernel variant, words separated by anything: "legacy" (the first kernels), "tile32" /
+ * "tile64" (X rows per tile), "grouped" (grouped mode: the rows cut into groups of 1 to 70
+ * rows, tile list entries of <= 64, alternate entries on a second copy of W, each slot reading
+ * X row m-1-i; the result is put back in row order; three list entries past the count),
+ * "fused" (the rows cut into three matrices at 5/8 and 7/8 of one launch: .more), "pfl1"
+ * (the L1 prefetch).
  * ------------------------------------------------------------------------------------------- */
 extern "C" int engine_cuda_op_gemm(engine_type type, const void *w, int64_t rows, int64_t cols,
                                    size_t row_bytes, int m, const float *x, const float *norm_w,
@@ -637,13 +845,20 @@ extern "C" int engine_cuda_op_gemm(engine_type type, const void *w, int64_t rows
     if (!engine_cu_gemm_ok(type, (int)cols) || rows < 1 || rows > INT32_MAX || m < 1)
         return engine_err(ENGINE_EUNSUPPORTED, "cuda gemm: %s rows of %lld values, %lld x %d",
                           engine_type_name(type), (long long)cols, (long long)rows, m);
+    const char *var = getenv("SPARK_CUDA_GEMM_OP");
+    const bool grouped = var && strstr(var, "grouped"), legacy = var && strstr(var, "legacy");
+    const int tile_rows = var && strstr(var, "tile32") ? 32 : var && strstr(var, "tile64") ? 64 : 0;
+    const bool fused = var && strstr(var, "fused");
     const int form = engine_cu_gemm_xform(type);
     const size_t wb = (size_t)rows * row_bytes, xb = sizeof(float) * (size_t)m * (size_t)cols,
                  yb = sizeof(float) * (size_t)m * (size_t)rows,
                  gb = engine_cu_gemm_x_bytes(form, m, (int)cols);
+    const size_t yr = (size_t)rows;
     uint8_t *dw = NULL;
-    float *dx = NULL, *dy = NULL, *dn = NULL;
+    float *dx = NULL, *dy = NULL, *dn = NULL, *hy = NULL;
+    int32_t *dt = NULL, *ht = NULL;
     void *dg = NULL;
+    int nt = 0, max_tiles = 0;
     engine_cu_gx gx;
     engine_cu_gemm_args a;
 #define OPC(call)                                                                                  \
@@ -654,13 +869,48 @@ extern "C" int engine_cuda_op_gemm(engine_type type, const void *w, int64_t rows
             goto done;                                                                             \
         }                                                                                          \
     } while (0)
-    OPC(cudaMalloc((void **)&dw, wb));
+    hy = (float *)malloc(yb);
+    /* tile list: 3 ints per entry, then the count, then x_idx[m] */
+    max_tiles = m + 3;
+    ht = (int32_t *)malloc(sizeof(int32_t) * (size_t)(3 * max_tiles + 1 + m));
+    if (!hy || !ht) {
+        rc = engine_err(ENGINE_ENOMEM, "out of memory");
+        goto done;
+    }
+    for (int i = 0; i < m; i++) /* grouped: slot i holds X row m-1-i and its y row */
+        memcpy(hy + (size_t)i * yr, y + (size_t)(grouped ? m - 1 - i : i) * yr, sizeof(float) * yr);
+    if (grouped) {
+        static const int sizes[] = {1, 7, 32, 33, 64, 65, 5, 40, 70, 2};
+        int r = 0;
+        for (int gi = 0; r < m; gi++) {
+            const int gn = std::min(sizes[gi % 10], m - r);
+            for (int o = 0; o < gn; o += ENGINE_CU_GEMM_BM, nt++) {
+                ht[3 * nt] = nt & 1;
+                ht[3 * nt + 1] = r + o;
+                ht[3 * nt + 2] = std::min(ENGINE_CU_GEMM_BM, gn - o);
+            }
+            r += gn;
+        }
+        for (int j = nt; j < max_tiles; j++) { /* past the count: must not run */
+            ht[3 * j] = 0;
+            ht[3 * j + 1] = 0;
+            ht[3 * j + 2] = 64;
+        }
+        ht[3 * max_tiles] = nt;
+        for (int i = 0; i < m; i++)
+            ht[3 * max_tiles + 1 + i] = m - 1 - i;
+        OPC(cudaMalloc((void **)&dt, sizeof(int32_t) * (size_t)(3 * max_tiles + 1 + m)));
+        OPC(cudaMemcpy(dt, ht, sizeof(int32_t) * (size_t)(3 * max_tiles + 1 + m),
+                       cudaMemcpyHostToDevice));
+    }
+    OPC(cudaMalloc((void **)&dw, 2 * wb));
     OPC(cudaMalloc((void **)&dx, xb));
     OPC(cudaMalloc((void **)&dy, yb));
     OPC(cudaMalloc(&dg, gb));
     OPC(cudaMemcpy(dw, w, wb, cudaMemcpyHostToDevice));
+    OPC(cudaMemcpy(dw + wb, w, wb, cudaMemcpyHostToDevice));
     OPC(cudaMemcpy(dx, x, xb, cudaMemcpyHostToDevice));
-    OPC(cudaMemcpy(dy, y, yb, cudaMemcpyHostToDevice));
+    OPC(cudaMemcpy(dy, hy, yb, cudaMemcpyHostToDevice));
     if (norm_w) {
         OPC(cudaMalloc((void **)&dn, sizeof(float) * (size_t)cols));
         OPC(cudaMemcpy(dn, norm_w, sizeof(float) * (size_t)cols, cudaMemcpyHostToDevice));
@@ -678,9 +928,33 @@ extern "C" int engine_cuda_op_gemm(engine_type type, const void *w, int64_t rows
     a.y = dy;
     a.ldy = (int)rows;
     a.accumulate = accumulate;
+    a.tile_rows = tile_rows;
+    a.legacy = legacy;
+    a.prefetch_l1 = var && strstr(var, "pfl1");
+    if (fused) {
+        const int r1 = (int)(rows * 5 / 8), r2 = (int)(rows * 7 / 8);
+        a.rows = r1;
+        a.n_more = 2;
+        a.more[0].w = dw + (size_t)r1 * row_bytes;
+        a.more[0].y = dy + r1;
+        a.more[0].rows = r2 - r1;
+        a.more[0].ldy = (int)rows;
+        a.more[1].w = dw + (size_t)r2 * row_bytes;
+        a.more[1].y = dy + r2;
+        a.more[1].rows = (int)rows - r2;
+        a.more[1].ldy = (int)rows;
+    }
+    if (grouped) {
+        a.tiles = dt;
+        a.n_tiles = dt + 3 * max_tiles;
+        a.x_idx = dt + 3 * max_tiles + 1;
+        a.max_tiles = max_tiles;
+    }
     engine_cu_gemm(&a, 0);
     OPC(cudaGetLastError());
-    OPC(cudaMemcpy(y, dy, yb, cudaMemcpyDeviceToHost));
+    OPC(cudaMemcpy(hy, dy, yb, cudaMemcpyDeviceToHost));
+    for (int i = 0; i < m; i++)
+        memcpy(y + (size_t)(grouped ? m - 1 - i : i) * yr, hy + (size_t)i * yr, sizeof(float) * yr);
 #undef OPC
 done:
     cudaFree(dw);
@@ -688,5 +962,8 @@ done:
     cudaFree(dy);
     cudaFree(dn);
     cudaFree(dg);
+    cudaFree(dt);
+    free(hy);
+    free(ht);
     return rc;
 }

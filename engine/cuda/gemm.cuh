@@ -15,9 +15,11 @@
  * One kernel body for the seven tensor-core types: the decode switches on the type at run time
  * inside the tile load (two instantiations: int8 and 16-bit float).
  *
- * Tiles: 64 X rows x 64 weight rows x 128 columns per step, 4 warps of 32 x 32. Columns must be
- * a multiple of 128 for the tensor-core types (every K-quant row is; Q8_0 / Q4_0 / F16 rows of
- * 32-multiple lengths are zero-padded per tile).
+ * Tiles: 64 X rows x 64 weight rows, or 32 X rows x 128 weight rows (the default of grouped
+ * mode: at a few dozen rows per expert half of a 64-row tile would be padding), x 128 columns
+ * per step, 4 warps of 32 x 32. Columns must be a multiple of 128 for the tensor-core types
+ * (every K-quant row is; Q8_0 / Q4_0 / F16 rows of 32-multiple lengths are zero-padded per
+ * tile). The int8 sums start from a float bias, so that one F32 subtraction converts them.
  * Grouped mode (MoE): a device list of tiles (matrix index, first X row, X row count), the X
  * rows gathered through an index (the token of each sorted expert slot); blocks past the
  * device count exit at once, so the grid is sized by an upper bound and nothing returns to the
@@ -30,8 +32,8 @@
 
 #include "common.cuh"
 
-#define ENGINE_CU_GEMM_BM 64  /* X rows per block tile */
-#define ENGINE_CU_GEMM_BN 64  /* weight rows per block tile */
+#define ENGINE_CU_GEMM_BM 64  /* X rows of a grouped-mode tile list entry (at most) */
+#define ENGINE_CU_GEMM_BN 64  /* weight rows per block tile (64-row tiles) */
 #define ENGINE_CU_GEMM_BK 128 /* columns per step */
 
 /* Activation forms (engine_cu_gemm_xform). */
@@ -67,6 +69,13 @@ void engine_cu_gemm_prep(engine_cu_gx *gx, void *buf, int form, int m, int cols,
                          const float *g, int ldx, const float *norm_w, float eps,
                          cudaStream_t stream);
 
+/* A further matrix of a product over the same X (engine_cu_gemm_args.more). */
+typedef struct {
+    const uint8_t *w; /* device: row 0 (grouped mode: of matrix 0, matrix i at + i * mat_bytes) */
+    float *y;         /* device: Y row i at y + i * ldy */
+    int rows, ldy;
+} engine_cu_gemm_part;
+
 typedef struct {
     const uint8_t *w; /* device: matrix 0, row 0 */
     size_t row_bytes, mat_bytes; /* mat_bytes: matrix i at w + i * mat_bytes */
@@ -84,6 +93,18 @@ typedef struct {
     /* F32 weights only: split the columns over ksplit (>= 1) blocks, split z writing its
      * partial sums to y + z * m * ldy (no accumulate); the reader adds them in order */
     int ksplit;
+    /* tensor-core types: X rows per block tile, 32 or 64 (0: 32 in grouped mode, else 64) */
+    int tile_rows;
+    /* nonzero: the first kernels (64-row tiles, int-to-float conversions), for A/B runs */
+    int legacy;
+    /* n_more (<= 2) further matrices of the same type, columns, row_bytes (and mat_bytes)
+     * over the same X and tiles in the same launch (their column tiles follow w's), so that
+     * narrow products (k, v) share the launch of a wide one (q), and gate and up one launch;
+     * accumulate applies to all (F32 weights: one launch each) */
+    engine_cu_gemm_part more[2];
+    int n_more;
+    /* nonzero: the next step's weight blocks are prefetched into L1 (default: L2 only) */
+    int prefetch_l1;
 } engine_cu_gemm_args;
 
 void engine_cu_gemm(const engine_cu_gemm_args *a, cudaStream_t stream);

@@ -574,6 +574,11 @@ struct engine_cuda_prefill {
     int prof;
     int next;   /* tensor-core attention, split-K router (SPARK_CUDA_PREFILL_NEXT=0: off) */
     int ksplit; /* router GEMM splits */
+    /* SPARK_CUDA_PREFILL_GEMM (words, for A/B runs): "legacy" the first GEMM kernels, "tile64"
+     * 64-row tiles in the grouped expert GEMMs (default 32), "nofuse" q, k, v as three
+     * launches and gate, up as two (default: one launch each where their types match),
+     * "pfl1" the next step's weight blocks prefetched into L1 (default L2) */
+    int gemm_legacy, gemm_tile_rows, gemm_nofuse, gemm_pfl1;
     cudaEvent_t *ev; /* [2 + 6 * n_layer] */
     int *ev_cat, n_ev;
     double prof_ms[PF_P_N];
@@ -658,10 +663,17 @@ static int pf_check_w(const engine_model *m, const engine_cuda_wview *w, const c
     return 0;
 }
 
+/* The default chunk: 4x the rows per expert of 512-token chunks (pp4096 on the H200: +36% with
+ * the tensor-core kernels), ~390 MB of buffers for Qwen3-30B-A3B; engine_cuda_prefill_new
+ * halves it (down to PF_CHUNK_MIN) where the buffers would take more than 1/16 of the free
+ * device memory. */
+#define PF_CHUNK_DEFAULT 2048
+#define PF_CHUNK_MIN 512
+
 extern "C" int32_t engine_cuda_prefill_chunk(void) {
     const char *e = getenv("SPARK_CUDA_PREFILL_CHUNK");
     const long v = e ? strtol(e, NULL, 10) : 0;
-    return v >= 16 && v <= 8192 ? (int32_t)v : 512;
+    return v >= 16 && v <= 8192 ? (int32_t)v : PF_CHUNK_DEFAULT;
 }
 
 extern "C" void engine_cuda_prefill_free(engine_cuda_prefill *p) {
@@ -786,6 +798,11 @@ int engine_cu_pf_new_view(engine_cuda_prefill **out, engine_cuda_model *cm, engi
         e = getenv("SPARK_CUDA_PREFILL_NEXT"); /* default on; =0: the SIMT attention path */
         p->next = !(e && e[0] == '0');
         p->ksplit = p->next ? PF_ROUTER_SPLIT : 1;
+        e = getenv("SPARK_CUDA_PREFILL_GEMM");
+        p->gemm_legacy = e && strstr(e, "legacy");
+        p->gemm_tile_rows = e && strstr(e, "tile64") ? 64 : 0;
+        p->gemm_nofuse = e && strstr(e, "nofuse");
+        p->gemm_pfl1 = e && strstr(e, "pfl1");
     }
     if (p->prof) {
         const int n_ev = 2 + 6 * (int)hp->n_layer;
@@ -810,6 +827,19 @@ extern "C" int engine_cuda_prefill_new(engine_cuda_prefill **out, engine_cuda_mo
                                        engine_cuda_session *s, int32_t max_tokens) {
     engine_cuda_session_view sv;
     engine_cuda_session_view_get(s, &sv);
+    /* without SPARK_CUDA_PREFILL_CHUNK, chunks above PF_CHUNK_MIN shrink to fit 1/16 of the
+     * free memory (the rest stays for KV caches and other sessions) */
+    size_t free_b = 0, total_b = 0;
+    engine_cuda_model_view mv;
+    engine_cuda_model_view_get(cm, &mv);
+    if (!getenv("SPARK_CUDA_PREFILL_CHUNK") && max_tokens > PF_CHUNK_MIN) {
+        if (cudaSetDevice(mv.device) == cudaSuccess &&
+            cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
+            while (max_tokens > PF_CHUNK_MIN && pf_plan(mv.m, max_tokens).total > free_b / 16)
+                max_tokens = std::max(PF_CHUNK_MIN, max_tokens / 2);
+        else
+            cudaGetLastError(); /* engine_cu_pf_new_view reports it */
+    }
     return engine_cu_pf_new_view(out, cm, s, &sv, max_tokens);
 }
 
@@ -837,11 +867,11 @@ static const engine_cu_gx *pf_prep(engine_cuda_prefill *p, pf_prep_cache *c, int
     return &c->gx;
 }
 
-/* The GEMM of weight w on prepared X into y (row stride ldy). Dense: X rows 0 .. m-1. Grouped
- * (p != NULL): the tiles of the last sort, X rows gathered through x_idx (NULL: the sorted
- * slot itself), n_slots slots. ksplit > 1 (F32 weights, dense): partial sums per split, y
- * holding ksplit blocks of m rows. */
-static void pf_gemm_run(const engine_cuda_prefill *p, const engine_cuda_wview *w,
+/* The GEMM of weight w on prepared X into y (row stride ldy). Dense: X rows 0 .. m-1. Grouped:
+ * the tiles of the last sort, X rows gathered through x_idx (NULL: the sorted slot itself),
+ * n_slots slots. ksplit > 1 (F32 weights, dense): partial sums per split, y holding ksplit
+ * blocks of m rows. */
+static void pf_gemm_run(const engine_cuda_prefill *p, bool grouped, const engine_cuda_wview *w,
                         const engine_cu_gx *gx, int m, const int32_t *x_idx, float *y, int ldy,
                         int accumulate, int ksplit, cudaStream_t st) {
     engine_cu_gemm_args a;
@@ -859,23 +889,118 @@ static void pf_gemm_run(const engine_cuda_prefill *p, const engine_cuda_wview *w
     a.ldy = ldy;
     a.accumulate = accumulate;
     a.ksplit = ksplit;
-    if (p) {
+    a.legacy = p->gemm_legacy;
+    a.prefetch_l1 = p->gemm_pfl1;
+    if (grouped) {
         a.tiles = p->tiles;
         a.n_tiles = p->n_tiles;
         a.max_tiles = engine_cu_pf_max_tiles(m, (int)p->mv.m->hp.n_expert);
+        a.tile_rows = p->gemm_tile_rows;
     }
     engine_cu_gemm(&a, st);
 }
 
-static void pf_gemm(const engine_cuda_wview *w, const engine_cu_gx *gx, int m, float *y, int ldy,
-                    int accumulate, cudaStream_t st) {
-    pf_gemm_run(NULL, w, gx, m, NULL, y, ldy, accumulate, 1, st);
+static void pf_gemm(const engine_cuda_prefill *p, const engine_cuda_wview *w,
+                    const engine_cu_gx *gx, int m, float *y, int ldy, int accumulate,
+                    cudaStream_t st) {
+    pf_gemm_run(p, false, w, gx, m, NULL, y, ldy, accumulate, 1, st);
 }
 
 static void pf_gemm_grouped(const engine_cuda_prefill *p, const engine_cuda_wview *w,
                             const engine_cu_gx *gx, const int32_t *x_idx, int n_slots, float *y,
                             cudaStream_t st) {
-    pf_gemm_run(p, w, gx, n_slots, x_idx, y, w->rows, 0, 1, st);
+    pf_gemm_run(p, true, w, gx, n_slots, x_idx, y, w->rows, 0, 1, st);
+}
+
+/* The gate and up expert GEMMs of the normalised x (n tokens, k slots each, sorted) in one
+ * launch where their shapes and types match (gemm.cuh .more), else two. */
+static void pf_gate_up(engine_cuda_prefill *p, const engine_cuda_layer_view *ly, int n, int k,
+                       pf_prep_cache *pc, cudaStream_t st) {
+    const engine_cuda_wview *g = &ly->gate_exps, *u = &ly->up_exps;
+    const int emb = (int)p->mv.m->hp.n_embd, n_slots = n * k;
+    const engine_cu_gx *gx = pf_prep(p, pc, g->type, p->x, NULL, n, emb, ly->ffn_norm, st);
+    engine_cu_gemm_args a;
+    memset(&a, 0, sizeof a);
+    a.w = (const uint8_t *)g->d;
+    a.row_bytes = g->row_bytes;
+    a.mat_bytes = (size_t)g->rows * g->row_bytes;
+    a.type = g->type;
+    a.rows = g->rows;
+    a.cols = g->cols;
+    a.x = *gx;
+    a.m = n_slots;
+    a.x_idx = p->sorted_tok;
+    a.y = p->g;
+    a.ldy = g->rows;
+    a.ksplit = 1;
+    a.legacy = p->gemm_legacy;
+    a.prefetch_l1 = p->gemm_pfl1;
+    a.tiles = p->tiles;
+    a.n_tiles = p->n_tiles;
+    a.max_tiles = engine_cu_pf_max_tiles(n_slots, (int)p->mv.m->hp.n_expert);
+    a.tile_rows = p->gemm_tile_rows;
+    const bool fuse = !p->gemm_nofuse && u->type == g->type && u->rows == g->rows &&
+                      u->cols == g->cols && u->row_bytes == g->row_bytes &&
+                      g->type != ENGINE_TYPE_F32;
+    if (fuse) {
+        a.n_more = 1;
+        a.more[0].w = (const uint8_t *)u->d;
+        a.more[0].y = p->u;
+        a.more[0].rows = u->rows;
+        a.more[0].ldy = u->rows;
+    }
+    engine_cu_gemm(&a, st);
+    if (!fuse) { /* after the gate's launch: a prep may rewrite the X buffer */
+        gx = pf_prep(p, pc, u->type, p->x, NULL, n, emb, ly->ffn_norm, st);
+        pf_gemm_grouped(p, u, gx, p->sorted_tok, n_slots, p->u, st);
+    }
+}
+
+/* q, k and v of the normalised x: the narrow k and v (a few dozen column tiles each) share the
+ * launch of q where their types match (gemm.cuh .more), else one launch each after it. */
+static void pf_qkv(engine_cuda_prefill *p, const engine_cuda_layer_view *ly, int n,
+                   cudaStream_t st, pf_prep_cache *pc) {
+    const engine_hparams *hp = &p->mv.m->hp;
+    const int emb = (int)hp->n_embd, qd = (int)(hp->n_head * hp->head_dim_k),
+              kvd = (int)(hp->n_head_kv * hp->head_dim_k);
+    const engine_cuda_wview *ws[3] = {&ly->wq, &ly->wk, &ly->wv};
+    float *ys[3] = {p->q, p->k, p->v};
+    const int lds[3] = {qd, kvd, kvd};
+    bool own[3] = {false, true, true};
+    const engine_cu_gx *gx = pf_prep(p, pc, ly->wq.type, p->x, NULL, n, emb, ly->attn_norm, st);
+    engine_cu_gemm_args a;
+    memset(&a, 0, sizeof a);
+    a.w = (const uint8_t *)ly->wq.d;
+    a.row_bytes = ly->wq.row_bytes;
+    a.mat_bytes = (size_t)ly->wq.rows * ly->wq.row_bytes;
+    a.type = ly->wq.type;
+    a.rows = ly->wq.rows;
+    a.cols = ly->wq.cols;
+    a.x = *gx;
+    a.m = n;
+    a.y = p->q;
+    a.ldy = qd;
+    a.ksplit = 1;
+    a.legacy = p->gemm_legacy;
+    a.prefetch_l1 = p->gemm_pfl1;
+    for (int j = 1; j < 3; j++) {
+        const engine_cuda_wview *w = ws[j];
+        if (p->gemm_nofuse || w->type != a.type || w->cols != a.cols ||
+            w->row_bytes != a.row_bytes || a.type == ENGINE_TYPE_F32)
+            continue;
+        engine_cu_gemm_part *pt = &a.more[a.n_more++];
+        pt->w = (const uint8_t *)w->d;
+        pt->y = ys[j];
+        pt->rows = w->rows;
+        pt->ldy = lds[j];
+        own[j] = false;
+    }
+    engine_cu_gemm(&a, st);
+    for (int j = 1; j < 3; j++) /* after q's launch: a prep may rewrite the X buffer */
+        if (own[j]) {
+            gx = pf_prep(p, pc, ws[j]->type, p->x, NULL, n, emb, ly->attn_norm, st);
+            pf_gemm(p, ws[j], gx, n, ys[j], lds[j], 0, st);
+        }
 }
 
 /* One chunk of n <= max_tokens tokens at pos (pg NULL), or the batched pass's tokens (pg). */
@@ -910,12 +1035,7 @@ int engine_cu_pf_chunk(engine_cuda_prefill *p, const int32_t *tokens, int32_t n,
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         const engine_cuda_layer_view *ly = &p->lv[l];
         const engine_cu_gx *gx;
-        gx = pf_prep(p, &pc, ly->wq.type, p->x, NULL, n, emb, ly->attn_norm, st);
-        pf_gemm(&ly->wq, gx, n, p->q, nh * hd, 0, st);
-        gx = pf_prep(p, &pc, ly->wk.type, p->x, NULL, n, emb, ly->attn_norm, st);
-        pf_gemm(&ly->wk, gx, n, p->k, nkv * hd, 0, st);
-        gx = pf_prep(p, &pc, ly->wv.type, p->x, NULL, n, emb, ly->attn_norm, st);
-        pf_gemm(&ly->wv, gx, n, p->v, nkv * hd, 0, st);
+        pf_qkv(p, ly, n, st, &pc);
         PF_MARK(PF_P_QKV);
         engine_cu_pf_qk_args qa = {p->q, p->k, p->v, ly->q_norm, ly->k_norm,
                                    (const float2 *)p->sv.rope, eps, p->sv.k_cache[l],
@@ -934,23 +1054,20 @@ int engine_cu_pf_chunk(engine_cuda_prefill *p, const int32_t *tokens, int32_t n,
         }
         PF_MARK(PF_P_ATT);
         gx = pf_prep(p, &pc, ly->wo.type, p->att, NULL, n, nh * hd, NULL, st);
-        pf_gemm(&ly->wo, gx, n, p->x, emb, 1, st);
+        pf_gemm(p, &ly->wo, gx, n, p->x, emb, 1, st);
         pc.x = NULL; /* x changed */
         PF_MARK(PF_P_WO);
         if (moe) {
             const int ne = (int)hp->n_expert, nff = ly->gate_exps.rows;
             gx = pf_prep(p, &pc, ly->gate_inp.type, p->x, NULL, n, emb, ly->ffn_norm, st);
             const int ksplit = ly->gate_inp.type == ENGINE_TYPE_F32 ? p->ksplit : 1;
-            pf_gemm_run(NULL, &ly->gate_inp, gx, n, NULL, p->router, ne, 0, ksplit, st);
+            pf_gemm_run(p, false, &ly->gate_inp, gx, n, NULL, p->router, ne, 0, ksplit, st);
             engine_cu_pf_route(p->router, ksplit, n, ne, k, hp->norm_topk_prob, p->ids, p->wts,
                                st);
             engine_cu_pf_sort(p->ids, n, k, ne, p->sorted_tok, p->slot_pos, p->tiles,
                               p->n_tiles, st);
             PF_MARK(PF_P_ROUTE);
-            gx = pf_prep(p, &pc, ly->gate_exps.type, p->x, NULL, n, emb, ly->ffn_norm, st);
-            pf_gemm_grouped(p, &ly->gate_exps, gx, p->sorted_tok, n * k, p->g, st);
-            gx = pf_prep(p, &pc, ly->up_exps.type, p->x, NULL, n, emb, ly->ffn_norm, st);
-            pf_gemm_grouped(p, &ly->up_exps, gx, p->sorted_tok, n * k, p->u, st);
+            pf_gate_up(p, ly, n, k, &pc, st);
             PF_MARK(PF_P_UP);
             gx = pf_prep(p, &pc, ly->down_exps.type, p->u, p->g, n * k, nff, NULL, st);
             pf_gemm_grouped(p, &ly->down_exps, gx, NULL, n * k, p->d, st);
@@ -959,12 +1076,12 @@ int engine_cu_pf_chunk(engine_cuda_prefill *p, const int32_t *tokens, int32_t n,
         } else {
             const int nff = ly->ffn_gate.rows;
             gx = pf_prep(p, &pc, ly->ffn_gate.type, p->x, NULL, n, emb, ly->ffn_norm, st);
-            pf_gemm(&ly->ffn_gate, gx, n, p->g, nff, 0, st);
+            pf_gemm(p, &ly->ffn_gate, gx, n, p->g, nff, 0, st);
             gx = pf_prep(p, &pc, ly->ffn_up.type, p->x, NULL, n, emb, ly->ffn_norm, st);
-            pf_gemm(&ly->ffn_up, gx, n, p->u, nff, 0, st);
+            pf_gemm(p, &ly->ffn_up, gx, n, p->u, nff, 0, st);
             PF_MARK(PF_P_UP);
             gx = pf_prep(p, &pc, ly->ffn_down.type, p->u, p->g, n, nff, NULL, st);
-            pf_gemm(&ly->ffn_down, gx, n, p->x, emb, 1, st);
+            pf_gemm(p, &ly->ffn_down, gx, n, p->x, emb, 1, st);
             PF_MARK(PF_P_DOWN);
         }
         pc.x = NULL;
@@ -979,7 +1096,7 @@ int engine_cu_pf_chunk(engine_cuda_prefill *p, const int32_t *tokens, int32_t n,
         const engine_cu_gx *gx = pf_prep(p, &pc, ow->type, p->xrows, NULL, rows, emb,
                                          p->mv.output_norm, st);
         pc.x = NULL; /* xrows is rewritten by the next group */
-        pf_gemm(ow, gx, rows, p->logits, (int)nv, 0, st);
+        pf_gemm(p, ow, gx, rows, p->logits, (int)nv, 0, st);
         for (int i = 0; i < rows; i++)
             if (pg->out[r0 + i] &&
                 (rc = pf_err(cudaMemcpyAsync(pg->out[r0 + i], p->logits + (size_t)i * nv,
@@ -994,7 +1111,7 @@ int engine_cu_pf_chunk(engine_cuda_prefill *p, const int32_t *tokens, int32_t n,
         const int rows = std::min(PF_LOGIT_ROWS, n - r0);
         const engine_cu_gx *gx = pf_prep(p, &pc, ow->type, p->x + (size_t)r0 * emb, NULL, rows,
                                          emb, p->mv.output_norm, st);
-        pf_gemm(ow, gx, rows, p->logits, (int)nv, 0, st);
+        pf_gemm(p, ow, gx, rows, p->logits, (int)nv, 0, st);
         float *dst = logits_all ? logits_all + (size_t)r0 * nv : logits_last;
         if (dst && (rc = pf_err(cudaMemcpyAsync(dst, p->logits, sizeof(float) * nv * rows,
                                                 cudaMemcpyDeviceToHost, st),

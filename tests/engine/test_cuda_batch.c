@@ -7,7 +7,14 @@
  *     activations the GPU uses: for the quantised types x quantised as the CPU quantises it
  *     for its dot products (Q8_K / Q8_0) and dequantised; for F16 / BF16 x rounded to the
  *     weight's type; for F32 x itself. Tie slack: sum of |w_i| * quantum_i over the values
- *     within 1e-3 of a rounding tie (the GPU's normalised x may differ in its last bit).
+ *     within 1e-3 of a rounding tie (the GPU's normalised x may differ in its last bit), and
+ *     for Q8_0 activations sum of |w_i xg_i| 2^-10 over the blocks whose F16 scale is within
+ *     2e-6 of a rounding tie (seen on the H200: a +norm row's block scale one F16 step off,
+ *     the kernels bit-identical to each other and to a CPU emulation of the GPU's staging).
+ *     Every kernel variant: 64- and 32-row tiles, dense and grouped (a tile list over groups
+ *     of 1 to 70 rows, X gathered through a permutation, two weight matrices), three matrices
+ *     in one launch, and the first kernels (SPARK_CUDA_GEMM_OP); each variant but the first
+ *     kernels bit for bit equal to the default on the same inputs (same order per element).
  *   Prefill of a 70-token prompt (chunks of 48 tokens: two chunks, attention tiles of 32),
  *     every token's next-token logits against the CPU session's, on the generated tiny models
  *     (qwen3moe "tiny" and dense "qwen3-tiny") in f32, q8_0 and q4_k_m, KV F32:
@@ -79,6 +86,18 @@ static void gemm_xg(engine_type t, const float *x, int n, float *xg, float *tie)
                 const float v = x[i] * is;
                 tie[i] = fabsf(fabsf(v - rintf(v)) - 0.5f) < 1e-3f ? am / 127.0f : 0.0f;
             }
+            /* Q8_0 stores its scale am / 127 in F16: near a rounding tie of that (2e-6
+             * relative) the GPU's scale may be the neighbouring F16 value, every value of the
+             * block then off by up to 2^-10 of itself */
+            if (bs == 32 && am > 0.0f) {
+                const float a = am / 127.0f * (1.0f + 2e-6f), c = am / 127.0f * (1.0f - 2e-6f);
+                uint16_t ha, hc;
+                engine_quantize_row(ENGINE_TYPE_F16, &a, &ha, 1);
+                engine_quantize_row(ENGINE_TYPE_F16, &c, &hc, 1);
+                if (ha != hc)
+                    for (int i = b; i < b + bs; i++)
+                        tie[i] += fabsf(xg[i]) * 0x1.0p-10f;
+            }
         }
     } else { /* 16-bit rounding: a value within 1e-6 (relative) of a midpoint may go either way */
         float up, dn;
@@ -143,8 +162,30 @@ static void test_gemm_case(engine_type t, int rows, int cols, int m, bool norm, 
             }
         }
     }
-    printf("gemm %-5s %4d x %-4d m %-3d%s%s: worst |gpu-exact|/sum|w xg| = %.2e\n",
-           engine_type_name(t), rows, cols, m, norm ? " +norm" : "", acc ? " +acc" : "", worst);
+    const char *var = getenv("SPARK_CUDA_GEMM_OP");
+    printf("gemm %-5s %4d x %-4d m %-3d%s%s [%s]: worst |gpu-exact|/sum|w xg| = %.2e\n",
+           engine_type_name(t), rows, cols, m, norm ? " +norm" : "", acc ? " +acc" : "",
+           var && *var ? var : "default", worst);
+    /* every variant but the first kernels computes each element in the same order: the same
+     * bits as the default on the same inputs */
+    if (rc == 0 && var && *var && !strstr(var, "legacy")) {
+        char saved[64];
+        snprintf(saved, sizeof saved, "%s", var);
+        float *yd = malloc(sizeof(float) * (size_t)m * rows);
+        memcpy(yd, y0, sizeof(float) * (size_t)m * rows);
+        setenv("SPARK_CUDA_GEMM_OP", "", 1);
+        rc = engine_cuda_op_gemm(t, w, rows, cols, rb, m, x, norm ? nw : NULL, 1e-6f, acc, yd);
+        setenv("SPARK_CUDA_GEMM_OP", saved, 1);
+        CHECK(rc == 0, "gemm %s default", engine_type_name(t));
+        for (size_t i = 0; rc == 0 && i < (size_t)m * rows; i++)
+            if (memcmp(&y[i], &yd[i], sizeof(float)) != 0) {
+                CHECK(0, "gemm %s %d x %d m %d [%s]: x row %zu, w row %zu: %.9g, default %.9g",
+                      engine_type_name(t), rows, cols, m, saved, i / (size_t)rows,
+                      i % (size_t)rows, y[i], yd[i]);
+                break;
+            }
+        free(yd);
+    }
     free(w);
     free(x);
     free(xn);
@@ -156,18 +197,28 @@ static void test_gemm_case(engine_type t, int rows, int cols, int m, bool norm, 
     free(y0);
 }
 
+/* Every kernel variant the op can pick (SPARK_CUDA_GEMM_OP, engine/cuda/gemm.cu): the default
+ * (64-row tiles dense), 32-row tiles, grouped mode (groups of 1 to 70 rows, a permuted X, two
+ * weight matrices) with its default 32-row and with 64-row tiles, three matrices in one launch
+ * (dense and grouped), the L1 prefetch, and the first kernels. */
 static void test_gemm(void) {
     const engine_type types[] = {ENGINE_TYPE_Q4_K, ENGINE_TYPE_Q5_K, ENGINE_TYPE_Q6_K,
                                  ENGINE_TYPE_Q8_0, ENGINE_TYPE_Q4_0, ENGINE_TYPE_F16,
                                  ENGINE_TYPE_BF16, ENGINE_TYPE_F32};
-    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
-        const engine_type t = types[i];
-        test_gemm_case(t, 131, 512, 70, true, false);   /* partial tiles both ways */
-        test_gemm_case(t, 64, 768, 1, false, false);    /* one row (the head of a prompt) */
-        test_gemm_case(t, 200, 2048, 129, false, true); /* += residual, 3 X tiles */
-        if (!(t == ENGINE_TYPE_Q4_K || t == ENGINE_TYPE_Q5_K || t == ENGINE_TYPE_Q6_K))
-            test_gemm_case(t, 70, 96, 33, true, false); /* a 128-column step zero-padded */
+    const char *variants[] = {"",      "tile32",        "grouped", "grouped tile64",
+                              "fused", "grouped fused", "pfl1",    "legacy"};
+    for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
+        setenv("SPARK_CUDA_GEMM_OP", variants[v], 1);
+        for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+            const engine_type t = types[i];
+            test_gemm_case(t, 131, 512, 70, true, false);   /* partial tiles both ways */
+            test_gemm_case(t, 64, 768, 1, false, false);    /* one row (the head of a prompt) */
+            test_gemm_case(t, 200, 2048, 129, false, true); /* += residual, 3 X tiles */
+            if (!(t == ENGINE_TYPE_Q4_K || t == ENGINE_TYPE_Q5_K || t == ENGINE_TYPE_Q6_K))
+                test_gemm_case(t, 70, 96, 33, true, false); /* a 128-column step zero-padded */
+        }
     }
+    unsetenv("SPARK_CUDA_GEMM_OP");
 }
 
 /* ------------------------------------------------------------------------------------------ */
