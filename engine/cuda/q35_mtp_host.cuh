@@ -259,18 +259,11 @@ static void q35m_deltanet(engine_cuda_q35_session *s, const q35_cl *ly, float ep
         engine_cu_vmatvec(&al, st);
     }
     for (int t = 0; t < ps->m; t++) {
-        engine_cu_delta a;
-        memset(&a, 0, sizeof a);
+        engine_cu_delta a = q35_delta_args(s, ly, eps);
         a.qkv = sp->big + (size_t)t * sp->sbig;
         a.z = sp->z + (size_t)t * sp->sz;
         a.beta = sp->ba + (size_t)t * sp->sba;
         a.alpha = a.beta + d->nv;
-        a.conv_w = ly->conv;
-        a.dt_bias = ly->dt_bias;
-        a.a = ly->a;
-        a.norm_w = ly->ssm_norm;
-        a.ring = s->ring + (size_t)ly->slot * s->ring_per;
-        a.state = s->state + (size_t)ly->slot * s->state_per;
         /* the state after every token, in slot (pos + 1) % VMAX */
         a.snap_ring = sp->vsnap + (size_t)ly->slot * s->ring_per;
         a.snap_state = sp->vsnap + s->ring_per * (size_t)cm->n_lin + (size_t)ly->slot * s->state_per;
@@ -278,16 +271,7 @@ static void q35m_deltanet(engine_cuda_q35_session *s, const q35_cl *ly, float ep
         a.snap_every = 1;
         a.n_snap = ENGINE_CU_VMAX;
         a.pos = ps->pos + (size_t)t * ps->pstride;
-        a.nk = d->nk;
-        a.nv = d->nv;
-        a.dk = d->dk;
-        a.dv = d->dv;
-        a.K = d->K;
-        a.v_tiled = cm->v_tiled;
-        a.eps = eps;
         a.out = sp->att + (size_t)t * sp->satt;
-        a.ssq = s->dssq;
-        a.counters = s->counters + d->nkv + 1;
         engine_cu_deltanet_step(&a, st);
     }
     engine_cu_vmv o = q35m_vmv(sp->att, sp->satt, d->di, NULL, 0.0f, ps->m);
@@ -307,26 +291,11 @@ static void q35m_attention(engine_cuda_q35_session *s, const q35_cl *ly, float e
     q35m_add(&in, &ly->wv, sp->v, sp->skv, 0);
     engine_cu_vmatvec(&in, st);
     for (int t = 0; t < ps->m; t++) { /* causal: token t's KV row is stored before t + 1 reads */
-        engine_cu_gatt a;
-        memset(&a, 0, sizeof a);
+        engine_cu_gatt a = q35_gatt_args(s, ly, eps, kc, vc);
         a.qg = sp->big + (size_t)t * sp->sbig;
         a.k = sp->k + (size_t)t * sp->skv;
         a.v = sp->v + (size_t)t * sp->skv;
-        a.q_norm = ly->q_norm;
-        a.k_norm = ly->k_norm;
-        a.rope = (const float2 *)s->rope;
-        a.rot = d->rot;
-        a.eps = eps;
-        a.k_cache = kc;
-        a.v_cache = vc;
-        a.kv_f32 = s->kv == ENGINE_KV_F32;
         a.pos = ps->pos + (size_t)t * ps->pstride;
-        a.n_ctx = s->n_ctx;
-        a.n_head = d->nh;
-        a.n_kv = d->nkv;
-        a.hd = d->hd;
-        a.partial = s->partial;
-        a.counters = s->counters;
         a.out = sp->att + (size_t)t * sp->satt;
         engine_cu_gatt_run(&a, st);
     }
@@ -344,38 +313,15 @@ static void q35m_moe(engine_cuda_q35_session *s, const q35_cl *ly, float eps, in
     q35m_add(&r, &ly->router, sp->router, (size_t)d->X, 0);
     q35m_add(&r, &ly->shg, sp->shl, 1, 0);
     engine_cu_vmatvec(&r, st);
-    engine_cu_ffn_up_args up;
-    memset(&up, 0, sizeof up);
+    engine_cu_ffn_up_args up = q35_up_args(d, ly, eps, false);
     up.router = sp->router;
-    up.n_expert = d->X;
-    up.k = d->k;
-    up.norm_topk = 1;
-    up.gate = ly->gate_exps.d;
-    up.up = ly->up_exps.d;
-    up.expert_bytes = q35_mat_bytes(&ly->gate_exps);
-    up.row_bytes = ly->gate_exps.row_bytes;
-    up.type = ly->gate_exps.type;
-    up.cols = d->E;
-    up.rows = ly->gate_exps.rows;
     up.x = sp->X;
-    up.norm_w = ly->post_norm;
-    up.eps = eps;
     up.h = sp->h;
     up.ids = sp->ids;
     up.weights = sp->wts;
     engine_cu_vffn_up(&up, m, (size_t)d->X, E, sp->sh, sp->sw, st);
-    engine_cu_ffn_up_args sh;
-    memset(&sh, 0, sizeof sh);
-    sh.k = 1;
-    sh.gate = ly->gate_sh.d;
-    sh.up = ly->up_sh.d;
-    sh.row_bytes = ly->gate_sh.row_bytes;
-    sh.type = ly->gate_sh.type;
-    sh.cols = d->E;
-    sh.rows = ly->gate_sh.rows;
+    engine_cu_ffn_up_args sh = q35_up_args(d, ly, eps, true);
     sh.x = sp->X;
-    sh.norm_w = ly->post_norm;
-    sh.eps = eps;
     sh.h = sp->h + (size_t)d->k * d->F;
     engine_cu_vffn_up(&sh, m, 0, E, sp->sh, 0, st);
     engine_cu_vshgate(sp->shl, sp->wts + d->k, sp->ids + d->k, sp->sw,

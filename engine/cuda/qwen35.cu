@@ -751,6 +751,78 @@ static void q35_mv(cudaStream_t st, const float *x, int cols, const float *norm_
     engine_cu_matvec(&mv, st);
 }
 
+/* The arguments of a block's DeltaNet step, gated attention and MoE up launches that do not
+ * depend on the token (the decode step here, the verify pass in q35_mtp_host.cuh): the caller
+ * sets the activations, the position and (DeltaNet) the snapshot slots. */
+static engine_cu_delta q35_delta_args(const engine_cuda_q35_session *s, const q35_cl *ly,
+                                      float eps) {
+    const engine_cuda_q35_model *cm = s->cm;
+    const q35_dims *d = &cm->d;
+    engine_cu_delta a;
+    memset(&a, 0, sizeof a);
+    a.conv_w = ly->conv;
+    a.dt_bias = ly->dt_bias;
+    a.a = ly->a;
+    a.norm_w = ly->ssm_norm;
+    a.ring = s->ring + (size_t)ly->slot * s->ring_per;
+    a.state = s->state + (size_t)ly->slot * s->state_per;
+    a.nk = d->nk;
+    a.nv = d->nv;
+    a.dk = d->dk;
+    a.dv = d->dv;
+    a.K = d->K;
+    a.v_tiled = cm->v_tiled;
+    a.eps = eps;
+    a.ssq = s->dssq;
+    a.counters = s->counters + d->nkv + 1;
+    return a;
+}
+
+static engine_cu_gatt q35_gatt_args(const engine_cuda_q35_session *s, const q35_cl *ly, float eps,
+                                    void *k_cache, void *v_cache) {
+    const q35_dims *d = &s->cm->d;
+    engine_cu_gatt a;
+    memset(&a, 0, sizeof a);
+    a.q_norm = ly->q_norm;
+    a.k_norm = ly->k_norm;
+    a.rope = (const float2 *)s->rope;
+    a.rot = d->rot;
+    a.eps = eps;
+    a.k_cache = k_cache;
+    a.v_cache = v_cache;
+    a.kv_f32 = s->kv == ENGINE_KV_F32;
+    a.n_ctx = s->n_ctx;
+    a.n_head = d->nh;
+    a.n_kv = d->nkv;
+    a.hd = d->hd;
+    a.partial = s->partial;
+    a.counters = s->counters;
+    return a;
+}
+
+/* shared: the shared expert's gate/up (one "expert", no router), else the routed experts. */
+static engine_cu_ffn_up_args q35_up_args(const q35_dims *d, const q35_cl *ly, float eps,
+                                         bool shared) {
+    engine_cu_ffn_up_args up;
+    memset(&up, 0, sizeof up);
+    const q35_w *g = shared ? &ly->gate_sh : &ly->gate_exps;
+    up.k = shared ? 1 : d->k;
+    up.gate = g->d;
+    up.up = shared ? ly->up_sh.d : ly->up_exps.d;
+    up.row_bytes = g->row_bytes;
+    up.type = g->type;
+    up.cols = d->E;
+    up.rows = g->rows;
+    up.norm_w = ly->post_norm;
+    up.eps = eps;
+    if (!shared) {
+        up.n_expert = d->X;
+        up.norm_topk = 1;
+        up.expert_bytes = q35_mat_bytes(&ly->gate_exps);
+    }
+    return up;
+}
+
 static void q35_deltanet(engine_cuda_q35_session *s, const q35_cl *ly, float eps, q35_prof *p) {
     const engine_cuda_q35_model *cm = s->cm;
     const q35_dims *d = &cm->d;
@@ -763,34 +835,18 @@ static void q35_deltanet(engine_cuda_q35_session *s, const q35_cl *ly, float eps
         q35_mv(st, s->x, d->E, ly->attn_norm, eps, 1, &al);
     }
     q35_mark(p, 1, st);
-    engine_cu_delta a;
-    memset(&a, 0, sizeof a);
+    engine_cu_delta a = q35_delta_args(s, ly, eps);
     a.qkv = s->big;
     a.z = s->z;
     a.beta = s->ba;
     a.alpha = s->ba + d->nv;
-    a.conv_w = ly->conv;
-    a.dt_bias = ly->dt_bias;
-    a.a = ly->a;
-    a.norm_w = ly->ssm_norm;
-    a.ring = s->ring + (size_t)ly->slot * s->ring_per;
-    a.state = s->state + (size_t)ly->slot * s->state_per;
     a.snap_ring = s->snap + (size_t)ly->slot * s->ring_per;
     a.snap_state = s->snap + s->ring_per * (size_t)cm->n_lin + (size_t)ly->slot * s->state_per;
     a.snap_stride = s->snap_stride;
     a.snap_every = ENGINE_CUDA_Q35_SNAP_EVERY;
     a.n_snap = ENGINE_CUDA_Q35_SNAPSHOTS;
     a.pos = &s->step->pos;
-    a.nk = d->nk;
-    a.nv = d->nv;
-    a.dk = d->dk;
-    a.dv = d->dv;
-    a.K = d->K;
-    a.v_tiled = cm->v_tiled;
-    a.eps = eps;
     a.out = s->att;
-    a.ssq = s->dssq;
-    a.counters = s->counters + d->nkv + 1;
     engine_cu_deltanet_step(&a, st);
     q35_mark(p, 2, st);
     engine_cu_mat o = q35_mat(&ly->wout, s->x, 1);
@@ -799,33 +855,17 @@ static void q35_deltanet(engine_cuda_q35_session *s, const q35_cl *ly, float eps
 }
 
 static void q35_attention(engine_cuda_q35_session *s, const q35_cl *ly, float eps, q35_prof *p) {
-    const engine_cuda_q35_model *cm = s->cm;
-    const q35_dims *d = &cm->d;
+    const q35_dims *d = &s->cm->d;
     cudaStream_t st = s->stream;
     engine_cu_mat in[3] = {q35_mat(&ly->wq, s->big, 0), q35_mat(&ly->wk, s->k, 0),
                            q35_mat(&ly->wv, s->v, 0)};
     q35_mv(st, s->x, d->E, ly->attn_norm, eps, 3, in);
     q35_mark(p, 1, st);
-    engine_cu_gatt a;
-    memset(&a, 0, sizeof a);
+    engine_cu_gatt a = q35_gatt_args(s, ly, eps, s->k_cache[ly->slot], s->v_cache[ly->slot]);
     a.qg = s->big;
     a.k = s->k;
     a.v = s->v;
-    a.q_norm = ly->q_norm;
-    a.k_norm = ly->k_norm;
-    a.rope = (const float2 *)s->rope;
-    a.rot = d->rot;
-    a.eps = eps;
-    a.k_cache = s->k_cache[ly->slot];
-    a.v_cache = s->v_cache[ly->slot];
-    a.kv_f32 = s->kv == ENGINE_KV_F32;
     a.pos = &s->step->pos;
-    a.n_ctx = s->n_ctx;
-    a.n_head = d->nh;
-    a.n_kv = d->nkv;
-    a.hd = d->hd;
-    a.partial = s->partial;
-    a.counters = s->counters;
     a.out = s->att;
     engine_cu_gatt_run(&a, st);
     q35_mark(p, 3, st);
@@ -840,38 +880,15 @@ static void q35_moe(engine_cuda_q35_session *s, const q35_cl *ly, float eps, q35
     engine_cu_mat r[2] = {q35_mat(&ly->router, s->router, 0), q35_mat(&ly->shg, s->shl, 0)};
     q35_mv(st, s->x, d->E, ly->post_norm, eps, 2, r);
     q35_mark(p, 5, st);
-    engine_cu_ffn_up_args up;
-    memset(&up, 0, sizeof up);
+    engine_cu_ffn_up_args up = q35_up_args(d, ly, eps, false);
     up.router = s->router;
-    up.n_expert = d->X;
-    up.k = d->k;
-    up.norm_topk = 1;
-    up.gate = ly->gate_exps.d;
-    up.up = ly->up_exps.d;
-    up.expert_bytes = q35_mat_bytes(&ly->gate_exps);
-    up.row_bytes = ly->gate_exps.row_bytes;
-    up.type = ly->gate_exps.type;
-    up.cols = d->E;
-    up.rows = ly->gate_exps.rows;
     up.x = s->x;
-    up.norm_w = ly->post_norm;
-    up.eps = eps;
     up.h = s->h;
     up.ids = s->ids;
     up.weights = s->wts;
     engine_cu_ffn_up(&up, st);
-    engine_cu_ffn_up_args sh;
-    memset(&sh, 0, sizeof sh);
-    sh.k = 1;
-    sh.gate = ly->gate_sh.d;
-    sh.up = ly->up_sh.d;
-    sh.row_bytes = ly->gate_sh.row_bytes;
-    sh.type = ly->gate_sh.type;
-    sh.cols = d->E;
-    sh.rows = ly->gate_sh.rows;
+    engine_cu_ffn_up_args sh = q35_up_args(d, ly, eps, true);
     sh.x = s->x;
-    sh.norm_w = ly->post_norm;
-    sh.eps = eps;
     sh.h = s->h + (size_t)d->k * d->F;
     engine_cu_ffn_up(&sh, st);
     q35_mark(p, 6, st);
