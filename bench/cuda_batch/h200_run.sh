@@ -2,8 +2,9 @@
 # One call on the GPU machine (device tool) for the prefill path: engine-only build with CUDA
 # for sm_90, test_cuda_batch, the random-weight Qwen3-30B-A3B model (generated in the
 # background meanwhile), then `spark-agent bench` on the GPU: pp512 + tg128, pp4096 (chunks of
-# 512 and, as an A/B, of CHUNK_B), and tg128 after DEPTH tokens. Logs go to $OUT.
-# Usage: [TYPE=q4_k_m] [DEPTH=8192] [CHUNK_B=2048] [SKIP_TEST=1] [NEXT=1]
+# 2048 (the default since session 4) and, as an A/B, of CHUNK_B), and tg128 after DEPTH tokens.
+# Logs go to $OUT.
+# Usage: [TYPE=q4_k_m] [DEPTH=8192] [CHUNK_B=512] [SKIP_TEST=1] [NEXT=1]
 #        [LAYERS=N (a cut model of N blocks: per-layer timing; default the full 48)]
 #        [TYPE2=q8_0 (a second model of that type, for the q2_* items)]
 #        [BENCH="pp512 pp4096 ab depth next512 next4096 p512 p4096 legacy512 legacy4096
@@ -65,7 +66,7 @@ for b in ${BENCH:-pp512 pp4096 ab depth}; do
     case $b in
     pp512) bench -p 512 -n 128 -r 3 ;;
     pp4096) bench -p 4096 -n 0 -r 2 ;;
-    ab) SPARK_CUDA_PREFILL_CHUNK=${CHUNK_B:-2048} bench -p 4096 -n 0 -r 2 ;;
+    ab) SPARK_CUDA_PREFILL_CHUNK=${CHUNK_B:-512} bench -p 4096 -n 0 -r 2 ;;
     depth) bench -d ${DEPTH:-8192} -p 0 -n 128 -r 2 ;;
     next512) SPARK_CUDA_PREFILL_NEXT=1 bench -p 512 -n 0 -r 3 ;;
     next4096) SPARK_CUDA_PREFILL_NEXT=1 bench -p 4096 -n 0 -r 2 ;;
