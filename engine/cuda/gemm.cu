@@ -428,7 +428,6 @@ __global__ void __launch_bounds__(GEMM_THREADS, 3) gemm_kernel(engine_cu_gemm_ar
     constexpr int XS = Q && !LEGACY ? TBM * 4 / GEMM_THREADS : 1;
     int4 xr[XV];
     float xdr[XS], xsr[XS];
-    int kstep = 0; /* the step wtile loads */
     auto load_x = [&](int k0) {
 #pragma unroll
         for (int j = 0; j < XV; j++) {
@@ -457,10 +456,9 @@ __global__ void __launch_bounds__(GEMM_THREADS, 3) gemm_kernel(engine_cu_gemm_ar
     /* the W tile of step k0 for weights of type tc (int8 forms): a chunk outside the matrix
      * decodes row 0's chunk 0 (always there) and stores zeros; then the L2 (a.prefetch_l1: L1)
      * prefetch of the next step's blocks */
-    auto wtile = [&](auto tc) {
+    auto wtile = [&](auto tc, int k0) {
         constexpr int T = decltype(tc)::value;
         constexpr int NJ = (TBN * 4) / GEMM_THREADS;
-        const int k0 = kstep;
 #pragma unroll
         for (int j = 0; j < NJ; j++) {
             const int cid = tid + GEMM_THREADS * j, r = cid >> 2, c = k0 / 32 + (cid & 3);
@@ -502,7 +500,6 @@ __global__ void __launch_bounds__(GEMM_THREADS, 3) gemm_kernel(engine_cu_gemm_ar
     };
     load_x(0);
     for (int k0 = 0; k0 < a.cols; k0 += BK) {
-        kstep = k0;
 #pragma unroll
         for (int j = 0; j < XV; j++) {
             const int idx = tid + GEMM_THREADS * j;
@@ -536,17 +533,17 @@ __global__ void __launch_bounds__(GEMM_THREADS, 3) gemm_kernel(engine_cu_gemm_ar
          * branches, so that the loads of all of a thread's chunks are in flight together. */
         if constexpr (Q && !LEGACY) {
             if constexpr (MODE == 0) {
-                wtile(std::integral_constant<int, ENGINE_TYPE_Q6_K>());
+                wtile(std::integral_constant<int, ENGINE_TYPE_Q6_K>(), k0);
             } else if constexpr (MODE == 1) {
                 if (a.type == ENGINE_TYPE_Q4_K)
-                    wtile(std::integral_constant<int, ENGINE_TYPE_Q4_K>());
+                    wtile(std::integral_constant<int, ENGINE_TYPE_Q4_K>(), k0);
                 else
-                    wtile(std::integral_constant<int, ENGINE_TYPE_Q5_K>());
+                    wtile(std::integral_constant<int, ENGINE_TYPE_Q5_K>(), k0);
             } else {
                 if (a.type == ENGINE_TYPE_Q8_0)
-                    wtile(std::integral_constant<int, ENGINE_TYPE_Q8_0>());
+                    wtile(std::integral_constant<int, ENGINE_TYPE_Q8_0>(), k0);
                 else
-                    wtile(std::integral_constant<int, ENGINE_TYPE_Q4_0>());
+                    wtile(std::integral_constant<int, ENGINE_TYPE_Q4_0>(), k0);
             }
         }
 #pragma unroll
