@@ -871,10 +871,10 @@ static const engine_cu_gx *pf_prep(engine_cuda_prefill *p, pf_prep_cache *c, int
  * the tiles of the last sort, X rows gathered through x_idx (NULL: the sorted slot itself),
  * n_slots slots. ksplit > 1 (F32 weights, dense): partial sums per split, y holding ksplit
  * blocks of m rows. */
-static void pf_gemm_run(const engine_cuda_prefill *p, bool grouped, const engine_cuda_wview *w,
-                        const engine_cu_gx *gx, int m, const int32_t *x_idx, float *y, int ldy,
-                        int accumulate, int ksplit, cudaStream_t st) {
-    engine_cu_gemm_args a;
+static void pf_gemm_args(const engine_cuda_prefill *p, bool grouped, const engine_cuda_wview *w,
+                         const engine_cu_gx *gx, int m, const int32_t *x_idx, float *y, int ldy,
+                         int accumulate, int ksplit, engine_cu_gemm_args *out) {
+    engine_cu_gemm_args &a = *out;
     memset(&a, 0, sizeof a);
     a.w = (const uint8_t *)w->d;
     a.row_bytes = w->row_bytes;
@@ -897,6 +897,13 @@ static void pf_gemm_run(const engine_cuda_prefill *p, bool grouped, const engine
         a.max_tiles = engine_cu_pf_max_tiles(m, (int)p->mv.m->hp.n_expert);
         a.tile_rows = p->gemm_tile_rows;
     }
+}
+
+static void pf_gemm_run(const engine_cuda_prefill *p, bool grouped, const engine_cuda_wview *w,
+                        const engine_cu_gx *gx, int m, const int32_t *x_idx, float *y, int ldy,
+                        int accumulate, int ksplit, cudaStream_t st) {
+    engine_cu_gemm_args a;
+    pf_gemm_args(p, grouped, w, gx, m, x_idx, y, ldy, accumulate, ksplit, &a);
     engine_cu_gemm(&a, st);
 }
 
@@ -920,25 +927,7 @@ static void pf_gate_up(engine_cuda_prefill *p, const engine_cuda_layer_view *ly,
     const int emb = (int)p->mv.m->hp.n_embd, n_slots = n * k;
     const engine_cu_gx *gx = pf_prep(p, pc, g->type, p->x, NULL, n, emb, ly->ffn_norm, st);
     engine_cu_gemm_args a;
-    memset(&a, 0, sizeof a);
-    a.w = (const uint8_t *)g->d;
-    a.row_bytes = g->row_bytes;
-    a.mat_bytes = (size_t)g->rows * g->row_bytes;
-    a.type = g->type;
-    a.rows = g->rows;
-    a.cols = g->cols;
-    a.x = *gx;
-    a.m = n_slots;
-    a.x_idx = p->sorted_tok;
-    a.y = p->g;
-    a.ldy = g->rows;
-    a.ksplit = 1;
-    a.legacy = p->gemm_legacy;
-    a.prefetch_l1 = p->gemm_pfl1;
-    a.tiles = p->tiles;
-    a.n_tiles = p->n_tiles;
-    a.max_tiles = engine_cu_pf_max_tiles(n_slots, (int)p->mv.m->hp.n_expert);
-    a.tile_rows = p->gemm_tile_rows;
+    pf_gemm_args(p, true, g, gx, n_slots, p->sorted_tok, p->g, g->rows, 0, 1, &a);
     const bool fuse = !p->gemm_nofuse && u->type == g->type && u->rows == g->rows &&
                       u->cols == g->cols && u->row_bytes == g->row_bytes &&
                       g->type != ENGINE_TYPE_F32;
@@ -969,20 +958,7 @@ static void pf_qkv(engine_cuda_prefill *p, const engine_cuda_layer_view *ly, int
     bool own[3] = {false, true, true};
     const engine_cu_gx *gx = pf_prep(p, pc, ly->wq.type, p->x, NULL, n, emb, ly->attn_norm, st);
     engine_cu_gemm_args a;
-    memset(&a, 0, sizeof a);
-    a.w = (const uint8_t *)ly->wq.d;
-    a.row_bytes = ly->wq.row_bytes;
-    a.mat_bytes = (size_t)ly->wq.rows * ly->wq.row_bytes;
-    a.type = ly->wq.type;
-    a.rows = ly->wq.rows;
-    a.cols = ly->wq.cols;
-    a.x = *gx;
-    a.m = n;
-    a.y = p->q;
-    a.ldy = qd;
-    a.ksplit = 1;
-    a.legacy = p->gemm_legacy;
-    a.prefetch_l1 = p->gemm_pfl1;
+    pf_gemm_args(p, false, &ly->wq, gx, n, NULL, p->q, qd, 0, 1, &a);
     for (int j = 1; j < 3; j++) {
         const engine_cuda_wview *w = ws[j];
         if (p->gemm_nofuse || w->type != a.type || w->cols != a.cols ||
