@@ -1,5 +1,7 @@
 /* The batched GPU pass over several sequences with a paged KV pool (engine_cuda_batch_*,
- * engine/cuda/prefill.cu + paged_att.cu) against the same sequences run alone.
+ * engine/cuda/batch.cu, batch_mm.cu, paged_att.cu) against the same sequences run alone. Passes
+ * with prompt tokens go through the prefill pass; decode steps (one token per sequence) through
+ * the small-m decode pass, replayed from a CUDA graph per bucket of rows.
  *
  * For 1, 3 and 8 sequences with prompts of different lengths (1 .. 40 tokens, crossing block
  * boundaries of 16), on the generated tiny models (qwen3moe "tiny" and dense "qwen3-tiny") in
@@ -22,8 +24,11 @@
  * Block accounting: while the sequences live the cache holds exactly their blocks; after they
  * are released every block is free again. Bad tables, tokens and sizes are refused before any
  * work (ENGINE_EINVAL / ENGINE_ERANGE).
- * The scheduler on the GPU (f32 models, F32 KV): SPARK_SCHED_GPU_BATCH=1 against the default
- * sessions mode, 6 requests 4 at a time with 32-token prefill chunks: the same greedy tokens,
+ * Decode graph: the graph replay against the same decode pass un-captured
+ * (SPARK_CUDA_BATCH_DECODE=eager), 8 and 3 sequences ending one after another (buckets 8, 4
+ * with padding rows, 2, 1): equal bit for bit at every step.
+ * The scheduler on the GPU (f32 models, F32 KV): SPARK_SCHED_GPU_BATCH=1 against =0 (one session
+ * per request), 6 requests 4 at a time with 32-token prefill chunks: the same greedy tokens,
  * and every block free at the end.
  * Exits 77 (skip) with the reason when no GPU is usable or the build has no CUDA backend. */
 #include <math.h>
@@ -258,10 +263,7 @@ static void sched_once(engine_model *m, bool gpu_batch, sched_run *run, const ch
     memset(run, 0, sizeof *run);
     pthread_mutex_init(&run->mu, NULL);
     pthread_cond_init(&run->cv, NULL);
-    if (gpu_batch)
-        setenv("SPARK_SCHED_GPU_BATCH", "1", 1);
-    else
-        unsetenv("SPARK_SCHED_GPU_BATCH");
+    setenv("SPARK_SCHED_GPU_BATCH", gpu_batch ? "1" : "0", 1);
     engine_sched_params sp = ENGINE_SCHED_PARAMS_INIT;
     sp.max_seqs = 4;
     sp.n_ctx = N_CTX;
@@ -350,6 +352,90 @@ static void run_sched(const char *path, const char *name) {
     engine_model_free(m);
 }
 
+/* The decode step's CUDA graph per bucket against the same pass un-captured
+ * (SPARK_CUDA_BATCH_DECODE=eager), two batch objects over the same block tables: the prompts in
+ * one pass, then decode steps (greedy from the un-captured logits, fed to both) while the
+ * sequences end one after another (sequence i takes N_DEC + 2 - i tokens), so the steps take
+ * buckets 8, 4 (with padding rows), 2 and 1 and replay each bucket's graph several times. The
+ * logits must be equal bit for bit at every step. */
+static void run_graph_case(engine_cuda_model *gm, engine_kv_cache *kc, int n_seqs,
+                           const char *name, const int32_t *vocab_seed, int32_t nv) {
+    engine_kv_stats kst;
+    engine_kv_cache_stats(kc, &kst);
+    engine_cuda_batch *ge = NULL, *gg = NULL;
+    setenv("SPARK_CUDA_BATCH_DECODE", "eager", 1);
+    int rc = engine_cuda_batch_new(&ge, gm, kst.n_blocks, kst.block_size, N_CTX, 256, MAX_SEQS,
+                                   ENGINE_KV_F32);
+    unsetenv("SPARK_CUDA_BATCH_DECODE");
+    if (!rc)
+        rc = engine_cuda_batch_new(&gg, gm, kst.n_blocks, kst.block_size, N_CTX, 256, MAX_SEQS,
+                                   ENGINE_KV_F32);
+    CHECK(rc == 0, "%s: two batch objects", name);
+    float *le = malloc(sizeof(float) * MAX_SEQS * (size_t)nv);
+    float *lg = malloc(sizeof(float) * MAX_SEQS * (size_t)nv);
+    engine_kv_seq ks[MAX_SEQS];
+    int32_t tokens[MAX_SEQS][64], fed[MAX_SEQS], n_dec[MAX_SEQS];
+    int n_init = 0, steps = 0, rows = 0, differ = 0;
+    if (rc || !le || !lg) {
+        CHECK(!rc, "%s: out of memory", name);
+        goto done;
+    }
+    for (int i = 0; i < n_seqs; i++) {
+        for (int j = 0; j < prompt_len[i]; j++)
+            tokens[i][j] = (vocab_seed[i] + 13 * j + 7 * j * j) % nv;
+        fed[i] = 0;
+        n_dec[i] = N_DEC + 2 - i > 1 ? N_DEC + 2 - i : 1;
+        if (engine_kv_seq_init(kc, &ks[i], N_CTX) != 0) {
+            CHECK(0, "%s: kv seq init", name);
+            goto done;
+        }
+        n_init++;
+    }
+    for (int pass = 0;; pass++) {
+        engine_cuda_batch_seq be[MAX_SEQS], bg[MAX_SEQS];
+        int idx[MAX_SEQS], nb = 0;
+        for (int i = 0; i < n_seqs; i++) {
+            const int32_t L = prompt_len[i], n = fed[i] == 0 ? L : 1;
+            if (fed[i] >= L + n_dec[i]) continue;
+            if (engine_kv_seq_extend(kc, &ks[i], fed[i] + n) != 0) {
+                CHECK(0, "%s: kv extend", name);
+                goto done;
+            }
+            be[nb] = (engine_cuda_batch_seq){tokens[i] + fed[i], n, fed[i], ks[i].blocks,
+                                             ks[i].n_blocks, le + (size_t)nb * nv};
+            bg[nb] = be[nb];
+            bg[nb].logits = lg + (size_t)nb * nv;
+            idx[nb++] = i;
+            fed[i] += n;
+        }
+        if (nb == 0) break;
+        if (engine_cuda_batch_run(ge, be, nb) != 0 || engine_cuda_batch_run(gg, bg, nb) != 0) {
+            CHECK(0, "%s: pass %d", name, pass);
+            goto done;
+        }
+        steps += pass > 0;
+        for (int j = 0; j < nb; j++) {
+            const int i = idx[j];
+            const bool same = !memcmp(le + (size_t)j * nv, lg + (size_t)j * nv,
+                                      sizeof(float) * (size_t)nv);
+            CHECK(same, "%s: pass %d (%d sequences), sequence %d: graph and un-captured logits "
+                  "differ", name, pass, nb, i);
+            differ += !same;
+            rows += pass > 0;
+            tokens[i][fed[i]] = support_argmax(le + (size_t)j * nv, nv);
+        }
+    }
+    printf("%-40s: decode graph vs un-captured, %d sequences: %d steps, %d rows, %d differ\n",
+           name, n_seqs, steps, rows, differ);
+done:
+    for (int i = 0; i < n_init; i++)
+        engine_kv_seq_deinit(kc, &ks[i]);
+    free(le);
+    free(lg);
+    engine_cuda_batch_free(ge);
+    engine_cuda_batch_free(gg);
+}
+
 static void run_model(const char *preset, const char *type) {
     char path[600], name[64];
     snprintf(path, sizeof path, "%s/%s-%s.gguf", tmpdir, preset, type);
@@ -407,6 +493,8 @@ static void run_model(const char *preset, const char *type) {
         engine_kv_block_unref(kc, hold[0]);
         engine_kv_block_unref(kc, hold[2]);
         engine_kv_block_unref(kc, hold[4]);
+        run_graph_case(gm, kc, MAX_SEQS, name, seeds, nv);
+        run_graph_case(gm, kc, 3, name, seeds, nv);
         check_errors(gb, nv);
         engine_kv_stats ks;
         engine_kv_cache_stats(kc, &ks);
