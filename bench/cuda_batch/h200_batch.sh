@@ -37,8 +37,11 @@ stamp "model generated"; tail -1 $OUT/gen.log
 export SPARK_DEVICE=cuda
 bench() { timeout 150 $B/spark-agent bench -m /tmp/30b.gguf "$@" 2>&1 | grep -v "^\[" |
     tee -a $OUT/bench.log; }
-SPARK_SCHED_GPU_BATCH=1 bench -B 8 -p 128 -n 128 -r 2; stamp "batched B8 done"
-SPARK_SCHED_GPU_BATCH=1 bench -B 32 -p 128 -n 128 -r 2; stamp "batched B32 done"
+# SPARK_CUDA_BATCH_PROF=1: each decode bucket's GPU and wall ms a step (an INFO line at the end)
+SPARK_SCHED_GPU_BATCH=1 SPARK_CUDA_BATCH_PROF=1 bench -B 8 -p 128 -n 128 -r 2
+stamp "batched B8 done"
+SPARK_SCHED_GPU_BATCH=1 SPARK_CUDA_BATCH_PROF=1 bench -B 32 -p 128 -n 128 -r 2
+stamp "batched B32 done"
 if [ -z "$SKIP_BASELINE" ]; then
     bench -B 8 -p 128 -n 64 -r 1; stamp "sessions B8 done"
     bench -B 32 -p 128 -n 32 -r 1; stamp "sessions B32 done"
