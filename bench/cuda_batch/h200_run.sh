@@ -8,7 +8,8 @@
 #        [LAYERS=N (a cut model of N blocks: per-layer timing; default the full 48)]
 #        [TYPE2=q8_0 (a second model of that type, for the q2_* items)]
 #        [BENCH="pp512 pp4096 ab depth next512 next4096 p512 p4096 legacy512 legacy4096
-#                tile64_512 nofuse512 pfl1_512 c512_4096 c2048_4096 q2_512 q2_4096"]
+#                tile64_512 tile64_4096 nofuse512 pfl1_512 c512_4096 c2048_4096 q2_512
+#                q2_4096"]
 #        [PROF=0|1 (default 1: the prefill's per-phase times, SPARK_CUDA_PREFILL_PROF)]
 #   bench/cuda_batch/h200_run.sh
 # The p*/legacy*/tile64*/nofuse*/pfl1*/c*/q2_* items are prefill only (-n 0); legacy: the
@@ -76,6 +77,7 @@ for b in ${BENCH:-pp512 pp4096 ab depth}; do
     legacy4096) export $G=legacy && SPARK_CUDA_PREFILL_CHUNK=512 bench -p 4096 -n 0 -r 2
         unset $G ;;
     tile64_512) export $G=tile64 && bench -p 512 -n 0 -r 3; unset $G ;;
+    tile64_4096) export $G=tile64 && bench -p 4096 -n 0 -r 2; unset $G ;;
     nofuse512) export $G=nofuse && bench -p 512 -n 0 -r 3; unset $G ;;
     pfl1_512) export $G=pfl1 && bench -p 512 -n 0 -r 3; unset $G ;;
     c512_4096) SPARK_CUDA_PREFILL_CHUNK=512 bench -p 4096 -n 0 -r 2 ;;
