@@ -46,7 +46,32 @@ struct q35_spec {
     size_t sbig, sz, sba, skv, satt, sh, sw; /* per-token strides (floats) */
     cudaGraphExec_t verify[ENGINE_CU_VMAX + 1], draft[2], fast[ENGINE_CU_VMAX];
     int32_t win_p0, win_m; /* the last pass's window (win_m 0: none) */
+    unsigned fused;        /* Q35M_FUSED_* parts of the verify pass in one launch for all m */
+    float *vssq;           /* [VMAX][nv][dv / 32]: the fused DeltaNet step's sums of squares */
 };
+
+#define Q35M_FUSED_DELTA 1u /* one DeltaNet launch for the m tokens (q35_vdelta.cu) */
+#define Q35M_FUSED_ALL Q35M_FUSED_DELTA
+
+/* SPARK_CUDA_MTP_FUSED (read when a session turns MTP on): unset, empty or "0": every part per
+ * token as the decode step; "1" or "all": every fused part; else a comma list of parts
+ * ("delta"). Unknown names are logged and ignored. */
+static unsigned q35m_fused_env(void) {
+    const char *e = getenv("SPARK_CUDA_MTP_FUSED");
+    if (!e || !*e || !strcmp(e, "0")) return 0;
+    if (!strcmp(e, "1") || !strcmp(e, "all")) return Q35M_FUSED_ALL;
+    unsigned f = 0;
+    for (const char *p = e; *p;) {
+        const size_t n = strcspn(p, ",");
+        if (n == 5 && !strncmp(p, "delta", 5))
+            f |= Q35M_FUSED_DELTA;
+        else if (n)
+            engine_log(ENGINE_LOG_INFO, "cuda: SPARK_CUDA_MTP_FUSED: unknown part '%.*s' ignored",
+                       (int)n, p);
+        p += n + (p[n] == ',');
+    }
+    return f;
+}
 
 static void q35m_free(engine_cuda_q35_session *s) {
     q35_spec *sp = s->spec;
@@ -194,6 +219,9 @@ extern "C" int engine_cuda_q35_mtp_enable(engine_cuda_q35_session *s, bool *was_
         sp->vstep = (engine_cu_step *)q35m_alloc(sp, sizeof(engine_cu_step) * V, &rc);
         sp->dstep = (engine_cu_step *)q35m_alloc(sp, sizeof(engine_cu_step), &rc);
         sp->ctl = (engine_cu_spec_ctl *)q35m_alloc(sp, sizeof(engine_cu_spec_ctl), &rc);
+        sp->fused = q35m_fused_env();
+        if (sp->fused & Q35M_FUSED_DELTA)
+            sp->vssq = (float *)q35m_alloc(sp, f * V * d->nv * (size_t)(d->dv / 32), &rc);
         if (rc) goto done;
         const size_t pb = sizeof(engine_cu_step) * (V + 1) + sizeof(engine_cu_spec_ctl);
         CU(cudaMallocHost((void **)&sp->pinned, pb));
@@ -205,9 +233,9 @@ extern "C" int engine_cuda_q35_mtp_enable(engine_cuda_q35_session *s, bool *was_
         *was_off = true;
         engine_log(ENGINE_LOG_INFO,
                    "cuda: MTP on (qwen35moe): block KV %.1f MiB, per-token states of a verify "
-                   "pass %.1f MiB",
+                   "pass %.1f MiB, fused parts 0x%x",
                    2.0 * (double)((size_t)s->n_ctx * kvd * elt) / 1048576.0,
-                   (double)(f * V * s->snap_stride) / 1048576.0);
+                   (double)(f * V * s->snap_stride) / 1048576.0, sp->fused);
     }
 done:
     if (rc) q35m_free(s);
@@ -258,7 +286,30 @@ static void q35m_deltanet(engine_cuda_q35_session *s, const q35_cl *ly, float ep
         q35m_add(&al, &ly->walpha, sp->ba + d->nv, sp->sba, 0);
         engine_cu_vmatvec(&al, st);
     }
-    for (int t = 0; t < ps->m; t++) {
+    if (sp->fused & Q35M_FUSED_DELTA) { /* verify passes only: consecutive positions */
+        engine_cu_vdelta a;
+        a.d = q35_delta_args(s, ly, eps);
+        a.d.qkv = sp->big;
+        a.d.z = sp->z;
+        a.d.beta = sp->ba;
+        a.d.alpha = sp->ba + d->nv;
+        a.d.snap_ring = sp->vsnap + (size_t)ly->slot * s->ring_per;
+        a.d.snap_state =
+            sp->vsnap + s->ring_per * (size_t)cm->n_lin + (size_t)ly->slot * s->state_per;
+        a.d.snap_stride = s->snap_stride;
+        a.d.snap_every = 1;
+        a.d.n_snap = ENGINE_CU_VMAX;
+        a.d.pos = ps->pos;
+        a.d.out = sp->att;
+        a.m = ps->m;
+        a.qkv_stride = sp->sbig;
+        a.z_stride = sp->sz;
+        a.ba_stride = sp->sba;
+        a.out_stride = sp->satt;
+        a.ssq = sp->vssq;
+        engine_cu_vdelta_step(&a, st);
+    }
+    for (int t = 0; t < ps->m && !(sp->fused & Q35M_FUSED_DELTA); t++) {
         engine_cu_delta a = q35_delta_args(s, ly, eps);
         a.qkv = sp->big + (size_t)t * sp->sbig;
         a.z = sp->z + (size_t)t * sp->sz;
@@ -396,6 +447,9 @@ static void q35m_enqueue_verify(engine_cuda_q35_session *s, int m) {
             q35m_deltanet(s, ly, eps, &ps);
         q35m_moe(s, ly, eps, m);
     }
+    if ((sp->fused & Q35M_FUSED_DELTA) && cm->n_lin > 0) /* the rings after the last token */
+        engine_cu_vring_commit(sp->vsnap, s->snap_stride, s->ring, s->ring_per * (size_t)cm->n_lin,
+                               &sp->vstep[m - 1].pos, ENGINE_CU_VMAX, st);
     engine_cu_vmv hd = q35m_vmv(sp->X, E, d->E, cm->output_norm, eps, m);
     q35m_add(&hd, &cm->output, sp->logits, (size_t)d->V, 0);
     engine_cu_vmatvec(&hd, st);

@@ -16,7 +16,19 @@
  * engine_cu_vcat_norm: the MTP block's input rows [rmsnorm(e_t) * we | rmsnorm(h_t) * wh].
  * engine_cu_vargmax: y[t] = argmax of logits row t (ties to the lower id, as the samplers).
  * engine_cu_spec_prep / engine_cu_spec_accept / engine_cu_spec_restore: the device side of the
- *   greedy speculative loop (see q35_mtp_host.cuh). */
+ *   greedy speculative loop (see q35_mtp_host.cuh).
+ * engine_cu_vdelta_step (q35_vdelta.cu; SPARK_CUDA_MTP_FUSED): the DeltaNet step of m tokens at
+ *   the consecutive positions *d.pos .. *d.pos + m - 1 in one launch, the state read once and
+ *   written once: token t's qkv / z / beta / alpha / out at d.<field> + t * <field>_stride, the
+ *   state and the ring after token t (as the decode step leaves them) in snapshot slot
+ *   ((pos_t + 1) / d.snap_every) % d.n_snap when pos_t + 1 is a multiple of d.snap_every
+ *   (d.snap_ring / d.snap_state, or NULL: none), the live state after the last token. For
+ *   m > 1 the live ring is NOT updated: call engine_cu_vring_commit (once for all blocks of the
+ *   pass, snap_every 1) after it; m = 1 updates it. Per token bit for bit the decode step
+ *   (deltanet.cu). ssq: m * nv * dv / 32 floats of scratch; d.counters as the decode step's
+ *   (zero between launches, left zero).
+ * engine_cu_vring_commit: dst[0..n) = src_slot0[slot * slot_stride + i], slot = (*pos + 1) %
+ *   n_snap (the ring of every DeltaNet block after the token at *pos; n a multiple of 4). */
 #ifndef SPARK_ENGINE_CUDA_Q35_VERIFY_CUH
 #define SPARK_ENGINE_CUDA_Q35_VERIFY_CUH
 
@@ -24,6 +36,7 @@
 #include <stdint.h>
 
 #include "common.cuh"
+#include "deltanet.cuh"
 #include "matvec.cuh"
 #include "moe.cuh"
 #include "sample.cuh"
@@ -85,5 +98,17 @@ void engine_cu_spec_accept(engine_cu_spec_ctl *ctl, const int32_t *y, const int3
  * 1) % ENGINE_CU_VMAX, with p0 the pass's (before accept moved it: p0_old = ctl->p0 - j - 1). */
 void engine_cu_spec_restore(const engine_cu_spec_ctl *ctl, const float *src_slot0,
                             size_t slot_stride, float *dst, size_t n, cudaStream_t stream);
+
+typedef struct {
+    engine_cu_delta d; /* token 0's arguments */
+    int m;             /* tokens, 1 .. ENGINE_CU_VMAX */
+    size_t qkv_stride, z_stride, ba_stride, out_stride; /* floats from token t to t + 1 */
+    float *ssq;                                         /* [m][nv][dv / 32] scratch */
+} engine_cu_vdelta;
+
+size_t engine_cu_vdelta_smem(int dk, int m);
+void engine_cu_vdelta_step(const engine_cu_vdelta *a, cudaStream_t stream);
+void engine_cu_vring_commit(const float *src_slot0, size_t slot_stride, float *dst, size_t n,
+                            const int32_t *pos, int n_snap, cudaStream_t stream);
 
 #endif

@@ -5,7 +5,10 @@
  *   verify     the prompt appended in verify passes of 1..5 tokens with MTP on (logits of every
  *              position) against the plain decode step token by token: bit for bit (the
  *              m-vector matvec sums each product in the decode matvec's order, the MoE,
- *              DeltaNet and attention run the decode's device code per token)
+ *              DeltaNet and attention run the decode's device code per token); the verify,
+ *              rollback and fast checks run twice: SPARK_CUDA_MTP_FUSED=0 (every part per
+ *              token) and =1 (the fused launches: the DeltaNet step of all m tokens in one
+ *              launch keeps each token's arithmetic and order, so also bit for bit)
  *   draft      GPU draft logits against the CPU's (engine_q35_mtp_step), steps 0..3 chained on
  *              the CPU's greedy drafts after the prompt: f32 max |gpu - cpu| <= 5e-4 (1 + max
  *              |logit|) (test_cuda_qwen35's bound for the whole model: summation order only);
@@ -79,9 +82,29 @@ static double max_abs(const float *a, size_t n) {
     return m;
 }
 
-/* verify passes against the decode step; rollback; fast loop. The model m is loaded on the
- * CPU; gm is its upload. */
-static void check_direct(engine_model *m, engine_cuda_q35_model *gm, const char *type) {
+/* engine_cuda_q35_mtp_enable on s with SPARK_CUDA_MTP_FUSED set to fused (read when MTP turns
+ * on), the caller's value restored afterwards. */
+static int enable_with(engine_cuda_q35_session *s, const char *fused, bool *was) {
+    const char *e = getenv("SPARK_CUDA_MTP_FUSED");
+    char keep[64] = "";
+    const bool had = e != NULL;
+    if (had) snprintf(keep, sizeof keep, "%s", e);
+    setenv("SPARK_CUDA_MTP_FUSED", fused, 1);
+    const int rc = engine_cuda_q35_mtp_enable(s, was);
+    if (had)
+        setenv("SPARK_CUDA_MTP_FUSED", keep, 1);
+    else
+        unsetenv("SPARK_CUDA_MTP_FUSED");
+    return rc;
+}
+
+/* verify passes against the decode step; rollback; fast loop, with the verify pass's parts
+ * per token (fused "0") or in one launch for all tokens (fused "1": q35_vdelta.cu ...), each
+ * bit for bit the decode step. The model m is loaded on the CPU; gm is its upload. */
+static void check_direct(engine_model *m, engine_cuda_q35_model *gm, const char *type0,
+                         const char *fused) {
+    char type[32];
+    snprintf(type, sizeof type, "%s/%s", type0, fused);
     const int32_t nv = engine_model_n_vocab(m);
     engine_cuda_q35_session *plain = NULL, *sp = NULL, *cold = NULL;
     enum { N = 40 };
@@ -96,8 +119,8 @@ static void check_direct(engine_model *m, engine_cuda_q35_model *gm, const char 
     CHECK(engine_cuda_q35_session_new(&sp, gm, N_CTX, ENGINE_KV_F32) == 0, "mtp session");
     CHECK(engine_cuda_q35_session_new(&cold, gm, N_CTX, ENGINE_KV_F32) == 0, "cold session");
     if (!plain || !sp || !cold || !ref || !got || !la || !lb || !da || !db) goto out;
-    CHECK(engine_cuda_q35_mtp_enable(sp, &was) == 0 && was, "enable");
-    CHECK(engine_cuda_q35_mtp_enable(cold, &was) == 0 && was, "enable");
+    CHECK(enable_with(sp, fused, &was) == 0 && was, "enable");
+    CHECK(enable_with(cold, fused, &was) == 0 && was, "enable");
     CHECK(engine_cuda_q35_mtp_step(sp, 0, 1, 0, la) == ENGINE_EINVAL, "draft before any token");
     CHECK(engine_cuda_q35_decode(sp, 1, 0, NULL, NULL) == ENGINE_EINVAL, "plain step with MTP");
 
@@ -349,7 +372,8 @@ static void run_model(const char *type) {
     if (m) CHECK(engine_cuda_q35_model_new(&gm, m, 0) == 0, "cuda model");
     if (gm) {
         CHECK(engine_cuda_q35_has_mtp(gm), "the upload has the MTP block");
-        check_direct(m, gm, type);
+        check_direct(m, gm, type, "0");
+        check_direct(m, gm, type, "1");
         check_draft(m, gm, type);
     }
     engine_cuda_q35_model_free(gm);

@@ -1,0 +1,231 @@
+/* The DeltaNet step of a verify pass over m consecutive tokens in one launch (contract in
+ * q35_verify.cuh, engine_cu_vdelta_step). Per token, every value is the decode step's
+ * (deltanet.cu) expression on the same operands in the same order; what changes is when:
+ *   1. the conv + SiLU of all m tokens (inputs of earlier positions of the pass come from the
+ *      pass's own projections, older ones from the ring, which no block writes here), each
+ *      token's ring as the decode step leaves it written to its snapshot slot by the channel's
+ *      owner; g and beta of all m tokens; the l2 norms of q and k of all m tokens
+ *   2. the recurrence: the block's state columns read once into registers, updated token by
+ *      token (the state after each written to its snapshot slot), the live state written once
+ *   3. the gated RMSNorm of all m outputs by the last column block of the head to finish.
+ * For m > 1 the live ring is left as it was: engine_cu_vring_commit copies the last token's ring
+ * from its snapshot slot afterwards (blocks of one launch are not ordered, so a block cannot
+ * overwrite ring slots that another block of the same key head may still have to read); for
+ * m = 1 the kernel writes it as the decode step does, so with m = 1, snapshots as the caller
+ * asks, it is the decode step (deltanet.cu's kernel could become this one; that file is not
+ * this module's). */
+#include <math.h>
+
+#include "q35_verify.cuh"
+
+#define VD_ROWS 16 /* state rows a thread keeps in registers (deltanet.cu's DN_ROWS) */
+#define VD_COLS 32 /* state columns of a block (deltanet.cu's DN_COLS) */
+#define VD_MAX_DK 512
+
+__device__ __forceinline__ float vd_silu(float y) {
+    return y / (1.0f + expf(-y));
+}
+
+__device__ __forceinline__ float vd_softplus(float x) {
+    return x > 20.0f ? x : log1pf(expf(x));
+}
+
+/* Grid (nv, dv / VD_COLS), dk / VD_ROWS warps, as deltanet.cu's kernel. */
+__global__ void __launch_bounds__(VD_MAX_DK / VD_ROWS * 32) vdelta_kernel(engine_cu_vdelta va) {
+    extern __shared__ float vd_smem[];
+    __shared__ float red32[32];
+    __shared__ float gb[ENGINE_CU_VMAX][2]; /* g, beta of each token */
+    __shared__ float sv[ENGINE_CU_VMAX][VD_COLS], so[VD_COLS];
+    __shared__ int last;
+    const engine_cu_delta &a = va.d;
+    const int m = va.m, dk = a.dk, dv = a.dv, K = a.K, nk = a.nk, nv = a.nv;
+    const int nrw = dk / VD_ROWS, per = 2 * dk + VD_COLS;
+    float *sq = vd_smem, *sk = sq + (size_t)m * dk, *red = sk + (size_t)m * dk;
+    const int h = blockIdx.x, cb = blockIdx.y, c0 = cb * VD_COLS;
+    const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, wi = tid >> 5;
+    const int grp = nv / nk, kh = a.v_tiled ? h % nk : h / grp;
+    const bool owner = (a.v_tiled ? h < nk : h % grp == 0) && cb == 0;
+    const int c = c0 + lane, r0 = wi * VD_ROWS;
+    float *S = a.state + (size_t)h * dk * dv;
+    engine_cu_pdl_launch();
+    if (lane < VD_ROWS)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(S + (size_t)(r0 + lane) * dv + c0));
+    engine_cu_pdl_wait();
+    const int32_t p0 = *a.pos;
+    const size_t qs = va.qkv_stride;
+
+    /* 1a. conv + SiLU of every token's channels of this block */
+    for (int e = tid; e < m * per; e += nt) {
+        const int t = e / per, u = e - t * per, pos = p0 + t;
+        int ch;
+        bool own;
+        float *dst;
+        if (u < dk) {
+            ch = kh * dk + u, own = owner, dst = sq + (size_t)t * dk + u;
+        } else if (u < 2 * dk) {
+            ch = nk * dk + kh * dk + (u - dk), own = owner, dst = sk + (size_t)t * dk + (u - dk);
+        } else {
+            ch = 2 * nk * dk + h * dv + c0 + (u - 2 * dk), own = true, dst = &sv[t][u - 2 * dk];
+        }
+        const float xin = a.qkv[(size_t)t * qs + ch];
+        const float *w = a.conv_w + (size_t)ch * K;
+        const float *ring = a.ring + (size_t)ch * K;
+        float y = w[K - 1] * xin;
+        for (int i = 0; i < K - 1; i++) {
+            const int p = pos - (K - 1) + i;
+            const float x = p >= p0 ? a.qkv[(size_t)(p - p0) * qs + ch] : ring[((p % K) + K) % K];
+            y += w[i] * x;
+        }
+        *dst = vd_silu(y);
+        if (own && m == 1) /* no other block reads slot pos % K of this token */
+            a.ring[(size_t)ch * K + pos % K] = xin;
+        if (own && a.snap_ring && (pos + 1) % a.snap_every == 0) {
+            /* the ring after this token: slot i holds the latest position = i mod K */
+            float *snap = a.snap_ring +
+                          (size_t)(((pos + 1) / a.snap_every) % a.n_snap) * a.snap_stride +
+                          (size_t)ch * K;
+            for (int i = 0; i < K; i++) {
+                const int q = pos - (((pos - i) % K) + K) % K;
+                snap[i] = q >= p0 ? a.qkv[(size_t)(q - p0) * qs + ch] : ring[i];
+            }
+        }
+    }
+    if (tid < m) {
+        const float b = a.beta[(size_t)tid * va.ba_stride + h];
+        const float al = a.alpha[(size_t)tid * va.ba_stride + h];
+        gb[tid][0] = expf(a.a[h] * vd_softplus(al + a.dt_bias[h]));
+        gb[tid][1] = 1.0f / (1.0f + expf(-b));
+    }
+    __syncthreads();
+    /* 1b. l2norm of q (times 1 / sqrt(dk)) and k of every token */
+    float iq[ENGINE_CU_VMAX], ik[ENGINE_CU_VMAX];
+#pragma unroll
+    for (int t = 0; t < ENGINE_CU_VMAX; t++) {
+        iq[t] = ik[t] = 0.0f;
+        if (t >= m) continue;
+        const float *q = sq + (size_t)t * dk, *k = sk + (size_t)t * dk;
+        float vq = 0.0f, vk = 0.0f;
+        for (int i = tid; i < dk; i += nt) {
+            vq += q[i] * q[i];
+            vk += k[i] * k[i];
+        }
+        const float ssq = engine_cu_block_sum(vq, red32);
+        const float ssk = engine_cu_block_sum(vk, red32);
+        iq[t] = 1.0f / sqrtf(ssq + 1e-6f);
+        ik[t] = 1.0f / sqrtf(ssk + 1e-6f);
+    }
+    const float qscale = 1.0f / sqrtf((float)dk);
+    __syncthreads();
+#pragma unroll
+    for (int t = 0; t < ENGINE_CU_VMAX; t++) {
+        if (t >= m) continue;
+        float *q = sq + (size_t)t * dk, *k = sk + (size_t)t * dk;
+        for (int i = tid; i < dk; i += nt) {
+            q[i] = q[i] * iq[t] * qscale;
+            k[i] = k[i] * ik[t];
+        }
+    }
+    __syncthreads();
+
+    /* 2. the delta rule on this thread's column slice, token by token */
+    float s[VD_ROWS];
+#pragma unroll
+    for (int i = 0; i < VD_ROWS; i++)
+        s[i] = S[(size_t)(r0 + i) * dv + c];
+    for (int t = 0; t < m; t++) {
+        const float *q = sq + (size_t)t * dk, *k = sk + (size_t)t * dk;
+        const float g = gb[t][0], beta = gb[t][1];
+        float part = 0.0f;
+#pragma unroll
+        for (int i = 0; i < VD_ROWS; i++) {
+            s[i] = s[i] * g;
+            part += s[i] * k[r0 + i];
+        }
+        red[wi * VD_COLS + lane] = part;
+        __syncthreads();
+        if (wi == 0) {
+            float tt = 0.0f;
+            for (int j = 0; j < nrw; j++)
+                tt += red[j * VD_COLS + lane];
+            so[lane] = (sv[t][lane] - tt) * beta;
+        }
+        __syncthreads();
+        const float d = so[lane];
+        part = 0.0f;
+        const int pos1 = p0 + t + 1;
+        float *snap_s = a.snap_state && pos1 % a.snap_every == 0
+                            ? a.snap_state +
+                                  (size_t)((pos1 / a.snap_every) % a.n_snap) * a.snap_stride +
+                                  (size_t)h * dk * dv
+                            : nullptr;
+#pragma unroll
+        for (int i = 0; i < VD_ROWS; i++) {
+            s[i] += k[r0 + i] * d;
+            part += s[i] * q[r0 + i];
+            if (snap_s) snap_s[(size_t)(r0 + i) * dv + c] = s[i];
+        }
+        red[wi * VD_COLS + lane] = part;
+        __syncthreads();
+        if (wi == 0) { /* o of the block's columns and their sum of squares */
+            float o = 0.0f;
+            for (int j = 0; j < nrw; j++)
+                o += red[j * VD_COLS + lane];
+            a.out[(size_t)t * va.out_stride + (size_t)h * dv + c] = o;
+            const float sq2 = engine_cu_warp_sum(o * o);
+            if (lane == 0) va.ssq[((size_t)t * nv + h) * gridDim.y + cb] = sq2;
+        }
+        __syncthreads(); /* red and so are rewritten by the next token */
+    }
+#pragma unroll
+    for (int i = 0; i < VD_ROWS; i++)
+        S[(size_t)(r0 + i) * dv + c] = s[i];
+
+    /* 3. the last column block of the head: gated RMSNorm of every token's dv outputs */
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) last = atomicAdd(&a.counters[h], 1u) == gridDim.y - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int t = 0; t < m; t++) {
+        float ss = 0.0f;
+        for (unsigned j = 0; j < gridDim.y; j++)
+            ss += __ldcg(va.ssq + ((size_t)t * nv + h) * gridDim.y + j);
+        const float scale = 1.0f / sqrtf(ss / (float)dv + a.eps);
+        float *oh = a.out + (size_t)t * va.out_stride + (size_t)h * dv;
+        const float *z = a.z + (size_t)t * va.z_stride + (size_t)h * dv;
+        for (int i = tid; i < dv; i += nt) {
+            const float o = __ldcg(oh + i), zv = z[i];
+            const float y = a.norm_w[i] * (o * scale);
+            oh[i] = y * (zv / (1.0f + expf(-zv)));
+        }
+    }
+    if (tid == 0) a.counters[h] = 0;
+}
+
+size_t engine_cu_vdelta_smem(int dk, int m) {
+    return sizeof(float) * (2 * (size_t)m * dk + (size_t)(dk / VD_ROWS) * VD_COLS);
+}
+
+void engine_cu_vdelta_step(const engine_cu_vdelta *a, cudaStream_t stream) {
+    const int threads = a->d.dk / VD_ROWS * 32;
+    engine_cu_launch(vdelta_kernel, dim3(a->d.nv, a->d.dv / VD_COLS), dim3(threads),
+                     engine_cu_vdelta_smem(a->d.dk, a->m), stream, *a);
+}
+
+__global__ void vring_commit_kernel(const float4 *src0, size_t stride4, float4 *dst, size_t n4,
+                                    const int32_t *pos, int n_snap) {
+    engine_cu_pdl_launch();
+    engine_cu_pdl_wait();
+    const float4 *src = src0 + (size_t)((*pos + 1) % n_snap) * stride4;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4;
+         i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = src[i];
+}
+
+void engine_cu_vring_commit(const float *src_slot0, size_t slot_stride, float *dst, size_t n,
+                            const int32_t *pos, int n_snap, cudaStream_t stream) {
+    engine_cu_launch(vring_commit_kernel, dim3(264), dim3(256), 0, stream,
+                     (const float4 *)src_slot0, slot_stride / 4, (float4 *)dst, n / 4, pos,
+                     n_snap);
+}
