@@ -6,8 +6,9 @@
 # ';'-separated environment settings; each variant's greedy tokens must equal the default's).
 # Logs go to $OUT.
 # Usage: [LAYERS=12] [VARIANTS="SPARK_CUDA_V5=0;..."] [SANITIZE=1] bench/cuda/s5_run.sh TYPE...
-#   SANITIZE: also compute-sanitizer racecheck over test_cuda_ops and memcheck over
-#   test_cuda_forward on one small model, their summary lines printed.
+#   SANITIZE: also compute-sanitizer racecheck over test_cuda_ops (quick) and memcheck over
+#   test_cuda_forward on one small model (4 tokens), side by side with the tests, their summary
+#   lines printed (SANITIZE_S: seconds at most each).
 #   LAYERS=0: the full 48-block model.
 set -o pipefail
 B=/tmp/b
@@ -35,37 +36,33 @@ ninja -C $B test_cuda_ops test_cuda_forward test_cuda_qwen35 >>$OUT/build.log 2>
     { grep -B2 -A12 -m3 error $OUT/build.log; exit 1; }
 export SPARK_TOKENIZER_DIR=$TOK
 stamp "tests built"
-(timeout 200 $B/tests/engine/test_cuda_ops >$OUT/ops.log 2>&1; echo "test_cuda_ops rc=$?") &
-p1=$!
-(timeout 200 $B/tests/engine/test_cuda_forward >$OUT/fwd.log 2>&1
-    echo "test_cuda_forward rc=$?") &
-p2=$!
-(timeout 200 $B/tests/engine/test_cuda_qwen35 >$OUT/q35.log 2>&1
-    echo "test_cuda_qwen35 rc=$?") &
-p3=$!
-wait $p1 $p2 $p3
-grep -h "FAIL\|fail\|worst\|moe \|greedy" $OUT/ops.log $OUT/fwd.log $OUT/q35.log | grep -v "^spark" |
-    tail -40
-stamp "tests done"
-if [ -n "$SANITIZE" ]; then
-    (timeout 150 compute-sanitizer --tool racecheck --error-exitcode 3 \
-        $B/tests/engine/test_cuda_ops >/tmp/race-ops.log 2>&1
-        echo "racecheck test_cuda_ops rc=$? $(grep -h "RACECHECK SUMMARY" /tmp/race-ops.log)") &
-    s1=$!
-    (timeout 150 compute-sanitizer --tool memcheck --error-exitcode 3 \
-        $B/tests/engine/test_cuda_forward tiny q4_k_m 12 >/tmp/mem-fwd.log 2>&1
-        echo "memcheck test_cuda_forward tiny q4_k_m 12 rc=$? $(grep -h "ERROR SUMMARY" \
-            /tmp/mem-fwd.log)") &
-    s2=$!
-    wait $s1 $s2
-    tail -5 /tmp/race-ops.log /tmp/mem-fwd.log >$OUT/sanitize.log
-    stamp "sanitizers done"
+pids=
+run() { # NAME TIMEOUT CMD...: in the background, its log in /tmp, rc and summary line printed
+    local name=$1 t=$2
+    shift 2
+    (timeout $t "$@" >/tmp/$name.log 2>&1
+        echo "$name rc=$? $(grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" /tmp/$name.log | tail -1)") &
+    pids="$pids $!"
+}
+run ops 200 $B/tests/engine/test_cuda_ops
+run fwd 200 $B/tests/engine/test_cuda_forward
+run q35 200 $B/tests/engine/test_cuda_qwen35
+if [ -n "$SANITIZE" ]; then # side by side with the tests (correctness only: no timing yet)
+    run racecheck-ops ${SANITIZE_S:-150} compute-sanitizer --tool racecheck --error-exitcode 3 \
+        $B/tests/engine/test_cuda_ops quick
+    run memcheck-fwd ${SANITIZE_S:-150} compute-sanitizer --tool memcheck --error-exitcode 3 \
+        $B/tests/engine/test_cuda_forward tiny q4_k_m 4
 fi
+wait $pids
+cp /tmp/ops.log /tmp/fwd.log /tmp/q35.log $OUT/
+[ -n "$SANITIZE" ] && tail -n 4 /tmp/racecheck-ops.log /tmp/memcheck-fwd.log >$OUT/sanitize.log
+grep -h "FAIL\|worst\|greedy" /tmp/ops.log /tmp/fwd.log /tmp/q35.log | grep -v "^spark" | tail -60
+stamp "tests done"
 for t in $types; do
     while [ ! -e /tmp/gen-$t.done ] && kill -0 $gen 2>/dev/null; do sleep 1; done
     [ -e /tmp/gen-$t.done ] || { echo "gen $t failed"; tail -5 $OUT/gen.log; break; }
     stamp "model $t generated ($layers blocks; 0: full)"
-    args="-n 128 -r 5 -a 0"
+    args="-n 128 -r ${REPS:-5} -a 0"
     timeout 240 bash bench/cuda/run.sh $B /tmp/cut-$t.gguf $args ${VARIANTS:+-e "$VARIANTS"} 2>&1 |
         grep -v "info" | tee -a $OUT/bench.log
     stamp "bench $t done"

@@ -68,6 +68,10 @@ struct engine_cuda_session {
      * SPARK_CUDA_DOWN_ROUTE=1: the down kernel routes before its wait (the up launch then
      * triggers its successor late). */
     int bps_mv, bps_up, bps_dn, down_routes;
+    /* SPARK_CUDA_PRELOAD=1: the qkv, wo, head and down kernels load their warps' first weight
+     * chunks into registers before the wait / the staging (matvec.cuh, moe.cuh); measured 0.45%
+     * slower on the H200 (bench/RESULTS.md, decode stage 5), so off by default */
+    int preload;
     engine_cu_prog prog; /* the fused step's program, built at the first capture */
     uint8_t *mem;        /* one allocation: KV cache and step buffers */
     size_t bytes;
@@ -445,6 +449,8 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
             s->bps_mv = s->bps_up = s->bps_dn = 0;
         e = getenv("SPARK_CUDA_DOWN_ROUTE");
         s->down_routes = e && e[0] == '1';
+        e = getenv("SPARK_CUDA_PRELOAD");
+        s->preload = e && e[0] == '1';
     }
     s->k_cache = (void **)calloc(hp->n_layer, sizeof(void *));
     s->v_cache = (void **)calloc(hp->n_layer, sizeof(void *));
@@ -564,6 +570,7 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
     mv->n_mat = 3;
     mv->touch = s->touch;
     mv->max_bps = s->bps_mv;
+    mv->preload = s->preload;
     mv->cols = emb;
     mv->x = s->x;
     mv->norm_w = ly->attn_norm;
@@ -594,6 +601,7 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
     mv->n_mat = 1;
     mv->touch = s->touch;
     mv->max_bps = s->bps_mv;
+    mv->preload = s->preload;
     mv->cols = (int)hp->n_head * hd;
     mv->x = s->att;
 
@@ -656,6 +664,7 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
     up->weights = s->wts;
     up->max_bps = s->bps_up;
     dn->max_bps = s->bps_dn;
+    dn->preload = s->preload;
     dn->cols = up->rows;
     dn->h = s->h;
     dn->y = s->x;
@@ -735,6 +744,7 @@ static void enqueue_step(engine_cuda_session *s, step_prof *p) {
     mv.m[0] = mat(&cm->output, s->logits, 0);
     mv.n_mat = 1;
     mv.touch = s->touch;
+    mv.preload = s->preload;
     mv.cols = emb;
     mv.x = s->x;
     mv.norm_w = cm->output_norm;

@@ -54,6 +54,10 @@ typedef struct {
      * stay resident beside this one and fetch their weights while it runs); 0: a block per row
      * group (stage 4). Zero-initialised callers keep the stage-4 plan. */
     int max_bps;
+    /* Decode stage 5: each warp loads the first chunk of its first rows into registers before
+     * the wait (quantised types, not with touch), so that those loads overlap the wait and the
+     * staging; the results are bit for bit those without. */
+    int preload;
 } engine_cu_mv;
 
 /* True for the weight types the GPU kernels decode. */

@@ -37,6 +37,145 @@ __device__ __forceinline__ int mv_find(const engine_cu_mv &a, int g, int per, in
     return -1;
 }
 
+/* Group g of a block (every thread of the block; after the staging): warp w's rows (R > 0) or
+ * its chunks of the group's row (R == 0, the block summing the warps' parts in `part`). Returns
+ * the group's output vector (for engine_cu_sink), or NULL. */
+template <int MODE, int R>
+__device__ __forceinline__ float *mv_group(const engine_cu_mv &a, int g, const engine_cu_xv &xv,
+                                           float *part) {
+    constexpr int NR = R > 0 ? R : 1, PER = R > 0 ? ENGINE_CU_MV_WARPS * R : 1;
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int first;
+    const int mi = mv_find(a, g, PER, &first);
+    if (mi < 0) return nullptr; /* never: n_groups row groups in all */
+    const uint8_t *mw = a.m[mi].w;
+    const size_t rb = a.m[mi].row_bytes;
+    const int rows = a.m[mi].rows, type = a.m[mi].type, accumulate = a.m[mi].accumulate;
+    float *y = a.m[mi].y;
+    const int n_chunks = a.cols >> 5;
+    const int r0 = (g - first) * PER + (R > 0 ? w : 0);
+    float acc[NR];
+    if (R > 0 && r0 >= rows) return y; /* no barrier below when R > 0 */
+    /* rows past the end compute on the last row and are not stored */
+    const uint8_t *row = mw + (size_t)r0 * rb;
+    const size_t stride = (size_t)8 * rb;
+    const int c0 = R > 0 ? lane : 32 * w + lane, step = R > 0 ? 32 : 32 * ENGINE_CU_MV_WARPS;
+    switch (type) {
+#define MV_CASE(T)                                                                                 \
+    case T:                                                                                        \
+        if (MODE == engine_cu_x_mode(T))                                                           \
+            mv_rows<T, NR>(row, r0 + 8 * (NR - 1) < rows ? stride : 0, c0, step, n_chunks, xv,     \
+                           acc);                                                                   \
+        break;
+        ENGINE_CU_QUANT_CASES(MV_CASE)
+#undef MV_CASE
+#define MV_CASE(T)                                                                                 \
+    case T:                                                                                        \
+        if (MODE == ENGINE_CU_X_F32)                                                               \
+            mv_rows<T, NR>(row, r0 + 8 * (NR - 1) < rows ? stride : 0, c0, step, n_chunks, xv,     \
+                           acc);                                                                   \
+        break;
+        ENGINE_CU_FLOAT_CASES(MV_CASE)
+#undef MV_CASE
+    default:
+        for (int i = 0; i < NR; i++)
+            acc[i] = 0.0f;
+    }
+    if (R > 0) {
+#pragma unroll
+        for (int i = 0; i < NR; i++) {
+            const float s = engine_cu_warp_sum(acc[i]);
+            const int r = r0 + 8 * i;
+            if (lane == 0 && r < rows) y[r] = accumulate ? y[r] + s : s;
+        }
+    } else {
+        const float s = engine_cu_warp_sum(acc[0]);
+        if (lane == 0) part[w] = s;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float t = 0.0f;
+            for (int k = 0; k < ENGINE_CU_MV_WARPS; k++)
+                t += part[k];
+            y[r0] = accumulate ? y[r0] + t : t;
+        }
+        __syncthreads();
+    }
+    return y;
+}
+
+/* Ask L2 for warp w's rows of groups g0, g0 + gdx, ... (R > 0; all of them, or g0's alone). */
+template <int R>
+__device__ __forceinline__ void mv_prefetch_groups(const engine_cu_mv &a, int g0, int gdx,
+                                                   int n_groups, bool all) {
+    constexpr int PER = ENGINE_CU_MV_WARPS * R;
+    const int w = threadIdx.x >> 5;
+    for (int g = g0; g < n_groups; g += gdx) {
+        int first;
+        const int mi = mv_find(a, g, PER, &first);
+        if (mi < 0) break;
+        const size_t rb = a.m[mi].row_bytes;
+        const int r0 = (g - first) * PER + w;
+#pragma unroll
+        for (int i = 0; i < R; i++)
+            if (r0 + 8 * i < a.m[mi].rows)
+                engine_cu_prefetch_l2(a.m[mi].w + (size_t)(r0 + 8 * i) * rb, rb);
+        if (!all) break;
+    }
+}
+
+/* The block of mv_block below when the warps load the first chunk of their first group's rows
+ * into registers before the wait (a.preload; quantised type T of the block's first group, R >
+ * 0): those loads are in flight during the wait and the staging, the compute picks them up
+ * after it; the same sums in the same order as mv_rows. */
+template <int T, int MODE, int R, typename S>
+__device__ __forceinline__ void mv_block_pre(const engine_cu_mv &a, int n_groups, int bx, int gdx,
+                                             uint8_t *sm, const S &sync, int mi, int first) {
+    __shared__ float part[ENGINE_CU_MV_WARPS];
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const uint8_t *mw = a.m[mi].w;
+    const size_t rb = a.m[mi].row_bytes;
+    const int rows = a.m[mi].rows, accumulate = a.m[mi].accumulate;
+    float *y = a.m[mi].y;
+    const int n_chunks = a.cols >> 5;
+    const int r0 = (bx - first) * ENGINE_CU_MV_WARPS * R + w;
+    const size_t stride = r0 + 8 * (R - 1) < rows ? (size_t)8 * rb : 0;
+    const uint8_t *row = mw + (size_t)min(r0, rows - 1) * rb;
+    const bool live = r0 < rows && lane < n_chunks;
+    engine_cu_qraw raw[R];
+    if (live)
+#pragma unroll
+        for (int i = 0; i < R; i++)
+            engine_cu_qload<T>(row + i * stride, lane, raw[i]);
+    /* the rest of the rows, and the norm weights every block reads: L2 */
+    mv_prefetch_groups<R>(a, bx, gdx, n_groups, a.max_bps > 0);
+    if (a.norm_w && w == ENGINE_CU_MV_WARPS - 1)
+        engine_cu_prefetch_l2((const uint8_t *)a.norm_w, sizeof(float) * (size_t)a.cols);
+    sync.wait();
+    engine_cu_stage_x<MODE>(a.x, a.cols, a.norm_w, a.eps, sm);
+    const engine_cu_xv xv = engine_cu_xv_at(sm, a.cols, true, 0);
+    if (r0 < rows) {
+        float acc[R];
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            acc[i] = 0.0f;
+            if (live) acc[i] += engine_cu_qdot_raw<T>(raw[i], row + i * stride, lane, xv);
+        }
+#pragma unroll(R == 1 ? 2 : 1)
+        for (int c = lane + 32; c < n_chunks; c += 32)
+#pragma unroll
+            for (int i = 0; i < R; i++)
+                acc[i] += engine_cu_dot_chunk<T>(row + i * stride, c, xv);
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            const float s = engine_cu_warp_sum(acc[i]);
+            const int r = r0 + 8 * i;
+            if (lane == 0 && r < rows) y[r] = accumulate ? y[r] + s : s;
+        }
+    }
+    for (int g = bx + gdx; g < n_groups; g += gdx)
+        mv_group<MODE, R>(a, g, xv, part);
+}
+
 /* Block bx of a grid of gdx blocks (n_groups row groups), `sm` the dynamic shared memory;
  * `sync.wait()` where the block must wait for its inputs (every thread calls it).
  * MODE: the activation staging (qdot.cuh) of the weight types this instance handles.
@@ -48,7 +187,23 @@ __device__ __forceinline__ void mv_block(const engine_cu_mv &a, int n_groups, in
                                          uint8_t *sm, const S &sync) {
     constexpr int NR = R > 0 ? R : 1, PER = R > 0 ? ENGINE_CU_MV_WARPS * R : 1;
     __shared__ float part[ENGINE_CU_MV_WARPS];
-    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int w = threadIdx.x >> 5;
+    if (R > 0 && MODE != ENGINE_CU_X_F32 && a.preload && !a.touch) {
+        int first;
+        const int mi = mv_find(a, bx, PER, &first);
+        if (mi < 0) return; /* never: the grid has at most n_groups blocks */
+        switch (a.m[mi].type) {
+#define MV_PRE(T)                                                                                  \
+    case T:                                                                                        \
+        if (MODE == engine_cu_x_mode(T)) {                                                         \
+            mv_block_pre<T, MODE, (R > 0 ? R : 1)>(a, n_groups, bx, gdx, sm, sync, mi, first);     \
+            return;                                                                                \
+        }                                                                                          \
+        break;
+            ENGINE_CU_QUANT_CASES(MV_PRE)
+#undef MV_PRE
+        }
+    }
     uint32_t tv[NR][2] = {}; /* touched bytes (a.touch), consumed at the end */
     /* the first group's weights (with max_bps: every group's, L2 only) fetched while the
      * previous kernel finishes */
@@ -89,63 +244,10 @@ __device__ __forceinline__ void mv_block(const engine_cu_mv &a, int n_groups, in
     sync.wait();
     engine_cu_stage_x<MODE>(a.x, a.cols, a.norm_w, a.eps, sm);
     const engine_cu_xv xv = engine_cu_xv_at(sm, a.cols, MODE != ENGINE_CU_X_F32, 0);
-    const int n_chunks = a.cols >> 5;
     float *y = nullptr;
     for (int g = bx; g < n_groups; g += gdx) {
-        int first;
-        const int mi = mv_find(a, g, PER, &first);
-        if (mi < 0) break;
-        const uint8_t *mw = a.m[mi].w;
-        const size_t rb = a.m[mi].row_bytes;
-        const int rows = a.m[mi].rows, type = a.m[mi].type, accumulate = a.m[mi].accumulate;
-        y = a.m[mi].y;
-        const int r0 = (g - first) * PER + (R > 0 ? w : 0);
-        float acc[NR];
-        if (R > 0 && r0 >= rows) continue; /* no barrier below when R > 0 */
-        /* rows past the end compute on the last row and are not stored */
-        const uint8_t *row = mw + (size_t)r0 * rb;
-        const size_t stride = (size_t)8 * rb;
-        const int c0 = R > 0 ? lane : 32 * w + lane, step = R > 0 ? 32 : 32 * ENGINE_CU_MV_WARPS;
-        switch (type) {
-#define MV_CASE(T)                                                                                 \
-    case T:                                                                                        \
-        if (MODE == engine_cu_x_mode(T))                                                           \
-            mv_rows<T, NR>(row, r0 + 8 * (NR - 1) < rows ? stride : 0, c0, step, n_chunks, xv,     \
-                           acc);                                                                   \
-        break;
-            ENGINE_CU_QUANT_CASES(MV_CASE)
-#undef MV_CASE
-#define MV_CASE(T)                                                                                 \
-    case T:                                                                                        \
-        if (MODE == ENGINE_CU_X_F32)                                                               \
-            mv_rows<T, NR>(row, r0 + 8 * (NR - 1) < rows ? stride : 0, c0, step, n_chunks, xv,     \
-                           acc);                                                                   \
-        break;
-            ENGINE_CU_FLOAT_CASES(MV_CASE)
-#undef MV_CASE
-        default:
-            for (int i = 0; i < NR; i++)
-                acc[i] = 0.0f;
-        }
-        if (R > 0) {
-#pragma unroll
-            for (int i = 0; i < NR; i++) {
-                const float s = engine_cu_warp_sum(acc[i]);
-                const int r = r0 + 8 * i;
-                if (lane == 0 && r < rows) y[r] = accumulate ? y[r] + s : s;
-            }
-        } else {
-            const float s = engine_cu_warp_sum(acc[0]);
-            if (lane == 0) part[w] = s;
-            __syncthreads();
-            if (threadIdx.x == 0) {
-                float t = 0.0f;
-                for (int k = 0; k < ENGINE_CU_MV_WARPS; k++)
-                    t += part[k];
-                y[r0] = accumulate ? y[r0] + t : t;
-            }
-            __syncthreads();
-        }
+        float *yg = mv_group<MODE, R>(a, g, xv, part);
+        if (yg) y = yg;
     }
     uint32_t sum = 0;
 #pragma unroll

@@ -64,6 +64,10 @@ typedef struct {
     int n_expert, norm_topk;
     const float *sh_logit;
     int sh_id;
+    /* Decode stage 5: each warp loads its first two (expert, chunk) items into registers as
+     * soon as the ids are known (before the wait with `router`, else before the staging of h;
+     * quantised types, not with touch); bit for bit the results without. */
+    int preload;
 } engine_cu_ffn_down_args;
 
 void engine_cu_ffn_up(const engine_cu_ffn_up_args *a, cudaStream_t stream);

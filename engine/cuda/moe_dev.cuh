@@ -192,6 +192,68 @@ __device__ __forceinline__ float down_row(const engine_cu_ffn_down_args &a, int 
     return engine_cu_warp_sum(tot);
 }
 
+/* ffn_down_block below once the ids are known, when each warp loads the first two (expert,
+ * chunk) items of its first row into registers before the wait (a.preload; quantised type T):
+ * those loads overlap the wait and the staging of h; the same sums in the same order as
+ * down_row. */
+template <int T, int MODE, typename S>
+__device__ __forceinline__ void ffn_down_pre(const engine_cu_ffn_down_args &a, int b, int gdx,
+                                             int n_groups, uint8_t *sm, const S &sync,
+                                             const int *ids, float *wts) {
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int r = b * FFN_WARPS + w, nch = a.cols >> 5, n_items = a.k * nch;
+    engine_cu_qraw raw[2];
+    const uint8_t *rp[2] = {a.down, a.down};
+    int jj[2] = {0, 0}, cc[2] = {0, 0};
+    if (r < a.rows)
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const int it = lane + 32 * u;
+            if (it < n_items) {
+                jj[u] = it / nch;
+                cc[u] = it - jj[u] * nch;
+                rp[u] = a.down + (size_t)ids[jj[u]] * a.expert_bytes + (size_t)r * a.row_bytes;
+                engine_cu_qload<T>(rp[u], cc[u], raw[u]);
+            }
+        }
+    for (int g = b; g < n_groups; g += gdx) { /* the rest of the rows: L2 */
+        const int rg = g * FFN_WARPS + w;
+        if (rg < a.rows)
+            for (int j = 0; j < a.k; j++)
+                engine_cu_prefetch_l2(a.down + (size_t)ids[j] * a.expert_bytes +
+                                          (size_t)rg * a.row_bytes,
+                                      a.row_bytes);
+        if (!a.max_bps) break;
+    }
+    sync.wait(); /* h complete */
+    if (a.sh_logit && threadIdx.x == 0) wts[a.k - 1] = 1.0f / (1.0f + expf(-*a.sh_logit));
+    engine_cu_stage_x<MODE>(a.h, a.k * a.cols, nullptr, 0.0f, sm); /* ends with a barrier */
+    if (r < a.rows) {
+        float tot = 0.0f;
+#pragma unroll
+        for (int u = 0; u < 2; u++)
+            if (lane + 32 * u < n_items) {
+                const engine_cu_xv xv = engine_cu_xv_at(sm, a.k * a.cols, true, jj[u] * a.cols);
+                tot += wts[jj[u]] * engine_cu_qdot_raw<T>(raw[u], rp[u], cc[u], xv);
+            }
+#pragma unroll 2
+        for (int it = lane + 64; it < n_items; it += 32) {
+            const int j = it / nch, c = it - j * nch;
+            const uint8_t *d = a.down + (size_t)ids[j] * a.expert_bytes + (size_t)r * a.row_bytes;
+            const engine_cu_xv xv = engine_cu_xv_at(sm, a.k * a.cols, true, j * a.cols);
+            tot += wts[j] * engine_cu_dot_chunk<T>(d, c, xv);
+        }
+        const float s = engine_cu_warp_sum(tot);
+        if (lane == 0) a.y[r] += s;
+    }
+    for (int g = b + gdx; g < n_groups; g += gdx) {
+        const int rg = g * FFN_WARPS + w;
+        if (rg >= a.rows) continue;
+        const float s = down_row<T>(a, rg, ids, wts, sm, true);
+        if (lane == 0) a.y[rg] += s;
+    }
+}
+
 /* Row groups of FFN_WARPS rows of the down products: block b of gdx takes groups b, b + gdx,
  * ...; warp w computes row w of each. */
 template <int MODE, typename S>
@@ -213,6 +275,19 @@ __device__ __forceinline__ void ffn_down_block(const engine_cu_ffn_down_args &a,
     }
     if (a.sh_logit && threadIdx.x == 0) ids[a.k - 1] = a.sh_id;
     __syncthreads();
+    if (a.preload && !a.touch && MODE != ENGINE_CU_X_F32) {
+        switch (a.type) {
+#define DOWN_PRE(T)                                                                                \
+    case T:                                                                                        \
+        if (MODE == engine_cu_x_mode(T)) {                                                         \
+            ffn_down_pre<T, MODE>(a, b, gdx, n_groups, sm, sync, ids, wts);                        \
+            return;                                                                                \
+        }                                                                                          \
+        break;
+            ENGINE_CU_QUANT_CASES(DOWN_PRE)
+#undef DOWN_PRE
+        }
+    }
     uint32_t tv0 = 0, tv1 = 0; /* touched bytes, consumed at the end */
     for (int g = b; g < n_groups; g += gdx) {
         const int r = g * FFN_WARPS + w;

@@ -53,9 +53,10 @@ struct dev_arena {
     }
 };
 
-/* SPARK_CUDA_OP_BPS=N (N > 0): the matvec and MoE ops run the decode stage-5 launches (at most
- * N blocks per multiprocessor looping over their work; the down kernel routing before its
- * wait after an up launch that triggers late), as sessions do; else the stage-4 grids. */
+/* SPARK_CUDA_OP_BPS=N (N > 0): the matvec and MoE ops run the decode stage-5 launch options (at
+ * most N blocks per multiprocessor looping over their work; the down kernel routing before its
+ * wait after an up launch that triggers late; the first weight chunks loaded into registers
+ * before the wait); else the stage-4 launches. */
 int op_bps() {
     const char *e = getenv("SPARK_CUDA_OP_BPS");
     const int n = e ? atoi(e) : 0;
@@ -84,6 +85,10 @@ extern "C" int engine_cuda_op_matvec(engine_type type, const void *w, int64_t ro
     mv.n_mat = 1;
     mv.touch = 1;
     mv.max_bps = op_bps();
+    if (mv.max_bps) { /* as sessions run it: no L1 touch, the first chunks preloaded */
+        mv.touch = 0;
+        mv.preload = 1;
+    }
     mv.cols = (int)cols;
     mv.x = dx;
     mv.norm_w = dn;
@@ -216,6 +221,8 @@ extern "C" int engine_cuda_op_moe(engine_type type, int n_expert, int k, bool no
         d.router = dr;
         d.n_expert = n_expert;
         d.norm_topk = norm_topk;
+        d.touch = 0;
+        d.preload = 1;
     }
     engine_cu_ffn_up(&u, 0);
     engine_cu_ffn_down(&d, 0);

@@ -172,20 +172,16 @@ __device__ __forceinline__ void engine_cu_stage_x(const float *x, int n, const f
 }
 
 /* 4 * N bytes from a 2-byte-aligned address as N words (aligned word loads and funnel
- * shifts; the last piece of a misaligned run is a 2-byte load: no byte past the 4 * N).
- * W: decode weights (common.cuh's engine_cu_ldw: the L2 streaming policy). */
-template <int N, bool W = false>
-__device__ __forceinline__ void engine_cu_ldw_a2(const uint8_t *p, uint32_t w[N]) {
+ * shifts; the last piece of a misaligned run is a 2-byte load: no byte past the 4 * N). */
+template <int N> __device__ __forceinline__ void engine_cu_ldw_a2(const uint8_t *p, uint32_t w[N]) {
     const uintptr_t a = (uintptr_t)p;
     const uint32_t *b = (const uint32_t *)(a & ~(uintptr_t)3);
     const int sh = (int)(a & 3) * 8;
     uint32_t u[N + 1];
 #pragma unroll
     for (int i = 0; i < N; i++)
-        u[i] = W ? engine_cu_ldw(b + i) : __ldg(b + i);
-    u[N] = sh ? (uint32_t)(W ? engine_cu_ldh((const uint16_t *)(b + N))
-                             : __ldg((const uint16_t *)(b + N)))
-              : 0u;
+        u[i] = __ldg(b + i);
+    u[N] = sh ? (uint32_t)__ldg((const uint16_t *)(b + N)) : 0u;
 #pragma unroll
     for (int i = 0; i < N; i++)
         w[i] = __funnelshift_r(u[i], u[i + 1], sh);
@@ -207,10 +203,75 @@ __device__ __forceinline__ void qd_load16(const uint8_t *p, uint32_t w[4]) {
     w[3] = v.w;
 }
 
-/* Chunk c of a quantised row against the staged int8 vector (the row's column 0 at xv). */
+/* A chunk's weight bytes as loaded (engine_cu_qload), before any arithmetic on them: a warp
+ * can issue the loads of its first chunks before it waits for its inputs and compute on them
+ * after the staging (engine_cu_qdot_raw). Misaligned runs (Q6_K, Q8_0, Q4_0: 2-byte-aligned
+ * blocks) keep their aligned words; the funnel shifts happen in the compute. */
+typedef struct {
+    uint32_t h;     /* Q4_K/Q5_K: d | dmin << 16; Q6_K/Q8_0/Q4_0: the F16 scale */
+    uint32_t s[3];  /* Q4_K/Q5_K: the 12 packed scale bytes; Q6_K: the two int8 scales */
+    uint32_t q[10]; /* Q4_K: qs[4]; Q5_K: qs[4], qh[4]; Q6_K: ql[5], qh[5]; Q8_0: 9 words;
+                       Q4_0: 5 words (aligned words of the run) */
+} engine_cu_qraw;
+
+/* Aligned words of a run of 4 * N bytes from a 2-byte-aligned address (engine_cu_ldw_a2 in
+ * two halves: loads here, funnel shifts in qd_funnel). */
+template <int N> __device__ __forceinline__ void qd_ld_a2(const uint8_t *p, uint32_t u[N + 1]) {
+    const uintptr_t a = (uintptr_t)p;
+    const uint32_t *b = (const uint32_t *)(a & ~(uintptr_t)3);
+#pragma unroll
+    for (int i = 0; i < N; i++)
+        u[i] = engine_cu_ldw(b + i);
+    u[N] = (a & 3) ? (uint32_t)engine_cu_ldh((const uint16_t *)(b + N)) : 0u;
+}
+
+template <int N>
+__device__ __forceinline__ void qd_funnel(const uint8_t *p, const uint32_t u[N + 1],
+                                          uint32_t w[N]) {
+    const int sh = (int)((uintptr_t)p & 3) * 8;
+#pragma unroll
+    for (int i = 0; i < N; i++)
+        w[i] = __funnelshift_r(u[i], u[i + 1], sh);
+}
+
+/* Load chunk c of a quantised row. */
 template <int T>
-__device__ __forceinline__ float engine_cu_qdot_chunk(const uint8_t *row, int c,
-                                                      const engine_cu_xv &xv) {
+__device__ __forceinline__ void engine_cu_qload(const uint8_t *row, int c, engine_cu_qraw &r) {
+    if (T == ENGINE_TYPE_Q4_K || T == ENGINE_TYPE_Q5_K) {
+        const bool q5 = T == ENGINE_TYPE_Q5_K;
+        const uint8_t *b = row + (size_t)(c >> 3) * (q5 ? 176 : 144);
+        const int q = c & 7, j = q >> 1, half = q & 1;
+        r.h = engine_cu_ldw((const uint32_t *)b);
+        r.s[0] = engine_cu_ldw((const uint32_t *)(b + 4));
+        r.s[1] = engine_cu_ldw((const uint32_t *)(b + 8));
+        r.s[2] = engine_cu_ldw((const uint32_t *)(b + 12));
+        qd_load16(b + (q5 ? 48 : 16) + 32 * j + 16 * half, r.q);
+        if (q5) qd_load16(b + 16 + 16 * half, r.q + 4);
+    } else if (T == ENGINE_TYPE_Q6_K) {
+        const uint8_t *b = row + (size_t)(c >> 3) * 210;
+        const int q = c & 7, hh = q >> 2, rr = q & 3, w = rr >> 1, l0 = 16 * (rr & 1);
+        r.h = engine_cu_ldh((const uint16_t *)(b + 208));
+        qd_ld_a2<4>(b + 64 * hh + 32 * w + l0, r.q);
+        qd_ld_a2<4>(b + 128 + 32 * hh + l0, r.q + 5);
+        const int8_t *scp = (const int8_t *)(b + 192 + 8 * hh + (l0 >> 4));
+        r.s[0] = (uint32_t)engine_cu_ldsb(scp + 2 * w);
+        r.s[1] = (uint32_t)engine_cu_ldsb(scp + 4 + 2 * w);
+    } else if (T == ENGINE_TYPE_Q8_0) {
+        const uint8_t *b = row + (size_t)c * 34;
+        r.h = engine_cu_ldh((const uint16_t *)b);
+        qd_ld_a2<8>(b + 2, r.q);
+    } else { /* Q4_0 */
+        const uint8_t *b = row + (size_t)c * 18;
+        r.h = engine_cu_ldh((const uint16_t *)b);
+        qd_ld_a2<4>(b + 2, r.q);
+    }
+}
+
+/* Chunk c (loaded into r from `row`) against the staged int8 vector (the row's column 0 at
+ * xv). */
+template <int T>
+__device__ __forceinline__ float engine_cu_qdot_raw(const engine_cu_qraw &r, const uint8_t *row,
+                                                    int c, const engine_cu_xv &xv) {
     int a0, b0;
     engine_cu_chunk_cols(T, c, &a0, &b0);
     const int4 xa = *(const int4 *)(xv.q + a0), xb = *(const int4 *)(xv.q + b0);
@@ -218,47 +279,36 @@ __device__ __forceinline__ float engine_cu_qdot_chunk(const uint8_t *row, int c,
     uint32_t lo[4], hi[4];
     if (T == ENGINE_TYPE_Q4_K || T == ENGINE_TYPE_Q5_K) {
         const bool q5 = T == ENGINE_TYPE_Q5_K;
-        const uint8_t *b = row + (size_t)(c >> 3) * (q5 ? 176 : 144);
-        const int q = c & 7, j = q >> 1, half = q & 1;
-        const uint32_t dd = engine_cu_ldw((const uint32_t *)b);
-        const float d = engine_cu_h2f((uint16_t)(dd & 0xffffu)),
-                    dmin = engine_cu_h2f((uint16_t)(dd >> 16));
-        const uint32_t w0 = engine_cu_ldw((const uint32_t *)(b + 4)),
-                       w1 = engine_cu_ldw((const uint32_t *)(b + 8)),
-                       w2 = engine_cu_ldw((const uint32_t *)(b + 12));
-        uint32_t qs[4];
-        qd_load16(b + (q5 ? 48 : 16) + 32 * j + 16 * half, qs);
+        const int q = c & 7, j = q >> 1;
+        const float d = engine_cu_h2f((uint16_t)(r.h & 0xffffu)),
+                    dmin = engine_cu_h2f((uint16_t)(r.h >> 16));
         int sc, m;
-        engine_cu_scale_min_k4w(2 * j, w0, w1, w2, &sc, &m);
+        engine_cu_scale_min_k4w(2 * j, r.s[0], r.s[1], r.s[2], &sc, &m);
         const float d1 = d * (float)sc, m1 = dmin * (float)m;
-        engine_cu_scale_min_k4w(2 * j + 1, w0, w1, w2, &sc, &m);
+        engine_cu_scale_min_k4w(2 * j + 1, r.s[0], r.s[1], r.s[2], &sc, &m);
         const float d2 = d * (float)sc, m2 = dmin * (float)m;
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            lo[i] = qs[i] & 0x0F0F0F0Fu;
-            hi[i] = (qs[i] >> 4) & 0x0F0F0F0Fu;
+            lo[i] = r.q[i] & 0x0F0F0F0Fu;
+            hi[i] = (r.q[i] >> 4) & 0x0F0F0F0Fu;
         }
         if (q5) {
-            uint32_t qh[4];
-            qd_load16(b + 16 + 16 * half, qh);
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                lo[i] |= ((qh[i] >> (2 * j)) & 0x01010101u) << 4;
-                hi[i] |= ((qh[i] >> (2 * j + 1)) & 0x01010101u) << 4;
+                lo[i] |= ((r.q[4 + i] >> (2 * j)) & 0x01010101u) << 4;
+                hi[i] |= ((r.q[4 + i] >> (2 * j + 1)) & 0x01010101u) << 4;
             }
         }
         const int ia = engine_cu_dp4a4(lo, xa, 0), ib = engine_cu_dp4a4(hi, xb, 0);
         return d1 * (da * (float)ia) - m1 * sa + (d2 * (db * (float)ib) - m2 * sb);
     } else if (T == ENGINE_TYPE_Q6_K) {
         const uint8_t *b = row + (size_t)(c >> 3) * 210;
-        const int q = c & 7, hh = q >> 2, r = q & 3, w = r >> 1, l0 = 16 * (r & 1);
-        const float d = engine_cu_h2f(engine_cu_ldh((const uint16_t *)(b + 208)));
+        const int q = c & 7, hh = q >> 2, rr = q & 3, w = rr >> 1, l0 = 16 * (rr & 1);
+        const float d = engine_cu_h2f((uint16_t)r.h);
         uint32_t ql[4], qh[4];
-        engine_cu_ldw_a2<4, true>(b + 64 * hh + 32 * w + l0, ql);
-        engine_cu_ldw_a2<4, true>(b + 128 + 32 * hh + l0, qh);
-        const int8_t *scp = (const int8_t *)(b + 192 + 8 * hh + (l0 >> 4));
-        const float d1 = d * (float)engine_cu_ldsb(scp + 2 * w),
-                    d2 = d * (float)engine_cu_ldsb(scp + 4 + 2 * w);
+        qd_funnel<4>(b + 64 * hh + 32 * w + l0, r.q, ql);
+        qd_funnel<4>(b + 128 + 32 * hh + l0, r.q + 5, qh);
+        const float d1 = d * (float)(int)r.s[0], d2 = d * (float)(int)r.s[1];
         const int s1 = 2 * w, s2 = 4 + 2 * w;
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -269,17 +319,15 @@ __device__ __forceinline__ float engine_cu_qdot_chunk(const uint8_t *row, int c,
         /* values q - 32: sum (q - 32) xq = sum q xq - 32 sum xq */
         return d1 * (da * (float)ia - 32.0f * sa) + d2 * (db * (float)ib - 32.0f * sb);
     } else if (T == ENGINE_TYPE_Q8_0) {
-        const uint8_t *b = row + (size_t)c * 34;
-        const float d = engine_cu_h2f(engine_cu_ldh((const uint16_t *)b));
+        const float d = engine_cu_h2f((uint16_t)r.h);
         uint32_t v[8];
-        engine_cu_ldw_a2<8, true>(b + 2, v);
+        qd_funnel<8>(row + (size_t)c * 34 + 2, r.q, v);
         const int ia = engine_cu_dp4a4(v, xa, 0), ib = engine_cu_dp4a4(v + 4, xb, 0);
         return d * (da * (float)(ia + ib)); /* da == db: one block of 32 */
     } else {                                /* Q4_0 */
-        const uint8_t *b = row + (size_t)c * 18;
-        const float d = engine_cu_h2f(engine_cu_ldh((const uint16_t *)b));
+        const float d = engine_cu_h2f((uint16_t)r.h);
         uint32_t v[4];
-        engine_cu_ldw_a2<4, true>(b + 2, v);
+        qd_funnel<4>(row + (size_t)c * 18 + 2, r.q, v);
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             lo[i] = v[i] & 0x0F0F0F0Fu;
@@ -289,6 +337,15 @@ __device__ __forceinline__ float engine_cu_qdot_chunk(const uint8_t *row, int c,
         /* values q - 8 */
         return d * (da * (float)(ia + ib) - 8.0f * (sa + sb));
     }
+}
+
+/* Chunk c of a quantised row against the staged int8 vector (the row's column 0 at xv). */
+template <int T>
+__device__ __forceinline__ float engine_cu_qdot_chunk(const uint8_t *row, int c,
+                                                      const engine_cu_xv &xv) {
+    engine_cu_qraw r;
+    engine_cu_qload<T>(row, c, r);
+    return engine_cu_qdot_raw<T>(r, row, c, xv);
 }
 
 /* Chunk c of an F32 / F16 / BF16 row against the staged F32 vector. */

@@ -892,8 +892,7 @@ static void q35_moe(engine_cuda_q35_session *s, const q35_cl *ly, float eps, q35
     sh.h = s->h + (size_t)d->k * d->F;
     engine_cu_ffn_up(&sh, st);
     q35_mark(p, 6, st);
-    engine_cu_q35_shgate(s->shl, s->wts + d->k, s->ids + d->k, ly->down_merged ? d->X : 0, st);
-    q35_mark(p, 7, st);
+    q35_mark(p, 7, st); /* the shared expert's gate: sigmoid of its logit inside the down kernel */
     engine_cu_ffn_down_args dn;
     memset(&dn, 0, sizeof dn);
     dn.down = ly->down_exps.d;
@@ -907,6 +906,10 @@ static void q35_moe(engine_cuda_q35_session *s, const q35_cl *ly, float eps, q35
     dn.ids = s->ids;
     dn.weights = s->wts;
     dn.y = s->x;
+    if (ly->down_merged) { /* slot k: the shared expert, stored as expert X */
+        dn.sh_logit = s->shl;
+        dn.sh_id = d->X;
+    }
     engine_cu_ffn_down(&dn, st);
     if (!ly->down_merged) {
         dn.down = ly->down_sh.d;
@@ -916,8 +919,10 @@ static void q35_moe(engine_cuda_q35_session *s, const q35_cl *ly, float eps, q35
         dn.cols = d->Fs;
         dn.k = 1;
         dn.h = s->h + (size_t)d->k * d->F;
-        dn.ids = s->ids + d->k;
-        dn.weights = s->wts + d->k;
+        dn.ids = NULL;
+        dn.weights = NULL;
+        dn.sh_logit = s->shl;
+        dn.sh_id = 0;
         engine_cu_ffn_down(&dn, st);
     }
     q35_mark(p, 8, st);

@@ -19,7 +19,11 @@
  *     quantised as the CPU does, as for matvec; a tie flip there moves the output by ~1e-5 of
  *     the bound's scale, well inside it).
  *   sampling: greedy = the CPU's argmax with ties to the lower id; temperature draws follow
- *     softmax(l / T) (chi-square style check, 3000 draws).
+ *     softmax(l / T) (chi-square style check, 3000 draws; 300 with the argument "quick", for
+ *     compute-sanitizer).
+ * The matvec and MoE cases run twice: as the stage-4 launches, and with SPARK_CUDA_OP_BPS=1 (the
+ * decode stage-5 options of engine/cuda/matvec.cuh and moe.cuh: looping blocks, first weight
+ * chunks preloaded into registers, the down kernel routing before its wait).
  * Exits 77 (skip) with the reason when no GPU is usable or the build has no CUDA backend. */
 #include <math.h>
 #include <stdio.h>
@@ -361,6 +365,9 @@ static void test_moe(void) {
 
 /* ------------------------------------------------------------------------------------------ */
 
+/* Draws of the temperature check (fewer with the argument "quick", for compute-sanitizer). */
+static int n_draws = 3000;
+
 static void test_sample(void) {
     int n = 151936;
     float *l = malloc(sizeof(float) * n);
@@ -389,7 +396,7 @@ static void test_sample(void) {
     double p[4], z = 0;
     for (int i = 0; i < 4; i++)
         z += p[i] = exp(lv[i] / T);
-    int cnt[4] = {0}, other = 0, draws = 3000;
+    int cnt[4] = {0}, other = 0, draws = n_draws;
     for (int d = 0; d < draws; d++) {
         CHECK(engine_cuda_op_sample(l, n, T, 42, d, &tok) == 0, "sample");
         int hit = 0;
@@ -411,11 +418,12 @@ static void test_sample(void) {
     free(l);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     if (engine_cuda_usable() != 0) {
         printf("skip: %s\n", engine_error_last());
         return 77;
     }
+    if (argc > 1 && !strcmp(argv[1], "quick")) n_draws = 300;
     test_matvec();
     test_attention();
     test_moe();
