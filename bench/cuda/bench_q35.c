@@ -19,7 +19,10 @@
  * (COMPUTED from the measured costs: random weights cannot measure acceptance). Then the
  * device-resident greedy loop (drafts, verify, acceptance and rollback on the GPU, one host
  * sync per step) measured for k = 1..4: on random weights nearly every draft is rejected, so
- * this is the cost floor (a ~ 0), with the accepted count printed. */
+ * this is the cost floor (a ~ 0), with the accepted count printed.
+ * The MTP figures use SPARK_CUDA_MTP_FUSED as the environment sets it (read when a session turns
+ * MTP on); -a FUSED measures them again with SPARK_CUDA_MTP_FUSED=FUSED in the same process (an
+ * A/B on the same model) and says whether the device loop's greedy tokens are the same. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,17 +47,88 @@ static double now_ms(void) {
     return (double)ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
+/* The MTP figures on a fresh session (SPARK_CUDA_MTP_FUSED as the environment holds it now,
+ * printed as `label`): step costs, the computed table, the device loop. The loop's first 512
+ * tokens of each k go to keep[k - 1] (when non-NULL), or are compared with same[k - 1]. */
+static int bench_mtp(engine_cuda_q35_model *gm, engine_model *m, int n_ctx, int depth, int n_gen,
+                     double plain_us, float *logits, const char *label, int32_t *keep,
+                     const int32_t *same) {
+    engine_cuda_q35_session *ms = NULL;
+    bool was = false;
+    const int32_t P = depth > 16 ? depth : 16, nv = engine_model_n_vocab(m);
+    const int32_t nk = n_gen < 512 ? n_gen : 512;
+    int32_t *toks = malloc(sizeof(int32_t) * (size_t)(P + n_gen + 8));
+    double draft_us = 0, vus[ENGINE_CUDA_Q35_VMAX + 1];
+    int rc = 1;
+    if (!toks || engine_cuda_q35_session_new(&ms, gm, n_ctx, ENGINE_KV_F16) ||
+        engine_cuda_q35_mtp_enable(ms, &was))
+        goto done;
+    for (int32_t i = 0; i < P; i++)
+        toks[i] = (int32_t)((i * 7919 + 13) % nv);
+    if (engine_cuda_q35_append(ms, toks, P, 0, NULL, logits) ||
+        engine_cuda_q35_spec_time(ms, P, 20, &draft_us, vus))
+        goto done;
+    printf("MTP, SPARK_CUDA_MTP_FUSED=%s (at position %d): plain step %.0f us (graph loop "
+           "above); draft step %.0f us (%.3f x plain)\n",
+           label, P, plain_us, draft_us, draft_us / plain_us);
+    printf("  verify pass of m tokens (m = k + 1), cost relative to one plain step:\n");
+    for (int mm = 1; mm <= ENGINE_CUDA_Q35_VMAX; mm++)
+        printf("    m %d (k %d): %7.0f us  %.3f x plain\n", mm, mm - 1, vus[mm],
+               vus[mm] / plain_us);
+    printf("  COMPUTED tok/s from these step costs (k drafts + one verify of k + 1; "
+           "E[tokens/step] = (1 - a^(k+1)) / (1 - a)):\n");
+    printf("    k   step us   a=0.6   a=0.8   a=0.9\n");
+    for (int k = 1; k + 1 <= ENGINE_CUDA_Q35_VMAX; k++) {
+        const double cost = k * draft_us + vus[k + 1];
+        printf("    %d  %8.0f", k, cost);
+        const double as[3] = {0.6, 0.8, 0.9};
+        for (int i = 0; i < 3; i++)
+            printf("  %6.1f", (1.0 - pow(as[i], k + 1)) / (1.0 - as[i]) * 1e6 / cost);
+        printf("\n");
+    }
+    int32_t x = support_argmax_f(logits, nv);
+    for (int32_t k = 1; k + 1 <= ENGINE_CUDA_Q35_VMAX; k++) {
+        int32_t n_out = 0, n_pos = 0, steps = 0, acc = 0;
+        double a = now_ms();
+        if (engine_cuda_q35_spec_generate(ms, x, P, n_gen, k, toks + P, &n_out, &n_pos, &steps,
+                                          &acc))
+            goto done;
+        const double ms_ = now_ms() - a;
+        const int32_t nc = n_out < nk ? n_out : nk;
+        const char *cmp = "";
+        if (keep) {
+            memcpy(keep + (size_t)(k - 1) * 512, toks + P, sizeof(int32_t) * (size_t)nc);
+        } else if (same) {
+            cmp = memcmp(same + (size_t)(k - 1) * 512, toks + P, sizeof(int32_t) * (size_t)nc)
+                      ? "; tokens DIFFER from the first setting's"
+                      : "; tokens identical to the first setting's";
+        }
+        printf("  device greedy loop k %d (measured, random weights): %d tokens in %d steps, "
+               "%d drafts accepted, %.1f tok/s%s\n",
+               k, n_out, steps, acc, n_out / (ms_ / 1e3), cmp);
+        if (engine_cuda_q35_truncate(ms, toks, n_pos, P)) goto done;
+    }
+    rc = 0;
+done:
+    free(toks);
+    engine_cuda_q35_session_free(ms);
+    return rc;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: %s MODEL.gguf [-n N_GEN] [-r REPS] [-d DEPTH] [-c N_CTX]\n",
-                argv[0]);
+        fprintf(stderr, "usage: %s MODEL.gguf [-n N_GEN] [-r REPS] [-d DEPTH] [-c N_CTX] "
+                "[-a FUSED]\n", argv[0]);
         return 2;
     }
     const char *path = argv[1];
     int n_gen = 128, reps = 5, depth = 0, n_ctx = 0;
+    const char *alt = NULL;
     for (int i = 2; i + 1 < argc; i += 2) {
         int v = atoi(argv[i + 1]);
-        if (!strcmp(argv[i], "-n"))
+        if (!strcmp(argv[i], "-a"))
+            alt = argv[i + 1];
+        else if (!strcmp(argv[i], "-n"))
             n_gen = v;
         else if (!strcmp(argv[i], "-r"))
             reps = v;
@@ -146,67 +220,16 @@ int main(int argc, char **argv) {
         printf("profile: %s\n", engine_error_last());
     }
     if (engine_cuda_q35_has_mtp(gm)) {
-        /* MTP: step costs, the computed table, the device loop */
-        engine_cuda_q35_session *ms = NULL;
-        bool was = false;
-        const int32_t P = depth > 16 ? depth : 16, nv = engine_model_n_vocab(m);
-        int32_t *toks = malloc(sizeof(int32_t) * (size_t)(P + n_gen + 8));
-        double draft_us = 0, vus[ENGINE_CUDA_Q35_VMAX + 1];
-        const double plain_us = 1e6 / mean;
-        if (!toks || engine_cuda_q35_session_new(&ms, gm, n_ctx, ENGINE_KV_F16) ||
-            engine_cuda_q35_mtp_enable(ms, &was)) {
-            free(toks);
-            engine_cuda_q35_session_free(ms);
+        const char *e = getenv("SPARK_CUDA_MTP_FUSED");
+        int32_t ref[4 * 512] = {0};
+        if (bench_mtp(gm, m, n_ctx, depth, n_gen, 1e6 / mean, logits, e ? e : "(unset)", ref,
+                      NULL))
             goto fail;
-        }
-        for (int32_t i = 0; i < P; i++)
-            toks[i] = (int32_t)((i * 7919 + 13) % nv);
-        if (engine_cuda_q35_append(ms, toks, P, 0, NULL, logits) ||
-            engine_cuda_q35_spec_time(ms, P, 20, &draft_us, vus)) {
-            free(toks);
-            engine_cuda_q35_session_free(ms);
-            goto fail;
-        }
-        printf("MTP (at position %d): plain step %.0f us (graph loop above); draft step %.0f us "
-               "(%.3f x plain)\n",
-               P, plain_us, draft_us, draft_us / plain_us);
-        printf("  verify pass of m tokens (m = k + 1), cost relative to one plain step:\n");
-        for (int mm = 1; mm <= ENGINE_CUDA_Q35_VMAX; mm++)
-            printf("    m %d (k %d): %7.0f us  %.3f x plain\n", mm, mm - 1, vus[mm],
-                   vus[mm] / plain_us);
-        printf("  COMPUTED tok/s from these step costs (k drafts + one verify of k + 1; "
-               "E[tokens/step] = (1 - a^(k+1)) / (1 - a)):\n");
-        printf("    k   step us   a=0.6   a=0.8   a=0.9\n");
-        for (int k = 1; k + 1 <= ENGINE_CUDA_Q35_VMAX; k++) {
-            const double cost = k * draft_us + vus[k + 1];
-            printf("    %d  %8.0f", k, cost);
-            const double as[3] = {0.6, 0.8, 0.9};
-            for (int i = 0; i < 3; i++)
-                printf("  %6.1f", (1.0 - pow(as[i], k + 1)) / (1.0 - as[i]) * 1e6 / cost);
-            printf("\n");
-        }
-        int32_t x = support_argmax_f(logits, nv);
-        for (int32_t k = 1; k + 1 <= ENGINE_CUDA_Q35_VMAX; k++) {
-            int32_t n_out = 0, n_pos = 0, steps = 0, acc = 0;
-            double a = now_ms();
-            if (engine_cuda_q35_spec_generate(ms, x, P, n_gen, k, toks + P, &n_out, &n_pos,
-                                              &steps, &acc)) {
-                free(toks);
-                engine_cuda_q35_session_free(ms);
+        if (alt) { /* the same figures with the other setting, in this process */
+            if (setenv("SPARK_CUDA_MTP_FUSED", alt, 1) ||
+                bench_mtp(gm, m, n_ctx, depth, n_gen, 1e6 / mean, logits, alt, NULL, ref))
                 goto fail;
-            }
-            const double ms_ = now_ms() - a;
-            printf("  device greedy loop k %d (measured, random weights): %d tokens in %d steps, "
-                   "%d drafts accepted, %.1f tok/s\n",
-                   k, n_out, steps, acc, n_out / (ms_ / 1e3));
-            if (engine_cuda_q35_truncate(ms, toks, n_pos, P)) {
-                free(toks);
-                engine_cuda_q35_session_free(ms);
-                goto fail;
-            }
         }
-        free(toks);
-        engine_cuda_q35_session_free(ms);
     }
     printf("first tokens:");
     for (int i = 0; i < 8 && i < n_gen; i++)
