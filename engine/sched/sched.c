@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "cpu/cpu.h"
 #include "kv/kv.h"
 #include "model/model_int.h"
 #include "sched/sched_int.h"
@@ -80,6 +81,11 @@ struct engine_sched {
     int32_t n_running;
     engine_fwd_seq *batch;            /* [max_seqs] */
     int32_t *batch_slot;
+    /* batched: the step's tokens drawn on the model's thread pool after the pass (requests
+     * without a mask hook, which must run on this thread): [max_seqs] each; pre_rc 1: none */
+    int32_t *pre_tok;
+    int *pre_rc;
+    double *pre_ms;
     sched_req *wait_head, *wait_tail; /* thread-private FIFO */
     int32_t n_vocab;
 
@@ -241,13 +247,13 @@ static void req_finish(engine_sched *s, sched_req *rq, int rc) {
     req_free(rq);
 }
 
-/* The logits after the request's last token are ready: sample, stream, decide. Returns true
- * when the request is still running. */
-static bool req_sample(engine_sched *s, sched_req *rq, const float *logits) {
+/* The logits after the request's last token are ready: sample (pre: the token already drawn
+ * from them, or NULL), stream, decide. Returns true when the request is still running. */
+static bool req_sample(engine_sched *s, sched_req *rq, const float *logits, const int32_t *pre) {
     double ts = engine_time_ms();
     engine_gen_stats *g = &rq->st.gen;
-    int32_t tok;
-    int rc = engine_sampler_sample(rq->smp, logits, &tok);
+    int32_t tok = pre ? *pre : -1;
+    int rc = pre ? 0 : engine_sampler_sample(rq->smp, logits, &tok);
     if (rc == 0) {
         g->generated_tokens++;
         if (!rq->sampled_once) {
@@ -439,6 +445,30 @@ static int gpu_new(engine_sched *s) {
 }
 #endif
 
+typedef struct {
+    engine_sched *s;
+    int32_t n_batch;
+} presample_job;
+
+/* Thread ith of nth: draw the tokens of its share of the step's sequences whose logits are
+ * out, for requests without a mask hook (the samplers are the requests' own; a failure is
+ * drawn again on the scheduler thread for its message). */
+static void presample_fn(void *ctx, int ith, int nth) {
+    const presample_job *j = ctx;
+    engine_sched *s = j->s;
+    int64_t b0, b1;
+    engine_split(j->n_batch, ith, nth, &b0, &b1);
+    for (int64_t b = b0; b < b1; b++) {
+        const sched_req *rq = s->slots[s->batch_slot[b]].rq;
+        const float *l = s->batch[b].logits_out;
+        s->pre_rc[b] = 1;
+        if (!l || rq->r.gen.sampling.mask) continue;
+        const double t0 = engine_time_ms();
+        s->pre_rc[b] = engine_sampler_sample(rq->smp, l, &s->pre_tok[b]);
+        s->pre_ms[b] = engine_time_ms() - t0;
+    }
+}
+
 static void step_batched(engine_sched *s) {
     int32_t budget = s->p.prefill_chunk, n_batch = 0;
     double t0 = engine_time_ms();
@@ -495,6 +525,12 @@ static void step_batched(engine_sched *s) {
         sl->n_done += s->batch[b].n;
         slot_commit(s, sl);
     }
+    /* the samplers of the step in parallel on the model's pool (idle now; pool_mu held) */
+    const bool pre = rc == 0 && n_batch > 1 && engine_pool_size(s->m->pool) > 1;
+    if (pre) {
+        presample_job pj = {s, n_batch};
+        engine_pool_run(s->m->pool, presample_fn, &pj);
+    }
     pthread_mutex_unlock(&s->m->pool_mu);
     double ms = engine_time_ms() - t0;
     for (int32_t b = 0; b < n_batch; b++) {
@@ -513,7 +549,13 @@ static void step_batched(engine_sched *s) {
         } else {
             g->prefill_ms += ms;
         }
-        if (s->batch[b].logits_out) req_sample(s, rq, s->batch[b].logits_out);
+        if (!s->batch[b].logits_out) continue;
+        if (pre && s->pre_rc[b] == 0) {
+            rq->st.gen.sample_ms += s->pre_ms[b];
+            req_sample(s, rq, s->batch[b].logits_out, &s->pre_tok[b]);
+        } else {
+            req_sample(s, rq, s->batch[b].logits_out, NULL);
+        }
     }
 }
 
@@ -544,7 +586,7 @@ static void step_sessions(engine_sched *s) {
         } else {
             g->prefill_ms += ms;
         }
-        if (sl->n_done == rq->n_toks && !req_sample(s, rq, engine_session_logits(sl->sess)))
+        if (sl->n_done == rq->n_toks && !req_sample(s, rq, engine_session_logits(sl->sess), NULL))
             i--;
     }
 }
@@ -664,6 +706,9 @@ void engine_sched_free(engine_sched *s) {
     free(s->order);
     free(s->batch);
     free(s->batch_slot);
+    free(s->pre_tok);
+    free(s->pre_rc);
+    free(s->pre_ms);
     engine_fwd_free(s->fwd);
 #ifdef SPARK_HAVE_CUDA
     engine_cuda_batch_free(s->gpu);
@@ -746,7 +791,11 @@ int engine_sched_new_mode(engine_sched **out, engine_model *m, const engine_sche
     s->order = calloc((size_t)sp.max_seqs, sizeof *s->order);
     s->batch = calloc((size_t)sp.max_seqs, sizeof *s->batch);
     s->batch_slot = calloc((size_t)sp.max_seqs, sizeof *s->batch_slot);
-    if (!s->slots || !s->order || !s->batch || !s->batch_slot) {
+    s->pre_tok = calloc((size_t)sp.max_seqs, sizeof *s->pre_tok);
+    s->pre_rc = calloc((size_t)sp.max_seqs, sizeof *s->pre_rc);
+    s->pre_ms = calloc((size_t)sp.max_seqs, sizeof *s->pre_ms);
+    if (!s->slots || !s->order || !s->batch || !s->batch_slot || !s->pre_tok || !s->pre_rc ||
+        !s->pre_ms) {
         rc = engine_err(ENGINE_ENOMEM, "out of memory for a scheduler of %d sequences",
                         sp.max_seqs);
         goto fail;
