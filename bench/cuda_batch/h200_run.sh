@@ -6,17 +6,19 @@
 # Logs go to $OUT.
 # Usage: [TYPE=q4_k_m] [DEPTH=8192] [CHUNK_B=512] [SKIP_TEST=1] [NEXT=1]
 #        [LAYERS=N (a cut model of N blocks: per-layer timing; default the full 48)]
+#        [PIPE=1 (test_cuda_batch also runs the staged cp.async GEMM variants)]
 #        [TYPE2=q8_0 (a second model of that type, for the q2_* items)]
 #        [BENCH="pp512 pp4096 ab depth next512 next4096 p512 p4096 legacy512 legacy4096
-#                tile64_512 tile64_4096 nofuse512 pfl1_512 c512_4096 c2048_4096 q2_512
-#                q2_4096"]
+#                tile64_512 tile64_4096 nofuse512 pfl1_512 pipe512 pipe4096 c512_4096
+#                c2048_4096 q2_512 q2_4096"]
 #        [PROF=0|1 (default 1: the prefill's per-phase times, SPARK_CUDA_PREFILL_PROF)]
 #   bench/cuda_batch/h200_run.sh
 # The p*/legacy*/tile64*/nofuse*/pfl1*/c*/q2_* items are prefill only (-n 0); legacy: the
 # first GEMM kernels in chunks of 512 (SPARK_CUDA_PREFILL_GEMM=legacy, the code before
 # session 4), tile64: 64-row tiles in the grouped expert GEMMs, nofuse: q, k, v in three
-# launches and gate, up in two, pfl1: L1 prefetch of the next weight blocks, cN: chunks of N
-# tokens (default 2048 since session 4).
+# launches and gate, up in two, pfl1: L1 prefetch of the next weight blocks, pipe: the staged
+# cp.async kernels for Q4_K / Q5_K (not yet run on a GPU), cN: chunks of N tokens (default
+# 2048 since session 4).
 set -o pipefail
 B=/tmp/b
 OUT=${OUT:-/tmp/out}
@@ -40,7 +42,8 @@ stamp "built"
     fi) >$OUT/gen.log 2>&1 &
 gen=$!
 if [ -z "$SKIP_TEST" ]; then
-    SPARK_TOKENIZER_DIR=$TOK timeout 240 $B/tests/engine/test_cuda_batch 2>&1 | tee $OUT/test.log
+    SPARK_CUDA_GEMM_TEST_PIPE=${PIPE:-0} SPARK_TOKENIZER_DIR=$TOK timeout 240 \
+        $B/tests/engine/test_cuda_batch 2>&1 | tee $OUT/test.log
     rc=$?
     echo "test_cuda_batch rc=$rc"
     if [ $rc != 0 ]; then # the per-op decode step as a control (SPARK_CUDA_FUSED=0)
@@ -80,6 +83,8 @@ for b in ${BENCH:-pp512 pp4096 ab depth}; do
     tile64_4096) export $G=tile64 && bench -p 4096 -n 0 -r 2; unset $G ;;
     nofuse512) export $G=nofuse && bench -p 512 -n 0 -r 3; unset $G ;;
     pfl1_512) export $G=pfl1 && bench -p 512 -n 0 -r 3; unset $G ;;
+    pipe512) export $G=pipe && bench -p 512 -n 0 -r 3; unset $G ;;
+    pipe4096) export $G=pipe && bench -p 4096 -n 0 -r 2; unset $G ;;
     c512_4096) SPARK_CUDA_PREFILL_CHUNK=512 bench -p 4096 -n 0 -r 2 ;;
     c2048_4096) SPARK_CUDA_PREFILL_CHUNK=2048 bench -p 4096 -n 0 -r 2 ;;
     q2_512) M=/tmp/30b_2.gguf bench -p 512 -n 0 -r 3 ;;

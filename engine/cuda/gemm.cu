@@ -150,6 +150,35 @@ void engine_cu_gemm_prep(engine_cu_gx *gx, void *buf, int form, int m, int cols,
 /* ---------------------------------------------------------------------------------------------
  * Weight decoding into the tile: 16-value runs as int8 q with the run's value s * q + o.
  * ------------------------------------------------------------------------------------------- */
+/* Q4_K / Q5_K: the two runs of chunk q (0..7) of a superblock from its header words (d and
+ * dmin, then the three scale words), the chunk's 16 qs bytes and (Q5_K) its 16 qh bytes. */
+__device__ __forceinline__ void gemm_decode_k45(bool q5, int q, const uint32_t hdr[4],
+                                                const uint32_t qs[4], const uint32_t qh[4],
+                                                uint32_t qa[4], uint32_t qb[4], float *sa,
+                                                float *oa, float *sb, float *ob) {
+    const int j = q >> 1;
+    const float d = engine_cu_h2f((uint16_t)(hdr[0] & 0xffffu)),
+                dmin = engine_cu_h2f((uint16_t)(hdr[0] >> 16));
+    int sc, m;
+    engine_cu_scale_min_k4w(2 * j, hdr[1], hdr[2], hdr[3], &sc, &m);
+    *sa = d * (float)sc;
+    *oa = -(dmin * (float)m);
+    engine_cu_scale_min_k4w(2 * j + 1, hdr[1], hdr[2], hdr[3], &sc, &m);
+    *sb = d * (float)sc;
+    *ob = -(dmin * (float)m);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        qa[i] = qs[i] & 0x0F0F0F0Fu;
+        qb[i] = (qs[i] >> 4) & 0x0F0F0F0Fu;
+    }
+    if (q5)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            qa[i] |= ((qh[i] >> (2 * j)) & 0x01010101u) << 4;
+            qb[i] |= ((qh[i] >> (2 * j + 1)) & 0x01010101u) << 4;
+        }
+}
+
 __device__ __forceinline__ void gemm_decode_q(int type, const uint8_t *row, int c, uint32_t qa[4],
                                               uint32_t qb[4], float *sa, float *oa, float *sb,
                                               float *ob) {
@@ -159,34 +188,14 @@ __device__ __forceinline__ void gemm_decode_q(int type, const uint8_t *row, int 
         const bool q5 = type == ENGINE_TYPE_Q5_K;
         const uint8_t *b = row + (size_t)(c >> 3) * (q5 ? 176 : 144);
         const int q = c & 7, j = q >> 1, half = q & 1;
-        const uint32_t dd = __ldg((const uint32_t *)b);
-        const float d = engine_cu_h2f((uint16_t)(dd & 0xffffu)),
-                    dmin = engine_cu_h2f((uint16_t)(dd >> 16));
-        const uint32_t w0 = __ldg((const uint32_t *)(b + 4)), w1 = __ldg((const uint32_t *)(b + 8)),
-                       w2 = __ldg((const uint32_t *)(b + 12));
-        uint32_t qs[4];
+        uint32_t hdr[4], qs[4], qh[4] = {0, 0, 0, 0};
+        hdr[0] = __ldg((const uint32_t *)b);
+        hdr[1] = __ldg((const uint32_t *)(b + 4));
+        hdr[2] = __ldg((const uint32_t *)(b + 8));
+        hdr[3] = __ldg((const uint32_t *)(b + 12));
         engine_cu_load16_a16(b + (q5 ? 48 : 16) + 32 * j + 16 * half, qs);
-        int sc, m;
-        engine_cu_scale_min_k4w(2 * j, w0, w1, w2, &sc, &m);
-        *sa = d * (float)sc;
-        *oa = -(dmin * (float)m);
-        engine_cu_scale_min_k4w(2 * j + 1, w0, w1, w2, &sc, &m);
-        *sb = d * (float)sc;
-        *ob = -(dmin * (float)m);
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            qa[i] = qs[i] & 0x0F0F0F0Fu;
-            qb[i] = (qs[i] >> 4) & 0x0F0F0F0Fu;
-        }
-        if (q5) {
-            uint32_t qh[4];
-            engine_cu_load16_a16(b + 16 + 16 * half, qh);
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                qa[i] |= ((qh[i] >> (2 * j)) & 0x01010101u) << 4;
-                qb[i] |= ((qh[i] >> (2 * j + 1)) & 0x01010101u) << 4;
-            }
-        }
+        if (q5) engine_cu_load16_a16(b + 16 + 16 * half, qh);
+        gemm_decode_k45(q5, q, hdr, qs, qh, qa, qb, sa, oa, sb, ob);
         break;
     }
     case ENGINE_TYPE_Q6_K: {
@@ -343,6 +352,28 @@ __device__ __forceinline__ void gemm_epilogue(float d[4], const int c[4], float 
     }
 }
 
+/* 16 bytes global -> shared without registers (cp.async, sm_80+; both 16-byte aligned), its
+ * group commit, and the wait for all but the newest group. */
+#define GEMM_STAGE_ROW 112 /* staged bytes of a weight row and step: Q5_K 16 + 32 + 64 */
+__device__ __forceinline__ void gemm_cp_async16(void *dst, const void *src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+#else
+    *(uint4 *)dst = *(const uint4 *)src;
+#endif
+}
+__device__ __forceinline__ void gemm_cp_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void gemm_cp_wait1() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group 1;" ::: "memory");
+#endif
+}
+
 /* Ask for the 128-byte lines of p[0, bytes) in L2, or in this multiprocessor's L1 as well. */
 __device__ __forceinline__ void gemm_prefetch(const uint8_t *p, int bytes, int l1) {
     const uintptr_t end = (uintptr_t)p + (uintptr_t)bytes;
@@ -376,8 +407,9 @@ __device__ __forceinline__ const uint8_t *gemm_chunk_block(int type, const uint8
  * to 144 / 272 bytes so that the fragment loads of a warp hit 32 different banks. Each step
  * prefetches the next step's X tile into registers and asks L2 for its weight blocks before
  * the products, so their latency overlaps the tensor-core work. */
-template <int MODE, int WM, bool LEGACY>
+template <int MODE, int WM, bool LEGACY, bool PIPE = false>
 __global__ void __launch_bounds__(GEMM_THREADS, 3) gemm_kernel(engine_cu_gemm_args a) {
+    static_assert(!PIPE || (MODE == 1 && !LEGACY), "the staged pipeline is for Q4_K / Q5_K");
     constexpr bool Q = MODE != 2, K32 = MODE == 1 || MODE == 3;
     constexpr bool OFF = LEGACY ? Q : MODE == 1;
     constexpr int TBM = 32 * WM, TBN = 128 / WM, WNN = 4 / WM;
@@ -498,8 +530,84 @@ __global__ void __launch_bounds__(GEMM_THREADS, 3) gemm_kernel(engine_cu_gemm_ar
             }
         }
     };
+    /* PIPE (Q4_K / Q5_K): the raw bytes a step needs of each weight row (the superblock's
+     * 16-byte header, Q5_K its 32 qh bytes, the 64 qs bytes of the step's half) are copied
+     * into one of two staging buffers (dynamic shared memory, GEMM_STAGE_ROW bytes a row) with
+     * cp.async one step ahead, and the step decodes from there: the weight loads of step k+1
+     * fly during the products of step k. Rows past the matrix are staged as zeros. */
+    extern __shared__ __align__(16) uint8_t gemm_stage[];
+    auto stage = [&](int k0, int buf) {
+        if constexpr (PIPE) {
+            const bool q5 = a.type == ENGINE_TYPE_Q5_K;
+            const int nc = q5 ? 7 : 5, h = (k0 >> 7) & 1, bb = q5 ? 176 : 144, qso = q5 ? 48 : 16;
+            uint8_t *st = gemm_stage + (size_t)buf * TBN * GEMM_STAGE_ROW;
+            for (int idx = tid; idx < TBN * nc; idx += GEMM_THREADS) {
+                const int r = idx / nc, pc = idx - r * nc, grow = n0 + r;
+                /* piece pc: 0 the header, then (Q5_K) the two qh pieces, then four qs pieces */
+                const int e = pc - (q5 ? 3 : 1);
+                const int so = pc == 0 ? 0 : e < 0 ? 16 * pc : qso + 64 * h + 16 * e;
+                const int dof = pc == 0 ? 0 : e < 0 ? 16 * pc : qso + 16 * e;
+                uint8_t *dst = st + r * GEMM_STAGE_ROW + dof;
+                const uint8_t *blk = W + (size_t)grow * a.row_bytes + (size_t)(k0 >> 8) * bb;
+                if (grow < rows)
+                    gemm_cp_async16(dst, blk + so);
+                else
+                    *(uint4 *)dst = make_uint4(0, 0, 0, 0);
+            }
+            gemm_cp_commit();
+        }
+    };
+    /* the W tile of step k0 from staging buffer buf (as wtile; the type is Q4_K or Q5_K) */
+    auto wtile_staged = [&](int k0, int buf) {
+        if constexpr (PIPE) {
+            constexpr int NJ = (TBN * 4) / GEMM_THREADS;
+            const bool q5 = a.type == ENGINE_TYPE_Q5_K;
+            const int h = (k0 >> 7) & 1;
+            const uint8_t *st = gemm_stage + (size_t)buf * TBN * GEMM_STAGE_ROW;
+#pragma unroll
+            for (int j = 0; j < NJ; j++) {
+                const int cid = tid + GEMM_THREADS * j, r = cid >> 2, c = k0 / 32 + (cid & 3);
+                const bool in = n0 + r < rows && c < nch;
+                const uint8_t *sr = st + r * GEMM_STAGE_ROW;
+                const int q = c & 7, jj = q >> 1, half = q & 1;
+                uint32_t hdr[4], qs[4], qh[4] = {0, 0, 0, 0};
+                const int qo = (q5 ? 48 : 16) + 32 * (jj - 2 * h) + 16 * half;
+                const uint4 hv = *(const uint4 *)sr, sv = *(const uint4 *)(sr + qo);
+                hdr[0] = hv.x, hdr[1] = hv.y, hdr[2] = hv.z, hdr[3] = hv.w;
+                qs[0] = sv.x, qs[1] = sv.y, qs[2] = sv.z, qs[3] = sv.w;
+                if (q5) {
+                    const uint4 bv = *(const uint4 *)(sr + 16 + 16 * half);
+                    qh[0] = bv.x, qh[1] = bv.y, qh[2] = bv.z, qh[3] = bv.w;
+                }
+                uint32_t qa[4], qb[4];
+                float s1, o1, s2, o2;
+                gemm_decode_k45(q5, q, hdr, qs, qh, qa, qb, &s1, &o1, &s2, &o2);
+                int a0, b0;
+                engine_cu_chunk_cols(ENGINE_TYPE_Q4_K, c, &a0, &b0); /* Q5_K: the same columns */
+                a0 -= k0;
+                b0 -= k0;
+                const uint32_t mk = in ? 0xffffffffu : 0u;
+                *(uint4 *)(sB + r * SROW + a0) =
+                    make_uint4(qa[0] & mk, qa[1] & mk, qa[2] & mk, qa[3] & mk);
+                *(uint4 *)(sB + r * SROW + b0) =
+                    make_uint4(qb[0] & mk, qb[1] & mk, qb[2] & mk, qb[3] & mk);
+                sWs[r][a0 >> 5] = in ? s1 : 0.0f;
+                sWs[r][b0 >> 5] = in ? s2 : 0.0f;
+                sWo[r][a0 >> 5] = in ? o1 : 0.0f;
+                sWo[r][b0 >> 5] = in ? o2 : 0.0f;
+            }
+        }
+    };
     load_x(0);
+    if constexpr (PIPE) stage(0, 0);
     for (int k0 = 0; k0 < a.cols; k0 += BK) {
+        const int buf = (k0 / BK) & 1;
+        if constexpr (PIPE) { /* the next step's bytes (an empty group at the last step) */
+            if (k0 + BK < a.cols)
+                stage(k0 + BK, buf ^ 1);
+            else
+                gemm_cp_commit();
+        }
 #pragma unroll
         for (int j = 0; j < XV; j++) {
             const int idx = tid + GEMM_THREADS * j;
@@ -531,7 +639,11 @@ __global__ void __launch_bounds__(GEMM_THREADS, 3) gemm_kernel(engine_cu_gemm_ar
         /* W tile: 4 chunks of 32 values per row cover the step's 128 columns (every layout).
          * The int8 forms (not LEGACY) decode with the type fixed at compile time and without
          * branches, so that the loads of all of a thread's chunks are in flight together. */
-        if constexpr (Q && !LEGACY) {
+        if constexpr (PIPE) {
+            gemm_cp_wait1(); /* this thread's copies of step k0 have landed */
+            __syncthreads(); /* and everyone's */
+            wtile_staged(k0, buf);
+        } else if constexpr (Q && !LEGACY) {
             if constexpr (MODE == 0) {
                 wtile(std::integral_constant<int, ENGINE_TYPE_Q6_K>(), k0);
             } else if constexpr (MODE == 1) {
@@ -780,6 +892,15 @@ static void gemm_launch(int mode, dim3 grid, const engine_cu_gemm_args *a, cudaS
     }
 }
 
+/* The staged (cp.async) kernels: Q4_K / Q5_K, two staging buffers of dynamic shared memory. */
+template <int WM> static void gemm_launch_pipe(dim3 grid, const engine_cu_gemm_args *a,
+                                               cudaStream_t st) {
+    const size_t dyn = (size_t)2 * (128 / WM) * GEMM_STAGE_ROW;
+    cudaFuncSetAttribute(gemm_kernel<1, WM, false, true>,
+                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn);
+    gemm_kernel<1, WM, false, true><<<grid, GEMM_THREADS, dyn, st>>>(*a);
+}
+
 void engine_cu_gemm(const engine_cu_gemm_args *a, cudaStream_t stream) {
     if (a->rows <= 0) return;
     const int form = engine_cu_gemm_xform(a->type);
@@ -817,6 +938,13 @@ void engine_cu_gemm(const engine_cu_gemm_args *a, cudaStream_t stream) {
         nx += (unsigned)((a->more[j].rows + tbn - 1) / tbn);
     if (ny == 0) return;
     const dim3 grid(nx, ny);
+    if (a->pipeline && !a->legacy && mode == 1) {
+        if (wm == 1)
+            gemm_launch_pipe<1>(grid, a, stream);
+        else
+            gemm_launch_pipe<2>(grid, a, stream);
+        return;
+    }
     if (a->legacy)
         gemm_launch<2, true>(mode, grid, a, stream);
     else if (wm == 1)
@@ -832,7 +960,7 @@ void engine_cu_gemm(const engine_cu_gemm_args *a, cudaStream_t stream) {
  * rows, tile list entries of <= 64, alternate entries on a second copy of W, each slot reading
  * X row m-1-i; the result is put back in row order; three list entries past the count),
  * "fused" (the rows cut into three matrices at 5/8 and 7/8 of one launch: .more), "pfl1"
- * (the L1 prefetch).
+ * (the L1 prefetch), "pipe" (the staged cp.async kernels for Q4_K / Q5_K).
  * ------------------------------------------------------------------------------------------- */
 extern "C" int engine_cuda_op_gemm(engine_type type, const void *w, int64_t rows, int64_t cols,
                                    size_t row_bytes, int m, const float *x, const float *norm_w,
@@ -928,6 +1056,7 @@ extern "C" int engine_cuda_op_gemm(engine_type type, const void *w, int64_t rows
     a.tile_rows = tile_rows;
     a.legacy = legacy;
     a.prefetch_l1 = var && strstr(var, "pfl1");
+    a.pipeline = var && strstr(var, "pipe");
     if (fused) {
         const int r1 = (int)(rows * 5 / 8), r2 = (int)(rows * 7 / 8);
         a.rows = r1;

@@ -105,6 +105,10 @@ typedef struct {
     int n_more;
     /* nonzero: the next step's weight blocks are prefetched into L1 (default: L2 only) */
     int prefetch_l1;
+    /* nonzero, Q4_K / Q5_K weights: the staged kernels (each step's raw weight bytes copied
+     * into shared memory with cp.async one step ahead, decoded from there). Opt-in: written
+     * after the last device call of session 4, not yet run on a GPU */
+    int pipeline;
 } engine_cu_gemm_args;
 
 void engine_cu_gemm(const engine_cu_gemm_args *a, cudaStream_t stream);

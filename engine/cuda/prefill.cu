@@ -577,8 +577,9 @@ struct engine_cuda_prefill {
     /* SPARK_CUDA_PREFILL_GEMM (words, for A/B runs): "legacy" the first GEMM kernels, "tile64"
      * 64-row tiles in the grouped expert GEMMs (default 32), "nofuse" q, k, v as three
      * launches and gate, up as two (default: one launch each where their types match),
-     * "pfl1" the next step's weight blocks prefetched into L1 (default L2) */
-    int gemm_legacy, gemm_tile_rows, gemm_nofuse, gemm_pfl1;
+     * "pfl1" the next step's weight blocks prefetched into L1 (default L2), "pipe" the staged
+     * cp.async kernels for Q4_K / Q5_K (not yet run on a GPU) */
+    int gemm_legacy, gemm_tile_rows, gemm_nofuse, gemm_pfl1, gemm_pipe;
     cudaEvent_t *ev; /* [2 + 6 * n_layer] */
     int *ev_cat, n_ev;
     double prof_ms[PF_P_N];
@@ -803,6 +804,7 @@ int engine_cu_pf_new_view(engine_cuda_prefill **out, engine_cuda_model *cm, engi
         p->gemm_tile_rows = e && strstr(e, "tile64") ? 64 : 0;
         p->gemm_nofuse = e && strstr(e, "nofuse");
         p->gemm_pfl1 = e && strstr(e, "pfl1");
+        p->gemm_pipe = e && strstr(e, "pipe");
     }
     if (p->prof) {
         const int n_ev = 2 + 6 * (int)hp->n_layer;
@@ -891,6 +893,7 @@ static void pf_gemm_args(const engine_cuda_prefill *p, bool grouped, const engin
     a.ksplit = ksplit;
     a.legacy = p->gemm_legacy;
     a.prefetch_l1 = p->gemm_pfl1;
+    a.pipeline = p->gemm_pipe;
     if (grouped) {
         a.tiles = p->tiles;
         a.n_tiles = p->n_tiles;
