@@ -21,8 +21,9 @@
  * sync per step) measured for k = 1..4: on random weights nearly every draft is rejected, so
  * this is the cost floor (a ~ 0), with the accepted count printed.
  * The MTP figures use SPARK_CUDA_MTP_FUSED as the environment sets it (read when a session turns
- * MTP on); -a FUSED measures them again with SPARK_CUDA_MTP_FUSED=FUSED in the same process (an
- * A/B on the same model) and says whether the device loop's greedy tokens are the same. */
+ * MTP on); each -a FUSED (up to 8) measures them again with SPARK_CUDA_MTP_FUSED=FUSED in the
+ * same process (an A/B on the same model) and says whether the device loop's greedy tokens are
+ * those of the first run. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -118,16 +119,17 @@ done:
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: %s MODEL.gguf [-n N_GEN] [-r REPS] [-d DEPTH] [-c N_CTX] "
-                "[-a FUSED]\n", argv[0]);
+                "[-a FUSED]...\n", argv[0]);
         return 2;
     }
     const char *path = argv[1];
     int n_gen = 128, reps = 5, depth = 0, n_ctx = 0;
-    const char *alt = NULL;
+    const char *alt[8];
+    int n_alt = 0;
     for (int i = 2; i + 1 < argc; i += 2) {
         int v = atoi(argv[i + 1]);
-        if (!strcmp(argv[i], "-a"))
-            alt = argv[i + 1];
+        if (!strcmp(argv[i], "-a") && n_alt < 8)
+            alt[n_alt++] = argv[i + 1];
         else if (!strcmp(argv[i], "-n"))
             n_gen = v;
         else if (!strcmp(argv[i], "-r"))
@@ -225,11 +227,10 @@ int main(int argc, char **argv) {
         if (bench_mtp(gm, m, n_ctx, depth, n_gen, 1e6 / mean, logits, e ? e : "(unset)", ref,
                       NULL))
             goto fail;
-        if (alt) { /* the same figures with the other setting, in this process */
-            if (setenv("SPARK_CUDA_MTP_FUSED", alt, 1) ||
-                bench_mtp(gm, m, n_ctx, depth, n_gen, 1e6 / mean, logits, alt, NULL, ref))
+        for (int i = 0; i < n_alt; i++) /* the same figures with other settings, in-process */
+            if (setenv("SPARK_CUDA_MTP_FUSED", alt[i], 1) ||
+                bench_mtp(gm, m, n_ctx, depth, n_gen, 1e6 / mean, logits, alt[i], NULL, ref))
                 goto fail;
-        }
     }
     printf("first tokens:");
     for (int i = 0; i < 8 && i < n_gen; i++)

@@ -3,15 +3,15 @@
 # they run there, else an engine-only build for sm_90 here), the qwen35 gpu test, the random
 # Qwen3.5-35B-A3B-shaped model (generated in the background meanwhile) and its batch-1 decode
 # benchmark (tg128). Logs go to $OUT.
-# Usage: [BIN=DIR] [TYPE=q4_k_m] [DEPTH=N] [MTP=1 [ALT=V]] [LAYERS=N] bash bench/cuda/q35_run.sh
+# Usage: [BIN=DIR] [TYPE=q4_k_m] [DEPTH=N] [MTP=1 [ALT="V ..."]] [LAYERS=N] bash bench/cuda/q35_run.sh
 #   DEPTH: also tg128 after N tokens (one repetition after the warm-up).
 #   MTP=1: the model with its MTP block (preset qwen35-35b-a3b-mtp), test_cuda_mtp too, and the
 #     bench's MTP figures (draft / verify step costs, the computed tok/s table, the device loop).
 #   LAYERS=N: a cut-down model of N blocks (a multiple of 4) for quick per-layer timing.
-#   ALT=V (with MTP=1): test_cuda_mtp once more with SPARK_CUDA_MTP_FUSED=V, and the bench's MTP
-#     figures a second time with SPARK_CUDA_MTP_FUSED=V in the same process (bench_q35 -a V),
-#     e.g. `MTP=1 ALT=1 bash bench/cuda/q35_run.sh`: the verify pass per token (unset) against
-#     its fused launches.
+#   ALT="V ..." (with MTP=1): test_cuda_mtp once more with SPARK_CUDA_MTP_FUSED=<first V>, and
+#     the bench's MTP figures again for each V in the same process (bench_q35 -a V ...), e.g.
+#     `MTP=1 ALT="1 delta moe" bash bench/cuda/q35_run.sh`: the verify pass per token (unset)
+#     against its fused launches (all, only the DeltaNet step, only the MoE).
 #   BIN holds spark-agent, test_cuda_qwen35 (test_cuda_mtp) and bench_q35 built elsewhere.
 set -o pipefail
 OUT=${OUT:-/tmp/out}
@@ -52,15 +52,18 @@ for t in $TESTS; do
     SPARK_TOKENIZER_DIR=$TOK "$BIN/$t" 2>&1 | tee $OUT/$t.log
     echo "$t rc=$?"
 done
+ALT_ARGS=
 if [ -n "$MTP" ] && [ -n "$ALT" ]; then
-    SPARK_CUDA_MTP_FUSED=$ALT SPARK_TOKENIZER_DIR=$TOK "$BIN/test_cuda_mtp" 2>&1 |
+    for v in $ALT; do ALT_ARGS="$ALT_ARGS -a $v"; done
+    v=${ALT%% *}
+    SPARK_CUDA_MTP_FUSED=$v SPARK_TOKENIZER_DIR=$TOK "$BIN/test_cuda_mtp" 2>&1 |
         tee $OUT/test_cuda_mtp-alt.log
-    echo "test_cuda_mtp (SPARK_CUDA_MTP_FUSED=$ALT) rc=$?"
+    echo "test_cuda_mtp (SPARK_CUDA_MTP_FUSED=$v) rc=$?"
 fi
 stamp "tests done"
 wait $gen || { echo "gen failed"; tail -5 $OUT/gen.log; exit 1; }
 stamp "model generated: $(grep -v '^\[' $OUT/gen.log | tail -1)"
-"$BIN/bench_q35" /tmp/q35-$TYPE.gguf -n 128 -r 5 ${MTP:+${ALT:+-a $ALT}} 2>&1 | tee $OUT/bench.log
+"$BIN/bench_q35" /tmp/q35-$TYPE.gguf -n 128 -r 5 $ALT_ARGS 2>&1 | tee $OUT/bench.log
 stamp "bench done"
 if [ -n "$DEPTH" ]; then
     "$BIN/bench_q35" /tmp/q35-$TYPE.gguf -n 128 -r 1 -d $DEPTH 2>&1 | tee -a $OUT/bench.log

@@ -51,11 +51,12 @@ struct q35_spec {
 };
 
 #define Q35M_FUSED_DELTA 1u /* one DeltaNet launch for the m tokens (q35_vdelta.cu) */
-#define Q35M_FUSED_ALL Q35M_FUSED_DELTA
+#define Q35M_FUSED_MOE 2u   /* MoE up / down blocks serving all m tokens (q35_verify.cu) */
+#define Q35M_FUSED_ALL (Q35M_FUSED_DELTA | Q35M_FUSED_MOE)
 
 /* SPARK_CUDA_MTP_FUSED (read when a session turns MTP on): unset, empty or "0": every part per
  * token as the decode step; "1" or "all": every fused part; else a comma list of parts
- * ("delta"). Unknown names are logged and ignored. */
+ * ("delta", "moe"). Unknown names are logged and ignored. */
 static unsigned q35m_fused_env(void) {
     const char *e = getenv("SPARK_CUDA_MTP_FUSED");
     if (!e || !*e || !strcmp(e, "0")) return 0;
@@ -65,6 +66,8 @@ static unsigned q35m_fused_env(void) {
         const size_t n = strcspn(p, ",");
         if (n == 5 && !strncmp(p, "delta", 5))
             f |= Q35M_FUSED_DELTA;
+        else if (n == 3 && !strncmp(p, "moe", 3))
+            f |= Q35M_FUSED_MOE;
         else if (n)
             engine_log(ENGINE_LOG_INFO, "cuda: SPARK_CUDA_MTP_FUSED: unknown part '%.*s' ignored",
                        (int)n, p);
@@ -355,6 +358,26 @@ static void q35m_attention(engine_cuda_q35_session *s, const q35_cl *ly, float e
     engine_cu_vmatvec(&o, st);
 }
 
+/* The MoE up / down launch of m tokens: blocks serving all m (fused "moe", when the staged
+ * vectors fit) or a block per token. */
+static void q35m_up(const q35_spec *sp, const engine_cu_ffn_up_args *a, int m, size_t rs,
+                    size_t xs, size_t hs, size_t is, cudaStream_t st) {
+    if ((sp->fused & Q35M_FUSED_MOE) &&
+        engine_cu_vffn_all_smem(a->type, a->cols, m) <= ENGINE_CU_VFFN_ALL_SMEM)
+        engine_cu_vffn_up_all(a, m, rs, xs, hs, is, st);
+    else
+        engine_cu_vffn_up(a, m, rs, xs, hs, is, st);
+}
+
+static void q35m_down(const q35_spec *sp, const engine_cu_ffn_down_args *a, int m, size_t hs,
+                      size_t is, size_t ys, cudaStream_t st) {
+    if ((sp->fused & Q35M_FUSED_MOE) &&
+        engine_cu_vffn_all_smem(a->type, a->k * a->cols, m) <= ENGINE_CU_VFFN_ALL_SMEM)
+        engine_cu_vffn_down_all(a, m, hs, is, ys, st);
+    else
+        engine_cu_vffn_down(a, m, hs, is, ys, st);
+}
+
 static void q35m_moe(engine_cuda_q35_session *s, const q35_cl *ly, float eps, int m) {
     const q35_dims *d = &s->cm->d;
     q35_spec *sp = s->spec;
@@ -370,11 +393,11 @@ static void q35m_moe(engine_cuda_q35_session *s, const q35_cl *ly, float eps, in
     up.h = sp->h;
     up.ids = sp->ids;
     up.weights = sp->wts;
-    engine_cu_vffn_up(&up, m, (size_t)d->X, E, sp->sh, sp->sw, st);
+    q35m_up(sp, &up, m, (size_t)d->X, E, sp->sh, sp->sw, st);
     engine_cu_ffn_up_args sh = q35_up_args(d, ly, eps, true);
     sh.x = sp->X;
     sh.h = sp->h + (size_t)d->k * d->F;
-    engine_cu_vffn_up(&sh, m, 0, E, sp->sh, 0, st);
+    q35m_up(sp, &sh, m, 0, E, sp->sh, 0, st);
     engine_cu_vshgate(sp->shl, sp->wts + d->k, sp->ids + d->k, sp->sw,
                       ly->down_merged ? d->X : 0, m, st);
     engine_cu_ffn_down_args dn;
@@ -390,7 +413,7 @@ static void q35m_moe(engine_cuda_q35_session *s, const q35_cl *ly, float eps, in
     dn.ids = sp->ids;
     dn.weights = sp->wts;
     dn.y = sp->X;
-    engine_cu_vffn_down(&dn, m, sp->sh, sp->sw, E, st);
+    q35m_down(sp, &dn, m, sp->sh, sp->sw, E, st);
     if (!ly->down_merged) {
         dn.down = ly->down_sh.d;
         dn.expert_bytes = 0;
@@ -401,7 +424,7 @@ static void q35m_moe(engine_cuda_q35_session *s, const q35_cl *ly, float eps, in
         dn.h = sp->h + (size_t)d->k * d->F;
         dn.ids = sp->ids + d->k;
         dn.weights = sp->wts + d->k;
-        engine_cu_vffn_down(&dn, m, sp->sh, sp->sw, E, st);
+        q35m_down(sp, &dn, m, sp->sh, sp->sw, E, st);
     }
 }
 

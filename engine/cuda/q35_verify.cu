@@ -300,6 +300,60 @@ void engine_cu_vmatvec(const engine_cu_vmv *a, cudaStream_t stream) {
 /* ---------------------------------------------------------------------------------------------
  * MoE over m tokens
  * ------------------------------------------------------------------------------------------- */
+/* Rows r and r + FFN_WARPS of the gate and up products of expert e (slot j) against the staged
+ * x in sm, into h (one token's [k][rows]); lane 0 stores. */
+template <int MODE>
+__device__ __forceinline__ void vup_rows(const engine_cu_ffn_up_args &a, int e, int j, int r,
+                                         const uint8_t *sm, float *h) {
+    const size_t off = (size_t)e * a.expert_bytes + (size_t)r * a.row_bytes;
+    const uint8_t *gr = a.gate + off, *ur = a.up + off;
+    const bool two = r + FFN_WARPS < a.rows;
+    const size_t stride = two ? (size_t)FFN_WARPS * a.row_bytes : 0;
+    const engine_cu_xv xv = engine_cu_xv_at(sm, a.cols, MODE != ENGINE_CU_X_F32, 0);
+    float hv[2] = {0.0f, 0.0f};
+    switch (a.type) {
+#define VUP_CASE(T)                                                                                \
+    case T:                                                                                        \
+        if (MODE == engine_cu_x_mode(T)) up_rows<T>(gr, ur, stride, a.cols >> 5, xv, hv);          \
+        break;
+        ENGINE_CU_QUANT_CASES(VUP_CASE)
+#undef VUP_CASE
+#define VUP_CASE(T)                                                                                \
+    case T:                                                                                        \
+        if (MODE == ENGINE_CU_X_F32) up_rows<T>(gr, ur, stride, a.cols >> 5, xv, hv);              \
+        break;
+        ENGINE_CU_FLOAT_CASES(VUP_CASE)
+#undef VUP_CASE
+    }
+    if ((threadIdx.x & 31) == 0) {
+        h += (size_t)j * a.rows;
+        h[r] = hv[0];
+        if (two) h[r + FFN_WARPS] = hv[1];
+    }
+}
+
+/* Row r of the down product of one token (its ids, weights and staged h). */
+template <int MODE>
+__device__ __forceinline__ float vdown_row(const engine_cu_ffn_down_args &a, int r, const int *ids,
+                                           const float *wts, const uint8_t *sm) {
+    float s = 0.0f;
+    switch (a.type) {
+#define VDOWN_CASE(T)                                                                              \
+    case T:                                                                                        \
+        if (MODE == engine_cu_x_mode(T)) s = down_row<T>(a, r, ids, wts, sm, true);                \
+        break;
+        ENGINE_CU_QUANT_CASES(VDOWN_CASE)
+#undef VDOWN_CASE
+#define VDOWN_CASE(T)                                                                              \
+    case T:                                                                                        \
+        if (MODE == ENGINE_CU_X_F32) s = down_row<T>(a, r, ids, wts, sm, false);                   \
+        break;
+        ENGINE_CU_FLOAT_CASES(VDOWN_CASE)
+#undef VDOWN_CASE
+    }
+    return s;
+}
+
 /* The MoE kernels' per-row work (moe_dev.cuh: route, up_rows, down_row) with the token as a
  * grid dimension; the same staging and products as the per-token launches. */
 template <int MODE>
@@ -339,31 +393,7 @@ __global__ void __launch_bounds__(FFN_WARPS * 32, 3)
     }
     const int r = r0 + w;
     if (r >= a.rows) return;
-    const size_t off = (size_t)ids[j] * a.expert_bytes + (size_t)r * a.row_bytes;
-    const uint8_t *gr = a.gate + off, *ur = a.up + off;
-    const bool two = r + FFN_WARPS < a.rows;
-    const size_t stride = two ? (size_t)FFN_WARPS * a.row_bytes : 0;
-    const engine_cu_xv xv = engine_cu_xv_at(sm, a.cols, MODE != ENGINE_CU_X_F32, 0);
-    float hv[2] = {0.0f, 0.0f};
-    switch (a.type) {
-#define VUP_CASE(T)                                                                                \
-    case T:                                                                                        \
-        if (MODE == engine_cu_x_mode(T)) up_rows<T>(gr, ur, stride, a.cols >> 5, xv, hv);          \
-        break;
-        ENGINE_CU_QUANT_CASES(VUP_CASE)
-#undef VUP_CASE
-#define VUP_CASE(T)                                                                                \
-    case T:                                                                                        \
-        if (MODE == ENGINE_CU_X_F32) up_rows<T>(gr, ur, stride, a.cols >> 5, xv, hv);              \
-        break;
-        ENGINE_CU_FLOAT_CASES(VUP_CASE)
-#undef VUP_CASE
-    }
-    if ((threadIdx.x & 31) == 0) {
-        float *h = a.h + t * hs + (size_t)j * a.rows;
-        h[r] = hv[0];
-        if (two) h[r + FFN_WARPS] = hv[1];
-    }
+    vup_rows<MODE>(a, ids[j], j, r, sm, a.h + t * hs);
 }
 
 template <int MODE>
@@ -389,21 +419,7 @@ __global__ void __launch_bounds__(FFN_WARPS * 32, 3)
                                   a.row_bytes);
     engine_cu_stage_x<MODE>(a.h + t * hs, a.k * a.cols, nullptr, 0.0f, sm); /* ends in a barrier */
     if (r >= a.rows) return;
-    float s = 0.0f;
-    switch (a.type) {
-#define VDOWN_CASE(T)                                                                              \
-    case T:                                                                                        \
-        if (MODE == engine_cu_x_mode(T)) s = down_row<T>(a, r, ids, wts, sm, true);                \
-        break;
-        ENGINE_CU_QUANT_CASES(VDOWN_CASE)
-#undef VDOWN_CASE
-#define VDOWN_CASE(T)                                                                              \
-    case T:                                                                                        \
-        if (MODE == ENGINE_CU_X_F32) s = down_row<T>(a, r, ids, wts, sm, false);                   \
-        break;
-        ENGINE_CU_FLOAT_CASES(VDOWN_CASE)
-#undef VDOWN_CASE
-    }
+    const float s = vdown_row<MODE>(a, r, ids, wts, sm);
     if ((threadIdx.x & 31) == 0) a.y[t * ys + r] += s;
 }
 
@@ -428,6 +444,114 @@ void engine_cu_vffn_down(const engine_cu_ffn_down_args *a, int m, size_t h_strid
                                                 : vdown_kernel<ENGINE_CU_X_F32>,
                      dim3((a->rows + FFN_WARPS - 1) / FFN_WARPS, m), dim3(FFN_WARPS * 32), smem,
                      stream, *a, h_stride, id_stride, y_stride);
+}
+
+/* The same work with one block serving all m tokens (SPARK_CUDA_MTP_FUSED=moe): the grid of
+ * the decode step's launch, so more tokens do not add waves of blocks that each wait, route and
+ * stage again. Up: block (row group, slot j); warp t < m routes token t while the others
+ * stage, then the block stages the other tokens' x, and warp w computes rows w and w +
+ * FFN_WARPS of token t's expert in slot j for every t. Down: block (8 rows); the m tokens'
+ * ids, weights and h staged, warp w computes row w for every t. Per (token, row) the calls of
+ * vup_kernel / vdown_kernel on the same staged operands: bit for bit. */
+template <int MODE>
+__global__ void __launch_bounds__(FFN_WARPS * 32, 2)
+    vup_all_kernel(engine_cu_ffn_up_args a, int m, size_t rs, size_t xs, size_t hs, size_t is) {
+    extern __shared__ uint4 vupa_smem[];
+    __shared__ int ids[ENGINE_CU_VMAX][ENGINE_CU_MAX_EXPERT_USED];
+    __shared__ float wts[ENGINE_CU_VMAX][ENGINE_CU_MAX_EXPERT_USED];
+    engine_cu_pdl_launch();
+    uint8_t *sm = (uint8_t *)vupa_smem;
+    const int j = blockIdx.y, w = threadIdx.x >> 5;
+    const size_t xsz = vmv_xs(MODE != ENGINE_CU_X_F32, a.cols);
+    const int r0 = blockIdx.x * 2 * FFN_WARPS, nr = min(2 * FFN_WARPS, a.rows - r0);
+    if (!a.router && w == 0) {
+        engine_cu_prefetch_l2(a.gate + (size_t)r0 * a.row_bytes, (size_t)nr * a.row_bytes);
+        engine_cu_prefetch_l2(a.up + (size_t)r0 * a.row_bytes, (size_t)nr * a.row_bytes);
+    }
+    engine_cu_pdl_wait();
+    if (a.router) {
+        if (w < m) {
+            route(a.router + (size_t)w * rs, a.n_expert, a.k, a.norm_topk, ids[w], wts[w]);
+            const size_t off = (size_t)ids[w][j] * a.expert_bytes + (size_t)r0 * a.row_bytes;
+            engine_cu_prefetch_l2(a.gate + off, (size_t)nr * a.row_bytes);
+            engine_cu_prefetch_l2(a.up + off, (size_t)nr * a.row_bytes);
+        }
+    } else if (threadIdx.x < m) {
+        ids[threadIdx.x][0] = 0;
+    }
+    /* the routing warps join from the second token's staging on (each ends in a barrier) */
+    for (int t = 0; t < m; t++)
+        engine_cu_stage_x<MODE>(a.x + (size_t)t * xs, a.cols, a.norm_w, a.eps, sm + t * xsz,
+                                a.router && t == 0 ? m : 0);
+    if (a.router && blockIdx.x == 0 && j == 0)
+        for (int i = threadIdx.x; i < m * a.k; i += blockDim.x) {
+            const int t = i / a.k, jj = i - t * a.k;
+            a.ids[(size_t)t * is + jj] = ids[t][jj];
+            a.weights[(size_t)t * is + jj] = wts[t][jj];
+        }
+    const int r = r0 + w;
+    if (r >= a.rows) return;
+    for (int t = 0; t < m; t++)
+        vup_rows<MODE>(a, ids[t][j], j, r, sm + t * xsz, a.h + t * hs);
+}
+
+template <int MODE>
+__global__ void __launch_bounds__(FFN_WARPS * 32, 2)
+    vdown_all_kernel(engine_cu_ffn_down_args a, int m, size_t hs, size_t is, size_t ys) {
+    extern __shared__ uint4 vdowna_smem[];
+    __shared__ int ids[ENGINE_CU_VMAX][ENGINE_CU_MAX_EXPERT_USED];
+    __shared__ float wts[ENGINE_CU_VMAX][ENGINE_CU_MAX_EXPERT_USED];
+    engine_cu_pdl_launch();
+    uint8_t *sm = (uint8_t *)vdowna_smem;
+    const size_t xsz = vmv_xs(MODE != ENGINE_CU_X_F32, a.k * a.cols);
+    engine_cu_pdl_wait();
+    for (int i = threadIdx.x; i < m * a.k; i += blockDim.x) {
+        const int t = i / a.k, j = i - t * a.k;
+        ids[t][j] = a.ids ? a.ids[(size_t)t * is + j] : 0;
+        wts[t][j] = a.ids ? a.weights[(size_t)t * is + j] : 1.0f;
+    }
+    __syncthreads();
+    const int r = blockIdx.x * FFN_WARPS + (threadIdx.x >> 5);
+    if (r < a.rows) /* the warp's rows of every token's experts, asked of L2 during the staging */
+        for (int i = 0; i < m * a.k; i++)
+            engine_cu_prefetch_l2(a.down + (size_t)ids[i / a.k][i % a.k] * a.expert_bytes +
+                                      (size_t)r * a.row_bytes,
+                                  a.row_bytes);
+    for (int t = 0; t < m; t++) /* each ends in a barrier */
+        engine_cu_stage_x<MODE>(a.h + (size_t)t * hs, a.k * a.cols, nullptr, 0.0f, sm + t * xsz);
+    if (r >= a.rows) return;
+    for (int t = 0; t < m; t++) {
+        const float s = vdown_row<MODE>(a, r, ids[t], wts[t], sm + t * xsz);
+        if ((threadIdx.x & 31) == 0) a.y[t * ys + r] += s;
+    }
+}
+
+size_t engine_cu_vffn_all_smem(int type, int cols, int m) {
+    return vmv_xs(engine_cu_type_quant(type), cols) * (size_t)m;
+}
+
+void engine_cu_vffn_up_all(const engine_cu_ffn_up_args *a, int m, size_t router_stride,
+                           size_t x_stride, size_t h_stride, size_t id_stride,
+                           cudaStream_t stream) {
+    const dim3 grid((a->rows + 2 * FFN_WARPS - 1) / (2 * FFN_WARPS), a->router ? a->k : 1);
+    const int mode = engine_cu_x_mode(a->type);
+    const size_t smem = engine_cu_vffn_all_smem(a->type, a->cols, m);
+    engine_cu_launch(mode == ENGINE_CU_X_Q8_K   ? vup_all_kernel<ENGINE_CU_X_Q8_K>
+                     : mode == ENGINE_CU_X_Q8_0 ? vup_all_kernel<ENGINE_CU_X_Q8_0>
+                                                : vup_all_kernel<ENGINE_CU_X_F32>,
+                     grid, dim3(FFN_WARPS * 32), smem, stream, *a, m, router_stride, x_stride,
+                     h_stride, id_stride);
+}
+
+void engine_cu_vffn_down_all(const engine_cu_ffn_down_args *a, int m, size_t h_stride,
+                             size_t id_stride, size_t y_stride, cudaStream_t stream) {
+    const int mode = engine_cu_x_mode(a->type);
+    const size_t smem = engine_cu_vffn_all_smem(a->type, a->k * a->cols, m);
+    engine_cu_launch(mode == ENGINE_CU_X_Q8_K   ? vdown_all_kernel<ENGINE_CU_X_Q8_K>
+                     : mode == ENGINE_CU_X_Q8_0 ? vdown_all_kernel<ENGINE_CU_X_Q8_0>
+                                                : vdown_all_kernel<ENGINE_CU_X_F32>,
+                     dim3((a->rows + FFN_WARPS - 1) / FFN_WARPS), dim3(FFN_WARPS * 32), smem,
+                     stream, *a, m, h_stride, id_stride, y_stride);
 }
 
 __global__ void vshgate_kernel(const float *logit, float *w, int32_t *id, size_t stride,

@@ -60,6 +60,17 @@ void engine_cu_vffn_up(const engine_cu_ffn_up_args *a, int m, size_t router_stri
                        size_t x_stride, size_t h_stride, size_t id_stride, cudaStream_t stream);
 void engine_cu_vffn_down(const engine_cu_ffn_down_args *a, int m, size_t h_stride,
                          size_t id_stride, size_t y_stride, cudaStream_t stream);
+/* The same with one block serving all m tokens (grid of the decode step's launch; each block
+ * stages the m tokens' vectors: engine_cu_vffn_all_smem(type, cols of the staged vector, m)
+ * bytes of shared memory, at most ENGINE_CU_VFFN_ALL_SMEM: above it use the per-token
+ * launches). Bit for bit engine_cu_vffn_up / _down. */
+#define ENGINE_CU_VFFN_ALL_SMEM (48 * 1024)
+size_t engine_cu_vffn_all_smem(int type, int cols, int m);
+void engine_cu_vffn_up_all(const engine_cu_ffn_up_args *a, int m, size_t router_stride,
+                           size_t x_stride, size_t h_stride, size_t id_stride,
+                           cudaStream_t stream);
+void engine_cu_vffn_down_all(const engine_cu_ffn_down_args *a, int m, size_t h_stride,
+                             size_t id_stride, size_t y_stride, cudaStream_t stream);
 /* w[t * stride] = sigmoid(logit[t]), id[t * stride] = id_value for t < m. */
 void engine_cu_vshgate(const float *logit, float *w, int32_t *id, size_t stride, int32_t id_value,
                        int m, cudaStream_t stream);
