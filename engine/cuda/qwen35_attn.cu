@@ -71,8 +71,6 @@ __global__ void __launch_bounds__(GATT_THREADS) gatt_kernel(engine_cu_gatt a) {
     constexpr int EPT = (G * HD + GATT_THREADS - 1) / GATT_THREADS; /* merged elements/thread */
     extern __shared__ float ga_smem[];
     __shared__ float ml[G][2], rml[G][2]; /* the split's, the runner's running (max, sum) */
-    __shared__ float wr[G][ENGINE_CU_GATT_RUNNERS]; /* the final merge's runner weights */
-    __shared__ int last;
     const int g = blockIdx.x, tid = threadIdx.x, lane = tid & 31, wi = tid >> 5;
     float *qs = ga_smem;           /* [G][HD] */
     float *e = qs + G * HD;        /* [G][SPL] */
@@ -205,42 +203,42 @@ __global__ void __launch_bounds__(GATT_THREADS) gatt_kernel(engine_cu_gatt a) {
             }
         }
     }
-    /* the last runner of this KV head merges the runners' partials */
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) last = atomicAdd(&a.counters[g], 1u) == (unsigned)(nact - 1);
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    /* per head, a warp: the runners' weights exp(m_r - m) once, and the denominator */
-    for (int h = wi; h < G; h += GATT_WARPS) {
-        const float *ph = a.partial + (size_t)(g * G + h) * max_splits * (HD + 2);
+}
+
+/* The merge of the runners' partials: block (head, 64 dimensions) of 64 threads; warp 0 takes
+ * the runners' weights exp(m_r - m) once (shared memory) and the denominator, then each thread
+ * sums its dimension over the runners (coalesced rows) and applies the output gate. */
+template <int HD> __global__ void __launch_bounds__(64) gatt_merge_kernel(engine_cu_gatt a) {
+    __shared__ float wr[ENGINE_CU_GATT_RUNNERS];
+    __shared__ float inv_den;
+    engine_cu_pdl_launch();
+    engine_cu_pdl_wait();
+    const int h = blockIdx.x, tid = threadIdx.x, lane = tid & 31;
+    const int n = *a.pos + 1, nsplit = (n + SPL - 1) / SPL, max_splits = (a.n_ctx + SPL - 1) / SPL;
+    const int nact = min(min(max_splits, ENGINE_CU_GATT_RUNNERS), nsplit);
+    const float *ph = a.partial + (size_t)h * max_splits * (HD + 2);
+    if (tid < 32) {
         float m = -INFINITY;
         for (int r = lane; r < nact; r += 32)
-            m = fmaxf(m, __ldcg(ph + (size_t)r * (HD + 2) + HD));
+            m = fmaxf(m, ph[(size_t)r * (HD + 2) + HD]);
         m = engine_cu_warp_max(m);
         float den = 0.0f;
         for (int r = lane; r < nact; r += 32) {
-            const float w = expf(__ldcg(ph + (size_t)r * (HD + 2) + HD) - m);
-            wr[h][r] = w;
-            den += w * __ldcg(ph + (size_t)r * (HD + 2) + HD + 1);
+            const float w = expf(ph[(size_t)r * (HD + 2) + HD] - m);
+            wr[r] = w;
+            den += w * ph[(size_t)r * (HD + 2) + HD + 1];
         }
         den = engine_cu_warp_sum(den);
-        if (lane == 0) rml[h][1] = 1.0f / den;
+        if (lane == 0) inv_den = 1.0f / den;
     }
     __syncthreads();
-    /* then coalesced weighted sums over the runners */
-    for (int i = tid; i < G * HD; i += GATT_THREADS) {
-        const int h = i / HD, dd = i - h * HD;
-        const float *ph = a.partial + (size_t)(g * G + h) * max_splits * (HD + 2) + dd;
-        float num = 0.0f;
+    const int dd = (int)blockIdx.y * 64 + tid;
+    float num = 0.0f;
 #pragma unroll 8
-        for (int r = 0; r < nact; r++)
-            num += wr[h][r] * __ldcg(ph + (size_t)r * (HD + 2));
-        const float gate = a.qg[(size_t)(g * G + h) * 2 * HD + HD + dd];
-        a.out[(size_t)(g * G + h) * HD + dd] = num * rml[h][1] * (1.0f / (1.0f + expf(-gate)));
-    }
-    if (tid == 0) a.counters[g] = 0;
+    for (int r = 0; r < nact; r++)
+        num += wr[r] * ph[(size_t)r * (HD + 2) + dd];
+    const float gate = a.qg[(size_t)h * 2 * HD + HD + dd];
+    a.out[(size_t)h * HD + dd] = num * inv_den * (1.0f / (1.0f + expf(-gate)));
 }
 
 template <int G, int HD> static void gatt_launch(const engine_cu_gatt *a, cudaStream_t stream) {
@@ -250,6 +248,7 @@ template <int G, int HD> static void gatt_launch(const engine_cu_gatt *a, cudaSt
     const int runners = min(engine_cu_gatt_splits(a->n_ctx), ENGINE_CU_GATT_RUNNERS);
     engine_cu_launch(gatt_kernel<G, HD>, dim3(a->n_kv, runners), dim3(GATT_THREADS), smem, stream,
                      *a);
+    engine_cu_launch(gatt_merge_kernel<HD>, dim3(a->n_head, HD / 64), dim3(64), 0, stream, *a);
 }
 
 template <int HD> static void gatt_launch_hd(const engine_cu_gatt *a, cudaStream_t stream) {

@@ -14,10 +14,10 @@
  * per split a warp scores a position against every query head of the group, a warp per head
  * takes the softmax, and the threads (dimension, position group) sum V into the block's running
  * merge of its splits (registers, rescaled to the running max); each block's merged weighted V,
- * max and sum go to `partial` (one entry per block), and the last block of a KV head to finish
- * (an atomic counter, reset by it) merges them: per head a warp computes the blocks' weights
- * exp(m_b - m) once (shared memory) and the denominator, then the threads sum the weighted
- * rows coalesced and apply the output gate. The kernel is instantiated per
+ * max and sum go to `partial` (one entry per block). A second launch merges them: a block per
+ * (head, 64 dimensions) takes the blocks' weights exp(m_b - m) once by a warp (shared memory)
+ * and the denominator, then its threads sum their dimension over the blocks (coalesced rows)
+ * and apply the output gate. The kernel is instantiated per
  * (query heads per KV head, head size), so every per-head loop is unrolled into registers. The
  * position comes from device memory: one launch serves every step of a captured graph.
  * Limits (engine_cu_gatt_ok): head size 64, 128 or 256, 1, 2, 4, 8 or 16 query heads per KV
@@ -46,7 +46,7 @@ typedef struct {
     int n_ctx, n_head, n_kv, hd;
     float *partial;     /* [n_head][engine_cu_gatt_splits(n_ctx)][hd + 2] (a block's at its
                          * index: the blocks are never more than the splits) */
-    unsigned *counters; /* [n_kv], zero between launches */
+    unsigned *counters; /* unused since the merge is a launch of its own (callers pass it) */
     float *out;         /* [n_head * hd] */
 } engine_cu_gatt;
 

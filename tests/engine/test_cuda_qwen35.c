@@ -433,7 +433,8 @@ int main(void) {
     check_deltanet(2, 4, 64, 4, false);
     check_deltanet(16, 32, 128, 4, true);
     check_deltanet(16, 32, 128, 4, false);
-    const int32_t positions[] = {0, 1, 63, 64, 300};
+    /* 4200, 9000: past 128 runners of 32 positions, so blocks merge several splits */
+    const int32_t positions[] = {0, 1, 63, 64, 300, 4200, 9000};
     for (size_t i = 0; i < sizeof positions / sizeof positions[0]; i++) {
         check_attention(16, 2, 256, 64, positions[i], ENGINE_KV_F32);
         check_attention(16, 2, 256, 64, positions[i], ENGINE_KV_F16);
