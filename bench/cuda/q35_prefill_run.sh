@@ -3,7 +3,9 @@
 # for sm_90 (or the binaries in $BIN), the prefill and qwen35 gpu tests, then on a random
 # Qwen3.5-35B-A3B-shaped model (generated in the background meanwhile): prefill tok/s at 512,
 # 4096 and 32768 tokens (spark-agent bench -p N -n 0, SPARK_DEVICE=cuda), pp512 through the
-# decode step for comparison (SPARK_CUDA_Q35_PREFILL=0), and decode tok/s at depth 0 and 4096.
+# decode step for comparison (SPARK_CUDA_Q35_PREFILL=0), a per-phase profile of pp4096
+# (SPARK_CUDA_PREFILL_PROF=1), pp4096 in 2048-token chunks, pp32768 with the SIMT attention
+# (SPARK_CUDA_Q35_ATT_TC=0), and decode tok/s at depth 0 and 4096.
 # Logs go to $OUT.
 # Usage: [BIN=DIR] [TYPE=q4_k_m] [LAYERS=N] [TESTS=0] [PP="512 4096 32768"] \
 #        bash bench/cuda/q35_prefill_run.sh
@@ -54,6 +56,13 @@ for n in $PP; do
         tee -a $OUT/bench.log
     stamp "pp$n done"
 done
+SPARK_CUDA_PREFILL_PROF=1 timeout 60 "$BIN/spark-agent" bench -m $M -p 4096 -n 0 -r 1 2>&1 |
+    grep -E "prefill profile" | tee -a $OUT/bench.log
+SPARK_CUDA_PREFILL_CHUNK=2048 timeout 60 "$BIN/spark-agent" bench -m $M -p 4096 -n 0 -r 1 2>&1 |
+    grep -E "pp4096" | sed 's/$/  (SPARK_CUDA_PREFILL_CHUNK=2048)/' | tee -a $OUT/bench.log
+SPARK_CUDA_Q35_ATT_TC=0 timeout 90 "$BIN/spark-agent" bench -m $M -p 32768 -n 0 -r 1 2>&1 |
+    grep -E "pp32768" | sed 's/$/  (SPARK_CUDA_Q35_ATT_TC=0: SIMT attention)/' |
+    tee -a $OUT/bench.log
 SPARK_CUDA_Q35_PREFILL=0 timeout 60 "$BIN/spark-agent" bench -m $M -p 512 -n 0 -r 1 2>&1 |
     grep -E "pp512" | sed 's/$/  (SPARK_CUDA_Q35_PREFILL=0: decode steps)/' | tee -a $OUT/bench.log
 timeout 120 "$BIN/spark-agent" bench -m $M -p 0 -n 128 -r 3 2>&1 | grep -E "tg128" |

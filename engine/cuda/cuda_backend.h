@@ -317,6 +317,14 @@ void engine_cuda_q35_prefill_free(engine_cuda_q35_prefill *p);
 int engine_cuda_q35_prefill_run(engine_cuda_q35_prefill *p, const int32_t *tokens, int32_t n,
                                 int32_t pos, float *logits_last);
 
+/* Test op: the prefill's gated causal attention of n queries at positions pos0.. (q [n][n_head
+ * * hd] normalised and rotated, qg [n][n_head][2 hd] for the gate) over an F16 cache of pos0 + n
+ * rows (k, v: [pos0 + n][n_kv * hd] F16 bits): tc != 0 the tensor-core kernel, else the SIMT
+ * one plus the gate. out: [n][n_head * hd]. */
+int engine_cuda_op_q35_prefill_att(int n_head, int n_kv, int hd, int n, int pos0, const float *q,
+                                   const float *qg, const uint16_t *k, const uint16_t *v, int tc,
+                                   float *out);
+
 /* Test op: the session's conv rings (ring_n floats: [n_lin][C][K]) and recurrent states
  * (state_n: [n_lin][nv][dk][dv]) copied to the host; NULL buffers: only the counts. */
 int engine_cuda_q35_state_get(engine_cuda_q35_session *s, float *ring, size_t *ring_n,

@@ -91,6 +91,33 @@ bool engine_cu_q35_delta_ok(int dk, int dv) {
     return dk >= 32 && dk % 32 == 0 && dk <= DC_MAX_DK && dv >= 32 && dv % DC_COLS == 0;
 }
 
+/* dst[t][j] = sum over the row warps w of red[w][t][j] (t < L, j < DC_COLS), the block's
+ * threads striding over (t, j). */
+__device__ __forceinline__ void dc_colsum(const float *red, float *dst, int L, int nrw) {
+    for (int idx = threadIdx.x; idx < L * DC_COLS; idx += blockDim.x) {
+        const int t = idx / DC_COLS, j = idx - t * DC_COLS;
+        float sum = 0.0f;
+        for (int w = 0; w < nrw; w++)
+            sum += red[(w * DC_L + t) * DC_COLS + j];
+        dst[idx] = sum;
+    }
+}
+
+/* red[wi][t][lane] = this thread's rows of S0 times x_t (rows r0 .. r0 + DC_ROWS of x[t]). */
+__device__ __forceinline__ void dc_rowdot(const float s[DC_ROWS], const float *x, int LD, int L,
+                                          int r0, float *red) {
+    const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
+#pragma unroll
+    for (int t = 0; t < DC_L; t++)
+        if (t < L) {
+            float acc = 0.0f;
+#pragma unroll
+            for (int i = 0; i < DC_ROWS; i++)
+                acc += s[i] * x[t * LD + r0 + i];
+            red[(wi * DC_L + t) * DC_COLS + lane] = acc;
+        }
+}
+
 static size_t dc_smem_floats(int dk) {
     const int nrw = dk / DC_ROWS;
     return 2 * (size_t)DC_L * (dk + 1) + 4 * (size_t)DC_L * DC_COLS +
@@ -168,34 +195,12 @@ __global__ void __launch_bounds__(DC_MAX_DK / DC_ROWS * 32)
             }
         }
         __syncthreads();
-        /* S0^T k_t: this thread's rows, then the sum over the row warps */
-#pragma unroll
-        for (int t = 0; t < DC_L; t++)
-            if (t < L) {
-                float acc = 0.0f;
-#pragma unroll
-                for (int i = 0; i < DC_ROWS; i++)
-                    acc += s[i] * sK[t * LD + r0 + i];
-                red[(wi * DC_L + t) * DC_COLS + lane] = acc;
-            }
+        /* S0^T k_t: this thread's rows, then the sum over the row warps; then S0^T q_t */
+        dc_rowdot(s, sK, LD, L, r0, red);
         __syncthreads();
-        for (int idx = tid; idx < L * DC_COLS; idx += nt) {
-            const int t = idx / DC_COLS, j = idx - t * DC_COLS;
-            float sum = 0.0f;
-            for (int w = 0; w < nrw; w++)
-                sum += red[(w * DC_L + t) * DC_COLS + j];
-            sKS[idx] = sum;
-        }
+        dc_colsum(red, sKS, L, nrw);
         __syncthreads();
-#pragma unroll
-        for (int t = 0; t < DC_L; t++)
-            if (t < L) {
-                float acc = 0.0f;
-#pragma unroll
-                for (int i = 0; i < DC_ROWS; i++)
-                    acc += s[i] * sQ[t * LD + r0 + i];
-                red[(wi * DC_L + t) * DC_COLS + lane] = acc;
-            }
+        dc_rowdot(s, sQ, LD, L, r0, red);
         /* k_t . k_s (s < t) and q_t . k_s (s <= t) */
         for (int idx = tid; idx < L * L; idx += nt) {
             const int t = idx / L, u = idx - t * L;
@@ -209,13 +214,7 @@ __global__ void __launch_bounds__(DC_MAX_DK / DC_ROWS * 32)
             sQK[t * (DC_L + 1) + u] = qk;
         }
         __syncthreads();
-        for (int idx = tid; idx < L * DC_COLS; idx += nt) {
-            const int t = idx / DC_COLS, j = idx - t * DC_COLS;
-            float sum = 0.0f;
-            for (int w = 0; w < nrw; w++)
-                sum += red[(w * DC_L + t) * DC_COLS + j];
-            sQS[idx] = sum;
-        }
+        dc_colsum(red, sQS, L, nrw);
         /* the corrections u_t, one column per lane of warp 0 (forward substitution) */
         if (wi == 0)
             for (int t = 0; t < L; t++) {

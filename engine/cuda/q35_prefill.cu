@@ -17,6 +17,17 @@ extern "C" {
 #define QP_ROUTER_SPLIT 8     /* split-K of the F32 router GEMM */
 #define QP_DEFAULT_CHUNK 1024 /* 256 experts x top-8: ~32 rows per expert and GEMM tile */
 
+/* SPARK_CUDA_PREFILL_PROF=1: events between the phases of every chunk; the per-phase sums are
+ * logged at INFO when the prefill object is freed. */
+enum {
+    QP_P_DN_PROJ, QP_P_DN_CORE, QP_P_DN_OUT, QP_P_AT_PROJ, QP_P_AT_CORE, QP_P_AT_OUT, QP_P_ROUTE,
+    QP_P_EXPERTS, QP_P_SHARED, QP_P_DOWN, QP_P_HEAD, QP_P_N
+};
+static const char *const qp_phase_name[QP_P_N] = {
+    "deltanet proj", "conv+delta rule+norm", "deltanet out", "attention proj",
+    "qk+attention+gate", "attention out", "router+route+sort", "expert gate/up",
+    "shared gate/up", "down+combine", "head"};
+
 struct engine_cuda_q35_prefill {
     engine_cuda_q35_session *s;
     engine_cu_q35_view v;
@@ -24,6 +35,12 @@ struct engine_cuda_q35_prefill {
     int E, V, nh, nkv, hd, rot, nk, nv, dk, dv, K, C, di, X, k, F, Fs, n_layer;
     float eps;
     int32_t max_tokens;
+    int att_tc; /* the tensor-core attention (F16 cache; SPARK_CUDA_Q35_ATT_TC=0: off) */
+    int prof, n_ev, n_mark;
+    cudaEvent_t *ev;
+    int *ev_cat;
+    double prof_ms[QP_P_N];
+    long prof_tokens;
     uint8_t *mem;
     size_t bytes;
     int32_t *tok, *ids, *sorted_tok, *slot_pos, *tiles, *n_tiles;
@@ -87,9 +104,32 @@ static qp_layout qp_plan(const engine_cuda_q35_prefill *p, int32_t N) {
     return z;
 }
 
+static void qp_mark(engine_cuda_q35_prefill *p, int cat, cudaStream_t st) {
+    if (!p->prof || p->n_mark >= p->n_ev) return;
+    cudaEventRecord(p->ev[p->n_mark], st);
+    p->ev_cat[p->n_mark++] = cat;
+}
+
 extern "C" void engine_cuda_q35_prefill_free(engine_cuda_q35_prefill *p) {
     if (!p) return;
     cudaSetDevice(p->v.device);
+    if (p->prof && p->prof_tokens > 0) {
+        double tot = 0;
+        char line[640];
+        int o = 0;
+        for (int i = 0; i < QP_P_N; i++)
+            tot += p->prof_ms[i];
+        for (int i = 0; i < QP_P_N && o < (int)sizeof line; i++)
+            o += snprintf(line + o, sizeof line - (size_t)o, "%s%s %.1f ms (%.0f%%)", i ? ", " : "",
+                          qp_phase_name[i], p->prof_ms[i], 100.0 * p->prof_ms[i] / (tot + 1e-9));
+        engine_log(ENGINE_LOG_INFO,
+                   "cuda qwen35moe prefill profile: %ld tokens, %.1f ms (%.0f tok/s): %s",
+                   p->prof_tokens, tot, 1e3 * (double)p->prof_tokens / (tot + 1e-9), line);
+    }
+    for (int i = 0; p->ev && i < p->n_ev; i++)
+        if (p->ev[i]) cudaEventDestroy(p->ev[i]);
+    free(p->ev);
+    free(p->ev_cat);
     cudaFree(p->mem);
     free(p->ly);
     free(p);
@@ -216,6 +256,21 @@ extern "C" int engine_cuda_q35_prefill_new(engine_cuda_q35_prefill **out,
     QP_CARVE(xbuf, xbuf, void)
 #undef QP_CARVE
     ENGINE_ASSERT((size_t)(b - p->mem) == z.total);
+    e = getenv("SPARK_CUDA_Q35_ATT_TC");
+    p->att_tc = !(e && e[0] == '0') && engine_cu_q35_att_tc_ok(p->v.kv_f32, p->nh, p->nkv, p->hd);
+    e = getenv("SPARK_CUDA_PREFILL_PROF");
+    if (e && e[0] == '1') {
+        p->prof = 1;
+        p->n_ev = 2 + 10 * p->n_layer;
+        p->ev = (cudaEvent_t *)calloc((size_t)p->n_ev, sizeof(cudaEvent_t));
+        p->ev_cat = (int *)calloc((size_t)p->n_ev, sizeof(int));
+        if (!p->ev || !p->ev_cat) {
+            rc = engine_err(ENGINE_ENOMEM, "out of memory");
+            goto done;
+        }
+        for (int i = 0; i < p->n_ev; i++)
+            if ((rc = qp_err(cudaEventCreate(&p->ev[i]), "cudaEventCreate"))) goto done;
+    }
     *out = p;
     p = NULL;
 done:
@@ -321,6 +376,7 @@ static void qp_deltanet(engine_cuda_q35_prefill *p, const engine_cu_q35_layer *l
         gx = qp_prep(p, pc, ly->walpha.type, p->x, NULL, n, p->E, ly->attn_norm, st);
         qp_gemm(p, &ly->walpha, gx, n, p->ba + p->nv, 2 * p->nv, 0, false, NULL, 1, st);
     }
+    qp_mark(p, QP_P_DN_PROJ, st);
     engine_cu_q35_conv_args ca;
     memset(&ca, 0, sizeof ca);
     ca.qkv = p->big;
@@ -356,9 +412,32 @@ static void qp_deltanet(engine_cuda_q35_prefill *p, const engine_cu_q35_layer *l
     da.v_tiled = v->v_tiled;
     engine_cu_q35_delta_chunk(&da, st);
     engine_cu_q35_gnorm(p->att, p->z, ly->ssm_norm, n, p->nv, p->dv, p->eps, st);
+    qp_mark(p, QP_P_DN_CORE, st);
     gx = qp_prep(p, pc, ly->wout.type, p->att, NULL, n, p->di, NULL, st);
     qp_gemm(p, &ly->wout, gx, n, p->x, p->E, 1, false, NULL, 1, st);
+    qp_mark(p, QP_P_DN_OUT, st);
     pc->x = NULL; /* x changed */
+}
+
+/* The F32-cache path: prefill.cu's causal SIMT attention, then the output gate. */
+static void qp_att_simt(engine_cuda_q35_prefill *p, const engine_cu_q35_layer *ly, int n,
+                        int32_t pos, cudaStream_t st) {
+    const engine_cu_q35_view *v = &p->v;
+    engine_cu_pf_att_args aa;
+    memset(&aa, 0, sizeof aa);
+    aa.q = p->q;
+    aa.k_cache = v->k_cache[ly->slot];
+    aa.v_cache = v->v_cache[ly->slot];
+    aa.kv_f32 = v->kv_f32;
+    aa.n = n;
+    aa.pos0 = pos;
+    aa.n_head = p->nh;
+    aa.n_kv = p->nkv;
+    aa.hd = p->hd;
+    aa.out = p->att;
+    aa.tc = 1; /* where prefill.cu has a tensor-core kernel for the cache and head size */
+    engine_cu_pf_attention(&aa, st);
+    engine_cu_gatt_pf_gate(p->att, p->big, n, p->nh, p->hd, st);
 }
 
 static void qp_attention(engine_cuda_q35_prefill *p, const engine_cu_q35_layer *ly, int n,
@@ -372,6 +451,7 @@ static void qp_attention(engine_cuda_q35_prefill *p, const engine_cu_q35_layer *
     qp_gemm(p, &ly->wk, gx, n, p->k_, kvd, 0, false, NULL, 1, st);
     gx = qp_prep(p, pc, ly->wv.type, p->x, NULL, n, p->E, ly->attn_norm, st);
     qp_gemm(p, &ly->wv, gx, n, p->v_, kvd, 0, false, NULL, 1, st);
+    qp_mark(p, QP_P_AT_PROJ, st);
     engine_cu_gatt_pf qa;
     memset(&qa, 0, sizeof qa);
     qa.qg = p->big;
@@ -392,23 +472,27 @@ static void qp_attention(engine_cuda_q35_prefill *p, const engine_cu_q35_layer *
     qa.hd = p->hd;
     qa.q = p->q;
     engine_cu_gatt_pf_qk(&qa, st);
-    engine_cu_pf_att_args aa;
-    memset(&aa, 0, sizeof aa);
-    aa.q = p->q;
-    aa.k_cache = v->k_cache[ly->slot];
-    aa.v_cache = v->v_cache[ly->slot];
-    aa.kv_f32 = v->kv_f32;
-    aa.n = n;
-    aa.pos0 = pos;
-    aa.n_head = p->nh;
-    aa.n_kv = p->nkv;
-    aa.hd = p->hd;
-    aa.out = p->att;
-    aa.tc = 1; /* where prefill.cu has a tensor-core kernel for the cache and head size */
-    engine_cu_pf_attention(&aa, st);
-    engine_cu_gatt_pf_gate(p->att, p->big, n, p->nh, p->hd, st);
+    if (p->att_tc) {
+        engine_cu_q35_att_args ta;
+        memset(&ta, 0, sizeof ta);
+        ta.q = p->q;
+        ta.qg = p->big;
+        ta.k_cache = v->k_cache[ly->slot];
+        ta.v_cache = v->v_cache[ly->slot];
+        ta.n = n;
+        ta.pos0 = pos;
+        ta.n_head = p->nh;
+        ta.n_kv = p->nkv;
+        ta.hd = p->hd;
+        ta.out = p->att;
+        engine_cu_q35_att_tc(&ta, st);
+    } else {
+        qp_att_simt(p, ly, n, pos, st);
+    }
+    qp_mark(p, QP_P_AT_CORE, st);
     gx = qp_prep(p, pc, ly->wo.type, p->att, NULL, n, qd, NULL, st);
     qp_gemm(p, &ly->wo, gx, n, p->x, p->E, 1, false, NULL, 1, st);
+    qp_mark(p, QP_P_AT_OUT, st);
     pc->x = NULL;
 }
 
@@ -423,19 +507,23 @@ static void qp_moe(engine_cuda_q35_prefill *p, const engine_cu_q35_layer *ly, in
                                                   p->shl);
     engine_cu_pf_route(p->router, ksplit, n, X, k, 1, p->ids, p->wts, st);
     engine_cu_pf_sort(p->ids, n, k, X, p->sorted_tok, p->slot_pos, p->tiles, p->n_tiles, st);
+    qp_mark(p, QP_P_ROUTE, st);
     gx = qp_prep(p, pc, ly->gate_exps.type, p->x, NULL, n, E, ly->post_norm, st);
     qp_gemm(p, &ly->gate_exps, gx, nk, p->g, p->F, 0, true, p->sorted_tok, 1, st);
     gx = qp_prep(p, pc, ly->up_exps.type, p->x, NULL, n, E, ly->post_norm, st);
     qp_gemm(p, &ly->up_exps, gx, nk, p->u, p->F, 0, true, p->sorted_tok, 1, st);
+    qp_mark(p, QP_P_EXPERTS, st);
     gx = qp_prep(p, pc, ly->gate_sh.type, p->x, NULL, n, E, ly->post_norm, st);
     qp_gemm(p, &ly->gate_sh, gx, n, p->sg, p->Fs, 0, false, NULL, 1, st);
     gx = qp_prep(p, pc, ly->up_sh.type, p->x, NULL, n, E, ly->post_norm, st);
     qp_gemm(p, &ly->up_sh, gx, n, p->su, p->Fs, 0, false, NULL, 1, st);
+    qp_mark(p, QP_P_SHARED, st);
     gx = qp_prep(p, pc, ly->down_exps.type, p->u, p->g, nk, p->F, NULL, st);
     qp_gemm(p, &ly->down_exps, gx, nk, p->d, E, 0, true, NULL, 1, st);
     gx = qp_prep(p, pc, ly->down_sh.type, p->su, p->sg, n, p->Fs, NULL, st);
     qp_gemm(p, &ly->down_sh, gx, n, p->sh, E, 0, false, NULL, 1, st);
     qp_combine_kernel<<<n, 256, 0, st>>>(p->x, p->sh, p->shl, p->d, p->slot_pos, p->wts, k, E);
+    qp_mark(p, QP_P_DOWN, st);
     pc->x = NULL;
 }
 
@@ -461,6 +549,8 @@ static int qp_chunk(engine_cuda_q35_prefill *p, const int32_t *tokens, int32_t n
                                      cudaMemcpyHostToDevice, st),
                      "cudaMemcpyAsync (tokens)")))
         return rc;
+    p->n_mark = 0;
+    qp_mark(p, -1, st);
     engine_cu_pf_embed((const uint8_t *)v->tok_embd.d, v->tok_embd.row_bytes, v->tok_embd.type,
                        p->E, p->tok, n, p->x, st);
     for (int l = 0; l < p->n_layer; l++) {
@@ -486,8 +576,16 @@ static int qp_chunk(engine_cuda_q35_prefill *p, const int32_t *tokens, int32_t n
                                          cudaMemcpyDeviceToHost, st),
                          "cudaMemcpyAsync (logits)")))
             return rc;
+        qp_mark(p, QP_P_HEAD, st);
     }
-    return qp_err(cudaStreamSynchronize(st), "prefill (qwen35moe)");
+    if ((rc = qp_err(cudaStreamSynchronize(st), "prefill (qwen35moe)"))) return rc;
+    for (int i = 1; p->prof && i < p->n_mark; i++) {
+        float ms = 0.0f;
+        if (cudaEventElapsedTime(&ms, p->ev[i - 1], p->ev[i]) == cudaSuccess)
+            p->prof_ms[p->ev_cat[i]] += ms;
+    }
+    if (p->prof) p->prof_tokens += n;
+    return 0;
 }
 
 extern "C" int engine_cuda_q35_prefill_run(engine_cuda_q35_prefill *p, const int32_t *tokens,
@@ -522,5 +620,66 @@ extern "C" int engine_cuda_q35_state_get(engine_cuda_q35_session *s, float *ring
     if (rc == 0 && state)
         rc = qp_err(cudaMemcpy(state, v.state, sizeof(float) * *state_n, cudaMemcpyDeviceToHost),
                     "cudaMemcpy (state)");
+    return rc;
+}
+
+extern "C" int engine_cuda_op_q35_prefill_att(int n_head, int n_kv, int hd, int n, int pos0,
+                                              const float *q, const float *qg, const uint16_t *k,
+                                              const uint16_t *v, int tc, float *out) {
+    int rc = engine_cuda_usable();
+    if (rc) return rc;
+    if (n < 1 || pos0 < 0 || !engine_cu_q35_att_tc_ok(0, n_head, n_kv, hd))
+        return engine_err(ENGINE_EINVAL, "prefill attention op: unsupported shape");
+    const size_t f = sizeof(float), qd = (size_t)n * n_head * hd;
+    const size_t kvb = (size_t)(pos0 + n) * n_kv * hd * sizeof(uint16_t);
+    float *dq = NULL, *dqg = NULL, *dout = NULL;
+    void *dk = NULL, *dv = NULL;
+    if ((rc = qp_err(cudaMalloc((void **)&dq, f * qd), "cudaMalloc")) ||
+        (rc = qp_err(cudaMalloc((void **)&dqg, 2 * f * qd), "cudaMalloc")) ||
+        (rc = qp_err(cudaMalloc((void **)&dout, f * qd), "cudaMalloc")) ||
+        (rc = qp_err(cudaMalloc(&dk, kvb), "cudaMalloc")) ||
+        (rc = qp_err(cudaMalloc(&dv, kvb), "cudaMalloc")) ||
+        (rc = qp_err(cudaMemcpy(dq, q, f * qd, cudaMemcpyHostToDevice), "cudaMemcpy")) ||
+        (rc = qp_err(cudaMemcpy(dqg, qg, 2 * f * qd, cudaMemcpyHostToDevice), "cudaMemcpy")) ||
+        (rc = qp_err(cudaMemcpy(dk, k, kvb, cudaMemcpyHostToDevice), "cudaMemcpy")) ||
+        (rc = qp_err(cudaMemcpy(dv, v, kvb, cudaMemcpyHostToDevice), "cudaMemcpy")))
+        goto done;
+    if (tc) {
+        engine_cu_q35_att_args ta;
+        memset(&ta, 0, sizeof ta);
+        ta.q = dq;
+        ta.qg = dqg;
+        ta.k_cache = dk;
+        ta.v_cache = dv;
+        ta.n = n;
+        ta.pos0 = pos0;
+        ta.n_head = n_head;
+        ta.n_kv = n_kv;
+        ta.hd = hd;
+        ta.out = dout;
+        engine_cu_q35_att_tc(&ta, 0);
+    } else {
+        engine_cu_pf_att_args aa;
+        memset(&aa, 0, sizeof aa);
+        aa.q = dq;
+        aa.k_cache = dk;
+        aa.v_cache = dv;
+        aa.n = n;
+        aa.pos0 = pos0;
+        aa.n_head = n_head;
+        aa.n_kv = n_kv;
+        aa.hd = hd;
+        aa.out = dout;
+        engine_cu_pf_attention(&aa, 0);
+        engine_cu_gatt_pf_gate(dout, dqg, n, n_head, hd, 0);
+    }
+    if ((rc = qp_err(cudaDeviceSynchronize(), "prefill attention op")) == 0)
+        rc = qp_err(cudaMemcpy(out, dout, f * qd, cudaMemcpyDeviceToHost), "cudaMemcpy");
+done:
+    cudaFree(dq);
+    cudaFree(dqg);
+    cudaFree(dout);
+    cudaFree(dk);
+    cudaFree(dv);
     return rc;
 }

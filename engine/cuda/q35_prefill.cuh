@@ -7,7 +7,9 @@
  *     snapshot points inside it) | engine_cu_q35_delta_chunk (l2 norms, gates and the chunked
  *     delta rule, snapshots of S) | engine_cu_q35_gnorm (gated RMSNorm) | out_proj (+= x)
  *   attention block: [q|gate], k, v GEMMs | engine_cu_gatt_pf_qk (q/k norms, partial rope, KV
- *     store) | engine_cu_pf_attention (causal, prefill.cu) | engine_cu_gatt_pf_gate | o_proj
+ *     store) | engine_cu_q35_att_tc (F16 cache: tensor cores, output gate fused) or
+ *     engine_cu_pf_attention (F32 cache: prefill.cu's SIMT pass) + engine_cu_gatt_pf_gate |
+ *     o_proj
  *   MoE: router GEMM (split-K F32) | engine_cu_pf_route / _sort | grouped gate/up and down
  *     GEMMs of the routed experts, dense ones of the shared expert | engine_cu_q35_pf_combine
  *     (x += sigmoid(shared gate) * shared + sum of the routed outputs, in the CPU's order)
@@ -100,6 +102,22 @@ void engine_cu_q35_delta_chunk(const engine_cu_q35_delta_args *a, cudaStream_t s
 /* o[t][h] = rmsnorm(o[t][h]) * norm_w * silu(z[t][h]) in place, per token and value head. */
 void engine_cu_q35_gnorm(float *o, const float *z, const float *norm_w, int n, int nv, int dv,
                          float eps, cudaStream_t stream);
+
+/* Gated causal attention over an F16 cache on tensor cores (q35_prefill_att.cu): query t of
+ * head h at position pos0 + t attends to cache rows 0 .. pos0 + t of KV head h / G (G = n_head
+ * / n_kv); out = softmax(q k^T / sqrt(hd)) V * sigmoid(gate). A block takes 64 (query, head)
+ * rows: 64 / G queries with every head of one KV group, so the group's heads share each K and
+ * V tile (32 keys); S = Q K^T and O += P V with mma.sync m16n8k16 F16 (Q and P rounded to F16),
+ * the online softmax in F32 registers. Head size 64, 128 or 256; G dividing 64. */
+typedef struct {
+    const float *q;              /* [n][n_head][hd], normalised and rotated */
+    const float *qg;             /* [n][n_head][2 hd]: the gate is the second half */
+    const void *k_cache, *v_cache; /* F16 [n_ctx][n_kv * hd] */
+    int n, pos0, n_head, n_kv, hd;
+    float *out;                  /* [n][n_head * hd] */
+} engine_cu_q35_att_args;
+bool engine_cu_q35_att_tc_ok(int kv_f32, int n_head, int n_kv, int hd);
+void engine_cu_q35_att_tc(const engine_cu_q35_att_args *a, cudaStream_t stream);
 
 /* Which snapshot points a chunk of n tokens at pos0 writes: grid points b in (pos0, pos0 + n]
  * with b > last - SNAP_EVERY * SNAPSHOTS (the older ones would be overwritten in the same

@@ -23,6 +23,9 @@
  *     restoring the prefill's snapshots at 64 and 80): the next token's logits within 2e-4 *
  *     (1 + max) of a session that decoded every token (cosine >= 0.97 quantised); to 40 (no snapshot kept at or before
  *     it: recomputed from 0 by decode steps) bit for bit equal to it
+ *   the tensor-core gated attention (engine_cuda_op_q35_prefill_att) against the SIMT one on
+ *     the same F16 cache, head sizes 256 (16 / 2 heads, the 35B-A3B shape), 64 and 128, on and
+ *     off the first tile: within 4e-3 * (1 + max |out|) (Q and P rounded to F16)
  *   through engine.h on a model loaded with device cuda: a 100-token append's logits within
  *     the bounds of the first check; bad token ids and positions are errors.
  * Exits 77 (skip) with the reason when no GPU is usable or the build has no CUDA backend. */
@@ -40,6 +43,7 @@ int main(void) {
     return 77;
 }
 #else
+#include "cpu/quant.h"
 #include "cuda/cuda_backend.h"
 #include "test_cuda_check.h"
 
@@ -48,61 +52,58 @@ static char tmpdir[] = "/tmp/spark_test_cuda_q35_prefill_XXXXXX";
 #define N_CTX 512
 #define N_TOK 320
 
-static double max_abs(const float *a, size_t n) {
-    double m = 0;
-    for (size_t i = 0; i < n; i++)
-        m = fmax(m, fabs(a[i]));
-    return m;
-}
-
-static double max_diff(const float *a, const float *b, size_t n) {
-    double m = 0;
-    for (size_t i = 0; i < n; i++)
-        m = fmax(m, fabs((double)a[i] - b[i]));
-    return m;
-}
-
-static double cosine(const float *a, const float *b, size_t n) {
-    double dot = 0, na = 0, nb = 0;
-    for (size_t i = 0; i < n; i++) {
-        dot += (double)a[i] * b[i];
-        na += (double)a[i] * a[i];
-        nb += (double)b[i] * b[i];
-    }
-    return dot / sqrt(na * nb + 1e-30);
-}
-
-static int argmax(const float *l, int32_t n) {
-    int b = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (l[i] > l[b]) b = i;
-    return b;
-}
-
 /* ref vs got: within rel * (1 + max |ref|) (exact types) or cosine >= cmin; returns the
  * relative error (exact) or the cosine. */
 static double compare(const float *ref, const float *got, size_t n, bool exact, double rel,
                       double cmin, const char *what) {
+    const support_logit_row r = support_logit_compare(ref, got, (int32_t)n);
     if (exact) {
-        const double r = max_diff(ref, got, n) / (1 + max_abs(ref, n));
-        CHECK(r <= rel, "%s: max |gpu - ref| / (1 + max |ref|) = %.3g > %.1g", what, r, rel);
-        return r;
+        const double e = r.max_diff / (1 + r.max_ref);
+        CHECK(e <= rel, "%s: max |gpu - ref| / (1 + max |ref|) = %.3g > %.1g", what, e, rel);
+        return e;
     }
-    const double c = cosine(ref, got, n);
-    CHECK(c >= cmin, "%s: cosine %.6f < %.4f", what, c, cmin);
-    return c;
+    CHECK(r.cosine >= cmin, "%s: cosine %.6f < %.4f", what, r.cosine, cmin);
+    return r.cosine;
+}
+
+/* The tensor-core gated attention against the SIMT one (F32 arithmetic on the same F16 cache)
+ * for n queries at pos0..: within 4e-3 * (1 + max |out|) (Q and P rounded to F16: ~5e-4 each
+ * on the weights and scores; a wrong row, mask or merge is O(0.1)). */
+static void check_att(int nh, int nkv, int hd, int n, int pos0) {
+    const size_t qd = (size_t)n * nh * hd, kvn = (size_t)(pos0 + n) * nkv * hd;
+    float *q = malloc(sizeof(float) * qd), *qg = malloc(sizeof(float) * 2 * qd);
+    float *o1 = malloc(sizeof(float) * qd), *o2 = malloc(sizeof(float) * qd);
+    uint16_t *k = malloc(sizeof(uint16_t) * kvn), *v = malloc(sizeof(uint16_t) * kvn);
+    uint64_t st = 0x9e3779b97f4a7c15ull + (uint64_t)(nh * 1000 + hd + pos0);
+    if (q && qg && o1 && o2 && k && v) {
+        for (size_t i = 0; i < qd; i++)
+            q[i] = 4.0f * support_frand(&st);
+        for (size_t i = 0; i < 2 * qd; i++)
+            qg[i] = 2.0f * support_frand(&st);
+        for (size_t i = 0; i < kvn; i++) {
+            k[i] = engine_fp32_to_fp16(support_frand(&st));
+            v[i] = engine_fp32_to_fp16(support_frand(&st));
+        }
+        CHECK(engine_cuda_op_q35_prefill_att(nh, nkv, hd, n, pos0, q, qg, k, v, 1, o1) == 0,
+              "tensor-core attention op");
+        CHECK(engine_cuda_op_q35_prefill_att(nh, nkv, hd, n, pos0, q, qg, k, v, 0, o2) == 0,
+              "simt attention op");
+        const support_logit_row r = support_logit_compare(o2, o1, (int32_t)qd);
+        const double e = r.max_diff / (1 + r.max_ref);
+        CHECK(e <= 4e-3, "attention %d/%d x %d, %d queries at %d: tensor cores vs simt %.3g", nh,
+              nkv, hd, n, pos0, e);
+        printf("prefill attention %2d/%d x %3d, %3d queries at %4d: tensor cores vs simt %.2e\n",
+               nh, nkv, hd, n, pos0, e);
+    } else {
+        CHECK(0, "out of memory");
+    }
+    free(q), free(qg), free(o1), free(o2), free(k), free(v);
 }
 
 static void run_model(const char *type) {
     char path[600];
     snprintf(path, sizeof path, "%s/qwen35-tiny-%s.gguf", tmpdir, type);
-    engine_model_gen_params gp;
-    engine_model_gen_params_init(&gp);
-    gp.preset = "qwen35-tiny";
-    gp.type = type;
-    gp.seed = 11;
-    gp.out_path = path;
-    if (engine_model_gen(&gp) != 0) {
+    if (support_gen("qwen35-tiny", type, 11, path) != 0) {
         CHECK(0, "model gen qwen35-tiny %s", type);
         return;
     }
@@ -204,18 +205,19 @@ static void run_model(const char *type) {
         if (!ra || !rb || !sa || !sb) goto out;
         CHECK(engine_cuda_q35_state_get(gs, ra, &nr, sa, &ns) == 0, "state (prefill)");
         CHECK(engine_cuda_q35_state_get(gd, rb, &nr, sb, &ns) == 0, "state (decode)");
-        const double dr = max_diff(rb, ra, nr) / (1 + max_abs(rb, nr));
-        const double ds = max_diff(sb, sa, ns) / (1 + max_abs(sb, ns));
+        const support_logit_row cr = support_logit_compare(rb, ra, (int32_t)nr);
+        const support_logit_row cst = support_logit_compare(sb, sa, (int32_t)ns);
+        const double dr = cr.max_diff / (1 + cr.max_ref), ds = cst.max_diff / (1 + cst.max_ref);
         if (exact) {
             CHECK(dr <= 1e-3, "conv rings after prefill vs decode: rel diff %.3g", dr);
             CHECK(ds <= 1e-3, "recurrent states after prefill vs decode: rel diff %.3g", ds);
         }
         printf("qwen35-tiny %-6s: state after 100-token prefill vs decode: ring %.2e, S %.2e "
                "(max |S| %.3g)\n",
-               type, dr, ds, max_abs(sb, ns));
+               type, dr, ds, cst.max_ref);
         CHECK(engine_session_truncate(cs, 0) == 0, "cpu truncate");
         CHECK(engine_session_append(cs, toks, 100, NULL) == 0, "cpu append 100");
-        int32_t tok = argmax(engine_session_logits(cs), nv);
+        int32_t tok = support_argmax(engine_session_logits(cs), nv);
         double worst = exact ? 0 : 1;
         for (int32_t p = 100; p < 108; p++) {
             int32_t next = -1;
@@ -224,7 +226,7 @@ static void run_model(const char *type) {
             const double r = compare(engine_session_logits(cs), lg, V, exact, 5e-4, 0.97,
                                      "decode after prefill");
             worst = exact ? fmax(worst, r) : fmin(worst, r);
-            tok = argmax(engine_session_logits(cs), nv);
+            tok = support_argmax(engine_session_logits(cs), nv);
         }
         printf("qwen35-tiny %-6s: 8 decode steps after the prefill vs cpu: %s %.3g\n", type,
                exact ? "max rel diff" : "min cosine", worst);
@@ -242,7 +244,7 @@ static void run_model(const char *type) {
                 CHECK(memcmp(lg, refd[ref[i]], sizeof(float) * V) == 0,
                       "rollback 100 -> 40 (from 0): logits differ from the decoded session "
                       "(max diff %.3g)",
-                      max_diff(lg, refd[ref[i]], V));
+                      support_max_abs_diff(lg, refd[ref[i]], nv));
             else
                 compare(refd[ref[i]], lg, V, exact, 2e-4, 0.97, "rollback into the prefill");
         }
@@ -296,6 +298,10 @@ int main(void) {
     }
     const int rc = support_init();
     if (rc) return rc;
+    check_att(16, 2, 256, 200, 0);
+    check_att(16, 2, 256, 77, 1000);
+    check_att(4, 2, 64, 50, 30);
+    check_att(8, 8, 128, 33, 5);
     if (support_tmpdir(tmpdir, sizeof tmpdir, "test_cuda_q35_prefill", false) != 0) return 1;
     const char *types[] = {"f32", "q8_0", "q4_k_m"};
     for (int i = 0; i < 3; i++)
