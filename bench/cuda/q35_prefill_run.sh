@@ -7,8 +7,11 @@
 # (SPARK_CUDA_PREFILL_PROF=1), pp4096 in 2048-token chunks, pp32768 with the SIMT attention
 # (SPARK_CUDA_Q35_ATT_TC=0), and decode tok/s at depth 0 and 4096.
 # Logs go to $OUT.
-# Usage: [BIN=DIR] [TYPE=q4_k_m] [LAYERS=N] [TESTS=0] [PP="512 4096 32768"] \
+# Usage: [BIN=DIR] [TYPE=q4_k_m] [LAYERS=N] [TESTS=0] [AB=0] [PP="512 4096 32768"] \
 #        bash bench/cuda/q35_prefill_run.sh
+#   TESTS=0: skip the two gpu tests; AB=0: skip the profile and the A/B runs (2048-token chunks,
+#     SIMT attention at 32K, the decode step's pp512); full model: ~60 s to generate, ~30 s per
+#     pp32768 run pair.
 #   LAYERS=N: a cut-down model of N blocks (a multiple of 4): per-layer costs scale, so the full
 #     model's time is about 40/N x (t - head) + head.
 set -o pipefail
@@ -56,15 +59,19 @@ for n in $PP; do
         tee -a $OUT/bench.log
     stamp "pp$n done"
 done
-SPARK_CUDA_PREFILL_PROF=1 timeout 60 "$BIN/spark-agent" bench -m $M -p 4096 -n 0 -r 1 2>&1 |
-    grep -E "prefill profile" | tee -a $OUT/bench.log
-SPARK_CUDA_PREFILL_CHUNK=2048 timeout 60 "$BIN/spark-agent" bench -m $M -p 4096 -n 0 -r 1 2>&1 |
-    grep -E "pp4096" | sed 's/$/  (SPARK_CUDA_PREFILL_CHUNK=2048)/' | tee -a $OUT/bench.log
-SPARK_CUDA_Q35_ATT_TC=0 timeout 90 "$BIN/spark-agent" bench -m $M -p 32768 -n 0 -r 1 2>&1 |
-    grep -E "pp32768" | sed 's/$/  (SPARK_CUDA_Q35_ATT_TC=0: SIMT attention)/' |
-    tee -a $OUT/bench.log
-SPARK_CUDA_Q35_PREFILL=0 timeout 60 "$BIN/spark-agent" bench -m $M -p 512 -n 0 -r 1 2>&1 |
-    grep -E "pp512" | sed 's/$/  (SPARK_CUDA_Q35_PREFILL=0: decode steps)/' | tee -a $OUT/bench.log
+if [ "${AB:-1}" != 0 ]; then
+    SPARK_CUDA_PREFILL_PROF=1 timeout 60 "$BIN/spark-agent" bench -m $M -p 4096 -n 0 -r 1 2>&1 |
+        grep -E "prefill profile" | tee -a $OUT/bench.log
+    SPARK_CUDA_PREFILL_CHUNK=2048 timeout 60 "$BIN/spark-agent" bench -m $M -p 4096 -n 0 -r 1 \
+        2>&1 | grep -E "pp4096" | sed 's/$/  (SPARK_CUDA_PREFILL_CHUNK=2048)/' |
+        tee -a $OUT/bench.log
+    SPARK_CUDA_Q35_ATT_TC=0 timeout 90 "$BIN/spark-agent" bench -m $M -p 32768 -n 0 -r 1 2>&1 |
+        grep -E "pp32768" | sed 's/$/  (SPARK_CUDA_Q35_ATT_TC=0: SIMT attention)/' |
+        tee -a $OUT/bench.log
+    SPARK_CUDA_Q35_PREFILL=0 timeout 60 "$BIN/spark-agent" bench -m $M -p 512 -n 0 -r 1 2>&1 |
+        grep -E "pp512" | sed 's/$/  (SPARK_CUDA_Q35_PREFILL=0: decode steps)/' |
+        tee -a $OUT/bench.log
+fi
 timeout 120 "$BIN/spark-agent" bench -m $M -p 0 -n 128 -r 3 2>&1 | grep -E "tg128" |
     tee -a $OUT/bench.log
 timeout 120 "$BIN/spark-agent" bench -m $M -p 0 -n 128 -r 3 -d 4096 2>&1 | grep -E "tg128" |
