@@ -303,10 +303,12 @@ int engine_cuda_batch_run(engine_cuda_batch *b, const engine_cuda_batch_seq *seq
  * ------------------------------------------------------------------------------------------- */
 typedef struct engine_cuda_q35_prefill engine_cuda_q35_prefill;
 
-/* Buffers for chunks of up to max_tokens (1 .. the session's context) over session s (borrowed,
- * must outlive the result), checked against the free device memory. *out stays NULL (and 0 is
- * returned) when SPARK_CUDA_Q35_PREFILL=0 is set or a shape has no prefill kernel (a weight
- * type without a GEMM, DeltaNet heads beyond 256): prompts then go through the decode step. */
+/* Buffers for chunks of up to max_tokens (<= 0: 1024, or SPARK_CUDA_PREFILL_CHUNK; at most the
+ * session's context) over session s (borrowed, must outlive the result). *out stays NULL (and 0
+ * is returned, the reason logged) when SPARK_CUDA_Q35_PREFILL=0 is set, a shape has no prefill
+ * kernel (a weight type without a GEMM, DeltaNet heads beyond 256) or the buffers do not fit
+ * the free device memory (~257 MB for the 35B-A3B shape at 1024 tokens): prompts then go
+ * through the decode step. */
 int engine_cuda_q35_prefill_new(engine_cuda_q35_prefill **out, engine_cuda_q35_session *s,
                                 int32_t max_tokens);
 void engine_cuda_q35_prefill_free(engine_cuda_q35_prefill *p);
