@@ -54,9 +54,9 @@ struct q35_spec {
 #define Q35M_FUSED_MOE 2u   /* MoE up / down blocks serving all m tokens (q35_verify.cu) */
 #define Q35M_FUSED_ALL (Q35M_FUSED_DELTA | Q35M_FUSED_MOE)
 
-/* SPARK_CUDA_MTP_FUSED (read when a session turns MTP on): unset, empty or "0": every part per
- * token as the decode step; "1" or "all": every fused part; else a comma list of parts
- * ("delta", "moe"). Unknown names are logged and ignored. */
+/* SPARK_CUDA_MTP_FUSED (read when a session first turns MTP on): unset, empty or "0": every
+ * part per token as the decode step; "1" or "all": every fused part; else a comma list of
+ * parts ("delta", "moe"). Unknown names are logged and ignored. */
 static unsigned q35m_fused_env(void) {
     const char *e = getenv("SPARK_CUDA_MTP_FUSED");
     if (!e || !*e || !strcmp(e, "0")) return 0;
@@ -358,24 +358,81 @@ static void q35m_attention(engine_cuda_q35_session *s, const q35_cl *ly, float e
     engine_cu_vmatvec(&o, st);
 }
 
-/* The MoE up / down launch of m tokens: blocks serving all m (fused "moe", when the staged
- * vectors fit) or a block per token. */
-static void q35m_up(const q35_spec *sp, const engine_cu_ffn_up_args *a, int m, size_t rs,
-                    size_t xs, size_t hs, size_t is, cudaStream_t st) {
-    if ((sp->fused & Q35M_FUSED_MOE) &&
-        engine_cu_vffn_all_smem(a->type, a->cols, m) <= ENGINE_CU_VFFN_ALL_SMEM)
-        engine_cu_vffn_up_all(a, m, rs, xs, hs, is, st);
-    else
-        engine_cu_vffn_up(a, m, rs, xs, hs, is, st);
+/* The verify pass's MoE up arguments (routed, shared) and down arguments (routed, and the
+ * shared expert's own when it is not merged into the routed stack as expert X). */
+static void q35m_ffn_args(const engine_cuda_q35_session *s, const q35_cl *ly, float eps,
+                          engine_cu_ffn_up_args *up, engine_cu_ffn_up_args *sh,
+                          engine_cu_ffn_down_args *dn, engine_cu_ffn_down_args *dsh) {
+    const q35_dims *d = &s->cm->d;
+    q35_spec *sp = s->spec;
+    *up = q35_up_args(d, ly, eps, false);
+    up->router = sp->router;
+    up->x = sp->X;
+    up->h = sp->h;
+    up->ids = sp->ids;
+    up->weights = sp->wts;
+    *sh = q35_up_args(d, ly, eps, true);
+    sh->x = sp->X;
+    sh->h = sp->h + (size_t)d->k * d->F;
+    memset(dn, 0, sizeof *dn);
+    dn->down = ly->down_exps.d;
+    dn->expert_bytes = q35_mat_bytes(&ly->down_exps);
+    dn->row_bytes = ly->down_exps.row_bytes;
+    dn->type = ly->down_exps.type;
+    dn->cols = d->F;
+    dn->rows = d->E;
+    dn->k = ly->down_merged ? d->k + 1 : d->k;
+    dn->h = sp->h;
+    dn->ids = sp->ids;
+    dn->weights = sp->wts;
+    dn->y = sp->X;
+    *dsh = *dn;
+    dsh->down = ly->down_sh.d;
+    dsh->expert_bytes = 0;
+    dsh->row_bytes = ly->down_sh.row_bytes;
+    dsh->type = ly->down_sh.type;
+    dsh->cols = d->Fs;
+    dsh->k = 1;
+    dsh->h = sp->h + (size_t)d->k * d->F;
+    dsh->ids = sp->ids + d->k;
+    dsh->weights = sp->wts + d->k;
 }
 
-static void q35m_down(const q35_spec *sp, const engine_cu_ffn_down_args *a, int m, size_t hs,
-                      size_t is, size_t ys, cudaStream_t st) {
-    if ((sp->fused & Q35M_FUSED_MOE) &&
-        engine_cu_vffn_all_smem(a->type, a->k * a->cols, m) <= ENGINE_CU_VFFN_ALL_SMEM)
-        engine_cu_vffn_down_all(a, m, hs, is, ys, st);
-    else
-        engine_cu_vffn_down(a, m, hs, is, ys, st);
+/* The MoE of m tokens with blocks serving all m (fused "moe"): routed and shared up in one
+ * launch when they stage alike, the shared expert's gate inside the down launch (no vshgate).
+ * False (nothing enqueued) when a block's staged vectors would not fit. */
+static bool q35m_moe_all(engine_cuda_q35_session *s, const q35_cl *ly, float eps, int m) {
+    const q35_dims *d = &s->cm->d;
+    q35_spec *sp = s->spec;
+    cudaStream_t st = s->stream;
+    const size_t E = (size_t)d->E, lim = ENGINE_CU_VFFN_ALL_SMEM;
+    engine_cu_ffn_up_args up, sh;
+    engine_cu_ffn_down_args dn, dsh;
+    q35m_ffn_args(s, ly, eps, &up, &sh, &dn, &dsh);
+    if (!(sp->fused & Q35M_FUSED_MOE) || engine_cu_vffn_all_smem(up.type, up.cols, m) > lim ||
+        engine_cu_vffn_all_smem(sh.type, sh.cols, m) > lim ||
+        engine_cu_vffn_all_smem(dn.type, dn.k * dn.cols, m) > lim ||
+        (!ly->down_merged && engine_cu_vffn_all_smem(dsh.type, dsh.cols, m) > lim))
+        return false;
+    if (engine_cu_x_mode(sh.type) == engine_cu_x_mode(up.type)) {
+        engine_cu_vffn_up_all(&up, &sh, m, (size_t)d->X, E, sp->sh, sp->sw, st);
+    } else {
+        engine_cu_vffn_up_all(&up, NULL, m, (size_t)d->X, E, sp->sh, sp->sw, st);
+        engine_cu_vffn_up_all(&sh, NULL, m, 0, E, sp->sh, 0, st);
+    }
+    if (ly->down_merged) { /* slot k: the shared expert, stored as expert X */
+        dn.sh_logit = sp->shl;
+        dn.sh_id = d->X;
+    }
+    engine_cu_vffn_down_all(&dn, m, sp->sh, sp->sw, E, 1, st);
+    if (!ly->down_merged) {
+        dsh.ids = NULL;
+        dsh.weights = NULL;
+        dsh.sh_logit = sp->shl;
+        dsh.sh_id = 0;
+        engine_cu_vffn_down_all(&dsh, m, sp->sh, sp->sw, E, 1, st);
+    }
+    return true;
 }
 
 static void q35m_moe(engine_cuda_q35_session *s, const q35_cl *ly, float eps, int m) {
@@ -387,45 +444,16 @@ static void q35m_moe(engine_cuda_q35_session *s, const q35_cl *ly, float eps, in
     q35m_add(&r, &ly->router, sp->router, (size_t)d->X, 0);
     q35m_add(&r, &ly->shg, sp->shl, 1, 0);
     engine_cu_vmatvec(&r, st);
-    engine_cu_ffn_up_args up = q35_up_args(d, ly, eps, false);
-    up.router = sp->router;
-    up.x = sp->X;
-    up.h = sp->h;
-    up.ids = sp->ids;
-    up.weights = sp->wts;
-    q35m_up(sp, &up, m, (size_t)d->X, E, sp->sh, sp->sw, st);
-    engine_cu_ffn_up_args sh = q35_up_args(d, ly, eps, true);
-    sh.x = sp->X;
-    sh.h = sp->h + (size_t)d->k * d->F;
-    q35m_up(sp, &sh, m, 0, E, sp->sh, 0, st);
+    if (q35m_moe_all(s, ly, eps, m)) return;
+    engine_cu_ffn_up_args up, sh;
+    engine_cu_ffn_down_args dn, dsh;
+    q35m_ffn_args(s, ly, eps, &up, &sh, &dn, &dsh);
+    engine_cu_vffn_up(&up, m, (size_t)d->X, E, sp->sh, sp->sw, st);
+    engine_cu_vffn_up(&sh, m, 0, E, sp->sh, 0, st);
     engine_cu_vshgate(sp->shl, sp->wts + d->k, sp->ids + d->k, sp->sw,
                       ly->down_merged ? d->X : 0, m, st);
-    engine_cu_ffn_down_args dn;
-    memset(&dn, 0, sizeof dn);
-    dn.down = ly->down_exps.d;
-    dn.expert_bytes = q35_mat_bytes(&ly->down_exps);
-    dn.row_bytes = ly->down_exps.row_bytes;
-    dn.type = ly->down_exps.type;
-    dn.cols = d->F;
-    dn.rows = d->E;
-    dn.k = ly->down_merged ? d->k + 1 : d->k;
-    dn.h = sp->h;
-    dn.ids = sp->ids;
-    dn.weights = sp->wts;
-    dn.y = sp->X;
-    q35m_down(sp, &dn, m, sp->sh, sp->sw, E, st);
-    if (!ly->down_merged) {
-        dn.down = ly->down_sh.d;
-        dn.expert_bytes = 0;
-        dn.row_bytes = ly->down_sh.row_bytes;
-        dn.type = ly->down_sh.type;
-        dn.cols = d->Fs;
-        dn.k = 1;
-        dn.h = sp->h + (size_t)d->k * d->F;
-        dn.ids = sp->ids + d->k;
-        dn.weights = sp->wts + d->k;
-        q35m_down(sp, &dn, m, sp->sh, sp->sw, E, st);
-    }
+    engine_cu_vffn_down(&dn, m, sp->sh, sp->sw, E, st);
+    if (!ly->down_merged) engine_cu_vffn_down(&dsh, m, sp->sh, sp->sw, E, st);
 }
 
 /* The MTP block over m pairs (hidden row t of hrows, token of tok[t]) at positions pos: its

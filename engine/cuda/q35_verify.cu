@@ -450,54 +450,68 @@ void engine_cu_vffn_down(const engine_cu_ffn_down_args *a, int m, size_t h_strid
  * the decode step's launch, so more tokens do not add waves of blocks that each wait, route and
  * stage again. Up: block (row group, slot j); warp t < m routes token t while the others
  * stage, then the block stages the other tokens' x, and warp w computes rows w and w +
- * FFN_WARPS of token t's expert in slot j for every t. Down: block (8 rows); the m tokens'
- * ids, weights and h staged, warp w computes row w for every t. Per (token, row) the calls of
- * vup_kernel / vdown_kernel on the same staged operands: bit for bit. */
+ * FFN_WARPS of token t's expert in slot j for every t; with has_b, the slots past a's are the
+ * dense FFN b (the shared expert) on the same staged x. Down: block (8 rows); the m tokens'
+ * ids, weights (the shared expert's slot from sigmoid(sh_logit[t * ls]) when set) and h staged,
+ * warp w computes row w for every t. Per (token, row) the calls of vup_kernel / vdown_kernel on
+ * the same staged operands (and vshgate's expression): bit for bit. */
 template <int MODE>
 __global__ void __launch_bounds__(FFN_WARPS * 32, 2)
-    vup_all_kernel(engine_cu_ffn_up_args a, int m, size_t rs, size_t xs, size_t hs, size_t is) {
+    vup_all_kernel(engine_cu_ffn_up_args a, engine_cu_ffn_up_args b, int has_b, int m, size_t rs,
+                   size_t xs, size_t hs, size_t is) {
     extern __shared__ uint4 vupa_smem[];
     __shared__ int ids[ENGINE_CU_VMAX][ENGINE_CU_MAX_EXPERT_USED];
     __shared__ float wts[ENGINE_CU_VMAX][ENGINE_CU_MAX_EXPERT_USED];
     engine_cu_pdl_launch();
     uint8_t *sm = (uint8_t *)vupa_smem;
-    const int j = blockIdx.y, w = threadIdx.x >> 5;
+    const int na = a.router ? a.k : 1, w = threadIdx.x >> 5;
+    const bool on_b = has_b && (int)blockIdx.y >= na, routed = a.router && !on_b;
+    const int j = on_b ? 0 : blockIdx.y;
+    const uint8_t *gate = on_b ? b.gate : a.gate, *up = on_b ? b.up : a.up;
+    const size_t row_bytes = on_b ? b.row_bytes : a.row_bytes;
+    const int rows = on_b ? b.rows : a.rows;
+    const int r0 = blockIdx.x * 2 * FFN_WARPS;
+    if (r0 >= rows) return; /* the whole block (the grid covers the larger of a and b) */
+    const int nr = min(2 * FFN_WARPS, rows - r0);
     const size_t xsz = vmv_xs(MODE != ENGINE_CU_X_F32, a.cols);
-    const int r0 = blockIdx.x * 2 * FFN_WARPS, nr = min(2 * FFN_WARPS, a.rows - r0);
-    if (!a.router && w == 0) {
-        engine_cu_prefetch_l2(a.gate + (size_t)r0 * a.row_bytes, (size_t)nr * a.row_bytes);
-        engine_cu_prefetch_l2(a.up + (size_t)r0 * a.row_bytes, (size_t)nr * a.row_bytes);
+    if (!routed && w == 0) {
+        engine_cu_prefetch_l2(gate + (size_t)r0 * row_bytes, (size_t)nr * row_bytes);
+        engine_cu_prefetch_l2(up + (size_t)r0 * row_bytes, (size_t)nr * row_bytes);
     }
     engine_cu_pdl_wait();
-    if (a.router) {
+    if (routed) {
         if (w < m) {
             route(a.router + (size_t)w * rs, a.n_expert, a.k, a.norm_topk, ids[w], wts[w]);
             const size_t off = (size_t)ids[w][j] * a.expert_bytes + (size_t)r0 * a.row_bytes;
             engine_cu_prefetch_l2(a.gate + off, (size_t)nr * a.row_bytes);
             engine_cu_prefetch_l2(a.up + off, (size_t)nr * a.row_bytes);
         }
-    } else if (threadIdx.x < m) {
+    } else if ((int)threadIdx.x < m) {
         ids[threadIdx.x][0] = 0;
     }
     /* the routing warps join from the second token's staging on (each ends in a barrier) */
     for (int t = 0; t < m; t++)
         engine_cu_stage_x<MODE>(a.x + (size_t)t * xs, a.cols, a.norm_w, a.eps, sm + t * xsz,
-                                a.router && t == 0 ? m : 0);
-    if (a.router && blockIdx.x == 0 && j == 0)
+                                routed && t == 0 ? m : 0);
+    if (routed && blockIdx.x == 0 && j == 0)
         for (int i = threadIdx.x; i < m * a.k; i += blockDim.x) {
             const int t = i / a.k, jj = i - t * a.k;
             a.ids[(size_t)t * is + jj] = ids[t][jj];
             a.weights[(size_t)t * is + jj] = wts[t][jj];
         }
     const int r = r0 + w;
-    if (r >= a.rows) return;
-    for (int t = 0; t < m; t++)
-        vup_rows<MODE>(a, ids[t][j], j, r, sm + t * xsz, a.h + t * hs);
+    if (r >= rows) return;
+    for (int t = 0; t < m; t++) /* two call sites: no local copy of a parameter struct */
+        if (on_b)
+            vup_rows<MODE>(b, 0, 0, r, sm + t * xsz, b.h + t * hs);
+        else
+            vup_rows<MODE>(a, ids[t][j], j, r, sm + t * xsz, a.h + t * hs);
 }
 
 template <int MODE>
 __global__ void __launch_bounds__(FFN_WARPS * 32, 2)
-    vdown_all_kernel(engine_cu_ffn_down_args a, int m, size_t hs, size_t is, size_t ys) {
+    vdown_all_kernel(engine_cu_ffn_down_args a, int m, size_t hs, size_t is, size_t ys,
+                     size_t ls) {
     extern __shared__ uint4 vdowna_smem[];
     __shared__ int ids[ENGINE_CU_VMAX][ENGINE_CU_MAX_EXPERT_USED];
     __shared__ float wts[ENGINE_CU_VMAX][ENGINE_CU_MAX_EXPERT_USED];
@@ -507,8 +521,14 @@ __global__ void __launch_bounds__(FFN_WARPS * 32, 2)
     engine_cu_pdl_wait();
     for (int i = threadIdx.x; i < m * a.k; i += blockDim.x) {
         const int t = i / a.k, j = i - t * a.k;
-        ids[t][j] = a.ids ? a.ids[(size_t)t * is + j] : 0;
-        wts[t][j] = a.ids ? a.weights[(size_t)t * is + j] : 1.0f;
+        int id = a.ids ? a.ids[(size_t)t * is + j] : 0;
+        float wt = a.ids ? a.weights[(size_t)t * is + j] : 1.0f;
+        if (a.sh_logit && j == a.k - 1) { /* as vshgate_kernel */
+            id = a.sh_id;
+            wt = 1.0f / (1.0f + expf(-a.sh_logit[(size_t)t * ls]));
+        }
+        ids[t][j] = id;
+        wts[t][j] = wt;
     }
     __syncthreads();
     const int r = blockIdx.x * FFN_WARPS + (threadIdx.x >> 5);
@@ -530,28 +550,36 @@ size_t engine_cu_vffn_all_smem(int type, int cols, int m) {
     return vmv_xs(engine_cu_type_quant(type), cols) * (size_t)m;
 }
 
-void engine_cu_vffn_up_all(const engine_cu_ffn_up_args *a, int m, size_t router_stride,
-                           size_t x_stride, size_t h_stride, size_t id_stride,
-                           cudaStream_t stream) {
-    const dim3 grid((a->rows + 2 * FFN_WARPS - 1) / (2 * FFN_WARPS), a->router ? a->k : 1);
+void engine_cu_vffn_up_all(const engine_cu_ffn_up_args *a, const engine_cu_ffn_up_args *b,
+                           int m, size_t router_stride, size_t x_stride, size_t h_stride,
+                           size_t id_stride, cudaStream_t stream) {
+    const int na = a->router ? a->k : 1;
+    const int rows = b && b->rows > a->rows ? b->rows : a->rows;
+    const dim3 grid((rows + 2 * FFN_WARPS - 1) / (2 * FFN_WARPS), na + (b ? 1 : 0));
     const int mode = engine_cu_x_mode(a->type);
     const size_t smem = engine_cu_vffn_all_smem(a->type, a->cols, m);
+    engine_cu_ffn_up_args bb;
+    if (b)
+        bb = *b;
+    else
+        memset(&bb, 0, sizeof bb);
     engine_cu_launch(mode == ENGINE_CU_X_Q8_K   ? vup_all_kernel<ENGINE_CU_X_Q8_K>
                      : mode == ENGINE_CU_X_Q8_0 ? vup_all_kernel<ENGINE_CU_X_Q8_0>
                                                 : vup_all_kernel<ENGINE_CU_X_F32>,
-                     grid, dim3(FFN_WARPS * 32), smem, stream, *a, m, router_stride, x_stride,
-                     h_stride, id_stride);
+                     grid, dim3(FFN_WARPS * 32), smem, stream, *a, bb, b ? 1 : 0, m,
+                     router_stride, x_stride, h_stride, id_stride);
 }
 
 void engine_cu_vffn_down_all(const engine_cu_ffn_down_args *a, int m, size_t h_stride,
-                             size_t id_stride, size_t y_stride, cudaStream_t stream) {
+                             size_t id_stride, size_t y_stride, size_t logit_stride,
+                             cudaStream_t stream) {
     const int mode = engine_cu_x_mode(a->type);
     const size_t smem = engine_cu_vffn_all_smem(a->type, a->k * a->cols, m);
     engine_cu_launch(mode == ENGINE_CU_X_Q8_K   ? vdown_all_kernel<ENGINE_CU_X_Q8_K>
                      : mode == ENGINE_CU_X_Q8_0 ? vdown_all_kernel<ENGINE_CU_X_Q8_0>
                                                 : vdown_all_kernel<ENGINE_CU_X_F32>,
                      dim3((a->rows + FFN_WARPS - 1) / FFN_WARPS), dim3(FFN_WARPS * 32), smem,
-                     stream, *a, m, h_stride, id_stride, y_stride);
+                     stream, *a, m, h_stride, id_stride, y_stride, logit_stride);
 }
 
 __global__ void vshgate_kernel(const float *logit, float *w, int32_t *id, size_t stride,

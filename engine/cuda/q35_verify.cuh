@@ -63,14 +63,20 @@ void engine_cu_vffn_down(const engine_cu_ffn_down_args *a, int m, size_t h_strid
 /* The same with one block serving all m tokens (grid of the decode step's launch; each block
  * stages the m tokens' vectors: engine_cu_vffn_all_smem(type, cols of the staged vector, m)
  * bytes of shared memory, at most ENGINE_CU_VFFN_ALL_SMEM: above it use the per-token
- * launches). Bit for bit engine_cu_vffn_up / _down. */
+ * launches). Bit for bit engine_cu_vffn_up / _down (+ engine_cu_vshgate).
+ * up_all: b, when non-NULL, a dense FFN (router NULL, k 1: the shared expert) on the same x,
+ *   norm and staging mode as a, in the same launch (h strides as a's).
+ * down_all: a->sh_logit, when set, gives slot k - 1 of token t id a->sh_id and weight
+ *   sigmoid(sh_logit[t * logit_stride]) (its ids / weights entries are not read; a->ids may
+ *   then be NULL for k = 1). */
 #define ENGINE_CU_VFFN_ALL_SMEM (48 * 1024)
 size_t engine_cu_vffn_all_smem(int type, int cols, int m);
-void engine_cu_vffn_up_all(const engine_cu_ffn_up_args *a, int m, size_t router_stride,
-                           size_t x_stride, size_t h_stride, size_t id_stride,
-                           cudaStream_t stream);
+void engine_cu_vffn_up_all(const engine_cu_ffn_up_args *a, const engine_cu_ffn_up_args *b,
+                           int m, size_t router_stride, size_t x_stride, size_t h_stride,
+                           size_t id_stride, cudaStream_t stream);
 void engine_cu_vffn_down_all(const engine_cu_ffn_down_args *a, int m, size_t h_stride,
-                             size_t id_stride, size_t y_stride, cudaStream_t stream);
+                             size_t id_stride, size_t y_stride, size_t logit_stride,
+                             cudaStream_t stream);
 /* w[t * stride] = sigmoid(logit[t]), id[t * stride] = id_value for t < m. */
 void engine_cu_vshgate(const float *logit, float *w, int32_t *id, size_t stride, int32_t id_value,
                        int m, cudaStream_t stream);
