@@ -4,7 +4,7 @@
 # issues 5 and 11 on random-weight models generated there meanwhile (Qwen3-30B-A3B Q4_K_M and
 # Qwen3.5-35B-A3B Q4_K_M with its MTP block). One summary on stdout, every log in $OUT/logs.tgz.
 # Usage (device tool, carry [".tok", ".clean"]): cd .clean && ln -sfn ../.tok .tok &&
-#        [SKIP="tests q3 batch q35 q35pp"] [LIMIT_S=N] bash bench/final_h200.sh
+#        [SKIP="tests q3 q35 q35pp batch depth"] [LIMIT_S=N] bash bench/final_h200.sh
 #   SKIP: parts left out; LIMIT_S: a part that would start after this many seconds is skipped
 #   (said in the summary), so the call ends inside the device tool's limit.
 set -o pipefail
@@ -43,7 +43,7 @@ done
 stamp "all built"
 export SPARK_TOKENIZER_DIR=$TOK
 if want tests; then
-    (cd $B && timeout 300 ctest -L gpu -j 4 --output-on-failure >$L/ctest.log 2>&1)
+    (cd $B && timeout 170 ctest -L gpu -j 4 --timeout 150 --output-on-failure >$L/ctest.log 2>&1)
     echo "ctest -L gpu rc=$?"
     grep -E "tests passed|Test +#|Failed|\*\*\*" $L/ctest.log | head -20
     stamp "gpu tests done"
@@ -60,33 +60,32 @@ run() { # label, timeout, command...: the command's table/summary lines
         grep -v "^spark-agent: info" | head -40
     [ $rc = 0 ] || echo "($label rc=$rc)"
 }
+# most important first: the part that runs out of time is the last one
 if want q3 && waitfile /tmp/30b.done; then
     stamp "$(grep gen $L/gen30.log | tail -1)"
-    run q3_tg128 120 $B/bench_decode /tmp/30b.gguf -n 128 -r 3 -a 0
-    run q3_depth8k 120 $B/bench_decode /tmp/30b.gguf -n 128 -r 1 -d 8192 -a 0
-    export SPARK_DEVICE=cuda
-    run q3_pp512 90 $G bench -m /tmp/30b.gguf -p 512 -n 0 -r 3
-    run q3_pp4096 90 $G bench -m /tmp/30b.gguf -p 4096 -n 0 -r 2
-    unset SPARK_DEVICE
+    run q3_tg128 90 $B/bench_decode /tmp/30b.gguf -n 128 -r 3 -a 0
+    SPARK_DEVICE=cuda run q3_pp512 60 $G bench -m /tmp/30b.gguf -p 512 -n 0 -r 3
     stamp "q3 done"
-fi
-if want batch && [ -f /tmp/30b.done ]; then
-    export SPARK_DEVICE=cuda
-    SPARK_SCHED_GPU_BATCH=1 run b8 120 $G bench -m /tmp/30b.gguf -B 8 -p 128 -n 128 -r 1
-    SPARK_SCHED_GPU_BATCH=1 run b32 150 $G bench -m /tmp/30b.gguf -B 32 -p 128 -n 128 -r 1
-    SPARK_SCHED_GPU_BATCH=0 run b8_sessions 90 $G bench -m /tmp/30b.gguf -B 8 -p 128 -n 32 -r 1
-    unset SPARK_DEVICE
-    stamp "batch done"
 fi
 if want q35 && waitfile /tmp/q35.done; then
     stamp "$(grep gen $L/genq35.log | tail -1)"
-    run q35_tg128_mtp 200 $B/bench_q35 /tmp/q35.gguf -n 128 -r 3 ${MTP_ALT:+-a $MTP_ALT}
+    run q35_tg128_mtp 150 $B/bench_q35 /tmp/q35.gguf -n 128 -r 2 ${MTP_ALT:+-a $MTP_ALT}
     stamp "q35 decode done"
 fi
 if want q35pp && [ -f /tmp/q35.done ]; then
-    export SPARK_DEVICE=cuda
-    run q35_pp4096 90 $G bench -m /tmp/q35.gguf -p 4096 -n 0 -r 2
-    run q35_pp32768 120 $G bench -m /tmp/q35.gguf -p 32768 -n 0 -r 1
-    run q35_depth4k 90 $G bench -m /tmp/q35.gguf -p 0 -n 128 -r 1 -d 4096
-    unset SPARK_DEVICE
+    SPARK_DEVICE=cuda run q35_pp4096 60 $G bench -m /tmp/q35.gguf -p 4096 -n 0 -r 2
+    SPARK_DEVICE=cuda run q35_pp32768 90 $G bench -m /tmp/q35.gguf -p 32768 -n 0 -r 1
+    stamp "q35 prefill done"
+fi
+if want batch && [ -f /tmp/30b.done ]; then
+    SPARK_DEVICE=cuda SPARK_SCHED_GPU_BATCH=1 run b8 90 $G bench -m /tmp/30b.gguf -B 8 -p 128 -n 64 -r 1
+    SPARK_DEVICE=cuda SPARK_SCHED_GPU_BATCH=1 run b32 120 $G bench -m /tmp/30b.gguf -B 32 -p 128 -n 64 -r 1
+    SPARK_DEVICE=cuda SPARK_SCHED_GPU_BATCH=0 run b8_sessions 60 $G bench -m /tmp/30b.gguf -B 8 -p 128 -n 32 -r 1
+    stamp "batch done"
+fi
+if want depth && [ -f /tmp/30b.done ]; then
+    run q3_depth8k 90 $B/bench_decode /tmp/30b.gguf -n 128 -r 1 -d 8192 -a 0
+    SPARK_DEVICE=cuda run q3_pp4096 60 $G bench -m /tmp/30b.gguf -p 4096 -n 0 -r 2
+    SPARK_DEVICE=cuda run q35_depth4k 90 $G bench -m /tmp/q35.gguf -p 0 -n 128 -r 1 -d 4096
+    stamp "depth done"
 fi
