@@ -48,15 +48,17 @@ struct q35_spec {
     int32_t win_p0, win_m; /* the last pass's window (win_m 0: none) */
     unsigned fused;        /* Q35M_FUSED_* parts of the verify pass in one launch for all m */
     float *vssq;           /* [VMAX][nv][dv / 32]: the fused DeltaNet step's sums of squares */
+    float *vpart;          /* [VMAX][nh][runners][hd + 2]: the fused attention's partials */
 };
 
 #define Q35M_FUSED_DELTA 1u /* one DeltaNet launch for the m tokens (q35_vdelta.cu) */
 #define Q35M_FUSED_MOE 2u   /* MoE up / down blocks serving all m tokens (q35_verify.cu) */
-#define Q35M_FUSED_ALL (Q35M_FUSED_DELTA | Q35M_FUSED_MOE)
+#define Q35M_FUSED_ATTN 4u  /* the m queries of the gated attention in one launch (q35_vatt.cu) */
+#define Q35M_FUSED_ALL (Q35M_FUSED_DELTA | Q35M_FUSED_MOE | Q35M_FUSED_ATTN)
 
 /* SPARK_CUDA_MTP_FUSED (read when a session first turns MTP on): unset, empty or "0": every
  * part per token as the decode step; "1" or "all": every fused part; else a comma list of
- * parts ("delta", "moe"). Unknown names are logged and ignored. */
+ * parts ("delta", "moe", "attn"). Unknown names are logged and ignored. */
 static unsigned q35m_fused_env(void) {
     const char *e = getenv("SPARK_CUDA_MTP_FUSED");
     if (!e || !*e || !strcmp(e, "0")) return 0;
@@ -68,12 +70,19 @@ static unsigned q35m_fused_env(void) {
             f |= Q35M_FUSED_DELTA;
         else if (n == 3 && !strncmp(p, "moe", 3))
             f |= Q35M_FUSED_MOE;
+        else if (n == 4 && !strncmp(p, "attn", 4))
+            f |= Q35M_FUSED_ATTN;
         else if (n)
             engine_log(ENGINE_LOG_INFO, "cuda: SPARK_CUDA_MTP_FUSED: unknown part '%.*s' ignored",
                        (int)n, p);
         p += n + (p[n] == ',');
     }
     return f;
+}
+
+/* Floats of one query's partials in the fused attention. */
+static size_t q35m_vpart_stride(const q35_dims *d, int n_ctx) {
+    return (size_t)d->nh * (size_t)engine_cu_vgatt_runners(n_ctx) * (size_t)(d->hd + 2);
 }
 
 static void q35m_free(engine_cuda_q35_session *s) {
@@ -225,6 +234,8 @@ extern "C" int engine_cuda_q35_mtp_enable(engine_cuda_q35_session *s, bool *was_
         sp->fused = q35m_fused_env();
         if (sp->fused & Q35M_FUSED_DELTA)
             sp->vssq = (float *)q35m_alloc(sp, f * V * d->nv * (size_t)(d->dv / 32), &rc);
+        if (sp->fused & Q35M_FUSED_ATTN)
+            sp->vpart = (float *)q35m_alloc(sp, f * V * q35m_vpart_stride(d, s->n_ctx), &rc);
         if (rc) goto done;
         const size_t pb = sizeof(engine_cu_step) * (V + 1) + sizeof(engine_cu_spec_ctl);
         CU(cudaMallocHost((void **)&sp->pinned, pb));
@@ -333,8 +344,10 @@ static void q35m_deltanet(engine_cuda_q35_session *s, const q35_cl *ly, float ep
     engine_cu_vmatvec(&o, st);
 }
 
+/* consecutive: the pass's positions are p0 .. p0 + m - 1 (a verify pass; the MTP feed's are
+ * not at p0 = 0), so the fused attention may serve them. */
 static void q35m_attention(engine_cuda_q35_session *s, const q35_cl *ly, float eps,
-                           const q35m_pass *ps, void *kc, void *vc) {
+                           const q35m_pass *ps, void *kc, void *vc, bool consecutive) {
     const q35_dims *d = &s->cm->d;
     q35_spec *sp = s->spec;
     cudaStream_t st = s->stream;
@@ -344,7 +357,25 @@ static void q35m_attention(engine_cuda_q35_session *s, const q35_cl *ly, float e
     q35m_add(&in, &ly->wk, sp->k, sp->skv, 0);
     q35m_add(&in, &ly->wv, sp->v, sp->skv, 0);
     engine_cu_vmatvec(&in, st);
-    for (int t = 0; t < ps->m; t++) { /* causal: token t's KV row is stored before t + 1 reads */
+    if (consecutive && (sp->fused & Q35M_FUSED_ATTN)) {
+        engine_cu_vgatt a;
+        a.a = q35_gatt_args(s, ly, eps, kc, vc);
+        a.a.qg = sp->big;
+        a.a.k = sp->k;
+        a.a.v = sp->v;
+        a.a.pos = ps->pos;
+        a.a.out = sp->att;
+        a.m = ps->m;
+        a.runners = engine_cu_vgatt_runners(s->n_ctx);
+        a.qg_stride = sp->sbig;
+        a.kv_stride = sp->skv;
+        a.out_stride = sp->satt;
+        a.partial_stride = q35m_vpart_stride(d, s->n_ctx);
+        a.partial = sp->vpart;
+        engine_cu_vgatt_run(&a, st);
+    }
+    for (int t = 0; t < ps->m && !(consecutive && (sp->fused & Q35M_FUSED_ATTN)); t++) {
+        /* causal: token t's KV row is stored before t + 1 reads */
         engine_cu_gatt a = q35_gatt_args(s, ly, eps, kc, vc);
         a.qg = sp->big + (size_t)t * sp->sbig;
         a.k = sp->k + (size_t)t * sp->skv;
@@ -475,7 +506,7 @@ static void q35m_mtp_block(engine_cuda_q35_session *s, int m, const engine_cu_st
     engine_cu_vmatvec(&fc, st);
     const q35_cl *ly = &cm->layers[d->n_layer];
     const q35m_pass ps = {m, pos, pstride};
-    q35m_attention(s, ly, eps, &ps, sp->mk, sp->mv);
+    q35m_attention(s, ly, eps, &ps, sp->mk, sp->mv, false);
     q35m_moe(s, ly, eps, m);
 }
 
@@ -493,7 +524,7 @@ static void q35m_enqueue_verify(engine_cuda_q35_session *s, int m) {
     for (int l = 0; l < d->n_layer; l++) {
         const q35_cl *ly = &cm->layers[l];
         if (ly->attn)
-            q35m_attention(s, ly, eps, &ps, s->k_cache[ly->slot], s->v_cache[ly->slot]);
+            q35m_attention(s, ly, eps, &ps, s->k_cache[ly->slot], s->v_cache[ly->slot], true);
         else
             q35m_deltanet(s, ly, eps, &ps);
         q35m_moe(s, ly, eps, m);

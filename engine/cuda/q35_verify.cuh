@@ -39,6 +39,7 @@
 #include "deltanet.cuh"
 #include "matvec.cuh"
 #include "moe.cuh"
+#include "qwen35_attn.cuh"
 #include "sample.cuh"
 
 #define ENGINE_CU_VMAX 5 /* tokens of one verify pass: k + 1 for k <= 4 drafts */
@@ -115,6 +116,23 @@ void engine_cu_spec_accept(engine_cu_spec_ctl *ctl, const int32_t *y, const int3
  * 1) % ENGINE_CU_VMAX, with p0 the pass's (before accept moved it: p0_old = ctl->p0 - j - 1). */
 void engine_cu_spec_restore(const engine_cu_spec_ctl *ctl, const float *src_slot0,
                             size_t slot_stride, float *dst, size_t n, cudaStream_t stream);
+
+/* engine_cu_vgatt_run (q35_vatt.cu; SPARK_CUDA_MTP_FUSED=attn): the gated attention of m
+ * queries at the consecutive positions *a.pos .. *a.pos + m - 1 in two launches: query t's
+ * [q | gate] at a.qg + t * qg_stride, its K / V projections at a.k / a.v + t * kv_stride
+ * (stored at cache row *a.pos + t before any later query reads it), its output at a.out + t *
+ * out_stride; partial: m * partial_stride floats, partial_stride >= n_head * runners * (hd + 2),
+ * runners = engine_cu_vgatt_runners(n_ctx). a.partial and a.counters are not used. Per query
+ * bit for bit the decode step's engine_cu_gatt_run (qwen35_attn.cu). */
+typedef struct {
+    engine_cu_gatt a; /* query 0's arguments */
+    int m, runners;
+    size_t qg_stride, kv_stride, out_stride, partial_stride; /* floats */
+    float *partial;
+} engine_cu_vgatt;
+
+int engine_cu_vgatt_runners(int n_ctx);
+void engine_cu_vgatt_run(const engine_cu_vgatt *a, cudaStream_t stream);
 
 typedef struct {
     engine_cu_delta d; /* token 0's arguments */

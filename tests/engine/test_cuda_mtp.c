@@ -8,8 +8,9 @@
  *              DeltaNet and attention run the decode's device code per token); the verify,
  *              rollback and fast checks run twice: SPARK_CUDA_MTP_FUSED=0 (every part per
  *              token) and =1 (the fused launches: the DeltaNet step of all m tokens in one
- *              launch, MoE up / down blocks serving all m tokens; each keeps every token's
- *              arithmetic and order, so also bit for bit)
+ *              launch, MoE up / down blocks serving all m tokens, the m attention queries in
+ *              one launch + one merge; each keeps every token's arithmetic and order, so also
+ *              bit for bit)
  *   draft      GPU draft logits against the CPU's (engine_q35_mtp_step), steps 0..3 chained on
  *              the CPU's greedy drafts after the prompt: f32 max |gpu - cpu| <= 5e-4 (1 + max
  *              |logit|) (test_cuda_qwen35's bound for the whole model: summation order only);
