@@ -456,7 +456,7 @@ void engine_cu_vffn_down(const engine_cu_ffn_down_args *a, int m, size_t h_strid
  * warp w computes row w for every t. Per (token, row) the calls of vup_kernel / vdown_kernel on
  * the same staged operands (and vshgate's expression): bit for bit. */
 template <int MODE>
-__global__ void __launch_bounds__(FFN_WARPS * 32, 2)
+__global__ void __launch_bounds__(FFN_WARPS * 32, 3)
     vup_all_kernel(engine_cu_ffn_up_args a, engine_cu_ffn_up_args b, int has_b, int m, size_t rs,
                    size_t xs, size_t hs, size_t is) {
     extern __shared__ uint4 vupa_smem[];
@@ -509,7 +509,7 @@ __global__ void __launch_bounds__(FFN_WARPS * 32, 2)
 }
 
 template <int MODE>
-__global__ void __launch_bounds__(FFN_WARPS * 32, 2)
+__global__ void __launch_bounds__(FFN_WARPS * 32, 3)
     vdown_all_kernel(engine_cu_ffn_down_args a, int m, size_t hs, size_t is, size_t ys,
                      size_t ls) {
     extern __shared__ uint4 vdowna_smem[];
