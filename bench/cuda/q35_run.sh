@@ -10,8 +10,8 @@
 #   LAYERS=N: a cut-down model of N blocks (a multiple of 4) for quick per-layer timing.
 #   ALT="V ..." (with MTP=1): test_cuda_mtp once more with SPARK_CUDA_MTP_FUSED=<first V>, and
 #     the bench's MTP figures again for each V in the same process (bench_q35 -a V ...), e.g.
-#     `MTP=1 ALT="1 delta moe" bash bench/cuda/q35_run.sh`: the verify pass per token (unset)
-#     against its fused launches (all, only the DeltaNet step, only the MoE).
+#     `MTP=1 ALT="1 delta moe attn pf" bash bench/cuda/q35_run.sh`: the verify pass per token
+#     (unset) against its fused launches (all, then each part alone).
 #   BIN holds spark-agent, test_cuda_qwen35 (test_cuda_mtp) and bench_q35 built elsewhere.
 set -o pipefail
 OUT=${OUT:-/tmp/out}

@@ -54,11 +54,12 @@ struct q35_spec {
 #define Q35M_FUSED_DELTA 1u /* one DeltaNet launch for the m tokens (q35_vdelta.cu) */
 #define Q35M_FUSED_MOE 2u   /* MoE up / down blocks serving all m tokens (q35_verify.cu) */
 #define Q35M_FUSED_ATTN 4u  /* the m queries of the gated attention in one launch (q35_vatt.cu) */
-#define Q35M_FUSED_ALL (Q35M_FUSED_DELTA | Q35M_FUSED_MOE | Q35M_FUSED_ATTN)
+#define Q35M_FUSED_PF 8u    /* the matvec blocks ask L1 for all m vectors before staging them */
+#define Q35M_FUSED_ALL (Q35M_FUSED_DELTA | Q35M_FUSED_MOE | Q35M_FUSED_ATTN | Q35M_FUSED_PF)
 
 /* SPARK_CUDA_MTP_FUSED (read when a session first turns MTP on): unset, empty or "0": every
  * part per token as the decode step; "1" or "all": every fused part; else a comma list of
- * parts ("delta", "moe", "attn"). Unknown names are logged and ignored. */
+ * parts ("delta", "moe", "attn", "pf"). Unknown names are logged and ignored. */
 static unsigned q35m_fused_env(void) {
     const char *e = getenv("SPARK_CUDA_MTP_FUSED");
     if (!e || !*e || !strcmp(e, "0")) return 0;
@@ -72,6 +73,8 @@ static unsigned q35m_fused_env(void) {
             f |= Q35M_FUSED_MOE;
         else if (n == 4 && !strncmp(p, "attn", 4))
             f |= Q35M_FUSED_ATTN;
+        else if (n == 2 && !strncmp(p, "pf", 2))
+            f |= Q35M_FUSED_PF;
         else if (n)
             engine_log(ENGINE_LOG_INFO, "cuda: SPARK_CUDA_MTP_FUSED: unknown part '%.*s' ignored",
                        (int)n, p);
@@ -283,6 +286,12 @@ static void q35m_add(engine_cu_vmv *v, const q35_w *w, float *y, size_t ys, int 
     v->y_stride[v->mv.n_mat++] = ys;
 }
 
+/* engine_cu_vmatvec with the session's fused "pf" part: the m vectors asked of L1 at once. */
+static void q35m_vmatvec(const q35_spec *sp, engine_cu_vmv *v, cudaStream_t st) {
+    v->prefetch = (sp->fused & Q35M_FUSED_PF) ? 1 : 0;
+    engine_cu_vmatvec(v, st);
+}
+
 static void q35m_deltanet(engine_cuda_q35_session *s, const q35_cl *ly, float eps,
                           const q35m_pass *ps) {
     const engine_cuda_q35_model *cm = s->cm;
@@ -294,11 +303,11 @@ static void q35m_deltanet(engine_cuda_q35_session *s, const q35_cl *ly, float ep
     q35m_add(&in, &ly->wqkv, sp->big, sp->sbig, 0);
     q35m_add(&in, &ly->wz, sp->z, sp->sz, 0);
     q35m_add(&in, &ly->wba, sp->ba, sp->sba, 0);
-    engine_cu_vmatvec(&in, st);
+    q35m_vmatvec(sp, &in, st);
     if (!ly->ba_fused) {
         engine_cu_vmv al = q35m_vmv(sp->X, E, d->E, ly->attn_norm, eps, ps->m);
         q35m_add(&al, &ly->walpha, sp->ba + d->nv, sp->sba, 0);
-        engine_cu_vmatvec(&al, st);
+        q35m_vmatvec(sp, &al, st);
     }
     if (sp->fused & Q35M_FUSED_DELTA) { /* verify passes only: consecutive positions */
         engine_cu_vdelta a;
@@ -341,7 +350,7 @@ static void q35m_deltanet(engine_cuda_q35_session *s, const q35_cl *ly, float ep
     }
     engine_cu_vmv o = q35m_vmv(sp->att, sp->satt, d->di, NULL, 0.0f, ps->m);
     q35m_add(&o, &ly->wout, sp->X, E, 1);
-    engine_cu_vmatvec(&o, st);
+    q35m_vmatvec(sp, &o, st);
 }
 
 /* consecutive: the pass's positions are p0 .. p0 + m - 1 (a verify pass; the MTP feed's are
@@ -356,7 +365,7 @@ static void q35m_attention(engine_cuda_q35_session *s, const q35_cl *ly, float e
     q35m_add(&in, &ly->wq, sp->big, sp->sbig, 0);
     q35m_add(&in, &ly->wk, sp->k, sp->skv, 0);
     q35m_add(&in, &ly->wv, sp->v, sp->skv, 0);
-    engine_cu_vmatvec(&in, st);
+    q35m_vmatvec(sp, &in, st);
     if (consecutive && (sp->fused & Q35M_FUSED_ATTN)) {
         engine_cu_vgatt a;
         a.a = q35_gatt_args(s, ly, eps, kc, vc);
@@ -386,7 +395,7 @@ static void q35m_attention(engine_cuda_q35_session *s, const q35_cl *ly, float e
     }
     engine_cu_vmv o = q35m_vmv(sp->att, sp->satt, d->nh * d->hd, NULL, 0.0f, ps->m);
     q35m_add(&o, &ly->wo, sp->X, E, 1);
-    engine_cu_vmatvec(&o, st);
+    q35m_vmatvec(sp, &o, st);
 }
 
 /* The verify pass's MoE up arguments (routed, shared) and down arguments (routed, and the
@@ -474,7 +483,7 @@ static void q35m_moe(engine_cuda_q35_session *s, const q35_cl *ly, float eps, in
     engine_cu_vmv r = q35m_vmv(sp->X, E, d->E, ly->post_norm, eps, m);
     q35m_add(&r, &ly->router, sp->router, (size_t)d->X, 0);
     q35m_add(&r, &ly->shg, sp->shl, 1, 0);
-    engine_cu_vmatvec(&r, st);
+    q35m_vmatvec(sp, &r, st);
     if (q35m_moe_all(s, ly, eps, m)) return;
     engine_cu_ffn_up_args up, sh;
     engine_cu_ffn_down_args dn, dsh;
@@ -503,7 +512,7 @@ static void q35m_mtp_block(engine_cuda_q35_session *s, int m, const engine_cu_st
     engine_cu_vcat_norm(sp->emb, hrows, cm->mtp_enorm, cm->mtp_hnorm, eps, d->E, m, sp->cat, st);
     engine_cu_vmv fc = q35m_vmv(sp->cat, 2 * E, 2 * d->E, NULL, 0.0f, m);
     q35m_add(&fc, &cm->mtp_eh, sp->X, E, 0);
-    engine_cu_vmatvec(&fc, st);
+    q35m_vmatvec(sp, &fc, st);
     const q35_cl *ly = &cm->layers[d->n_layer];
     const q35m_pass ps = {m, pos, pstride};
     q35m_attention(s, ly, eps, &ps, sp->mk, sp->mv, false);
@@ -534,7 +543,7 @@ static void q35m_enqueue_verify(engine_cuda_q35_session *s, int m) {
                                &sp->vstep[m - 1].pos, ENGINE_CU_VMAX, st);
     engine_cu_vmv hd = q35m_vmv(sp->X, E, d->E, cm->output_norm, eps, m);
     q35m_add(&hd, &cm->output, sp->logits, (size_t)d->V, 0);
-    engine_cu_vmatvec(&hd, st);
+    q35m_vmatvec(sp, &hd, st);
     engine_cu_vargmax(sp->logits, d->V, m, sp->ascr, sp->y, st);
     engine_cu_vrmsnorm(sp->X, E, cm->output_norm, eps, d->E, m, sp->hbuf + E, E, st);
     q35m_mtp_block(s, m, sp->vstep, sp->hbuf, sp->ctl->mpos, 1);
@@ -550,7 +559,7 @@ static void q35m_enqueue_draft(engine_cuda_q35_session *s, bool first) {
     q35m_mtp_block(s, 1, sp->dstep, first ? sp->hbuf : sp->mtp_h, &sp->dstep->pos, 0);
     engine_cu_vmv hd = q35m_vmv(sp->X, E, d->E, cm->mtp_norm, eps, 1);
     q35m_add(&hd, &cm->output, sp->logits, (size_t)d->V, 0);
-    engine_cu_vmatvec(&hd, st);
+    q35m_vmatvec(sp, &hd, st);
     engine_cu_vrmsnorm(sp->X, E, cm->mtp_norm, eps, d->E, 1, sp->mtp_h, E, st);
     engine_cu_sample(sp->logits, d->V, sp->dstep, sp->dtok, s->sscratch, s->counters + d->nkv, st);
 }

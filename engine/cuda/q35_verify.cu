@@ -12,6 +12,19 @@ static __host__ __device__ __forceinline__ size_t vmv_xs(bool quant, int cols) {
     return (engine_cu_xs_bytes(quant, cols) + 15) & ~(size_t)15;
 }
 
+/* Ask L1 for the m vectors x + t * stride (n floats each) that a block then stages one after
+ * the other: one L2 round trip for all of them instead of one per staging. After the wait only
+ * (the previous kernel writes them). A hint: no effect on the values. */
+__device__ __forceinline__ void v_prefetch_l1(const float *x, size_t stride, int n, int m,
+                                              int w0 = 0) {
+    const int lines = (n + 31) / 32; /* 32 floats a 128-byte line; warps w0.. take them */
+    const int nt = (int)blockDim.x - 32 * w0;
+    for (int i = (int)threadIdx.x - 32 * w0; i < m * lines; i += nt) {
+        const int t = i / lines, l = i - t * lines;
+        asm volatile("prefetch.global.L1 [%0];" ::"l"(x + (size_t)t * stride + (size_t)l * 32));
+    }
+}
+
 /* The staged vector t of a block (vmv_xs bytes each). */
 __device__ __forceinline__ engine_cu_xv vmv_xv(const uint8_t *sm, size_t xs, int cols, bool quant,
                                                int t) {
@@ -174,6 +187,7 @@ __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 2)
         }
     }
     engine_cu_pdl_wait();
+    if (m > 1 && a.prefetch) v_prefetch_l1(a.mv.x, a.x_stride, cols, m);
     for (int t = 0; t < m; t++)
         engine_cu_stage_x<MODE>(a.mv.x + (size_t)t * a.x_stride, cols, a.mv.norm_w, a.mv.eps,
                                 sm + (size_t)t * xs);
@@ -479,6 +493,7 @@ __global__ void __launch_bounds__(FFN_WARPS * 32, 3)
         engine_cu_prefetch_l2(up + (size_t)r0 * row_bytes, (size_t)nr * row_bytes);
     }
     engine_cu_pdl_wait();
+    if (m > 1 && !routed) v_prefetch_l1(a.x, xs, a.cols, m);
     if (routed) {
         if (w < m) {
             route(a.router + (size_t)w * rs, a.n_expert, a.k, a.norm_topk, ids[w], wts[w]);
@@ -490,6 +505,7 @@ __global__ void __launch_bounds__(FFN_WARPS * 32, 3)
         ids[threadIdx.x][0] = 0;
     }
     /* the routing warps join from the second token's staging on (each ends in a barrier) */
+    if (m > 1 && routed && w >= m) v_prefetch_l1(a.x, xs, a.cols, m, m);
     for (int t = 0; t < m; t++)
         engine_cu_stage_x<MODE>(a.x + (size_t)t * xs, a.cols, a.norm_w, a.eps, sm + t * xsz,
                                 routed && t == 0 ? m : 0);
@@ -519,6 +535,7 @@ __global__ void __launch_bounds__(FFN_WARPS * 32, 3)
     uint8_t *sm = (uint8_t *)vdowna_smem;
     const size_t xsz = vmv_xs(MODE != ENGINE_CU_X_F32, a.k * a.cols);
     engine_cu_pdl_wait();
+    if (m > 1) v_prefetch_l1(a.h, hs, a.k * a.cols, m);
     for (int i = threadIdx.x; i < m * a.k; i += blockDim.x) {
         const int t = i / a.k, j = i - t * a.k;
         int id = a.ids ? a.ids[(size_t)t * is + j] : 0;

@@ -49,6 +49,7 @@ typedef struct {
     int m;               /* vectors, 1 .. ENGINE_CU_VMAX */
     size_t x_stride;     /* floats from x_t to x_{t+1} */
     size_t y_stride[3];  /* floats from y_t to y_{t+1} of each matrix */
+    int prefetch;        /* m > 1: each block asks L1 for all m vectors before staging them */
 } engine_cu_vmv;
 
 /* Shared memory one block of engine_cu_vmatvec needs for m vectors of cols values. */
