@@ -9,8 +9,9 @@
  *              rollback and fast checks run twice: SPARK_CUDA_MTP_FUSED=0 (every part per
  *              token) and =1 (the fused launches: the DeltaNet step of all m tokens in one
  *              launch, MoE up / down blocks serving all m tokens, the m attention queries in
- *              one launch + one merge; each keeps every token's arithmetic and order, so also
- *              bit for bit)
+ *              one launch + one merge, the matvec's L1 prefetch; each keeps every token's
+ *              arithmetic and order, so also bit for bit); when =1 fails, each part runs alone
+ *              too, to say which one
  *   draft      GPU draft logits against the CPU's (engine_q35_mtp_step), steps 0..3 chained on
  *              the CPU's greedy drafts after the prompt: f32 max |gpu - cpu| <= 5e-4 (1 + max
  *              |logit|) (test_cuda_qwen35's bound for the whole model: summation order only);
@@ -375,7 +376,13 @@ static void run_model(const char *type) {
     if (gm) {
         CHECK(engine_cuda_q35_has_mtp(gm), "the upload has the MTP block");
         check_direct(m, gm, type, "0");
+        const int before = support_failures;
         check_direct(m, gm, type, "1");
+        if (support_failures > before) { /* which part: each alone (failures count again) */
+            static const char *const parts[] = {"delta", "moe", "attn", "pf"};
+            for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
+                check_direct(m, gm, type, parts[i]);
+        }
         check_draft(m, gm, type);
     }
     engine_cuda_q35_model_free(gm);
