@@ -27,7 +27,7 @@ static void usage(FILE *f) {
                "  -t, --threads N    CPU threads (default: config, else all cores)\n"
                "  -r, --reps N       repetitions (default 3)\n"
                "  -b, --batch N      prompt tokens per forward batch (default 64; the GPU\n"
-               "                     prefills in chunks of SPARK_CUDA_PREFILL_CHUNK, default 512)\n"
+               "                     prefills in chunks of SPARK_CUDA_PREFILL_CHUNK, default 2048)\n"
                "  -d, --depth N      context tokens before each measurement (default 0)\n"
                "  -B, --seqs N       aggregate decode of N sequences at once through the\n"
                "                     scheduler instead (each: a distinct N_PROMPT-token prompt,\n"
@@ -451,7 +451,7 @@ int cli_bench(int argc, char **argv) {
         engine_gpu_info gi;
         if (engine_gpu_info_get(&gi) == 0 && gi.n_devices > 0)
             printf("\nGPU: %s (sm_%d%d, %.1f GB), driver %d, runtime %d; prompts in chunks of "
-                   "SPARK_CUDA_PREFILL_CHUNK tokens (default 512)\n", gi.devices[0].name,
+                   "SPARK_CUDA_PREFILL_CHUNK tokens (default 2048)\n", gi.devices[0].name,
                    gi.devices[0].major, gi.devices[0].minor, gi.devices[0].total_mem / 1e9,
                    gi.driver_version, gi.runtime_version);
     }

@@ -234,8 +234,10 @@ typedef struct engine_cuda_prefill engine_cuda_prefill;
  * SPARK_CUDA_PREFILL_NEXT=0 in the environment selects the SIMT attention and the unsplit
  * router (the first version, kept as a control). SPARK_CUDA_PREFILL_PROF=1 logs per-phase
  * times at free. */
-/* Tokens per prefill chunk sessions use: 512, or SPARK_CUDA_PREFILL_CHUNK (16 .. 8192) from the
- * environment (bigger chunks give each expert more rows per GEMM tile, at more memory). */
+/* Tokens per prefill chunk sessions use: 2048 (engine_cuda_prefill_new halves it, down to 512,
+ * where the buffers would take more than 1/16 of free device memory), or
+ * SPARK_CUDA_PREFILL_CHUNK (16 .. 8192) from the environment (bigger chunks give each expert
+ * more rows per GEMM tile, at more memory). */
 int32_t engine_cuda_prefill_chunk(void);
 int engine_cuda_prefill_new(engine_cuda_prefill **out, engine_cuda_model *cm,
                             engine_cuda_session *s, int32_t max_tokens);
