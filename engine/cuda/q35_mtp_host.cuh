@@ -353,10 +353,8 @@ static void q35m_deltanet(engine_cuda_q35_session *s, const q35_cl *ly, float ep
     q35m_vmatvec(sp, &o, st);
 }
 
-/* consecutive: the pass's positions are p0 .. p0 + m - 1 (a verify pass; the MTP feed's are
- * not at p0 = 0), so the fused attention may serve them. */
 static void q35m_attention(engine_cuda_q35_session *s, const q35_cl *ly, float eps,
-                           const q35m_pass *ps, void *kc, void *vc, bool consecutive) {
+                           const q35m_pass *ps, void *kc, void *vc) {
     const q35_dims *d = &s->cm->d;
     q35_spec *sp = s->spec;
     cudaStream_t st = s->stream;
@@ -366,7 +364,7 @@ static void q35m_attention(engine_cuda_q35_session *s, const q35_cl *ly, float e
     q35m_add(&in, &ly->wk, sp->k, sp->skv, 0);
     q35m_add(&in, &ly->wv, sp->v, sp->skv, 0);
     q35m_vmatvec(sp, &in, st);
-    if (consecutive && (sp->fused & Q35M_FUSED_ATTN)) {
+    if (sp->fused & Q35M_FUSED_ATTN) {
         engine_cu_vgatt a;
         a.a = q35_gatt_args(s, ly, eps, kc, vc);
         a.a.qg = sp->big;
@@ -376,6 +374,7 @@ static void q35m_attention(engine_cuda_q35_session *s, const q35_cl *ly, float e
         a.a.out = sp->att;
         a.m = ps->m;
         a.runners = engine_cu_vgatt_runners(s->n_ctx);
+        a.pos_stride = ps->pstride;
         a.qg_stride = sp->sbig;
         a.kv_stride = sp->skv;
         a.out_stride = sp->satt;
@@ -383,7 +382,7 @@ static void q35m_attention(engine_cuda_q35_session *s, const q35_cl *ly, float e
         a.partial = sp->vpart;
         engine_cu_vgatt_run(&a, st);
     }
-    for (int t = 0; t < ps->m && !(consecutive && (sp->fused & Q35M_FUSED_ATTN)); t++) {
+    for (int t = 0; t < ps->m && !(sp->fused & Q35M_FUSED_ATTN); t++) {
         /* causal: token t's KV row is stored before t + 1 reads */
         engine_cu_gatt a = q35_gatt_args(s, ly, eps, kc, vc);
         a.qg = sp->big + (size_t)t * sp->sbig;
@@ -515,7 +514,7 @@ static void q35m_mtp_block(engine_cuda_q35_session *s, int m, const engine_cu_st
     q35m_vmatvec(sp, &fc, st);
     const q35_cl *ly = &cm->layers[d->n_layer];
     const q35m_pass ps = {m, pos, pstride};
-    q35m_attention(s, ly, eps, &ps, sp->mk, sp->mv, false);
+    q35m_attention(s, ly, eps, &ps, sp->mk, sp->mv);
     q35m_moe(s, ly, eps, m);
 }
 
@@ -533,7 +532,7 @@ static void q35m_enqueue_verify(engine_cuda_q35_session *s, int m) {
     for (int l = 0; l < d->n_layer; l++) {
         const q35_cl *ly = &cm->layers[l];
         if (ly->attn)
-            q35m_attention(s, ly, eps, &ps, s->k_cache[ly->slot], s->v_cache[ly->slot], true);
+            q35m_attention(s, ly, eps, &ps, s->k_cache[ly->slot], s->v_cache[ly->slot]);
         else
             q35m_deltanet(s, ly, eps, &ps);
         q35m_moe(s, ly, eps, m);

@@ -1,13 +1,15 @@
-/* The gated attention of a verify pass over m consecutive query positions in two launches
+/* The gated attention of a verify pass over m query positions in two launches
  * (contract in q35_verify.cuh, engine_cu_vgatt_run; SPARK_CUDA_MTP_FUSED=attn). Per query the
  * arithmetic of the decode kernels (qwen35_attn.cu: gatt_kernel, gatt_merge_kernel) on the same
  * operands in the same order: the same grid of (KV head, runner) blocks, the same assignment of
  * splits to runners for each query (its own number of active runners), the same running merge
  * and the same final merge, so each query's output equals the decode step's bit for bit.
- * Causality: a block takes the queries in order; query t's K/V row (position p0 + t) is stored
- * by the runner that owns its split, which is also the only block that reads that row for any
- * later query of the pass (split s goes to runner s % nact, and nact only grows with the
- * position while it is below the grid, where s % nact = s), after a barrier.
+ * Causality: a block takes the queries in order; query t's K/V row (its position) is stored by
+ * the runner that owns its split, which is also the only block that reads that row for any
+ * later query of the pass (positions do not decrease: split s goes to runner s % nact, and nact
+ * only grows with the position while it is below the grid, where s % nact = s), after a
+ * barrier; a later query at the same position (the MTP feed at p0 = 0) overwrites the row
+ * after the earlier one has attended, as one launch per query would.
  * The body repeats qwen35_attn.cu's per query (that file is not this module's; with m = 1 this
  * is the decode step, so its decode kernel could become this one). */
 #include <cuda_fp16.h>
@@ -77,12 +79,13 @@ __global__ void __launch_bounds__(VA_THREADS) vgatt_kernel(engine_cu_vgatt va) {
     float *kr = red + PG * G * HD;
     engine_cu_pdl_launch();
     engine_cu_pdl_wait();
-    const int pos0 = *a.pos, R = gridDim.y, half = a.rot / 2;
+    const int R = gridDim.y, half = a.rot / 2;
     const size_t row = (size_t)a.n_kv * HD;
     const float scale = 1.0f / sqrtf((float)HD);
     const int pg = tid / HD, d = tid - pg * HD;
     for (int t = 0; t < va.m; t++) {
-        const int pos = pos0 + t, n = pos + 1, nsplit = (n + VA_SPL - 1) / VA_SPL;
+        const int pos = a.pos[(size_t)t * va.pos_stride], n = pos + 1;
+        const int nsplit = (n + VA_SPL - 1) / VA_SPL;
         const int nact = min(R, nsplit);
         if ((int)blockIdx.y >= nact) continue; /* the whole block */
         const float *qg = a.qg + (size_t)t * va.qg_stride;
@@ -211,7 +214,8 @@ template <int HD> __global__ void __launch_bounds__(64) vgatt_merge_kernel(engin
     engine_cu_pdl_wait();
     const engine_cu_gatt &a = va.a;
     const int h = blockIdx.x, tid = threadIdx.x, lane = tid & 31, t = blockIdx.z;
-    const int n = *a.pos + t + 1, nsplit = (n + VA_SPL - 1) / VA_SPL, R = va.runners;
+    const int n = a.pos[(size_t)t * va.pos_stride] + 1, nsplit = (n + VA_SPL - 1) / VA_SPL;
+    const int R = va.runners;
     const int nact = min(R, nsplit);
     const float *ph = va.partial + (size_t)t * va.partial_stride + (size_t)h * R * (HD + 2);
     if (tid < 32) {

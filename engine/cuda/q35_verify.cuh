@@ -119,15 +119,17 @@ void engine_cu_spec_restore(const engine_cu_spec_ctl *ctl, const float *src_slot
                             size_t slot_stride, float *dst, size_t n, cudaStream_t stream);
 
 /* engine_cu_vgatt_run (q35_vatt.cu; SPARK_CUDA_MTP_FUSED=attn): the gated attention of m
- * queries at the consecutive positions *a.pos .. *a.pos + m - 1 in two launches: query t's
+ * queries at the positions a.pos[t * pos_stride] (device; not decreasing) in two launches,
+ * each query as one launch of the decode step after the previous ones would: query t's
  * [q | gate] at a.qg + t * qg_stride, its K / V projections at a.k / a.v + t * kv_stride
- * (stored at cache row *a.pos + t before any later query reads it), its output at a.out + t *
+ * (stored at its cache row before any later query reads it), its output at a.out + t *
  * out_stride; partial: m * partial_stride floats, partial_stride >= n_head * runners * (hd + 2),
  * runners = engine_cu_vgatt_runners(n_ctx). a.partial and a.counters are not used. Per query
  * bit for bit the decode step's engine_cu_gatt_run (qwen35_attn.cu). */
 typedef struct {
     engine_cu_gatt a; /* query 0's arguments */
     int m, runners;
+    size_t pos_stride;                                       /* int32 from query to query */
     size_t qg_stride, kv_stride, out_stride, partial_stride; /* floats */
     float *partial;
 } engine_cu_vgatt;
