@@ -74,17 +74,16 @@ static int bench_mtp(engine_cuda_q35_model *gm, engine_model *m, int n_ctx, int 
            label, P, plain_us, draft_us, draft_us / plain_us);
     printf("  verify pass of m tokens (m = k + 1), cost relative to one plain step:\n");
     for (int mm = 1; mm <= ENGINE_CUDA_Q35_VMAX; mm++)
-        printf("    m %d (k %d): %7.0f us  %.3f x plain\n", mm, mm - 1, vus[mm],
+        printf("    verify m %d (k %d): %7.0f us  %.3f x plain\n", mm, mm - 1, vus[mm],
                vus[mm] / plain_us);
     printf("  COMPUTED tok/s from these step costs (k drafts + one verify of k + 1; "
            "E[tokens/step] = (1 - a^(k+1)) / (1 - a)):\n");
-    printf("    k   step us   a=0.6   a=0.8   a=0.9\n");
     for (int k = 1; k + 1 <= ENGINE_CUDA_Q35_VMAX; k++) {
         const double cost = k * draft_us + vus[k + 1];
-        printf("    %d  %8.0f", k, cost);
+        printf("    k %d: step %6.0f us; tok/s", k, cost);
         const double as[3] = {0.6, 0.8, 0.9};
         for (int i = 0; i < 3; i++)
-            printf("  %6.1f", (1.0 - pow(as[i], k + 1)) / (1.0 - as[i]) * 1e6 / cost);
+            printf("  a=%.1f %6.1f", as[i], (1.0 - pow(as[i], k + 1)) / (1.0 - as[i]) * 1e6 / cost);
         printf("\n");
     }
     int32_t x = support_argmax_f(logits, nv);

@@ -340,7 +340,8 @@ static void q35m_deltanet(engine_cuda_q35_session *s, const q35_cl *ly, float ep
         a.alpha = a.beta + d->nv;
         /* the state after every token, in slot (pos + 1) % VMAX */
         a.snap_ring = sp->vsnap + (size_t)ly->slot * s->ring_per;
-        a.snap_state = sp->vsnap + s->ring_per * (size_t)cm->n_lin + (size_t)ly->slot * s->state_per;
+        a.snap_state =
+            sp->vsnap + s->ring_per * (size_t)cm->n_lin + (size_t)ly->slot * s->state_per;
         a.snap_stride = s->snap_stride;
         a.snap_every = 1;
         a.n_snap = ENGINE_CU_VMAX;

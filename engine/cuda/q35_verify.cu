@@ -758,7 +758,8 @@ void engine_cu_spec_prep(engine_cu_spec_ctl *ctl, engine_cu_step *vstep, engine_
 }
 
 __global__ void spec_accept_kernel(engine_cu_spec_ctl *ctl, const int32_t *y,
-                                   const int32_t *drafts, float *hbuf, int n, engine_cu_step *vstep) {
+                                   const int32_t *drafts, float *hbuf, int n,
+                                   engine_cu_step *vstep) {
     __shared__ int sj;
     engine_cu_pdl_launch();
     engine_cu_pdl_wait();
