@@ -63,7 +63,7 @@ run() { # label, timeout, command...: the command's table/summary lines
 # most important first: the part that runs out of time is the last one
 if want q3 && waitfile /tmp/30b.done; then
     stamp "$(grep gen $L/gen30.log | tail -1)"
-    run q3_tg128 90 $B/bench_decode /tmp/30b.gguf -n 128 -r 3 -a 0
+    run q3_tg128 120 $B/bench_decode /tmp/30b.gguf -n 128 -r 3 -a 0 ${DEC_ALT:+-e "$DEC_ALT"}
     SPARK_DEVICE=cuda run q3_pp512 60 $G bench -m /tmp/30b.gguf -p 512 -n 0 -r 3
     stamp "q3 done"
 fi

@@ -72,13 +72,19 @@ struct engine_cuda_session {
      * chunks into registers before the wait / the staging (matvec.cuh, moe.cuh); measured 0.45%
      * slower on the H200 (bench/RESULTS.md, decode stage 5), so off by default */
     int preload;
+    /* Decode stage 6 (off by default until measured): SPARK_CUDA_ROUTE_ONCE=1: the router
+     * launch's last block routes into ids / wts (matvec.cuh route_ids) and the up kernel's
+     * routing warp only reads them (moe.cuh routed); the same ids, weights and logits bit for
+     * bit (test_cuda_forward); SPARK_CUDA_UP_EARLY=1 (implies it): the router launches the up
+     * kernel only after its own wait, and the up blocks stage x before theirs */
+    int route_once, up_early;
     engine_cu_prog prog; /* the fused step's program, built at the first capture */
     uint8_t *mem;        /* one allocation: KV cache and step buffers */
     size_t bytes;
     void **k_cache, **v_cache; /* [n_layer] device pointers into mem */
     float *x, *q, *k, *v, *att, *router, *h, *logits, *partial, *sscratch, *wts;
     float *rope;        /* [n_ctx][hd / 2][2] cos, sin */
-    unsigned *counters; /* [n_head + 1]: attention heads, sampler */
+    unsigned *counters; /* [n_head + 2]: attention heads, sampler, router's routing */
     int32_t *ids, *out;
     engine_cu_step *step;
     engine_cu_step *h_step; /* pinned host copy */
@@ -408,7 +414,7 @@ static sess_layout layout(const engine_cuda_model *cm, int32_t n_ctx, engine_kv_
     z.sscratch = align256(sizeof(float) * 2 * ENGINE_CU_SAMPLE_BLOCKS);
     z.ids = align256(sizeof(int32_t) * k);
     z.wts = align256(sizeof(float) * k);
-    z.counters = align256(sizeof(unsigned) * (hp->n_head + 1));
+    z.counters = align256(sizeof(unsigned) * (hp->n_head + 2));
     z.step = align256(sizeof(engine_cu_step));
     z.out = align256(sizeof(int32_t) * (size_t)n_ctx);
     z.rope = align256(sizeof(float) * (size_t)n_ctx * hd);
@@ -451,6 +457,11 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         s->down_routes = e && e[0] == '1';
         e = getenv("SPARK_CUDA_PRELOAD");
         s->preload = e && e[0] == '1';
+        e = getenv("SPARK_CUDA_ROUTE_ONCE");
+        s->route_once = e && e[0] == '1';
+        e = getenv("SPARK_CUDA_UP_EARLY");
+        s->up_early = e && e[0] == '1';
+        if (s->up_early) s->route_once = 1;
     }
     s->k_cache = (void **)calloc(hp->n_layer, sizeof(void *));
     s->v_cache = (void **)calloc(hp->n_layer, sizeof(void *));
@@ -636,6 +647,16 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
         dn->k = up->k;
         dn->ids = s->ids;
         dn->weights = s->wts;
+        if (s->route_once) { /* the router's last block routes; up reads the ids */
+            mv->route_ids = s->ids;
+            mv->route_wts = s->wts;
+            mv->route_count = s->counters + hp->n_head + 1;
+            mv->route_n = up->n_expert;
+            mv->route_k = up->k;
+            mv->route_norm = up->norm_topk;
+            up->routed = 1;
+            mv->route_late = up->stage_early = s->up_early;
+        }
         if (s->down_routes) { /* routes before its wait: the up launch triggers it late */
             up->trigger_late = 1;
             dn->router = s->router;

@@ -2,6 +2,7 @@
 #include <string.h>
 
 #include "matvec_dev.cuh"
+#include "moe_dev.cuh" /* route */
 #include "step.cuh"
 
 bool engine_cu_type_supported(int type) {
@@ -26,6 +27,49 @@ __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 3)
     extern __shared__ uint4 mv_smem[];
     engine_cu_pdl_launch();
     mv_block<MODE, R>(a, n_groups, blockIdx.x, gridDim.x, (uint8_t *)mv_smem, engine_cu_pdl_sync());
+}
+
+/* The tail of mv_route_kernel below (every thread of the block; a function of its own, so that
+ * the routing's registers do not add to the products'): every block counts itself done once
+ * its logits are stored (each thread fences its own stores first, then the block meets: the
+ * pattern of cooperative groups' grid sync), and the block that counts last reads the complete
+ * logits through L2 and routes with moe_dev.cuh's route_block (route's results bit for bit, the
+ * top-k by ranks over the whole block instead of k rounds of shuffles), so the ids and weights
+ * are those the up kernel's routing warp would compute; it zeroes the counter again. */
+static __device__ __noinline__ void mv_route_last(const float *logits, int n, int k, int norm,
+                                                  int32_t *out_ids, float *out_wts,
+                                                  unsigned *count) {
+    __shared__ int ids[ENGINE_CU_MAX_EXPERT_USED];
+    __shared__ float wts[ENGINE_CU_MAX_EXPERT_USED], sp[ENGINE_CU_MAX_EXPERT];
+    __shared__ unsigned ticket;
+    __threadfence(); /* this thread's logits (if any) visible device-wide before the count */
+    __syncthreads();
+    if (threadIdx.x == 0) ticket = atomicAdd(count, 1u);
+    __syncthreads();
+    if (ticket != gridDim.x - 1) return; /* the whole block alike */
+    __threadfence(); /* every other block's logits are visible: read them through L2 */
+    route_block(logits, n, k, norm, ids, wts, sp, true);
+    const int t = threadIdx.x;
+    if (t < k) {
+        out_ids[t] = ids[t];
+        out_wts[t] = wts[t];
+    }
+    if (t == 0) *count = 0u; /* for the next layer's router */
+}
+
+/* mv_kernel with the MoE routing at its end (a.route_ids, matvec.cuh). The up kernel reads
+ * the ids after its griddepcontrol.wait, which returns only once this whole grid, tail
+ * included, is complete and its memory visible. With a.route_late the up kernel is launched
+ * only after every block of this one has waited (x final for its early staging). */
+template <int MODE, int R>
+__global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 3)
+    mv_route_kernel(engine_cu_mv a, int n_groups) {
+    extern __shared__ uint4 mv_smem[];
+    if (!a.route_late) engine_cu_pdl_launch();
+    mv_block<MODE, R>(a, n_groups, blockIdx.x, gridDim.x, (uint8_t *)mv_smem,
+                      engine_cu_pdl_late_sync{a.route_late != 0});
+    mv_route_last(a.m[0].y, a.route_n, a.route_k, a.route_norm, a.route_ids, a.route_wts,
+                  a.route_count);
 }
 
 /* How a launch of one staging mode covers its rows: the kernel's rows per warp (R, 0 for
@@ -62,10 +106,10 @@ template <int MODE> static mv_plan mv_plan_mode(const engine_cu_mv *a) {
     } else if (a->max_bps > 0) {
         /* stage 5: at most max_bps blocks per multiprocessor, looping over their groups */
         const int cap = sms * a->max_bps;
-        p.r = g1 <= cap ? 1 : 2;
+        p.r = g1 <= cap || a->route_ids ? 1 : 2; /* routing: no two-row instance */
         p.n_groups = p.r == 1 ? g1 : g2;
         p.blocks = p.n_groups < cap ? p.n_groups : cap;
-    } else if (g1 <= slots) {
+    } else if (g1 <= slots || a->route_ids) { /* routing: no two-row plan (not instantiated) */
         p.r = 1;
         p.blocks = p.n_groups = g1;
     } else {
@@ -84,7 +128,11 @@ template <int MODE> static mv_plan mv_plan_mode(const engine_cu_mv *a) {
 template <int MODE> static void mv_launch_mode(const engine_cu_mv *a, cudaStream_t stream) {
     const mv_plan p = mv_plan_mode<MODE>(a);
     const dim3 grid(p.blocks), block(ENGINE_CU_MV_WARPS * 32);
-    if (p.r == 0)
+    if (a->route_ids && p.r == 0)
+        engine_cu_launch(mv_route_kernel<MODE, 0>, grid, block, p.smem, stream, *a, p.n_groups);
+    else if (a->route_ids)
+        engine_cu_launch(mv_route_kernel<MODE, 1>, grid, block, p.smem, stream, *a, p.n_groups);
+    else if (p.r == 0)
         engine_cu_launch(mv_kernel<MODE, 0>, grid, block, p.smem, stream, *a, p.n_groups);
     else if (p.r == 1)
         engine_cu_launch(mv_kernel<MODE, 1>, grid, block, p.smem, stream, *a, p.n_groups);
@@ -107,8 +155,11 @@ static void mv_split(const engine_cu_mv *a, engine_cu_mv part[3]) {
 int engine_cu_matvec_phases(const engine_cu_mv *a, engine_cu_phase out[3]) {
     engine_cu_mv part[3];
     mv_split(a, part);
-    for (int k = 0; k < 3; k++)
+    for (int k = 0; k < 3; k++) {
         part[k].max_bps = 0; /* the fused step keeps the stage-4 plan */
+        part[k].route_ids = nullptr; /* and routes in its up phase */
+        part[k].route_late = 0;
+    }
     int n = 0;
     for (int mode = 0; mode < 3; mode++) {
         if (!part[mode].n_mat) continue;

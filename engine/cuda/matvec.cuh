@@ -58,6 +58,21 @@ typedef struct {
      * the wait (quantised types, not with touch), so that those loads overlap the wait and the
      * staging; the results are bit for bit those without. */
     int preload;
+    /* Decode stage 6 (route_ids != NULL; the MoE router: one matrix of route_n <= 256 rows):
+     * after its rows each block counts itself done on *route_count (zero before the launch,
+     * zero again after it), and the block that finishes last routes from the complete logits
+     * (softmax, top route_k with ties to the lower id, renormalised when route_norm: the same
+     * device function and arithmetic as the MoE up kernel's routing, moe_dev.cuh) into
+     * route_ids / route_wts, so that the up and down kernels read the ids after their wait
+     * instead of routing in every up block (engine_cu_ffn_up_args.routed). Per-op launches
+     * only: the fused step's phases drop it. */
+    int32_t *route_ids;
+    float *route_wts;
+    unsigned *route_count;
+    int route_n, route_k, route_norm;
+    /* with route_ids: the next kernel is launched only once every block has waited for its
+     * inputs (x final then: the up kernel may stage it before its own wait, moe.cuh) */
+    int route_late;
 } engine_cu_mv;
 
 /* True for the weight types the GPU kernels decode. */

@@ -64,6 +64,8 @@ engine_cu_phase engine_cu_ffn_up_phase(const engine_cu_ffn_up_args *a) {
     ph.smem = engine_cu_ffn_up_smem(a->type, a->cols);
     ph.u.up = *a;
     ph.u.up.max_bps = ph.u.up.trigger_late = 0;
+    ph.u.up.routed = 0; /* the fused step's router phase does not route (matvec.cu) */
+    ph.u.up.stage_early = 0;
     return ph;
 }
 

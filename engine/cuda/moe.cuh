@@ -5,7 +5,8 @@
  *   logits itself (softmax over n_expert, top-k with ties to the lower id, renormalised when
  *   norm_topk), so the expert ids never leave the device and no routing launch is needed; the
  *   first block also stores ids and weights for the down kernel; the routing warp asks L2 for
- *   the block's gate and up rows as soon as it has routed. Dense: one "expert" 0 of
+ *   the block's gate and up rows as soon as it has routed. With `routed` (stage 6) the router
+ *   launch's last block has routed into ids / weights and the routing warp only reads them. Dense: one "expert" 0 of
  *   weight 1 (n_expert = 0).
  * engine_cu_ffn_down: y += sum_j weight[j] * D_e h[j]: the down products of the selected
  *   experts, the weighted combine and the residual add in one kernel (a warp owns its output
@@ -39,6 +40,13 @@ typedef struct {
      * waited for its inputs (the router's logits are then complete, so a down kernel with
      * `router` set can route before its own wait). */
     int max_bps, trigger_late;
+    /* Decode stage 6 (with router): the router launch before this one has routed already
+     * (engine_cu_mv.route_ids == ids): the routing warp reads ids after the wait instead of
+     * routing, and no block stores them. Zero: every block routes (stage 4). */
+    int routed;
+    /* Decode stage 6: every warp stages x (read through L2) BEFORE the wait; only when x is
+     * final at this kernel's launch (after a router launch with route_late, matvec.cuh). */
+    int stage_early;
 } engine_cu_ffn_up_args;
 
 typedef struct {

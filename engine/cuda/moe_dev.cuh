@@ -13,12 +13,11 @@
 
 #define FFN_WARPS 8
 
-/* Softmax + top-k of the router logits by one warp; results in ids[k], wts[k] (shared). Each
- * lane keeps its experts' probabilities in registers; a chosen one is struck out (-1). */
-static __device__ void route(const float *logits, int n, int k, int norm_topk, int *ids, float *wts,
-                             bool cg = false) {
+/* The softmax of route below (one warp): p[i] = the probability of expert lane + 32 i, -1
+ * past n. */
+static __device__ __forceinline__ void route_softmax(const float *logits, int n, bool cg,
+                                                     float p[ENGINE_CU_MAX_EXPERT / 32]) {
     const int lane = threadIdx.x & 31;
-    float p[ENGINE_CU_MAX_EXPERT / 32];
     float mx = -INFINITY;
 #pragma unroll
     for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++) {
@@ -37,6 +36,15 @@ static __device__ void route(const float *logits, int n, int k, int norm_topk, i
 #pragma unroll
     for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
         if (p[i] >= 0.0f) p[i] *= inv;
+}
+
+/* Softmax + top-k of the router logits by one warp; results in ids[k], wts[k] (shared). Each
+ * lane keeps its experts' probabilities in registers; a chosen one is struck out (-1). */
+static __device__ void route(const float *logits, int n, int k, int norm_topk, int *ids, float *wts,
+                             bool cg = false) {
+    const int lane = threadIdx.x & 31;
+    float p[ENGINE_CU_MAX_EXPERT / 32];
+    route_softmax(logits, n, cg, p);
     float tot = 0.0f;
     for (int j = 0; j < k; j++) {
         float best = -1.0f;
@@ -69,6 +77,55 @@ static __device__ void route(const float *logits, int n, int k, int norm_topk, i
         for (int j = 0; j < k; j++)
             wts[j] = wts[j] / tot;
     __syncwarp();
+}
+
+/* route by a whole block (every thread calls it; it ends with a barrier; blockDim.x >= 64):
+ * warp 0 takes route's softmax into sp[ENGINE_CU_MAX_EXPERT] (shared), then two threads per
+ * expert count the experts before it in the order (probability descending, id ascending); the
+ * expert of rank j < k is the one route picks in its round j (the largest left, ties to the
+ * lower id), so ids and wts are route's bit for bit (the same sum of the k weights, in rank
+ * order, for norm_topk), without route's k rounds of shuffles on one warp. Slots start at
+ * expert 0, so logits with NaN give valid ids. */
+static __device__ void route_block(const float *logits, int n, int k, int norm_topk, int *ids,
+                                   float *wts, float *sp, bool cg) {
+    const int t = threadIdx.x, half = t & 1;
+    if (t < 32) {
+        float p[ENGINE_CU_MAX_EXPERT / 32];
+        route_softmax(logits, n, cg, p);
+#pragma unroll
+        for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
+            sp[t + 32 * i] = p[i];
+    }
+    if (t < k) {
+        ids[t] = 0;
+        wts[t] = 0.0f;
+    }
+    __syncthreads();
+    for (int e0 = 0; e0 < n; e0 += (int)blockDim.x / 2) { /* uniform over the block */
+        const int e = e0 + (t >> 1);
+        const float pe = e < n ? sp[e] : 0.0f;
+        int r = 0;
+#pragma unroll 8
+        for (int f = half; f < n; f += 2) {
+            const float pf = sp[f];
+            r += pf > pe || (pf == pe && f < e);
+        }
+        r += __shfl_xor_sync(0xffffffffu, r, 1);
+        if (!half && e < n && r < k) {
+            ids[r] = e;
+            wts[r] = pe;
+        }
+    }
+    __syncthreads();
+    if (t == 0) {
+        float tot = 0.0f;
+        for (int j = 0; j < k; j++)
+            tot += wts[j];
+        if (norm_topk)
+            for (int j = 0; j < k; j++)
+                wts[j] = wts[j] / tot;
+    }
+    __syncthreads();
 }
 
 /* gate and up of rows r and r + FFN_WARPS of one expert against the staged x, in one loop (the
@@ -118,11 +175,19 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
             engine_cu_prefetch_l2(a.up + (size_t)r0 * a.row_bytes, (size_t)nr * a.row_bytes);
             if (!a.max_bps) break;
         }
+    if (a.stage_early) /* x final (the router launched this kernel after its wait): all warps */
+        engine_cu_stage_x<MODE, true>(a.x, a.cols, a.norm_w, a.eps, sm, 0);
     sync.wait();
     if (a.trigger_late) engine_cu_pdl_launch(); /* the router's logits are complete */
     if (a.router) {
         if (w == 0) {
-            route(a.router, a.n_expert, a.k, a.norm_topk, ids, wts);
+            if (a.routed) { /* the router's last block routed (complete after the wait) */
+                const int lane = threadIdx.x & 31;
+                if (lane < a.k) ids[lane] = __ldcg(a.ids + lane);
+                __syncwarp();
+            } else {
+                route(a.router, a.n_expert, a.k, a.norm_topk, ids, wts);
+            }
             for (int it = b; it < n_items; it += gdx) {
                 const int j = it / gx, r0 = (it - j * gx) * 2 * FFN_WARPS;
                 const int nr = min(2 * FFN_WARPS, a.rows - r0);
@@ -135,8 +200,11 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
     } else if (threadIdx.x == 0) {
         ids[0] = 0;
     }
-    engine_cu_stage_x<MODE>(a.x, a.cols, a.norm_w, a.eps, sm, a.router ? 1 : 0);
-    if (a.router && b == 0 && w == 0) { /* the block of item 0 */
+    if (a.stage_early)
+        __syncthreads(); /* ids visible */
+    else
+        engine_cu_stage_x<MODE>(a.x, a.cols, a.norm_w, a.eps, sm, a.router ? 1 : 0);
+    if (a.router && !a.routed && b == 0 && w == 0) { /* the block of item 0 */
         if (threadIdx.x < a.k) {
             a.ids[threadIdx.x] = ids[threadIdx.x];
             a.weights[threadIdx.x] = wts[threadIdx.x];

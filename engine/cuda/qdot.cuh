@@ -64,9 +64,10 @@ __device__ __forceinline__ engine_cu_xv engine_cu_xv_at(const uint8_t *sm, int n
     return v;
 }
 
+template <bool CG = false>
 __device__ __forceinline__ float4 engine_cu_norm4(const float4 *x4, const float4 *w4, int i,
                                                   float scale) {
-    float4 v = x4[i];
+    float4 v = CG ? __ldcg(x4 + i) : x4[i];
     if (w4) {
         const float4 w = __ldg(w4 + i);
         v = make_float4(w.x * (v.x * scale), w.y * (v.y * scale), w.z * (v.z * scale),
@@ -94,8 +95,11 @@ __device__ __forceinline__ int engine_cu_q4x8(float4 v, float s, int *sum) {
  * as engine_cpu_rmsnorm (nw[i] * (x[i] * scale)) when nw != NULL. Done by warps w0 .. (the
  * block's last warp); every thread of the block must call it, since it ends with a barrier
  * (warps below w0 can do other work first, e.g. the MoE routing). Each working warp computes
- * the RMS scale itself (x is read again from L1), so there is no other barrier. */
-template <int MODE>
+ * the RMS scale itself (x is read again from L1), so there is no other barrier.
+ * CG: x read through L2 only (__ldcg), for a block that stages x before its griddepcontrol.wait
+ * (moe.cuh stage_early: x final, written by a kernel that completed before this one launched,
+ * but possibly in this multiprocessor's L1 from before that); the same values and arithmetic. */
+template <int MODE, bool CG = false>
 __device__ __forceinline__ void engine_cu_stage_x(const float *x, int n, const float *nw, float eps,
                                                   uint8_t *sm, int w0 = 0) {
     const float4 *x4 = (const float4 *)x, *w4 = (const float4 *)nw;
@@ -108,7 +112,7 @@ __device__ __forceinline__ void engine_cu_stage_x(const float *x, int n, const f
             /* the loads of 2048 values all in flight at once: one L2 round trip, not four */
 #pragma unroll 16
             for (int i = lane; i < n4; i += 32) {
-                const float4 v = x4[i];
+                const float4 v = CG ? __ldcg(x4 + i) : x4[i];
                 ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
             }
             ss = engine_cu_warp_sum(ss);
@@ -117,7 +121,7 @@ __device__ __forceinline__ void engine_cu_stage_x(const float *x, int n, const f
         if (MODE == ENGINE_CU_X_F32) {
             float4 *f = (float4 *)sm;
             for (int i = 32 * w + lane; i < n4; i += 32 * nwarps)
-                f[i] = engine_cu_norm4(x4, w4, i, scale);
+                f[i] = engine_cu_norm4<CG>(x4, w4, i, scale);
         } else if (MODE == ENGINE_CU_X_Q8_0) {
             int *q4 = (int *)sm;
             float *d = (float *)(sm + n), *s = d + n / 32;
@@ -126,7 +130,8 @@ __device__ __forceinline__ void engine_cu_stage_x(const float *x, int n, const f
             for (int base = 32 * w; base < n4; base += 32 * nwarps) {
                 const int i = base + lane;
                 const bool in = i < n4;
-                const float4 v = in ? engine_cu_norm4(x4, w4, i, scale) : make_float4(0, 0, 0, 0);
+                const float4 v =
+                    in ? engine_cu_norm4<CG>(x4, w4, i, scale) : make_float4(0, 0, 0, 0);
                 float am = engine_cu_amax4(v);
                 am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, 1));
                 am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, 2));
@@ -152,8 +157,8 @@ __device__ __forceinline__ void engine_cu_stage_x(const float *x, int n, const f
 #pragma unroll 4
             for (int blk = w; blk < (n >> 8); blk += nwarps) {
                 const int i = blk * 64 + 2 * lane;
-                const float4 v0 = engine_cu_norm4(x4, w4, i, scale),
-                             v1 = engine_cu_norm4(x4, w4, i + 1, scale);
+                const float4 v0 = engine_cu_norm4<CG>(x4, w4, i, scale),
+                             v1 = engine_cu_norm4<CG>(x4, w4, i + 1, scale);
                 const float am =
                     engine_cu_warp_max(fmaxf(engine_cu_amax4(v0), engine_cu_amax4(v1)));
                 const float is = am != 0.0f ? 127.0f / am : 0.0f,

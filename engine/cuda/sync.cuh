@@ -32,6 +32,23 @@ struct engine_cu_pdl_sync {
     __device__ __forceinline__ void ids_written() const {}
 };
 
+/* engine_cu_pdl_sync that, when `late`, lets the next kernel launch only after its wait
+ * (griddepcontrol.launch_dependents right after griddepcontrol.wait; else the kernel triggers at
+ * its start): the dependent kernel then starts once every block of this one has waited, so
+ * whatever this kernel's predecessors wrote is final when it starts (decode stage 6: the router
+ * launch before an up kernel that stages x before its own wait). */
+struct engine_cu_pdl_late_sync {
+    bool late;
+    __device__ __forceinline__ void wait() const {
+        engine_cu_pdl_wait();
+        if (late) engine_cu_pdl_launch();
+    }
+    __device__ __forceinline__ void wait_ids() const {
+        wait();
+    }
+    __device__ __forceinline__ void ids_written() const {}
+};
+
 __device__ __forceinline__ unsigned engine_cu_ld_acquire(const unsigned *p) {
     unsigned v;
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
