@@ -76,8 +76,10 @@ struct engine_cuda_session {
      * launch's last block routes into ids / wts (matvec.cuh route_ids) and the up kernel's
      * routing warp only reads them (moe.cuh routed); the same ids, weights and logits bit for
      * bit (test_cuda_forward); SPARK_CUDA_UP_EARLY=1 (implies it): the router launches the up
-     * kernel only after its own wait, and the up blocks stage x before theirs */
-    int route_once, up_early;
+     * kernel only after its own wait, and the up blocks stage x before theirs;
+     * SPARK_CUDA_DOWN_EARLY=1 (implies route once): the up launch triggers the down kernel
+     * after its wait, and the down blocks read the ids and prefetch their rows before theirs */
+    int route_once, up_early, down_early;
     engine_cu_prog prog; /* the fused step's program, built at the first capture */
     uint8_t *mem;        /* one allocation: KV cache and step buffers */
     size_t bytes;
@@ -461,7 +463,9 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         s->route_once = e && e[0] == '1';
         e = getenv("SPARK_CUDA_UP_EARLY");
         s->up_early = e && e[0] == '1';
-        if (s->up_early) s->route_once = 1;
+        e = getenv("SPARK_CUDA_DOWN_EARLY");
+        s->down_early = e && e[0] == '1';
+        if (s->up_early || s->down_early) s->route_once = 1;
     }
     s->k_cache = (void **)calloc(hp->n_layer, sizeof(void *));
     s->v_cache = (void **)calloc(hp->n_layer, sizeof(void *));
@@ -656,6 +660,10 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
             mv->route_norm = up->norm_topk;
             up->routed = 1;
             mv->route_late = up->stage_early = s->up_early;
+            if (s->down_early && !s->down_routes) {
+                up->trigger_late = 1;
+                dn->ids_early = 1;
+            }
         }
         if (s->down_routes) { /* routes before its wait: the up launch triggers it late */
             up->trigger_late = 1;

@@ -4,11 +4,14 @@
 #include "moe_dev.cuh"
 #include "step.cuh"
 
-template <int MODE>
+/* S6: the decode stage-6 paths (routed, stage_early: moe.cuh) in an instance of their own, so
+ * that the default kernel's code stays as it was. */
+template <int MODE, bool S6>
 __global__ void __launch_bounds__(FFN_WARPS * 32, 3) ffn_up_kernel(engine_cu_ffn_up_args a) {
     extern __shared__ uint4 up_smem[];
     if (!a.trigger_late) engine_cu_pdl_launch();
-    ffn_up_block<MODE>(a, blockIdx.x, gridDim.x, (uint8_t *)up_smem, engine_cu_pdl_sync());
+    ffn_up_block<MODE, engine_cu_pdl_sync, S6>(a, blockIdx.x, gridDim.x, (uint8_t *)up_smem,
+                                               engine_cu_pdl_sync());
 }
 
 template <int MODE>
@@ -37,9 +40,13 @@ void engine_cu_ffn_up(const engine_cu_ffn_up_args *a, cudaStream_t stream) {
     const int n_items = engine_cu_up_groups(a->rows) * (a->router ? a->k : 1);
     const dim3 grid(ffn_blocks(n_items, a->max_bps));
     const int mode = engine_cu_x_mode(a->type);
-    engine_cu_launch(mode == ENGINE_CU_X_Q8_K   ? ffn_up_kernel<ENGINE_CU_X_Q8_K>
-                     : mode == ENGINE_CU_X_Q8_0 ? ffn_up_kernel<ENGINE_CU_X_Q8_0>
-                                                : ffn_up_kernel<ENGINE_CU_X_F32>,
+    const bool s6 = a->routed || a->stage_early;
+    engine_cu_launch(mode == ENGINE_CU_X_Q8_K   ? (s6 ? ffn_up_kernel<ENGINE_CU_X_Q8_K, true>
+                                                      : ffn_up_kernel<ENGINE_CU_X_Q8_K, false>)
+                     : mode == ENGINE_CU_X_Q8_0 ? (s6 ? ffn_up_kernel<ENGINE_CU_X_Q8_0, true>
+                                                      : ffn_up_kernel<ENGINE_CU_X_Q8_0, false>)
+                     : s6                       ? ffn_up_kernel<ENGINE_CU_X_F32, true>
+                                                : ffn_up_kernel<ENGINE_CU_X_F32, false>,
                      grid, dim3(FFN_WARPS * 32), engine_cu_ffn_up_smem(a->type, a->cols), stream,
                      *a);
 }
@@ -78,6 +85,7 @@ engine_cu_phase engine_cu_ffn_down_phase(const engine_cu_ffn_down_args *a) {
     ph.smem = engine_cu_ffn_down_smem(a->type, a->k, a->cols);
     ph.u.dn = *a;
     ph.u.dn.max_bps = 0;
+    ph.u.dn.ids_early = 0;
     ph.u.dn.router = nullptr; /* the fused step waits for the routing flag instead */
     return ph;
 }

@@ -68,6 +68,10 @@ typedef struct {
      * k - 1 is a shared expert of id sh_id and weight sigmoid(*sh_logit) (qwen35moe; its
      * ids / weights entries are not read). */
     int max_bps;
+    /* Decode stage 6: ids / weights are final when this kernel starts (the router launch routed
+     * them and the up launch triggered late: engine_cu_mv.route_ids, ffn_up_args.trigger_late),
+     * so each block reads them (through L2) and asks L2 for its experts' rows BEFORE its wait. */
+    int ids_early;
     const float *router;
     int n_expert, norm_topk;
     const float *sh_logit;

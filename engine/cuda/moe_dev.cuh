@@ -155,7 +155,7 @@ __host__ __device__ __forceinline__ int engine_cu_up_groups(int rows) {
 /* Items (row group g, expert slot j), item j * groups + g; block b of gdx takes items b,
  * b + gdx, ...: warp w computes rows w and w + FFN_WARPS of each item's group. With a router,
  * warp 0 routes while the other warps stage x. */
-template <int MODE, typename S>
+template <int MODE, typename S, bool S6 = false>
 __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int b, int gdx,
                                              uint8_t *sm, const S &sync) {
     __shared__ int ids[ENGINE_CU_MAX_EXPERT_USED];
@@ -175,13 +175,13 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
             engine_cu_prefetch_l2(a.up + (size_t)r0 * a.row_bytes, (size_t)nr * a.row_bytes);
             if (!a.max_bps) break;
         }
-    if (a.stage_early) /* x final (the router launched this kernel after its wait): all warps */
-        engine_cu_stage_x<MODE, true>(a.x, a.cols, a.norm_w, a.eps, sm, 0);
+    if (S6 && a.stage_early) /* x final (the router launched this kernel after its wait) */
+        engine_cu_stage_x<MODE, true>(a.x, a.cols, a.norm_w, a.eps, sm, 0); /* all warps */
     sync.wait();
     if (a.trigger_late) engine_cu_pdl_launch(); /* the router's logits are complete */
     if (a.router) {
         if (w == 0) {
-            if (a.routed) { /* the router's last block routed (complete after the wait) */
+            if (S6 && a.routed) { /* the router's last block routed (complete after the wait) */
                 const int lane = threadIdx.x & 31;
                 if (lane < a.k) ids[lane] = __ldcg(a.ids + lane);
                 __syncwarp();
@@ -200,11 +200,11 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
     } else if (threadIdx.x == 0) {
         ids[0] = 0;
     }
-    if (a.stage_early)
+    if (S6 && a.stage_early)
         __syncthreads(); /* ids visible */
     else
         engine_cu_stage_x<MODE>(a.x, a.cols, a.norm_w, a.eps, sm, a.router ? 1 : 0);
-    if (a.router && !a.routed && b == 0 && w == 0) { /* the block of item 0 */
+    if (a.router && !(S6 && a.routed) && b == 0 && w == 0) { /* the block of item 0 */
         if (threadIdx.x < a.k) {
             a.ids[threadIdx.x] = ids[threadIdx.x];
             a.weights[threadIdx.x] = wts[threadIdx.x];
@@ -334,6 +334,11 @@ __device__ __forceinline__ void ffn_down_block(const engine_cu_ffn_down_args &a,
     const int ks = a.sh_logit ? a.k - 1 : a.k; /* slots routed or read */
     if (a.router) { /* the logits are complete (the up launch triggered late): route now */
         if (w == 0) route(a.router, a.n_expert, ks, a.norm_topk, ids, wts, true);
+    } else if (a.ids_early) { /* routed by the router launch, complete: read before the wait */
+        if ((int)threadIdx.x < ks) {
+            ids[threadIdx.x] = __ldcg(a.ids + threadIdx.x);
+            wts[threadIdx.x] = __ldcg(a.weights + threadIdx.x);
+        }
     } else {
         sync.wait_ids();
         if ((int)threadIdx.x < ks) {

@@ -22,8 +22,9 @@
  * bit at every step (the same block bodies and row splits); that step is experimental and
  * known to fail this check (engine/cuda/sync.cuh), so it is off by default and the test says
  * so in its output.
- * The decode stage-6 switches (alt_vars below, all set to 1 in a third session: the routing in
- * the router's last block, the up kernel's staging before its wait) keep the arithmetic, so that session's logits must equal the
+ * The decode stage-6 switches (alt_sets below, one more session each: the routing in the
+ * router's last block, the up kernel's staging and the down kernel's ids and prefetch before
+ * their waits) keep the arithmetic, so each such session's logits and tokens must equal the
  * default session's bit for bit at every step, and its device-resident greedy generation must
  * give the same tokens.
  * Arguments PRESET TYPE [N_GEN] run that one model (for compute-sanitizer racecheck), with
@@ -52,9 +53,13 @@ static char tmpdir[256];
 #define N_GEN 40
 static int n_gen = N_GEN; /* generated tokens; fewer with a third argument (racecheck) */
 
-/* Run-time switches of the decode stage-6 paths, all on in the "alt" session. */
-static const char *const alt_vars[] = {"SPARK_CUDA_ROUTE_ONCE", "SPARK_CUDA_UP_EARLY"};
-#define N_ALT_VARS (int)(sizeof alt_vars / sizeof alt_vars[0])
+/* Run-time switches of the decode stage-6 paths: a session per set, its variables set to 1. */
+#define N_ALT 3
+static const char *const alt_sets[N_ALT][3] = {
+    {"SPARK_CUDA_ROUTE_ONCE", NULL, NULL},
+    {"SPARK_CUDA_UP_EARLY", NULL, NULL},
+    {"SPARK_CUDA_ROUTE_ONCE", "SPARK_CUDA_UP_EARLY", "SPARK_CUDA_DOWN_EARLY"},
+};
 
 static void run_model(const char *preset, const char *type) {
     char path[600];
@@ -69,7 +74,7 @@ static void run_model(const char *preset, const char *type) {
     engine_model *m = NULL;
     engine_session *cs = NULL;
     engine_cuda_model *gm = NULL;
-    engine_cuda_session *gs = NULL, *gs2 = NULL, *gs3 = NULL;
+    engine_cuda_session *gs = NULL, *gs2 = NULL, *ga[N_ALT] = {NULL};
     float *lc = NULL, *lg = NULL, *lp = NULL, *la = NULL;
     if (engine_model_load(&m, path, &mp) != 0) {
         CHECK(0, "load %s", path);
@@ -90,20 +95,23 @@ static void run_model(const char *preset, const char *type) {
             CHECK(engine_cuda_session_new(&gs2, gm, 256, ENGINE_KV_F32) == 0,
                   "fused-step cuda session");
         unsetenv("SPARK_CUDA_FUSED");
-        for (int v = 0; v < N_ALT_VARS; v++)
-            setenv(alt_vars[v], "1", 1);
-        CHECK(engine_cuda_session_new(&gs3, gm, 256, ENGINE_KV_F32) == 0,
-              "stage-6 switches cuda session");
-        for (int v = 0; v < N_ALT_VARS; v++)
-            unsetenv(alt_vars[v]);
+        for (int a = 0; a < N_ALT; a++) {
+            for (int v = 0; v < 3 && alt_sets[a][v]; v++)
+                setenv(alt_sets[a][v], "1", 1);
+            CHECK(engine_cuda_session_new(&ga[a], gm, 256, ENGINE_KV_F32) == 0,
+                  "stage-6 switches cuda session %d", a);
+            for (int v = 0; v < 3 && alt_sets[a][v]; v++)
+                unsetenv(alt_sets[a][v]);
+        }
     }
     int32_t nv = engine_model_n_vocab(m);
     lc = malloc(sizeof(float) * nv);
     lg = malloc(sizeof(float) * nv);
     lp = malloc(sizeof(float) * nv);
     la = malloc(sizeof(float) * nv);
-    if (!cs || !gs || (fused && !gs2) || !gs3 || !lc || !lg || !lp || !la) goto out;
-    int n_fused_diff = 0, n_alt_diff = 0;
+    if (!cs || !gs || (fused && !gs2) || !ga[0] || !ga[1] || !ga[2] || !lc || !lg || !lp || !la)
+        goto out;
+    int n_fused_diff = 0, n_alt_diff[N_ALT] = {0};
 
     bool exact = strcmp(type, "f32") == 0;
     int32_t tok_cpu[N_PROMPT + N_GEN], tok_gpu[N_PROMPT + N_GEN];
@@ -126,12 +134,14 @@ static void run_model(const char *preset, const char *type) {
             goto out;
         }
         if (fused) n_fused_diff += memcmp(lp, lg, sizeof(float) * nv) != 0;
-        int32_t next_alt = -1;
-        if (engine_cuda_decode(gs3, tok_gpu[i], i, la, &next_alt) != 0) {
-            CHECK(0, "stage-6 switches step %d", i);
-            goto out;
+        for (int a = 0; a < N_ALT; a++) {
+            int32_t next_alt = -1;
+            if (engine_cuda_decode(ga[a], tok_gpu[i], i, la, &next_alt) != 0) {
+                CHECK(0, "stage-6 switches %d step %d", a, i);
+                goto out;
+            }
+            n_alt_diff[a] += memcmp(la, lg, sizeof(float) * nv) != 0 || next_alt != next;
         }
-        n_alt_diff += memcmp(la, lg, sizeof(float) * nv) != 0 || next_alt != next;
         CHECK(next == support_argmax(lg, nv), "step %d: GPU sampler %d, argmax of its logits %d", i, next,
               support_argmax(lg, nv));
         if (tok_cpu[i] == tok_gpu[i]) { /* the same history: the logits must agree */
@@ -152,9 +162,11 @@ static void run_model(const char *preset, const char *type) {
     CHECK(n_fused_diff == 0,
           "%s %s: fused step logits differ from the per-op launches at %d of %d steps", preset,
           type, n_fused_diff, N_PROMPT + n_gen - 1);
-    CHECK(n_alt_diff == 0,
-          "%s %s: stage-6 switches' logits or token differ from the default at %d of %d steps",
-          preset, type, n_alt_diff, N_PROMPT + n_gen - 1);
+    for (int a = 0; a < N_ALT; a++)
+        CHECK(n_alt_diff[a] == 0,
+              "%s %s: stage-6 switch set %d: logits or token differ from the default at %d of "
+              "%d steps",
+              preset, type, a, n_alt_diff[a], N_PROMPT + n_gen - 1);
     if (exact)
         CHECK(part < 0, "%s %s: greedy tokens part at generated token %d", preset, type, part);
     /* Quantised MoE: the CPU's activation quantisation can swap two experts of nearly equal
@@ -169,11 +181,13 @@ static void run_model(const char *preset, const char *type) {
                N_PROMPT + n_gen - 1 - n_fused_diff, N_PROMPT + n_gen - 1);
     else
         printf(" %d; fused step not checked (experimental; SPARK_TEST_CUDA_FUSED=1)\n", n_gen);
-    printf("%-10s %-6s: stage-6 switches (", preset, type);
-    for (int v = 0; v < N_ALT_VARS; v++)
-        printf("%s%s=1", v ? " " : "", alt_vars[v]);
-    printf(") == default bit for bit at %d of %d steps\n", N_PROMPT + n_gen - 1 - n_alt_diff,
-           N_PROMPT + n_gen - 1);
+    for (int a = 0; a < N_ALT; a++) {
+        printf("%-10s %-6s: stage-6 switches (", preset, type);
+        for (int v = 0; v < 3 && alt_sets[a][v]; v++)
+            printf("%s%s=1", v ? " " : "", alt_sets[a][v]);
+        printf(") == default bit for bit at %d of %d steps\n",
+               N_PROMPT + n_gen - 1 - n_alt_diff[a], N_PROMPT + n_gen - 1);
+    }
 
     /* the device-resident loop reproduces the step-by-step greedy tokens */
     int32_t outg[N_GEN], outs[N_GEN], outs2[N_GEN];
@@ -186,11 +200,14 @@ static void run_model(const char *preset, const char *type) {
                   tok_gpu[N_PROMPT + i]);
             break;
         }
-    CHECK(engine_cuda_generate(gs3, tok_gpu[N_PROMPT - 1], N_PROMPT - 1, n_gen - 1, 0.0f, 0,
-                               outs) == 0,
-          "generate (stage-6 switches)");
-    CHECK(memcmp(outs, outg, sizeof(int32_t) * (n_gen - 1)) == 0,
-          "%s %s: generate with the stage-6 switches differs from the default", preset, type);
+    for (int a = 0; a < N_ALT; a++) {
+        CHECK(engine_cuda_generate(ga[a], tok_gpu[N_PROMPT - 1], N_PROMPT - 1, n_gen - 1, 0.0f, 0,
+                                   outs) == 0,
+              "generate (stage-6 switch set %d)", a);
+        CHECK(memcmp(outs, outg, sizeof(int32_t) * (n_gen - 1)) == 0,
+              "%s %s: generate with stage-6 switch set %d differs from the default", preset, type,
+              a);
+    }
     CHECK(engine_cuda_generate(gs, tok_gpu[N_PROMPT - 1], N_PROMPT - 1, n_gen - 1, 0.9f, 5, outs) ==
                   0 &&
               engine_cuda_generate(gs, tok_gpu[N_PROMPT - 1], N_PROMPT - 1, n_gen - 1, 0.9f, 5,
@@ -242,7 +259,8 @@ out:
     free(la);
     engine_cuda_session_free(gs);
     engine_cuda_session_free(gs2);
-    engine_cuda_session_free(gs3);
+    for (int a = 0; a < N_ALT; a++)
+        engine_cuda_session_free(ga[a]);
     engine_cuda_model_free(gm);
     engine_session_free(cs);
     engine_model_free(m);
