@@ -35,7 +35,9 @@ G=$B/spark-agent
     -o /tmp/30b.gguf --tokenizer-dir $TOK && touch /tmp/30b.done) >$L/gen30.log 2>&1 &
 (/usr/bin/time -f "gen q35: %e s" $G model gen --preset qwen35-35b-a3b-mtp --type q4_k_m -s 1 \
     -t 8 -o /tmp/q35.gguf --tokenizer-dir $TOK && touch /tmp/q35.done) >$L/genq35.log 2>&1 &
-ninja -C $B >>$L/build.log 2>&1 || { grep -B2 -A12 -m3 error $L/build.log; exit 1; }
+GPU_TESTS="test_cuda_ops test_cuda_forward test_cuda_batch test_cuda_batch_paged test_cuda_qwen35
+    test_cuda_q35_prefill test_cuda_mtp"
+ninja -C $B $GPU_TESTS >>$L/build.log 2>&1 || { grep -B2 -A12 -m3 error $L/build.log; exit 1; }
 for b in bench_decode bench_q35; do
     cc -O2 -std=c17 -D_GNU_SOURCE -Iengine -c bench/cuda/$b.c -o $B/$b.o &&
         nvcc -o $B/$b $B/$b.o $B/engine/libengine.a -lpthread -lm || exit 1
@@ -48,8 +50,12 @@ if want tests; then
     grep -E "tests passed|Test +#|Failed|\*\*\*" $L/ctest.log | head -20
     stamp "gpu tests done"
 fi
-waitfile() { while [ ! -f $1 ] && [ "$(el)" -lt "$LIMIT_S" ]; do
-    jobs %% >/dev/null 2>&1 || break; sleep 2; done; [ -f $1 ]; }
+waitfile() { # done-file, gen log: until generated, failed, or out of time
+    while [ ! -f $1 ] && [ "$(el)" -lt "$LIMIT_S" ] && ! grep -qi "error\|exit status" $2; do
+        sleep 2
+    done
+    [ -f $1 ] || { echo "no model: $(tail -2 $2)"; return 1; }
+}
 run() { # label, timeout, command...: the command's table/summary lines
     local label=$1 t=$2
     shift 2
@@ -61,13 +67,13 @@ run() { # label, timeout, command...: the command's table/summary lines
     [ $rc = 0 ] || echo "($label rc=$rc)"
 }
 # most important first: the part that runs out of time is the last one
-if want q3 && waitfile /tmp/30b.done; then
+if want q3 && waitfile /tmp/30b.done $L/gen30.log; then
     stamp "$(grep gen $L/gen30.log | tail -1)"
-    run q3_tg128 120 $B/bench_decode /tmp/30b.gguf -n 128 -r 3 -a 0 ${DEC_ALT:+-e "$DEC_ALT"}
+    run q3_tg128 120 $B/bench_decode /tmp/30b.gguf -n 128 -r 2 -a 0 ${DEC_ALT:+-e "$DEC_ALT"}
     SPARK_DEVICE=cuda run q3_pp512 60 $G bench -m /tmp/30b.gguf -p 512 -n 0 -r 3
     stamp "q3 done"
 fi
-if want q35 && waitfile /tmp/q35.done; then
+if want q35 && waitfile /tmp/q35.done $L/genq35.log; then
     stamp "$(grep gen $L/genq35.log | tail -1)"
     run q35_tg128_mtp 150 $B/bench_q35 /tmp/q35.gguf -n 128 -r 2 ${MTP_ALT:+-a $MTP_ALT}
     stamp "q35 decode done"
@@ -80,7 +86,6 @@ fi
 if want batch && [ -f /tmp/30b.done ]; then
     SPARK_DEVICE=cuda SPARK_SCHED_GPU_BATCH=1 run b8 90 $G bench -m /tmp/30b.gguf -B 8 -p 128 -n 64 -r 1
     SPARK_DEVICE=cuda SPARK_SCHED_GPU_BATCH=1 run b32 120 $G bench -m /tmp/30b.gguf -B 32 -p 128 -n 64 -r 1
-    SPARK_DEVICE=cuda SPARK_SCHED_GPU_BATCH=0 run b8_sessions 60 $G bench -m /tmp/30b.gguf -B 8 -p 128 -n 32 -r 1
     stamp "batch done"
 fi
 if want depth && [ -f /tmp/30b.done ]; then
