@@ -51,7 +51,7 @@ if want tests; then
     stamp "gpu tests done"
 fi
 waitfile() { # done-file, gen log: until generated, failed, or out of time
-    while [ ! -f $1 ] && [ "$(el)" -lt "$LIMIT_S" ] && ! grep -qi "error\|exit status" $2; do
+    while [ ! -f $1 ] && [ "$(el)" -lt "$LIMIT_S" ] && ! grep -qi "error\|non-zero status" $2; do
         sleep 2
     done
     [ -f $1 ] || { echo "no model: $(tail -2 $2)"; return 1; }
