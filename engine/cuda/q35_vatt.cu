@@ -15,54 +15,12 @@
 #include <cuda_fp16.h>
 #include <math.h>
 
+#include "gatt_dev.cuh"
 #include "q35_verify.cuh"
 
 #define VA_THREADS 256
 #define VA_WARPS (VA_THREADS / 32)
 #define VA_SPL ENGINE_CU_GATT_SPLIT
-
-__device__ __forceinline__ float va_load(const void *cache, int f32, size_t i) {
-    return f32 ? ((const float *)cache)[i] : __half2float(((const __half *)cache)[i]);
-}
-
-/* dst[0..HD) = rope(rmsnorm(src) * w) by one warp (dst in shared memory). */
-template <int HD>
-__device__ __forceinline__ void va_norm_rope(const float *src, const float *w, float eps,
-                                             const float2 *cs, int half, float *dst) {
-    const int lane = threadIdx.x & 31;
-    float v[HD / 32], ss = 0.0f;
-#pragma unroll
-    for (int t = 0; t < HD / 32; t++) {
-        v[t] = src[lane + 32 * t];
-        ss += v[t] * v[t];
-    }
-    ss = engine_cu_warp_sum(ss);
-    const float scale = 1.0f / sqrtf(ss / (float)HD + eps);
-#pragma unroll
-    for (int t = 0; t < HD / 32; t++) {
-        v[t] = w[lane + 32 * t] * (v[t] * scale);
-        dst[lane + 32 * t] = v[t];
-    }
-    __syncwarp();
-    float r[HD / 32];
-#pragma unroll
-    for (int t = 0; t < HD / 32; t++) {
-        const int i = lane + 32 * t;
-        r[t] = v[t];
-        if (i < half) {
-            const float2 c = cs[i];
-            r[t] = v[t] * c.x - dst[i + half] * c.y;
-        } else if (i < 2 * half) {
-            const float2 c = cs[i - half];
-            r[t] = dst[i - half] * c.y + v[t] * c.x;
-        }
-    }
-    __syncwarp();
-#pragma unroll
-    for (int t = 0; t < HD / 32; t++)
-        dst[lane + 32 * t] = r[t];
-    __syncwarp();
-}
 
 /* Grid (n_kv, runners) of VA_THREADS; the m queries in turn. */
 template <int G, int HD>
@@ -91,11 +49,11 @@ __global__ void __launch_bounds__(VA_THREADS) vgatt_kernel(engine_cu_vgatt va) {
         const float *qg = a.qg + (size_t)t * va.qg_stride;
         const float2 *cs = a.rope + (size_t)pos * half;
         for (int h = wi; h < G; h += VA_WARPS)
-            va_norm_rope<HD>(qg + (size_t)(g * G + h) * 2 * HD, a.q_norm, a.eps, cs, half,
-                             qs + h * HD);
+            engine_cu_gatt_norm_rope<HD>(qg + (size_t)(g * G + h) * 2 * HD, a.q_norm, a.eps, cs,
+                                         half, qs + h * HD);
         if ((int)blockIdx.y == (pos / VA_SPL) % nact && wi == VA_WARPS - 1) {
             const float *kp = a.k + (size_t)t * va.kv_stride, *vp = a.v + (size_t)t * va.kv_stride;
-            va_norm_rope<HD>(kp + (size_t)g * HD, a.k_norm, a.eps, cs, half, kr);
+            engine_cu_gatt_norm_rope<HD>(kp + (size_t)g * HD, a.k_norm, a.eps, cs, half, kr);
             const size_t o = (size_t)pos * row + (size_t)g * HD;
 #pragma unroll
             for (int u = 0; u < HD / 32; u++) {
@@ -126,7 +84,7 @@ __global__ void __launch_bounds__(VA_THREADS) vgatt_kernel(engine_cu_vgatt va) {
                 float kv[HD / 32];
 #pragma unroll
                 for (int u = 0; u < HD / 32; u++)
-                    kv[u] = va_load(a.k_cache, a.kv_f32, base + lane + 32 * u);
+                    kv[u] = engine_cu_gatt_load(a.k_cache, a.kv_f32, base + lane + 32 * u);
 #pragma unroll
                 for (int h = 0; h < G; h++) {
                     float acc = 0.0f;
@@ -157,8 +115,8 @@ __global__ void __launch_bounds__(VA_THREADS) vgatt_kernel(engine_cu_vgatt va) {
                 acc[h] = 0.0f;
 #pragma unroll 4
             for (int pi = pg; pi < np; pi += PG) {
-                const float v =
-                    va_load(a.v_cache, a.kv_f32, (size_t)(p0 + pi) * row + (size_t)g * HD + d);
+                const float v = engine_cu_gatt_load(a.v_cache, a.kv_f32,
+                                                    (size_t)(p0 + pi) * row + (size_t)g * HD + d);
 #pragma unroll
                 for (int h = 0; h < G; h++)
                     acc[h] += e[h * VA_SPL + pi] * v;

@@ -2,6 +2,7 @@
 #include <cuda_fp16.h>
 #include <math.h>
 
+#include "gatt_dev.cuh"
 #include "qwen35_attn.cuh"
 
 #define GATT_THREADS 256
@@ -19,49 +20,6 @@ bool engine_cu_gatt_ok(int n_head, int n_kv, int hd, int rot) {
 
 int engine_cu_gatt_splits(int n_ctx) {
     return (n_ctx + SPL - 1) / SPL;
-}
-
-__device__ __forceinline__ float gatt_load(const void *cache, int f32, size_t i) {
-    return f32 ? ((const float *)cache)[i] : __half2float(((const __half *)cache)[i]);
-}
-
-/* dst[0..HD) = rope(rmsnorm(src) * w) by one warp (dst in shared memory). */
-template <int HD>
-__device__ __forceinline__ void gatt_norm_rope(const float *src, const float *w, float eps,
-                                               const float2 *cs, int half, float *dst) {
-    const int lane = threadIdx.x & 31;
-    float v[HD / 32], ss = 0.0f;
-#pragma unroll
-    for (int t = 0; t < HD / 32; t++) {
-        v[t] = src[lane + 32 * t];
-        ss += v[t] * v[t];
-    }
-    ss = engine_cu_warp_sum(ss);
-    const float scale = 1.0f / sqrtf(ss / (float)HD + eps);
-#pragma unroll
-    for (int t = 0; t < HD / 32; t++) {
-        v[t] = w[lane + 32 * t] * (v[t] * scale);
-        dst[lane + 32 * t] = v[t];
-    }
-    __syncwarp();
-    float r[HD / 32];
-#pragma unroll
-    for (int t = 0; t < HD / 32; t++) {
-        const int i = lane + 32 * t;
-        r[t] = v[t];
-        if (i < half) {
-            const float2 c = cs[i];
-            r[t] = v[t] * c.x - dst[i + half] * c.y;
-        } else if (i < 2 * half) {
-            const float2 c = cs[i - half];
-            r[t] = dst[i - half] * c.y + v[t] * c.x;
-        }
-    }
-    __syncwarp();
-#pragma unroll
-    for (int t = 0; t < HD / 32; t++)
-        dst[lane + 32 * t] = r[t];
-    __syncwarp();
 }
 
 /* Grid (n_kv, runners) of GATT_THREADS. */
@@ -85,11 +43,11 @@ __global__ void __launch_bounds__(GATT_THREADS) gatt_kernel(engine_cu_gatt a) {
     const size_t row = (size_t)a.n_kv * HD;
     const float2 *cs = a.rope + (size_t)pos * half;
     for (int h = wi; h < G; h += GATT_WARPS)
-        gatt_norm_rope<HD>(a.qg + (size_t)(g * G + h) * 2 * HD, a.q_norm, a.eps, cs, half,
-                           qs + h * HD);
+        engine_cu_gatt_norm_rope<HD>(a.qg + (size_t)(g * G + h) * 2 * HD, a.q_norm, a.eps, cs, half,
+                                     qs + h * HD);
     if ((int)blockIdx.y == (pos / SPL) % nact && wi == GATT_WARPS - 1) {
         /* this position's K and V rows, read by this block alone */
-        gatt_norm_rope<HD>(a.k + (size_t)g * HD, a.k_norm, a.eps, cs, half, kr);
+        engine_cu_gatt_norm_rope<HD>(a.k + (size_t)g * HD, a.k_norm, a.eps, cs, half, kr);
         const size_t o = (size_t)pos * row + (size_t)g * HD;
 #pragma unroll
         for (int t = 0; t < HD / 32; t++) {
@@ -124,7 +82,7 @@ __global__ void __launch_bounds__(GATT_THREADS) gatt_kernel(engine_cu_gatt a) {
             float kv[HD / 32];
 #pragma unroll
             for (int t = 0; t < HD / 32; t++)
-                kv[t] = gatt_load(a.k_cache, a.kv_f32, base + lane + 32 * t);
+                kv[t] = engine_cu_gatt_load(a.k_cache, a.kv_f32, base + lane + 32 * t);
 #pragma unroll
             for (int h = 0; h < G; h++) {
                 float acc = 0.0f;
@@ -157,8 +115,8 @@ __global__ void __launch_bounds__(GATT_THREADS) gatt_kernel(engine_cu_gatt a) {
             acc[h] = 0.0f;
 #pragma unroll 4
         for (int pi = pg; pi < np; pi += PG) {
-            const float v =
-                gatt_load(a.v_cache, a.kv_f32, (size_t)(p0 + pi) * row + (size_t)g * HD + d);
+            const float v = engine_cu_gatt_load(a.v_cache, a.kv_f32,
+                                                (size_t)(p0 + pi) * row + (size_t)g * HD + d);
 #pragma unroll
             for (int h = 0; h < G; h++)
                 acc[h] += e[h * SPL + pi] * v;
@@ -297,14 +255,15 @@ template <int HD> __global__ void __launch_bounds__(256) gatt_pf_qk_kernel(engin
     const float2 *cs = a.rope + (size_t)pos * half;
     float *dst = buf[wi];
     if (hh < nh) {
-        gatt_norm_rope<HD>(a.qg + ((size_t)t * nh + hh) * 2 * HD, a.q_norm, a.eps, cs, half, dst);
+        engine_cu_gatt_norm_rope<HD>(a.qg + ((size_t)t * nh + hh) * 2 * HD, a.q_norm, a.eps, cs,
+                                     half, dst);
 #pragma unroll
         for (int u = 0; u < HD / 32; u++)
             a.q[((size_t)t * nh + hh) * HD + lane + 32 * u] = dst[lane + 32 * u];
         return;
     }
     const int g = hh - nh;
-    gatt_norm_rope<HD>(a.k + ((size_t)t * nkv + g) * HD, a.k_norm, a.eps, cs, half, dst);
+    engine_cu_gatt_norm_rope<HD>(a.k + ((size_t)t * nkv + g) * HD, a.k_norm, a.eps, cs, half, dst);
     const size_t o = (size_t)pos * nkv * HD + (size_t)g * HD;
 #pragma unroll
     for (int u = 0; u < HD / 32; u++) {

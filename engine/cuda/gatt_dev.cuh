@@ -1,0 +1,57 @@
+/* Device helpers of the gated attention of qwen35moe (contract in qwen35_attn.cuh), shared by
+ * the decode and prefill kernels (qwen35_attn.cu) and the verify pass over m queries
+ * (q35_vatt.cu): the cache load and the q/k normalisation with rope, one code for both so that
+ * each query of a verify pass takes the decode step's arithmetic (bit for bit). */
+#ifndef SPARK_ENGINE_CUDA_GATT_DEV_CUH
+#define SPARK_ENGINE_CUDA_GATT_DEV_CUH
+
+#include <cuda_fp16.h>
+#include <math.h>
+
+#include "qwen35_attn.cuh"
+
+__device__ __forceinline__ float engine_cu_gatt_load(const void *cache, int f32, size_t i) {
+    return f32 ? ((const float *)cache)[i] : __half2float(((const __half *)cache)[i]);
+}
+
+/* dst[0..HD) = rope(rmsnorm(src) * w) by one warp (dst in shared memory). */
+template <int HD>
+__device__ __forceinline__ void engine_cu_gatt_norm_rope(const float *src, const float *w,
+                                                         float eps, const float2 *cs, int half,
+                                                         float *dst) {
+    const int lane = threadIdx.x & 31;
+    float v[HD / 32], ss = 0.0f;
+#pragma unroll
+    for (int t = 0; t < HD / 32; t++) {
+        v[t] = src[lane + 32 * t];
+        ss += v[t] * v[t];
+    }
+    ss = engine_cu_warp_sum(ss);
+    const float scale = 1.0f / sqrtf(ss / (float)HD + eps);
+#pragma unroll
+    for (int t = 0; t < HD / 32; t++) {
+        v[t] = w[lane + 32 * t] * (v[t] * scale);
+        dst[lane + 32 * t] = v[t];
+    }
+    __syncwarp();
+    float r[HD / 32];
+#pragma unroll
+    for (int t = 0; t < HD / 32; t++) {
+        const int i = lane + 32 * t;
+        r[t] = v[t];
+        if (i < half) {
+            const float2 c = cs[i];
+            r[t] = v[t] * c.x - dst[i + half] * c.y;
+        } else if (i < 2 * half) {
+            const float2 c = cs[i - half];
+            r[t] = dst[i - half] * c.y + v[t] * c.x;
+        }
+    }
+    __syncwarp();
+#pragma unroll
+    for (int t = 0; t < HD / 32; t++)
+        dst[lane + 32 * t] = r[t];
+    __syncwarp();
+}
+
+#endif
