@@ -2,6 +2,7 @@
 #include <math.h>
 
 #include "deltanet.cuh"
+#include "deltanet_dev.cuh"
 
 #define DN_ROWS 16 /* state rows a thread keeps in registers */
 #define DN_COLS 32 /* state columns of a block (its lanes) */
@@ -10,14 +11,6 @@
 bool engine_cu_deltanet_ok(int dk, int dv, int K) {
     return dk >= 32 && dv >= 32 && dk % 32 == 0 && dv % DN_COLS == 0 && dk <= DN_MAX_DK && K >= 1 &&
            K <= ENGINE_CU_DELTA_MAX_CONV;
-}
-
-__device__ __forceinline__ float dn_silu(float y) {
-    return y / (1.0f + expf(-y));
-}
-
-__device__ __forceinline__ float dn_softplus(float x) {
-    return x > 20.0f ? x : log1pf(expf(x)); /* torch's threshold, as the CPU */
 }
 
 /* Grid (nv, dv / DN_COLS); dk / DN_ROWS warps: lane = column c0 + lane, warp w = rows
@@ -67,7 +60,7 @@ __global__ void __launch_bounds__(DN_MAX_DK / DN_ROWS * 32) deltanet_kernel(engi
             const int p = pos - (K - 1) + i;
             y += w[i] * ring[((p % K) + K) % K];
         }
-        *dst = dn_silu(y);
+        *dst = engine_cu_dn_silu(y);
         if (own) {
             ring[pos % K] = xin;
             if (snap)
@@ -77,7 +70,7 @@ __global__ void __launch_bounds__(DN_MAX_DK / DN_ROWS * 32) deltanet_kernel(engi
     }
     if (tid == 0) {
         const float b = a.beta[h], al = a.alpha[h];
-        gb[0] = expf(a.a[h] * dn_softplus(al + a.dt_bias[h]));
+        gb[0] = expf(a.a[h] * engine_cu_dn_softplus(al + a.dt_bias[h]));
         gb[1] = 1.0f / (1.0f + expf(-b));
     }
     __syncthreads();

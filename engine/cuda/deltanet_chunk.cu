@@ -3,6 +3,7 @@
 #include <math.h>
 
 #include "deltanet.cuh" /* ENGINE_CU_DELTA_MAX_CONV */
+#include "deltanet_dev.cuh"
 #include "q35_prefill.cuh"
 
 #define DC_L ENGINE_CUDA_Q35_SNAP_EVERY /* tokens of a sub-chunk at most (the snapshot grid) */
@@ -11,14 +12,6 @@
 #define DC_MAX_DK 256
 #define CONV_T 16 /* tokens per thread of the conv kernel */
 static_assert(DC_L <= 32, "a sub-chunk's tokens fit the lanes of one warp");
-
-__device__ __forceinline__ float dc_silu(float y) {
-    return y / (1.0f + expf(-y));
-}
-
-__device__ __forceinline__ float dc_softplus(float x) {
-    return x > 20.0f ? x : log1pf(expf(x)); /* torch's threshold, as the CPU */
-}
 
 int32_t engine_cu_q35_snap_floor(int32_t pos0, int32_t n) {
     const int32_t last = (pos0 + n) / ENGINE_CUDA_Q35_SNAP_EVERY * ENGINE_CUDA_Q35_SNAP_EVERY;
@@ -50,7 +43,7 @@ __global__ void __launch_bounds__(128) q35_conv_kernel(engine_cu_q35_conv_args a
         float y = 0.0f;
         for (int i = 0; i < K; i++)
             y += w[i] * win[i];
-        a.cv[(size_t)t * a.C + c] = dc_silu(y);
+        a.cv[(size_t)t * a.C + c] = engine_cu_dn_silu(y);
         for (int i = 0; i < K - 1; i++)
             win[i] = win[i + 1];
     }
@@ -169,7 +162,7 @@ __global__ void __launch_bounds__(DC_MAX_DK / DC_ROWS * 32)
         if (tid < L) {
             const float *br = a.ba + (size_t)(t0 + tid) * 2 * nv;
             sB[tid] = 1.0f / (1.0f + expf(-br[h]));
-            sLg[tid] = A * dc_softplus(br[nv + h] + dt);
+            sLg[tid] = A * engine_cu_dn_softplus(br[nv + h] + dt);
         }
         __syncthreads();
         /* l2norm of q (times 1 / sqrt(dk)) and k: a warp per token */

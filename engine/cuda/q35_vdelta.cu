@@ -16,19 +16,12 @@
  * this module's). */
 #include <math.h>
 
+#include "deltanet_dev.cuh"
 #include "q35_verify.cuh"
 
 #define VD_ROWS 16 /* state rows a thread keeps in registers (deltanet.cu's DN_ROWS) */
 #define VD_COLS 32 /* state columns of a block (deltanet.cu's DN_COLS) */
 #define VD_MAX_DK 512
-
-__device__ __forceinline__ float vd_silu(float y) {
-    return y / (1.0f + expf(-y));
-}
-
-__device__ __forceinline__ float vd_softplus(float x) {
-    return x > 20.0f ? x : log1pf(expf(x));
-}
 
 /* Grid (nv, dv / VD_COLS), dk / VD_ROWS warps, as deltanet.cu's kernel. */
 __global__ void __launch_bounds__(VD_MAX_DK / VD_ROWS * 32) vdelta_kernel(engine_cu_vdelta va) {
@@ -76,7 +69,7 @@ __global__ void __launch_bounds__(VD_MAX_DK / VD_ROWS * 32) vdelta_kernel(engine
             const float x = p >= p0 ? a.qkv[(size_t)(p - p0) * qs + ch] : ring[((p % K) + K) % K];
             y += w[i] * x;
         }
-        *dst = vd_silu(y);
+        *dst = engine_cu_dn_silu(y);
         if (own && m == 1) /* no other block reads slot pos % K of this token */
             a.ring[(size_t)ch * K + pos % K] = xin;
         if (own && a.snap_ring && (pos + 1) % a.snap_every == 0) {
@@ -93,7 +86,7 @@ __global__ void __launch_bounds__(VD_MAX_DK / VD_ROWS * 32) vdelta_kernel(engine
     if (tid < m) {
         const float b = a.beta[(size_t)tid * va.ba_stride + h];
         const float al = a.alpha[(size_t)tid * va.ba_stride + h];
-        gb[tid][0] = expf(a.a[h] * vd_softplus(al + a.dt_bias[h]));
+        gb[tid][0] = expf(a.a[h] * engine_cu_dn_softplus(al + a.dt_bias[h]));
         gb[tid][1] = 1.0f / (1.0f + expf(-b));
     }
     __syncthreads();
