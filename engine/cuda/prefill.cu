@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "att_tc_dev.cuh"
 #include "attention.cuh"
 #include "dequant.cuh"
 #include "gemm.cuh"
@@ -231,21 +232,6 @@ bool engine_cu_pf_att_tc_ok(int kv_f32, int hd) {
 #define PF_TQ 64 /* queries per tensor-core attention block: 4 warps of 16 */
 #define PF_TK 64 /* keys per tile */
 
-__device__ __forceinline__ uint32_t pf_pack_h2(float lo, float hi) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    return *(const uint32_t *)&h;
-}
-
-__device__ __forceinline__ void pf_mma_f16(float d[4], const uint32_t a[4], uint32_t b0,
-                                           uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
-
 /* Flash attention on tensor cores (F16 cache): block (64 queries, head), warp w the queries
  * 16 w .. 16 w + 15. Lane (g = lane / 4, t = lane % 4) holds, as the mma fragments do, rows g
  * and g + 8 of its warp's 16 and columns 2 t, 2 t + 1 of each 8-column tile. The score tile
@@ -253,11 +239,11 @@ __device__ __forceinline__ void pf_mma_f16(float d[4], const uint32_t a[4], uint
  * stored transposed in shared memory so that its fragments are 32-bit loads. */
 template <int HD>
 __global__ void __launch_bounds__(128) pf_att_tc_kernel(engine_cu_pf_att_args a) {
-    constexpr int SQ = HD + 8, SV = PF_TK + 8, KS = HD / 16, NT = PF_TK / 8, DT = HD / 8;
+    constexpr int SQ = HD + 8, KS = HD / 16, NT = PF_TK / 8, DT = HD / 8;
     extern __shared__ __align__(16) __half smh[];
     __half *sQ = smh;              /* [PF_TQ][SQ] */
     __half *sK = sQ + PF_TQ * SQ;  /* [PF_TK][SQ] */
-    __half *sVt = sK + PF_TK * SQ; /* [HD][SV] */
+    __half *sVt = sK + PF_TK * SQ; /* [HD][PF_TK + 8] */
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t = lane & 3;
     const int q0 = (int)blockIdx.x * PF_TQ, h = (int)blockIdx.y;
     const int kvh = h / (a.n_head / a.n_kv), kv_dim = a.n_kv * HD;
@@ -291,22 +277,7 @@ __global__ void __launch_bounds__(128) pf_att_tc_kernel(engine_cu_pf_att_args a)
         o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
     for (int k0 = 0; k0 < n_keys; k0 += PF_TK) {
         __syncthreads(); /* the previous tile is consumed */
-        /* consecutive threads take consecutive keys: the transposed V stores of a warp then
-         * fall in different banks */
-        for (int idx = tid; idx < PF_TK * (HD / 8); idx += 128) {
-            const int r = idx % PF_TK, c8 = 8 * (idx / PF_TK), p = k0 + r;
-            uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
-            if (p < n_keys) {
-                const size_t off = (size_t)p * kv_dim + (size_t)kvh * HD + c8;
-                kv = *(const uint4 *)(kc + off);
-                vv = *(const uint4 *)(vc + off);
-            }
-            *(uint4 *)(sK + r * SQ + c8) = kv;
-            const __half *vh = (const __half *)&vv;
-#pragma unroll
-            for (int e = 0; e < 8; e++)
-                sVt[(c8 + e) * SV + r] = vh[e];
-        }
+        engine_cu_att_tc_tile<HD, PF_TK>(kc, vc, sK, sVt, k0, n_keys, kv_dim, kvh, tid);
         __syncthreads();
         float s[NT][4];
 #pragma unroll
@@ -315,64 +286,14 @@ __global__ void __launch_bounds__(128) pf_att_tc_kernel(engine_cu_pf_att_args a)
             const __half *kr = sK + (8 * nt + g) * SQ + 2 * t;
 #pragma unroll
             for (int ks = 0; ks < KS; ks++)
-                pf_mma_f16(s[nt], qf[ks], *(const uint32_t *)(kr + 16 * ks),
-                           *(const uint32_t *)(kr + 16 * ks + 8));
+                engine_cu_att_tc_mma(s[nt], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3],
+                                     *(const uint32_t *)(kr + 16 * ks),
+                                     *(const uint32_t *)(kr + 16 * ks + 8));
         }
-        float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int key = k0 + 8 * nt + 2 * t + e;
-                s[nt][e] = key <= qp0 ? s[nt][e] * scale : -INFINITY;
-                s[nt][2 + e] = key <= qp1 ? s[nt][2 + e] * scale : -INFINITY;
-                mx0 = fmaxf(mx0, s[nt][e]);
-                mx1 = fmaxf(mx1, s[nt][2 + e]);
-            }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        /* key 0 serves every query, so m is finite from the first tile on; a later tile wholly
-         * after a row leaves it as it is (corr 1, p 0) */
-        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-        const float c0 = expf(m0 - mn0), c1 = expf(m1 - mn1);
-        m0 = mn0;
-        m1 = mn1;
-        l0 *= c0;
-        l1 *= c1;
-#pragma unroll
-        for (int i = 0; i < DT; i++) {
-            o[i][0] *= c0;
-            o[i][1] *= c0;
-            o[i][2] *= c1;
-            o[i][3] *= c1;
-        }
-#pragma unroll
-        for (int j = 0; j < NT / 2; j++) { /* 16 keys: score tiles 2 j and 2 j + 1 */
-            float pr[2][4];
-#pragma unroll
-            for (int u = 0; u < 2; u++) {
-                pr[u][0] = expf(s[2 * j + u][0] - mn0);
-                pr[u][1] = expf(s[2 * j + u][1] - mn0);
-                pr[u][2] = expf(s[2 * j + u][2] - mn1);
-                pr[u][3] = expf(s[2 * j + u][3] - mn1);
-                l0 += pr[u][0] + pr[u][1];
-                l1 += pr[u][2] + pr[u][3];
-            }
-            const uint32_t pa[4] = {pf_pack_h2(pr[0][0], pr[0][1]), pf_pack_h2(pr[0][2], pr[0][3]),
-                                    pf_pack_h2(pr[1][0], pr[1][1]), pf_pack_h2(pr[1][2], pr[1][3])};
-#pragma unroll
-            for (int i = 0; i < DT; i++) {
-                const __half *vr = sVt + (8 * i + g) * SV + 16 * j + 2 * t;
-                pf_mma_f16(o[i], pa, *(const uint32_t *)vr, *(const uint32_t *)(vr + 8));
-            }
-        }
+        engine_cu_att_tc_softmax_pv<HD, PF_TK>(s, o, m0, m1, l0, l1, k0, qp0, qp1, scale, g, t,
+                                               sVt);
     }
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    engine_cu_att_tc_row_sums(l0, l1);
     const int r0 = 16 * w + g, r1 = r0 + 8;
     const float i0 = 1.0f / l0, i1 = 1.0f / l1;
 #pragma unroll

@@ -3,6 +3,7 @@
 #include <cuda_fp16.h>
 #include <math.h>
 
+#include "att_tc_dev.cuh"
 #include "q35_prefill.cuh"
 
 #define QA_ROWS 64 /* (query, head) rows of a block: 4 warps of 16 */
@@ -14,33 +15,17 @@ bool engine_cu_q35_att_tc_ok(int kv_f32, int n_head, int n_kv, int hd) {
     return (hd == 64 || hd == 128 || hd == 256) && g >= 1 && g <= QA_ROWS && QA_ROWS % g == 0;
 }
 
-__device__ __forceinline__ uint32_t qa_h2(float lo, float hi) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    return *(const uint32_t *)&h;
-}
-
-/* d += a b (m16n8k16, F16 in, F32 accumulate). */
-__device__ __forceinline__ void qa_mma(float d[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                       uint32_t a3, uint32_t b0, uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#endif
-}
-
 /* Block (64 / G queries, KV head): row r = query r / G, query head r % G of the group, so the
  * group's heads share every K and V tile. Lane (g = lane / 4, t = lane % 4) of warp w holds
  * rows 16 w + g and 16 w + g + 8, columns 2 t, 2 t + 1 of each 8-column tile (the mma
  * fragments); a score tile is the P operand of the next product as it stands. */
 template <int HD>
 __global__ void __launch_bounds__(128) q35_att_tc_kernel(engine_cu_q35_att_args a) {
-    constexpr int SQ = HD + 8, SV = QA_TK + 8, KS = HD / 16, NT = QA_TK / 8, DT = HD / 8;
+    constexpr int SQ = HD + 8, KS = HD / 16, NT = QA_TK / 8, DT = HD / 8;
     extern __shared__ __align__(16) __half qa_smem[];
     __half *sQ = qa_smem;           /* [QA_ROWS][SQ] */
     __half *sK = sQ + QA_ROWS * SQ; /* [QA_TK][SQ] */
-    __half *sVt = sK + QA_TK * SQ;  /* [HD][SV]: V transposed */
+    __half *sVt = sK + QA_TK * SQ;  /* [HD][QA_TK + 8]: V transposed */
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t = lane & 3;
     const int G = a.n_head / a.n_kv, QB = QA_ROWS / G;
     const int kvh = (int)blockIdx.y, q0 = (int)blockIdx.x * QB;
@@ -62,20 +47,7 @@ __global__ void __launch_bounds__(128) q35_att_tc_kernel(engine_cu_q35_att_args 
         o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
     for (int k0 = 0; k0 < n_keys; k0 += QA_TK) {
         __syncthreads(); /* the previous tile is consumed (and sQ written) */
-        for (int idx = tid; idx < QA_TK * (HD / 8); idx += 128) {
-            const int r = idx % QA_TK, c8 = 8 * (idx / QA_TK), p = k0 + r;
-            uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
-            if (p < n_keys) {
-                const size_t off = (size_t)p * kv_dim + (size_t)kvh * HD + c8;
-                kv = *(const uint4 *)(kc + off);
-                vv = *(const uint4 *)(vc + off);
-            }
-            *(uint4 *)(sK + r * SQ + c8) = kv;
-            const __half *vh = (const __half *)&vv;
-#pragma unroll
-            for (int e = 0; e < 8; e++)
-                sVt[(c8 + e) * SV + r] = vh[e];
-        }
+        engine_cu_att_tc_tile<HD, QA_TK>(kc, vc, sK, sVt, k0, n_keys, kv_dim, kvh, tid);
         __syncthreads();
         float s[NT][4];
 #pragma unroll
@@ -91,65 +63,14 @@ __global__ void __launch_bounds__(128) q35_att_tc_kernel(engine_cu_q35_att_args 
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
                 const __half *kr = sK + (8 * nt + g) * SQ + 2 * t + 16 * ks;
-                qa_mma(s[nt], a0, a1, a2, a3, *(const uint32_t *)kr,
+                engine_cu_att_tc_mma(s[nt], a0, a1, a2, a3, *(const uint32_t *)kr,
                        *(const uint32_t *)(kr + 8));
             }
         }
-        float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int key = k0 + 8 * nt + 2 * t + e;
-                s[nt][e] = key <= qp0 ? s[nt][e] * scale : -INFINITY;
-                s[nt][2 + e] = key <= qp1 ? s[nt][2 + e] * scale : -INFINITY;
-                mx0 = fmaxf(mx0, s[nt][e]);
-                mx1 = fmaxf(mx1, s[nt][2 + e]);
-            }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        /* key 0 serves every row, so m is finite from the first tile on; a tile wholly after a
-         * row leaves it as it is (correction 1, p 0) */
-        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-        const float c0 = expf(m0 - mn0), c1 = expf(m1 - mn1);
-        m0 = mn0;
-        m1 = mn1;
-        l0 *= c0;
-        l1 *= c1;
-#pragma unroll
-        for (int i = 0; i < DT; i++) {
-            o[i][0] *= c0;
-            o[i][1] *= c0;
-            o[i][2] *= c1;
-            o[i][3] *= c1;
-        }
-#pragma unroll
-        for (int j = 0; j < NT / 2; j++) { /* 16 keys: score tiles 2 j and 2 j + 1 */
-            float pr[2][4];
-#pragma unroll
-            for (int u = 0; u < 2; u++) {
-                pr[u][0] = expf(s[2 * j + u][0] - mn0);
-                pr[u][1] = expf(s[2 * j + u][1] - mn0);
-                pr[u][2] = expf(s[2 * j + u][2] - mn1);
-                pr[u][3] = expf(s[2 * j + u][3] - mn1);
-                l0 += pr[u][0] + pr[u][1];
-                l1 += pr[u][2] + pr[u][3];
-            }
-            const uint32_t p0 = qa_h2(pr[0][0], pr[0][1]), p1 = qa_h2(pr[0][2], pr[0][3]);
-            const uint32_t p2 = qa_h2(pr[1][0], pr[1][1]), p3 = qa_h2(pr[1][2], pr[1][3]);
-#pragma unroll
-            for (int i = 0; i < DT; i++) {
-                const __half *vr = sVt + (8 * i + g) * SV + 16 * j + 2 * t;
-                qa_mma(o[i], p0, p1, p2, p3, *(const uint32_t *)vr, *(const uint32_t *)(vr + 8));
-            }
-        }
+        engine_cu_att_tc_softmax_pv<HD, QA_TK>(s, o, m0, m1, l0, l1, k0, qp0, qp1, scale, g, t,
+                                               sVt);
     }
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    engine_cu_att_tc_row_sums(l0, l1);
     /* out = o / l * sigmoid(gate) for the rows of real queries */
     const int i0 = r0 / G, h0 = kvh * G + (r0 - i0 * G), i1 = r1 / G, h1 = kvh * G + (r1 - i1 * G);
     const float il0 = 1.0f / l0, il1 = 1.0f / l1;
