@@ -234,12 +234,7 @@ static engine_cu_bmm_args pb_mm(const engine_cuda_wview *w, const float *x, cons
                                 float eps, float *y, int ldy, int accumulate, int m) {
     engine_cu_bmm_args a;
     memset(&a, 0, sizeof a);
-    a.w = (const uint8_t *)w->d;
-    a.row_bytes = w->row_bytes;
-    a.mat_bytes = (size_t)w->rows * w->row_bytes;
-    a.type = w->type;
-    a.rows = w->rows;
-    a.cols = w->cols;
+    engine_cu_args_weight(a, w);
     a.x = x;
     a.norm_w = norm;
     a.eps = eps;

@@ -799,12 +799,7 @@ static void pf_gemm_args(const engine_cuda_prefill *p, bool grouped, const engin
                          int accumulate, int ksplit, engine_cu_gemm_args *out) {
     engine_cu_gemm_args &a = *out;
     memset(&a, 0, sizeof a);
-    a.w = (const uint8_t *)w->d;
-    a.row_bytes = w->row_bytes;
-    a.mat_bytes = (size_t)w->rows * w->row_bytes;
-    a.type = w->type;
-    a.rows = w->rows;
-    a.cols = w->cols;
+    engine_cu_args_weight(a, w);
     a.x = *gx;
     a.m = m;
     a.x_idx = x_idx;

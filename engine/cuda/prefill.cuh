@@ -114,6 +114,17 @@ typedef struct {
 /* A CUDA error as an engine error naming `what` (0 for cudaSuccess; clears the sticky error). */
 int engine_cu_pf_err(cudaError_t e, const char *what);
 
+/* The weight fields of a product's arguments (engine_cu_gemm_args, engine_cu_bmm_args) from w:
+ * matrix 0 (w, row_bytes, mat_bytes), type, rows, cols. */
+template <class A> static inline void engine_cu_args_weight(A &a, const engine_cuda_wview *w) {
+    a.w = (const uint8_t *)w->d;
+    a.row_bytes = w->row_bytes;
+    a.mat_bytes = (size_t)w->rows * w->row_bytes;
+    a.type = w->type;
+    a.rows = w->rows;
+    a.cols = w->cols;
+}
+
 /* The pass's buffers over the KV of view sv (a session's, s != NULL, or the batched pass's pool,
  * s == NULL), for passes of at most max_tokens tokens. */
 int engine_cu_pf_new_view(engine_cuda_prefill **out, engine_cuda_model *cm, engine_cuda_session *s,

@@ -311,12 +311,7 @@ static void qp_gemm(const engine_cuda_q35_prefill *p, const engine_cuda_wview *w
                     const int32_t *x_idx, int ksplit, cudaStream_t st) {
     engine_cu_gemm_args a;
     memset(&a, 0, sizeof a);
-    a.w = (const uint8_t *)w->d;
-    a.row_bytes = w->row_bytes;
-    a.mat_bytes = (size_t)w->rows * w->row_bytes;
-    a.type = w->type;
-    a.rows = w->rows;
-    a.cols = w->cols;
+    engine_cu_args_weight(a, w);
     a.x = *gx;
     a.m = m;
     a.x_idx = x_idx;
