@@ -575,6 +575,34 @@ int engine_cu_pf_err(cudaError_t e, const char *what) {
     return pf_err(e, what);
 }
 
+void engine_cu_pf_prof_add(const cudaEvent_t *ev, const int *cat, int n_mark, double *ms) {
+    for (int i = 1; i < n_mark; i++) {
+        float t = 0.0f;
+        if (cudaEventElapsedTime(&t, ev[i - 1], ev[i]) == cudaSuccess) ms[cat[i]] += t;
+    }
+}
+
+void engine_cu_pf_prof_log(const char *what, long tokens, const double *ms,
+                           const char *const *names, int n) {
+    double tot = 0;
+    char line[640];
+    int o = 0;
+    for (int i = 0; i < n; i++)
+        tot += ms[i];
+    for (int i = 0; i < n && o < (int)sizeof line; i++)
+        o += snprintf(line + o, sizeof line - (size_t)o, "%s%s %.1f ms (%.0f%%)", i ? ", " : "",
+                      names[i], ms[i], 100.0 * ms[i] / (tot + 1e-9));
+    engine_log(ENGINE_LOG_INFO, "%s profile: %ld tokens, %.1f ms (%.0f tok/s): %s", what, tokens,
+               tot, 1e3 * (double)tokens / (tot + 1e-9), line);
+}
+
+void engine_cu_pf_prof_free(cudaEvent_t *ev, int n_ev, int *cat) {
+    for (int i = 0; ev && i < n_ev; i++)
+        if (ev[i]) cudaEventDestroy(ev[i]);
+    free(ev);
+    free(cat);
+}
+
 static int pf_check_w(const engine_model *m, const engine_cuda_wview *w, const char *what,
                       int layer) {
     if (!w->d) return 0;
@@ -601,22 +629,9 @@ extern "C" int32_t engine_cuda_prefill_chunk(void) {
 extern "C" void engine_cuda_prefill_free(engine_cuda_prefill *p) {
     if (!p) return;
     cudaSetDevice(p->mv.device);
-    if (p->prof && p->prof_tokens > 0) {
-        double tot = 0;
-        char line[512];
-        int o = 0;
-        for (int i = 0; i < PF_P_N; i++)
-            tot += p->prof_ms[i];
-        for (int i = 0; i < PF_P_N && o < (int)sizeof line; i++)
-            o += snprintf(line + o, sizeof line - (size_t)o, "%s%s %.1f ms (%.0f%%)", i ? ", " : "",
-                          pf_phase_name[i], p->prof_ms[i], 100.0 * p->prof_ms[i] / (tot + 1e-9));
-        engine_log(ENGINE_LOG_INFO, "cuda prefill profile: %ld tokens, %.1f ms (%.0f tok/s): %s",
-                   p->prof_tokens, tot, 1e3 * (double)p->prof_tokens / (tot + 1e-9), line);
-    }
-    for (int i = 0; p->ev && i < p->n_ev; i++)
-        if (p->ev[i]) cudaEventDestroy(p->ev[i]);
-    free(p->ev);
-    free(p->ev_cat);
+    if (p->prof && p->prof_tokens > 0)
+        engine_cu_pf_prof_log("cuda prefill", p->prof_tokens, p->prof_ms, pf_phase_name, PF_P_N);
+    engine_cu_pf_prof_free(p->ev, p->n_ev, p->ev_cat);
     cudaFree(p->mem);
     free(p->lv);
     free(p);
@@ -1021,11 +1036,7 @@ int engine_cu_pf_chunk(engine_cuda_prefill *p, const int32_t *tokens, int32_t n,
         if ((rc = pf_err(cudaStreamSynchronize(st), "prefill"))) return rc;
     }
     if (p->prof) {
-        for (int i = 1; i < n_mark; i++) {
-            float ms = 0.0f;
-            if (cudaEventElapsedTime(&ms, p->ev[i - 1], p->ev[i]) == cudaSuccess)
-                p->prof_ms[p->ev_cat[i]] += ms;
-        }
+        engine_cu_pf_prof_add(p->ev, p->ev_cat, n_mark, p->prof_ms);
         p->prof_tokens += n;
     }
 #undef PF_MARK

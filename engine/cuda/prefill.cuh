@@ -114,6 +114,14 @@ typedef struct {
 /* A CUDA error as an engine error naming `what` (0 for cudaSuccess; clears the sticky error). */
 int engine_cu_pf_err(cudaError_t e, const char *what);
 
+/* The profiles of the prefill passes (SPARK_CUDA_PROFILE): ms[cat[i]] += the time between
+ * events i - 1 and i, for i < n_mark; the log line "<what> profile: <tokens> tokens, ..." of
+ * the n phases' totals (names[i]); the events' release (ev, cat: malloc'd; NULL ev: none). */
+void engine_cu_pf_prof_add(const cudaEvent_t *ev, const int *cat, int n_mark, double *ms);
+void engine_cu_pf_prof_log(const char *what, long tokens, const double *ms,
+                           const char *const *names, int n);
+void engine_cu_pf_prof_free(cudaEvent_t *ev, int n_ev, int *cat);
+
 /* The weight fields of a product's arguments (engine_cu_gemm_args, engine_cu_bmm_args) from w:
  * matrix 0 (w, row_bytes, mat_bytes), type, rows, cols. */
 template <class A> static inline void engine_cu_args_weight(A &a, const engine_cuda_wview *w) {

@@ -113,23 +113,10 @@ static void qp_mark(engine_cuda_q35_prefill *p, int cat, cudaStream_t st) {
 extern "C" void engine_cuda_q35_prefill_free(engine_cuda_q35_prefill *p) {
     if (!p) return;
     cudaSetDevice(p->v.device);
-    if (p->prof && p->prof_tokens > 0) {
-        double tot = 0;
-        char line[640];
-        int o = 0;
-        for (int i = 0; i < QP_P_N; i++)
-            tot += p->prof_ms[i];
-        for (int i = 0; i < QP_P_N && o < (int)sizeof line; i++)
-            o += snprintf(line + o, sizeof line - (size_t)o, "%s%s %.1f ms (%.0f%%)", i ? ", " : "",
-                          qp_phase_name[i], p->prof_ms[i], 100.0 * p->prof_ms[i] / (tot + 1e-9));
-        engine_log(ENGINE_LOG_INFO,
-                   "cuda qwen35moe prefill profile: %ld tokens, %.1f ms (%.0f tok/s): %s",
-                   p->prof_tokens, tot, 1e3 * (double)p->prof_tokens / (tot + 1e-9), line);
-    }
-    for (int i = 0; p->ev && i < p->n_ev; i++)
-        if (p->ev[i]) cudaEventDestroy(p->ev[i]);
-    free(p->ev);
-    free(p->ev_cat);
+    if (p->prof && p->prof_tokens > 0)
+        engine_cu_pf_prof_log("cuda qwen35moe prefill", p->prof_tokens, p->prof_ms, qp_phase_name,
+                              QP_P_N);
+    engine_cu_pf_prof_free(p->ev, p->n_ev, p->ev_cat);
     cudaFree(p->mem);
     free(p->ly);
     free(p);
@@ -574,11 +561,7 @@ static int qp_chunk(engine_cuda_q35_prefill *p, const int32_t *tokens, int32_t n
         qp_mark(p, QP_P_HEAD, st);
     }
     if ((rc = qp_err(cudaStreamSynchronize(st), "prefill (qwen35moe)"))) return rc;
-    for (int i = 1; p->prof && i < p->n_mark; i++) {
-        float ms = 0.0f;
-        if (cudaEventElapsedTime(&ms, p->ev[i - 1], p->ev[i]) == cudaSuccess)
-            p->prof_ms[p->ev_cat[i]] += ms;
-    }
+    if (p->prof) engine_cu_pf_prof_add(p->ev, p->ev_cat, p->n_mark, p->prof_ms);
     if (p->prof) p->prof_tokens += n;
     return 0;
 }
