@@ -54,4 +54,24 @@ __device__ __forceinline__ void engine_cu_gatt_norm_rope(const float *src, const
     __syncwarp();
 }
 
+/* One warp: the K row kr[0..HD) (shared memory) and the V row v[vo ..) at offset o of the
+ * caches (F16, kv_f32 = 0, or F32). */
+template <int HD>
+__device__ __forceinline__ void engine_cu_gatt_store_kv(const float *kr, const float *v, size_t vo,
+                                                        void *k_cache, void *v_cache, int kv_f32,
+                                                        size_t o, int lane) {
+#pragma unroll
+    for (int t = 0; t < HD / 32; t++) {
+        const int i = lane + 32 * t;
+        const float vv = v[vo + i];
+        if (kv_f32) {
+            ((float *)k_cache)[o + i] = kr[i];
+            ((float *)v_cache)[o + i] = vv;
+        } else {
+            ((__half *)k_cache)[o + i] = __float2half_rn(kr[i]);
+            ((__half *)v_cache)[o + i] = __float2half_rn(vv);
+        }
+    }
+}
+
 #endif

@@ -49,18 +49,8 @@ __global__ void __launch_bounds__(GATT_THREADS) gatt_kernel(engine_cu_gatt a) {
         /* this position's K and V rows, read by this block alone */
         engine_cu_gatt_norm_rope<HD>(a.k + (size_t)g * HD, a.k_norm, a.eps, cs, half, kr);
         const size_t o = (size_t)pos * row + (size_t)g * HD;
-#pragma unroll
-        for (int t = 0; t < HD / 32; t++) {
-            const int i = lane + 32 * t;
-            const float vv = a.v[(size_t)g * HD + i];
-            if (a.kv_f32) {
-                ((float *)a.k_cache)[o + i] = kr[i];
-                ((float *)a.v_cache)[o + i] = vv;
-            } else {
-                ((__half *)a.k_cache)[o + i] = __float2half_rn(kr[i]);
-                ((__half *)a.v_cache)[o + i] = __float2half_rn(vv);
-            }
-        }
+        engine_cu_gatt_store_kv<HD>(kr, a.v, (size_t)g * HD, a.k_cache, a.v_cache, a.kv_f32, o,
+                                    lane);
     }
     __syncthreads();
     const float scale = 1.0f / sqrtf((float)HD);
@@ -265,18 +255,8 @@ template <int HD> __global__ void __launch_bounds__(256) gatt_pf_qk_kernel(engin
     const int g = hh - nh;
     engine_cu_gatt_norm_rope<HD>(a.k + ((size_t)t * nkv + g) * HD, a.k_norm, a.eps, cs, half, dst);
     const size_t o = (size_t)pos * nkv * HD + (size_t)g * HD;
-#pragma unroll
-    for (int u = 0; u < HD / 32; u++) {
-        const int i = lane + 32 * u;
-        const float vv = a.v[((size_t)t * nkv + g) * HD + i];
-        if (a.kv_f32) {
-            ((float *)a.k_cache)[o + i] = dst[i];
-            ((float *)a.v_cache)[o + i] = vv;
-        } else {
-            ((__half *)a.k_cache)[o + i] = __float2half_rn(dst[i]);
-            ((__half *)a.v_cache)[o + i] = __float2half_rn(vv);
-        }
-    }
+    engine_cu_gatt_store_kv<HD>(dst, a.v, ((size_t)t * nkv + g) * HD, a.k_cache, a.v_cache,
+                                a.kv_f32, o, lane);
 }
 
 void engine_cu_gatt_pf_qk(const engine_cu_gatt_pf *a, cudaStream_t stream) {
