@@ -1,7 +1,8 @@
 /* Device helpers of the gated attention of qwen35moe (contract in qwen35_attn.cuh), shared by
  * the decode and prefill kernels (qwen35_attn.cu) and the verify pass over m queries
- * (q35_vatt.cu): the cache load and the q/k normalisation with rope, one code for both so that
- * each query of a verify pass takes the decode step's arithmetic (bit for bit). */
+ * (q35_vatt.cu): the cache load, the q/k normalisation with rope, the K/V row store and the
+ * merge of the runners' partials, one code for all so that each query of a verify pass takes the
+ * decode step's arithmetic (bit for bit). */
 #ifndef SPARK_ENGINE_CUDA_GATT_DEV_CUH
 #define SPARK_ENGINE_CUDA_GATT_DEV_CUH
 
@@ -72,6 +73,39 @@ __device__ __forceinline__ void engine_cu_gatt_store_kv(const float *kr, const f
             ((__half *)v_cache)[o + i] = __float2half_rn(vv);
         }
     }
+}
+
+/* The merge of one head's nact runner partials ph ([r][HD + 2]: weighted V, max, sum), warp 0
+ * (tid < 32): the runners' weights exp(m_r - m) into wr (shared) and 1 / the denominator into
+ * inv_den (shared); the caller's barrier follows. */
+template <int HD>
+__device__ __forceinline__ void engine_cu_gatt_merge_weights(const float *ph, int nact, int tid,
+                                                             int lane, float *wr, float &inv_den) {
+    if (tid < 32) {
+        float m = -INFINITY;
+        for (int r = lane; r < nact; r += 32)
+            m = fmaxf(m, ph[(size_t)r * (HD + 2) + HD]);
+        m = engine_cu_warp_max(m);
+        float den = 0.0f;
+        for (int r = lane; r < nact; r += 32) {
+            const float w = expf(ph[(size_t)r * (HD + 2) + HD] - m);
+            wr[r] = w;
+            den += w * ph[(size_t)r * (HD + 2) + HD + 1];
+        }
+        den = engine_cu_warp_sum(den);
+        if (lane == 0) inv_den = 1.0f / den;
+    }
+}
+
+/* Dimension dd of the merge: the weighted sum of the runners' partials (coalesced rows). */
+template <int HD>
+__device__ __forceinline__ float engine_cu_gatt_merge_num(const float *ph, int nact, int dd,
+                                                          const float *wr) {
+    float num = 0.0f;
+#pragma unroll 8
+    for (int r = 0; r < nact; r++)
+        num += wr[r] * ph[(size_t)r * (HD + 2) + dd];
+    return num;
 }
 
 #endif

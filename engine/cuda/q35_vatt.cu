@@ -10,8 +10,10 @@
  * only grows with the position while it is below the grid, where s % nact = s), after a
  * barrier; a later query at the same position (the MTP feed at p0 = 0) overwrites the row
  * after the earlier one has attended, as one launch per query would.
- * The body repeats qwen35_attn.cu's per query (that file is not this module's; with m = 1 this
- * is the decode step, so its decode kernel could become this one). */
+ * The cache load, the q/k normalisation and the merge's weights and sums are gatt_dev.cuh's,
+ * the decode kernels' own; the per-query body repeats gatt_kernel's (as a shared inline function
+ * it changes the decode kernels' code; with m = 1 this is the decode step, so its decode kernel
+ * could become this one). */
 #include <cuda_fp16.h>
 #include <math.h>
 
@@ -176,26 +178,10 @@ template <int HD> __global__ void __launch_bounds__(64) vgatt_merge_kernel(engin
     const int R = va.runners;
     const int nact = min(R, nsplit);
     const float *ph = va.partial + (size_t)t * va.partial_stride + (size_t)h * R * (HD + 2);
-    if (tid < 32) {
-        float mx = -INFINITY;
-        for (int r = lane; r < nact; r += 32)
-            mx = fmaxf(mx, ph[(size_t)r * (HD + 2) + HD]);
-        mx = engine_cu_warp_max(mx);
-        float den = 0.0f;
-        for (int r = lane; r < nact; r += 32) {
-            const float w = expf(ph[(size_t)r * (HD + 2) + HD] - mx);
-            wr[r] = w;
-            den += w * ph[(size_t)r * (HD + 2) + HD + 1];
-        }
-        den = engine_cu_warp_sum(den);
-        if (lane == 0) inv_den = 1.0f / den;
-    }
+    engine_cu_gatt_merge_weights<HD>(ph, nact, tid, lane, wr, inv_den);
     __syncthreads();
     const int dd = (int)blockIdx.y * 64 + tid;
-    float num = 0.0f;
-#pragma unroll 8
-    for (int r = 0; r < nact; r++)
-        num += wr[r] * ph[(size_t)r * (HD + 2) + dd];
+    const float num = engine_cu_gatt_merge_num<HD>(ph, nact, dd, wr);
     const float *qg = a.qg + (size_t)t * va.qg_stride;
     const float gate = qg[(size_t)h * 2 * HD + HD + dd];
     a.out[(size_t)t * va.out_stride + (size_t)h * HD + dd] =

@@ -165,26 +165,10 @@ template <int HD> __global__ void __launch_bounds__(64) gatt_merge_kernel(engine
     const int n = *a.pos + 1, nsplit = (n + SPL - 1) / SPL, max_splits = (a.n_ctx + SPL - 1) / SPL;
     const int nact = min(min(max_splits, ENGINE_CU_GATT_RUNNERS), nsplit);
     const float *ph = a.partial + (size_t)h * max_splits * (HD + 2);
-    if (tid < 32) {
-        float m = -INFINITY;
-        for (int r = lane; r < nact; r += 32)
-            m = fmaxf(m, ph[(size_t)r * (HD + 2) + HD]);
-        m = engine_cu_warp_max(m);
-        float den = 0.0f;
-        for (int r = lane; r < nact; r += 32) {
-            const float w = expf(ph[(size_t)r * (HD + 2) + HD] - m);
-            wr[r] = w;
-            den += w * ph[(size_t)r * (HD + 2) + HD + 1];
-        }
-        den = engine_cu_warp_sum(den);
-        if (lane == 0) inv_den = 1.0f / den;
-    }
+    engine_cu_gatt_merge_weights<HD>(ph, nact, tid, lane, wr, inv_den);
     __syncthreads();
     const int dd = (int)blockIdx.y * 64 + tid;
-    float num = 0.0f;
-#pragma unroll 8
-    for (int r = 0; r < nact; r++)
-        num += wr[r] * ph[(size_t)r * (HD + 2) + dd];
+    const float num = engine_cu_gatt_merge_num<HD>(ph, nact, dd, wr);
     const float gate = a.qg[(size_t)h * 2 * HD + HD + dd];
     a.out[(size_t)h * HD + dd] = num * inv_den * (1.0f / (1.0f + expf(-gate)));
 }
