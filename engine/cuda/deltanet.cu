@@ -157,17 +157,3 @@ void engine_cu_deltanet_step(const engine_cu_delta *a, cudaStream_t stream) {
     engine_cu_launch(deltanet_kernel, dim3(a->nv, a->dv / DN_COLS), dim3(threads), smem, stream,
                      *a);
 }
-
-__global__ void shgate_kernel(const float *logit, float *w, int32_t *id, int32_t id_value) {
-    engine_cu_pdl_launch();
-    engine_cu_pdl_wait();
-    if (threadIdx.x == 0) {
-        w[0] = 1.0f / (1.0f + expf(-logit[0]));
-        id[0] = id_value;
-    }
-}
-
-void engine_cu_q35_shgate(const float *logit, float *w, int32_t *id, int32_t id_value,
-                          cudaStream_t stream) {
-    engine_cu_launch(shgate_kernel, dim3(1), dim3(32), 0, stream, logit, w, id, id_value);
-}

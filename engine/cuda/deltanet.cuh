@@ -24,9 +24,7 @@
  * also copies its part of the ring and its S_h into snapshot slot ((pos + 1) / snap_every) %
  * n_snap (snap_ring / snap_state + slot * snap_stride floats), so rollback can restore them.
  * Limits (engine_cu_deltanet_ok): dk and dv multiples of 32, dk <= 512, K <= 8.
- *
- * engine_cu_q35_shgate: w[0] = sigmoid(logit[0]), id[0] = id_value: the shared expert's gate as
- * one more (expert id, weight) slot of the MoE down kernel. */
+ * (The shared expert's sigmoid gate is taken inside the MoE down kernel: moe.cuh sh_logit.) */
 #ifndef SPARK_ENGINE_CUDA_DELTANET_CUH
 #define SPARK_ENGINE_CUDA_DELTANET_CUH
 
@@ -59,7 +57,5 @@ typedef struct {
 
 bool engine_cu_deltanet_ok(int dk, int dv, int K);
 void engine_cu_deltanet_step(const engine_cu_delta *a, cudaStream_t stream);
-void engine_cu_q35_shgate(const float *logit, float *w, int32_t *id, int32_t id_value,
-                          cudaStream_t stream);
 
 #endif
