@@ -61,6 +61,11 @@ struct engine_cuda_session {
     cudaGraphExec_t exec;
     bool captured;
     int touch; /* SPARK_CUDA_TOUCH=1: weights into L1 before use (measured slower: off) */
+    /* Diagnosis only (wrong results): SPARK_CUDA_DIAG_SKIP / SPARK_CUDA_DIAG_TWICE, bit masks
+     * of the per-layer ops (1 qkv, 2 attention, 4 wo, 8 router, 16 up, 32 down) left out of /
+     * launched twice in the captured step, so that an A/B of the timing gives each op's cost on
+     * the graph's critical path (bench_decode -e "SPARK_CUDA_DIAG_SKIP=8"). */
+    unsigned diag_skip, diag_twice;
     int fused; /* the layers as one fused step kernel (step.cuh); SPARK_CUDA_FUSED=0/1 */
     /* Decode stage 5 (per-op launches), both measured slower on the H200 (bench/RESULTS.md),
      * so off unless asked for: SPARK_CUDA_BPS=mv,up,dn caps the matvec (qkv, wo), up and down
@@ -466,6 +471,10 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         e = getenv("SPARK_CUDA_DOWN_EARLY");
         s->down_early = e && e[0] == '1';
         if (s->up_early || s->down_early) s->route_once = 1;
+        e = getenv("SPARK_CUDA_DIAG_SKIP");
+        s->diag_skip = e ? (unsigned)strtoul(e, NULL, 0) : 0u;
+        e = getenv("SPARK_CUDA_DIAG_TWICE");
+        s->diag_twice = e ? (unsigned)strtoul(e, NULL, 0) : 0u;
     }
     s->k_cache = (void **)calloc(hp->n_layer, sizeof(void *));
     s->v_cache = (void **)calloc(hp->n_layer, sizeof(void *));
@@ -752,20 +761,23 @@ static void enqueue_step(engine_cuda_session *s, step_prof *p) {
         for (uint32_t l = 0; l < hp->n_layer; l++) {
             layer_ops o;
             layer_ops_get(s, l, &o);
-            engine_cu_matvec(&o.qkv, st);
-            mark(p, 1, st);
-            engine_cu_attention(&o.at, st);
-            mark(p, 2, st);
-            engine_cu_matvec(&o.wo, st);
-            mark(p, 3, st);
-            if (o.moe) {
-                engine_cu_matvec(&o.router, st);
-                mark(p, 4, st);
+            for (unsigned op = 0; op < 6; op++) {
+                const unsigned bit = 1u << op;
+                const int n_launch = s->diag_skip & bit ? 0 : s->diag_twice & bit ? 2 : 1;
+                for (int i = 0; i < n_launch; i++) {
+                    switch (op) {
+                    case 0: engine_cu_matvec(&o.qkv, st); break;
+                    case 1: engine_cu_attention(&o.at, st); break;
+                    case 2: engine_cu_matvec(&o.wo, st); break;
+                    case 3:
+                        if (o.moe) engine_cu_matvec(&o.router, st);
+                        break;
+                    case 4: engine_cu_ffn_up(&o.up, st); break;
+                    default: engine_cu_ffn_down(&o.dn, st); break;
+                    }
+                }
+                if (op != 3 || o.moe) mark(p, (int)op + 1, st);
             }
-            engine_cu_ffn_up(&o.up, st);
-            mark(p, 5, st);
-            engine_cu_ffn_down(&o.dn, st);
-            mark(p, 6, st);
         }
     }
     engine_cu_mv mv;
