@@ -1,6 +1,6 @@
 /* Batch-1 decode speed of the CUDA backend on a qwen35moe model (a benchmark, not a test).
  *
- *   bench_q35 MODEL.gguf [-n N_GEN] [-r REPS] [-d DEPTH] [-c N_CTX]
+ *   bench_q35 MODEL.gguf [-n N_GEN] [-r REPS] [-d DEPTH] [-c N_CTX] [-a FUSED]... [-e VARIANTS]
  *
  * As bench_decode.c, through the engine_cuda_q35_* calls: per repetition the device-resident
  * loop (one CUDA graph replay per token, greedy sampling on the GPU) generates N_GEN tokens
@@ -23,7 +23,12 @@
  * The MTP figures use SPARK_CUDA_MTP_FUSED as the environment sets it (read when a session turns
  * MTP on); each -a FUSED (up to 8) measures them again with SPARK_CUDA_MTP_FUSED=FUSED in the
  * same process (an A/B on the same model) and says whether the device loop's greedy tokens are
- * those of the first run. */
+ * those of the first run.
+ * -e "A=1 B=2;C=3;..." times the plain decode loop again in the same process, one fresh session
+ * per ';'-separated variant with those environment variables set (read at session creation;
+ * restored after), each printed with its tok/s and whether its greedy tokens (depth fill and
+ * timed ones) equal the first session's. A difference is printed, not an error: diagnosis
+ * variants (SPARK_CUDA_DIAG_SKIP / _TWICE, qwen35.cu) change the results on purpose. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,6 +51,78 @@ static double now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* reps timed runs of n_gen tokens from position depth after a warm-up (the depth filled from
+ * position 0 by the same loop before each: the recurrent state must hold exactly the tokens
+ * before it); tok/s mean and sd. pre (depth + 1) gets the fill's tokens, out the timed ones. */
+static int timed(engine_cuda_q35_session *gs, int depth, int n_gen, int reps, int32_t *pre,
+                 int32_t *out, double *tps, double *mean, double *sd) {
+    for (int r = 0; r <= reps; r++) {
+        int32_t first = 0;
+        if (depth > 0 && engine_cuda_q35_generate(gs, 0, 0, depth, 0.0f, 0, pre)) return -1;
+        if (depth > 0) first = pre[depth - 1];
+        double a = now_ms();
+        if (engine_cuda_q35_generate(gs, first, depth, n_gen, 0.0f, 0, out)) return -1;
+        tps[r] = n_gen / ((now_ms() - a) / 1e3);
+    }
+    *mean = *sd = 0;
+    for (int r = 1; r <= reps; r++)
+        *mean += tps[r] / reps;
+    for (int r = 1; r <= reps; r++)
+        *sd += (tps[r] - *mean) * (tps[r] - *mean);
+    *sd = reps > 1 ? sqrt(*sd / (reps - 1)) : 0;
+    return 0;
+}
+
+/* One -e variant: set its variables, time a fresh session, restore them; print its tok/s and
+ * whether its tokens equal ref_pre / ref (the first session's). 0, or -1 on an error. */
+static int variant(engine_cuda_q35_model *gm, const char *spec, int n_ctx, int depth, int n_gen,
+                   int reps, const int32_t *ref_pre, const int32_t *ref, double *tps) {
+    char buf[512], *names[16], *olds[16];
+    int nv = 0, rc = 0, differ = -1;
+    int32_t *pre = malloc(sizeof(int32_t) * (size_t)(depth + 1));
+    int32_t *out = malloc(sizeof(int32_t) * (size_t)(n_gen + 1));
+    snprintf(buf, sizeof buf, "%s", spec);
+    for (char *save = NULL, *t = strtok_r(buf, " ", &save); t && nv < 16;
+         t = strtok_r(NULL, " ", &save)) {
+        char *eq = strchr(t, '=');
+        if (!eq) continue;
+        *eq = 0;
+        const char *o = getenv(t);
+        names[nv] = t;
+        olds[nv] = o ? strdup(o) : NULL;
+        setenv(t, eq + 1, 1);
+        nv++;
+    }
+    engine_cuda_q35_session *vs = NULL;
+    double mean = 0, sd = 0;
+    if (!pre || !out || engine_cuda_q35_session_new(&vs, gm, n_ctx, ENGINE_KV_F16) ||
+        timed(vs, depth, n_gen, reps, pre, out, tps, &mean, &sd))
+        rc = -1;
+    for (int i = 0; !rc && i < depth && differ < 0; i++)
+        if (pre[i] != ref_pre[i]) differ = i;
+    for (int i = 0; !rc && i < n_gen && differ < 0; i++)
+        if (out[i] != ref[i]) differ = depth + i;
+    engine_cuda_q35_session_free(vs);
+    for (int i = 0; i < nv; i++) {
+        if (olds[i])
+            setenv(names[i], olds[i], 1);
+        else
+            unsetenv(names[i]);
+        free(olds[i]);
+    }
+    free(pre);
+    free(out);
+    if (rc) {
+        fprintf(stderr, "bench_q35: variant \"%s\": %s\n", spec, engine_error_last());
+        return -1;
+    }
+    printf("variant \"%s\": %.1f +- %.1f tok/s (%.1f us/token); greedy tokens %s", spec, mean,
+           sd, 1e6 / mean, differ < 0 ? "identical" : "DIFFER");
+    if (differ >= 0) printf(" (first at position %d)", differ);
+    printf("\n");
+    return 0;
 }
 
 /* The MTP figures on a fresh session (SPARK_CUDA_MTP_FUSED as the environment holds it now,
@@ -118,17 +195,19 @@ done:
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: %s MODEL.gguf [-n N_GEN] [-r REPS] [-d DEPTH] [-c N_CTX] "
-                "[-a FUSED]...\n", argv[0]);
+                "[-a FUSED]... [-e VARIANTS]\n", argv[0]);
         return 2;
     }
     const char *path = argv[1];
     int n_gen = 128, reps = 5, depth = 0, n_ctx = 0;
-    const char *alt[8];
+    const char *alt[8], *variants = NULL;
     int n_alt = 0;
     for (int i = 2; i + 1 < argc; i += 2) {
         int v = atoi(argv[i + 1]);
         if (!strcmp(argv[i], "-a") && n_alt < 8)
             alt[n_alt++] = argv[i + 1];
+        else if (!strcmp(argv[i], "-e"))
+            variants = argv[i + 1];
         else if (!strcmp(argv[i], "-n"))
             n_gen = v;
         else if (!strcmp(argv[i], "-r"))
@@ -150,7 +229,7 @@ int main(int argc, char **argv) {
     engine_model *m = NULL;
     engine_cuda_q35_model *gm = NULL;
     engine_cuda_q35_session *gs = NULL;
-    int32_t *out = NULL;
+    int32_t *out = NULL, *pre = NULL;
     double *tps = NULL;
     float *logits = NULL;
     double t0 = now_ms();
@@ -162,24 +241,21 @@ int main(int argc, char **argv) {
     engine_model_info info;
     engine_model_info_get(m, &info);
     out = malloc(sizeof(int32_t) * (size_t)(depth + n_gen + 1));
+    pre = malloc(sizeof(int32_t) * (size_t)(depth + 1));
     tps = malloc(sizeof(double) * (size_t)(reps + 1));
     logits = malloc(sizeof(float) * (size_t)engine_model_n_vocab(m));
-    if (!out || !tps || !logits) goto fail;
-    int32_t first = 0;
-    for (int r = 0; r <= reps; r++) {
-        /* from 0 each time: the recurrent state must hold exactly the tokens before DEPTH */
-        if (depth > 0 && engine_cuda_q35_generate(gs, 0, 0, depth, 0.0f, 0, out)) goto fail;
-        if (depth > 0) first = out[depth - 1];
-        double a = now_ms();
-        if (engine_cuda_q35_generate(gs, first, depth, n_gen, 0.0f, 0, out)) goto fail;
-        tps[r] = n_gen / ((now_ms() - a) / 1e3);
-    }
+    if (!out || !pre || !tps || !logits) goto fail;
     double mean = 0, sd = 0;
-    for (int r = 1; r <= reps; r++)
-        mean += tps[r] / reps;
-    for (int r = 1; r <= reps; r++)
-        sd += (tps[r] - mean) * (tps[r] - mean);
-    sd = reps > 1 ? sqrt(sd / (reps - 1)) : 0;
+    if (timed(gs, depth, n_gen, reps, pre, out, tps, &mean, &sd)) goto fail;
+    if (variants) {
+        printf("tg%d at depth %d: %.1f +- %.1f tok/s (%.1f us/token): the first session, as the "
+               "environment says\n",
+               n_gen, depth, mean, sd, 1e6 / mean);
+        char vb[2048];
+        snprintf(vb, sizeof vb, "%s", variants);
+        for (char *save = NULL, *t = strtok_r(vb, ";", &save); t; t = strtok_r(NULL, ";", &save))
+            if (variant(gm, t, n_ctx, depth, n_gen, reps, pre, out, tps)) goto fail;
+    }
     /* one step with its host round trip, at the position after the loop */
     double one = 0;
     {
@@ -236,6 +312,7 @@ int main(int argc, char **argv) {
         printf(" %d", out[i]);
     printf("\n");
     free(out);
+    free(pre);
     free(tps);
     free(logits);
     engine_cuda_q35_session_free(gs);
@@ -245,6 +322,7 @@ int main(int argc, char **argv) {
 fail:
     fprintf(stderr, "bench_q35: %s\n", engine_error_last());
     free(out);
+    free(pre);
     free(tps);
     free(logits);
     engine_cuda_q35_session_free(gs);

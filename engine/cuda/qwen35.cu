@@ -467,7 +467,32 @@ struct engine_cuda_q35_session {
     unsigned *counters; /* [n_kv + 1 + nv]: attention, sampler, DeltaNet step */
     engine_cu_step *step, *h_step;
     q35_spec *spec; /* MTP buffers and graphs, NULL until enabled (q35_mtp_host.cuh) */
+    /* Diagnosis only (wrong results): SPARK_CUDA_DIAG_SKIP / SPARK_CUDA_DIAG_TWICE, bit masks
+     * (Q35_DIAG_*) of the decode step's per-block launch kinds left out of / launched twice in
+     * the captured step (and the profile), read at session creation, so that an A/B of the
+     * timing gives each op's cost on the graph's critical path
+     * (bench_q35 -e "SPARK_CUDA_DIAG_SKIP=16"). The MTP passes ignore them. */
+    unsigned diag_skip, diag_twice;
 };
+
+/* The bits of SPARK_CUDA_DIAG_SKIP / _TWICE (each covers every launch of its kind) */
+enum {
+    Q35_DIAG_DN_IN = 1,      /* DeltaNet in-projections qkv|z|beta|alpha (+ alpha's own launch) */
+    Q35_DIAG_DN_STEP = 2,    /* DeltaNet step (conv, norms, delta rule, gated RMSNorm) */
+    Q35_DIAG_DN_OUT = 4,     /* DeltaNet out_proj (+= residual) */
+    Q35_DIAG_AT_QKV = 8,     /* attention [q|gate], k, v projections */
+    Q35_DIAG_AT = 16,        /* gated attention (its kernel and its merge launch) */
+    Q35_DIAG_AT_O = 32,      /* attention o_proj (+= residual) */
+    Q35_DIAG_ROUTER = 64,    /* router + shared-expert gate logit */
+    Q35_DIAG_UP = 128,       /* routed gate/up (routing fused) */
+    Q35_DIAG_SH_UP = 256,    /* shared expert gate/up */
+    Q35_DIAG_DOWN = 512,     /* down of the routed + shared experts (+ the shared one's own) */
+};
+
+/* How many times the decode step launches the ops of diagnosis bit `bit` (0, 1 or 2). */
+static int q35_diag_n(const engine_cuda_q35_session *s, unsigned bit) {
+    return s->diag_skip & bit ? 0 : s->diag_twice & bit ? 2 : 1;
+}
 
 static void q35m_free(engine_cuda_q35_session *s);
 static bool q35m_on(const engine_cuda_q35_session *s);
@@ -545,6 +570,12 @@ extern "C" int engine_cuda_q35_session_new(engine_cuda_q35_session **out, engine
     s->n_ctx = n_ctx;
     s->kv = kv;
     q35_reset_state(s);
+    {
+        const char *e = getenv("SPARK_CUDA_DIAG_SKIP");
+        s->diag_skip = e ? (unsigned)strtoul(e, NULL, 0) : 0u;
+        e = getenv("SPARK_CUDA_DIAG_TWICE");
+        s->diag_twice = e ? (unsigned)strtoul(e, NULL, 0) : 0u;
+    }
     s->k_cache = (void **)calloc((size_t)std::max(cm->n_attn, 1), sizeof(void *));
     s->v_cache = (void **)calloc((size_t)std::max(cm->n_attn, 1), sizeof(void *));
     if (!s->k_cache || !s->v_cache) {
@@ -829,10 +860,12 @@ static void q35_deltanet(engine_cuda_q35_session *s, const q35_cl *ly, float eps
     cudaStream_t st = s->stream;
     engine_cu_mat in[3] = {q35_mat(&ly->wqkv, s->big, 0), q35_mat(&ly->wz, s->z, 0),
                            q35_mat(&ly->wba, s->ba, 0)};
-    q35_mv(st, s->x, d->E, ly->attn_norm, eps, 3, in);
-    if (!ly->ba_fused) {
-        engine_cu_mat al = q35_mat(&ly->walpha, s->ba + d->nv, 0);
-        q35_mv(st, s->x, d->E, ly->attn_norm, eps, 1, &al);
+    for (int i = 0; i < q35_diag_n(s, Q35_DIAG_DN_IN); i++) {
+        q35_mv(st, s->x, d->E, ly->attn_norm, eps, 3, in);
+        if (!ly->ba_fused) {
+            engine_cu_mat al = q35_mat(&ly->walpha, s->ba + d->nv, 0);
+            q35_mv(st, s->x, d->E, ly->attn_norm, eps, 1, &al);
+        }
     }
     q35_mark(p, 1, st);
     engine_cu_delta a = q35_delta_args(s, ly, eps);
@@ -847,10 +880,12 @@ static void q35_deltanet(engine_cuda_q35_session *s, const q35_cl *ly, float eps
     a.n_snap = ENGINE_CUDA_Q35_SNAPSHOTS;
     a.pos = &s->step->pos;
     a.out = s->att;
-    engine_cu_deltanet_step(&a, st);
+    for (int i = 0; i < q35_diag_n(s, Q35_DIAG_DN_STEP); i++)
+        engine_cu_deltanet_step(&a, st);
     q35_mark(p, 2, st);
     engine_cu_mat o = q35_mat(&ly->wout, s->x, 1);
-    q35_mv(st, s->att, d->di, NULL, 0.0f, 1, &o);
+    for (int i = 0; i < q35_diag_n(s, Q35_DIAG_DN_OUT); i++)
+        q35_mv(st, s->att, d->di, NULL, 0.0f, 1, &o);
     q35_mark(p, 4, st);
 }
 
@@ -859,7 +894,8 @@ static void q35_attention(engine_cuda_q35_session *s, const q35_cl *ly, float ep
     cudaStream_t st = s->stream;
     engine_cu_mat in[3] = {q35_mat(&ly->wq, s->big, 0), q35_mat(&ly->wk, s->k, 0),
                            q35_mat(&ly->wv, s->v, 0)};
-    q35_mv(st, s->x, d->E, ly->attn_norm, eps, 3, in);
+    for (int i = 0; i < q35_diag_n(s, Q35_DIAG_AT_QKV); i++)
+        q35_mv(st, s->x, d->E, ly->attn_norm, eps, 3, in);
     q35_mark(p, 1, st);
     engine_cu_gatt a = q35_gatt_args(s, ly, eps, s->k_cache[ly->slot], s->v_cache[ly->slot]);
     a.qg = s->big;
@@ -867,10 +903,12 @@ static void q35_attention(engine_cuda_q35_session *s, const q35_cl *ly, float ep
     a.v = s->v;
     a.pos = &s->step->pos;
     a.out = s->att;
-    engine_cu_gatt_run(&a, st);
+    for (int i = 0; i < q35_diag_n(s, Q35_DIAG_AT); i++)
+        engine_cu_gatt_run(&a, st);
     q35_mark(p, 3, st);
     engine_cu_mat o = q35_mat(&ly->wo, s->x, 1);
-    q35_mv(st, s->att, d->nh * d->hd, NULL, 0.0f, 1, &o);
+    for (int i = 0; i < q35_diag_n(s, Q35_DIAG_AT_O); i++)
+        q35_mv(st, s->att, d->nh * d->hd, NULL, 0.0f, 1, &o);
     q35_mark(p, 4, st);
 }
 
@@ -878,7 +916,8 @@ static void q35_moe(engine_cuda_q35_session *s, const q35_cl *ly, float eps, q35
     const q35_dims *d = &s->cm->d;
     cudaStream_t st = s->stream;
     engine_cu_mat r[2] = {q35_mat(&ly->router, s->router, 0), q35_mat(&ly->shg, s->shl, 0)};
-    q35_mv(st, s->x, d->E, ly->post_norm, eps, 2, r);
+    for (int i = 0; i < q35_diag_n(s, Q35_DIAG_ROUTER); i++)
+        q35_mv(st, s->x, d->E, ly->post_norm, eps, 2, r);
     q35_mark(p, 5, st);
     engine_cu_ffn_up_args up = q35_up_args(d, ly, eps, false);
     up.router = s->router;
@@ -886,11 +925,13 @@ static void q35_moe(engine_cuda_q35_session *s, const q35_cl *ly, float eps, q35
     up.h = s->h;
     up.ids = s->ids;
     up.weights = s->wts;
-    engine_cu_ffn_up(&up, st);
+    for (int i = 0; i < q35_diag_n(s, Q35_DIAG_UP); i++)
+        engine_cu_ffn_up(&up, st);
     engine_cu_ffn_up_args sh = q35_up_args(d, ly, eps, true);
     sh.x = s->x;
     sh.h = s->h + (size_t)d->k * d->F;
-    engine_cu_ffn_up(&sh, st);
+    for (int i = 0; i < q35_diag_n(s, Q35_DIAG_SH_UP); i++)
+        engine_cu_ffn_up(&sh, st);
     q35_mark(p, 6, st);
     q35_mark(p, 7, st); /* the shared expert's gate: sigmoid of its logit inside the down kernel */
     engine_cu_ffn_down_args dn;
@@ -910,8 +951,10 @@ static void q35_moe(engine_cuda_q35_session *s, const q35_cl *ly, float eps, q35
         dn.sh_logit = s->shl;
         dn.sh_id = d->X;
     }
-    engine_cu_ffn_down(&dn, st);
-    if (!ly->down_merged) {
+    const int n_down = q35_diag_n(s, Q35_DIAG_DOWN);
+    for (int i = 0; i < n_down; i++)
+        engine_cu_ffn_down(&dn, st);
+    if (!ly->down_merged && n_down) {
         dn.down = ly->down_sh.d;
         dn.expert_bytes = 0;
         dn.row_bytes = ly->down_sh.row_bytes;
@@ -923,7 +966,8 @@ static void q35_moe(engine_cuda_q35_session *s, const q35_cl *ly, float eps, q35
         dn.weights = NULL;
         dn.sh_logit = s->shl;
         dn.sh_id = 0;
-        engine_cu_ffn_down(&dn, st);
+        for (int i = 0; i < n_down; i++)
+            engine_cu_ffn_down(&dn, st);
     }
     q35_mark(p, 8, st);
 }
