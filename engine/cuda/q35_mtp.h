@@ -11,7 +11,15 @@
  * op where the kernels allow; one CUDA graph per m), which also keeps the recurrent state
  * after each of its tokens, so that truncating inside the last pass's window restores the
  * state of the kept tokens with one device copy (bit for bit a session that never saw the
- * rest); truncating elsewhere restores a snapshot and recomputes. */
+ * rest); truncating elsewhere restores a snapshot and recomputes.
+ * With SPARK_CUDA_MTP_PREFILL=1 (read when MTP turns on; default off until measured on a GPU)
+ * a prompt (an append of more than ENGINE_CUDA_Q35_VMAX tokens without per-token logits) goes
+ * through the session's prefill (engine_cuda_q35_prefill_new: the one created last on the
+ * session) instead: the chunked pass of the main model, bit for bit the plain session's, which
+ * also writes the block's KV rows of the same pairs (q35_prefill.cuh). It keeps no per-token
+ * states, so a truncation into those tokens restores a snapshot (with the hidden state before
+ * it) and recomputes; the main model's state after such a recompute equals the first pass's up
+ * to summation order (the chunked delta rule's sub-chunks end elsewhere), not bit for bit. */
 #ifndef SPARK_ENGINE_CUDA_Q35_MTP_H
 #define SPARK_ENGINE_CUDA_Q35_MTP_H
 
@@ -33,6 +41,9 @@ bool engine_cuda_q35_mtp_on(const engine_cuda_q35_session *s);
  * receives the last token's logits, or NULL. */
 int engine_cuda_q35_append(engine_cuda_q35_session *s, const int32_t *tokens, int32_t n,
                            int32_t pos, float *logits_all, float *last);
+/* Test op: rows 0..n-1 of the MTP block's K and V caches (n * n_kv * head_dim floats each;
+ * sessions with MTP on and an F32 cache, else ENGINE_EINVAL). Synchronises the session. */
+int engine_cuda_q35_mtp_kv_get(engine_cuda_q35_session *s, int32_t n, float *k, float *v);
 /* Draft step i after n_tokens (>= 1) tokens: the pair (h_{n-1} for i = 0, else the previous
  * step's output; token) at position n - 1 + i -> logits (n_vocab floats, or NULL). */
 int engine_cuda_q35_mtp_step(engine_cuda_q35_session *s, int32_t i, int32_t token,

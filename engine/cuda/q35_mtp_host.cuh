@@ -17,7 +17,10 @@
  * A draft step (graphs for step 0 and for later steps): embed the token of dstep, [enorm(e) |
  * hnorm(h)] with h = hbuf row 0 (step 0) or the previous step's output, fc, the block's
  * attention at dstep.pos and MoE, the shared final norm -> mtp_h, head, greedy sample (dstep
- * advances, the draft lands in dtok). */
+ * advances, the draft lands in dtok).
+ * Prompts (appends of at least pf_min tokens without per-token logits, SPARK_CUDA_MTP_PREFILL)
+ * go through the session's prefill instead (q35_prefill.cu: the chunked pass of the main model,
+ * which feeds the block's KV rows over the same positions; contract in q35_prefill.cuh). */
 extern "C" {
 #include "cuda/q35_mtp.h"
 }
@@ -47,6 +50,7 @@ struct q35_spec {
     cudaGraphExec_t verify[ENGINE_CU_VMAX + 1], draft[2], fast[ENGINE_CU_VMAX];
     int32_t win_p0, win_m; /* the last pass's window (win_m 0: none) */
     unsigned fused;        /* Q35M_FUSED_* parts of the verify pass in one launch for all m */
+    int32_t pf_min;        /* appends of at least this many tokens go through the prefill (0: no) */
     float *vssq;           /* [VMAX][nv][dv / 32]: the fused DeltaNet step's sums of squares */
     float *vpart;          /* [VMAX][nh][runners][hd + 2]: the fused attention's partials */
 };
@@ -81,6 +85,20 @@ static unsigned q35m_fused_env(void) {
         p += n + (p[n] == ',');
     }
     return f;
+}
+
+/* SPARK_CUDA_MTP_PREFILL (read when a session first turns MTP on): unset, empty or "0": every
+ * append goes through verify passes; "1": appends of more than ENGINE_CU_VMAX tokens (a verify
+ * pass's width) without per-token logits go through the session's prefill (q35_prefill.cu),
+ * which also feeds the MTP block; N > 1: appends of at least N tokens do. */
+static int32_t q35m_pf_min_env(void) {
+    const char *e = getenv("SPARK_CUDA_MTP_PREFILL");
+    if (!e || !*e || !strcmp(e, "0")) return 0;
+    const long v = strtol(e, NULL, 10);
+    if (v > 1) return (int32_t)std::min(v, (long)INT32_MAX);
+    if (v != 1)
+        engine_log(ENGINE_LOG_INFO, "cuda: SPARK_CUDA_MTP_PREFILL=%s: not a number, taken as 1", e);
+    return ENGINE_CU_VMAX + 1;
 }
 
 /* Floats of one query's partials in the fused attention. */
@@ -150,6 +168,36 @@ static int q35_mtp_check(engine_cuda_q35_model *cm) {
         cm->has_mtp = false;
     }
     return 0;
+}
+
+extern "C" bool engine_cuda_q35_mtp_view_get(engine_cuda_q35_session *s,
+                                             engine_cu_q35_mtp_view *o) {
+    const engine_cuda_q35_model *cm = s->cm;
+    if (!cm->has_mtp) return false;
+    memset(o, 0, sizeof *o);
+    engine_cuda_q35_layer_get(s, cm->d.n_layer, &o->ly);
+    o->eh = q35_wview(&cm->mtp_eh, 1);
+    o->enorm = cm->mtp_enorm;
+    o->hnorm = cm->mtp_hnorm;
+    q35_spec *sp = s->spec;
+    if (sp && sp->on) {
+        o->on = true;
+        o->k_cache = sp->mk;
+        o->v_cache = sp->mv;
+        o->hbuf = sp->hbuf;
+        o->snap_hid = sp->snap_hid;
+        o->win_m = &sp->win_m;
+    }
+    return true;
+}
+
+extern "C" void engine_cuda_q35_prefill_set(engine_cuda_q35_session *s,
+                                            engine_cuda_q35_prefill *p) {
+    s->pf = p;
+}
+
+extern "C" engine_cuda_q35_prefill *engine_cuda_q35_prefill_get(engine_cuda_q35_session *s) {
+    return s->pf;
 }
 
 extern "C" bool engine_cuda_q35_has_mtp(const engine_cuda_q35_model *cm) {
@@ -235,6 +283,7 @@ extern "C" int engine_cuda_q35_mtp_enable(engine_cuda_q35_session *s, bool *was_
         sp->dstep = (engine_cu_step *)q35m_alloc(sp, sizeof(engine_cu_step), &rc);
         sp->ctl = (engine_cu_spec_ctl *)q35m_alloc(sp, sizeof(engine_cu_spec_ctl), &rc);
         sp->fused = q35m_fused_env();
+        sp->pf_min = q35m_pf_min_env();
         if (sp->fused & Q35M_FUSED_DELTA)
             sp->vssq = (float *)q35m_alloc(sp, f * V * d->nv * (size_t)(d->dv / 32), &rc);
         if (sp->fused & Q35M_FUSED_ATTN)
@@ -250,9 +299,10 @@ extern "C" int engine_cuda_q35_mtp_enable(engine_cuda_q35_session *s, bool *was_
         *was_off = true;
         engine_log(ENGINE_LOG_INFO,
                    "cuda: MTP on (qwen35moe): block KV %.1f MiB, per-token states of a verify "
-                   "pass %.1f MiB, fused parts 0x%x",
+                   "pass %.1f MiB, fused parts 0x%x, prompts of >= %d tokens through the "
+                   "prefill (0: none)",
                    2.0 * (double)((size_t)s->n_ctx * kvd * elt) / 1048576.0,
-                   (double)(f * V * s->snap_stride) / 1048576.0, sp->fused);
+                   (double)(f * V * s->snap_stride) / 1048576.0, sp->fused, sp->pf_min);
     }
 done:
     if (rc) q35m_free(s);
@@ -647,6 +697,8 @@ extern "C" int engine_cuda_q35_append(engine_cuda_q35_session *s, const int32_t 
         if (tokens[i] < 0 || tokens[i] >= d->V)
             return engine_err(ENGINE_EINVAL, "cuda append: token id %d is not in [0, %d)",
                               tokens[i], d->V);
+    if (!logits_all && sp->pf_min > 0 && n >= sp->pf_min && engine_cu_q35_prefill_mtp_ok(s->pf))
+        return engine_cuda_q35_prefill_run(s->pf, tokens, n, pos, last); /* feeds the block */
     int rc = 0;
     CU(cudaSetDevice(s->cm->device));
     if (pos == 0 && (rc = q35m_reset(s))) goto done;
@@ -729,6 +781,22 @@ static int q35m_truncate(engine_cuda_q35_session *s, const int32_t *tokens, int3
         else
             CU(cudaStreamSynchronize(s->stream));
     }
+done:
+    return rc;
+}
+
+extern "C" int engine_cuda_q35_mtp_kv_get(engine_cuda_q35_session *s, int32_t n, float *k,
+                                          float *v) {
+    const q35_dims *d = &s->cm->d;
+    if (!q35m_on(s) || s->kv != ENGINE_KV_F32 || n < 0 || n > s->n_ctx)
+        return engine_err(ENGINE_EINVAL, "MTP KV rows: needs MTP on, an F32 cache and 0..%d rows",
+                          s->n_ctx);
+    const size_t bytes = sizeof(float) * (size_t)n * (size_t)d->nkv * (size_t)d->hd;
+    int rc = 0;
+    CU(cudaSetDevice(s->cm->device));
+    CU(cudaStreamSynchronize(s->stream));
+    CU(cudaMemcpy(k, s->spec->mk, bytes, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(v, s->spec->mv, bytes, cudaMemcpyDeviceToHost));
 done:
     return rc;
 }

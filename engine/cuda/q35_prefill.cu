@@ -8,6 +8,7 @@
 #include "gemm.cuh"
 #include "prefill.cuh"
 #include "q35_prefill.cuh"
+#include "q35_verify.cuh"
 #include "qwen35_attn.cuh"
 
 extern "C" {
@@ -32,6 +33,8 @@ struct engine_cuda_q35_prefill {
     engine_cuda_q35_session *s;
     engine_cu_q35_view v;
     engine_cu_q35_layer *ly; /* [n_layer] */
+    engine_cu_q35_mtp_view mtp; /* the MTP block's weights (mtp_ok) */
+    bool mtp_ok;                /* it can be fed (engine_cu_q35_prefill_mtp_ok) */
     int E, V, nh, nkv, hd, rot, nk, nv, dk, dv, K, C, di, X, k, F, Fs, n_layer;
     float eps;
     int32_t max_tokens;
@@ -46,6 +49,7 @@ struct engine_cuda_q35_prefill {
     int32_t *tok, *ids, *sorted_tok, *slot_pos, *tiles, *n_tiles;
     float *x, *big, *cv, *z, *ba, *att, *q, *k_, *v_, *router, *wts, *shl, *g, *u, *d, *sg, *su,
         *sh, *logits;
+    float *hid; /* mtp_ok: [n + 1][E] h_{pos-1}, then the chunk's final normed hidden states */
     void *xbuf;
 };
 
@@ -70,7 +74,7 @@ static size_t qp_xb(int m, int cols) {
 
 typedef struct {
     size_t tok, slots, tiles, ntiles, x, big, cv, z, ba, att, q, kv, router, wts, shl, gu, d, sgu,
-        sh, logits, xbuf, total;
+        sh, logits, hid, xbuf, total;
 } qp_layout;
 
 static qp_layout qp_plan(const engine_cuda_q35_prefill *p, int32_t N) {
@@ -81,7 +85,9 @@ static qp_layout qp_plan(const engine_cuda_q35_prefill *p, int32_t N) {
     z.tiles = qp_al(sizeof(int32_t) * 3 * (size_t)engine_cu_pf_max_tiles((int)nk, p->X));
     z.ntiles = 256;
     z.x = qp_al(f * n * p->E);
-    z.big = qp_al(f * n * std::max((size_t)p->C, 2 * (size_t)p->nh * p->hd));
+    /* big also holds the MTP block's fc input [n][2E] */
+    z.big = qp_al(f * n * std::max({(size_t)p->C, 2 * (size_t)p->nh * p->hd,
+                                    p->mtp_ok ? 2 * (size_t)p->E : (size_t)0}));
     z.cv = qp_al(f * n * p->C);
     z.z = qp_al(f * n * p->di);
     z.ba = qp_al(f * n * 2 * p->nv);
@@ -96,11 +102,13 @@ static qp_layout qp_plan(const engine_cuda_q35_prefill *p, int32_t N) {
     z.sgu = qp_al(f * n * p->Fs);
     z.sh = qp_al(f * n * p->E);
     z.logits = qp_al(f * p->V);
+    z.hid = p->mtp_ok ? qp_al(f * (n + 1) * p->E) : 0;
     z.xbuf = std::max({qp_xb(N, p->E), qp_xb(N, p->nh * p->hd), qp_xb(N, p->di),
-                       qp_xb(N * p->k, p->F), qp_xb(N, p->Fs)});
+                       qp_xb(N * p->k, p->F), qp_xb(N, p->Fs),
+                       p->mtp_ok ? qp_xb(N, 2 * p->E) : (size_t)0});
     z.total = z.tok + 3 * z.slots + z.tiles + z.ntiles + z.x + z.big + z.cv + z.z + z.ba + z.att +
               z.q + 2 * z.kv + z.router + z.wts + z.shl + 2 * z.gu + z.d + 2 * z.sgu + z.sh +
-              z.logits + z.xbuf;
+              z.logits + z.hid + z.xbuf;
     return z;
 }
 
@@ -112,6 +120,7 @@ static void qp_mark(engine_cuda_q35_prefill *p, int cat, cudaStream_t st) {
 
 extern "C" void engine_cuda_q35_prefill_free(engine_cuda_q35_prefill *p) {
     if (!p) return;
+    if (engine_cuda_q35_prefill_get(p->s) == p) engine_cuda_q35_prefill_set(p->s, NULL);
     cudaSetDevice(p->v.device);
     if (p->prof && p->prof_tokens > 0)
         engine_cu_pf_prof_log("cuda qwen35moe prefill", p->prof_tokens, p->prof_ms, qp_phase_name,
@@ -149,6 +158,23 @@ static bool qp_supported(const engine_cuda_q35_prefill *p) {
         engine_log(ENGINE_LOG_INFO, "cuda: qwen35moe prompts go through the decode step (%s)",
                    why);
     return why == NULL;
+}
+
+/* Whether the MTP block's KV rows have prefill GEMMs (fc, k, v); logs why not. */
+static bool qp_mtp_supported(const engine_cuda_q35_prefill *p) {
+    const engine_cu_q35_mtp_view *w = &p->mtp;
+    const engine_cuda_wview *mats[] = {&w->eh, &w->ly.wk, &w->ly.wv};
+    bool ok = w->ly.attn && w->eh.rows == p->E && w->eh.cols == 2 * p->E;
+    for (size_t i = 0; ok && i < sizeof mats / sizeof mats[0]; i++)
+        ok = mats[i]->d && engine_cu_gemm_ok(mats[i]->type, mats[i]->cols);
+    if (!ok)
+        engine_log(ENGINE_LOG_INFO, "cuda: qwen35moe prompts of MTP sessions go through verify "
+                   "passes (the MTP block's fc, k or v has no prefill GEMM)");
+    return ok;
+}
+
+bool engine_cu_q35_prefill_mtp_ok(const engine_cuda_q35_prefill *p) {
+    return p && p->mtp_ok;
 }
 
 extern "C" int engine_cuda_q35_prefill_new(engine_cuda_q35_prefill **out,
@@ -195,6 +221,7 @@ extern "C" int engine_cuda_q35_prefill_new(engine_cuda_q35_prefill **out,
     for (int l = 0; l < p->n_layer; l++)
         engine_cuda_q35_layer_get(s, l, &p->ly[l]);
     if (!qp_supported(p)) goto done; /* rc 0, *out NULL: the decode step serves prompts */
+    if (engine_cuda_q35_mtp_view_get(s, &p->mtp)) p->mtp_ok = qp_mtp_supported(p);
     z = qp_plan(p, p->max_tokens);
     if ((rc = qp_err(cudaSetDevice(p->v.device), "cudaSetDevice"))) goto done;
     if ((rc = qp_err(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo"))) goto done;
@@ -240,6 +267,7 @@ extern "C" int engine_cuda_q35_prefill_new(engine_cuda_q35_prefill **out,
     QP_CARVE(su, sgu, float)
     QP_CARVE(sh, sh, float)
     QP_CARVE(logits, logits, float)
+    QP_CARVE(hid, hid, float)
     QP_CARVE(xbuf, xbuf, void)
 #undef QP_CARVE
     ENGINE_ASSERT((size_t)(b - p->mem) == z.total);
@@ -258,6 +286,7 @@ extern "C" int engine_cuda_q35_prefill_new(engine_cuda_q35_prefill **out,
         for (int i = 0; i < p->n_ev; i++)
             if ((rc = qp_err(cudaEventCreate(&p->ev[i]), "cudaEventCreate"))) goto done;
     }
+    engine_cuda_q35_prefill_set(s, p); /* the session's MTP prompts come here */
     *out = p;
     p = NULL;
 done:
@@ -509,8 +538,76 @@ static void qp_moe(engine_cuda_q35_prefill *p, const engine_cu_q35_layer *ly, in
     pc->x = NULL;
 }
 
+/* The MTP block's KV rows of the pairs the chunk at pos of n tokens completes (contract in
+ * q35_prefill.cuh, engine_cu_q35_prefill_mtp_ok), after the main pass left the last block's
+ * output in x: hid row 0 = h_{pos-1} (the pending row), rows 1..n = rmsnorm(x_t) * output_norm;
+ * the pairs (hid row t, token t) at positions pos - 1 + t (at pos 0: rows and tokens 1..n-1 at
+ * 0..n-2). x, sh, big, k_ and v_ are free once the head has read x. */
+static int qp_mtp_feed(engine_cuda_q35_prefill *p, const engine_cu_q35_mtp_view *mv, int n,
+                       int32_t pos, cudaStream_t st) {
+    const engine_cu_q35_view *v = &p->v;
+    const engine_cu_q35_layer *ly = &mv->ly;
+    const size_t E = (size_t)p->E, f = sizeof(float);
+    const int first = pos > 0 ? 0 : 1, cnt = n - first, kvd = p->nkv * p->hd;
+    int rc;
+    engine_cu_vrmsnorm(p->x, E, v->output_norm, p->eps, p->E, n, p->hid + E, E, st);
+    if (pos > 0 && (rc = qp_err(cudaMemcpyAsync(p->hid, mv->hbuf, f * E,
+                                                cudaMemcpyDeviceToDevice, st),
+                                "cudaMemcpyAsync (MTP hidden)")))
+        return rc;
+    if (cnt > 0) {
+        qp_prep_cache pc;
+        memset(&pc, 0, sizeof pc);
+        pc.form = -1;
+        engine_cu_pf_embed((const uint8_t *)v->tok_embd.d, v->tok_embd.row_bytes,
+                           v->tok_embd.type, p->E, p->tok + first, cnt, p->sh, st);
+        engine_cu_vcat_norm(p->sh, p->hid + (size_t)first * E, mv->enorm, mv->hnorm, p->eps, p->E,
+                            cnt, p->big, st);
+        const engine_cu_gx *gx;
+        gx = qp_prep(p, &pc, mv->eh.type, p->big, NULL, cnt, 2 * p->E, NULL, st);
+        qp_gemm(p, &mv->eh, gx, cnt, p->x, p->E, 0, false, NULL, 1, st);
+        gx = qp_prep(p, &pc, ly->wk.type, p->x, NULL, cnt, p->E, ly->attn_norm, st);
+        qp_gemm(p, &ly->wk, gx, cnt, p->k_, kvd, 0, false, NULL, 1, st);
+        gx = qp_prep(p, &pc, ly->wv.type, p->x, NULL, cnt, p->E, ly->attn_norm, st);
+        qp_gemm(p, &ly->wv, gx, cnt, p->v_, kvd, 0, false, NULL, 1, st);
+        engine_cu_gatt_pf qa; /* no query heads: k norm + rope, K and V stored */
+        memset(&qa, 0, sizeof qa);
+        qa.k = p->k_;
+        qa.v = p->v_;
+        qa.k_norm = ly->k_norm;
+        qa.rope = (const float2 *)v->rope;
+        qa.rot = p->rot;
+        qa.eps = p->eps;
+        qa.k_cache = mv->k_cache;
+        qa.v_cache = mv->v_cache;
+        qa.kv_f32 = v->kv_f32;
+        qa.n = cnt;
+        qa.pos0 = pos - 1 + first;
+        qa.n_head = 0;
+        qa.n_kv = p->nkv;
+        qa.hd = p->hd;
+        engine_cu_gatt_pf_qk(&qa, st);
+    }
+    /* the hidden state before each snapshot point the chunk keeps (as the verify passes' grid) */
+    const int32_t floor = engine_cu_q35_snap_floor(pos, n);
+    for (int32_t b = (pos / ENGINE_CUDA_Q35_SNAP_EVERY + 1) * ENGINE_CUDA_Q35_SNAP_EVERY;
+         b <= pos + n; b += ENGINE_CUDA_Q35_SNAP_EVERY) {
+        if (b <= floor) continue;
+        const size_t slot = (size_t)(b / ENGINE_CUDA_Q35_SNAP_EVERY) % ENGINE_CUDA_Q35_SNAPSHOTS;
+        if ((rc = qp_err(cudaMemcpyAsync(mv->snap_hid + slot * E, p->hid + (size_t)(b - pos) * E,
+                                         f * E, cudaMemcpyDeviceToDevice, st),
+                         "cudaMemcpyAsync (MTP snapshot hidden)")))
+            return rc;
+    }
+    if ((rc = qp_err(cudaMemcpyAsync(mv->hbuf, p->hid + (size_t)n * E, f * E,
+                                     cudaMemcpyDeviceToDevice, st),
+                     "cudaMemcpyAsync (MTP pending hidden)")))
+        return rc;
+    return qp_err(cudaGetLastError(), "prefill MTP launch");
+}
+
 static int qp_chunk(engine_cuda_q35_prefill *p, const int32_t *tokens, int32_t n, int32_t pos,
-                    float *logits_last) {
+                    float *logits_last, const engine_cu_q35_mtp_view *mv) {
     engine_cu_q35_view *v = &p->v;
     cudaStream_t st = (cudaStream_t)v->stream;
     int rc;
@@ -560,6 +657,7 @@ static int qp_chunk(engine_cuda_q35_prefill *p, const int32_t *tokens, int32_t n
             return rc;
         qp_mark(p, QP_P_HEAD, st);
     }
+    if (mv && (rc = qp_mtp_feed(p, mv, n, pos, st))) return rc;
     if ((rc = qp_err(cudaStreamSynchronize(st), "prefill (qwen35moe)"))) return rc;
     if (p->prof) engine_cu_pf_prof_add(p->ev, p->ev_cat, p->n_mark, p->prof_ms);
     if (p->prof) p->prof_tokens += n;
@@ -576,10 +674,18 @@ extern "C" int engine_cuda_q35_prefill_run(engine_cuda_q35_prefill *p, const int
         if (tokens[i] < 0 || tokens[i] >= p->V)
             return engine_err(ENGINE_EINVAL, "cuda prefill: token id %d is not in [0, %d)",
                               tokens[i], p->V);
+    /* a session with MTP on: every chunk also feeds its MTP block */
+    engine_cu_q35_mtp_view mv;
+    const bool feed = engine_cuda_q35_mtp_view_get(p->s, &mv) && mv.on;
+    if (feed && !p->mtp_ok)
+        return engine_err(ENGINE_EUNSUPPORTED, "cuda prefill: the session has MTP on but the MTP "
+                          "block has no prefill GEMM (append through verify passes)");
+    if (feed) *mv.win_m = 0; /* no per-token states of these tokens: truncation recomputes */
     int rc = qp_err(cudaSetDevice(p->v.device), "cudaSetDevice");
     for (int32_t i = 0; rc == 0 && i < n; i += p->max_tokens) {
         const int32_t c = std::min(p->max_tokens, n - i);
-        rc = qp_chunk(p, tokens + i, c, pos + i, i + c == n ? logits_last : NULL);
+        rc = qp_chunk(p, tokens + i, c, pos + i, i + c == n ? logits_last : NULL,
+                      feed ? &mv : NULL);
     }
     return rc;
 }

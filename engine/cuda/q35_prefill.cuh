@@ -66,11 +66,43 @@ typedef struct {
     const float *output_norm;
 } engine_cu_q35_view;
 
+/* The MTP block of a session's model and, while the session has MTP on, its state (borrowed
+ * from q35_mtp_host.cuh). */
+typedef struct {
+    engine_cu_q35_layer ly;     /* blk.<n_layer>: one gated attention block (+ MoE) */
+    engine_cuda_wview eh;       /* fc: E rows over [enorm(embedding) | hnorm(h)] (2E) */
+    const float *enorm, *hnorm; /* [E] */
+    bool on;                    /* the session feeds the block; the fields below are set */
+    void *k_cache, *v_cache;    /* the block's KV [n_ctx][n_kv hd] (F16 or F32 as the session) */
+    float *hbuf;                /* row 0: h of the session's last token (its pair is pending) */
+    float *snap_hid;            /* [ENGINE_CUDA_Q35_SNAPSHOTS][E]: h before each snapshot point */
+    int32_t *win_m;             /* the last verify pass's window (0: none) */
+} engine_cu_q35_mtp_view;
+
 extern "C" {
 /* qwen35.cu: the views of a session and of block l of its model. */
 void engine_cuda_q35_view_get(engine_cuda_q35_session *s, engine_cu_q35_view *out);
 void engine_cuda_q35_layer_get(engine_cuda_q35_session *s, int l, engine_cu_q35_layer *out);
+/* q35_mtp_host.cuh: false (out untouched) when the model has no MTP block on the device. */
+bool engine_cuda_q35_mtp_view_get(engine_cuda_q35_session *s, engine_cu_q35_mtp_view *out);
+/* q35_mtp_host.cuh: the prefill that serves the session's MTP prompts (the one created last;
+ * engine_cuda_q35_prefill_free of it sets NULL). */
+void engine_cuda_q35_prefill_set(engine_cuda_q35_session *s, engine_cuda_q35_prefill *p);
+engine_cuda_q35_prefill *engine_cuda_q35_prefill_get(engine_cuda_q35_session *s);
 }
+
+/* The prefill of a session with MTP on also feeds the MTP block over the same positions (its KV
+ * at position p holds the pair (h_p, token p + 1), h_p = rmsnorm(x_p) * output_norm after the
+ * last block): per chunk at pos of n tokens the pairs at positions pos - 1 .. pos + n - 2 (from
+ * 0 at pos 0: n - 1 pairs), h_{pos-1} from the MTP state's pending row, then h_{pos+n-1} left
+ * pending; the hidden state before each snapshot point the chunk keeps goes with it. Only the
+ * block's KV rows are computed: embed | [enorm(e) | hnorm(h)] | fc GEMM | attn_norm + k, v
+ * GEMMs | k norm, rope, store (engine_cu_gatt_pf_qk with no query heads). The block's attention
+ * output, MoE and final norm of a fed pair are never read (a draft starts from h and the
+ * pending token, later drafts from the previous draft's output), so they are not computed.
+ * False when the block's shapes have no prefill GEMM (such sessions append through verify
+ * passes). */
+bool engine_cu_q35_prefill_mtp_ok(const engine_cuda_q35_prefill *p);
 
 /* The DeltaNet kernels (deltanet_chunk.cu). */
 typedef struct {

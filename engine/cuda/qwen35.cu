@@ -463,6 +463,7 @@ struct engine_cuda_q35_session {
     int32_t snap_pos[ENGINE_CUDA_Q35_SNAPSHOTS];
     float *x, *big, *z, *ba, *k, *v, *att, *router, *shl, *h, *logits, *partial, *sscratch;
     float *wts, *rope, *dssq; /* dssq: the DeltaNet step's [nv][dv / 32] sums of squares */
+    engine_cuda_q35_prefill *pf; /* the prefill serving MTP prompts (q35_mtp_host.cuh), or NULL */
     int32_t *ids, *out;
     unsigned *counters; /* [n_kv + 1 + nv]: attention, sampler, DeltaNet step */
     engine_cu_step *step, *h_step;

@@ -31,6 +31,25 @@
  *              reproduces plain greedy decoding (engine_cuda_q35_generate)
  *   sampling   engine_generate at temperature 1 with mtp_draft 2 runs to max_tokens and a seed
  *              repeats (the distribution test is the CPU's, test_mtp: the same spec.c loop)
+ *   prefill    SPARK_CUDA_MTP_PREFILL=1: prompts of 23 and 300 tokens of an MTP session through
+ *              its prefill (64-token chunks: the pending hidden state crosses 4 chunk borders)
+ *              which also feeds the MTP block: (a) the last logits equal, bit for bit, those of
+ *              the same prefill on a plain session (the feed leaves the main pass alone); (b)
+ *              against a session fed by verify passes: the last logits, the MTP KV rows 0..n-2
+ *              and the draft logits of steps 0..3 within 5e-4 (1 + max |ref|) (f32: the prefill
+ *              against the decode step's arithmetic, summation order only, the bound of
+ *              test_cuda_q35_prefill), quantised cosine >= 0.97 (logits, KV) / 0.9 (drafts: the
+ *              draft check's floor); (c) the device greedy loop k 1..4 after the prefilled
+ *              prompt emits exactly the plain session's greedy tokens (prefill + decode steps:
+ *              the verify passes equal the decode step bit for bit); (d) truncation into the
+ *              prefilled prompt (to 299: snapshot 288 + an 11-token prefill; 260: snapshot 256 +
+ *              a verify pass, then a 40-token prefill at 260; 100: no snapshot, from 0) and the
+ *              rest appended again: the logits after the prompt and the first draft's within
+ *              the bounds of (b) of the first pass's, and (f32) the greedy loop's tokens
+ *              identical (quantised: printed; a near-tied expert may swap after the recompute's
+ *              rounding, as test_cuda_q35_prefill's rollback bound says); engine_generate
+ *              (check_api, below) runs with the switch on, its plain reference through the
+ *              same prefill
  * Exits 77 (skip) with the reason when no GPU is usable or the build has no CUDA backend. */
 #include <math.h>
 #include <stdio.h>
@@ -99,6 +118,37 @@ static int enable_with(engine_cuda_q35_session *s, const char *fused, bool *was)
     else
         unsetenv("SPARK_CUDA_MTP_FUSED");
     return rc;
+}
+
+/* SPARK_CUDA_MTP_PREFILL = value for what follows (read when a session turns MTP on); returns
+ * the previous value (malloc'd, or NULL) for pf_restore. */
+static char *pf_set(const char *value) {
+    const char *e = getenv("SPARK_CUDA_MTP_PREFILL");
+    char *old = e ? strdup(e) : NULL;
+    setenv("SPARK_CUDA_MTP_PREFILL", value, 1);
+    return old;
+}
+
+static void pf_restore(char *old) {
+    if (old)
+        setenv("SPARK_CUDA_MTP_PREFILL", old, 1);
+    else
+        unsetenv("SPARK_CUDA_MTP_PREFILL");
+    free(old);
+}
+
+/* ref vs got: exact (f32 weights) within rel * (1 + max |ref|), else cosine >= cmin; returns the
+ * relative error or the cosine. */
+static double within(const float *ref, const float *got, size_t n, bool exact, double rel,
+                     double cmin, const char *what) {
+    const support_logit_row r = support_logit_compare(ref, got, (int32_t)n);
+    if (exact) {
+        const double e = r.max_diff / (1 + r.max_ref);
+        CHECK(e <= rel, "%s: max |diff| / (1 + max |ref|) = %.3g > %.1g", what, e, rel);
+        return e;
+    }
+    CHECK(r.cosine >= cmin, "%s: cosine %.6f < %.2f", what, r.cosine, cmin);
+    return r.cosine;
 }
 
 /* verify passes against the decode step; rollback; fast loop, with the verify pass's parts
@@ -204,6 +254,129 @@ out:
     engine_cuda_q35_session_free(cold);
 }
 
+/* An MTP session's prompts through its prefill (the "prefill" checks above). */
+static void check_prefill(engine_model *m, engine_cuda_q35_model *gm, const char *type) {
+    enum { NC = 512, L = 300, CH = 64, KD = 2 };
+    const bool exact = !strcmp(type, "f32");
+    const int32_t nv = engine_model_n_vocab(m);
+    const size_t V = (size_t)nv, kvd = (size_t)m->hp.n_head_kv * m->hp.head_dim_k;
+    const int32_t lens[2] = {N_PROMPT, L};
+    int32_t toks[L], hold[L + N_GEN + 8], pout[N_GEN + 8], fout[N_GEN + 8], ref[N_GEN + 8];
+    engine_cuda_q35_session *a = NULL, *b = NULL, *c = NULL;
+    engine_cuda_q35_prefill *pfa = NULL, *pfc = NULL;
+    char *old = pf_set("1");
+    float *la = malloc(sizeof(float) * V), *lb = malloc(sizeof(float) * V);
+    float *lc = malloc(sizeof(float) * V), *da = malloc(sizeof(float) * V);
+    float *db = malloc(sizeof(float) * V);
+    float *ka = malloc(sizeof(float) * L * kvd), *kb = malloc(sizeof(float) * L * kvd);
+    float *va = malloc(sizeof(float) * L * kvd), *vb = malloc(sizeof(float) * L * kvd);
+    bool was = false;
+    for (int i = 0; i < L; i++)
+        toks[i] = (int32_t)((i * 7919 + 13) % nv);
+    CHECK(engine_cuda_q35_session_new(&a, gm, NC, ENGINE_KV_F32) == 0, "session");
+    CHECK(engine_cuda_q35_session_new(&b, gm, NC, ENGINE_KV_F32) == 0, "session");
+    CHECK(engine_cuda_q35_session_new(&c, gm, NC, ENGINE_KV_F32) == 0, "session");
+    if (a) CHECK(engine_cuda_q35_prefill_new(&pfa, a, CH) == 0 && pfa, "prefill (mtp session)");
+    if (c) CHECK(engine_cuda_q35_prefill_new(&pfc, c, CH) == 0 && pfc, "prefill (plain)");
+    if (!pfa || !b || !pfc || !la || !lb || !lc || !da || !db || !ka || !kb || !va || !vb)
+        goto out;
+    CHECK(enable_with(a, "0", &was) == 0 && was, "enable");
+    CHECK(enable_with(b, "0", &was) == 0 && was, "enable");
+
+    for (int li = 0; li < 2; li++) { /* (a), (b) */
+        const int32_t n = lens[li];
+        char what[96];
+        CHECK(engine_cuda_q35_append(a, toks, n, 0, NULL, la) == 0, "prefilled prompt %d", n);
+        CHECK(engine_cuda_q35_append(b, toks, n, 0, NULL, lb) == 0, "verify-fed prompt %d", n);
+        CHECK(engine_cuda_q35_prefill_run(pfc, toks, n, 0, lc) == 0, "plain prefill %d", n);
+        CHECK(!memcmp(la, lc, sizeof(float) * V), "%s prompt %d: the MTP session's logits differ "
+              "from the plain prefill's (%.3g): the prompt did not go through the prefill, or "
+              "the feed changed the main pass", type, n, max_diff(lc, la, V));
+        CHECK(engine_cuda_q35_mtp_kv_get(a, n - 1, ka, va) == 0, "kv");
+        CHECK(engine_cuda_q35_mtp_kv_get(b, n - 1, kb, vb) == 0, "kv");
+        snprintf(what, sizeof what, "%s prompt %d logits, prefill vs verify passes", type, n);
+        const double rl = within(lb, la, V, exact, 5e-4, 0.97, what);
+        snprintf(what, sizeof what, "%s prompt %d MTP K rows", type, n);
+        const double rk = within(kb, ka, (size_t)(n - 1) * kvd, exact, 5e-4, 0.97, what);
+        snprintf(what, sizeof what, "%s prompt %d MTP V rows", type, n);
+        const double rv = within(vb, va, (size_t)(n - 1) * kvd, exact, 5e-4, 0.97, what);
+        double rd = exact ? 0 : 1;
+        int32_t tok = support_argmax(lb, nv);
+        for (int i = 0; i < 4; i++) {
+            CHECK(engine_cuda_q35_mtp_step(a, i, tok, n, da) == 0, "draft %d", i);
+            CHECK(engine_cuda_q35_mtp_step(b, i, tok, n, db) == 0, "draft %d", i);
+            snprintf(what, sizeof what, "%s prompt %d draft step %d", type, n, i);
+            const double r = within(db, da, V, exact, 5e-4, 0.9, what);
+            rd = exact ? fmax(rd, r) : fmin(rd, r);
+            tok = support_argmax(db, nv);
+        }
+        printf("%-6s MTP prompt of %3d through the prefill vs verify passes (%s): logits %.3g, "
+               "K %.3g, V %.3g, drafts 0..3 %.3g; logits = the plain prefill's: %s\n",
+               type, n, exact ? "max rel diff" : "cosine", rl, rk, rv, rd,
+               memcmp(la, lc, sizeof(float) * V) ? "NO" : "bit for bit");
+    }
+
+    for (int li = 0; li < 2; li++) { /* (c) */
+        const int32_t n = lens[li];
+        CHECK(engine_cuda_q35_prefill_run(pfc, toks, n, 0, lc) == 0, "plain prefill %d", n);
+        const int32_t x = support_argmax(lc, nv);
+        CHECK(engine_cuda_q35_generate(c, x, n, N_GEN, 0.0f, 0, pout) == 0, "plain greedy");
+        for (int32_t k = 1; k <= 4; k++) {
+            int32_t n_out = 0, n_pos = 0, steps = 0, acc = 0;
+            CHECK(engine_cuda_q35_append(a, toks, n, 0, NULL, la) == 0, "prompt %d", n);
+            CHECK(engine_cuda_q35_spec_generate(a, x, n, N_GEN, k, fout, &n_out, &n_pos, &steps,
+                                                &acc) == 0, "device loop k %d", k);
+            const bool same = n_out >= N_GEN && !memcmp(fout, pout, sizeof(int32_t) * N_GEN) &&
+                              n_pos == n + n_out;
+            printf("%-6s prompt of %3d prefilled, device greedy loop k %d: %s (%d tokens, %d "
+                   "steps, %d accepted)\n", type, n, k, same ? "identical" : "DIFFERENT", n_out,
+                   steps, acc);
+            CHECK(same, "%s prefilled prompt %d, device loop k %d vs plain greedy", type, n, k);
+        }
+    }
+
+    { /* (d) */
+        const int32_t to[3] = {L - 1, 260, 100};
+        for (int ti = 0; ti < 3; ti++) {
+            const int32_t t = to[ti];
+            int32_t n_out = 0, n_pos = 0, steps = 0, acc = 0;
+            char what[96];
+            CHECK(engine_cuda_q35_append(a, toks, L, 0, NULL, la) == 0, "prompt");
+            const int32_t x = support_argmax(la, nv);
+            CHECK(engine_cuda_q35_mtp_step(a, 0, x, L, da) == 0, "draft");
+            CHECK(engine_cuda_q35_spec_generate(a, x, L, N_GEN, KD, ref, &n_out, &n_pos, &steps,
+                                                &acc) == 0 && n_pos == L + n_out &&
+                      n_out >= N_GEN && n_out < N_GEN + 8,
+                  "device loop");
+            memcpy(hold, toks, sizeof toks);
+            hold[L] = x;
+            memcpy(hold + L + 1, ref, sizeof(int32_t) * (size_t)(n_out - 1));
+            CHECK(engine_cuda_q35_truncate(a, hold, n_pos, t) == 0, "truncate %d -> %d", n_pos, t);
+            CHECK(engine_cuda_q35_append(a, toks + t, L - t, t, NULL, lb) == 0, "re-append %d", t);
+            CHECK(engine_cuda_q35_mtp_step(a, 0, x, L, db) == 0, "draft");
+            snprintf(what, sizeof what, "%s truncation to %d, logits after the prompt", type, t);
+            const double rl = within(la, lb, V, exact, 5e-4, 0.97, what);
+            snprintf(what, sizeof what, "%s truncation to %d, draft step 0", type, t);
+            const double rd = within(da, db, V, exact, 5e-4, 0.9, what);
+            CHECK(engine_cuda_q35_spec_generate(a, x, L, N_GEN, KD, fout, &n_out, &n_pos, &steps,
+                                                &acc) == 0, "device loop");
+            const bool same = n_out >= N_GEN && !memcmp(fout, ref, sizeof(int32_t) * N_GEN);
+            printf("%-6s truncation of the prefilled prompt to %3d, the rest again: logits %.3g, "
+                   "draft %.3g (%s), greedy loop k %d %s\n", type, t, rl, rd,
+                   exact ? "max rel diff" : "cosine", KD, same ? "identical" : "DIFFERENT");
+            if (exact) CHECK(same, "%s truncation to %d: greedy tokens differ", type, t);
+        }
+    }
+out:
+    free(la), free(lb), free(lc), free(da), free(db), free(ka), free(kb), free(va), free(vb);
+    engine_cuda_q35_prefill_free(pfa);
+    engine_cuda_q35_prefill_free(pfc);
+    engine_cuda_q35_session_free(a);
+    engine_cuda_q35_session_free(b);
+    engine_cuda_q35_session_free(c);
+    pf_restore(old);
+}
+
 /* GPU draft logits against the CPU's. */
 static void check_draft(engine_model *m, engine_cuda_q35_model *gm, const char *type) {
     const int32_t nv = engine_model_n_vocab(m);
@@ -297,6 +470,7 @@ static void check_api(const char *path, const char *type) {
     engine_model *m = NULL;
     CHECK(engine_model_load(&m, path, &mg) == 0, "load %s on cuda", path);
     if (!m) return;
+    char *old = pf_set("1"); /* MTP prompts through the session's prefill */
     engine_session *plain = support_session(m, 8, ENGINE_KV_F32);
     engine_session *sp = support_session(m, 8, ENGINE_KV_F32);
     const int32_t nv = engine_model_n_vocab(m), max = 14;
@@ -306,14 +480,15 @@ static void check_api(const char *path, const char *type) {
     collect ref, got;
     engine_gen_stats st;
     if (!plain || !sp) goto out;
-    /* the reference through the decode step only (the prompt token by token: generate reuses
-     * them and appends the last one), which the verify passes equal bit for bit */
-    for (int i = 0; i + 1 < N_PROMPT; i++)
-        CHECK(engine_session_append(plain, prompt + i, 1, NULL) == 0, "prompt token %d", i);
+    /* the reference: the prompt through the session's prefill, then decode steps; an MTP
+     * session's prompt goes through the same prefill (bit for bit the same pass) and its verify
+     * passes equal the decode step bit for bit. Each MTP run starts over (a truncation into
+     * the prefilled prompt recomputes it, equal only up to summation order). */
     CHECK(gen(plain, prompt, N_PROMPT, 0, 0.0f, 0, max, &ref, &st) == 0 && ref.n == max &&
-              st.cached_tokens == N_PROMPT - 1,
+              st.cached_tokens == 0,
           "plain greedy");
     for (int32_t k = 1; k <= 4; k++) {
+        CHECK(engine_session_truncate(sp, 0) == 0, "start over");
         CHECK(gen(sp, prompt, N_PROMPT, k, 0.0f, 0, max, &got, &st) == 0, "mtp k %d", k);
         bool same = got.n == ref.n && !memcmp(got.toks, ref.toks, sizeof(int32_t) * ref.n) &&
                     engine_session_n_tokens(sp) == engine_session_n_tokens(plain) &&
@@ -361,6 +536,7 @@ out:
     engine_session_free(plain);
     engine_session_free(sp);
     engine_model_free(m);
+    pf_restore(old);
 }
 
 static void run_model(const char *type) {
@@ -384,6 +560,7 @@ static void run_model(const char *type) {
                 check_direct(m, gm, type, parts[i]);
         }
         check_draft(m, gm, type);
+        check_prefill(m, gm, type);
     }
     engine_cuda_q35_model_free(gm);
     engine_model_free(m);
