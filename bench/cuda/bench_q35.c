@@ -1,6 +1,7 @@
 /* Batch-1 decode speed of the CUDA backend on a qwen35moe model (a benchmark, not a test).
  *
  *   bench_q35 MODEL.gguf [-n N_GEN] [-r REPS] [-d DEPTH] [-c N_CTX] [-a FUSED]... [-e VARIANTS]
+ *             [-P PROMPT]
  *
  * As bench_decode.c, through the engine_cuda_q35_* calls: per repetition the device-resident
  * loop (one CUDA graph replay per token, greedy sampling on the GPU) generates N_GEN tokens
@@ -28,7 +29,14 @@
  * per ';'-separated variant with those environment variables set (read at session creation;
  * restored after), each printed with its tok/s and whether its greedy tokens (depth fill and
  * timed ones) equal the first session's. A difference is printed, not an error: diagnosis
- * variants (SPARK_CUDA_DIAG_SKIP / _TWICE, qwen35.cu) change the results on purpose. */
+ * variants (SPARK_CUDA_DIAG_SKIP / _TWICE, qwen35.cu) change the results on purpose.
+ * -P PROMPT (a model with an MTP block): a PROMPT-token prompt from position 0 three ways, each
+ * on a fresh session with its prefill (chunks as engine sessions have them: 1024 tokens, or
+ * SPARK_CUDA_PREFILL_CHUNK): the plain prefill (no MTP; REPS timed runs after a warm-up), an
+ * MTP session's append through the prefill (SPARK_CUDA_MTP_PREFILL=1: the main pass + the MTP
+ * block's KV rows; REPS runs; its last logits compared with the plain prefill's, which they
+ * must equal bit for bit) and through verify passes of 5 tokens (SPARK_CUDA_MTP_PREFILL=0, the
+ * path before; one timed run after the graphs are captured), in tok/s. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -192,14 +200,91 @@ done:
     return rc;
 }
 
+/* One -P way (mode 0: plain prefill, 1: MTP through the prefill, 2: MTP through verify passes):
+ * tok/s mean and sd over runs timed appends of P tokens at position 0 after a warm-up; the last
+ * logits into logits. 0, or -1 on an error. */
+static int prompt_way(engine_cuda_q35_model *gm, int n_ctx, const int32_t *toks, int32_t P,
+                      int mode, int runs, float *logits, double *mean, double *sd) {
+    engine_cuda_q35_session *s = NULL;
+    engine_cuda_q35_prefill *pf = NULL;
+    const char *e = getenv("SPARK_CUDA_MTP_PREFILL");
+    char *keep = e ? strdup(e) : NULL;
+    double *t = malloc(sizeof(double) * (size_t)(runs + 1));
+    bool was = false;
+    int rc = -1;
+    setenv("SPARK_CUDA_MTP_PREFILL", mode == 1 ? "1" : "0", 1); /* read when MTP turns on */
+    if (!t || engine_cuda_q35_session_new(&s, gm, n_ctx, ENGINE_KV_F16) ||
+        engine_cuda_q35_prefill_new(&pf, s, 0) || !pf ||
+        (mode > 0 && engine_cuda_q35_mtp_enable(s, &was)))
+        goto done;
+    /* warm-up: the full prompt, or (verify passes) enough tokens to capture the pass graphs */
+    for (int r = 0; r <= runs; r++) {
+        const int32_t n = mode == 2 && r == 0 ? 16 : P;
+        double a = now_ms();
+        if (mode == 0 ? engine_cuda_q35_prefill_run(pf, toks, n, 0, logits)
+                      : engine_cuda_q35_append(s, toks, n, 0, NULL, logits))
+            goto done;
+        t[r] = n / ((now_ms() - a) / 1e3);
+    }
+    *mean = *sd = 0;
+    for (int r = 1; r <= runs; r++)
+        *mean += t[r] / runs;
+    for (int r = 1; r <= runs; r++)
+        *sd += (t[r] - *mean) * (t[r] - *mean);
+    *sd = runs > 1 ? sqrt(*sd / (runs - 1)) : 0;
+    rc = 0;
+done:
+    if (keep)
+        setenv("SPARK_CUDA_MTP_PREFILL", keep, 1);
+    else
+        unsetenv("SPARK_CUDA_MTP_PREFILL");
+    free(keep);
+    free(t);
+    engine_cuda_q35_prefill_free(pf);
+    engine_cuda_q35_session_free(s);
+    return rc;
+}
+
+/* -P: the prompt three ways (the header comment). */
+static int bench_prompt(engine_cuda_q35_model *gm, engine_model *m, int n_ctx, int32_t P,
+                        int reps) {
+    const int32_t nv = engine_model_n_vocab(m);
+    int32_t *toks = malloc(sizeof(int32_t) * (size_t)P);
+    float *lp = malloc(sizeof(float) * (size_t)nv), *lm = malloc(sizeof(float) * (size_t)nv);
+    double mp = 0, sp = 0, mm = 0, sm = 0, mv = 0, sv = 0;
+    int rc = -1;
+    if (n_ctx < P) n_ctx = P;
+    if (!toks || !lp || !lm) goto done;
+    for (int32_t i = 0; i < P; i++)
+        toks[i] = (int32_t)((i * 7919 + 13) % nv);
+    if (prompt_way(gm, n_ctx, toks, P, 0, reps, lp, &mp, &sp)) goto done;
+    printf("prompt of %d tokens: plain prefill %.1f +- %.1f tok/s (%d runs after a warm-up)\n", P,
+           mp, sp, reps);
+    if (prompt_way(gm, n_ctx, toks, P, 1, reps, lm, &mm, &sm)) goto done;
+    printf("prompt of %d tokens: MTP on, through the prefill (SPARK_CUDA_MTP_PREFILL=1) %.1f +- "
+           "%.1f tok/s (%.3f x the plain prefill); last logits %s\n", P, mm, sm, mm / mp,
+           memcmp(lp, lm, sizeof(float) * (size_t)nv) ? "DIFFER from the plain prefill's"
+                                                       : "bit for bit the plain prefill's");
+    if (prompt_way(gm, n_ctx, toks, P, 2, 1, lm, &mv, &sv)) goto done;
+    printf("prompt of %d tokens: MTP on, verify passes of %d (SPARK_CUDA_MTP_PREFILL=0) %.1f "
+           "tok/s (1 run); through the prefill %.1f x faster\n", P, ENGINE_CUDA_Q35_VMAX, mv,
+           mm / mv);
+    rc = 0;
+done:
+    free(toks);
+    free(lp);
+    free(lm);
+    return rc;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: %s MODEL.gguf [-n N_GEN] [-r REPS] [-d DEPTH] [-c N_CTX] "
-                "[-a FUSED]... [-e VARIANTS]\n", argv[0]);
+                "[-a FUSED]... [-e VARIANTS] [-P PROMPT]\n", argv[0]);
         return 2;
     }
     const char *path = argv[1];
-    int n_gen = 128, reps = 5, depth = 0, n_ctx = 0;
+    int n_gen = 128, reps = 5, depth = 0, n_ctx = 0, prompt = 0;
     const char *alt[8], *variants = NULL;
     int n_alt = 0;
     for (int i = 2; i + 1 < argc; i += 2) {
@@ -216,12 +301,14 @@ int main(int argc, char **argv) {
             depth = v;
         else if (!strcmp(argv[i], "-c"))
             n_ctx = v;
+        else if (!strcmp(argv[i], "-P"))
+            prompt = v;
         else {
             fprintf(stderr, "unknown option %s\n", argv[i]);
             return 2;
         }
     }
-    if (n_gen < 1 || reps < 1 || depth < 0) return 2;
+    if (n_gen < 1 || reps < 1 || depth < 0 || prompt < 0) return 2;
     if (n_ctx == 0) n_ctx = depth + n_gen + 1 > 4096 ? depth + n_gen + 1 : 4096;
     engine_model_params mp = ENGINE_MODEL_PARAMS_INIT;
     mp.device = ENGINE_DEVICE_CPU; /* the bench drives the CUDA backend itself */
@@ -306,6 +393,13 @@ int main(int argc, char **argv) {
             if (setenv("SPARK_CUDA_MTP_FUSED", alt[i], 1) ||
                 bench_mtp(gm, m, n_ctx, depth, n_gen, 1e6 / mean, logits, alt[i], NULL, ref))
                 goto fail;
+    }
+    if (prompt > 0 && !engine_cuda_q35_has_mtp(gm)) {
+        printf("-P: the model has no MTP block\n");
+    } else if (prompt > 0) {
+        engine_cuda_q35_session_free(gs); /* room for the prompt sessions */
+        gs = NULL;
+        if (bench_prompt(gm, m, n_ctx, prompt, reps)) goto fail;
     }
     printf("first tokens:");
     for (int i = 0; i < 8 && i < n_gen; i++)
