@@ -36,7 +36,9 @@
  * MTP session's append through the prefill (SPARK_CUDA_MTP_PREFILL=1: the main pass + the MTP
  * block's KV rows; REPS runs; its last logits compared with the plain prefill's, which they
  * must equal bit for bit) and through verify passes of 5 tokens (SPARK_CUDA_MTP_PREFILL=0, the
- * path before; one timed run after the graphs are captured), in tok/s. */
+ * path before; one timed run after the graphs are captured), in tok/s. Then the threshold: short
+ * appends (6 .. 64 tokens) at position 0 of an MTP session through either path, us per append
+ * (the mean of REPS after a warm-up). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -245,7 +247,41 @@ done:
     return rc;
 }
 
-/* -P: the prompt three ways (the header comment). */
+/* -P's threshold lines: us per append of ns[i] tokens at position 0 of an MTP session through the
+ * prefill (mode 1) or verify passes (mode 2), the mean of reps after a warm-up. */
+static int short_way(engine_cuda_q35_model *gm, const int32_t *toks, int mode, const int32_t *ns,
+                     int count, int reps, double *us) {
+    engine_cuda_q35_session *s = NULL;
+    engine_cuda_q35_prefill *pf = NULL;
+    const char *e = getenv("SPARK_CUDA_MTP_PREFILL");
+    char *keep = e ? strdup(e) : NULL;
+    bool was = false;
+    int rc = -1;
+    setenv("SPARK_CUDA_MTP_PREFILL", mode == 1 ? "2" : "0", 1); /* 2: from 2 tokens on */
+    if (engine_cuda_q35_session_new(&s, gm, 256, ENGINE_KV_F16) ||
+        engine_cuda_q35_prefill_new(&pf, s, 0) || !pf || engine_cuda_q35_mtp_enable(s, &was))
+        goto done;
+    for (int i = 0; i < count; i++) {
+        for (int r = 0; r <= reps; r++) {
+            double a = now_ms();
+            if (engine_cuda_q35_append(s, toks, ns[i], 0, NULL, NULL)) goto done;
+            if (r == 0) us[i] = 0;
+            else us[i] += 1e3 * (now_ms() - a) / reps;
+        }
+    }
+    rc = 0;
+done:
+    if (keep)
+        setenv("SPARK_CUDA_MTP_PREFILL", keep, 1);
+    else
+        unsetenv("SPARK_CUDA_MTP_PREFILL");
+    free(keep);
+    engine_cuda_q35_prefill_free(pf);
+    engine_cuda_q35_session_free(s);
+    return rc;
+}
+
+/* -P: the prompt three ways and the threshold (the header comment). */
 static int bench_prompt(engine_cuda_q35_model *gm, engine_model *m, int n_ctx, int32_t P,
                         int reps) {
     const int32_t nv = engine_model_n_vocab(m);
@@ -269,6 +305,19 @@ static int bench_prompt(engine_cuda_q35_model *gm, engine_model *m, int n_ctx, i
     printf("prompt of %d tokens: MTP on, verify passes of %d (SPARK_CUDA_MTP_PREFILL=0) %.1f "
            "tok/s (1 run); through the prefill %.1f x faster\n", P, ENGINE_CUDA_Q35_VMAX, mv,
            mm / mv);
+    {
+        static const int32_t ns[] = {2, 4, 6, 8, 12, 16, 24, 32, 64};
+        enum { NS = sizeof ns / sizeof ns[0] };
+        double up[NS], uv[NS];
+        if (P < 64 || short_way(gm, toks, 1, ns, NS, reps, up) ||
+            short_way(gm, toks, 2, ns, NS, reps, uv))
+            goto done;
+        printf("short appends at position 0 with MTP on (us per append, %d runs): the threshold "
+               "of SPARK_CUDA_MTP_PREFILL\n", reps);
+        for (int i = 0; i < NS; i++)
+            printf("  prompt of %2d tokens: through the prefill %8.0f us, verify passes %8.0f us "
+                   "(%.2f x)\n", ns[i], up[i], uv[i], uv[i] / up[i]);
+    }
     rc = 0;
 done:
     free(toks);
