@@ -59,11 +59,13 @@ struct q35_spec {
 #define Q35M_FUSED_MOE 2u   /* MoE up / down blocks serving all m tokens (q35_verify.cu) */
 #define Q35M_FUSED_ATTN 4u  /* the m queries of the gated attention in one launch (q35_vatt.cu) */
 #define Q35M_FUSED_PF 8u    /* the matvec blocks ask L1 for all m vectors before staging them */
-#define Q35M_FUSED_ALL (Q35M_FUSED_DELTA | Q35M_FUSED_MOE | Q35M_FUSED_ATTN | Q35M_FUSED_PF)
+#define Q35M_FUSED_FEED 16u /* the verify pass's MTP feed computes only the block's KV rows */
+#define Q35M_FUSED_ALL                                                                             \
+    (Q35M_FUSED_DELTA | Q35M_FUSED_MOE | Q35M_FUSED_ATTN | Q35M_FUSED_PF | Q35M_FUSED_FEED)
 
 /* SPARK_CUDA_MTP_FUSED (read when a session first turns MTP on): unset, empty or "0": every
  * part per token as the decode step; "1" or "all": every fused part; else a comma list of
- * parts ("delta", "moe", "attn", "pf"). Unknown names are logged and ignored. */
+ * parts ("delta", "moe", "attn", "pf", "feed"). Unknown names are logged and ignored. */
 static unsigned q35m_fused_env(void) {
     const char *e = getenv("SPARK_CUDA_MTP_FUSED");
     if (!e || !*e || !strcmp(e, "0")) return 0;
@@ -79,6 +81,8 @@ static unsigned q35m_fused_env(void) {
             f |= Q35M_FUSED_ATTN;
         else if (n == 2 && !strncmp(p, "pf", 2))
             f |= Q35M_FUSED_PF;
+        else if (n == 4 && !strncmp(p, "feed", 4))
+            f |= Q35M_FUSED_FEED;
         else if (n)
             engine_log(ENGINE_LOG_INFO, "cuda: SPARK_CUDA_MTP_FUSED: unknown part '%.*s' ignored",
                        (int)n, p);
@@ -546,10 +550,10 @@ static void q35m_moe(engine_cuda_q35_session *s, const q35_cl *ly, float eps, in
     if (!ly->down_merged) engine_cu_vffn_down(&dsh, m, sp->sh, sp->sw, E, st);
 }
 
-/* The MTP block over m pairs (hidden row t of hrows, token of tok[t]) at positions pos: its
- * output (before the final norm) in X. */
-static void q35m_mtp_block(engine_cuda_q35_session *s, int m, const engine_cu_step *tok,
-                           const float *hrows, const int32_t *pos, size_t pstride) {
+/* The MTP block's input of m pairs (hidden row t of hrows, token of tok[t]): fc([enorm(e) |
+ * hnorm(h)]) in X. */
+static void q35m_mtp_in(engine_cuda_q35_session *s, int m, const engine_cu_step *tok,
+                        const float *hrows) {
     const engine_cuda_q35_model *cm = s->cm;
     const q35_dims *d = &cm->d;
     q35_spec *sp = s->spec;
@@ -563,6 +567,54 @@ static void q35m_mtp_block(engine_cuda_q35_session *s, int m, const engine_cu_st
     engine_cu_vmv fc = q35m_vmv(sp->cat, 2 * E, 2 * d->E, NULL, 0.0f, m);
     q35m_add(&fc, &cm->mtp_eh, sp->X, E, 0);
     q35m_vmatvec(sp, &fc, st);
+}
+
+/* The verify pass's MTP feed with only what a later pass reads (fused "feed"): the block's K/V
+ * rows of the m pairs at positions pos (their attention output, MoE and final norm are never
+ * read: a draft starts from hbuf and its token, later drafts from the previous draft's output).
+ * The k and v products are the full block's (the same m-vector matvec rows, attn_norm staged),
+ * the rows stored by the attention's own norm/rope/store code: bit for bit its KV. */
+static void q35m_mtp_feed(engine_cuda_q35_session *s, int m, const engine_cu_step *tok,
+                          const float *hrows, const int32_t *pos, size_t pstride) {
+    const engine_cuda_q35_model *cm = s->cm;
+    const q35_dims *d = &cm->d;
+    q35_spec *sp = s->spec;
+    const float eps = cm->m->hp.rms_norm_eps;
+    const q35_cl *ly = &cm->layers[d->n_layer];
+    q35m_mtp_in(s, m, tok, hrows);
+    engine_cu_vmv in = q35m_vmv(sp->X, (size_t)d->E, d->E, ly->attn_norm, eps, m);
+    q35m_add(&in, &ly->wk, sp->k, sp->skv, 0);
+    q35m_add(&in, &ly->wv, sp->v, sp->skv, 0);
+    q35m_vmatvec(sp, &in, s->stream);
+    engine_cu_vkv a;
+    memset(&a, 0, sizeof a);
+    a.k = sp->k;
+    a.v = sp->v;
+    a.kv_stride = sp->skv;
+    a.k_norm = ly->k_norm;
+    a.rope = (const float2 *)s->rope;
+    a.rot = d->rot;
+    a.eps = eps;
+    a.k_cache = sp->mk;
+    a.v_cache = sp->mv;
+    a.kv_f32 = s->kv == ENGINE_KV_F32;
+    a.pos = pos;
+    a.pos_stride = pstride;
+    a.m = m;
+    a.n_kv = d->nkv;
+    a.hd = d->hd;
+    engine_cu_vkv_store(&a, s->stream);
+}
+
+/* The MTP block over m pairs (hidden row t of hrows, token of tok[t]) at positions pos: its
+ * output (before the final norm) in X. */
+static void q35m_mtp_block(engine_cuda_q35_session *s, int m, const engine_cu_step *tok,
+                           const float *hrows, const int32_t *pos, size_t pstride) {
+    const engine_cuda_q35_model *cm = s->cm;
+    const q35_dims *d = &cm->d;
+    q35_spec *sp = s->spec;
+    const float eps = cm->m->hp.rms_norm_eps;
+    q35m_mtp_in(s, m, tok, hrows);
     const q35_cl *ly = &cm->layers[d->n_layer];
     const q35m_pass ps = {m, pos, pstride};
     q35m_attention(s, ly, eps, &ps, sp->mk, sp->mv);
@@ -596,7 +648,10 @@ static void q35m_enqueue_verify(engine_cuda_q35_session *s, int m) {
     q35m_vmatvec(sp, &hd, st);
     engine_cu_vargmax(sp->logits, d->V, m, sp->ascr, sp->y, st);
     engine_cu_vrmsnorm(sp->X, E, cm->output_norm, eps, d->E, m, sp->hbuf + E, E, st);
-    q35m_mtp_block(s, m, sp->vstep, sp->hbuf, sp->ctl->mpos, 1);
+    if (sp->fused & Q35M_FUSED_FEED)
+        q35m_mtp_feed(s, m, sp->vstep, sp->hbuf, sp->ctl->mpos, 1);
+    else
+        q35m_mtp_block(s, m, sp->vstep, sp->hbuf, sp->ctl->mpos, 1);
 }
 
 static void q35m_enqueue_draft(engine_cuda_q35_session *s, bool first) {

@@ -1,6 +1,7 @@
 /* Kernels of the qwen35moe speculative path (contracts in q35_verify.cuh). */
 #include <string.h>
 
+#include "gatt_dev.cuh"
 #include "matvec_dev.cuh"
 #include "moe_dev.cuh"
 #include "q35_verify.cuh"
@@ -660,6 +661,34 @@ __global__ void vcat_kernel(const float *e, const float *h, const float *we, con
 void engine_cu_vcat_norm(const float *e, const float *h, const float *we, const float *wh,
                          float eps, int n, int m, float *out, cudaStream_t stream) {
     engine_cu_launch(vcat_kernel, dim3(m, 2), dim3(256), 0, stream, e, h, we, wh, eps, n, out);
+}
+
+template <int HD> __global__ void __launch_bounds__(256) vkv_kernel(engine_cu_vkv a) {
+    __shared__ float buf[8][HD];
+    engine_cu_pdl_launch();
+    engine_cu_pdl_wait();
+    const int wi = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int j = (int)blockIdx.x * 8 + wi;
+    if (j >= a.m * a.n_kv) return;
+    const int t = j / a.n_kv, g = j - t * a.n_kv, half = a.rot / 2;
+    const int32_t pos = a.pos[(size_t)t * a.pos_stride];
+    if (t + 1 < a.m && a.pos[(size_t)(t + 1) * a.pos_stride] == pos) return;
+    const size_t src = (size_t)t * a.kv_stride + (size_t)g * HD;
+    engine_cu_gatt_norm_rope<HD>(a.k + src, a.k_norm, a.eps, a.rope + (size_t)pos * half, half,
+                                 buf[wi]);
+    engine_cu_gatt_store_kv<HD>(buf[wi], a.v, src, a.k_cache, a.v_cache, a.kv_f32,
+                                (size_t)pos * a.n_kv * HD + (size_t)g * HD, lane);
+}
+
+void engine_cu_vkv_store(const engine_cu_vkv *a, cudaStream_t stream) {
+    const dim3 grid((unsigned)((a->m * a->n_kv + 7) / 8));
+    if (a->m * a->n_kv <= 0) return;
+    if (a->hd == 64)
+        engine_cu_launch(vkv_kernel<64>, grid, dim3(256), 0, stream, *a);
+    else if (a->hd == 128)
+        engine_cu_launch(vkv_kernel<128>, grid, dim3(256), 0, stream, *a);
+    else
+        engine_cu_launch(vkv_kernel<256>, grid, dim3(256), 0, stream, *a);
 }
 
 __device__ __forceinline__ void vbest(float &bv, int &bi, float v, int i) {

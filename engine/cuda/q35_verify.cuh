@@ -137,6 +137,28 @@ typedef struct {
 int engine_cu_vgatt_runners(int n_ctx);
 void engine_cu_vgatt_run(const engine_cu_vgatt *a, cudaStream_t stream);
 
+/* engine_cu_vkv_store (q35_verify.cu; SPARK_CUDA_MTP_FUSED=feed): the MTP feed's K/V rows of m
+ * pairs at the positions pos[t * pos_stride] (device; not decreasing): per (pair t, KV head g) a
+ * warp takes k = rope(rmsnorm(k_t,g) * k_norm) and stores it with v_t,g at cache row pos_t, the
+ * decode attention's code (gatt_dev.cuh), so each row is bit for bit what the attention launch
+ * of that pair would store. A pair whose position the next pair repeats (pair 0 at p0 = 0) is
+ * not stored: the later pair's row is the one kept, as with launches in order. */
+typedef struct {
+    const float *k, *v; /* pair t's projections [n_kv][hd] at + t * kv_stride */
+    size_t kv_stride;
+    const float *k_norm; /* [hd] */
+    const float2 *rope;  /* [n_ctx][rot / 2] */
+    int rot;
+    float eps;
+    void *k_cache, *v_cache; /* [n_ctx][n_kv hd], F16 or F32 (kv_f32) */
+    int kv_f32;
+    const int32_t *pos; /* device */
+    size_t pos_stride;  /* int32 from pair to pair */
+    int m, n_kv, hd;    /* hd: 64, 128 or 256 */
+} engine_cu_vkv;
+
+void engine_cu_vkv_store(const engine_cu_vkv *a, cudaStream_t stream);
+
 typedef struct {
     engine_cu_delta d; /* token 0's arguments */
     int m;             /* tokens, 1 .. ENGINE_CU_VMAX */

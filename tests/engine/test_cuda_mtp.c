@@ -9,9 +9,13 @@
  *              rollback and fast checks run twice: SPARK_CUDA_MTP_FUSED=0 (every part per
  *              token) and =1 (the fused launches: the DeltaNet step of all m tokens in one
  *              launch, MoE up / down blocks serving all m tokens, the m attention queries in
- *              one launch + one merge, the matvec's L1 prefetch; each keeps every token's
- *              arithmetic and order, so also bit for bit); when =1 fails, each part runs alone
- *              too, to say which one
+ *              one launch + one merge, the matvec's L1 prefetch, the MTP feed's KV rows alone;
+ *              each keeps every token's arithmetic and order, so also bit for bit); when =1
+ *              fails, each part runs alone too, to say which one
+ *   feed       SPARK_CUDA_MTP_FUSED=feed (the verify pass feeds only the MTP block's K/V rows)
+ *              against the whole block: after 48 tokens in verify passes of 1..5 (the first at
+ *              p0 = 0, where pairs 0 and 1 share position 0) the MTP K/V rows and the draft
+ *              logits of steps 0..3 bit for bit
  *   draft      GPU draft logits against the CPU's (engine_q35_mtp_step), steps 0..3 chained on
  *              the CPU's greedy drafts after the prompt: f32 max |gpu - cpu| <= 5e-4 (1 + max
  *              |logit|) (test_cuda_qwen35's bound for the whole model: summation order only);
@@ -377,6 +381,54 @@ out:
     pf_restore(old);
 }
 
+/* The verify pass's KV-only MTP feed against the whole block's (the "feed" check above). */
+static void check_feed(engine_model *m, engine_cuda_q35_model *gm, const char *type) {
+    enum { N = 48 };
+    const int32_t nv = engine_model_n_vocab(m);
+    const size_t V = (size_t)nv, kvd = (size_t)m->hp.n_head_kv * m->hp.head_dim_k;
+    int32_t toks[N];
+    engine_cuda_q35_session *s0 = NULL, *s1 = NULL;
+    float *k0 = malloc(sizeof(float) * N * kvd), *k1 = malloc(sizeof(float) * N * kvd);
+    float *v0 = malloc(sizeof(float) * N * kvd), *v1 = malloc(sizeof(float) * N * kvd);
+    float *d0 = malloc(sizeof(float) * V), *d1 = malloc(sizeof(float) * V);
+    bool was = false;
+    int bad_step = -1;
+    for (int i = 0; i < N; i++)
+        toks[i] = (int32_t)((i * 7919 + 13) % nv);
+    CHECK(engine_cuda_q35_session_new(&s0, gm, N_CTX, ENGINE_KV_F32) == 0, "session");
+    CHECK(engine_cuda_q35_session_new(&s1, gm, N_CTX, ENGINE_KV_F32) == 0, "session");
+    if (!s0 || !s1 || !k0 || !k1 || !v0 || !v1 || !d0 || !d1) goto out;
+    CHECK(enable_with(s0, "0", &was) == 0, "enable");
+    CHECK(enable_with(s1, "feed", &was) == 0, "enable (feed)");
+    for (int at = 0, width = 3; at < N; width = width % ENGINE_CUDA_Q35_VMAX + 1) {
+        const int w = at + width > N ? N - at : width;
+        CHECK(engine_cuda_q35_append(s0, toks + at, w, at, NULL, NULL) == 0, "verify");
+        CHECK(engine_cuda_q35_append(s1, toks + at, w, at, NULL, NULL) == 0, "verify (feed)");
+        at += w;
+    }
+    CHECK(engine_cuda_q35_mtp_kv_get(s0, N - 1, k0, v0) == 0, "kv");
+    CHECK(engine_cuda_q35_mtp_kv_get(s1, N - 1, k1, v1) == 0, "kv (feed)");
+    const bool kv_same = !memcmp(k0, k1, sizeof(float) * (N - 1) * kvd) &&
+                         !memcmp(v0, v1, sizeof(float) * (N - 1) * kvd);
+    int32_t tok = toks[N - 1] ^ 1;
+    for (int i = 0; i < 4; i++) {
+        CHECK(engine_cuda_q35_mtp_step(s0, i, tok, N, d0) == 0, "draft %d", i);
+        CHECK(engine_cuda_q35_mtp_step(s1, i, tok, N, d1) == 0, "draft %d (feed)", i);
+        if (bad_step < 0 && memcmp(d0, d1, sizeof(float) * V)) bad_step = i;
+        tok = support_argmax(d0, nv);
+    }
+    printf("%-6s verify pass feeding only the MTP KV rows vs the whole block: KV %s, drafts 0..3 "
+           "%s\n", type, kv_same ? "bit for bit" : "DIFFER", bad_step < 0 ? "bit for bit" : "DIFFER");
+    CHECK(kv_same, "%s: the KV-only feed's MTP rows differ from the whole block's (K %.3g, V %.3g)",
+          type, max_diff(k0, k1, (N - 1) * kvd), max_diff(v0, v1, (N - 1) * kvd));
+    CHECK(bad_step < 0, "%s: draft step %d after the KV-only feed differs (%.3g)", type, bad_step,
+          max_diff(d0, d1, V));
+out:
+    free(k0), free(k1), free(v0), free(v1), free(d0), free(d1);
+    engine_cuda_q35_session_free(s0);
+    engine_cuda_q35_session_free(s1);
+}
+
 /* GPU draft logits against the CPU's. */
 static void check_draft(engine_model *m, engine_cuda_q35_model *gm, const char *type) {
     const int32_t nv = engine_model_n_vocab(m);
@@ -555,11 +607,12 @@ static void run_model(const char *type) {
         const int before = support_failures;
         check_direct(m, gm, type, "1");
         if (support_failures > before) { /* which part: each alone (failures count again) */
-            static const char *const parts[] = {"delta", "moe", "attn", "pf"};
+            static const char *const parts[] = {"delta", "moe", "attn", "pf", "feed"};
             for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
                 check_direct(m, gm, type, parts[i]);
         }
         check_draft(m, gm, type);
+        check_feed(m, gm, type);
         check_prefill(m, gm, type);
     }
     engine_cuda_q35_model_free(gm);
