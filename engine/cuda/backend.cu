@@ -7,6 +7,7 @@
  *   embed | per layer: qkv (RMSNorm fused) | attention (q/k norm, RoPE, KV store fused) |
  *   wo (+= residual) | router (RMSNorm fused) | gate/up + SwiGLU (routing fused) |
  *   down (+ weighted combine + residual) | head (RMSNorm fused) | sample
+ * (with SPARK_CUDA_ROUTER_FUSE=1 the router's product runs in the wo launch: router_fuse.cuh)
  * The token and position live in device memory (engine_cu_step), so the graph captured on the
  * first step is replayed unchanged for every later one. */
 #include <algorithm>
@@ -19,6 +20,7 @@
 #include "matvec.cuh"
 #include "moe.cuh"
 #include "qdot.cuh"
+#include "router_fuse.cuh"
 #include "sample.cuh"
 #include "step.cuh"
 
@@ -51,6 +53,13 @@ struct engine_cuda_model {
     cu_layer *layers;
     cu_w tok_embd, output;
     const float *output_norm, *inv_freq;
+    /* Router fusion (router_fuse.cuh), built at the first session that asks for it
+     * (SPARK_CUDA_ROUTER_FUSE=1; rf_prepare): per layer [R | M], n_expert rows of
+     * n_embd + n_head * head_dim floats, layer l at rf_mem + l * rf_layer. rf_state: 0 not
+     * built yet, 1 built, -1 not applicable to this model (logged once). */
+    float *rf_mem;
+    size_t rf_layer;
+    int rf_state;
 };
 
 struct engine_cuda_session {
@@ -85,11 +94,16 @@ struct engine_cuda_session {
      * SPARK_CUDA_DOWN_EARLY=1 (implies route once): the up launch triggers the down kernel
      * after its wait, and the down blocks read the ids and prefetch their rows before theirs */
     int route_once, up_early, down_early;
+    /* SPARK_CUDA_ROUTER_FUSE=1 (qwen3moe, per-op launches; off by default until measured): the
+     * router's product runs in the wo launch and the residual add moves into the up and down
+     * kernels (router_fuse.cuh); the stage-6 and DOWN_ROUTE switches are then ignored */
+    int rf;
     engine_cu_prog prog; /* the fused step's program, built at the first capture */
     uint8_t *mem;        /* one allocation: KV cache and step buffers */
     size_t bytes;
     void **k_cache, **v_cache; /* [n_layer] device pointers into mem */
     float *x, *q, *k, *v, *att, *router, *h, *logits, *partial, *sscratch, *wts;
+    float *ao; /* router fusion: the attention block's output Wo att, apart from x */
     float *rope;        /* [n_ctx][hd / 2][2] cos, sin */
     unsigned *counters; /* [n_head + 2]: attention heads, sampler, router's routing */
     int32_t *ids, *out;
@@ -332,9 +346,10 @@ done:
 
 extern "C" void engine_cuda_model_free(engine_cuda_model *cm) {
     if (!cm) return;
-    if (cm->mem) {
+    if (cm->mem || cm->rf_mem) {
         cudaSetDevice(cm->device);
         cudaFree(cm->mem);
+        cudaFree(cm->rf_mem);
     }
     free(cm->layers);
     free(cm);
@@ -394,12 +409,77 @@ done:
     return rc;
 }
 
+/* Build the router fusion's matrices of every layer (router_fuse.cuh) once per model, at the
+ * first session that asks for it (so that bench_decode -e can time it beside the default on one
+ * upload): 0 with cm->rf_state 1 when built, 0 with rf_state -1 (logged) when the model cannot
+ * use it, else an error (no memory, a CUDA failure). Sessions of one model are created from one
+ * thread (engine.h), so no lock. */
+static int rf_prepare(engine_cuda_model *cm) {
+    if (cm->rf_state) return 0;
+    const engine_hparams *hp = &cm->m->hp;
+    const int emb = (int)hp->n_embd, na = (int)(hp->n_head * hp->head_dim_k);
+    const int ne = (int)hp->n_expert;
+    const char *why = NULL;
+    if (hp->arch != ENGINE_ARCH_QWEN3MOE || ne < 1) why = "not a qwen3moe model";
+    for (uint32_t l = 0; !why && l < hp->n_layer; l++) {
+        const cu_layer *ly = &cm->layers[l];
+        if (!ly->wo.d || !ly->gate_inp.d || ly->wo.rows != emb || ly->wo.cols != na ||
+            ly->gate_inp.rows != ne || ly->gate_inp.cols != emb)
+            why = "a layer's wo or router has another shape";
+        else if (engine_cu_rf_smem(ly->wo.type, emb, na) > ENGINE_CU_MAX_STAGE_BYTES)
+            why = "its router blocks would need more shared memory than a block has";
+    }
+    if (why) {
+        cm->rf_state = -1;
+        engine_log(ENGINE_LOG_INFO, "cuda: router fusion off: %s", why);
+        return 0;
+    }
+    int rc = 0;
+    float *scratch = NULL;
+    size_t free_b = 0, total_b = 0;
+    cm->rf_layer = align256(sizeof(float) * (size_t)ne * (size_t)(emb + na)) / sizeof(float);
+    const size_t bytes = sizeof(float) * cm->rf_layer * hp->n_layer;
+    const size_t scratch_b = sizeof(float) * (size_t)emb * (size_t)na;
+    CU(cudaSetDevice(cm->device));
+    CU(cudaMemGetInfo(&free_b, &total_b));
+    engine_log(ENGINE_LOG_INFO,
+               "cuda: memory plan: router fusion %.1f MB (F32 [R | M] of %u layers, %.2f MB each)"
+               " + %.1f MB while it is built; %.2f GB free",
+               (double)bytes / 1e6, hp->n_layer, (double)bytes / 1e6 / hp->n_layer,
+               (double)scratch_b / 1e6, (double)free_b / 1e9);
+    if (bytes + scratch_b + ((size_t)64 << 20) > free_b) {
+        rc = engine_err(ENGINE_ENOMEM,
+                        "router fusion needs %.2f GB of GPU memory but %.2f GB are free "
+                        "(SPARK_CUDA_ROUTER_FUSE=0 leaves it off)",
+                        (double)(bytes + scratch_b) / 1e9, (double)free_b / 1e9);
+        goto done;
+    }
+    CU(cudaMalloc((void **)&cm->rf_mem, bytes));
+    CU(cudaMalloc((void **)&scratch, scratch_b));
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        const cu_layer *ly = &cm->layers[l];
+        if ((rc = engine_cu_rf_build(ly->wo.d, ly->wo.type, ly->wo.row_bytes, ly->gate_inp.d,
+                                     ly->gate_inp.type, ly->gate_inp.row_bytes, ly->ffn_norm, ne,
+                                     emb, na, scratch, cm->rf_mem + (size_t)l * cm->rf_layer, 0)))
+            goto done;
+    }
+    CU(cudaDeviceSynchronize());
+    cm->rf_state = 1;
+done:
+    cudaFree(scratch);
+    if (rc) {
+        cudaFree(cm->rf_mem);
+        cm->rf_mem = NULL;
+    }
+    return rc;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Sessions
  * ------------------------------------------------------------------------------------------- */
 typedef struct {
     size_t kv_layer, x, q, kv, att, router, h, logits, partial, sscratch, ids, wts, counters, step,
-        out, rope, total;
+        out, rope, ao, total;
 } sess_layout;
 
 static sess_layout layout(const engine_cuda_model *cm, int32_t n_ctx, engine_kv_type kv) {
@@ -425,9 +505,10 @@ static sess_layout layout(const engine_cuda_model *cm, int32_t n_ctx, engine_kv_
     z.step = align256(sizeof(engine_cu_step));
     z.out = align256(sizeof(int32_t) * (size_t)n_ctx);
     z.rope = align256(sizeof(float) * (size_t)n_ctx * hd);
+    z.ao = z.x;
     z.total = 2 * hp->n_layer * z.kv_layer + z.x + z.q + 2 * z.kv + z.att + z.router + z.h +
               z.logits + z.partial + z.sscratch + z.ids + z.wts + z.counters + z.step + z.out +
-              z.rope;
+              z.rope + z.ao;
     return z;
 }
 
@@ -475,7 +556,13 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         s->diag_skip = e ? (unsigned)strtoul(e, NULL, 0) : 0u;
         e = getenv("SPARK_CUDA_DIAG_TWICE");
         s->diag_twice = e ? (unsigned)strtoul(e, NULL, 0) : 0u;
+        e = getenv("SPARK_CUDA_ROUTER_FUSE");
+        s->rf = e && e[0] == '1' && !s->fused;
     }
+    if (s->rf && (rc = rf_prepare(cm))) goto done;
+    if (s->rf && cm->rf_state != 1) s->rf = 0;
+    if (s->rf) /* the router launch these paths change is gone */
+        s->route_once = s->up_early = s->down_early = s->down_routes = 0;
     s->k_cache = (void **)calloc(hp->n_layer, sizeof(void *));
     s->v_cache = (void **)calloc(hp->n_layer, sizeof(void *));
     if (!s->k_cache || !s->v_cache) {
@@ -516,7 +603,7 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         CARVE(h, h, float) CARVE(logits, logits, float) CARVE(partial, partial, float)
             CARVE(sscratch, sscratch, float) CARVE(ids, ids, int32_t) CARVE(wts, wts, float)
                 CARVE(counters, counters, unsigned) CARVE(step, step, engine_cu_step)
-                    CARVE(out, out, int32_t) CARVE(rope, rope, float)
+                    CARVE(out, out, int32_t) CARVE(rope, rope, float) CARVE(ao, ao, float)
 #undef CARVE
                         ENGINE_ASSERT((size_t)(p - s->mem) == z.total);
     {
@@ -578,6 +665,8 @@ typedef struct {
     engine_cu_ffn_up_args up;
     engine_cu_ffn_down_args dn;
     bool moe;
+    bool fuse; /* router fusion: rf replaces the wo and router launches */
+    engine_cu_rf_args rf;
 } layer_ops;
 
 static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o) {
@@ -706,6 +795,22 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
     dn->cols = up->rows;
     dn->h = s->h;
     dn->y = s->x;
+    if (s->rf && o->moe) { /* router fusion: wo into ao; its residual add in up and down */
+        const int na = o->wo.cols;
+        o->fuse = true;
+        o->wo.m[0] = mat(&ly->wo, s->ao, 0);
+        o->rf.wo = o->wo;
+        engine_cu_mat rm = {(const uint8_t *)(cm->rf_mem + (size_t)l * cm->rf_layer),
+                            sizeof(float) * (size_t)(emb + na), ENGINE_TYPE_F32, (int)hp->n_expert,
+                            s->router, 0};
+        o->rf.rm.m[0] = rm;
+        o->rf.rm.n_mat = 1;
+        o->rf.rm.cols = emb + na;
+        o->rf.x = s->x;
+        o->rf.n_embd = emb;
+        up->x_add = s->ao;
+        dn->y_add = s->ao;
+    }
 }
 
 /* Build and upload the fused step's program: per layer the ops in the per-op order, each
@@ -768,15 +873,20 @@ static void enqueue_step(engine_cuda_session *s, step_prof *p) {
                     switch (op) {
                     case 0: engine_cu_matvec(&o.qkv, st); break;
                     case 1: engine_cu_attention(&o.at, st); break;
-                    case 2: engine_cu_matvec(&o.wo, st); break;
+                    case 2:
+                        if (o.fuse)
+                            engine_cu_rf_wo(&o.rf, st);
+                        else
+                            engine_cu_matvec(&o.wo, st);
+                        break;
                     case 3:
-                        if (o.moe) engine_cu_matvec(&o.router, st);
+                        if (o.moe && !o.fuse) engine_cu_matvec(&o.router, st);
                         break;
                     case 4: engine_cu_ffn_up(&o.up, st); break;
                     default: engine_cu_ffn_down(&o.dn, st); break;
                     }
                 }
-                if (op != 3 || o.moe) mark(p, (int)op + 1, st);
+                if (op != 3 || (o.moe && !o.fuse)) mark(p, (int)op + 1, st);
             }
         }
     }

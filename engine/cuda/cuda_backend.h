@@ -112,6 +112,16 @@ int engine_cuda_op_moe(engine_type type, int n_expert, int k, bool norm_topk, in
 int engine_cuda_op_sample(const float *logits, int n, float temperature, uint64_t seed,
                           int32_t step, int32_t *out);
 
+/* The router fusion (router_fuse.cuh) of one layer: builds rm [n_expert][n_embd + n_att] = R | M
+ * (R = W_r diag(g), M = R Wo, F32) from wo (n_embd rows of n_att values, wo_rb bytes each) and
+ * wr (the router, n_expert rows of n_embd values), then runs the fused launch once on x
+ * (n_embd) and the attention output att (n_att): ao (n_embd) = Wo att as the wo kernel computes
+ * it, raw (n_expert) = R x + M att-as-staged. */
+int engine_cuda_op_router_fuse(engine_type wo_type, const void *wo, size_t wo_rb,
+                               engine_type wr_type, const void *wr, size_t wr_rb, int n_expert,
+                               int n_embd, int n_att, const float *g, const float *x,
+                               const float *att, float *rm, float *ao, float *raw);
+
 /* ---------------------------------------------------------------------------------------------
  * Device views for the batched / prefill path (engine/cuda/batch.cu, prefill.cu, gemm.cu).
  * Borrowed pointers into the model's and the session's device memory: valid while they live.

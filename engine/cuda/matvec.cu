@@ -74,10 +74,7 @@ __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 3)
 
 /* How a launch of one staging mode covers its rows: the kernel's rows per warp (R, 0 for
  * split-K), its blocks and row groups. */
-typedef struct {
-    int r, blocks, n_groups;
-    size_t smem;
-} mv_plan;
+typedef engine_cu_mv_plan mv_plan;
 
 template <int MODE> static mv_plan mv_plan_mode(const engine_cu_mv *a) {
     mv_plan p;
@@ -175,6 +172,13 @@ int engine_cu_matvec_phases(const engine_cu_mv *a, engine_cu_phase out[3]) {
         ph->u.mv = part[mode];
     }
     return n;
+}
+
+engine_cu_mv_plan engine_cu_matvec_plan(const engine_cu_mv *a) {
+    const int mode = a->n_mat > 0 ? engine_cu_x_mode(a->m[0].type) : ENGINE_CU_X_F32;
+    return mode == ENGINE_CU_X_F32    ? mv_plan_mode<ENGINE_CU_X_F32>(a)
+           : mode == ENGINE_CU_X_Q8_0 ? mv_plan_mode<ENGINE_CU_X_Q8_0>(a)
+                                      : mv_plan_mode<ENGINE_CU_X_Q8_K>(a);
 }
 
 void engine_cu_matvec(const engine_cu_mv *a, cudaStream_t stream) {

@@ -81,4 +81,14 @@ bool engine_cu_type_supported(int type);
 /* Enqueue y_i = W_i x on `stream`. */
 void engine_cu_matvec(const engine_cu_mv *a, cudaStream_t stream);
 
+/* How engine_cu_matvec's launch covers the rows of a's matrices (all of one staging mode, no
+ * routing): rows per warp r (0: split-K, a block per row), blocks, row groups, and the dynamic
+ * shared memory; for a launch of its own that runs mv_block (matvec_dev.cuh) on them with the
+ * same row split, so the same sums (router_fuse.cu). */
+typedef struct {
+    int r, blocks, n_groups;
+    size_t smem;
+} engine_cu_mv_plan;
+engine_cu_mv_plan engine_cu_matvec_plan(const engine_cu_mv *a);
+
 #endif

@@ -5,20 +5,22 @@
 #include "step.cuh"
 
 /* S6: the decode stage-6 paths (routed, stage_early: moe.cuh) in an instance of their own, so
- * that the default kernel's code stays as it was. */
-template <int MODE, bool S6>
+ * that the default kernel's code stays as it was; RF likewise the router fusion's (x_add,
+ * y_add). */
+template <int MODE, bool S6, bool RF = false>
 __global__ void __launch_bounds__(FFN_WARPS * 32, 3) ffn_up_kernel(engine_cu_ffn_up_args a) {
     extern __shared__ uint4 up_smem[];
     if (!a.trigger_late) engine_cu_pdl_launch();
-    ffn_up_block<MODE, engine_cu_pdl_sync, S6>(a, blockIdx.x, gridDim.x, (uint8_t *)up_smem,
-                                               engine_cu_pdl_sync());
+    ffn_up_block<MODE, engine_cu_pdl_sync, S6, RF>(a, blockIdx.x, gridDim.x, (uint8_t *)up_smem,
+                                                   engine_cu_pdl_sync());
 }
 
-template <int MODE>
+template <int MODE, bool RF = false>
 __global__ void __launch_bounds__(FFN_WARPS * 32, 3) ffn_down_kernel(engine_cu_ffn_down_args a) {
     extern __shared__ uint4 down_smem[];
     engine_cu_pdl_launch();
-    ffn_down_block<MODE>(a, blockIdx.x, gridDim.x, (uint8_t *)down_smem, engine_cu_pdl_sync());
+    ffn_down_block<MODE, engine_cu_pdl_sync, RF>(a, blockIdx.x, gridDim.x, (uint8_t *)down_smem,
+                                                 engine_cu_pdl_sync());
 }
 
 /* Blocks of a launch of n work items: one per item, or at most max_bps per multiprocessor. */
@@ -41,6 +43,14 @@ void engine_cu_ffn_up(const engine_cu_ffn_up_args *a, cudaStream_t stream) {
     const dim3 grid(ffn_blocks(n_items, a->max_bps));
     const int mode = engine_cu_x_mode(a->type);
     const bool s6 = a->routed || a->stage_early;
+    if (a->x_add && a->router) { /* router fusion (not with the stage-6 paths) */
+        engine_cu_launch(mode == ENGINE_CU_X_Q8_K   ? ffn_up_kernel<ENGINE_CU_X_Q8_K, false, true>
+                         : mode == ENGINE_CU_X_Q8_0 ? ffn_up_kernel<ENGINE_CU_X_Q8_0, false, true>
+                                                    : ffn_up_kernel<ENGINE_CU_X_F32, false, true>,
+                         grid, dim3(FFN_WARPS * 32), engine_cu_ffn_up_smem(a->type, a->cols),
+                         stream, *a);
+        return;
+    }
     engine_cu_launch(mode == ENGINE_CU_X_Q8_K   ? (s6 ? ffn_up_kernel<ENGINE_CU_X_Q8_K, true>
                                                       : ffn_up_kernel<ENGINE_CU_X_Q8_K, false>)
                      : mode == ENGINE_CU_X_Q8_0 ? (s6 ? ffn_up_kernel<ENGINE_CU_X_Q8_0, true>
@@ -53,8 +63,12 @@ void engine_cu_ffn_up(const engine_cu_ffn_up_args *a, cudaStream_t stream) {
 
 void engine_cu_ffn_down(const engine_cu_ffn_down_args *a, cudaStream_t stream) {
     const int mode = engine_cu_x_mode(a->type);
-    engine_cu_launch(mode == ENGINE_CU_X_Q8_K   ? ffn_down_kernel<ENGINE_CU_X_Q8_K>
-                     : mode == ENGINE_CU_X_Q8_0 ? ffn_down_kernel<ENGINE_CU_X_Q8_0>
+    const bool rf = a->y_add != nullptr;
+    engine_cu_launch(mode == ENGINE_CU_X_Q8_K   ? (rf ? ffn_down_kernel<ENGINE_CU_X_Q8_K, true>
+                                                      : ffn_down_kernel<ENGINE_CU_X_Q8_K>)
+                     : mode == ENGINE_CU_X_Q8_0 ? (rf ? ffn_down_kernel<ENGINE_CU_X_Q8_0, true>
+                                                      : ffn_down_kernel<ENGINE_CU_X_Q8_0>)
+                     : rf                       ? ffn_down_kernel<ENGINE_CU_X_F32, true>
                                                 : ffn_down_kernel<ENGINE_CU_X_F32>,
                      dim3(ffn_blocks((a->rows + FFN_WARPS - 1) / FFN_WARPS, a->max_bps)),
                      dim3(FFN_WARPS * 32), engine_cu_ffn_down_smem(a->type, a->k, a->cols), stream,

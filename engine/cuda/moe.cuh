@@ -10,7 +10,10 @@
  *   weight 1 (n_expert = 0).
  * engine_cu_ffn_down: y += sum_j weight[j] * D_e h[j]: the down products of the selected
  *   experts, the weighted combine and the residual add in one kernel (a warp owns its output
- *   rows across all k experts: no atomics, deterministic). */
+ *   rows across all k experts: no atomics, deterministic).
+ * With the router fusion (SPARK_CUDA_ROUTER_FUSE=1, router_fuse.cuh) the residual add of the
+ * attention block moves into these two kernels (x_add, y_add) and the routing scales the
+ * fused launch's raw logits. */
 #ifndef SPARK_ENGINE_CUDA_MOE_CUH
 #define SPARK_ENGINE_CUDA_MOE_CUH
 
@@ -47,6 +50,12 @@ typedef struct {
     /* Decode stage 6: every warp stages x (read through L2) BEFORE the wait; only when x is
      * final at this kernel's launch (after a router launch with route_late, matvec.cuh). */
     int stage_early;
+    /* Router fusion (router_fuse.cuh; MoE, with router): x_add != NULL: the FFN input is h =
+     * x + x_add (the attention block's output ao, which the fused wo launch wrote apart from the
+     * residual x), staged with the norm; `router` holds the raw logits R x + M ao, which the
+     * routing warp scales by h's RMS scale (computed as the staging does) before the softmax.
+     * NULL: the FFN input is x and `router` the logits. */
+    const float *x_add;
 } engine_cu_ffn_up_args;
 
 typedef struct {
@@ -80,6 +89,9 @@ typedef struct {
      * soon as the ids are known (before the wait with `router`, else before the staging of h;
      * quantised types, not with touch); bit for bit the results without. */
     int preload;
+    /* Router fusion: y_add != NULL: y[r] = (y[r] + y_add[r]) + sum (the residual add the fused
+     * wo launch left out, in the order the unfused path rounds it); NULL: y[r] += sum. */
+    const float *y_add;
 } engine_cu_ffn_down_args;
 
 void engine_cu_ffn_up(const engine_cu_ffn_up_args *a, cudaStream_t stream);

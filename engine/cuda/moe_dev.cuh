@@ -14,15 +14,20 @@
 #define FFN_WARPS 8
 
 /* The softmax of route below (one warp): p[i] = the probability of expert lane + 32 i, -1
- * past n. */
+ * past n. SC: the logits are sc * logits[e] (the router fusion's raw logits and RMS scale). */
+template <bool SC = false>
 static __device__ __forceinline__ void route_softmax(const float *logits, int n, bool cg,
-                                                     float p[ENGINE_CU_MAX_EXPERT / 32]) {
+                                                     float p[ENGINE_CU_MAX_EXPERT / 32],
+                                                     float sc = 1.0f) {
     const int lane = threadIdx.x & 31;
     float mx = -INFINITY;
 #pragma unroll
     for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++) {
         const int e = lane + 32 * i;
-        p[i] = e < n ? (cg ? __ldcg(logits + e) : logits[e]) : -INFINITY;
+        if (SC)
+            p[i] = e < n ? sc * (cg ? __ldcg(logits + e) : logits[e]) : -INFINITY;
+        else
+            p[i] = e < n ? (cg ? __ldcg(logits + e) : logits[e]) : -INFINITY;
         mx = fmaxf(mx, p[i]);
     }
     mx = engine_cu_warp_max(mx);
@@ -40,11 +45,12 @@ static __device__ __forceinline__ void route_softmax(const float *logits, int n,
 
 /* Softmax + top-k of the router logits by one warp; results in ids[k], wts[k] (shared). Each
  * lane keeps its experts' probabilities in registers; a chosen one is struck out (-1). */
+template <bool SC = false>
 static __device__ void route(const float *logits, int n, int k, int norm_topk, int *ids, float *wts,
-                             bool cg = false) {
+                             bool cg = false, float sc = 1.0f) {
     const int lane = threadIdx.x & 31;
     float p[ENGINE_CU_MAX_EXPERT / 32];
-    route_softmax(logits, n, cg, p);
+    route_softmax<SC>(logits, n, cg, p, sc);
     float tot = 0.0f;
     for (int j = 0; j < k; j++) {
         float best = -1.0f;
@@ -154,8 +160,9 @@ __host__ __device__ __forceinline__ int engine_cu_up_groups(int rows) {
 
 /* Items (row group g, expert slot j), item j * groups + g; block b of gdx takes items b,
  * b + gdx, ...: warp w computes rows w and w + FFN_WARPS of each item's group. With a router,
- * warp 0 routes while the other warps stage x. */
-template <int MODE, typename S, bool S6 = false>
+ * warp 0 routes while the other warps stage x. RF (router fusion, a.x_add; not with S6): the
+ * input is h = x + x_add, and warp 0 scales the raw logits by h's RMS scale before it routes. */
+template <int MODE, typename S, bool S6 = false, bool RF = false>
 __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int b, int gdx,
                                              uint8_t *sm, const S &sync) {
     __shared__ int ids[ENGINE_CU_MAX_EXPERT_USED];
@@ -185,6 +192,11 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
                 const int lane = threadIdx.x & 31;
                 if (lane < a.k) ids[lane] = __ldcg(a.ids + lane);
                 __syncwarp();
+            } else if (RF) {
+                const float sc = engine_cu_stage_scale<false, true>(
+                    (const float4 *)a.x, (const float4 *)a.x_add, a.cols, a.cols >> 2,
+                    threadIdx.x & 31, a.eps);
+                route<true>(a.router, a.n_expert, a.k, a.norm_topk, ids, wts, false, sc);
             } else {
                 route(a.router, a.n_expert, a.k, a.norm_topk, ids, wts);
             }
@@ -202,6 +214,9 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
     }
     if (S6 && a.stage_early)
         __syncthreads(); /* ids visible */
+    else if (RF)
+        engine_cu_stage_x<MODE, false, true>(a.x, a.cols, a.norm_w, a.eps, sm, a.router ? 1 : 0,
+                                             a.x_add);
     else
         engine_cu_stage_x<MODE>(a.x, a.cols, a.norm_w, a.eps, sm, a.router ? 1 : 0);
     if (a.router && !(S6 && a.routed) && b == 0 && w == 0) { /* the block of item 0 */
@@ -260,11 +275,21 @@ __device__ __forceinline__ float down_row(const engine_cu_ffn_down_args &a, int 
     return engine_cu_warp_sum(tot);
 }
 
+/* Row r's result: y[r] += s, or with the router fusion (RF, a.y_add) y[r] = (y[r] + y_add[r]) +
+ * s, the two adds of the unfused path (the wo kernel's accumulate, then this one) in order. */
+template <bool RF>
+__device__ __forceinline__ void down_store(const engine_cu_ffn_down_args &a, int r, float s) {
+    if (RF)
+        a.y[r] = (a.y[r] + a.y_add[r]) + s;
+    else
+        a.y[r] += s;
+}
+
 /* ffn_down_block below once the ids are known, when each warp loads the first two (expert,
  * chunk) items of its first row into registers before the wait (a.preload; quantised type T):
  * those loads overlap the wait and the staging of h; the same sums in the same order as
  * down_row. */
-template <int T, int MODE, typename S>
+template <int T, int MODE, typename S, bool RF = false>
 __device__ __forceinline__ void ffn_down_pre(const engine_cu_ffn_down_args &a, int b, int gdx,
                                              int n_groups, uint8_t *sm, const S &sync,
                                              const int *ids, float *wts) {
@@ -312,19 +337,19 @@ __device__ __forceinline__ void ffn_down_pre(const engine_cu_ffn_down_args &a, i
             tot += wts[j] * engine_cu_dot_chunk<T>(d, c, xv);
         }
         const float s = engine_cu_warp_sum(tot);
-        if (lane == 0) a.y[r] += s;
+        if (lane == 0) down_store<RF>(a, r, s);
     }
     for (int g = b + gdx; g < n_groups; g += gdx) {
         const int rg = g * FFN_WARPS + w;
         if (rg >= a.rows) continue;
         const float s = down_row<T>(a, rg, ids, wts, sm, true);
-        if (lane == 0) a.y[rg] += s;
+        if (lane == 0) down_store<RF>(a, rg, s);
     }
 }
 
 /* Row groups of FFN_WARPS rows of the down products: block b of gdx takes groups b, b + gdx,
- * ...; warp w computes row w of each. */
-template <int MODE, typename S>
+ * ...; warp w computes row w of each. RF: the router fusion's residual add (a.y_add). */
+template <int MODE, typename S, bool RF = false>
 __device__ __forceinline__ void ffn_down_block(const engine_cu_ffn_down_args &a, int b, int gdx,
                                                uint8_t *sm, const S &sync) {
     __shared__ int ids[ENGINE_CU_MAX_EXPERT_USED];
@@ -353,7 +378,7 @@ __device__ __forceinline__ void ffn_down_block(const engine_cu_ffn_down_args &a,
 #define DOWN_PRE(T)                                                                                \
     case T:                                                                                        \
         if (MODE == engine_cu_x_mode(T)) {                                                         \
-            ffn_down_pre<T, MODE>(a, b, gdx, n_groups, sm, sync, ids, wts);                        \
+            ffn_down_pre<T, MODE, S, RF>(a, b, gdx, n_groups, sm, sync, ids, wts);                 \
             return;                                                                                \
         }                                                                                          \
         break;
@@ -410,7 +435,7 @@ __device__ __forceinline__ void ffn_down_block(const engine_cu_ffn_down_args &a,
             ENGINE_CU_FLOAT_CASES(DOWN_CASE)
 #undef DOWN_CASE
         }
-        if (lane == 0) a.y[r] += s;
+        if (lane == 0) down_store<RF>(a, r, s);
     }
     engine_cu_sink(tv0 + tv1, a.y);
 }

@@ -64,10 +64,40 @@ __device__ __forceinline__ engine_cu_xv engine_cu_xv_at(const uint8_t *sm, int n
     return v;
 }
 
-template <bool CG = false>
-__device__ __forceinline__ float4 engine_cu_norm4(const float4 *x4, const float4 *w4, int i,
-                                                  float scale) {
+/* x4[i], or x4[i] + a4[i] with ADD (the residual sum h = x + ao of the router fusion,
+ * router_fuse.cuh: the same F32 add as the wo kernel's accumulate epilogue). */
+template <bool CG = false, bool ADD = false>
+__device__ __forceinline__ float4 engine_cu_ld_x4(const float4 *x4, const float4 *a4, int i) {
     float4 v = CG ? __ldcg(x4 + i) : x4[i];
+    if (ADD) {
+        const float4 a = CG ? __ldcg(a4 + i) : a4[i];
+        v = make_float4(v.x + a.x, v.y + a.y, v.z + a.z, v.w + a.w);
+    }
+    return v;
+}
+
+/* The RMSNorm scale 1 / sqrt(mean(v^2) + eps) of v = x (+ a with ADD), n values, by one warp
+ * (every lane gets it): the staging's own computation, so that another warp that needs the
+ * scale (the MoE up kernel's routing warp with the router fusion) gets it bit for bit.
+ * n4 = n / 4, lane: the thread's lane. */
+template <bool CG = false, bool ADD = false>
+__device__ __forceinline__ float engine_cu_stage_scale(const float4 *x4, const float4 *a4, int n,
+                                                       int n4, int lane, float eps) {
+    float ss = 0.0f;
+    /* the loads of 2048 values all in flight at once: one L2 round trip, not four */
+#pragma unroll 16
+    for (int i = lane; i < n4; i += 32) {
+        const float4 v = engine_cu_ld_x4<CG, ADD>(x4, a4, i);
+        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+    ss = engine_cu_warp_sum(ss);
+    return 1.0f / sqrtf(ss / (float)n + eps);
+}
+
+template <bool CG = false, bool ADD = false>
+__device__ __forceinline__ float4 engine_cu_norm4(const float4 *x4, const float4 *w4, int i,
+                                                  float scale, const float4 *a4 = nullptr) {
+    float4 v = engine_cu_ld_x4<CG, ADD>(x4, a4, i);
     if (w4) {
         const float4 w = __ldg(w4 + i);
         v = make_float4(w.x * (v.x * scale), w.y * (v.y * scale), w.z * (v.z * scale),
@@ -98,30 +128,22 @@ __device__ __forceinline__ int engine_cu_q4x8(float4 v, float s, int *sum) {
  * the RMS scale itself (x is read again from L1), so there is no other barrier.
  * CG: x read through L2 only (__ldcg), for a block that stages x before its griddepcontrol.wait
  * (moe.cuh stage_early: x final, written by a kernel that completed before this one launched,
- * but possibly in this multiprocessor's L1 from before that); the same values and arithmetic. */
-template <int MODE, bool CG = false>
+ * but possibly in this multiprocessor's L1 from before that); the same values and arithmetic.
+ * ADD: the vector staged is x[i] + xa[i] (one F32 add per value, before the norm). */
+template <int MODE, bool CG = false, bool ADD = false>
 __device__ __forceinline__ void engine_cu_stage_x(const float *x, int n, const float *nw, float eps,
-                                                  uint8_t *sm, int w0 = 0) {
-    const float4 *x4 = (const float4 *)x, *w4 = (const float4 *)nw;
+                                                  uint8_t *sm, int w0 = 0,
+                                                  const float *xa = nullptr) {
+    const float4 *x4 = (const float4 *)x, *w4 = (const float4 *)nw, *a4 = (const float4 *)xa;
     const int n4 = n >> 2, lane = threadIdx.x & 31, w = (threadIdx.x >> 5) - w0;
     const int nwarps = (blockDim.x >> 5) - w0;
     if (w >= 0) {
         float scale = 1.0f;
-        if (nw) {
-            float ss = 0.0f;
-            /* the loads of 2048 values all in flight at once: one L2 round trip, not four */
-#pragma unroll 16
-            for (int i = lane; i < n4; i += 32) {
-                const float4 v = CG ? __ldcg(x4 + i) : x4[i];
-                ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-            }
-            ss = engine_cu_warp_sum(ss);
-            scale = 1.0f / sqrtf(ss / (float)n + eps);
-        }
+        if (nw) scale = engine_cu_stage_scale<CG, ADD>(x4, a4, n, n4, lane, eps);
         if (MODE == ENGINE_CU_X_F32) {
             float4 *f = (float4 *)sm;
             for (int i = 32 * w + lane; i < n4; i += 32 * nwarps)
-                f[i] = engine_cu_norm4<CG>(x4, w4, i, scale);
+                f[i] = engine_cu_norm4<CG, ADD>(x4, w4, i, scale, a4);
         } else if (MODE == ENGINE_CU_X_Q8_0) {
             int *q4 = (int *)sm;
             float *d = (float *)(sm + n), *s = d + n / 32;
@@ -131,7 +153,7 @@ __device__ __forceinline__ void engine_cu_stage_x(const float *x, int n, const f
                 const int i = base + lane;
                 const bool in = i < n4;
                 const float4 v =
-                    in ? engine_cu_norm4<CG>(x4, w4, i, scale) : make_float4(0, 0, 0, 0);
+                    in ? engine_cu_norm4<CG, ADD>(x4, w4, i, scale, a4) : make_float4(0, 0, 0, 0);
                 float am = engine_cu_amax4(v);
                 am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, 1));
                 am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, 2));
@@ -157,8 +179,8 @@ __device__ __forceinline__ void engine_cu_stage_x(const float *x, int n, const f
 #pragma unroll 4
             for (int blk = w; blk < (n >> 8); blk += nwarps) {
                 const int i = blk * 64 + 2 * lane;
-                const float4 v0 = engine_cu_norm4<CG>(x4, w4, i, scale),
-                             v1 = engine_cu_norm4<CG>(x4, w4, i + 1, scale);
+                const float4 v0 = engine_cu_norm4<CG, ADD>(x4, w4, i, scale, a4),
+                             v1 = engine_cu_norm4<CG, ADD>(x4, w4, i + 1, scale, a4);
                 const float am =
                     engine_cu_warp_max(fmaxf(engine_cu_amax4(v0), engine_cu_amax4(v1)));
                 const float is = am != 0.0f ? 127.0f / am : 0.0f,

@@ -13,6 +13,10 @@
  *     difference swaps two near-tied experts differs more, so there at most 1 step in 10 may
  *     fall below 0.999 and none below 0.9. The test reports the first step where the greedy
  *     tokens part (precision, not a bug: the per-op tests bound each kernel).
+ * The router fusion (SPARK_CUDA_ROUTER_FUSE=1, engine/cuda/router_fuse.cuh; qwen3moe only, the
+ * dense model's session runs unfused) changes only the router logits, by F32 rounding: its
+ * session, fed the default session's tokens, is held to the same bounds against the CPU, and
+ * its greedy tokens, step by step and generated on the device, must equal the default's.
  * Then engine_cuda_generate (n steps on the device, sampling on the GPU) must reproduce the
  * token-by-token greedy tokens of the GPU, and a seeded temperature run must repeat itself;
  * and a model loaded with device cuda through engine.h gives the same logits bit for bit.
@@ -75,7 +79,8 @@ static void run_model(const char *preset, const char *type) {
     engine_session *cs = NULL;
     engine_cuda_model *gm = NULL;
     engine_cuda_session *gs = NULL, *gs2 = NULL, *ga[N_ALT] = {NULL};
-    float *lc = NULL, *lg = NULL, *lp = NULL, *la = NULL;
+    engine_cuda_session *gf = NULL; /* router fusion */
+    float *lc = NULL, *lg = NULL, *lp = NULL, *la = NULL, *lf = NULL;
     if (engine_model_load(&m, path, &mp) != 0) {
         CHECK(0, "load %s", path);
         return;
@@ -88,6 +93,11 @@ static void run_model(const char *preset, const char *type) {
     const char *tf = getenv("SPARK_TEST_CUDA_FUSED");
     const bool fused = tf && tf[0] == '1';
     if (gm) {
+        setenv("SPARK_CUDA_ROUTER_FUSE", "1", 1);
+        CHECK(engine_cuda_session_new(&gf, gm, 256, ENGINE_KV_F32) == 0,
+              "router-fusion cuda session");
+        unsetenv("SPARK_CUDA_ROUTER_FUSE");
+        lf = malloc(sizeof(float) * engine_model_n_vocab(m));
         setenv("SPARK_CUDA_FUSED", "0", 1);
         CHECK(engine_cuda_session_new(&gs, gm, 256, ENGINE_KV_F32) == 0, "cuda session");
         setenv("SPARK_CUDA_FUSED", "1", 1);
@@ -120,6 +130,11 @@ static void run_model(const char *preset, const char *type) {
     char what[64];
     snprintf(what, sizeof what, "%-10s %-6s logits", preset, type);
     support_logit_stats c = {exact, strcmp(preset, "tiny") == 0, 0, 1, 0, 0, what};
+    char what_f[64];
+    snprintf(what_f, sizeof what_f, "%-10s %-6s logits, router fusion", preset, type);
+    support_logit_stats cf = {exact, c.moe, 0, 1, 0, 0, what_f};
+    int n_rf_tok_diff = 0;
+    if (!gf || !lf) goto out;
     int part = -1;
     for (int i = 0; i < N_PROMPT + n_gen - 1; i++) {
         int32_t next = -1;
@@ -141,6 +156,22 @@ static void run_model(const char *preset, const char *type) {
                 goto out;
             }
             n_alt_diff[a] += memcmp(la, lg, sizeof(float) * nv) != 0 || next_alt != next;
+        }
+        int32_t next_f = -1;
+        if (engine_cuda_decode(gf, tok_gpu[i], i, lf, &next_f) != 0) {
+            CHECK(0, "router fusion step %d", i);
+            goto out;
+        }
+        n_rf_tok_diff += next_f != next;
+        if (tok_cpu[i] == tok_gpu[i]) { /* the default session's bounds against the CPU */
+            const support_logit_row r = support_logit_add(&cf, lc, lf, nv);
+            if (exact)
+                CHECK(r.max_diff <= 1e-4 * (1 + r.max_ref),
+                      "%s %s step %d, router fusion: max |gpu-cpu| %.3g (max |l| %.3g)", preset,
+                      type, i, r.max_diff, r.max_ref);
+            else if (!cf.moe)
+                CHECK(r.cosine >= 0.999, "%s %s step %d, router fusion: cosine %.6f", preset, type,
+                      i, r.cosine);
         }
         CHECK(next == support_argmax(lg, nv), "step %d: GPU sampler %d, argmax of its logits %d", i, next,
               support_argmax(lg, nv));
@@ -167,6 +198,9 @@ static void run_model(const char *preset, const char *type) {
               "%s %s: stage-6 switch set %d: logits or token differ from the default at %d of "
               "%d steps",
               preset, type, a, n_alt_diff[a], N_PROMPT + n_gen - 1);
+    CHECK(n_rf_tok_diff == 0, "%s %s: router fusion: greedy token differs at %d of %d steps",
+          preset, type, n_rf_tok_diff, N_PROMPT + n_gen - 1);
+    support_logit_finish(&cf, "gpu-cpu", 0);
     if (exact)
         CHECK(part < 0, "%s %s: greedy tokens part at generated token %d", preset, type, part);
     /* Quantised MoE: the CPU's activation quantisation can swap two experts of nearly equal
@@ -208,6 +242,11 @@ static void run_model(const char *preset, const char *type) {
               "%s %s: generate with stage-6 switch set %d differs from the default", preset, type,
               a);
     }
+    CHECK(engine_cuda_generate(gf, tok_gpu[N_PROMPT - 1], N_PROMPT - 1, n_gen - 1, 0.0f, 0,
+                               outs) == 0,
+          "generate (router fusion)");
+    CHECK(memcmp(outs, outg, sizeof(int32_t) * (n_gen - 1)) == 0,
+          "%s %s: generate with the router fusion differs from the default", preset, type);
     CHECK(engine_cuda_generate(gs, tok_gpu[N_PROMPT - 1], N_PROMPT - 1, n_gen - 1, 0.9f, 5, outs) ==
                   0 &&
               engine_cuda_generate(gs, tok_gpu[N_PROMPT - 1], N_PROMPT - 1, n_gen - 1, 0.9f, 5,
@@ -257,6 +296,8 @@ out:
     free(lg);
     free(lp);
     free(la);
+    free(lf);
+    engine_cuda_session_free(gf);
     engine_cuda_session_free(gs);
     engine_cuda_session_free(gs2);
     for (int a = 0; a < N_ALT; a++)

@@ -1,0 +1,290 @@
+/* The MoE router folded into the wo launch (contract in router_fuse.cuh), and the build of its
+ * F32 matrices; engine_cuda_op_router_fuse for the tests. */
+#include <string.h>
+
+#include "matvec_dev.cuh"
+#include "router_fuse.cuh"
+
+extern "C" {
+#include "cuda/cuda_backend.h"
+}
+
+size_t engine_cu_rf_smem(int wo_type, int n_embd, int n_att) {
+    const size_t f = sizeof(float) * ((size_t)n_embd + (size_t)n_att);
+    return engine_cu_type_quant(wo_type) ? f + engine_cu_xs_bytes(true, n_att) : f;
+}
+
+/* Float4s of a router row each thread loads into registers before the wait (all of a row of
+ * up to RF_PRE * 4 * 256 values: 6144, the 30B-A3B's row; 8 spill in the Q8_K instance); the
+ * rest is asked of L2 then and loaded after it. */
+#define RF_PRE 6
+
+static __device__ __forceinline__ float rf_dot4(uint4 w, float4 x, float acc) {
+    acc = fmaf(__uint_as_float(w.x), x.x, acc);
+    acc = fmaf(__uint_as_float(w.y), x.y, acc);
+    acc = fmaf(__uint_as_float(w.z), x.z, acc);
+    return fmaf(__uint_as_float(w.w), x.w, acc);
+}
+
+/* Router block e (every thread of the block): raw[e] = row e of [R | M] against [x ; â] staged
+ * in F32, â staged first as the wo blocks stage it (MODE: Wo's staging), then dequantised. The
+ * threads take consecutive float4s of the row (coalesced), loaded into registers before the
+ * wait (the row is written once, at the build); the block sums its threads' parts. */
+template <int MODE>
+__device__ __forceinline__ void rf_router_block(const engine_cu_rf_args &a, int e, uint8_t *sm) {
+    __shared__ float part[ENGINE_CU_MV_WARPS];
+    const int t = threadIdx.x, nt = blockDim.x, emb = a.n_embd, na = a.wo.cols;
+    const int n4 = (emb + na) >> 2;
+    const uint4 *w4 = (const uint4 *)(a.rm.m[0].w + (size_t)e * a.rm.m[0].row_bytes);
+    uint4 pre[RF_PRE];
+#pragma unroll
+    for (int k = 0; k < RF_PRE; k++)
+        if (t + k * nt < n4) pre[k] = engine_cu_ldq(w4 + t + k * nt);
+    if (n4 > RF_PRE * nt && t < 32) /* one warp: the rest of the row, L2 only */
+        engine_cu_prefetch_l2((const uint8_t *)(w4 + RF_PRE * nt),
+                              sizeof(uint4) * (size_t)(n4 - RF_PRE * nt));
+    engine_cu_pdl_wait();
+    float *f = (float *)sm;
+    for (int i = t; i < (emb >> 2); i += nt)
+        ((float4 *)f)[i] = ((const float4 *)a.x)[i];
+    if (MODE == ENGINE_CU_X_F32) {
+        engine_cu_stage_x<ENGINE_CU_X_F32>(a.wo.x, na, nullptr, 0.0f, (uint8_t *)(f + emb));
+    } else {
+        uint8_t *qs = sm + sizeof(float) * ((size_t)emb + (size_t)na);
+        engine_cu_stage_x<MODE>(a.wo.x, na, nullptr, 0.0f, qs); /* ends with a barrier */
+        const engine_cu_xv v = engine_cu_xv_at(qs, na, true, 0);
+        for (int j = t; j < na; j += nt)
+            f[emb + j] = v.d[j >> 5] * (float)v.q[j];
+        __syncthreads();
+    }
+    const float4 *f4 = (const float4 *)f;
+    float acc = 0.0f;
+#pragma unroll
+    for (int k = 0; k < RF_PRE; k++)
+        if (t + k * nt < n4) acc = rf_dot4(pre[k], f4[t + k * nt], acc);
+    for (int i = t + RF_PRE * nt; i < n4; i += nt)
+        acc = rf_dot4(engine_cu_ldq(w4 + i), f4[i], acc);
+    acc = engine_cu_warp_sum(acc);
+    if ((t & 31) == 0) part[t >> 5] = acc;
+    __syncthreads();
+    if (t == 0) {
+        float sum = 0.0f;
+        for (int k = 0; k < (nt >> 5); k++)
+            sum += part[k];
+        a.rm.m[0].y[e] = sum;
+    }
+}
+
+/* Blocks [0, n_expert) route-product blocks, the rest the wo product's blocks (R rows per warp,
+ * n_groups row groups, as engine_cu_matvec_plan says). */
+template <int MODE, int R>
+__global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 3)
+    rf_wo_kernel(engine_cu_rf_args a, int n_groups) {
+    extern __shared__ uint4 rf_smem[];
+    engine_cu_pdl_launch();
+    const int n_r = a.rm.m[0].rows;
+    if ((int)blockIdx.x < n_r)
+        rf_router_block<MODE>(a, blockIdx.x, (uint8_t *)rf_smem);
+    else
+        mv_block<MODE, R>(a.wo, n_groups, blockIdx.x - n_r, gridDim.x - n_r, (uint8_t *)rf_smem,
+                          engine_cu_pdl_sync());
+}
+
+template <int MODE> static void rf_launch(const engine_cu_rf_args *a, cudaStream_t stream) {
+    const engine_cu_mv_plan p = engine_cu_matvec_plan(&a->wo);
+    const size_t rs = engine_cu_rf_smem(a->wo.m[0].type, a->n_embd, a->wo.cols);
+    const size_t smem = rs > p.smem ? rs : p.smem;
+    const dim3 grid(a->rm.m[0].rows + p.blocks), block(ENGINE_CU_MV_WARPS * 32);
+    if (p.r == 0)
+        engine_cu_launch(rf_wo_kernel<MODE, 0>, grid, block, smem, stream, *a, p.n_groups);
+    else if (p.r == 1)
+        engine_cu_launch(rf_wo_kernel<MODE, 1>, grid, block, smem, stream, *a, p.n_groups);
+    else
+        engine_cu_launch(rf_wo_kernel<MODE, 2>, grid, block, smem, stream, *a, p.n_groups);
+}
+
+void engine_cu_rf_wo(const engine_cu_rf_args *a, cudaStream_t stream) {
+    switch (engine_cu_x_mode(a->wo.m[0].type)) {
+    case ENGINE_CU_X_Q8_K: rf_launch<ENGINE_CU_X_Q8_K>(a, stream); break;
+    case ENGINE_CU_X_Q8_0: rf_launch<ENGINE_CU_X_Q8_0>(a, stream); break;
+    default: rf_launch<ENGINE_CU_X_F32>(a, stream); break;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The build (once per model): dequantise, scale, multiply
+ * ------------------------------------------------------------------------------------------- */
+
+/* out[r * ld + c] = w[r][c] * (g ? g[c] : 1), w dequantised (dequant.cuh): a thread per 32-value
+ * chunk of a row. */
+__global__ void rf_dequant_kernel(const uint8_t *w, size_t rb, int type, int rows, int cols,
+                                  const float *g, float *out, size_t ld) {
+    const int nch = cols >> 5;
+    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (long long)rows * nch) return;
+    const int r = (int)(t / nch), c = (int)(t - (long long)r * nch);
+    float va[16], vb[16];
+    engine_cu_decode_chunk(type, w + (size_t)r * rb, c, va, vb);
+    int a0, b0;
+    engine_cu_chunk_cols(type, c, &a0, &b0);
+    float *o = out + (size_t)r * ld;
+#pragma unroll
+    for (int l = 0; l < 16; l++) {
+        o[a0 + l] = g ? va[l] * g[a0 + l] : va[l];
+        o[b0 + l] = g ? vb[l] * g[b0 + l] : vb[l];
+    }
+}
+
+#define RF_TM 64
+#define RF_TN 64
+#define RF_TK 16
+
+/* C[m][n] = sum_k A[m][k] B[k][n] (row-major, leading dimensions lda, ldb, ldc), F32: a block
+ * per 64 x 64 tile of C, each thread 4 x 4 of it (rows ty + 16 i, columns tx + 16 j); each
+ * 16-deep slice of k summed apart and then added (shorter chains of rounding than one running
+ * sum over k). */
+__global__ void __launch_bounds__(256) rf_gemm_kernel(const float *A, size_t lda, const float *B,
+                                                      size_t ldb, float *C, size_t ldc, int M,
+                                                      int N, int K) {
+    __shared__ float as[RF_TK][RF_TM + 1], bs[RF_TK][RF_TN];
+    const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+    const int m0 = blockIdx.y * RF_TM, n0 = blockIdx.x * RF_TN;
+    float acc[4][4] = {};
+    for (int k0 = 0; k0 < K; k0 += RF_TK) {
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const int idx = threadIdx.x + 256 * q;
+            const int am = idx / RF_TK, ak = idx % RF_TK;
+            as[ak][am] = m0 + am < M && k0 + ak < K ? A[(size_t)(m0 + am) * lda + k0 + ak] : 0.0f;
+            const int bk = idx / RF_TN, bn = idx % RF_TN;
+            bs[bk][bn] = k0 + bk < K && n0 + bn < N ? B[(size_t)(k0 + bk) * ldb + n0 + bn] : 0.0f;
+        }
+        __syncthreads();
+        float p[4][4] = {};
+#pragma unroll
+        for (int k = 0; k < RF_TK; k++) {
+            float av[4], bv[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                av[i] = as[k][ty + 16 * i];
+                bv[i] = bs[k][tx + 16 * i];
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    p[i][j] = fmaf(av[i], bv[j], p[i][j]);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                acc[i][j] += p[i][j];
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int m = m0 + ty + 16 * i, n = n0 + tx + 16 * j;
+            if (m < M && n < N) C[(size_t)m * ldc + n] = acc[i][j];
+        }
+}
+
+static void rf_dequant(const uint8_t *w, size_t rb, int type, int rows, int cols, const float *g,
+                       float *out, size_t ld, cudaStream_t stream) {
+    const long long n = (long long)rows * (cols >> 5);
+    rf_dequant_kernel<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(w, rb, type, rows, cols, g,
+                                                                       out, ld);
+}
+
+int engine_cu_rf_build(const uint8_t *wo, int wo_type, size_t wo_rb, const uint8_t *wr,
+                       int wr_type, size_t wr_rb, const float *g, int n_expert, int n_embd,
+                       int n_att, float *scratch, float *rm, cudaStream_t stream) {
+    const size_t ld = (size_t)n_embd + (size_t)n_att;
+    rf_dequant(wr, wr_rb, wr_type, n_expert, n_embd, g, rm, ld, stream);     /* R */
+    rf_dequant(wo, wo_rb, wo_type, n_embd, n_att, nullptr, scratch, (size_t)n_att, stream);
+    const dim3 grid((unsigned)((n_att + RF_TN - 1) / RF_TN),
+                    (unsigned)((n_expert + RF_TM - 1) / RF_TM));
+    rf_gemm_kernel<<<grid, 256, 0, stream>>>(rm, ld, scratch, (size_t)n_att, rm + n_embd, ld,
+                                             n_expert, n_att, n_embd); /* M = R Wo */
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return engine_err(e == cudaErrorMemoryAllocation ? ENGINE_ENOMEM : ENGINE_EINTERNAL,
+                          "CUDA router fusion build: %s", cudaGetErrorString(e));
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Test entry point (cuda_backend.h)
+ * ------------------------------------------------------------------------------------------- */
+extern "C" int engine_cuda_op_router_fuse(engine_type wo_type, const void *wo, size_t wo_rb,
+                                          engine_type wr_type, const void *wr, size_t wr_rb,
+                                          int n_expert, int n_embd, int n_att, const float *g,
+                                          const float *x, const float *att, float *rm, float *ao,
+                                          float *raw) {
+    int rc = engine_cuda_usable();
+    if (rc) return rc;
+    if (!engine_cu_type_supported(wo_type) || !engine_cu_type_supported(wr_type) ||
+        n_expert < 1 || n_embd < 32 || n_att < 32 || n_embd % 32 || n_att % 32 ||
+        (engine_cu_x_mode(wo_type) == ENGINE_CU_X_Q8_K && n_att % 256))
+        return engine_err(ENGINE_EINVAL, "router fusion: wo type %d, router type %d, %d x %d x %d",
+                          (int)wo_type, (int)wr_type, n_expert, n_embd, n_att);
+    const size_t ld = (size_t)n_embd + (size_t)n_att;
+    const size_t b_wo = (size_t)n_embd * wo_rb, b_wr = (size_t)n_expert * wr_rb;
+    const size_t b_rm = sizeof(float) * (size_t)n_expert * ld;
+    const size_t b_scr = sizeof(float) * (size_t)n_embd * (size_t)n_att;
+    const size_t f_emb = sizeof(float) * (size_t)n_embd, f_att = sizeof(float) * (size_t)n_att;
+    const size_t f_raw = sizeof(float) * (size_t)n_expert;
+    /* one allocation, each piece 256-byte aligned */
+    size_t off[9], total = 0;
+    const size_t sizes[9] = {b_wo, b_wr, b_rm, b_scr, f_emb, f_emb, f_att, f_emb, f_raw};
+    for (int i = 0; i < 9; i++) {
+        off[i] = total;
+        total += (sizes[i] + 255) & ~(size_t)255;
+    }
+    uint8_t *d = nullptr;
+    cudaError_t e = cudaMalloc((void **)&d, total);
+    if (e != cudaSuccess) goto fail;
+    {
+        uint8_t *dwo = d + off[0], *dwr = d + off[1];
+        float *drm = (float *)(d + off[2]), *dscr = (float *)(d + off[3]);
+        float *dg = (float *)(d + off[4]), *dx = (float *)(d + off[5]);
+        float *datt = (float *)(d + off[6]), *dao = (float *)(d + off[7]);
+        float *draw = (float *)(d + off[8]);
+        if ((e = cudaMemcpy(dwo, wo, b_wo, cudaMemcpyHostToDevice)) != cudaSuccess ||
+            (e = cudaMemcpy(dwr, wr, b_wr, cudaMemcpyHostToDevice)) != cudaSuccess ||
+            (e = cudaMemcpy(dg, g, f_emb, cudaMemcpyHostToDevice)) != cudaSuccess ||
+            (e = cudaMemcpy(dx, x, f_emb, cudaMemcpyHostToDevice)) != cudaSuccess ||
+            (e = cudaMemcpy(datt, att, f_att, cudaMemcpyHostToDevice)) != cudaSuccess)
+            goto fail;
+        if ((rc = engine_cu_rf_build(dwo, wo_type, wo_rb, dwr, wr_type, wr_rb, dg, n_expert,
+                                     n_embd, n_att, dscr, drm, 0)))
+            goto done;
+        engine_cu_rf_args a;
+        memset(&a, 0, sizeof a);
+        a.wo.m[0] = {dwo, wo_rb, (int)wo_type, n_embd, dao, 0};
+        a.wo.n_mat = 1;
+        a.wo.cols = n_att;
+        a.wo.x = datt;
+        a.rm.m[0] = {(const uint8_t *)drm, sizeof(float) * ld, ENGINE_TYPE_F32, n_expert, draw, 0};
+        a.rm.n_mat = 1;
+        a.rm.cols = (int)ld;
+        a.x = dx;
+        a.n_embd = n_embd;
+        engine_cu_rf_wo(&a, 0);
+        if ((e = cudaGetLastError()) != cudaSuccess || (e = cudaDeviceSynchronize()) != cudaSuccess ||
+            (e = cudaMemcpy(rm, drm, b_rm, cudaMemcpyDeviceToHost)) != cudaSuccess ||
+            (e = cudaMemcpy(ao, dao, f_emb, cudaMemcpyDeviceToHost)) != cudaSuccess ||
+            (e = cudaMemcpy(raw, draw, f_raw, cudaMemcpyDeviceToHost)) != cudaSuccess)
+            goto fail;
+    }
+    goto done;
+fail:
+    cudaGetLastError();
+    rc = engine_err(e == cudaErrorMemoryAllocation ? ENGINE_ENOMEM : ENGINE_EINTERNAL,
+                    "CUDA router fusion op: %s", cudaGetErrorString(e));
+done:
+    cudaFree(d);
+    return rc;
+}

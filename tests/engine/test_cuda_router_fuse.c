@@ -1,0 +1,190 @@
+/* The router fusion of the CUDA decode step (engine/cuda/router_fuse.cuh) against CPU
+ * references in double, on random inputs: the real Qwen3-30B-A3B shape (128 experts, hidden
+ * 2048, 32 heads of 128) for Wo of types Q4_K, Q6_K, Q8_0 and F16 with the F32 router the model
+ * files carry, and a small shape (8 experts: partial GEMM tiles) with a Q8_0 router.
+ *
+ * Error bounds (stated, not tuned to pass):
+ *   R = W_r diag(g): |R_gpu - R_ref| <= 1e-6 |R_ref| (one F32 product of the same values);
+ *   M = R Wo_deq: |M_gpu - M| <= 1e-5 * sum_i |R_ei Wo_ij| (F32 sums of 2048 terms);
+ *   ao = Wo â: |ao - ref| <= 1e-5 * sum_j |Wo_ij xhat_j| + 1e-6, xhat = â quantised as the GPU
+ *     stages it (the CPU's vec_dot quantisation; no norm, so no rounding ties differ) and
+ *     dequantised, â itself for F16;
+ *   raw = R x + M xhat: |raw - ref| <= 1e-5 * B_e + 1e-6, B_e = sum_i |R_ei x_i| +
+ *     sum_ij |R_ei Wo_ij xhat_j|;
+ *   the algebra: s * raw against the unfused router logits W_r (g ⊙ h) s with h = x + ao (the
+ *     GPU's ao), s = 1 / sqrt(mean(h²) + eps): |diff| <= 3e-5 * s * B_e + 1e-6 (both sides'
+ *     errors above, each within 1e-5 * B_e, plus F32 rounding).
+ * Bad shapes are an error (ENGINE_EINVAL), not a crash.
+ * Exits 77 (skip) with the reason when no GPU is usable or the build has no CUDA backend. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+
+#ifndef SPARK_HAVE_CUDA
+int main(void) {
+    printf("skip: this build has no CUDA backend\n");
+    return 77;
+}
+#else
+#include "cpu/quant.h"
+#include "cuda/cuda_backend.h"
+#include "test_cuda_check.h"
+
+static uint64_t rng_state = 0x5eed0123456789abull;
+
+static float frand(void) { return support_frand(&rng_state); }
+
+/* rows x cols random values quantised to t (rows * *rb bytes, caller frees) and, in deq, the
+ * CPU's dequantisation of them. */
+static void *make_w(engine_type t, int rows, int cols, float scale, size_t *rb, float *deq) {
+    *rb = engine_type_row_size(t, cols);
+    uint8_t *w = malloc((size_t)rows * *rb);
+    float *tmp = malloc(sizeof(float) * (size_t)cols);
+    for (int r = 0; r < rows; r++) {
+        for (int i = 0; i < cols; i++)
+            tmp[i] = frand() * scale;
+        engine_quantize_row(t, tmp, w + (size_t)r * *rb, cols);
+        engine_dequantize_row(t, w + (size_t)r * *rb, deq + (size_t)r * cols, cols);
+    }
+    free(tmp);
+    return w;
+}
+
+static void run_case(engine_type wo_t, engine_type wr_t, int ne, int emb, int na) {
+    const size_t ld = (size_t)emb + (size_t)na;
+    size_t wo_rb, wr_rb;
+    float *wo_d = malloc(sizeof(float) * (size_t)emb * na), *wr_d = malloc(sizeof(float) * ne * emb);
+    float *x = malloc(sizeof(float) * emb), *g = malloc(sizeof(float) * emb);
+    float *att = malloc(sizeof(float) * na), *xhat = malloc(sizeof(float) * na);
+    float *rm = malloc(sizeof(float) * ne * ld), *ao = malloc(sizeof(float) * emb);
+    float *raw = malloc(sizeof(float) * ne), *h = malloc(sizeof(float) * emb);
+    double *rref = malloc(sizeof(double) * emb), *mref = malloc(sizeof(double) * na);
+    double *mabs = malloc(sizeof(double) * na);
+    void *wo = make_w(wo_t, emb, na, 1.7f / sqrtf((float)na), &wo_rb, wo_d);
+    void *wr = make_w(wr_t, ne, emb, 1.0f / sqrtf((float)emb), &wr_rb, wr_d);
+    for (int i = 0; i < emb; i++) {
+        x[i] = frand() * 2.0f;
+        g[i] = 0.75f + 0.25f * (frand() + 1.0f);
+    }
+    for (int j = 0; j < na; j++)
+        att[j] = frand();
+    /* the GPU's staging of att: quantised as the CPU quantises for its dot products */
+    const engine_type vt = engine_type_traits_get(wo_t)->vec_dot_type;
+    if (vt == ENGINE_TYPE_Q8_K || vt == ENGINE_TYPE_Q8_0) {
+        void *buf = malloc(engine_type_row_size(vt, na));
+        engine_quantize_row(vt, att, buf, na);
+        engine_dequantize_row(vt, buf, xhat, na);
+        free(buf);
+    } else {
+        memcpy(xhat, att, sizeof(float) * na);
+    }
+    const int rc = engine_cuda_op_router_fuse(wo_t, wo, wo_rb, wr_t, wr, wr_rb, ne, emb, na, g, x,
+                                              att, rm, ao, raw);
+    CHECK(rc == 0, "router fusion op, wo %s", engine_type_name(wo_t));
+    if (rc) goto out;
+    /* ao, and h = x + ao with its RMS scale (as the up kernel stages it) */
+    double worst_ao = 0, ss = 0;
+    for (int i = 0; i < emb; i++) {
+        double ref = 0, mag = 0;
+        for (int j = 0; j < na; j++) {
+            const double t = (double)wo_d[(size_t)i * na + j] * xhat[j];
+            ref += t;
+            mag += fabs(t);
+        }
+        const double err = fabs(ao[i] - ref), bound = 1e-5 * mag + 1e-6;
+        if (err / bound > worst_ao) worst_ao = err / bound;
+        h[i] = x[i] + ao[i];
+        ss += (double)h[i] * h[i];
+    }
+    CHECK(worst_ao <= 1.0, "wo %s: ao off by %.3g of its bound", engine_type_name(wo_t), worst_ao);
+    const double eps = 1e-6, s = 1.0 / sqrt(ss / emb + eps);
+    double worst_r = 0, worst_m = 0, worst_raw = 0, worst_alg = 0;
+    for (int e = 0; e < ne; e++) {
+        const float *row = rm + (size_t)e * ld;
+        double rx = 0, rx_abs = 0, unf = 0;
+        for (int i = 0; i < emb; i++) {
+            const float r = wr_d[(size_t)e * emb + i] * g[i];
+            rref[i] = r;
+            const double err = fabs((double)row[i] - r) / (1e-6 * fabs(r) + 1e-30);
+            if (err > worst_r) worst_r = err;
+            rx += (double)r * x[i];
+            rx_abs += fabs((double)r * x[i]);
+            unf += (double)wr_d[(size_t)e * emb + i] * ((double)g[i] * ((double)h[i] * s));
+        }
+        for (int j = 0; j < na; j++)
+            mref[j] = mabs[j] = 0;
+        for (int i = 0; i < emb; i++) {
+            const float *wi = wo_d + (size_t)i * na;
+            for (int j = 0; j < na; j++) {
+                const double t = rref[i] * wi[j];
+                mref[j] += t;
+                mabs[j] += fabs(t);
+            }
+        }
+        double mx = 0, mx_abs = 0;
+        for (int j = 0; j < na; j++) {
+            const double err = fabs(row[emb + j] - mref[j]) / (1e-5 * mabs[j] + 1e-30);
+            if (err > worst_m) worst_m = err;
+            mx += mref[j] * xhat[j];
+            mx_abs += mabs[j] * fabs(xhat[j]);
+        }
+        const double b = rx_abs + mx_abs;
+        const double err_raw = fabs(raw[e] - (rx + mx)) / (1e-5 * b + 1e-6);
+        if (err_raw > worst_raw) worst_raw = err_raw;
+        const double err_alg = fabs(s * raw[e] - unf) / (3e-5 * s * b + 1e-6);
+        if (err_alg > worst_alg) worst_alg = err_alg;
+    }
+    CHECK(worst_r <= 1.0, "wo %s router %s: R off by %.3g of its bound", engine_type_name(wo_t),
+          engine_type_name(wr_t), worst_r);
+    CHECK(worst_m <= 1.0, "wo %s: M off by %.3g of its bound", engine_type_name(wo_t), worst_m);
+    CHECK(worst_raw <= 1.0, "wo %s: raw logits off by %.3g of their bound", engine_type_name(wo_t),
+          worst_raw);
+    CHECK(worst_alg <= 1.0, "wo %s: s * raw vs the unfused logits off by %.3g of the bound",
+          engine_type_name(wo_t), worst_alg);
+    printf("wo %-4s router %-4s %3d x %4d x %4d: worst error / bound: R %.3f, M %.3f, ao %.3f, "
+           "raw %.3f, s*raw vs unfused %.3f\n",
+           engine_type_name(wo_t), engine_type_name(wr_t), ne, emb, na, worst_r, worst_m, worst_ao,
+           worst_raw, worst_alg);
+out:
+    free(wo);
+    free(wr);
+    free(wo_d);
+    free(wr_d);
+    free(x);
+    free(g);
+    free(att);
+    free(xhat);
+    free(rm);
+    free(ao);
+    free(raw);
+    free(h);
+    free(rref);
+    free(mref);
+    free(mabs);
+}
+
+int main(void) {
+    if (engine_cuda_usable() != 0) {
+        printf("skip: %s\n", engine_error_last());
+        return 77;
+    }
+    const engine_type wo_types[] = {ENGINE_TYPE_Q4_K, ENGINE_TYPE_Q6_K, ENGINE_TYPE_Q8_0,
+                                    ENGINE_TYPE_F16};
+    for (size_t i = 0; i < sizeof wo_types / sizeof wo_types[0]; i++)
+        run_case(wo_types[i], ENGINE_TYPE_F32, 128, 2048, 4096);
+    run_case(ENGINE_TYPE_Q4_K, ENGINE_TYPE_Q8_0, 8, 256, 512);
+    run_case(ENGINE_TYPE_Q8_0, ENGINE_TYPE_F32, 8, 256, 96);
+    /* bad shapes: an error, not a crash */
+    float one[32] = {0}, out[512];
+    CHECK(engine_cuda_op_router_fuse(ENGINE_TYPE_Q4_K, one, 0, ENGINE_TYPE_F32, one, 0, 1, 32, 96,
+                                     one, one, one, out, out, out) == ENGINE_EINVAL,
+          "Q4_K wo with rows of 96 values");
+    CHECK(engine_cuda_op_router_fuse(ENGINE_TYPE_F32, one, 0, ENGINE_TYPE_F32, one, 0, 0, 32, 32,
+                                     one, one, one, out, out, out) == ENGINE_EINVAL,
+          "no experts");
+    return support_finish("test_cuda_router_fuse");
+}
+#endif
