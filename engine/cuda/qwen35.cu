@@ -474,7 +474,19 @@ struct engine_cuda_q35_session {
      * timing gives each op's cost on the graph's critical path
      * (bench_q35 -e "SPARK_CUDA_DIAG_SKIP=16"). The MTP passes ignore them. */
     unsigned diag_skip, diag_twice;
+    /* SPARK_CUDA_Q35_ATT_SHORT (read at session creation; default off): positions n <= att_short
+     * take the gated attention's short path (engine_cu_gatt.short_n, qwen35_attn.cuh) */
+    int att_short;
 };
+
+/* SPARK_CUDA_Q35_ATT_SHORT: unset or 0: off (0); 1: 256 positions; N >= 2: N positions (at most
+ * ENGINE_CU_GATT_SHORT_MAX). */
+static int q35_att_short_env(void) {
+    const char *e = getenv("SPARK_CUDA_Q35_ATT_SHORT");
+    const long v = e ? strtol(e, NULL, 10) : 0;
+    if (v <= 0) return 0;
+    return v == 1 ? 256 : (int)std::min(v, (long)ENGINE_CU_GATT_SHORT_MAX);
+}
 
 /* The bits of SPARK_CUDA_DIAG_SKIP / _TWICE (each covers every launch of its kind) */
 enum {
@@ -576,6 +588,7 @@ extern "C" int engine_cuda_q35_session_new(engine_cuda_q35_session **out, engine
         s->diag_skip = e ? (unsigned)strtoul(e, NULL, 0) : 0u;
         e = getenv("SPARK_CUDA_DIAG_TWICE");
         s->diag_twice = e ? (unsigned)strtoul(e, NULL, 0) : 0u;
+        s->att_short = q35_att_short_env();
     }
     s->k_cache = (void **)calloc((size_t)std::max(cm->n_attn, 1), sizeof(void *));
     s->v_cache = (void **)calloc((size_t)std::max(cm->n_attn, 1), sizeof(void *));
@@ -904,6 +917,7 @@ static void q35_attention(engine_cuda_q35_session *s, const q35_cl *ly, float ep
     a.v = s->v;
     a.pos = &s->step->pos;
     a.out = s->att;
+    a.short_n = s->att_short;
     for (int i = 0; i < q35_diag_n(s, Q35_DIAG_AT); i++)
         engine_cu_gatt_run(&a, st);
     q35_mark(p, 3, st);
@@ -1286,6 +1300,7 @@ extern "C" int engine_cuda_op_q35_attention(int n_head, int n_kv, int hd, int ro
     g.partial = b.put<float>(NULL, f * n_head * (size_t)engine_cu_gatt_splits(n_ctx) * (hd + 2));
     g.counters = b.put<unsigned>(NULL, sizeof(unsigned) * n_kv);
     g.out = b.put<float>(NULL, f * n_head * hd);
+    g.short_n = q35_att_short_env(); /* as a session would take it */
     if (b.rc) return b.rc;
     engine_cu_gatt_run(&g, 0);
     if ((rc = b.get(out, g.out, f * n_head * hd))) return rc;

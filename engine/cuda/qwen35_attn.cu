@@ -1,4 +1,5 @@
 /* Gated decode attention of qwen35moe (contract in qwen35_attn.cuh). */
+#include <algorithm>
 #include <cuda_fp16.h>
 #include <math.h>
 
@@ -22,9 +23,166 @@ int engine_cu_gatt_splits(int n_ctx) {
     return (n_ctx + SPL - 1) / SPL;
 }
 
-/* Grid (n_kv, runners) of GATT_THREADS. */
-template <int G, int HD>
-__global__ void __launch_bounds__(GATT_THREADS) gatt_kernel(engine_cu_gatt a) {
+/* ---------------------------------------------------------------------------------------------
+ * Short context (engine_cu_gatt.short_n): one block per query head over all n <= short_n
+ * positions, writing the gated output itself (the merge launch then does nothing).
+ * ------------------------------------------------------------------------------------------- */
+
+/* N consecutive cache values from src (a generic pointer: the cache in global memory or the
+ * block's shared copy of the new row), N * element size bytes aligned; as floats. */
+template <int N, bool F32> __device__ __forceinline__ void gs_load(const void *src, float *o) {
+    static_assert(N == 2 || N == 4 || N == 8, "2, 4 or 8 values");
+    if constexpr (F32) {
+        const float4 *p4 = (const float4 *)src;
+        if constexpr (N == 2) {
+            const float2 x = *(const float2 *)src;
+            o[0] = x.x, o[1] = x.y;
+        } else {
+#pragma unroll
+            for (int i = 0; i < N / 4; i++) {
+                const float4 x = p4[i];
+                o[4 * i] = x.x, o[4 * i + 1] = x.y, o[4 * i + 2] = x.z, o[4 * i + 3] = x.w;
+            }
+        }
+    } else {
+        __half2 h[N / 2];
+        if constexpr (N == 2)
+            *(unsigned *)h = *(const unsigned *)src;
+        else if constexpr (N == 4)
+            *(uint2 *)h = *(const uint2 *)src;
+        else
+            *(uint4 *)h = *(const uint4 *)src;
+#pragma unroll
+        for (int i = 0; i < N / 2; i++) {
+            const float2 f = __half22float2(h[i]);
+            o[2 * i] = f.x, o[2 * i + 1] = f.y;
+        }
+    }
+}
+
+constexpr size_t gatt_short_smem_floats(int hd) {
+    /* q, the new K row (F32) and its cache-format copies of K and V, scores, the warps' V sums */
+    return 4 * (size_t)hd + ENGINE_CU_GATT_SHORT_MAX + (size_t)GATT_WARPS * hd;
+}
+
+/* Query head h (of KV head g; `store`: the group's first head, whose block alone writes this
+ * position's K/V row to the cache) over positions 0..pos. The other blocks of the group take
+ * row pos from the shared-memory copy (rounded to the cache's type as the store does), never
+ * from the cache, so nothing races with the store. Three barriers: after the q/k preparation,
+ * after the scores (8 lanes a position, 16-byte loads), after the warps' V sums; each warp
+ * takes the max and the sum over all the scores itself and its positions' weights on the fly. */
+template <int HD, bool F32>
+__device__ __forceinline__ void gatt_short_block(const engine_cu_gatt a, int h, int g, bool store,
+                                                 int pos, float *sm) {
+    constexpr int NC = HD / 64; /* 8-value chunks of a K row per lane (8 lanes a position) */
+    constexpr int EV = HD / 32; /* V values per lane (a warp a position) */
+    const int tid = threadIdx.x, lane = tid & 31, wi = tid >> 5, sub = lane & 7, pw = lane >> 3;
+    const int n = pos + 1, half = a.rot / 2;
+    const size_t row = (size_t)a.n_kv * HD, col = (size_t)g * HD;
+    float *qs = sm;                 /* [HD] */
+    float *kf = qs + HD;            /* [HD] */
+    void *krs = kf + HD;            /* [HD] of the cache's type */
+    void *vrs = kf + 2 * HD;        /* [HD] of the cache's type */
+    float *e = kf + 3 * HD;         /* [ENGINE_CU_GATT_SHORT_MAX] */
+    float *red = e + ENGINE_CU_GATT_SHORT_MAX; /* [GATT_WARPS][HD] */
+    const float2 *cs = a.rope + (size_t)pos * half;
+    if (wi == 0) {
+        engine_cu_gatt_norm_rope<HD>(a.qg + (size_t)h * 2 * HD, a.q_norm, a.eps, cs, half, qs);
+    } else if (wi == 1) {
+        engine_cu_gatt_norm_rope<HD>(a.k + col, a.k_norm, a.eps, cs, half, kf);
+        if (store)
+            engine_cu_gatt_store_kv<HD>(kf, a.v, col, a.k_cache, a.v_cache, F32,
+                                        (size_t)pos * row + col, lane);
+#pragma unroll
+        for (int t = 0; t < HD / 32; t++) {
+            const int i = lane + 32 * t;
+            if constexpr (F32) {
+                ((float *)krs)[i] = kf[i];
+                ((float *)vrs)[i] = a.v[col + i];
+            } else {
+                ((__half *)krs)[i] = __float2half_rn(kf[i]);
+                ((__half *)vrs)[i] = __float2half_rn(a.v[col + i]);
+            }
+        }
+    }
+    __syncthreads();
+    /* scores: 8 lanes a position (chunk sub + 8 t of the row: 128 coalesced bytes per t for F16),
+     * 4 positions a warp, 32 a round of the block */
+    const float scale = 1.0f / sqrtf((float)HD);
+    float qr[NC][8];
+#pragma unroll
+    for (int t = 0; t < NC; t++)
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            qr[t][j] = qs[(sub + 8 * t) * 8 + j];
+    constexpr size_t ES = F32 ? 4 : 2;
+#pragma unroll 2
+    for (int base = wi * 4; base < n; base += 4 * GATT_WARPS) {
+        const int p = base + pw;
+        float acc = 0.0f;
+        if (p < n) {
+            const char *src = p == pos ? (const char *)krs
+                                       : (const char *)a.k_cache + ((size_t)p * row + col) * ES;
+            float kv[NC][8];
+#pragma unroll
+            for (int t = 0; t < NC; t++)
+                gs_load<8, F32>(src + (size_t)(sub + 8 * t) * 8 * ES, kv[t]);
+#pragma unroll
+            for (int t = 0; t < NC; t++)
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    acc += qr[t][j] * kv[t][j];
+        }
+        acc += __shfl_xor_sync(0xffffffffu, acc, 4);
+        acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+        acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+        if (sub == 0 && p < n) e[p] = acc * scale;
+    }
+    __syncthreads();
+    /* every warp: the max and the sum over all scores (the same order in each), then the
+     * weighted V of its positions wi, wi + 8, ..: lane's EV consecutive values */
+    float m = -INFINITY;
+    for (int i = lane; i < n; i += 32)
+        m = fmaxf(m, e[i]);
+    m = engine_cu_warp_max(m);
+    float l = 0.0f;
+    for (int i = lane; i < n; i += 32)
+        l += expf(e[i] - m);
+    l = engine_cu_warp_sum(l);
+    float acc[EV];
+#pragma unroll
+    for (int j = 0; j < EV; j++)
+        acc[j] = 0.0f;
+#pragma unroll 4
+    for (int p = wi; p < n; p += GATT_WARPS) {
+        const char *src = p == pos ? (const char *)vrs
+                                   : (const char *)a.v_cache + ((size_t)p * row + col) * ES;
+        float v[EV];
+        gs_load<EV, F32>(src + (size_t)lane * EV * ES, v);
+        const float w = expf(e[p] - m);
+#pragma unroll
+        for (int j = 0; j < EV; j++)
+            acc[j] += w * v[j];
+    }
+#pragma unroll
+    for (int j = 0; j < EV; j++)
+        red[wi * HD + lane * EV + j] = acc[j];
+    __syncthreads();
+    for (int d = tid; d < HD; d += GATT_THREADS) {
+        float num = 0.0f;
+#pragma unroll
+        for (int w = 0; w < GATT_WARPS; w++)
+            num += red[w * HD + d];
+        const float gate = a.qg[(size_t)h * 2 * HD + HD + d];
+        a.out[(size_t)h * HD + d] = num / l * (1.0f / (1.0f + expf(-gate)));
+    }
+}
+
+/* Grid (n_kv, runners) of GATT_THREADS; with SHORT (a.short_n > 0) at least G runners: while
+ * pos + 1 <= a.short_n, block (g, y < G) serves query head g G + y alone (the rest exit), else
+ * the split path below (its runners are the same: runners >= splits of pos + 1 or 128). */
+template <int G, int HD, bool SHORT>
+__global__ void __launch_bounds__(GATT_THREADS, SHORT ? 1 : 0) gatt_kernel(engine_cu_gatt a) {
     constexpr int PG = GATT_THREADS / HD; /* position groups of the V sums */
     constexpr int EPT = (G * HD + GATT_THREADS - 1) / GATT_THREADS; /* merged elements/thread */
     extern __shared__ float ga_smem[];
@@ -37,6 +195,17 @@ __global__ void __launch_bounds__(GATT_THREADS) gatt_kernel(engine_cu_gatt a) {
     engine_cu_pdl_launch();
     engine_cu_pdl_wait();
     const int pos = *a.pos, n = pos + 1, nsplit = (n + SPL - 1) / SPL;
+    if constexpr (SHORT) {
+        if (n <= a.short_n) {
+            extern __shared__ __align__(16) float gs_smem[]; /* ga_smem, 16-byte aligned */
+            const int y = blockIdx.y;
+            if (y < G && a.kv_f32)
+                gatt_short_block<HD, true>(a, g * G + y, g, y == 0, pos, gs_smem);
+            else if (y < G)
+                gatt_short_block<HD, false>(a, g * G + y, g, y == 0, pos, gs_smem);
+            return;
+        }
+    }
     const int nact = min((int)gridDim.y, nsplit);
     if ((int)blockIdx.y >= nact) return;
     const int max_splits = (a.n_ctx + SPL - 1) / SPL, half = a.rot / 2;
@@ -156,13 +325,16 @@ __global__ void __launch_bounds__(GATT_THREADS) gatt_kernel(engine_cu_gatt a) {
 /* The merge of the runners' partials: block (head, 64 dimensions) of 64 threads; warp 0 takes
  * the runners' weights exp(m_r - m) once (shared memory) and the denominator, then each thread
  * sums its dimension over the runners (coalesced rows) and applies the output gate. */
-template <int HD> __global__ void __launch_bounds__(64) gatt_merge_kernel(engine_cu_gatt a) {
+template <int HD, bool SHORT>
+__global__ void __launch_bounds__(64) gatt_merge_kernel(engine_cu_gatt a) {
     __shared__ float wr[ENGINE_CU_GATT_RUNNERS];
     __shared__ float inv_den;
     engine_cu_pdl_launch();
     engine_cu_pdl_wait();
     const int h = blockIdx.x, tid = threadIdx.x, lane = tid & 31;
     const int n = *a.pos + 1, nsplit = (n + SPL - 1) / SPL, max_splits = (a.n_ctx + SPL - 1) / SPL;
+    if constexpr (SHORT)
+        if (n <= a.short_n) return; /* gatt_short_block wrote the output */
     const int nact = min(min(max_splits, ENGINE_CU_GATT_RUNNERS), nsplit);
     const float *ph = a.partial + (size_t)h * max_splits * (HD + 2);
     engine_cu_gatt_merge_weights<HD>(ph, nact, tid, lane, wr, inv_den);
@@ -175,12 +347,20 @@ template <int HD> __global__ void __launch_bounds__(64) gatt_merge_kernel(engine
 
 template <int G, int HD> static void gatt_launch(const engine_cu_gatt *a, cudaStream_t stream) {
     constexpr int PG = GATT_THREADS / HD;
-    const size_t smem =
-        sizeof(float) * ((size_t)G * HD + (size_t)G * SPL + (size_t)PG * G * HD + HD);
+    size_t smem = sizeof(float) * ((size_t)G * HD + (size_t)G * SPL + (size_t)PG * G * HD + HD);
     const int runners = min(engine_cu_gatt_splits(a->n_ctx), ENGINE_CU_GATT_RUNNERS);
-    engine_cu_launch(gatt_kernel<G, HD>, dim3(a->n_kv, runners), dim3(GATT_THREADS), smem, stream,
+    if (a->short_n <= 0) {
+        engine_cu_launch(gatt_kernel<G, HD, false>, dim3(a->n_kv, runners), dim3(GATT_THREADS),
+                         smem, stream, *a);
+        engine_cu_launch(gatt_merge_kernel<HD, false>, dim3(a->n_head, HD / 64), dim3(64), 0,
+                         stream, *a);
+        return;
+    }
+    smem = std::max(smem, sizeof(float) * gatt_short_smem_floats(HD));
+    engine_cu_launch(gatt_kernel<G, HD, true>, dim3(a->n_kv, std::max(runners, G)),
+                     dim3(GATT_THREADS), smem, stream, *a);
+    engine_cu_launch(gatt_merge_kernel<HD, true>, dim3(a->n_head, HD / 64), dim3(64), 0, stream,
                      *a);
-    engine_cu_launch(gatt_merge_kernel<HD>, dim3(a->n_head, HD / 64), dim3(64), 0, stream, *a);
 }
 
 template <int HD> static void gatt_launch_hd(const engine_cu_gatt *a, cudaStream_t stream) {
@@ -203,7 +383,9 @@ template <int HD> static void gatt_launch_hd(const engine_cu_gatt *a, cudaStream
     }
 }
 
-void engine_cu_gatt_run(const engine_cu_gatt *a, cudaStream_t stream) {
+void engine_cu_gatt_run(const engine_cu_gatt *a_in, cudaStream_t stream) {
+    engine_cu_gatt b = *a_in, *a = &b;
+    b.short_n = std::min(std::max(b.short_n, 0), ENGINE_CU_GATT_SHORT_MAX);
     if (a->hd == 64)
         gatt_launch_hd<64>(a, stream);
     else if (a->hd == 128)

@@ -22,6 +22,8 @@
  *     logits equal engine_cuda_q35_decode's bit for bit, and rollback (engine_session_truncate
  *     to points on and off the snapshot grid, within and beyond the kept snapshots) gives the
  *     same logits bit for bit as a session that never went further.
+ *   The attention op and the f32 / q4_k_m models again with SPARK_CUDA_Q35_ATT_SHORT (a block
+ *   per query head at short context), with the same bounds.
  * Exits 77 (skip) with the reason when no GPU is usable or the build has no CUDA backend. */
 #include <math.h>
 #include <stdio.h>
@@ -223,8 +225,9 @@ static void check_attention(int nh, int nkv, int hd, int rot, int32_t pos, engin
         }
         CHECK(dk == 0 && dv == 0, "attention pos %d: stored rows differ (k %.3g, v %.3g)", pos, dk,
               dv);
-        printf("attention %2d/%d x %3d rot %2d pos %4d %s: out diff %.2e\n", nh, nkv, hd, rot, pos,
-               kv == ENGINE_KV_F32 ? "f32" : "f16", d);
+        const char *sh = getenv("SPARK_CUDA_Q35_ATT_SHORT");
+        printf("attention %2d/%d x %3d rot %2d pos %4d %s%s%s: out diff %.2e\n", nh, nkv, hd, rot,
+               pos, kv == ENGINE_KV_F32 ? "f32" : "f16", sh ? " short " : "", sh ? sh : "", d);
     }
     free(kc), free(vc), free(qg), free(k), free(v), free(qn), free(kn), free(inv), free(og);
     free(oc), free(q), free(kr), free(krow), free(vrow), free(scores);
@@ -440,10 +443,35 @@ int main(void) {
         check_attention(16, 2, 256, 64, positions[i], ENGINE_KV_F16);
         check_attention(4, 2, 64, 16, positions[i], ENGINE_KV_F32);
     }
+    /* the short path (SPARK_CUDA_Q35_ATT_SHORT, qwen35_attn.cuh), same bounds: "1" = up to 256
+     * positions by a block per query head, past them the split path of the same launch; "64":
+     * positions past 64 take the split path in a grid of at least G runners per KV head */
+    static const struct {
+        const char *n;
+        int32_t pos[8];
+        int n_pos;
+    } shorts[] = {{"1", {0, 1, 31, 32, 100, 255, 256, 300}, 8}, {"64", {63, 64, 100, 200}, 4}};
+    for (size_t j = 0; j < sizeof shorts / sizeof shorts[0]; j++) {
+        setenv("SPARK_CUDA_Q35_ATT_SHORT", shorts[j].n, 1);
+        for (int i = 0; i < shorts[j].n_pos; i++) {
+            check_attention(16, 2, 256, 64, shorts[j].pos[i], ENGINE_KV_F32);
+            check_attention(16, 2, 256, 64, shorts[j].pos[i], ENGINE_KV_F16);
+            check_attention(4, 2, 64, 16, shorts[j].pos[i], ENGINE_KV_F32);
+            check_attention(4, 2, 64, 16, shorts[j].pos[i], ENGINE_KV_F16);
+            check_attention(8, 1, 128, 32, shorts[j].pos[i], ENGINE_KV_F16);
+        }
+    }
+    unsetenv("SPARK_CUDA_Q35_ATT_SHORT");
     if (support_tmpdir(tmpdir, sizeof tmpdir, "test_cuda_qwen35", false) != 0) return 1;
     const char *types[] = {"f32", "q8_0", "q4_k_m"};
     for (int i = 0; i < 3; i++)
         run_model(types[i]);
+    /* the whole model again with the short path in the sessions (read at their creation) */
+    setenv("SPARK_CUDA_Q35_ATT_SHORT", "1", 1);
+    printf("SPARK_CUDA_Q35_ATT_SHORT=1:\n");
+    run_model("f32");
+    run_model("q4_k_m");
+    unsetenv("SPARK_CUDA_Q35_ATT_SHORT");
     support_rmtree(tmpdir);
     return support_finish("test_cuda_qwen35");
 }
