@@ -11,7 +11,13 @@
  * finish (an atomic counter) merges the splits. The position is read from device memory, so
  * the grid is sized for the whole context and blocks past the position exit at once: the same
  * launch serves every step of a captured graph. The cache is contiguous per layer
- * ([n_ctx][n_head_kv * head_dim], F16 or F32); the paged KV pool will pass a block table. */
+ * ([n_ctx][n_head_kv * head_dim], F16 or F32); the paged KV pool will pass a block table.
+ * With short_path set (sessions: SPARK_CUDA_ATT_SHORT=1), the launch is a flat grid of
+ * max(n_head, n_kv * max_splits) blocks that map themselves from the device-side position: while
+ * it is below ENGINE_CU_ATT_SPLIT, block b < n_head serves query head b alone (att_short_dev.cuh;
+ * the others exit before any wait), else block b is (KV head b % n_kv, split b / n_kv) as above.
+ * Both give the same outputs and cache rows (bit for bit, by construction; the tests check it).
+ * The fused step (step.cuh) ignores short_path. */
 #ifndef SPARK_ENGINE_CUDA_ATTENTION_CUH
 #define SPARK_ENGINE_CUDA_ATTENTION_CUH
 
@@ -34,6 +40,7 @@ typedef struct {
     float *partial;     /* [n_head][max_splits][hd + 2] scratch */
     unsigned *counters; /* [n_kv], zero between launches */
     float *out;         /* [n_head * hd] */
+    int short_path;     /* 1: a block per query head at short context (see above) */
 } engine_cu_att;
 
 /* Head dimensions the kernel is instantiated for (64, 128, 256). */

@@ -98,6 +98,9 @@ struct engine_cuda_session {
      * router's product runs in the wo launch and the residual add moves into the up and down
      * kernels (router_fuse.cuh); the stage-6 and DOWN_ROUTE switches are then ignored */
     int rf;
+    /* SPARK_CUDA_ATT_SHORT=1: the attention launch serves positions < ENGINE_CU_ATT_SPLIT with a
+     * block per query head (attention.cuh short_path; the same outputs bit for bit) */
+    int att_short;
     engine_cu_prog prog; /* the fused step's program, built at the first capture */
     uint8_t *mem;        /* one allocation: KV cache and step buffers */
     size_t bytes;
@@ -552,6 +555,8 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         e = getenv("SPARK_CUDA_DOWN_EARLY");
         s->down_early = e && e[0] == '1';
         if (s->up_early || s->down_early) s->route_once = 1;
+        e = getenv("SPARK_CUDA_ATT_SHORT");
+        s->att_short = e && e[0] == '1';
         e = getenv("SPARK_CUDA_DIAG_SKIP");
         s->diag_skip = e ? (unsigned)strtoul(e, NULL, 0) : 0u;
         e = getenv("SPARK_CUDA_DIAG_TWICE");
@@ -706,7 +711,8 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
                         hd,
                         s->partial,
                         s->counters,
-                        s->att};
+                        s->att,
+                        s->att_short};
     o->at = at;
 
     mv = &o->wo;

@@ -28,9 +28,10 @@
  * so in its output.
  * The decode stage-6 switches (alt_sets below, one more session each: the routing in the
  * router's last block, the up kernel's staging and the down kernel's ids and prefetch before
- * their waits) keep the arithmetic, so each such session's logits and tokens must equal the
- * default session's bit for bit at every step, and its device-resident greedy generation must
- * give the same tokens.
+ * their waits) and SPARK_CUDA_ATT_SHORT (the attention launch with a block per query head)
+ * keep the arithmetic, so each such session's logits and tokens must equal the default
+ * session's bit for bit at every step, and its device-resident greedy generation must give the
+ * same tokens.
  * Arguments PRESET TYPE [N_GEN] run that one model (for compute-sanitizer racecheck), with
  * N_GEN (2..40) generated tokens. */
 #include <math.h>
@@ -57,12 +58,15 @@ static char tmpdir[256];
 #define N_GEN 40
 static int n_gen = N_GEN; /* generated tokens; fewer with a third argument (racecheck) */
 
-/* Run-time switches of the decode stage-6 paths: a session per set, its variables set to 1. */
-#define N_ALT 3
+/* Run-time switches of the decode stage-6 paths, and the short-context attention launch (a
+ * block per query head, engine/cuda/att_short_dev.cuh; every position here is below 256): a
+ * session per set, its variables set to 1. */
+#define N_ALT 4
 static const char *const alt_sets[N_ALT][3] = {
     {"SPARK_CUDA_ROUTE_ONCE", NULL, NULL},
     {"SPARK_CUDA_UP_EARLY", NULL, NULL},
     {"SPARK_CUDA_ROUTE_ONCE", "SPARK_CUDA_UP_EARLY", "SPARK_CUDA_DOWN_EARLY"},
+    {"SPARK_CUDA_ATT_SHORT", NULL, NULL},
 };
 
 static void run_model(const char *preset, const char *type) {
@@ -119,8 +123,9 @@ static void run_model(const char *preset, const char *type) {
     lg = malloc(sizeof(float) * nv);
     lp = malloc(sizeof(float) * nv);
     la = malloc(sizeof(float) * nv);
-    if (!cs || !gs || (fused && !gs2) || !ga[0] || !ga[1] || !ga[2] || !lc || !lg || !lp || !la)
-        goto out;
+    if (!cs || !gs || (fused && !gs2) || !lc || !lg || !lp || !la) goto out;
+    for (int a = 0; a < N_ALT; a++)
+        if (!ga[a]) goto out;
     int n_fused_diff = 0, n_alt_diff[N_ALT] = {0};
 
     bool exact = strcmp(type, "f32") == 0;

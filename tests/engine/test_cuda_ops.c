@@ -14,6 +14,9 @@
  *     |w_i xg_i| + tie slack.
  *   attention (q/k norm + RoPE + KV store + softmax(qK^T)V, split-K): |out - cpu| <= 2e-5 *
  *     (1 + max|v|); the stored K/V rows equal the CPU's bit for bit up to F32 rounding (1e-5).
+ *     The sessions' SPARK_CUDA_ATT_SHORT launch (SPARK_CUDA_OP_ATT_SHORT=1 here: a block per
+ *     query head below 256 positions) must give the default launch's outputs and stored rows
+ *     bit for bit (the same arithmetic in the same order).
  *   MoE block: same expert ids as engine_cpu_moe_route, weights within 1e-6, output within
  *     1e-4 * (1 + sum of |terms|) of a double reference (for the quantised types on x and h
  *     quantised as the CPU does, as for matvec; a tie flip there moves the output by ~1e-5 of
@@ -203,6 +206,8 @@ static void test_attention_case(int n_head, int n_kv, int hd, int32_t pos, engin
     float *out = malloc(sizeof(float) * n_head * hd), *ref = malloc(sizeof(float) * n_head * hd);
     float *krow = malloc(sizeof(float) * kv_dim), *vrow = malloc(sizeof(float) * kv_dim);
     float *scores = malloc(sizeof(float) * n_ctx);
+    float *out_s = malloc(sizeof(float) * n_head * hd), *krow_s = malloc(sizeof(float) * kv_dim);
+    float *vrow_s = malloc(sizeof(float) * kv_dim);
     uint8_t *kc = malloc((size_t)n_ctx * kv_dim * elt), *vc = malloc((size_t)n_ctx * kv_dim * elt);
     float *tmp = malloc(sizeof(float) * kv_dim), *tmp2 = malloc(sizeof(float) * kv_dim);
     fill(q, (size_t)n_head * hd, 3.0f);
@@ -224,6 +229,22 @@ static void test_attention_case(int n_head, int n_kv, int hd, int32_t pos, engin
     int rc = engine_cuda_op_attention(n_head, n_kv, hd, pos, n_ctx, kvt, kc, vc, q, k, v, qw, kw,
                                       inv, 1e-6f, out, krow, vrow);
     CHECK(rc == 0, "attention");
+    /* the same inputs through the sessions' SPARK_CUDA_ATT_SHORT launch (a block per query head
+     * below 256 positions, the flat grid mapped to att_block's blocks above): the same outputs
+     * and stored rows bit for bit */
+    setenv("SPARK_CUDA_OP_ATT_SHORT", "1", 1);
+    int rc_s = engine_cuda_op_attention(n_head, n_kv, hd, pos, n_ctx, kvt, kc, vc, q, k, v, qw, kw,
+                                        inv, 1e-6f, out_s, krow_s, vrow_s);
+    unsetenv("SPARK_CUDA_OP_ATT_SHORT");
+    CHECK(rc_s == 0, "attention (short path)");
+    int n_out_diff = 0;
+    for (int i = 0; rc_s == 0 && i < n_head * hd; i++)
+        n_out_diff += memcmp(&out[i], &out_s[i], sizeof(float)) != 0;
+    CHECK(n_out_diff == 0, "attention hd %d pos %d: short path output differs at %d of %d", hd,
+          pos, n_out_diff, n_head * hd);
+    CHECK(rc_s != 0 || (memcmp(krow, krow_s, sizeof(float) * kv_dim) == 0 &&
+                        memcmp(vrow, vrow_s, sizeof(float) * kv_dim) == 0),
+          "attention hd %d pos %d: short path's stored K/V row differs", hd, pos);
     /* CPU: norms, rope, store, attention per head */
     for (int h = 0; h < n_head; h++)
         engine_cpu_rmsnorm(q + h * hd, q + h * hd, qw, hd, 1e-6f);
@@ -256,23 +277,38 @@ static void test_attention_case(int n_head, int n_kv, int hd, int32_t pos, engin
         worst = fmax(worst, fabs(out[i] - ref[i]));
     CHECK(worst <= 2e-5 * (1 + 2.0), "attention hd %d pos %d %s: worst |gpu - cpu| %.3g", hd, pos,
           kvt == ENGINE_KV_F32 ? "f32" : "f16", worst);
-    printf("attention %2d/%d heads of %3d, pos %5d, kv %s: worst |gpu-cpu| = %.2e, K/V row %.2e\n",
-           n_head, n_kv, hd, pos, kvt == ENGINE_KV_F32 ? "f32" : "f16", worst, worst_row);
+    printf("attention %2d/%d heads of %3d, pos %5d, kv %s: worst |gpu-cpu| = %.2e, K/V row %.2e; "
+           "short path %s\n",
+           n_head, n_kv, hd, pos, kvt == ENGINE_KV_F32 ? "f32" : "f16", worst, worst_row,
+           rc_s == 0 && n_out_diff == 0 ? "identical" : "DIFFERS");
     free(q), free(k), free(v), free(qw), free(kw), free(inv), free(out), free(ref);
     free(krow), free(vrow), free(scores), free(kc), free(vc), free(tmp), free(tmp2);
+    free(out_s), free(krow_s), free(vrow_s);
 }
 
+/* Each case also runs the short-context launch (positions < 256: a block per query head) and
+ * checks it against the default bit for bit. */
 static void test_attention(void) {
     test_attention_case(32, 4, 128, 0, ENGINE_KV_F32);
     test_attention_case(32, 4, 128, 1, ENGINE_KV_F16);
+    test_attention_case(32, 4, 128, 17, ENGINE_KV_F32);
+    test_attention_case(32, 4, 128, 100, ENGINE_KV_F16);
     test_attention_case(32, 4, 128, 200, ENGINE_KV_F16);
     test_attention_case(32, 4, 128, 255, ENGINE_KV_F32);  /* split boundary: 256 positions */
+    test_attention_case(32, 4, 128, 255, ENGINE_KV_F16);
     test_attention_case(32, 4, 128, 256, ENGINE_KV_F32);  /* the new one opens a split */
     test_attention_case(32, 4, 128, 1500, ENGINE_KV_F16); /* 6 splits merged */
+    test_attention_case(4, 2, 64, 0, ENGINE_KV_F16);
     test_attention_case(4, 2, 64, 77, ENGINE_KV_F32);
+    test_attention_case(4, 2, 64, 255, ENGINE_KV_F16);
+    test_attention_case(8, 8, 256, 17, ENGINE_KV_F32);
+    test_attention_case(8, 8, 256, 255, ENGINE_KV_F16);
     test_attention_case(8, 8, 256, 600, ENGINE_KV_F16);
-    test_attention_case(16, 1, 128, 300, ENGINE_KV_F16);  /* 16 heads per KV head: 2 passes */
-    test_attention_case(12, 1, 64, 520, ENGINE_KV_F32);   /* 12 per KV head: padded pass */
+    test_attention_case(16, 1, 128, 100, ENGINE_KV_F32);  /* 16 heads per KV head */
+    test_attention_case(16, 1, 128, 300, ENGINE_KV_F16);  /* ... 2 passes */
+    test_attention_case(12, 1, 64, 1, ENGINE_KV_F16);     /* 12 per KV head */
+    test_attention_case(12, 1, 64, 254, ENGINE_KV_F32);
+    test_attention_case(12, 1, 64, 520, ENGINE_KV_F32);   /* ... padded pass */
     test_attention_case(32, 4, 128, 4100, ENGINE_KV_F16); /* 17 splits merged */
 }
 

@@ -1,0 +1,201 @@
+/* Device side of the short-context decode attention (SPARK_CUDA_ATT_SHORT=1, engine_cu_att's
+ * short_path; contract in attention.cuh): one block per query head while the context holds at
+ * most ENGINE_CU_ATT_SPLIT positions, instead of att_block's one block per KV head doing its
+ * group's query heads in series (4 blocks for Qwen3-30B-A3B's 32 heads).
+ *
+ * A block (head h of KV head kvh, the g-th of its group) of ATT_THREADS threads:
+ *   warp 0 normalises and rotates q_h into shared memory; warp 1 the new K row and V's new row,
+ *     rounded to the cache type, into shared memory in the cache's format; only the group's
+ *     first block (g == 0) stores them at row `pos` of the cache. The other blocks of the group
+ *     never read row `pos` from the cache (it races with that store): every load of a row picks
+ *     its address once, the cache for rows < pos and the shared copy for row pos (generic
+ *     loads, the address chosen by a select so that no branch sits between the loads).
+ *   one barrier; the scores as in att_block (4 threads per position, each a quarter of the
+ *     row, the parts summed in shuffles), with PP positions per thread per pass so that the
+ *     loads of several positions are in flight together.
+ *   one barrier; every warp takes the max and the sum over all the scores itself (the same
+ *     lane-strided order and butterfly as att_block's softmax warp, so the same values: no
+ *     softmax warp, no barrier), and the weight exp(s - max) of its own positions (w, w + 8,
+ *     ...: lane l holds position w + 8 l's); V as in att_block (lanes over the dimensions,
+ *     warps over every 8th position, weights taken by shuffle), in chunks of VU rows whose
+ *     loads are all issued at once (a chunk's rows past the last clamped, their terms skipped:
+ *     no one-row-at-a-time remainder loop), row pos last from shared memory.
+ *   one barrier; each output summed over the warps in warp order and divided by the sum.
+ * The arithmetic, and its order, is att_block's for n_act == 1 (same dot product expression,
+ * same exp inputs, same V accumulation order, same warp order), so the outputs are meant to
+ * equal the per-KV-head path's bit for bit; the tests check it. */
+#ifndef SPARK_ENGINE_CUDA_ATT_SHORT_DEV_CUH
+#define SPARK_ENGINE_CUDA_ATT_SHORT_DEV_CUH
+
+#include "attention_dev.cuh"
+
+/* Shared memory of a per-head block: sq[HD], sc[SPLIT], so[ATT_WARPS][HD] floats, then the new
+ * K and V rows in the cache's format (HD floats of room each). */
+static inline size_t att_short_smem_bytes(int hd) {
+    return sizeof(float) * ((size_t)hd + ENGINE_CU_ATT_SPLIT + (size_t)ATT_WARPS * hd + 2 * hd);
+}
+
+/* Block of query head h while pos < ENGINE_CU_ATT_SPLIT; F32 = a.kv_f32 (a template argument,
+ * so that each loop's loads sit in one basic block with no per-load branch on the cache type);
+ * att_smem: att_short_smem_bytes of dynamic shared memory (16-byte aligned); sync.wait() before
+ * the inputs are read (every thread calls it). */
+template <int HD, bool F32, typename S>
+__device__ __forceinline__ void att_short_block(const engine_cu_att &a, int h, int pos,
+                                                float *att_smem, const S &sync) {
+    constexpr int DPL = HD / 32;            /* V dimensions per lane */
+    constexpr int NI = HD / 8 / ATT_TPP;    /* groups of 8 values per thread in the score loop */
+    constexpr int PP = HD <= 64 ? 4 : HD <= 128 ? 2 : 1; /* positions per thread and pass */
+    constexpr int PSTEP = ATT_THREADS / ATT_TPP;         /* positions per pass and u */
+    const int G = a.n_head / a.n_kv, kvh = h / G, g = h - kvh * G, n_pos = pos + 1;
+    const size_t kv_dim = (size_t)a.n_kv * HD, col = (size_t)kvh * HD;
+    constexpr size_t elt = F32 ? 4 : 2;
+    { /* the group's final rows (before the position) to L2, a share per block */
+        const int p = g + G * (int)threadIdx.x;
+        if (p < pos) {
+            const size_t off = ((size_t)p * kv_dim + col) * elt;
+            engine_cu_prefetch_rows((const uint8_t *)a.k_cache + off, HD * elt);
+            engine_cu_prefetch_rows((const uint8_t *)a.v_cache + off, HD * elt);
+        }
+    }
+    sync.wait();
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    float *sq = att_smem, *sc = sq + HD, *so = sc + ENGINE_CU_ATT_SPLIT;
+    uint8_t *skr = (uint8_t *)(so + ATT_WARPS * HD), *svr = skr + sizeof(float) * HD;
+    const float2 *rope = a.rope + (size_t)pos * (HD / 2);
+
+    if (w == 0) {
+        float v[DPL];
+        norm_rope_warp<HD>(a.q + (size_t)h * HD, a.q_norm, rope, a.eps, v);
+#pragma unroll
+        for (int t = 0; t < DPL; t++)
+            sq[lane + 32 * t] = v[t];
+    } else if (w == 1) {
+        float v[DPL];
+        norm_rope_warp<HD>(a.k + col, a.k_norm, rope, a.eps, v);
+        const size_t o = (size_t)pos * kv_dim + col;
+#pragma unroll
+        for (int t = 0; t < DPL; t++) {
+            const int i = lane + 32 * t;
+            const float vv = a.v[col + i];
+            if (F32) {
+                ((float *)skr)[i] = v[t];
+                ((float *)svr)[i] = vv;
+                if (g == 0) {
+                    ((float *)a.k_cache)[o + i] = v[t];
+                    ((float *)a.v_cache)[o + i] = vv;
+                }
+            } else {
+                const __half hk = __float2half_rn(v[t]), hv = __float2half_rn(vv);
+                ((__half *)skr)[i] = hk;
+                ((__half *)svr)[i] = hv;
+                if (g == 0) {
+                    ((__half *)a.k_cache)[o + i] = hk;
+                    ((__half *)a.v_cache)[o + i] = hv;
+                }
+            }
+        }
+    }
+    __syncthreads();
+
+    /* scores: ATT_TPP threads per position, PP positions per thread, all their loads issued
+     * before any math; the dot product written as att_block writes it */
+    const float scale = 1.0f / sqrtf((float)HD);
+    const int part = threadIdx.x & (ATT_TPP - 1);
+    const uintptr_t kc = (uintptr_t)a.k_cache + col * elt;
+    for (int jb = 0; jb < n_pos; jb += PP * PSTEP) { /* uniform over the block */
+        float kk[PP][NI][8];
+#pragma unroll
+        for (int u = 0; u < PP; u++) {
+            const int j = jb + u * PSTEP + (int)threadIdx.x / ATT_TPP;
+            /* row pos (or past the end) from shared memory; both addresses formed first, so
+             * that the choice is a select, not a branch between the loads */
+            const uintptr_t rg = kc + (uintptr_t)j * kv_dim * elt;
+            const void *row = (const void *)(j < pos ? rg : (uintptr_t)skr);
+#pragma unroll
+            for (int ii = 0; ii < NI; ii++)
+                kv_load8(row, F32, 8 * (part + ATT_TPP * ii), kk[u][ii]);
+        }
+#pragma unroll
+        for (int u = 0; u < PP; u++) {
+            const int j = jb + u * PSTEP + (int)threadIdx.x / ATT_TPP;
+            float d = 0.0f;
+#pragma unroll
+            for (int ii = 0; ii < NI; ii++) {
+                const float *qp = sq + 8 * (part + ATT_TPP * ii);
+                const float4 q0 = *(const float4 *)qp, q1 = *(const float4 *)(qp + 4);
+                d += q0.x * kk[u][ii][0] + q0.y * kk[u][ii][1] + q0.z * kk[u][ii][2] +
+                     q0.w * kk[u][ii][3] + q1.x * kk[u][ii][4] + q1.y * kk[u][ii][5] +
+                     q1.z * kk[u][ii][6] + q1.w * kk[u][ii][7];
+            }
+#pragma unroll
+            for (int o = 1; o < ATT_TPP; o <<= 1)
+                d += __shfl_xor_sync(0xffffffffu, d, o);
+            if (part == 0 && j < n_pos) sc[j] = d * scale;
+        }
+    }
+    __syncthreads();
+
+    /* every warp: the max and the denominator over all the scores (att_block's order), the
+     * numerator of its own positions w + ATT_WARPS * lane */
+    constexpr int NJ = ENGINE_CU_ATT_SPLIT / 32; /* positions per lane (fixed trip count) */
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < NJ; i++)
+        if (lane + 32 * i < n_pos) mx = fmaxf(mx, sc[lane + 32 * i]);
+    mx = engine_cu_warp_max(mx);
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NJ; i++)
+        if (lane + 32 * i < n_pos) sum += expf(sc[lane + 32 * i] - mx);
+    sum = engine_cu_warp_sum(sum);
+    const int jo = w + ATT_WARPS * lane; /* < ATT_WARPS * 32 = ENGINE_CU_ATT_SPLIT */
+    const float e = jo < n_pos ? expf(sc[jo] - mx) : 0.0f;
+
+    /* V: lane over dimensions lane * DPL .., warp over positions w, w + ATT_WARPS, ... */
+    float acc[DPL];
+#pragma unroll
+    for (int t = 0; t < DPL; t++)
+        acc[t] = 0.0f;
+    const uint8_t *vc = (const uint8_t *)a.v_cache + col * elt;
+    const int nk = (pos - w + ATT_WARPS - 1) / ATT_WARPS; /* this warp's positions < pos */
+    /* VU rows in flight: a chunk's loads are all issued (the rows past nk clamped to the last,
+     * their terms skipped), so a short tail costs one round trip, not one per row */
+    constexpr int VU = DPL <= 4 ? 16 : 4;
+    for (int k0 = 0; k0 < nk; k0 += VU) { /* uniform over the warp */
+        float vv[VU][DPL];
+#pragma unroll
+        for (int u = 0; u < VU; u++)
+            kv_loadn<DPL>(vc + (size_t)(w + ATT_WARPS * min(k0 + u, nk - 1)) * kv_dim * elt, F32,
+                          (size_t)lane * DPL, vv[u]);
+#pragma unroll
+        for (int u = 0; u < VU; u++) {
+            const float pj = __shfl_sync(0xffffffffu, e, (k0 + u) & 31);
+            if (k0 + u < nk)
+#pragma unroll
+                for (int t = 0; t < DPL; t++)
+                    acc[t] += pj * vv[u][t];
+        }
+    }
+    if ((pos & (ATT_WARPS - 1)) == w) { /* row pos, the last of this warp's positions */
+        float vv[DPL];
+        kv_loadn<DPL>(svr, F32, (size_t)lane * DPL, vv);
+        const float pj = __shfl_sync(0xffffffffu, e, pos / ATT_WARPS);
+#pragma unroll
+        for (int t = 0; t < DPL; t++)
+            acc[t] += pj * vv[t];
+    }
+    float *sw = so + (size_t)w * HD;
+#pragma unroll
+    for (int t = 0; t < DPL; t++)
+        sw[lane * DPL + t] = acc[t];
+    __syncthreads();
+    for (int i = threadIdx.x; i < HD; i += ATT_THREADS) {
+        float o = 0.0f;
+#pragma unroll
+        for (int k = 0; k < ATT_WARPS; k++)
+            o += so[(size_t)k * HD + i];
+        a.out[(size_t)h * HD + i] = o / sum;
+    }
+}
+
+#endif
