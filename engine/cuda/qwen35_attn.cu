@@ -86,6 +86,8 @@ __device__ __forceinline__ void gatt_short_block(const engine_cu_gatt a, int h, 
     float *e = kf + 3 * HD;         /* [ENGINE_CU_GATT_SHORT_MAX] */
     float *red = e + ENGINE_CU_GATT_SHORT_MAX; /* [GATT_WARPS][HD] */
     const float2 *cs = a.rope + (size_t)pos * half;
+    /* the output gate of this thread's dimension, loaded while the rest runs */
+    const float gate = tid < HD ? a.qg[(size_t)h * 2 * HD + HD + tid] : 0.0f;
     if (wi == 0) {
         engine_cu_gatt_norm_rope<HD>(a.qg + (size_t)h * 2 * HD, a.q_norm, a.eps, cs, half, qs);
     } else if (wi == 1) {
@@ -116,7 +118,7 @@ __device__ __forceinline__ void gatt_short_block(const engine_cu_gatt a, int h, 
         for (int j = 0; j < 8; j++)
             qr[t][j] = qs[(sub + 8 * t) * 8 + j];
     constexpr size_t ES = F32 ? 4 : 2;
-#pragma unroll 2
+#pragma unroll 4
     for (int base = wi * 4; base < n; base += 4 * GATT_WARPS) {
         const int p = base + pw;
         float acc = 0.0f;
@@ -153,7 +155,7 @@ __device__ __forceinline__ void gatt_short_block(const engine_cu_gatt a, int h, 
 #pragma unroll
     for (int j = 0; j < EV; j++)
         acc[j] = 0.0f;
-#pragma unroll 4
+#pragma unroll 8
     for (int p = wi; p < n; p += GATT_WARPS) {
         const char *src = p == pos ? (const char *)vrs
                                    : (const char *)a.v_cache + ((size_t)p * row + col) * ES;
@@ -168,13 +170,13 @@ __device__ __forceinline__ void gatt_short_block(const engine_cu_gatt a, int h, 
     for (int j = 0; j < EV; j++)
         red[wi * HD + lane * EV + j] = acc[j];
     __syncthreads();
-    for (int d = tid; d < HD; d += GATT_THREADS) {
+    static_assert(HD <= GATT_THREADS, "a thread a dimension");
+    if (tid < HD) {
         float num = 0.0f;
 #pragma unroll
         for (int w = 0; w < GATT_WARPS; w++)
-            num += red[w * HD + d];
-        const float gate = a.qg[(size_t)h * 2 * HD + HD + d];
-        a.out[(size_t)h * HD + d] = num / l * (1.0f / (1.0f + expf(-gate)));
+            num += red[w * HD + tid];
+        a.out[(size_t)h * HD + tid] = num / l * (1.0f / (1.0f + expf(-gate)));
     }
 }
 
