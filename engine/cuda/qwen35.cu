@@ -477,6 +477,12 @@ struct engine_cuda_q35_session {
     /* SPARK_CUDA_Q35_ATT_SHORT (read at session creation; default off): positions n <= att_short
      * take the gated attention's short path (engine_cu_gatt.short_n, qwen35_attn.cuh) */
     int att_short;
+    /* SPARK_CUDA_Q35_SH_FORK=1 (read at session creation; default off): the shared expert's
+     * gate/up launch on a side branch of the captured step (side stream, fork after the mixer's
+     * out projection, join before the down launch), parallel to router + routed gate/up instead
+     * of after them; NULL / 0 when off. The un-captured profile keeps the single chain. */
+    cudaStream_t side;
+    cudaEvent_t ev_fork, ev_join;
 };
 
 /* SPARK_CUDA_Q35_ATT_SHORT: unset or 0: off (0); 1: 256 positions; N >= 2: N positions (at most
@@ -668,6 +674,14 @@ extern "C" int engine_cuda_q35_session_new(engine_cuda_q35_session **out, engine
         if (rc) goto done;
     }
     CU(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
+    {
+        const char *e = getenv("SPARK_CUDA_Q35_SH_FORK");
+        if (e && e[0] == '1') {
+            CU(cudaStreamCreateWithFlags(&s->side, cudaStreamNonBlocking));
+            CU(cudaEventCreateWithFlags(&s->ev_fork, cudaEventDisableTiming));
+            CU(cudaEventCreateWithFlags(&s->ev_join, cudaEventDisableTiming));
+        }
+    }
     CU(cudaMallocHost((void **)&s->h_step, sizeof *s->h_step));
     *out = s;
     s = NULL;
@@ -682,6 +696,9 @@ extern "C" void engine_cuda_q35_session_free(engine_cuda_q35_session *s) {
     cudaSetDevice(s->cm->device);
     if (s->exec) cudaGraphExecDestroy(s->exec);
     if (s->stream) cudaStreamDestroy(s->stream);
+    if (s->side) cudaStreamDestroy(s->side);
+    if (s->ev_fork) cudaEventDestroy(s->ev_fork);
+    if (s->ev_join) cudaEventDestroy(s->ev_join);
     cudaFreeHost(s->h_step);
     cudaFree(s->mem);
     free(s->k_cache);
@@ -930,6 +947,19 @@ static void q35_attention(engine_cuda_q35_session *s, const q35_cl *ly, float ep
 static void q35_moe(engine_cuda_q35_session *s, const q35_cl *ly, float eps, q35_prof *p) {
     const q35_dims *d = &s->cm->d;
     cudaStream_t st = s->stream;
+    /* the shared expert's gate/up: on the side branch (SPARK_CUDA_Q35_SH_FORK) it reads x as
+     * the mixer left it, like the router, and writes its own rows of h */
+    engine_cu_ffn_up_args sh = q35_up_args(d, ly, eps, true);
+    sh.x = s->x;
+    sh.h = s->h + (size_t)d->k * d->F;
+    const bool fork = s->side && !p;
+    if (fork) {
+        cudaEventRecord(s->ev_fork, st);
+        cudaStreamWaitEvent(s->side, s->ev_fork, 0);
+        for (int i = 0; i < q35_diag_n(s, Q35_DIAG_SH_UP); i++)
+            engine_cu_ffn_up(&sh, s->side);
+        cudaEventRecord(s->ev_join, s->side);
+    }
     engine_cu_mat r[2] = {q35_mat(&ly->router, s->router, 0), q35_mat(&ly->shg, s->shl, 0)};
     for (int i = 0; i < q35_diag_n(s, Q35_DIAG_ROUTER); i++)
         q35_mv(st, s->x, d->E, ly->post_norm, eps, 2, r);
@@ -942,11 +972,11 @@ static void q35_moe(engine_cuda_q35_session *s, const q35_cl *ly, float eps, q35
     up.weights = s->wts;
     for (int i = 0; i < q35_diag_n(s, Q35_DIAG_UP); i++)
         engine_cu_ffn_up(&up, st);
-    engine_cu_ffn_up_args sh = q35_up_args(d, ly, eps, true);
-    sh.x = s->x;
-    sh.h = s->h + (size_t)d->k * d->F;
-    for (int i = 0; i < q35_diag_n(s, Q35_DIAG_SH_UP); i++)
-        engine_cu_ffn_up(&sh, st);
+    if (fork)
+        cudaStreamWaitEvent(st, s->ev_join, 0); /* the down launch reads both parts of h */
+    else
+        for (int i = 0; i < q35_diag_n(s, Q35_DIAG_SH_UP); i++)
+            engine_cu_ffn_up(&sh, st);
     q35_mark(p, 6, st);
     q35_mark(p, 7, st); /* the shared expert's gate: sigmoid of its logit inside the down kernel */
     engine_cu_ffn_down_args dn;

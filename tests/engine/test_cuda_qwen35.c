@@ -23,7 +23,9 @@
  *     to points on and off the snapshot grid, within and beyond the kept snapshots) gives the
  *     same logits bit for bit as a session that never went further.
  *   The attention op and the f32 / q4_k_m models again with SPARK_CUDA_Q35_ATT_SHORT (a block
- *   per query head at short context), with the same bounds.
+ *   per query head at short context), with the same bounds. SPARK_CUDA_Q35_SH_FORK (the shared
+ *   expert's gate/up on a forked graph branch): logits and device loop bit for bit the
+ *   default's.
  * Exits 77 (skip) with the reason when no GPU is usable or the build has no CUDA backend. */
 #include <math.h>
 #include <stdio.h>
@@ -425,6 +427,62 @@ out:
     unlink(path);
 }
 
+/* SPARK_CUDA_Q35_SH_FORK=1 (the shared expert's gate/up on a forked branch of the captured
+ * step) runs the same kernels on the same inputs: its session's logits at every step and its
+ * device greedy loop equal the default session's bit for bit. */
+static void check_fork(const char *type) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/qwen35-tiny-fork-%s.gguf", tmpdir, type);
+    if (support_gen("qwen35-tiny", type, 12, path) != 0) {
+        CHECK(0, "model gen qwen35-tiny %s", type);
+        return;
+    }
+    engine_model_params mp = ENGINE_MODEL_PARAMS_INIT;
+    mp.device = ENGINE_DEVICE_CPU;
+    mp.n_ctx = N_CTX;
+    engine_model *m = NULL;
+    engine_cuda_q35_model *gm = NULL;
+    engine_cuda_q35_session *gs[2] = {NULL, NULL};
+    float *l[2] = {NULL, NULL};
+    int32_t out[2][N_GEN];
+    if (engine_model_load(&m, path, &mp) != 0) {
+        CHECK(0, "load %s", path);
+        unlink(path);
+        return;
+    }
+    const int32_t nv = engine_model_n_vocab(m);
+    CHECK(engine_cuda_q35_model_new(&gm, m, 0) == 0, "cuda model");
+    for (int f = 0; f < 2 && gm; f++) {
+        if (f) setenv("SPARK_CUDA_Q35_SH_FORK", "1", 1);
+        CHECK(engine_cuda_q35_session_new(&gs[f], gm, N_CTX, ENGINE_KV_F16) == 0, "session %d", f);
+        unsetenv("SPARK_CUDA_Q35_SH_FORK");
+        l[f] = malloc(sizeof(float) * nv);
+    }
+    int32_t tok = 7, differ = -1;
+    for (int i = 0; gs[0] && gs[1] && l[1] && i < N_PROMPT + N_GEN && differ < 0; i++) {
+        int32_t next[2] = {-1, -1};
+        for (int f = 0; f < 2; f++)
+            CHECK(engine_cuda_q35_decode(gs[f], tok, i, l[f], &next[f]) == 0, "step %d", i);
+        if (memcmp(l[0], l[1], sizeof(float) * nv) || next[0] != next[1]) differ = i;
+        tok = i < N_PROMPT ? (int32_t)((i * 7919 + 13) % nv) : next[0];
+    }
+    CHECK(differ < 0, "qwen35-tiny %s: SH_FORK logits differ from the default at step %d", type,
+          differ);
+    for (int f = 0; f < 2 && gs[1]; f++)
+        CHECK(engine_cuda_q35_generate(gs[f], 3, 0, N_GEN, 0.0f, 0, out[f]) == 0, "generate %d", f);
+    if (gs[1])
+        CHECK(memcmp(out[0], out[1], sizeof out[0]) == 0, "SH_FORK device loop differs");
+    printf("qwen35-tiny %-6s SPARK_CUDA_Q35_SH_FORK=1: logits of %d steps and the device loop %s\n",
+           type, N_PROMPT + N_GEN, differ < 0 ? "identical to the default" : "DIFFER");
+    for (int f = 0; f < 2; f++) {
+        engine_cuda_q35_session_free(gs[f]);
+        free(l[f]);
+    }
+    engine_cuda_q35_model_free(gm);
+    engine_model_free(m);
+    unlink(path);
+}
+
 int main(void) {
     if (engine_cuda_usable() != 0) {
         printf("skip: %s\n", engine_error_last());
@@ -472,6 +530,8 @@ int main(void) {
     run_model("f32");
     run_model("q4_k_m");
     unsetenv("SPARK_CUDA_Q35_ATT_SHORT");
+    check_fork("q4_k_m");
+    check_fork("f32");
     support_rmtree(tmpdir);
     return support_finish("test_cuda_qwen35");
 }
