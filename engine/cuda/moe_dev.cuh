@@ -14,20 +14,15 @@
 #define FFN_WARPS 8
 
 /* The softmax of route below (one warp): p[i] = the probability of expert lane + 32 i, -1
- * past n. SC: the logits are sc * logits[e] (the router fusion's raw logits and RMS scale). */
-template <bool SC = false>
+ * past n. */
 static __device__ __forceinline__ void route_softmax(const float *logits, int n, bool cg,
-                                                     float p[ENGINE_CU_MAX_EXPERT / 32],
-                                                     float sc = 1.0f) {
+                                                     float p[ENGINE_CU_MAX_EXPERT / 32]) {
     const int lane = threadIdx.x & 31;
     float mx = -INFINITY;
 #pragma unroll
     for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++) {
         const int e = lane + 32 * i;
-        if (SC)
-            p[i] = e < n ? sc * (cg ? __ldcg(logits + e) : logits[e]) : -INFINITY;
-        else
-            p[i] = e < n ? (cg ? __ldcg(logits + e) : logits[e]) : -INFINITY;
+        p[i] = e < n ? (cg ? __ldcg(logits + e) : logits[e]) : -INFINITY;
         mx = fmaxf(mx, p[i]);
     }
     mx = engine_cu_warp_max(mx);
@@ -45,12 +40,11 @@ static __device__ __forceinline__ void route_softmax(const float *logits, int n,
 
 /* Softmax + top-k of the router logits by one warp; results in ids[k], wts[k] (shared). Each
  * lane keeps its experts' probabilities in registers; a chosen one is struck out (-1). */
-template <bool SC = false>
 static __device__ void route(const float *logits, int n, int k, int norm_topk, int *ids, float *wts,
-                             bool cg = false, float sc = 1.0f) {
+                             bool cg = false) {
     const int lane = threadIdx.x & 31;
     float p[ENGINE_CU_MAX_EXPERT / 32];
-    route_softmax<SC>(logits, n, cg, p, sc);
+    route_softmax(logits, n, cg, p);
     float tot = 0.0f;
     for (int j = 0; j < k; j++) {
         float best = -1.0f;
@@ -193,10 +187,21 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
                 if (lane < a.k) ids[lane] = __ldcg(a.ids + lane);
                 __syncwarp();
             } else if (RF) {
+                /* the raw logits' loads first, in flight with those of the scale's x + ao */
+                __shared__ float scaled[ENGINE_CU_MAX_EXPERT];
+                const int lane = threadIdx.x & 31;
+                float raw[ENGINE_CU_MAX_EXPERT / 32];
+#pragma unroll
+                for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
+                    raw[i] = lane + 32 * i < a.n_expert ? a.router[lane + 32 * i] : 0.0f;
                 const float sc = engine_cu_stage_scale<false, true>(
-                    (const float4 *)a.x, (const float4 *)a.x_add, a.cols, a.cols >> 2,
-                    threadIdx.x & 31, a.eps);
-                route<true>(a.router, a.n_expert, a.k, a.norm_topk, ids, wts, false, sc);
+                    (const float4 *)a.x, (const float4 *)a.x_add, a.cols, a.cols >> 2, lane,
+                    a.eps);
+#pragma unroll
+                for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
+                    if (lane + 32 * i < a.n_expert) scaled[lane + 32 * i] = sc * raw[i];
+                __syncwarp();
+                route(scaled, a.n_expert, a.k, a.norm_topk, ids, wts);
             } else {
                 route(a.router, a.n_expert, a.k, a.norm_topk, ids, wts);
             }
