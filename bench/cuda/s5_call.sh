@@ -51,8 +51,7 @@ waitm() {
     done
     [ -f ${MP[$1]}.done ] || { echo "no model $1: $(tail -2 $L/gen-$1.log)"; return 1; }
 }
-GPU_TESTS="test_cuda_ops test_cuda_forward test_cuda_batch test_cuda_batch_paged test_cuda_qwen35
-    test_cuda_q35_prefill test_cuda_mtp"
+GPU_TESTS=$(cd $B && ctest -N -L gpu | awk '/Test +#/ {print $3}')
 ninja -C $B $GPU_TESTS >>$L/build.log 2>&1 || { grep -B2 -A12 -m3 error $L/build.log; exit 1; }
 for b in bench_decode bench_q35; do
     cc -O2 -std=c17 -D_GNU_SOURCE -Iengine -c bench/cuda/$b.c -o $B/$b.o &&
