@@ -50,6 +50,9 @@ typedef struct {
     const int32_t *pos; /* device: the token's position */
     int nk, nv, dk, dv, K, v_tiled;
     float eps;
+    int early;          /* 1: read state, ring, position and weights before the PDL wait (only
+                         * where no kernel of the chain writes them: the decode step; see
+                         * deltanet.cu); 0: after it */
     float *out;         /* [nv * dv] */
     float *ssq;         /* [nv][dv / 32] scratch */
     unsigned *counters; /* [nv], zero between launches */

@@ -483,6 +483,9 @@ struct engine_cuda_q35_session {
      * of after them; NULL / 0 when off. The un-captured profile keeps the single chain. */
     cudaStream_t side;
     cudaEvent_t ev_fork, ev_join;
+    /* SPARK_CUDA_Q35_DN_EARLY=1 (read at session creation; default off): the DeltaNet step reads
+     * its state, ring, position and weights before its PDL wait (engine_cu_delta.early) */
+    int dn_early;
 };
 
 /* SPARK_CUDA_Q35_ATT_SHORT: unset or 0: off (0); 1: 256 positions; N >= 2: N positions (at most
@@ -595,6 +598,8 @@ extern "C" int engine_cuda_q35_session_new(engine_cuda_q35_session **out, engine
         e = getenv("SPARK_CUDA_DIAG_TWICE");
         s->diag_twice = e ? (unsigned)strtoul(e, NULL, 0) : 0u;
         s->att_short = q35_att_short_env();
+        e = getenv("SPARK_CUDA_Q35_DN_EARLY");
+        s->dn_early = e && e[0] == '1';
     }
     s->k_cache = (void **)calloc((size_t)std::max(cm->n_attn, 1), sizeof(void *));
     s->v_cache = (void **)calloc((size_t)std::max(cm->n_attn, 1), sizeof(void *));
@@ -911,6 +916,7 @@ static void q35_deltanet(engine_cuda_q35_session *s, const q35_cl *ly, float eps
     a.n_snap = ENGINE_CUDA_Q35_SNAPSHOTS;
     a.pos = &s->step->pos;
     a.out = s->att;
+    a.early = s->dn_early; /* nothing of this step's chain writes state, ring or position */
     for (int i = 0; i < q35_diag_n(s, Q35_DIAG_DN_STEP); i++)
         engine_cu_deltanet_step(&a, st);
     q35_mark(p, 2, st);
@@ -1273,6 +1279,8 @@ extern "C" int engine_cuda_op_q35_deltanet(int nk, int nv, int dk, int dv, int K
     g.n_snap = 1;
     g.ssq = b.put<float>(NULL, f * nv * (dv / 32));
     g.counters = b.put<unsigned>(NULL, sizeof(unsigned) * nv);
+    const char *e = getenv("SPARK_CUDA_Q35_DN_EARLY"); /* as a session would take it */
+    g.early = e && e[0] == '1';
     if (b.rc) return b.rc;
     engine_cu_deltanet_step(&g, 0);
     if ((rc = b.get(out, g.out, f * nv * dv)) || (rc = b.get(ring, g.ring, f * C * K)) ||

@@ -25,7 +25,8 @@
  *   The attention op and the f32 / q4_k_m models again with SPARK_CUDA_Q35_ATT_SHORT (a block
  *   per query head at short context), with the same bounds. SPARK_CUDA_Q35_SH_FORK (the shared
  *   expert's gate/up on a forked graph branch): logits and device loop bit for bit the
- *   default's.
+ *   default's. SPARK_CUDA_Q35_DN_EARLY (the DeltaNet step's early reads): the op bit for bit the
+ *   default's over 12 steps, within the CPU bounds, and the f32 / q4_k_m models again with it.
  * Exits 77 (skip) with the reason when no GPU is usable or the build has no CUDA backend. */
 #include <math.h>
 #include <stdio.h>
@@ -156,6 +157,53 @@ static void check_deltanet(int nk, int nv, int dk, int K, bool tiled) {
     free(qkv), free(xc), free(z), free(b), free(al), free(cw), free(dt), free(a), free(nw);
     free(ring), free(win), free(sg), free(sc), free(og), free(oc), free(qn), free(kn), free(o);
     free(tmp);
+}
+
+/* SPARK_CUDA_Q35_DN_EARLY (the step's state, ring, position and weights read before the PDL
+ * wait; one reduction for both l2 norms): the same expressions on the same operands, so out,
+ * ring and state equal the default kernel's bit for bit at every step (snapshot steps too). */
+static void check_deltanet_early(int nk, int nv, int dk, int K, bool tiled) {
+    const int dv = dk, C = 2 * nk * dk + nv * dv, T = 12;
+    const size_t S = (size_t)nv * dk * dv, f = sizeof(float);
+    float *qkv = malloc(f * C), *z = malloc(f * nv * dv), *b = malloc(f * nv);
+    float *al = malloc(f * nv), *cw = malloc(f * C * K), *dt = malloc(f * nv);
+    float *a = malloc(f * nv), *nw = malloc(f * dv);
+    float *ring[2] = {malloc(f * C * K), malloc(f * C * K)};
+    float *st[2] = {malloc(f * S), malloc(f * S)};
+    float *o[2] = {malloc(f * nv * dv), malloc(f * nv * dv)};
+    fill(cw, (size_t)C * K, 0.0f, 0.5f);
+    fill(dt, nv, 1.0f, 0.5f);
+    fill(a, nv, -1.0f, 0.5f);
+    fill(nw, dv, 1.0f, 0.25f);
+    fill(ring[0], (size_t)C * K, 0.0f, 1.0f);
+    fill(st[0], S, 0.0f, 0.1f);
+    memcpy(ring[1], ring[0], f * C * K);
+    memcpy(st[1], st[0], f * S);
+    int bad = -1;
+    for (int t = 0; t < T && bad < 0; t++) {
+        fill(qkv, C, 0.0f, 2.0f);
+        fill(z, (size_t)nv * dv, 0.0f, 2.0f);
+        fill(b, nv, 0.0f, 3.0f);
+        fill(al, nv, 0.0f, 3.0f);
+        for (int e = 0; e < 2; e++) {
+            if (e) setenv("SPARK_CUDA_Q35_DN_EARLY", "1", 1);
+            int rc = engine_cuda_op_q35_deltanet(nk, nv, dk, dv, K, tiled, 3 + t, qkv, z, b, al,
+                                                 cw, dt, a, nw, 1e-6f, ring[e], st[e], o[e]);
+            unsetenv("SPARK_CUDA_Q35_DN_EARLY");
+            CHECK(rc == 0, "deltanet op (early %d)", e);
+            if (rc) bad = t;
+        }
+        if (bad < 0 && (memcmp(o[0], o[1], f * nv * dv) || memcmp(ring[0], ring[1], f * C * K) ||
+                        memcmp(st[0], st[1], f * S)))
+            bad = t;
+    }
+    CHECK(bad < 0, "deltanet %d/%d x %d: SPARK_CUDA_Q35_DN_EARLY differs at step %d", nk, nv, dk,
+          bad);
+    printf("deltanet nk %d nv %d d %d %s SPARK_CUDA_Q35_DN_EARLY=1: %s\n", nk, nv, dk,
+           tiled ? "tiled" : "grouped", bad < 0 ? "bit for bit the default" : "DIFFERS");
+    free(qkv), free(z), free(b), free(al), free(cw), free(dt), free(a), free(nw);
+    for (int e = 0; e < 2; e++)
+        free(ring[e]), free(st[e]), free(o[e]);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -494,6 +542,12 @@ int main(void) {
     check_deltanet(2, 4, 64, 4, false);
     check_deltanet(16, 32, 128, 4, true);
     check_deltanet(16, 32, 128, 4, false);
+    check_deltanet_early(2, 4, 64, 4, true);
+    check_deltanet_early(16, 32, 128, 4, true);
+    check_deltanet_early(16, 32, 128, 4, false);
+    setenv("SPARK_CUDA_Q35_DN_EARLY", "1", 1); /* and against the CPU, with the same bounds */
+    check_deltanet(16, 32, 128, 4, true);
+    unsetenv("SPARK_CUDA_Q35_DN_EARLY");
     /* 4200, 9000: past 128 runners of 32 positions, so blocks merge several splits */
     const int32_t positions[] = {0, 1, 63, 64, 300, 4200, 9000};
     for (size_t i = 0; i < sizeof positions / sizeof positions[0]; i++) {
@@ -532,6 +586,12 @@ int main(void) {
     unsetenv("SPARK_CUDA_Q35_ATT_SHORT");
     check_fork("q4_k_m");
     check_fork("f32");
+    /* the DeltaNet step's early reads in the whole model: generation against the CPU as above */
+    setenv("SPARK_CUDA_Q35_DN_EARLY", "1", 1);
+    printf("SPARK_CUDA_Q35_DN_EARLY=1:\n");
+    run_model("f32");
+    run_model("q4_k_m"); /* with its rollback check (snapshots taken by the early kernel) */
+    unsetenv("SPARK_CUDA_Q35_DN_EARLY");
     support_rmtree(tmpdir);
     return support_finish("test_cuda_qwen35");
 }
