@@ -1,4 +1,5 @@
 /* The Gated DeltaNet decode step and the shared-expert gate (contracts in deltanet.cuh). */
+#include <cooperative_groups.h>
 #include <math.h>
 
 #include "deltanet.cuh"
@@ -32,14 +33,19 @@ __device__ __forceinline__ int dn_channel(int t, int dk, int nk, int kh, int h, 
 /* Grid (nv, dv / DN_COLS); dk / DN_ROWS warps: lane = column c0 + lane, warp w = rows
  * w * DN_ROWS .. + DN_ROWS.
  * EARLY (engine_cu_delta.early, the decode step's SPARK_CUDA_Q35_DN_EARLY; dv <= threads <= 256,
- * else the default runs): the
- * position, this thread's state rows, its conv channels' weights and ring inputs, the gates'
- * weights and norm_w are read BEFORE the wait (none of them is written by the kernels this one
- * waits for: the state and ring by this kernel of the previous step, a finished graph), the
- * activations right after it; the two l2-norm sums share one block reduction and q, k are
- * scaled where used. The same expressions on the same operands: bit for bit the default's. */
+ * else the default runs): the position, this thread's state rows, its conv channels' weights
+ * and ring inputs, the gates' weights and norm_w are read BEFORE the wait (none of them is
+ * written by the kernels this one waits for: the state and ring by this kernel of the previous
+ * step, a finished graph), the activations right after it; the two l2-norm sums share one block
+ * reduction and q, k are scaled where used. The same expressions on the same operands: bit for
+ * bit the default's.
+ * CLUSTER (with EARLY; early = 2): the column blocks of a head form a thread block cluster
+ * (dims 1 x dv / 32, at most 8) that adds their sums of squares through distributed shared
+ * memory (in column-block order, as the last block does), so each block normalises its own
+ * columns: no counter, fence or last block. */
 #define DN_EARLY_THREADS 256 /* EARLY: dk <= 128 (registers for the state rows and conv) */
-template <bool EARLY>
+#define DN_MAX_CLUSTER 8
+template <bool EARLY, bool CLUSTER = false>
 __global__ void
     __launch_bounds__(EARLY ? DN_EARLY_THREADS : DN_MAX_DK / DN_ROWS * 32, EARLY ? 1 : 0)
         deltanet_kernel(engine_cu_delta a) {
@@ -89,7 +95,10 @@ __global__ void
             ae = a.a[h];
             dte = a.dt_bias[h];
         }
-        if (tid < dv) nwe = a.norm_w[tid];
+        if constexpr (CLUSTER)
+            nwe = a.norm_w[c];
+        else if (tid < dv)
+            nwe = a.norm_w[tid];
     } else {
         /* this block's state lines into L2 while the projections finish (a line: 32 columns) */
         if (lane < DN_ROWS)
@@ -108,7 +117,10 @@ __global__ void
             be = a.beta[h];
             ale = a.alpha[h];
         }
-        if (tid < dv) ze = a.z[(size_t)h * dv + tid];
+        if constexpr (CLUSTER)
+            ze = a.z[(size_t)h * dv + c];
+        else if (tid < dv)
+            ze = a.z[(size_t)h * dv + tid];
         float xin[2];
 #pragma unroll
         for (int j = 0; j < 2; j++) {
@@ -193,6 +205,30 @@ __global__ void
         red[wi * DN_COLS + lane] = part;
         __syncthreads();
         float *oh = a.out + (size_t)h * dv;
+        if constexpr (CLUSTER) {
+            /* the head's sum of squares from the cluster's blocks (block rank = column block) */
+            namespace cg = cooperative_groups;
+            cg::cluster_group cl = cg::this_cluster();
+            __shared__ float ssq_mine;
+            float o = 0.0f;
+            if (wi == 0) {
+                for (int j = 0; j < nrw; j++)
+                    o += red[j * DN_COLS + lane];
+                const float sq2 = engine_cu_warp_sum(o * o);
+                if (lane == 0) ssq_mine = sq2;
+            }
+            cl.sync();
+            if (wi == 0) {
+                float ss = 0.0f;
+                for (unsigned j = 0; j < gridDim.y; j++)
+                    ss += *cl.map_shared_rank(&ssq_mine, j);
+                const float scale = 1.0f / sqrtf(ss / (float)dv + a.eps);
+                const float y = nwe * (o * scale);
+                oh[c] = y * (ze / (1.0f + expf(-ze)));
+            }
+            cl.sync(); /* ssq_mine stays until every block of the cluster has read it */
+            return;
+        }
         if (wi == 0) {
             float o = 0.0f;
             for (int j = 0; j < nrw; j++)
@@ -333,10 +369,28 @@ __global__ void
 void engine_cu_deltanet_step(const engine_cu_delta *a, cudaStream_t stream) {
     const int threads = a->dk / DN_ROWS * 32;
     const size_t smem = sizeof(float) * (2 * (size_t)a->dk + (size_t)(a->dk / DN_ROWS) * DN_COLS);
-    if (a->early && a->dv <= threads && threads <= DN_EARLY_THREADS)
-        engine_cu_launch(deltanet_kernel<true>, dim3(a->nv, a->dv / DN_COLS), dim3(threads), smem,
-                         stream, *a);
-    else
-        engine_cu_launch(deltanet_kernel<false>, dim3(a->nv, a->dv / DN_COLS), dim3(threads), smem,
-                         stream, *a);
+    const dim3 grid(a->nv, a->dv / DN_COLS);
+    const bool early = a->early && a->dv <= threads && threads <= DN_EARLY_THREADS;
+    if (early && a->early == 2 && grid.y <= DN_MAX_CLUSTER) {
+        /* engine_cu_launch's programmatic serialisation plus the cluster of a head's blocks */
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = grid;
+        cfg.blockDim = dim3(threads);
+        cfg.dynamicSmemBytes = smem;
+        cfg.stream = stream;
+        cudaLaunchAttribute at[2];
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = 1;
+        at[1].id = cudaLaunchAttributeClusterDimension;
+        at[1].val.clusterDim.x = 1;
+        at[1].val.clusterDim.y = grid.y;
+        at[1].val.clusterDim.z = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = 2;
+        cudaLaunchKernelEx(&cfg, deltanet_kernel<true, true>, *a);
+    } else if (early) {
+        engine_cu_launch(deltanet_kernel<true>, grid, dim3(threads), smem, stream, *a);
+    } else {
+        engine_cu_launch(deltanet_kernel<false>, grid, dim3(threads), smem, stream, *a);
+    }
 }

@@ -52,7 +52,8 @@ typedef struct {
     float eps;
     int early;          /* 1: read state, ring, position and weights before the PDL wait (only
                          * where no kernel of the chain writes them: the decode step; see
-                         * deltanet.cu); 0: after it */
+                         * deltanet.cu); 2: also the head's norm through a block cluster;
+                         * 0: after it */
     float *out;         /* [nv * dv] */
     float *ssq;         /* [nv][dv / 32] scratch */
     unsigned *counters; /* [nv], zero between launches */

@@ -484,7 +484,8 @@ struct engine_cuda_q35_session {
     cudaStream_t side;
     cudaEvent_t ev_fork, ev_join;
     /* SPARK_CUDA_Q35_DN_EARLY=1 (read at session creation; default off): the DeltaNet step reads
-     * its state, ring, position and weights before its PDL wait (engine_cu_delta.early) */
+     * its state, ring, position and weights before its PDL wait (engine_cu_delta.early); =2: and
+     * a head's column blocks add their norms through a block cluster */
     int dn_early;
 };
 
@@ -599,7 +600,7 @@ extern "C" int engine_cuda_q35_session_new(engine_cuda_q35_session **out, engine
         s->diag_twice = e ? (unsigned)strtoul(e, NULL, 0) : 0u;
         s->att_short = q35_att_short_env();
         e = getenv("SPARK_CUDA_Q35_DN_EARLY");
-        s->dn_early = e && e[0] == '1';
+        s->dn_early = e && (e[0] == '1' || e[0] == '2') ? e[0] - '0' : 0;
     }
     s->k_cache = (void **)calloc((size_t)std::max(cm->n_attn, 1), sizeof(void *));
     s->v_cache = (void **)calloc((size_t)std::max(cm->n_attn, 1), sizeof(void *));
@@ -1280,7 +1281,7 @@ extern "C" int engine_cuda_op_q35_deltanet(int nk, int nv, int dk, int dv, int K
     g.ssq = b.put<float>(NULL, f * nv * (dv / 32));
     g.counters = b.put<unsigned>(NULL, sizeof(unsigned) * nv);
     const char *e = getenv("SPARK_CUDA_Q35_DN_EARLY"); /* as a session would take it */
-    g.early = e && e[0] == '1';
+    g.early = e && (e[0] == '1' || e[0] == '2') ? e[0] - '0' : 0;
     if (b.rc) return b.rc;
     engine_cu_deltanet_step(&g, 0);
     if ((rc = b.get(out, g.out, f * nv * dv)) || (rc = b.get(ring, g.ring, f * C * K)) ||

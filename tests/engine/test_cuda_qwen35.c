@@ -25,8 +25,9 @@
  *   The attention op and the f32 / q4_k_m models again with SPARK_CUDA_Q35_ATT_SHORT (a block
  *   per query head at short context), with the same bounds. SPARK_CUDA_Q35_SH_FORK (the shared
  *   expert's gate/up on a forked graph branch): logits and device loop bit for bit the
- *   default's. SPARK_CUDA_Q35_DN_EARLY (the DeltaNet step's early reads): the op bit for bit the
- *   default's over 12 steps, within the CPU bounds, and the f32 / q4_k_m models again with it.
+ *   default's. SPARK_CUDA_Q35_DN_EARLY=1|2 (the DeltaNet step's early reads; 2: the head's norm
+ *   through a block cluster): the op bit for bit the default's over 12 steps, within the CPU
+ *   bounds, and the f32 / q4_k_m models again with each.
  * Exits 77 (skip) with the reason when no GPU is usable or the build has no CUDA backend. */
 #include <math.h>
 #include <stdio.h>
@@ -162,7 +163,7 @@ static void check_deltanet(int nk, int nv, int dk, int K, bool tiled) {
 /* SPARK_CUDA_Q35_DN_EARLY (the step's state, ring, position and weights read before the PDL
  * wait; one reduction for both l2 norms): the same expressions on the same operands, so out,
  * ring and state equal the default kernel's bit for bit at every step (snapshot steps too). */
-static void check_deltanet_early(int nk, int nv, int dk, int K, bool tiled) {
+static void check_deltanet_early(int nk, int nv, int dk, int K, bool tiled, const char *mode) {
     const int dv = dk, C = 2 * nk * dk + nv * dv, T = 12;
     const size_t S = (size_t)nv * dk * dv, f = sizeof(float);
     float *qkv = malloc(f * C), *z = malloc(f * nv * dv), *b = malloc(f * nv);
@@ -186,7 +187,7 @@ static void check_deltanet_early(int nk, int nv, int dk, int K, bool tiled) {
         fill(b, nv, 0.0f, 3.0f);
         fill(al, nv, 0.0f, 3.0f);
         for (int e = 0; e < 2; e++) {
-            if (e) setenv("SPARK_CUDA_Q35_DN_EARLY", "1", 1);
+            if (e) setenv("SPARK_CUDA_Q35_DN_EARLY", mode, 1);
             int rc = engine_cuda_op_q35_deltanet(nk, nv, dk, dv, K, tiled, 3 + t, qkv, z, b, al,
                                                  cw, dt, a, nw, 1e-6f, ring[e], st[e], o[e]);
             unsetenv("SPARK_CUDA_Q35_DN_EARLY");
@@ -197,10 +198,10 @@ static void check_deltanet_early(int nk, int nv, int dk, int K, bool tiled) {
                         memcmp(st[0], st[1], f * S)))
             bad = t;
     }
-    CHECK(bad < 0, "deltanet %d/%d x %d: SPARK_CUDA_Q35_DN_EARLY differs at step %d", nk, nv, dk,
-          bad);
-    printf("deltanet nk %d nv %d d %d %s SPARK_CUDA_Q35_DN_EARLY=1: %s\n", nk, nv, dk,
-           tiled ? "tiled" : "grouped", bad < 0 ? "bit for bit the default" : "DIFFERS");
+    CHECK(bad < 0, "deltanet %d/%d x %d: SPARK_CUDA_Q35_DN_EARLY=%s differs at step %d", nk, nv,
+          dk, mode, bad);
+    printf("deltanet nk %d nv %d d %d %s SPARK_CUDA_Q35_DN_EARLY=%s: %s\n", nk, nv, dk,
+           tiled ? "tiled" : "grouped", mode, bad < 0 ? "bit for bit the default" : "DIFFERS");
     free(qkv), free(z), free(b), free(al), free(cw), free(dt), free(a), free(nw);
     for (int e = 0; e < 2; e++)
         free(ring[e]), free(st[e]), free(o[e]);
@@ -542,12 +543,15 @@ int main(void) {
     check_deltanet(2, 4, 64, 4, false);
     check_deltanet(16, 32, 128, 4, true);
     check_deltanet(16, 32, 128, 4, false);
-    check_deltanet_early(2, 4, 64, 4, true);
-    check_deltanet_early(16, 32, 128, 4, true);
-    check_deltanet_early(16, 32, 128, 4, false);
-    setenv("SPARK_CUDA_Q35_DN_EARLY", "1", 1); /* and against the CPU, with the same bounds */
-    check_deltanet(16, 32, 128, 4, true);
-    unsetenv("SPARK_CUDA_Q35_DN_EARLY");
+    for (int e = 1; e <= 2; e++) { /* 2: the norm through a block cluster */
+        const char *mode = e == 1 ? "1" : "2";
+        check_deltanet_early(2, 4, 64, 4, true, mode);
+        check_deltanet_early(16, 32, 128, 4, true, mode);
+        check_deltanet_early(16, 32, 128, 4, false, mode);
+        setenv("SPARK_CUDA_Q35_DN_EARLY", mode, 1); /* and against the CPU, same bounds */
+        check_deltanet(16, 32, 128, 4, true);
+        unsetenv("SPARK_CUDA_Q35_DN_EARLY");
+    }
     /* 4200, 9000: past 128 runners of 32 positions, so blocks merge several splits */
     const int32_t positions[] = {0, 1, 63, 64, 300, 4200, 9000};
     for (size_t i = 0; i < sizeof positions / sizeof positions[0]; i++) {
@@ -587,11 +591,13 @@ int main(void) {
     check_fork("q4_k_m");
     check_fork("f32");
     /* the DeltaNet step's early reads in the whole model: generation against the CPU as above */
-    setenv("SPARK_CUDA_Q35_DN_EARLY", "1", 1);
-    printf("SPARK_CUDA_Q35_DN_EARLY=1:\n");
-    run_model("f32");
-    run_model("q4_k_m"); /* with its rollback check (snapshots taken by the early kernel) */
-    unsetenv("SPARK_CUDA_Q35_DN_EARLY");
+    for (int e = 1; e <= 2; e++) {
+        setenv("SPARK_CUDA_Q35_DN_EARLY", e == 1 ? "1" : "2", 1);
+        printf("SPARK_CUDA_Q35_DN_EARLY=%d:\n", e);
+        run_model("f32");
+        run_model("q4_k_m"); /* with its rollback check (snapshots taken by the early kernel) */
+        unsetenv("SPARK_CUDA_Q35_DN_EARLY");
+    }
     support_rmtree(tmpdir);
     return support_finish("test_cuda_qwen35");
 }
