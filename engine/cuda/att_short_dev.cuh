@@ -23,32 +23,91 @@
  *   one barrier; each output summed over the warps in warp order and divided by the sum.
  * The arithmetic, and its order, is att_block's for n_act == 1 (same dot product expression,
  * same exp inputs, same V accumulation order, same warp order), so the outputs are meant to
- * equal the per-KV-head path's bit for bit; the tests check it. */
+ * equal the per-KV-head path's bit for bit; the tests check it.
+ * SPARK_CUDA_ATT_SHORT=2 (EARLY) also copies the first score pass's K rows and each warp's first
+ * V chunk into shared memory with cp.async before the wait. The kernel is att_short.cu's. */
 #ifndef SPARK_ENGINE_CUDA_ATT_SHORT_DEV_CUH
 #define SPARK_ENGINE_CUDA_ATT_SHORT_DEV_CUH
 
 #include "attention_dev.cuh"
 
+/* Positions per thread and score pass, and V rows in flight per warp (a chunk). */
+__host__ __device__ constexpr int att_short_pp(int hd) {
+    return hd <= 64 ? 4 : hd <= 128 ? 2 : 1;
+}
+__host__ __device__ constexpr int att_short_vu(int hd) {
+    return hd / 32 <= 4 ? 16 : 4;
+}
+/* Row stride of the staged K rows (EARLY): the row plus a pad that puts the two positions of a
+ * quarter warp's 16-byte loads on different banks. */
+__host__ __device__ constexpr int att_short_krs(int hd, bool f32) {
+    return hd * (f32 ? 4 : 2) + (f32 ? 16 : 64);
+}
+
 /* Shared memory of a per-head block: sq[HD], sc[SPLIT], so[ATT_WARPS][HD] floats, then the new
- * K and V rows in the cache's format (HD floats of room each). */
-static inline size_t att_short_smem_bytes(int hd) {
-    return sizeof(float) * ((size_t)hd + ENGINE_CU_ATT_SPLIT + (size_t)ATT_WARPS * hd + 2 * hd);
+ * K and V rows in the cache's format (HD floats of room each); with early (short_path 2) then
+ * the first score pass's K rows (att_short_krs bytes apart) and each warp's first V chunk. */
+static inline size_t att_short_smem_bytes(int hd, bool f32, bool early) {
+    size_t b = sizeof(float) * ((size_t)hd + ENGINE_CU_ATT_SPLIT + (size_t)ATT_WARPS * hd + 2 * hd);
+    if (early)
+        b += (size_t)att_short_pp(hd) * (ATT_THREADS / ATT_TPP) * att_short_krs(hd, f32) +
+             (size_t)ATT_WARPS * att_short_vu(hd) * hd * (f32 ? 4 : 2);
+    return b;
+}
+
+/* 16 bytes global -> shared without registers (cp.async, sm_80+; both 16-byte aligned). */
+__device__ __forceinline__ void att_cp_async16(void *dst, const void *src) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
 }
 
 /* Block of query head h while pos < ENGINE_CU_ATT_SPLIT; F32 = a.kv_f32 (a template argument,
  * so that each loop's loads sit in one basic block with no per-load branch on the cache type);
- * att_smem: att_short_smem_bytes of dynamic shared memory (16-byte aligned); sync.wait() before
- * the inputs are read (every thread calls it). */
-template <int HD, bool F32, typename S>
+ * EARLY (SPARK_CUDA_ATT_SHORT=2): before the wait the block copies (cp.async, no registers)
+ * the first score pass's K rows and each warp's first V chunk (rows before the position: final
+ * when the kernel starts) into shared memory, so that after the wait only the q/k/v inputs are
+ * a round trip away; the same values in the same order, so the same results. att_smem:
+ * att_short_smem_bytes(HD, F32, EARLY) of dynamic shared memory (16-byte aligned); sync.wait()
+ * before the inputs are read (every thread calls it). */
+template <int HD, bool F32, bool EARLY, typename S>
 __device__ __forceinline__ void att_short_block(const engine_cu_att &a, int h, int pos,
                                                 float *att_smem, const S &sync) {
-    constexpr int DPL = HD / 32;            /* V dimensions per lane */
-    constexpr int NI = HD / 8 / ATT_TPP;    /* groups of 8 values per thread in the score loop */
-    constexpr int PP = HD <= 64 ? 4 : HD <= 128 ? 2 : 1; /* positions per thread and pass */
-    constexpr int PSTEP = ATT_THREADS / ATT_TPP;         /* positions per pass and u */
+    constexpr int DPL = HD / 32;         /* V dimensions per lane */
+    constexpr int NI = HD / 8 / ATT_TPP; /* groups of 8 values per thread in the score loop */
+    constexpr int PP = att_short_pp(HD);
+    constexpr int PSTEP = ATT_THREADS / ATT_TPP; /* positions per pass and u */
+    /* V rows in flight per warp: a chunk's loads are all issued (the rows past the warp's last
+     * clamped to it, their terms skipped), so a short tail costs one round trip, not one per
+     * row */
+    constexpr int VU = att_short_vu(HD);
+    constexpr int KRS = att_short_krs(HD, F32), CH = HD * (F32 ? 4 : 2) / 16;
+    constexpr size_t elt = F32 ? 4 : 2;
     const int G = a.n_head / a.n_kv, kvh = h / G, g = h - kvh * G, n_pos = pos + 1;
     const size_t kv_dim = (size_t)a.n_kv * HD, col = (size_t)kvh * HD;
-    constexpr size_t elt = F32 ? 4 : 2;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int part = threadIdx.x & (ATT_TPP - 1);
+    const uintptr_t kc = (uintptr_t)a.k_cache + col * elt;
+    const uint8_t *vc = (const uint8_t *)a.v_cache + col * elt;
+    const int nk = (pos - w + ATT_WARPS - 1) / ATT_WARPS; /* this warp's positions < pos */
+    float *sq = att_smem, *sc = sq + HD, *so = sc + ENGINE_CU_ATT_SPLIT;
+    uint8_t *skr = (uint8_t *)(so + ATT_WARPS * HD), *svr = skr + sizeof(float) * HD;
+    uint8_t *sk0 = svr + sizeof(float) * HD;      /* EARLY: [PP * PSTEP][KRS] */
+    uint8_t *sv0 = sk0 + (size_t)PP * PSTEP * KRS; /* EARLY: [ATT_WARPS][VU][HD * elt] */
+    if (EARLY) {
+        const int nr = min(pos, PP * PSTEP);
+        for (int c = threadIdx.x; c < nr * CH; c += ATT_THREADS) {
+            const int r = c / CH, q = c - r * CH;
+            att_cp_async16(sk0 + (size_t)r * KRS + 16 * q,
+                           (const void *)(kc + ((uintptr_t)r * kv_dim * elt + 16 * q)));
+        }
+        const int nv = min(nk, VU);
+        for (int c = lane; c < nv * CH; c += 32) {
+            const int k = c / CH, q = c - k * CH;
+            att_cp_async16(sv0 + ((size_t)w * VU + k) * HD * elt + 16 * q,
+                           vc + (size_t)(w + ATT_WARPS * k) * kv_dim * elt + 16 * q);
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    }
     { /* the group's final rows (before the position) to L2, a share per block */
         const int p = g + G * (int)threadIdx.x;
         if (p < pos) {
@@ -58,9 +117,6 @@ __device__ __forceinline__ void att_short_block(const engine_cu_att &a, int h, i
         }
     }
     sync.wait();
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    float *sq = att_smem, *sc = sq + HD, *so = sc + ENGINE_CU_ATT_SPLIT;
-    uint8_t *skr = (uint8_t *)(so + ATT_WARPS * HD), *svr = skr + sizeof(float) * HD;
     const float2 *rope = a.rope + (size_t)pos * (HD / 2);
 
     if (w == 0) {
@@ -95,25 +151,35 @@ __device__ __forceinline__ void att_short_block(const engine_cu_att &a, int h, i
             }
         }
     }
+    if (EARLY) asm volatile("cp.async.wait_all;" ::: "memory"); /* then the barrier shares them */
     __syncthreads();
 
     /* scores: ATT_TPP threads per position, PP positions per thread, all their loads issued
-     * before any math; the dot product written as att_block writes it */
+     * before any math (row pos, or past the end, from shared memory; both addresses formed
+     * first, so that the choice is a select, not a branch between the loads); the dot product
+     * written as att_block writes it */
     const float scale = 1.0f / sqrtf((float)HD);
-    const int part = threadIdx.x & (ATT_TPP - 1);
-    const uintptr_t kc = (uintptr_t)a.k_cache + col * elt;
     for (int jb = 0; jb < n_pos; jb += PP * PSTEP) { /* uniform over the block */
         float kk[PP][NI][8];
+        if (EARLY && jb == 0) { /* the staged rows */
 #pragma unroll
-        for (int u = 0; u < PP; u++) {
-            const int j = jb + u * PSTEP + (int)threadIdx.x / ATT_TPP;
-            /* row pos (or past the end) from shared memory; both addresses formed first, so
-             * that the choice is a select, not a branch between the loads */
-            const uintptr_t rg = kc + (uintptr_t)j * kv_dim * elt;
-            const void *row = (const void *)(j < pos ? rg : (uintptr_t)skr);
+            for (int u = 0; u < PP; u++) {
+                const int j = u * PSTEP + (int)threadIdx.x / ATT_TPP;
+                const uint8_t *row = j < pos ? sk0 + (size_t)j * KRS : skr;
 #pragma unroll
-            for (int ii = 0; ii < NI; ii++)
-                kv_load8(row, F32, 8 * (part + ATT_TPP * ii), kk[u][ii]);
+                for (int ii = 0; ii < NI; ii++)
+                    kv_load8(row, F32, 8 * (part + ATT_TPP * ii), kk[u][ii]);
+            }
+        } else {
+#pragma unroll
+            for (int u = 0; u < PP; u++) {
+                const int j = jb + u * PSTEP + (int)threadIdx.x / ATT_TPP;
+                const uintptr_t rg = kc + (uintptr_t)j * kv_dim * elt;
+                const void *row = (const void *)(j < pos ? rg : (uintptr_t)skr);
+#pragma unroll
+                for (int ii = 0; ii < NI; ii++)
+                    kv_load8(row, F32, 8 * (part + ATT_TPP * ii), kk[u][ii]);
+            }
         }
 #pragma unroll
         for (int u = 0; u < PP; u++) {
@@ -156,17 +222,19 @@ __device__ __forceinline__ void att_short_block(const engine_cu_att &a, int h, i
 #pragma unroll
     for (int t = 0; t < DPL; t++)
         acc[t] = 0.0f;
-    const uint8_t *vc = (const uint8_t *)a.v_cache + col * elt;
-    const int nk = (pos - w + ATT_WARPS - 1) / ATT_WARPS; /* this warp's positions < pos */
-    /* VU rows in flight: a chunk's loads are all issued (the rows past nk clamped to the last,
-     * their terms skipped), so a short tail costs one round trip, not one per row */
-    constexpr int VU = DPL <= 4 ? 16 : 4;
     for (int k0 = 0; k0 < nk; k0 += VU) { /* uniform over the warp */
         float vv[VU][DPL];
+        if (EARLY && k0 == 0) { /* the staged chunk */
 #pragma unroll
-        for (int u = 0; u < VU; u++)
-            kv_loadn<DPL>(vc + (size_t)(w + ATT_WARPS * min(k0 + u, nk - 1)) * kv_dim * elt, F32,
-                          (size_t)lane * DPL, vv[u]);
+            for (int u = 0; u < VU; u++)
+                kv_loadn<DPL>(sv0 + ((size_t)w * VU + min(u, nk - 1)) * HD * elt, F32,
+                              (size_t)lane * DPL, vv[u]);
+        } else {
+#pragma unroll
+            for (int u = 0; u < VU; u++)
+                kv_loadn<DPL>(vc + (size_t)(w + ATT_WARPS * min(k0 + u, nk - 1)) * kv_dim * elt,
+                              F32, (size_t)lane * DPL, vv[u]);
+        }
 #pragma unroll
         for (int u = 0; u < VU; u++) {
             const float pj = __shfl_sync(0xffffffffu, e, (k0 + u) & 31);

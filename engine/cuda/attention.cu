@@ -2,7 +2,6 @@
  * attention.cuh; the block's work in attention_dev.cuh). */
 #include <string.h>
 
-#include "att_short_dev.cuh"
 #include "attention_dev.cuh"
 #include "step.cuh"
 
@@ -28,38 +27,19 @@ void engine_cu_rope_table(float *cs, const float *inv_freq, int hd, int n_pos) {
         }
 }
 
-/* Grid (n_kv, max_splits) of att_block; with short_path a flat grid (attention.cuh). */
 template <int HD> __global__ void __launch_bounds__(ATT_THREADS) att_kernel(engine_cu_att a) {
-    extern __shared__ __align__(16) float att_smem[];
+    extern __shared__ float att_smem[];
     engine_cu_pdl_launch();
-    int kvh = blockIdx.x, s = blockIdx.y, max_splits = gridDim.y;
-    if (a.short_path) {
-        /* the position is set before the step's graph runs (no kernel of the step writes it) */
-        const int pos = *a.pos;
-        if (pos < ENGINE_CU_ATT_SPLIT) {
-            if ((int)blockIdx.x >= a.n_head) return;
-            if (a.kv_f32)
-                att_short_block<HD, true>(a, blockIdx.x, pos, att_smem, engine_cu_pdl_sync());
-            else
-                att_short_block<HD, false>(a, blockIdx.x, pos, att_smem, engine_cu_pdl_sync());
-            return; /* a block that ends has triggered its dependents (engine_cu_pdl_launch) */
-        }
-        kvh = blockIdx.x % a.n_kv;
-        s = blockIdx.x / a.n_kv;
-        max_splits = (a.n_ctx + ENGINE_CU_ATT_SPLIT - 1) / ENGINE_CU_ATT_SPLIT;
-        if (s >= max_splits) return;
-    }
-    att_block<HD>(a, kvh, s, max_splits, att_smem, engine_cu_pdl_sync());
+    att_block<HD>(a, blockIdx.x, blockIdx.y, gridDim.y, att_smem, engine_cu_pdl_sync());
 }
 
 void engine_cu_attention(const engine_cu_att *a, cudaStream_t stream) {
-    const int max_splits = engine_cu_att_max_splits(a->n_ctx);
-    dim3 grid(a->n_kv, max_splits);
-    size_t smem = att_smem_bytes(a->n_head / a->n_kv, a->hd);
-    if (a->short_path) {
-        grid = dim3((unsigned)(a->n_head > a->n_kv * max_splits ? a->n_head : a->n_kv * max_splits));
-        if (att_short_smem_bytes(a->hd) > smem) smem = att_short_smem_bytes(a->hd);
+    if (a->short_path) { /* att_short.cu (a translation unit of its own: this one's code stays) */
+        engine_cu_attention_flat(a, stream);
+        return;
     }
+    dim3 grid(a->n_kv, engine_cu_att_max_splits(a->n_ctx));
+    const size_t smem = att_smem_bytes(a->n_head / a->n_kv, a->hd);
     switch (a->hd) {
     case 64:
         engine_cu_launch(att_kernel<64>, grid, dim3(ATT_THREADS), smem, stream, *a);

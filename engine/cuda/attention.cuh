@@ -35,12 +35,15 @@ typedef struct {
     float eps;
     void *k_cache, *v_cache; /* [n_ctx][n_kv * hd] of F16 (kv_f32 = 0) or F32 */
     int kv_f32;
+    /* 1: a block per query head at short context (see above); 2: the same, its first K rows and
+     * V chunk copied to shared memory before the wait (att_short_dev.cuh). In the padding
+     * before pos, so that the default kernel's parameter layout stays as it was. */
+    int short_path;
     const int32_t *pos; /* device: the position of this token */
     int n_ctx, n_head, n_kv, hd;
     float *partial;     /* [n_head][max_splits][hd + 2] scratch */
     unsigned *counters; /* [n_kv], zero between launches */
     float *out;         /* [n_head * hd] */
-    int short_path;     /* 1: a block per query head at short context (see above) */
 } engine_cu_att;
 
 /* Head dimensions the kernel is instantiated for (64, 128, 256). */
@@ -52,5 +55,7 @@ int engine_cu_att_max_splits(int n_ctx);
  * (engine_cpu_rope_neox), for p < n_pos: 2 * n_pos * hd / 2 floats. */
 void engine_cu_rope_table(float *cs, const float *inv_freq, int hd, int n_pos);
 void engine_cu_attention(const engine_cu_att *a, cudaStream_t stream);
+/* The short_path launch (att_short.cu); engine_cu_attention calls it when short_path is set. */
+void engine_cu_attention_flat(const engine_cu_att *a, cudaStream_t stream);
 
 #endif

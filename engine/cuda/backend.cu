@@ -99,7 +99,8 @@ struct engine_cuda_session {
      * kernels (router_fuse.cuh); the stage-6 and DOWN_ROUTE switches are then ignored */
     int rf;
     /* SPARK_CUDA_ATT_SHORT=1: the attention launch serves positions < ENGINE_CU_ATT_SPLIT with a
-     * block per query head (attention.cuh short_path; the same outputs bit for bit) */
+     * block per query head (attention.cuh short_path; the same outputs bit for bit); =2: the
+     * same with its first K/V rows loaded before the wait */
     int att_short;
     engine_cu_prog prog; /* the fused step's program, built at the first capture */
     uint8_t *mem;        /* one allocation: KV cache and step buffers */
@@ -556,7 +557,7 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         s->down_early = e && e[0] == '1';
         if (s->up_early || s->down_early) s->route_once = 1;
         e = getenv("SPARK_CUDA_ATT_SHORT");
-        s->att_short = e && e[0] == '1';
+        s->att_short = e && (e[0] == '1' || e[0] == '2') ? e[0] - '0' : 0;
         e = getenv("SPARK_CUDA_DIAG_SKIP");
         s->diag_skip = e ? (unsigned)strtoul(e, NULL, 0) : 0u;
         e = getenv("SPARK_CUDA_DIAG_TWICE");
@@ -704,6 +705,7 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
                         s->k_cache[l],
                         s->v_cache[l],
                         s->kv == ENGINE_KV_F32,
+                        s->att_short,
                         &s->step->pos,
                         s->n_ctx,
                         (int)hp->n_head,
@@ -711,8 +713,7 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
                         hd,
                         s->partial,
                         s->counters,
-                        s->att,
-                        s->att_short};
+                        s->att};
     o->at = at;
 
     mv = &o->wo;

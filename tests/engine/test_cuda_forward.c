@@ -60,14 +60,26 @@ static int n_gen = N_GEN; /* generated tokens; fewer with a third argument (race
 
 /* Run-time switches of the decode stage-6 paths, and the short-context attention launch (a
  * block per query head, engine/cuda/att_short_dev.cuh; every position here is below 256): a
- * session per set, its variables set to 1. */
-#define N_ALT 4
+ * session per set, its variables set to 1 (or to the value after '='). */
+#define N_ALT 5
 static const char *const alt_sets[N_ALT][3] = {
     {"SPARK_CUDA_ROUTE_ONCE", NULL, NULL},
     {"SPARK_CUDA_UP_EARLY", NULL, NULL},
     {"SPARK_CUDA_ROUTE_ONCE", "SPARK_CUDA_UP_EARLY", "SPARK_CUDA_DOWN_EARLY"},
     {"SPARK_CUDA_ATT_SHORT", NULL, NULL},
+    {"SPARK_CUDA_ATT_SHORT=2", NULL, NULL},
 };
+
+/* Sets ("NAME" to 1, "NAME=VALUE" to VALUE) or unsets an alt_sets entry's variable. */
+static void alt_env(const char *entry, bool set) {
+    char name[64];
+    const char *eq = strchr(entry, '=');
+    snprintf(name, sizeof name, "%.*s", eq ? (int)(eq - entry) : (int)strlen(entry), entry);
+    if (set)
+        setenv(name, eq ? eq + 1 : "1", 1);
+    else
+        unsetenv(name);
+}
 
 static void run_model(const char *preset, const char *type) {
     char path[600];
@@ -111,11 +123,11 @@ static void run_model(const char *preset, const char *type) {
         unsetenv("SPARK_CUDA_FUSED");
         for (int a = 0; a < N_ALT; a++) {
             for (int v = 0; v < 3 && alt_sets[a][v]; v++)
-                setenv(alt_sets[a][v], "1", 1);
+                alt_env(alt_sets[a][v], true);
             CHECK(engine_cuda_session_new(&ga[a], gm, 256, ENGINE_KV_F32) == 0,
                   "stage-6 switches cuda session %d", a);
             for (int v = 0; v < 3 && alt_sets[a][v]; v++)
-                unsetenv(alt_sets[a][v]);
+                alt_env(alt_sets[a][v], false);
         }
     }
     int32_t nv = engine_model_n_vocab(m);
@@ -223,7 +235,8 @@ static void run_model(const char *preset, const char *type) {
     for (int a = 0; a < N_ALT; a++) {
         printf("%-10s %-6s: stage-6 switches (", preset, type);
         for (int v = 0; v < 3 && alt_sets[a][v]; v++)
-            printf("%s%s=1", v ? " " : "", alt_sets[a][v]);
+            printf("%s%s%s", v ? " " : "", alt_sets[a][v],
+                   strchr(alt_sets[a][v], '=') ? "" : "=1");
         printf(") == default bit for bit at %d of %d steps\n",
                N_PROMPT + n_gen - 1 - n_alt_diff[a], N_PROMPT + n_gen - 1);
     }

@@ -1,0 +1,52 @@
+/* Decode attention, the sessions' SPARK_CUDA_ATT_SHORT launch (attention.cuh short_path): a
+ * flat grid of max(n_head, n_kv * max_splits) blocks that map themselves from the device-side
+ * position: below ENGINE_CU_ATT_SPLIT positions a block per query head (att_short_dev.cuh),
+ * else att_block's (KV head, split) blocks. A translation unit of its own, so that the default
+ * kernel (attention.cu) keeps its code, registers and shared variables unchanged. */
+#include "att_short_dev.cuh"
+#include "attention_dev.cuh"
+
+/* EARLY: short_path 2 (the first K rows and V chunk copied into shared memory before the wait).
+ * HD 256 may take more than 128 registers (one block per multiprocessor; else it spills). */
+template <int HD, bool EARLY>
+__global__ void __launch_bounds__(ATT_THREADS, HD > 128 ? 1 : 2) att_flat_kernel(engine_cu_att a) {
+    extern __shared__ __align__(16) float att_smem[];
+    engine_cu_pdl_launch();
+    /* the position is set before the step's graph runs (no kernel of the step writes it) */
+    const int pos = *a.pos;
+    if (pos < ENGINE_CU_ATT_SPLIT) {
+        /* blocks past the heads end before any wait (a block that ends counts as having
+         * triggered its dependents; all have, at engine_cu_pdl_launch above) */
+        if ((int)blockIdx.x >= a.n_head) return;
+        if (a.kv_f32)
+            att_short_block<HD, true, EARLY>(a, blockIdx.x, pos, att_smem, engine_cu_pdl_sync{});
+        else
+            att_short_block<HD, false, EARLY>(a, blockIdx.x, pos, att_smem, engine_cu_pdl_sync{});
+        return;
+    }
+    const int max_splits = (a.n_ctx + ENGINE_CU_ATT_SPLIT - 1) / ENGINE_CU_ATT_SPLIT;
+    const int s = blockIdx.x / a.n_kv;
+    if (s >= max_splits) return;
+    att_block<HD>(a, blockIdx.x - s * a.n_kv, s, max_splits, att_smem, engine_cu_pdl_sync());
+}
+
+template <int HD> static void att_flat_launch(const engine_cu_att *a, cudaStream_t stream) {
+    const int max_splits = engine_cu_att_max_splits(a->n_ctx);
+    const dim3 grid(
+        (unsigned)(a->n_head > a->n_kv * max_splits ? a->n_head : a->n_kv * max_splits));
+    size_t smem = att_smem_bytes(a->n_head / a->n_kv, a->hd);
+    const size_t ss = att_short_smem_bytes(a->hd, a->kv_f32, a->short_path == 2);
+    if (ss > smem) smem = ss;
+    if (a->short_path == 2)
+        engine_cu_launch(att_flat_kernel<HD, true>, grid, dim3(ATT_THREADS), smem, stream, *a);
+    else
+        engine_cu_launch(att_flat_kernel<HD, false>, grid, dim3(ATT_THREADS), smem, stream, *a);
+}
+
+void engine_cu_attention_flat(const engine_cu_att *a, cudaStream_t stream) {
+    switch (a->hd) {
+    case 64: att_flat_launch<64>(a, stream); break;
+    case 128: att_flat_launch<128>(a, stream); break;
+    default: att_flat_launch<256>(a, stream); break;
+    }
+}
