@@ -12,7 +12,7 @@
  * the grid is sized for the whole context and blocks past the position exit at once: the same
  * launch serves every step of a captured graph. The cache is contiguous per layer
  * ([n_ctx][n_head_kv * head_dim], F16 or F32); the paged KV pool will pass a block table.
- * With short_path set (sessions: SPARK_CUDA_ATT_SHORT=1), the launch is a flat grid of
+ * With short_path set (sessions: by default; SPARK_CUDA_ATT_SHORT=0 clears it), the launch is a flat grid of
  * max(n_head, n_kv * max_splits) blocks that map themselves from the device-side position: while
  * it is below ENGINE_CU_ATT_SPLIT, block b < n_head serves query head b alone (att_short_dev.cuh;
  * the others exit before any wait), else block b is (KV head b % n_kv, split b / n_kv) as above.

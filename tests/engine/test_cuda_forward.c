@@ -28,10 +28,10 @@
  * so in its output.
  * The decode stage-6 switches (alt_sets below, one more session each: the routing in the
  * router's last block, the up kernel's staging and the down kernel's ids and prefetch before
- * their waits) and SPARK_CUDA_ATT_SHORT (the attention launch with a block per query head)
- * keep the arithmetic, so each such session's logits and tokens must equal the default
- * session's bit for bit at every step, and its device-resident greedy generation must give the
- * same tokens.
+ * their waits) and SPARK_CUDA_ATT_SHORT (the attention launch with a block per query head:
+ * the default 1; 0 the per-KV-head launch, 2 with early loads) keep the arithmetic, so each
+ * such session's logits and tokens must equal the default session's bit for bit at every
+ * step, and its device-resident greedy generation must give the same tokens.
  * Arguments PRESET TYPE [N_GEN] run that one model (for compute-sanitizer racecheck), with
  * N_GEN (2..40) generated tokens. */
 #include <math.h>
@@ -66,7 +66,7 @@ static const char *const alt_sets[N_ALT][3] = {
     {"SPARK_CUDA_ROUTE_ONCE", NULL, NULL},
     {"SPARK_CUDA_UP_EARLY", NULL, NULL},
     {"SPARK_CUDA_ROUTE_ONCE", "SPARK_CUDA_UP_EARLY", "SPARK_CUDA_DOWN_EARLY"},
-    {"SPARK_CUDA_ATT_SHORT", NULL, NULL},
+    {"SPARK_CUDA_ATT_SHORT=0", NULL, NULL}, /* the default is 1 */
     {"SPARK_CUDA_ATT_SHORT=2", NULL, NULL},
 };
 
