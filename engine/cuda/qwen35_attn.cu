@@ -60,31 +60,54 @@ template <int N, bool F32> __device__ __forceinline__ void gs_load(const void *s
     }
 }
 
+/* 8 consecutive values of dimension-major chunk (16 bytes of F16, 32 of F32) as floats. */
+template <bool F32> __device__ __forceinline__ void gs_load8(const void *src, float *o) {
+    gs_load<8, F32>(src, o);
+}
+
+constexpr int GS_MAX_SPLITS = ENGINE_CU_GATT_SHORT_MAX / SPL; /* one warp per split */
+static_assert(GS_MAX_SPLITS <= GATT_WARPS, "a warp per split's softmax");
+
 constexpr size_t gatt_short_smem_floats(int hd) {
-    /* q, the new K row (F32) and its cache-format copies of K and V, scores, the warps' V sums */
-    return 4 * (size_t)hd + ENGINE_CU_GATT_SHORT_MAX + (size_t)GATT_WARPS * hd;
+    /* q, the new K row (F32), its and V's cache-format copies, the scores, the splits' partials
+     * [split][hd + 2] as the runners write them, the V sums [split][position group][hd] */
+    return 4 * (size_t)hd + ENGINE_CU_GATT_SHORT_MAX + (size_t)GS_MAX_SPLITS * (hd + 2) +
+           (size_t)GS_MAX_SPLITS * GATT_THREADS;
 }
 
 /* Query head h (of KV head g; `store`: the group's first head, whose block alone writes this
- * position's K/V row to the cache) over positions 0..pos. The other blocks of the group take
- * row pos from the shared-memory copy (rounded to the cache's type as the store does), never
- * from the cache, so nothing races with the store. Three barriers: after the q/k preparation,
- * after the scores (8 lanes a position, 16-byte loads), after the warps' V sums; each warp
- * takes the max and the sum over all the scores itself and its positions' weights on the fly. */
+ * position's K/V row to the cache) over positions 0..pos, n = pos + 1 <= SHORT_MAX. The other
+ * blocks of the group take row pos from a shared-memory copy (rounded to the cache's type as
+ * the store does), never from the cache, so nothing races with the store.
+ * Bit for bit the split path (gatt_kernel + gatt_merge_kernel), which at n <= 128 runners x 32
+ * runs one split per runner: every value is that path's expression on the same operands in the
+ * same order, only computed by other threads: a score is a warp's dot (lane l: dimensions
+ * l + 32 t in t order, then the butterfly sum), a split's softmax a warp's (max, exp, sum over
+ * its lanes), a split's weighted V per dimension and position group the sequential sum over
+ * its positions pg, pg + PG, .. (a thread takes 8 dimensions of one (split, group) chain with
+ * 16-byte loads), the groups added in order, then the merge of the splits by gatt_dev.cuh's
+ * merge functions. Barriers: after the q/k preparation, the scores, the softmax, the V sums,
+ * (PG > 1: the group sums,) the merge weights. */
 template <int HD, bool F32>
 __device__ __forceinline__ void gatt_short_block(const engine_cu_gatt a, int h, int g, bool store,
                                                  int pos, float *sm) {
-    constexpr int NC = HD / 64; /* 8-value chunks of a K row per lane (8 lanes a position) */
-    constexpr int EV = HD / 32; /* V values per lane (a warp a position) */
-    const int tid = threadIdx.x, lane = tid & 31, wi = tid >> 5, sub = lane & 7, pw = lane >> 3;
-    const int n = pos + 1, half = a.rot / 2;
+    constexpr int PG = GATT_THREADS / HD;   /* position groups of the split path's V sums */
+    constexpr int OCT = HD / 8;             /* 8-dimension chunks of a row */
+    constexpr int CHAIN = GATT_THREADS / GS_MAX_SPLITS; /* threads per split: PG * OCT */
+    static_assert(PG * OCT == CHAIN, "a thread per (group, 8 dimensions) of a split");
+    constexpr size_t ES = F32 ? 4 : 2;
+    const int tid = threadIdx.x, lane = tid & 31, wi = tid >> 5;
+    const int n = pos + 1, nsplit = (n + SPL - 1) / SPL, half = a.rot / 2;
     const size_t row = (size_t)a.n_kv * HD, col = (size_t)g * HD;
-    float *qs = sm;                 /* [HD] */
-    float *kf = qs + HD;            /* [HD] */
-    void *krs = kf + HD;            /* [HD] of the cache's type */
-    void *vrs = kf + 2 * HD;        /* [HD] of the cache's type */
-    float *e = kf + 3 * HD;         /* [ENGINE_CU_GATT_SHORT_MAX] */
-    float *red = e + ENGINE_CU_GATT_SHORT_MAX; /* [GATT_WARPS][HD] */
+    float *qs = sm;                                 /* [HD] */
+    float *kf = qs + HD;                            /* [HD] */
+    void *krs = kf + HD;                            /* [HD] of the cache's type */
+    void *vrs = kf + 2 * HD;                        /* [HD] of the cache's type */
+    float *e = kf + 3 * HD;                         /* [SHORT_MAX] scores, then weights */
+    float *ph = e + ENGINE_CU_GATT_SHORT_MAX;       /* [GS_MAX_SPLITS][HD + 2] */
+    float *red = ph + GS_MAX_SPLITS * (HD + 2);     /* [GS_MAX_SPLITS][PG][HD] */
+    __shared__ float wr[GS_MAX_SPLITS];
+    __shared__ float inv_den;
     const float2 *cs = a.rope + (size_t)pos * half;
     /* the output gate of this thread's dimension, loaded while the rest runs */
     const float gate = tid < HD ? a.qg[(size_t)h * 2 * HD + HD + tid] : 0.0f;
@@ -108,75 +131,91 @@ __device__ __forceinline__ void gatt_short_block(const engine_cu_gatt a, int h, 
         }
     }
     __syncthreads();
-    /* scores: 8 lanes a position (chunk sub + 8 t of the row: 128 coalesced bytes per t for F16),
-     * 4 positions a warp, 32 a round of the block */
+    /* scores: a warp a position as the split path (GS_P positions at once for the loads) */
     const float scale = 1.0f / sqrtf((float)HD);
-    float qr[NC][8];
+    constexpr int GS_P = 4;
+    for (int b = wi * GS_P; b < n; b += GS_P * GATT_WARPS) {
+        float kv[GS_P][HD / 32];
 #pragma unroll
-    for (int t = 0; t < NC; t++)
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-            qr[t][j] = qs[(sub + 8 * t) * 8 + j];
-    constexpr size_t ES = F32 ? 4 : 2;
-#pragma unroll 4
-    for (int base = wi * 4; base < n; base += 4 * GATT_WARPS) {
-        const int p = base + pw;
-        float acc = 0.0f;
-        if (p < n) {
+        for (int u = 0; u < GS_P; u++) {
+            const int p = b + u;
             const char *src = p == pos ? (const char *)krs
                                        : (const char *)a.k_cache + ((size_t)p * row + col) * ES;
-            float kv[NC][8];
 #pragma unroll
-            for (int t = 0; t < NC; t++)
-                gs_load<8, F32>(src + (size_t)(sub + 8 * t) * 8 * ES, kv[t]);
+            for (int t = 0; t < HD / 32; t++)
+                kv[u][t] = p < n ? engine_cu_gatt_load(src, F32, (size_t)(lane + 32 * t)) : 0.0f;
+        }
 #pragma unroll
-            for (int t = 0; t < NC; t++)
+        for (int u = 0; u < GS_P; u++) {
+            float acc = 0.0f;
+#pragma unroll
+            for (int t = 0; t < HD / 32; t++)
+                acc += qs[lane + 32 * t] * kv[u][t];
+            acc = engine_cu_warp_sum(acc);
+            if (lane == 0 && b + u < n) e[b + u] = acc * scale;
+        }
+    }
+    __syncthreads();
+    /* each split's max and sum (warp s), e := exp(score - max), as the split path */
+    if (wi < nsplit) {
+        float *es = e + wi * SPL;
+        const int np = min(SPL, n - wi * SPL);
+        const float x = lane < np ? es[lane] : -INFINITY;
+        const float m = engine_cu_warp_max(x);
+        const float ex = lane < np ? expf(x - m) : 0.0f;
+        if (lane < np) es[lane] = ex;
+        const float l = engine_cu_warp_sum(ex);
+        if (lane == 0) {
+            ph[wi * (HD + 2) + HD] = m;
+            ph[wi * (HD + 2) + HD + 1] = l;
+        }
+    }
+    __syncthreads();
+    /* weighted V: thread (split s, group pg, dimensions o8 .. o8 + 7), positions pg, pg + PG, ..
+     * of the split in order (the split path's per-dimension chain) */
+    {
+        const int s = tid / CHAIN, r = tid - s * CHAIN, pg = r / OCT, o8 = (r - pg * OCT) * 8;
+        if (s < nsplit) {
+            const int p0 = s * SPL, np = min(SPL, n - p0);
+            float acc[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                acc[j] = 0.0f;
+#pragma unroll 8
+            for (int pi = pg; pi < np; pi += PG) {
+                const int p = p0 + pi;
+                const char *src = p == pos ? (const char *)vrs
+                                           : (const char *)a.v_cache + ((size_t)p * row + col) * ES;
+                float v[8];
+                gs_load8<F32>(src + (size_t)o8 * ES, v);
+                const float w = e[s * SPL + pi];
 #pragma unroll
                 for (int j = 0; j < 8; j++)
-                    acc += qr[t][j] * kv[t][j];
+                    acc[j] += w * v[j];
+            }
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                red[((size_t)s * PG + pg) * HD + o8 + j] = acc[j];
         }
-        acc += __shfl_xor_sync(0xffffffffu, acc, 4);
-        acc += __shfl_xor_sync(0xffffffffu, acc, 2);
-        acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-        if (sub == 0 && p < n) e[p] = acc * scale;
     }
     __syncthreads();
-    /* every warp: the max and the sum over all scores (the same order in each), then the
-     * weighted V of its positions wi, wi + 8, ..: lane's EV consecutive values */
-    float m = -INFINITY;
-    for (int i = lane; i < n; i += 32)
-        m = fmaxf(m, e[i]);
-    m = engine_cu_warp_max(m);
-    float l = 0.0f;
-    for (int i = lane; i < n; i += 32)
-        l += expf(e[i] - m);
-    l = engine_cu_warp_sum(l);
-    float acc[EV];
+    /* each split's partial: the groups' sums added in order (a runner's merge of its one split
+     * is that sum exactly: run = 0 * exp(-inf) + sum * exp(0)) */
+    for (int i = tid; i < nsplit * HD; i += GATT_THREADS) {
+        const int s = i / HD, d = i - s * HD;
+        float sum = 0.0f;
 #pragma unroll
-    for (int j = 0; j < EV; j++)
-        acc[j] = 0.0f;
-#pragma unroll 8
-    for (int p = wi; p < n; p += GATT_WARPS) {
-        const char *src = p == pos ? (const char *)vrs
-                                   : (const char *)a.v_cache + ((size_t)p * row + col) * ES;
-        float v[EV];
-        gs_load<EV, F32>(src + (size_t)lane * EV * ES, v);
-        const float w = expf(e[p] - m);
-#pragma unroll
-        for (int j = 0; j < EV; j++)
-            acc[j] += w * v[j];
+        for (int k = 0; k < PG; k++)
+            sum += red[((size_t)s * PG + k) * HD + d];
+        ph[s * (HD + 2) + d] = sum;
     }
-#pragma unroll
-    for (int j = 0; j < EV; j++)
-        red[wi * HD + lane * EV + j] = acc[j];
     __syncthreads();
-    static_assert(HD <= GATT_THREADS, "a thread a dimension");
+    /* the merge of the splits, as gatt_merge_kernel */
+    engine_cu_gatt_merge_weights<HD>(ph, nsplit, tid, lane, wr, inv_den);
+    __syncthreads();
     if (tid < HD) {
-        float num = 0.0f;
-#pragma unroll
-        for (int w = 0; w < GATT_WARPS; w++)
-            num += red[w * HD + tid];
-        a.out[(size_t)h * HD + tid] = num / l * (1.0f / (1.0f + expf(-gate)));
+        const float num = engine_cu_gatt_merge_num<HD>(ph, nsplit, tid, wr);
+        a.out[(size_t)h * HD + tid] = num * inv_den * (1.0f / (1.0f + expf(-gate)));
     }
 }
 

@@ -22,14 +22,14 @@
  * position comes from device memory: one launch serves every step of a captured graph.
  * Limits (engine_cu_gatt_ok): head size 64, 128 or 256, 1, 2, 4, 8 or 16 query heads per KV
  * head, rot even and <= head size.
- * Short path (short_n > 0; the decode step's SPARK_CUDA_Q35_ATT_SHORT): the same two launches,
- * the first with at least G runners per KV head; while pos + 1 <= short_n (device memory, so
- * one graph serves both) block (KV head g, y < G) does query head g G + y alone over all
- * positions (its q, this position's K row in shared memory, scores by 8 lanes per position,
- * every warp its own max and sum over them, V by a warp per position, the output gate) and
- * the merge launch returns at once; the group's first head's block alone stores the K/V row,
- * the others use their shared copy of it (rounded as stored). Past short_n: the split path
- * above. Not bit-equal to it (one softmax over all positions instead of a merge of splits). */
+ * Short path (short_n > 0; the decode step's SPARK_CUDA_Q35_ATT_SHORT, on by default): the same
+ * two launches, the first with at least G runners per KV head; while pos + 1 <= short_n
+ * (device memory, so one graph serves both) block (KV head g, y < G) does query head g G + y
+ * alone over all positions (at most 8 splits) and the merge launch returns at once; the group's
+ * first head's block alone stores the K/V row, the others use their shared copy of it (rounded
+ * as stored). Bit for bit the split path: each score, split softmax, per-dimension V chain and
+ * the merge of the splits are that path's expressions in its order, computed by other threads
+ * (qwen35_attn.cu). Past short_n: the split path above. */
 #ifndef SPARK_ENGINE_CUDA_QWEN35_ATTN_CUH
 #define SPARK_ENGINE_CUDA_QWEN35_ATTN_CUH
 
@@ -40,7 +40,7 @@
 #define ENGINE_CU_GATT_SPLIT 32    /* positions per split */
 #define ENGINE_CU_GATT_RUNNERS 128 /* blocks per KV head at most */
 #define ENGINE_CU_GATT_MAX_GROUP 16
-#define ENGINE_CU_GATT_SHORT_MAX 512 /* short_n at most */
+#define ENGINE_CU_GATT_SHORT_MAX 256 /* short_n at most (8 splits) */
 
 typedef struct {
     const float *qg;              /* [n_head][2 hd]: q then gate of each head */

@@ -22,12 +22,14 @@
  *     logits equal engine_cuda_q35_decode's bit for bit, and rollback (engine_session_truncate
  *     to points on and off the snapshot grid, within and beyond the kept snapshots) gives the
  *     same logits bit for bit as a session that never went further.
- *   The attention op and the f32 / q4_k_m models again with SPARK_CUDA_Q35_ATT_SHORT (a block
- *   per query head at short context), with the same bounds. SPARK_CUDA_Q35_SH_FORK (the shared
- *   expert's gate/up on a forked graph branch): logits and device loop bit for bit the
- *   default's. SPARK_CUDA_Q35_DN_EARLY=1|2 (the DeltaNet step's early reads; 2: the head's norm
- *   through a block cluster): the op bit for bit the default's over 12 steps, within the CPU
- *   bounds, and the f32 / q4_k_m models again with each.
+ *   The defaults take the short attention path (SPARK_CUDA_Q35_ATT_SHORT: a block per query
+ *   head up to 256 positions) and the shared-expert fork (SPARK_CUDA_Q35_SH_FORK); the attention
+ *   op runs with =1, =64 and =0 too (same bounds) and short against split on the same inputs
+ *   bit for bit (out and stored rows), the f32 / q4_k_m models again with both =0, and a =0
+ *   fork session's logits and device loop bit for bit the default's.
+ *   SPARK_CUDA_Q35_DN_EARLY=1|2 (the DeltaNet step's early reads; 2: the head's norm through a
+ *   block cluster): the op bit for bit the default's over 12 steps, within the CPU bounds, and
+ *   the f32 / q4_k_m models again with each.
  * Exits 77 (skip) with the reason when no GPU is usable or the build has no CUDA backend. */
 #include <math.h>
 #include <stdio.h>
@@ -284,6 +286,53 @@ static void check_attention(int nh, int nkv, int hd, int rot, int32_t pos, engin
     free(oc), free(q), free(kr), free(krow), free(vrow), free(scores);
 }
 
+/* The short path (SPARK_CUDA_Q35_ATT_SHORT, default on: a block per query head up to 256
+ * positions) against the split path (=0) on the same inputs: out and the stored rows bit for
+ * bit (the short path is the split path's arithmetic by construction, qwen35_attn.cu). */
+static void check_attention_same(int nh, int nkv, int hd, int rot, int32_t pos, engine_kv_type kv) {
+    const int row = nkv * hd;
+    const size_t elt = kv == ENGINE_KV_F32 ? 4 : 2, f = sizeof(float);
+    const size_t cache = (size_t)(pos + 1) * row * elt;
+    uint8_t *kc = malloc(cache), *vc = malloc(cache);
+    float *qg = malloc(f * 2 * nh * hd), *k = malloc(f * row), *v = malloc(f * row);
+    float *qn = malloc(f * hd), *kn = malloc(f * hd), *inv = malloc(f * rot / 2);
+    float *o[2] = {malloc(f * nh * hd), malloc(f * nh * hd)};
+    float *kr[2] = {malloc(f * row), malloc(f * row)}, *vr[2] = {malloc(f * row), malloc(f * row)};
+    for (size_t i = 0; i < (size_t)(pos + 1) * row; i++) {
+        float a = frand() * 2.0f, b = frand();
+        if (kv == ENGINE_KV_F32) {
+            ((float *)kc)[i] = a;
+            ((float *)vc)[i] = b;
+        } else {
+            ((uint16_t *)kc)[i] = engine_fp32_to_fp16(a);
+            ((uint16_t *)vc)[i] = engine_fp32_to_fp16(b);
+        }
+    }
+    fill(qg, 2 * (size_t)nh * hd, 0.0f, 2.0f);
+    fill(k, row, 0.0f, 2.0f);
+    fill(v, row, 0.0f, 1.0f);
+    fill(qn, hd, 1.0f, 0.25f);
+    fill(kn, hd, 1.0f, 0.25f);
+    engine_cpu_rope_inv_freq(inv, rot, 1e7f);
+    int rc = 0;
+    for (int e = 0; e < 2 && !rc; e++) {
+        setenv("SPARK_CUDA_Q35_ATT_SHORT", e ? "1" : "0", 1);
+        rc = engine_cuda_op_q35_attention(nh, nkv, hd, rot, pos, kv, kc, vc, qg, k, v, qn, kn, inv,
+                                          1e-6f, o[e], kr[e], vr[e]);
+        unsetenv("SPARK_CUDA_Q35_ATT_SHORT");
+    }
+    CHECK(rc == 0, "attention op");
+    const bool same = rc == 0 && !memcmp(o[0], o[1], f * nh * hd) &&
+                      !memcmp(kr[0], kr[1], f * row) && !memcmp(vr[0], vr[1], f * row);
+    CHECK(same, "attention %d/%d x %d pos %d %s: the short path differs from the split path", nh,
+          nkv, hd, pos, kv == ENGINE_KV_F32 ? "f32" : "f16");
+    printf("attention %2d/%d x %3d pos %4d %s: short path %s\n", nh, nkv, hd, pos,
+           kv == ENGINE_KV_F32 ? "f32" : "f16", same ? "bit for bit the split path" : "DIFFERS");
+    free(kc), free(vc), free(qg), free(k), free(v), free(qn), free(kn), free(inv);
+    for (int e = 0; e < 2; e++)
+        free(o[e]), free(kr[e]), free(vr[e]);
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Whole model
  * ------------------------------------------------------------------------------------------- */
@@ -476,9 +525,9 @@ out:
     unlink(path);
 }
 
-/* SPARK_CUDA_Q35_SH_FORK=1 (the shared expert's gate/up on a forked branch of the captured
- * step) runs the same kernels on the same inputs: its session's logits at every step and its
- * device greedy loop equal the default session's bit for bit. */
+/* SPARK_CUDA_Q35_SH_FORK (default on: the shared expert's gate/up on a forked branch of the
+ * captured step; =0 one chain) runs the same kernels on the same inputs: a session with =0 has
+ * the default session's logits at every step and device greedy loop, bit for bit. */
 static void check_fork(const char *type) {
     char path[600];
     snprintf(path, sizeof path, "%s/qwen35-tiny-fork-%s.gguf", tmpdir, type);
@@ -501,8 +550,8 @@ static void check_fork(const char *type) {
     }
     const int32_t nv = engine_model_n_vocab(m);
     CHECK(engine_cuda_q35_model_new(&gm, m, 0) == 0, "cuda model");
-    for (int f = 0; f < 2 && gm; f++) {
-        if (f) setenv("SPARK_CUDA_Q35_SH_FORK", "1", 1);
+    for (int f = 0; f < 2 && gm; f++) { /* 0: SPARK_CUDA_Q35_SH_FORK=0, 1: the default (on) */
+        if (!f) setenv("SPARK_CUDA_Q35_SH_FORK", "0", 1);
         CHECK(engine_cuda_q35_session_new(&gs[f], gm, N_CTX, ENGINE_KV_F16) == 0, "session %d", f);
         unsetenv("SPARK_CUDA_Q35_SH_FORK");
         l[f] = malloc(sizeof(float) * nv);
@@ -515,14 +564,14 @@ static void check_fork(const char *type) {
         if (memcmp(l[0], l[1], sizeof(float) * nv) || next[0] != next[1]) differ = i;
         tok = i < N_PROMPT ? (int32_t)((i * 7919 + 13) % nv) : next[0];
     }
-    CHECK(differ < 0, "qwen35-tiny %s: SH_FORK logits differ from the default at step %d", type,
+    CHECK(differ < 0, "qwen35-tiny %s: SH_FORK=0 logits differ from the default at step %d", type,
           differ);
     for (int f = 0; f < 2 && gs[1]; f++)
         CHECK(engine_cuda_q35_generate(gs[f], 3, 0, N_GEN, 0.0f, 0, out[f]) == 0, "generate %d", f);
     if (gs[1])
-        CHECK(memcmp(out[0], out[1], sizeof out[0]) == 0, "SH_FORK device loop differs");
-    printf("qwen35-tiny %-6s SPARK_CUDA_Q35_SH_FORK=1: logits of %d steps and the device loop %s\n",
-           type, N_PROMPT + N_GEN, differ < 0 ? "identical to the default" : "DIFFER");
+        CHECK(memcmp(out[0], out[1], sizeof out[0]) == 0, "SH_FORK=0 device loop differs");
+    printf("qwen35-tiny %-6s SPARK_CUDA_Q35_SH_FORK=0: logits of %d steps and the device loop %s\n",
+           type, N_PROMPT + N_GEN, differ < 0 ? "identical to the default (fork)" : "DIFFER");
     for (int f = 0; f < 2; f++) {
         engine_cuda_q35_session_free(gs[f]);
         free(l[f]);
@@ -559,14 +608,17 @@ int main(void) {
         check_attention(16, 2, 256, 64, positions[i], ENGINE_KV_F16);
         check_attention(4, 2, 64, 16, positions[i], ENGINE_KV_F32);
     }
-    /* the short path (SPARK_CUDA_Q35_ATT_SHORT, qwen35_attn.cuh), same bounds: "1" = up to 256
-     * positions by a block per query head, past them the split path of the same launch; "64":
-     * positions past 64 take the split path in a grid of at least G runners per KV head */
+    /* the short path (SPARK_CUDA_Q35_ATT_SHORT, qwen35_attn.cuh; the default above), same
+     * bounds: "1" = up to 256 positions by a block per query head, past them the split path of
+     * the same launch; "64": positions past 64 take the split path in a grid of at least G
+     * runners per KV head; "0": the split path alone */
     static const struct {
         const char *n;
         int32_t pos[8];
         int n_pos;
-    } shorts[] = {{"1", {0, 1, 31, 32, 100, 255, 256, 300}, 8}, {"64", {63, 64, 100, 200}, 4}};
+    } shorts[] = {{"1", {0, 1, 31, 32, 100, 255, 256, 300}, 8},
+                  {"64", {63, 64, 100, 200}, 4},
+                  {"0", {0, 1, 63, 64, 255, 300}, 6}};
     for (size_t j = 0; j < sizeof shorts / sizeof shorts[0]; j++) {
         setenv("SPARK_CUDA_Q35_ATT_SHORT", shorts[j].n, 1);
         for (int i = 0; i < shorts[j].n_pos; i++) {
@@ -578,16 +630,26 @@ int main(void) {
         }
     }
     unsetenv("SPARK_CUDA_Q35_ATT_SHORT");
+    const int32_t same_pos[] = {0, 1, 5, 31, 32, 33, 64, 100, 127, 128, 200, 255};
+    for (size_t i = 0; i < sizeof same_pos / sizeof same_pos[0]; i++) {
+        check_attention_same(16, 2, 256, 64, same_pos[i], ENGINE_KV_F16);
+        check_attention_same(16, 2, 256, 64, same_pos[i], ENGINE_KV_F32);
+        check_attention_same(4, 2, 64, 16, same_pos[i], ENGINE_KV_F16);
+        check_attention_same(8, 1, 128, 32, same_pos[i], ENGINE_KV_F32);
+    }
     if (support_tmpdir(tmpdir, sizeof tmpdir, "test_cuda_qwen35", false) != 0) return 1;
     const char *types[] = {"f32", "q8_0", "q4_k_m"};
     for (int i = 0; i < 3; i++)
         run_model(types[i]);
-    /* the whole model again with the short path in the sessions (read at their creation) */
-    setenv("SPARK_CUDA_Q35_ATT_SHORT", "1", 1);
-    printf("SPARK_CUDA_Q35_ATT_SHORT=1:\n");
+    /* the whole model again without the defaults' short attention path and shared-expert fork
+     * (read at session creation) */
+    setenv("SPARK_CUDA_Q35_ATT_SHORT", "0", 1);
+    setenv("SPARK_CUDA_Q35_SH_FORK", "0", 1);
+    printf("SPARK_CUDA_Q35_ATT_SHORT=0 SPARK_CUDA_Q35_SH_FORK=0:\n");
     run_model("f32");
     run_model("q4_k_m");
     unsetenv("SPARK_CUDA_Q35_ATT_SHORT");
+    unsetenv("SPARK_CUDA_Q35_SH_FORK");
     check_fork("q4_k_m");
     check_fork("f32");
     /* the DeltaNet step's early reads in the whole model: generation against the CPU as above */
