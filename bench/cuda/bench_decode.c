@@ -14,7 +14,11 @@
  * they differ (-a 0 skips this second session). -e "A=1 B=2;C=3;..." times more sessions in the
  * same process, one per ';'-separated variant with those environment variables set (restored
  * after), each printed with its tok/s and whether its greedy tokens equal the first session's
- * (an A/B of run-time switches without reloading the model; exit 1 when any differ). */
+ * (an A/B of run-time switches without reloading the model; exit 1 when any differ). Where a
+ * variant's tokens differ, it also prints, at the first differing position, the default
+ * session's top-2 logit margin and the largest |logit difference| between the two sessions
+ * (both fed the same history), and that difference one position earlier: a margin below the
+ * difference is a near-tie that a rounding difference flips. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,11 +51,53 @@ static int timed(engine_cuda_session *gs, int32_t first, int depth, int n_gen, i
     return 0;
 }
 
+/* Largest |a[i] - b[i]| over n logits. */
+static double max_diff(const float *a, const float *b, int n) {
+    double d = 0;
+    for (int i = 0; i < n; i++)
+        if (fabs((double)a[i] - b[i]) > d) d = fabs((double)a[i] - b[i]);
+    return d;
+}
+
+/* The first differing position p of a variant: both sessions decode position p - 1 and p again
+ * from the default's tokens (equal before p; the token at position q is pre[q] below the depth,
+ * else ref[q - depth], and the input at q is the token at q - 1, token 0 at q = 0), and the line
+ * says the default's top-2 margin at p against the largest |logit difference| there. */
+static void differ_diag(engine_cuda_session *gs, engine_cuda_session *vs, int nv, int p,
+                        int depth, const int32_t *pre, const int32_t *ref) {
+    float *a = malloc(sizeof(float) * (size_t)nv), *b = malloc(sizeof(float) * (size_t)nv);
+    double before = -1;
+    int rc = !a || !b;
+    for (int q = p > 0 ? p - 1 : p; !rc && q <= p; q++) {
+        const int32_t in = q == 0 ? 0 : q - 1 < depth ? pre[q - 1] : ref[q - 1 - depth];
+        rc = engine_cuda_decode(gs, in, q, a, NULL) || engine_cuda_decode(vs, in, q, b, NULL);
+        if (!rc && q < p) before = max_diff(a, b, nv);
+    }
+    if (!rc) {
+        int t1 = 0, t2 = -1, v1 = 0;
+        for (int i = 1; i < nv; i++)
+            if (a[i] > a[t1]) t1 = i;
+        for (int i = 0; i < nv; i++)
+            if (i != t1 && (t2 < 0 || a[i] > a[t2])) t2 = i;
+        for (int i = 1; i < nv; i++)
+            if (b[i] > b[v1]) v1 = i;
+        const double margin = (double)a[t1] - a[t2], diff = max_diff(a, b, nv);
+        printf("  at position %d: default top-2 margin %.3g (ids %d, %d; variant's top %d), max "
+               "|logit diff| %.3g (%s); at %d: max |logit diff| %.3g\n",
+               p, margin, t1, t2, v1, diff, margin < diff ? "a near-tie" : "NOT a near-tie",
+               p - 1, before);
+    } else {
+        printf("  at position %d: no diagnosis (%s)\n", p, engine_error_last());
+    }
+    free(a);
+    free(b);
+}
+
 /* One -e variant: set its variables, time a fresh session, restore them. 1: tokens differ, 0:
  * identical, -1: error. */
-static int variant(engine_cuda_model *gm, const char *spec, int n_ctx, int32_t first, int depth,
-                   int n_gen, int reps, const int32_t *pre, const int32_t *ref, int32_t *out,
-                   double *tps) {
+static int variant(engine_cuda_model *gm, engine_cuda_session *gs, int nv_logits, const char *spec,
+                   int n_ctx, int32_t first, int depth, int n_gen, int reps, const int32_t *pre,
+                   const int32_t *ref, int32_t *out, double *tps) {
     char buf[512], *names[16], *olds[16];
     int nv = 0, rc = 0, differ = -1;
     snprintf(buf, sizeof buf, "%s", spec);
@@ -75,6 +121,10 @@ static int variant(engine_cuda_model *gm, const char *spec, int n_ctx, int32_t f
     if (!rc && timed(vs, first, depth, n_gen, reps, out, tps, &mean, &sd)) rc = -1;
     for (int i = 0; !rc && i < n_gen && differ < 0; i++)
         if (out[i] != ref[i]) differ = depth + i;
+    if (!rc && differ >= 0) {
+        printf("variant \"%s\": greedy tokens differ at position %d\n", spec, differ);
+        differ_diag(gs, vs, nv_logits, differ, depth, pre, ref);
+    }
     engine_cuda_session_free(vs);
     for (int i = 0; i < nv; i++) {
         if (olds[i])
@@ -176,7 +226,8 @@ report:;
         char vb[2048];
         snprintf(vb, sizeof vb, "%s", variants);
         for (char *save = NULL, *t = strtok_r(vb, ";", &save); t; t = strtok_r(NULL, ";", &save)) {
-            const int r = variant(gm, t, n_ctx, first, depth, n_gen, reps, pre, out, out2, tps);
+            const int r = variant(gm, gs, engine_model_n_vocab(m), t, n_ctx, first, depth, n_gen,
+                                  reps, pre, out, out2, tps);
             if (r < 0) goto fail;
             vdiffer |= r;
         }

@@ -7,7 +7,8 @@
  *   embed | per layer: qkv (RMSNorm fused) | attention (q/k norm, RoPE, KV store fused) |
  *   wo (+= residual) | router (RMSNorm fused) | gate/up + SwiGLU (routing fused) |
  *   down (+ weighted combine + residual) | head (RMSNorm fused) | sample
- * (with SPARK_CUDA_ROUTER_FUSE=1 the router's product runs in the wo launch: router_fuse.cuh)
+ * (qwen3moe: the router's product runs in the wo launch unless SPARK_CUDA_ROUTER_FUSE=0:
+ * router_fuse.cuh)
  * The token and position live in device memory (engine_cu_step), so the graph captured on the
  * first step is replayed unchanged for every later one. */
 #include <algorithm>
@@ -32,6 +33,10 @@ extern "C" {
 /* Whether sessions run the layers as one fused kernel (step.cuh) unless SPARK_CUDA_FUSED=0/1
  * says otherwise. */
 #define SPARK_CUDA_FUSED_DEFAULT 0
+/* Whether qwen3moe sessions fold the router into the wo launch (router_fuse.cuh) unless
+ * SPARK_CUDA_ROUTER_FUSE=0/1 says otherwise: +6.7% tok/s on the 12-block Qwen3-30B-A3B Q4_K_M
+ * cut (H200, 1449.1 -> 1545.6; the router launch's 4.1 us per layer on the critical path). */
+#define SPARK_CUDA_ROUTER_FUSE_DEFAULT 1
 
 typedef struct {
     const uint8_t *d; /* device: matrix 0, row 0 */
@@ -94,9 +99,10 @@ struct engine_cuda_session {
      * SPARK_CUDA_DOWN_EARLY=1 (implies route once): the up launch triggers the down kernel
      * after its wait, and the down blocks read the ids and prefetch their rows before theirs */
     int route_once, up_early, down_early;
-    /* SPARK_CUDA_ROUTER_FUSE=1 (qwen3moe, per-op launches; off by default until measured): the
-     * router's product runs in the wo launch and the residual add moves into the up and down
-     * kernels (router_fuse.cuh); the stage-6 and DOWN_ROUTE switches are then ignored */
+    /* Router fusion (qwen3moe, per-op launches; SPARK_CUDA_ROUTER_FUSE, default
+     * SPARK_CUDA_ROUTER_FUSE_DEFAULT): the router's product runs in the wo launch and the
+     * residual add moves into the up and down kernels (router_fuse.cuh). The stage-6 and
+     * DOWN_ROUTE switches change the router launch, so asking for one turns the fusion off. */
     int rf;
     /* SPARK_CUDA_ATT_SHORT (default 1, measured +9.0% tok/s on the 12-block Qwen3-30B-A3B cut,
      * H200, bit-identical tokens): the attention launch serves positions < ENGINE_CU_ATT_SPLIT
@@ -564,12 +570,11 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         e = getenv("SPARK_CUDA_DIAG_TWICE");
         s->diag_twice = e ? (unsigned)strtoul(e, NULL, 0) : 0u;
         e = getenv("SPARK_CUDA_ROUTER_FUSE");
-        s->rf = e && e[0] == '1' && !s->fused;
+        s->rf = (e ? e[0] == '1' : SPARK_CUDA_ROUTER_FUSE_DEFAULT) && !s->fused &&
+                !s->route_once && !s->down_routes;
     }
     if (s->rf && (rc = rf_prepare(cm))) goto done;
     if (s->rf && cm->rf_state != 1) s->rf = 0;
-    if (s->rf) /* the router launch these paths change is gone */
-        s->route_once = s->up_early = s->down_early = s->down_routes = 0;
     s->k_cache = (void **)calloc(hp->n_layer, sizeof(void *));
     s->v_cache = (void **)calloc(hp->n_layer, sizeof(void *));
     if (!s->k_cache || !s->v_cache) {

@@ -11,7 +11,7 @@
  * engine_cu_ffn_down: y += sum_j weight[j] * D_e h[j]: the down products of the selected
  *   experts, the weighted combine and the residual add in one kernel (a warp owns its output
  *   rows across all k experts: no atomics, deterministic).
- * With the router fusion (SPARK_CUDA_ROUTER_FUSE=1, router_fuse.cuh) the residual add of the
+ * With the router fusion (router_fuse.cuh; qwen3moe sessions by default) the residual add of the
  * attention block moves into these two kernels (x_add, y_add) and the routing scales the
  * fused launch's raw logits. */
 #ifndef SPARK_ENGINE_CUDA_MOE_CUH

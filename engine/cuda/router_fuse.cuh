@@ -1,4 +1,5 @@
-/* The MoE router folded into the wo launch (qwen3moe batch-1 decode, SPARK_CUDA_ROUTER_FUSE=1).
+/* The MoE router folded into the wo launch (qwen3moe batch-1 decode; the sessions' default,
+ * SPARK_CUDA_ROUTER_FUSE=0 turns it off).
  *
  * Unfused, a layer's attention block ends with x += Wo â (the wo launch; â the attention output
  * as the wo kernel stages it: quantised to 8 bits for quantised Wo, qdot.cuh, and used
