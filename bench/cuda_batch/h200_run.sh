@@ -6,7 +6,6 @@
 # Logs go to $OUT.
 # Usage: [TYPE=q4_k_m] [DEPTH=8192] [CHUNK_B=512] [SKIP_TEST=1] [NEXT=1]
 #        [LAYERS=N (a cut model of N blocks: per-layer timing; default the full 48)]
-#        [PIPE=1 (test_cuda_batch also runs the staged cp.async GEMM variants)]
 #        [TYPE2=q8_0 (a second model of that type, for the q2_* items)]
 #        [BENCH="pp512 pp4096 ab depth next512 next4096 p512 p4096 legacy512 legacy4096
 #                tile64_512 tile64_4096 nofuse512 pfl1_512 pipe512 pipe4096 c512_4096
@@ -42,7 +41,7 @@ stamp "built"
     fi) >$OUT/gen.log 2>&1 &
 gen=$!
 if [ -z "$SKIP_TEST" ]; then
-    SPARK_CUDA_GEMM_TEST_PIPE=${PIPE:-0} SPARK_TOKENIZER_DIR=$TOK timeout 240 \
+    SPARK_TOKENIZER_DIR=$TOK timeout 240 \
         $B/tests/engine/test_cuda_batch 2>&1 | tee $OUT/test.log
     rc=$?
     echo "test_cuda_batch rc=$rc"

@@ -498,8 +498,8 @@ struct engine_cuda_prefill {
     /* SPARK_CUDA_PREFILL_GEMM (words, for A/B runs): "legacy" the first GEMM kernels, "tile64"
      * 64-row tiles in the grouped expert GEMMs (default 32), "nofuse" q, k, v as three
      * launches and gate, up as two (default: one launch each where their types match),
-     * "pfl1" the next step's weight blocks prefetched into L1 (default L2), "pipe" the staged
-     * cp.async kernels for Q4_K / Q5_K (not yet run on a GPU) */
+     * "pfl1" the next step's weight blocks prefetched into L1 (default L2), "nopipe" the
+     * unstaged kernels for Q4_K / Q5_K (default: the staged cp.async ones, "pipe") */
     int gemm_legacy, gemm_tile_rows, gemm_nofuse, gemm_pfl1, gemm_pipe;
     cudaEvent_t *ev; /* [2 + 6 * n_layer] */
     int *ev_cat, n_ev;
@@ -740,7 +740,9 @@ int engine_cu_pf_new_view(engine_cuda_prefill **out, engine_cuda_model *cm, engi
         p->gemm_tile_rows = e && strstr(e, "tile64") ? 64 : 0;
         p->gemm_nofuse = e && strstr(e, "nofuse");
         p->gemm_pfl1 = e && strstr(e, "pfl1");
-        p->gemm_pipe = e && strstr(e, "pipe");
+        /* the staged kernels by default since session 5 (H200: pp512 of a 12-block cut 34,055
+         * -> 38,374 tok/s, the same bits: test_cuda_batch); "nopipe" the unstaged ones */
+        p->gemm_pipe = !(e && strstr(e, "nopipe"));
     }
     if (p->prof) {
         const int n_ev = 2 + 6 * (int)hp->n_layer;

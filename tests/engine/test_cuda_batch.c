@@ -13,8 +13,8 @@
  *     the kernels bit-identical to each other and to a CPU emulation of the GPU's staging).
  *     Every kernel variant: 64- and 32-row tiles, dense and grouped (a tile list over groups
  *     of 1 to 70 rows, X gathered through a permutation, two weight matrices), three matrices
- *     in one launch, and the first kernels (SPARK_CUDA_GEMM_OP; the staged cp.async kernels
- *     with SPARK_CUDA_GEMM_TEST_PIPE=1); each variant but the first kernels bit for bit equal
+ *     in one launch, the staged cp.async kernels and the first kernels (SPARK_CUDA_GEMM_OP);
+ *     each variant but the first kernels bit for bit equal
  *     to the default on the same inputs (same order per element).
  *   Prefill of a 70-token prompt (chunks of 48 tokens: two chunks, attention tiles of 32),
  *     every token's next-token logits against the CPU session's, on the generated tiny models
@@ -201,8 +201,8 @@ static void test_gemm_case(engine_type t, int rows, int cols, int m, bool norm, 
 /* Every kernel variant the op can pick (SPARK_CUDA_GEMM_OP, engine/cuda/gemm.cu): the default
  * (64-row tiles dense), 32-row tiles, grouped mode (groups of 1 to 70 rows, a permuted X, two
  * weight matrices) with its default 32-row and with 64-row tiles, three matrices in one launch
- * (dense and grouped), the L1 prefetch, the first kernels, and with SPARK_CUDA_GEMM_TEST_PIPE=1
- * the staged cp.async kernels (Q4_K / Q5_K; the others fall back to the default). */
+ * (dense and grouped), the L1 prefetch, the first kernels, and the staged cp.async kernels
+ * (Q4_K / Q5_K, the prefill's default; the others fall back to the default). */
 static void test_gemm(void) {
     const engine_type types[] = {ENGINE_TYPE_Q4_K, ENGINE_TYPE_Q5_K, ENGINE_TYPE_Q6_K,
                                  ENGINE_TYPE_Q8_0, ENGINE_TYPE_Q4_0, ENGINE_TYPE_F16,
@@ -210,12 +210,7 @@ static void test_gemm(void) {
     const char *variants[] = {"",      "tile32",        "grouped", "grouped tile64",
                               "fused", "grouped fused", "pfl1",    "legacy",
                               "pipe",  "grouped pipe",  "tile32 pipe"};
-    /* the staged (cp.async) kernels were written after the last device call: opt-in */
-    const char *e = getenv("SPARK_CUDA_GEMM_TEST_PIPE");
-    const size_t nv = e && e[0] == '1' ? 11 : 8;
-    if (nv == 8)
-        printf("note: the staged GEMM variants (pipe) not run: SPARK_CUDA_GEMM_TEST_PIPE=1 runs "
-               "them\n");
+    const size_t nv = sizeof variants / sizeof variants[0];
     for (size_t v = 0; v < nv; v++) {
         setenv("SPARK_CUDA_GEMM_OP", variants[v], 1);
         for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
