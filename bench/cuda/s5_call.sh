@@ -99,7 +99,8 @@ sa() { # NAME TIMEOUT [VAR=V...] -- ARGS ({q3} ... replaced)
         args+=("$a")
     done
     env "${envs[@]}" timeout $to $G "${args[@]}" >$L/s-$name.log 2>&1
-    echo "## sa $name rc=$? [${envs[*]}] $(grep -E "^\| .*(pp|tg)[0-9]" $L/s-$name.log | tail -2)"
+    echo "## sa $name rc=$? [${envs[*]}]"
+    grep -E "^\| " $L/s-$name.log | grep -v "^| model\|^| --\|^| -\{3\}" | tail -3
 }
 . "$1"
 wait
