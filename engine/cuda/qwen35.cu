@@ -484,6 +484,11 @@ struct engine_cuda_q35_session {
      * of after them; NULL / 0 when off. The un-captured profile keeps the single chain. */
     cudaStream_t side;
     cudaEvent_t ev_fork, ev_join;
+    int sh_fork;
+    /* SPARK_CUDA_Q35_Z_FORK=1 (read at session creation; default off): the DeltaNet blocks' z
+     * projection (only the step's last phase reads it) on the side branch, parallel to the
+     * qkv|beta|alpha projection, joined before the step */
+    int z_fork;
     /* SPARK_CUDA_Q35_DN_EARLY=1 (read at session creation; default off): the DeltaNet step reads
      * its state, ring, position and weights before its PDL wait (engine_cu_delta.early); =2: and
      * a head's column blocks add their norms through a block cluster */
@@ -685,7 +690,10 @@ extern "C" int engine_cuda_q35_session_new(engine_cuda_q35_session **out, engine
     {
         /* default on (measured 6.4 us less per block on the H200, 8-block cut) */
         const char *e = getenv("SPARK_CUDA_Q35_SH_FORK");
-        if (!(e && e[0] == '0')) {
+        s->sh_fork = !(e && e[0] == '0');
+        e = getenv("SPARK_CUDA_Q35_Z_FORK");
+        s->z_fork = e && e[0] == '1';
+        if (s->sh_fork || s->z_fork) {
             CU(cudaStreamCreateWithFlags(&s->side, cudaStreamNonBlocking));
             CU(cudaEventCreateWithFlags(&s->ev_fork, cudaEventDisableTiming));
             CU(cudaEventCreateWithFlags(&s->ev_join, cudaEventDisableTiming));
@@ -899,15 +907,25 @@ static void q35_deltanet(engine_cuda_q35_session *s, const q35_cl *ly, float eps
     const engine_cuda_q35_model *cm = s->cm;
     const q35_dims *d = &cm->d;
     cudaStream_t st = s->stream;
-    engine_cu_mat in[3] = {q35_mat(&ly->wqkv, s->big, 0), q35_mat(&ly->wz, s->z, 0),
-                           q35_mat(&ly->wba, s->ba, 0)};
+    const engine_cu_mat mz = q35_mat(&ly->wz, s->z, 0);
+    const bool zf = s->z_fork && !p; /* z on the side branch */
+    engine_cu_mat in[3] = {q35_mat(&ly->wqkv, s->big, 0), mz, q35_mat(&ly->wba, s->ba, 0)};
+    if (zf) {
+        in[1] = in[2];
+        cudaEventRecord(s->ev_fork, st);
+        cudaStreamWaitEvent(s->side, s->ev_fork, 0);
+        for (int i = 0; i < q35_diag_n(s, Q35_DIAG_DN_IN); i++)
+            q35_mv(s->side, s->x, d->E, ly->attn_norm, eps, 1, &mz);
+        cudaEventRecord(s->ev_join, s->side);
+    }
     for (int i = 0; i < q35_diag_n(s, Q35_DIAG_DN_IN); i++) {
-        q35_mv(st, s->x, d->E, ly->attn_norm, eps, 3, in);
+        q35_mv(st, s->x, d->E, ly->attn_norm, eps, zf ? 2 : 3, in);
         if (!ly->ba_fused) {
             engine_cu_mat al = q35_mat(&ly->walpha, s->ba + d->nv, 0);
             q35_mv(st, s->x, d->E, ly->attn_norm, eps, 1, &al);
         }
     }
+    if (zf) cudaStreamWaitEvent(st, s->ev_join, 0); /* the step reads z */
     q35_mark(p, 1, st);
     engine_cu_delta a = q35_delta_args(s, ly, eps);
     a.qkv = s->big;
@@ -962,7 +980,7 @@ static void q35_moe(engine_cuda_q35_session *s, const q35_cl *ly, float eps, q35
     engine_cu_ffn_up_args sh = q35_up_args(d, ly, eps, true);
     sh.x = s->x;
     sh.h = s->h + (size_t)d->k * d->F;
-    const bool fork = s->side && !p;
+    const bool fork = s->sh_fork && !p;
     if (fork) {
         cudaEventRecord(s->ev_fork, st);
         cudaStreamWaitEvent(s->side, s->ev_fork, 0);

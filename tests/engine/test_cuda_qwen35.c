@@ -25,8 +25,9 @@
  *   The defaults take the short attention path (SPARK_CUDA_Q35_ATT_SHORT: a block per query
  *   head up to 256 positions) and the shared-expert fork (SPARK_CUDA_Q35_SH_FORK); the attention
  *   op runs with =1, =64 and =0 too (same bounds) and short against split on the same inputs
- *   bit for bit (out and stored rows), the f32 / q4_k_m models again with both =0, and a =0
- *   fork session's logits and device loop bit for bit the default's.
+ *   bit for bit (out and stored rows), the f32 / q4_k_m models again with both =0; sessions
+ *   with SH_FORK=0, Z_FORK=1 (the DeltaNet z projection on a forked branch) or DN_EARLY=1|2
+ *   have the default session's logits and device loop bit for bit (check_variant).
  *   SPARK_CUDA_Q35_DN_EARLY=1|2 (the DeltaNet step's early reads; 2: the head's norm through a
  *   block cluster): the op bit for bit the default's over 12 steps, within the CPU bounds, and
  *   the f32 / q4_k_m models again with each.
@@ -525,12 +526,15 @@ out:
     unlink(path);
 }
 
-/* SPARK_CUDA_Q35_SH_FORK (default on: the shared expert's gate/up on a forked branch of the
- * captured step; =0 one chain) runs the same kernels on the same inputs: a session with =0 has
- * the default session's logits at every step and device greedy loop, bit for bit. */
-static void check_fork(const char *type) {
+/* Session switches that run the same arithmetic as the default in another launch structure:
+ * SPARK_CUDA_Q35_SH_FORK=0 (the shared expert's gate/up back in the chain instead of the
+ * default's forked graph branch), SPARK_CUDA_Q35_Z_FORK=1 (the DeltaNet z projection on a
+ * forked branch), SPARK_CUDA_Q35_DN_EARLY=1|2 (the DeltaNet step's early reads, the cluster
+ * norm): a session with VAR=VAL has the default session's logits at every step and device
+ * greedy loop, bit for bit. */
+static void check_variant(const char *type, const char *var, const char *val) {
     char path[600];
-    snprintf(path, sizeof path, "%s/qwen35-tiny-fork-%s.gguf", tmpdir, type);
+    snprintf(path, sizeof path, "%s/qwen35-tiny-var-%s.gguf", tmpdir, type);
     if (support_gen("qwen35-tiny", type, 12, path) != 0) {
         CHECK(0, "model gen qwen35-tiny %s", type);
         return;
@@ -550,10 +554,10 @@ static void check_fork(const char *type) {
     }
     const int32_t nv = engine_model_n_vocab(m);
     CHECK(engine_cuda_q35_model_new(&gm, m, 0) == 0, "cuda model");
-    for (int f = 0; f < 2 && gm; f++) { /* 0: SPARK_CUDA_Q35_SH_FORK=0, 1: the default (on) */
-        if (!f) setenv("SPARK_CUDA_Q35_SH_FORK", "0", 1);
+    for (int f = 0; f < 2 && gm; f++) { /* 0: the default, 1: var=val */
+        if (f) setenv(var, val, 1);
         CHECK(engine_cuda_q35_session_new(&gs[f], gm, N_CTX, ENGINE_KV_F16) == 0, "session %d", f);
-        unsetenv("SPARK_CUDA_Q35_SH_FORK");
+        unsetenv(var);
         l[f] = malloc(sizeof(float) * nv);
     }
     int32_t tok = 7, differ = -1;
@@ -564,14 +568,14 @@ static void check_fork(const char *type) {
         if (memcmp(l[0], l[1], sizeof(float) * nv) || next[0] != next[1]) differ = i;
         tok = i < N_PROMPT ? (int32_t)((i * 7919 + 13) % nv) : next[0];
     }
-    CHECK(differ < 0, "qwen35-tiny %s: SH_FORK=0 logits differ from the default at step %d", type,
-          differ);
+    CHECK(differ < 0, "qwen35-tiny %s: %s=%s logits differ from the default at step %d", type, var,
+          val, differ);
     for (int f = 0; f < 2 && gs[1]; f++)
         CHECK(engine_cuda_q35_generate(gs[f], 3, 0, N_GEN, 0.0f, 0, out[f]) == 0, "generate %d", f);
     if (gs[1])
-        CHECK(memcmp(out[0], out[1], sizeof out[0]) == 0, "SH_FORK=0 device loop differs");
-    printf("qwen35-tiny %-6s SPARK_CUDA_Q35_SH_FORK=0: logits of %d steps and the device loop %s\n",
-           type, N_PROMPT + N_GEN, differ < 0 ? "identical to the default (fork)" : "DIFFER");
+        CHECK(memcmp(out[0], out[1], sizeof out[0]) == 0, "%s=%s device loop differs", var, val);
+    printf("qwen35-tiny %-6s %s=%s: logits of %d steps and the device loop %s\n", type, var, val,
+           N_PROMPT + N_GEN, differ < 0 ? "identical to the default" : "DIFFER");
     for (int f = 0; f < 2; f++) {
         engine_cuda_q35_session_free(gs[f]);
         free(l[f]);
@@ -650,8 +654,14 @@ int main(void) {
     run_model("q4_k_m");
     unsetenv("SPARK_CUDA_Q35_ATT_SHORT");
     unsetenv("SPARK_CUDA_Q35_SH_FORK");
-    check_fork("q4_k_m");
-    check_fork("f32");
+    static const char *const variants[][2] = {{"SPARK_CUDA_Q35_SH_FORK", "0"},
+                                              {"SPARK_CUDA_Q35_Z_FORK", "1"},
+                                              {"SPARK_CUDA_Q35_DN_EARLY", "1"},
+                                              {"SPARK_CUDA_Q35_DN_EARLY", "2"}};
+    for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++) {
+        check_variant("q4_k_m", variants[i][0], variants[i][1]);
+        check_variant("f32", variants[i][0], variants[i][1]);
+    }
     /* the DeltaNet step's early reads in the whole model: generation against the CPU as above */
     for (int e = 1; e <= 2; e++) {
         setenv("SPARK_CUDA_Q35_DN_EARLY", e == 1 ? "1" : "2", 1);
