@@ -104,6 +104,9 @@ struct engine_cuda_session {
      * residual add moves into the up and down kernels (router_fuse.cuh). The stage-6 and
      * DOWN_ROUTE switches change the router launch, so asking for one turns the fusion off. */
     int rf;
+    /* SPARK_CUDA_UP_PF_DOWN=1 (with the fusion; off until measured): the up blocks ask L2 for
+     * the chosen experts' down rows once routed (moe.cuh pf_down) */
+    int up_pf_down;
     /* SPARK_CUDA_ATT_SHORT (default 1, measured +9.0% tok/s on the 12-block Qwen3-30B-A3B cut,
      * H200, bit-identical tokens): the attention launch serves positions < ENGINE_CU_ATT_SPLIT
      * with a block per query head (attention.cuh short_path; the same outputs bit for bit);
@@ -572,6 +575,8 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         e = getenv("SPARK_CUDA_ROUTER_FUSE");
         s->rf = (e ? e[0] == '1' : SPARK_CUDA_ROUTER_FUSE_DEFAULT) && !s->fused &&
                 !s->route_once && !s->down_routes;
+        e = getenv("SPARK_CUDA_UP_PF_DOWN");
+        s->up_pf_down = e && e[0] == '1';
     }
     if (s->rf && (rc = rf_prepare(cm))) goto done;
     if (s->rf && cm->rf_state != 1) s->rf = 0;
@@ -822,6 +827,8 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
         o->rf.x = s->x;
         o->rf.n_embd = emb;
         up->x_add = s->ao;
+        up->pf_down = s->up_pf_down ? dn->down : NULL;
+        up->pf_down_bytes = dn->expert_bytes;
         dn->y_add = s->ao;
     }
 }

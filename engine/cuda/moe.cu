@@ -43,7 +43,7 @@ void engine_cu_ffn_up(const engine_cu_ffn_up_args *a, cudaStream_t stream) {
     const dim3 grid(ffn_blocks(n_items, a->max_bps));
     const int mode = engine_cu_x_mode(a->type);
     const bool s6 = a->routed || a->stage_early;
-    if (a->x_add && a->router) { /* router fusion (not with the stage-6 paths) */
+    if (a->x_add) { /* router fusion (not with the stage-6 paths) */
         engine_cu_launch(mode == ENGINE_CU_X_Q8_K   ? ffn_up_kernel<ENGINE_CU_X_Q8_K, false, true>
                          : mode == ENGINE_CU_X_Q8_0 ? ffn_up_kernel<ENGINE_CU_X_Q8_0, false, true>
                                                     : ffn_up_kernel<ENGINE_CU_X_F32, false, true>,

@@ -273,7 +273,8 @@ extern "C" int engine_cuda_op_router_fuse(engine_type wo_type, const void *wo, s
         a.x = dx;
         a.n_embd = n_embd;
         engine_cu_rf_wo(&a, 0);
-        if ((e = cudaGetLastError()) != cudaSuccess || (e = cudaDeviceSynchronize()) != cudaSuccess ||
+        if ((e = cudaGetLastError()) != cudaSuccess ||
+            (e = cudaDeviceSynchronize()) != cudaSuccess ||
             (e = cudaMemcpy(rm, drm, b_rm, cudaMemcpyDeviceToHost)) != cudaSuccess ||
             (e = cudaMemcpy(ao, dao, f_emb, cudaMemcpyDeviceToHost)) != cudaSuccess ||
             (e = cudaMemcpy(raw, draw, f_raw, cudaMemcpyDeviceToHost)) != cudaSuccess)

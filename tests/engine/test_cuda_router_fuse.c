@@ -56,7 +56,8 @@ static void *make_w(engine_type t, int rows, int cols, float scale, size_t *rb, 
 static void run_case(engine_type wo_t, engine_type wr_t, int ne, int emb, int na) {
     const size_t ld = (size_t)emb + (size_t)na;
     size_t wo_rb, wr_rb;
-    float *wo_d = malloc(sizeof(float) * (size_t)emb * na), *wr_d = malloc(sizeof(float) * ne * emb);
+    float *wo_d = malloc(sizeof(float) * (size_t)emb * na);
+    float *wr_d = malloc(sizeof(float) * (size_t)ne * emb);
     float *x = malloc(sizeof(float) * emb), *g = malloc(sizeof(float) * emb);
     float *att = malloc(sizeof(float) * na), *xhat = malloc(sizeof(float) * na);
     float *rm = malloc(sizeof(float) * ne * ld), *ao = malloc(sizeof(float) * emb);
