@@ -1,7 +1,7 @@
 /* Batch-1 decode speed of the CUDA backend on a qwen35moe model (a benchmark, not a test).
  *
  *   bench_q35 MODEL.gguf [-n N_GEN] [-r REPS] [-d DEPTH] [-c N_CTX] [-a FUSED]... [-e VARIANTS]
- *             [-P PROMPT]
+ *             [-P PROMPT] [-M MTP_VARIANTS]
  *
  * As bench_decode.c, through the engine_cuda_q35_* calls: per repetition the device-resident
  * loop (one CUDA graph replay per token, greedy sampling on the GPU) generates N_GEN tokens
@@ -38,7 +38,13 @@
  * must equal bit for bit) and through verify passes of 5 tokens (SPARK_CUDA_MTP_PREFILL=0, the
  * path before; one timed run after the graphs are captured), in tok/s. Then the threshold: short
  * appends (6 .. 64 tokens) at position 0 of an MTP session through either path, us per append
- * (the mean of REPS after a warm-up). */
+ * (the mean of REPS after a warm-up).
+ * -M "A=1 B=2;C=3;..." (a model with an MTP block): the MTP step costs (one draft step, verify
+ * passes of m = 1..5; as above, 20 graph replays each) on a fresh MTP session per ';'-separated
+ * variant with those environment variables set (read when MTP turns on; restored after), one
+ * line each after one with the environment as it is: an A/B of SPARK_CUDA_MTP_FUSED parts or of
+ * SPARK_CUDA_MTP_DIAG_SKIP (q35_mtp_host.cuh: verify-pass ops left out, wrong results, so no
+ * greedy loop runs here). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -247,6 +253,59 @@ done:
     return rc;
 }
 
+/* One -M line: the step costs of a fresh MTP session with the variables of spec set (NULL: none)
+ * at position P = max(depth, 16). 0, or -1 on an error. */
+static int mtp_costs(engine_cuda_q35_model *gm, engine_model *m, int n_ctx, int depth,
+                     double plain_us, const char *spec) {
+    char buf[512], *names[16], *olds[16];
+    int n_set = 0, rc = -1;
+    const int32_t P = depth > 16 ? depth : 16, nv = engine_model_n_vocab(m);
+    int32_t *toks = malloc(sizeof(int32_t) * (size_t)P);
+    engine_cuda_q35_session *s = NULL;
+    double draft_us = 0, vus[ENGINE_CUDA_Q35_VMAX + 1];
+    bool was = false;
+    snprintf(buf, sizeof buf, "%s", spec ? spec : "");
+    for (char *save = NULL, *t = strtok_r(buf, " ", &save); t && n_set < 16;
+         t = strtok_r(NULL, " ", &save)) {
+        char *eq = strchr(t, '=');
+        if (!eq) continue;
+        *eq = 0;
+        const char *o = getenv(t);
+        names[n_set] = t;
+        olds[n_set] = o ? strdup(o) : NULL;
+        setenv(t, eq + 1, 1);
+        n_set++;
+    }
+    if (!toks || engine_cuda_q35_session_new(&s, gm, n_ctx, ENGINE_KV_F16) ||
+        engine_cuda_q35_mtp_enable(s, &was))
+        goto done;
+    for (int32_t i = 0; i < P; i++)
+        toks[i] = (int32_t)((i * 7919 + 13) % nv);
+    if (engine_cuda_q35_append(s, toks, P, 0, NULL, NULL) ||
+        engine_cuda_q35_spec_time(s, P, 20, &draft_us, vus))
+        goto done;
+    printf("MTP variant \"%s\": draft %.0f us; verify m 1..5:", spec ? spec : "(environment)",
+           draft_us);
+    for (int mm = 1; mm <= ENGINE_CUDA_Q35_VMAX; mm++)
+        printf(" %.0f", vus[mm]);
+    printf(" us (");
+    for (int mm = 1; mm <= ENGINE_CUDA_Q35_VMAX; mm++)
+        printf("%s%.3f", mm > 1 ? " " : "", vus[mm] / plain_us);
+    printf(" x plain)\n");
+    rc = 0;
+done:
+    free(toks);
+    engine_cuda_q35_session_free(s);
+    for (int i = 0; i < n_set; i++) {
+        if (olds[i])
+            setenv(names[i], olds[i], 1);
+        else
+            unsetenv(names[i]);
+        free(olds[i]);
+    }
+    return rc;
+}
+
 /* -P's threshold lines: us per append of ns[i] tokens at position 0 of an MTP session through the
  * prefill (mode 1) or verify passes (mode 2), the mean of reps after a warm-up. */
 static int short_way(engine_cuda_q35_model *gm, const int32_t *toks, int mode, const int32_t *ns,
@@ -329,12 +388,12 @@ done:
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: %s MODEL.gguf [-n N_GEN] [-r REPS] [-d DEPTH] [-c N_CTX] "
-                "[-a FUSED]... [-e VARIANTS] [-P PROMPT]\n", argv[0]);
+                "[-a FUSED]... [-e VARIANTS] [-P PROMPT] [-M MTP_VARIANTS]\n", argv[0]);
         return 2;
     }
     const char *path = argv[1];
     int n_gen = 128, reps = 5, depth = 0, n_ctx = 0, prompt = 0;
-    const char *alt[8], *variants = NULL;
+    const char *alt[8], *variants = NULL, *mtp_variants = NULL;
     int n_alt = 0;
     for (int i = 2; i + 1 < argc; i += 2) {
         int v = atoi(argv[i + 1]);
@@ -352,6 +411,8 @@ int main(int argc, char **argv) {
             n_ctx = v;
         else if (!strcmp(argv[i], "-P"))
             prompt = v;
+        else if (!strcmp(argv[i], "-M"))
+            mtp_variants = argv[i + 1];
         else {
             fprintf(stderr, "unknown option %s\n", argv[i]);
             return 2;
@@ -442,6 +503,13 @@ int main(int argc, char **argv) {
             if (setenv("SPARK_CUDA_MTP_FUSED", alt[i], 1) ||
                 bench_mtp(gm, m, n_ctx, depth, n_gen, 1e6 / mean, logits, alt[i], NULL, ref))
                 goto fail;
+    }
+    if (mtp_variants && engine_cuda_q35_has_mtp(gm)) {
+        char vb[2048];
+        snprintf(vb, sizeof vb, "%s", mtp_variants);
+        if (mtp_costs(gm, m, n_ctx, depth, 1e6 / mean, NULL)) goto fail;
+        for (char *save = NULL, *t = strtok_r(vb, ";", &save); t; t = strtok_r(NULL, ";", &save))
+            if (mtp_costs(gm, m, n_ctx, depth, 1e6 / mean, t)) goto fail;
     }
     if (prompt > 0 && !engine_cuda_q35_has_mtp(gm)) {
         printf("-P: the model has no MTP block\n");

@@ -51,6 +51,8 @@ struct q35_spec {
     int32_t win_p0, win_m; /* the last pass's window (win_m 0: none) */
     unsigned fused;        /* Q35M_FUSED_* parts of the verify pass in one launch for all m */
     int32_t pf_min;        /* appends of at least this many tokens go through the prefill (0: no) */
+    unsigned diag;         /* SPARK_CUDA_MTP_DIAG_SKIP: Q35M_DIAG_* ops the verify pass leaves out */
+    unsigned diag_now;     /* diag while the verify pass's main stack is being enqueued, else 0 */
     float *vssq;           /* [VMAX][nv][dv / 32]: the fused DeltaNet step's sums of squares */
     float *vpart;          /* [VMAX][nh][runners][hd + 2]: the fused attention's partials */
 };
@@ -63,12 +65,15 @@ struct q35_spec {
 #define Q35M_FUSED_ALL                                                                             \
     (Q35M_FUSED_DELTA | Q35M_FUSED_MOE | Q35M_FUSED_ATTN | Q35M_FUSED_PF | Q35M_FUSED_FEED)
 
-/* SPARK_CUDA_MTP_FUSED (read when a session first turns MTP on): unset, empty or "0": every
- * part per token as the decode step; "1" or "all": every fused part; else a comma list of
- * parts ("delta", "moe", "attn", "pf", "feed"). Unknown names are logged and ignored. */
+/* SPARK_CUDA_MTP_FUSED (read when a session first turns MTP on): unset or empty: "feed" only
+ * (bit for bit the whole block's feed, verified on the H200, and strictly less work); "0":
+ * every part per token as the decode step and the whole MTP block in the feed; "1" or "all":
+ * every fused part; else a comma list of parts ("delta", "moe", "attn", "pf", "feed"). Unknown
+ * names are logged and ignored. */
 static unsigned q35m_fused_env(void) {
     const char *e = getenv("SPARK_CUDA_MTP_FUSED");
-    if (!e || !*e || !strcmp(e, "0")) return 0;
+    if (!e || !*e) return Q35M_FUSED_FEED;
+    if (!strcmp(e, "0")) return 0;
     if (!strcmp(e, "1") || !strcmp(e, "all")) return Q35M_FUSED_ALL;
     unsigned f = 0;
     for (const char *p = e; *p;) {
@@ -91,18 +96,51 @@ static unsigned q35m_fused_env(void) {
     return f;
 }
 
-/* SPARK_CUDA_MTP_PREFILL (read when a session first turns MTP on): unset, empty or "0": every
- * append goes through verify passes; "1": appends of more than ENGINE_CU_VMAX tokens (a verify
- * pass's width) without per-token logits go through the session's prefill (q35_prefill.cu),
- * which also feeds the MTP block; N > 1: appends of at least N tokens do. */
+/* Appends of at least this many tokens (without per-token logits) go through the session's
+ * prefill by default: measured on the H200 (8-block cut of the 35B-A3B shape, bench_q35 -P), a
+ * prefill chunk costs ~4.6 ms + ~25 us per token there against ~0.55 ms per token in verify
+ * passes of 5: 8 tokens 0.81x, 12 tokens 1.17x, 16 tokens 1.40x the verify passes' speed. */
+#define Q35M_PF_MIN 12
+
+/* SPARK_CUDA_MTP_PREFILL (read when a session first turns MTP on): unset, empty or "1": appends
+ * of at least Q35M_PF_MIN tokens without per-token logits go through the session's prefill
+ * (q35_prefill.cu), which also feeds the MTP block; "0": every append goes through verify
+ * passes; N > 1: appends of at least N tokens go through the prefill. */
 static int32_t q35m_pf_min_env(void) {
     const char *e = getenv("SPARK_CUDA_MTP_PREFILL");
-    if (!e || !*e || !strcmp(e, "0")) return 0;
+    if (!e || !*e) return Q35M_PF_MIN;
+    if (!strcmp(e, "0")) return 0;
     const long v = strtol(e, NULL, 10);
     if (v > 1) return (int32_t)std::min(v, (long)INT32_MAX);
     if (v != 1)
         engine_log(ENGINE_LOG_INFO, "cuda: SPARK_CUDA_MTP_PREFILL=%s: not a number, taken as 1", e);
-    return ENGINE_CU_VMAX + 1;
+    return Q35M_PF_MIN;
+}
+
+/* Diagnosis only (wrong results): SPARK_CUDA_MTP_DIAG_SKIP, read when a session first turns MTP
+ * on, a bit mask of the verify pass's launch kinds left out of its graphs, so that an A/B of the
+ * verify timing (bench_q35 -M "SPARK_CUDA_MTP_DIAG_SKIP=4") gives each kind's cost on the
+ * graph's critical path. The draft step ignores it. */
+enum {
+    Q35M_DIAG_EMBED = 1,     /* the m tokens' embeddings */
+    Q35M_DIAG_DN_IN = 2,     /* DeltaNet in-projections qkv|z|beta|alpha */
+    Q35M_DIAG_DN_STEP = 4,   /* DeltaNet steps (per token, or the fused launch) */
+    Q35M_DIAG_DN_OUT = 8,    /* DeltaNet out_proj */
+    Q35M_DIAG_AT_QKV = 16,   /* attention [q|gate], k, v */
+    Q35M_DIAG_AT = 32,       /* gated attention (per query, or fused + merge) */
+    Q35M_DIAG_AT_O = 64,     /* attention o_proj */
+    Q35M_DIAG_ROUTER = 128,  /* router + shared-expert gate logit */
+    Q35M_DIAG_UP = 256,      /* MoE gate/up, routed and shared */
+    Q35M_DIAG_DOWN = 512,    /* MoE down (+ the shared gate's launch) */
+    Q35M_DIAG_HEAD = 1024,   /* the head over the m tokens */
+    Q35M_DIAG_ARGMAX = 2048, /* argmax of each row + the final norm into hbuf */
+    Q35M_DIAG_FEED = 4096,   /* the MTP feed */
+    Q35M_DIAG_RING = 8192,   /* the fused DeltaNet's ring commit */
+};
+
+/* Whether the verify pass being enqueued runs ops of diagnosis kind `bit`. */
+static bool q35m_run(const q35_spec *sp, unsigned bit) {
+    return !(sp->diag_now & bit);
 }
 
 /* Floats of one query's partials in the fused attention. */
@@ -288,6 +326,10 @@ extern "C" int engine_cuda_q35_mtp_enable(engine_cuda_q35_session *s, bool *was_
         sp->ctl = (engine_cu_spec_ctl *)q35m_alloc(sp, sizeof(engine_cu_spec_ctl), &rc);
         sp->fused = q35m_fused_env();
         sp->pf_min = q35m_pf_min_env();
+        {
+            const char *e = getenv("SPARK_CUDA_MTP_DIAG_SKIP");
+            sp->diag = e ? (unsigned)strtoul(e, NULL, 0) : 0u;
+        }
         if (sp->fused & Q35M_FUSED_DELTA)
             sp->vssq = (float *)q35m_alloc(sp, f * V * d->nv * (size_t)(d->dv / 32), &rc);
         if (sp->fused & Q35M_FUSED_ATTN)
@@ -304,9 +346,9 @@ extern "C" int engine_cuda_q35_mtp_enable(engine_cuda_q35_session *s, bool *was_
         engine_log(ENGINE_LOG_INFO,
                    "cuda: MTP on (qwen35moe): block KV %.1f MiB, per-token states of a verify "
                    "pass %.1f MiB, fused parts 0x%x, prompts of >= %d tokens through the "
-                   "prefill (0: none)",
+                   "prefill (0: none), diagnosis skip 0x%x",
                    2.0 * (double)((size_t)s->n_ctx * kvd * elt) / 1048576.0,
-                   (double)(f * V * s->snap_stride) / 1048576.0, sp->fused, sp->pf_min);
+                   (double)(f * V * s->snap_stride) / 1048576.0, sp->fused, sp->pf_min, sp->diag);
     }
 done:
     if (rc) q35m_free(s);
@@ -357,13 +399,14 @@ static void q35m_deltanet(engine_cuda_q35_session *s, const q35_cl *ly, float ep
     q35m_add(&in, &ly->wqkv, sp->big, sp->sbig, 0);
     q35m_add(&in, &ly->wz, sp->z, sp->sz, 0);
     q35m_add(&in, &ly->wba, sp->ba, sp->sba, 0);
-    q35m_vmatvec(sp, &in, st);
-    if (!ly->ba_fused) {
+    if (q35m_run(sp, Q35M_DIAG_DN_IN)) q35m_vmatvec(sp, &in, st);
+    if (!ly->ba_fused && q35m_run(sp, Q35M_DIAG_DN_IN)) {
         engine_cu_vmv al = q35m_vmv(sp->X, E, d->E, ly->attn_norm, eps, ps->m);
         q35m_add(&al, &ly->walpha, sp->ba + d->nv, sp->sba, 0);
         q35m_vmatvec(sp, &al, st);
     }
-    if (sp->fused & Q35M_FUSED_DELTA) { /* verify passes only: consecutive positions */
+    const bool step = q35m_run(sp, Q35M_DIAG_DN_STEP);
+    if (step && (sp->fused & Q35M_FUSED_DELTA)) { /* verify passes only: consecutive positions */
         engine_cu_vdelta a;
         a.d = q35_delta_args(s, ly, eps);
         a.d.qkv = sp->big;
@@ -386,7 +429,7 @@ static void q35m_deltanet(engine_cuda_q35_session *s, const q35_cl *ly, float ep
         a.ssq = sp->vssq;
         engine_cu_vdelta_step(&a, st);
     }
-    for (int t = 0; t < ps->m && !(sp->fused & Q35M_FUSED_DELTA); t++) {
+    for (int t = 0; step && t < ps->m && !(sp->fused & Q35M_FUSED_DELTA); t++) {
         engine_cu_delta a = q35_delta_args(s, ly, eps);
         a.qkv = sp->big + (size_t)t * sp->sbig;
         a.z = sp->z + (size_t)t * sp->sz;
@@ -405,7 +448,7 @@ static void q35m_deltanet(engine_cuda_q35_session *s, const q35_cl *ly, float ep
     }
     engine_cu_vmv o = q35m_vmv(sp->att, sp->satt, d->di, NULL, 0.0f, ps->m);
     q35m_add(&o, &ly->wout, sp->X, E, 1);
-    q35m_vmatvec(sp, &o, st);
+    if (q35m_run(sp, Q35M_DIAG_DN_OUT)) q35m_vmatvec(sp, &o, st);
 }
 
 static void q35m_attention(engine_cuda_q35_session *s, const q35_cl *ly, float eps,
@@ -418,8 +461,9 @@ static void q35m_attention(engine_cuda_q35_session *s, const q35_cl *ly, float e
     q35m_add(&in, &ly->wq, sp->big, sp->sbig, 0);
     q35m_add(&in, &ly->wk, sp->k, sp->skv, 0);
     q35m_add(&in, &ly->wv, sp->v, sp->skv, 0);
-    q35m_vmatvec(sp, &in, st);
-    if (sp->fused & Q35M_FUSED_ATTN) {
+    if (q35m_run(sp, Q35M_DIAG_AT_QKV)) q35m_vmatvec(sp, &in, st);
+    const bool att = q35m_run(sp, Q35M_DIAG_AT);
+    if (att && (sp->fused & Q35M_FUSED_ATTN)) {
         engine_cu_vgatt a;
         a.a = q35_gatt_args(s, ly, eps, kc, vc);
         a.a.qg = sp->big;
@@ -437,7 +481,7 @@ static void q35m_attention(engine_cuda_q35_session *s, const q35_cl *ly, float e
         a.partial = sp->vpart;
         engine_cu_vgatt_run(&a, st);
     }
-    for (int t = 0; t < ps->m && !(sp->fused & Q35M_FUSED_ATTN); t++) {
+    for (int t = 0; att && t < ps->m && !(sp->fused & Q35M_FUSED_ATTN); t++) {
         /* causal: token t's KV row is stored before t + 1 reads */
         engine_cu_gatt a = q35_gatt_args(s, ly, eps, kc, vc);
         a.qg = sp->big + (size_t)t * sp->sbig;
@@ -449,7 +493,7 @@ static void q35m_attention(engine_cuda_q35_session *s, const q35_cl *ly, float e
     }
     engine_cu_vmv o = q35m_vmv(sp->att, sp->satt, d->nh * d->hd, NULL, 0.0f, ps->m);
     q35m_add(&o, &ly->wo, sp->X, E, 1);
-    q35m_vmatvec(sp, &o, st);
+    if (q35m_run(sp, Q35M_DIAG_AT_O)) q35m_vmatvec(sp, &o, st);
 }
 
 /* The verify pass's MoE up arguments (routed, shared) and down arguments (routed, and the
@@ -508,16 +552,16 @@ static bool q35m_moe_all(engine_cuda_q35_session *s, const q35_cl *ly, float eps
         engine_cu_vffn_all_smem(dn.type, dn.k * dn.cols, m) > lim ||
         (!ly->down_merged && engine_cu_vffn_all_smem(dsh.type, dsh.cols, m) > lim))
         return false;
-    if (engine_cu_x_mode(sh.type) == engine_cu_x_mode(up.type)) {
-        engine_cu_vffn_up_all(&up, &sh, m, (size_t)d->X, E, sp->sh, sp->sw, st);
-    } else {
-        engine_cu_vffn_up_all(&up, NULL, m, (size_t)d->X, E, sp->sh, sp->sw, st);
+    const bool same = engine_cu_x_mode(sh.type) == engine_cu_x_mode(up.type);
+    if (q35m_run(sp, Q35M_DIAG_UP))
+        engine_cu_vffn_up_all(&up, same ? &sh : NULL, m, (size_t)d->X, E, sp->sh, sp->sw, st);
+    if (q35m_run(sp, Q35M_DIAG_UP) && !same)
         engine_cu_vffn_up_all(&sh, NULL, m, 0, E, sp->sh, 0, st);
-    }
     if (ly->down_merged) { /* slot k: the shared expert, stored as expert X */
         dn.sh_logit = sp->shl;
         dn.sh_id = d->X;
     }
+    if (!q35m_run(sp, Q35M_DIAG_DOWN)) return true;
     engine_cu_vffn_down_all(&dn, m, sp->sh, sp->sw, E, 1, st);
     if (!ly->down_merged) {
         dsh.ids = NULL;
@@ -537,13 +581,16 @@ static void q35m_moe(engine_cuda_q35_session *s, const q35_cl *ly, float eps, in
     engine_cu_vmv r = q35m_vmv(sp->X, E, d->E, ly->post_norm, eps, m);
     q35m_add(&r, &ly->router, sp->router, (size_t)d->X, 0);
     q35m_add(&r, &ly->shg, sp->shl, 1, 0);
-    q35m_vmatvec(sp, &r, st);
+    if (q35m_run(sp, Q35M_DIAG_ROUTER)) q35m_vmatvec(sp, &r, st);
     if (q35m_moe_all(s, ly, eps, m)) return;
     engine_cu_ffn_up_args up, sh;
     engine_cu_ffn_down_args dn, dsh;
     q35m_ffn_args(s, ly, eps, &up, &sh, &dn, &dsh);
-    engine_cu_vffn_up(&up, m, (size_t)d->X, E, sp->sh, sp->sw, st);
-    engine_cu_vffn_up(&sh, m, 0, E, sp->sh, 0, st);
+    if (q35m_run(sp, Q35M_DIAG_UP)) {
+        engine_cu_vffn_up(&up, m, (size_t)d->X, E, sp->sh, sp->sw, st);
+        engine_cu_vffn_up(&sh, m, 0, E, sp->sh, 0, st);
+    }
+    if (!q35m_run(sp, Q35M_DIAG_DOWN)) return;
     engine_cu_vshgate(sp->shl, sp->wts + d->k, sp->ids + d->k, sp->sw,
                       ly->down_merged ? d->X : 0, m, st);
     engine_cu_vffn_down(&dn, m, sp->sh, sp->sw, E, st);
@@ -629,7 +676,8 @@ static void q35m_enqueue_verify(engine_cuda_q35_session *s, int m) {
     const float eps = cm->m->hp.rms_norm_eps;
     const size_t E = (size_t)d->E;
     const q35m_pass ps = {m, &sp->vstep[0].pos, sizeof(engine_cu_step) / sizeof(int32_t)};
-    for (int t = 0; t < m; t++)
+    sp->diag_now = sp->diag;
+    for (int t = 0; t < m && q35m_run(sp, Q35M_DIAG_EMBED); t++)
         engine_cu_embed(cm->tok_embd.d, cm->tok_embd.row_bytes, cm->tok_embd.type, d->E,
                         sp->vstep + t, sp->X + (size_t)t * E, st);
     for (int l = 0; l < d->n_layer; l++) {
@@ -640,17 +688,21 @@ static void q35m_enqueue_verify(engine_cuda_q35_session *s, int m) {
             q35m_deltanet(s, ly, eps, &ps);
         q35m_moe(s, ly, eps, m);
     }
-    if ((sp->fused & Q35M_FUSED_DELTA) && cm->n_lin > 0) /* the rings after the last token */
+    if ((sp->fused & Q35M_FUSED_DELTA) && cm->n_lin > 0 && q35m_run(sp, Q35M_DIAG_RING))
         engine_cu_vring_commit(sp->vsnap, s->snap_stride, s->ring, s->ring_per * (size_t)cm->n_lin,
-                               &sp->vstep[m - 1].pos, ENGINE_CU_VMAX, st);
+                               &sp->vstep[m - 1].pos, ENGINE_CU_VMAX, st); /* the rings after it */
     engine_cu_vmv hd = q35m_vmv(sp->X, E, d->E, cm->output_norm, eps, m);
     q35m_add(&hd, &cm->output, sp->logits, (size_t)d->V, 0);
-    q35m_vmatvec(sp, &hd, st);
-    engine_cu_vargmax(sp->logits, d->V, m, sp->ascr, sp->y, st);
-    engine_cu_vrmsnorm(sp->X, E, cm->output_norm, eps, d->E, m, sp->hbuf + E, E, st);
-    if (sp->fused & Q35M_FUSED_FEED)
+    if (q35m_run(sp, Q35M_DIAG_HEAD)) q35m_vmatvec(sp, &hd, st);
+    if (q35m_run(sp, Q35M_DIAG_ARGMAX)) {
+        engine_cu_vargmax(sp->logits, d->V, m, sp->ascr, sp->y, st);
+        engine_cu_vrmsnorm(sp->X, E, cm->output_norm, eps, d->E, m, sp->hbuf + E, E, st);
+    }
+    const bool feed = q35m_run(sp, Q35M_DIAG_FEED);
+    sp->diag_now = 0; /* the feed's block (q35m_attention / q35m_moe) runs whole */
+    if (feed && (sp->fused & Q35M_FUSED_FEED))
         q35m_mtp_feed(s, m, sp->vstep, sp->hbuf, sp->ctl->mpos, 1);
-    else
+    else if (feed)
         q35m_mtp_block(s, m, sp->vstep, sp->hbuf, sp->ctl->mpos, 1);
 }
 

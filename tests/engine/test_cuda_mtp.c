@@ -35,14 +35,15 @@
  *              reproduces plain greedy decoding (engine_cuda_q35_generate)
  *   sampling   engine_generate at temperature 1 with mtp_draft 2 runs to max_tokens and a seed
  *              repeats (the distribution test is the CPU's, test_mtp: the same spec.c loop)
- *   prefill    SPARK_CUDA_MTP_PREFILL=1: prompts of 23 and 300 tokens of an MTP session through
- *              its prefill (64-token chunks: the pending hidden state crosses 4 chunk borders)
+ *   prefill    SPARK_CUDA_MTP_PREFILL=6 (appends of >= 6 tokens; the default is 12): prompts of
+ *              23 and 300 tokens of an MTP session through its prefill (64-token chunks: the
+ *              pending hidden state crosses 4 chunk borders)
  *              which also feeds the MTP block: (a) the last logits equal, bit for bit, those of
  *              the same prefill on a plain session (the feed leaves the main pass alone); (b)
  *              against a session fed by verify passes: the last logits, the MTP KV rows 0..n-2
- *              and the draft logits of steps 0..3 within 5e-4 (1 + max |ref|) (f32: the prefill
- *              against the decode step's arithmetic, summation order only, the bound of
- *              test_cuda_q35_prefill), quantised cosine >= 0.97 (logits, KV) / 0.9 (drafts: the
+ *              and the draft logits of steps 0..3 within 5e-5 (1 + max |ref|) (f32: the prefill
+ *              against the decode step's arithmetic, summation order only; measured <= 4.4e-6
+ *              on the H200), quantised cosine >= 0.97 (logits, KV) / 0.9 (drafts: the
  *              draft check's floor); (c) the device greedy loop k 1..4 after the prefilled
  *              prompt emits exactly the plain session's greedy tokens (prefill + decode steps:
  *              the verify passes equal the decode step bit for bit); (d) truncation into the
@@ -52,8 +53,8 @@
  *              the bounds of (b) of the first pass's, and (f32) the greedy loop's tokens
  *              identical (quantised: printed; a near-tied expert may swap after the recompute's
  *              rounding, as test_cuda_q35_prefill's rollback bound says); engine_generate
- *              (check_api, below) runs with the switch on, its plain reference through the
- *              same prefill
+ *              (check_api, below) runs with SPARK_CUDA_MTP_PREFILL=1 (the default threshold),
+ *              its plain reference through the same prefill
  * Exits 77 (skip) with the reason when no GPU is usable or the build has no CUDA backend. */
 #include <math.h>
 #include <stdio.h>
@@ -268,7 +269,7 @@ static void check_prefill(engine_model *m, engine_cuda_q35_model *gm, const char
     int32_t toks[L], hold[L + N_GEN + 8], pout[N_GEN + 8], fout[N_GEN + 8], ref[N_GEN + 8];
     engine_cuda_q35_session *a = NULL, *b = NULL, *c = NULL;
     engine_cuda_q35_prefill *pfa = NULL, *pfc = NULL;
-    char *old = pf_set("1");
+    char *old = pf_set("6");
     float *la = malloc(sizeof(float) * V), *lb = malloc(sizeof(float) * V);
     float *lc = malloc(sizeof(float) * V), *da = malloc(sizeof(float) * V);
     float *db = malloc(sizeof(float) * V);
@@ -299,18 +300,18 @@ static void check_prefill(engine_model *m, engine_cuda_q35_model *gm, const char
         CHECK(engine_cuda_q35_mtp_kv_get(a, n - 1, ka, va) == 0, "kv");
         CHECK(engine_cuda_q35_mtp_kv_get(b, n - 1, kb, vb) == 0, "kv");
         snprintf(what, sizeof what, "%s prompt %d logits, prefill vs verify passes", type, n);
-        const double rl = within(lb, la, V, exact, 5e-4, 0.97, what);
+        const double rl = within(lb, la, V, exact, 5e-5, 0.97, what);
         snprintf(what, sizeof what, "%s prompt %d MTP K rows", type, n);
-        const double rk = within(kb, ka, (size_t)(n - 1) * kvd, exact, 5e-4, 0.97, what);
+        const double rk = within(kb, ka, (size_t)(n - 1) * kvd, exact, 5e-5, 0.97, what);
         snprintf(what, sizeof what, "%s prompt %d MTP V rows", type, n);
-        const double rv = within(vb, va, (size_t)(n - 1) * kvd, exact, 5e-4, 0.97, what);
+        const double rv = within(vb, va, (size_t)(n - 1) * kvd, exact, 5e-5, 0.97, what);
         double rd = exact ? 0 : 1;
         int32_t tok = support_argmax(lb, nv);
         for (int i = 0; i < 4; i++) {
             CHECK(engine_cuda_q35_mtp_step(a, i, tok, n, da) == 0, "draft %d", i);
             CHECK(engine_cuda_q35_mtp_step(b, i, tok, n, db) == 0, "draft %d", i);
             snprintf(what, sizeof what, "%s prompt %d draft step %d", type, n, i);
-            const double r = within(db, da, V, exact, 5e-4, 0.9, what);
+            const double r = within(db, da, V, exact, 5e-5, 0.9, what);
             rd = exact ? fmax(rd, r) : fmin(rd, r);
             tok = support_argmax(db, nv);
         }
@@ -359,9 +360,9 @@ static void check_prefill(engine_model *m, engine_cuda_q35_model *gm, const char
             CHECK(engine_cuda_q35_append(a, toks + t, L - t, t, NULL, lb) == 0, "re-append %d", t);
             CHECK(engine_cuda_q35_mtp_step(a, 0, x, L, db) == 0, "draft");
             snprintf(what, sizeof what, "%s truncation to %d, logits after the prompt", type, t);
-            const double rl = within(la, lb, V, exact, 5e-4, 0.97, what);
+            const double rl = within(la, lb, V, exact, 5e-5, 0.97, what);
             snprintf(what, sizeof what, "%s truncation to %d, draft step 0", type, t);
-            const double rd = within(da, db, V, exact, 5e-4, 0.9, what);
+            const double rd = within(da, db, V, exact, 5e-5, 0.9, what);
             CHECK(engine_cuda_q35_spec_generate(a, x, L, N_GEN, KD, fout, &n_out, &n_pos, &steps,
                                                 &acc) == 0, "device loop");
             const bool same = n_out >= N_GEN && !memcmp(fout, ref, sizeof(int32_t) * N_GEN);
