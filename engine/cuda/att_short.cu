@@ -7,24 +7,30 @@
 #include "attention_dev.cuh"
 
 /* EARLY: short_path 2 (the first K rows and V chunk copied into shared memory before the wait).
- * HD 256 may take more than 128 registers (one block per multiprocessor; else it spills). */
+ * HD 256 and EARLY may take more than 128 registers (one block per multiprocessor; else they
+ * spill). */
 template <int HD, bool EARLY>
-__global__ void __launch_bounds__(ATT_THREADS, HD > 128 ? 1 : 2) att_flat_kernel(engine_cu_att a) {
+__global__ void __launch_bounds__(ATT_THREADS, HD > 128 || EARLY ? 1 : 2)
+    att_flat_kernel(engine_cu_att a) {
     extern __shared__ __align__(16) float att_smem[];
     engine_cu_pdl_launch();
     /* the position is set before the step's graph runs (no kernel of the step writes it) */
     const int pos = *a.pos;
-    if (pos < ENGINE_CU_ATT_SPLIT) {
-        /* blocks past the heads end before any wait (a block that ends counts as having
-         * triggered its dependents; all have, at engine_cu_pdl_launch above) */
-        if ((int)blockIdx.x >= a.n_head) return;
+    const int n_act = (pos + ENGINE_CU_ATT_SPLIT) / ENGINE_CU_ATT_SPLIT;
+    const int max_splits = (a.n_ctx + ENGINE_CU_ATT_SPLIT - 1) / ENGINE_CU_ATT_SPLIT;
+    if (n_act == 1 || n_act <= a.long_splits) { /* a block per (query head, split) */
+        /* blocks past them end before any wait (a block that ends counts as having triggered
+         * its dependents; all have, at engine_cu_pdl_launch above) */
+        if ((int)blockIdx.x >= a.n_head * n_act) return;
+        const int s = blockIdx.x / a.n_head, h = blockIdx.x - s * a.n_head;
         if (a.kv_f32)
-            att_short_block<HD, true, EARLY>(a, blockIdx.x, pos, att_smem, engine_cu_pdl_sync{});
+            att_short_block<HD, true, EARLY>(a, h, s, pos, max_splits, att_smem,
+                                             engine_cu_pdl_sync{});
         else
-            att_short_block<HD, false, EARLY>(a, blockIdx.x, pos, att_smem, engine_cu_pdl_sync{});
+            att_short_block<HD, false, EARLY>(a, h, s, pos, max_splits, att_smem,
+                                              engine_cu_pdl_sync{});
         return;
     }
-    const int max_splits = (a.n_ctx + ENGINE_CU_ATT_SPLIT - 1) / ENGINE_CU_ATT_SPLIT;
     const int s = blockIdx.x / a.n_kv;
     if (s >= max_splits) return;
     att_block<HD>(a, blockIdx.x - s * a.n_kv, s, max_splits, att_smem, engine_cu_pdl_sync());
@@ -32,8 +38,11 @@ __global__ void __launch_bounds__(ATT_THREADS, HD > 128 ? 1 : 2) att_flat_kernel
 
 template <int HD> static void att_flat_launch(const engine_cu_att *a, cudaStream_t stream) {
     const int max_splits = engine_cu_att_max_splits(a->n_ctx);
-    const dim3 grid(
-        (unsigned)(a->n_head > a->n_kv * max_splits ? a->n_head : a->n_kv * max_splits));
+    const int ls = a->long_splits < 1            ? 1
+                   : a->long_splits < max_splits ? a->long_splits
+                                                 : max_splits;
+    const int nb = a->n_head * ls; /* the per-head blocks of the longest per-head position */
+    const dim3 grid((unsigned)(nb > a->n_kv * max_splits ? nb : a->n_kv * max_splits));
     size_t smem = att_smem_bytes(a->n_head / a->n_kv, a->hd);
     const size_t ss = att_short_smem_bytes(a->hd, a->kv_f32, a->short_path == 2);
     if (ss > smem) smem = ss;

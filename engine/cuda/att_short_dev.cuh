@@ -70,8 +70,8 @@ __device__ __forceinline__ void att_cp_async16(void *dst, const void *src) {
  * att_short_smem_bytes(HD, F32, EARLY) of dynamic shared memory (16-byte aligned); sync.wait()
  * before the inputs are read (every thread calls it). */
 template <int HD, bool F32, bool EARLY, typename S>
-__device__ __forceinline__ void att_short_block(const engine_cu_att &a, int h, int pos,
-                                                float *att_smem, const S &sync) {
+__device__ __forceinline__ void att_short_block(const engine_cu_att &a, int h, int s, int pos,
+                                                int max_splits, float *att_smem, const S &sync) {
     constexpr int DPL = HD / 32;         /* V dimensions per lane */
     constexpr int NI = HD / 8 / ATT_TPP; /* groups of 8 values per thread in the score loop */
     constexpr int PP = att_short_pp(HD);
@@ -82,19 +82,24 @@ __device__ __forceinline__ void att_short_block(const engine_cu_att &a, int h, i
     constexpr int VU = att_short_vu(HD);
     constexpr int KRS = att_short_krs(HD, F32), CH = HD * (F32 ? 4 : 2) / 16;
     constexpr size_t elt = F32 ? 4 : 2;
-    const int G = a.n_head / a.n_kv, kvh = h / G, g = h - kvh * G, n_pos = pos + 1;
+    const int G = a.n_head / a.n_kv, kvh = h / G, g = h - kvh * G;
+    const int n_act = (pos + ENGINE_CU_ATT_SPLIT) / ENGINE_CU_ATT_SPLIT;
+    const int p_begin = s * ENGINE_CU_ATT_SPLIT, np = min(ENGINE_CU_ATT_SPLIT, pos + 1 - p_begin);
+    const bool last = s == n_act - 1;   /* the split holding row pos */
+    const int nl = last ? np - 1 : np;  /* this split's rows to read from the cache */
     const size_t kv_dim = (size_t)a.n_kv * HD, col = (size_t)kvh * HD;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int part = threadIdx.x & (ATT_TPP - 1);
-    const uintptr_t kc = (uintptr_t)a.k_cache + col * elt;
-    const uint8_t *vc = (const uint8_t *)a.v_cache + col * elt;
-    const int nk = (pos - w + ATT_WARPS - 1) / ATT_WARPS; /* this warp's positions < pos */
+    const size_t off0 = ((size_t)p_begin * kv_dim + col) * elt; /* the split's first row */
+    const uintptr_t kc = (uintptr_t)a.k_cache + off0;
+    const uint8_t *vc = (const uint8_t *)a.v_cache + off0;
+    const int nk = (nl - w + ATT_WARPS - 1) / ATT_WARPS; /* this warp's rows < nl */
     float *sq = att_smem, *sc = sq + HD, *so = sc + ENGINE_CU_ATT_SPLIT;
     uint8_t *skr = (uint8_t *)(so + ATT_WARPS * HD), *svr = skr + sizeof(float) * HD;
     uint8_t *sk0 = svr + sizeof(float) * HD;      /* EARLY: [PP * PSTEP][KRS] */
     uint8_t *sv0 = sk0 + (size_t)PP * PSTEP * KRS; /* EARLY: [ATT_WARPS][VU][HD * elt] */
     if (EARLY) {
-        const int nr = min(pos, PP * PSTEP);
+        const int nr = min(nl, PP * PSTEP);
         for (int c = threadIdx.x; c < nr * CH; c += ATT_THREADS) {
             const int r = c / CH, q = c - r * CH;
             att_cp_async16(sk0 + (size_t)r * KRS + 16 * q,
@@ -108,12 +113,11 @@ __device__ __forceinline__ void att_short_block(const engine_cu_att &a, int h, i
         }
         asm volatile("cp.async.commit_group;" ::: "memory");
     }
-    { /* the group's final rows (before the position) to L2, a share per block */
+    { /* the split's final rows (before the position) to L2, a share per block of the group */
         const int p = g + G * (int)threadIdx.x;
-        if (p < pos) {
-            const size_t off = ((size_t)p * kv_dim + col) * elt;
-            engine_cu_prefetch_rows((const uint8_t *)a.k_cache + off, HD * elt);
-            engine_cu_prefetch_rows((const uint8_t *)a.v_cache + off, HD * elt);
+        if (p < nl) {
+            engine_cu_prefetch_rows((const uint8_t *)kc + (size_t)p * kv_dim * elt, HD * elt);
+            engine_cu_prefetch_rows(vc + (size_t)p * kv_dim * elt, HD * elt);
         }
     }
     sync.wait();
@@ -125,7 +129,7 @@ __device__ __forceinline__ void att_short_block(const engine_cu_att &a, int h, i
 #pragma unroll
         for (int t = 0; t < DPL; t++)
             sq[lane + 32 * t] = v[t];
-    } else if (w == 1) {
+    } else if (w == 1 && last) {
         float v[DPL];
         norm_rope_warp<HD>(a.k + col, a.k_norm, rope, a.eps, v);
         const size_t o = (size_t)pos * kv_dim + col;
@@ -159,13 +163,13 @@ __device__ __forceinline__ void att_short_block(const engine_cu_att &a, int h, i
      * first, so that the choice is a select, not a branch between the loads); the dot product
      * written as att_block writes it */
     const float scale = 1.0f / sqrtf((float)HD);
-    for (int jb = 0; jb < n_pos; jb += PP * PSTEP) { /* uniform over the block */
+    for (int jb = 0; jb < np; jb += PP * PSTEP) { /* uniform over the block */
         float kk[PP][NI][8];
         if (EARLY && jb == 0) { /* the staged rows */
 #pragma unroll
             for (int u = 0; u < PP; u++) {
                 const int j = u * PSTEP + (int)threadIdx.x / ATT_TPP;
-                const uint8_t *row = j < pos ? sk0 + (size_t)j * KRS : skr;
+                const uint8_t *row = j < nl ? sk0 + (size_t)j * KRS : skr;
 #pragma unroll
                 for (int ii = 0; ii < NI; ii++)
                     kv_load8(row, F32, 8 * (part + ATT_TPP * ii), kk[u][ii]);
@@ -175,7 +179,7 @@ __device__ __forceinline__ void att_short_block(const engine_cu_att &a, int h, i
             for (int u = 0; u < PP; u++) {
                 const int j = jb + u * PSTEP + (int)threadIdx.x / ATT_TPP;
                 const uintptr_t rg = kc + (uintptr_t)j * kv_dim * elt;
-                const void *row = (const void *)(j < pos ? rg : (uintptr_t)skr);
+                const void *row = (const void *)(j < nl ? rg : (uintptr_t)skr);
 #pragma unroll
                 for (int ii = 0; ii < NI; ii++)
                     kv_load8(row, F32, 8 * (part + ATT_TPP * ii), kk[u][ii]);
@@ -196,7 +200,7 @@ __device__ __forceinline__ void att_short_block(const engine_cu_att &a, int h, i
 #pragma unroll
             for (int o = 1; o < ATT_TPP; o <<= 1)
                 d += __shfl_xor_sync(0xffffffffu, d, o);
-            if (part == 0 && j < n_pos) sc[j] = d * scale;
+            if (part == 0 && j < np) sc[j] = d * scale;
         }
     }
     __syncthreads();
@@ -207,15 +211,15 @@ __device__ __forceinline__ void att_short_block(const engine_cu_att &a, int h, i
     float mx = -INFINITY;
 #pragma unroll
     for (int i = 0; i < NJ; i++)
-        if (lane + 32 * i < n_pos) mx = fmaxf(mx, sc[lane + 32 * i]);
+        if (lane + 32 * i < np) mx = fmaxf(mx, sc[lane + 32 * i]);
     mx = engine_cu_warp_max(mx);
     float sum = 0.0f;
 #pragma unroll
     for (int i = 0; i < NJ; i++)
-        if (lane + 32 * i < n_pos) sum += expf(sc[lane + 32 * i] - mx);
+        if (lane + 32 * i < np) sum += expf(sc[lane + 32 * i] - mx);
     sum = engine_cu_warp_sum(sum);
     const int jo = w + ATT_WARPS * lane; /* < ATT_WARPS * 32 = ENGINE_CU_ATT_SPLIT */
-    const float e = jo < n_pos ? expf(sc[jo] - mx) : 0.0f;
+    const float e = jo < np ? expf(sc[jo] - mx) : 0.0f;
 
     /* V: lane over dimensions lane * DPL .., warp over positions w, w + ATT_WARPS, ... */
     float acc[DPL];
@@ -244,10 +248,10 @@ __device__ __forceinline__ void att_short_block(const engine_cu_att &a, int h, i
                     acc[t] += pj * vv[u][t];
         }
     }
-    if ((pos & (ATT_WARPS - 1)) == w) { /* row pos, the last of this warp's positions */
+    if (last && (nl & (ATT_WARPS - 1)) == w) { /* row pos, the last of this warp's positions */
         float vv[DPL];
         kv_loadn<DPL>(svr, F32, (size_t)lane * DPL, vv);
-        const float pj = __shfl_sync(0xffffffffu, e, pos / ATT_WARPS);
+        const float pj = __shfl_sync(0xffffffffu, e, nl / ATT_WARPS);
 #pragma unroll
         for (int t = 0; t < DPL; t++)
             acc[t] += pj * vv[t];
@@ -257,12 +261,68 @@ __device__ __forceinline__ void att_short_block(const engine_cu_att &a, int h, i
     for (int t = 0; t < DPL; t++)
         sw[lane * DPL + t] = acc[t];
     __syncthreads();
+    float *ph = a.partial + (size_t)h * max_splits * (HD + 2); /* this head's splits */
     for (int i = threadIdx.x; i < HD; i += ATT_THREADS) {
         float o = 0.0f;
 #pragma unroll
         for (int k = 0; k < ATT_WARPS; k++)
             o += so[(size_t)k * HD + i];
-        a.out[(size_t)h * HD + i] = o / sum;
+        if (n_act == 1) {
+            a.out[(size_t)h * HD + i] = o / sum;
+        } else { /* att_block's partial: max, denominator, unnormalised sums */
+            float *part = ph + (size_t)s * (HD + 2);
+            part[2 + i] = o;
+            if (i == 0) {
+                part[0] = mx;
+                part[1] = sum;
+            }
+        }
+    }
+    if (n_act == 1) return;
+
+    /* the last block of this head merges its splits, as att_block merges a head (the same
+     * order: the bits of the per-KV-head launch) */
+    __shared__ int s_last;
+    __shared__ float s_ll;
+    __threadfence();
+    if (threadIdx.x == 0) {
+        const unsigned done = atomicAdd(a.counters + h, 1u);
+        s_last = done == (unsigned)(n_act - 1);
+        if (s_last) a.counters[h] = 0; /* ready for the next launch */
+    }
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    if (w == 0) { /* the split weights f_k = exp(m_k - M) into sc, the denominator */
+        float mm = -INFINITY;
+        for (int k = lane; k < n_act; k += 32)
+            mm = fmaxf(mm, __ldcg(ph + (size_t)k * (HD + 2)));
+        mm = engine_cu_warp_max(mm);
+        float ll = 0.0f;
+        for (int k = lane; k < n_act; k += 32) {
+            const float f = expf(__ldcg(ph + (size_t)k * (HD + 2)) - mm);
+            ll += __ldcg(ph + (size_t)k * (HD + 2) + 1) * f;
+            sc[k] = f;
+        }
+        ll = engine_cu_warp_sum(ll);
+        if (lane == 0) s_ll = ll;
+    }
+    __syncthreads();
+    /* output d: the splits' sums in split order, MK loads in flight (the tail clamped) */
+    constexpr int MK = 16;
+    for (int d = threadIdx.x; d < HD; d += ATT_THREADS) {
+        const float *pp = ph + 2 + d;
+        float o = 0.0f;
+        for (int k0 = 0; k0 < n_act; k0 += MK) {
+            float v[MK];
+#pragma unroll
+            for (int u = 0; u < MK; u++)
+                v[u] = __ldcg(pp + (size_t)min(k0 + u, n_act - 1) * (HD + 2));
+#pragma unroll
+            for (int u = 0; u < MK; u++)
+                if (k0 + u < n_act) o += v[u] * sc[k0 + u];
+        }
+        a.out[(size_t)h * HD + d] = o / s_ll;
     }
 }
 

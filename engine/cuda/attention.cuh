@@ -12,12 +12,13 @@
  * the grid is sized for the whole context and blocks past the position exit at once: the same
  * launch serves every step of a captured graph. The cache is contiguous per layer
  * ([n_ctx][n_head_kv * head_dim], F16 or F32); the paged KV pool will pass a block table.
- * With short_path set (sessions: by default; SPARK_CUDA_ATT_SHORT=0 clears it), the launch is a flat grid of
- * max(n_head, n_kv * max_splits) blocks that map themselves from the device-side position: while
- * it is below ENGINE_CU_ATT_SPLIT, block b < n_head serves query head b alone (att_short_dev.cuh;
- * the others exit before any wait), else block b is (KV head b % n_kv, split b / n_kv) as above.
- * Both give the same outputs and cache rows (bit for bit, by construction; the tests check it).
- * The fused step (step.cuh) ignores short_path. */
+ * With short_path set (sessions: by default; SPARK_CUDA_ATT_SHORT=0 clears it), the launch is
+ * a flat grid of blocks that map themselves from the device-side position: while it is below
+ * ENGINE_CU_ATT_SPLIT (or needs at most long_splits splits), block b < n_head * n_act serves
+ * query head b % n_head over split b / n_head alone (att_short_dev.cuh; the last block of a head
+ * merges its splits; the other blocks exit before any wait), else block b is (KV head b % n_kv,
+ * split b / n_kv) as above. Both give the same outputs and cache rows (bit for bit, by
+ * construction; the tests check it). The fused step (step.cuh) ignores short_path. */
 #ifndef SPARK_ENGINE_CUDA_ATTENTION_CUH
 #define SPARK_ENGINE_CUDA_ATTENTION_CUH
 
@@ -33,6 +34,11 @@ typedef struct {
     const float *q_norm, *k_norm; /* [hd] */
     const float2 *rope;           /* [n_ctx][hd / 2] (cos, sin): engine_cu_rope_table */
     float eps;
+    /* With short_path: while the position needs at most long_splits splits (of
+     * ENGINE_CU_ATT_SPLIT), a block per (query head, split) too, the last of a head merging
+     * them (att_short_dev.cuh); past that att_block's blocks. 0: from 256 on att_block's. In the
+     * padding before k_cache (the default kernel's parameter layout stays). */
+    int long_splits;
     void *k_cache, *v_cache; /* [n_ctx][n_kv * hd] of F16 (kv_f32 = 0) or F32 */
     int kv_f32;
     /* 1: a block per query head at short context (see above); 2: the same, its first K rows and

@@ -112,6 +112,10 @@ struct engine_cuda_session {
      * with a block per query head (attention.cuh short_path; the same outputs bit for bit);
      * =2: the same with its first K/V rows loaded before the wait; =0: the per-KV-head launch */
     int att_short;
+    /* SPARK_CUDA_ATT_LONG=N (with ATT_SHORT; default 0, not yet measured): up to N positions
+     * the attention launch also takes a block per (query head, split of 256), the last of a
+     * head merging them (attention.cuh long_splits; the same outputs bit for bit) */
+    int att_long;
     engine_cu_prog prog; /* the fused step's program, built at the first capture */
     uint8_t *mem;        /* one allocation: KV cache and step buffers */
     size_t bytes;
@@ -568,6 +572,9 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         if (s->up_early || s->down_early) s->route_once = 1;
         e = getenv("SPARK_CUDA_ATT_SHORT");
         s->att_short = e && e[0] >= '0' && e[0] <= '2' ? e[0] - '0' : 1;
+        e = getenv("SPARK_CUDA_ATT_LONG");
+        s->att_long = e ? (atoi(e) + ENGINE_CU_ATT_SPLIT - 1) / ENGINE_CU_ATT_SPLIT : 0;
+        if (s->att_long < 0 || s->att_long > ENGINE_CU_ATT_SPLIT) s->att_long = 0;
         e = getenv("SPARK_CUDA_DIAG_SKIP");
         s->diag_skip = e ? (unsigned)strtoul(e, NULL, 0) : 0u;
         e = getenv("SPARK_CUDA_DIAG_TWICE");
@@ -713,6 +720,7 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
                         ly->k_norm,
                         (const float2 *)s->rope,
                         eps,
+                        s->att_long,
                         s->k_cache[l],
                         s->v_cache[l],
                         s->kv == ENGINE_KV_F32,

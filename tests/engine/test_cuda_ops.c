@@ -15,9 +15,10 @@
  *   attention (q/k norm + RoPE + KV store + softmax(qK^T)V, split-K): |out - cpu| <= 2e-5 *
  *     (1 + max|v|); the stored K/V rows equal the CPU's bit for bit up to F32 rounding (1e-5).
  *     The sessions' SPARK_CUDA_ATT_SHORT launch (SPARK_CUDA_OP_ATT_SHORT=1 and =2 here: a block
- *     per query head below 256 positions; 2 loads its first K/V rows before the wait) must give
- *     the default launch's outputs and stored rows bit for bit (the same arithmetic in the same
- *     order).
+ *     per query head below 256 positions; 2 loads its first K/V rows before the wait), also with
+ *     SPARK_CUDA_OP_ATT_LONG=65536 (a block per query head and split at every length, the last
+ *     of a head merging them), must give the per-KV-head launch's outputs and stored rows bit
+ *     for bit (the same arithmetic in the same order).
  *   MoE block: same expert ids as engine_cpu_moe_route, weights within 1e-6, output within
  *     1e-4 * (1 + sum of |terms|) of a double reference (for the quantised types on x and h
  *     quantised as the CPU does, as for matvec; a tie flip there moves the output by ~1e-5 of
@@ -234,11 +235,15 @@ static void test_attention_case(int n_head, int n_kv, int hd, int32_t pos, engin
      * below 256 positions, the flat grid mapped to att_block's blocks above): the same outputs
      * and stored rows bit for bit */
     int rc_s = 0, n_out_diff = 0;
-    for (int variant = 1; variant <= 2; variant++) { /* 2: first K/V loads before the wait */
-        setenv("SPARK_CUDA_OP_ATT_SHORT", variant == 1 ? "1" : "2", 1);
+    /* variants: 1, 2 (first K/V loads before the wait), each also with a block per (head,
+     * split) at every length (SPARK_CUDA_OP_ATT_LONG) */
+    for (int variant = 1; variant <= 4; variant++) {
+        setenv("SPARK_CUDA_OP_ATT_SHORT", variant & 1 ? "1" : "2", 1);
+        if (variant > 2) setenv("SPARK_CUDA_OP_ATT_LONG", "65536", 1);
         int rc1 = engine_cuda_op_attention(n_head, n_kv, hd, pos, n_ctx, kvt, kc, vc, q, k, v, qw,
                                            kw, inv, 1e-6f, out_s, krow_s, vrow_s);
         unsetenv("SPARK_CUDA_OP_ATT_SHORT");
+        unsetenv("SPARK_CUDA_OP_ATT_LONG");
         CHECK(rc1 == 0, "attention (short path %d)", variant);
         int nd = 0;
         for (int i = 0; rc1 == 0 && i < n_head * hd; i++)
@@ -286,7 +291,7 @@ static void test_attention_case(int n_head, int n_kv, int hd, int32_t pos, engin
     printf("attention %2d/%d heads of %3d, pos %5d, kv %s: worst |gpu-cpu| = %.2e, K/V row %.2e; "
            "short path %s\n",
            n_head, n_kv, hd, pos, kvt == ENGINE_KV_F32 ? "f32" : "f16", worst, worst_row,
-           rc_s == 0 && n_out_diff == 0 ? "1 and 2 identical" : "DIFFERS");
+           rc_s == 0 && n_out_diff == 0 ? "variants 1-4 identical" : "DIFFERS");
     free(q), free(k), free(v), free(qw), free(kw), free(inv), free(out), free(ref);
     free(krow), free(vrow), free(scores), free(kc), free(vc), free(tmp), free(tmp2);
     free(out_s), free(krow_s), free(vrow_s);
