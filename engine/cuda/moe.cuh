@@ -62,6 +62,9 @@ typedef struct {
      * this kernel completes, finds its rows there (SPARK_CUDA_UP_PF_DOWN=1). */
     const uint8_t *pf_down;
     size_t pf_down_bytes;
+    /* With x_add and a router: rf_sh != NULL: router[n_expert] is one more raw logit (qwen35's
+     * shared-expert gate), which block 0 stores scaled into *rf_sh for the down kernel. */
+    float *rf_sh;
 } engine_cu_ffn_up_args;
 
 typedef struct {

@@ -195,11 +195,11 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
                 for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
                     raw[i] = lane + 32 * i < a.n_expert ? a.router[lane + 32 * i] : 0.0f;
                 const float sc = engine_cu_stage_scale<false, true>(
-                    (const float4 *)a.x, (const float4 *)a.x_add, a.cols, a.cols >> 2, lane,
-                    a.eps);
+                    (const float4 *)a.x, (const float4 *)a.x_add, a.cols, a.cols >> 2, lane, a.eps);
 #pragma unroll
                 for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
                     if (lane + 32 * i < a.n_expert) scaled[lane + 32 * i] = sc * raw[i];
+                if (a.rf_sh && b == 0 && lane == 0) *a.rf_sh = sc * a.router[a.n_expert];
                 __syncwarp();
                 route(scaled, a.n_expert, a.k, a.norm_topk, ids, wts);
             } else {

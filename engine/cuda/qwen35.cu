@@ -28,6 +28,7 @@
 #include "q35_prefill.cuh"
 #include "qdot.cuh"
 #include "qwen35_attn.cuh"
+#include "router_fuse.cuh"
 #include "sample.cuh"
 
 extern "C" {
@@ -75,6 +76,13 @@ struct engine_cuda_q35_model {
     bool has_mtp;
     q35_w mtp_eh;
     const float *mtp_enorm, *mtp_hnorm, *mtp_norm;
+    /* Router fusion (router_fuse.cuh; SPARK_CUDA_Q35_ROUTER_FUSE=1), built at the first session
+     * that asks for it (q35_rf_prepare): per block [R | M] of X + 1 rows (the router's X and the
+     * shared-expert gate's 1, post_norm folded in; M = R times the block's out_proj or o_proj),
+     * layer l's at rf_mem + rf_off[l]. rf_state: 0 not built, 1 built, -1 not applicable. */
+    float *rf_mem;
+    size_t *rf_off;
+    int rf_state;
 };
 
 static q35_dims q35_dims_of(const engine_hparams *hp) {
@@ -408,10 +416,12 @@ done:
 
 extern "C" void engine_cuda_q35_model_free(engine_cuda_q35_model *cm) {
     if (!cm) return;
-    if (cm->mem) {
+    if (cm->mem || cm->rf_mem) {
         cudaSetDevice(cm->device);
         cudaFree(cm->mem);
+        cudaFree(cm->rf_mem);
     }
+    free(cm->rf_off);
     free(cm->layers);
     free(cm);
 }
@@ -463,6 +473,8 @@ struct engine_cuda_q35_session {
     int32_t snap_pos[ENGINE_CUDA_Q35_SNAPSHOTS];
     float *x, *big, *z, *ba, *k, *v, *att, *router, *shl, *h, *logits, *partial, *sscratch;
     float *wts, *rope, *dssq; /* dssq: the DeltaNet step's [nv][dv / 32] sums of squares */
+    /* router fusion: the mixer's output projection, apart from x */
+    float *ao;
     engine_cuda_q35_prefill *pf; /* the prefill serving MTP prompts (q35_mtp_host.cuh), or NULL */
     int32_t *ids, *out;
     unsigned *counters; /* [n_kv + 1 + nv]: attention, sampler, DeltaNet step */
@@ -493,6 +505,10 @@ struct engine_cuda_q35_session {
      * its state, ring, position and weights before its PDL wait (engine_cu_delta.early); =2: and
      * a head's column blocks add their norms through a block cluster */
     int dn_early;
+    /* SPARK_CUDA_Q35_ROUTER_FUSE=1 (read at session creation; default off): the router and the
+     * shared-expert gate logit in the mixer's out_proj / o_proj launch (router_fuse.cuh; raw
+     * logits in router[0..X]), the residual add in the up and down kernels */
+    int rf;
 };
 
 /* SPARK_CUDA_Q35_ATT_SHORT: 0: off; unset or 1: ENGINE_CU_GATT_SHORT_MAX (256) positions;
@@ -531,7 +547,7 @@ static int q35m_truncate(engine_cuda_q35_session *s, const int32_t *tokens, int3
 
 typedef struct {
     size_t kv_layer, ring, state, snap, x, big, z, ba, kv, att, router, shl, h, logits, partial,
-        sscratch, wts, ids, counters, step, out, rope, dssq, total;
+        sscratch, wts, ids, counters, step, out, rope, dssq, ao, total;
 } q35_layout;
 
 static q35_layout q35_layout_of(const engine_cuda_q35_model *cm, int32_t n_ctx, engine_kv_type kv) {
@@ -550,7 +566,7 @@ static q35_layout q35_layout_of(const engine_cuda_q35_model *cm, int32_t n_ctx, 
     z.ba = q35_align(f * 2 * d->nv);
     z.kv = q35_align(f * kvd);
     z.att = q35_align(f * std::max((size_t)d->nh * d->hd, (size_t)d->di));
-    z.router = q35_align(f * d->X);
+    z.router = q35_align(f * (d->X + 1)); /* + 1: the router fusion's shared-gate row */
     z.shl = q35_align(f);
     z.h = q35_align(f * ((size_t)d->k * d->F + (size_t)std::max(d->F, d->Fs)));
     z.logits = q35_align(f * d->V);
@@ -563,10 +579,87 @@ static q35_layout q35_layout_of(const engine_cuda_q35_model *cm, int32_t n_ctx, 
     z.out = q35_align(sizeof(int32_t) * (size_t)n_ctx);
     z.rope = q35_align(f * (size_t)n_ctx * d->rot);
     z.dssq = q35_align(f * d->nv * (d->dv / 32));
+    z.ao = z.x;
     z.total = 2 * (size_t)cm->n_attn * z.kv_layer + z.ring + z.state + z.snap + z.x + z.big + z.z +
               z.ba + 2 * z.kv + z.att + z.router + z.shl + z.h + z.logits + z.partial + z.sscratch +
-              z.wts + z.ids + z.counters + z.step + z.out + z.rope + z.dssq;
+              z.wts + z.ids + z.counters + z.step + z.out + z.rope + z.dssq + z.ao;
     return z;
+}
+
+/* The mixer's output projection of block ly (n_embd rows): o_proj or the DeltaNet out_proj. */
+static const q35_w *q35_out_w(const q35_cl *ly) {
+    return ly->attn ? &ly->wo : &ly->wout;
+}
+
+/* Build the router fusion's [R | M] of every block once per model, at the first session that
+ * asks for it: 0 with cm->rf_state 1 when built, 0 with rf_state -1 (logged) when the model
+ * cannot use it, else an error. Sessions of one model are created from one thread. */
+static int q35_rf_prepare(engine_cuda_q35_model *cm) {
+    if (cm->rf_state) return 0;
+    const q35_dims *d = &cm->d;
+    const int E = d->E, X = d->X;
+    const char *why = NULL;
+    size_t total = 0, scratch_n = 0;
+    if (!cm->rf_off && !(cm->rf_off = (size_t *)calloc((size_t)d->n_layer, sizeof(size_t))))
+        return engine_err(ENGINE_ENOMEM, "out of memory");
+    for (int l = 0; !why && l < d->n_layer; l++) {
+        const q35_cl *ly = &cm->layers[l];
+        const q35_w *wo = q35_out_w(ly);
+        if (!wo->d || wo->rows != E || !ly->router.d || ly->router.rows != X ||
+            ly->router.cols != E || !ly->shg.d || ly->shg.cols != E)
+            why = "a block's output projection or router has another shape";
+        else if (engine_cu_rf_smem(wo->type, E, wo->cols) > Q35_MAX_STAGE_BYTES)
+            why = "its router blocks would need more shared memory than a block has";
+        cm->rf_off[l] = total;
+        total +=
+            q35_align(sizeof(float) * (size_t)(X + 1) * (size_t)(E + wo->cols)) / sizeof(float);
+        scratch_n = std::max(scratch_n, (size_t)E * (size_t)wo->cols);
+    }
+    if (why) {
+        cm->rf_state = -1;
+        engine_log(ENGINE_LOG_INFO, "cuda: router fusion (qwen35moe) off: %s", why);
+        return 0;
+    }
+    int rc = 0;
+    float *scratch = NULL;
+    size_t free_b = 0, total_b = 0;
+    CU(cudaSetDevice(cm->device));
+    CU(cudaMemGetInfo(&free_b, &total_b));
+    engine_log(ENGINE_LOG_INFO,
+               "cuda: memory plan: router fusion (qwen35moe) %.1f MB (F32 [R | M] of %d blocks) + "
+               "%.1f MB while it is built; %.2f GB free",
+               (double)(sizeof(float) * total) / 1e6, d->n_layer,
+               (double)(sizeof(float) * scratch_n) / 1e6, (double)free_b / 1e9);
+    if (sizeof(float) * (total + scratch_n) + ((size_t)64 << 20) > free_b) {
+        rc = engine_err(ENGINE_ENOMEM,
+                        "router fusion needs %.2f GB of GPU memory but %.2f GB are free",
+                        (double)(sizeof(float) * (total + scratch_n)) / 1e9, (double)free_b / 1e9);
+        goto done;
+    }
+    CU(cudaMalloc((void **)&cm->rf_mem, sizeof(float) * total));
+    CU(cudaMalloc((void **)&scratch, sizeof(float) * scratch_n));
+    for (int l = 0; l < d->n_layer; l++) {
+        const q35_cl *ly = &cm->layers[l];
+        const q35_w *wo = q35_out_w(ly);
+        float *rm = cm->rf_mem + cm->rf_off[l];
+        /* rows 0..X-1: the router; row X: the shared-expert gate */
+        if ((rc = engine_cu_rf_build(wo->d, wo->type, wo->row_bytes, ly->router.d, ly->router.type,
+                                     ly->router.row_bytes, ly->post_norm, X, E, wo->cols, scratch,
+                                     rm, 0)) ||
+            (rc = engine_cu_rf_build(wo->d, wo->type, wo->row_bytes, ly->shg.d, ly->shg.type,
+                                     ly->shg.row_bytes, ly->post_norm, 1, E, wo->cols, scratch,
+                                     rm + (size_t)X * (size_t)(E + wo->cols), 0)))
+            goto done;
+    }
+    CU(cudaDeviceSynchronize());
+    cm->rf_state = 1;
+done:
+    cudaFree(scratch);
+    if (rc) {
+        cudaFree(cm->rf_mem);
+        cm->rf_mem = NULL;
+    }
+    return rc;
 }
 
 extern "C" size_t engine_cuda_q35_session_bytes(const engine_cuda_q35_model *cm, int32_t n_ctx,
@@ -608,7 +701,11 @@ extern "C" int engine_cuda_q35_session_new(engine_cuda_q35_session **out, engine
         s->att_short = q35_att_short_env();
         e = getenv("SPARK_CUDA_Q35_DN_EARLY");
         s->dn_early = e && (e[0] == '1' || e[0] == '2') ? e[0] - '0' : 0;
+        e = getenv("SPARK_CUDA_Q35_ROUTER_FUSE");
+        s->rf = e && e[0] == '1';
     }
+    if (s->rf && (rc = q35_rf_prepare(cm))) goto done;
+    if (s->rf && cm->rf_state != 1) s->rf = 0;
     s->k_cache = (void **)calloc((size_t)std::max(cm->n_attn, 1), sizeof(void *));
     s->v_cache = (void **)calloc((size_t)std::max(cm->n_attn, 1), sizeof(void *));
     if (!s->k_cache || !s->v_cache) {
@@ -672,6 +769,7 @@ extern "C" int engine_cuda_q35_session_new(engine_cuda_q35_session **out, engine
     CARVE(out, out, int32_t)
     CARVE(rope, rope, float)
     CARVE(dssq, dssq, float)
+    CARVE(ao, ao, float)
 #undef CARVE
     ENGINE_ASSERT((size_t)(p - s->mem) == z.total);
     {
@@ -903,6 +1001,32 @@ static engine_cu_ffn_up_args q35_up_args(const q35_dims *d, const q35_cl *ly, fl
     return up;
 }
 
+/* Router fusion: the block's output projection of s->att into s->ao (not into x) and, in the
+ * same launch, the raw router and shared-gate logits of x + ao into router[0..X]
+ * (router_fuse.cuh). */
+static void q35_rf_out(engine_cuda_q35_session *s, const q35_cl *ly, cudaStream_t st) {
+    const engine_cuda_q35_model *cm = s->cm;
+    const q35_dims *d = &cm->d;
+    const q35_w *wo = q35_out_w(ly);
+    const int l = (int)(ly - cm->layers);
+    engine_cu_rf_args a;
+    memset(&a, 0, sizeof a);
+    a.wo.m[0] = q35_mat(wo, s->ao, 0);
+    a.wo.n_mat = 1;
+    a.wo.cols = wo->cols;
+    a.wo.x = s->att;
+    a.rm.m[0].w = (const uint8_t *)(cm->rf_mem + cm->rf_off[l]);
+    a.rm.m[0].row_bytes = sizeof(float) * (size_t)(d->E + wo->cols);
+    a.rm.m[0].type = ENGINE_TYPE_F32;
+    a.rm.m[0].rows = d->X + 1;
+    a.rm.m[0].y = s->router;
+    a.rm.n_mat = 1;
+    a.rm.cols = d->E + wo->cols;
+    a.x = s->x;
+    a.n_embd = d->E;
+    engine_cu_rf_wo(&a, st);
+}
+
 static void q35_deltanet(engine_cuda_q35_session *s, const q35_cl *ly, float eps, q35_prof *p) {
     const engine_cuda_q35_model *cm = s->cm;
     const q35_dims *d = &cm->d;
@@ -945,7 +1069,10 @@ static void q35_deltanet(engine_cuda_q35_session *s, const q35_cl *ly, float eps
     q35_mark(p, 2, st);
     engine_cu_mat o = q35_mat(&ly->wout, s->x, 1);
     for (int i = 0; i < q35_diag_n(s, Q35_DIAG_DN_OUT); i++)
-        q35_mv(st, s->att, d->di, NULL, 0.0f, 1, &o);
+        if (s->rf)
+            q35_rf_out(s, ly, st);
+        else
+            q35_mv(st, s->att, d->di, NULL, 0.0f, 1, &o);
     q35_mark(p, 4, st);
 }
 
@@ -968,7 +1095,10 @@ static void q35_attention(engine_cuda_q35_session *s, const q35_cl *ly, float ep
     q35_mark(p, 3, st);
     engine_cu_mat o = q35_mat(&ly->wo, s->x, 1);
     for (int i = 0; i < q35_diag_n(s, Q35_DIAG_AT_O); i++)
-        q35_mv(st, s->att, d->nh * d->hd, NULL, 0.0f, 1, &o);
+        if (s->rf)
+            q35_rf_out(s, ly, st);
+        else
+            q35_mv(st, s->att, d->nh * d->hd, NULL, 0.0f, 1, &o);
     q35_mark(p, 4, st);
 }
 
@@ -979,6 +1109,7 @@ static void q35_moe(engine_cuda_q35_session *s, const q35_cl *ly, float eps, q35
      * the mixer left it, like the router, and writes its own rows of h */
     engine_cu_ffn_up_args sh = q35_up_args(d, ly, eps, true);
     sh.x = s->x;
+    sh.x_add = s->rf ? s->ao : NULL; /* router fusion: the FFN input is x + ao */
     sh.h = s->h + (size_t)d->k * d->F;
     const bool fork = s->sh_fork && !p;
     if (fork) {
@@ -989,7 +1120,7 @@ static void q35_moe(engine_cuda_q35_session *s, const q35_cl *ly, float eps, q35
         cudaEventRecord(s->ev_join, s->side);
     }
     engine_cu_mat r[2] = {q35_mat(&ly->router, s->router, 0), q35_mat(&ly->shg, s->shl, 0)};
-    for (int i = 0; i < q35_diag_n(s, Q35_DIAG_ROUTER); i++)
+    for (int i = 0; !s->rf && i < q35_diag_n(s, Q35_DIAG_ROUTER); i++)
         q35_mv(st, s->x, d->E, ly->post_norm, eps, 2, r);
     q35_mark(p, 5, st);
     engine_cu_ffn_up_args up = q35_up_args(d, ly, eps, false);
@@ -998,6 +1129,10 @@ static void q35_moe(engine_cuda_q35_session *s, const q35_cl *ly, float eps, q35
     up.h = s->h;
     up.ids = s->ids;
     up.weights = s->wts;
+    if (s->rf) { /* raw logits (scaled in the routing), the shared gate's scaled into shl */
+        up.x_add = s->ao;
+        up.rf_sh = s->shl;
+    }
     for (int i = 0; i < q35_diag_n(s, Q35_DIAG_UP); i++)
         engine_cu_ffn_up(&up, st);
     if (fork)
@@ -1020,6 +1155,8 @@ static void q35_moe(engine_cuda_q35_session *s, const q35_cl *ly, float eps, q35
     dn.ids = s->ids;
     dn.weights = s->wts;
     dn.y = s->x;
+    /* router fusion: the first down launch also adds the mixer's output */
+    dn.y_add = s->rf ? s->ao : NULL;
     if (ly->down_merged) { /* slot k: the shared expert, stored as expert X */
         dn.sh_logit = s->shl;
         dn.sh_id = d->X;
@@ -1039,6 +1176,7 @@ static void q35_moe(engine_cuda_q35_session *s, const q35_cl *ly, float eps, q35
         dn.weights = NULL;
         dn.sh_logit = s->shl;
         dn.sh_id = 0;
+        dn.y_add = NULL;
         for (int i = 0; i < n_down; i++)
             engine_cu_ffn_down(&dn, st);
     }

@@ -26,23 +26,30 @@ static __device__ __forceinline__ float rf_dot4(uint4 w, float4 x, float acc) {
     return fmaf(__uint_as_float(w.w), x.w, acc);
 }
 
-/* Router block e (every thread of the block): raw[e] = row e of [R | M] against [x ; â] staged
- * in F32, â staged first as the wo blocks stage it (MODE: Wo's staging), then dequantised. The
- * threads take consecutive float4s of the row (coalesced), loaded into registers before the
- * wait (the row is written once, at the build); the block sums its threads' parts. */
-template <int MODE>
-__device__ __forceinline__ void rf_router_block(const engine_cu_rf_args &a, int e, uint8_t *sm) {
+/* Router block blk (every thread of the block): RB rows, blk * RB + i, of [R | M] against [x ; â]
+ * staged in F32 (raw[e] = the row's dot product), â staged first as the wo blocks stage it
+ * (MODE: Wo's staging), then dequantised. A row's threads (the block's 1/RB) take consecutive
+ * float4s of it (coalesced), the first RF_PRE (RB 2: half) each loaded into registers before the
+ * wait (the rows are written once, at the build); the row's warps' parts are summed by its first
+ * thread. RB = 2 when one row per block would not fit the launch in one wave (qwen35: 257 rows). */
+template <int MODE, int RB>
+__device__ __forceinline__ void rf_router_block(const engine_cu_rf_args &a, int blk, uint8_t *sm) {
     __shared__ float part[ENGINE_CU_MV_WARPS];
     const int t = threadIdx.x, nt = blockDim.x, emb = a.n_embd, na = a.wo.cols;
+    const int ntr = RB == 1 ? nt : nt / RB, tr = RB == 1 ? t : t % ntr;
+    const int e = blk * RB + (RB == 1 ? 0 : t / ntr), n_rows = a.rm.m[0].rows;
+    const bool live = RB == 1 || e < n_rows;
     const int n4 = (emb + na) >> 2;
-    const uint4 *w4 = (const uint4 *)(a.rm.m[0].w + (size_t)e * a.rm.m[0].row_bytes);
-    uint4 pre[RF_PRE];
+    const uint4 *w4 =
+        (const uint4 *)(a.rm.m[0].w + (size_t)(live ? e : n_rows - 1) * a.rm.m[0].row_bytes);
+    constexpr int PRE = RB == 1 ? RF_PRE : RF_PRE / 2;
+    uint4 pre[PRE];
 #pragma unroll
-    for (int k = 0; k < RF_PRE; k++)
-        if (t + k * nt < n4) pre[k] = engine_cu_ldq(w4 + t + k * nt);
-    if (n4 > RF_PRE * nt && t < 32) /* one warp: the rest of the row, L2 only */
-        engine_cu_prefetch_l2((const uint8_t *)(w4 + RF_PRE * nt),
-                              sizeof(uint4) * (size_t)(n4 - RF_PRE * nt));
+    for (int k = 0; k < PRE; k++)
+        if (live && tr + k * ntr < n4) pre[k] = engine_cu_ldq(w4 + tr + k * ntr);
+    if (live && n4 > PRE * ntr && tr < 32) /* one warp a row: the rest of it, L2 only */
+        engine_cu_prefetch_l2((const uint8_t *)(w4 + PRE * ntr),
+                              sizeof(uint4) * (size_t)(n4 - PRE * ntr));
     engine_cu_pdl_wait();
     float *f = (float *)sm;
     for (int i = t; i < (emb >> 2); i += nt)
@@ -60,54 +67,76 @@ __device__ __forceinline__ void rf_router_block(const engine_cu_rf_args &a, int 
     const float4 *f4 = (const float4 *)f;
     float acc = 0.0f;
 #pragma unroll
-    for (int k = 0; k < RF_PRE; k++)
-        if (t + k * nt < n4) acc = rf_dot4(pre[k], f4[t + k * nt], acc);
-    for (int i = t + RF_PRE * nt; i < n4; i += nt)
-        acc = rf_dot4(engine_cu_ldq(w4 + i), f4[i], acc);
+    for (int k = 0; k < PRE; k++)
+        if (live && tr + k * ntr < n4) acc = rf_dot4(pre[k], f4[tr + k * ntr], acc);
+    if (live)
+        for (int i = tr + PRE * ntr; i < n4; i += ntr)
+            acc = rf_dot4(engine_cu_ldq(w4 + i), f4[i], acc);
     acc = engine_cu_warp_sum(acc);
     if ((t & 31) == 0) part[t >> 5] = acc;
     __syncthreads();
-    if (t == 0) {
+    if (RB == 1 ? t == 0 : tr == 0 && live) {
         float sum = 0.0f;
-        for (int k = 0; k < (nt >> 5); k++)
+        for (int k = RB == 1 ? 0 : t >> 5; k < (RB == 1 ? nt >> 5 : (t + ntr) >> 5); k++)
             sum += part[k];
         a.rm.m[0].y[e] = sum;
     }
 }
 
-/* Blocks [0, n_expert) route-product blocks, the rest the wo product's blocks (R rows per warp,
- * n_groups row groups, as engine_cu_matvec_plan says). */
-template <int MODE, int R>
+/* Blocks [0, n_rb) router blocks of RB rows each, the rest the wo product's blocks (R rows per
+ * warp, n_groups row groups, as engine_cu_matvec_plan says). */
+template <int MODE, int R, int RB>
 __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 3)
     rf_wo_kernel(engine_cu_rf_args a, int n_groups) {
     extern __shared__ uint4 rf_smem[];
     engine_cu_pdl_launch();
-    const int n_r = a.rm.m[0].rows;
-    if ((int)blockIdx.x < n_r)
-        rf_router_block<MODE>(a, blockIdx.x, (uint8_t *)rf_smem);
+    const int n_rb = (a.rm.m[0].rows + RB - 1) / RB;
+    if ((int)blockIdx.x < n_rb)
+        rf_router_block<MODE, RB>(a, blockIdx.x, (uint8_t *)rf_smem);
     else
-        mv_block<MODE, R>(a.wo, n_groups, blockIdx.x - n_r, gridDim.x - n_r, (uint8_t *)rf_smem,
+        mv_block<MODE, R>(a.wo, n_groups, blockIdx.x - n_rb, gridDim.x - n_rb, (uint8_t *)rf_smem,
                           engine_cu_pdl_sync());
+}
+
+template <int MODE, int RB>
+static void rf_launch_rb(const engine_cu_rf_args *a, const engine_cu_mv_plan &p, size_t smem,
+                         cudaStream_t stream) {
+    const dim3 grid((a->rm.m[0].rows + RB - 1) / RB + p.blocks), block(ENGINE_CU_MV_WARPS * 32);
+    if (p.r == 0)
+        engine_cu_launch(rf_wo_kernel<MODE, 0, RB>, grid, block, smem, stream, *a, p.n_groups);
+    else if (p.r == 1)
+        engine_cu_launch(rf_wo_kernel<MODE, 1, RB>, grid, block, smem, stream, *a, p.n_groups);
+    else
+        engine_cu_launch(rf_wo_kernel<MODE, 2, RB>, grid, block, smem, stream, *a, p.n_groups);
 }
 
 template <int MODE> static void rf_launch(const engine_cu_rf_args *a, cudaStream_t stream) {
     const engine_cu_mv_plan p = engine_cu_matvec_plan(&a->wo);
     const size_t rs = engine_cu_rf_smem(a->wo.m[0].type, a->n_embd, a->wo.cols);
     const size_t smem = rs > p.smem ? rs : p.smem;
-    const dim3 grid(a->rm.m[0].rows + p.blocks), block(ENGINE_CU_MV_WARPS * 32);
-    if (p.r == 0)
-        engine_cu_launch(rf_wo_kernel<MODE, 0>, grid, block, smem, stream, *a, p.n_groups);
-    else if (p.r == 1)
-        engine_cu_launch(rf_wo_kernel<MODE, 1>, grid, block, smem, stream, *a, p.n_groups);
+    /* two rows per router block when a block per row would not fit the resident slots */
+    int per_sm = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &per_sm, rf_wo_kernel<MODE, 1, 1>, ENGINE_CU_MV_WARPS * 32, smem) != cudaSuccess ||
+        per_sm < 1)
+        per_sm = 1; /* the error stays for the caller's cudaGetLastError */
+    if (a->rm.m[0].rows + p.blocks > engine_cu_sm_count() * per_sm)
+        rf_launch_rb<MODE, 2>(a, p, smem, stream);
     else
-        engine_cu_launch(rf_wo_kernel<MODE, 2>, grid, block, smem, stream, *a, p.n_groups);
+        rf_launch_rb<MODE, 1>(a, p, smem, stream);
 }
 
 void engine_cu_rf_wo(const engine_cu_rf_args *a, cudaStream_t stream) {
     switch (engine_cu_x_mode(a->wo.m[0].type)) {
-    case ENGINE_CU_X_Q8_K: rf_launch<ENGINE_CU_X_Q8_K>(a, stream); break;
-    case ENGINE_CU_X_Q8_0: rf_launch<ENGINE_CU_X_Q8_0>(a, stream); break;
-    default: rf_launch<ENGINE_CU_X_F32>(a, stream); break;
+    case ENGINE_CU_X_Q8_K:
+        rf_launch<ENGINE_CU_X_Q8_K>(a, stream);
+        break;
+    case ENGINE_CU_X_Q8_0:
+        rf_launch<ENGINE_CU_X_Q8_0>(a, stream);
+        break;
+    default:
+        rf_launch<ENGINE_CU_X_F32>(a, stream);
+        break;
     }
 }
 
@@ -143,9 +172,9 @@ __global__ void rf_dequant_kernel(const uint8_t *w, size_t rb, int type, int row
  * per 64 x 64 tile of C, each thread 4 x 4 of it (rows ty + 16 i, columns tx + 16 j); each
  * 16-deep slice of k summed apart and then added (shorter chains of rounding than one running
  * sum over k). */
-__global__ void __launch_bounds__(256) rf_gemm_kernel(const float *A, size_t lda, const float *B,
-                                                      size_t ldb, float *C, size_t ldc, int M,
-                                                      int N, int K) {
+__global__ void __launch_bounds__(256)
+    rf_gemm_kernel(const float *A, size_t lda, const float *B, size_t ldb, float *C, size_t ldc,
+                   int M, int N, int K) {
     __shared__ float as[RF_TK][RF_TM + 1], bs[RF_TK][RF_TN];
     const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
     const int m0 = blockIdx.y * RF_TM, n0 = blockIdx.x * RF_TN;
@@ -198,11 +227,11 @@ static void rf_dequant(const uint8_t *w, size_t rb, int type, int rows, int cols
                                                                        out, ld);
 }
 
-int engine_cu_rf_build(const uint8_t *wo, int wo_type, size_t wo_rb, const uint8_t *wr,
-                       int wr_type, size_t wr_rb, const float *g, int n_expert, int n_embd,
-                       int n_att, float *scratch, float *rm, cudaStream_t stream) {
+int engine_cu_rf_build(const uint8_t *wo, int wo_type, size_t wo_rb, const uint8_t *wr, int wr_type,
+                       size_t wr_rb, const float *g, int n_expert, int n_embd, int n_att,
+                       float *scratch, float *rm, cudaStream_t stream) {
     const size_t ld = (size_t)n_embd + (size_t)n_att;
-    rf_dequant(wr, wr_rb, wr_type, n_expert, n_embd, g, rm, ld, stream);     /* R */
+    rf_dequant(wr, wr_rb, wr_type, n_expert, n_embd, g, rm, ld, stream); /* R */
     rf_dequant(wo, wo_rb, wo_type, n_embd, n_att, nullptr, scratch, (size_t)n_att, stream);
     const dim3 grid((unsigned)((n_att + RF_TN - 1) / RF_TN),
                     (unsigned)((n_expert + RF_TM - 1) / RF_TM));
@@ -225,8 +254,8 @@ extern "C" int engine_cuda_op_router_fuse(engine_type wo_type, const void *wo, s
                                           float *raw) {
     int rc = engine_cuda_usable();
     if (rc) return rc;
-    if (!engine_cu_type_supported(wo_type) || !engine_cu_type_supported(wr_type) ||
-        n_expert < 1 || n_embd < 32 || n_att < 32 || n_embd % 32 || n_att % 32 ||
+    if (!engine_cu_type_supported(wo_type) || !engine_cu_type_supported(wr_type) || n_expert < 1 ||
+        n_embd < 32 || n_att < 32 || n_embd % 32 || n_att % 32 ||
         (engine_cu_x_mode(wo_type) == ENGINE_CU_X_Q8_K && n_att % 256))
         return engine_err(ENGINE_EINVAL, "router fusion: wo type %d, router type %d, %d x %d x %d",
                           (int)wo_type, (int)wr_type, n_expert, n_embd, n_att);
@@ -258,8 +287,8 @@ extern "C" int engine_cuda_op_router_fuse(engine_type wo_type, const void *wo, s
             (e = cudaMemcpy(dx, x, f_emb, cudaMemcpyHostToDevice)) != cudaSuccess ||
             (e = cudaMemcpy(datt, att, f_att, cudaMemcpyHostToDevice)) != cudaSuccess)
             goto fail;
-        if ((rc = engine_cu_rf_build(dwo, wo_type, wo_rb, dwr, wr_type, wr_rb, dg, n_expert,
-                                     n_embd, n_att, dscr, drm, 0)))
+        if ((rc = engine_cu_rf_build(dwo, wo_type, wo_rb, dwr, wr_type, wr_rb, dg, n_expert, n_embd,
+                                     n_att, dscr, drm, 0)))
             goto done;
         engine_cu_rf_args a;
         memset(&a, 0, sizeof a);

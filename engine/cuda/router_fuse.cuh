@@ -54,8 +54,8 @@ void engine_cu_rf_wo(const engine_cu_rf_args *a, cudaStream_t stream);
  * [n_embd]; scratch: device, n_embd * n_att floats (Wo dequantised). Types: those
  * engine_cu_type_supported accepts; n_embd and n_att multiples of 32. Returns 0, or an engine
  * error if a launch failed (cudaGetLastError). */
-int engine_cu_rf_build(const uint8_t *wo, int wo_type, size_t wo_rb, const uint8_t *wr,
-                       int wr_type, size_t wr_rb, const float *g, int n_expert, int n_embd,
-                       int n_att, float *scratch, float *rm, cudaStream_t stream);
+int engine_cu_rf_build(const uint8_t *wo, int wo_type, size_t wo_rb, const uint8_t *wr, int wr_type,
+                       size_t wr_rb, const float *g, int n_expert, int n_embd, int n_att,
+                       float *scratch, float *rm, cudaStream_t stream);
 
 #endif

@@ -31,6 +31,10 @@
  *   SPARK_CUDA_Q35_DN_EARLY=1|2 (the DeltaNet step's early reads; 2: the head's norm through a
  *   block cluster): the op bit for bit the default's over 12 steps, within the CPU bounds, and
  *   the f32 / q4_k_m models again with each.
+ *   SPARK_CUDA_Q35_ROUTER_FUSE=1 (the router and shared-gate logits in the mixer's output
+ *   projection launch, engine/cuda/router_fuse.cuh; they differ by F32 rounding only): the
+ *   f32 / q4_k_m models against the CPU with the bounds above, and q4_k_m again with
+ *   SH_FORK=0 (the shared expert's up after the routed one, on the main stream).
  * Exits 77 (skip) with the reason when no GPU is usable or the build has no CUDA backend. */
 #include <math.h>
 #include <stdio.h>
@@ -670,6 +674,15 @@ int main(void) {
         run_model("q4_k_m"); /* with its rollback check (snapshots taken by the early kernel) */
         unsetenv("SPARK_CUDA_Q35_DN_EARLY");
     }
+    setenv("SPARK_CUDA_Q35_ROUTER_FUSE", "1", 1);
+    printf("SPARK_CUDA_Q35_ROUTER_FUSE=1:\n");
+    run_model("f32");
+    run_model("q4_k_m");
+    setenv("SPARK_CUDA_Q35_SH_FORK", "0", 1);
+    printf("SPARK_CUDA_Q35_ROUTER_FUSE=1 SPARK_CUDA_Q35_SH_FORK=0:\n");
+    run_model("q4_k_m");
+    unsetenv("SPARK_CUDA_Q35_SH_FORK");
+    unsetenv("SPARK_CUDA_Q35_ROUTER_FUSE");
     support_rmtree(tmpdir);
     return support_finish("test_cuda_qwen35");
 }

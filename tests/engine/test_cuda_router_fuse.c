@@ -35,7 +35,9 @@ int main(void) {
 
 static uint64_t rng_state = 0x5eed0123456789abull;
 
-static float frand(void) { return support_frand(&rng_state); }
+static float frand(void) {
+    return support_frand(&rng_state);
+}
 
 /* rows x cols random values quantised to t (rows * *rb bytes, caller frees) and, in deq, the
  * CPU's dequantisation of them. */
