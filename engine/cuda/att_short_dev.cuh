@@ -284,6 +284,7 @@ __device__ __forceinline__ void att_short_block(const engine_cu_att &a, int h, i
      * order: the bits of the per-KV-head launch) */
     __shared__ int s_last;
     __shared__ float s_ll;
+    __syncthreads(); /* every partial written, then published (as att_block does) */
     __threadfence();
     if (threadIdx.x == 0) {
         const unsigned done = atomicAdd(a.counters + h, 1u);
