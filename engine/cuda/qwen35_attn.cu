@@ -365,7 +365,10 @@ __global__ void __launch_bounds__(GATT_THREADS, SHORT ? 1 : 0) gatt_kernel(engin
 
 /* The merge of the runners' partials: block (head, 64 dimensions) of 64 threads; warp 0 takes
  * the runners' weights exp(m_r - m) once (shared memory) and the denominator, then each thread
- * sums its dimension over the runners (coalesced rows) and applies the output gate. */
+ * sums its dimension over the runners (coalesced rows) and applies the output gate.
+ * SHORT (the default sessions' instance): the same values in the same order with the loads
+ * issued together (each lane's runners' (max, sum) at once, the numerator's partials 32 at a
+ * time instead of 8), so a deep context waits for a few round trips, not one per 8 runners. */
 template <int HD, bool SHORT>
 __global__ void __launch_bounds__(64) gatt_merge_kernel(engine_cu_gatt a) {
     __shared__ float wr[ENGINE_CU_GATT_RUNNERS];
@@ -378,11 +381,59 @@ __global__ void __launch_bounds__(64) gatt_merge_kernel(engine_cu_gatt a) {
         if (n <= a.short_n) return; /* gatt_short_block wrote the output */
     const int nact = min(min(max_splits, ENGINE_CU_GATT_RUNNERS), nsplit);
     const float *ph = a.partial + (size_t)h * max_splits * (HD + 2);
-    engine_cu_gatt_merge_weights<HD>(ph, nact, tid, lane, wr, inv_den);
-    __syncthreads();
     const int dd = (int)blockIdx.y * 64 + tid;
-    const float num = engine_cu_gatt_merge_num<HD>(ph, nact, dd, wr);
     const float gate = a.qg[(size_t)h * 2 * HD + HD + dd];
+    float num = 0.0f;
+    if constexpr (SHORT) {
+        /* engine_cu_gatt_merge_weights' values: fmaxf in any order is the same max, and each
+         * lane's sum runs over its runners lane, lane + 32, .. in that order */
+        constexpr int PER = ENGINE_CU_GATT_RUNNERS / 32;
+        if (tid < 32) {
+            float mr[PER], lr[PER];
+#pragma unroll
+            for (int j = 0; j < PER; j++) {
+                const int r = lane + 32 * j;
+                mr[j] = r < nact ? ph[(size_t)r * (HD + 2) + HD] : -INFINITY;
+                lr[j] = r < nact ? ph[(size_t)r * (HD + 2) + HD + 1] : 0.0f;
+            }
+            float m = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < PER; j++)
+                m = fmaxf(m, mr[j]);
+            m = engine_cu_warp_max(m);
+            float den = 0.0f;
+#pragma unroll
+            for (int j = 0; j < PER; j++) {
+                const int r = lane + 32 * j;
+                if (r < nact) {
+                    const float w = expf(mr[j] - m);
+                    wr[r] = w;
+                    den += w * lr[j];
+                }
+            }
+            den = engine_cu_warp_sum(den);
+            if (lane == 0) inv_den = 1.0f / den;
+        }
+        __syncthreads();
+        /* engine_cu_gatt_merge_num's sum, r in order, its loads 32 at a time */
+        int r = 0;
+        for (; r + 32 <= nact; r += 32) {
+            float v[32];
+#pragma unroll
+            for (int i = 0; i < 32; i++)
+                v[i] = ph[(size_t)(r + i) * (HD + 2) + dd];
+            asm volatile("" ::: "memory"); /* keep the 32 loads ahead of the sum */
+#pragma unroll
+            for (int i = 0; i < 32; i++)
+                num += wr[r + i] * v[i];
+        }
+        for (; r < nact; r++)
+            num += wr[r] * ph[(size_t)r * (HD + 2) + dd];
+    } else {
+        engine_cu_gatt_merge_weights<HD>(ph, nact, tid, lane, wr, inv_den);
+        __syncthreads();
+        num = engine_cu_gatt_merge_num<HD>(ph, nact, dd, wr);
+    }
     a.out[(size_t)h * HD + dd] = num * inv_den * (1.0f / (1.0f + expf(-gate)));
 }
 

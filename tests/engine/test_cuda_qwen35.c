@@ -292,8 +292,9 @@ static void check_attention(int nh, int nkv, int hd, int rot, int32_t pos, engin
 }
 
 /* The short path (SPARK_CUDA_Q35_ATT_SHORT, default on: a block per query head up to 256
- * positions) against the split path (=0) on the same inputs: out and the stored rows bit for
- * bit (the short path is the split path's arithmetic by construction, qwen35_attn.cu). */
+ * positions; past them the split path with the merge's loads batched) against the plain split
+ * path (=0) on the same inputs: out and the stored rows bit for bit (the same arithmetic by
+ * construction, qwen35_attn.cu). */
 static void check_attention_same(int nh, int nkv, int hd, int rot, int32_t pos, engine_kv_type kv) {
     const int row = nkv * hd;
     const size_t elt = kv == ENGINE_KV_F32 ? 4 : 2, f = sizeof(float);
@@ -638,7 +639,10 @@ int main(void) {
         }
     }
     unsetenv("SPARK_CUDA_Q35_ATT_SHORT");
-    const int32_t same_pos[] = {0, 1, 5, 31, 32, 33, 64, 100, 127, 128, 200, 255};
+    /* past 255: the split path in the short instance (its merge's batched loads) against the
+     * plain instance; 4200, 9000: more splits than runners */
+    const int32_t same_pos[] = {0,   1,   5,   31,  32,   33,   64,   100,
+                                127, 128, 200, 255, 256, 1000, 4200, 9000};
     for (size_t i = 0; i < sizeof same_pos / sizeof same_pos[0]; i++) {
         check_attention_same(16, 2, 256, 64, same_pos[i], ENGINE_KV_F16);
         check_attention_same(16, 2, 256, 64, same_pos[i], ENGINE_KV_F32);
