@@ -36,7 +36,8 @@ template <int MODE, int RB>
 __device__ __forceinline__ void rf_router_block(const engine_cu_rf_args &a, int blk, uint8_t *sm) {
     __shared__ float part[ENGINE_CU_MV_WARPS];
     const int t = threadIdx.x, nt = blockDim.x, emb = a.n_embd, na = a.wo.cols;
-    const int ntr = RB == 1 ? nt : nt / RB, tr = RB == 1 ? t : t % ntr;
+    /* RB > 1: a block of ENGINE_CU_MV_WARPS warps (the launch), so the row split is constant */
+    const int ntr = RB == 1 ? nt : ENGINE_CU_MV_WARPS * 32 / RB, tr = RB == 1 ? t : t % ntr;
     const int e = blk * RB + (RB == 1 ? 0 : t / ntr), n_rows = a.rm.m[0].rows;
     const bool live = RB == 1 || e < n_rows;
     const int n4 = (emb + na) >> 2;
