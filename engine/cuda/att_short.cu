@@ -33,7 +33,7 @@ __global__ void __launch_bounds__(ATT_THREADS, HD > 128 || EARLY ? 1 : 2)
     }
     const int s = blockIdx.x / a.n_kv;
     if (s >= max_splits) return;
-    att_block<HD>(a, blockIdx.x - s * a.n_kv, s, max_splits, att_smem, engine_cu_pdl_sync());
+    att_block<HD, 8>(a, blockIdx.x - s * a.n_kv, s, max_splits, att_smem, engine_cu_pdl_sync());
 }
 
 template <int HD> static void att_flat_launch(const engine_cu_att *a, cudaStream_t stream) {

@@ -110,8 +110,10 @@ static inline size_t att_smem_bytes(int group, int hd) {
 }
 
 /* Block (kvh, s) of a grid (n_kv, max_splits); att_smem: att_smem_bytes of dynamic shared
- * memory; sync.wait() before the inputs are read (every thread calls it). */
-template <int HD, typename S>
+ * memory; sync.wait() before the inputs are read (every thread calls it). UK: the splits whose
+ * sums the merge loads together (the same sums in the same order whatever it is; 4 for the
+ * per-KV-head launch and the fused step, 8 for att_short.cu's flat launch). */
+template <int HD, int UK = 4, typename S>
 __device__ __forceinline__ void att_block(const engine_cu_att &a, int kvh, int s, int max_splits,
                                           float *att_smem, const S &sync) {
     constexpr int DPL = HD / 32; /* V dimensions per lane */
@@ -323,7 +325,7 @@ __device__ __forceinline__ void att_block(const engine_cu_att &a, int kvh, int s
     __syncthreads();
     /* then each thread sums MO outputs (consecutive threads, consecutive dimensions: coalesced)
      * over the splits, the MO loads of UK splits in flight together */
-    constexpr int MO = 4, UK = 4;
+    constexpr int MO = 4;
     for (int i0 = threadIdx.x; i0 < G * HD; i0 += MO * ATT_THREADS) {
         float o[MO];
         const float *pp[MO];
