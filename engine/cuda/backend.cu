@@ -107,6 +107,9 @@ struct engine_cuda_session {
     /* SPARK_CUDA_UP_PF_DOWN=1 (with the fusion; off until measured): the up blocks ask L2 for
      * the chosen experts' down rows once routed (moe.cuh pf_down) */
     int up_pf_down;
+    /* SPARK_CUDA_RF_ROWS=2 (off until measured): two router rows per block of the fused launch
+     * (engine_cu_rf_args.rows_per_block) */
+    int rf_rows;
     /* SPARK_CUDA_ATT_SHORT (default 1, measured +9.0% tok/s on the 12-block Qwen3-30B-A3B cut,
      * H200, bit-identical tokens): the attention launch serves positions < ENGINE_CU_ATT_SPLIT
      * with a block per query head (attention.cuh short_path; the same outputs bit for bit);
@@ -584,6 +587,8 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
                 !s->route_once && !s->down_routes;
         e = getenv("SPARK_CUDA_UP_PF_DOWN");
         s->up_pf_down = e && e[0] == '1';
+        e = getenv("SPARK_CUDA_RF_ROWS");
+        s->rf_rows = e && e[0] == '2' ? 2 : 1;
     }
     if (s->rf && (rc = rf_prepare(cm))) goto done;
     if (s->rf && cm->rf_state != 1) s->rf = 0;
@@ -834,6 +839,7 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
         o->rf.rm.cols = emb + na;
         o->rf.x = s->x;
         o->rf.n_embd = emb;
+        o->rf.rows_per_block = s->rf_rows;
         up->x_add = s->ao;
         up->pf_down = s->up_pf_down ? dn->down : NULL;
         up->pf_down_bytes = dn->expert_bytes;

@@ -116,11 +116,13 @@ int engine_cuda_op_sample(const float *logits, int n, float temperature, uint64_
  * (R = W_r diag(g), M = R Wo, F32) from wo (n_embd rows of n_att values, wo_rb bytes each) and
  * wr (the router, n_expert rows of n_embd values), then runs the fused launch once on x
  * (n_embd) and the attention output att (n_att): ao (n_embd) = Wo att as the wo kernel computes
- * it, raw (n_expert) = R x + M att-as-staged. */
+ * it, raw (n_expert) = R x + M att-as-staged. rows_per_block: 2 forces two router rows per
+ * block (else the launch's own choice). */
 int engine_cuda_op_router_fuse(engine_type wo_type, const void *wo, size_t wo_rb,
                                engine_type wr_type, const void *wr, size_t wr_rb, int n_expert,
                                int n_embd, int n_att, const float *g, const float *x,
-                               const float *att, float *rm, float *ao, float *raw);
+                               const float *att, int rows_per_block, float *rm, float *ao,
+                               float *raw);
 
 /* ---------------------------------------------------------------------------------------------
  * Device views for the batched / prefill path (engine/cuda/batch.cu, prefill.cu, gemm.cu).

@@ -121,7 +121,7 @@ template <int MODE> static void rf_launch(const engine_cu_rf_args *a, cudaStream
             &per_sm, rf_wo_kernel<MODE, 1, 1>, ENGINE_CU_MV_WARPS * 32, smem) != cudaSuccess ||
         per_sm < 1)
         per_sm = 1; /* the error stays for the caller's cudaGetLastError */
-    if (a->rm.m[0].rows + p.blocks > engine_cu_sm_count() * per_sm)
+    if (a->rows_per_block == 2 || a->rm.m[0].rows + p.blocks > engine_cu_sm_count() * per_sm)
         rf_launch_rb<MODE, 2>(a, p, smem, stream);
     else
         rf_launch_rb<MODE, 1>(a, p, smem, stream);
@@ -251,8 +251,8 @@ int engine_cu_rf_build(const uint8_t *wo, int wo_type, size_t wo_rb, const uint8
 extern "C" int engine_cuda_op_router_fuse(engine_type wo_type, const void *wo, size_t wo_rb,
                                           engine_type wr_type, const void *wr, size_t wr_rb,
                                           int n_expert, int n_embd, int n_att, const float *g,
-                                          const float *x, const float *att, float *rm, float *ao,
-                                          float *raw) {
+                                          const float *x, const float *att, int rows_per_block,
+                                          float *rm, float *ao, float *raw) {
     int rc = engine_cuda_usable();
     if (rc) return rc;
     if (!engine_cu_type_supported(wo_type) || !engine_cu_type_supported(wr_type) || n_expert < 1 ||
@@ -302,6 +302,7 @@ extern "C" int engine_cuda_op_router_fuse(engine_type wo_type, const void *wo, s
         a.rm.cols = (int)ld;
         a.x = dx;
         a.n_embd = n_embd;
+        a.rows_per_block = rows_per_block;
         engine_cu_rf_wo(&a, 0);
         if ((e = cudaGetLastError()) != cudaSuccess ||
             (e = cudaDeviceSynchronize()) != cudaSuccess ||

@@ -1,7 +1,9 @@
 /* The router fusion of the CUDA decode step (engine/cuda/router_fuse.cuh) against CPU
  * references in double, on random inputs: the real Qwen3-30B-A3B shape (128 experts, hidden
  * 2048, 32 heads of 128) for Wo of types Q4_K, Q6_K, Q8_0 and F16 with the F32 router the model
- * files carry, and a small shape (8 experts: partial GEMM tiles) with a Q8_0 router.
+ * files carry, two router rows per block forced once, qwen35moe's 257 rows (router + shared
+ * gate, two a block by the launch's own choice), and small shapes (8 and 9 experts: partial
+ * GEMM tiles, an odd last router block) with a Q8_0 router.
  *
  * Error bounds (stated, not tuned to pass):
  *   R = W_r diag(g): |R_gpu - R_ref| <= 1e-6 |R_ref| (one F32 product of the same values);
@@ -55,7 +57,7 @@ static void *make_w(engine_type t, int rows, int cols, float scale, size_t *rb, 
     return w;
 }
 
-static void run_case(engine_type wo_t, engine_type wr_t, int ne, int emb, int na) {
+static void run_case(engine_type wo_t, engine_type wr_t, int ne, int emb, int na, int rpb) {
     const size_t ld = (size_t)emb + (size_t)na;
     size_t wo_rb, wr_rb;
     float *wo_d = malloc(sizeof(float) * (size_t)emb * na);
@@ -85,7 +87,7 @@ static void run_case(engine_type wo_t, engine_type wr_t, int ne, int emb, int na
         memcpy(xhat, att, sizeof(float) * na);
     }
     const int rc = engine_cuda_op_router_fuse(wo_t, wo, wo_rb, wr_t, wr, wr_rb, ne, emb, na, g, x,
-                                              att, rm, ao, raw);
+                                              att, rpb, rm, ao, raw);
     CHECK(rc == 0, "router fusion op, wo %s", engine_type_name(wo_t));
     if (rc) goto out;
     /* ao, and h = x + ao with its RMS scale (as the up kernel stages it) */
@@ -147,10 +149,10 @@ static void run_case(engine_type wo_t, engine_type wr_t, int ne, int emb, int na
           worst_raw);
     CHECK(worst_alg <= 1.0, "wo %s: s * raw vs the unfused logits off by %.3g of the bound",
           engine_type_name(wo_t), worst_alg);
-    printf("wo %-4s router %-4s %3d x %4d x %4d: worst error / bound: R %.3f, M %.3f, ao %.3f, "
+    printf("wo %-4s router %-4s %3d x %4d x %4d%s: worst error / bound: R %.3f, M %.3f, ao %.3f, "
            "raw %.3f, s*raw vs unfused %.3f\n",
-           engine_type_name(wo_t), engine_type_name(wr_t), ne, emb, na, worst_r, worst_m, worst_ao,
-           worst_raw, worst_alg);
+           engine_type_name(wo_t), engine_type_name(wr_t), ne, emb, na,
+           rpb == 2 ? " (2 rows a block)" : "", worst_r, worst_m, worst_ao, worst_raw, worst_alg);
 out:
     free(wo);
     free(wr);
@@ -177,16 +179,20 @@ int main(void) {
     const engine_type wo_types[] = {ENGINE_TYPE_Q4_K, ENGINE_TYPE_Q6_K, ENGINE_TYPE_Q8_0,
                                     ENGINE_TYPE_F16};
     for (size_t i = 0; i < sizeof wo_types / sizeof wo_types[0]; i++)
-        run_case(wo_types[i], ENGINE_TYPE_F32, 128, 2048, 4096);
-    run_case(ENGINE_TYPE_Q4_K, ENGINE_TYPE_Q8_0, 8, 256, 512);
-    run_case(ENGINE_TYPE_Q8_0, ENGINE_TYPE_F32, 8, 256, 96);
+        run_case(wo_types[i], ENGINE_TYPE_F32, 128, 2048, 4096, 0);
+    run_case(ENGINE_TYPE_Q4_K, ENGINE_TYPE_F32, 128, 2048, 4096, 2); /* two rows a block */
+    /* qwen35moe's router + shared-expert gate: 257 rows, two a block (an odd last block) */
+    run_case(ENGINE_TYPE_Q4_K, ENGINE_TYPE_F32, 257, 2048, 4096, 0);
+    run_case(ENGINE_TYPE_Q4_K, ENGINE_TYPE_Q8_0, 8, 256, 512, 0);
+    run_case(ENGINE_TYPE_Q8_0, ENGINE_TYPE_F32, 8, 256, 96, 0);
+    run_case(ENGINE_TYPE_Q8_0, ENGINE_TYPE_F32, 9, 256, 96, 2);
     /* bad shapes: an error, not a crash */
     float one[32] = {0}, out[512];
     CHECK(engine_cuda_op_router_fuse(ENGINE_TYPE_Q4_K, one, 0, ENGINE_TYPE_F32, one, 0, 1, 32, 96,
-                                     one, one, one, out, out, out) == ENGINE_EINVAL,
+                                     one, one, one, 0, out, out, out) == ENGINE_EINVAL,
           "Q4_K wo with rows of 96 values");
     CHECK(engine_cuda_op_router_fuse(ENGINE_TYPE_F32, one, 0, ENGINE_TYPE_F32, one, 0, 0, 32, 32,
-                                     one, one, one, out, out, out) == ENGINE_EINVAL,
+                                     one, one, one, 0, out, out, out) == ENGINE_EINVAL,
           "no experts");
     return support_finish("test_cuda_router_fuse");
 }
