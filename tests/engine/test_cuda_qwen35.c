@@ -23,14 +23,14 @@
  *     to points on and off the snapshot grid, within and beyond the kept snapshots) gives the
  *     same logits bit for bit as a session that never went further.
  *   The defaults take the short attention path (SPARK_CUDA_Q35_ATT_SHORT: a block per query
- *   head up to 256 positions) and the shared-expert fork (SPARK_CUDA_Q35_SH_FORK); the attention
- *   op runs with =1, =64 and =0 too (same bounds) and short against split on the same inputs
- *   bit for bit (out and stored rows), the f32 / q4_k_m models again with both =0; sessions
- *   with SH_FORK=0, Z_FORK=1 (the DeltaNet z projection on a forked branch) or DN_EARLY=1|2
- *   have the default session's logits and device loop bit for bit (check_variant).
- *   SPARK_CUDA_Q35_DN_EARLY=1|2 (the DeltaNet step's early reads; 2: the head's norm through a
- *   block cluster): the op bit for bit the default's over 12 steps, within the CPU bounds, and
- *   the f32 / q4_k_m models again with each.
+ *   head up to 256 positions), the shared-expert and z forks (SPARK_CUDA_Q35_SH_FORK, _Z_FORK:
+ *   launches on a forked graph branch) and the early DeltaNet step with the cluster norm
+ *   (SPARK_CUDA_Q35_DN_EARLY=2); the attention op runs with =1, =64 and =0 too (same bounds)
+ *   and short against split on the same inputs bit for bit (out and stored rows); the DeltaNet
+ *   op with =1 and =2 bit for bit =0 over 12 steps, =0 against the CPU; the f32 / q4_k_m models
+ *   again with every switch =0 and with DN_EARLY=1; sessions with SH_FORK=0, Z_FORK=0,
+ *   DN_EARLY=0 or =1 have the default session's logits and device loop bit for bit
+ *   (check_variant).
  *   SPARK_CUDA_Q35_ROUTER_FUSE=1 (the router and shared-gate logits in the mixer's output
  *   projection launch, engine/cuda/router_fuse.cuh; they differ by F32 rounding only): the
  *   f32 / q4_k_m models against the CPU with the bounds above, and q4_k_m again with
@@ -167,9 +167,10 @@ static void check_deltanet(int nk, int nv, int dk, int K, bool tiled) {
     free(tmp);
 }
 
-/* SPARK_CUDA_Q35_DN_EARLY (the step's state, ring, position and weights read before the PDL
- * wait; one reduction for both l2 norms): the same expressions on the same operands, so out,
- * ring and state equal the default kernel's bit for bit at every step (snapshot steps too). */
+/* SPARK_CUDA_Q35_DN_EARLY=mode (the step's state, ring, position and weights read before the
+ * PDL wait; one reduction for both l2 norms; 2: the cluster norm): the same expressions on the
+ * same operands, so out, ring and state equal the plain kernel's (=0) bit for bit at every
+ * step. */
 static void check_deltanet_early(int nk, int nv, int dk, int K, bool tiled, const char *mode) {
     const int dv = dk, C = 2 * nk * dk + nv * dv, T = 12;
     const size_t S = (size_t)nv * dk * dv, f = sizeof(float);
@@ -194,7 +195,7 @@ static void check_deltanet_early(int nk, int nv, int dk, int K, bool tiled, cons
         fill(b, nv, 0.0f, 3.0f);
         fill(al, nv, 0.0f, 3.0f);
         for (int e = 0; e < 2; e++) {
-            if (e) setenv("SPARK_CUDA_Q35_DN_EARLY", mode, 1);
+            setenv("SPARK_CUDA_Q35_DN_EARLY", e ? mode : "0", 1);
             int rc = engine_cuda_op_q35_deltanet(nk, nv, dk, dv, K, tiled, 3 + t, qkv, z, b, al,
                                                  cw, dt, a, nw, 1e-6f, ring[e], st[e], o[e]);
             unsetenv("SPARK_CUDA_Q35_DN_EARLY");
@@ -532,11 +533,11 @@ out:
 }
 
 /* Session switches that run the same arithmetic as the default in another launch structure:
- * SPARK_CUDA_Q35_SH_FORK=0 (the shared expert's gate/up back in the chain instead of the
- * default's forked graph branch), SPARK_CUDA_Q35_Z_FORK=1 (the DeltaNet z projection on a
- * forked branch), SPARK_CUDA_Q35_DN_EARLY=1|2 (the DeltaNet step's early reads, the cluster
- * norm): a session with VAR=VAL has the default session's logits at every step and device
- * greedy loop, bit for bit. */
+ * SPARK_CUDA_Q35_SH_FORK=0 / Z_FORK=0 (the shared expert's gate/up, the DeltaNet z projection
+ * back in the chain instead of the default's forked graph branch), SPARK_CUDA_Q35_DN_EARLY=0|1
+ * (the plain DeltaNet step, the early one without the default's cluster norm): a session with
+ * VAR=VAL has the default session's logits at every step and device greedy loop, bit for
+ * bit. */
 static void check_variant(const char *type, const char *var, const char *val) {
     char path[600];
     snprintf(path, sizeof path, "%s/qwen35-tiny-var-%s.gguf", tmpdir, type);
@@ -606,10 +607,11 @@ int main(void) {
         check_deltanet_early(2, 4, 64, 4, true, mode);
         check_deltanet_early(16, 32, 128, 4, true, mode);
         check_deltanet_early(16, 32, 128, 4, false, mode);
-        setenv("SPARK_CUDA_Q35_DN_EARLY", mode, 1); /* and against the CPU, same bounds */
-        check_deltanet(16, 32, 128, 4, true);
-        unsetenv("SPARK_CUDA_Q35_DN_EARLY");
     }
+    setenv("SPARK_CUDA_Q35_DN_EARLY", "0", 1); /* the plain kernel against the CPU too */
+    check_deltanet(16, 32, 128, 4, true);
+    check_deltanet(2, 4, 64, 4, false);
+    unsetenv("SPARK_CUDA_Q35_DN_EARLY");
     /* 4200, 9000: past 128 runners of 32 positions, so blocks merge several splits */
     const int32_t positions[] = {0, 1, 63, 64, 300, 4200, 9000};
     for (size_t i = 0; i < sizeof positions / sizeof positions[0]; i++) {
@@ -653,31 +655,31 @@ int main(void) {
     const char *types[] = {"f32", "q8_0", "q4_k_m"};
     for (int i = 0; i < 3; i++)
         run_model(types[i]);
-    /* the whole model again without the defaults' short attention path and shared-expert fork
-     * (read at session creation) */
-    setenv("SPARK_CUDA_Q35_ATT_SHORT", "0", 1);
-    setenv("SPARK_CUDA_Q35_SH_FORK", "0", 1);
-    printf("SPARK_CUDA_Q35_ATT_SHORT=0 SPARK_CUDA_Q35_SH_FORK=0:\n");
+    /* the whole model again without the defaults' short attention path, forks and early
+     * DeltaNet step (read at session creation) */
+    static const char *const plain[] = {"SPARK_CUDA_Q35_ATT_SHORT", "SPARK_CUDA_Q35_SH_FORK",
+                                        "SPARK_CUDA_Q35_Z_FORK", "SPARK_CUDA_Q35_DN_EARLY"};
+    for (int i = 0; i < 4; i++)
+        setenv(plain[i], "0", 1);
+    printf("SPARK_CUDA_Q35_ATT_SHORT=0 SH_FORK=0 Z_FORK=0 DN_EARLY=0:\n");
     run_model("f32");
     run_model("q4_k_m");
-    unsetenv("SPARK_CUDA_Q35_ATT_SHORT");
-    unsetenv("SPARK_CUDA_Q35_SH_FORK");
+    for (int i = 0; i < 4; i++)
+        unsetenv(plain[i]);
     static const char *const variants[][2] = {{"SPARK_CUDA_Q35_SH_FORK", "0"},
-                                              {"SPARK_CUDA_Q35_Z_FORK", "1"},
-                                              {"SPARK_CUDA_Q35_DN_EARLY", "1"},
-                                              {"SPARK_CUDA_Q35_DN_EARLY", "2"}};
+                                              {"SPARK_CUDA_Q35_Z_FORK", "0"},
+                                              {"SPARK_CUDA_Q35_DN_EARLY", "0"},
+                                              {"SPARK_CUDA_Q35_DN_EARLY", "1"}};
     for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++) {
         check_variant("q4_k_m", variants[i][0], variants[i][1]);
         check_variant("f32", variants[i][0], variants[i][1]);
     }
-    /* the DeltaNet step's early reads in the whole model: generation against the CPU as above */
-    for (int e = 1; e <= 2; e++) {
-        setenv("SPARK_CUDA_Q35_DN_EARLY", e == 1 ? "1" : "2", 1);
-        printf("SPARK_CUDA_Q35_DN_EARLY=%d:\n", e);
-        run_model("f32");
-        run_model("q4_k_m"); /* with its rollback check (snapshots taken by the early kernel) */
-        unsetenv("SPARK_CUDA_Q35_DN_EARLY");
-    }
+    /* DN_EARLY=1 (without the cluster) in the whole model: against the CPU as above */
+    setenv("SPARK_CUDA_Q35_DN_EARLY", "1", 1);
+    printf("SPARK_CUDA_Q35_DN_EARLY=1:\n");
+    run_model("f32");
+    run_model("q4_k_m"); /* with its rollback check (snapshots taken by the early kernel) */
+    unsetenv("SPARK_CUDA_Q35_DN_EARLY");
     setenv("SPARK_CUDA_Q35_ROUTER_FUSE", "1", 1);
     printf("SPARK_CUDA_Q35_ROUTER_FUSE=1:\n");
     run_model("f32");
