@@ -505,6 +505,10 @@ struct engine_cuda_q35_session {
      * reads its state, ring, position and weights before its PDL wait (engine_cu_delta.early);
      * 2 (the default): and a head's column blocks add their norms through a block cluster */
     int dn_early;
+    /* SPARK_CUDA_Q35_ATT_EARLY=1 (read at session creation; default off): the gated attention
+     * reads the position and asks L2 for its K/V rows before its PDL wait (ENGINE_CU_GATT_EARLY,
+     * with the short-capable instance only) */
+    int att_early;
     /* SPARK_CUDA_Q35_ROUTER_FUSE=1 (read at session creation; default off): the router and the
      * shared-expert gate logit in the mixer's out_proj / o_proj launch (router_fuse.cuh; raw
      * logits in router[0..X]), the residual add in the up and down kernels */
@@ -708,6 +712,8 @@ extern "C" int engine_cuda_q35_session_new(engine_cuda_q35_session **out, engine
         s->diag_twice = e ? (unsigned)strtoul(e, NULL, 0) : 0u;
         s->att_short = q35_att_short_env();
         s->dn_early = q35_dn_early_env();
+        e = getenv("SPARK_CUDA_Q35_ATT_EARLY");
+        s->att_early = e && e[0] == '1';
         e = getenv("SPARK_CUDA_Q35_ROUTER_FUSE");
         s->rf = e && e[0] == '1';
     }
@@ -1097,6 +1103,7 @@ static void q35_attention(engine_cuda_q35_session *s, const q35_cl *ly, float ep
     a.v = s->v;
     a.pos = &s->step->pos;
     a.out = s->att;
+    if (s->att_early && a.short_n > 0) a.short_n |= ENGINE_CU_GATT_EARLY; /* decode only */
     for (int i = 0; i < q35_diag_n(s, Q35_DIAG_AT); i++)
         engine_cu_gatt_run(&a, st);
     q35_mark(p, 3, st);

@@ -219,6 +219,32 @@ __device__ __forceinline__ void gatt_short_block(const engine_cu_gatt a, int h, 
     }
 }
 
+/* ENGINE_CU_GATT_EARLY (decode step, before the PDL wait): the block asks L2 for the K and V
+ * rows it will read, positions before pos only (pos itself is stored in this launch): the
+ * short path's block all of them (n <= 256), a split-path runner its first split. */
+template <int G, int HD> __device__ __forceinline__ void gatt_prefetch(const engine_cu_gatt &a) {
+    const int pos = *a.pos, n = pos + 1, nsplit = (n + SPL - 1) / SPL;
+    const size_t row = (size_t)a.n_kv * HD, es = a.kv_f32 ? 4 : 2;
+    constexpr int LINES = HD * 4 / 128; /* 128-byte lines of an F32 row (F16: half of them) */
+    const int lines = a.kv_f32 ? LINES : LINES / 2, tid = threadIdx.x;
+    int p_lo, p_hi; /* [p_lo, p_hi) */
+    if (n <= (a.short_n & ~ENGINE_CU_GATT_EARLY)) {
+        if ((int)blockIdx.y >= G) return;
+        p_lo = 0, p_hi = pos;
+    } else {
+        const int nact = min((int)gridDim.y, nsplit);
+        if ((int)blockIdx.y >= nact) return;
+        p_lo = (int)blockIdx.y * SPL, p_hi = min(p_lo + SPL, pos);
+    }
+    const size_t col = (size_t)blockIdx.x * HD;
+    for (int i = tid; i < (p_hi - p_lo) * lines; i += GATT_THREADS) {
+        const int p = p_lo + i / lines, l = i - (i / lines) * lines;
+        const size_t off = ((size_t)p * row + col) * es + (size_t)l * 128;
+        asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)a.k_cache + off));
+        asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)a.v_cache + off));
+    }
+}
+
 /* Grid (n_kv, runners) of GATT_THREADS; with SHORT (a.short_n > 0) at least G runners: while
  * pos + 1 <= a.short_n, block (g, y < G) serves query head g G + y alone (the rest exit), else
  * the split path below (its runners are the same: runners >= splits of pos + 1 or 128). */
@@ -234,10 +260,12 @@ __global__ void __launch_bounds__(GATT_THREADS, SHORT ? 1 : 0) gatt_kernel(engin
     float *red = e + G * SPL;      /* [PG][G][HD] */
     float *kr = red + PG * G * HD; /* [HD] */
     engine_cu_pdl_launch();
+    if constexpr (SHORT)
+        if (a.short_n & ENGINE_CU_GATT_EARLY) gatt_prefetch<G, HD>(a);
     engine_cu_pdl_wait();
     const int pos = *a.pos, n = pos + 1, nsplit = (n + SPL - 1) / SPL;
     if constexpr (SHORT) {
-        if (n <= a.short_n) {
+        if (n <= (a.short_n & ~ENGINE_CU_GATT_EARLY)) {
             extern __shared__ __align__(16) float gs_smem[]; /* ga_smem, 16-byte aligned */
             const int y = blockIdx.y;
             if (y < G && a.kv_f32)
@@ -276,21 +304,51 @@ __global__ void __launch_bounds__(GATT_THREADS, SHORT ? 1 : 0) gatt_kernel(engin
     }
     for (int s = blockIdx.y; s < nsplit; s += nact) {
         const int p0 = s * SPL, np = min(SPL, n - p0);
-        /* scores: a warp per position */
-        for (int pi = wi; pi < np; pi += GATT_WARPS) {
-            const size_t base = (size_t)(p0 + pi) * row + (size_t)g * HD;
-            float kv[HD / 32];
+        /* scores: a warp per position (SHORT: the warp's SPL / 8 positions' loads together) */
+        if constexpr (SHORT) {
+            constexpr int PW = SPL / GATT_WARPS;
+            float kv[PW][HD / 32];
 #pragma unroll
-            for (int t = 0; t < HD / 32; t++)
-                kv[t] = engine_cu_gatt_load(a.k_cache, a.kv_f32, base + lane + 32 * t);
-#pragma unroll
-            for (int h = 0; h < G; h++) {
-                float acc = 0.0f;
+            for (int u = 0; u < PW; u++) {
+                const int pi = wi + u * GATT_WARPS;
+                const size_t base = (size_t)(p0 + pi) * row + (size_t)g * HD;
 #pragma unroll
                 for (int t = 0; t < HD / 32; t++)
-                    acc += qs[h * HD + lane + 32 * t] * kv[t];
-                acc = engine_cu_warp_sum(acc);
-                if (lane == 0) e[h * SPL + pi] = acc * scale;
+                    kv[u][t] = pi < np ? engine_cu_gatt_load(a.k_cache, a.kv_f32,
+                                                             base + lane + 32 * t)
+                                       : 0.0f;
+            }
+            asm volatile("" ::: "memory"); /* keep the loads ahead of the sums */
+#pragma unroll
+            for (int u = 0; u < PW; u++) {
+                const int pi = wi + u * GATT_WARPS;
+                if (pi >= np) break;
+#pragma unroll
+                for (int h = 0; h < G; h++) {
+                    float acc = 0.0f;
+#pragma unroll
+                    for (int t = 0; t < HD / 32; t++)
+                        acc += qs[h * HD + lane + 32 * t] * kv[u][t];
+                    acc = engine_cu_warp_sum(acc);
+                    if (lane == 0) e[h * SPL + pi] = acc * scale;
+                }
+            }
+        } else {
+            for (int pi = wi; pi < np; pi += GATT_WARPS) {
+                const size_t base = (size_t)(p0 + pi) * row + (size_t)g * HD;
+                float kv[HD / 32];
+#pragma unroll
+                for (int t = 0; t < HD / 32; t++)
+                    kv[t] = engine_cu_gatt_load(a.k_cache, a.kv_f32, base + lane + 32 * t);
+#pragma unroll
+                for (int h = 0; h < G; h++) {
+                    float acc = 0.0f;
+#pragma unroll
+                    for (int t = 0; t < HD / 32; t++)
+                        acc += qs[h * HD + lane + 32 * t] * kv[t];
+                    acc = engine_cu_warp_sum(acc);
+                    if (lane == 0) e[h * SPL + pi] = acc * scale;
+                }
             }
         }
         __syncthreads();
@@ -313,13 +371,34 @@ __global__ void __launch_bounds__(GATT_THREADS, SHORT ? 1 : 0) gatt_kernel(engin
 #pragma unroll
         for (int h = 0; h < G; h++)
             acc[h] = 0.0f;
-#pragma unroll 4
-        for (int pi = pg; pi < np; pi += PG) {
-            const float v = engine_cu_gatt_load(a.v_cache, a.kv_f32,
-                                                (size_t)(p0 + pi) * row + (size_t)g * HD + d);
+        if constexpr (SHORT) { /* the thread's SPL / PG values loaded together, then summed */
+            constexpr int NV = SPL / PG;
+            float vv[NV];
 #pragma unroll
-            for (int h = 0; h < G; h++)
-                acc[h] += e[h * SPL + pi] * v;
+            for (int i = 0; i < NV; i++) {
+                const int pi = pg + i * PG;
+                vv[i] = pi < np ? engine_cu_gatt_load(a.v_cache, a.kv_f32,
+                                                      (size_t)(p0 + pi) * row + (size_t)g * HD + d)
+                                : 0.0f;
+            }
+            asm volatile("" ::: "memory");
+#pragma unroll
+            for (int i = 0; i < NV; i++) {
+                const int pi = pg + i * PG;
+                if (pi >= np) break;
+#pragma unroll
+                for (int h = 0; h < G; h++)
+                    acc[h] += e[h * SPL + pi] * vv[i];
+            }
+        } else {
+#pragma unroll 4
+            for (int pi = pg; pi < np; pi += PG) {
+                const float v = engine_cu_gatt_load(a.v_cache, a.kv_f32,
+                                                    (size_t)(p0 + pi) * row + (size_t)g * HD + d);
+#pragma unroll
+                for (int h = 0; h < G; h++)
+                    acc[h] += e[h * SPL + pi] * v;
+            }
         }
 #pragma unroll
         for (int h = 0; h < G; h++)
@@ -378,7 +457,7 @@ __global__ void __launch_bounds__(64) gatt_merge_kernel(engine_cu_gatt a) {
     const int h = blockIdx.x, tid = threadIdx.x, lane = tid & 31;
     const int n = *a.pos + 1, nsplit = (n + SPL - 1) / SPL, max_splits = (a.n_ctx + SPL - 1) / SPL;
     if constexpr (SHORT)
-        if (n <= a.short_n) return; /* gatt_short_block wrote the output */
+        if (n <= (a.short_n & ~ENGINE_CU_GATT_EARLY)) return; /* the short block wrote it */
     const int nact = min(min(max_splits, ENGINE_CU_GATT_RUNNERS), nsplit);
     const float *ph = a.partial + (size_t)h * max_splits * (HD + 2);
     const int dd = (int)blockIdx.y * 64 + tid;
@@ -441,7 +520,7 @@ template <int G, int HD> static void gatt_launch(const engine_cu_gatt *a, cudaSt
     constexpr int PG = GATT_THREADS / HD;
     size_t smem = sizeof(float) * ((size_t)G * HD + (size_t)G * SPL + (size_t)PG * G * HD + HD);
     const int runners = min(engine_cu_gatt_splits(a->n_ctx), ENGINE_CU_GATT_RUNNERS);
-    if (a->short_n <= 0) {
+    if ((a->short_n & ~ENGINE_CU_GATT_EARLY) <= 0) {
         engine_cu_launch(gatt_kernel<G, HD, false>, dim3(a->n_kv, runners), dim3(GATT_THREADS),
                          smem, stream, *a);
         engine_cu_launch(gatt_merge_kernel<HD, false>, dim3(a->n_head, HD / 64), dim3(64), 0,
@@ -477,7 +556,9 @@ template <int HD> static void gatt_launch_hd(const engine_cu_gatt *a, cudaStream
 
 void engine_cu_gatt_run(const engine_cu_gatt *a_in, cudaStream_t stream) {
     engine_cu_gatt b = *a_in, *a = &b;
-    b.short_n = std::min(std::max(b.short_n, 0), ENGINE_CU_GATT_SHORT_MAX);
+    const int early = b.short_n & ENGINE_CU_GATT_EARLY, sn = b.short_n & ~ENGINE_CU_GATT_EARLY;
+    b.short_n = std::min(std::max(sn, 0), ENGINE_CU_GATT_SHORT_MAX);
+    if (b.short_n > 0) b.short_n |= early;
     if (a->hd == 64)
         gatt_launch_hd<64>(a, stream);
     else if (a->hd == 128)

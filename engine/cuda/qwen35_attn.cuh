@@ -41,6 +41,10 @@
 #define ENGINE_CU_GATT_RUNNERS 128 /* blocks per KV head at most */
 #define ENGINE_CU_GATT_MAX_GROUP 16
 #define ENGINE_CU_GATT_SHORT_MAX 256 /* short_n at most (8 splits) */
+/* Or'ed into short_n by the decode step: read the position and ask L2 for the block's K/V rows
+ * before the PDL wait (only where no kernel of the chain writes the position or those rows: the
+ * decode step; the MTP passes chain one position per launch, so they leave it out). */
+#define ENGINE_CU_GATT_EARLY 0x10000
 
 typedef struct {
     const float *qg;              /* [n_head][2 hd]: q then gate of each head */
@@ -51,7 +55,8 @@ typedef struct {
     float eps;
     void *k_cache, *v_cache; /* [n_ctx][n_kv * hd] F16 (kv_f32 = 0) or F32 */
     int kv_f32;
-    int short_n;        /* 0: off; else (1..ENGINE_CU_GATT_SHORT_MAX) the short path below */
+    int short_n;        /* 0: off; else (1..ENGINE_CU_GATT_SHORT_MAX) the short path below,
+                         * | ENGINE_CU_GATT_EARLY */
     const int32_t *pos; /* device */
     int n_ctx, n_head, n_kv, hd;
     float *partial;     /* [n_head][engine_cu_gatt_splits(n_ctx)][hd + 2] (a block's at its

@@ -29,8 +29,9 @@
  *   and short against split on the same inputs bit for bit (out and stored rows); the DeltaNet
  *   op with =1 and =2 bit for bit =0 over 12 steps, =0 against the CPU; the f32 / q4_k_m models
  *   again with every switch =0 and with DN_EARLY=1; sessions with SH_FORK=0, Z_FORK=0,
- *   DN_EARLY=0 or =1 have the default session's logits and device loop bit for bit
- *   (check_variant).
+ *   DN_EARLY=0 or =1, ATT_EARLY=1 (the attention's early position read and K/V prefetch; also
+ *   with ATT_SHORT=16, so the split path takes it) have the default session's logits and
+ *   device loop bit for bit (check_variant).
  *   SPARK_CUDA_Q35_ROUTER_FUSE=1 (the router and shared-gate logits in the mixer's output
  *   projection launch, engine/cuda/router_fuse.cuh; they differ by F32 rounding only): the
  *   f32 / q4_k_m models against the CPU with the bounds above, and q4_k_m again with
@@ -538,7 +539,8 @@ out:
  * (the plain DeltaNet step, the early one without the default's cluster norm): a session with
  * VAR=VAL has the default session's logits at every step and device greedy loop, bit for
  * bit. */
-static void check_variant(const char *type, const char *var, const char *val) {
+static void check_variant(const char *type, const char *var, const char *val, const char *var2,
+                          const char *val2) {
     char path[600];
     snprintf(path, sizeof path, "%s/qwen35-tiny-var-%s.gguf", tmpdir, type);
     if (support_gen("qwen35-tiny", type, 12, path) != 0) {
@@ -562,8 +564,10 @@ static void check_variant(const char *type, const char *var, const char *val) {
     CHECK(engine_cuda_q35_model_new(&gm, m, 0) == 0, "cuda model");
     for (int f = 0; f < 2 && gm; f++) { /* 0: the default, 1: var=val */
         if (f) setenv(var, val, 1);
+        if (f && var2) setenv(var2, val2, 1);
         CHECK(engine_cuda_q35_session_new(&gs[f], gm, N_CTX, ENGINE_KV_F16) == 0, "session %d", f);
         unsetenv(var);
+        if (var2) unsetenv(var2);
         l[f] = malloc(sizeof(float) * nv);
     }
     int32_t tok = 7, differ = -1;
@@ -580,7 +584,8 @@ static void check_variant(const char *type, const char *var, const char *val) {
         CHECK(engine_cuda_q35_generate(gs[f], 3, 0, N_GEN, 0.0f, 0, out[f]) == 0, "generate %d", f);
     if (gs[1])
         CHECK(memcmp(out[0], out[1], sizeof out[0]) == 0, "%s=%s device loop differs", var, val);
-    printf("qwen35-tiny %-6s %s=%s: logits of %d steps and the device loop %s\n", type, var, val,
+    printf("qwen35-tiny %-6s %s=%s%s%s%s%s: logits of %d steps and the device loop %s\n", type, var,
+           val, var2 ? " " : "", var2 ? var2 : "", var2 ? "=" : "", var2 ? val2 : "",
            N_PROMPT + N_GEN, differ < 0 ? "identical to the default" : "DIFFER");
     for (int f = 0; f < 2; f++) {
         engine_cuda_q35_session_free(gs[f]);
@@ -666,13 +671,18 @@ int main(void) {
     run_model("q4_k_m");
     for (int i = 0; i < 4; i++)
         unsetenv(plain[i]);
-    static const char *const variants[][2] = {{"SPARK_CUDA_Q35_SH_FORK", "0"},
-                                              {"SPARK_CUDA_Q35_Z_FORK", "0"},
-                                              {"SPARK_CUDA_Q35_DN_EARLY", "0"},
-                                              {"SPARK_CUDA_Q35_DN_EARLY", "1"}};
+    /* ATT_EARLY with ATT_SHORT=16: positions 16.. take the split path with its early reads */
+    static const char *const variants[][4] = {
+        {"SPARK_CUDA_Q35_SH_FORK", "0", NULL, NULL},
+        {"SPARK_CUDA_Q35_Z_FORK", "0", NULL, NULL},
+        {"SPARK_CUDA_Q35_DN_EARLY", "0", NULL, NULL},
+        {"SPARK_CUDA_Q35_DN_EARLY", "1", NULL, NULL},
+        {"SPARK_CUDA_Q35_ATT_EARLY", "1", NULL, NULL},
+        {"SPARK_CUDA_Q35_ATT_EARLY", "1", "SPARK_CUDA_Q35_ATT_SHORT", "16"}};
     for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++) {
-        check_variant("q4_k_m", variants[i][0], variants[i][1]);
-        check_variant("f32", variants[i][0], variants[i][1]);
+        const char *const *v = variants[i];
+        check_variant("q4_k_m", v[0], v[1], v[2], v[3]);
+        check_variant("f32", v[0], v[1], v[2], v[3]);
     }
     /* DN_EARLY=1 (without the cluster) in the whole model: against the CPU as above */
     setenv("SPARK_CUDA_Q35_DN_EARLY", "1", 1);
