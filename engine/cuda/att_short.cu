@@ -1,17 +1,14 @@
-/* Decode attention, the sessions' SPARK_CUDA_ATT_SHORT launch (attention.cuh short_path): a
- * flat grid of max(n_head, n_kv * max_splits) blocks that map themselves from the device-side
- * position: below ENGINE_CU_ATT_SPLIT positions a block per query head (att_short_dev.cuh),
- * else att_block's (KV head, split) blocks. A translation unit of its own, so that the default
+/* Decode attention, the sessions' launch (attention.cuh short_path): a flat grid of blocks
+ * that map themselves from the device-side position: below ENGINE_CU_ATT_SPLIT positions (or
+ * up to long_splits splits) a block per (query head, split) (att_short_dev.cuh), else
+ * att_block's (KV head, split) blocks. A translation unit of its own, so that the per-KV-head
  * kernel (attention.cu) keeps its code, registers and shared variables unchanged. */
 #include "att_short_dev.cuh"
 #include "attention_dev.cuh"
 
-/* EARLY: short_path 2 (the first K rows and V chunk copied into shared memory before the wait).
- * HD 256 and EARLY may take more than 128 registers (one block per multiprocessor; else they
- * spill). */
-template <int HD, bool EARLY>
-__global__ void __launch_bounds__(ATT_THREADS, HD > 128 || EARLY ? 1 : 2)
-    att_flat_kernel(engine_cu_att a) {
+/* HD 256 may take more than 128 registers (one block per multiprocessor; else it spills). */
+template <int HD>
+__global__ void __launch_bounds__(ATT_THREADS, HD > 128 ? 1 : 2) att_flat_kernel(engine_cu_att a) {
     extern __shared__ __align__(16) float att_smem[];
     engine_cu_pdl_launch();
     /* the position is set before the step's graph runs (no kernel of the step writes it) */
@@ -24,11 +21,9 @@ __global__ void __launch_bounds__(ATT_THREADS, HD > 128 || EARLY ? 1 : 2)
         if ((int)blockIdx.x >= a.n_head * n_act) return;
         const int s = blockIdx.x / a.n_head, h = blockIdx.x - s * a.n_head;
         if (a.kv_f32)
-            att_short_block<HD, true, EARLY>(a, h, s, pos, max_splits, att_smem,
-                                             engine_cu_pdl_sync{});
+            att_short_block<HD, true>(a, h, s, pos, max_splits, att_smem, engine_cu_pdl_sync{});
         else
-            att_short_block<HD, false, EARLY>(a, h, s, pos, max_splits, att_smem,
-                                              engine_cu_pdl_sync{});
+            att_short_block<HD, false>(a, h, s, pos, max_splits, att_smem, engine_cu_pdl_sync{});
         return;
     }
     const int s = blockIdx.x / a.n_kv;
@@ -44,12 +39,8 @@ template <int HD> static void att_flat_launch(const engine_cu_att *a, cudaStream
     const int nb = a->n_head * ls; /* the per-head blocks of the longest per-head position */
     const dim3 grid((unsigned)(nb > a->n_kv * max_splits ? nb : a->n_kv * max_splits));
     size_t smem = att_smem_bytes(a->n_head / a->n_kv, a->hd);
-    const size_t ss = att_short_smem_bytes(a->hd, a->kv_f32, a->short_path == 2);
-    if (ss > smem) smem = ss;
-    if (a->short_path == 2)
-        engine_cu_launch(att_flat_kernel<HD, true>, grid, dim3(ATT_THREADS), smem, stream, *a);
-    else
-        engine_cu_launch(att_flat_kernel<HD, false>, grid, dim3(ATT_THREADS), smem, stream, *a);
+    if (att_short_smem_bytes(a->hd) > smem) smem = att_short_smem_bytes(a->hd);
+    engine_cu_launch(att_flat_kernel<HD>, grid, dim3(ATT_THREADS), smem, stream, *a);
 }
 
 void engine_cu_attention_flat(const engine_cu_att *a, cudaStream_t stream) {

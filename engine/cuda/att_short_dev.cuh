@@ -23,9 +23,9 @@
  *   one barrier; each output summed over the warps in warp order and divided by the sum.
  * The arithmetic, and its order, is att_block's for n_act == 1 (same dot product expression,
  * same exp inputs, same V accumulation order, same warp order), so the outputs are meant to
- * equal the per-KV-head path's bit for bit; the tests check it.
- * SPARK_CUDA_ATT_SHORT=2 (EARLY) also copies the first score pass's K rows and each warp's first
- * V chunk into shared memory with cp.async before the wait. The kernel is att_short.cu's. */
+ * equal the per-KV-head path's bit for bit; the tests check it. (Copying the first K rows and
+ * V chunk into shared memory with cp.async before the wait was measured no faster on the H200:
+ * removed.) The kernel is att_short.cu's. */
 #ifndef SPARK_ENGINE_CUDA_ATT_SHORT_DEV_CUH
 #define SPARK_ENGINE_CUDA_ATT_SHORT_DEV_CUH
 
@@ -38,38 +38,20 @@ __host__ __device__ constexpr int att_short_pp(int hd) {
 __host__ __device__ constexpr int att_short_vu(int hd) {
     return hd / 32 <= 4 ? 16 : 4;
 }
-/* Row stride of the staged K rows (EARLY): the row plus a pad that puts the two positions of a
- * quarter warp's 16-byte loads on different banks. */
-__host__ __device__ constexpr int att_short_krs(int hd, bool f32) {
-    return hd * (f32 ? 4 : 2) + (f32 ? 16 : 64);
-}
-
 /* Shared memory of a per-head block: sq[HD], sc[SPLIT], so[ATT_WARPS][HD] floats, then the new
- * K and V rows in the cache's format (HD floats of room each); with early (short_path 2) then
- * the first score pass's K rows (att_short_krs bytes apart) and each warp's first V chunk. */
-static inline size_t att_short_smem_bytes(int hd, bool f32, bool early) {
-    size_t b = sizeof(float) * ((size_t)hd + ENGINE_CU_ATT_SPLIT + (size_t)ATT_WARPS * hd + 2 * hd);
-    if (early)
-        b += (size_t)att_short_pp(hd) * (ATT_THREADS / ATT_TPP) * att_short_krs(hd, f32) +
-             (size_t)ATT_WARPS * att_short_vu(hd) * hd * (f32 ? 4 : 2);
-    return b;
+ * K and V rows in the cache's format (HD floats of room each). */
+static inline size_t att_short_smem_bytes(int hd) {
+    return sizeof(float) * ((size_t)hd + ENGINE_CU_ATT_SPLIT + (size_t)ATT_WARPS * hd + 2 * hd);
 }
 
-/* 16 bytes global -> shared without registers (cp.async, sm_80+; both 16-byte aligned). */
-__device__ __forceinline__ void att_cp_async16(void *dst, const void *src) {
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
-}
-
-/* Block of query head h while pos < ENGINE_CU_ATT_SPLIT; F32 = a.kv_f32 (a template argument,
- * so that each loop's loads sit in one basic block with no per-load branch on the cache type);
- * EARLY (SPARK_CUDA_ATT_SHORT=2): before the wait the block copies (cp.async, no registers)
- * the first score pass's K rows and each warp's first V chunk (rows before the position: final
- * when the kernel starts) into shared memory, so that after the wait only the q/k/v inputs are
- * a round trip away; the same values in the same order, so the same results. att_smem:
- * att_short_smem_bytes(HD, F32, EARLY) of dynamic shared memory (16-byte aligned); sync.wait()
- * before the inputs are read (every thread calls it). */
-template <int HD, bool F32, bool EARLY, typename S>
+/* Block of query head h over split s (positions s * ENGINE_CU_ATT_SPLIT ..; the only split
+ * below ENGINE_CU_ATT_SPLIT positions) of a launch at position pos; F32 = a.kv_f32 (a template
+ * argument, so that each loop's loads sit in one basic block with no per-load branch on the
+ * cache type). One split: the block writes the head's output; more: att_block's partial for
+ * the split, the head's last block (counters[h]) merging them into the output. att_smem:
+ * att_short_smem_bytes of dynamic shared memory (16-byte aligned); sync.wait() before the
+ * inputs are read (every thread calls it). */
+template <int HD, bool F32, typename S>
 __device__ __forceinline__ void att_short_block(const engine_cu_att &a, int h, int s, int pos,
                                                 int max_splits, float *att_smem, const S &sync) {
     constexpr int DPL = HD / 32;         /* V dimensions per lane */
@@ -80,7 +62,6 @@ __device__ __forceinline__ void att_short_block(const engine_cu_att &a, int h, i
      * clamped to it, their terms skipped), so a short tail costs one round trip, not one per
      * row */
     constexpr int VU = att_short_vu(HD);
-    constexpr int KRS = att_short_krs(HD, F32), CH = HD * (F32 ? 4 : 2) / 16;
     constexpr size_t elt = F32 ? 4 : 2;
     const int G = a.n_head / a.n_kv, kvh = h / G, g = h - kvh * G;
     const int n_act = (pos + ENGINE_CU_ATT_SPLIT) / ENGINE_CU_ATT_SPLIT;
@@ -96,23 +77,6 @@ __device__ __forceinline__ void att_short_block(const engine_cu_att &a, int h, i
     const int nk = (nl - w + ATT_WARPS - 1) / ATT_WARPS; /* this warp's rows < nl */
     float *sq = att_smem, *sc = sq + HD, *so = sc + ENGINE_CU_ATT_SPLIT;
     uint8_t *skr = (uint8_t *)(so + ATT_WARPS * HD), *svr = skr + sizeof(float) * HD;
-    uint8_t *sk0 = svr + sizeof(float) * HD;      /* EARLY: [PP * PSTEP][KRS] */
-    uint8_t *sv0 = sk0 + (size_t)PP * PSTEP * KRS; /* EARLY: [ATT_WARPS][VU][HD * elt] */
-    if (EARLY) {
-        const int nr = min(nl, PP * PSTEP);
-        for (int c = threadIdx.x; c < nr * CH; c += ATT_THREADS) {
-            const int r = c / CH, q = c - r * CH;
-            att_cp_async16(sk0 + (size_t)r * KRS + 16 * q,
-                           (const void *)(kc + ((uintptr_t)r * kv_dim * elt + 16 * q)));
-        }
-        const int nv = min(nk, VU);
-        for (int c = lane; c < nv * CH; c += 32) {
-            const int k = c / CH, q = c - k * CH;
-            att_cp_async16(sv0 + ((size_t)w * VU + k) * HD * elt + 16 * q,
-                           vc + (size_t)(w + ATT_WARPS * k) * kv_dim * elt + 16 * q);
-        }
-        asm volatile("cp.async.commit_group;" ::: "memory");
-    }
     { /* the split's final rows (before the position) to L2, a share per block of the group */
         const int p = g + G * (int)threadIdx.x;
         if (p < nl) {
@@ -155,7 +119,6 @@ __device__ __forceinline__ void att_short_block(const engine_cu_att &a, int h, i
             }
         }
     }
-    if (EARLY) asm volatile("cp.async.wait_all;" ::: "memory"); /* then the barrier shares them */
     __syncthreads();
 
     /* scores: ATT_TPP threads per position, PP positions per thread, all their loads issued
@@ -165,25 +128,14 @@ __device__ __forceinline__ void att_short_block(const engine_cu_att &a, int h, i
     const float scale = 1.0f / sqrtf((float)HD);
     for (int jb = 0; jb < np; jb += PP * PSTEP) { /* uniform over the block */
         float kk[PP][NI][8];
-        if (EARLY && jb == 0) { /* the staged rows */
 #pragma unroll
-            for (int u = 0; u < PP; u++) {
-                const int j = u * PSTEP + (int)threadIdx.x / ATT_TPP;
-                const uint8_t *row = j < nl ? sk0 + (size_t)j * KRS : skr;
+        for (int u = 0; u < PP; u++) {
+            const int j = jb + u * PSTEP + (int)threadIdx.x / ATT_TPP;
+            const uintptr_t rg = kc + (uintptr_t)j * kv_dim * elt;
+            const void *row = (const void *)(j < nl ? rg : (uintptr_t)skr);
 #pragma unroll
-                for (int ii = 0; ii < NI; ii++)
-                    kv_load8(row, F32, 8 * (part + ATT_TPP * ii), kk[u][ii]);
-            }
-        } else {
-#pragma unroll
-            for (int u = 0; u < PP; u++) {
-                const int j = jb + u * PSTEP + (int)threadIdx.x / ATT_TPP;
-                const uintptr_t rg = kc + (uintptr_t)j * kv_dim * elt;
-                const void *row = (const void *)(j < nl ? rg : (uintptr_t)skr);
-#pragma unroll
-                for (int ii = 0; ii < NI; ii++)
-                    kv_load8(row, F32, 8 * (part + ATT_TPP * ii), kk[u][ii]);
-            }
+            for (int ii = 0; ii < NI; ii++)
+                kv_load8(row, F32, 8 * (part + ATT_TPP * ii), kk[u][ii]);
         }
 #pragma unroll
         for (int u = 0; u < PP; u++) {
@@ -228,17 +180,10 @@ __device__ __forceinline__ void att_short_block(const engine_cu_att &a, int h, i
         acc[t] = 0.0f;
     for (int k0 = 0; k0 < nk; k0 += VU) { /* uniform over the warp */
         float vv[VU][DPL];
-        if (EARLY && k0 == 0) { /* the staged chunk */
 #pragma unroll
-            for (int u = 0; u < VU; u++)
-                kv_loadn<DPL>(sv0 + ((size_t)w * VU + min(u, nk - 1)) * HD * elt, F32,
-                              (size_t)lane * DPL, vv[u]);
-        } else {
-#pragma unroll
-            for (int u = 0; u < VU; u++)
-                kv_loadn<DPL>(vc + (size_t)(w + ATT_WARPS * min(k0 + u, nk - 1)) * kv_dim * elt,
-                              F32, (size_t)lane * DPL, vv[u]);
-        }
+        for (int u = 0; u < VU; u++)
+            kv_loadn<DPL>(vc + (size_t)(w + ATT_WARPS * min(k0 + u, nk - 1)) * kv_dim * elt, F32,
+                          (size_t)lane * DPL, vv[u]);
 #pragma unroll
         for (int u = 0; u < VU; u++) {
             const float pj = __shfl_sync(0xffffffffu, e, (k0 + u) & 31);

@@ -41,9 +41,8 @@ typedef struct {
     int long_splits;
     void *k_cache, *v_cache; /* [n_ctx][n_kv * hd] of F16 (kv_f32 = 0) or F32 */
     int kv_f32;
-    /* 1: a block per query head at short context (see above); 2: the same, its first K rows and
-     * V chunk copied to shared memory before the wait (att_short_dev.cuh). In the padding
-     * before pos, so that the default kernel's parameter layout stays as it was. */
+    /* 1: a block per query head at short context (see above). In the padding before pos, so
+     * that the per-KV-head kernel's parameter layout stays as it was. */
     int short_path;
     const int32_t *pos; /* device: the position of this token */
     int n_ctx, n_head, n_kv, hd;

@@ -113,7 +113,7 @@ struct engine_cuda_session {
     /* SPARK_CUDA_ATT_SHORT (default 1, measured +9.0% tok/s on the 12-block Qwen3-30B-A3B cut,
      * H200, bit-identical tokens): the attention launch serves positions < ENGINE_CU_ATT_SPLIT
      * with a block per query head (attention.cuh short_path; the same outputs bit for bit);
-     * =2: the same with its first K/V rows loaded before the wait; =0: the per-KV-head launch */
+     * =0: the per-KV-head launch */
     int att_short;
     /* SPARK_CUDA_ATT_LONG=N (with ATT_SHORT; default 0, not yet measured): up to N positions
      * the attention launch also takes a block per (query head, split of 256), the last of a
@@ -574,7 +574,7 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         s->down_early = e && e[0] == '1';
         if (s->up_early || s->down_early) s->route_once = 1;
         e = getenv("SPARK_CUDA_ATT_SHORT");
-        s->att_short = e && e[0] >= '0' && e[0] <= '2' ? e[0] - '0' : 1;
+        s->att_short = e ? e[0] != '0' : 1;
         e = getenv("SPARK_CUDA_ATT_LONG");
         s->att_long = e ? (atoi(e) + ENGINE_CU_ATT_SPLIT - 1) / ENGINE_CU_ATT_SPLIT : 0;
         if (s->att_long < 0 || s->att_long > ENGINE_CU_ATT_SPLIT) s->att_long = 0;

@@ -137,10 +137,10 @@ extern "C" int engine_cuda_op_attention(int n_head, int n_kv, int hd, int32_t po
     if (a.rc) return a.rc;
     engine_cu_att at = {dq, dkn,  dvn,   dqw,    dkw,  dif, eps,   0,    dk,  dv,
                         kv == ENGINE_KV_F32, 0, dpos, n_ctx, n_head, n_kv, hd, dpart, dcnt, dout};
-    { /* SPARK_CUDA_OP_ATT_SHORT=1|2 [SPARK_CUDA_OP_ATT_LONG=N]: the sessions' SPARK_CUDA_ATT_SHORT
-       * (and SPARK_CUDA_ATT_LONG) launch (attention.cuh) */
+    { /* SPARK_CUDA_OP_ATT_SHORT=1 [SPARK_CUDA_OP_ATT_LONG=N]: the sessions' launch (their
+       * default; SPARK_CUDA_ATT_LONG) (attention.cuh); else the per-KV-head launch */
         const char *e = getenv("SPARK_CUDA_OP_ATT_SHORT");
-        at.short_path = e && (e[0] == '1' || e[0] == '2') ? e[0] - '0' : 0;
+        at.short_path = e && e[0] == '1';
         e = getenv("SPARK_CUDA_OP_ATT_LONG");
         at.long_splits = e ? (atoi(e) + ENGINE_CU_ATT_SPLIT - 1) / ENGINE_CU_ATT_SPLIT : 0;
         if (at.long_splits < 0 || at.long_splits > ENGINE_CU_ATT_SPLIT) at.long_splits = 0;

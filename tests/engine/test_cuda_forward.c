@@ -31,7 +31,7 @@
  * The decode stage-6 switches (alt_sets below, one more session each: the routing in the
  * router's last block, the up kernel's staging and the down kernel's ids and prefetch before
  * their waits) and SPARK_CUDA_ATT_SHORT (the attention launch with a block per query head:
- * the default 1; 0 the per-KV-head launch, 2 with early loads) keep the arithmetic, so each
+ * the default 1; 0 the per-KV-head launch) keep the arithmetic, so each
  * such session's logits and tokens must equal the default session's bit for bit at every
  * step, and its device-resident greedy generation must give the same tokens.
  * Arguments PRESET TYPE [N_GEN] run that one model (for compute-sanitizer racecheck), with
@@ -63,14 +63,13 @@ static int n_gen = N_GEN; /* generated tokens; fewer with a third argument (race
 /* Run-time switches of the decode stage-6 paths, and the short-context attention launch (a
  * block per query head, engine/cuda/att_short_dev.cuh; every position here is below 256): a
  * session per set, its variables set to 1 (or to the value after '='). */
-#define N_ALT 6
+#define N_ALT 5
 static const char *const alt_sets[N_ALT][3] = {
     {"SPARK_CUDA_UP_PF_DOWN", NULL, NULL}, /* the up blocks prefetch down rows: L2 only */
     {"SPARK_CUDA_ROUTE_ONCE", NULL, NULL},
     {"SPARK_CUDA_UP_EARLY", NULL, NULL},
     {"SPARK_CUDA_ROUTE_ONCE", "SPARK_CUDA_UP_EARLY", "SPARK_CUDA_DOWN_EARLY"},
     {"SPARK_CUDA_ATT_SHORT=0", NULL, NULL}, /* the default is 1 */
-    {"SPARK_CUDA_ATT_SHORT=2", NULL, NULL},
 };
 
 /* Sets ("NAME" to 1, "NAME=VALUE" to VALUE) or unsets an alt_sets entry's variable. */
