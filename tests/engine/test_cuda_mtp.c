@@ -13,9 +13,11 @@
  *              each keeps every token's arithmetic and order, so also bit for bit); when =1
  *              fails, each part runs alone too, to say which one
  *   feed       SPARK_CUDA_MTP_FUSED=feed (the verify pass feeds only the MTP block's K/V rows)
- *              against the whole block: after 48 tokens in verify passes of 1..5 (the first at
- *              p0 = 0, where pairs 0 and 1 share position 0) the MTP K/V rows and the draft
- *              logits of steps 0..3 bit for bit
+ *              against the whole block: after 48 tokens in verify passes of 3, 4, 5, 1, 2, ..
+ *              (the first at p0 = 0, where pairs 0 and 1 share position 0) the MTP K/V rows and
+ *              the draft logits of steps 0..3 bit for bit; both also fed in passes of 5, and all
+ *              four sessions' drafts against the CPU's (check_draft's bounds), which says which
+ *              side is wrong when they differ
  *   draft      GPU draft logits against the CPU's (engine_q35_mtp_step), steps 0..3 chained on
  *              the CPU's greedy drafts after the prompt: f32 max |gpu - cpu| <= 5e-4 (1 + max
  *              |logit|) (test_cuda_qwen35's bound for the whole model: summation order only);
