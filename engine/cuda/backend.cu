@@ -104,9 +104,6 @@ struct engine_cuda_session {
      * residual add moves into the up and down kernels (router_fuse.cuh). The stage-6 and
      * DOWN_ROUTE switches change the router launch, so asking for one turns the fusion off. */
     int rf;
-    /* SPARK_CUDA_UP_PF_DOWN=1 (with the fusion; off until measured): the up blocks ask L2 for
-     * the chosen experts' down rows once routed (moe.cuh pf_down) */
-    int up_pf_down;
     /* SPARK_CUDA_RF_ROWS=2 (off until measured): two router rows per block of the fused launch
      * (engine_cu_rf_args.rows_per_block) */
     int rf_rows;
@@ -585,8 +582,6 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         e = getenv("SPARK_CUDA_ROUTER_FUSE");
         s->rf = (e ? e[0] == '1' : SPARK_CUDA_ROUTER_FUSE_DEFAULT) && !s->fused &&
                 !s->route_once && !s->down_routes;
-        e = getenv("SPARK_CUDA_UP_PF_DOWN");
-        s->up_pf_down = e && e[0] == '1';
         e = getenv("SPARK_CUDA_RF_ROWS");
         s->rf_rows = e && e[0] == '2' ? 2 : 1;
     }
@@ -841,8 +836,6 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
         o->rf.n_embd = emb;
         o->rf.rows_per_block = s->rf_rows;
         up->x_add = s->ao;
-        up->pf_down = s->up_pf_down ? dn->down : NULL;
-        up->pf_down_bytes = dn->expert_bytes;
         dn->y_add = s->ao;
     }
 }

@@ -56,12 +56,6 @@ typedef struct {
      * routing warp scales by h's RMS scale (computed as the staging does) before the softmax.
      * NULL: the FFN input is x and `router` the logits. */
     const float *x_add;
-    /* With x_add (the router fusion's instance) and a router: pf_down != NULL: once routed, each
-     * block asks L2 for its 1/gridDim share of the k chosen experts' down matrices (expert e at
-     * pf_down + e * pf_down_bytes), so that the down kernel, which learns the ids only after
-     * this kernel completes, finds its rows there (SPARK_CUDA_UP_PF_DOWN=1). */
-    const uint8_t *pf_down;
-    size_t pf_down_bytes;
     /* With x_add and a router: rf_sh != NULL: router[n_expert] is one more raw logit (qwen35's
      * shared-expert gate), which block 0 stores scaled into *rf_sh for the down kernel. */
     float *rf_sh;

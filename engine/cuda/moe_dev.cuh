@@ -213,17 +213,6 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
                 engine_cu_prefetch_l2(a.up + off, (size_t)nr * a.row_bytes);
                 if (!a.max_bps) break;
             }
-            if (RF && a.pf_down) { /* this block's 1/gdx of the k chosen down matrices: L2 */
-                const size_t dbytes = a.pf_down_bytes, tot = (size_t)a.k * dbytes;
-                const size_t per = (tot + gdx - 1) / gdx;
-                const size_t lo = min(tot, (size_t)b * per), hi = min(tot, lo + per);
-                for (size_t o = lo; o < hi;) {
-                    const int j = (int)(o / dbytes);
-                    const size_t in = o - (size_t)j * dbytes, n = min(hi - o, dbytes - in);
-                    engine_cu_prefetch_l2(a.pf_down + (size_t)ids[j] * dbytes + in, n);
-                    o += n;
-                }
-            }
         }
     } else if (threadIdx.x == 0) {
         ids[0] = 0;
