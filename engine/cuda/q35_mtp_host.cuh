@@ -62,15 +62,18 @@ struct q35_spec {
 #define Q35M_FUSED_ATTN 4u  /* the m queries of the gated attention in one launch (q35_vatt.cu) */
 #define Q35M_FUSED_PF 8u    /* the matvec blocks ask L1 for all m vectors before staging them */
 #define Q35M_FUSED_FEED 16u /* the verify pass's MTP feed computes only the block's KV rows */
+#define Q35M_FUSED_SPLIT 32u /* matvecs of few row groups take the tokens as a grid dimension */
 #define Q35M_FUSED_ALL                                                                             \
-    (Q35M_FUSED_DELTA | Q35M_FUSED_MOE | Q35M_FUSED_ATTN | Q35M_FUSED_PF | Q35M_FUSED_FEED)
+    (Q35M_FUSED_DELTA | Q35M_FUSED_MOE | Q35M_FUSED_ATTN | Q35M_FUSED_PF | Q35M_FUSED_FEED |      \
+     Q35M_FUSED_SPLIT)
 
 /* SPARK_CUDA_MTP_FUSED (read when a session first turns MTP on): unset, empty or "0": every
  * part per token as the decode step and the whole MTP block in the feed; "1" or "all": every
- * fused part; else a comma list of parts ("delta", "moe", "attn", "pf", "feed"). Unknown names
- * are logged and ignored. ("feed" was the default for GPU call 2 of session 5, where its f32
- * KV rows differed from the whole block's after verify passes of 3, 4, 5, 1, 2 (bit for bit in
- * call 1 and for q4_k_m): back off until test_cuda_mtp's check_feed says which side is wrong.) */
+ * fused part; else a comma list of parts ("delta", "moe", "attn", "pf", "feed", "split").
+ * Unknown names are logged and ignored. ("feed" was the default for GPU call 2 of session 5,
+ * where its f32 KV rows differed from the whole block's after verify passes of 3, 4, 5, 1, 2
+ * (bit for bit in call 1 and for q4_k_m): back off until test_cuda_mtp's check_feed says which
+ * side is wrong.) */
 static unsigned q35m_fused_env(void) {
     const char *e = getenv("SPARK_CUDA_MTP_FUSED");
     if (!e || !*e || !strcmp(e, "0")) return 0;
@@ -88,6 +91,8 @@ static unsigned q35m_fused_env(void) {
             f |= Q35M_FUSED_PF;
         else if (n == 4 && !strncmp(p, "feed", 4))
             f |= Q35M_FUSED_FEED;
+        else if (n == 5 && !strncmp(p, "split", 5))
+            f |= Q35M_FUSED_SPLIT;
         else if (n)
             engine_log(ENGINE_LOG_INFO, "cuda: SPARK_CUDA_MTP_FUSED: unknown part '%.*s' ignored",
                        (int)n, p);
@@ -385,6 +390,7 @@ static void q35m_add(engine_cu_vmv *v, const q35_w *w, float *y, size_t ys, int 
 /* engine_cu_vmatvec with the session's fused "pf" part: the m vectors asked of L1 at once. */
 static void q35m_vmatvec(const q35_spec *sp, engine_cu_vmv *v, cudaStream_t st) {
     v->prefetch = (sp->fused & Q35M_FUSED_PF) ? 1 : 0;
+    v->split = (sp->fused & Q35M_FUSED_SPLIT) ? 1 : 0; /* the router: 20 us per block at m = 2 */
     engine_cu_vmatvec(v, st);
 }
 

@@ -172,7 +172,11 @@ __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 2)
     constexpr bool SPLIT = R == 0;
     constexpr int NR = SPLIT ? 1 : R, PER = SPLIT ? 1 : ENGINE_CU_MV_WARPS * R;
     uint8_t *sm = (uint8_t *)vmv_smem;
-    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, m = a.m, cols = a.mv.cols;
+    /* split: this block's token t0 alone (its vector at x + t0 * x_stride, its y rows at
+     * + t0 * y_stride), else all m from token 0 */
+    const int t0 = a.split ? (int)blockIdx.y : 0;
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, m = a.split ? 1 : a.m;
+    const int cols = a.mv.cols;
     const bool quant = MODE != ENGINE_CU_X_F32;
     const size_t xs = vmv_xs(quant, cols);
     { /* the first group's rows: fetched while the previous kernel finishes */
@@ -190,8 +194,8 @@ __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 2)
     engine_cu_pdl_wait();
     if (m > 1 && a.prefetch) v_prefetch_l1(a.mv.x, a.x_stride, cols, m);
     for (int t = 0; t < m; t++)
-        engine_cu_stage_x<MODE>(a.mv.x + (size_t)t * a.x_stride, cols, a.mv.norm_w, a.mv.eps,
-                                sm + (size_t)t * xs);
+        engine_cu_stage_x<MODE>(a.mv.x + (size_t)(t0 + t) * a.x_stride, cols, a.mv.norm_w,
+                                a.mv.eps, sm + (size_t)t * xs);
     const int n_chunks = cols >> 5;
     for (int g = blockIdx.x; g < n_groups; g += gridDim.x) {
         int first;
@@ -233,7 +237,7 @@ __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 2)
                 for (int t = 0; t < ENGINE_CU_VMAX; t++) {
                     if (t >= m) break;
                     const float s = engine_cu_warp_sum(acc[i][t]);
-                    float *y = mt.y + (size_t)t * ys;
+                    float *y = mt.y + (size_t)(t0 + t) * ys;
                     const int ri = r + 8 * i;
                     if (lane == 0 && ri < mt.rows) y[ri] = mt.accumulate ? y[ri] + s : s;
                 }
@@ -250,7 +254,7 @@ __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 2)
                 float tot = 0.0f;
                 for (int k = 0; k < ENGINE_CU_MV_WARPS; k++)
                     tot += part[t][k];
-                float *y = mt.y + (size_t)t * ys;
+                float *y = mt.y + (size_t)(t0 + t) * ys;
                 y[r] = mt.accumulate ? y[r] + tot : tot;
             }
             __syncthreads();
@@ -263,21 +267,27 @@ size_t engine_cu_vmatvec_smem(int type, int cols, int m) {
 }
 
 /* The decode matvec's plan (matvec.cu, mv_plan_mode) for this kernel's occupancy. */
-template <int MODE> static void vmv_launch_mode(const engine_cu_vmv *a, cudaStream_t st) {
-    const size_t smem = vmv_xs(MODE != ENGINE_CU_X_F32, a->mv.cols) * (size_t)a->m;
+template <int MODE> static void vmv_launch_mode(const engine_cu_vmv *a0, cudaStream_t st) {
     const int threads = ENGINE_CU_MV_WARPS * 32;
     int dev = 0, sms = 1, per1 = 1, per2 = 1, rows = 0, g1 = 0, g2 = 0;
-    for (int i = 0; i < a->mv.n_mat; i++) {
-        rows += a->mv.m[i].rows;
-        g1 += (a->mv.m[i].rows + ENGINE_CU_MV_WARPS - 1) / ENGINE_CU_MV_WARPS;
-        g2 += (a->mv.m[i].rows + 2 * ENGINE_CU_MV_WARPS - 1) / (2 * ENGINE_CU_MV_WARPS);
+    for (int i = 0; i < a0->mv.n_mat; i++) {
+        rows += a0->mv.m[i].rows;
+        g1 += (a0->mv.m[i].rows + ENGINE_CU_MV_WARPS - 1) / ENGINE_CU_MV_WARPS;
+        g2 += (a0->mv.m[i].rows + 2 * ENGINE_CU_MV_WARPS - 1) / (2 * ENGINE_CU_MV_WARPS);
     }
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
         sms < 1)
         sms = 1;
+    /* few row groups (the router, the small projections): the tokens side by side */
+    engine_cu_vmv b = *a0;
+    b.split = a0->split && a0->m > 1 && g1 < sms ? 1 : 0;
+    const engine_cu_vmv *a = &b;
+    const unsigned ny = b.split ? (unsigned)b.m : 1u;
+    const size_t smem =
+        vmv_xs(MODE != ENGINE_CU_X_F32, a->mv.cols) * (size_t)(b.split ? 1 : a->m);
     if (a->mv.n_mat == 1 && g1 < sms && a->mv.cols >= 32 * 32 * 2) { /* split-K */
-        engine_cu_launch(vmv_kernel<MODE, 0>, dim3(rows), dim3(threads), smem, st, *a, rows);
+        engine_cu_launch(vmv_kernel<MODE, 0>, dim3(rows, ny), dim3(threads), smem, st, *a, rows);
         return;
     }
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per1, vmv_kernel<MODE, 1>, threads,
@@ -285,7 +295,7 @@ template <int MODE> static void vmv_launch_mode(const engine_cu_vmv *a, cudaStre
         per1 < 1)
         per1 = 1;
     if (g1 <= sms * per1) {
-        engine_cu_launch(vmv_kernel<MODE, 1>, dim3(g1), dim3(threads), smem, st, *a, g1);
+        engine_cu_launch(vmv_kernel<MODE, 1>, dim3(g1, ny), dim3(threads), smem, st, *a, g1);
         return;
     }
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per2, vmv_kernel<MODE, 2>, threads,

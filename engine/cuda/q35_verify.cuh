@@ -50,6 +50,10 @@ typedef struct {
     size_t x_stride;     /* floats from x_t to x_{t+1} */
     size_t y_stride[3];  /* floats from y_t to y_{t+1} of each matrix */
     int prefetch;        /* m > 1: each block asks L1 for all m vectors before staging them */
+    int split;           /* m > 1: a launch of fewer row groups than SMs takes the tokens as a
+                          * grid dimension (a block per group and token, one vector staged), so
+                          * the tokens' products run side by side instead of one after the other
+                          * in each warp; each product the same sum (SPARK_CUDA_MTP_FUSED=split) */
 } engine_cu_vmv;
 
 /* Shared memory one block of engine_cu_vmatvec needs for m vectors of cols values. */

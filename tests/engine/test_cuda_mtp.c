@@ -9,7 +9,8 @@
  *              rollback and fast checks run twice: SPARK_CUDA_MTP_FUSED=0 (every part per
  *              token) and =1 (the fused launches: the DeltaNet step of all m tokens in one
  *              launch, MoE up / down blocks serving all m tokens, the m attention queries in
- *              one launch + one merge, the matvec's L1 prefetch, the MTP feed's KV rows alone;
+ *              one launch + one merge, the matvec's L1 prefetch, the MTP feed's KV rows alone,
+ *              the tokens of small matvecs as a grid dimension;
  *              each keeps every token's arithmetic and order, so also bit for bit); when =1
  *              fails, each part runs alone too, to say which one
  *   feed       SPARK_CUDA_MTP_FUSED=feed (the verify pass feeds only the MTP block's K/V rows)
@@ -654,7 +655,7 @@ static void run_model(const char *type) {
         const int before = support_failures;
         check_direct(m, gm, type, "1");
         if (support_failures > before) { /* which part: each alone (failures count again) */
-            static const char *const parts[] = {"delta", "moe", "attn", "pf", "feed"};
+            static const char *const parts[] = {"delta", "moe", "attn", "pf", "feed", "split"};
             for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
                 check_direct(m, gm, type, parts[i]);
         }
