@@ -5,7 +5,8 @@
 # that calls the functions below. Logs in $OUT (at most 8 files come back: the logs are packed
 # into $OUT/logs.tgz, summaries on stdout).
 # Usage (device tool, carry [".tok", ".clean"]): cd .clean && ln -sfn ../.tok .tok &&
-#        [Q3_LAYERS=12] [Q35_LAYERS=8] bash bench/cuda/s5_call.sh PLAN
+#        [Q3_LAYERS=12] [Q35_LAYERS=8] [LIMIT_S=N] bash bench/cuda/s5_call.sh PLAN
+#   LIMIT_S: a step that would start after N seconds is skipped (said on stdout)
 # Plan functions:
 #   t NAME TIMEOUT [VAR=VALUE...] TEST [ARGS...]   a gpu test binary (tests/engine/TEST)
 #   dec NAME TIMEOUT MODEL [bench_decode args...]    MODEL: q3 (the Qwen3 cut), q3full, q3q8
@@ -21,6 +22,10 @@ B=/tmp/b
 t0=$(date +%s)
 el() { echo $(($(date +%s) - t0)); }
 stamp() { echo "[+$(el) s] $*"; }
+late() { # NAME: true (and says so) once LIMIT_S seconds have passed: the step is skipped
+    [ "$(el)" -lt "${LIMIT_S:-100000}" ] && return 1
+    echo "SKIPPED $1 (time: $(el) s of ${LIMIT_S} s)"
+}
 finish() { tar -czf $OUT/logs.tgz -C $L . 2>/dev/null; stamp "end"; }
 trap finish EXIT
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -61,6 +66,7 @@ stamp "all built"
 export SPARK_TOKENIZER_DIR=$TOK
 t() { # NAME TIMEOUT [VAR=V...] TEST [ARGS]
     local name=$1 to=$2
+    late $name && return
     shift 2
     local envs=()
     while [[ $1 == *=* ]]; do envs+=("$1"); shift; done
@@ -71,6 +77,7 @@ t() { # NAME TIMEOUT [VAR=V...] TEST [ARGS]
 }
 dec() { # NAME TIMEOUT MODEL ARGS
     local name=$1 to=$2 m=$3
+    late $name && return
     shift 3
     waitm $m || return
     timeout $to $B/bench_decode ${MP[$m]} "$@" >$L/d-$name.log 2>&1
@@ -79,6 +86,7 @@ dec() { # NAME TIMEOUT MODEL ARGS
 }
 q35() { # NAME TIMEOUT MODEL ARGS
     local name=$1 to=$2 m=$3
+    late $name && return
     shift 3
     waitm $m || return
     timeout $to $B/bench_q35 ${MP[$m]} "$@" >$L/q-$name.log 2>&1
@@ -87,6 +95,7 @@ q35() { # NAME TIMEOUT MODEL ARGS
 }
 sa() { # NAME TIMEOUT [VAR=V...] -- ARGS ({q3} ... replaced)
     local name=$1 to=$2
+    late $name && return
     shift 2
     local envs=()
     while [ "$1" != "--" ]; do envs+=("$1"); shift; done
