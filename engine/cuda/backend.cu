@@ -12,6 +12,7 @@
  * The token and position live in device memory (engine_cu_step), so the graph captured on the
  * first step is replayed unchanged for every later one. */
 #include <algorithm>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -875,9 +876,18 @@ static int prog_build(engine_cuda_session *s) {
     return rc;
 }
 
+/* Host copies of each MoE layer's routing inputs after its up launch (engine_cuda_route_trace):
+ * ids [n_layer][k], raw router logits [n_layer][n_expert], and with the fusion x and ao
+ * [n_layer][n_embd] (the up kernel's input h = x + ao). */
+typedef struct {
+    int32_t *ids;
+    float *raw, *x, *ao;
+} route_trace;
+
 /* Enqueue one decode step (state in s->step) on s->stream; p: NULL, or events to record (then
- * always the per-op launches, so that each op's time shows). */
-static void enqueue_step(engine_cuda_session *s, step_prof *p) {
+ * always the per-op launches, so that each op's time shows); t: NULL, or the routing to copy out
+ * (also per-op launches). */
+static void enqueue_step(engine_cuda_session *s, step_prof *p, route_trace *t) {
     const engine_cuda_model *cm = s->cm;
     const engine_hparams *hp = &cm->m->hp;
     cudaStream_t st = s->stream;
@@ -887,7 +897,7 @@ static void enqueue_step(engine_cuda_session *s, step_prof *p) {
     engine_cu_embed(cm->tok_embd.d, cm->tok_embd.row_bytes, cm->tok_embd.type, emb, s->step, s->x,
                     st);
     mark(p, 0, st);
-    if (s->fused && s->prog.total && !p) {
+    if (s->fused && s->prog.total && !p && !t) {
         engine_cu_prog_launch(&s->prog, st);
     } else {
         for (uint32_t l = 0; l < hp->n_layer; l++) {
@@ -914,6 +924,19 @@ static void enqueue_step(engine_cuda_session *s, step_prof *p) {
                     }
                 }
                 if (op != 3 || (o.moe && !o.fuse)) mark(p, (int)op + 1, st);
+                if (t && op == 4 && o.moe) {
+                    const size_t k = hp->n_expert_used, ne = hp->n_expert;
+                    cudaMemcpyAsync(t->ids + l * k, s->ids, sizeof(int32_t) * k,
+                                    cudaMemcpyDeviceToHost, st);
+                    cudaMemcpyAsync(t->raw + l * ne, s->router, sizeof(float) * ne,
+                                    cudaMemcpyDeviceToHost, st);
+                    if (o.fuse) {
+                        cudaMemcpyAsync(t->x + l * (size_t)emb, s->x, sizeof(float) * emb,
+                                        cudaMemcpyDeviceToHost, st);
+                        cudaMemcpyAsync(t->ao + l * (size_t)emb, s->ao, sizeof(float) * emb,
+                                        cudaMemcpyDeviceToHost, st);
+                    }
+                }
             }
         }
     }
@@ -944,7 +967,7 @@ static int capture(engine_cuda_session *s) {
         rc = 0;
     }
     CU(cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal));
-    enqueue_step(s, NULL);
+    enqueue_step(s, NULL, NULL);
     CU(cudaStreamEndCapture(s->stream, &g));
     CU(cudaGetLastError());
     CU(cudaGraphInstantiate(&s->exec, g, 0));
@@ -1035,7 +1058,7 @@ extern "C" int engine_cuda_profile(engine_cuda_session *s, int32_t token, int32_
         CU(cudaMemcpyAsync(s->step, s->h_step, sizeof *s->h_step, cudaMemcpyHostToDevice,
                            s->stream));
         p.n = 0;
-        enqueue_step(s, &p);
+        enqueue_step(s, &p, NULL);
         CU(cudaGetLastError());
         CU(cudaStreamSynchronize(s->stream));
         for (int i = 1; i < p.n; i++) {
@@ -1049,6 +1072,57 @@ done:
         if (p.ev[i]) cudaEventDestroy(p.ev[i]);
     free(p.ev);
     free(p.cat);
+    return rc;
+}
+
+extern "C" int engine_cuda_route_trace(engine_cuda_session *s, int32_t token, int32_t pos,
+                                       int32_t *ids, float *router_logits, float *logits,
+                                       int *fused) {
+    int rc = 0;
+    const engine_hparams *hp = &s->cm->m->hp;
+    const size_t nl = hp->n_layer, emb = hp->n_embd, ne = hp->n_expert;
+    route_trace t = {ids, router_logits, NULL, NULL};
+    *fused = s->rf;
+    if (hp->arch != ENGINE_ARCH_QWEN3MOE)
+        return engine_err(ENGINE_EINVAL, "cuda route trace: not a qwen3moe model");
+    if (pos < 0 || pos >= s->n_ctx || token < 0 || (uint32_t)token >= hp->n_vocab)
+        return engine_err(ENGINE_EINVAL, "cuda route trace: bad token or position");
+    if (s->rf) {
+        t.x = (float *)malloc(sizeof(float) * nl * emb);
+        t.ao = (float *)malloc(sizeof(float) * nl * emb);
+        if (!t.x || !t.ao) {
+            rc = engine_err(ENGINE_ENOMEM, "out of memory");
+            goto done;
+        }
+    }
+    CU(cudaSetDevice(s->cm->device));
+    s->h_step->token = token;
+    s->h_step->pos = pos;
+    s->h_step->n_out = 0;
+    s->h_step->out_cap = 1;
+    s->h_step->temp = 0;
+    CU(cudaMemcpyAsync(s->step, s->h_step, sizeof *s->h_step, cudaMemcpyHostToDevice, s->stream));
+    enqueue_step(s, NULL, &t);
+    if (logits)
+        CU(cudaMemcpyAsync(logits, s->logits, sizeof(float) * hp->n_vocab, cudaMemcpyDeviceToHost,
+                           s->stream));
+    CU(cudaGetLastError());
+    CU(cudaStreamSynchronize(s->stream));
+    /* the fused routing's logits: s * raw, s the RMS scale of h = x + ao (the F32 add of the
+     * staging) computed here in double */
+    for (size_t l = 0; s->rf && l < nl; l++) {
+        double ss = 0;
+        for (size_t i = 0; i < emb; i++) {
+            const float h = t.x[l * emb + i] + t.ao[l * emb + i];
+            ss += (double)h * h;
+        }
+        const double sc = 1.0 / sqrt(ss / (double)emb + (double)hp->rms_norm_eps);
+        for (size_t e = 0; e < ne; e++)
+            router_logits[l * ne + e] = (float)(sc * router_logits[l * ne + e]);
+    }
+done:
+    free(t.x);
+    free(t.ao);
     return rc;
 }
 

@@ -78,6 +78,15 @@ enum { ENGINE_CUDA_PROF_COUNT = 9 };
 int engine_cuda_profile(engine_cuda_session *s, int32_t token, int32_t pos, int reps,
                         double us[ENGINE_CUDA_PROF_COUNT]);
 
+/* Test support (qwen3moe): one decode step of token at pos, un-captured per-op launches, with
+ * each layer's routing copied out after its MoE up launch: ids [n_layer][n_expert_used] (the
+ * chosen experts, rank order), router_logits [n_layer][n_expert] (the logits the routing used:
+ * unfused, the router launch's; with the router fusion s * raw, s the RMS scale of x + ao
+ * computed on the host in double), logits [n_vocab] (may be NULL); *fused: whether the session
+ * runs the router fusion. */
+int engine_cuda_route_trace(engine_cuda_session *s, int32_t token, int32_t pos, int32_t *ids,
+                            float *router_logits, float *logits, int *fused);
+
 /* ---------------------------------------------------------------------------------------------
  * Single ops on host buffers, for the tests that compare each kernel with the CPU backend
  * (they allocate, copy, run one launch and copy back: not for hot paths).
