@@ -183,7 +183,8 @@ out:
  * unfused| / max |unfused|). Until the first (step, layer) whose sets differ both sessions hold
  * the same history up to F32 rounding, so there the error must stay at rounding level (1e-4),
  * and the first difference must be a near-tie: the unfused logits' gap between the k-th and
- * (k+1)-th expert within twice the error measured there. Past it the histories part: reported,
+ * (k+1)-th expert within twice the error measured there (+ 1e-6: the host's s and the softmax's
+ * rounding). Past it the histories part: reported,
  * not checked. */
 static char tmpdir[256];
 
@@ -263,7 +264,7 @@ static void run_trace(const char *preset, const char *type, uint32_t n_layer, in
                 first_layer = l;
                 first_gap = mx > 0 ? ((double)srt[k - 1] - srt[k]) / mx : 0;
                 first_err = err;
-                CHECK(first_gap <= 2 * err,
+                CHECK(first_gap <= 2 * err + 1e-6,
                       "%s %s step %d layer %d: expert sets differ, but the unfused k-th/k+1-th "
                       "gap %.3g of max |l| is not within twice the logit error %.3g",
                       preset, type, i, l, first_gap, err);
