@@ -105,9 +105,6 @@ struct engine_cuda_session {
      * residual add moves into the up and down kernels (router_fuse.cuh). The stage-6 and
      * DOWN_ROUTE switches change the router launch, so asking for one turns the fusion off. */
     int rf;
-    /* SPARK_CUDA_RF_ROWS=2 (off until measured): two router rows per block of the fused launch
-     * (engine_cu_rf_args.rows_per_block) */
-    int rf_rows;
     /* SPARK_CUDA_ATT_SHORT (default 1, measured +9.0% tok/s on the 12-block Qwen3-30B-A3B cut,
      * H200, bit-identical tokens): the attention launch serves positions < ENGINE_CU_ATT_SPLIT
      * with a block per query head (attention.cuh short_path; the same outputs bit for bit);
@@ -583,8 +580,6 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         e = getenv("SPARK_CUDA_ROUTER_FUSE");
         s->rf = (e ? e[0] == '1' : SPARK_CUDA_ROUTER_FUSE_DEFAULT) && !s->fused &&
                 !s->route_once && !s->down_routes;
-        e = getenv("SPARK_CUDA_RF_ROWS");
-        s->rf_rows = e && e[0] == '2' ? 2 : 1;
     }
     if (s->rf && (rc = rf_prepare(cm))) goto done;
     if (s->rf && cm->rf_state != 1) s->rf = 0;
@@ -835,7 +830,6 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
         o->rf.rm.cols = emb + na;
         o->rf.x = s->x;
         o->rf.n_embd = emb;
-        o->rf.rows_per_block = s->rf_rows;
         up->x_add = s->ao;
         dn->y_add = s->ao;
     }

@@ -39,8 +39,9 @@ typedef struct {
                         [n_expert]; cols = n_embd + n_att; x, norm_w unused */
     const float *x;  /* device: the residual [n_embd] (read only during the launch) */
     int n_embd;
-    /* 2: two rows per router block always (fewer blocks: more room for the next kernel's blocks
-     * to become resident early); else two only when one per block would not fit one wave */
+    /* 2: two rows per router block always (engine_cuda_op_router_fuse's tests; measured no
+     * faster in sessions: GPU call 3); else two only when one per block would not fit one
+     * wave */
     int rows_per_block;
 } engine_cu_rf_args;
 
