@@ -25,13 +25,14 @@
  *   The defaults take the short attention path (SPARK_CUDA_Q35_ATT_SHORT: a block per query
  *   head up to 256 positions), the shared-expert and z forks (SPARK_CUDA_Q35_SH_FORK, _Z_FORK:
  *   launches on a forked graph branch) and the early DeltaNet step with the cluster norm
- *   (SPARK_CUDA_Q35_DN_EARLY=2); the attention op runs with =1, =64 and =0 too (same bounds)
- *   and short against split on the same inputs bit for bit (out and stored rows); the DeltaNet
+ *   (SPARK_CUDA_Q35_DN_EARLY=2) and the attention's early reads (SPARK_CUDA_Q35_ATT_EARLY);
+ *   the attention op runs with ATT_SHORT=1, =64 and =0 too (same bounds) and short against
+ *   split on the same inputs bit for bit (out and stored rows); the DeltaNet
  *   op with =1 and =2 bit for bit =0 over 12 steps, =0 against the CPU; the f32 / q4_k_m models
  *   again with every switch =0 and with DN_EARLY=1; sessions with SH_FORK=0, Z_FORK=0,
- *   DN_EARLY=0 or =1, ATT_EARLY=1 (the attention's early position read and K/V prefetch; also
- *   with ATT_SHORT=16, so the split path takes it) have the default session's logits and
- *   device loop bit for bit (check_variant).
+ *   DN_EARLY=0 or =1, ATT_EARLY=0 (without the attention's early position read and K/V
+ *   prefetch, on by default), ATT_SHORT=16 (the split path, with and without the early reads)
+ *   have the default session's logits and device loop bit for bit (check_variant).
  *   SPARK_CUDA_Q35_ROUTER_FUSE=1 (the router and shared-gate logits in the mixer's output
  *   projection launch, engine/cuda/router_fuse.cuh; they differ by F32 rounding only): the
  *   f32 / q4_k_m models against the CPU with the bounds above, and q4_k_m again with
@@ -663,22 +664,24 @@ int main(void) {
     /* the whole model again without the defaults' short attention path, forks and early
      * DeltaNet step (read at session creation) */
     static const char *const plain[] = {"SPARK_CUDA_Q35_ATT_SHORT", "SPARK_CUDA_Q35_SH_FORK",
-                                        "SPARK_CUDA_Q35_Z_FORK", "SPARK_CUDA_Q35_DN_EARLY"};
-    for (int i = 0; i < 4; i++)
+                                        "SPARK_CUDA_Q35_Z_FORK", "SPARK_CUDA_Q35_DN_EARLY",
+                                        "SPARK_CUDA_Q35_ATT_EARLY"};
+    for (int i = 0; i < 5; i++)
         setenv(plain[i], "0", 1);
-    printf("SPARK_CUDA_Q35_ATT_SHORT=0 SH_FORK=0 Z_FORK=0 DN_EARLY=0:\n");
+    printf("SPARK_CUDA_Q35_ATT_SHORT=0 SH_FORK=0 Z_FORK=0 DN_EARLY=0 ATT_EARLY=0:\n");
     run_model("f32");
     run_model("q4_k_m");
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 5; i++)
         unsetenv(plain[i]);
-    /* ATT_EARLY with ATT_SHORT=16: positions 16.. take the split path with its early reads */
+    /* ATT_SHORT=16: positions 16.. take the split path (with the default's early reads) */
     static const char *const variants[][4] = {
         {"SPARK_CUDA_Q35_SH_FORK", "0", NULL, NULL},
         {"SPARK_CUDA_Q35_Z_FORK", "0", NULL, NULL},
         {"SPARK_CUDA_Q35_DN_EARLY", "0", NULL, NULL},
         {"SPARK_CUDA_Q35_DN_EARLY", "1", NULL, NULL},
-        {"SPARK_CUDA_Q35_ATT_EARLY", "1", NULL, NULL},
-        {"SPARK_CUDA_Q35_ATT_EARLY", "1", "SPARK_CUDA_Q35_ATT_SHORT", "16"}};
+        {"SPARK_CUDA_Q35_ATT_EARLY", "0", NULL, NULL},
+        {"SPARK_CUDA_Q35_ATT_SHORT", "16", NULL, NULL},
+        {"SPARK_CUDA_Q35_ATT_EARLY", "0", "SPARK_CUDA_Q35_ATT_SHORT", "16"}};
     for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++) {
         const char *const *v = variants[i];
         check_variant("q4_k_m", v[0], v[1], v[2], v[3]);
