@@ -25,6 +25,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_env.h"
 #include "cuda/cuda_backend.h"
 #include "engine.h"
 
@@ -98,20 +99,9 @@ static void differ_diag(engine_cuda_session *gs, engine_cuda_session *vs, int nv
 static int variant(engine_cuda_model *gm, engine_cuda_session *gs, int nv_logits, const char *spec,
                    int n_ctx, int32_t first, int depth, int n_gen, int reps, const int32_t *pre,
                    const int32_t *ref, int32_t *out, double *tps) {
-    char buf[512], *names[16], *olds[16];
-    int nv = 0, rc = 0, differ = -1;
-    snprintf(buf, sizeof buf, "%s", spec);
-    for (char *save = NULL, *t = strtok_r(buf, " ", &save); t && nv < 16;
-         t = strtok_r(NULL, " ", &save)) {
-        char *eq = strchr(t, '=');
-        if (!eq) continue;
-        *eq = 0;
-        const char *o = getenv(t);
-        names[nv] = t;
-        olds[nv] = o ? strdup(o) : NULL;
-        setenv(t, eq + 1, 1);
-        nv++;
-    }
+    int rc = 0, differ = -1;
+    bench_env env;
+    bench_env_push(&env, spec);
     engine_cuda_session *vs = NULL;
     double mean = 0, sd = 0;
     if (engine_cuda_session_new(&vs, gm, n_ctx, ENGINE_KV_F16)) rc = -1;
@@ -126,13 +116,7 @@ static int variant(engine_cuda_model *gm, engine_cuda_session *gs, int nv_logits
         differ_diag(gs, vs, nv_logits, differ, depth, pre, ref);
     }
     engine_cuda_session_free(vs);
-    for (int i = 0; i < nv; i++) {
-        if (olds[i])
-            setenv(names[i], olds[i], 1);
-        else
-            unsetenv(names[i]);
-        free(olds[i]);
-    }
+    bench_env_pop(&env);
     if (rc) {
         fprintf(stderr, "bench_decode: variant \"%s\": %s\n", spec, engine_error_last());
         return -1;

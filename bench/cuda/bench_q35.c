@@ -51,6 +51,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_env.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/q35_mtp.h"
 #include "engine.h"
@@ -95,22 +96,11 @@ static int timed(engine_cuda_q35_session *gs, int depth, int n_gen, int reps, in
  * whether its tokens equal ref_pre / ref (the first session's). 0, or -1 on an error. */
 static int variant(engine_cuda_q35_model *gm, const char *spec, int n_ctx, int depth, int n_gen,
                    int reps, const int32_t *ref_pre, const int32_t *ref, double *tps) {
-    char buf[512], *names[16], *olds[16];
-    int nv = 0, rc = 0, differ = -1;
+    int rc = 0, differ = -1;
     int32_t *pre = malloc(sizeof(int32_t) * (size_t)(depth + 1));
     int32_t *out = malloc(sizeof(int32_t) * (size_t)(n_gen + 1));
-    snprintf(buf, sizeof buf, "%s", spec);
-    for (char *save = NULL, *t = strtok_r(buf, " ", &save); t && nv < 16;
-         t = strtok_r(NULL, " ", &save)) {
-        char *eq = strchr(t, '=');
-        if (!eq) continue;
-        *eq = 0;
-        const char *o = getenv(t);
-        names[nv] = t;
-        olds[nv] = o ? strdup(o) : NULL;
-        setenv(t, eq + 1, 1);
-        nv++;
-    }
+    bench_env env;
+    bench_env_push(&env, spec);
     engine_cuda_q35_session *vs = NULL;
     double mean = 0, sd = 0;
     if (!pre || !out || engine_cuda_q35_session_new(&vs, gm, n_ctx, ENGINE_KV_F16) ||
@@ -121,13 +111,7 @@ static int variant(engine_cuda_q35_model *gm, const char *spec, int n_ctx, int d
     for (int i = 0; !rc && i < n_gen && differ < 0; i++)
         if (out[i] != ref[i]) differ = depth + i;
     engine_cuda_q35_session_free(vs);
-    for (int i = 0; i < nv; i++) {
-        if (olds[i])
-            setenv(names[i], olds[i], 1);
-        else
-            unsetenv(names[i]);
-        free(olds[i]);
-    }
+    bench_env_pop(&env);
     free(pre);
     free(out);
     if (rc) {
@@ -257,25 +241,14 @@ done:
  * at position P = max(depth, 16). 0, or -1 on an error. */
 static int mtp_costs(engine_cuda_q35_model *gm, engine_model *m, int n_ctx, int depth,
                      double plain_us, const char *spec) {
-    char buf[512], *names[16], *olds[16];
-    int n_set = 0, rc = -1;
+    int rc = -1;
     const int32_t P = depth > 16 ? depth : 16, nv = engine_model_n_vocab(m);
     int32_t *toks = malloc(sizeof(int32_t) * (size_t)P);
     engine_cuda_q35_session *s = NULL;
     double draft_us = 0, vus[ENGINE_CUDA_Q35_VMAX + 1];
     bool was = false;
-    snprintf(buf, sizeof buf, "%s", spec ? spec : "");
-    for (char *save = NULL, *t = strtok_r(buf, " ", &save); t && n_set < 16;
-         t = strtok_r(NULL, " ", &save)) {
-        char *eq = strchr(t, '=');
-        if (!eq) continue;
-        *eq = 0;
-        const char *o = getenv(t);
-        names[n_set] = t;
-        olds[n_set] = o ? strdup(o) : NULL;
-        setenv(t, eq + 1, 1);
-        n_set++;
-    }
+    bench_env env;
+    bench_env_push(&env, spec ? spec : "");
     if (!toks || engine_cuda_q35_session_new(&s, gm, n_ctx, ENGINE_KV_F16) ||
         engine_cuda_q35_mtp_enable(s, &was))
         goto done;
@@ -296,13 +269,7 @@ static int mtp_costs(engine_cuda_q35_model *gm, engine_model *m, int n_ctx, int 
 done:
     free(toks);
     engine_cuda_q35_session_free(s);
-    for (int i = 0; i < n_set; i++) {
-        if (olds[i])
-            setenv(names[i], olds[i], 1);
-        else
-            unsetenv(names[i]);
-        free(olds[i]);
-    }
+    bench_env_pop(&env);
     return rc;
 }
 
