@@ -102,10 +102,11 @@ static unsigned q35m_fused_env(void) {
 }
 
 /* Appends of at least this many tokens (without per-token logits) go through the session's
- * prefill by default: measured on the H200 (8-block cut of the 35B-A3B shape, bench_q35 -P), a
- * prefill chunk costs ~4.6 ms + ~25 us per token there against ~0.55 ms per token in verify
- * passes of 5: 8 tokens 0.81x, 12 tokens 1.17x, 16 tokens 1.40x the verify passes' speed. */
-#define Q35M_PF_MIN 12
+ * prefill by default: measured on the H200 with bench_q35 -P, the prefill's speed against
+ * verify passes of 5 is, on an 8-block cut of the 35B-A3B shape, 0.81x at 8 tokens, 1.17x at 12,
+ * 1.40x at 16, and on the full model (b19cda6) 0.62x at 8, 0.89x at 12, 1.09x at 16, 1.36x at 24:
+ * the full model's crossover (~14) sets it. */
+#define Q35M_PF_MIN 16
 
 /* SPARK_CUDA_MTP_PREFILL (read when a session first turns MTP on): unset, empty or "1": appends
  * of at least Q35M_PF_MIN tokens without per-token logits go through the session's prefill

@@ -38,7 +38,7 @@
  *              reproduces plain greedy decoding (engine_cuda_q35_generate)
  *   sampling   engine_generate at temperature 1 with mtp_draft 2 runs to max_tokens and a seed
  *              repeats (the distribution test is the CPU's, test_mtp: the same spec.c loop)
- *   prefill    SPARK_CUDA_MTP_PREFILL=6 (appends of >= 6 tokens; the default is 12): prompts of
+ *   prefill    SPARK_CUDA_MTP_PREFILL=6 (appends of >= 6 tokens; the default is 16): prompts of
  *              23 and 300 tokens of an MTP session through its prefill (64-token chunks: the
  *              pending hidden state crosses 4 chunk borders)
  *              which also feeds the MTP block: (a) the last logits equal, bit for bit, those of
