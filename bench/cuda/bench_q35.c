@@ -199,12 +199,12 @@ static int prompt_way(engine_cuda_q35_model *gm, int n_ctx, const int32_t *toks,
                       int mode, int runs, float *logits, double *mean, double *sd) {
     engine_cuda_q35_session *s = NULL;
     engine_cuda_q35_prefill *pf = NULL;
-    const char *e = getenv("SPARK_CUDA_MTP_PREFILL");
-    char *keep = e ? strdup(e) : NULL;
+    bench_env env;
     double *t = malloc(sizeof(double) * (size_t)(runs + 1));
     bool was = false;
     int rc = -1;
-    setenv("SPARK_CUDA_MTP_PREFILL", mode == 1 ? "1" : "0", 1); /* read when MTP turns on */
+    bench_env_push(&env, mode == 1 ? "SPARK_CUDA_MTP_PREFILL=1" : "SPARK_CUDA_MTP_PREFILL=0");
+    /* read when MTP turns on */
     if (!t || engine_cuda_q35_session_new(&s, gm, n_ctx, ENGINE_KV_F16) ||
         engine_cuda_q35_prefill_new(&pf, s, 0) || !pf ||
         (mode > 0 && engine_cuda_q35_mtp_enable(s, &was)))
@@ -226,11 +226,7 @@ static int prompt_way(engine_cuda_q35_model *gm, int n_ctx, const int32_t *toks,
     *sd = runs > 1 ? sqrt(*sd / (runs - 1)) : 0;
     rc = 0;
 done:
-    if (keep)
-        setenv("SPARK_CUDA_MTP_PREFILL", keep, 1);
-    else
-        unsetenv("SPARK_CUDA_MTP_PREFILL");
-    free(keep);
+    bench_env_pop(&env);
     free(t);
     engine_cuda_q35_prefill_free(pf);
     engine_cuda_q35_session_free(s);
@@ -279,11 +275,11 @@ static int short_way(engine_cuda_q35_model *gm, const int32_t *toks, int mode, c
                      int count, int reps, double *us) {
     engine_cuda_q35_session *s = NULL;
     engine_cuda_q35_prefill *pf = NULL;
-    const char *e = getenv("SPARK_CUDA_MTP_PREFILL");
-    char *keep = e ? strdup(e) : NULL;
+    bench_env env;
     bool was = false;
     int rc = -1;
-    setenv("SPARK_CUDA_MTP_PREFILL", mode == 1 ? "2" : "0", 1); /* 2: from 2 tokens on */
+    /* 2: from 2 tokens on */
+    bench_env_push(&env, mode == 1 ? "SPARK_CUDA_MTP_PREFILL=2" : "SPARK_CUDA_MTP_PREFILL=0");
     if (engine_cuda_q35_session_new(&s, gm, 256, ENGINE_KV_F16) ||
         engine_cuda_q35_prefill_new(&pf, s, 0) || !pf || engine_cuda_q35_mtp_enable(s, &was))
         goto done;
@@ -297,11 +293,7 @@ static int short_way(engine_cuda_q35_model *gm, const int32_t *toks, int mode, c
     }
     rc = 0;
 done:
-    if (keep)
-        setenv("SPARK_CUDA_MTP_PREFILL", keep, 1);
-    else
-        unsetenv("SPARK_CUDA_MTP_PREFILL");
-    free(keep);
+    bench_env_pop(&env);
     engine_cuda_q35_prefill_free(pf);
     engine_cuda_q35_session_free(s);
     return rc;
