@@ -380,7 +380,7 @@ void engine_cu_deltanet_step(const engine_cu_delta *a, cudaStream_t stream) {
         cfg.stream = stream;
         cudaLaunchAttribute at[2];
         at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[0].val.programmaticStreamSerializationAllowed = 1;
+        at[0].val.programmaticStreamSerializationAllowed = a->serial ? 0 : 1;
         at[1].id = cudaLaunchAttributeClusterDimension;
         at[1].val.clusterDim.x = 1;
         at[1].val.clusterDim.y = grid.y;
@@ -388,6 +388,8 @@ void engine_cu_deltanet_step(const engine_cu_delta *a, cudaStream_t stream) {
         cfg.attrs = at;
         cfg.numAttrs = 2;
         cudaLaunchKernelEx(&cfg, deltanet_kernel<true, true>, *a);
+    } else if (early && a->serial) {
+        deltanet_kernel<true><<<grid, dim3(threads), smem, stream>>>(*a);
     } else if (early) {
         engine_cu_launch(deltanet_kernel<true>, grid, dim3(threads), smem, stream, *a);
     } else {

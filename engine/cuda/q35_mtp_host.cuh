@@ -53,6 +53,7 @@ struct q35_spec {
     int32_t pf_min;        /* appends of at least this many tokens go through the prefill (0: no) */
     unsigned diag;         /* SPARK_CUDA_MTP_DIAG_SKIP: Q35M_DIAG_* ops verify passes leave out */
     unsigned diag_now;     /* diag while the verify pass's main stack is being enqueued, else 0 */
+    unsigned diag_draft;   /* SPARK_CUDA_MTP_DIAG_DRAFT: Q35M_DIAG_* ops draft steps leave out */
     float *vssq;           /* [VMAX][nv][dv / 32]: the fused DeltaNet step's sums of squares */
     float *vpart;          /* [VMAX][nh][runners][hd + 2]: the fused attention's partials */
 };
@@ -63,13 +64,19 @@ struct q35_spec {
 #define Q35M_FUSED_PF 8u    /* the matvec blocks ask L1 for all m vectors before staging them */
 #define Q35M_FUSED_FEED 16u /* the verify pass's MTP feed computes only the block's KV rows */
 #define Q35M_FUSED_SPLIT 32u /* matvecs of few row groups take the tokens as a grid dimension */
+/* Not in "1" / "all" (they replace parts of it: tok the m-vector matvecs, dn the fused delta's
+ * per-token alternative); test_cuda_mtp runs them as a set of their own. */
+#define Q35M_FUSED_HEAD 64u  /* the heads: the decode matvec per token, tokens as a grid dim */
+#define Q35M_FUSED_TOK 128u  /* every matvec of the passes so (the heads included) */
+#define Q35M_FUSED_DN 256u   /* per-token DeltaNet steps with the decode's early reads / cluster */
 #define Q35M_FUSED_ALL                                                                             \
     (Q35M_FUSED_DELTA | Q35M_FUSED_MOE | Q35M_FUSED_ATTN | Q35M_FUSED_PF | Q35M_FUSED_FEED |      \
      Q35M_FUSED_SPLIT)
 
 /* SPARK_CUDA_MTP_FUSED (read when a session first turns MTP on): unset, empty or "0": every
  * part per token as the decode step and the whole MTP block in the feed; "1" or "all": every
- * fused part; else a comma list of parts ("delta", "moe", "attn", "pf", "feed", "split").
+ * fused part; else a comma list of parts ("delta", "moe", "attn", "pf", "feed", "split", and
+ * outside "1": "head", "tok", "dn"; "delta" wins over "dn", "tok" over "pf" / "split").
  * Unknown names are logged and ignored. ("feed" was the default for GPU call 2 of session 5,
  * where its f32 KV rows differed from the whole block's after verify passes of 3, 4, 5, 1, 2
  * (bit for bit in call 1 and for q4_k_m): back off until test_cuda_mtp's check_feed says which
@@ -93,6 +100,12 @@ static unsigned q35m_fused_env(void) {
             f |= Q35M_FUSED_FEED;
         else if (n == 5 && !strncmp(p, "split", 5))
             f |= Q35M_FUSED_SPLIT;
+        else if (n == 4 && !strncmp(p, "head", 4))
+            f |= Q35M_FUSED_HEAD;
+        else if (n == 3 && !strncmp(p, "tok", 3))
+            f |= Q35M_FUSED_TOK;
+        else if (n == 2 && !strncmp(p, "dn", 2))
+            f |= Q35M_FUSED_DN;
         else if (n)
             engine_log(ENGINE_LOG_INFO, "cuda: SPARK_CUDA_MTP_FUSED: unknown part '%.*s' ignored",
                        (int)n, p);
@@ -126,7 +139,9 @@ static int32_t q35m_pf_min_env(void) {
 /* Diagnosis only (wrong results): SPARK_CUDA_MTP_DIAG_SKIP, read when a session first turns MTP
  * on, a bit mask of the verify pass's launch kinds left out of its graphs, so that an A/B of the
  * verify timing (bench_q35 -M "SPARK_CUDA_MTP_DIAG_SKIP=4") gives each kind's cost on the
- * graph's critical path. The draft step ignores it. */
+ * graph's critical path. The draft step ignores it; SPARK_CUDA_MTP_DIAG_DRAFT is the draft
+ * step's mask (EMBED: embedding, norms and fc; AT_QKV, AT, AT_O, ROUTER, UP, DOWN: the block;
+ * HEAD: the head; ARGMAX: the final norm and the sample). */
 enum {
     Q35M_DIAG_EMBED = 1,     /* the m tokens' embeddings */
     Q35M_DIAG_DN_IN = 2,     /* DeltaNet in-projections qkv|z|beta|alpha */
@@ -335,6 +350,8 @@ extern "C" int engine_cuda_q35_mtp_enable(engine_cuda_q35_session *s, bool *was_
         {
             const char *e = getenv("SPARK_CUDA_MTP_DIAG_SKIP");
             sp->diag = e ? (unsigned)strtoul(e, NULL, 0) : 0u;
+            e = getenv("SPARK_CUDA_MTP_DIAG_DRAFT");
+            sp->diag_draft = e ? (unsigned)strtoul(e, NULL, 0) : 0u;
         }
         if (sp->fused & Q35M_FUSED_DELTA)
             sp->vssq = (float *)q35m_alloc(sp, f * V * d->nv * (size_t)(d->dv / 32), &rc);
@@ -388,11 +405,24 @@ static void q35m_add(engine_cu_vmv *v, const q35_w *w, float *y, size_t ys, int 
     v->y_stride[v->mv.n_mat++] = ys;
 }
 
-/* engine_cu_vmatvec with the session's fused "pf" part: the m vectors asked of L1 at once. */
+/* engine_cu_vmatvec with the session's fused "pf" part: the m vectors asked of L1 at once;
+ * with "tok" the decode matvec per token, the tokens as a grid dimension. */
 static void q35m_vmatvec(const q35_spec *sp, engine_cu_vmv *v, cudaStream_t st) {
+    if (sp->fused & Q35M_FUSED_TOK) {
+        engine_cu_vmatvec_tok(v, st);
+        return;
+    }
     v->prefetch = (sp->fused & Q35M_FUSED_PF) ? 1 : 0;
     v->split = (sp->fused & Q35M_FUSED_SPLIT) ? 1 : 0; /* the router: 20 us per block at m = 2 */
     engine_cu_vmatvec(v, st);
+}
+
+/* A head (verify pass or draft step): with "head" (or "tok") the decode matvec per token. */
+static void q35m_vhead(const q35_spec *sp, engine_cu_vmv *v, cudaStream_t st) {
+    if (sp->fused & Q35M_FUSED_HEAD)
+        engine_cu_vmatvec_tok(v, st);
+    else
+        q35m_vmatvec(sp, v, st);
 }
 
 static void q35m_deltanet(engine_cuda_q35_session *s, const q35_cl *ly, float eps,
@@ -451,6 +481,17 @@ static void q35m_deltanet(engine_cuda_q35_session *s, const q35_cl *ly, float ep
         a.n_snap = ENGINE_CU_VMAX;
         a.pos = ps->pos + (size_t)t * ps->pstride;
         a.out = sp->att + (size_t)t * sp->satt;
+        if (sp->fused & Q35M_FUSED_DN) {
+            /* "dn": the decode step's launch (early reads of state, ring, position and weights
+             * before the wait; with 2 the head's norm through a cluster). Token 0's are safe as
+             * in the decode step: no kernel of the pass writes them before it (the state and
+             * ring: the previous pass or the restore, finished graphs; the positions: the host
+             * or, in the greedy loop, the step's first spec_prep, complete before the serial
+             * second one starts). Later tokens read what the previous token's launch writes:
+             * launched serially, they start once it is complete. */
+            a.early = s->dn_early;
+            a.serial = t > 0;
+        }
         engine_cu_deltanet_step(&a, st);
     }
     engine_cu_vmv o = q35m_vmv(sp->att, sp->satt, d->di, NULL, 0.0f, ps->m);
@@ -614,6 +655,7 @@ static void q35m_mtp_in(engine_cuda_q35_session *s, int m, const engine_cu_step 
     cudaStream_t st = s->stream;
     const float eps = cm->m->hp.rms_norm_eps;
     const size_t E = (size_t)d->E;
+    if (!q35m_run(sp, Q35M_DIAG_EMBED)) return; /* the draft's diagnosis only */
     for (int t = 0; t < m; t++)
         engine_cu_embed(cm->tok_embd.d, cm->tok_embd.row_bytes, cm->tok_embd.type, d->E, tok + t,
                         sp->emb + (size_t)t * E, st);
@@ -700,7 +742,7 @@ static void q35m_enqueue_verify(engine_cuda_q35_session *s, int m) {
                                &sp->vstep[m - 1].pos, ENGINE_CU_VMAX, st); /* the rings after it */
     engine_cu_vmv hd = q35m_vmv(sp->X, E, d->E, cm->output_norm, eps, m);
     q35m_add(&hd, &cm->output, sp->logits, (size_t)d->V, 0);
-    if (q35m_run(sp, Q35M_DIAG_HEAD)) q35m_vmatvec(sp, &hd, st);
+    if (q35m_run(sp, Q35M_DIAG_HEAD)) q35m_vhead(sp, &hd, st);
     if (q35m_run(sp, Q35M_DIAG_ARGMAX)) {
         engine_cu_vargmax(sp->logits, d->V, m, sp->ascr, sp->y, st);
         engine_cu_vrmsnorm(sp->X, E, cm->output_norm, eps, d->E, m, sp->hbuf + E, E, st);
@@ -720,12 +762,17 @@ static void q35m_enqueue_draft(engine_cuda_q35_session *s, bool first) {
     cudaStream_t st = s->stream;
     const float eps = cm->m->hp.rms_norm_eps;
     const size_t E = (size_t)d->E;
+    sp->diag_now = sp->diag_draft;
     q35m_mtp_block(s, 1, sp->dstep, first ? sp->hbuf : sp->mtp_h, &sp->dstep->pos, 0);
     engine_cu_vmv hd = q35m_vmv(sp->X, E, d->E, cm->mtp_norm, eps, 1);
     q35m_add(&hd, &cm->output, sp->logits, (size_t)d->V, 0);
-    q35m_vmatvec(sp, &hd, st);
-    engine_cu_vrmsnorm(sp->X, E, cm->mtp_norm, eps, d->E, 1, sp->mtp_h, E, st);
-    engine_cu_sample(sp->logits, d->V, sp->dstep, sp->dtok, s->sscratch, s->counters + d->nkv, st);
+    if (q35m_run(sp, Q35M_DIAG_HEAD)) q35m_vhead(sp, &hd, st);
+    if (q35m_run(sp, Q35M_DIAG_ARGMAX)) {
+        engine_cu_vrmsnorm(sp->X, E, cm->mtp_norm, eps, d->E, 1, sp->mtp_h, E, st);
+        engine_cu_sample(sp->logits, d->V, sp->dstep, sp->dtok, s->sscratch, s->counters + d->nkv,
+                         st);
+    }
+    sp->diag_now = 0;
 }
 
 /* One greedy speculative step of k drafts (ctl->p0, ctl->k and vstep[0].token set). */
@@ -734,10 +781,12 @@ static void q35m_enqueue_fast(engine_cuda_q35_session *s, int k) {
     q35_spec *sp = s->spec;
     cudaStream_t st = s->stream;
     const size_t nr = s->ring_per * (size_t)cm->n_lin, ns = s->state_per * (size_t)cm->n_lin;
-    engine_cu_spec_prep(sp->ctl, sp->vstep, sp->dstep, sp->dtok, k + 1, false, st);
+    engine_cu_spec_prep(sp->ctl, sp->vstep, sp->dstep, sp->dtok, k + 1, false, false, st);
     for (int i = 0; i < k; i++)
         q35m_enqueue_draft(s, i == 0);
-    engine_cu_spec_prep(sp->ctl, sp->vstep, sp->dstep, sp->dtok, k + 1, true, st);
+    /* "dn": serial, so the pass's first DeltaNet steps read the positions early safely */
+    engine_cu_spec_prep(sp->ctl, sp->vstep, sp->dstep, sp->dtok, k + 1, true,
+                        (sp->fused & Q35M_FUSED_DN) != 0, st);
     q35m_enqueue_verify(s, k + 1);
     engine_cu_spec_accept(sp->ctl, sp->y, sp->dtok, sp->hbuf, cm->d.E, sp->vstep, st);
     engine_cu_spec_restore(sp->ctl, sp->vsnap, s->snap_stride, s->ring, nr, st);

@@ -306,8 +306,8 @@ template <int MODE> static void vmv_launch_mode(const engine_cu_vmv *a0, cudaStr
     engine_cu_launch(vmv_kernel<MODE, 2>, dim3(blocks), dim3(threads), smem, st, *a, g2);
 }
 
-void engine_cu_vmatvec(const engine_cu_vmv *a, cudaStream_t stream) {
-    engine_cu_vmv part[3];
+/* a's matrices by staging mode (part[mode], n_mat 0 where none). */
+static void vmv_split(const engine_cu_vmv *a, engine_cu_vmv part[3]) {
     for (int k = 0; k < 3; k++) {
         part[k] = *a;
         part[k].mv.n_mat = 0;
@@ -317,9 +317,66 @@ void engine_cu_vmatvec(const engine_cu_vmv *a, cudaStream_t stream) {
         p->y_stride[p->mv.n_mat] = a->y_stride[i];
         p->mv.m[p->mv.n_mat++] = a->mv.m[i];
     }
+}
+
+void engine_cu_vmatvec(const engine_cu_vmv *a, cudaStream_t stream) {
+    engine_cu_vmv part[3];
+    vmv_split(a, part);
     if (part[ENGINE_CU_X_F32].mv.n_mat) vmv_launch_mode<ENGINE_CU_X_F32>(&part[0], stream);
     if (part[ENGINE_CU_X_Q8_0].mv.n_mat) vmv_launch_mode<ENGINE_CU_X_Q8_0>(&part[1], stream);
     if (part[ENGINE_CU_X_Q8_K].mv.n_mat) vmv_launch_mode<ENGINE_CU_X_Q8_K>(&part[2], stream);
+}
+
+/* Tokens as a grid dimension on the decode matvec's own block code: the per-token arguments
+ * (x and y moved on by the strides) in parameter space (__grid_constant__: read in place, no
+ * copy), block b serving token b % m with the decode launch's block b / m of gdx. */
+typedef struct {
+    engine_cu_mv tok[ENGINE_CU_VMAX];
+    int m;
+} vtok_args;
+
+template <int MODE, int R>
+__global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 3)
+    vtok_kernel(const __grid_constant__ vtok_args a, int n_groups, int gdx) {
+    extern __shared__ uint4 vtok_smem[];
+    engine_cu_pdl_launch();
+    const int t = (int)blockIdx.x % a.m, bx = (int)blockIdx.x / a.m;
+    mv_block<MODE, R>(a.tok[t], n_groups, bx, gdx, (uint8_t *)vtok_smem, engine_cu_pdl_sync());
+}
+
+template <int MODE> static void vtok_launch_mode(const engine_cu_vmv *v, cudaStream_t st) {
+    vtok_args a;
+    memset(&a, 0, sizeof a);
+    a.m = v->m;
+    for (int t = 0; t < v->m; t++) {
+        a.tok[t] = v->mv;
+        a.tok[t].x = v->mv.x + (size_t)t * v->x_stride;
+        for (int i = 0; i < v->mv.n_mat; i++)
+            a.tok[t].m[i].y = v->mv.m[i].y + (size_t)t * v->y_stride[i];
+    }
+    const engine_cu_mv_plan p = engine_cu_matvec_plan(&a.tok[0]);
+    /* the decode's grid per token: a block per group, or one wave looping over the groups
+     * (the head), then shared by the m tokens so that the launch stays one wave */
+    const int nb = p.blocks >= p.n_groups ? p.n_groups : p.blocks >= v->m ? p.blocks / v->m : 1;
+    const dim3 grid((unsigned)(nb * v->m)), block(ENGINE_CU_MV_WARPS * 32);
+    if (p.r == 0)
+        engine_cu_launch(vtok_kernel<MODE, 0>, grid, block, p.smem, st, a, p.n_groups, nb);
+    else if (p.r == 1)
+        engine_cu_launch(vtok_kernel<MODE, 1>, grid, block, p.smem, st, a, p.n_groups, nb);
+    else
+        engine_cu_launch(vtok_kernel<MODE, 2>, grid, block, p.smem, st, a, p.n_groups, nb);
+}
+
+void engine_cu_vmatvec_tok(const engine_cu_vmv *a, cudaStream_t stream) {
+    if (a->m <= 1) { /* the decode launch itself */
+        engine_cu_matvec(&a->mv, stream);
+        return;
+    }
+    engine_cu_vmv part[3];
+    vmv_split(a, part);
+    if (part[ENGINE_CU_X_F32].mv.n_mat) vtok_launch_mode<ENGINE_CU_X_F32>(&part[0], stream);
+    if (part[ENGINE_CU_X_Q8_0].mv.n_mat) vtok_launch_mode<ENGINE_CU_X_Q8_0>(&part[1], stream);
+    if (part[ENGINE_CU_X_Q8_K].mv.n_mat) vtok_launch_mode<ENGINE_CU_X_Q8_K>(&part[2], stream);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -774,11 +831,11 @@ __global__ void spec_prep_kernel(engine_cu_spec_ctl *ctl, engine_cu_step *vstep,
     engine_cu_pdl_wait();
     if (threadIdx.x != 0) return;
     const int32_t p0 = ctl->p0;
-    for (int t = 0; t < m; t++) {
+    for (int t = 0; t < m && !with_drafts; t++) {
         vstep[t].pos = p0 + t;
         ctl->mpos[t] = p0 - 1 + t > 0 ? p0 - 1 + t : 0;
     }
-    if (with_drafts) {
+    if (with_drafts) { /* the positions are the step's first prep's (p0 unchanged since) */
         for (int i = 0; i + 1 < m; i++)
             vstep[1 + i].token = drafts[i];
     } else {
@@ -791,9 +848,13 @@ __global__ void spec_prep_kernel(engine_cu_spec_ctl *ctl, engine_cu_step *vstep,
 }
 
 void engine_cu_spec_prep(engine_cu_spec_ctl *ctl, engine_cu_step *vstep, engine_cu_step *dstep,
-                         const int32_t *drafts, int m, bool with_drafts, cudaStream_t stream) {
-    engine_cu_launch(spec_prep_kernel, dim3(1), dim3(32), 0, stream, ctl, vstep, dstep, drafts, m,
-                     (int)with_drafts);
+                         const int32_t *drafts, int m, bool with_drafts, bool serial,
+                         cudaStream_t stream) {
+    if (serial)
+        spec_prep_kernel<<<1, 32, 0, stream>>>(ctl, vstep, dstep, drafts, m, (int)with_drafts);
+    else
+        engine_cu_launch(spec_prep_kernel, dim3(1), dim3(32), 0, stream, ctl, vstep, dstep,
+                         drafts, m, (int)with_drafts);
 }
 
 __global__ void spec_accept_kernel(engine_cu_spec_ctl *ctl, const int32_t *y,

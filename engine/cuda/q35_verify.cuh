@@ -56,6 +56,16 @@ typedef struct {
                           * in each warp; each product the same sum (SPARK_CUDA_MTP_FUSED=split) */
 } engine_cu_vmv;
 
+/* engine_cu_vmatvec_tok (SPARK_CUDA_MTP_FUSED=head / tok): the same products with the tokens
+ * as a grid dimension, each block running the decode matvec's block code (matvec_dev.cuh
+ * mv_block) on one token's vector under the decode launch's plan (engine_cu_matvec_plan: rows
+ * per warp or split-K, so each y_t is the decode's bit for bit): block b serves token b % m as
+ * the decode launch's block b / m, so the m blocks of the same rows are adjacent in launch order
+ * and all but the first find the rows in L2; a plan of one wave looping over its row groups
+ * (the head) keeps one wave, its blocks shared by the m tokens. a->split and a->prefetch are
+ * not used; m = 1: engine_cu_matvec itself. */
+void engine_cu_vmatvec_tok(const engine_cu_vmv *a, cudaStream_t stream);
+
 /* Shared memory one block of engine_cu_vmatvec needs for m vectors of cols values. */
 size_t engine_cu_vmatvec_smem(int type, int cols, int m);
 void engine_cu_vmatvec(const engine_cu_vmv *a, cudaStream_t stream);
@@ -106,12 +116,15 @@ typedef struct {
     int32_t mpos[ENGINE_CU_VMAX];       /* positions of the MTP pairs of the verify pass */
 } engine_cu_spec_ctl;
 
-/* Before a step (one thread): vstep[t].pos = p0 + t for t < m, vstep[0].token = x (from
- * x_src when non-NULL, else left), vstep[1 + i].token = drafts[i] for i < m - 1, the MTP
- * pair positions max(p0 - 1 + t, 0), and the draft state dstep (token x, position p0 - 1,
- * n_out 0). p0 and k come from the control block. */
+/* Before a step (one thread), !with_drafts: vstep[t].pos = p0 + t for t < m, the MTP pair
+ * positions max(p0 - 1 + t, 0), and the draft state dstep (token vstep[0].token, position
+ * p0 - 1, n_out 0); with_drafts (after the drafts; p0 unchanged since): vstep[1 + i].token =
+ * drafts[i] for i < m - 1 alone. p0 comes from the control block. serial: launched without
+ * programmatic dependent launch (it starts once every earlier kernel is complete, and so the
+ * verify pass's kernels after it start after the first prep's positions are stored). */
 void engine_cu_spec_prep(engine_cu_spec_ctl *ctl, engine_cu_step *vstep, engine_cu_step *dstep,
-                         const int32_t *drafts, int m, bool with_drafts, cudaStream_t stream);
+                         const int32_t *drafts, int m, bool with_drafts, bool serial,
+                         cudaStream_t stream);
 /* After a verify pass of k + 1 tokens with the target's choices y[0..k]: j = the drafts
  * kept (d_{i+1} == y[i]), emit = d_1 .. d_j, y[j]; hidden row 0 = row j + 1 (the new last
  * token's), vstep[0].token = y[j]; the next step's p0 = p0 + j + 1. */

@@ -12,7 +12,11 @@
  *              one launch + one merge, the matvec's L1 prefetch, the MTP feed's KV rows alone,
  *              the tokens of small matvecs as a grid dimension;
  *              each keeps every token's arithmetic and order, so also bit for bit); when =1
- *              fails, each part runs alone too, to say which one
+ *              fails, each part runs alone too, to say which one; and a third time with
+ *              =tok,dn (every matvec and head as the decode matvec's launch per token, the
+ *              tokens as a grid dimension; the DeltaNet steps as the decode's launch with its
+ *              early reads / cluster, later tokens launched serially: the decode's device code
+ *              and launch shapes, so bit for bit), then head, tok, dn alone if it fails
  *   feed       SPARK_CUDA_MTP_FUSED=feed (the verify pass feeds only the MTP block's K/V rows)
  *              against the whole block: after 48 tokens in verify passes of 3, 4, 5, 1, 2, ..
  *              (the first at p0 = 0, where pairs 0 and 1 share position 0) the MTP K/V rows and
@@ -664,6 +668,13 @@ static void run_model(const char *type) {
         check_direct(m, gm, type, "1");
         if (support_failures > before) { /* which part: each alone (failures count again) */
             static const char *const parts[] = {"delta", "moe", "attn", "pf", "feed", "split"};
+            for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
+                check_direct(m, gm, type, parts[i]);
+        }
+        const int before_dec = support_failures;
+        check_direct(m, gm, type, "tok,dn"); /* the parts outside "1": decode launches */
+        if (support_failures > before_dec) {
+            static const char *const parts[] = {"head", "tok", "dn"};
             for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
                 check_direct(m, gm, type, parts[i]);
         }
