@@ -19,7 +19,6 @@ extern "C" {
 #define BM ENGINE_CU_GEMM_BM
 #define BN ENGINE_CU_GEMM_BN
 #define BK ENGINE_CU_GEMM_BK
-#define GEMM_THREADS 128
 
 int engine_cu_gemm_xform(int type) {
     switch (type) {
@@ -179,6 +178,28 @@ __device__ __forceinline__ void gemm_decode_k45(bool q5, int q, const uint32_t h
         }
 }
 
+/* Q6_K: the two runs of a chunk from its 16 ql bytes and 16 qh bytes (w: its 32-value group
+ * in the half); q - 32 in [-32, 31], bytewise, wrapping. */
+__device__ __forceinline__ void gemm_bits_q6(int w, const uint32_t ql[4], const uint32_t qh[4],
+                                             uint32_t qa[4], uint32_t qb[4]) {
+    const int s1 = 2 * w, s2 = 4 + 2 * w;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        qa[i] = __vsub4((ql[i] & 0x0F0F0F0Fu) | (((qh[i] >> s1) & 0x03030303u) << 4), 0x20202020u);
+        qb[i] = __vsub4(((ql[i] >> 4) & 0x0F0F0F0Fu) | (((qh[i] >> s2) & 0x03030303u) << 4),
+                        0x20202020u);
+    }
+}
+
+/* Q4_0: the two runs of a block from its 16 qs bytes, q - 8. */
+__device__ __forceinline__ void gemm_bits_q40(const uint32_t v[4], uint32_t qa[4], uint32_t qb[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        qa[i] = __vsub4(v[i] & 0x0F0F0F0Fu, 0x08080808u);
+        qb[i] = __vsub4((v[i] >> 4) & 0x0F0F0F0Fu, 0x08080808u);
+    }
+}
+
 __device__ __forceinline__ void gemm_decode_q(int type, const uint8_t *row, int c, uint32_t qa[4],
                                               uint32_t qb[4], float *sa, float *oa, float *sb,
                                               float *ob) {
@@ -209,14 +230,7 @@ __device__ __forceinline__ void gemm_decode_q(int type, const uint8_t *row, int 
         *sa = d * (float)__ldg(scp + 2 * w);
         *sb = d * (float)__ldg(scp + 4 + 2 * w);
         *oa = *ob = 0.0f;
-        const int s1 = 2 * w, s2 = 4 + 2 * w;
-#pragma unroll
-        for (int i = 0; i < 4; i++) { /* q - 32 in [-32, 31]: bytewise, wrapping */
-            qa[i] = __vsub4((ql[i] & 0x0F0F0F0Fu) | (((qh[i] >> s1) & 0x03030303u) << 4),
-                            0x20202020u);
-            qb[i] = __vsub4(((ql[i] >> 4) & 0x0F0F0F0Fu) | (((qh[i] >> s2) & 0x03030303u) << 4),
-                            0x20202020u);
-        }
+        gemm_bits_q6(w, ql, qh, qa, qb);
         break;
     }
     case ENGINE_TYPE_Q8_0: {
@@ -238,11 +252,7 @@ __device__ __forceinline__ void gemm_decode_q(int type, const uint8_t *row, int 
         const float d = engine_cu_h2f(__ldg((const uint16_t *)b));
         uint32_t v[4];
         engine_cu_ldw_a2<4>(b + 2, v);
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            qa[i] = __vsub4(v[i] & 0x0F0F0F0Fu, 0x08080808u);
-            qb[i] = __vsub4((v[i] >> 4) & 0x0F0F0F0Fu, 0x08080808u);
-        }
+        gemm_bits_q40(v, qa, qb);
         *sa = *sb = d;
         *oa = *ob = 0.0f;
         break;
@@ -355,6 +365,10 @@ __device__ __forceinline__ void gemm_epilogue(float d[4], const int c[4], float 
 /* 16 bytes global -> shared without registers (cp.async, sm_80+; both 16-byte aligned), its
  * group commit, and the wait for all but the newest group. */
 #define GEMM_STAGE_ROW 112 /* staged bytes of a weight row and step: Q5_K 16 + 32 + 64 */
+/* Q6_K, Q8_0, Q4_0 (2-byte aligned blocks): up to GEMM_STAGE_PIECES 16-byte pieces covering a
+ * step's bytes, in rows of GEMM_STAGE_ROW2 bytes (44 words: 8 rows' reads spread over banks) */
+#define GEMM_STAGE_PIECES 10
+#define GEMM_STAGE_ROW2 176
 __device__ __forceinline__ void gemm_cp_async16(void *dst, const void *src) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
@@ -362,6 +376,59 @@ __device__ __forceinline__ void gemm_cp_async16(void *dst, const void *src) {
 #else
     *(uint4 *)dst = *(const uint4 *)src;
 #endif
+}
+/* The same for the first n (1..16) bytes at src, the rest of the 16 zero-filled. */
+__device__ __forceinline__ void gemm_cp_async16n(void *dst, const void *src, int n) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(n)
+                 : "memory");
+#else
+    uint8_t *o = (uint8_t *)dst;
+    for (int i = 0; i < 16; i++)
+        o[i] = i < n ? ((const uint8_t *)src)[i] : 0;
+#endif
+}
+/* N words of the 4 N bytes at a 2-byte-aligned shared address (aligned loads, funnel shifts). */
+template <int N> __device__ __forceinline__ void gemm_lds_a2(const uint8_t *p, uint32_t w[N]) {
+    const uintptr_t ad = (uintptr_t)p;
+    const uint32_t *b = (const uint32_t *)(ad & ~(uintptr_t)3);
+    const int sh = (int)(ad & 3) * 8;
+    uint32_t u[N + 1];
+#pragma unroll
+    for (int i = 0; i < N; i++)
+        u[i] = b[i];
+    u[N] = sh ? (uint32_t)*(const uint16_t *)(b + N) : 0u;
+#pragma unroll
+    for (int i = 0; i < N; i++)
+        w[i] = __funnelshift_r(u[i], u[i + 1], sh);
+}
+/* Staged piece pc (0 .. GEMM_STAGE_PIECES-1) of a Q6_K / Q8_0 / Q4_0 row's step k0 (bb bytes a
+ * block): its 16-byte aligned source and how many of its bytes are wanted (<= 0: none). Q6_K:
+ * pieces 0-4 cover the half's 64 ql bytes, 5-7 its 32 qh bytes, 8-9 its 8 scales and d; the
+ * 32-blocked types: 0-9 the step's four blocks. Nothing past the row's end is read. */
+__device__ __forceinline__ int gemm_stage_piece(bool q6, int bb, const uint8_t *row,
+                                                size_t row_bytes, int k0, int pc,
+                                                const uint8_t **src) {
+    uintptr_t s0;
+    int len, pp = pc;
+    if (q6) {
+        const uintptr_t blk = (uintptr_t)row + (uintptr_t)(k0 >> 8) * 210;
+        const int h = (k0 >> 7) & 1;
+        if (pc < 5) {
+            s0 = blk + 64 * h, len = 64;
+        } else if (pc < 8) {
+            s0 = blk + 128 + 32 * h, len = 32, pp = pc - 5;
+        } else {
+            s0 = blk + 192 + 8 * h, len = 18 - 8 * h, pp = pc - 8;
+        }
+    } else {
+        s0 = (uintptr_t)row + (uintptr_t)(k0 >> 5) * (uintptr_t)bb, len = 4 * bb;
+    }
+    const uintptr_t a = (s0 & ~(uintptr_t)15) + 16 * (uintptr_t)pp,
+                    end = std::min<uintptr_t>(s0 + (uintptr_t)len, (uintptr_t)row + row_bytes);
+    *src = (const uint8_t *)a;
+    return end > a ? (int)std::min<uintptr_t>(16, end - a) : 0;
 }
 __device__ __forceinline__ void gemm_cp_commit() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -407,14 +474,22 @@ __device__ __forceinline__ const uint8_t *gemm_chunk_block(int type, const uint8
  * to 144 / 272 bytes so that the fragment loads of a warp hit 32 different banks. Each step
  * prefetches the next step's X tile into registers and asks L2 for its weight blocks before
  * the products, so their latency overlaps the tensor-core work. */
-template <int MODE, int WM, bool LEGACY, bool PIPE = false>
-__global__ void __launch_bounds__(GEMM_THREADS, 3) gemm_kernel(engine_cu_gemm_args a) {
-    static_assert(!PIPE || (MODE == 1 && !LEGACY), "the staged pipeline is for Q4_K / Q5_K");
+#ifndef WIDE_KU
+#define WIDE_KU 1
+#endif
+template <int MODE, int WM, bool LEGACY, bool PIPE = false, int WNN = 4 / WM>
+__global__ void __launch_bounds__(32 * WM * WNN, WM * WNN == 8 ? 2 : 3)
+    gemm_kernel(engine_cu_gemm_args a) {
+    static_assert(!PIPE || (MODE != 2 && !LEGACY), "the staged pipeline is for int8 forms");
+    static_assert(WM * WNN == 4 || (WM == 2 && WNN == 4 && !LEGACY), "4 warps, or 8 of 64 x 128");
     constexpr bool Q = MODE != 2, K32 = MODE == 1 || MODE == 3;
     constexpr bool OFF = LEGACY ? Q : MODE == 1;
-    constexpr int TBM = 32 * WM, TBN = 128 / WM, WNN = 4 / WM;
+    /* NT threads; WIDE (8 warps): the 16-row fragments past the tile's rows skip their work */
+    constexpr int NT = 32 * WM * WNN, TBM = 32 * WM, TBN = 32 * WNN;
+    constexpr bool WIDE = WM * WNN == 8;
+    constexpr int KU = WIDE ? WIDE_KU : BK / 32; /* 32-column steps unrolled (WIDE: registers) */
     constexpr int SROW = Q ? BK + 16 : 2 * BK + 16, NR = K32 ? 4 : 8; /* scale runs */
-    constexpr int XV = Q ? (TBM * BK / 16) / GEMM_THREADS : (TBM * BK / 8) / GEMM_THREADS;
+    constexpr int XV = Q ? (TBM * BK / 16) / NT : (TBM * BK / 8) / NT;
     __shared__ __align__(16) uint8_t sA[TBM * SROW];
     __shared__ __align__(16) uint8_t sB[TBN * SROW];
     __shared__ float sWs[Q ? TBN : 1][NR], sWo[OFF ? TBN : 1][NR], sXd[Q ? TBM : 1][4],
@@ -424,6 +499,8 @@ __global__ void __launch_bounds__(GEMM_THREADS, 3) gemm_kernel(engine_cu_gemm_ar
     if (!gemm_tile<WM>(a, &mat, &row0, &nrow)) return;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp / WNN, wn = warp % WNN, g = lane >> 2, tig = lane & 3;
+    /* WIDE: the warp's live 16-row fragments (0, 1 or 2; the same for the whole warp) */
+    const int nfr = WIDE ? min(2, max(0, (nrow - 32 * wm + 15) >> 4)) : 2;
     /* the matrix of this column tile: w's tiles first, then those of each further part */
     const uint8_t *W = a.w + (size_t)mat * a.mat_bytes;
     float *Y = a.y;
@@ -457,13 +534,13 @@ __global__ void __launch_bounds__(GEMM_THREADS, 3) gemm_kernel(engine_cu_gemm_ar
 
     /* this thread's X vectors of a step: rows and 16-byte parts; and (int8 forms, not LEGACY)
      * its X scales of the step: (row, 32-column block) pairs idx = tid + 128 j */
-    constexpr int XS = Q && !LEGACY ? TBM * 4 / GEMM_THREADS : 1;
+    constexpr int XS = Q && !LEGACY ? TBM * 4 / NT : 1;
     int4 xr[XV];
     float xdr[XS], xsr[XS];
     auto load_x = [&](int k0) {
 #pragma unroll
         for (int j = 0; j < XV; j++) {
-            const int idx = tid + GEMM_THREADS * j;
+            const int idx = tid + NT * j;
             const int r = Q ? idx >> 3 : idx >> 4, part = Q ? idx & 7 : idx & 15;
             const int src = sIdx[r], col = k0 + (Q ? 16 : 8) * part;
             xr[j] = make_int4(0, 0, 0, 0);
@@ -474,7 +551,7 @@ __global__ void __launch_bounds__(GEMM_THREADS, 3) gemm_kernel(engine_cu_gemm_ar
         if (Q && !LEGACY)
 #pragma unroll
             for (int j = 0; j < XS; j++) {
-                const int idx = tid + GEMM_THREADS * j, r = idx >> 2, cd = k0 + 32 * (idx & 3);
+                const int idx = tid + NT * j, r = idx >> 2, cd = k0 + 32 * (idx & 3);
                 const int src = sIdx[r];
                 const bool in = src >= 0 && cd < a.cols;
                 xdr[j] = in ? a.x.d[(size_t)src * (a.cols / 32) + cd / 32] : 0.0f;
@@ -488,39 +565,42 @@ __global__ void __launch_bounds__(GEMM_THREADS, 3) gemm_kernel(engine_cu_gemm_ar
     /* the W tile of step k0 for weights of type tc (int8 forms): a chunk outside the matrix
      * decodes row 0's chunk 0 (always there) and stores zeros; then the L2 (a.prefetch_l1: L1)
      * prefetch of the next step's blocks */
+    /* the decoded runs of chunk c (of type tc) of tile row r into the tile; zeros unless in */
+    auto put = [&](auto tc, int r, int c, int k0, bool in, const uint32_t qa[4],
+                   const uint32_t qb[4], float s1, float o1, float s2, float o2) {
+        int a0, b0;
+        engine_cu_chunk_cols(decltype(tc)::value, c, &a0, &b0);
+        a0 -= k0;
+        b0 -= k0;
+        const uint32_t mk = in ? 0xffffffffu : 0u;
+        *(uint4 *)(sB + r * SROW + a0) = make_uint4(qa[0] & mk, qa[1] & mk, qa[2] & mk, qa[3] & mk);
+        *(uint4 *)(sB + r * SROW + b0) = make_uint4(qb[0] & mk, qb[1] & mk, qb[2] & mk, qb[3] & mk);
+        /* K32: both runs of a 32-column block carry its scale (written twice) */
+        const int ra = K32 ? a0 >> 5 : a0 >> 4, rb = K32 ? b0 >> 5 : b0 >> 4;
+        sWs[r][ra] = in ? s1 : 0.0f;
+        sWs[r][rb] = in ? s2 : 0.0f;
+        if (OFF) {
+            sWo[r][ra] = in ? o1 : 0.0f;
+            sWo[r][rb] = in ? o2 : 0.0f;
+        }
+    };
     auto wtile = [&](auto tc, int k0) {
         constexpr int T = decltype(tc)::value;
-        constexpr int NJ = (TBN * 4) / GEMM_THREADS;
+        constexpr int NJ = (TBN * 4) / NT;
 #pragma unroll
         for (int j = 0; j < NJ; j++) {
-            const int cid = tid + GEMM_THREADS * j, r = cid >> 2, c = k0 / 32 + (cid & 3);
+            const int cid = tid + NT * j, r = cid >> 2, c = k0 / 32 + (cid & 3);
             const int grow = n0 + r;
             const bool in = grow < rows && c < nch;
             const uint8_t *row = W + (size_t)(in ? grow : 0) * a.row_bytes;
-            int a0, b0;
-            engine_cu_chunk_cols(T, c, &a0, &b0);
-            a0 -= k0;
-            b0 -= k0;
             uint32_t qa[4], qb[4];
             float s1, o1, s2, o2;
             gemm_decode_q(T, row, in ? c : 0, qa, qb, &s1, &o1, &s2, &o2);
-            const uint32_t mk = in ? 0xffffffffu : 0u;
-            *(uint4 *)(sB + r * SROW + a0) =
-                make_uint4(qa[0] & mk, qa[1] & mk, qa[2] & mk, qa[3] & mk);
-            *(uint4 *)(sB + r * SROW + b0) =
-                make_uint4(qb[0] & mk, qb[1] & mk, qb[2] & mk, qb[3] & mk);
-            /* K32: both runs of a 32-column block carry its scale (written twice) */
-            const int ra = K32 ? a0 >> 5 : a0 >> 4, rb = K32 ? b0 >> 5 : b0 >> 4;
-            sWs[r][ra] = in ? s1 : 0.0f;
-            sWs[r][rb] = in ? s2 : 0.0f;
-            if (OFF) {
-                sWo[r][ra] = in ? o1 : 0.0f;
-                sWo[r][rb] = in ? o2 : 0.0f;
-            }
+            put(tc, r, c, k0, in, qa, qb, s1, o1, s2, o2);
         }
 #pragma unroll
         for (int j = 0; j < NJ; j++) {
-            const int cid = tid + GEMM_THREADS * j, r = cid >> 2, c = k0 / 32 + (cid & 3);
+            const int cid = tid + NT * j, r = cid >> 2, c = k0 / 32 + (cid & 3);
             const int grow = n0 + r;
             if (grow < rows && c + 4 < nch) { /* the next step's block of this chunk */
                 int nb;
@@ -537,11 +617,28 @@ __global__ void __launch_bounds__(GEMM_THREADS, 3) gemm_kernel(engine_cu_gemm_ar
      * fly during the products of step k. Rows past the matrix are staged as zeros. */
     extern __shared__ __align__(16) uint8_t gemm_stage[];
     auto stage = [&](int k0, int buf) {
-        if constexpr (PIPE) {
+        if constexpr (PIPE && MODE != 1) { /* Q6_K, Q8_0, Q4_0: covering pieces (above) */
+            const int bb = a.type == ENGINE_TYPE_Q8_0 ? 34 : 18;
+            uint8_t *st = gemm_stage + (size_t)buf * TBN * GEMM_STAGE_ROW2;
+            for (int idx = tid; idx < TBN * GEMM_STAGE_PIECES; idx += NT) {
+                const int r = idx / GEMM_STAGE_PIECES, pc = idx - r * GEMM_STAGE_PIECES;
+                const int grow = n0 + r;
+                uint8_t *dst = st + r * GEMM_STAGE_ROW2 + 16 * pc;
+                if (grow >= rows) {
+                    *(uint4 *)dst = make_uint4(0, 0, 0, 0);
+                    continue;
+                }
+                const uint8_t *src;
+                const int nb = gemm_stage_piece(MODE == 0, bb, W + (size_t)grow * a.row_bytes,
+                                                a.row_bytes, k0, pc, &src);
+                if (nb > 0) gemm_cp_async16n(dst, src, nb);
+            }
+            gemm_cp_commit();
+        } else if constexpr (PIPE) {
             const bool q5 = a.type == ENGINE_TYPE_Q5_K;
             const int nc = q5 ? 7 : 5, h = (k0 >> 7) & 1, bb = q5 ? 176 : 144, qso = q5 ? 48 : 16;
             uint8_t *st = gemm_stage + (size_t)buf * TBN * GEMM_STAGE_ROW;
-            for (int idx = tid; idx < TBN * nc; idx += GEMM_THREADS) {
+            for (int idx = tid; idx < TBN * nc; idx += NT) {
                 const int r = idx / nc, pc = idx - r * nc, grow = n0 + r;
                 /* piece pc: 0 the header, then (Q5_K) the two qh pieces, then four qs pieces */
                 const int e = pc - (q5 ? 3 : 1);
@@ -557,16 +654,67 @@ __global__ void __launch_bounds__(GEMM_THREADS, 3) gemm_kernel(engine_cu_gemm_ar
             gemm_cp_commit();
         }
     };
+    /* the W tile of step k0 from staging buffer buf (as wtile): Q6_K, Q8_0, Q4_0 */
+    auto wtile_staged2 = [&](auto tc, int k0, int buf) {
+        constexpr int T = decltype(tc)::value;
+        constexpr int NJ = (TBN * 4) / NT;
+        const uint8_t *st = gemm_stage + (size_t)buf * TBN * GEMM_STAGE_ROW2;
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {
+            const int cid = tid + NT * j, r = cid >> 2, c = k0 / 32 + (cid & 3);
+            const int grow = n0 + r;
+            const bool in = grow < rows && c < nch;
+            /* the row's address only gives the pieces' offsets (rows past the matrix: zeros) */
+            const uintptr_t row = (uintptr_t)(W + (size_t)(grow < rows ? grow : 0) * a.row_bytes);
+            const uint8_t *sr = st + r * GEMM_STAGE_ROW2;
+            uint32_t qa[4], qb[4];
+            float s1, s2;
+            if constexpr (T == ENGINE_TYPE_Q6_K) {
+                const uintptr_t blk = row + (uintptr_t)(k0 >> 8) * 210;
+                const int h = (k0 >> 7) & 1, l1 = (int)(blk & 15),
+                          l3 = (int)((blk + 192 + 8 * h) & 15);
+                const int q = c & 7, w = (q & 3) >> 1, l0 = 16 * (q & 1);
+                uint32_t ql[4], qh[4];
+                gemm_lds_a2<4>(sr + l1 + 32 * w + l0, ql);
+                gemm_lds_a2<4>(sr + 80 + l1 + l0, qh);
+                const uint8_t *sc = sr + 128 + l3; /* the half's scales, then d */
+                const float d = engine_cu_h2f(*(const uint16_t *)(sc + 16 - 8 * h));
+                const int8_t *scp = (const int8_t *)(sc + (l0 >> 4));
+                s1 = d * (float)scp[2 * w];
+                s2 = d * (float)scp[4 + 2 * w];
+                gemm_bits_q6(w, ql, qh, qa, qb);
+            } else {
+                constexpr int bb = T == ENGINE_TYPE_Q8_0 ? 34 : 18;
+                const uintptr_t s0 = row + (uintptr_t)(k0 >> 5) * bb;
+                const uint8_t *b = sr + (int)(s0 & 15) + (cid & 3) * bb;
+                s1 = s2 = engine_cu_h2f(*(const uint16_t *)b);
+                if constexpr (T == ENGINE_TYPE_Q8_0) {
+                    uint32_t v[8];
+                    gemm_lds_a2<8>(b + 2, v);
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        qa[i] = v[i];
+                        qb[i] = v[i + 4];
+                    }
+                } else {
+                    uint32_t v[4];
+                    gemm_lds_a2<4>(b + 2, v);
+                    gemm_bits_q40(v, qa, qb);
+                }
+            }
+            put(tc, r, c, k0, in, qa, qb, s1, 0.0f, s2, 0.0f);
+        }
+    };
     /* the W tile of step k0 from staging buffer buf (as wtile; the type is Q4_K or Q5_K) */
     auto wtile_staged = [&](int k0, int buf) {
-        if constexpr (PIPE) {
-            constexpr int NJ = (TBN * 4) / GEMM_THREADS;
+        if constexpr (PIPE && MODE == 1) {
+            constexpr int NJ = (TBN * 4) / NT;
             const bool q5 = a.type == ENGINE_TYPE_Q5_K;
             const int h = (k0 >> 7) & 1;
             const uint8_t *st = gemm_stage + (size_t)buf * TBN * GEMM_STAGE_ROW;
 #pragma unroll
             for (int j = 0; j < NJ; j++) {
-                const int cid = tid + GEMM_THREADS * j, r = cid >> 2, c = k0 / 32 + (cid & 3);
+                const int cid = tid + NT * j, r = cid >> 2, c = k0 / 32 + (cid & 3);
                 const bool in = n0 + r < rows && c < nch;
                 const uint8_t *sr = st + r * GEMM_STAGE_ROW;
                 const int q = c & 7, jj = q >> 1, half = q & 1;
@@ -582,47 +730,44 @@ __global__ void __launch_bounds__(GEMM_THREADS, 3) gemm_kernel(engine_cu_gemm_ar
                 uint32_t qa[4], qb[4];
                 float s1, o1, s2, o2;
                 gemm_decode_k45(q5, q, hdr, qs, qh, qa, qb, &s1, &o1, &s2, &o2);
-                int a0, b0;
-                engine_cu_chunk_cols(ENGINE_TYPE_Q4_K, c, &a0, &b0); /* Q5_K: the same columns */
-                a0 -= k0;
-                b0 -= k0;
-                const uint32_t mk = in ? 0xffffffffu : 0u;
-                *(uint4 *)(sB + r * SROW + a0) =
-                    make_uint4(qa[0] & mk, qa[1] & mk, qa[2] & mk, qa[3] & mk);
-                *(uint4 *)(sB + r * SROW + b0) =
-                    make_uint4(qb[0] & mk, qb[1] & mk, qb[2] & mk, qb[3] & mk);
-                sWs[r][a0 >> 5] = in ? s1 : 0.0f;
-                sWs[r][b0 >> 5] = in ? s2 : 0.0f;
-                sWo[r][a0 >> 5] = in ? o1 : 0.0f;
-                sWo[r][b0 >> 5] = in ? o2 : 0.0f;
+                /* Q5_K: the same columns as Q4_K */
+                put(std::integral_constant<int, ENGINE_TYPE_Q4_K>(), r, c, k0, in, qa, qb, s1, o1,
+                    s2, o2);
             }
         }
     };
-    load_x(0);
-    if constexpr (PIPE) stage(0, 0);
-    for (int k0 = 0; k0 < a.cols; k0 += BK) {
-        const int buf = (k0 / BK) & 1;
+    /* split-K (a.kpart, dense mode): block z takes the whole steps [kb, ke) of ksplit */
+    int kb = 0, ke = a.cols;
+    if (a.kpart) {
+        const int steps = (a.cols + BK - 1) / BK, z = (int)blockIdx.z;
+        kb = BK * (int)((long)steps * z / a.ksplit);
+        ke = min(a.cols, BK * (int)((long)steps * (z + 1) / a.ksplit));
+    }
+    load_x(kb);
+    if constexpr (PIPE) stage(kb, 0);
+    for (int k0 = kb; k0 < ke; k0 += BK) {
+        const int buf = ((k0 - kb) / BK) & 1;
         if constexpr (PIPE) { /* the next step's bytes (an empty group at the last step) */
-            if (k0 + BK < a.cols)
+            if (k0 + BK < ke)
                 stage(k0 + BK, buf ^ 1);
             else
                 gemm_cp_commit();
         }
 #pragma unroll
         for (int j = 0; j < XV; j++) {
-            const int idx = tid + GEMM_THREADS * j;
+            const int idx = tid + NT * j;
             const int r = Q ? idx >> 3 : idx >> 4, part = Q ? idx & 7 : idx & 15;
             *(int4 *)(sA + r * SROW + 16 * part) = xr[j];
         }
         if (Q && !LEGACY)
 #pragma unroll
             for (int j = 0; j < XS; j++) {
-                const int idx = tid + GEMM_THREADS * j;
+                const int idx = tid + NT * j;
                 sXd[idx >> 2][idx & 3] = xdr[j];
                 if (OFF) sXs[idx >> 2][idx & 3] = xsr[j];
             }
         if (Q && LEGACY)
-            for (int idx = tid; idx < TBM * 4; idx += GEMM_THREADS) {
+            for (int idx = tid; idx < TBM * 4; idx += NT) {
                 const int r = idx >> 2, e = idx & 3, src = sIdx[r], cd = k0 + 32 * e;
                 const bool in = src >= 0 && cd < a.cols;
                 sXd[r][e] = in ? a.x.d[(size_t)src * (a.cols / 32) + cd / 32] : 0.0f;
@@ -642,7 +787,14 @@ __global__ void __launch_bounds__(GEMM_THREADS, 3) gemm_kernel(engine_cu_gemm_ar
         if constexpr (PIPE) {
             gemm_cp_wait1(); /* this thread's copies of step k0 have landed */
             __syncthreads(); /* and everyone's */
-            wtile_staged(k0, buf);
+            if constexpr (MODE == 1)
+                wtile_staged(k0, buf);
+            else if constexpr (MODE == 0)
+                wtile_staged2(std::integral_constant<int, ENGINE_TYPE_Q6_K>(), k0, buf);
+            else if (a.type == ENGINE_TYPE_Q8_0)
+                wtile_staged2(std::integral_constant<int, ENGINE_TYPE_Q8_0>(), k0, buf);
+            else
+                wtile_staged2(std::integral_constant<int, ENGINE_TYPE_Q4_0>(), k0, buf);
         } else if constexpr (Q && !LEGACY) {
             if constexpr (MODE == 0) {
                 wtile(std::integral_constant<int, ENGINE_TYPE_Q6_K>(), k0);
@@ -659,8 +811,8 @@ __global__ void __launch_bounds__(GEMM_THREADS, 3) gemm_kernel(engine_cu_gemm_ar
             }
         }
 #pragma unroll
-        for (int j = 0; j < (Q && !LEGACY ? 0 : (TBN * 4) / GEMM_THREADS); j++) {
-            const int cid = tid + GEMM_THREADS * j, r = cid >> 2, c = k0 / 32 + (cid & 3);
+        for (int j = 0; j < (Q && !LEGACY ? 0 : (TBN * 4) / NT); j++) {
+            const int cid = tid + NT * j, r = cid >> 2, c = k0 / 32 + (cid & 3);
             const int grow = n0 + r;
             const bool in = grow < rows && c < nch;
             const uint8_t *row = W + (size_t)grow * a.row_bytes;
@@ -697,9 +849,10 @@ __global__ void __launch_bounds__(GEMM_THREADS, 3) gemm_kernel(engine_cu_gemm_ar
             }
         }
         __syncthreads();
-        if (k0 + BK < a.cols) load_x(k0 + BK);
-        if (K32) {
-#pragma unroll
+        if (k0 + BK < ke) load_x(k0 + BK);
+        if (WIDE && nfr == 0) { /* no rows of this warp's: it only helps load and decode */
+        } else if (K32) {
+#pragma unroll(KU)
             for (int ks = 0; ks < BK / 32; ks++) {
                 const int kk = 32 * ks;
                 uint32_t af[2][4], bfr[4][2];
@@ -733,6 +886,7 @@ __global__ void __launch_bounds__(GEMM_THREADS, 3) gemm_kernel(engine_cu_gemm_ar
                     const float wo0 = OFF ? sWo[r][ks] : 0.0f, wo1 = OFF ? sWo[r + 1][ks] : 0.0f;
 #pragma unroll
                     for (int mi = 0; mi < 2; mi++) {
+                        if (WIDE && mi >= nfr) continue;
                         int c[4];
                         mma_s8_k32(c, af[mi], bfr[ni][0], bfr[ni][1], c0);
                         gemm_epilogue<LEGACY, OFF>(acc[mi][ni], c, ws0, wo0, ws1, wo1, xd[mi],
@@ -773,6 +927,7 @@ __global__ void __launch_bounds__(GEMM_THREADS, 3) gemm_kernel(engine_cu_gemm_ar
                                     wo1 = OFF ? sWo[r + 1][ks] : 0.0f;
 #pragma unroll
                         for (int mi = 0; mi < 2; mi++) {
+                            if (WIDE && mi >= nfr) continue;
                             int c[4];
                             mma_s8(c, af[mi][0], af[mi][1], bfr[ni], c0);
                             gemm_epilogue<LEGACY, OFF>(acc[mi][ni], c, ws0, wo0, ws1, wo1,
@@ -797,7 +952,7 @@ __global__ void __launch_bounds__(GEMM_THREADS, 3) gemm_kernel(engine_cu_gemm_ar
                                        b1 = *(const uint32_t *)(p + 16);
 #pragma unroll
                         for (int mi = 0; mi < 2; mi++)
-                            mma_f16(acc[mi][ni], af[mi], b0, b1, bf);
+                            if (!WIDE || mi < nfr) mma_f16(acc[mi][ni], af[mi], b0, b1, bf);
                     }
                 }
             }
@@ -810,6 +965,17 @@ __global__ void __launch_bounds__(GEMM_THREADS, 3) gemm_kernel(engine_cu_gemm_ar
         for (int h = 0; h < 2; h++) {
             const int i = wm * 32 + mi * 16 + g + 8 * h;
             if (i >= nrow) continue;
+            if (a.kpart) { /* partial sums of split z at the launch's column tile */
+                const size_t ldp = (size_t)gridDim.x * TBN;
+                float *yp = a.kpart + ((size_t)blockIdx.z * a.m + (size_t)(row0 + i)) * ldp +
+                            (size_t)blockIdx.x * TBN;
+#pragma unroll
+                for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++)
+                        yp[wn * 32 + ni * 8 + 2 * tig + e] = acc[mi][ni][2 * h + e];
+                continue;
+            }
             float *y = Y + (size_t)(row0 + i) * ldy;
 #pragma unroll
             for (int ni = 0; ni < 4; ni++)
@@ -821,6 +987,31 @@ __global__ void __launch_bounds__(GEMM_THREADS, 3) gemm_kernel(engine_cu_gemm_ar
                     y[r] = a.accumulate ? y[r] + v : v;
                 }
         }
+}
+
+/* Split-K: Y (+)= the ksplit partial sums of each element added in split order (the same
+ * result for every run); element (X row blockIdx.y, launch column v), tbn columns a tile. */
+__global__ void __launch_bounds__(256) gemm_ksum_kernel(engine_cu_gemm_args a, int tbn, int ldp) {
+    const int v = (int)(blockIdx.x * blockDim.x + threadIdx.x), i = (int)blockIdx.y;
+    if (v >= ldp) return;
+    /* the part and weight row of launch column v, as the GEMM kernel maps its column tiles */
+    int bx = v / tbn, rows = a.rows, ldy = a.ldy;
+    float *Y = a.y;
+    for (int j = 0; j < a.n_more; j++) {
+        const int nt = (rows + tbn - 1) / tbn;
+        if (bx < nt) break;
+        bx -= nt;
+        Y = a.more[j].y;
+        rows = a.more[j].rows;
+        ldy = a.more[j].ldy;
+    }
+    const int r = bx * tbn + v % tbn;
+    if (r >= rows) return;
+    float s = 0.0f;
+    for (int z = 0; z < a.ksplit; z++)
+        s += a.kpart[((size_t)z * a.m + (size_t)i) * (size_t)ldp + (size_t)v];
+    float *y = Y + (size_t)i * ldy + r;
+    *y = a.accumulate ? *y + s : s;
 }
 
 /* F32 weights (the router): SIMT, 64 x 64 tiles of 256 threads, 4 x 4 outputs each (X rows
@@ -882,23 +1073,114 @@ __global__ void __launch_bounds__(256) gemm_f32_kernel(engine_cu_gemm_args a) {
     }
 }
 
-template <int WM, bool LEGACY>
+/* WNN: warps along the weight rows (4 / WM: 4 warps; 4 with WM = 2: the wide 8-warp tiles). */
+template <int WM, bool LEGACY, int WNN = 4 / WM>
 static void gemm_launch(int mode, dim3 grid, const engine_cu_gemm_args *a, cudaStream_t st) {
+    constexpr int nt = 32 * WM * WNN;
     switch (mode) {
-    case 0: gemm_kernel<0, WM, LEGACY><<<grid, GEMM_THREADS, 0, st>>>(*a); break;
-    case 1: gemm_kernel<1, WM, LEGACY><<<grid, GEMM_THREADS, 0, st>>>(*a); break;
-    case 2: gemm_kernel<2, WM, false><<<grid, GEMM_THREADS, 0, st>>>(*a); break; /* no int sums */
-    default: gemm_kernel<LEGACY ? 1 : 3, WM, LEGACY><<<grid, GEMM_THREADS, 0, st>>>(*a); break;
+    case 0: gemm_kernel<0, WM, LEGACY, false, WNN><<<grid, nt, 0, st>>>(*a); break;
+    case 1: gemm_kernel<1, WM, LEGACY, false, WNN><<<grid, nt, 0, st>>>(*a); break;
+    case 2: { /* no int sums; no wide F16 kernel (its shared tiles pass 48 KB): not asked for */
+        constexpr int wn2 = WM * WNN == 8 ? 4 / WM : WNN;
+        gemm_kernel<2, WM, false, false, wn2><<<grid, 32 * WM * wn2, 0, st>>>(*a);
+        break;
+    }
+    default: gemm_kernel<LEGACY ? 1 : 3, WM, LEGACY, false, WNN><<<grid, nt, 0, st>>>(*a); break;
     }
 }
 
-/* The staged (cp.async) kernels: Q4_K / Q5_K, two staging buffers of dynamic shared memory. */
-template <int WM> static void gemm_launch_pipe(dim3 grid, const engine_cu_gemm_args *a,
-                                               cudaStream_t st) {
-    const size_t dyn = (size_t)2 * (128 / WM) * GEMM_STAGE_ROW;
-    cudaFuncSetAttribute(gemm_kernel<1, WM, false, true>,
+/* The staged (cp.async) kernels of mode 0, 1 or 3: two staging buffers of dynamic shared
+ * memory. */
+template <int MODE, int WM, int WNN>
+static void gemm_launch_pipe1(dim3 grid, const engine_cu_gemm_args *a, cudaStream_t st) {
+    const size_t dyn = (size_t)2 * (32 * WNN) * (MODE == 1 ? GEMM_STAGE_ROW : GEMM_STAGE_ROW2);
+    cudaFuncSetAttribute(gemm_kernel<MODE, WM, false, true, WNN>,
                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn);
-    gemm_kernel<1, WM, false, true><<<grid, GEMM_THREADS, dyn, st>>>(*a);
+    gemm_kernel<MODE, WM, false, true, WNN><<<grid, 32 * WM * WNN, dyn, st>>>(*a);
+}
+template <int WM, int WNN = 4 / WM>
+static void gemm_launch_pipe(int mode, dim3 grid, const engine_cu_gemm_args *a, cudaStream_t st) {
+    if (mode == 0)
+        gemm_launch_pipe1<0, WM, WNN>(grid, a, st);
+    else if (mode == 1)
+        gemm_launch_pipe1<1, WM, WNN>(grid, a, st);
+    else
+        gemm_launch_pipe1<3, WM, WNN>(grid, a, st);
+}
+
+/* The tile shape and grid of a tensor-core product. */
+typedef struct {
+    int mode, wm, tbn;
+    bool wide;
+    unsigned nx, ny;
+} gemm_shape;
+
+static gemm_shape gemm_shape_of(const engine_cu_gemm_args *a) {
+    gemm_shape g;
+    const int form = engine_cu_gemm_xform(a->type);
+    g.mode = form == ENGINE_CU_GX_F16 || form == ENGINE_CU_GX_BF16 ? 2
+             : a->type == ENGINE_TYPE_Q6_K                         ? 0
+             : a->type == ENGINE_TYPE_Q4_K || a->type == ENGINE_TYPE_Q5_K ? 1
+                                                                           : 3;
+    g.wide = a->wide && !a->legacy && g.mode != 2; /* F16: 4 warps (shared memory) */
+    const int tr = a->legacy || g.wide ? 64 : a->tile_rows ? a->tile_rows : a->tiles ? 32 : 64;
+    g.wm = tr == 32 ? 1 : 2;
+    g.tbn = g.wide ? 128 : 128 / g.wm;
+    const int tbm = 32 * g.wm;
+    g.ny = a->tiles ? (unsigned)a->max_tiles * (g.wm == 1 ? 2u : 1u)
+                    : (unsigned)((a->m + tbm - 1) / tbm);
+    g.nx = (unsigned)((a->rows + g.tbn - 1) / g.tbn);
+    for (int j = 0; j < a->n_more; j++)
+        g.nx += (unsigned)((a->more[j].rows + g.tbn - 1) / g.tbn);
+    return g;
+}
+
+/* The split count a tensor-core product runs with (split-K: dense, a partial-sum buffer, at
+ * most one split per step). */
+static int gemm_ksplit(const engine_cu_gemm_args *a) {
+    const int steps = (a->cols + BK - 1) / BK;
+    return a->kpart && !a->tiles && a->ksplit > 1 ? std::min(a->ksplit, steps) : 1;
+}
+
+size_t engine_cu_gemm_kpart_bytes(const engine_cu_gemm_args *a) {
+    if (engine_cu_gemm_xform(a->type) == ENGINE_CU_GX_F32 || a->tiles || a->ksplit <= 1) return 0;
+    const gemm_shape g = gemm_shape_of(a);
+    const int steps = (a->cols + BK - 1) / BK;
+    return sizeof(float) * (size_t)std::min(a->ksplit, steps) * (size_t)a->m * g.nx *
+           (size_t)g.tbn;
+}
+
+unsigned engine_cu_gemm_blocks(const engine_cu_gemm_args *a) {
+    if (engine_cu_gemm_xform(a->type) == ENGINE_CU_GX_F32) return 0;
+    const gemm_shape g = gemm_shape_of(a);
+    return g.nx * g.ny;
+}
+
+/* The launch of the tensor-core kernel of shape g on grid. */
+static void gemm_run(const engine_cu_gemm_args *a, const gemm_shape &g, dim3 grid,
+                     cudaStream_t stream) {
+    const int mode = g.mode, wm = g.wm;
+    const bool wide = g.wide;
+    const int pbit = mode == 1 ? ENGINE_CU_GEMM_PIPE_K45
+                     : mode == 0 ? ENGINE_CU_GEMM_PIPE_Q6
+                     : mode == 3 ? ENGINE_CU_GEMM_PIPE_Q8 : 0;
+    if ((a->pipeline & pbit) && !a->legacy) {
+        if (wide)
+            gemm_launch_pipe<2, 4>(mode, grid, a, stream);
+        else if (wm == 1)
+            gemm_launch_pipe<1>(mode, grid, a, stream);
+        else
+            gemm_launch_pipe<2>(mode, grid, a, stream);
+        return;
+    }
+    if (a->legacy)
+        gemm_launch<2, true>(mode, grid, a, stream);
+    else if (wide)
+        gemm_launch<2, false, 4>(mode, grid, a, stream);
+    else if (wm == 1)
+        gemm_launch<1, false>(mode, grid, a, stream);
+    else
+        gemm_launch<2, false>(mode, grid, a, stream);
 }
 
 void engine_cu_gemm(const engine_cu_gemm_args *a, cudaStream_t stream) {
@@ -925,32 +1207,20 @@ void engine_cu_gemm(const engine_cu_gemm_args *a, cudaStream_t stream) {
         gemm_f32_kernel<<<grid, 256, 0, stream>>>(*a);
         return;
     }
-    const int mode = form == ENGINE_CU_GX_F16 || form == ENGINE_CU_GX_BF16 ? 2
-                     : a->type == ENGINE_TYPE_Q6_K                         ? 0
-                     : a->type == ENGINE_TYPE_Q4_K || a->type == ENGINE_TYPE_Q5_K ? 1
-                                                                                   : 3;
-    const int tr = a->legacy ? 64 : a->tile_rows ? a->tile_rows : a->tiles ? 32 : 64;
-    const int wm = tr == 32 ? 1 : 2, tbm = 32 * wm, tbn = 128 / wm;
-    const unsigned ny = a->tiles ? (unsigned)a->max_tiles * (wm == 1 ? 2u : 1u)
-                                 : (unsigned)((a->m + tbm - 1) / tbm);
-    unsigned nx = (unsigned)((a->rows + tbn - 1) / tbn);
-    for (int j = 0; j < a->n_more; j++)
-        nx += (unsigned)((a->more[j].rows + tbn - 1) / tbn);
-    if (ny == 0) return;
-    const dim3 grid(nx, ny);
-    if (a->pipeline && !a->legacy && mode == 1) {
-        if (wm == 1)
-            gemm_launch_pipe<1>(grid, a, stream);
-        else
-            gemm_launch_pipe<2>(grid, a, stream);
+    const gemm_shape g = gemm_shape_of(a);
+    if (g.ny == 0) return;
+    engine_cu_gemm_args b = *a;
+    const int ks = gemm_ksplit(a);
+    if (ks <= 1) {
+        b.kpart = nullptr;
+        gemm_run(&b, g, dim3(g.nx, g.ny), stream);
         return;
     }
-    if (a->legacy)
-        gemm_launch<2, true>(mode, grid, a, stream);
-    else if (wm == 1)
-        gemm_launch<1, false>(mode, grid, a, stream);
-    else
-        gemm_launch<2, false>(mode, grid, a, stream);
+    b.ksplit = ks;
+    gemm_run(&b, g, dim3(g.nx, g.ny, (unsigned)ks), stream);
+    const int ldp = (int)g.nx * g.tbn;
+    gemm_ksum_kernel<<<dim3((unsigned)((ldp + 255) / 256), (unsigned)a->m), 256, 0, stream>>>(
+        b, g.tbn, ldp);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -960,7 +1230,8 @@ void engine_cu_gemm(const engine_cu_gemm_args *a, cudaStream_t stream) {
  * rows, tile list entries of <= 64, alternate entries on a second copy of W, each slot reading
  * X row m-1-i; the result is put back in row order; three list entries past the count),
  * "fused" (the rows cut into three matrices at 5/8 and 7/8 of one launch: .more), "pfl1"
- * (the L1 prefetch), "pipe" (the staged cp.async kernels for Q4_K / Q5_K).
+ * (the L1 prefetch), "pipe" (the staged cp.async kernels of every int8 type), "wide" (8 warps of
+ * 64 x 128 tiles), "splitk" (dense tensor-core types: split-K over 3, at most one per step).
  * ------------------------------------------------------------------------------------------- */
 extern "C" int engine_cuda_op_gemm(engine_type type, const void *w, int64_t rows, int64_t cols,
                                    size_t row_bytes, int m, const float *x, const float *norm_w,
@@ -980,7 +1251,7 @@ extern "C" int engine_cuda_op_gemm(engine_type type, const void *w, int64_t rows
                  gb = engine_cu_gemm_x_bytes(form, m, (int)cols);
     const size_t yr = (size_t)rows;
     uint8_t *dw = NULL;
-    float *dx = NULL, *dy = NULL, *dn = NULL, *hy = NULL;
+    float *dx = NULL, *dy = NULL, *dn = NULL, *hy = NULL, *dk = NULL;
     int32_t *dt = NULL, *ht = NULL;
     void *dg = NULL;
     int nt = 0, max_tiles = 0;
@@ -1056,7 +1327,8 @@ extern "C" int engine_cuda_op_gemm(engine_type type, const void *w, int64_t rows
     a.tile_rows = tile_rows;
     a.legacy = legacy;
     a.prefetch_l1 = var && strstr(var, "pfl1");
-    a.pipeline = var && strstr(var, "pipe");
+    a.pipeline = var && strstr(var, "pipe") ? ENGINE_CU_GEMM_PIPE_ALL : 0;
+    a.wide = var && strstr(var, "wide");
     if (fused) {
         const int r1 = (int)(rows * 5 / 8), r2 = (int)(rows * 7 / 8);
         a.rows = r1;
@@ -1076,6 +1348,14 @@ extern "C" int engine_cuda_op_gemm(engine_type type, const void *w, int64_t rows
         a.x_idx = dt + 3 * max_tiles + 1;
         a.max_tiles = max_tiles;
     }
+    if (var && strstr(var, "splitk") && form != ENGINE_CU_GX_F32) {
+        a.ksplit = 3;
+        const size_t kb = engine_cu_gemm_kpart_bytes(&a);
+        if (kb) {
+            OPC(cudaMalloc((void **)&dk, kb));
+            a.kpart = dk;
+        }
+    }
     engine_cu_gemm(&a, 0);
     OPC(cudaGetLastError());
     OPC(cudaMemcpy(hy, dy, yb, cudaMemcpyDeviceToHost));
@@ -1089,6 +1369,7 @@ done:
     cudaFree(dn);
     cudaFree(dg);
     cudaFree(dt);
+    cudaFree(dk);
     free(hy);
     free(ht);
     return rc;

@@ -36,6 +36,12 @@
 #define ENGINE_CU_GEMM_BN 64  /* weight rows per block tile (64-row tiles) */
 #define ENGINE_CU_GEMM_BK 128 /* columns per step */
 
+/* engine_cu_gemm_args.pipeline bits */
+#define ENGINE_CU_GEMM_PIPE_K45 1 /* Q4_K, Q5_K */
+#define ENGINE_CU_GEMM_PIPE_Q6 2  /* Q6_K */
+#define ENGINE_CU_GEMM_PIPE_Q8 4  /* Q8_0, Q4_0 */
+#define ENGINE_CU_GEMM_PIPE_ALL 7
+
 /* Activation forms (engine_cu_gemm_xform). */
 enum {
     ENGINE_CU_GX_Q8_K = 0, /* int8 per 256, d per 32 entry, s = d * sum q per 16 */
@@ -90,9 +96,14 @@ typedef struct {
      * max_tiles; NULL: dense, matrix 0, X rows 0 .. m-1 */
     const int32_t *tiles, *n_tiles;
     int max_tiles;
-    /* F32 weights only: split the columns over ksplit (>= 1) blocks, split z writing its
-     * partial sums to y + z * m * ldy (no accumulate); the reader adds them in order */
+    /* F32 weights: split the columns over ksplit (>= 1) blocks, split z writing its partial
+     * sums to y + z * m * ldy (no accumulate); the reader adds them in order. Tensor-core
+     * types, dense mode, with kpart set: split-K over ksplit (at most one per 128-column step)
+     * blocks writing partial sums to kpart (engine_cu_gemm_kpart_bytes), then one launch adds
+     * each element's splits in order into y (accumulate: y += their sum); other arithmetic
+     * than the unsplit product (the partial sums round apart), the same for every run */
     int ksplit;
+    float *kpart;
     /* tensor-core types: X rows per block tile, 32 or 64 (0: 32 in grouped mode, else 64) */
     int tile_rows;
     /* nonzero: the first kernels (64-row tiles, int-to-float conversions), for A/B runs */
@@ -105,12 +116,22 @@ typedef struct {
     int n_more;
     /* nonzero: the next step's weight blocks are prefetched into L1 (default: L2 only) */
     int prefetch_l1;
-    /* nonzero, Q4_K / Q5_K weights: the staged kernels (each step's raw weight bytes copied
-     * into shared memory with cp.async one step ahead, decoded from there). Opt-in: written
-     * after the last device call of session 4, not yet run on a GPU */
+    /* ENGINE_CU_GEMM_PIPE_* bits: the staged kernels for those types (each step's raw weight
+     * bytes copied into shared memory with cp.async one step ahead, decoded from there; the
+     * same arithmetic). Q6_K / Q8_0 / Q4_0 blocks are 2-byte aligned: covering 16-byte
+     * pieces, nothing read past a row's end */
     int pipeline;
+    /* nonzero, tensor-core types: 64 X rows x 128 weight rows per block of 8 warps (grouped
+     * mode: one block per list entry, so a weight tile is decoded once for all of an entry's
+     * rows), the 16-row fragments past the tile's rows skipping their products. Opt-in */
+    int wide;
 } engine_cu_gemm_args;
 
 void engine_cu_gemm(const engine_cu_gemm_args *a, cudaStream_t stream);
+
+/* The bytes of kpart a's split-K needs (0: it runs unsplit); the blocks of a's launch (0 for
+ * F32 weights). */
+size_t engine_cu_gemm_kpart_bytes(const engine_cu_gemm_args *a);
+unsigned engine_cu_gemm_blocks(const engine_cu_gemm_args *a);
 
 #endif

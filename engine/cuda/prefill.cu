@@ -499,8 +499,15 @@ struct engine_cuda_prefill {
      * 64-row tiles in the grouped expert GEMMs (default 32), "nofuse" q, k, v as three
      * launches and gate, up as two (default: one launch each where their types match),
      * "pfl1" the next step's weight blocks prefetched into L1 (default L2), "nopipe" the
-     * unstaged kernels for Q4_K / Q5_K (default: the staged cp.async ones, "pipe") */
-    int gemm_legacy, gemm_tile_rows, gemm_nofuse, gemm_pfl1, gemm_pipe;
+     * unstaged kernels for Q4_K / Q5_K (default: the staged cp.async ones, "pipe"), "pipe6"
+     * and "pipe8" the staged kernels for Q6_K and for Q8_0 / Q4_0 too, "wide" the 8-warp
+     * 64 x 128 tiles in the grouped expert GEMMs (one block per expert tile), "wided" in the
+     * dense ones too (all of these: the default's bits), "splitk" the dense products (q, k,
+     * v; wo) split along K where the launch fills less than whole waves of the GPU (up to 4
+     * splits, their partial sums in the free gate/up buffers; other rounding) */
+    int gemm_legacy, gemm_tile_rows, gemm_nofuse, gemm_pfl1, gemm_pipe, gemm_wide, gemm_wided;
+    int gemm_ksplit, n_sm;
+    size_t kpart_bytes; /* g and u: the split-K buffer outside the FFN phase */
     cudaEvent_t *ev; /* [2 + 6 * n_layer] */
     int *ev_cat, n_ev;
     double prof_ms[PF_P_N];
@@ -691,6 +698,10 @@ int engine_cu_pf_new_view(engine_cuda_prefill **out, engine_cuda_model *cm, engi
         const pf_layout z = pf_plan(m, max_tokens);
         if ((rc = pf_err(cudaSetDevice(mv.device), "cudaSetDevice"))) goto done;
         if ((rc = pf_err(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo"))) goto done;
+        if ((rc = pf_err(cudaDeviceGetAttribute(&p->n_sm, cudaDevAttrMultiProcessorCount,
+                                                mv.device),
+                         "cudaDeviceGetAttribute")))
+            goto done;
         engine_log(ENGINE_LOG_INFO, "cuda: prefill buffers %.1f MiB (chunks of %d tokens); "
                    "%.2f GB free", (double)z.total / 1048576.0, max_tokens, (double)free_b / 1e9);
         if (z.total + ((size_t)64 << 20) > free_b) {
@@ -727,6 +738,7 @@ int engine_cu_pf_new_view(engine_cuda_prefill **out, engine_cuda_model *cm, engi
         PF_CARVE(xbuf, xbuf, void)
 #undef PF_CARVE
         p->xbuf_bytes = z.xbuf;
+        p->kpart_bytes = 2 * z.g; /* g, u carved one after the other */
         ENGINE_ASSERT((size_t)(b - p->mem) == z.total);
     }
     {
@@ -742,7 +754,12 @@ int engine_cu_pf_new_view(engine_cuda_prefill **out, engine_cuda_model *cm, engi
         p->gemm_pfl1 = e && strstr(e, "pfl1");
         /* the staged kernels by default since session 5 (H200: pp512 of a 12-block cut 34,055
          * -> 38,374 tok/s, the same bits: test_cuda_batch); "nopipe" the unstaged ones */
-        p->gemm_pipe = !(e && strstr(e, "nopipe"));
+        p->gemm_pipe = e && strstr(e, "nopipe") ? 0 : ENGINE_CU_GEMM_PIPE_K45;
+        if (e && strstr(e, "pipe6")) p->gemm_pipe |= ENGINE_CU_GEMM_PIPE_Q6;
+        if (e && strstr(e, "pipe8")) p->gemm_pipe |= ENGINE_CU_GEMM_PIPE_Q8;
+        p->gemm_wided = e && strstr(e, "wided");
+        p->gemm_ksplit = e && strstr(e, "splitk") ? 4 : 1;
+        p->gemm_wide = p->gemm_wided || (e && strstr(e, "wide"));
     }
     if (p->prof) {
         const int n_ev = 2 + 6 * (int)hp->n_layer;
@@ -827,12 +844,37 @@ static void pf_gemm_args(const engine_cuda_prefill *p, bool grouped, const engin
     a.legacy = p->gemm_legacy;
     a.prefetch_l1 = p->gemm_pfl1;
     a.pipeline = p->gemm_pipe;
+    a.wide = grouped ? p->gemm_wide : p->gemm_wided;
     if (grouped) {
         a.tiles = p->tiles;
         a.n_tiles = p->n_tiles;
         a.max_tiles = engine_cu_pf_max_tiles(m, (int)p->mv.m->hp.n_expert);
         a.tile_rows = p->gemm_tile_rows;
     }
+}
+
+/* "splitk": a dense tensor-core product (its parts all set; q, k, v and wo only, whose phases
+ * leave g and u free) split along K into the count
+ * (<= gemm_ksplit) that fills the GPU's block slots best, ceil(blocks * ks / slots) / ks waves
+ * of a whole product's time, where that saves at least a tenth and the buffer holds it. */
+static void pf_ksplit(const engine_cuda_prefill *p, engine_cu_gemm_args *a) {
+    const unsigned blocks = engine_cu_gemm_blocks(a);
+    if (p->gemm_ksplit <= 1 || a->tiles || blocks == 0) return;
+    const double slots = (double)p->n_sm * (a->wide ? 2 : 3);
+    int best = 1;
+    double bt = ceil(blocks / slots);
+    for (int ks = 2; ks <= p->gemm_ksplit; ks++) {
+        const double t = ceil(blocks * (double)ks / slots) / ks;
+        if (t < 0.9 * bt) {
+            best = ks;
+            bt = t;
+        }
+    }
+    a->kpart = p->g;
+    for (a->ksplit = best; a->ksplit > 1; a->ksplit--)
+        if (engine_cu_gemm_kpart_bytes(a) <= p->kpart_bytes) return;
+    a->kpart = NULL;
+    a->ksplit = 1;
 }
 
 static void pf_gemm_run(const engine_cuda_prefill *p, bool grouped, const engine_cuda_wview *w,
@@ -907,11 +949,14 @@ static void pf_qkv(engine_cuda_prefill *p, const engine_cuda_layer_view *ly, int
         pt->ldy = lds[j];
         own[j] = false;
     }
+    pf_ksplit(p, &a);
     engine_cu_gemm(&a, st);
     for (int j = 1; j < 3; j++) /* after q's launch: a prep may rewrite the X buffer */
         if (own[j]) {
             gx = pf_prep(p, pc, ws[j]->type, p->x, NULL, n, emb, ly->attn_norm, st);
-            pf_gemm(p, ws[j], gx, n, ys[j], lds[j], 0, st);
+            pf_gemm_args(p, false, ws[j], gx, n, NULL, ys[j], lds[j], 0, 1, &a);
+            pf_ksplit(p, &a);
+            engine_cu_gemm(&a, st);
         }
 }
 
@@ -966,7 +1011,12 @@ int engine_cu_pf_chunk(engine_cuda_prefill *p, const int32_t *tokens, int32_t n,
         }
         PF_MARK(PF_P_ATT);
         gx = pf_prep(p, &pc, ly->wo.type, p->att, NULL, n, nh * hd, NULL, st);
-        pf_gemm(p, &ly->wo, gx, n, p->x, emb, 1, st);
+        {
+            engine_cu_gemm_args a;
+            pf_gemm_args(p, false, &ly->wo, gx, n, NULL, p->x, emb, 1, 1, &a);
+            pf_ksplit(p, &a);
+            engine_cu_gemm(&a, st);
+        }
         pc.x = NULL; /* x changed */
         PF_MARK(PF_P_WO);
         if (moe) {

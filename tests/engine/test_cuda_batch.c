@@ -13,8 +13,9 @@
  *     the kernels bit-identical to each other and to a CPU emulation of the GPU's staging).
  *     Every kernel variant: 64- and 32-row tiles, dense and grouped (a tile list over groups
  *     of 1 to 70 rows, X gathered through a permutation, two weight matrices), three matrices
- *     in one launch, the staged cp.async kernels and the first kernels (SPARK_CUDA_GEMM_OP);
- *     each variant but the first kernels bit for bit equal
+ *     in one launch, the staged cp.async kernels of every int8 type, the wide 8-warp tiles
+ *     split-K and the first kernels (SPARK_CUDA_GEMM_OP);
+ *     each variant but the first kernels and split-K bit for bit equal
  *     to the default on the same inputs (same order per element).
  *   Prefill of a 70-token prompt (chunks of 48 tokens: two chunks, attention tiles of 32),
  *     every token's next-token logits against the CPU session's, on the generated tiny models
@@ -33,6 +34,9 @@
  *     decode step (a control that tells a prefill KV fault from a decode fault); the prompt fed in two calls (30 + 40 tokens) and in one
  *     chunk give bit-identical logits (a token's results do not depend on the chunking);
  *     a session through engine.h (device cuda) gives the prefill's last logits bit for bit.
+ *   The prefill's GEMM words that keep the arithmetic (SPARK_CUDA_PREFILL_GEMM: "wided", the
+ *     8-warp tiles everywhere; "pipe6 pipe8", the staged kernels for Q6_K, Q8_0, Q4_0 too)
+ *     give the same logits bit for bit.
  * Exits 77 (skip) with the reason when no GPU is usable or the build has no CUDA backend. */
 #include <math.h>
 #include <stdio.h>
@@ -167,9 +171,9 @@ static void test_gemm_case(engine_type t, int rows, int cols, int m, bool norm, 
     printf("gemm %-5s %4d x %-4d m %-3d%s%s [%s]: worst |gpu-exact|/sum|w xg| = %.2e\n",
            engine_type_name(t), rows, cols, m, norm ? " +norm" : "", acc ? " +acc" : "",
            var && *var ? var : "default", worst);
-    /* every variant but the first kernels computes each element in the same order: the same
-     * bits as the default on the same inputs */
-    if (rc == 0 && var && *var && !strstr(var, "legacy")) {
+    /* every variant but the first kernels and split-K computes each element in the same
+     * order: the same bits as the default on the same inputs */
+    if (rc == 0 && var && *var && !strstr(var, "legacy") && !strstr(var, "splitk")) {
         char saved[64];
         snprintf(saved, sizeof saved, "%s", var);
         float *yd = malloc(sizeof(float) * (size_t)m * rows);
@@ -201,15 +205,21 @@ static void test_gemm_case(engine_type t, int rows, int cols, int m, bool norm, 
 /* Every kernel variant the op can pick (SPARK_CUDA_GEMM_OP, engine/cuda/gemm.cu): the default
  * (64-row tiles dense), 32-row tiles, grouped mode (groups of 1 to 70 rows, a permuted X, two
  * weight matrices) with its default 32-row and with 64-row tiles, three matrices in one launch
- * (dense and grouped), the L1 prefetch, the first kernels, and the staged cp.async kernels
- * (Q4_K / Q5_K, the prefill's default; the others fall back to the default). */
+ * (dense and grouped), the L1 prefetch, the first kernels, the staged cp.async kernels
+ * (every int8 type: Q4_K / Q5_K the prefill's default, Q6_K / Q8_0 / Q4_0 in 2-byte-aligned
+ * covering pieces, rows of 96 values ending mid-step; F16 / BF16 fall back to the default),
+ * the wide 8-warp 64 x 128 tiles (dense, grouped, staged; F16 / BF16: 4 warps), and split-K
+ * over 3 (dense, the partial sums added in order). */
 static void test_gemm(void) {
     const engine_type types[] = {ENGINE_TYPE_Q4_K, ENGINE_TYPE_Q5_K, ENGINE_TYPE_Q6_K,
                                  ENGINE_TYPE_Q8_0, ENGINE_TYPE_Q4_0, ENGINE_TYPE_F16,
                                  ENGINE_TYPE_BF16, ENGINE_TYPE_F32};
-    const char *variants[] = {"",      "tile32",        "grouped", "grouped tile64",
-                              "fused", "grouped fused", "pfl1",    "legacy",
-                              "pipe",  "grouped pipe",  "tile32 pipe"};
+    const char *variants[] = {"",           "tile32",        "grouped",     "grouped tile64",
+                              "fused",      "grouped fused", "pfl1",        "legacy",
+                              "pipe",       "grouped pipe",  "tile32 pipe", "wide",
+                              "wide pipe",  "grouped wide",  "grouped wide pipe",
+                              "grouped fused wide pipe", "splitk", "fused splitk pipe",
+                              "wide splitk pipe"};
     const size_t nv = sizeof variants / sizeof variants[0];
     for (size_t v = 0; v < nv; v++) {
         setenv("SPARK_CUDA_GEMM_OP", variants[v], 1);
@@ -342,6 +352,39 @@ static void run_model(const char *preset, const char *type) {
           "%s %s: chunked and two-call prefill logits differ", preset, type);
     CHECK(memcmp(ld, lg + (size_t)(N_PROMPT - 1) * nv, sizeof(float) * nv) == 0,
           "%s %s: logits_last differs from the last row", preset, type);
+    /* the prefill's GEMM words (SPARK_CUDA_PREFILL_GEMM, read when a prefill is made) that
+     * keep each product's arithmetic: the same logits bit for bit as the prefill above */
+    {
+        static const char *const words[] = {"wided", "pipe6 pipe8", "wided pipe6 pipe8"};
+        const char *env = getenv("SPARK_CUDA_PREFILL_GEMM");
+        char saved[128];
+        snprintf(saved, sizeof saved, "%s", env ? env : "");
+        for (size_t wi = 0; wi < sizeof words / sizeof words[0]; wi++) {
+            engine_cuda_prefill *pw = NULL;
+            if (env && (strstr(env, "legacy") || strstr(env, "splitk"))) { /* other rounding */
+                printf("%s %s: GEMM words \"%s\" not compared (the run's words are \"%s\")\n",
+                       preset, type, words[wi], env);
+                continue;
+            }
+            setenv("SPARK_CUDA_PREFILL_GEMM", words[wi], 1);
+            CHECK(engine_cuda_prefill_new(&pw, gm, gs2, CHUNK) == 0, "prefill %s", words[wi]);
+            if (env)
+                setenv("SPARK_CUDA_PREFILL_GEMM", saved, 1);
+            else
+                unsetenv("SPARK_CUDA_PREFILL_GEMM");
+            if (!pw) continue;
+            const int rw = engine_cuda_prefill_run(pw, tok, N_PROMPT, 0, lg2, NULL);
+            CHECK(rw == 0, "prefill %s run", words[wi]);
+            size_t diff = 0;
+            for (size_t i = 0; rw == 0 && i < (size_t)nv * N_PROMPT; i++)
+                diff += memcmp(&lg[i], &lg2[i], sizeof(float)) != 0;
+            CHECK(rw == 0 && diff == 0, "%s %s: prefill with GEMM words \"%s\": %zu logits "
+                  "differ from the default's", preset, type, words[wi], diff);
+            printf("%s %s prefill, GEMM words \"%s\": %s\n", preset, type, words[wi],
+                   diff ? "DIFFERENT" : "bit for bit the default");
+            engine_cuda_prefill_free(pw);
+        }
+    }
     /* F16 KV (the f32 models): the prefill against the CPU with the same cache type; with
      * the default tensor-core attention (Q and P rounded to F16; SPARK_CUDA_PREFILL_NEXT=0:
      * the SIMT one) */
