@@ -69,6 +69,7 @@ struct q35_spec {
 #define Q35M_FUSED_HEAD 64u  /* the heads: the decode matvec per token, tokens as a grid dim */
 #define Q35M_FUSED_TOK 128u  /* every matvec of the passes so (the heads included) */
 #define Q35M_FUSED_DN 256u   /* per-token DeltaNet steps with the decode's early reads / cluster */
+#define Q35M_FUSED_HSEQ 512u /* the heads: the decode's grid, the tokens in turn in each block */
 #define Q35M_FUSED_ALL                                                                             \
     (Q35M_FUSED_DELTA | Q35M_FUSED_MOE | Q35M_FUSED_ATTN | Q35M_FUSED_PF | Q35M_FUSED_FEED |      \
      Q35M_FUSED_SPLIT)
@@ -76,7 +77,8 @@ struct q35_spec {
 /* SPARK_CUDA_MTP_FUSED (read when a session first turns MTP on): unset, empty or "0": every
  * part per token as the decode step and the whole MTP block in the feed; "1" or "all": every
  * fused part; else a comma list of parts ("delta", "moe", "attn", "pf", "feed", "split", and
- * outside "1": "head", "tok", "dn"; "delta" wins over "dn", "tok" over "pf" / "split").
+ * outside "1": "head", "tok", "dn", "hseq"; "delta" wins over "dn", "tok" over "pf" / "split",
+ * "hseq" over "head" / "tok" for the heads).
  * Unknown names are logged and ignored. ("feed" was the default for GPU call 2 of session 5,
  * where its f32 KV rows differed from the whole block's after verify passes of 3, 4, 5, 1, 2
  * (bit for bit in call 1 and for q4_k_m): back off until test_cuda_mtp's check_feed says which
@@ -106,6 +108,8 @@ static unsigned q35m_fused_env(void) {
             f |= Q35M_FUSED_TOK;
         else if (n == 2 && !strncmp(p, "dn", 2))
             f |= Q35M_FUSED_DN;
+        else if (n == 4 && !strncmp(p, "hseq", 4))
+            f |= Q35M_FUSED_HSEQ;
         else if (n)
             engine_log(ENGINE_LOG_INFO, "cuda: SPARK_CUDA_MTP_FUSED: unknown part '%.*s' ignored",
                        (int)n, p);
@@ -417,9 +421,12 @@ static void q35m_vmatvec(const q35_spec *sp, engine_cu_vmv *v, cudaStream_t st) 
     engine_cu_vmatvec(v, st);
 }
 
-/* A head (verify pass or draft step): with "head" (or "tok") the decode matvec per token. */
+/* A head (verify pass or draft step): with "head" (or "tok") the decode matvec per token, with
+ * "hseq" the decode's grid doing the tokens in turn. */
 static void q35m_vhead(const q35_spec *sp, engine_cu_vmv *v, cudaStream_t st) {
-    if (sp->fused & Q35M_FUSED_HEAD)
+    if (sp->fused & Q35M_FUSED_HSEQ)
+        engine_cu_vmatvec_seq(v, st);
+    else if (sp->fused & Q35M_FUSED_HEAD)
         engine_cu_vmatvec_tok(v, st);
     else
         q35m_vmatvec(sp, v, st);

@@ -344,17 +344,56 @@ __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 3)
     mv_block<MODE, R>(a.tok[t], n_groups, bx, gdx, (uint8_t *)vtok_smem, engine_cu_pdl_sync());
 }
 
-template <int MODE> static void vtok_launch_mode(const engine_cu_vmv *v, cudaStream_t st) {
-    vtok_args a;
-    memset(&a, 0, sizeof a);
-    a.m = v->m;
+/* The head with the tokens one after the other in each block (engine_cu_vmatvec_seq): the
+ * decode launch's grid and rows, the block staging the m vectors, then per row group the decode
+ * block code for token 0, 1, ... (the later tokens' rows from L1 / L2). R > 0 only. */
+template <int MODE, int R>
+__global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 3)
+    vseq_kernel(const __grid_constant__ vtok_args a, int n_groups) {
+    extern __shared__ uint4 vseq_smem[];
+    __shared__ float part[ENGINE_CU_MV_WARPS];
+    engine_cu_pdl_launch();
+    const engine_cu_mv &a0 = a.tok[0];
+    const bool quant = MODE != ENGINE_CU_X_F32;
+    const size_t xs = vmv_xs(quant, a0.cols);
+    uint8_t *sm = (uint8_t *)vseq_smem;
+    mv_prefetch_groups<R>(a0, blockIdx.x, gridDim.x, n_groups, false); /* the first group */
+    if (a0.norm_w && threadIdx.x >> 5 == ENGINE_CU_MV_WARPS - 1)
+        engine_cu_prefetch_l2((const uint8_t *)a0.norm_w, sizeof(float) * (size_t)a0.cols);
+    engine_cu_pdl_wait();
+    for (int t = 0; t < a.m; t++)
+        engine_cu_stage_x<MODE>(a.tok[t].x, a0.cols, a0.norm_w, a0.eps, sm + (size_t)t * xs);
+    for (int g = blockIdx.x; g < n_groups; g += gridDim.x)
+        for (int t = 0; t < a.m; t++)
+            mv_group<MODE, R>(a.tok[t], g, engine_cu_xv_at(sm + (size_t)t * xs, a0.cols, quant, 0),
+                              part);
+}
+
+/* v's per-token arguments. */
+static void vtok_fill(const engine_cu_vmv *v, vtok_args *a) {
+    memset(a, 0, sizeof *a);
+    a->m = v->m;
     for (int t = 0; t < v->m; t++) {
-        a.tok[t] = v->mv;
-        a.tok[t].x = v->mv.x + (size_t)t * v->x_stride;
+        a->tok[t] = v->mv;
+        a->tok[t].x = v->mv.x + (size_t)t * v->x_stride;
         for (int i = 0; i < v->mv.n_mat; i++)
-            a.tok[t].m[i].y = v->mv.m[i].y + (size_t)t * v->y_stride[i];
+            a->tok[t].m[i].y = v->mv.m[i].y + (size_t)t * v->y_stride[i];
     }
+}
+
+template <int MODE> static void vtok_launch_mode(const engine_cu_vmv *v, bool seq, cudaStream_t st) {
+    vtok_args a;
+    vtok_fill(v, &a);
     const engine_cu_mv_plan p = engine_cu_matvec_plan(&a.tok[0]);
+    if (seq && p.r > 0) {
+        const size_t smem = vmv_xs(MODE != ENGINE_CU_X_F32, v->mv.cols) * (size_t)v->m;
+        const dim3 grid((unsigned)p.blocks), block(ENGINE_CU_MV_WARPS * 32);
+        if (p.r == 1)
+            engine_cu_launch(vseq_kernel<MODE, 1>, grid, block, smem, st, a, p.n_groups);
+        else
+            engine_cu_launch(vseq_kernel<MODE, 2>, grid, block, smem, st, a, p.n_groups);
+        return;
+    }
     /* the decode's grid per token: a block per group, or one wave looping over the groups
      * (the head), then shared by the m tokens so that the launch stays one wave */
     const int nb = p.blocks >= p.n_groups ? p.n_groups : p.blocks >= v->m ? p.blocks / v->m : 1;
@@ -367,16 +406,24 @@ template <int MODE> static void vtok_launch_mode(const engine_cu_vmv *v, cudaStr
         engine_cu_launch(vtok_kernel<MODE, 2>, grid, block, p.smem, st, a, p.n_groups, nb);
 }
 
-void engine_cu_vmatvec_tok(const engine_cu_vmv *a, cudaStream_t stream) {
+static void vtok_run(const engine_cu_vmv *a, bool seq, cudaStream_t stream) {
     if (a->m <= 1) { /* the decode launch itself */
         engine_cu_matvec(&a->mv, stream);
         return;
     }
     engine_cu_vmv part[3];
     vmv_split(a, part);
-    if (part[ENGINE_CU_X_F32].mv.n_mat) vtok_launch_mode<ENGINE_CU_X_F32>(&part[0], stream);
-    if (part[ENGINE_CU_X_Q8_0].mv.n_mat) vtok_launch_mode<ENGINE_CU_X_Q8_0>(&part[1], stream);
-    if (part[ENGINE_CU_X_Q8_K].mv.n_mat) vtok_launch_mode<ENGINE_CU_X_Q8_K>(&part[2], stream);
+    if (part[ENGINE_CU_X_F32].mv.n_mat) vtok_launch_mode<ENGINE_CU_X_F32>(&part[0], seq, stream);
+    if (part[ENGINE_CU_X_Q8_0].mv.n_mat) vtok_launch_mode<ENGINE_CU_X_Q8_0>(&part[1], seq, stream);
+    if (part[ENGINE_CU_X_Q8_K].mv.n_mat) vtok_launch_mode<ENGINE_CU_X_Q8_K>(&part[2], seq, stream);
+}
+
+void engine_cu_vmatvec_tok(const engine_cu_vmv *a, cudaStream_t stream) {
+    vtok_run(a, false, stream);
+}
+
+void engine_cu_vmatvec_seq(const engine_cu_vmv *a, cudaStream_t stream) {
+    vtok_run(a, true, stream);
 }
 
 /* ---------------------------------------------------------------------------------------------

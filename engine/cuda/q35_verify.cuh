@@ -65,6 +65,12 @@ typedef struct {
  * (the head) keeps one wave, its blocks shared by the m tokens. a->split and a->prefetch are
  * not used; m = 1: engine_cu_matvec itself. */
 void engine_cu_vmatvec_tok(const engine_cu_vmv *a, cudaStream_t stream);
+/* engine_cu_vmatvec_seq (SPARK_CUDA_MTP_FUSED=hseq): the same sums on the decode launch's grid
+ * and rows with the tokens one after the other in each block: it stages the m vectors
+ * (engine_cu_vmatvec_smem bytes), then runs the decode block code on each row group for token
+ * 0, 1, ..., so each row is read from memory once and again from L1 / L2. A plan of split-K
+ * rows takes engine_cu_vmatvec_tok's launch; m = 1: engine_cu_matvec. */
+void engine_cu_vmatvec_seq(const engine_cu_vmv *a, cudaStream_t stream);
 
 /* Shared memory one block of engine_cu_vmatvec needs for m vectors of cols values. */
 size_t engine_cu_vmatvec_smem(int type, int cols, int m);

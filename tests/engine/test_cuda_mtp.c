@@ -16,7 +16,8 @@
  *              =tok,dn (every matvec and head as the decode matvec's launch per token, the
  *              tokens as a grid dimension; the DeltaNet steps as the decode's launch with its
  *              early reads / cluster, later tokens launched serially: the decode's device code
- *              and launch shapes, so bit for bit), then head, tok, dn alone if it fails
+ *              and launch shapes, so bit for bit), then head, tok, dn alone if it fails;
+ *              and =hseq (the heads on the decode's grid, the tokens in turn in each block)
  *   feed       SPARK_CUDA_MTP_FUSED=feed (the verify pass feeds only the MTP block's K/V rows)
  *              against the whole block: after 48 tokens in verify passes of 3, 4, 5, 1, 2, ..
  *              (the first at p0 = 0, where pairs 0 and 1 share position 0) the MTP K/V rows and
@@ -673,6 +674,7 @@ static void run_model(const char *type) {
         }
         const int before_dec = support_failures;
         check_direct(m, gm, type, "tok,dn"); /* the parts outside "1": decode launches */
+        check_direct(m, gm, type, "hseq");
         if (support_failures > before_dec) {
             static const char *const parts[] = {"head", "tok", "dn"};
             for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
