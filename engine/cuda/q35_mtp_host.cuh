@@ -70,6 +70,7 @@ struct q35_spec {
 #define Q35M_FUSED_TOK 128u  /* every matvec of the passes so (the heads included) */
 #define Q35M_FUSED_DN 256u   /* per-token DeltaNet steps with the decode's early reads / cluster */
 #define Q35M_FUSED_HSEQ 512u /* the heads: the decode's grid, the tokens in turn in each block */
+#define Q35M_FUSED_AEARLY 1024u /* per-query attention with the decode's early L2 prefetch */
 #define Q35M_FUSED_ALL                                                                             \
     (Q35M_FUSED_DELTA | Q35M_FUSED_MOE | Q35M_FUSED_ATTN | Q35M_FUSED_PF | Q35M_FUSED_FEED |      \
      Q35M_FUSED_SPLIT)
@@ -77,7 +78,8 @@ struct q35_spec {
 /* SPARK_CUDA_MTP_FUSED (read when a session first turns MTP on): unset, empty or "0": every
  * part per token as the decode step and the whole MTP block in the feed; "1" or "all": every
  * fused part; else a comma list of parts ("delta", "moe", "attn", "pf", "feed", "split", and
- * outside "1": "head", "tok", "dn", "hseq"; "delta" wins over "dn", "tok" over "pf" / "split",
+ * outside "1": "head", "tok", "dn", "hseq", "aearly"; "delta" wins over "dn", "attn" over
+ * "aearly", "tok" over "pf" / "split",
  * "hseq" over "head" / "tok" for the heads).
  * Unknown names are logged and ignored. ("feed" was the default for GPU call 2 of session 5,
  * where its f32 KV rows differed from the whole block's after verify passes of 3, 4, 5, 1, 2
@@ -110,6 +112,8 @@ static unsigned q35m_fused_env(void) {
             f |= Q35M_FUSED_DN;
         else if (n == 4 && !strncmp(p, "hseq", 4))
             f |= Q35M_FUSED_HSEQ;
+        else if (n == 6 && !strncmp(p, "aearly", 6))
+            f |= Q35M_FUSED_AEARLY;
         else if (n)
             engine_log(ENGINE_LOG_INFO, "cuda: SPARK_CUDA_MTP_FUSED: unknown part '%.*s' ignored",
                        (int)n, p);
@@ -544,6 +548,10 @@ static void q35m_attention(engine_cuda_q35_session *s, const q35_cl *ly, float e
         a.v = sp->v + (size_t)t * sp->skv;
         a.pos = ps->pos + (size_t)t * ps->pstride;
         a.out = sp->att + (size_t)t * sp->satt;
+        /* "aearly": the decode's L2 prefetch of the rows before pos, before the wait (a hint:
+         * a position not yet final there only moves which lines are asked for) */
+        if ((sp->fused & Q35M_FUSED_AEARLY) && s->att_early && a.short_n > 0)
+            a.short_n |= ENGINE_CU_GATT_EARLY;
         engine_cu_gatt_run(&a, st);
     }
     engine_cu_vmv o = q35m_vmv(sp->att, sp->satt, d->nh * d->hd, NULL, 0.0f, ps->m);

@@ -13,10 +13,11 @@
  *              the tokens of small matvecs as a grid dimension;
  *              each keeps every token's arithmetic and order, so also bit for bit); when =1
  *              fails, each part runs alone too, to say which one; and a third time with
- *              =tok,dn (every matvec and head as the decode matvec's launch per token, the
- *              tokens as a grid dimension; the DeltaNet steps as the decode's launch with its
- *              early reads / cluster, later tokens launched serially: the decode's device code
- *              and launch shapes, so bit for bit), then head, tok, dn alone if it fails;
+ *              =tok,dn,aearly (every matvec and head as the decode matvec's launch per token,
+ *              the tokens as a grid dimension; the DeltaNet steps as the decode's launch with
+ *              its early reads / cluster, later tokens launched serially; the attention with
+ *              the decode's early prefetch: the decode's device code and launch shapes, so bit
+ *              for bit), then head, tok, dn, aearly alone if it fails;
  *              and =hseq (the heads on the decode's grid, the tokens in turn in each block)
  *   feed       SPARK_CUDA_MTP_FUSED=feed (the verify pass feeds only the MTP block's K/V rows)
  *              against the whole block: after 48 tokens in verify passes of 3, 4, 5, 1, 2, ..
@@ -673,10 +674,10 @@ static void run_model(const char *type) {
                 check_direct(m, gm, type, parts[i]);
         }
         const int before_dec = support_failures;
-        check_direct(m, gm, type, "tok,dn"); /* the parts outside "1": decode launches */
+        check_direct(m, gm, type, "tok,dn,aearly"); /* the parts outside "1": decode launches */
         check_direct(m, gm, type, "hseq");
         if (support_failures > before_dec) {
-            static const char *const parts[] = {"head", "tok", "dn"};
+            static const char *const parts[] = {"head", "tok", "dn", "aearly"};
             for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
                 check_direct(m, gm, type, parts[i]);
         }
