@@ -71,6 +71,7 @@ __global__ void
     float rge[2][ENGINE_CU_DELTA_MAX_CONV];  /* EARLY: their ring inputs of earlier positions */
     float ae = 0.0f, dte = 0.0f, nwe = 0.0f; /* EARLY: a[h], dt_bias[h] (tid 0), norm_w[tid] */
     if constexpr (EARLY) {
+        if (a.serial == 2) engine_cu_pdl_wait(); /* the previous token's state first */
         pos = *a.pos;
 #pragma unroll
         for (int i = 0; i < DN_ROWS; i++)
@@ -380,7 +381,7 @@ void engine_cu_deltanet_step(const engine_cu_delta *a, cudaStream_t stream) {
         cfg.stream = stream;
         cudaLaunchAttribute at[2];
         at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[0].val.programmaticStreamSerializationAllowed = a->serial ? 0 : 1;
+        at[0].val.programmaticStreamSerializationAllowed = a->serial == 1 ? 0 : 1;
         at[1].id = cudaLaunchAttributeClusterDimension;
         at[1].val.clusterDim.x = 1;
         at[1].val.clusterDim.y = grid.y;
@@ -388,7 +389,7 @@ void engine_cu_deltanet_step(const engine_cu_delta *a, cudaStream_t stream) {
         cfg.attrs = at;
         cfg.numAttrs = 2;
         cudaLaunchKernelEx(&cfg, deltanet_kernel<true, true>, *a);
-    } else if (early && a->serial) {
+    } else if (early && a->serial == 1) {
         deltanet_kernel<true><<<grid, dim3(threads), smem, stream>>>(*a);
     } else if (early) {
         engine_cu_launch(deltanet_kernel<true>, grid, dim3(threads), smem, stream, *a);

@@ -54,10 +54,12 @@ typedef struct {
                          * where no kernel of the chain writes them: the decode step; see
                          * deltanet.cu); 2: also the head's norm through a block cluster;
                          * 0: after it */
-    int serial;         /* launch without programmatic dependent launch: the kernel starts once
-                         * every earlier kernel of the stream is complete, so its early reads
-                         * may follow a kernel that writes the state (the MTP verify pass's
-                         * tokens after the first: q35_mtp_host.cuh) */
+    int serial;         /* for early reads that follow a kernel writing the state (the MTP
+                         * verify pass's tokens after the first: q35_mtp_host.cuh): 1: launch
+                         * without programmatic dependent launch (the kernel starts once every
+                         * earlier kernel of the stream is complete); 2: launched as usual, the
+                         * kernel waits before its early reads (its start overlaps the previous
+                         * kernel's tail, its reads follow that kernel's writes); 0: neither */
     float *out;         /* [nv * dv] */
     float *ssq;         /* [nv][dv / 32] scratch */
     unsigned *counters; /* [nv], zero between launches */

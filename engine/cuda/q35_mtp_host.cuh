@@ -71,6 +71,7 @@ struct q35_spec {
 #define Q35M_FUSED_DN 256u   /* per-token DeltaNet steps with the decode's early reads / cluster */
 #define Q35M_FUSED_HSEQ 512u /* the heads: the decode's grid, the tokens in turn in each block */
 #define Q35M_FUSED_AEARLY 1024u /* per-query attention with the decode's early L2 prefetch */
+#define Q35M_FUSED_DN2 2048u /* as dn, later tokens launched as usual, waiting before the reads */
 #define Q35M_FUSED_ALL                                                                             \
     (Q35M_FUSED_DELTA | Q35M_FUSED_MOE | Q35M_FUSED_ATTN | Q35M_FUSED_PF | Q35M_FUSED_FEED |      \
      Q35M_FUSED_SPLIT)
@@ -78,8 +79,8 @@ struct q35_spec {
 /* SPARK_CUDA_MTP_FUSED (read when a session first turns MTP on): unset, empty or "0": every
  * part per token as the decode step and the whole MTP block in the feed; "1" or "all": every
  * fused part; else a comma list of parts ("delta", "moe", "attn", "pf", "feed", "split", and
- * outside "1": "head", "tok", "dn", "hseq", "aearly"; "delta" wins over "dn", "attn" over
- * "aearly", "tok" over "pf" / "split",
+ * outside "1": "head", "tok", "dn", "dn2", "hseq", "aearly"; "delta" wins over "dn" / "dn2",
+ * "dn" over "dn2", "attn" over "aearly", "tok" over "pf" / "split",
  * "hseq" over "head" / "tok" for the heads).
  * Unknown names are logged and ignored. ("feed" was the default for GPU call 2 of session 5,
  * where its f32 KV rows differed from the whole block's after verify passes of 3, 4, 5, 1, 2
@@ -114,6 +115,8 @@ static unsigned q35m_fused_env(void) {
             f |= Q35M_FUSED_HSEQ;
         else if (n == 6 && !strncmp(p, "aearly", 6))
             f |= Q35M_FUSED_AEARLY;
+        else if (n == 3 && !strncmp(p, "dn2", 3))
+            f |= Q35M_FUSED_DN2;
         else if (n)
             engine_log(ENGINE_LOG_INFO, "cuda: SPARK_CUDA_MTP_FUSED: unknown part '%.*s' ignored",
                        (int)n, p);
@@ -492,16 +495,17 @@ static void q35m_deltanet(engine_cuda_q35_session *s, const q35_cl *ly, float ep
         a.n_snap = ENGINE_CU_VMAX;
         a.pos = ps->pos + (size_t)t * ps->pstride;
         a.out = sp->att + (size_t)t * sp->satt;
-        if (sp->fused & Q35M_FUSED_DN) {
+        if (sp->fused & (Q35M_FUSED_DN | Q35M_FUSED_DN2)) {
             /* "dn": the decode step's launch (early reads of state, ring, position and weights
              * before the wait; with 2 the head's norm through a cluster). Token 0's are safe as
              * in the decode step: no kernel of the pass writes them before it (the state and
              * ring: the previous pass or the restore, finished graphs; the positions: the host
              * or, in the greedy loop, the step's first spec_prep, complete before the serial
              * second one starts). Later tokens read what the previous token's launch writes:
-             * launched serially, they start once it is complete. */
+             * launched serially, they start once it is complete ("dn2": launched as usual,
+             * they wait before those reads). */
             a.early = s->dn_early;
-            a.serial = t > 0;
+            a.serial = t == 0 ? 0 : (sp->fused & Q35M_FUSED_DN) ? 1 : 2;
         }
         engine_cu_deltanet_step(&a, st);
     }
@@ -801,7 +805,7 @@ static void q35m_enqueue_fast(engine_cuda_q35_session *s, int k) {
         q35m_enqueue_draft(s, i == 0);
     /* "dn": serial, so the pass's first DeltaNet steps read the positions early safely */
     engine_cu_spec_prep(sp->ctl, sp->vstep, sp->dstep, sp->dtok, k + 1, true,
-                        (sp->fused & Q35M_FUSED_DN) != 0, st);
+                        (sp->fused & (Q35M_FUSED_DN | Q35M_FUSED_DN2)) != 0, st);
     q35m_enqueue_verify(s, k + 1);
     engine_cu_spec_accept(sp->ctl, sp->y, sp->dtok, sp->hbuf, cm->d.E, sp->vstep, st);
     engine_cu_spec_restore(sp->ctl, sp->vsnap, s->snap_stride, s->ring, nr, st);

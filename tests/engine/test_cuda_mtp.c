@@ -17,8 +17,9 @@
  *              the tokens as a grid dimension; the DeltaNet steps as the decode's launch with
  *              its early reads / cluster, later tokens launched serially; the attention with
  *              the decode's early prefetch: the decode's device code and launch shapes, so bit
- *              for bit), then head, tok, dn, aearly alone if it fails;
- *              and =hseq (the heads on the decode's grid, the tokens in turn in each block)
+ *              for bit); and =hseq,dn2 (the heads on the decode's grid, the tokens in turn in
+ *              each block; the later tokens' DeltaNet steps waiting before their early reads);
+ *              each part alone if either fails
  *   feed       SPARK_CUDA_MTP_FUSED=feed (the verify pass feeds only the MTP block's K/V rows)
  *              against the whole block: after 48 tokens in verify passes of 3, 4, 5, 1, 2, ..
  *              (the first at p0 = 0, where pairs 0 and 1 share position 0) the MTP K/V rows and
@@ -675,9 +676,9 @@ static void run_model(const char *type) {
         }
         const int before_dec = support_failures;
         check_direct(m, gm, type, "tok,dn,aearly"); /* the parts outside "1": decode launches */
-        check_direct(m, gm, type, "hseq");
+        check_direct(m, gm, type, "hseq,dn2");
         if (support_failures > before_dec) {
-            static const char *const parts[] = {"head", "tok", "dn", "aearly"};
+            static const char *const parts[] = {"head", "tok", "dn", "aearly", "hseq", "dn2"};
             for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
                 check_direct(m, gm, type, parts[i]);
         }
