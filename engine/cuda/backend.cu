@@ -21,6 +21,7 @@
 #include "common.cuh"
 #include "matvec.cuh"
 #include "moe.cuh"
+#include "moe_fused.cuh"
 #include "qdot.cuh"
 #include "router_fuse.cuh"
 #include "sample.cuh"
@@ -116,12 +117,20 @@ struct engine_cuda_session {
      * H200 (12-block Qwen3-30B-A3B cut, -n 64): +15% tok/s at depth 1024, +1.4% at 4096, -14%
      * at 8192 with no limit (K/V read once per head), so the default stops at 4096 */
     int att_long;
+    /* SPARK_CUDA_MOE_FUSED=S (32 or 64; 1 means 32; default 0 off): qwen3moe layers run the MoE
+     * block as one launch of slices of S intermediate rows (moe_fused.cuh) in place of the up
+     * and down launches, with or without the router fusion; a layer it cannot take (logged at
+     * session creation) keeps the pair. Not in the fused step (SPARK_CUDA_FUSED) nor the routing
+     * trace; the stage-5/6 switches do not apply to fused layers. */
+    int mfuse;
     engine_cu_prog prog; /* the fused step's program, built at the first capture */
     uint8_t *mem;        /* one allocation: KV cache and step buffers */
     size_t bytes;
     void **k_cache, **v_cache; /* [n_layer] device pointers into mem */
     float *x, *q, *k, *v, *att, *router, *h, *logits, *partial, *sscratch, *wts;
     float *ao; /* router fusion: the attention block's output Wo att, apart from x */
+    float *mf_part;     /* SPARK_CUDA_MOE_FUSED: the blocks' partial outputs (moe_fused.cuh) */
+    unsigned *mf_ctr;   /* and its counters (zero between launches) */
     float *rope;        /* [n_ctx][hd / 2][2] cos, sin */
     unsigned *counters; /* [n_head + 2]: attention heads, sampler, router's routing */
     int32_t *ids, *out;
@@ -497,7 +506,7 @@ done:
  * ------------------------------------------------------------------------------------------- */
 typedef struct {
     size_t kv_layer, x, q, kv, att, router, h, logits, partial, sscratch, ids, wts, counters, step,
-        out, rope, ao, total;
+        out, rope, ao, mf_part, mf_ctr, total;
 } sess_layout;
 
 static sess_layout layout(const engine_cuda_model *cm, int32_t n_ctx, engine_kv_type kv) {
@@ -524,9 +533,15 @@ static sess_layout layout(const engine_cuda_model *cm, int32_t n_ctx, engine_kv_
     z.out = align256(sizeof(int32_t) * (size_t)n_ctx);
     z.rope = align256(sizeof(float) * (size_t)n_ctx * hd);
     z.ao = z.x;
+    z.mf_part = z.mf_ctr = 0; /* MoE: SPARK_CUDA_MOE_FUSED's scratch, 1.5 MB for the 30B shape */
+    if (hp->n_expert) {
+        z.mf_part = align256(sizeof(float) * engine_cu_moe_fused_partial_floats(
+                                                 (int)k, (int)nff, (int)hp->n_embd));
+        z.mf_ctr = align256(sizeof(unsigned) * engine_cu_moe_fused_counters((int)k, (int)nff));
+    }
     z.total = 2 * hp->n_layer * z.kv_layer + z.x + z.q + 2 * z.kv + z.att + z.router + z.h +
               z.logits + z.partial + z.sscratch + z.ids + z.wts + z.counters + z.step + z.out +
-              z.rope + z.ao;
+              z.rope + z.ao + z.mf_part + z.mf_ctr;
     return z;
 }
 
@@ -534,6 +549,8 @@ extern "C" size_t engine_cuda_session_bytes(const engine_cuda_model *cm, int32_t
                                             engine_kv_type kv) {
     return layout(cm, n_ctx, kv).total;
 }
+
+static void mf_log(const engine_cuda_session *s);
 
 extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_model *cm,
                                        int32_t n_ctx, engine_kv_type kv) {
@@ -578,6 +595,9 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
             n = n < 0 ? 0 : n > 256L * ENGINE_CU_ATT_SPLIT ? 256L * ENGINE_CU_ATT_SPLIT : n;
             s->att_long = (int)((n + ENGINE_CU_ATT_SPLIT - 1) / ENGINE_CU_ATT_SPLIT);
         }
+        e = getenv("SPARK_CUDA_MOE_FUSED");
+        s->mfuse = e ? atoi(e) : 0;
+        s->mfuse = s->mfuse == 1 ? 32 : s->mfuse == 32 || s->mfuse == 64 ? s->mfuse : 0;
         e = getenv("SPARK_CUDA_DIAG_SKIP");
         s->diag_skip = e ? (unsigned)strtoul(e, NULL, 0) : 0u;
         e = getenv("SPARK_CUDA_DIAG_TWICE");
@@ -629,6 +649,7 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
             CARVE(sscratch, sscratch, float) CARVE(ids, ids, int32_t) CARVE(wts, wts, float)
                 CARVE(counters, counters, unsigned) CARVE(step, step, engine_cu_step)
                     CARVE(out, out, int32_t) CARVE(rope, rope, float) CARVE(ao, ao, float)
+                        CARVE(mf_part, mf_part, float) CARVE(mf_ctr, mf_ctr, unsigned)
 #undef CARVE
                         ENGINE_ASSERT((size_t)(p - s->mem) == z.total);
     {
@@ -645,6 +666,7 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
     }
     CU(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
     CU(cudaMallocHost((void **)&s->h_step, sizeof *s->h_step));
+    if (s->mfuse) mf_log(s);
     *out = s;
     s = NULL;
 done:
@@ -692,6 +714,8 @@ typedef struct {
     bool moe;
     bool fuse; /* router fusion: rf replaces the wo and router launches */
     engine_cu_rf_args rf;
+    bool mfuse; /* SPARK_CUDA_MOE_FUSED: mf replaces the up and down launches */
+    engine_cu_moe_fused_args mf;
 } layer_ops;
 
 static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o) {
@@ -838,6 +862,30 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
         up->x_add = s->ao;
         dn->y_add = s->ao;
     }
+    if (s->mfuse && o->moe && s->mf_part) {
+        o->mf.up = *up;
+        o->mf.dn = *dn;
+        o->mf.slice = s->mfuse;
+        o->mf.partial = s->mf_part;
+        o->mf.counters = s->mf_ctr;
+        o->mfuse = engine_cu_moe_fused_why(&o->mf) == NULL;
+    }
+}
+
+/* Log which layers SPARK_CUDA_MOE_FUSED's launch takes (at session creation). */
+static void mf_log(const engine_cuda_session *s) {
+    const engine_hparams *hp = &s->cm->m->hp;
+    uint32_t n = 0;
+    const char *why = hp->n_expert ? NULL : "not an MoE model";
+    for (uint32_t l = 0; hp->n_expert && l < hp->n_layer; l++) {
+        layer_ops o;
+        layer_ops_get(s, l, &o);
+        n += o.mfuse;
+        if (!o.mfuse && !why) why = engine_cu_moe_fused_why(&o.mf);
+    }
+    engine_log(ENGINE_LOG_INFO,
+               "cuda: MoE block in one launch (slices of %d) in %u of %u layers%s%s", s->mfuse, n,
+               hp->n_layer, why ? "; not: " : "", why ? why : "");
 }
 
 /* Build and upload the fused step's program: per layer the ops in the per-op order, each
@@ -918,8 +966,15 @@ static void enqueue_step(engine_cuda_session *s, step_prof *p, route_trace *t) {
                     case 3:
                         if (o.moe && !o.fuse) engine_cu_matvec(&o.router, st);
                         break;
-                    case 4: engine_cu_ffn_up(&o.up, st); break;
-                    default: engine_cu_ffn_down(&o.dn, st); break;
+                    case 4:
+                        if (o.mfuse && !t)
+                            engine_cu_moe_fused(&o.mf, st);
+                        else
+                            engine_cu_ffn_up(&o.up, st);
+                        break;
+                    default:
+                        if (!o.mfuse || t) engine_cu_ffn_down(&o.dn, st);
+                        break;
                     }
                 }
                 if (op != 3 || (o.moe && !o.fuse)) mark(p, (int)op + 1, st);

@@ -116,6 +116,20 @@ int engine_cuda_op_moe(engine_type type, int n_expert, int k, bool norm_topk, in
                        size_t row_bytes_in, size_t row_bytes_ff, const float *norm_w, float eps,
                        float *x, int32_t *ids, float *weights);
 
+/* The MoE block in one launch (engine/cuda/moe_fused.cuh) against the unfused up + down pair on
+ * the same inputs: gate/up of up_type (rb_in bytes a row), down of down_type (rb_ff), x
+ * (n_embd; x_add != NULL: the router fusion, the block's input x + x_add and router the raw
+ * logits it scales). Writes y_ref (n_embd: x after the unfused pair) and y_fused [reps][n_embd]
+ * (x after the fused launch, each from the same x), and the fused launch's routing. slice: 32
+ * or 64. ENGINE_EUNSUPPORTED (with the reason) when the fused launch cannot run this case;
+ * ENGINE_EINTERNAL when its counters are not back at zero afterwards. */
+int engine_cuda_op_moe_fused(engine_type up_type, engine_type down_type, int n_expert, int k,
+                             bool norm_topk, int n_embd, int n_ff, const float *router,
+                             const void *gate, const void *up, const void *down, size_t rb_in,
+                             size_t rb_ff, const float *norm_w, float eps, const float *x,
+                             const float *x_add, int slice, int reps, float *y_ref,
+                             float *y_fused, int32_t *ids, float *weights);
+
 /* Sample from n logits as a decode step does (temperature <= 0: greedy). step: the value of
  * the per-session draw counter (0 for the first token). */
 int engine_cuda_op_sample(const float *logits, int n, float temperature, uint64_t seed,

@@ -152,6 +152,65 @@ __host__ __device__ __forceinline__ int engine_cu_up_groups(int rows) {
     return (rows + 2 * FFN_WARPS - 1) / (2 * FFN_WARPS);
 }
 
+/* The routing of an up block by its warp 0 (every lane calls it) into ids[k], wts[k] (shared):
+ * route on a.router, or with the router fusion (RF, a.x_add) on the raw logits scaled by the RMS
+ * scale of h = x + x_add, computed as the staging computes it (block b 0 also stores qwen35's
+ * scaled shared-expert logit, a.rf_sh). */
+template <bool RF>
+__device__ __forceinline__ void ffn_route_warp(const engine_cu_ffn_up_args &a, int b, int *ids,
+                                               float *wts) {
+    if (RF) {
+        /* the raw logits' loads first, in flight with those of the scale's x + ao */
+        __shared__ float scaled[ENGINE_CU_MAX_EXPERT];
+        const int lane = threadIdx.x & 31;
+        float raw[ENGINE_CU_MAX_EXPERT / 32];
+#pragma unroll
+        for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
+            raw[i] = lane + 32 * i < a.n_expert ? a.router[lane + 32 * i] : 0.0f;
+        const float sc = engine_cu_stage_scale<false, true>(
+            (const float4 *)a.x, (const float4 *)a.x_add, a.cols, a.cols >> 2, lane, a.eps);
+#pragma unroll
+        for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
+            if (lane + 32 * i < a.n_expert) scaled[lane + 32 * i] = sc * raw[i];
+        if (a.rf_sh && b == 0 && lane == 0) *a.rf_sh = sc * a.router[a.n_expert];
+        __syncwarp();
+        route(scaled, a.n_expert, a.k, a.norm_topk, ids, wts);
+    } else {
+        route(a.router, a.n_expert, a.k, a.norm_topk, ids, wts);
+    }
+}
+
+/* Rows r and r + FFN_WARPS (when below a.rows) of expert e, slot j, against the staged x (one
+ * warp; r < a.rows): h[j][r] = silu(G_e x) * U_e x, lane 0 stores. */
+template <int MODE>
+__device__ __forceinline__ void ffn_up_rows(const engine_cu_ffn_up_args &a, int j, int e, int r,
+                                            const engine_cu_xv &xv) {
+    const size_t off = (size_t)e * a.expert_bytes + (size_t)r * a.row_bytes;
+    const uint8_t *gr = a.gate + off, *ur = a.up + off;
+    const bool two = r + FFN_WARPS < a.rows;
+    const size_t stride = two ? (size_t)FFN_WARPS * a.row_bytes : 0;
+    float hv[2] = {0.0f, 0.0f};
+    switch (a.type) { /* gate and up share a type (checked at upload) */
+#define UP_CASE(T)                                                                                 \
+    case T:                                                                                        \
+        if (MODE == engine_cu_x_mode(T)) up_rows<T>(gr, ur, stride, a.cols >> 5, xv, hv);          \
+        break;
+        ENGINE_CU_QUANT_CASES(UP_CASE)
+#undef UP_CASE
+#define UP_CASE(T)                                                                                 \
+    case T:                                                                                        \
+        if (MODE == ENGINE_CU_X_F32) up_rows<T>(gr, ur, stride, a.cols >> 5, xv, hv);              \
+        break;
+        ENGINE_CU_FLOAT_CASES(UP_CASE)
+#undef UP_CASE
+    }
+    if ((threadIdx.x & 31) == 0) {
+        float *h = a.h + (size_t)j * a.rows;
+        h[r] = hv[0];
+        if (two) h[r + FFN_WARPS] = hv[1];
+    }
+}
+
 /* Items (row group g, expert slot j), item j * groups + g; block b of gdx takes items b,
  * b + gdx, ...: warp w computes rows w and w + FFN_WARPS of each item's group. With a router,
  * warp 0 routes while the other warps stage x. RF (router fusion, a.x_add; not with S6): the
@@ -186,24 +245,8 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
                 const int lane = threadIdx.x & 31;
                 if (lane < a.k) ids[lane] = __ldcg(a.ids + lane);
                 __syncwarp();
-            } else if (RF) {
-                /* the raw logits' loads first, in flight with those of the scale's x + ao */
-                __shared__ float scaled[ENGINE_CU_MAX_EXPERT];
-                const int lane = threadIdx.x & 31;
-                float raw[ENGINE_CU_MAX_EXPERT / 32];
-#pragma unroll
-                for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
-                    raw[i] = lane + 32 * i < a.n_expert ? a.router[lane + 32 * i] : 0.0f;
-                const float sc = engine_cu_stage_scale<false, true>(
-                    (const float4 *)a.x, (const float4 *)a.x_add, a.cols, a.cols >> 2, lane, a.eps);
-#pragma unroll
-                for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
-                    if (lane + 32 * i < a.n_expert) scaled[lane + 32 * i] = sc * raw[i];
-                if (a.rf_sh && b == 0 && lane == 0) *a.rf_sh = sc * a.router[a.n_expert];
-                __syncwarp();
-                route(scaled, a.n_expert, a.k, a.norm_topk, ids, wts);
             } else {
-                route(a.router, a.n_expert, a.k, a.norm_topk, ids, wts);
+                ffn_route_warp<RF>(a, b, ids, wts);
             }
             for (int it = b; it < n_items; it += gdx) {
                 const int j = it / gx, r0 = (it - j * gx) * 2 * FFN_WARPS;
@@ -235,31 +278,7 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
     for (int it = b; it < n_items; it += gdx) {
         const int j = it / gx, r = (it - j * gx) * 2 * FFN_WARPS + w;
         if (r >= a.rows) continue;
-        const int e = ids[j];
-        const size_t off = (size_t)e * a.expert_bytes + (size_t)r * a.row_bytes;
-        const uint8_t *gr = a.gate + off, *ur = a.up + off;
-        const bool two = r + FFN_WARPS < a.rows;
-        const size_t stride = two ? (size_t)FFN_WARPS * a.row_bytes : 0;
-        float hv[2] = {0.0f, 0.0f};
-        switch (a.type) { /* gate and up share a type (checked at upload) */
-#define UP_CASE(T)                                                                                 \
-    case T:                                                                                        \
-        if (MODE == engine_cu_x_mode(T)) up_rows<T>(gr, ur, stride, a.cols >> 5, xv, hv);          \
-        break;
-            ENGINE_CU_QUANT_CASES(UP_CASE)
-#undef UP_CASE
-#define UP_CASE(T)                                                                                 \
-    case T:                                                                                        \
-        if (MODE == ENGINE_CU_X_F32) up_rows<T>(gr, ur, stride, a.cols >> 5, xv, hv);              \
-        break;
-            ENGINE_CU_FLOAT_CASES(UP_CASE)
-#undef UP_CASE
-        }
-        if ((threadIdx.x & 31) == 0) {
-            float *h = a.h + (size_t)j * a.rows;
-            h[r] = hv[0];
-            if (two) h[r + FFN_WARPS] = hv[1];
-        }
+        ffn_up_rows<MODE>(a, j, ids[j], r, xv);
     }
 }
 

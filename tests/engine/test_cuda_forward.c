@@ -34,6 +34,11 @@
  * the default 1; 0 the per-KV-head launch) keep the arithmetic, so each
  * such session's logits and tokens must equal the default session's bit for bit at every
  * step, and its device-resident greedy generation must give the same tokens.
+ * The MoE block in one launch (SPARK_CUDA_MOE_FUSED=1, engine/cuda/moe_fused.cuh; off by default)
+ * changes the F32 order of the down sums only: a session with it, fed the default session's
+ * tokens, is held to the default's bounds against the CPU, and its greedy tokens, step by step
+ * and generated on the device, must equal the default's (the dense model has no MoE block: the
+ * session is then the default one).
  * Arguments PRESET TYPE [N_GEN] run that one model (for compute-sanitizer racecheck), with
  * N_GEN (2..40) generated tokens. */
 #include <math.h>
@@ -108,7 +113,8 @@ static void run_model(const char *preset, const char *type) {
     engine_cuda_model *gm = NULL;
     engine_cuda_session *gs = NULL, *gs2 = NULL, *ga[N_ALT] = {NULL};
     engine_cuda_session *gf = NULL; /* the router fusion off */
-    float *lc = NULL, *lg = NULL, *lp = NULL, *la = NULL, *lf = NULL;
+    engine_cuda_session *gmf = NULL; /* the MoE block in one launch */
+    float *lc = NULL, *lg = NULL, *lp = NULL, *la = NULL, *lf = NULL, *lm = NULL;
     if (engine_model_load(&m, path, &mp) != 0) {
         CHECK(0, "load %s", path);
         return;
@@ -126,6 +132,11 @@ static void run_model(const char *preset, const char *type) {
               "unfused-router cuda session");
         unsetenv("SPARK_CUDA_ROUTER_FUSE");
         lf = malloc(sizeof(float) * engine_model_n_vocab(m));
+        setenv("SPARK_CUDA_MOE_FUSED", "1", 1);
+        CHECK(engine_cuda_session_new(&gmf, gm, 256, ENGINE_KV_F32) == 0,
+              "fused-MoE cuda session");
+        unsetenv("SPARK_CUDA_MOE_FUSED");
+        lm = malloc(sizeof(float) * engine_model_n_vocab(m));
         setenv("SPARK_CUDA_FUSED", "0", 1);
         CHECK(engine_cuda_session_new(&gs, gm, 256, ENGINE_KV_F32) == 0, "cuda session");
         setenv("SPARK_CUDA_FUSED", "1", 1);
@@ -164,6 +175,11 @@ static void run_model(const char *preset, const char *type) {
     support_logit_stats cf = {exact, c.moe, 0, 1, 0, 0, what_f};
     int n_rf_tok_diff = 0;
     if (!gf || !lf) goto out;
+    char what_m[64];
+    snprintf(what_m, sizeof what_m, "%-10s %-6s logits, MoE fused", preset, type);
+    support_logit_stats cm = {exact, c.moe, 0, 1, 0, 0, what_m};
+    int n_mf_tok_diff = 0;
+    if (!gmf || !lm) goto out;
     int part = -1;
     for (int i = 0; i < N_PROMPT + n_gen - 1; i++) {
         int32_t next = -1;
@@ -183,6 +199,22 @@ static void run_model(const char *preset, const char *type) {
             goto out;
         }
         n_rf_tok_diff += next_f != next;
+        int32_t next_m = -1;
+        if (engine_cuda_decode(gmf, tok_gpu[i], i, lm, &next_m) != 0) {
+            CHECK(0, "fused MoE step %d", i);
+            goto out;
+        }
+        n_mf_tok_diff += next_m != next;
+        if (tok_cpu[i] == tok_gpu[i]) {
+            const support_logit_row r = support_logit_add(&cm, lc, lm, nv);
+            if (exact)
+                CHECK(r.max_diff <= 1e-4 * (1 + r.max_ref),
+                      "%s %s step %d, MoE fused: max |gpu-cpu| %.3g (max |l| %.3g)", preset, type,
+                      i, r.max_diff, r.max_ref);
+            else if (!cm.moe)
+                CHECK(r.cosine >= 0.999, "%s %s step %d, MoE fused: cosine %.6f", preset, type, i,
+                      r.cosine);
+        }
         if (tok_cpu[i] == tok_gpu[i]) { /* the default session's bounds against the CPU */
             const support_logit_row r = support_logit_add(&cf, lc, lf, nv);
             if (exact)
@@ -232,6 +264,9 @@ static void run_model(const char *preset, const char *type) {
     CHECK(n_rf_tok_diff == 0, "%s %s: router unfused: greedy token differs at %d of %d steps",
           preset, type, n_rf_tok_diff, N_PROMPT + n_gen - 1);
     support_logit_finish(&cf, "gpu-cpu", 0);
+    CHECK(n_mf_tok_diff == 0, "%s %s: MoE fused: greedy token differs at %d of %d steps", preset,
+          type, n_mf_tok_diff, N_PROMPT + n_gen - 1);
+    support_logit_finish(&cm, "gpu-cpu", 0);
     if (exact)
         CHECK(part < 0, "%s %s: greedy tokens part at generated token %d", preset, type, part);
     /* Quantised MoE: the CPU's activation quantisation can swap two experts of nearly equal
@@ -273,6 +308,12 @@ static void run_model(const char *preset, const char *type) {
           "generate (router unfused)");
     CHECK(memcmp(outf, outg, sizeof(int32_t) * (n_gen - 1)) == 0,
           "%s %s: generate with the router unfused differs from the default", preset, type);
+    int32_t outm[N_GEN];
+    CHECK(engine_cuda_generate(gmf, tok_gpu[N_PROMPT - 1], N_PROMPT - 1, n_gen - 1, 0.0f, 0,
+                               outm) == 0,
+          "generate (MoE fused)");
+    CHECK(memcmp(outm, outg, sizeof(int32_t) * (n_gen - 1)) == 0,
+          "%s %s: generate with the MoE block fused differs from the default", preset, type);
     for (int a = 0; a < N_ALT; a++) {
         CHECK(engine_cuda_generate(ga[a], tok_gpu[N_PROMPT - 1], N_PROMPT - 1, n_gen - 1, 0.0f, 0,
                                    outs) == 0,
@@ -331,7 +372,9 @@ out:
     free(lp);
     free(la);
     free(lf);
+    free(lm);
     engine_cuda_session_free(gf);
+    engine_cuda_session_free(gmf);
     engine_cuda_session_free(gs);
     engine_cuda_session_free(gs2);
     for (int a = 0; a < N_ALT; a++)

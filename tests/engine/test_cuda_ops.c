@@ -22,6 +22,12 @@
  *     1e-4 * (1 + sum of |terms|) of a double reference (for the quantised types on x and h
  *     quantised as the CPU does, as for matvec; a tie flip there moves the output by ~1e-5 of
  *     the bound's scale, well inside it).
+ *   MoE block in one launch (engine/cuda/moe_fused.cuh) against the unfused up + down launches
+ *     on the same inputs: |y_fused - y_unfused| <= 1e-5 * max |y| (the same h, staged to the
+ *     same 8-bit values; only the F32 order of the down sums differs), the CPU's routing, and a
+ *     second launch bit for bit (fixed reduction order; its counters back at zero), for the
+ *     30B-A3B expert shape with Q4_K / Q6_K / Q8_0 downs, slices of 32 and 64, with and without
+ *     the router fusion; a gate/up and down pair it has no instance for is refused.
  *   sampling: greedy = the CPU's argmax with ties to the lower id; temperature draws follow
  *     softmax(l / T) (chi-square style check, 3000 draws; 300 with the argument "quick", for
  *     compute-sanitizer).
@@ -409,6 +415,91 @@ static void test_moe(void) {
     test_moe_type(ENGINE_TYPE_F16, 8, 2, 256, 256);
 }
 
+/* The MoE block in one launch (engine/cuda/moe_fused.cuh, SPARK_CUDA_MOE_FUSED) against the
+ * unfused up + down launches on the same inputs (gate/up of type ut, down of dt; rf: the router
+ * fusion's input x + x_add and raw logits): the two compute the same h, staged to the same 8-bit
+ * values, and differ only by the F32 order of the down sums, so |y_fused - y_unfused| <= 1e-5 *
+ * max |y|; the fused routing is the CPU's (without rf); a second launch gives y bit for bit (the
+ * reduction's order is fixed; the op also checks that the counters are back at zero). */
+static void test_moe_fused_case(engine_type ut, engine_type dt, int n_expert, int k, int n_embd,
+                                int n_ff, bool rf, int slice) {
+    size_t rbi, rbf;
+    uint8_t *gate = make_weights(ut, (int64_t)n_expert * n_ff, n_embd, &rbi);
+    uint8_t *up = make_weights(ut, (int64_t)n_expert * n_ff, n_embd, &rbi);
+    uint8_t *down = make_weights(dt, (int64_t)n_expert * n_embd, n_ff, &rbf);
+    float *router = malloc(sizeof(float) * n_expert), *probs = malloc(sizeof(float) * n_expert);
+    float *x = malloc(sizeof(float) * n_embd), *xa = malloc(sizeof(float) * n_embd);
+    float *nw = malloc(sizeof(float) * n_embd), *yref = malloc(sizeof(float) * n_embd);
+    float *yf = malloc(sizeof(float) * 2 * n_embd);
+    int32_t gids[16], ids[16];
+    float gw[16], wts[16];
+    fill(router, n_expert, 3.0f);
+    fill(x, n_embd, 1.5f);
+    fill(xa, n_embd, 0.5f);
+    for (int i = 0; i < n_embd; i++)
+        nw[i] = 1.0f + 0.2f * frand();
+    int rc = engine_cuda_op_moe_fused(ut, dt, n_expert, k, true, n_embd, n_ff, router, gate, up,
+                                      down, rbi, rbf, nw, 1e-6f, x, rf ? xa : NULL, slice, 2, yref,
+                                      yf, gids, gw);
+    CHECK(rc == 0, "moe fused %s/%s slice %d%s: %s", engine_type_name(ut), engine_type_name(dt),
+          slice, rf ? " rf" : "", engine_error_last());
+    if (rc == 0) {
+        double mx = 0, worst = 0, moved = 0;
+        for (int i = 0; i < n_embd; i++) {
+            mx = fmax(mx, fabs(yref[i]));
+            worst = fmax(worst, fabs((double)yf[i] - yref[i]));
+            moved = fmax(moved, fabs((double)yref[i] - x[i] - (rf ? xa[i] : 0.0f)));
+        }
+        CHECK(moved > 1e-3 * mx, "moe fused: the reference left x unchanged (%.3g)", moved);
+        CHECK(worst <= 1e-5 * mx,
+              "moe fused %s/%s slice %d%s: max |fused - unfused| %.3g (max |y| %.3g)",
+              engine_type_name(ut), engine_type_name(dt), slice, rf ? " rf" : "", worst, mx);
+        CHECK(memcmp(yf, yf + n_embd, sizeof(float) * n_embd) == 0,
+              "moe fused %s/%s slice %d%s: the second launch differs", engine_type_name(ut),
+              engine_type_name(dt), slice, rf ? " rf" : "");
+        if (!rf) {
+            engine_cpu_moe_route(router, n_expert, k, 1, ids, wts, probs);
+            for (int j = 0; j < k; j++)
+                CHECK(gids[j] == ids[j] && fabsf(gw[j] - wts[j]) <= 1e-6f,
+                      "moe fused slot %d: expert %d weight %.9g, cpu %d %.9g", j, gids[j], gw[j],
+                      ids[j], wts[j]);
+        }
+        printf("moe fused %-5s/%-5s %d experts (%d used), %d -> %d, slice %d%s: max |fused - "
+               "unfused| = %.2e of max |y| %.3g; repeat bit for bit\n",
+               engine_type_name(ut), engine_type_name(dt), n_expert, k, n_embd, n_ff, slice,
+               rf ? ", router fusion" : "", worst / mx, mx);
+    }
+    free(gate), free(up), free(down), free(router), free(probs), free(x), free(xa), free(nw);
+    free(yref), free(yf);
+}
+
+static void test_moe_fused(void) {
+    /* the 30B-A3B expert shape with each down type of its Q4_K_M and Q8_0 files */
+    test_moe_fused_case(ENGINE_TYPE_Q4_K, ENGINE_TYPE_Q4_K, 16, 8, 2048, 768, false, 32);
+    test_moe_fused_case(ENGINE_TYPE_Q4_K, ENGINE_TYPE_Q6_K, 16, 8, 2048, 768, true, 32);
+    test_moe_fused_case(ENGINE_TYPE_Q8_0, ENGINE_TYPE_Q8_0, 16, 8, 2048, 768, false, 32);
+    test_moe_fused_case(ENGINE_TYPE_Q4_K, ENGINE_TYPE_Q4_K, 16, 8, 2048, 768, true, 64);
+    test_moe_fused_case(ENGINE_TYPE_Q4_K, ENGINE_TYPE_Q6_K, 16, 8, 2048, 768, false, 64);
+    test_moe_fused_case(ENGINE_TYPE_Q8_0, ENGINE_TYPE_Q8_0, 16, 8, 2048, 768, true, 64);
+    /* the tiny model's shape, F32 and F16 (staged in F32) */
+    test_moe_fused_case(ENGINE_TYPE_F32, ENGINE_TYPE_F32, 8, 2, 256, 256, true, 32);
+    test_moe_fused_case(ENGINE_TYPE_F16, ENGINE_TYPE_F16, 8, 2, 256, 256, false, 64);
+    /* gate/up and down staged differently: no fused instance, a clear error */
+    size_t rb;
+    uint8_t *w = make_weights(ENGINE_TYPE_Q8_0, 8 * 256, 256, &rb);
+    float v[256], y[512];
+    int32_t i2[2];
+    float w2[2];
+    for (int i = 0; i < 256; i++)
+        v[i] = 1.0f;
+    CHECK(engine_cuda_op_moe_fused(ENGINE_TYPE_Q4_K, ENGINE_TYPE_Q8_0, 8, 2, true, 256, 256, v, w,
+                                   w, w, engine_type_row_size(ENGINE_TYPE_Q4_K, 256),
+                                   engine_type_row_size(ENGINE_TYPE_Q8_0, 256), v, 1e-6f, v, NULL,
+                                   32, 1, y, y + 256, i2, w2) == ENGINE_EUNSUPPORTED,
+          "moe fused: Q4_K gate/up with a Q8_0 down must be refused");
+    free(w);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 
 /* Draws of the temperature check (fewer with the argument "quick", for compute-sanitizer). */
@@ -473,6 +564,7 @@ int main(int argc, char **argv) {
     test_matvec();
     test_attention();
     test_moe();
+    test_moe_fused();
     test_sample();
     /* the decode stage-5 launches of sessions: few blocks looping over their rows, the MoE
      * down kernel routing before its wait (engine/cuda/moe.cuh) */

@@ -1,0 +1,393 @@
+/* The MoE block in one launch (contract in moe_fused.cuh) and engine_cuda_op_moe_fused for the
+ * tests. */
+#include <string.h>
+
+#include "moe_dev.cuh"
+#include "matvec.cuh"
+#include "moe_fused.cuh"
+
+extern "C" {
+#include "cuda/cuda_backend.h"
+}
+
+#define MF_THREADS (FFN_WARPS * 32)
+
+/* Reducers of a launch of nb blocks for n outputs: a share of 64 outputs each (16 float4s, the
+ * block's 256 threads 16 per float4), at least one, at most nb. */
+__host__ __device__ __forceinline__ int mf_reducers(int nb, int n) {
+    const int r = n / 64;
+    return r < 1 ? 1 : r > nb ? nb : r;
+}
+
+__host__ __device__ __forceinline__ size_t mf_align16(size_t n) {
+    return (n + 15) & ~(size_t)15;
+}
+
+/* Values of h one block stages for its down chunks: its 256-value group (Q8_K staging), else its
+ * own slice. */
+__host__ __device__ __forceinline__ int mf_group(int mode, int slice) {
+    return mode == ENGINE_CU_X_Q8_K ? 256 : slice;
+}
+
+/* Step 4: part[i] = w * (chunks c0 .. c0 + nc - 1 of row i, from base + i * row_bytes, against
+ * the staged hv), a thread per row. */
+template <int T>
+__device__ __forceinline__ void mf_down(const engine_cu_ffn_down_args &d, const uint8_t *base,
+                                        int c0, int nc, const engine_cu_xv &hv, float w,
+                                        float *part) {
+#pragma unroll 4
+    for (int i = threadIdx.x; i < d.rows; i += blockDim.x) {
+        const uint8_t *row = base + (size_t)i * d.row_bytes;
+        float acc = 0.0f;
+        for (int c = c0; c < c0 + nc; c++)
+            acc += engine_cu_dot_chunk<T>(row, c, hv);
+        part[i] = w * acc;
+    }
+}
+
+__device__ __forceinline__ void mf_add4(float4 &a, const float4 b) {
+    a.x += b.x;
+    a.y += b.y;
+    a.z += b.z;
+    a.w += b.w;
+}
+
+/* Step 5 by reducer rr of R (every thread of the block): float4 columns q0 .. q1 - 1 of the
+ * outputs; per column tpr threads each sum every tpr-th partial (block order), then the first
+ * sums those tpr sums in order and stores y as the down kernel does (down_store). */
+template <bool RF>
+__device__ __forceinline__ void mf_reduce(const engine_cu_ffn_down_args &d, const float *partial,
+                                          int nb, int R, int rr, float4 *red) {
+    const int n4 = d.rows >> 2, per = (n4 + R - 1) / R, q0 = rr * per, q1 = min(n4, q0 + per);
+    const int nct = min(per, (int)blockDim.x), tpr = (int)blockDim.x / nct;
+    const int cl = (int)threadIdx.x % nct, pp = (int)threadIdx.x / nct;
+    const float4 *p4 = (const float4 *)partial;
+    for (int qb = q0; qb < q1; qb += nct) { /* uniform over the block */
+        const int q = qb + cl;
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (pp < tpr && q < q1) {
+#pragma unroll 8
+            for (int p = pp; p < nb; p += tpr)
+                mf_add4(acc, __ldcg(p4 + (size_t)p * n4 + q));
+        }
+        red[threadIdx.x] = acc;
+        __syncthreads();
+        if (pp == 0 && q < q1) {
+            float4 s = red[cl];
+            for (int t = 1; t < tpr; t++)
+                mf_add4(s, red[t * nct + cl]);
+            float4 *y4 = (float4 *)d.y + q;
+            float4 y = *y4;
+            if (RF) {
+                const float4 ya = ((const float4 *)d.y_add)[q];
+                y = make_float4((y.x + ya.x) + s.x, (y.y + ya.y) + s.y, (y.z + ya.z) + s.z,
+                                (y.w + ya.w) + s.w);
+            } else {
+                mf_add4(y, s);
+            }
+            *y4 = y;
+        }
+        __syncthreads();
+    }
+}
+
+/* Counters: [0] blocks arrived, [1] reducers done, [2 + j * (n_ff / 256) + g] blocks of slot j's
+ * 256-value group g that stored their h (Q8_K staging only). MODE: the staging of both x (for
+ * gate/up) and h (for down); RF: the router fusion (up.x_add, dn.y_add). */
+template <int MODE, bool RF>
+__global__ void __launch_bounds__(MF_THREADS, 2) moe_fused_kernel(engine_cu_moe_fused_args a) {
+    extern __shared__ uint4 mf_shm[];
+    __shared__ int ids[ENGINE_CU_MAX_EXPERT_USED];
+    __shared__ float wts[ENGINE_CU_MAX_EXPERT_USED];
+    __shared__ unsigned ticket;
+    __shared__ float4 red[MF_THREADS];
+    const engine_cu_ffn_up_args &u = a.up;
+    const engine_cu_ffn_down_args &d = a.dn;
+    constexpr bool quant = MODE != ENGINE_CU_X_F32;
+    const int S = a.slice, nsl = u.rows / S, b = blockIdx.x, nb = gridDim.x;
+    const int j = b / nsl, s = b - j * nsl, w = threadIdx.x >> 5;
+    uint8_t *xs = (uint8_t *)mf_shm, *hs = xs + mf_align16(engine_cu_xs_bytes(quant, u.cols));
+    engine_cu_pdl_launch();
+    if (u.norm_w && w == FFN_WARPS - 1)
+        engine_cu_prefetch_l2((const uint8_t *)u.norm_w, sizeof(float) * (size_t)u.cols);
+    engine_cu_pdl_wait();
+    /* 1. route (warp 0) and ask L2 for the block's gate and up rows; the other warps stage x */
+    if (w == 0) {
+        ffn_route_warp<RF>(u, b, ids, wts);
+        const size_t off = (size_t)ids[j] * u.expert_bytes + (size_t)s * S * u.row_bytes;
+        engine_cu_prefetch_l2(u.gate + off, (size_t)S * u.row_bytes);
+        engine_cu_prefetch_l2(u.up + off, (size_t)S * u.row_bytes);
+    }
+    if (RF)
+        engine_cu_stage_x<MODE, false, true>(u.x, u.cols, u.norm_w, u.eps, xs, 1, u.x_add);
+    else
+        engine_cu_stage_x<MODE>(u.x, u.cols, u.norm_w, u.eps, xs, 1); /* ends with a barrier */
+    if (b == 0 && (int)threadIdx.x < u.k) {
+        u.ids[threadIdx.x] = ids[threadIdx.x];
+        u.weights[threadIdx.x] = wts[threadIdx.x];
+    }
+    const int e = ids[j];
+    const float wj = wts[j];
+    /* the down side: h values col0 .. col0 + grp staged; the block's chunks c0 .. c0 + cpb - 1
+     * counted from dbase, the first byte of the unit (superblock, or block of 32) holding
+     * column col0 of each row; their bytes asked of L2 now, to arrive during gate/up */
+    const int grp = mf_group(MODE, S), col0 = s * S / grp * grp;
+    const int unit = MODE == ENGINE_CU_X_Q8_K ? 256 : 32, cpb = S / 32, c0 = (s * S - col0) / 32;
+    const size_t ub = d.row_bytes / (size_t)(d.cols / unit);
+    const uint8_t *dbase = d.down + (size_t)e * d.expert_bytes + (size_t)(col0 / unit) * ub;
+    const size_t span = MODE == ENGINE_CU_X_Q8_K ? ub : (size_t)cpb * ub;
+    for (int i = threadIdx.x; i < d.rows; i += blockDim.x)
+        engine_cu_prefetch_rows(dbase + (size_t)i * d.row_bytes, span);
+    /* 2. the slice's gate/up rows, two row groups of 16 a pass */
+    const engine_cu_xv xv = engine_cu_xv_at(xs, u.cols, quant, 0);
+    for (int r0 = s * S; r0 < s * S + S; r0 += 2 * FFN_WARPS)
+        ffn_up_rows<MODE>(u, j, e, r0 + w, xv);
+    /* 3. h of the group complete (stored, fenced, counted), then staged from L2 */
+    const float *hj = u.h + (size_t)j * u.rows;
+    __threadfence();
+    __syncthreads();
+    if (MODE == ENGINE_CU_X_Q8_K) {
+        unsigned *gc = a.counters + 2 + j * (u.rows / 256) + s * S / 256;
+        if (threadIdx.x == 0) atomicAdd(gc, 1u);
+        engine_cu_spin(gc, (unsigned)(256 / S));
+    }
+    engine_cu_stage_x<MODE, true>(hj + col0, grp, nullptr, 0.0f, hs); /* ends with a barrier */
+    /* 4. the block's partial of every output row */
+    const engine_cu_xv hv = engine_cu_xv_at(hs, grp, quant, 0);
+    float *part = a.partial + (size_t)b * d.rows;
+    switch (d.type) {
+#define MF_CASE(T)                                                                                 \
+    case T:                                                                                        \
+        if (MODE == engine_cu_x_mode(T)) mf_down<T>(d, dbase, c0, cpb, hv, wj, part);              \
+        break;
+        ENGINE_CU_QUANT_CASES(MF_CASE)
+#undef MF_CASE
+#define MF_CASE(T)                                                                                 \
+    case T:                                                                                        \
+        if (MODE == ENGINE_CU_X_F32) mf_down<T>(d, dbase, c0, cpb, hv, wj, part);                  \
+        break;
+        ENGINE_CU_FLOAT_CASES(MF_CASE)
+#undef MF_CASE
+    }
+    /* 5. arrive; the last R blocks reduce once all have */
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) ticket = atomicAdd(a.counters, 1u);
+    __syncthreads();
+    const int R = mf_reducers(nb, d.rows);
+    const unsigned t = ticket;
+    if (t < (unsigned)(nb - R)) return;
+    engine_cu_spin(a.counters, (unsigned)nb);
+    mf_reduce<RF>(d, a.partial, nb, R, (int)t - (nb - R), red);
+    if (threadIdx.x == 0 && atomicAdd(a.counters + 1, 1u) == (unsigned)R - 1) {
+        /* every block has passed its waits: zero for the next launch */
+        a.counters[0] = 0;
+        a.counters[1] = 0;
+        if (MODE == ENGINE_CU_X_Q8_K)
+            for (int g = 0; g < u.k * (u.rows / 256); g++)
+                a.counters[2 + g] = 0;
+    }
+}
+
+typedef void (*mf_kernel_fn)(engine_cu_moe_fused_args);
+
+static mf_kernel_fn mf_kernel(int mode, bool rf) {
+    if (mode == ENGINE_CU_X_Q8_K)
+        return rf ? moe_fused_kernel<ENGINE_CU_X_Q8_K, true>
+                  : moe_fused_kernel<ENGINE_CU_X_Q8_K, false>;
+    if (mode == ENGINE_CU_X_Q8_0)
+        return rf ? moe_fused_kernel<ENGINE_CU_X_Q8_0, true>
+                  : moe_fused_kernel<ENGINE_CU_X_Q8_0, false>;
+    return rf ? moe_fused_kernel<ENGINE_CU_X_F32, true> : moe_fused_kernel<ENGINE_CU_X_F32, false>;
+}
+
+static size_t mf_smem(const engine_cu_moe_fused_args *a) {
+    const int mode = engine_cu_x_mode(a->up.type);
+    const bool q = mode != ENGINE_CU_X_F32;
+    return mf_align16(engine_cu_xs_bytes(q, a->up.cols)) +
+           engine_cu_xs_bytes(q, mf_group(mode, a->slice));
+}
+
+size_t engine_cu_moe_fused_partial_floats(int k, int n_ff, int n_embd) {
+    return (size_t)k * (size_t)(n_ff / 32) * (size_t)n_embd;
+}
+
+size_t engine_cu_moe_fused_counters(int k, int n_ff) {
+    return 2 + (size_t)k * (size_t)((n_ff + 255) / 256);
+}
+
+const char *engine_cu_moe_fused_why(const engine_cu_moe_fused_args *a) {
+    const engine_cu_ffn_up_args &u = a->up;
+    const engine_cu_ffn_down_args &d = a->dn;
+    const int mode = engine_cu_x_mode(u.type);
+    if (!u.router || u.k < 1 || u.k > ENGINE_CU_MAX_EXPERT_USED ||
+        u.n_expert > ENGINE_CU_MAX_EXPERT)
+        return "not an MoE block the kernels route";
+    if (a->slice != 32 && a->slice != 64) return "the slice is not 32 or 64 rows";
+    if (mode != engine_cu_x_mode(d.type))
+        return "gate/up and down stage their inputs differently (no fused instance)";
+    if (d.cols != u.rows || d.rows != u.cols || d.k != u.k || u.rows % a->slice || u.cols % 32 ||
+        (mode == ENGINE_CU_X_Q8_K && (u.rows % 256 || u.cols % 256)))
+        return "the shape does not split into slices";
+    if ((u.x_add != nullptr) != (d.y_add != nullptr))
+        return "the router fusion is on in only one of up and down";
+    if (!a->partial || !a->counters || !u.h || !u.ids || !u.weights) return "no scratch";
+    const int nb = u.k * (u.rows / a->slice);
+    int per_sm = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mf_kernel(mode, u.x_add != nullptr),
+                                                      MF_THREADS, mf_smem(a)) != cudaSuccess) {
+        cudaGetLastError();
+        return "the occupancy query failed";
+    }
+    if ((long)per_sm * engine_cu_sm_count() < nb)
+        return "its blocks do not all fit the GPU at once";
+    return nullptr;
+}
+
+void engine_cu_moe_fused(const engine_cu_moe_fused_args *a, cudaStream_t stream) {
+    if (engine_cu_moe_fused_why(a)) {
+        engine_cu_ffn_up(&a->up, stream);
+        engine_cu_ffn_down(&a->dn, stream);
+        return;
+    }
+    const int nb = a->up.k * (a->up.rows / a->slice);
+    engine_cu_launch(mf_kernel(engine_cu_x_mode(a->up.type), a->up.x_add != nullptr), dim3(nb),
+                     dim3(MF_THREADS), mf_smem(a), stream, *a);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Test entry point (cuda_backend.h)
+ * ------------------------------------------------------------------------------------------- */
+extern "C" int engine_cuda_op_moe_fused(engine_type up_type, engine_type down_type, int n_expert,
+                                        int k, bool norm_topk, int n_embd, int n_ff,
+                                        const float *router, const void *gate, const void *up,
+                                        const void *down, size_t rb_in, size_t rb_ff,
+                                        const float *norm_w, float eps, const float *x,
+                                        const float *x_add, int slice, int reps, float *y_ref,
+                                        float *y_fused, int32_t *ids, float *weights) {
+    int rc = engine_cuda_usable();
+    if (rc) return rc;
+    if (!engine_cu_type_supported(up_type) || !engine_cu_type_supported(down_type) || k < 1 ||
+        k > ENGINE_CU_MAX_EXPERT_USED || k > n_expert || n_expert > ENGINE_CU_MAX_EXPERT ||
+        n_embd < 32 || n_ff < 32 || n_embd % 32 || n_ff % 32 || reps < 1)
+        return engine_err(ENGINE_EINVAL, "moe fused: bad shape");
+    const size_t ge = (size_t)n_ff * rb_in, de = (size_t)n_embd * rb_ff;
+    const size_t fe = sizeof(float) * (size_t)n_embd;
+    const size_t sizes[12] = {sizeof(float) * (size_t)n_expert,
+                              ge * n_expert,
+                              ge * n_expert,
+                              de * n_expert,
+                              fe,
+                              fe,
+                              fe,
+                              sizeof(float) * (size_t)k * n_ff,
+                              sizeof(int32_t) * (size_t)k,
+                              sizeof(float) * (size_t)k,
+                              sizeof(float) * engine_cu_moe_fused_partial_floats(k, n_ff, n_embd),
+                              sizeof(unsigned) * engine_cu_moe_fused_counters(k, n_ff)};
+    size_t off[12], total = 0;
+    for (int i = 0; i < 12; i++) {
+        off[i] = total;
+        total += (sizes[i] + 255) & ~(size_t)255;
+    }
+    uint8_t *m = nullptr;
+    cudaError_t ce = cudaMalloc((void **)&m, total);
+    if (ce != cudaSuccess) goto fail;
+    {
+        float *dr = (float *)(m + off[0]), *dn = (float *)(m + off[4]);
+        uint8_t *dg = m + off[1], *du = m + off[2], *dd = m + off[3];
+        float *dxa = (float *)(m + off[5]), *dx = (float *)(m + off[6]);
+        float *dh = (float *)(m + off[7]), *dw = (float *)(m + off[9]);
+        int32_t *di = (int32_t *)(m + off[8]);
+        if ((ce = cudaMemset(m, 0, total)) != cudaSuccess ||
+            (ce = cudaMemcpy(dr, router, sizes[0], cudaMemcpyHostToDevice)) != cudaSuccess ||
+            (ce = cudaMemcpy(dg, gate, sizes[1], cudaMemcpyHostToDevice)) != cudaSuccess ||
+            (ce = cudaMemcpy(du, up, sizes[2], cudaMemcpyHostToDevice)) != cudaSuccess ||
+            (ce = cudaMemcpy(dd, down, sizes[3], cudaMemcpyHostToDevice)) != cudaSuccess ||
+            (ce = cudaMemcpy(dn, norm_w, fe, cudaMemcpyHostToDevice)) != cudaSuccess ||
+            (x_add && (ce = cudaMemcpy(dxa, x_add, fe, cudaMemcpyHostToDevice)) != cudaSuccess))
+            goto fail;
+        engine_cu_moe_fused_args a;
+        memset(&a, 0, sizeof a);
+        engine_cu_ffn_up_args &ua = a.up;
+        ua.router = dr;
+        ua.n_expert = n_expert;
+        ua.k = k;
+        ua.norm_topk = norm_topk;
+        ua.gate = dg;
+        ua.up = du;
+        ua.expert_bytes = ge;
+        ua.row_bytes = rb_in;
+        ua.type = (int)up_type;
+        ua.cols = n_embd;
+        ua.rows = n_ff;
+        ua.x = dx;
+        ua.norm_w = dn;
+        ua.eps = eps;
+        ua.h = dh;
+        ua.ids = di;
+        ua.weights = dw;
+        ua.x_add = x_add ? dxa : nullptr;
+        engine_cu_ffn_down_args &da = a.dn;
+        da.down = dd;
+        da.expert_bytes = de;
+        da.row_bytes = rb_ff;
+        da.type = (int)down_type;
+        da.cols = n_ff;
+        da.rows = n_embd;
+        da.k = k;
+        da.h = dh;
+        da.ids = di;
+        da.weights = dw;
+        da.y = dx;
+        da.y_add = ua.x_add;
+        a.slice = slice;
+        a.partial = (float *)(m + off[10]);
+        a.counters = (unsigned *)(m + off[11]);
+        const char *why = engine_cu_moe_fused_why(&a);
+        if (why) {
+            cudaFree(m);
+            return engine_err(ENGINE_EUNSUPPORTED, "moe fused: %s", why);
+        }
+        for (int r = 0; r <= reps; r++) { /* r 0: the unfused pair */
+            float *out = r == 0 ? y_ref : y_fused + (size_t)(r - 1) * n_embd;
+            if ((ce = cudaMemcpy(dx, x, fe, cudaMemcpyHostToDevice)) != cudaSuccess) goto fail;
+            if (r == 0) {
+                engine_cu_ffn_up(&a.up, 0);
+                engine_cu_ffn_down(&a.dn, 0);
+            } else {
+                engine_cu_moe_fused(&a, 0);
+            }
+            if ((ce = cudaDeviceSynchronize()) != cudaSuccess ||
+                (ce = cudaGetLastError()) != cudaSuccess ||
+                (ce = cudaMemcpy(out, dx, fe, cudaMemcpyDeviceToHost)) != cudaSuccess)
+                goto fail;
+        }
+        if ((ce = cudaMemcpy(ids, di, sizeof(int32_t) * k, cudaMemcpyDeviceToHost)) !=
+                cudaSuccess ||
+            (ce = cudaMemcpy(weights, dw, sizeof(float) * k, cudaMemcpyDeviceToHost)) !=
+                cudaSuccess)
+            goto fail;
+        /* the counters must be back at zero */
+        const size_t nc = engine_cu_moe_fused_counters(k, n_ff);
+        unsigned *hc = (unsigned *)calloc(nc, sizeof(unsigned));
+        if (!hc) {
+            cudaFree(m);
+            return engine_err(ENGINE_ENOMEM, "out of memory");
+        }
+        ce = cudaMemcpy(hc, a.counters, sizeof(unsigned) * nc, cudaMemcpyDeviceToHost);
+        size_t bad = nc;
+        for (size_t i = 0; ce == cudaSuccess && i < nc && bad == nc; i++)
+            if (hc[i]) bad = i;
+        free(hc);
+        if (ce != cudaSuccess) goto fail;
+        cudaFree(m);
+        if (bad != nc) return engine_err(ENGINE_EINTERNAL, "moe fused: counter %zu not reset", bad);
+        return 0;
+    }
+fail:
+    cudaFree(m);
+    cudaGetLastError();
+    return engine_err(ce == cudaErrorMemoryAllocation ? ENGINE_ENOMEM : ENGINE_EINTERNAL,
+                      "CUDA moe fused op: %s", cudaGetErrorString(ce));
+}

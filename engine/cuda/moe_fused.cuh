@@ -1,0 +1,68 @@
+/* The MoE block of a qwen3moe batch-1 decode step in ONE launch (SPARK_CUDA_MOE_FUSED; off by
+ * default): routing, gate/up + SwiGLU, down, the weighted combine and the residual add, in
+ * place of the engine_cu_ffn_up + engine_cu_ffn_down pair (moe.cuh), so that the down products
+ * need no dependent launch of their own.
+ *
+ * Blocks = (expert slot j of k, slice s of S intermediate rows), block j * (n_ff / S) + s:
+ *   1. every block routes (warp 0; with the router fusion from the scaled raw logits, as the up
+ *      kernel does) while the other warps stage x (+ x_add) normalised; block 0 stores ids and
+ *      weights; the routing warp asks L2 for the block's gate and up rows at once, and after the
+ *      staging every thread asks L2 for its rows' down bytes of the block's chunks;
+ *   2. the block's S rows of gate/up: h[j][r] = silu(g) u, as the up kernel computes them (the
+ *      same function, bit for bit), stored to h (global);
+ *   3. the down input staged as the down kernel stages h, so that the int8 values and scales are
+ *      the unfused path's bit for bit: for K-quant downs (Q8_K staging, blocks of 256 values)
+ *      the 256 / S blocks of one 256-value group of h wait for each other (a counter per group)
+ *      and each stages the group's 256 values from L2; for Q8_0 / Q4_0 (blocks of 32) and the
+ *      float types each block stages its own S values. The block's down chunks are chunks
+ *      s * S / 32 .. + S / 32 of every output row (inside its 256-group for K-quants, so a block
+ *      may take chunks whose values another block of the group computed);
+ *   4. partial[b][i] = w_j * (the block's chunks of row i of D_e . h), a thread per row, stored
+ *      to the scratch [n_blocks][n_embd];
+ *   5. a deterministic reduction (no float atomics): each block fences and counts itself in an
+ *      arrival counter; the last R to arrive (R = n_embd / 64, at most n_blocks) each wait until
+ *      all have arrived and reduce a 1/R share of the outputs over all partials in block order
+ *      (fixed: the sum never depends on timing), storing y = (y + y_add) + sum with the router
+ *      fusion, else y += sum (the unfused down kernel's adds). The last reducer to finish resets
+ *      the counters for the next launch. Results: the unfused path's up to F32 summation order of
+ *      the down sums (relative ~1e-7), bit-reproducible from launch to launch.
+ * Deadlock freedom: blocks wait for other blocks of the launch (group and reduction waits), so
+ * the launcher fuses only when the whole grid is resident at once (blocks per multiprocessor
+ * from the occupancy query x multiprocessors >= n_blocks), else it enqueues the unfused pair. A
+ * waiting block has started, hence so have all blocks by the time the next kernel in the stream
+ * can launch (programmatic dependent launch: the dependent starts once every block of this one
+ * has triggered, at its start), and kernels before it finish on their own; so every block it
+ * waits for is resident or gets a multiprocessor. All counter traffic comes after the kernel's
+ * griddepcontrol.wait, so the launch before (a previous layer's) has completed and reset them.
+ * One set of counters serves every layer (launches of a stream run one after the other).
+ * Host launchers only; no CUDA type leaves engine/cuda/. */
+#ifndef SPARK_ENGINE_CUDA_MOE_FUSED_CUH
+#define SPARK_ENGINE_CUDA_MOE_FUSED_CUH
+
+#include "moe.cuh"
+
+typedef struct {
+    /* MoE (router set); h [k][n_ff] written; x_add: the router fusion (and then dn.y_add). The
+     * stage-5/6 fields (max_bps, trigger_late, routed, stage_early) are not read. */
+    engine_cu_ffn_up_args up;
+    /* down, expert_bytes, row_bytes, type, cols (n_ff), rows (n_embd), k, y, y_add as for
+     * engine_cu_ffn_down; the rest is not read (ids, weights and h come from the up part). */
+    engine_cu_ffn_down_args dn;
+    int slice;          /* S: 32 or 64 intermediate rows per block */
+    float *partial;     /* device scratch, engine_cu_moe_fused_partial_floats floats */
+    unsigned *counters; /* device, engine_cu_moe_fused_counters entries, zero (left zero) */
+} engine_cu_moe_fused_args;
+
+/* Scratch sizes for a layer shape (the largest any slice needs). */
+size_t engine_cu_moe_fused_partial_floats(int k, int n_ff, int n_embd);
+size_t engine_cu_moe_fused_counters(int k, int n_ff);
+
+/* NULL when the launch can fuse a (types, shapes, the grid resident at once: queried once per
+ * kernel instance), else why not. */
+const char *engine_cu_moe_fused_why(const engine_cu_moe_fused_args *a);
+
+/* Enqueue the fused launch, or, when engine_cu_moe_fused_why says no, engine_cu_ffn_up and
+ * engine_cu_ffn_down with a.up / a.dn (ids, weights, h of a.up). */
+void engine_cu_moe_fused(const engine_cu_moe_fused_args *a, cudaStream_t stream);
+
+#endif
