@@ -23,6 +23,45 @@ __global__ void __launch_bounds__(FFN_WARPS * 32, 3) ffn_down_kernel(engine_cu_f
                                                  engine_cu_pdl_sync());
 }
 
+/* Tokens as a grid dimension (moe.cuh: m > 1): blockIdx.y's token, its pointers moved on, then
+ * exactly the decode kernel's block (the stage-4 path: trigger at the start, every block routes;
+ * RF the router fusion's instance). */
+template <int MODE, bool RF>
+__global__ void __launch_bounds__(FFN_WARPS * 32, 3) ffn_up_tok_kernel(engine_cu_ffn_up_args a) {
+    extern __shared__ uint4 up_smem[];
+    engine_cu_pdl_launch();
+    const size_t t = blockIdx.y;
+    a.x += t * a.x_stride;
+    if (RF) a.x_add += t * a.x_stride;
+    if (a.router) {
+        a.router += t * a.router_stride;
+        a.ids += t * a.ids_stride;
+        a.weights += t * a.ids_stride;
+    }
+    if (RF && a.rf_sh) a.rf_sh += t;
+    a.h += t * a.h_stride;
+    ffn_up_block<MODE, engine_cu_pdl_sync, false, RF>(a, blockIdx.x, gridDim.x, (uint8_t *)up_smem,
+                                                      engine_cu_pdl_sync());
+}
+
+template <int MODE, bool RF>
+__global__ void __launch_bounds__(FFN_WARPS * 32, 3)
+    ffn_down_tok_kernel(engine_cu_ffn_down_args a) {
+    extern __shared__ uint4 down_smem[];
+    engine_cu_pdl_launch();
+    const size_t t = blockIdx.y;
+    a.h += t * a.h_stride;
+    if (a.ids) {
+        a.ids += t * a.ids_stride;
+        a.weights += t * a.ids_stride;
+    }
+    a.y += t * a.y_stride;
+    if (RF) a.y_add += t * a.y_stride;
+    if (a.sh_logit) a.sh_logit += t;
+    ffn_down_block<MODE, engine_cu_pdl_sync, RF>(a, blockIdx.x, gridDim.x, (uint8_t *)down_smem,
+                                                 engine_cu_pdl_sync());
+}
+
 /* Blocks of a launch of n work items: one per item, or at most max_bps per multiprocessor. */
 static int ffn_blocks(int n, int max_bps) {
     if (max_bps <= 0) return n;
@@ -43,6 +82,19 @@ void engine_cu_ffn_up(const engine_cu_ffn_up_args *a, cudaStream_t stream) {
     const dim3 grid(ffn_blocks(n_items, a->max_bps));
     const int mode = engine_cu_x_mode(a->type);
     const bool s6 = a->routed || a->stage_early;
+    if (a->m > 1) { /* tokens as a grid dimension (the stage-4 block code) */
+        const dim3 tg(grid.x, (unsigned)a->m);
+        const bool rf = a->x_add != nullptr;
+        engine_cu_launch(
+            mode == ENGINE_CU_X_Q8_K   ? (rf ? ffn_up_tok_kernel<ENGINE_CU_X_Q8_K, true>
+                                             : ffn_up_tok_kernel<ENGINE_CU_X_Q8_K, false>)
+            : mode == ENGINE_CU_X_Q8_0 ? (rf ? ffn_up_tok_kernel<ENGINE_CU_X_Q8_0, true>
+                                             : ffn_up_tok_kernel<ENGINE_CU_X_Q8_0, false>)
+            : rf                       ? ffn_up_tok_kernel<ENGINE_CU_X_F32, true>
+                                       : ffn_up_tok_kernel<ENGINE_CU_X_F32, false>,
+            tg, dim3(FFN_WARPS * 32), engine_cu_ffn_up_smem(a->type, a->cols), stream, *a);
+        return;
+    }
     if (a->x_add) { /* router fusion (not with the stage-6 paths) */
         engine_cu_launch(mode == ENGINE_CU_X_Q8_K   ? ffn_up_kernel<ENGINE_CU_X_Q8_K, false, true>
                          : mode == ENGINE_CU_X_Q8_0 ? ffn_up_kernel<ENGINE_CU_X_Q8_0, false, true>
@@ -64,15 +116,27 @@ void engine_cu_ffn_up(const engine_cu_ffn_up_args *a, cudaStream_t stream) {
 void engine_cu_ffn_down(const engine_cu_ffn_down_args *a, cudaStream_t stream) {
     const int mode = engine_cu_x_mode(a->type);
     const bool rf = a->y_add != nullptr;
+    const unsigned gx = (unsigned)ffn_blocks((a->rows + FFN_WARPS - 1) / FFN_WARPS, a->max_bps);
+    if (a->m > 1) { /* tokens as a grid dimension */
+        engine_cu_launch(
+            mode == ENGINE_CU_X_Q8_K   ? (rf ? ffn_down_tok_kernel<ENGINE_CU_X_Q8_K, true>
+                                             : ffn_down_tok_kernel<ENGINE_CU_X_Q8_K, false>)
+            : mode == ENGINE_CU_X_Q8_0 ? (rf ? ffn_down_tok_kernel<ENGINE_CU_X_Q8_0, true>
+                                             : ffn_down_tok_kernel<ENGINE_CU_X_Q8_0, false>)
+            : rf                       ? ffn_down_tok_kernel<ENGINE_CU_X_F32, true>
+                                       : ffn_down_tok_kernel<ENGINE_CU_X_F32, false>,
+            dim3(gx, (unsigned)a->m), dim3(FFN_WARPS * 32),
+            engine_cu_ffn_down_smem(a->type, a->k, a->cols), stream, *a);
+        return;
+    }
     engine_cu_launch(mode == ENGINE_CU_X_Q8_K   ? (rf ? ffn_down_kernel<ENGINE_CU_X_Q8_K, true>
                                                       : ffn_down_kernel<ENGINE_CU_X_Q8_K>)
                      : mode == ENGINE_CU_X_Q8_0 ? (rf ? ffn_down_kernel<ENGINE_CU_X_Q8_0, true>
                                                       : ffn_down_kernel<ENGINE_CU_X_Q8_0>)
                      : rf                       ? ffn_down_kernel<ENGINE_CU_X_F32, true>
                                                 : ffn_down_kernel<ENGINE_CU_X_F32>,
-                     dim3(ffn_blocks((a->rows + FFN_WARPS - 1) / FFN_WARPS, a->max_bps)),
-                     dim3(FFN_WARPS * 32), engine_cu_ffn_down_smem(a->type, a->k, a->cols), stream,
-                     *a);
+                     dim3(gx), dim3(FFN_WARPS * 32),
+                     engine_cu_ffn_down_smem(a->type, a->k, a->cols), stream, *a);
 }
 
 engine_cu_phase engine_cu_ffn_up_phase(const engine_cu_ffn_up_args *a) {

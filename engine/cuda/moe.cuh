@@ -59,6 +59,13 @@ typedef struct {
     /* With x_add and a router: rf_sh != NULL: router[n_expert] is one more raw logit (qwen35's
      * shared-expert gate), which block 0 stores scaled into *rf_sh for the down kernel. */
     float *rf_sh;
+    /* Tokens as a grid dimension (the MTP verify pass, q35_mtp_host.cuh): m > 1: blockIdx.y = t
+     * of m, and token t's blocks run this launch's decode block code on x + t x_stride, x_add +
+     * t x_stride, router + t router_stride, rf_sh + t, h + t h_stride, ids and weights + t
+     * ids_stride (each token bit for bit a decode launch of its own); m <= 1: one token, the
+     * decode kernels (strides unused). Not with the stage-5/6 fields. */
+    int m;
+    size_t x_stride, router_stride, h_stride, ids_stride;
 } engine_cu_ffn_up_args;
 
 typedef struct {
@@ -95,6 +102,11 @@ typedef struct {
     /* Router fusion: y_add != NULL: y[r] = (y[r] + y_add[r]) + sum (the residual add the fused
      * wo launch left out, in the order the unfused path rounds it); NULL: y[r] += sum. */
     const float *y_add;
+    /* Tokens as a grid dimension (as engine_cu_ffn_up_args.m): m > 1: token t's blocks
+     * (blockIdx.y) take h + t h_stride, ids and weights + t ids_stride, y and y_add + t
+     * y_stride, sh_logit + t; m <= 1: the decode kernels. Not with the stage-5/6 fields. */
+    int m;
+    size_t h_stride, ids_stride, y_stride;
 } engine_cu_ffn_down_args;
 
 void engine_cu_ffn_up(const engine_cu_ffn_up_args *a, cudaStream_t stream);

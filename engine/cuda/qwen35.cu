@@ -1015,29 +1015,37 @@ static engine_cu_ffn_up_args q35_up_args(const q35_dims *d, const q35_cl *ly, fl
     return up;
 }
 
-/* Router fusion: the block's output projection of s->att into s->ao (not into x) and, in the
- * same launch, the raw router and shared-gate logits of x + ao into router[0..X]
- * (router_fuse.cuh). */
-static void q35_rf_out(engine_cuda_q35_session *s, const q35_cl *ly, cudaStream_t st) {
+/* The router fusion's launch arguments for block ly (a main block: the MTP block has no
+ * [R | M]): the output projection of att into ao (not into x) and, in the same launch, the raw
+ * router and shared-gate logits of x + ao into raw[0..X] (router_fuse.cuh). */
+static engine_cu_rf_args q35_rf_args(const engine_cuda_q35_session *s, const q35_cl *ly,
+                                     const float *x, const float *att, float *ao, float *raw) {
     const engine_cuda_q35_model *cm = s->cm;
     const q35_dims *d = &cm->d;
     const q35_w *wo = q35_out_w(ly);
     const int l = (int)(ly - cm->layers);
     engine_cu_rf_args a;
     memset(&a, 0, sizeof a);
-    a.wo.m[0] = q35_mat(wo, s->ao, 0);
+    a.wo.m[0] = q35_mat(wo, ao, 0);
     a.wo.n_mat = 1;
     a.wo.cols = wo->cols;
-    a.wo.x = s->att;
+    a.wo.x = att;
     a.rm.m[0].w = (const uint8_t *)(cm->rf_mem + cm->rf_off[l]);
     a.rm.m[0].row_bytes = sizeof(float) * (size_t)(d->E + wo->cols);
     a.rm.m[0].type = ENGINE_TYPE_F32;
     a.rm.m[0].rows = d->X + 1;
-    a.rm.m[0].y = s->router;
+    a.rm.m[0].y = raw;
     a.rm.n_mat = 1;
     a.rm.cols = d->E + wo->cols;
-    a.x = s->x;
+    a.x = x;
     a.n_embd = d->E;
+    return a;
+}
+
+/* Router fusion in the decode step: s->att's projection into s->ao, the raw logits into
+ * s->router. */
+static void q35_rf_out(engine_cuda_q35_session *s, const q35_cl *ly, cudaStream_t st) {
+    const engine_cu_rf_args a = q35_rf_args(s, ly, s->x, s->att, s->ao, s->router);
     engine_cu_rf_wo(&a, st);
 }
 

@@ -99,10 +99,43 @@ __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 3)
                           engine_cu_pdl_sync());
 }
 
+/* rf_wo_kernel for blockIdx.y's token (router_fuse.cuh: m > 1): its pointers moved on, then the
+ * same blocks. */
+template <int MODE, int R, int RB>
+__global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 3)
+    rf_wo_tok_kernel(engine_cu_rf_args a, int n_groups) {
+    extern __shared__ uint4 rf_smem[];
+    engine_cu_pdl_launch();
+    const size_t t = blockIdx.y;
+    a.x += t * a.x_stride;
+    a.wo.x += t * a.att_stride;
+    a.wo.m[0].y += t * a.ao_stride;
+    a.rm.m[0].y += t * a.raw_stride;
+    const int n_rb = (a.rm.m[0].rows + RB - 1) / RB;
+    if ((int)blockIdx.x < n_rb)
+        rf_router_block<MODE, RB>(a, blockIdx.x, (uint8_t *)rf_smem);
+    else
+        mv_block<MODE, R>(a.wo, n_groups, blockIdx.x - n_rb, gridDim.x - n_rb, (uint8_t *)rf_smem,
+                          engine_cu_pdl_sync());
+}
+
 template <int MODE, int RB>
 static void rf_launch_rb(const engine_cu_rf_args *a, const engine_cu_mv_plan &p, size_t smem,
                          cudaStream_t stream) {
     const dim3 grid((a->rm.m[0].rows + RB - 1) / RB + p.blocks), block(ENGINE_CU_MV_WARPS * 32);
+    if (a->m > 1) { /* tokens as a grid dimension */
+        const dim3 tg(grid.x, (unsigned)a->m);
+        if (p.r == 0)
+            engine_cu_launch(rf_wo_tok_kernel<MODE, 0, RB>, tg, block, smem, stream, *a,
+                             p.n_groups);
+        else if (p.r == 1)
+            engine_cu_launch(rf_wo_tok_kernel<MODE, 1, RB>, tg, block, smem, stream, *a,
+                             p.n_groups);
+        else
+            engine_cu_launch(rf_wo_tok_kernel<MODE, 2, RB>, tg, block, smem, stream, *a,
+                             p.n_groups);
+        return;
+    }
     if (p.r == 0)
         engine_cu_launch(rf_wo_kernel<MODE, 0, RB>, grid, block, smem, stream, *a, p.n_groups);
     else if (p.r == 1)

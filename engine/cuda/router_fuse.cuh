@@ -43,6 +43,12 @@ typedef struct {
      * faster in sessions: GPU call 3); else two only when one per block would not fit one
      * wave */
     int rows_per_block;
+    /* Tokens as a grid dimension (the MTP verify pass): m > 1: blockIdx.y = t of m, and token
+     * t's blocks are the decode launch's blocks (the same rows per router block, the same wo
+     * plan) on x + t x_stride, wo.x + t att_stride, wo.m[0].y + t ao_stride and rm.m[0].y +
+     * t raw_stride: bit for bit m decode launches. m <= 1: the decode launch. */
+    int m;
+    size_t x_stride, att_stride, ao_stride, raw_stride;
 } engine_cu_rf_args;
 
 /* Dynamic shared memory of a router block: the F32 vector [x ; â] and, for quantised Wo, â's

@@ -234,10 +234,12 @@ static void run_trace(const char *preset, const char *type, uint32_t n_layer, in
     float *out = malloc(sizeof(float) * nv), *srt = malloc(sizeof(float) * ne);
     int *n_diff = calloc((size_t)nl, sizeof(int));
     double *worst = calloc((size_t)nl, sizeof(double));
+    int *n_big = calloc((size_t)nl, sizeof(int)); /* steps with an error past 1e-5 */
     int32_t tok = 11;
     int first_step = -1, first_layer = -1, fused = 0, fused_u = 1;
     double first_gap = 0, first_err = 0;
-    if (!gf || !gu || !idf || !idu || !lf || !lu || !out || !srt || !n_diff || !worst) goto out;
+    if (!gf || !gu || !idf || !idu || !lf || !lu || !out || !srt || !n_diff || !worst || !n_big)
+        goto out;
     for (int i = 0; i < n_steps; i++) {
         if (engine_cuda_route_trace(gf, tok, i, idf, lf, out, &fused) != 0 ||
             engine_cuda_route_trace(gu, tok, i, idu, lu, NULL, &fused_u) != 0) {
@@ -261,13 +263,26 @@ static void run_trace(const char *preset, const char *type, uint32_t n_layer, in
             n_diff[l] += differ;
             if (first_step >= 0) continue; /* the histories have parted */
             if (err > worst[l]) worst[l] = err;
-            /* First GPU run (session 5's closing call, b19cda6): every layer within 7.1e-7 of
-             * max |l| except the LAST layer of the quantised models (tiny q4_k_m 8.5e-4, the
-             * 2-block 30B cut 1.2e-4; tiny f32 6.9e-7), with no expert set differing in any
-             * traced step. The cause of the last layer's larger error is not found yet (that
-             * layer alone holds Q6_K attn_v and ffn_down_exps in the mix); the bound is set
-             * above it so that a regression beyond it still fails, and the near-tie check
-             * below stays strict. */
+            /* First GPU run (session 5's closing call, b19cda6): every layer within 7.1e-7 of max
+             * |l| except the LAST layer of the quantised models (tiny q4_k_m 8.5e-4, the 2-block
+             * 30B cut 1.2e-4; tiny f32 6.9e-7), with no expert set differing in any traced step.
+             * Explained from the code (the counts printed below are to confirm it on a GPU; not a
+             * bug of the fused launch): the two sessions' inputs are not the same past layer 0. The
+             * fused routing weights differ from the unfused ones by F32 rounding, so from layer 0's
+             * MoE on the residual x differs in its last bits; a quantised model stages its
+             * activations in 8 bits (x for qkv and up, the attention output for wo, h for down:
+             * qdot.cuh), and a value that close to a rounding boundary rounds to the neighbouring
+             * step in one session only. One such step moves that layer's and every later layer's
+             * inputs by ~1/127 of a block's largest value: far above rounding, and the layers after
+             * the most stagings (the last) are the likeliest to be hit; an F32 model has no 8-bit
+             * staging (6.9e-7 in every layer), and layer 0 never sees a difference (its x is the
+             * embedding, its KV rows the same). The fused arithmetic from identical inputs is
+             * checked by run_case above (s * raw against the unfused logits: rounding level for
+             * Q4_K, Q6_K, Q8_0 and F16 wo). The per-layer count of steps past 1e-5 is printed below
+             * to show it (a flip's step raises that layer from then on, the earlier layers stay at
+             * rounding level). The bound is set above the measured error so that a regression
+             * beyond it still fails, and the near-tie check below stays strict. */
+            if (err > 1e-5) n_big[l]++;
             CHECK(err <= 2e-3, "%s %s step %d layer %d: router logits off by %.3g of max |l|",
                   preset, type, i, l, err);
             if (differ) {
@@ -292,6 +307,9 @@ static void run_trace(const char *preset, const char *type, uint32_t n_layer, in
     printf("\n  max relative router-logit error while the histories agree (per layer):");
     for (int l = 0; l < nl; l++)
         printf(" %.1e", worst[l]);
+    printf("\n  steps with an error past 1e-5 while the histories agree (per layer):");
+    for (int l = 0; l < nl; l++)
+        printf(" %d", n_big[l]);
     if (first_step >= 0)
         printf("\n  first difference: step %d layer %d, unfused k-th/k+1-th gap %.2e of max |l|, "
                "logit error there %.2e\n",
@@ -307,6 +325,7 @@ out:
     free(srt);
     free(n_diff);
     free(worst);
+    free(n_big);
     engine_cuda_session_free(gf);
     engine_cuda_session_free(gu);
     engine_cuda_model_free(gm);
