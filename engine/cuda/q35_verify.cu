@@ -163,8 +163,8 @@ __device__ __forceinline__ void vmv_rows(const uint8_t *row0, size_t stride, int
 /* R == 0 (split-K, one matrix of few rows): a group is one row, warp w taking chunks 32 w +
  * lane step 256 (matvec.cu's split-K); else a group is 8 R rows, warp w computing rows w,
  * w + 8 (R = 2) with lanes taking chunks lane step 32. */
-template <int MODE, int R>
-__global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 2)
+template <int MODE, int R, int MINB = 2>
+__global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, MINB)
     vmv_kernel(engine_cu_vmv a, int n_groups) {
     extern __shared__ uint4 vmv_smem[];
     __shared__ float part[ENGINE_CU_VMAX][ENGINE_CU_MV_WARPS];
@@ -298,12 +298,14 @@ template <int MODE> static void vmv_launch_mode(const engine_cu_vmv *a0, cudaStr
         engine_cu_launch(vmv_kernel<MODE, 1>, dim3(g1, ny), dim3(threads), smem, st, *a, g1);
         return;
     }
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per2, vmv_kernel<MODE, 2>, threads,
-                                                      smem) != cudaSuccess ||
+    /* dense (the heads, SPARK_CUDA_MTP_FUSED=h3): registers for 3 blocks per SM, as the decode
+     * matvec's */
+    auto k2 = a->dense ? vmv_kernel<MODE, 2, 3> : vmv_kernel<MODE, 2>;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per2, k2, threads, smem) != cudaSuccess ||
         per2 < 1)
         per2 = 1;
     const int blocks = a->mv.n_mat == 1 && g2 > sms * per2 ? sms * per2 : g2;
-    engine_cu_launch(vmv_kernel<MODE, 2>, dim3(blocks), dim3(threads), smem, st, *a, g2);
+    engine_cu_launch(k2, dim3(blocks), dim3(threads), smem, st, *a, g2);
 }
 
 /* a's matrices by staging mode (part[mode], n_mat 0 where none). */
