@@ -56,6 +56,11 @@ struct q35_spec {
     unsigned diag_draft;   /* SPARK_CUDA_MTP_DIAG_DRAFT: Q35M_DIAG_* ops draft steps leave out */
     float *vssq;           /* [VMAX][nv][dv / 32]: the fused DeltaNet step's sums of squares */
     float *vpart;          /* [VMAX][nh][runners][hd + 2]: the fused attention's partials */
+    /* SPARK_CUDA_MTP_MOE=dec: the MoE of the m tokens on the decode kernels, the tokens as a
+     * grid dimension (moe.cuh m); the session's router fusion (s->rf) always takes them for
+     * the main blocks */
+    bool moe_dec;
+    float *ao; /* [VMAX][E]: the router fusion's output projections (q35m_rf_out) */
 };
 
 #define Q35M_FUSED_DELTA 1u /* one DeltaNet launch for the m tokens (q35_vdelta.cu) */
@@ -126,6 +131,17 @@ static unsigned q35m_fused_env(void) {
         p += n + (p[n] == ',');
     }
     return f;
+}
+
+/* SPARK_CUDA_MTP_MOE (read when a session first turns MTP on): "dec": the verify pass's MoE
+ * (up, shared up, down) runs the decode step's kernels with the m tokens as a grid dimension
+ * (q35m_moe_dec: each token's blocks are a decode launch's, bit for bit by construction, the
+ * tokens in parallel); unset, empty, "0" or anything else: the verify kernels (q35_verify.cu:
+ * each block serves the m tokens serially). With the router fusion on (SPARK_CUDA_Q35_ROUTER_FUSE)
+ * the main blocks take the decode kernels either way (their RF mode). */
+static bool q35m_moe_env(void) {
+    const char *e = getenv("SPARK_CUDA_MTP_MOE");
+    return e && !strcmp(e, "dec");
 }
 
 /* Appends of at least this many tokens (without per-token logits) go through the session's
@@ -347,7 +363,9 @@ extern "C" int engine_cuda_q35_mtp_enable(engine_cuda_q35_session *s, bool *was_
         sp->k = (float *)q35m_alloc(sp, f * V * kvd, &rc);
         sp->v = (float *)q35m_alloc(sp, f * V * kvd, &rc);
         sp->att = (float *)q35m_alloc(sp, f * V * sp->satt, &rc);
-        sp->router = (float *)q35m_alloc(sp, f * V * d->X, &rc);
+        /* + 1 a token: the router fusion's raw shared-gate logit */
+        sp->router = (float *)q35m_alloc(sp, f * V * (d->X + 1), &rc);
+        sp->ao = (float *)q35m_alloc(sp, f * V * E, &rc);
         sp->shl = (float *)q35m_alloc(sp, f * V, &rc);
         sp->h = (float *)q35m_alloc(sp, f * V * sp->sh, &rc);
         sp->wts = (float *)q35m_alloc(sp, f * V * sp->sw, &rc);
@@ -361,6 +379,7 @@ extern "C" int engine_cuda_q35_mtp_enable(engine_cuda_q35_session *s, bool *was_
         sp->ctl = (engine_cu_spec_ctl *)q35m_alloc(sp, sizeof(engine_cu_spec_ctl), &rc);
         sp->fused = q35m_fused_env();
         sp->pf_min = q35m_pf_min_env();
+        sp->moe_dec = q35m_moe_env();
         {
             const char *e = getenv("SPARK_CUDA_MTP_DIAG_SKIP");
             sp->diag = e ? (unsigned)strtoul(e, NULL, 0) : 0u;
@@ -382,10 +401,11 @@ extern "C" int engine_cuda_q35_mtp_enable(engine_cuda_q35_session *s, bool *was_
         *was_off = true;
         engine_log(ENGINE_LOG_INFO,
                    "cuda: MTP on (qwen35moe): block KV %.1f MiB, per-token states of a verify "
-                   "pass %.1f MiB, fused parts 0x%x, prompts of >= %d tokens through the "
-                   "prefill (0: none), diagnosis skip 0x%x",
+                   "pass %.1f MiB, fused parts 0x%x, MoE on the %s kernels, router fusion %s, "
+                   "prompts of >= %d tokens through the prefill (0: none), diagnosis skip 0x%x",
                    2.0 * (double)((size_t)s->n_ctx * kvd * elt) / 1048576.0,
-                   (double)(f * V * s->snap_stride) / 1048576.0, sp->fused, sp->pf_min, sp->diag);
+                   (double)(f * V * s->snap_stride) / 1048576.0, sp->fused,
+                   sp->moe_dec ? "decode" : "verify", s->rf ? "on" : "off", sp->pf_min, sp->diag);
     }
 done:
     if (rc) q35m_free(s);
@@ -443,6 +463,28 @@ static void q35m_vhead(const q35_spec *sp, engine_cu_vmv *v, cudaStream_t st) {
         v->dense = (sp->fused & Q35M_FUSED_H3) ? 1 : 0;
         q35m_vmatvec(sp, v, st);
     }
+}
+
+/* Whether the verify pass runs block ly with the router fusion: the session's rf (the decode
+ * step's), main blocks only (the MTP block, layers[n_layer], has no [R | M]: it stays unfused
+ * in the verify feed and the drafts alike). */
+static bool q35m_rf(const engine_cuda_q35_session *s, const q35_cl *ly) {
+    return s->rf && ly - s->cm->layers < s->cm->d.n_layer;
+}
+
+/* Router fusion for the m tokens of a verify pass: the decode step's launch (q35_rf_out) with
+ * the tokens as a grid dimension: token t's att row projected into its ao row (X keeps the
+ * residual), its raw router and shared-gate logits of X_t + ao_t into router + t (X + 1). */
+static void q35m_rf_out(engine_cuda_q35_session *s, const q35_cl *ly, int m) {
+    const q35_dims *d = &s->cm->d;
+    q35_spec *sp = s->spec;
+    engine_cu_rf_args a = q35_rf_args(s, ly, sp->X, sp->att, sp->ao, sp->router);
+    a.m = m;
+    a.x_stride = (size_t)d->E;
+    a.att_stride = sp->satt;
+    a.ao_stride = (size_t)d->E;
+    a.raw_stride = (size_t)d->X + 1;
+    engine_cu_rf_wo(&a, s->stream);
 }
 
 static void q35m_deltanet(engine_cuda_q35_session *s, const q35_cl *ly, float eps,
@@ -515,6 +557,10 @@ static void q35m_deltanet(engine_cuda_q35_session *s, const q35_cl *ly, float ep
         }
         engine_cu_deltanet_step(&a, st);
     }
+    if (q35m_rf(s, ly)) { /* out_proj into ao + the raw router logits, per token */
+        if (q35m_run(sp, Q35M_DIAG_DN_OUT)) q35m_rf_out(s, ly, ps->m);
+        return;
+    }
     engine_cu_vmv o = q35m_vmv(sp->att, sp->satt, d->di, NULL, 0.0f, ps->m);
     q35m_add(&o, &ly->wout, sp->X, E, 1);
     if (q35m_run(sp, Q35M_DIAG_DN_OUT)) q35m_vmatvec(sp, &o, st);
@@ -563,6 +609,10 @@ static void q35m_attention(engine_cuda_q35_session *s, const q35_cl *ly, float e
         if ((sp->fused & Q35M_FUSED_AEARLY) && s->att_early && a.short_n > 0)
             a.short_n |= ENGINE_CU_GATT_EARLY;
         engine_cu_gatt_run(&a, st);
+    }
+    if (q35m_rf(s, ly)) { /* o_proj into ao + the raw router logits, per token */
+        if (q35m_run(sp, Q35M_DIAG_AT_O)) q35m_rf_out(s, ly, ps->m);
+        return;
     }
     engine_cu_vmv o = q35m_vmv(sp->att, sp->satt, d->nh * d->hd, NULL, 0.0f, ps->m);
     q35m_add(&o, &ly->wo, sp->X, E, 1);
@@ -646,15 +696,70 @@ static bool q35m_moe_all(engine_cuda_q35_session *s, const q35_cl *ly, float eps
     return true;
 }
 
+/* The MoE of the m tokens on the decode step's kernels (q35_moe's launches) with the tokens as a
+ * grid dimension (SPARK_CUDA_MTP_MOE=dec, and every main block with the router fusion): token
+ * t's blocks run the decode blocks on its rows (X, router, shl, h, ids / wts, ao), so each
+ * token's MoE is the decode step's bit for bit, the tokens in parallel. rf: the router fusion's
+ * mode (the FFN input X + ao, the raw logits scaled in the routing, the shared gate's into shl,
+ * the down launch adding ao), as q35_moe with s->rf. */
+static void q35m_moe_dec(engine_cuda_q35_session *s, const q35_cl *ly, float eps, int m, bool rf) {
+    const q35_dims *d = &s->cm->d;
+    q35_spec *sp = s->spec;
+    cudaStream_t st = s->stream;
+    const size_t E = (size_t)d->E;
+    engine_cu_ffn_up_args up, sh;
+    engine_cu_ffn_down_args dn, dsh;
+    q35m_ffn_args(s, ly, eps, &up, &sh, &dn, &dsh);
+    up.m = sh.m = m;
+    up.x_stride = sh.x_stride = E;
+    up.router_stride = rf ? (size_t)d->X + 1 : (size_t)d->X;
+    up.h_stride = sh.h_stride = sp->sh;
+    up.ids_stride = sp->sw;
+    if (rf) {
+        up.x_add = sh.x_add = sp->ao;
+        up.rf_sh = sp->shl;
+    }
+    if (q35m_run(sp, Q35M_DIAG_UP)) {
+        engine_cu_ffn_up(&up, st);
+        engine_cu_ffn_up(&sh, st);
+    }
+    if (!q35m_run(sp, Q35M_DIAG_DOWN)) return;
+    dn.m = dsh.m = m;
+    dn.h_stride = dsh.h_stride = sp->sh;
+    dn.ids_stride = sp->sw;
+    dn.y_stride = dsh.y_stride = E;
+    dn.y_add = rf ? sp->ao : NULL; /* the first down launch adds the mixer's output */
+    if (ly->down_merged) { /* slot k: the shared expert, stored as expert X */
+        dn.sh_logit = sp->shl;
+        dn.sh_id = d->X;
+    }
+    engine_cu_ffn_down(&dn, st);
+    if (!ly->down_merged) {
+        dsh.ids = NULL;
+        dsh.weights = NULL;
+        dsh.sh_logit = sp->shl;
+        dsh.sh_id = 0;
+        engine_cu_ffn_down(&dsh, st);
+    }
+}
+
 static void q35m_moe(engine_cuda_q35_session *s, const q35_cl *ly, float eps, int m) {
     const q35_dims *d = &s->cm->d;
     q35_spec *sp = s->spec;
     cudaStream_t st = s->stream;
     const size_t E = (size_t)d->E;
+    if (q35m_rf(s, ly)) { /* the logits came with the output projection (q35m_rf_out) */
+        q35m_moe_dec(s, ly, eps, m, true);
+        return;
+    }
     engine_cu_vmv r = q35m_vmv(sp->X, E, d->E, ly->post_norm, eps, m);
     q35m_add(&r, &ly->router, sp->router, (size_t)d->X, 0);
     q35m_add(&r, &ly->shg, sp->shl, 1, 0);
     if (q35m_run(sp, Q35M_DIAG_ROUTER)) q35m_vmatvec(sp, &r, st);
+    if (sp->moe_dec) {
+        q35m_moe_dec(s, ly, eps, m, false);
+        return;
+    }
     if (q35m_moe_all(s, ly, eps, m)) return;
     engine_cu_ffn_up_args up, sh;
     engine_cu_ffn_down_args dn, dsh;

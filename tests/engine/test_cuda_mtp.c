@@ -66,6 +66,17 @@
  *              rounding, as test_cuda_q35_prefill's rollback bound says); engine_generate
  *              (check_api, below) runs with SPARK_CUDA_MTP_PREFILL=1 (the default threshold),
  *              its plain reference through the same prefill
+ *   dec / rf   the verify check (with rollback and fast loop) again with SPARK_CUDA_MTP_MOE=dec
+ *              (the verify pass's MoE on the decode step's kernels, the tokens as a grid
+ *              dimension) and with SPARK_CUDA_Q35_ROUTER_FUSE=1 and =0 (read at session
+ *              creation: the plain decode step and the verify pass both with the router and
+ *              shared-gate logits in the output projection's launch, tokens as a grid dimension;
+ *              the MTP block unfused), FUSED 0 and 1: bit for bit as above (each token's MoE and
+ *              fused launch are the decode step's blocks); that the fusion is on at all: a
+ *              =1 session's decode logits differ from a =0 session's somewhere in 16 steps (F32
+ *              rounding of the router logits) and keep cosine >= 0.99 (f32) / 0.9 (a near
+ *              tie may swap two experts; test_cuda_qwen35 bounds the fused model);
+ *              engine_generate (check_api) once more with =1
  * Exits 77 (skip) with the reason when no GPU is usable or the build has no CUDA backend. */
 #include <math.h>
 #include <stdio.h>
@@ -134,6 +145,59 @@ static int enable_with(engine_cuda_q35_session *s, const char *fused, bool *was)
     else
         unsetenv("SPARK_CUDA_MTP_FUSED");
     return rc;
+}
+
+/* name = value (NULL: unset) for what follows; returns the previous value (malloc'd, or NULL)
+ * for env_restore. */
+static char *env_set(const char *name, const char *value) {
+    const char *e = getenv(name);
+    char *old = e ? strdup(e) : NULL;
+    if (value)
+        setenv(name, value, 1);
+    else
+        unsetenv(name);
+    return old;
+}
+
+static void env_restore(const char *name, char *old) {
+    if (old)
+        setenv(name, old, 1);
+    else
+        unsetenv(name);
+    free(old);
+}
+
+/* SPARK_CUDA_Q35_ROUTER_FUSE=1 takes effect: plain decode sessions with =1 and =0 on the same
+ * tokens give logits that differ (the fused router logits round differently) but agree
+ * closely. */
+static void check_rf_on(engine_model *m, engine_cuda_q35_model *gm, const char *type) {
+    const int32_t nv = engine_model_n_vocab(m);
+    engine_cuda_q35_session *s[2] = {NULL, NULL};
+    float *l[2] = {malloc(sizeof(float) * nv), malloc(sizeof(float) * nv)};
+    for (int f = 0; f < 2; f++) {
+        char *old = env_set("SPARK_CUDA_Q35_ROUTER_FUSE", f ? "1" : "0");
+        CHECK(engine_cuda_q35_session_new(&s[f], gm, N_CTX, ENGINE_KV_F32) == 0, "session");
+        env_restore("SPARK_CUDA_Q35_ROUTER_FUSE", old);
+    }
+    double worst = 0, cmin = 1;
+    for (int i = 0; s[0] && s[1] && l[0] && l[1] && i < 16; i++) {
+        const int32_t tok = (int32_t)((i * 7919 + 13) % nv);
+        for (int f = 0; f < 2; f++)
+            CHECK(engine_cuda_q35_decode(s[f], tok, i, l[f], NULL) == 0, "decode %d", i);
+        const support_logit_row r = support_logit_compare(l[0], l[1], nv);
+        worst = fmax(worst, r.max_diff);
+        cmin = fmin(cmin, r.cosine);
+    }
+    printf("%-6s router fusion on vs off, 16 decode steps: max |diff| %.3g, min cosine %.6f\n",
+           type, worst, cmin);
+    CHECK(worst > 0, "%s: SPARK_CUDA_Q35_ROUTER_FUSE=1 gives the logits of =0 bit for bit: is "
+          "the fusion on?", type);
+    CHECK(cmin >= (!strcmp(type, "f32") ? 0.99 : 0.9), "%s: router fusion cosine %.6f", type,
+          cmin);
+    for (int f = 0; f < 2; f++) {
+        engine_cuda_q35_session_free(s[f]);
+        free(l[f]);
+    }
 }
 
 /* SPARK_CUDA_MTP_PREFILL = value for what follows (read when a session turns MTP on); returns
@@ -684,6 +748,21 @@ static void run_model(const char *type) {
             for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
                 check_direct(m, gm, type, parts[i]);
         }
+        /* the MoE on the decode kernels, the router fusion on and off (whatever the
+         * defaults): {ROUTER_FUSE, MTP_MOE, FUSED} */
+        check_rf_on(m, gm, type);
+        static const char *const runs[][3] = {{"0", "dec", "0"}, {"0", "dec", "1"},
+                                              {"1", NULL, "0"},  {"1", NULL, "1"},
+                                              {"1", "dec", "0"}, {"0", NULL, "0"}};
+        for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+            char label[24];
+            snprintf(label, sizeof label, "%s rf%s%s", type, runs[i][0], runs[i][1] ? " dec" : "");
+            char *rf = env_set("SPARK_CUDA_Q35_ROUTER_FUSE", runs[i][0]);
+            char *md = env_set("SPARK_CUDA_MTP_MOE", runs[i][1]);
+            check_direct(m, gm, label, runs[i][2]);
+            env_restore("SPARK_CUDA_MTP_MOE", md);
+            env_restore("SPARK_CUDA_Q35_ROUTER_FUSE", rf);
+        }
         check_draft(m, gm, type);
         check_feed(m, gm, type);
         check_prefill(m, gm, type);
@@ -691,6 +770,12 @@ static void run_model(const char *type) {
     engine_cuda_q35_model_free(gm);
     engine_model_free(m);
     if (!only_feed()) check_api(path, type);
+    if (!only_feed()) { /* engine_generate with the router fusion on */
+        char label[24], *rf = env_set("SPARK_CUDA_Q35_ROUTER_FUSE", "1");
+        snprintf(label, sizeof label, "%s rf1", type);
+        check_api(path, label);
+        env_restore("SPARK_CUDA_Q35_ROUTER_FUSE", rf);
+    }
     unlink(path);
 }
 
