@@ -128,23 +128,28 @@ static __device__ void route_block(const float *logits, int n, int k, int norm_t
     __syncthreads();
 }
 
-/* gate and up of rows r and r + FFN_WARPS of one expert against the staged x, in one loop (the
- * four rows' loads in flight together): h = silu(g) * u for each. */
-template <int T>
+/* gate and up of rows r + i FFN_WARPS (i < NR: rows r and r + FFN_WARPS by default) of one
+ * expert against the staged x, in one loop (the 2 NR rows' loads in flight together): h =
+ * silu(g) * u for each into h[NR]. stride: the bytes from one of the rows to the next. */
+template <int T, int NR = 2>
 __device__ __forceinline__ void up_rows(const uint8_t *g, const uint8_t *u, size_t stride,
-                                        int n_chunks, const engine_cu_xv &xv, float h[2]) {
-    float ag0 = 0.0f, au0 = 0.0f, ag1 = 0.0f, au1 = 0.0f;
+                                        int n_chunks, const engine_cu_xv &xv, float *h) {
+    float ag[NR], au[NR];
+#pragma unroll
+    for (int i = 0; i < NR; i++)
+        ag[i] = au[i] = 0.0f;
     for (int c = threadIdx.x & 31; c < n_chunks; c += 32) {
-        ag0 += engine_cu_dot_chunk<T>(g, c, xv);
-        au0 += engine_cu_dot_chunk<T>(u, c, xv);
-        ag1 += engine_cu_dot_chunk<T>(g + stride, c, xv);
-        au1 += engine_cu_dot_chunk<T>(u + stride, c, xv);
+#pragma unroll
+        for (int i = 0; i < NR; i++) {
+            ag[i] += engine_cu_dot_chunk<T>(g + i * stride, c, xv);
+            au[i] += engine_cu_dot_chunk<T>(u + i * stride, c, xv);
+        }
     }
-    float gs = engine_cu_warp_sum(ag0), us = engine_cu_warp_sum(au0);
-    h[0] = gs / (1.0f + expf(-gs)) * us;
-    gs = engine_cu_warp_sum(ag1);
-    us = engine_cu_warp_sum(au1);
-    h[1] = gs / (1.0f + expf(-gs)) * us;
+#pragma unroll
+    for (int i = 0; i < NR; i++) {
+        const float gs = engine_cu_warp_sum(ag[i]), us = engine_cu_warp_sum(au[i]);
+        h[i] = gs / (1.0f + expf(-gs)) * us;
+    }
 }
 
 /* Row groups of 2 * FFN_WARPS rows of the up products. */
@@ -181,25 +186,29 @@ __device__ __forceinline__ void ffn_route_warp(const engine_cu_ffn_up_args &a, i
 }
 
 /* Rows r and r + FFN_WARPS (when below a.rows) of expert e, slot j, against the staged x (one
- * warp; r < a.rows): h[j][r] = silu(G_e x) * U_e x, lane 0 stores. */
-template <int MODE>
+ * warp; r < a.rows): h[j][r] = silu(G_e x) * U_e x, lane 0 stores. NR > 2: rows r + i FFN_WARPS
+ * for every i < NR, all below a.rows (the caller's). */
+template <int MODE, int NR = 2>
 __device__ __forceinline__ void ffn_up_rows(const engine_cu_ffn_up_args &a, int j, int e, int r,
                                             const engine_cu_xv &xv) {
     const size_t off = (size_t)e * a.expert_bytes + (size_t)r * a.row_bytes;
     const uint8_t *gr = a.gate + off, *ur = a.up + off;
-    const bool two = r + FFN_WARPS < a.rows;
+    const bool two = NR > 2 || r + FFN_WARPS < a.rows;
     const size_t stride = two ? (size_t)FFN_WARPS * a.row_bytes : 0;
-    float hv[2] = {0.0f, 0.0f};
+    float hv[NR];
+#pragma unroll
+    for (int i = 0; i < NR; i++)
+        hv[i] = 0.0f;
     switch (a.type) { /* gate and up share a type (checked at upload) */
 #define UP_CASE(T)                                                                                 \
     case T:                                                                                        \
-        if (MODE == engine_cu_x_mode(T)) up_rows<T>(gr, ur, stride, a.cols >> 5, xv, hv);          \
+        if (MODE == engine_cu_x_mode(T)) up_rows<T, NR>(gr, ur, stride, a.cols >> 5, xv, hv);      \
         break;
         ENGINE_CU_QUANT_CASES(UP_CASE)
 #undef UP_CASE
 #define UP_CASE(T)                                                                                 \
     case T:                                                                                        \
-        if (MODE == ENGINE_CU_X_F32) up_rows<T>(gr, ur, stride, a.cols >> 5, xv, hv);              \
+        if (MODE == ENGINE_CU_X_F32) up_rows<T, NR>(gr, ur, stride, a.cols >> 5, xv, hv);          \
         break;
         ENGINE_CU_FLOAT_CASES(UP_CASE)
 #undef UP_CASE
@@ -207,7 +216,9 @@ __device__ __forceinline__ void ffn_up_rows(const engine_cu_ffn_up_args &a, int 
     if ((threadIdx.x & 31) == 0) {
         float *h = a.h + (size_t)j * a.rows;
         h[r] = hv[0];
-        if (two) h[r + FFN_WARPS] = hv[1];
+#pragma unroll
+        for (int i = 1; i < NR; i++)
+            if (two) h[r + i * FFN_WARPS] = hv[i];
     }
 }
 

@@ -138,10 +138,10 @@ __global__ void __launch_bounds__(MF_THREADS, 2) moe_fused_kernel(engine_cu_moe_
     const size_t span = MODE == ENGINE_CU_X_Q8_K ? ub : (size_t)cpb * ub;
     for (int i = threadIdx.x; i < d.rows; i += blockDim.x)
         engine_cu_prefetch_rows(dbase + (size_t)i * d.row_bytes, span);
-    /* 2. the slice's gate/up rows, two row groups of 16 a pass */
+    /* 2. the slice's gate/up rows, 32 a pass (a warp's 4 rows' loads in flight together) */
     const engine_cu_xv xv = engine_cu_xv_at(xs, u.cols, quant, 0);
-    for (int r0 = s * S; r0 < s * S + S; r0 += 2 * FFN_WARPS)
-        ffn_up_rows<MODE>(u, j, e, r0 + w, xv);
+    for (int r0 = s * S; r0 < s * S + S; r0 += 4 * FFN_WARPS)
+        ffn_up_rows<MODE, 4>(u, j, e, r0 + w, xv);
     /* 3. h of the group complete (stored, fenced, counted), then staged from L2 */
     const float *hj = u.h + (size_t)j * u.rows;
     __threadfence();
