@@ -474,12 +474,20 @@ __device__ __forceinline__ const uint8_t *gemm_chunk_block(int type, const uint8
  * to 144 / 272 bytes so that the fragment loads of a warp hit 32 different banks. Each step
  * prefetches the next step's X tile into registers and asks L2 for its weight blocks before
  * the products, so their latency overlaps the tensor-core work. */
-#ifndef WIDE_KU
-#define WIDE_KU 1
-#endif
-template <int MODE, int WM, bool LEGACY, bool PIPE = false, int WNN = 4 / WM>
+/* SV layout of the scales (engine_cu_gemm_args.svec): weight row r's at gemm_pw(r), X row i's
+ * at gemm_px(i) in each run's TBN / TBM floats, so that a thread's 8 weight-row scales and 4
+ * X-row scales of a run are two and one 16-byte loads (the warp fragment order). */
+__device__ __forceinline__ int gemm_pw(int r) {
+    return (r & ~31) | (((r >> 1) & 3) << 3) | (((r >> 3) & 3) << 1) | (r & 1);
+}
+__device__ __forceinline__ int gemm_px(int i) {
+    return (i & ~31) | ((i & 7) << 2) | (((i >> 4) & 1) << 1) | ((i >> 3) & 1);
+}
+
+template <int MODE, int WM, bool LEGACY, bool PIPE = false, int WNN = 4 / WM, bool SV = false>
 __global__ void __launch_bounds__(32 * WM * WNN, WM * WNN == 8 ? 2 : 3)
     gemm_kernel(engine_cu_gemm_args a) {
+    static_assert(!SV || (MODE != 2 && !LEGACY), "the SV scale layout is for int8 forms");
     static_assert(!PIPE || (MODE != 2 && !LEGACY), "the staged pipeline is for int8 forms");
     static_assert(WM * WNN == 4 || (WM == 2 && WNN == 4 && !LEGACY), "4 warps, or 8 of 64 x 128");
     constexpr bool Q = MODE != 2, K32 = MODE == 1 || MODE == 3;
@@ -487,18 +495,47 @@ __global__ void __launch_bounds__(32 * WM * WNN, WM * WNN == 8 ? 2 : 3)
     /* NT threads; WIDE (8 warps): the 16-row fragments past the tile's rows skip their work */
     constexpr int NT = 32 * WM * WNN, TBM = 32 * WM, TBN = 32 * WNN;
     constexpr bool WIDE = WM * WNN == 8;
-    constexpr int KU = WIDE ? WIDE_KU : BK / 32; /* 32-column steps unrolled (WIDE: registers) */
     constexpr int SROW = Q ? BK + 16 : 2 * BK + 16, NR = K32 ? 4 : 8; /* scale runs */
     constexpr int XV = Q ? (TBM * BK / 16) / NT : (TBM * BK / 8) / NT;
     __shared__ __align__(16) uint8_t sA[TBM * SROW];
     __shared__ __align__(16) uint8_t sB[TBN * SROW];
-    __shared__ float sWs[Q ? TBN : 1][NR], sWo[OFF ? TBN : 1][NR], sXd[Q ? TBM : 1][4],
-        sXs[OFF ? TBM : 1][NR];
+    __shared__ __align__(16) float sWs[Q ? TBN : 1][NR], sWo[OFF ? TBN : 1][NR],
+        sXd[Q ? TBM : 1][4], sXs[OFF ? TBM : 1][NR];
+    /* SV: the same storage as runs of TBN (TBM) floats */
+    float *const vWs = &sWs[0][0], *const vWo = &sWo[0][0], *const vXd = &sXd[0][0],
+                 *const vXs = &sXs[0][0];
     __shared__ int sIdx[TBM];
     int mat, row0, nrow;
     if (!gemm_tile<WM>(a, &mat, &row0, &nrow)) return;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp / WNN, wn = warp % WNN, g = lane >> 2, tig = lane & 3;
+    /* SV: the X scales of X run xr (xd) and xo (xs, OFF) for the warp's rows, the weight scales
+     * and offsets of run wr for its rows (pairs of rows per column fragment ni) */
+    auto sv_load = [&](int xr, int xo, int wr, float xd[2][2], float xs[2][2], float wsv[8],
+                       float wov[8]) {
+        if constexpr (SV) {
+            const float4 x4 = *(const float4 *)(vXd + xr * TBM + wm * 32 + 4 * g);
+            xd[0][0] = x4.x, xd[0][1] = x4.y, xd[1][0] = x4.z, xd[1][1] = x4.w;
+            xs[0][0] = xs[0][1] = xs[1][0] = xs[1][1] = 0.0f;
+            if (OFF) {
+                const float4 s4 = *(const float4 *)(vXs + xo * TBM + wm * 32 + 4 * g);
+                xs[0][0] = s4.x, xs[0][1] = s4.y, xs[1][0] = s4.z, xs[1][1] = s4.w;
+            }
+            const float *pw = vWs + wr * TBN + wn * 32 + 8 * tig;
+            const float4 w0 = *(const float4 *)pw, w1 = *(const float4 *)(pw + 4);
+            wsv[0] = w0.x, wsv[1] = w0.y, wsv[2] = w0.z, wsv[3] = w0.w;
+            wsv[4] = w1.x, wsv[5] = w1.y, wsv[6] = w1.z, wsv[7] = w1.w;
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                wov[e] = 0.0f;
+            if (OFF) {
+                const float *po = vWo + wr * TBN + wn * 32 + 8 * tig;
+                const float4 o0 = *(const float4 *)po, o1 = *(const float4 *)(po + 4);
+                wov[0] = o0.x, wov[1] = o0.y, wov[2] = o0.z, wov[3] = o0.w;
+                wov[4] = o1.x, wov[5] = o1.y, wov[6] = o1.z, wov[7] = o1.w;
+            }
+        }
+    };
     /* WIDE: the warp's live 16-row fragments (0, 1 or 2; the same for the whole warp) */
     const int nfr = WIDE ? min(2, max(0, (nrow - 32 * wm + 15) >> 4)) : 2;
     /* the matrix of this column tile: w's tiles first, then those of each further part */
@@ -577,11 +614,21 @@ __global__ void __launch_bounds__(32 * WM * WNN, WM * WNN == 8 ? 2 : 3)
         *(uint4 *)(sB + r * SROW + b0) = make_uint4(qb[0] & mk, qb[1] & mk, qb[2] & mk, qb[3] & mk);
         /* K32: both runs of a 32-column block carry its scale (written twice) */
         const int ra = K32 ? a0 >> 5 : a0 >> 4, rb = K32 ? b0 >> 5 : b0 >> 4;
-        sWs[r][ra] = in ? s1 : 0.0f;
-        sWs[r][rb] = in ? s2 : 0.0f;
-        if (OFF) {
-            sWo[r][ra] = in ? o1 : 0.0f;
-            sWo[r][rb] = in ? o2 : 0.0f;
+        if constexpr (SV) {
+            const int pr = gemm_pw(r);
+            vWs[ra * TBN + pr] = in ? s1 : 0.0f;
+            vWs[rb * TBN + pr] = in ? s2 : 0.0f;
+            if (OFF) {
+                vWo[ra * TBN + pr] = in ? o1 : 0.0f;
+                vWo[rb * TBN + pr] = in ? o2 : 0.0f;
+            }
+        } else {
+            sWs[r][ra] = in ? s1 : 0.0f;
+            sWs[r][rb] = in ? s2 : 0.0f;
+            if (OFF) {
+                sWo[r][ra] = in ? o1 : 0.0f;
+                sWo[r][rb] = in ? o2 : 0.0f;
+            }
         }
     };
     auto wtile = [&](auto tc, int k0) {
@@ -763,8 +810,14 @@ __global__ void __launch_bounds__(32 * WM * WNN, WM * WNN == 8 ? 2 : 3)
 #pragma unroll
             for (int j = 0; j < XS; j++) {
                 const int idx = tid + NT * j;
-                sXd[idx >> 2][idx & 3] = xdr[j];
-                if (OFF) sXs[idx >> 2][idx & 3] = xsr[j];
+                if constexpr (SV) {
+                    const int px = (idx & 3) * TBM + gemm_px(idx >> 2);
+                    vXd[px] = xdr[j];
+                    if (OFF) vXs[px] = xsr[j];
+                } else {
+                    sXd[idx >> 2][idx & 3] = xdr[j];
+                    if (OFF) sXs[idx >> 2][idx & 3] = xsr[j];
+                }
             }
         if (Q && LEGACY)
             for (int idx = tid; idx < TBM * 4; idx += NT) {
@@ -852,7 +905,7 @@ __global__ void __launch_bounds__(32 * WM * WNN, WM * WNN == 8 ? 2 : 3)
         if (k0 + BK < ke) load_x(k0 + BK);
         if (WIDE && nfr == 0) { /* no rows of this warp's: it only helps load and decode */
         } else if (K32) {
-#pragma unroll(KU)
+#pragma unroll
             for (int ks = 0; ks < BK / 32; ks++) {
                 const int kk = 32 * ks;
                 uint32_t af[2][4], bfr[4][2];
@@ -871,6 +924,21 @@ __global__ void __launch_bounds__(32 * WM * WNN, WM * WNN == 8 ? 2 : 3)
                     bfr[ni][1] = *(const uint32_t *)(p + 16);
                 }
                 float xd[2][2], xs[2][2];
+                if constexpr (SV) {
+                    float wsv[8], wov[8];
+                    sv_load(ks, ks, ks, xd, xs, wsv, wov);
+#pragma unroll
+                    for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+                        for (int mi = 0; mi < 2; mi++) {
+                            if (WIDE && mi >= nfr) continue;
+                            int c[4];
+                            mma_s8_k32(c, af[mi], bfr[ni][0], bfr[ni][1], c0);
+                            gemm_epilogue<LEGACY, OFF>(acc[mi][ni], c, wsv[2 * ni], wov[2 * ni],
+                                                       wsv[2 * ni + 1], wov[2 * ni + 1],
+                                                       xd[mi], xs[mi]);
+                        }
+                } else {
 #pragma unroll
                 for (int mi = 0; mi < 2; mi++)
 #pragma unroll
@@ -893,6 +961,7 @@ __global__ void __launch_bounds__(32 * WM * WNN, WM * WNN == 8 ? 2 : 3)
                                                    xs[mi]);
                     }
                 }
+                }
             }
         } else {
 #pragma unroll
@@ -911,6 +980,20 @@ __global__ void __launch_bounds__(32 * WM * WNN, WM * WNN == 8 ? 2 : 3)
                         bfr[ni] =
                             *(const uint32_t *)(sB + (wn * 32 + ni * 8 + g) * SROW + kk + 4 * tig);
                     float xd[2][2], xs[2][2];
+                    if constexpr (SV) { /* MODE 0: no offsets */
+                        float wsv[8], wov[8];
+                        sv_load(ks >> 1, ks, ks, xd, xs, wsv, wov);
+#pragma unroll
+                        for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+                            for (int mi = 0; mi < 2; mi++) {
+                                if (WIDE && mi >= nfr) continue;
+                                int c[4];
+                                mma_s8(c, af[mi][0], af[mi][1], bfr[ni], c0);
+                                gemm_epilogue<LEGACY, OFF>(acc[mi][ni], c, wsv[2 * ni], 0.0f,
+                                                           wsv[2 * ni + 1], 0.0f, xd[mi], xs[mi]);
+                            }
+                    } else {
 #pragma unroll
                     for (int mi = 0; mi < 2; mi++)
 #pragma unroll
@@ -933,6 +1016,7 @@ __global__ void __launch_bounds__(32 * WM * WNN, WM * WNN == 8 ? 2 : 3)
                             gemm_epilogue<LEGACY, OFF>(acc[mi][ni], c, ws0, wo0, ws1, wo1,
                                                        xd[mi], xs[mi]);
                         }
+                    }
                     }
                 } else {
                     uint32_t af[2][4];
@@ -1074,38 +1158,40 @@ __global__ void __launch_bounds__(256) gemm_f32_kernel(engine_cu_gemm_args a) {
 }
 
 /* WNN: warps along the weight rows (4 / WM: 4 warps; 4 with WM = 2: the wide 8-warp tiles). */
-template <int WM, bool LEGACY, int WNN = 4 / WM>
+template <int WM, bool LEGACY, int WNN = 4 / WM, bool SV = false>
 static void gemm_launch(int mode, dim3 grid, const engine_cu_gemm_args *a, cudaStream_t st) {
     constexpr int nt = 32 * WM * WNN;
     switch (mode) {
-    case 0: gemm_kernel<0, WM, LEGACY, false, WNN><<<grid, nt, 0, st>>>(*a); break;
-    case 1: gemm_kernel<1, WM, LEGACY, false, WNN><<<grid, nt, 0, st>>>(*a); break;
+    case 0: gemm_kernel<0, WM, LEGACY, false, WNN, SV><<<grid, nt, 0, st>>>(*a); break;
+    case 1: gemm_kernel<1, WM, LEGACY, false, WNN, SV><<<grid, nt, 0, st>>>(*a); break;
     case 2: { /* no int sums; no wide F16 kernel (its shared tiles pass 48 KB): not asked for */
         constexpr int wn2 = WM * WNN == 8 ? 4 / WM : WNN;
-        gemm_kernel<2, WM, false, false, wn2><<<grid, 32 * WM * wn2, 0, st>>>(*a);
+        gemm_kernel<2, WM, false, false, wn2, false><<<grid, 32 * WM * wn2, 0, st>>>(*a);
         break;
     }
-    default: gemm_kernel<LEGACY ? 1 : 3, WM, LEGACY, false, WNN><<<grid, nt, 0, st>>>(*a); break;
+    default:
+        gemm_kernel<LEGACY ? 1 : 3, WM, LEGACY, false, WNN, SV><<<grid, nt, 0, st>>>(*a);
+        break;
     }
 }
 
 /* The staged (cp.async) kernels of mode 0, 1 or 3: two staging buffers of dynamic shared
  * memory. */
-template <int MODE, int WM, int WNN>
+template <int MODE, int WM, int WNN, bool SV>
 static void gemm_launch_pipe1(dim3 grid, const engine_cu_gemm_args *a, cudaStream_t st) {
     const size_t dyn = (size_t)2 * (32 * WNN) * (MODE == 1 ? GEMM_STAGE_ROW : GEMM_STAGE_ROW2);
-    cudaFuncSetAttribute(gemm_kernel<MODE, WM, false, true, WNN>,
+    cudaFuncSetAttribute(gemm_kernel<MODE, WM, false, true, WNN, SV>,
                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn);
-    gemm_kernel<MODE, WM, false, true, WNN><<<grid, 32 * WM * WNN, dyn, st>>>(*a);
+    gemm_kernel<MODE, WM, false, true, WNN, SV><<<grid, 32 * WM * WNN, dyn, st>>>(*a);
 }
-template <int WM, int WNN = 4 / WM>
+template <int WM, int WNN = 4 / WM, bool SV = false>
 static void gemm_launch_pipe(int mode, dim3 grid, const engine_cu_gemm_args *a, cudaStream_t st) {
     if (mode == 0)
-        gemm_launch_pipe1<0, WM, WNN>(grid, a, st);
+        gemm_launch_pipe1<0, WM, WNN, SV>(grid, a, st);
     else if (mode == 1)
-        gemm_launch_pipe1<1, WM, WNN>(grid, a, st);
+        gemm_launch_pipe1<1, WM, WNN, SV>(grid, a, st);
     else
-        gemm_launch_pipe1<3, WM, WNN>(grid, a, st);
+        gemm_launch_pipe1<3, WM, WNN, SV>(grid, a, st);
 }
 
 /* The tile shape and grid of a tensor-core product. */
@@ -1164,11 +1250,16 @@ static void gemm_run(const engine_cu_gemm_args *a, const gemm_shape &g, dim3 gri
     const int pbit = mode == 1 ? ENGINE_CU_GEMM_PIPE_K45
                      : mode == 0 ? ENGINE_CU_GEMM_PIPE_Q6
                      : mode == 3 ? ENGINE_CU_GEMM_PIPE_Q8 : 0;
+    const bool sv = a->svec && mode != 2; /* the wide kernels always */
     if ((a->pipeline & pbit) && !a->legacy) {
         if (wide)
-            gemm_launch_pipe<2, 4>(mode, grid, a, stream);
+            gemm_launch_pipe<2, 4, true>(mode, grid, a, stream);
+        else if (wm == 1 && sv)
+            gemm_launch_pipe<1, 4, true>(mode, grid, a, stream);
         else if (wm == 1)
             gemm_launch_pipe<1>(mode, grid, a, stream);
+        else if (sv)
+            gemm_launch_pipe<2, 2, true>(mode, grid, a, stream);
         else
             gemm_launch_pipe<2>(mode, grid, a, stream);
         return;
@@ -1176,9 +1267,13 @@ static void gemm_run(const engine_cu_gemm_args *a, const gemm_shape &g, dim3 gri
     if (a->legacy)
         gemm_launch<2, true>(mode, grid, a, stream);
     else if (wide)
-        gemm_launch<2, false, 4>(mode, grid, a, stream);
+        gemm_launch<2, false, 4, true>(mode, grid, a, stream);
+    else if (wm == 1 && sv)
+        gemm_launch<1, false, 4, true>(mode, grid, a, stream);
     else if (wm == 1)
         gemm_launch<1, false>(mode, grid, a, stream);
+    else if (sv)
+        gemm_launch<2, false, 2, true>(mode, grid, a, stream);
     else
         gemm_launch<2, false>(mode, grid, a, stream);
 }
@@ -1231,7 +1326,8 @@ void engine_cu_gemm(const engine_cu_gemm_args *a, cudaStream_t stream) {
  * X row m-1-i; the result is put back in row order; three list entries past the count),
  * "fused" (the rows cut into three matrices at 5/8 and 7/8 of one launch: .more), "pfl1"
  * (the L1 prefetch), "pipe" (the staged cp.async kernels of every int8 type), "wide" (8 warps of
- * 64 x 128 tiles), "splitk" (dense tensor-core types: split-K over 3, at most one per step).
+ * 64 x 128 tiles, the SV scale layout), "svec" (the SV scale layout in the 4-warp kernels),
+ * "splitk" (dense tensor-core types: split-K over 3, at most one per step).
  * ------------------------------------------------------------------------------------------- */
 extern "C" int engine_cuda_op_gemm(engine_type type, const void *w, int64_t rows, int64_t cols,
                                    size_t row_bytes, int m, const float *x, const float *norm_w,
@@ -1329,6 +1425,7 @@ extern "C" int engine_cuda_op_gemm(engine_type type, const void *w, int64_t rows
     a.prefetch_l1 = var && strstr(var, "pfl1");
     a.pipeline = var && strstr(var, "pipe") ? ENGINE_CU_GEMM_PIPE_ALL : 0;
     a.wide = var && strstr(var, "wide");
+    a.svec = var && strstr(var, "svec");
     if (fused) {
         const int r1 = (int)(rows * 5 / 8), r2 = (int)(rows * 7 / 8);
         a.rows = r1;

@@ -123,8 +123,13 @@ typedef struct {
     int pipeline;
     /* nonzero, tensor-core types: 64 X rows x 128 weight rows per block of 8 warps (grouped
      * mode: one block per list entry, so a weight tile is decoded once for all of an entry's
-     * rows), the 16-row fragments past the tile's rows skipping their products. Opt-in */
+     * rows), the 16-row fragments past the tile's rows skipping their products, the SV scale
+     * layout. Opt-in */
     int wide;
+    /* nonzero, int8 forms: the scales in shared memory in the warps' fragment order, so that
+     * each 32-column step loads them as six 16-byte vectors per thread instead of 24 words
+     * (the same arithmetic). Opt-in */
+    int svec;
 } engine_cu_gemm_args;
 
 void engine_cu_gemm(const engine_cu_gemm_args *a, cudaStream_t stream);

@@ -502,11 +502,13 @@ struct engine_cuda_prefill {
      * unstaged kernels for Q4_K / Q5_K (default: the staged cp.async ones, "pipe"), "pipe6"
      * and "pipe8" the staged kernels for Q6_K and for Q8_0 / Q4_0 too, "wide" the 8-warp
      * 64 x 128 tiles in the grouped expert GEMMs (one block per expert tile), "wided" in the
-     * dense ones too (all of these: the default's bits), "splitk" the dense products (q, k,
+     * dense ones too, "svec" the scales in shared memory in the warps' fragment order (16-byte
+     * loads; the wide tiles always) (all of these: the default's bits), "splitk" the dense
+     * products (q, k,
      * v; wo) split along K where the launch fills less than whole waves of the GPU (up to 4
      * splits, their partial sums in the free gate/up buffers; other rounding) */
     int gemm_legacy, gemm_tile_rows, gemm_nofuse, gemm_pfl1, gemm_pipe, gemm_wide, gemm_wided;
-    int gemm_ksplit, n_sm;
+    int gemm_svec, gemm_ksplit, n_sm;
     size_t kpart_bytes; /* g and u: the split-K buffer outside the FFN phase */
     cudaEvent_t *ev; /* [2 + 6 * n_layer] */
     int *ev_cat, n_ev;
@@ -759,6 +761,7 @@ int engine_cu_pf_new_view(engine_cuda_prefill **out, engine_cuda_model *cm, engi
         if (e && strstr(e, "pipe8")) p->gemm_pipe |= ENGINE_CU_GEMM_PIPE_Q8;
         p->gemm_wided = e && strstr(e, "wided");
         p->gemm_ksplit = e && strstr(e, "splitk") ? 4 : 1;
+        p->gemm_svec = e && strstr(e, "svec");
         p->gemm_wide = p->gemm_wided || (e && strstr(e, "wide"));
     }
     if (p->prof) {
@@ -845,6 +848,7 @@ static void pf_gemm_args(const engine_cuda_prefill *p, bool grouped, const engin
     a.prefetch_l1 = p->gemm_pfl1;
     a.pipeline = p->gemm_pipe;
     a.wide = grouped ? p->gemm_wide : p->gemm_wided;
+    a.svec = p->gemm_svec;
     if (grouped) {
         a.tiles = p->tiles;
         a.n_tiles = p->n_tiles;
