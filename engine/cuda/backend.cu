@@ -123,6 +123,7 @@ struct engine_cuda_session {
      * session creation) keeps the pair. Not in the fused step (SPARK_CUDA_FUSED) nor the routing
      * trace; the stage-5/6 switches do not apply to fused layers. */
     int mfuse;
+    int mf_pre; /* SPARK_CUDA_MOE_FUSED_PRE=1: its down items preloaded (moe_fused.cuh preload) */
     engine_cu_prog prog; /* the fused step's program, built at the first capture */
     uint8_t *mem;        /* one allocation: KV cache and step buffers */
     size_t bytes;
@@ -598,6 +599,8 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         e = getenv("SPARK_CUDA_MOE_FUSED");
         s->mfuse = e ? atoi(e) : 0;
         s->mfuse = s->mfuse == 1 ? 32 : s->mfuse == 32 || s->mfuse == 64 ? s->mfuse : 0;
+        e = getenv("SPARK_CUDA_MOE_FUSED_PRE");
+        s->mf_pre = e && e[0] == '1';
         e = getenv("SPARK_CUDA_DIAG_SKIP");
         s->diag_skip = e ? (unsigned)strtoul(e, NULL, 0) : 0u;
         e = getenv("SPARK_CUDA_DIAG_TWICE");
@@ -866,6 +869,7 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
         o->mf.up = *up;
         o->mf.dn = *dn;
         o->mf.slice = s->mfuse;
+        o->mf.preload = s->mf_pre;
         o->mf.partial = s->mf_part;
         o->mf.counters = s->mf_ctr;
         o->mfuse = engine_cu_moe_fused_why(&o->mf) == NULL;

@@ -29,14 +29,46 @@ __host__ __device__ __forceinline__ int mf_group(int mode, int slice) {
     return mode == ENGINE_CU_X_Q8_K ? 256 : slice;
 }
 
+/* Items (row, chunk) of a thread's down work loaded into registers before the group wait
+ * (a.preload; quantised types): its first MF_PRE, in mf_down's order. */
+#define MF_PRE 4
+
+template <int T>
+__device__ __forceinline__ void mf_preload(const engine_cu_ffn_down_args &d, const uint8_t *base,
+                                           int c0, int nc, engine_cu_qraw raw[MF_PRE]) {
+#pragma unroll
+    for (int u = 0; u < MF_PRE; u++) {
+        const int i = threadIdx.x + (u / nc) * blockDim.x;
+        if (i < d.rows) engine_cu_qload<T>(base + (size_t)i * d.row_bytes, c0 + u % nc, raw[u]);
+    }
+}
+
 /* Step 4: part[i] = w * (chunks c0 .. c0 + nc - 1 of row i, from base + i * row_bytes, against
- * the staged hv), a thread per row. */
+ * the staged hv, in chunk order), a thread per row; with pre (quantised T, nc dividing MF_PRE)
+ * the first MF_PRE items from raw (mf_preload): the same sums bit for bit. */
 template <int T>
 __device__ __forceinline__ void mf_down(const engine_cu_ffn_down_args &d, const uint8_t *base,
                                         int c0, int nc, const engine_cu_xv &hv, float w,
-                                        float *part) {
+                                        float *part, bool pre, const engine_cu_qraw *raw) {
+    int i0 = threadIdx.x;
+    if (engine_cu_type_quant(T) && pre) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int u = 0; u < MF_PRE; u++) {
+            const int i = threadIdx.x + (u / nc) * blockDim.x;
+            if (i < d.rows) {
+                acc +=
+                    engine_cu_qdot_raw<T>(raw[u], base + (size_t)i * d.row_bytes, c0 + u % nc, hv);
+                if (u % nc == nc - 1) {
+                    part[i] = w * acc;
+                    acc = 0.0f;
+                }
+            }
+        }
+        i0 += (MF_PRE / nc) * blockDim.x;
+    }
 #pragma unroll 4
-    for (int i = threadIdx.x; i < d.rows; i += blockDim.x) {
+    for (int i = i0; i < d.rows; i += blockDim.x) {
         const uint8_t *row = base + (size_t)i * d.row_bytes;
         float acc = 0.0f;
         for (int c = c0; c < c0 + nc; c++)
@@ -142,6 +174,18 @@ __global__ void __launch_bounds__(MF_THREADS, 2) moe_fused_kernel(engine_cu_moe_
     const engine_cu_xv xv = engine_cu_xv_at(xs, u.cols, quant, 0);
     for (int r0 = s * S; r0 < s * S + S; r0 += 4 * FFN_WARPS)
         ffn_up_rows<MODE, 4>(u, j, e, r0 + w, xv);
+    engine_cu_qraw raw[MF_PRE]; /* a.preload: the first down items, in flight during the wait */
+    const bool pre = quant && a.preload;
+    if (pre) {
+        switch (d.type) {
+#define MF_PRE_CASE(T)                                                                             \
+    case T:                                                                                        \
+        if (MODE == engine_cu_x_mode(T)) mf_preload<T>(d, dbase, c0, cpb, raw);                    \
+        break;
+            ENGINE_CU_QUANT_CASES(MF_PRE_CASE)
+#undef MF_PRE_CASE
+        }
+    }
     /* 3. h of the group complete (stored, fenced, counted), then staged from L2 */
     const float *hj = u.h + (size_t)j * u.rows;
     __threadfence();
@@ -158,13 +202,13 @@ __global__ void __launch_bounds__(MF_THREADS, 2) moe_fused_kernel(engine_cu_moe_
     switch (d.type) {
 #define MF_CASE(T)                                                                                 \
     case T:                                                                                        \
-        if (MODE == engine_cu_x_mode(T)) mf_down<T>(d, dbase, c0, cpb, hv, wj, part);              \
+        if (MODE == engine_cu_x_mode(T)) mf_down<T>(d, dbase, c0, cpb, hv, wj, part, pre, raw);    \
         break;
         ENGINE_CU_QUANT_CASES(MF_CASE)
 #undef MF_CASE
 #define MF_CASE(T)                                                                                 \
     case T:                                                                                        \
-        if (MODE == ENGINE_CU_X_F32) mf_down<T>(d, dbase, c0, cpb, hv, wj, part);                  \
+        if (MODE == ENGINE_CU_X_F32) mf_down<T>(d, dbase, c0, cpb, hv, wj, part, false, raw);      \
         break;
         ENGINE_CU_FLOAT_CASES(MF_CASE)
 #undef MF_CASE
@@ -258,13 +302,11 @@ void engine_cu_moe_fused(const engine_cu_moe_fused_args *a, cudaStream_t stream)
 /* ---------------------------------------------------------------------------------------------
  * Test entry point (cuda_backend.h)
  * ------------------------------------------------------------------------------------------- */
-extern "C" int engine_cuda_op_moe_fused(engine_type up_type, engine_type down_type, int n_expert,
-                                        int k, bool norm_topk, int n_embd, int n_ff,
-                                        const float *router, const void *gate, const void *up,
-                                        const void *down, size_t rb_in, size_t rb_ff,
-                                        const float *norm_w, float eps, const float *x,
-                                        const float *x_add, int slice, int reps, float *y_ref,
-                                        float *y_fused, int32_t *ids, float *weights) {
+extern "C" int engine_cuda_op_moe_fused(
+    engine_type up_type, engine_type down_type, int n_expert, int k, bool norm_topk, int n_embd,
+    int n_ff, const float *router, const void *gate, const void *up, const void *down, size_t rb_in,
+    size_t rb_ff, const float *norm_w, float eps, const float *x, const float *x_add, int slice,
+    int preload, int reps, float *y_ref, float *y_fused, int32_t *ids, float *weights) {
     int rc = engine_cuda_usable();
     if (rc) return rc;
     if (!engine_cu_type_supported(up_type) || !engine_cu_type_supported(down_type) || k < 1 ||
@@ -342,6 +384,7 @@ extern "C" int engine_cuda_op_moe_fused(engine_type up_type, engine_type down_ty
         da.y = dx;
         da.y_add = ua.x_add;
         a.slice = slice;
+        a.preload = preload;
         a.partial = (float *)(m + off[10]);
         a.counters = (unsigned *)(m + off[11]);
         const char *why = engine_cu_moe_fused_why(&a);

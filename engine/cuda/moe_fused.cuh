@@ -51,6 +51,10 @@ typedef struct {
     int slice;          /* S: 32 or 64 intermediate rows per block */
     float *partial;     /* device scratch, engine_cu_moe_fused_partial_floats floats */
     unsigned *counters; /* device, engine_cu_moe_fused_counters entries, zero (left zero) */
+    /* quantised downs: each thread loads its first 4 (row, chunk) items of the down work into
+     * registers right after its gate/up rows, before the group wait and the staging of h (the
+     * bytes asked of L2 at the start), and computes on them after; the same sums bit for bit */
+    int preload;
 } engine_cu_moe_fused_args;
 
 /* Scratch sizes for a layer shape (the largest any slice needs). */

@@ -25,7 +25,8 @@
  *   MoE block in one launch (engine/cuda/moe_fused.cuh) against the unfused up + down launches
  *     on the same inputs: |y_fused - y_unfused| <= 1e-5 * max |y| (the same h, staged to the
  *     same 8-bit values; only the F32 order of the down sums differs), the CPU's routing, and a
- *     second launch bit for bit (fixed reduction order; its counters back at zero), for the
+ *     second launch bit for bit (fixed reduction order; its counters back at zero), as are the
+ *     launches with the down items preloaded (SPARK_CUDA_MOE_FUSED_PRE), for the
  *     30B-A3B expert shape with Q4_K / Q6_K / Q8_0 downs, slices of 32 and 64, with and without
  *     the router fusion; a gate/up and down pair it has no instance for is refused.
  *   sampling: greedy = the CPU's argmax with ties to the lower id; temperature draws follow
@@ -430,7 +431,7 @@ static void test_moe_fused_case(engine_type ut, engine_type dt, int n_expert, in
     float *router = malloc(sizeof(float) * n_expert), *probs = malloc(sizeof(float) * n_expert);
     float *x = malloc(sizeof(float) * n_embd), *xa = malloc(sizeof(float) * n_embd);
     float *nw = malloc(sizeof(float) * n_embd), *yref = malloc(sizeof(float) * n_embd);
-    float *yf = malloc(sizeof(float) * 2 * n_embd);
+    float *yf = malloc(sizeof(float) * 2 * n_embd), *yp = malloc(sizeof(float) * 2 * n_embd);
     int32_t gids[16], ids[16];
     float gw[16], wts[16];
     fill(router, n_expert, 3.0f);
@@ -439,8 +440,12 @@ static void test_moe_fused_case(engine_type ut, engine_type dt, int n_expert, in
     for (int i = 0; i < n_embd; i++)
         nw[i] = 1.0f + 0.2f * frand();
     int rc = engine_cuda_op_moe_fused(ut, dt, n_expert, k, true, n_embd, n_ff, router, gate, up,
-                                      down, rbi, rbf, nw, 1e-6f, x, rf ? xa : NULL, slice, 2, yref,
-                                      yf, gids, gw);
+                                      down, rbi, rbf, nw, 1e-6f, x, rf ? xa : NULL, slice, 0, 2,
+                                      yref, yf, gids, gw);
+    if (rc == 0) /* the first down items preloaded: the same sums */
+        rc = engine_cuda_op_moe_fused(ut, dt, n_expert, k, true, n_embd, n_ff, router, gate, up,
+                                      down, rbi, rbf, nw, 1e-6f, x, rf ? xa : NULL, slice, 1, 2,
+                                      yref, yp, gids, gw);
     CHECK(rc == 0, "moe fused %s/%s slice %d%s: %s", engine_type_name(ut), engine_type_name(dt),
           slice, rf ? " rf" : "", engine_error_last());
     if (rc == 0) {
@@ -457,6 +462,9 @@ static void test_moe_fused_case(engine_type ut, engine_type dt, int n_expert, in
         CHECK(memcmp(yf, yf + n_embd, sizeof(float) * n_embd) == 0,
               "moe fused %s/%s slice %d%s: the second launch differs", engine_type_name(ut),
               engine_type_name(dt), slice, rf ? " rf" : "");
+        CHECK(memcmp(yf, yp, sizeof(float) * 2 * n_embd) == 0,
+              "moe fused %s/%s slice %d%s: with preload the outputs differ", engine_type_name(ut),
+              engine_type_name(dt), slice, rf ? " rf" : "");
         if (!rf) {
             engine_cpu_moe_route(router, n_expert, k, 1, ids, wts, probs);
             for (int j = 0; j < k; j++)
@@ -465,12 +473,12 @@ static void test_moe_fused_case(engine_type ut, engine_type dt, int n_expert, in
                       ids[j], wts[j]);
         }
         printf("moe fused %-5s/%-5s %d experts (%d used), %d -> %d, slice %d%s: max |fused - "
-               "unfused| = %.2e of max |y| %.3g; repeat bit for bit\n",
+               "unfused| = %.2e of max |y| %.3g; repeat and preload bit for bit\n",
                engine_type_name(ut), engine_type_name(dt), n_expert, k, n_embd, n_ff, slice,
                rf ? ", router fusion" : "", worst / mx, mx);
     }
     free(gate), free(up), free(down), free(router), free(probs), free(x), free(xa), free(nw);
-    free(yref), free(yf);
+    free(yref), free(yf), free(yp);
 }
 
 static void test_moe_fused(void) {
@@ -495,7 +503,7 @@ static void test_moe_fused(void) {
     CHECK(engine_cuda_op_moe_fused(ENGINE_TYPE_Q4_K, ENGINE_TYPE_Q8_0, 8, 2, true, 256, 256, v, w,
                                    w, w, engine_type_row_size(ENGINE_TYPE_Q4_K, 256),
                                    engine_type_row_size(ENGINE_TYPE_Q8_0, 256), v, 1e-6f, v, NULL,
-                                   32, 1, y, y + 256, i2, w2) == ENGINE_EUNSUPPORTED,
+                                   32, 0, 1, y, y + 256, i2, w2) == ENGINE_EUNSUPPORTED,
           "moe fused: Q4_K gate/up with a Q8_0 down must be refused");
     free(w);
 }
