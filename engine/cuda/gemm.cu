@@ -365,6 +365,7 @@ __device__ __forceinline__ void gemm_epilogue(float d[4], const int c[4], float 
 /* 16 bytes global -> shared without registers (cp.async, sm_80+; both 16-byte aligned), its
  * group commit, and the wait for all but the newest group. */
 #define GEMM_STAGE_ROW 112 /* staged bytes of a weight row and step: Q5_K 16 + 32 + 64 */
+#define GEMM_STAGE_ROW_Q4 80 /* the SV kernels' Q4_K rows (16 + 64): 4 blocks per SM fit */
 /* Q6_K, Q8_0, Q4_0 (2-byte aligned blocks): up to GEMM_STAGE_PIECES 16-byte pieces covering a
  * step's bytes, in rows of GEMM_STAGE_ROW2 bytes (44 words: 8 rows' reads spread over banks) */
 #define GEMM_STAGE_PIECES 10
@@ -485,16 +486,17 @@ __device__ __forceinline__ int gemm_px(int i) {
 }
 
 template <int MODE, int WM, bool LEGACY, bool PIPE = false, int WNN = 4 / WM, bool SV = false>
-__global__ void __launch_bounds__(32 * WM * WNN, WM * WNN == 8 ? 2 : 3)
+__global__ void __launch_bounds__(32 * WM * WNN, WM * WNN == 8 ? 2 : SV ? 4 : 3)
     gemm_kernel(engine_cu_gemm_args a) {
     static_assert(!SV || (MODE != 2 && !LEGACY), "the SV scale layout is for int8 forms");
     static_assert(!PIPE || (MODE != 2 && !LEGACY), "the staged pipeline is for int8 forms");
     static_assert(WM * WNN == 4 || (WM == 2 && WNN == 4 && !LEGACY), "4 warps, or 8 of 64 x 128");
     constexpr bool Q = MODE != 2, K32 = MODE == 1 || MODE == 3;
     constexpr bool OFF = LEGACY ? Q : MODE == 1;
-    /* NT threads; WIDE (8 warps): the 16-row fragments past the tile's rows skip their work */
+    /* NT threads; WIDE (8 warps) and SV kernels: the 16-row fragments past the tile's rows skip
+     * their products (SKIP) */
     constexpr int NT = 32 * WM * WNN, TBM = 32 * WM, TBN = 32 * WNN;
-    constexpr bool WIDE = WM * WNN == 8;
+    constexpr bool WIDE = WM * WNN == 8, SKIP = WIDE || SV;
     constexpr int SROW = Q ? BK + 16 : 2 * BK + 16, NR = K32 ? 4 : 8; /* scale runs */
     constexpr int XV = Q ? (TBM * BK / 16) / NT : (TBM * BK / 8) / NT;
     __shared__ __align__(16) uint8_t sA[TBM * SROW];
@@ -536,8 +538,8 @@ __global__ void __launch_bounds__(32 * WM * WNN, WM * WNN == 8 ? 2 : 3)
             }
         }
     };
-    /* WIDE: the warp's live 16-row fragments (0, 1 or 2; the same for the whole warp) */
-    const int nfr = WIDE ? min(2, max(0, (nrow - 32 * wm + 15) >> 4)) : 2;
+    /* SKIP: the warp's live 16-row fragments (0, 1 or 2; the same for the whole warp) */
+    const int nfr = SKIP ? min(2, max(0, (nrow - 32 * wm + 15) >> 4)) : 2;
     /* the matrix of this column tile: w's tiles first, then those of each further part */
     const uint8_t *W = a.w + (size_t)mat * a.mat_bytes;
     float *Y = a.y;
@@ -659,7 +661,8 @@ __global__ void __launch_bounds__(32 * WM * WNN, WM * WNN == 8 ? 2 : 3)
     };
     /* PIPE (Q4_K / Q5_K): the raw bytes a step needs of each weight row (the superblock's
      * 16-byte header, Q5_K its 32 qh bytes, the 64 qs bytes of the step's half) are copied
-     * into one of two staging buffers (dynamic shared memory, GEMM_STAGE_ROW bytes a row) with
+     * into one of two staging buffers (dynamic shared memory, GEMM_STAGE_ROW bytes a row, the
+     * SV kernels' Q4_K rows GEMM_STAGE_ROW_Q4) with
      * cp.async one step ahead, and the step decodes from there: the weight loads of step k+1
      * fly during the products of step k. Rows past the matrix are staged as zeros. */
     extern __shared__ __align__(16) uint8_t gemm_stage[];
@@ -684,14 +687,15 @@ __global__ void __launch_bounds__(32 * WM * WNN, WM * WNN == 8 ? 2 : 3)
         } else if constexpr (PIPE) {
             const bool q5 = a.type == ENGINE_TYPE_Q5_K;
             const int nc = q5 ? 7 : 5, h = (k0 >> 7) & 1, bb = q5 ? 176 : 144, qso = q5 ? 48 : 16;
-            uint8_t *st = gemm_stage + (size_t)buf * TBN * GEMM_STAGE_ROW;
+            const int srow = SV && !q5 ? GEMM_STAGE_ROW_Q4 : GEMM_STAGE_ROW;
+            uint8_t *st = gemm_stage + (size_t)buf * TBN * srow;
             for (int idx = tid; idx < TBN * nc; idx += NT) {
                 const int r = idx / nc, pc = idx - r * nc, grow = n0 + r;
                 /* piece pc: 0 the header, then (Q5_K) the two qh pieces, then four qs pieces */
                 const int e = pc - (q5 ? 3 : 1);
                 const int so = pc == 0 ? 0 : e < 0 ? 16 * pc : qso + 64 * h + 16 * e;
                 const int dof = pc == 0 ? 0 : e < 0 ? 16 * pc : qso + 16 * e;
-                uint8_t *dst = st + r * GEMM_STAGE_ROW + dof;
+                uint8_t *dst = st + r * srow + dof;
                 const uint8_t *blk = W + (size_t)grow * a.row_bytes + (size_t)(k0 >> 8) * bb;
                 if (grow < rows)
                     gemm_cp_async16(dst, blk + so);
@@ -758,12 +762,13 @@ __global__ void __launch_bounds__(32 * WM * WNN, WM * WNN == 8 ? 2 : 3)
             constexpr int NJ = (TBN * 4) / NT;
             const bool q5 = a.type == ENGINE_TYPE_Q5_K;
             const int h = (k0 >> 7) & 1;
-            const uint8_t *st = gemm_stage + (size_t)buf * TBN * GEMM_STAGE_ROW;
+            const int srow = SV && !q5 ? GEMM_STAGE_ROW_Q4 : GEMM_STAGE_ROW;
+            const uint8_t *st = gemm_stage + (size_t)buf * TBN * srow;
 #pragma unroll
             for (int j = 0; j < NJ; j++) {
                 const int cid = tid + NT * j, r = cid >> 2, c = k0 / 32 + (cid & 3);
                 const bool in = n0 + r < rows && c < nch;
-                const uint8_t *sr = st + r * GEMM_STAGE_ROW;
+                const uint8_t *sr = st + r * srow;
                 const int q = c & 7, jj = q >> 1, half = q & 1;
                 uint32_t hdr[4], qs[4], qh[4] = {0, 0, 0, 0};
                 const int qo = (q5 ? 48 : 16) + 32 * (jj - 2 * h) + 16 * half;
@@ -903,7 +908,7 @@ __global__ void __launch_bounds__(32 * WM * WNN, WM * WNN == 8 ? 2 : 3)
         }
         __syncthreads();
         if (k0 + BK < ke) load_x(k0 + BK);
-        if (WIDE && nfr == 0) { /* no rows of this warp's: it only helps load and decode */
+        if (SKIP && nfr == 0) { /* no rows of this warp's: it only helps load and decode */
         } else if (K32) {
 #pragma unroll
             for (int ks = 0; ks < BK / 32; ks++) {
@@ -931,7 +936,7 @@ __global__ void __launch_bounds__(32 * WM * WNN, WM * WNN == 8 ? 2 : 3)
                     for (int ni = 0; ni < 4; ni++)
 #pragma unroll
                         for (int mi = 0; mi < 2; mi++) {
-                            if (WIDE && mi >= nfr) continue;
+                            if (SKIP && mi >= nfr) continue;
                             int c[4];
                             mma_s8_k32(c, af[mi], bfr[ni][0], bfr[ni][1], c0);
                             gemm_epilogue<LEGACY, OFF>(acc[mi][ni], c, wsv[2 * ni], wov[2 * ni],
@@ -954,7 +959,7 @@ __global__ void __launch_bounds__(32 * WM * WNN, WM * WNN == 8 ? 2 : 3)
                     const float wo0 = OFF ? sWo[r][ks] : 0.0f, wo1 = OFF ? sWo[r + 1][ks] : 0.0f;
 #pragma unroll
                     for (int mi = 0; mi < 2; mi++) {
-                        if (WIDE && mi >= nfr) continue;
+                        if (SKIP && mi >= nfr) continue;
                         int c[4];
                         mma_s8_k32(c, af[mi], bfr[ni][0], bfr[ni][1], c0);
                         gemm_epilogue<LEGACY, OFF>(acc[mi][ni], c, ws0, wo0, ws1, wo1, xd[mi],
@@ -987,7 +992,7 @@ __global__ void __launch_bounds__(32 * WM * WNN, WM * WNN == 8 ? 2 : 3)
                         for (int ni = 0; ni < 4; ni++)
 #pragma unroll
                             for (int mi = 0; mi < 2; mi++) {
-                                if (WIDE && mi >= nfr) continue;
+                                if (SKIP && mi >= nfr) continue;
                                 int c[4];
                                 mma_s8(c, af[mi][0], af[mi][1], bfr[ni], c0);
                                 gemm_epilogue<LEGACY, OFF>(acc[mi][ni], c, wsv[2 * ni], 0.0f,
@@ -1010,7 +1015,7 @@ __global__ void __launch_bounds__(32 * WM * WNN, WM * WNN == 8 ? 2 : 3)
                                     wo1 = OFF ? sWo[r + 1][ks] : 0.0f;
 #pragma unroll
                         for (int mi = 0; mi < 2; mi++) {
-                            if (WIDE && mi >= nfr) continue;
+                            if (SKIP && mi >= nfr) continue;
                             int c[4];
                             mma_s8(c, af[mi][0], af[mi][1], bfr[ni], c0);
                             gemm_epilogue<LEGACY, OFF>(acc[mi][ni], c, ws0, wo0, ws1, wo1,
@@ -1036,7 +1041,7 @@ __global__ void __launch_bounds__(32 * WM * WNN, WM * WNN == 8 ? 2 : 3)
                                        b1 = *(const uint32_t *)(p + 16);
 #pragma unroll
                         for (int mi = 0; mi < 2; mi++)
-                            if (!WIDE || mi < nfr) mma_f16(acc[mi][ni], af[mi], b0, b1, bf);
+                            if (!SKIP || mi < nfr) mma_f16(acc[mi][ni], af[mi], b0, b1, bf);
                     }
                 }
             }
@@ -1161,6 +1166,14 @@ __global__ void __launch_bounds__(256) gemm_f32_kernel(engine_cu_gemm_args a) {
 template <int WM, bool LEGACY, int WNN = 4 / WM, bool SV = false>
 static void gemm_launch(int mode, dim3 grid, const engine_cu_gemm_args *a, cudaStream_t st) {
     constexpr int nt = 32 * WM * WNN;
+    if (SV) { /* room for 4 blocks per multiprocessor (the SV kernels' launch bounds) */
+        const int m = mode == 0 ? 0 : mode == 1 ? 1 : 3;
+        cudaFuncSetAttribute(m == 0   ? gemm_kernel<0, WM, LEGACY, false, WNN, SV>
+                             : m == 1 ? gemm_kernel<1, WM, LEGACY, false, WNN, SV>
+                                      : gemm_kernel<LEGACY ? 1 : 3, WM, LEGACY, false, WNN, SV>,
+                             cudaFuncAttributePreferredSharedMemoryCarveout,
+                             cudaSharedmemCarveoutMaxShared);
+    }
     switch (mode) {
     case 0: gemm_kernel<0, WM, LEGACY, false, WNN, SV><<<grid, nt, 0, st>>>(*a); break;
     case 1: gemm_kernel<1, WM, LEGACY, false, WNN, SV><<<grid, nt, 0, st>>>(*a); break;
@@ -1179,9 +1192,16 @@ static void gemm_launch(int mode, dim3 grid, const engine_cu_gemm_args *a, cudaS
  * memory. */
 template <int MODE, int WM, int WNN, bool SV>
 static void gemm_launch_pipe1(dim3 grid, const engine_cu_gemm_args *a, cudaStream_t st) {
-    const size_t dyn = (size_t)2 * (32 * WNN) * (MODE == 1 ? GEMM_STAGE_ROW : GEMM_STAGE_ROW2);
+    const int srow = MODE != 1                                  ? GEMM_STAGE_ROW2
+                     : SV && a->type == ENGINE_TYPE_Q4_K ? GEMM_STAGE_ROW_Q4
+                                                         : GEMM_STAGE_ROW;
+    const size_t dyn = (size_t)2 * (32 * WNN) * srow;
     cudaFuncSetAttribute(gemm_kernel<MODE, WM, false, true, WNN, SV>,
                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn);
+    if (SV) /* room for 4 blocks per multiprocessor (the SV kernels' launch bounds) */
+        cudaFuncSetAttribute(gemm_kernel<MODE, WM, false, true, WNN, SV>,
+                             cudaFuncAttributePreferredSharedMemoryCarveout,
+                             cudaSharedmemCarveoutMaxShared);
     gemm_kernel<MODE, WM, false, true, WNN, SV><<<grid, 32 * WM * WNN, dyn, st>>>(*a);
 }
 template <int WM, int WNN = 4 / WM, bool SV = false>

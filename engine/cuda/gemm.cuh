@@ -127,8 +127,9 @@ typedef struct {
      * layout. Opt-in */
     int wide;
     /* nonzero, int8 forms: the scales in shared memory in the warps' fragment order, so that
-     * each 32-column step loads them as six 16-byte vectors per thread instead of 24 words
-     * (the same arithmetic). Opt-in */
+     * each 32-column step loads them as six 16-byte vectors per thread instead of 24 words,
+     * the 16-row fragments past the tile's rows skipping their products, <= 128 registers and
+     * 4 blocks per multiprocessor (the same arithmetic). Opt-in */
     int svec;
 } engine_cu_gemm_args;
 

@@ -503,7 +503,8 @@ struct engine_cuda_prefill {
      * and "pipe8" the staged kernels for Q6_K and for Q8_0 / Q4_0 too, "wide" the 8-warp
      * 64 x 128 tiles in the grouped expert GEMMs (one block per expert tile), "wided" in the
      * dense ones too, "svec" the scales in shared memory in the warps' fragment order (16-byte
-     * loads; the wide tiles always) (all of these: the default's bits), "splitk" the dense
+     * loads), empty 16-row fragments skipped, 4 blocks per SM (the wide tiles: the first two)
+     * (all of these: the default's bits), "splitk" the dense
      * products (q, k,
      * v; wo) split along K where the launch fills less than whole waves of the GPU (up to 4
      * splits, their partial sums in the free gate/up buffers; other rounding) */

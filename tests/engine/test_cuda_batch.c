@@ -35,8 +35,9 @@
  *     chunk give bit-identical logits (a token's results do not depend on the chunking);
  *     a session through engine.h (device cuda) gives the prefill's last logits bit for bit.
  *   The prefill's GEMM words that keep the arithmetic (SPARK_CUDA_PREFILL_GEMM: "wided", the
- *     8-warp tiles everywhere; "pipe6 pipe8", the staged kernels for Q6_K, Q8_0, Q4_0 too;
- *     "svec", the scales in fragment order) give the same logits bit for bit.
+ *     8-warp tiles everywhere; "svec", the scales in fragment order, 4 blocks per SM; with
+ *     "pipe6 pipe8", the staged kernels for Q6_K, Q8_0, Q4_0 too) give the same logits bit
+ *     for bit.
  * Exits 77 (skip) with the reason when no GPU is usable or the build has no CUDA backend. */
 #include <math.h>
 #include <stdio.h>
@@ -357,7 +358,7 @@ static void run_model(const char *preset, const char *type) {
     /* the prefill's GEMM words (SPARK_CUDA_PREFILL_GEMM, read when a prefill is made) that
      * keep each product's arithmetic: the same logits bit for bit as the prefill above */
     {
-        static const char *const words[] = {"wided", "pipe6 pipe8", "wided pipe6 pipe8",
+        static const char *const words[] = {"wided", "svec", "wided pipe6 pipe8",
                                             "svec pipe6 pipe8"};
         const char *env = getenv("SPARK_CUDA_PREFILL_GEMM");
         char saved[128];
