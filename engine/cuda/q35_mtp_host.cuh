@@ -78,15 +78,26 @@ struct q35_spec {
 #define Q35M_FUSED_AEARLY 1024u /* per-query attention with the decode's early L2 prefetch */
 #define Q35M_FUSED_DN2 2048u /* as dn, later tokens launched as usual, waiting before the reads */
 #define Q35M_FUSED_H3 4096u  /* the heads' m-vector matvec with registers for 3 blocks per SM */
+#define Q35M_FUSED_DEC1 8192u /* passes of one token (draft, verify m = 1): the decode matvecs */
+/* The default (SPARK_CUDA_MTP_FUSED unset or empty), from GPU call 2 of session 6 (8-block cut
+ * of the 35B-A3B shape, verify m = 1..5 in us, KV-only feed in all; the feed itself stays
+ * whole-block, see below): "split" 816 1133 1401 1728 2076 (draft 310); the decode matvec for
+ * the heads ("head") 743 1114 1443 1817 2214 (draft 226) and for every matvec ("tok") 729 1141
+ * 1509 1906 2349 (draft 216): best at m = 1 (the m-vector kernel took 218 us for the draft's
+ * head), worse from m = 2 (m times the unpacking: 124 / 229 / 341 us for the head at m = 1 /
+ * 2 / 3); "h3" 779 1091 1358 1689 2034, the best head from m = 2; "dn" 800 1104 1363 1675 2016,
+ * "dn2" 799 1102 1357 1664 2000. So: dec1 for passes of one token, else split with h3, and dn2. */
+#define Q35M_FUSED_DEFAULT (Q35M_FUSED_DEC1 | Q35M_FUSED_SPLIT | Q35M_FUSED_H3 | Q35M_FUSED_DN2)
 #define Q35M_FUSED_ALL                                                                             \
     (Q35M_FUSED_DELTA | Q35M_FUSED_MOE | Q35M_FUSED_ATTN | Q35M_FUSED_PF | Q35M_FUSED_FEED |      \
      Q35M_FUSED_SPLIT | Q35M_FUSED_H3)
 
-/* SPARK_CUDA_MTP_FUSED (read when a session first turns MTP on): unset, empty or "0": every
- * part per token as the decode step and the whole MTP block in the feed; "1" or "all": every
- * fused part; else a comma list of parts ("delta", "moe", "attn", "pf", "feed", "split", "h3", and
- * outside "1": "head", "tok", "dn", "dn2", "hseq", "aearly"; "delta" wins over "dn" / "dn2",
- * "dn" over "dn2", "attn" over "aearly", "tok" over "pf" / "split",
+/* SPARK_CUDA_MTP_FUSED (read when a session first turns MTP on): unset or empty: the default
+ * parts (Q35M_FUSED_DEFAULT: dec1, split, h3, dn2); "0": every part per token as the decode
+ * step with the m-vector matvecs and the whole MTP block in the feed; "1" or "all": every fused
+ * part; else a comma list of parts ("delta", "moe", "attn", "pf", "feed", "split", "h3", and
+ * outside "1": "head", "tok", "dn", "dn2", "hseq", "aearly", "dec1"; "delta" wins over "dn" /
+ * "dn2", "dn" over "dn2", "attn" over "aearly", "tok" (and "dec1" at m = 1) over "pf" / "split",
  * "hseq" over "head" / "tok" for the heads).
  * Unknown names are logged and ignored. ("feed" was the default for GPU call 2 of session 5,
  * where its f32 KV rows differed from the whole block's after verify passes of 3, 4, 5, 1, 2
@@ -94,7 +105,8 @@ struct q35_spec {
  * side is wrong.) */
 static unsigned q35m_fused_env(void) {
     const char *e = getenv("SPARK_CUDA_MTP_FUSED");
-    if (!e || !*e || !strcmp(e, "0")) return 0;
+    if (!e || !*e) return Q35M_FUSED_DEFAULT;
+    if (!strcmp(e, "0")) return 0;
     if (!strcmp(e, "1") || !strcmp(e, "all")) return Q35M_FUSED_ALL;
     unsigned f = 0;
     for (const char *p = e; *p;) {
@@ -125,6 +137,8 @@ static unsigned q35m_fused_env(void) {
             f |= Q35M_FUSED_DN2;
         else if (n == 2 && !strncmp(p, "h3", 2))
             f |= Q35M_FUSED_H3;
+        else if (n == 4 && !strncmp(p, "dec1", 4))
+            f |= Q35M_FUSED_DEC1;
         else if (n)
             engine_log(ENGINE_LOG_INFO, "cuda: SPARK_CUDA_MTP_FUSED: unknown part '%.*s' ignored",
                        (int)n, p);
@@ -440,9 +454,10 @@ static void q35m_add(engine_cu_vmv *v, const q35_w *w, float *y, size_t ys, int 
 }
 
 /* engine_cu_vmatvec with the session's fused "pf" part: the m vectors asked of L1 at once;
- * with "tok" the decode matvec per token, the tokens as a grid dimension. */
+ * with "tok" (with "dec1": in passes of one token) the decode matvec per token, the tokens as a
+ * grid dimension. */
 static void q35m_vmatvec(const q35_spec *sp, engine_cu_vmv *v, cudaStream_t st) {
-    if (sp->fused & Q35M_FUSED_TOK) {
+    if ((sp->fused & Q35M_FUSED_TOK) || ((sp->fused & Q35M_FUSED_DEC1) && v->m == 1)) {
         engine_cu_vmatvec_tok(v, st);
         return;
     }

@@ -20,7 +20,8 @@
  *              the decode's early prefetch: the decode's device code and launch shapes, so bit
  *              for bit); and =hseq,dn2 (the heads on the decode's grid, the tokens in turn in
  *              each block; the later tokens' DeltaNet steps waiting before their early reads);
- *              each part alone if either fails
+ *              and the default parts (SPARK_CUDA_MTP_FUSED empty: dec1, split, h3, dn2; dec1:
+ *              passes of one token on the decode matvec); each part alone if one of these fails
  *   feed       SPARK_CUDA_MTP_FUSED=feed (the verify pass feeds only the MTP block's K/V rows)
  *              against the whole block: after 48 tokens in verify passes of 3, 4, 5, 1, 2, ..
  *              (the first at p0 = 0, where pairs 0 and 1 share position 0) the MTP K/V rows and
@@ -237,7 +238,7 @@ static double within(const float *ref, const float *got, size_t n, bool exact, d
 static void check_direct(engine_model *m, engine_cuda_q35_model *gm, const char *type0,
                          const char *fused) {
     char type[32];
-    snprintf(type, sizeof type, "%s/%s", type0, fused);
+    snprintf(type, sizeof type, "%s/%s", type0, *fused ? fused : "default");
     const int32_t nv = engine_model_n_vocab(m);
     engine_cuda_q35_session *plain = NULL, *sp = NULL, *cold = NULL;
     enum { N = 40 };
@@ -743,8 +744,10 @@ static void run_model(const char *type) {
         const int before_dec = support_failures;
         check_direct(m, gm, type, "tok,dn,aearly"); /* the parts outside "1": decode launches */
         check_direct(m, gm, type, "hseq,dn2");
+        check_direct(m, gm, type, ""); /* the default parts (SPARK_CUDA_MTP_FUSED empty) */
         if (support_failures > before_dec) {
-            static const char *const parts[] = {"head", "tok", "dn", "aearly", "hseq", "dn2"};
+            static const char *const parts[] = {"head", "tok", "dn",   "aearly", "hseq",
+                                                "dn2",  "dec1", "split", "h3"};
             for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
                 check_direct(m, gm, type, parts[i]);
         }
