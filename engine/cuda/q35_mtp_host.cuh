@@ -79,6 +79,7 @@ struct q35_spec {
 #define Q35M_FUSED_DN2 2048u /* as dn, later tokens launched as usual, waiting before the reads */
 #define Q35M_FUSED_H3 4096u  /* the heads' m-vector matvec with registers for 3 blocks per SM */
 #define Q35M_FUSED_DEC1 8192u /* passes of one token (draft, verify m = 1): the decode matvecs */
+#define Q35M_FUSED_FATT 16384u /* the feed's block without o_proj and MoE (its KV rows alone) */
 /* The default (SPARK_CUDA_MTP_FUSED unset or empty), from GPU call 2 of session 6 (8-block cut
  * of the 35B-A3B shape, verify m = 1..5 in us, KV-only feed in all; the feed itself stays
  * whole-block, see below): "split" 816 1133 1401 1728 2076 (draft 310); the decode matvec for
@@ -86,17 +87,21 @@ struct q35_spec {
  * 1509 1906 2349 (draft 216): best at m = 1 (the m-vector kernel took 218 us for the draft's
  * head), worse from m = 2 (m times the unpacking: 124 / 229 / 341 us for the head at m = 1 /
  * 2 / 3); "h3" 779 1091 1358 1689 2034, the best head from m = 2; "dn" 800 1104 1363 1675 2016,
- * "dn2" 799 1102 1357 1664 2000. So: dec1 for passes of one token, else split with h3, and dn2. */
-#define Q35M_FUSED_DEFAULT (Q35M_FUSED_DEC1 | Q35M_FUSED_SPLIT | Q35M_FUSED_H3 | Q35M_FUSED_DN2)
+ * "dn2" 799 1102 1357 1664 2000. So: dec1 for passes of one token, else split with h3, and dn2;
+ * the feed "fatt" (the whole block's own KV stores; not yet measured: between the whole block
+ * and the KV-only feed, whose flaky difference of session 5 keeps it opt-in). */
+#define Q35M_FUSED_DEFAULT                                                                         \
+    (Q35M_FUSED_DEC1 | Q35M_FUSED_SPLIT | Q35M_FUSED_H3 | Q35M_FUSED_DN2 | Q35M_FUSED_FATT)
 #define Q35M_FUSED_ALL                                                                             \
     (Q35M_FUSED_DELTA | Q35M_FUSED_MOE | Q35M_FUSED_ATTN | Q35M_FUSED_PF | Q35M_FUSED_FEED |      \
      Q35M_FUSED_SPLIT | Q35M_FUSED_H3)
 
 /* SPARK_CUDA_MTP_FUSED (read when a session first turns MTP on): unset or empty: the default
- * parts (Q35M_FUSED_DEFAULT: dec1, split, h3, dn2); "0": every part per token as the decode
+ * parts (Q35M_FUSED_DEFAULT: dec1, split, h3, dn2, fatt); "0": every part per token as the decode
  * step with the m-vector matvecs and the whole MTP block in the feed; "1" or "all": every fused
  * part; else a comma list of parts ("delta", "moe", "attn", "pf", "feed", "split", "h3", and
- * outside "1": "head", "tok", "dn", "dn2", "hseq", "aearly", "dec1"; "delta" wins over "dn" /
+ * outside "1": "head", "tok", "dn", "dn2", "hseq", "aearly", "dec1", "fatt"; "feed" wins over
+ * "fatt", "delta" over "dn" /
  * "dn2", "dn" over "dn2", "attn" over "aearly", "tok" (and "dec1" at m = 1) over "pf" / "split",
  * "hseq" over "head" / "tok" for the heads).
  * Unknown names are logged and ignored. ("feed" was the default for GPU call 2 of session 5,
@@ -139,6 +144,8 @@ static unsigned q35m_fused_env(void) {
             f |= Q35M_FUSED_H3;
         else if (n == 4 && !strncmp(p, "dec1", 4))
             f |= Q35M_FUSED_DEC1;
+        else if (n == 4 && !strncmp(p, "fatt", 4))
+            f |= Q35M_FUSED_FATT;
         else if (n)
             engine_log(ENGINE_LOG_INFO, "cuda: SPARK_CUDA_MTP_FUSED: unknown part '%.*s' ignored",
                        (int)n, p);
@@ -894,10 +901,19 @@ static void q35m_enqueue_verify(engine_cuda_q35_session *s, int m) {
     }
     const bool feed = q35m_run(sp, Q35M_DIAG_FEED);
     sp->diag_now = 0; /* the feed's block (q35m_attention / q35m_moe) runs whole */
-    if (feed && (sp->fused & Q35M_FUSED_FEED))
+    if (feed && (sp->fused & Q35M_FUSED_FEED)) {
         q35m_mtp_feed(s, m, sp->vstep, sp->hbuf, sp->ctl->mpos, 1);
-    else if (feed)
+    } else if (feed) {
+        /* "fatt": the block's launches up to its attention, which stores the pairs' KV rows
+         * with the whole block's own launches (so its rows by construction); the rest (o_proj,
+         * router, MoE) only makes outputs nothing reads (a draft starts from hbuf and its
+         * token, the next pass from its embeddings), so it is left out through the launch
+         * kinds' mask */
+        if (sp->fused & Q35M_FUSED_FATT)
+            sp->diag_now = Q35M_DIAG_AT_O | Q35M_DIAG_ROUTER | Q35M_DIAG_UP | Q35M_DIAG_DOWN;
         q35m_mtp_block(s, m, sp->vstep, sp->hbuf, sp->ctl->mpos, 1);
+        sp->diag_now = 0;
+    }
 }
 
 static void q35m_enqueue_draft(engine_cuda_q35_session *s, bool first) {

@@ -20,14 +20,16 @@
  *              the decode's early prefetch: the decode's device code and launch shapes, so bit
  *              for bit); and =hseq,dn2 (the heads on the decode's grid, the tokens in turn in
  *              each block; the later tokens' DeltaNet steps waiting before their early reads);
- *              and the default parts (SPARK_CUDA_MTP_FUSED empty: dec1, split, h3, dn2; dec1:
+ *              and the default parts (SPARK_CUDA_MTP_FUSED empty: dec1, split, h3, dn2, fatt; dec1:
  *              passes of one token on the decode matvec); each part alone if one of these fails
  *   feed       SPARK_CUDA_MTP_FUSED=feed (the verify pass feeds only the MTP block's K/V rows)
  *              against the whole block: after 48 tokens in verify passes of 3, 4, 5, 1, 2, ..
  *              (the first at p0 = 0, where pairs 0 and 1 share position 0) the MTP K/V rows and
  *              the draft logits of steps 0..3 bit for bit; both also fed in passes of 5, and all
  *              four sessions' drafts against the CPU's (check_draft's bounds), which says which
- *              side is wrong when they differ
+ *              side is wrong when they differ; and =fatt (the block's launches up to its
+ *              attention, which stores the rows: o_proj and MoE left out) in passes of 3, 4, 5,
+ *              1, 2, ..: K/V rows and drafts bit for bit the whole block's
  *   draft      GPU draft logits against the CPU's (engine_q35_mtp_step), steps 0..3 chained on
  *              the CPU's greedy drafts after the prompt: f32 max |gpu - cpu| <= 5e-4 (1 + max
  *              |logit|) (test_cuda_qwen35's bound for the whole model: summation order only);
@@ -468,18 +470,18 @@ static int first_row_diff(const float *a, const float *b, size_t rows, size_t ro
 }
 
 static void check_feed(engine_model *m, engine_cuda_q35_model *gm, const char *type) {
-    enum { N = 48, NS = 4 };
-    static const char *const fused[NS] = {"0", "feed", "0", "feed"};
+    enum { N = 48, NS = 5 };
+    static const char *const fused[NS] = {"0", "feed", "0", "feed", "fatt"};
     const bool exact = !strcmp(type, "f32");
     const int32_t nv = engine_model_n_vocab(m);
     const size_t V = (size_t)nv, kvd = (size_t)m->hp.n_head_kv * m->hp.head_dim_k;
     int32_t toks[N];
-    engine_cuda_q35_session *gs[NS] = {NULL, NULL, NULL, NULL};
+    engine_cuda_q35_session *gs[NS] = {NULL, NULL, NULL, NULL, NULL};
     engine_session *cs = support_session(m, 8, ENGINE_KV_F32);
     float *k[NS], *v[NS], *d[NS], *dc = malloc(sizeof(float) * V);
     bool was = false, ok = cs && dc;
-    int bad_step = -1;
-    double worst[NS] = {0, 0, 0, 0};
+    int bad_step = -1, bad_fatt = -1;
+    double worst[NS] = {0, 0, 0, 0, 0};
     for (int i = 0; i < NS; i++) {
         k[i] = malloc(sizeof(float) * N * kvd);
         v[i] = malloc(sizeof(float) * N * kvd);
@@ -496,8 +498,8 @@ static void check_feed(engine_model *m, engine_cuda_q35_model *gm, const char *t
     CHECK(engine_q35_mtp_enable(cs, &was) == 0, "cpu enable");
     CHECK(engine_session_append(cs, toks, N, NULL) == 0, "cpu append");
     for (int i = 0; i < NS; i++)
-        for (int at = 0, width = i < 2 ? 3 : 5; at < N;
-             width = i < 2 ? width % ENGINE_CUDA_Q35_VMAX + 1 : 5) {
+        for (int at = 0, width = i < 2 || i == 4 ? 3 : 5; at < N;
+             width = i < 2 || i == 4 ? width % ENGINE_CUDA_Q35_VMAX + 1 : 5) {
             const int w = at + width > N ? N - at : width;
             CHECK(engine_cuda_q35_append(gs[i], toks + at, w, at, NULL, NULL) == 0, "verify");
             at += w;
@@ -514,6 +516,7 @@ static void check_feed(engine_model *m, engine_cuda_q35_model *gm, const char *t
             worst[i] = st == 0 ? r : exact ? fmax(worst[i], r) : fmin(worst[i], r);
         }
         if (bad_step < 0 && memcmp(d[0], d[1], sizeof(float) * V)) bad_step = st;
+        if (bad_fatt < 0 && memcmp(d[0], d[4], sizeof(float) * V)) bad_fatt = st;
         tok = support_argmax(dc, nv);
     }
     const size_t rows = N - 1;
@@ -541,6 +544,16 @@ static void check_feed(engine_model *m, engine_cuda_q35_model *gm, const char *t
           max_diff(v[0], v[1], rows * kvd));
     CHECK(bad_step < 0, "%s: draft step %d after the KV-only feed differs (%.3g)", type, bad_step,
           max_diff(d[0], d[1], V));
+    { /* fatt: the block up to its attention (its own KV stores) == the whole block */
+        const int rk04 = first_row_diff(k[0], k[4], rows, kvd);
+        const int rv04 = first_row_diff(v[0], v[4], rows, kvd);
+        printf("%-6s verify pass feeding the block up to its attention (fatt) vs the whole block: "
+               "first differing K row %d, V row %d, draft step %d (-1: none); drafts vs cpu "
+               "%.3g\n", type, rk04, rv04, bad_fatt, worst[4]);
+        CHECK(rk04 < 0 && rv04 < 0 && bad_fatt < 0, "%s: fatt feed differs from the whole "
+              "block's (K %.3g, V %.3g, draft step %d)", type, max_diff(k[0], k[4], rows * kvd),
+              max_diff(v[0], v[4], rows * kvd), bad_fatt);
+    }
 out:
     for (int i = 0; i < NS; i++) {
         free(k[i]), free(v[i]), free(d[i]);
@@ -747,7 +760,7 @@ static void run_model(const char *type) {
         check_direct(m, gm, type, ""); /* the default parts (SPARK_CUDA_MTP_FUSED empty) */
         if (support_failures > before_dec) {
             static const char *const parts[] = {"head", "tok", "dn",   "aearly", "hseq",
-                                                "dn2",  "dec1", "split", "h3"};
+                                                "dn2",  "dec1", "split", "h3", "fatt"};
             for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
                 check_direct(m, gm, type, parts[i]);
         }
