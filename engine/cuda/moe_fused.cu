@@ -23,57 +23,54 @@ __host__ __device__ __forceinline__ size_t mf_align16(size_t n) {
     return (n + 15) & ~(size_t)15;
 }
 
-/* Values of h one block stages for its down chunks: its 256-value group (Q8_K staging), else its
- * own slice. */
-__host__ __device__ __forceinline__ int mf_group(int mode, int slice) {
-    return mode == ENGINE_CU_X_Q8_K ? 256 : slice;
-}
-
-/* Items (row, chunk) of a thread's down work loaded into registers before the group wait
- * (a.preload; quantised types): its first MF_PRE, in mf_down's order. */
-#define MF_PRE 4
+/* Step 4 (a block's share of its 256-value group's down work): rows i0 .. i1 - 1, eight lanes a
+ * row (lane & 7 = the group's chunk c, from base + i * row_bytes: coalesced), four rows a warp
+ * and 32 a block per pass. */
+#define MF_PRE 4 /* passes whose weights a thread loads before the group wait (a.preload) */
 
 template <int T>
 __device__ __forceinline__ void mf_preload(const engine_cu_ffn_down_args &d, const uint8_t *base,
-                                           int c0, int nc, engine_cu_qraw raw[MF_PRE]) {
+                                           int i0, int i1, engine_cu_qraw raw[MF_PRE]) {
+    const int r = ((threadIdx.x >> 5) << 2) + ((threadIdx.x & 31) >> 3), c = threadIdx.x & 7;
 #pragma unroll
     for (int u = 0; u < MF_PRE; u++) {
-        const int i = threadIdx.x + (u / nc) * blockDim.x;
-        if (i < d.rows) engine_cu_qload<T>(base + (size_t)i * d.row_bytes, c0 + u % nc, raw[u]);
+        const int i = i0 + u * ((int)blockDim.x >> 3) + r;
+        if (i < i1) engine_cu_qload<T>(base + (size_t)i * d.row_bytes, c, raw[u]);
     }
 }
 
-/* Step 4: part[i] = w * (chunks c0 .. c0 + nc - 1 of row i, from base + i * row_bytes, against
- * the staged hv, in chunk order), a thread per row; with pre (quantised T, nc dividing MF_PRE)
- * the first MF_PRE items from raw (mf_preload): the same sums bit for bit. */
+/* The row's eight chunk products summed over its lanes (a fixed tree), w times that stored. */
+__device__ __forceinline__ void mf_row_store(int i, int i1, float v, float w, float *part) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    v += __shfl_xor_sync(0xffffffffu, v, 2);
+    v += __shfl_xor_sync(0xffffffffu, v, 4);
+    if ((threadIdx.x & 7) == 0 && i < i1) part[i] = w * v;
+}
+
+/* part[i] = w * (row i's chunks 0..7 from base . the staged hv) for i in [i0, i1); with pre
+ * (quantised T) the first MF_PRE passes from raw (mf_preload): the same sums bit for bit. */
 template <int T>
 __device__ __forceinline__ void mf_down(const engine_cu_ffn_down_args &d, const uint8_t *base,
-                                        int c0, int nc, const engine_cu_xv &hv, float w,
+                                        int i0, int i1, const engine_cu_xv &hv, float w,
                                         float *part, bool pre, const engine_cu_qraw *raw) {
-    int i0 = threadIdx.x;
+    const int r = ((threadIdx.x >> 5) << 2) + ((threadIdx.x & 31) >> 3), c = threadIdx.x & 7;
+    const int step = (int)blockDim.x >> 3;
+    int ib = i0; /* uniform over the block */
     if (engine_cu_type_quant(T) && pre) {
-        float acc = 0.0f;
 #pragma unroll
-        for (int u = 0; u < MF_PRE; u++) {
-            const int i = threadIdx.x + (u / nc) * blockDim.x;
-            if (i < d.rows) {
-                acc +=
-                    engine_cu_qdot_raw<T>(raw[u], base + (size_t)i * d.row_bytes, c0 + u % nc, hv);
-                if (u % nc == nc - 1) {
-                    part[i] = w * acc;
-                    acc = 0.0f;
-                }
-            }
+        for (int u = 0; u < MF_PRE; u++, ib += step) {
+            const int i = ib + r;
+            float v = 0.0f;
+            if (i < i1) v = engine_cu_qdot_raw<T>(raw[u], base + (size_t)i * d.row_bytes, c, hv);
+            mf_row_store(i, i1, v, w, part);
         }
-        i0 += (MF_PRE / nc) * blockDim.x;
     }
 #pragma unroll 4
-    for (int i = i0; i < d.rows; i += blockDim.x) {
-        const uint8_t *row = base + (size_t)i * d.row_bytes;
-        float acc = 0.0f;
-        for (int c = c0; c < c0 + nc; c++)
-            acc += engine_cu_dot_chunk<T>(row, c, hv);
-        part[i] = w * acc;
+    for (; ib < i1; ib += step) {
+        const int i = ib + r;
+        const float v =
+            i < i1 ? engine_cu_dot_chunk<T>(base + (size_t)i * d.row_bytes, c, hv) : 0.0f;
+        mf_row_store(i, i1, v, w, part);
     }
 }
 
@@ -85,11 +82,11 @@ __device__ __forceinline__ void mf_add4(float4 &a, const float4 b) {
 }
 
 /* Step 5 by reducer rr of R (every thread of the block): float4 columns q0 .. q1 - 1 of the
- * outputs; per column tpr threads each sum every tpr-th partial (block order), then the first
- * sums those tpr sums in order and stores y as the down kernel does (down_store). */
+ * outputs; per column tpr threads each sum every tpr-th of the np partials (in order), then the
+ * first sums those tpr sums in order and stores y as the down kernel does (down_store). */
 template <bool RF>
 __device__ __forceinline__ void mf_reduce(const engine_cu_ffn_down_args &d, const float *partial,
-                                          int nb, int R, int rr, float4 *red) {
+                                          int np, int R, int rr, float4 *red) {
     const int n4 = d.rows >> 2, per = (n4 + R - 1) / R, q0 = rr * per, q1 = min(n4, q0 + per);
     const int nct = min(per, (int)blockDim.x), tpr = (int)blockDim.x / nct;
     const int cl = (int)threadIdx.x % nct, pp = (int)threadIdx.x / nct;
@@ -99,7 +96,7 @@ __device__ __forceinline__ void mf_reduce(const engine_cu_ffn_down_args &d, cons
         float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (pp < tpr && q < q1) {
 #pragma unroll 8
-            for (int p = pp; p < nb; p += tpr)
+            for (int p = pp; p < np; p += tpr)
                 mf_add4(acc, __ldcg(p4 + (size_t)p * n4 + q));
         }
         red[threadIdx.x] = acc;
@@ -124,8 +121,9 @@ __device__ __forceinline__ void mf_reduce(const engine_cu_ffn_down_args &d, cons
 }
 
 /* Counters: [0] blocks arrived, [1] reducers done, [2 + j * (n_ff / 256) + g] blocks of slot j's
- * 256-value group g that stored their h (Q8_K staging only). MODE: the staging of both x (for
- * gate/up) and h (for down); RF: the router fusion (up.x_add, dn.y_add). */
+ * 256-value group g that stored their h. Partials: [j * (n_ff / 256) + g][n_embd], slot j's group
+ * g's share of the down product (weighted), its rows split among the group's blocks. MODE: the
+ * staging of both x (for gate/up) and h (for down); RF: the router fusion (up.x_add, dn.y_add). */
 template <int MODE, bool RF>
 __global__ void __launch_bounds__(MF_THREADS, 2) moe_fused_kernel(engine_cu_moe_fused_args a) {
     extern __shared__ uint4 mf_shm[];
@@ -136,8 +134,9 @@ __global__ void __launch_bounds__(MF_THREADS, 2) moe_fused_kernel(engine_cu_moe_
     const engine_cu_ffn_up_args &u = a.up;
     const engine_cu_ffn_down_args &d = a.dn;
     constexpr bool quant = MODE != ENGINE_CU_X_F32;
-    const int S = a.slice, nsl = u.rows / S, b = blockIdx.x, nb = gridDim.x;
+    const int S = a.slice, nsl = u.rows / S, ng = u.rows / 256, b = blockIdx.x, nb = gridDim.x;
     const int j = b / nsl, s = b - j * nsl, w = threadIdx.x >> 5;
+    const int G = 256 / S, g = s / G, m = s - g * G; /* group g, the block's place m in it */
     uint8_t *xs = (uint8_t *)mf_shm, *hs = xs + mf_align16(engine_cu_xs_bytes(quant, u.cols));
     engine_cu_pdl_launch();
     if (u.norm_w && w == FFN_WARPS - 1)
@@ -160,58 +159,59 @@ __global__ void __launch_bounds__(MF_THREADS, 2) moe_fused_kernel(engine_cu_moe_
     }
     const int e = ids[j];
     const float wj = wts[j];
-    /* the down side: h values col0 .. col0 + grp staged; the block's chunks c0 .. c0 + cpb - 1
-     * counted from dbase, the first byte of the unit (superblock, or block of 32) holding
-     * column col0 of each row; their bytes asked of L2 now, to arrive during gate/up */
-    const int grp = mf_group(MODE, S), col0 = s * S / grp * grp;
-    const int unit = MODE == ENGINE_CU_X_Q8_K ? 256 : 32, cpb = S / 32, c0 = (s * S - col0) / 32;
-    const size_t ub = d.row_bytes / (size_t)(d.cols / unit);
+    /* the down side: the group's columns col0 .. col0 + 255 are chunks 0..7 from dbase in each
+     * row (a superblock, or 8 blocks of 32); the block takes rows i0 .. i1 - 1 of them, whose
+     * bytes it asks of L2 now, to arrive during gate/up */
+    const int col0 = 256 * g, unit = MODE == ENGINE_CU_X_Q8_K ? 256 : 32;
+    const size_t ub = d.row_bytes / (size_t)(d.cols / unit), span = (size_t)(256 / unit) * ub;
     const uint8_t *dbase = d.down + (size_t)e * d.expert_bytes + (size_t)(col0 / unit) * ub;
-    const size_t span = MODE == ENGINE_CU_X_Q8_K ? ub : (size_t)cpb * ub;
-    for (int i = threadIdx.x; i < d.rows; i += blockDim.x)
+    const int rpb = (d.rows + G - 1) / G, i0 = min(d.rows, m * rpb), i1 = min(d.rows, i0 + rpb);
+    for (int i = i0 + (int)threadIdx.x; i < i1; i += blockDim.x)
         engine_cu_prefetch_rows(dbase + (size_t)i * d.row_bytes, span);
     /* 2. the slice's gate/up rows, 32 a pass (a warp's 4 rows' loads in flight together) */
     const engine_cu_xv xv = engine_cu_xv_at(xs, u.cols, quant, 0);
-    for (int r0 = s * S; r0 < s * S + S; r0 += 4 * FFN_WARPS)
-        ffn_up_rows<MODE, 4>(u, j, e, r0 + w, xv);
-    engine_cu_qraw raw[MF_PRE]; /* a.preload: the first down items, in flight during the wait */
+    if (!(a.diag & 8))
+        for (int r0 = s * S; r0 < s * S + S; r0 += 4 * FFN_WARPS)
+            ffn_up_rows<MODE, 4>(u, j, e, r0 + w, xv);
+    engine_cu_qraw raw[MF_PRE]; /* a.preload: the first down passes, in flight during the wait */
     const bool pre = quant && a.preload;
     if (pre) {
         switch (d.type) {
 #define MF_PRE_CASE(T)                                                                             \
     case T:                                                                                        \
-        if (MODE == engine_cu_x_mode(T)) mf_preload<T>(d, dbase, c0, cpb, raw);                    \
+        if (MODE == engine_cu_x_mode(T)) mf_preload<T>(d, dbase, i0, i1, raw);                     \
         break;
             ENGINE_CU_QUANT_CASES(MF_PRE_CASE)
 #undef MF_PRE_CASE
         }
     }
-    /* 3. h of the group complete (stored, fenced, counted), then staged from L2 */
+    /* 3. h of the group complete (stored, fenced, counted), then staged from L2 as the down
+     * kernel stages it (the same 8-bit values) */
     const float *hj = u.h + (size_t)j * u.rows;
     __threadfence();
     __syncthreads();
-    if (MODE == ENGINE_CU_X_Q8_K) {
-        unsigned *gc = a.counters + 2 + j * (u.rows / 256) + s * S / 256;
-        if (threadIdx.x == 0) atomicAdd(gc, 1u);
-        engine_cu_spin(gc, (unsigned)(256 / S));
-    }
-    engine_cu_stage_x<MODE, true>(hj + col0, grp, nullptr, 0.0f, hs); /* ends with a barrier */
-    /* 4. the block's partial of every output row */
-    const engine_cu_xv hv = engine_cu_xv_at(hs, grp, quant, 0);
-    float *part = a.partial + (size_t)b * d.rows;
-    switch (d.type) {
+    unsigned *gc = a.counters + 2 + j * ng + g;
+    if (threadIdx.x == 0) atomicAdd(gc, 1u);
+    if (!(a.diag & 4)) engine_cu_spin(gc, (unsigned)G);
+    engine_cu_stage_x<MODE, true>(hj + col0, 256, nullptr, 0.0f, hs); /* ends with a barrier */
+    /* 4. the block's rows of the group's weighted down product */
+    const engine_cu_xv hv = engine_cu_xv_at(hs, 256, quant, 0);
+    float *part = a.partial + (size_t)(j * ng + g) * d.rows;
+    if (!(a.diag & 1)) {
+        switch (d.type) {
 #define MF_CASE(T)                                                                                 \
     case T:                                                                                        \
-        if (MODE == engine_cu_x_mode(T)) mf_down<T>(d, dbase, c0, cpb, hv, wj, part, pre, raw);    \
+        if (MODE == engine_cu_x_mode(T)) mf_down<T>(d, dbase, i0, i1, hv, wj, part, pre, raw);     \
         break;
-        ENGINE_CU_QUANT_CASES(MF_CASE)
+            ENGINE_CU_QUANT_CASES(MF_CASE)
 #undef MF_CASE
 #define MF_CASE(T)                                                                                 \
     case T:                                                                                        \
-        if (MODE == ENGINE_CU_X_F32) mf_down<T>(d, dbase, c0, cpb, hv, wj, part, false, raw);      \
+        if (MODE == ENGINE_CU_X_F32) mf_down<T>(d, dbase, i0, i1, hv, wj, part, false, raw);       \
         break;
-        ENGINE_CU_FLOAT_CASES(MF_CASE)
+            ENGINE_CU_FLOAT_CASES(MF_CASE)
 #undef MF_CASE
+        }
     }
     /* 5. arrive; the last R blocks reduce once all have */
     __threadfence();
@@ -222,14 +222,13 @@ __global__ void __launch_bounds__(MF_THREADS, 2) moe_fused_kernel(engine_cu_moe_
     const unsigned t = ticket;
     if (t < (unsigned)(nb - R)) return;
     engine_cu_spin(a.counters, (unsigned)nb);
-    mf_reduce<RF>(d, a.partial, nb, R, (int)t - (nb - R), red);
+    if (!(a.diag & 2)) mf_reduce<RF>(d, a.partial, u.k * ng, R, (int)t - (nb - R), red);
     if (threadIdx.x == 0 && atomicAdd(a.counters + 1, 1u) == (unsigned)R - 1) {
         /* every block has passed its waits: zero for the next launch */
         a.counters[0] = 0;
         a.counters[1] = 0;
-        if (MODE == ENGINE_CU_X_Q8_K)
-            for (int g = 0; g < u.k * (u.rows / 256); g++)
-                a.counters[2 + g] = 0;
+        for (int q = 0; q < u.k * ng; q++)
+            a.counters[2 + q] = 0;
     }
 }
 
@@ -248,12 +247,11 @@ static mf_kernel_fn mf_kernel(int mode, bool rf) {
 static size_t mf_smem(const engine_cu_moe_fused_args *a) {
     const int mode = engine_cu_x_mode(a->up.type);
     const bool q = mode != ENGINE_CU_X_F32;
-    return mf_align16(engine_cu_xs_bytes(q, a->up.cols)) +
-           engine_cu_xs_bytes(q, mf_group(mode, a->slice));
+    return mf_align16(engine_cu_xs_bytes(q, a->up.cols)) + engine_cu_xs_bytes(q, 256);
 }
 
 size_t engine_cu_moe_fused_partial_floats(int k, int n_ff, int n_embd) {
-    return (size_t)k * (size_t)(n_ff / 32) * (size_t)n_embd;
+    return (size_t)k * (size_t)((n_ff + 255) / 256) * (size_t)n_embd;
 }
 
 size_t engine_cu_moe_fused_counters(int k, int n_ff) {
@@ -270,9 +268,9 @@ const char *engine_cu_moe_fused_why(const engine_cu_moe_fused_args *a) {
     if (a->slice != 32 && a->slice != 64) return "the slice is not 32 or 64 rows";
     if (mode != engine_cu_x_mode(d.type))
         return "gate/up and down stage their inputs differently (no fused instance)";
-    if (d.cols != u.rows || d.rows != u.cols || d.k != u.k || u.rows % a->slice || u.cols % 32 ||
-        (mode == ENGINE_CU_X_Q8_K && (u.rows % 256 || u.cols % 256)))
-        return "the shape does not split into slices";
+    if (d.cols != u.rows || d.rows != u.cols || d.k != u.k || u.rows % 256 || u.cols % 32 ||
+        (mode == ENGINE_CU_X_Q8_K && u.cols % 256))
+        return "the shape does not split into groups of 256 intermediate rows";
     if ((u.x_add != nullptr) != (d.y_add != nullptr))
         return "the router fusion is on in only one of up and down";
     if (!a->partial || !a->counters || !u.h || !u.ids || !u.weights) return "no scratch";

@@ -7,21 +7,20 @@
  *   1. every block routes (warp 0; with the router fusion from the scaled raw logits, as the up
  *      kernel does) while the other warps stage x (+ x_add) normalised; block 0 stores ids and
  *      weights; the routing warp asks L2 for the block's gate and up rows at once, and after the
- *      staging every thread asks L2 for its rows' down bytes of the block's chunks;
+ *      staging the block asks L2 for the down bytes of its rows (step 4);
  *   2. the block's S rows of gate/up: h[j][r] = silu(g) u, as the up kernel computes them (the
  *      same function, bit for bit), stored to h (global);
- *   3. the down input staged as the down kernel stages h, so that the int8 values and scales are
- *      the unfused path's bit for bit: for K-quant downs (Q8_K staging, blocks of 256 values)
- *      the 256 / S blocks of one 256-value group of h wait for each other (a counter per group)
- *      and each stages the group's 256 values from L2; for Q8_0 / Q4_0 (blocks of 32) and the
- *      float types each block stages its own S values. The block's down chunks are chunks
- *      s * S / 32 .. + S / 32 of every output row (inside its 256-group for K-quants, so a block
- *      may take chunks whose values another block of the group computed);
- *   4. partial[b][i] = w_j * (the block's chunks of row i of D_e . h), a thread per row, stored
- *      to the scratch [n_blocks][n_embd];
+ *   3. the 256 / S blocks of one 256-value group of h wait for each other (a counter per group;
+ *      the h values stored and fenced first) and each stages the group's 256 values from L2 as
+ *      the down kernel stages h, so that the int8 values and scales are the unfused path's bit
+ *      for bit (Q8_K: blocks of 256; Q8_0 / Q4_0: of 32; float types: F32);
+ *   4. block m of its group takes rows m * n_embd / G .. of the group's down columns (chunks
+ *      0..7 of the group in every row, eight lanes a row: coalesced, unlike a thin slice of
+ *      every row, which call 2 measured at 42.8 us a layer) and stores partial[j, g][i] = w_j *
+ *      (row i of D_e over the group's columns . h), the scratch [k * n_ff / 256][n_embd];
  *   5. a deterministic reduction (no float atomics): each block fences and counts itself in an
  *      arrival counter; the last R to arrive (R = n_embd / 64, at most n_blocks) each wait until
- *      all have arrived and reduce a 1/R share of the outputs over all partials in block order
+ *      all have arrived and reduce a 1/R share of the outputs over the partials in order
  *      (fixed: the sum never depends on timing), storing y = (y + y_add) + sum with the router
  *      fusion, else y += sum (the unfused down kernel's adds). The last reducer to finish resets
  *      the counters for the next launch. Results: the unfused path's up to F32 summation order of
@@ -55,9 +54,12 @@ typedef struct {
      * registers right after its gate/up rows, before the group wait and the staging of h (the
      * bytes asked of L2 at the start), and computes on them after; the same sums bit for bit */
     int preload;
+    /* Diagnosis only (wrong results; SPARK_CUDA_MOE_FUSED_DIAG): bits leave out 1 the down
+     * products, 2 the reduction, 4 the group wait, 8 the gate/up rows, for an A/B of their cost */
+    int diag;
 } engine_cu_moe_fused_args;
 
-/* Scratch sizes for a layer shape (the largest any slice needs). */
+/* Scratch sizes for a layer shape. */
 size_t engine_cu_moe_fused_partial_floats(int k, int n_ff, int n_embd);
 size_t engine_cu_moe_fused_counters(int k, int n_ff);
 

@@ -37,8 +37,10 @@
  * The MoE block in one launch (SPARK_CUDA_MOE_FUSED=1, engine/cuda/moe_fused.cuh; off by default)
  * changes the F32 order of the down sums only: a session with it, fed the default session's
  * tokens, is held to the default's bounds against the CPU, and its greedy tokens, step by step
- * and generated on the device, must equal the default's (the dense model has no MoE block: the
- * session is then the default one).
+ * and generated on the device, must equal the default's except at a near-tie (the default's
+ * top-2 margin within twice the largest logit difference between the two: a rounding flip;
+ * counted and printed, and the device generation compared up to the first one) (the dense model
+ * has no MoE block: the session is then the default one).
  * Arguments PRESET TYPE [N_GEN] run that one model (for compute-sanitizer racecheck), with
  * N_GEN (2..40) generated tokens. */
 #include <math.h>
@@ -98,6 +100,18 @@ static bool alt_unfused(int a) {
     return false;
 }
 
+/* Whether l's greedy token can flip under l2's rounding: its top-2 margin is within twice the
+ * largest |l - l2|. */
+static bool near_tie(const float *l, const float *l2, int n) {
+    int a = support_argmax(l, n), b = a == 0 ? 1 : 0;
+    float d = 0.0f;
+    for (int i = 0; i < n; i++) {
+        if (i != a && l[i] > l[b]) b = i;
+        d = fmaxf(d, fabsf(l[i] - l2[i]));
+    }
+    return l[a] - l[b] <= 2.0f * d;
+}
+
 static void run_model(const char *preset, const char *type) {
     char path[600];
     snprintf(path, sizeof path, "%s/%s-%s.gguf", tmpdir, preset, type);
@@ -132,10 +146,16 @@ static void run_model(const char *preset, const char *type) {
               "unfused-router cuda session");
         unsetenv("SPARK_CUDA_ROUTER_FUSE");
         lf = malloc(sizeof(float) * engine_model_n_vocab(m));
+        const char *mf_env = getenv("SPARK_CUDA_MOE_FUSED"); /* kept for the other sessions */
+        char mf_old[32];
+        snprintf(mf_old, sizeof mf_old, "%s", mf_env ? mf_env : "");
         setenv("SPARK_CUDA_MOE_FUSED", "1", 1);
         CHECK(engine_cuda_session_new(&gmf, gm, 256, ENGINE_KV_F32) == 0,
               "fused-MoE cuda session");
-        unsetenv("SPARK_CUDA_MOE_FUSED");
+        if (mf_env)
+            setenv("SPARK_CUDA_MOE_FUSED", mf_old, 1);
+        else
+            unsetenv("SPARK_CUDA_MOE_FUSED");
         lm = malloc(sizeof(float) * engine_model_n_vocab(m));
         setenv("SPARK_CUDA_FUSED", "0", 1);
         CHECK(engine_cuda_session_new(&gs, gm, 256, ENGINE_KV_F32) == 0, "cuda session");
@@ -178,7 +198,7 @@ static void run_model(const char *preset, const char *type) {
     char what_m[64];
     snprintf(what_m, sizeof what_m, "%-10s %-6s logits, MoE fused", preset, type);
     support_logit_stats cm = {exact, c.moe, 0, 1, 0, 0, what_m};
-    int n_mf_tok_diff = 0;
+    int n_mf_tok_diff = 0, n_mf_ties = 0, mf_tie_at = -1;
     if (!gmf || !lm) goto out;
     int part = -1;
     for (int i = 0; i < N_PROMPT + n_gen - 1; i++) {
@@ -204,7 +224,12 @@ static void run_model(const char *preset, const char *type) {
             CHECK(0, "fused MoE step %d", i);
             goto out;
         }
-        n_mf_tok_diff += next_m != next;
+        if (next_m != next && near_tie(lg, lm, nv)) {
+            n_mf_ties++;
+            if (mf_tie_at < 0 && i + 1 >= N_PROMPT) mf_tie_at = i + 1 - N_PROMPT;
+        } else {
+            n_mf_tok_diff += next_m != next;
+        }
         if (tok_cpu[i] == tok_gpu[i]) {
             const support_logit_row r = support_logit_add(&cm, lc, lm, nv);
             if (exact)
@@ -264,8 +289,12 @@ static void run_model(const char *preset, const char *type) {
     CHECK(n_rf_tok_diff == 0, "%s %s: router unfused: greedy token differs at %d of %d steps",
           preset, type, n_rf_tok_diff, N_PROMPT + n_gen - 1);
     support_logit_finish(&cf, "gpu-cpu", 0);
-    CHECK(n_mf_tok_diff == 0, "%s %s: MoE fused: greedy token differs at %d of %d steps", preset,
-          type, n_mf_tok_diff, N_PROMPT + n_gen - 1);
+    CHECK(n_mf_tok_diff == 0,
+          "%s %s: MoE fused: greedy token differs past a near-tie at %d of %d steps", preset, type,
+          n_mf_tok_diff, N_PROMPT + n_gen - 1);
+    printf("%-10s %-6s: MoE fused: greedy token == default at %d of %d steps (%d near-tie flips)\n",
+           preset, type, N_PROMPT + n_gen - 1 - n_mf_tok_diff - n_mf_ties, N_PROMPT + n_gen - 1,
+           n_mf_ties);
     support_logit_finish(&cm, "gpu-cpu", 0);
     if (exact)
         CHECK(part < 0, "%s %s: greedy tokens part at generated token %d", preset, type, part);
@@ -312,7 +341,7 @@ static void run_model(const char *preset, const char *type) {
     CHECK(engine_cuda_generate(gmf, tok_gpu[N_PROMPT - 1], N_PROMPT - 1, n_gen - 1, 0.0f, 0,
                                outm) == 0,
           "generate (MoE fused)");
-    CHECK(memcmp(outm, outg, sizeof(int32_t) * (n_gen - 1)) == 0,
+    CHECK(memcmp(outm, outg, sizeof(int32_t) * (mf_tie_at < 0 ? n_gen - 1 : mf_tie_at)) == 0,
           "%s %s: generate with the MoE block fused differs from the default", preset, type);
     for (int a = 0; a < N_ALT; a++) {
         CHECK(engine_cuda_generate(ga[a], tok_gpu[N_PROMPT - 1], N_PROMPT - 1, n_gen - 1, 0.0f, 0,
