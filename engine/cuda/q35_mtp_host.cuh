@@ -80,6 +80,7 @@ struct q35_spec {
 #define Q35M_FUSED_H3 4096u  /* the heads' m-vector matvec with registers for 3 blocks per SM */
 #define Q35M_FUSED_DEC1 8192u /* passes of one token (draft, verify m = 1): the decode matvecs */
 #define Q35M_FUSED_FATT 16384u /* the feed's block without o_proj and MoE (its KV rows alone) */
+#define Q35M_FUSED_H4 32768u  /* the heads' m-vector matvec with four rows per warp (over h3) */
 /* The default (SPARK_CUDA_MTP_FUSED unset or empty), from GPU call 2 of session 6 (8-block cut
  * of the 35B-A3B shape, verify m = 1..5 in us, KV-only feed in all; the feed itself stays
  * whole-block, see below): "split" 816 1133 1401 1728 2076 (draft 310); the decode matvec for
@@ -94,16 +95,16 @@ struct q35_spec {
     (Q35M_FUSED_DEC1 | Q35M_FUSED_SPLIT | Q35M_FUSED_H3 | Q35M_FUSED_DN2 | Q35M_FUSED_FATT)
 #define Q35M_FUSED_ALL                                                                             \
     (Q35M_FUSED_DELTA | Q35M_FUSED_MOE | Q35M_FUSED_ATTN | Q35M_FUSED_PF | Q35M_FUSED_FEED |      \
-     Q35M_FUSED_SPLIT | Q35M_FUSED_H3)
+     Q35M_FUSED_SPLIT | Q35M_FUSED_H3 | Q35M_FUSED_H4)
 
 /* SPARK_CUDA_MTP_FUSED (read when a session first turns MTP on): unset or empty: the default
- * parts (Q35M_FUSED_DEFAULT: dec1, split, h3, dn2, fatt); "0": every part per token as the decode
- * step with the m-vector matvecs and the whole MTP block in the feed; "1" or "all": every fused
- * part; else a comma list of parts ("delta", "moe", "attn", "pf", "feed", "split", "h3", and
- * outside "1": "head", "tok", "dn", "dn2", "hseq", "aearly", "dec1", "fatt"; "feed" wins over
- * "fatt", "delta" over "dn" /
- * "dn2", "dn" over "dn2", "attn" over "aearly", "tok" (and "dec1" at m = 1) over "pf" / "split",
- * "hseq" over "head" / "tok" for the heads).
+ * parts (Q35M_FUSED_DEFAULT: dec1, split, h3, dn2, fatt); "0": every part per token as the
+ * decode step with the m-vector matvecs and the whole MTP block in the feed; "1" or "all":
+ * every fused part; else a comma list of parts ("delta", "moe", "attn", "pf", "feed", "split",
+ * "h3", "h4", and outside "1": "head", "tok", "dn", "dn2", "hseq", "aearly", "dec1", "fatt";
+ * "feed" wins over "fatt", "delta" over "dn" / "dn2", "dn" over "dn2", "attn" over "aearly",
+ * "tok" (and "dec1" at m = 1) over "pf" / "split", "hseq" over "head" / "tok" over "h4" over
+ * "h3" for the heads).
  * Unknown names are logged and ignored. ("feed" was the default for GPU call 2 of session 5,
  * where its f32 KV rows differed from the whole block's after verify passes of 3, 4, 5, 1, 2
  * (bit for bit in call 1 and for q4_k_m): back off until test_cuda_mtp's check_feed says which
@@ -146,6 +147,8 @@ static unsigned q35m_fused_env(void) {
             f |= Q35M_FUSED_DEC1;
         else if (n == 4 && !strncmp(p, "fatt", 4))
             f |= Q35M_FUSED_FATT;
+        else if (n == 2 && !strncmp(p, "h4", 2))
+            f |= Q35M_FUSED_H4;
         else if (n)
             engine_log(ENGINE_LOG_INFO, "cuda: SPARK_CUDA_MTP_FUSED: unknown part '%.*s' ignored",
                        (int)n, p);
@@ -482,7 +485,7 @@ static void q35m_vhead(const q35_spec *sp, engine_cu_vmv *v, cudaStream_t st) {
     } else if (sp->fused & Q35M_FUSED_HEAD) {
         engine_cu_vmatvec_tok(v, st);
     } else {
-        v->dense = (sp->fused & Q35M_FUSED_H3) ? 1 : 0;
+        v->dense = (sp->fused & Q35M_FUSED_H4) ? 2 : (sp->fused & Q35M_FUSED_H3) ? 1 : 0;
         q35m_vmatvec(sp, v, st);
     }
 }

@@ -134,12 +134,13 @@ __device__ __forceinline__ void vq_chunk(const uint8_t *row, int c, const uint8_
     }
 }
 
-/* Lane partial sums of R rows (row0, row0 + stride) against the m staged vectors over chunks
- * c0, c0 + step, ...: per row and vector the additions of mv_rows, in its order. */
+/* Lane partial sums of R rows (row0, row0 + stride, ...; those from nvalid on compute on row0
+ * and are not stored) against the m staged vectors over chunks c0, c0 + step, ...: per row and
+ * vector the additions of mv_rows, in its order. */
 template <int T, int R>
-__device__ __forceinline__ void vmv_rows(const uint8_t *row0, size_t stride, int c0, int step,
-                                         int n_chunks, const uint8_t *sm, size_t xs, int cols,
-                                         int m, float acc[R][ENGINE_CU_VMAX]) {
+__device__ __forceinline__ void vmv_rows(const uint8_t *row0, size_t stride, int nvalid, int c0,
+                                         int step, int n_chunks, const uint8_t *sm, size_t xs,
+                                         int cols, int m, float acc[R][ENGINE_CU_VMAX]) {
 #pragma unroll
     for (int i = 0; i < R; i++)
 #pragma unroll
@@ -148,14 +149,15 @@ __device__ __forceinline__ void vmv_rows(const uint8_t *row0, size_t stride, int
     for (int c = c0; c < n_chunks; c += step)
 #pragma unroll
         for (int i = 0; i < R; i++) {
+            const uint8_t *row = row0 + (i < nvalid ? i : 0) * stride;
             if (engine_cu_type_quant(T)) {
-                vq_chunk<T>(row0 + i * stride, c, sm, xs, cols, m, acc[i]);
+                vq_chunk<T>(row, c, sm, xs, cols, m, acc[i]);
             } else {
 #pragma unroll
                 for (int t = 0; t < ENGINE_CU_VMAX; t++)
                     if (t < m)
-                        acc[i][t] += engine_cu_dot_chunk<T>(row0 + i * stride, c,
-                                                            vmv_xv(sm, xs, cols, false, t));
+                        acc[i][t] +=
+                            engine_cu_dot_chunk<T>(row, c, vmv_xv(sm, xs, cols, false, t));
             }
         }
 }
@@ -205,22 +207,23 @@ __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, MINB)
         const int r = (g - first) * PER + (SPLIT ? 0 : w);
         if (!SPLIT && r >= mt.rows) continue; /* no barrier below when !SPLIT */
         const uint8_t *row = mt.w + (size_t)r * mt.row_bytes;
-        /* rows past the end compute on the last row and are not stored */
-        const size_t stride = r + 8 * (NR - 1) < mt.rows ? (size_t)8 * mt.row_bytes : 0;
+        /* rows past the end compute on row r and are not stored */
+        const size_t stride = (size_t)8 * mt.row_bytes;
+        const int nvalid = SPLIT ? 1 : min(NR, (mt.rows - r + 7) / 8);
         const int c0 = SPLIT ? 32 * w + lane : lane, step = SPLIT ? 32 * ENGINE_CU_MV_WARPS : 32;
         float acc[NR][ENGINE_CU_VMAX];
         switch (mt.type) {
 #define VMV_CASE(T)                                                                                \
     case T:                                                                                        \
         if (MODE == engine_cu_x_mode(T))                                                           \
-            vmv_rows<T, NR>(row, stride, c0, step, n_chunks, sm, xs, cols, m, acc);                \
+            vmv_rows<T, NR>(row, stride, nvalid, c0, step, n_chunks, sm, xs, cols, m, acc);        \
         break;
             ENGINE_CU_QUANT_CASES(VMV_CASE)
 #undef VMV_CASE
 #define VMV_CASE(T)                                                                                \
     case T:                                                                                        \
         if (MODE == ENGINE_CU_X_F32)                                                               \
-            vmv_rows<T, NR>(row, stride, c0, step, n_chunks, sm, xs, cols, m, acc);                \
+            vmv_rows<T, NR>(row, stride, nvalid, c0, step, n_chunks, sm, xs, cols, m, acc);        \
         break;
             ENGINE_CU_FLOAT_CASES(VMV_CASE)
 #undef VMV_CASE
@@ -296,6 +299,18 @@ template <int MODE> static void vmv_launch_mode(const engine_cu_vmv *a0, cudaStr
         per1 = 1;
     if (g1 <= sms * per1) {
         engine_cu_launch(vmv_kernel<MODE, 1>, dim3(g1, ny), dim3(threads), smem, st, *a, g1);
+        return;
+    }
+    if (a->dense == 2) { /* the heads, "h4": four rows per warp in flight */
+        int g4 = 0, per4 = 1;
+        for (int i = 0; i < a->mv.n_mat; i++)
+            g4 += (a->mv.m[i].rows + 4 * ENGINE_CU_MV_WARPS - 1) / (4 * ENGINE_CU_MV_WARPS);
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per4, vmv_kernel<MODE, 4>, threads,
+                                                          smem) != cudaSuccess ||
+            per4 < 1)
+            per4 = 1;
+        const int blocks = a->mv.n_mat == 1 && g4 > sms * per4 ? sms * per4 : g4;
+        engine_cu_launch(vmv_kernel<MODE, 4>, dim3(blocks), dim3(threads), smem, st, *a, g4);
         return;
     }
     /* dense (the heads, SPARK_CUDA_MTP_FUSED=h3): registers for 3 blocks per SM, as the decode

@@ -54,8 +54,9 @@ typedef struct {
                           * grid dimension (a block per group and token, one vector staged), so
                           * the tokens' products run side by side instead of one after the other
                           * in each warp; each product the same sum (SPARK_CUDA_MTP_FUSED=split) */
-    int dense;           /* a launch of two rows per warp (the heads) compiled for 3 blocks per SM
-                          * (registers as the decode matvec's; SPARK_CUDA_MTP_FUSED=h3) */
+    int dense;           /* a launch of two rows per warp (the heads): 1: compiled for 3 blocks
+                          * per SM (registers as the decode matvec's; SPARK_CUDA_MTP_FUSED=h3);
+                          * 2: four rows per warp instead, their loads in flight together (h4) */
 } engine_cu_vmv;
 
 /* engine_cu_vmatvec_tok (SPARK_CUDA_MTP_FUSED=head / tok): the same products with the tokens

@@ -11,7 +11,7 @@
  *              launch, MoE up / down blocks serving all m tokens, the m attention queries in
  *              one launch + one merge, the matvec's L1 prefetch, the MTP feed's KV rows alone,
  *              the tokens of small matvecs as a grid dimension, the heads' m-vector matvec
- *              compiled for 3 blocks per SM;
+ *              with four rows per warp (h4; h3, 3 blocks per SM, runs in the default);
  *              each keeps every token's arithmetic and order, so also bit for bit); when =1
  *              fails, each part runs alone too, to say which one; and a third time with
  *              =tok,dn,aearly (every matvec and head as the decode matvec's launch per token,
@@ -750,7 +750,7 @@ static void run_model(const char *type) {
         check_direct(m, gm, type, "1");
         if (support_failures > before) { /* which part: each alone (failures count again) */
             static const char *const parts[] = {"delta", "moe",   "attn", "pf",
-                                                "feed",  "split", "h3"};
+                                                "feed",  "split", "h3",   "h4"};
             for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
                 check_direct(m, gm, type, parts[i]);
         }
