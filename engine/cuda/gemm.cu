@@ -485,9 +485,15 @@ __device__ __forceinline__ int gemm_px(int i) {
     return (i & ~31) | ((i & 7) << 2) | (((i >> 4) & 1) << 1) | ((i >> 3) & 1);
 }
 
-template <int MODE, int WM, bool LEGACY, bool PIPE = false, int WNN = 4 / WM, bool SV = false>
+/* DB (engine_cu_gemm_args.direct; staged Q4_K / Q5_K, SV): the products read their weight
+ * fragments straight from the staged raw bytes (a 32-bit word of packed nibbles gives the
+ * fragment of two 32-column runs: low nibbles, then high; Q5_K ORs in its qh bit), so the
+ * decode only writes the scales and no int8 weight tile goes through shared memory. */
+template <int MODE, int WM, bool LEGACY, bool PIPE = false, int WNN = 4 / WM, bool SV = false,
+          bool DB = false>
 __global__ void __launch_bounds__(32 * WM * WNN, WM * WNN == 8 ? 2 : SV ? 4 : 3)
     gemm_kernel(engine_cu_gemm_args a) {
+    static_assert(!DB || (PIPE && MODE == 1 && SV), "direct fragments: staged Q4_K / Q5_K, SV");
     static_assert(!SV || (MODE != 2 && !LEGACY), "the SV scale layout is for int8 forms");
     static_assert(!PIPE || (MODE != 2 && !LEGACY), "the staged pipeline is for int8 forms");
     static_assert(WM * WNN == 4 || (WM == 2 && WNN == 4 && !LEGACY), "4 warps, or 8 of 64 x 128");
@@ -500,7 +506,7 @@ __global__ void __launch_bounds__(32 * WM * WNN, WM * WNN == 8 ? 2 : SV ? 4 : 3)
     constexpr int SROW = Q ? BK + 16 : 2 * BK + 16, NR = K32 ? 4 : 8; /* scale runs */
     constexpr int XV = Q ? (TBM * BK / 16) / NT : (TBM * BK / 8) / NT;
     __shared__ __align__(16) uint8_t sA[TBM * SROW];
-    __shared__ __align__(16) uint8_t sB[TBN * SROW];
+    __shared__ __align__(16) uint8_t sB[DB ? 16 : TBN * SROW]; /* DB: not used */
     __shared__ __align__(16) float sWs[Q ? TBN : 1][NR], sWo[OFF ? TBN : 1][NR],
         sXd[Q ? TBM : 1][4], sXs[OFF ? TBM : 1][NR];
     /* SV: the same storage as runs of TBN (TBM) floats */
@@ -611,9 +617,13 @@ __global__ void __launch_bounds__(32 * WM * WNN, WM * WNN == 8 ? 2 : SV ? 4 : 3)
         engine_cu_chunk_cols(decltype(tc)::value, c, &a0, &b0);
         a0 -= k0;
         b0 -= k0;
-        const uint32_t mk = in ? 0xffffffffu : 0u;
-        *(uint4 *)(sB + r * SROW + a0) = make_uint4(qa[0] & mk, qa[1] & mk, qa[2] & mk, qa[3] & mk);
-        *(uint4 *)(sB + r * SROW + b0) = make_uint4(qb[0] & mk, qb[1] & mk, qb[2] & mk, qb[3] & mk);
+        if constexpr (!DB) {
+            const uint32_t mk = in ? 0xffffffffu : 0u;
+            *(uint4 *)(sB + r * SROW + a0) =
+                make_uint4(qa[0] & mk, qa[1] & mk, qa[2] & mk, qa[3] & mk);
+            *(uint4 *)(sB + r * SROW + b0) =
+                make_uint4(qb[0] & mk, qb[1] & mk, qb[2] & mk, qb[3] & mk);
+        }
         /* K32: both runs of a 32-column block carry its scale (written twice) */
         const int ra = K32 ? a0 >> 5 : a0 >> 4, rb = K32 ? b0 >> 5 : b0 >> 4;
         if constexpr (SV) {
@@ -922,11 +932,31 @@ __global__ void __launch_bounds__(32 * WM * WNN, WM * WNN == 8 ? 2 : SV ? 4 : 3)
                     af[mi][2] = *(const uint32_t *)(p + 16);
                     af[mi][3] = *(const uint32_t *)(p + 8 * SROW + 16);
                 }
+                if constexpr (DB) { /* from the staged bytes of step k0 (rows past: zeros) */
+                    const bool q5 = a.type == ENGINE_TYPE_Q5_K;
+                    const int srow = q5 ? GEMM_STAGE_ROW : GEMM_STAGE_ROW_Q4;
+                    const int sh = 4 * (ks & 1), sbk = 4 * ((k0 >> 7) & 1) + ks; /* sub-block */
+                    const uint8_t *stb = gemm_stage + (size_t)buf * TBN * srow +
+                                         (q5 ? 48 : 16) + 32 * (ks >> 1) + 4 * tig;
+#pragma unroll
+                    for (int ni = 0; ni < 4; ni++) {
+                        const uint8_t *p = stb + (wn * 32 + ni * 8 + g) * srow;
+                        bfr[ni][0] = (*(const uint32_t *)p >> sh) & 0x0F0F0F0Fu;
+                        bfr[ni][1] = (*(const uint32_t *)(p + 16) >> sh) & 0x0F0F0F0Fu;
+                        if (q5) {
+                            const uint8_t *ph = p - (48 + 32 * (ks >> 1)) + 16;
+                            bfr[ni][0] |= ((*(const uint32_t *)ph >> sbk) & 0x01010101u) << 4;
+                            bfr[ni][1] |= ((*(const uint32_t *)(ph + 16) >> sbk) & 0x01010101u)
+                                          << 4;
+                        }
+                    }
+                } else {
 #pragma unroll
                 for (int ni = 0; ni < 4; ni++) {
                     const uint8_t *p = sB + (wn * 32 + ni * 8 + g) * SROW + kk + 4 * tig;
                     bfr[ni][0] = *(const uint32_t *)p;
                     bfr[ni][1] = *(const uint32_t *)(p + 16);
+                }
                 }
                 float xd[2][2], xs[2][2];
                 if constexpr (SV) {
@@ -1190,24 +1220,26 @@ static void gemm_launch(int mode, dim3 grid, const engine_cu_gemm_args *a, cudaS
 
 /* The staged (cp.async) kernels of mode 0, 1 or 3: two staging buffers of dynamic shared
  * memory. */
-template <int MODE, int WM, int WNN, bool SV>
+template <int MODE, int WM, int WNN, bool SV, bool DB = false>
 static void gemm_launch_pipe1(dim3 grid, const engine_cu_gemm_args *a, cudaStream_t st) {
     const int srow = MODE != 1                                  ? GEMM_STAGE_ROW2
                      : SV && a->type == ENGINE_TYPE_Q4_K ? GEMM_STAGE_ROW_Q4
                                                          : GEMM_STAGE_ROW;
     const size_t dyn = (size_t)2 * (32 * WNN) * srow;
-    cudaFuncSetAttribute(gemm_kernel<MODE, WM, false, true, WNN, SV>,
+    cudaFuncSetAttribute(gemm_kernel<MODE, WM, false, true, WNN, SV, DB>,
                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn);
     if (SV) /* room for 4 blocks per multiprocessor (the SV kernels' launch bounds) */
-        cudaFuncSetAttribute(gemm_kernel<MODE, WM, false, true, WNN, SV>,
+        cudaFuncSetAttribute(gemm_kernel<MODE, WM, false, true, WNN, SV, DB>,
                              cudaFuncAttributePreferredSharedMemoryCarveout,
                              cudaSharedmemCarveoutMaxShared);
-    gemm_kernel<MODE, WM, false, true, WNN, SV><<<grid, 32 * WM * WNN, dyn, st>>>(*a);
+    gemm_kernel<MODE, WM, false, true, WNN, SV, DB><<<grid, 32 * WM * WNN, dyn, st>>>(*a);
 }
 template <int WM, int WNN = 4 / WM, bool SV = false>
 static void gemm_launch_pipe(int mode, dim3 grid, const engine_cu_gemm_args *a, cudaStream_t st) {
     if (mode == 0)
         gemm_launch_pipe1<0, WM, WNN, SV>(grid, a, st);
+    else if (mode == 1 && SV && a->direct)
+        gemm_launch_pipe1<1, WM, WNN, SV, SV>(grid, a, st);
     else if (mode == 1)
         gemm_launch_pipe1<1, WM, WNN, SV>(grid, a, st);
     else
@@ -1270,7 +1302,7 @@ static void gemm_run(const engine_cu_gemm_args *a, const gemm_shape &g, dim3 gri
     const int pbit = mode == 1 ? ENGINE_CU_GEMM_PIPE_K45
                      : mode == 0 ? ENGINE_CU_GEMM_PIPE_Q6
                      : mode == 3 ? ENGINE_CU_GEMM_PIPE_Q8 : 0;
-    const bool sv = a->svec && mode != 2; /* the wide kernels always */
+    const bool sv = (a->svec || a->direct) && mode != 2; /* the wide kernels always */
     if ((a->pipeline & pbit) && !a->legacy) {
         if (wide)
             gemm_launch_pipe<2, 4, true>(mode, grid, a, stream);
@@ -1347,6 +1379,8 @@ void engine_cu_gemm(const engine_cu_gemm_args *a, cudaStream_t stream) {
  * "fused" (the rows cut into three matrices at 5/8 and 7/8 of one launch: .more), "pfl1"
  * (the L1 prefetch), "pipe" (the staged cp.async kernels of every int8 type), "wide" (8 warps of
  * 64 x 128 tiles, the SV scale layout), "svec" (the SV scale layout in the 4-warp kernels),
+ * "direct" (svec, and staged Q4_K / Q5_K products reading their weight fragments from the
+ * staged bytes),
  * "splitk" (dense tensor-core types: split-K over 3, at most one per step).
  * ------------------------------------------------------------------------------------------- */
 extern "C" int engine_cuda_op_gemm(engine_type type, const void *w, int64_t rows, int64_t cols,
@@ -1446,6 +1480,7 @@ extern "C" int engine_cuda_op_gemm(engine_type type, const void *w, int64_t rows
     a.pipeline = var && strstr(var, "pipe") ? ENGINE_CU_GEMM_PIPE_ALL : 0;
     a.wide = var && strstr(var, "wide");
     a.svec = var && strstr(var, "svec");
+    a.direct = var && strstr(var, "direct");
     if (fused) {
         const int r1 = (int)(rows * 5 / 8), r2 = (int)(rows * 7 / 8);
         a.rows = r1;

@@ -131,6 +131,10 @@ typedef struct {
      * the 16-row fragments past the tile's rows skipping their products, <= 128 registers and
      * 4 blocks per multiprocessor (the same arithmetic). Opt-in */
     int svec;
+    /* nonzero: svec, and the staged Q4_K / Q5_K kernels read their weight fragments straight
+     * from the staged raw bytes (no decoded int8 tile in shared memory; the same values and
+     * arithmetic). Opt-in */
+    int direct;
 } engine_cu_gemm_args;
 
 void engine_cu_gemm(const engine_cu_gemm_args *a, cudaStream_t stream);

@@ -503,13 +503,14 @@ struct engine_cuda_prefill {
      * and "pipe8" the staged kernels for Q6_K and for Q8_0 / Q4_0 too, "wide" the 8-warp
      * 64 x 128 tiles in the grouped expert GEMMs (one block per expert tile), "wided" in the
      * dense ones too, "svec" the scales in shared memory in the warps' fragment order (16-byte
-     * loads), empty 16-row fragments skipped, 4 blocks per SM (the wide tiles: the first two)
-     * (all of these: the default's bits), "splitk" the dense
+     * loads), empty 16-row fragments skipped, 4 blocks per SM (the wide tiles: the first two),
+     * "direct" svec with the staged Q4_K / Q5_K products reading their weight fragments from
+     * the staged raw bytes (all of these: the default's bits), "splitk" the dense
      * products (q, k,
      * v; wo) split along K where the launch fills less than whole waves of the GPU (up to 4
      * splits, their partial sums in the free gate/up buffers; other rounding) */
     int gemm_legacy, gemm_tile_rows, gemm_nofuse, gemm_pfl1, gemm_pipe, gemm_wide, gemm_wided;
-    int gemm_svec, gemm_ksplit, n_sm;
+    int gemm_svec, gemm_direct, gemm_ksplit, n_sm;
     size_t kpart_bytes; /* g and u: the split-K buffer outside the FFN phase */
     cudaEvent_t *ev; /* [2 + 6 * n_layer] */
     int *ev_cat, n_ev;
@@ -763,6 +764,7 @@ int engine_cu_pf_new_view(engine_cuda_prefill **out, engine_cuda_model *cm, engi
         p->gemm_wided = e && strstr(e, "wided");
         p->gemm_ksplit = e && strstr(e, "splitk") ? 4 : 1;
         p->gemm_svec = e && strstr(e, "svec");
+        p->gemm_direct = e && strstr(e, "direct");
         p->gemm_wide = p->gemm_wided || (e && strstr(e, "wide"));
     }
     if (p->prof) {
@@ -850,6 +852,7 @@ static void pf_gemm_args(const engine_cuda_prefill *p, bool grouped, const engin
     a.pipeline = p->gemm_pipe;
     a.wide = grouped ? p->gemm_wide : p->gemm_wided;
     a.svec = p->gemm_svec;
+    a.direct = p->gemm_direct;
     if (grouped) {
         a.tiles = p->tiles;
         a.n_tiles = p->n_tiles;

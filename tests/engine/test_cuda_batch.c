@@ -35,9 +35,9 @@
  *     chunk give bit-identical logits (a token's results do not depend on the chunking);
  *     a session through engine.h (device cuda) gives the prefill's last logits bit for bit.
  *   The prefill's GEMM words that keep the arithmetic (SPARK_CUDA_PREFILL_GEMM: "wided", the
- *     8-warp tiles everywhere; "svec", the scales in fragment order, 4 blocks per SM; with
- *     "pipe6 pipe8", the staged kernels for Q6_K, Q8_0, Q4_0 too) give the same logits bit
- *     for bit.
+ *     8-warp tiles everywhere; "svec", the scales in fragment order, 4 blocks per SM;
+ *     "direct", svec with Q4_K / Q5_K fragments read from the staged bytes; "pipe6 pipe8",
+ *     the staged kernels for Q6_K, Q8_0, Q4_0 too) give the same logits bit for bit.
  * Exits 77 (skip) with the reason when no GPU is usable or the build has no CUDA backend. */
 #include <math.h>
 #include <stdio.h>
@@ -210,7 +210,8 @@ static void test_gemm_case(engine_type t, int rows, int cols, int m, bool norm, 
  * (every int8 type: Q4_K / Q5_K the prefill's default, Q6_K / Q8_0 / Q4_0 in 2-byte-aligned
  * covering pieces, rows of 96 values ending mid-step; F16 / BF16 fall back to the default),
  * the wide 8-warp 64 x 128 tiles (dense, grouped, staged; F16 / BF16: 4 warps), the SV scale
- * layout (svec) in the 4-warp kernels, and split-K over 3 (dense, the partial sums added in
+ * layout (svec) in the 4-warp kernels, the staged Q4_K / Q5_K products on fragments read
+ * from the staged bytes (direct), and split-K over 3 (dense, the partial sums added in
  * order). */
 static void test_gemm(void) {
     const engine_type types[] = {ENGINE_TYPE_Q4_K, ENGINE_TYPE_Q5_K, ENGINE_TYPE_Q6_K,
@@ -222,7 +223,8 @@ static void test_gemm(void) {
                               "wide pipe",  "grouped wide",  "grouped wide pipe",
                               "grouped fused wide pipe", "splitk", "fused splitk pipe",
                               "wide splitk pipe", "svec", "svec pipe", "grouped svec pipe",
-                              "tile32 svec"};
+                              "tile32 svec", "direct pipe", "grouped direct pipe",
+                              "grouped fused wide direct pipe"};
     const size_t nv = sizeof variants / sizeof variants[0];
     for (size_t v = 0; v < nv; v++) {
         setenv("SPARK_CUDA_GEMM_OP", variants[v], 1);
@@ -358,8 +360,7 @@ static void run_model(const char *preset, const char *type) {
     /* the prefill's GEMM words (SPARK_CUDA_PREFILL_GEMM, read when a prefill is made) that
      * keep each product's arithmetic: the same logits bit for bit as the prefill above */
     {
-        static const char *const words[] = {"wided", "svec", "wided pipe6 pipe8",
-                                            "svec pipe6 pipe8"};
+        static const char *const words[] = {"wided", "svec", "direct", "wided pipe6 pipe8"};
         const char *env = getenv("SPARK_CUDA_PREFILL_GEMM");
         char saved[128];
         snprintf(saved, sizeof saved, "%s", env ? env : "");
