@@ -125,6 +125,7 @@ struct engine_cuda_session {
     int mfuse;
     int mf_pre; /* SPARK_CUDA_MOE_FUSED_PRE=1: its down items preloaded (moe_fused.cuh preload) */
     int mf_diag; /* SPARK_CUDA_MOE_FUSED_DIAG=bits: phases left out (diagnosis, moe_fused.cuh) */
+    int mf_red;  /* SPARK_CUDA_MOE_FUSED_RED=1: its reduction by row class, no wait */
     engine_cu_prog prog; /* the fused step's program, built at the first capture */
     uint8_t *mem;        /* one allocation: KV cache and step buffers */
     size_t bytes;
@@ -602,6 +603,8 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         s->mfuse = s->mfuse == 1 ? 32 : s->mfuse == 32 || s->mfuse == 64 ? s->mfuse : 0;
         e = getenv("SPARK_CUDA_MOE_FUSED_PRE");
         s->mf_pre = e && e[0] == '1';
+        e = getenv("SPARK_CUDA_MOE_FUSED_RED");
+        s->mf_red = e && e[0] == '1';
         e = getenv("SPARK_CUDA_MOE_FUSED_DIAG");
         s->mf_diag = e ? (int)strtol(e, NULL, 0) : 0;
         e = getenv("SPARK_CUDA_DIAG_SKIP");
@@ -874,6 +877,7 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
         o->mf.slice = s->mfuse;
         o->mf.preload = s->mf_pre;
         o->mf.diag = s->mf_diag;
+        o->mf.class_reduce = s->mf_red;
         o->mf.partial = s->mf_part;
         o->mf.counters = s->mf_ctr;
         o->mfuse = engine_cu_moe_fused_why(&o->mf) == NULL;

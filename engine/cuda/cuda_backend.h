@@ -121,13 +121,14 @@ int engine_cuda_op_moe(engine_type type, int n_expert, int k, bool norm_topk, in
  * (n_embd; x_add != NULL: the router fusion, the block's input x + x_add and router the raw
  * logits it scales). Writes y_ref (n_embd: x after the unfused pair) and y_fused [reps][n_embd]
  * (x after the fused launch, each from the same x), and the fused launch's routing. slice: 32
- * or 64; preload: engine_cu_moe_fused_args.preload. ENGINE_EUNSUPPORTED (with the reason) when the fused launch cannot run this case;
- * ENGINE_EINTERNAL when its counters are not back at zero afterwards. */
+ * or 64; flags: 1 engine_cu_moe_fused_args.preload, 2 its class_reduce. ENGINE_EUNSUPPORTED
+ * (with the reason) when the fused launch cannot run this case; ENGINE_EINTERNAL when its
+ * counters are not back at zero afterwards. */
 int engine_cuda_op_moe_fused(engine_type up_type, engine_type down_type, int n_expert, int k,
                              bool norm_topk, int n_embd, int n_ff, const float *router,
                              const void *gate, const void *up, const void *down, size_t rb_in,
                              size_t rb_ff, const float *norm_w, float eps, const float *x,
-                             const float *x_add, int slice, int preload, int reps, float *y_ref,
+                             const float *x_add, int slice, int flags, int reps, float *y_ref,
                              float *y_fused, int32_t *ids, float *weights);
 
 /* Sample from n logits as a decode step does (temperature <= 0: greedy). step: the value of

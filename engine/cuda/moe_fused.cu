@@ -81,14 +81,16 @@ __device__ __forceinline__ void mf_add4(float4 &a, const float4 b) {
     a.w += b.w;
 }
 
-/* Step 5 by reducer rr of R (every thread of the block): float4 columns q0 .. q1 - 1 of the
- * outputs; per column tpr threads each sum every tpr-th of the np partials (in order), then the
- * first sums those tpr sums in order and stores y as the down kernel does (down_store). */
+/* Step 5 by a reducer (every thread of the block): float4 columns q0 .. q1 - 1 of the outputs;
+ * per column MF_TPR threads each sum every MF_TPR-th of the np partials (in order), then the
+ * first sums those MF_TPR sums in order (the same association whichever block reduces) and
+ * stores y as the down kernel does (down_store). */
+#define MF_TPR 4
+
 template <bool RF>
 __device__ __forceinline__ void mf_reduce(const engine_cu_ffn_down_args &d, const float *partial,
-                                          int np, int R, int rr, float4 *red) {
-    const int n4 = d.rows >> 2, per = (n4 + R - 1) / R, q0 = rr * per, q1 = min(n4, q0 + per);
-    const int nct = min(per, (int)blockDim.x), tpr = (int)blockDim.x / nct;
+                                          int np, int q0, int q1, float4 *red) {
+    const int n4 = d.rows >> 2, tpr = MF_TPR, nct = (int)blockDim.x / MF_TPR;
     const int cl = (int)threadIdx.x % nct, pp = (int)threadIdx.x / nct;
     const float4 *p4 = (const float4 *)partial;
     for (int qb = q0; qb < q1; qb += nct) { /* uniform over the block */
@@ -121,9 +123,11 @@ __device__ __forceinline__ void mf_reduce(const engine_cu_ffn_down_args &d, cons
 }
 
 /* Counters: [0] blocks arrived, [1] reducers done, [2 + j * (n_ff / 256) + g] blocks of slot j's
- * 256-value group g that stored their h. Partials: [j * (n_ff / 256) + g][n_embd], slot j's group
- * g's share of the down product (weighted), its rows split among the group's blocks. MODE: the
- * staging of both x (for gate/up) and h (for down); RF: the router fusion (up.x_add, dn.y_add). */
+ * 256-value group g that stored their h, then (class_reduce) [2 + k * n_ff / 256 + m] blocks of
+ * row class m (place m in their group) arrived. Partials: [j * (n_ff / 256) + g][n_embd], slot j's
+ * group g's share of the down product (weighted), its rows split among the group's blocks. MODE:
+ * the staging of both x (for gate/up) and h (for down); RF: the router fusion (up.x_add, dn.y_add).
+ */
 template <int MODE, bool RF>
 __global__ void __launch_bounds__(MF_THREADS, 2) moe_fused_kernel(engine_cu_moe_fused_args a) {
     extern __shared__ uint4 mf_shm[];
@@ -213,21 +217,36 @@ __global__ void __launch_bounds__(MF_THREADS, 2) moe_fused_kernel(engine_cu_moe_
 #undef MF_CASE
         }
     }
-    /* 5. arrive; the last R blocks reduce once all have */
+    /* 5. arrive and reduce */
     __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0) ticket = atomicAdd(a.counters, 1u);
+    unsigned *cc = a.counters + 2 + u.k * ng; /* class_reduce: arrivals of each row class m */
+    if (threadIdx.x == 0) {
+        ticket = atomicAdd(a.class_reduce ? cc + m : a.counters, 1u);
+        __threadfence(); /* the partials of the blocks counted before this one: visible after */
+    }
     __syncthreads();
-    const int R = mf_reducers(nb, d.rows);
     const unsigned t = ticket;
-    if (t < (unsigned)(nb - R)) return;
-    engine_cu_spin(a.counters, (unsigned)nb);
-    if (!(a.diag & 2)) mf_reduce<RF>(d, a.partial, u.k * ng, R, (int)t - (nb - R), red);
-    if (threadIdx.x == 0 && atomicAdd(a.counters + 1, 1u) == (unsigned)R - 1) {
-        /* every block has passed its waits: zero for the next launch */
+    int nred, q0, q1;
+    if (a.class_reduce) { /* the last block of class m reduces its rows at once: no wait */
+        if (t != (unsigned)(u.k * ng) - 1) return;
+        nred = G;
+        q0 = i0 >> 2;
+        q1 = i1 >> 2;
+    } else { /* the last R blocks to arrive wait for all and reduce a 1/R share each */
+        nred = mf_reducers(nb, d.rows);
+        if (t < (unsigned)(nb - nred)) return;
+        engine_cu_spin(a.counters, (unsigned)nb);
+        const int n4 = d.rows >> 2, per = (n4 + nred - 1) / nred;
+        q0 = min(n4, ((int)t - (nb - nred)) * per);
+        q1 = min(n4, q0 + per);
+    }
+    if (!(a.diag & 2)) mf_reduce<RF>(d, a.partial, u.k * ng, q0, q1, red);
+    if (threadIdx.x == 0 && atomicAdd(a.counters + 1, 1u) == (unsigned)nred - 1) {
+        /* every block has arrived, so passed its waits: zero for the next launch */
         a.counters[0] = 0;
         a.counters[1] = 0;
-        for (int q = 0; q < u.k * ng; q++)
+        for (int q = 0; q < u.k * ng + 8; q++)
             a.counters[2 + q] = 0;
     }
 }
@@ -255,7 +274,7 @@ size_t engine_cu_moe_fused_partial_floats(int k, int n_ff, int n_embd) {
 }
 
 size_t engine_cu_moe_fused_counters(int k, int n_ff) {
-    return 2 + (size_t)k * (size_t)((n_ff + 255) / 256);
+    return 2 + (size_t)k * (size_t)((n_ff + 255) / 256) + 8;
 }
 
 const char *engine_cu_moe_fused_why(const engine_cu_moe_fused_args *a) {
@@ -304,7 +323,7 @@ extern "C" int engine_cuda_op_moe_fused(
     engine_type up_type, engine_type down_type, int n_expert, int k, bool norm_topk, int n_embd,
     int n_ff, const float *router, const void *gate, const void *up, const void *down, size_t rb_in,
     size_t rb_ff, const float *norm_w, float eps, const float *x, const float *x_add, int slice,
-    int preload, int reps, float *y_ref, float *y_fused, int32_t *ids, float *weights) {
+    int flags, int reps, float *y_ref, float *y_fused, int32_t *ids, float *weights) {
     int rc = engine_cuda_usable();
     if (rc) return rc;
     if (!engine_cu_type_supported(up_type) || !engine_cu_type_supported(down_type) || k < 1 ||
@@ -382,7 +401,8 @@ extern "C" int engine_cuda_op_moe_fused(
         da.y = dx;
         da.y_add = ua.x_add;
         a.slice = slice;
-        a.preload = preload;
+        a.preload = flags & 1;
+        a.class_reduce = (flags & 2) != 0;
         a.partial = (float *)(m + off[10]);
         a.counters = (unsigned *)(m + off[11]);
         const char *why = engine_cu_moe_fused_why(&a);

@@ -22,7 +22,8 @@
  *      arrival counter; the last R to arrive (R = n_embd / 64, at most n_blocks) each wait until
  *      all have arrived and reduce a 1/R share of the outputs over the partials in order
  *      (fixed: the sum never depends on timing), storing y = (y + y_add) + sum with the router
- *      fusion, else y += sum (the unfused down kernel's adds). The last reducer to finish resets
+ *      fusion, else y += sum (the unfused down kernel's adds); or (class_reduce) the last block
+ *      of each row class reduces that class's rows with no wait. The last reducer to finish resets
  *      the counters for the next launch. Results: the unfused path's up to F32 summation order of
  *      the down sums (relative ~1e-7), bit-reproducible from launch to launch.
  * Deadlock freedom: blocks wait for other blocks of the launch (group and reduction waits), so
@@ -54,6 +55,11 @@ typedef struct {
      * registers right after its gate/up rows, before the group wait and the staging of h (the
      * bytes asked of L2 at the start), and computes on them after; the same sums bit for bit */
     int preload;
+    /* Step 5 without waiting (SPARK_CUDA_MOE_FUSED_RED=1): the blocks of place m in their groups
+     * (one per group, k * n_ff / 256) count themselves in a counter of their own, and the last of
+     * them reduces those blocks' rows (a 1/G share of the outputs) at once; the same sums, in the
+     * same association, bit for bit. */
+    int class_reduce;
     /* Diagnosis only (wrong results; SPARK_CUDA_MOE_FUSED_DIAG): bits leave out 1 the down
      * products, 2 the reduction, 4 the group wait, 8 the gate/up rows, for an A/B of their cost */
     int diag;

@@ -26,7 +26,8 @@
  *     on the same inputs: |y_fused - y_unfused| <= 1e-5 * max |y| (the same h, staged to the
  *     same 8-bit values; only the F32 order of the down sums differs), the CPU's routing, and a
  *     second launch bit for bit (fixed reduction order; its counters back at zero), as are the
- *     launches with the down items preloaded (SPARK_CUDA_MOE_FUSED_PRE), for the
+ *     launches with the down items preloaded (SPARK_CUDA_MOE_FUSED_PRE) and with the reduction
+ *     by row class (SPARK_CUDA_MOE_FUSED_RED), for the
  *     30B-A3B expert shape with Q4_K / Q6_K / Q8_0 downs, slices of 32 and 64, with and without
  *     the router fusion; a gate/up and down pair it has no instance for is refused.
  *   sampling: greedy = the CPU's argmax with ties to the lower id; temperature draws follow
@@ -432,6 +433,7 @@ static void test_moe_fused_case(engine_type ut, engine_type dt, int n_expert, in
     float *x = malloc(sizeof(float) * n_embd), *xa = malloc(sizeof(float) * n_embd);
     float *nw = malloc(sizeof(float) * n_embd), *yref = malloc(sizeof(float) * n_embd);
     float *yf = malloc(sizeof(float) * 2 * n_embd), *yp = malloc(sizeof(float) * 2 * n_embd);
+    float *yc = malloc(sizeof(float) * 2 * n_embd);
     int32_t gids[16], ids[16];
     float gw[16], wts[16];
     fill(router, n_expert, 3.0f);
@@ -446,6 +448,10 @@ static void test_moe_fused_case(engine_type ut, engine_type dt, int n_expert, in
         rc = engine_cuda_op_moe_fused(ut, dt, n_expert, k, true, n_embd, n_ff, router, gate, up,
                                       down, rbi, rbf, nw, 1e-6f, x, rf ? xa : NULL, slice, 1, 2,
                                       yref, yp, gids, gw);
+    if (rc == 0) /* the reduction by row class, with no wait: the same sums */
+        rc = engine_cuda_op_moe_fused(ut, dt, n_expert, k, true, n_embd, n_ff, router, gate, up,
+                                      down, rbi, rbf, nw, 1e-6f, x, rf ? xa : NULL, slice, 2, 2,
+                                      yref, yc, gids, gw);
     CHECK(rc == 0, "moe fused %s/%s slice %d%s: %s", engine_type_name(ut), engine_type_name(dt),
           slice, rf ? " rf" : "", engine_error_last());
     if (rc == 0) {
@@ -465,6 +471,9 @@ static void test_moe_fused_case(engine_type ut, engine_type dt, int n_expert, in
         CHECK(memcmp(yf, yp, sizeof(float) * 2 * n_embd) == 0,
               "moe fused %s/%s slice %d%s: with preload the outputs differ", engine_type_name(ut),
               engine_type_name(dt), slice, rf ? " rf" : "");
+        CHECK(memcmp(yf, yc, sizeof(float) * 2 * n_embd) == 0,
+              "moe fused %s/%s slice %d%s: with the class reduction the outputs differ",
+              engine_type_name(ut), engine_type_name(dt), slice, rf ? " rf" : "");
         if (!rf) {
             engine_cpu_moe_route(router, n_expert, k, 1, ids, wts, probs);
             for (int j = 0; j < k; j++)
@@ -473,12 +482,12 @@ static void test_moe_fused_case(engine_type ut, engine_type dt, int n_expert, in
                       ids[j], wts[j]);
         }
         printf("moe fused %-5s/%-5s %d experts (%d used), %d -> %d, slice %d%s: max |fused - "
-               "unfused| = %.2e of max |y| %.3g; repeat and preload bit for bit\n",
+               "unfused| = %.2e of max |y| %.3g; repeat, preload, class reduce bit for bit\n",
                engine_type_name(ut), engine_type_name(dt), n_expert, k, n_embd, n_ff, slice,
                rf ? ", router fusion" : "", worst / mx, mx);
     }
     free(gate), free(up), free(down), free(router), free(probs), free(x), free(xa), free(nw);
-    free(yref), free(yf), free(yp);
+    free(yref), free(yf), free(yp), free(yc);
 }
 
 static void test_moe_fused(void) {
