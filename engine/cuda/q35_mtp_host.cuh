@@ -60,6 +60,10 @@ struct q35_spec {
      * grid dimension (moe.cuh m); the session's router fusion (s->rf) always takes them for
      * the main blocks */
     bool moe_dec;
+    /* SPARK_CUDA_MTP_RF=seq: the router fusion's launch of a verify pass on the decode grid with
+     * the tokens in turn in each block (engine_cu_rf_args.seq); else the tokens as a grid
+     * dimension */
+    bool rf_seq;
     float *ao; /* [VMAX][E]: the router fusion's output projections (q35m_rf_out) */
 };
 
@@ -161,11 +165,26 @@ static unsigned q35m_fused_env(void) {
  * (up, shared up, down) runs the decode step's kernels with the m tokens as a grid dimension
  * (q35m_moe_dec: each token's blocks are a decode launch's, bit for bit by construction, the
  * tokens in parallel); unset, empty, "0" or anything else: the verify kernels (q35_verify.cu:
- * each block serves the m tokens serially). With the router fusion on (SPARK_CUDA_Q35_ROUTER_FUSE)
- * the main blocks take the decode kernels either way (their RF mode). */
+ * each block serves the m tokens serially). With the router fusion (SPARK_CUDA_Q35_ROUTER_FUSE,
+ * the default) the main blocks take the decode kernels either way (their RF mode). Opt-in: GPU
+ * call 2 of session 6 (8-block cut, with "split") measured no gain, 1249 / 1535 / 1902 us at
+ * m = 2 / 3 / 4 against 1234 / 1526 / 1880: at m >= 2 the m decode MoEs (256 up blocks a
+ * token) no longer fit one wave, which costs what the verify kernels' serial dots cost. */
 static bool q35m_moe_env(void) {
     const char *e = getenv("SPARK_CUDA_MTP_MOE");
     return e && !strcmp(e, "dec");
+}
+
+/* SPARK_CUDA_MTP_RF (read when a session first turns MTP on; with the router fusion): "seq": the
+ * verify pass's fused output projection + router launch keeps the decode step's grid (one wave)
+ * and each block does the m tokens in turn; unset or anything else: the tokens as a grid
+ * dimension (m times the blocks). GPU call 2 of session 6 (8-block cut, with "split"): the grid
+ * dimension costs 1420 us at m = 2 against 1234 unfused (824 vs 888 at m = 1): at m >= 2 its
+ * blocks no longer fit one wave, and the second wave's [R | M] rows (6.3 MB a block) are read
+ * after the first wave's instead of before the launch's wait. */
+static bool q35m_rf_env(void) {
+    const char *e = getenv("SPARK_CUDA_MTP_RF");
+    return e && !strcmp(e, "seq");
 }
 
 /* Appends of at least this many tokens (without per-token logits) go through the session's
@@ -404,6 +423,7 @@ extern "C" int engine_cuda_q35_mtp_enable(engine_cuda_q35_session *s, bool *was_
         sp->fused = q35m_fused_env();
         sp->pf_min = q35m_pf_min_env();
         sp->moe_dec = q35m_moe_env();
+        sp->rf_seq = q35m_rf_env();
         {
             const char *e = getenv("SPARK_CUDA_MTP_DIAG_SKIP");
             sp->diag = e ? (unsigned)strtoul(e, NULL, 0) : 0u;
@@ -425,11 +445,12 @@ extern "C" int engine_cuda_q35_mtp_enable(engine_cuda_q35_session *s, bool *was_
         *was_off = true;
         engine_log(ENGINE_LOG_INFO,
                    "cuda: MTP on (qwen35moe): block KV %.1f MiB, per-token states of a verify "
-                   "pass %.1f MiB, fused parts 0x%x, MoE on the %s kernels, router fusion %s, "
+                   "pass %.1f MiB, fused parts 0x%x, MoE on the %s kernels, router fusion %s%s, "
                    "prompts of >= %d tokens through the prefill (0: none), diagnosis skip 0x%x",
                    2.0 * (double)((size_t)s->n_ctx * kvd * elt) / 1048576.0,
                    (double)(f * V * s->snap_stride) / 1048576.0, sp->fused,
-                   sp->moe_dec ? "decode" : "verify", s->rf ? "on" : "off", sp->pf_min, sp->diag);
+                   sp->moe_dec ? "decode" : "verify", s->rf ? "on" : "off",
+                   s->rf && sp->rf_seq ? " (tokens in turn)" : "", sp->pf_min, sp->diag);
     }
 done:
     if (rc) q35m_free(s);
@@ -509,6 +530,7 @@ static void q35m_rf_out(engine_cuda_q35_session *s, const q35_cl *ly, int m) {
     a.att_stride = sp->satt;
     a.ao_stride = (size_t)d->E;
     a.raw_stride = (size_t)d->X + 1;
+    a.seq = sp->rf_seq ? 1 : 0;
     engine_cu_rf_wo(&a, s->stream);
 }
 

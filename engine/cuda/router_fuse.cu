@@ -119,10 +119,47 @@ __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 3)
                           engine_cu_pdl_sync());
 }
 
+/* rf_wo_kernel's blocks with the tokens in turn (router_fuse.cuh: seq): block b does its router
+ * rows or wo row groups for token 0, then 1, ..; a barrier between tokens (the staging in shared
+ * memory is reused). The first token's wait is the launch's; the later ones return at once. */
+template <int MODE, int R, int RB>
+__global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 3)
+    rf_wo_seq_kernel(engine_cu_rf_args a, int n_groups) {
+    extern __shared__ uint4 rf_smem[];
+    engine_cu_pdl_launch();
+    const int n_rb = (a.rm.m[0].rows + RB - 1) / RB;
+    const float *x0 = a.x, *att0 = a.wo.x;
+    float *ao0 = a.wo.m[0].y, *raw0 = a.rm.m[0].y;
+    for (int t = 0; t < a.m; t++) {
+        if (t) __syncthreads();
+        a.x = x0 + (size_t)t * a.x_stride;
+        a.wo.x = att0 + (size_t)t * a.att_stride;
+        a.wo.m[0].y = ao0 + (size_t)t * a.ao_stride;
+        a.rm.m[0].y = raw0 + (size_t)t * a.raw_stride;
+        if ((int)blockIdx.x < n_rb)
+            rf_router_block<MODE, RB>(a, blockIdx.x, (uint8_t *)rf_smem);
+        else
+            mv_block<MODE, R>(a.wo, n_groups, blockIdx.x - n_rb, gridDim.x - n_rb,
+                              (uint8_t *)rf_smem, engine_cu_pdl_sync());
+    }
+}
+
 template <int MODE, int RB>
 static void rf_launch_rb(const engine_cu_rf_args *a, const engine_cu_mv_plan &p, size_t smem,
                          cudaStream_t stream) {
     const dim3 grid((a->rm.m[0].rows + RB - 1) / RB + p.blocks), block(ENGINE_CU_MV_WARPS * 32);
+    if (a->m > 1 && a->seq) { /* the tokens in turn in each block */
+        if (p.r == 0)
+            engine_cu_launch(rf_wo_seq_kernel<MODE, 0, RB>, grid, block, smem, stream, *a,
+                             p.n_groups);
+        else if (p.r == 1)
+            engine_cu_launch(rf_wo_seq_kernel<MODE, 1, RB>, grid, block, smem, stream, *a,
+                             p.n_groups);
+        else
+            engine_cu_launch(rf_wo_seq_kernel<MODE, 2, RB>, grid, block, smem, stream, *a,
+                             p.n_groups);
+        return;
+    }
     if (a->m > 1) { /* tokens as a grid dimension */
         const dim3 tg(grid.x, (unsigned)a->m);
         if (p.r == 0)

@@ -46,8 +46,11 @@ typedef struct {
     /* Tokens as a grid dimension (the MTP verify pass): m > 1: blockIdx.y = t of m, and token
      * t's blocks are the decode launch's blocks (the same rows per router block, the same wo
      * plan) on x + t x_stride, wo.x + t att_stride, wo.m[0].y + t ao_stride and rm.m[0].y +
-     * t raw_stride: bit for bit m decode launches. m <= 1: the decode launch. */
-    int m;
+     * t raw_stride: bit for bit m decode launches. m <= 1: the decode launch. seq (with m > 1):
+     * the decode launch's grid instead, each block doing its part for token 0, 1, .., m - 1 in
+     * turn (the same block code per token: one wave, and its rows from L1 / L2 after the first
+     * token) instead of m times the blocks. */
+    int m, seq;
     size_t x_stride, att_stride, ao_stride, raw_stride;
 } engine_cu_rf_args;
 

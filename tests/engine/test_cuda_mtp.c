@@ -72,14 +72,15 @@
  *   dec / rf   the verify check (with rollback and fast loop) again with SPARK_CUDA_MTP_MOE=dec
  *              (the verify pass's MoE on the decode step's kernels, the tokens as a grid
  *              dimension) and with SPARK_CUDA_Q35_ROUTER_FUSE=1 and =0 (read at session
- *              creation: the plain decode step and the verify pass both with the router and
- *              shared-gate logits in the output projection's launch, tokens as a grid dimension;
- *              the MTP block unfused), FUSED 0 and 1: bit for bit as above (each token's MoE and
+ *              creation; 1 is the default: the plain decode step and the verify pass both with
+ *              the router and shared-gate logits in the output projection's launch, tokens as a
+ *              grid dimension or, SPARK_CUDA_MTP_RF=seq, in turn in each block; the MTP block
+ *              unfused), FUSED 0 and 1: bit for bit as above (each token's MoE and
  *              fused launch are the decode step's blocks); that the fusion is on at all: a
  *              =1 session's decode logits differ from a =0 session's somewhere in 16 steps (F32
  *              rounding of the router logits) and keep cosine >= 0.99 (f32) / 0.9 (a near
  *              tie may swap two experts; test_cuda_qwen35 bounds the fused model);
- *              engine_generate (check_api) once more with =1
+ *              engine_generate (check_api) once more with =0
  * Exits 77 (skip) with the reason when no GPU is usable or the build has no CUDA backend. */
 #include <math.h>
 #include <stdio.h>
@@ -765,17 +766,22 @@ static void run_model(const char *type) {
                 check_direct(m, gm, type, parts[i]);
         }
         /* the MoE on the decode kernels, the router fusion on and off (whatever the
-         * defaults): {ROUTER_FUSE, MTP_MOE, FUSED} */
+         * defaults), its verify launch with the tokens in turn: {ROUTER_FUSE, MTP_MOE, MTP_RF,
+         * FUSED} */
         check_rf_on(m, gm, type);
-        static const char *const runs[][3] = {{"0", "dec", "0"}, {"0", "dec", "1"},
-                                              {"1", NULL, "0"},  {"1", NULL, "1"},
-                                              {"1", "dec", "0"}, {"0", NULL, "0"}};
+        static const char *const runs[][4] = {
+            {"0", "dec", NULL, "0"}, {"0", "dec", NULL, "1"}, {"1", NULL, NULL, "0"},
+            {"1", NULL, NULL, "1"},  {"1", "dec", NULL, "0"}, {"0", NULL, NULL, "0"},
+            {"1", NULL, "seq", "0"}, {"1", NULL, "seq", "1"}};
         for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
             char label[24];
-            snprintf(label, sizeof label, "%s rf%s%s", type, runs[i][0], runs[i][1] ? " dec" : "");
+            snprintf(label, sizeof label, "%s rf%s%s%s", type, runs[i][0],
+                     runs[i][1] ? " dec" : "", runs[i][2] ? " seq" : "");
             char *rf = env_set("SPARK_CUDA_Q35_ROUTER_FUSE", runs[i][0]);
             char *md = env_set("SPARK_CUDA_MTP_MOE", runs[i][1]);
-            check_direct(m, gm, label, runs[i][2]);
+            char *rs = env_set("SPARK_CUDA_MTP_RF", runs[i][2]);
+            check_direct(m, gm, label, runs[i][3]);
+            env_restore("SPARK_CUDA_MTP_RF", rs);
             env_restore("SPARK_CUDA_MTP_MOE", md);
             env_restore("SPARK_CUDA_Q35_ROUTER_FUSE", rf);
         }
@@ -786,9 +792,9 @@ static void run_model(const char *type) {
     engine_cuda_q35_model_free(gm);
     engine_model_free(m);
     if (!only_feed()) check_api(path, type);
-    if (!only_feed()) { /* engine_generate with the router fusion on */
-        char label[24], *rf = env_set("SPARK_CUDA_Q35_ROUTER_FUSE", "1");
-        snprintf(label, sizeof label, "%s rf1", type);
+    if (!only_feed()) { /* engine_generate with the router fusion off (the default: on) */
+        char label[24], *rf = env_set("SPARK_CUDA_Q35_ROUTER_FUSE", "0");
+        snprintf(label, sizeof label, "%s rf0", type);
         check_api(path, label);
         env_restore("SPARK_CUDA_Q35_ROUTER_FUSE", rf);
     }

@@ -33,9 +33,10 @@
  *   DN_EARLY=0 or =1, ATT_EARLY=0 (without the attention's early position read and K/V
  *   prefetch, on by default), ATT_SHORT=16 (the split path, with and without the early reads)
  *   have the default session's logits and device loop bit for bit (check_variant).
- *   SPARK_CUDA_Q35_ROUTER_FUSE=1 (the router and shared-gate logits in the mixer's output
- *   projection launch, engine/cuda/router_fuse.cuh; they differ by F32 rounding only): the
- *   f32 / q4_k_m models against the CPU with the bounds above, and q4_k_m again with
+ *   The router fusion is the default (SPARK_CUDA_Q35_ROUTER_FUSE: the router and shared-gate
+ *   logits in the mixer's output projection launch, engine/cuda/router_fuse.cuh; they differ
+ *   from the unfused ones by F32 rounding only): =0 runs the f32 / q4_k_m models against the
+ *   CPU with the bounds above (also part of the all-off run), and q4_k_m runs again with
  *   SH_FORK=0 (the shared expert's up after the routed one, on the main stream).
  * Exits 77 (skip) with the reason when no GPU is usable or the build has no CUDA backend. */
 #include <math.h>
@@ -665,13 +666,13 @@ int main(void) {
      * DeltaNet step (read at session creation) */
     static const char *const plain[] = {"SPARK_CUDA_Q35_ATT_SHORT", "SPARK_CUDA_Q35_SH_FORK",
                                         "SPARK_CUDA_Q35_Z_FORK", "SPARK_CUDA_Q35_DN_EARLY",
-                                        "SPARK_CUDA_Q35_ATT_EARLY"};
-    for (int i = 0; i < 5; i++)
+                                        "SPARK_CUDA_Q35_ATT_EARLY", "SPARK_CUDA_Q35_ROUTER_FUSE"};
+    for (int i = 0; i < 6; i++)
         setenv(plain[i], "0", 1);
-    printf("SPARK_CUDA_Q35_ATT_SHORT=0 SH_FORK=0 Z_FORK=0 DN_EARLY=0 ATT_EARLY=0:\n");
+    printf("SPARK_CUDA_Q35_ATT_SHORT=0 SH_FORK=0 Z_FORK=0 DN_EARLY=0 ATT_EARLY=0 ROUTER_FUSE=0:\n");
     run_model("f32");
     run_model("q4_k_m");
-    for (int i = 0; i < 5; i++)
+    for (int i = 0; i < 6; i++)
         unsetenv(plain[i]);
     /* ATT_SHORT=16: positions 16.. take the split path (with the default's early reads) */
     static const char *const variants[][4] = {
@@ -693,15 +694,15 @@ int main(void) {
     run_model("f32");
     run_model("q4_k_m"); /* with its rollback check (snapshots taken by the early kernel) */
     unsetenv("SPARK_CUDA_Q35_DN_EARLY");
-    setenv("SPARK_CUDA_Q35_ROUTER_FUSE", "1", 1);
-    printf("SPARK_CUDA_Q35_ROUTER_FUSE=1:\n");
+    setenv("SPARK_CUDA_Q35_ROUTER_FUSE", "0", 1);
+    printf("SPARK_CUDA_Q35_ROUTER_FUSE=0:\n");
     run_model("f32");
     run_model("q4_k_m");
-    setenv("SPARK_CUDA_Q35_SH_FORK", "0", 1);
-    printf("SPARK_CUDA_Q35_ROUTER_FUSE=1 SPARK_CUDA_Q35_SH_FORK=0:\n");
+    unsetenv("SPARK_CUDA_Q35_ROUTER_FUSE");
+    setenv("SPARK_CUDA_Q35_SH_FORK", "0", 1); /* with the router fusion (the default) */
+    printf("SPARK_CUDA_Q35_SH_FORK=0:\n");
     run_model("q4_k_m");
     unsetenv("SPARK_CUDA_Q35_SH_FORK");
-    unsetenv("SPARK_CUDA_Q35_ROUTER_FUSE");
     support_rmtree(tmpdir);
     return support_finish("test_cuda_qwen35");
 }
