@@ -608,7 +608,8 @@ static const q35_w *q35_out_w(const q35_cl *ly) {
 
 /* Build the router fusion's [R | M] of every block once per model, at the first session that
  * asks for it: 0 with cm->rf_state 1 when built, 0 with rf_state -1 (logged) when the model
- * cannot use it, else an error. Sessions of one model are created from one thread. */
+ * cannot use it or the GPU lacks the memory for it, else an error. Sessions of one model are
+ * created from one thread. */
 static int q35_rf_prepare(engine_cuda_q35_model *cm) {
     if (cm->rf_state) return 0;
     const q35_dims *d = &cm->d;
@@ -646,9 +647,12 @@ static int q35_rf_prepare(engine_cuda_q35_model *cm) {
                (double)(sizeof(float) * total) / 1e6, d->n_layer,
                (double)(sizeof(float) * scratch_n) / 1e6, (double)free_b / 1e9);
     if (sizeof(float) * (total + scratch_n) + ((size_t)64 << 20) > free_b) {
-        rc = engine_err(ENGINE_ENOMEM,
-                        "router fusion needs %.2f GB of GPU memory but %.2f GB are free",
-                        (double)(sizeof(float) * (total + scratch_n)) / 1e9, (double)free_b / 1e9);
+        /* the default: a session without it rather than none (it is an optimisation) */
+        cm->rf_state = -1;
+        engine_log(ENGINE_LOG_INFO,
+                   "cuda: router fusion (qwen35moe) off: it needs %.2f GB of GPU memory but "
+                   "%.2f GB are free",
+                   (double)(sizeof(float) * (total + scratch_n)) / 1e9, (double)free_b / 1e9);
         goto done;
     }
     CU(cudaMalloc((void **)&cm->rf_mem, sizeof(float) * total));
