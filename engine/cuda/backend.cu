@@ -121,7 +121,8 @@ struct engine_cuda_session {
      * block as one launch of slices of S intermediate rows (moe_fused.cuh) in place of the up
      * and down launches, with or without the router fusion; a layer it cannot take (logged at
      * session creation) keeps the pair. Not in the fused step (SPARK_CUDA_FUSED) nor the routing
-     * trace; the stage-5/6 switches do not apply to fused layers. */
+     * trace; the stage-5/6 switches do not apply to fused layers. Measured 5% slower than the
+     * pair on the H200 (12-block cut, GPU call 3 of session 6), so off by default. */
     int mfuse;
     int mf_pre; /* SPARK_CUDA_MOE_FUSED_PRE=1: its down items preloaded (moe_fused.cuh preload) */
     int mf_diag; /* SPARK_CUDA_MOE_FUSED_DIAG=bits: phases left out (diagnosis, moe_fused.cuh) */

@@ -35,6 +35,9 @@
  * waits for is resident or gets a multiprocessor. All counter traffic comes after the kernel's
  * griddepcontrol.wait, so the launch before (a previous layer's) has completed and reset them.
  * One set of counters serves every layer (launches of a stream run one after the other).
+ * STATUS: measured slower than the pair on the H200 (GPU call 3 of session 6, 12-block 30B-A3B
+ * Q4_K_M cut: 1564.1 tok/s with PRE + RED against 1645.6; the launch 27.5-28.8 us a layer
+ * against 24.6; per phase in docs/architecture.md), so it stays opt-in.
  * Host launchers only; no CUDA type leaves engine/cuda/. */
 #ifndef SPARK_ENGINE_CUDA_MOE_FUSED_CUH
 #define SPARK_ENGINE_CUDA_MOE_FUSED_CUH
