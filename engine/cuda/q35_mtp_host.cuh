@@ -93,8 +93,11 @@ struct q35_spec {
  * head), worse from m = 2 (m times the unpacking: 124 / 229 / 341 us for the head at m = 1 /
  * 2 / 3); "h3" 779 1091 1358 1689 2034, the best head from m = 2; "dn" 800 1104 1363 1675 2016,
  * "dn2" 799 1102 1357 1664 2000. So: dec1 for passes of one token, else split with h3, and dn2;
- * the feed "fatt" (the whole block's own KV stores; not yet measured: between the whole block
- * and the KV-only feed, whose flaky difference of session 5 keeps it opt-in). */
+ * the feed "fatt" (the whole block's own KV stores, o_proj and MoE left out; the KV-only feed's
+ * flaky difference of session 5 keeps that opt-in). Call 3 (router fusion on, plain 555 us):
+ * this default 643 1274 1649 2116 2585 (draft 217) against "0"'s 821 1420 1834 2344 2863
+ * (draft 310); with "h4" instead of "h3" 645 1313 1689 2159 2629; with "feed" 632 1242 1606
+ * 2060 2520. */
 #define Q35M_FUSED_DEFAULT                                                                         \
     (Q35M_FUSED_DEC1 | Q35M_FUSED_SPLIT | Q35M_FUSED_H3 | Q35M_FUSED_DN2 | Q35M_FUSED_FATT)
 #define Q35M_FUSED_ALL                                                                             \
