@@ -504,8 +504,9 @@ struct engine_cuda_prefill {
      * 64 x 128 tiles in the grouped expert GEMMs (one block per expert tile), "wided" in the
      * dense ones too, "svec" the scales in shared memory in the warps' fragment order (16-byte
      * loads), empty 16-row fragments skipped, 4 blocks per SM (the wide tiles: the first two),
-     * "direct" svec with the staged Q4_K / Q5_K products reading their weight fragments from
-     * the staged raw bytes (all of these: the default's bits), "splitk" the dense
+     * "direct" (the grouped expert GEMMs only) svec with the staged Q4_K / Q5_K products
+     * reading their weight fragments from the staged raw bytes (all of these: the default's
+     * bits), "splitk" the dense
      * products (q, k,
      * v; wo) split along K where the launch fills less than whole waves of the GPU (up to 4
      * splits, their partial sums in the free gate/up buffers; other rounding) */
@@ -852,7 +853,7 @@ static void pf_gemm_args(const engine_cuda_prefill *p, bool grouped, const engin
     a.pipeline = p->gemm_pipe;
     a.wide = grouped ? p->gemm_wide : p->gemm_wided;
     a.svec = p->gemm_svec;
-    a.direct = p->gemm_direct;
+    a.direct = grouped ? p->gemm_direct : 0; /* dense: call 3 measured it slower */
     if (grouped) {
         a.tiles = p->tiles;
         a.n_tiles = p->n_tiles;
