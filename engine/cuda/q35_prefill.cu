@@ -39,6 +39,10 @@ struct engine_cuda_q35_prefill {
     float eps;
     int32_t max_tokens;
     int att_tc; /* the tensor-core attention (F16 cache; SPARK_CUDA_Q35_ATT_TC=0: off) */
+    /* ENGINE_CU_GEMM_PIPE_* bits of the GEMMs: the staged Q4_K / Q5_K kernels as in the qwen3moe
+     * prefill (prefill.cu; the same arithmetic, bit for bit), unless SPARK_CUDA_PREFILL_GEMM
+     * holds the word "nopipe" */
+    int gemm_pipe;
     int prof, n_ev, n_mark;
     cudaEvent_t *ev;
     int *ev_cat;
@@ -273,6 +277,8 @@ extern "C" int engine_cuda_q35_prefill_new(engine_cuda_q35_prefill **out,
     ENGINE_ASSERT((size_t)(b - p->mem) == z.total);
     e = getenv("SPARK_CUDA_Q35_ATT_TC");
     p->att_tc = !(e && e[0] == '0') && engine_cu_q35_att_tc_ok(p->v.kv_f32, p->nh, p->nkv, p->hd);
+    e = getenv("SPARK_CUDA_PREFILL_GEMM");
+    p->gemm_pipe = e && strstr(e, "nopipe") ? 0 : ENGINE_CU_GEMM_PIPE_K45;
     e = getenv("SPARK_CUDA_PREFILL_PROF");
     if (e && e[0] == '1') {
         p->prof = 1;
@@ -335,6 +341,7 @@ static void qp_gemm(const engine_cuda_q35_prefill *p, const engine_cuda_wview *w
     a.ldy = ldy;
     a.accumulate = accumulate;
     a.ksplit = ksplit;
+    a.pipeline = p->gemm_pipe;
     if (grouped) {
         a.tiles = p->tiles;
         a.n_tiles = p->n_tiles;
