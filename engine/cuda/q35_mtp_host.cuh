@@ -60,9 +60,9 @@ struct q35_spec {
      * grid dimension (moe.cuh m); the session's router fusion (s->rf) always takes them for
      * the main blocks */
     bool moe_dec;
-    /* SPARK_CUDA_MTP_RF=seq: the router fusion's launch of a verify pass on the decode grid with
-     * the tokens in turn in each block (engine_cu_rf_args.seq); else the tokens as a grid
-     * dimension */
+    /* SPARK_CUDA_MTP_RF (default "seq"): the router fusion's launch of a verify pass on the
+     * decode grid with the tokens in turn in each block (engine_cu_rf_args.seq); "grid": the
+     * tokens as a grid dimension */
     bool rf_seq;
     float *ao; /* [VMAX][E]: the router fusion's output projections (q35m_rf_out) */
 };
@@ -178,16 +178,18 @@ static bool q35m_moe_env(void) {
     return e && !strcmp(e, "dec");
 }
 
-/* SPARK_CUDA_MTP_RF (read when a session first turns MTP on; with the router fusion): "seq": the
- * verify pass's fused output projection + router launch keeps the decode step's grid (one wave)
- * and each block does the m tokens in turn; unset or anything else: the tokens as a grid
- * dimension (m times the blocks). GPU call 2 of session 6 (8-block cut, with "split"): the grid
- * dimension costs 1420 us at m = 2 against 1234 unfused (824 vs 888 at m = 1): at m >= 2 its
- * blocks no longer fit one wave, and the second wave's [R | M] rows (6.3 MB a block) are read
- * after the first wave's instead of before the launch's wait. */
+/* SPARK_CUDA_MTP_RF (read when a session first turns MTP on; with the router fusion): unset,
+ * empty or "seq": the verify pass's fused output projection + router launch keeps the decode
+ * step's grid (one wave) and each block does the m tokens in turn; "grid": the tokens as a grid
+ * dimension (m times the blocks; other values are taken as "seq"). GPU call 2 of session 6
+ * (8-block cut, with "split"): the grid dimension cost 1420 us at m = 2 against 1234 unfused
+ * (824 vs 888 at m = 1): at m >= 2 its blocks no longer fit one wave, and the second wave's
+ * [R | M] rows (6.3 MB a block) are read after the first wave's instead of before the launch's
+ * wait. Call 3 (with the parts dec1,split,h4,dn2,fatt): "seq" 646 1260 1565 1957 2347 us at
+ * m = 1..5 against the grid's 645 1313 1689 2159 2629; bit for bit (test_cuda_mtp). */
 static bool q35m_rf_env(void) {
     const char *e = getenv("SPARK_CUDA_MTP_RF");
-    return e && !strcmp(e, "seq");
+    return !(e && !strcmp(e, "grid"));
 }
 
 /* Appends of at least this many tokens (without per-token logits) go through the session's

@@ -73,8 +73,8 @@
  *              (the verify pass's MoE on the decode step's kernels, the tokens as a grid
  *              dimension) and with SPARK_CUDA_Q35_ROUTER_FUSE=1 and =0 (read at session
  *              creation; 1 is the default: the plain decode step and the verify pass both with
- *              the router and shared-gate logits in the output projection's launch, tokens as a
- *              grid dimension or, SPARK_CUDA_MTP_RF=seq, in turn in each block; the MTP block
+ *              the router and shared-gate logits in the output projection's launch, the tokens
+ *              in turn in each block or, SPARK_CUDA_MTP_RF=grid, as a grid dimension; the MTP block
  *              unfused), FUSED 0 and 1: bit for bit as above (each token's MoE and
  *              fused launch are the decode step's blocks); that the fusion is on at all: a
  *              =1 session's decode logits differ from a =0 session's somewhere in 16 steps (F32
@@ -772,11 +772,11 @@ static void run_model(const char *type) {
         static const char *const runs[][4] = {
             {"0", "dec", NULL, "0"}, {"0", "dec", NULL, "1"}, {"1", NULL, NULL, "0"},
             {"1", NULL, NULL, "1"},  {"1", "dec", NULL, "0"}, {"0", NULL, NULL, "0"},
-            {"1", NULL, "seq", "0"}, {"1", NULL, "seq", "1"}};
+            {"1", NULL, "seq", "0"}, {"1", NULL, "grid", "0"}, {"1", NULL, "grid", "1"}};
         for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
             char label[24];
-            snprintf(label, sizeof label, "%s rf%s%s%s", type, runs[i][0],
-                     runs[i][1] ? " dec" : "", runs[i][2] ? " seq" : "");
+            snprintf(label, sizeof label, "%s rf%s%s%s%s", type, runs[i][0],
+                     runs[i][1] ? " dec" : "", runs[i][2] ? " " : "", runs[i][2] ? runs[i][2] : "");
             char *rf = env_set("SPARK_CUDA_Q35_ROUTER_FUSE", runs[i][0]);
             char *md = env_set("SPARK_CUDA_MTP_MOE", runs[i][1]);
             char *rs = env_set("SPARK_CUDA_MTP_RF", runs[i][2]);
