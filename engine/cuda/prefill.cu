@@ -856,7 +856,13 @@ static void pf_gemm_args(const engine_cuda_prefill *p, bool grouped, const engin
     a.pipeline = p->gemm_pipe;
     a.wide = grouped ? p->gemm_wide : p->gemm_wided;
     a.svec = p->gemm_svec;
-    a.direct = grouped ? p->gemm_direct : 0; /* dense: call 3 measured it slower */
+    /* dense: call 3 measured it slower; other types than Q4_K / Q5_K would only get the SV
+     * scale layout with it (gemm.cu), which lost on its own (session 6 call 3: -2.9%), and the
+     * Q8_0 model's pp512 was 9,650.6 tok/s with it (closing call B) against 10,498.0 without
+     * (session 5) */
+    a.direct = grouped && (a.type == ENGINE_TYPE_Q4_K || a.type == ENGINE_TYPE_Q5_K)
+                   ? p->gemm_direct
+                   : 0;
     if (grouped) {
         a.tiles = p->tiles;
         a.n_tiles = p->n_tiles;
