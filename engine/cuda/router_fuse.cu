@@ -84,19 +84,26 @@ __device__ __forceinline__ void rf_router_block(const engine_cu_rf_args &a, int 
     }
 }
 
-/* Blocks [0, n_rb) router blocks of RB rows each, the rest the wo product's blocks (R rows per
- * warp, n_groups row groups, as engine_cu_matvec_plan says). */
+/* Block blockIdx.x of the launch for the token a points at: blocks [0, n_rb) router blocks of RB
+ * rows each, the rest the wo product's blocks (R rows per warp, n_groups row groups, as
+ * engine_cu_matvec_plan says). */
+template <int MODE, int R, int RB>
+__device__ __forceinline__ void rf_wo_block(const engine_cu_rf_args &a, int n_groups,
+                                            uint8_t *sm) {
+    const int n_rb = (a.rm.m[0].rows + RB - 1) / RB;
+    if ((int)blockIdx.x < n_rb)
+        rf_router_block<MODE, RB>(a, blockIdx.x, sm);
+    else
+        mv_block<MODE, R>(a.wo, n_groups, blockIdx.x - n_rb, gridDim.x - n_rb, sm,
+                          engine_cu_pdl_sync());
+}
+
 template <int MODE, int R, int RB>
 __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 3)
     rf_wo_kernel(engine_cu_rf_args a, int n_groups) {
     extern __shared__ uint4 rf_smem[];
     engine_cu_pdl_launch();
-    const int n_rb = (a.rm.m[0].rows + RB - 1) / RB;
-    if ((int)blockIdx.x < n_rb)
-        rf_router_block<MODE, RB>(a, blockIdx.x, (uint8_t *)rf_smem);
-    else
-        mv_block<MODE, R>(a.wo, n_groups, blockIdx.x - n_rb, gridDim.x - n_rb, (uint8_t *)rf_smem,
-                          engine_cu_pdl_sync());
+    rf_wo_block<MODE, R, RB>(a, n_groups, (uint8_t *)rf_smem);
 }
 
 /* rf_wo_kernel for blockIdx.y's token (router_fuse.cuh: m > 1): its pointers moved on, then the
@@ -111,12 +118,7 @@ __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 3)
     a.wo.x += t * a.att_stride;
     a.wo.m[0].y += t * a.ao_stride;
     a.rm.m[0].y += t * a.raw_stride;
-    const int n_rb = (a.rm.m[0].rows + RB - 1) / RB;
-    if ((int)blockIdx.x < n_rb)
-        rf_router_block<MODE, RB>(a, blockIdx.x, (uint8_t *)rf_smem);
-    else
-        mv_block<MODE, R>(a.wo, n_groups, blockIdx.x - n_rb, gridDim.x - n_rb, (uint8_t *)rf_smem,
-                          engine_cu_pdl_sync());
+    rf_wo_block<MODE, R, RB>(a, n_groups, (uint8_t *)rf_smem);
 }
 
 /* rf_wo_kernel's blocks with the tokens in turn (router_fuse.cuh: seq): block b does its router
@@ -127,7 +129,6 @@ __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 3)
     rf_wo_seq_kernel(engine_cu_rf_args a, int n_groups) {
     extern __shared__ uint4 rf_smem[];
     engine_cu_pdl_launch();
-    const int n_rb = (a.rm.m[0].rows + RB - 1) / RB;
     const float *x0 = a.x, *att0 = a.wo.x;
     float *ao0 = a.wo.m[0].y, *raw0 = a.rm.m[0].y;
     for (int t = 0; t < a.m; t++) {
@@ -136,11 +137,7 @@ __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 3)
         a.wo.x = att0 + (size_t)t * a.att_stride;
         a.wo.m[0].y = ao0 + (size_t)t * a.ao_stride;
         a.rm.m[0].y = raw0 + (size_t)t * a.raw_stride;
-        if ((int)blockIdx.x < n_rb)
-            rf_router_block<MODE, RB>(a, blockIdx.x, (uint8_t *)rf_smem);
-        else
-            mv_block<MODE, R>(a.wo, n_groups, blockIdx.x - n_rb, gridDim.x - n_rb,
-                              (uint8_t *)rf_smem, engine_cu_pdl_sync());
+        rf_wo_block<MODE, R, RB>(a, n_groups, (uint8_t *)rf_smem);
     }
 }
 
