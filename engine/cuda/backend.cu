@@ -39,6 +39,8 @@ extern "C" {
  * SPARK_CUDA_ROUTER_FUSE=0/1 says otherwise: +6.7% tok/s on the 12-block Qwen3-30B-A3B Q4_K_M
  * cut (H200, 1449.1 -> 1545.6; the router launch's 4.1 us per layer on the critical path). */
 #define SPARK_CUDA_ROUTER_FUSE_DEFAULT 1
+/* SPARK_CUDA_L2PF when unset (engine_cu_l2pf_parse bits; session field l2pf). */
+#define SPARK_CUDA_L2PF_DEFAULT 0
 
 typedef struct {
     const uint8_t *d; /* device: matrix 0, row 0 */
@@ -127,6 +129,11 @@ struct engine_cuda_session {
     int mf_pre; /* SPARK_CUDA_MOE_FUSED_PRE=1: its down items preloaded (moe_fused.cuh preload) */
     int mf_diag; /* SPARK_CUDA_MOE_FUSED_DIAG=bits: phases left out (diagnosis, moe_fused.cuh) */
     int mf_red;  /* SPARK_CUDA_MOE_FUSED_RED=1: its reduction by row class, no wait */
+    /* SPARK_CUDA_L2PF (bits; "down" 1, "next" 2, "1" both; default SPARK_CUDA_L2PF_DEFAULT):
+     * bulk L2 prefetches (common.cuh engine_cu_pf). 1: each up block, once routed, asks L2 for
+     * its share of the selected experts' down matrices; 2: each down block asks L2 for its
+     * share of the next layer's qkv, wo and router weights before its wait. */
+    int l2pf;
     engine_cu_prog prog; /* the fused step's program, built at the first capture */
     uint8_t *mem;        /* one allocation: KV cache and step buffers */
     size_t bytes;
@@ -612,6 +619,8 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         s->diag_skip = e ? (unsigned)strtoul(e, NULL, 0) : 0u;
         e = getenv("SPARK_CUDA_DIAG_TWICE");
         s->diag_twice = e ? (unsigned)strtoul(e, NULL, 0) : 0u;
+        e = getenv("SPARK_CUDA_L2PF");
+        s->l2pf = engine_cu_l2pf_parse(e, SPARK_CUDA_L2PF_DEFAULT);
         e = getenv("SPARK_CUDA_ROUTER_FUSE");
         s->rf = (e ? e[0] == '1' : SPARK_CUDA_ROUTER_FUSE_DEFAULT) && !s->fused &&
                 !s->route_once && !s->down_routes;
@@ -871,6 +880,22 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
         o->rf.n_embd = emb;
         up->x_add = s->ao;
         dn->y_add = s->ao;
+    }
+    up->pf.last = dn->pf.last = (s->l2pf & ENGINE_CU_L2PF_LAST) != 0;
+    if ((s->l2pf & ENGINE_CU_L2PF_DOWN) && o->moe)
+        engine_cu_pf_experts(up, dn->down, dn->expert_bytes);
+    if ((s->l2pf & ENGINE_CU_L2PF_NEXT) && l + 1 < hp->n_layer) {
+        const cu_layer *nx = &cm->layers[l + 1];
+        int i = 0;
+        engine_cu_pf_add(&dn->pf, &i, nx->wq.d, mat_bytes(&nx->wq));
+        engine_cu_pf_add(&dn->pf, &i, nx->wk.d, mat_bytes(&nx->wk));
+        engine_cu_pf_add(&dn->pf, &i, nx->wv.d, mat_bytes(&nx->wv));
+        engine_cu_pf_add(&dn->pf, &i, nx->wo.d, mat_bytes(&nx->wo));
+        if (s->rf && o->moe)
+            engine_cu_pf_add(&dn->pf, &i, (const uint8_t *)(cm->rf_mem + (size_t)(l + 1) * cm->rf_layer),
+                             sizeof(float) * cm->rf_layer);
+        else if (o->moe)
+            engine_cu_pf_add(&dn->pf, &i, nx->gate_inp.d, mat_bytes(&nx->gate_inp));
     }
     if (s->mfuse && o->moe && s->mf_part) {
         o->mf.up = *up;

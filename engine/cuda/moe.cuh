@@ -66,6 +66,14 @@ typedef struct {
      * decode kernels (strides unused). Not with the stage-5/6 fields. */
     int m;
     size_t x_stride, router_stride, h_stride, ids_stride;
+    /* SPARK_CUDA_L2PF "down" (MoE, decode launches): pf_down != NULL: once routed, block b asks
+     * L2 for its share of each selected expert's down matrix (expert e at pf_down + e
+     * pf_down_bytes, a multiple of 16), so the down launch after this one finds its rows in
+     * L2. pf: ranges of which block b asks L2 for its share after its wait (pf.last also
+     * gives the down rows' prefetch the evict-last priority). */
+    const uint8_t *pf_down;
+    size_t pf_down_bytes;
+    engine_cu_pf pf;
 } engine_cu_ffn_up_args;
 
 typedef struct {
@@ -107,7 +115,26 @@ typedef struct {
      * y_stride, sh_logit + t; m <= 1: the decode kernels. Not with the stage-5/6 fields. */
     int m;
     size_t h_stride, ids_stride, y_stride;
+    /* SPARK_CUDA_L2PF "next": ranges (the next layer's attention-block weights) of which block b
+     * asks L2 for its share before its wait. */
+    engine_cu_pf pf;
 } engine_cu_ffn_down_args;
+
+/* SPARK_CUDA_L2PF's parts (bits): the down rows from the up launch, the next layer's weights,
+ * both with the evict-last priority. */
+#define ENGINE_CU_L2PF_DOWN 1
+#define ENGINE_CU_L2PF_NEXT 2
+#define ENGINE_CU_L2PF_LAST 4
+
+/* The bits of a SPARK_CUDA_L2PF value: "0" none, "1" down and next, else a list naming "down",
+ * "next", "last"; NULL: dflt. */
+int engine_cu_l2pf_parse(const char *v, int dflt);
+/* Append the range [p, p + bytes) to f at slot *i (then *i + 1), cut to a multiple of 16 bytes;
+ * left out when p is not 16-byte aligned, f is full or bytes is below 16 or above 4 GiB. */
+void engine_cu_pf_add(engine_cu_pf *f, int *i, const void *p, size_t bytes);
+/* The up launch a asks L2 for the selected experts' down matrices (expert e at down + e
+ * expert_bytes), when the layout allows the bulk copies (16-byte multiples). */
+void engine_cu_pf_experts(engine_cu_ffn_up_args *a, const uint8_t *down, size_t expert_bytes);
 
 void engine_cu_ffn_up(const engine_cu_ffn_up_args *a, cudaStream_t stream);
 void engine_cu_ffn_down(const engine_cu_ffn_down_args *a, cudaStream_t stream);

@@ -250,6 +250,7 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
         engine_cu_stage_x<MODE, true>(a.x, a.cols, a.norm_w, a.eps, sm, 0); /* all warps */
     sync.wait();
     if (a.trigger_late) engine_cu_pdl_launch(); /* the router's logits are complete */
+    engine_cu_pf_share(a.pf, b, gdx);
     if (a.router) {
         if (w == 0) {
             if (S6 && a.routed) { /* the router's last block routed (complete after the wait) */
@@ -267,6 +268,10 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
                 engine_cu_prefetch_l2(a.up + off, (size_t)nr * a.row_bytes);
                 if (!a.max_bps) break;
             }
+            const int lane = threadIdx.x & 31;
+            if (a.pf_down && lane < a.k)
+                engine_cu_bulk_l2_share(a.pf_down + (size_t)ids[lane] * a.pf_down_bytes,
+                                        (uint32_t)a.pf_down_bytes, b, gdx, a.pf.last);
         }
     } else if (threadIdx.x == 0) {
         ids[0] = 0;
@@ -392,6 +397,7 @@ __device__ __forceinline__ void ffn_down_block(const engine_cu_ffn_down_args &a,
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int n_groups = (a.rows + FFN_WARPS - 1) / FFN_WARPS;
     const int ks = a.sh_logit ? a.k - 1 : a.k; /* slots routed or read */
+    engine_cu_pf_share(a.pf, b, gdx);
     if (a.router) { /* the logits are complete (the up launch triggered late): route now */
         if (w == 0) route(a.router, a.n_expert, ks, a.norm_topk, ids, wts, true);
     } else if (a.ids_early) { /* routed by the router launch, complete: read before the wait */
