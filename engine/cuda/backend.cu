@@ -84,6 +84,7 @@ struct engine_cuda_session {
      * launched twice in the captured step, so that an A/B of the timing gives each op's cost on
      * the graph's critical path (bench_decode -e "SPARK_CUDA_DIAG_SKIP=8"). */
     unsigned diag_skip, diag_twice;
+    int diag_moe; /* SPARK_CUDA_DIAG_MOE: engine_cu_ffn_up_args.diag (the same results) */
     int fused; /* the layers as one fused step kernel (step.cuh); SPARK_CUDA_FUSED=0/1 */
     /* Decode stage 5 (per-op launches), both measured slower on the H200 (bench/RESULTS.md),
      * so off unless asked for: SPARK_CUDA_BPS=mv,up,dn caps the matvec (qkv, wo), up and down
@@ -619,6 +620,8 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         s->diag_skip = e ? (unsigned)strtoul(e, NULL, 0) : 0u;
         e = getenv("SPARK_CUDA_DIAG_TWICE");
         s->diag_twice = e ? (unsigned)strtoul(e, NULL, 0) : 0u;
+        e = getenv("SPARK_CUDA_DIAG_MOE");
+        s->diag_moe = e ? atoi(e) : 0;
         e = getenv("SPARK_CUDA_L2PF");
         s->l2pf = engine_cu_l2pf_parse(e, SPARK_CUDA_L2PF_DEFAULT);
         e = getenv("SPARK_CUDA_ROUTER_FUSE");
@@ -881,7 +884,9 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
         up->x_add = s->ao;
         dn->y_add = s->ao;
     }
+    up->diag = dn->diag = s->diag_moe;
     up->pf.last = dn->pf.last = (s->l2pf & ENGINE_CU_L2PF_LAST) != 0;
+    up->pf.end = dn->pf.end = (s->l2pf & ENGINE_CU_L2PF_END) != 0;
     if ((s->l2pf & ENGINE_CU_L2PF_DOWN) && o->moe)
         engine_cu_pf_experts(up, dn->down, dn->expert_bytes);
     if ((s->l2pf & ENGINE_CU_L2PF_NEXT) && l + 1 < hp->n_layer) {

@@ -146,6 +146,7 @@ typedef struct {
     const uint8_t *p[ENGINE_CU_PF_MAX];
     uint32_t n[ENGINE_CU_PF_MAX];
     int last; /* the lines with L2's evict-last priority (else normal) */
+    int end;  /* asked for at the end of the block's work (else at the places moe.cuh says) */
 } engine_cu_pf;
 
 /* Ask L2 for the n bytes at p (16-byte aligned, n a multiple of 16) without waiting; last: with

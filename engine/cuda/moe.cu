@@ -67,7 +67,8 @@ int engine_cu_l2pf_parse(const char *v, int dflt) {
     if (!strcmp(v, "1")) return ENGINE_CU_L2PF_DOWN | ENGINE_CU_L2PF_NEXT;
     return (strstr(v, "down") ? ENGINE_CU_L2PF_DOWN : 0) |
            (strstr(v, "next") ? ENGINE_CU_L2PF_NEXT : 0) |
-           (strstr(v, "last") ? ENGINE_CU_L2PF_LAST : 0);
+           (strstr(v, "last") ? ENGINE_CU_L2PF_LAST : 0) |
+           (strstr(v, "end") ? ENGINE_CU_L2PF_END : 0);
 }
 
 void engine_cu_pf_add(engine_cu_pf *f, int *i, const void *p, size_t bytes) {
@@ -104,7 +105,7 @@ static size_t engine_cu_ffn_down_smem(int type, int k, int cols) {
 }
 
 void engine_cu_ffn_up(const engine_cu_ffn_up_args *a, cudaStream_t stream) {
-    const int n_items = engine_cu_up_groups(a->rows) * (a->router ? a->k : 1);
+    const int n_items = engine_cu_up_groups(a->rows) * engine_cu_up_slots(*a);
     const dim3 grid(ffn_blocks(n_items, a->max_bps));
     const int mode = engine_cu_x_mode(a->type);
     const bool s6 = a->routed || a->stage_early;

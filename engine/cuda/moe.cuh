@@ -74,6 +74,12 @@ typedef struct {
     const uint8_t *pf_down;
     size_t pf_down_bytes;
     engine_cu_pf pf;
+    /* MoE, decode launches: sh_merged != 0: one more slot k of expert sh_id (qwen35's shared
+     * expert stored after the routed ones), h[k] its output; ids / weights keep k entries. */
+    int sh_merged, sh_id;
+    /* Diagnosis (SPARK_CUDA_DIAG_MOE, the same results): bit 1 the routing warp routes twice,
+     * bit 2 the block stages x twice; an A/B of the timing gives each stage's cost. */
+    int diag;
 } engine_cu_ffn_up_args;
 
 typedef struct {
@@ -118,6 +124,7 @@ typedef struct {
     /* SPARK_CUDA_L2PF "next": ranges (the next layer's attention-block weights) of which block b
      * asks L2 for its share before its wait. */
     engine_cu_pf pf;
+    int diag; /* as engine_cu_ffn_up_args.diag: bit 2 the block stages h twice */
 } engine_cu_ffn_down_args;
 
 /* SPARK_CUDA_L2PF's parts (bits): the down rows from the up launch, the next layer's weights,
@@ -125,9 +132,10 @@ typedef struct {
 #define ENGINE_CU_L2PF_DOWN 1
 #define ENGINE_CU_L2PF_NEXT 2
 #define ENGINE_CU_L2PF_LAST 4
+#define ENGINE_CU_L2PF_END 8 /* both asked for at the end of each block's work */
 
 /* The bits of a SPARK_CUDA_L2PF value: "0" none, "1" down and next, else a list naming "down",
- * "next", "last"; NULL: dflt. */
+ * "next", "last", "end"; NULL: dflt. */
 int engine_cu_l2pf_parse(const char *v, int dflt);
 /* Append the range [p, p + bytes) to f at slot *i (then *i + 1), cut to a multiple of 16 bytes;
  * left out when p is not 16-byte aligned, f is full or bytes is below 16 or above 4 GiB. */

@@ -157,6 +157,11 @@ __host__ __device__ __forceinline__ int engine_cu_up_groups(int rows) {
     return (rows + 2 * FFN_WARPS - 1) / (2 * FFN_WARPS);
 }
 
+/* Expert slots of an up launch: the k routed (and the merged shared one), or 1 dense. */
+__host__ __device__ __forceinline__ int engine_cu_up_slots(const engine_cu_ffn_up_args &a) {
+    return a.router ? a.k + (a.sh_merged ? 1 : 0) : 1;
+}
+
 /* The routing of an up block by its warp 0 (every lane calls it) into ids[k], wts[k] (shared):
  * route on a.router, or with the router fusion (RF, a.x_add) on the raw logits scaled by the RMS
  * scale of h = x + x_add, computed as the staging computes it (block b 0 also stores qwen35's
@@ -232,7 +237,7 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
     __shared__ int ids[ENGINE_CU_MAX_EXPERT_USED];
     __shared__ float wts[ENGINE_CU_MAX_EXPERT_USED];
     const int w = threadIdx.x >> 5;
-    const int gx = engine_cu_up_groups(a.rows), n_items = gx * (a.router ? a.k : 1);
+    const int gx = engine_cu_up_groups(a.rows), n_items = gx * engine_cu_up_slots(a);
     /* the item's gate and up rows are two contiguous runs of an expert: asked of L2 as soon
      * as the expert is known (dense: before the wait; MoE: by the routing warp once it has
      * routed, while the other warps still stage x); with max_bps every item's, else the
@@ -250,7 +255,7 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
         engine_cu_stage_x<MODE, true>(a.x, a.cols, a.norm_w, a.eps, sm, 0); /* all warps */
     sync.wait();
     if (a.trigger_late) engine_cu_pdl_launch(); /* the router's logits are complete */
-    engine_cu_pf_share(a.pf, b, gdx);
+    if (!a.pf.end) engine_cu_pf_share(a.pf, b, gdx);
     if (a.router) {
         if (w == 0) {
             if (S6 && a.routed) { /* the router's last block routed (complete after the wait) */
@@ -259,6 +264,11 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
                 __syncwarp();
             } else {
                 ffn_route_warp<RF>(a, b, ids, wts);
+                if (a.diag & 1) ffn_route_warp<RF>(a, b, ids, wts);
+            }
+            if (a.sh_merged) {
+                if ((threadIdx.x & 31) == 0) ids[a.k] = a.sh_id;
+                __syncwarp();
             }
             for (int it = b; it < n_items; it += gdx) {
                 const int j = it / gx, r0 = (it - j * gx) * 2 * FFN_WARPS;
@@ -269,7 +279,7 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
                 if (!a.max_bps) break;
             }
             const int lane = threadIdx.x & 31;
-            if (a.pf_down && lane < a.k)
+            if (a.pf_down && !a.pf.end && lane < a.k)
                 engine_cu_bulk_l2_share(a.pf_down + (size_t)ids[lane] * a.pf_down_bytes,
                                         (uint32_t)a.pf_down_bytes, b, gdx, a.pf.last);
         }
@@ -278,11 +288,15 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
     }
     if (S6 && a.stage_early)
         __syncthreads(); /* ids visible */
-    else if (RF)
-        engine_cu_stage_x<MODE, false, true>(a.x, a.cols, a.norm_w, a.eps, sm, a.router ? 1 : 0,
-                                             a.x_add);
     else
-        engine_cu_stage_x<MODE>(a.x, a.cols, a.norm_w, a.eps, sm, a.router ? 1 : 0);
+        for (int i = 0; i < (a.diag & 2 ? 2 : 1); i++) {
+            if (i) __syncthreads(); /* the first staging's reads of sm done */
+            if (RF)
+                engine_cu_stage_x<MODE, false, true>(a.x, a.cols, a.norm_w, a.eps, sm,
+                                                     a.router ? 1 : 0, a.x_add);
+            else
+                engine_cu_stage_x<MODE>(a.x, a.cols, a.norm_w, a.eps, sm, a.router ? 1 : 0);
+        }
     if (a.router && !(S6 && a.routed) && b == 0 && w == 0) { /* the block of item 0 */
         if (threadIdx.x < a.k) {
             a.ids[threadIdx.x] = ids[threadIdx.x];
@@ -295,6 +309,12 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
         const int j = it / gx, r = (it - j * gx) * 2 * FFN_WARPS + w;
         if (r >= a.rows) continue;
         ffn_up_rows<MODE>(a, j, ids[j], r, xv);
+    }
+    if (a.pf.end) { /* the prefetches once this block's own loads are served */
+        if (a.pf_down && (int)threadIdx.x < a.k)
+            engine_cu_bulk_l2_share(a.pf_down + (size_t)ids[threadIdx.x] * a.pf_down_bytes,
+                                    (uint32_t)a.pf_down_bytes, b, gdx, a.pf.last);
+        engine_cu_pf_share(a.pf, b, gdx);
     }
 }
 
@@ -397,7 +417,7 @@ __device__ __forceinline__ void ffn_down_block(const engine_cu_ffn_down_args &a,
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int n_groups = (a.rows + FFN_WARPS - 1) / FFN_WARPS;
     const int ks = a.sh_logit ? a.k - 1 : a.k; /* slots routed or read */
-    engine_cu_pf_share(a.pf, b, gdx);
+    if (!a.pf.end) engine_cu_pf_share(a.pf, b, gdx);
     if (a.router) { /* the logits are complete (the up launch triggered late): route now */
         if (w == 0) route(a.router, a.n_expert, ks, a.norm_topk, ids, wts, true);
     } else if (a.ids_early) { /* routed by the router launch, complete: read before the wait */
@@ -458,6 +478,7 @@ __device__ __forceinline__ void ffn_down_block(const engine_cu_ffn_down_args &a,
     sync.wait(); /* h complete */
     if (a.sh_logit && threadIdx.x == 0) wts[a.k - 1] = 1.0f / (1.0f + expf(-*a.sh_logit));
     engine_cu_stage_x<MODE>(a.h, a.k * a.cols, nullptr, 0.0f, sm); /* ends with a barrier */
+    if (a.diag & 2) engine_cu_stage_x<MODE>(a.h, a.k * a.cols, nullptr, 0.0f, sm);
     for (int g = b; g < n_groups; g += gdx) {
         const int r = g * FFN_WARPS + w;
         if (r >= a.rows) continue;
@@ -478,6 +499,7 @@ __device__ __forceinline__ void ffn_down_block(const engine_cu_ffn_down_args &a,
         }
         if (lane == 0) down_store<RF>(a, r, s);
     }
+    if (a.pf.end) engine_cu_pf_share(a.pf, b, gdx); /* once this block's loads are served */
     engine_cu_sink(tv0 + tv1, a.y);
 }
 
