@@ -39,6 +39,8 @@ extern "C" {
  * SPARK_CUDA_ROUTER_FUSE=0/1 says otherwise: +6.7% tok/s on the 12-block Qwen3-30B-A3B Q4_K_M
  * cut (H200, 1449.1 -> 1545.6; the router launch's 4.1 us per layer on the critical path). */
 #define SPARK_CUDA_ROUTER_FUSE_DEFAULT 1
+/* SPARK_CUDA_ROUTE when unset (engine_cu_route_parse bits). */
+#define SPARK_CUDA_ROUTE_DEFAULT ENGINE_CU_ROUTE_SHFL
 /* SPARK_CUDA_L2PF when unset (engine_cu_l2pf_parse bits; session field l2pf). */
 #define SPARK_CUDA_L2PF_DEFAULT 0
 
@@ -85,6 +87,9 @@ struct engine_cuda_session {
      * the graph's critical path (bench_decode -e "SPARK_CUDA_DIAG_SKIP=8"). */
     unsigned diag_skip, diag_twice;
     int diag_moe; /* SPARK_CUDA_DIAG_MOE: engine_cu_ffn_up_args.diag (the same results) */
+    /* SPARK_CUDA_ROUTE (default SPARK_CUDA_ROUTE_DEFAULT): engine_cu_ffn_up_args.route, the up
+     * blocks' routing (moe.cuh); also read by qwen35moe sessions */
+    int route;
     int fused; /* the layers as one fused step kernel (step.cuh); SPARK_CUDA_FUSED=0/1 */
     /* Decode stage 5 (per-op launches), both measured slower on the H200 (bench/RESULTS.md),
      * so off unless asked for: SPARK_CUDA_BPS=mv,up,dn caps the matvec (qkv, wo), up and down
@@ -622,6 +627,7 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         s->diag_twice = e ? (unsigned)strtoul(e, NULL, 0) : 0u;
         e = getenv("SPARK_CUDA_DIAG_MOE");
         s->diag_moe = e ? atoi(e) : 0;
+        s->route = engine_cu_route_parse(getenv("SPARK_CUDA_ROUTE"), SPARK_CUDA_ROUTE_DEFAULT);
         e = getenv("SPARK_CUDA_L2PF");
         s->l2pf = engine_cu_l2pf_parse(e, SPARK_CUDA_L2PF_DEFAULT);
         e = getenv("SPARK_CUDA_ROUTER_FUSE");
@@ -885,6 +891,7 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
         dn->y_add = s->ao;
     }
     up->diag = dn->diag = s->diag_moe;
+    up->route = s->route;
     up->pf.last = dn->pf.last = (s->l2pf & ENGINE_CU_L2PF_LAST) != 0;
     up->pf.end = dn->pf.end = (s->l2pf & ENGINE_CU_L2PF_END) != 0;
     if ((s->l2pf & ENGINE_CU_L2PF_DOWN) && o->moe)

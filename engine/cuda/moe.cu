@@ -71,6 +71,12 @@ int engine_cu_l2pf_parse(const char *v, int dflt) {
            (strstr(v, "end") ? ENGINE_CU_L2PF_END : 0);
 }
 
+int engine_cu_route_parse(const char *v, int dflt) {
+    if (!v) return dflt;
+    return (strstr(v, "shfl") ? ENGINE_CU_ROUTE_SHFL : 0) |
+           (strstr(v, "spec") ? ENGINE_CU_ROUTE_SPEC : 0);
+}
+
 void engine_cu_pf_add(engine_cu_pf *f, int *i, const void *p, size_t bytes) {
     bytes &= ~(size_t)15;
     if (!p || ((uintptr_t)p & 15) || *i >= ENGINE_CU_PF_MAX || bytes == 0 ||
@@ -105,7 +111,7 @@ static size_t engine_cu_ffn_down_smem(int type, int k, int cols) {
 }
 
 void engine_cu_ffn_up(const engine_cu_ffn_up_args *a, cudaStream_t stream) {
-    const int n_items = engine_cu_up_groups(a->rows) * engine_cu_up_slots(*a);
+    const int n_items = engine_cu_up_groups(a->rows) * (a->router ? a->k : 1);
     const dim3 grid(ffn_blocks(n_items, a->max_bps));
     const int mode = engine_cu_x_mode(a->type);
     const bool s6 = a->routed || a->stage_early;

@@ -74,13 +74,21 @@ typedef struct {
     const uint8_t *pf_down;
     size_t pf_down_bytes;
     engine_cu_pf pf;
-    /* MoE, decode launches: sh_merged != 0: one more slot k of expert sh_id (qwen35's shared
-     * expert stored after the routed ones), h[k] its output; ids / weights keep k entries. */
-    int sh_merged, sh_id;
     /* Diagnosis (SPARK_CUDA_DIAG_MOE, the same results): bit 1 the routing warp routes twice,
      * bit 2 the block stages x twice; an A/B of the timing gives each stage's cost. */
     int diag;
+    /* Routing in the up blocks (bits; SPARK_CUDA_ROUTE, backend.cu): ENGINE_CU_ROUTE_SHFL the
+     * top-k by warp shuffles (else by warp reductions, sm_80+; the same results bit for bit),
+     * ENGINE_CU_ROUTE_SPEC the rows of the experts guessed from the logits' order asked of L2
+     * before the routing proper (moe_dev.cuh ffn_route_spec). */
+    int route;
 } engine_cu_ffn_up_args;
+
+#define ENGINE_CU_ROUTE_SHFL 1
+#define ENGINE_CU_ROUTE_SPEC 2
+/* The bits of a SPARK_CUDA_ROUTE value ("shfl", "redux", "spec", comma-separated; "redux" is the
+ * absence of the shfl bit); NULL: dflt. */
+int engine_cu_route_parse(const char *v, int dflt);
 
 typedef struct {
     const uint8_t *down; /* expert 0's rows */

@@ -38,14 +38,71 @@ static __device__ __forceinline__ void route_softmax(const float *logits, int n,
         if (p[i] >= 0.0f) p[i] *= inv;
 }
 
+/* One round of a warp's top-k over keys key[i] of experts lane + 32 i (0: out of the race):
+ * the largest key, ties to the lower id, with two warp reductions (sm_80 redux); the winner is
+ * struck out (key 0) and returned, its key in *km. Every lane gets the same result. */
+static __device__ __forceinline__ int route_pick(unsigned key[ENGINE_CU_MAX_EXPERT / 32],
+                                                 unsigned *km) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const int lane = threadIdx.x & 31;
+    unsigned best = 0u;
+    int bid = 0x7fffffff;
+#pragma unroll
+    for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
+        if (key[i] > best) { /* ascending id per lane: ties keep the lower one */
+            best = key[i];
+            bid = lane + 32 * i;
+        }
+    const unsigned m = __reduce_max_sync(0xffffffffu, best);
+    const int id = __reduce_min_sync(0xffffffffu, best == m ? bid : 0x7fffffff);
+#pragma unroll
+    for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
+        if (lane + 32 * i == id) key[i] = 0u;
+    *km = m;
+    return id;
+#else
+    (void)key;
+    *km = 0u;
+    return 0;
+#endif
+}
+
 /* Softmax + top-k of the router logits by one warp; results in ids[k], wts[k] (shared). Each
- * lane keeps its experts' probabilities in registers; a chosen one is struck out (-1). */
+ * lane keeps its experts' probabilities in registers; a chosen one is struck out (-1). With
+ * REDUX (sm_80 and later) each round is route_pick's two warp reductions over the keys
+ * bits(p) + 1 (p >= 0 orders as its bits; struck out and past n: 0) instead of five rounds of
+ * shuffles: the same ids, weights and sum, bit for bit. */
+template <bool REDUX = true>
 static __device__ void route(const float *logits, int n, int k, int norm_topk, int *ids, float *wts,
                              bool cg = false) {
     const int lane = threadIdx.x & 31;
     float p[ENGINE_CU_MAX_EXPERT / 32];
     route_softmax(logits, n, cg, p);
     float tot = 0.0f;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if (REDUX) {
+        unsigned key[ENGINE_CU_MAX_EXPERT / 32];
+#pragma unroll
+        for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++) /* NaN: as 0, so ids stay valid */
+            key[i] = p[i] >= 0.0f ? __float_as_uint(p[i]) + 1u : lane + 32 * i < n ? 1u : 0u;
+        for (int j = 0; j < k; j++) {
+            unsigned m;
+            const int id = route_pick(key, &m);
+            const float best = __uint_as_float(m - 1u);
+            if (lane == 0) {
+                ids[j] = id;
+                wts[j] = best;
+            }
+            tot += best;
+        }
+        __syncwarp();
+        if (norm_topk && lane == 0)
+            for (int j = 0; j < k; j++)
+                wts[j] = wts[j] / tot;
+        __syncwarp();
+        return;
+    }
+#endif
     for (int j = 0; j < k; j++) {
         float best = -1.0f;
         int bid = 0x7fffffff;
@@ -157,18 +214,71 @@ __host__ __device__ __forceinline__ int engine_cu_up_groups(int rows) {
     return (rows + 2 * FFN_WARPS - 1) / (2 * FFN_WARPS);
 }
 
-/* Expert slots of an up launch: the k routed (and the merged shared one), or 1 dense. */
-__host__ __device__ __forceinline__ int engine_cu_up_slots(const engine_cu_ffn_up_args &a) {
-    return a.router ? a.k + (a.sh_merged ? 1 : 0) : 1;
-}
-
 /* The routing of an up block by its warp 0 (every lane calls it) into ids[k], wts[k] (shared):
  * route on a.router, or with the router fusion (RF, a.x_add) on the raw logits scaled by the RMS
  * scale of h = x + x_add, computed as the staging computes it (block b 0 also stores qwen35's
  * scaled shared-expert logit, a.rf_sh). */
+/* Gate and up rows of this block's items (block b of gdx, gx row groups per slot) for the
+ * expert ids id(j) asked of L2 (the routing warp; every item's with max_bps, else the first). */
+template <typename F>
+__device__ __forceinline__ void ffn_up_prefetch(const engine_cu_ffn_up_args &a, int b, int gdx,
+                                                int gx, int n_items, F id) {
+    for (int it = b; it < n_items; it += gdx) {
+        const int j = it / gx, r0 = (it - j * gx) * 2 * FFN_WARPS;
+        const int nr = min(2 * FFN_WARPS, a.rows - r0);
+        const int e = id(j);
+        if (e >= 0) {
+            const size_t off = (size_t)e * a.expert_bytes + (size_t)r0 * a.row_bytes;
+            engine_cu_prefetch_l2(a.gate + off, (size_t)nr * a.row_bytes);
+            engine_cu_prefetch_l2(a.up + off, (size_t)nr * a.row_bytes);
+        }
+        if (!a.max_bps) break;
+    }
+}
+
+/* ENGINE_CU_ROUTE_SPEC: the experts of the block's items guessed from the order of the logits
+ * v[i] (expert lane + 32 i; the router fusion's raw ones, which a positive RMS scale and the
+ * softmax keep in order up to rounding ties) and their rows asked of L2 before the routing
+ * proper: a wrong guess costs only that prefetch. Ranks up to the block's last item's slot. */
+__device__ __forceinline__ void ffn_route_spec(const engine_cu_ffn_up_args &a, int b, int gdx,
+                                               int gx, int n_items,
+                                               const float v[ENGINE_CU_MAX_EXPERT / 32]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const int lane = threadIdx.x & 31;
+    const int last = min(a.max_bps ? n_items - 1 : b, n_items - 1) / gx; /* highest slot */
+    const int kk = min(last + 1, a.k);
+    if (kk < 1) return;
+    unsigned key[ENGINE_CU_MAX_EXPERT / 32];
+#pragma unroll
+    for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++) {
+        const unsigned u = __float_as_uint(v[i]);
+        key[i] = lane + 32 * i >= a.n_expert ? 0u : (u & 0x80000000u) ? ~u : u | 0x80000000u;
+        key[i] = key[i] ? key[i] : 1u;
+    }
+    int guess[ENGINE_CU_MAX_EXPERT_USED];
+#pragma unroll
+    for (int j = 0; j < ENGINE_CU_MAX_EXPERT_USED; j++)
+        if (j < kk) {
+            unsigned m;
+            guess[j] = route_pick(key, &m);
+        }
+    ffn_up_prefetch(a, b, gdx, gx, n_items, [&](int j) {
+        int e = -1;
+#pragma unroll
+        for (int q = 0; q < ENGINE_CU_MAX_EXPERT_USED; q++)
+            if (q == j && q < kk) e = guess[q];
+        return e >= 0 && e < a.n_expert ? e : -1;
+    });
+#else
+    (void)a, (void)b, (void)gdx, (void)gx, (void)n_items, (void)v;
+#endif
+}
+
 template <bool RF>
 __device__ __forceinline__ void ffn_route_warp(const engine_cu_ffn_up_args &a, int b, int *ids,
-                                               float *wts) {
+                                               float *wts, int gdx = 1, int gx = 1,
+                                               int n_items = 0) {
+    const bool redux = !(a.route & ENGINE_CU_ROUTE_SHFL);
     if (RF) {
         /* the raw logits' loads first, in flight with those of the scale's x + ao */
         __shared__ float scaled[ENGINE_CU_MAX_EXPERT];
@@ -177,6 +287,7 @@ __device__ __forceinline__ void ffn_route_warp(const engine_cu_ffn_up_args &a, i
 #pragma unroll
         for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
             raw[i] = lane + 32 * i < a.n_expert ? a.router[lane + 32 * i] : 0.0f;
+        if (a.route & ENGINE_CU_ROUTE_SPEC) ffn_route_spec(a, b, gdx, gx, n_items, raw);
         const float sc = engine_cu_stage_scale<false, true>(
             (const float4 *)a.x, (const float4 *)a.x_add, a.cols, a.cols >> 2, lane, a.eps);
 #pragma unroll
@@ -184,9 +295,23 @@ __device__ __forceinline__ void ffn_route_warp(const engine_cu_ffn_up_args &a, i
             if (lane + 32 * i < a.n_expert) scaled[lane + 32 * i] = sc * raw[i];
         if (a.rf_sh && b == 0 && lane == 0) *a.rf_sh = sc * a.router[a.n_expert];
         __syncwarp();
-        route(scaled, a.n_expert, a.k, a.norm_topk, ids, wts);
+        if (redux)
+            route<true>(scaled, a.n_expert, a.k, a.norm_topk, ids, wts);
+        else
+            route<false>(scaled, a.n_expert, a.k, a.norm_topk, ids, wts);
     } else {
-        route(a.router, a.n_expert, a.k, a.norm_topk, ids, wts);
+        if (a.route & ENGINE_CU_ROUTE_SPEC) {
+            const int lane = threadIdx.x & 31;
+            float v[ENGINE_CU_MAX_EXPERT / 32];
+#pragma unroll
+            for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
+                v[i] = lane + 32 * i < a.n_expert ? a.router[lane + 32 * i] : 0.0f;
+            ffn_route_spec(a, b, gdx, gx, n_items, v);
+        }
+        if (redux)
+            route<true>(a.router, a.n_expert, a.k, a.norm_topk, ids, wts);
+        else
+            route<false>(a.router, a.n_expert, a.k, a.norm_topk, ids, wts);
     }
 }
 
@@ -237,7 +362,7 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
     __shared__ int ids[ENGINE_CU_MAX_EXPERT_USED];
     __shared__ float wts[ENGINE_CU_MAX_EXPERT_USED];
     const int w = threadIdx.x >> 5;
-    const int gx = engine_cu_up_groups(a.rows), n_items = gx * engine_cu_up_slots(a);
+    const int gx = engine_cu_up_groups(a.rows), n_items = gx * (a.router ? a.k : 1);
     /* the item's gate and up rows are two contiguous runs of an expert: asked of L2 as soon
      * as the expert is known (dense: before the wait; MoE: by the routing warp once it has
      * routed, while the other warps still stage x); with max_bps every item's, else the
@@ -263,21 +388,10 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
                 if (lane < a.k) ids[lane] = __ldcg(a.ids + lane);
                 __syncwarp();
             } else {
-                ffn_route_warp<RF>(a, b, ids, wts);
-                if (a.diag & 1) ffn_route_warp<RF>(a, b, ids, wts);
+                ffn_route_warp<RF>(a, b, ids, wts, gdx, gx, n_items);
+                if (a.diag & 1) ffn_route_warp<RF>(a, b, ids, wts, gdx, gx, n_items);
             }
-            if (a.sh_merged) {
-                if ((threadIdx.x & 31) == 0) ids[a.k] = a.sh_id;
-                __syncwarp();
-            }
-            for (int it = b; it < n_items; it += gdx) {
-                const int j = it / gx, r0 = (it - j * gx) * 2 * FFN_WARPS;
-                const int nr = min(2 * FFN_WARPS, a.rows - r0);
-                const size_t off = (size_t)ids[j] * a.expert_bytes + (size_t)r0 * a.row_bytes;
-                engine_cu_prefetch_l2(a.gate + off, (size_t)nr * a.row_bytes);
-                engine_cu_prefetch_l2(a.up + off, (size_t)nr * a.row_bytes);
-                if (!a.max_bps) break;
-            }
+            ffn_up_prefetch(a, b, gdx, gx, n_items, [&](int j) { return ids[j]; });
             const int lane = threadIdx.x & 31;
             if (a.pf_down && !a.pf.end && lane < a.k)
                 engine_cu_bulk_l2_share(a.pf_down + (size_t)ids[lane] * a.pf_down_bytes,

@@ -54,7 +54,6 @@ typedef struct {
     q35_w gate_exps, up_exps, down_exps; /* stacks of X (down: X + 1 when merged) experts */
     q35_w gate_sh, up_sh, down_sh;
     bool down_merged; /* the shared down matrix is expert X of down_exps */
-    bool gu_merged;   /* the shared gate / up matrices are expert X of gate_exps / up_exps */
 } q35_cl;
 
 /* Dimensions of the model, from its hyper-parameters. */
@@ -273,34 +272,15 @@ static int q35_upload_all(q35_up *u) {
         cl->shg.rows = 1;
         cl->shg.row_bytes = sizeof(float) * (size_t)d->E;
         cl->shg.d = (const uint8_t *)q35_put_f(u, w.gate_inp_shexp, (size_t)d->E);
-        /* the shared gate / up as one more expert of the stacks where the shapes allow it
-         * (SPARK_CUDA_Q35_SH_MERGE: then one up launch takes both) */
-        cl->gu_merged = d->F == d->Fs && w.gate_shexp.type == w.gate_exps.type &&
-                        w.gate_shexp.row_bytes == w.gate_exps.row_bytes &&
-                        w.gate_shexp.rows == w.gate_exps.rows &&
-                        w.up_shexp.type == w.up_exps.type &&
-                        w.up_shexp.row_bytes == w.up_exps.row_bytes &&
-                        w.up_shexp.rows == w.up_exps.rows;
-        cl->gate_exps = q35_put_stack(u, &w.gate_exps, d->X, w.gu_stride, w.exp_ptr, 0,
-                                      cl->gu_merged ? &w.gate_shexp : NULL);
-        cl->up_exps = q35_put_stack(u, &w.up_exps, d->X, w.gu_stride, w.exp_ptr, 1,
-                                    cl->gu_merged ? &w.up_shexp : NULL);
+        cl->gate_exps = q35_put_stack(u, &w.gate_exps, d->X, w.gu_stride, w.exp_ptr, 0, NULL);
+        cl->up_exps = q35_put_stack(u, &w.up_exps, d->X, w.gu_stride, w.exp_ptr, 1, NULL);
         cl->down_merged = d->F == d->Fs && w.down_shexp.type == w.down_exps.type &&
                           w.down_shexp.row_bytes == w.down_exps.row_bytes &&
                           w.down_shexp.rows == w.down_exps.rows;
         cl->down_exps = q35_put_stack(u, &w.down_exps, d->X, w.down_exps.rows, w.exp_ptr, 2,
                                       cl->down_merged ? &w.down_shexp : NULL);
-        if (cl->gu_merged) { /* expert X of the stacks (no pointer arithmetic in a dry run) */
-            cl->gate_sh = q35_desc(&w.gate_shexp);
-            cl->up_sh = q35_desc(&w.up_shexp);
-            if (!u->dry) {
-                cl->gate_sh.d = cl->gate_exps.d + (size_t)d->X * cl->gate_exps.rows * cl->gate_exps.row_bytes;
-                cl->up_sh.d = cl->up_exps.d + (size_t)d->X * cl->up_exps.rows * cl->up_exps.row_bytes;
-            }
-        } else {
-            cl->gate_sh = q35_put_w(u, &w.gate_shexp);
-            cl->up_sh = q35_put_w(u, &w.up_shexp);
-        }
+        cl->gate_sh = q35_put_w(u, &w.gate_shexp);
+        cl->up_sh = q35_put_w(u, &w.up_shexp);
         if (!cl->down_merged) cl->down_sh = q35_put_w(u, &w.down_shexp);
         if (u->rc) return u->rc;
     }
@@ -517,12 +497,8 @@ struct engine_cuda_q35_session {
     cudaStream_t side;
     cudaEvent_t ev_fork, ev_join;
     int sh_fork;
-    /* SPARK_CUDA_Q35_SH_MERGE (read at session creation; default off, =1 on): in blocks whose
-     * shared gate / up are expert X of the stacks (gu_merged), the routed up launch also takes
-     * the shared expert as its slot k (engine_cu_ffn_up_args.sh_merged): no fork, no launch of
-     * its own; the same h bit for bit. */
-    int sh_merge;
     int diag_moe; /* SPARK_CUDA_DIAG_MOE (backend.cu): engine_cu_ffn_up_args.diag */
+    int route;    /* SPARK_CUDA_ROUTE (backend.cu): engine_cu_ffn_up_args.route */
     /* SPARK_CUDA_Q35_Z_FORK (read at session creation; default on, =0 off): the DeltaNet blocks' z
      * projection (only the step's last phase reads it) on the side branch, parallel to the
      * qkv|beta|alpha projection, joined before the step */
@@ -753,6 +729,7 @@ extern "C" int engine_cuda_q35_session_new(engine_cuda_q35_session **out, engine
         s->l2pf = engine_cu_l2pf_parse(getenv("SPARK_CUDA_L2PF"), 0);
         e = getenv("SPARK_CUDA_DIAG_MOE");
         s->diag_moe = e ? atoi(e) : 0;
+        s->route = engine_cu_route_parse(getenv("SPARK_CUDA_ROUTE"), ENGINE_CU_ROUTE_SHFL);
     }
     if (s->rf && (rc = q35_rf_prepare(cm))) goto done;
     if (s->rf && cm->rf_state != 1) s->rf = 0;
@@ -839,8 +816,6 @@ extern "C" int engine_cuda_q35_session_new(engine_cuda_q35_session **out, engine
         /* default on (measured 6.4 us less per block on the H200, 8-block cut) */
         const char *e = getenv("SPARK_CUDA_Q35_SH_FORK");
         s->sh_fork = !(e && e[0] == '0');
-        e = getenv("SPARK_CUDA_Q35_SH_MERGE");
-        s->sh_merge = e && e[0] == '1';
         e = getenv("SPARK_CUDA_Q35_Z_FORK"); /* default on since call 2 (with DN_EARLY=2) */
         s->z_fork = !(e && e[0] == '0');
         if (s->sh_fork || s->z_fork) {
@@ -1193,9 +1168,7 @@ static void q35_moe(engine_cuda_q35_session *s, const q35_cl *ly, float eps, q35
     sh.x = s->x;
     sh.x_add = s->rf ? s->ao : NULL; /* router fusion: the FFN input is x + ao */
     sh.h = s->h + (size_t)d->k * d->F;
-    /* SPARK_CUDA_Q35_SH_MERGE: the shared expert is slot k of the routed up launch */
-    const bool merge = s->sh_merge && ly->gu_merged;
-    const bool fork = s->sh_fork && !p && !merge;
+    const bool fork = s->sh_fork && !p;
     if (fork) {
         cudaEventRecord(s->ev_fork, st);
         cudaStreamWaitEvent(s->side, s->ev_fork, 0);
@@ -1218,19 +1191,16 @@ static void q35_moe(engine_cuda_q35_session *s, const q35_cl *ly, float eps, q35
         up.rf_sh = s->shl;
     }
     up.diag = s->diag_moe;
+    up.route = s->route;
     up.pf.last = (s->l2pf & ENGINE_CU_L2PF_LAST) != 0;
     up.pf.end = (s->l2pf & ENGINE_CU_L2PF_END) != 0;
     if (s->l2pf & ENGINE_CU_L2PF_DOWN)
         engine_cu_pf_experts(&up, ly->down_exps.d, q35_mat_bytes(&ly->down_exps));
-    if (merge) {
-        up.sh_merged = 1;
-        up.sh_id = d->X;
-    }
     for (int i = 0; i < q35_diag_n(s, Q35_DIAG_UP); i++)
         engine_cu_ffn_up(&up, st);
     if (fork)
         cudaStreamWaitEvent(st, s->ev_join, 0); /* the down launch reads both parts of h */
-    else if (!merge)
+    else
         for (int i = 0; i < q35_diag_n(s, Q35_DIAG_SH_UP); i++)
             engine_cu_ffn_up(&sh, st);
     q35_mark(p, 6, st);
