@@ -39,10 +39,9 @@ extern "C" {
  * SPARK_CUDA_ROUTER_FUSE=0/1 says otherwise: +6.7% tok/s on the 12-block Qwen3-30B-A3B Q4_K_M
  * cut (H200, 1449.1 -> 1545.6; the router launch's 4.1 us per layer on the critical path). */
 #define SPARK_CUDA_ROUTER_FUSE_DEFAULT 1
-/* SPARK_CUDA_ROUTE when unset (engine_cu_route_parse bits). */
-#define SPARK_CUDA_ROUTE_DEFAULT ENGINE_CU_ROUTE_SHFL
-/* SPARK_CUDA_L2PF when unset (engine_cu_l2pf_parse bits; session field l2pf). */
-#define SPARK_CUDA_L2PF_DEFAULT 0
+/* SPARK_CUDA_ROUTE when unset: 0 the warp reductions' top-k, ENGINE_CU_ROUTE_SHFL the shuffles'
+ * (moe.cuh engine_cu_ffn_up_args.route). */
+#define SPARK_CUDA_ROUTE_DEFAULT 0
 
 typedef struct {
     const uint8_t *d; /* device: matrix 0, row 0 */
@@ -135,11 +134,6 @@ struct engine_cuda_session {
     int mf_pre; /* SPARK_CUDA_MOE_FUSED_PRE=1: its down items preloaded (moe_fused.cuh preload) */
     int mf_diag; /* SPARK_CUDA_MOE_FUSED_DIAG=bits: phases left out (diagnosis, moe_fused.cuh) */
     int mf_red;  /* SPARK_CUDA_MOE_FUSED_RED=1: its reduction by row class, no wait */
-    /* SPARK_CUDA_L2PF (bits; "down" 1, "next" 2, "1" both; default SPARK_CUDA_L2PF_DEFAULT):
-     * bulk L2 prefetches (common.cuh engine_cu_pf). 1: each up block, once routed, asks L2 for
-     * its share of the selected experts' down matrices; 2: each down block asks L2 for its
-     * share of the next layer's qkv, wo and router weights before its wait. */
-    int l2pf;
     engine_cu_prog prog; /* the fused step's program, built at the first capture */
     uint8_t *mem;        /* one allocation: KV cache and step buffers */
     size_t bytes;
@@ -628,8 +622,6 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         e = getenv("SPARK_CUDA_DIAG_MOE");
         s->diag_moe = e ? atoi(e) : 0;
         s->route = engine_cu_route_parse(getenv("SPARK_CUDA_ROUTE"), SPARK_CUDA_ROUTE_DEFAULT);
-        e = getenv("SPARK_CUDA_L2PF");
-        s->l2pf = engine_cu_l2pf_parse(e, SPARK_CUDA_L2PF_DEFAULT);
         e = getenv("SPARK_CUDA_ROUTER_FUSE");
         s->rf = (e ? e[0] == '1' : SPARK_CUDA_ROUTER_FUSE_DEFAULT) && !s->fused &&
                 !s->route_once && !s->down_routes;
@@ -892,23 +884,6 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
     }
     up->diag = dn->diag = s->diag_moe;
     up->route = s->route;
-    up->pf.last = dn->pf.last = (s->l2pf & ENGINE_CU_L2PF_LAST) != 0;
-    up->pf.end = dn->pf.end = (s->l2pf & ENGINE_CU_L2PF_END) != 0;
-    if ((s->l2pf & ENGINE_CU_L2PF_DOWN) && o->moe)
-        engine_cu_pf_experts(up, dn->down, dn->expert_bytes);
-    if ((s->l2pf & ENGINE_CU_L2PF_NEXT) && l + 1 < hp->n_layer) {
-        const cu_layer *nx = &cm->layers[l + 1];
-        int i = 0;
-        engine_cu_pf_add(&dn->pf, &i, nx->wq.d, mat_bytes(&nx->wq));
-        engine_cu_pf_add(&dn->pf, &i, nx->wk.d, mat_bytes(&nx->wk));
-        engine_cu_pf_add(&dn->pf, &i, nx->wv.d, mat_bytes(&nx->wv));
-        engine_cu_pf_add(&dn->pf, &i, nx->wo.d, mat_bytes(&nx->wo));
-        if (s->rf && o->moe)
-            engine_cu_pf_add(&dn->pf, &i, (const uint8_t *)(cm->rf_mem + (size_t)(l + 1) * cm->rf_layer),
-                             sizeof(float) * cm->rf_layer);
-        else if (o->moe)
-            engine_cu_pf_add(&dn->pf, &i, nx->gate_inp.d, mat_bytes(&nx->gate_inp));
-    }
     if (s->mfuse && o->moe && s->mf_part) {
         o->mf.up = *up;
         o->mf.dn = *dn;

@@ -137,52 +137,6 @@ __device__ __forceinline__ uint4 engine_cu_ldq(const uint4 *p) {
 #endif
 }
 
-/* Bulk L2 prefetch (SPARK_CUDA_L2PF, backend.cu): byte ranges of weights that a later launch
- * reads, which a launch asks L2 for with one instruction per range and block (the copy engine
- * of the multiprocessor fetches them; no warp waits). Each p is 16-byte aligned and each n a
- * multiple of 16; n 0: unused. */
-#define ENGINE_CU_PF_MAX 6
-typedef struct {
-    const uint8_t *p[ENGINE_CU_PF_MAX];
-    uint32_t n[ENGINE_CU_PF_MAX];
-    int last; /* the lines with L2's evict-last priority (else normal) */
-    int end;  /* asked for at the end of the block's work (else at the places moe.cuh says) */
-} engine_cu_pf;
-
-/* Ask L2 for the n bytes at p (16-byte aligned, n a multiple of 16) without waiting; last: with
- * the evict-last priority. */
-__device__ __forceinline__ void engine_cu_bulk_l2(const uint8_t *p, uint32_t n, int last = 0) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (last) {
-        uint64_t pol;
-        asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
-        asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(p),
-                     "r"(n), "l"(pol)
-                     : "memory");
-    } else {
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(n) : "memory");
-    }
-#else
-    (void)last;
-    for (uint32_t o = 0; o < n; o += 128)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
-#endif
-}
-
-/* Block b's share (of gdx) of the n bytes at p, in pieces of 16-byte multiples: one thread. */
-__device__ __forceinline__ void engine_cu_bulk_l2_share(const uint8_t *p, uint32_t n, int b,
-                                                        int gdx, int last) {
-    const size_t piece = (((size_t)n + (size_t)gdx - 1) / (size_t)gdx + 15) & ~(size_t)15;
-    const size_t lo = (size_t)b * piece;
-    if (lo < n) engine_cu_bulk_l2(p + lo, (uint32_t)(n - lo < piece ? n - lo : piece), last);
-}
-
-/* Block b's share of every range of f: thread i takes range i (every thread calls it). */
-__device__ __forceinline__ void engine_cu_pf_share(const engine_cu_pf &f, int b, int gdx) {
-    const int i = threadIdx.x;
-    if (i < ENGINE_CU_PF_MAX && f.n[i]) engine_cu_bulk_l2_share(f.p[i], f.n[i], b, gdx, f.last);
-}
-
 /* Ask L2 for `bytes` bytes from p (its 128-byte lines spread over the lanes of a warp, which
  * all call this). */
 __device__ __forceinline__ void engine_cu_prefetch_l2(const uint8_t *p, size_t bytes) {

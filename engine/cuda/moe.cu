@@ -62,37 +62,9 @@ __global__ void __launch_bounds__(FFN_WARPS * 32, 3)
                                                  engine_cu_pdl_sync());
 }
 
-int engine_cu_l2pf_parse(const char *v, int dflt) {
-    if (!v) return dflt;
-    if (!strcmp(v, "1")) return ENGINE_CU_L2PF_DOWN | ENGINE_CU_L2PF_NEXT;
-    return (strstr(v, "down") ? ENGINE_CU_L2PF_DOWN : 0) |
-           (strstr(v, "next") ? ENGINE_CU_L2PF_NEXT : 0) |
-           (strstr(v, "last") ? ENGINE_CU_L2PF_LAST : 0) |
-           (strstr(v, "end") ? ENGINE_CU_L2PF_END : 0);
-}
-
 int engine_cu_route_parse(const char *v, int dflt) {
     if (!v) return dflt;
-    return (strstr(v, "shfl") ? ENGINE_CU_ROUTE_SHFL : 0) |
-           (strstr(v, "spec") ? ENGINE_CU_ROUTE_SPEC : 0);
-}
-
-void engine_cu_pf_add(engine_cu_pf *f, int *i, const void *p, size_t bytes) {
-    bytes &= ~(size_t)15;
-    if (!p || ((uintptr_t)p & 15) || *i >= ENGINE_CU_PF_MAX || bytes == 0 ||
-        bytes > (size_t)UINT32_MAX - 15)
-        return;
-    f->p[*i] = (const uint8_t *)p;
-    f->n[*i] = (uint32_t)bytes;
-    (*i)++;
-}
-
-void engine_cu_pf_experts(engine_cu_ffn_up_args *a, const uint8_t *down, size_t expert_bytes) {
-    if (!down || ((uintptr_t)down & 15) || (expert_bytes & 15) || expert_bytes == 0 ||
-        expert_bytes > (size_t)UINT32_MAX - 15 || !a->router)
-        return;
-    a->pf_down = down;
-    a->pf_down_bytes = expert_bytes;
+    return strstr(v, "shfl") ? ENGINE_CU_ROUTE_SHFL : 0;
 }
 
 /* Blocks of a launch of n work items: one per item, or at most max_bps per multiprocessor. */

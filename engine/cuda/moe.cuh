@@ -66,28 +66,19 @@ typedef struct {
      * decode kernels (strides unused). Not with the stage-5/6 fields. */
     int m;
     size_t x_stride, router_stride, h_stride, ids_stride;
-    /* SPARK_CUDA_L2PF "down" (MoE, decode launches): pf_down != NULL: once routed, block b asks
-     * L2 for its share of each selected expert's down matrix (expert e at pf_down + e
-     * pf_down_bytes, a multiple of 16), so the down launch after this one finds its rows in
-     * L2. pf: ranges of which block b asks L2 for its share after its wait (pf.last also
-     * gives the down rows' prefetch the evict-last priority). */
-    const uint8_t *pf_down;
-    size_t pf_down_bytes;
-    engine_cu_pf pf;
     /* Diagnosis (SPARK_CUDA_DIAG_MOE, the same results): bit 1 the routing warp routes twice,
      * bit 2 the block stages x twice; an A/B of the timing gives each stage's cost. */
     int diag;
-    /* Routing in the up blocks (bits; SPARK_CUDA_ROUTE, backend.cu): ENGINE_CU_ROUTE_SHFL the
-     * top-k by warp shuffles (else by warp reductions, sm_80+; the same results bit for bit),
-     * ENGINE_CU_ROUTE_SPEC the rows of the experts guessed from the logits' order asked of L2
-     * before the routing proper (moe_dev.cuh ffn_route_spec). */
+    /* Routing in the up blocks (SPARK_CUDA_ROUTE, backend.cu): ENGINE_CU_ROUTE_SHFL the top-k by
+     * rounds of warp shuffles, else by warp reductions (sm_80+; the same results bit for bit;
+     * measured +1.25% tok/s on the 12-block Qwen3-30B-A3B cut, +0.95% on the 8-block Qwen3.5
+     * cut, H200, session 7 call 3). */
     int route;
 } engine_cu_ffn_up_args;
 
 #define ENGINE_CU_ROUTE_SHFL 1
-#define ENGINE_CU_ROUTE_SPEC 2
-/* The bits of a SPARK_CUDA_ROUTE value ("shfl", "redux", "spec", comma-separated; "redux" is the
- * absence of the shfl bit); NULL: dflt. */
+/* The value of a SPARK_CUDA_ROUTE setting: "shfl" ENGINE_CU_ROUTE_SHFL, anything else ("redux")
+ * 0; NULL: dflt. */
 int engine_cu_route_parse(const char *v, int dflt);
 
 typedef struct {
@@ -129,28 +120,8 @@ typedef struct {
      * y_stride, sh_logit + t; m <= 1: the decode kernels. Not with the stage-5/6 fields. */
     int m;
     size_t h_stride, ids_stride, y_stride;
-    /* SPARK_CUDA_L2PF "next": ranges (the next layer's attention-block weights) of which block b
-     * asks L2 for its share before its wait. */
-    engine_cu_pf pf;
     int diag; /* as engine_cu_ffn_up_args.diag: bit 2 the block stages h twice */
 } engine_cu_ffn_down_args;
-
-/* SPARK_CUDA_L2PF's parts (bits): the down rows from the up launch, the next layer's weights,
- * both with the evict-last priority. */
-#define ENGINE_CU_L2PF_DOWN 1
-#define ENGINE_CU_L2PF_NEXT 2
-#define ENGINE_CU_L2PF_LAST 4
-#define ENGINE_CU_L2PF_END 8 /* both asked for at the end of each block's work */
-
-/* The bits of a SPARK_CUDA_L2PF value: "0" none, "1" down and next, else a list naming "down",
- * "next", "last", "end"; NULL: dflt. */
-int engine_cu_l2pf_parse(const char *v, int dflt);
-/* Append the range [p, p + bytes) to f at slot *i (then *i + 1), cut to a multiple of 16 bytes;
- * left out when p is not 16-byte aligned, f is full or bytes is below 16 or above 4 GiB. */
-void engine_cu_pf_add(engine_cu_pf *f, int *i, const void *p, size_t bytes);
-/* The up launch a asks L2 for the selected experts' down matrices (expert e at down + e
- * expert_bytes), when the layout allows the bulk copies (16-byte multiples). */
-void engine_cu_pf_experts(engine_cu_ffn_up_args *a, const uint8_t *down, size_t expert_bytes);
 
 void engine_cu_ffn_up(const engine_cu_ffn_up_args *a, cudaStream_t stream);
 void engine_cu_ffn_down(const engine_cu_ffn_down_args *a, cudaStream_t stream);

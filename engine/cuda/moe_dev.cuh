@@ -80,49 +80,41 @@ static __device__ void route(const float *logits, int n, int k, int norm_topk, i
     route_softmax(logits, n, cg, p);
     float tot = 0.0f;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    if (REDUX) {
-        unsigned key[ENGINE_CU_MAX_EXPERT / 32];
+    constexpr bool rx = REDUX;
+#else
+    constexpr bool rx = false;
+#endif
+    unsigned key[ENGINE_CU_MAX_EXPERT / 32];
+    if (rx)
 #pragma unroll
         for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++) /* NaN: as 0, so ids stay valid */
             key[i] = p[i] >= 0.0f ? __float_as_uint(p[i]) + 1u : lane + 32 * i < n ? 1u : 0u;
-        for (int j = 0; j < k; j++) {
-            unsigned m;
-            const int id = route_pick(key, &m);
-            const float best = __uint_as_float(m - 1u);
-            if (lane == 0) {
-                ids[j] = id;
-                wts[j] = best;
-            }
-            tot += best;
-        }
-        __syncwarp();
-        if (norm_topk && lane == 0)
-            for (int j = 0; j < k; j++)
-                wts[j] = wts[j] / tot;
-        __syncwarp();
-        return;
-    }
-#endif
     for (int j = 0; j < k; j++) {
         float best = -1.0f;
         int bid = 0x7fffffff;
+        if (rx) {
+            unsigned m;
+            bid = route_pick(key, &m);
+            best = __uint_as_float(m - 1u);
+        } else {
 #pragma unroll
-        for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
-            if (p[i] > best) { /* ascending e per lane: ties keep the lower id */
-                best = p[i];
-                bid = lane + 32 * i;
+            for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
+                if (p[i] > best) { /* ascending e per lane: ties keep the lower id */
+                    best = p[i];
+                    bid = lane + 32 * i;
+                }
+            for (int o = 16; o > 0; o >>= 1) {
+                float ob = __shfl_xor_sync(0xffffffffu, best, o);
+                int oi = __shfl_xor_sync(0xffffffffu, bid, o);
+                if (ob > best || (ob == best && oi < bid)) {
+                    best = ob;
+                    bid = oi;
+                }
             }
-        for (int o = 16; o > 0; o >>= 1) {
-            float ob = __shfl_xor_sync(0xffffffffu, best, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bid, o);
-            if (ob > best || (ob == best && oi < bid)) {
-                best = ob;
-                bid = oi;
-            }
+#pragma unroll
+            for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
+                if (lane + 32 * i == bid) p[i] = -1.0f;
         }
-#pragma unroll
-        for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
-            if (lane + 32 * i == bid) p[i] = -1.0f;
         if (lane == 0) {
             ids[j] = bid;
             wts[j] = best;
@@ -218,66 +210,9 @@ __host__ __device__ __forceinline__ int engine_cu_up_groups(int rows) {
  * route on a.router, or with the router fusion (RF, a.x_add) on the raw logits scaled by the RMS
  * scale of h = x + x_add, computed as the staging computes it (block b 0 also stores qwen35's
  * scaled shared-expert logit, a.rf_sh). */
-/* Gate and up rows of this block's items (block b of gdx, gx row groups per slot) for the
- * expert ids id(j) asked of L2 (the routing warp; every item's with max_bps, else the first). */
-template <typename F>
-__device__ __forceinline__ void ffn_up_prefetch(const engine_cu_ffn_up_args &a, int b, int gdx,
-                                                int gx, int n_items, F id) {
-    for (int it = b; it < n_items; it += gdx) {
-        const int j = it / gx, r0 = (it - j * gx) * 2 * FFN_WARPS;
-        const int nr = min(2 * FFN_WARPS, a.rows - r0);
-        const int e = id(j);
-        if (e >= 0) {
-            const size_t off = (size_t)e * a.expert_bytes + (size_t)r0 * a.row_bytes;
-            engine_cu_prefetch_l2(a.gate + off, (size_t)nr * a.row_bytes);
-            engine_cu_prefetch_l2(a.up + off, (size_t)nr * a.row_bytes);
-        }
-        if (!a.max_bps) break;
-    }
-}
-
-/* ENGINE_CU_ROUTE_SPEC: the experts of the block's items guessed from the order of the logits
- * v[i] (expert lane + 32 i; the router fusion's raw ones, which a positive RMS scale and the
- * softmax keep in order up to rounding ties) and their rows asked of L2 before the routing
- * proper: a wrong guess costs only that prefetch. Ranks up to the block's last item's slot. */
-__device__ __forceinline__ void ffn_route_spec(const engine_cu_ffn_up_args &a, int b, int gdx,
-                                               int gx, int n_items,
-                                               const float v[ENGINE_CU_MAX_EXPERT / 32]) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    const int lane = threadIdx.x & 31;
-    const int last = min(a.max_bps ? n_items - 1 : b, n_items - 1) / gx; /* highest slot */
-    const int kk = min(last + 1, a.k);
-    if (kk < 1) return;
-    unsigned key[ENGINE_CU_MAX_EXPERT / 32];
-#pragma unroll
-    for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++) {
-        const unsigned u = __float_as_uint(v[i]);
-        key[i] = lane + 32 * i >= a.n_expert ? 0u : (u & 0x80000000u) ? ~u : u | 0x80000000u;
-        key[i] = key[i] ? key[i] : 1u;
-    }
-    int guess[ENGINE_CU_MAX_EXPERT_USED];
-#pragma unroll
-    for (int j = 0; j < ENGINE_CU_MAX_EXPERT_USED; j++)
-        if (j < kk) {
-            unsigned m;
-            guess[j] = route_pick(key, &m);
-        }
-    ffn_up_prefetch(a, b, gdx, gx, n_items, [&](int j) {
-        int e = -1;
-#pragma unroll
-        for (int q = 0; q < ENGINE_CU_MAX_EXPERT_USED; q++)
-            if (q == j && q < kk) e = guess[q];
-        return e >= 0 && e < a.n_expert ? e : -1;
-    });
-#else
-    (void)a, (void)b, (void)gdx, (void)gx, (void)n_items, (void)v;
-#endif
-}
-
 template <bool RF>
 __device__ __forceinline__ void ffn_route_warp(const engine_cu_ffn_up_args &a, int b, int *ids,
-                                               float *wts, int gdx = 1, int gx = 1,
-                                               int n_items = 0) {
+                                               float *wts) {
     const bool redux = !(a.route & ENGINE_CU_ROUTE_SHFL);
     if (RF) {
         /* the raw logits' loads first, in flight with those of the scale's x + ao */
@@ -287,7 +222,6 @@ __device__ __forceinline__ void ffn_route_warp(const engine_cu_ffn_up_args &a, i
 #pragma unroll
         for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
             raw[i] = lane + 32 * i < a.n_expert ? a.router[lane + 32 * i] : 0.0f;
-        if (a.route & ENGINE_CU_ROUTE_SPEC) ffn_route_spec(a, b, gdx, gx, n_items, raw);
         const float sc = engine_cu_stage_scale<false, true>(
             (const float4 *)a.x, (const float4 *)a.x_add, a.cols, a.cols >> 2, lane, a.eps);
 #pragma unroll
@@ -300,14 +234,6 @@ __device__ __forceinline__ void ffn_route_warp(const engine_cu_ffn_up_args &a, i
         else
             route<false>(scaled, a.n_expert, a.k, a.norm_topk, ids, wts);
     } else {
-        if (a.route & ENGINE_CU_ROUTE_SPEC) {
-            const int lane = threadIdx.x & 31;
-            float v[ENGINE_CU_MAX_EXPERT / 32];
-#pragma unroll
-            for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
-                v[i] = lane + 32 * i < a.n_expert ? a.router[lane + 32 * i] : 0.0f;
-            ffn_route_spec(a, b, gdx, gx, n_items, v);
-        }
         if (redux)
             route<true>(a.router, a.n_expert, a.k, a.norm_topk, ids, wts);
         else
@@ -380,7 +306,6 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
         engine_cu_stage_x<MODE, true>(a.x, a.cols, a.norm_w, a.eps, sm, 0); /* all warps */
     sync.wait();
     if (a.trigger_late) engine_cu_pdl_launch(); /* the router's logits are complete */
-    if (!a.pf.end) engine_cu_pf_share(a.pf, b, gdx);
     if (a.router) {
         if (w == 0) {
             if (S6 && a.routed) { /* the router's last block routed (complete after the wait) */
@@ -388,14 +313,17 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
                 if (lane < a.k) ids[lane] = __ldcg(a.ids + lane);
                 __syncwarp();
             } else {
-                ffn_route_warp<RF>(a, b, ids, wts, gdx, gx, n_items);
-                if (a.diag & 1) ffn_route_warp<RF>(a, b, ids, wts, gdx, gx, n_items);
+                ffn_route_warp<RF>(a, b, ids, wts);
+                if (a.diag & 1) ffn_route_warp<RF>(a, b, ids, wts);
             }
-            ffn_up_prefetch(a, b, gdx, gx, n_items, [&](int j) { return ids[j]; });
-            const int lane = threadIdx.x & 31;
-            if (a.pf_down && !a.pf.end && lane < a.k)
-                engine_cu_bulk_l2_share(a.pf_down + (size_t)ids[lane] * a.pf_down_bytes,
-                                        (uint32_t)a.pf_down_bytes, b, gdx, a.pf.last);
+            for (int it = b; it < n_items; it += gdx) {
+                const int j = it / gx, r0 = (it - j * gx) * 2 * FFN_WARPS;
+                const int nr = min(2 * FFN_WARPS, a.rows - r0);
+                const size_t off = (size_t)ids[j] * a.expert_bytes + (size_t)r0 * a.row_bytes;
+                engine_cu_prefetch_l2(a.gate + off, (size_t)nr * a.row_bytes);
+                engine_cu_prefetch_l2(a.up + off, (size_t)nr * a.row_bytes);
+                if (!a.max_bps) break;
+            }
         }
     } else if (threadIdx.x == 0) {
         ids[0] = 0;
@@ -423,12 +351,6 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
         const int j = it / gx, r = (it - j * gx) * 2 * FFN_WARPS + w;
         if (r >= a.rows) continue;
         ffn_up_rows<MODE>(a, j, ids[j], r, xv);
-    }
-    if (a.pf.end) { /* the prefetches once this block's own loads are served */
-        if (a.pf_down && (int)threadIdx.x < a.k)
-            engine_cu_bulk_l2_share(a.pf_down + (size_t)ids[threadIdx.x] * a.pf_down_bytes,
-                                    (uint32_t)a.pf_down_bytes, b, gdx, a.pf.last);
-        engine_cu_pf_share(a.pf, b, gdx);
     }
 }
 
@@ -531,7 +453,6 @@ __device__ __forceinline__ void ffn_down_block(const engine_cu_ffn_down_args &a,
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int n_groups = (a.rows + FFN_WARPS - 1) / FFN_WARPS;
     const int ks = a.sh_logit ? a.k - 1 : a.k; /* slots routed or read */
-    if (!a.pf.end) engine_cu_pf_share(a.pf, b, gdx);
     if (a.router) { /* the logits are complete (the up launch triggered late): route now */
         if (w == 0) route(a.router, a.n_expert, ks, a.norm_topk, ids, wts, true);
     } else if (a.ids_early) { /* routed by the router launch, complete: read before the wait */
@@ -613,7 +534,6 @@ __device__ __forceinline__ void ffn_down_block(const engine_cu_ffn_down_args &a,
         }
         if (lane == 0) down_store<RF>(a, r, s);
     }
-    if (a.pf.end) engine_cu_pf_share(a.pf, b, gdx); /* once this block's loads are served */
     engine_cu_sink(tv0 + tv1, a.y);
 }
 

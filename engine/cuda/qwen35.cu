@@ -518,7 +518,6 @@ struct engine_cuda_q35_session {
      * likewise (q35_mtp_host.cuh q35m_rf_out: bit for bit the decode step). Measured on the
      * H200 (session 5, full Q4_K_M): 417 -> 455.7 tok/s. */
     int rf;
-    int l2pf; /* SPARK_CUDA_L2PF (backend.cu): bulk L2 prefetches of the MoE launches */
 };
 
 /* SPARK_CUDA_Q35_DN_EARLY: 0 off, 1 the early reads, 2 (unset: the default) also the cluster
@@ -726,10 +725,9 @@ extern "C" int engine_cuda_q35_session_new(engine_cuda_q35_session **out, engine
         s->att_early = !(e && e[0] == '0');
         e = getenv("SPARK_CUDA_Q35_ROUTER_FUSE");
         s->rf = !(e && e[0] == '0');
-        s->l2pf = engine_cu_l2pf_parse(getenv("SPARK_CUDA_L2PF"), 0);
         e = getenv("SPARK_CUDA_DIAG_MOE");
         s->diag_moe = e ? atoi(e) : 0;
-        s->route = engine_cu_route_parse(getenv("SPARK_CUDA_ROUTE"), ENGINE_CU_ROUTE_SHFL);
+        s->route = engine_cu_route_parse(getenv("SPARK_CUDA_ROUTE"), 0);
     }
     if (s->rf && (rc = q35_rf_prepare(cm))) goto done;
     if (s->rf && cm->rf_state != 1) s->rf = 0;
@@ -1138,27 +1136,6 @@ static void q35_attention(engine_cuda_q35_session *s, const q35_cl *ly, float ep
     q35_mark(p, 4, st);
 }
 
-/* SPARK_CUDA_L2PF "next": main block l's mixer weights and its router fusion's [R | M], for
- * the down launch of the block before it to ask L2 for. */
-static void q35_pf_next(const engine_cuda_q35_session *s, int l, engine_cu_pf *f) {
-    const engine_cuda_q35_model *cm = s->cm;
-    const q35_cl *ly = &cm->layers[l];
-    int i = 0;
-    const q35_w *w[4] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo};
-    const q35_w *dn[4] = {&ly->wqkv, &ly->wz, &ly->wba, &ly->wout};
-    for (int j = 0; j < 4; j++) {
-        const q35_w *m = ly->attn ? w[j] : dn[j];
-        engine_cu_pf_add(f, &i, m->d, q35_mat_bytes(m));
-    }
-    if (!ly->attn && !ly->ba_fused)
-        engine_cu_pf_add(f, &i, ly->walpha.d, q35_mat_bytes(&ly->walpha));
-    if (s->rf) {
-        const q35_w *wo = q35_out_w(ly);
-        engine_cu_pf_add(f, &i, cm->rf_mem + cm->rf_off[l],
-                         sizeof(float) * (size_t)(cm->d.X + 1) * (size_t)(cm->d.E + wo->cols));
-    }
-}
-
 static void q35_moe(engine_cuda_q35_session *s, const q35_cl *ly, float eps, q35_prof *p) {
     const q35_dims *d = &s->cm->d;
     cudaStream_t st = s->stream;
@@ -1192,10 +1169,6 @@ static void q35_moe(engine_cuda_q35_session *s, const q35_cl *ly, float eps, q35
     }
     up.diag = s->diag_moe;
     up.route = s->route;
-    up.pf.last = (s->l2pf & ENGINE_CU_L2PF_LAST) != 0;
-    up.pf.end = (s->l2pf & ENGINE_CU_L2PF_END) != 0;
-    if (s->l2pf & ENGINE_CU_L2PF_DOWN)
-        engine_cu_pf_experts(&up, ly->down_exps.d, q35_mat_bytes(&ly->down_exps));
     for (int i = 0; i < q35_diag_n(s, Q35_DIAG_UP); i++)
         engine_cu_ffn_up(&up, st);
     if (fork)
@@ -1224,12 +1197,7 @@ static void q35_moe(engine_cuda_q35_session *s, const q35_cl *ly, float eps, q35
         dn.sh_logit = s->shl;
         dn.sh_id = d->X;
     }
-    const int l = (int)(ly - s->cm->layers);
     dn.diag = s->diag_moe;
-    dn.pf.last = up.pf.last;
-    dn.pf.end = up.pf.end;
-    if ((s->l2pf & ENGINE_CU_L2PF_NEXT) && l >= 0 && l + 1 < d->n_layer)
-        q35_pf_next(s, l + 1, &dn.pf);
     const int n_down = q35_diag_n(s, Q35_DIAG_DOWN);
     for (int i = 0; i < n_down; i++)
         engine_cu_ffn_down(&dn, st);
@@ -1246,7 +1214,6 @@ static void q35_moe(engine_cuda_q35_session *s, const q35_cl *ly, float eps, q35
         dn.sh_logit = s->shl;
         dn.sh_id = 0;
         dn.y_add = NULL;
-        memset(&dn.pf, 0, sizeof dn.pf);
         for (int i = 0; i < n_down; i++)
             engine_cu_ffn_down(&dn, st);
     }
