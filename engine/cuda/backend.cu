@@ -89,6 +89,7 @@ struct engine_cuda_session {
     /* SPARK_CUDA_ROUTE (default SPARK_CUDA_ROUTE_DEFAULT): engine_cu_ffn_up_args.route, the up
      * blocks' routing (moe.cuh); also read by qwen35moe sessions */
     int route;
+    int coop; /* SPARK_CUDA_COOP_SCALE=1: engine_cu_ffn_up_args.coop (also qwen35moe) */
     int fused; /* the layers as one fused step kernel (step.cuh); SPARK_CUDA_FUSED=0/1 */
     /* Decode stage 5 (per-op launches), both measured slower on the H200 (bench/RESULTS.md),
      * so off unless asked for: SPARK_CUDA_BPS=mv,up,dn caps the matvec (qkv, wo), up and down
@@ -622,6 +623,8 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         e = getenv("SPARK_CUDA_DIAG_MOE");
         s->diag_moe = e ? atoi(e) : 0;
         s->route = engine_cu_route_parse(getenv("SPARK_CUDA_ROUTE"), SPARK_CUDA_ROUTE_DEFAULT);
+        e = getenv("SPARK_CUDA_COOP_SCALE");
+        s->coop = e && e[0] == '1';
         e = getenv("SPARK_CUDA_ROUTER_FUSE");
         s->rf = (e ? e[0] == '1' : SPARK_CUDA_ROUTER_FUSE_DEFAULT) && !s->fused &&
                 !s->route_once && !s->down_routes;
@@ -884,6 +887,7 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
     }
     up->diag = dn->diag = s->diag_moe;
     up->route = s->route;
+    up->coop = s->coop;
     if (s->mfuse && o->moe && s->mf_part) {
         o->mf.up = *up;
         o->mf.dn = *dn;

@@ -74,6 +74,10 @@ typedef struct {
      * measured +1.25% tok/s on the 12-block Qwen3-30B-A3B cut, +0.95% on the 8-block Qwen3.5
      * cut, H200, session 7 call 3). */
     int route;
+    /* Router fusion (x_add): the RMS scale of h by the whole block in one round trip
+     * (qdot.cuh engine_cu_block_scale) for the routing warp and the staging, instead of by
+     * each warp (SPARK_CUDA_COOP_SCALE; another summation order than the unfused path's). */
+    int coop;
 } engine_cu_ffn_up_args;
 
 #define ENGINE_CU_ROUTE_SHFL 1

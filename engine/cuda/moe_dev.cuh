@@ -210,20 +210,38 @@ __host__ __device__ __forceinline__ int engine_cu_up_groups(int rows) {
  * route on a.router, or with the router fusion (RF, a.x_add) on the raw logits scaled by the RMS
  * scale of h = x + x_add, computed as the staging computes it (block b 0 also stores qwen35's
  * scaled shared-expert logit, a.rf_sh). */
+/* The raw logits of the router fusion's routing warp (RF), lane + 32 i into raw[i]. */
+__device__ __forceinline__ void ffn_route_raw(const engine_cu_ffn_up_args &a,
+                                              float raw[ENGINE_CU_MAX_EXPERT / 32]) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
+        raw[i] = lane + 32 * i < a.n_expert ? a.router[lane + 32 * i] : 0.0f;
+}
+
+/* sc_given (RF, a.coop): the block's scale of h and the raw logits (ffn_route_raw), both read
+ * already; else the warp reads the logits and computes the scale itself. */
 template <bool RF>
 __device__ __forceinline__ void ffn_route_warp(const engine_cu_ffn_up_args &a, int b, int *ids,
-                                               float *wts) {
+                                               float *wts, float sc_given = -1.0f,
+                                               const float *raw_given = nullptr) {
     const bool redux = !(a.route & ENGINE_CU_ROUTE_SHFL);
     if (RF) {
         /* the raw logits' loads first, in flight with those of the scale's x + ao */
         __shared__ float scaled[ENGINE_CU_MAX_EXPERT];
         const int lane = threadIdx.x & 31;
         float raw[ENGINE_CU_MAX_EXPERT / 32];
+        if (raw_given)
 #pragma unroll
-        for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
-            raw[i] = lane + 32 * i < a.n_expert ? a.router[lane + 32 * i] : 0.0f;
-        const float sc = engine_cu_stage_scale<false, true>(
-            (const float4 *)a.x, (const float4 *)a.x_add, a.cols, a.cols >> 2, lane, a.eps);
+            for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
+                raw[i] = raw_given[i];
+        else
+            ffn_route_raw(a, raw);
+        const float sc = sc_given >= 0.0f
+                             ? sc_given
+                             : engine_cu_stage_scale<false, true>((const float4 *)a.x,
+                                                                  (const float4 *)a.x_add, a.cols,
+                                                                  a.cols >> 2, lane, a.eps);
 #pragma unroll
         for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
             if (lane + 32 * i < a.n_expert) scaled[lane + 32 * i] = sc * raw[i];
@@ -306,6 +324,13 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
         engine_cu_stage_x<MODE, true>(a.x, a.cols, a.norm_w, a.eps, sm, 0); /* all warps */
     sync.wait();
     if (a.trigger_late) engine_cu_pdl_launch(); /* the router's logits are complete */
+    /* a.coop (RF): the scale of h by the whole block, the routing warp's logits read first */
+    float sc = -1.0f, raw[ENGINE_CU_MAX_EXPERT / 32];
+    if (RF && a.coop) {
+        if (a.router && w == 0) ffn_route_raw(a, raw);
+        sc = engine_cu_block_scale<false, true>((const float4 *)a.x, (const float4 *)a.x_add,
+                                                a.cols, a.eps);
+    }
     if (a.router) {
         if (w == 0) {
             if (S6 && a.routed) { /* the router's last block routed (complete after the wait) */
@@ -313,8 +338,8 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
                 if (lane < a.k) ids[lane] = __ldcg(a.ids + lane);
                 __syncwarp();
             } else {
-                ffn_route_warp<RF>(a, b, ids, wts);
-                if (a.diag & 1) ffn_route_warp<RF>(a, b, ids, wts);
+                ffn_route_warp<RF>(a, b, ids, wts, sc, RF && a.coop ? raw : nullptr);
+                if (a.diag & 1) ffn_route_warp<RF>(a, b, ids, wts, sc, RF && a.coop ? raw : nullptr);
             }
             for (int it = b; it < n_items; it += gdx) {
                 const int j = it / gx, r0 = (it - j * gx) * 2 * FFN_WARPS;
@@ -335,7 +360,7 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
             if (i) __syncthreads(); /* the first staging's reads of sm done */
             if (RF)
                 engine_cu_stage_x<MODE, false, true>(a.x, a.cols, a.norm_w, a.eps, sm,
-                                                     a.router ? 1 : 0, a.x_add);
+                                                     a.router ? 1 : 0, a.x_add, sc);
             else
                 engine_cu_stage_x<MODE>(a.x, a.cols, a.norm_w, a.eps, sm, a.router ? 1 : 0);
         }

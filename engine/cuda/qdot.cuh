@@ -94,6 +94,30 @@ __device__ __forceinline__ float engine_cu_stage_scale(const float4 *x4, const f
     return 1.0f / sqrtf(ss / (float)n + eps);
 }
 
+/* The same scale computed by the whole block (every thread calls it; blockDim.x / 32 <= 32):
+ * each thread sums the squares of its float4s (threadIdx.x + i blockDim.x), then the warps'
+ * sums in warp order; every thread gets it. One round trip for the loads of a 2048-value
+ * vector, where a warp of engine_cu_stage_scale makes several. Not bit for bit that one (its
+ * sum runs in another order). Ends after a barrier; a second call needs another barrier
+ * between (its partial sums reuse the same shared words). */
+template <bool CG = false, bool ADD = false>
+__device__ __forceinline__ float engine_cu_block_scale(const float4 *x4, const float4 *a4, int n,
+                                                       float eps) {
+    __shared__ float red[32];
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < (n >> 2); i += blockDim.x) {
+        const float4 v = engine_cu_ld_x4<CG, ADD>(x4, a4, i);
+        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+    ss = engine_cu_warp_sum(ss);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    float t = 0.0f;
+    for (int k = 0; k < (int)(blockDim.x >> 5); k++)
+        t += red[k];
+    return 1.0f / sqrtf(t / (float)n + eps);
+}
+
 template <bool CG = false, bool ADD = false>
 __device__ __forceinline__ float4 engine_cu_norm4(const float4 *x4, const float4 *w4, int i,
                                                   float scale, const float4 *a4 = nullptr) {
@@ -129,17 +153,19 @@ __device__ __forceinline__ int engine_cu_q4x8(float4 v, float s, int *sum) {
  * CG: x read through L2 only (__ldcg), for a block that stages x before its griddepcontrol.wait
  * (moe.cuh stage_early: x final, written by a kernel that completed before this one launched,
  * but possibly in this multiprocessor's L1 from before that); the same values and arithmetic.
- * ADD: the vector staged is x[i] + xa[i] (one F32 add per value, before the norm). */
+ * ADD: the vector staged is x[i] + xa[i] (one F32 add per value, before the norm).
+ * given >= 0: the RMS scale, computed already (engine_cu_block_scale), not by each warp. */
 template <int MODE, bool CG = false, bool ADD = false>
 __device__ __forceinline__ void engine_cu_stage_x(const float *x, int n, const float *nw, float eps,
                                                   uint8_t *sm, int w0 = 0,
-                                                  const float *xa = nullptr) {
+                                                  const float *xa = nullptr, float given = -1.0f) {
     const float4 *x4 = (const float4 *)x, *w4 = (const float4 *)nw, *a4 = (const float4 *)xa;
     const int n4 = n >> 2, lane = threadIdx.x & 31, w = (threadIdx.x >> 5) - w0;
     const int nwarps = (blockDim.x >> 5) - w0;
     if (w >= 0) {
         float scale = 1.0f;
-        if (nw) scale = engine_cu_stage_scale<CG, ADD>(x4, a4, n, n4, lane, eps);
+        if (nw)
+            scale = given >= 0.0f ? given : engine_cu_stage_scale<CG, ADD>(x4, a4, n, n4, lane, eps);
         if (MODE == ENGINE_CU_X_F32) {
             float4 *f = (float4 *)sm;
             for (int i = 32 * w + lane; i < n4; i += 32 * nwarps)

@@ -499,6 +499,7 @@ struct engine_cuda_q35_session {
     int sh_fork;
     int diag_moe; /* SPARK_CUDA_DIAG_MOE (backend.cu): engine_cu_ffn_up_args.diag */
     int route;    /* SPARK_CUDA_ROUTE (backend.cu): engine_cu_ffn_up_args.route */
+    int coop;     /* SPARK_CUDA_COOP_SCALE (backend.cu): engine_cu_ffn_up_args.coop */
     /* SPARK_CUDA_Q35_Z_FORK (read at session creation; default on, =0 off): the DeltaNet blocks' z
      * projection (only the step's last phase reads it) on the side branch, parallel to the
      * qkv|beta|alpha projection, joined before the step */
@@ -728,6 +729,8 @@ extern "C" int engine_cuda_q35_session_new(engine_cuda_q35_session **out, engine
         e = getenv("SPARK_CUDA_DIAG_MOE");
         s->diag_moe = e ? atoi(e) : 0;
         s->route = engine_cu_route_parse(getenv("SPARK_CUDA_ROUTE"), 0);
+        e = getenv("SPARK_CUDA_COOP_SCALE");
+        s->coop = e && e[0] == '1';
     }
     if (s->rf && (rc = q35_rf_prepare(cm))) goto done;
     if (s->rf && cm->rf_state != 1) s->rf = 0;
@@ -1144,6 +1147,7 @@ static void q35_moe(engine_cuda_q35_session *s, const q35_cl *ly, float eps, q35
     engine_cu_ffn_up_args sh = q35_up_args(d, ly, eps, true);
     sh.x = s->x;
     sh.x_add = s->rf ? s->ao : NULL; /* router fusion: the FFN input is x + ao */
+    sh.coop = s->coop;
     sh.h = s->h + (size_t)d->k * d->F;
     const bool fork = s->sh_fork && !p;
     if (fork) {
@@ -1169,6 +1173,7 @@ static void q35_moe(engine_cuda_q35_session *s, const q35_cl *ly, float eps, q35
     }
     up.diag = s->diag_moe;
     up.route = s->route;
+    up.coop = s->coop;
     for (int i = 0; i < q35_diag_n(s, Q35_DIAG_UP); i++)
         engine_cu_ffn_up(&up, st);
     if (fork)
