@@ -39,6 +39,11 @@ extern "C" {
  * SPARK_CUDA_ROUTER_FUSE=0/1 says otherwise: +6.7% tok/s on the 12-block Qwen3-30B-A3B Q4_K_M
  * cut (H200, 1449.1 -> 1545.6; the router launch's 4.1 us per layer on the critical path). */
 #define SPARK_CUDA_ROUTER_FUSE_DEFAULT 1
+/* SPARK_CUDA_COOP_SCALE when unset: the router fusion's up blocks compute h's RMS scale once per
+ * block (moe.cuh engine_cu_ffn_up_args.coop): +1.5% tok/s on the 12-block Qwen3-30B-A3B cut,
+ * +0.2% on the 8-block Qwen3.5 cut (H200, session 7 call 5); other rounding of the scale than
+ * the per-warp sums (greedy tokens of random-weight models move at near-ties). */
+#define SPARK_CUDA_COOP_SCALE_DEFAULT 1
 /* SPARK_CUDA_ROUTE when unset: 0 the warp reductions' top-k, ENGINE_CU_ROUTE_SHFL the shuffles'
  * (moe.cuh engine_cu_ffn_up_args.route). */
 #define SPARK_CUDA_ROUTE_DEFAULT 0
@@ -89,7 +94,7 @@ struct engine_cuda_session {
     /* SPARK_CUDA_ROUTE (default SPARK_CUDA_ROUTE_DEFAULT): engine_cu_ffn_up_args.route, the up
      * blocks' routing (moe.cuh); also read by qwen35moe sessions */
     int route;
-    int coop; /* SPARK_CUDA_COOP_SCALE=1: engine_cu_ffn_up_args.coop (also qwen35moe) */
+    int coop; /* SPARK_CUDA_COOP_SCALE (0/1): engine_cu_ffn_up_args.coop (also qwen35moe) */
     int fused; /* the layers as one fused step kernel (step.cuh); SPARK_CUDA_FUSED=0/1 */
     /* Decode stage 5 (per-op launches), both measured slower on the H200 (bench/RESULTS.md),
      * so off unless asked for: SPARK_CUDA_BPS=mv,up,dn caps the matvec (qkv, wo), up and down
@@ -624,7 +629,7 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         s->diag_moe = e ? atoi(e) : 0;
         s->route = engine_cu_route_parse(getenv("SPARK_CUDA_ROUTE"), SPARK_CUDA_ROUTE_DEFAULT);
         e = getenv("SPARK_CUDA_COOP_SCALE");
-        s->coop = e && e[0] == '1';
+        s->coop = e ? e[0] == '1' : SPARK_CUDA_COOP_SCALE_DEFAULT;
         e = getenv("SPARK_CUDA_ROUTER_FUSE");
         s->rf = (e ? e[0] == '1' : SPARK_CUDA_ROUTER_FUSE_DEFAULT) && !s->fused &&
                 !s->route_once && !s->down_routes;

@@ -76,7 +76,8 @@ typedef struct {
     int route;
     /* Router fusion (x_add): the RMS scale of h by the whole block in one round trip
      * (qdot.cuh engine_cu_block_scale) for the routing warp and the staging, instead of by
-     * each warp (SPARK_CUDA_COOP_SCALE; another summation order than the unfused path's). */
+     * each warp (SPARK_CUDA_COOP_SCALE, default on; another summation order than the unfused
+     * path's). */
     int coop;
 } engine_cu_ffn_up_args;
 

@@ -729,8 +729,8 @@ extern "C" int engine_cuda_q35_session_new(engine_cuda_q35_session **out, engine
         e = getenv("SPARK_CUDA_DIAG_MOE");
         s->diag_moe = e ? atoi(e) : 0;
         s->route = engine_cu_route_parse(getenv("SPARK_CUDA_ROUTE"), 0);
-        e = getenv("SPARK_CUDA_COOP_SCALE");
-        s->coop = e && e[0] == '1';
+        e = getenv("SPARK_CUDA_COOP_SCALE"); /* default on, as backend.cu */
+        s->coop = !(e && e[0] == '0');
     }
     if (s->rf && (rc = q35_rf_prepare(cm))) goto done;
     if (s->rf && cm->rf_state != 1) s->rf = 0;
