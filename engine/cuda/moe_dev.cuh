@@ -206,10 +206,6 @@ __host__ __device__ __forceinline__ int engine_cu_up_groups(int rows) {
     return (rows + 2 * FFN_WARPS - 1) / (2 * FFN_WARPS);
 }
 
-/* The routing of an up block by its warp 0 (every lane calls it) into ids[k], wts[k] (shared):
- * route on a.router, or with the router fusion (RF, a.x_add) on the raw logits scaled by the RMS
- * scale of h = x + x_add, computed as the staging computes it (block b 0 also stores qwen35's
- * scaled shared-expert logit, a.rf_sh). */
 /* The raw logits of the router fusion's routing warp (RF), lane + 32 i into raw[i]. */
 __device__ __forceinline__ void ffn_route_raw(const engine_cu_ffn_up_args &a,
                                               float raw[ENGINE_CU_MAX_EXPERT / 32]) {
@@ -219,8 +215,12 @@ __device__ __forceinline__ void ffn_route_raw(const engine_cu_ffn_up_args &a,
         raw[i] = lane + 32 * i < a.n_expert ? a.router[lane + 32 * i] : 0.0f;
 }
 
-/* sc_given (RF, a.coop): the block's scale of h and the raw logits (ffn_route_raw), both read
- * already; else the warp reads the logits and computes the scale itself. */
+/* The routing of an up block by its warp 0 (every lane calls it) into ids[k], wts[k] (shared):
+ * route on a.router, or with the router fusion (RF, a.x_add) on the raw logits scaled by the RMS
+ * scale of h = x + x_add, the one the staging uses (block b 0 also stores qwen35's scaled
+ * shared-expert logit, a.rf_sh). sc_given >= 0 (RF, a.coop): that scale, computed by the whole
+ * block, and raw_given the raw logits (ffn_route_raw), both read already; else the warp reads
+ * the logits and computes the scale itself as each staging warp does. */
 template <bool RF>
 __device__ __forceinline__ void ffn_route_warp(const engine_cu_ffn_up_args &a, int b, int *ids,
                                                float *wts, float sc_given = -1.0f,
