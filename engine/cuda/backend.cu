@@ -95,6 +95,7 @@ struct engine_cuda_session {
      * blocks' routing (moe.cuh); also read by qwen35moe sessions */
     int route;
     int coop; /* SPARK_CUDA_COOP_SCALE (0/1): engine_cu_ffn_up_args.coop (also qwen35moe) */
+    int coop_mv; /* SPARK_CUDA_COOP_MV=1: engine_cu_mv.coop of the qkv, router and head launches */
     int fused; /* the layers as one fused step kernel (step.cuh); SPARK_CUDA_FUSED=0/1 */
     /* Decode stage 5 (per-op launches), both measured slower on the H200 (bench/RESULTS.md),
      * so off unless asked for: SPARK_CUDA_BPS=mv,up,dn caps the matvec (qkv, wo), up and down
@@ -630,6 +631,8 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         s->route = engine_cu_route_parse(getenv("SPARK_CUDA_ROUTE"), SPARK_CUDA_ROUTE_DEFAULT);
         e = getenv("SPARK_CUDA_COOP_SCALE");
         s->coop = e ? e[0] == '1' : SPARK_CUDA_COOP_SCALE_DEFAULT;
+        e = getenv("SPARK_CUDA_COOP_MV");
+        s->coop_mv = e && e[0] == '1';
         e = getenv("SPARK_CUDA_ROUTER_FUSE");
         s->rf = (e ? e[0] == '1' : SPARK_CUDA_ROUTER_FUSE_DEFAULT) && !s->fused &&
                 !s->route_once && !s->down_routes;
@@ -765,6 +768,7 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
     mv->x = s->x;
     mv->norm_w = ly->attn_norm;
     mv->eps = eps;
+    mv->coop = s->coop_mv;
 
     engine_cu_att at = {s->q,
                         s->k,
@@ -810,6 +814,7 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
         mv->x = s->x;
         mv->norm_w = ly->ffn_norm;
         mv->eps = eps;
+        mv->coop = s->coop_mv;
         up->router = s->router;
         up->n_expert = (int)hp->n_expert;
         up->k = (int)hp->n_expert_used;
@@ -1038,6 +1043,7 @@ static void enqueue_step(engine_cuda_session *s, step_prof *p, route_trace *t) {
     mv.x = s->x;
     mv.norm_w = cm->output_norm;
     mv.eps = eps;
+    mv.coop = s->coop_mv;
     engine_cu_matvec(&mv, st);
     mark(p, 7, st);
     engine_cu_sample(s->logits, (int)hp->n_vocab, s->step, s->out, s->sscratch,

@@ -73,6 +73,11 @@ typedef struct {
     /* with route_ids: the next kernel is launched only once every block has waited for its
      * inputs (x final then: the up kernel may stage it before its own wait, moe.cuh) */
     int route_late;
+    /* With norm_w: the RMS scale of x computed once by the whole block (qdot.cuh
+     * engine_cu_block_scale) and handed to the staging, instead of by each warp
+     * (SPARK_CUDA_COOP_MV=1, qwen3moe sessions' qkv, router and head launches; off by default:
+     * NOT yet run on a GPU; another summation order, so not bit for bit the per-warp scale). */
+    int coop;
 } engine_cu_mv;
 
 /* True for the weight types the GPU kernels decode. */

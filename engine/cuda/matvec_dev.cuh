@@ -103,6 +103,17 @@ __device__ __forceinline__ float *mv_group(const engine_cu_mv &a, int g, const e
     return y;
 }
 
+/* Stage the block's input (every thread calls it; ends with a barrier): normalised with the
+ * per-warp scale, or with a.coop the whole block's (engine_cu_mv.coop). */
+template <int MODE>
+__device__ __forceinline__ void mv_stage(const engine_cu_mv &a, uint8_t *sm) {
+    const float sc = a.coop && a.norm_w
+                         ? engine_cu_block_scale<false, false>((const float4 *)a.x, nullptr,
+                                                               a.cols, a.eps)
+                         : -1.0f;
+    engine_cu_stage_x<MODE>(a.x, a.cols, a.norm_w, a.eps, sm, 0, nullptr, sc);
+}
+
 /* Ask L2 for warp w's rows of groups g0, g0 + gdx, ... (R > 0; all of them, or g0's alone). */
 template <int R>
 __device__ __forceinline__ void mv_prefetch_groups(const engine_cu_mv &a, int g0, int gdx,
@@ -151,7 +162,7 @@ __device__ __forceinline__ void mv_block_pre(const engine_cu_mv &a, int n_groups
     if (a.norm_w && w == ENGINE_CU_MV_WARPS - 1)
         engine_cu_prefetch_l2((const uint8_t *)a.norm_w, sizeof(float) * (size_t)a.cols);
     sync.wait();
-    engine_cu_stage_x<MODE>(a.x, a.cols, a.norm_w, a.eps, sm);
+    mv_stage<MODE>(a, sm);
     const engine_cu_xv xv = engine_cu_xv_at(sm, a.cols, true, 0);
     if (r0 < rows) {
         float acc[R];
@@ -242,7 +253,7 @@ __device__ __forceinline__ void mv_block(const engine_cu_mv &a, int n_groups, in
     if (a.norm_w && w == ENGINE_CU_MV_WARPS - 1) /* read by every block: L2 */
         engine_cu_prefetch_l2((const uint8_t *)a.norm_w, sizeof(float) * (size_t)a.cols);
     sync.wait();
-    engine_cu_stage_x<MODE>(a.x, a.cols, a.norm_w, a.eps, sm);
+    mv_stage<MODE>(a, sm);
     const engine_cu_xv xv = engine_cu_xv_at(sm, a.cols, MODE != ENGINE_CU_X_F32, 0);
     float *y = nullptr;
     for (int g = bx; g < n_groups; g += gdx) {
