@@ -94,7 +94,7 @@ struct engine_cuda_session {
     /* SPARK_CUDA_ROUTE (default SPARK_CUDA_ROUTE_DEFAULT): engine_cu_ffn_up_args.route, the up
      * blocks' routing (moe.cuh); also read by qwen35moe sessions */
     int route;
-    int coop; /* SPARK_CUDA_COOP_SCALE (0/1): engine_cu_ffn_up_args.coop (also qwen35moe) */
+    int coop;    /* SPARK_CUDA_COOP_SCALE (0/1): engine_cu_ffn_up_args.coop (also qwen35moe) */
     int coop_mv; /* SPARK_CUDA_COOP_MV=1: engine_cu_mv.coop of the qkv, router and head launches */
     int fused; /* the layers as one fused step kernel (step.cuh); SPARK_CUDA_FUSED=0/1 */
     /* Decode stage 5 (per-op launches), both measured slower on the H200 (bench/RESULTS.md),

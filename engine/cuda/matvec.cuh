@@ -75,8 +75,9 @@ typedef struct {
     int route_late;
     /* With norm_w: the RMS scale of x computed once by the whole block (qdot.cuh
      * engine_cu_block_scale) and handed to the staging, instead of by each warp
-     * (SPARK_CUDA_COOP_MV=1, qwen3moe sessions' qkv, router and head launches; off by default:
-     * NOT yet run on a GPU; another summation order, so not bit for bit the per-warp scale). */
+     * (SPARK_CUDA_COOP_MV=1: the normed launches of qwen3moe and qwen35moe sessions and of the
+     * MTP verify pass; off by default: NOT yet run on a GPU; another summation order, so not bit
+     * for bit the per-warp scale). */
     int coop;
 } engine_cu_mv;
 

@@ -105,12 +105,11 @@ __device__ __forceinline__ float *mv_group(const engine_cu_mv &a, int g, const e
 
 /* Stage the block's input (every thread calls it; ends with a barrier): normalised with the
  * per-warp scale, or with a.coop the whole block's (engine_cu_mv.coop). */
-template <int MODE>
-__device__ __forceinline__ void mv_stage(const engine_cu_mv &a, uint8_t *sm) {
-    const float sc = a.coop && a.norm_w
-                         ? engine_cu_block_scale<false, false>((const float4 *)a.x, nullptr,
-                                                               a.cols, a.eps)
-                         : -1.0f;
+template <int MODE> __device__ __forceinline__ void mv_stage(const engine_cu_mv &a, uint8_t *sm) {
+    const float sc =
+        a.coop && a.norm_w
+            ? engine_cu_block_scale<false, false>((const float4 *)a.x, nullptr, a.cols, a.eps)
+            : -1.0f;
     engine_cu_stage_x<MODE>(a.x, a.cols, a.norm_w, a.eps, sm, 0, nullptr, sc);
 }
 

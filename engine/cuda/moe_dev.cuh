@@ -237,11 +237,11 @@ __device__ __forceinline__ void ffn_route_warp(const engine_cu_ffn_up_args &a, i
                 raw[i] = raw_given[i];
         else
             ffn_route_raw(a, raw);
-        const float sc = sc_given >= 0.0f
-                             ? sc_given
-                             : engine_cu_stage_scale<false, true>((const float4 *)a.x,
-                                                                  (const float4 *)a.x_add, a.cols,
-                                                                  a.cols >> 2, lane, a.eps);
+        const float sc =
+            sc_given >= 0.0f
+                ? sc_given
+                : engine_cu_stage_scale<false, true>((const float4 *)a.x, (const float4 *)a.x_add,
+                                                     a.cols, a.cols >> 2, lane, a.eps);
 #pragma unroll
         for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
             if (lane + 32 * i < a.n_expert) scaled[lane + 32 * i] = sc * raw[i];
@@ -339,7 +339,8 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
                 __syncwarp();
             } else {
                 ffn_route_warp<RF>(a, b, ids, wts, sc, RF && a.coop ? raw : nullptr);
-                if (a.diag & 1) ffn_route_warp<RF>(a, b, ids, wts, sc, RF && a.coop ? raw : nullptr);
+                if (a.diag & 1)
+                    ffn_route_warp<RF>(a, b, ids, wts, sc, RF && a.coop ? raw : nullptr);
             }
             for (int it = b; it < n_items; it += gdx) {
                 const int j = it / gx, r0 = (it - j * gx) * 2 * FFN_WARPS;

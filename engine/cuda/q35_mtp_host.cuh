@@ -472,9 +472,10 @@ typedef struct {
 } q35m_pass;
 
 static engine_cu_vmv q35m_vmv(const float *x, size_t xs, int cols, const float *norm_w, float eps,
-                              int m) {
+                              int m, int coop) {
     engine_cu_vmv v;
     memset(&v, 0, sizeof v);
+    v.mv.coop = coop; /* the decode step's setting (q35_mv): verify == decode bit for bit */
     v.mv.cols = cols;
     v.mv.x = x;
     v.mv.norm_w = norm_w;
@@ -546,13 +547,13 @@ static void q35m_deltanet(engine_cuda_q35_session *s, const q35_cl *ly, float ep
     q35_spec *sp = s->spec;
     cudaStream_t st = s->stream;
     const size_t E = (size_t)d->E;
-    engine_cu_vmv in = q35m_vmv(sp->X, E, d->E, ly->attn_norm, eps, ps->m);
+    engine_cu_vmv in = q35m_vmv(sp->X, E, d->E, ly->attn_norm, eps, ps->m, s->coop_mv);
     q35m_add(&in, &ly->wqkv, sp->big, sp->sbig, 0);
     q35m_add(&in, &ly->wz, sp->z, sp->sz, 0);
     q35m_add(&in, &ly->wba, sp->ba, sp->sba, 0);
     if (q35m_run(sp, Q35M_DIAG_DN_IN)) q35m_vmatvec(sp, &in, st);
     if (!ly->ba_fused && q35m_run(sp, Q35M_DIAG_DN_IN)) {
-        engine_cu_vmv al = q35m_vmv(sp->X, E, d->E, ly->attn_norm, eps, ps->m);
+        engine_cu_vmv al = q35m_vmv(sp->X, E, d->E, ly->attn_norm, eps, ps->m, s->coop_mv);
         q35m_add(&al, &ly->walpha, sp->ba + d->nv, sp->sba, 0);
         q35m_vmatvec(sp, &al, st);
     }
@@ -613,7 +614,7 @@ static void q35m_deltanet(engine_cuda_q35_session *s, const q35_cl *ly, float ep
         if (q35m_run(sp, Q35M_DIAG_DN_OUT)) q35m_rf_out(s, ly, ps->m);
         return;
     }
-    engine_cu_vmv o = q35m_vmv(sp->att, sp->satt, d->di, NULL, 0.0f, ps->m);
+    engine_cu_vmv o = q35m_vmv(sp->att, sp->satt, d->di, NULL, 0.0f, ps->m, s->coop_mv);
     q35m_add(&o, &ly->wout, sp->X, E, 1);
     if (q35m_run(sp, Q35M_DIAG_DN_OUT)) q35m_vmatvec(sp, &o, st);
 }
@@ -624,7 +625,7 @@ static void q35m_attention(engine_cuda_q35_session *s, const q35_cl *ly, float e
     q35_spec *sp = s->spec;
     cudaStream_t st = s->stream;
     const size_t E = (size_t)d->E;
-    engine_cu_vmv in = q35m_vmv(sp->X, E, d->E, ly->attn_norm, eps, ps->m);
+    engine_cu_vmv in = q35m_vmv(sp->X, E, d->E, ly->attn_norm, eps, ps->m, s->coop_mv);
     q35m_add(&in, &ly->wq, sp->big, sp->sbig, 0);
     q35m_add(&in, &ly->wk, sp->k, sp->skv, 0);
     q35m_add(&in, &ly->wv, sp->v, sp->skv, 0);
@@ -666,7 +667,7 @@ static void q35m_attention(engine_cuda_q35_session *s, const q35_cl *ly, float e
         if (q35m_run(sp, Q35M_DIAG_AT_O)) q35m_rf_out(s, ly, ps->m);
         return;
     }
-    engine_cu_vmv o = q35m_vmv(sp->att, sp->satt, d->nh * d->hd, NULL, 0.0f, ps->m);
+    engine_cu_vmv o = q35m_vmv(sp->att, sp->satt, d->nh * d->hd, NULL, 0.0f, ps->m, s->coop_mv);
     q35m_add(&o, &ly->wo, sp->X, E, 1);
     if (q35m_run(sp, Q35M_DIAG_AT_O)) q35m_vmatvec(sp, &o, st);
 }
@@ -806,7 +807,7 @@ static void q35m_moe(engine_cuda_q35_session *s, const q35_cl *ly, float eps, in
         q35m_moe_dec(s, ly, eps, m, true);
         return;
     }
-    engine_cu_vmv r = q35m_vmv(sp->X, E, d->E, ly->post_norm, eps, m);
+    engine_cu_vmv r = q35m_vmv(sp->X, E, d->E, ly->post_norm, eps, m, s->coop_mv);
     q35m_add(&r, &ly->router, sp->router, (size_t)d->X, 0);
     q35m_add(&r, &ly->shg, sp->shl, 1, 0);
     if (q35m_run(sp, Q35M_DIAG_ROUTER)) q35m_vmatvec(sp, &r, st);
@@ -844,7 +845,7 @@ static void q35m_mtp_in(engine_cuda_q35_session *s, int m, const engine_cu_step 
         engine_cu_embed(cm->tok_embd.d, cm->tok_embd.row_bytes, cm->tok_embd.type, d->E, tok + t,
                         sp->emb + (size_t)t * E, st);
     engine_cu_vcat_norm(sp->emb, hrows, cm->mtp_enorm, cm->mtp_hnorm, eps, d->E, m, sp->cat, st);
-    engine_cu_vmv fc = q35m_vmv(sp->cat, 2 * E, 2 * d->E, NULL, 0.0f, m);
+    engine_cu_vmv fc = q35m_vmv(sp->cat, 2 * E, 2 * d->E, NULL, 0.0f, m, s->coop_mv);
     q35m_add(&fc, &cm->mtp_eh, sp->X, E, 0);
     q35m_vmatvec(sp, &fc, st);
 }
@@ -862,7 +863,7 @@ static void q35m_mtp_feed(engine_cuda_q35_session *s, int m, const engine_cu_ste
     const float eps = cm->m->hp.rms_norm_eps;
     const q35_cl *ly = &cm->layers[d->n_layer];
     q35m_mtp_in(s, m, tok, hrows);
-    engine_cu_vmv in = q35m_vmv(sp->X, (size_t)d->E, d->E, ly->attn_norm, eps, m);
+    engine_cu_vmv in = q35m_vmv(sp->X, (size_t)d->E, d->E, ly->attn_norm, eps, m, s->coop_mv);
     q35m_add(&in, &ly->wk, sp->k, sp->skv, 0);
     q35m_add(&in, &ly->wv, sp->v, sp->skv, 0);
     q35m_vmatvec(sp, &in, s->stream);
@@ -924,7 +925,7 @@ static void q35m_enqueue_verify(engine_cuda_q35_session *s, int m) {
     if ((sp->fused & Q35M_FUSED_DELTA) && cm->n_lin > 0 && q35m_run(sp, Q35M_DIAG_RING))
         engine_cu_vring_commit(sp->vsnap, s->snap_stride, s->ring, s->ring_per * (size_t)cm->n_lin,
                                &sp->vstep[m - 1].pos, ENGINE_CU_VMAX, st); /* the rings after it */
-    engine_cu_vmv hd = q35m_vmv(sp->X, E, d->E, cm->output_norm, eps, m);
+    engine_cu_vmv hd = q35m_vmv(sp->X, E, d->E, cm->output_norm, eps, m, s->coop_mv);
     q35m_add(&hd, &cm->output, sp->logits, (size_t)d->V, 0);
     if (q35m_run(sp, Q35M_DIAG_HEAD)) q35m_vhead(sp, &hd, st);
     if (q35m_run(sp, Q35M_DIAG_ARGMAX)) {
@@ -957,7 +958,7 @@ static void q35m_enqueue_draft(engine_cuda_q35_session *s, bool first) {
     const size_t E = (size_t)d->E;
     sp->diag_now = sp->diag_draft;
     q35m_mtp_block(s, 1, sp->dstep, first ? sp->hbuf : sp->mtp_h, &sp->dstep->pos, 0);
-    engine_cu_vmv hd = q35m_vmv(sp->X, E, d->E, cm->mtp_norm, eps, 1);
+    engine_cu_vmv hd = q35m_vmv(sp->X, E, d->E, cm->mtp_norm, eps, 1, s->coop_mv);
     q35m_add(&hd, &cm->output, sp->logits, (size_t)d->V, 0);
     if (q35m_run(sp, Q35M_DIAG_HEAD)) q35m_vhead(sp, &hd, st);
     if (q35m_run(sp, Q35M_DIAG_ARGMAX)) {

@@ -195,9 +195,16 @@ __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, MINB)
     }
     engine_cu_pdl_wait();
     if (m > 1 && a.prefetch) v_prefetch_l1(a.mv.x, a.x_stride, cols, m);
-    for (int t = 0; t < m; t++)
-        engine_cu_stage_x<MODE>(a.mv.x + (size_t)(t0 + t) * a.x_stride, cols, a.mv.norm_w,
-                                a.mv.eps, sm + (size_t)t * xs);
+    for (int t = 0; t < m; t++) {
+        const float *xt = a.mv.x + (size_t)(t0 + t) * a.x_stride;
+        /* engine_cu_mv.coop: the decode's block-wide scale (matvec_dev.cuh mv_stage) */
+        const float sc =
+            a.mv.coop && a.mv.norm_w
+                ? engine_cu_block_scale<false, false>((const float4 *)xt, nullptr, cols, a.mv.eps)
+                : -1.0f;
+        engine_cu_stage_x<MODE>(xt, cols, a.mv.norm_w, a.mv.eps, sm + (size_t)t * xs, 0, nullptr,
+                                sc);
+    }
     const int n_chunks = cols >> 5;
     for (int g = blockIdx.x; g < n_groups; g += gridDim.x) {
         int first;
@@ -378,8 +385,14 @@ __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 3)
     if (a0.norm_w && threadIdx.x >> 5 == ENGINE_CU_MV_WARPS - 1)
         engine_cu_prefetch_l2((const uint8_t *)a0.norm_w, sizeof(float) * (size_t)a0.cols);
     engine_cu_pdl_wait();
-    for (int t = 0; t < a.m; t++)
-        engine_cu_stage_x<MODE>(a.tok[t].x, a0.cols, a0.norm_w, a0.eps, sm + (size_t)t * xs);
+    for (int t = 0; t < a.m; t++) {
+        const float sc = a0.coop && a0.norm_w
+                             ? engine_cu_block_scale<false, false>((const float4 *)a.tok[t].x,
+                                                                   nullptr, a0.cols, a0.eps)
+                             : -1.0f; /* as mv_stage */
+        engine_cu_stage_x<MODE>(a.tok[t].x, a0.cols, a0.norm_w, a0.eps, sm + (size_t)t * xs, 0,
+                                nullptr, sc);
+    }
     for (int g = blockIdx.x; g < n_groups; g += gridDim.x)
         for (int t = 0; t < a.m; t++)
             mv_group<MODE, R>(a.tok[t], g, engine_cu_xv_at(sm + (size_t)t * xs, a0.cols, quant, 0),

@@ -165,7 +165,8 @@ __device__ __forceinline__ void engine_cu_stage_x(const float *x, int n, const f
     if (w >= 0) {
         float scale = 1.0f;
         if (nw)
-            scale = given >= 0.0f ? given : engine_cu_stage_scale<CG, ADD>(x4, a4, n, n4, lane, eps);
+            scale =
+                given >= 0.0f ? given : engine_cu_stage_scale<CG, ADD>(x4, a4, n, n4, lane, eps);
         if (MODE == ENGINE_CU_X_F32) {
             float4 *f = (float4 *)sm;
             for (int i = 32 * w + lane; i < n4; i += 32 * nwarps)
