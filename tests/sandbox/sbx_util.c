@@ -162,36 +162,40 @@ void sbx_rerun_as_nobody(const char *self) {
                    getenv("SPARK_SBX_POOL") ? "SPARK_SBX_POOL=1" : NULL, NULL};
     pid_t pid;
     int st;
-    /* nobody must reach the build directory (the suite binds it read-only into its sandboxes):
-     * a checkout under a 0700 directory (mktemp -d, a private home) is out of its reach, and the
-     * re-run would fail on that, not on the sandbox. Say so instead. */
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", self);
-    char *slash = strrchr(dir, '/');
-    if (slash && slash != dir) *slash = 0;
-    else snprintf(dir, sizeof dir, ".");
-    char *probe[] = {"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--",
-                     "/usr/bin/test", "-x", dir, NULL};
+    /* nobody must reach the executable's directory (the suite binds it read-only into its
+     * sandboxes and runs itself there): a checkout under a 0700 directory (mktemp -d, a private
+     * home) is out of its reach. So the re-run runs a copy of the executable in a directory of
+     * its own under /tmp that every user can traverse (the tests read nothing else beside it). */
+    char tdir[] = "/tmp/spark-sbx-nobody-XXXXXX", copy[PATH_MAX];
+    if (!mkdtemp(tdir) || chmod(tdir, 0755) != 0) {
+        sbx_check(false, "a directory for the nobody re-run (%s)", strerror(errno));
+        return;
+    }
+    const char *base = strrchr(self, '/');
+    snprintf(copy, sizeof copy, "%s/%s", tdir, base ? base + 1 : self);
+    int in = open(self, O_RDONLY | O_CLOEXEC);
+    int out = open(copy, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0755);
+    bool copied = in >= 0 && out >= 0;
+    char buf[65536];
+    for (ssize_t n; copied && (n = read(in, buf, sizeof buf)) != 0;)
+        copied = n > 0 && write(out, buf, (size_t)n) == n;
+    if (in >= 0) close(in);
+    if (out >= 0) {
+        if (fchmod(out, 0755) != 0) copied = false;
+        if (close(out) != 0) copied = false;
+    }
+    char *argv[] = {"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--", copy,
+                    NULL};
     /* A test driver starts its own re-run directly (allow-listed in the choke-point test). */
-    if (posix_spawn(&pid, "/usr/bin/setpriv", NULL, NULL, probe, env) != 0) {
-        sbx_check(false, "spawn setpriv");
+    if (!copied || posix_spawn(&pid, "/usr/bin/setpriv", NULL, NULL, argv, env) != 0) {
+        sbx_check(false, "copy %s to %s and spawn setpriv", self, copy);
+        unlink(copy);
+        rmdir(tdir);
         return;
     }
     waitpid(pid, &st, 0);
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-        printf("note: NOT re-run as nobody: nobody cannot reach %s (a checkout inside a 0700 "
-               "directory?); the unprivileged path is untested in this run (build in a "
-               "directory every user can traverse, e.g. git clone into /tmp)\n",
-               dir);
-        return;
-    }
-    char *argv[] = {"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--",
-                    (char *)self, NULL};
-    if (posix_spawn(&pid, "/usr/bin/setpriv", NULL, NULL, argv, env) != 0) {
-        sbx_check(false, "spawn setpriv");
-        return;
-    }
-    waitpid(pid, &st, 0);
+    unlink(copy);
+    rmdir(tdir);
     sbx_check(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the whole suite again as nobody (exit %d)",
               WIFEXITED(st) ? WEXITSTATUS(st) : -1);
 }
