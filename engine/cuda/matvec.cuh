@@ -31,6 +31,8 @@
 #include "common.cuh"
 
 #define ENGINE_CU_MV_WARPS 8 /* warps per block, a row each */
+#define ENGINE_CU_VMAX 5     /* vectors of one m-vector product (the MTP verify pass: k + 1 tokens for
+                                k <= 4 drafts; q35_verify.cuh, vmv_dev.cuh) */
 
 typedef struct {
     const uint8_t *w; /* device: row r at w + r * row_bytes */

@@ -60,10 +60,11 @@ struct q35_spec {
      * grid dimension (moe.cuh m); the session's router fusion (s->rf) always takes them for
      * the main blocks */
     bool moe_dec;
-    /* SPARK_CUDA_MTP_RF (default "seq"): the router fusion's launch of a verify pass on the
-     * decode grid with the tokens in turn in each block (engine_cu_rf_args.seq); "grid": the
-     * tokens as a grid dimension */
-    bool rf_seq;
+    /* SPARK_CUDA_MTP_RF: the router fusion's launch of a verify pass (engine_cu_rf_args.seq):
+     * 2 (default, "vec"): the decode grid, each block doing the m tokens at once; 1 ("seq"): the
+     * tokens in turn in each block; 0 ("grid"): the tokens as a grid dimension */
+    int rf_seq;
+    bool serial_stage; /* SPARK_CUDA_MTP_STAGE=serial: engine_cu_vmv.serial_stage */
     float *ao; /* [VMAX][E]: the router fusion's output projections (q35m_rf_out) */
 };
 
@@ -179,17 +180,19 @@ static bool q35m_moe_env(void) {
 }
 
 /* SPARK_CUDA_MTP_RF (read when a session first turns MTP on; with the router fusion): unset,
- * empty or "seq": the verify pass's fused output projection + router launch keeps the decode
- * step's grid (one wave) and each block does the m tokens in turn; "grid": the tokens as a grid
- * dimension (m times the blocks; other values are taken as "seq"). GPU call 2 of session 6
+ * empty or "vec" (other values too): the verify pass's fused output projection + router launch
+ * keeps the decode step's grid and each block does the m tokens at once, every weight loaded
+ * once (session 8); "seq": the decode step's grid, each block doing the m tokens in turn (its
+ * weights loaded again per token); "grid": the tokens as a grid dimension (m times the
+ * blocks). All three bit for bit the decode step's launches. GPU call 2 of session 6
  * (8-block cut, with "split"): the grid dimension cost 1420 us at m = 2 against 1234 unfused
  * (824 vs 888 at m = 1): at m >= 2 its blocks no longer fit one wave, and the second wave's
  * [R | M] rows (6.3 MB a block) are read after the first wave's instead of before the launch's
  * wait. Call 3 (with the parts dec1,split,h4,dn2,fatt): "seq" 646 1260 1565 1957 2347 us at
  * m = 1..5 against the grid's 645 1313 1689 2159 2629; bit for bit (test_cuda_mtp). */
-static bool q35m_rf_env(void) {
+static int q35m_rf_env(void) {
     const char *e = getenv("SPARK_CUDA_MTP_RF");
-    return !(e && !strcmp(e, "grid"));
+    return e && !strcmp(e, "grid") ? 0 : e && !strcmp(e, "seq") ? 1 : 2;
 }
 
 /* Appends of at least this many tokens (without per-token logits) go through the session's
@@ -430,6 +433,10 @@ extern "C" int engine_cuda_q35_mtp_enable(engine_cuda_q35_session *s, bool *was_
         sp->moe_dec = q35m_moe_env();
         sp->rf_seq = q35m_rf_env();
         {
+            const char *e = getenv("SPARK_CUDA_MTP_STAGE");
+            sp->serial_stage = e && !strcmp(e, "serial");
+        }
+        {
             const char *e = getenv("SPARK_CUDA_MTP_DIAG_SKIP");
             sp->diag = e ? (unsigned)strtoul(e, NULL, 0) : 0u;
             e = getenv("SPARK_CUDA_MTP_DIAG_DRAFT");
@@ -455,7 +462,11 @@ extern "C" int engine_cuda_q35_mtp_enable(engine_cuda_q35_session *s, bool *was_
                    2.0 * (double)((size_t)s->n_ctx * kvd * elt) / 1048576.0,
                    (double)(f * V * s->snap_stride) / 1048576.0, sp->fused,
                    sp->moe_dec ? "decode" : "verify", s->rf ? "on" : "off",
-                   s->rf && sp->rf_seq ? " (tokens in turn)" : "", sp->pf_min, sp->diag);
+                   !s->rf              ? ""
+                   : sp->rf_seq == 2   ? " (tokens at once)"
+                   : sp->rf_seq == 1   ? " (tokens in turn)"
+                                       : " (tokens as a grid dimension)",
+                   sp->pf_min, sp->diag);
     }
 done:
     if (rc) q35m_free(s);
@@ -499,6 +510,7 @@ static void q35m_vmatvec(const q35_spec *sp, engine_cu_vmv *v, cudaStream_t st) 
         return;
     }
     v->prefetch = (sp->fused & Q35M_FUSED_PF) ? 1 : 0;
+    v->serial_stage = sp->serial_stage ? 1 : 0;
     v->split = (sp->fused & Q35M_FUSED_SPLIT) ? 1 : 0; /* the router: 20 us per block at m = 2 */
     engine_cu_vmatvec(v, st);
 }
@@ -536,7 +548,7 @@ static void q35m_rf_out(engine_cuda_q35_session *s, const q35_cl *ly, int m) {
     a.att_stride = sp->satt;
     a.ao_stride = (size_t)d->E;
     a.raw_stride = (size_t)d->X + 1;
-    a.seq = sp->rf_seq ? 1 : 0;
+    a.seq = sp->rf_seq;
     engine_cu_rf_wo(&a, s->stream);
 }
 

@@ -2,17 +2,13 @@
 #include <string.h>
 
 #include "gatt_dev.cuh"
-#include "matvec_dev.cuh"
 #include "moe_dev.cuh"
 #include "q35_verify.cuh"
+#include "vmv_dev.cuh"
 
 /* ---------------------------------------------------------------------------------------------
  * Matrix times m vectors
  * ------------------------------------------------------------------------------------------- */
-static __host__ __device__ __forceinline__ size_t vmv_xs(bool quant, int cols) {
-    return (engine_cu_xs_bytes(quant, cols) + 15) & ~(size_t)15;
-}
-
 /* Ask L1 for the m vectors x + t * stride (n floats each) that a block then stages one after
  * the other: one L2 round trip for all of them instead of one per staging. After the wait only
  * (the previous kernel writes them). A hint: no effect on the values. */
@@ -26,142 +22,6 @@ __device__ __forceinline__ void v_prefetch_l1(const float *x, size_t stride, int
     }
 }
 
-/* The staged vector t of a block (vmv_xs bytes each). */
-__device__ __forceinline__ engine_cu_xv vmv_xv(const uint8_t *sm, size_t xs, int cols, bool quant,
-                                               int t) {
-    return engine_cu_xv_at(sm + (size_t)t * xs, cols, quant, 0);
-}
-
-/* acc[t] += chunk c of a quantised row against staged vector t, for t < m: the row's chunk is
- * loaded and unpacked once for all m vectors, and each product is engine_cu_qdot_chunk's
- * expression (qdot.cuh) on the same operands, so each sum is the decode matvec's bit for bit.
- * (qdot.cuh's function unpacks per call: calling it m times loads and unpacks m times.) Plain
- * read-only loads: the values of qdot.cuh's, without its optional L2 policy. */
-template <int T>
-__device__ __forceinline__ void vq_chunk(const uint8_t *row, int c, const uint8_t *sm, size_t xs,
-                                         int cols, int m, float acc[ENGINE_CU_VMAX]) {
-    int a0, b0;
-    engine_cu_chunk_cols(T, c, &a0, &b0);
-    uint32_t lo[4], hi[4];
-    float d1 = 0.0f, d2 = 0.0f, m1 = 0.0f, m2 = 0.0f, d = 0.0f;
-    if (T == ENGINE_TYPE_Q4_K || T == ENGINE_TYPE_Q5_K) {
-        const bool q5 = T == ENGINE_TYPE_Q5_K;
-        const uint8_t *b = row + (size_t)(c >> 3) * (q5 ? 176 : 144);
-        const int q = c & 7, j = q >> 1, half = q & 1;
-        const uint32_t dd = __ldg((const uint32_t *)b);
-        const float dk = engine_cu_h2f((uint16_t)(dd & 0xffffu)),
-                    dmin = engine_cu_h2f((uint16_t)(dd >> 16));
-        const uint32_t w0 = __ldg((const uint32_t *)(b + 4)),
-                       w1 = __ldg((const uint32_t *)(b + 8)),
-                       w2 = __ldg((const uint32_t *)(b + 12));
-        uint32_t qs[4];
-        engine_cu_load16_a16(b + (q5 ? 48 : 16) + 32 * j + 16 * half, qs);
-        int sc, mn;
-        engine_cu_scale_min_k4w(2 * j, w0, w1, w2, &sc, &mn);
-        d1 = dk * (float)sc;
-        m1 = dmin * (float)mn;
-        engine_cu_scale_min_k4w(2 * j + 1, w0, w1, w2, &sc, &mn);
-        d2 = dk * (float)sc;
-        m2 = dmin * (float)mn;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            lo[i] = qs[i] & 0x0F0F0F0Fu;
-            hi[i] = (qs[i] >> 4) & 0x0F0F0F0Fu;
-        }
-        if (q5) {
-            uint32_t qh[4];
-            engine_cu_load16_a16(b + 16 + 16 * half, qh);
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                lo[i] |= ((qh[i] >> (2 * j)) & 0x01010101u) << 4;
-                hi[i] |= ((qh[i] >> (2 * j + 1)) & 0x01010101u) << 4;
-            }
-        }
-    } else if (T == ENGINE_TYPE_Q6_K) {
-        const uint8_t *b = row + (size_t)(c >> 3) * 210;
-        const int q = c & 7, hh = q >> 2, r = q & 3, w = r >> 1, l0 = 16 * (r & 1);
-        const float dk = engine_cu_h2f(__ldg((const uint16_t *)(b + 208)));
-        uint32_t ql[4], qh[4];
-        engine_cu_ldw_a2<4>(b + 64 * hh + 32 * w + l0, ql);
-        engine_cu_ldw_a2<4>(b + 128 + 32 * hh + l0, qh);
-        const int8_t *scp = (const int8_t *)(b + 192 + 8 * hh + (l0 >> 4));
-        d1 = dk * (float)__ldg(scp + 2 * w);
-        d2 = dk * (float)__ldg(scp + 4 + 2 * w);
-        const int s1 = 2 * w, s2 = 4 + 2 * w;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            lo[i] = (ql[i] & 0x0F0F0F0Fu) | (((qh[i] >> s1) & 0x03030303u) << 4);
-            hi[i] = ((ql[i] >> 4) & 0x0F0F0F0Fu) | (((qh[i] >> s2) & 0x03030303u) << 4);
-        }
-    } else if (T == ENGINE_TYPE_Q8_0) {
-        const uint8_t *b = row + (size_t)c * 34;
-        d = engine_cu_h2f(__ldg((const uint16_t *)b));
-        uint32_t v[8];
-        engine_cu_ldw_a2<8>(b + 2, v);
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            lo[i] = v[i];
-            hi[i] = v[i + 4];
-        }
-    } else { /* Q4_0 */
-        const uint8_t *b = row + (size_t)c * 18;
-        d = engine_cu_h2f(__ldg((const uint16_t *)b));
-        uint32_t v[4];
-        engine_cu_ldw_a2<4>(b + 2, v);
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            lo[i] = v[i] & 0x0F0F0F0Fu;
-            hi[i] = (v[i] >> 4) & 0x0F0F0F0Fu;
-        }
-    }
-#pragma unroll
-    for (int t = 0; t < ENGINE_CU_VMAX; t++) {
-        if (t >= m) break;
-        const engine_cu_xv xv = vmv_xv(sm, xs, cols, true, t);
-        const int4 xa = *(const int4 *)(xv.q + a0), xb = *(const int4 *)(xv.q + b0);
-        const float da = xv.d[a0 >> 5], db = xv.d[b0 >> 5], sa = xv.s[a0 >> 4], sb = xv.s[b0 >> 4];
-        const int ia = engine_cu_dp4a4(lo, xa, 0), ib = engine_cu_dp4a4(hi, xb, 0);
-        float v;
-        if (T == ENGINE_TYPE_Q4_K || T == ENGINE_TYPE_Q5_K)
-            v = d1 * (da * (float)ia) - m1 * sa + (d2 * (db * (float)ib) - m2 * sb);
-        else if (T == ENGINE_TYPE_Q6_K)
-            v = d1 * (da * (float)ia - 32.0f * sa) + d2 * (db * (float)ib - 32.0f * sb);
-        else if (T == ENGINE_TYPE_Q8_0)
-            v = d * (da * (float)(ia + ib));
-        else
-            v = d * (da * (float)(ia + ib) - 8.0f * (sa + sb));
-        acc[t] += v;
-    }
-}
-
-/* Lane partial sums of R rows (row0, row0 + stride, ...; those from nvalid on compute on row0
- * and are not stored) against the m staged vectors over chunks c0, c0 + step, ...: per row and
- * vector the additions of mv_rows, in its order. */
-template <int T, int R>
-__device__ __forceinline__ void vmv_rows(const uint8_t *row0, size_t stride, int nvalid, int c0,
-                                         int step, int n_chunks, const uint8_t *sm, size_t xs,
-                                         int cols, int m, float acc[R][ENGINE_CU_VMAX]) {
-#pragma unroll
-    for (int i = 0; i < R; i++)
-#pragma unroll
-        for (int t = 0; t < ENGINE_CU_VMAX; t++)
-            acc[i][t] = 0.0f;
-    for (int c = c0; c < n_chunks; c += step)
-#pragma unroll
-        for (int i = 0; i < R; i++) {
-            const uint8_t *row = row0 + (i < nvalid ? i : 0) * stride;
-            if (engine_cu_type_quant(T)) {
-                vq_chunk<T>(row, c, sm, xs, cols, m, acc[i]);
-            } else {
-#pragma unroll
-                for (int t = 0; t < ENGINE_CU_VMAX; t++)
-                    if (t < m)
-                        acc[i][t] +=
-                            engine_cu_dot_chunk<T>(row, c, vmv_xv(sm, xs, cols, false, t));
-            }
-        }
-}
-
 /* R == 0 (split-K, one matrix of few rows): a group is one row, warp w taking chunks 32 w +
  * lane step 256 (matvec.cu's split-K); else a group is 8 R rows, warp w computing rows w,
  * w + 8 (R = 2) with lanes taking chunks lane step 32. */
@@ -171,31 +31,20 @@ __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, MINB)
     extern __shared__ uint4 vmv_smem[];
     __shared__ float part[ENGINE_CU_VMAX][ENGINE_CU_MV_WARPS];
     engine_cu_pdl_launch();
-    constexpr bool SPLIT = R == 0;
-    constexpr int NR = SPLIT ? 1 : R, PER = SPLIT ? 1 : ENGINE_CU_MV_WARPS * R;
     uint8_t *sm = (uint8_t *)vmv_smem;
     /* split: this block's token t0 alone (its vector at x + t0 * x_stride, its y rows at
      * + t0 * y_stride), else all m from token 0 */
     const int t0 = a.split ? (int)blockIdx.y : 0;
-    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, m = a.split ? 1 : a.m;
-    const int cols = a.mv.cols;
+    const int m = a.split ? 1 : a.m, cols = a.mv.cols;
     const bool quant = MODE != ENGINE_CU_X_F32;
     const size_t xs = vmv_xs(quant, cols);
-    { /* the first group's rows: fetched while the previous kernel finishes */
-        int first;
-        const int mi = mv_find(a.mv, blockIdx.x, PER, &first);
-        if (mi >= 0) {
-            const size_t rb = a.mv.m[mi].row_bytes;
-            const int r = (blockIdx.x - first) * PER + (SPLIT ? 0 : w);
-#pragma unroll
-            for (int i = 0; i < NR; i++)
-                if (r + 8 * i < a.mv.m[mi].rows && (!SPLIT || w == 0))
-                    engine_cu_prefetch_l2(a.mv.m[mi].w + (size_t)(r + 8 * i) * rb, rb);
-        }
-    }
+    vmv_prefetch_first<R>(a.mv, blockIdx.x); /* while the previous kernel finishes */
     engine_cu_pdl_wait();
     if (m > 1 && a.prefetch) v_prefetch_l1(a.mv.x, a.x_stride, cols, m);
-    for (int t = 0; t < m; t++) {
+    if (!a.serial_stage && !(a.mv.coop && a.mv.norm_w)) /* the m stagings side by side */
+        engine_cu_stage_xm<MODE>(a.mv.x + (size_t)t0 * a.x_stride, a.x_stride, cols, a.mv.norm_w,
+                                 a.mv.eps, sm, xs, m);
+    for (int t = 0; t < m && (a.serial_stage || (a.mv.coop && a.mv.norm_w)); t++) {
         const float *xt = a.mv.x + (size_t)(t0 + t) * a.x_stride;
         /* engine_cu_mv.coop: the decode's block-wide scale (matvec_dev.cuh mv_stage) */
         const float sc =
@@ -205,71 +54,8 @@ __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, MINB)
         engine_cu_stage_x<MODE>(xt, cols, a.mv.norm_w, a.mv.eps, sm + (size_t)t * xs, 0, nullptr,
                                 sc);
     }
-    const int n_chunks = cols >> 5;
-    for (int g = blockIdx.x; g < n_groups; g += gridDim.x) {
-        int first;
-        const int mi = mv_find(a.mv, g, PER, &first);
-        if (mi < 0) break;
-        const engine_cu_mat &mt = a.mv.m[mi];
-        const int r = (g - first) * PER + (SPLIT ? 0 : w);
-        if (!SPLIT && r >= mt.rows) continue; /* no barrier below when !SPLIT */
-        const uint8_t *row = mt.w + (size_t)r * mt.row_bytes;
-        /* rows past the end compute on row r and are not stored */
-        const size_t stride = (size_t)8 * mt.row_bytes;
-        const int nvalid = SPLIT ? 1 : min(NR, (mt.rows - r + 7) / 8);
-        const int c0 = SPLIT ? 32 * w + lane : lane, step = SPLIT ? 32 * ENGINE_CU_MV_WARPS : 32;
-        float acc[NR][ENGINE_CU_VMAX];
-        switch (mt.type) {
-#define VMV_CASE(T)                                                                                \
-    case T:                                                                                        \
-        if (MODE == engine_cu_x_mode(T))                                                           \
-            vmv_rows<T, NR>(row, stride, nvalid, c0, step, n_chunks, sm, xs, cols, m, acc);        \
-        break;
-            ENGINE_CU_QUANT_CASES(VMV_CASE)
-#undef VMV_CASE
-#define VMV_CASE(T)                                                                                \
-    case T:                                                                                        \
-        if (MODE == ENGINE_CU_X_F32)                                                               \
-            vmv_rows<T, NR>(row, stride, nvalid, c0, step, n_chunks, sm, xs, cols, m, acc);        \
-        break;
-            ENGINE_CU_FLOAT_CASES(VMV_CASE)
-#undef VMV_CASE
-        default:
-            for (int i = 0; i < NR; i++)
-                for (int t = 0; t < ENGINE_CU_VMAX; t++)
-                    acc[i][t] = 0.0f;
-        }
-        const size_t ys = a.y_stride[mi];
-        if (!SPLIT) {
-#pragma unroll
-            for (int i = 0; i < NR; i++)
-#pragma unroll
-                for (int t = 0; t < ENGINE_CU_VMAX; t++) {
-                    if (t >= m) break;
-                    const float s = engine_cu_warp_sum(acc[i][t]);
-                    float *y = mt.y + (size_t)(t0 + t) * ys;
-                    const int ri = r + 8 * i;
-                    if (lane == 0 && ri < mt.rows) y[ri] = mt.accumulate ? y[ri] + s : s;
-                }
-        } else {
-#pragma unroll
-            for (int t = 0; t < ENGINE_CU_VMAX; t++) {
-                if (t >= m) break;
-                const float s = engine_cu_warp_sum(acc[0][t]);
-                if (lane == 0) part[t][w] = s;
-            }
-            __syncthreads();
-            if (threadIdx.x < m) {
-                const int t = threadIdx.x;
-                float tot = 0.0f;
-                for (int k = 0; k < ENGINE_CU_MV_WARPS; k++)
-                    tot += part[t][k];
-                float *y = mt.y + (size_t)(t0 + t) * ys;
-                y[r] = mt.accumulate ? y[r] + tot : tot;
-            }
-            __syncthreads();
-        }
-    }
+    for (int g = blockIdx.x; g < n_groups; g += gridDim.x)
+        vmv_group<MODE, R>(a.mv, a.y_stride, g, sm, xs, m, t0, part);
 }
 
 size_t engine_cu_vmatvec_smem(int type, int cols, int m) {

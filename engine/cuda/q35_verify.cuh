@@ -42,8 +42,6 @@
 #include "qwen35_attn.cuh"
 #include "sample.cuh"
 
-#define ENGINE_CU_VMAX 5 /* tokens of one verify pass: k + 1 for k <= 4 drafts */
-
 typedef struct {
     engine_cu_mv mv;     /* matrices, cols, x (token 0), norm_w, eps */
     int m;               /* vectors, 1 .. ENGINE_CU_VMAX */
@@ -57,6 +55,10 @@ typedef struct {
     int dense;           /* a launch of two rows per warp (the heads): 1: compiled for 3 blocks
                           * per SM (registers as the decode matvec's; SPARK_CUDA_MTP_FUSED=h3);
                           * 2: four rows per warp instead, their loads in flight together (h4) */
+    int serial_stage;    /* m > 1: each block stages the m vectors one after the other (before
+                          * session 8; SPARK_CUDA_MTP_STAGE=serial) instead of side by side
+                          * (qdot.cuh engine_cu_stage_xm; the same values). With engine_cu_mv.coop
+                          * and a norm they are staged one after the other either way. */
 } engine_cu_vmv;
 
 /* engine_cu_vmatvec_tok (SPARK_CUDA_MTP_FUSED=head / tok): the same products with the tokens

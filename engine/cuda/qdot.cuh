@@ -154,15 +154,16 @@ __device__ __forceinline__ int engine_cu_q4x8(float4 v, float s, int *sum) {
  * (moe.cuh stage_early: x final, written by a kernel that completed before this one launched,
  * but possibly in this multiprocessor's L1 from before that); the same values and arithmetic.
  * ADD: the vector staged is x[i] + xa[i] (one F32 add per value, before the norm).
- * given >= 0: the RMS scale, computed already (engine_cu_block_scale), not by each warp. */
+ * given >= 0: the RMS scale, computed already (engine_cu_block_scale), not by each warp.
+ * engine_cu_stage_part: the share of warp w of the nwarps that stage (no barrier). */
 template <int MODE, bool CG = false, bool ADD = false>
-__device__ __forceinline__ void engine_cu_stage_x(const float *x, int n, const float *nw, float eps,
-                                                  uint8_t *sm, int w0 = 0,
-                                                  const float *xa = nullptr, float given = -1.0f) {
+__device__ __forceinline__ void engine_cu_stage_part(const float *x, int n, const float *nw,
+                                                     float eps, uint8_t *sm, int w, int nwarps,
+                                                     const float *xa = nullptr,
+                                                     float given = -1.0f) {
     const float4 *x4 = (const float4 *)x, *w4 = (const float4 *)nw, *a4 = (const float4 *)xa;
-    const int n4 = n >> 2, lane = threadIdx.x & 31, w = (threadIdx.x >> 5) - w0;
-    const int nwarps = (blockDim.x >> 5) - w0;
-    if (w >= 0) {
+    const int n4 = n >> 2, lane = threadIdx.x & 31;
+    {
         float scale = 1.0f;
         if (nw)
             scale =
@@ -221,6 +222,41 @@ __device__ __forceinline__ void engine_cu_stage_x(const float *x, int n, const f
                 if ((lane & 1) == 0) s[i >> 2] = db * (float)sum;
             }
         }
+    }
+}
+
+template <int MODE, bool CG = false, bool ADD = false>
+__device__ __forceinline__ void engine_cu_stage_x(const float *x, int n, const float *nw, float eps,
+                                                  uint8_t *sm, int w0 = 0,
+                                                  const float *xa = nullptr, float given = -1.0f) {
+    const int w = (threadIdx.x >> 5) - w0;
+    if (w >= 0)
+        engine_cu_stage_part<MODE, CG, ADD>(x, n, nw, eps, sm, w, (blockDim.x >> 5) - w0, xa,
+                                            given);
+    __syncthreads();
+}
+
+/* m vectors, x + t * x_stride for t < m, staged side by side at sm + t * sm_stride (each as
+ * engine_cu_stage_x stages it, per-warp RMS scale) in one pass: warps w0 + i take vector i % m
+ * together with the other warps of that residue (with fewer warps than vectors, warp w0 + i
+ * stages vectors i, i + warps, ... alone), so the m stagings run side by side behind one
+ * barrier instead of one after the other. Each staged value is a function of the vector alone
+ * (the scale: a warp's own sum in engine_cu_stage_scale's order; the blocks of 32 or 256 values
+ * each within one warp), so every vector is engine_cu_stage_x's bit for bit. Every thread calls
+ * it; it ends with a barrier. */
+template <int MODE>
+__device__ __forceinline__ void engine_cu_stage_xm(const float *x, size_t x_stride, int n,
+                                                   const float *nw, float eps, uint8_t *sm,
+                                                   size_t sm_stride, int m, int w0 = 0) {
+    const int nwarps = (int)(blockDim.x >> 5) - w0, i = (int)(threadIdx.x >> 5) - w0;
+    if (i >= 0 && nwarps >= m) {
+        const int t = i % m;
+        engine_cu_stage_part<MODE>(x + (size_t)t * x_stride, n, nw, eps, sm + (size_t)t * sm_stride,
+                                   i / m, nwarps / m + (t < nwarps % m ? 1 : 0));
+    } else if (i >= 0) {
+        for (int t = i; t < m; t += nwarps)
+            engine_cu_stage_part<MODE>(x + (size_t)t * x_stride, n, nw, eps,
+                                       sm + (size_t)t * sm_stride, 0, 1);
     }
     __syncthreads();
 }

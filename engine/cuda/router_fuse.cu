@@ -2,8 +2,8 @@
  * F32 matrices; engine_cuda_op_router_fuse for the tests. */
 #include <string.h>
 
-#include "matvec_dev.cuh"
 #include "router_fuse.cuh"
+#include "vmv_dev.cuh"
 
 extern "C" {
 #include "cuda/cuda_backend.h"
@@ -141,10 +141,119 @@ __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 3)
     }
 }
 
+/* Router block blk of rf_wo_vec_kernel: rf_router_block's rows for the m tokens at once. Each
+ * weight float4 is loaded once (the same loads, before and after the wait) and multiplied with
+ * every token's [x ; â] float4: x read from memory (the values rf_router_block copies into shared
+ * memory), â dequantised from the m stagings (d * q, as rf_router_block dequantises its own);
+ * each token's sum in rf_router_block's order (the thread's float4s in turn, the warp sum, the
+ * row's warps in order), so raw is the decode launch's bit for bit. */
+template <int MODE, int RB>
+__device__ __forceinline__ void rf_router_vec(const engine_cu_rf_args &a, int blk,
+                                              const uint8_t *sm, size_t xs,
+                                              float (*part)[ENGINE_CU_MV_WARPS]) {
+    const int t = threadIdx.x, nt = blockDim.x, emb = a.n_embd, na = a.wo.cols, m = a.m;
+    const int ntr = RB == 1 ? nt : ENGINE_CU_MV_WARPS * 32 / RB, tr = RB == 1 ? t : t % ntr;
+    const int e = blk * RB + (RB == 1 ? 0 : t / ntr), n_rows = a.rm.m[0].rows;
+    const bool live = RB == 1 || e < n_rows;
+    const int n4 = (emb + na) >> 2, e4 = emb >> 2;
+    const uint4 *w4 =
+        (const uint4 *)(a.rm.m[0].w + (size_t)(live ? e : n_rows - 1) * a.rm.m[0].row_bytes);
+    constexpr int PRE = RB == 1 ? RF_PRE : RF_PRE / 2;
+    uint4 pre[PRE];
+#pragma unroll
+    for (int k = 0; k < PRE; k++)
+        if (live && tr + k * ntr < n4) pre[k] = engine_cu_ldq(w4 + tr + k * ntr);
+    if (live && n4 > PRE * ntr && tr < 32)
+        engine_cu_prefetch_l2((const uint8_t *)(w4 + PRE * ntr),
+                              sizeof(uint4) * (size_t)(n4 - PRE * ntr));
+    engine_cu_pdl_wait();
+    engine_cu_stage_xm<MODE>(a.wo.x, a.att_stride, na, nullptr, 0.0f, (uint8_t *)sm, xs, m);
+    float acc[ENGINE_CU_VMAX];
+#pragma unroll
+    for (int k = 0; k < ENGINE_CU_VMAX; k++)
+        acc[k] = 0.0f;
+    /* float4 i of token k's [x ; â] */
+    auto fv = [&](int i, int k) -> float4 {
+        if (i < e4) return ((const float4 *)(a.x + (size_t)k * a.x_stride))[i];
+        const engine_cu_xv v = vmv_xv(sm, xs, na, true, k);
+        const int j = 4 * i - emb;
+        const float d = v.d[j >> 5];
+        const char4 q = *(const char4 *)(v.q + j);
+        return make_float4(d * (float)q.x, d * (float)q.y, d * (float)q.z, d * (float)q.w);
+    };
+#pragma unroll
+    for (int p = 0; p < PRE; p++)
+        if (live && tr + p * ntr < n4)
+#pragma unroll
+            for (int k = 0; k < ENGINE_CU_VMAX; k++)
+                if (k < m) acc[k] = rf_dot4(pre[p], fv(tr + p * ntr, k), acc[k]);
+    if (live)
+        for (int i = tr + PRE * ntr; i < n4; i += ntr) {
+            const uint4 wv = engine_cu_ldq(w4 + i);
+#pragma unroll
+            for (int k = 0; k < ENGINE_CU_VMAX; k++)
+                if (k < m) acc[k] = rf_dot4(wv, fv(i, k), acc[k]);
+        }
+#pragma unroll
+    for (int k = 0; k < ENGINE_CU_VMAX; k++) {
+        if (k >= m) break;
+        const float s = engine_cu_warp_sum(acc[k]);
+        if ((t & 31) == 0) part[k][t >> 5] = s;
+    }
+    __syncthreads();
+    if (tr < m && live) { /* the row's first thread's sum, for token tr */
+        const int k0 = (t - tr) >> 5, k1 = (t - tr + ntr) >> 5;
+        float sum = 0.0f;
+        for (int k = k0; k < k1; k++)
+            sum += part[tr][k];
+        a.rm.m[0].y[(size_t)tr * a.raw_stride + e] = sum;
+    }
+}
+
+/* rf_wo_kernel's blocks for the m tokens at once (router_fuse.cuh: seq 2): the decode launch's
+ * grid; every block stages the m tokens' â side by side (engine_cu_stage_xm: the wo blocks'
+ * staging, m times); router blocks as rf_router_vec, wo blocks the m-vector products of the
+ * decode's rows (vmv_group: each weight chunk loaded once, each sum the decode's). */
+template <int MODE, int R, int RB>
+__global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 3)
+    rf_wo_vec_kernel(engine_cu_rf_args a, int n_groups) {
+    extern __shared__ uint4 rf_smem[];
+    __shared__ float part[ENGINE_CU_VMAX][ENGINE_CU_MV_WARPS];
+    engine_cu_pdl_launch();
+    const uint8_t *sm = (const uint8_t *)rf_smem;
+    const size_t xs = vmv_xs(true, a.wo.cols);
+    const int n_rb = (a.rm.m[0].rows + RB - 1) / RB;
+    if ((int)blockIdx.x < n_rb) {
+        rf_router_vec<MODE, RB>(a, blockIdx.x, sm, xs, part);
+        return;
+    }
+    const int bx = blockIdx.x - n_rb, gdx = gridDim.x - n_rb;
+    vmv_prefetch_first<R>(a.wo, bx);
+    engine_cu_pdl_wait();
+    engine_cu_stage_xm<MODE>(a.wo.x, a.att_stride, a.wo.cols, nullptr, 0.0f, (uint8_t *)sm, xs,
+                             a.m);
+    const size_t ys[1] = {a.ao_stride};
+    for (int g = bx; g < n_groups; g += gdx)
+        vmv_group<MODE, R>(a.wo, ys, g, sm, xs, a.m, 0, part);
+}
+
 template <int MODE, int RB>
 static void rf_launch_rb(const engine_cu_rf_args *a, const engine_cu_mv_plan &p, size_t smem,
                          cudaStream_t stream) {
     const dim3 grid((a->rm.m[0].rows + RB - 1) / RB + p.blocks), block(ENGINE_CU_MV_WARPS * 32);
+    if (MODE != ENGINE_CU_X_F32 && a->m > 1 && a->seq == 2) { /* the tokens at once */
+        const size_t vs = vmv_xs(true, a->wo.cols) * (size_t)a->m;
+        if (p.r == 0)
+            engine_cu_launch(rf_wo_vec_kernel<MODE, 0, RB>, grid, block, vs, stream, *a,
+                             p.n_groups);
+        else if (p.r == 1)
+            engine_cu_launch(rf_wo_vec_kernel<MODE, 1, RB>, grid, block, vs, stream, *a,
+                             p.n_groups);
+        else
+            engine_cu_launch(rf_wo_vec_kernel<MODE, 2, RB>, grid, block, vs, stream, *a,
+                             p.n_groups);
+        return;
+    }
     if (a->m > 1 && a->seq) { /* the tokens in turn in each block */
         if (p.r == 0)
             engine_cu_launch(rf_wo_seq_kernel<MODE, 0, RB>, grid, block, smem, stream, *a,

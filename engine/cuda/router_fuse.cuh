@@ -47,9 +47,12 @@ typedef struct {
      * t's blocks are the decode launch's blocks (the same rows per router block, the same wo
      * plan) on x + t x_stride, wo.x + t att_stride, wo.m[0].y + t ao_stride and rm.m[0].y +
      * t raw_stride: bit for bit m decode launches. m <= 1: the decode launch. seq (with m > 1):
-     * the decode launch's grid instead, each block doing its part for token 0, 1, .., m - 1 in
-     * turn (the same block code per token: one wave, and its rows from L1 / L2 after the first
-     * token) instead of m times the blocks. */
+     * the decode launch's grid instead, 1: each block doing its part for token 0, 1, .., m - 1
+     * in turn (the same block code per token: one wave, and its rows from L1 / L2 after the
+     * first token) instead of m times the blocks; 2 (quantised Wo; else as 1): each block doing
+     * its part for the m tokens at once, every weight loaded once and multiplied with the m
+     * tokens' vectors in the decode block's order (router_fuse.cu rf_wo_vec_kernel), the same
+     * results. */
     int m, seq;
     size_t x_stride, att_stride, ao_stride, raw_stride;
 } engine_cu_rf_args;

@@ -74,8 +74,10 @@
  *              dimension) and with SPARK_CUDA_Q35_ROUTER_FUSE=1 and =0 (read at session
  *              creation; 1 is the default: the plain decode step and the verify pass both with
  *              the router and shared-gate logits in the output projection's launch, the tokens
- *              in turn in each block or, SPARK_CUDA_MTP_RF=grid, as a grid dimension; the MTP block
- *              unfused), FUSED 0 and 1: bit for bit as above (each token's MoE and
+ *              at once in each block (the default), SPARK_CUDA_MTP_RF=seq in turn or =grid as
+ *              a grid dimension; the MTP block unfused), FUSED 0 and 1, and the default parts
+ *              with SPARK_CUDA_MTP_STAGE=serial (the m vectors staged one after the other
+ *              instead of side by side): bit for bit as above (each token's MoE and
  *              fused launch are the decode step's blocks); that the fusion is on at all: a
  *              =1 session's decode logits differ from a =0 session's somewhere in 16 steps (F32
  *              rounding of the router logits) and keep cosine >= 0.99 (f32) / 0.9 (a near
@@ -784,6 +786,12 @@ static void run_model(const char *type) {
             env_restore("SPARK_CUDA_MTP_RF", rs);
             env_restore("SPARK_CUDA_MTP_MOE", md);
             env_restore("SPARK_CUDA_Q35_ROUTER_FUSE", rf);
+        }
+        {
+            char label[24], *st = env_set("SPARK_CUDA_MTP_STAGE", "serial");
+            snprintf(label, sizeof label, "%s serial", type);
+            check_direct(m, gm, label, "");
+            env_restore("SPARK_CUDA_MTP_STAGE", st);
         }
         check_draft(m, gm, type);
         check_feed(m, gm, type);
