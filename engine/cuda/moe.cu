@@ -40,6 +40,7 @@ __global__ void __launch_bounds__(FFN_WARPS * 32, 3) ffn_up_tok_kernel(engine_cu
     }
     if (RF && a.rf_sh) a.rf_sh += t;
     a.h += t * a.h_stride;
+    a.max_bps = a.tok_blocks > 0; /* every item's rows asked of L2 */
     ffn_up_block<MODE, engine_cu_pdl_sync, false, RF>(a, blockIdx.x, gridDim.x, (uint8_t *)up_smem,
                                                       engine_cu_pdl_sync());
 }
@@ -58,6 +59,7 @@ __global__ void __launch_bounds__(FFN_WARPS * 32, 3)
     a.y += t * a.y_stride;
     if (RF) a.y_add += t * a.y_stride;
     if (a.sh_logit) a.sh_logit += t;
+    a.max_bps = a.tok_blocks > 0;
     ffn_down_block<MODE, engine_cu_pdl_sync, RF>(a, blockIdx.x, gridDim.x, (uint8_t *)down_smem,
                                                  engine_cu_pdl_sync());
 }
@@ -74,6 +76,12 @@ static int ffn_blocks(int n, int max_bps) {
     return n < cap ? n : cap;
 }
 
+/* Blocks per token of a launch with the tokens as a grid dimension: one per item, or at most
+ * tok_blocks (> 0). */
+static unsigned ffn_tok_blocks(int n, int tok_blocks) {
+    return (unsigned)(tok_blocks > 0 && tok_blocks < n ? tok_blocks : n);
+}
+
 static size_t engine_cu_ffn_up_smem(int type, int cols) {
     return engine_cu_xs_bytes(engine_cu_type_quant(type), cols);
 }
@@ -88,7 +96,7 @@ void engine_cu_ffn_up(const engine_cu_ffn_up_args *a, cudaStream_t stream) {
     const int mode = engine_cu_x_mode(a->type);
     const bool s6 = a->routed || a->stage_early;
     if (a->m > 1) { /* tokens as a grid dimension (the stage-4 block code) */
-        const dim3 tg(grid.x, (unsigned)a->m);
+        const dim3 tg(ffn_tok_blocks(n_items, a->tok_blocks), (unsigned)a->m);
         const bool rf = a->x_add != nullptr;
         engine_cu_launch(
             mode == ENGINE_CU_X_Q8_K   ? (rf ? ffn_up_tok_kernel<ENGINE_CU_X_Q8_K, true>
@@ -130,7 +138,9 @@ void engine_cu_ffn_down(const engine_cu_ffn_down_args *a, cudaStream_t stream) {
                                              : ffn_down_tok_kernel<ENGINE_CU_X_Q8_0, false>)
             : rf                       ? ffn_down_tok_kernel<ENGINE_CU_X_F32, true>
                                        : ffn_down_tok_kernel<ENGINE_CU_X_F32, false>,
-            dim3(gx, (unsigned)a->m), dim3(FFN_WARPS * 32),
+            dim3(ffn_tok_blocks((a->rows + FFN_WARPS - 1) / FFN_WARPS, a->tok_blocks),
+                 (unsigned)a->m),
+            dim3(FFN_WARPS * 32),
             engine_cu_ffn_down_smem(a->type, a->k, a->cols), stream, *a);
         return;
     }

@@ -63,8 +63,11 @@ typedef struct {
      * of m, and token t's blocks run this launch's decode block code on x + t x_stride, x_add +
      * t x_stride, router + t router_stride, rf_sh + t, h + t h_stride, ids and weights + t
      * ids_stride (each token bit for bit a decode launch of its own); m <= 1: one token, the
-     * decode kernels (strides unused). Not with the stage-5/6 fields. */
-    int m;
+     * decode kernels (strides unused). Not with the stage-5/6 fields. tok_blocks > 0 (with
+     * m > 1): at most tok_blocks blocks per token, each looping over its items with all of
+     * their rows asked of L2 once routed (as max_bps does), so that the m tokens' blocks fit
+     * one wave; each row's sum is the same whichever block computes it. */
+    int m, tok_blocks;
     size_t x_stride, router_stride, h_stride, ids_stride;
     /* Diagnosis (SPARK_CUDA_DIAG_MOE, the same results): bit 1 the routing warp routes twice,
      * bit 2 the block stages x twice; an A/B of the timing gives each stage's cost. */
@@ -122,8 +125,9 @@ typedef struct {
     const float *y_add;
     /* Tokens as a grid dimension (as engine_cu_ffn_up_args.m): m > 1: token t's blocks
      * (blockIdx.y) take h + t h_stride, ids and weights + t ids_stride, y and y_add + t
-     * y_stride, sh_logit + t; m <= 1: the decode kernels. Not with the stage-5/6 fields. */
-    int m;
+     * y_stride, sh_logit + t; m <= 1: the decode kernels. Not with the stage-5/6 fields.
+     * tok_blocks: as engine_cu_ffn_up_args.tok_blocks (row groups per block). */
+    int m, tok_blocks;
     size_t h_stride, ids_stride, y_stride;
     int diag; /* as engine_cu_ffn_up_args.diag: bit 2 the block stages h twice */
 } engine_cu_ffn_down_args;

@@ -65,6 +65,14 @@ struct q35_spec {
      * tokens in turn in each block; 0 ("grid"): the tokens as a grid dimension */
     int rf_seq;
     bool serial_stage; /* SPARK_CUDA_MTP_STAGE=serial: engine_cu_vmv.serial_stage */
+    /* SPARK_CUDA_MTP_MOE_WAVE (default 3; 0: off): the MoE launches of m > 1 tokens on the
+     * decode kernels (q35m_moe_dec) take at most this many blocks per multiprocessor in all
+     * (engine_cu_ffn_up_args.tok_blocks = SMs * N / m), one wave instead of m decode grids */
+    int moe_wave;
+    /* SPARK_CUDA_MTP_FORK=0: the verify pass's shared-expert gate/up after the routed one and
+     * the DeltaNet z projection in the in-projections' launch, instead of on the decode step's
+     * side branch (s->sh_fork, s->z_fork) */
+    bool no_fork;
     float *ao; /* [VMAX][E]: the router fusion's output projections (q35m_rf_out) */
 };
 
@@ -435,6 +443,11 @@ extern "C" int engine_cuda_q35_mtp_enable(engine_cuda_q35_session *s, bool *was_
         {
             const char *e = getenv("SPARK_CUDA_MTP_STAGE");
             sp->serial_stage = e && !strcmp(e, "serial");
+            e = getenv("SPARK_CUDA_MTP_MOE_WAVE");
+            sp->moe_wave = e && *e ? (int)strtol(e, NULL, 10) : 3;
+            if (sp->moe_wave < 0) sp->moe_wave = 0;
+            e = getenv("SPARK_CUDA_MTP_FORK");
+            sp->no_fork = e && e[0] == '0';
         }
         {
             const char *e = getenv("SPARK_CUDA_MTP_DIAG_SKIP");
@@ -559,9 +572,20 @@ static void q35m_deltanet(engine_cuda_q35_session *s, const q35_cl *ly, float ep
     q35_spec *sp = s->spec;
     cudaStream_t st = s->stream;
     const size_t E = (size_t)d->E;
+    /* z on the side branch, as the decode step (its SPARK_CUDA_Q35_Z_FORK) */
+    const bool zf = s->z_fork && !sp->no_fork && q35m_run(sp, Q35M_DIAG_DN_IN);
     engine_cu_vmv in = q35m_vmv(sp->X, E, d->E, ly->attn_norm, eps, ps->m, s->coop_mv);
     q35m_add(&in, &ly->wqkv, sp->big, sp->sbig, 0);
-    q35m_add(&in, &ly->wz, sp->z, sp->sz, 0);
+    if (zf) {
+        engine_cu_vmv zv = q35m_vmv(sp->X, E, d->E, ly->attn_norm, eps, ps->m, s->coop_mv);
+        q35m_add(&zv, &ly->wz, sp->z, sp->sz, 0);
+        cudaEventRecord(s->ev_fork, st);
+        cudaStreamWaitEvent(s->side, s->ev_fork, 0);
+        q35m_vmatvec(sp, &zv, s->side);
+        cudaEventRecord(s->ev_join, s->side);
+    } else {
+        q35m_add(&in, &ly->wz, sp->z, sp->sz, 0);
+    }
     q35m_add(&in, &ly->wba, sp->ba, sp->sba, 0);
     if (q35m_run(sp, Q35M_DIAG_DN_IN)) q35m_vmatvec(sp, &in, st);
     if (!ly->ba_fused && q35m_run(sp, Q35M_DIAG_DN_IN)) {
@@ -569,6 +593,7 @@ static void q35m_deltanet(engine_cuda_q35_session *s, const q35_cl *ly, float ep
         q35m_add(&al, &ly->walpha, sp->ba + d->nv, sp->sba, 0);
         q35m_vmatvec(sp, &al, st);
     }
+    if (zf) cudaStreamWaitEvent(st, s->ev_join, 0); /* the step reads z */
     const bool step = q35m_run(sp, Q35M_DIAG_DN_STEP);
     if (step && (sp->fused & Q35M_FUSED_DELTA)) { /* verify passes only: consecutive positions */
         engine_cu_vdelta a;
@@ -778,6 +803,9 @@ static void q35m_moe_dec(engine_cuda_q35_session *s, const q35_cl *ly, float eps
     engine_cu_ffn_down_args dn, dsh;
     q35m_ffn_args(s, ly, eps, &up, &sh, &dn, &dsh);
     up.m = sh.m = m;
+    const int tb = sp->moe_wave > 0 && m > 1 ? std::max(1, engine_cu_sm_count() * sp->moe_wave / m)
+                                             : 0;
+    up.tok_blocks = sh.tok_blocks = tb;
     up.x_stride = sh.x_stride = E;
     up.router_stride = rf ? (size_t)d->X + 1 : (size_t)d->X;
     up.h_stride = sh.h_stride = sp->sh;
@@ -786,12 +814,25 @@ static void q35m_moe_dec(engine_cuda_q35_session *s, const q35_cl *ly, float eps
         up.x_add = sh.x_add = sp->ao;
         up.rf_sh = sp->shl;
     }
+    /* the shared expert's gate/up on the side branch, as the decode step (its
+     * SPARK_CUDA_Q35_SH_FORK): beside the routed launch instead of after it */
+    const bool fork = s->sh_fork && !sp->no_fork;
     if (q35m_run(sp, Q35M_DIAG_UP)) {
+        if (fork) {
+            cudaEventRecord(s->ev_fork, st);
+            cudaStreamWaitEvent(s->side, s->ev_fork, 0);
+            engine_cu_ffn_up(&sh, s->side);
+            cudaEventRecord(s->ev_join, s->side);
+        }
         engine_cu_ffn_up(&up, st);
-        engine_cu_ffn_up(&sh, st);
+        if (fork)
+            cudaStreamWaitEvent(st, s->ev_join, 0); /* the down launch reads both parts of h */
+        else
+            engine_cu_ffn_up(&sh, st);
     }
     if (!q35m_run(sp, Q35M_DIAG_DOWN)) return;
     dn.m = dsh.m = m;
+    dn.tok_blocks = dsh.tok_blocks = tb;
     dn.h_stride = dsh.h_stride = sp->sh;
     dn.ids_stride = sp->sw;
     dn.y_stride = dsh.y_stride = E;

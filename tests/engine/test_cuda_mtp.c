@@ -77,7 +77,10 @@
  *              at once in each block (the default), SPARK_CUDA_MTP_RF=seq in turn or =grid as
  *              a grid dimension; the MTP block unfused), FUSED 0 and 1, and the default parts
  *              with SPARK_CUDA_MTP_STAGE=serial (the m vectors staged one after the other
- *              instead of side by side): bit for bit as above (each token's MoE and
+ *              instead of side by side), SPARK_CUDA_MTP_MOE_WAVE=0 (a decode grid of MoE blocks
+ *              per token instead of one wave for all) and SPARK_CUDA_MTP_FORK=0 (the shared
+ *              expert's gate/up and DeltaNet's z in line instead of on the side branch): bit
+ *              for bit as above (each token's MoE and
  *              fused launch are the decode step's blocks); that the fusion is on at all: a
  *              =1 session's decode logits differ from a =0 session's somewhere in 16 steps (F32
  *              rounding of the router logits) and keep cosine >= 0.99 (f32) / 0.9 (a near
@@ -787,10 +790,14 @@ static void run_model(const char *type) {
             env_restore("SPARK_CUDA_MTP_MOE", md);
             env_restore("SPARK_CUDA_Q35_ROUTER_FUSE", rf);
         }
-        {
+        { /* the default parts with session 7's stagings, MoE grids and no side branch */
             char label[24], *st = env_set("SPARK_CUDA_MTP_STAGE", "serial");
+            char *mw = env_set("SPARK_CUDA_MTP_MOE_WAVE", "0");
+            char *fk = env_set("SPARK_CUDA_MTP_FORK", "0");
             snprintf(label, sizeof label, "%s serial", type);
             check_direct(m, gm, label, "");
+            env_restore("SPARK_CUDA_MTP_FORK", fk);
+            env_restore("SPARK_CUDA_MTP_MOE_WAVE", mw);
             env_restore("SPARK_CUDA_MTP_STAGE", st);
         }
         check_draft(m, gm, type);
