@@ -14,6 +14,7 @@
  * m = 1 the kernel writes it as the decode step does, so with m = 1, snapshots as the caller
  * asks, it is the decode step (deltanet.cu's kernel could become this one; that file is not
  * this module's). */
+#include <cooperative_groups.h>
 #include <math.h>
 
 #include "deltanet_dev.cuh"
@@ -196,6 +197,254 @@ __global__ void __launch_bounds__(VD_MAX_DK / VD_ROWS * 32) vdelta_kernel(engine
     if (tid == 0) a.counters[h] = 0;
 }
 
+/* The m-token step in the decode step's early + cluster form (deltanet.cu deltanet_kernel<true,
+ * true>; engine_cu_vdelta_early): grid (nv, dv / 32), a cluster of a head's column blocks,
+ * dk / 16 warps (<= 256 threads, dv <= threads). Before the wait: the position, the thread's
+ * state rows, its conv channels' weights and the ring inputs before the pass (none is written
+ * by the kernels this one waits for, as in the decode step); after it: every token's
+ * activations in one round trip, the conv of every token from registers (inputs of earlier
+ * tokens of the pass are their own projections), both l2-norm sums of every token in one block
+ * reduction, the recurrence token by token (the state after each written to its snapshot
+ * slot), the live state once, then the gated RMSNorm of every token through one cluster
+ * exchange. Per token the decode kernel's expressions on the same operands in the same order:
+ * bit for bit m decode launches. The live ring is left as it was (m > 1; the caller commits
+ * it from the last token's snapshot, engine_cu_vring_commit). */
+#define VE_THREADS 256
+template <int M> __device__ __forceinline__ float ve_pick(const float (&v)[M], int i) {
+    float r = 0.0f;
+#pragma unroll
+    for (int u = 0; u < M; u++)
+        if (u == i) r = v[u];
+    return r;
+}
+
+__global__ void __launch_bounds__(VE_THREADS, 1) vdelta_early_kernel(engine_cu_vdelta va) {
+    namespace cg = cooperative_groups;
+    extern __shared__ float ve_smem[];
+    __shared__ float gb[ENGINE_CU_VMAX][2];
+    __shared__ float sv[ENGINE_CU_VMAX][VD_COLS], so[VD_COLS];
+    __shared__ float2 red2[ENGINE_CU_VMAX][32];
+    __shared__ float ssq_mine[ENGINE_CU_VMAX];
+    constexpr int MC = ENGINE_CU_DELTA_MAX_CONV, V = ENGINE_CU_VMAX;
+    const engine_cu_delta &a = va.d;
+    const int m = va.m, dk = a.dk, dv = a.dv, K = a.K, nk = a.nk, nv = a.nv;
+    const int nrw = dk / VD_ROWS;
+    float *sq = ve_smem, *sk = sq + (size_t)V * dk, *red = sk + (size_t)V * dk; /* red: [nrw][32] */
+    const int h = blockIdx.x, cb = blockIdx.y, c0 = cb * VD_COLS;
+    const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, wi = tid >> 5;
+    const int grp = nv / nk, kh = a.v_tiled ? h % nk : h / grp;
+    const bool owner = (a.v_tiled ? h < nk : h % grp == 0) && cb == 0;
+    const int c = c0 + lane, r0 = wi * VD_ROWS;
+    float *S = a.state + (size_t)h * dk * dv;
+    const size_t qs = va.qkv_stride;
+    engine_cu_pdl_launch();
+    const int32_t p0 = *a.pos;
+    float se[VD_ROWS];
+#pragma unroll
+    for (int i = 0; i < VD_ROWS; i++)
+        se[i] = S[(size_t)(r0 + i) * dv + c];
+    float cwe[2][MC], cwl[2] = {0.0f, 0.0f}, rge[2][MC];
+    int chn[2] = {0, 0};
+    bool ownj[2] = {false, false};
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        const int t = tid + j * nt;
+#pragma unroll
+        for (int i = 0; i < MC; i++)
+            cwe[j][i] = rge[j][i] = 0.0f;
+        if (t >= 2 * dk + VD_COLS) continue;
+        chn[j] = engine_cu_dn_channel(t, dk, nk, kh, h, dv, c0, owner, ownj[j]);
+        const float *w = a.conv_w + (size_t)chn[j] * K;
+        const float *ring = a.ring + (size_t)chn[j] * K;
+        cwl[j] = w[K - 1];
+#pragma unroll
+        for (int i = 0; i < MC - 1; i++) {
+            const int p = p0 - (K - 1) + i;
+            cwe[j][i] = i < K - 1 ? w[i] : 0.0f;
+            rge[j][i] = i < K - 1 ? ring[((p % K) + K) % K] : 0.0f;
+        }
+    }
+    float ae = 0.0f, dte = 0.0f;
+    if (tid < m) {
+        ae = a.a[h];
+        dte = a.dt_bias[h];
+    }
+    const float nwe = a.norm_w[c];
+    engine_cu_pdl_wait();
+
+    /* every token's activations (one round trip), then the conv from registers */
+    float be = 0.0f, ale = 0.0f, ze[V], xin[2][V];
+    if (tid < m) {
+        be = a.beta[(size_t)tid * va.ba_stride + h];
+        ale = a.alpha[(size_t)tid * va.ba_stride + h];
+    }
+#pragma unroll
+    for (int t = 0; t < V; t++) {
+        ze[t] = t < m ? a.z[(size_t)t * va.z_stride + (size_t)h * dv + c] : 0.0f;
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            xin[j][t] =
+                t < m && tid + j * nt < 2 * dk + VD_COLS ? a.qkv[(size_t)t * qs + chn[j]] : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        const int u = tid + j * nt;
+        if (u >= 2 * dk + VD_COLS) continue;
+#pragma unroll
+        for (int t = 0; t < V; t++) {
+            if (t >= m) break;
+            const int pos = p0 + t;
+            float y = cwl[j] * xin[j][t];
+#pragma unroll
+            for (int i = 0; i < MC - 1; i++) {
+                if (i >= K - 1) break;
+                const int p = pos - (K - 1) + i; /* the ring's value, or an earlier token's */
+                y += cwe[j][i] *
+                     (p >= p0 ? ve_pick(xin[j], p - p0) : ve_pick(rge[j], p - p0 + K - 1));
+            }
+            float *dst = u < dk       ? sq + (size_t)t * dk + u
+                         : u < 2 * dk ? sk + (size_t)t * dk + (u - dk)
+                                      : &sv[t][u - 2 * dk];
+            *dst = engine_cu_dn_silu(y);
+            if (ownj[j] && a.snap_ring && (pos + 1) % a.snap_every == 0) {
+                float *snap = a.snap_ring +
+                              (size_t)(((pos + 1) / a.snap_every) % a.n_snap) * a.snap_stride +
+                              (size_t)chn[j] * K;
+                for (int i = 0; i < K; i++) { /* slot i: the latest position = i mod K */
+                    const int q = pos - (((pos - i) % K) + K) % K;
+                    snap[i] = q >= p0 ? ve_pick(xin[j], q - p0) : ve_pick(rge[j], q - p0 + K - 1);
+                }
+            }
+        }
+    }
+    if (tid < m) {
+        gb[tid][0] = expf(ae * engine_cu_dn_softplus(ale + dte));
+        gb[tid][1] = 1.0f / (1.0f + expf(-be));
+    }
+    __syncthreads();
+    /* both l2-norm sums of every token in one block reduction (each in the decode's order) */
+#pragma unroll
+    for (int t = 0; t < V; t++) {
+        if (t >= m) break;
+        float vq = 0.0f, vk = 0.0f;
+        for (int i = tid; i < dk; i += nt) {
+            vq += sq[(size_t)t * dk + i] * sq[(size_t)t * dk + i];
+            vk += sk[(size_t)t * dk + i] * sk[(size_t)t * dk + i];
+        }
+        vq = engine_cu_warp_sum(vq);
+        vk = engine_cu_warp_sum(vk);
+        if (lane == 0) red2[t][wi] = make_float2(vq, vk);
+    }
+    __syncthreads();
+    const int nw = nt >> 5;
+    float iq[V], ik[V];
+#pragma unroll
+    for (int t = 0; t < V; t++) {
+        iq[t] = ik[t] = 0.0f;
+        if (t >= m) break;
+        const float2 rv = lane < nw ? red2[t][lane] : make_float2(0.0f, 0.0f);
+        const float ssq = engine_cu_warp_sum(rv.x), ssk = engine_cu_warp_sum(rv.y);
+        iq[t] = 1.0f / sqrtf(ssq + 1e-6f);
+        ik[t] = 1.0f / sqrtf(ssk + 1e-6f);
+    }
+    const float qscale = 1.0f / sqrtf((float)dk);
+    float s[VD_ROWS], o[V];
+#pragma unroll
+    for (int i = 0; i < VD_ROWS; i++)
+        s[i] = se[i];
+#pragma unroll
+    for (int t = 0; t < V; t++) {
+        o[t] = 0.0f;
+        if (t >= m) break;
+        const float *q = sq + (size_t)t * dk, *k = sk + (size_t)t * dk;
+        const float g = gb[t][0], beta = gb[t][1];
+        float kn[VD_ROWS], part = 0.0f;
+#pragma unroll
+        for (int i = 0; i < VD_ROWS; i++) {
+            kn[i] = k[r0 + i] * ik[t];
+            s[i] = s[i] * g;
+            part += s[i] * kn[i];
+        }
+        red[wi * VD_COLS + lane] = part;
+        __syncthreads();
+        if (wi == 0) {
+            float tt = 0.0f;
+            for (int j = 0; j < nrw; j++)
+                tt += red[j * VD_COLS + lane];
+            so[lane] = (sv[t][lane] - tt) * beta;
+        }
+        __syncthreads();
+        const float d = so[lane];
+        part = 0.0f;
+        const int pos1 = p0 + t + 1;
+        float *snap_s = a.snap_state && pos1 % a.snap_every == 0
+                            ? a.snap_state +
+                                  (size_t)((pos1 / a.snap_every) % a.n_snap) * a.snap_stride +
+                                  (size_t)h * dk * dv
+                            : nullptr;
+#pragma unroll
+        for (int i = 0; i < VD_ROWS; i++) {
+            s[i] += kn[i] * d;
+            part += s[i] * (q[r0 + i] * iq[t] * qscale);
+            if (snap_s) snap_s[(size_t)(r0 + i) * dv + c] = s[i];
+        }
+        red[wi * VD_COLS + lane] = part;
+        __syncthreads();
+        if (wi == 0) {
+            float ov = 0.0f;
+            for (int j = 0; j < nrw; j++)
+                ov += red[j * VD_COLS + lane];
+            o[t] = ov;
+            const float sq2 = engine_cu_warp_sum(ov * ov);
+            if (lane == 0) ssq_mine[t] = sq2;
+        }
+        __syncthreads(); /* red and so are rewritten by the next token */
+    }
+#pragma unroll
+    for (int i = 0; i < VD_ROWS; i++)
+        S[(size_t)(r0 + i) * dv + c] = s[i];
+    /* the heads' sums of squares from the cluster's blocks (block rank = column block) */
+    cg::cluster_group cl = cg::this_cluster();
+    cl.sync();
+    if (wi == 0)
+#pragma unroll
+        for (int t = 0; t < V; t++) {
+            if (t >= m) break;
+            float ss = 0.0f;
+            for (unsigned j = 0; j < gridDim.y; j++)
+                ss += *cl.map_shared_rank(&ssq_mine[t], j);
+            const float scale = 1.0f / sqrtf(ss / (float)dv + a.eps);
+            const float y = nwe * (o[t] * scale);
+            a.out[(size_t)t * va.out_stride + (size_t)h * dv + c] =
+                y * (ze[t] / (1.0f + expf(-ze[t])));
+        }
+    cl.sync(); /* ssq_mine stays until every block of the cluster has read it */
+}
+
+bool engine_cu_vdelta_early(const engine_cu_vdelta *a, cudaStream_t stream) {
+    const int threads = a->d.dk / VD_ROWS * 32;
+    const dim3 grid(a->d.nv, a->d.dv / VD_COLS);
+    if (a->m < 1 || a->m > ENGINE_CU_VMAX || a->d.dv > threads || threads > VE_THREADS ||
+        grid.y > 8 || a->d.dv % VD_COLS || a->d.K > ENGINE_CU_DELTA_MAX_CONV)
+        return false;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(threads);
+    cfg.dynamicSmemBytes = sizeof(float) * (2 * (size_t)ENGINE_CU_VMAX * a->d.dk +
+                                            (size_t)(a->d.dk / VD_ROWS) * VD_COLS);
+    cfg.stream = stream;
+    cudaLaunchAttribute at[2];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    at[1].id = cudaLaunchAttributeClusterDimension;
+    at[1].val.clusterDim.x = 1;
+    at[1].val.clusterDim.y = grid.y;
+    at[1].val.clusterDim.z = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 2;
+    return cudaLaunchKernelEx(&cfg, vdelta_early_kernel, *a) == cudaSuccess;
+}
+
 size_t engine_cu_vdelta_smem(int dk, int m) {
     return sizeof(float) * (2 * (size_t)m * dk + (size_t)(dk / VD_ROWS) * VD_COLS);
 }
@@ -219,6 +468,5 @@ __global__ void vring_commit_kernel(const float4 *src0, size_t stride4, float4 *
 void engine_cu_vring_commit(const float *src_slot0, size_t slot_stride, float *dst, size_t n,
                             const int32_t *pos, int n_snap, cudaStream_t stream) {
     engine_cu_launch(vring_commit_kernel, dim3(264), dim3(256), 0, stream,
-                     (const float4 *)src_slot0, slot_stride / 4, (float4 *)dst, n / 4, pos,
-                     n_snap);
+                     (const float4 *)src_slot0, slot_stride / 4, (float4 *)dst, n / 4, pos, n_snap);
 }
