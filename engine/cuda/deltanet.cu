@@ -14,6 +14,22 @@ bool engine_cu_deltanet_ok(int dk, int dv, int K) {
            K <= ENGINE_CU_DELTA_MAX_CONV;
 }
 
+/* Conv channel of conv-loop item t of a block (key head kh, value head h, columns c0..):
+ * its index, whether the block writes its ring slot, and its shared-memory destination. */
+__device__ __forceinline__ int dn_channel(int t, int dk, int nk, int kh, int h, int dv, int c0,
+                                          bool owner, bool &own) {
+    if (t < dk) {
+        own = owner;
+        return kh * dk + t;
+    }
+    if (t < 2 * dk) {
+        own = owner;
+        return nk * dk + kh * dk + (t - dk);
+    }
+    own = true;
+    return 2 * nk * dk + h * dv + c0 + (t - 2 * dk);
+}
+
 /* Grid (nv, dv / DN_COLS); dk / DN_ROWS warps: lane = column c0 + lane, warp w = rows
  * w * DN_ROWS .. + DN_ROWS.
  * EARLY (engine_cu_delta.early, the decode step's SPARK_CUDA_Q35_DN_EARLY; dv <= threads <= 256,
@@ -65,7 +81,7 @@ __global__ void
             const int t = tid + j * nt;
             if (t >= 2 * dk + DN_COLS) continue;
             bool own;
-            const int ch = engine_cu_dn_channel(t, dk, nk, kh, h, dv, c0, owner, own);
+            const int ch = dn_channel(t, dk, nk, kh, h, dv, c0, owner, own);
             const float *w = a.conv_w + (size_t)ch * K;
             const float *ring = a.ring + (size_t)ch * K;
             cwl[j] = w[K - 1];
@@ -112,7 +128,7 @@ __global__ void
             const int t = tid + j * nt;
             bool own;
             xin[j] = t < 2 * dk + DN_COLS
-                         ? a.qkv[engine_cu_dn_channel(t, dk, nk, kh, h, dv, c0, owner, own)]
+                         ? a.qkv[dn_channel(t, dk, nk, kh, h, dv, c0, owner, own)]
                          : 0.0f;
         }
 #pragma unroll
@@ -120,7 +136,7 @@ __global__ void
             const int t = tid + j * nt;
             if (t >= 2 * dk + DN_COLS) continue;
             bool own;
-            const int ch = engine_cu_dn_channel(t, dk, nk, kh, h, dv, c0, owner, own);
+            const int ch = dn_channel(t, dk, nk, kh, h, dv, c0, owner, own);
             float *dst = t < dk ? sq + t : t < 2 * dk ? sk + (t - dk) : sv + (t - 2 * dk);
             float y = cwl[j] * xin[j];
 #pragma unroll

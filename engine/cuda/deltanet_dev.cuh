@@ -14,20 +14,4 @@ __device__ __forceinline__ float engine_cu_dn_softplus(float x) {
     return x > 20.0f ? x : log1pf(expf(x)); /* torch's threshold, as the CPU */
 }
 
-/* Conv channel of conv-loop item t of a block (key head kh, value head h, columns c0..):
- * its index, whether the block writes its ring slot, and its shared-memory destination. */
-__device__ __forceinline__ int engine_cu_dn_channel(int t, int dk, int nk, int kh, int h, int dv,
-                                                    int c0, bool owner, bool &own) {
-    if (t < dk) {
-        own = owner;
-        return kh * dk + t;
-    }
-    if (t < 2 * dk) {
-        own = owner;
-        return nk * dk + kh * dk + (t - dk);
-    }
-    own = true;
-    return 2 * nk * dk + h * dv + c0 + (t - 2 * dk);
-}
-
 #endif

@@ -73,7 +73,6 @@ struct q35_spec {
      * the DeltaNet z projection in the in-projections' launch, instead of on the decode step's
      * side branch (s->sh_fork, s->z_fork) */
     bool no_fork;
-    bool ring_commit; /* the verify pass being enqueued ran "dnm": the rings need the commit */
     float *ao; /* [VMAX][E]: the router fusion's output projections (q35m_rf_out) */
 };
 
@@ -95,9 +94,6 @@ struct q35_spec {
 #define Q35M_FUSED_DEC1 8192u /* passes of one token (draft, verify m = 1): the decode matvecs */
 #define Q35M_FUSED_FATT 16384u /* the feed's block without o_proj and MoE (its KV rows alone) */
 #define Q35M_FUSED_H4 32768u  /* the heads' m-vector matvec with four rows per warp (over h3) */
-/* with dn / dn2, passes of m >= 2 tokens: one DeltaNet launch in the decode's early + cluster
- * form for the m tokens (q35_vdelta.cu engine_cu_vdelta_early; session 8) */
-#define Q35M_FUSED_DNM 65536u
 /* The default (SPARK_CUDA_MTP_FUSED unset or empty), from GPU call 2 of session 6 (8-block cut
  * of the 35B-A3B shape, verify m = 1..5 in us, KV-only feed in all; the feed itself stays
  * whole-block, see below): "split" 816 1133 1401 1728 2076 (draft 310); the decode matvec for
@@ -112,18 +108,16 @@ struct q35_spec {
  * (draft 310); with "h4" instead of "h3" 645 1313 1689 2159 2629; with "feed" 632 1242 1606
  * 2060 2520. */
 #define Q35M_FUSED_DEFAULT                                                                         \
-    (Q35M_FUSED_DEC1 | Q35M_FUSED_SPLIT | Q35M_FUSED_H3 | Q35M_FUSED_DN2 | Q35M_FUSED_FATT |      \
-     Q35M_FUSED_DNM)
+    (Q35M_FUSED_DEC1 | Q35M_FUSED_SPLIT | Q35M_FUSED_H3 | Q35M_FUSED_DN2 | Q35M_FUSED_FATT)
 #define Q35M_FUSED_ALL                                                                             \
     (Q35M_FUSED_DELTA | Q35M_FUSED_MOE | Q35M_FUSED_ATTN | Q35M_FUSED_PF | Q35M_FUSED_FEED |      \
      Q35M_FUSED_SPLIT | Q35M_FUSED_H3 | Q35M_FUSED_H4)
 
 /* SPARK_CUDA_MTP_FUSED (read when a session first turns MTP on): unset or empty: the default
- * parts (Q35M_FUSED_DEFAULT: dec1, split, h3, dn2, fatt, dnm); "0": every part per token as the
+ * parts (Q35M_FUSED_DEFAULT: dec1, split, h3, dn2, fatt); "0": every part per token as the
  * decode step with the m-vector matvecs and the whole MTP block in the feed; "1" or "all":
  * every fused part; else a comma list of parts ("delta", "moe", "attn", "pf", "feed", "split",
- * "h3", "h4", and outside "1": "head", "tok", "dn", "dn2", "hseq", "aearly", "dec1", "fatt",
- * "dnm" (with dn or dn2);
+ * "h3", "h4", and outside "1": "head", "tok", "dn", "dn2", "hseq", "aearly", "dec1", "fatt";
  * "feed" wins over "fatt", "delta" over "dn" / "dn2", "dn" over "dn2", "attn" over "aearly",
  * "tok" (and "dec1" at m = 1) over "pf" / "split", "hseq" over "head" / "tok" over "h4" over
  * "h3" for the heads).
@@ -171,8 +165,6 @@ static unsigned q35m_fused_env(void) {
             f |= Q35M_FUSED_FATT;
         else if (n == 2 && !strncmp(p, "h4", 2))
             f |= Q35M_FUSED_H4;
-        else if (n == 3 && !strncmp(p, "dnm", 3))
-            f |= Q35M_FUSED_DNM;
         else if (n)
             engine_log(ENGINE_LOG_INFO, "cuda: SPARK_CUDA_MTP_FUSED: unknown part '%.*s' ignored",
                        (int)n, p);
@@ -626,33 +618,7 @@ static void q35m_deltanet(engine_cuda_q35_session *s, const q35_cl *ly, float ep
         a.ssq = sp->vssq;
         engine_cu_vdelta_step(&a, st);
     }
-    bool dnm = false; /* "dnm": the m tokens' steps in one launch of the decode's form */
-    if (step && !(sp->fused & Q35M_FUSED_DELTA) && (sp->fused & Q35M_FUSED_DNM) &&
-        (sp->fused & (Q35M_FUSED_DN | Q35M_FUSED_DN2)) && ps->m > 1 && s->dn_early == 2) {
-        engine_cu_vdelta a;
-        a.d = q35_delta_args(s, ly, eps);
-        a.d.qkv = sp->big;
-        a.d.z = sp->z;
-        a.d.beta = sp->ba;
-        a.d.alpha = sp->ba + d->nv;
-        a.d.snap_ring = sp->vsnap + (size_t)ly->slot * s->ring_per;
-        a.d.snap_state =
-            sp->vsnap + s->ring_per * (size_t)cm->n_lin + (size_t)ly->slot * s->state_per;
-        a.d.snap_stride = s->snap_stride;
-        a.d.snap_every = 1;
-        a.d.n_snap = ENGINE_CU_VMAX;
-        a.d.pos = ps->pos;
-        a.d.out = sp->att;
-        a.m = ps->m;
-        a.qkv_stride = sp->sbig;
-        a.z_stride = sp->sz;
-        a.ba_stride = sp->sba;
-        a.out_stride = sp->satt;
-        a.ssq = NULL;
-        dnm = engine_cu_vdelta_early(&a, st);
-        if (dnm) sp->ring_commit = true;
-    }
-    for (int t = 0; step && !dnm && t < ps->m && !(sp->fused & Q35M_FUSED_DELTA); t++) {
+    for (int t = 0; step && t < ps->m && !(sp->fused & Q35M_FUSED_DELTA); t++) {
         engine_cu_delta a = q35_delta_args(s, ly, eps);
         a.qkv = sp->big + (size_t)t * sp->sbig;
         a.z = sp->z + (size_t)t * sp->sz;
@@ -998,7 +964,6 @@ static void q35m_enqueue_verify(engine_cuda_q35_session *s, int m) {
     const size_t E = (size_t)d->E;
     const q35m_pass ps = {m, &sp->vstep[0].pos, sizeof(engine_cu_step) / sizeof(int32_t)};
     sp->diag_now = sp->diag;
-    sp->ring_commit = false;
     for (int t = 0; t < m && q35m_run(sp, Q35M_DIAG_EMBED); t++)
         engine_cu_embed(cm->tok_embd.d, cm->tok_embd.row_bytes, cm->tok_embd.type, d->E,
                         sp->vstep + t, sp->X + (size_t)t * E, st);
@@ -1010,8 +975,7 @@ static void q35m_enqueue_verify(engine_cuda_q35_session *s, int m) {
             q35m_deltanet(s, ly, eps, &ps);
         q35m_moe(s, ly, eps, m);
     }
-    if (((sp->fused & Q35M_FUSED_DELTA) || sp->ring_commit) && cm->n_lin > 0 &&
-        q35m_run(sp, Q35M_DIAG_RING))
+    if ((sp->fused & Q35M_FUSED_DELTA) && cm->n_lin > 0 && q35m_run(sp, Q35M_DIAG_RING))
         engine_cu_vring_commit(sp->vsnap, s->snap_stride, s->ring, s->ring_per * (size_t)cm->n_lin,
                                &sp->vstep[m - 1].pos, ENGINE_CU_VMAX, st); /* the rings after it */
     engine_cu_vmv hd = q35m_vmv(sp->X, E, d->E, cm->output_norm, eps, m, s->coop_mv);

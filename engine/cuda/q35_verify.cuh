@@ -195,13 +195,6 @@ typedef struct {
 } engine_cu_vdelta;
 
 size_t engine_cu_vdelta_smem(int dk, int m);
-/* The same step in the decode step's early + cluster form (deltanet.cu; the state, conv weights
- * and ring read before the wait, the heads' norm through a block cluster), m tokens in one
- * launch: per token bit for bit the decode step's launch. The live ring is left for
- * engine_cu_vring_commit (also at m = 1); a->ssq is not used. Returns false (nothing enqueued)
- * when the shape does not allow that form (dk / 16 warps over 8, dv above their threads or dv
- * / 32 above 8 blocks) or the launch failed. */
-bool engine_cu_vdelta_early(const engine_cu_vdelta *a, cudaStream_t stream);
 void engine_cu_vdelta_step(const engine_cu_vdelta *a, cudaStream_t stream);
 void engine_cu_vring_commit(const float *src_slot0, size_t slot_stride, float *dst, size_t n,
                             const int32_t *pos, int n_snap, cudaStream_t stream);

@@ -764,8 +764,6 @@ static void run_model(const char *type) {
         check_direct(m, gm, type, "tok,dn,aearly"); /* the parts outside "1": decode launches */
         check_direct(m, gm, type, "hseq,dn2");
         check_direct(m, gm, type, ""); /* the default parts (SPARK_CUDA_MTP_FUSED empty) */
-        /* session 7's default parts: the DeltaNet steps of a pass launched per token */
-        check_direct(m, gm, type, "dec1,split,h3,dn2,fatt");
         if (support_failures > before_dec) {
             static const char *const parts[] = {"head", "tok", "dn",   "aearly", "hseq",
                                                 "dn2",  "dec1", "split", "h3", "fatt"};
