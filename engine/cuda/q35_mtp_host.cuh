@@ -39,6 +39,7 @@ struct q35_spec {
     float *hbuf;                  /* [VMAX + 1][E] */
     float *mtp_h;                 /* [E] the last draft step's normed output */
     float *snap_hid;              /* [SNAPSHOTS][E] h of the token before each snapshot */
+    float *X2; /* [VMAX][E]: the MTP feed's residual when it runs beside the head */
     float *X, *emb, *cat, *big, *z, *ba, *k, *v, *att, *router, *shl, *h, *wts, *logits, *ascr;
     int32_t *ids, *y, *dtok;
     engine_cu_step *vstep, *dstep; /* device */
@@ -73,6 +74,9 @@ struct q35_spec {
      * the DeltaNet z projection in the in-projections' launch, instead of on the decode step's
      * side branch (s->sh_fork, s->z_fork) */
     bool no_fork;
+    /* SPARK_CUDA_MTP_FEED_FORK=0: the verify pass's MTP feed after the head instead of beside
+     * it on the side branch */
+    bool feed_fork;
     float *ao; /* [VMAX][E]: the router fusion's output projections (q35m_rf_out) */
 };
 
@@ -414,6 +418,7 @@ extern "C" int engine_cuda_q35_mtp_enable(engine_cuda_q35_session *s, bool *was_
         sp->mtp_h = (float *)q35m_alloc(sp, f * E, &rc);
         sp->snap_hid = (float *)q35m_alloc(sp, f * ENGINE_CUDA_Q35_SNAPSHOTS * E, &rc);
         sp->X = (float *)q35m_alloc(sp, f * V * E, &rc);
+        sp->X2 = (float *)q35m_alloc(sp, f * V * E, &rc);
         sp->emb = (float *)q35m_alloc(sp, f * V * E, &rc);
         sp->cat = (float *)q35m_alloc(sp, f * V * 2 * E, &rc);
         sp->big = (float *)q35m_alloc(sp, f * V * sp->sbig, &rc);
@@ -448,6 +453,8 @@ extern "C" int engine_cuda_q35_mtp_enable(engine_cuda_q35_session *s, bool *was_
             if (sp->moe_wave < 0) sp->moe_wave = 0;
             e = getenv("SPARK_CUDA_MTP_FORK");
             sp->no_fork = e && e[0] == '0';
+            e = getenv("SPARK_CUDA_MTP_FEED_FORK");
+            sp->feed_fork = !(e && e[0] == '0');
         }
         {
             const char *e = getenv("SPARK_CUDA_MTP_DIAG_SKIP");
@@ -955,6 +962,8 @@ static void q35m_mtp_block(engine_cuda_q35_session *s, int m, const engine_cu_st
     q35m_moe(s, ly, eps, m);
 }
 
+static void q35m_enqueue_feed(engine_cuda_q35_session *s, int m, bool feed);
+
 static void q35m_enqueue_verify(engine_cuda_q35_session *s, int m) {
     const engine_cuda_q35_model *cm = s->cm;
     const q35_dims *d = &cm->d;
@@ -978,14 +987,39 @@ static void q35m_enqueue_verify(engine_cuda_q35_session *s, int m) {
     if ((sp->fused & Q35M_FUSED_DELTA) && cm->n_lin > 0 && q35m_run(sp, Q35M_DIAG_RING))
         engine_cu_vring_commit(sp->vsnap, s->snap_stride, s->ring, s->ring_per * (size_t)cm->n_lin,
                                &sp->vstep[m - 1].pos, ENGINE_CU_VMAX, st); /* the rings after it */
+    const bool argmax = q35m_run(sp, Q35M_DIAG_ARGMAX), feed = q35m_run(sp, Q35M_DIAG_FEED);
+    /* the feed on the side branch beside the head (it reads hbuf, normed first, and the
+     * tokens; its own X2 for its block's residual, s->stream swapped while it is enqueued) */
+    const bool beside = feed && s->side && sp->feed_fork;
+    if (argmax) engine_cu_vrmsnorm(sp->X, E, cm->output_norm, eps, d->E, m, sp->hbuf + E, E, st);
+    if (beside) {
+        float *const X = sp->X;
+        const unsigned diag_main = sp->diag_now;
+        cudaEventRecord(s->ev_fork, st);
+        cudaStreamWaitEvent(s->side, s->ev_fork, 0);
+        s->stream = s->side;
+        sp->X = sp->X2;
+        q35m_enqueue_feed(s, m, feed);
+        cudaEventRecord(s->ev_join, s->side);
+        s->stream = st;
+        sp->X = X;
+        sp->diag_now = diag_main;
+    }
     engine_cu_vmv hd = q35m_vmv(sp->X, E, d->E, cm->output_norm, eps, m, s->coop_mv);
     q35m_add(&hd, &cm->output, sp->logits, (size_t)d->V, 0);
     if (q35m_run(sp, Q35M_DIAG_HEAD)) q35m_vhead(sp, &hd, st);
-    if (q35m_run(sp, Q35M_DIAG_ARGMAX)) {
-        engine_cu_vargmax(sp->logits, d->V, m, sp->ascr, sp->y, st);
-        engine_cu_vrmsnorm(sp->X, E, cm->output_norm, eps, d->E, m, sp->hbuf + E, E, st);
-    }
-    const bool feed = q35m_run(sp, Q35M_DIAG_FEED);
+    if (argmax) engine_cu_vargmax(sp->logits, d->V, m, sp->ascr, sp->y, st);
+    if (beside)
+        cudaStreamWaitEvent(st, s->ev_join, 0); /* the pass ends with both branches */
+    else
+        q35m_enqueue_feed(s, m, feed); /* after the head: its block writes X */
+    sp->diag_now = 0;
+}
+
+/* The verify pass's MTP feed (after hbuf holds the pass's normed hidden rows): the MTP block's
+ * KV rows of the m pairs, on s->stream. */
+static void q35m_enqueue_feed(engine_cuda_q35_session *s, int m, bool feed) {
+    q35_spec *sp = s->spec;
     sp->diag_now = 0; /* the feed's block (q35m_attention / q35m_moe) runs whole */
     if (feed && (sp->fused & Q35M_FUSED_FEED)) {
         q35m_mtp_feed(s, m, sp->vstep, sp->hbuf, sp->ctl->mpos, 1);

@@ -78,8 +78,9 @@
  *              a grid dimension; the MTP block unfused), FUSED 0 and 1, and the default parts
  *              with SPARK_CUDA_MTP_STAGE=serial (the m vectors staged one after the other
  *              instead of side by side), SPARK_CUDA_MTP_MOE_WAVE=0 (a decode grid of MoE blocks
- *              per token instead of one wave for all) and SPARK_CUDA_MTP_FORK=0 (the shared
- *              expert's gate/up and DeltaNet's z in line instead of on the side branch): bit
+ *              per token instead of one wave for all), SPARK_CUDA_MTP_FORK=0 (the shared
+ *              expert's gate/up and DeltaNet's z in line instead of on the side branch) and
+ *              SPARK_CUDA_MTP_FEED_FORK=0 (the MTP feed after the head, not beside it): bit
  *              for bit as above (each token's MoE and
  *              fused launch are the decode step's blocks); that the fusion is on at all: a
  *              =1 session's decode logits differ from a =0 session's somewhere in 16 steps (F32
@@ -794,8 +795,10 @@ static void run_model(const char *type) {
             char label[24], *st = env_set("SPARK_CUDA_MTP_STAGE", "serial");
             char *mw = env_set("SPARK_CUDA_MTP_MOE_WAVE", "0");
             char *fk = env_set("SPARK_CUDA_MTP_FORK", "0");
+            char *ff = env_set("SPARK_CUDA_MTP_FEED_FORK", "0");
             snprintf(label, sizeof label, "%s serial", type);
             check_direct(m, gm, label, "");
+            env_restore("SPARK_CUDA_MTP_FEED_FORK", ff);
             env_restore("SPARK_CUDA_MTP_FORK", fk);
             env_restore("SPARK_CUDA_MTP_MOE_WAVE", mw);
             env_restore("SPARK_CUDA_MTP_STAGE", st);
