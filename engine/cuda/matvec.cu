@@ -110,11 +110,21 @@ template <int MODE> static mv_plan mv_plan_mode(const engine_cu_mv *a) {
         p.r = 1;
         p.blocks = p.n_groups = g1;
     } else {
-        int per2 = 0;
+        int per2 = 0, per3 = 0, g3 = 0;
         if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per2, mv_kernel<MODE, 2>, threads,
                                                           p.smem) != cudaSuccess ||
             per2 < 1)
             per2 = 1;
+        for (int i = 0; i < a->n_mat; i++)
+            g3 += (a->m[i].rows + 3 * ENGINE_CU_MV_WARPS - 1) / (3 * ENGINE_CU_MV_WARPS);
+        if (a->r3 && a->n_mat > 1 && g2 > sms * per2 &&
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per3, mv_kernel<MODE, 3>, threads,
+                                                          p.smem) == cudaSuccess &&
+            g3 <= sms * per3) { /* one wave of three-row groups (engine_cu_mv.r3) */
+            p.r = 3;
+            p.blocks = p.n_groups = g3;
+            return p;
+        }
         p.r = 2;
         p.n_groups = g2;
         p.blocks = a->n_mat == 1 && g2 > sms * per2 ? sms * per2 : g2;
@@ -133,6 +143,8 @@ template <int MODE> static void mv_launch_mode(const engine_cu_mv *a, cudaStream
         engine_cu_launch(mv_kernel<MODE, 0>, grid, block, p.smem, stream, *a, p.n_groups);
     else if (p.r == 1)
         engine_cu_launch(mv_kernel<MODE, 1>, grid, block, p.smem, stream, *a, p.n_groups);
+    else if (p.r == 3)
+        engine_cu_launch(mv_kernel<MODE, 3>, grid, block, p.smem, stream, *a, p.n_groups);
     else
         engine_cu_launch(mv_kernel<MODE, 2>, grid, block, p.smem, stream, *a, p.n_groups);
 }

@@ -78,9 +78,14 @@ typedef struct {
     /* With norm_w: the RMS scale of x computed once by the whole block (qdot.cuh
      * engine_cu_block_scale) and handed to the staging, instead of by each warp
      * (SPARK_CUDA_COOP_MV=1: the normed launches of qwen3moe and qwen35moe sessions and of the
-     * MTP verify pass; off by default: NOT yet run on a GPU; another summation order, so not bit
-     * for bit the per-warp scale). */
+     * MTP verify pass; off by default: no gain measured in session 8; another summation order,
+     * so not bit for bit the per-warp scale). */
     int coop;
+    /* Several matrices whose two-row groups would not fit one wave of blocks (qwen35moe's mixer
+     * in-projections: 8256 and 9216 rows): three rows per warp when that fits one wave, so no
+     * block starts after the first ones finish (each row's sum is the same whichever warp
+     * computes it). 0: two-row groups in more than one wave. */
+    int r3;
 } engine_cu_mv;
 
 /* True for the weight types the GPU kernels decode. */

@@ -198,7 +198,7 @@ __device__ __forceinline__ void mv_block(const engine_cu_mv &a, int n_groups, in
     constexpr int NR = R > 0 ? R : 1, PER = R > 0 ? ENGINE_CU_MV_WARPS * R : 1;
     __shared__ float part[ENGINE_CU_MV_WARPS];
     const int w = threadIdx.x >> 5;
-    if (R > 0 && MODE != ENGINE_CU_X_F32 && a.preload && !a.touch) {
+    if (R > 0 && R <= 2 && MODE != ENGINE_CU_X_F32 && a.preload && !a.touch) {
         int first;
         const int mi = mv_find(a, bx, PER, &first);
         if (mi < 0) return; /* never: the grid has at most n_groups blocks */

@@ -500,9 +500,12 @@ struct engine_cuda_q35_session {
     int diag_moe; /* SPARK_CUDA_DIAG_MOE (backend.cu): engine_cu_ffn_up_args.diag */
     int route;    /* SPARK_CUDA_ROUTE (backend.cu): engine_cu_ffn_up_args.route */
     int coop;     /* SPARK_CUDA_COOP_SCALE (backend.cu): engine_cu_ffn_up_args.coop */
-    /* SPARK_CUDA_COOP_MV=1 (backend.cu; NOT yet run on a GPU): engine_cu_mv.coop of the normed
-     * launches, the verify pass's alike (q35_mtp_host.cuh q35m_vmv) */
+    /* SPARK_CUDA_COOP_MV=1 (backend.cu; no gain measured in session 8): engine_cu_mv.coop of
+     * the normed launches, the verify pass's alike (q35_mtp_host.cuh q35m_vmv) */
     int coop_mv;
+    /* SPARK_CUDA_MV_R3 (read at session creation; default on, =0 off): engine_cu_mv.r3 of the
+     * decode step's matvecs (the mixers' in-projections: one wave of three-row groups) */
+    int mv_r3;
     /* SPARK_CUDA_Q35_Z_FORK (read at session creation; default on, =0 off): the DeltaNet blocks' z
      * projection (only the step's last phase reads it) on the side branch, parallel to the
      * qkv|beta|alpha projection, joined before the step */
@@ -736,6 +739,8 @@ extern "C" int engine_cuda_q35_session_new(engine_cuda_q35_session **out, engine
         s->coop = !(e && e[0] == '0');
         e = getenv("SPARK_CUDA_COOP_MV");
         s->coop_mv = e && e[0] == '1';
+        e = getenv("SPARK_CUDA_MV_R3"); /* default on (session 8), =0 off */
+        s->mv_r3 = !(e && e[0] == '0');
     }
     if (s->rf && (rc = q35_rf_prepare(cm))) goto done;
     if (s->rf && cm->rf_state != 1) s->rf = 0;
@@ -947,11 +952,12 @@ static void q35_mark(q35_prof *p, int cat, cudaStream_t st) {
     p->cat[p->n++] = cat;
 }
 
-static void q35_mv(cudaStream_t st, const float *x, int cols, const float *norm_w, float eps, int n,
-                   const engine_cu_mat *mats, int coop) {
+static void q35_mv(const engine_cuda_q35_session *s, cudaStream_t st, const float *x, int cols,
+                   const float *norm_w, float eps, int n, const engine_cu_mat *mats) {
     engine_cu_mv mv;
     memset(&mv, 0, sizeof mv);
-    mv.coop = coop;
+    mv.coop = s->coop_mv;
+    mv.r3 = s->mv_r3;
     for (int i = 0; i < n; i++)
         mv.m[i] = mats[i];
     mv.n_mat = n;
@@ -1081,14 +1087,14 @@ static void q35_deltanet(engine_cuda_q35_session *s, const q35_cl *ly, float eps
         cudaEventRecord(s->ev_fork, st);
         cudaStreamWaitEvent(s->side, s->ev_fork, 0);
         for (int i = 0; i < q35_diag_n(s, Q35_DIAG_DN_IN); i++)
-            q35_mv(s->side, s->x, d->E, ly->attn_norm, eps, 1, &mz, s->coop_mv);
+            q35_mv(s, s->side, s->x, d->E, ly->attn_norm, eps, 1, &mz);
         cudaEventRecord(s->ev_join, s->side);
     }
     for (int i = 0; i < q35_diag_n(s, Q35_DIAG_DN_IN); i++) {
-        q35_mv(st, s->x, d->E, ly->attn_norm, eps, zf ? 2 : 3, in, s->coop_mv);
+        q35_mv(s, st, s->x, d->E, ly->attn_norm, eps, zf ? 2 : 3, in);
         if (!ly->ba_fused) {
             engine_cu_mat al = q35_mat(&ly->walpha, s->ba + d->nv, 0);
-            q35_mv(st, s->x, d->E, ly->attn_norm, eps, 1, &al, s->coop_mv);
+            q35_mv(s, st, s->x, d->E, ly->attn_norm, eps, 1, &al);
         }
     }
     if (zf) cudaStreamWaitEvent(st, s->ev_join, 0); /* the step reads z */
@@ -1114,7 +1120,7 @@ static void q35_deltanet(engine_cuda_q35_session *s, const q35_cl *ly, float eps
         if (s->rf)
             q35_rf_out(s, ly, st);
         else
-            q35_mv(st, s->att, d->di, NULL, 0.0f, 1, &o, s->coop_mv);
+            q35_mv(s, st, s->att, d->di, NULL, 0.0f, 1, &o);
     q35_mark(p, 4, st);
 }
 
@@ -1124,7 +1130,7 @@ static void q35_attention(engine_cuda_q35_session *s, const q35_cl *ly, float ep
     engine_cu_mat in[3] = {q35_mat(&ly->wq, s->big, 0), q35_mat(&ly->wk, s->k, 0),
                            q35_mat(&ly->wv, s->v, 0)};
     for (int i = 0; i < q35_diag_n(s, Q35_DIAG_AT_QKV); i++)
-        q35_mv(st, s->x, d->E, ly->attn_norm, eps, 3, in, s->coop_mv);
+        q35_mv(s, st, s->x, d->E, ly->attn_norm, eps, 3, in);
     q35_mark(p, 1, st);
     engine_cu_gatt a = q35_gatt_args(s, ly, eps, s->k_cache[ly->slot], s->v_cache[ly->slot]);
     a.qg = s->big;
@@ -1141,7 +1147,7 @@ static void q35_attention(engine_cuda_q35_session *s, const q35_cl *ly, float ep
         if (s->rf)
             q35_rf_out(s, ly, st);
         else
-            q35_mv(st, s->att, d->nh * d->hd, NULL, 0.0f, 1, &o, s->coop_mv);
+            q35_mv(s, st, s->att, d->nh * d->hd, NULL, 0.0f, 1, &o);
     q35_mark(p, 4, st);
 }
 
@@ -1165,7 +1171,7 @@ static void q35_moe(engine_cuda_q35_session *s, const q35_cl *ly, float eps, q35
     }
     engine_cu_mat r[2] = {q35_mat(&ly->router, s->router, 0), q35_mat(&ly->shg, s->shl, 0)};
     for (int i = 0; !s->rf && i < q35_diag_n(s, Q35_DIAG_ROUTER); i++)
-        q35_mv(st, s->x, d->E, ly->post_norm, eps, 2, r, s->coop_mv);
+        q35_mv(s, st, s->x, d->E, ly->post_norm, eps, 2, r);
     q35_mark(p, 5, st);
     engine_cu_ffn_up_args up = q35_up_args(d, ly, eps, false);
     up.router = s->router;
@@ -1250,7 +1256,7 @@ static void q35_enqueue_step(engine_cuda_q35_session *s, q35_prof *p) {
         q35_moe(s, ly, eps, p);
     }
     engine_cu_mat hm = q35_mat(&cm->output, s->logits, 0);
-    q35_mv(st, s->x, d->E, cm->output_norm, eps, 1, &hm, s->coop_mv);
+    q35_mv(s, st, s->x, d->E, cm->output_norm, eps, 1, &hm);
     q35_mark(p, 9, st);
     engine_cu_sample(s->logits, d->V, s->step, s->out, s->sscratch, s->counters + d->nkv, st);
     q35_mark(p, 10, st);
