@@ -8,10 +8,12 @@
 #include "sync.cuh"
 
 /* The lane's partial dot products of R rows (row0, row0 + stride, ...) with the staged x over
- * chunks c0, c0 + step, ... (the R rows' loads are in flight together). */
+ * chunks c0, c0 + step, ... (the R rows' loads are in flight together); rows from nvalid on
+ * (past the matrix's end) compute on row0 and are not to be stored. */
 template <int T, int R>
-__device__ __forceinline__ void mv_rows(const uint8_t *row0, size_t stride, int c0, int step,
-                                        int n_chunks, const engine_cu_xv &xv, float acc[R]) {
+__device__ __forceinline__ void mv_rows(const uint8_t *row0, size_t stride, int nvalid, int c0,
+                                        int step, int n_chunks, const engine_cu_xv &xv,
+                                        float acc[R]) {
 #pragma unroll
     for (int i = 0; i < R; i++)
         acc[i] = 0.0f;
@@ -19,7 +21,7 @@ __device__ __forceinline__ void mv_rows(const uint8_t *row0, size_t stride, int 
     for (int c = c0; c < n_chunks; c += step)
 #pragma unroll
         for (int i = 0; i < R; i++)
-            acc[i] += engine_cu_dot_chunk<T>(row0 + i * stride, c, xv);
+            acc[i] += engine_cu_dot_chunk<T>(row0 + (i < nvalid ? i : 0) * stride, c, xv);
 }
 
 /* Row groups: matrix i owns groups [start_i, start_i + n_i), of `per` rows each. */
@@ -56,24 +58,23 @@ __device__ __forceinline__ float *mv_group(const engine_cu_mv &a, int g, const e
     const int r0 = (g - first) * PER + (R > 0 ? w : 0);
     float acc[NR];
     if (R > 0 && r0 >= rows) return y; /* no barrier below when R > 0 */
-    /* rows past the end compute on the last row and are not stored */
+    /* rows past the end compute on row r0 and are not stored */
     const uint8_t *row = mw + (size_t)r0 * rb;
     const size_t stride = (size_t)8 * rb;
+    const int nvalid = R > 0 ? min(NR, (rows - r0 + 7) / 8) : 1;
     const int c0 = R > 0 ? lane : 32 * w + lane, step = R > 0 ? 32 : 32 * ENGINE_CU_MV_WARPS;
     switch (type) {
 #define MV_CASE(T)                                                                                 \
     case T:                                                                                        \
         if (MODE == engine_cu_x_mode(T))                                                           \
-            mv_rows<T, NR>(row, r0 + 8 * (NR - 1) < rows ? stride : 0, c0, step, n_chunks, xv,     \
-                           acc);                                                                   \
+            mv_rows<T, NR>(row, stride, nvalid, c0, step, n_chunks, xv, acc);                      \
         break;
         ENGINE_CU_QUANT_CASES(MV_CASE)
 #undef MV_CASE
 #define MV_CASE(T)                                                                                 \
     case T:                                                                                        \
         if (MODE == ENGINE_CU_X_F32)                                                               \
-            mv_rows<T, NR>(row, r0 + 8 * (NR - 1) < rows ? stride : 0, c0, step, n_chunks, xv,     \
-                           acc);                                                                   \
+            mv_rows<T, NR>(row, stride, nvalid, c0, step, n_chunks, xv, acc);                      \
         break;
         ENGINE_CU_FLOAT_CASES(MV_CASE)
 #undef MV_CASE

@@ -63,6 +63,15 @@ int op_bps() {
     return n > 0 ? n : 0;
 }
 
+/* SPARK_CUDA_OP_SPLIT=R (0 < R < rows): the matvec op runs its rows as two matrices, rows
+ * [0, R) and [R, rows), with engine_cu_mv.r3 (three-row groups in one wave where two-row groups
+ * would not fit one: a session's mixer in-projections). */
+int op_split(int64_t rows) {
+    const char *e = getenv("SPARK_CUDA_OP_SPLIT");
+    const long n = e ? strtol(e, NULL, 10) : 0;
+    return n > 0 && n < rows ? (int)n : 0;
+}
+
 } // namespace
 
 extern "C" int engine_cuda_op_matvec(engine_type type, const void *w, int64_t rows, int64_t cols,
@@ -83,6 +92,13 @@ extern "C" int engine_cuda_op_matvec(engine_type type, const void *w, int64_t ro
     memset(&mv, 0, sizeof mv);
     mv.m[0] = {dw, row_bytes, (int)type, (int)rows, dy, accumulate};
     mv.n_mat = 1;
+    if (const int sp = op_split(rows)) {
+        mv.m[0].rows = sp;
+        mv.m[1] = {dw + (size_t)sp * row_bytes, row_bytes, (int)type, (int)rows - sp, dy + sp,
+                   accumulate};
+        mv.n_mat = 2;
+        mv.r3 = 1;
+    }
     mv.touch = 1;
     mv.max_bps = op_bps();
     if (mv.max_bps) { /* as sessions run it: no L1 touch, the first chunks preloaded */

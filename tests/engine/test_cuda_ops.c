@@ -35,7 +35,9 @@
  *     compute-sanitizer).
  * The matvec and MoE cases run twice: as the stage-4 launches, and with SPARK_CUDA_OP_BPS=1 (the
  * decode stage-5 options of engine/cuda/matvec.cuh and moe.cuh: looping blocks, first weight
- * chunks preloaded into registers, the down kernel routing before its wait).
+ * chunks preloaded into registers, the down kernel routing before its wait). The matvec cases
+ * include a launch of two matrices, 8192 + 64 rows of 2048 (SPARK_CUDA_OP_SPLIT=8192 with
+ * engine_cu_mv.r3: three-row groups in one wave, each matrix's last group partial).
  * Exits 77 (skip) with the reason when no GPU is usable or the build has no CUDA backend. */
 #include <math.h>
 #include <stdio.h>
@@ -202,6 +204,15 @@ static void test_matvec(void) {
     }
     test_matvec_type(ENGINE_TYPE_Q4_K, 2048, 4096, false, true); /* wo: += residual */
     test_matvec_type(ENGINE_TYPE_Q6_K, 4099, 2048, true, false); /* head-like */
+    /* two matrices whose two-row groups need more than one wave (qwen35moe's DeltaNet
+     * in-projection: [q|k|v] 8192 rows, [beta|alpha] 64): three-row groups in one wave
+     * (engine_cu_mv.r3), the last group of each matrix partial */
+    setenv("SPARK_CUDA_OP_SPLIT", "8192", 1);
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+        if (types[i] == ENGINE_TYPE_Q4_K || types[i] == ENGINE_TYPE_Q5_K ||
+            types[i] == ENGINE_TYPE_Q6_K || types[i] == ENGINE_TYPE_Q8_0)
+            test_matvec_type(types[i], 8192 + 64, 2048, true, false);
+    unsetenv("SPARK_CUDA_OP_SPLIT");
 }
 
 /* ------------------------------------------------------------------------------------------ */
