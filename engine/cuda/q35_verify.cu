@@ -94,6 +94,23 @@ template <int MODE> static void vmv_launch_mode(const engine_cu_vmv *a0, cudaStr
         engine_cu_launch(vmv_kernel<MODE, 1>, dim3(g1, ny), dim3(threads), smem, st, *a, g1);
         return;
     }
+    if (a->mv.r3 && a->mv.n_mat > 1 && !a->dense) { /* engine_cu_mv.r3, as the decode plan */
+        int g3 = 0, per2 = 1, per3 = 1;
+        for (int i = 0; i < a->mv.n_mat; i++)
+            g3 += (a->mv.m[i].rows + 3 * ENGINE_CU_MV_WARPS - 1) / (3 * ENGINE_CU_MV_WARPS);
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per2, vmv_kernel<MODE, 2>, threads,
+                                                          smem) != cudaSuccess ||
+            per2 < 1)
+            per2 = 1;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per3, vmv_kernel<MODE, 3>, threads,
+                                                          smem) != cudaSuccess ||
+            per3 < 1)
+            per3 = 1;
+        if (g2 > sms * per2 && g3 <= sms * per3) {
+            engine_cu_launch(vmv_kernel<MODE, 3>, dim3(g3), dim3(threads), smem, st, *a, g3);
+            return;
+        }
+    }
     if (a->dense == 2) { /* the heads, "h4": four rows per warp in flight */
         int g4 = 0, per4 = 1;
         for (int i = 0; i < a->mv.n_mat; i++)
@@ -191,6 +208,7 @@ static void vtok_fill(const engine_cu_vmv *v, vtok_args *a) {
     a->m = v->m;
     for (int t = 0; t < v->m; t++) {
         a->tok[t] = v->mv;
+        a->tok[t].r3 = 0; /* the launches below take the plans of one and two rows */
         a->tok[t].x = v->mv.x + (size_t)t * v->x_stride;
         for (int i = 0; i < v->mv.n_mat; i++)
             a->tok[t].m[i].y = v->mv.m[i].y + (size_t)t * v->y_stride[i];

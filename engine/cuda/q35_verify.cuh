@@ -7,7 +7,8 @@
  *   products. Each product is summed in exactly the order of the decode matvec (matvec.cu:
  *   lane chunks c = lane, lane + 32, ... then a warp sum; split-K for one matrix of few rows:
  *   warp w chunks 32 w + lane step 256, warp sums, then the 8 warps in order), so every y_t
- *   equals the decode step's bit for bit.
+ *   equals the decode step's bit for bit. mv.r3 (engine_cu_mv): several matrices take three
+ *   rows per warp in one wave where two-row groups would need more (as the decode plan).
  * engine_cu_vffn_up / _down: the MoE kernels (moe_dev.cuh) with the token as one more grid
  *   dimension: token t's router, x, h, ids, weights at the given strides. Bit for bit the
  *   per-token launches.
