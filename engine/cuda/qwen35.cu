@@ -503,12 +503,10 @@ struct engine_cuda_q35_session {
     /* SPARK_CUDA_COOP_MV=1 (backend.cu; no gain measured in session 8): engine_cu_mv.coop of
      * the normed launches, the verify pass's alike (q35_mtp_host.cuh q35m_vmv) */
     int coop_mv;
-    /* SPARK_CUDA_MV_R3=1 (read at session creation; off by default): engine_cu_mv.r3 of the
+    /* SPARK_CUDA_MV_R3 (read at session creation; default on, =0 off): engine_cu_mv.r3 of the
      * decode step's matvecs (the mixers' in-projections: one wave of three-row groups).
-     * Session 8 call 7 measured it at +4.5% on the full model (466.6 against 446.7 tok/s) with
-     * a bug since fixed (the last partial group's middle rows computed on its first row:
-     * mv_rows' nvalid); the fixed code has not run on a GPU, so it stays off until
-     * test_cuda_ops' split case and the A/B confirm it. */
+     * Session 9 call 1 (bench/cuda/s9a.plan): test_cuda_ops' two-matrix case green, full model
+     * 465.7 against 451.4 tok/s (+3.2%, same process), greedy tokens identical. */
     int mv_r3;
     /* SPARK_CUDA_Q35_Z_FORK (read at session creation; default on, =0 off): the DeltaNet blocks' z
      * projection (only the step's last phase reads it) on the side branch, parallel to the
@@ -743,8 +741,8 @@ extern "C" int engine_cuda_q35_session_new(engine_cuda_q35_session **out, engine
         s->coop = !(e && e[0] == '0');
         e = getenv("SPARK_CUDA_COOP_MV");
         s->coop_mv = e && e[0] == '1';
-        e = getenv("SPARK_CUDA_MV_R3"); /* =1 on (session 8: not yet run on a GPU as fixed) */
-        s->mv_r3 = e && e[0] == '1';
+        e = getenv("SPARK_CUDA_MV_R3"); /* default on (session 9), =0 off */
+        s->mv_r3 = !(e && e[0] == '0');
     }
     if (s->rf && (rc = q35_rf_prepare(cm))) goto done;
     if (s->rf && cm->rf_state != 1) s->rf = 0;
