@@ -96,8 +96,6 @@ struct engine_cuda_session {
     int route;
     int coop;    /* SPARK_CUDA_COOP_SCALE (0/1): engine_cu_ffn_up_args.coop (also qwen35moe) */
     int coop_mv; /* SPARK_CUDA_COOP_MV=1: engine_cu_mv.coop of the qkv, router and head launches */
-    int mv_wide; /* SPARK_CUDA_MV_WIDE=1 (session 9, opt-in until measured): the head's .wide */
-    int down_u;  /* SPARK_CUDA_DOWN_U=1 (session 9, opt-in until measured): down's .unroll_u */
     int fused; /* the layers as one fused step kernel (step.cuh); SPARK_CUDA_FUSED=0/1 */
     /* Decode stage 5 (per-op launches), both measured slower on the H200 (bench/RESULTS.md),
      * so off unless asked for: SPARK_CUDA_BPS=mv,up,dn caps the matvec (qkv, wo), up and down
@@ -635,10 +633,6 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         s->coop = e ? e[0] == '1' : SPARK_CUDA_COOP_SCALE_DEFAULT;
         e = getenv("SPARK_CUDA_COOP_MV");
         s->coop_mv = e && e[0] == '1';
-        e = getenv("SPARK_CUDA_MV_WIDE");
-        s->mv_wide = e && e[0] == '1';
-        e = getenv("SPARK_CUDA_DOWN_U");
-        s->down_u = e && e[0] == '1';
         e = getenv("SPARK_CUDA_ROUTER_FUSE");
         s->rf = (e ? e[0] == '1' : SPARK_CUDA_ROUTER_FUSE_DEFAULT) && !s->fused &&
                 !s->route_once && !s->down_routes;
@@ -882,7 +876,6 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
     up->max_bps = s->bps_up;
     dn->max_bps = s->bps_dn;
     dn->preload = s->preload;
-    dn->unroll_u = s->down_u;
     dn->cols = up->rows;
     dn->h = s->h;
     dn->y = s->x;
@@ -1051,7 +1044,6 @@ static void enqueue_step(engine_cuda_session *s, step_prof *p, route_trace *t) {
     mv.norm_w = cm->output_norm;
     mv.eps = eps;
     mv.coop = s->coop_mv;
-    mv.wide = s->mv_wide;
     engine_cu_matvec(&mv, st);
     mark(p, 7, st);
     engine_cu_sample(s->logits, (int)hp->n_vocab, s->step, s->out, s->sscratch,

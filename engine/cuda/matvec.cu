@@ -29,38 +29,6 @@ __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 3)
     mv_block<MODE, R>(a, n_groups, blockIdx.x, gridDim.x, (uint8_t *)mv_smem, engine_cu_pdl_sync());
 }
 
-/* The looping single-matrix launch (the output head) with engine_cu_mv.wide: one row per warp,
- * the weight type fixed at compile time (so no other type's code holds registers) and
- * MV_WIDE_BPS blocks per multiprocessor instead of 3 (48 registers, no spills), so 5/3 the
- * warps, and their loads, in flight. Each row's sum is mv_group's (mv_rows' order, the warp
- * sum, the store), so the logits are those of the two-row plan bit for bit. */
-#define MV_WIDE_BPS 5
-template <int T>
-__global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, MV_WIDE_BPS)
-    mv_wide_kernel(engine_cu_mv a, int n_groups) {
-    extern __shared__ uint4 mv_smem[];
-    constexpr int MODE = engine_cu_x_mode(T);
-    engine_cu_pdl_launch();
-    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const engine_cu_mat &m = a.m[0];
-    int r = blockIdx.x * ENGINE_CU_MV_WARPS + w;
-    if (r < m.rows) engine_cu_prefetch_l2(m.w + (size_t)r * m.row_bytes, m.row_bytes);
-    if (a.norm_w && w == ENGINE_CU_MV_WARPS - 1) /* read by every block: L2 */
-        engine_cu_prefetch_l2((const uint8_t *)a.norm_w, sizeof(float) * (size_t)a.cols);
-    engine_cu_pdl_wait();
-    mv_stage<MODE>(a, (uint8_t *)mv_smem);
-    const engine_cu_xv xv = engine_cu_xv_at((const uint8_t *)mv_smem, a.cols, true, 0);
-    const int n_chunks = a.cols >> 5;
-    for (int g = blockIdx.x; g < n_groups; g += gridDim.x) {
-        r = g * ENGINE_CU_MV_WARPS + w;
-        if (r >= m.rows) break;
-        float acc[1];
-        mv_rows<T, 1>(m.w + (size_t)r * m.row_bytes, 0, 1, lane, 32, n_chunks, xv, acc);
-        const float s = engine_cu_warp_sum(acc[0]);
-        if (lane == 0) m.y[r] = m.accumulate ? m.y[r] + s : s;
-    }
-}
-
 /* The tail of mv_route_kernel below (every thread of the block; a function of its own, so that
  * the routing's registers do not add to the products'): every block counts itself done once
  * its logits are stored (each thread fences its own stores first, then the block meets: the
@@ -110,7 +78,6 @@ typedef engine_cu_mv_plan mv_plan;
 
 template <int MODE> static mv_plan mv_plan_mode(const engine_cu_mv *a) {
     mv_plan p;
-    p.wide = 0;
     p.smem = engine_cu_xs_bytes(MODE != ENGINE_CU_X_F32, a->cols);
     const int threads = ENGINE_CU_MV_WARPS * 32;
     int dev = 0, sms = 0, per_sm = 0;
@@ -158,18 +125,6 @@ template <int MODE> static mv_plan mv_plan_mode(const engine_cu_mv *a) {
             p.blocks = p.n_groups = g3;
             return p;
         }
-        int perw = 0;
-        if (a->wide && a->n_mat == 1 && g2 > sms * per2 && !a->touch && !a->coop &&
-            engine_cu_type_quant(a->m[0].type) &&
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perw, mv_wide_kernel<ENGINE_TYPE_Q6_K>,
-                                                          threads, p.smem) == cudaSuccess &&
-            perw > per2) { /* the head: one wave of the wide instance, a row per warp */
-            p.r = 1;
-            p.wide = 1;
-            p.n_groups = g1;
-            p.blocks = sms * perw;
-            return p;
-        }
         p.r = 2;
         p.n_groups = g2;
         p.blocks = a->n_mat == 1 && g2 > sms * per2 ? sms * per2 : g2;
@@ -184,15 +139,6 @@ template <int MODE> static void mv_launch_mode(const engine_cu_mv *a, cudaStream
         engine_cu_launch(mv_route_kernel<MODE, 0>, grid, block, p.smem, stream, *a, p.n_groups);
     else if (a->route_ids)
         engine_cu_launch(mv_route_kernel<MODE, 1>, grid, block, p.smem, stream, *a, p.n_groups);
-    else if (p.wide)
-        switch (a->m[0].type) {
-#define MV_WIDE(T)                                                                                 \
-    case T:                                                                                        \
-        engine_cu_launch(mv_wide_kernel<T>, grid, block, p.smem, stream, *a, p.n_groups);          \
-        break;
-            ENGINE_CU_QUANT_CASES(MV_WIDE)
-#undef MV_WIDE
-        }
     else if (p.r == 0)
         engine_cu_launch(mv_kernel<MODE, 0>, grid, block, p.smem, stream, *a, p.n_groups);
     else if (p.r == 1)
@@ -222,7 +168,6 @@ int engine_cu_matvec_phases(const engine_cu_mv *a, engine_cu_phase out[3]) {
         part[k].max_bps = 0; /* the fused step keeps the stage-4 plan */
         part[k].route_ids = nullptr; /* and routes in its up phase */
         part[k].route_late = 0;
-        part[k].wide = 0; /* and its one instance per plan */
     }
     int n = 0;
     for (int mode = 0; mode < 3; mode++) {

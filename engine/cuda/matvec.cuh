@@ -86,10 +86,6 @@ typedef struct {
      * block starts after the first ones finish (each row's sum is the same whichever warp
      * computes it). 0: two-row groups in more than one wave. */
     int r3;
-    /* A single matrix looped over by one wave of blocks (the output head): one row per warp on
-     * an instance bound to MV_WIDE_BPS blocks per multiprocessor instead of 3 (fewer registers,
-     * twice the warps and the loads in flight); the same sums. 0: two-row groups, 3 blocks. */
-    int wide;
 } engine_cu_mv;
 
 /* True for the weight types the GPU kernels decode. */
@@ -105,7 +101,6 @@ void engine_cu_matvec(const engine_cu_mv *a, cudaStream_t stream);
 typedef struct {
     int r, blocks, n_groups;
     size_t smem;
-    int wide; /* engine_cu_mv.wide's instance (r 1) */
 } engine_cu_mv_plan;
 engine_cu_mv_plan engine_cu_matvec_plan(const engine_cu_mv *a);
 

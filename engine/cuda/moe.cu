@@ -23,16 +23,6 @@ __global__ void __launch_bounds__(FFN_WARPS * 32, 3) ffn_down_kernel(engine_cu_f
                                                  engine_cu_pdl_sync());
 }
 
-/* ffn_down_kernel compiled for weight type T alone, its rows 3-4 items per lane at a time
- * (engine_cu_ffn_down_args.unroll_u). */
-template <int T, bool RF>
-__global__ void __launch_bounds__(FFN_WARPS * 32, 3) ffn_down_u_kernel(engine_cu_ffn_down_args a) {
-    extern __shared__ uint4 down_smem[];
-    engine_cu_pdl_launch();
-    ffn_down_block<engine_cu_x_mode(T), engine_cu_pdl_sync, RF, T>(
-        a, blockIdx.x, gridDim.x, (uint8_t *)down_smem, engine_cu_pdl_sync());
-}
-
 /* Tokens as a grid dimension (moe.cuh: m > 1): blockIdx.y's token, its pointers moved on, then
  * exactly the decode kernel's block (the stage-4 path: trigger at the start, every block routes;
  * RF the router fusion's instance). */
@@ -153,22 +143,6 @@ void engine_cu_ffn_down(const engine_cu_ffn_down_args *a, cudaStream_t stream) {
             dim3(FFN_WARPS * 32),
             engine_cu_ffn_down_smem(a->type, a->k, a->cols), stream, *a);
         return;
-    }
-    if (a->unroll_u && engine_cu_type_quant(a->type) && !a->preload && !a->touch && !a->max_bps) {
-        void (*kern)(engine_cu_ffn_down_args) = nullptr;
-        switch (a->type) {
-#define DOWN_U_CASE(T)                                                                             \
-    case T:                                                                                        \
-        kern = rf ? ffn_down_u_kernel<T, true> : ffn_down_u_kernel<T, false>;                      \
-        break;
-            ENGINE_CU_QUANT_CASES(DOWN_U_CASE)
-#undef DOWN_U_CASE
-        }
-        if (kern) {
-            engine_cu_launch(kern, dim3(gx), dim3(FFN_WARPS * 32),
-                             engine_cu_ffn_down_smem(a->type, a->k, a->cols), stream, *a);
-            return;
-        }
     }
     engine_cu_launch(mode == ENGINE_CU_X_Q8_K   ? (rf ? ffn_down_kernel<ENGINE_CU_X_Q8_K, true>
                                                       : ffn_down_kernel<ENGINE_CU_X_Q8_K>)

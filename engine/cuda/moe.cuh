@@ -120,11 +120,6 @@ typedef struct {
      * soon as the ids are known (before the wait with `router`, else before the staging of h;
      * quantised types, not with touch); bit for bit the results without. */
     int preload;
-    /* Decode launches (m <= 1) of a quantised type, not with preload, touch or max_bps: an
-     * instance compiled for that one type (no other type's code holds registers) whose lanes
-     * load 3-4 of their (expert, chunk) items at once instead of two (down_row_u,
-     * moe_dev.cuh); the same sums in the same order (SPARK_CUDA_DOWN_U=1, session 9). */
-    int unroll_u;
     /* Router fusion: y_add != NULL: y[r] = (y[r] + y_add[r]) + sum (the residual add the fused
      * wo launch left out, in the order the unfused path rounds it); NULL: y[r] += sum. */
     const float *y_add;

@@ -397,46 +397,6 @@ __device__ __forceinline__ float down_row(const engine_cu_ffn_down_args &a, int 
     return engine_cu_warp_sum(tot);
 }
 
-/* down_row of quantised type T with each lane's items U at a time: their loads issued before
- * any of their products (the last round's on a valid item, its product left out), the products
- * then added in item order, so the same sum (engine_cu_ffn_down_args.unroll_u). U: 4, or 3 for
- * the types of larger raw chunks (80 registers a thread: Q6_K spills 32 bytes at 3, 124 at 4). */
-template <int T>
-__host__ __device__ constexpr int down_u(void) {
-    return T == ENGINE_TYPE_Q6_K || T == ENGINE_TYPE_Q5_K ? 3 : 4;
-}
-template <int T>
-__device__ __forceinline__ float down_row_u(const engine_cu_ffn_down_args &a, int r, const int *ids,
-                                            const float *wts, const uint8_t *sm) {
-    constexpr int U = down_u<T>();
-    const int nch = a.cols >> 5, n_items = a.k * nch;
-    float tot = 0.0f;
-    for (int it0 = threadIdx.x & 31; it0 < n_items; it0 += U * 32) {
-        engine_cu_qraw raw[U];
-        int jj[U], cc[U];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int it = it0 + 32 * u < n_items ? it0 + 32 * u : it0;
-            jj[u] = it / nch;
-            cc[u] = it - jj[u] * nch;
-            engine_cu_qload<T>(a.down + (size_t)ids[jj[u]] * a.expert_bytes +
-                                   (size_t)r * a.row_bytes,
-                               cc[u], raw[u]);
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++)
-            if (it0 + 32 * u < n_items) {
-                const engine_cu_xv xv = engine_cu_xv_at(sm, a.k * a.cols, true, jj[u] * a.cols);
-                tot += wts[jj[u]] *
-                       engine_cu_qdot_raw<T>(raw[u],
-                                             a.down + (size_t)ids[jj[u]] * a.expert_bytes +
-                                                 (size_t)r * a.row_bytes,
-                                             cc[u], xv);
-            }
-    }
-    return engine_cu_warp_sum(tot);
-}
-
 /* Row r's result: y[r] += s, or with the router fusion (RF, a.y_add) y[r] = (y[r] + y_add[r]) +
  * s, the two adds of the unfused path (the wo kernel's accumulate, then this one) in order. */
 template <bool RF>
@@ -511,7 +471,7 @@ __device__ __forceinline__ void ffn_down_pre(const engine_cu_ffn_down_args &a, i
 
 /* Row groups of FFN_WARPS rows of the down products: block b of gdx takes groups b, b + gdx,
  * ...; warp w computes row w of each. RF: the router fusion's residual add (a.y_add). */
-template <int MODE, typename S, bool RF = false, int TONLY = 0>
+template <int MODE, typename S, bool RF = false>
 __device__ __forceinline__ void ffn_down_block(const engine_cu_ffn_down_args &a, int b, int gdx,
                                                uint8_t *sm, const S &sync) {
     __shared__ int ids[ENGINE_CU_MAX_EXPERT_USED];
@@ -535,7 +495,7 @@ __device__ __forceinline__ void ffn_down_block(const engine_cu_ffn_down_args &a,
     }
     if (a.sh_logit && threadIdx.x == 0) ids[a.k - 1] = a.sh_id;
     __syncthreads();
-    if (TONLY == 0 && a.preload && !a.touch && MODE != ENGINE_CU_X_F32) {
+    if (a.preload && !a.touch && MODE != ENGINE_CU_X_F32) {
         switch (a.type) {
 #define DOWN_PRE(T)                                                                                \
     case T:                                                                                        \
@@ -552,7 +512,7 @@ __device__ __forceinline__ void ffn_down_block(const engine_cu_ffn_down_args &a,
     for (int g = b; g < n_groups; g += gdx) {
         const int r = g * FFN_WARPS + w;
         if (r >= a.rows) {
-        } else if (TONLY == 0 && g == b && a.touch && MODE != ENGINE_CU_X_F32) {
+        } else if (g == b && a.touch && MODE != ENGINE_CU_X_F32) {
             /* the warp's k rows into L1 while the block stages h: lane items (expert j, line),
              * each row's lines counted with one to spare for a misaligned start, the last
              * clamped to the row's last byte; items past 64 only to L2 */
@@ -587,16 +547,13 @@ __device__ __forceinline__ void ffn_down_block(const engine_cu_ffn_down_args &a,
         switch (a.type) {
 #define DOWN_CASE(T)                                                                               \
     case T:                                                                                        \
-        if (TONLY == T)                                                                            \
-            s = down_row_u<T>(a, r, ids, wts, sm);                                                 \
-        else if (TONLY == 0 && MODE == engine_cu_x_mode(T))                                        \
-            s = down_row<T>(a, r, ids, wts, sm, true);                                             \
+        if (MODE == engine_cu_x_mode(T)) s = down_row<T>(a, r, ids, wts, sm, true);                \
         break;
             ENGINE_CU_QUANT_CASES(DOWN_CASE)
 #undef DOWN_CASE
 #define DOWN_CASE(T)                                                                               \
     case T:                                                                                        \
-        if (TONLY == 0 && MODE == ENGINE_CU_X_F32) s = down_row<T>(a, r, ids, wts, sm, false);     \
+        if (MODE == ENGINE_CU_X_F32) s = down_row<T>(a, r, ids, wts, sm, false);                   \
         break;
             ENGINE_CU_FLOAT_CASES(DOWN_CASE)
 #undef DOWN_CASE

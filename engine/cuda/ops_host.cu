@@ -100,10 +100,6 @@ extern "C" int engine_cuda_op_matvec(engine_type type, const void *w, int64_t ro
         mv.r3 = 1;
     }
     mv.touch = 1;
-    if (const char *e = getenv("SPARK_CUDA_OP_WIDE"); e && e[0] == '1') {
-        mv.wide = 1; /* the head's plan (engine_cu_mv.wide; sessions run it without touch) */
-        mv.touch = 0;
-    }
     mv.max_bps = op_bps();
     if (mv.max_bps) { /* as sessions run it: no L1 touch, the first chunks preloaded */
         mv.touch = 0;
@@ -244,10 +240,6 @@ extern "C" int engine_cuda_op_moe(engine_type type, int n_expert, int k, bool no
     d.weights = dw;
     d.y = dx;
     d.touch = 1;
-    if (const char *e = getenv("SPARK_CUDA_OP_DOWN_U"); e && e[0] == '1') {
-        d.unroll_u = 1; /* the one-type down instance (sessions run it without touch) */
-        d.touch = 0;
-    }
     if ((u.max_bps = d.max_bps = op_bps())) {
         u.trigger_late = 1;
         d.router = dr;

@@ -508,12 +508,6 @@ struct engine_cuda_q35_session {
      * Session 9 call 1 (bench/cuda/s9a.plan): test_cuda_ops' two-matrix case green, full model
      * 465.7 against 451.4 tok/s (+3.2%, same process), greedy tokens identical. */
     int mv_r3;
-    /* SPARK_CUDA_MV_WIDE=1 (read at session creation; session 9, opt-in until measured):
-     * engine_cu_mv.wide of the head launch (decode and MTP draft) */
-    int mv_wide;
-    /* SPARK_CUDA_DOWN_U=1 (session 9, opt-in until measured): engine_cu_ffn_down_args.unroll_u
-     * of the decode step's down launches */
-    int down_u;
     /* SPARK_CUDA_Q35_Z_FORK (read at session creation; default on, =0 off): the DeltaNet blocks' z
      * projection (only the step's last phase reads it) on the side branch, parallel to the
      * qkv|beta|alpha projection, joined before the step */
@@ -749,10 +743,6 @@ extern "C" int engine_cuda_q35_session_new(engine_cuda_q35_session **out, engine
         s->coop_mv = e && e[0] == '1';
         e = getenv("SPARK_CUDA_MV_R3"); /* default on (session 9), =0 off */
         s->mv_r3 = !(e && e[0] == '0');
-        e = getenv("SPARK_CUDA_MV_WIDE");
-        s->mv_wide = e && e[0] == '1';
-        e = getenv("SPARK_CUDA_DOWN_U");
-        s->down_u = e && e[0] == '1';
     }
     if (s->rf && (rc = q35_rf_prepare(cm))) goto done;
     if (s->rf && cm->rf_state != 1) s->rf = 0;
@@ -970,7 +960,6 @@ static void q35_mv(const engine_cuda_q35_session *s, cudaStream_t st, const floa
     memset(&mv, 0, sizeof mv);
     mv.coop = s->coop_mv;
     mv.r3 = s->mv_r3;
-    mv.wide = s->mv_wide;
     for (int i = 0; i < n; i++)
         mv.m[i] = mats[i];
     mv.n_mat = n;
@@ -1228,7 +1217,6 @@ static void q35_moe(engine_cuda_q35_session *s, const q35_cl *ly, float eps, q35
         dn.sh_id = d->X;
     }
     dn.diag = s->diag_moe;
-    dn.unroll_u = s->down_u;
     const int n_down = q35_diag_n(s, Q35_DIAG_DOWN);
     for (int i = 0; i < n_down; i++)
         engine_cu_ffn_down(&dn, st);

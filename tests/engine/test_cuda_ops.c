@@ -37,10 +37,7 @@
  * decode stage-5 options of engine/cuda/matvec.cuh and moe.cuh: looping blocks, first weight
  * chunks preloaded into registers, the down kernel routing before its wait). The matvec cases
  * include a launch of two matrices, 8192 + 64 rows of 2048 (SPARK_CUDA_OP_SPLIT=8192 with
- * engine_cu_mv.r3: three-row groups in one wave, each matrix's last group partial) and a head of
- * 8197 rows on the one-row wide instance (SPARK_CUDA_OP_WIDE: engine_cu_mv.wide), bit for bit
- * the two-row plan. The MoE cases run a third time with SPARK_CUDA_OP_DOWN_U=1 (the down
- * launch on its one-type instance, engine_cu_ffn_down_args.unroll_u).
+ * engine_cu_mv.r3: three-row groups in one wave, each matrix's last group partial).
  * Exits 77 (skip) with the reason when no GPU is usable or the build has no CUDA backend. */
 #include <math.h>
 #include <stdio.h>
@@ -197,34 +194,6 @@ static void test_matvec_type(engine_type t, int64_t rows, int64_t cols, bool nor
     free(xc);
 }
 
-static void test_matvec_wide(engine_type t, int64_t rows, int64_t cols) {
-    setenv("SPARK_CUDA_OP_WIDE", "1", 1);
-    test_matvec_type(t, rows, cols, true, false);
-    size_t rb;
-    uint8_t *w = make_weights(t, rows, cols, &rb);
-    float *x = malloc(sizeof(float) * cols), *nw = malloc(sizeof(float) * cols);
-    float *y1 = malloc(sizeof(float) * rows), *y2 = malloc(sizeof(float) * rows);
-    fill(x, cols, 2.0f);
-    for (int64_t i = 0; i < cols; i++)
-        nw[i] = 0.75f + 0.25f * (frand() + 1.0f);
-    int rc = engine_cuda_op_matvec(t, w, rows, cols, rb, x, nw, 1e-6f, false, y1);
-    unsetenv("SPARK_CUDA_OP_WIDE");
-    if (rc == 0) rc = engine_cuda_op_matvec(t, w, rows, cols, rb, x, nw, 1e-6f, false, y2);
-    CHECK(rc == 0, "matvec wide %s", engine_type_name(t));
-    int64_t bad = -1;
-    for (int64_t r = 0; rc == 0 && r < rows && bad < 0; r++)
-        if (memcmp(&y1[r], &y2[r], sizeof(float))) bad = r;
-    CHECK(bad < 0, "matvec wide %s: row %lld %.9g, two-row plan %.9g", engine_type_name(t),
-          (long long)bad, bad < 0 ? 0.0 : (double)y1[bad], bad < 0 ? 0.0 : (double)y2[bad]);
-    printf("matvec %s %lldx%lld wide: bit for bit the two-row plan\n", engine_type_name(t),
-           (long long)rows, (long long)cols);
-    free(w);
-    free(x);
-    free(nw);
-    free(y1);
-    free(y2);
-}
-
 static void test_matvec(void) {
     const engine_type types[] = {ENGINE_TYPE_Q4_K, ENGINE_TYPE_Q5_K, ENGINE_TYPE_Q6_K,
                                  ENGINE_TYPE_Q8_0, ENGINE_TYPE_Q4_0, ENGINE_TYPE_F16,
@@ -244,13 +213,6 @@ static void test_matvec(void) {
             types[i] == ENGINE_TYPE_Q6_K || types[i] == ENGINE_TYPE_Q8_0)
             test_matvec_type(types[i], 8192 + 64, 2048, true, false);
     unsetenv("SPARK_CUDA_OP_SPLIT");
-    /* a head larger than one wave of two-row groups (8197 rows: a partial last group) on the
-     * wide one-row instance (engine_cu_mv.wide), against the CPU and bit for bit against the
-     * two-row plan */
-    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
-        if (types[i] != ENGINE_TYPE_F16 && types[i] != ENGINE_TYPE_BF16 &&
-            types[i] != ENGINE_TYPE_F32)
-            test_matvec_wide(types[i], 8197, 2048);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -630,10 +592,6 @@ int main(int argc, char **argv) {
     test_matvec();
     test_attention();
     test_moe();
-    printf("with SPARK_CUDA_OP_DOWN_U=1 (the one-type down instance):\n");
-    setenv("SPARK_CUDA_OP_DOWN_U", "1", 1);
-    test_moe();
-    unsetenv("SPARK_CUDA_OP_DOWN_U");
     test_moe_fused();
     test_sample();
     /* the decode stage-5 launches of sessions: few blocks looping over their rows, the MoE
