@@ -417,7 +417,6 @@ void engine_cu_deltanet_step(const engine_cu_delta *a, cudaStream_t stream) {
 
 /* ---- The in-projection and the step in one launch (engine_cu_dn_fused, deltanet.cuh) ---- */
 
-#define DN_IN_R 4 /* rows a warp computes at once */
 
 /* Warp w's rows row0 + w, row0 + w + nw, ... (n rows) of matrix m: into L2. */
 __device__ __forceinline__ void dn_in_prefetch(const engine_cu_mat &m, int row0, int n) {
@@ -429,7 +428,7 @@ __device__ __forceinline__ void dn_in_prefetch(const engine_cu_mat &m, int row0,
 /* Warp w's rows of the n rows from row0 of m against the staged x: each row's sum is
  * mv_rows' (lane l takes chunks l, l + 32, ..., then the warp sum), so the decode matvec's bit
  * for bit whichever warp computes it. */
-template <int MODE>
+template <int MODE, int DN_IN_R>
 __device__ __forceinline__ void dn_in_rows(const engine_cu_mat &m, int row0, int n, int n_chunks,
                                            const engine_cu_xv &xv) {
     const int w = threadIdx.x >> 5, nw = blockDim.x >> 5, lane = threadIdx.x & 31;
@@ -478,7 +477,7 @@ struct dn_in_part {
 
 __device__ __forceinline__ dn_in_part dn_in_part_of(const engine_cu_delta &a, int kh, int r,
                                                     int h, int cb) {
-    const int csize = gridDim.x, n_qk = 2 * a.dk / csize, i0 = r * n_qk;
+    const int csize = gridDim.x, n_qk = 2 * a.dk / csize, i0 = r * n_qk; /* r < csize */
     dn_in_part p;
     p.n_qk = n_qk;
     p.qk0 = i0 < a.dk ? kh * a.dk + i0 : a.nk * a.dk + kh * a.dk + (i0 - a.dk);
@@ -492,7 +491,7 @@ __device__ __forceinline__ dn_in_part dn_in_part_of(const engine_cu_delta &a, in
 /* dn_block's wait in the fused kernel: the PDL wait, the staging of attn_norm(x), the block's
  * projection rows into the activation buffers, and a cluster barrier (release / acquire: the
  * cluster's rows are visible to every block of it after it). */
-template <int MODE> struct dn_in_wait {
+template <int MODE, int R> struct dn_in_wait {
     const engine_cu_dn_in &in;
     const engine_cu_delta &a;
     uint8_t *sm;
@@ -509,35 +508,49 @@ template <int MODE> struct dn_in_wait {
         mv_stage<MODE>(mv, sm);
         const engine_cu_xv xv = engine_cu_xv_at(sm, mv.cols, MODE != ENGINE_CU_X_F32, 0);
         const int n_chunks = mv.cols >> 5;
-        dn_in_rows<MODE>(mv.m[0], p.qk0, p.n_qk, n_chunks, xv);
-        dn_in_rows<MODE>(mv.m[0], p.v0, p.n_col, n_chunks, xv);
-        dn_in_rows<MODE>(mv.m[1], p.z0, p.n_col, n_chunks, xv);
+        dn_in_rows<MODE, R>(mv.m[0], p.qk0, p.n_qk, n_chunks, xv);
+        dn_in_rows<MODE, R>(mv.m[0], p.v0, p.n_col, n_chunks, xv);
+        dn_in_rows<MODE, R>(mv.m[1], p.z0, p.n_col, n_chunks, xv);
         if (p.ba) { /* beta's row h and alpha's (row nv + h of the fused matrix) */
-            dn_in_rows<MODE>(mv.m[2], h, 1, n_chunks, xv);
-            dn_in_rows<MODE>(mv.m[2], a.nv + h, 1, n_chunks, xv);
+            dn_in_rows<MODE, R>(mv.m[2], h, 1, n_chunks, xv);
+            dn_in_rows<MODE, R>(mv.m[2], a.nv + h, 1, n_chunks, xv);
         }
         cooperative_groups::this_cluster().sync();
     }
 };
 
 /* Grid (cluster size grp * nc, nk), clusters along x: rank r = jv * nc + cb serves value head
- * jv of key head blockIdx.y (h = kh + jv nk when v_tiled, else kh grp + jv), column block cb. */
-template <int MODE>
+ * jv of key head blockIdx.y (h = kh + jv nk when v_tiled, else kh grp + jv), column block cb.
+ * in.per_vhead: grid (nc, nv), a cluster per value head (rank = column block), each computing
+ * its share of the key head's q and k rows (the value heads of a key head compute and store
+ * the same values). */
+template <int MODE, int R>
 __global__ void __launch_bounds__(DN_EARLY_THREADS, 1)
     dn_fused_kernel(engine_cu_delta a, engine_cu_dn_in in) {
     extern __shared__ uint4 dnf_smem[];
-    const int nc = a.dv / DN_COLS, r = blockIdx.x, kh = blockIdx.y, jv = r / nc, cb = r % nc;
-    const int h = a.v_tiled ? kh + jv * a.nk : kh * (a.nv / a.nk) + jv;
+    const int nc = a.dv / DN_COLS, r = blockIdx.x;
+    int h, cb, kh, jv;
+    if (in.per_vhead) {
+        h = blockIdx.y, cb = r, jv = 0;
+        kh = a.v_tiled ? h % a.nk : h / (a.nv / a.nk);
+    } else {
+        kh = blockIdx.y, jv = r / nc, cb = r % nc;
+        h = a.v_tiled ? kh + jv * a.nk : kh * (a.nv / a.nk) + jv;
+    }
     uint8_t *sm = (uint8_t *)dnf_smem;
     const size_t xs = (engine_cu_xs_bytes(MODE != ENGINE_CU_X_F32, in.mv.cols) + 15) & ~(size_t)15;
-    const dn_in_wait<MODE> wait{in, a, sm, dn_in_part_of(a, kh, r, h, cb), h};
+    const dn_in_wait<MODE, R> wait{in, a, sm, dn_in_part_of(a, kh, r, h, cb), h};
     dn_block<true, true>(a, (float *)(sm + xs), h, cb, nc, (unsigned)(jv * nc), wait);
 }
 
+static int dn_fused_csize(const engine_cu_delta *a, const engine_cu_dn_in *in) {
+    return in->per_vhead ? a->dv / DN_COLS : a->nv / a->nk * (a->dv / DN_COLS);
+}
+
 bool engine_cu_dn_fused_ok(const engine_cu_delta *a, const engine_cu_dn_in *in) {
-    const int threads = a->dk / DN_ROWS * 32, nc = a->dv / DN_COLS;
+    const int threads = a->dk / DN_ROWS * 32;
     if (a->nk <= 0 || a->nv % a->nk != 0) return false;
-    const int csize = a->nv / a->nk * nc;
+    const int csize = dn_fused_csize(a, in);
     if (a->dv > threads || threads > DN_EARLY_THREADS || csize > DN_MAX_CLUSTER) return false;
     if ((2 * a->dk) % csize != 0 || a->dk % (2 * a->dk / csize) != 0) return false;
     const engine_cu_mv *mv = &in->mv;
@@ -551,21 +564,31 @@ bool engine_cu_dn_fused_ok(const engine_cu_delta *a, const engine_cu_dn_in *in) 
     return true;
 }
 
-void engine_cu_dn_fused(const engine_cu_delta *a, const engine_cu_dn_in *in, cudaStream_t stream) {
-    const int threads = a->dk / DN_ROWS * 32, nc = a->dv / DN_COLS;
-    const int csize = a->nv / a->nk * nc, mode = engine_cu_x_mode(in->mv.m[0].type);
+typedef void (*dn_fused_fn)(engine_cu_delta, engine_cu_dn_in);
+
+template <int R> static dn_fused_fn dn_fused_pick(int mode) {
+    return mode == ENGINE_CU_X_F32    ? dn_fused_kernel<ENGINE_CU_X_F32, R>
+           : mode == ENGINE_CU_X_Q8_0 ? dn_fused_kernel<ENGINE_CU_X_Q8_0, R>
+                                      : dn_fused_kernel<ENGINE_CU_X_Q8_K, R>;
+}
+
+/* The launch of engine_cu_dn_fused (kernel, grid, cluster, shared memory). */
+static cudaLaunchConfig_t dn_fused_cfg(const engine_cu_delta *a, const engine_cu_dn_in *in,
+                                       cudaStream_t stream, cudaLaunchAttribute at[2],
+                                       dn_fused_fn *k) {
+    const int threads = a->dk / DN_ROWS * 32, csize = dn_fused_csize(a, in);
+    const int mode = engine_cu_x_mode(in->mv.m[0].type);
     const size_t xs = (engine_cu_xs_bytes(mode != ENGINE_CU_X_F32, in->mv.cols) + 15) & ~(size_t)15;
-    const size_t smem = xs + sizeof(float) * (2 * (size_t)a->dk + (size_t)(a->dk / DN_ROWS) * DN_COLS);
-    void (*k)(engine_cu_delta, engine_cu_dn_in) = mode == ENGINE_CU_X_F32    ? dn_fused_kernel<ENGINE_CU_X_F32>
-                                                  : mode == ENGINE_CU_X_Q8_0 ? dn_fused_kernel<ENGINE_CU_X_Q8_0>
-                                                                             : dn_fused_kernel<ENGINE_CU_X_Q8_K>;
-    if (smem > 48 * 1024) cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    const size_t smem =
+        xs + sizeof(float) * (2 * (size_t)a->dk + (size_t)(a->dk / DN_ROWS) * DN_COLS);
+    *k = in->rows_at_once == 2 ? dn_fused_pick<2>(mode) : dn_fused_pick<4>(mode);
+    if (smem > 48 * 1024)
+        cudaFuncSetAttribute(*k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(csize, a->nk);
+    cfg.gridDim = in->per_vhead ? dim3(csize, a->nv) : dim3(csize, a->nk);
     cfg.blockDim = dim3(threads);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
-    cudaLaunchAttribute at[2];
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = 1;
     at[1].id = cudaLaunchAttributeClusterDimension;
@@ -574,5 +597,22 @@ void engine_cu_dn_fused(const engine_cu_delta *a, const engine_cu_dn_in *in, cud
     at[1].val.clusterDim.z = 1;
     cfg.attrs = at;
     cfg.numAttrs = 2;
+    return cfg;
+}
+
+void engine_cu_dn_fused(const engine_cu_delta *a, const engine_cu_dn_in *in, cudaStream_t stream) {
+    cudaLaunchAttribute at[2];
+    dn_fused_fn k;
+    const cudaLaunchConfig_t cfg = dn_fused_cfg(a, in, stream, at, &k);
     cudaLaunchKernelEx(&cfg, k, *a, *in);
+}
+
+int engine_cu_dn_fused_clusters(const engine_cu_delta *a, const engine_cu_dn_in *in) {
+    cudaLaunchAttribute at[2];
+    dn_fused_fn k;
+    cudaLaunchConfig_t cfg = dn_fused_cfg(a, in, 0, at, &k);
+    cfg.attrs = at + 1; /* the cluster only */
+    cfg.numAttrs = 1;
+    int n = 0;
+    return cudaOccupancyMaxActiveClusters(&n, k, &cfg) == cudaSuccess ? n : -1;
 }

@@ -82,10 +82,17 @@ void engine_cu_deltanet_step(const engine_cu_delta *a, cudaStream_t stream);
  * them). */
 typedef struct {
     engine_cu_mv mv;
+    /* SPARK_CUDA_Q35_DN_FUSE variants (the session's switch, measured in session 10): a cluster
+     * per value head (its column blocks; a key head's q, k rows computed by each of its value
+     * heads) instead of per key head; rows a warp computes at once, 2 or 4 (0: 4) */
+    int per_vhead, rows_at_once;
 } engine_cu_dn_in;
 
 /* Whether engine_cu_dn_fused serves these shapes and types (else the two launches). */
 bool engine_cu_dn_fused_ok(const engine_cu_delta *a, const engine_cu_dn_in *in);
 void engine_cu_dn_fused(const engine_cu_delta *a, const engine_cu_dn_in *in, cudaStream_t stream);
+/* How many of its clusters the device holds at once (cudaOccupancyMaxActiveClusters), -1 if
+ * unknown. */
+int engine_cu_dn_fused_clusters(const engine_cu_delta *a, const engine_cu_dn_in *in);
 
 #endif

@@ -542,6 +542,20 @@ static int q35_dn_early_env(void) {
     return e[0] == '1' || e[0] == '2' ? e[0] - '0' : 0;
 }
 
+/* SPARK_CUDA_Q35_DN_FUSE: 0 off, else on (unset: the default): bit 1 with a cluster per value
+ * head ('v' in the value), bit 2 with two rows a warp at once ('2'). */
+static int q35_dn_fuse_env(void) {
+    const char *e = getenv("SPARK_CUDA_Q35_DN_FUSE");
+    if (e && e[0] == '0') return 0;
+    return 1 | (e && strchr(e, 'v') ? 2 : 0) | (e && strchr(e, '2') ? 4 : 0);
+}
+
+/* The engine_cu_dn_in variant of a q35_dn_fuse_env value. */
+static void q35_dn_fuse_set(engine_cu_dn_in *in, int f) {
+    in->per_vhead = (f & 2) != 0;
+    in->rows_at_once = f & 4 ? 2 : 4;
+}
+
 /* SPARK_CUDA_Q35_ATT_SHORT: 0: off; unset or 1: ENGINE_CU_GATT_SHORT_MAX (256) positions;
  * N >= 2: N positions (at most that). Measured on the H200 (8-block cut): 7 us less per
  * attention block at positions < 128. */
@@ -735,8 +749,7 @@ extern "C" int engine_cuda_q35_session_new(engine_cuda_q35_session **out, engine
         s->diag_twice = e ? (unsigned)strtoul(e, NULL, 0) : 0u;
         s->att_short = q35_att_short_env();
         s->dn_early = q35_dn_early_env();
-        e = getenv("SPARK_CUDA_Q35_DN_FUSE");
-        s->dn_fuse = !(e && e[0] == '0');
+        s->dn_fuse = q35_dn_fuse_env();
         e = getenv("SPARK_CUDA_Q35_ATT_EARLY");
         s->att_early = !(e && e[0] == '0');
         e = getenv("SPARK_CUDA_Q35_ROUTER_FUSE");
@@ -1115,6 +1128,7 @@ static void q35_deltanet(engine_cuda_q35_session *s, const q35_cl *ly, float eps
         fi.mv.norm_w = ly->attn_norm;
         fi.mv.eps = eps;
         fi.mv.coop = s->coop_mv;
+        q35_dn_fuse_set(&fi, s->dn_fuse);
     }
     const bool fused = fi.mv.n_mat == 3 && engine_cu_dn_fused_ok(&a, &fi);
     const bool zf = s->z_fork && !p && !fused; /* z on the side branch */
@@ -1551,7 +1565,7 @@ extern "C" int engine_cuda_op_q35_dn_in(int nk, int nv, int dk, int dv, int K, b
                                         const float *attn_norm, const float *conv_w,
                                         const float *dt_bias, const float *a,
                                         const float *norm_w, float eps, float *ring, float *state,
-                                        float *out, bool fused) {
+                                        float *out, bool fused, int *max_clusters) {
     int rc = engine_cuda_usable();
     if (rc) return rc;
     if (!engine_cu_deltanet_ok(dk, dv, K) || nk < 1 || nv % nk || pos < 0 || E % 32 ||
@@ -1576,6 +1590,7 @@ extern "C" int engine_cuda_op_q35_dn_in(int nk, int nv, int dk, int dv, int K, b
     in.mv.norm_w = b.put<float>(attn_norm, f * E);
     in.mv.eps = eps;
     in.mv.r3 = 1; /* as a session's default */
+    q35_dn_fuse_set(&in, q35_dn_fuse_env());
     g.qkv = qkv;
     g.z = z;
     g.beta = ba;
@@ -1585,6 +1600,7 @@ extern "C" int engine_cuda_op_q35_dn_in(int nk, int nv, int dk, int dv, int K, b
         g.early = 2;
         if (!engine_cu_dn_fused_ok(&g, &in))
             return engine_err(ENGINE_EINVAL, "deltanet in-projection op: no fused kernel for it");
+        if (max_clusters) *max_clusters = engine_cu_dn_fused_clusters(&g, &in);
         engine_cu_dn_fused(&g, &in, 0);
     } else {
         engine_cu_matvec(&in.mv, 0);

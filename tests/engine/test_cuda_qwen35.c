@@ -247,13 +247,13 @@ static void check_dn_fused(int nk, int nv, int dk, int K, bool tiled, int E, eng
     fill(st[0], S, 0.0f, 0.1f);
     memcpy(ring[1], ring[0], f * C * K);
     memcpy(st[1], st[0], f * S);
-    int bad = -1;
+    int bad = -1, clusters = 0;
     for (int s = 0; s < T && bad < 0; s++) {
         fill(x, E, 0.0f, 2.0f);
         for (int e = 0; e < 2; e++) {
             int rc = engine_cuda_op_q35_dn_in(nk, nv, dk, dv, K, tiled, 3 + s, E, t, w[0], w[1],
                                               w[2], x, an, cw, dt, a, nw, 1e-6f, ring[e], st[e],
-                                              o[e], e == 1);
+                                              o[e], e == 1, &clusters);
             CHECK(rc == 0, "deltanet in-projection op (fused %d): %s", e,
                   rc ? engine_error_last() : "");
             if (rc) bad = s;
@@ -264,9 +264,11 @@ static void check_dn_fused(int nk, int nv, int dk, int K, bool tiled, int E, eng
     }
     CHECK(bad < 0, "deltanet %d/%d x %d %s E %d type %d: the fused in-projection differs at step %d",
           nk, nv, dk, tiled ? "tiled" : "grouped", E, (int)t, bad);
-    printf("deltanet nk %d nv %d d %d %s E %d type %d: fused in-projection + step %s\n", nk, nv,
-           dk, tiled ? "tiled" : "grouped", E, (int)t,
-           bad < 0 ? "bit for bit the two launches" : "DIFFERS");
+    const char *var = getenv("SPARK_CUDA_Q35_DN_FUSE");
+    printf("deltanet nk %d nv %d d %d %s E %d type %d: fused in-projection + step%s%s %s (%d "
+           "clusters at once)\n",
+           nk, nv, dk, tiled ? "tiled" : "grouped", E, (int)t, var ? " " : "", var ? var : "",
+           bad < 0 ? "bit for bit the two launches" : "DIFFERS", clusters);
     for (int m = 0; m < 3; m++)
         free(w[m]);
     free(row), free(x), free(an), free(cw), free(dt), free(a), free(nw);
@@ -681,6 +683,17 @@ int main(void) {
     }
     check_dn_fused(16, 32, 128, 4, false, 2048, ENGINE_TYPE_Q4_K);
     check_dn_fused(2, 4, 64, 4, false, 512, ENGINE_TYPE_Q5_K);
+    static const char *const fuse_vars[] = {"v", "2", "v2"};
+    for (int i = 0; i < 3; i++) {
+        setenv("SPARK_CUDA_Q35_DN_FUSE", fuse_vars[i], 1);
+        check_dn_fused(16, 32, 128, 4, true, 2048, ENGINE_TYPE_Q4_K);
+        check_dn_fused(16, 32, 128, 4, false, 2048, ENGINE_TYPE_Q8_0);
+        check_dn_fused(2, 4, 64, 4, false, 256, ENGINE_TYPE_F32);
+    }
+    unsetenv("SPARK_CUDA_Q35_DN_FUSE");
+    if (getenv("SPARK_TEST_Q35_ONLY")) { /* the fused checks alone (profilers) */
+        return support_finish("test_cuda_qwen35");
+    }
     setenv("SPARK_CUDA_Q35_DN_EARLY", "0", 1); /* the plain kernel against the CPU too */
     check_deltanet(16, 32, 128, 4, true);
     check_deltanet(2, 4, 64, 4, false);
