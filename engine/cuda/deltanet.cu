@@ -508,12 +508,21 @@ template <int MODE, int R> struct dn_in_wait {
         mv_stage<MODE>(mv, sm);
         const engine_cu_xv xv = engine_cu_xv_at(sm, mv.cols, MODE != ENGINE_CU_X_F32, 0);
         const int n_chunks = mv.cols >> 5;
-        dn_in_rows<MODE, R>(mv.m[0], p.qk0, p.n_qk, n_chunks, xv);
-        dn_in_rows<MODE, R>(mv.m[0], p.v0, p.n_col, n_chunks, xv);
-        dn_in_rows<MODE, R>(mv.m[1], p.z0, p.n_col, n_chunks, xv);
-        if (p.ba) { /* beta's row h and alpha's (row nv + h of the fused matrix) */
-            dn_in_rows<MODE, R>(mv.m[2], h, 1, n_chunks, xv);
-            dn_in_rows<MODE, R>(mv.m[2], a.nv + h, 1, n_chunks, xv);
+        /* one call site (the row code once in the kernel: it runs cold from L2 otherwise):
+         * q|k, v, z and (column block 0) beta's row h and alpha's (row nv + h) */
+#pragma unroll 1
+        for (int i = 0; i < (p.ba ? 5 : 3); i++) {
+            const int mi = i < 2 ? 0 : i - 1 - (i == 4);
+            const int r0 = i == 0 ? p.qk0 : i == 1 ? p.v0 : i == 2 ? p.z0 : i == 3 ? h : a.nv + h;
+            const int n = i == 0 ? p.n_qk : i < 3 ? p.n_col : 1;
+            engine_cu_mat m;
+            m.w = mi == 0 ? mv.m[0].w : mi == 1 ? mv.m[1].w : mv.m[2].w;
+            m.row_bytes = mi == 0 ? mv.m[0].row_bytes : mi == 1 ? mv.m[1].row_bytes : mv.m[2].row_bytes;
+            m.type = mi == 0 ? mv.m[0].type : mi == 1 ? mv.m[1].type : mv.m[2].type;
+            m.rows = 0; /* unused */
+            m.y = mi == 0 ? mv.m[0].y : mi == 1 ? mv.m[1].y : mv.m[2].y;
+            m.accumulate = mi == 0 ? mv.m[0].accumulate : mi == 1 ? mv.m[1].accumulate : mv.m[2].accumulate;
+            dn_in_rows<MODE, R>(m, r0, n, n_chunks, xv);
         }
         cooperative_groups::this_cluster().sync();
     }
@@ -525,7 +534,7 @@ template <int MODE, int R> struct dn_in_wait {
  * its share of the key head's q and k rows (the value heads of a key head compute and store
  * the same values). */
 template <int MODE, int R>
-__global__ void __launch_bounds__(DN_EARLY_THREADS, 1)
+__global__ void __launch_bounds__(DN_EARLY_THREADS, 2)
     dn_fused_kernel(engine_cu_delta a, engine_cu_dn_in in) {
     extern __shared__ uint4 dnf_smem[];
     const int nc = a.dv / DN_COLS, r = blockIdx.x;
