@@ -248,17 +248,6 @@ int engine_cuda_op_q35_deltanet(int nk, int nv, int dk, int dv, int K, bool v_ti
                                 const float *alpha, const float *conv_w, const float *dt_bias,
                                 const float *a, const float *norm_w, float eps, float *ring,
                                 float *state, float *out);
-/* The same step after its in-projection: qkv, z and beta | alpha = W attn_norm(x) for weights
- * of type wtype (rows of E values: w_qkv [C], w_z [nv dv], w_ba [2 nv]); fused: in one launch
- * (engine_cu_dn_fused, the early cluster step, in the variant SPARK_CUDA_Q35_DN_FUSE names; with
- * max_clusters: how many of its clusters the device holds at once), else the matvec launch and
- * the step as the session's SPARK_CUDA_Q35_DN_EARLY takes it. */
-int engine_cuda_op_q35_dn_in(int nk, int nv, int dk, int dv, int K, bool v_tiled, int32_t pos,
-                             int E, int wtype, const void *w_qkv, const void *w_z,
-                             const void *w_ba, const float *x, const float *attn_norm,
-                             const float *conv_w, const float *dt_bias, const float *a,
-                             const float *norm_w, float eps, float *ring, float *state, float *out,
-                             bool fused, int *max_clusters);
 /* Gated attention at pos over a cache holding positions 0..pos-1 (n_kv * hd values per row,
  * F16 bits or F32 per kv): qg [n_head][2 hd] (q then gate), k, v [n_kv hd], q_norm / k_norm
  * [hd], inv_freq [rot / 2]. Writes out [n_head hd] and the stored rows k_row, v_row (F32). */

@@ -32,7 +32,6 @@
 #include <stdint.h>
 
 #include "common.cuh"
-#include "matvec.cuh"
 
 #define ENGINE_CU_DELTA_MAX_CONV 8
 
@@ -68,31 +67,5 @@ typedef struct {
 
 bool engine_cu_deltanet_ok(int dk, int dv, int K);
 void engine_cu_deltanet_step(const engine_cu_delta *a, cudaStream_t stream);
-
-/* The block's in-projection and its step in one launch (the decode step's default,
- * SPARK_CUDA_Q35_DN_FUSE=0 turns it off): mv holds attn_norm's staging (x, cols, norm_w, eps,
- * coop) and the three matrices, m[0] qkv (y: a.qkv's buffer), m[1] z (y: a.z's), m[2] beta's
- * rows then alpha's (y: a.beta's, alpha's at + nv). The key head's blocks (its value heads'
- * column blocks, grp * dv / 32 <= 8) form a cluster: each computes its share of the key head's
- * q and k rows and the v, z (and, column block 0, beta and alpha) rows of its own columns,
- * with matvec.cu's row sums (bit for bit the in-projection launch's), writes them to the
- * buffers, meets the cluster, and runs the step as engine_cu_deltanet_step's early cluster
- * kernel (early = 2) does: one kernel boundary fewer per DeltaNet block. The early reads
- * before the wait as there (state, ring, position, weights: no kernel of the chain writes
- * them). */
-typedef struct {
-    engine_cu_mv mv;
-    /* SPARK_CUDA_Q35_DN_FUSE variants (the session's switch, measured in session 10): a cluster
-     * per value head (its column blocks; a key head's q, k rows computed by each of its value
-     * heads) instead of per key head; rows a warp computes at once, 2 or 4 (0: 4) */
-    int per_vhead, rows_at_once;
-} engine_cu_dn_in;
-
-/* Whether engine_cu_dn_fused serves these shapes and types (else the two launches). */
-bool engine_cu_dn_fused_ok(const engine_cu_delta *a, const engine_cu_dn_in *in);
-void engine_cu_dn_fused(const engine_cu_delta *a, const engine_cu_dn_in *in, cudaStream_t stream);
-/* How many of its clusters the device holds at once (cudaOccupancyMaxActiveClusters), -1 if
- * unknown. */
-int engine_cu_dn_fused_clusters(const engine_cu_delta *a, const engine_cu_dn_in *in);
 
 #endif

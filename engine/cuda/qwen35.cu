@@ -516,11 +516,6 @@ struct engine_cuda_q35_session {
      * reads its state, ring, position and weights before its PDL wait (engine_cu_delta.early);
      * 2 (the default): and a head's column blocks add their norms through a block cluster */
     int dn_early;
-    /* SPARK_CUDA_Q35_DN_FUSE (read at session creation; default on, =0 off): with the early
-     * cluster step (dn_early 2), a fused beta|alpha matrix and shapes engine_cu_dn_fused_ok
-     * takes, the DeltaNet block's in-projection and step are one launch (engine_cu_dn_fused:
-     * the same rows and step, bit for bit; z no longer on the side branch) */
-    int dn_fuse;
     /* SPARK_CUDA_Q35_ATT_EARLY (read at session creation; default on, =0 off): the gated
      * attention reads the position and asks L2 for its K/V rows before its PDL wait
      * (ENGINE_CU_GATT_EARLY, with the short-capable instance only; call 3 on the H200, 8-block
@@ -540,20 +535,6 @@ static int q35_dn_early_env(void) {
     const char *e = getenv("SPARK_CUDA_Q35_DN_EARLY");
     if (!e || !*e) return 2;
     return e[0] == '1' || e[0] == '2' ? e[0] - '0' : 0;
-}
-
-/* SPARK_CUDA_Q35_DN_FUSE: 0 off, else on (unset: the default): bit 1 with a cluster per value
- * head ('v' in the value), bit 2 with two rows a warp at once ('2'). */
-static int q35_dn_fuse_env(void) {
-    const char *e = getenv("SPARK_CUDA_Q35_DN_FUSE");
-    if (e && e[0] == '0') return 0;
-    return 1 | (e && strchr(e, 'v') ? 2 : 0) | (e && strchr(e, '2') ? 4 : 0);
-}
-
-/* The engine_cu_dn_in variant of a q35_dn_fuse_env value. */
-static void q35_dn_fuse_set(engine_cu_dn_in *in, int f) {
-    in->per_vhead = (f & 2) != 0;
-    in->rows_at_once = f & 4 ? 2 : 4;
 }
 
 /* SPARK_CUDA_Q35_ATT_SHORT: 0: off; unset or 1: ENGINE_CU_GATT_SHORT_MAX (256) positions;
@@ -749,7 +730,6 @@ extern "C" int engine_cuda_q35_session_new(engine_cuda_q35_session **out, engine
         s->diag_twice = e ? (unsigned)strtoul(e, NULL, 0) : 0u;
         s->att_short = q35_att_short_env();
         s->dn_early = q35_dn_early_env();
-        s->dn_fuse = q35_dn_fuse_env();
         e = getenv("SPARK_CUDA_Q35_ATT_EARLY");
         s->att_early = !(e && e[0] == '0');
         e = getenv("SPARK_CUDA_Q35_ROUTER_FUSE");
@@ -1102,6 +1082,25 @@ static void q35_deltanet(engine_cuda_q35_session *s, const q35_cl *ly, float eps
     const q35_dims *d = &cm->d;
     cudaStream_t st = s->stream;
     const engine_cu_mat mz = q35_mat(&ly->wz, s->z, 0);
+    const bool zf = s->z_fork && !p; /* z on the side branch */
+    engine_cu_mat in[3] = {q35_mat(&ly->wqkv, s->big, 0), mz, q35_mat(&ly->wba, s->ba, 0)};
+    if (zf) {
+        in[1] = in[2];
+        cudaEventRecord(s->ev_fork, st);
+        cudaStreamWaitEvent(s->side, s->ev_fork, 0);
+        for (int i = 0; i < q35_diag_n(s, Q35_DIAG_DN_IN); i++)
+            q35_mv(s, s->side, s->x, d->E, ly->attn_norm, eps, 1, &mz);
+        cudaEventRecord(s->ev_join, s->side);
+    }
+    for (int i = 0; i < q35_diag_n(s, Q35_DIAG_DN_IN); i++) {
+        q35_mv(s, st, s->x, d->E, ly->attn_norm, eps, zf ? 2 : 3, in);
+        if (!ly->ba_fused) {
+            engine_cu_mat al = q35_mat(&ly->walpha, s->ba + d->nv, 0);
+            q35_mv(s, st, s->x, d->E, ly->attn_norm, eps, 1, &al);
+        }
+    }
+    if (zf) cudaStreamWaitEvent(st, s->ev_join, 0); /* the step reads z */
+    q35_mark(p, 1, st);
     engine_cu_delta a = q35_delta_args(s, ly, eps);
     a.qkv = s->big;
     a.z = s->z;
@@ -1115,44 +1114,7 @@ static void q35_deltanet(engine_cuda_q35_session *s, const q35_cl *ly, float eps
     a.pos = &s->step->pos;
     a.out = s->att;
     a.early = s->dn_early; /* nothing of this step's chain writes state, ring or position */
-    engine_cu_dn_in fi;
-    memset(&fi, 0, sizeof fi);
-    if (s->dn_fuse && s->dn_early == 2 && !p && ly->ba_fused &&
-        q35_diag_n(s, Q35_DIAG_DN_IN) == 1 && q35_diag_n(s, Q35_DIAG_DN_STEP) == 1) {
-        fi.mv.m[0] = q35_mat(&ly->wqkv, s->big, 0);
-        fi.mv.m[1] = mz;
-        fi.mv.m[2] = q35_mat(&ly->wba, s->ba, 0);
-        fi.mv.n_mat = 3;
-        fi.mv.cols = d->E;
-        fi.mv.x = s->x;
-        fi.mv.norm_w = ly->attn_norm;
-        fi.mv.eps = eps;
-        fi.mv.coop = s->coop_mv;
-        q35_dn_fuse_set(&fi, s->dn_fuse);
-    }
-    const bool fused = fi.mv.n_mat == 3 && engine_cu_dn_fused_ok(&a, &fi);
-    const bool zf = s->z_fork && !p && !fused; /* z on the side branch */
-    engine_cu_mat in[3] = {q35_mat(&ly->wqkv, s->big, 0), mz, q35_mat(&ly->wba, s->ba, 0)};
-    if (zf) {
-        in[1] = in[2];
-        cudaEventRecord(s->ev_fork, st);
-        cudaStreamWaitEvent(s->side, s->ev_fork, 0);
-        for (int i = 0; i < q35_diag_n(s, Q35_DIAG_DN_IN); i++)
-            q35_mv(s, s->side, s->x, d->E, ly->attn_norm, eps, 1, &mz);
-        cudaEventRecord(s->ev_join, s->side);
-    }
-    for (int i = 0; !fused && i < q35_diag_n(s, Q35_DIAG_DN_IN); i++) {
-        q35_mv(s, st, s->x, d->E, ly->attn_norm, eps, zf ? 2 : 3, in);
-        if (!ly->ba_fused) {
-            engine_cu_mat al = q35_mat(&ly->walpha, s->ba + d->nv, 0);
-            q35_mv(s, st, s->x, d->E, ly->attn_norm, eps, 1, &al);
-        }
-    }
-    if (zf) cudaStreamWaitEvent(st, s->ev_join, 0); /* the step reads z */
-    q35_mark(p, 1, st);
-    if (fused)
-        engine_cu_dn_fused(&a, &fi, st);
-    for (int i = 0; !fused && i < q35_diag_n(s, Q35_DIAG_DN_STEP); i++)
+    for (int i = 0; i < q35_diag_n(s, Q35_DIAG_DN_STEP); i++)
         engine_cu_deltanet_step(&a, st);
     q35_mark(p, 2, st);
     engine_cu_mat o = q35_mat(&ly->wout, s->x, 1);
@@ -1495,21 +1457,32 @@ struct q35_bufs {
 
 } // namespace
 
-/* The DeltaNet step's arguments of the ops below (host buffers uploaded into b): all but the
- * activations and the output. */
-static void q35_op_delta(q35_bufs &b, engine_cu_delta &g, int nk, int nv, int dk, int dv, int K,
-                         bool v_tiled, const int32_t *pos, const float *conv_w,
-                         const float *dt_bias, const float *a, const float *norm_w, float eps,
-                         float *ring, float *state) {
+extern "C" int engine_cuda_op_q35_deltanet(int nk, int nv, int dk, int dv, int K, bool v_tiled,
+                                           int32_t pos, const float *qkv, const float *z,
+                                           const float *beta, const float *alpha,
+                                           const float *conv_w, const float *dt_bias,
+                                           const float *a, const float *norm_w, float eps,
+                                           float *ring, float *state, float *out) {
+    int rc = engine_cuda_usable();
+    if (rc) return rc;
+    if (!engine_cu_deltanet_ok(dk, dv, K) || nk < 1 || nv % nk || pos < 0)
+        return engine_err(ENGINE_EINVAL, "deltanet op: unsupported shape");
     const size_t f = sizeof(float), C = 2 * (size_t)nk * dk + (size_t)nv * dv;
+    const size_t S = (size_t)nv * dk * dv;
+    q35_bufs b;
+    engine_cu_delta g;
     memset(&g, 0, sizeof g);
+    g.qkv = b.put<float>(qkv, f * C);
+    g.z = b.put<float>(z, f * nv * dv);
+    g.beta = b.put<float>(beta, f * nv);
+    g.alpha = b.put<float>(alpha, f * nv);
     g.conv_w = b.put<float>(conv_w, f * C * K);
     g.dt_bias = b.put<float>(dt_bias, f * nv);
     g.a = b.put<float>(a, f * nv);
     g.norm_w = b.put<float>(norm_w, f * dv);
     g.ring = b.put<float>(ring, f * C * K);
-    g.state = b.put<float>(state, f * (size_t)nv * dk * dv);
-    g.pos = b.put<int32_t>(pos, sizeof *pos);
+    g.state = b.put<float>(state, f * S);
+    g.pos = b.put<int32_t>(&pos, sizeof pos);
     g.out = b.put<float>(NULL, f * nv * dv);
     g.nk = nk;
     g.nv = nv;
@@ -1523,90 +1496,12 @@ static void q35_op_delta(q35_bufs &b, engine_cu_delta &g, int nk, int nv, int dk
     g.ssq = b.put<float>(NULL, f * nv * (dv / 32));
     g.counters = b.put<unsigned>(NULL, sizeof(unsigned) * nv);
     g.early = q35_dn_early_env(); /* as a session would take it */
-}
-
-static int q35_op_delta_get(q35_bufs &b, const engine_cu_delta &g, float *ring, float *state,
-                            float *out) {
-    const size_t f = sizeof(float), C = 2 * (size_t)g.nk * g.dk + (size_t)g.nv * g.dv;
-    int rc;
-    if ((rc = b.get(out, g.out, f * g.nv * g.dv)) || (rc = b.get(ring, g.ring, f * C * g.K)) ||
-        (rc = b.get(state, g.state, f * (size_t)g.nv * g.dk * g.dv)))
-        return rc;
-    return 0;
-}
-
-extern "C" int engine_cuda_op_q35_deltanet(int nk, int nv, int dk, int dv, int K, bool v_tiled,
-                                           int32_t pos, const float *qkv, const float *z,
-                                           const float *beta, const float *alpha,
-                                           const float *conv_w, const float *dt_bias,
-                                           const float *a, const float *norm_w, float eps,
-                                           float *ring, float *state, float *out) {
-    int rc = engine_cuda_usable();
-    if (rc) return rc;
-    if (!engine_cu_deltanet_ok(dk, dv, K) || nk < 1 || nv % nk || pos < 0)
-        return engine_err(ENGINE_EINVAL, "deltanet op: unsupported shape");
-    const size_t f = sizeof(float), C = 2 * (size_t)nk * dk + (size_t)nv * dv;
-    q35_bufs b;
-    engine_cu_delta g;
-    q35_op_delta(b, g, nk, nv, dk, dv, K, v_tiled, &pos, conv_w, dt_bias, a, norm_w, eps, ring,
-                 state);
-    g.qkv = b.put<float>(qkv, f * C);
-    g.z = b.put<float>(z, f * nv * dv);
-    g.beta = b.put<float>(beta, f * nv);
-    g.alpha = b.put<float>(alpha, f * nv);
     if (b.rc) return b.rc;
     engine_cu_deltanet_step(&g, 0);
-    return q35_op_delta_get(b, g, ring, state, out);
-}
-
-extern "C" int engine_cuda_op_q35_dn_in(int nk, int nv, int dk, int dv, int K, bool v_tiled,
-                                        int32_t pos, int E, int wtype, const void *w_qkv,
-                                        const void *w_z, const void *w_ba, const float *x,
-                                        const float *attn_norm, const float *conv_w,
-                                        const float *dt_bias, const float *a,
-                                        const float *norm_w, float eps, float *ring, float *state,
-                                        float *out, bool fused, int *max_clusters) {
-    int rc = engine_cuda_usable();
-    if (rc) return rc;
-    if (!engine_cu_deltanet_ok(dk, dv, K) || nk < 1 || nv % nk || pos < 0 || E % 32 ||
-        !engine_cu_type_supported(wtype))
-        return engine_err(ENGINE_EINVAL, "deltanet in-projection op: unsupported shape or type");
-    const size_t f = sizeof(float), C = 2 * (size_t)nk * dk + (size_t)nv * dv;
-    const size_t rb = engine_type_row_size((engine_type)wtype, E);
-    q35_bufs b;
-    engine_cu_delta g;
-    q35_op_delta(b, g, nk, nv, dk, dv, K, v_tiled, &pos, conv_w, dt_bias, a, norm_w, eps, ring,
-                 state);
-    float *qkv = b.put<float>(NULL, f * C), *z = b.put<float>(NULL, f * nv * dv);
-    float *ba = b.put<float>(NULL, f * 2 * nv);
-    engine_cu_dn_in in;
-    memset(&in, 0, sizeof in);
-    in.mv.m[0] = {b.put<uint8_t>(w_qkv, rb * C), rb, wtype, (int)C, qkv, 0};
-    in.mv.m[1] = {b.put<uint8_t>(w_z, rb * nv * dv), rb, wtype, nv * dv, z, 0};
-    in.mv.m[2] = {b.put<uint8_t>(w_ba, rb * 2 * nv), rb, wtype, 2 * nv, ba, 0};
-    in.mv.n_mat = 3;
-    in.mv.cols = E;
-    in.mv.x = b.put<float>(x, f * E);
-    in.mv.norm_w = b.put<float>(attn_norm, f * E);
-    in.mv.eps = eps;
-    in.mv.r3 = 1; /* as a session's default */
-    q35_dn_fuse_set(&in, q35_dn_fuse_env());
-    g.qkv = qkv;
-    g.z = z;
-    g.beta = ba;
-    g.alpha = ba + nv;
-    if (b.rc) return b.rc;
-    if (fused) {
-        g.early = 2;
-        if (!engine_cu_dn_fused_ok(&g, &in))
-            return engine_err(ENGINE_EINVAL, "deltanet in-projection op: no fused kernel for it");
-        if (max_clusters) *max_clusters = engine_cu_dn_fused_clusters(&g, &in);
-        engine_cu_dn_fused(&g, &in, 0);
-    } else {
-        engine_cu_matvec(&in.mv, 0);
-        engine_cu_deltanet_step(&g, 0);
-    }
-    return q35_op_delta_get(b, g, ring, state, out);
+    if ((rc = b.get(out, g.out, f * nv * dv)) || (rc = b.get(ring, g.ring, f * C * K)) ||
+        (rc = b.get(state, g.state, f * S)))
+        return rc;
+    return 0;
 }
 
 extern "C" int engine_cuda_op_q35_attention(int n_head, int n_kv, int hd, int rot, int32_t pos,

@@ -218,64 +218,6 @@ static void check_deltanet_early(int nk, int nv, int dk, int K, bool tiled, cons
         free(ring[e]), free(st[e]), free(o[e]);
 }
 
-/* The in-projection and the step in one launch (engine_cu_dn_fused, the decode step's
- * default) against the matvec launch and the early cluster step: out, ring and state bit for
- * bit over T steps, weights of type t (quantised by the CPU's quantiser). */
-static void check_dn_fused(int nk, int nv, int dk, int K, bool tiled, int E, engine_type t) {
-    const int dv = dk, C = 2 * nk * dk + nv * dv, T = 6;
-    const size_t S = (size_t)nv * dk * dv, f = sizeof(float), rb = engine_type_row_size(t, E);
-    const int rows[3] = {C, nv * dv, 2 * nv};
-    uint8_t *w[3];
-    float *row = malloc(f * E), *x = malloc(f * E), *an = malloc(f * E);
-    float *cw = malloc(f * C * K), *dt = malloc(f * nv), *a = malloc(f * nv), *nw = malloc(f * dv);
-    float *ring[2] = {malloc(f * C * K), malloc(f * C * K)};
-    float *st[2] = {malloc(f * S), malloc(f * S)};
-    float *o[2] = {malloc(f * nv * dv), malloc(f * nv * dv)};
-    for (int m = 0; m < 3; m++) {
-        w[m] = malloc(rb * rows[m]);
-        for (int r = 0; r < rows[m]; r++) {
-            fill(row, E, 0.0f, 0.1f);
-            engine_quantize_row(t, row, w[m] + rb * r, E);
-        }
-    }
-    fill(an, E, 1.0f, 0.25f);
-    fill(cw, (size_t)C * K, 0.0f, 0.5f);
-    fill(dt, nv, 1.0f, 0.5f);
-    fill(a, nv, -1.0f, 0.5f);
-    fill(nw, dv, 1.0f, 0.25f);
-    fill(ring[0], (size_t)C * K, 0.0f, 1.0f);
-    fill(st[0], S, 0.0f, 0.1f);
-    memcpy(ring[1], ring[0], f * C * K);
-    memcpy(st[1], st[0], f * S);
-    int bad = -1, clusters = 0;
-    for (int s = 0; s < T && bad < 0; s++) {
-        fill(x, E, 0.0f, 2.0f);
-        for (int e = 0; e < 2; e++) {
-            int rc = engine_cuda_op_q35_dn_in(nk, nv, dk, dv, K, tiled, 3 + s, E, t, w[0], w[1],
-                                              w[2], x, an, cw, dt, a, nw, 1e-6f, ring[e], st[e],
-                                              o[e], e == 1, &clusters);
-            CHECK(rc == 0, "deltanet in-projection op (fused %d): %s", e,
-                  rc ? engine_error_last() : "");
-            if (rc) bad = s;
-        }
-        if (bad < 0 && (memcmp(o[0], o[1], f * nv * dv) || memcmp(ring[0], ring[1], f * C * K) ||
-                        memcmp(st[0], st[1], f * S)))
-            bad = s;
-    }
-    CHECK(bad < 0, "deltanet %d/%d x %d %s E %d type %d: the fused in-projection differs at step %d",
-          nk, nv, dk, tiled ? "tiled" : "grouped", E, (int)t, bad);
-    const char *var = getenv("SPARK_CUDA_Q35_DN_FUSE");
-    printf("deltanet nk %d nv %d d %d %s E %d type %d: fused in-projection + step%s%s %s (%d "
-           "clusters at once)\n",
-           nk, nv, dk, tiled ? "tiled" : "grouped", E, (int)t, var ? " " : "", var ? var : "",
-           bad < 0 ? "bit for bit the two launches" : "DIFFERS", clusters);
-    for (int m = 0; m < 3; m++)
-        free(w[m]);
-    free(row), free(x), free(an), free(cw), free(dt), free(a), free(nw);
-    for (int e = 0; e < 2; e++)
-        free(ring[e]), free(st[e]), free(o[e]);
-}
-
 /* ---------------------------------------------------------------------------------------------
  * Gated attention
  * ------------------------------------------------------------------------------------------- */
@@ -596,8 +538,7 @@ out:
 /* Session switches that run the same arithmetic as the default in another launch structure:
  * SPARK_CUDA_Q35_SH_FORK=0 / Z_FORK=0 (the shared expert's gate/up, the DeltaNet z projection
  * back in the chain instead of the default's forked graph branch), SPARK_CUDA_Q35_DN_EARLY=0|1
- * (the plain DeltaNet step, the early one without the default's cluster norm), DN_FUSE=0 (the
- * in-projection and the step as two launches): a session with
+ * (the plain DeltaNet step, the early one without the default's cluster norm): a session with
  * VAR=VAL has the default session's logits at every step and device greedy loop, bit for
  * bit. */
 static void check_variant(const char *type, const char *var, const char *val, const char *var2,
@@ -674,26 +615,6 @@ int main(void) {
         check_deltanet_early(16, 32, 128, 4, true, mode);
         check_deltanet_early(16, 32, 128, 4, false, mode);
     }
-    /* the fused in-projection (the 35B-A3B shape's 16 / 32 heads of 128 and the tiny one's) */
-    static const engine_type fused_types[] = {ENGINE_TYPE_Q4_K, ENGINE_TYPE_Q6_K, ENGINE_TYPE_Q8_0,
-                                              ENGINE_TYPE_F32};
-    for (int i = 0; i < 4; i++) {
-        check_dn_fused(16, 32, 128, 4, true, 2048, fused_types[i]);
-        check_dn_fused(2, 4, 64, 4, true, 256, fused_types[i]);
-    }
-    check_dn_fused(16, 32, 128, 4, false, 2048, ENGINE_TYPE_Q4_K);
-    check_dn_fused(2, 4, 64, 4, false, 512, ENGINE_TYPE_Q5_K);
-    static const char *const fuse_vars[] = {"v", "2", "v2"};
-    for (int i = 0; i < 3; i++) {
-        setenv("SPARK_CUDA_Q35_DN_FUSE", fuse_vars[i], 1);
-        check_dn_fused(16, 32, 128, 4, true, 2048, ENGINE_TYPE_Q4_K);
-        check_dn_fused(16, 32, 128, 4, false, 2048, ENGINE_TYPE_Q8_0);
-        check_dn_fused(2, 4, 64, 4, false, 256, ENGINE_TYPE_F32);
-    }
-    unsetenv("SPARK_CUDA_Q35_DN_FUSE");
-    if (getenv("SPARK_TEST_Q35_ONLY")) { /* the fused checks alone (profilers) */
-        return support_finish("test_cuda_qwen35");
-    }
     setenv("SPARK_CUDA_Q35_DN_EARLY", "0", 1); /* the plain kernel against the CPU too */
     check_deltanet(16, 32, 128, 4, true);
     check_deltanet(2, 4, 64, 4, false);
@@ -757,8 +678,6 @@ int main(void) {
     static const char *const variants[][4] = {
         {"SPARK_CUDA_Q35_SH_FORK", "0", NULL, NULL},
         {"SPARK_CUDA_Q35_Z_FORK", "0", NULL, NULL},
-        {"SPARK_CUDA_Q35_DN_FUSE", "0", NULL, NULL},
-        {"SPARK_CUDA_Q35_DN_FUSE", "0", "SPARK_CUDA_Q35_Z_FORK", "0"},
         {"SPARK_CUDA_Q35_DN_EARLY", "0", NULL, NULL},
         {"SPARK_CUDA_Q35_DN_EARLY", "1", NULL, NULL},
         {"SPARK_CUDA_Q35_ATT_EARLY", "0", NULL, NULL},
