@@ -99,6 +99,9 @@ struct q35_spec {
 #define Q35M_FUSED_DEC1 8192u /* passes of one token (draft, verify m = 1): the decode matvecs */
 #define Q35M_FUSED_FATT 16384u /* the feed's block without o_proj and MoE (its KV rows alone) */
 #define Q35M_FUSED_H4 32768u  /* the heads' m-vector matvec with four rows per warp (over h3) */
+/* "dearly" (implies delta): the one DeltaNet launch as the decode's early cluster kernel
+ * (state before the wait, one reduction for the l2 norms, the RMSNorm through the cluster) */
+#define Q35M_FUSED_DEARLY 65536u
 /* The default (SPARK_CUDA_MTP_FUSED unset or empty), from GPU call 2 of session 6 (8-block cut
  * of the 35B-A3B shape, verify m = 1..5 in us, KV-only feed in all; the feed itself stays
  * whole-block, see below): "split" 816 1133 1401 1728 2076 (draft 310); the decode matvec for
@@ -121,7 +124,7 @@ struct q35_spec {
 /* SPARK_CUDA_MTP_FUSED (read when a session first turns MTP on): unset or empty: the default
  * parts (Q35M_FUSED_DEFAULT: dec1, split, h3, dn2, fatt); "0": every part per token as the
  * decode step with the m-vector matvecs and the whole MTP block in the feed; "1" or "all":
- * every fused part; else a comma list of parts ("delta", "moe", "attn", "pf", "feed", "split",
+ * every fused part; else a comma list of parts ("delta", "dearly", "moe", "attn", "pf", "feed", "split",
  * "h3", "h4", and outside "1": "head", "tok", "dn", "dn2", "hseq", "aearly", "dec1", "fatt";
  * "feed" wins over "fatt", "delta" over "dn" / "dn2", "dn" over "dn2", "attn" over "aearly",
  * "tok" (and "dec1" at m = 1) over "pf" / "split", "hseq" over "head" / "tok" over "h4" over
@@ -140,6 +143,8 @@ static unsigned q35m_fused_env(void) {
         const size_t n = strcspn(p, ",");
         if (n == 5 && !strncmp(p, "delta", 5))
             f |= Q35M_FUSED_DELTA;
+        else if (n == 6 && !strncmp(p, "dearly", 6))
+            f |= Q35M_FUSED_DELTA | Q35M_FUSED_DEARLY;
         else if (n == 3 && !strncmp(p, "moe", 3))
             f |= Q35M_FUSED_MOE;
         else if (n == 4 && !strncmp(p, "attn", 4))
@@ -626,6 +631,9 @@ static void q35m_deltanet(engine_cuda_q35_session *s, const q35_cl *ly, float ep
         a.ba_stride = sp->sba;
         a.out_stride = sp->satt;
         a.ssq = sp->vssq;
+        /* "dearly": the state read before the wait, as "dn" does for a pass's first token: no
+         * kernel of the pass writes it before this launch */
+        a.d.early = (sp->fused & Q35M_FUSED_DEARLY) ? 2 : 0;
         engine_cu_vdelta_step(&a, st);
     }
     for (int t = 0; step && t < ps->m && !(sp->fused & Q35M_FUSED_DELTA); t++) {

@@ -14,6 +14,7 @@
  * m = 1 the kernel writes it as the decode step does, so with m = 1, snapshots as the caller
  * asks, it is the decode step (deltanet.cu's kernel could become this one; that file is not
  * this module's). */
+#include <cooperative_groups.h>
 #include <math.h>
 
 #include "deltanet_dev.cuh"
@@ -23,8 +24,19 @@
 #define VD_COLS 32 /* state columns of a block (deltanet.cu's DN_COLS) */
 #define VD_MAX_DK 512
 
-/* Grid (nv, dv / VD_COLS), dk / VD_ROWS warps, as deltanet.cu's kernel. */
-__global__ void __launch_bounds__(VD_MAX_DK / VD_ROWS * 32) vdelta_kernel(engine_cu_vdelta va) {
+/* Grid (nv, dv / VD_COLS), dk / VD_ROWS warps, as deltanet.cu's kernel.
+ * EARLY (va.d.early == 2; dk <= 128, a head's column blocks one cluster; the MTP part
+ * "dearly"): as the decode step's early cluster kernel (deltanet.cu) for m tokens: the block's
+ * state rows read into registers and its conv weights and ring rows asked of L2 BEFORE the wait
+ * (no kernel of a verify pass writes the state or the ring before its DeltaNet steps: the
+ * previous pass and the restore are finished graphs), both l2-norm sums of all m tokens in one
+ * block reduction (each in engine_cu_block_sum's order), q and k scaled where used, and the
+ * gated RMSNorm of every token by each block for its own columns with the head's sums of
+ * squares through distributed shared memory (in column-block order): no counter, fence or last
+ * block. The same expressions on the same operands: bit for bit the default. */
+template <bool EARLY>
+__global__ void __launch_bounds__(EARLY ? 256 : VD_MAX_DK / VD_ROWS * 32, EARLY ? 1 : 0)
+    vdelta_kernel(engine_cu_vdelta va) {
     extern __shared__ float vd_smem[];
     __shared__ float red32[32];
     __shared__ float gb[ENGINE_CU_VMAX][2]; /* g, beta of each token */
@@ -40,9 +52,22 @@ __global__ void __launch_bounds__(VD_MAX_DK / VD_ROWS * 32) vdelta_kernel(engine
     const bool owner = (a.v_tiled ? h < nk : h % grp == 0) && cb == 0;
     const int c = c0 + lane, r0 = wi * VD_ROWS;
     float *S = a.state + (size_t)h * dk * dv;
+    float s[VD_ROWS];
     engine_cu_pdl_launch();
-    if (lane < VD_ROWS)
+    if constexpr (EARLY) {
+#pragma unroll
+        for (int i = 0; i < VD_ROWS; i++)
+            s[i] = S[(size_t)(r0 + i) * dv + c];
+        for (int e = tid; e < per; e += nt) { /* the block's conv weights and ring rows: L2 */
+            const int ch = e < dk       ? kh * dk + e
+                           : e < 2 * dk ? nk * dk + kh * dk + (e - dk)
+                                        : 2 * nk * dk + h * dv + c0 + (e - 2 * dk);
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(a.conv_w + (size_t)ch * K));
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(a.ring + (size_t)ch * K));
+        }
+    } else if (lane < VD_ROWS) {
         asm volatile("prefetch.global.L2 [%0];" ::"l"(S + (size_t)(r0 + lane) * dv + c0));
+    }
     engine_cu_pdl_wait();
     const int32_t p0 = *a.pos;
     const size_t qs = va.qkv_stride;
@@ -92,6 +117,42 @@ __global__ void __launch_bounds__(VD_MAX_DK / VD_ROWS * 32) vdelta_kernel(engine
     __syncthreads();
     /* 1b. l2norm of q (times 1 / sqrt(dk)) and k of every token */
     float iq[ENGINE_CU_VMAX], ik[ENGINE_CU_VMAX];
+    const float qscale = 1.0f / sqrtf((float)dk);
+    __shared__ float siq[ENGINE_CU_VMAX], sik[ENGINE_CU_VMAX]; /* EARLY: the l2 scales */
+    if constexpr (EARLY) { /* one block reduction for the 2 m sums, scaled where used */
+        __shared__ float2 red2[ENGINE_CU_VMAX][32];
+        const int nw = nt >> 5;
+#pragma unroll
+        for (int t = 0; t < ENGINE_CU_VMAX; t++) {
+            if (t >= m) continue;
+            const float *q = sq + (size_t)t * dk, *k = sk + (size_t)t * dk;
+            float vq = 0.0f, vk = 0.0f;
+            for (int i = tid; i < dk; i += nt) {
+                vq += q[i] * q[i];
+                vk += k[i] * k[i];
+            }
+            vq = engine_cu_warp_sum(vq);
+            vk = engine_cu_warp_sum(vk);
+            if (lane == 0) red2[t][wi] = make_float2(vq, vk);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int t = 0; t < ENGINE_CU_VMAX; t++) {
+            iq[t] = ik[t] = 0.0f;
+            if (t >= m) continue;
+            const float2 rv = lane < nw ? red2[t][lane] : make_float2(0.0f, 0.0f);
+            const float ssq = engine_cu_warp_sum(rv.x), ssk = engine_cu_warp_sum(rv.y);
+            iq[t] = 1.0f / sqrtf(ssq + 1e-6f);
+            ik[t] = 1.0f / sqrtf(ssk + 1e-6f);
+        }
+        if (tid == 0) /* read by token index below: shared memory, not a local array */
+#pragma unroll
+            for (int t = 0; t < ENGINE_CU_VMAX; t++) {
+                siq[t] = iq[t];
+                sik[t] = ik[t];
+            }
+        __syncthreads();
+    } else {
 #pragma unroll
     for (int t = 0; t < ENGINE_CU_VMAX; t++) {
         iq[t] = ik[t] = 0.0f;
@@ -107,7 +168,6 @@ __global__ void __launch_bounds__(VD_MAX_DK / VD_ROWS * 32) vdelta_kernel(engine
         iq[t] = 1.0f / sqrtf(ssq + 1e-6f);
         ik[t] = 1.0f / sqrtf(ssk + 1e-6f);
     }
-    const float qscale = 1.0f / sqrtf((float)dk);
     __syncthreads();
 #pragma unroll
     for (int t = 0; t < ENGINE_CU_VMAX; t++) {
@@ -119,20 +179,28 @@ __global__ void __launch_bounds__(VD_MAX_DK / VD_ROWS * 32) vdelta_kernel(engine
         }
     }
     __syncthreads();
+    }
 
     /* 2. the delta rule on this thread's column slice, token by token */
-    float s[VD_ROWS];
+    if constexpr (!EARLY) {
 #pragma unroll
-    for (int i = 0; i < VD_ROWS; i++)
-        s[i] = S[(size_t)(r0 + i) * dv + c];
+        for (int i = 0; i < VD_ROWS; i++)
+            s[i] = S[(size_t)(r0 + i) * dv + c];
+    }
+    __shared__ float ssq_mine[ENGINE_CU_VMAX]; /* EARLY: token t's sum of squares of the block */
+    float o_t[ENGINE_CU_VMAX];                 /* EARLY, warp 0: token t's output of column c */
     for (int t = 0; t < m; t++) {
         const float *q = sq + (size_t)t * dk, *k = sk + (size_t)t * dk;
         const float g = gb[t][0], beta = gb[t][1];
+        /* EARLY: q and k as scaled in shared memory by the default (the same products) */
+        const float kq = EARLY ? sik[t] : 1.0f, qq = EARLY ? siq[t] : 1.0f;
+        float kn[VD_ROWS];
         float part = 0.0f;
 #pragma unroll
         for (int i = 0; i < VD_ROWS; i++) {
+            kn[i] = EARLY ? k[r0 + i] * kq : k[r0 + i];
             s[i] = s[i] * g;
-            part += s[i] * k[r0 + i];
+            part += s[i] * kn[i];
         }
         red[wi * VD_COLS + lane] = part;
         __syncthreads();
@@ -153,8 +221,8 @@ __global__ void __launch_bounds__(VD_MAX_DK / VD_ROWS * 32) vdelta_kernel(engine
                             : nullptr;
 #pragma unroll
         for (int i = 0; i < VD_ROWS; i++) {
-            s[i] += k[r0 + i] * d;
-            part += s[i] * q[r0 + i];
+            s[i] += kn[i] * d;
+            part += s[i] * (EARLY ? q[r0 + i] * qq * qscale : q[r0 + i]);
             if (snap_s) snap_s[(size_t)(r0 + i) * dv + c] = s[i];
         }
         red[wi * VD_COLS + lane] = part;
@@ -163,15 +231,46 @@ __global__ void __launch_bounds__(VD_MAX_DK / VD_ROWS * 32) vdelta_kernel(engine
             float o = 0.0f;
             for (int j = 0; j < nrw; j++)
                 o += red[j * VD_COLS + lane];
-            a.out[(size_t)t * va.out_stride + (size_t)h * dv + c] = o;
             const float sq2 = engine_cu_warp_sum(o * o);
-            if (lane == 0) va.ssq[((size_t)t * nv + h) * gridDim.y + cb] = sq2;
+            if constexpr (EARLY) {
+#pragma unroll
+                for (int u = 0; u < ENGINE_CU_VMAX; u++)
+                    if (u == t) o_t[u] = o;
+                if (lane == 0) ssq_mine[t] = sq2;
+            } else {
+                a.out[(size_t)t * va.out_stride + (size_t)h * dv + c] = o;
+                if (lane == 0) va.ssq[((size_t)t * nv + h) * gridDim.y + cb] = sq2;
+            }
         }
         __syncthreads(); /* red and so are rewritten by the next token */
     }
 #pragma unroll
     for (int i = 0; i < VD_ROWS; i++)
         S[(size_t)(r0 + i) * dv + c] = s[i];
+    if constexpr (EARLY) {
+        /* 3. every token's gated RMSNorm of this block's columns, the head's sums of squares
+         * from the cluster's blocks (block rank = column block) */
+        namespace cg = cooperative_groups;
+        cg::cluster_group cl = cg::this_cluster();
+        cl.sync();
+        if (wi == 0) {
+            const float nwe = a.norm_w[c];
+#pragma unroll
+            for (int t = 0; t < ENGINE_CU_VMAX; t++) {
+                if (t >= m) continue;
+                float ss = 0.0f;
+                for (unsigned j = 0; j < gridDim.y; j++)
+                    ss += cl.map_shared_rank(ssq_mine, j)[t];
+                const float scale = 1.0f / sqrtf(ss / (float)dv + a.eps);
+                const float ze = a.z[(size_t)t * va.z_stride + (size_t)h * dv + c];
+                const float y = nwe * (o_t[t] * scale);
+                a.out[(size_t)t * va.out_stride + (size_t)h * dv + c] =
+                    y * (ze / (1.0f + expf(-ze)));
+            }
+        }
+        cl.sync(); /* ssq_mine stays until every block of the cluster has read it */
+        return;
+    }
 
     /* 3. the last column block of the head: gated RMSNorm of every token's dv outputs */
     __threadfence();
@@ -200,10 +299,34 @@ size_t engine_cu_vdelta_smem(int dk, int m) {
     return sizeof(float) * (2 * (size_t)m * dk + (size_t)(dk / VD_ROWS) * VD_COLS);
 }
 
+bool engine_cu_vdelta_early_ok(int dk, int dv) {
+    return dk / VD_ROWS * 32 <= 256 && dv / VD_COLS <= 8;
+}
+
 void engine_cu_vdelta_step(const engine_cu_vdelta *a, cudaStream_t stream) {
     const int threads = a->d.dk / VD_ROWS * 32;
-    engine_cu_launch(vdelta_kernel, dim3(a->d.nv, a->d.dv / VD_COLS), dim3(threads),
-                     engine_cu_vdelta_smem(a->d.dk, a->m), stream, *a);
+    const dim3 grid(a->d.nv, a->d.dv / VD_COLS);
+    const size_t smem = engine_cu_vdelta_smem(a->d.dk, a->m);
+    if (a->d.early == 2 && engine_cu_vdelta_early_ok(a->d.dk, a->d.dv)) {
+        /* engine_cu_launch's programmatic serialisation plus the cluster of a head's blocks */
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = grid;
+        cfg.blockDim = dim3(threads);
+        cfg.dynamicSmemBytes = smem;
+        cfg.stream = stream;
+        cudaLaunchAttribute at[2];
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = 1;
+        at[1].id = cudaLaunchAttributeClusterDimension;
+        at[1].val.clusterDim.x = 1;
+        at[1].val.clusterDim.y = grid.y;
+        at[1].val.clusterDim.z = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = 2;
+        cudaLaunchKernelEx(&cfg, vdelta_kernel<true>, *a);
+        return;
+    }
+    engine_cu_launch(vdelta_kernel<false>, grid, dim3(threads), smem, stream, *a);
 }
 
 __global__ void vring_commit_kernel(const float4 *src0, size_t stride4, float4 *dst, size_t n4,

@@ -27,7 +27,9 @@
  *   m > 1 the live ring is NOT updated: call engine_cu_vring_commit (once for all blocks of the
  *   pass, snap_every 1) after it; m = 1 updates it. Per token bit for bit the decode step
  *   (deltanet.cu). ssq: m * nv * dv / 32 floats of scratch; d.counters as the decode step's
- *   (zero between launches, left zero).
+ *   (zero between launches, left zero). d.early == 2 (where engine_cu_vdelta_early_ok): the
+ *   early cluster kernel (state read before the wait: only where no kernel of the chain writes
+ *   the state or ring before it), bit for bit the same.
  * engine_cu_vring_commit: dst[0..n) = src_slot0[slot * slot_stride + i], slot = (*pos + 1) %
  *   n_snap (the ring of every DeltaNet block after the token at *pos; n a multiple of 4). */
 #ifndef SPARK_ENGINE_CUDA_Q35_VERIFY_CUH
@@ -196,6 +198,7 @@ typedef struct {
 } engine_cu_vdelta;
 
 size_t engine_cu_vdelta_smem(int dk, int m);
+bool engine_cu_vdelta_early_ok(int dk, int dv);
 void engine_cu_vdelta_step(const engine_cu_vdelta *a, cudaStream_t stream);
 void engine_cu_vring_commit(const float *src_slot0, size_t slot_stride, float *dst, size_t n,
                             const int32_t *pos, int n_snap, cudaStream_t stream);

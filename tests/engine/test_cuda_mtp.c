@@ -21,7 +21,9 @@
  *              for bit); and =hseq,dn2 (the heads on the decode's grid, the tokens in turn in
  *              each block; the later tokens' DeltaNet steps waiting before their early reads);
  *              and the default parts (SPARK_CUDA_MTP_FUSED empty: dec1, split, h3, dn2, fatt; dec1:
- *              passes of one token on the decode matvec); each part alone if one of these fails
+ *              passes of one token on the decode matvec), and those with "dearly" instead of
+ *              dn2 (the m tokens' DeltaNet steps in one launch of the decode's early cluster
+ *              kernel's shape); each part alone if one of these fails
  *   feed       SPARK_CUDA_MTP_FUSED=feed (the verify pass feeds only the MTP block's K/V rows)
  *              against the whole block: after 48 tokens in verify passes of 3, 4, 5, 1, 2, ..
  *              (the first at p0 = 0, where pairs 0 and 1 share position 0) the MTP K/V rows and
@@ -765,6 +767,8 @@ static void run_model(const char *type) {
         check_direct(m, gm, type, "tok,dn,aearly"); /* the parts outside "1": decode launches */
         check_direct(m, gm, type, "hseq,dn2");
         check_direct(m, gm, type, ""); /* the default parts (SPARK_CUDA_MTP_FUSED empty) */
+        /* the default's with the early cluster kernel for all m tokens' DeltaNet steps */
+        check_direct(m, gm, type, "dec1,split,h3,fatt,dearly");
         if (support_failures > before_dec) {
             static const char *const parts[] = {"head", "tok", "dn",   "aearly", "hseq",
                                                 "dn2",  "dec1", "split", "h3", "fatt"};
