@@ -100,7 +100,12 @@ struct q35_spec {
 #define Q35M_FUSED_FATT 16384u /* the feed's block without o_proj and MoE (its KV rows alone) */
 #define Q35M_FUSED_H4 32768u  /* the heads' m-vector matvec with four rows per warp (over h3) */
 /* "dearly" (implies delta): the one DeltaNet launch as the decode's early cluster kernel
- * (state before the wait, one reduction for the l2 norms, the RMSNorm through the cluster) */
+ * (state before the wait, one reduction for the l2 norms, the RMSNorm through the cluster), for
+ * passes of m >= 2 tokens; a pass of one token takes the per-token launch (dn / dn2 as set).
+ * In the default since session 10 (call 5, full Qwen3.5-35B-A3B-MTP Q4_K_M, `bench_q35 M -n 32
+ * -r 1 -M "SPARK_CUDA_MTP_FUSED=dec1,split,h3,fatt,dearly;...,delta"`, verify m = 1..5 in us):
+ * the then default (dn2) 2213 3644 4677 5718 7020, dearly 2337 3649 4597 5546 6765 (m = 1
+ * then still on it), the old one-launch delta 2419 3796 4830 5823 7024. */
 #define Q35M_FUSED_DEARLY 65536u
 /* The default (SPARK_CUDA_MTP_FUSED unset or empty), from GPU call 2 of session 6 (8-block cut
  * of the 35B-A3B shape, verify m = 1..5 in us, KV-only feed in all; the feed itself stays
@@ -116,13 +121,20 @@ struct q35_spec {
  * (draft 310); with "h4" instead of "h3" 645 1313 1689 2159 2629; with "feed" 632 1242 1606
  * 2060 2520. */
 #define Q35M_FUSED_DEFAULT                                                                         \
-    (Q35M_FUSED_DEC1 | Q35M_FUSED_SPLIT | Q35M_FUSED_H3 | Q35M_FUSED_DN2 | Q35M_FUSED_FATT)
+    (Q35M_FUSED_DEC1 | Q35M_FUSED_SPLIT | Q35M_FUSED_H3 | Q35M_FUSED_DN2 | Q35M_FUSED_FATT |      \
+     Q35M_FUSED_DELTA | Q35M_FUSED_DEARLY)
 #define Q35M_FUSED_ALL                                                                             \
     (Q35M_FUSED_DELTA | Q35M_FUSED_MOE | Q35M_FUSED_ATTN | Q35M_FUSED_PF | Q35M_FUSED_FEED |      \
      Q35M_FUSED_SPLIT | Q35M_FUSED_H3 | Q35M_FUSED_H4)
 
+/* Whether a pass of m tokens runs its DeltaNet steps as one launch (q35_vdelta.cu): "delta",
+ * or "dearly" from two tokens on. */
+static bool q35m_vdelta_on(const q35_spec *sp, int m) {
+    return (sp->fused & Q35M_FUSED_DELTA) && !((sp->fused & Q35M_FUSED_DEARLY) && m == 1);
+}
+
 /* SPARK_CUDA_MTP_FUSED (read when a session first turns MTP on): unset or empty: the default
- * parts (Q35M_FUSED_DEFAULT: dec1, split, h3, dn2, fatt); "0": every part per token as the
+ * parts (Q35M_FUSED_DEFAULT: dec1, split, h3, dn2, fatt, dearly); "0": every part per token as the
  * decode step with the m-vector matvecs and the whole MTP block in the feed; "1" or "all":
  * every fused part; else a comma list of parts ("delta", "dearly", "moe", "attn", "pf", "feed", "split",
  * "h3", "h4", and outside "1": "head", "tok", "dn", "dn2", "hseq", "aearly", "dec1", "fatt";
@@ -610,7 +622,8 @@ static void q35m_deltanet(engine_cuda_q35_session *s, const q35_cl *ly, float ep
     }
     if (zf) cudaStreamWaitEvent(st, s->ev_join, 0); /* the step reads z */
     const bool step = q35m_run(sp, Q35M_DIAG_DN_STEP);
-    if (step && (sp->fused & Q35M_FUSED_DELTA)) { /* verify passes only: consecutive positions */
+    const bool vd = q35m_vdelta_on(sp, ps->m);
+    if (step && vd) { /* verify passes only: consecutive positions */
         engine_cu_vdelta a;
         a.d = q35_delta_args(s, ly, eps);
         a.d.qkv = sp->big;
@@ -636,7 +649,7 @@ static void q35m_deltanet(engine_cuda_q35_session *s, const q35_cl *ly, float ep
         a.d.early = (sp->fused & Q35M_FUSED_DEARLY) ? 2 : 0;
         engine_cu_vdelta_step(&a, st);
     }
-    for (int t = 0; step && t < ps->m && !(sp->fused & Q35M_FUSED_DELTA); t++) {
+    for (int t = 0; step && t < ps->m && !vd; t++) {
         engine_cu_delta a = q35_delta_args(s, ly, eps);
         a.qkv = sp->big + (size_t)t * sp->sbig;
         a.z = sp->z + (size_t)t * sp->sz;
@@ -995,7 +1008,7 @@ static void q35m_enqueue_verify(engine_cuda_q35_session *s, int m) {
             q35m_deltanet(s, ly, eps, &ps);
         q35m_moe(s, ly, eps, m);
     }
-    if ((sp->fused & Q35M_FUSED_DELTA) && cm->n_lin > 0 && q35m_run(sp, Q35M_DIAG_RING))
+    if (q35m_vdelta_on(sp, m) && cm->n_lin > 0 && q35m_run(sp, Q35M_DIAG_RING))
         engine_cu_vring_commit(sp->vsnap, s->snap_stride, s->ring, s->ring_per * (size_t)cm->n_lin,
                                &sp->vstep[m - 1].pos, ENGINE_CU_VMAX, st); /* the rings after it */
     const bool argmax = q35m_run(sp, Q35M_DIAG_ARGMAX), feed = q35m_run(sp, Q35M_DIAG_FEED);
