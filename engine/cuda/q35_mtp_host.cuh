@@ -134,11 +134,12 @@ static bool q35m_vdelta_on(const q35_spec *sp, int m) {
 }
 
 /* SPARK_CUDA_MTP_FUSED (read when a session first turns MTP on): unset or empty: the default
- * parts (Q35M_FUSED_DEFAULT: dec1, split, h3, dn2, fatt, dearly); "0": every part per token as the
- * decode step with the m-vector matvecs and the whole MTP block in the feed; "1" or "all":
- * every fused part; else a comma list of parts ("delta", "dearly", "moe", "attn", "pf", "feed", "split",
- * "h3", "h4", and outside "1": "head", "tok", "dn", "dn2", "hseq", "aearly", "dec1", "fatt";
- * "feed" wins over "fatt", "delta" over "dn" / "dn2", "dn" over "dn2", "attn" over "aearly",
+ * parts (Q35M_FUSED_DEFAULT: dec1, split, h3, dn2, fatt, dearly); "0": every part per token as
+ * the decode step with the m-vector matvecs and the whole MTP block in the feed; "1" or "all":
+ * every fused part; else a comma list of parts ("delta", "dearly", "moe", "attn", "pf", "feed",
+ * "split", "h3", "h4", and outside "1": "head", "tok", "dn", "dn2", "hseq", "aearly", "dec1",
+ * "fatt"; "feed" wins over "fatt", "delta" (and "dearly" from m = 2 on) over "dn" / "dn2", "dn"
+ * over "dn2", "attn" over "aearly",
  * "tok" (and "dec1" at m = 1) over "pf" / "split", "hseq" over "head" / "tok" over "h4" over
  * "h3" for the heads).
  * Unknown names are logged and ignored. ("feed" was the default for GPU call 2 of session 5,

@@ -771,8 +771,8 @@ static void run_model(const char *type) {
         /* the default before "dearly": a decode DeltaNet launch per token */
         check_direct(m, gm, type, "dec1,split,h3,dn2,fatt");
         if (support_failures > before_dec) {
-            static const char *const parts[] = {"head", "tok", "dn",   "aearly", "hseq",
-                                                "dn2",  "dec1", "split", "h3", "fatt", "dearly"};
+            static const char *const parts[] = {"head", "tok",   "dn", "aearly", "hseq",  "dn2",
+                                                "dec1", "split", "h3", "fatt",   "dearly"};
             for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
                 check_direct(m, gm, type, parts[i]);
         }
