@@ -187,24 +187,37 @@ static inline int engine_cu_sm_count() {
     return sms;
 }
 
-/* Launch with programmatic stream serialisation (the kernel must call engine_cu_pdl_wait before
- * touching anything a previous kernel writes or reads). Errors surface in cudaGetLastError. */
+/* Launch with programmatic stream serialisation when pdl (the kernel must call engine_cu_pdl_wait
+ * before touching anything a previous kernel writes or reads) and, with cluster_y > 0, thread
+ * block clusters of 1 x cluster_y x 1 blocks. Errors surface in cudaGetLastError. */
 template <typename... KA, typename... A>
-static inline void engine_cu_launch(void (*kernel)(KA...), dim3 grid, dim3 block, size_t smem,
-                                    cudaStream_t st, A... args) {
+static inline void engine_cu_launch_ex(void (*kernel)(KA...), dim3 grid, dim3 block, size_t smem,
+                                       cudaStream_t st, bool pdl, unsigned cluster_y,
+                                       A... args) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = st;
-    cudaLaunchAttribute at[1];
+    cudaLaunchAttribute at[2];
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
+    at[0].val.programmaticStreamSerializationAllowed = pdl ? 1 : 0;
+    at[1].id = cudaLaunchAttributeClusterDimension;
+    at[1].val.clusterDim.x = 1;
+    at[1].val.clusterDim.y = cluster_y;
+    at[1].val.clusterDim.z = 1;
     cfg.attrs = at;
-    cfg.numAttrs = 1;
+    cfg.numAttrs = cluster_y > 0 ? 2 : 1;
     if (smem > 48 * 1024)
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
+/* Launch with programmatic stream serialisation, no clusters. */
+template <typename... KA, typename... A>
+static inline void engine_cu_launch(void (*kernel)(KA...), dim3 grid, dim3 block, size_t smem,
+                                    cudaStream_t st, A... args) {
+    engine_cu_launch_ex(kernel, grid, block, smem, st, true, 0u, args...);
 }
 
 #endif

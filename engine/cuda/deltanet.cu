@@ -373,22 +373,9 @@ void engine_cu_deltanet_step(const engine_cu_delta *a, cudaStream_t stream) {
     const dim3 grid(a->nv, a->dv / DN_COLS);
     const bool early = a->early && a->dv <= threads && threads <= DN_EARLY_THREADS;
     if (early && a->early == 2 && grid.y <= DN_MAX_CLUSTER) {
-        /* engine_cu_launch's programmatic serialisation plus the cluster of a head's blocks */
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = grid;
-        cfg.blockDim = dim3(threads);
-        cfg.dynamicSmemBytes = smem;
-        cfg.stream = stream;
-        cudaLaunchAttribute at[2];
-        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[0].val.programmaticStreamSerializationAllowed = a->serial == 1 ? 0 : 1;
-        at[1].id = cudaLaunchAttributeClusterDimension;
-        at[1].val.clusterDim.x = 1;
-        at[1].val.clusterDim.y = grid.y;
-        at[1].val.clusterDim.z = 1;
-        cfg.attrs = at;
-        cfg.numAttrs = 2;
-        cudaLaunchKernelEx(&cfg, deltanet_kernel<true, true>, *a);
+        /* programmatic serialisation (not for serial 1) plus the cluster of a head's blocks */
+        engine_cu_launch_ex(deltanet_kernel<true, true>, grid, dim3(threads), smem, stream,
+                            a->serial != 1, grid.y, *a);
     } else if (early && a->serial == 1) {
         deltanet_kernel<true><<<grid, dim3(threads), smem, stream>>>(*a);
     } else if (early) {

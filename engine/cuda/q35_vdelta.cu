@@ -24,6 +24,17 @@
 #define VD_COLS 32 /* state columns of a block (deltanet.cu's DN_COLS) */
 #define VD_MAX_DK 512
 
+/* This thread's parts of token t's sums of squares of q and k (the decode step's loop). */
+__device__ __forceinline__ void vd_l2_parts(const float *sq, const float *sk, int t, int dk,
+                                            float &vq, float &vk) {
+    const float *q = sq + (size_t)t * dk, *k = sk + (size_t)t * dk;
+    vq = vk = 0.0f;
+    for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+        vq += q[i] * q[i];
+        vk += k[i] * k[i];
+    }
+}
+
 /* Grid (nv, dv / VD_COLS), dk / VD_ROWS warps, as deltanet.cu's kernel.
  * EARLY (va.d.early == 2; dk <= 128, a head's column blocks one cluster; the MTP part
  * "dearly"): as the decode step's early cluster kernel (deltanet.cu) for m tokens: the block's
@@ -125,12 +136,8 @@ __global__ void __launch_bounds__(EARLY ? 256 : VD_MAX_DK / VD_ROWS * 32, EARLY 
 #pragma unroll
         for (int t = 0; t < ENGINE_CU_VMAX; t++) {
             if (t >= m) continue;
-            const float *q = sq + (size_t)t * dk, *k = sk + (size_t)t * dk;
-            float vq = 0.0f, vk = 0.0f;
-            for (int i = tid; i < dk; i += nt) {
-                vq += q[i] * q[i];
-                vk += k[i] * k[i];
-            }
+            float vq, vk;
+            vd_l2_parts(sq, sk, t, dk, vq, vk);
             vq = engine_cu_warp_sum(vq);
             vk = engine_cu_warp_sum(vk);
             if (lane == 0) red2[t][wi] = make_float2(vq, vk);
@@ -154,31 +161,27 @@ __global__ void __launch_bounds__(EARLY ? 256 : VD_MAX_DK / VD_ROWS * 32, EARLY 
         __syncthreads();
     } else {
 #pragma unroll
-    for (int t = 0; t < ENGINE_CU_VMAX; t++) {
-        iq[t] = ik[t] = 0.0f;
-        if (t >= m) continue;
-        const float *q = sq + (size_t)t * dk, *k = sk + (size_t)t * dk;
-        float vq = 0.0f, vk = 0.0f;
-        for (int i = tid; i < dk; i += nt) {
-            vq += q[i] * q[i];
-            vk += k[i] * k[i];
+        for (int t = 0; t < ENGINE_CU_VMAX; t++) {
+            iq[t] = ik[t] = 0.0f;
+            if (t >= m) continue;
+            float vq, vk;
+            vd_l2_parts(sq, sk, t, dk, vq, vk);
+            const float ssq = engine_cu_block_sum(vq, red32);
+            const float ssk = engine_cu_block_sum(vk, red32);
+            iq[t] = 1.0f / sqrtf(ssq + 1e-6f);
+            ik[t] = 1.0f / sqrtf(ssk + 1e-6f);
         }
-        const float ssq = engine_cu_block_sum(vq, red32);
-        const float ssk = engine_cu_block_sum(vk, red32);
-        iq[t] = 1.0f / sqrtf(ssq + 1e-6f);
-        ik[t] = 1.0f / sqrtf(ssk + 1e-6f);
-    }
-    __syncthreads();
+        __syncthreads();
 #pragma unroll
-    for (int t = 0; t < ENGINE_CU_VMAX; t++) {
-        if (t >= m) continue;
-        float *q = sq + (size_t)t * dk, *k = sk + (size_t)t * dk;
-        for (int i = tid; i < dk; i += nt) {
-            q[i] = q[i] * iq[t] * qscale;
-            k[i] = k[i] * ik[t];
+        for (int t = 0; t < ENGINE_CU_VMAX; t++) {
+            if (t >= m) continue;
+            float *q = sq + (size_t)t * dk, *k = sk + (size_t)t * dk;
+            for (int i = tid; i < dk; i += nt) {
+                q[i] = q[i] * iq[t] * qscale;
+                k[i] = k[i] * ik[t];
+            }
         }
-    }
-    __syncthreads();
+        __syncthreads();
     }
 
     /* 2. the delta rule on this thread's column slice, token by token */
@@ -307,26 +310,11 @@ void engine_cu_vdelta_step(const engine_cu_vdelta *a, cudaStream_t stream) {
     const int threads = a->d.dk / VD_ROWS * 32;
     const dim3 grid(a->d.nv, a->d.dv / VD_COLS);
     const size_t smem = engine_cu_vdelta_smem(a->d.dk, a->m);
-    if (a->d.early == 2 && engine_cu_vdelta_early_ok(a->d.dk, a->d.dv)) {
-        /* engine_cu_launch's programmatic serialisation plus the cluster of a head's blocks */
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = grid;
-        cfg.blockDim = dim3(threads);
-        cfg.dynamicSmemBytes = smem;
-        cfg.stream = stream;
-        cudaLaunchAttribute at[2];
-        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[0].val.programmaticStreamSerializationAllowed = 1;
-        at[1].id = cudaLaunchAttributeClusterDimension;
-        at[1].val.clusterDim.x = 1;
-        at[1].val.clusterDim.y = grid.y;
-        at[1].val.clusterDim.z = 1;
-        cfg.attrs = at;
-        cfg.numAttrs = 2;
-        cudaLaunchKernelEx(&cfg, vdelta_kernel<true>, *a);
-        return;
-    }
-    engine_cu_launch(vdelta_kernel<false>, grid, dim3(threads), smem, stream, *a);
+    if (a->d.early == 2 && engine_cu_vdelta_early_ok(a->d.dk, a->d.dv))
+        engine_cu_launch_ex(vdelta_kernel<true>, grid, dim3(threads), smem, stream, true, grid.y,
+                            *a); /* the cluster of a head's column blocks */
+    else
+        engine_cu_launch(vdelta_kernel<false>, grid, dim3(threads), smem, stream, *a);
 }
 
 __global__ void vring_commit_kernel(const float4 *src0, size_t stride4, float4 *dst, size_t n4,
