@@ -30,6 +30,17 @@ static bool use_more_bits(int i, int n) {
     return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
 }
 
+/* llama.cpp counts the attn_v tensors in layer order (i_attention_wv) against the number of
+ * attn_v and attn_qkv tensors (n_attention_wv: one per block, the MTP blocks included); in a
+ * hybrid model only every full_attn_interval-th block has an attn_v. */
+static int attn_v_index(const engine_hparams *hp, int layer) {
+    if (hp->full_attn_interval == 0) return layer;
+    int i = 0;
+    for (int l = 0; l < layer && l < (int)hp->n_layer; l++)
+        i += (l + 1) % (int)hp->full_attn_interval == 0;
+    return i;
+}
+
 static bool fits(engine_type t, int64_t ne0) {
     const engine_type_traits *tr = engine_type_traits_get(t);
     return tr && ne0 % tr->block_size == 0;
@@ -48,11 +59,22 @@ engine_type engine_gen_tensor_type(const engine_gen_ftype *ft, const engine_hpar
                 (d->role == ENGINE_TENSOR_TOKEN_EMBD && hp->tied_embeddings);
     bool k_mix = ft->base == ENGINE_TYPE_Q4_K || ft->base == ENGINE_TYPE_Q5_K;
     if (head && (k_mix || ft->base == ENGINE_TYPE_Q4_0)) t = ENGINE_TYPE_Q6_K;
-    if (k_mix && d->layer >= 0 &&
-        (d->role == ENGINE_TENSOR_ATTN_V || d->role == ENGINE_TENSOR_FFN_DOWN ||
-         d->role == ENGINE_TENSOR_FFN_DOWN_EXPS) &&
-        use_more_bits(d->layer, (int)hp->n_layer))
-        t = ENGINE_TYPE_Q6_K;
+    /* llama.cpp's llama_tensor_get_type for the K mixes: ffn_down matches every tensor whose
+     * name holds "ffn_down" (a MoE layer's routed and shared experts alike: the layer taken
+     * from the name, against the block count), attn_v its own counter, attn_qkv (qwen35moe's
+     * DeltaNet q/k/v projection) one step up (Q4_K_M: Q5_K, Q5_K_M: Q6_K). */
+    const int n_blk = (int)(hp->n_layer + hp->n_nextn);
+    if (k_mix && d->layer >= 0) {
+        if ((d->role == ENGINE_TENSOR_FFN_DOWN || d->role == ENGINE_TENSOR_FFN_DOWN_EXPS ||
+             d->role == ENGINE_TENSOR_FFN_DOWN_SHEXP) &&
+            use_more_bits(d->layer, n_blk))
+            t = ENGINE_TYPE_Q6_K;
+        else if (d->role == ENGINE_TENSOR_ATTN_V &&
+                 use_more_bits(attn_v_index(hp, d->layer), n_blk))
+            t = ENGINE_TYPE_Q6_K;
+        else if (d->role == ENGINE_TENSOR_ATTN_QKV)
+            t = ft->base == ENGINE_TYPE_Q4_K ? ENGINE_TYPE_Q5_K : ENGINE_TYPE_Q6_K;
+    }
     if (!fits(t, d->ne[0])) t = ft->quantized ? ENGINE_TYPE_Q8_0 : t;
     if (!fits(t, d->ne[0])) t = ENGINE_TYPE_F32;
     return t;

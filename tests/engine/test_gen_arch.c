@@ -105,6 +105,60 @@ static void test_qwen3_30b_a3b_tensors(void) {
     free(d);
 }
 
+/* The q4_k_m mix of the Qwen3.5-35B-A3B shape as llama.cpp's quantizer picks it: ffn_down
+ * rules cover the shared expert's down (layer from the name), attn_v counts attention blocks
+ * only (against one attn_v or attn_qkv per block), the DeltaNet attn_qkv is one step up. */
+static void test_qwen35_mix(void) {
+    const engine_arch_preset *p = engine_arch_preset_find("qwen35-35b-a3b-mtp");
+    const engine_gen_ftype *ft = engine_gen_ftype_find("q4_k_m");
+    CHECK(p && ft);
+    if (!p || !ft) return;
+    engine_tensor_desc *d;
+    size_t n;
+    CHECK(engine_arch_tensors(&p->hp, &d, &n) == 0);
+    const engine_hparams *hp = &p->hp;
+    struct {
+        const char *name;
+        engine_type t;
+    } want[] = {
+        /* use_more_bits(i, 41): i < 5, i >= 35, (i - 5) % 3 == 2 */
+        {"blk.0.ffn_down_exps.weight", ENGINE_TYPE_Q6_K},
+        {"blk.0.ffn_down_shexp.weight", ENGINE_TYPE_Q6_K},
+        {"blk.5.ffn_down_exps.weight", ENGINE_TYPE_Q4_K},
+        {"blk.5.ffn_down_shexp.weight", ENGINE_TYPE_Q4_K},
+        {"blk.7.ffn_down_shexp.weight", ENGINE_TYPE_Q6_K},
+        {"blk.36.ffn_down_shexp.weight", ENGINE_TYPE_Q6_K},
+        {"blk.40.ffn_down_exps.weight", ENGINE_TYPE_Q6_K},
+        {"blk.5.ffn_up_shexp.weight", ENGINE_TYPE_Q4_K},
+        /* attn_v of attention block i (layers 3, 7, ..., 39, then the MTP block 40) */
+        {"blk.3.attn_v.weight", ENGINE_TYPE_Q6_K},  /* i = 0 */
+        {"blk.19.attn_v.weight", ENGINE_TYPE_Q6_K}, /* i = 4 */
+        {"blk.23.attn_v.weight", ENGINE_TYPE_Q4_K}, /* i = 5 */
+        {"blk.31.attn_v.weight", ENGINE_TYPE_Q6_K}, /* i = 7 */
+        {"blk.35.attn_v.weight", ENGINE_TYPE_Q4_K}, /* i = 8 */
+        {"blk.40.attn_v.weight", ENGINE_TYPE_Q6_K}, /* i = 10 */
+        {"blk.0.attn_qkv.weight", ENGINE_TYPE_Q5_K},
+        {"blk.38.attn_qkv.weight", ENGINE_TYPE_Q5_K},
+        {"blk.0.attn_gate.weight", ENGINE_TYPE_Q4_K},
+        {"blk.0.ssm_out.weight", ENGINE_TYPE_Q4_K},
+        {"output.weight", ENGINE_TYPE_Q6_K},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        const engine_tensor_desc *t = find(d, n, want[i].name);
+        CHECK(t != NULL);
+        if (t && engine_gen_tensor_type(ft, hp, t) != want[i].t) {
+            fprintf(stderr, "%s: type %d, want %d\n", want[i].name,
+                    (int)engine_gen_tensor_type(ft, hp, t), (int)want[i].t);
+            failures++;
+        }
+    }
+    /* q5_k_m: attn_qkv Q6_K */
+    const engine_gen_ftype *f5 = engine_gen_ftype_find("q5_k_m");
+    const engine_tensor_desc *qkv = find(d, n, "blk.0.attn_qkv.weight");
+    CHECK(f5 && qkv && engine_gen_tensor_type(f5, hp, qkv) == ENGINE_TYPE_Q6_K);
+    free(d);
+}
+
 static void test_dense_and_tied(void) {
     const engine_arch_preset *p = engine_arch_preset_find("qwen3-tiny");
     CHECK(p && p->hp.arch == ENGINE_ARCH_QWEN3 && p->hp.tied_embeddings);
@@ -359,6 +413,7 @@ static int write_corpus(const char *dir) {
 int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "--write-corpus")) return write_corpus(argv[2]);
     test_qwen3_30b_a3b_tensors();
+    test_qwen35_mix();
     test_dense_and_tied();
     test_hparams_check();
     test_roundtrip_and_validate();
