@@ -187,15 +187,23 @@ support_logit_row support_logit_add(support_logit_stats *c, const float *a, cons
     support_logit_row r = support_logit_compare(a, b, n);
     c->worst = fmax(c->worst, r.max_diff / (1 + r.max_ref));
     c->worst_cos = fmin(c->worst_cos, r.cosine);
+    if (c->n_cmp < SUPPORT_LOGIT_ROWS) c->row_cos[c->n_cmp] = r.cosine;
+    if (r.cosine < 0.999 && !c->first_low) c->first_low = c->n_cmp + 1;
     c->n_cmp++;
     c->n_low += r.cosine < 0.999;
     return r;
 }
 
 void support_logit_finish(const support_logit_stats *c, const char *diff, int width) {
-    if (!c->exact && c->moe && (c->n_low * 10 > c->n_cmp || !(c->worst_cos >= 0.9)))
+    if (!c->exact && c->moe && (c->n_low * 10 > c->n_cmp || !(c->worst_cos >= 0.9))) {
         support_fail("%s: %d of %d rows below cosine 0.999 (min %.4f)", c->what, c->n_low,
                      c->n_cmp, c->worst_cos);
+        fprintf(stderr, "  rows' cosines from row %d on:", c->first_low - 1);
+        for (int i = c->first_low > 2 ? c->first_low - 2 : 0;
+             i < c->n_cmp && i < SUPPORT_LOGIT_ROWS; i++)
+            fprintf(stderr, " %d:%.5f", i, c->row_cos[i]);
+        fprintf(stderr, "\n");
+    }
     printf("%-*s: max |%s|/(1+max|l|) %.2e, min cosine %.6f (%d of %d below 0.999)\n", width,
            c->what, diff, c->worst, c->worst_cos, c->n_low, c->n_cmp);
 }

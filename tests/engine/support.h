@@ -93,7 +93,9 @@ typedef struct {
 
 support_logit_row support_logit_compare(const float *a, const float *b, int32_t n);
 
-/* Rows compared so far (initialise as {exact, moe, 0, 1, 0, 0, what}): the caller's criteria
+#define SUPPORT_LOGIT_ROWS 64
+
+/* Rows compared so far (initialise as {.exact, .moe, .worst_cos = 1, .what}): the caller's criteria
  * (exact: f32 weights, checked row by row; moe: quantised MoE, where a rounding difference can
  * swap two near-tied experts, so a row may differ a lot), the largest max |a-b| / (1 + max |a|),
  * the smallest cosine, the rows compared and those below cosine 0.999, the messages' label. */
@@ -102,6 +104,11 @@ typedef struct {
     double worst, worst_cos;
     int n_cmp, n_low;
     const char *what;
+    /* filled by support_logit_add: 1 + the first row below cosine 0.999 (0: none), and the
+     * first SUPPORT_LOGIT_ROWS rows' cosines (printed when the check fails: whether the rows
+     * part abruptly at one step, an expert swap carried on by the state, or drift) */
+    int first_low;
+    double row_cos[SUPPORT_LOGIT_ROWS];
 } support_logit_stats;
 
 /* support_logit_compare, added to the stats. */

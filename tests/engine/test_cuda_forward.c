@@ -189,15 +189,15 @@ static void run_model(const char *preset, const char *type) {
         tok_cpu[i] = tok_gpu[i] = (int32_t)((i * 7919 + 13) % nv);
     char what[64];
     snprintf(what, sizeof what, "%-10s %-6s logits", preset, type);
-    support_logit_stats c = {exact, strcmp(preset, "tiny") == 0, 0, 1, 0, 0, what};
+    support_logit_stats c = {.exact = exact, .moe = strcmp(preset, "tiny") == 0, .worst_cos = 1, .what = what};
     char what_f[64];
     snprintf(what_f, sizeof what_f, "%-10s %-6s logits, router unfused", preset, type);
-    support_logit_stats cf = {exact, c.moe, 0, 1, 0, 0, what_f};
+    support_logit_stats cf = {.exact = exact, .moe = c.moe, .worst_cos = 1, .what = what_f};
     int n_rf_tok_diff = 0;
     if (!gf || !lf) goto out;
     char what_m[64];
     snprintf(what_m, sizeof what_m, "%-10s %-6s logits, MoE fused", preset, type);
-    support_logit_stats cm = {exact, c.moe, 0, 1, 0, 0, what_m};
+    support_logit_stats cm = {.exact = exact, .moe = c.moe, .worst_cos = 1, .what = what_m};
     int n_mf_tok_diff = 0, n_mf_ties = 0, mf_tie_at = -1;
     if (!gmf || !lm) goto out;
     int part = -1;

@@ -451,7 +451,7 @@ static void run_model(const char *type) {
             tok_cpu[i] = tok_gpu[i] = (int32_t)((i * 7919 + 13) % nv);
         char what[64];
         snprintf(what, sizeof what, "qwen35-tiny %-6s logits", type);
-        support_logit_stats c = {exact, true, 0, 1, 0, 0, what};
+        support_logit_stats c = {.exact = exact, .moe = true, .worst_cos = 1, .what = what};
         int part = -1;
         for (int i = 0; i < N_PROMPT + N_GEN - 1; i++) {
             int32_t next = -1;
