@@ -306,13 +306,13 @@ static void run_model(const char *preset, const char *type) {
         tok[i] = (int32_t)((i * 7919 + 13) % nv);
     CHECK(engine_session_append(cs, tok, N_PROMPT, lc) == 0, "cpu prompt");
     CHECK(engine_cuda_prefill_run(pf, tok, N_PROMPT, 0, lg, NULL) == 0, "gpu prefill");
-    cmp_stats c = {strcmp(type, "f32") == 0, strcmp(preset, "tiny") == 0, 0, 1, 0, 0, what};
+    cmp_stats c = {.exact = strcmp(type, "f32") == 0, .moe = strcmp(preset, "tiny") == 0, .worst_cos = 1, .what = what};
     snprintf(what, sizeof what, "%s %s prefill", preset, type);
     for (int i = 0; i < N_PROMPT; i++)
         compare(&c, lc + (size_t)i * nv, lg + (size_t)i * nv, nv, i);
     finish(&c);
     /* decode steps over the KV the prefill wrote */
-    cmp_stats cd = {c.exact, c.moe, 0, 1, 0, 0, what};
+    cmp_stats cd = {.exact = c.exact, .moe = c.moe, .worst_cos = 1, .what = what};
     char what2[96];
     snprintf(what2, sizeof what2, "%s %s decode after", preset, type);
     cd.what = what2;
@@ -335,7 +335,8 @@ static void run_model(const char *preset, const char *type) {
         char w3[96], w4[96];
         snprintf(w3, sizeof w3, "%s %s decode alone", preset, type);
         snprintf(w4, sizeof w4, "%s %s decode after vs alone", preset, type);
-        cmp_stats ca = {c.exact, c.moe, 0, 1, 0, 0, w3}, cx = {c.exact, c.moe, 0, 1, 0, 0, w4};
+        cmp_stats ca = {.exact = c.exact, .moe = c.moe, .worst_cos = 1, .what = w3},
+                  cx = {.exact = c.exact, .moe = c.moe, .worst_cos = 1, .what = w4};
         for (int i = 0; i < N_PROMPT + N_DEC; i++) {
             if (engine_cuda_decode(gs3, tok[i], i, ld, NULL) != 0) {
                 CHECK(0, "control decode step %d", i);

@@ -121,7 +121,7 @@ static void run_case(engine_cuda_model *gm, engine_kv_cache *kc, engine_cuda_bat
     const int half = n_seqs > 1 ? n_seqs / 2 : 1; /* sequences whose prompt goes in pass 0 */
     char what[160];
     snprintf(what, sizeof what, "%s, %d sequences", name, n_seqs);
-    cmp_stats c = {exact, moe, 0, 1, 0, 0, what};
+    cmp_stats c = {.exact = exact, .moe = moe, .worst_cos = 1, .what = what};
     if (!solo || !bat) {
         CHECK(0, "out of memory");
         goto done;
