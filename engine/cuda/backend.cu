@@ -96,7 +96,6 @@ struct engine_cuda_session {
     int route;
     int coop;    /* SPARK_CUDA_COOP_SCALE (0/1): engine_cu_ffn_up_args.coop (also qwen35moe) */
     int coop_mv; /* SPARK_CUDA_COOP_MV=1: engine_cu_mv.coop of the qkv, router and head launches */
-    int mv_stream; /* SPARK_CUDA_MV_STREAM (default on, =0 off): engine_cu_mv.stream of the head */
     int fused; /* the layers as one fused step kernel (step.cuh); SPARK_CUDA_FUSED=0/1 */
     /* Decode stage 5 (per-op launches), both measured slower on the H200 (bench/RESULTS.md),
      * so off unless asked for: SPARK_CUDA_BPS=mv,up,dn caps the matvec (qkv, wo), up and down
@@ -634,8 +633,6 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         s->coop = e ? e[0] == '1' : SPARK_CUDA_COOP_SCALE_DEFAULT;
         e = getenv("SPARK_CUDA_COOP_MV");
         s->coop_mv = e && e[0] == '1';
-        e = getenv("SPARK_CUDA_MV_STREAM");
-        s->mv_stream = !(e && e[0] == '0');
         e = getenv("SPARK_CUDA_ROUTER_FUSE");
         s->rf = (e ? e[0] == '1' : SPARK_CUDA_ROUTER_FUSE_DEFAULT) && !s->fused &&
                 !s->route_once && !s->down_routes;
@@ -1047,7 +1044,6 @@ static void enqueue_step(engine_cuda_session *s, step_prof *p, route_trace *t) {
     mv.norm_w = cm->output_norm;
     mv.eps = eps;
     mv.coop = s->coop_mv;
-    mv.stream = s->mv_stream;
     engine_cu_matvec(&mv, st);
     mark(p, 7, st);
     engine_cu_sample(s->logits, (int)hp->n_vocab, s->step, s->out, s->sscratch,

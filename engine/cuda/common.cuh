@@ -71,27 +71,6 @@ __device__ __forceinline__ void engine_cu_pdl_launch() {
 #endif
 }
 
-/* 16 bytes global -> shared without registers (cp.async, sm_80+; both 16-byte aligned), its
- * group commit, and the wait until at most N of the committed groups are pending. */
-__device__ __forceinline__ void engine_cu_cp_async16(void *dst, const void *src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
-#else
-    *(uint4 *)dst = *(const uint4 *)src;
-#endif
-}
-__device__ __forceinline__ void engine_cu_cp_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-template <int N> __device__ __forceinline__ void engine_cu_cp_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-#endif
-}
-
 /* Loads of the decode kernels' weights (qdot.cuh), which every token reads once: a 40 MB per
  * layer stream through the 50 MB L2. With ENGINE_CU_L2_HINT=1 they carry an L2 evict-first
  * policy so that the stream does not push out of L2 what is reused from layer to layer and

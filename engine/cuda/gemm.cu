@@ -362,15 +362,23 @@ __device__ __forceinline__ void gemm_epilogue(float d[4], const int c[4], float 
     }
 }
 
-/* Staging through shared memory (cp.async: engine_cu_cp_async16 and its commit / wait in
- * common.cuh). */
+/* 16 bytes global -> shared without registers (cp.async, sm_80+; both 16-byte aligned), its
+ * group commit, and the wait for all but the newest group. */
 #define GEMM_STAGE_ROW 112 /* staged bytes of a weight row and step: Q5_K 16 + 32 + 64 */
 #define GEMM_STAGE_ROW_Q4 80 /* the SV kernels' Q4_K rows (16 + 64): 4 blocks per SM fit */
 /* Q6_K, Q8_0, Q4_0 (2-byte aligned blocks): up to GEMM_STAGE_PIECES 16-byte pieces covering a
  * step's bytes, in rows of GEMM_STAGE_ROW2 bytes (44 words: 8 rows' reads spread over banks) */
 #define GEMM_STAGE_PIECES 10
 #define GEMM_STAGE_ROW2 176
-/* engine_cu_cp_async16 for the first n (1..16) bytes at src, the rest of the 16 zero-filled. */
+__device__ __forceinline__ void gemm_cp_async16(void *dst, const void *src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+#else
+    *(uint4 *)dst = *(const uint4 *)src;
+#endif
+}
+/* The same for the first n (1..16) bytes at src, the rest of the 16 zero-filled. */
 __device__ __forceinline__ void gemm_cp_async16n(void *dst, const void *src, int n) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
@@ -422,6 +430,16 @@ __device__ __forceinline__ int gemm_stage_piece(bool q6, int bb, const uint8_t *
                     end = std::min<uintptr_t>(s0 + (uintptr_t)len, (uintptr_t)row + row_bytes);
     *src = (const uint8_t *)a;
     return end > a ? (int)std::min<uintptr_t>(16, end - a) : 0;
+}
+__device__ __forceinline__ void gemm_cp_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void gemm_cp_wait1() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group 1;" ::: "memory");
+#endif
 }
 
 /* Ask for the 128-byte lines of p[0, bytes) in L2, or in this multiprocessor's L1 as well. */
@@ -675,7 +693,7 @@ __global__ void __launch_bounds__(32 * WM * WNN, WM * WNN == 8 ? 2 : SV ? 4 : 3)
                                                 a.row_bytes, k0, pc, &src);
                 if (nb > 0) gemm_cp_async16n(dst, src, nb);
             }
-            engine_cu_cp_commit();
+            gemm_cp_commit();
         } else if constexpr (PIPE) {
             const bool q5 = a.type == ENGINE_TYPE_Q5_K;
             const int nc = q5 ? 7 : 5, h = (k0 >> 7) & 1, bb = q5 ? 176 : 144, qso = q5 ? 48 : 16;
@@ -690,11 +708,11 @@ __global__ void __launch_bounds__(32 * WM * WNN, WM * WNN == 8 ? 2 : SV ? 4 : 3)
                 uint8_t *dst = st + r * srow + dof;
                 const uint8_t *blk = W + (size_t)grow * a.row_bytes + (size_t)(k0 >> 8) * bb;
                 if (grow < rows)
-                    engine_cu_cp_async16(dst, blk + so);
+                    gemm_cp_async16(dst, blk + so);
                 else
                     *(uint4 *)dst = make_uint4(0, 0, 0, 0);
             }
-            engine_cu_cp_commit();
+            gemm_cp_commit();
         }
     };
     /* the W tile of step k0 from staging buffer buf (as wtile): Q6_K, Q8_0, Q4_0 */
@@ -795,7 +813,7 @@ __global__ void __launch_bounds__(32 * WM * WNN, WM * WNN == 8 ? 2 : SV ? 4 : 3)
             if (k0 + BK < ke)
                 stage(k0 + BK, buf ^ 1);
             else
-                engine_cu_cp_commit();
+                gemm_cp_commit();
         }
 #pragma unroll
         for (int j = 0; j < XV; j++) {
@@ -835,7 +853,7 @@ __global__ void __launch_bounds__(32 * WM * WNN, WM * WNN == 8 ? 2 : SV ? 4 : 3)
          * The int8 forms (not LEGACY) decode with the type fixed at compile time and without
          * branches, so that the loads of all of a thread's chunks are in flight together. */
         if constexpr (PIPE) {
-            engine_cu_cp_wait<1>(); /* this thread's copies of step k0 have landed */
+            gemm_cp_wait1(); /* this thread's copies of step k0 have landed */
             __syncthreads(); /* and everyone's */
             if constexpr (MODE == 1)
                 wtile_staged(k0, buf);

@@ -72,117 +72,6 @@ __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 3)
                   a.route_count);
 }
 
-/* The streamed product (engine_cu_mv.stream): tiles of MVS_ROWS consecutive rows (two per
- * warp, as a two-row group), NS tiles in shared memory behind the staged x, block b taking
- * tiles b, b + gridDim.x, ...; each cp.async group is one tile (empty past the end), so waiting
- * for all but the newest NS - 2 groups leaves tile i complete. */
-#define MVS_ROWS 16
-
-static __host__ __device__ size_t mvs_xs_bytes(int cols) {
-    return (engine_cu_xs_bytes(true, cols) + 15) & ~(size_t)15;
-}
-
-template <int T, int NS>
-__global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 2)
-    mv_stream_kernel(engine_cu_mv a, int n_tiles) {
-    extern __shared__ uint4 mvs_smem[];
-    constexpr int MODE = engine_cu_x_mode(T);
-    const engine_cu_mat &mt = a.m[0];
-    const size_t rb = mt.row_bytes, tile_b = rb * MVS_ROWS;
-    uint8_t *xs = (uint8_t *)mvs_smem, *st = xs + mvs_xs_bytes(a.cols);
-    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, n_chunks = a.cols >> 5;
-    engine_cu_pdl_launch();
-    auto issue = [&](int i) { /* the copies of this block's i-th tile, one group */
-        const int t = blockIdx.x + i * gridDim.x;
-        if (t < n_tiles) {
-            const uint8_t *src = mt.w + (size_t)t * tile_b;
-            const size_t nb = min(tile_b, (size_t)(mt.rows - t * MVS_ROWS) * rb);
-            uint8_t *dst = st + (size_t)(i % NS) * tile_b;
-            for (size_t o = 16 * (size_t)threadIdx.x; o < nb; o += 16 * (size_t)blockDim.x)
-                engine_cu_cp_async16(dst + o, src + o);
-        }
-        engine_cu_cp_commit();
-    };
-#pragma unroll
-    for (int i = 0; i < NS - 1; i++) /* weights only: before the wait */
-        issue(i);
-    if (a.norm_w && w == ENGINE_CU_MV_WARPS - 1)
-        engine_cu_prefetch_l2((const uint8_t *)a.norm_w, sizeof(float) * (size_t)a.cols);
-    engine_cu_pdl_wait();
-    mv_stage<MODE>(a, xs); /* ends with a barrier */
-    const engine_cu_xv xv = engine_cu_xv_at(xs, a.cols, true, 0);
-    for (int i = 0;; i++) {
-        const int t = blockIdx.x + i * gridDim.x;
-        if (t >= n_tiles) break;
-        engine_cu_cp_wait<NS - 2>(); /* this thread's copies of tile i have landed */
-        __syncthreads();             /* everyone's; and tile i - 1 is done with */
-        issue(i + NS - 1);           /* into tile i - 1's buffer */
-        const uint8_t *tile = st + (size_t)(i % NS) * tile_b;
-#pragma unroll
-        for (int k = 0; k < 2; k++) {
-            const int lr = w + 8 * k, r = t * MVS_ROWS + lr;
-            if (r >= mt.rows) break;
-            const uint8_t *row = tile + (size_t)lr * rb;
-            float acc = 0.0f;
-            for (int c = lane; c < n_chunks; c += 32) {
-                engine_cu_qraw raw;
-                engine_cu_qload<T, true>(row, c, raw);
-                acc += engine_cu_qdot_raw<T>(raw, row, c, xv);
-            }
-            const float s = engine_cu_warp_sum(acc);
-            if (lane == 0) mt.y[r] = mt.accumulate ? mt.y[r] + s : s;
-        }
-    }
-    engine_cu_cp_wait<0>(); /* no copy outlives the block */
-}
-
-/* Stages of a streamed launch of one tile of tile_b bytes, or 0 when the matrix is not for it:
- * as many as let two blocks share a multiprocessor's ~227 KB, 3 or 4. */
-static int mvs_stages(const engine_cu_mv *a) {
-    if (!a->stream || a->n_mat != 1 || a->route_ids || a->max_bps || a->preload || a->touch)
-        return 0;
-    const engine_cu_mat &m = a->m[0];
-    if ((m.type != ENGINE_TYPE_Q6_K && m.type != ENGINE_TYPE_Q8_0) ||
-        m.rows < ENGINE_CU_MV_STREAM_MIN || m.row_bytes % 16 || (uintptr_t)m.w % 16)
-        return 0;
-    const size_t tile_b = m.row_bytes * MVS_ROWS, xs = mvs_xs_bytes(a->cols);
-    for (int ns = 4; ns >= 3; ns--)
-        if (xs + ns * tile_b <= 110 * 1024) return ns;
-    return 0;
-}
-
-template <int T, int NS> static void mvs_launch(const engine_cu_mv *a, cudaStream_t stream) {
-    const engine_cu_mat &m = a->m[0];
-    const int n_tiles = (m.rows + MVS_ROWS - 1) / MVS_ROWS, threads = ENGINE_CU_MV_WARPS * 32;
-    const size_t smem = mvs_xs_bytes(a->cols) + NS * m.row_bytes * MVS_ROWS;
-    int dev = 0, sms = 1, per_sm = 1;
-    cudaFuncSetAttribute(mv_stream_kernel<T, NS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         (int)smem);
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mv_stream_kernel<T, NS>, threads,
-                                                      smem) != cudaSuccess ||
-        sms < 1 || per_sm < 1)
-        sms = per_sm = 1; /* the error stays for the caller's cudaGetLastError */
-    const int blocks = n_tiles < sms * per_sm ? n_tiles : sms * per_sm;
-    engine_cu_launch(mv_stream_kernel<T, NS>, dim3(blocks), dim3(threads), smem, stream, *a,
-                     n_tiles);
-}
-
-/* True when a went to the streamed kernel (mvs_stages). */
-static bool mvs_try(const engine_cu_mv *a, cudaStream_t stream) {
-    const int ns = mvs_stages(a);
-    if (!ns) return false;
-    if (a->m[0].type == ENGINE_TYPE_Q6_K) {
-        if (ns == 4) mvs_launch<ENGINE_TYPE_Q6_K, 4>(a, stream);
-        else mvs_launch<ENGINE_TYPE_Q6_K, 3>(a, stream);
-    } else {
-        if (ns == 4) mvs_launch<ENGINE_TYPE_Q8_0, 4>(a, stream);
-        else mvs_launch<ENGINE_TYPE_Q8_0, 3>(a, stream);
-    }
-    return true;
-}
-
 /* How a launch of one staging mode covers its rows: the kernel's rows per warp (R, 0 for
  * split-K), its blocks and row groups. */
 typedef engine_cu_mv_plan mv_plan;
@@ -309,8 +198,6 @@ void engine_cu_matvec(const engine_cu_mv *a, cudaStream_t stream) {
     engine_cu_mv part[3];
     mv_split(a, part);
     if (part[ENGINE_CU_X_F32].n_mat) mv_launch_mode<ENGINE_CU_X_F32>(&part[0], stream);
-    if (part[ENGINE_CU_X_Q8_0].n_mat && !mvs_try(&part[1], stream))
-        mv_launch_mode<ENGINE_CU_X_Q8_0>(&part[1], stream);
-    if (part[ENGINE_CU_X_Q8_K].n_mat && !mvs_try(&part[2], stream))
-        mv_launch_mode<ENGINE_CU_X_Q8_K>(&part[2], stream);
+    if (part[ENGINE_CU_X_Q8_0].n_mat) mv_launch_mode<ENGINE_CU_X_Q8_0>(&part[1], stream);
+    if (part[ENGINE_CU_X_Q8_K].n_mat) mv_launch_mode<ENGINE_CU_X_Q8_K>(&part[2], stream);
 }

@@ -86,17 +86,7 @@ typedef struct {
      * block starts after the first ones finish (each row's sum is the same whichever warp
      * computes it). 0: two-row groups in more than one wave. */
     int r3;
-    /* One large matrix of a streamed type (Q6_K, Q8_0: the output heads; ENGINE_CU_MV_STREAM_MIN
-     * rows or more, rows a multiple of 16 bytes): each block copies tiles of 16 consecutive
-     * rows into shared memory with cp.async, several tiles ahead (the first ones before the
-     * wait), and its warps compute them from there: the loads of the weights are whole 16-byte
-     * pieces of a contiguous tile instead of each lane's 2- and 4-byte words of its own chunk.
-     * Each row's sum is mv_kernel's (the same lane chunks, expression and order), so the
-     * results are bit for bit the plan's without it. */
-    int stream;
 } engine_cu_mv;
-
-#define ENGINE_CU_MV_STREAM_MIN 65536
 
 /* True for the weight types the GPU kernels decode. */
 bool engine_cu_type_supported(int type);

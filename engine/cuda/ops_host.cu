@@ -72,13 +72,6 @@ int op_split(int64_t rows) {
     return n > 0 && n < rows ? (int)n : 0;
 }
 
-/* SPARK_CUDA_OP_STREAM=1: the matvec op as sessions launch an output head (engine_cu_mv.stream,
- * no L1 touch): streamed through shared memory where the matrix qualifies. */
-bool op_stream() {
-    const char *e = getenv("SPARK_CUDA_OP_STREAM");
-    return e && e[0] == '1';
-}
-
 } // namespace
 
 extern "C" int engine_cuda_op_matvec(engine_type type, const void *w, int64_t rows, int64_t cols,
@@ -107,10 +100,6 @@ extern "C" int engine_cuda_op_matvec(engine_type type, const void *w, int64_t ro
         mv.r3 = 1;
     }
     mv.touch = 1;
-    if (op_stream()) {
-        mv.touch = 0;
-        mv.stream = 1;
-    }
     mv.max_bps = op_bps();
     if (mv.max_bps) { /* as sessions run it: no L1 touch, the first chunks preloaded */
         mv.touch = 0;

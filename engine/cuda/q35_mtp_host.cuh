@@ -78,7 +78,6 @@ struct q35_spec {
      * it on the side branch */
     bool feed_fork;
     int mv_r3; /* the session's engine_cu_mv.r3 (SPARK_CUDA_MV_R3), for the verify's matvecs */
-    int mv_stream; /* the session's engine_cu_mv.stream (SPARK_CUDA_MV_STREAM) */
     float *ao; /* [VMAX][E]: the router fusion's output projections (q35m_rf_out) */
 };
 
@@ -476,7 +475,6 @@ extern "C" int engine_cuda_q35_mtp_enable(engine_cuda_q35_session *s, bool *was_
             e = getenv("SPARK_CUDA_MTP_FEED_FORK");
             sp->feed_fork = !(e && e[0] == '0');
             sp->mv_r3 = s->mv_r3;
-            sp->mv_stream = s->mv_stream;
         }
         {
             const char *e = getenv("SPARK_CUDA_MTP_DIAG_SKIP");
@@ -547,8 +545,7 @@ static void q35m_add(engine_cu_vmv *v, const q35_w *w, float *y, size_t ys, int 
  * with "tok" (with "dec1": in passes of one token) the decode matvec per token, the tokens as a
  * grid dimension. */
 static void q35m_vmatvec(const q35_spec *sp, engine_cu_vmv *v, cudaStream_t st) {
-    v->mv.r3 = sp->mv_r3;         /* the decode step's (SPARK_CUDA_MV_R3) */
-    v->mv.stream = sp->mv_stream; /* a pass of one token: the decode launch (head streamed) */
+    v->mv.r3 = sp->mv_r3; /* the decode step's (SPARK_CUDA_MV_R3) */
     if ((sp->fused & Q35M_FUSED_TOK) || ((sp->fused & Q35M_FUSED_DEC1) && v->m == 1)) {
         engine_cu_vmatvec_tok(v, st);
         return;

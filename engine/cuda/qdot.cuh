@@ -284,27 +284,9 @@ __device__ __forceinline__ int engine_cu_dp4a4(const uint32_t w[4], int4 x, int 
     return __dp4a((int)w[3], x.w, acc);
 }
 
-/* The loads of engine_cu_qload: SM false, the weights in global memory (read-only, the L2
- * streaming policy); SM true, a copy of the row in shared memory (matvec.cu's streamed head),
- * which keeps the row's offsets modulo 16, so the same aligned words are read. */
-template <bool SM> __device__ __forceinline__ uint32_t qd_ldw(const uint32_t *p) {
-    if constexpr (SM) return *p;
-    else return engine_cu_ldw(p);
-}
-template <bool SM> __device__ __forceinline__ uint32_t qd_ldh(const uint16_t *p) {
-    if constexpr (SM) return *p;
-    else return engine_cu_ldh(p);
-}
-template <bool SM> __device__ __forceinline__ int qd_ldsb(const int8_t *p) {
-    if constexpr (SM) return *p;
-    else return engine_cu_ldsb(p);
-}
-
-/* 16 weight bytes from a 16-byte-aligned address. */
-template <bool SM = false> __device__ __forceinline__ void qd_load16(const uint8_t *p, uint32_t w[4]) {
-    uint4 v;
-    if constexpr (SM) v = *(const uint4 *)p;
-    else v = engine_cu_ldq((const uint4 *)p);
+/* 16 weight bytes from a 16-byte-aligned address (the L2 streaming policy). */
+__device__ __forceinline__ void qd_load16(const uint8_t *p, uint32_t w[4]) {
+    const uint4 v = engine_cu_ldq((const uint4 *)p);
     w[0] = v.x;
     w[1] = v.y;
     w[2] = v.z;
@@ -324,14 +306,13 @@ typedef struct {
 
 /* Aligned words of a run of 4 * N bytes from a 2-byte-aligned address (engine_cu_ldw_a2 in
  * two halves: loads here, funnel shifts in qd_funnel). */
-template <int N, bool SM = false>
-__device__ __forceinline__ void qd_ld_a2(const uint8_t *p, uint32_t u[N + 1]) {
+template <int N> __device__ __forceinline__ void qd_ld_a2(const uint8_t *p, uint32_t u[N + 1]) {
     const uintptr_t a = (uintptr_t)p;
     const uint32_t *b = (const uint32_t *)(a & ~(uintptr_t)3);
 #pragma unroll
     for (int i = 0; i < N; i++)
-        u[i] = qd_ldw<SM>(b + i);
-    u[N] = (a & 3) ? qd_ldh<SM>((const uint16_t *)(b + N)) : 0u;
+        u[i] = engine_cu_ldw(b + i);
+    u[N] = (a & 3) ? (uint32_t)engine_cu_ldh((const uint16_t *)(b + N)) : 0u;
 }
 
 template <int N>
@@ -343,36 +324,36 @@ __device__ __forceinline__ void qd_funnel(const uint8_t *p, const uint32_t u[N +
         w[i] = __funnelshift_r(u[i], u[i + 1], sh);
 }
 
-/* Load chunk c of a quantised row (SM: from its copy in shared memory, qd_ldw). */
-template <int T, bool SM = false>
+/* Load chunk c of a quantised row. */
+template <int T>
 __device__ __forceinline__ void engine_cu_qload(const uint8_t *row, int c, engine_cu_qraw &r) {
     if (T == ENGINE_TYPE_Q4_K || T == ENGINE_TYPE_Q5_K) {
         const bool q5 = T == ENGINE_TYPE_Q5_K;
         const uint8_t *b = row + (size_t)(c >> 3) * (q5 ? 176 : 144);
         const int q = c & 7, j = q >> 1, half = q & 1;
-        r.h = qd_ldw<SM>((const uint32_t *)b);
-        r.s[0] = qd_ldw<SM>((const uint32_t *)(b + 4));
-        r.s[1] = qd_ldw<SM>((const uint32_t *)(b + 8));
-        r.s[2] = qd_ldw<SM>((const uint32_t *)(b + 12));
-        qd_load16<SM>(b + (q5 ? 48 : 16) + 32 * j + 16 * half, r.q);
-        if (q5) qd_load16<SM>(b + 16 + 16 * half, r.q + 4);
+        r.h = engine_cu_ldw((const uint32_t *)b);
+        r.s[0] = engine_cu_ldw((const uint32_t *)(b + 4));
+        r.s[1] = engine_cu_ldw((const uint32_t *)(b + 8));
+        r.s[2] = engine_cu_ldw((const uint32_t *)(b + 12));
+        qd_load16(b + (q5 ? 48 : 16) + 32 * j + 16 * half, r.q);
+        if (q5) qd_load16(b + 16 + 16 * half, r.q + 4);
     } else if (T == ENGINE_TYPE_Q6_K) {
         const uint8_t *b = row + (size_t)(c >> 3) * 210;
         const int q = c & 7, hh = q >> 2, rr = q & 3, w = rr >> 1, l0 = 16 * (rr & 1);
-        r.h = qd_ldh<SM>((const uint16_t *)(b + 208));
-        qd_ld_a2<4, SM>(b + 64 * hh + 32 * w + l0, r.q);
-        qd_ld_a2<4, SM>(b + 128 + 32 * hh + l0, r.q + 5);
+        r.h = engine_cu_ldh((const uint16_t *)(b + 208));
+        qd_ld_a2<4>(b + 64 * hh + 32 * w + l0, r.q);
+        qd_ld_a2<4>(b + 128 + 32 * hh + l0, r.q + 5);
         const int8_t *scp = (const int8_t *)(b + 192 + 8 * hh + (l0 >> 4));
-        r.s[0] = (uint32_t)qd_ldsb<SM>(scp + 2 * w);
-        r.s[1] = (uint32_t)qd_ldsb<SM>(scp + 4 + 2 * w);
+        r.s[0] = (uint32_t)engine_cu_ldsb(scp + 2 * w);
+        r.s[1] = (uint32_t)engine_cu_ldsb(scp + 4 + 2 * w);
     } else if (T == ENGINE_TYPE_Q8_0) {
         const uint8_t *b = row + (size_t)c * 34;
-        r.h = qd_ldh<SM>((const uint16_t *)b);
-        qd_ld_a2<8, SM>(b + 2, r.q);
+        r.h = engine_cu_ldh((const uint16_t *)b);
+        qd_ld_a2<8>(b + 2, r.q);
     } else { /* Q4_0 */
         const uint8_t *b = row + (size_t)c * 18;
-        r.h = qd_ldh<SM>((const uint16_t *)b);
-        qd_ld_a2<4, SM>(b + 2, r.q);
+        r.h = engine_cu_ldh((const uint16_t *)b);
+        qd_ld_a2<4>(b + 2, r.q);
     }
 }
 

@@ -508,9 +508,6 @@ struct engine_cuda_q35_session {
      * Session 9 call 1 (bench/cuda/s9a.plan): test_cuda_ops' two-matrix case green, full model
      * 465.7 against 451.4 tok/s (+3.2%, same process), greedy tokens identical. */
     int mv_r3;
-    /* SPARK_CUDA_MV_STREAM (read at session creation; default on, =0 off): engine_cu_mv.stream
-     * of the output head (the draft step's and a verify pass of one token's alike) */
-    int mv_stream;
     /* SPARK_CUDA_Q35_Z_FORK (read at session creation; default on, =0 off): the DeltaNet blocks' z
      * projection (only the step's last phase reads it) on the side branch, parallel to the
      * qkv|beta|alpha projection, joined before the step */
@@ -746,8 +743,6 @@ extern "C" int engine_cuda_q35_session_new(engine_cuda_q35_session **out, engine
         s->coop_mv = e && e[0] == '1';
         e = getenv("SPARK_CUDA_MV_R3"); /* default on (session 9), =0 off */
         s->mv_r3 = !(e && e[0] == '0');
-        e = getenv("SPARK_CUDA_MV_STREAM");
-        s->mv_stream = !(e && e[0] == '0');
     }
     if (s->rf && (rc = q35_rf_prepare(cm))) goto done;
     if (s->rf && cm->rf_state != 1) s->rf = 0;
@@ -965,7 +960,6 @@ static void q35_mv(const engine_cuda_q35_session *s, cudaStream_t st, const floa
     memset(&mv, 0, sizeof mv);
     mv.coop = s->coop_mv;
     mv.r3 = s->mv_r3;
-    mv.stream = s->mv_stream;
     for (int i = 0; i < n; i++)
         mv.m[i] = mats[i];
     mv.n_mat = n;

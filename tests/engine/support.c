@@ -195,17 +195,22 @@ support_logit_row support_logit_add(support_logit_stats *c, const float *a, cons
 }
 
 void support_logit_finish(const support_logit_stats *c, const char *diff, int width) {
-    if (!c->exact && c->moe && (c->n_low * 10 > c->n_cmp || !(c->worst_cos >= 0.9))) {
-        support_fail("%s: %d of %d rows below cosine 0.999 (min %.4f)", c->what, c->n_low,
-                     c->n_cmp, c->worst_cos);
+    const bool low = c->clean_rows > 0 ? c->first_low > 0 && c->first_low <= c->clean_rows
+                                       : c->n_low * 10 > c->n_cmp;
+    if (!c->exact && c->moe && (low || !(c->worst_cos >= 0.9))) {
+        support_fail("%s: %d of %d rows below cosine 0.999 (min %.4f; the first, row %d, "
+                     "within the first %d rows)",
+                     c->what, c->n_low, c->n_cmp, c->worst_cos, c->first_low - 1, c->clean_rows);
         fprintf(stderr, "  rows' cosines from row %d on:", c->first_low - 1);
         for (int i = c->first_low > 2 ? c->first_low - 2 : 0;
              i < c->n_cmp && i < SUPPORT_LOGIT_ROWS; i++)
             fprintf(stderr, " %d:%.5f", i, c->row_cos[i]);
         fprintf(stderr, "\n");
     }
-    printf("%-*s: max |%s|/(1+max|l|) %.2e, min cosine %.6f (%d of %d below 0.999)\n", width,
+    printf("%-*s: max |%s|/(1+max|l|) %.2e, min cosine %.6f (%d of %d below 0.999", width,
            c->what, diff, c->worst, c->worst_cos, c->n_low, c->n_cmp);
+    if (c->first_low) printf(", the first at row %d", c->first_low - 1);
+    printf(")\n");
 }
 
 char *support_slurp(const char *path, size_t *len) {

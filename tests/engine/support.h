@@ -109,6 +109,13 @@ typedef struct {
      * part abruptly at one step, an expert swap carried on by the state, or drift) */
     int first_low;
     double row_cos[SUPPORT_LOGIT_ROWS];
+    /* > 0 (a model with recurrent state, moe): instead of "one row in ten", the first
+     * clean_rows rows must all be >= 0.999 (and every row >= 0.9). A swap of near-tied experts
+     * also changes the recurrent state, which carries it on for several steps (the tiny
+     * qwen35moe q4_k_m model, session 11: one swap at row 15, then 6 rows between 0.984 and
+     * 0.9990 before they agree again), so the rows after one swap are not independent; an
+     * error of the computation shows from the first rows on. */
+    int clean_rows;
 } support_logit_stats;
 
 /* support_logit_compare, added to the stats. */
@@ -116,7 +123,7 @@ support_logit_row support_logit_add(support_logit_stats *c, const float *a, cons
                                     int32_t n);
 
 /* At the end: when !exact and moe, checks (counting a failure) that at most one row in ten is
- * below cosine 0.999 and none below 0.9; then prints "<what>: max |<diff>|/(1+max|l|) ...,
+ * below cosine 0.999 (clean_rows: none of the first clean_rows) and none below 0.9; then prints "<what>: max |<diff>|/(1+max|l|) ...,
  * min cosine ... (k of n below 0.999)" with what padded to width. */
 void support_logit_finish(const support_logit_stats *c, const char *diff, int width);
 

@@ -194,37 +194,6 @@ static void test_matvec_type(engine_type t, int64_t rows, int64_t cols, bool nor
     free(xc);
 }
 
-/* The output head's streamed launch (engine_cu_mv.stream, SPARK_CUDA_OP_STREAM=1): against the
- * CPU as every matvec, and bit for bit the same launch without it (touch off, the head's plan
- * of looping two-row groups). rows: past ENGINE_CU_MV_STREAM_MIN, the last tile partial. */
-static void test_matvec_stream(engine_type t, int64_t rows, int64_t cols) {
-    setenv("SPARK_CUDA_OP_STREAM", "1", 1);
-    test_matvec_type(t, rows, cols, true, false);
-    size_t rb;
-    uint8_t *w = make_weights(t, rows, cols, &rb);
-    float *x = malloc(sizeof(float) * cols), *nw = malloc(sizeof(float) * cols);
-    float *ys = malloc(sizeof(float) * rows), *yp = malloc(sizeof(float) * rows);
-    fill(x, cols, 2.0f);
-    for (int64_t i = 0; i < cols; i++)
-        nw[i] = 0.75f + 0.5f * (frand() + 1.0f) * 0.5f;
-    int rc = engine_cuda_op_matvec(t, w, rows, cols, rb, x, nw, 1e-6f, false, ys);
-    unsetenv("SPARK_CUDA_OP_STREAM");
-    rc |= engine_cuda_op_matvec(t, w, rows, cols, rb, x, nw, 1e-6f, false, yp);
-    CHECK(rc == 0, "matvec stream %s", engine_type_name(t));
-    int64_t bad = -1;
-    for (int64_t r = 0; rc == 0 && r < rows && bad < 0; r++)
-        if (memcmp(&ys[r], &yp[r], sizeof(float))) bad = r;
-    CHECK(bad < 0, "matvec stream %s row %lld: %.9g, without the stream %.9g", engine_type_name(t),
-          (long long)bad, bad < 0 ? 0.0 : ys[bad], bad < 0 ? 0.0 : yp[bad]);
-    printf("matvec %-5s %lld x %lld streamed: bit for bit the unstreamed launch\n",
-           engine_type_name(t), (long long)rows, (long long)cols);
-    free(w);
-    free(x);
-    free(nw);
-    free(ys);
-    free(yp);
-}
-
 static void test_matvec(void) {
     const engine_type types[] = {ENGINE_TYPE_Q4_K, ENGINE_TYPE_Q5_K, ENGINE_TYPE_Q6_K,
                                  ENGINE_TYPE_Q8_0, ENGINE_TYPE_Q4_0, ENGINE_TYPE_F16,
@@ -244,8 +213,6 @@ static void test_matvec(void) {
             types[i] == ENGINE_TYPE_Q6_K || types[i] == ENGINE_TYPE_Q8_0)
             test_matvec_type(types[i], 8192 + 64, 2048, true, false);
     unsetenv("SPARK_CUDA_OP_SPLIT");
-    test_matvec_stream(ENGINE_TYPE_Q6_K, 65536 + 16 * 7 + 5, 2048);
-    test_matvec_stream(ENGINE_TYPE_Q8_0, 65536 + 16 * 3 + 11, 2048);
 }
 
 /* ------------------------------------------------------------------------------------------ */

@@ -14,10 +14,11 @@
  *   whole model, the generator's qwen35-tiny in f32, q8_0, q4_k_m, KV F32: a 24-token prompt
  *     then 16 greedy tokens token by token on both backends; at every step with the same
  *     history the logits agree to max |gpu - cpu| <= 5e-4 * (1 + max |logit|) for f32 (and the
- *     greedy tokens are identical), and for the quantised files to cosine >= 0.999 on at least
- *     9 steps in 10 and >= 0.9 on all (the GPU quantises activations as the CPU does, but a
- *     rounding tie can fall the other way and swap two near-tied experts: see
- *     test_cuda_forward). Then the device-resident loop reproduces the greedy tokens, seeded
+ *     greedy tokens are identical), and for the quantised files to cosine >= 0.999 on every
+ *     step of the first half of the prompt and >= 0.9 on all (the GPU quantises activations
+ *     as the CPU does, but a rounding tie can fall the other way and swap two near-tied
+ *     experts: see test_cuda_forward; the recurrent state carries a swap on for several steps,
+ *     so the attention-only models' "one step in ten" does not apply: support.h clean_rows). Then the device-resident loop reproduces the greedy tokens, seeded
  *     sampling repeats, bad input is an error, and through engine.h (device cuda) prompt
  *     logits equal engine_cuda_q35_decode's bit for bit, and rollback (engine_session_truncate
  *     to points on and off the snapshot grid, within and beyond the kept snapshots) gives the
@@ -451,7 +452,9 @@ static void run_model(const char *type) {
             tok_cpu[i] = tok_gpu[i] = (int32_t)((i * 7919 + 13) % nv);
         char what[64];
         snprintf(what, sizeof what, "qwen35-tiny %-6s logits", type);
-        support_logit_stats c = {.exact = exact, .moe = true, .worst_cos = 1, .what = what};
+        /* recurrent state: the quantised rows must agree before a swap, for half the prompt */
+        support_logit_stats c = {
+            .exact = exact, .moe = true, .worst_cos = 1, .what = what, .clean_rows = N_PROMPT / 2};
         int part = -1;
         for (int i = 0; i < N_PROMPT + N_GEN - 1; i++) {
             int32_t next = -1;
