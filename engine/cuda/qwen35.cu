@@ -464,13 +464,6 @@ struct engine_cuda_q35_session {
     cudaStream_t stream;
     cudaGraphExec_t exec;
     bool captured;
-    /* SPARK_CUDA_Q35_SHORT_GRAPH (read at session creation; default on, =0 off): runs of steps
-     * whose positions all stay below the short attention's limit (att_short) replay a second
-     * graph captured without the attention's merge launches (engine_cu_gatt.no_merge: at those
-     * positions they return at once); the same kernels and values otherwise */
-    int short_graph;
-    bool capturing_short, captured_short;
-    cudaGraphExec_t exec_short;
     uint8_t *mem;
     size_t bytes;
     void **k_cache, **v_cache;               /* [n_attn] */
@@ -750,8 +743,6 @@ extern "C" int engine_cuda_q35_session_new(engine_cuda_q35_session **out, engine
         s->coop_mv = e && e[0] == '1';
         e = getenv("SPARK_CUDA_MV_R3"); /* default on (session 9), =0 off */
         s->mv_r3 = !(e && e[0] == '0');
-        e = getenv("SPARK_CUDA_Q35_SHORT_GRAPH");
-        s->short_graph = !(e && e[0] == '0');
     }
     if (s->rf && (rc = q35_rf_prepare(cm))) goto done;
     if (s->rf && cm->rf_state != 1) s->rf = 0;
@@ -859,7 +850,6 @@ extern "C" void engine_cuda_q35_session_free(engine_cuda_q35_session *s) {
     q35m_free(s);
     cudaSetDevice(s->cm->device);
     if (s->exec) cudaGraphExecDestroy(s->exec);
-    if (s->exec_short) cudaGraphExecDestroy(s->exec_short);
     if (s->stream) cudaStreamDestroy(s->stream);
     if (s->side) cudaStreamDestroy(s->side);
     if (s->ev_fork) cudaEventDestroy(s->ev_fork);
@@ -1151,7 +1141,6 @@ static void q35_attention(engine_cuda_q35_session *s, const q35_cl *ly, float ep
     a.pos = &s->step->pos;
     a.out = s->att;
     if (s->att_early && a.short_n > 0) a.short_n |= ENGINE_CU_GATT_EARLY; /* decode only */
-    a.no_merge = s->capturing_short && a.short_n > 0;
     for (int i = 0; i < q35_diag_n(s, Q35_DIAG_AT); i++)
         engine_cu_gatt_run(&a, st);
     q35_mark(p, 3, st);
@@ -1275,22 +1264,16 @@ static void q35_enqueue_step(engine_cuda_q35_session *s, q35_prof *p) {
     q35_mark(p, 10, st);
 }
 
-/* Capture the decode step into s->exec, or (short) the short graph into s->exec_short. */
-static int q35_capture(engine_cuda_q35_session *s, bool short_) {
+static int q35_capture(engine_cuda_q35_session *s) {
     int rc = 0;
     cudaGraph_t g = NULL;
-    s->capturing_short = short_;
     CU(cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal));
     q35_enqueue_step(s, NULL);
     CU(cudaStreamEndCapture(s->stream, &g));
     CU(cudaGetLastError());
-    CU(cudaGraphInstantiate(short_ ? &s->exec_short : &s->exec, g, 0));
-    if (short_)
-        s->captured_short = true;
-    else
-        s->captured = true;
+    CU(cudaGraphInstantiate(&s->exec, g, 0));
+    s->captured = true;
 done:
-    s->capturing_short = false;
     if (g) cudaGraphDestroy(g);
     return rc;
 }
@@ -1299,7 +1282,6 @@ done:
 static int q35_run_steps(engine_cuda_q35_session *s, int32_t token, int32_t pos, int32_t n,
                          float temp, uint64_t seed) {
     int rc = 0;
-    bool short_ = false;
     const q35_dims *d = &s->cm->d;
     if (pos < 0 || n < 1 || pos > s->n_ctx - n)
         return engine_err(ENGINE_ERANGE,
@@ -1310,11 +1292,7 @@ static int q35_run_steps(engine_cuda_q35_session *s, int32_t token, int32_t pos,
     if (q35m_on(s)) /* its passes also feed the MTP block */
         return engine_err(ENGINE_EINVAL, "cuda decode: MTP is on (engine_cuda_q35_append)");
     CU(cudaSetDevice(s->cm->device));
-    /* positions pos .. pos + n - 1 all within the short attention: the short graph */
-    short_ = s->short_graph && s->att_short > 0 && pos + n <= s->att_short;
-    if (short_ ? !s->captured_short && (rc = q35_capture(s, true))
-               : !s->captured && (rc = q35_capture(s, false)))
-        goto done;
+    if (!s->captured && (rc = q35_capture(s))) goto done;
     if (pos == 0) { /* a new sequence: the conv ring and the recurrent state start at zero */
         const size_t nl = (size_t)s->cm->n_lin;
         CU(cudaMemsetAsync(s->ring, 0, sizeof(float) * s->ring_per * nl, s->stream));
@@ -1329,7 +1307,7 @@ static int q35_run_steps(engine_cuda_q35_session *s, int32_t token, int32_t pos,
     s->h_step->temp = temp;
     CU(cudaMemcpyAsync(s->step, s->h_step, sizeof *s->h_step, cudaMemcpyHostToDevice, s->stream));
     for (int32_t i = 0; i < n; i++)
-        CU(cudaGraphLaunch(short_ ? s->exec_short : s->exec, s->stream));
+        CU(cudaGraphLaunch(s->exec, s->stream));
     for (int32_t b = pos + 1; b <= pos + n; b++)
         if (b % ENGINE_CUDA_Q35_SNAP_EVERY == 0)
             s->snap_pos[(b / ENGINE_CUDA_Q35_SNAP_EVERY) % ENGINE_CUDA_Q35_SNAPSHOTS] = b;

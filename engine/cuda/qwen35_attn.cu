@@ -530,9 +530,8 @@ template <int G, int HD> static void gatt_launch(const engine_cu_gatt *a, cudaSt
     smem = std::max(smem, sizeof(float) * gatt_short_smem_floats(HD));
     engine_cu_launch(gatt_kernel<G, HD, true>, dim3(a->n_kv, std::max(runners, G)),
                      dim3(GATT_THREADS), smem, stream, *a);
-    if (!a->no_merge)
-        engine_cu_launch(gatt_merge_kernel<HD, true>, dim3(a->n_head, HD / 64), dim3(64), 0,
-                         stream, *a);
+    engine_cu_launch(gatt_merge_kernel<HD, true>, dim3(a->n_head, HD / 64), dim3(64), 0, stream,
+                     *a);
 }
 
 template <int HD> static void gatt_launch_hd(const engine_cu_gatt *a, cudaStream_t stream) {

@@ -63,10 +63,6 @@ typedef struct {
                          * index: the blocks are never more than the splits) */
     unsigned *counters; /* unused since the merge is a launch of its own (callers pass it) */
     float *out;         /* [n_head * hd] */
-    /* short path only: the caller guarantees pos + 1 <= short_n at every replay (a graph
-     * captured for a run of positions the host knows: qwen35.cu's short graph), so the merge
-     * launch, which would return at once, is left out */
-    int no_merge;
 } engine_cu_gatt;
 
 bool engine_cu_gatt_ok(int n_head, int n_kv, int hd, int rot);

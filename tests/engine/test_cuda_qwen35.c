@@ -32,10 +32,8 @@
  *   op with =1 and =2 bit for bit =0 over 12 steps, =0 against the CPU; the f32 / q4_k_m models
  *   again with every switch =0 and with DN_EARLY=1; sessions with SH_FORK=0, Z_FORK=0,
  *   DN_EARLY=0 or =1, ATT_EARLY=0 (without the attention's early position read and K/V
- *   prefetch, on by default), ATT_SHORT=16 (the split path, with and without the early reads),
- *   SHORT_GRAPH=0 (the step graph with the attention's merge launches where the default
- *   replays the short graph without them) have the default session's logits and device loop
- *   bit for bit (check_variant).
+ *   prefetch, on by default), ATT_SHORT=16 (the split path, with and without the early reads)
+ *   have the default session's logits and device loop bit for bit (check_variant).
  *   The router fusion is the default (SPARK_CUDA_Q35_ROUTER_FUSE: the router and shared-gate
  *   logits in the mixer's output projection launch, engine/cuda/router_fuse.cuh; they differ
  *   from the unfused ones by F32 rounding only): =0 runs the f32 / q4_k_m models against the
@@ -687,10 +685,7 @@ int main(void) {
         {"SPARK_CUDA_Q35_DN_EARLY", "1", NULL, NULL},
         {"SPARK_CUDA_Q35_ATT_EARLY", "0", NULL, NULL},
         {"SPARK_CUDA_Q35_ATT_SHORT", "16", NULL, NULL},
-        {"SPARK_CUDA_Q35_ATT_EARLY", "0", "SPARK_CUDA_Q35_ATT_SHORT", "16"},
-        /* the step graph with the attention's merge launches at positions the short graph
-         * (the default below 256 positions) serves */
-        {"SPARK_CUDA_Q35_SHORT_GRAPH", "0", NULL, NULL}};
+        {"SPARK_CUDA_Q35_ATT_EARLY", "0", "SPARK_CUDA_Q35_ATT_SHORT", "16"}};
     for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++) {
         const char *const *v = variants[i];
         check_variant("q4_k_m", v[0], v[1], v[2], v[3]);
