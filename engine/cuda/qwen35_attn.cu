@@ -247,9 +247,12 @@ template <int G, int HD> __device__ __forceinline__ void gatt_prefetch(const eng
 
 /* Grid (n_kv, runners) of GATT_THREADS; with SHORT (a.short_n > 0) at least G runners: while
  * pos + 1 <= a.short_n, block (g, y < G) serves query head g G + y alone (the rest exit), else
- * the split path below (its runners are the same: runners >= splits of pos + 1 or 128). */
+ * the split path below (its runners are the same: runners >= splits of pos + 1 or 128).
+ * SHORT (the sessions' instance) is compiled for two blocks per multiprocessor (<= 128
+ * registers, no spills: 120 for G 8, HD 256; it took 146 with one), so that the split path's
+ * 2 x 128 runners at depth run in one wave instead of two. */
 template <int G, int HD, bool SHORT>
-__global__ void __launch_bounds__(GATT_THREADS, SHORT ? 1 : 0) gatt_kernel(engine_cu_gatt a) {
+__global__ void __launch_bounds__(GATT_THREADS, SHORT ? 2 : 0) gatt_kernel(engine_cu_gatt a) {
     constexpr int PG = GATT_THREADS / HD; /* position groups of the V sums */
     constexpr int EPT = (G * HD + GATT_THREADS - 1) / GATT_THREADS; /* merged elements/thread */
     extern __shared__ float ga_smem[];
