@@ -207,8 +207,8 @@ void support_logit_finish(const support_logit_stats *c, const char *diff, int wi
             fprintf(stderr, " %d:%.5f", i, c->row_cos[i]);
         fprintf(stderr, "\n");
     }
-    printf("%-*s: max |%s|/(1+max|l|) %.2e, min cosine %.6f (%d of %d below 0.999", width,
-           c->what, diff, c->worst, c->worst_cos, c->n_low, c->n_cmp);
+    printf("%-*s: max |%s|/(1+max|l|) %.2e, min cosine %.6f (%d of %d below 0.999", width, c->what,
+           diff, c->worst, c->worst_cos, c->n_low, c->n_cmp);
     if (c->first_low) printf(", the first at row %d", c->first_low - 1);
     printf(")\n");
 }

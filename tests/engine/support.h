@@ -123,8 +123,9 @@ support_logit_row support_logit_add(support_logit_stats *c, const float *a, cons
                                     int32_t n);
 
 /* At the end: when !exact and moe, checks (counting a failure) that at most one row in ten is
- * below cosine 0.999 (clean_rows: none of the first clean_rows) and none below 0.9; then prints "<what>: max |<diff>|/(1+max|l|) ...,
- * min cosine ... (k of n below 0.999)" with what padded to width. */
+ * below cosine 0.999 (clean_rows: none of the first clean_rows) and none below 0.9; then prints
+ * "<what>: max |<diff>|/(1+max|l|) ..., min cosine ... (k of n below 0.999)" with what padded to
+ * width. */
 void support_logit_finish(const support_logit_stats *c, const char *diff, int width);
 
 /* The whole file, NUL-terminated (malloc'd, the caller frees) with its length in *len; NULL

@@ -306,7 +306,10 @@ static void run_model(const char *preset, const char *type) {
         tok[i] = (int32_t)((i * 7919 + 13) % nv);
     CHECK(engine_session_append(cs, tok, N_PROMPT, lc) == 0, "cpu prompt");
     CHECK(engine_cuda_prefill_run(pf, tok, N_PROMPT, 0, lg, NULL) == 0, "gpu prefill");
-    cmp_stats c = {.exact = strcmp(type, "f32") == 0, .moe = strcmp(preset, "tiny") == 0, .worst_cos = 1, .what = what};
+    cmp_stats c = {.exact = strcmp(type, "f32") == 0,
+                   .moe = strcmp(preset, "tiny") == 0,
+                   .worst_cos = 1,
+                   .what = what};
     snprintf(what, sizeof what, "%s %s prefill", preset, type);
     for (int i = 0; i < N_PROMPT; i++)
         compare(&c, lc + (size_t)i * nv, lg + (size_t)i * nv, nv, i);

@@ -189,7 +189,8 @@ static void run_model(const char *preset, const char *type) {
         tok_cpu[i] = tok_gpu[i] = (int32_t)((i * 7919 + 13) % nv);
     char what[64];
     snprintf(what, sizeof what, "%-10s %-6s logits", preset, type);
-    support_logit_stats c = {.exact = exact, .moe = strcmp(preset, "tiny") == 0, .worst_cos = 1, .what = what};
+    support_logit_stats c = {
+        .exact = exact, .moe = strcmp(preset, "tiny") == 0, .worst_cos = 1, .what = what};
     char what_f[64];
     snprintf(what_f, sizeof what_f, "%-10s %-6s logits, router unfused", preset, type);
     support_logit_stats cf = {.exact = exact, .moe = c.moe, .worst_cos = 1, .what = what_f};

@@ -18,7 +18,8 @@
  *     step of the first half of the prompt and >= 0.9 on all (the GPU quantises activations
  *     as the CPU does, but a rounding tie can fall the other way and swap two near-tied
  *     experts: see test_cuda_forward; the recurrent state carries a swap on for several steps,
- *     so the attention-only models' "one step in ten" does not apply: support.h clean_rows). Then the device-resident loop reproduces the greedy tokens, seeded
+ *     so the attention-only models' "one step in ten" does not apply: support.h clean_rows).
+ *     Then the device-resident loop reproduces the greedy tokens, seeded
  *     sampling repeats, bad input is an error, and through engine.h (device cuda) prompt
  *     logits equal engine_cuda_q35_decode's bit for bit, and rollback (engine_session_truncate
  *     to points on and off the snapshot grid, within and beyond the kept snapshots) gives the
