@@ -198,9 +198,14 @@ void support_logit_finish(const support_logit_stats *c, const char *diff, int wi
     const bool low = c->clean_rows > 0 ? c->first_low > 0 && c->first_low <= c->clean_rows
                                        : c->n_low * 10 > c->n_cmp;
     if (!c->exact && c->moe && (low || !(c->worst_cos >= 0.9))) {
-        support_fail("%s: %d of %d rows below cosine 0.999 (min %.4f; the first, row %d, "
-                     "within the first %d rows)",
-                     c->what, c->n_low, c->n_cmp, c->worst_cos, c->first_low - 1, c->clean_rows);
+        if (c->clean_rows > 0)
+            support_fail("%s: %d of %d rows below cosine 0.999 (min %.4f), the first at row %d "
+                         "(the first %d rows must agree)",
+                         c->what, c->n_low, c->n_cmp, c->worst_cos, c->first_low - 1,
+                         c->clean_rows);
+        else
+            support_fail("%s: %d of %d rows below cosine 0.999 (min %.4f)", c->what, c->n_low,
+                         c->n_cmp, c->worst_cos);
         fprintf(stderr, "  rows' cosines from row %d on:", c->first_low - 1);
         for (int i = c->first_low > 2 ? c->first_low - 2 : 0;
              i < c->n_cmp && i < SUPPORT_LOGIT_ROWS; i++)
