@@ -67,6 +67,9 @@ struct engine_cuda_model {
     size_t bytes;
     cu_layer *layers;
     cu_w tok_embd, output;
+    /* the head's repacked copy (matvec.cuh engine_cu_head_copy; d NULL: none), in head_mem */
+    cu_w output_r;
+    uint8_t *head_mem;
     const float *output_norm, *inv_freq;
     /* Router fusion (router_fuse.cuh), built at the first session that asks for it
      * (SPARK_CUDA_ROUTER_FUSE=1; rf_prepare): per layer [R | M], n_expert rows of
@@ -96,6 +99,7 @@ struct engine_cuda_session {
     int route;
     int coop;    /* SPARK_CUDA_COOP_SCALE (0/1): engine_cu_ffn_up_args.coop (also qwen35moe) */
     int coop_mv; /* SPARK_CUDA_COOP_MV=1: engine_cu_mv.coop of the qkv, router and head launches */
+    bool head_r; /* the head launch reads the model's repacked copy (engine_cu_head_copy_wanted) */
     int fused; /* the layers as one fused step kernel (step.cuh); SPARK_CUDA_FUSED=0/1 */
     /* Decode stage 5 (per-op launches), both measured slower on the H200 (bench/RESULTS.md),
      * so off unless asked for: SPARK_CUDA_BPS=mv,up,dn caps the matvec (qkv, wo), up and down
@@ -382,6 +386,17 @@ extern "C" int engine_cuda_model_new(engine_cuda_model **out, const engine_model
     if ((rc = upload_f(&u, m->output_norm, hp->n_embd, &cm->output_norm))) goto done;
     if ((rc = upload_f(&u, m->rope_inv_freq, hp->head_dim_k / 2, &cm->inv_freq))) goto done;
     ENGINE_ASSERT(u.off <= total);
+    if (!tied) {
+        if ((rc = engine_cu_head_copy(cm->output.d, cm->output.type, cm->output.rows,
+                                      cm->output.cols, cm->output.row_bytes, &cm->head_mem)))
+            goto done;
+        if (cm->head_mem) {
+            cm->output_r = cm->output;
+            cm->output_r.d = cm->head_mem;
+            cm->output_r.type = ENGINE_CU_TYPE_Q6_KR;
+            cm->output_r.row_bytes = engine_cu_q6r_row_bytes(cm->output.row_bytes);
+        }
+    }
     *out = cm;
     cm = NULL;
 done:
@@ -391,10 +406,11 @@ done:
 
 extern "C" void engine_cuda_model_free(engine_cuda_model *cm) {
     if (!cm) return;
-    if (cm->mem || cm->rf_mem) {
+    if (cm->mem || cm->rf_mem || cm->head_mem) {
         cudaSetDevice(cm->device);
         cudaFree(cm->mem);
         cudaFree(cm->rf_mem);
+        cudaFree(cm->head_mem);
     }
     free(cm->layers);
     free(cm);
@@ -589,6 +605,7 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
     {
         const char *e = getenv("SPARK_CUDA_TOUCH");
         s->touch = e && e[0] == '1';
+        s->head_r = engine_cu_head_copy_wanted();
         e = getenv("SPARK_CUDA_FUSED");
         s->fused = e ? e[0] == '1' : SPARK_CUDA_FUSED_DEFAULT;
         e = getenv("SPARK_CUDA_BPS");
@@ -1035,7 +1052,7 @@ static void enqueue_step(engine_cuda_session *s, step_prof *p, route_trace *t) {
     }
     engine_cu_mv mv;
     memset(&mv, 0, sizeof mv);
-    mv.m[0] = mat(&cm->output, s->logits, 0);
+    mv.m[0] = mat(s->head_r && cm->output_r.d ? &cm->output_r : &cm->output, s->logits, 0);
     mv.n_mat = 1;
     mv.touch = s->touch;
     mv.preload = s->preload;

@@ -137,6 +137,18 @@ __device__ __forceinline__ uint4 engine_cu_ldq(const uint4 *p) {
 #endif
 }
 
+__device__ __forceinline__ uint2 engine_cu_ldd(const uint2 *p) {
+#ifdef ENGINE_CU_HINTED
+    uint2 v;
+    asm("ld.global.nc.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;"
+        : "=r"(v.x), "=r"(v.y)
+        : "l"(p), "l"(engine_cu_pol_stream()));
+    return v;
+#else
+    return __ldg(p);
+#endif
+}
+
 /* Ask L2 for `bytes` bytes from p (its 128-byte lines spread over the lanes of a warp, which
  * all call this). */
 __device__ __forceinline__ void engine_cu_prefetch_l2(const uint8_t *p, size_t bytes) {

@@ -76,6 +76,49 @@ __device__ __forceinline__ void engine_cu_scale_min_k4w(int j, uint32_t w0, uint
     }
 }
 
+/* Q6_K rows repacked for coalesced loads (an internal type, never in a file: the copy of the
+ * output head that the decode and MTP head launches read, engine_cu_q6r_repack in matvec.cuh).
+ * A row's chunks (Q6_K's chunk numbering and columns) go in groups of 64, eight superblocks,
+ * 1680 bytes like Q6_K's eight; the row's last group holds the G <= 64 chunks left. Rows start
+ * 16-byte aligned (the copy's row stride is rounded up to 16). Chunk k of a group of G keeps
+ *   at 16 k:            its 16 ql bytes as Q6_K has them (low nibbles run A, high nibbles run B);
+ *   at 16 G + 8 k:      its 32 two-bit high parts, a nibble per ql byte i (bits 0-1 run A's,
+ *                       bits 2-3 run B's), byte j of word 0 holding those of bytes i = j and
+ *                       j + 4 (low, high nibble), word 1 those of bytes 8 + j and 12 + j;
+ *   at 24 G + 2 k:      its two int8 scales (run A's, run B's);
+ *   at 26 G + 2 (k / 8): its superblock's F16 d.
+ * So the 32 lanes of a warp taking consecutive chunks load 512, 256, 64 and 8 consecutive
+ * bytes, four loads a lane, where Q6_K's 2-byte-aligned superblocks take thirteen. */
+#define ENGINE_CU_TYPE_Q6_KR 0x100E
+#define ENGINE_CU_Q6R_GROUP 1680
+
+/* Where chunk c of a Q6_KR row of n_chunks chunks keeps its ql bytes, high parts, scales and
+ * d (byte offsets from the row). */
+__host__ __device__ __forceinline__ void engine_cu_q6r_at(int c, int n_chunks, size_t *ql,
+                                                          size_t *qh, size_t *sc, size_t *d) {
+    const int k = c & 63, rest = n_chunks - (c & ~63), G = rest < 64 ? rest : 64;
+    const size_t g = (size_t)(c >> 6) * ENGINE_CU_Q6R_GROUP;
+    *ql = g + 16 * (size_t)k;
+    *qh = g + 16 * (size_t)G + 8 * (size_t)k;
+    *sc = g + 24 * (size_t)G + 2 * (size_t)k;
+    *d = g + 26 * (size_t)G + 2 * (size_t)(k >> 3);
+}
+
+/* A Q6_KR chunk's 6-bit values (Q6_K's q, before the - 32), four a word: run A into lo, run B
+ * into hi, from its ql words and its two words of high parts. */
+__device__ __forceinline__ void engine_cu_q6r_unpack(const uint32_t ql[4], uint32_t u0,
+                                                     uint32_t u1, uint32_t lo[4],
+                                                     uint32_t hi[4]) {
+    lo[0] = (ql[0] & 0x0F0F0F0Fu) | ((u0 & 0x03030303u) << 4);
+    hi[0] = ((ql[0] >> 4) & 0x0F0F0F0Fu) | ((u0 & 0x0C0C0C0Cu) << 2);
+    lo[1] = (ql[1] & 0x0F0F0F0Fu) | (u0 & 0x30303030u);
+    hi[1] = ((ql[1] >> 4) & 0x0F0F0F0Fu) | ((u0 >> 2) & 0x30303030u);
+    lo[2] = (ql[2] & 0x0F0F0F0Fu) | ((u1 & 0x03030303u) << 4);
+    hi[2] = ((ql[2] >> 4) & 0x0F0F0F0Fu) | ((u1 & 0x0C0C0C0Cu) << 2);
+    lo[3] = (ql[3] & 0x0F0F0F0Fu) | (u1 & 0x30303030u);
+    hi[3] = ((ql[3] >> 4) & 0x0F0F0F0Fu) | ((u1 >> 2) & 0x30303030u);
+}
+
 /* Columns of chunk c's two runs. */
 __device__ __forceinline__ void engine_cu_chunk_cols(int type, int c, int *a0, int *b0) {
     switch (type) {
@@ -86,7 +129,8 @@ __device__ __forceinline__ void engine_cu_chunk_cols(int type, int c, int *a0, i
         *b0 = *a0 + 32;
         break;
     }
-    case ENGINE_TYPE_Q6_K: {
+    case ENGINE_TYPE_Q6_K:
+    case ENGINE_CU_TYPE_Q6_KR: {
         int sb = c >> 3, q = c & 7, hh = q >> 2, r = q & 3, w = r >> 1, l0 = 16 * (r & 1);
         *a0 = 256 * sb + 128 * hh + 32 * w + l0;
         *b0 = *a0 + 64;

@@ -1,4 +1,5 @@
 /* Quantised matrix-vector products (contract in matvec.cuh). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "matvec_dev.cuh"
@@ -200,4 +201,102 @@ void engine_cu_matvec(const engine_cu_mv *a, cudaStream_t stream) {
     if (part[ENGINE_CU_X_F32].n_mat) mv_launch_mode<ENGINE_CU_X_F32>(&part[0], stream);
     if (part[ENGINE_CU_X_Q8_0].n_mat) mv_launch_mode<ENGINE_CU_X_Q8_0>(&part[1], stream);
     if (part[ENGINE_CU_X_Q8_K].n_mat) mv_launch_mode<ENGINE_CU_X_Q8_K>(&part[2], stream);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The head's repacked copy (dequant.cuh ENGINE_CU_TYPE_Q6_KR)
+ * ------------------------------------------------------------------------------------------- */
+size_t engine_cu_q6r_row_bytes(size_t row_bytes) {
+    return (row_bytes + 15) & ~(size_t)15;
+}
+
+/* A thread per (row, chunk): the chunk's bytes from the Q6_K superblock to their Q6_KR places. */
+__global__ void q6r_repack_kernel(const uint8_t *src, size_t src_rb, uint8_t *dst, size_t dst_rb,
+                                  int rows, int n_chunks) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)rows * n_chunks) return;
+    const size_t r = i / (size_t)n_chunks;
+    const int c = (int)(i - r * (size_t)n_chunks);
+    const uint8_t *b = src + r * src_rb + (size_t)(c >> 3) * 210;
+    const int q = c & 7, hh = q >> 2, rr = q & 3, w = rr >> 1, l0 = 16 * (rr & 1);
+    uint8_t *o = dst + r * dst_rb;
+    size_t oq, oh, os, od;
+    engine_cu_q6r_at(c, n_chunks, &oq, &oh, &os, &od);
+    uint8_t nib[16];
+    for (int j = 0; j < 16; j++) {
+        o[oq + j] = b[64 * hh + 32 * w + l0 + j];
+        const int h = b[128 + 32 * hh + l0 + j];
+        nib[j] = (uint8_t)(((h >> (2 * w)) & 3) | (((h >> (4 + 2 * w)) & 3) << 2));
+    }
+    for (int j = 0; j < 4; j++) {
+        o[oh + j] = (uint8_t)(nib[j] | nib[j + 4] << 4);
+        o[oh + 4 + j] = (uint8_t)(nib[8 + j] | nib[12 + j] << 4);
+    }
+    const uint8_t *sc = b + 192 + 8 * hh + (l0 >> 4);
+    o[os] = sc[2 * w];
+    o[os + 1] = sc[4 + 2 * w];
+    if ((c & 7) == 0) {
+        o[od] = b[208];
+        o[od + 1] = b[209];
+    }
+    if (c == n_chunks - 1) /* the stride's padding: defined bytes */
+        for (size_t p = (size_t)n_chunks / 8 * 210; p < dst_rb; p++)
+            o[p] = 0;
+}
+
+void engine_cu_q6r_repack(const uint8_t *src, size_t src_rb, uint8_t *dst, int rows, int cols,
+                          cudaStream_t stream) {
+    const int n_chunks = cols / 32;
+    const size_t n = (size_t)rows * n_chunks;
+    if (!n) return;
+    q6r_repack_kernel<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(
+        src, src_rb, dst, engine_cu_q6r_row_bytes(src_rb), rows, n_chunks);
+}
+
+bool engine_cu_head_copy_wanted(void) {
+    const char *e = getenv("SPARK_CUDA_HEAD_REPACK");
+    return !e || atoi(e) != 0;
+}
+
+int engine_cu_head_copy(const uint8_t *src, int type, int rows, int cols, size_t row_bytes,
+                        uint8_t **out) {
+    *out = nullptr;
+    if (type != ENGINE_TYPE_Q6_K || cols % 256 || !engine_cu_head_copy_wanted()) return 0;
+    const size_t bytes = (size_t)rows * engine_cu_q6r_row_bytes(row_bytes);
+    size_t free_b = 0, total_b = 0;
+    cudaError_t e = cudaMemGetInfo(&free_b, &total_b);
+    if (e == cudaSuccess && bytes + ((size_t)256 << 20) > free_b) {
+        engine_log(ENGINE_LOG_WARN,
+                   "cuda: no room for the output head's repacked copy (%.2f GB, %.2f GB free): "
+                   "the decode head reads the file's Q6_K rows (slower)",
+                   (double)bytes / 1e9, (double)free_b / 1e9);
+        return 0;
+    }
+    uint8_t *p = nullptr;
+    if (e == cudaSuccess) e = cudaMalloc((void **)&p, bytes);
+    if (e == cudaErrorMemoryAllocation) {
+        cudaGetLastError();
+        engine_log(ENGINE_LOG_WARN,
+                   "cuda: no room for the output head's repacked copy (%.2f GB): the decode head "
+                   "reads the file's Q6_K rows (slower)",
+                   (double)bytes / 1e9);
+        return 0;
+    }
+    if (e == cudaSuccess) {
+        engine_cu_q6r_repack(src, row_bytes, p, rows, cols, 0);
+        e = cudaGetLastError();
+    }
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        cudaFree(p);
+        return engine_err(ENGINE_EINTERNAL, "CUDA: the output head's repacked copy: %s",
+                          cudaGetErrorString(e));
+    }
+    engine_log(ENGINE_LOG_INFO,
+               "cuda: memory plan: + %.2f GB, the output head repacked for the decode step "
+               "(SPARK_CUDA_HEAD_REPACK=0: none)",
+               (double)bytes / 1e9);
+    *out = p;
+    return 0;
 }

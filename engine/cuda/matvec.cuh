@@ -104,4 +104,20 @@ typedef struct {
 } engine_cu_mv_plan;
 engine_cu_mv_plan engine_cu_matvec_plan(const engine_cu_mv *a);
 
+/* The output head's repacked copy (ENGINE_CU_TYPE_Q6_KR, dequant.cuh: the same values, laid out
+ * for coalesced loads), read by the decode and MTP head launches; the prefill and batch GEMMs
+ * keep reading the file's Q6_K rows. Rows of the copy are engine_cu_q6r_row_bytes apart. */
+size_t engine_cu_q6r_row_bytes(size_t row_bytes); /* a Q6_K row's bytes rounded up to 16 */
+void engine_cu_q6r_repack(const uint8_t *src, size_t src_rb, uint8_t *dst, int rows, int cols,
+                          cudaStream_t stream);
+/* At model load: *out = a new device allocation (rows x engine_cu_q6r_row_bytes; cudaFree it)
+ * holding the repacked copy of the head at src, or NULL where there is none to make: the head
+ * is not Q6_K, SPARK_CUDA_HEAD_REPACK=0 at load, or the device lacks the memory (a warning: the
+ * head stays as it is). 0, or an engine error of a failing CUDA call. */
+int engine_cu_head_copy(const uint8_t *src, int type, int rows, int cols, size_t row_bytes,
+                        uint8_t **out);
+/* Whether a session reads the copy (SPARK_CUDA_HEAD_REPACK, default 1; read at session
+ * creation). */
+bool engine_cu_head_copy_wanted(void);
+
 #endif

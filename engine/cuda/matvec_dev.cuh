@@ -20,8 +20,13 @@ __device__ __forceinline__ void mv_rows(const uint8_t *row0, size_t stride, int 
 #pragma unroll(R == 1 ? 2 : 1)
     for (int c = c0; c < n_chunks; c += step)
 #pragma unroll
-        for (int i = 0; i < R; i++)
-            acc[i] += engine_cu_dot_chunk<T>(row0 + (i < nvalid ? i : 0) * stride, c, xv);
+        for (int i = 0; i < R; i++) {
+            const uint8_t *row = row0 + (i < nvalid ? i : 0) * stride;
+            if constexpr (T == ENGINE_CU_TYPE_Q6_KR)
+                acc[i] += engine_cu_q6r_dot(row, c, n_chunks, xv);
+            else
+                acc[i] += engine_cu_dot_chunk<T>(row, c, xv);
+        }
 }
 
 /* Row groups: matrix i owns groups [start_i, start_i + n_i), of `per` rows each. */
@@ -71,6 +76,10 @@ __device__ __forceinline__ float *mv_group(const engine_cu_mv &a, int g, const e
         break;
         ENGINE_CU_QUANT_CASES(MV_CASE)
 #undef MV_CASE
+    case ENGINE_CU_TYPE_Q6_KR: /* the heads' copy (dequant.cuh): never split-K */
+        if constexpr (MODE == ENGINE_CU_X_Q8_K && R > 0)
+            mv_rows<ENGINE_CU_TYPE_Q6_KR, NR>(row, stride, nvalid, c0, step, n_chunks, xv, acc);
+        break;
 #define MV_CASE(T)                                                                                 \
     case T:                                                                                        \
         if (MODE == ENGINE_CU_X_F32)                                                               \

@@ -9,6 +9,7 @@
 #include "common.cuh"
 #include "matvec.cuh"
 #include "moe.cuh"
+#include "qdot.cuh" /* ENGINE_CU_TYPE_Q6_KR */
 #include "sample.cuh"
 
 extern "C" {
@@ -72,6 +73,14 @@ int op_split(int64_t rows) {
     return n > 0 && n < rows ? (int)n : 0;
 }
 
+/* SPARK_CUDA_OP_Q6R=1: the matvec op reads its Q6_K matrix through the output head's repacked
+ * copy (matvec.cuh engine_cu_q6r_repack, type ENGINE_CU_TYPE_Q6_KR), as the sessions' head
+ * launches do; other types are refused. */
+bool op_q6r() {
+    const char *e = getenv("SPARK_CUDA_OP_Q6R");
+    return e && atoi(e) != 0;
+}
+
 } // namespace
 
 extern "C" int engine_cuda_op_matvec(engine_type type, const void *w, int64_t rows, int64_t cols,
@@ -88,13 +97,26 @@ extern "C" int engine_cuda_op_matvec(engine_type type, const void *w, int64_t ro
     const float *dn = norm_w ? a.put<float>(norm_w, sizeof(float) * (size_t)cols) : nullptr;
     float *dy = a.put<float>(y, sizeof(float) * (size_t)rows);
     if (a.rc) return a.rc;
+    int mtype = (int)type;
+    if (op_q6r()) {
+        if (type != ENGINE_TYPE_Q6_K)
+            return engine_err(ENGINE_EINVAL, "matvec: SPARK_CUDA_OP_Q6R takes Q6_K, not type %d",
+                              (int)type);
+        const size_t rb = engine_cu_q6r_row_bytes(row_bytes);
+        uint8_t *rw = a.put<uint8_t>(nullptr, (size_t)rows * rb);
+        if (a.rc) return a.rc;
+        engine_cu_q6r_repack(dw, row_bytes, rw, (int)rows, (int)cols, 0);
+        dw = rw;
+        row_bytes = rb;
+        mtype = ENGINE_CU_TYPE_Q6_KR;
+    }
     engine_cu_mv mv;
     memset(&mv, 0, sizeof mv);
-    mv.m[0] = {dw, row_bytes, (int)type, (int)rows, dy, accumulate};
+    mv.m[0] = {dw, row_bytes, mtype, (int)rows, dy, accumulate};
     mv.n_mat = 1;
     if (const int sp = op_split(rows)) {
         mv.m[0].rows = sp;
-        mv.m[1] = {dw + (size_t)sp * row_bytes, row_bytes, (int)type, (int)rows - sp, dy + sp,
+        mv.m[1] = {dw + (size_t)sp * row_bytes, row_bytes, mtype, (int)rows - sp, dy + sp,
                    accumulate};
         mv.n_mat = 2;
         mv.r3 = 1;

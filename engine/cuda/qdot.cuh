@@ -25,7 +25,8 @@
 enum { ENGINE_CU_X_F32 = 0, ENGINE_CU_X_Q8_0 = 1, ENGINE_CU_X_Q8_K = 2 };
 
 __host__ __device__ constexpr int engine_cu_x_mode(int t) {
-    return t == ENGINE_TYPE_Q4_K || t == ENGINE_TYPE_Q5_K || t == ENGINE_TYPE_Q6_K
+    return t == ENGINE_TYPE_Q4_K || t == ENGINE_TYPE_Q5_K || t == ENGINE_TYPE_Q6_K ||
+                   t == ENGINE_CU_TYPE_Q6_KR
                ? ENGINE_CU_X_Q8_K
            : t == ENGINE_TYPE_Q8_0 || t == ENGINE_TYPE_Q4_0 ? ENGINE_CU_X_Q8_0
                                                             : ENGINE_CU_X_F32;
@@ -331,10 +332,11 @@ __device__ __forceinline__ void engine_cu_qload(const uint8_t *row, int c, engin
         const bool q5 = T == ENGINE_TYPE_Q5_K;
         const uint8_t *b = row + (size_t)(c >> 3) * (q5 ? 176 : 144);
         const int q = c & 7, j = q >> 1, half = q & 1;
-        r.h = engine_cu_ldw((const uint32_t *)b);
-        r.s[0] = engine_cu_ldw((const uint32_t *)(b + 4));
-        r.s[1] = engine_cu_ldw((const uint32_t *)(b + 8));
-        r.s[2] = engine_cu_ldw((const uint32_t *)(b + 12));
+        const uint4 hd = engine_cu_ldq((const uint4 *)b); /* d, dmin, the 12 scale bytes */
+        r.h = hd.x;
+        r.s[0] = hd.y;
+        r.s[1] = hd.z;
+        r.s[2] = hd.w;
         qd_load16(b + (q5 ? 48 : 16) + 32 * j + 16 * half, r.q);
         if (q5) qd_load16(b + 16 + 16 * half, r.q + 4);
     } else if (T == ENGINE_TYPE_Q6_K) {
@@ -427,6 +429,27 @@ __device__ __forceinline__ float engine_cu_qdot_raw(const engine_cu_qraw &r, con
         /* values q - 8 */
         return d * (da * (float)(ia + ib) - 8.0f * (sa + sb));
     }
+}
+
+/* Chunk c of a Q6_KR row of n_chunks chunks (dequant.cuh) against the staged int8 vector:
+ * engine_cu_qdot_raw's Q6_K expression on the same operands, so the same float. */
+__device__ __forceinline__ float engine_cu_q6r_dot(const uint8_t *row, int c, int n_chunks,
+                                                   const engine_cu_xv &xv) {
+    size_t oq, oh, os, od;
+    engine_cu_q6r_at(c, n_chunks, &oq, &oh, &os, &od);
+    uint32_t ql[4], lo[4], hi[4];
+    qd_load16(row + oq, ql);
+    const uint2 u = engine_cu_ldd((const uint2 *)(row + oh));
+    const uint32_t sc = engine_cu_ldh((const uint16_t *)(row + os));
+    const float d = engine_cu_h2f(engine_cu_ldh((const uint16_t *)(row + od)));
+    int a0, b0;
+    engine_cu_chunk_cols(ENGINE_CU_TYPE_Q6_KR, c, &a0, &b0);
+    const int4 xa = *(const int4 *)(xv.q + a0), xb = *(const int4 *)(xv.q + b0);
+    const float da = xv.d[a0 >> 5], db = xv.d[b0 >> 5], sa = xv.s[a0 >> 4], sb = xv.s[b0 >> 4];
+    engine_cu_q6r_unpack(ql, u.x, u.y, lo, hi);
+    const float d1 = d * (float)(int)(int8_t)(sc & 0xffu), d2 = d * (float)(int)(int8_t)(sc >> 8);
+    const int ia = engine_cu_dp4a4(lo, xa, 0), ib = engine_cu_dp4a4(hi, xb, 0);
+    return d1 * (da * (float)ia - 32.0f * sa) + d2 * (db * (float)ib - 32.0f * sb);
 }
 
 /* Chunk c of a quantised row against the staged int8 vector (the row's column 0 at xv). */

@@ -69,6 +69,9 @@ struct engine_cuda_q35_model {
     q35_dims d;
     q35_cl *layers;
     q35_w tok_embd, output;
+    /* the head's repacked copy (matvec.cuh engine_cu_head_copy; d NULL: none), in head_mem */
+    q35_w output_r;
+    uint8_t *head_mem;
     const float *output_norm, *inv_freq;
     int n_lin, n_attn;
     bool v_tiled;
@@ -407,6 +410,17 @@ extern "C" int engine_cuda_q35_model_new(engine_cuda_q35_model **out, const engi
     u.total = cm->bytes;
     if ((rc = q35_upload_all(&u))) goto done;
     ENGINE_ASSERT(u.off == cm->bytes);
+    if (cm->output.d != cm->tok_embd.d) {
+        if ((rc = engine_cu_head_copy(cm->output.d, cm->output.type, cm->output.rows,
+                                      cm->output.cols, cm->output.row_bytes, &cm->head_mem)))
+            goto done;
+        if (cm->head_mem) {
+            cm->output_r = cm->output;
+            cm->output_r.d = cm->head_mem;
+            cm->output_r.type = ENGINE_CU_TYPE_Q6_KR;
+            cm->output_r.row_bytes = engine_cu_q6r_row_bytes(cm->output.row_bytes);
+        }
+    }
     *out = cm;
     cm = NULL;
 done:
@@ -416,10 +430,11 @@ done:
 
 extern "C" void engine_cuda_q35_model_free(engine_cuda_q35_model *cm) {
     if (!cm) return;
-    if (cm->mem || cm->rf_mem) {
+    if (cm->mem || cm->rf_mem || cm->head_mem) {
         cudaSetDevice(cm->device);
         cudaFree(cm->mem);
         cudaFree(cm->rf_mem);
+        cudaFree(cm->head_mem);
     }
     free(cm->rf_off);
     free(cm->layers);
@@ -508,6 +523,9 @@ struct engine_cuda_q35_session {
      * Session 9 call 1 (bench/cuda/s9a.plan): test_cuda_ops' two-matrix case green, full model
      * 465.7 against 451.4 tok/s (+3.2%, same process), greedy tokens identical. */
     int mv_r3;
+    /* the head launches (decode, MTP drafts and verify passes) read the model's repacked copy
+     * (matvec.cuh engine_cu_head_copy_wanted: SPARK_CUDA_HEAD_REPACK, default on) */
+    bool head_r;
     /* SPARK_CUDA_Q35_Z_FORK (read at session creation; default on, =0 off): the DeltaNet blocks' z
      * projection (only the step's last phase reads it) on the side branch, parallel to the
      * qkv|beta|alpha projection, joined before the step */
@@ -743,6 +761,7 @@ extern "C" int engine_cuda_q35_session_new(engine_cuda_q35_session **out, engine
         s->coop_mv = e && e[0] == '1';
         e = getenv("SPARK_CUDA_MV_R3"); /* default on (session 9), =0 off */
         s->mv_r3 = !(e && e[0] == '0');
+        s->head_r = engine_cu_head_copy_wanted();
     }
     if (s->rf && (rc = q35_rf_prepare(cm))) goto done;
     if (s->rf && cm->rf_state != 1) s->rf = 0;
@@ -934,6 +953,11 @@ extern "C" void engine_cuda_q35_layer_get(engine_cuda_q35_session *s, int l,
     } else {
         o->down_sh = q35_wview(&c->down_sh, 1);
     }
+}
+
+/* The output head a session's head launches read: the repacked copy where there is one. */
+static const q35_w *q35_head(const engine_cuda_q35_session *s) {
+    return s->head_r && s->cm->output_r.d ? &s->cm->output_r : &s->cm->output;
 }
 
 static engine_cu_mat q35_mat(const q35_w *w, float *y, int accumulate) {
@@ -1257,7 +1281,7 @@ static void q35_enqueue_step(engine_cuda_q35_session *s, q35_prof *p) {
             q35_deltanet(s, ly, eps, p);
         q35_moe(s, ly, eps, p);
     }
-    engine_cu_mat hm = q35_mat(&cm->output, s->logits, 0);
+    engine_cu_mat hm = q35_mat(q35_head(s), s->logits, 0);
     q35_mv(s, st, s->x, d->E, cm->output_norm, eps, 1, &hm);
     q35_mark(p, 9, st);
     engine_cu_sample(s->logits, d->V, s->step, s->out, s->sscratch, s->counters + d->nkv, st);

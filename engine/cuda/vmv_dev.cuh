@@ -35,11 +35,10 @@ __device__ __forceinline__ void vq_chunk(const uint8_t *row, int c, const uint8_
         const bool q5 = T == ENGINE_TYPE_Q5_K;
         const uint8_t *b = row + (size_t)(c >> 3) * (q5 ? 176 : 144);
         const int q = c & 7, j = q >> 1, half = q & 1;
-        const uint32_t dd = __ldg((const uint32_t *)b);
-        const float dk = engine_cu_h2f((uint16_t)(dd & 0xffffu)),
-                    dmin = engine_cu_h2f((uint16_t)(dd >> 16));
-        const uint32_t w0 = __ldg((const uint32_t *)(b + 4)), w1 = __ldg((const uint32_t *)(b + 8)),
-                       w2 = __ldg((const uint32_t *)(b + 12));
+        const uint4 hd = __ldg((const uint4 *)b); /* d, dmin, the 12 scale bytes */
+        const float dk = engine_cu_h2f((uint16_t)(hd.x & 0xffffu)),
+                    dmin = engine_cu_h2f((uint16_t)(hd.x >> 16));
+        const uint32_t w0 = hd.y, w1 = hd.z, w2 = hd.w;
         uint32_t qs[4];
         engine_cu_load16_a16(b + (q5 ? 48 : 16) + 32 * j + 16 * half, qs);
         int sc, mn;
@@ -79,6 +78,17 @@ __device__ __forceinline__ void vq_chunk(const uint8_t *row, int c, const uint8_
             lo[i] = (ql[i] & 0x0F0F0F0Fu) | (((qh[i] >> s1) & 0x03030303u) << 4);
             hi[i] = ((ql[i] >> 4) & 0x0F0F0F0Fu) | (((qh[i] >> s2) & 0x03030303u) << 4);
         }
+    } else if (T == ENGINE_CU_TYPE_Q6_KR) {
+        size_t oq, oh, os, od;
+        engine_cu_q6r_at(c, cols >> 5, &oq, &oh, &os, &od);
+        uint32_t ql[4];
+        engine_cu_load16_a16(row + oq, ql);
+        const uint2 u = __ldg((const uint2 *)(row + oh));
+        const uint32_t sc = __ldg((const uint16_t *)(row + os));
+        const float dk = engine_cu_h2f(__ldg((const uint16_t *)(row + od)));
+        d1 = dk * (float)(int)(int8_t)(sc & 0xffu);
+        d2 = dk * (float)(int)(int8_t)(sc >> 8);
+        engine_cu_q6r_unpack(ql, u.x, u.y, lo, hi);
     } else if (T == ENGINE_TYPE_Q8_0) {
         const uint8_t *b = row + (size_t)c * 34;
         d = engine_cu_h2f(__ldg((const uint16_t *)b));
@@ -110,7 +120,7 @@ __device__ __forceinline__ void vq_chunk(const uint8_t *row, int c, const uint8_
         float v;
         if (T == ENGINE_TYPE_Q4_K || T == ENGINE_TYPE_Q5_K)
             v = d1 * (da * (float)ia) - m1 * sa + (d2 * (db * (float)ib) - m2 * sb);
-        else if (T == ENGINE_TYPE_Q6_K)
+        else if (T == ENGINE_TYPE_Q6_K || T == ENGINE_CU_TYPE_Q6_KR)
             v = d1 * (da * (float)ia - 32.0f * sa) + d2 * (db * (float)ib - 32.0f * sb);
         else if (T == ENGINE_TYPE_Q8_0)
             v = d * (da * (float)(ia + ib));
@@ -197,6 +207,11 @@ __device__ __forceinline__ void vmv_group(const engine_cu_mv &mv, const size_t *
         break;
         ENGINE_CU_QUANT_CASES(VMV_CASE)
 #undef VMV_CASE
+    case ENGINE_CU_TYPE_Q6_KR: /* the heads' copy (dequant.cuh): never split-K */
+        if constexpr (MODE == ENGINE_CU_X_Q8_K && !SPLIT)
+            vmv_rows<ENGINE_CU_TYPE_Q6_KR, NR>(row, stride, nvalid, c0, step, n_chunks, sm, xs,
+                                               cols, m, acc);
+        break;
 #define VMV_CASE(T)                                                                                \
     case T:                                                                                        \
         if (MODE == ENGINE_CU_X_F32)                                                               \

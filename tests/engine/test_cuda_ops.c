@@ -194,6 +194,67 @@ static void test_matvec_type(engine_type t, int64_t rows, int64_t cols, bool nor
     free(xc);
 }
 
+/* The output head's repacked copy (SPARK_CUDA_OP_Q6R: engine/cuda/dequant.cuh Q6_KR): the
+ * same sums as the Q6_K rows it was made from, bit for bit, for rows of whole groups of eight
+ * superblocks, a partial last group, and rows shorter than one group (padded to 16 bytes). */
+static void test_head_repack_case(int64_t rows, int64_t cols, bool norm) {
+    size_t rb;
+    uint8_t *w = make_weights(ENGINE_TYPE_Q6_K, rows, cols, &rb);
+    float *x = malloc(sizeof(float) * cols), *nw = malloc(sizeof(float) * cols);
+    float *y = malloc(sizeof(float) * rows), *yr = malloc(sizeof(float) * rows);
+    fill(x, cols, 2.0f);
+    for (int64_t i = 0; i < cols; i++)
+        nw[i] = 0.75f + 0.25f * (frand() + 1.0f);
+    int rc = engine_cuda_op_matvec(ENGINE_TYPE_Q6_K, w, rows, cols, rb, x, norm ? nw : NULL, 1e-6f,
+                                   false, y);
+    setenv("SPARK_CUDA_OP_Q6R", "1", 1);
+    int rc2 = engine_cuda_op_matvec(ENGINE_TYPE_Q6_K, w, rows, cols, rb, x, norm ? nw : NULL,
+                                    1e-6f, false, yr);
+    unsetenv("SPARK_CUDA_OP_Q6R");
+    CHECK(rc == 0 && rc2 == 0, "matvec Q6_K / repacked %lld x %lld", (long long)rows,
+          (long long)cols);
+    int64_t diff = 0, first = -1;
+    for (int64_t r = 0; rc == 0 && rc2 == 0 && r < rows; r++)
+        if (memcmp(&y[r], &yr[r], sizeof(float)) != 0) {
+            if (first < 0) first = r;
+            diff++;
+        }
+    CHECK(diff == 0, "repacked head %lld x %lld: %lld rows differ from Q6_K (first %lld: %.9g vs %.9g)",
+          (long long)rows, (long long)cols, (long long)diff, (long long)first,
+          first >= 0 ? y[first] : 0.0, first >= 0 ? yr[first] : 0.0);
+    printf("matvec Q6_K repacked %5lld x %-5lld%s: %lld of %lld rows differ from Q6_K\n",
+           (long long)rows, (long long)cols, norm ? " +norm" : "", (long long)diff,
+           (long long)rows);
+    free(w);
+    free(x);
+    free(nw);
+    free(y);
+    free(yr);
+}
+
+static void test_head_repack(void) {
+    test_head_repack_case(4099, 2048, true); /* whole groups (Qwen3 / Qwen3.5 heads) */
+    test_head_repack_case(3001, 4096, true);
+    test_head_repack_case(2050, 2560, true); /* a group and a partial one of 2 superblocks */
+    test_head_repack_case(5003, 256, true);  /* the tiny presets: one superblock, padded rows */
+    test_head_repack_case(1027, 1024, false);
+    /* and against the CPU as every matvec */
+    setenv("SPARK_CUDA_OP_Q6R", "1", 1);
+    printf("with SPARK_CUDA_OP_Q6R=1:\n");
+    test_matvec_type(ENGINE_TYPE_Q6_K, 4099, 2048, true, false);
+    test_matvec_type(ENGINE_TYPE_Q6_K, 2049 - 1 + 3, 768 + 256, true, false);
+    /* other types have no repacked form: refused */
+    size_t rb;
+    uint8_t *w = make_weights(ENGINE_TYPE_Q4_K, 8, 256, &rb);
+    float x[256], y[8];
+    fill(x, 256, 1.0f);
+    CHECK(engine_cuda_op_matvec(ENGINE_TYPE_Q4_K, w, 8, 256, rb, x, NULL, 1e-6f, false, y) ==
+              ENGINE_EINVAL,
+          "SPARK_CUDA_OP_Q6R with Q4_K is refused");
+    free(w);
+    unsetenv("SPARK_CUDA_OP_Q6R");
+}
+
 static void test_matvec(void) {
     const engine_type types[] = {ENGINE_TYPE_Q4_K, ENGINE_TYPE_Q5_K, ENGINE_TYPE_Q6_K,
                                  ENGINE_TYPE_Q8_0, ENGINE_TYPE_Q4_0, ENGINE_TYPE_F16,
@@ -590,6 +651,7 @@ int main(int argc, char **argv) {
     }
     if (argc > 1 && !strcmp(argv[1], "quick")) n_draws = 300;
     test_matvec();
+    test_head_repack();
     test_attention();
     test_moe();
     test_moe_fused();
