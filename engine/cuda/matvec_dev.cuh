@@ -76,8 +76,8 @@ __device__ __forceinline__ float *mv_group(const engine_cu_mv &a, int g, const e
         break;
         ENGINE_CU_QUANT_CASES(MV_CASE)
 #undef MV_CASE
-    case ENGINE_CU_TYPE_Q6_KR: /* the heads' copy (dequant.cuh): never split-K */
-        if constexpr (MODE == ENGINE_CU_X_Q8_K && R > 0)
+    case ENGINE_CU_TYPE_Q6_KR: /* the heads' copy (dequant.cuh): one or two rows a warp */
+        if constexpr (MODE == ENGINE_CU_X_Q8_K && R > 0 && R <= 2)
             mv_rows<ENGINE_CU_TYPE_Q6_KR, NR>(row, stride, nvalid, c0, step, n_chunks, xv, acc);
         break;
 #define MV_CASE(T)                                                                                 \
@@ -266,6 +266,9 @@ __device__ __forceinline__ void mv_block(const engine_cu_mv &a, int n_groups, in
     const engine_cu_xv xv = engine_cu_xv_at(sm, a.cols, MODE != ENGINE_CU_X_F32, 0);
     float *y = nullptr;
     for (int g = bx; g < n_groups; g += gdx) {
+        if constexpr (R > 0 && R <= 2) /* the looping launches (R = 3 fits one wave) */
+            if (a.pf_next && g + gdx < n_groups)
+                mv_prefetch_groups<R>(a, g + gdx, gdx, n_groups, false);
         float *yg = mv_group<MODE, R>(a, g, xv, part);
         if (yg) y = yg;
     }

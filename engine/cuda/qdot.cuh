@@ -332,11 +332,10 @@ __device__ __forceinline__ void engine_cu_qload(const uint8_t *row, int c, engin
         const bool q5 = T == ENGINE_TYPE_Q5_K;
         const uint8_t *b = row + (size_t)(c >> 3) * (q5 ? 176 : 144);
         const int q = c & 7, j = q >> 1, half = q & 1;
-        const uint4 hd = engine_cu_ldq((const uint4 *)b); /* d, dmin, the 12 scale bytes */
-        r.h = hd.x;
-        r.s[0] = hd.y;
-        r.s[1] = hd.z;
-        r.s[2] = hd.w;
+        r.h = engine_cu_ldw((const uint32_t *)b);
+        r.s[0] = engine_cu_ldw((const uint32_t *)(b + 4));
+        r.s[1] = engine_cu_ldw((const uint32_t *)(b + 8));
+        r.s[2] = engine_cu_ldw((const uint32_t *)(b + 12));
         qd_load16(b + (q5 ? 48 : 16) + 32 * j + 16 * half, r.q);
         if (q5) qd_load16(b + 16 + 16 * half, r.q + 4);
     } else if (T == ENGINE_TYPE_Q6_K) {

@@ -35,10 +35,11 @@ __device__ __forceinline__ void vq_chunk(const uint8_t *row, int c, const uint8_
         const bool q5 = T == ENGINE_TYPE_Q5_K;
         const uint8_t *b = row + (size_t)(c >> 3) * (q5 ? 176 : 144);
         const int q = c & 7, j = q >> 1, half = q & 1;
-        const uint4 hd = __ldg((const uint4 *)b); /* d, dmin, the 12 scale bytes */
-        const float dk = engine_cu_h2f((uint16_t)(hd.x & 0xffffu)),
-                    dmin = engine_cu_h2f((uint16_t)(hd.x >> 16));
-        const uint32_t w0 = hd.y, w1 = hd.z, w2 = hd.w;
+        const uint32_t dd = __ldg((const uint32_t *)b);
+        const float dk = engine_cu_h2f((uint16_t)(dd & 0xffffu)),
+                    dmin = engine_cu_h2f((uint16_t)(dd >> 16));
+        const uint32_t w0 = __ldg((const uint32_t *)(b + 4)), w1 = __ldg((const uint32_t *)(b + 8)),
+                       w2 = __ldg((const uint32_t *)(b + 12));
         uint32_t qs[4];
         engine_cu_load16_a16(b + (q5 ? 48 : 16) + 32 * j + 16 * half, qs);
         int sc, mn;
