@@ -100,7 +100,6 @@ struct engine_cuda_session {
     int coop;    /* SPARK_CUDA_COOP_SCALE (0/1): engine_cu_ffn_up_args.coop (also qwen35moe) */
     int coop_mv; /* SPARK_CUDA_COOP_MV=1: engine_cu_mv.coop of the qkv, router and head launches */
     bool head_r; /* the head launch reads the model's repacked copy (engine_cu_head_copy_wanted) */
-    int pf_next; /* SPARK_CUDA_MV_PF_NEXT=1: engine_cu_mv.pf_next of the head launch */
     int fused; /* the layers as one fused step kernel (step.cuh); SPARK_CUDA_FUSED=0/1 */
     /* Decode stage 5 (per-op launches), both measured slower on the H200 (bench/RESULTS.md),
      * so off unless asked for: SPARK_CUDA_BPS=mv,up,dn caps the matvec (qkv, wo), up and down
@@ -607,8 +606,6 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         const char *e = getenv("SPARK_CUDA_TOUCH");
         s->touch = e && e[0] == '1';
         s->head_r = engine_cu_head_copy_wanted();
-        e = getenv("SPARK_CUDA_MV_PF_NEXT");
-        s->pf_next = e && e[0] == '1';
         e = getenv("SPARK_CUDA_FUSED");
         s->fused = e ? e[0] == '1' : SPARK_CUDA_FUSED_DEFAULT;
         e = getenv("SPARK_CUDA_BPS");
@@ -1064,7 +1061,6 @@ static void enqueue_step(engine_cuda_session *s, step_prof *p, route_trace *t) {
     mv.norm_w = cm->output_norm;
     mv.eps = eps;
     mv.coop = s->coop_mv;
-    mv.pf_next = s->pf_next;
     engine_cu_matvec(&mv, st);
     mark(p, 7, st);
     engine_cu_sample(s->logits, (int)hp->n_vocab, s->step, s->out, s->sscratch,

@@ -86,10 +86,6 @@ typedef struct {
      * block starts after the first ones finish (each row's sum is the same whichever warp
      * computes it). 0: two-row groups in more than one wave. */
     int r3;
-    /* A launch whose blocks loop over several row groups (the output head): each block asks L2
-     * for its next group's rows before it computes a group, so their DRAM fetch overlaps the
-     * group's products instead of following them (a hint: the same results). */
-    int pf_next;
 } engine_cu_mv;
 
 /* True for the weight types the GPU kernels decode. */

@@ -17,7 +17,9 @@ __device__ __forceinline__ void mv_rows(const uint8_t *row0, size_t stride, int 
 #pragma unroll
     for (int i = 0; i < R; i++)
         acc[i] = 0.0f;
-#pragma unroll(R == 1 ? 2 : 1)
+    /* the head's copy: a lane's chunks of both rows in flight together */
+    constexpr int UNROLL = R == 1 || T == ENGINE_CU_TYPE_Q6_KR ? 2 : 1;
+#pragma unroll(UNROLL)
     for (int c = c0; c < n_chunks; c += step)
 #pragma unroll
         for (int i = 0; i < R; i++) {
@@ -266,9 +268,6 @@ __device__ __forceinline__ void mv_block(const engine_cu_mv &a, int n_groups, in
     const engine_cu_xv xv = engine_cu_xv_at(sm, a.cols, MODE != ENGINE_CU_X_F32, 0);
     float *y = nullptr;
     for (int g = bx; g < n_groups; g += gdx) {
-        if constexpr (R > 0 && R <= 2) /* the looping launches (R = 3 fits one wave) */
-            if (a.pf_next && g + gdx < n_groups)
-                mv_prefetch_groups<R>(a, g + gdx, gdx, n_groups, false);
         float *yg = mv_group<MODE, R>(a, g, xv, part);
         if (yg) y = yg;
     }

@@ -54,12 +54,8 @@ __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, MINB)
         engine_cu_stage_x<MODE>(xt, cols, a.mv.norm_w, a.mv.eps, sm + (size_t)t * xs, 0, nullptr,
                                 sc);
     }
-    for (int g = blockIdx.x; g < n_groups; g += gridDim.x) {
-        if constexpr (R > 0) /* engine_cu_mv.pf_next: the next group's rows asked of L2 */
-            if (a.mv.pf_next && g + (int)gridDim.x < n_groups)
-                mv_prefetch_groups<R>(a.mv, g + gridDim.x, gridDim.x, n_groups, false);
+    for (int g = blockIdx.x; g < n_groups; g += gridDim.x)
         vmv_group<MODE, R>(a.mv, a.y_stride, g, sm, xs, m, t0, part);
-    }
 }
 
 size_t engine_cu_vmatvec_smem(int type, int cols, int m) {
@@ -200,13 +196,10 @@ __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 3)
         engine_cu_stage_x<MODE>(a.tok[t].x, a0.cols, a0.norm_w, a0.eps, sm + (size_t)t * xs, 0,
                                 nullptr, sc);
     }
-    for (int g = blockIdx.x; g < n_groups; g += gridDim.x) {
-        if (a0.pf_next && g + (int)gridDim.x < n_groups)
-            mv_prefetch_groups<R>(a0, g + gridDim.x, gridDim.x, n_groups, false);
+    for (int g = blockIdx.x; g < n_groups; g += gridDim.x)
         for (int t = 0; t < a.m; t++)
             mv_group<MODE, R>(a.tok[t], g, engine_cu_xv_at(sm + (size_t)t * xs, a0.cols, quant, 0),
                               part);
-    }
 }
 
 /* v's per-token arguments. */
