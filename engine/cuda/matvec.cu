@@ -22,12 +22,18 @@ bool engine_cu_type_supported(int type) {
     }
 }
 
-template <int MODE, int R>
+template <int MODE, int R, bool Q6R = false>
 __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 3)
     mv_kernel(engine_cu_mv a, int n_groups) {
     extern __shared__ uint4 mv_smem[];
     engine_cu_pdl_launch();
-    mv_block<MODE, R>(a, n_groups, blockIdx.x, gridDim.x, (uint8_t *)mv_smem, engine_cu_pdl_sync());
+    mv_block<MODE, R, engine_cu_pdl_sync, Q6R>(a, n_groups, blockIdx.x, gridDim.x,
+                                               (uint8_t *)mv_smem, engine_cu_pdl_sync());
+}
+
+/* Whether a launch is the output head's repacked copy (matvec_dev.cuh mv_group's Q6R instance). */
+static bool mv_is_q6r(const engine_cu_mv *a) {
+    return a->n_mat == 1 && a->m[0].type == ENGINE_CU_TYPE_Q6_KR;
 }
 
 /* The tail of mv_route_kernel below (every thread of the block; a function of its own, so that
@@ -98,7 +104,7 @@ template <int MODE> static mv_plan mv_plan_mode(const engine_cu_mv *a) {
     /* Few rows (the router): a block per row, its warps splitting the row. Else a warp per
      * row, two rows per warp when one per warp would not fit in one wave; a single matrix
      * larger than that (the output head) is looped over by one wave of blocks. */
-    if (a->n_mat == 1 && g1 < sms && a->cols >= 32 * 32 * 2) {
+    if (a->n_mat == 1 && g1 < sms && a->cols >= 32 * 32 * 2 && !mv_is_q6r(a)) {
         p.r = 0;
         p.blocks = p.n_groups = rows;
     } else if (a->max_bps > 0) {
@@ -136,6 +142,16 @@ template <int MODE> static mv_plan mv_plan_mode(const engine_cu_mv *a) {
 template <int MODE> static void mv_launch_mode(const engine_cu_mv *a, cudaStream_t stream) {
     const mv_plan p = mv_plan_mode<MODE>(a);
     const dim3 grid(p.blocks), block(ENGINE_CU_MV_WARPS * 32);
+    if constexpr (MODE == ENGINE_CU_X_Q8_K)
+        if (mv_is_q6r(a)) { /* one or two rows a warp (mv_plan_mode) */
+            if (p.r == 1)
+                engine_cu_launch(mv_kernel<MODE, 1, true>, grid, block, p.smem, stream, *a,
+                                 p.n_groups);
+            else
+                engine_cu_launch(mv_kernel<MODE, 2, true>, grid, block, p.smem, stream, *a,
+                                 p.n_groups);
+            return;
+        }
     if (a->route_ids && p.r == 0)
         engine_cu_launch(mv_route_kernel<MODE, 0>, grid, block, p.smem, stream, *a, p.n_groups);
     else if (a->route_ids)

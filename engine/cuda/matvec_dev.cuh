@@ -48,8 +48,11 @@ __device__ __forceinline__ int mv_find(const engine_cu_mv &a, int g, int per, in
 
 /* Group g of a block (every thread of the block; after the staging): warp w's rows (R > 0) or
  * its chunks of the group's row (R == 0, the block summing the warps' parts in `part`). Returns
- * the group's output vector (for engine_cu_sink), or NULL. */
-template <int MODE, int R>
+ * the group's output vector (for engine_cu_sink), or NULL. Q6R: the instance of the output head's
+ * repacked copy (dequant.cuh ENGINE_CU_TYPE_Q6_KR; R 1 or 2, mode Q8_K), an instance of its own
+ * so that the other launches' code stays as it is (a Q6_KR case in their switch measured ~1%
+ * slower steps, session 12). */
+template <int MODE, int R, bool Q6R = false>
 __device__ __forceinline__ float *mv_group(const engine_cu_mv &a, int g, const engine_cu_xv &xv,
                                            float *part) {
     constexpr int NR = R > 0 ? R : 1, PER = R > 0 ? ENGINE_CU_MV_WARPS * R : 1;
@@ -70,6 +73,10 @@ __device__ __forceinline__ float *mv_group(const engine_cu_mv &a, int g, const e
     const size_t stride = (size_t)8 * rb;
     const int nvalid = R > 0 ? min(NR, (rows - r0 + 7) / 8) : 1;
     const int c0 = R > 0 ? lane : 32 * w + lane, step = R > 0 ? 32 : 32 * ENGINE_CU_MV_WARPS;
+    if constexpr (Q6R) {
+        static_assert(MODE == ENGINE_CU_X_Q8_K && R > 0 && R <= 2, "the head's instance");
+        mv_rows<ENGINE_CU_TYPE_Q6_KR, NR>(row, stride, nvalid, c0, step, n_chunks, xv, acc);
+    } else {
     switch (type) {
 #define MV_CASE(T)                                                                                 \
     case T:                                                                                        \
@@ -78,10 +85,6 @@ __device__ __forceinline__ float *mv_group(const engine_cu_mv &a, int g, const e
         break;
         ENGINE_CU_QUANT_CASES(MV_CASE)
 #undef MV_CASE
-    case ENGINE_CU_TYPE_Q6_KR: /* the heads' copy (dequant.cuh): one or two rows a warp */
-        if constexpr (MODE == ENGINE_CU_X_Q8_K && R > 0 && R <= 2)
-            mv_rows<ENGINE_CU_TYPE_Q6_KR, NR>(row, stride, nvalid, c0, step, n_chunks, xv, acc);
-        break;
 #define MV_CASE(T)                                                                                 \
     case T:                                                                                        \
         if (MODE == ENGINE_CU_X_F32)                                                               \
@@ -92,6 +95,7 @@ __device__ __forceinline__ float *mv_group(const engine_cu_mv &a, int g, const e
     default:
         for (int i = 0; i < NR; i++)
             acc[i] = 0.0f;
+    }
     }
     if (R > 0) {
 #pragma unroll
@@ -204,13 +208,13 @@ __device__ __forceinline__ void mv_block_pre(const engine_cu_mv &a, int n_groups
  * R > 0: a group is 8 * R rows, warp w computing rows w, w + 8, ... of it (R at once).
  * R == 0 (split-K, for matrices of few rows): a group is one row, warp w taking chunks
  * w, w + 8, ... and the block summing the warps' parts. */
-template <int MODE, int R, typename S>
+template <int MODE, int R, typename S, bool Q6R = false>
 __device__ __forceinline__ void mv_block(const engine_cu_mv &a, int n_groups, int bx, int gdx,
                                          uint8_t *sm, const S &sync) {
     constexpr int NR = R > 0 ? R : 1, PER = R > 0 ? ENGINE_CU_MV_WARPS * R : 1;
     __shared__ float part[ENGINE_CU_MV_WARPS];
     const int w = threadIdx.x >> 5;
-    if (R > 0 && R <= 2 && MODE != ENGINE_CU_X_F32 && a.preload && !a.touch) {
+    if (!Q6R && R > 0 && R <= 2 && MODE != ENGINE_CU_X_F32 && a.preload && !a.touch) {
         int first;
         const int mi = mv_find(a, bx, PER, &first);
         if (mi < 0) return; /* never: the grid has at most n_groups blocks */
@@ -268,7 +272,7 @@ __device__ __forceinline__ void mv_block(const engine_cu_mv &a, int n_groups, in
     const engine_cu_xv xv = engine_cu_xv_at(sm, a.cols, MODE != ENGINE_CU_X_F32, 0);
     float *y = nullptr;
     for (int g = bx; g < n_groups; g += gdx) {
-        float *yg = mv_group<MODE, R>(a, g, xv, part);
+        float *yg = mv_group<MODE, R, Q6R>(a, g, xv, part);
         if (yg) y = yg;
     }
     uint32_t sum = 0;

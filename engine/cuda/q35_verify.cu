@@ -25,7 +25,7 @@ __device__ __forceinline__ void v_prefetch_l1(const float *x, size_t stride, int
 /* R == 0 (split-K, one matrix of few rows): a group is one row, warp w taking chunks 32 w +
  * lane step 256 (matvec.cu's split-K); else a group is 8 R rows, warp w computing rows w,
  * w + 8 (R = 2) with lanes taking chunks lane step 32. */
-template <int MODE, int R, int MINB = 2>
+template <int MODE, int R, int MINB = 2, bool Q6R = false>
 __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, MINB)
     vmv_kernel(engine_cu_vmv a, int n_groups) {
     extern __shared__ uint4 vmv_smem[];
@@ -55,7 +55,7 @@ __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, MINB)
                                 sc);
     }
     for (int g = blockIdx.x; g < n_groups; g += gridDim.x)
-        vmv_group<MODE, R>(a.mv, a.y_stride, g, sm, xs, m, t0, part);
+        vmv_group<MODE, R, Q6R>(a.mv, a.y_stride, g, sm, xs, m, t0, part);
 }
 
 size_t engine_cu_vmatvec_smem(int type, int cols, int m) {
@@ -82,6 +82,30 @@ template <int MODE> static void vmv_launch_mode(const engine_cu_vmv *a0, cudaStr
     const unsigned ny = b.split ? (unsigned)b.m : 1u;
     const size_t smem =
         vmv_xs(MODE != ENGINE_CU_X_F32, a->mv.cols) * (size_t)(b.split ? 1 : a->m);
+    if constexpr (MODE == ENGINE_CU_X_Q8_K)
+        if (a->mv.n_mat == 1 && a->mv.m[0].type == ENGINE_CU_TYPE_Q6_KR) {
+            /* the output head's repacked copy (vmv_dev.cuh vmv_group's Q6R instance): a wave
+             * of blocks of two-row groups with registers for 3 a multiprocessor ("h3"), one-row
+             * groups when those fit one wave (each row's sums as in any other instance) */
+            int per = 1;
+            if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, vmv_kernel<MODE, 1, 2, true>,
+                                                              threads, smem) != cudaSuccess ||
+                per < 1)
+                per = 1;
+            if (g1 <= sms * per) {
+                engine_cu_launch(vmv_kernel<MODE, 1, 2, true>, dim3(g1, ny), dim3(threads), smem,
+                                 st, *a, g1);
+                return;
+            }
+            auto kq = vmv_kernel<MODE, 2, 3, true>;
+            if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kq, threads, smem) !=
+                    cudaSuccess ||
+                per < 1)
+                per = 1;
+            engine_cu_launch(kq, dim3(g2 > sms * per ? sms * per : g2), dim3(threads), smem, st,
+                             *a, g2);
+            return;
+        }
     if (a->mv.n_mat == 1 && g1 < sms && a->mv.cols >= 32 * 32 * 2) { /* split-K */
         engine_cu_launch(vmv_kernel<MODE, 0>, dim3(rows, ny), dim3(threads), smem, st, *a, rows);
         return;
@@ -162,19 +186,20 @@ typedef struct {
     int m;
 } vtok_args;
 
-template <int MODE, int R>
+template <int MODE, int R, bool Q6R = false>
 __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 3)
     vtok_kernel(const __grid_constant__ vtok_args a, int n_groups, int gdx) {
     extern __shared__ uint4 vtok_smem[];
     engine_cu_pdl_launch();
     const int t = (int)blockIdx.x % a.m, bx = (int)blockIdx.x / a.m;
-    mv_block<MODE, R>(a.tok[t], n_groups, bx, gdx, (uint8_t *)vtok_smem, engine_cu_pdl_sync());
+    mv_block<MODE, R, engine_cu_pdl_sync, Q6R>(a.tok[t], n_groups, bx, gdx, (uint8_t *)vtok_smem,
+                                               engine_cu_pdl_sync());
 }
 
 /* The head with the tokens one after the other in each block (engine_cu_vmatvec_seq): the
  * decode launch's grid and rows, the block staging the m vectors, then per row group the decode
  * block code for token 0, 1, ... (the later tokens' rows from L1 / L2). R > 0 only. */
-template <int MODE, int R>
+template <int MODE, int R, bool Q6R = false>
 __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 3)
     vseq_kernel(const __grid_constant__ vtok_args a, int n_groups) {
     extern __shared__ uint4 vseq_smem[];
@@ -198,8 +223,8 @@ __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 3)
     }
     for (int g = blockIdx.x; g < n_groups; g += gridDim.x)
         for (int t = 0; t < a.m; t++)
-            mv_group<MODE, R>(a.tok[t], g, engine_cu_xv_at(sm + (size_t)t * xs, a0.cols, quant, 0),
-                              part);
+            mv_group<MODE, R, Q6R>(a.tok[t], g,
+                                   engine_cu_xv_at(sm + (size_t)t * xs, a0.cols, quant, 0), part);
 }
 
 /* v's per-token arguments. */
@@ -219,6 +244,34 @@ template <int MODE> static void vtok_launch_mode(const engine_cu_vmv *v, bool se
     vtok_args a;
     vtok_fill(v, &a);
     const engine_cu_mv_plan p = engine_cu_matvec_plan(&a.tok[0]);
+    /* the decode's grid per token: a block per group, or one wave looping over the groups
+     * (the head), then shared by the m tokens so that the launch stays one wave */
+    const int nb = p.blocks >= p.n_groups ? p.n_groups : p.blocks >= v->m ? p.blocks / v->m : 1;
+    if constexpr (MODE == ENGINE_CU_X_Q8_K)
+        if (v->mv.n_mat == 1 && v->mv.m[0].type == ENGINE_CU_TYPE_Q6_KR) {
+            /* the output head's repacked copy: the Q6R instances (one or two rows a warp, the
+             * decode plan's: matvec.cu never plans split-K for it) */
+            const dim3 block(ENGINE_CU_MV_WARPS * 32);
+            if (seq) {
+                const size_t smem = vmv_xs(true, v->mv.cols) * (size_t)v->m;
+                const dim3 grid((unsigned)p.blocks);
+                if (p.r == 1)
+                    engine_cu_launch(vseq_kernel<MODE, 1, true>, grid, block, smem, st, a,
+                                     p.n_groups);
+                else
+                    engine_cu_launch(vseq_kernel<MODE, 2, true>, grid, block, smem, st, a,
+                                     p.n_groups);
+                return;
+            }
+            const dim3 grid((unsigned)(nb * v->m));
+            if (p.r == 1)
+                engine_cu_launch(vtok_kernel<MODE, 1, true>, grid, block, p.smem, st, a,
+                                 p.n_groups, nb);
+            else
+                engine_cu_launch(vtok_kernel<MODE, 2, true>, grid, block, p.smem, st, a,
+                                 p.n_groups, nb);
+            return;
+        }
     if (seq && p.r > 0) {
         const size_t smem = vmv_xs(MODE != ENGINE_CU_X_F32, v->mv.cols) * (size_t)v->m;
         const dim3 grid((unsigned)p.blocks), block(ENGINE_CU_MV_WARPS * 32);
@@ -228,9 +281,6 @@ template <int MODE> static void vtok_launch_mode(const engine_cu_vmv *v, bool se
             engine_cu_launch(vseq_kernel<MODE, 2>, grid, block, smem, st, a, p.n_groups);
         return;
     }
-    /* the decode's grid per token: a block per group, or one wave looping over the groups
-     * (the head), then shared by the m tokens so that the launch stays one wave */
-    const int nb = p.blocks >= p.n_groups ? p.n_groups : p.blocks >= v->m ? p.blocks / v->m : 1;
     const dim3 grid((unsigned)(nb * v->m)), block(ENGINE_CU_MV_WARPS * 32);
     if (p.r == 0)
         engine_cu_launch(vtok_kernel<MODE, 0>, grid, block, p.smem, st, a, p.n_groups, nb);

@@ -180,7 +180,7 @@ template <int R> __device__ __forceinline__ void vmv_prefetch_first(const engine
  * them) of the group; R == 0 (split-K, one matrix of few rows): the group's row, warp w taking
  * chunks 32 w + lane step 256, the block summing the warps' parts in `part` (barriers inside).
  * Token t's results at mv.m[i].y + (t0 + t) * y_stride[i] (accumulated when the matrix says). */
-template <int MODE, int R>
+template <int MODE, int R, bool Q6R = false>
 __device__ __forceinline__ void vmv_group(const engine_cu_mv &mv, const size_t *y_stride, int g,
                                           const uint8_t *sm, size_t xs, int m, int t0,
                                           float (*part)[ENGINE_CU_MV_WARPS]) {
@@ -200,6 +200,11 @@ __device__ __forceinline__ void vmv_group(const engine_cu_mv &mv, const size_t *
     const int nvalid = SPLIT ? 1 : min(NR, (mt.rows - r + 7) / 8);
     const int c0 = SPLIT ? 32 * w + lane : lane, step = SPLIT ? 32 * ENGINE_CU_MV_WARPS : 32;
     float acc[NR][ENGINE_CU_VMAX];
+    if constexpr (Q6R) { /* the output head's repacked copy (matvec_dev.cuh mv_group) */
+        static_assert(MODE == ENGINE_CU_X_Q8_K && !SPLIT, "the head's instance");
+        vmv_rows<ENGINE_CU_TYPE_Q6_KR, NR>(row, stride, nvalid, c0, step, n_chunks, sm, xs, cols,
+                                           m, acc);
+    } else {
     switch (mt.type) {
 #define VMV_CASE(T)                                                                                \
     case T:                                                                                        \
@@ -208,11 +213,6 @@ __device__ __forceinline__ void vmv_group(const engine_cu_mv &mv, const size_t *
         break;
         ENGINE_CU_QUANT_CASES(VMV_CASE)
 #undef VMV_CASE
-    case ENGINE_CU_TYPE_Q6_KR: /* the heads' copy (dequant.cuh): never split-K */
-        if constexpr (MODE == ENGINE_CU_X_Q8_K && !SPLIT)
-            vmv_rows<ENGINE_CU_TYPE_Q6_KR, NR>(row, stride, nvalid, c0, step, n_chunks, sm, xs,
-                                               cols, m, acc);
-        break;
 #define VMV_CASE(T)                                                                                \
     case T:                                                                                        \
         if (MODE == ENGINE_CU_X_F32)                                                               \
@@ -224,6 +224,7 @@ __device__ __forceinline__ void vmv_group(const engine_cu_mv &mv, const size_t *
         for (int i = 0; i < NR; i++)
             for (int t = 0; t < ENGINE_CU_VMAX; t++)
                 acc[i][t] = 0.0f;
+    }
     }
     const size_t ys = y_stride[mi];
     if (!SPLIT) {
