@@ -31,6 +31,16 @@ __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 3)
                                                (uint8_t *)mv_smem, engine_cu_pdl_sync());
 }
 
+/* The repacked head with four rows a warp (engine_cu_mv.q6r_rows): registers for two blocks a
+ * multiprocessor, so that a lane has the loads of 8 chunks in flight. */
+__global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 2)
+    mv_q6r4_kernel(engine_cu_mv a, int n_groups) {
+    extern __shared__ uint4 mv_smem[];
+    engine_cu_pdl_launch();
+    mv_block<ENGINE_CU_X_Q8_K, 4, engine_cu_pdl_sync, true>(
+        a, n_groups, blockIdx.x, gridDim.x, (uint8_t *)mv_smem, engine_cu_pdl_sync());
+}
+
 /* Whether a launch is the output head's repacked copy (matvec_dev.cuh mv_group's Q6R instance). */
 static bool mv_is_q6r(const engine_cu_mv *a) {
     return a->n_mat == 1 && a->m[0].type == ENGINE_CU_TYPE_Q6_KR;
@@ -104,7 +114,16 @@ template <int MODE> static mv_plan mv_plan_mode(const engine_cu_mv *a) {
     /* Few rows (the router): a block per row, its warps splitting the row. Else a warp per
      * row, two rows per warp when one per warp would not fit in one wave; a single matrix
      * larger than that (the output head) is looped over by one wave of blocks. */
-    if (a->n_mat == 1 && g1 < sms && a->cols >= 32 * 32 * 2 && !mv_is_q6r(a)) {
+    if (MODE == ENGINE_CU_X_Q8_K && mv_is_q6r(a) && a->q6r_rows == 4) {
+        int per4 = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per4, mv_q6r4_kernel, threads,
+                                                          p.smem) != cudaSuccess ||
+            per4 < 1)
+            per4 = 1;
+        p.r = 4;
+        p.n_groups = (rows + 4 * ENGINE_CU_MV_WARPS - 1) / (4 * ENGINE_CU_MV_WARPS);
+        p.blocks = p.n_groups < sms * per4 ? p.n_groups : sms * per4;
+    } else if (a->n_mat == 1 && g1 < sms && a->cols >= 32 * 32 * 2 && !mv_is_q6r(a)) {
         p.r = 0;
         p.blocks = p.n_groups = rows;
     } else if (a->max_bps > 0) {
@@ -143,8 +162,10 @@ template <int MODE> static void mv_launch_mode(const engine_cu_mv *a, cudaStream
     const mv_plan p = mv_plan_mode<MODE>(a);
     const dim3 grid(p.blocks), block(ENGINE_CU_MV_WARPS * 32);
     if constexpr (MODE == ENGINE_CU_X_Q8_K)
-        if (mv_is_q6r(a)) { /* one or two rows a warp (mv_plan_mode) */
-            if (p.r == 1)
+        if (mv_is_q6r(a)) { /* one, two or four rows a warp (mv_plan_mode) */
+            if (p.r == 4)
+                engine_cu_launch(mv_q6r4_kernel, grid, block, p.smem, stream, *a, p.n_groups);
+            else if (p.r == 1)
                 engine_cu_launch(mv_kernel<MODE, 1, true>, grid, block, p.smem, stream, *a,
                                  p.n_groups);
             else
@@ -267,6 +288,11 @@ void engine_cu_q6r_repack(const uint8_t *src, size_t src_rb, uint8_t *dst, int r
     if (!n) return;
     q6r_repack_kernel<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(
         src, src_rb, dst, engine_cu_q6r_row_bytes(src_rb), rows, n_chunks);
+}
+
+int engine_cu_head_rows_env(void) {
+    const char *e = getenv("SPARK_CUDA_HEAD_ROWS");
+    return e && atoi(e) == 4 ? 4 : 0;
 }
 
 bool engine_cu_head_copy_wanted(void) {

@@ -86,6 +86,10 @@ typedef struct {
      * block starts after the first ones finish (each row's sum is the same whichever warp
      * computes it). 0: two-row groups in more than one wave. */
     int r3;
+    /* The output head's repacked copy (one matrix of type ENGINE_CU_TYPE_Q6_KR): 4 = four rows a
+     * warp in blocks with registers for two a multiprocessor (SPARK_CUDA_HEAD_ROWS=4); 0 the
+     * plan's one or two rows a warp at three blocks a multiprocessor. The same sums either way. */
+    int q6r_rows;
 } engine_cu_mv;
 
 /* True for the weight types the GPU kernels decode. */
@@ -119,5 +123,7 @@ int engine_cu_head_copy(const uint8_t *src, int type, int rows, int cols, size_t
 /* Whether a session reads the copy (SPARK_CUDA_HEAD_REPACK, default 1; read at session
  * creation). */
 bool engine_cu_head_copy_wanted(void);
+/* engine_cu_mv.q6r_rows of a session's head launches: SPARK_CUDA_HEAD_ROWS=4, else 0. */
+int engine_cu_head_rows_env(void);
 
 #endif

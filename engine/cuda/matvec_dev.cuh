@@ -49,7 +49,7 @@ __device__ __forceinline__ int mv_find(const engine_cu_mv &a, int g, int per, in
 /* Group g of a block (every thread of the block; after the staging): warp w's rows (R > 0) or
  * its chunks of the group's row (R == 0, the block summing the warps' parts in `part`). Returns
  * the group's output vector (for engine_cu_sink), or NULL. Q6R: the instance of the output head's
- * repacked copy (dequant.cuh ENGINE_CU_TYPE_Q6_KR; R 1 or 2, mode Q8_K), an instance of its own
+ * repacked copy (dequant.cuh ENGINE_CU_TYPE_Q6_KR; R 1, 2 or 4, mode Q8_K), an instance of its own
  * so that the other launches' code stays as it is (a Q6_KR case in their switch measured ~1%
  * slower steps, session 12). */
 template <int MODE, int R, bool Q6R = false>
@@ -74,7 +74,7 @@ __device__ __forceinline__ float *mv_group(const engine_cu_mv &a, int g, const e
     const int nvalid = R > 0 ? min(NR, (rows - r0 + 7) / 8) : 1;
     const int c0 = R > 0 ? lane : 32 * w + lane, step = R > 0 ? 32 : 32 * ENGINE_CU_MV_WARPS;
     if constexpr (Q6R) {
-        static_assert(MODE == ENGINE_CU_X_Q8_K && R > 0 && R <= 2, "the head's instance");
+        static_assert(MODE == ENGINE_CU_X_Q8_K && R > 0 && R <= 4, "the head's instance");
         mv_rows<ENGINE_CU_TYPE_Q6_KR, NR>(row, stride, nvalid, c0, step, n_chunks, xv, acc);
     } else {
     switch (type) {

@@ -73,9 +73,9 @@ int op_split(int64_t rows) {
     return n > 0 && n < rows ? (int)n : 0;
 }
 
-/* SPARK_CUDA_OP_Q6R=1: the matvec op reads its Q6_K matrix through the output head's repacked
- * copy (matvec.cuh engine_cu_q6r_repack, type ENGINE_CU_TYPE_Q6_KR), as the sessions' head
- * launches do; other types are refused. */
+/* SPARK_CUDA_OP_Q6R=1 (or 4): the matvec op reads its Q6_K matrix through the output head's
+ * repacked copy (matvec.cuh engine_cu_q6r_repack, type ENGINE_CU_TYPE_Q6_KR), as the sessions'
+ * head launches do (=4: four rows a warp, engine_cu_mv.q6r_rows); other types are refused. */
 bool op_q6r() {
     const char *e = getenv("SPARK_CUDA_OP_Q6R");
     return e && atoi(e) != 0;
@@ -110,6 +110,7 @@ extern "C" int engine_cuda_op_matvec(engine_type type, const void *w, int64_t ro
         row_bytes = rb;
         mtype = ENGINE_CU_TYPE_Q6_KR;
     }
+    const char *q6e = getenv("SPARK_CUDA_OP_Q6R");
     engine_cu_mv mv;
     memset(&mv, 0, sizeof mv);
     mv.m[0] = {dw, row_bytes, mtype, (int)rows, dy, accumulate};
@@ -131,6 +132,7 @@ extern "C" int engine_cuda_op_matvec(engine_type type, const void *w, int64_t ro
     mv.x = dx;
     mv.norm_w = dn;
     mv.eps = eps;
+    mv.q6r_rows = q6e && atoi(q6e) == 4 ? 4 : 0;
     engine_cu_matvec(&mv, 0);
     return a.get(y, dy, sizeof(float) * (size_t)rows);
 }

@@ -1032,6 +1032,7 @@ static void q35m_enqueue_verify(engine_cuda_q35_session *s, int m) {
     }
     engine_cu_vmv hd = q35m_vmv(sp->X, E, d->E, cm->output_norm, eps, m, s->coop_mv);
     q35m_add(&hd, q35_head(s), sp->logits, (size_t)d->V, 0);
+    hd.mv.q6r_rows = s->head_rows;
     if (q35m_run(sp, Q35M_DIAG_HEAD)) q35m_vhead(sp, &hd, st);
     if (argmax) engine_cu_vargmax(sp->logits, d->V, m, sp->ascr, sp->y, st);
     if (beside)
@@ -1072,6 +1073,7 @@ static void q35m_enqueue_draft(engine_cuda_q35_session *s, bool first) {
     q35m_mtp_block(s, 1, sp->dstep, first ? sp->hbuf : sp->mtp_h, &sp->dstep->pos, 0);
     engine_cu_vmv hd = q35m_vmv(sp->X, E, d->E, cm->mtp_norm, eps, 1, s->coop_mv);
     q35m_add(&hd, q35_head(s), sp->logits, (size_t)d->V, 0);
+    hd.mv.q6r_rows = s->head_rows;
     if (q35m_run(sp, Q35M_DIAG_HEAD)) q35m_vhead(sp, &hd, st);
     if (q35m_run(sp, Q35M_DIAG_ARGMAX)) {
         engine_cu_vrmsnorm(sp->X, E, cm->mtp_norm, eps, d->E, 1, sp->mtp_h, E, st);

@@ -234,6 +234,7 @@ static void vtok_fill(const engine_cu_vmv *v, vtok_args *a) {
     for (int t = 0; t < v->m; t++) {
         a->tok[t] = v->mv;
         a->tok[t].r3 = 0; /* the launches below take the plans of one and two rows */
+        a->tok[t].q6r_rows = 0;
         a->tok[t].x = v->mv.x + (size_t)t * v->x_stride;
         for (int i = 0; i < v->mv.n_mat; i++)
             a->tok[t].m[i].y = v->mv.m[i].y + (size_t)t * v->y_stride[i];

@@ -526,6 +526,7 @@ struct engine_cuda_q35_session {
     /* the head launches (decode, MTP drafts and verify passes) read the model's repacked copy
      * (matvec.cuh engine_cu_head_copy_wanted: SPARK_CUDA_HEAD_REPACK, default on) */
     bool head_r;
+    int head_rows; /* SPARK_CUDA_HEAD_ROWS (4 or default 0): engine_cu_mv.q6r_rows */
     /* SPARK_CUDA_Q35_Z_FORK (read at session creation; default on, =0 off): the DeltaNet blocks' z
      * projection (only the step's last phase reads it) on the side branch, parallel to the
      * qkv|beta|alpha projection, joined before the step */
@@ -762,6 +763,7 @@ extern "C" int engine_cuda_q35_session_new(engine_cuda_q35_session **out, engine
         e = getenv("SPARK_CUDA_MV_R3"); /* default on (session 9), =0 off */
         s->mv_r3 = !(e && e[0] == '0');
         s->head_r = engine_cu_head_copy_wanted();
+        s->head_rows = engine_cu_head_rows_env();
     }
     if (s->rf && (rc = q35_rf_prepare(cm))) goto done;
     if (s->rf && cm->rf_state != 1) s->rf = 0;
@@ -984,6 +986,7 @@ static void q35_mv(const engine_cuda_q35_session *s, cudaStream_t st, const floa
     memset(&mv, 0, sizeof mv);
     mv.coop = s->coop_mv;
     mv.r3 = s->mv_r3;
+    mv.q6r_rows = s->head_rows; /* only the repacked head reads it */
     for (int i = 0; i < n; i++)
         mv.m[i] = mats[i];
     mv.n_mat = n;

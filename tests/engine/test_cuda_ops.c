@@ -197,7 +197,7 @@ static void test_matvec_type(engine_type t, int64_t rows, int64_t cols, bool nor
 /* The output head's repacked copy (SPARK_CUDA_OP_Q6R: engine/cuda/dequant.cuh Q6_KR): the
  * same sums as the Q6_K rows it was made from, bit for bit, for rows of whole groups of eight
  * superblocks, a partial last group, and rows shorter than one group (padded to 16 bytes). */
-static void test_head_repack_case(int64_t rows, int64_t cols, bool norm) {
+static void test_head_repack_case(int64_t rows, int64_t cols, bool norm, const char *mode) {
     size_t rb;
     uint8_t *w = make_weights(ENGINE_TYPE_Q6_K, rows, cols, &rb);
     float *x = malloc(sizeof(float) * cols), *nw = malloc(sizeof(float) * cols);
@@ -207,7 +207,7 @@ static void test_head_repack_case(int64_t rows, int64_t cols, bool norm) {
         nw[i] = 0.75f + 0.25f * (frand() + 1.0f);
     int rc = engine_cuda_op_matvec(ENGINE_TYPE_Q6_K, w, rows, cols, rb, x, norm ? nw : NULL, 1e-6f,
                                    false, y);
-    setenv("SPARK_CUDA_OP_Q6R", "1", 1);
+    setenv("SPARK_CUDA_OP_Q6R", mode, 1);
     int rc2 = engine_cuda_op_matvec(ENGINE_TYPE_Q6_K, w, rows, cols, rb, x, norm ? nw : NULL,
                                     1e-6f, false, yr);
     unsetenv("SPARK_CUDA_OP_Q6R");
@@ -222,9 +222,9 @@ static void test_head_repack_case(int64_t rows, int64_t cols, bool norm) {
     CHECK(diff == 0, "repacked head %lld x %lld: %lld rows differ from Q6_K (first %lld: %.9g vs %.9g)",
           (long long)rows, (long long)cols, (long long)diff, (long long)first,
           first >= 0 ? y[first] : 0.0, first >= 0 ? yr[first] : 0.0);
-    printf("matvec Q6_K repacked %5lld x %-5lld%s: %lld of %lld rows differ from Q6_K\n",
-           (long long)rows, (long long)cols, norm ? " +norm" : "", (long long)diff,
-           (long long)rows);
+    printf("matvec Q6_K repacked (%s) %5lld x %-5lld%s: %lld of %lld rows differ from Q6_K\n",
+           mode[0] == '4' ? "4 rows a warp" : "plan's rows", (long long)rows, (long long)cols,
+           norm ? " +norm" : "", (long long)diff, (long long)rows);
     free(w);
     free(x);
     free(nw);
@@ -233,11 +233,15 @@ static void test_head_repack_case(int64_t rows, int64_t cols, bool norm) {
 }
 
 static void test_head_repack(void) {
-    test_head_repack_case(4099, 2048, true); /* whole groups (Qwen3 / Qwen3.5 heads) */
-    test_head_repack_case(3001, 4096, true);
-    test_head_repack_case(2050, 2560, true); /* a group and a partial one of 2 superblocks */
-    test_head_repack_case(5003, 256, true);  /* the tiny presets: one superblock, padded rows */
-    test_head_repack_case(1027, 1024, false);
+    /* "1": the plan's one or two rows a warp; "4": four (SPARK_CUDA_HEAD_ROWS=4) */
+    static const char *const modes[] = {"1", "4"};
+    for (int k = 0; k < 2; k++) {
+        test_head_repack_case(4099, 2048, true, modes[k]); /* whole groups (Qwen3 / 3.5 heads) */
+        test_head_repack_case(3001, 4096, true, modes[k]);
+        test_head_repack_case(2050, 2560, true, modes[k]); /* a group and one of 2 superblocks */
+        test_head_repack_case(5003, 256, true, modes[k]);  /* tiny: one superblock, padded rows */
+        test_head_repack_case(1027, 1024, false, modes[k]);
+    }
     /* and against the CPU as every matvec */
     setenv("SPARK_CUDA_OP_Q6R", "1", 1);
     printf("with SPARK_CUDA_OP_Q6R=1:\n");
