@@ -292,7 +292,7 @@ void engine_cu_q6r_repack(const uint8_t *src, size_t src_rb, uint8_t *dst, int r
 
 int engine_cu_head_rows_env(void) {
     const char *e = getenv("SPARK_CUDA_HEAD_ROWS");
-    return e && atoi(e) == 4 ? 4 : 0;
+    return !e || atoi(e) == 4 ? 4 : 0;
 }
 
 bool engine_cu_head_copy_wanted(void) {

@@ -526,7 +526,7 @@ struct engine_cuda_q35_session {
     /* the head launches (decode, MTP drafts and verify passes) read the model's repacked copy
      * (matvec.cuh engine_cu_head_copy_wanted: SPARK_CUDA_HEAD_REPACK, default on) */
     bool head_r;
-    int head_rows; /* SPARK_CUDA_HEAD_ROWS (4 or default 0): engine_cu_mv.q6r_rows */
+    int head_rows; /* engine_cu_mv.q6r_rows (engine_cu_head_rows_env: SPARK_CUDA_HEAD_ROWS) */
     /* SPARK_CUDA_Q35_Z_FORK (read at session creation; default on, =0 off): the DeltaNet blocks' z
      * projection (only the step's last phase reads it) on the side branch, parallel to the
      * qkv|beta|alpha projection, joined before the step */

@@ -233,7 +233,7 @@ static void test_head_repack_case(int64_t rows, int64_t cols, bool norm, const c
 }
 
 static void test_head_repack(void) {
-    /* "1": the plan's one or two rows a warp; "4": four (SPARK_CUDA_HEAD_ROWS=4) */
+    /* "1": the plan's one or two rows a warp; "4": four (the sessions' default) */
     static const char *const modes[] = {"1", "4"};
     for (int k = 0; k < 2; k++) {
         test_head_repack_case(4099, 2048, true, modes[k]); /* whole groups (Qwen3 / 3.5 heads) */
