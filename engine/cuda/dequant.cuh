@@ -106,9 +106,8 @@ __host__ __device__ __forceinline__ void engine_cu_q6r_at(int c, int n_chunks, s
 
 /* A Q6_KR chunk's 6-bit values (Q6_K's q, before the - 32), four a word: run A into lo, run B
  * into hi, from its ql words and its two words of high parts. */
-__device__ __forceinline__ void engine_cu_q6r_unpack(const uint32_t ql[4], uint32_t u0,
-                                                     uint32_t u1, uint32_t lo[4],
-                                                     uint32_t hi[4]) {
+__device__ __forceinline__ void engine_cu_q6r_unpack(const uint32_t ql[4], uint32_t u0, uint32_t u1,
+                                                     uint32_t lo[4], uint32_t hi[4]) {
     lo[0] = (ql[0] & 0x0F0F0F0Fu) | ((u0 & 0x03030303u) << 4);
     hi[0] = ((ql[0] >> 4) & 0x0F0F0F0Fu) | ((u0 & 0x0C0C0C0Cu) << 2);
     lo[1] = (ql[1] & 0x0F0F0F0Fu) | (u0 & 0x30303030u);

@@ -116,8 +116,8 @@ template <int MODE> static mv_plan mv_plan_mode(const engine_cu_mv *a) {
      * larger than that (the output head) is looped over by one wave of blocks. */
     if (MODE == ENGINE_CU_X_Q8_K && mv_is_q6r(a) && a->q6r_rows == 4) {
         int per4 = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per4, mv_q6r4_kernel, threads,
-                                                          p.smem) != cudaSuccess ||
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per4, mv_q6r4_kernel, threads, p.smem) !=
+                cudaSuccess ||
             per4 < 1)
             per4 = 1;
         p.r = 4;

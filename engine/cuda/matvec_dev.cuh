@@ -77,25 +77,25 @@ __device__ __forceinline__ float *mv_group(const engine_cu_mv &a, int g, const e
         static_assert(MODE == ENGINE_CU_X_Q8_K && R > 0 && R <= 4, "the head's instance");
         mv_rows<ENGINE_CU_TYPE_Q6_KR, NR>(row, stride, nvalid, c0, step, n_chunks, xv, acc);
     } else {
-    switch (type) {
+        switch (type) {
 #define MV_CASE(T)                                                                                 \
     case T:                                                                                        \
         if (MODE == engine_cu_x_mode(T))                                                           \
             mv_rows<T, NR>(row, stride, nvalid, c0, step, n_chunks, xv, acc);                      \
         break;
-        ENGINE_CU_QUANT_CASES(MV_CASE)
+            ENGINE_CU_QUANT_CASES(MV_CASE)
 #undef MV_CASE
 #define MV_CASE(T)                                                                                 \
     case T:                                                                                        \
         if (MODE == ENGINE_CU_X_F32)                                                               \
             mv_rows<T, NR>(row, stride, nvalid, c0, step, n_chunks, xv, acc);                      \
         break;
-        ENGINE_CU_FLOAT_CASES(MV_CASE)
+            ENGINE_CU_FLOAT_CASES(MV_CASE)
 #undef MV_CASE
-    default:
-        for (int i = 0; i < NR; i++)
-            acc[i] = 0.0f;
-    }
+        default:
+            for (int i = 0; i < NR; i++)
+                acc[i] = 0.0f;
+        }
     }
     if (R > 0) {
 #pragma unroll

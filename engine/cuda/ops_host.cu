@@ -117,8 +117,8 @@ extern "C" int engine_cuda_op_matvec(engine_type type, const void *w, int64_t ro
     mv.n_mat = 1;
     if (const int sp = op_split(rows)) {
         mv.m[0].rows = sp;
-        mv.m[1] = {dw + (size_t)sp * row_bytes, row_bytes, mtype, (int)rows - sp, dy + sp,
-                   accumulate};
+        mv.m[1] = {
+            dw + (size_t)sp * row_bytes, row_bytes, mtype, (int)rows - sp, dy + sp, accumulate};
         mv.n_mat = 2;
         mv.r3 = 1;
     }

@@ -102,8 +102,8 @@ template <int MODE> static void vmv_launch_mode(const engine_cu_vmv *a0, cudaStr
                     cudaSuccess ||
                 per < 1)
                 per = 1;
-            engine_cu_launch(kq, dim3(g2 > sms * per ? sms * per : g2), dim3(threads), smem, st,
-                             *a, g2);
+            engine_cu_launch(kq, dim3(g2 > sms * per ? sms * per : g2), dim3(threads), smem, st, *a,
+                             g2);
             return;
         }
     if (a->mv.n_mat == 1 && g1 < sms && a->mv.cols >= 32 * 32 * 2) { /* split-K */
@@ -266,11 +266,11 @@ template <int MODE> static void vtok_launch_mode(const engine_cu_vmv *v, bool se
             }
             const dim3 grid((unsigned)(nb * v->m));
             if (p.r == 1)
-                engine_cu_launch(vtok_kernel<MODE, 1, true>, grid, block, p.smem, st, a,
-                                 p.n_groups, nb);
+                engine_cu_launch(vtok_kernel<MODE, 1, true>, grid, block, p.smem, st, a, p.n_groups,
+                                 nb);
             else
-                engine_cu_launch(vtok_kernel<MODE, 2, true>, grid, block, p.smem, st, a,
-                                 p.n_groups, nb);
+                engine_cu_launch(vtok_kernel<MODE, 2, true>, grid, block, p.smem, st, a, p.n_groups,
+                                 nb);
             return;
         }
     if (seq && p.r > 0) {

@@ -202,29 +202,29 @@ __device__ __forceinline__ void vmv_group(const engine_cu_mv &mv, const size_t *
     float acc[NR][ENGINE_CU_VMAX];
     if constexpr (Q6R) { /* the output head's repacked copy (matvec_dev.cuh mv_group) */
         static_assert(MODE == ENGINE_CU_X_Q8_K && !SPLIT, "the head's instance");
-        vmv_rows<ENGINE_CU_TYPE_Q6_KR, NR>(row, stride, nvalid, c0, step, n_chunks, sm, xs, cols,
-                                           m, acc);
+        vmv_rows<ENGINE_CU_TYPE_Q6_KR, NR>(row, stride, nvalid, c0, step, n_chunks, sm, xs, cols, m,
+                                           acc);
     } else {
-    switch (mt.type) {
+        switch (mt.type) {
 #define VMV_CASE(T)                                                                                \
     case T:                                                                                        \
         if (MODE == engine_cu_x_mode(T))                                                           \
             vmv_rows<T, NR>(row, stride, nvalid, c0, step, n_chunks, sm, xs, cols, m, acc);        \
         break;
-        ENGINE_CU_QUANT_CASES(VMV_CASE)
+            ENGINE_CU_QUANT_CASES(VMV_CASE)
 #undef VMV_CASE
 #define VMV_CASE(T)                                                                                \
     case T:                                                                                        \
         if (MODE == ENGINE_CU_X_F32)                                                               \
             vmv_rows<T, NR>(row, stride, nvalid, c0, step, n_chunks, sm, xs, cols, m, acc);        \
         break;
-        ENGINE_CU_FLOAT_CASES(VMV_CASE)
+            ENGINE_CU_FLOAT_CASES(VMV_CASE)
 #undef VMV_CASE
-    default:
-        for (int i = 0; i < NR; i++)
-            for (int t = 0; t < ENGINE_CU_VMAX; t++)
-                acc[i][t] = 0.0f;
-    }
+        default:
+            for (int i = 0; i < NR; i++)
+                for (int t = 0; t < ENGINE_CU_VMAX; t++)
+                    acc[i][t] = 0.0f;
+        }
     }
     const size_t ys = y_stride[mi];
     if (!SPLIT) {

@@ -75,7 +75,7 @@ static const char *const alt_sets[N_ALT][3] = {
     {"SPARK_CUDA_ROUTE_ONCE", NULL, NULL},
     {"SPARK_CUDA_UP_EARLY", NULL, NULL},
     {"SPARK_CUDA_ROUTE_ONCE", "SPARK_CUDA_UP_EARLY", "SPARK_CUDA_DOWN_EARLY"},
-    {"SPARK_CUDA_ATT_SHORT=0", NULL, NULL}, /* the default is 1 */
+    {"SPARK_CUDA_ATT_SHORT=0", NULL, NULL},   /* the default is 1 */
     {"SPARK_CUDA_HEAD_REPACK=0", NULL, NULL}, /* a Q6_K head read as the file has it */
     {"SPARK_CUDA_HEAD_ROWS=0", NULL, NULL},   /* the repacked head in the plan's rows */
 };

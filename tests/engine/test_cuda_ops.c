@@ -208,8 +208,8 @@ static void test_head_repack_case(int64_t rows, int64_t cols, bool norm, const c
     int rc = engine_cuda_op_matvec(ENGINE_TYPE_Q6_K, w, rows, cols, rb, x, norm ? nw : NULL, 1e-6f,
                                    false, y);
     setenv("SPARK_CUDA_OP_Q6R", mode, 1);
-    int rc2 = engine_cuda_op_matvec(ENGINE_TYPE_Q6_K, w, rows, cols, rb, x, norm ? nw : NULL,
-                                    1e-6f, false, yr);
+    int rc2 = engine_cuda_op_matvec(ENGINE_TYPE_Q6_K, w, rows, cols, rb, x, norm ? nw : NULL, 1e-6f,
+                                    false, yr);
     unsetenv("SPARK_CUDA_OP_Q6R");
     CHECK(rc == 0 && rc2 == 0, "matvec Q6_K / repacked %lld x %lld", (long long)rows,
           (long long)cols);
@@ -219,7 +219,8 @@ static void test_head_repack_case(int64_t rows, int64_t cols, bool norm, const c
             if (first < 0) first = r;
             diff++;
         }
-    CHECK(diff == 0, "repacked head %lld x %lld: %lld rows differ from Q6_K (first %lld: %.9g vs %.9g)",
+    CHECK(diff == 0,
+          "repacked head %lld x %lld: %lld rows differ from Q6_K (first %lld: %.9g vs %.9g)",
           (long long)rows, (long long)cols, (long long)diff, (long long)first,
           first >= 0 ? y[first] : 0.0, first >= 0 ? yr[first] : 0.0);
     printf("matvec Q6_K repacked (%s) %5lld x %-5lld%s: %lld of %lld rows differ from Q6_K\n",
