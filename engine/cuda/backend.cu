@@ -387,17 +387,8 @@ extern "C" int engine_cuda_model_new(engine_cuda_model **out, const engine_model
     if ((rc = upload_f(&u, m->output_norm, hp->n_embd, &cm->output_norm))) goto done;
     if ((rc = upload_f(&u, m->rope_inv_freq, hp->head_dim_k / 2, &cm->inv_freq))) goto done;
     ENGINE_ASSERT(u.off <= total);
-    if (!tied) {
-        if ((rc = engine_cu_head_copy(cm->output.d, cm->output.type, cm->output.rows,
-                                      cm->output.cols, cm->output.row_bytes, &cm->head_mem)))
-            goto done;
-        if (cm->head_mem) {
-            cm->output_r = cm->output;
-            cm->output_r.d = cm->head_mem;
-            cm->output_r.type = ENGINE_CU_TYPE_Q6_KR;
-            cm->output_r.row_bytes = engine_cu_q6r_row_bytes(cm->output.row_bytes);
-        }
-    }
+    if (!tied && (rc = engine_cu_head_copy_view(cm->output, &cm->output_r, &cm->head_mem)))
+        goto done;
     *out = cm;
     cm = NULL;
 done:

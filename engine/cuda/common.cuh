@@ -11,6 +11,11 @@ extern "C" {
 int engine_err(int code, const char *fmt, ...);
 }
 
+/* The output head's repacked Q6_K rows: an internal type id (never in a file) and its group of
+ * eight superblocks in bytes (layout: dequant.cuh). */
+#define ENGINE_CU_TYPE_Q6_KR 0x100E
+#define ENGINE_CU_Q6R_GROUP 1680
+
 /* Convert a CUDA error into an engine error at the boundary, naming the call site. */
 #define ENGINE_CUDA_CHECK(call)                                                                    \
     do {                                                                                           \

@@ -89,8 +89,7 @@ __device__ __forceinline__ void engine_cu_scale_min_k4w(int j, uint32_t w0, uint
  *   at 26 G + 2 (k / 8): its superblock's F16 d.
  * So the 32 lanes of a warp taking consecutive chunks load 512, 256, 64 and 8 consecutive
  * bytes, four loads a lane, where Q6_K's 2-byte-aligned superblocks take thirteen. */
-#define ENGINE_CU_TYPE_Q6_KR 0x100E
-#define ENGINE_CU_Q6R_GROUP 1680
+/* (ENGINE_CU_TYPE_Q6_KR and ENGINE_CU_Q6R_GROUP: common.cuh) */
 
 /* Where chunk c of a Q6_KR row of n_chunks chunks keeps its ql bytes, high parts, scales and
  * d (byte offsets from the row). */

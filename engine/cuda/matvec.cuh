@@ -121,6 +121,17 @@ void engine_cu_q6r_repack(const uint8_t *src, size_t src_rb, uint8_t *dst, int r
  * head stays as it is). 0, or an engine error of a failing CUDA call. */
 int engine_cu_head_copy(const uint8_t *src, int type, int rows, int cols, size_t row_bytes,
                         uint8_t **out);
+/* engine_cu_head_copy for a backend's weight view W (fields d, type, rows, cols, row_bytes):
+ * *copy = the view of the copy in *mem (d NULL where none was made). */
+template <typename W> int engine_cu_head_copy_view(const W &head, W *copy, uint8_t **mem) {
+    int rc = engine_cu_head_copy(head.d, head.type, head.rows, head.cols, head.row_bytes, mem);
+    if (rc || !*mem) return rc;
+    *copy = head;
+    copy->d = *mem;
+    copy->type = ENGINE_CU_TYPE_Q6_KR;
+    copy->row_bytes = engine_cu_q6r_row_bytes(head.row_bytes);
+    return 0;
+}
 /* Whether a session reads the copy (SPARK_CUDA_HEAD_REPACK, default 1; read at session
  * creation). */
 bool engine_cu_head_copy_wanted(void);

@@ -9,7 +9,6 @@
 #include "common.cuh"
 #include "matvec.cuh"
 #include "moe.cuh"
-#include "qdot.cuh" /* ENGINE_CU_TYPE_Q6_KR */
 #include "sample.cuh"
 
 extern "C" {

@@ -410,17 +410,9 @@ extern "C" int engine_cuda_q35_model_new(engine_cuda_q35_model **out, const engi
     u.total = cm->bytes;
     if ((rc = q35_upload_all(&u))) goto done;
     ENGINE_ASSERT(u.off == cm->bytes);
-    if (cm->output.d != cm->tok_embd.d) {
-        if ((rc = engine_cu_head_copy(cm->output.d, cm->output.type, cm->output.rows,
-                                      cm->output.cols, cm->output.row_bytes, &cm->head_mem)))
-            goto done;
-        if (cm->head_mem) {
-            cm->output_r = cm->output;
-            cm->output_r.d = cm->head_mem;
-            cm->output_r.type = ENGINE_CU_TYPE_Q6_KR;
-            cm->output_r.row_bytes = engine_cu_q6r_row_bytes(cm->output.row_bytes);
-        }
-    }
+    if (cm->output.d != cm->tok_embd.d &&
+        (rc = engine_cu_head_copy_view(cm->output, &cm->output_r, &cm->head_mem)))
+        goto done;
     *out = cm;
     cm = NULL;
 done:
