@@ -186,6 +186,18 @@ int main(int argc, char **argv) {
     if (depth > 0) first = pre[depth - 1];
     double mean = 0, sd = 0;
     if (timed(gs, first, depth, n_gen, reps, out, tps, &mean, &sd)) goto fail;
+    /* SPARK_BENCH_TRACE=FILE (a -DSPARK_CUDA_TRACE=ON build): the launch timeline of 4 steps
+     * of the graph loop after the timed ones (bench/cuda/trace_summary.py reads it) */
+    if (getenv("SPARK_BENCH_TRACE") && depth + n_gen + 4 < n_ctx) {
+        engine_cuda_trace *tr = NULL;
+        int32_t o4[4];
+        if (engine_cuda_trace_start(&tr, 1u << 16) ||
+            engine_cuda_generate(gs, out[n_gen - 1], depth + n_gen, 4, 0.0f, 0, o4) ||
+            engine_cuda_trace_stop(tr, getenv("SPARK_BENCH_TRACE")))
+            printf("trace: %s\n", engine_error_last());
+        else
+            printf("trace: 4 steps written to %s\n", getenv("SPARK_BENCH_TRACE"));
+    }
     /* the per-op launches: speed, and the same greedy tokens */
     double mean2 = 0, sd2 = 0;
     int differ = -1;

@@ -425,6 +425,18 @@ int main(int argc, char **argv) {
         }
         one = (now_ms() - a) / n_one;
     }
+    /* SPARK_BENCH_TRACE=FILE (a -DSPARK_CUDA_TRACE=ON build): the launch timeline of 4 steps
+     * of the graph loop after the one-step calls (bench/cuda/trace_summary.py reads it) */
+    if (getenv("SPARK_BENCH_TRACE") && depth + n_gen + 16 + 4 < n_ctx) {
+        engine_cuda_trace *tr = NULL;
+        int32_t o4[4];
+        if (engine_cuda_trace_start(&tr, 1u << 16) ||
+            engine_cuda_q35_generate(gs, out[n_gen - 1], depth + n_gen + 16, 4, 0.0f, 0, o4) ||
+            engine_cuda_trace_stop(tr, getenv("SPARK_BENCH_TRACE")))
+            printf("trace: %s\n", engine_error_last());
+        else
+            printf("trace: 4 steps written to %s\n", getenv("SPARK_BENCH_TRACE"));
+    }
     double bw = 0;
     engine_cuda_copy_bandwidth(0, (size_t)2 << 30, 5, &bw);
     double bpt = (double)engine_cuda_q35_model_bytes_per_token(gm);

@@ -50,3 +50,5 @@ void engine_cu_attention_flat(const engine_cu_att *a, cudaStream_t stream) {
     default: att_flat_launch<256>(a, stream); break;
     }
 }
+
+ENGINE_CU_TRACE_TU(att_short)

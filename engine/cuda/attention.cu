@@ -64,3 +64,5 @@ engine_cu_phase engine_cu_attention_phase(const engine_cu_att *a) {
     ph.u.at = *a;
     return ph;
 }
+
+ENGINE_CU_TRACE_TU(attention)

@@ -272,3 +272,5 @@ __global__ void bmm_swiglu_kernel(float *g, const float *u, int n) {
 void engine_cu_bmm_swiglu(float *g, const float *u, int n, cudaStream_t stream) {
     if (n > 0) bmm_swiglu_kernel<<<std::min((n + 255) / 256, 4096), 256, 0, stream>>>(g, u, n);
 }
+
+ENGINE_CU_TRACE_TU(batch_mm)

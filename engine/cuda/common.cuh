@@ -64,16 +64,67 @@ __device__ __forceinline__ float engine_cu_block_sum(float v, float *red) {
  * start early (launch_dependents), and waits for the previous one to finish and flush before
  * it reads activations or writes anything (wait). Before the wait a kernel may only read
  * weights (prefetch). No-ops when the launch did not ask for it. */
+#ifdef SPARK_CUDA_TRACE
+/* Launch timeline (diagnosis builds only: CMake -DSPARK_CUDA_TRACE=ON; the default build has
+ * none of this). Thread 0 of every block records the global timer where the block lets its
+ * dependents launch (ev 0: in practice where the block starts) and where its PDL wait returns
+ * (ev 1: the previous kernel complete), with the launch's grid id (PTX %gridid, unique per
+ * launch, also inside graph replays), its block index and grid shape, into per-multiprocessor
+ * slices of a buffer (engine_cuda_trace_start / _stop in trace.cu). Each translation unit has
+ * its own copy of the pointer (no separate compilation): ENGINE_CU_TRACE_TU below binds it. */
+typedef struct {
+    unsigned long long t, grid;
+    unsigned block, ev, gx, gy; /* ev: 0 | 1, + (blockDim.x << 8) */
+} engine_cu_trace_rec;
+typedef struct {
+    engine_cu_trace_rec *rec; /* [n_sm][per_sm] */
+    unsigned *ctr;            /* [n_sm] */
+    unsigned per_sm;
+} engine_cu_trace_ptr;
+static __device__ engine_cu_trace_ptr engine_cu_trace_g;
+
+__device__ __forceinline__ void engine_cu_trace_ev(unsigned ev) {
+    const engine_cu_trace_ptr tp = engine_cu_trace_g;
+    if (!tp.rec || (threadIdx.x | threadIdx.y | threadIdx.z)) return;
+    unsigned long long t, g;
+    unsigned sm;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    asm volatile("mov.u64 %0, %%gridid;" : "=l"(g));
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    const unsigned i = atomicAdd(tp.ctr + sm, 1u);
+    if (i >= tp.per_sm) return;
+    engine_cu_trace_rec r;
+    r.t = t;
+    r.grid = g;
+    r.block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    r.ev = ev | blockDim.x << 8;
+    r.gx = gridDim.x;
+    r.gy = gridDim.y * gridDim.z;
+    tp.rec[(size_t)sm * tp.per_sm + i] = r;
+}
+/* At the end of each .cu file with kernels: the host-side binder of that file's pointer. */
+#define ENGINE_CU_TRACE_TU(name)                                                                   \
+    extern "C" int engine_cu_trace_bind_##name(const void *p) {                                    \
+        return cudaMemcpyToSymbol(engine_cu_trace_g, p, sizeof(engine_cu_trace_ptr)) != cudaSuccess; \
+    }
+#define ENGINE_CU_TRACE(ev) engine_cu_trace_ev(ev)
+#else
+#define ENGINE_CU_TRACE_TU(name)
+#define ENGINE_CU_TRACE(ev) ((void)0)
+#endif
+
 __device__ __forceinline__ void engine_cu_pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+    ENGINE_CU_TRACE(1);
 }
 
 __device__ __forceinline__ void engine_cu_pdl_launch() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" :::);
 #endif
+    ENGINE_CU_TRACE(0);
 }
 
 /* Loads of the decode kernels' weights (qdot.cuh), which every token reads once: a 40 MB per

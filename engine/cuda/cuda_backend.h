@@ -44,6 +44,18 @@ void engine_cuda_model_free(engine_cuda_model *cm);
 size_t engine_cuda_model_weight_bytes(const engine_cuda_model *cm);
 size_t engine_cuda_model_bytes_per_token(const engine_cuda_model *cm);
 
+/* Launch timeline (diagnosis; a build configured with -DSPARK_CUDA_TRACE=ON, else
+ * ENGINE_EUNSUPPORTED): from _start until _stop, thread 0 of every block of every kernel launch
+ * records the global timer (ns) where it starts (lets its dependents launch) and where its
+ * programmatic-dependent-launch wait returns, with the launch's grid id, block and grid shape:
+ * per_sm records per multiprocessor at most (the rest are counted and dropped). _stop
+ * synchronises the device and writes one line per record, "t grid block ev gx gy sm"
+ * (ev: 0 start, 1 wait returned, + blockDim.x << 8), to path, and frees the trace. Not
+ * thread-safe: one trace at a time. bench/cuda/trace_summary.py reads the file. */
+typedef struct engine_cuda_trace engine_cuda_trace;
+int engine_cuda_trace_start(engine_cuda_trace **out, unsigned per_sm);
+int engine_cuda_trace_stop(engine_cuda_trace *t, const char *path);
+
 /* Device-to-device copy bandwidth of GPU `device` in GB/s (bytes read + written per second,
  * over `bytes`-sized buffers, best of `reps`): the ceiling the benchmark compares against. */
 int engine_cuda_copy_bandwidth(int device, size_t bytes, int reps, double *gbps);

@@ -384,3 +384,5 @@ void engine_cu_deltanet_step(const engine_cu_delta *a, cudaStream_t stream) {
         engine_cu_launch(deltanet_kernel<false>, grid, dim3(threads), smem, stream, *a);
     }
 }
+
+ENGINE_CU_TRACE_TU(deltanet)

@@ -283,3 +283,5 @@ void engine_cu_q35_gnorm(float *o, const float *z, const float *norm_w, int n, i
                          float eps, cudaStream_t stream) {
     if (n > 0) q35_gnorm_kernel<<<n * nv, 128, 0, stream>>>(o, z, norm_w, nv, dv, eps);
 }
+
+ENGINE_CU_TRACE_TU(deltanet_chunk)

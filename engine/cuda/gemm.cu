@@ -1526,3 +1526,5 @@ done:
     free(ht);
     return rc;
 }
+
+ENGINE_CU_TRACE_TU(gemm)

@@ -342,3 +342,5 @@ int engine_cu_head_copy(const uint8_t *src, int type, int rows, int cols, size_t
     *out = p;
     return 0;
 }
+
+ENGINE_CU_TRACE_TU(matvec)

@@ -182,3 +182,5 @@ engine_cu_phase engine_cu_ffn_down_phase(const engine_cu_ffn_down_args *a) {
     ph.u.dn.router = nullptr; /* the fused step waits for the routing flag instead */
     return ph;
 }
+
+ENGINE_CU_TRACE_TU(moe)

@@ -452,3 +452,5 @@ fail:
     return engine_err(ce == cudaErrorMemoryAllocation ? ENGINE_ENOMEM : ENGINE_EINTERNAL,
                       "CUDA moe fused op: %s", cudaGetErrorString(ce));
 }
+
+ENGINE_CU_TRACE_TU(moe_fused)

@@ -135,3 +135,5 @@ void engine_cu_pf_gather_rows(const float *src, const int32_t *rows, int n, int 
                               cudaStream_t stream) {
     if (n > 0) pf_gather_kernel<<<n, 256, 0, stream>>>(src, rows, cols, dst);
 }
+
+ENGINE_CU_TRACE_TU(paged_att)

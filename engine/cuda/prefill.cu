@@ -1132,3 +1132,5 @@ extern "C" int engine_cuda_prefill_run(engine_cuda_prefill *p, const int32_t *to
     }
     return rc;
 }
+
+ENGINE_CU_TRACE_TU(prefill)

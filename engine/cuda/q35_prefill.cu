@@ -774,3 +774,5 @@ done:
     cudaFree(dv);
     return rc;
 }
+
+ENGINE_CU_TRACE_TU(q35_prefill)

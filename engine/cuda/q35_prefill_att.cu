@@ -110,3 +110,5 @@ void engine_cu_q35_att_tc(const engine_cu_q35_att_args *a, cudaStream_t stream) 
     else
         qa_launch<256>(a, stream);
 }
+
+ENGINE_CU_TRACE_TU(q35_prefill_att)

@@ -230,3 +230,5 @@ void engine_cu_vgatt_run(const engine_cu_vgatt *a, cudaStream_t stream) {
     else
         vgatt_launch_hd<256>(a, stream);
 }
+
+ENGINE_CU_TRACE_TU(q35_vatt)

@@ -333,3 +333,5 @@ void engine_cu_vring_commit(const float *src_slot0, size_t slot_stride, float *d
                      (const float4 *)src_slot0, slot_stride / 4, (float4 *)dst, n / 4, pos,
                      n_snap);
 }
+
+ENGINE_CU_TRACE_TU(q35_vdelta)

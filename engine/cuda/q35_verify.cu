@@ -837,3 +837,5 @@ void engine_cu_spec_restore(const engine_cu_spec_ctl *ctl, const float *src_slot
     engine_cu_launch(spec_restore_kernel, dim3(264), dim3(256), 0, stream, ctl,
                      (const float4 *)src_slot0, slot_stride / 4, (float4 *)dst, n / 4);
 }
+
+ENGINE_CU_TRACE_TU(q35_verify)

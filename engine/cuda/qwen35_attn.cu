@@ -628,3 +628,5 @@ void engine_cu_gatt_pf_gate(float *att, const float *qg, int n, int n_head, int 
         gatt_pf_gate_kernel<<<(unsigned)((total + 255) / 256), 256, 0, stream>>>(att, qg, hd,
                                                                                total);
 }
+
+ENGINE_CU_TRACE_TU(qwen35_attn)

@@ -496,3 +496,5 @@ done:
     cudaFree(d);
     return rc;
 }
+
+ENGINE_CU_TRACE_TU(router_fuse)

@@ -118,3 +118,5 @@ void engine_cu_sample(const float *logits, int n, engine_cu_step *step, int32_t 
     engine_cu_launch(sample_kernel, dim3(ENGINE_CU_SAMPLE_BLOCKS), dim3(256), 0, stream, logits, n,
                      step, out, scratch, counter);
 }
+
+ENGINE_CU_TRACE_TU(sample)

@@ -219,3 +219,5 @@ void engine_cu_prog_free(engine_cu_prog *p) {
     if (p->mem) cudaFree(p->mem);
     memset(p, 0, sizeof *p);
 }
+
+ENGINE_CU_TRACE_TU(step)
