@@ -12,6 +12,8 @@ first launch of one block). For each launch:
   late  = last block start - first wait return (> 0: blocks that only started after the
           previous kernel was done: a second wave, or no room beside the previous kernel)
   spread= last wait return - first wait return
+  routed= the mean block's routing done (ev 2, MoE up) - first wait return
+  end   = the last block's work done (ev 3: matvec, MoE up/down blocks) - first wait return
 Usage: trace_summary.py FILE [--steps] (the ordered list of one step, else per launch shape)."""
 import collections
 import sys
@@ -19,49 +21,73 @@ import sys
 
 def main():
     path = sys.argv[1]
-    g = collections.defaultdict(lambda: {"s": [], "w": [], "shape": None})
+    recs = []
     for line in open(path):
         t, grid, blk, ev, gx, gy, sm = map(int, line.split())
-        r = g[grid]
-        r["shape"] = (gx, gy, ev >> 8)
-        (r["s"] if ev & 0xFF == 0 else r["w"]).append(t)
-    L = []
-    for gid, r in g.items():
-        s, w = sorted(r["s"]), sorted(r["w"])
-        key = w[0] if w else s[0]
-        L.append(dict(gid=gid, shape=r["shape"], n=max(len(s), len(w)), s0=s[0] if s else key,
-                      s1=s[-1] if s else key, w0=w[0] if w else key, w1=w[-1] if w else key,
-                      key=key))
-    L.sort(key=lambda x: x["key"])
-    steps, cur = [], None
-    for x in L:
-        if x["shape"][0] == 1 and x["shape"][1] == 1 and x["shape"][2] == 128:  # embed
-            cur = []
-            steps.append(cur)
-        if cur is not None:
-            cur.append(x)
-    print("%d launches, %d steps" % (len(L), len(steps)))
-    if len(steps) < 2:
+        recs.append((t, grid, ev, gx, gy))
+    recs.sort()
+    # a graph replay keeps its launches' grid ids: split the records into steps at the starts of
+    # the embedding launch (one block of 128 threads), the first launch of a step
+    starts = [r[0] for r in recs if r[3] == 1 and r[4] == 1 and r[2] == 128 << 8]
+    steps = []
+    for i, t0 in enumerate(starts):
+        t1 = starts[i + 1] if i + 1 < len(starts) else None
+        g = collections.OrderedDict()
+        for t, grid, ev, gx, gy in recs:
+            if t < t0 or (t1 is not None and t >= t1):
+                continue
+            r = g.setdefault(grid, {"s": [], "w": [], "r": [], "e": [],
+                                    "shape": (gx, gy, ev >> 8)})
+            r["swre"[ev & 0xFF] if (ev & 0xFF) < 4 else "e"].append(t)
+        L = []
+        for gid, r in g.items():
+            s, w = r["s"], r["w"]
+            key = w[0] if w else s[0]
+            L.append(dict(gid=gid, shape=r["shape"], n=max(len(s), len(w)),
+                          s0=s[0] if s else key, s1=s[-1] if s else key,
+                          w0=w[0] if w else key, w1=w[-1] if w else key, key=key,
+                          r=sum(r["r"]) / len(r["r"]) if r["r"] else None,
+                          e=max(r["e"]) if r["e"] else None))
+        L.sort(key=lambda x: x["key"])
+        steps.append(L)
+    print("%d steps: %s launches" % (len(steps), [len(st) for st in steps]))
+    if not steps:
         return
-    full = steps[1:-1] if len(steps) > 2 else steps[:1]
+    full = steps[1:] if len(steps) > 1 else steps
     for st in full:
         print("step: %d launches, %.1f us from the embedding's wait to the last launch's wait" %
               (len(st), (st[-1]["w0"] - st[0]["w0"]) / 1e3))
-    st = full[0]
-    rows = []
-    for i, x in enumerate(st):
-        nxt = st[i + 1]["key"] if i + 1 < len(st) else None
-        rows.append(dict(shape=x["shape"], n=x["n"],
-                         gap=(nxt - x["key"]) / 1e3 if nxt else float("nan"),
-                         early=(x["w0"] - x["s0"]) / 1e3, late=(x["s1"] - x["w0"]) / 1e3,
-                         spread=(x["w1"] - x["w0"]) / 1e3))
+    rows = None
+    for st in full:  # the mean over the steps (launch i of each)
+        if len(st) != len(full[0]):
+            continue
+        rs = []
+        for i, x in enumerate(st):
+            nxt = st[i + 1]["key"] if i + 1 < len(st) else None
+            rs.append(dict(shape=x["shape"], n=x["n"],
+                           gap=(nxt - x["key"]) / 1e3 if nxt else float("nan"),
+                           early=(x["w0"] - x["s0"]) / 1e3, late=(x["s1"] - x["w0"]) / 1e3,
+                           spread=(x["w1"] - x["w0"]) / 1e3, k=1,
+                           routed=(x["r"] - x["w0"]) / 1e3 if x["r"] else float("nan"),
+                           end=(x["e"] - x["w0"]) / 1e3 if x["e"] else float("nan")))
+        if rows is None:
+            rows = rs
+        else:
+            for a, b in zip(rows, rs):
+                for f in ("gap", "early", "late", "spread", "routed", "end"):
+                    a[f] += b[f]
+                a["k"] += 1
+    for r in rows:
+        for f in ("gap", "early", "late", "spread", "routed", "end"):
+            r[f] /= r["k"]
     if "--steps" in sys.argv:
-        print("%4s %18s %6s %8s %8s %8s %8s" % ("i", "grid x,y,threads", "blocks", "gap", "early",
-                                                  "late", "spread"))
+        print("%4s %18s %6s %8s %8s %8s %8s %8s %8s" % ("i", "grid x,y,threads", "blocks", "gap",
+                                                        "early", "late", "spread", "routed",
+                                                        "end"))
         for i, r in enumerate(rows):
-            print("%4d %18s %6d %8.2f %8.2f %8.2f %8.2f" % (i, "%d,%d,%d" % r["shape"], r["n"],
-                                                            r["gap"], r["early"], r["late"],
-                                                            r["spread"]))
+            print("%4d %18s %6d %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f" % (
+                i, "%d,%d,%d" % r["shape"], r["n"], r["gap"], r["early"], r["late"], r["spread"],
+                r["routed"], r["end"]))
     agg = collections.OrderedDict()
     for r in rows:
         a = agg.setdefault(r["shape"], [0, 0.0, 0.0, 0.0, 0.0, 0])

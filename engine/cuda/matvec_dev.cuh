@@ -280,6 +280,7 @@ __device__ __forceinline__ void mv_block(const engine_cu_mv &a, int n_groups, in
     for (int i = 0; i < NR; i++)
         sum += tv[i][0] + tv[i][1];
     if (y) engine_cu_sink(sum, y);
+    ENGINE_CU_TRACE_END();
 }
 
 #endif

@@ -296,6 +296,22 @@ __device__ __forceinline__ void ffn_up_rows(const engine_cu_ffn_up_args &a, int 
     }
 }
 
+/* Block b of gdx's share of the down launch's weights asked of L2 (a.pf_down; one warp, after
+ * routing: ids[k] known to it): byte range [b T / gdx, (b + 1) T / gdx) of the chosen experts'
+ * down matrices laid end to end (T their total). */
+__device__ __forceinline__ void ffn_up_pf_down(const engine_cu_ffn_up_args &a, const int *ids,
+                                               int b, int gdx) {
+    const int n = a.k + (a.pf_sh >= 0 ? 1 : 0);
+    const size_t per = a.pf_bytes, tot = per * (size_t)n;
+    const size_t lo = tot * (size_t)b / (size_t)gdx, hi = tot * (size_t)(b + 1) / (size_t)gdx;
+    for (int j = (int)(lo / per); j < n && (size_t)j * per < hi; j++) {
+        const size_t s0 = max(lo, (size_t)j * per), s1 = min(hi, (size_t)(j + 1) * per);
+        const int id = j < a.k ? ids[j] : a.pf_sh;
+        engine_cu_prefetch_l2(a.pf_down + (size_t)id * a.pf_expert_bytes + (s0 - (size_t)j * per),
+                              s1 - s0);
+    }
+}
+
 /* Items (row group g, expert slot j), item j * groups + g; block b of gdx takes items b,
  * b + gdx, ...: warp w computes rows w and w + FFN_WARPS of each item's group. With a router,
  * warp 0 routes while the other warps stage x. RF (router fusion, a.x_add; not with S6): the
@@ -350,6 +366,8 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
                 engine_cu_prefetch_l2(a.up + off, (size_t)nr * a.row_bytes);
                 if (!a.max_bps) break;
             }
+            if (a.pf_down) ffn_up_pf_down(a, ids, b, gdx);
+            ENGINE_CU_TRACE(2);
         }
     } else if (threadIdx.x == 0) {
         ids[0] = 0;
@@ -378,6 +396,7 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
         if (r >= a.rows) continue;
         ffn_up_rows<MODE>(a, j, ids[j], r, xv);
     }
+    ENGINE_CU_TRACE_END();
 }
 
 /* A lane takes (expert slot, chunk) items, so all 32 lanes work and the loads of different
@@ -561,6 +580,7 @@ __device__ __forceinline__ void ffn_down_block(const engine_cu_ffn_down_args &a,
         if (lane == 0) down_store<RF>(a, r, s);
     }
     engine_cu_sink(tv0 + tv1, a.y);
+    ENGINE_CU_TRACE_END();
 }
 
 #endif
