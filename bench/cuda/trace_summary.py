@@ -12,11 +12,16 @@ first launch of one block). For each launch:
   late  = last block start - first wait return (> 0: blocks that only started after the
           previous kernel was done: a second wave, or no room beside the previous kernel)
   spread= last wait return - first wait return
-  routed= the mean block's routing done (ev 2, MoE up) - first wait return
-  end   = the last block's work done (ev 3: matvec, MoE up/down blocks) - first wait return
+  e3    = the last block's work done (ev 3: matvec, MoE up/down blocks) - first wait return
+  e2, e4..e6 = the mean block's stage stamps (kernel-specific; moe_dev.cuh, matvec_dev.cuh)
+          - first wait return
 Usage: trace_summary.py FILE [--steps] (the ordered list of one step, else per launch shape)."""
 import collections
 import sys
+
+
+STAGES = (4, 5, 2, 6, 3)
+FIELDS = ("gap", "early", "late", "spread") + tuple("e%d" % e for e in STAGES)
 
 
 def main():
@@ -36,9 +41,10 @@ def main():
         for t, grid, ev, gx, gy in recs:
             if t < t0 or (t1 is not None and t >= t1):
                 continue
-            r = g.setdefault(grid, {"s": [], "w": [], "r": [], "e": [],
+            r = g.setdefault(grid, {"s": [], "w": [], "st": collections.defaultdict(list),
                                     "shape": (gx, gy, ev >> 8)})
-            r["swre"[ev & 0xFF] if (ev & 0xFF) < 4 else "e"].append(t)
+            e = ev & 0xFF
+            (r["s"] if e == 0 else r["w"] if e == 1 else r["st"][e]).append(t)
         L = []
         for gid, r in g.items():
             s, w = r["s"], r["w"]
@@ -46,8 +52,8 @@ def main():
             L.append(dict(gid=gid, shape=r["shape"], n=max(len(s), len(w)),
                           s0=s[0] if s else key, s1=s[-1] if s else key,
                           w0=w[0] if w else key, w1=w[-1] if w else key, key=key,
-                          r=sum(r["r"]) / len(r["r"]) if r["r"] else None,
-                          e=max(r["e"]) if r["e"] else None))
+                          st={e: (max(v) if e == 3 else sum(v) / len(v))
+                              for e, v in r["st"].items()}))
         L.sort(key=lambda x: x["key"])
         steps.append(L)
     print("%d steps: %s launches" % (len(steps), [len(st) for st in steps]))
@@ -68,26 +74,24 @@ def main():
                            gap=(nxt - x["key"]) / 1e3 if nxt else float("nan"),
                            early=(x["w0"] - x["s0"]) / 1e3, late=(x["s1"] - x["w0"]) / 1e3,
                            spread=(x["w1"] - x["w0"]) / 1e3, k=1,
-                           routed=(x["r"] - x["w0"]) / 1e3 if x["r"] else float("nan"),
-                           end=(x["e"] - x["w0"]) / 1e3 if x["e"] else float("nan")))
+                           **{"e%d" % e: ((x["st"][e] - x["w0"]) / 1e3 if e in x["st"]
+                                          else float("nan")) for e in STAGES}))
         if rows is None:
             rows = rs
         else:
             for a, b in zip(rows, rs):
-                for f in ("gap", "early", "late", "spread", "routed", "end"):
+                for f in FIELDS:
                     a[f] += b[f]
                 a["k"] += 1
     for r in rows:
-        for f in ("gap", "early", "late", "spread", "routed", "end"):
+        for f in FIELDS:
             r[f] /= r["k"]
     if "--steps" in sys.argv:
-        print("%4s %18s %6s %8s %8s %8s %8s %8s %8s" % ("i", "grid x,y,threads", "blocks", "gap",
-                                                        "early", "late", "spread", "routed",
-                                                        "end"))
+        print("%4s %18s %6s" % ("i", "grid x,y,threads", "blocks") +
+              "".join("%7s" % f for f in FIELDS))
         for i, r in enumerate(rows):
-            print("%4d %18s %6d %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f" % (
-                i, "%d,%d,%d" % r["shape"], r["n"], r["gap"], r["early"], r["late"], r["spread"],
-                r["routed"], r["end"]))
+            print("%4d %18s %6d" % (i, "%d,%d,%d" % r["shape"], r["n"]) +
+                  "".join("%7.2f" % r[f] for f in FIELDS))
     agg = collections.OrderedDict()
     for r in rows:
         a = agg.setdefault(r["shape"], [0, 0.0, 0.0, 0.0, 0.0, 0])

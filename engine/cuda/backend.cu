@@ -98,9 +98,6 @@ struct engine_cuda_session {
      * blocks' routing (moe.cuh); also read by qwen35moe sessions */
     int route;
     int coop;    /* SPARK_CUDA_COOP_SCALE (0/1): engine_cu_ffn_up_args.coop (also qwen35moe) */
-    /* SPARK_CUDA_DOWN_PF (default on, =0 off; also qwen35moe): engine_cu_ffn_up_args.pf_down,
-     * the up launch asks L2 for the down launch's expert rows once it has routed */
-    int down_pf;
     int coop_mv; /* SPARK_CUDA_COOP_MV=1: engine_cu_mv.coop of the qkv, router and head launches */
     bool head_r; /* the head launch reads the model's repacked copy (engine_cu_head_copy_wanted) */
     int head_rows; /* engine_cu_mv.q6r_rows (engine_cu_head_rows_env: SPARK_CUDA_HEAD_ROWS) */
@@ -644,7 +641,6 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         s->route = engine_cu_route_parse(getenv("SPARK_CUDA_ROUTE"), SPARK_CUDA_ROUTE_DEFAULT);
         e = getenv("SPARK_CUDA_COOP_SCALE");
         s->coop = e ? e[0] == '1' : SPARK_CUDA_COOP_SCALE_DEFAULT;
-        s->down_pf = engine_cu_down_pf_env();
         e = getenv("SPARK_CUDA_COOP_MV");
         s->coop_mv = e && e[0] == '1';
         e = getenv("SPARK_CUDA_ROUTER_FUSE");
@@ -847,11 +843,6 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
         dn->k = up->k;
         dn->ids = s->ids;
         dn->weights = s->wts;
-        if (s->down_pf) {
-            up->pf_down = dn->down;
-            up->pf_expert_bytes = up->pf_bytes = dn->expert_bytes;
-            up->pf_sh = -1;
-        }
         if (s->route_once) { /* the router's last block routes; up reads the ids */
             mv->route_ids = s->ids;
             mv->route_wts = s->wts;

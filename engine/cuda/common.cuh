@@ -68,8 +68,8 @@ __device__ __forceinline__ float engine_cu_block_sum(float v, float *red) {
 /* Launch timeline (diagnosis builds only: CMake -DSPARK_CUDA_TRACE=ON; the default build has
  * none of this). Thread 0 of every block records the global timer where the block lets its
  * dependents launch (ev 0: in practice where the block starts) and where its PDL wait returns
- * (ev 1: the previous kernel complete; some kernels add ev 2, routed, and ev 3, the block's work
- * done: ENGINE_CU_TRACE_END), with the launch's grid id (PTX %gridid, unique per
+ * (ev 1: the previous kernel complete; some kernels add stamps of their own stages, ev 2 and 4..7,
+ * and ev 3, the block's work done: ENGINE_CU_TRACE_END), with the launch's grid id (PTX %gridid, unique per
  * launch, also inside graph replays), its block index and grid shape, into per-multiprocessor
  * slices of a buffer (engine_cuda_trace_start / _stop in trace.cu). Each translation unit has
  * its own copy of the pointer (no separate compilation): ENGINE_CU_TRACE_TU below binds it. */

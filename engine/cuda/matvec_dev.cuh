@@ -269,6 +269,7 @@ __device__ __forceinline__ void mv_block(const engine_cu_mv &a, int n_groups, in
         engine_cu_prefetch_l2((const uint8_t *)a.norm_w, sizeof(float) * (size_t)a.cols);
     sync.wait();
     mv_stage<MODE>(a, sm);
+    ENGINE_CU_TRACE(4);
     const engine_cu_xv xv = engine_cu_xv_at(sm, a.cols, MODE != ENGINE_CU_X_F32, 0);
     float *y = nullptr;
     for (int g = bx; g < n_groups; g += gdx) {

@@ -1,5 +1,4 @@
 /* MoE / dense FFN kernels and launchers (contract in moe.cuh; device side in moe_dev.cuh). */
-#include <stdlib.h>
 #include <string.h>
 
 #include "moe_dev.cuh"
@@ -63,11 +62,6 @@ __global__ void __launch_bounds__(FFN_WARPS * 32, 3)
     a.max_bps = a.tok_blocks > 0;
     ffn_down_block<MODE, engine_cu_pdl_sync, RF>(a, blockIdx.x, gridDim.x, (uint8_t *)down_smem,
                                                  engine_cu_pdl_sync());
-}
-
-int engine_cu_down_pf_env(void) {
-    const char *e = getenv("SPARK_CUDA_DOWN_PF");
-    return !(e && e[0] == '0');
 }
 
 int engine_cu_route_parse(const char *v, int dflt) {

@@ -82,14 +82,6 @@ typedef struct {
      * each warp (SPARK_CUDA_COOP_SCALE, default on; another summation order than the unfused
      * path's). */
     int coop;
-    /* The down launch's weights asked of L2 as soon as a block has routed (MoE, one token:
-     * SPARK_CUDA_DOWN_PF, default on): the k chosen experts' down matrices (pf_bytes each, at
-     * pf_down + id * pf_expert_bytes) and, when pf_sh >= 0, that of expert pf_sh (qwen35moe's
-     * shared down stored as expert X), split evenly over the launch's blocks, so that the down
-     * kernel, which can only learn the ids after this launch, finds its rows in L2. NULL: none. */
-    const uint8_t *pf_down;
-    size_t pf_expert_bytes, pf_bytes;
-    int pf_sh;
 } engine_cu_ffn_up_args;
 
 #define ENGINE_CU_ROUTE_SHFL 1
@@ -141,8 +133,6 @@ typedef struct {
 } engine_cu_ffn_down_args;
 
 void engine_cu_ffn_up(const engine_cu_ffn_up_args *a, cudaStream_t stream);
-/* SPARK_CUDA_DOWN_PF: 1 (unset or anything but "0") to set engine_cu_ffn_up_args.pf_down. */
-int engine_cu_down_pf_env(void);
 void engine_cu_ffn_down(const engine_cu_ffn_down_args *a, cudaStream_t stream);
 
 #endif

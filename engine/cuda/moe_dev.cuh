@@ -296,22 +296,6 @@ __device__ __forceinline__ void ffn_up_rows(const engine_cu_ffn_up_args &a, int 
     }
 }
 
-/* Block b of gdx's share of the down launch's weights asked of L2 (a.pf_down; one warp, after
- * routing: ids[k] known to it): byte range [b T / gdx, (b + 1) T / gdx) of the chosen experts'
- * down matrices laid end to end (T their total). */
-__device__ __forceinline__ void ffn_up_pf_down(const engine_cu_ffn_up_args &a, const int *ids,
-                                               int b, int gdx) {
-    const int n = a.k + (a.pf_sh >= 0 ? 1 : 0);
-    const size_t per = a.pf_bytes, tot = per * (size_t)n;
-    const size_t lo = tot * (size_t)b / (size_t)gdx, hi = tot * (size_t)(b + 1) / (size_t)gdx;
-    for (int j = (int)(lo / per); j < n && (size_t)j * per < hi; j++) {
-        const size_t s0 = max(lo, (size_t)j * per), s1 = min(hi, (size_t)(j + 1) * per);
-        const int id = j < a.k ? ids[j] : a.pf_sh;
-        engine_cu_prefetch_l2(a.pf_down + (size_t)id * a.pf_expert_bytes + (s0 - (size_t)j * per),
-                              s1 - s0);
-    }
-}
-
 /* Items (row group g, expert slot j), item j * groups + g; block b of gdx takes items b,
  * b + gdx, ...: warp w computes rows w and w + FFN_WARPS of each item's group. With a router,
  * warp 0 routes while the other warps stage x. RF (router fusion, a.x_add; not with S6): the
@@ -346,6 +330,7 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
         if (a.router && w == 0) ffn_route_raw(a, raw);
         sc = engine_cu_block_scale<false, true>((const float4 *)a.x, (const float4 *)a.x_add,
                                                 a.cols, a.eps);
+        ENGINE_CU_TRACE(4);
     }
     if (a.router) {
         if (w == 0) {
@@ -358,6 +343,7 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
                 if (a.diag & 1)
                     ffn_route_warp<RF>(a, b, ids, wts, sc, RF && a.coop ? raw : nullptr);
             }
+            ENGINE_CU_TRACE(5);
             for (int it = b; it < n_items; it += gdx) {
                 const int j = it / gx, r0 = (it - j * gx) * 2 * FFN_WARPS;
                 const int nr = min(2 * FFN_WARPS, a.rows - r0);
@@ -366,7 +352,6 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
                 engine_cu_prefetch_l2(a.up + off, (size_t)nr * a.row_bytes);
                 if (!a.max_bps) break;
             }
-            if (a.pf_down) ffn_up_pf_down(a, ids, b, gdx);
             ENGINE_CU_TRACE(2);
         }
     } else if (threadIdx.x == 0) {
@@ -383,6 +368,7 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
             else
                 engine_cu_stage_x<MODE>(a.x, a.cols, a.norm_w, a.eps, sm, a.router ? 1 : 0);
         }
+    ENGINE_CU_TRACE(6);
     if (a.router && !(S6 && a.routed) && b == 0 && w == 0) { /* the block of item 0 */
         if (threadIdx.x < a.k) {
             a.ids[threadIdx.x] = ids[threadIdx.x];
@@ -514,6 +500,7 @@ __device__ __forceinline__ void ffn_down_block(const engine_cu_ffn_down_args &a,
     }
     if (a.sh_logit && threadIdx.x == 0) ids[a.k - 1] = a.sh_id;
     __syncthreads();
+    ENGINE_CU_TRACE(4);
     if (a.preload && !a.touch && MODE != ENGINE_CU_X_F32) {
         switch (a.type) {
 #define DOWN_PRE(T)                                                                                \
@@ -558,6 +545,7 @@ __device__ __forceinline__ void ffn_down_block(const engine_cu_ffn_down_args &a,
     sync.wait(); /* h complete */
     if (a.sh_logit && threadIdx.x == 0) wts[a.k - 1] = 1.0f / (1.0f + expf(-*a.sh_logit));
     engine_cu_stage_x<MODE>(a.h, a.k * a.cols, nullptr, 0.0f, sm); /* ends with a barrier */
+    ENGINE_CU_TRACE(5);
     if (a.diag & 2) engine_cu_stage_x<MODE>(a.h, a.k * a.cols, nullptr, 0.0f, sm);
     for (int g = b; g < n_groups; g += gdx) {
         const int r = g * FFN_WARPS + w;

@@ -757,7 +757,6 @@ static void q35m_ffn_args(const engine_cuda_q35_session *s, const q35_cl *ly, fl
     *sh = q35_up_args(d, ly, eps, true);
     up->route = s->route; /* the decode step's routing and scale: verify == decode bit for bit */
     up->coop = sh->coop = s->coop;
-    if (s->down_pf) q35_up_pf_down(up, d, ly); /* per token: its own experts' down rows */
     sh->x = sp->X;
     sh->h = sp->h + (size_t)d->k * d->F;
     memset(dn, 0, sizeof *dn);

@@ -507,7 +507,6 @@ struct engine_cuda_q35_session {
     int diag_moe; /* SPARK_CUDA_DIAG_MOE (backend.cu): engine_cu_ffn_up_args.diag */
     int route;    /* SPARK_CUDA_ROUTE (backend.cu): engine_cu_ffn_up_args.route */
     int coop;     /* SPARK_CUDA_COOP_SCALE (backend.cu): engine_cu_ffn_up_args.coop */
-    int down_pf;  /* SPARK_CUDA_DOWN_PF (backend.cu): engine_cu_ffn_up_args.pf_down */
     /* SPARK_CUDA_COOP_MV=1 (backend.cu; no gain measured in session 8): engine_cu_mv.coop of
      * the normed launches, the verify pass's alike (q35_mtp_host.cuh q35m_vmv) */
     int coop_mv;
@@ -751,7 +750,6 @@ extern "C" int engine_cuda_q35_session_new(engine_cuda_q35_session **out, engine
         s->route = engine_cu_route_parse(getenv("SPARK_CUDA_ROUTE"), 0);
         e = getenv("SPARK_CUDA_COOP_SCALE"); /* default on, as backend.cu */
         s->coop = !(e && e[0] == '0');
-        s->down_pf = engine_cu_down_pf_env();
         e = getenv("SPARK_CUDA_COOP_MV");
         s->coop_mv = e && e[0] == '1';
         e = getenv("SPARK_CUDA_MV_R3"); /* default on (session 9), =0 off */
@@ -1064,15 +1062,6 @@ static engine_cu_ffn_up_args q35_up_args(const q35_dims *d, const q35_cl *ly, fl
     return up;
 }
 
-/* The up launch asks L2 for the down launch's rows once routed (engine_cu_ffn_up_args.pf_down):
- * the routed experts' and, when merged, the shared expert's (expert X). */
-static void q35_up_pf_down(engine_cu_ffn_up_args *up, const q35_dims *d, const q35_cl *ly) {
-    up->pf_down = ly->down_exps.d;
-    up->pf_expert_bytes = q35_mat_bytes(&ly->down_exps);
-    up->pf_bytes = q35_mat_bytes(&ly->down_exps);
-    up->pf_sh = ly->down_merged ? d->X : -1;
-}
-
 /* The router fusion's launch arguments for block ly (a main block: the MTP block has no
  * [R | M]): the output projection of att into ao (not into x) and, in the same launch, the raw
  * router and shared-gate logits of x + ao into raw[0..X] (router_fuse.cuh). */
@@ -1218,7 +1207,6 @@ static void q35_moe(engine_cuda_q35_session *s, const q35_cl *ly, float eps, q35
     up.diag = s->diag_moe;
     up.route = s->route;
     up.coop = s->coop;
-    if (s->down_pf) q35_up_pf_down(&up, d, ly);
     for (int i = 0; i < q35_diag_n(s, Q35_DIAG_UP); i++)
         engine_cu_ffn_up(&up, st);
     if (fork)
