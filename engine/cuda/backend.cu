@@ -843,6 +843,7 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
         dn->k = up->k;
         dn->ids = s->ids;
         dn->weights = s->wts;
+        dn->pf_bulk = (s->route & ENGINE_CU_ROUTE_BULK) != 0;
         if (s->route_once) { /* the router's last block routes; up reads the ids */
             mv->route_ids = s->ids;
             mv->route_wts = s->wts;

@@ -1,4 +1,5 @@
 /* MoE / dense FFN kernels and launchers (contract in moe.cuh; device side in moe_dev.cuh). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "moe_dev.cuh"
@@ -65,8 +66,10 @@ __global__ void __launch_bounds__(FFN_WARPS * 32, 3)
 }
 
 int engine_cu_route_parse(const char *v, int dflt) {
-    if (!v) return dflt;
-    return strstr(v, "shfl") ? ENGINE_CU_ROUTE_SHFL : 0;
+    const char *b = getenv("SPARK_CUDA_PF_BULK");
+    const int bulk = b && b[0] == '0' ? 0 : ENGINE_CU_ROUTE_BULK;
+    if (!v) return dflt | bulk;
+    return (strstr(v, "shfl") ? ENGINE_CU_ROUTE_SHFL : 0) | bulk;
 }
 
 /* Blocks of a launch of n work items: one per item, or at most max_bps per multiprocessor. */

@@ -85,8 +85,13 @@ typedef struct {
 } engine_cu_ffn_up_args;
 
 #define ENGINE_CU_ROUTE_SHFL 1
+/* The routing warp asks L2 for its item's gate and up runs with one bulk prefetch each
+ * (common.cuh engine_cu_prefetch_bulk, lane 0) instead of a line prefetch per lane and line:
+ * SPARK_CUDA_PF_BULK, default on (session 13: the loop of line prefetches took ~1 us of the
+ * routing warp's time, between its routing and the block's barrier). */
+#define ENGINE_CU_ROUTE_BULK 2
 /* The value of a SPARK_CUDA_ROUTE setting: "shfl" ENGINE_CU_ROUTE_SHFL, anything else ("redux")
- * 0; NULL: dflt. */
+ * 0; NULL: dflt; | ENGINE_CU_ROUTE_BULK unless SPARK_CUDA_PF_BULK=0. */
 int engine_cu_route_parse(const char *v, int dflt);
 
 typedef struct {
@@ -130,6 +135,10 @@ typedef struct {
     int m, tok_blocks;
     size_t h_stride, ids_stride, y_stride;
     int diag; /* as engine_cu_ffn_up_args.diag: bit 2 the block stages h twice */
+    /* Lane j of each warp asks L2 for the warp's row of expert slot j with one bulk prefetch
+     * (engine_cu_prefetch_bulk) instead of the warp's line prefetches per slot (the up
+     * launch's ENGINE_CU_ROUTE_BULK; set from it). */
+    int pf_bulk;
 } engine_cu_ffn_down_args;
 
 void engine_cu_ffn_up(const engine_cu_ffn_up_args *a, cudaStream_t stream);

@@ -348,8 +348,13 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
                 const int j = it / gx, r0 = (it - j * gx) * 2 * FFN_WARPS;
                 const int nr = min(2 * FFN_WARPS, a.rows - r0);
                 const size_t off = (size_t)ids[j] * a.expert_bytes + (size_t)r0 * a.row_bytes;
-                engine_cu_prefetch_l2(a.gate + off, (size_t)nr * a.row_bytes);
-                engine_cu_prefetch_l2(a.up + off, (size_t)nr * a.row_bytes);
+                if (!(a.route & ENGINE_CU_ROUTE_BULK)) {
+                    engine_cu_prefetch_l2(a.gate + off, (size_t)nr * a.row_bytes);
+                    engine_cu_prefetch_l2(a.up + off, (size_t)nr * a.row_bytes);
+                } else if ((threadIdx.x & 31) < 2) { /* a run each */
+                    engine_cu_prefetch_bulk(((threadIdx.x & 1) ? a.up : a.gate) + off,
+                                            (size_t)nr * a.row_bytes);
+                }
                 if (!a.max_bps) break;
             }
             ENGINE_CU_TRACE(2);
@@ -534,6 +539,11 @@ __device__ __forceinline__ void ffn_down_block(const engine_cu_ffn_down_args &a,
                 else
                     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
             }
+        } else if (a.pf_bulk) { /* lane j: slot j's row */
+            if (lane < a.k)
+                engine_cu_prefetch_bulk(a.down + (size_t)ids[lane] * a.expert_bytes +
+                                            (size_t)r * a.row_bytes,
+                                        a.row_bytes);
         } else {
             for (int j = 0; j < a.k; j++)
                 engine_cu_prefetch_l2(a.down + (size_t)ids[j] * a.expert_bytes +
