@@ -69,10 +69,11 @@ __device__ __forceinline__ float engine_cu_block_sum(float v, float *red) {
  * none of this). Thread 0 of every block records the global timer where the block lets its
  * dependents launch (ev 0: in practice where the block starts) and where its PDL wait returns
  * (ev 1: the previous kernel complete; some kernels add stamps of their own stages, ev 2 and 4..7,
- * and ev 3, the block's work done: ENGINE_CU_TRACE_END), with the launch's grid id (PTX %gridid, unique per
- * launch, also inside graph replays), its block index and grid shape, into per-multiprocessor
- * slices of a buffer (engine_cuda_trace_start / _stop in trace.cu). Each translation unit has
- * its own copy of the pointer (no separate compilation): ENGINE_CU_TRACE_TU below binds it. */
+ * and ev 3, the block's work done: ENGINE_CU_TRACE_END), with the launch's grid id (PTX %gridid,
+ * unique per launch, also inside graph replays), its block index and grid shape, into
+ * per-multiprocessor slices of a buffer (engine_cuda_trace_start / _stop in trace.cu). Each
+ * translation unit has its own copy of the pointer (no separate compilation): ENGINE_CU_TRACE_TU
+ * below binds it. */
 typedef struct {
     unsigned long long t, grid;
     unsigned block, ev, gx, gy; /* ev: 0 | 1, + (blockDim.x << 8) */
@@ -106,7 +107,8 @@ __device__ __forceinline__ void engine_cu_trace_ev(unsigned ev) {
 /* At the end of each .cu file with kernels: the host-side binder of that file's pointer. */
 #define ENGINE_CU_TRACE_TU(name)                                                                   \
     extern "C" int engine_cu_trace_bind_##name(const void *p) {                                    \
-        return cudaMemcpyToSymbol(engine_cu_trace_g, p, sizeof(engine_cu_trace_ptr)) != cudaSuccess; \
+        return cudaMemcpyToSymbol(engine_cu_trace_g, p, sizeof(engine_cu_trace_ptr)) !=            \
+               cudaSuccess;                                                                        \
     }
 #define ENGINE_CU_TRACE(ev) engine_cu_trace_ev(ev)
 /* The end of a block's work (every thread of the block reaches it): a barrier, then ev 3. */
@@ -227,7 +229,8 @@ __device__ __forceinline__ void engine_cu_prefetch_l2(const uint8_t *p, size_t b
  * hold the widened ends. Older architectures: a loop of line prefetches. */
 __device__ __forceinline__ void engine_cu_prefetch_bulk(const uint8_t *p, size_t bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const uintptr_t a = (uintptr_t)p & ~(uintptr_t)15, e = ((uintptr_t)p + bytes + 15) & ~(uintptr_t)15;
+    const uintptr_t a = (uintptr_t)p & ~(uintptr_t)15,
+                    e = ((uintptr_t)p + bytes + 15) & ~(uintptr_t)15;
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"((unsigned)(e - a))
                  : "memory");
 #else

@@ -9,10 +9,12 @@ extern "C" {
 }
 
 #ifdef SPARK_CUDA_TRACE
+/* clang-format off */
 #define TRACE_TUS(X)                                                                               \
     X(att_short) X(attention) X(batch_mm) X(deltanet) X(deltanet_chunk) X(gemm) X(matvec) X(moe) \
     X(moe_fused) X(paged_att) X(prefill) X(q35_prefill) X(q35_prefill_att) X(q35_vatt)             \
     X(q35_vdelta) X(q35_verify) X(qwen35_attn) X(router_fuse) X(sample) X(step)
+/* clang-format on */
 #define TRACE_DECL(n) extern "C" int engine_cu_trace_bind_##n(const void *p);
 TRACE_TUS(TRACE_DECL)
 #undef TRACE_DECL
@@ -44,7 +46,8 @@ extern "C" int engine_cuda_trace_start(engine_cuda_trace **out, unsigned per_sm)
         cudaMalloc(&t->p.ctr, sizeof(unsigned) * (size_t)n_sm) != cudaSuccess ||
         cudaMemset(t->p.ctr, 0, sizeof(unsigned) * (size_t)n_sm) != cudaSuccess ||
         cudaDeviceSynchronize() != cudaSuccess)
-        rc = engine_err(ENGINE_ENOMEM, "cuda trace: no device memory for %u records per SM", per_sm);
+        rc =
+            engine_err(ENGINE_ENOMEM, "cuda trace: no device memory for %u records per SM", per_sm);
     if (!rc) rc = trace_bind(&t->p);
     if (rc) {
         cudaFree(t->p.rec);
@@ -68,10 +71,10 @@ extern "C" int engine_cuda_trace_stop(engine_cuda_trace *t, const char *path) {
     engine_cu_trace_rec *h = (engine_cu_trace_rec *)malloc(sizeof *h * n);
     unsigned *c = (unsigned *)malloc(sizeof *c * (size_t)t->n_sm);
     FILE *f = nullptr;
-    if (!rc && (!h || !c))
-        rc = engine_err(ENGINE_ENOMEM, "cuda trace: out of host memory");
-    if (!rc && (cudaMemcpy(h, t->p.rec, sizeof *h * n, cudaMemcpyDeviceToHost) != cudaSuccess ||
-                cudaMemcpy(c, t->p.ctr, sizeof *c * t->n_sm, cudaMemcpyDeviceToHost) != cudaSuccess))
+    if (!rc && (!h || !c)) rc = engine_err(ENGINE_ENOMEM, "cuda trace: out of host memory");
+    if (!rc &&
+        (cudaMemcpy(h, t->p.rec, sizeof *h * n, cudaMemcpyDeviceToHost) != cudaSuccess ||
+         cudaMemcpy(c, t->p.ctr, sizeof *c * t->n_sm, cudaMemcpyDeviceToHost) != cudaSuccess))
         rc = engine_err(ENGINE_EINTERNAL, "cuda trace: copying the records back failed");
     if (!rc && !(f = fopen(path, "w")))
         rc = engine_err(ENGINE_EIO, "cuda trace: cannot write %s", path);
