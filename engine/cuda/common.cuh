@@ -225,8 +225,8 @@ __device__ __forceinline__ void engine_cu_prefetch_l2(const uint8_t *p, size_t b
 
 /* Ask L2 for bytes [p, p + bytes) with one bulk prefetch (one thread; sm_90 and later: the
  * copy engine walks the lines, where prefetch.global.L2 takes an instruction per line), widened
- * to 16-byte boundaries: callers pass ranges inside device allocations, whose 512-byte granules
- * hold the widened ends. Older architectures: a loop of line prefetches. */
+ * to 16-byte boundaries: callers pass ranges inside the model's weight allocation, whose mapping
+ * ends on a page boundary. Older architectures: a loop of line prefetches. */
 __device__ __forceinline__ void engine_cu_prefetch_bulk(const uint8_t *p, size_t bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     const uintptr_t a = (uintptr_t)p & ~(uintptr_t)15,
