@@ -82,6 +82,7 @@ typedef struct {
     engine_cu_trace_rec *rec; /* [n_sm][per_sm] */
     unsigned *ctr;            /* [n_sm] */
     unsigned per_sm;
+    unsigned n_sm; /* slices; a %smid past them (ids need not be contiguous) is dropped */
 } engine_cu_trace_ptr;
 static __device__ engine_cu_trace_ptr engine_cu_trace_g;
 
@@ -93,6 +94,7 @@ __device__ __forceinline__ void engine_cu_trace_ev(unsigned ev) {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     asm volatile("mov.u64 %0, %%gridid;" : "=l"(g));
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    if (sm >= tp.n_sm) return;
     const unsigned i = atomicAdd(tp.ctr + sm, 1u);
     if (i >= tp.per_sm) return;
     engine_cu_trace_rec r;

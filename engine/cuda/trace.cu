@@ -41,6 +41,7 @@ extern "C" int engine_cuda_trace_start(engine_cuda_trace **out, unsigned per_sm)
     if (!t) return engine_err(ENGINE_ENOMEM, "cuda trace: out of memory");
     t->n_sm = n_sm;
     t->p.per_sm = per_sm;
+    t->p.n_sm = (unsigned)n_sm;
     int rc = 0;
     if (cudaMalloc(&t->p.rec, sizeof(engine_cu_trace_rec) * per_sm * (size_t)n_sm) != cudaSuccess ||
         cudaMalloc(&t->p.ctr, sizeof(unsigned) * (size_t)n_sm) != cudaSuccess ||
@@ -63,7 +64,7 @@ extern "C" int engine_cuda_trace_start(engine_cuda_trace **out, unsigned per_sm)
  * nothing: the reader sorts) to path. */
 extern "C" int engine_cuda_trace_stop(engine_cuda_trace *t, const char *path) {
     if (!t) return 0;
-    const engine_cu_trace_ptr none = {nullptr, nullptr, 0};
+    const engine_cu_trace_ptr none = {nullptr, nullptr, 0, 0};
     int rc = cudaDeviceSynchronize() != cudaSuccess
                  ? engine_err(ENGINE_EINTERNAL, "cuda trace: the traced work failed")
                  : trace_bind(&none);
