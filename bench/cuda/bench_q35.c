@@ -146,6 +146,19 @@ static int bench_mtp(engine_cuda_q35_model *gm, engine_model *m, int n_ctx, int 
     if (engine_cuda_q35_append(ms, toks, P, 0, NULL, logits) ||
         engine_cuda_q35_spec_time(ms, P, 20, &draft_us, vus))
         goto done;
+    /* SPARK_BENCH_TRACE_MTP=FILE (a -DSPARK_CUDA_TRACE=ON build): the launch timeline of one
+     * more timing round (a draft step, then verify passes of m = 1..5, each after a warm-up
+     * replay): bench/cuda/trace_summary.py FILE --all */
+    if (getenv("SPARK_BENCH_TRACE_MTP")) {
+        engine_cuda_trace *tr = NULL;
+        double d1 = 0, v1[ENGINE_CUDA_Q35_VMAX + 1];
+        if (engine_cuda_trace_start(&tr, 1u << 16) ||
+            engine_cuda_q35_spec_time(ms, P, 1, &d1, v1) ||
+            engine_cuda_trace_stop(tr, getenv("SPARK_BENCH_TRACE_MTP")))
+            printf("trace: %s\n", engine_error_last());
+        else
+            printf("trace: the MTP timing round written to %s\n", getenv("SPARK_BENCH_TRACE_MTP"));
+    }
     printf("MTP, SPARK_CUDA_MTP_FUSED=%s (at position %d): plain step %.0f us (graph loop "
            "above); draft step %.0f us (%.3f x plain)\n",
            label, P, plain_us, draft_us, draft_us / plain_us);

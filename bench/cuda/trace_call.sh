@@ -2,7 +2,9 @@
 # A device call that only records launch timelines (no default build, no tests): the
 # -DSPARK_CUDA_TRACE=ON engine build with bench_q35 / bench_decode, the full Qwen3.5-35B-A3B and
 # Qwen3-30B-A3B Q4_K_M models generated meanwhile, 4 traced decode steps of each
-# (SPARK_BENCH_TRACE) summarised by bench/cuda/trace_summary.py, then EXTRA (bash) if given.
+# (SPARK_BENCH_TRACE) summarised by bench/cuda/trace_summary.py, Qwen3.5's MTP timing round
+# (SPARK_BENCH_TRACE_MTP: a draft step and verify passes of 1..5 tokens, every launch in order,
+# $OUT/sum-mtp.txt.gz), then EXTRA (bash) if given.
 # Usage (device tool, carry [".tok", ".clean"]): cd .clean && ln -sfn ../.tok .tok &&
 #        bash bench/cuda/trace_call.sh [EXTRA]
 OUT=${OUT:-/tmp/out}
@@ -31,10 +33,14 @@ done
 wait
 stamp "models: $(ls /tmp/*.gguf | tr '\n' ' ')"
 export SPARK_TOKENIZER_DIR=$TOK
-SPARK_BENCH_TRACE=$OUT/tr-q35.txt timeout 120 $BT/bench_q35 /tmp/q35full.gguf -n 32 -r 1 >$L/tq35.log 2>&1
+SPARK_BENCH_TRACE=$OUT/tr-q35.txt SPARK_BENCH_TRACE_MTP=/tmp/tr-mtp.txt timeout 150 \
+    $BT/bench_q35 /tmp/q35full.gguf -n 32 -r 1 >$L/tq35.log 2>&1
 stamp "traced q35 rc=$?"; grep -E "^trace|tg32" $L/tq35.log
 python3 bench/cuda/trace_summary.py $OUT/tr-q35.txt --steps >$OUT/sum-q35.txt
 sed -n 5,22p $OUT/sum-q35.txt
+# the MTP timing round (draft, verify m = 1..5): every launch in order (the raw file is large)
+[ -f /tmp/tr-mtp.txt ] && python3 bench/cuda/trace_summary.py /tmp/tr-mtp.txt --all |
+    gzip >$OUT/sum-mtp.txt.gz && rm -f /tmp/tr-mtp.txt
 SPARK_BENCH_TRACE=$OUT/tr-q3.txt timeout 120 $BT/bench_decode /tmp/q3full.gguf -n 32 -r 1 -a 0 >$L/tq3.log 2>&1
 stamp "traced q3 rc=$?"; grep -E "^trace|tg32" $L/tq3.log
 python3 bench/cuda/trace_summary.py $OUT/tr-q3.txt --steps >$OUT/sum-q3.txt

@@ -15,7 +15,11 @@ first launch of one block). For each launch:
   e3    = the last block's work done (ev 3: matvec, MoE up/down blocks) - first wait return
   e2, e4..e6 = the mean block's stage stamps (kernel-specific; moe_dev.cuh, matvec_dev.cuh)
           - first wait return
-Usage: trace_summary.py FILE [--steps] (the ordered list of one step, else per launch shape)."""
+Usage: trace_summary.py FILE [--steps] (the ordered list of one step, else per launch shape)
+       trace_summary.py FILE --all: every launch of the file in time order (no steps: for
+       traces without one embedding launch per step, such as MTP draft and verify passes);
+       a graph node replayed keeps its grid id, so a grid id's records more than 150 us after
+       the first of its launch start another launch (a launch longer than that is split)."""
 import collections
 import sys
 
@@ -24,8 +28,48 @@ STAGES = (4, 5, 2, 6, 3)
 FIELDS = ("gap", "early", "late", "spread") + tuple("e%d" % e for e in STAGES)
 
 
+def all_launches(path):
+    recs = []
+    for line in open(path):
+        t, grid, blk, ev, gx, gy, sm = map(int, line.split())
+        recs.append((t, grid, ev, gx, gy))
+    recs.sort()
+    live, out = {}, []
+    for t, grid, ev, gx, gy in recs:
+        x = live.get(grid)
+        if x is None or t - x["first"] > 150000:
+            x = live[grid] = {"shape": (gx, gy, ev >> 8), "s": [], "w": [],
+                              "st": collections.defaultdict(list), "first": t}
+            out.append(x)
+        e = ev & 0xFF
+        (x["s"] if e == 0 else x["w"] if e == 1 else x["st"][e]).append(t)
+    for x in out:
+        x["key"] = x["w"][0] if x["w"] else x["s"][0] if x["s"] else x["first"]
+    out.sort(key=lambda x: x["key"])
+    print("%d launches" % len(out))
+    print("%6s %10s %18s %6s" % ("i", "t, us", "grid x,y,threads", "blocks") +
+          "".join("%7s" % f for f in FIELDS))
+    for i, x in enumerate(out):
+        nxt = out[i + 1]["key"] if i + 1 < len(out) else None
+        w0 = x["key"]
+        s0 = x["s"][0] if x["s"] else w0
+        s1 = x["s"][-1] if x["s"] else w0
+        w1 = x["w"][-1] if x["w"] else w0
+        f = [(nxt - w0) / 1e3 if nxt else float("nan"), (w0 - s0) / 1e3, (s1 - w0) / 1e3,
+             (w1 - w0) / 1e3]
+        for e in STAGES:
+            v = x["st"].get(e)
+            f.append(((max(v) if e == 3 else sum(v) / len(v)) - w0) / 1e3 if v else float("nan"))
+        print("%6d %10.1f %18s %6d" % (i, (w0 - out[0]["key"]) / 1e3, "%d,%d,%d" % x["shape"],
+                                       max(len(x["s"]), len(x["w"]))) +
+              "".join("%7.2f" % v for v in f))
+
+
 def main():
     path = sys.argv[1]
+    if "--all" in sys.argv:
+        all_launches(path)
+        return
     recs = []
     for line in open(path):
         t, grid, blk, ev, gx, gy, sm = map(int, line.split())
