@@ -128,6 +128,12 @@ int engine_cuda_op_moe(engine_type type, int n_expert, int k, bool norm_topk, in
                        size_t row_bytes_in, size_t row_bytes_ff, const float *norm_w, float eps,
                        float *x, int32_t *ids, float *weights);
 
+/* The routing of the MoE up launch's warp on n (<= 256) router logits, top k: flags 0 the warp
+ * reductions' top-k (the default), 1 the shuffles' (SPARK_CUDA_ROUTE=shfl), 4 route_fast
+ * (SPARK_CUDA_ROUTE=fast). ids / weights receive the k picks in order. */
+int engine_cuda_op_route(const float *logits, int n, int k, bool norm_topk, int flags, int32_t *ids,
+                         float *weights);
+
 /* The MoE block in one launch (engine/cuda/moe_fused.cuh) against the unfused up + down pair on
  * the same inputs: gate/up of up_type (rb_in bytes a row), down of down_type (rb_ff), x
  * (n_embd; x_add != NULL: the router fusion, the block's input x + x_add and router the raw

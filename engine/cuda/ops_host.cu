@@ -278,6 +278,22 @@ extern "C" int engine_cuda_op_moe(engine_type type, int n_expert, int k, bool no
     return a.get(weights, dw, sizeof(float) * k);
 }
 
+extern "C" int engine_cuda_op_route(const float *logits, int n, int k, bool norm_topk, int flags,
+                                    int32_t *ids, float *weights) {
+    int rc = engine_cuda_usable();
+    if (rc) return rc;
+    if (n < 1 || n > ENGINE_CU_MAX_EXPERT || k < 1 || k > n || k > ENGINE_CU_MAX_EXPERT_USED)
+        return engine_err(ENGINE_EINVAL, "route: %d of %d logits", k, n);
+    dev_arena a;
+    const float *dl = a.put<float>(logits, sizeof(float) * (size_t)n);
+    int32_t *di = a.put<int32_t>(nullptr, sizeof(int32_t) * (size_t)k);
+    float *dw = a.put<float>(nullptr, sizeof(float) * (size_t)k);
+    if (a.rc) return a.rc;
+    engine_cu_route_test(dl, n, k, norm_topk, flags, di, dw, 0);
+    if ((rc = a.get(ids, di, sizeof(int32_t) * (size_t)k))) return rc;
+    return a.get(weights, dw, sizeof(float) * (size_t)k);
+}
+
 extern "C" int engine_cuda_op_sample(const float *logits, int n, float temperature, uint64_t seed,
                                      int32_t step, int32_t *out) {
     int rc = engine_cuda_usable();

@@ -487,6 +487,59 @@ static void test_moe_type(engine_type t, int n_expert, int k, int n_embd, int n_
     free(nw), free(row), free(h), free(ref), free(mag), free(hf);
 }
 
+/* The routing warp's three top-k forms (engine/cuda/moe_dev.cuh: the warp reductions' route, the
+ * default; the shuffles' (SPARK_CUDA_ROUTE=shfl); route_fast (SPARK_CUDA_ROUTE=fast)) on random
+ * logits, on logits with many exact ties, and with a few -inf and NaN among them (fewer than
+ * n - k, where the forms are defined alike): the same ids and weights bit for bit; on the
+ * random logits also the CPU's ids, weights within 1e-6. */
+static void test_route(void) {
+    static const int ns[] = {8, 60, 128, 256}, ks[] = {1, 2, 8};
+    static const int flags[3] = {0, 1, 4};
+    float *l = malloc(sizeof(float) * 256), *probs = malloc(sizeof(float) * 256);
+    int cases = 0;
+    for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
+        for (size_t b = 0; b < sizeof ks / sizeof ks[0]; b++)
+            for (int c = 0; c < 3; c++)
+                for (int norm = 0; norm < 2; norm++) {
+                    const int n = ns[a], k = ks[b];
+                    if (k > n) continue;
+                    for (int i = 0; i < n; i++)
+                        l[i] = c == 0 ? 3.0f * frand() : 0.25f * (float)(int)(4.0f * frand());
+                    if (c == 2 && n - k >= 4) {
+                        l[1] = -INFINITY;
+                        l[n - 1] = NAN;
+                        l[n / 2] = -INFINITY;
+                    }
+                    int32_t ids[3][16];
+                    float w[3][16];
+                    int rc = 0;
+                    for (int f = 0; f < 3 && !rc; f++)
+                        rc = engine_cuda_op_route(l, n, k, norm, flags[f], ids[f], w[f]);
+                    CHECK(rc == 0, "route n %d k %d: %s", n, k, engine_error_last());
+                    if (rc) continue;
+                    for (int f = 1; f < 3; f++)
+                        CHECK(!memcmp(ids[f], ids[0], sizeof(int32_t) * k) &&
+                                  !memcmp(w[f], w[0], sizeof(float) * k),
+                              "route n %d k %d case %d norm %d: flags %d differ from the default "
+                              "(slot 0: %d %.9g against %d %.9g)",
+                              n, k, c, norm, flags[f], ids[f][0], w[f][0], ids[0][0], w[0][0]);
+                    if (c == 0) {
+                        int32_t ci[16];
+                        float cw[16];
+                        engine_cpu_moe_route(l, n, k, norm, ci, cw, probs);
+                        for (int j = 0; j < k; j++)
+                            CHECK(ci[j] == ids[0][j] && fabsf(cw[j] - w[0][j]) <= 1e-6f,
+                                  "route n %d k %d slot %d: %d %.9g, cpu %d %.9g", n, k, j,
+                                  ids[0][j], w[0][j], ci[j], cw[j]);
+                    }
+                    cases++;
+                }
+    printf("route: %d cases, shuffles and route_fast bit for bit the warp reductions' top-k\n",
+           cases);
+    free(l);
+    free(probs);
+}
+
 static void test_moe(void) {
     test_moe_type(ENGINE_TYPE_Q4_K, 16, 8, 2048, 768); /* the 30B-A3B expert shape */
     test_moe_type(ENGINE_TYPE_Q6_K, 32, 8, 512, 256);
@@ -658,6 +711,7 @@ int main(int argc, char **argv) {
     test_matvec();
     test_head_repack();
     test_attention();
+    test_route();
     test_moe();
     test_moe_fused();
     test_sample();
