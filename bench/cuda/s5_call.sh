@@ -7,6 +7,8 @@
 # Usage (device tool, carry [".tok", ".clean"]): cd .clean && ln -sfn ../.tok .tok &&
 #        [Q3_LAYERS=12] [Q35_LAYERS=8] [LIMIT_S=N] bash bench/cuda/s5_call.sh PLAN
 #   LIMIT_S: a step that would start after N seconds is skipped (said on stdout)
+#   TRACE=1: the build is -DSPARK_CUDA_TRACE=ON (launch timelines; its kernels are slower) and
+#   builds no gpu tests: for bench/cuda/trace.plan
 # Plan functions:
 #   t NAME TIMEOUT [VAR=VALUE...] TEST [ARGS...]   a gpu test binary (tests/engine/TEST)
 #   dec NAME TIMEOUT MODEL [bench_decode args...]    MODEL: q3 (the Qwen3 cut), q3full, q3q8
@@ -31,7 +33,8 @@ trap finish EXIT
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 echo "# commit $(cat COMMIT 2>/dev/null || echo '?')"
 cmake -S . -B $B -G Ninja -DSPARK_ENGINE_ONLY=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-    -DCMAKE_BUILD_TYPE=Release -DSPARK_WERROR=ON -DSPARK_TOKENIZER_DIR=$TOK >$L/cfg.log 2>&1 ||
+    -DCMAKE_BUILD_TYPE=Release -DSPARK_WERROR=ON -DSPARK_TOKENIZER_DIR=$TOK \
+    -DSPARK_CUDA_TRACE=$([ "${TRACE:-0}" = 1 ] && echo ON || echo OFF) >$L/cfg.log 2>&1 ||
     { tail -30 $L/cfg.log; exit 1; }
 ninja -C $B spark-agent >$L/build.log 2>&1 || { grep -B2 -A12 -m3 error $L/build.log; exit 1; }
 G=$B/spark-agent
@@ -57,7 +60,8 @@ waitm() {
     [ -f ${MP[$1]}.done ] || { echo "no model $1: $(tail -2 $L/gen-$1.log)"; return 1; }
 }
 GPU_TESTS=$(cd $B && ctest -N -L gpu | awk '/Test +#/ {print $3}')
-ninja -C $B $GPU_TESTS >>$L/build.log 2>&1 || { grep -B2 -A12 -m3 error $L/build.log; exit 1; }
+[ "${TRACE:-0}" = 1 ] || ninja -C $B $GPU_TESTS >>$L/build.log 2>&1 ||
+    { grep -B2 -A12 -m3 error $L/build.log; exit 1; }
 for b in bench_decode bench_q35; do
     cc -O2 -std=c17 -D_GNU_SOURCE -Iengine -c bench/cuda/$b.c -o $B/$b.o &&
         nvcc -o $B/$b $B/$b.o $B/engine/libengine.a -lpthread -lm || exit 1

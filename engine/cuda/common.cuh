@@ -225,10 +225,17 @@ __device__ __forceinline__ void engine_cu_prefetch_l2(const uint8_t *p, size_t b
         asm volatile("prefetch.global.L2 [%0];" ::"l"(o));
 }
 
+/* Ask L2 for the `bytes` bytes from p, every 128-byte line of them (one thread). */
+__device__ __forceinline__ void engine_cu_prefetch_rows(const uint8_t *p, size_t bytes) {
+    const uintptr_t end = (uintptr_t)p + bytes;
+    for (uintptr_t o = (uintptr_t)p & ~(uintptr_t)127; o < end; o += 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(o));
+}
+
 /* Ask L2 for bytes [p, p + bytes) with one bulk prefetch (one thread; sm_90 and later: the
  * copy engine walks the lines, where prefetch.global.L2 takes an instruction per line), widened
  * to 16-byte boundaries: callers pass ranges inside the model's weight allocation, whose mapping
- * ends on a page boundary. Older architectures: a loop of line prefetches. */
+ * ends on a page boundary. Older architectures: engine_cu_prefetch_rows. */
 __device__ __forceinline__ void engine_cu_prefetch_bulk(const uint8_t *p, size_t bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     const uintptr_t a = (uintptr_t)p & ~(uintptr_t)15,
@@ -236,17 +243,8 @@ __device__ __forceinline__ void engine_cu_prefetch_bulk(const uint8_t *p, size_t
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"((unsigned)(e - a))
                  : "memory");
 #else
-    const uintptr_t end = (uintptr_t)p + bytes;
-    for (uintptr_t o = (uintptr_t)p & ~(uintptr_t)127; o < end; o += 128)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(o));
+    engine_cu_prefetch_rows(p, bytes);
 #endif
-}
-
-/* Ask L2 for the `bytes` bytes from p, every 128-byte line of them (one thread). */
-__device__ __forceinline__ void engine_cu_prefetch_rows(const uint8_t *p, size_t bytes) {
-    const uintptr_t end = (uintptr_t)p + bytes;
-    for (uintptr_t o = (uintptr_t)p & ~(uintptr_t)127; o < end; o += 128)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(o));
 }
 
 /* Bring the 128-byte lines of p[0, bytes) into this multiprocessor's L1 (and L2) before they
