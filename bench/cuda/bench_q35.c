@@ -152,7 +152,7 @@ static int bench_mtp(engine_cuda_q35_model *gm, engine_model *m, int n_ctx, int 
     if (getenv("SPARK_BENCH_TRACE_MTP")) {
         engine_cuda_trace *tr = NULL;
         double d1 = 0, v1[ENGINE_CUDA_Q35_VMAX + 1];
-        if (engine_cuda_trace_start(&tr, 1u << 16) ||
+        if (engine_cuda_trace_start(&tr, 1u << 18) ||
             engine_cuda_q35_spec_time(ms, P, 1, &d1, v1) ||
             engine_cuda_trace_stop(tr, getenv("SPARK_BENCH_TRACE_MTP")))
             printf("trace: %s\n", engine_error_last());
@@ -443,7 +443,7 @@ int main(int argc, char **argv) {
     if (getenv("SPARK_BENCH_TRACE") && depth + n_gen + 16 + 4 < n_ctx) {
         engine_cuda_trace *tr = NULL;
         int32_t o4[4];
-        if (engine_cuda_trace_start(&tr, 1u << 16) ||
+        if (engine_cuda_trace_start(&tr, 1u << 18) ||
             engine_cuda_q35_generate(gs, out[n_gen - 1], depth + n_gen + 16, 4, 0.0f, 0, o4) ||
             engine_cuda_trace_stop(tr, getenv("SPARK_BENCH_TRACE")))
             printf("trace: %s\n", engine_error_last());
