@@ -64,66 +64,112 @@ __global__ void __launch_bounds__(EARLY ? 256 : VD_MAX_DK / VD_ROWS * 32, EARLY 
     const int c = c0 + lane, r0 = wi * VD_ROWS;
     float *S = a.state + (size_t)h * dk * dv;
     float s[VD_ROWS];
+    /* 1a's operands: this thread's channels u = tid + j nt (j < 2: per <= 2 nt as dk >= 16),
+     * each in registers at compile-time indices: its conv weights right-aligned (cw[KM - K + i]
+     * = w[i]), the inputs of the K - 1 positions before the pass (xw[KM - 1 - d]: position
+     * p0 - 1 - d; a window that slides token by token) and the m tokens' inputs (xt[t]) */
+    constexpr int KM = ENGINE_CU_DELTA_MAX_CONV;
+    float cw[2][KM], xw[2][KM], xt[2][ENGINE_CU_VMAX];
+    int ch[2];
+    bool own[2];
+    float *dst[2];
+    int dst_t[2]; /* floats from token t's output to t + 1's */
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        const int u = tid + j * nt;
+        if (u < dk)
+            ch[j] = kh * dk + u, own[j] = owner, dst[j] = sq + u, dst_t[j] = dk;
+        else if (u < 2 * dk)
+            ch[j] = nk * dk + kh * dk + (u - dk), own[j] = owner, dst[j] = sk + (u - dk),
+            dst_t[j] = dk;
+        else
+            ch[j] = 2 * nk * dk + h * dv + c0 + (u - 2 * dk), own[j] = true,
+            dst[j] = &sv[0][0] + (u - 2 * dk), dst_t[j] = VD_COLS;
+        if (u >= per) ch[j] = -1;
+    }
+    int32_t p0 = 0;
+    /* The conv weights and the ring inputs: before the wait with EARLY (no kernel of a verify
+     * pass writes the ring before its DeltaNet steps: the previous pass and the restore are
+     * finished graphs; the position as for "dn"'s first token, see q35_mtp_host.cuh) */
+    auto load_conv = [&]() {
+        p0 = *a.pos;
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+#pragma unroll
+            for (int i = 0; i < KM; i++) {
+                const int d = KM - 1 - i, p = p0 - 1 - d;
+                const bool in = ch[j] >= 0 && i >= KM - K;
+                cw[j][i] = in ? a.conv_w[(size_t)ch[j] * K + (i - (KM - K))] : 0.0f;
+                xw[j][i] = ch[j] >= 0 && d < K - 1 ? a.ring[(size_t)ch[j] * K + ((p % K) + K) % K]
+                                                    : 0.0f;
+            }
+        }
+    };
     engine_cu_pdl_launch();
     if constexpr (EARLY) {
 #pragma unroll
         for (int i = 0; i < VD_ROWS; i++)
             s[i] = S[(size_t)(r0 + i) * dv + c];
-        for (int e = tid; e < per; e += nt) { /* the block's conv weights and ring rows: L2 */
-            const int ch = e < dk       ? kh * dk + e
-                           : e < 2 * dk ? nk * dk + kh * dk + (e - dk)
-                                        : 2 * nk * dk + h * dv + c0 + (e - 2 * dk);
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(a.conv_w + (size_t)ch * K));
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(a.ring + (size_t)ch * K));
-        }
+        load_conv();
     } else if (lane < VD_ROWS) {
         asm volatile("prefetch.global.L2 [%0];" ::"l"(S + (size_t)(r0 + lane) * dv + c0));
     }
     engine_cu_pdl_wait();
-    const int32_t p0 = *a.pos;
+    if constexpr (!EARLY) load_conv();
     const size_t qs = va.qkv_stride;
+    /* every input of the pass in one round trip: the tokens' channels, g / beta operands and
+     * (EARLY, warp 0) z of the block's columns */
+    float be = 0.0f, al = 0.0f, zr[ENGINE_CU_VMAX];
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+#pragma unroll
+        for (int t = 0; t < ENGINE_CU_VMAX; t++)
+            xt[j][t] = ch[j] >= 0 && t < m ? a.qkv[(size_t)t * qs + ch[j]] : 0.0f;
+    if (tid < m) {
+        be = a.beta[(size_t)tid * va.ba_stride + h];
+        al = a.alpha[(size_t)tid * va.ba_stride + h];
+    }
+#pragma unroll
+    for (int t = 0; t < ENGINE_CU_VMAX; t++)
+        zr[t] = EARLY && wi == 0 && t < m ? a.z[(size_t)t * va.z_stride + (size_t)h * dv + c]
+                                          : 0.0f;
 
-    /* 1a. conv + SiLU of every token's channels of this block */
-    for (int e = tid; e < m * per; e += nt) {
-        const int t = e / per, u = e - t * per, pos = p0 + t;
-        int ch;
-        bool own;
-        float *dst;
-        if (u < dk) {
-            ch = kh * dk + u, own = owner, dst = sq + (size_t)t * dk + u;
-        } else if (u < 2 * dk) {
-            ch = nk * dk + kh * dk + (u - dk), own = owner, dst = sk + (size_t)t * dk + (u - dk);
-        } else {
-            ch = 2 * nk * dk + h * dv + c0 + (u - 2 * dk), own = true, dst = &sv[t][u - 2 * dk];
-        }
-        const float xin = a.qkv[(size_t)t * qs + ch];
-        const float *w = a.conv_w + (size_t)ch * K;
-        const float *ring = a.ring + (size_t)ch * K;
-        float y = w[K - 1] * xin;
-        for (int i = 0; i < K - 1; i++) {
-            const int p = pos - (K - 1) + i;
-            const float x = p >= p0 ? a.qkv[(size_t)(p - p0) * qs + ch] : ring[((p % K) + K) % K];
-            y += w[i] * x;
-        }
-        *dst = engine_cu_dn_silu(y);
-        if (own && m == 1) /* no other block reads slot pos % K of this token */
-            a.ring[(size_t)ch * K + pos % K] = xin;
-        if (own && a.snap_ring && (pos + 1) % a.snap_every == 0) {
-            /* the ring after this token: slot i holds the latest position = i mod K */
-            float *snap = a.snap_ring +
-                          (size_t)(((pos + 1) / a.snap_every) % a.n_snap) * a.snap_stride +
-                          (size_t)ch * K;
-            for (int i = 0; i < K; i++) {
-                const int q = pos - (((pos - i) % K) + K) % K;
-                snap[i] = q >= p0 ? a.qkv[(size_t)(q - p0) * qs + ch] : ring[i];
+    /* 1a. conv + SiLU of every token of this thread's channels, from registers (the window
+     * slides by one position a token); each token's ring as the decode step leaves it to its
+     * snapshot slot by the channel's owner */
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        if (ch[j] < 0) continue;
+#pragma unroll
+        for (int t = 0; t < ENGINE_CU_VMAX; t++) {
+            if (t >= m) continue;
+            const int pos = p0 + t;
+            const float xin = xt[j][t];
+            float y = cw[j][KM - 1] * xin;
+#pragma unroll
+            for (int i = 0; i < KM - 1; i++) /* w[i] x[pos - (K - 1) + i], i < K - 1 */
+                if (i >= KM - K) y += cw[j][i] * xw[j][i + 1];
+#pragma unroll
+            for (int i = 0; i < KM - 1; i++)
+                xw[j][i] = xw[j][i + 1];
+            xw[j][KM - 1] = xin; /* now xw[KM - 1 - d]: position pos - d */
+            dst[j][(size_t)t * dst_t[j]] = engine_cu_dn_silu(y);
+            if (own[j] && m == 1) /* no other block reads slot pos % K of this token */
+                a.ring[(size_t)ch[j] * K + pos % K] = xin;
+            if (own[j] && a.snap_ring && (pos + 1) % a.snap_every == 0) {
+                /* the ring after this token: slot i holds the latest position = i mod K */
+                float *snap = a.snap_ring +
+                              (size_t)(((pos + 1) / a.snap_every) % a.n_snap) * a.snap_stride +
+                              (size_t)ch[j] * K;
+#pragma unroll
+                for (int d = 0; d < KM; d++)
+                    if (d < K) snap[((pos - d) % K + K) % K] = xw[j][KM - 1 - d];
             }
         }
     }
     if (tid < m) {
-        const float b = a.beta[(size_t)tid * va.ba_stride + h];
-        const float al = a.alpha[(size_t)tid * va.ba_stride + h];
         gb[tid][0] = expf(a.a[h] * engine_cu_dn_softplus(al + a.dt_bias[h]));
-        gb[tid][1] = 1.0f / (1.0f + expf(-b));
+        gb[tid][1] = 1.0f / (1.0f + expf(-be));
     }
     __syncthreads();
     /* 1b. l2norm of q (times 1 / sqrt(dk)) and k of every token */
@@ -265,7 +311,7 @@ __global__ void __launch_bounds__(EARLY ? 256 : VD_MAX_DK / VD_ROWS * 32, EARLY 
                 for (unsigned j = 0; j < gridDim.y; j++)
                     ss += cl.map_shared_rank(ssq_mine, j)[t];
                 const float scale = 1.0f / sqrtf(ss / (float)dv + a.eps);
-                const float ze = a.z[(size_t)t * va.z_stride + (size_t)h * dv + c];
+                const float ze = zr[t];
                 const float y = nwe * (o_t[t] * scale);
                 a.out[(size_t)t * va.out_stride + (size_t)h * dv + c] =
                     y * (ze / (1.0f + expf(-ze)));
