@@ -128,9 +128,10 @@ struct q35_spec {
      Q35M_FUSED_SPLIT | Q35M_FUSED_H3 | Q35M_FUSED_H4)
 
 /* Whether a pass of m tokens runs its DeltaNet steps as one launch (q35_vdelta.cu): "delta",
- * or "dearly" from two tokens on. */
-static bool q35m_vdelta_on(const q35_spec *sp, int m) {
-    return (sp->fused & Q35M_FUSED_DELTA) && !((sp->fused & Q35M_FUSED_DEARLY) && m == 1);
+ * or "dearly" from two tokens on, for conv widths K the launch takes. */
+static bool q35m_vdelta_on(const q35_spec *sp, int m, int K) {
+    return (sp->fused & Q35M_FUSED_DELTA) && !((sp->fused & Q35M_FUSED_DEARLY) && m == 1) &&
+           engine_cu_vdelta_ok(K);
 }
 
 /* SPARK_CUDA_MTP_FUSED (read when a session first turns MTP on): unset or empty: the default
@@ -623,7 +624,7 @@ static void q35m_deltanet(engine_cuda_q35_session *s, const q35_cl *ly, float ep
     }
     if (zf) cudaStreamWaitEvent(st, s->ev_join, 0); /* the step reads z */
     const bool step = q35m_run(sp, Q35M_DIAG_DN_STEP);
-    const bool vd = q35m_vdelta_on(sp, ps->m);
+    const bool vd = q35m_vdelta_on(sp, ps->m, d->K);
     if (step && vd) { /* verify passes only: consecutive positions */
         engine_cu_vdelta a;
         a.d = q35_delta_args(s, ly, eps);
@@ -1010,7 +1011,7 @@ static void q35m_enqueue_verify(engine_cuda_q35_session *s, int m) {
             q35m_deltanet(s, ly, eps, &ps);
         q35m_moe(s, ly, eps, m);
     }
-    if (q35m_vdelta_on(sp, m) && cm->n_lin > 0 && q35m_run(sp, Q35M_DIAG_RING))
+    if (q35m_vdelta_on(sp, m, cm->d.K) && cm->n_lin > 0 && q35m_run(sp, Q35M_DIAG_RING))
         engine_cu_vring_commit(sp->vsnap, s->snap_stride, s->ring, s->ring_per * (size_t)cm->n_lin,
                                &sp->vstep[m - 1].pos, ENGINE_CU_VMAX, st); /* the rings after it */
     const bool argmax = q35m_run(sp, Q35M_DIAG_ARGMAX), feed = q35m_run(sp, Q35M_DIAG_FEED);

@@ -23,6 +23,7 @@
 #define VD_ROWS 16 /* state rows a thread keeps in registers (deltanet.cu's DN_ROWS) */
 #define VD_COLS 32 /* state columns of a block (deltanet.cu's DN_COLS) */
 #define VD_MAX_DK 512
+#define VD_MAX_CONV 4 /* conv widths of this launch (engine_cu_vdelta_ok); wider: per token */
 
 /* This thread's parts of token t's sums of squares of q and k (the decode step's loop). */
 __device__ __forceinline__ void vd_l2_parts(const float *sq, const float *sk, int t, int dk,
@@ -64,106 +65,82 @@ __global__ void __launch_bounds__(EARLY ? 256 : VD_MAX_DK / VD_ROWS * 32, EARLY 
     const int c = c0 + lane, r0 = wi * VD_ROWS;
     float *S = a.state + (size_t)h * dk * dv;
     float s[VD_ROWS];
-    /* 1a's operands: this thread's channels u = tid + j nt (j < 2: per <= 2 nt as dk >= 16),
-     * each in registers at compile-time indices: its conv weights right-aligned (cw[KM - K + i]
-     * = w[i]), the inputs of the K - 1 positions before the pass (xw[KM - 1 - d]: position
-     * p0 - 1 - d; a window that slides token by token) and the m tokens' inputs (xt[t]) */
-    constexpr int KM = ENGINE_CU_DELTA_MAX_CONV;
-    float cw[2][KM], xw[2][KM], xt[2][ENGINE_CU_VMAX];
-    int ch[2];
-    bool own[2];
-    float *dst[2];
-    int dst_t[2]; /* floats from token t's output to t + 1's */
-#pragma unroll
-    for (int j = 0; j < 2; j++) {
-        const int u = tid + j * nt;
-        if (u < dk)
-            ch[j] = kh * dk + u, own[j] = owner, dst[j] = sq + u, dst_t[j] = dk;
-        else if (u < 2 * dk)
-            ch[j] = nk * dk + kh * dk + (u - dk), own[j] = owner, dst[j] = sk + (u - dk),
-            dst_t[j] = dk;
-        else
-            ch[j] = 2 * nk * dk + h * dv + c0 + (u - 2 * dk), own[j] = true,
-            dst[j] = &sv[0][0] + (u - 2 * dk), dst_t[j] = VD_COLS;
-        if (u >= per) ch[j] = -1;
-    }
-    int32_t p0 = 0;
-    /* The conv weights and the ring inputs: before the wait with EARLY (no kernel of a verify
-     * pass writes the ring before its DeltaNet steps: the previous pass and the restore are
-     * finished graphs; the position as for "dn"'s first token, see q35_mtp_host.cuh) */
-    auto load_conv = [&]() {
-        p0 = *a.pos;
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-#pragma unroll
-            for (int i = 0; i < KM; i++) {
-                const int d = KM - 1 - i, p = p0 - 1 - d;
-                const bool in = ch[j] >= 0 && i >= KM - K;
-                cw[j][i] = in ? a.conv_w[(size_t)ch[j] * K + (i - (KM - K))] : 0.0f;
-                xw[j][i] = ch[j] >= 0 && d < K - 1 ? a.ring[(size_t)ch[j] * K + ((p % K) + K) % K]
-                                                    : 0.0f;
-            }
-        }
-    };
     engine_cu_pdl_launch();
     if constexpr (EARLY) {
 #pragma unroll
         for (int i = 0; i < VD_ROWS; i++)
             s[i] = S[(size_t)(r0 + i) * dv + c];
-        load_conv();
+        for (int e = tid; e < per; e += nt) { /* the block's conv weights and ring rows: L2 */
+            const int ch = e < dk       ? kh * dk + e
+                           : e < 2 * dk ? nk * dk + kh * dk + (e - dk)
+                                        : 2 * nk * dk + h * dv + c0 + (e - 2 * dk);
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(a.conv_w + (size_t)ch * K));
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(a.ring + (size_t)ch * K));
+        }
     } else if (lane < VD_ROWS) {
         asm volatile("prefetch.global.L2 [%0];" ::"l"(S + (size_t)(r0 + lane) * dv + c0));
     }
     engine_cu_pdl_wait();
-    if constexpr (!EARLY) load_conv();
+    const int32_t p0 = *a.pos;
     const size_t qs = va.qkv_stride;
-    /* every input of the pass in one round trip: the tokens' channels, g / beta operands and
-     * (EARLY, warp 0) z of the block's columns */
-    float be = 0.0f, al = 0.0f, zr[ENGINE_CU_VMAX];
-#pragma unroll
-    for (int j = 0; j < 2; j++)
-#pragma unroll
-        for (int t = 0; t < ENGINE_CU_VMAX; t++)
-            xt[j][t] = ch[j] >= 0 && t < m ? a.qkv[(size_t)t * qs + ch[j]] : 0.0f;
+    float be = 0.0f, al = 0.0f;
     if (tid < m) {
         be = a.beta[(size_t)tid * va.ba_stride + h];
         al = a.alpha[(size_t)tid * va.ba_stride + h];
     }
-#pragma unroll
-    for (int t = 0; t < ENGINE_CU_VMAX; t++)
-        zr[t] = EARLY && wi == 0 && t < m ? a.z[(size_t)t * va.z_stride + (size_t)h * dv + c]
-                                          : 0.0f;
 
-    /* 1a. conv + SiLU of every token of this thread's channels, from registers (the window
-     * slides by one position a token); each token's ring as the decode step leaves it to its
-     * snapshot slot by the channel's owner */
+    /* 1a. conv + SiLU of every token of this thread's channels (u = tid, tid + nt, ... of the
+     * block's per), each channel's operands in registers at compile-time indices, loaded at
+     * once: its conv weights right-aligned (cw[VD_MAX_CONV - K + i] = w[i]), the inputs of the
+     * K - 1 positions before the pass (xw[VD_MAX_CONV - 1 - d]: position p0 - 1 - d; a window
+     * that slides by one position a token) and the m tokens' inputs (xt[t]); each token's ring
+     * as the decode step leaves it to its snapshot slot by the channel's owner */
+    constexpr int KM = VD_MAX_CONV;
+#pragma unroll 1
+    for (int u = tid; u < per; u += nt) {
+        int ch, dst_t;
+        bool own;
+        float *dst;
+        if (u < dk)
+            ch = kh * dk + u, own = owner, dst = sq + u, dst_t = dk;
+        else if (u < 2 * dk)
+            ch = nk * dk + kh * dk + (u - dk), own = owner, dst = sk + (u - dk), dst_t = dk;
+        else
+            ch = 2 * nk * dk + h * dv + c0 + (u - 2 * dk), own = true,
+            dst = &sv[0][0] + (u - 2 * dk), dst_t = VD_COLS;
+        float cw[KM], xw[KM], xt[ENGINE_CU_VMAX];
 #pragma unroll
-    for (int j = 0; j < 2; j++) {
-        if (ch[j] < 0) continue;
+        for (int i = 0; i < KM; i++) {
+            const int d = KM - 1 - i, p = p0 - 1 - d;
+            cw[i] = i >= KM - K ? a.conv_w[(size_t)ch * K + (i - (KM - K))] : 0.0f;
+            xw[i] = d < K - 1 ? a.ring[(size_t)ch * K + ((p % K) + K) % K] : 0.0f;
+        }
+#pragma unroll
+        for (int t = 0; t < ENGINE_CU_VMAX; t++)
+            xt[t] = t < m ? a.qkv[(size_t)t * qs + ch] : 0.0f;
 #pragma unroll
         for (int t = 0; t < ENGINE_CU_VMAX; t++) {
             if (t >= m) continue;
             const int pos = p0 + t;
-            const float xin = xt[j][t];
-            float y = cw[j][KM - 1] * xin;
+            float y = cw[KM - 1] * xt[t];
 #pragma unroll
             for (int i = 0; i < KM - 1; i++) /* w[i] x[pos - (K - 1) + i], i < K - 1 */
-                if (i >= KM - K) y += cw[j][i] * xw[j][i + 1];
+                if (i >= KM - K) y += cw[i] * xw[i + 1];
 #pragma unroll
             for (int i = 0; i < KM - 1; i++)
-                xw[j][i] = xw[j][i + 1];
-            xw[j][KM - 1] = xin; /* now xw[KM - 1 - d]: position pos - d */
-            dst[j][(size_t)t * dst_t[j]] = engine_cu_dn_silu(y);
-            if (own[j] && m == 1) /* no other block reads slot pos % K of this token */
-                a.ring[(size_t)ch[j] * K + pos % K] = xin;
-            if (own[j] && a.snap_ring && (pos + 1) % a.snap_every == 0) {
+                xw[i] = xw[i + 1];
+            xw[KM - 1] = xt[t]; /* now xw[KM - 1 - d]: position pos - d */
+            dst[(size_t)t * dst_t] = engine_cu_dn_silu(y);
+            if (own && m == 1) /* no other block reads slot pos % K of this token */
+                a.ring[(size_t)ch * K + pos % K] = xt[t];
+            if (own && a.snap_ring && (pos + 1) % a.snap_every == 0) {
                 /* the ring after this token: slot i holds the latest position = i mod K */
                 float *snap = a.snap_ring +
                               (size_t)(((pos + 1) / a.snap_every) % a.n_snap) * a.snap_stride +
-                              (size_t)ch[j] * K;
+                              (size_t)ch * K;
 #pragma unroll
                 for (int d = 0; d < KM; d++)
-                    if (d < K) snap[((pos - d) % K + K) % K] = xw[j][KM - 1 - d];
+                    if (d < K) snap[((pos - d) % K + K) % K] = xw[KM - 1 - d];
             }
         }
     }
@@ -301,6 +278,10 @@ __global__ void __launch_bounds__(EARLY ? 256 : VD_MAX_DK / VD_ROWS * 32, EARLY 
          * from the cluster's blocks (block rank = column block) */
         namespace cg = cooperative_groups;
         cg::cluster_group cl = cg::this_cluster();
+        float zr[ENGINE_CU_VMAX]; /* every token's z of column c in one round trip */
+#pragma unroll
+        for (int t = 0; t < ENGINE_CU_VMAX; t++)
+            zr[t] = wi == 0 && t < m ? a.z[(size_t)t * va.z_stride + (size_t)h * dv + c] : 0.0f;
         cl.sync();
         if (wi == 0) {
             const float nwe = a.norm_w[c];
@@ -347,6 +328,8 @@ __global__ void __launch_bounds__(EARLY ? 256 : VD_MAX_DK / VD_ROWS * 32, EARLY 
 size_t engine_cu_vdelta_smem(int dk, int m) {
     return sizeof(float) * (2 * (size_t)m * dk + (size_t)(dk / VD_ROWS) * VD_COLS);
 }
+
+bool engine_cu_vdelta_ok(int K) { return K >= 1 && K <= VD_MAX_CONV; }
 
 bool engine_cu_vdelta_early_ok(int dk, int dv) {
     return dk / VD_ROWS * 32 <= 256 && dv / VD_COLS <= 8;

@@ -19,7 +19,8 @@
  * engine_cu_spec_prep / engine_cu_spec_accept / engine_cu_spec_restore: the device side of the
  *   greedy speculative loop (see q35_mtp_host.cuh).
  * engine_cu_vdelta_step (q35_vdelta.cu; SPARK_CUDA_MTP_FUSED): the DeltaNet step of m tokens at
- *   the consecutive positions *d.pos .. *d.pos + m - 1 in one launch, the state read once and
+ *   the consecutive positions *d.pos .. *d.pos + m - 1 in one launch (conv widths K where
+ *   engine_cu_vdelta_ok: K <= 4; wider ones take the decode step per token), the state read once and
  *   written once: token t's qkv / z / beta / alpha / out at d.<field> + t * <field>_stride, the
  *   state and the ring after token t (as the decode step leaves them) in snapshot slot
  *   ((pos_t + 1) / d.snap_every) % d.n_snap when pos_t + 1 is a multiple of d.snap_every
@@ -198,6 +199,7 @@ typedef struct {
 } engine_cu_vdelta;
 
 size_t engine_cu_vdelta_smem(int dk, int m);
+bool engine_cu_vdelta_ok(int K);
 bool engine_cu_vdelta_early_ok(int dk, int dv);
 void engine_cu_vdelta_step(const engine_cu_vdelta *a, cudaStream_t stream);
 void engine_cu_vring_commit(const float *src_slot0, size_t slot_stride, float *dst, size_t n,
