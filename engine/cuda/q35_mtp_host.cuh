@@ -928,9 +928,8 @@ static void q35m_mtp_in(engine_cuda_q35_session *s, int m, const engine_cu_step 
     const float eps = cm->m->hp.rms_norm_eps;
     const size_t E = (size_t)d->E;
     if (!q35m_run(sp, Q35M_DIAG_EMBED)) return; /* the draft's diagnosis only */
-    for (int t = 0; t < m; t++)
-        engine_cu_embed(cm->tok_embd.d, cm->tok_embd.row_bytes, cm->tok_embd.type, d->E, tok + t,
-                        sp->emb + (size_t)t * E, st);
+    engine_cu_embed(cm->tok_embd.d, cm->tok_embd.row_bytes, cm->tok_embd.type, d->E, tok, m,
+                    sp->emb, st);
     engine_cu_vcat_norm(sp->emb, hrows, cm->mtp_enorm, cm->mtp_hnorm, eps, d->E, m, sp->cat, st);
     engine_cu_vmv fc = q35m_vmv(sp->cat, 2 * E, 2 * d->E, NULL, 0.0f, m, s->coop_mv);
     q35m_add(&fc, &cm->mtp_eh, sp->X, E, 0);
@@ -1000,9 +999,9 @@ static void q35m_enqueue_verify(engine_cuda_q35_session *s, int m) {
     const size_t E = (size_t)d->E;
     const q35m_pass ps = {m, &sp->vstep[0].pos, sizeof(engine_cu_step) / sizeof(int32_t)};
     sp->diag_now = sp->diag;
-    for (int t = 0; t < m && q35m_run(sp, Q35M_DIAG_EMBED); t++)
+    if (q35m_run(sp, Q35M_DIAG_EMBED)) /* the m tokens' rows in one launch */
         engine_cu_embed(cm->tok_embd.d, cm->tok_embd.row_bytes, cm->tok_embd.type, d->E,
-                        sp->vstep + t, sp->X + (size_t)t * E, st);
+                        sp->vstep, m, sp->X, st);
     for (int l = 0; l < d->n_layer; l++) {
         const q35_cl *ly = &cm->layers[l];
         if (ly->attn)

@@ -10,7 +10,8 @@ __global__ void embed_kernel(const uint8_t *emb, size_t row_bytes, int type, int
     engine_cu_pdl_wait();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= (n_embd >> 5)) return;
-    const uint8_t *row = emb + (size_t)step->token * row_bytes;
+    x += (size_t)blockIdx.y * n_embd; /* row blockIdx.y of m */
+    const uint8_t *row = emb + (size_t)step[blockIdx.y].token * row_bytes;
     float va[16], vb[16];
     int a0, b0;
     engine_cu_chunk_cols(type, c, &a0, &b0);
@@ -22,9 +23,9 @@ __global__ void embed_kernel(const uint8_t *emb, size_t row_bytes, int type, int
 }
 
 void engine_cu_embed(const uint8_t *emb, size_t row_bytes, int type, int n_embd,
-                     const engine_cu_step *step, float *x, cudaStream_t stream) {
+                     const engine_cu_step *step, int m, float *x, cudaStream_t stream) {
     int chunks = n_embd / 32;
-    engine_cu_launch(embed_kernel, dim3((chunks + 127) / 128), dim3(128), 0, stream, emb, row_bytes,
+    engine_cu_launch(embed_kernel, dim3((chunks + 127) / 128, m), dim3(128), 0, stream, emb, row_bytes,
                      type, n_embd, step, x);
 }
 

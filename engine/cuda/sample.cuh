@@ -28,9 +28,10 @@ typedef struct {
 
 #define ENGINE_CU_SAMPLE_BLOCKS 128
 
-/* x[0..n_embd) = row `step->token` of the embedding (any supported type). */
+/* x[t n_embd .. (t + 1) n_embd) = row `step[t].token` of the embedding (any supported type),
+ * t < m, in one launch. */
 void engine_cu_embed(const uint8_t *emb, size_t row_bytes, int type, int n_embd,
-                     const engine_cu_step *step, float *x, cudaStream_t stream);
+                     const engine_cu_step *step, int m, float *x, cudaStream_t stream);
 
 /* Sample from logits[0..n): step->token = choice, out[n_out++] = choice (while n_out < cap),
  * step->pos++. scratch: 2 * ENGINE_CU_SAMPLE_BLOCKS values; counter: one zeroed unsigned. */
