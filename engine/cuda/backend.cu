@@ -991,8 +991,8 @@ static void enqueue_step(engine_cuda_session *s, step_prof *p, route_trace *t) {
     const int emb = (int)hp->n_embd;
     const float eps = hp->rms_norm_eps;
     mark(p, -1, st);
-    engine_cu_embed(cm->tok_embd.d, cm->tok_embd.row_bytes, cm->tok_embd.type, emb, s->step, 1, s->x,
-                    st);
+    engine_cu_embed(cm->tok_embd.d, cm->tok_embd.row_bytes, cm->tok_embd.type, emb, s->step, 1,
+                    s->x, st);
     mark(p, 0, st);
     if (s->fused && s->prog.total && !p && !t) {
         engine_cu_prog_launch(&s->prog, st);

@@ -129,8 +129,8 @@ int engine_cuda_op_moe(engine_type type, int n_expert, int k, bool norm_topk, in
                        float *x, int32_t *ids, float *weights);
 
 /* The routing of the MoE up launch's warp on n (<= 256) router logits, top k: flags 0 the warp
- * reductions' top-k (the default), 1 the shuffles' (SPARK_CUDA_ROUTE=shfl), 4 route_fast
- * (SPARK_CUDA_ROUTE=fast). ids / weights receive the k picks in order. */
+ * reductions' top-k (the default), 1 the shuffles' (SPARK_CUDA_ROUTE=shfl). ids / weights
+ * receive the k picks in order. */
 int engine_cuda_op_route(const float *logits, int n, int k, bool norm_topk, int flags, int32_t *ids,
                          float *weights);
 

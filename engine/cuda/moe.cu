@@ -8,12 +8,12 @@
 /* S6: the decode stage-6 paths (routed, stage_early: moe.cuh) in an instance of their own, so
  * that the default kernel's code stays as it was; RF likewise the router fusion's (x_add,
  * y_add). */
-template <int MODE, bool S6, bool RF = false, bool FAST = false>
+template <int MODE, bool S6, bool RF = false>
 __global__ void __launch_bounds__(FFN_WARPS * 32, 3) ffn_up_kernel(engine_cu_ffn_up_args a) {
     extern __shared__ uint4 up_smem[];
     if (!a.trigger_late) engine_cu_pdl_launch();
-    ffn_up_block<MODE, engine_cu_pdl_sync, S6, RF, FAST>(a, blockIdx.x, gridDim.x,
-                                                         (uint8_t *)up_smem, engine_cu_pdl_sync());
+    ffn_up_block<MODE, engine_cu_pdl_sync, S6, RF>(a, blockIdx.x, gridDim.x, (uint8_t *)up_smem,
+                                                   engine_cu_pdl_sync());
 }
 
 template <int MODE, bool RF = false>
@@ -27,7 +27,7 @@ __global__ void __launch_bounds__(FFN_WARPS * 32, 3) ffn_down_kernel(engine_cu_f
 /* Tokens as a grid dimension (moe.cuh: m > 1): blockIdx.y's token, its pointers moved on, then
  * exactly the decode kernel's block (the stage-4 path: trigger at the start, every block routes;
  * RF the router fusion's instance). */
-template <int MODE, bool RF, bool FAST = false>
+template <int MODE, bool RF>
 __global__ void __launch_bounds__(FFN_WARPS * 32, 3) ffn_up_tok_kernel(engine_cu_ffn_up_args a) {
     extern __shared__ uint4 up_smem[];
     engine_cu_pdl_launch();
@@ -42,8 +42,8 @@ __global__ void __launch_bounds__(FFN_WARPS * 32, 3) ffn_up_tok_kernel(engine_cu
     if (RF && a.rf_sh) a.rf_sh += t;
     a.h += t * a.h_stride;
     a.max_bps = a.tok_blocks > 0; /* every item's rows asked of L2 */
-    ffn_up_block<MODE, engine_cu_pdl_sync, false, RF, FAST>(
-        a, blockIdx.x, gridDim.x, (uint8_t *)up_smem, engine_cu_pdl_sync());
+    ffn_up_block<MODE, engine_cu_pdl_sync, false, RF>(a, blockIdx.x, gridDim.x, (uint8_t *)up_smem,
+                                                      engine_cu_pdl_sync());
 }
 
 template <int MODE, bool RF>
@@ -70,9 +70,7 @@ __global__ void route_test_kernel(const float *logits, int n, int k, int norm, i
                                   int32_t *ids_out, float *wts_out) {
     __shared__ int ids[ENGINE_CU_MAX_EXPERT_USED];
     __shared__ float wts[ENGINE_CU_MAX_EXPERT_USED];
-    if (flags & ENGINE_CU_ROUTE_FAST)
-        route_fast(logits, n, k, norm, ids, wts);
-    else if (flags & ENGINE_CU_ROUTE_SHFL)
+    if (flags & ENGINE_CU_ROUTE_SHFL)
         route<false>(logits, n, k, norm, ids, wts);
     else
         route<true>(logits, n, k, norm, ids, wts);
@@ -92,10 +90,7 @@ int engine_cu_route_parse(const char *v, int dflt) {
     const char *b = getenv("SPARK_CUDA_PF_BULK");
     const int bulk = b && b[0] == '0' ? 0 : ENGINE_CU_ROUTE_BULK;
     if (!v) return dflt | bulk;
-    return (strstr(v, "shfl")   ? ENGINE_CU_ROUTE_SHFL
-            : strstr(v, "fast") ? ENGINE_CU_ROUTE_FAST
-                                : 0) |
-           bulk;
+    return (strstr(v, "shfl") ? ENGINE_CU_ROUTE_SHFL : 0) | bulk;
 }
 
 /* Blocks of a launch of n work items: one per item, or at most max_bps per multiprocessor. */
@@ -124,19 +119,9 @@ void engine_cu_ffn_up(const engine_cu_ffn_up_args *a, cudaStream_t stream) {
     const dim3 grid(ffn_blocks(n_items, a->max_bps));
     const int mode = engine_cu_x_mode(a->type);
     const bool s6 = a->routed || a->stage_early;
-    /* SPARK_CUDA_ROUTE=fast: the router fusion's instances with route_fast (quantised modes) */
-    const bool fast =
-        (a->route & ENGINE_CU_ROUTE_FAST) && a->router && a->x_add && mode != ENGINE_CU_X_F32;
     if (a->m > 1) { /* tokens as a grid dimension (the stage-4 block code) */
         const dim3 tg(ffn_tok_blocks(n_items, a->tok_blocks), (unsigned)a->m);
         const bool rf = a->x_add != nullptr;
-        if (fast) {
-            engine_cu_launch(
-                mode == ENGINE_CU_X_Q8_K ? ffn_up_tok_kernel<ENGINE_CU_X_Q8_K, true, true>
-                                         : ffn_up_tok_kernel<ENGINE_CU_X_Q8_0, true, true>,
-                tg, dim3(FFN_WARPS * 32), engine_cu_ffn_up_smem(a->type, a->cols), stream, *a);
-            return;
-        }
         engine_cu_launch(
             mode == ENGINE_CU_X_Q8_K   ? (rf ? ffn_up_tok_kernel<ENGINE_CU_X_Q8_K, true>
                                              : ffn_up_tok_kernel<ENGINE_CU_X_Q8_K, false>)
@@ -145,13 +130,6 @@ void engine_cu_ffn_up(const engine_cu_ffn_up_args *a, cudaStream_t stream) {
             : rf                       ? ffn_up_tok_kernel<ENGINE_CU_X_F32, true>
                                        : ffn_up_tok_kernel<ENGINE_CU_X_F32, false>,
             tg, dim3(FFN_WARPS * 32), engine_cu_ffn_up_smem(a->type, a->cols), stream, *a);
-        return;
-    }
-    if (fast) {
-        engine_cu_launch(
-            mode == ENGINE_CU_X_Q8_K ? ffn_up_kernel<ENGINE_CU_X_Q8_K, false, true, true>
-                                     : ffn_up_kernel<ENGINE_CU_X_Q8_0, false, true, true>,
-            grid, dim3(FFN_WARPS * 32), engine_cu_ffn_up_smem(a->type, a->cols), stream, *a);
         return;
     }
     if (a->x_add) { /* router fusion (not with the stage-6 paths) */

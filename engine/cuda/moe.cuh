@@ -90,16 +90,10 @@ typedef struct {
  * SPARK_CUDA_PF_BULK, default on (session 13: the loop of line prefetches took ~1 us of the
  * routing warp's time, between its routing and the block's barrier). */
 #define ENGINE_CU_ROUTE_BULK 2
-/* The routing warp's top-k with its lanes' keys sorted first (moe_dev.cuh route_fast: the same
- * ids and weights bit for bit, shorter rounds), in kernel instances of their own (the router
- * fusion's up launches, quantised modes) so that the default instances compile as before:
- * SPARK_CUDA_ROUTE=fast, off by default. Written after session 13's last device call:
- * test_cuda_ops, test_cuda_forward and test_cuda_qwen35 check it, but it has not run on a GPU
- * yet. */
-#define ENGINE_CU_ROUTE_FAST 4
-/* The value of a SPARK_CUDA_ROUTE setting: "shfl" ENGINE_CU_ROUTE_SHFL, "fast"
- * ENGINE_CU_ROUTE_FAST, anything else ("redux") 0; NULL: dflt; | ENGINE_CU_ROUTE_BULK unless
- * SPARK_CUDA_PF_BULK=0. */
+/* The value of a SPARK_CUDA_ROUTE setting: "shfl" ENGINE_CU_ROUTE_SHFL, anything else ("redux")
+ * 0; NULL: dflt; | ENGINE_CU_ROUTE_BULK unless SPARK_CUDA_PF_BULK=0. (A "fast" form, the lanes'
+ * keys sorted first, ran bit for bit but slower in session 14: 478.3 vs 483.5 tok/s Qwen3.5,
+ * 473.5 vs 475.9 Qwen3; removed.) */
 int engine_cu_route_parse(const char *v, int dflt);
 /* One warp's routing of n logits (device pointers; ids / wts: k each), as the up launch's
  * routing warp with those ENGINE_CU_ROUTE_* flags routes (the op test). */

@@ -128,65 +128,6 @@ static __device__ void route(const float *logits, int n, int k, int norm_topk, i
     __syncwarp();
 }
 
-/* route<true>'s results with shorter rounds (ENGINE_CU_ROUTE_FAST; sm_80 and later, else
- * route<false>): each lane first sorts its keys (route's bits(p) + 1) by (key descending, expert
- * ascending), so a round is two warp reductions over the lanes' heads and a pop by the winning
- * lane, instead of a scan of every key, two reductions and a strike. The winner is route's: the
- * largest key, the lowest expert among equal ones (each lane's head is its lowest expert of
- * its largest key). Key 0 (past n) never wins, as in route_pick. The weights are divided by
- * their sum by lanes 0..k-1 at once (the same division per weight as route's loop). */
-static __device__ void route_fast(const float *logits, int n, int k, int norm_topk, int *ids,
-                                  float *wts) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    constexpr int NK = ENGINE_CU_MAX_EXPERT / 32;
-    const int lane = threadIdx.x & 31;
-    float p[NK];
-    route_softmax(logits, n, false, p);
-    /* (key << 32) | (NK - 1 - i): descending order of these is (key desc, i asc) */
-    unsigned long long s[NK];
-#pragma unroll
-    for (int i = 0; i < NK; i++) {
-        const unsigned key = p[i] >= 0.0f        ? __float_as_uint(p[i]) + 1u
-                             : lane + 32 * i < n ? 1u
-                                                 : 0u;
-        s[i] = (unsigned long long)key << 32 | (unsigned)(NK - 1 - i);
-    }
-    /* odd-even transposition sort, descending (NK rounds; any exact sort gives the one order) */
-#pragma unroll
-    for (int r = 0; r < NK; r++)
-#pragma unroll
-        for (int i = r & 1; i + 1 < NK; i += 2) {
-            const unsigned long long a = s[i], b = s[i + 1];
-            s[i] = a > b ? a : b;
-            s[i + 1] = a > b ? b : a;
-        }
-    float tot = 0.0f;
-    for (int j = 0; j < k; j++) {
-        const unsigned hk = (unsigned)(s[0] >> 32);
-        const int hid = lane + 32 * (NK - 1 - (int)(s[0] & 0xffffffffu));
-        const unsigned m = __reduce_max_sync(0xffffffffu, hk);
-        const int id = __reduce_min_sync(0xffffffffu, hk == m && hk ? hid : 0x7fffffff);
-        if (id != 0x7fffffff && lane == (id & 31)) { /* pop the head */
-#pragma unroll
-            for (int i = 0; i + 1 < NK; i++)
-                s[i] = s[i + 1];
-            s[NK - 1] = 0ull;
-        }
-        const float best = __uint_as_float(m - 1u);
-        if (lane == 0) {
-            ids[j] = id;
-            wts[j] = best;
-        }
-        tot += best;
-    }
-    __syncwarp();
-    if (norm_topk && lane < k) wts[lane] = wts[lane] / tot;
-    __syncwarp();
-#else
-    route<false>(logits, n, k, norm_topk, ids, wts);
-#endif
-}
-
 /* route by a whole block (every thread calls it; it ends with a barrier; blockDim.x >= 64):
  * warp 0 takes route's softmax into sp[ENGINE_CU_MAX_EXPERT] (shared), then two threads per
  * expert count the experts before it in the order (probability descending, id ascending); the
@@ -280,7 +221,7 @@ __device__ __forceinline__ void ffn_route_raw(const engine_cu_ffn_up_args &a,
  * shared-expert logit, a.rf_sh). sc_given >= 0 (RF, a.coop): that scale, computed by the whole
  * block, and raw_given the raw logits (ffn_route_raw), both read already; else the warp reads
  * the logits and computes the scale itself as each staging warp does. */
-template <bool RF, bool FAST = false>
+template <bool RF>
 __device__ __forceinline__ void ffn_route_warp(const engine_cu_ffn_up_args &a, int b, int *ids,
                                                float *wts, float sc_given = -1.0f,
                                                const float *raw_given = nullptr) {
@@ -306,16 +247,12 @@ __device__ __forceinline__ void ffn_route_warp(const engine_cu_ffn_up_args &a, i
             if (lane + 32 * i < a.n_expert) scaled[lane + 32 * i] = sc * raw[i];
         if (a.rf_sh && b == 0 && lane == 0) *a.rf_sh = sc * a.router[a.n_expert];
         __syncwarp();
-        if (FAST)
-            route_fast(scaled, a.n_expert, a.k, a.norm_topk, ids, wts);
-        else if (redux)
+        if (redux)
             route<true>(scaled, a.n_expert, a.k, a.norm_topk, ids, wts);
         else
             route<false>(scaled, a.n_expert, a.k, a.norm_topk, ids, wts);
     } else {
-        if (FAST)
-            route_fast(a.router, a.n_expert, a.k, a.norm_topk, ids, wts);
-        else if (redux)
+        if (redux)
             route<true>(a.router, a.n_expert, a.k, a.norm_topk, ids, wts);
         else
             route<false>(a.router, a.n_expert, a.k, a.norm_topk, ids, wts);
@@ -363,7 +300,7 @@ __device__ __forceinline__ void ffn_up_rows(const engine_cu_ffn_up_args &a, int 
  * b + gdx, ...: warp w computes rows w and w + FFN_WARPS of each item's group. With a router,
  * warp 0 routes while the other warps stage x. RF (router fusion, a.x_add; not with S6): the
  * input is h = x + x_add, and warp 0 scales the raw logits by h's RMS scale before it routes. */
-template <int MODE, typename S, bool S6 = false, bool RF = false, bool FAST = false>
+template <int MODE, typename S, bool S6 = false, bool RF = false>
 __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int b, int gdx,
                                              uint8_t *sm, const S &sync) {
     __shared__ int ids[ENGINE_CU_MAX_EXPERT_USED];
@@ -402,9 +339,9 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
                 if (lane < a.k) ids[lane] = __ldcg(a.ids + lane);
                 __syncwarp();
             } else {
-                ffn_route_warp<RF, FAST>(a, b, ids, wts, sc, RF && a.coop ? raw : nullptr);
+                ffn_route_warp<RF>(a, b, ids, wts, sc, RF && a.coop ? raw : nullptr);
                 if (a.diag & 1)
-                    ffn_route_warp<RF, FAST>(a, b, ids, wts, sc, RF && a.coop ? raw : nullptr);
+                    ffn_route_warp<RF>(a, b, ids, wts, sc, RF && a.coop ? raw : nullptr);
             }
             ENGINE_CU_TRACE(5);
             for (int it = b; it < n_items; it += gdx) {

@@ -1000,8 +1000,8 @@ static void q35m_enqueue_verify(engine_cuda_q35_session *s, int m) {
     const q35m_pass ps = {m, &sp->vstep[0].pos, sizeof(engine_cu_step) / sizeof(int32_t)};
     sp->diag_now = sp->diag;
     if (q35m_run(sp, Q35M_DIAG_EMBED)) /* the m tokens' rows in one launch */
-        engine_cu_embed(cm->tok_embd.d, cm->tok_embd.row_bytes, cm->tok_embd.type, d->E,
-                        sp->vstep, m, sp->X, st);
+        engine_cu_embed(cm->tok_embd.d, cm->tok_embd.row_bytes, cm->tok_embd.type, d->E, sp->vstep,
+                        m, sp->X, st);
     for (int l = 0; l < d->n_layer; l++) {
         const q35_cl *ly = &cm->layers[l];
         if (ly->attn)

@@ -329,7 +329,9 @@ size_t engine_cu_vdelta_smem(int dk, int m) {
     return sizeof(float) * (2 * (size_t)m * dk + (size_t)(dk / VD_ROWS) * VD_COLS);
 }
 
-bool engine_cu_vdelta_ok(int K) { return K >= 1 && K <= VD_MAX_CONV; }
+bool engine_cu_vdelta_ok(int K) {
+    return K >= 1 && K <= VD_MAX_CONV;
+}
 
 bool engine_cu_vdelta_early_ok(int dk, int dv) {
     return dk / VD_ROWS * 32 <= 256 && dv / VD_COLS <= 8;

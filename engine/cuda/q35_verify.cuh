@@ -20,10 +20,11 @@
  *   greedy speculative loop (see q35_mtp_host.cuh).
  * engine_cu_vdelta_step (q35_vdelta.cu; SPARK_CUDA_MTP_FUSED): the DeltaNet step of m tokens at
  *   the consecutive positions *d.pos .. *d.pos + m - 1 in one launch (conv widths K where
- *   engine_cu_vdelta_ok: K <= 4; wider ones take the decode step per token), the state read once and
- *   written once: token t's qkv / z / beta / alpha / out at d.<field> + t * <field>_stride, the
- *   state and the ring after token t (as the decode step leaves them) in snapshot slot
- *   ((pos_t + 1) / d.snap_every) % d.n_snap when pos_t + 1 is a multiple of d.snap_every
+ *   engine_cu_vdelta_ok: K <= 4; wider ones take the decode step per token), the state read
+ *   once and written once: token t's qkv / z / beta / alpha / out at d.<field> + t *
+ *   <field>_stride, the state and the ring after token t (as the decode step leaves them) in
+ *   snapshot slot ((pos_t + 1) / d.snap_every) % d.n_snap when pos_t + 1 is a multiple of
+ *   d.snap_every
  *   (d.snap_ring / d.snap_state, or NULL: none), the live state after the last token. For
  *   m > 1 the live ring is NOT updated: call engine_cu_vring_commit (once for all blocks of the
  *   pass, snap_every 1) after it; m = 1 updates it. Per token bit for bit the decode step

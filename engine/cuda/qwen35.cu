@@ -1266,8 +1266,8 @@ static void q35_enqueue_step(engine_cuda_q35_session *s, q35_prof *p) {
     const float eps = cm->m->hp.rms_norm_eps;
     cudaStream_t st = s->stream;
     q35_mark(p, -1, st);
-    engine_cu_embed(cm->tok_embd.d, cm->tok_embd.row_bytes, cm->tok_embd.type, d->E, s->step, 1, s->x,
-                    st);
+    engine_cu_embed(cm->tok_embd.d, cm->tok_embd.row_bytes, cm->tok_embd.type, d->E, s->step, 1,
+                    s->x, st);
     q35_mark(p, 0, st);
     for (int l = 0; l < d->n_layer; l++) {
         const q35_cl *ly = &cm->layers[l];

@@ -25,8 +25,8 @@ __global__ void embed_kernel(const uint8_t *emb, size_t row_bytes, int type, int
 void engine_cu_embed(const uint8_t *emb, size_t row_bytes, int type, int n_embd,
                      const engine_cu_step *step, int m, float *x, cudaStream_t stream) {
     int chunks = n_embd / 32;
-    engine_cu_launch(embed_kernel, dim3((chunks + 127) / 128, m), dim3(128), 0, stream, emb, row_bytes,
-                     type, n_embd, step, x);
+    engine_cu_launch(embed_kernel, dim3((chunks + 127) / 128, m), dim3(128), 0, stream, emb,
+                     row_bytes, type, n_embd, step, x);
 }
 
 __device__ __forceinline__ uint64_t splitmix64(uint64_t z) {
