@@ -19,17 +19,22 @@ __device__ __forceinline__ engine_cu_xv vmv_xv(const uint8_t *sm, size_t xs, int
     return engine_cu_xv_at(sm + (size_t)t * xs, cols, quant, 0);
 }
 
-/* acc[t] += chunk c of a quantised row against staged vector t, for t < m: the row's chunk is
- * loaded and unpacked once for all m vectors, and each product is engine_cu_qdot_chunk's
- * expression (qdot.cuh) on the same operands, so each sum is the decode matvec's bit for bit.
- * (qdot.cuh's function unpacks per call: calling it m times loads and unpacks m times.) Plain
- * read-only loads: the values of qdot.cuh's, without its optional L2 policy. */
+/* Chunk c of a quantised row, loaded and unpacked (the operands of engine_cu_qdot_chunk's
+ * expression, qdot.cuh): its 32 quants as lo / hi words and its scales. Plain read-only loads:
+ * the values of qdot.cuh's, without its optional L2 policy. */
+typedef struct {
+    uint32_t lo[4], hi[4];
+    float d1, d2, m1, m2, d;
+    int a0, b0; /* the chunk's columns (engine_cu_chunk_cols) */
+} vq_u;
+
 template <int T>
-__device__ __forceinline__ void vq_chunk(const uint8_t *row, int c, const uint8_t *sm, size_t xs,
-                                         int cols, int m, float acc[ENGINE_CU_VMAX]) {
+__device__ __forceinline__ void vq_unpack(const uint8_t *row, int c, int cols, vq_u &u) {
     int a0, b0;
     engine_cu_chunk_cols(T, c, &a0, &b0);
-    uint32_t lo[4], hi[4];
+    u.a0 = a0;
+    u.b0 = b0;
+    uint32_t *lo = u.lo, *hi = u.hi;
     float d1 = 0.0f, d2 = 0.0f, m1 = 0.0f, m2 = 0.0f, d = 0.0f;
     if (T == ENGINE_TYPE_Q4_K || T == ENGINE_TYPE_Q5_K) {
         const bool q5 = T == ENGINE_TYPE_Q5_K;
@@ -111,24 +116,44 @@ __device__ __forceinline__ void vq_chunk(const uint8_t *row, int c, const uint8_
             hi[i] = (v[i] >> 4) & 0x0F0F0F0Fu;
         }
     }
-#pragma unroll
-    for (int t = 0; t < ENGINE_CU_VMAX; t++) {
-        if (t >= m) break;
-        const engine_cu_xv xv = vmv_xv(sm, xs, cols, true, t);
-        const int4 xa = *(const int4 *)(xv.q + a0), xb = *(const int4 *)(xv.q + b0);
-        const float da = xv.d[a0 >> 5], db = xv.d[b0 >> 5], sa = xv.s[a0 >> 4], sb = xv.s[b0 >> 4];
-        const int ia = engine_cu_dp4a4(lo, xa, 0), ib = engine_cu_dp4a4(hi, xb, 0);
-        float v;
-        if (T == ENGINE_TYPE_Q4_K || T == ENGINE_TYPE_Q5_K)
-            v = d1 * (da * (float)ia) - m1 * sa + (d2 * (db * (float)ib) - m2 * sb);
-        else if (T == ENGINE_TYPE_Q6_K || T == ENGINE_CU_TYPE_Q6_KR)
-            v = d1 * (da * (float)ia - 32.0f * sa) + d2 * (db * (float)ib - 32.0f * sb);
-        else if (T == ENGINE_TYPE_Q8_0)
-            v = d * (da * (float)(ia + ib));
-        else
-            v = d * (da * (float)(ia + ib) - 8.0f * (sa + sb));
-        acc[t] += v;
-    }
+    u.d1 = d1;
+    u.d2 = d2;
+    u.m1 = m1;
+    u.m2 = m2;
+    u.d = d;
+    (void)cols;
+}
+
+/* The staged vector's operands of a chunk at columns a0 / b0: loaded once for every row. */
+typedef struct {
+    int4 xa, xb;
+    float da, db, sa, sb;
+} vq_x;
+
+__device__ __forceinline__ vq_x vq_xload(const uint8_t *sm, size_t xs, int cols, int t, int a0,
+                                         int b0) {
+    const engine_cu_xv xv = vmv_xv(sm, xs, cols, true, t);
+    vq_x x;
+    x.xa = *(const int4 *)(xv.q + a0);
+    x.xb = *(const int4 *)(xv.q + b0);
+    x.da = xv.d[a0 >> 5];
+    x.db = xv.d[b0 >> 5];
+    x.sa = xv.s[a0 >> 4];
+    x.sb = xv.s[b0 >> 4];
+    return x;
+}
+
+/* engine_cu_qdot_chunk's value (qdot.cuh) of an unpacked chunk against a vector's operands. */
+template <int T> __device__ __forceinline__ float vq_val(const vq_u &u, const vq_x &x) {
+    const int ia = engine_cu_dp4a4(u.lo, x.xa, 0), ib = engine_cu_dp4a4(u.hi, x.xb, 0);
+    if (T == ENGINE_TYPE_Q4_K || T == ENGINE_TYPE_Q5_K)
+        return u.d1 * (x.da * (float)ia) - u.m1 * x.sa + (u.d2 * (x.db * (float)ib) - u.m2 * x.sb);
+    else if (T == ENGINE_TYPE_Q6_K || T == ENGINE_CU_TYPE_Q6_KR)
+        return u.d1 * (x.da * (float)ia - 32.0f * x.sa) + u.d2 * (x.db * (float)ib - 32.0f * x.sb);
+    else if (T == ENGINE_TYPE_Q8_0)
+        return u.d * (x.da * (float)(ia + ib));
+    else
+        return u.d * (x.da * (float)(ia + ib) - 8.0f * (x.sa + x.sb));
 }
 
 /* Lane partial sums of R rows (row0, row0 + stride, ...; those from nvalid on compute on row0
@@ -143,19 +168,33 @@ __device__ __forceinline__ void vmv_rows(const uint8_t *row0, size_t stride, int
 #pragma unroll
         for (int t = 0; t < ENGINE_CU_VMAX; t++)
             acc[i][t] = 0.0f;
-    for (int c = c0; c < n_chunks; c += step)
+    for (int c = c0; c < n_chunks; c += step) {
+        if constexpr (engine_cu_type_quant(T)) {
+            /* the R rows' chunks unpacked, then each vector's operands read from shared memory
+             * once for the R rows (read per row, the m vectors' reads bound the heads' time) */
+            vq_u u[R];
 #pragma unroll
-        for (int i = 0; i < R; i++) {
-            const uint8_t *row = row0 + (i < nvalid ? i : 0) * stride;
-            if (engine_cu_type_quant(T)) {
-                vq_chunk<T>(row, c, sm, xs, cols, m, acc[i]);
-            } else {
+            for (int i = 0; i < R; i++)
+                vq_unpack<T>(row0 + (i < nvalid ? i : 0) * stride, c, cols, u[i]);
+#pragma unroll
+            for (int t = 0; t < ENGINE_CU_VMAX; t++) {
+                if (t >= m) break;
+                const vq_x x = vq_xload(sm, xs, cols, t, u[0].a0, u[0].b0);
+#pragma unroll
+                for (int i = 0; i < R; i++)
+                    acc[i][t] += vq_val<T>(u[i], x);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < R; i++) {
+                const uint8_t *row = row0 + (i < nvalid ? i : 0) * stride;
 #pragma unroll
                 for (int t = 0; t < ENGINE_CU_VMAX; t++)
                     if (t < m)
                         acc[i][t] += engine_cu_dot_chunk<T>(row, c, vmv_xv(sm, xs, cols, false, t));
             }
         }
+    }
 }
 
 /* Ask L2 for the rows of group g that this warp (R > 0; R == 0: warp 0, the group's row) will
