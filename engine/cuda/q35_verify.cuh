@@ -24,14 +24,13 @@
  *   once and written once: token t's qkv / z / beta / alpha / out at d.<field> + t *
  *   <field>_stride, the state and the ring after token t (as the decode step leaves them) in
  *   snapshot slot ((pos_t + 1) / d.snap_every) % d.n_snap when pos_t + 1 is a multiple of
- *   d.snap_every
- *   (d.snap_ring / d.snap_state, or NULL: none), the live state after the last token. For
- *   m > 1 the live ring is NOT updated: call engine_cu_vring_commit (once for all blocks of the
- *   pass, snap_every 1) after it; m = 1 updates it. Per token bit for bit the decode step
- *   (deltanet.cu). ssq: m * nv * dv / 32 floats of scratch; d.counters as the decode step's
- *   (zero between launches, left zero). d.early == 2 (where engine_cu_vdelta_early_ok): the
- *   early cluster kernel (state read before the wait: only where no kernel of the chain writes
- *   the state or ring before it), bit for bit the same.
+ *   d.snap_every (d.snap_ring / d.snap_state, or NULL: none), the live state after the last
+ *   token. For m > 1 the live ring is NOT updated: call engine_cu_vring_commit (once for all blocks
+ *   of the pass, snap_every 1) after it; m = 1 updates it. Per token bit for bit the decode step
+ *   (deltanet.cu). ssq: m * nv * dv / 32 floats of scratch; d.counters as the decode step's (zero
+ *   between launches, left zero). d.early == 2 (where engine_cu_vdelta_early_ok): the early cluster
+ *   kernel (state read before the wait: only where no kernel of the chain writes the state or ring
+ *   before it), bit for bit the same.
  * engine_cu_vring_commit: dst[0..n) = src_slot0[slot * slot_stride + i], slot = (*pos + 1) %
  *   n_snap (the ring of every DeltaNet block after the token at *pos; n a multiple of 4). */
 #ifndef SPARK_ENGINE_CUDA_Q35_VERIFY_CUH

@@ -121,7 +121,6 @@ __device__ __forceinline__ void vq_unpack(const uint8_t *row, int c, int cols, v
     u.m1 = m1;
     u.m2 = m2;
     u.d = d;
-    (void)cols;
 }
 
 /* The staged vector's operands of a chunk at columns a0 / b0: loaded once for every row. */

@@ -488,10 +488,10 @@ static void test_moe_type(engine_type t, int n_expert, int k, int n_embd, int n_
 }
 
 /* The routing warp's two top-k forms (engine/cuda/moe_dev.cuh: the warp reductions' route, the
- * default; the shuffles' (SPARK_CUDA_ROUTE=shfl)) on random logits, on logits with many exact ties,
- * and with a few -inf and NaN among them (fewer than n - k, where the forms are defined alike): the
- * same ids and weights bit for bit; on the random logits also the CPU's ids, weights within 1e-6.
- */
+ * default; the shuffles' (SPARK_CUDA_ROUTE=shfl)) on random logits, on logits with many exact
+ * ties, and with a few -inf and NaN among them (fewer than n - k, where the forms are defined
+ * alike): the same ids and weights bit for bit; on the random logits also the CPU's ids,
+ * weights within 1e-6. */
 static void test_route(void) {
     static const int ns[] = {8, 60, 128, 256}, ks[] = {1, 2, 8};
     static const int flags[2] = {0, 1};
