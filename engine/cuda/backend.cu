@@ -888,6 +888,7 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
     dn->max_bps = s->bps_dn;
     dn->preload = s->preload;
     dn->cols = up->rows;
+    dn->tma = (s->route & ENGINE_CU_ROUTE_TMA) != 0; /* the launcher checks it applies */
     dn->h = s->h;
     dn->y = s->x;
     if (s->rf && o->moe) { /* router fusion: wo into ao; its residual add in up and down */

@@ -247,6 +247,80 @@ __device__ __forceinline__ void engine_cu_prefetch_bulk(const uint8_t *p, size_t
 #endif
 }
 
+/* Bulk copies from global into shared memory (sm_90 and later; callers check the
+ * architecture on the host): one thread issues cp.async.bulk per contiguous run (16-byte
+ * aligned source and destination, a multiple of 16 bytes), the copy engine moves the bytes,
+ * and the run's arrival is counted in transaction bytes on an mbarrier in shared memory. A block
+ * puts its whole weight slice in flight with a few instructions, where loads from registers keep
+ * only what the registers hold. The barrier: engine_cu_mbar_init by one thread, visible to the
+ * others after a __syncthreads; that thread then engine_cu_mbar_expect (the bytes of all its
+ * runs, before the first copy) and engine_cu_bulk_g2s per run; every thread that reads the runs
+ * calls engine_cu_mbar_wait(bar, 0), after which the bytes are visible to it. One use per
+ * kernel (phase 0). */
+__device__ __forceinline__ unsigned engine_cu_smem_addr(const void *p) {
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void engine_cu_mbar_init(uint64_t *bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(engine_cu_smem_addr(bar))
+                 : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#else
+    (void)bar;
+#endif
+}
+
+__device__ __forceinline__ void engine_cu_mbar_expect(uint64_t *bar, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(
+                     engine_cu_smem_addr(bar)),
+                 "r"(bytes)
+                 : "memory");
+#else
+    (void)bar;
+    (void)bytes;
+#endif
+}
+
+__device__ __forceinline__ void engine_cu_bulk_g2s(void *dst, const void *src, unsigned bytes,
+                                                   uint64_t *bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#ifdef ENGINE_CU_HINTED
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+                 " [%0], [%1], %2, [%3], %4;" ::"r"(engine_cu_smem_addr(dst)),
+                 "l"(src), "r"(bytes), "r"(engine_cu_smem_addr(bar)), "l"(engine_cu_pol_stream())
+                 : "memory");
+#else
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1], %2, [%3];" ::"r"(engine_cu_smem_addr(dst)),
+                 "l"(src), "r"(bytes), "r"(engine_cu_smem_addr(bar))
+                 : "memory");
+#endif
+#else
+    (void)dst;
+    (void)src;
+    (void)bytes;
+    (void)bar;
+#endif
+}
+
+__device__ __forceinline__ void engine_cu_mbar_wait(uint64_t *bar, unsigned parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("{\n"
+                 ".reg .pred p;\n"
+                 "WAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra WAIT;\n"
+                 "}\n" ::"r"(engine_cu_smem_addr(bar)),
+                 "r"(parity)
+                 : "memory");
+#else
+    (void)bar;
+    (void)parity;
+#endif
+}
+
 /* Bring the 128-byte lines of p[0, bytes) into this multiprocessor's L1 (and L2) before they
  * are needed, so the kernel's later loads of them hit L1: the lanes of a warp take the lines,
  * at most N each with a one-byte load (never outside p[0, bytes)); lines past those are only

@@ -87,8 +87,9 @@ void engine_cu_route_test(const float *logits, int n, int k, int norm, int flags
 }
 
 int engine_cu_route_parse(const char *v, int dflt) {
-    const char *b = getenv("SPARK_CUDA_PF_BULK");
-    const int bulk = b && b[0] == '0' ? 0 : ENGINE_CU_ROUTE_BULK;
+    const char *b = getenv("SPARK_CUDA_PF_BULK"), *t = getenv("SPARK_CUDA_TMA");
+    const int bulk = (b && b[0] == '0' ? 0 : ENGINE_CU_ROUTE_BULK) |
+                     (t && t[0] == '1' ? ENGINE_CU_ROUTE_TMA : 0);
     if (!v) return dflt | bulk;
     return (strstr(v, "shfl") ? ENGINE_CU_ROUTE_SHFL : 0) | bulk;
 }
@@ -114,6 +115,23 @@ static size_t engine_cu_ffn_down_smem(int type, int k, int cols) {
     return engine_cu_xs_bytes(engine_cu_type_quant(type), k * cols);
 }
 
+/* The bulk copies (ENGINE_CU_ROUTE_TMA) fit this decode launch: sm_90+, a quantised type, runs
+ * of `run` bytes at 16-byte-aligned offsets from a 16-byte-aligned base, and shared memory of
+ * `smem` bytes in all for a block. */
+static bool ffn_tma_fits(const void *base, size_t expert_bytes, size_t run, size_t smem,
+                         int type) {
+    int dev = 0, major = 0, optin = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) !=
+            cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return major >= 9 && engine_cu_type_quant(type) && ((uintptr_t)base & 15) == 0 &&
+           expert_bytes % 16 == 0 && run % 16 == 0 && smem <= (size_t)optin;
+}
+
 void engine_cu_ffn_up(const engine_cu_ffn_up_args *a, cudaStream_t stream) {
     const int n_items = engine_cu_up_groups(a->rows) * (a->router ? a->k : 1);
     const dim3 grid(ffn_blocks(n_items, a->max_bps));
@@ -122,6 +140,8 @@ void engine_cu_ffn_up(const engine_cu_ffn_up_args *a, cudaStream_t stream) {
     if (a->m > 1) { /* tokens as a grid dimension (the stage-4 block code) */
         const dim3 tg(ffn_tok_blocks(n_items, a->tok_blocks), (unsigned)a->m);
         const bool rf = a->x_add != nullptr;
+        engine_cu_ffn_up_args b = *a;
+        b.route &= ~ENGINE_CU_ROUTE_TMA;
         engine_cu_launch(
             mode == ENGINE_CU_X_Q8_K   ? (rf ? ffn_up_tok_kernel<ENGINE_CU_X_Q8_K, true>
                                              : ffn_up_tok_kernel<ENGINE_CU_X_Q8_K, false>)
@@ -129,15 +149,26 @@ void engine_cu_ffn_up(const engine_cu_ffn_up_args *a, cudaStream_t stream) {
                                              : ffn_up_tok_kernel<ENGINE_CU_X_Q8_0, false>)
             : rf                       ? ffn_up_tok_kernel<ENGINE_CU_X_F32, true>
                                        : ffn_up_tok_kernel<ENGINE_CU_X_F32, false>,
-            tg, dim3(FFN_WARPS * 32), engine_cu_ffn_up_smem(a->type, a->cols), stream, *a);
+            tg, dim3(FFN_WARPS * 32), engine_cu_ffn_up_smem(a->type, a->cols), stream, b);
         return;
+    }
+    engine_cu_ffn_up_args b = *a;
+    size_t smem = engine_cu_ffn_up_smem(a->type, a->cols);
+    if (b.route & ENGINE_CU_ROUTE_TMA) { /* one item per block, two runs of 2 FFN_WARPS rows */
+        const size_t run = (size_t)2 * FFN_WARPS * a->row_bytes,
+                     tsm = engine_cu_ffn_w_off(smem) + 2 * run;
+        if (!s6 && a->max_bps <= 0 && a->rows % (2 * FFN_WARPS) == 0 &&
+            ((uintptr_t)a->up & 15) == 0 &&
+            ffn_tma_fits(a->gate, a->router ? a->expert_bytes : 0, run, tsm, a->type))
+            smem = tsm;
+        else
+            b.route &= ~ENGINE_CU_ROUTE_TMA;
     }
     if (a->x_add) { /* router fusion (not with the stage-6 paths) */
         engine_cu_launch(mode == ENGINE_CU_X_Q8_K   ? ffn_up_kernel<ENGINE_CU_X_Q8_K, false, true>
                          : mode == ENGINE_CU_X_Q8_0 ? ffn_up_kernel<ENGINE_CU_X_Q8_0, false, true>
                                                     : ffn_up_kernel<ENGINE_CU_X_F32, false, true>,
-                         grid, dim3(FFN_WARPS * 32), engine_cu_ffn_up_smem(a->type, a->cols),
-                         stream, *a);
+                         grid, dim3(FFN_WARPS * 32), smem, stream, b);
         return;
     }
     engine_cu_launch(mode == ENGINE_CU_X_Q8_K   ? (s6 ? ffn_up_kernel<ENGINE_CU_X_Q8_K, true>
@@ -146,8 +177,7 @@ void engine_cu_ffn_up(const engine_cu_ffn_up_args *a, cudaStream_t stream) {
                                                       : ffn_up_kernel<ENGINE_CU_X_Q8_0, false>)
                      : s6                       ? ffn_up_kernel<ENGINE_CU_X_F32, true>
                                                 : ffn_up_kernel<ENGINE_CU_X_F32, false>,
-                     grid, dim3(FFN_WARPS * 32), engine_cu_ffn_up_smem(a->type, a->cols), stream,
-                     *a);
+                     grid, dim3(FFN_WARPS * 32), smem, stream, b);
 }
 
 void engine_cu_ffn_down(const engine_cu_ffn_down_args *a, cudaStream_t stream) {
@@ -155,6 +185,8 @@ void engine_cu_ffn_down(const engine_cu_ffn_down_args *a, cudaStream_t stream) {
     const bool rf = a->y_add != nullptr;
     const unsigned gx = (unsigned)ffn_blocks((a->rows + FFN_WARPS - 1) / FFN_WARPS, a->max_bps);
     if (a->m > 1) { /* tokens as a grid dimension */
+        engine_cu_ffn_down_args b = *a;
+        b.tma = 0;
         engine_cu_launch(
             mode == ENGINE_CU_X_Q8_K   ? (rf ? ffn_down_tok_kernel<ENGINE_CU_X_Q8_K, true>
                                              : ffn_down_tok_kernel<ENGINE_CU_X_Q8_K, false>)
@@ -165,8 +197,19 @@ void engine_cu_ffn_down(const engine_cu_ffn_down_args *a, cudaStream_t stream) {
             dim3(ffn_tok_blocks((a->rows + FFN_WARPS - 1) / FFN_WARPS, a->tok_blocks),
                  (unsigned)a->m),
             dim3(FFN_WARPS * 32),
-            engine_cu_ffn_down_smem(a->type, a->k, a->cols), stream, *a);
+            engine_cu_ffn_down_smem(a->type, a->k, a->cols), stream, b);
         return;
+    }
+    engine_cu_ffn_down_args b = *a;
+    size_t smem = engine_cu_ffn_down_smem(a->type, a->k, a->cols);
+    b.tma = 0;
+    if (a->tma) { /* one row group per block: a run of FFN_WARPS rows per expert */
+        const size_t run = (size_t)FFN_WARPS * a->row_bytes,
+                     tsm = engine_cu_ffn_w_off(smem) + (size_t)a->k * run;
+        b.tma = a->max_bps <= 0 && !a->touch && !a->preload && !a->router && !a->ids_early &&
+                a->rows % FFN_WARPS == 0 &&
+                ffn_tma_fits(a->down, a->ids ? a->expert_bytes : 0, run, tsm, a->type);
+        if (b.tma) smem = tsm;
     }
     engine_cu_launch(mode == ENGINE_CU_X_Q8_K   ? (rf ? ffn_down_kernel<ENGINE_CU_X_Q8_K, true>
                                                       : ffn_down_kernel<ENGINE_CU_X_Q8_K>)
@@ -174,8 +217,7 @@ void engine_cu_ffn_down(const engine_cu_ffn_down_args *a, cudaStream_t stream) {
                                                       : ffn_down_kernel<ENGINE_CU_X_Q8_0>)
                      : rf                       ? ffn_down_kernel<ENGINE_CU_X_F32, true>
                                                 : ffn_down_kernel<ENGINE_CU_X_F32>,
-                     dim3(gx), dim3(FFN_WARPS * 32),
-                     engine_cu_ffn_down_smem(a->type, a->k, a->cols), stream, *a);
+                     dim3(gx), dim3(FFN_WARPS * 32), smem, stream, b);
 }
 
 engine_cu_phase engine_cu_ffn_up_phase(const engine_cu_ffn_up_args *a) {
@@ -190,6 +232,7 @@ engine_cu_phase engine_cu_ffn_up_phase(const engine_cu_ffn_up_args *a) {
     ph.u.up.max_bps = ph.u.up.trigger_late = 0;
     ph.u.up.routed = 0; /* the fused step's router phase does not route (matvec.cu) */
     ph.u.up.stage_early = 0;
+    ph.u.up.route &= ~ENGINE_CU_ROUTE_TMA; /* the fused step's smem is the staging's */
     return ph;
 }
 
@@ -204,6 +247,7 @@ engine_cu_phase engine_cu_ffn_down_phase(const engine_cu_ffn_down_args *a) {
     ph.u.dn.max_bps = 0;
     ph.u.dn.ids_early = 0;
     ph.u.dn.router = nullptr; /* the fused step waits for the routing flag instead */
+    ph.u.dn.tma = 0;
     return ph;
 }
 

@@ -90,8 +90,17 @@ typedef struct {
  * SPARK_CUDA_PF_BULK, default on (session 13: the loop of line prefetches took ~1 us of the
  * routing warp's time, between its routing and the block's barrier). */
 #define ENGINE_CU_ROUTE_BULK 2
+/* The block's weight rows copied into shared memory by bulk copies (common.cuh
+ * engine_cu_bulk_g2s, sm_90+), all in flight at once, and its products computed from there: the
+ * up launch's routing warp copies its item's gate and up runs once routed (a dense FFN's before
+ * the wait), the down launch's thread 0 its row group of each chosen expert once the ids are
+ * read. SPARK_CUDA_TMA=1. The launchers take it only where it applies (one item or row group
+ * per block, a quantised type, 16-byte-aligned runs, the stage-4 decode launch) and run the
+ * path before it otherwise; the same products and sums, bit for bit. */
+#define ENGINE_CU_ROUTE_TMA 4
 /* The value of a SPARK_CUDA_ROUTE setting: "shfl" ENGINE_CU_ROUTE_SHFL, anything else ("redux")
- * 0; NULL: dflt; | ENGINE_CU_ROUTE_BULK unless SPARK_CUDA_PF_BULK=0. (A "fast" form, the lanes'
+ * 0; NULL: dflt; | ENGINE_CU_ROUTE_BULK unless SPARK_CUDA_PF_BULK=0; | ENGINE_CU_ROUTE_TMA with
+ * SPARK_CUDA_TMA=1. (A "fast" form, the lanes'
  * keys sorted first, ran bit for bit but slower in session 14: 478.3 vs 483.5 tok/s Qwen3.5,
  * 473.5 vs 475.9 Qwen3; removed.) */
 int engine_cu_route_parse(const char *v, int dflt);
@@ -145,6 +154,9 @@ typedef struct {
      * (engine_cu_prefetch_bulk) instead of the warp's line prefetches per slot (the up
      * launch's ENGINE_CU_ROUTE_BULK; set from it). */
     int pf_bulk;
+    /* The block's rows of the k experts copied into shared memory once the ids are read
+     * (ENGINE_CU_ROUTE_TMA; set from the up launch's flags). */
+    int tma;
 } engine_cu_ffn_down_args;
 
 void engine_cu_ffn_up(const engine_cu_ffn_up_args *a, cudaStream_t stream);

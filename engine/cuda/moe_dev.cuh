@@ -13,6 +13,12 @@
 
 #define FFN_WARPS 8
 
+/* Where a block's copy of its weight rows starts in its dynamic shared memory
+ * (ENGINE_CU_ROUTE_TMA): after the staged vector's xs bytes, at a 16-byte boundary. */
+__host__ __device__ __forceinline__ size_t engine_cu_ffn_w_off(size_t xs) {
+    return (xs + 15) & ~(size_t)15;
+}
+
 /* The softmax of route below (one warp): p[i] = the probability of expert lane + 32 i, -1
  * past n. */
 static __device__ __forceinline__ void route_softmax(const float *logits, int n, bool cg,
@@ -180,7 +186,7 @@ static __device__ void route_block(const float *logits, int n, int k, int norm_t
 /* gate and up of rows r + i FFN_WARPS (i < NR: rows r and r + FFN_WARPS by default) of one
  * expert against the staged x, in one loop (the 2 NR rows' loads in flight together): h =
  * silu(g) * u for each into h[NR]. stride: the bytes from one of the rows to the next. */
-template <int T, int NR = 2>
+template <int T, int NR = 2, bool SH = false>
 __device__ __forceinline__ void up_rows(const uint8_t *g, const uint8_t *u, size_t stride,
                                         int n_chunks, const engine_cu_xv &xv, float *h) {
     float ag[NR], au[NR];
@@ -190,8 +196,8 @@ __device__ __forceinline__ void up_rows(const uint8_t *g, const uint8_t *u, size
     for (int c = threadIdx.x & 31; c < n_chunks; c += 32) {
 #pragma unroll
         for (int i = 0; i < NR; i++) {
-            ag[i] += engine_cu_dot_chunk<T>(g + i * stride, c, xv);
-            au[i] += engine_cu_dot_chunk<T>(u + i * stride, c, xv);
+            ag[i] += engine_cu_dot_chunk<T, SH>(g + i * stride, c, xv);
+            au[i] += engine_cu_dot_chunk<T, SH>(u + i * stride, c, xv);
         }
     }
 #pragma unroll
@@ -261,12 +267,16 @@ __device__ __forceinline__ void ffn_route_warp(const engine_cu_ffn_up_args &a, i
 
 /* Rows r and r + FFN_WARPS (when below a.rows) of expert e, slot j, against the staged x (one
  * warp; r < a.rows): h[j][r] = silu(G_e x) * U_e x, lane 0 stores. NR > 2: rows r + i FFN_WARPS
- * for every i < NR, all below a.rows (the caller's). */
-template <int MODE, int NR = 2>
+ * for every i < NR, all below a.rows (the caller's). SH (quantised types): the rows from the
+ * block's copy of its item's two runs in shared memory, gate run at ws, up run after it (row r
+ * at ws + (r % (2 FFN_WARPS)) row_bytes). */
+template <int MODE, int NR = 2, bool SH = false>
 __device__ __forceinline__ void ffn_up_rows(const engine_cu_ffn_up_args &a, int j, int e, int r,
-                                            const engine_cu_xv &xv) {
+                                            const engine_cu_xv &xv, const uint8_t *ws = nullptr) {
     const size_t off = (size_t)e * a.expert_bytes + (size_t)r * a.row_bytes;
-    const uint8_t *gr = a.gate + off, *ur = a.up + off;
+    const size_t so = (size_t)(r % (2 * FFN_WARPS)) * a.row_bytes;
+    const uint8_t *gr = SH ? ws + so : a.gate + off,
+                  *ur = SH ? ws + 2 * FFN_WARPS * a.row_bytes + so : a.up + off;
     const bool two = NR > 2 || r + FFN_WARPS < a.rows;
     const size_t stride = two ? (size_t)FFN_WARPS * a.row_bytes : 0;
     float hv[NR];
@@ -276,13 +286,13 @@ __device__ __forceinline__ void ffn_up_rows(const engine_cu_ffn_up_args &a, int 
     switch (a.type) { /* gate and up share a type (checked at upload) */
 #define UP_CASE(T)                                                                                 \
     case T:                                                                                        \
-        if (MODE == engine_cu_x_mode(T)) up_rows<T, NR>(gr, ur, stride, a.cols >> 5, xv, hv);      \
+        if (MODE == engine_cu_x_mode(T)) up_rows<T, NR, SH>(gr, ur, stride, a.cols >> 5, xv, hv);  \
         break;
         ENGINE_CU_QUANT_CASES(UP_CASE)
 #undef UP_CASE
 #define UP_CASE(T)                                                                                 \
     case T:                                                                                        \
-        if (MODE == ENGINE_CU_X_F32) up_rows<T, NR>(gr, ur, stride, a.cols >> 5, xv, hv);          \
+        if (MODE == ENGINE_CU_X_F32 && !SH) up_rows<T, NR>(gr, ur, stride, a.cols >> 5, xv, hv);   \
         break;
         ENGINE_CU_FLOAT_CASES(UP_CASE)
 #undef UP_CASE
@@ -305,15 +315,29 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
                                              uint8_t *sm, const S &sync) {
     __shared__ int ids[ENGINE_CU_MAX_EXPERT_USED];
     __shared__ float wts[ENGINE_CU_MAX_EXPERT_USED];
+    __shared__ uint64_t tma_bar;
     const int w = threadIdx.x >> 5;
     const int gx = engine_cu_up_groups(a.rows), n_items = gx * (a.router ? a.k : 1);
+    /* ENGINE_CU_ROUTE_TMA (the launcher's: one item a block, quantised, 2 FFN_WARPS rows a
+     * group): the item's gate and up runs into shared memory at ws, thread 0 the copies */
+    const bool tma = MODE != ENGINE_CU_X_F32 && (a.route & ENGINE_CU_ROUTE_TMA) && b < n_items;
+    const size_t run = (size_t)2 * FFN_WARPS * a.row_bytes;
+    uint8_t *ws = sm + engine_cu_ffn_w_off(engine_cu_xs_bytes(MODE != ENGINE_CU_X_F32, a.cols));
+    if (tma && threadIdx.x == 0) {
+        engine_cu_mbar_init(&tma_bar);
+        if (!a.router) { /* dense: item b is row group b, known before the wait */
+            engine_cu_mbar_expect(&tma_bar, (unsigned)(2 * run));
+            engine_cu_bulk_g2s(ws, a.gate + (size_t)b * run, (unsigned)run, &tma_bar);
+            engine_cu_bulk_g2s(ws + run, a.up + (size_t)b * run, (unsigned)run, &tma_bar);
+        }
+    }
     /* the item's gate and up rows are two contiguous runs of an expert: asked of L2 as soon
      * as the expert is known (dense: before the wait; MoE: by the routing warp once it has
      * routed, while the other warps still stage x); with max_bps every item's, else the
      * first's (the block has one) */
     if (a.norm_w && w == FFN_WARPS - 1)
         engine_cu_prefetch_l2((const uint8_t *)a.norm_w, sizeof(float) * (size_t)a.cols);
-    if (!a.router && w == 0)
+    if (!a.router && w == 0 && !tma)
         for (int it = b; it < n_items; it += gdx) {
             const int r0 = it * 2 * FFN_WARPS, nr = min(2 * FFN_WARPS, a.rows - r0);
             engine_cu_prefetch_l2(a.gate + (size_t)r0 * a.row_bytes, (size_t)nr * a.row_bytes);
@@ -348,7 +372,13 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
                 const int j = it / gx, r0 = (it - j * gx) * 2 * FFN_WARPS;
                 const int nr = min(2 * FFN_WARPS, a.rows - r0);
                 const size_t off = (size_t)ids[j] * a.expert_bytes + (size_t)r0 * a.row_bytes;
-                if (!(a.route & ENGINE_CU_ROUTE_BULK)) {
+                if (tma) {
+                    if ((threadIdx.x & 31) == 0) {
+                        engine_cu_mbar_expect(&tma_bar, (unsigned)(2 * run));
+                        engine_cu_bulk_g2s(ws, a.gate + off, (unsigned)run, &tma_bar);
+                        engine_cu_bulk_g2s(ws + run, a.up + off, (unsigned)run, &tma_bar);
+                    }
+                } else if (!(a.route & ENGINE_CU_ROUTE_BULK)) {
                     engine_cu_prefetch_l2(a.gate + off, (size_t)nr * a.row_bytes);
                     engine_cu_prefetch_l2(a.up + off, (size_t)nr * a.row_bytes);
                 } else if ((threadIdx.x & 31) < 2) { /* a run each */
@@ -382,6 +412,14 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
         sync.ids_written();
     }
     const engine_cu_xv xv = engine_cu_xv_at(sm, a.cols, MODE != ENGINE_CU_X_F32, 0);
+    if (tma) { /* the block's one item, from shared memory */
+        engine_cu_mbar_wait(&tma_bar, 0);
+        ENGINE_CU_TRACE(7);
+        const int j = b / gx, r = (b - j * gx) * 2 * FFN_WARPS + w;
+        ffn_up_rows<MODE, 2, true>(a, j, ids[j], r, xv, ws);
+        ENGINE_CU_TRACE_END();
+        return;
+    }
     for (int it = b; it < n_items; it += gdx) {
         const int j = it / gx, r = (it - j * gx) * 2 * FFN_WARPS + w;
         if (r >= a.rows) continue;
@@ -392,17 +430,21 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
 
 /* A lane takes (expert slot, chunk) items, so all 32 lanes work and the loads of different
  * experts are in flight together. */
-template <int T>
+template <int T, bool SH = false>
 __device__ __forceinline__ float down_row(const engine_cu_ffn_down_args &a, int r, const int *ids,
-                                          const float *wts, const uint8_t *sm, bool quant) {
+                                          const float *wts, const uint8_t *sm, bool quant,
+                                          const uint8_t *ws = nullptr) {
     const int nch = a.cols >> 5, n_items = a.k * nch;
     float tot = 0.0f;
 #pragma unroll 2
     for (int it = threadIdx.x & 31; it < n_items; it += 32) {
         const int j = it / nch, c = it - j * nch;
-        const uint8_t *d = a.down + (size_t)ids[j] * a.expert_bytes + (size_t)r * a.row_bytes;
+        /* SH: slot j's run of FFN_WARPS rows in shared memory, ws this warp's row in slot 0 */
+        const uint8_t *d =
+            SH ? ws + (size_t)j * FFN_WARPS * a.row_bytes
+               : a.down + (size_t)ids[j] * a.expert_bytes + (size_t)r * a.row_bytes;
         const engine_cu_xv xv = engine_cu_xv_at(sm, a.k * a.cols, quant, j * a.cols);
-        tot += wts[j] * engine_cu_dot_chunk<T>(d, c, xv);
+        tot += wts[j] * engine_cu_dot_chunk<T, SH>(d, c, xv);
     }
     return engine_cu_warp_sum(tot);
 }
@@ -479,6 +521,45 @@ __device__ __forceinline__ void ffn_down_pre(const engine_cu_ffn_down_args &a, i
     }
 }
 
+/* ffn_down_block below with a.tma (the launcher's: block b takes row group b alone, a
+ * quantised type): thread 0 copies the group's run of FFN_WARPS rows of each of the k experts
+ * into shared memory (after the staged h) with bulk copies, all in flight while the block stages
+ * h; warp w then computes row b FFN_WARPS + w from there: down_row's sums, bit for bit. */
+template <int MODE, typename S, bool RF>
+__device__ __forceinline__ void ffn_down_tma(const engine_cu_ffn_down_args &a, int b, uint8_t *sm,
+                                             const S &sync, const int *ids, float *wts) {
+    __shared__ uint64_t tma_bar;
+    const int w = threadIdx.x >> 5, r = b * FFN_WARPS + w;
+    const size_t run = (size_t)FFN_WARPS * a.row_bytes;
+    uint8_t *ws = sm + engine_cu_ffn_w_off(engine_cu_xs_bytes(true, a.k * a.cols));
+    if (threadIdx.x == 0) {
+        engine_cu_mbar_init(&tma_bar);
+        engine_cu_mbar_expect(&tma_bar, (unsigned)(a.k * run));
+        for (int j = 0; j < a.k; j++)
+            engine_cu_bulk_g2s(ws + j * run,
+                               a.down + (size_t)ids[j] * a.expert_bytes + (size_t)b * run,
+                               (unsigned)run, &tma_bar);
+    }
+    sync.wait(); /* h complete */
+    if (a.sh_logit && threadIdx.x == 0) wts[a.k - 1] = 1.0f / (1.0f + expf(-*a.sh_logit));
+    engine_cu_stage_x<MODE>(a.h, a.k * a.cols, nullptr, 0.0f, sm); /* ends with a barrier */
+    ENGINE_CU_TRACE(5);
+    engine_cu_mbar_wait(&tma_bar, 0);
+    ENGINE_CU_TRACE(7);
+    float s = 0.0f;
+    switch (a.type) {
+#define DOWN_CASE(T)                                                                               \
+    case T:                                                                                        \
+        if (MODE == engine_cu_x_mode(T))                                                           \
+            s = down_row<T, true>(a, r, ids, wts, sm, true, ws + (size_t)w * a.row_bytes);         \
+        break;
+        ENGINE_CU_QUANT_CASES(DOWN_CASE)
+#undef DOWN_CASE
+    }
+    if ((threadIdx.x & 31) == 0) down_store<RF>(a, r, s);
+    ENGINE_CU_TRACE_END();
+}
+
 /* Row groups of FFN_WARPS rows of the down products: block b of gdx takes groups b, b + gdx,
  * ...; warp w computes row w of each. RF: the router fusion's residual add (a.y_add). */
 template <int MODE, typename S, bool RF = false>
@@ -506,6 +587,10 @@ __device__ __forceinline__ void ffn_down_block(const engine_cu_ffn_down_args &a,
     if (a.sh_logit && threadIdx.x == 0) ids[a.k - 1] = a.sh_id;
     __syncthreads();
     ENGINE_CU_TRACE(4);
+    if (MODE != ENGINE_CU_X_F32 && a.tma) { /* the launcher's: one row group a block */
+        ffn_down_tma<MODE, S, RF>(a, b, sm, sync, ids, wts);
+        return;
+    }
     if (a.preload && !a.touch && MODE != ENGINE_CU_X_F32) {
         switch (a.type) {
 #define DOWN_PRE(T)                                                                                \

@@ -285,9 +285,24 @@ __device__ __forceinline__ int engine_cu_dp4a4(const uint32_t w[4], int4 x, int 
     return __dp4a((int)w[3], x.w, acc);
 }
 
-/* 16 weight bytes from a 16-byte-aligned address (the L2 streaming policy). */
-__device__ __forceinline__ void qd_load16(const uint8_t *p, uint32_t w[4]) {
-    const uint4 v = engine_cu_ldq((const uint4 *)p);
+/* Weight loads from global memory (the L2 streaming policy) or, with SH, from a copy of the
+ * rows in shared memory (common.cuh engine_cu_bulk_g2s: the same bytes at the same address
+ * modulo 16, so the same words and shifts). */
+template <bool SH> __device__ __forceinline__ uint32_t qd_w(const uint32_t *p) {
+    return SH ? *p : engine_cu_ldw(p);
+}
+
+template <bool SH> __device__ __forceinline__ uint16_t qd_h(const uint16_t *p) {
+    return SH ? *p : engine_cu_ldh(p);
+}
+
+template <bool SH> __device__ __forceinline__ int qd_sb(const int8_t *p) {
+    return SH ? (int)*p : engine_cu_ldsb(p);
+}
+
+/* 16 weight bytes from a 16-byte-aligned address. */
+template <bool SH = false> __device__ __forceinline__ void qd_load16(const uint8_t *p, uint32_t w[4]) {
+    const uint4 v = SH ? *(const uint4 *)p : engine_cu_ldq((const uint4 *)p);
     w[0] = v.x;
     w[1] = v.y;
     w[2] = v.z;
@@ -307,13 +322,14 @@ typedef struct {
 
 /* Aligned words of a run of 4 * N bytes from a 2-byte-aligned address (engine_cu_ldw_a2 in
  * two halves: loads here, funnel shifts in qd_funnel). */
-template <int N> __device__ __forceinline__ void qd_ld_a2(const uint8_t *p, uint32_t u[N + 1]) {
+template <int N, bool SH = false>
+__device__ __forceinline__ void qd_ld_a2(const uint8_t *p, uint32_t u[N + 1]) {
     const uintptr_t a = (uintptr_t)p;
     const uint32_t *b = (const uint32_t *)(a & ~(uintptr_t)3);
 #pragma unroll
     for (int i = 0; i < N; i++)
-        u[i] = engine_cu_ldw(b + i);
-    u[N] = (a & 3) ? (uint32_t)engine_cu_ldh((const uint16_t *)(b + N)) : 0u;
+        u[i] = qd_w<SH>(b + i);
+    u[N] = (a & 3) ? (uint32_t)qd_h<SH>((const uint16_t *)(b + N)) : 0u;
 }
 
 template <int N>
@@ -325,36 +341,36 @@ __device__ __forceinline__ void qd_funnel(const uint8_t *p, const uint32_t u[N +
         w[i] = __funnelshift_r(u[i], u[i + 1], sh);
 }
 
-/* Load chunk c of a quantised row. */
-template <int T>
+/* Load chunk c of a quantised row (SH: from its copy in shared memory, see qd_w). */
+template <int T, bool SH = false>
 __device__ __forceinline__ void engine_cu_qload(const uint8_t *row, int c, engine_cu_qraw &r) {
     if (T == ENGINE_TYPE_Q4_K || T == ENGINE_TYPE_Q5_K) {
         const bool q5 = T == ENGINE_TYPE_Q5_K;
         const uint8_t *b = row + (size_t)(c >> 3) * (q5 ? 176 : 144);
         const int q = c & 7, j = q >> 1, half = q & 1;
-        r.h = engine_cu_ldw((const uint32_t *)b);
-        r.s[0] = engine_cu_ldw((const uint32_t *)(b + 4));
-        r.s[1] = engine_cu_ldw((const uint32_t *)(b + 8));
-        r.s[2] = engine_cu_ldw((const uint32_t *)(b + 12));
-        qd_load16(b + (q5 ? 48 : 16) + 32 * j + 16 * half, r.q);
-        if (q5) qd_load16(b + 16 + 16 * half, r.q + 4);
+        r.h = qd_w<SH>((const uint32_t *)b);
+        r.s[0] = qd_w<SH>((const uint32_t *)(b + 4));
+        r.s[1] = qd_w<SH>((const uint32_t *)(b + 8));
+        r.s[2] = qd_w<SH>((const uint32_t *)(b + 12));
+        qd_load16<SH>(b + (q5 ? 48 : 16) + 32 * j + 16 * half, r.q);
+        if (q5) qd_load16<SH>(b + 16 + 16 * half, r.q + 4);
     } else if (T == ENGINE_TYPE_Q6_K) {
         const uint8_t *b = row + (size_t)(c >> 3) * 210;
         const int q = c & 7, hh = q >> 2, rr = q & 3, w = rr >> 1, l0 = 16 * (rr & 1);
-        r.h = engine_cu_ldh((const uint16_t *)(b + 208));
-        qd_ld_a2<4>(b + 64 * hh + 32 * w + l0, r.q);
-        qd_ld_a2<4>(b + 128 + 32 * hh + l0, r.q + 5);
+        r.h = qd_h<SH>((const uint16_t *)(b + 208));
+        qd_ld_a2<4, SH>(b + 64 * hh + 32 * w + l0, r.q);
+        qd_ld_a2<4, SH>(b + 128 + 32 * hh + l0, r.q + 5);
         const int8_t *scp = (const int8_t *)(b + 192 + 8 * hh + (l0 >> 4));
-        r.s[0] = (uint32_t)engine_cu_ldsb(scp + 2 * w);
-        r.s[1] = (uint32_t)engine_cu_ldsb(scp + 4 + 2 * w);
+        r.s[0] = (uint32_t)qd_sb<SH>(scp + 2 * w);
+        r.s[1] = (uint32_t)qd_sb<SH>(scp + 4 + 2 * w);
     } else if (T == ENGINE_TYPE_Q8_0) {
         const uint8_t *b = row + (size_t)c * 34;
-        r.h = engine_cu_ldh((const uint16_t *)b);
-        qd_ld_a2<8>(b + 2, r.q);
+        r.h = qd_h<SH>((const uint16_t *)b);
+        qd_ld_a2<8, SH>(b + 2, r.q);
     } else { /* Q4_0 */
         const uint8_t *b = row + (size_t)c * 18;
-        r.h = engine_cu_ldh((const uint16_t *)b);
-        qd_ld_a2<4>(b + 2, r.q);
+        r.h = qd_h<SH>((const uint16_t *)b);
+        qd_ld_a2<4, SH>(b + 2, r.q);
     }
 }
 
@@ -452,11 +468,11 @@ __device__ __forceinline__ float engine_cu_q6r_dot(const uint8_t *row, int c, in
 }
 
 /* Chunk c of a quantised row against the staged int8 vector (the row's column 0 at xv). */
-template <int T>
+template <int T, bool SH = false>
 __device__ __forceinline__ float engine_cu_qdot_chunk(const uint8_t *row, int c,
                                                       const engine_cu_xv &xv) {
     engine_cu_qraw r;
-    engine_cu_qload<T>(row, c, r);
+    engine_cu_qload<T, SH>(row, c, r);
     return engine_cu_qdot_raw<T>(r, row, c, xv);
 }
 
@@ -473,10 +489,12 @@ __device__ __forceinline__ float engine_cu_fdot_chunk(const uint8_t *row, int c,
     return engine_cu_dot32(va, vb, xa, xb);
 }
 
-template <int T>
+/* SH: a quantised row's copy in shared memory (the float types read global memory: the bulk
+ * copies serve the quantised types only). */
+template <int T, bool SH = false>
 __device__ __forceinline__ float engine_cu_dot_chunk(const uint8_t *row, int c,
                                                      const engine_cu_xv &xv) {
-    if (engine_cu_type_quant(T)) return engine_cu_qdot_chunk<T>(row, c, xv);
+    if (engine_cu_type_quant(T)) return engine_cu_qdot_chunk<T, SH>(row, c, xv);
     return engine_cu_fdot_chunk<T>(row, c, xv);
 }
 
