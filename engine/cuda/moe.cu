@@ -89,7 +89,9 @@ void engine_cu_route_test(const float *logits, int n, int k, int norm, int flags
 int engine_cu_route_parse(const char *v, int dflt) {
     const char *b = getenv("SPARK_CUDA_PF_BULK"), *t = getenv("SPARK_CUDA_TMA");
     const int bulk = (b && b[0] == '0' ? 0 : ENGINE_CU_ROUTE_BULK) |
-                     (t && t[0] == '1' ? ENGINE_CU_ROUTE_TMA : 0);
+                     (t && t[0] == '1'   ? ENGINE_CU_ROUTE_TMA
+                      : t && t[0] == '2' ? ENGINE_CU_ROUTE_TMA | ENGINE_CU_ROUTE_SPEC
+                                         : 0);
     if (!v) return dflt | bulk;
     return (strstr(v, "shfl") ? ENGINE_CU_ROUTE_SHFL : 0) | bulk;
 }
@@ -162,7 +164,7 @@ void engine_cu_ffn_up(const engine_cu_ffn_up_args *a, cudaStream_t stream) {
             ffn_tma_fits(a->gate, a->router ? a->expert_bytes : 0, run, tsm, a->type))
             smem = tsm;
         else
-            b.route &= ~ENGINE_CU_ROUTE_TMA;
+            b.route &= ~(ENGINE_CU_ROUTE_TMA | ENGINE_CU_ROUTE_SPEC);
     }
     if (a->x_add) { /* router fusion (not with the stage-6 paths) */
         engine_cu_launch(mode == ENGINE_CU_X_Q8_K   ? ffn_up_kernel<ENGINE_CU_X_Q8_K, false, true>

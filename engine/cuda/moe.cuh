@@ -98,9 +98,14 @@ typedef struct {
  * per block, a quantised type, 16-byte-aligned runs, the stage-4 decode launch) and run the
  * path before it otherwise; the same products and sums, bit for bit. */
 #define ENGINE_CU_ROUTE_TMA 4
+/* With ENGINE_CU_ROUTE_TMA and the router fusion: the routing warp starts its copies from the
+ * raw logits' ranking (moe_dev.cuh route_raw_rank), before the RMS scale and the softmax, and
+ * checks the expert against the routing after; a block that differs (logits that tie only once
+ * scaled) computes from global memory. SPARK_CUDA_TMA=2. */
+#define ENGINE_CU_ROUTE_SPEC 8
 /* The value of a SPARK_CUDA_ROUTE setting: "shfl" ENGINE_CU_ROUTE_SHFL, anything else ("redux")
  * 0; NULL: dflt; | ENGINE_CU_ROUTE_BULK unless SPARK_CUDA_PF_BULK=0; | ENGINE_CU_ROUTE_TMA with
- * SPARK_CUDA_TMA=1. (A "fast" form, the lanes'
+ * SPARK_CUDA_TMA=1 (| ENGINE_CU_ROUTE_SPEC with SPARK_CUDA_TMA=2). (A "fast" form, the lanes'
  * keys sorted first, ran bit for bit but slower in session 14: 478.3 vs 483.5 tok/s Qwen3.5,
  * 473.5 vs 475.9 Qwen3; removed.) */
 int engine_cu_route_parse(const char *v, int dflt);

@@ -70,7 +70,7 @@ static int n_gen = N_GEN; /* generated tokens; fewer with a third argument (race
 /* Run-time switches of the decode stage-6 paths, and the short-context attention launch (a
  * block per query head, engine/cuda/att_short_dev.cuh; every position here is below 256): a
  * session per set, its variables set to 1 (or to the value after '='). */
-#define N_ALT 8
+#define N_ALT 9
 static const char *const alt_sets[N_ALT][3] = {
     {"SPARK_CUDA_ROUTE_ONCE", NULL, NULL},
     {"SPARK_CUDA_UP_EARLY", NULL, NULL},
@@ -80,6 +80,7 @@ static const char *const alt_sets[N_ALT][3] = {
     {"SPARK_CUDA_HEAD_ROWS=0", NULL, NULL},   /* the repacked head in the plan's rows */
     {"SPARK_CUDA_PF_BULK=0", NULL, NULL},     /* MoE rows asked of L2 line by line */
     {"SPARK_CUDA_TMA=1", NULL, NULL},         /* MoE rows bulk-copied into shared memory */
+    {"SPARK_CUDA_TMA=2", NULL, NULL},         /* the same, copies from the raw logits' ranks */
 };
 
 /* Sets ("NAME" to 1, "NAME=VALUE" to VALUE) or unsets an alt_sets entry's variable. */
