@@ -779,6 +779,7 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
     mv->norm_w = ly->attn_norm;
     mv->eps = eps;
     mv->coop = s->coop_mv;
+    mv->tma = (s->route & ENGINE_CU_ROUTE_TMA_MV) != 0; /* the launchers check it applies */
 
     engine_cu_att at = {s->q,
                         s->k,
@@ -810,6 +811,7 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
     mv->preload = s->preload;
     mv->cols = (int)hp->n_head * hd;
     mv->x = s->att;
+    mv->tma = (s->route & ENGINE_CU_ROUTE_TMA_MV) != 0;
 
     engine_cu_ffn_up_args *up = &o->up;
     engine_cu_ffn_down_args *dn = &o->dn;
@@ -888,7 +890,7 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
     dn->max_bps = s->bps_dn;
     dn->preload = s->preload;
     dn->cols = up->rows;
-    dn->tma = (s->route & ENGINE_CU_ROUTE_TMA) != 0; /* the launcher checks it applies */
+    dn->tma = (s->route & ENGINE_CU_ROUTE_TMA_DN) != 0; /* the launcher checks it applies */
     dn->h = s->h;
     dn->y = s->x;
     if (s->rf && o->moe) { /* router fusion: wo into ao; its residual add in up and down */

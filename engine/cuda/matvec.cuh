@@ -91,6 +91,11 @@ typedef struct {
      * engine_cu_head_rows_env); 0 the plan's one or two rows a warp at three blocks a
      * multiprocessor. The same sums either way. */
     int q6r_rows;
+    /* Each block's rows bulk-copied into shared memory before the wait and computed from there
+     * (matvec_dev.cuh mv_block_tma; SPARK_CUDA_TMA, moe.cuh ENGINE_CU_ROUTE_TMA). Asked by the
+     * session; the launchers (engine_cu_matvec, engine_cu_rf_wo) keep it only where it applies
+     * (engine_cu_mv_tma) and clear it otherwise. */
+    int tma;
 } engine_cu_mv;
 
 /* True for the weight types the GPU kernels decode. */
@@ -108,6 +113,13 @@ typedef struct {
     size_t smem;
 } engine_cu_mv_plan;
 engine_cu_mv_plan engine_cu_matvec_plan(const engine_cu_mv *a);
+
+/* With a->tma: the dynamic shared memory a block of plan p's launch needs for the bulk copies
+ * (the staging's and a group's rows), or 0 where they do not apply: split-K or looping plans
+ * (the output head), the stage-5/6 fields, an architecture before sm_90, float types, rows not
+ * a multiple of 16 bytes or not 16-byte aligned. The caller checks that its kernel still fits
+ * p's blocks in one wave with that memory. */
+size_t engine_cu_mv_tma_smem(const engine_cu_mv *a, const engine_cu_mv_plan *p);
 
 /* The output head's repacked copy (ENGINE_CU_TYPE_Q6_KR, dequant.cuh: the same values, laid out
  * for coalesced loads), read by the decode and MTP head launches; the prefill and batch GEMMs

@@ -10,7 +10,7 @@
 /* The lane's partial dot products of R rows (row0, row0 + stride, ...) with the staged x over
  * chunks c0, c0 + step, ... (the R rows' loads are in flight together); rows from nvalid on
  * (past the matrix's end) compute on row0 and are not to be stored. */
-template <int T, int R>
+template <int T, int R, bool SH = false>
 __device__ __forceinline__ void mv_rows(const uint8_t *row0, size_t stride, int nvalid, int c0,
                                         int step, int n_chunks, const engine_cu_xv &xv,
                                         float acc[R]) {
@@ -27,7 +27,7 @@ __device__ __forceinline__ void mv_rows(const uint8_t *row0, size_t stride, int 
             if constexpr (T == ENGINE_CU_TYPE_Q6_KR)
                 acc[i] += engine_cu_q6r_dot(row, c, n_chunks, xv);
             else
-                acc[i] += engine_cu_dot_chunk<T>(row, c, xv);
+                acc[i] += engine_cu_dot_chunk<T, SH>(row, c, xv);
         }
 }
 
@@ -51,10 +51,11 @@ __device__ __forceinline__ int mv_find(const engine_cu_mv &a, int g, int per, in
  * the group's output vector (for engine_cu_sink), or NULL. Q6R: the instance of the output head's
  * repacked copy (dequant.cuh ENGINE_CU_TYPE_Q6_KR; R 1, 2 or 4, mode Q8_K), an instance of its own
  * so that the other launches' code stays as it is (a Q6_KR case in their switch measured ~1%
- * slower steps, session 12). */
-template <int MODE, int R, bool Q6R = false>
+ * slower steps, session 12). SH (R > 0, quantised): the group's rows from the block's copy in
+ * shared memory at ws (mv_block's bulk copy, engine_cu_mv.tma). */
+template <int MODE, int R, bool Q6R = false, bool SH = false>
 __device__ __forceinline__ float *mv_group(const engine_cu_mv &a, int g, const engine_cu_xv &xv,
-                                           float *part) {
+                                           float *part, const uint8_t *ws = nullptr) {
     constexpr int NR = R > 0 ? R : 1, PER = R > 0 ? ENGINE_CU_MV_WARPS * R : 1;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int first;
@@ -69,7 +70,7 @@ __device__ __forceinline__ float *mv_group(const engine_cu_mv &a, int g, const e
     float acc[NR];
     if (R > 0 && r0 >= rows) return y; /* no barrier below when R > 0 */
     /* rows past the end compute on row r0 and are not stored */
-    const uint8_t *row = mw + (size_t)r0 * rb;
+    const uint8_t *row = SH ? ws + (size_t)w * rb : mw + (size_t)r0 * rb;
     const size_t stride = (size_t)8 * rb;
     const int nvalid = R > 0 ? min(NR, (rows - r0 + 7) / 8) : 1;
     const int c0 = R > 0 ? lane : 32 * w + lane, step = R > 0 ? 32 : 32 * ENGINE_CU_MV_WARPS;
@@ -81,13 +82,13 @@ __device__ __forceinline__ float *mv_group(const engine_cu_mv &a, int g, const e
 #define MV_CASE(T)                                                                                 \
     case T:                                                                                        \
         if (MODE == engine_cu_x_mode(T))                                                           \
-            mv_rows<T, NR>(row, stride, nvalid, c0, step, n_chunks, xv, acc);                      \
+            mv_rows<T, NR, SH>(row, stride, nvalid, c0, step, n_chunks, xv, acc);                  \
         break;
             ENGINE_CU_QUANT_CASES(MV_CASE)
 #undef MV_CASE
 #define MV_CASE(T)                                                                                 \
     case T:                                                                                        \
-        if (MODE == ENGINE_CU_X_F32)                                                               \
+        if (MODE == ENGINE_CU_X_F32 && !SH)                                                        \
             mv_rows<T, NR>(row, stride, nvalid, c0, step, n_chunks, xv, acc);                      \
         break;
             ENGINE_CU_FLOAT_CASES(MV_CASE)
@@ -202,6 +203,40 @@ __device__ __forceinline__ void mv_block_pre(const engine_cu_mv &a, int n_groups
         mv_group<MODE, R>(a, g, xv, part);
 }
 
+/* mv_block below with a.tma (the launcher's: a block per row group, R > 0, a quantised mode,
+ * rows of 16-byte multiples at 16-byte-aligned addresses): thread 0 copies the block's group of
+ * rows (one contiguous run) into shared memory after the staged x with a bulk copy BEFORE the
+ * wait, so the rows arrive while the previous kernel finishes; the warps then compute from
+ * there: mv_group's sums, bit for bit. */
+template <int MODE, int R, typename S>
+__device__ __forceinline__ void mv_block_tma(const engine_cu_mv &a, int bx, uint8_t *sm,
+                                             const S &sync) {
+    constexpr int PER = ENGINE_CU_MV_WARPS * R;
+    __shared__ uint64_t tma_bar;
+    __shared__ float part[ENGINE_CU_MV_WARPS];
+    int first;
+    const int mi = mv_find(a, bx, PER, &first);
+    if (mi < 0) return; /* never: a block per group */
+    uint8_t *ws = sm + engine_cu_w_off(engine_cu_xs_bytes(true, a.cols));
+    if (threadIdx.x == 0) {
+        const size_t rb = a.m[mi].row_bytes;
+        const int r0 = (bx - first) * PER, nr = min(PER, a.m[mi].rows - r0);
+        engine_cu_mbar_init(&tma_bar);
+        engine_cu_mbar_expect(&tma_bar, (unsigned)(nr * rb));
+        engine_cu_bulk_g2s(ws, a.m[mi].w + (size_t)r0 * rb, (unsigned)(nr * rb), &tma_bar);
+    }
+    if (a.norm_w && (threadIdx.x >> 5) == ENGINE_CU_MV_WARPS - 1) /* read by every block: L2 */
+        engine_cu_prefetch_l2((const uint8_t *)a.norm_w, sizeof(float) * (size_t)a.cols);
+    sync.wait();
+    mv_stage<MODE>(a, sm); /* ends with a barrier: the barrier's init visible to all */
+    ENGINE_CU_TRACE(4);
+    engine_cu_mbar_wait(&tma_bar, 0);
+    ENGINE_CU_TRACE(7);
+    const engine_cu_xv xv = engine_cu_xv_at(sm, a.cols, true, 0);
+    mv_group<MODE, R, false, true>(a, bx, xv, part, ws);
+    ENGINE_CU_TRACE_END();
+}
+
 /* Block bx of a grid of gdx blocks (n_groups row groups), `sm` the dynamic shared memory;
  * `sync.wait()` where the block must wait for its inputs (every thread calls it).
  * MODE: the activation staging (qdot.cuh) of the weight types this instance handles.
@@ -214,6 +249,11 @@ __device__ __forceinline__ void mv_block(const engine_cu_mv &a, int n_groups, in
     constexpr int NR = R > 0 ? R : 1, PER = R > 0 ? ENGINE_CU_MV_WARPS * R : 1;
     __shared__ float part[ENGINE_CU_MV_WARPS];
     const int w = threadIdx.x >> 5;
+    if constexpr (!Q6R && R > 0 && MODE != ENGINE_CU_X_F32)
+        if (a.tma) {
+            mv_block_tma<MODE, R>(a, bx, sm, sync);
+            return;
+        }
     if (!Q6R && R > 0 && R <= 2 && MODE != ENGINE_CU_X_F32 && a.preload && !a.touch) {
         int first;
         const int mi = mv_find(a, bx, PER, &first);

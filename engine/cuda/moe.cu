@@ -88,10 +88,14 @@ void engine_cu_route_test(const float *logits, int n, int k, int norm, int flags
 
 int engine_cu_route_parse(const char *v, int dflt) {
     const char *b = getenv("SPARK_CUDA_PF_BULK"), *t = getenv("SPARK_CUDA_TMA");
-    const int bulk = (b && b[0] == '0' ? 0 : ENGINE_CU_ROUTE_BULK) |
-                     (t && t[0] == '1'   ? ENGINE_CU_ROUTE_TMA
-                      : t && t[0] == '2' ? ENGINE_CU_ROUTE_TMA | ENGINE_CU_ROUTE_SPEC
-                                         : 0);
+    int bulk = b && b[0] == '0' ? 0 : ENGINE_CU_ROUTE_BULK;
+    if (t && !strcmp(t, "1"))
+        bulk |= ENGINE_CU_ROUTE_TMA | ENGINE_CU_ROUTE_TMA_DN | ENGINE_CU_ROUTE_TMA_MV;
+    else if (t && strcmp(t, "0"))
+        bulk |= (strchr(t, 'u') ? ENGINE_CU_ROUTE_TMA : 0) |
+                (strchr(t, 's') ? ENGINE_CU_ROUTE_SPEC : 0) |
+                (strchr(t, 'd') ? ENGINE_CU_ROUTE_TMA_DN : 0) |
+                (strchr(t, 'm') ? ENGINE_CU_ROUTE_TMA_MV : 0);
     if (!v) return dflt | bulk;
     return (strstr(v, "shfl") ? ENGINE_CU_ROUTE_SHFL : 0) | bulk;
 }
@@ -158,7 +162,7 @@ void engine_cu_ffn_up(const engine_cu_ffn_up_args *a, cudaStream_t stream) {
     size_t smem = engine_cu_ffn_up_smem(a->type, a->cols);
     if (b.route & ENGINE_CU_ROUTE_TMA) { /* one item per block, two runs of 2 FFN_WARPS rows */
         const size_t run = (size_t)2 * FFN_WARPS * a->row_bytes,
-                     tsm = engine_cu_ffn_w_off(smem) + 2 * run;
+                     tsm = engine_cu_w_off(smem) + 2 * run;
         if (!s6 && a->max_bps <= 0 && a->rows % (2 * FFN_WARPS) == 0 &&
             ((uintptr_t)a->up & 15) == 0 &&
             ffn_tma_fits(a->gate, a->router ? a->expert_bytes : 0, run, tsm, a->type))
@@ -207,7 +211,7 @@ void engine_cu_ffn_down(const engine_cu_ffn_down_args *a, cudaStream_t stream) {
     b.tma = 0;
     if (a->tma) { /* one row group per block: a run of FFN_WARPS rows per expert */
         const size_t run = (size_t)FFN_WARPS * a->row_bytes,
-                     tsm = engine_cu_ffn_w_off(smem) + (size_t)a->k * run;
+                     tsm = engine_cu_w_off(smem) + (size_t)a->k * run;
         b.tma = a->max_bps <= 0 && !a->touch && !a->preload && !a->router && !a->ids_early &&
                 a->rows % FFN_WARPS == 0 &&
                 ffn_tma_fits(a->down, a->ids ? a->expert_bytes : 0, run, tsm, a->type);

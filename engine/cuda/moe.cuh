@@ -103,9 +103,14 @@ typedef struct {
  * checks the expert against the routing after; a block that differs (logits that tie only once
  * scaled) computes from global memory. SPARK_CUDA_TMA=2. */
 #define ENGINE_CU_ROUTE_SPEC 8
+/* The bulk copies of the MoE down launch (engine_cu_ffn_down_args.tma) and of the decode
+ * matvecs (engine_cu_mv.tma), set from the same setting: SPARK_CUDA_TMA=1 all three, or letters
+ * for parts: u the up launch, d the down, m the matvecs, s the raw logits' ranks (with u). */
+#define ENGINE_CU_ROUTE_TMA_DN 16
+#define ENGINE_CU_ROUTE_TMA_MV 32
 /* The value of a SPARK_CUDA_ROUTE setting: "shfl" ENGINE_CU_ROUTE_SHFL, anything else ("redux")
  * 0; NULL: dflt; | ENGINE_CU_ROUTE_BULK unless SPARK_CUDA_PF_BULK=0; | ENGINE_CU_ROUTE_TMA with
- * SPARK_CUDA_TMA=1 (| ENGINE_CU_ROUTE_SPEC with SPARK_CUDA_TMA=2). (A "fast" form, the lanes'
+ * SPARK_CUDA_TMA (ENGINE_CU_ROUTE_TMA_DN below). (A "fast" form, the lanes'
  * keys sorted first, ran bit for bit but slower in session 14: 478.3 vs 483.5 tok/s Qwen3.5,
  * 473.5 vs 475.9 Qwen3; removed.) */
 int engine_cu_route_parse(const char *v, int dflt);

@@ -13,12 +13,6 @@
 
 #define FFN_WARPS 8
 
-/* Where a block's copy of its weight rows starts in its dynamic shared memory
- * (ENGINE_CU_ROUTE_TMA): after the staged vector's xs bytes, at a 16-byte boundary. */
-__host__ __device__ __forceinline__ size_t engine_cu_ffn_w_off(size_t xs) {
-    return (xs + 15) & ~(size_t)15;
-}
-
 /* The softmax of route below (one warp): p[i] = the probability of expert lane + 32 i, -1
  * past n. */
 static __device__ __forceinline__ void route_softmax(const float *logits, int n, bool cg,
@@ -348,7 +342,7 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
     const bool spec = RF && tma && a.coop && a.router && (a.route & ENGINE_CU_ROUTE_SPEC);
     int spec_id = -1;
     const size_t run = (size_t)2 * FFN_WARPS * a.row_bytes;
-    uint8_t *ws = sm + engine_cu_ffn_w_off(engine_cu_xs_bytes(MODE != ENGINE_CU_X_F32, a.cols));
+    uint8_t *ws = sm + engine_cu_w_off(engine_cu_xs_bytes(MODE != ENGINE_CU_X_F32, a.cols));
     if (tma && threadIdx.x == 0) {
         engine_cu_mbar_init(&tma_bar);
         if (!a.router) { /* dense: item b is row group b, known before the wait */
@@ -575,7 +569,7 @@ __device__ __forceinline__ void ffn_down_tma(const engine_cu_ffn_down_args &a, i
     __shared__ uint64_t tma_bar;
     const int w = threadIdx.x >> 5, r = b * FFN_WARPS + w;
     const size_t run = (size_t)FFN_WARPS * a.row_bytes;
-    uint8_t *ws = sm + engine_cu_ffn_w_off(engine_cu_xs_bytes(true, a.k * a.cols));
+    uint8_t *ws = sm + engine_cu_w_off(engine_cu_xs_bytes(true, a.k * a.cols));
     if (threadIdx.x == 0) {
         engine_cu_mbar_init(&tma_bar);
         engine_cu_mbar_expect(&tma_bar, (unsigned)(a.k * run));

@@ -773,7 +773,7 @@ static void q35m_ffn_args(const engine_cuda_q35_session *s, const q35_cl *ly, fl
     dn->weights = sp->wts;
     dn->y = sp->X;
     dn->pf_bulk = (s->route & ENGINE_CU_ROUTE_BULK) != 0;
-    dn->tma = (s->route & ENGINE_CU_ROUTE_TMA) != 0;
+    dn->tma = (s->route & ENGINE_CU_ROUTE_TMA_DN) != 0;
     *dsh = *dn;
     dsh->down = ly->down_sh.d;
     dsh->expert_bytes = 0;

@@ -43,6 +43,12 @@ __host__ __device__ __forceinline__ size_t engine_cu_xs_bytes(bool quant, int n)
                  : sizeof(float) * (size_t)n;
 }
 
+/* Where a block's copy of its weight rows (bulk copies, common.cuh engine_cu_bulk_g2s) starts
+ * in its dynamic shared memory: after the staged vector's xs bytes, at a 16-byte boundary. */
+__host__ __device__ __forceinline__ size_t engine_cu_w_off(size_t xs) {
+    return (xs + 15) & ~(size_t)15;
+}
+
 /* A view of the staged vector from value `off` on (off a multiple of 32). */
 typedef struct {
     const int8_t *q;

@@ -1237,7 +1237,7 @@ static void q35_moe(engine_cuda_q35_session *s, const q35_cl *ly, float eps, q35
     }
     dn.diag = s->diag_moe;
     dn.pf_bulk = (s->route & ENGINE_CU_ROUTE_BULK) != 0;
-    dn.tma = (s->route & ENGINE_CU_ROUTE_TMA) != 0;
+    dn.tma = (s->route & ENGINE_CU_ROUTE_TMA_DN) != 0;
     const int n_down = q35_diag_n(s, Q35_DIAG_DOWN);
     for (int i = 0; i < n_down; i++)
         engine_cu_ffn_down(&dn, st);
