@@ -89,9 +89,9 @@ void engine_cu_route_test(const float *logits, int n, int k, int norm, int flags
 int engine_cu_route_parse(const char *v, int dflt) {
     const char *b = getenv("SPARK_CUDA_PF_BULK"), *t = getenv("SPARK_CUDA_TMA");
     int bulk = b && b[0] == '0' ? 0 : ENGINE_CU_ROUTE_BULK;
-    if (t && !strcmp(t, "1"))
+    if (!t || !strcmp(t, "1")) /* the default */
         bulk |= ENGINE_CU_ROUTE_TMA | ENGINE_CU_ROUTE_TMA_DN | ENGINE_CU_ROUTE_TMA_MV;
-    else if (t && strcmp(t, "0"))
+    else if (strcmp(t, "0"))
         bulk |= (strchr(t, 'u') ? ENGINE_CU_ROUTE_TMA : 0) |
                 (strchr(t, 's') ? ENGINE_CU_ROUTE_SPEC : 0) |
                 (strchr(t, 'd') ? ENGINE_CU_ROUTE_TMA_DN : 0) |

@@ -63,6 +63,14 @@ int op_bps() {
     return n > 0 ? n : 0;
 }
 
+/* SPARK_CUDA_OP_TMA=1: the matvec and MoE ops copy their blocks' weight rows into shared memory
+ * with bulk copies (engine_cu_mv.tma, ENGINE_CU_ROUTE_TMA, engine_cu_ffn_down_args.tma: the
+ * sessions' default since session 15) where the launchers find them applicable; else loads. */
+bool op_tma() {
+    const char *e = getenv("SPARK_CUDA_OP_TMA");
+    return e && e[0] == '1';
+}
+
 /* SPARK_CUDA_OP_SPLIT=R (0 < R < rows): the matvec op runs its rows as two matrices, rows
  * [0, R) and [R, rows), with engine_cu_mv.r3 (three-row groups in one wave where two-row groups
  * would not fit one: a session's mixer in-projections). */
@@ -132,6 +140,10 @@ extern "C" int engine_cuda_op_matvec(engine_type type, const void *w, int64_t ro
     mv.norm_w = dn;
     mv.eps = eps;
     mv.q6r_rows = q6e && atoi(q6e) == 4 ? 4 : 0;
+    if (op_tma()) { /* as sessions run it: no L1 touch */
+        mv.tma = 1;
+        mv.touch = 0;
+    }
     engine_cu_matvec(&mv, 0);
     return a.get(y, dy, sizeof(float) * (size_t)rows);
 }
@@ -270,6 +282,11 @@ extern "C" int engine_cuda_op_moe(engine_type type, int n_expert, int k, bool no
         d.norm_topk = norm_topk;
         d.touch = 0;
         d.preload = 1;
+    }
+    if (op_tma() && !u.max_bps) {
+        u.route = ENGINE_CU_ROUTE_TMA;
+        d.tma = 1;
+        d.touch = 0;
     }
     engine_cu_ffn_up(&u, 0);
     engine_cu_ffn_down(&d, 0);

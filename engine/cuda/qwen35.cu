@@ -979,6 +979,7 @@ static void q35_mv(const engine_cuda_q35_session *s, cudaStream_t st, const floa
     mv.coop = s->coop_mv;
     mv.r3 = s->mv_r3;
     mv.q6r_rows = s->head_rows; /* only the repacked head reads it */
+    mv.tma = (s->route & ENGINE_CU_ROUTE_TMA_MV) != 0; /* the launcher checks it applies */
     for (int i = 0; i < n; i++)
         mv.m[i] = mats[i];
     mv.n_mat = n;
@@ -1077,6 +1078,7 @@ static engine_cu_rf_args q35_rf_args(const engine_cuda_q35_session *s, const q35
     a.wo.n_mat = 1;
     a.wo.cols = wo->cols;
     a.wo.x = att;
+    a.wo.tma = (s->route & ENGINE_CU_ROUTE_TMA_MV) != 0; /* one token only: engine_cu_rf_wo */
     a.rm.m[0].w = (const uint8_t *)(cm->rf_mem + cm->rf_off[l]);
     a.rm.m[0].row_bytes = sizeof(float) * (size_t)(d->E + wo->cols);
     a.rm.m[0].type = ENGINE_TYPE_F32;

@@ -79,8 +79,8 @@ static const char *const alt_sets[N_ALT][3] = {
     {"SPARK_CUDA_HEAD_REPACK=0", NULL, NULL}, /* a Q6_K head read as the file has it */
     {"SPARK_CUDA_HEAD_ROWS=0", NULL, NULL},   /* the repacked head in the plan's rows */
     {"SPARK_CUDA_PF_BULK=0", NULL, NULL},     /* MoE rows asked of L2 line by line */
-    {"SPARK_CUDA_TMA=1", NULL, NULL},         /* weight rows bulk-copied into shared memory */
-    {"SPARK_CUDA_TMA=udms", NULL, NULL},      /* the same, up copies from the raw logits' ranks */
+    {"SPARK_CUDA_TMA=0", NULL, NULL},         /* no bulk copies into shared memory (loads) */
+    {"SPARK_CUDA_TMA=udms", NULL, NULL},      /* the up copies from the raw logits' ranks */
 };
 
 /* Sets ("NAME" to 1, "NAME=VALUE" to VALUE) or unsets an alt_sets entry's variable. */

@@ -721,6 +721,12 @@ int main(int argc, char **argv) {
     test_matvec();
     test_moe();
     unsetenv("SPARK_CUDA_OP_BPS");
+    /* the sessions' default: weight rows bulk-copied into shared memory (matvec.cuh .tma) */
+    printf("with SPARK_CUDA_OP_TMA=1:\n");
+    setenv("SPARK_CUDA_OP_TMA", "1", 1);
+    test_matvec();
+    test_moe();
+    unsetenv("SPARK_CUDA_OP_TMA");
     return support_finish("test_cuda_ops");
 }
 #endif

@@ -690,8 +690,8 @@ int main(void) {
         {"SPARK_CUDA_HEAD_REPACK", "0", NULL, NULL}, /* q4_k_m: the Q6_K head as the file has it */
         {"SPARK_CUDA_HEAD_ROWS", "0", NULL, NULL},   /* the repacked head in the plan's rows */
         {"SPARK_CUDA_PF_BULK", "0", NULL, NULL},     /* MoE rows asked of L2 line by line */
-        {"SPARK_CUDA_TMA", "1", NULL, NULL},         /* MoE rows bulk-copied into shared memory */
-        {"SPARK_CUDA_TMA", "uds", NULL, NULL}};      /* the same, up copies from the raw logits' ranks */
+        {"SPARK_CUDA_TMA", "0", NULL, NULL},         /* no bulk copies into shared memory */
+        {"SPARK_CUDA_TMA", "udms", NULL, NULL}};     /* the up copies from the raw logits' ranks */
     for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++) {
         const char *const *v = variants[i];
         check_variant("q4_k_m", v[0], v[1], v[2], v[3]);
