@@ -273,10 +273,10 @@ __device__ __forceinline__ void engine_cu_mbar_init(uint64_t *bar) {
 
 __device__ __forceinline__ void engine_cu_mbar_expect(uint64_t *bar, unsigned bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(
-                     engine_cu_smem_addr(bar)),
-                 "r"(bytes)
-                 : "memory");
+    asm volatile(
+        "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(engine_cu_smem_addr(bar)),
+        "r"(bytes)
+        : "memory");
 #else
     (void)bar;
     (void)bytes;

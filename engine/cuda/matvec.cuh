@@ -92,9 +92,9 @@ typedef struct {
      * multiprocessor. The same sums either way. */
     int q6r_rows;
     /* Each block's rows bulk-copied into shared memory before the wait and computed from there
-     * (matvec_dev.cuh mv_block_tma; SPARK_CUDA_TMA, moe.cuh ENGINE_CU_ROUTE_TMA). Asked by the
+     * (matvec_dev.cuh mv_block_tma; SPARK_CUDA_TMA, moe.cuh ENGINE_CU_ROUTE_TMA_MV). Asked by the
      * session; the launchers (engine_cu_matvec, engine_cu_rf_wo) keep it only where it applies
-     * (engine_cu_mv_tma) and clear it otherwise. */
+     * (engine_cu_mv_tma_smem) and clear it otherwise. */
     int tma;
 } engine_cu_mv;
 

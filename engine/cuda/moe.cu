@@ -124,8 +124,7 @@ static size_t engine_cu_ffn_down_smem(int type, int k, int cols) {
 /* The bulk copies (ENGINE_CU_ROUTE_TMA) fit this decode launch: sm_90+, a quantised type, runs
  * of `run` bytes at 16-byte-aligned offsets from a 16-byte-aligned base, and shared memory of
  * `smem` bytes in all for a block. */
-static bool ffn_tma_fits(const void *base, size_t expert_bytes, size_t run, size_t smem,
-                         int type) {
+static bool ffn_tma_fits(const void *base, size_t expert_bytes, size_t run, size_t smem, int type) {
     int dev = 0, major = 0, optin = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
@@ -177,13 +176,14 @@ void engine_cu_ffn_up(const engine_cu_ffn_up_args *a, cudaStream_t stream) {
                          grid, dim3(FFN_WARPS * 32), smem, stream, b);
         return;
     }
-    engine_cu_launch(mode == ENGINE_CU_X_Q8_K   ? (s6 ? ffn_up_kernel<ENGINE_CU_X_Q8_K, true>
-                                                      : ffn_up_kernel<ENGINE_CU_X_Q8_K, false>)
-                     : mode == ENGINE_CU_X_Q8_0 ? (s6 ? ffn_up_kernel<ENGINE_CU_X_Q8_0, true>
-                                                      : ffn_up_kernel<ENGINE_CU_X_Q8_0, false>)
-                     : s6                       ? ffn_up_kernel<ENGINE_CU_X_F32, true>
-                                                : ffn_up_kernel<ENGINE_CU_X_F32, false>,
-                     grid, dim3(FFN_WARPS * 32), smem, stream, b);
+    engine_cu_launch(
+        mode == ENGINE_CU_X_Q8_K
+            ? (s6 ? ffn_up_kernel<ENGINE_CU_X_Q8_K, true> : ffn_up_kernel<ENGINE_CU_X_Q8_K, false>)
+        : mode == ENGINE_CU_X_Q8_0
+            ? (s6 ? ffn_up_kernel<ENGINE_CU_X_Q8_0, true> : ffn_up_kernel<ENGINE_CU_X_Q8_0, false>)
+        : s6 ? ffn_up_kernel<ENGINE_CU_X_F32, true>
+             : ffn_up_kernel<ENGINE_CU_X_F32, false>,
+        grid, dim3(FFN_WARPS * 32), smem, stream, b);
 }
 
 void engine_cu_ffn_down(const engine_cu_ffn_down_args *a, cudaStream_t stream) {
@@ -202,8 +202,7 @@ void engine_cu_ffn_down(const engine_cu_ffn_down_args *a, cudaStream_t stream) {
                                        : ffn_down_tok_kernel<ENGINE_CU_X_F32, false>,
             dim3(ffn_tok_blocks((a->rows + FFN_WARPS - 1) / FFN_WARPS, a->tok_blocks),
                  (unsigned)a->m),
-            dim3(FFN_WARPS * 32),
-            engine_cu_ffn_down_smem(a->type, a->k, a->cols), stream, b);
+            dim3(FFN_WARPS * 32), engine_cu_ffn_down_smem(a->type, a->k, a->cols), stream, b);
         return;
     }
     engine_cu_ffn_down_args b = *a;
@@ -217,13 +216,14 @@ void engine_cu_ffn_down(const engine_cu_ffn_down_args *a, cudaStream_t stream) {
                 ffn_tma_fits(a->down, a->ids ? a->expert_bytes : 0, run, tsm, a->type);
         if (b.tma) smem = tsm;
     }
-    engine_cu_launch(mode == ENGINE_CU_X_Q8_K   ? (rf ? ffn_down_kernel<ENGINE_CU_X_Q8_K, true>
-                                                      : ffn_down_kernel<ENGINE_CU_X_Q8_K>)
-                     : mode == ENGINE_CU_X_Q8_0 ? (rf ? ffn_down_kernel<ENGINE_CU_X_Q8_0, true>
-                                                      : ffn_down_kernel<ENGINE_CU_X_Q8_0>)
-                     : rf                       ? ffn_down_kernel<ENGINE_CU_X_F32, true>
-                                                : ffn_down_kernel<ENGINE_CU_X_F32>,
-                     dim3(gx), dim3(FFN_WARPS * 32), smem, stream, b);
+    engine_cu_launch(
+        mode == ENGINE_CU_X_Q8_K
+            ? (rf ? ffn_down_kernel<ENGINE_CU_X_Q8_K, true> : ffn_down_kernel<ENGINE_CU_X_Q8_K>)
+        : mode == ENGINE_CU_X_Q8_0
+            ? (rf ? ffn_down_kernel<ENGINE_CU_X_Q8_0, true> : ffn_down_kernel<ENGINE_CU_X_Q8_0>)
+        : rf ? ffn_down_kernel<ENGINE_CU_X_F32, true>
+             : ffn_down_kernel<ENGINE_CU_X_F32>,
+        dim3(gx), dim3(FFN_WARPS * 32), smem, stream, b);
 }
 
 engine_cu_phase engine_cu_ffn_up_phase(const engine_cu_ffn_up_args *a) {

@@ -110,10 +110,9 @@ typedef struct {
 #define ENGINE_CU_ROUTE_TMA_DN 16
 #define ENGINE_CU_ROUTE_TMA_MV 32
 /* The value of a SPARK_CUDA_ROUTE setting: "shfl" ENGINE_CU_ROUTE_SHFL, anything else ("redux")
- * 0; NULL: dflt; | ENGINE_CU_ROUTE_BULK unless SPARK_CUDA_PF_BULK=0; | ENGINE_CU_ROUTE_TMA with
- * SPARK_CUDA_TMA (ENGINE_CU_ROUTE_TMA_DN below). (A "fast" form, the lanes'
- * keys sorted first, ran bit for bit but slower in session 14: 478.3 vs 483.5 tok/s Qwen3.5,
- * 473.5 vs 475.9 Qwen3; removed.) */
+ * 0; NULL: dflt; | ENGINE_CU_ROUTE_BULK unless SPARK_CUDA_PF_BULK=0; | the bulk-copy flags
+ * SPARK_CUDA_TMA asks for (above). (A "fast" form, the lanes' keys sorted first, ran bit for bit
+ * but slower in session 14: 478.3 vs 483.5 tok/s Qwen3.5, 473.5 vs 475.9 Qwen3; removed.) */
 int engine_cu_route_parse(const char *v, int dflt);
 /* One warp's routing of n logits (device pointers; ids / wts: k each), as the up launch's
  * routing warp with those ENGINE_CU_ROUTE_* flags routes (the op test). */

@@ -377,8 +377,8 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
                 const int j = b / gx;
                 spec_id = route_raw_rank(raw, a.n_expert, j);
                 if ((threadIdx.x & 31) == 0) {
-                    const size_t off = (size_t)spec_id * a.expert_bytes +
-                                       (size_t)(b - j * gx) * run;
+                    const size_t off =
+                        (size_t)spec_id * a.expert_bytes + (size_t)(b - j * gx) * run;
                     engine_cu_mbar_expect(&tma_bar, (unsigned)(2 * run));
                     engine_cu_bulk_g2s(ws, a.gate + off, (unsigned)run, &tma_bar);
                     engine_cu_bulk_g2s(ws + run, a.up + off, (unsigned)run, &tma_bar);
@@ -478,9 +478,8 @@ __device__ __forceinline__ float down_row(const engine_cu_ffn_down_args &a, int 
     for (int it = threadIdx.x & 31; it < n_items; it += 32) {
         const int j = it / nch, c = it - j * nch;
         /* SH: slot j's run of FFN_WARPS rows in shared memory, ws this warp's row in slot 0 */
-        const uint8_t *d =
-            SH ? ws + (size_t)j * FFN_WARPS * a.row_bytes
-               : a.down + (size_t)ids[j] * a.expert_bytes + (size_t)r * a.row_bytes;
+        const uint8_t *d = SH ? ws + (size_t)j * FFN_WARPS * a.row_bytes
+                              : a.down + (size_t)ids[j] * a.expert_bytes + (size_t)r * a.row_bytes;
         const engine_cu_xv xv = engine_cu_xv_at(sm, a.k * a.cols, quant, j * a.cols);
         tot += wts[j] * engine_cu_dot_chunk<T, SH>(d, c, xv);
     }

@@ -307,7 +307,8 @@ template <bool SH> __device__ __forceinline__ int qd_sb(const int8_t *p) {
 }
 
 /* 16 weight bytes from a 16-byte-aligned address. */
-template <bool SH = false> __device__ __forceinline__ void qd_load16(const uint8_t *p, uint32_t w[4]) {
+template <bool SH = false>
+__device__ __forceinline__ void qd_load16(const uint8_t *p, uint32_t w[4]) {
     const uint4 v = SH ? *(const uint4 *)p : engine_cu_ldq((const uint4 *)p);
     w[0] = v.x;
     w[1] = v.y;
