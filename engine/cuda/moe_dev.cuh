@@ -79,7 +79,8 @@ static __device__ __forceinline__ int route_raw_rank(const float raw[ENGINE_CU_M
 #pragma unroll
     for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++) {
         const unsigned u = __float_as_uint(raw[i]);
-        key[i] = lane + 32 * i < n ? ((u >> 31) ? ~u : u | 0x80000000u) : 0u;
+        /* at least 1 below n (a NaN of all ones would give 0): the pick is always below n */
+        key[i] = lane + 32 * i < n ? max((u >> 31) ? ~u : u | 0x80000000u, 1u) : 0u;
     }
     int id = 0;
     for (int r = 0; r <= j; r++)
