@@ -356,6 +356,33 @@ static inline int engine_cu_sm_count() {
     return sms;
 }
 
+/* Whether the current device takes the bulk copies into shared memory (engine_cu_bulk_g2s:
+ * sm_90 and later); a failed query says no, its error cleared. */
+static inline bool engine_cu_bulk_ok() {
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return major >= 9;
+}
+
+/* Whether `blocks` blocks of `kernel` (`threads` threads, `smem` bytes of dynamic shared memory,
+ * the attribute for more than 48 KB set first) are resident at once: one wave. A failed query
+ * says no, its error cleared. */
+template <typename K>
+static inline bool engine_cu_one_wave(K kernel, int threads, size_t smem, int blocks) {
+    int occ = 0;
+    if (smem > 48 * 1024)
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, threads, smem) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return (long)occ * engine_cu_sm_count() >= blocks;
+}
+
 /* Launch with programmatic stream serialisation when pdl (the kernel must call engine_cu_pdl_wait
  * before touching anything a previous kernel writes or reads) and, with cluster_y > 0, thread
  * block clusters of 1 x cluster_y x 1 blocks. Errors surface in cudaGetLastError. */

@@ -159,18 +159,12 @@ template <int MODE> static mv_plan mv_plan_mode(const engine_cu_mv *a) {
 }
 
 size_t engine_cu_mv_tma_smem(const engine_cu_mv *a, const engine_cu_mv_plan *p) {
-    int dev = 0, major = 0;
     if (!a->tma || p->r <= 0 || p->blocks != p->n_groups || a->touch || a->preload ||
-        a->route_ids || a->max_bps > 0 || mv_is_q6r(a))
+        a->route_ids || a->max_bps > 0 || mv_is_q6r(a) || !engine_cu_bulk_ok())
         return 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-        cudaGetLastError();
-        return 0;
-    }
     size_t rb = 0;
     for (int i = 0; i < a->n_mat; i++) {
-        if (major < 9 || !engine_cu_type_quant(a->m[i].type) || a->m[i].row_bytes % 16 != 0 ||
+        if (!engine_cu_type_quant(a->m[i].type) || a->m[i].row_bytes % 16 != 0 ||
             ((uintptr_t)a->m[i].w & 15) != 0)
             return 0;
         if (a->m[i].row_bytes > rb) rb = a->m[i].row_bytes;
@@ -178,37 +172,17 @@ size_t engine_cu_mv_tma_smem(const engine_cu_mv *a, const engine_cu_mv_plan *p) 
     return engine_cu_w_off(p->smem) + (size_t)ENGINE_CU_MV_WARPS * p->r * rb;
 }
 
-/* The bulk-copy shared memory of a's launch of plan p by `kernel` (engine_cu_mv_tma_smem) where
- * the kernel still fits p's blocks in one wave with it; else 0. */
-template <typename K>
-static size_t mv_tma_fit(const engine_cu_mv *a, const mv_plan &p, K kernel, int blocks) {
-    const size_t tsm = engine_cu_mv_tma_smem(a, &p);
-    int dev = 0, sms = 0, occ = 0;
-    if (!tsm) return 0;
-    if (tsm > 48 * 1024)
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tsm);
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, ENGINE_CU_MV_WARPS * 32, tsm) !=
-            cudaSuccess) {
-        cudaGetLastError();
-        return 0;
-    }
-    return occ * sms >= blocks ? tsm : 0;
-}
-
 template <int MODE> static void mv_launch_mode(const engine_cu_mv *a, cudaStream_t stream) {
     const mv_plan p = mv_plan_mode<MODE>(a);
     const dim3 grid(p.blocks), block(ENGINE_CU_MV_WARPS * 32);
     if constexpr (MODE != ENGINE_CU_X_F32)
-        if (a->tma && (p.r == 1 || p.r == 2 || p.r == 3) && !mv_is_q6r(a) && !a->route_ids) {
-            engine_cu_mv t = *a;
+        if (a->tma && p.r >= 1 && p.r <= 3) { /* the rows' copies, where they fit one wave */
             void (*k)(engine_cu_mv, int) = p.r == 1   ? mv_kernel<MODE, 1>
                                            : p.r == 2 ? mv_kernel<MODE, 2>
                                                       : mv_kernel<MODE, 3>;
-            const size_t tsm = mv_tma_fit(a, p, k, p.blocks);
-            if (tsm) {
-                engine_cu_launch(k, grid, block, tsm, stream, t, p.n_groups);
+            const size_t tsm = engine_cu_mv_tma_smem(a, &p);
+            if (tsm && engine_cu_one_wave(k, ENGINE_CU_MV_WARPS * 32, tsm, p.blocks)) {
+                engine_cu_launch(k, grid, block, tsm, stream, *a, p.n_groups);
                 return;
             }
         }

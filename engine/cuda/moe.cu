@@ -93,7 +93,6 @@ int engine_cu_route_parse(const char *v, int dflt) {
         bulk |= ENGINE_CU_ROUTE_TMA | ENGINE_CU_ROUTE_TMA_DN | ENGINE_CU_ROUTE_TMA_MV;
     else if (strcmp(t, "0"))
         bulk |= (strchr(t, 'u') ? ENGINE_CU_ROUTE_TMA : 0) |
-                (strchr(t, 's') ? ENGINE_CU_ROUTE_SPEC : 0) |
                 (strchr(t, 'd') ? ENGINE_CU_ROUTE_TMA_DN : 0) |
                 (strchr(t, 'm') ? ENGINE_CU_ROUTE_TMA_MV : 0);
     if (!v) return dflt | bulk;
@@ -125,16 +124,17 @@ static size_t engine_cu_ffn_down_smem(int type, int k, int cols) {
  * of `run` bytes at 16-byte-aligned offsets from a 16-byte-aligned base, and shared memory of
  * `smem` bytes in all for a block. */
 static bool ffn_tma_fits(const void *base, size_t expert_bytes, size_t run, size_t smem, int type) {
-    int dev = 0, major = 0, optin = 0;
+    int dev = 0, optin = 0;
+    if (!engine_cu_type_quant(type) || ((uintptr_t)base & 15) != 0 || expert_bytes % 16 != 0 ||
+        run % 16 != 0 || !engine_cu_bulk_ok())
+        return false;
     if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) !=
             cudaSuccess) {
         cudaGetLastError();
         return false;
     }
-    return major >= 9 && engine_cu_type_quant(type) && ((uintptr_t)base & 15) == 0 &&
-           expert_bytes % 16 == 0 && run % 16 == 0 && smem <= (size_t)optin;
+    return smem <= (size_t)optin;
 }
 
 void engine_cu_ffn_up(const engine_cu_ffn_up_args *a, cudaStream_t stream) {
@@ -167,7 +167,7 @@ void engine_cu_ffn_up(const engine_cu_ffn_up_args *a, cudaStream_t stream) {
             ffn_tma_fits(a->gate, a->router ? a->expert_bytes : 0, run, tsm, a->type))
             smem = tsm;
         else
-            b.route &= ~(ENGINE_CU_ROUTE_TMA | ENGINE_CU_ROUTE_SPEC);
+            b.route &= ~ENGINE_CU_ROUTE_TMA;
     }
     if (a->x_add) { /* router fusion (not with the stage-6 paths) */
         engine_cu_launch(mode == ENGINE_CU_X_Q8_K   ? ffn_up_kernel<ENGINE_CU_X_Q8_K, false, true>

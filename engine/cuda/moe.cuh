@@ -98,15 +98,12 @@ typedef struct {
  * per block, a quantised type, 16-byte-aligned runs, the stage-4 decode launch) and run the
  * path before it otherwise; the same products and sums, bit for bit. */
 #define ENGINE_CU_ROUTE_TMA 4
-/* With ENGINE_CU_ROUTE_TMA and the router fusion: the routing warp starts its copies from the
- * raw logits' ranking (moe_dev.cuh route_raw_rank), before the RMS scale and the softmax, and
- * checks the expert against the routing after; a block that differs (logits that tie only once
- * scaled) computes from global memory. SPARK_CUDA_TMA with "s" (below). */
-#define ENGINE_CU_ROUTE_SPEC 8
 /* The bulk copies of the MoE down launch (engine_cu_ffn_down_args.tma) and of the decode
  * matvecs (engine_cu_mv.tma), set from the same setting: SPARK_CUDA_TMA unset or 1 all three
  * (the default since session 15), 0 none, or letters for parts: u the up launch, d the down, m
- * the matvecs, s the raw logits' ranks (with u; measured slower, so off). */
+ * the matvecs. (An "s" part, the up copies started from the raw router logits' ranks before the
+ * scale and the softmax and checked after, measured slower in session 15: 472.6 against 476.8
+ * tok/s on Qwen3; removed.) */
 #define ENGINE_CU_ROUTE_TMA_DN 16
 #define ENGINE_CU_ROUTE_TMA_MV 32
 /* The value of a SPARK_CUDA_ROUTE setting: "shfl" ENGINE_CU_ROUTE_SHFL, anything else ("redux")

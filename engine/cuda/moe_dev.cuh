@@ -67,27 +67,6 @@ static __device__ __forceinline__ int route_pick(unsigned key[ENGINE_CU_MAX_EXPE
 #endif
 }
 
-/* The expert of rank j (0: the largest) among raw logits raw[i] of experts lane + 32 i < n (one
- * warp, every lane gets it): route_pick rounds on keys that order the floats as numbers (ties to
- * the lower id). A positive scale and the softmax keep that order, so this is route's pick j on
- * the scaled logits except where two logits tie after scaling or exponentiation but not before
- * (the caller checks against route's ids). */
-static __device__ __forceinline__ int route_raw_rank(const float raw[ENGINE_CU_MAX_EXPERT / 32],
-                                                     int n, int j) {
-    const int lane = threadIdx.x & 31;
-    unsigned key[ENGINE_CU_MAX_EXPERT / 32], km;
-#pragma unroll
-    for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++) {
-        const unsigned u = __float_as_uint(raw[i]);
-        /* at least 1 below n (a NaN of all ones would give 0): the pick is always below n */
-        key[i] = lane + 32 * i < n ? max((u >> 31) ? ~u : u | 0x80000000u, 1u) : 0u;
-    }
-    int id = 0;
-    for (int r = 0; r <= j; r++)
-        id = route_pick(key, &km);
-    return id;
-}
-
 /* Softmax + top-k of the router logits by one warp; results in ids[k], wts[k] (shared). Each
  * lane keeps its experts' probabilities in registers; a chosen one is struck out (-1). With
  * REDUX (sm_80 and later) each round is route_pick's two warp reductions over the keys
@@ -331,17 +310,11 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
     __shared__ int ids[ENGINE_CU_MAX_EXPERT_USED];
     __shared__ float wts[ENGINE_CU_MAX_EXPERT_USED];
     __shared__ uint64_t tma_bar;
-    __shared__ int tma_miss;
     const int w = threadIdx.x >> 5;
     const int gx = engine_cu_up_groups(a.rows), n_items = gx * (a.router ? a.k : 1);
     /* ENGINE_CU_ROUTE_TMA (the launcher's: one item a block, quantised, 2 FFN_WARPS rows a
      * group): the item's gate and up runs into shared memory at ws, thread 0 the copies */
     const bool tma = MODE != ENGINE_CU_X_F32 && (a.route & ENGINE_CU_ROUTE_TMA) && b < n_items;
-    /* ENGINE_CU_ROUTE_SPEC (router fusion, whole-block scale): the copies start from the raw
-     * logits' ranking before the scale and the softmax; a block whose routed expert differs
-     * (a tie the scaling made) computes from global memory instead */
-    const bool spec = RF && tma && a.coop && a.router && (a.route & ENGINE_CU_ROUTE_SPEC);
-    int spec_id = -1;
     const size_t run = (size_t)2 * FFN_WARPS * a.row_bytes;
     uint8_t *ws = sm + engine_cu_w_off(engine_cu_xs_bytes(MODE != ENGINE_CU_X_F32, a.cols));
     if (tma && threadIdx.x == 0) {
@@ -372,20 +345,7 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
     /* a.coop (RF): the scale of h by the whole block, the routing warp's logits read first */
     float sc = -1.0f, raw[ENGINE_CU_MAX_EXPERT / 32];
     if (RF && a.coop) {
-        if (a.router && w == 0) {
-            ffn_route_raw(a, raw);
-            if (spec) {
-                const int j = b / gx;
-                spec_id = route_raw_rank(raw, a.n_expert, j);
-                if ((threadIdx.x & 31) == 0) {
-                    const size_t off =
-                        (size_t)spec_id * a.expert_bytes + (size_t)(b - j * gx) * run;
-                    engine_cu_mbar_expect(&tma_bar, (unsigned)(2 * run));
-                    engine_cu_bulk_g2s(ws, a.gate + off, (unsigned)run, &tma_bar);
-                    engine_cu_bulk_g2s(ws + run, a.up + off, (unsigned)run, &tma_bar);
-                }
-            }
-        }
+        if (a.router && w == 0) ffn_route_raw(a, raw);
         sc = engine_cu_block_scale<false, true>((const float4 *)a.x, (const float4 *)a.x_add,
                                                 a.cols, a.eps);
         ENGINE_CU_TRACE(4);
@@ -406,9 +366,7 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
                 const int j = it / gx, r0 = (it - j * gx) * 2 * FFN_WARPS;
                 const int nr = min(2 * FFN_WARPS, a.rows - r0);
                 const size_t off = (size_t)ids[j] * a.expert_bytes + (size_t)r0 * a.row_bytes;
-                if (spec) {
-                    if ((threadIdx.x & 31) == 0) tma_miss = ids[j] != spec_id;
-                } else if (tma) {
+                if (tma) {
                     if ((threadIdx.x & 31) == 0) {
                         engine_cu_mbar_expect(&tma_bar, (unsigned)(2 * run));
                         engine_cu_bulk_g2s(ws, a.gate + off, (unsigned)run, &tma_bar);
@@ -452,10 +410,7 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
         engine_cu_mbar_wait(&tma_bar, 0);
         ENGINE_CU_TRACE(7);
         const int j = b / gx, r = (b - j * gx) * 2 * FFN_WARPS + w;
-        if (spec && tma_miss)
-            ffn_up_rows<MODE>(a, j, ids[j], r, xv);
-        else
-            ffn_up_rows<MODE, 2, true>(a, j, ids[j], r, xv, ws);
+        ffn_up_rows<MODE, 2, true>(a, j, ids[j], r, xv, ws);
         ENGINE_CU_TRACE_END();
         return;
     }

@@ -295,21 +295,17 @@ template <int MODE> static void rf_launch(const engine_cu_rf_args *in, cudaStrea
     size_t smem = rs > p.smem ? rs : p.smem;
     /* the wo blocks' rows bulk-copied into shared memory (engine_cu_mv.tma) when the launch
      * still fits one wave with that memory; one token only */
-    const size_t tsm = MODE != ENGINE_CU_X_F32 && a->m <= 1 ? engine_cu_mv_tma_smem(&a->wo, &p) : 0;
     b.wo.tma = 0;
-    if (tsm && p.r >= 1 && p.r <= 2) {
-        const size_t s2 = tsm > smem ? tsm : smem;
-        int occ = 0;
-        auto k = p.r == 1 ? rf_wo_kernel<MODE, 1, 2> : rf_wo_kernel<MODE, 2, 2>;
-        if (s2 > 48 * 1024)
-            cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s2);
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k, ENGINE_CU_MV_WARPS * 32, s2) ==
-                cudaSuccess &&
-            a->rm.m[0].rows + p.blocks <= engine_cu_sm_count() * occ) {
-            b.wo.tma = 1;
-            smem = s2;
+    if constexpr (MODE != ENGINE_CU_X_F32) {
+        const size_t tsm = a->m <= 1 ? engine_cu_mv_tma_smem(&in->wo, &p) : 0;
+        if (tsm && p.r >= 1 && p.r <= 2) {
+            const size_t s2 = tsm > smem ? tsm : smem;
+            if (engine_cu_one_wave(p.r == 1 ? rf_wo_kernel<MODE, 1, 2> : rf_wo_kernel<MODE, 2, 2>,
+                                   ENGINE_CU_MV_WARPS * 32, s2, a->rm.m[0].rows + p.blocks)) {
+                b.wo.tma = 1;
+                smem = s2;
+            }
         }
-        cudaGetLastError();
     }
     /* two rows per router block when a block per row would not fit the resident slots */
     int per_sm = 0;

@@ -80,7 +80,7 @@ static const char *const alt_sets[N_ALT][3] = {
     {"SPARK_CUDA_HEAD_ROWS=0", NULL, NULL},   /* the repacked head in the plan's rows */
     {"SPARK_CUDA_PF_BULK=0", NULL, NULL},     /* MoE rows asked of L2 line by line */
     {"SPARK_CUDA_TMA=0", NULL, NULL},         /* no bulk copies into shared memory (loads) */
-    {"SPARK_CUDA_TMA=udms", NULL, NULL},      /* the up copies from the raw logits' ranks */
+    {"SPARK_CUDA_TMA=ud", NULL, NULL},        /* the MoE's copies, the matvecs' loads */
 };
 
 /* Sets ("NAME" to 1, "NAME=VALUE" to VALUE) or unsets an alt_sets entry's variable. */

@@ -691,7 +691,7 @@ int main(void) {
         {"SPARK_CUDA_HEAD_ROWS", "0", NULL, NULL},   /* the repacked head in the plan's rows */
         {"SPARK_CUDA_PF_BULK", "0", NULL, NULL},     /* MoE rows asked of L2 line by line */
         {"SPARK_CUDA_TMA", "0", NULL, NULL},         /* no bulk copies into shared memory */
-        {"SPARK_CUDA_TMA", "udms", NULL, NULL}};     /* the up copies from the raw logits' ranks */
+        {"SPARK_CUDA_TMA", "ud", NULL, NULL}};       /* the MoE's copies, the matvecs' loads */
     for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++) {
         const char *const *v = variants[i];
         check_variant("q4_k_m", v[0], v[1], v[2], v[3]);
