@@ -214,7 +214,9 @@ const char *srv_model_name(const srv *s) {
     return s->model_name;
 }
 bool srv_draining(const srv *s) {
-    return s->draining;
+    /* from the signal on, even before the loop's wake-up has begun the drain: a request the
+     * same loop pass reads must not slip through */
+    return s->draining || s->stop_requested;
 }
 srv_metrics *srv_metrics_of(srv *s) {
     return s->metrics;
@@ -736,7 +738,7 @@ static void dispatch(srv_req *r) {
             return;
         }
     }
-    if (s->draining && !(r->route->flags & SRV_ROUTE_NO_DRAIN)) {
+    if (srv_draining(s) && !(r->route->flags & SRV_ROUTE_NO_DRAIN)) {
         srv_reply_error(r, 503, "server_error", "shutting_down", "the server is shutting down");
         return;
     }
@@ -1178,7 +1180,7 @@ static int callback(struct lws *w, enum lws_callback_reasons reason, void *user,
                       !s->has_ws || !in || strcmp(in, "websocket"))) {
             deny = 404;
             why = "no WebSocket endpoint here (use /rpc)";
-        } else if (!deny && s->draining) {
+        } else if (!deny && srv_draining(s)) {
             deny = 503;
             why = "the server is shutting down";
         }

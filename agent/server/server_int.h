@@ -148,8 +148,8 @@ const srv_limits *srv_limits_get(const srv *s);
 engine_model *srv_model(const srv *s);
 const char *srv_model_name(const srv *s);
 
-/* True once SIGTERM (or srv_stop) started the drain: front ends refuse new work with 503
- * (HTTP) or the JSON-RPC "server shutting down" error. */
+/* True once SIGTERM (or srv_stop) is seen, also before the loop has begun the drain: front ends
+ * refuse new work with 503 (HTTP) or the JSON-RPC "server shutting down" error. */
 bool srv_draining(const srv *s);
 
 /* ----- routes (registered at start by the front ends' init functions) --------------------- */
