@@ -143,6 +143,8 @@ struct engine_cuda_session {
      * trace; the stage-5/6 switches do not apply to fused layers. Measured 5% slower than the
      * pair on the H200 (12-block cut, GPU call 3 of session 6), so off by default. */
     int mfuse;
+    /* SPARK_CUDA_MOE_FUSED=g (g2): the whole-grid form instead (moe_fused.cuh grid 1, 2) */
+    int mf_grid;
     int mf_pre; /* SPARK_CUDA_MOE_FUSED_PRE=1: its down items preloaded (moe_fused.cuh preload) */
     int mf_diag; /* SPARK_CUDA_MOE_FUSED_DIAG=bits: phases left out (diagnosis, moe_fused.cuh) */
     int mf_red;  /* SPARK_CUDA_MOE_FUSED_RED=1: its reduction by row class, no wait */
@@ -624,7 +626,8 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
             s->att_long = (int)((n + ENGINE_CU_ATT_SPLIT - 1) / ENGINE_CU_ATT_SPLIT);
         }
         e = getenv("SPARK_CUDA_MOE_FUSED");
-        s->mfuse = e ? atoi(e) : 0;
+        s->mf_grid = e && e[0] == 'g' ? (e[1] == '2' ? 2 : 1) : 0;
+        s->mfuse = e && !s->mf_grid ? atoi(e) : 0;
         s->mfuse = s->mfuse == 1 ? 32 : s->mfuse == 32 || s->mfuse == 64 ? s->mfuse : 0;
         e = getenv("SPARK_CUDA_MOE_FUSED_PRE");
         s->mf_pre = e && e[0] == '1';
@@ -707,7 +710,7 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
     }
     CU(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
     CU(cudaMallocHost((void **)&s->h_step, sizeof *s->h_step));
-    if (s->mfuse) mf_log(s);
+    if (s->mfuse || s->mf_grid) mf_log(s);
     *out = s;
     s = NULL;
 done:
@@ -912,13 +915,14 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
     up->diag = dn->diag = s->diag_moe;
     up->route = s->route;
     up->coop = s->coop;
-    if (s->mfuse && o->moe && s->mf_part) {
+    if ((s->mfuse || s->mf_grid) && o->moe && s->mf_part) {
         o->mf.up = *up;
         o->mf.dn = *dn;
         o->mf.slice = s->mfuse;
         o->mf.preload = s->mf_pre;
         o->mf.diag = s->mf_diag;
         o->mf.class_reduce = s->mf_red;
+        o->mf.grid = s->mf_grid;
         o->mf.partial = s->mf_part;
         o->mf.counters = s->mf_ctr;
         o->mfuse = engine_cu_moe_fused_why(&o->mf) == NULL;
@@ -937,7 +941,8 @@ static void mf_log(const engine_cuda_session *s) {
         if (!o.mfuse && !why) why = engine_cu_moe_fused_why(&o.mf);
     }
     engine_log(ENGINE_LOG_INFO,
-               "cuda: MoE block in one launch (slices of %d) in %u of %u layers%s%s", s->mfuse, n,
+               "cuda: MoE block in one launch (%s%d) in %u of %u layers%s%s",
+               s->mf_grid ? "whole grid, form " : "slices of ", s->mf_grid ? s->mf_grid : s->mfuse, n,
                hp->n_layer, why ? "; not: " : "", why ? why : "");
 }
 

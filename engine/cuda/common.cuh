@@ -321,6 +321,14 @@ __device__ __forceinline__ void engine_cu_mbar_wait(uint64_t *bar, unsigned pari
 #endif
 }
 
+/* Order this thread's earlier generic-proxy accesses of shared memory (and, after a barrier,
+ * the block's) before its later bulk copies into it: a copy into space the block has read. */
+__device__ __forceinline__ void engine_cu_fence_proxy_async() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+
 /* Bring the 128-byte lines of p[0, bytes) into this multiprocessor's L1 (and L2) before they
  * are needed, so the kernel's later loads of them hit L1: the lanes of a warp take the lines,
  * at most N each with a one-byte load (never outside p[0, bytes)); lines past those are only

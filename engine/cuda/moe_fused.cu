@@ -251,6 +251,121 @@ __global__ void __launch_bounds__(MF_THREADS, 2) moe_fused_kernel(engine_cu_moe_
     }
 }
 
+/* The whole-grid form (moe_fused.cuh grid): thread 0 copies the block's ng down row groups, a
+ * run of FFN_WARPS rows of each of the k experts per group, into dst (group i, slot j at
+ * (i k + j) run), counted on bar. */
+__device__ __forceinline__ void mg_copy_down(const engine_cu_ffn_down_args &d, const int *ids,
+                                             int g0, int ng, uint8_t *dst, uint64_t *bar) {
+    const size_t run = (size_t)FFN_WARPS * d.row_bytes;
+    engine_cu_mbar_expect(bar, (unsigned)((size_t)ng * d.k * run));
+    for (int i = 0; i < ng; i++)
+        for (int j = 0; j < d.k; j++)
+            engine_cu_bulk_g2s(dst + (size_t)(i * d.k + j) * run,
+                               d.down + (size_t)ids[j] * d.expert_bytes + (size_t)(g0 + i) * run,
+                               (unsigned)run, bar);
+}
+
+template <int MODE, bool RF>
+__global__ void __launch_bounds__(MF_THREADS, 1) moe_grid_kernel(engine_cu_moe_fused_args a) {
+    extern __shared__ uint4 mf_shm[];
+    __shared__ int ids[ENGINE_CU_MAX_EXPERT_USED];
+    __shared__ float wts[ENGINE_CU_MAX_EXPERT_USED];
+    __shared__ uint64_t bar_up, bar_dn;
+    const engine_cu_ffn_up_args &u = a.up;
+    const engine_cu_ffn_down_args &d = a.dn;
+    const int b = blockIdx.x, nb = gridDim.x, w = threadIdx.x >> 5;
+    const int gx = u.rows / (2 * FFN_WARPS), n_items = u.k * gx, n_groups = d.rows / FFN_WARPS;
+    const int i0 = b * a.ipb, ni = max(0, min(a.ipb, n_items - i0));
+    const int g0 = b * a.gpb, ng = max(0, min(a.gpb, n_groups - g0));
+    const size_t urun = (size_t)2 * FFN_WARPS * u.row_bytes, drun = (size_t)FFN_WARPS * d.row_bytes;
+    uint8_t *sm = (uint8_t *)mf_shm, *ws = sm + a.ws_off;
+    uint8_t *wd = a.grid == 2 ? ws + (size_t)a.ipb * 2 * urun : ws; /* the down runs */
+    /* every block starts before a dependent can launch, so all are resident by then */
+    engine_cu_pdl_launch();
+    if (threadIdx.x == 0) {
+        engine_cu_mbar_init(&bar_up);
+        engine_cu_mbar_init(&bar_dn);
+    }
+    if (u.norm_w && w == FFN_WARPS - 1)
+        engine_cu_prefetch_l2((const uint8_t *)u.norm_w, sizeof(float) * (size_t)u.cols);
+    engine_cu_pdl_wait();
+    /* 1. route and copy (warp 0), stage x (the others): the up kernel's steps */
+    float sc = -1.0f, raw[ENGINE_CU_MAX_EXPERT / 32];
+    if (RF && u.coop) {
+        if (w == 0) ffn_route_raw(u, raw);
+        sc = engine_cu_block_scale<false, true>((const float4 *)u.x, (const float4 *)u.x_add,
+                                                u.cols, u.eps);
+    }
+    if (w == 0) {
+        ffn_route_warp<RF>(u, b, ids, wts, sc, RF && u.coop ? raw : nullptr);
+        ENGINE_CU_TRACE(5);
+        if ((threadIdx.x & 31) == 0) {
+            engine_cu_mbar_expect(&bar_up, (unsigned)((size_t)ni * 2 * urun));
+            for (int i = 0; i < ni; i++) {
+                const int it = i0 + i, j = it / gx;
+                const size_t off = (size_t)ids[j] * u.expert_bytes + (size_t)(it - j * gx) * urun;
+                engine_cu_bulk_g2s(ws + (size_t)i * 2 * urun, u.gate + off, (unsigned)urun,
+                                   &bar_up);
+                engine_cu_bulk_g2s(ws + (size_t)i * 2 * urun + urun, u.up + off, (unsigned)urun,
+                                   &bar_up);
+            }
+            if (a.grid == 2) mg_copy_down(d, ids, g0, ng, wd, &bar_dn);
+        }
+    }
+    if (RF)
+        engine_cu_stage_x<MODE, false, true>(u.x, u.cols, u.norm_w, u.eps, sm, 1, u.x_add, sc);
+    else
+        engine_cu_stage_x<MODE>(u.x, u.cols, u.norm_w, u.eps, sm, 1); /* ends with a barrier */
+    ENGINE_CU_TRACE(6);
+    if (b == 0 && (int)threadIdx.x < u.k) {
+        u.ids[threadIdx.x] = ids[threadIdx.x];
+        u.weights[threadIdx.x] = wts[threadIdx.x];
+    }
+    /* 2. the items' rows of h from the copy */
+    const engine_cu_xv xv = engine_cu_xv_at(sm, u.cols, true, 0);
+    engine_cu_mbar_wait(&bar_up, 0);
+    ENGINE_CU_TRACE(7);
+    for (int i = 0; i < ni; i++) {
+        const int it = i0 + i, j = it / gx, r = (it - j * gx) * 2 * FFN_WARPS + w;
+        ffn_up_rows<MODE, 2, true>(u, j, ids[j], r, xv, ws + (size_t)i * 2 * urun);
+    }
+    /* 3. h stored everywhere; meanwhile (grid 1) the down runs into the up runs' space */
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        if (a.grid == 1) {
+            engine_cu_fence_proxy_async(); /* the block's reads of the up runs come first */
+            mg_copy_down(d, ids, g0, ng, wd, &bar_dn);
+        }
+        atomicAdd(a.counters, 1u);
+    }
+    engine_cu_spin(a.counters, (unsigned)nb);
+    ENGINE_CU_TRACE(4);
+    if (threadIdx.x == 0 && atomicAdd(a.counters + 1, 1u) == (unsigned)nb - 1) {
+        a.counters[0] = 0; /* every block has passed the barrier: zero for the next launch */
+        a.counters[1] = 0;
+    }
+    /* 4. all of h staged (through L2) as the down kernel stages it, then the block's groups */
+    engine_cu_stage_x<MODE, true>(u.h, d.k * d.cols, nullptr, 0.0f, sm); /* ends with a barrier */
+    engine_cu_mbar_wait(&bar_dn, 0);
+    ENGINE_CU_TRACE(8);
+    for (int i = 0; i < ng; i++) {
+        const int r = (g0 + i) * FFN_WARPS + w;
+        const uint8_t *wr = wd + (size_t)i * d.k * drun + (size_t)w * d.row_bytes;
+        float v = 0.0f;
+        switch (d.type) {
+#define MG_CASE(T)                                                                                 \
+    case T:                                                                                        \
+        if (MODE == engine_cu_x_mode(T)) v = down_row<T, true>(d, r, ids, wts, sm, true, wr);      \
+        break;
+            ENGINE_CU_QUANT_CASES(MG_CASE)
+#undef MG_CASE
+        }
+        if ((threadIdx.x & 31) == 0) down_store<RF>(d, r, v);
+    }
+    ENGINE_CU_TRACE_END();
+}
+
 typedef void (*mf_kernel_fn)(engine_cu_moe_fused_args);
 
 static mf_kernel_fn mf_kernel(int mode, bool rf) {
@@ -269,6 +384,63 @@ static size_t mf_smem(const engine_cu_moe_fused_args *a) {
     return mf_align16(engine_cu_xs_bytes(q, a->up.cols)) + engine_cu_xs_bytes(q, 256);
 }
 
+static mf_kernel_fn mg_kernel(int mode, bool rf) {
+    if (mode == ENGINE_CU_X_Q8_K)
+        return rf ? moe_grid_kernel<ENGINE_CU_X_Q8_K, true>
+                  : moe_grid_kernel<ENGINE_CU_X_Q8_K, false>;
+    return rf ? moe_grid_kernel<ENGINE_CU_X_Q8_0, true> : moe_grid_kernel<ENGINE_CU_X_Q8_0, false>;
+}
+
+/* The whole-grid form's layout (moe_fused.cuh grid): up items per block as few as the
+ * multiprocessors allow (one block each), the blocks that takes, down row groups per block,
+ * and the shared memory: the staging of x or of all of h, whichever is larger, then the copies
+ * (grid 1: the larger of the up and down runs; grid 2: both). Sets a->ipb, gpb, ws_off;
+ * returns the blocks, *smem the bytes. */
+static int mg_layout(engine_cu_moe_fused_args *a, size_t *smem) {
+    const engine_cu_ffn_up_args &u = a->up;
+    const engine_cu_ffn_down_args &d = a->dn;
+    const int n_items = u.k * (u.rows / (2 * FFN_WARPS)), n_groups = d.rows / FFN_WARPS;
+    const int sms = engine_cu_sm_count();
+    a->ipb = (n_items + sms - 1) / sms;
+    const int nb = (n_items + a->ipb - 1) / a->ipb;
+    a->gpb = (n_groups + nb - 1) / nb;
+    const size_t xs = engine_cu_xs_bytes(true, u.cols), hs = engine_cu_xs_bytes(true, d.k * d.cols);
+    a->ws_off = (unsigned)engine_cu_w_off(xs > hs ? xs : hs);
+    const size_t up = (size_t)a->ipb * 4 * FFN_WARPS * u.row_bytes,
+                 dn = (size_t)a->gpb * d.k * FFN_WARPS * d.row_bytes;
+    *smem = a->ws_off + (a->grid == 2 ? up + dn : up > dn ? up : dn);
+    const int ng = (n_groups + a->gpb - 1) / a->gpb;
+    return nb > ng ? nb : ng;
+}
+
+/* Why the whole-grid form cannot take a (NULL: it can); *nb, *smem its launch. */
+static const char *mg_why(engine_cu_moe_fused_args *a, int *nb, size_t *smem) {
+    const engine_cu_ffn_up_args &u = a->up;
+    const engine_cu_ffn_down_args &d = a->dn;
+    const int mode = engine_cu_x_mode(u.type);
+    if (!engine_cu_type_quant(u.type) || !engine_cu_type_quant(d.type))
+        return "a float type (the bulk copies take quantised rows)";
+    if (u.rows % (2 * FFN_WARPS) || d.rows % FFN_WARPS) return "rows not in whole groups";
+    if (d.sh_logit) return "a shared expert";
+    if (!engine_cu_bulk_ok()) return "no bulk copies (before sm_90)";
+    if (((uintptr_t)u.gate | (uintptr_t)u.up | (uintptr_t)d.down) & 15 || u.expert_bytes % 16 ||
+        d.expert_bytes % 16 || (2 * FFN_WARPS * u.row_bytes) % 16 ||
+        (FFN_WARPS * d.row_bytes) % 16)
+        return "runs not 16-byte aligned";
+    *nb = mg_layout(a, smem);
+    int dev = 0, optin = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) !=
+            cudaSuccess) {
+        cudaGetLastError();
+        return "the device query failed";
+    }
+    if (*smem > (size_t)optin) return "the copies do not fit shared memory";
+    if (!engine_cu_one_wave(mg_kernel(mode, u.x_add != nullptr), MF_THREADS, *smem, *nb))
+        return "its blocks do not all fit the GPU at once";
+    return nullptr;
+}
+
 size_t engine_cu_moe_fused_partial_floats(int k, int n_ff, int n_embd) {
     return (size_t)k * (size_t)((n_ff + 255) / 256) * (size_t)n_embd;
 }
@@ -284,9 +456,19 @@ const char *engine_cu_moe_fused_why(const engine_cu_moe_fused_args *a) {
     if (!u.router || u.k < 1 || u.k > ENGINE_CU_MAX_EXPERT_USED ||
         u.n_expert > ENGINE_CU_MAX_EXPERT)
         return "not an MoE block the kernels route";
-    if (a->slice != 32 && a->slice != 64) return "the slice is not 32 or 64 rows";
+    if (!a->grid && a->slice != 32 && a->slice != 64) return "the slice is not 32 or 64 rows";
     if (mode != engine_cu_x_mode(d.type))
         return "gate/up and down stage their inputs differently (no fused instance)";
+    if (a->grid) {
+        if (d.cols != u.rows || d.rows != u.cols || d.k != u.k) return "shapes differ";
+        if ((u.x_add != nullptr) != (d.y_add != nullptr))
+            return "the router fusion is on in only one of up and down";
+        if (!a->counters || !u.h || !u.ids || !u.weights) return "no scratch";
+        engine_cu_moe_fused_args c = *a;
+        int nb;
+        size_t smem;
+        return mg_why(&c, &nb, &smem);
+    }
     if (d.cols != u.rows || d.rows != u.cols || d.k != u.k || u.rows % 256 || u.cols % 32 ||
         (mode == ENGINE_CU_X_Q8_K && u.cols % 256))
         return "the shape does not split into groups of 256 intermediate rows";
@@ -309,6 +491,15 @@ void engine_cu_moe_fused(const engine_cu_moe_fused_args *a, cudaStream_t stream)
     if (engine_cu_moe_fused_why(a)) {
         engine_cu_ffn_up(&a->up, stream);
         engine_cu_ffn_down(&a->dn, stream);
+        return;
+    }
+    if (a->grid) {
+        engine_cu_moe_fused_args c = *a;
+        int nb = 0;
+        size_t smem = 0;
+        mg_why(&c, &nb, &smem);
+        engine_cu_launch(mg_kernel(engine_cu_x_mode(c.up.type), c.up.x_add != nullptr), dim3(nb),
+                         dim3(MF_THREADS), smem, stream, c);
         return;
     }
     const int nb = a->up.k * (a->up.rows / a->slice);
@@ -403,6 +594,7 @@ extern "C" int engine_cuda_op_moe_fused(
         a.slice = slice;
         a.preload = flags & 1;
         a.class_reduce = (flags & 2) != 0;
+        a.grid = flags & 4 ? 1 : flags & 8 ? 2 : 0;
         a.partial = (float *)(m + off[10]);
         a.counters = (unsigned *)(m + off[11]);
         const char *why = engine_cu_moe_fused_why(&a);

@@ -66,6 +66,31 @@ typedef struct {
     /* Diagnosis only (wrong results; SPARK_CUDA_MOE_FUSED_DIAG): bits leave out 1 the down
      * products, 2 the reduction, 4 the group wait, 8 the gate/up rows, for an A/B of their cost */
     int diag;
+    /* The whole-grid form (SPARK_CUDA_MOE_FUSED=g; slice, preload, class_reduce, partial and diag
+     * not read), 0 off. One block per multiprocessor, each with bulk copies (common.cuh
+     * engine_cu_bulk_g2s, sm_90+) into shared memory:
+     *   1. every block routes (warp 0, as the up kernel's routing warp: the same ids and weights)
+     *      and at once copies the gate and up runs of its ipb up items (expert slot, 16 rows), the
+     *      up kernel's items, while the other warps stage x (+ x_add) as the up kernel does;
+     *   2. the block's items' h rows, computed as the up kernel computes them from its copy
+     *      (moe_dev.cuh ffn_up_rows: the same function), stored to h;
+     *   3. a barrier over the whole grid (counters[0] arrivals, counters[1] departures; the last
+     *      block to leave zeroes both): every h value stored;
+     *   4. the block stages all of h as the down kernel does (the same 8-bit values) and
+     *      computes its gpb down row groups (FFN_WARPS rows of each of the k experts, the down
+     *      kernel's groups) from its copy with the down kernel's function (moe_dev.cuh down_row),
+     *      the weighted combine and the residual add (down_store) in its rows: the unfused
+     *      pair's results bit for bit.
+     * grid = 1: the down runs are copied into the up runs' space once the block's up rows are
+     * done (before the barrier, so they arrive during it); grid = 2: with the up runs at once
+     * (more shared memory). Deadlock freedom as above: the launcher takes this form only when
+     * all blocks are resident at once (one wave), and a block triggers its dependents at its
+     * start. Quantised types only; Qwen3's MoE (no shared expert). */
+    int grid;
+    /* Set by the launcher (engine_cu_moe_fused) for the whole-grid form: up items and down row
+     * groups per block, and the offset of the weight copies in shared memory. */
+    int ipb, gpb;
+    unsigned ws_off;
 } engine_cu_moe_fused_args;
 
 /* Scratch sizes for a layer shape. */

@@ -70,7 +70,7 @@ static int n_gen = N_GEN; /* generated tokens; fewer with a third argument (race
 /* Run-time switches of the decode stage-6 paths, and the short-context attention launch (a
  * block per query head, engine/cuda/att_short_dev.cuh; every position here is below 256): a
  * session per set, its variables set to 1 (or to the value after '='). */
-#define N_ALT 9
+#define N_ALT 11
 static const char *const alt_sets[N_ALT][3] = {
     {"SPARK_CUDA_ROUTE_ONCE", NULL, NULL},
     {"SPARK_CUDA_UP_EARLY", NULL, NULL},
@@ -81,6 +81,8 @@ static const char *const alt_sets[N_ALT][3] = {
     {"SPARK_CUDA_PF_BULK=0", NULL, NULL},     /* MoE rows asked of L2 line by line */
     {"SPARK_CUDA_TMA=0", NULL, NULL},         /* no bulk copies into shared memory (loads) */
     {"SPARK_CUDA_TMA=ud", NULL, NULL},        /* the MoE's copies, the matvecs' loads */
+    {"SPARK_CUDA_MOE_FUSED=g", NULL, NULL},   /* the MoE in one launch, whole-grid form */
+    {"SPARK_CUDA_MOE_FUSED=g2", NULL, NULL},  /* its down copies at once with the up copies */
 };
 
 /* Sets ("NAME" to 1, "NAME=VALUE" to VALUE) or unsets an alt_sets entry's variable. */
