@@ -143,7 +143,8 @@ struct engine_cuda_session {
      * trace; the stage-5/6 switches do not apply to fused layers. Measured 5% slower than the
      * pair on the H200 (12-block cut, GPU call 3 of session 6), so off by default. */
     int mfuse;
-    /* SPARK_CUDA_MOE_FUSED=g (g2): the whole-grid form instead (moe_fused.cuh grid 1, 2) */
+    /* SPARK_CUDA_MOE_FUSED=g (form 3) or gN (N 1..4): the whole-grid form instead
+     * (moe_fused.cuh grid) */
     int mf_grid;
     int mf_pre; /* SPARK_CUDA_MOE_FUSED_PRE=1: its down items preloaded (moe_fused.cuh preload) */
     int mf_diag; /* SPARK_CUDA_MOE_FUSED_DIAG=bits: phases left out (diagnosis, moe_fused.cuh) */
@@ -626,7 +627,7 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
             s->att_long = (int)((n + ENGINE_CU_ATT_SPLIT - 1) / ENGINE_CU_ATT_SPLIT);
         }
         e = getenv("SPARK_CUDA_MOE_FUSED");
-        s->mf_grid = e && e[0] == 'g' ? (e[1] == '2' ? 2 : 1) : 0;
+        s->mf_grid = e && e[0] == 'g' ? (e[1] >= '1' && e[1] <= '4' ? e[1] - '0' : 3) : 0;
         s->mfuse = e && !s->mf_grid ? atoi(e) : 0;
         s->mfuse = s->mfuse == 1 ? 32 : s->mfuse == 32 || s->mfuse == 64 ? s->mfuse : 0;
         e = getenv("SPARK_CUDA_MOE_FUSED_PRE");

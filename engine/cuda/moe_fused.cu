@@ -265,8 +265,11 @@ __device__ __forceinline__ void mg_copy_down(const engine_cu_ffn_down_args &d, c
                                (unsigned)run, bar);
 }
 
-template <int MODE, bool RF>
-__global__ void __launch_bounds__(MF_THREADS, 1) moe_grid_kernel(engine_cu_moe_fused_args a) {
+/* NG warp groups of FFN_WARPS warps: group q takes the block's up items q, q + NG, ... and its
+ * down row groups likewise (warp w % FFN_WARPS of the group the item's rows and the group's row,
+ * as in the up and down kernels). */
+template <int MODE, bool RF, int NG>
+__global__ void __launch_bounds__(NG *MF_THREADS, 1) moe_grid_kernel(engine_cu_moe_fused_args a) {
     extern __shared__ uint4 mf_shm[];
     __shared__ int ids[ENGINE_CU_MAX_EXPERT_USED];
     __shared__ float wts[ENGINE_CU_MAX_EXPERT_USED];
@@ -274,12 +277,14 @@ __global__ void __launch_bounds__(MF_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     const engine_cu_ffn_up_args &u = a.up;
     const engine_cu_ffn_down_args &d = a.dn;
     const int b = blockIdx.x, nb = gridDim.x, w = threadIdx.x >> 5;
+    const int q = w / FFN_WARPS, wl = w - q * FFN_WARPS;
     const int gx = u.rows / (2 * FFN_WARPS), n_items = u.k * gx, n_groups = d.rows / FFN_WARPS;
     const int i0 = b * a.ipb, ni = max(0, min(a.ipb, n_items - i0));
     const int g0 = b * a.gpb, ng = max(0, min(a.gpb, n_groups - g0));
     const size_t urun = (size_t)2 * FFN_WARPS * u.row_bytes, drun = (size_t)FFN_WARPS * d.row_bytes;
     uint8_t *sm = (uint8_t *)mf_shm, *ws = sm + a.ws_off;
-    uint8_t *wd = a.grid == 2 ? ws + (size_t)a.ipb * 2 * urun : ws; /* the down runs */
+    const bool early = a.grid == 2 || a.grid == 4;
+    uint8_t *wd = early ? ws + (size_t)a.ipb * 2 * urun : ws; /* the down runs */
     /* every block starts before a dependent can launch, so all are resident by then */
     engine_cu_pdl_launch();
     if (threadIdx.x == 0) {
@@ -294,7 +299,7 @@ __global__ void __launch_bounds__(MF_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     if (RF && u.coop) {
         if (w == 0) ffn_route_raw(u, raw);
         sc = engine_cu_block_scale<false, true>((const float4 *)u.x, (const float4 *)u.x_add,
-                                                u.cols, u.eps);
+                                                u.cols, u.eps, MF_THREADS); /* the up kernel's */
     }
     if (w == 0) {
         ffn_route_warp<RF>(u, b, ids, wts, sc, RF && u.coop ? raw : nullptr);
@@ -309,7 +314,7 @@ __global__ void __launch_bounds__(MF_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
                 engine_cu_bulk_g2s(ws + (size_t)i * 2 * urun + urun, u.up + off, (unsigned)urun,
                                    &bar_up);
             }
-            if (a.grid == 2) mg_copy_down(d, ids, g0, ng, wd, &bar_dn);
+            if (early) mg_copy_down(d, ids, g0, ng, wd, &bar_dn);
         }
     }
     if (RF)
@@ -325,15 +330,15 @@ __global__ void __launch_bounds__(MF_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     const engine_cu_xv xv = engine_cu_xv_at(sm, u.cols, true, 0);
     engine_cu_mbar_wait(&bar_up, 0);
     ENGINE_CU_TRACE(7);
-    for (int i = 0; i < ni; i++) {
-        const int it = i0 + i, j = it / gx, r = (it - j * gx) * 2 * FFN_WARPS + w;
+    for (int i = q; i < ni; i += NG) {
+        const int it = i0 + i, j = it / gx, r = (it - j * gx) * 2 * FFN_WARPS + wl;
         ffn_up_rows<MODE, 2, true>(u, j, ids[j], r, xv, ws + (size_t)i * 2 * urun);
     }
     /* 3. h stored everywhere; meanwhile (grid 1) the down runs into the up runs' space */
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
-        if (a.grid == 1) {
+        if (!early) {
             engine_cu_fence_proxy_async(); /* the block's reads of the up runs come first */
             mg_copy_down(d, ids, g0, ng, wd, &bar_dn);
         }
@@ -349,9 +354,9 @@ __global__ void __launch_bounds__(MF_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     engine_cu_stage_x<MODE, true>(u.h, d.k * d.cols, nullptr, 0.0f, sm); /* ends with a barrier */
     engine_cu_mbar_wait(&bar_dn, 0);
     ENGINE_CU_TRACE(8);
-    for (int i = 0; i < ng; i++) {
-        const int r = (g0 + i) * FFN_WARPS + w;
-        const uint8_t *wr = wd + (size_t)i * d.k * drun + (size_t)w * d.row_bytes;
+    for (int i = q; i < ng; i += NG) {
+        const int r = (g0 + i) * FFN_WARPS + wl;
+        const uint8_t *wr = wd + (size_t)i * d.k * drun + (size_t)wl * d.row_bytes;
         float v = 0.0f;
         switch (d.type) {
 #define MG_CASE(T)                                                                                 \
@@ -384,11 +389,17 @@ static size_t mf_smem(const engine_cu_moe_fused_args *a) {
     return mf_align16(engine_cu_xs_bytes(q, a->up.cols)) + engine_cu_xs_bytes(q, 256);
 }
 
-static mf_kernel_fn mg_kernel(int mode, bool rf) {
+/* The grid forms' warp groups (moe_fused.cuh grid: 1, 2 one group; 3, 4 three). */
+static int mg_groups(int grid) {
+    return grid >= 3 ? 3 : 1;
+}
+
+static mf_kernel_fn mg_kernel(int mode, bool rf, int grid) {
+#define MG_K(M, R) (mg_groups(grid) == 3 ? moe_grid_kernel<M, R, 3> : moe_grid_kernel<M, R, 1>)
     if (mode == ENGINE_CU_X_Q8_K)
-        return rf ? moe_grid_kernel<ENGINE_CU_X_Q8_K, true>
-                  : moe_grid_kernel<ENGINE_CU_X_Q8_K, false>;
-    return rf ? moe_grid_kernel<ENGINE_CU_X_Q8_0, true> : moe_grid_kernel<ENGINE_CU_X_Q8_0, false>;
+        return rf ? MG_K(ENGINE_CU_X_Q8_K, true) : MG_K(ENGINE_CU_X_Q8_K, false);
+    return rf ? MG_K(ENGINE_CU_X_Q8_0, true) : MG_K(ENGINE_CU_X_Q8_0, false);
+#undef MG_K
 }
 
 /* The whole-grid form's layout (moe_fused.cuh grid): up items per block as few as the
@@ -408,7 +419,7 @@ static int mg_layout(engine_cu_moe_fused_args *a, size_t *smem) {
     a->ws_off = (unsigned)engine_cu_w_off(xs > hs ? xs : hs);
     const size_t up = (size_t)a->ipb * 4 * FFN_WARPS * u.row_bytes,
                  dn = (size_t)a->gpb * d.k * FFN_WARPS * d.row_bytes;
-    *smem = a->ws_off + (a->grid == 2 ? up + dn : up > dn ? up : dn);
+    *smem = a->ws_off + (a->grid == 2 || a->grid == 4 ? up + dn : up > dn ? up : dn);
     const int ng = (n_groups + a->gpb - 1) / a->gpb;
     return nb > ng ? nb : ng;
 }
@@ -436,7 +447,8 @@ static const char *mg_why(engine_cu_moe_fused_args *a, int *nb, size_t *smem) {
         return "the device query failed";
     }
     if (*smem > (size_t)optin) return "the copies do not fit shared memory";
-    if (!engine_cu_one_wave(mg_kernel(mode, u.x_add != nullptr), MF_THREADS, *smem, *nb))
+    if (!engine_cu_one_wave(mg_kernel(mode, u.x_add != nullptr, a->grid),
+                            mg_groups(a->grid) * MF_THREADS, *smem, *nb))
         return "its blocks do not all fit the GPU at once";
     return nullptr;
 }
@@ -498,8 +510,8 @@ void engine_cu_moe_fused(const engine_cu_moe_fused_args *a, cudaStream_t stream)
         int nb = 0;
         size_t smem = 0;
         mg_why(&c, &nb, &smem);
-        engine_cu_launch(mg_kernel(engine_cu_x_mode(c.up.type), c.up.x_add != nullptr), dim3(nb),
-                         dim3(MF_THREADS), smem, stream, c);
+        engine_cu_launch(mg_kernel(engine_cu_x_mode(c.up.type), c.up.x_add != nullptr, c.grid),
+                         dim3(nb), dim3(mg_groups(c.grid) * MF_THREADS), smem, stream, c);
         return;
     }
     const int nb = a->up.k * (a->up.rows / a->slice);
@@ -594,7 +606,7 @@ extern "C" int engine_cuda_op_moe_fused(
         a.slice = slice;
         a.preload = flags & 1;
         a.class_reduce = (flags & 2) != 0;
-        a.grid = flags & 4 ? 1 : flags & 8 ? 2 : 0;
+        a.grid = (flags >> 2) & 7; /* the whole-grid form, 1..4 */
         a.partial = (float *)(m + off[10]);
         a.counters = (unsigned *)(m + off[11]);
         const char *why = engine_cu_moe_fused_why(&a);

@@ -83,7 +83,9 @@ typedef struct {
      *      pair's results bit for bit.
      * grid = 1: the down runs are copied into the up runs' space once the block's up rows are
      * done (before the barrier, so they arrive during it); grid = 2: with the up runs at once
-     * (more shared memory). Deadlock freedom as above: the launcher takes this form only when
+     * (more shared memory). grid 3, 4: as 1, 2 with three warp groups of FFN_WARPS warps (768
+     * threads), which take the block's items and row groups side by side (the up kernel's RMS
+     * scale still summed by the first FFN_WARPS warps: the same bits). Deadlock freedom as above: the launcher takes this form only when
      * all blocks are resident at once (one wave), and a block triggers its dependents at its
      * start. Quantised types only; Qwen3's MoE (no shared expert). */
     int grid;

@@ -103,16 +103,18 @@ __device__ __forceinline__ float engine_cu_stage_scale(const float4 *x4, const f
 
 /* The same scale computed by the whole block (every thread calls it; blockDim.x / 32 <= 32):
  * each thread sums the squares of its float4s (threadIdx.x + i blockDim.x), then the warps'
- * sums in warp order; every thread gets it. One round trip for the loads of a 2048-value
+ * sums in warp order; every thread gets it. nt > 0 (a multiple of 32): only the first nt threads
+ * sum, as a block of nt threads would (the same bits in a larger block). One round trip for the loads of a 2048-value
  * vector, where a warp of engine_cu_stage_scale makes several. Not bit for bit that one (its
  * sum runs in another order). Ends after a barrier; a second call needs another barrier
  * between (its partial sums reuse the same shared words). */
 template <bool CG = false, bool ADD = false>
 __device__ __forceinline__ float engine_cu_block_scale(const float4 *x4, const float4 *a4, int n,
-                                                       float eps) {
+                                                       float eps, int nt = 0) {
     __shared__ float red[32];
+    const int nth = nt > 0 ? nt : (int)blockDim.x;
     float ss = 0.0f;
-    for (int i = threadIdx.x; i < (n >> 2); i += blockDim.x) {
+    for (int i = threadIdx.x; i < (n >> 2) && (int)threadIdx.x < nth; i += nth) {
         const float4 v = engine_cu_ld_x4<CG, ADD>(x4, a4, i);
         ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
     }
@@ -120,7 +122,7 @@ __device__ __forceinline__ float engine_cu_block_scale(const float4 *x4, const f
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
     __syncthreads();
     float t = 0.0f;
-    for (int k = 0; k < (int)(blockDim.x >> 5); k++)
+    for (int k = 0; k < (nth >> 5); k++)
         t += red[k];
     return 1.0f / sqrtf(t / (float)n + eps);
 }
