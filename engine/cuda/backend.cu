@@ -143,8 +143,13 @@ struct engine_cuda_session {
      * trace; the stage-5/6 switches do not apply to fused layers. Measured 5% slower than the
      * pair on the H200 (12-block cut, GPU call 3 of session 6), so off by default. */
     int mfuse;
-    /* SPARK_CUDA_MOE_FUSED=g (form 3) or gN (N 1..4): the whole-grid form instead
-     * (moe_fused.cuh grid) */
+    /* The whole-grid form instead (moe_fused.cuh grid; qwen3moe's MoE in one launch, the pair's
+     * results bit for bit): by default (form 3: 2 where it fits, else 1) unless one of the
+     * pair's own switches is set (SPARK_CUDA_BPS, _ROUTE_ONCE, _UP_EARLY, _DOWN_EARLY,
+     * _DOWN_ROUTE, _PRELOAD, _TOUCH) or SPARK_CUDA_TMA leaves out the MoE's copies;
+     * SPARK_CUDA_MOE_FUSED=g (form 3), g1 or g2 asks for it, =0 (or a slice) for the pair (or
+     * the slices). Measured +2.9% (Q4_K_M) and +3.0% (Q8_0) tok/s over the pair on the full
+     * Qwen3-30B-A3B files (H200, session 16 call 3). */
     int mf_grid;
     int mf_pre; /* SPARK_CUDA_MOE_FUSED_PRE=1: its down items preloaded (moe_fused.cuh preload) */
     int mf_diag; /* SPARK_CUDA_MOE_FUSED_DIAG=bits: phases left out (diagnosis, moe_fused.cuh) */
@@ -626,10 +631,6 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
             n = n < 0 ? 0 : n > 256L * ENGINE_CU_ATT_SPLIT ? 256L * ENGINE_CU_ATT_SPLIT : n;
             s->att_long = (int)((n + ENGINE_CU_ATT_SPLIT - 1) / ENGINE_CU_ATT_SPLIT);
         }
-        e = getenv("SPARK_CUDA_MOE_FUSED");
-        s->mf_grid = e && e[0] == 'g' ? (e[1] >= '1' && e[1] <= '4' ? e[1] - '0' : 3) : 0;
-        s->mfuse = e && !s->mf_grid ? atoi(e) : 0;
-        s->mfuse = s->mfuse == 1 ? 32 : s->mfuse == 32 || s->mfuse == 64 ? s->mfuse : 0;
         e = getenv("SPARK_CUDA_MOE_FUSED_PRE");
         s->mf_pre = e && e[0] == '1';
         e = getenv("SPARK_CUDA_MOE_FUSED_RED");
@@ -643,6 +644,15 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         e = getenv("SPARK_CUDA_DIAG_MOE");
         s->diag_moe = e ? atoi(e) : 0;
         s->route = engine_cu_route_parse(getenv("SPARK_CUDA_ROUTE"), SPARK_CUDA_ROUTE_DEFAULT);
+        e = getenv("SPARK_CUDA_MOE_FUSED");
+        s->mf_grid = !e ? 3 : e[0] == 'g' ? (e[1] == '1' || e[1] == '2' ? e[1] - '0' : 3) : 0;
+        s->mfuse = e && !s->mf_grid ? atoi(e) : 0;
+        s->mfuse = s->mfuse == 1 ? 32 : s->mfuse == 32 || s->mfuse == 64 ? s->mfuse : 0;
+        /* the default whole-grid form steps aside for the switches of the up / down pair's own
+         * paths and where the MoE's bulk copies are turned off, so those still run */
+        if (!e && (s->bps_up || s->bps_dn || s->route_once || s->down_routes || s->preload ||
+                   s->touch || (~s->route & (ENGINE_CU_ROUTE_TMA | ENGINE_CU_ROUTE_TMA_DN))))
+            s->mf_grid = 0;
         e = getenv("SPARK_CUDA_COOP_SCALE");
         s->coop = e ? e[0] == '1' : SPARK_CUDA_COOP_SCALE_DEFAULT;
         e = getenv("SPARK_CUDA_COOP_MV");
@@ -711,7 +721,7 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
     }
     CU(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
     CU(cudaMallocHost((void **)&s->h_step, sizeof *s->h_step));
-    if (s->mfuse || s->mf_grid) mf_log(s);
+    if ((s->mfuse || s->mf_grid) && hp->n_expert) mf_log(s);
     *out = s;
     s = NULL;
 done:

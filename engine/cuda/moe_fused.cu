@@ -265,11 +265,16 @@ __device__ __forceinline__ void mg_copy_down(const engine_cu_ffn_down_args &d, c
                                (unsigned)run, bar);
 }
 
-/* NG warp groups of FFN_WARPS warps: group q takes the block's up items q, q + NG, ... and its
- * down row groups likewise (warp w % FFN_WARPS of the group the item's rows and the group's row,
- * as in the up and down kernels). */
-template <int MODE, bool RF, int NG>
-__global__ void __launch_bounds__(NG *MF_THREADS, 1) moe_grid_kernel(engine_cu_moe_fused_args a) {
+/* MG_GROUPS warp groups of FFN_WARPS warps: group q takes the block's up items q, q + MG_GROUPS,
+ * ... and its down row groups likewise (warp w % FFN_WARPS of the group the item's rows and the
+ * group's row, as in the up and down kernels). One warp group (256 threads) measured slower:
+ * 451.5 / 457.3 tok/s (late / early down copies) against 491.2 for the pair, Qwen3-30B-A3B
+ * Q4_K_M, H200, session 16 call 2; three: 503.0 / 505.2 (call 3). */
+#define MG_GROUPS 3
+#define MG_THREADS (MG_GROUPS * MF_THREADS)
+
+template <int MODE, bool RF>
+__global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_fused_args a) {
     extern __shared__ uint4 mf_shm[];
     __shared__ int ids[ENGINE_CU_MAX_EXPERT_USED];
     __shared__ float wts[ENGINE_CU_MAX_EXPERT_USED];
@@ -283,7 +288,7 @@ __global__ void __launch_bounds__(NG *MF_THREADS, 1) moe_grid_kernel(engine_cu_m
     const int g0 = b * a.gpb, ng = max(0, min(a.gpb, n_groups - g0));
     const size_t urun = (size_t)2 * FFN_WARPS * u.row_bytes, drun = (size_t)FFN_WARPS * d.row_bytes;
     uint8_t *sm = (uint8_t *)mf_shm, *ws = sm + a.ws_off;
-    const bool early = a.grid == 2 || a.grid == 4;
+    const bool early = a.grid == 2;
     uint8_t *wd = early ? ws + (size_t)a.ipb * 2 * urun : ws; /* the down runs */
     /* every block starts before a dependent can launch, so all are resident by then */
     engine_cu_pdl_launch();
@@ -330,7 +335,7 @@ __global__ void __launch_bounds__(NG *MF_THREADS, 1) moe_grid_kernel(engine_cu_m
     const engine_cu_xv xv = engine_cu_xv_at(sm, u.cols, true, 0);
     engine_cu_mbar_wait(&bar_up, 0);
     ENGINE_CU_TRACE(7);
-    for (int i = q; i < ni; i += NG) {
+    for (int i = q; i < ni; i += MG_GROUPS) {
         const int it = i0 + i, j = it / gx, r = (it - j * gx) * 2 * FFN_WARPS + wl;
         ffn_up_rows<MODE, 2, true>(u, j, ids[j], r, xv, ws + (size_t)i * 2 * urun);
     }
@@ -354,7 +359,7 @@ __global__ void __launch_bounds__(NG *MF_THREADS, 1) moe_grid_kernel(engine_cu_m
     engine_cu_stage_x<MODE, true>(u.h, d.k * d.cols, nullptr, 0.0f, sm); /* ends with a barrier */
     engine_cu_mbar_wait(&bar_dn, 0);
     ENGINE_CU_TRACE(8);
-    for (int i = q; i < ng; i += NG) {
+    for (int i = q; i < ng; i += MG_GROUPS) {
         const int r = (g0 + i) * FFN_WARPS + wl;
         const uint8_t *wr = wd + (size_t)i * d.k * drun + (size_t)wl * d.row_bytes;
         float v = 0.0f;
@@ -389,17 +394,11 @@ static size_t mf_smem(const engine_cu_moe_fused_args *a) {
     return mf_align16(engine_cu_xs_bytes(q, a->up.cols)) + engine_cu_xs_bytes(q, 256);
 }
 
-/* The grid forms' warp groups (moe_fused.cuh grid: 1, 2 one group; 3, 4 three). */
-static int mg_groups(int grid) {
-    return grid >= 3 ? 3 : 1;
-}
-
-static mf_kernel_fn mg_kernel(int mode, bool rf, int grid) {
-#define MG_K(M, R) (mg_groups(grid) == 3 ? moe_grid_kernel<M, R, 3> : moe_grid_kernel<M, R, 1>)
+static mf_kernel_fn mg_kernel(int mode, bool rf) {
     if (mode == ENGINE_CU_X_Q8_K)
-        return rf ? MG_K(ENGINE_CU_X_Q8_K, true) : MG_K(ENGINE_CU_X_Q8_K, false);
-    return rf ? MG_K(ENGINE_CU_X_Q8_0, true) : MG_K(ENGINE_CU_X_Q8_0, false);
-#undef MG_K
+        return rf ? moe_grid_kernel<ENGINE_CU_X_Q8_K, true>
+                  : moe_grid_kernel<ENGINE_CU_X_Q8_K, false>;
+    return rf ? moe_grid_kernel<ENGINE_CU_X_Q8_0, true> : moe_grid_kernel<ENGINE_CU_X_Q8_0, false>;
 }
 
 /* The whole-grid form's layout (moe_fused.cuh grid): up items per block as few as the
@@ -419,13 +418,19 @@ static int mg_layout(engine_cu_moe_fused_args *a, size_t *smem) {
     a->ws_off = (unsigned)engine_cu_w_off(xs > hs ? xs : hs);
     const size_t up = (size_t)a->ipb * 4 * FFN_WARPS * u.row_bytes,
                  dn = (size_t)a->gpb * d.k * FFN_WARPS * d.row_bytes;
-    *smem = a->ws_off + (a->grid == 2 || a->grid == 4 ? up + dn : up > dn ? up : dn);
+    *smem = a->ws_off + (a->grid == 2 ? up + dn : up > dn ? up : dn);
     const int ng = (n_groups + a->gpb - 1) / a->gpb;
     return nb > ng ? nb : ng;
 }
 
-/* Why the whole-grid form cannot take a (NULL: it can); *nb, *smem its launch. */
+/* Why the whole-grid form cannot take a (NULL: it can); *nb, *smem its launch. grid 3 (auto)
+ * becomes 2 where that fits, else 1. */
 static const char *mg_why(engine_cu_moe_fused_args *a, int *nb, size_t *smem) {
+    if (a->grid == 3) {
+        a->grid = 2;
+        if (!mg_why(a, nb, smem)) return nullptr;
+        a->grid = 1;
+    }
     const engine_cu_ffn_up_args &u = a->up;
     const engine_cu_ffn_down_args &d = a->dn;
     const int mode = engine_cu_x_mode(u.type);
@@ -447,8 +452,7 @@ static const char *mg_why(engine_cu_moe_fused_args *a, int *nb, size_t *smem) {
         return "the device query failed";
     }
     if (*smem > (size_t)optin) return "the copies do not fit shared memory";
-    if (!engine_cu_one_wave(mg_kernel(mode, u.x_add != nullptr, a->grid),
-                            mg_groups(a->grid) * MF_THREADS, *smem, *nb))
+    if (!engine_cu_one_wave(mg_kernel(mode, u.x_add != nullptr), MG_THREADS, *smem, *nb))
         return "its blocks do not all fit the GPU at once";
     return nullptr;
 }
@@ -510,8 +514,8 @@ void engine_cu_moe_fused(const engine_cu_moe_fused_args *a, cudaStream_t stream)
         int nb = 0;
         size_t smem = 0;
         mg_why(&c, &nb, &smem);
-        engine_cu_launch(mg_kernel(engine_cu_x_mode(c.up.type), c.up.x_add != nullptr, c.grid),
-                         dim3(nb), dim3(mg_groups(c.grid) * MF_THREADS), smem, stream, c);
+        engine_cu_launch(mg_kernel(engine_cu_x_mode(c.up.type), c.up.x_add != nullptr), dim3(nb),
+                         dim3(MG_THREADS), smem, stream, c);
         return;
     }
     const int nb = a->up.k * (a->up.rows / a->slice);
@@ -606,7 +610,7 @@ extern "C" int engine_cuda_op_moe_fused(
         a.slice = slice;
         a.preload = flags & 1;
         a.class_reduce = (flags & 2) != 0;
-        a.grid = (flags >> 2) & 7; /* the whole-grid form, 1..4 */
+        a.grid = (flags >> 2) & 3; /* the whole-grid form: 1, 2, 3 (auto) */
         a.partial = (float *)(m + off[10]);
         a.counters = (unsigned *)(m + off[11]);
         const char *why = engine_cu_moe_fused_why(&a);

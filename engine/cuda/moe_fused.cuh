@@ -1,5 +1,6 @@
-/* The MoE block of a qwen3moe batch-1 decode step in ONE launch (SPARK_CUDA_MOE_FUSED; off by
- * default): routing, gate/up + SwiGLU, down, the weighted combine and the residual add, in
+/* The MoE block of a qwen3moe batch-1 decode step in ONE launch: the whole-grid form (`grid`
+ * below; on by default, backend.cu mf_grid) or the slices (SPARK_CUDA_MOE_FUSED=1|32|64, off by
+ * default, described first): routing, gate/up + SwiGLU, down, the weighted combine and the residual add, in
  * place of the engine_cu_ffn_up + engine_cu_ffn_down pair (moe.cuh), so that the down products
  * need no dependent launch of their own.
  *
@@ -81,11 +82,11 @@ typedef struct {
      *      kernel's groups) from its copy with the down kernel's function (moe_dev.cuh down_row),
      *      the weighted combine and the residual add (down_store) in its rows: the unfused
      *      pair's results bit for bit.
-     * grid = 1: the down runs are copied into the up runs' space once the block's up rows are
-     * done (before the barrier, so they arrive during it); grid = 2: with the up runs at once
-     * (more shared memory). grid 3, 4: as 1, 2 with three warp groups of FFN_WARPS warps (768
-     * threads), which take the block's items and row groups side by side (the up kernel's RMS
-     * scale still summed by the first FFN_WARPS warps: the same bits). Deadlock freedom as above: the launcher takes this form only when
+     * A block has three warp groups of FFN_WARPS warps (768 threads), which take its items and
+     * row groups side by side (the up kernel's RMS scale still summed by the first FFN_WARPS
+     * warps: the same bits). grid = 1: the down runs are copied into the up runs' space once
+     * the block's up rows are done (before the barrier, so they arrive during it); grid = 2:
+     * with the up runs at once (more shared memory); grid = 3: 2 where it fits, else 1. Deadlock freedom as above: the launcher takes this form only when
      * all blocks are resident at once (one wave), and a block triggers its dependents at its
      * start. Quantised types only; Qwen3's MoE (no shared expert). */
     int grid;

@@ -81,8 +81,8 @@ static const char *const alt_sets[N_ALT][3] = {
     {"SPARK_CUDA_PF_BULK=0", NULL, NULL},     /* MoE rows asked of L2 line by line */
     {"SPARK_CUDA_TMA=0", NULL, NULL},         /* no bulk copies into shared memory (loads) */
     {"SPARK_CUDA_TMA=ud", NULL, NULL},        /* the MoE's copies, the matvecs' loads */
-    {"SPARK_CUDA_MOE_FUSED=g", NULL, NULL},   /* the MoE in one launch, whole-grid form 3 */
-    {"SPARK_CUDA_MOE_FUSED=g2", NULL, NULL},  /* form 2: one warp group, down copies at once */
+    {"SPARK_CUDA_MOE_FUSED=0", NULL, NULL},   /* the MoE's up + down pair (default: one launch) */
+    {"SPARK_CUDA_MOE_FUSED=g1", NULL, NULL},  /* its one launch with the down copies late */
 };
 
 /* Sets ("NAME" to 1, "NAME=VALUE" to VALUE) or unsets an alt_sets entry's variable. */
