@@ -951,10 +951,9 @@ static void mf_log(const engine_cuda_session *s) {
         n += o.mfuse;
         if (!o.mfuse && !why) why = engine_cu_moe_fused_why(&o.mf);
     }
-    engine_log(ENGINE_LOG_INFO,
-               "cuda: MoE block in one launch (%s%d) in %u of %u layers%s%s",
-               s->mf_grid ? "whole grid, form " : "slices of ", s->mf_grid ? s->mf_grid : s->mfuse, n,
-               hp->n_layer, why ? "; not: " : "", why ? why : "");
+    engine_log(ENGINE_LOG_INFO, "cuda: MoE block in one launch (%s%d) in %u of %u layers%s%s",
+               s->mf_grid ? "whole grid, form " : "slices of ", s->mf_grid ? s->mf_grid : s->mfuse,
+               n, hp->n_layer, why ? "; not: " : "", why ? why : "");
 }
 
 /* Build and upload the fused step's program: per layer the ops in the per-op order, each

@@ -440,8 +440,7 @@ static const char *mg_why(engine_cu_moe_fused_args *a, int *nb, size_t *smem) {
     if (d.sh_logit) return "a shared expert";
     if (!engine_cu_bulk_ok()) return "no bulk copies (before sm_90)";
     if (((uintptr_t)u.gate | (uintptr_t)u.up | (uintptr_t)d.down) & 15 || u.expert_bytes % 16 ||
-        d.expert_bytes % 16 || (2 * FFN_WARPS * u.row_bytes) % 16 ||
-        (FFN_WARPS * d.row_bytes) % 16)
+        d.expert_bytes % 16 || (2 * FFN_WARPS * u.row_bytes) % 16 || (FFN_WARPS * d.row_bytes) % 16)
         return "runs not 16-byte aligned";
     *nb = mg_layout(a, smem);
     int dev = 0, optin = 0;

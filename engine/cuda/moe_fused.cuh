@@ -1,8 +1,8 @@
 /* The MoE block of a qwen3moe batch-1 decode step in ONE launch: the whole-grid form (`grid`
  * below; on by default, backend.cu mf_grid) or the slices (SPARK_CUDA_MOE_FUSED=1|32|64, off by
- * default, described first): routing, gate/up + SwiGLU, down, the weighted combine and the residual add, in
- * place of the engine_cu_ffn_up + engine_cu_ffn_down pair (moe.cuh), so that the down products
- * need no dependent launch of their own.
+ * default, described first): routing, gate/up + SwiGLU, down, the weighted combine and the residual
+ * add, in place of the engine_cu_ffn_up + engine_cu_ffn_down pair (moe.cuh), so that the down
+ * products need no dependent launch of their own.
  *
  * Blocks = (expert slot j of k, slice s of S intermediate rows), block j * (n_ff / S) + s:
  *   1. every block routes (warp 0; with the router fusion from the scaled raw logits, as the up
@@ -86,9 +86,10 @@ typedef struct {
      * row groups side by side (the up kernel's RMS scale still summed by the first FFN_WARPS
      * warps: the same bits). grid = 1: the down runs are copied into the up runs' space once
      * the block's up rows are done (before the barrier, so they arrive during it); grid = 2:
-     * with the up runs at once (more shared memory); grid = 3: 2 where it fits, else 1. Deadlock freedom as above: the launcher takes this form only when
-     * all blocks are resident at once (one wave), and a block triggers its dependents at its
-     * start. Quantised types only; Qwen3's MoE (no shared expert). */
+     * with the up runs at once (more shared memory); grid = 3: 2 where it fits, else 1. Deadlock
+     * freedom as above: the launcher takes this form only when all blocks are resident at once (one
+     * wave), and a block triggers its dependents at its start. Quantised types only; Qwen3's MoE
+     * (no shared expert). */
     int grid;
     /* Set by the launcher (engine_cu_moe_fused) for the whole-grid form: up items and down row
      * groups per block, and the offset of the weight copies in shared memory. */

@@ -104,10 +104,10 @@ __device__ __forceinline__ float engine_cu_stage_scale(const float4 *x4, const f
 /* The same scale computed by the whole block (every thread calls it; blockDim.x / 32 <= 32):
  * each thread sums the squares of its float4s (threadIdx.x + i blockDim.x), then the warps'
  * sums in warp order; every thread gets it. nt > 0 (a multiple of 32): only the first nt threads
- * sum, as a block of nt threads would (the same bits in a larger block). One round trip for the loads of a 2048-value
- * vector, where a warp of engine_cu_stage_scale makes several. Not bit for bit that one (its
- * sum runs in another order). Ends after a barrier; a second call needs another barrier
- * between (its partial sums reuse the same shared words). */
+ * sum, as a block of nt threads would (the same bits in a larger block). One round trip for the
+ * loads of a 2048-value vector, where a warp of engine_cu_stage_scale makes several. Not bit for
+ * bit that one (its sum runs in another order). Ends after a barrier; a second call needs another
+ * barrier between (its partial sums reuse the same shared words). */
 template <bool CG = false, bool ADD = false>
 __device__ __forceinline__ float engine_cu_block_scale(const float4 *x4, const float4 *a4, int n,
                                                        float eps, int nt = 0) {

@@ -618,8 +618,8 @@ static void test_moe_fused_case(engine_type ut, engine_type dt, int n_expert, in
     /* The whole-grid forms (moe_fused.cuh grid 1, 2; quantised types, sm_90+): the unfused
      * pair's arithmetic, so y bit for bit, in two launches each (the barrier's counters reset) */
     for (int form = 1; rc == 0 && form <= 2 && engine_type_traits_get(ut)->block_size > 1; form++) {
-        int rg = engine_cuda_op_moe_fused(ut, dt, n_expert, k, true, n_embd, n_ff, router, gate,
-                                          up, down, rbi, rbf, nw, 1e-6f, x, rf ? xa : NULL, 0,
+        int rg = engine_cuda_op_moe_fused(ut, dt, n_expert, k, true, n_embd, n_ff, router, gate, up,
+                                          down, rbi, rbf, nw, 1e-6f, x, rf ? xa : NULL, 0,
                                           form << 2, 2, yref, yf, gids, gw);
         if (rg == ENGINE_EUNSUPPORTED) {
             printf("moe grid %s/%s form %d: skipped (%s)\n", engine_type_name(ut),
