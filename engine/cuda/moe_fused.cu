@@ -349,7 +349,7 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
         }
         atomicAdd(a.counters, 1u);
     }
-    engine_cu_spin(a.counters, (unsigned)nb);
+    engine_cu_spin_bounded(a.counters, (unsigned)nb, 10000000000ull); /* 10 s: a trap, no hang */
     ENGINE_CU_TRACE(4);
     if (threadIdx.x == 0 && atomicAdd(a.counters + 1, 1u) == (unsigned)nb - 1) {
         a.counters[0] = 0; /* every block has passed the barrier: zero for the next launch */

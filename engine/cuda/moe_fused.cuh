@@ -88,8 +88,9 @@ typedef struct {
      * the block's up rows are done (before the barrier, so they arrive during it); grid = 2:
      * with the up runs at once (more shared memory); grid = 3: 2 where it fits, else 1. Deadlock
      * freedom as above: the launcher takes this form only when all blocks are resident at once (one
-     * wave), and a block triggers its dependents at its start. Quantised types only; Qwen3's MoE
-     * (no shared expert). */
+     * wave), and a block triggers its dependents at its start; a barrier wait longer than 10 s
+     * traps (sync.cuh engine_cu_spin_bounded: an error, not a hang). Quantised types only;
+     * Qwen3's MoE (no shared expert). */
     int grid;
     /* Set by the launcher (engine_cu_moe_fused) for the whole-grid form: up items and down row
      * groups per block, and the offset of the weight copies in shared memory. */

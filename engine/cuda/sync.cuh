@@ -66,6 +66,26 @@ __device__ __forceinline__ void engine_cu_spin(const unsigned *p, unsigned n) {
     __syncthreads();
 }
 
+/* engine_cu_spin for a wait on blocks of the same launch (a barrier over the grid): thread 0
+ * gives up after ns nanoseconds of the global timer with a trap, so that a wait which cannot end
+ * (blocks that never became resident: two such launches at once on two streams, or a tool that
+ * runs blocks one after another) fails the launch with an error instead of hanging the
+ * process. */
+__device__ __forceinline__ void engine_cu_spin_bounded(const unsigned *p, unsigned n,
+                                                       unsigned long long ns) {
+    if (threadIdx.x == 0) {
+        unsigned long long t0, t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+        while (engine_cu_ld_acquire(p) < n) {
+            __nanosleep(32);
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+            if (t - t0 > ns) __trap();
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
+
 struct engine_cu_dep_sync {
     const unsigned *dep; /* the done counter of the op this block depends on, or NULL */
     unsigned dep_n;      /* its block count */
