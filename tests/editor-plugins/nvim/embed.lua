@@ -49,6 +49,83 @@ local function free_port()
   return port
 end
 
+--- Who answers on port: 'ours' (GET /health with our token: 200), 'other' (any other status:
+--- another test's server took the port between free_port and our bind), nil (nothing yet).
+local function probe(port, token)
+  local t = vim.loop.new_tcp()
+  local done, status = false, nil
+  local buf = ''
+  t:connect('127.0.0.1', port, function(err)
+    if err then
+      done = true
+      return
+    end
+    t:write('GET /health HTTP/1.0\r\nHost: 127.0.0.1:' .. port .. '\r\nAuthorization: Bearer '
+      .. token .. '\r\n\r\n')
+    t:read_start(function(rerr, data)
+      if rerr or not data then
+        done = true
+        return
+      end
+      buf = buf .. data
+      local code = buf:match('^HTTP/%d%.%d (%d+)')
+      if code then
+        status, done = tonumber(code), true
+      end
+    end)
+  end)
+  vim.wait(2000, function() return done end, 5)
+  t:close()
+  if status == nil then
+    return nil
+  end
+  return status == 200 and 'ours' or 'other'
+end
+
+--- Start a server. Returns { url, token, real, job } or nil, reason when it cannot run here.
+--- One start of the real server on a free port: the server, or nil when the port was taken (by
+--- another test between free_port and our bind: our server exits, and the port answers with
+--- another token); a server that does not start otherwise is an error.
+local function start_real(cli, opts)
+  local port = free_port()
+  local token = 'editor-test-token-' .. port
+  local home = vim.fn.tempname()
+  vim.fn.mkdir(home, 'p')
+  -- a fresh config (token) and data directory; the model cache (XDG_CACHE_HOME) is shared, so
+  -- the default tiny model is generated once
+  local env = { SPARK_API_KEY = token, XDG_CONFIG_HOME = home, XDG_DATA_HOME = home }
+  for k, v in pairs(opts.env or {}) do
+    env[k] = v
+  end
+  -- --exit-with-parent: the harness ends with os.exit, which skips Neovim's job teardown;
+  -- without it the server outlived the test
+  local cmd = { cli, 'serve', '--host', '127.0.0.1', '--port', tostring(port),
+    '--exit-with-parent' }
+  for _, a in ipairs(opts.args or {}) do
+    cmd[#cmd + 1] = a
+  end
+  local log = {}
+  local exited
+  local job = vim.fn.jobstart(cmd, { env = env,
+    on_stderr = function(_, d) vim.list_extend(log, d) end,
+    on_stdout = function(_, d) vim.list_extend(log, d) end,
+    on_exit = function(_, code) exited = code end })
+  -- ready when our server answers on the port with our token
+  local up = vim.wait(120000, function()
+    return exited ~= nil or probe(port, token) == 'ours'
+  end, 100)
+  if up and exited == nil then
+    return { url = string.format('ws://127.0.0.1:%d/rpc', port), token = token, real = true,
+             job = job, log = log }
+  end
+  if exited ~= nil and probe(port, token) == 'other' then
+    return nil
+  end
+  -- the binary is there: a server that does not start is a failure, not a skip
+  error('spark-agent serve did not start (exit ' .. tostring(exited) .. '): '
+    .. table.concat(log, '\n'))
+end
+
 --- Start a server. Returns { url, token, real, job } or nil, reason when it cannot run here.
 function E.server(opts)
   opts = opts or {}
@@ -58,50 +135,13 @@ function E.server(opts)
     if vim.fn.executable(cli) == 0 then
       return nil, 'spark-agent is not built (' .. cli .. ')'
     end
-    local port = free_port()
-    local token = 'editor-test-token-' .. port
-    local home = vim.fn.tempname()
-    vim.fn.mkdir(home, 'p')
-    -- a fresh config (token) and data directory; the model cache (XDG_CACHE_HOME) is shared, so
-    -- the default tiny model is generated once
-    local env = { SPARK_API_KEY = token, XDG_CONFIG_HOME = home, XDG_DATA_HOME = home }
-    for k, v in pairs(opts.env or {}) do
-      env[k] = v
-    end
-    -- --exit-with-parent: the harness ends with os.exit, which skips Neovim's job teardown;
-    -- without it the server outlived the test
-    local cmd = { cli, 'serve', '--host', '127.0.0.1', '--port', tostring(port),
-      '--exit-with-parent' }
-    for _, a in ipairs(opts.args or {}) do
-      cmd[#cmd + 1] = a
-    end
-    local log = {}
-    local exited
-    local job = vim.fn.jobstart(cmd, { env = env,
-      on_stderr = function(_, d) vim.list_extend(log, d) end,
-      on_stdout = function(_, d) vim.list_extend(log, d) end,
-      on_exit = function(_, code) exited = code end })
-    local url = string.format('ws://127.0.0.1:%d/rpc', port)
-    -- ready when the port accepts connections
-    local up = vim.wait(120000, function()
-      if exited then
-        return true
+    for _ = 1, 3 do
+      local s = start_real(cli, opts)
+      if s then
+        return s
       end
-      local t = vim.loop.new_tcp()
-      local done, okc = false, false
-      t:connect('127.0.0.1', port, function(err)
-        okc, done = err == nil, true
-      end)
-      vim.wait(200, function() return done end, 5)
-      t:close()
-      return okc
-    end, 100)
-    if exited or not up then
-      -- the binary is there: a server that does not start is a failure, not a skip
-      error('spark-agent serve did not start (exit ' .. tostring(exited) .. '): '
-        .. table.concat(log, '\n'))
     end
-    return { url = url, token = token, real = true, job = job, log = log }
+    error('spark-agent serve: three free ports were taken by other servers before it bound them')
   end
   if vim.fn.executable('node') == 0 then
     return nil, 'node is not installed (needed for the fake server)'
