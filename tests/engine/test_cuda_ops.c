@@ -650,6 +650,11 @@ static void test_moe_fused(void) {
     test_moe_fused_case(ENGINE_TYPE_Q4_K, ENGINE_TYPE_Q4_K, 16, 8, 2048, 768, true, 64);
     test_moe_fused_case(ENGINE_TYPE_Q4_K, ENGINE_TYPE_Q6_K, 16, 8, 2048, 768, false, 64);
     test_moe_fused_case(ENGINE_TYPE_Q8_0, ENGINE_TYPE_Q8_0, 16, 8, 2048, 768, true, 64);
+    /* 6 experts used: the whole-grid form's blocks do not divide its work evenly (on 132
+     * multiprocessors: 288 up items, 3 a block, 96 blocks; 256 down groups, 3 a block, so the
+     * 86th block has one and the last 10 none) */
+    test_moe_fused_case(ENGINE_TYPE_Q4_K, ENGINE_TYPE_Q6_K, 16, 6, 2048, 768, true, 32);
+    test_moe_fused_case(ENGINE_TYPE_Q8_0, ENGINE_TYPE_Q8_0, 16, 6, 2048, 768, false, 64);
     /* the tiny model's shape, F32 and F16 (staged in F32) */
     test_moe_fused_case(ENGINE_TYPE_F32, ENGINE_TYPE_F32, 8, 2, 256, 256, true, 32);
     test_moe_fused_case(ENGINE_TYPE_F16, ENGINE_TYPE_F16, 8, 2, 256, 256, false, 64);
