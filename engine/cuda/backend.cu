@@ -146,10 +146,11 @@ struct engine_cuda_session {
     /* The whole-grid form instead (moe_fused.cuh grid; qwen3moe's MoE in one launch, the pair's
      * results bit for bit): by default (form 3: 2 where it fits, else 1) unless one of the
      * pair's own switches is set (SPARK_CUDA_BPS, _ROUTE_ONCE, _UP_EARLY, _DOWN_EARLY,
-     * _DOWN_ROUTE, _PRELOAD, _TOUCH) or SPARK_CUDA_TMA leaves out the MoE's copies;
+     * _DOWN_ROUTE, _PRELOAD, _TOUCH; the pair's diagnoses SPARK_CUDA_DIAG_MOE and
+     * _DIAG_SKIP / _TWICE on ops 4-5) or SPARK_CUDA_TMA leaves out the MoE's copies;
      * SPARK_CUDA_MOE_FUSED=g (form 3), g1 or g2 asks for it, =0 (or a slice) for the pair (or
-     * the slices). Measured +2.9% (Q4_K_M) and +3.0% (Q8_0) tok/s over the pair on the full
-     * Qwen3-30B-A3B files (H200, session 16 call 3). */
+     * the slices). Measured +3.4% (Q4_K_M) and +4.0% (Q8_0) tok/s over the pair on the full
+     * Qwen3-30B-A3B files (H200, session 16 call 4). */
     int mf_grid;
     int mf_pre; /* SPARK_CUDA_MOE_FUSED_PRE=1: its down items preloaded (moe_fused.cuh preload) */
     int mf_diag; /* SPARK_CUDA_MOE_FUSED_DIAG=bits: phases left out (diagnosis, moe_fused.cuh) */
@@ -649,9 +650,12 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         s->mfuse = e && !s->mf_grid ? atoi(e) : 0;
         s->mfuse = s->mfuse == 1 ? 32 : s->mfuse == 32 || s->mfuse == 64 ? s->mfuse : 0;
         /* the default whole-grid form steps aside for the switches of the up / down pair's own
-         * paths and where the MoE's bulk copies are turned off, so those still run */
+         * paths, for the diagnoses of the pair's launches (SPARK_CUDA_DIAG_MOE, and
+         * SPARK_CUDA_DIAG_SKIP / _TWICE on ops 4 and 5, the up and the down), and where the
+         * MoE's bulk copies are turned off, so those still run as they say */
         if (!e && (s->bps_up || s->bps_dn || s->route_once || s->down_routes || s->preload ||
-                   s->touch || (~s->route & (ENGINE_CU_ROUTE_TMA | ENGINE_CU_ROUTE_TMA_DN))))
+                   s->touch || s->diag_moe || ((s->diag_skip | s->diag_twice) & 0x30u) ||
+                   (~s->route & (ENGINE_CU_ROUTE_TMA | ENGINE_CU_ROUTE_TMA_DN))))
             s->mf_grid = 0;
         e = getenv("SPARK_CUDA_COOP_SCALE");
         s->coop = e ? e[0] == '1' : SPARK_CUDA_COOP_SCALE_DEFAULT;
