@@ -43,6 +43,7 @@
 #ifndef SPARK_ENGINE_CUDA_MOE_FUSED_CUH
 #define SPARK_ENGINE_CUDA_MOE_FUSED_CUH
 
+#include "matvec.cuh"
 #include "moe.cuh"
 
 typedef struct {
@@ -92,10 +93,26 @@ typedef struct {
      * traps (sync.cuh engine_cu_spin_bounded: an error, not a hang). Quantised types only;
      * Qwen3's MoE (no shared expert). */
     int grid;
-    /* Set by the launcher (engine_cu_moe_fused) for the whole-grid form: up items and down row
-     * groups per block, and the offset of the weight copies in shared memory. */
-    int ipb, gpb;
-    unsigned ws_off;
+    /* The whole-grid form only (nx.n_mat > 0): the NEXT layer's q/k/v product, whose input nx.x
+     * is this launch's output (dn.y), in the same launch instead of a launch of its own:
+     *   5. once its down rows are done, every thread fences and the grid meets at a second
+     *      barrier (counters[2] arrivals, counters[3] departures; the last block to leave zeroes
+     *      both); then every block stages nx.x normalised (through L2) as the matvec stages it,
+     *      and computes its npb row groups of 16 rows (the matvec's groups of two rows a warp,
+     *      matvec_dev.cuh mv_group: the same sums) from a bulk copy issued once its up rows were
+     *      done, into the up runs' space (nx_off), so that the rows arrive during the barrier and
+     *      the down products.
+     * The results are those of engine_cu_matvec(&nx) after the MoE bit for bit. Quantised
+     * matrices of the MoE's staging mode, 16-byte rows, nx.cols == up.cols, and none of the
+     * stage-5/6 fields (max_bps, preload, touch, route_ids); engine_cu_moe_fused_why says why
+     * not. Where the launch falls back to the up + down pair, engine_cu_moe_fused enqueues
+     * engine_cu_matvec(&nx) after it, so nx is computed either way. */
+    engine_cu_mv nx;
+    /* Set by the launcher (engine_cu_moe_fused) for the whole-grid form: up items, down row
+     * groups and nx row groups per block, and the offsets of the weight copies in shared memory
+     * (the nx copies' from ws_off). */
+    int ipb, gpb, npb;
+    unsigned ws_off, nx_off;
 } engine_cu_moe_fused_args;
 
 /* Scratch sizes for a layer shape. */
