@@ -19,6 +19,12 @@ __host__ __device__ __forceinline__ int mf_reducers(int nb, int n) {
     return r < 1 ? 1 : r > nb ? nb : r;
 }
 
+/* Where the whole-grid form's barrier count (64 bits, monotonic: sync.cuh engine_cu_grid_barrier)
+ * sits among the counters: after the slices' counters, 8-byte aligned. */
+__host__ __device__ __forceinline__ int mf_gen_index(int k, int n_ff) {
+    return (2 + k * ((n_ff + 255) / 256) + 8 + 1) & ~1;
+}
+
 __host__ __device__ __forceinline__ size_t mf_align16(size_t n) {
     return (n + 15) & ~(size_t)15;
 }
@@ -391,14 +397,10 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
             engine_cu_fence_proxy_async(); /* the block's reads of the up runs come first */
         if (!early) mg_copy_down(d, ids, g0, ng, wd, &bar_dn);
         if (nq > 0) mg_copy_nx(nx, qg0, nq, ws + a.nx_off, &bar_nx);
-        atomicAdd(a.counters, 1u);
     }
-    engine_cu_spin_bounded(a.counters, (unsigned)nb, 10000000000ull); /* 10 s: a trap, no hang */
+    unsigned long long *gen = (unsigned long long *)(a.counters + mf_gen_index(u.k, u.rows));
+    engine_cu_grid_barrier(gen, (unsigned)nb, 10000000000ull); /* 10 s: a trap, no hang */
     ENGINE_CU_TRACE(4);
-    if (threadIdx.x == 0 && atomicAdd(a.counters + 1, 1u) == (unsigned)nb - 1) {
-        a.counters[0] = 0; /* every block has passed the barrier: zero for the next launch */
-        a.counters[1] = 0;
-    }
     /* 4. all of h staged (through L2) as the down kernel stages it, then the block's groups */
     engine_cu_stage_x<MODE, true>(u.h, d.k * d.cols, nullptr, 0.0f, sm); /* ends with a barrier */
     engine_cu_mbar_wait(&bar_dn, 0);
@@ -421,20 +423,32 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     if (nx.n_mat > 0) {
         __threadfence();
         __syncthreads();
-        if (threadIdx.x == 0) atomicAdd(a.counters + 2, 1u);
-        engine_cu_spin_bounded(a.counters + 2, (unsigned)nb, 10000000000ull);
+        engine_cu_grid_barrier(gen, (unsigned)nb, 10000000000ull);
         ENGINE_CU_TRACE(2);
-        if (threadIdx.x == 0 && atomicAdd(a.counters + 3, 1u) == (unsigned)nb - 1) {
-            a.counters[2] = 0;
-            a.counters[3] = 0;
-        }
         if (nq > 0) {
-            /* the matvec's staging (mv_stage), read through L2: other blocks wrote x */
-            const float nsc = nx.coop && nx.norm_w
-                                  ? engine_cu_block_scale<true, false>(
-                                        (const float4 *)nx.x, nullptr, nx.cols, nx.eps, MF_THREADS)
-                                  : -1.0f;
+            /* the matvec's staging (mv_stage), read through L2 (other blocks wrote x), with its
+             * per-warp RMS scale computed once, by warp 0 (the same function: the same bits), not
+             * by each of the 24 warps: 24 reads of x a block from L2 measured ~9 us for this
+             * phase (session 17 call 2) */
+            __shared__ float s_nsc;
+            float nsc = -1.0f;
+            if (nx.norm_w) {
+                if (nx.coop)
+                    nsc = engine_cu_block_scale<true, false>((const float4 *)nx.x, nullptr,
+                                                             nx.cols, nx.eps, MF_THREADS);
+                else {
+                    if (w == 0) {
+                        const float v = engine_cu_stage_scale<true, false>(
+                            (const float4 *)nx.x, nullptr, nx.cols, nx.cols >> 2,
+                            threadIdx.x & 31, nx.eps);
+                        if (threadIdx.x == 0) s_nsc = v;
+                    }
+                    __syncthreads();
+                    nsc = s_nsc;
+                }
+            }
             engine_cu_stage_x<MODE, true>(nx.x, nx.cols, nx.norm_w, nx.eps, sm, 0, nullptr, nsc);
+            ENGINE_CU_TRACE(9);
             engine_cu_mbar_wait(&bar_nx, 0);
             const engine_cu_xv xq = engine_cu_xv_at(sm, nx.cols, true, 0);
             const uint8_t *wq = ws + a.nx_off;
@@ -567,7 +581,7 @@ size_t engine_cu_moe_fused_partial_floats(int k, int n_ff, int n_embd) {
 }
 
 size_t engine_cu_moe_fused_counters(int k, int n_ff) {
-    return 2 + (size_t)k * (size_t)((n_ff + 255) / 256) + 8;
+    return (size_t)mf_gen_index(k, n_ff) + 2;
 }
 
 const char *engine_cu_moe_fused_why(const engine_cu_moe_fused_args *a) {
@@ -744,8 +758,25 @@ extern "C" int engine_cuda_op_moe_fused(
             (ce = cudaMemcpy(weights, dw, sizeof(float) * k, cudaMemcpyDeviceToHost)) !=
                 cudaSuccess)
             goto fail;
-        /* the counters must be back at zero */
-        const size_t nc = engine_cu_moe_fused_counters(k, n_ff);
+        /* the counters must be back at zero, but for the whole-grid form's barrier count,
+         * which must have taken exactly reps rounds of the grid's blocks */
+        unsigned long long gen = 0, gen_want = 0;
+        if (a.grid) {
+            engine_cu_moe_fused_args c = a;
+            int nbk = 0;
+            size_t smem = 0;
+            mg_why(&c, &nbk, &smem);
+            gen_want = (unsigned long long)reps * (unsigned)nbk;
+        }
+        ce = cudaMemcpy(&gen, a.counters + mf_gen_index(k, n_ff), sizeof gen,
+                        cudaMemcpyDeviceToHost);
+        if (ce != cudaSuccess) goto fail;
+        if (gen != gen_want) {
+            cudaFree(m);
+            return engine_err(ENGINE_EINTERNAL, "moe fused: %llu barrier arrivals, not %llu", gen,
+                              gen_want);
+        }
+        const size_t nc = (size_t)mf_gen_index(k, n_ff);
         unsigned *hc = (unsigned *)calloc(nc, sizeof(unsigned));
         if (!hc) {
             cudaFree(m);
