@@ -152,9 +152,11 @@ struct engine_cuda_session {
      * the slices). Measured +3.4% (Q4_K_M) and +4.0% (Q8_0) tok/s over the pair on the full
      * Qwen3-30B-A3B files (H200, session 16 call 4). */
     int mf_grid;
-    /* SPARK_CUDA_MOE_QKV (default 1; 0 off): the whole-grid MoE launch of layer l also computes
-     * layer l + 1's q/k/v (moe_fused.cuh nx), whose own launch then goes. Off where the grid form
-     * is off and with SPARK_CUDA_DIAG_SKIP / _TWICE on op 0 (the q/k/v launch). */
+    /* SPARK_CUDA_MOE_QKV: 1 = the whole-grid MoE launch of layer l also computes layer l + 1's
+     * q/k/v (moe_fused.cuh nx), whose own launch then goes; pf (2) = it only asks L2 for that
+     * launch's rows (nx_pf); 0 or unset: neither (default: =1 measured slower, session 17).
+     * Off where the grid form is off and with SPARK_CUDA_DIAG_SKIP / _TWICE on op 0 (the q/k/v
+     * launch). */
     int mf_qkv;
     int mf_pre; /* SPARK_CUDA_MOE_FUSED_PRE=1: its down items preloaded (moe_fused.cuh preload) */
     int mf_diag; /* SPARK_CUDA_MOE_FUSED_DIAG=bits: phases left out (diagnosis, moe_fused.cuh) */
@@ -662,7 +664,8 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
                    (~s->route & (ENGINE_CU_ROUTE_TMA | ENGINE_CU_ROUTE_TMA_DN))))
             s->mf_grid = 0;
         e = getenv("SPARK_CUDA_MOE_QKV");
-        s->mf_qkv = (!e || e[0] != '0') && s->mf_grid && !((s->diag_skip | s->diag_twice) & 1u);
+        s->mf_qkv = !e ? 0 : e[0] == '1' ? 1 : !strcmp(e, "pf") ? 2 : 0;
+        if (!s->mf_grid || ((s->diag_skip | s->diag_twice) & 1u)) s->mf_qkv = 0;
         e = getenv("SPARK_CUDA_COOP_SCALE");
         s->coop = e ? e[0] == '1' : SPARK_CUDA_COOP_SCALE_DEFAULT;
         e = getenv("SPARK_CUDA_COOP_MV");
@@ -958,6 +961,7 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
         /* the next layer's q/k/v in the same launch, where the launch takes it */
         if (o->mfuse && s->mf_grid && s->mf_qkv && l + 1 < hp->n_layer) {
             qkv_get(s, l + 1, &o->mf.nx);
+            o->mf.nx_pf = s->mf_qkv == 2;
             if (engine_cu_moe_fused_why(&o->mf)) memset(&o->mf.nx, 0, sizeof o->mf.nx);
         }
     }
@@ -980,10 +984,11 @@ static void mf_log(const engine_cuda_session *s) {
         }
     }
     engine_log(ENGINE_LOG_INFO,
-               "cuda: MoE block in one launch (%s%d) in %u of %u layers%s%s; with the next "
-               "layer's q/k/v in %u%s%s",
+               "cuda: MoE block in one launch (%s%d) in %u of %u layers%s%s; the next "
+               "layer's q/k/v %s in %u%s%s",
                s->mf_grid ? "whole grid, form " : "slices of ", s->mf_grid ? s->mf_grid : s->mfuse,
-               n, hp->n_layer, why ? "; not: " : "", why ? why : "", nq, why_q ? "; not: " : "",
+               n, hp->n_layer, why ? "; not: " : "", why ? why : "",
+               s->mf_qkv == 2 ? "asked of L2" : "computed", nq, why_q ? "; not: " : "",
                why_q ? why_q : "");
 }
 
@@ -1097,7 +1102,7 @@ static void enqueue_step(engine_cuda_session *s, step_prof *p, route_trace *t) {
                     }
                 }
             }
-            qkv_done = o.mf.nx.n_mat > 0;
+            qkv_done = o.mf.nx.n_mat > 0 && !o.mf.nx_pf;
         }
     }
     engine_cu_mv mv;

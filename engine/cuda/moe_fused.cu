@@ -335,7 +335,8 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     const bool early = a.grid == 2;
     uint8_t *wd = early ? ws + (size_t)a.ipb * 2 * urun : ws; /* the down runs */
     const engine_cu_mv &nx = a.nx;
-    const int qg0 = b * a.npb, nq = nx.n_mat > 0 ? max(0, min(a.npb, mg_nx_groups(nx) - qg0)) : 0;
+    const int qg0 = b * a.npb, nqg = nx.n_mat > 0 ? max(0, min(a.npb, mg_nx_groups(nx) - qg0)) : 0;
+    const int nq = a.nx_pf ? 0 : nqg; /* nx row groups to compute here */
     /* every block starts before a dependent can launch, so all are resident by then */
     engine_cu_pdl_launch();
     if (threadIdx.x == 0) {
@@ -405,6 +406,15 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     engine_cu_stage_x<MODE, true>(u.h, d.k * d.cols, nullptr, 0.0f, sm); /* ends with a barrier */
     engine_cu_mbar_wait(&bar_dn, 0);
     ENGINE_CU_TRACE(8);
+    /* nx_pf: the next q/k/v launch's rows asked of L2 while the down products run (the memory
+     * is idle then), so that its blocks, which find no room beside this launch to copy them
+     * before their wait, copy them from L2 */
+    if (a.nx_pf && threadIdx.x == 0)
+        for (int i = 0; i < nqg; i++) {
+            unsigned bytes;
+            const uint8_t *src = mg_nx_run(nx, qg0 + i, &bytes);
+            engine_cu_prefetch_bulk(src, bytes);
+        }
     for (int i = q; i < ng; i += MG_GROUPS) {
         const int r = (g0 + i) * FFN_WARPS + wl;
         const uint8_t *wr = wd + (size_t)i * d.k * drun + (size_t)wl * d.row_bytes;
@@ -420,7 +430,7 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
         if ((threadIdx.x & 31) == 0) down_store<RF>(d, r, v);
     }
     /* 5. the next layer's q/k/v (nx): all of y stored, then each block's row groups */
-    if (nx.n_mat > 0) {
+    if (nx.n_mat > 0 && !a.nx_pf) {
         __threadfence();
         __syncthreads();
         engine_cu_grid_barrier(gen, (unsigned)nb, 10000000000ull);
@@ -516,7 +526,7 @@ static int mg_layout(engine_cu_moe_fused_args *a, size_t *smem) {
         for (int i = 0; i < a->nx.n_mat; i++)
             rb = a->nx.m[i].row_bytes > rb ? a->nx.m[i].row_bytes : rb;
         a->npb = (mg_nx_groups(a->nx) + blocks - 1) / blocks;
-        const size_t nxb = (size_t)a->npb * MG_NX_PER * rb;
+        const size_t nxb = a->nx_pf ? 0 : (size_t)a->npb * MG_NX_PER * rb;
         const size_t off = a->grid == 2 ? (nxb <= up ? 0 : up + dn) : mf_align16(dn);
         a->nx_off = (unsigned)off;
         if (a->ws_off + off + nxb > *smem) *smem = a->ws_off + off + nxb;

@@ -109,6 +109,10 @@ typedef struct {
      * not. Where the launch falls back to the up + down pair, engine_cu_moe_fused enqueues
      * engine_cu_matvec(&nx) after it, so nx is computed either way. */
     engine_cu_mv nx;
+    /* With nx: only ask L2 for nx's rows (each block its row groups' share, one bulk prefetch a
+     * group, once its down rows have landed) and leave the product to its own launch after this
+     * one (SPARK_CUDA_MOE_QKV=pf): no second barrier, no copies. */
+    int nx_pf;
     /* Set by the launcher (engine_cu_moe_fused) for the whole-grid form: up items, down row
      * groups and nx row groups per block, and the offsets of the weight copies in shared memory
      * (the nx copies' from ws_off). */
