@@ -13,10 +13,9 @@ first launch of one block). For each launch:
           previous kernel was done: a second wave, or no room beside the previous kernel)
   spread= last wait return - first wait return
   e3    = the last block's work done (ev 3: matvec, MoE up/down blocks) - first wait return
-  e2, e4..e9 = the mean block's stage stamps (kernel-specific; moe_dev.cuh, matvec_dev.cuh,
+  e2, e4..e8 = the mean block's stage stamps (kernel-specific; moe_dev.cuh, matvec_dev.cuh,
           moe_fused.cu: the whole-grid MoE launch 5 routed, 6 x staged, 7 up rows landed, 4 past
-          the grid barrier, 8 down rows landed; with the next layer's q/k/v 2 past the second
-          barrier, 9 its x staged)
+          the grid barrier, 8 down rows landed)
           - first wait return
 Usage: trace_summary.py FILE [--steps] (the ordered list of one step, else per launch shape)
        trace_summary.py FILE --all: every launch of the file in time order (no steps: for
@@ -27,7 +26,7 @@ import collections
 import sys
 
 
-STAGES = (4, 5, 2, 6, 7, 8, 9, 3)
+STAGES = (4, 5, 2, 6, 7, 8, 3)
 FIELDS = ("gap", "early", "late", "spread") + tuple("e%d" % e for e in STAGES)
 
 

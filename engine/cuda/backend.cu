@@ -152,12 +152,6 @@ struct engine_cuda_session {
      * the slices). Measured +3.4% (Q4_K_M) and +4.0% (Q8_0) tok/s over the pair on the full
      * Qwen3-30B-A3B files (H200, session 16 call 4). */
     int mf_grid;
-    /* SPARK_CUDA_MOE_QKV: 1 = the whole-grid MoE launch of layer l also computes layer l + 1's
-     * q/k/v (moe_fused.cuh nx), whose own launch then goes; pf (2) = it only asks L2 for that
-     * launch's rows (nx_pf); 0 or unset: neither (default: =1 measured slower, session 17).
-     * Off where the grid form is off and with SPARK_CUDA_DIAG_SKIP / _TWICE on op 0 (the q/k/v
-     * launch). */
-    int mf_qkv;
     int mf_pre; /* SPARK_CUDA_MOE_FUSED_PRE=1: its down items preloaded (moe_fused.cuh preload) */
     int mf_diag; /* SPARK_CUDA_MOE_FUSED_DIAG=bits: phases left out (diagnosis, moe_fused.cuh) */
     int mf_red;  /* SPARK_CUDA_MOE_FUSED_RED=1: its reduction by row class, no wait */
@@ -663,9 +657,6 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
                    s->touch || s->diag_moe || ((s->diag_skip | s->diag_twice) & 0x30u) ||
                    (~s->route & (ENGINE_CU_ROUTE_TMA | ENGINE_CU_ROUTE_TMA_DN))))
             s->mf_grid = 0;
-        e = getenv("SPARK_CUDA_MOE_QKV");
-        s->mf_qkv = !e ? 0 : e[0] == '1' ? 1 : !strcmp(e, "pf") ? 2 : 0;
-        if (!s->mf_grid || ((s->diag_skip | s->diag_twice) & 1u)) s->mf_qkv = 0;
         e = getenv("SPARK_CUDA_COOP_SCALE");
         s->coop = e ? e[0] == '1' : SPARK_CUDA_COOP_SCALE_DEFAULT;
         e = getenv("SPARK_CUDA_COOP_MV");
@@ -786,26 +777,6 @@ typedef struct {
     engine_cu_moe_fused_args mf;
 } layer_ops;
 
-/* Layer l's q/k/v product (the attention norm in its staging). */
-static void qkv_get(const engine_cuda_session *s, uint32_t l, engine_cu_mv *mv) {
-    const engine_cuda_model *cm = s->cm;
-    const cu_layer *ly = &cm->layers[l];
-    memset(mv, 0, sizeof *mv);
-    mv->m[0] = mat(&ly->wq, s->q, 0);
-    mv->m[1] = mat(&ly->wk, s->k, 0);
-    mv->m[2] = mat(&ly->wv, s->v, 0);
-    mv->n_mat = 3;
-    mv->touch = s->touch;
-    mv->max_bps = s->bps_mv;
-    mv->preload = s->preload;
-    mv->cols = (int)cm->m->hp.n_embd;
-    mv->x = s->x;
-    mv->norm_w = ly->attn_norm;
-    mv->eps = cm->m->hp.rms_norm_eps;
-    mv->coop = s->coop_mv;
-    mv->tma = (s->route & ENGINE_CU_ROUTE_TMA_MV) != 0; /* the launchers check it applies */
-}
-
 static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o) {
     const engine_cuda_model *cm = s->cm;
     const engine_hparams *hp = &cm->m->hp;
@@ -814,7 +785,19 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
     const float eps = hp->rms_norm_eps;
     memset(o, 0, sizeof *o);
     engine_cu_mv *mv = &o->qkv;
-    qkv_get(s, l, mv);
+    mv->m[0] = mat(&ly->wq, s->q, 0);
+    mv->m[1] = mat(&ly->wk, s->k, 0);
+    mv->m[2] = mat(&ly->wv, s->v, 0);
+    mv->n_mat = 3;
+    mv->touch = s->touch;
+    mv->max_bps = s->bps_mv;
+    mv->preload = s->preload;
+    mv->cols = emb;
+    mv->x = s->x;
+    mv->norm_w = ly->attn_norm;
+    mv->eps = eps;
+    mv->coop = s->coop_mv;
+    mv->tma = (s->route & ENGINE_CU_ROUTE_TMA_MV) != 0; /* the launchers check it applies */
 
     engine_cu_att at = {s->q,
                         s->k,
@@ -958,38 +941,23 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
         o->mf.partial = s->mf_part;
         o->mf.counters = s->mf_ctr;
         o->mfuse = engine_cu_moe_fused_why(&o->mf) == NULL;
-        /* the next layer's q/k/v in the same launch, where the launch takes it */
-        if (o->mfuse && s->mf_grid && s->mf_qkv && l + 1 < hp->n_layer) {
-            qkv_get(s, l + 1, &o->mf.nx);
-            o->mf.nx_pf = s->mf_qkv == 2;
-            if (engine_cu_moe_fused_why(&o->mf)) memset(&o->mf.nx, 0, sizeof o->mf.nx);
-        }
     }
 }
 
 /* Log which layers SPARK_CUDA_MOE_FUSED's launch takes (at session creation). */
 static void mf_log(const engine_cuda_session *s) {
     const engine_hparams *hp = &s->cm->m->hp;
-    uint32_t n = 0, nq = 0;
-    const char *why = hp->n_expert ? NULL : "not an MoE model", *why_q = NULL;
+    uint32_t n = 0;
+    const char *why = hp->n_expert ? NULL : "not an MoE model";
     for (uint32_t l = 0; hp->n_expert && l < hp->n_layer; l++) {
         layer_ops o;
         layer_ops_get(s, l, &o);
         n += o.mfuse;
-        nq += o.mf.nx.n_mat > 0;
         if (!o.mfuse && !why) why = engine_cu_moe_fused_why(&o.mf);
-        if (o.mfuse && s->mf_qkv && l + 1 < hp->n_layer && !o.mf.nx.n_mat && !why_q) {
-            qkv_get(s, l + 1, &o.mf.nx);
-            why_q = engine_cu_moe_fused_why(&o.mf);
-        }
     }
-    engine_log(ENGINE_LOG_INFO,
-               "cuda: MoE block in one launch (%s%d) in %u of %u layers%s%s; the next "
-               "layer's q/k/v %s in %u%s%s",
+    engine_log(ENGINE_LOG_INFO, "cuda: MoE block in one launch (%s%d) in %u of %u layers%s%s",
                s->mf_grid ? "whole grid, form " : "slices of ", s->mf_grid ? s->mf_grid : s->mfuse,
-               n, hp->n_layer, why ? "; not: " : "", why ? why : "",
-               s->mf_qkv == 2 ? "asked of L2" : "computed", nq, why_q ? "; not: " : "",
-               why_q ? why_q : "");
+               n, hp->n_layer, why ? "; not: " : "", why ? why : "");
 }
 
 /* Build and upload the fused step's program: per layer the ops in the per-op order, each
@@ -1051,18 +1019,12 @@ static void enqueue_step(engine_cuda_session *s, step_prof *p, route_trace *t) {
     if (s->fused && s->prog.total && !p && !t) {
         engine_cu_prog_launch(&s->prog, st);
     } else {
-        bool qkv_done = false; /* the layer before computed this layer's q/k/v (mf.nx) */
         for (uint32_t l = 0; l < hp->n_layer; l++) {
             layer_ops o;
             layer_ops_get(s, l, &o);
-            /* per-op launches when profiling or tracing the routing: nx stays a launch */
-            if (!o.mfuse || p || t) memset(&o.mf.nx, 0, sizeof o.mf.nx);
             for (unsigned op = 0; op < 6; op++) {
                 const unsigned bit = 1u << op;
-                const int n_launch = op == 0 && qkv_done ? 0
-                                     : s->diag_skip & bit ? 0
-                                     : s->diag_twice & bit ? 2
-                                                           : 1;
+                const int n_launch = s->diag_skip & bit ? 0 : s->diag_twice & bit ? 2 : 1;
                 for (int i = 0; i < n_launch; i++) {
                     switch (op) {
                     case 0: engine_cu_matvec(&o.qkv, st); break;
@@ -1102,7 +1064,6 @@ static void enqueue_step(engine_cuda_session *s, step_prof *p, route_trace *t) {
                     }
                 }
             }
-            qkv_done = o.mf.nx.n_mat > 0 && !o.mf.nx_pf;
         }
     }
     engine_cu_mv mv;

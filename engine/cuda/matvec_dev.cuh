@@ -52,14 +52,12 @@ __device__ __forceinline__ int mv_find(const engine_cu_mv &a, int g, int per, in
  * repacked copy (dequant.cuh ENGINE_CU_TYPE_Q6_KR; R 1, 2 or 4, mode Q8_K), an instance of its own
  * so that the other launches' code stays as it is (a Q6_KR case in their switch measured ~1%
  * slower steps, session 12). SH (R > 0, quantised): the group's rows from the block's copy in
- * shared memory at ws (mv_block's bulk copy, engine_cu_mv.tma). wi >= 0 (R > 0): the warp's
- * index in its group of ENGINE_CU_MV_WARPS warps, for a block of several such groups (moe_fused.cu,
- * the next layer's q/k/v); else the warp's index in the block. */
+ * shared memory at ws (mv_block's bulk copy, engine_cu_mv.tma). */
 template <int MODE, int R, bool Q6R = false, bool SH = false>
 __device__ __forceinline__ float *mv_group(const engine_cu_mv &a, int g, const engine_cu_xv &xv,
-                                           float *part, const uint8_t *ws = nullptr, int wi = -1) {
+                                           float *part, const uint8_t *ws = nullptr) {
     constexpr int NR = R > 0 ? R : 1, PER = R > 0 ? ENGINE_CU_MV_WARPS * R : 1;
-    const int w = wi >= 0 ? wi : (int)(threadIdx.x >> 5), lane = threadIdx.x & 31;
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int first;
     const int mi = mv_find(a, g, PER, &first);
     if (mi < 0) return nullptr; /* never: n_groups row groups in all */

@@ -2,8 +2,8 @@
  * tests. */
 #include <string.h>
 
-#include "matvec_dev.cuh"
 #include "moe_dev.cuh"
+#include "matvec.cuh"
 #include "moe_fused.cuh"
 
 extern "C" {
@@ -17,12 +17,6 @@ extern "C" {
 __host__ __device__ __forceinline__ int mf_reducers(int nb, int n) {
     const int r = n / 64;
     return r < 1 ? 1 : r > nb ? nb : r;
-}
-
-/* Where the whole-grid form's barrier count (64 bits, monotonic: sync.cuh engine_cu_grid_barrier)
- * sits among the counters: after the slices' counters, 8-byte aligned. */
-__host__ __device__ __forceinline__ int mf_gen_index(int k, int n_ff) {
-    return (2 + k * ((n_ff + 255) / 256) + 8 + 1) & ~1;
 }
 
 __host__ __device__ __forceinline__ size_t mf_align16(size_t n) {
@@ -271,44 +265,6 @@ __device__ __forceinline__ void mg_copy_down(const engine_cu_ffn_down_args &d, c
                                (unsigned)run, bar);
 }
 
-/* Row groups of the next layer's q/k/v product (moe_fused.cuh nx): the matvec's groups of two
- * rows a warp, ENGINE_CU_MV_WARPS warps. */
-#define MG_NX_PER (2 * ENGINE_CU_MV_WARPS)
-static_assert(ENGINE_CU_MV_WARPS == FFN_WARPS, "a warp group computes an nx row group");
-
-__host__ __device__ __forceinline__ int mg_nx_groups(const engine_cu_mv &a) {
-    int n = 0;
-    for (int i = 0; i < a.n_mat; i++)
-        n += (a.m[i].rows + MG_NX_PER - 1) / MG_NX_PER;
-    return n;
-}
-
-/* Row group g of nx: its first row's address and its bytes (fewer rows at a matrix's end). */
-__device__ __forceinline__ const uint8_t *mg_nx_run(const engine_cu_mv &a, int g, unsigned *bytes) {
-    int first;
-    const int mi = mv_find(a, g, MG_NX_PER, &first);
-    const size_t rb = a.m[mi].row_bytes;
-    const int r0 = (g - first) * MG_NX_PER, nr = min(MG_NX_PER, a.m[mi].rows - r0);
-    *bytes = (unsigned)(nr * rb);
-    return a.m[mi].w + (size_t)r0 * rb;
-}
-
-/* Thread 0 copies nx row groups g0 .. g0 + n - 1 into dst, one after the other, counted on bar. */
-__device__ __forceinline__ void mg_copy_nx(const engine_cu_mv &a, int g0, int n, uint8_t *dst,
-                                           uint64_t *bar) {
-    unsigned total = 0, bytes;
-    for (int i = 0; i < n; i++) {
-        mg_nx_run(a, g0 + i, &bytes);
-        total += bytes;
-    }
-    engine_cu_mbar_expect(bar, total);
-    for (int i = 0; i < n; i++) {
-        const uint8_t *src = mg_nx_run(a, g0 + i, &bytes);
-        engine_cu_bulk_g2s(dst, src, bytes, bar);
-        dst += bytes;
-    }
-}
-
 /* MG_GROUPS warp groups of FFN_WARPS warps: group q takes the block's up items q, q + MG_GROUPS,
  * ... and its down row groups likewise (warp w % FFN_WARPS of the group the item's rows and the
  * group's row, as in the up and down kernels). One warp group (256 threads) measured slower:
@@ -322,7 +278,7 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     extern __shared__ uint4 mf_shm[];
     __shared__ int ids[ENGINE_CU_MAX_EXPERT_USED];
     __shared__ float wts[ENGINE_CU_MAX_EXPERT_USED];
-    __shared__ uint64_t bar_up, bar_dn, bar_nx;
+    __shared__ uint64_t bar_up, bar_dn;
     const engine_cu_ffn_up_args &u = a.up;
     const engine_cu_ffn_down_args &d = a.dn;
     const int b = blockIdx.x, nb = gridDim.x, w = threadIdx.x >> 5;
@@ -334,20 +290,14 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     uint8_t *sm = (uint8_t *)mf_shm, *ws = sm + a.ws_off;
     const bool early = a.grid == 2;
     uint8_t *wd = early ? ws + (size_t)a.ipb * 2 * urun : ws; /* the down runs */
-    const engine_cu_mv &nx = a.nx;
-    const int qg0 = b * a.npb, nqg = nx.n_mat > 0 ? max(0, min(a.npb, mg_nx_groups(nx) - qg0)) : 0;
-    const int nq = a.nx_pf ? 0 : nqg; /* nx row groups to compute here */
     /* every block starts before a dependent can launch, so all are resident by then */
     engine_cu_pdl_launch();
     if (threadIdx.x == 0) {
         engine_cu_mbar_init(&bar_up);
         engine_cu_mbar_init(&bar_dn);
-        engine_cu_mbar_init(&bar_nx);
     }
     if (u.norm_w && w == FFN_WARPS - 1)
         engine_cu_prefetch_l2((const uint8_t *)u.norm_w, sizeof(float) * (size_t)u.cols);
-    if (nx.n_mat > 0 && nx.norm_w && w == FFN_WARPS - 2)
-        engine_cu_prefetch_l2((const uint8_t *)nx.norm_w, sizeof(float) * (size_t)nx.cols);
     engine_cu_pdl_wait();
     /* 1. route and copy (warp 0), stage x (the others): the up kernel's steps */
     float sc = -1.0f, raw[ENGINE_CU_MAX_EXPERT / 32];
@@ -389,32 +339,26 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
         const int it = i0 + i, j = it / gx, r = (it - j * gx) * 2 * FFN_WARPS + wl;
         ffn_up_rows<MODE, 2, true>(u, j, ids[j], r, xv, ws + (size_t)i * 2 * urun);
     }
-    /* 3. h stored everywhere; meanwhile (grid 1) the down runs and the nx rows into the up runs'
-     * space */
+    /* 3. h stored everywhere; meanwhile (grid 1) the down runs into the up runs' space */
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
-        if (!early || nq > 0)
+        if (!early) {
             engine_cu_fence_proxy_async(); /* the block's reads of the up runs come first */
-        if (!early) mg_copy_down(d, ids, g0, ng, wd, &bar_dn);
-        if (nq > 0) mg_copy_nx(nx, qg0, nq, ws + a.nx_off, &bar_nx);
+            mg_copy_down(d, ids, g0, ng, wd, &bar_dn);
+        }
+        atomicAdd(a.counters, 1u);
     }
-    unsigned long long *gen = (unsigned long long *)(a.counters + mf_gen_index(u.k, u.rows));
-    engine_cu_grid_barrier(gen, (unsigned)nb, 10000000000ull); /* 10 s: a trap, no hang */
+    engine_cu_spin_bounded(a.counters, (unsigned)nb, 10000000000ull); /* 10 s: a trap, no hang */
     ENGINE_CU_TRACE(4);
+    if (threadIdx.x == 0 && atomicAdd(a.counters + 1, 1u) == (unsigned)nb - 1) {
+        a.counters[0] = 0; /* every block has passed the barrier: zero for the next launch */
+        a.counters[1] = 0;
+    }
     /* 4. all of h staged (through L2) as the down kernel stages it, then the block's groups */
     engine_cu_stage_x<MODE, true>(u.h, d.k * d.cols, nullptr, 0.0f, sm); /* ends with a barrier */
     engine_cu_mbar_wait(&bar_dn, 0);
     ENGINE_CU_TRACE(8);
-    /* nx_pf: the next q/k/v launch's rows asked of L2 while the down products run (the memory
-     * is idle then), so that its blocks, which find no room beside this launch to copy them
-     * before their wait, copy them from L2 */
-    if (a.nx_pf && threadIdx.x == 0)
-        for (int i = 0; i < nqg; i++) {
-            unsigned bytes;
-            const uint8_t *src = mg_nx_run(nx, qg0 + i, &bytes);
-            engine_cu_prefetch_bulk(src, bytes);
-        }
     for (int i = q; i < ng; i += MG_GROUPS) {
         const int r = (g0 + i) * FFN_WARPS + wl;
         const uint8_t *wr = wd + (size_t)i * d.k * drun + (size_t)wl * d.row_bytes;
@@ -428,48 +372,6 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
 #undef MG_CASE
         }
         if ((threadIdx.x & 31) == 0) down_store<RF>(d, r, v);
-    }
-    /* 5. the next layer's q/k/v (nx): all of y stored, then each block's row groups */
-    if (nx.n_mat > 0 && !a.nx_pf) {
-        __threadfence();
-        __syncthreads();
-        engine_cu_grid_barrier(gen, (unsigned)nb, 10000000000ull);
-        ENGINE_CU_TRACE(2);
-        if (nq > 0) {
-            /* the matvec's staging (mv_stage), read through L2 (other blocks wrote x), with its
-             * per-warp RMS scale computed once, by warp 0 (the same function: the same bits), not
-             * by each of the 24 warps: 24 reads of x a block from L2 measured ~9 us for this
-             * phase (session 17 call 2) */
-            __shared__ float s_nsc;
-            float nsc = -1.0f;
-            if (nx.norm_w) {
-                if (nx.coop)
-                    nsc = engine_cu_block_scale<true, false>((const float4 *)nx.x, nullptr,
-                                                             nx.cols, nx.eps, MF_THREADS);
-                else {
-                    if (w == 0) {
-                        const float v = engine_cu_stage_scale<true, false>(
-                            (const float4 *)nx.x, nullptr, nx.cols, nx.cols >> 2,
-                            threadIdx.x & 31, nx.eps);
-                        if (threadIdx.x == 0) s_nsc = v;
-                    }
-                    __syncthreads();
-                    nsc = s_nsc;
-                }
-            }
-            engine_cu_stage_x<MODE, true>(nx.x, nx.cols, nx.norm_w, nx.eps, sm, 0, nullptr, nsc);
-            ENGINE_CU_TRACE(9);
-            engine_cu_mbar_wait(&bar_nx, 0);
-            const engine_cu_xv xq = engine_cu_xv_at(sm, nx.cols, true, 0);
-            const uint8_t *wq = ws + a.nx_off;
-            for (int i = 0; i < nq; i++) {
-                unsigned bytes;
-                mg_nx_run(nx, qg0 + i, &bytes);
-                if (i % MG_GROUPS == q)
-                    mv_group<MODE, 2, false, true>(nx, qg0 + i, xq, nullptr, wq, wl);
-                wq += bytes;
-            }
-        }
     }
     ENGINE_CU_TRACE_END();
 }
@@ -518,37 +420,7 @@ static int mg_layout(engine_cu_moe_fused_args *a, size_t *smem) {
                  dn = (size_t)a->gpb * d.k * FFN_WARPS * d.row_bytes;
     *smem = a->ws_off + (a->grid == 2 ? up + dn : up > dn ? up : dn);
     const int ng = (n_groups + a->gpb - 1) / a->gpb;
-    const int blocks = nb > ng ? nb : ng;
-    a->npb = 0;
-    a->nx_off = 0;
-    if (a->nx.n_mat > 0) { /* the nx copies: in the up runs' space, past grid 1's down runs */
-        size_t rb = 0;
-        for (int i = 0; i < a->nx.n_mat; i++)
-            rb = a->nx.m[i].row_bytes > rb ? a->nx.m[i].row_bytes : rb;
-        a->npb = (mg_nx_groups(a->nx) + blocks - 1) / blocks;
-        const size_t nxb = a->nx_pf ? 0 : (size_t)a->npb * MG_NX_PER * rb;
-        const size_t off = a->grid == 2 ? (nxb <= up ? 0 : up + dn) : mf_align16(dn);
-        a->nx_off = (unsigned)off;
-        if (a->ws_off + off + nxb > *smem) *smem = a->ws_off + off + nxb;
-    }
-    return blocks;
-}
-
-/* Why the whole-grid form cannot take a's nx (NULL: it can, or there is none). */
-static const char *mg_nx_why(const engine_cu_moe_fused_args *a) {
-    const engine_cu_mv &m = a->nx;
-    if (m.n_mat <= 0) return nullptr;
-    const int mode = engine_cu_x_mode(a->up.type);
-    if (m.n_mat > 3 || m.cols != a->up.cols || !m.x) return "the next q/k/v: another shape";
-    if (m.max_bps || m.preload || m.touch || m.route_ids || m.r3 || m.q6r_rows)
-        return "the next q/k/v: a stage-5/6 option";
-    for (int i = 0; i < m.n_mat; i++) {
-        if (!engine_cu_type_quant(m.m[i].type) || engine_cu_x_mode(m.m[i].type) != mode)
-            return "the next q/k/v: another staging mode";
-        if (m.m[i].row_bytes % 16 || (uintptr_t)m.m[i].w % 16 || m.m[i].rows < 1 || !m.m[i].y)
-            return "the next q/k/v: rows not 16-byte aligned";
-    }
-    return nullptr;
+    return nb > ng ? nb : ng;
 }
 
 /* Why the whole-grid form cannot take a (NULL: it can); *nb, *smem its launch. grid 3 (auto)
@@ -570,8 +442,6 @@ static const char *mg_why(engine_cu_moe_fused_args *a, int *nb, size_t *smem) {
     if (((uintptr_t)u.gate | (uintptr_t)u.up | (uintptr_t)d.down) & 15 || u.expert_bytes % 16 ||
         d.expert_bytes % 16 || (2 * FFN_WARPS * u.row_bytes) % 16 || (FFN_WARPS * d.row_bytes) % 16)
         return "runs not 16-byte aligned";
-    const char *nw = mg_nx_why(a);
-    if (nw) return nw;
     *nb = mg_layout(a, smem);
     int dev = 0, optin = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
@@ -591,7 +461,7 @@ size_t engine_cu_moe_fused_partial_floats(int k, int n_ff, int n_embd) {
 }
 
 size_t engine_cu_moe_fused_counters(int k, int n_ff) {
-    return (size_t)mf_gen_index(k, n_ff) + 2;
+    return 2 + (size_t)k * (size_t)((n_ff + 255) / 256) + 8;
 }
 
 const char *engine_cu_moe_fused_why(const engine_cu_moe_fused_args *a) {
@@ -602,7 +472,6 @@ const char *engine_cu_moe_fused_why(const engine_cu_moe_fused_args *a) {
         u.n_expert > ENGINE_CU_MAX_EXPERT)
         return "not an MoE block the kernels route";
     if (!a->grid && a->slice != 32 && a->slice != 64) return "the slice is not 32 or 64 rows";
-    if (!a->grid && a->nx.n_mat > 0) return "the next q/k/v with the whole-grid form only";
     if (mode != engine_cu_x_mode(d.type))
         return "gate/up and down stage their inputs differently (no fused instance)";
     if (a->grid) {
@@ -637,7 +506,6 @@ void engine_cu_moe_fused(const engine_cu_moe_fused_args *a, cudaStream_t stream)
     if (engine_cu_moe_fused_why(a)) {
         engine_cu_ffn_up(&a->up, stream);
         engine_cu_ffn_down(&a->dn, stream);
-        if (a->nx.n_mat > 0) engine_cu_matvec(&a->nx, stream);
         return;
     }
     if (a->grid) {
@@ -768,25 +636,8 @@ extern "C" int engine_cuda_op_moe_fused(
             (ce = cudaMemcpy(weights, dw, sizeof(float) * k, cudaMemcpyDeviceToHost)) !=
                 cudaSuccess)
             goto fail;
-        /* the counters must be back at zero, but for the whole-grid form's barrier count,
-         * which must have taken exactly reps rounds of the grid's blocks */
-        unsigned long long gen = 0, gen_want = 0;
-        if (a.grid) {
-            engine_cu_moe_fused_args c = a;
-            int nbk = 0;
-            size_t smem = 0;
-            mg_why(&c, &nbk, &smem);
-            gen_want = (unsigned long long)reps * (unsigned)nbk;
-        }
-        ce = cudaMemcpy(&gen, a.counters + mf_gen_index(k, n_ff), sizeof gen,
-                        cudaMemcpyDeviceToHost);
-        if (ce != cudaSuccess) goto fail;
-        if (gen != gen_want) {
-            cudaFree(m);
-            return engine_err(ENGINE_EINTERNAL, "moe fused: %llu barrier arrivals, not %llu", gen,
-                              gen_want);
-        }
-        const size_t nc = (size_t)mf_gen_index(k, n_ff);
+        /* the counters must be back at zero */
+        const size_t nc = engine_cu_moe_fused_counters(k, n_ff);
         unsigned *hc = (unsigned *)calloc(nc, sizeof(unsigned));
         if (!hc) {
             cudaFree(m);

@@ -43,7 +43,6 @@
 #ifndef SPARK_ENGINE_CUDA_MOE_FUSED_CUH
 #define SPARK_ENGINE_CUDA_MOE_FUSED_CUH
 
-#include "matvec.cuh"
 #include "moe.cuh"
 
 typedef struct {
@@ -76,9 +75,8 @@ typedef struct {
      *      up kernel's items, while the other warps stage x (+ x_add) as the up kernel does;
      *   2. the block's items' h rows, computed as the up kernel computes them from its copy
      *      (moe_dev.cuh ffn_up_rows: the same function), stored to h;
-     *   3. a barrier over the whole grid (sync.cuh engine_cu_grid_barrier on a monotonic 64-bit
-     *      count among the counters, never reset: no atomic round trip after the wait, where a
-     *      departure count whose last block zeroed the arrivals had one): every h value stored;
+     *   3. a barrier over the whole grid (counters[0] arrivals, counters[1] departures; the last
+     *      block to leave zeroes both): every h value stored;
      *   4. the block stages all of h as the down kernel does (the same 8-bit values) and
      *      computes its gpb down row groups (FFN_WARPS rows of each of the k experts, the down
      *      kernel's groups) from its copy with the down kernel's function (moe_dev.cuh down_row),
@@ -94,35 +92,13 @@ typedef struct {
      * traps (sync.cuh engine_cu_spin_bounded: an error, not a hang). Quantised types only;
      * Qwen3's MoE (no shared expert). */
     int grid;
-    /* The whole-grid form only (nx.n_mat > 0): the NEXT layer's q/k/v product, whose input nx.x
-     * is this launch's output (dn.y), in the same launch instead of a launch of its own:
-     *   5. once its down rows are done, every thread fences and the grid meets at a second
-     *      barrier (the same count); then every block stages nx.x normalised (through L2) as the
-     *      matvec stages it (its per-warp RMS scale computed once by warp 0: the same bits),
-     *      and computes its npb row groups of 16 rows (the matvec's groups of two rows a warp,
-     *      matvec_dev.cuh mv_group: the same sums) from a bulk copy issued once its up rows were
-     *      done, into the up runs' space (nx_off), so that the rows arrive during the barrier and
-     *      the down products.
-     * The results are those of engine_cu_matvec(&nx) after the MoE bit for bit. Quantised
-     * matrices of the MoE's staging mode, 16-byte rows, nx.cols == up.cols, and none of the
-     * stage-5/6 fields (max_bps, preload, touch, route_ids); engine_cu_moe_fused_why says why
-     * not. Where the launch falls back to the up + down pair, engine_cu_moe_fused enqueues
-     * engine_cu_matvec(&nx) after it, so nx is computed either way. */
-    engine_cu_mv nx;
-    /* With nx: only ask L2 for nx's rows (each block its row groups' share, one bulk prefetch a
-     * group, once its down rows have landed) and leave the product to its own launch after this
-     * one (SPARK_CUDA_MOE_QKV=pf): no second barrier, no copies. */
-    int nx_pf;
-    /* Set by the launcher (engine_cu_moe_fused) for the whole-grid form: up items, down row
-     * groups and nx row groups per block, and the offsets of the weight copies in shared memory
-     * (the nx copies' from ws_off). */
-    int ipb, gpb, npb;
-    unsigned ws_off, nx_off;
+    /* Set by the launcher (engine_cu_moe_fused) for the whole-grid form: up items and down row
+     * groups per block, and the offset of the weight copies in shared memory. */
+    int ipb, gpb;
+    unsigned ws_off;
 } engine_cu_moe_fused_args;
 
-/* Scratch sizes for a layer shape. The counters end with the whole-grid form's barrier count (two
- * entries, 64 bits, zero at allocation and never reset: every launch of the grid form that shares
- * them must have the same number of blocks, as a session's layers do). */
+/* Scratch sizes for a layer shape. */
 size_t engine_cu_moe_fused_partial_floats(int k, int n_ff, int n_embd);
 size_t engine_cu_moe_fused_counters(int k, int n_ff);
 

@@ -86,35 +86,6 @@ __device__ __forceinline__ void engine_cu_spin_bounded(const unsigned *p, unsign
     __syncthreads();
 }
 
-/* A barrier over a grid of nb resident blocks on a monotonic 64-bit count *gen that is never
- * reset (every thread of the block calls it, after its stores were fenced and the block met):
- * thread 0 adds 1 and waits until the count reaches the end of its round, (v / nb + 1) nb for
- * the value v it found. The count is a multiple of nb whenever no round is under way, since
- * every round takes exactly nb arrivals (the caller's contract: all launches that share the word
- * have nb blocks and meet there equally often). Unlike a counter that the last block to leave
- * zeroes, no atomic round trip follows the wait. Bounded as engine_cu_spin_bounded. */
-__device__ __forceinline__ unsigned long long engine_cu_ld_acquire64(const unsigned long long *p) {
-    unsigned long long v;
-    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
-
-__device__ __forceinline__ void engine_cu_grid_barrier(unsigned long long *gen, unsigned nb,
-                                                       unsigned long long ns) {
-    if (threadIdx.x == 0) {
-        const unsigned long long v = atomicAdd(gen, 1ull), end = (v / nb + 1) * nb;
-        unsigned long long t0, t;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-        while (engine_cu_ld_acquire64(gen) < end) {
-            __nanosleep(32);
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-            if (t - t0 > ns) __trap();
-        }
-        __threadfence();
-    }
-    __syncthreads();
-}
-
 struct engine_cu_dep_sync {
     const unsigned *dep; /* the done counter of the op this block depends on, or NULL */
     unsigned dep_n;      /* its block count */
