@@ -18,6 +18,11 @@ first launch of one block). For each launch:
           the grid barrier, 8 down rows landed)
           - first wait return
 Usage: trace_summary.py FILE [--steps] (the ordered list of one step, else per launch shape)
+       trace_summary.py FILE --blocks GX[,THREADS]: the launches of that grid (and block) size,
+       block by block: for each event, its quantiles over the blocks of a launch (min, p10,
+       median, p90, max, us after the launch's first wait return), and the per-block time from
+       each stage to the next in time order, both the mean over the launches (a grid barrier
+       waits for the slowest block: the max column is what the chain sees);
        trace_summary.py FILE --all: every launch of the file in time order (no steps: for
        traces without one embedding launch per step, such as MTP draft and verify passes);
        a graph node replayed keeps its grid id, so a grid id's records more than 150 us after
@@ -67,10 +72,65 @@ def all_launches(path):
               "".join("%7.2f" % v for v in f))
 
 
+def quantiles(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return [xs[0], xs[n // 10], xs[n // 2], xs[(9 * n) // 10], xs[-1]]
+
+
+def blocks(path, want):
+    gx = int(want.split(",")[0])
+    th = int(want.split(",")[1]) if "," in want else None
+    launches = collections.defaultdict(list)  # (grid id, threads) -> records
+    for line in open(path):
+        t, grid, blk, ev, x, gy, sm = map(int, line.split())
+        if x == gx and (th is None or ev >> 8 == th):
+            launches[(grid, ev >> 8)].append((t, blk, ev & 0xFF))
+    q = collections.defaultdict(list)
+    d = collections.defaultdict(list)
+    n = 0
+    for rs in launches.values():
+        rs.sort()
+        runs = [[rs[0]]]  # a graph replay keeps the grid id: split at 150 us
+        for r in rs[1:]:
+            if r[0] - runs[-1][0][0] <= 150000:
+                runs[-1].append(r)
+            else:
+                runs.append([r])
+        for run in runs:
+            waits = [t for t, b, e in run if e == 1]
+            if not waits:
+                continue
+            w0 = min(waits)
+            per = collections.defaultdict(dict)
+            for t, b, e in run:
+                per[b].setdefault(e, (t - w0) / 1e3)
+            for e in sorted({e for v in per.values() for e in v}):
+                q[e].append(quantiles([v[e] for v in per.values() if e in v]))
+            for v in per.values():  # stage to stage, in time order, per block
+                order = sorted((t, e) for e, t in v.items() if e != 0)
+                for (ta, ea), (tb, eb) in zip(order, order[1:]):
+                    d[(ea, eb)].append(tb - ta)
+            n += 1
+    print("%d launches of grid %s; us after each launch's first wait return" % (n, want))
+    print("%6s %7s %7s %7s %7s %7s" % ("event", "min", "p10", "median", "p90", "max"))
+    for e, l in sorted(q.items()):
+        print("%6s" % ("e%d" % e) + "".join("%8.2f" % (sum(x[i] for x in l) / len(l))
+                                           for i in range(5)))
+    print("per block, stage to the next (blocks with both):")
+    for (a, b), l in sorted(d.items(), key=lambda kv: -len(kv[1])):
+        x = quantiles(l)
+        print("  e%d -> e%d: %6d blocks, median %.2f, p90 %.2f, max %.2f" % (a, b, len(l), x[2],
+                                                                            x[3], x[4]))
+
+
 def main():
     path = sys.argv[1]
     if "--all" in sys.argv:
         all_launches(path)
+        return
+    if "--blocks" in sys.argv:
+        blocks(path, sys.argv[sys.argv.index("--blocks") + 1])
         return
     recs = []
     for line in open(path):

@@ -272,13 +272,14 @@ __device__ __forceinline__ void mg_copy_down(const engine_cu_ffn_down_args &d, c
  * Q4_K_M, H200, session 16 call 2; three: 503.0 / 505.2 (call 3). */
 #define MG_GROUPS 3
 #define MG_THREADS (MG_GROUPS * MF_THREADS)
+#define MG_MAX_IPB 8 /* up items per block with a barrier each (moe_fused.cuh items) */
 
 template <int MODE, bool RF>
 __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_fused_args a) {
     extern __shared__ uint4 mf_shm[];
     __shared__ int ids[ENGINE_CU_MAX_EXPERT_USED];
     __shared__ float wts[ENGINE_CU_MAX_EXPERT_USED];
-    __shared__ uint64_t bar_up, bar_dn;
+    __shared__ uint64_t bar_up, bar_dn, bar_it[MG_MAX_IPB];
     const engine_cu_ffn_up_args &u = a.up;
     const engine_cu_ffn_down_args &d = a.dn;
     const int b = blockIdx.x, nb = gridDim.x, w = threadIdx.x >> 5;
@@ -290,11 +291,17 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     uint8_t *sm = (uint8_t *)mf_shm, *ws = sm + a.ws_off;
     const bool early = a.grid == 2;
     uint8_t *wd = early ? ws + (size_t)a.ipb * 2 * urun : ws; /* the down runs */
+    /* a.items: each item's runs counted on a barrier of its own, so that a warp group computes
+     * its item as soon as that item's runs have landed */
+    const bool per_item = a.items && a.ipb <= MG_MAX_IPB;
     /* every block starts before a dependent can launch, so all are resident by then */
     engine_cu_pdl_launch();
     if (threadIdx.x == 0) {
         engine_cu_mbar_init(&bar_up);
         engine_cu_mbar_init(&bar_dn);
+        if (per_item)
+            for (int i = 0; i < ni; i++)
+                engine_cu_mbar_init(&bar_it[i]);
     }
     if (u.norm_w && w == FFN_WARPS - 1)
         engine_cu_prefetch_l2((const uint8_t *)u.norm_w, sizeof(float) * (size_t)u.cols);
@@ -310,14 +317,15 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
         ffn_route_warp<RF>(u, b, ids, wts, sc, RF && u.coop ? raw : nullptr);
         ENGINE_CU_TRACE(5);
         if ((threadIdx.x & 31) == 0) {
-            engine_cu_mbar_expect(&bar_up, (unsigned)((size_t)ni * 2 * urun));
+            if (!per_item) engine_cu_mbar_expect(&bar_up, (unsigned)((size_t)ni * 2 * urun));
             for (int i = 0; i < ni; i++) {
                 const int it = i0 + i, j = it / gx;
                 const size_t off = (size_t)ids[j] * u.expert_bytes + (size_t)(it - j * gx) * urun;
-                engine_cu_bulk_g2s(ws + (size_t)i * 2 * urun, u.gate + off, (unsigned)urun,
-                                   &bar_up);
+                uint64_t *bar = per_item ? &bar_it[i] : &bar_up;
+                if (per_item) engine_cu_mbar_expect(bar, (unsigned)(2 * urun));
+                engine_cu_bulk_g2s(ws + (size_t)i * 2 * urun, u.gate + off, (unsigned)urun, bar);
                 engine_cu_bulk_g2s(ws + (size_t)i * 2 * urun + urun, u.up + off, (unsigned)urun,
-                                   &bar_up);
+                                   bar);
             }
             if (early) mg_copy_down(d, ids, g0, ng, wd, &bar_dn);
         }
@@ -333,9 +341,15 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     }
     /* 2. the items' rows of h from the copy */
     const engine_cu_xv xv = engine_cu_xv_at(sm, u.cols, true, 0);
-    engine_cu_mbar_wait(&bar_up, 0);
-    ENGINE_CU_TRACE(7);
+    if (!per_item) {
+        engine_cu_mbar_wait(&bar_up, 0);
+        ENGINE_CU_TRACE(7);
+    }
     for (int i = q; i < ni; i += MG_GROUPS) {
+        if (per_item) {
+            engine_cu_mbar_wait(&bar_it[i], 0);
+            if (i == 0) ENGINE_CU_TRACE(7); /* thread 0's group: item 0 landed */
+        }
         const int it = i0 + i, j = it / gx, r = (it - j * gx) * 2 * FFN_WARPS + wl;
         ffn_up_rows<MODE, 2, true>(u, j, ids[j], r, xv, ws + (size_t)i * 2 * urun);
     }
@@ -610,6 +624,7 @@ extern "C" int engine_cuda_op_moe_fused(
         a.preload = flags & 1;
         a.class_reduce = (flags & 2) != 0;
         a.grid = (flags >> 2) & 3; /* the whole-grid form: 1, 2, 3 (auto) */
+        a.items = (flags >> 4) & 1; /* its per-item barriers */
         a.partial = (float *)(m + off[10]);
         a.counters = (unsigned *)(m + off[11]);
         const char *why = engine_cu_moe_fused_why(&a);

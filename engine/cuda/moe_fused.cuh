@@ -92,6 +92,13 @@ typedef struct {
      * traps (sync.cuh engine_cu_spin_bounded: an error, not a hang). Quantised types only;
      * Qwen3's MoE (no shared expert). */
     int grid;
+    /* The whole-grid form: each up item's two runs counted on an mbarrier of their own (up to 8
+     * items a block; more: one barrier), so that a warp group computes its item's rows once that
+     * item has landed instead of once all of the block's items have: the copies land one item
+     * after another (~2 us apart on the H200: a block's 110 KB at a 1/128 share of the memory's
+     * rate), and the compute of the first ones overlaps the later ones' copies. The same
+     * arithmetic (SPARK_CUDA_MOE_ITEMS=1; off by default: not measured yet). */
+    int items;
     /* Set by the launcher (engine_cu_moe_fused) for the whole-grid form: up items and down row
      * groups per block, and the offset of the weight copies in shared memory. */
     int ipb, gpb;

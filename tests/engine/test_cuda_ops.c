@@ -615,19 +615,21 @@ static void test_moe_fused_case(engine_type ut, engine_type dt, int n_expert, in
                engine_type_name(ut), engine_type_name(dt), n_expert, k, n_embd, n_ff, slice,
                rf ? ", router fusion" : "", worst / mx, mx);
     }
-    /* The whole-grid forms (moe_fused.cuh grid 1, 2; quantised types, sm_90+): the unfused
-     * pair's arithmetic, so y bit for bit, in two launches each (the barrier's counters reset) */
-    for (int form = 1; rc == 0 && form <= 2 && engine_type_traits_get(ut)->block_size > 1; form++) {
+    /* The whole-grid forms (moe_fused.cuh grid 1, 2; quantised types, sm_90+), each also with
+     * per-item barriers (items): the unfused pair's arithmetic, so y bit for bit, in two launches
+     * each (the barrier's counters reset) */
+    for (int fi = 0; rc == 0 && fi < 4 && engine_type_traits_get(ut)->block_size > 1; fi++) {
+        const int form = 1 + (fi >> 1), items = fi & 1;
         int rg = engine_cuda_op_moe_fused(ut, dt, n_expert, k, true, n_embd, n_ff, router, gate, up,
                                           down, rbi, rbf, nw, 1e-6f, x, rf ? xa : NULL, 0,
-                                          form << 2, 2, yref, yf, gids, gw);
+                                          form << 2 | items << 4, 2, yref, yf, gids, gw);
         if (rg == ENGINE_EUNSUPPORTED) { /* said, and only for what the device lacks */
             const char *why = engine_error_last();
             CHECK(strstr(why, "before sm_90") || strstr(why, "do not fit shared memory"),
                   "moe grid %s/%s form %d%s refused: %s", engine_type_name(ut),
                   engine_type_name(dt), form, rf ? " rf" : "", why);
-            printf("moe grid %s/%s form %d: skipped (%s)\n", engine_type_name(ut),
-                   engine_type_name(dt), form, why);
+            printf("moe grid %s/%s form %d%s: skipped (%s)\n", engine_type_name(ut),
+                   engine_type_name(dt), form, items ? " items" : "", why);
             continue;
         }
         CHECK(rg == 0, "moe grid %s/%s form %d%s: %s", engine_type_name(ut), engine_type_name(dt),
@@ -637,10 +639,10 @@ static void test_moe_fused_case(engine_type ut, engine_type dt, int n_expert, in
                   memcmp(yf + n_embd, yref, sizeof(float) * n_embd) == 0,
               "moe grid %s/%s form %d%s: y differs from the unfused pair's", engine_type_name(ut),
               engine_type_name(dt), form, rf ? " rf" : "");
-        printf("moe grid  %-5s/%-5s %d experts (%d used), %d -> %d, form %d%s: the unfused "
+        printf("moe grid  %-5s/%-5s %d experts (%d used), %d -> %d, form %d%s%s: the unfused "
                "pair's y bit for bit, twice\n",
                engine_type_name(ut), engine_type_name(dt), n_expert, k, n_embd, n_ff, form,
-               rf ? ", router fusion" : "");
+               items ? ", per-item barriers" : "", rf ? ", router fusion" : "");
     }
     free(gate), free(up), free(down), free(router), free(probs), free(x), free(xa), free(nw);
     free(yref), free(yf), free(yp), free(yc);
