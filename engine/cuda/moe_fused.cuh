@@ -99,6 +99,14 @@ typedef struct {
      * rate), and the compute of the first ones overlaps the later ones' copies. The same
      * arithmetic (SPARK_CUDA_MOE_ITEMS=1; off by default: not measured yet). */
     int items;
+    /* The whole-grid form: pf_norm_n floats at pf_norm asked of L2 once the block's down rows
+     * have landed (warp 1; NULL: none): the next layer's attention norm weights, which the q/k/v
+     * launch after this one reads right after its wait. That launch's blocks cannot start beside
+     * this launch's (registers), so they ask L2 for those weights only after it, and the
+     * staging then waits for memory: its x staged 3.7-4.6 us after its wait against 2.3 in layer
+     * 0 (session 17 call 1). SPARK_CUDA_NEXT_NORM=1; off by default: not measured yet. */
+    const float *pf_norm;
+    int pf_norm_n;
     /* Set by the launcher (engine_cu_moe_fused) for the whole-grid form: up items and down row
      * groups per block, and the offset of the weight copies in shared memory. */
     int ipb, gpb;
