@@ -14,8 +14,9 @@ first launch of one block). For each launch:
   spread= last wait return - first wait return
   e3    = the last block's work done (ev 3: matvec, MoE up/down blocks) - first wait return
   e2, e4..e8 = the mean block's stage stamps (kernel-specific; moe_dev.cuh, matvec_dev.cuh,
-          moe_fused.cu: the whole-grid MoE launch 5 routed, 6 x staged, 7 up rows landed, 4 past
-          the grid barrier, 8 down rows landed)
+          moe_fused.cu: the whole-grid MoE launch 9 the RMS scale summed, 5 routed, 11 routed
+          again (SPARK_CUDA_MOE_FUSED_DIAG=0x10), 10 the copies issued, 6 x staged, 7 up rows
+          landed, 4 past the grid barrier, 8 down rows landed)
           - first wait return
 Usage: trace_summary.py FILE [--steps] (the ordered list of one step, else per launch shape)
        trace_summary.py FILE --blocks GX[,THREADS]: the launches of that grid (and block) size,

@@ -273,6 +273,7 @@ __device__ __forceinline__ void mg_copy_down(const engine_cu_ffn_down_args &d, c
 #define MG_GROUPS 3
 #define MG_THREADS (MG_GROUPS * MF_THREADS)
 #define MG_MAX_IPB 8 /* up items per block with a barrier each (moe_fused.cuh items) */
+#define MG_DIAG_ROUTE2 0x10 /* diag: the routing warp routes twice (moe_fused.cuh diag) */
 
 template <int MODE, bool RF>
 __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_fused_args a) {
@@ -312,10 +313,16 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
         if (w == 0) ffn_route_raw(u, raw);
         sc = engine_cu_block_scale<false, true>((const float4 *)u.x, (const float4 *)u.x_add,
                                                 u.cols, u.eps, MF_THREADS); /* the up kernel's */
+        ENGINE_CU_TRACE(9);
     }
     if (w == 0) {
         ffn_route_warp<RF>(u, b, ids, wts, sc, RF && u.coop ? raw : nullptr);
         ENGINE_CU_TRACE(5);
+        if (a.diag & MG_DIAG_ROUTE2) { /* the same ids and weights again */
+            __syncwarp();
+            ffn_route_warp<RF>(u, b, ids, wts, sc, RF && u.coop ? raw : nullptr);
+            ENGINE_CU_TRACE(11);
+        }
         if ((threadIdx.x & 31) == 0) {
             if (!per_item) engine_cu_mbar_expect(&bar_up, (unsigned)((size_t)ni * 2 * urun));
             for (int i = 0; i < ni; i++) {
@@ -329,6 +336,7 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
             }
             if (early) mg_copy_down(d, ids, g0, ng, wd, &bar_dn);
         }
+        ENGINE_CU_TRACE(10);
     }
     if (RF)
         engine_cu_stage_x<MODE, false, true>(u.x, u.cols, u.norm_w, u.eps, sm, 1, u.x_add, sc);

@@ -65,10 +65,12 @@ typedef struct {
      * same association, bit for bit. */
     int class_reduce;
     /* Diagnosis only (wrong results; SPARK_CUDA_MOE_FUSED_DIAG): bits leave out 1 the down
-     * products, 2 the reduction, 4 the group wait, 8 the gate/up rows, for an A/B of their cost */
+     * products, 2 the reduction, 4 the group wait, 8 the gate/up rows, for an A/B of their cost.
+     * The whole-grid form reads bit 0x10 alone: its routing warp routes twice (the same ids and
+     * weights, so the same results; the second routing's cost, with its code and inputs warm). */
     int diag;
     /* The whole-grid form (SPARK_CUDA_MOE_FUSED=g; slice, preload, class_reduce, partial and diag
-     * not read), 0 off. One block per multiprocessor, each with bulk copies (common.cuh
+     * but its bit 0x10 not read), 0 off. One block per multiprocessor, each with bulk copies (common.cuh
      * engine_cu_bulk_g2s, sm_90+) into shared memory:
      *   1. every block routes (warp 0, as the up kernel's routing warp: the same ids and weights)
      *      and at once copies the gate and up runs of its ipb up items (expert slot, 16 rows), the
