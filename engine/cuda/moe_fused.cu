@@ -265,6 +265,18 @@ __device__ __forceinline__ void mg_copy_down(const engine_cu_ffn_down_args &d, c
                                (unsigned)run, bar);
 }
 
+/* The gate and up runs of up item it (expert slot it / gx, its 2 FFN_WARPS rows) into dst,
+ * counted on bar (expected here when own: a barrier of the item's own). */
+__device__ __forceinline__ void mg_copy_up(const engine_cu_ffn_up_args &u, const int *ids, int it,
+                                           int gx, size_t urun, uint8_t *dst, uint64_t *bar,
+                                           bool own) {
+    const int j = it / gx;
+    const size_t off = (size_t)ids[j] * u.expert_bytes + (size_t)(it - j * gx) * urun;
+    if (own) engine_cu_mbar_expect(bar, (unsigned)(2 * urun));
+    engine_cu_bulk_g2s(dst, u.gate + off, (unsigned)urun, bar);
+    engine_cu_bulk_g2s(dst + urun, u.up + off, (unsigned)urun, bar);
+}
+
 /* MG_GROUPS warp groups of FFN_WARPS warps: group q takes the block's up items q, q + MG_GROUPS,
  * ... and its down row groups likewise (warp w % FFN_WARPS of the group the item's rows and the
  * group's row, as in the up and down kernels). One warp group (256 threads) measured slower:
@@ -294,7 +306,10 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     uint8_t *wd = early ? ws + (size_t)a.ipb * 2 * urun : ws; /* the down runs */
     /* a.items: each item's runs counted on a barrier of its own, so that a warp group computes
      * its item as soon as that item's runs have landed */
-    const bool per_item = a.items && a.ipb <= MG_MAX_IPB;
+    const bool per_item = (a.items || a.pipe > 0) && a.ipb <= MG_MAX_IPB;
+    /* up items issued at the start, and when the down runs go (moe_fused.cuh pipe) */
+    const int infl = per_item && a.pipe > 0 ? min(ni, a.pipe) : ni;
+    const int dn_at = early && ni > 0 ? a.pipe_down : 0;
     /* every block starts before a dependent can launch, so all are resident by then */
     engine_cu_pdl_launch();
     if (threadIdx.x == 0) {
@@ -325,16 +340,11 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
         }
         if ((threadIdx.x & 31) == 0) {
             if (!per_item) engine_cu_mbar_expect(&bar_up, (unsigned)((size_t)ni * 2 * urun));
-            for (int i = 0; i < ni; i++) {
-                const int it = i0 + i, j = it / gx;
-                const size_t off = (size_t)ids[j] * u.expert_bytes + (size_t)(it - j * gx) * urun;
-                uint64_t *bar = per_item ? &bar_it[i] : &bar_up;
-                if (per_item) engine_cu_mbar_expect(bar, (unsigned)(2 * urun));
-                engine_cu_bulk_g2s(ws + (size_t)i * 2 * urun, u.gate + off, (unsigned)urun, bar);
-                engine_cu_bulk_g2s(ws + (size_t)i * 2 * urun + urun, u.up + off, (unsigned)urun,
-                                   bar);
-            }
-            if (early) mg_copy_down(d, ids, g0, ng, wd, &bar_dn);
+            for (int i = 0; i < infl; i++)
+                mg_copy_up(u, ids, i0 + i, gx, urun, ws + (size_t)i * 2 * urun,
+                           per_item ? &bar_it[i] : &bar_up, per_item);
+            if (early && (dn_at == 0 || (dn_at == 1 && infl == ni)))
+                mg_copy_down(d, ids, g0, ng, wd, &bar_dn);
         }
         ENGINE_CU_TRACE(10);
     }
@@ -357,6 +367,15 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
         if (per_item) {
             engine_cu_mbar_wait(&bar_it[i], 0);
             if (i == 0) ENGINE_CU_TRACE(7); /* thread 0's group: item 0 landed */
+        }
+        if (wl == 0 && (threadIdx.x & 31) == 0) { /* the group's first thread: later copies */
+            const int nx = i + infl;
+            if (nx < ni) {
+                mg_copy_up(u, ids, i0 + nx, gx, urun, ws + (size_t)nx * 2 * urun, &bar_it[nx],
+                           true);
+                if (dn_at == 1 && nx == ni - 1) mg_copy_down(d, ids, g0, ng, wd, &bar_dn);
+            }
+            if (dn_at == 2 && i == ni - 1) mg_copy_down(d, ids, g0, ng, wd, &bar_dn);
         }
         const int it = i0 + i, j = it / gx, r = (it - j * gx) * 2 * FFN_WARPS + wl;
         ffn_up_rows<MODE, 2, true>(u, j, ids[j], r, xv, ws + (size_t)i * 2 * urun);
@@ -635,6 +654,8 @@ extern "C" int engine_cuda_op_moe_fused(
         a.class_reduce = (flags & 2) != 0;
         a.grid = (flags >> 2) & 3; /* the whole-grid form: 1, 2, 3 (auto) */
         a.items = (flags >> 4) & 1; /* its per-item barriers */
+        a.pipe = (flags >> 5) & 7;   /* the order of its copies */
+        a.pipe_down = (flags >> 8) & 3;
         a.partial = (float *)(m + off[10]);
         a.counters = (unsigned *)(m + off[11]);
         const char *why = engine_cu_moe_fused_why(&a);

@@ -101,6 +101,15 @@ typedef struct {
      * rate), and the compute of the first ones overlaps the later ones' copies. The same
      * arithmetic (SPARK_CUDA_MOE_ITEMS=1; off by default: not measured yet). */
     int items;
+    /* The whole-grid form, the order of its copies (SPARK_CUDA_MOE_PIPE=I[,D]; off by default:
+     * being measured). Issued together, a block's runs land together (session 18 call 2's
+     * timeline: with per-item barriers the first item lands no sooner than the last), so the up
+     * products wait for all of the block's bytes, the down runs' included (grid 2). pipe = I > 0
+     * (with items): only I up items at the start; the group that computes item i issues item
+     * i + I once item i has landed, so the first items land sooner and their products overlap
+     * the later copies. pipe_down = D (grid 2): the down runs issued 0 at the start, 1 with the
+     * last up item, 2 once the last up item has landed. The same arithmetic. */
+    int pipe, pipe_down;
     /* The whole-grid form: pf_norm_n floats at pf_norm asked of L2 once the block's down rows
      * have landed (warp 1; NULL: none): the next layer's attention norm weights, which the q/k/v
      * launch after this one reads right after its wait. That launch's blocks cannot start beside

@@ -616,13 +616,22 @@ static void test_moe_fused_case(engine_type ut, engine_type dt, int n_expert, in
                rf ? ", router fusion" : "", worst / mx, mx);
     }
     /* The whole-grid forms (moe_fused.cuh grid 1, 2; quantised types, sm_90+), each also with
-     * per-item barriers (items): the unfused pair's arithmetic, so y bit for bit, in two launches
-     * each (the barrier's counters reset) */
-    for (int fi = 0; rc == 0 && fi < 4 && engine_type_traits_get(ut)->block_size > 1; fi++) {
-        const int form = 1 + (fi >> 1), items = fi & 1;
+     * per-item barriers (items) and copy orders (pipe I, pipe_down D): the unfused pair's
+     * arithmetic, so y bit for bit, in two launches each (the barrier's counters reset) */
+    static const int forms[][4] = {/* form, items, I, D */
+                                   {1, 0, 0, 0}, {1, 1, 0, 0}, {2, 0, 0, 0}, {2, 1, 0, 0},
+                                   {2, 0, 1, 0}, {2, 0, 1, 1}, {2, 0, 1, 2}, {2, 0, 2, 1},
+                                   {2, 1, 0, 2}, {1, 0, 1, 0}};
+    for (int fi = 0; rc == 0 && fi < (int)(sizeof forms / sizeof forms[0]) &&
+                     engine_type_traits_get(ut)->block_size > 1;
+         fi++) {
+        const int form = forms[fi][0], items = forms[fi][1], pi = forms[fi][2], pd = forms[fi][3];
+        char pipe[32] = "";
+        if (pi || pd) snprintf(pipe, sizeof pipe, ", copies %d,%d", pi, pd);
         int rg = engine_cuda_op_moe_fused(ut, dt, n_expert, k, true, n_embd, n_ff, router, gate, up,
                                           down, rbi, rbf, nw, 1e-6f, x, rf ? xa : NULL, 0,
-                                          form << 2 | items << 4, 2, yref, yf, gids, gw);
+                                          form << 2 | items << 4 | pi << 5 | pd << 8, 2, yref, yf,
+                                          gids, gw);
         if (rg == ENGINE_EUNSUPPORTED) { /* said, and only for what the device lacks */
             const char *why = engine_error_last();
             CHECK(strstr(why, "before sm_90") || strstr(why, "do not fit shared memory"),
@@ -639,10 +648,10 @@ static void test_moe_fused_case(engine_type ut, engine_type dt, int n_expert, in
                   memcmp(yf + n_embd, yref, sizeof(float) * n_embd) == 0,
               "moe grid %s/%s form %d%s: y differs from the unfused pair's", engine_type_name(ut),
               engine_type_name(dt), form, rf ? " rf" : "");
-        printf("moe grid  %-5s/%-5s %d experts (%d used), %d -> %d, form %d%s%s: the unfused "
+        printf("moe grid  %-5s/%-5s %d experts (%d used), %d -> %d, form %d%s%s%s: the unfused "
                "pair's y bit for bit, twice\n",
                engine_type_name(ut), engine_type_name(dt), n_expert, k, n_embd, n_ff, form,
-               items ? ", per-item barriers" : "", rf ? ", router fusion" : "");
+               items ? ", per-item barriers" : "", pipe, rf ? ", router fusion" : "");
     }
     free(gate), free(up), free(down), free(router), free(probs), free(x), free(xa), free(nw);
     free(yref), free(yf), free(yp), free(yc);
