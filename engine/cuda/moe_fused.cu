@@ -330,10 +330,8 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
                                                 u.cols, u.eps, MF_THREADS); /* the up kernel's */
         ENGINE_CU_TRACE(9);
     }
-    if (a.rblock) /* every thread */
-        ffn_route_block<RF>(u, b, ids, wts, sc, RF && u.coop ? raw : nullptr);
     if (w == 0) {
-        if (!a.rblock) ffn_route_warp<RF>(u, b, ids, wts, sc, RF && u.coop ? raw : nullptr);
+        ffn_route_warp<RF>(u, b, ids, wts, sc, RF && u.coop ? raw : nullptr);
         ENGINE_CU_TRACE(5);
         if (a.diag & MG_DIAG_ROUTE2) { /* the same ids and weights again */
             __syncwarp();
@@ -658,7 +656,6 @@ extern "C" int engine_cuda_op_moe_fused(
         a.items = (flags >> 4) & 1; /* its per-item barriers */
         a.pipe = (flags >> 5) & 7;   /* the order of its copies */
         a.pipe_down = (flags >> 8) & 3;
-        a.rblock = (flags >> 10) & 1; /* its routing by the whole block */
         a.partial = (float *)(m + off[10]);
         a.counters = (unsigned *)(m + off[11]);
         const char *why = engine_cu_moe_fused_why(&a);

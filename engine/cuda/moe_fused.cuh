@@ -112,13 +112,6 @@ typedef struct {
      * 3, Qwen3-30B-A3B tg128 in one process: Q4_K_M 490.8 tok/s with all at the start, 2,2
      * 507.1, 2,1 503.8, 1,2 502.2, 1,1 497.0; Q8_0 420.9 and 430.3 (2,2). */
     int pipe, pipe_down;
-    /* The whole-grid form: the routing by the whole block (moe_dev.cuh ffn_route_block: warp 0
-     * the logits and the softmax, then every thread ranks a share of the experts) instead of k
-     * rounds of warp reductions on warp 0, which cost ~2.8 us a layer with code and inputs warm
-     * (session 18 call 3: SPARK_CUDA_MOE_FUSED_DIAG=0x10 routes twice, 490.8 -> 460.8 tok/s on
-     * Qwen3-30B-A3B Q4_K_M); the x staging then follows the routing (it overlaps the copies).
-     * The same ids and weights bit for bit (SPARK_CUDA_MOE_RBLOCK=1). */
-    int rblock;
     /* The whole-grid form: pf_norm_n floats at pf_norm asked of L2 once the block's down rows
      * have landed (warp 1; NULL: none): the next layer's attention norm weights, which the q/k/v
      * launch after this one reads right after its wait. That launch's blocks cannot start beside
