@@ -128,16 +128,41 @@ static __device__ void route(const float *logits, int n, int k, int norm_topk, i
     __syncwarp();
 }
 
+/* The ranks of route below from the probabilities sp[n] (shared, route_softmax's): thread t
+ * of nt (nt a multiple of 32; P a power of two <= 32, P consecutive threads per
+ * expert) counts, over its 1/P share, the experts before expert e in the order (probability
+ * descending, id ascending), the P counts are summed, and the expert of rank r < k goes to
+ * ids[r], its probability to wts[r]. The expert of rank j is the one route picks in its round j
+ * (the largest left, ties to the lower id), so ids and wts are route's bit for bit without its
+ * k rounds of reductions on one warp. Every one of the nt threads calls it (whole warps). */
+static __device__ __forceinline__ void route_rank_part(const float *sp, int n, int k, int t,
+                                                       int nt, int P, int *ids, float *wts) {
+    const int part = t & (P - 1);
+    for (int e0 = 0; e0 < n; e0 += nt / P) { /* uniform over the nt threads */
+        const int e = e0 + t / P;
+        const float pe = e < n ? sp[e] : 0.0f;
+        int r = 0;
+#pragma unroll 8
+        for (int f = part; f < n; f += P) {
+            const float pf = sp[f];
+            r += pf > pe || (pf == pe && f < e);
+        }
+        for (int o = 1; o < P; o <<= 1)
+            r += __shfl_xor_sync(0xffffffffu, r, o);
+        if (!part && e < n && r < k) {
+            ids[r] = e;
+            wts[r] = pe;
+        }
+    }
+}
+
 /* route by a whole block (every thread calls it; it ends with a barrier; blockDim.x >= 64):
  * warp 0 takes route's softmax into sp[ENGINE_CU_MAX_EXPERT] (shared), then two threads per
- * expert count the experts before it in the order (probability descending, id ascending); the
- * expert of rank j < k is the one route picks in its round j (the largest left, ties to the
- * lower id), so ids and wts are route's bit for bit (the same sum of the k weights, in rank
- * order, for norm_topk), without route's k rounds of shuffles on one warp. Slots start at
- * expert 0, so logits with NaN give valid ids. */
+ * expert rank them (route_rank_part); the same sum of the k weights, in rank order, for
+ * norm_topk. Slots start at expert 0, so logits with NaN give valid ids. */
 static __device__ void route_block(const float *logits, int n, int k, int norm_topk, int *ids,
                                    float *wts, float *sp, bool cg) {
-    const int t = threadIdx.x, half = t & 1;
+    const int t = threadIdx.x;
     if (t < 32) {
         float p[ENGINE_CU_MAX_EXPERT / 32];
         route_softmax(logits, n, cg, p);
@@ -150,21 +175,7 @@ static __device__ void route_block(const float *logits, int n, int k, int norm_t
         wts[t] = 0.0f;
     }
     __syncthreads();
-    for (int e0 = 0; e0 < n; e0 += (int)blockDim.x / 2) { /* uniform over the block */
-        const int e = e0 + (t >> 1);
-        const float pe = e < n ? sp[e] : 0.0f;
-        int r = 0;
-#pragma unroll 8
-        for (int f = half; f < n; f += 2) {
-            const float pf = sp[f];
-            r += pf > pe || (pf == pe && f < e);
-        }
-        r += __shfl_xor_sync(0xffffffffu, r, 1);
-        if (!half && e < n && r < k) {
-            ids[r] = e;
-            wts[r] = pe;
-        }
-    }
+    route_rank_part(sp, n, k, t, (int)blockDim.x, 2, ids, wts);
     __syncthreads();
     if (t == 0) {
         float tot = 0.0f;
@@ -215,48 +226,51 @@ __device__ __forceinline__ void ffn_route_raw(const engine_cu_ffn_up_args &a,
         raw[i] = lane + 32 * i < a.n_expert ? a.router[lane + 32 * i] : 0.0f;
 }
 
-/* The routing of an up block by its warp 0 (every lane calls it) into ids[k], wts[k] (shared):
- * route on a.router, or with the router fusion (RF, a.x_add) on the raw logits scaled by the RMS
- * scale of h = x + x_add, the one the staging uses (block b 0 also stores qwen35's scaled
- * shared-expert logit, a.rf_sh). sc_given >= 0 (RF, a.coop): that scale, computed by the whole
- * block, and raw_given the raw logits (ffn_route_raw), both read already; else the warp reads
- * the logits and computes the scale itself as each staging warp does. */
+/* The router logits of an up block's routing warp (every lane calls it): a.router, or with the
+ * router fusion (RF, a.x_add) the raw logits scaled by the RMS scale of h = x + x_add, the one
+ * the staging uses, into scaled[] (shared; block b 0 also stores qwen35's scaled shared-expert
+ * logit, a.rf_sh). sc_given >= 0 (RF, a.coop): that scale, computed by the whole block, and
+ * raw_given the raw logits (ffn_route_raw), both read already; else the warp reads the logits
+ * and computes the scale itself as each staging warp does. */
+template <bool RF>
+__device__ __forceinline__ const float *ffn_route_logits(const engine_cu_ffn_up_args &a, int b,
+                                                         float *scaled, float sc_given,
+                                                         const float *raw_given) {
+    if (!RF) return a.router;
+    /* the raw logits' loads first, in flight with those of the scale's x + ao */
+    const int lane = threadIdx.x & 31;
+    float raw[ENGINE_CU_MAX_EXPERT / 32];
+    if (raw_given)
+#pragma unroll
+        for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
+            raw[i] = raw_given[i];
+    else
+        ffn_route_raw(a, raw);
+    const float sc =
+        sc_given >= 0.0f
+            ? sc_given
+            : engine_cu_stage_scale<false, true>((const float4 *)a.x, (const float4 *)a.x_add,
+                                                 a.cols, a.cols >> 2, lane, a.eps);
+#pragma unroll
+    for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
+        if (lane + 32 * i < a.n_expert) scaled[lane + 32 * i] = sc * raw[i];
+    if (a.rf_sh && b == 0 && lane == 0) *a.rf_sh = sc * a.router[a.n_expert];
+    __syncwarp();
+    return scaled;
+}
+
+/* The routing of an up block by its warp 0 (every lane calls it) into ids[k], wts[k] (shared),
+ * on ffn_route_logits's logits. */
 template <bool RF>
 __device__ __forceinline__ void ffn_route_warp(const engine_cu_ffn_up_args &a, int b, int *ids,
                                                float *wts, float sc_given = -1.0f,
                                                const float *raw_given = nullptr) {
-    const bool redux = !(a.route & ENGINE_CU_ROUTE_SHFL);
-    if (RF) {
-        /* the raw logits' loads first, in flight with those of the scale's x + ao */
-        __shared__ float scaled[ENGINE_CU_MAX_EXPERT];
-        const int lane = threadIdx.x & 31;
-        float raw[ENGINE_CU_MAX_EXPERT / 32];
-        if (raw_given)
-#pragma unroll
-            for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
-                raw[i] = raw_given[i];
-        else
-            ffn_route_raw(a, raw);
-        const float sc =
-            sc_given >= 0.0f
-                ? sc_given
-                : engine_cu_stage_scale<false, true>((const float4 *)a.x, (const float4 *)a.x_add,
-                                                     a.cols, a.cols >> 2, lane, a.eps);
-#pragma unroll
-        for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
-            if (lane + 32 * i < a.n_expert) scaled[lane + 32 * i] = sc * raw[i];
-        if (a.rf_sh && b == 0 && lane == 0) *a.rf_sh = sc * a.router[a.n_expert];
-        __syncwarp();
-        if (redux)
-            route<true>(scaled, a.n_expert, a.k, a.norm_topk, ids, wts);
-        else
-            route<false>(scaled, a.n_expert, a.k, a.norm_topk, ids, wts);
-    } else {
-        if (redux)
-            route<true>(a.router, a.n_expert, a.k, a.norm_topk, ids, wts);
-        else
-            route<false>(a.router, a.n_expert, a.k, a.norm_topk, ids, wts);
-    }
+    __shared__ float scaled[ENGINE_CU_MAX_EXPERT];
+    const float *lg = ffn_route_logits<RF>(a, b, scaled, sc_given, raw_given);
+    if (!(a.route & ENGINE_CU_ROUTE_SHFL))
+        route<true>(lg, a.n_expert, a.k, a.norm_topk, ids, wts);
+    else
+        route<false>(lg, a.n_expert, a.k, a.norm_topk, ids, wts);
 }
 
 /* Rows r and r + FFN_WARPS (when below a.rows) of expert e, slot j, against the staged x (one
