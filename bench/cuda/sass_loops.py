@@ -12,7 +12,10 @@ loop over a lane's chunks held 504 instructions with 32 dp4a, i.e. four Q4_K chu
 (2 rows x gate and up) of ~126 PTX instructions each for 32 weights, and 44 shared loads, the
 staged x's 6 loads repeated for each of the four; the down rows' loop (two chunks an iteration)
 430 instructions for 16 dp4a, ~215 a chunk, with an integer division per item (it / nch).
-PTX is before ptxas's optimisation: the SASS (cuobjdump on the device) is what runs."""
+PTX is before ptxas's optimisation: the SASS (cuobjdump on the device) is what runs. Session 18
+(`cuobjdump -sass -fun` of the same kernel; its branches name addresses): the up rows' loops of
+the three K types hold 407 / 516 / 465 SASS instructions for 32 IDP each, ~102-129 a chunk, so
+ptxas keeps about PTX's count."""
 import re
 import sys
 
@@ -30,6 +33,11 @@ def main():
     body = body_of(text, sys.argv[2] if len(sys.argv) > 2 else None)
     sass = "/*0" in body
     lines = [l.strip() for l in body.split("\n")]
+    addr = {}  # cuobjdump's branches name addresses ("BRA 0xb90"), nvdisasm's labels
+    for k, l in enumerate(lines):
+        m = re.match(r"^/\*([0-9a-f]+)\*/", l)
+        if m:
+            addr[int(m.group(1), 16)] = k
     if sass:  # "/*0120*/  IMAD R1, ... ;  /* 0x... */" -> "IMAD R1, ..."
         lines = [re.sub(r"^@!?U?P\w+\s+", "",
                         re.sub(r"^/\*[0-9a-f]+\*/\s*", "", l).split(";")[0].strip())
@@ -41,6 +49,9 @@ def main():
         m = re.match(lab_re, l)
         if m:
             labels[m.group(1)] = k
+    if sass and not labels:
+        bra_re = r"BRA\s+(0x[0-9a-f]+)"
+        labels = {"0x%x" % a: k for a, k in addr.items()}
 
     def instr(x):
         return x and not x.startswith(("$", "//", ".", "/*")) and x not in ("{", "}")
