@@ -155,7 +155,7 @@ struct engine_cuda_session {
     int mf_pre; /* SPARK_CUDA_MOE_FUSED_PRE=1: its down items preloaded (moe_fused.cuh preload) */
     int mf_items; /* SPARK_CUDA_MOE_ITEMS=1: the grid form's per-item barriers (moe_fused.cuh) */
     int mf_pipe, mf_pipe_dn; /* SPARK_CUDA_MOE_PIPE=I[,D]: the order of its copies (pipe) */
-    int mf_rank; /* SPARK_CUDA_MOE_RANK=1: its routing with ranks (moe_fused.cuh rank) */
+    int mf_rank;  /* SPARK_CUDA_MOE_RANK=1: its routing with ranks (moe_fused.cuh rank) */
     int mf_norm;  /* SPARK_CUDA_NEXT_NORM=1: it asks L2 for the next attention norm (pf_norm) */
     int mf_diag; /* SPARK_CUDA_MOE_FUSED_DIAG=bits: phases left out (diagnosis, moe_fused.cuh) */
     int mf_red;  /* SPARK_CUDA_MOE_FUSED_RED=1: its reduction by row class, no wait */

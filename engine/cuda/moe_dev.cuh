@@ -135,8 +135,8 @@ static __device__ void route(const float *logits, int n, int k, int norm_topk, i
  * ids[r], its probability to wts[r]. The expert of rank j is the one route picks in its round j
  * (the largest left, ties to the lower id), so ids and wts are route's bit for bit without its
  * k rounds of reductions on one warp. Every one of the nt threads calls it (whole warps). */
-static __device__ __forceinline__ void route_rank_part(const float *sp, int n, int k, int t,
-                                                       int nt, int P, int *ids, float *wts) {
+static __device__ __forceinline__ void route_rank_part(const float *sp, int n, int k, int t, int nt,
+                                                       int P, int *ids, float *wts) {
     const int part = t & (P - 1);
     for (int e0 = 0; e0 < n; e0 += nt / P) { /* uniform over the nt threads */
         const int e = e0 + t / P;

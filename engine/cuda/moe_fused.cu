@@ -320,14 +320,14 @@ __device__ __forceinline__ void mg_route_w0(const engine_cu_ffn_up_args &u, int 
     __syncwarp();
 }
 
-__device__ __forceinline__ void mg_route_crew(const engine_cu_ffn_up_args &u, int *ids,
-                                              float *wts, const float *sp) {
+__device__ __forceinline__ void mg_route_crew(const engine_cu_ffn_up_args &u, int *ids, float *wts,
+                                              const float *sp) {
     int P = 1;
     while (P < 32 && 2 * P * u.n_expert <= MG_CREW_THREADS)
         P *= 2;
     engine_cu_bar_sync(1, 32 + MG_CREW_THREADS);
-    route_rank_part(sp, u.n_expert, u.k, (int)threadIdx.x - 32 * MG_CREW0, MG_CREW_THREADS, P,
-                    ids, wts);
+    route_rank_part(sp, u.n_expert, u.k, (int)threadIdx.x - 32 * MG_CREW0, MG_CREW_THREADS, P, ids,
+                    wts);
     engine_cu_bar_arrive(2, 32 + MG_CREW_THREADS);
 }
 
@@ -711,7 +711,7 @@ extern "C" int engine_cuda_op_moe_fused(
         a.class_reduce = (flags & 2) != 0;
         a.grid = (flags >> 2) & 3; /* the whole-grid form: 1, 2, 3 (auto) */
         a.items = (flags >> 4) & 1; /* its per-item barriers */
-        a.pipe = (flags >> 5) & 7;   /* the order of its copies */
+        a.pipe = (flags >> 5) & 7;  /* the order of its copies */
         a.pipe_down = (flags >> 8) & 3;
         a.rank = (flags >> 10) & 1; /* its routing with ranks */
         a.partial = (float *)(m + off[10]);

@@ -70,8 +70,8 @@ typedef struct {
      * weights, so the same results; the second routing's cost, with its code and inputs warm). */
     int diag;
     /* The whole-grid form (SPARK_CUDA_MOE_FUSED=g; slice, preload, class_reduce, partial and diag
-     * but its bit 0x10 not read), 0 off. One block per multiprocessor, each with bulk copies (common.cuh
-     * engine_cu_bulk_g2s, sm_90+) into shared memory:
+     * but its bit 0x10 not read), 0 off. One block per multiprocessor, each with bulk copies
+     * (common.cuh engine_cu_bulk_g2s, sm_90+) into shared memory:
      *   1. every block routes (warp 0, as the up kernel's routing warp: the same ids and weights)
      *      and at once copies the gate and up runs of its ipb up items (expert slot, 16 rows), the
      *      up kernel's items, while the other warps stage x (+ x_add) as the up kernel does;
@@ -102,15 +102,15 @@ typedef struct {
      * arithmetic (SPARK_CUDA_MOE_ITEMS=1; off by default: not measured yet). */
     int items;
     /* The whole-grid form, the order of its copies (SPARK_CUDA_MOE_PIPE=I[,D]; the sessions'
-     * default 2,2, =0 all at the start). Issued together, a block's runs land together (session 18 call 2's
-     * timeline: with per-item barriers the first item lands no sooner than the last), so the up
-     * products wait for all of the block's bytes, the down runs' included (grid 2). pipe = I > 0
-     * (with items): only I up items at the start; the group that computes item i issues item
-     * i + I once item i has landed, so the first items land sooner and their products overlap
-     * the later copies. pipe_down = D (grid 2): the down runs issued 0 at the start, 1 with the
-     * last up item, 2 once the last up item has landed. The same arithmetic. Session 18 call
-     * 3, Qwen3-30B-A3B tg128 in one process: Q4_K_M 490.8 tok/s with all at the start, 2,2
-     * 507.1, 2,1 503.8, 1,2 502.2, 1,1 497.0; Q8_0 420.9 and 430.3 (2,2). */
+     * default 2,2, =0 all at the start). Issued together, a block's runs land together (session 18
+     * call 2's timeline: with per-item barriers the first item lands no sooner than the last), so
+     * the up products wait for all of the block's bytes, the down runs' included (grid 2). pipe = I
+     * > 0 (with items): only I up items at the start; the group that computes item i issues item i
+     * + I once item i has landed, so the first items land sooner and their products overlap the
+     * later copies. pipe_down = D (grid 2): the down runs issued 0 at the start, 1 with the last up
+     * item, 2 once the last up item has landed. The same arithmetic. Session 18 call 3,
+     * Qwen3-30B-A3B tg128 in one process: Q4_K_M 490.8 tok/s with all at the start, 2,2 507.1, 2,1
+     * 503.8, 1,2 502.2, 1,1 497.0; Q8_0 420.9 and 430.3 (2,2). */
     int pipe, pipe_down;
     /* The whole-grid form: the routing with ranks (SPARK_CUDA_MOE_RANK=1; off by default: not
      * run on a GPU yet). Warp 0's route costs ~2.8 us a layer with code and inputs warm (session

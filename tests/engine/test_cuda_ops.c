@@ -618,12 +618,11 @@ static void test_moe_fused_case(engine_type ut, engine_type dt, int n_expert, in
     /* The whole-grid forms (moe_fused.cuh grid 1, 2; quantised types, sm_90+), each also with
      * per-item barriers (items) and copy orders (pipe I, pipe_down D): the unfused pair's
      * arithmetic, so y bit for bit, in two launches each (the barrier's counters reset) */
-    static const int forms[][5] = {/* form, items, I, D, routing with ranks */
-                                   {1, 0, 0, 0, 0}, {1, 1, 0, 0, 0}, {2, 0, 0, 0, 0},
-                                   {2, 1, 0, 0, 0}, {2, 0, 1, 0, 0}, {2, 0, 1, 1, 0},
-                                   {2, 0, 1, 2, 0}, {2, 0, 2, 1, 0}, {2, 1, 0, 2, 0},
-                                   {1, 0, 1, 0, 0}, {2, 0, 2, 2, 0}, {2, 0, 2, 2, 1},
-                                   {1, 0, 0, 0, 1}};
+    static const int forms[][5] = {
+        /* form, items, I, D, routing with ranks */
+        {1, 0, 0, 0, 0}, {1, 1, 0, 0, 0}, {2, 0, 0, 0, 0}, {2, 1, 0, 0, 0}, {2, 0, 1, 0, 0},
+        {2, 0, 1, 1, 0}, {2, 0, 1, 2, 0}, {2, 0, 2, 1, 0}, {2, 1, 0, 2, 0}, {1, 0, 1, 0, 0},
+        {2, 0, 2, 2, 0}, {2, 0, 2, 2, 1}, {1, 0, 0, 0, 1}};
     for (int fi = 0; rc == 0 && fi < (int)(sizeof forms / sizeof forms[0]) &&
                      engine_type_traits_get(ut)->block_size > 1;
          fi++) {
