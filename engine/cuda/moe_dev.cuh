@@ -14,13 +14,15 @@
 #define FFN_WARPS 8
 
 /* The softmax of route below (one warp): p[i] = the probability of expert lane + 32 i, -1
- * past n. */
+ * past n. NPL < ENGINE_CU_MAX_EXPERT / 32 (n <= 32 NPL): the same p for i < NPL, bit for bit
+ * (the slots left out would add -inf to the maximum and +0 to each lane's sum). */
+template <int NPL = ENGINE_CU_MAX_EXPERT / 32>
 static __device__ __forceinline__ void route_softmax(const float *logits, int n, bool cg,
-                                                     float p[ENGINE_CU_MAX_EXPERT / 32]) {
+                                                     float p[NPL]) {
     const int lane = threadIdx.x & 31;
     float mx = -INFINITY;
 #pragma unroll
-    for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++) {
+    for (int i = 0; i < NPL; i++) {
         const int e = lane + 32 * i;
         p[i] = e < n ? (cg ? __ldcg(logits + e) : logits[e]) : -INFINITY;
         mx = fmaxf(mx, p[i]);
@@ -28,13 +30,13 @@ static __device__ __forceinline__ void route_softmax(const float *logits, int n,
     mx = engine_cu_warp_max(mx);
     float sum = 0.0f;
 #pragma unroll
-    for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++) {
+    for (int i = 0; i < NPL; i++) {
         p[i] = lane + 32 * i < n ? expf(p[i] - mx) : -1.0f;
         sum += p[i] > 0.0f ? p[i] : 0.0f;
     }
     const float inv = 1.0f / engine_cu_warp_sum(sum);
 #pragma unroll
-    for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
+    for (int i = 0; i < NPL; i++)
         if (p[i] >= 0.0f) p[i] *= inv;
 }
 

@@ -300,11 +300,19 @@ __device__ __forceinline__ void mg_route_w0(const engine_cu_ffn_up_args &u, int 
     __shared__ float lgs[ENGINE_CU_MAX_EXPERT];
     const int lane = threadIdx.x & 31;
     const float *lg = ffn_route_logits<RF>(u, b, lgs, sc, raw);
-    float p[ENGINE_CU_MAX_EXPERT / 32];
-    route_softmax(lg, u.n_expert, false, p);
+    if (u.n_expert <= 128) { /* 4 a lane: half the chains (the same p; the ranks read < n) */
+        float p[4];
+        route_softmax<4>(lg, u.n_expert, false, p);
 #pragma unroll
-    for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
-        sp[lane + 32 * i] = p[i];
+        for (int i = 0; i < 4; i++)
+            sp[lane + 32 * i] = p[i];
+    } else {
+        float p[ENGINE_CU_MAX_EXPERT / 32];
+        route_softmax(lg, u.n_expert, false, p);
+#pragma unroll
+        for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
+            sp[lane + 32 * i] = p[i];
+    }
     if (lane < u.k) { /* slots start at expert 0 (route_block's) */
         ids[lane] = 0;
         wts[lane] = 0.0f;
