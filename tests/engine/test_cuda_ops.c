@@ -628,8 +628,10 @@ static void test_moe_fused_case(engine_type ut, engine_type dt, int n_expert, in
          fi++) {
         const int form = forms[fi][0], items = forms[fi][1], pi = forms[fi][2], pd = forms[fi][3];
         const int rk = forms[fi][4];
-        char pipe[64] = "";
-        if (pi || pd) snprintf(pipe, sizeof pipe, ", copies %d,%d", pi, pd);
+        char pipe[80] = ""; /* the variant, in every line about this case */
+        snprintf(pipe, sizeof pipe, "%s", items ? ", per-item barriers" : "");
+        if (pi || pd)
+            snprintf(pipe + strlen(pipe), sizeof pipe - strlen(pipe), ", copies %d,%d", pi, pd);
         if (rk) snprintf(pipe + strlen(pipe), sizeof pipe - strlen(pipe), ", routing with ranks");
         int rg = engine_cuda_op_moe_fused(ut, dt, n_expert, k, true, n_embd, n_ff, router, gate, up,
                                           down, rbi, rbf, nw, 1e-6f, x, rf ? xa : NULL, 0,
@@ -638,23 +640,23 @@ static void test_moe_fused_case(engine_type ut, engine_type dt, int n_expert, in
         if (rg == ENGINE_EUNSUPPORTED) { /* said, and only for what the device lacks */
             const char *why = engine_error_last();
             CHECK(strstr(why, "before sm_90") || strstr(why, "do not fit shared memory"),
-                  "moe grid %s/%s form %d%s refused: %s", engine_type_name(ut),
-                  engine_type_name(dt), form, rf ? " rf" : "", why);
+                  "moe grid %s/%s form %d%s%s refused: %s", engine_type_name(ut),
+                  engine_type_name(dt), form, pipe, rf ? " rf" : "", why);
             printf("moe grid %s/%s form %d%s: skipped (%s)\n", engine_type_name(ut),
-                   engine_type_name(dt), form, items ? " items" : "", why);
+                   engine_type_name(dt), form, pipe, why);
             continue;
         }
-        CHECK(rg == 0, "moe grid %s/%s form %d%s: %s", engine_type_name(ut), engine_type_name(dt),
-              form, rf ? " rf" : "", engine_error_last());
+        CHECK(rg == 0, "moe grid %s/%s form %d%s%s: %s", engine_type_name(ut), engine_type_name(dt),
+              form, pipe, rf ? " rf" : "", engine_error_last());
         if (rg) continue;
         CHECK(memcmp(yf, yref, sizeof(float) * n_embd) == 0 &&
                   memcmp(yf + n_embd, yref, sizeof(float) * n_embd) == 0,
-              "moe grid %s/%s form %d%s: y differs from the unfused pair's", engine_type_name(ut),
-              engine_type_name(dt), form, rf ? " rf" : "");
-        printf("moe grid  %-5s/%-5s %d experts (%d used), %d -> %d, form %d%s%s%s: the unfused "
+              "moe grid %s/%s form %d%s%s: y differs from the unfused pair's", engine_type_name(ut),
+              engine_type_name(dt), form, pipe, rf ? " rf" : "");
+        printf("moe grid  %-5s/%-5s %d experts (%d used), %d -> %d, form %d%s%s: the unfused "
                "pair's y bit for bit, twice\n",
-               engine_type_name(ut), engine_type_name(dt), n_expert, k, n_embd, n_ff, form,
-               items ? ", per-item barriers" : "", pipe, rf ? ", router fusion" : "");
+               engine_type_name(ut), engine_type_name(dt), n_expert, k, n_embd, n_ff, form, pipe,
+               rf ? ", router fusion" : "");
     }
     free(gate), free(up), free(down), free(router), free(probs), free(x), free(xa), free(nw);
     free(yref), free(yf), free(yp), free(yc);
