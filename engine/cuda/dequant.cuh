@@ -62,18 +62,18 @@ __device__ __forceinline__ void engine_cu_scale_min_k4(int j, const uint8_t *q, 
     }
 }
 
-/* The same from the 12 bytes held as three words (no local array: j is a run-time value). */
+/* The same from the 12 bytes held as three words (no local array: j is a run-time value).
+ * Without a branch: the lanes of a warp take sub-blocks on both sides of j = 4 (a lane's chunk
+ * c has j = 2 ((c & 7) >> 1) or one more), so a branch ran both paths on every chunk. Both
+ * values are computed and one selected: the same integers (checked against the branch's form
+ * for every j over 16M random and all repeated-byte words). */
 __device__ __forceinline__ void engine_cu_scale_min_k4w(int j, uint32_t w0, uint32_t w1,
                                                         uint32_t w2, int *sc, int *m) {
-    if (j < 4) {
-        *sc = (int)((w0 >> (8 * j)) & 63);
-        *m = (int)((w1 >> (8 * j)) & 63);
-    } else {
-        const int s = 8 * (j - 4);
-        const uint32_t q4 = (w2 >> s) & 0xff, qm4 = (w0 >> s) & 0xff, q0 = (w1 >> s) & 0xff;
-        *sc = (int)((q4 & 0xF) | ((qm4 >> 6) << 4));
-        *m = (int)((q4 >> 4) | ((q0 >> 6) << 4));
-    }
+    const int s = 8 * (j & 3);
+    const uint32_t b0 = w0 >> s, b1 = w1 >> s, b2 = w2 >> s;
+    const bool hi = j >= 4;
+    *sc = (int)(hi ? (b2 & 0xFu) | ((b0 >> 2) & 0x30u) : b0 & 63u);
+    *m = (int)(hi ? ((b2 >> 4) & 0xFu) | ((b1 >> 2) & 0x30u) : b1 & 63u);
 }
 
 /* Q6_K rows repacked for coalesced loads (an internal type, never in a file: the copy of the

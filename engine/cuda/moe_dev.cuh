@@ -43,14 +43,14 @@ static __device__ __forceinline__ void route_softmax(const float *logits, int n,
 /* One round of a warp's top-k over keys key[i] of experts lane + 32 i (0: out of the race):
  * the largest key, ties to the lower id, with two warp reductions (sm_80 redux); the winner is
  * struck out (key 0) and returned, its key in *km. Every lane gets the same result. */
-static __device__ __forceinline__ int route_pick(unsigned key[ENGINE_CU_MAX_EXPERT / 32],
-                                                 unsigned *km) {
+template <int NPL = ENGINE_CU_MAX_EXPERT / 32>
+static __device__ __forceinline__ int route_pick(unsigned key[NPL], unsigned *km) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     const int lane = threadIdx.x & 31;
     unsigned best = 0u;
     int bid = 0x7fffffff;
 #pragma unroll
-    for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
+    for (int i = 0; i < NPL; i++)
         if (key[i] > best) { /* ascending id per lane: ties keep the lower one */
             best = key[i];
             bid = lane + 32 * i;
@@ -58,7 +58,7 @@ static __device__ __forceinline__ int route_pick(unsigned key[ENGINE_CU_MAX_EXPE
     const unsigned m = __reduce_max_sync(0xffffffffu, best);
     const int id = __reduce_min_sync(0xffffffffu, best == m ? bid : 0x7fffffff);
 #pragma unroll
-    for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
+    for (int i = 0; i < NPL; i++)
         if (lane + 32 * i == id) key[i] = 0u;
     *km = m;
     return id;
@@ -73,34 +73,35 @@ static __device__ __forceinline__ int route_pick(unsigned key[ENGINE_CU_MAX_EXPE
  * lane keeps its experts' probabilities in registers; a chosen one is struck out (-1). With
  * REDUX (sm_80 and later) each round is route_pick's two warp reductions over the keys
  * bits(p) + 1 (p >= 0 orders as its bits; struck out and past n: 0) instead of five rounds of
- * shuffles: the same ids, weights and sum, bit for bit. */
-template <bool REDUX = true>
+ * shuffles: the same ids, weights and sum, bit for bit. NPL < ENGINE_CU_MAX_EXPERT / 32 (n <= 32
+ * NPL): the same results, the slots left out holding experts past n (key 0, p -1: never picked). */
+template <bool REDUX = true, int NPL = ENGINE_CU_MAX_EXPERT / 32>
 static __device__ void route(const float *logits, int n, int k, int norm_topk, int *ids, float *wts,
                              bool cg = false) {
     const int lane = threadIdx.x & 31;
-    float p[ENGINE_CU_MAX_EXPERT / 32];
-    route_softmax(logits, n, cg, p);
+    float p[NPL];
+    route_softmax<NPL>(logits, n, cg, p);
     float tot = 0.0f;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     constexpr bool rx = REDUX;
 #else
     constexpr bool rx = false;
 #endif
-    unsigned key[ENGINE_CU_MAX_EXPERT / 32];
+    unsigned key[NPL];
     if (rx)
 #pragma unroll
-        for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++) /* NaN: as 0, so ids stay valid */
+        for (int i = 0; i < NPL; i++) /* NaN: as 0, so ids stay valid */
             key[i] = p[i] >= 0.0f ? __float_as_uint(p[i]) + 1u : lane + 32 * i < n ? 1u : 0u;
     for (int j = 0; j < k; j++) {
         float best = -1.0f;
         int bid = 0x7fffffff;
         if (rx) {
             unsigned m;
-            bid = route_pick(key, &m);
+            bid = route_pick<NPL>(key, &m);
             best = __uint_as_float(m - 1u);
         } else {
 #pragma unroll
-            for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
+            for (int i = 0; i < NPL; i++)
                 if (p[i] > best) { /* ascending e per lane: ties keep the lower id */
                     best = p[i];
                     bid = lane + 32 * i;
@@ -114,7 +115,7 @@ static __device__ void route(const float *logits, int n, int k, int norm_topk, i
                 }
             }
 #pragma unroll
-            for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
+            for (int i = 0; i < NPL; i++)
                 if (lane + 32 * i == bid) p[i] = -1.0f;
         }
         if (lane == 0) {
@@ -262,17 +263,26 @@ __device__ __forceinline__ const float *ffn_route_logits(const engine_cu_ffn_up_
 }
 
 /* The routing of an up block by its warp 0 (every lane calls it) into ids[k], wts[k] (shared),
- * on ffn_route_logits's logits. */
-template <bool RF>
+ * on ffn_route_logits's logits. N4: with at most 128 experts, route on 4 a lane (the same
+ * results; a second instance of route, so only the whole-grid MoE launch asks for it: in the
+ * up kernels it cost registers). */
+template <bool RF, bool N4 = false>
 __device__ __forceinline__ void ffn_route_warp(const engine_cu_ffn_up_args &a, int b, int *ids,
                                                float *wts, float sc_given = -1.0f,
                                                const float *raw_given = nullptr) {
     __shared__ float scaled[ENGINE_CU_MAX_EXPERT];
     const float *lg = ffn_route_logits<RF>(a, b, scaled, sc_given, raw_given);
-    if (!(a.route & ENGINE_CU_ROUTE_SHFL))
+    const bool shfl = (a.route & ENGINE_CU_ROUTE_SHFL) != 0;
+    if (N4 && a.n_expert <= 128) { /* 4 experts a lane: half the chains, the same picks */
+        if (!shfl)
+            route<true, 4>(lg, a.n_expert, a.k, a.norm_topk, ids, wts);
+        else
+            route<false, 4>(lg, a.n_expert, a.k, a.norm_topk, ids, wts);
+    } else if (!shfl) {
         route<true>(lg, a.n_expert, a.k, a.norm_topk, ids, wts);
-    else
+    } else {
         route<false>(lg, a.n_expert, a.k, a.norm_topk, ids, wts);
+    }
 }
 
 /* Rows r and r + FFN_WARPS (when below a.rows) of expert e, slot j, against the staged x (one

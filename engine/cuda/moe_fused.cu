@@ -387,7 +387,7 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
         if (a.rank)
             mg_route_w0<RF>(u, b, ids, wts, sp_rank, sc, RF && u.coop ? raw : nullptr);
         else
-            ffn_route_warp<RF>(u, b, ids, wts, sc, RF && u.coop ? raw : nullptr);
+            ffn_route_warp<RF, true>(u, b, ids, wts, sc, RF && u.coop ? raw : nullptr);
         ENGINE_CU_TRACE(5);
         if (a.diag & MG_DIAG_ROUTE2) { /* the same ids and weights again */
             __syncwarp();
