@@ -7,6 +7,8 @@
 # Usage (device tool, carry [".tok", ".clean"]): cd .clean && ln -sfn ../.tok .tok &&
 #        [Q3_LAYERS=12] [Q35_LAYERS=8] [LIMIT_S=N] bash bench/cuda/s5_call.sh PLAN
 #   LIMIT_S: a step that would start after N seconds is skipped (said on stdout)
+#   CUDA_FLAGS: extra nvcc flags of the build (-lineinfo: racecheck / memcheck name source lines;
+#   the same SASS)
 #   TRACE=1: the build is -DSPARK_CUDA_TRACE=ON (launch timelines; its kernels are slower) and
 #   builds no gpu tests: for bench/cuda/trace.plan
 # Plan functions:
@@ -34,7 +36,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 echo "# commit $(cat COMMIT 2>/dev/null || echo '?')"
 cmake -S . -B $B -G Ninja -DSPARK_ENGINE_ONLY=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
     -DCMAKE_BUILD_TYPE=Release -DSPARK_WERROR=ON -DSPARK_TOKENIZER_DIR=$TOK \
-    -DSPARK_CUDA_TRACE=$([ "${TRACE:-0}" = 1 ] && echo ON || echo OFF) >$L/cfg.log 2>&1 ||
+    -DSPARK_CUDA_TRACE=$([ "${TRACE:-0}" = 1 ] && echo ON || echo OFF) \
+    ${CUDA_FLAGS:+"-DCMAKE_CUDA_FLAGS=$CUDA_FLAGS"} >$L/cfg.log 2>&1 ||
     { tail -30 $L/cfg.log; exit 1; }
 ninja -C $B spark-agent >$L/build.log 2>&1 || { grep -B2 -A12 -m3 error $L/build.log; exit 1; }
 G=$B/spark-agent
