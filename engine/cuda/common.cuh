@@ -321,18 +321,6 @@ __device__ __forceinline__ void engine_cu_mbar_wait(uint64_t *bar, unsigned pari
 #endif
 }
 
-/* Named barriers between some warps of a block (ids 1..15; 0 is __syncthreads'): n threads, a
- * multiple of 32, take part. arrive: this warp's arrival, without waiting (its earlier shared
- * and global accesses are performed for the threads that then pass the barrier); sync: arrive
- * and wait for the arrivals of the other threads. */
-__device__ __forceinline__ void engine_cu_bar_arrive(unsigned id, unsigned n) {
-    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory");
-}
-
-__device__ __forceinline__ void engine_cu_bar_sync(unsigned id, unsigned n) {
-    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
-}
-
 /* Order this thread's earlier generic-proxy accesses of shared memory (and, after a barrier,
  * the block's) before its later bulk copies into it: a copy into space the block has read. */
 __device__ __forceinline__ void engine_cu_fence_proxy_async() {

@@ -287,65 +287,12 @@ __device__ __forceinline__ void mg_copy_up(const engine_cu_ffn_up_args &u, const
 #define MG_MAX_IPB 8 /* up items per block with a barrier each (moe_fused.cuh items) */
 #define MG_DIAG_ROUTE2 0x10 /* diag: the routing warp routes twice (moe_fused.cuh diag) */
 
-/* The routing with ranks (moe_fused.cuh rank): warp 0 takes the logits and route's softmax
- * into sp (shared), the crew (warps MG_CREW0 ..) ranks the experts (moe_dev.cuh route_rank_part, P
- * threads an expert), warp 0 sums and scales the weights; named barriers 1 (probabilities
- * stored) and 2 (ranks stored) between warp 0 and the crew. */
-#define MG_CREW0 8
-#define MG_CREW_THREADS (MG_THREADS - 32 * MG_CREW0)
-
-template <bool RF>
-__device__ __forceinline__ void mg_route_w0(const engine_cu_ffn_up_args &u, int b, int *ids,
-                                            float *wts, float *sp, float sc, const float *raw) {
-    __shared__ float lgs[ENGINE_CU_MAX_EXPERT];
-    const int lane = threadIdx.x & 31;
-    const float *lg = ffn_route_logits<RF>(u, b, lgs, sc, raw);
-    if (u.n_expert <= 128) { /* 4 a lane: half the chains (the same p; the ranks read < n) */
-        float p[4];
-        route_softmax<4>(lg, u.n_expert, false, p);
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            sp[lane + 32 * i] = p[i];
-    } else {
-        float p[ENGINE_CU_MAX_EXPERT / 32];
-        route_softmax(lg, u.n_expert, false, p);
-#pragma unroll
-        for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
-            sp[lane + 32 * i] = p[i];
-    }
-    if (lane < u.k) { /* slots start at expert 0 (route_block's) */
-        ids[lane] = 0;
-        wts[lane] = 0.0f;
-    }
-    engine_cu_bar_arrive(1, 32 + MG_CREW_THREADS);
-    engine_cu_bar_sync(2, 32 + MG_CREW_THREADS);
-    float tot = 0.0f; /* route's sum: the k weights in rank (pick) order */
-    if (lane < u.k)
-        for (int j = 0; j < u.k; j++)
-            tot += wts[j];
-    __syncwarp();
-    if (u.norm_topk && lane < u.k) wts[lane] = wts[lane] / tot;
-    __syncwarp();
-}
-
-__device__ __forceinline__ void mg_route_crew(const engine_cu_ffn_up_args &u, int *ids, float *wts,
-                                              const float *sp) {
-    int P = 1;
-    while (P < 32 && 2 * P * u.n_expert <= MG_CREW_THREADS)
-        P *= 2;
-    engine_cu_bar_sync(1, 32 + MG_CREW_THREADS);
-    route_rank_part(sp, u.n_expert, u.k, (int)threadIdx.x - 32 * MG_CREW0, MG_CREW_THREADS, P, ids,
-                    wts);
-    engine_cu_bar_arrive(2, 32 + MG_CREW_THREADS);
-}
-
 template <int MODE, bool RF>
 __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_fused_args a) {
     extern __shared__ uint4 mf_shm[];
     __shared__ int ids[ENGINE_CU_MAX_EXPERT_USED];
     __shared__ float wts[ENGINE_CU_MAX_EXPERT_USED];
     __shared__ uint64_t bar_up, bar_dn, bar_it[MG_MAX_IPB];
-    __shared__ float sp_rank[ENGINE_CU_MAX_EXPERT]; /* rank: the probabilities */
     const engine_cu_ffn_up_args &u = a.up;
     const engine_cu_ffn_down_args &d = a.dn;
     const int b = blockIdx.x, nb = gridDim.x, w = threadIdx.x >> 5;
@@ -384,14 +331,11 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
         ENGINE_CU_TRACE(9);
     }
     if (w == 0) {
-        if (a.rank)
-            mg_route_w0<RF>(u, b, ids, wts, sp_rank, sc, RF && u.coop ? raw : nullptr);
-        else
-            ffn_route_warp<RF, true>(u, b, ids, wts, sc, RF && u.coop ? raw : nullptr);
+        ffn_route_warp<RF, true>(u, b, ids, wts, sc, RF && u.coop ? raw : nullptr);
         ENGINE_CU_TRACE(5);
         if (a.diag & MG_DIAG_ROUTE2) { /* the same ids and weights again */
             __syncwarp();
-            ffn_route_warp<RF>(u, b, ids, wts, sc, RF && u.coop ? raw : nullptr);
+            ffn_route_warp<RF, true>(u, b, ids, wts, sc, RF && u.coop ? raw : nullptr);
             ENGINE_CU_TRACE(11);
         }
         if ((threadIdx.x & 31) == 0) {
@@ -403,20 +347,11 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
                 mg_copy_down(d, ids, g0, ng, wd, &bar_dn);
         }
         ENGINE_CU_TRACE(10);
-    } else if (a.rank && w >= MG_CREW0) {
-        mg_route_crew(u, ids, wts, sp_rank);
     }
-    if (a.rank) { /* warps 1 .. MG_CREW0 - 1 stage: the same values (engine_cu_stage_x) */
-        if (w > 0 && w < MG_CREW0)
-            engine_cu_stage_part<MODE, false, RF>(u.x, u.cols, u.norm_w, u.eps, sm, w - 1,
-                                                  MG_CREW0 - 1, RF ? u.x_add : nullptr,
-                                                  RF ? sc : -1.0f);
-        __syncthreads();
-    } else if (RF) {
+    if (RF) /* warps 1 ..; ends with a barrier */
         engine_cu_stage_x<MODE, false, true>(u.x, u.cols, u.norm_w, u.eps, sm, 1, u.x_add, sc);
-    } else {
-        engine_cu_stage_x<MODE>(u.x, u.cols, u.norm_w, u.eps, sm, 1); /* ends with a barrier */
-    }
+    else
+        engine_cu_stage_x<MODE>(u.x, u.cols, u.norm_w, u.eps, sm, 1);
     ENGINE_CU_TRACE(6);
     if (b == 0 && (int)threadIdx.x < u.k) {
         u.ids[threadIdx.x] = ids[threadIdx.x];
@@ -721,7 +656,6 @@ extern "C" int engine_cuda_op_moe_fused(
         a.items = (flags >> 4) & 1; /* its per-item barriers */
         a.pipe = (flags >> 5) & 7;  /* the order of its copies */
         a.pipe_down = (flags >> 8) & 3;
-        a.rank = (flags >> 10) & 1; /* its routing with ranks */
         a.partial = (float *)(m + off[10]);
         a.counters = (unsigned *)(m + off[11]);
         const char *why = engine_cu_moe_fused_why(&a);

@@ -112,17 +112,6 @@ typedef struct {
      * Qwen3-30B-A3B tg128 in one process: Q4_K_M 490.8 tok/s with all at the start, 2,2 507.1, 2,1
      * 503.8, 1,2 502.2, 1,1 497.0; Q8_0 420.9 and 430.3 (2,2). */
     int pipe, pipe_down;
-    /* The whole-grid form: the routing with ranks (SPARK_CUDA_MOE_RANK=1; off by default: its
-     * tests passed on the H200 in session 18 call 5, its speed not measured yet). Warp 0's route
-     * costs ~2.8 us a layer with code and inputs warm (session 18 call 3:
-     * SPARK_CUDA_MOE_FUSED_DIAG=0x10, a second routing, 490.8 -> 460.8 tok/s on Qwen3-30B-A3B
-     * Q4_K_M), its k rounds of two warp reductions after the softmax. Here warp 0 stores the
-     * softmax's probabilities (4 a lane with at most 128 experts), warps 8.. (512 threads, idle
-     * in the x staging) rank the experts (moe_dev.cuh route_rank_part), warp 0 sums and scales
-     * the k weights; named barriers between them, while warps 1..7 stage x. Routing by the
-     * whole block, the staging after it, measured slower (session 18 call 4: 497.3 against
-     * 509.1 tok/s; code at 9d3ecbd). The same ids and weights as route, bit for bit. */
-    int rank;
     /* The whole-grid form: pf_norm_n floats at pf_norm asked of L2 once the block's down rows
      * have landed (warp 1; NULL: none): the next layer's attention norm weights, which the q/k/v
      * launch after this one reads right after its wait. That launch's blocks cannot start beside
