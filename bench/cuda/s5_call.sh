@@ -9,6 +9,7 @@
 #   LIMIT_S: a step that would start after N seconds is skipped (said on stdout)
 #   CUDA_FLAGS: extra nvcc flags of the build (-lineinfo: racecheck / memcheck name source lines;
 #   the same SASS)
+#   PREBUILT: a tgz of bench/cuda/prebuilt.sh (a local build's objects): linked, not compiled
 #   TRACE=1: the build is -DSPARK_CUDA_TRACE=ON (launch timelines; its kernels are slower) and
 #   builds no gpu tests: for bench/cuda/trace.plan
 # Plan functions:
@@ -34,14 +35,24 @@ finish() { tar -czf $OUT/logs.tgz -C $L . 2>/dev/null; stamp "end"; }
 trap finish EXIT
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 echo "# commit $(cat COMMIT 2>/dev/null || echo '?')"
-cmake -S . -B $B -G Ninja -DSPARK_ENGINE_ONLY=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-    -DCMAKE_BUILD_TYPE=Release -DSPARK_WERROR=ON -DSPARK_TOKENIZER_DIR=$TOK \
-    -DSPARK_CUDA_TRACE=$([ "${TRACE:-0}" = 1 ] && echo ON || echo OFF) \
-    ${CUDA_FLAGS:+"-DCMAKE_CUDA_FLAGS=$CUDA_FLAGS"} >$L/cfg.log 2>&1 ||
-    { tail -30 $L/cfg.log; exit 1; }
-ninja -C $B spark-agent >$L/build.log 2>&1 || { grep -B2 -A12 -m3 error $L/build.log; exit 1; }
 G=$B/spark-agent
-stamp "spark-agent built"
+LK="$B/engine/libengine.a -lpthread -lm -ldl -lrt"
+if [ -n "${PREBUILT:-}" ]; then # bench/cuda/prebuilt.sh's objects: linked, not compiled
+    mkdir -p $B && tar -xzf "$PREBUILT" -C $B || exit 1
+    echo "# prebuilt objects of $(cat $B/PREBUILT_COMMIT)"
+    [ "$(cat $B/PREBUILT_COMMIT)" = "$(cat COMMIT 2>/dev/null)" ] ||
+        echo "WARNING: the objects are not of the export's commit"
+    nvcc -o $G $B/agent/cli/CMakeFiles/spark-agent.dir/*.o $LK || exit 1
+    stamp "spark-agent linked"
+else
+    cmake -S . -B $B -G Ninja -DSPARK_ENGINE_ONLY=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+        -DCMAKE_BUILD_TYPE=Release -DSPARK_WERROR=ON -DSPARK_TOKENIZER_DIR=$TOK \
+        -DSPARK_CUDA_TRACE=$([ "${TRACE:-0}" = 1 ] && echo ON || echo OFF) \
+        ${CUDA_FLAGS:+"-DCMAKE_CUDA_FLAGS=$CUDA_FLAGS"} >$L/cfg.log 2>&1 ||
+        { tail -30 $L/cfg.log; exit 1; }
+    ninja -C $B spark-agent >$L/build.log 2>&1 || { grep -B2 -A12 -m3 error $L/build.log; exit 1; }
+    stamp "spark-agent built"
+fi
 declare -A MP=([q3]=/tmp/q3.gguf [q3full]=/tmp/q3full.gguf [q3q8]=/tmp/q3q8.gguf
     [q35]=/tmp/q35.gguf [q35full]=/tmp/q35full.gguf)
 want_model() {
@@ -62,13 +73,22 @@ waitm() {
     done
     [ -f ${MP[$1]}.done ] || { echo "no model $1: $(tail -2 $L/gen-$1.log)"; return 1; }
 }
-GPU_TESTS=$(cd $B && ctest -N -L gpu | awk '/Test +#/ {print $3}')
-[ "${TRACE:-0}" = 1 ] || ninja -C $B $GPU_TESTS >>$L/build.log 2>&1 ||
-    { grep -B2 -A12 -m3 error $L/build.log; exit 1; }
-for b in bench_decode bench_q35; do
-    cc -O2 -std=c17 -D_GNU_SOURCE -Iengine -c bench/cuda/$b.c -o $B/$b.o &&
-        nvcc -o $B/$b $B/$b.o $B/engine/libengine.a -lpthread -lm || exit 1
-done
+if [ -n "${PREBUILT:-}" ]; then
+    for d in $B/tests/engine/CMakeFiles/test_cuda_*.dir; do
+        nvcc -o $B/tests/engine/$(basename $d .dir) $d/*.o $B/tests/engine/libengine_test_support.a \
+            $LK &
+    done
+    for b in bench_decode bench_q35; do nvcc -o $B/$b $B/$b.o $LK & done
+    wait
+else
+    GPU_TESTS=$(cd $B && ctest -N -L gpu | awk '/Test +#/ {print $3}')
+    [ "${TRACE:-0}" = 1 ] || ninja -C $B $GPU_TESTS >>$L/build.log 2>&1 ||
+        { grep -B2 -A12 -m3 error $L/build.log; exit 1; }
+    for b in bench_decode bench_q35; do
+        cc -O2 -std=c17 -D_GNU_SOURCE -Iengine -c bench/cuda/$b.c -o $B/$b.o &&
+            nvcc -o $B/$b $B/$b.o $LK || exit 1
+    done
+fi
 stamp "all built"
 export SPARK_TOKENIZER_DIR=$TOK
 t() { # NAME TIMEOUT [VAR=V...] TEST [ARGS]
