@@ -463,8 +463,7 @@ __device__ __forceinline__ float down_row(const engine_cu_ffn_down_args &a, int 
         const uint8_t *d = SH ? ws + (size_t)j * FFN_WARPS * a.row_bytes
                               : a.down + (size_t)ids[j] * a.expert_bytes + (size_t)r * a.row_bytes;
         const engine_cu_xv xv = engine_cu_xv_at(sm, a.k * a.cols, quant, j * a.cols);
-        /* one rounding, as the compiler contracted it: moe_fused.cu's split rows sum the same */
-        tot = fmaf(wts[j], engine_cu_dot_chunk<T, SH>(d, c, xv), tot);
+        tot += wts[j] * engine_cu_dot_chunk<T, SH>(d, c, xv);
     }
     return engine_cu_warp_sum(tot);
 }

@@ -287,29 +287,6 @@ __device__ __forceinline__ void mg_copy_up(const engine_cu_ffn_up_args &u, const
 #define MG_MAX_IPB 8 /* up items per block with a barrier each (moe_fused.cuh items) */
 #define MG_DIAG_ROUTE2 0x10 /* diag: the routing warp routes twice (moe_fused.cuh diag) */
 
-/* The split down rows (moe_fused.cuh dsplit): unit u = (row rho, step m) of the block's R rows
- * is lane l's item it = l + 32 m of that row, down_row's (expert slot it / nch, chunk it % nch);
- * warp w takes units w, w + nw, ..., storing each lane's chunk dot at dots[32 u + l] (0 past
- * the items). */
-template <int T>
-__device__ __forceinline__ void mg_down_dots(const engine_cu_ffn_down_args &d, const uint8_t *wd,
-                                             const uint8_t *sm, int R, int L, float *dots) {
-    const int lane = threadIdx.x & 31, nw = (int)(blockDim.x >> 5), nch = d.cols >> 5;
-    const int n_it = d.k * nch;
-    for (int u = (int)(threadIdx.x >> 5); u < R * L; u += nw) {
-        const int rho = u / L, m = u - rho * L, it = lane + 32 * m;
-        const int i = rho / FFN_WARPS, wl = rho - i * FFN_WARPS;
-        float v = 0.0f;
-        if (it < n_it) {
-            const int j = it / nch, c = it - j * nch;
-            const uint8_t *wr = wd + ((size_t)(i * d.k + j) * FFN_WARPS + wl) * d.row_bytes;
-            v = engine_cu_dot_chunk<T, true>(wr, c,
-                                             engine_cu_xv_at(sm, d.k * d.cols, true, j * d.cols));
-        }
-        dots[32 * u + lane] = v;
-    }
-}
-
 template <int MODE, bool RF>
 __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_fused_args a) {
     extern __shared__ uint4 mf_shm[];
@@ -425,33 +402,6 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     ENGINE_CU_TRACE(8);
     if (a.pf_norm && w == 1) /* the next launch's norm weights (moe_fused.cuh pf_norm) */
         engine_cu_prefetch_l2((const uint8_t *)a.pf_norm, sizeof(float) * (size_t)a.pf_norm_n);
-    if (a.dsp_off) { /* the split rows (moe_fused.cuh dsplit) */
-        const int R = ng * FFN_WARPS, nch = d.cols >> 5, n_it = d.k * nch, L = (n_it + 31) >> 5;
-        float *dots = (float *)(sm + a.dsp_off);
-        switch (d.type) {
-#define MG_CASE(T)                                                                                 \
-    case T:                                                                                        \
-        if (MODE == engine_cu_x_mode(T)) mg_down_dots<T>(d, wd, sm, R, L, dots);                   \
-        break;
-            ENGINE_CU_QUANT_CASES(MG_CASE)
-#undef MG_CASE
-        }
-        __syncthreads();
-        const int lane = threadIdx.x & 31;
-        for (int rho = w; rho < R; rho += MG_THREADS / 32) {
-            float tot = 0.0f;
-            int j = lane / nch, c = lane - j * nch; /* item lane + 32 m, stepped */
-            for (int m = 0; m < L && lane + 32 * m < n_it; m++) {
-                tot = fmaf(wts[j], dots[32 * (rho * L + m) + lane], tot); /* down_row's sum */
-                for (c += 32; c >= nch; c -= nch)
-                    j++;
-            }
-            tot = engine_cu_warp_sum(tot);
-            if (lane == 0) down_store<RF>(d, g0 * FFN_WARPS + rho, tot);
-        }
-        ENGINE_CU_TRACE_END();
-        return;
-    }
     for (int i = q; i < ng; i += MG_GROUPS) {
         const int r = (g0 + i) * FFN_WARPS + wl;
         const uint8_t *wr = wd + (size_t)i * d.k * drun + (size_t)wl * d.row_bytes;
@@ -512,11 +462,6 @@ static int mg_layout(engine_cu_moe_fused_args *a, size_t *smem) {
     const size_t up = (size_t)a->ipb * 4 * FFN_WARPS * u.row_bytes,
                  dn = (size_t)a->gpb * d.k * FFN_WARPS * d.row_bytes;
     *smem = a->ws_off + (a->grid == 2 ? up + dn : up > dn ? up : dn);
-    /* the split down rows' dots (moe_fused.cuh dsplit): in the up runs' space, after the down
-     * runs where those share it (grid 1) */
-    const int R = a->gpb * FFN_WARPS, L = (d.k * (d.cols >> 5) + 31) / 32;
-    const size_t dsp = (size_t)R * L * 32 * sizeof(float), at = a->grid == 2 ? 0 : (dn + 15) & ~15;
-    a->dsp_off = a->dsplit && R < MG_THREADS / 32 && at + dsp <= up ? a->ws_off + (unsigned)at : 0;
     const int ng = (n_groups + a->gpb - 1) / a->gpb;
     return nb > ng ? nb : ng;
 }
@@ -711,7 +656,6 @@ extern "C" int engine_cuda_op_moe_fused(
         a.items = (flags >> 4) & 1; /* its per-item barriers */
         a.pipe = (flags >> 5) & 7;  /* the order of its copies */
         a.pipe_down = (flags >> 8) & 3;
-        a.dsplit = !((flags >> 10) & 1); /* 1024: its down rows one warp a row */
         a.partial = (float *)(m + off[10]);
         a.counters = (unsigned *)(m + off[11]);
         const char *why = engine_cu_moe_fused_why(&a);

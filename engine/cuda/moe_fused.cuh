@@ -121,21 +121,10 @@ typedef struct {
      * 18 call 1: 495.8 against 496.6 tok/s Q4_K_M, 432.9 against 431.1 Q8_0). */
     const float *pf_norm;
     int pf_norm_n;
-    /* The whole-grid form: its down rows on all the block's warps (SPARK_CUDA_MOE_DSPLIT, default
-     * 1, =0 off). A block has gpb x FFN_WARPS down rows and 3 x FFN_WARPS warps: with one warp a
-     * row (down_row), Qwen3-30B-A3B's 16 rows a block left a warp group idle while the down rows,
-     * ~4.1 us of compute with the memory idle (session 18 call 2's timeline), ran on 4 warps a
-     * scheduler. Here a lane's (expert, chunk) items of every row, down_row's, are dealt out to
-     * all warps: the chunk dots go to shared memory (the up runs' space, dead after the grid
-     * barrier), then a warp per row sums them in down_row's order with down_row's fmaf: the
-     * same results bit for bit. Taken where the rows are fewer than the warps and the dots fit
-     * that space (the launcher sets dsp_off); else down_row as before. */
-    int dsplit;
     /* Set by the launcher (engine_cu_moe_fused) for the whole-grid form: up items and down row
-     * groups per block, the offset of the weight copies in shared memory, and of the down rows'
-     * chunk dots (dsplit; 0: not split). */
+     * groups per block, and the offset of the weight copies in shared memory. */
     int ipb, gpb;
-    unsigned ws_off, dsp_off;
+    unsigned ws_off;
 } engine_cu_moe_fused_args;
 
 /* Scratch sizes for a layer shape. */
