@@ -62,18 +62,26 @@ __device__ __forceinline__ void engine_cu_scale_min_k4(int j, const uint8_t *q, 
     }
 }
 
-/* The same from the 12 bytes held as three words (no local array: j is a run-time value).
- * Without a branch: the lanes of a warp take sub-blocks on both sides of j = 4 (a lane's chunk
- * c has j = 2 ((c & 7) >> 1) or one more), so a branch ran both paths on every chunk. Both
- * values are computed and one selected: the same integers (checked against the branch's form
- * for every j over 16M random and all repeated-byte words). */
-__device__ __forceinline__ void engine_cu_scale_min_k4w(int j, uint32_t w0, uint32_t w1,
-                                                        uint32_t w2, int *sc, int *m) {
-    const int s = 8 * (j & 3);
+/* The pairs (scale, min) 2 j and 2 j + 1 (j < 4: the two sub-blocks of a 64-value run) from the
+ * 12 bytes held as three words (no local array: j is a run-time value), as engine_cu_scale_min_k4
+ * gives them. Without a branch: the lanes of a warp take runs on both sides of j = 2 (a lane's
+ * chunk c has j = (c & 7) >> 1), so a branch ran both paths on every chunk (session 19 call 1:
+ * the branch s18-k4-sel, the select a value at a time and the grid launch's routing on 4
+ * experts a lane, 533.3 against 498.8 tok/s, Qwen3-30B-A3B Q4_K_M tg128, H200). Both pairs in one pass: their bytes sit side by side at the same shift of each
+ * word and on the same side of 4, so one shift a word and one select a value pair. The same
+ * integers (checked on the host against engine_cu_scale_min_k4 for every j over 16M random and
+ * all repeated-byte words). */
+__device__ __forceinline__ void engine_cu_scale_min_k4w2(int j, uint32_t w0, uint32_t w1,
+                                                         uint32_t w2, int sc[2], int m[2]) {
+    const int s = 16 * (j & 1);
     const uint32_t b0 = w0 >> s, b1 = w1 >> s, b2 = w2 >> s;
-    const bool hi = j >= 4;
-    *sc = (int)(hi ? (b2 & 0xFu) | ((b0 >> 2) & 0x30u) : b0 & 63u);
-    *m = (int)(hi ? ((b2 >> 4) & 0xFu) | ((b1 >> 2) & 0x30u) : b1 & 63u);
+    const bool hi = j >= 2;
+    const uint32_t scp = hi ? (b2 & 0x0F0Fu) | ((b0 >> 2) & 0x3030u) : b0 & 0x3F3Fu;
+    const uint32_t mp = hi ? ((b2 >> 4) & 0x0F0Fu) | ((b1 >> 2) & 0x3030u) : b1 & 0x3F3Fu;
+    sc[0] = (int)(scp & 0xFFu);
+    sc[1] = (int)(scp >> 8);
+    m[0] = (int)(mp & 0xFFu);
+    m[1] = (int)(mp >> 8);
 }
 
 /* Q6_K rows repacked for coalesced loads (an internal type, never in a file: the copy of the
@@ -154,11 +162,10 @@ __device__ __forceinline__ void engine_cu_decode_chunk(int type, const uint8_t *
         float dmin = engine_cu_h2f(__ldg((const uint16_t *)b + 1));
         const uint32_t w0 = __ldg((const uint32_t *)(b + 4)), w1 = __ldg((const uint32_t *)(b + 8)),
                        w2 = __ldg((const uint32_t *)(b + 12));
-        int sc, m;
-        engine_cu_scale_min_k4w(2 * j, w0, w1, w2, &sc, &m);
-        float d1 = d * (float)sc, m1 = dmin * (float)m;
-        engine_cu_scale_min_k4w(2 * j + 1, w0, w1, w2, &sc, &m);
-        float d2 = d * (float)sc, m2 = dmin * (float)m;
+        int sc[2], m[2];
+        engine_cu_scale_min_k4w2(j, w0, w1, w2, sc, m);
+        float d1 = d * (float)sc[0], m1 = dmin * (float)m[0];
+        float d2 = d * (float)sc[1], m2 = dmin * (float)m[1];
         uint32_t qs[4];
         engine_cu_load16_a16(b + (q5 ? 48 : 16) + 32 * j + 16 * half, qs);
         if (!q5) {

@@ -158,13 +158,12 @@ __device__ __forceinline__ void gemm_decode_k45(bool q5, int q, const uint32_t h
     const int j = q >> 1;
     const float d = engine_cu_h2f((uint16_t)(hdr[0] & 0xffffu)),
                 dmin = engine_cu_h2f((uint16_t)(hdr[0] >> 16));
-    int sc, m;
-    engine_cu_scale_min_k4w(2 * j, hdr[1], hdr[2], hdr[3], &sc, &m);
-    *sa = d * (float)sc;
-    *oa = -(dmin * (float)m);
-    engine_cu_scale_min_k4w(2 * j + 1, hdr[1], hdr[2], hdr[3], &sc, &m);
-    *sb = d * (float)sc;
-    *ob = -(dmin * (float)m);
+    int sc[2], m[2];
+    engine_cu_scale_min_k4w2(j, hdr[1], hdr[2], hdr[3], sc, m);
+    *sa = d * (float)sc[0];
+    *oa = -(dmin * (float)m[0]);
+    *sb = d * (float)sc[1];
+    *ob = -(dmin * (float)m[1]);
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         qa[i] = qs[i] & 0x0F0F0F0Fu;

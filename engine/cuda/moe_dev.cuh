@@ -454,16 +454,25 @@ template <int T, bool SH = false>
 __device__ __forceinline__ float down_row(const engine_cu_ffn_down_args &a, int r, const int *ids,
                                           const float *wts, const uint8_t *sm, bool quant,
                                           const uint8_t *ws = nullptr) {
-    const int nch = a.cols >> 5, n_items = a.k * nch;
+    const int nch = a.cols >> 5, n_items = a.k * nch, lane = threadIdx.x & 31;
+    /* item it = (slot j, chunk c) = divmod(it, nch), stepped by 32 without a division an item
+     * (the loop had a div.s32 an item) */
+    const int dj = 32 / nch, dc = 32 - dj * nch;
+    int j = lane / nch, c = lane - j * nch;
     float tot = 0.0f;
 #pragma unroll 2
-    for (int it = threadIdx.x & 31; it < n_items; it += 32) {
-        const int j = it / nch, c = it - j * nch;
+    for (int it = lane; it < n_items; it += 32) {
         /* SH: slot j's run of FFN_WARPS rows in shared memory, ws this warp's row in slot 0 */
         const uint8_t *d = SH ? ws + (size_t)j * FFN_WARPS * a.row_bytes
                               : a.down + (size_t)ids[j] * a.expert_bytes + (size_t)r * a.row_bytes;
         const engine_cu_xv xv = engine_cu_xv_at(sm, a.k * a.cols, quant, j * a.cols);
         tot += wts[j] * engine_cu_dot_chunk<T, SH>(d, c, xv);
+        j += dj;
+        c += dc;
+        if (c >= nch) {
+            c -= nch;
+            j++;
+        }
     }
     return engine_cu_warp_sum(tot);
 }

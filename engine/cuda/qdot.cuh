@@ -293,6 +293,16 @@ __device__ __forceinline__ int engine_cu_dp4a4(const uint32_t w[4], int4 x, int 
     return __dp4a((int)w[3], x.w, acc);
 }
 
+/* The same with w's bytes unsigned (0..255) against x's signed ones (dp4a.u32.s32). */
+__device__ __forceinline__ int engine_cu_dp4a4u(const uint32_t w[4], int4 x, int acc) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int xi = i == 0 ? x.x : i == 1 ? x.y : i == 2 ? x.z : x.w;
+        asm("dp4a.u32.s32 %0, %1, %2, %0;" : "+r"(acc) : "r"(w[i]), "r"(xi));
+    }
+    return acc;
+}
+
 /* Weight loads from global memory (the L2 streaming policy) or, with SH, from a copy of the
  * rows in shared memory (common.cuh engine_cu_bulk_g2s: the same bytes at the same address
  * modulo 16, so the same words and shifts). */
@@ -398,24 +408,29 @@ __device__ __forceinline__ float engine_cu_qdot_raw(const engine_cu_qraw &r, con
         const int q = c & 7, j = q >> 1;
         const float d = engine_cu_h2f((uint16_t)(r.h & 0xffffu)),
                     dmin = engine_cu_h2f((uint16_t)(r.h >> 16));
-        int sc, m;
-        engine_cu_scale_min_k4w(2 * j, r.s[0], r.s[1], r.s[2], &sc, &m);
-        const float d1 = d * (float)sc, m1 = dmin * (float)m;
-        engine_cu_scale_min_k4w(2 * j + 1, r.s[0], r.s[1], r.s[2], &sc, &m);
-        const float d2 = d * (float)sc, m2 = dmin * (float)m;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            lo[i] = r.q[i] & 0x0F0F0F0Fu;
-            hi[i] = (r.q[i] >> 4) & 0x0F0F0F0Fu;
-        }
+        int sc[2], m[2];
+        engine_cu_scale_min_k4w2(j, r.s[0], r.s[1], r.s[2], sc, m);
+        const float d1 = d * (float)sc[0], m1 = dmin * (float)m[0];
+        const float d2 = d * (float)sc[1], m2 = dmin * (float)m[1];
+        int ia, ib;
         if (q5) {
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                lo[i] |= ((r.q[4 + i] >> (2 * j)) & 0x01010101u) << 4;
-                hi[i] |= ((r.q[4 + i] >> (2 * j + 1)) & 0x01010101u) << 4;
+                lo[i] = (r.q[i] & 0x0F0F0F0Fu) | (((r.q[4 + i] >> (2 * j)) & 0x01010101u) << 4);
+                hi[i] = ((r.q[i] >> 4) & 0x0F0F0F0Fu) |
+                        (((r.q[4 + i] >> (2 * j + 1)) & 0x01010101u) << 4);
             }
+            ia = engine_cu_dp4a4(lo, xa, 0);
+            ib = engine_cu_dp4a4(hi, xb, 0);
+        } else { /* the high nibbles in place (16 q): one mask a word, the sum shifted once */
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                lo[i] = r.q[i] & 0x0F0F0F0Fu;
+                hi[i] = r.q[i] & 0xF0F0F0F0u;
+            }
+            ia = engine_cu_dp4a4(lo, xa, 0);
+            ib = engine_cu_dp4a4u(hi, xb, 0) >> 4; /* 16 x the sum: exact */
         }
-        const int ia = engine_cu_dp4a4(lo, xa, 0), ib = engine_cu_dp4a4(hi, xb, 0);
         return d1 * (da * (float)ia) - m1 * sa + (d2 * (db * (float)ib) - m2 * sb);
     } else if (T == ENGINE_TYPE_Q6_K) {
         const uint8_t *b = row + (size_t)(c >> 3) * 210;

@@ -47,13 +47,12 @@ __device__ __forceinline__ void vq_unpack(const uint8_t *row, int c, int cols, v
                        w2 = __ldg((const uint32_t *)(b + 12));
         uint32_t qs[4];
         engine_cu_load16_a16(b + (q5 ? 48 : 16) + 32 * j + 16 * half, qs);
-        int sc, mn;
-        engine_cu_scale_min_k4w(2 * j, w0, w1, w2, &sc, &mn);
-        d1 = dk * (float)sc;
-        m1 = dmin * (float)mn;
-        engine_cu_scale_min_k4w(2 * j + 1, w0, w1, w2, &sc, &mn);
-        d2 = dk * (float)sc;
-        m2 = dmin * (float)mn;
+        int sc[2], mn[2];
+        engine_cu_scale_min_k4w2(j, w0, w1, w2, sc, mn);
+        d1 = dk * (float)sc[0];
+        m1 = dmin * (float)mn[0];
+        d2 = dk * (float)sc[1];
+        m2 = dmin * (float)mn[1];
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             lo[i] = qs[i] & 0x0F0F0F0Fu;
