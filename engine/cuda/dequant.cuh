@@ -67,10 +67,10 @@ __device__ __forceinline__ void engine_cu_scale_min_k4(int j, const uint8_t *q, 
  * gives them. Without a branch: the lanes of a warp take runs on both sides of j = 2 (a lane's
  * chunk c has j = (c & 7) >> 1), so a branch ran both paths on every chunk (session 19 call 1:
  * the branch s18-k4-sel, the select a value at a time and the grid launch's routing on 4
- * experts a lane, 533.3 against 498.8 tok/s, Qwen3-30B-A3B Q4_K_M tg128, H200). Both pairs in one pass: their bytes sit side by side at the same shift of each
- * word and on the same side of 4, so one shift a word and one select a value pair. The same
- * integers (checked on the host against engine_cu_scale_min_k4 for every j over 16M random and
- * all repeated-byte words). */
+ * experts a lane, 533.3 against 498.8 tok/s, Qwen3-30B-A3B Q4_K_M tg128, H200). Both pairs in one
+ * pass: their bytes sit side by side at the same shift of each word and on the same side of 4, so
+ * one shift a word and one select a value pair. The same integers (checked on the host against
+ * engine_cu_scale_min_k4 for every j over 16M random and all repeated-byte words). */
 __device__ __forceinline__ void engine_cu_scale_min_k4w2(int j, uint32_t w0, uint32_t w1,
                                                          uint32_t w2, int sc[2], int m[2]) {
     const int s = 16 * (j & 1);

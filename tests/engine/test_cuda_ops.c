@@ -630,10 +630,9 @@ static void test_moe_fused_case(engine_type ut, engine_type dt, int n_expert, in
         snprintf(pipe, sizeof pipe, "%s", items ? ", per-item barriers" : "");
         if (pi || pd)
             snprintf(pipe + strlen(pipe), sizeof pipe - strlen(pipe), ", copies %d,%d", pi, pd);
-        int rg = engine_cuda_op_moe_fused(ut, dt, n_expert, k, true, n_embd, n_ff, router, gate, up,
-                                          down, rbi, rbf, nw, 1e-6f, x, rf ? xa : NULL, 0,
-                                          form << 2 | items << 4 | pi << 5 | pd << 8, 2,
-                                          yref, yf, gids, gw);
+        int rg = engine_cuda_op_moe_fused(
+            ut, dt, n_expert, k, true, n_embd, n_ff, router, gate, up, down, rbi, rbf, nw, 1e-6f, x,
+            rf ? xa : NULL, 0, form << 2 | items << 4 | pi << 5 | pd << 8, 2, yref, yf, gids, gw);
         if (rg == ENGINE_EUNSUPPORTED) { /* said, and only for what the device lacks */
             const char *why = engine_error_last();
             CHECK(strstr(why, "before sm_90") || strstr(why, "do not fit shared memory"),
