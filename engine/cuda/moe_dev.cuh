@@ -131,41 +131,16 @@ static __device__ void route(const float *logits, int n, int k, int norm_topk, i
     __syncwarp();
 }
 
-/* The ranks of route below from the probabilities sp[n] (shared, route_softmax's): thread t
- * of nt (nt a multiple of 32; P a power of two <= 32, P consecutive threads per
- * expert) counts, over its 1/P share, the experts before expert e in the order (probability
- * descending, id ascending), the P counts are summed, and the expert of rank r < k goes to
- * ids[r], its probability to wts[r]. The expert of rank j is the one route picks in its round j
- * (the largest left, ties to the lower id), so ids and wts are route's bit for bit without its
- * k rounds of reductions on one warp. Every one of the nt threads calls it (whole warps). */
-static __device__ __forceinline__ void route_rank_part(const float *sp, int n, int k, int t, int nt,
-                                                       int P, int *ids, float *wts) {
-    const int part = t & (P - 1);
-    for (int e0 = 0; e0 < n; e0 += nt / P) { /* uniform over the nt threads */
-        const int e = e0 + t / P;
-        const float pe = e < n ? sp[e] : 0.0f;
-        int r = 0;
-#pragma unroll 8
-        for (int f = part; f < n; f += P) {
-            const float pf = sp[f];
-            r += pf > pe || (pf == pe && f < e);
-        }
-        for (int o = 1; o < P; o <<= 1)
-            r += __shfl_xor_sync(0xffffffffu, r, o);
-        if (!part && e < n && r < k) {
-            ids[r] = e;
-            wts[r] = pe;
-        }
-    }
-}
-
 /* route by a whole block (every thread calls it; it ends with a barrier; blockDim.x >= 64):
  * warp 0 takes route's softmax into sp[ENGINE_CU_MAX_EXPERT] (shared), then two threads per
- * expert rank them (route_rank_part); the same sum of the k weights, in rank order, for
- * norm_topk. Slots start at expert 0, so logits with NaN give valid ids. */
+ * expert count the experts before it in the order (probability descending, id ascending); the
+ * expert of rank j < k is the one route picks in its round j (the largest left, ties to the
+ * lower id), so ids and wts are route's bit for bit (the same sum of the k weights, in rank
+ * order, for norm_topk), without route's k rounds of shuffles on one warp. Slots start at
+ * expert 0, so logits with NaN give valid ids. */
 static __device__ void route_block(const float *logits, int n, int k, int norm_topk, int *ids,
                                    float *wts, float *sp, bool cg) {
-    const int t = threadIdx.x;
+    const int t = threadIdx.x, half = t & 1;
     if (t < 32) {
         float p[ENGINE_CU_MAX_EXPERT / 32];
         route_softmax(logits, n, cg, p);
@@ -178,7 +153,21 @@ static __device__ void route_block(const float *logits, int n, int k, int norm_t
         wts[t] = 0.0f;
     }
     __syncthreads();
-    route_rank_part(sp, n, k, t, (int)blockDim.x, 2, ids, wts);
+    for (int e0 = 0; e0 < n; e0 += (int)blockDim.x / 2) { /* uniform over the block */
+        const int e = e0 + (t >> 1);
+        const float pe = e < n ? sp[e] : 0.0f;
+        int r = 0;
+#pragma unroll 8
+        for (int f = half; f < n; f += 2) {
+            const float pf = sp[f];
+            r += pf > pe || (pf == pe && f < e);
+        }
+        r += __shfl_xor_sync(0xffffffffu, r, 1);
+        if (!half && e < n && r < k) {
+            ids[r] = e;
+            wts[r] = pe;
+        }
+    }
     __syncthreads();
     if (t == 0) {
         float tot = 0.0f;
