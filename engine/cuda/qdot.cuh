@@ -440,11 +440,14 @@ __device__ __forceinline__ float engine_cu_qdot_raw(const engine_cu_qraw &r, con
         qd_funnel<4>(b + 64 * hh + 32 * w + l0, r.q, ql);
         qd_funnel<4>(b + 128 + 32 * hh + l0, r.q + 5, qh);
         const float d1 = d * (float)(int)r.s[0], d2 = d * (float)(int)r.s[1];
-        const int s1 = 2 * w, s2 = 4 + 2 * w;
+        /* the two high bits of each value moved straight to bits 4-5 of its byte: bits 2w, 2w + 1
+         * of each qh byte for lo (a left shift by 4 - 2w), 2w + 4, 2w + 5 for hi (a right shift by
+         * 2w), then one mask: the same bytes as ((qh >> s) & 3) << 4 */
+        const int sl = 4 - 2 * w, sr = 2 * w;
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            lo[i] = (ql[i] & 0x0F0F0F0Fu) | (((qh[i] >> s1) & 0x03030303u) << 4);
-            hi[i] = ((ql[i] >> 4) & 0x0F0F0F0Fu) | (((qh[i] >> s2) & 0x03030303u) << 4);
+            lo[i] = (ql[i] & 0x0F0F0F0Fu) | ((qh[i] << sl) & 0x30303030u);
+            hi[i] = ((ql[i] >> 4) & 0x0F0F0F0Fu) | ((qh[i] >> sr) & 0x30303030u);
         }
         const int ia = engine_cu_dp4a4(lo, xa, 0), ib = engine_cu_dp4a4(hi, xb, 0);
         /* values q - 32: sum (q - 32) xq = sum q xq - 32 sum xq */
