@@ -340,15 +340,20 @@ typedef struct {
 } engine_cu_qraw;
 
 /* Aligned words of a run of 4 * N bytes from a 2-byte-aligned address (engine_cu_ldw_a2 in
- * two halves: loads here, funnel shifts in qd_funnel). */
+ * two halves: loads here, funnel shifts in qd_funnel). The aligned base is p moved back by its
+ * misalignment (pointer arithmetic, not an integer mask: the compiler keeps a shared-memory p
+ * in the shared window, ld.shared with 32-bit addresses, where the mask made generic loads with
+ * 64-bit address arithmetic). u[N], the half word past the words, counts only for a misaligned
+ * run (qd_funnel's shift 0 returns u[i] whatever u[i + 1] holds); for an aligned one it is the
+ * run's own first half word (in bounds), so it is a load without a branch either way. */
 template <int N, bool SH = false>
 __device__ __forceinline__ void qd_ld_a2(const uint8_t *p, uint32_t u[N + 1]) {
-    const uintptr_t a = (uintptr_t)p;
-    const uint32_t *b = (const uint32_t *)(a & ~(uintptr_t)3);
+    const int mis = (int)((uintptr_t)p & 3);
+    const uint32_t *b = (const uint32_t *)(p - mis);
 #pragma unroll
     for (int i = 0; i < N; i++)
         u[i] = qd_w<SH>(b + i);
-    u[N] = (a & 3) ? (uint32_t)qd_h<SH>((const uint16_t *)(b + N)) : 0u;
+    u[N] = (uint32_t)qd_h<SH>((const uint16_t *)(mis ? b + N : b));
 }
 
 template <int N>
