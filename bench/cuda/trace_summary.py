@@ -23,7 +23,9 @@ Usage: trace_summary.py FILE [--steps] (the ordered list of one step, else per l
        block by block: for each event, its quantiles over the blocks of a launch (min, p10,
        median, p90, max, us after the launch's first wait return), and the per-block time from
        each stage to the next in time order, both the mean over the launches (a grid barrier
-       waits for the slowest block: the max column is what the chain sees);
+       waits for the slowest block: the max column is what the chain sees); with --range LO:HI
+       only blocks LO..HI-1 of each launch (e.g. the wo + router launch's router blocks, 0:128
+       for Qwen3-30B-A3B, against its wo blocks, 128:384);
        trace_summary.py FILE --all: every launch of the file in time order (no steps: for
        traces without one embedding launch per step, such as MTP draft and verify passes);
        a graph node replayed keeps its grid id, so a grid id's records more than 150 us after
@@ -79,13 +81,14 @@ def quantiles(xs):
     return [xs[0], xs[n // 10], xs[n // 2], xs[(9 * n) // 10], xs[-1]]
 
 
-def blocks(path, want):
+def blocks(path, want, rng=None):
+    lo, hi = (int(v) for v in rng.split(":")) if rng else (0, 1 << 30)
     gx = int(want.split(",")[0])
     th = int(want.split(",")[1]) if "," in want else None
     launches = collections.defaultdict(list)  # (grid id, threads) -> records
     for line in open(path):
         t, grid, blk, ev, x, gy, sm = map(int, line.split())
-        if x == gx and (th is None or ev >> 8 == th):
+        if x == gx and (th is None or ev >> 8 == th) and lo <= blk < hi:
             launches[(grid, ev >> 8)].append((t, blk, ev & 0xFF))
     q = collections.defaultdict(list)
     d = collections.defaultdict(list)
@@ -113,7 +116,8 @@ def blocks(path, want):
                 for (ta, ea), (tb, eb) in zip(order, order[1:]):
                     d[(ea, eb)].append(tb - ta)
             n += 1
-    print("%d launches of grid %s; us after each launch's first wait return" % (n, want))
+    print("%d launches of grid %s%s; us after each launch's first wait return of those blocks"
+          % (n, want, ", blocks %s" % rng if rng else ""))
     print("%6s %7s %7s %7s %7s %7s" % ("event", "min", "p10", "median", "p90", "max"))
     for e, l in sorted(q.items()):
         print("%6s" % ("e%d" % e) + "".join("%8.2f" % (sum(x[i] for x in l) / len(l))
@@ -131,7 +135,8 @@ def main():
         all_launches(path)
         return
     if "--blocks" in sys.argv:
-        blocks(path, sys.argv[sys.argv.index("--blocks") + 1])
+        rng = sys.argv[sys.argv.index("--range") + 1] if "--range" in sys.argv else None
+        blocks(path, sys.argv[sys.argv.index("--blocks") + 1], rng)
         return
     recs = []
     for line in open(path):

@@ -65,6 +65,7 @@ __device__ __forceinline__ void rf_router_block(const engine_cu_rf_args &a, int 
             f[emb + j] = v.d[j >> 5] * (float)v.q[j];
         __syncthreads();
     }
+    ENGINE_CU_TRACE(4); /* [x ; â] staged (trace builds: the router blocks' stages) */
     const float4 *f4 = (const float4 *)f;
     float acc = 0.0f;
 #pragma unroll
@@ -82,6 +83,7 @@ __device__ __forceinline__ void rf_router_block(const engine_cu_rf_args &a, int 
             sum += part[k];
         a.rm.m[0].y[e] = sum;
     }
+    ENGINE_CU_TRACE_END(); /* its raw logits stored */
 }
 
 /* Block blockIdx.x of the launch for the token a points at: blocks [0, n_rb) router blocks of RB
