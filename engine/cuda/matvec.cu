@@ -25,7 +25,7 @@ bool engine_cu_type_supported(int type) {
 template <int MODE, int R, bool Q6R = false>
 __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 3)
     mv_kernel(engine_cu_mv a, int n_groups) {
-    extern __shared__ uint4 mv_smem[];
+    extern __shared__ __align__(128) uint4 mv_smem[];
     engine_cu_pdl_launch();
     mv_block<MODE, R, engine_cu_pdl_sync, Q6R>(a, n_groups, blockIdx.x, gridDim.x,
                                                (uint8_t *)mv_smem, engine_cu_pdl_sync());
@@ -35,7 +35,7 @@ __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 3)
  * multiprocessor, so that a lane has the loads of 8 chunks in flight. */
 __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 2)
     mv_q6r4_kernel(engine_cu_mv a, int n_groups) {
-    extern __shared__ uint4 mv_smem[];
+    extern __shared__ __align__(128) uint4 mv_smem[];
     engine_cu_pdl_launch();
     mv_block<ENGINE_CU_X_Q8_K, 4, engine_cu_pdl_sync, true>(
         a, n_groups, blockIdx.x, gridDim.x, (uint8_t *)mv_smem, engine_cu_pdl_sync());
@@ -81,7 +81,7 @@ static __device__ __noinline__ void mv_route_last(const float *logits, int n, in
 template <int MODE, int R>
 __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 3)
     mv_route_kernel(engine_cu_mv a, int n_groups) {
-    extern __shared__ uint4 mv_smem[];
+    extern __shared__ __align__(128) uint4 mv_smem[];
     if (!a.route_late) engine_cu_pdl_launch();
     mv_block<MODE, R>(a, n_groups, blockIdx.x, gridDim.x, (uint8_t *)mv_smem,
                       engine_cu_pdl_late_sync{a.route_late != 0});

@@ -289,7 +289,9 @@ __device__ __forceinline__ void mg_copy_up(const engine_cu_ffn_up_args &u, const
 
 template <int MODE, bool RF>
 __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_fused_args a) {
-    extern __shared__ uint4 mf_shm[];
+    /* from a 128-byte boundary, where the bulk copies land: +2.7% Q4_K_M, +5.7% Q8_0 against
+     * the 16-byte boundary it had (Qwen3-30B-A3B, H200, session 21 call 1) */
+    extern __shared__ __align__(128) uint4 mg_shm[];
     __shared__ int ids[ENGINE_CU_MAX_EXPERT_USED];
     __shared__ float wts[ENGINE_CU_MAX_EXPERT_USED];
     __shared__ uint64_t bar_up, bar_dn, bar_it[MG_MAX_IPB];
@@ -301,7 +303,7 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     const int i0 = b * a.ipb, ni = max(0, min(a.ipb, n_items - i0));
     const int g0 = b * a.gpb, ng = max(0, min(a.gpb, n_groups - g0));
     const size_t urun = (size_t)2 * FFN_WARPS * u.row_bytes, drun = (size_t)FFN_WARPS * d.row_bytes;
-    uint8_t *sm = (uint8_t *)mf_shm, *ws = sm + a.ws_off;
+    uint8_t *sm = (uint8_t *)mg_shm, *ws = sm + a.ws_off;
     const bool early = a.grid == 2;
     uint8_t *wd = early ? ws + (size_t)a.ipb * 2 * urun : ws; /* the down runs */
     /* a.items: each item's runs counted on a barrier of its own, so that a warp group computes

@@ -103,7 +103,7 @@ __device__ __forceinline__ void rf_wo_block(const engine_cu_rf_args &a, int n_gr
 template <int MODE, int R, int RB>
 __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 3)
     rf_wo_kernel(engine_cu_rf_args a, int n_groups) {
-    extern __shared__ uint4 rf_smem[];
+    extern __shared__ __align__(128) uint4 rf_smem[];
     engine_cu_pdl_launch();
     rf_wo_block<MODE, R, RB>(a, n_groups, (uint8_t *)rf_smem);
 }
@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 3)
 template <int MODE, int R, int RB>
 __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 3)
     rf_wo_tok_kernel(engine_cu_rf_args a, int n_groups) {
-    extern __shared__ uint4 rf_smem[];
+    extern __shared__ __align__(128) uint4 rf_smem[];
     engine_cu_pdl_launch();
     const size_t t = blockIdx.y;
     a.x += t * a.x_stride;
@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 3)
 template <int MODE, int R, int RB>
 __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 3)
     rf_wo_seq_kernel(engine_cu_rf_args a, int n_groups) {
-    extern __shared__ uint4 rf_smem[];
+    extern __shared__ __align__(128) uint4 rf_smem[];
     engine_cu_pdl_launch();
     const float *x0 = a.x, *att0 = a.wo.x;
     float *ao0 = a.wo.m[0].y, *raw0 = a.rm.m[0].y;
@@ -219,7 +219,7 @@ __device__ __forceinline__ void rf_router_vec(const engine_cu_rf_args &a, int bl
 template <int MODE, int R, int RB>
 __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 3)
     rf_wo_vec_kernel(engine_cu_rf_args a, int n_groups) {
-    extern __shared__ uint4 rf_smem[];
+    extern __shared__ __align__(128) uint4 rf_smem[];
     __shared__ float part[ENGINE_CU_VMAX][ENGINE_CU_MV_WARPS];
     engine_cu_pdl_launch();
     const uint8_t *sm = (const uint8_t *)rf_smem;
