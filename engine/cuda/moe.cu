@@ -10,7 +10,7 @@
  * y_add). */
 template <int MODE, bool S6, bool RF = false>
 __global__ void __launch_bounds__(FFN_WARPS * 32, 3) ffn_up_kernel(engine_cu_ffn_up_args a) {
-    extern __shared__ uint4 up_smem[];
+    extern __shared__ __align__(128) uint4 up_smem[];
     if (!a.trigger_late) engine_cu_pdl_launch();
     ffn_up_block<MODE, engine_cu_pdl_sync, S6, RF>(a, blockIdx.x, gridDim.x, (uint8_t *)up_smem,
                                                    engine_cu_pdl_sync());
@@ -18,7 +18,7 @@ __global__ void __launch_bounds__(FFN_WARPS * 32, 3) ffn_up_kernel(engine_cu_ffn
 
 template <int MODE, bool RF = false>
 __global__ void __launch_bounds__(FFN_WARPS * 32, 3) ffn_down_kernel(engine_cu_ffn_down_args a) {
-    extern __shared__ uint4 down_smem[];
+    extern __shared__ __align__(128) uint4 down_smem[];
     engine_cu_pdl_launch();
     ffn_down_block<MODE, engine_cu_pdl_sync, RF>(a, blockIdx.x, gridDim.x, (uint8_t *)down_smem,
                                                  engine_cu_pdl_sync());
@@ -29,7 +29,7 @@ __global__ void __launch_bounds__(FFN_WARPS * 32, 3) ffn_down_kernel(engine_cu_f
  * RF the router fusion's instance). */
 template <int MODE, bool RF>
 __global__ void __launch_bounds__(FFN_WARPS * 32, 3) ffn_up_tok_kernel(engine_cu_ffn_up_args a) {
-    extern __shared__ uint4 up_smem[];
+    extern __shared__ __align__(128) uint4 up_smem[];
     engine_cu_pdl_launch();
     const size_t t = blockIdx.y;
     a.x += t * a.x_stride;
@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(FFN_WARPS * 32, 3) ffn_up_tok_kernel(engine_cu
 template <int MODE, bool RF>
 __global__ void __launch_bounds__(FFN_WARPS * 32, 3)
     ffn_down_tok_kernel(engine_cu_ffn_down_args a) {
-    extern __shared__ uint4 down_smem[];
+    extern __shared__ __align__(128) uint4 down_smem[];
     engine_cu_pdl_launch();
     const size_t t = blockIdx.y;
     a.h += t * a.h_stride;
@@ -210,7 +210,7 @@ void engine_cu_ffn_down(const engine_cu_ffn_down_args *a, cudaStream_t stream) {
     b.tma = 0;
     if (a->tma) { /* one row group per block: a run of FFN_WARPS rows per expert */
         const size_t run = (size_t)FFN_WARPS * a->row_bytes,
-                     tsm = engine_cu_w_off(smem) + (size_t)a->k * run;
+                     tsm = engine_cu_w_off(smem) + (size_t)a->k * engine_cu_run_stride(run);
         b.tma = a->max_bps <= 0 && !a->touch && !a->preload && !a->router && !a->ids_early &&
                 a->rows % FFN_WARPS == 0 &&
                 ffn_tma_fits(a->down, a->ids ? a->expert_bytes : 0, run, tsm, a->type);

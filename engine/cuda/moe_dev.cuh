@@ -451,8 +451,9 @@ __device__ __forceinline__ float down_row(const engine_cu_ffn_down_args &a, int 
     float tot = 0.0f;
 #pragma unroll 2
     for (int it = lane; it < n_items; it += 32) {
-        /* SH: slot j's run of FFN_WARPS rows in shared memory, ws this warp's row in slot 0 */
-        const uint8_t *d = SH ? ws + (size_t)j * FFN_WARPS * a.row_bytes
+        /* SH: slot j's run of FFN_WARPS rows in shared memory (engine_cu_run_stride apart), ws
+         * this warp's row in slot 0 */
+        const uint8_t *d = SH ? ws + (size_t)j * engine_cu_run_stride(FFN_WARPS * a.row_bytes)
                               : a.down + (size_t)ids[j] * a.expert_bytes + (size_t)r * a.row_bytes;
         const engine_cu_xv xv = engine_cu_xv_at(sm, a.k * a.cols, quant, j * a.cols);
         tot += wts[j] * engine_cu_dot_chunk<T, SH>(d, c, xv);
@@ -553,7 +554,7 @@ __device__ __forceinline__ void ffn_down_tma(const engine_cu_ffn_down_args &a, i
         engine_cu_mbar_init(&tma_bar);
         engine_cu_mbar_expect(&tma_bar, (unsigned)(a.k * run));
         for (int j = 0; j < a.k; j++)
-            engine_cu_bulk_g2s(ws + j * run,
+            engine_cu_bulk_g2s(ws + j * engine_cu_run_stride(run),
                                a.down + (size_t)ids[j] * a.expert_bytes + (size_t)b * run,
                                (unsigned)run, &tma_bar);
     }

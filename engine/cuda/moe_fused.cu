@@ -256,11 +256,11 @@ __global__ void __launch_bounds__(MF_THREADS, 2) moe_fused_kernel(engine_cu_moe_
  * (i k + j) run), counted on bar. */
 __device__ __forceinline__ void mg_copy_down(const engine_cu_ffn_down_args &d, const int *ids,
                                              int g0, int ng, uint8_t *dst, uint64_t *bar) {
-    const size_t run = (size_t)FFN_WARPS * d.row_bytes;
+    const size_t run = (size_t)FFN_WARPS * d.row_bytes, st = engine_cu_run_stride(run);
     engine_cu_mbar_expect(bar, (unsigned)((size_t)ng * d.k * run));
     for (int i = 0; i < ng; i++)
         for (int j = 0; j < d.k; j++)
-            engine_cu_bulk_g2s(dst + (size_t)(i * d.k + j) * run,
+            engine_cu_bulk_g2s(dst + (size_t)(i * d.k + j) * st,
                                d.down + (size_t)ids[j] * d.expert_bytes + (size_t)(g0 + i) * run,
                                (unsigned)run, bar);
 }
@@ -302,7 +302,10 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     const int gx = u.rows / (2 * FFN_WARPS), n_items = u.k * gx, n_groups = d.rows / FFN_WARPS;
     const int i0 = b * a.ipb, ni = max(0, min(a.ipb, n_items - i0));
     const int g0 = b * a.gpb, ng = max(0, min(a.gpb, n_groups - g0));
-    const size_t urun = (size_t)2 * FFN_WARPS * u.row_bytes, drun = (size_t)FFN_WARPS * d.row_bytes;
+    /* urun: a gate or up run (128-byte multiples for the 30B-A3B's types); drun: the stride of
+     * the down runs (mg_copy_down) */
+    const size_t urun = (size_t)2 * FFN_WARPS * u.row_bytes,
+                 drun = engine_cu_run_stride((size_t)FFN_WARPS * d.row_bytes);
     uint8_t *sm = (uint8_t *)mg_shm, *ws = sm + a.ws_off;
     const bool early = a.grid == 2;
     uint8_t *wd = early ? ws + (size_t)a.ipb * 2 * urun : ws; /* the down runs */
@@ -462,7 +465,7 @@ static int mg_layout(engine_cu_moe_fused_args *a, size_t *smem) {
     const size_t xs = engine_cu_xs_bytes(true, u.cols), hs = engine_cu_xs_bytes(true, d.k * d.cols);
     a->ws_off = (unsigned)engine_cu_w_off(xs > hs ? xs : hs);
     const size_t up = (size_t)a->ipb * 4 * FFN_WARPS * u.row_bytes,
-                 dn = (size_t)a->gpb * d.k * FFN_WARPS * d.row_bytes;
+                 dn = (size_t)a->gpb * d.k * engine_cu_run_stride((size_t)FFN_WARPS * d.row_bytes);
     *smem = a->ws_off + (a->grid == 2 ? up + dn : up > dn ? up : dn);
     const int ng = (n_groups + a->gpb - 1) / a->gpb;
     return nb > ng ? nb : ng;

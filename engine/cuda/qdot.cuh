@@ -44,9 +44,18 @@ __host__ __device__ __forceinline__ size_t engine_cu_xs_bytes(bool quant, int n)
 }
 
 /* Where a block's copy of its weight rows (bulk copies, common.cuh engine_cu_bulk_g2s) starts
- * in its dynamic shared memory: after the staged vector's xs bytes, at a 16-byte boundary. */
+ * in its dynamic shared memory: after the staged vector's xs bytes, at a 128-byte boundary (the
+ * kernels' dynamic shared memory starts at one: bulk copies to 16-byte boundaries measured up to
+ * 6.6% slower decode, bench/RESULTS.md session 21). */
 __host__ __device__ __forceinline__ size_t engine_cu_w_off(size_t xs) {
-    return (xs + 15) & ~(size_t)15;
+    return (xs + 127) & ~(size_t)127;
+}
+
+/* The stride of consecutive bulk-copied runs of rows in shared memory: the run's bytes rounded
+ * up to 128, so that each run lands at a 128-byte boundary too (a run of 8 Q6_K rows of 768
+ * values is 5,040 bytes). */
+__host__ __device__ __forceinline__ size_t engine_cu_run_stride(size_t run) {
+    return (run + 127) & ~(size_t)127;
 }
 
 /* A view of the staged vector from value `off` on (off a multiple of 32). */
