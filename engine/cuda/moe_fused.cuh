@@ -110,7 +110,11 @@ typedef struct {
      * later copies. pipe_down = D (grid 2): the down runs issued 0 at the start, 1 with the last up
      * item, 2 once the last up item has landed. The same arithmetic. Session 18 call 3,
      * Qwen3-30B-A3B tg128 in one process: Q4_K_M 490.8 tok/s with all at the start, 2,2 507.1, 2,1
-     * 503.8, 1,2 502.2, 1,1 497.0; Q8_0 420.9 and 430.3 (2,2). */
+     * 503.8, 1,2 502.2, 1,1 497.0; Q8_0 420.9 and 430.3 (2,2). With the copies at 128-byte
+     * boundaries the order turned (session 21 call 3): Q4_K_M 571.4 (2,2), 574.5 (1,1), 567.8
+     * (2,1), 565.6 (3,2), 544.1 (all at the start); Q8_0 477.7 (2), 491.6 (1), 469.6 (3), 464.4
+     * (all). In turn with 2,2 (call 4): Q8_0 487.6 / 487.4 against 477.7 / 477.4 (+2.1%), Q4_K_M
+     * 570.4 / 571.0 against 571.6 / 571.8 (-0.2%, within the same-process spread): 1,1. */
     int pipe, pipe_down;
     /* The whole-grid form: pf_norm_n floats at pf_norm asked of L2 once the block's down rows
      * have landed (warp 1; NULL: none): the next layer's attention norm weights, which the q/k/v

@@ -86,7 +86,7 @@ static const char *const alt_sets[N_ALT][3] = {
     {"SPARK_CUDA_MOE_FUSED=g1", NULL, NULL},  /* its one launch with the down copies late */
     {"SPARK_CUDA_MOE_ITEMS=1", NULL, NULL},   /* its per-item barriers */
     {"SPARK_CUDA_NEXT_NORM=1", NULL, NULL},   /* it asks L2 for the next attention norm */
-    {"SPARK_CUDA_MOE_PIPE=1,1", NULL, NULL},  /* its copies in order (moe_fused.cuh pipe) */
+    {"SPARK_CUDA_MOE_PIPE=2,2", NULL, NULL},  /* its copies in another order (pipe) */
     {"SPARK_CUDA_MOE_PIPE=0", NULL, NULL},    /* the copies all at the start */
 };
 
