@@ -1,0 +1,194 @@
+/* Bulk copies into shared memory in isolation (a benchmark, not a test): what a block's
+ * cp.async.bulk copies cost to issue and to land, by where their sources lie and where their
+ * destinations start. The whole-grid MoE launch issues a few such copies per block right after
+ * its routing; session 21's timeline had the routing warp spend 2.5 us issuing four of them, and
+ * the destinations' alignment alone moved decode by 4-7% (bench/RESULTS.md). Built on its own:
+ *
+ *   nvcc -O2 -arch=sm_90 -Iengine -o bench_bulk bench/cuda/bench_bulk.cu
+ *   bench_bulk [-g GIB] [-r RUN_BYTES] [-n LAUNCHES]
+ *
+ * One block per multiprocessor, 768 threads (the MoE launch's). Thread 0 takes the clock,
+ * arms an mbarrier for all its bytes and issues C copies of RUN_BYTES (default 18,432: a run of
+ * 16 Q4_K rows of 2,048 values), then takes the clock again (issue time); every thread waits on
+ * the barrier and thread 0 takes the clock a third time (land time). Sources (GIB GiB of device
+ * memory, default 16, so the 2 MiB pages exceed what the TLBs hold):
+ *   seq   block b's copies one after another from b * C * RUN_BYTES (few pages, each shared by
+ *         neighbouring blocks)
+ *   page  each copy from a page of its own, drawn at random per launch (a TLB miss each, as an
+ *         expert's rows picked by the router)
+ *   hot   every block the same C runs (L2 hits after the first launch)
+ * Destinations: 128-byte aligned plus SHIFT bytes (0, 16, 48, 80). Per configuration: the
+ * medians and p90 over blocks and launches of issue and land time (us after thread 0's first
+ * clock), and the launch time (CUDA events) as GB/s of the bytes copied. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/common.cuh"
+
+#define BB_THREADS 768
+#define BB_MAX_COPIES 16
+#define BB_PAGE ((size_t)2 << 20)
+
+enum { BB_SEQ, BB_PAGE_MODE, BB_HOT };
+
+__device__ __forceinline__ uint64_t bb_clock() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+/* times[2 b]: issue, times[2 b + 1]: land, ns after thread 0's first clock */
+__global__ void __launch_bounds__(BB_THREADS, 1)
+    bb_kernel(const uint8_t *src, size_t n_pages, int mode, int copies, unsigned run, int shift,
+              unsigned seed, uint32_t *times) {
+    extern __shared__ __align__(128) uint8_t bb_smem[];
+    __shared__ uint64_t bar;
+    const int b = blockIdx.x;
+    uint64_t t0 = 0, t1 = 0;
+    if (threadIdx.x == 0) {
+        engine_cu_mbar_init(&bar);
+        t0 = bb_clock();
+        engine_cu_mbar_expect(&bar, (unsigned)copies * run);
+        for (int c = 0; c < copies; c++) {
+            size_t off;
+            if (mode == BB_SEQ) {
+                off = ((size_t)b * copies + c) * run;
+            } else if (mode == BB_PAGE_MODE) { /* a page per copy: a hash of (launch, b, c) */
+                uint32_t h = seed ^ (uint32_t)(b * BB_MAX_COPIES + c) * 0x9e3779b9u;
+                h ^= h >> 15;
+                h *= 0x2c1b3c6du;
+                h ^= h >> 12;
+                off = (size_t)(h % (uint32_t)n_pages) * BB_PAGE;
+            } else {
+                off = (size_t)c * run;
+            }
+            engine_cu_bulk_g2s(bb_smem + shift + (size_t)c * run, src + off, run, &bar);
+        }
+        t1 = bb_clock();
+    }
+    __syncthreads();
+    engine_cu_mbar_wait(&bar, 0);
+    if (threadIdx.x == 0) {
+        const uint64_t t2 = bb_clock();
+        times[2 * b] = (uint32_t)(t1 - t0);
+        times[2 * b + 1] = (uint32_t)(t2 - t0);
+    }
+}
+
+static int bb_cmp(const void *a, const void *b) {
+    const uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int bb_cmpf(const void *a, const void *b) {
+    const float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+#define BB_CK(x)                                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (x);                                                                      \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "bench_bulk: %s: %s\n", #x, cudaGetErrorString(e_));                  \
+            return 1;                                                                              \
+        }                                                                                          \
+    } while (0)
+
+int main(int argc, char **argv) {
+    double gib = 16.0;
+    unsigned run = 18432;
+    int launches = 50;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "-g"))
+            gib = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "-r"))
+            run = (unsigned)strtoul(argv[i + 1], NULL, 10);
+        else if (!strcmp(argv[i], "-n"))
+            launches = atoi(argv[i + 1]);
+        else {
+            fprintf(stderr, "usage: bench_bulk [-g GIB] [-r RUN_BYTES] [-n LAUNCHES]\n");
+            return 2;
+        }
+    }
+    if (run == 0 || run % 16 || launches < 2 || gib <= 0.0) {
+        fprintf(stderr, "bench_bulk: RUN_BYTES a positive multiple of 16, LAUNCHES >= 2\n");
+        return 2;
+    }
+    int dev = 0, sms = 0, optin = 0;
+    BB_CK(cudaGetDevice(&dev));
+    BB_CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    BB_CK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    cudaDeviceProp prop;
+    BB_CK(cudaGetDeviceProperties(&prop, dev));
+    if (prop.major < 9) {
+        fprintf(stderr, "bench_bulk: bulk copies need sm_90 or later (%s is sm_%d%d)\n", prop.name,
+                prop.major, prop.minor);
+        return 1;
+    }
+    const size_t bytes = (size_t)(gib * (double)(1u << 30)) / BB_PAGE * BB_PAGE;
+    const size_t n_pages = bytes / BB_PAGE;
+    uint8_t *src = NULL;
+    uint32_t *times = NULL;
+    BB_CK(cudaMalloc((void **)&src, bytes));
+    BB_CK(cudaMemset(src, 1, bytes));
+    BB_CK(cudaMalloc((void **)&times, sizeof(uint32_t) * 2 * (size_t)sms));
+    uint32_t *h = (uint32_t *)malloc(sizeof(uint32_t) * 2 * (size_t)sms * (size_t)launches);
+    uint32_t *iss = (uint32_t *)malloc(sizeof(uint32_t) * (size_t)sms * (size_t)launches);
+    uint32_t *lan = (uint32_t *)malloc(sizeof(uint32_t) * (size_t)sms * (size_t)launches);
+    float *ms = (float *)malloc(sizeof(float) * (size_t)launches);
+    if (!h || !iss || !lan || !ms) {
+        fprintf(stderr, "bench_bulk: out of host memory\n");
+        return 1;
+    }
+    cudaEvent_t e0, e1;
+    BB_CK(cudaEventCreate(&e0));
+    BB_CK(cudaEventCreate(&e1));
+    printf("%s, %d SMs, %.1f GiB of sources (%zu pages of 2 MiB), runs of %u bytes, %d launches\n",
+           prop.name, sms, (double)bytes / (1u << 30), n_pages, run, launches);
+    printf("mode copies shift | issue us median p90 | land us median p90 | launch us median | GB/s\n");
+    static const char *const names[] = {"seq", "page", "hot"};
+    static const int copies_set[] = {1, 2, 4, 6, 16};
+    static const int shifts[] = {0, 16, 48, 80};
+    for (int mode = 0; mode < 3; mode++)
+        for (int ci = 0; ci < (int)(sizeof copies_set / sizeof copies_set[0]); ci++)
+            for (int si = 0; si < (int)(sizeof shifts / sizeof shifts[0]); si++) {
+                const int copies = copies_set[ci], shift = shifts[si];
+                if (shift && copies != 2) continue; /* the shifts at one size */
+                const size_t smem = 128 + (size_t)copies * run;
+                if ((mode == BB_SEQ && (size_t)sms * copies * run > bytes) ||
+                    smem > (size_t)optin)
+                    continue;
+                BB_CK(cudaFuncSetAttribute(bb_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)smem));
+                for (int l = -1; l < launches; l++) { /* l -1: a warm-up */
+                    BB_CK(cudaEventRecord(e0));
+                    bb_kernel<<<sms, BB_THREADS, smem>>>(src, n_pages, mode, copies, run, shift,
+                                                         0x1234567u + 7919u * (unsigned)(l + 1),
+                                                         times);
+                    BB_CK(cudaGetLastError());
+                    BB_CK(cudaEventRecord(e1));
+                    BB_CK(cudaEventSynchronize(e1));
+                    if (l < 0) continue;
+                    BB_CK(cudaEventElapsedTime(&ms[l], e0, e1));
+                    BB_CK(cudaMemcpy(h + (size_t)l * 2 * sms, times, sizeof(uint32_t) * 2 * sms,
+                                     cudaMemcpyDeviceToHost));
+                }
+                const size_t n = (size_t)sms * launches;
+                for (size_t i = 0; i < n; i++) {
+                    iss[i] = h[2 * i];
+                    lan[i] = h[2 * i + 1];
+                }
+                qsort(iss, n, sizeof *iss, bb_cmp);
+                qsort(lan, n, sizeof *lan, bb_cmp);
+                qsort(ms, (size_t)launches, sizeof *ms, bb_cmpf);
+                const double lm = ms[launches / 2] * 1e3;
+                printf("%-4s %6d %5d | %8.2f %8.2f | %8.2f %8.2f | %8.2f | %7.1f\n", names[mode],
+                       copies, shift, iss[n / 2] / 1e3, iss[n * 9 / 10] / 1e3, lan[n / 2] / 1e3,
+                       lan[n * 9 / 10] / 1e3, lm, (double)sms * copies * run / (lm * 1e3));
+            }
+    free(h), free(iss), free(lan), free(ms);
+    cudaFree(src), cudaFree(times);
+    return 0;
+}
