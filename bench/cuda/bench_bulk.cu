@@ -91,7 +91,7 @@ static int bb_cmpf(const void *a, const void *b) {
     do {                                                                                           \
         cudaError_t e_ = (x);                                                                      \
         if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "bench_bulk: %s: %s\n", #x, cudaGetErrorString(e_));                  \
+            fprintf(stderr, "bench_bulk: %s: %s\n", #x, cudaGetErrorString(e_));                   \
             return 1;                                                                              \
         }                                                                                          \
     } while (0)
@@ -147,7 +147,8 @@ int main(int argc, char **argv) {
     BB_CK(cudaEventCreate(&e1));
     printf("%s, %d SMs, %.1f GiB of sources (%zu pages of 2 MiB), runs of %u bytes, %d launches\n",
            prop.name, sms, (double)bytes / (1u << 30), n_pages, run, launches);
-    printf("mode copies shift | issue us median p90 | land us median p90 | launch us median | GB/s\n");
+    printf(
+        "mode copies shift | issue us median p90 | land us median p90 | launch us median | GB/s\n");
     static const char *const names[] = {"seq", "page", "hot"};
     static const int copies_set[] = {1, 2, 4, 6, 16};
     static const int shifts[] = {0, 16, 48, 80};
@@ -157,8 +158,7 @@ int main(int argc, char **argv) {
                 const int copies = copies_set[ci], shift = shifts[si];
                 if (shift && copies != 2) continue; /* the shifts at one size */
                 const size_t smem = 128 + (size_t)copies * run;
-                if ((mode == BB_SEQ && (size_t)sms * copies * run > bytes) ||
-                    smem > (size_t)optin)
+                if ((mode == BB_SEQ && (size_t)sms * copies * run > bytes) || smem > (size_t)optin)
                     continue;
                 BB_CK(cudaFuncSetAttribute(bb_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            (int)smem));
