@@ -9,7 +9,8 @@
 #   LIMIT_S: a step that would start after N seconds is skipped (said on stdout)
 #   CUDA_FLAGS: extra nvcc flags of the build (-lineinfo: racecheck / memcheck name source lines;
 #   the same SASS)
-#   PREBUILT: a tgz of bench/cuda/prebuilt.sh (a local build's objects): linked, not compiled
+#   PREBUILT: a pack of bench/cuda/prebuilt.sh (a local build's objects; .tgz or .txz): linked,
+#   not compiled. Plans unpack other packs (a base build's) with `unpack PACK DIR`.
 #   TRACE=1: the build is -DSPARK_CUDA_TRACE=ON (launch timelines; its kernels are slower) and
 #   builds no gpu tests: for bench/cuda/trace.plan
 # Plan functions:
@@ -32,13 +33,26 @@ late() { # NAME: true (and says so) once LIMIT_S seconds have passed: the step i
     echo "SKIPPED $1 (time: $(el) s of ${LIMIT_S} s)"
 }
 finish() { tar -czf $OUT/logs.tgz -C $L . 2>/dev/null; stamp "end"; }
+unpack() { # PACK DIR: a prebuilt.sh pack, gzip (.tgz) or xz (.txz: xz, else Python's lzma)
+    mkdir -p "$2" || return 1
+    case $1 in
+    *.txz)
+        if command -v xz >/dev/null; then
+            xz -dc "$1"
+        else
+            python3 -c 'import lzma, shutil, sys
+shutil.copyfileobj(lzma.open(sys.argv[1]), sys.stdout.buffer)' "$1"
+        fi | tar -x -C "$2" ;;
+    *) tar -xzf "$1" -C "$2" ;;
+    esac
+}
 trap finish EXIT
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 echo "# commit $(cat COMMIT 2>/dev/null || echo '?')"
 G=$B/spark-agent
 LK="$B/engine/libengine.a -lpthread -lm -ldl -lrt"
 if [ -n "${PREBUILT:-}" ]; then # bench/cuda/prebuilt.sh's objects: linked, not compiled
-    mkdir -p $B && tar -xzf "$PREBUILT" -C $B || exit 1
+    unpack "$PREBUILT" $B || exit 1
     echo "# prebuilt objects of $(cat $B/PREBUILT_COMMIT)"
     [ "$(cat $B/PREBUILT_COMMIT)" = "$(cat COMMIT 2>/dev/null)" ] ||
         echo "WARNING: the objects are not of the export's commit"
