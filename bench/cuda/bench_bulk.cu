@@ -16,6 +16,8 @@
  *         neighbouring blocks)
  *   page  each copy from a page of its own, drawn at random per launch (a TLB miss each, as an
  *         expert's rows picked by the router)
+ *   exp   the MoE launch's: a gate and an up run per item, items of 8 experts of 128 picked
+ *         per launch, in a layer picked per launch (bench_bulk.cu BB_EXPERT)
  *   hot   every block the same C runs (L2 hits after the first launch)
  * Destinations: 128-byte aligned plus SHIFT bytes (0, 16, 48, 80). Per configuration: the
  * medians and p90 over blocks and launches of issue and land time (us after thread 0's first
@@ -31,7 +33,23 @@
 #define BB_MAX_COPIES 16
 #define BB_PAGE ((size_t)2 << 20)
 
-enum { BB_SEQ, BB_PAGE_MODE, BB_HOT };
+enum { BB_SEQ, BB_PAGE_MODE, BB_EXPERT, BB_HOT };
+
+/* BB_EXPERT: the MoE launch's pattern. A layer is a gate and an up tensor of BB_EXPERTS experts
+ * of BB_ITEMS runs each, one after the other; a launch picks a layer and BB_USED experts (a
+ * hash of the launch), and copy pair (2 i, 2 i + 1) of block b is item b C / 2 + i's gate and up
+ * run: slot (item / BB_ITEMS) % BB_USED, run item % BB_ITEMS. */
+#define BB_EXPERTS 128
+#define BB_USED 8
+#define BB_ITEMS 48
+
+__device__ __forceinline__ uint32_t bb_hash(uint32_t h) {
+    h ^= h >> 15;
+    h *= 0x2c1b3c6du;
+    h ^= h >> 12;
+    h *= 0x297a2d39u;
+    return h ^ (h >> 15);
+}
 
 __device__ __forceinline__ uint64_t bb_clock() {
     uint64_t t;
@@ -56,11 +74,16 @@ __global__ void __launch_bounds__(BB_THREADS, 1)
             if (mode == BB_SEQ) {
                 off = ((size_t)b * copies + c) * run;
             } else if (mode == BB_PAGE_MODE) { /* a page per copy: a hash of (launch, b, c) */
-                uint32_t h = seed ^ (uint32_t)(b * BB_MAX_COPIES + c) * 0x9e3779b9u;
-                h ^= h >> 15;
-                h *= 0x2c1b3c6du;
-                h ^= h >> 12;
+                const uint32_t h = bb_hash(seed ^ (uint32_t)(b * BB_MAX_COPIES + c) * 0x9e3779b9u);
                 off = (size_t)(h % (uint32_t)n_pages) * BB_PAGE;
+            } else if (mode == BB_EXPERT) {
+                const size_t eb = (size_t)BB_ITEMS * run, tb = (size_t)BB_EXPERTS * eb;
+                const uint32_t layers = (uint32_t)(n_pages * BB_PAGE / (2 * tb));
+                const uint32_t layer = bb_hash(seed) % (layers ? layers : 1u);
+                const int item = b * (copies / 2) + c / 2, slot = (item / BB_ITEMS) % BB_USED;
+                const uint32_t e = bb_hash(seed + 977u * (uint32_t)slot) % BB_EXPERTS;
+                off = (size_t)layer * 2 * tb + (size_t)(c & 1) * tb + (size_t)e * eb +
+                      (size_t)(item % BB_ITEMS) * run;
             } else {
                 off = (size_t)c * run;
             }
@@ -149,16 +172,18 @@ int main(int argc, char **argv) {
            prop.name, sms, (double)bytes / (1u << 30), n_pages, run, launches);
     printf(
         "mode copies shift | issue us median p90 | land us median p90 | launch us median | GB/s\n");
-    static const char *const names[] = {"seq", "page", "hot"};
+    static const char *const names[] = {"seq", "page", "exp", "hot"};
     static const int copies_set[] = {1, 2, 4, 6, 16};
     static const int shifts[] = {0, 16, 48, 80};
-    for (int mode = 0; mode < 3; mode++)
+    for (int mode = 0; mode < 4; mode++)
         for (int ci = 0; ci < (int)(sizeof copies_set / sizeof copies_set[0]); ci++)
             for (int si = 0; si < (int)(sizeof shifts / sizeof shifts[0]); si++) {
                 const int copies = copies_set[ci], shift = shifts[si];
                 if (shift && copies != 2) continue; /* the shifts at one size */
                 const size_t smem = 128 + (size_t)copies * run;
-                if ((mode == BB_SEQ && (size_t)sms * copies * run > bytes) || smem > (size_t)optin)
+                if ((mode == BB_SEQ && (size_t)sms * copies * run > bytes) ||
+                    (mode == BB_EXPERT && (copies % 2 || 2 * (size_t)BB_EXPERTS * BB_ITEMS * run > bytes)) ||
+                    smem > (size_t)optin)
                     continue;
                 BB_CK(cudaFuncSetAttribute(bb_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            (int)smem));
