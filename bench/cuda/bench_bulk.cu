@@ -14,8 +14,8 @@
  * memory, default 16, so the 2 MiB pages exceed what the TLBs hold):
  *   seq   block b's copies one after another from b * C * RUN_BYTES (few pages, each shared by
  *         neighbouring blocks)
- *   page  each copy from a page of its own, drawn at random per launch (a TLB miss each, as an
- *         expert's rows picked by the router)
+ *   page  each copy from a page of its own, drawn at random per launch (likely a TLB miss each,
+ *         the worst case of rows picked by the router)
  *   exp   the MoE launch's: a gate and an up run per item, items of 8 experts of 128 picked
  *         per launch, in a layer picked per launch (bench_bulk.cu BB_EXPERT)
  *   hot   every block the same C runs (L2 hits after the first launch)
