@@ -346,24 +346,48 @@ void engine_cu_pf_attention(const engine_cu_pf_att_args *a, cudaStream_t stream)
         pf_att_launch<256>(a, stream);
 }
 
-/* A warp per token; n_expert <= 256 (8 per lane). */
-__global__ void pf_route_kernel(const float *logits, int n_split, int n, int n_expert, int k,
-                                int norm_topk, int32_t *ids, float *weights) {
-    const int t = (int)(blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)), lane = threadIdx.x & 31;
+/* split-K of the F32 router GEMM (the default; =1 with ..._NEXT=0; SPARK_CUDA_PREFILL_RSPLIT=N,
+ * 1..PF_ROUTER_SPLIT_MAX, for A/B runs). Its N (tokens) x n_expert outputs fill few 64 x 64
+ * tiles (Qwen3-30B-A3B, 512 tokens: 16), so the splits are what spread it over the GPU. */
+#define PF_ROUTER_SPLIT 32
+#define PF_ROUTER_SPLIT_MAX 32
+
+/* PF_ROUTE_TOK tokens a block of 32 * PF_ROUTE_TOK threads: first the block sums each (token,
+ * expert) logit's n_split (<= PF_ROUTER_SPLIT_MAX) split-K partials in split order, all of a
+ * sum's loads in flight together, into shared memory; then a warp per token routes from there;
+ * n_expert <= 256 (8 per lane). Until session 24 each lane summed its experts' partials itself,
+ * a round trip per split (on the H200 the route grew from 8 to ~20 us a layer with 32 splits). */
+#define PF_ROUTE_TOK 8
+__global__ void __launch_bounds__(32 * PF_ROUTE_TOK)
+    pf_route_kernel(const float *logits, int n_split, int n, int n_expert, int k, int norm_topk,
+                    int32_t *ids, float *weights) {
+    __shared__ float sl[PF_ROUTE_TOK][ENGINE_CU_PF_MAX_EXPERT];
+    const int tb = (int)blockIdx.x * PF_ROUTE_TOK;
+    const size_t zs = (size_t)n * n_expert; /* one split's partials */
+    for (int idx = threadIdx.x; idx < PF_ROUTE_TOK * n_expert; idx += blockDim.x) {
+        const int tt = idx / n_expert, e = idx - tt * n_expert;
+        if (tb + tt >= n) break;
+        const float *q = logits + (size_t)(tb + tt) * n_expert + e;
+        float b[PF_ROUTER_SPLIT_MAX];
+#pragma unroll
+        for (int z = 1; z < PF_ROUTER_SPLIT_MAX; z++)
+            b[z] = z < n_split ? q[(size_t)z * zs] : 0.0f;
+        float v = q[0];
+#pragma unroll
+        for (int z = 1; z < PF_ROUTER_SPLIT_MAX; z++)
+            if (z < n_split) v += b[z];
+        sl[tt][e] = v;
+    }
+    __syncthreads();
+    const int t = tb + (int)(threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (t >= n) return;
-    const float *lg = logits + (size_t)t * n_expert;
+    const float *lg = sl[threadIdx.x >> 5];
     float p[8];
     float mx = -INFINITY;
 #pragma unroll
     for (int i = 0; i < 8; i++) {
         const int e = lane + 32 * i;
-        float v = -INFINITY;
-        if (e < n_expert) {
-            v = lg[e];
-            for (int z = 1; z < n_split; z++) /* split-K partial sums, in split order */
-                v += lg[(size_t)z * n * n_expert + e];
-        }
-        p[i] = v;
+        p[i] = e < n_expert ? lg[e] : -INFINITY;
         mx = fmaxf(mx, p[i]);
     }
     mx = engine_cu_warp_max(mx);
@@ -407,8 +431,8 @@ __global__ void pf_route_kernel(const float *logits, int n_split, int n, int n_e
 void engine_cu_pf_route(const float *logits, int n_split, int n, int n_expert, int k,
                         int norm_topk, int32_t *ids, float *weights, cudaStream_t stream) {
     if (n > 0)
-        pf_route_kernel<<<(n + 7) / 8, 256, 0, stream>>>(logits, n_split, n, n_expert, k,
-                                                         norm_topk, ids, weights);
+        pf_route_kernel<<<(n + PF_ROUTE_TOK - 1) / PF_ROUTE_TOK, 32 * PF_ROUTE_TOK, 0, stream>>>(
+            logits, n_split, n, n_expert, k, norm_topk, ids, weights);
 }
 
 int engine_cu_pf_max_tiles(int n_slots, int n_expert) {
@@ -531,11 +555,6 @@ void engine_cu_pf_combine(float *x, const float *d, const int32_t *slot_pos, con
  * The pass
  * ------------------------------------------------------------------------------------------- */
 #define PF_LOGIT_ROWS 32 /* rows of the output head per launch when every token's logits go out */
-/* split-K of the F32 router GEMM (the default; =1 with ..._NEXT=0; SPARK_CUDA_PREFILL_RSPLIT=N,
- * 1..PF_ROUTER_SPLIT_MAX, for A/B runs). Its N (tokens) x n_expert outputs fill few 64 x 64
- * tiles (Qwen3-30B-A3B, 512 tokens: 16), so the splits are what spread it over the GPU. */
-#define PF_ROUTER_SPLIT 32
-#define PF_ROUTER_SPLIT_MAX 32
 
 /* SPARK_CUDA_PREFILL_PROF=1: time the phases of every pass with events (the per-phase sums
  * are logged at INFO when the prefill object is freed). */
