@@ -584,7 +584,7 @@ struct engine_cuda_prefill {
      * v; wo) split along K where the launch fills less than whole waves of the GPU (up to 4
      * splits, their partial sums in the free gate/up buffers; other rounding) */
     int gemm_legacy, gemm_tile_rows, gemm_nofuse, gemm_pfl1, gemm_pipe, gemm_wide, gemm_wided;
-    int gemm_svec, gemm_direct, gemm_ksplit, gemm_ksplit_narrow, n_sm;
+    int gemm_svec, gemm_direct, gemm_ksplit, gemm_ksplit_narrow, gemm_wo_split, n_sm;
     size_t kpart_bytes; /* g and u: the split-K buffer outside the FFN phase */
     cudaEvent_t *ev; /* [2 + 6 * n_layer] */
     int *ev_cat, n_ev;
@@ -840,6 +840,9 @@ int engine_cu_pf_new_view(engine_cuda_prefill **out, engine_cuda_model *cm, engi
         p->gemm_wided = e && strstr(e, "wided");
         p->gemm_ksplit = e && strstr(e, "splitk") ? 4 : 1;
         p->gemm_ksplit_narrow = e && strstr(e, "nonarrow") ? 1 : 4; /* pf_ksplit */
+        /* SPARK_CUDA_PREFILL_WOSPLIT=N: wo split along K into N whatever the tokens (A/B runs) */
+        const char *ws = getenv("SPARK_CUDA_PREFILL_WOSPLIT");
+        p->gemm_wo_split = ws && atoi(ws) > 1 ? std::min(atoi(ws), 8) : 1;
         p->gemm_svec = e && strstr(e, "svec");
         /* the grouped expert GEMMs read their Q4_K / Q5_K fragments straight from the staged
          * raw blocks by default (session 6, H200, full Qwen3-30B-A3B Q4_K_M: pp512 10,569.2 ->
@@ -958,7 +961,7 @@ static void pf_gemm_args(const engine_cuda_prefill *p, bool grouped, const engin
  *   v: 8 column tiles, 64 blocks at 512 tokens, 41 us of a ~1 ms layer on the H200 (session 24,
  *   Nsight Compute). "nonarrow" leaves them whole. */
 #define PF_NARROW_ROWS 512
-static void pf_ksplit(const engine_cuda_prefill *p, engine_cu_gemm_args *a) {
+static void pf_ksplit(const engine_cuda_prefill *p, engine_cu_gemm_args *a, int fixed = 1) {
     const unsigned blocks = engine_cu_gemm_blocks(a);
     if (a->tiles || blocks == 0) return;
     int best = 1;
@@ -978,6 +981,7 @@ static void pf_ksplit(const engine_cuda_prefill *p, engine_cu_gemm_args *a) {
             rows += a->more[j].rows;
         if (rows <= PF_NARROW_ROWS) best = p->gemm_ksplit_narrow;
     }
+    if (p->gemm_ksplit <= 1 && best <= 1 && fixed > 1) best = fixed;
     if (best <= 1) return;
     a->kpart = p->g;
     for (a->ksplit = best; a->ksplit > 1; a->ksplit--)
@@ -1123,7 +1127,7 @@ int engine_cu_pf_chunk(engine_cuda_prefill *p, const int32_t *tokens, int32_t n,
         {
             engine_cu_gemm_args a;
             pf_gemm_args(p, false, &ly->wo, gx, n, NULL, p->x, emb, 1, 1, &a);
-            pf_ksplit(p, &a);
+            pf_ksplit(p, &a, p->gemm_wo_split);
             engine_cu_gemm(&a, st);
         }
         pc.x = NULL; /* x changed */
