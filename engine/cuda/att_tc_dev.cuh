@@ -31,38 +31,25 @@ __device__ __forceinline__ void engine_cu_att_tc_mma(float d[4], uint32_t a0, ui
 
 /* Keys k0 .. k0 + TK - 1 of KV head kvh (F16 cache rows of kv_dim; zeros past n_keys) into sK
  * ([TK][HD + 8]) and, transposed, sVt ([HD][TK + 8]) by the block's 128 threads; consecutive
- * threads take consecutive keys, so the transposed V stores of a warp fall in different banks.
- * A thread's loads go out in batches of ATT_TC_LB pieces before any of them is stored, so that
- * a tile costs a round trip or two instead of one per piece (session 24: one per piece made
- * the Qwen3-30B-A3B prefill's attention ~6.8 us a 64-key tile on the H200). */
-#define ATT_TC_LB 4
+ * threads take consecutive keys, so the transposed V stores of a warp fall in different banks. */
 template <int HD, int TK>
 __device__ __forceinline__ void engine_cu_att_tc_tile(const __half *kc, const __half *vc,
                                                       __half *sK, __half *sVt, int k0, int n_keys,
                                                       int kv_dim, int kvh, int tid) {
-    constexpr int SQ = HD + 8, SV = TK + 8, NP = TK * (HD / 8); /* 16-byte pieces of K (of V) */
-    for (int i0 = tid; i0 < NP; i0 += 128 * ATT_TC_LB) {
-        uint4 kv[ATT_TC_LB], vv[ATT_TC_LB];
-#pragma unroll
-        for (int u = 0; u < ATT_TC_LB; u++) {
-            const int idx = i0 + 128 * u, r = idx % TK, c8 = 8 * (idx / TK), p = k0 + r;
-            kv[u] = vv[u] = make_uint4(0, 0, 0, 0);
-            if (idx < NP && p < n_keys) {
-                const size_t off = (size_t)p * kv_dim + (size_t)kvh * HD + c8;
-                kv[u] = *(const uint4 *)(kc + off);
-                vv[u] = *(const uint4 *)(vc + off);
-            }
+    constexpr int SQ = HD + 8, SV = TK + 8;
+    for (int idx = tid; idx < TK * (HD / 8); idx += 128) {
+        const int r = idx % TK, c8 = 8 * (idx / TK), p = k0 + r;
+        uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
+        if (p < n_keys) {
+            const size_t off = (size_t)p * kv_dim + (size_t)kvh * HD + c8;
+            kv = *(const uint4 *)(kc + off);
+            vv = *(const uint4 *)(vc + off);
         }
+        *(uint4 *)(sK + r * SQ + c8) = kv;
+        const __half *vh = (const __half *)&vv;
 #pragma unroll
-        for (int u = 0; u < ATT_TC_LB; u++) {
-            const int idx = i0 + 128 * u, r = idx % TK, c8 = 8 * (idx / TK);
-            if (idx >= NP) break;
-            *(uint4 *)(sK + r * SQ + c8) = kv[u];
-            const __half *vh = (const __half *)&vv[u];
-#pragma unroll
-            for (int e = 0; e < 8; e++)
-                sVt[(c8 + e) * SV + r] = vh[e];
-        }
+        for (int e = 0; e < 8; e++)
+            sVt[(c8 + e) * SV + r] = vh[e];
     }
 }
 

@@ -103,47 +103,6 @@ __global__ void __launch_bounds__(256)
     }
 }
 
-/* The SwiGLU input of R rows a block (quantised forms): h = silu(g) * x of each row into shared
- * memory (the single-row kernel's expression), then the rows staged side by side by the block's
- * warps (qdot.cuh engine_cu_stage_xm: each row engine_cu_stage_x's values bit for bit), then
- * written out. A block per row left most of its 8 warps idle behind two barriers (768 columns:
- * 3 blocks of 256; 23 us for Qwen3-30B-A3B's 4096 expert slots of a 512-token pass on the H200,
- * session 24). */
-#define GEMM_PREP_ROWS 8
-__host__ __device__ static size_t gemm_prep_rows_stride(int cols) {
-    return (engine_cu_xs_bytes(true, cols) + 15) & ~(size_t)15;
-}
-template <int MODE>
-__global__ void __launch_bounds__(256)
-    gemm_prep_swiglu_kernel(int m, int rows_per_block, int cols, const float *x, const float *g,
-                            int ldx, int8_t *q, float *d, float *s) {
-    extern __shared__ __align__(16) uint8_t sm[];
-    const int t0 = (int)blockIdx.x * rows_per_block, nr = min(rows_per_block, m - t0);
-    float *h = (float *)sm;
-    for (int idx = threadIdx.x; idx < nr * cols; idx += blockDim.x) {
-        const int r = idx / cols, i = idx - r * cols;
-        const float a = g[(size_t)(t0 + r) * ldx + i];
-        h[idx] = a / (1.0f + expf(-a)) * x[(size_t)(t0 + r) * ldx + i];
-    }
-    __syncthreads();
-    const size_t stride = gemm_prep_rows_stride(cols);
-    uint8_t *st = sm + sizeof(float) * (size_t)rows_per_block * cols;
-    engine_cu_stage_xm<MODE>(h, (size_t)cols, cols, nullptr, 0.0f, st, stride, nr);
-    for (int r = 0; r < nr; r++) {
-        const uint8_t *sr = st + (size_t)r * stride;
-        const size_t t = (size_t)(t0 + r);
-        const int4 *sq = (const int4 *)sr;
-        int4 *dq = (int4 *)(q + t * cols);
-        for (int i = threadIdx.x; i < cols / 16; i += blockDim.x)
-            dq[i] = sq[i];
-        const float *sd = (const float *)(sr + cols), *ss = sd + cols / 32;
-        for (int i = threadIdx.x; i < cols / 32; i += blockDim.x)
-            d[t * (cols / 32) + i] = sd[i];
-        for (int i = threadIdx.x; i < cols / 16; i += blockDim.x)
-            s[t * (cols / 16) + i] = ss[i];
-    }
-}
-
 void engine_cu_gemm_prep(engine_cu_gx *gx, void *buf, int form, int m, int cols, const float *x,
                          const float *g, int ldx, const float *norm_w, float eps,
                          cudaStream_t stream) {
@@ -166,19 +125,6 @@ void engine_cu_gemm_prep(engine_cu_gx *gx, void *buf, int form, int m, int cols,
     if (m <= 0) return;
     const size_t smem = (g ? sizeof(float) * (size_t)cols : 0) + engine_cu_xs_bytes(quant, cols);
     const dim3 grid((unsigned)m), block(256);
-    /* SwiGLU inputs of quantised forms: several rows a block where their floats fit 40 KB */
-    const size_t row_smem = sizeof(float) * (size_t)cols + gemm_prep_rows_stride(cols);
-    const int rpb = (int)std::min<size_t>(GEMM_PREP_ROWS, (40 * 1024) / row_smem);
-    if (g && quant && rpb > 1) {
-        const dim3 grid_r((unsigned)((m + rpb - 1) / rpb));
-        if (form == ENGINE_CU_GX_Q8_K)
-            gemm_prep_swiglu_kernel<ENGINE_CU_X_Q8_K><<<grid_r, block, rpb * row_smem, stream>>>(
-                m, rpb, cols, x, g, ldx, q, d, s);
-        else
-            gemm_prep_swiglu_kernel<ENGINE_CU_X_Q8_0><<<grid_r, block, rpb * row_smem, stream>>>(
-                m, rpb, cols, x, g, ldx, q, d, s);
-        return;
-    }
     if (form == ENGINE_CU_GX_Q8_K) {
         if (smem > 48 * 1024)
             cudaFuncSetAttribute(gemm_prep_kernel<ENGINE_CU_X_Q8_K>,
