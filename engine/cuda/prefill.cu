@@ -346,24 +346,48 @@ void engine_cu_pf_attention(const engine_cu_pf_att_args *a, cudaStream_t stream)
         pf_att_launch<256>(a, stream);
 }
 
-/* A warp per token; n_expert <= 256 (8 per lane). */
-__global__ void pf_route_kernel(const float *logits, int n_split, int n, int n_expert, int k,
-                                int norm_topk, int32_t *ids, float *weights) {
-    const int t = (int)(blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)), lane = threadIdx.x & 31;
+/* split-K of the F32 router GEMM (the default; =1 with ..._NEXT=0; SPARK_CUDA_PREFILL_RSPLIT=N,
+ * 1..PF_ROUTER_SPLIT_MAX, for A/B runs). Its N (tokens) x n_expert outputs fill few 64 x 64
+ * tiles (Qwen3-30B-A3B, 512 tokens: 16), so the splits are what spread it over the GPU. */
+#define PF_ROUTER_SPLIT 32
+#define PF_ROUTER_SPLIT_MAX 32
+
+/* PF_ROUTE_TOK tokens a block of 32 * PF_ROUTE_TOK threads: first the block sums each (token,
+ * expert) logit's n_split (<= PF_ROUTER_SPLIT_MAX) split-K partials in split order, all of a
+ * sum's loads in flight together, into shared memory; then a warp per token routes from there;
+ * n_expert <= 256 (8 per lane). Until session 24 each lane summed its experts' partials itself,
+ * a round trip per split (on the H200 the route grew from 8 to ~20 us a layer with 32 splits). */
+#define PF_ROUTE_TOK 8
+__global__ void __launch_bounds__(32 * PF_ROUTE_TOK)
+    pf_route_kernel(const float *logits, int n_split, int n, int n_expert, int k, int norm_topk,
+                    int32_t *ids, float *weights) {
+    __shared__ float sl[PF_ROUTE_TOK][ENGINE_CU_PF_MAX_EXPERT];
+    const int tb = (int)blockIdx.x * PF_ROUTE_TOK;
+    const size_t zs = (size_t)n * n_expert; /* one split's partials */
+    for (int idx = threadIdx.x; idx < PF_ROUTE_TOK * n_expert; idx += blockDim.x) {
+        const int tt = idx / n_expert, e = idx - tt * n_expert;
+        if (tb + tt >= n) break;
+        const float *q = logits + (size_t)(tb + tt) * n_expert + e;
+        float b[PF_ROUTER_SPLIT_MAX];
+#pragma unroll
+        for (int z = 1; z < PF_ROUTER_SPLIT_MAX; z++)
+            b[z] = z < n_split ? q[(size_t)z * zs] : 0.0f;
+        float v = q[0];
+#pragma unroll
+        for (int z = 1; z < PF_ROUTER_SPLIT_MAX; z++)
+            if (z < n_split) v += b[z];
+        sl[tt][e] = v;
+    }
+    __syncthreads();
+    const int t = tb + (int)(threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (t >= n) return;
-    const float *lg = logits + (size_t)t * n_expert;
+    const float *lg = sl[threadIdx.x >> 5];
     float p[8];
     float mx = -INFINITY;
 #pragma unroll
     for (int i = 0; i < 8; i++) {
         const int e = lane + 32 * i;
-        float v = -INFINITY;
-        if (e < n_expert) {
-            v = lg[e];
-            for (int z = 1; z < n_split; z++) /* split-K partial sums, in split order */
-                v += lg[(size_t)z * n * n_expert + e];
-        }
-        p[i] = v;
+        p[i] = e < n_expert ? lg[e] : -INFINITY;
         mx = fmaxf(mx, p[i]);
     }
     mx = engine_cu_warp_max(mx);
@@ -407,17 +431,20 @@ __global__ void pf_route_kernel(const float *logits, int n_split, int n, int n_e
 void engine_cu_pf_route(const float *logits, int n_split, int n, int n_expert, int k,
                         int norm_topk, int32_t *ids, float *weights, cudaStream_t stream) {
     if (n > 0)
-        pf_route_kernel<<<(n + 7) / 8, 256, 0, stream>>>(logits, n_split, n, n_expert, k,
-                                                         norm_topk, ids, weights);
+        pf_route_kernel<<<(n + PF_ROUTE_TOK - 1) / PF_ROUTE_TOK, 32 * PF_ROUTE_TOK, 0, stream>>>(
+            logits, n_split, n, n_expert, k, norm_topk, ids, weights);
 }
 
 int engine_cu_pf_max_tiles(int n_slots, int n_expert) {
     return (n_slots + ENGINE_CU_GEMM_BM - 1) / ENGINE_CU_GEMM_BM + n_expert;
 }
 
-/* One block: counts per expert, exclusive scan and tile list (one thread: <= 256 experts),
- * then every slot takes its place (the order inside an expert does not matter: each row of the
- * grouped GEMM is computed alone). */
+/* One block: counts per expert; warp 0 scans them (PF_SORT_EPL consecutive experts a lane, the
+ * lanes' sums of slots and of tiles scanned with shuffles) and writes the tile list in expert
+ * order; then every slot takes its place (the order inside an expert does not matter: each row
+ * of the grouped GEMM is computed alone). The scan was one thread's loop over the experts until
+ * session 24 (20 us a layer for 128 experts on the H200, Nsight Compute; the same list). */
+#define PF_SORT_EPL (ENGINE_CU_PF_MAX_EXPERT / 32)
 __global__ void __launch_bounds__(1024)
     pf_sort_kernel(const int32_t *ids, int n_slots, int k, int n_expert, int32_t *sorted_tok,
                    int32_t *slot_pos, int32_t *tiles, int32_t *n_tiles) {
@@ -431,19 +458,38 @@ __global__ void __launch_bounds__(1024)
     for (int s = threadIdx.x; s < n_slots; s += blockDim.x)
         atomicAdd(&cnt[ids[s]], 1);
     __syncthreads();
-    if (threadIdx.x == 0) {
-        int o = 0, nt = 0;
-        for (int e = 0; e < n_expert; e++) {
-            off[e] = o;
-            for (int r = 0; r < cnt[e]; r += ENGINE_CU_GEMM_BM) {
-                tiles[3 * nt] = e;
-                tiles[3 * nt + 1] = o + r;
-                tiles[3 * nt + 2] = min(ENGINE_CU_GEMM_BM, cnt[e] - r);
-                nt++;
-            }
-            o += cnt[e];
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x, e0 = lane * PF_SORT_EPL;
+        int c[PF_SORT_EPL], ns = 0, nt = 0;
+#pragma unroll
+        for (int i = 0; i < PF_SORT_EPL; i++) {
+            c[i] = e0 + i < n_expert ? cnt[e0 + i] : 0;
+            ns += c[i];
+            nt += (c[i] + ENGINE_CU_GEMM_BM - 1) / ENGINE_CU_GEMM_BM;
         }
-        *n_tiles = nt;
+        int is = ns, it = nt; /* inclusive scans over the lanes */
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int vs = __shfl_up_sync(0xffffffffu, is, o),
+                      vt = __shfl_up_sync(0xffffffffu, it, o);
+            if (lane >= o) {
+                is += vs;
+                it += vt;
+            }
+        }
+        int o = is - ns, t = it - nt;
+#pragma unroll
+        for (int i = 0; i < PF_SORT_EPL; i++) {
+            if (e0 + i >= n_expert) break;
+            off[e0 + i] = o;
+            for (int r = 0; r < c[i]; r += ENGINE_CU_GEMM_BM, t++) {
+                tiles[3 * t] = e0 + i;
+                tiles[3 * t + 1] = o + r;
+                tiles[3 * t + 2] = min(ENGINE_CU_GEMM_BM, c[i] - r);
+            }
+            o += c[i];
+        }
+        if (lane == 31) *n_tiles = it;
     }
     __syncthreads();
     for (int s = threadIdx.x; s < n_slots; s += blockDim.x) {
@@ -459,29 +505,56 @@ void engine_cu_pf_sort(const int32_t *ids, int n, int k, int n_expert, int32_t *
                                            n_tiles);
 }
 
+/* Token blockIdx.x's row of x += sum over its k slots of weight * d[slot] (fmaf in slot order,
+ * from 0, then added to x: the CPU's order), four columns a thread where n_embd allows (16-byte
+ * loads: the k rows' loads in flight together; 21 us a layer with one column a thread for 512
+ * tokens of Qwen3-30B-A3B on the H200, session 24). */
 __global__ void pf_combine_kernel(float *x, const float *d, const int32_t *slot_pos,
                                   const float *weights, int k, int n_embd) {
     const int t = blockIdx.x;
     float *xr = x + (size_t)t * n_embd;
+    const int32_t *sp = slot_pos + (size_t)t * k;
+    const float *wt = weights + (size_t)t * k;
+    if ((n_embd & 3) == 0) {
+        for (int i = threadIdx.x; i < n_embd / 4; i += blockDim.x) {
+            float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 8
+            for (int j = 0; j < k; j++) {
+                const float w = wt[j];
+                const float4 v = ((const float4 *)(d + (size_t)sp[j] * n_embd))[i];
+                acc.x = fmaf(w, v.x, acc.x);
+                acc.y = fmaf(w, v.y, acc.y);
+                acc.z = fmaf(w, v.z, acc.z);
+                acc.w = fmaf(w, v.w, acc.w);
+            }
+            float4 o = ((float4 *)xr)[i];
+            o.x += acc.x;
+            o.y += acc.y;
+            o.z += acc.z;
+            o.w += acc.w;
+            ((float4 *)xr)[i] = o;
+        }
+        return;
+    }
     for (int i = threadIdx.x; i < n_embd; i += blockDim.x) {
         float acc = 0.0f;
         for (int j = 0; j < k; j++)
-            acc = fmaf(weights[(size_t)t * k + j],
-                       d[(size_t)slot_pos[(size_t)t * k + j] * n_embd + i], acc);
+            acc = fmaf(wt[j], d[(size_t)sp[j] * n_embd + i], acc);
         xr[i] += acc;
     }
 }
 
 void engine_cu_pf_combine(float *x, const float *d, const int32_t *slot_pos, const float *weights,
                           int n, int k, int n_embd, cudaStream_t stream) {
-    if (n > 0) pf_combine_kernel<<<n, 256, 0, stream>>>(x, d, slot_pos, weights, k, n_embd);
+    if (n > 0)
+        pf_combine_kernel<<<n, (n_embd & 3) == 0 ? 128 : 256, 0, stream>>>(x, d, slot_pos, weights,
+                                                                           k, n_embd);
 }
 
 /* ---------------------------------------------------------------------------------------------
  * The pass
  * ------------------------------------------------------------------------------------------- */
 #define PF_LOGIT_ROWS 32 /* rows of the output head per launch when every token's logits go out */
-#define PF_ROUTER_SPLIT 8 /* split-K of the F32 router GEMM (the default; =1 with ..._NEXT=0) */
 
 /* SPARK_CUDA_PREFILL_PROF=1: time the phases of every pass with events (the per-phase sums
  * are logged at INFO when the prefill object is freed). */
@@ -511,7 +584,7 @@ struct engine_cuda_prefill {
      * v; wo) split along K where the launch fills less than whole waves of the GPU (up to 4
      * splits, their partial sums in the free gate/up buffers; other rounding) */
     int gemm_legacy, gemm_tile_rows, gemm_nofuse, gemm_pfl1, gemm_pipe, gemm_wide, gemm_wided;
-    int gemm_svec, gemm_direct, gemm_ksplit, n_sm;
+    int gemm_svec, gemm_direct, gemm_ksplit, gemm_ksplit_narrow, gemm_wo_split, n_sm;
     size_t kpart_bytes; /* g and u: the split-K buffer outside the FFN phase */
     cudaEvent_t *ev; /* [2 + 6 * n_layer] */
     int *ev_cat, n_ev;
@@ -556,7 +629,7 @@ static pf_layout pf_plan(const engine_model *m, int32_t n) {
     z.q = al256(sizeof(float) * n * qd);
     z.kv = al256(sizeof(float) * n * kvd);
     z.att = z.q;
-    z.router = al256(sizeof(float) * PF_ROUTER_SPLIT * n * std::max(1u, hp->n_expert));
+    z.router = al256(sizeof(float) * PF_ROUTER_SPLIT_MAX * n * std::max(1u, hp->n_expert));
     z.wts = al256(sizeof(float) * slots);
     z.g = al256(sizeof(float) * slots * nff);
     z.d = hp->n_expert ? al256(sizeof(float) * slots * hp->n_embd) : 0;
@@ -752,6 +825,8 @@ int engine_cu_pf_new_view(engine_cuda_prefill **out, engine_cuda_model *cm, engi
         e = getenv("SPARK_CUDA_PREFILL_NEXT"); /* default on; =0: the SIMT attention path */
         p->next = !(e && e[0] == '0');
         p->ksplit = p->next ? PF_ROUTER_SPLIT : 1;
+        e = getenv("SPARK_CUDA_PREFILL_RSPLIT");
+        if (p->next && e && atoi(e) >= 1) p->ksplit = std::min(atoi(e), PF_ROUTER_SPLIT_MAX);
         e = getenv("SPARK_CUDA_PREFILL_GEMM");
         p->gemm_legacy = e && strstr(e, "legacy");
         p->gemm_tile_rows = e && strstr(e, "tile64") ? 64 : 0;
@@ -764,6 +839,10 @@ int engine_cu_pf_new_view(engine_cuda_prefill **out, engine_cuda_model *cm, engi
         if (e && strstr(e, "pipe8")) p->gemm_pipe |= ENGINE_CU_GEMM_PIPE_Q8;
         p->gemm_wided = e && strstr(e, "wided");
         p->gemm_ksplit = e && strstr(e, "splitk") ? 4 : 1;
+        p->gemm_ksplit_narrow = e && strstr(e, "nonarrow") ? 1 : 4; /* pf_ksplit */
+        /* SPARK_CUDA_PREFILL_WOSPLIT=N: wo split along K into N whatever the tokens (A/B runs) */
+        const char *ws = getenv("SPARK_CUDA_PREFILL_WOSPLIT");
+        p->gemm_wo_split = ws && atoi(ws) > 1 ? std::min(atoi(ws), 8) : 1;
         p->gemm_svec = e && strstr(e, "svec");
         /* the grouped expert GEMMs read their Q4_K / Q5_K fragments straight from the staged
          * raw blocks by default (session 6, H200, full Qwen3-30B-A3B Q4_K_M: pp512 10,569.2 ->
@@ -871,23 +950,39 @@ static void pf_gemm_args(const engine_cuda_prefill *p, bool grouped, const engin
     }
 }
 
-/* "splitk": a dense tensor-core product (its parts all set; q, k, v and wo only, whose phases
- * leave g and u free) split along K into the count
- * (<= gemm_ksplit) that fills the GPU's block slots best, ceil(blocks * ks / slots) / ks waves
- * of a whole product's time, where that saves at least a tenth and the buffer holds it. */
-static void pf_ksplit(const engine_cuda_prefill *p, engine_cu_gemm_args *a) {
+/* Split-K of a dense tensor-core product (its parts all set; q, k, v and wo only, whose phases
+ * leave g and u free; the partial sums added in split order by one more launch):
+ * - "splitk": into the count (<= gemm_ksplit) that fills the GPU's block slots best,
+ *   ceil(blocks * ks / slots) / ks waves of a whole product's time, where that saves at least a
+ *   tenth and the buffer holds it (the count depends on the tokens of the pass);
+ * - by default, a narrow product (at most PF_NARROW_ROWS weight rows in the launch: a v or k
+ *   of another type than q, launched alone) into gemm_ksplit_narrow splits whatever the tokens,
+ *   so that a token's results still do not depend on the chunking. Qwen3-30B-A3B Q4_K_M's Q6_K
+ *   v: 8 column tiles, 64 blocks at 512 tokens, 41 us of a ~1 ms layer on the H200 (session 24,
+ *   Nsight Compute). "nonarrow" leaves them whole. */
+#define PF_NARROW_ROWS 512
+static void pf_ksplit(const engine_cuda_prefill *p, engine_cu_gemm_args *a, int fixed = 1) {
     const unsigned blocks = engine_cu_gemm_blocks(a);
-    if (p->gemm_ksplit <= 1 || a->tiles || blocks == 0) return;
-    const double slots = (double)p->n_sm * (a->wide ? 2 : 3);
+    if (a->tiles || blocks == 0) return;
     int best = 1;
-    double bt = ceil(blocks / slots);
-    for (int ks = 2; ks <= p->gemm_ksplit; ks++) {
-        const double t = ceil(blocks * (double)ks / slots) / ks;
-        if (t < 0.9 * bt) {
-            best = ks;
-            bt = t;
+    if (p->gemm_ksplit > 1) {
+        const double slots = (double)p->n_sm * (a->wide ? 2 : 3);
+        double bt = ceil(blocks / slots);
+        for (int ks = 2; ks <= p->gemm_ksplit; ks++) {
+            const double t = ceil(blocks * (double)ks / slots) / ks;
+            if (t < 0.9 * bt) {
+                best = ks;
+                bt = t;
+            }
         }
+    } else if (p->gemm_ksplit_narrow > 1) {
+        int rows = a->rows;
+        for (int j = 0; j < a->n_more; j++)
+            rows += a->more[j].rows;
+        if (rows <= PF_NARROW_ROWS) best = p->gemm_ksplit_narrow;
     }
+    if (p->gemm_ksplit <= 1 && best <= 1 && fixed > 1) best = fixed;
+    if (best <= 1) return;
     a->kpart = p->g;
     for (a->ksplit = best; a->ksplit > 1; a->ksplit--)
         if (engine_cu_gemm_kpart_bytes(a) <= p->kpart_bytes) return;
@@ -1032,7 +1127,7 @@ int engine_cu_pf_chunk(engine_cuda_prefill *p, const int32_t *tokens, int32_t n,
         {
             engine_cu_gemm_args a;
             pf_gemm_args(p, false, &ly->wo, gx, n, NULL, p->x, emb, 1, 1, &a);
-            pf_ksplit(p, &a);
+            pf_ksplit(p, &a, p->gemm_wo_split);
             engine_cu_gemm(&a, st);
         }
         pc.x = NULL; /* x changed */
