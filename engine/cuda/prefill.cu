@@ -430,6 +430,8 @@ __global__ void __launch_bounds__(32 * PF_ROUTE_TOK)
 
 void engine_cu_pf_route(const float *logits, int n_split, int n, int n_expert, int k,
                         int norm_topk, int32_t *ids, float *weights, cudaStream_t stream) {
+    /* the kernel holds a sum's partials in PF_ROUTER_SPLIT_MAX registers */
+    ENGINE_ASSERT(n_split >= 1 && n_split <= PF_ROUTER_SPLIT_MAX);
     if (n > 0)
         pf_route_kernel<<<(n + PF_ROUTE_TOK - 1) / PF_ROUTE_TOK, 32 * PF_ROUTE_TOK, 0, stream>>>(
             logits, n_split, n, n_expert, k, norm_topk, ids, weights);
