@@ -48,7 +48,8 @@ static size_t al256(size_t n) {
 size_t engine_cu_gemm_x_bytes(int form, int m, int cols) {
     const size_t n = (size_t)m * (size_t)cols;
     if (form == ENGINE_CU_GX_Q8_K || form == ENGINE_CU_GX_Q8_0)
-        return al256(n) + al256(sizeof(float) * (n / 32)) + al256(sizeof(float) * (n / 16));
+        return al256(n) + al256(sizeof(float) * (n / 32)) + al256(sizeof(float) * (n / 16)) +
+               (form == ENGINE_CU_GX_Q8_K ? al256(sizeof(uint32_t) * (n / 32)) : 0);
     return al256(n * (form == ENGINE_CU_GX_F32 ? 4 : 2));
 }
 
@@ -59,7 +60,8 @@ size_t engine_cu_gemm_x_bytes(int form, int m, int cols) {
 template <int MODE>
 __global__ void __launch_bounds__(256)
     gemm_prep_kernel(int form, int cols, const float *x, const float *g, int ldx,
-                     const float *norm_w, float eps, int8_t *q, float *d, float *s, void *v) {
+                     const float *norm_w, float eps, int8_t *q, float *d, float *s, uint32_t *b,
+                     void *v) {
     extern __shared__ __align__(16) uint8_t sm[];
     const int t = blockIdx.x;
     const float *src = x + (size_t)t * ldx;
@@ -87,6 +89,22 @@ __global__ void __launch_bounds__(256)
             d[(size_t)t * (cols / 32) + i] = sd[i];
         for (int i = threadIdx.x; i < cols / 16; i += blockDim.x)
             s[(size_t)t * (cols / 16) + i] = ss[i];
+        if (MODE == ENGINE_CU_X_Q8_K) /* each 32-value run's int sum as F16 lo, hi (gemm.cuh) */
+            for (int i = threadIdx.x; i < cols / 32; i += blockDim.x) {
+                const int4 u = sq[2 * i], w = sq[2 * i + 1];
+                int sum = 0;
+                sum = __dp4a(u.x, 0x01010101, sum);
+                sum = __dp4a(u.y, 0x01010101, sum);
+                sum = __dp4a(u.z, 0x01010101, sum);
+                sum = __dp4a(u.w, 0x01010101, sum);
+                sum = __dp4a(w.x, 0x01010101, sum);
+                sum = __dp4a(w.y, 0x01010101, sum);
+                sum = __dp4a(w.z, 0x01010101, sum);
+                sum = __dp4a(w.w, 0x01010101, sum);
+                const uint32_t lo = __half_as_ushort(__int2half_rn(sum & 63)),
+                               hi = __half_as_ushort(__int2half_rn(sum >> 6));
+                b[(size_t)t * (cols / 32) + i] = lo | hi << 16;
+            }
     } else {
         const float *sf = (const float *)st;
         if (form == ENGINE_CU_GX_F32) {
@@ -112,8 +130,10 @@ void engine_cu_gemm_prep(engine_cu_gx *gx, void *buf, int form, int m, int cols,
     gx->cols = cols;
     gx->v = buf;
     gx->d = gx->s = nullptr;
+    gx->b = nullptr;
     int8_t *q = nullptr;
     float *d = nullptr, *s = nullptr;
+    uint32_t *sb = nullptr;
     const bool quant = form == ENGINE_CU_GX_Q8_K || form == ENGINE_CU_GX_Q8_0;
     if (quant) {
         q = (int8_t *)b;
@@ -121,6 +141,11 @@ void engine_cu_gemm_prep(engine_cu_gx *gx, void *buf, int form, int m, int cols,
         s = (float *)(b + al256(n) + al256(sizeof(float) * (n / 32)));
         gx->d = d;
         gx->s = s;
+    }
+    if (form == ENGINE_CU_GX_Q8_K) {
+        sb = (uint32_t *)(b + al256(n) + al256(sizeof(float) * (n / 32)) +
+                          al256(sizeof(float) * (n / 16)));
+        gx->b = sb;
     }
     if (m <= 0) return;
     const size_t smem = (g ? sizeof(float) * (size_t)cols : 0) + engine_cu_xs_bytes(quant, cols);
@@ -130,19 +155,19 @@ void engine_cu_gemm_prep(engine_cu_gx *gx, void *buf, int form, int m, int cols,
             cudaFuncSetAttribute(gemm_prep_kernel<ENGINE_CU_X_Q8_K>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         gemm_prep_kernel<ENGINE_CU_X_Q8_K><<<grid, block, smem, stream>>>(
-            form, cols, x, g, ldx, norm_w, eps, q, d, s, buf);
+            form, cols, x, g, ldx, norm_w, eps, q, d, s, sb, buf);
     } else if (form == ENGINE_CU_GX_Q8_0) {
         if (smem > 48 * 1024)
             cudaFuncSetAttribute(gemm_prep_kernel<ENGINE_CU_X_Q8_0>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         gemm_prep_kernel<ENGINE_CU_X_Q8_0><<<grid, block, smem, stream>>>(
-            form, cols, x, g, ldx, norm_w, eps, q, d, s, buf);
+            form, cols, x, g, ldx, norm_w, eps, q, d, s, sb, buf);
     } else {
         if (smem > 48 * 1024)
             cudaFuncSetAttribute(gemm_prep_kernel<ENGINE_CU_X_F32>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         gemm_prep_kernel<ENGINE_CU_X_F32><<<grid, block, smem, stream>>>(
-            form, cols, x, g, ldx, norm_w, eps, q, d, s, buf);
+            form, cols, x, g, ldx, norm_w, eps, q, d, s, sb, buf);
     }
 }
 
@@ -488,16 +513,25 @@ __device__ __forceinline__ int gemm_px(int i) {
  * fragments straight from the staged raw bytes (a 32-bit word of packed nibbles gives the
  * fragment of two 32-column runs: low nibbles, then high; Q5_K ORs in its qh bit), so the
  * decode only writes the scales and no int8 weight tile goes through shared memory. */
+/* KI (engine_cu_gemm_args.kint; DB kernels): each 32-column run's int8 product times the run's
+ * 6-bit scale summed in int32 over the superblock (its two steps), the minimums' term
+ * sum_j m_j * (X run sum)_j of the superblock as one F16 tensor-core product per fragment
+ * (run sums split as 64 hi + lo, m and 64 m: exact integers), then d * sumi - dmin * summ
+ * (d, dmin times the X row's Q8_K scale) added to the F32 sums at the superblock's end: the
+ * CPU dot's (dot_k45_block) integer order inside a superblock. KI: 0 (off), else the blocks per multiprocessor the
+ * registers are allotted for. */
 template <int MODE, int WM, bool LEGACY, bool PIPE = false, int WNN = 4 / WM, bool SV = false,
-          bool DB = false>
-__global__ void __launch_bounds__(32 * WM * WNN, WM * WNN == 8 ? 2 : SV ? 4 : 3)
+          bool DB = false, int KI = 0>
+__global__ void __launch_bounds__(32 * WM * WNN, KI ? KI : WM * WNN == 8 ? 2 : SV ? 4 : 3)
     gemm_kernel(engine_cu_gemm_args a) {
+    constexpr bool KB = KI != 0;
     static_assert(!DB || (PIPE && MODE == 1 && SV), "direct fragments: staged Q4_K / Q5_K, SV");
+    static_assert(!KB || DB, "the int superblock epilogue reads the staged headers (DB)");
     static_assert(!SV || (MODE != 2 && !LEGACY), "the SV scale layout is for int8 forms");
     static_assert(!PIPE || (MODE != 2 && !LEGACY), "the staged pipeline is for int8 forms");
     static_assert(WM * WNN == 4 || (WM == 2 && WNN == 4 && !LEGACY), "4 warps, or 8 of 64 x 128");
     constexpr bool Q = MODE != 2, K32 = MODE == 1 || MODE == 3;
-    constexpr bool OFF = LEGACY ? Q : MODE == 1;
+    constexpr bool OFF = LEGACY ? Q : MODE == 1 && !KB;
     /* NT threads; WIDE (8 warps) and SV kernels: the 16-row fragments past the tile's rows skip
      * their products (SKIP) */
     constexpr int NT = 32 * WM * WNN, TBM = 32 * WM, TBN = 32 * WNN;
@@ -512,6 +546,9 @@ __global__ void __launch_bounds__(32 * WM * WNN, WM * WNN == 8 ? 2 : SV ? 4 : 3)
     float *const vWs = &sWs[0][0], *const vWo = &sWo[0][0], *const vXd = &sXd[0][0],
                  *const vXs = &sXs[0][0];
     __shared__ int sIdx[TBM];
+    /* KI: the superblock's X run sums of each tile row, F16: lo of runs 0-7, hi of runs 0-7
+     * (rows of 12 words: the fragment loads of a warp hit different banks) */
+    __shared__ __align__(16) uint16_t sXb[KB ? TBM : 1][24];
     int mat, row0, nrow;
     if (!gemm_tile<WM>(a, &mat, &row0, &nrow)) return;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -568,19 +605,23 @@ __global__ void __launch_bounds__(32 * WM * WNN, WM * WNN == 8 ? 2 : SV ? 4 : 3)
     }
     __syncthreads();
     float acc[2][4][4];
+    int acci[KB ? 2 : 1][4][4]; /* KI: the superblock's sum of sc * (int product) */
 #pragma unroll
     for (int mi = 0; mi < 2; mi++)
 #pragma unroll
         for (int ni = 0; ni < 4; ni++)
 #pragma unroll
-            for (int e = 0; e < 4; e++)
+            for (int e = 0; e < 4; e++) {
                 acc[mi][ni][e] = 0.0f;
+                if (KB) acci[KB ? mi : 0][ni][e] = 0;
+            }
 
     /* this thread's X vectors of a step: rows and 16-byte parts; and (int8 forms, not LEGACY)
      * its X scales of the step: (row, 32-column block) pairs idx = tid + 128 j */
     constexpr int XS = Q && !LEGACY ? TBM * 4 / NT : 1;
     int4 xr[XV];
     float xdr[XS], xsr[XS];
+    uint32_t xbr[KB ? XS : 1];
     auto load_x = [&](int k0) {
 #pragma unroll
         for (int j = 0; j < XV; j++) {
@@ -604,6 +645,7 @@ __global__ void __launch_bounds__(32 * WM * WNN, WM * WNN == 8 ? 2 : SV ? 4 : 3)
                     const float *xs = a.x.s + (size_t)src * (a.cols / 16) + cd / 16;
                     xsr[j] = xs[0] + xs[1];
                 }
+                if constexpr (KB) xbr[j] = in ? a.x.b[(size_t)src * (a.cols / 32) + cd / 32] : 0u;
             }
     };
     /* the W tile of step k0 for weights of type tc (int8 forms): a chunk outside the matrix
@@ -779,6 +821,16 @@ __global__ void __launch_bounds__(32 * WM * WNN, WM * WNN == 8 ? 2 : SV ? 4 : 3)
                 const bool in = n0 + r < rows && c < nch;
                 const uint8_t *sr = st + r * srow;
                 const int q = c & 7, jj = q >> 1, half = q & 1;
+                if constexpr (KB) { /* the two runs' 6-bit scales as ints (SV layout) */
+                    const uint4 hv = *(const uint4 *)sr;
+                    int sc[2], mn[2], a0, b0;
+                    engine_cu_scale_min_k4w2(jj, hv.y, hv.z, hv.w, sc, mn);
+                    engine_cu_chunk_cols(ENGINE_TYPE_Q4_K, c, &a0, &b0);
+                    const int pr = gemm_pw(r);
+                    vWs[((a0 - k0) >> 5) * TBN + pr] = __int_as_float(in ? sc[0] : 0);
+                    vWs[((b0 - k0) >> 5) * TBN + pr] = __int_as_float(in ? sc[1] : 0);
+                    continue;
+                }
                 uint32_t hdr[4], qs[4], qh[4] = {0, 0, 0, 0};
                 const int qo = (q5 ? 48 : 16) + 32 * (jj - 2 * h) + 16 * half;
                 const uint4 hv = *(const uint4 *)sr, sv = *(const uint4 *)(sr + qo);
@@ -828,6 +880,11 @@ __global__ void __launch_bounds__(32 * WM * WNN, WM * WNN == 8 ? 2 : SV ? 4 : 3)
                     const int px = (idx & 3) * TBM + gemm_px(idx >> 2);
                     vXd[px] = xdr[j];
                     if (OFF) vXs[px] = xsr[j];
+                    if constexpr (KB) {
+                        const int run = 4 * ((k0 >> 7) & 1) + (idx & 3);
+                        sXb[idx >> 2][run] = (uint16_t)(xbr[j] & 0xffffu);
+                        sXb[idx >> 2][8 + run] = (uint16_t)(xbr[j] >> 16);
+                    }
                 } else {
                     sXd[idx >> 2][idx & 3] = xdr[j];
                     if (OFF) sXs[idx >> 2][idx & 3] = xsr[j];
@@ -958,7 +1015,24 @@ __global__ void __launch_bounds__(32 * WM * WNN, WM * WNN == 8 ? 2 : SV ? 4 : 3)
                 }
                 }
                 float xd[2][2], xs[2][2];
-                if constexpr (SV) {
+                if constexpr (KB) { /* int products times the run's scales, summed in int */
+                    const int4 s0 = *(const int4 *)(vWs + ks * TBN + wn * 32 + 8 * tig),
+                               s1 = *(const int4 *)(vWs + ks * TBN + wn * 32 + 8 * tig + 4);
+                    const int scv[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
+#pragma unroll
+                    for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+                        for (int mi = 0; mi < 2; mi++) {
+                            if (SKIP && mi >= nfr) continue;
+                            int c[4];
+                            mma_s8_k32(c, af[mi], bfr[ni][0], bfr[ni][1], 0);
+                            int *ai = acci[KB ? mi : 0][ni];
+                            ai[0] += scv[2 * ni] * c[0];
+                            ai[1] += scv[2 * ni + 1] * c[1];
+                            ai[2] += scv[2 * ni] * c[2];
+                            ai[3] += scv[2 * ni + 1] * c[3];
+                        }
+                } else if constexpr (SV) {
                     float wsv[8], wov[8];
                     sv_load(ks, ks, ks, xd, xs, wsv, wov);
 #pragma unroll
@@ -997,6 +1071,54 @@ __global__ void __launch_bounds__(32 * WM * WNN, WM * WNN == 8 ? 2 : SV ? 4 : 3)
                 }
                 }
             }
+            if constexpr (KB)
+                if ((k0 >> 7) & 1) { /* the superblock's last step (Q8_K rows: 256 columns) */
+                    const int srow = a.type == ENGINE_TYPE_Q5_K ? GEMM_STAGE_ROW : GEMM_STAGE_ROW_Q4;
+                    const uint8_t *st = gemm_stage + (size_t)buf * TBN * srow;
+                    /* the X rows' Q8_K scales (every run of the superblock holds it) */
+                    const float4 x4 = *(const float4 *)(vXd + wm * 32 + 4 * g);
+                    const float xq[2][2] = {{x4.x, x4.y}, {x4.z, x4.w}};
+#pragma unroll
+                    for (int ni = 0; ni < 4; ni++) {
+                        const int rb = wn * 32 + ni * 8;
+                        /* B: m of runs 2 tig, 2 tig + 1 (k 2 tig..), and 64 m (k 8 + 2 tig..)
+                         * of weight row rb + g, from its staged header */
+                        const uint4 hg = *(const uint4 *)(st + (rb + g) * srow);
+                        int scx[2], mx[2];
+                        engine_cu_scale_min_k4w2(tig, hg.y, hg.z, hg.w, scx, mx);
+                        const uint32_t b0 = (uint32_t)__half_as_ushort(__int2half_rn(mx[0])) |
+                                            (uint32_t)__half_as_ushort(__int2half_rn(mx[1])) << 16,
+                                       b1 =
+                                           (uint32_t)__half_as_ushort(__int2half_rn(64 * mx[0])) |
+                                           (uint32_t)__half_as_ushort(__int2half_rn(64 * mx[1]))
+                                               << 16;
+                        /* d and dmin of the rows of this thread's sums */
+                        const uint32_t h0 = *(const uint32_t *)(st + (rb + 2 * tig) * srow),
+                                       h1 = *(const uint32_t *)(st + (rb + 2 * tig + 1) * srow);
+                        const float dr[2] = {engine_cu_h2f((uint16_t)(h0 & 0xffffu)),
+                                             engine_cu_h2f((uint16_t)(h1 & 0xffffu))},
+                                    nr[2] = {engine_cu_h2f((uint16_t)(h0 >> 16)),
+                                             engine_cu_h2f((uint16_t)(h1 >> 16))};
+#pragma unroll
+                        for (int mi = 0; mi < 2; mi++) {
+                            if (SKIP && mi >= nfr) continue;
+                            const uint32_t *xa = (const uint32_t *)&sXb[wm * 32 + mi * 16 + g][0];
+                            const uint32_t afm[4] = {xa[tig], xa[8 * 12 + tig], xa[4 + tig],
+                                                     xa[8 * 12 + 4 + tig]};
+                            float sm[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                            mma_f16(sm, afm, b0, b1, false); /* sum_j m_j (X run sum)_j */
+                            int *ai = acci[KB ? mi : 0][ni];
+#pragma unroll
+                            for (int e = 0; e < 4; e++) {
+                                const float xv = xq[mi][e >> 1];
+                                acc[mi][ni][e] =
+                                    fmaf(dr[e & 1] * xv, (float)ai[e],
+                                         fmaf(-(nr[e & 1] * xv), sm[e], acc[mi][ni][e]));
+                                ai[e] = 0;
+                            }
+                        }
+                    }
+                }
         } else {
 #pragma unroll
             for (int ks = 0; ks < BK / 16; ks++) {
@@ -1219,24 +1341,30 @@ static void gemm_launch(int mode, dim3 grid, const engine_cu_gemm_args *a, cudaS
 
 /* The staged (cp.async) kernels of mode 0, 1 or 3: two staging buffers of dynamic shared
  * memory. */
-template <int MODE, int WM, int WNN, bool SV, bool DB = false>
+template <int MODE, int WM, int WNN, bool SV, bool DB = false, int KI = 0>
 static void gemm_launch_pipe1(dim3 grid, const engine_cu_gemm_args *a, cudaStream_t st) {
     const int srow = MODE != 1                                  ? GEMM_STAGE_ROW2
                      : SV && a->type == ENGINE_TYPE_Q4_K ? GEMM_STAGE_ROW_Q4
                                                          : GEMM_STAGE_ROW;
     const size_t dyn = (size_t)2 * (32 * WNN) * srow;
-    cudaFuncSetAttribute(gemm_kernel<MODE, WM, false, true, WNN, SV, DB>,
+    cudaFuncSetAttribute(gemm_kernel<MODE, WM, false, true, WNN, SV, DB, KI>,
                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn);
     if (SV) /* room for 4 blocks per multiprocessor (the SV kernels' launch bounds) */
-        cudaFuncSetAttribute(gemm_kernel<MODE, WM, false, true, WNN, SV, DB>,
+        cudaFuncSetAttribute(gemm_kernel<MODE, WM, false, true, WNN, SV, DB, KI>,
                              cudaFuncAttributePreferredSharedMemoryCarveout,
                              cudaSharedmemCarveoutMaxShared);
-    gemm_kernel<MODE, WM, false, true, WNN, SV, DB><<<grid, 32 * WM * WNN, dyn, st>>>(*a);
+    gemm_kernel<MODE, WM, false, true, WNN, SV, DB, KI><<<grid, 32 * WM * WNN, dyn, st>>>(*a);
 }
 template <int WM, int WNN = 4 / WM, bool SV = false>
 static void gemm_launch_pipe(int mode, dim3 grid, const engine_cu_gemm_args *a, cudaStream_t st) {
     if (mode == 0)
         gemm_launch_pipe1<0, WM, WNN, SV>(grid, a, st);
+    else if (mode == 1 && SV && a->direct && a->kint && !a->kpart && WM == 1 && WNN == 4) {
+        if (a->kint == 3) /* 32 x 128 tiles only; registers for 3 or 4 blocks an SM */
+            gemm_launch_pipe1<1, 1, 4, true, true, 3>(grid, a, st);
+        else
+            gemm_launch_pipe1<1, 1, 4, true, true, 4>(grid, a, st);
+    }
     else if (mode == 1 && SV && a->direct)
         gemm_launch_pipe1<1, WM, WNN, SV, SV>(grid, a, st);
     else if (mode == 1)
@@ -1380,7 +1508,9 @@ void engine_cu_gemm(const engine_cu_gemm_args *a, cudaStream_t stream) {
  * 64 x 128 tiles, the SV scale layout), "svec" (the SV scale layout in the 4-warp kernels),
  * "direct" (svec, and staged Q4_K / Q5_K products reading their weight fragments from the
  * staged bytes),
- * "splitk" (dense tensor-core types: split-K over 3, at most one per step).
+ * "splitk" (dense tensor-core types: split-K over 3, at most one per step), "kint" (with direct
+ * and 32-row tiles: Q4_K / Q5_K in the int superblock order; "kint3": registers for 3 blocks
+ * an SM).
  * ------------------------------------------------------------------------------------------- */
 extern "C" int engine_cuda_op_gemm(engine_type type, const void *w, int64_t rows, int64_t cols,
                                    size_t row_bytes, int m, const float *x, const float *norm_w,
@@ -1480,6 +1610,7 @@ extern "C" int engine_cuda_op_gemm(engine_type type, const void *w, int64_t rows
     a.wide = var && strstr(var, "wide");
     a.svec = var && strstr(var, "svec");
     a.direct = var && strstr(var, "direct");
+    a.kint = var && strstr(var, "kint3") ? 3 : var && strstr(var, "kint") ? 1 : 0;
     if (fused) {
         const int r1 = (int)(rows * 5 / 8), r2 = (int)(rows * 7 / 8);
         a.rows = r1;

@@ -44,7 +44,7 @@
 
 /* Activation forms (engine_cu_gemm_xform). */
 enum {
-    ENGINE_CU_GX_Q8_K = 0, /* int8 per 256, d per 32 entry, s = d * sum q per 16 */
+    ENGINE_CU_GX_Q8_K = 0, /* int8 per 256, d per 32 entry, s = d * sum q per 16, b (below) */
     ENGINE_CU_GX_Q8_0 = 1, /* int8 per 32, d rounded to F16 */
     ENGINE_CU_GX_F16 = 2,
     ENGINE_CU_GX_BF16 = 3,
@@ -63,6 +63,10 @@ typedef struct {
     const void *v;   /* int8 [m][cols] | uint16 [m][cols] | float [m][cols] */
     const float *d;  /* int8 forms: [m][cols / 32] */
     const float *s;  /* int8 forms: [m][cols / 16] */
+    /* Q8_K: [m][cols / 32] the int sum of each 32-value run as two F16 halves, low 16 bits
+     * lo = sum & 63, high 16 bits hi = sum >> 6 (sum = 64 hi + lo, both exact in F16), for the
+     * int superblock epilogue (engine_cu_gemm_args.kint); NULL for the other forms */
+    const uint32_t *b;
 } engine_cu_gx;
 
 size_t engine_cu_gemm_x_bytes(int form, int m, int cols);
@@ -135,6 +139,13 @@ typedef struct {
      * from the staged raw bytes (no decoded int8 tile in shared memory; the same values and
      * arithmetic). Opt-in */
     int direct;
+    /* nonzero, with direct, grouped Q4_K / Q5_K: the CPU's integer order (dot_k45_block) in
+     * the products: each 32-column run's int8 product times its 6-bit scale summed in int32
+     * over a superblock, the minimums' term sum m * (x run sum) on F16 tensor cores (exact
+     * integers), and d * sumi - dmin * summ added once per superblock in F32. Other rounding
+     * than the default; fewer instructions per product. 3: with
+     * registers for 3 blocks a multiprocessor instead of 4. Opt-in */
+    int kint;
 } engine_cu_gemm_args;
 
 void engine_cu_gemm(const engine_cu_gemm_args *a, cudaStream_t stream);

@@ -587,6 +587,9 @@ struct engine_cuda_prefill {
      * splits, their partial sums in the free gate/up buffers; other rounding) */
     int gemm_legacy, gemm_tile_rows, gemm_nofuse, gemm_pfl1, gemm_pipe, gemm_wide, gemm_wided;
     int gemm_svec, gemm_direct, gemm_ksplit, gemm_ksplit_narrow, gemm_wo_split, n_sm;
+    int gemm_kint; /* "kint": the grouped direct Q4_K / Q5_K products in the int superblock
+                    * order (engine_cu_gemm_args.kint; other rounding); "kint3" with
+                    * registers for 3 blocks an SM */
     size_t kpart_bytes; /* g and u: the split-K buffer outside the FFN phase */
     cudaEvent_t *ev; /* [2 + 6 * n_layer] */
     int *ev_cat, n_ev;
@@ -851,6 +854,7 @@ int engine_cu_pf_new_view(engine_cuda_prefill **out, engine_cuda_model *cm, engi
          * 10,731.4 tok/s, the same bits: test_cuda_batch); "nodirect" the decoded-tile path */
         p->gemm_direct = !(e && strstr(e, "nodirect"));
         p->gemm_wide = p->gemm_wided || (e && strstr(e, "wide"));
+        p->gemm_kint = e && strstr(e, "kint3") ? 3 : e && strstr(e, "kint") ? 1 : 0;
     }
     if (p->prof) {
         const int n_ev = 2 + 6 * (int)hp->n_layer;
@@ -944,6 +948,7 @@ static void pf_gemm_args(const engine_cuda_prefill *p, bool grouped, const engin
     a.direct = grouped && (a.type == ENGINE_TYPE_Q4_K || a.type == ENGINE_TYPE_Q5_K)
                    ? p->gemm_direct
                    : 0;
+    a.kint = a.direct && !a.wide ? p->gemm_kint : 0;
     if (grouped) {
         a.tiles = p->tiles;
         a.n_tiles = p->n_tiles;

@@ -15,8 +15,8 @@
  *     of 1 to 70 rows, X gathered through a permutation, two weight matrices), three matrices
  *     in one launch, the staged cp.async kernels of every int8 type, the wide 8-warp tiles
  *     split-K and the first kernels (SPARK_CUDA_GEMM_OP);
- *     each variant but the first kernels and split-K bit for bit equal
- *     to the default on the same inputs (same order per element).
+ *     each variant but the first kernels, split-K and the int superblock order ("kint") bit
+ *     for bit equal to the default on the same inputs (same order per element).
  *   Prefill of a 70-token prompt (chunks of 48 tokens: two chunks, attention tiles of 32),
  *     every token's next-token logits against the CPU session's, on the generated tiny models
  *     (qwen3moe "tiny" and dense "qwen3-tiny") in f32, q8_0 and q4_k_m, KV F32:
@@ -172,9 +172,10 @@ static void test_gemm_case(engine_type t, int rows, int cols, int m, bool norm, 
     printf("gemm %-5s %4d x %-4d m %-3d%s%s [%s]: worst |gpu-exact|/sum|w xg| = %.2e\n",
            engine_type_name(t), rows, cols, m, norm ? " +norm" : "", acc ? " +acc" : "",
            var && *var ? var : "default", worst);
-    /* every variant but the first kernels and split-K computes each element in the same
-     * order: the same bits as the default on the same inputs */
-    if (rc == 0 && var && *var && !strstr(var, "legacy") && !strstr(var, "splitk")) {
+    /* every variant but the first kernels, split-K and the int superblock order computes each
+     * element in the same order: the same bits as the default on the same inputs */
+    if (rc == 0 && var && *var && !strstr(var, "legacy") && !strstr(var, "splitk") &&
+        !strstr(var, "kint")) {
         char saved[64];
         snprintf(saved, sizeof saved, "%s", var);
         float *yd = malloc(sizeof(float) * (size_t)m * rows);
@@ -211,8 +212,9 @@ static void test_gemm_case(engine_type t, int rows, int cols, int m, bool norm, 
  * covering pieces, rows of 96 values ending mid-step; F16 / BF16 fall back to the default),
  * the wide 8-warp 64 x 128 tiles (dense, grouped, staged; F16 / BF16: 4 warps), the SV scale
  * layout (svec) in the 4-warp kernels, the staged Q4_K / Q5_K products on fragments read
- * from the staged bytes (direct), and split-K over 3 (dense, the partial sums added in
- * order). */
+ * from the staged bytes (direct), split-K over 3 (dense, the partial sums added in order),
+ * and the int superblock order of Q4_K / Q5_K (kint, kint3: the direct 32-row kernels; the
+ * other types run their default kernels there). */
 static void test_gemm(void) {
     const engine_type types[] = {ENGINE_TYPE_Q4_K, ENGINE_TYPE_Q5_K, ENGINE_TYPE_Q6_K,
                                  ENGINE_TYPE_Q8_0, ENGINE_TYPE_Q4_0, ENGINE_TYPE_F16,
@@ -224,7 +226,8 @@ static void test_gemm(void) {
                               "grouped fused wide pipe", "splitk", "fused splitk pipe",
                               "wide splitk pipe", "svec", "svec pipe", "grouped svec pipe",
                               "tile32 svec", "direct pipe", "grouped direct pipe",
-                              "grouped fused wide direct pipe"};
+                              "grouped fused wide direct pipe", "grouped direct pipe kint",
+                              "grouped fused direct pipe kint3", "tile32 direct pipe kint"};
     const size_t nv = sizeof variants / sizeof variants[0];
     for (size_t v = 0; v < nv; v++) {
         setenv("SPARK_CUDA_GEMM_OP", variants[v], 1);
@@ -393,6 +396,30 @@ static void run_model(const char *preset, const char *type) {
                    diff ? "DIFFERENT" : "bit for bit the default");
             engine_cuda_prefill_free(pw);
         }
+    }
+    /* "kint" (the grouped Q4_K / Q5_K products in the int superblock order; other rounding):
+     * against the CPU by the same criteria as the default */
+    if (!c.exact) {
+        engine_cuda_prefill *pk = NULL;
+        const char *env = getenv("SPARK_CUDA_PREFILL_GEMM");
+        char saved[128], wk[96];
+        snprintf(saved, sizeof saved, "%s", env ? env : "");
+        setenv("SPARK_CUDA_PREFILL_GEMM", "kint", 1);
+        CHECK(engine_cuda_prefill_new(&pk, gm, gs2, CHUNK) == 0, "prefill kint");
+        if (env)
+            setenv("SPARK_CUDA_PREFILL_GEMM", saved, 1);
+        else
+            unsetenv("SPARK_CUDA_PREFILL_GEMM");
+        if (pk && engine_cuda_prefill_run(pk, tok, N_PROMPT, 0, lg2, NULL) == 0) {
+            snprintf(wk, sizeof wk, "%s %s prefill kint", preset, type);
+            cmp_stats ck = {.exact = 0, .moe = c.moe, .worst_cos = 1, .what = wk};
+            for (int i = 0; i < N_PROMPT; i++)
+                compare(&ck, lc + (size_t)i * nv, lg2 + (size_t)i * nv, nv, i);
+            finish(&ck);
+        } else {
+            CHECK(0, "%s %s: prefill kint run", preset, type);
+        }
+        engine_cuda_prefill_free(pk);
     }
     /* F16 KV (the f32 models): the prefill against the CPU with the same cache type; with
      * the default tensor-core attention (Q and P rounded to F16; SPARK_CUDA_PREFILL_NEXT=0:
