@@ -849,12 +849,13 @@ __global__ void __launch_bounds__(32 * WM * WNN, KI ? KI : WM * WNN == 8 ? 2 : S
             }
         }
     };
-    /* split-K (a.kpart, dense mode): block z takes the whole steps [kb, ke) of ksplit */
+    /* split-K (a.kpart, dense mode): block z takes the whole steps [kb, ke) of ksplit (KI:
+     * whole superblocks, two steps each) */
     int kb = 0, ke = a.cols;
     if (a.kpart) {
-        const int steps = (a.cols + BK - 1) / BK, z = (int)blockIdx.z;
-        kb = BK * (int)((long)steps * z / a.ksplit);
-        ke = min(a.cols, BK * (int)((long)steps * (z + 1) / a.ksplit));
+        const int u = KB ? 2 * BK : BK, units = (a.cols + u - 1) / u, z = (int)blockIdx.z;
+        kb = u * (int)((long)units * z / a.ksplit);
+        ke = min(a.cols, u * (int)((long)units * (z + 1) / a.ksplit));
     }
     load_x(kb);
     if constexpr (PIPE) stage(kb, 0);
@@ -1359,7 +1360,8 @@ template <int WM, int WNN = 4 / WM, bool SV = false>
 static void gemm_launch_pipe(int mode, dim3 grid, const engine_cu_gemm_args *a, cudaStream_t st) {
     if (mode == 0)
         gemm_launch_pipe1<0, WM, WNN, SV>(grid, a, st);
-    else if (mode == 1 && SV && a->direct && a->kint && !a->kpart && WM == 1 && WNN == 4) {
+    else if (mode == 1 && SV && a->direct && a->kint && WM == 1 && WNN == 4 &&
+             (!a->kpart || a->ksplit <= a->cols / (2 * BK))) { /* splits of whole superblocks */
         if (a->kint == 3) /* 32 x 128 tiles only; registers for 3 or 4 blocks an SM */
             gemm_launch_pipe1<1, 1, 4, true, true, 3>(grid, a, st);
         else

@@ -587,9 +587,10 @@ struct engine_cuda_prefill {
      * splits, their partial sums in the free gate/up buffers; other rounding) */
     int gemm_legacy, gemm_tile_rows, gemm_nofuse, gemm_pfl1, gemm_pipe, gemm_wide, gemm_wided;
     int gemm_svec, gemm_direct, gemm_ksplit, gemm_ksplit_narrow, gemm_wo_split, n_sm;
-    int gemm_kint; /* "kint": the grouped direct Q4_K / Q5_K products in the int superblock
-                    * order (engine_cu_gemm_args.kint; other rounding); "kint3" with
+    int gemm_kint; /* the grouped direct Q4_K / Q5_K products in the int superblock order
+                    * (engine_cu_gemm_args.kint; other rounding than "nokint"); "kint3" with
                     * registers for 3 blocks an SM */
+    int gemm_kintd; /* "kintd": the dense Q4_K / Q5_K products as well */
     size_t kpart_bytes; /* g and u: the split-K buffer outside the FFN phase */
     cudaEvent_t *ev; /* [2 + 6 * n_layer] */
     int *ev_cat, n_ev;
@@ -854,7 +855,12 @@ int engine_cu_pf_new_view(engine_cuda_prefill **out, engine_cuda_model *cm, engi
          * 10,731.4 tok/s, the same bits: test_cuda_batch); "nodirect" the decoded-tile path */
         p->gemm_direct = !(e && strstr(e, "nodirect"));
         p->gemm_wide = p->gemm_wided || (e && strstr(e, "wide"));
-        p->gemm_kint = e && strstr(e, "kint3") ? 3 : e && strstr(e, "kint") ? 1 : 0;
+        /* the grouped Q4_K / Q5_K products in the int superblock order by default (session
+         * 25, H200, full Qwen3-30B-A3B Q4_K_M: pp512 11,561-11,572 -> 12,768-12,883 tok/s);
+         * "nokint" the F32 epilogue of every 32-column product; "kintd" the dense Q4_K /
+         * Q5_K products too (32-row tiles, fragments from the staged bytes) */
+        p->gemm_kint = e && strstr(e, "nokint") ? 0 : e && strstr(e, "kint3") ? 3 : 1;
+        p->gemm_kintd = e && strstr(e, "kintd");
     }
     if (p->prof) {
         const int n_ev = 2 + 6 * (int)hp->n_layer;
@@ -948,6 +954,12 @@ static void pf_gemm_args(const engine_cuda_prefill *p, bool grouped, const engin
     a.direct = grouped && (a.type == ENGINE_TYPE_Q4_K || a.type == ENGINE_TYPE_Q5_K)
                    ? p->gemm_direct
                    : 0;
+    const bool k45 = a.type == ENGINE_TYPE_Q4_K || a.type == ENGINE_TYPE_Q5_K;
+    if (!grouped && k45 && p->gemm_kint && p->gemm_kintd && !a.wide && !a.legacy &&
+        (a.pipeline & ENGINE_CU_GEMM_PIPE_K45)) {
+        a.direct = 1;
+        a.tile_rows = 32;
+    }
     a.kint = a.direct && !a.wide ? p->gemm_kint : 0;
     if (grouped) {
         a.tiles = p->tiles;

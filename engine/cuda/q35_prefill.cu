@@ -43,6 +43,10 @@ struct engine_cuda_q35_prefill {
      * prefill (prefill.cu; the same arithmetic, bit for bit), unless SPARK_CUDA_PREFILL_GEMM
      * holds the word "nopipe" */
     int gemm_pipe;
+    /* the grouped Q4_K / Q5_K products (opt-in words of SPARK_CUDA_PREFILL_GEMM): "direct",
+     * fragments read from the staged bytes (the same bits); "kint", direct and the int
+     * superblock order (engine_cu_gemm_args.kint; other rounding) */
+    int gemm_direct, gemm_kint;
     int prof, n_ev, n_mark;
     cudaEvent_t *ev;
     int *ev_cat;
@@ -279,6 +283,8 @@ extern "C" int engine_cuda_q35_prefill_new(engine_cuda_q35_prefill **out,
     p->att_tc = !(e && e[0] == '0') && engine_cu_q35_att_tc_ok(p->v.kv_f32, p->nh, p->nkv, p->hd);
     e = getenv("SPARK_CUDA_PREFILL_GEMM");
     p->gemm_pipe = e && strstr(e, "nopipe") ? 0 : ENGINE_CU_GEMM_PIPE_K45;
+    p->gemm_kint = e && strstr(e, "kint") && !strstr(e, "nokint");
+    p->gemm_direct = p->gemm_kint || (e && strstr(e, "direct") && !strstr(e, "nodirect"));
     e = getenv("SPARK_CUDA_PREFILL_PROF");
     if (e && e[0] == '1') {
         p->prof = 1;
@@ -346,6 +352,10 @@ static void qp_gemm(const engine_cuda_q35_prefill *p, const engine_cuda_wview *w
         a.tiles = p->tiles;
         a.n_tiles = p->n_tiles;
         a.max_tiles = engine_cu_pf_max_tiles(m, p->X);
+        if (a.type == ENGINE_TYPE_Q4_K || a.type == ENGINE_TYPE_Q5_K) {
+            a.direct = p->gemm_direct;
+            a.kint = p->gemm_kint;
+        }
     }
     engine_cu_gemm(&a, st);
 }

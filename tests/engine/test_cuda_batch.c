@@ -37,7 +37,11 @@
  *   The prefill's GEMM words that keep the arithmetic (SPARK_CUDA_PREFILL_GEMM: "wided", the
  *     8-warp tiles everywhere; "svec", the scales in fragment order, 4 blocks per SM;
  *     "direct", svec with Q4_K / Q5_K fragments read from the staged bytes; "pipe6 pipe8",
- *     the staged kernels for Q6_K, Q8_0, Q4_0 too) give the same logits bit for bit.
+ *     the staged kernels for Q6_K, Q8_0, Q4_0 too) give the same logits bit for bit as the
+ *     default (its grouped Q4_K / Q5_K products in the int superblock order) or, with
+ *     "nokint" (the F32 epilogue of every product), as "nokint" alone; "nokint" and "kintd"
+ *     (the dense Q4_K / Q5_K products in the int order too) against the CPU by the same
+ *     criteria as the default.
  * Exits 77 (skip) with the reason when no GPU is usable or the build has no CUDA backend. */
 #include <math.h>
 #include <stdio.h>
@@ -214,7 +218,8 @@ static void test_gemm_case(engine_type t, int rows, int cols, int m, bool norm, 
  * layout (svec) in the 4-warp kernels, the staged Q4_K / Q5_K products on fragments read
  * from the staged bytes (direct), split-K over 3 (dense, the partial sums added in order),
  * and the int superblock order of Q4_K / Q5_K (kint, kint3: the direct 32-row kernels; the
- * other types run their default kernels there). */
+ * other types run their default kernels there; with split-K: splits of whole superblocks, or
+ * the F32 epilogue where the splits outnumber the superblocks). */
 static void test_gemm(void) {
     const engine_type types[] = {ENGINE_TYPE_Q4_K, ENGINE_TYPE_Q5_K, ENGINE_TYPE_Q6_K,
                                  ENGINE_TYPE_Q8_0, ENGINE_TYPE_Q4_0, ENGINE_TYPE_F16,
@@ -227,7 +232,8 @@ static void test_gemm(void) {
                               "wide splitk pipe", "svec", "svec pipe", "grouped svec pipe",
                               "tile32 svec", "direct pipe", "grouped direct pipe",
                               "grouped fused wide direct pipe", "grouped direct pipe kint",
-                              "grouped fused direct pipe kint3", "tile32 direct pipe kint"};
+                              "grouped fused direct pipe kint3", "tile32 direct pipe kint",
+                              "tile32 splitk direct pipe kint"};
     const size_t nv = sizeof variants / sizeof variants[0];
     for (size_t v = 0; v < nv; v++) {
         setenv("SPARK_CUDA_GEMM_OP", variants[v], 1);
@@ -364,62 +370,72 @@ static void run_model(const char *preset, const char *type) {
           "%s %s: chunked and two-call prefill logits differ", preset, type);
     CHECK(memcmp(ld, lg + (size_t)(N_PROMPT - 1) * nv, sizeof(float) * nv) == 0,
           "%s %s: logits_last differs from the last row", preset, type);
-    /* the prefill's GEMM words (SPARK_CUDA_PREFILL_GEMM, read when a prefill is made) that
-     * keep each product's arithmetic: the same logits bit for bit as the prefill above */
+    /* the prefill's GEMM words (SPARK_CUDA_PREFILL_GEMM, read when a prefill is made):
+     * - those that keep each product's arithmetic give the same logits bit for bit as their
+     *   reference: the default (lg) or the F32 epilogue of "nokint" (ln);
+     * - "nokint" and "kintd" (other rounding): against the CPU by the default's criteria;
+     * - the default's int superblock order against "nokint": how many logits differ (0 where
+     *   no Q4_K / Q5_K product takes it) */
     {
-        static const char *const words[] = {"wided", "svec", "direct", "wided pipe6 pipe8"};
+        static const struct {
+            const char *words;
+            int ref; /* 0: bit for bit the default, 1: bit for bit "nokint", 2: vs the CPU */
+        } runs[] = {{"nokint", 2},
+                    {"kintd", 2},
+                    {"svec", 0},
+                    {"direct pipe6 pipe8", 0},
+                    {"nokint wided", 1},
+                    {"nokint svec", 1},
+                    {"nokint wided pipe6 pipe8", 1}};
         const char *env = getenv("SPARK_CUDA_PREFILL_GEMM");
         char saved[128];
         snprintf(saved, sizeof saved, "%s", env ? env : "");
-        for (size_t wi = 0; wi < sizeof words / sizeof words[0]; wi++) {
+        float *ln = malloc(sizeof(float) * nv * N_PROMPT);
+        for (size_t wi = 0; ln && wi < sizeof runs / sizeof runs[0]; wi++) {
+            const char *w = runs[wi].words;
             engine_cuda_prefill *pw = NULL;
-            if (env && (strstr(env, "legacy") || strstr(env, "splitk"))) { /* other rounding */
-                printf("%s %s: GEMM words \"%s\" not compared (the run's words are \"%s\")\n",
-                       preset, type, words[wi], env);
+            if (env && *env) { /* the run's own words would mix with these */
+                printf("%s %s: GEMM words \"%s\" not run (the run's words are \"%s\")\n", preset,
+                       type, w, env);
                 continue;
             }
-            setenv("SPARK_CUDA_PREFILL_GEMM", words[wi], 1);
-            CHECK(engine_cuda_prefill_new(&pw, gm, gs2, CHUNK) == 0, "prefill %s", words[wi]);
+            setenv("SPARK_CUDA_PREFILL_GEMM", w, 1);
+            CHECK(engine_cuda_prefill_new(&pw, gm, gs2, CHUNK) == 0, "prefill %s", w);
             if (env)
                 setenv("SPARK_CUDA_PREFILL_GEMM", saved, 1);
             else
                 unsetenv("SPARK_CUDA_PREFILL_GEMM");
             if (!pw) continue;
-            const int rw = engine_cuda_prefill_run(pw, tok, N_PROMPT, 0, lg2, NULL);
-            CHECK(rw == 0, "prefill %s run", words[wi]);
-            size_t diff = 0;
-            for (size_t i = 0; rw == 0 && i < (size_t)nv * N_PROMPT; i++)
-                diff += memcmp(&lg[i], &lg2[i], sizeof(float)) != 0;
-            CHECK(rw == 0 && diff == 0, "%s %s: prefill with GEMM words \"%s\": %zu logits "
-                  "differ from the default's", preset, type, words[wi], diff);
-            printf("%s %s prefill, GEMM words \"%s\": %s\n", preset, type, words[wi],
-                   diff ? "DIFFERENT" : "bit for bit the default");
+            float *out = runs[wi].ref == 2 && strcmp(w, "nokint") == 0 ? ln : lg2;
+            const int rw = engine_cuda_prefill_run(pw, tok, N_PROMPT, 0, out, NULL);
+            CHECK(rw == 0, "prefill %s run", w);
             engine_cuda_prefill_free(pw);
+            if (rw) continue;
+            if (runs[wi].ref == 2) {
+                char wk[96];
+                snprintf(wk, sizeof wk, "%s %s prefill %s", preset, type, w);
+                cmp_stats ck = {.exact = c.exact, .moe = c.moe, .worst_cos = 1, .what = wk};
+                for (int i = 0; i < N_PROMPT; i++)
+                    compare(&ck, lc + (size_t)i * nv, out + (size_t)i * nv, nv, i);
+                finish(&ck);
+                size_t diff = 0;
+                for (size_t i = 0; i < (size_t)nv * N_PROMPT; i++)
+                    diff += memcmp(&lg[i], &out[i], sizeof(float)) != 0;
+                printf("%s %s prefill, GEMM words \"%s\": %zu logits differ from the default's\n",
+                       preset, type, w, diff);
+                continue;
+            }
+            const float *ref = runs[wi].ref == 0 ? lg : ln;
+            size_t diff = 0;
+            for (size_t i = 0; i < (size_t)nv * N_PROMPT; i++)
+                diff += memcmp(&ref[i], &lg2[i], sizeof(float)) != 0;
+            CHECK(diff == 0, "%s %s: prefill with GEMM words \"%s\": %zu logits differ from %s",
+                  preset, type, w, diff, runs[wi].ref == 0 ? "the default's" : "nokint's");
+            printf("%s %s prefill, GEMM words \"%s\": %s%s\n", preset, type, w,
+                   diff ? "DIFFERENT from " : "bit for bit ",
+                   runs[wi].ref == 0 ? "the default" : "nokint");
         }
-    }
-    /* "kint" (the grouped Q4_K / Q5_K products in the int superblock order; other rounding):
-     * against the CPU by the same criteria as the default */
-    if (!c.exact) {
-        engine_cuda_prefill *pk = NULL;
-        const char *env = getenv("SPARK_CUDA_PREFILL_GEMM");
-        char saved[128], wk[96];
-        snprintf(saved, sizeof saved, "%s", env ? env : "");
-        setenv("SPARK_CUDA_PREFILL_GEMM", "kint", 1);
-        CHECK(engine_cuda_prefill_new(&pk, gm, gs2, CHUNK) == 0, "prefill kint");
-        if (env)
-            setenv("SPARK_CUDA_PREFILL_GEMM", saved, 1);
-        else
-            unsetenv("SPARK_CUDA_PREFILL_GEMM");
-        if (pk && engine_cuda_prefill_run(pk, tok, N_PROMPT, 0, lg2, NULL) == 0) {
-            snprintf(wk, sizeof wk, "%s %s prefill kint", preset, type);
-            cmp_stats ck = {.exact = 0, .moe = c.moe, .worst_cos = 1, .what = wk};
-            for (int i = 0; i < N_PROMPT; i++)
-                compare(&ck, lc + (size_t)i * nv, lg2 + (size_t)i * nv, nv, i);
-            finish(&ck);
-        } else {
-            CHECK(0, "%s %s: prefill kint run", preset, type);
-        }
-        engine_cuda_prefill_free(pk);
+        free(ln);
     }
     /* F16 KV (the f32 models): the prefill against the CPU with the same cache type; with
      * the default tensor-core attention (Q and P rounded to F16; SPARK_CUDA_PREFILL_NEXT=0:
