@@ -3,8 +3,10 @@
 #ifndef SPARK_ENGINE_CUDA_COMMON_CUH
 #define SPARK_ENGINE_CUDA_COMMON_CUH
 
+#include <ctype.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <string.h>
 
 extern "C" {
 #include "engine.h"
@@ -352,6 +354,17 @@ __device__ __forceinline__ void engine_cu_touch(const uint8_t *p, size_t bytes, 
  * alive without any instruction waiting for them before this point. */
 __device__ __forceinline__ void engine_cu_sink(uint32_t sum, float *never) {
     if (sum == 0xffffffffu) *never = 0.0f;
+}
+
+/* Whether w is one of the words of e (words: runs of letters and digits; e may be NULL), so
+ * that "kint" does not match inside "nokint". */
+static inline bool engine_cu_env_word(const char *e, const char *w) {
+    const size_t n = strlen(w);
+    for (const char *p = e ? strstr(e, w) : NULL; p; p = strstr(p + 1, w)) {
+        const bool a = p == e || !isalnum((unsigned char)p[-1]), b = !isalnum((unsigned char)p[n]);
+        if (a && b) return true;
+    }
+    return false;
 }
 
 /* Multiprocessors of the current device (1 when the query fails; the error stays for the

@@ -590,7 +590,7 @@ struct engine_cuda_prefill {
     int gemm_kint; /* the grouped direct Q4_K / Q5_K products in the int superblock order
                     * (engine_cu_gemm_args.kint; other rounding than "nokint"); "kint3" with
                     * registers for 3 blocks an SM */
-    int gemm_kintd; /* "kintd": the dense Q4_K / Q5_K products as well */
+    int gemm_kintd; /* the dense Q4_K / Q5_K products as well ("nokintd": not) */
     size_t kpart_bytes; /* g and u: the split-K buffer outside the FFN phase */
     cudaEvent_t *ev; /* [2 + 6 * n_layer] */
     int *ev_cat, n_ev;
@@ -846,9 +846,10 @@ int engine_cu_pf_new_view(engine_cuda_prefill **out, engine_cuda_model *cm, engi
         p->gemm_wided = e && strstr(e, "wided");
         p->gemm_ksplit = e && strstr(e, "splitk") ? 4 : 1;
         p->gemm_ksplit_narrow = e && strstr(e, "nonarrow") ? 1 : 4; /* pf_ksplit */
-        /* SPARK_CUDA_PREFILL_WOSPLIT=N: wo split along K into N whatever the tokens (A/B runs) */
+        /* SPARK_CUDA_PREFILL_WOSPLIT=N: wo split along K into N whatever the tokens (A/B runs;
+         * unset: PF_WO_SPLIT_KINT where wo takes the int superblock order, else 1) */
         const char *ws = getenv("SPARK_CUDA_PREFILL_WOSPLIT");
-        p->gemm_wo_split = ws && atoi(ws) > 1 ? std::min(atoi(ws), 8) : 1;
+        p->gemm_wo_split = ws && atoi(ws) >= 1 ? std::min(atoi(ws), 8) : 0;
         p->gemm_svec = e && strstr(e, "svec");
         /* the grouped expert GEMMs read their Q4_K / Q5_K fragments straight from the staged
          * raw blocks by default (session 6, H200, full Qwen3-30B-A3B Q4_K_M: pp512 10,569.2 ->
@@ -857,10 +858,13 @@ int engine_cu_pf_new_view(engine_cuda_prefill **out, engine_cuda_model *cm, engi
         p->gemm_wide = p->gemm_wided || (e && strstr(e, "wide"));
         /* the grouped Q4_K / Q5_K products in the int superblock order by default (session
          * 25, H200, full Qwen3-30B-A3B Q4_K_M: pp512 11,561-11,572 -> 12,768-12,883 tok/s);
-         * "nokint" the F32 epilogue of every 32-column product; "kintd" the dense Q4_K /
-         * Q5_K products too (32-row tiles, fragments from the staged bytes) */
-        p->gemm_kint = e && strstr(e, "nokint") ? 0 : e && strstr(e, "kint3") ? 3 : 1;
-        p->gemm_kintd = e && strstr(e, "kintd");
+         * "nokint" the F32 epilogue of every 32-column product; the dense Q4_K / Q5_K
+         * products too (32-row tiles, fragments from the staged bytes: pp512 12,750-12,785 ->
+         * 12,845-12,855, pp4096 13,250 -> 13,834), "nokintd" not those */
+        p->gemm_kint = engine_cu_env_word(e, "nokint")  ? 0
+                       : engine_cu_env_word(e, "kint3") ? 3
+                                                        : 1;
+        p->gemm_kintd = !engine_cu_env_word(e, "nokintd");
     }
     if (p->prof) {
         const int n_ev = 2 + 6 * (int)hp->n_layer;
@@ -980,6 +984,10 @@ static void pf_gemm_args(const engine_cuda_prefill *p, bool grouped, const engin
  *   v: 8 column tiles, 64 blocks at 512 tokens, 41 us of a ~1 ms layer on the H200 (session 24,
  *   Nsight Compute). "nonarrow" leaves them whole. */
 #define PF_NARROW_ROWS 512
+/* wo's split along K where it takes the int superblock order (32 x 128 tiles, 4 blocks an SM:
+ * Qwen3-30B-A3B's 2048 x 4096 wo is 256 blocks at 512 tokens, half the H200's slots; session
+ * 25: pp512 12,845-12,855 -> 13,126 tok/s with 2, 13,017 with 3) */
+#define PF_WO_SPLIT_KINT 2
 static void pf_ksplit(const engine_cuda_prefill *p, engine_cu_gemm_args *a, int fixed = 1) {
     const unsigned blocks = engine_cu_gemm_blocks(a);
     if (a->tiles || blocks == 0) return;
@@ -1146,7 +1154,7 @@ int engine_cu_pf_chunk(engine_cuda_prefill *p, const int32_t *tokens, int32_t n,
         {
             engine_cu_gemm_args a;
             pf_gemm_args(p, false, &ly->wo, gx, n, NULL, p->x, emb, 1, 1, &a);
-            pf_ksplit(p, &a, p->gemm_wo_split);
+            pf_ksplit(p, &a, p->gemm_wo_split ? p->gemm_wo_split : a.kint ? PF_WO_SPLIT_KINT : 1);
             engine_cu_gemm(&a, st);
         }
         pc.x = NULL; /* x changed */

@@ -43,9 +43,11 @@ struct engine_cuda_q35_prefill {
      * prefill (prefill.cu; the same arithmetic, bit for bit), unless SPARK_CUDA_PREFILL_GEMM
      * holds the word "nopipe" */
     int gemm_pipe;
-    /* the grouped Q4_K / Q5_K products (opt-in words of SPARK_CUDA_PREFILL_GEMM): "direct",
-     * fragments read from the staged bytes (the same bits); "kint", direct and the int
-     * superblock order (engine_cu_gemm_args.kint; other rounding) */
+    /* the grouped Q4_K / Q5_K products as the qwen3moe prefill's: fragments read from the
+     * staged bytes ("nodirect": not; the same bits) and the int superblock order
+     * (engine_cu_gemm_args.kint; "nokint": the F32 epilogue, other rounding). Session 25, H200,
+     * 8-block Qwen3.5-35B-A3B Q4_K_M cut, pp512: 35,426-35,494 tok/s, direct 36,072, both
+     * 37,620-37,898 */
     int gemm_direct, gemm_kint;
     int prof, n_ev, n_mark;
     cudaEvent_t *ev;
@@ -283,8 +285,8 @@ extern "C" int engine_cuda_q35_prefill_new(engine_cuda_q35_prefill **out,
     p->att_tc = !(e && e[0] == '0') && engine_cu_q35_att_tc_ok(p->v.kv_f32, p->nh, p->nkv, p->hd);
     e = getenv("SPARK_CUDA_PREFILL_GEMM");
     p->gemm_pipe = e && strstr(e, "nopipe") ? 0 : ENGINE_CU_GEMM_PIPE_K45;
-    p->gemm_kint = e && strstr(e, "kint") && !strstr(e, "nokint");
-    p->gemm_direct = p->gemm_kint || (e && strstr(e, "direct") && !strstr(e, "nodirect"));
+    p->gemm_direct = !engine_cu_env_word(e, "nodirect");
+    p->gemm_kint = p->gemm_direct && !engine_cu_env_word(e, "nokint");
     e = getenv("SPARK_CUDA_PREFILL_PROF");
     if (e && e[0] == '1') {
         p->prof = 1;
