@@ -513,20 +513,23 @@ __device__ __forceinline__ int gemm_px(int i) {
  * fragments straight from the staged raw bytes (a 32-bit word of packed nibbles gives the
  * fragment of two 32-column runs: low nibbles, then high; Q5_K ORs in its qh bit), so the
  * decode only writes the scales and no int8 weight tile goes through shared memory. */
-/* KI (engine_cu_gemm_args.kint; DB kernels): each 32-column run's int8 product times the run's
- * 6-bit scale summed in int32 over the superblock (its two steps), the minimums' term
+/* KI (engine_cu_gemm_args.kint; DB kernels, and Q6_K's SV kernel: below): each 32-column
+ * run's int8 product times the run's 6-bit scale summed in int32 over the superblock (its two steps), the minimums' term
  * sum_j m_j * (X run sum)_j of the superblock as one F16 tensor-core product per fragment
  * (run sums split as 64 hi + lo, m and 64 m: exact integers), then d * sumi - dmin * summ
  * (d, dmin times the X row's Q8_K scale) added to the F32 sums at the superblock's end: the
- * CPU dot's (dot_k45_block) integer order inside a superblock. KI: 0 (off), else the blocks per multiprocessor the
- * registers are allotted for. */
+ * CPU dot's (dot_k45_block) integer order inside a superblock. Q6_K (MODE 0): each 16-column
+ * product times its int8 scale summed in int32 over the superblock, + d * xd * sumi at its end
+ * (vec_dot_q6_K's order; the -32 is in the int8 values). KI: 0 (off), else the blocks per
+ * multiprocessor the registers are allotted for. */
 template <int MODE, int WM, bool LEGACY, bool PIPE = false, int WNN = 4 / WM, bool SV = false,
           bool DB = false, int KI = 0>
 __global__ void __launch_bounds__(32 * WM * WNN, KI ? KI : WM * WNN == 8 ? 2 : SV ? 4 : 3)
     gemm_kernel(engine_cu_gemm_args a) {
     constexpr bool KB = KI != 0;
     static_assert(!DB || (PIPE && MODE == 1 && SV), "direct fragments: staged Q4_K / Q5_K, SV");
-    static_assert(!KB || DB, "the int superblock epilogue reads the staged headers (DB)");
+    static_assert(!KB || DB || (MODE == 0 && SV && !PIPE),
+                  "the int superblock order: staged Q4_K / Q5_K (DB), or Q6_K with SV");
     static_assert(!SV || (MODE != 2 && !LEGACY), "the SV scale layout is for int8 forms");
     static_assert(!PIPE || (MODE != 2 && !LEGACY), "the staged pipeline is for int8 forms");
     static_assert(WM * WNN == 4 || (WM == 2 && WNN == 4 && !LEGACY), "4 warps, or 8 of 64 x 128");
@@ -548,7 +551,8 @@ __global__ void __launch_bounds__(32 * WM * WNN, KI ? KI : WM * WNN == 8 ? 2 : S
     __shared__ int sIdx[TBM];
     /* KI: the superblock's X run sums of each tile row, F16: lo of runs 0-7, hi of runs 0-7
      * (rows of 12 words: the fragment loads of a warp hit different banks) */
-    __shared__ __align__(16) uint16_t sXb[KB ? TBM : 1][24];
+    __shared__ __align__(16) uint16_t sXb[KB && MODE == 1 ? TBM : 1][24];
+    __shared__ float sWd[KB && MODE == 0 ? TBN : 1]; /* KI, Q6_K: each weight row's d */
     int mat, row0, nrow;
     if (!gemm_tile<WM>(a, &mat, &row0, &nrow)) return;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -645,7 +649,8 @@ __global__ void __launch_bounds__(32 * WM * WNN, KI ? KI : WM * WNN == 8 ? 2 : S
                     const float *xs = a.x.s + (size_t)src * (a.cols / 16) + cd / 16;
                     xsr[j] = xs[0] + xs[1];
                 }
-                if constexpr (KB) xbr[j] = in ? a.x.b[(size_t)src * (a.cols / 32) + cd / 32] : 0u;
+                if constexpr (KB && MODE == 1)
+                    xbr[j] = in ? a.x.b[(size_t)src * (a.cols / 32) + cd / 32] : 0u;
             }
     };
     /* the W tile of step k0 for weights of type tc (int8 forms): a chunk outside the matrix
@@ -695,6 +700,19 @@ __global__ void __launch_bounds__(32 * WM * WNN, KI ? KI : WM * WNN == 8 ? 2 : S
             const uint8_t *row = W + (size_t)(in ? grow : 0) * a.row_bytes;
             uint32_t qa[4], qb[4];
             float s1, o1, s2, o2;
+            if constexpr (KB && T == ENGINE_TYPE_Q6_K) { /* int scales, the row's d apart */
+                const uint8_t *b = row + (size_t)((in ? c : 0) >> 3) * 210;
+                const int q = c & 7, hh = q >> 2, rr = q & 3, w = rr >> 1, l0 = 16 * (rr & 1);
+                uint32_t ql[4], qh[4];
+                engine_cu_ldw_a2<4>(b + 64 * hh + 32 * w + l0, ql);
+                engine_cu_ldw_a2<4>(b + 128 + 32 * hh + l0, qh);
+                const int8_t *scp = (const int8_t *)(b + 192 + 8 * hh + (l0 >> 4));
+                gemm_bits_q6(w, ql, qh, qa, qb);
+                sWd[r] = in ? engine_cu_h2f(__ldg((const uint16_t *)(b + 208))) : 0.0f;
+                put(tc, r, c, k0, in, qa, qb, __int_as_float((int)__ldg(scp + 2 * w)), 0.0f,
+                    __int_as_float((int)__ldg(scp + 4 + 2 * w)), 0.0f);
+                continue;
+            }
             gemm_decode_q(T, row, in ? c : 0, qa, qb, &s1, &o1, &s2, &o2);
             put(tc, r, c, k0, in, qa, qb, s1, o1, s2, o2);
         }
@@ -881,7 +899,7 @@ __global__ void __launch_bounds__(32 * WM * WNN, KI ? KI : WM * WNN == 8 ? 2 : S
                     const int px = (idx & 3) * TBM + gemm_px(idx >> 2);
                     vXd[px] = xdr[j];
                     if (OFF) vXs[px] = xsr[j];
-                    if constexpr (KB) {
+                    if constexpr (KB && MODE == 1) {
                         const int run = 4 * ((k0 >> 7) & 1) + (idx & 3);
                         sXb[idx >> 2][run] = (uint16_t)(xbr[j] & 0xffffu);
                         sXb[idx >> 2][8 + run] = (uint16_t)(xbr[j] >> 16);
@@ -1137,7 +1155,24 @@ __global__ void __launch_bounds__(32 * WM * WNN, KI ? KI : WM * WNN == 8 ? 2 : S
                         bfr[ni] =
                             *(const uint32_t *)(sB + (wn * 32 + ni * 8 + g) * SROW + kk + 4 * tig);
                     float xd[2][2], xs[2][2];
-                    if constexpr (SV) { /* MODE 0: no offsets */
+                    if constexpr (KB) { /* int products times the run's scales, summed in int */
+                        const int4 s0 = *(const int4 *)(vWs + ks * TBN + wn * 32 + 8 * tig),
+                                   s1 = *(const int4 *)(vWs + ks * TBN + wn * 32 + 8 * tig + 4);
+                        const int scv[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
+#pragma unroll
+                        for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+                            for (int mi = 0; mi < 2; mi++) {
+                                if (SKIP && mi >= nfr) continue;
+                                int c[4];
+                                mma_s8(c, af[mi][0], af[mi][1], bfr[ni], 0);
+                                int *ai = acci[KB ? mi : 0][ni];
+                                ai[0] += scv[2 * ni] * c[0];
+                                ai[1] += scv[2 * ni + 1] * c[1];
+                                ai[2] += scv[2 * ni] * c[2];
+                                ai[3] += scv[2 * ni + 1] * c[3];
+                            }
+                    } else if constexpr (SV) { /* MODE 0: no offsets */
                         float wsv[8], wov[8];
                         sv_load(ks >> 1, ks, ks, xd, xs, wsv, wov);
 #pragma unroll
@@ -1197,6 +1232,27 @@ __global__ void __launch_bounds__(32 * WM * WNN, KI ? KI : WM * WNN == 8 ? 2 : S
                     }
                 }
             }
+            if constexpr (KB && MODE == 0)
+                if ((k0 >> 7) & 1) { /* Q6_K superblock's end: += d * xd * sumi (the CPU's) */
+                    const float4 x4 = *(const float4 *)(vXd + wm * 32 + 4 * g);
+                    const float xq[2][2] = {{x4.x, x4.y}, {x4.z, x4.w}};
+#pragma unroll
+                    for (int ni = 0; ni < 4; ni++) {
+                        const int r = wn * 32 + ni * 8 + 2 * tig;
+                        const float dr[2] = {sWd[r], sWd[r + 1]};
+#pragma unroll
+                        for (int mi = 0; mi < 2; mi++) {
+                            if (SKIP && mi >= nfr) continue;
+                            int *ai = acci[KB ? mi : 0][ni];
+#pragma unroll
+                            for (int e = 0; e < 4; e++) {
+                                acc[mi][ni][e] =
+                                    fmaf(dr[e & 1] * xq[mi][e >> 1], (float)ai[e], acc[mi][ni][e]);
+                                ai[e] = 0;
+                            }
+                        }
+                    }
+                }
         }
         __syncthreads();
     }
@@ -1432,6 +1488,14 @@ static void gemm_run(const engine_cu_gemm_args *a, const gemm_shape &g, dim3 gri
                      : mode == 0 ? ENGINE_CU_GEMM_PIPE_Q6
                      : mode == 3 ? ENGINE_CU_GEMM_PIPE_Q8 : 0;
     const bool sv = (a->svec || a->direct) && mode != 2; /* the wide kernels always */
+    if (mode == 0 && a->kint && !a->legacy && !wide && wm == 1 && !(a->pipeline & pbit) &&
+        (!a->kpart || a->ksplit <= a->cols / (2 * BK))) { /* Q6_K in the int superblock order */
+        cudaFuncSetAttribute(gemm_kernel<0, 1, false, false, 4, true, false, 3>,
+                             cudaFuncAttributePreferredSharedMemoryCarveout,
+                             cudaSharedmemCarveoutMaxShared);
+        gemm_kernel<0, 1, false, false, 4, true, false, 3><<<grid, 128, 0, stream>>>(*a);
+        return;
+    }
     if ((a->pipeline & pbit) && !a->legacy) {
         if (wide)
             gemm_launch_pipe<2, 4, true>(mode, grid, a, stream);

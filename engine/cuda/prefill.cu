@@ -591,6 +591,7 @@ struct engine_cuda_prefill {
                     * (engine_cu_gemm_args.kint; other rounding than "nokint"); "kint3" with
                     * registers for 3 blocks an SM */
     int gemm_kintd; /* the dense Q4_K / Q5_K products as well ("nokintd": not) */
+    int gemm_kint6; /* the Q6_K products too ("kint6") */
     size_t kpart_bytes; /* g and u: the split-K buffer outside the FFN phase */
     cudaEvent_t *ev; /* [2 + 6 * n_layer] */
     int *ev_cat, n_ev;
@@ -865,6 +866,8 @@ int engine_cu_pf_new_view(engine_cuda_prefill **out, engine_cuda_model *cm, engi
                        : engine_cu_env_word(e, "kint3") ? 3
                                                         : 1;
         p->gemm_kintd = !engine_cu_env_word(e, "nokintd");
+        /* "kint6": the Q6_K products too (32-row tiles, SV scales) */
+        p->gemm_kint6 = engine_cu_env_word(e, "kint6");
     }
     if (p->prof) {
         const int n_ev = 2 + 6 * (int)hp->n_layer;
@@ -965,6 +968,11 @@ static void pf_gemm_args(const engine_cuda_prefill *p, bool grouped, const engin
         a.tile_rows = 32;
     }
     a.kint = a.direct && !a.wide ? p->gemm_kint : 0;
+    if (a.type == ENGINE_TYPE_Q6_K && p->gemm_kint && p->gemm_kint6 && !a.wide && !a.legacy &&
+        !(a.pipeline & ENGINE_CU_GEMM_PIPE_Q6)) {
+        a.tile_rows = 32;
+        a.kint = p->gemm_kint;
+    }
     if (grouped) {
         a.tiles = p->tiles;
         a.n_tiles = p->n_tiles;

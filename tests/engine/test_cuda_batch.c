@@ -219,7 +219,8 @@ static void test_gemm_case(engine_type t, int rows, int cols, int m, bool norm, 
  * from the staged bytes (direct), split-K over 3 (dense, the partial sums added in order),
  * and the int superblock order of Q4_K / Q5_K (kint, kint3: the direct 32-row kernels; the
  * other types run their default kernels there; with split-K: splits of whole superblocks, or
- * the F32 epilogue where the splits outnumber the superblocks). */
+ * the F32 epilogue where the splits outnumber the superblocks), and of Q6_K (kint with 32-row
+ * tiles, not staged). */
 static void test_gemm(void) {
     const engine_type types[] = {ENGINE_TYPE_Q4_K, ENGINE_TYPE_Q5_K, ENGINE_TYPE_Q6_K,
                                  ENGINE_TYPE_Q8_0, ENGINE_TYPE_Q4_0, ENGINE_TYPE_F16,
@@ -233,7 +234,8 @@ static void test_gemm(void) {
                               "tile32 svec", "direct pipe", "grouped direct pipe",
                               "grouped fused wide direct pipe", "grouped direct pipe kint",
                               "grouped fused direct pipe kint3", "tile32 direct pipe kint",
-                              "tile32 splitk direct pipe kint"};
+                              "tile32 splitk direct pipe kint", "grouped kint",
+                              "tile32 splitk kint"};
     const size_t nv = sizeof variants / sizeof variants[0];
     for (size_t v = 0; v < nv; v++) {
         setenv("SPARK_CUDA_GEMM_OP", variants[v], 1);
@@ -382,6 +384,7 @@ static void run_model(const char *preset, const char *type) {
             int ref; /* 0: bit for bit the default, 1: bit for bit "nokint", 2: vs the CPU */
         } runs[] = {{"nokint", 2},
                     {"nokintd", 2},
+                    {"kint6", 2},
                     {"svec", 0},
                     {"direct pipe6 pipe8", 0},
                     {"nokint wided", 1},
