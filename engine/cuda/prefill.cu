@@ -591,7 +591,8 @@ struct engine_cuda_prefill {
                     * (engine_cu_gemm_args.kint; other rounding than "nokint"); "kint3" with
                     * registers for 3 blocks an SM */
     int gemm_kintd; /* the dense Q4_K / Q5_K products as well ("nokintd": not) */
-    int gemm_kint6; /* the Q6_K products too ("kint6") */
+    int gemm_kint6; /* the Q6_K products too ("nokint6": not) */
+    int gemm_t32d;  /* "t32d": the other dense products in 32-row tiles too (A/B runs) */
     size_t kpart_bytes; /* g and u: the split-K buffer outside the FFN phase */
     cudaEvent_t *ev; /* [2 + 6 * n_layer] */
     int *ev_cat, n_ev;
@@ -866,8 +867,10 @@ int engine_cu_pf_new_view(engine_cuda_prefill **out, engine_cuda_model *cm, engi
                        : engine_cu_env_word(e, "kint3") ? 3
                                                         : 1;
         p->gemm_kintd = !engine_cu_env_word(e, "nokintd");
-        /* "kint6": the Q6_K products too (32-row tiles, SV scales) */
-        p->gemm_kint6 = engine_cu_env_word(e, "kint6");
+        /* the Q6_K products too (32-row tiles, SV scales; session 25: pp512 13,181-13,188 ->
+         * 13,517-13,526 tok/s, pp4096 13,798 -> 14,056); "nokint6" not those */
+        p->gemm_kint6 = !engine_cu_env_word(e, "nokint6");
+        p->gemm_t32d = engine_cu_env_word(e, "t32d");
     }
     if (p->prof) {
         const int n_ev = 2 + 6 * (int)hp->n_layer;
@@ -978,6 +981,8 @@ static void pf_gemm_args(const engine_cuda_prefill *p, bool grouped, const engin
         a.n_tiles = p->n_tiles;
         a.max_tiles = engine_cu_pf_max_tiles(m, (int)p->mv.m->hp.n_expert);
         a.tile_rows = p->gemm_tile_rows;
+    } else if (p->gemm_t32d && !a.tile_rows) {
+        a.tile_rows = 32;
     }
 }
 
