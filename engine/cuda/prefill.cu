@@ -574,8 +574,8 @@ struct engine_cuda_prefill {
      * 64-row tiles in the grouped expert GEMMs (default 32), "nofuse" q, k, v as three
      * launches and gate, up as two (default: one launch each where their types match),
      * "pfl1" the next step's weight blocks prefetched into L1 (default L2), "nopipe" the
-     * unstaged kernels for Q4_K / Q5_K (default: the staged cp.async ones, "pipe"), "pipe6"
-     * and "pipe8" the staged kernels for Q6_K and for Q8_0 / Q4_0 too, "wide" the 8-warp
+     * unstaged kernels for every type (default: the staged cp.async ones for Q4_K / Q5_K and
+     * Q8_0 / Q4_0), "nopipe8" not for Q8_0 / Q4_0, "pipe6" for Q6_K too, "wide" the 8-warp
      * 64 x 128 tiles in the grouped expert GEMMs (one block per expert tile), "wided" in the
      * dense ones too, "svec" the scales in shared memory in the warps' fragment order (16-byte
      * loads), empty 16-row fragments skipped, 4 blocks per SM (the wide tiles: the first two),
@@ -842,9 +842,13 @@ int engine_cu_pf_new_view(engine_cuda_prefill **out, engine_cuda_model *cm, engi
         p->gemm_pfl1 = e && strstr(e, "pfl1");
         /* the staged kernels by default since session 5 (H200: pp512 of a 12-block cut 34,055
          * -> 38,374 tok/s, the same bits: test_cuda_batch); "nopipe" the unstaged ones */
-        p->gemm_pipe = e && strstr(e, "nopipe") ? 0 : ENGINE_CU_GEMM_PIPE_K45;
-        if (e && strstr(e, "pipe6")) p->gemm_pipe |= ENGINE_CU_GEMM_PIPE_Q6;
-        if (e && strstr(e, "pipe8")) p->gemm_pipe |= ENGINE_CU_GEMM_PIPE_Q8;
+        /* Q8_0 / Q4_0 staged too since session 25 (H200, full Qwen3-30B-A3B Q8_0: pp512
+         * 10,929-10,981 -> 11,774 tok/s, the same bits); "nopipe8" not those */
+        p->gemm_pipe = engine_cu_env_word(e, "nopipe")
+                           ? 0
+                           : ENGINE_CU_GEMM_PIPE_K45 |
+                                 (engine_cu_env_word(e, "nopipe8") ? 0 : ENGINE_CU_GEMM_PIPE_Q8);
+        if (engine_cu_env_word(e, "pipe6")) p->gemm_pipe |= ENGINE_CU_GEMM_PIPE_Q6;
         p->gemm_wided = e && strstr(e, "wided");
         p->gemm_ksplit = e && strstr(e, "splitk") ? 4 : 1;
         p->gemm_ksplit_narrow = e && strstr(e, "nonarrow") ? 1 : 4; /* pf_ksplit */

@@ -39,9 +39,9 @@ struct engine_cuda_q35_prefill {
     float eps;
     int32_t max_tokens;
     int att_tc; /* the tensor-core attention (F16 cache; SPARK_CUDA_Q35_ATT_TC=0: off) */
-    /* ENGINE_CU_GEMM_PIPE_* bits of the GEMMs: the staged Q4_K / Q5_K kernels as in the qwen3moe
-     * prefill (prefill.cu; the same arithmetic, bit for bit), unless SPARK_CUDA_PREFILL_GEMM
-     * holds the word "nopipe" */
+    /* ENGINE_CU_GEMM_PIPE_* bits of the GEMMs: the staged Q4_K / Q5_K and Q8_0 / Q4_0 kernels as
+     * in the qwen3moe prefill (prefill.cu; the same arithmetic, bit for bit), unless
+     * SPARK_CUDA_PREFILL_GEMM holds the word "nopipe" (none) or "nopipe8" (not Q8_0 / Q4_0) */
     int gemm_pipe;
     /* the grouped Q4_K / Q5_K products as the qwen3moe prefill's: fragments read from the
      * staged bytes ("nodirect": not; the same bits) and the int superblock order
@@ -284,7 +284,10 @@ extern "C" int engine_cuda_q35_prefill_new(engine_cuda_q35_prefill **out,
     e = getenv("SPARK_CUDA_Q35_ATT_TC");
     p->att_tc = !(e && e[0] == '0') && engine_cu_q35_att_tc_ok(p->v.kv_f32, p->nh, p->nkv, p->hd);
     e = getenv("SPARK_CUDA_PREFILL_GEMM");
-    p->gemm_pipe = e && strstr(e, "nopipe") ? 0 : ENGINE_CU_GEMM_PIPE_K45;
+    p->gemm_pipe = engine_cu_env_word(e, "nopipe")
+                       ? 0
+                       : ENGINE_CU_GEMM_PIPE_K45 |
+                             (engine_cu_env_word(e, "nopipe8") ? 0 : ENGINE_CU_GEMM_PIPE_Q8);
     p->gemm_direct = !engine_cu_env_word(e, "nodirect");
     p->gemm_kint = p->gemm_direct && !engine_cu_env_word(e, "nokint");
     e = getenv("SPARK_CUDA_PREFILL_PROF");

@@ -36,8 +36,9 @@
  *     a session through engine.h (device cuda) gives the prefill's last logits bit for bit.
  *   The prefill's GEMM words that keep the arithmetic (SPARK_CUDA_PREFILL_GEMM: "wided", the
  *     8-warp tiles everywhere; "svec", the scales in fragment order, 4 blocks per SM;
- *     "direct", svec with Q4_K / Q5_K fragments read from the staged bytes; "pipe6 pipe8",
- *     the staged kernels for Q6_K, Q8_0, Q4_0 too) give the same logits bit for bit as the
+ *     "direct", svec with Q4_K / Q5_K fragments read from the staged bytes; "pipe6", the
+ *     staged kernels for Q6_K too; "nopipe8", the unstaged ones for Q8_0 / Q4_0) give the
+ *     same logits bit for bit as the
  *     default (its Q4_K / Q5_K / Q6_K products in the int superblock order) or, with "nokint"
  *     (the F32 epilogue of every product), as "nokint" alone; "nokint", "nokintd" (the dense
  *     Q4_K / Q5_K products in the F32 epilogue) and "nokint6" (the Q6_K ones) against the CPU
@@ -387,7 +388,7 @@ static void run_model(const char *preset, const char *type) {
                     {"nokintd", 2},
                     {"nokint6", 2},
                     {"svec", 0},
-                    {"direct pipe8", 0},
+                    {"direct nopipe8", 0},
                     {"nokint wided", 1},
                     {"nokint svec", 1},
                     {"nokint wided pipe6 pipe8", 1}};
