@@ -43,11 +43,13 @@ struct engine_cuda_q35_prefill {
      * in the qwen3moe prefill (prefill.cu; the same arithmetic, bit for bit), unless
      * SPARK_CUDA_PREFILL_GEMM holds the word "nopipe" (none) or "nopipe8" (not Q8_0 / Q4_0) */
     int gemm_pipe;
-    /* the grouped Q4_K / Q5_K products as the qwen3moe prefill's: fragments read from the
-     * staged bytes ("nodirect": not; the same bits) and the int superblock order
-     * (engine_cu_gemm_args.kint; "nokint": the F32 epilogue, other rounding). Session 25, H200,
-     * 8-block Qwen3.5-35B-A3B Q4_K_M cut, pp512: 35,426-35,494 tok/s, direct 36,072, both
-     * 37,620-37,898 */
+    /* the grouped Q4_K / Q5_K products: fragments read from the staged bytes as the qwen3moe
+     * prefill's ("nodirect": not; the same bits); "kint" (opt-in) the int superblock order too
+     * (engine_cu_gemm_args.kint; other rounding). Session 25, H200, 8-block Qwen3.5-35B-A3B
+     * Q4_K_M cut, pp512: 35,426-35,494 tok/s, direct 36,072, kint 37,620-37,898; not the
+     * default: with it test_cuda_mtp's 23-token prompt through the prefill against the verify
+     * passes fell to cosine 0.964 (bound 0.97; a near-tied expert swapped, carried by the
+     * recurrent state), and test_cuda_q35_prefill's worst prompt to 0.995 */
     int gemm_direct, gemm_kint;
     int prof, n_ev, n_mark;
     cudaEvent_t *ev;
@@ -289,7 +291,7 @@ extern "C" int engine_cuda_q35_prefill_new(engine_cuda_q35_prefill **out,
                        : ENGINE_CU_GEMM_PIPE_K45 |
                              (engine_cu_env_word(e, "nopipe8") ? 0 : ENGINE_CU_GEMM_PIPE_Q8);
     p->gemm_direct = !engine_cu_env_word(e, "nodirect");
-    p->gemm_kint = p->gemm_direct && !engine_cu_env_word(e, "nokint");
+    p->gemm_kint = p->gemm_direct && engine_cu_env_word(e, "kint");
     e = getenv("SPARK_CUDA_PREFILL_PROF");
     if (e && e[0] == '1') {
         p->prof = 1;
