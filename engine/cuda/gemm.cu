@@ -154,20 +154,20 @@ void engine_cu_gemm_prep(engine_cu_gx *gx, void *buf, int form, int m, int cols,
         if (smem > 48 * 1024)
             cudaFuncSetAttribute(gemm_prep_kernel<ENGINE_CU_X_Q8_K>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        gemm_prep_kernel<ENGINE_CU_X_Q8_K><<<grid, block, smem, stream>>>(
-            form, cols, x, g, ldx, norm_w, eps, q, d, s, sb, buf);
+        gemm_prep_kernel<ENGINE_CU_X_Q8_K>
+            <<<grid, block, smem, stream>>>(form, cols, x, g, ldx, norm_w, eps, q, d, s, sb, buf);
     } else if (form == ENGINE_CU_GX_Q8_0) {
         if (smem > 48 * 1024)
             cudaFuncSetAttribute(gemm_prep_kernel<ENGINE_CU_X_Q8_0>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        gemm_prep_kernel<ENGINE_CU_X_Q8_0><<<grid, block, smem, stream>>>(
-            form, cols, x, g, ldx, norm_w, eps, q, d, s, sb, buf);
+        gemm_prep_kernel<ENGINE_CU_X_Q8_0>
+            <<<grid, block, smem, stream>>>(form, cols, x, g, ldx, norm_w, eps, q, d, s, sb, buf);
     } else {
         if (smem > 48 * 1024)
             cudaFuncSetAttribute(gemm_prep_kernel<ENGINE_CU_X_F32>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        gemm_prep_kernel<ENGINE_CU_X_F32><<<grid, block, smem, stream>>>(
-            form, cols, x, g, ldx, norm_w, eps, q, d, s, sb, buf);
+        gemm_prep_kernel<ENGINE_CU_X_F32>
+            <<<grid, block, smem, stream>>>(form, cols, x, g, ldx, norm_w, eps, q, d, s, sb, buf);
     }
 }
 
@@ -514,17 +514,21 @@ __device__ __forceinline__ int gemm_px(int i) {
  * fragment of two 32-column runs: low nibbles, then high; Q5_K ORs in its qh bit), so the
  * decode only writes the scales and no int8 weight tile goes through shared memory. */
 /* KI (engine_cu_gemm_args.kint; DB kernels, and Q6_K's SV kernel: below): each 32-column
- * run's int8 product times the run's 6-bit scale summed in int32 over the superblock (its two steps), the minimums' term
- * sum_j m_j * (X run sum)_j of the superblock as one F16 tensor-core product per fragment
- * (run sums split as 64 hi + lo, m and 64 m: exact integers), then d * sumi - dmin * summ
- * (d, dmin times the X row's Q8_K scale) added to the F32 sums at the superblock's end: the
- * CPU dot's (dot_k45_block) integer order inside a superblock. Q6_K (MODE 0): each 16-column
+ * run's int8 product times the run's 6-bit scale summed in int32 over the superblock (its two
+ * steps), the minimums' term sum_j m_j * (X run sum)_j of the superblock as one F16 tensor-core
+ * product per fragment (run sums split as 64 hi + lo, m and 64 m: exact integers), then d * sumi -
+ * dmin * summ (d, dmin times the X row's Q8_K scale) added to the F32 sums at the superblock's end:
+ * the CPU dot's (dot_k45_block) integer order inside a superblock. Q6_K (MODE 0): each 16-column
  * product times its int8 scale summed in int32 over the superblock, + d * xd * sumi at its end
  * (vec_dot_q6_K's order; the -32 is in the int8 values). KI: 0 (off), else the blocks per
  * multiprocessor the registers are allotted for. */
+/* The blocks per multiprocessor a gemm_kernel's registers are allotted for. */
+constexpr int gemm_min_blocks(int ki, int wm, int wnn, bool sv) {
+    return ki ? ki : wm * wnn == 8 ? 2 : sv ? 4 : 3;
+}
 template <int MODE, int WM, bool LEGACY, bool PIPE = false, int WNN = 4 / WM, bool SV = false,
           bool DB = false, int KI = 0>
-__global__ void __launch_bounds__(32 * WM * WNN, KI ? KI : WM * WNN == 8 ? 2 : SV ? 4 : 3)
+__global__ void __launch_bounds__(32 * WM * WNN, gemm_min_blocks(KI, WM, WNN, SV))
     gemm_kernel(engine_cu_gemm_args a) {
     constexpr bool KB = KI != 0;
     static_assert(!DB || (PIPE && MODE == 1 && SV), "direct fragments: staged Q4_K / Q5_K, SV");
@@ -1092,7 +1096,8 @@ __global__ void __launch_bounds__(32 * WM * WNN, KI ? KI : WM * WNN == 8 ? 2 : S
             }
             if constexpr (KB)
                 if ((k0 >> 7) & 1) { /* the superblock's last step (Q8_K rows: 256 columns) */
-                    const int srow = a.type == ENGINE_TYPE_Q5_K ? GEMM_STAGE_ROW : GEMM_STAGE_ROW_Q4;
+                    const int srow =
+                        a.type == ENGINE_TYPE_Q5_K ? GEMM_STAGE_ROW : GEMM_STAGE_ROW_Q4;
                     const uint8_t *st = gemm_stage + (size_t)buf * TBN * srow;
                     /* the X rows' Q8_K scales (every run of the superblock holds it) */
                     const float4 x4 = *(const float4 *)(vXd + wm * 32 + 4 * g);
@@ -1107,10 +1112,9 @@ __global__ void __launch_bounds__(32 * WM * WNN, KI ? KI : WM * WNN == 8 ? 2 : S
                         engine_cu_scale_min_k4w2(tig, hg.y, hg.z, hg.w, scx, mx);
                         const uint32_t b0 = (uint32_t)__half_as_ushort(__int2half_rn(mx[0])) |
                                             (uint32_t)__half_as_ushort(__int2half_rn(mx[1])) << 16,
-                                       b1 =
-                                           (uint32_t)__half_as_ushort(__int2half_rn(64 * mx[0])) |
-                                           (uint32_t)__half_as_ushort(__int2half_rn(64 * mx[1]))
-                                               << 16;
+                                       b1 = (uint32_t)__half_as_ushort(__int2half_rn(64 * mx[0])) |
+                                            (uint32_t)__half_as_ushort(__int2half_rn(64 * mx[1]))
+                                                << 16;
                         /* d and dmin of the rows of this thread's sums */
                         const uint32_t h0 = *(const uint32_t *)(st + (rb + 2 * tig) * srow),
                                        h1 = *(const uint32_t *)(st + (rb + 2 * tig + 1) * srow);
@@ -1422,8 +1426,7 @@ static void gemm_launch_pipe(int mode, dim3 grid, const engine_cu_gemm_args *a, 
             gemm_launch_pipe1<1, 1, 4, true, true, 3>(grid, a, st);
         else
             gemm_launch_pipe1<1, 1, 4, true, true, 4>(grid, a, st);
-    }
-    else if (mode == 1 && SV && a->direct)
+    } else if (mode == 1 && SV && a->direct)
         gemm_launch_pipe1<1, WM, WNN, SV, SV>(grid, a, st);
     else if (mode == 1)
         gemm_launch_pipe1<1, WM, WNN, SV>(grid, a, st);

@@ -587,12 +587,12 @@ struct engine_cuda_prefill {
      * splits, their partial sums in the free gate/up buffers; other rounding) */
     int gemm_legacy, gemm_tile_rows, gemm_nofuse, gemm_pfl1, gemm_pipe, gemm_wide, gemm_wided;
     int gemm_svec, gemm_direct, gemm_ksplit, gemm_ksplit_narrow, gemm_wo_split, n_sm;
-    int gemm_kint; /* the grouped direct Q4_K / Q5_K products in the int superblock order
-                    * (engine_cu_gemm_args.kint; other rounding than "nokint"); "kint3" with
-                    * registers for 3 blocks an SM */
-    int gemm_kintd; /* the dense Q4_K / Q5_K products as well ("nokintd": not) */
-    int gemm_kint6; /* the Q6_K products too ("nokint6": not) */
-    int gemm_t32d;  /* "t32d": the other dense products in 32-row tiles too (A/B runs) */
+    int gemm_kint;      /* the grouped direct Q4_K / Q5_K products in the int superblock order
+                         * (engine_cu_gemm_args.kint; other rounding than "nokint"); "kint3" with
+                         * registers for 3 blocks an SM */
+    int gemm_kintd;     /* the dense Q4_K / Q5_K products as well ("nokintd": not) */
+    int gemm_kint6;     /* the Q6_K products too ("nokint6": not) */
+    int gemm_t32d;      /* "t32d": the other dense products in 32-row tiles too (A/B runs) */
     size_t kpart_bytes; /* g and u: the split-K buffer outside the FFN phase */
     cudaEvent_t *ev; /* [2 + 6 * n_layer] */
     int *ev_cat, n_ev;
@@ -867,9 +867,7 @@ int engine_cu_pf_new_view(engine_cuda_prefill **out, engine_cuda_model *cm, engi
          * "nokint" the F32 epilogue of every 32-column product; the dense Q4_K / Q5_K
          * products too (32-row tiles, fragments from the staged bytes: pp512 12,750-12,785 ->
          * 12,845-12,855, pp4096 13,250 -> 13,834), "nokintd" not those */
-        p->gemm_kint = engine_cu_env_word(e, "nokint")  ? 0
-                       : engine_cu_env_word(e, "kint3") ? 3
-                                                        : 1;
+        p->gemm_kint = engine_cu_env_word(e, "nokint") ? 0 : engine_cu_env_word(e, "kint3") ? 3 : 1;
         p->gemm_kintd = !engine_cu_env_word(e, "nokintd");
         /* the Q6_K products too (32-row tiles, SV scales; session 25: pp512 13,181-13,188 ->
          * 13,517-13,526 tok/s, pp4096 13,798 -> 14,056); "nokint6" not those */

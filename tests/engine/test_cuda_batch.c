@@ -31,14 +31,13 @@
  *     default tensor-core attention, which rounds Q and the softmax weights to F16).
  *   Then 8 decode steps on the GPU after the prefill (the KV the prefill wrote) against the
  *     CPU with the same criteria, and against a GPU session that ran every token through the
- *     decode step (a control that tells a prefill KV fault from a decode fault); the prompt fed in two calls (30 + 40 tokens) and in one
- *     chunk give bit-identical logits (a token's results do not depend on the chunking);
- *     a session through engine.h (device cuda) gives the prefill's last logits bit for bit.
- *   The prefill's GEMM words that keep the arithmetic (SPARK_CUDA_PREFILL_GEMM: "wided", the
- *     8-warp tiles everywhere; "svec", the scales in fragment order, 4 blocks per SM;
- *     "direct", svec with Q4_K / Q5_K fragments read from the staged bytes; "pipe6", the
- *     staged kernels for Q6_K too; "nopipe8", the unstaged ones for Q8_0 / Q4_0) give the
- *     same logits bit for bit as the
+ *     decode step (a control that tells a prefill KV fault from a decode fault); the prompt fed in
+ * two calls (30 + 40 tokens) and in one chunk give bit-identical logits (a token's results do not
+ * depend on the chunking); a session through engine.h (device cuda) gives the prefill's last logits
+ * bit for bit. The prefill's GEMM words that keep the arithmetic (SPARK_CUDA_PREFILL_GEMM: "wided",
+ * the 8-warp tiles everywhere; "svec", the scales in fragment order, 4 blocks per SM; "direct",
+ * svec with Q4_K / Q5_K fragments read from the staged bytes; "pipe6", the staged kernels for Q6_K
+ * too; "nopipe8", the unstaged ones for Q8_0 / Q4_0) give the same logits bit for bit as the
  *     default (its Q4_K / Q5_K / Q6_K products in the int superblock order) or, with "nokint"
  *     (the F32 epilogue of every product), as "nokint" alone; "nokint", "nokintd" (the dense
  *     Q4_K / Q5_K products in the F32 epilogue) and "nokint6" (the Q6_K ones) against the CPU
@@ -226,16 +225,37 @@ static void test_gemm(void) {
     const engine_type types[] = {ENGINE_TYPE_Q4_K, ENGINE_TYPE_Q5_K, ENGINE_TYPE_Q6_K,
                                  ENGINE_TYPE_Q8_0, ENGINE_TYPE_Q4_0, ENGINE_TYPE_F16,
                                  ENGINE_TYPE_BF16, ENGINE_TYPE_F32};
-    const char *variants[] = {"",           "tile32",        "grouped",     "grouped tile64",
-                              "fused",      "grouped fused", "pfl1",        "legacy",
-                              "pipe",       "grouped pipe",  "tile32 pipe", "wide",
-                              "wide pipe",  "grouped wide",  "grouped wide pipe",
-                              "grouped fused wide pipe", "splitk", "fused splitk pipe",
-                              "wide splitk pipe", "svec", "svec pipe", "grouped svec pipe",
-                              "tile32 svec", "direct pipe", "grouped direct pipe",
-                              "grouped fused wide direct pipe", "grouped direct pipe kint",
-                              "grouped fused direct pipe kint3", "tile32 direct pipe kint",
-                              "tile32 splitk direct pipe kint", "grouped kint",
+    const char *variants[] = {"",
+                              "tile32",
+                              "grouped",
+                              "grouped tile64",
+                              "fused",
+                              "grouped fused",
+                              "pfl1",
+                              "legacy",
+                              "pipe",
+                              "grouped pipe",
+                              "tile32 pipe",
+                              "wide",
+                              "wide pipe",
+                              "grouped wide",
+                              "grouped wide pipe",
+                              "grouped fused wide pipe",
+                              "splitk",
+                              "fused splitk pipe",
+                              "wide splitk pipe",
+                              "svec",
+                              "svec pipe",
+                              "grouped svec pipe",
+                              "tile32 svec",
+                              "direct pipe",
+                              "grouped direct pipe",
+                              "grouped fused wide direct pipe",
+                              "grouped direct pipe kint",
+                              "grouped fused direct pipe kint3",
+                              "tile32 direct pipe kint",
+                              "tile32 splitk direct pipe kint",
+                              "grouped kint",
                               "tile32 splitk kint"};
     const size_t nv = sizeof variants / sizeof variants[0];
     for (size_t v = 0; v < nv; v++) {
@@ -384,14 +404,10 @@ static void run_model(const char *preset, const char *type) {
         static const struct {
             const char *words;
             int ref; /* 0: bit for bit the default, 1: bit for bit "nokint", 2: vs the CPU */
-        } runs[] = {{"nokint", 2},
-                    {"nokintd", 2},
-                    {"nokint6", 2},
-                    {"svec", 0},
-                    {"direct nopipe8", 0},
-                    {"nokint wided", 1},
-                    {"nokint svec", 1},
-                    {"nokint wided pipe6 pipe8", 1}};
+        } runs[] = {{"nokint", 2},         {"nokintd", 2},
+                    {"nokint6", 2},        {"svec", 0},
+                    {"direct nopipe8", 0}, {"nokint wided", 1},
+                    {"nokint svec", 1},    {"nokint wided pipe6 pipe8", 1}};
         const char *env = getenv("SPARK_CUDA_PREFILL_GEMM");
         char saved[128];
         snprintf(saved, sizeof saved, "%s", env ? env : "");
