@@ -624,6 +624,26 @@ __global__ void __launch_bounds__(32 * WM * WNN, gemm_min_blocks(KI, WM, WNN, SV
                 if (KB) acci[KB ? mi : 0][ni][e] = 0;
             }
 
+    /* KI: run ks's int products (prod(mi, ni, c) computes fragment (mi, ni) from 0) times the
+     * run's scales of this thread's weight rows (SV layout), summed into acci */
+    auto ki_run = [&](int ks, auto prod) {
+        const int4 s0 = *(const int4 *)(vWs + ks * TBN + wn * 32 + 8 * tig),
+                   s1 = *(const int4 *)(vWs + ks * TBN + wn * 32 + 8 * tig + 4);
+        const int scv[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++) {
+                if (SKIP && mi >= nfr) continue;
+                int c[4];
+                prod(mi, ni, c);
+                int *ai = acci[KB ? mi : 0][ni];
+                ai[0] += scv[2 * ni] * c[0];
+                ai[1] += scv[2 * ni + 1] * c[1];
+                ai[2] += scv[2 * ni] * c[2];
+                ai[3] += scv[2 * ni + 1] * c[3];
+            }
+    };
     /* this thread's X vectors of a step: rows and 16-byte parts; and (int8 forms, not LEGACY)
      * its X scales of the step: (row, 32-column block) pairs idx = tid + 128 j */
     constexpr int XS = Q && !LEGACY ? TBM * 4 / NT : 1;
@@ -1038,23 +1058,10 @@ __global__ void __launch_bounds__(32 * WM * WNN, gemm_min_blocks(KI, WM, WNN, SV
                 }
                 }
                 float xd[2][2], xs[2][2];
-                if constexpr (KB) { /* int products times the run's scales, summed in int */
-                    const int4 s0 = *(const int4 *)(vWs + ks * TBN + wn * 32 + 8 * tig),
-                               s1 = *(const int4 *)(vWs + ks * TBN + wn * 32 + 8 * tig + 4);
-                    const int scv[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
-#pragma unroll
-                    for (int ni = 0; ni < 4; ni++)
-#pragma unroll
-                        for (int mi = 0; mi < 2; mi++) {
-                            if (SKIP && mi >= nfr) continue;
-                            int c[4];
-                            mma_s8_k32(c, af[mi], bfr[ni][0], bfr[ni][1], 0);
-                            int *ai = acci[KB ? mi : 0][ni];
-                            ai[0] += scv[2 * ni] * c[0];
-                            ai[1] += scv[2 * ni + 1] * c[1];
-                            ai[2] += scv[2 * ni] * c[2];
-                            ai[3] += scv[2 * ni + 1] * c[3];
-                        }
+                if constexpr (KB) {
+                    ki_run(ks, [&](int mi, int ni, int c[4]) {
+                        mma_s8_k32(c, af[mi], bfr[ni][0], bfr[ni][1], 0);
+                    });
                 } else if constexpr (SV) {
                     float wsv[8], wov[8];
                     sv_load(ks, ks, ks, xd, xs, wsv, wov);
@@ -1159,23 +1166,10 @@ __global__ void __launch_bounds__(32 * WM * WNN, gemm_min_blocks(KI, WM, WNN, SV
                         bfr[ni] =
                             *(const uint32_t *)(sB + (wn * 32 + ni * 8 + g) * SROW + kk + 4 * tig);
                     float xd[2][2], xs[2][2];
-                    if constexpr (KB) { /* int products times the run's scales, summed in int */
-                        const int4 s0 = *(const int4 *)(vWs + ks * TBN + wn * 32 + 8 * tig),
-                                   s1 = *(const int4 *)(vWs + ks * TBN + wn * 32 + 8 * tig + 4);
-                        const int scv[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
-#pragma unroll
-                        for (int ni = 0; ni < 4; ni++)
-#pragma unroll
-                            for (int mi = 0; mi < 2; mi++) {
-                                if (SKIP && mi >= nfr) continue;
-                                int c[4];
-                                mma_s8(c, af[mi][0], af[mi][1], bfr[ni], 0);
-                                int *ai = acci[KB ? mi : 0][ni];
-                                ai[0] += scv[2 * ni] * c[0];
-                                ai[1] += scv[2 * ni + 1] * c[1];
-                                ai[2] += scv[2 * ni] * c[2];
-                                ai[3] += scv[2 * ni + 1] * c[3];
-                            }
+                    if constexpr (KB) {
+                        ki_run(ks, [&](int mi, int ni, int c[4]) {
+                            mma_s8(c, af[mi][0], af[mi][1], bfr[ni], 0);
+                        });
                     } else if constexpr (SV) { /* MODE 0: no offsets */
                         float wsv[8], wov[8];
                         sv_load(ks >> 1, ks, ks, xd, xs, wsv, wov);
