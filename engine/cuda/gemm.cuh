@@ -8,7 +8,9 @@
  *     same code as the decode kernels). The product runs on int8 tensor cores (mma.sync
  *     m16n8k16 s8): each 16-value run of a weight row is s * q + o (q int8: Q4_K/Q5_K q with
  *     o = -dmin * m, Q6_K q - 32, Q4_0 q - 8), and each 16-column step adds
- *     s * dx * (sum q xq) + o * (dx * sum xq) in F32: the CPU's products up to summation order.
+ *     s * dx * (sum q xq) + o * (dx * sum xq) in F32: the CPU's products up to summation order
+ *     (with engine_cu_gemm_args.kint, Q4_K / Q5_K / Q6_K: the CPU's integer sums over each
+ *     256-column superblock, converted once per superblock).
  *   F16 and BF16: X rounded to the weight's own 16-bit type, products on F16/BF16 tensor cores
  *     (mma.sync m16n8k16, F32 accumulation): exact products of the rounded X.
  *   F32 (the MoE router): F32 SIMT tiles, exact F32 products (routing must match the CPU).
