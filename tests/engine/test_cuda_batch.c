@@ -42,6 +42,8 @@
  *     (the F32 epilogue of every product), as "nokint" alone; "nokint", "nokintd" (the dense
  *     Q4_K / Q5_K products in the F32 epilogue) and "nokint6" (the Q6_K ones) against the CPU
  *     by the same criteria as the default.
+ * Arguments: PRESET TYPE, one model only; "gemm [VARIANT...]", the GEMM op cases only, of the
+ * named variants ("default" for the default kernels), for compute-sanitizer runs.
  * Exits 77 (skip) with the reason when no GPU is usable or the build has no CUDA backend. */
 #include <math.h>
 #include <stdio.h>
@@ -221,7 +223,7 @@ static void test_gemm_case(engine_type t, int rows, int cols, int m, bool norm, 
  * other types run their default kernels there; with split-K: splits of whole superblocks, or
  * the F32 epilogue where the splits outnumber the superblocks), and of Q6_K (kint with 32-row
  * tiles, not staged). */
-static void test_gemm(void) {
+static void test_gemm(char **only, int n_only) {
     const engine_type types[] = {ENGINE_TYPE_Q4_K, ENGINE_TYPE_Q5_K, ENGINE_TYPE_Q6_K,
                                  ENGINE_TYPE_Q8_0, ENGINE_TYPE_Q4_0, ENGINE_TYPE_F16,
                                  ENGINE_TYPE_BF16, ENGINE_TYPE_F32};
@@ -259,6 +261,11 @@ static void test_gemm(void) {
                               "tile32 splitk kint"};
     const size_t nv = sizeof variants / sizeof variants[0];
     for (size_t v = 0; v < nv; v++) {
+        bool want = n_only == 0;
+        for (int k = 0; k < n_only; k++)
+            want |= strcmp(only[k], variants[v]) == 0 ||
+                    (strcmp(only[k], "default") == 0 && !*variants[v]);
+        if (!want) continue;
         setenv("SPARK_CUDA_GEMM_OP", variants[v], 1);
         for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
             const engine_type t = types[i];
@@ -542,7 +549,13 @@ int main(int argc, char **argv) {
         printf("skip: %s\n", engine_error_last());
         return 77;
     }
-    test_gemm();
+    /* "gemm [VARIANT...]": the GEMM op cases alone, of the named variants ("default": ""), for
+     * compute-sanitizer runs */
+    if (argc >= 2 && strcmp(argv[1], "gemm") == 0) {
+        test_gemm(argv + 2, argc - 2);
+        return support_finish("test_cuda_batch gemm");
+    }
+    test_gemm(NULL, 0);
     const int rc = support_init();
     if (rc) return rc;
     if (support_tmpdir(tmpdir, sizeof tmpdir, "test_cuda_batch", false) != 0) return 1;
