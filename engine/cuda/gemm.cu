@@ -224,6 +224,21 @@ __device__ __forceinline__ void gemm_bits_q40(const uint32_t v[4], uint32_t qa[4
     }
 }
 
+/* Q6_K chunk c of `row`: the two runs' bits (gemm_bits_q6), their int8 scales and the block's d */
+__device__ __forceinline__ void gemm_decode_q6(const uint8_t *row, int c, uint32_t qa[4],
+                                               uint32_t qb[4], int8_t sc[2], float *d) {
+    const uint8_t *b = row + (size_t)(c >> 3) * 210;
+    const int q = c & 7, hh = q >> 2, r = q & 3, w = r >> 1, l0 = 16 * (r & 1);
+    *d = engine_cu_h2f(__ldg((const uint16_t *)(b + 208)));
+    uint32_t ql[4], qh[4];
+    engine_cu_ldw_a2<4>(b + 64 * hh + 32 * w + l0, ql);
+    engine_cu_ldw_a2<4>(b + 128 + 32 * hh + l0, qh);
+    const int8_t *scp = (const int8_t *)(b + 192 + 8 * hh + (l0 >> 4));
+    sc[0] = __ldg(scp + 2 * w);
+    sc[1] = __ldg(scp + 4 + 2 * w);
+    gemm_bits_q6(w, ql, qh, qa, qb);
+}
+
 __device__ __forceinline__ void gemm_decode_q(int type, const uint8_t *row, int c, uint32_t qa[4],
                                               uint32_t qb[4], float *sa, float *oa, float *sb,
                                               float *ob) {
@@ -244,17 +259,12 @@ __device__ __forceinline__ void gemm_decode_q(int type, const uint8_t *row, int 
         break;
     }
     case ENGINE_TYPE_Q6_K: {
-        const uint8_t *b = row + (size_t)(c >> 3) * 210;
-        const int q = c & 7, hh = q >> 2, r = q & 3, w = r >> 1, l0 = 16 * (r & 1);
-        const float d = engine_cu_h2f(__ldg((const uint16_t *)(b + 208)));
-        uint32_t ql[4], qh[4];
-        engine_cu_ldw_a2<4>(b + 64 * hh + 32 * w + l0, ql);
-        engine_cu_ldw_a2<4>(b + 128 + 32 * hh + l0, qh);
-        const int8_t *scp = (const int8_t *)(b + 192 + 8 * hh + (l0 >> 4));
-        *sa = d * (float)__ldg(scp + 2 * w);
-        *sb = d * (float)__ldg(scp + 4 + 2 * w);
+        int8_t sc[2];
+        float d;
+        gemm_decode_q6(row, c, qa, qb, sc, &d);
+        *sa = d * (float)sc[0];
+        *sb = d * (float)sc[1];
         *oa = *ob = 0.0f;
-        gemm_bits_q6(w, ql, qh, qa, qb);
         break;
     }
     case ENGINE_TYPE_Q8_0: {
@@ -513,6 +523,10 @@ __device__ __forceinline__ int gemm_px(int i) {
  * fragments straight from the staged raw bytes (a 32-bit word of packed nibbles gives the
  * fragment of two 32-column runs: low nibbles, then high; Q5_K ORs in its qh bit), so the
  * decode only writes the scales and no int8 weight tile goes through shared memory. */
+/* The blocks per multiprocessor a gemm_kernel's registers are allotted for. */
+constexpr int gemm_min_blocks(int ki, int wm, int wnn, bool sv) {
+    return ki ? ki : wm * wnn == 8 ? 2 : sv ? 4 : 3;
+}
 /* KI (engine_cu_gemm_args.kint; DB kernels, and Q6_K's SV kernel: below): each 32-column
  * run's int8 product times the run's 6-bit scale summed in int32 over the superblock (its two
  * steps), the minimums' term sum_j m_j * (X run sum)_j of the superblock as one F16 tensor-core
@@ -522,10 +536,6 @@ __device__ __forceinline__ int gemm_px(int i) {
  * product times its int8 scale summed in int32 over the superblock, + d * xd * sumi at its end
  * (vec_dot_q6_K's order; the -32 is in the int8 values). KI: 0 (off), else the blocks per
  * multiprocessor the registers are allotted for. */
-/* The blocks per multiprocessor a gemm_kernel's registers are allotted for. */
-constexpr int gemm_min_blocks(int ki, int wm, int wnn, bool sv) {
-    return ki ? ki : wm * wnn == 8 ? 2 : sv ? 4 : 3;
-}
 template <int MODE, int WM, bool LEGACY, bool PIPE = false, int WNN = 4 / WM, bool SV = false,
           bool DB = false, int KI = 0>
 __global__ void __launch_bounds__(32 * WM * WNN, gemm_min_blocks(KI, WM, WNN, SV))
@@ -725,16 +735,12 @@ __global__ void __launch_bounds__(32 * WM * WNN, gemm_min_blocks(KI, WM, WNN, SV
             uint32_t qa[4], qb[4];
             float s1, o1, s2, o2;
             if constexpr (KB && T == ENGINE_TYPE_Q6_K) { /* int scales, the row's d apart */
-                const uint8_t *b = row + (size_t)((in ? c : 0) >> 3) * 210;
-                const int q = c & 7, hh = q >> 2, rr = q & 3, w = rr >> 1, l0 = 16 * (rr & 1);
-                uint32_t ql[4], qh[4];
-                engine_cu_ldw_a2<4>(b + 64 * hh + 32 * w + l0, ql);
-                engine_cu_ldw_a2<4>(b + 128 + 32 * hh + l0, qh);
-                const int8_t *scp = (const int8_t *)(b + 192 + 8 * hh + (l0 >> 4));
-                gemm_bits_q6(w, ql, qh, qa, qb);
-                sWd[r] = in ? engine_cu_h2f(__ldg((const uint16_t *)(b + 208))) : 0.0f;
-                put(tc, r, c, k0, in, qa, qb, __int_as_float((int)__ldg(scp + 2 * w)), 0.0f,
-                    __int_as_float((int)__ldg(scp + 4 + 2 * w)), 0.0f);
+                int8_t sc[2];
+                float d;
+                gemm_decode_q6(row, in ? c : 0, qa, qb, sc, &d);
+                sWd[r] = in ? d : 0.0f;
+                put(tc, r, c, k0, in, qa, qb, __int_as_float((int)sc[0]), 0.0f,
+                    __int_as_float((int)sc[1]), 0.0f);
                 continue;
             }
             gemm_decode_q(T, row, in ? c : 0, qa, qb, &s1, &o1, &s2, &o2);

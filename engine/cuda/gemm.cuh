@@ -59,7 +59,7 @@ int engine_cu_gemm_xform(int type);
 bool engine_cu_gemm_ok(int type, int cols);
 
 /* Prepared activations: m rows of `cols` values in form `form`. Buffers are the caller's;
- * engine_cu_gemm_x_bytes gives the size of one block holding all three parts. */
+ * engine_cu_gemm_x_bytes gives the size of one block holding all of its parts. */
 typedef struct {
     int form, cols;
     const void *v;   /* int8 [m][cols] | uint16 [m][cols] | float [m][cols] */
@@ -141,12 +141,15 @@ typedef struct {
      * from the staged raw bytes (no decoded int8 tile in shared memory; the same values and
      * arithmetic). Opt-in */
     int direct;
-    /* nonzero, with direct, grouped Q4_K / Q5_K: the CPU's integer order (dot_k45_block) in
-     * the products: each 32-column run's int8 product times its 6-bit scale summed in int32
-     * over a superblock, the minimums' term sum m * (x run sum) on F16 tensor cores (exact
-     * integers), and d * sumi - dmin * summ added once per superblock in F32. Other rounding
-     * than the default; fewer instructions per product. 3: with
-     * registers for 3 blocks a multiprocessor instead of 4. Opt-in */
+    /* nonzero, 32-row tiles (tile_rows 32 or grouped mode): the CPU's integer order inside a
+     * superblock. Q4_K / Q5_K (with direct; dot_k45_block's order): each 32-column run's int8
+     * product times its 6-bit scale summed in int32 over a superblock, the minimums' term
+     * sum m * (x run sum) on F16 tensor cores (exact integers), and d * sumi - dmin * summ
+     * added once per superblock in F32. Q6_K (not staged): each 16-column product times its
+     * int8 scale summed in int32, d * xd * sumi once per superblock. Split-K splits whole
+     * superblocks (the F32 epilogue runs where the splits outnumber them). Other rounding than
+     * the F32 epilogue; fewer instructions per product (the prefill's default). 3: Q4_K / Q5_K
+     * with registers for 3 blocks a multiprocessor instead of 4 */
     int kint;
 } engine_cu_gemm_args;
 
