@@ -31,17 +31,18 @@
  *     default tensor-core attention, which rounds Q and the softmax weights to F16).
  *   Then 8 decode steps on the GPU after the prefill (the KV the prefill wrote) against the
  *     CPU with the same criteria, and against a GPU session that ran every token through the
- *     decode step (a control that tells a prefill KV fault from a decode fault); the prompt fed in
- * two calls (30 + 40 tokens) and in one chunk give bit-identical logits (a token's results do not
- * depend on the chunking); a session through engine.h (device cuda) gives the prefill's last logits
- * bit for bit. The prefill's GEMM words that keep the arithmetic (SPARK_CUDA_PREFILL_GEMM: "wided",
- * the 8-warp tiles everywhere; "svec", the scales in fragment order, 4 blocks per SM; "direct",
- * svec with Q4_K / Q5_K fragments read from the staged bytes; "pipe6", the staged kernels for Q6_K
- * too; "nopipe8", the unstaged ones for Q8_0 / Q4_0) give the same logits bit for bit as the
- *     default (its Q4_K / Q5_K / Q6_K products in the int superblock order) or, with "nokint"
- *     (the F32 epilogue of every product), as "nokint" alone; "nokint", "nokintd" (the dense
- *     Q4_K / Q5_K products in the F32 epilogue) and "nokint6" (the Q6_K ones) against the CPU
- *     by the same criteria as the default.
+ *     decode step (a control that tells a prefill KV fault from a decode fault); the prompt
+ *     fed in two calls (30 + 40 tokens) and in one chunk give bit-identical logits (a token's
+ *     results do not depend on the chunking); a session through engine.h (device cuda) gives
+ *     the prefill's last logits bit for bit.
+ *   The prefill's GEMM words that keep the arithmetic (SPARK_CUDA_PREFILL_GEMM: "wided", the
+ *     8-warp tiles everywhere; "svec", the scales in fragment order, 4 blocks per SM;
+ *     "direct", svec with Q4_K / Q5_K fragments read from the staged bytes; "pipe6", the
+ *     staged kernels for Q6_K too; "nopipe8", the unstaged ones for Q8_0 / Q4_0) give the
+ *     same logits bit for bit as the default (its Q4_K / Q5_K / Q6_K products in the int
+ *     superblock order) or, with "nokint" (the F32 epilogue of every product), as "nokint"
+ *     alone; "nokint", "nokintd" (the dense Q4_K / Q5_K products in the F32 epilogue) and
+ *     "nokint6" (the Q6_K ones) against the CPU by the same criteria as the default.
  * Arguments: PRESET TYPE, one model only; "gemm [VARIANT...]", the GEMM op cases only, of the
  * named variants ("default" for the default kernels), for compute-sanitizer runs.
  * Exits 77 (skip) with the reason when no GPU is usable or the build has no CUDA backend. */
