@@ -412,16 +412,22 @@ __device__ __forceinline__ void gemm_cp_async16(void *dst, const void *src) {
     *(uint4 *)dst = *(const uint4 *)src;
 #endif
 }
-/* The same for the first n (1..16) bytes at src, the rest of the 16 zero-filled. */
+/* The first n (1..16) bytes at src to dst, the rest of the 16 zero-filled, through registers:
+ * reads no byte past src + n. */
+__device__ __forceinline__ void gemm_copy16n(void *dst, const void *src, int n) {
+    uint8_t *o = (uint8_t *)dst;
+    for (int i = 0; i < 16; i++)
+        o[i] = i < n ? ((const uint8_t *)src)[i] : 0;
+}
+/* The same with cp.async. Its 16-byte window is read as a whole by compute-sanitizer's count
+ * (src-size or not), so a window past the end of the weights takes gemm_copy16n instead. */
 __device__ __forceinline__ void gemm_cp_async16n(void *dst, const void *src, int n) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(n)
                  : "memory");
 #else
-    uint8_t *o = (uint8_t *)dst;
-    for (int i = 0; i < 16; i++)
-        o[i] = i < n ? ((const uint8_t *)src)[i] : 0;
+    gemm_copy16n(dst, src, n);
 #endif
 }
 /* N words of the 4 N bytes at a 2-byte-aligned shared address (aligned loads, funnel shifts). */
@@ -614,6 +620,7 @@ __global__ void __launch_bounds__(32 * WM * WNN, gemm_min_blocks(KI, WM, WNN, SV
         ldy = a.more[j].ldy;
     }
     const int n0 = bx * TBN;
+    const uint8_t *const wend = W + (size_t)rows * a.row_bytes; /* this matrix's last byte + 1 */
     const int nch = a.cols / 32;
     const bool bf = a.type == ENGINE_TYPE_BF16;
     const int c0 = LEGACY ? 0 : GEMM_MAGIC;
@@ -780,7 +787,10 @@ __global__ void __launch_bounds__(32 * WM * WNN, gemm_min_blocks(KI, WM, WNN, SV
                 const uint8_t *src;
                 const int nb = gemm_stage_piece(MODE == 0, bb, W + (size_t)grow * a.row_bytes,
                                                 a.row_bytes, k0, pc, &src);
-                if (nb > 0) gemm_cp_async16n(dst, src, nb);
+                if (nb > 0 && src + 16 <= wend)
+                    gemm_cp_async16n(dst, src, nb);
+                else if (nb > 0) /* the last row's last piece: nothing read past the matrix */
+                    gemm_copy16n(dst, src, nb);
             }
             gemm_cp_commit();
         } else if constexpr (PIPE) {
