@@ -91,7 +91,8 @@ struct engine_cuda_session {
     /* Diagnosis only (wrong results): SPARK_CUDA_DIAG_SKIP / SPARK_CUDA_DIAG_TWICE, bit masks
      * of the per-layer ops (1 qkv, 2 attention, 4 wo, 8 router, 16 up, 32 down) left out of /
      * launched twice in the captured step, so that an A/B of the timing gives each op's cost on
-     * the graph's critical path (bench_decode -e "SPARK_CUDA_DIAG_SKIP=8"). */
+     * the graph's critical path (bench_decode -e "SPARK_CUDA_DIAG_SKIP=8"); SKIP bit 64: the
+     * output head's product (the sampler reads the previous logits). */
     unsigned diag_skip, diag_twice;
     int diag_moe; /* SPARK_CUDA_DIAG_MOE: engine_cu_ffn_up_args.diag (the same results) */
     /* SPARK_CUDA_ROUTE (default SPARK_CUDA_ROUTE_DEFAULT): engine_cu_ffn_up_args.route, the up
@@ -1101,7 +1102,7 @@ static void enqueue_step(engine_cuda_session *s, step_prof *p, route_trace *t) {
     mv.eps = eps;
     mv.coop = s->coop_mv;
     mv.q6r_rows = s->head_rows;
-    engine_cu_matvec(&mv, st);
+    if (!(s->diag_skip & 64u)) engine_cu_matvec(&mv, st);
     mark(p, 7, st);
     engine_cu_sample(s->logits, (int)hp->n_vocab, s->step, s->out, s->sscratch,
                      s->counters + hp->n_head, st);

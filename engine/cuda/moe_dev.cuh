@@ -75,6 +75,7 @@ static __device__ __forceinline__ int route_pick(unsigned key[NPL], unsigned *km
  * bits(p) + 1 (p >= 0 orders as its bits; struck out and past n: 0) instead of five rounds of
  * shuffles: the same ids, weights and sum, bit for bit. NPL < ENGINE_CU_MAX_EXPERT / 32 (n <= 32
  * NPL): the same results, the slots left out holding experts past n (key 0, p -1: never picked). */
+static_assert(ENGINE_CU_MAX_EXPERT_USED <= 32, "route: a pick per lane");
 template <bool REDUX = true, int NPL = ENGINE_CU_MAX_EXPERT / 32>
 static __device__ void route(const float *logits, int n, int k, int norm_topk, int *ids, float *wts,
                              bool cg = false) {
@@ -88,6 +89,8 @@ static __device__ void route(const float *logits, int n, int k, int norm_topk, i
     constexpr bool rx = false;
 #endif
     unsigned key[NPL];
+    int my_id = 0;
+    float my_wt = 0.0f;
     if (rx)
 #pragma unroll
         for (int i = 0; i < NPL; i++) /* NaN: as 0, so ids stay valid */
@@ -118,16 +121,18 @@ static __device__ void route(const float *logits, int n, int k, int norm_topk, i
             for (int i = 0; i < NPL; i++)
                 if (lane + 32 * i == bid) p[i] = -1.0f;
         }
-        if (lane == 0) {
-            ids[j] = bid;
-            wts[j] = best;
+        if (lane == j) { /* round j's pick stays in lane j's registers (k <= 32) */
+            my_id = bid;
+            my_wt = best;
         }
         tot += best;
     }
-    __syncwarp();
-    if (norm_topk && lane == 0)
-        for (int j = 0; j < k; j++)
-            wts[j] = wts[j] / tot;
+    /* the k weights divided at once, a lane each (lane 0 dividing them in turn after the
+     * rounds was a chain of k loads, divisions and stores on the routing's path) */
+    if (lane < k) {
+        ids[lane] = my_id;
+        wts[lane] = norm_topk ? my_wt / tot : my_wt;
+    }
     __syncwarp();
 }
 
