@@ -102,6 +102,7 @@ struct engine_cuda_session {
     int coop_mv; /* SPARK_CUDA_COOP_MV=1: engine_cu_mv.coop of the qkv, router and head launches */
     bool head_r; /* the head launch reads the model's repacked copy (engine_cu_head_copy_wanted) */
     int head_rows; /* engine_cu_mv.q6r_rows (engine_cu_head_rows_env: SPARK_CUDA_HEAD_ROWS) */
+    int head_ring; /* engine_cu_mv.ring of the head (engine_cu_head_ring_env) */
     int fused; /* the layers as one fused step kernel (step.cuh); SPARK_CUDA_FUSED=0/1 */
     /* Decode stage 5 (per-op launches), both measured slower on the H200 (bench/RESULTS.md),
      * so off unless asked for: SPARK_CUDA_BPS=mv,up,dn caps the matvec (qkv, wo), up and down
@@ -612,6 +613,7 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         s->touch = e && e[0] == '1';
         s->head_r = engine_cu_head_copy_wanted();
         s->head_rows = engine_cu_head_rows_env();
+        s->head_ring = engine_cu_head_ring_env();
         e = getenv("SPARK_CUDA_FUSED");
         s->fused = e ? e[0] == '1' : SPARK_CUDA_FUSED_DEFAULT;
         e = getenv("SPARK_CUDA_BPS");
@@ -1102,6 +1104,7 @@ static void enqueue_step(engine_cuda_session *s, step_prof *p, route_trace *t) {
     mv.eps = eps;
     mv.coop = s->coop_mv;
     mv.q6r_rows = s->head_rows;
+    mv.ring = s->head_ring;
     if (!(s->diag_skip & 64u)) engine_cu_matvec(&mv, st);
     mark(p, 7, st);
     engine_cu_sample(s->logits, (int)hp->n_vocab, s->step, s->out, s->sscratch,

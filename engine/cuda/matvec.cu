@@ -41,6 +41,17 @@ __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 2)
         a, n_groups, blockIdx.x, gridDim.x, (uint8_t *)mv_smem, engine_cu_pdl_sync());
 }
 
+/* The ring form (matvec_dev.cuh mv_block_ring): one block a multiprocessor, nbuf buffers a
+ * warp. */
+template <int MODE, bool Q6R>
+__global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 1)
+    mv_ring_kernel(engine_cu_mv a, int nbuf) {
+    extern __shared__ __align__(128) uint4 mv_smem[];
+    engine_cu_pdl_launch();
+    mv_block_ring<MODE, ENGINE_CU_MV_RING_ROWS, Q6R>(a, nbuf, (uint8_t *)mv_smem,
+                                                     engine_cu_pdl_sync());
+}
+
 /* Whether a launch is the output head's repacked copy (matvec_dev.cuh mv_group's Q6R instance). */
 static bool mv_is_q6r(const engine_cu_mv *a) {
     return a->n_mat == 1 && a->m[0].type == ENGINE_CU_TYPE_Q6_KR;
@@ -172,7 +183,49 @@ size_t engine_cu_mv_tma_smem(const engine_cu_mv *a, const engine_cu_mv_plan *p) 
     return engine_cu_w_off(p->smem) + (size_t)ENGINE_CU_MV_WARPS * p->r * rb;
 }
 
+int engine_cu_mv_ring_bufs(const engine_cu_mv *a, size_t *smem) {
+    *smem = 0;
+    if (!a->ring || a->n_mat != 1 || a->route_ids || !engine_cu_bulk_ok()) return 0;
+    const engine_cu_mat &m = a->m[0];
+    const int type = m.type;
+    if ((!engine_cu_type_quant(type) && type != ENGINE_CU_TYPE_Q6_KR) || m.row_bytes % 16 ||
+        ((uintptr_t)m.w & 15) || a->cols % 256)
+        return 0;
+    const size_t tile = (size_t)ENGINE_CU_MV_RING_ROWS * m.row_bytes;
+    const size_t off = engine_cu_w_off(engine_cu_xs_bytes(true, a->cols));
+    const int sms = engine_cu_sm_count();
+    int dev = 0, optin = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) !=
+            cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    /* the kernel's static shared memory: its barriers, the staging's scratch (~1 KB spare) */
+    const size_t room = (size_t)optin > off + 2048 ? (size_t)optin - off - 2048 : 0;
+    int nbuf = (int)(room / ((size_t)ENGINE_CU_MV_WARPS * tile));
+    if (nbuf > ENGINE_CU_MV_RING_MAX) nbuf = ENGINE_CU_MV_RING_MAX;
+    const long tiles = (m.rows + ENGINE_CU_MV_RING_ROWS - 1) / ENGINE_CU_MV_RING_ROWS;
+    if (nbuf < 2 || tiles < 2L * sms * ENGINE_CU_MV_WARPS) return 0;
+    *smem = off + (size_t)ENGINE_CU_MV_WARPS * nbuf * tile;
+    return nbuf;
+}
+
 template <int MODE> static void mv_launch_mode(const engine_cu_mv *a, cudaStream_t stream) {
+    if constexpr (MODE != ENGINE_CU_X_F32) {
+        size_t rsm = 0;
+        if (const int nbuf = engine_cu_mv_ring_bufs(a, &rsm)) {
+            const dim3 grid(engine_cu_sm_count()), block(ENGINE_CU_MV_WARPS * 32);
+            if (!mv_is_q6r(a)) {
+                engine_cu_launch(mv_ring_kernel<MODE, false>, grid, block, rsm, stream, *a, nbuf);
+                return;
+            }
+            if constexpr (MODE == ENGINE_CU_X_Q8_K) { /* the repacked copy's staging mode */
+                engine_cu_launch(mv_ring_kernel<MODE, true>, grid, block, rsm, stream, *a, nbuf);
+                return;
+            }
+        }
+    }
     const mv_plan p = mv_plan_mode<MODE>(a);
     const dim3 grid(p.blocks), block(ENGINE_CU_MV_WARPS * 32);
     if constexpr (MODE != ENGINE_CU_X_F32)
@@ -322,6 +375,11 @@ void engine_cu_q6r_repack(const uint8_t *src, size_t src_rb, uint8_t *dst, int r
 int engine_cu_head_rows_env(void) {
     const char *e = getenv("SPARK_CUDA_HEAD_ROWS");
     return !e || atoi(e) == 4 ? 4 : 0;
+}
+
+int engine_cu_head_ring_env(void) {
+    const char *e = getenv("SPARK_CUDA_HEAD_RING");
+    return !e || atoi(e) != 0;
 }
 
 bool engine_cu_head_copy_wanted(void) {

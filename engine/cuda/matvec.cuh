@@ -96,7 +96,15 @@ typedef struct {
      * session; the launchers (engine_cu_matvec, engine_cu_rf_wo) keep it only where it applies
      * (engine_cu_mv_tma_smem) and clear it otherwise. */
     int tma;
+    /* One large matrix of a quantised type (the output head) looped over by one block a
+     * multiprocessor whose warps stream their rows through rings of bulk copies in shared
+     * memory (matvec_dev.cuh mv_block_ring; SPARK_CUDA_HEAD_RING). Asked by the session; the
+     * launcher takes it only where it applies (engine_cu_mv_ring_bufs) and else the plan above.
+     * The same sums either way. */
+    int ring;
 } engine_cu_mv;
+#define ENGINE_CU_MV_RING_MAX 8  /* buffers a warp, at most */
+#define ENGINE_CU_MV_RING_ROWS 4 /* rows a tile */
 
 /* True for the weight types the GPU kernels decode. */
 bool engine_cu_type_supported(int type);
@@ -120,6 +128,10 @@ engine_cu_mv_plan engine_cu_matvec_plan(const engine_cu_mv *a);
  * a multiple of 16 bytes or not 16-byte aligned. The caller checks that its kernel still fits
  * p's blocks in one wave with that memory. */
 size_t engine_cu_mv_tma_smem(const engine_cu_mv *a, const engine_cu_mv_plan *p);
+/* The ring form's buffers a warp (>= 2) where it applies to a (a.ring, one quantised matrix of
+ * 16-byte rows at a 16-byte boundary, more tiles than a wave has warps, sm_90 and later), else
+ * 0; *smem its dynamic shared memory. */
+int engine_cu_mv_ring_bufs(const engine_cu_mv *a, size_t *smem);
 
 /* The output head's repacked copy (ENGINE_CU_TYPE_Q6_KR, dequant.cuh: the same values, laid out
  * for coalesced loads), read by the decode and MTP head launches; the prefill and batch GEMMs
@@ -152,5 +164,8 @@ bool engine_cu_head_copy_wanted(void);
  * Qwen3.5-35B-A3B 475.0 against 473.7 tok/s, Qwen3-30B-A3B 473.8 against 472.2, the MTP draft
  * step 189 against 202 us. */
 int engine_cu_head_rows_env(void);
+/* engine_cu_mv.ring of a session's head launch: 1 (SPARK_CUDA_HEAD_RING unset or not 0), or 0
+ * (=0: the plan of q6r_rows). */
+int engine_cu_head_ring_env(void);
 
 #endif

@@ -25,7 +25,7 @@ __device__ __forceinline__ void mv_rows(const uint8_t *row0, size_t stride, int 
         for (int i = 0; i < R; i++) {
             const uint8_t *row = row0 + (i < nvalid ? i : 0) * stride;
             if constexpr (T == ENGINE_CU_TYPE_Q6_KR)
-                acc[i] += engine_cu_q6r_dot(row, c, n_chunks, xv);
+                acc[i] += engine_cu_q6r_dot<SH>(row, c, n_chunks, xv);
             else
                 acc[i] += engine_cu_dot_chunk<T, SH>(row, c, xv);
         }
@@ -322,6 +322,83 @@ __device__ __forceinline__ void mv_block(const engine_cu_mv &a, int n_groups, in
         sum += tv[i][0] + tv[i][1];
     if (y) engine_cu_sink(sum, y);
     ENGINE_CU_TRACE_END();
+}
+
+/* The ring form (engine_cu_mv.ring, matvec.cu mv_ring_kernel): one block a multiprocessor loops
+ * over one large matrix (the output head). Each warp streams its own tiles of R consecutive rows
+ * (tiles gw, gw + GW, ... for the grid's GW warps) through nbuf buffers of its own in shared
+ * memory with bulk copies, lane 0 putting the tile nbuf ahead in flight as soon as the warp has
+ * read a buffer, so the memory is never idle between row groups (the looping kernels reload
+ * registers group by group). The first nbuf tiles are asked for before the wait: weights do not
+ * depend on the previous kernel. Q6R: the head's repacked copy. A row's sum is mv_rows's on the
+ * same bytes, so mv_group's bit for bit. */
+template <int MODE, int R, bool Q6R, typename S>
+__device__ __forceinline__ void mv_block_ring(const engine_cu_mv &a, int nbuf, uint8_t *sm,
+                                              const S &sync) {
+    __shared__ uint64_t bars[ENGINE_CU_MV_WARPS][ENGINE_CU_MV_RING_MAX];
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const engine_cu_mat &m = a.m[0];
+    const size_t rb = m.row_bytes, tile = (size_t)R * rb;
+    const int n_tiles = (m.rows + R - 1) / R;
+    const int gw = (int)blockIdx.x * ENGINE_CU_MV_WARPS + w, GW = gridDim.x * ENGINE_CU_MV_WARPS;
+    uint8_t *ring =
+        sm + engine_cu_w_off(engine_cu_xs_bytes(true, a.cols)) + (size_t)w * nbuf * tile;
+    uint64_t *bar = bars[w];
+    const auto issue = [&](int k) { /* the warp's k-th tile into buffer k % nbuf (lane 0) */
+                                    const int t = gw + k * GW;
+                                    if (t >= n_tiles) return;
+                                    const int r0 = t * R, nr = min(R, m.rows - r0);
+                                    uint64_t *b = bar + k % nbuf;
+                                    engine_cu_mbar_expect(b, (unsigned)(nr * rb));
+                                    engine_cu_bulk_g2s(ring + (size_t)(k % nbuf) * tile,
+                                                       m.w + (size_t)r0 * rb, (unsigned)(nr * rb),
+                                                       b);
+    };
+    if (lane == 0) {
+        for (int i = 0; i < nbuf; i++)
+            engine_cu_mbar_init(bar + i);
+        for (int k = 0; k < nbuf; k++)
+            issue(k);
+    }
+    if (a.norm_w && w == ENGINE_CU_MV_WARPS - 1) /* read by every block: L2 */
+        engine_cu_prefetch_l2((const uint8_t *)a.norm_w, sizeof(float) * (size_t)a.cols);
+    sync.wait();
+    mv_stage<MODE>(a, sm); /* ends with a barrier */
+    const engine_cu_xv xv = engine_cu_xv_at(sm, a.cols, true, 0);
+    const int n_chunks = a.cols >> 5;
+    for (int k = 0; gw + k * GW < n_tiles; k++) {
+        const int r0 = (gw + k * GW) * R, nvalid = min(R, m.rows - r0);
+        const uint8_t *buf = ring + (size_t)(k % nbuf) * tile;
+        engine_cu_mbar_wait(bar + k % nbuf, (unsigned)((k / nbuf) & 1));
+        float acc[R];
+        if constexpr (Q6R) {
+            mv_rows<ENGINE_CU_TYPE_Q6_KR, R, true>(buf, rb, nvalid, lane, 32, n_chunks, xv, acc);
+        } else {
+            switch (m.type) {
+#define MV_CASE(T)                                                                                 \
+    case T:                                                                                        \
+        if (MODE == engine_cu_x_mode(T))                                                           \
+            mv_rows<T, R, true>(buf, rb, nvalid, lane, 32, n_chunks, xv, acc);                     \
+        break;
+                ENGINE_CU_QUANT_CASES(MV_CASE)
+#undef MV_CASE
+            default:
+#pragma unroll
+                for (int i = 0; i < R; i++)
+                    acc[i] = 0.0f;
+            }
+        }
+        __syncwarp(); /* every lane has read the buffer: it takes tile k + nbuf */
+        if (lane == 0) {
+            engine_cu_fence_proxy_async();
+            issue(k + nbuf);
+        }
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            const float s = engine_cu_warp_sum(acc[i]);
+            if (lane == 0 && i < nvalid) m.y[r0 + i] = m.accumulate ? m.y[r0 + i] + s : s;
+        }
+    }
 }
 
 #endif

@@ -71,6 +71,14 @@ bool op_tma() {
     return e && e[0] == '1';
 }
 
+/* SPARK_CUDA_OP_RING=1: the matvec op runs the ring form (engine_cu_mv.ring, the sessions' head
+ * launch) and fails with ENGINE_EUNSUPPORTED where it does not apply (engine_cu_mv_ring_bufs),
+ * so that a test knows which launch it compared. */
+bool op_ring() {
+    const char *e = getenv("SPARK_CUDA_OP_RING");
+    return e && e[0] == '1';
+}
+
 /* SPARK_CUDA_OP_SPLIT=R (0 < R < rows): the matvec op runs its rows as two matrices, rows
  * [0, R) and [R, rows), with engine_cu_mv.r3 (three-row groups in one wave where two-row groups
  * would not fit one: a session's mixer in-projections). */
@@ -143,6 +151,15 @@ extern "C" int engine_cuda_op_matvec(engine_type type, const void *w, int64_t ro
     if (op_tma()) { /* as sessions run it: no L1 touch */
         mv.tma = 1;
         mv.touch = 0;
+    }
+    if (op_ring()) {
+        size_t smem = 0;
+        mv.ring = 1;
+        mv.touch = 0;
+        if (!engine_cu_mv_ring_bufs(&mv, &smem))
+            return engine_err(ENGINE_EUNSUPPORTED,
+                              "matvec: the ring form does not apply (type %d, %lld x %lld)", mtype,
+                              (long long)rows, (long long)cols);
     }
     engine_cu_matvec(&mv, 0);
     return a.get(y, dy, sizeof(float) * (size_t)rows);

@@ -488,16 +488,18 @@ __device__ __forceinline__ float engine_cu_qdot_raw(const engine_cu_qraw &r, con
 }
 
 /* Chunk c of a Q6_KR row of n_chunks chunks (dequant.cuh) against the staged int8 vector:
- * engine_cu_qdot_raw's Q6_K expression on the same operands, so the same float. */
+ * engine_cu_qdot_raw's Q6_K expression on the same operands, so the same float. SH: the row
+ * from a copy in shared memory (16-byte aligned, as the row is). */
+template <bool SH = false>
 __device__ __forceinline__ float engine_cu_q6r_dot(const uint8_t *row, int c, int n_chunks,
                                                    const engine_cu_xv &xv) {
     size_t oq, oh, os, od;
     engine_cu_q6r_at(c, n_chunks, &oq, &oh, &os, &od);
     uint32_t ql[4], lo[4], hi[4];
-    qd_load16(row + oq, ql);
-    const uint2 u = engine_cu_ldd((const uint2 *)(row + oh));
-    const uint32_t sc = engine_cu_ldh((const uint16_t *)(row + os));
-    const float d = engine_cu_h2f(engine_cu_ldh((const uint16_t *)(row + od)));
+    qd_load16<SH>(row + oq, ql);
+    const uint2 u = SH ? *(const uint2 *)(row + oh) : engine_cu_ldd((const uint2 *)(row + oh));
+    const uint32_t sc = qd_h<SH>((const uint16_t *)(row + os));
+    const float d = engine_cu_h2f(qd_h<SH>((const uint16_t *)(row + od)));
     int a0, b0;
     engine_cu_chunk_cols(ENGINE_CU_TYPE_Q6_KR, c, &a0, &b0);
     const int4 xa = *(const int4 *)(xv.q + a0), xb = *(const int4 *)(xv.q + b0);

@@ -519,6 +519,7 @@ struct engine_cuda_q35_session {
      * (matvec.cuh engine_cu_head_copy_wanted: SPARK_CUDA_HEAD_REPACK, default on) */
     bool head_r;
     int head_rows; /* engine_cu_mv.q6r_rows (engine_cu_head_rows_env: SPARK_CUDA_HEAD_ROWS) */
+    int head_ring; /* engine_cu_mv.ring of the decode head (engine_cu_head_ring_env) */
     /* SPARK_CUDA_Q35_Z_FORK (read at session creation; default on, =0 off): the DeltaNet blocks' z
      * projection (only the step's last phase reads it) on the side branch, parallel to the
      * qkv|beta|alpha projection, joined before the step */
@@ -756,6 +757,7 @@ extern "C" int engine_cuda_q35_session_new(engine_cuda_q35_session **out, engine
         s->mv_r3 = !(e && e[0] == '0');
         s->head_r = engine_cu_head_copy_wanted();
         s->head_rows = engine_cu_head_rows_env();
+        s->head_ring = engine_cu_head_ring_env();
     }
     if (s->rf && (rc = q35_rf_prepare(cm))) goto done;
     if (s->rf && cm->rf_state != 1) s->rf = 0;
@@ -973,9 +975,10 @@ static void q35_mark(q35_prof *p, int cat, cudaStream_t st) {
 }
 
 static void q35_mv(const engine_cuda_q35_session *s, cudaStream_t st, const float *x, int cols,
-                   const float *norm_w, float eps, int n, const engine_cu_mat *mats) {
+                   const float *norm_w, float eps, int n, const engine_cu_mat *mats, int ring = 0) {
     engine_cu_mv mv;
     memset(&mv, 0, sizeof mv);
+    mv.ring = ring; /* the launcher checks it applies */
     mv.coop = s->coop_mv;
     mv.r3 = s->mv_r3;
     mv.q6r_rows = s->head_rows; /* only the repacked head reads it */
@@ -1281,7 +1284,7 @@ static void q35_enqueue_step(engine_cuda_q35_session *s, q35_prof *p) {
         q35_moe(s, ly, eps, p);
     }
     engine_cu_mat hm = q35_mat(q35_head(s), s->logits, 0);
-    q35_mv(s, st, s->x, d->E, cm->output_norm, eps, 1, &hm);
+    q35_mv(s, st, s->x, d->E, cm->output_norm, eps, 1, &hm, s->head_ring);
     q35_mark(p, 9, st);
     engine_cu_sample(s->logits, d->V, s->step, s->out, s->sscratch, s->counters + d->nkv, st);
     q35_mark(p, 10, st);

@@ -37,7 +37,9 @@
  * decode stage-5 options of engine/cuda/matvec.cuh and moe.cuh: looping blocks, first weight
  * chunks preloaded into registers, the down kernel routing before its wait). The matvec cases
  * include a launch of two matrices, 8192 + 64 rows of 2048 (SPARK_CUDA_OP_SPLIT=8192 with
- * engine_cu_mv.r3: three-row groups in one wave, each matrix's last group partial).
+ * engine_cu_mv.r3: three-row groups in one wave, each matrix's last group partial). The ring
+ * form of the heads (SPARK_CUDA_OP_RING) equals the plan's launch bit for bit (the argument
+ * "ring": those cases alone, for compute-sanitizer).
  * Exits 77 (skip) with the reason when no GPU is usable or the build has no CUDA backend. */
 #include <math.h>
 #include <stdio.h>
@@ -231,6 +233,55 @@ static void test_head_repack_case(int64_t rows, int64_t cols, bool norm, const c
     free(nw);
     free(y);
     free(yr);
+}
+
+/* The ring form (SPARK_CUDA_OP_RING: engine_cu_mv.ring, the sessions' head launch): every row
+ * bit for bit the plan's launch, for the head's repacked copy and the quantised types a head
+ * can have, with a partial last tile; skipped, and said, where the device cannot take it. */
+static void test_matvec_ring(void) {
+    static const engine_type types[] = {ENGINE_TYPE_Q6_K, ENGINE_TYPE_Q8_0, ENGINE_TYPE_Q4_K,
+                                        ENGINE_TYPE_Q5_K, ENGINE_TYPE_Q4_0};
+    const int64_t rows = 20011, cols = 2048; /* enough tiles for 312 multiprocessors */
+    for (int k = 0; k < 6; k++) {
+        const engine_type t = k < 5 ? types[k] : ENGINE_TYPE_Q6_K;
+        const char *q6r = k == 5 ? "4" : NULL; /* the repacked copy, as the heads read it */
+        size_t rb;
+        uint8_t *w = make_weights(t, rows, cols, &rb);
+        float *x = malloc(sizeof(float) * cols), *nw = malloc(sizeof(float) * cols);
+        float *y = malloc(sizeof(float) * rows), *yr = malloc(sizeof(float) * rows);
+        fill(x, cols, 2.0f);
+        for (int64_t i = 0; i < cols; i++)
+            nw[i] = 0.75f + 0.25f * (frand() + 1.0f);
+        if (q6r) setenv("SPARK_CUDA_OP_Q6R", q6r, 1);
+        int rc = engine_cuda_op_matvec(t, w, rows, cols, rb, x, nw, 1e-6f, false, y);
+        setenv("SPARK_CUDA_OP_RING", "1", 1);
+        int rc2 = engine_cuda_op_matvec(t, w, rows, cols, rb, x, nw, 1e-6f, false, yr);
+        unsetenv("SPARK_CUDA_OP_RING");
+        unsetenv("SPARK_CUDA_OP_Q6R");
+        const char *name = q6r ? "Q6_K repacked" : engine_type_name(t);
+        if (rc == 0 && rc2 == ENGINE_EUNSUPPORTED) {
+            printf("SKIP matvec ring %s: %s\n", name, engine_error_last());
+        } else {
+            CHECK(rc == 0 && rc2 == 0, "matvec %s / ring %lld x %lld", name, (long long)rows,
+                  (long long)cols);
+            int64_t diff = 0, first = -1;
+            for (int64_t r = 0; rc == 0 && rc2 == 0 && r < rows; r++)
+                if (memcmp(&y[r], &yr[r], sizeof(float)) != 0) {
+                    if (first < 0) first = r;
+                    diff++;
+                }
+            CHECK(diff == 0, "ring %s: %lld of %lld rows differ (first %lld: %.9g vs %.9g)", name,
+                  (long long)diff, (long long)rows, (long long)first, first >= 0 ? y[first] : 0.0,
+                  first >= 0 ? yr[first] : 0.0);
+            printf("matvec ring %-13s %lld x %lld +norm: %lld rows differ from the plan's launch\n",
+                   name, (long long)rows, (long long)cols, (long long)diff);
+        }
+        free(w);
+        free(x);
+        free(nw);
+        free(y);
+        free(yr);
+    }
 }
 
 static void test_head_repack(void) {
@@ -751,8 +802,13 @@ int main(int argc, char **argv) {
         return 77;
     }
     if (argc > 1 && !strcmp(argv[1], "quick")) n_draws = 300;
+    if (argc > 1 && !strcmp(argv[1], "ring")) { /* the ring form alone (compute-sanitizer) */
+        test_matvec_ring();
+        return support_finish("test_cuda_ops");
+    }
     test_matvec();
     test_head_repack();
+    test_matvec_ring();
     test_attention();
     test_route();
     test_moe();
