@@ -41,15 +41,19 @@ __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 2)
         a, n_groups, blockIdx.x, gridDim.x, (uint8_t *)mv_smem, engine_cu_pdl_sync());
 }
 
-/* The ring form (matvec_dev.cuh mv_block_ring): one block a multiprocessor, nbuf buffers a
- * warp. */
-template <int MODE, bool Q6R>
-__global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 1)
-    mv_ring_kernel(engine_cu_mv a, int nbuf) {
+/* The ring form (matvec_dev.cuh mv_block_ring): one block a multiprocessor of NW warps, R rows a
+ * tile, nbuf buffers a warp. */
+template <int MODE, bool Q6R, int NW, int R>
+__global__ void __launch_bounds__(NW * 32, 1) mv_ring_kernel(engine_cu_mv a, int nbuf) {
     extern __shared__ __align__(128) uint4 mv_smem[];
     engine_cu_pdl_launch();
-    mv_block_ring<MODE, ENGINE_CU_MV_RING_ROWS, Q6R>(a, nbuf, (uint8_t *)mv_smem,
-                                                     engine_cu_pdl_sync());
+    mv_block_ring<MODE, NW, R, Q6R>(a, nbuf, (uint8_t *)mv_smem, engine_cu_pdl_sync());
+}
+
+/* The ring forms' warps a block and rows a tile (engine_cu_mv.ring 1, 2, 3). */
+static void mv_ring_shape(int ring, int *nw, int *r) {
+    *nw = ring == 1 ? 8 : 16;
+    *r = ring == 2 ? 2 : 4;
 }
 
 /* Whether a launch is the output head's repacked copy (matvec_dev.cuh mv_group's Q6R instance). */
@@ -185,13 +189,16 @@ size_t engine_cu_mv_tma_smem(const engine_cu_mv *a, const engine_cu_mv_plan *p) 
 
 int engine_cu_mv_ring_bufs(const engine_cu_mv *a, size_t *smem) {
     *smem = 0;
-    if (!a->ring || a->n_mat != 1 || a->route_ids || !engine_cu_bulk_ok()) return 0;
+    if (a->ring < 1 || a->ring > 3 || a->n_mat != 1 || a->route_ids || !engine_cu_bulk_ok())
+        return 0;
+    int nw, rr;
+    mv_ring_shape(a->ring, &nw, &rr);
     const engine_cu_mat &m = a->m[0];
     const int type = m.type;
     if ((!engine_cu_type_quant(type) && type != ENGINE_CU_TYPE_Q6_KR) || m.row_bytes % 16 ||
         ((uintptr_t)m.w & 15) || a->cols % 256)
         return 0;
-    const size_t tile = (size_t)ENGINE_CU_MV_RING_ROWS * m.row_bytes;
+    const size_t tile = (size_t)rr * m.row_bytes;
     const size_t off = engine_cu_w_off(engine_cu_xs_bytes(true, a->cols));
     const int sms = engine_cu_sm_count();
     int dev = 0, optin = 0;
@@ -203,11 +210,11 @@ int engine_cu_mv_ring_bufs(const engine_cu_mv *a, size_t *smem) {
     }
     /* the kernel's static shared memory: its barriers, the staging's scratch (~1 KB spare) */
     const size_t room = (size_t)optin > off + 2048 ? (size_t)optin - off - 2048 : 0;
-    int nbuf = (int)(room / ((size_t)ENGINE_CU_MV_WARPS * tile));
+    int nbuf = (int)(room / ((size_t)nw * tile));
     if (nbuf > ENGINE_CU_MV_RING_MAX) nbuf = ENGINE_CU_MV_RING_MAX;
-    const long tiles = (m.rows + ENGINE_CU_MV_RING_ROWS - 1) / ENGINE_CU_MV_RING_ROWS;
-    if (nbuf < 2 || tiles < 2L * sms * ENGINE_CU_MV_WARPS) return 0;
-    *smem = off + (size_t)ENGINE_CU_MV_WARPS * nbuf * tile;
+    const long tiles = (m.rows + rr - 1) / rr;
+    if (nbuf < 2 || tiles < 2L * sms * nw) return 0;
+    *smem = off + (size_t)nw * nbuf * tile;
     return nbuf;
 }
 
@@ -215,13 +222,20 @@ template <int MODE> static void mv_launch_mode(const engine_cu_mv *a, cudaStream
     if constexpr (MODE != ENGINE_CU_X_F32) {
         size_t rsm = 0;
         if (const int nbuf = engine_cu_mv_ring_bufs(a, &rsm)) {
-            const dim3 grid(engine_cu_sm_count()), block(ENGINE_CU_MV_WARPS * 32);
-            if (!mv_is_q6r(a)) {
-                engine_cu_launch(mv_ring_kernel<MODE, false>, grid, block, rsm, stream, *a, nbuf);
-                return;
-            }
-            if constexpr (MODE == ENGINE_CU_X_Q8_K) { /* the repacked copy's staging mode */
-                engine_cu_launch(mv_ring_kernel<MODE, true>, grid, block, rsm, stream, *a, nbuf);
+            int nw, rr;
+            mv_ring_shape(a->ring, &nw, &rr);
+            const dim3 grid(engine_cu_sm_count()), block(nw * 32);
+            void (*k)(engine_cu_mv, int) = nullptr;
+            if (!mv_is_q6r(a))
+                k = a->ring == 1   ? mv_ring_kernel<MODE, false, 8, 4>
+                    : a->ring == 2 ? mv_ring_kernel<MODE, false, 16, 2>
+                                   : mv_ring_kernel<MODE, false, 16, 4>;
+            else if constexpr (MODE == ENGINE_CU_X_Q8_K) /* the repacked copy's staging mode */
+                k = a->ring == 1   ? mv_ring_kernel<MODE, true, 8, 4>
+                    : a->ring == 2 ? mv_ring_kernel<MODE, true, 16, 2>
+                                   : mv_ring_kernel<MODE, true, 16, 4>;
+            if (k) {
+                engine_cu_launch(k, grid, block, rsm, stream, *a, nbuf);
                 return;
             }
         }
@@ -379,7 +393,8 @@ int engine_cu_head_rows_env(void) {
 
 int engine_cu_head_ring_env(void) {
     const char *e = getenv("SPARK_CUDA_HEAD_RING");
-    return !e || atoi(e) != 0;
+    const int v = e ? atoi(e) : 1;
+    return v >= 0 && v <= 3 ? v : 1;
 }
 
 bool engine_cu_head_copy_wanted(void) {

@@ -98,13 +98,13 @@ typedef struct {
     int tma;
     /* One large matrix of a quantised type (the output head) looped over by one block a
      * multiprocessor whose warps stream their rows through rings of bulk copies in shared
-     * memory (matvec_dev.cuh mv_block_ring; SPARK_CUDA_HEAD_RING). Asked by the session; the
-     * launcher takes it only where it applies (engine_cu_mv_ring_bufs) and else the plan above.
-     * The same sums either way. */
+     * memory (matvec_dev.cuh mv_block_ring; SPARK_CUDA_HEAD_RING): 1 = 8 warps of 4-row tiles,
+     * 2 = 16 warps of 2-row tiles, 3 = 16 warps of 4-row tiles; 0 the plan above. Asked by the
+     * session; the launcher takes it only where it applies (engine_cu_mv_ring_bufs). The same
+     * sums either way. */
     int ring;
 } engine_cu_mv;
-#define ENGINE_CU_MV_RING_MAX 8  /* buffers a warp, at most */
-#define ENGINE_CU_MV_RING_ROWS 4 /* rows a tile */
+#define ENGINE_CU_MV_RING_MAX 8 /* buffers a warp, at most */
 
 /* True for the weight types the GPU kernels decode. */
 bool engine_cu_type_supported(int type);
@@ -164,8 +164,7 @@ bool engine_cu_head_copy_wanted(void);
  * Qwen3.5-35B-A3B 475.0 against 473.7 tok/s, Qwen3-30B-A3B 473.8 against 472.2, the MTP draft
  * step 189 against 202 us. */
 int engine_cu_head_rows_env(void);
-/* engine_cu_mv.ring of a session's head launch: 1 (SPARK_CUDA_HEAD_RING unset or not 0), or 0
- * (=0: the plan of q6r_rows). */
+/* engine_cu_mv.ring of a session's head launch: SPARK_CUDA_HEAD_RING (0..3), default 1. */
 int engine_cu_head_ring_env(void);
 
 #endif

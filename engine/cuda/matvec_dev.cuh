@@ -324,46 +324,52 @@ __device__ __forceinline__ void mv_block(const engine_cu_mv &a, int n_groups, in
     ENGINE_CU_TRACE_END();
 }
 
-/* The ring form (engine_cu_mv.ring, matvec.cu mv_ring_kernel): one block a multiprocessor loops
- * over one large matrix (the output head). Each warp streams its own tiles of R consecutive rows
- * (tiles gw, gw + GW, ... for the grid's GW warps) through nbuf buffers of its own in shared
- * memory with bulk copies, lane 0 putting the tile nbuf ahead in flight as soon as the warp has
- * read a buffer, so the memory is never idle between row groups (the looping kernels reload
- * registers group by group). The first nbuf tiles are asked for before the wait: weights do not
- * depend on the previous kernel. Q6R: the head's repacked copy. A row's sum is mv_rows's on the
- * same bytes, so mv_group's bit for bit. */
-template <int MODE, int R, bool Q6R, typename S>
+/* The ring form (engine_cu_mv.ring, matvec.cu mv_ring_kernel): one block a multiprocessor of NW
+ * warps loops over one large matrix (the output head). Each warp streams its own tiles of R
+ * consecutive rows (tiles gw, gw + GW, ... for the grid's GW warps) through nbuf buffers of its
+ * own in shared memory with bulk copies, lane 0 putting the tile nbuf ahead in flight as soon
+ * as the warp has read a buffer, so the memory is not idle between row groups (the looping
+ * kernels reload registers group by group). The first nbuf tiles are asked for before the
+ * wait: weights do not depend on the previous kernel. Q6R: the head's repacked copy. A row's
+ * sum is mv_rows's on the same bytes, so mv_group's bit for bit; the staging is mv_stage's
+ * (with a.coop, the scale over the first ENGINE_CU_MV_WARPS warps, as in the other kernels). */
+__device__ __forceinline__ void mv_ring_issue(const engine_cu_mat &m, int R, int gw, int GW, int k,
+                                              int nbuf, uint8_t *ring, size_t tile, uint64_t *bar) {
+    const int n_tiles = (m.rows + R - 1) / R, t = gw + k * GW;
+    if (t >= n_tiles) return;
+    const int r0 = t * R, nr = min(R, m.rows - r0);
+    uint64_t *b = bar + k % nbuf;
+    engine_cu_mbar_expect(b, (unsigned)(nr * m.row_bytes));
+    engine_cu_bulk_g2s(ring + (size_t)(k % nbuf) * tile, m.w + (size_t)r0 * m.row_bytes,
+                       (unsigned)(nr * m.row_bytes), b);
+}
+
+template <int MODE, int NW, int R, bool Q6R, typename S>
 __device__ __forceinline__ void mv_block_ring(const engine_cu_mv &a, int nbuf, uint8_t *sm,
                                               const S &sync) {
-    __shared__ uint64_t bars[ENGINE_CU_MV_WARPS][ENGINE_CU_MV_RING_MAX];
+    __shared__ uint64_t bars[NW][ENGINE_CU_MV_RING_MAX];
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const engine_cu_mat &m = a.m[0];
     const size_t rb = m.row_bytes, tile = (size_t)R * rb;
     const int n_tiles = (m.rows + R - 1) / R;
-    const int gw = (int)blockIdx.x * ENGINE_CU_MV_WARPS + w, GW = gridDim.x * ENGINE_CU_MV_WARPS;
+    const int gw = (int)blockIdx.x * NW + w, GW = (int)gridDim.x * NW;
     uint8_t *ring =
         sm + engine_cu_w_off(engine_cu_xs_bytes(true, a.cols)) + (size_t)w * nbuf * tile;
     uint64_t *bar = bars[w];
-    const auto issue = [&](int k) { /* the warp's k-th tile into buffer k % nbuf (lane 0) */
-                                    const int t = gw + k * GW;
-                                    if (t >= n_tiles) return;
-                                    const int r0 = t * R, nr = min(R, m.rows - r0);
-                                    uint64_t *b = bar + k % nbuf;
-                                    engine_cu_mbar_expect(b, (unsigned)(nr * rb));
-                                    engine_cu_bulk_g2s(ring + (size_t)(k % nbuf) * tile,
-                                                       m.w + (size_t)r0 * rb, (unsigned)(nr * rb),
-                                                       b);
-    };
     if (lane == 0) {
         for (int i = 0; i < nbuf; i++)
             engine_cu_mbar_init(bar + i);
         for (int k = 0; k < nbuf; k++)
-            issue(k);
+            mv_ring_issue(m, R, gw, GW, k, nbuf, ring, tile, bar);
     }
-    if (a.norm_w && w == ENGINE_CU_MV_WARPS - 1) /* read by every block: L2 */
+    if (a.norm_w && w == NW - 1) /* read by every block: L2 */
         engine_cu_prefetch_l2((const uint8_t *)a.norm_w, sizeof(float) * (size_t)a.cols);
     sync.wait();
-    mv_stage<MODE>(a, sm); /* ends with a barrier */
+    const float sc = a.coop && a.norm_w
+                         ? engine_cu_block_scale<false, false>((const float4 *)a.x, nullptr, a.cols,
+                                                               a.eps, ENGINE_CU_MV_WARPS * 32)
+                         : -1.0f;
+    engine_cu_stage_x<MODE>(a.x, a.cols, a.norm_w, a.eps, sm, 0, nullptr, sc); /* a barrier */
     const engine_cu_xv xv = engine_cu_xv_at(sm, a.cols, true, 0);
     const int n_chunks = a.cols >> 5;
     for (int k = 0; gw + k * GW < n_tiles; k++) {
@@ -391,7 +397,7 @@ __device__ __forceinline__ void mv_block_ring(const engine_cu_mv &a, int nbuf, u
         __syncwarp(); /* every lane has read the buffer: it takes tile k + nbuf */
         if (lane == 0) {
             engine_cu_fence_proxy_async();
-            issue(k + nbuf);
+            mv_ring_issue(m, R, gw, GW, k + nbuf, nbuf, ring, tile, bar);
         }
 #pragma unroll
         for (int i = 0; i < R; i++) {

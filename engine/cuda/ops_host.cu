@@ -71,12 +71,13 @@ bool op_tma() {
     return e && e[0] == '1';
 }
 
-/* SPARK_CUDA_OP_RING=1: the matvec op runs the ring form (engine_cu_mv.ring, the sessions' head
- * launch) and fails with ENGINE_EUNSUPPORTED where it does not apply (engine_cu_mv_ring_bufs),
+/* SPARK_CUDA_OP_RING=N (1..3): the matvec op runs ring form N (engine_cu_mv.ring, the sessions'
+ * head launch) and fails with ENGINE_EUNSUPPORTED where it does not apply (engine_cu_mv_ring_bufs),
  * so that a test knows which launch it compared. */
-bool op_ring() {
+int op_ring() {
     const char *e = getenv("SPARK_CUDA_OP_RING");
-    return e && e[0] == '1';
+    const int v = e ? atoi(e) : 0;
+    return v >= 1 && v <= 3 ? v : 0;
 }
 
 /* SPARK_CUDA_OP_SPLIT=R (0 < R < rows): the matvec op runs its rows as two matrices, rows
@@ -154,7 +155,7 @@ extern "C" int engine_cuda_op_matvec(engine_type type, const void *w, int64_t ro
     }
     if (op_ring()) {
         size_t smem = 0;
-        mv.ring = 1;
+        mv.ring = op_ring();
         mv.touch = 0;
         if (!engine_cu_mv_ring_bufs(&mv, &smem))
             return engine_err(ENGINE_EUNSUPPORTED,

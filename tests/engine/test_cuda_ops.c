@@ -242,7 +242,9 @@ static void test_matvec_ring(void) {
     static const engine_type types[] = {ENGINE_TYPE_Q6_K, ENGINE_TYPE_Q8_0, ENGINE_TYPE_Q4_K,
                                         ENGINE_TYPE_Q5_K, ENGINE_TYPE_Q4_0};
     const int64_t rows = 20011, cols = 2048; /* enough tiles for 312 multiprocessors */
-    for (int k = 0; k < 6; k++) {
+    for (int kk = 0; kk < 18; kk++) {
+        const int k = kk % 6;
+        const char *form = kk < 6 ? "1" : kk < 12 ? "2" : "3"; /* SPARK_CUDA_OP_RING */
         const engine_type t = k < 5 ? types[k] : ENGINE_TYPE_Q6_K;
         const char *q6r = k == 5 ? "4" : NULL; /* the repacked copy, as the heads read it */
         size_t rb;
@@ -254,27 +256,28 @@ static void test_matvec_ring(void) {
             nw[i] = 0.75f + 0.25f * (frand() + 1.0f);
         if (q6r) setenv("SPARK_CUDA_OP_Q6R", q6r, 1);
         int rc = engine_cuda_op_matvec(t, w, rows, cols, rb, x, nw, 1e-6f, false, y);
-        setenv("SPARK_CUDA_OP_RING", "1", 1);
+        setenv("SPARK_CUDA_OP_RING", form, 1);
         int rc2 = engine_cuda_op_matvec(t, w, rows, cols, rb, x, nw, 1e-6f, false, yr);
         unsetenv("SPARK_CUDA_OP_RING");
         unsetenv("SPARK_CUDA_OP_Q6R");
         const char *name = q6r ? "Q6_K repacked" : engine_type_name(t);
         if (rc == 0 && rc2 == ENGINE_EUNSUPPORTED) {
-            printf("SKIP matvec ring %s: %s\n", name, engine_error_last());
+            printf("SKIP matvec ring form %s %s: %s\n", form, name, engine_error_last());
         } else {
-            CHECK(rc == 0 && rc2 == 0, "matvec %s / ring %lld x %lld", name, (long long)rows,
-                  (long long)cols);
+            CHECK(rc == 0 && rc2 == 0, "matvec %s / ring form %s %lld x %lld", name, form,
+                  (long long)rows, (long long)cols);
             int64_t diff = 0, first = -1;
             for (int64_t r = 0; rc == 0 && rc2 == 0 && r < rows; r++)
                 if (memcmp(&y[r], &yr[r], sizeof(float)) != 0) {
                     if (first < 0) first = r;
                     diff++;
                 }
-            CHECK(diff == 0, "ring %s: %lld of %lld rows differ (first %lld: %.9g vs %.9g)", name,
-                  (long long)diff, (long long)rows, (long long)first, first >= 0 ? y[first] : 0.0,
-                  first >= 0 ? yr[first] : 0.0);
-            printf("matvec ring %-13s %lld x %lld +norm: %lld rows differ from the plan's launch\n",
-                   name, (long long)rows, (long long)cols, (long long)diff);
+            CHECK(diff == 0, "ring form %s %s: %lld of %lld rows differ (first %lld: %.9g vs %.9g)",
+                  form, name, (long long)diff, (long long)rows, (long long)first,
+                  first >= 0 ? y[first] : 0.0, first >= 0 ? yr[first] : 0.0);
+            printf("matvec ring form %s %-13s %lld x %lld +norm: %lld rows differ from the plan's "
+                   "launch\n",
+                   form, name, (long long)rows, (long long)cols, (long long)diff);
         }
         free(w);
         free(x);
