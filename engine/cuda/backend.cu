@@ -613,7 +613,7 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         s->touch = e && e[0] == '1';
         s->head_r = engine_cu_head_copy_wanted();
         s->head_rows = engine_cu_head_rows_env();
-        s->head_ring = engine_cu_head_ring_env();
+        s->head_ring = engine_cu_head_ring_env(1);
         e = getenv("SPARK_CUDA_FUSED");
         s->fused = e ? e[0] == '1' : SPARK_CUDA_FUSED_DEFAULT;
         e = getenv("SPARK_CUDA_BPS");

@@ -391,10 +391,10 @@ int engine_cu_head_rows_env(void) {
     return !e || atoi(e) == 4 ? 4 : 0;
 }
 
-int engine_cu_head_ring_env(void) {
+int engine_cu_head_ring_env(int dflt) {
     const char *e = getenv("SPARK_CUDA_HEAD_RING");
-    const int v = e ? atoi(e) : 1;
-    return v >= 0 && v <= 3 ? v : 1;
+    const int v = e ? atoi(e) : dflt;
+    return v >= 0 && v <= 3 ? v : dflt;
 }
 
 bool engine_cu_head_copy_wanted(void) {

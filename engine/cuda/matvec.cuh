@@ -164,7 +164,10 @@ bool engine_cu_head_copy_wanted(void);
  * Qwen3.5-35B-A3B 475.0 against 473.7 tok/s, Qwen3-30B-A3B 473.8 against 472.2, the MTP draft
  * step 189 against 202 us. */
 int engine_cu_head_rows_env(void);
-/* engine_cu_mv.ring of a session's head launch: SPARK_CUDA_HEAD_RING (0..3), default 1. */
-int engine_cu_head_ring_env(void);
+/* engine_cu_mv.ring of a session's head launch: SPARK_CUDA_HEAD_RING (0..3), else dflt. Session 26
+ * call D (H200, tg128, one process each): form 1 against 0 gave Qwen3-30B-A3B Q4_K_M 577.8
+ * against 575.8 tok/s and Q8_0 493.5 against 488.9, so qwen3moe sessions take 1; Qwen3.5's
+ * 8-layer cut 466.1 against 464.0 us a token, so qwen35moe sessions take 0. */
+int engine_cu_head_ring_env(int dflt);
 
 #endif

@@ -757,7 +757,7 @@ extern "C" int engine_cuda_q35_session_new(engine_cuda_q35_session **out, engine
         s->mv_r3 = !(e && e[0] == '0');
         s->head_r = engine_cu_head_copy_wanted();
         s->head_rows = engine_cu_head_rows_env();
-        s->head_ring = engine_cu_head_ring_env();
+        s->head_ring = engine_cu_head_ring_env(0);
     }
     if (s->rf && (rc = q35_rf_prepare(cm))) goto done;
     if (s->rf && cm->rf_state != 1) s->rf = 0;

@@ -689,7 +689,7 @@ int main(void) {
         {"SPARK_CUDA_Q35_ATT_EARLY", "0", "SPARK_CUDA_Q35_ATT_SHORT", "16"},
         {"SPARK_CUDA_HEAD_REPACK", "0", NULL, NULL}, /* q4_k_m: the Q6_K head as the file has it */
         {"SPARK_CUDA_HEAD_ROWS", "0", NULL, NULL},   /* the repacked head in the plan's rows */
-        {"SPARK_CUDA_HEAD_RING", "0", NULL, NULL},   /* the head in looping blocks, no rings */
+        {"SPARK_CUDA_HEAD_RING", "1", NULL, NULL},   /* the head in rings of bulk copies */
         {"SPARK_CUDA_PF_BULK", "0", NULL, NULL},     /* MoE rows asked of L2 line by line */
         {"SPARK_CUDA_TMA", "0", NULL, NULL},         /* no bulk copies into shared memory */
         {"SPARK_CUDA_TMA", "ud", NULL, NULL}};       /* the MoE's copies, the matvecs' loads */
