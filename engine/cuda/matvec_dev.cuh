@@ -20,24 +20,15 @@ __device__ __forceinline__ void mv_rows(const uint8_t *row0, size_t stride, int 
     /* the head's copy: a lane's chunks of both rows in flight together */
     constexpr int UNROLL = R == 1 || T == ENGINE_CU_TYPE_Q6_KR ? 2 : 1;
 #pragma unroll(UNROLL)
-    for (int c = c0; c < n_chunks; c += step) {
-        if constexpr (engine_cu_type_quant(T) && T != ENGINE_CU_TYPE_Q6_KR && R > 1) {
-            /* x's operands once for the R rows */
-            const engine_cu_xc xc = engine_cu_xload<T>(c, xv);
+    for (int c = c0; c < n_chunks; c += step)
 #pragma unroll
-            for (int i = 0; i < R; i++)
-                acc[i] += engine_cu_qdot_chunkx<T, SH>(row0 + (i < nvalid ? i : 0) * stride, c, xc);
-        } else {
-#pragma unroll
-            for (int i = 0; i < R; i++) {
-                const uint8_t *row = row0 + (i < nvalid ? i : 0) * stride;
-                if constexpr (T == ENGINE_CU_TYPE_Q6_KR)
-                    acc[i] += engine_cu_q6r_dot<SH>(row, c, n_chunks, xv);
-                else
-                    acc[i] += engine_cu_dot_chunk<T, SH>(row, c, xv);
-            }
+        for (int i = 0; i < R; i++) {
+            const uint8_t *row = row0 + (i < nvalid ? i : 0) * stride;
+            if constexpr (T == ENGINE_CU_TYPE_Q6_KR)
+                acc[i] += engine_cu_q6r_dot<SH>(row, c, n_chunks, xv);
+            else
+                acc[i] += engine_cu_dot_chunk<T, SH>(row, c, xv);
         }
-    }
 }
 
 /* Row groups: matrix i owns groups [start_i, start_i + n_i), of `per` rows each. */

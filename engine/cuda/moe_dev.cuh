@@ -196,19 +196,10 @@ __device__ __forceinline__ void up_rows(const uint8_t *g, const uint8_t *u, size
     for (int i = 0; i < NR; i++)
         ag[i] = au[i] = 0.0f;
     for (int c = threadIdx.x & 31; c < n_chunks; c += 32) {
-        if constexpr (engine_cu_type_quant(T)) { /* x's operands once for the 2 NR rows */
-            const engine_cu_xc xc = engine_cu_xload<T>(c, xv);
 #pragma unroll
-            for (int i = 0; i < NR; i++) {
-                ag[i] += engine_cu_qdot_chunkx<T, SH>(g + i * stride, c, xc);
-                au[i] += engine_cu_qdot_chunkx<T, SH>(u + i * stride, c, xc);
-            }
-        } else {
-#pragma unroll
-            for (int i = 0; i < NR; i++) {
-                ag[i] += engine_cu_dot_chunk<T, SH>(g + i * stride, c, xv);
-                au[i] += engine_cu_dot_chunk<T, SH>(u + i * stride, c, xv);
-            }
+        for (int i = 0; i < NR; i++) {
+            ag[i] += engine_cu_dot_chunk<T, SH>(g + i * stride, c, xv);
+            au[i] += engine_cu_dot_chunk<T, SH>(u + i * stride, c, xv);
         }
     }
 #pragma unroll

@@ -407,35 +407,15 @@ __device__ __forceinline__ void engine_cu_qload(const uint8_t *row, int c, engin
     }
 }
 
-/* The staged int8 vector's operands of chunk c of a row of type T: its two runs' values, their
- * scales and sums. The same for every row of the type, so loaded once per chunk where a lane
- * takes that chunk of several rows (the compiler had repeated the six shared loads for each
- * row). */
-typedef struct {
-    int4 xa, xb;
-    float da, db, sa, sb;
-} engine_cu_xc;
-
+/* Chunk c (loaded into r from `row`) against the staged int8 vector (the row's column 0 at
+ * xv). */
 template <int T>
-__device__ __forceinline__ engine_cu_xc engine_cu_xload(int c, const engine_cu_xv &xv) {
+__device__ __forceinline__ float engine_cu_qdot_raw(const engine_cu_qraw &r, const uint8_t *row,
+                                                    int c, const engine_cu_xv &xv) {
     int a0, b0;
     engine_cu_chunk_cols(T, c, &a0, &b0);
-    engine_cu_xc o;
-    o.xa = *(const int4 *)(xv.q + a0);
-    o.xb = *(const int4 *)(xv.q + b0);
-    o.da = xv.d[a0 >> 5];
-    o.db = xv.d[b0 >> 5];
-    o.sa = xv.s[a0 >> 4];
-    o.sb = xv.s[b0 >> 4];
-    return o;
-}
-
-/* Chunk c (loaded into r from `row`) against the vector's operands of that chunk (x). */
-template <int T>
-__device__ __forceinline__ float engine_cu_qdot_rawx(const engine_cu_qraw &r, const uint8_t *row,
-                                                     int c, const engine_cu_xc &x) {
-    const int4 xa = x.xa, xb = x.xb;
-    const float da = x.da, db = x.db, sa = x.sa, sb = x.sb;
+    const int4 xa = *(const int4 *)(xv.q + a0), xb = *(const int4 *)(xv.q + b0);
+    const float da = xv.d[a0 >> 5], db = xv.d[b0 >> 5], sa = xv.s[a0 >> 4], sb = xv.s[b0 >> 4];
     uint32_t lo[4], hi[4];
     if (T == ENGINE_TYPE_Q4_K || T == ENGINE_TYPE_Q5_K) {
         const bool q5 = T == ENGINE_TYPE_Q5_K;
@@ -507,14 +487,6 @@ __device__ __forceinline__ float engine_cu_qdot_rawx(const engine_cu_qraw &r, co
     }
 }
 
-/* Chunk c (loaded into r from `row`) against the staged int8 vector (the row's column 0 at
- * xv). */
-template <int T>
-__device__ __forceinline__ float engine_cu_qdot_raw(const engine_cu_qraw &r, const uint8_t *row,
-                                                    int c, const engine_cu_xv &xv) {
-    return engine_cu_qdot_rawx<T>(r, row, c, engine_cu_xload<T>(c, xv));
-}
-
 /* Chunk c of a Q6_KR row of n_chunks chunks (dequant.cuh) against the staged int8 vector:
  * engine_cu_qdot_raw's Q6_K expression on the same operands, so the same float. SH: the row
  * from a copy in shared memory (16-byte aligned, as the row is). */
@@ -545,15 +517,6 @@ __device__ __forceinline__ float engine_cu_qdot_chunk(const uint8_t *row, int c,
     engine_cu_qraw r;
     engine_cu_qload<T, SH>(row, c, r);
     return engine_cu_qdot_raw<T>(r, row, c, xv);
-}
-
-/* The same against the vector's operands of chunk c, loaded once (engine_cu_xload). */
-template <int T, bool SH = false>
-__device__ __forceinline__ float engine_cu_qdot_chunkx(const uint8_t *row, int c,
-                                                       const engine_cu_xc &x) {
-    engine_cu_qraw r;
-    engine_cu_qload<T, SH>(row, c, r);
-    return engine_cu_qdot_rawx<T>(r, row, c, x);
 }
 
 /* Chunk c of an F32 / F16 / BF16 row against the staged F32 vector. */
