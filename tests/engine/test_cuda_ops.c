@@ -196,31 +196,48 @@ static void test_matvec_type(engine_type t, int64_t rows, int64_t cols, bool nor
     free(xc);
 }
 
+/* A bitwise A/B of the matvec op: random weights of type t (rows x cols) against x (with the
+ * norm weights nw, or none), run as the environment says into y, then again with var=val set
+ * into yr. Returns the rows whose bits differ (the first in *first), with both launches' codes
+ * in rc[2]; the caller frees *w, *y, *yr. */
+static int64_t matvec_ab(engine_type t, int64_t rows, int64_t cols, bool norm, const char *var,
+                         const char *val, int rc[2], int64_t *first, float **y, float **yr) {
+    size_t rb;
+    uint8_t *w = make_weights(t, rows, cols, &rb);
+    float *x = malloc(sizeof(float) * cols), *nw = malloc(sizeof(float) * cols);
+    *y = malloc(sizeof(float) * rows);
+    *yr = malloc(sizeof(float) * rows);
+    fill(x, cols, 2.0f);
+    for (int64_t i = 0; i < cols; i++)
+        nw[i] = 0.75f + 0.25f * (frand() + 1.0f);
+    rc[0] = engine_cuda_op_matvec(t, w, rows, cols, rb, x, norm ? nw : NULL, 1e-6f, false, *y);
+    setenv(var, val, 1);
+    rc[1] = engine_cuda_op_matvec(t, w, rows, cols, rb, x, norm ? nw : NULL, 1e-6f, false, *yr);
+    unsetenv(var);
+    int64_t diff = 0;
+    *first = -1;
+    for (int64_t r = 0; rc[0] == 0 && rc[1] == 0 && r < rows; r++)
+        if (memcmp(&(*y)[r], &(*yr)[r], sizeof(float)) != 0) {
+            if (*first < 0) *first = r;
+            diff++;
+        }
+    free(w);
+    free(x);
+    free(nw);
+    return diff;
+}
+
 /* The output head's repacked copy (SPARK_CUDA_OP_Q6R: engine/cuda/dequant.cuh Q6_KR): the
  * same sums as the Q6_K rows it was made from, bit for bit, for rows of whole groups of eight
  * superblocks, a partial last group, and rows shorter than one group (padded to 16 bytes). */
 static void test_head_repack_case(int64_t rows, int64_t cols, bool norm, const char *mode) {
-    size_t rb;
-    uint8_t *w = make_weights(ENGINE_TYPE_Q6_K, rows, cols, &rb);
-    float *x = malloc(sizeof(float) * cols), *nw = malloc(sizeof(float) * cols);
-    float *y = malloc(sizeof(float) * rows), *yr = malloc(sizeof(float) * rows);
-    fill(x, cols, 2.0f);
-    for (int64_t i = 0; i < cols; i++)
-        nw[i] = 0.75f + 0.25f * (frand() + 1.0f);
-    int rc = engine_cuda_op_matvec(ENGINE_TYPE_Q6_K, w, rows, cols, rb, x, norm ? nw : NULL, 1e-6f,
-                                   false, y);
-    setenv("SPARK_CUDA_OP_Q6R", mode, 1);
-    int rc2 = engine_cuda_op_matvec(ENGINE_TYPE_Q6_K, w, rows, cols, rb, x, norm ? nw : NULL, 1e-6f,
-                                    false, yr);
-    unsetenv("SPARK_CUDA_OP_Q6R");
-    CHECK(rc == 0 && rc2 == 0, "matvec Q6_K / repacked %lld x %lld", (long long)rows,
+    int rc[2];
+    int64_t first;
+    float *y, *yr;
+    const int64_t diff = matvec_ab(ENGINE_TYPE_Q6_K, rows, cols, norm, "SPARK_CUDA_OP_Q6R", mode,
+                                   rc, &first, &y, &yr);
+    CHECK(rc[0] == 0 && rc[1] == 0, "matvec Q6_K / repacked %lld x %lld", (long long)rows,
           (long long)cols);
-    int64_t diff = 0, first = -1;
-    for (int64_t r = 0; rc == 0 && rc2 == 0 && r < rows; r++)
-        if (memcmp(&y[r], &yr[r], sizeof(float)) != 0) {
-            if (first < 0) first = r;
-            diff++;
-        }
     CHECK(diff == 0,
           "repacked head %lld x %lld: %lld rows differ from Q6_K (first %lld: %.9g vs %.9g)",
           (long long)rows, (long long)cols, (long long)diff, (long long)first,
@@ -228,9 +245,6 @@ static void test_head_repack_case(int64_t rows, int64_t cols, bool norm, const c
     printf("matvec Q6_K repacked (%s) %5lld x %-5lld%s: %lld of %lld rows differ from Q6_K\n",
            mode[0] == '4' ? "4 rows a warp" : "plan's rows", (long long)rows, (long long)cols,
            norm ? " +norm" : "", (long long)diff, (long long)rows);
-    free(w);
-    free(x);
-    free(nw);
     free(y);
     free(yr);
 }
@@ -247,31 +261,19 @@ static void test_matvec_ring(void) {
         const char *form = kk < 6 ? "1" : kk < 12 ? "2" : "3"; /* SPARK_CUDA_OP_RING */
         const engine_type t = k < 5 ? types[k] : ENGINE_TYPE_Q6_K;
         const char *q6r = k == 5 ? "4" : NULL; /* the repacked copy, as the heads read it */
-        size_t rb;
-        uint8_t *w = make_weights(t, rows, cols, &rb);
-        float *x = malloc(sizeof(float) * cols), *nw = malloc(sizeof(float) * cols);
-        float *y = malloc(sizeof(float) * rows), *yr = malloc(sizeof(float) * rows);
-        fill(x, cols, 2.0f);
-        for (int64_t i = 0; i < cols; i++)
-            nw[i] = 0.75f + 0.25f * (frand() + 1.0f);
         if (q6r) setenv("SPARK_CUDA_OP_Q6R", q6r, 1);
-        int rc = engine_cuda_op_matvec(t, w, rows, cols, rb, x, nw, 1e-6f, false, y);
-        setenv("SPARK_CUDA_OP_RING", form, 1);
-        int rc2 = engine_cuda_op_matvec(t, w, rows, cols, rb, x, nw, 1e-6f, false, yr);
-        unsetenv("SPARK_CUDA_OP_RING");
+        int rc[2];
+        int64_t first;
+        float *y, *yr;
+        const int64_t diff =
+            matvec_ab(t, rows, cols, true, "SPARK_CUDA_OP_RING", form, rc, &first, &y, &yr);
         unsetenv("SPARK_CUDA_OP_Q6R");
         const char *name = q6r ? "Q6_K repacked" : engine_type_name(t);
-        if (rc == 0 && rc2 == ENGINE_EUNSUPPORTED) {
+        if (rc[0] == 0 && rc[1] == ENGINE_EUNSUPPORTED) {
             printf("SKIP matvec ring form %s %s: %s\n", form, name, engine_error_last());
         } else {
-            CHECK(rc == 0 && rc2 == 0, "matvec %s / ring form %s %lld x %lld", name, form,
+            CHECK(rc[0] == 0 && rc[1] == 0, "matvec %s / ring form %s %lld x %lld", name, form,
                   (long long)rows, (long long)cols);
-            int64_t diff = 0, first = -1;
-            for (int64_t r = 0; rc == 0 && rc2 == 0 && r < rows; r++)
-                if (memcmp(&y[r], &yr[r], sizeof(float)) != 0) {
-                    if (first < 0) first = r;
-                    diff++;
-                }
             CHECK(diff == 0, "ring form %s %s: %lld of %lld rows differ (first %lld: %.9g vs %.9g)",
                   form, name, (long long)diff, (long long)rows, (long long)first,
                   first >= 0 ? y[first] : 0.0, first >= 0 ? yr[first] : 0.0);
@@ -279,9 +281,6 @@ static void test_matvec_ring(void) {
                    "launch\n",
                    form, name, (long long)rows, (long long)cols, (long long)diff);
         }
-        free(w);
-        free(x);
-        free(nw);
         free(y);
         free(yr);
     }
