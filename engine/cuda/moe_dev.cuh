@@ -13,20 +13,17 @@
 
 #define FFN_WARPS 8
 
-/* The softmax of route below (one warp): p[i] = the probability of expert lane + 32 i, -1
- * past n. NPL < ENGINE_CU_MAX_EXPERT / 32 (n <= 32 NPL): the same p for i < NPL, bit for bit
- * (the slots left out would add -inf to the maximum and +0 to each lane's sum). */
+/* The softmax of route below (one warp), in place: p[i], the logit of expert lane + 32 i on
+ * entry (-inf past n), becomes its probability (-1 past n). NPL < ENGINE_CU_MAX_EXPERT / 32 (n <=
+ * 32 NPL): the same p for i < NPL, bit for bit (the slots left out would add -inf to the maximum
+ * and +0 to each lane's sum). */
 template <int NPL = ENGINE_CU_MAX_EXPERT / 32>
-static __device__ __forceinline__ void route_softmax(const float *logits, int n, bool cg,
-                                                     float p[NPL]) {
+static __device__ __forceinline__ void route_softmax_regs(int n, float p[NPL]) {
     const int lane = threadIdx.x & 31;
     float mx = -INFINITY;
 #pragma unroll
-    for (int i = 0; i < NPL; i++) {
-        const int e = lane + 32 * i;
-        p[i] = e < n ? (cg ? __ldcg(logits + e) : logits[e]) : -INFINITY;
+    for (int i = 0; i < NPL; i++)
         mx = fmaxf(mx, p[i]);
-    }
     mx = engine_cu_warp_max(mx);
     float sum = 0.0f;
 #pragma unroll
@@ -38,6 +35,19 @@ static __device__ __forceinline__ void route_softmax(const float *logits, int n,
 #pragma unroll
     for (int i = 0; i < NPL; i++)
         if (p[i] >= 0.0f) p[i] *= inv;
+}
+
+/* route_softmax_regs on logits[lane + 32 i] (past n: -inf), read through L2 with cg. */
+template <int NPL = ENGINE_CU_MAX_EXPERT / 32>
+static __device__ __forceinline__ void route_softmax(const float *logits, int n, bool cg,
+                                                     float p[NPL]) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int i = 0; i < NPL; i++) {
+        const int e = lane + 32 * i;
+        p[i] = e < n ? (cg ? __ldcg(logits + e) : logits[e]) : -INFINITY;
+    }
+    route_softmax_regs<NPL>(n, p);
 }
 
 /* One round of a warp's top-k over keys key[i] of experts lane + 32 i (0: out of the race):
@@ -136,6 +146,96 @@ static __device__ void route(const float *logits, int n, int k, int norm_topk, i
     __syncwarp();
 }
 
+/* The router fusion's routing in two halves (route_ids_raw, then route_weights_raw), so that the
+ * ids, and the copies of the chosen experts' rows, need not wait for the RMS scale of h: the
+ * logits are s raw with s > 0, the order of raw is theirs, and only the weights need s.
+ * route_ids_raw: the top-k of raw[i] (expert lane + 32 i) by one warp, largest first, ties to the
+ * lower id, into ids[k] (shared); lane j < k returns pick j. The picks are route's on s raw
+ * except where two distinct raw values give the same probability after rounding (route takes
+ * the lower id there, this the larger logit): a near-tie either way. NaN: the lowest valid key,
+ * as in route. SHFL: route_pick's reductions as shuffle rounds (SPARK_CUDA_ROUTE=shfl). */
+__device__ __forceinline__ unsigned route_key_raw(float v) {
+    if (v != v) return 1u;
+    const unsigned u = __float_as_uint(v + 0.0f);      /* -0 as +0 */
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u); /* >= 0x007fffff: never 0 or 1 */
+}
+
+template <int NPL = ENGINE_CU_MAX_EXPERT / 32>
+static __device__ __forceinline__ int route_pick_shfl(unsigned key[NPL], unsigned *km) {
+    const int lane = threadIdx.x & 31;
+    unsigned best = 0u;
+    int bid = 0x7fffffff;
+#pragma unroll
+    for (int i = 0; i < NPL; i++)
+        if (key[i] > best) {
+            best = key[i];
+            bid = lane + 32 * i;
+        }
+    for (int o = 16; o > 0; o >>= 1) {
+        const unsigned ob = __shfl_xor_sync(0xffffffffu, best, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bid, o);
+        if (ob > best || (ob == best && oi < bid)) {
+            best = ob;
+            bid = oi;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < NPL; i++)
+        if (lane + 32 * i == bid) key[i] = 0u;
+    *km = best;
+    return bid;
+}
+
+template <int NPL = ENGINE_CU_MAX_EXPERT / 32>
+static __device__ __forceinline__ int route_ids_raw(const float *raw, int n, int k, bool shfl,
+                                                    int *ids) {
+    const int lane = threadIdx.x & 31;
+    unsigned key[NPL];
+#pragma unroll
+    for (int i = 0; i < NPL; i++)
+        key[i] = lane + 32 * i < n ? route_key_raw(raw[i]) : 0u;
+    int my_id = 0;
+    for (int j = 0; j < k; j++) {
+        unsigned m;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        const int id = shfl ? route_pick_shfl<NPL>(key, &m) : route_pick<NPL>(key, &m);
+#else
+        const int id = route_pick_shfl<NPL>(key, &m);
+#endif
+        if (lane == j) my_id = id;
+    }
+    if (lane < k) ids[lane] = my_id;
+    __syncwarp();
+    return my_id;
+}
+
+/* route_weights_raw: the weights of route_ids_raw's picks (my_id: lane j's pick j) from the
+ * logits s raw, as route computes them (route_softmax's probabilities, summed in pick order,
+ * each divided by the sum with norm_topk), into wts[k] (shared). */
+template <int NPL = ENGINE_CU_MAX_EXPERT / 32>
+static __device__ __forceinline__ void route_weights_raw(const float *raw, float s, int n, int k,
+                                                         int norm_topk, int my_id, float *wts) {
+    const int lane = threadIdx.x & 31;
+    float p[NPL];
+#pragma unroll
+    for (int i = 0; i < NPL; i++) /* __fmul_rn: route's logits were stored, never contracted */
+        p[i] = lane + 32 * i < n ? __fmul_rn(s, raw[i]) : -INFINITY;
+    route_softmax_regs<NPL>(n, p);
+    const int src = my_id & 31, slot = my_id >> 5;
+    float v = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NPL; i++) {
+        const float t = __shfl_sync(0xffffffffu, p[i], src);
+        if (i == slot) v = t;
+    }
+    v = v >= 0.0f ? v : 0.0f; /* NaN: route's key 1 stands for 0 */
+    float tot = 0.0f;
+    for (int j = 0; j < k; j++)
+        tot += __shfl_sync(0xffffffffu, v, j);
+    if (lane < k) wts[lane] = norm_topk ? v / tot : v;
+    __syncwarp();
+}
+
 /* route by a whole block (every thread calls it; it ends with a barrier; blockDim.x >= 64):
  * warp 0 takes route's softmax into sp[ENGINE_CU_MAX_EXPERT] (shared), then two threads per
  * expert count the experts before it in the order (probability descending, id ascending); the
@@ -223,59 +323,66 @@ __device__ __forceinline__ void ffn_route_raw(const engine_cu_ffn_up_args &a,
         raw[i] = lane + 32 * i < a.n_expert ? a.router[lane + 32 * i] : 0.0f;
 }
 
-/* The router logits of an up block's routing warp (every lane calls it): a.router, or with the
- * router fusion (RF, a.x_add) the raw logits scaled by the RMS scale of h = x + x_add, the one
- * the staging uses, into scaled[] (shared; block b 0 also stores qwen35's scaled shared-expert
- * logit, a.rf_sh). sc_given >= 0 (RF, a.coop): that scale, computed by the whole block, and
- * raw_given the raw logits (ffn_route_raw), both read already; else the warp reads the logits
- * and computes the scale itself as each staging warp does. */
-template <bool RF>
-__device__ __forceinline__ const float *ffn_route_logits(const engine_cu_ffn_up_args &a, int b,
-                                                         float *scaled, float sc_given,
-                                                         const float *raw_given) {
-    if (!RF) return a.router;
-    /* the raw logits' loads first, in flight with those of the scale's x + ao */
-    const int lane = threadIdx.x & 31;
-    float raw[ENGINE_CU_MAX_EXPERT / 32];
-    if (raw_given)
-#pragma unroll
-        for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
-            raw[i] = raw_given[i];
-    else
-        ffn_route_raw(a, raw);
-    const float sc =
-        sc_given >= 0.0f
-            ? sc_given
-            : engine_cu_stage_scale<false, true>((const float4 *)a.x, (const float4 *)a.x_add,
-                                                 a.cols, a.cols >> 2, lane, a.eps);
-#pragma unroll
-    for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
-        if (lane + 32 * i < a.n_expert) scaled[lane + 32 * i] = sc * raw[i];
-    if (a.rf_sh && b == 0 && lane == 0) *a.rf_sh = sc * a.router[a.n_expert];
-    __syncwarp();
-    return scaled;
+/* The router fusion's routing (RF, a.x_add) in its two halves on the raw logits raw[] (lane + 32
+ * i, ffn_route_raw): ffn_route_ids the ids (route_ids_raw; lane j < k returns pick j), which
+ * need no scale, and ffn_route_weights their weights for the RMS scale sc of h = x + x_add, the
+ * one the staging uses (route_weights_raw; block b 0 also stores qwen35's scaled shared-expert
+ * logit, a.rf_sh). N4: with at most 128 experts, 4 a lane (the same results; a second
+ * instance, so only the whole-grid MoE launch asks for it: in the up kernels it cost registers). */
+template <bool N4>
+__device__ __forceinline__ int ffn_route_ids(const engine_cu_ffn_up_args &a, const float *raw,
+                                             int *ids) {
+    const bool shfl = (a.route & ENGINE_CU_ROUTE_SHFL) != 0;
+    if (N4 && a.n_expert <= 128) return route_ids_raw<4>(raw, a.n_expert, a.k, shfl, ids);
+    return route_ids_raw<>(raw, a.n_expert, a.k, shfl, ids);
 }
 
-/* The routing of an up block by its warp 0 (every lane calls it) into ids[k], wts[k] (shared),
- * on ffn_route_logits's logits. N4: with at most 128 experts, route on 4 a lane (the same
- * results; a second instance of route, so only the whole-grid MoE launch asks for it: in the
- * up kernels it cost registers). */
+template <bool N4>
+__device__ __forceinline__ void ffn_route_weights(const engine_cu_ffn_up_args &a, int b,
+                                                  const float *raw, float sc, int my_id,
+                                                  float *wts) {
+    if (N4 && a.n_expert <= 128)
+        route_weights_raw<4>(raw, sc, a.n_expert, a.k, a.norm_topk, my_id, wts);
+    else
+        route_weights_raw<>(raw, sc, a.n_expert, a.k, a.norm_topk, my_id, wts);
+    if (a.rf_sh && b == 0 && (threadIdx.x & 31) == 0) *a.rf_sh = sc * a.router[a.n_expert];
+}
+
+/* The routing of an up block by its warp 0 (every lane calls it) into ids[k], wts[k] (shared):
+ * route on a.router, or with the router fusion (RF) ffn_route_ids and ffn_route_weights.
+ * sc_given >= 0 (RF, a.coop): the scale, computed by the whole block, and raw_given the raw
+ * logits (ffn_route_raw), both read already; else the warp reads the logits and computes the
+ * scale itself as each staging warp does (both loads in flight together). N4: as above. */
 template <bool RF, bool N4 = false>
 __device__ __forceinline__ void ffn_route_warp(const engine_cu_ffn_up_args &a, int b, int *ids,
                                                float *wts, float sc_given = -1.0f,
                                                const float *raw_given = nullptr) {
-    __shared__ float scaled[ENGINE_CU_MAX_EXPERT];
-    const float *lg = ffn_route_logits<RF>(a, b, scaled, sc_given, raw_given);
+    if (RF) {
+        float raw[ENGINE_CU_MAX_EXPERT / 32];
+        if (raw_given)
+#pragma unroll
+            for (int i = 0; i < ENGINE_CU_MAX_EXPERT / 32; i++)
+                raw[i] = raw_given[i];
+        else
+            ffn_route_raw(a, raw);
+        const float sc =
+            sc_given >= 0.0f
+                ? sc_given
+                : engine_cu_stage_scale<false, true>((const float4 *)a.x, (const float4 *)a.x_add,
+                                                     a.cols, a.cols >> 2, threadIdx.x & 31, a.eps);
+        ffn_route_weights<N4>(a, b, raw, sc, ffn_route_ids<N4>(a, raw, ids), wts);
+        return;
+    }
     const bool shfl = (a.route & ENGINE_CU_ROUTE_SHFL) != 0;
     if (N4 && a.n_expert <= 128) { /* 4 experts a lane: half the chains, the same picks */
         if (!shfl)
-            route<true, 4>(lg, a.n_expert, a.k, a.norm_topk, ids, wts);
+            route<true, 4>(a.router, a.n_expert, a.k, a.norm_topk, ids, wts);
         else
-            route<false, 4>(lg, a.n_expert, a.k, a.norm_topk, ids, wts);
+            route<false, 4>(a.router, a.n_expert, a.k, a.norm_topk, ids, wts);
     } else if (!shfl) {
-        route<true>(lg, a.n_expert, a.k, a.norm_topk, ids, wts);
+        route<true>(a.router, a.n_expert, a.k, a.norm_topk, ids, wts);
     } else {
-        route<false>(lg, a.n_expert, a.k, a.norm_topk, ids, wts);
+        route<false>(a.router, a.n_expert, a.k, a.norm_topk, ids, wts);
     }
 }
 

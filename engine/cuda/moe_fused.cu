@@ -286,6 +286,7 @@ __device__ __forceinline__ void mg_copy_up(const engine_cu_ffn_up_args &u, const
 #define MG_THREADS (MG_GROUPS * MF_THREADS)
 #define MG_MAX_IPB 8 /* up items per block with a barrier each (moe_fused.cuh items) */
 #define MG_DIAG_ROUTE2 0x10 /* diag: the routing warp routes twice (moe_fused.cuh diag) */
+#define MG_DIAG_LATE 0x20   /* diag: the routing after the block's scale (moe_fused.cuh diag) */
 
 template <int MODE, bool RF>
 __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_fused_args a) {
@@ -327,22 +328,34 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     if (u.norm_w && w == FFN_WARPS - 1)
         engine_cu_prefetch_l2((const uint8_t *)u.norm_w, sizeof(float) * (size_t)u.cols);
     engine_cu_pdl_wait();
-    /* 1. route and copy (warp 0), stage x (the others): the up kernel's steps */
+    /* 1. route and copy (warp 0), stage x (the others): the up kernel's steps. With the router
+     * fusion and the block's scale (RF, u.coop), warp 0 picks the experts from the raw logits
+     * and issues the copies between its share of the scale's loads and the scale's barrier, and
+     * weighs them after it (the ids need no scale: ffn_route_ids) */
+    const bool coop = RF && u.coop, split = coop && !(a.diag & MG_DIAG_LATE);
     float sc = -1.0f, raw[ENGINE_CU_MAX_EXPERT / 32];
-    if (RF && u.coop) {
+    float ss = 0.0f;
+    if (coop) {
         if (w == 0) ffn_route_raw(u, raw);
-        sc = engine_cu_block_scale<false, true>((const float4 *)u.x, (const float4 *)u.x_add,
-                                                u.cols, u.eps, MF_THREADS); /* the up kernel's */
-        ENGINE_CU_TRACE(9);
+        ss = engine_cu_block_ss<false, true>((const float4 *)u.x, (const float4 *)u.x_add, u.cols,
+                                             MF_THREADS); /* the up kernel's scale's bits */
+        if (!split) sc = engine_cu_block_scale_end(ss, u.cols, u.eps, MF_THREADS);
     }
+    int my_id = 0;
     if (w == 0) {
-        ffn_route_warp<RF, true>(u, b, ids, wts, sc, RF && u.coop ? raw : nullptr);
-        ENGINE_CU_TRACE(5);
-        if (a.diag & MG_DIAG_ROUTE2) { /* the same ids and weights again */
-            __syncwarp();
-            ffn_route_warp<RF, true>(u, b, ids, wts, sc, RF && u.coop ? raw : nullptr);
-            ENGINE_CU_TRACE(11);
+        if (coop) { /* raw[] stays in registers (a pointer chosen at run time put it on the stack)
+                     */
+            my_id = ffn_route_ids<true>(u, raw, ids);
+            if (a.diag & MG_DIAG_ROUTE2) my_id = ffn_route_ids<true>(u, raw, ids); /* the same */
+            if (!split) ffn_route_weights<true>(u, b, raw, sc, my_id, wts);
+        } else {
+            ffn_route_warp<RF, true>(u, b, ids, wts);
+            if (a.diag & MG_DIAG_ROUTE2) { /* the same ids and weights again */
+                __syncwarp();
+                ffn_route_warp<RF, true>(u, b, ids, wts);
+            }
         }
+        ENGINE_CU_TRACE(5);
         if ((threadIdx.x & 31) == 0) {
             if (!per_item) engine_cu_mbar_expect(&bar_up, (unsigned)((size_t)ni * 2 * urun));
             for (int i = 0; i < infl; i++)
@@ -352,6 +365,11 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
                 mg_copy_down(d, ids, g0, ng, wd, &bar_dn);
         }
         ENGINE_CU_TRACE(10);
+    }
+    if (split) {
+        sc = engine_cu_block_scale_end(ss, u.cols, u.eps, MF_THREADS);
+        ENGINE_CU_TRACE(9);
+        if (w == 0) ffn_route_weights<true>(u, b, raw, sc, my_id, wts);
     }
     if (RF) /* warps 1 ..; ends with a barrier */
         engine_cu_stage_x<MODE, false, true>(u.x, u.cols, u.norm_w, u.eps, sm, 1, u.x_add, sc);

@@ -66,8 +66,10 @@ typedef struct {
     int class_reduce;
     /* Diagnosis only (wrong results; SPARK_CUDA_MOE_FUSED_DIAG): bits leave out 1 the down
      * products, 2 the reduction, 4 the group wait, 8 the gate/up rows, for an A/B of their cost.
-     * The whole-grid form reads bit 0x10 alone: its routing warp routes twice (the same ids and
-     * weights, so the same results; the second routing's cost, with its code and inputs warm). */
+     * The whole-grid form reads bits 0x10 and 0x20 alone: 0x10 its routing warp routes twice (the
+     * same ids and weights, so the same results; the second routing's cost, with its code and
+     * inputs warm), 0x20 it picks the experts after the block's RMS scale, as before session 27
+     * (the same results; the cost of the copies waiting for the scale). */
     int diag;
     /* The whole-grid form (SPARK_CUDA_MOE_FUSED=g; slice, preload, class_reduce, partial and diag
      * but its bit 0x10 not read), 0 off. One block per multiprocessor, each with bulk copies

@@ -110,6 +110,32 @@ __device__ __forceinline__ float engine_cu_stage_scale(const float4 *x4, const f
     return 1.0f / sqrtf(ss / (float)n + eps);
 }
 
+/* engine_cu_block_scale in two halves, so that a warp can work between them (the MoE launch's
+ * routing warp picks its experts): engine_cu_block_ss, the loads and the warp's sum of squares,
+ * and engine_cu_block_scale_end (every thread), the barrier and the sum of the warps' sums. */
+template <bool CG = false, bool ADD = false>
+__device__ __forceinline__ float engine_cu_block_ss(const float4 *x4, const float4 *a4, int n,
+                                                    int nt = 0) {
+    const int nth = nt > 0 ? nt : (int)blockDim.x;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < (n >> 2) && (int)threadIdx.x < nth; i += nth) {
+        const float4 v = engine_cu_ld_x4<CG, ADD>(x4, a4, i);
+        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+    return engine_cu_warp_sum(ss);
+}
+
+__device__ __forceinline__ float engine_cu_block_scale_end(float ss, int n, float eps, int nt = 0) {
+    __shared__ float red[32];
+    const int nth = nt > 0 ? nt : (int)blockDim.x;
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    float t = 0.0f;
+    for (int k = 0; k < (nth >> 5); k++)
+        t += red[k];
+    return 1.0f / sqrtf(t / (float)n + eps);
+}
+
 /* The same scale computed by the whole block (every thread calls it; blockDim.x / 32 <= 32):
  * each thread sums the squares of its float4s (threadIdx.x + i blockDim.x), then the warps'
  * sums in warp order; every thread gets it. nt > 0 (a multiple of 32): only the first nt threads
@@ -120,20 +146,7 @@ __device__ __forceinline__ float engine_cu_stage_scale(const float4 *x4, const f
 template <bool CG = false, bool ADD = false>
 __device__ __forceinline__ float engine_cu_block_scale(const float4 *x4, const float4 *a4, int n,
                                                        float eps, int nt = 0) {
-    __shared__ float red[32];
-    const int nth = nt > 0 ? nt : (int)blockDim.x;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < (n >> 2) && (int)threadIdx.x < nth; i += nth) {
-        const float4 v = engine_cu_ld_x4<CG, ADD>(x4, a4, i);
-        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-    }
-    ss = engine_cu_warp_sum(ss);
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    float t = 0.0f;
-    for (int k = 0; k < (nth >> 5); k++)
-        t += red[k];
-    return 1.0f / sqrtf(t / (float)n + eps);
+    return engine_cu_block_scale_end(engine_cu_block_ss<CG, ADD>(x4, a4, n, nt), n, eps, nt);
 }
 
 template <bool CG = false, bool ADD = false>
