@@ -100,6 +100,8 @@ struct engine_cuda_session {
     int route;
     int coop;    /* SPARK_CUDA_COOP_SCALE (0/1): engine_cu_ffn_up_args.coop (also qwen35moe) */
     int coop_mv; /* SPARK_CUDA_COOP_MV=1: engine_cu_mv.coop of the qkv, router and head launches */
+    int nw_late; /* SPARK_CUDA_NW_LATE=1: engine_cu_mv.nw_late of the normed launches, mf.diag 0x40
+                  */
     bool head_r; /* the head launch reads the model's repacked copy (engine_cu_head_copy_wanted) */
     int head_rows; /* engine_cu_mv.q6r_rows (engine_cu_head_rows_env: SPARK_CUDA_HEAD_ROWS) */
     int head_ring; /* engine_cu_mv.ring of the head (engine_cu_head_ring_env) */
@@ -680,6 +682,8 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         s->coop = e ? e[0] == '1' : SPARK_CUDA_COOP_SCALE_DEFAULT;
         e = getenv("SPARK_CUDA_COOP_MV");
         s->coop_mv = e && e[0] == '1';
+        e = getenv("SPARK_CUDA_NW_LATE");
+        s->nw_late = e && e[0] == '1';
         e = getenv("SPARK_CUDA_ROUTER_FUSE");
         s->rf = (e ? e[0] == '1' : SPARK_CUDA_ROUTER_FUSE_DEFAULT) && !s->fused &&
                 !s->route_once && !s->down_routes;
@@ -816,6 +820,7 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
     mv->norm_w = ly->attn_norm;
     mv->eps = eps;
     mv->coop = s->coop_mv;
+    mv->nw_late = s->nw_late;
     mv->tma = (s->route & ENGINE_CU_ROUTE_TMA_MV) != 0; /* the launchers check it applies */
 
     engine_cu_att at = {s->q,
@@ -864,6 +869,7 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
         mv->norm_w = ly->ffn_norm;
         mv->eps = eps;
         mv->coop = s->coop_mv;
+        mv->nw_late = s->nw_late;
         up->router = s->router;
         up->n_expert = (int)hp->n_expert;
         up->k = (int)hp->n_expert_used;
@@ -954,7 +960,7 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
         o->mf.dn = *dn;
         o->mf.slice = s->mfuse;
         o->mf.preload = s->mf_pre;
-        o->mf.diag = s->mf_diag;
+        o->mf.diag = s->mf_diag | (s->nw_late ? 0x40 : 0);
         o->mf.class_reduce = s->mf_red;
         o->mf.grid = s->mf_grid;
         o->mf.items = s->mf_items;
@@ -1103,6 +1109,7 @@ static void enqueue_step(engine_cuda_session *s, step_prof *p, route_trace *t) {
     mv.norm_w = cm->output_norm;
     mv.eps = eps;
     mv.coop = s->coop_mv;
+    mv.nw_late = s->nw_late;
     mv.q6r_rows = s->head_rows;
     mv.ring = s->head_ring;
     if (!(s->diag_skip & 64u)) engine_cu_matvec(&mv, st);

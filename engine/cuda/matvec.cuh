@@ -103,6 +103,10 @@ typedef struct {
      * session; the launcher takes it only where it applies (engine_cu_mv_ring_bufs). The same
      * sums either way. */
     int ring;
+    /* With norm_w: the staging warps read their norm weights after the wait, as before session
+     * 27 (SPARK_CUDA_NW_LATE=1, for an A/B), instead of before it (qdot.cuh engine_cu_stage_nw).
+     * The same values either way. */
+    int nw_late;
 } engine_cu_mv;
 #define ENGINE_CU_MV_RING_MAX 8 /* buffers a warp, at most */
 

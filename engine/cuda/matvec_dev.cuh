@@ -122,12 +122,23 @@ __device__ __forceinline__ float *mv_group(const engine_cu_mv &a, int g, const e
 
 /* Stage the block's input (every thread calls it; ends with a barrier): normalised with the
  * per-warp scale, or with a.coop the whole block's (engine_cu_mv.coop). */
-template <int MODE> __device__ __forceinline__ void mv_stage(const engine_cu_mv &a, uint8_t *sm) {
+template <int MODE>
+__device__ __forceinline__ void mv_stage(const engine_cu_mv &a, uint8_t *sm,
+                                         const engine_cu_nw_pre *pre = nullptr) {
     const float sc =
         a.coop && a.norm_w
             ? engine_cu_block_scale<false, false>((const float4 *)a.x, nullptr, a.cols, a.eps)
             : -1.0f;
-    engine_cu_stage_x<MODE>(a.x, a.cols, a.norm_w, a.eps, sm, 0, nullptr, sc);
+    engine_cu_stage_x<MODE>(a.x, a.cols, a.norm_w, a.eps, sm, 0, nullptr, sc,
+                            a.nw_late ? nullptr : pre);
+}
+
+/* The staging warp's norm weights read before the wait (qdot.cuh engine_cu_stage_nw; none with
+ * a.nw_late): for mv_stage. */
+template <int MODE, bool NORM = true>
+__device__ __forceinline__ engine_cu_nw_pre mv_nw(const engine_cu_mv &a) {
+    if (!NORM) return engine_cu_stage_x_nw<MODE>(nullptr, a.cols);
+    return engine_cu_stage_x_nw<MODE>(a.nw_late ? nullptr : a.norm_w, a.cols);
 }
 
 /* Ask L2 for warp w's rows of groups g0, g0 + gdx, ... (R > 0; all of them, or g0's alone). */
@@ -208,7 +219,7 @@ __device__ __forceinline__ void mv_block_pre(const engine_cu_mv &a, int n_groups
  * rows (one contiguous run) into shared memory after the staged x with a bulk copy BEFORE the
  * wait, so the rows arrive while the previous kernel finishes; the warps then compute from
  * there: mv_group's sums, bit for bit. */
-template <int MODE, int R, typename S>
+template <int MODE, int R, typename S, bool NORM = true>
 __device__ __forceinline__ void mv_block_tma(const engine_cu_mv &a, int bx, uint8_t *sm,
                                              const S &sync) {
     constexpr int PER = ENGINE_CU_MV_WARPS * R;
@@ -227,8 +238,10 @@ __device__ __forceinline__ void mv_block_tma(const engine_cu_mv &a, int bx, uint
     }
     if (a.norm_w && (threadIdx.x >> 5) == ENGINE_CU_MV_WARPS - 1) /* read by every block: L2 */
         engine_cu_prefetch_l2((const uint8_t *)a.norm_w, sizeof(float) * (size_t)a.cols);
+    const engine_cu_nw_pre nwp = mv_nw<MODE, NORM>(a); /* NORM false: a launch with no norm */
     sync.wait();
-    mv_stage<MODE>(a, sm); /* ends with a barrier: the barrier's init visible to all */
+    mv_stage<MODE>(
+        a, sm, NORM ? &nwp : nullptr); /* ends with a barrier: the barrier's init visible to all */
     ENGINE_CU_TRACE(4);
     engine_cu_mbar_wait(&tma_bar, 0);
     ENGINE_CU_TRACE(7);
@@ -243,7 +256,7 @@ __device__ __forceinline__ void mv_block_tma(const engine_cu_mv &a, int bx, uint
  * R > 0: a group is 8 * R rows, warp w computing rows w, w + 8, ... of it (R at once).
  * R == 0 (split-K, for matrices of few rows): a group is one row, warp w taking chunks
  * w, w + 8, ... and the block summing the warps' parts. */
-template <int MODE, int R, typename S, bool Q6R = false>
+template <int MODE, int R, typename S, bool Q6R = false, bool NORM = true>
 __device__ __forceinline__ void mv_block(const engine_cu_mv &a, int n_groups, int bx, int gdx,
                                          uint8_t *sm, const S &sync) {
     constexpr int NR = R > 0 ? R : 1, PER = R > 0 ? ENGINE_CU_MV_WARPS * R : 1;
@@ -251,7 +264,7 @@ __device__ __forceinline__ void mv_block(const engine_cu_mv &a, int n_groups, in
     const int w = threadIdx.x >> 5;
     if constexpr (!Q6R && R > 0 && MODE != ENGINE_CU_X_F32)
         if (a.tma) {
-            mv_block_tma<MODE, R>(a, bx, sm, sync);
+            mv_block_tma<MODE, R, S, NORM>(a, bx, sm, sync);
             return;
         }
     if (!Q6R && R > 0 && R <= 2 && MODE != ENGINE_CU_X_F32 && a.preload && !a.touch) {
@@ -364,12 +377,14 @@ __device__ __forceinline__ void mv_block_ring(const engine_cu_mv &a, int nbuf, u
     }
     if (a.norm_w && w == NW - 1) /* read by every block: L2 */
         engine_cu_prefetch_l2((const uint8_t *)a.norm_w, sizeof(float) * (size_t)a.cols);
+    const engine_cu_nw_pre nwp = mv_nw<MODE>(a);
     sync.wait();
     const float sc = a.coop && a.norm_w
                          ? engine_cu_block_scale<false, false>((const float4 *)a.x, nullptr, a.cols,
                                                                a.eps, ENGINE_CU_MV_WARPS * 32)
                          : -1.0f;
-    engine_cu_stage_x<MODE>(a.x, a.cols, a.norm_w, a.eps, sm, 0, nullptr, sc); /* a barrier */
+    engine_cu_stage_x<MODE>(a.x, a.cols, a.norm_w, a.eps, sm, 0, nullptr, sc,
+                            a.nw_late ? nullptr : &nwp); /* a barrier */
     const engine_cu_xv xv = engine_cu_xv_at(sm, a.cols, true, 0);
     const int n_chunks = a.cols >> 5;
     for (int k = 0; gw + k * GW < n_tiles; k++) {

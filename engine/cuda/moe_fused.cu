@@ -287,6 +287,7 @@ __device__ __forceinline__ void mg_copy_up(const engine_cu_ffn_up_args &u, const
 #define MG_MAX_IPB 8 /* up items per block with a barrier each (moe_fused.cuh items) */
 #define MG_DIAG_ROUTE2 0x10 /* diag: the routing warp routes twice (moe_fused.cuh diag) */
 #define MG_DIAG_LATE 0x20   /* diag: the routing after the block's scale (moe_fused.cuh diag) */
+#define MG_DIAG_NW_LATE 0x40 /* diag: the norm weights read after the wait (moe_fused.cuh diag) */
 
 template <int MODE, bool RF>
 __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_fused_args a) {
@@ -327,6 +328,9 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     }
     if (u.norm_w && w == FFN_WARPS - 1)
         engine_cu_prefetch_l2((const uint8_t *)u.norm_w, sizeof(float) * (size_t)u.cols);
+    /* the staging warps' norm weights (qdot.cuh engine_cu_stage_nw), before the wait */
+    const bool nw_pre = !(a.diag & MG_DIAG_NW_LATE);
+    const engine_cu_nw_pre nwp = engine_cu_stage_x_nw<MODE>(nw_pre ? u.norm_w : nullptr, u.cols, 1);
     engine_cu_pdl_wait();
     /* 1. route and copy (warp 0), stage x (the others): the up kernel's steps. With the router
      * fusion and the block's scale (RF, u.coop), warp 0 picks the experts from the raw logits
@@ -372,9 +376,11 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
         if (w == 0) ffn_route_weights<true>(u, b, raw, sc, my_id, wts);
     }
     if (RF) /* warps 1 ..; ends with a barrier */
-        engine_cu_stage_x<MODE, false, true>(u.x, u.cols, u.norm_w, u.eps, sm, 1, u.x_add, sc);
+        engine_cu_stage_x<MODE, false, true>(u.x, u.cols, u.norm_w, u.eps, sm, 1, u.x_add, sc,
+                                             nw_pre ? &nwp : nullptr);
     else
-        engine_cu_stage_x<MODE>(u.x, u.cols, u.norm_w, u.eps, sm, 1);
+        engine_cu_stage_x<MODE>(u.x, u.cols, u.norm_w, u.eps, sm, 1, nullptr, -1.0f,
+                                nw_pre ? &nwp : nullptr);
     ENGINE_CU_TRACE(6);
     if (b == 0 && (int)threadIdx.x < u.k) {
         u.ids[threadIdx.x] = ids[threadIdx.x];

@@ -69,7 +69,9 @@ typedef struct {
      * The whole-grid form reads bits 0x10 and 0x20 alone: 0x10 its routing warp routes twice (the
      * same ids and weights, so the same results; the second routing's cost, with its code and
      * inputs warm), 0x20 it picks the experts after the block's RMS scale, as before session 27
-     * (the same results; the cost of the copies waiting for the scale). */
+     * (the same results; the cost of the copies waiting for the scale), 0x40 its staging warps
+     * read their norm weights after the wait, as before session 27 (SPARK_CUDA_NW_LATE=1 sets
+     * it; the same results). */
     int diag;
     /* The whole-grid form (SPARK_CUDA_MOE_FUSED=g; slice, preload, class_reduce, partial and diag
      * but its bit 0x10 not read), 0 off. One block per multiprocessor, each with bulk copies

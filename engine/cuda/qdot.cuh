@@ -161,6 +161,44 @@ __device__ __forceinline__ float4 engine_cu_norm4(const float4 *x4, const float4
     return v;
 }
 
+/* engine_cu_norm4 with the weights read already (engine_cu_nw_pre): the same arithmetic. */
+template <bool CG = false, bool ADD = false>
+__device__ __forceinline__ float4 engine_cu_norm4w(const float4 *x4, float4 w, int i, float scale,
+                                                   const float4 *a4 = nullptr) {
+    const float4 v = engine_cu_ld_x4<CG, ADD>(x4, a4, i);
+    return make_float4(w.x * (v.x * scale), w.y * (v.y * scale), w.z * (v.z * scale),
+                       w.w * (v.w * scale));
+}
+
+/* The norm weights of a staging warp's first two float4s (engine_cu_stage_part's order: the
+ * first two passes of the Q8_0 loop, the two float4s of the first Q8_K block), read before the
+ * block's griddepcontrol.wait: they do not depend on the previous kernel, and after the wait
+ * their L2 round trip followed the RMS scale's on the staging's path. Zeros where the warp has
+ * none; the F32 staging takes none. */
+struct engine_cu_nw_pre {
+    float4 v[2];
+};
+
+template <int MODE>
+__device__ __forceinline__ engine_cu_nw_pre engine_cu_stage_nw(const float *nw, int n, int w,
+                                                               int nwarps) {
+    engine_cu_nw_pre p;
+    p.v[0] = p.v[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const float4 *w4 = (const float4 *)nw;
+    const int n4 = n >> 2, lane = threadIdx.x & 31;
+    if (!nw || w < 0) return p;
+    if (MODE == ENGINE_CU_X_Q8_0) {
+        const int i = 32 * w + lane, i1 = i + 32 * nwarps;
+        if (i < n4) p.v[0] = __ldg(w4 + i);
+        if (i1 < n4) p.v[1] = __ldg(w4 + i1);
+    } else if (MODE != ENGINE_CU_X_F32 && w < (n >> 8)) {
+        const int i = w * 64 + 2 * lane;
+        p.v[0] = __ldg(w4 + i);
+        p.v[1] = __ldg(w4 + i + 1);
+    }
+    return p;
+}
+
 __device__ __forceinline__ float engine_cu_amax4(float4 v) {
     return fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
 }
@@ -190,8 +228,8 @@ __device__ __forceinline__ int engine_cu_q4x8(float4 v, float s, int *sum) {
 template <int MODE, bool CG = false, bool ADD = false>
 __device__ __forceinline__ void engine_cu_stage_part(const float *x, int n, const float *nw,
                                                      float eps, uint8_t *sm, int w, int nwarps,
-                                                     const float *xa = nullptr,
-                                                     float given = -1.0f) {
+                                                     const float *xa = nullptr, float given = -1.0f,
+                                                     const engine_cu_nw_pre *pre = nullptr) {
     const float4 *x4 = (const float4 *)x, *w4 = (const float4 *)nw, *a4 = (const float4 *)xa;
     const int n4 = n >> 2, lane = threadIdx.x & 31;
     {
@@ -208,11 +246,14 @@ __device__ __forceinline__ void engine_cu_stage_part(const float *x, int n, cons
             float *d = (float *)(sm + n), *s = d + n / 32;
             /* 8 lanes per block of 32 values, 4 values each; every lane of the warp takes part
              * in the shuffles (n4 is a multiple of 8, so a group of 8 is wholly in or out) */
-            for (int base = 32 * w; base < n4; base += 32 * nwarps) {
+            for (int base = 32 * w, it = 0; base < n4; base += 32 * nwarps, it++) {
                 const int i = base + lane;
                 const bool in = i < n4;
                 const float4 v =
-                    in ? engine_cu_norm4<CG, ADD>(x4, w4, i, scale, a4) : make_float4(0, 0, 0, 0);
+                    !in ? make_float4(0, 0, 0, 0)
+                    : pre && w4 && it < 2
+                        ? engine_cu_norm4w<CG, ADD>(x4, it ? pre->v[1] : pre->v[0], i, scale, a4)
+                        : engine_cu_norm4<CG, ADD>(x4, w4, i, scale, a4);
                 float am = engine_cu_amax4(v);
                 am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, 1));
                 am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, 2));
@@ -238,8 +279,11 @@ __device__ __forceinline__ void engine_cu_stage_part(const float *x, int n, cons
 #pragma unroll 4
             for (int blk = w; blk < (n >> 8); blk += nwarps) {
                 const int i = blk * 64 + 2 * lane;
-                const float4 v0 = engine_cu_norm4<CG, ADD>(x4, w4, i, scale, a4),
-                             v1 = engine_cu_norm4<CG, ADD>(x4, w4, i + 1, scale, a4);
+                const bool p0 = pre && w4 && blk == w; /* the first block: weights read */
+                const float4 v0 = p0 ? engine_cu_norm4w<CG, ADD>(x4, pre->v[0], i, scale, a4)
+                                     : engine_cu_norm4<CG, ADD>(x4, w4, i, scale, a4),
+                             v1 = p0 ? engine_cu_norm4w<CG, ADD>(x4, pre->v[1], i + 1, scale, a4)
+                                     : engine_cu_norm4<CG, ADD>(x4, w4, i + 1, scale, a4);
                 const float am =
                     engine_cu_warp_max(fmaxf(engine_cu_amax4(v0), engine_cu_amax4(v1)));
                 const float is = am != 0.0f ? 127.0f / am : 0.0f,
@@ -256,15 +300,25 @@ __device__ __forceinline__ void engine_cu_stage_part(const float *x, int n, cons
     }
 }
 
+/* pre: this warp's engine_cu_stage_nw(nw, n, w - w0, warps - w0), read before the wait. */
 template <int MODE, bool CG = false, bool ADD = false>
 __device__ __forceinline__ void engine_cu_stage_x(const float *x, int n, const float *nw, float eps,
                                                   uint8_t *sm, int w0 = 0,
-                                                  const float *xa = nullptr, float given = -1.0f) {
+                                                  const float *xa = nullptr, float given = -1.0f,
+                                                  const engine_cu_nw_pre *pre = nullptr) {
     const int w = (threadIdx.x >> 5) - w0;
     if (w >= 0)
-        engine_cu_stage_part<MODE, CG, ADD>(x, n, nw, eps, sm, w, (blockDim.x >> 5) - w0, xa,
-                                            given);
+        engine_cu_stage_part<MODE, CG, ADD>(x, n, nw, eps, sm, w, (blockDim.x >> 5) - w0, xa, given,
+                                            pre);
     __syncthreads();
+}
+
+/* engine_cu_stage_nw for engine_cu_stage_x's warp (every thread may call it). */
+template <int MODE>
+__device__ __forceinline__ engine_cu_nw_pre engine_cu_stage_x_nw(const float *nw, int n,
+                                                                 int w0 = 0) {
+    return engine_cu_stage_nw<MODE>(nw, n, (int)(threadIdx.x >> 5) - w0,
+                                    (int)(blockDim.x >> 5) - w0);
 }
 
 /* m vectors, x + t * x_stride for t < m, staged side by side at sm + t * sm_stride (each as

@@ -96,8 +96,9 @@ __device__ __forceinline__ void rf_wo_block(const engine_cu_rf_args &a, int n_gr
     if ((int)blockIdx.x < n_rb)
         rf_router_block<MODE, RB>(a, blockIdx.x, sm);
     else
-        mv_block<MODE, R>(a.wo, n_groups, blockIdx.x - n_rb, gridDim.x - n_rb, sm,
-                          engine_cu_pdl_sync());
+        mv_block<MODE, R, engine_cu_pdl_sync, false, false>(a.wo, n_groups, blockIdx.x - n_rb,
+                                                            gridDim.x - n_rb, sm,
+                                                            engine_cu_pdl_sync()); /* no norm */
 }
 
 template <int MODE, int R, int RB>
