@@ -129,8 +129,7 @@ __device__ __forceinline__ void mv_stage(const engine_cu_mv &a, uint8_t *sm,
         a.coop && a.norm_w
             ? engine_cu_block_scale<false, false>((const float4 *)a.x, nullptr, a.cols, a.eps)
             : -1.0f;
-    engine_cu_stage_x<MODE>(a.x, a.cols, a.norm_w, a.eps, sm, 0, nullptr, sc,
-                            a.nw_late ? nullptr : pre);
+    engine_cu_stage_x<MODE>(a.x, a.cols, a.norm_w, a.eps, sm, 0, nullptr, sc, pre);
 }
 
 /* The staging warp's norm weights read before the wait (qdot.cuh engine_cu_stage_nw; none with
@@ -240,8 +239,7 @@ __device__ __forceinline__ void mv_block_tma(const engine_cu_mv &a, int bx, uint
         engine_cu_prefetch_l2((const uint8_t *)a.norm_w, sizeof(float) * (size_t)a.cols);
     const engine_cu_nw_pre nwp = mv_nw<MODE, NORM>(a); /* NORM false: a launch with no norm */
     sync.wait();
-    mv_stage<MODE>(
-        a, sm, NORM ? &nwp : nullptr); /* ends with a barrier: the barrier's init visible to all */
+    mv_stage<MODE>(a, sm, &nwp); /* ends with a barrier: the barrier's init visible to all */
     ENGINE_CU_TRACE(4);
     engine_cu_mbar_wait(&tma_bar, 0);
     ENGINE_CU_TRACE(7);
@@ -383,8 +381,7 @@ __device__ __forceinline__ void mv_block_ring(const engine_cu_mv &a, int nbuf, u
                          ? engine_cu_block_scale<false, false>((const float4 *)a.x, nullptr, a.cols,
                                                                a.eps, ENGINE_CU_MV_WARPS * 32)
                          : -1.0f;
-    engine_cu_stage_x<MODE>(a.x, a.cols, a.norm_w, a.eps, sm, 0, nullptr, sc,
-                            a.nw_late ? nullptr : &nwp); /* a barrier */
+    engine_cu_stage_x<MODE>(a.x, a.cols, a.norm_w, a.eps, sm, 0, nullptr, sc, &nwp); /* a barrier */
     const engine_cu_xv xv = engine_cu_xv_at(sm, a.cols, true, 0);
     const int n_chunks = a.cols >> 5;
     for (int k = 0; gw + k * GW < n_tiles; k++) {

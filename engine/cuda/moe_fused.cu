@@ -277,6 +277,21 @@ __device__ __forceinline__ void mg_copy_up(const engine_cu_ffn_up_args &u, const
     engine_cu_bulk_g2s(dst + urun, u.up + off, (unsigned)urun, bar);
 }
 
+/* The copies that follow the landing of a block's up item i (its group's first thread): item
+ * i + infl, and the down runs where the order (dn_at) puts them. */
+__device__ __forceinline__ void mg_next_copies(const engine_cu_ffn_up_args &u,
+                                               const engine_cu_ffn_down_args &d, const int *ids,
+                                               int i, int i0, int infl, int ni, int gx, size_t urun,
+                                               uint8_t *ws, uint64_t *bar_it, int dn_at, int g0,
+                                               int ng, uint8_t *wd, uint64_t *bar_dn) {
+    const int nx = i + infl;
+    if (nx < ni) {
+        mg_copy_up(u, ids, i0 + nx, gx, urun, ws + (size_t)nx * 2 * urun, &bar_it[nx], true);
+        if (dn_at == 1 && nx == ni - 1) mg_copy_down(d, ids, g0, ng, wd, bar_dn);
+    }
+    if (dn_at == 2 && i == ni - 1) mg_copy_down(d, ids, g0, ng, wd, bar_dn);
+}
+
 /* MG_GROUPS warp groups of FFN_WARPS warps: group q takes the block's up items q, q + MG_GROUPS,
  * ... and its down row groups likewise (warp w % FFN_WARPS of the group the item's rows and the
  * group's row, as in the up and down kernels). One warp group (256 threads) measured slower:
@@ -287,7 +302,8 @@ __device__ __forceinline__ void mg_copy_up(const engine_cu_ffn_up_args &u, const
 #define MG_MAX_IPB 8 /* up items per block with a barrier each (moe_fused.cuh items) */
 #define MG_DIAG_ROUTE2 0x10 /* diag: the routing warp routes twice (moe_fused.cuh diag) */
 #define MG_DIAG_LATE 0x20   /* diag: the routing after the block's scale (moe_fused.cuh diag) */
-#define MG_DIAG_NW_LATE 0x40 /* diag: the norm weights read after the wait (moe_fused.cuh diag) */
+#define MG_DIAG_NW_LATE 0x40   /* diag: the norm weights read after the wait (moe_fused.cuh diag) */
+#define MG_DIAG_NEXT_LATE 0x80 /* diag: item 0's successors after the staging (moe_fused.cuh) */
 
 template <int MODE, bool RF>
 __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_fused_args a) {
@@ -375,12 +391,22 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
         ENGINE_CU_TRACE(9);
         if (w == 0) ffn_route_weights<true>(u, b, raw, sc, my_id, wts);
     }
+    /* thread 0 issues item 0's successors as soon as it lands, before the staging's barrier
+     * (after it, they waited for x to be staged); the other warps have no item before then */
+    const bool next_early = per_item && ni > 0 && !(a.diag & MG_DIAG_NEXT_LATE);
+    if (next_early && w == 0) {
+        if (threadIdx.x == 0) { /* it initialised the barrier: visible to it */
+            engine_cu_mbar_wait(&bar_it[0], 0);
+            mg_next_copies(u, d, ids, 0, i0, infl, ni, gx, urun, ws, bar_it, dn_at, g0, ng, wd,
+                           &bar_dn);
+        }
+        __syncwarp();
+    }
     if (RF) /* warps 1 ..; ends with a barrier */
         engine_cu_stage_x<MODE, false, true>(u.x, u.cols, u.norm_w, u.eps, sm, 1, u.x_add, sc,
-                                             nw_pre ? &nwp : nullptr);
+                                             &nwp);
     else
-        engine_cu_stage_x<MODE>(u.x, u.cols, u.norm_w, u.eps, sm, 1, nullptr, -1.0f,
-                                nw_pre ? &nwp : nullptr);
+        engine_cu_stage_x<MODE>(u.x, u.cols, u.norm_w, u.eps, sm, 1, nullptr, -1.0f, &nwp);
     ENGINE_CU_TRACE(6);
     if (b == 0 && (int)threadIdx.x < u.k) {
         u.ids[threadIdx.x] = ids[threadIdx.x];
@@ -397,15 +423,9 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
             engine_cu_mbar_wait(&bar_it[i], 0);
             if (i == 0) ENGINE_CU_TRACE(7); /* thread 0's group: item 0 landed */
         }
-        if (wl == 0 && (threadIdx.x & 31) == 0) { /* the group's first thread: later copies */
-            const int nx = i + infl;
-            if (nx < ni) {
-                mg_copy_up(u, ids, i0 + nx, gx, urun, ws + (size_t)nx * 2 * urun, &bar_it[nx],
-                           true);
-                if (dn_at == 1 && nx == ni - 1) mg_copy_down(d, ids, g0, ng, wd, &bar_dn);
-            }
-            if (dn_at == 2 && i == ni - 1) mg_copy_down(d, ids, g0, ng, wd, &bar_dn);
-        }
+        if (wl == 0 && (threadIdx.x & 31) == 0 && !(next_early && i == 0))
+            mg_next_copies(u, d, ids, i, i0, infl, ni, gx, urun, ws, bar_it, dn_at, g0, ng, wd,
+                           &bar_dn); /* the group's first thread: later copies */
         const int it = i0 + i, j = it / gx, r = (it - j * gx) * 2 * FFN_WARPS + wl;
         ffn_up_rows<MODE, 2, true>(u, j, ids[j], r, xv, ws + (size_t)i * 2 * urun);
     }

@@ -177,6 +177,7 @@ __device__ __forceinline__ float4 engine_cu_norm4w(const float4 *x4, float4 w, i
  * none; the F32 staging takes none. */
 struct engine_cu_nw_pre {
     float4 v[2];
+    bool ok; /* read (else the staging reads the weights itself) */
 };
 
 template <int MODE>
@@ -184,9 +185,10 @@ __device__ __forceinline__ engine_cu_nw_pre engine_cu_stage_nw(const float *nw, 
                                                                int nwarps) {
     engine_cu_nw_pre p;
     p.v[0] = p.v[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    p.ok = nw && w >= 0 && MODE != ENGINE_CU_X_F32;
     const float4 *w4 = (const float4 *)nw;
     const int n4 = n >> 2, lane = threadIdx.x & 31;
-    if (!nw || w < 0) return p;
+    if (!p.ok) return p;
     if (MODE == ENGINE_CU_X_Q8_0) {
         const int i = 32 * w + lane, i1 = i + 32 * nwarps;
         if (i < n4) p.v[0] = __ldg(w4 + i);
@@ -279,7 +281,7 @@ __device__ __forceinline__ void engine_cu_stage_part(const float *x, int n, cons
 #pragma unroll 4
             for (int blk = w; blk < (n >> 8); blk += nwarps) {
                 const int i = blk * 64 + 2 * lane;
-                const bool p0 = pre && w4 && blk == w; /* the first block: weights read */
+                const bool p0 = pre && pre->ok && w4 && blk == w; /* the first block: read */
                 const float4 v0 = p0 ? engine_cu_norm4w<CG, ADD>(x4, pre->v[0], i, scale, a4)
                                      : engine_cu_norm4<CG, ADD>(x4, w4, i, scale, a4),
                              v1 = p0 ? engine_cu_norm4w<CG, ADD>(x4, pre->v[1], i + 1, scale, a4)
