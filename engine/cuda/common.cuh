@@ -50,6 +50,18 @@ __device__ __forceinline__ float engine_cu_warp_max(float v) {
     return v;
 }
 
+/* The warp's largest (v, id) pair, ties to the lower id, by shuffles: every lane gets it. */
+template <typename T> __device__ __forceinline__ void engine_cu_warp_argmax(T &v, int &id) {
+    for (int o = 16; o > 0; o >>= 1) {
+        const T ov = __shfl_xor_sync(0xffffffffu, v, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, id, o);
+        if (ov > v || (ov == v && oi < id)) {
+            v = ov;
+            id = oi;
+        }
+    }
+}
+
 /* Sum over the whole block (blockDim.x a multiple of 32, at most 1024); every thread gets the
  * result. `red` is shared scratch of 32 floats; the call synchronises the block. */
 __device__ __forceinline__ float engine_cu_block_sum(float v, float *red) {

@@ -119,14 +119,7 @@ static __device__ void route(const float *logits, int n, int k, int norm_topk, i
                     best = p[i];
                     bid = lane + 32 * i;
                 }
-            for (int o = 16; o > 0; o >>= 1) {
-                float ob = __shfl_xor_sync(0xffffffffu, best, o);
-                int oi = __shfl_xor_sync(0xffffffffu, bid, o);
-                if (ob > best || (ob == best && oi < bid)) {
-                    best = ob;
-                    bid = oi;
-                }
-            }
+            engine_cu_warp_argmax(best, bid);
 #pragma unroll
             for (int i = 0; i < NPL; i++)
                 if (lane + 32 * i == bid) p[i] = -1.0f;
@@ -171,14 +164,7 @@ static __device__ __forceinline__ int route_pick_shfl(unsigned key[NPL], unsigne
             best = key[i];
             bid = lane + 32 * i;
         }
-    for (int o = 16; o > 0; o >>= 1) {
-        const unsigned ob = __shfl_xor_sync(0xffffffffu, best, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, bid, o);
-        if (ob > best || (ob == best && oi < bid)) {
-            best = ob;
-            bid = oi;
-        }
-    }
+    engine_cu_warp_argmax(best, bid);
 #pragma unroll
     for (int i = 0; i < NPL; i++)
         if (lane + 32 * i == bid) key[i] = 0u;

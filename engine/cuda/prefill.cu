@@ -412,14 +412,7 @@ __global__ void __launch_bounds__(32 * PF_ROUTE_TOK)
                 bv = p[i];
                 be = lane + 32 * i;
             }
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int oe = __shfl_xor_sync(0xffffffffu, be, o);
-            if (ov > bv || (ov == bv && oe < be)) {
-                bv = ov;
-                be = oe;
-            }
-        }
+        engine_cu_warp_argmax(bv, be);
         if ((be & 31) == lane) p[be >> 5] = -1.0f;
         wsum += bv;
         if (lane == j) wk = bv;
