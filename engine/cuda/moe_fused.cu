@@ -302,8 +302,7 @@ __device__ __forceinline__ void mg_next_copies(const engine_cu_ffn_up_args &u,
 #define MG_MAX_IPB 8 /* up items per block with a barrier each (moe_fused.cuh items) */
 #define MG_DIAG_ROUTE2 0x10 /* diag: the routing warp routes twice (moe_fused.cuh diag) */
 #define MG_DIAG_LATE 0x20   /* diag: the routing after the block's scale (moe_fused.cuh diag) */
-#define MG_DIAG_NW_LATE 0x40   /* diag: the norm weights read after the wait (moe_fused.cuh diag) */
-#define MG_DIAG_NEXT_LATE 0x80 /* diag: item 0's successors after the staging (moe_fused.cuh) */
+#define MG_DIAG_NW_LATE 0x40 /* diag: the norm weights read after the wait (moe_fused.cuh diag) */
 
 template <int MODE, bool RF>
 __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_fused_args a) {
@@ -391,17 +390,6 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
         ENGINE_CU_TRACE(9);
         if (w == 0) ffn_route_weights<true>(u, b, raw, sc, my_id, wts);
     }
-    /* thread 0 issues item 0's successors as soon as it lands, before the staging's barrier
-     * (after it, they waited for x to be staged); the other warps have no item before then */
-    const bool next_early = per_item && ni > 0 && !(a.diag & MG_DIAG_NEXT_LATE);
-    if (next_early && w == 0) {
-        if (threadIdx.x == 0) { /* it initialised the barrier: visible to it */
-            engine_cu_mbar_wait(&bar_it[0], 0);
-            mg_next_copies(u, d, ids, 0, i0, infl, ni, gx, urun, ws, bar_it, dn_at, g0, ng, wd,
-                           &bar_dn);
-        }
-        __syncwarp();
-    }
     if (RF) /* warps 1 ..; ends with a barrier */
         engine_cu_stage_x<MODE, false, true>(u.x, u.cols, u.norm_w, u.eps, sm, 1, u.x_add, sc,
                                              &nwp);
@@ -423,7 +411,7 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
             engine_cu_mbar_wait(&bar_it[i], 0);
             if (i == 0) ENGINE_CU_TRACE(7); /* thread 0's group: item 0 landed */
         }
-        if (wl == 0 && (threadIdx.x & 31) == 0 && !(next_early && i == 0))
+        if (wl == 0 && (threadIdx.x & 31) == 0)
             mg_next_copies(u, d, ids, i, i0, infl, ni, gx, urun, ws, bar_it, dn_at, g0, ng, wd,
                            &bar_dn); /* the group's first thread: later copies */
         const int it = i0 + i, j = it / gx, r = (it - j * gx) * 2 * FFN_WARPS + wl;

@@ -253,7 +253,7 @@ __device__ __forceinline__ void engine_cu_stage_part(const float *x, int n, cons
                 const bool in = i < n4;
                 const float4 v =
                     !in ? make_float4(0, 0, 0, 0)
-                    : pre && w4 && it < 2
+                    : pre && pre->ok && w4 && it < 2
                         ? engine_cu_norm4w<CG, ADD>(x4, it ? pre->v[1] : pre->v[0], i, scale, a4)
                         : engine_cu_norm4<CG, ADD>(x4, w4, i, scale, a4);
                 float am = engine_cu_amax4(v);
