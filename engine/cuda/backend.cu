@@ -166,6 +166,7 @@ struct engine_cuda_session {
     /* SPARK_CUDA_XS (default 1): the MoE grid launch stages the next layer's x (xs_out) where
      * xs_link[l] says layer l's launch feeds layer l + 1's q/k/v launch (engine_cu_mv.xs) */
     int xs_on;
+    int qkv_tma; /* SPARK_CUDA_QKV_TMA=0|1|2: engine_cu_mv.tma_after of layers > 0's q/k/v */
     unsigned char *xs_link; /* [n_layer], set once at session creation (xs_links) */
     engine_cu_prog prog; /* the fused step's program, built at the first capture */
     uint8_t *mem;        /* one allocation: KV cache and step buffers */
@@ -695,6 +696,8 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         s->nw_late = e && e[0] == '1';
         e = getenv("SPARK_CUDA_XS");
         s->xs_on = !e || e[0] != '0';
+        e = getenv("SPARK_CUDA_QKV_TMA");
+        s->qkv_tma = e ? atoi(e) : 0;
         e = getenv("SPARK_CUDA_ROUTER_FUSE");
         s->rf = (e ? e[0] == '1' : SPARK_CUDA_ROUTER_FUSE_DEFAULT) && !s->fused &&
                 !s->route_once && !s->down_routes;
@@ -837,6 +840,7 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
     mv->nw_late = s->nw_late;
     mv->tma = (s->route & ENGINE_CU_ROUTE_TMA_MV) != 0; /* the launchers check it applies */
     mv->xs = l > 0 && s->xs_link && s->xs_link[l - 1] ? s->xs : NULL;
+    mv->tma_after = l > 0 ? s->qkv_tma : 0;
 
     engine_cu_att at = {s->q,
                         s->k,

@@ -113,6 +113,12 @@ typedef struct {
      * shared memory after the wait instead of staging x; the other forms ignore it and stage x,
      * which holds the same vector. The same bits either way. */
     const uint8_t *xs;
+    /* The bulk-copy form (tma): 0 each block's rows copied before the wait; 1 after it (the
+     * staging's loads of x first: rows copied before the wait fill the multiprocessor's path
+     * from L2 when the wait returns at once, the q/k/v launch after the MoE launch); 2 asked
+     * of L2 before the wait (one bulk prefetch) and copied after it. SPARK_CUDA_QKV_TMA, the
+     * q/k/v launches of layers > 0. The same bits either way. */
+    int tma_after;
 } engine_cu_mv;
 #define ENGINE_CU_MV_RING_MAX 8 /* buffers a warp, at most */
 

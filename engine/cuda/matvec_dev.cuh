@@ -238,17 +238,25 @@ __device__ __forceinline__ void mv_block_tma(const engine_cu_mv &a, int bx, uint
     const int mi = mv_find(a, bx, PER, &first);
     if (mi < 0) return; /* never: a block per group */
     uint8_t *ws = sm + engine_cu_w_off(engine_cu_xs_bytes(true, a.cols));
+    const uint8_t *src = nullptr;
+    unsigned bytes = 0;
     if (threadIdx.x == 0) {
         const size_t rb = a.m[mi].row_bytes;
         const int r0 = (bx - first) * PER, nr = min(PER, a.m[mi].rows - r0);
+        src = a.m[mi].w + (size_t)r0 * rb;
+        bytes = (unsigned)(nr * rb);
         engine_cu_mbar_init(&tma_bar);
-        engine_cu_mbar_expect(&tma_bar, (unsigned)(nr * rb));
-        engine_cu_bulk_g2s(ws, a.m[mi].w + (size_t)r0 * rb, (unsigned)(nr * rb), &tma_bar);
+        engine_cu_mbar_expect(&tma_bar, bytes);
+        if (a.tma_after == 2) /* asked of L2 now, copied after the wait */
+            engine_cu_prefetch_bulk(src, bytes);
+        else if (!a.tma_after)
+            engine_cu_bulk_g2s(ws, src, bytes, &tma_bar);
     }
     if (a.norm_w && !a.xs && (threadIdx.x >> 5) == ENGINE_CU_MV_WARPS - 1) /* every block: L2 */
         engine_cu_prefetch_l2((const uint8_t *)a.norm_w, sizeof(float) * (size_t)a.cols);
     const engine_cu_nw_pre nwp = mv_nw<MODE, NORM>(a); /* NORM false: a launch with no norm */
     sync.wait();
+    if (a.tma_after && threadIdx.x == 0) engine_cu_bulk_g2s(ws, src, bytes, &tma_bar);
     if (a.xs) /* staged by the launch before (engine_cu_mv.xs) */
         mv_load_xs(a, sm);
     else

@@ -294,13 +294,18 @@ __device__ __forceinline__ void mg_next_copies(const engine_cu_ffn_up_args &u,
 
 /* The next launch's staged x (moe_fused.cuh xs_out): the block that counts itself last on *ctr,
  * once every block has stored its rows of y[0..n), stages y normed with nw (eps) as that launch
- * would (engine_cu_stage_x: the same bits), y read through L2, and stores it to out. Every thread
- * of every block calls it after its last use of sm. Not inlined: the grid kernel's registers
- * stay its own (inlined, its Q8_K router-fused instance spilled). */
+ * would (engine_cu_stage_x: the same bits) and stores it to out. Its chain is short: the norm
+ * weights read into registers before the count (engine_cu_stage_nw: every value of a 2048-wide
+ * vector), y read once through L2 into shared memory (after the staging's bytes), and the
+ * staging's reads of y from there. Every thread of every block calls it after its last use of
+ * sm (which has room: the staging's bytes, then at least 4 FFN_WARPS quantised rows of n
+ * values, > 4 n bytes, for the up copies). Not inlined: the grid
+ * kernel's registers stay its own (inlined, its Q8_K router-fused instance spilled). */
 template <int MODE>
 __device__ __noinline__ void mg_stage_next(const float *y, int n, const float *nw, float eps,
                                            unsigned *ctr, uint8_t *out, uint8_t *sm) {
     __shared__ int last;
+    const engine_cu_nw_pre pre = engine_cu_stage_x_nw<MODE>(nw, n, 0);
     __threadfence(); /* the block's rows of y, before its count */
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -310,7 +315,11 @@ __device__ __noinline__ void mg_stage_next(const float *y, int n, const float *n
     __syncthreads();
     if (!last) return;
     __threadfence(); /* the other blocks' rows, counted before this one */
-    engine_cu_stage_x<MODE, true>(y, n, nw, eps, sm); /* ends with a barrier */
+    float4 *ys = (float4 *)(sm + engine_cu_w_off(engine_cu_xs_bytes(true, n)));
+    for (int i = threadIdx.x; i < (n >> 2); i += blockDim.x)
+        ys[i] = __ldcg((const float4 *)y + i);
+    __syncthreads();
+    engine_cu_stage_x<MODE>((const float *)ys, n, nw, eps, sm, 0, nullptr, -1.0f, &pre);
     const int n16 = (int)(engine_cu_xs_bytes(true, n) >> 4);
     for (int i = threadIdx.x; i < n16; i += blockDim.x)
         ((uint4 *)out)[i] = ((const uint4 *)sm)[i];
