@@ -23,7 +23,6 @@
 #include "moe.cuh"
 #include "moe_fused.cuh"
 #include "qdot.cuh"
-#include "qdot.cuh"
 #include "router_fuse.cuh"
 #include "sample.cuh"
 #include "step.cuh"
@@ -163,11 +162,6 @@ struct engine_cuda_session {
     int mf_norm;  /* SPARK_CUDA_NEXT_NORM=1: it asks L2 for the next attention norm (pf_norm) */
     int mf_diag; /* SPARK_CUDA_MOE_FUSED_DIAG=bits: phases left out (diagnosis, moe_fused.cuh) */
     int mf_red;  /* SPARK_CUDA_MOE_FUSED_RED=1: its reduction by row class, no wait */
-    /* SPARK_CUDA_XS (default 1): the MoE grid launch stages the next layer's x (xs_out) where
-     * xs_link[l] says layer l's launch feeds layer l + 1's q/k/v launch (engine_cu_mv.xs) */
-    int xs_on;
-    int qkv_tma; /* SPARK_CUDA_QKV_TMA=0|1|2: engine_cu_mv.tma_after of layers > 0's q/k/v */
-    unsigned char *xs_link; /* [n_layer], set once at session creation (xs_links) */
     engine_cu_prog prog; /* the fused step's program, built at the first capture */
     uint8_t *mem;        /* one allocation: KV cache and step buffers */
     size_t bytes;
@@ -176,7 +170,6 @@ struct engine_cuda_session {
     float *ao; /* router fusion: the attention block's output Wo att, apart from x */
     float *mf_part;     /* SPARK_CUDA_MOE_FUSED: the blocks' partial outputs (moe_fused.cuh) */
     unsigned *mf_ctr;   /* and its counters (zero between launches) */
-    uint8_t *xs;        /* MoE: the next layer's staged x (moe_fused.cuh xs_out) */
     float *rope;        /* [n_ctx][hd / 2][2] cos, sin */
     unsigned *counters; /* [n_head + 2]: attention heads, sampler, router's routing */
     int32_t *ids, *out;
@@ -550,14 +543,12 @@ done:
     return rc;
 }
 
-static int xs_links(engine_cuda_session *s);
-
 /* ---------------------------------------------------------------------------------------------
  * Sessions
  * ------------------------------------------------------------------------------------------- */
 typedef struct {
     size_t kv_layer, x, q, kv, att, router, h, logits, partial, sscratch, ids, wts, counters, step,
-        out, rope, ao, mf_part, mf_ctr, xs, total;
+        out, rope, ao, mf_part, mf_ctr, total;
 } sess_layout;
 
 static sess_layout layout(const engine_cuda_model *cm, int32_t n_ctx, engine_kv_type kv) {
@@ -584,16 +575,15 @@ static sess_layout layout(const engine_cuda_model *cm, int32_t n_ctx, engine_kv_
     z.out = align256(sizeof(int32_t) * (size_t)n_ctx);
     z.rope = align256(sizeof(float) * (size_t)n_ctx * hd);
     z.ao = z.x;
-    z.mf_part = z.mf_ctr = z.xs = 0; /* MoE: SPARK_CUDA_MOE_FUSED's scratch, 1.5 MB for 30B */
+    z.mf_part = z.mf_ctr = 0; /* MoE: SPARK_CUDA_MOE_FUSED's scratch, 1.5 MB for the 30B shape */
     if (hp->n_expert) {
         z.mf_part = align256(sizeof(float) * engine_cu_moe_fused_partial_floats(
                                                  (int)k, (int)nff, (int)hp->n_embd));
         z.mf_ctr = align256(sizeof(unsigned) * engine_cu_moe_fused_counters((int)k, (int)nff));
-        z.xs = align256(engine_cu_xs_bytes(true, (int)hp->n_embd));
     }
     z.total = 2 * hp->n_layer * z.kv_layer + z.x + z.q + 2 * z.kv + z.att + z.router + z.h +
               z.logits + z.partial + z.sscratch + z.ids + z.wts + z.counters + z.step + z.out +
-              z.rope + z.ao + z.mf_part + z.mf_ctr + z.xs;
+              z.rope + z.ao + z.mf_part + z.mf_ctr;
     return z;
 }
 
@@ -694,10 +684,6 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         s->coop_mv = e && e[0] == '1';
         e = getenv("SPARK_CUDA_NW_LATE");
         s->nw_late = e && e[0] == '1';
-        e = getenv("SPARK_CUDA_XS");
-        s->xs_on = !e || e[0] != '0';
-        e = getenv("SPARK_CUDA_QKV_TMA");
-        s->qkv_tma = e ? atoi(e) : 0;
         e = getenv("SPARK_CUDA_ROUTER_FUSE");
         s->rf = (e ? e[0] == '1' : SPARK_CUDA_ROUTER_FUSE_DEFAULT) && !s->fused &&
                 !s->route_once && !s->down_routes;
@@ -746,7 +732,6 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
                 CARVE(counters, counters, unsigned) CARVE(step, step, engine_cu_step)
                     CARVE(out, out, int32_t) CARVE(rope, rope, float) CARVE(ao, ao, float)
                         CARVE(mf_part, mf_part, float) CARVE(mf_ctr, mf_ctr, unsigned)
-                            CARVE(xs, xs, uint8_t)
 #undef CARVE
                         ENGINE_ASSERT((size_t)(p - s->mem) == z.total);
     {
@@ -764,7 +749,6 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
     CU(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
     CU(cudaMallocHost((void **)&s->h_step, sizeof *s->h_step));
     if ((s->mfuse || s->mf_grid) && hp->n_expert) mf_log(s);
-    if ((rc = xs_links(s))) goto done;
     *out = s;
     s = NULL;
 done:
@@ -782,7 +766,6 @@ extern "C" void engine_cuda_session_free(engine_cuda_session *s) {
     cudaFree(s->mem);
     free(s->k_cache);
     free(s->v_cache);
-    free(s->xs_link);
     free(s);
 }
 
@@ -839,8 +822,6 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
     mv->coop = s->coop_mv;
     mv->nw_late = s->nw_late;
     mv->tma = (s->route & ENGINE_CU_ROUTE_TMA_MV) != 0; /* the launchers check it applies */
-    mv->xs = l > 0 && s->xs_link && s->xs_link[l - 1] ? s->xs : NULL;
-    mv->tma_after = l > 0 ? s->qkv_tma : 0;
 
     engine_cu_att at = {s->q,
                         s->k,
@@ -992,11 +973,6 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
         o->mf.partial = s->mf_part;
         o->mf.counters = s->mf_ctr;
         o->mfuse = engine_cu_moe_fused_why(&o->mf) == NULL;
-        if (s->xs_link && s->xs_link[l]) {
-            o->mf.xs_out = s->xs;
-            o->mf.xs_norm = cm->layers[l + 1].attn_norm;
-            o->mf.xs_eps = eps;
-        }
     }
 }
 
@@ -1014,31 +990,6 @@ static void mf_log(const engine_cuda_session *s) {
     engine_log(ENGINE_LOG_INFO, "cuda: MoE block in one launch (%s%d) in %u of %u layers%s%s",
                s->mf_grid ? "whole grid, form " : "slices of ", s->mf_grid ? s->mf_grid : s->mfuse,
                n, hp->n_layer, why ? "; not: " : "", why ? why : "");
-}
-
-/* Which layers' MoE grid launches stage the next layer's x for its q/k/v launch (s->xs_link;
- * moe_fused.cuh xs_out, matvec.cuh engine_cu_mv.xs): with SPARK_CUDA_XS on, where the layer's
- * MoE block is the whole-grid launch, a next layer follows, and its q/k/v launch stages x in
- * that launch's mode from a normed x with the per-warp scale (not coop_mv). 0 or an error. */
-static int xs_links(engine_cuda_session *s) {
-    const engine_hparams *hp = &s->cm->m->hp;
-    if (!s->xs_on || !s->mf_grid || !hp->n_expert || s->fused || s->coop_mv || !s->xs) return 0;
-    unsigned char *link = (unsigned char *)calloc(hp->n_layer, 1);
-    if (!link) return engine_err(ENGINE_ENOMEM, "out of memory");
-    for (uint32_t l = 0; l + 1 < hp->n_layer; l++) {
-        layer_ops o, nx;
-        layer_ops_get(s, l, &o);
-        layer_ops_get(s, l + 1, &nx);
-        const int mode = engine_cu_x_mode(o.mf.up.type);
-        bool ok = o.mfuse && o.mf.grid && nx.qkv.norm_w &&
-                  engine_cu_xs_bytes(true, nx.qkv.cols) % 16 == 0 && nx.qkv.cols == o.mf.dn.rows &&
-                  mode != ENGINE_CU_X_F32;
-        for (int i = 0; i < nx.qkv.n_mat && ok; i++)
-            ok = engine_cu_x_mode(nx.qkv.m[i].type) == mode;
-        link[l] = ok;
-    }
-    s->xs_link = link;
-    return 0;
 }
 
 /* Build and upload the fused step's program: per layer the ops in the per-op order, each
@@ -1103,10 +1054,6 @@ static void enqueue_step(engine_cuda_session *s, step_prof *p, route_trace *t) {
         for (uint32_t l = 0; l < hp->n_layer; l++) {
             layer_ops o;
             layer_ops_get(s, l, &o);
-            if (t) { /* the MoE pair below, not the grid launch: no staged x to pass on */
-                o.qkv.xs = NULL;
-                o.mf.xs_out = NULL;
-            }
             for (unsigned op = 0; op < 6; op++) {
                 const unsigned bit = 1u << op;
                 const int n_launch = s->diag_skip & bit ? 0 : s->diag_twice & bit ? 2 : 1;

@@ -107,18 +107,6 @@ typedef struct {
      * 27 (SPARK_CUDA_NW_LATE=1, for an A/B), instead of before it (qdot.cuh engine_cu_stage_nw).
      * The same values either way. */
     int nw_late;
-    /* Device or NULL: x already staged (qdot.cuh's layout, engine_cu_xs_bytes(true, cols) bytes in
-     * this launch's staging mode, normed with norm_w) by the launch before this one (the MoE grid
-     * launch's last block, moe_fused.cuh xs_out). The bulk-copy form (tma) then loads it into
-     * shared memory after the wait instead of staging x; the other forms ignore it and stage x,
-     * which holds the same vector. The same bits either way. */
-    const uint8_t *xs;
-    /* The bulk-copy form (tma): 0 each block's rows copied before the wait; 1 after it (the
-     * staging's loads of x first: rows copied before the wait fill the multiprocessor's path
-     * from L2 when the wait returns at once, the q/k/v launch after the MoE launch); 2 asked
-     * of L2 before the wait (one bulk prefetch) and copied after it. SPARK_CUDA_QKV_TMA, the
-     * q/k/v launches of layers > 0. The same bits either way. */
-    int tma_after;
 } engine_cu_mv;
 #define ENGINE_CU_MV_RING_MAX 8 /* buffers a warp, at most */
 

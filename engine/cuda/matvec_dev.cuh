@@ -137,17 +137,7 @@ __device__ __forceinline__ void mv_stage(const engine_cu_mv &a, uint8_t *sm,
 template <int MODE, bool NORM = true>
 __device__ __forceinline__ engine_cu_nw_pre mv_nw(const engine_cu_mv &a) {
     if (!NORM) return engine_cu_stage_x_nw<MODE>(nullptr, a.cols);
-    return engine_cu_stage_x_nw<MODE>(a.nw_late || a.xs ? nullptr : a.norm_w, a.cols);
-}
-
-/* The staged x of a.xs (engine_cu_mv.xs) into shared memory, through L2 (written by the launch
- * before, which has completed: after the wait); every thread calls it; ends with a barrier. */
-__device__ __forceinline__ void mv_load_xs(const engine_cu_mv &a, uint8_t *sm) {
-    const int n16 = (int)(engine_cu_xs_bytes(true, a.cols) >> 4);
-    const uint4 *src = (const uint4 *)a.xs;
-    for (int i = threadIdx.x; i < n16; i += blockDim.x)
-        ((uint4 *)sm)[i] = __ldcg(src + i);
-    __syncthreads();
+    return engine_cu_stage_x_nw<MODE>(a.nw_late ? nullptr : a.norm_w, a.cols);
 }
 
 /* Ask L2 for warp w's rows of groups g0, g0 + gdx, ... (R > 0; all of them, or g0's alone). */
@@ -238,29 +228,18 @@ __device__ __forceinline__ void mv_block_tma(const engine_cu_mv &a, int bx, uint
     const int mi = mv_find(a, bx, PER, &first);
     if (mi < 0) return; /* never: a block per group */
     uint8_t *ws = sm + engine_cu_w_off(engine_cu_xs_bytes(true, a.cols));
-    const uint8_t *src = nullptr;
-    unsigned bytes = 0;
     if (threadIdx.x == 0) {
         const size_t rb = a.m[mi].row_bytes;
         const int r0 = (bx - first) * PER, nr = min(PER, a.m[mi].rows - r0);
-        src = a.m[mi].w + (size_t)r0 * rb;
-        bytes = (unsigned)(nr * rb);
         engine_cu_mbar_init(&tma_bar);
-        engine_cu_mbar_expect(&tma_bar, bytes);
-        if (a.tma_after == 2) /* asked of L2 now, copied after the wait */
-            engine_cu_prefetch_bulk(src, bytes);
-        else if (!a.tma_after)
-            engine_cu_bulk_g2s(ws, src, bytes, &tma_bar);
+        engine_cu_mbar_expect(&tma_bar, (unsigned)(nr * rb));
+        engine_cu_bulk_g2s(ws, a.m[mi].w + (size_t)r0 * rb, (unsigned)(nr * rb), &tma_bar);
     }
-    if (a.norm_w && !a.xs && (threadIdx.x >> 5) == ENGINE_CU_MV_WARPS - 1) /* every block: L2 */
+    if (a.norm_w && (threadIdx.x >> 5) == ENGINE_CU_MV_WARPS - 1) /* read by every block: L2 */
         engine_cu_prefetch_l2((const uint8_t *)a.norm_w, sizeof(float) * (size_t)a.cols);
     const engine_cu_nw_pre nwp = mv_nw<MODE, NORM>(a); /* NORM false: a launch with no norm */
     sync.wait();
-    if (a.tma_after && threadIdx.x == 0) engine_cu_bulk_g2s(ws, src, bytes, &tma_bar);
-    if (a.xs) /* staged by the launch before (engine_cu_mv.xs) */
-        mv_load_xs(a, sm);
-    else
-        mv_stage<MODE>(a, sm, &nwp); /* ends with a barrier: the barrier's init visible to all */
+    mv_stage<MODE>(a, sm, &nwp); /* ends with a barrier: the barrier's init visible to all */
     ENGINE_CU_TRACE(4);
     engine_cu_mbar_wait(&tma_bar, 0);
     ENGINE_CU_TRACE(7);

@@ -292,39 +292,6 @@ __device__ __forceinline__ void mg_next_copies(const engine_cu_ffn_up_args &u,
     if (dn_at == 2 && i == ni - 1) mg_copy_down(d, ids, g0, ng, wd, bar_dn);
 }
 
-/* The next launch's staged x (moe_fused.cuh xs_out): the block that counts itself last on *ctr,
- * once every block has stored its rows of y[0..n), stages y normed with nw (eps) as that launch
- * would (engine_cu_stage_x: the same bits) and stores it to out. Its chain is short: the norm
- * weights read into registers before the count (engine_cu_stage_nw: every value of a 2048-wide
- * vector), y read once through L2 into shared memory (after the staging's bytes), and the
- * staging's reads of y from there. Every thread of every block calls it after its last use of
- * sm (which has room: the staging's bytes, then at least 4 FFN_WARPS quantised rows of n
- * values, > 4 n bytes, for the up copies). Not inlined: the grid
- * kernel's registers stay its own (inlined, its Q8_K router-fused instance spilled). */
-template <int MODE>
-__device__ __noinline__ void mg_stage_next(const float *y, int n, const float *nw, float eps,
-                                           unsigned *ctr, uint8_t *out, uint8_t *sm) {
-    __shared__ int last;
-    const engine_cu_nw_pre pre = engine_cu_stage_x_nw<MODE>(nw, n, 0);
-    __threadfence(); /* the block's rows of y, before its count */
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        last = atomicAdd(ctr, 1u) == gridDim.x - 1;
-        if (last) *ctr = 0; /* every block has counted: zero for the next launch */
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence(); /* the other blocks' rows, counted before this one */
-    float4 *ys = (float4 *)(sm + engine_cu_w_off(engine_cu_xs_bytes(true, n)));
-    for (int i = threadIdx.x; i < (n >> 2); i += blockDim.x)
-        ys[i] = __ldcg((const float4 *)y + i);
-    __syncthreads();
-    engine_cu_stage_x<MODE>((const float *)ys, n, nw, eps, sm, 0, nullptr, -1.0f, &pre);
-    const int n16 = (int)(engine_cu_xs_bytes(true, n) >> 4);
-    for (int i = threadIdx.x; i < n16; i += blockDim.x)
-        ((uint4 *)out)[i] = ((const uint4 *)sm)[i];
-}
-
 /* MG_GROUPS warp groups of FFN_WARPS warps: group q takes the block's up items q, q + MG_GROUPS,
  * ... and its down row groups likewise (warp w % FFN_WARPS of the group the item's rows and the
  * group's row, as in the up and down kernels). One warp group (256 threads) measured slower:
@@ -486,8 +453,6 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
         }
         if ((threadIdx.x & 31) == 0) down_store<RF>(d, r, v);
     }
-    if (a.xs_out)
-        mg_stage_next<MODE>(d.y, d.rows, a.xs_norm, a.xs_eps, a.counters + 2, a.xs_out, sm);
     ENGINE_CU_TRACE_END();
 }
 

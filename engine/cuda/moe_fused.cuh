@@ -129,15 +129,6 @@ typedef struct {
      * 18 call 1: 495.8 against 496.6 tok/s Q4_K_M, 432.9 against 431.1 Q8_0). */
     const float *pf_norm;
     int pf_norm_n;
-    /* The whole-grid form: device or NULL. The block that counts itself last (counters[2], zero
-     * again after it) stages y, every block's rows stored, normed with xs_norm (xs_eps) as the
-     * next launch would stage it, in this launch's staging mode, and stores that staging to
-     * xs_out (engine_cu_xs_bytes(true, dn.rows) bytes, a multiple of 16): the next layer's q/k/v
-     * launch loads it instead of staging (matvec.cuh engine_cu_mv.xs). The same function as that
-     * staging, so the same bits. SPARK_CUDA_XS=0: none (the q/k/v launches stage x). */
-    uint8_t *xs_out;
-    const float *xs_norm;
-    float xs_eps;
     /* Set by the launcher (engine_cu_moe_fused) for the whole-grid form: up items and down row
      * groups per block, and the offset of the weight copies in shared memory. */
     int ipb, gpb;
