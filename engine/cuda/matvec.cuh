@@ -107,6 +107,9 @@ typedef struct {
      * 27 (SPARK_CUDA_NW_LATE=1, for an A/B), instead of before it (qdot.cuh engine_cu_stage_nw).
      * The same values either way. */
     int nw_late;
+    /* The bulk-copy form (tma): each block's rows copied as this many parts (0 or 1: one copy;
+     * SPARK_CUDA_TMA_SPLIT, the decode's q/k/v and wo launches). The same bytes. */
+    int tma_split;
 } engine_cu_mv;
 #define ENGINE_CU_MV_RING_MAX 8 /* buffers a warp, at most */
 
