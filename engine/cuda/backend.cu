@@ -162,7 +162,6 @@ struct engine_cuda_session {
     int mf_norm;  /* SPARK_CUDA_NEXT_NORM=1: it asks L2 for the next attention norm (pf_norm) */
     int mf_diag; /* SPARK_CUDA_MOE_FUSED_DIAG=bits: phases left out (diagnosis, moe_fused.cuh) */
     int mf_red;  /* SPARK_CUDA_MOE_FUSED_RED=1: its reduction by row class, no wait */
-    int mf_split; /* SPARK_CUDA_MOE_SPLIT=N: its up runs copied as N parts (split) */
     int tma_split; /* SPARK_CUDA_TMA_SPLIT=N: the q/k/v and wo rows as N copies (tma_split) */
     engine_cu_prog prog; /* the fused step's program, built at the first capture */
     uint8_t *mem;        /* one allocation: KV cache and step buffers */
@@ -686,8 +685,6 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         s->coop_mv = e && e[0] == '1';
         e = getenv("SPARK_CUDA_NW_LATE");
         s->nw_late = e && e[0] == '1';
-        e = getenv("SPARK_CUDA_MOE_SPLIT");
-        s->mf_split = e ? atoi(e) : 1;
         e = getenv("SPARK_CUDA_TMA_SPLIT");
         s->tma_split = e ? atoi(e) : 1;
         e = getenv("SPARK_CUDA_ROUTER_FUSE");
@@ -974,7 +971,6 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
         o->mf.items = s->mf_items;
         o->mf.pipe = s->mf_pipe;
         o->mf.pipe_down = s->mf_pipe_dn;
-        o->mf.split = s->mf_split;
         if (s->mf_norm && l + 1 < hp->n_layer) {
             o->mf.pf_norm = cm->layers[l + 1].attn_norm;
             o->mf.pf_norm_n = emb;

@@ -269,12 +269,12 @@ __device__ __forceinline__ void mg_copy_down(const engine_cu_ffn_down_args &d, c
  * counted on bar (expected here when own: a barrier of the item's own). */
 __device__ __forceinline__ void mg_copy_up(const engine_cu_ffn_up_args &u, const int *ids, int it,
                                            int gx, size_t urun, uint8_t *dst, uint64_t *bar,
-                                           bool own, int sp) {
+                                           bool own) {
     const int j = it / gx;
     const size_t off = (size_t)ids[j] * u.expert_bytes + (size_t)(it - j * gx) * urun;
     if (own) engine_cu_mbar_expect(bar, (unsigned)(2 * urun));
-    engine_cu_bulk_g2s_split(dst, u.gate + off, (unsigned)urun, bar, sp);
-    engine_cu_bulk_g2s_split(dst + urun, u.up + off, (unsigned)urun, bar, sp);
+    engine_cu_bulk_g2s(dst, u.gate + off, (unsigned)urun, bar);
+    engine_cu_bulk_g2s(dst + urun, u.up + off, (unsigned)urun, bar);
 }
 
 /* The copies that follow the landing of a block's up item i (its group's first thread): item
@@ -283,10 +283,10 @@ __device__ __forceinline__ void mg_next_copies(const engine_cu_ffn_up_args &u,
                                                const engine_cu_ffn_down_args &d, const int *ids,
                                                int i, int i0, int infl, int ni, int gx, size_t urun,
                                                uint8_t *ws, uint64_t *bar_it, int dn_at, int g0,
-                                               int ng, uint8_t *wd, uint64_t *bar_dn, int sp) {
+                                               int ng, uint8_t *wd, uint64_t *bar_dn) {
     const int nx = i + infl;
     if (nx < ni) {
-        mg_copy_up(u, ids, i0 + nx, gx, urun, ws + (size_t)nx * 2 * urun, &bar_it[nx], true, sp);
+        mg_copy_up(u, ids, i0 + nx, gx, urun, ws + (size_t)nx * 2 * urun, &bar_it[nx], true);
         if (dn_at == 1 && nx == ni - 1) mg_copy_down(d, ids, g0, ng, wd, bar_dn);
     }
     if (dn_at == 2 && i == ni - 1) mg_copy_down(d, ids, g0, ng, wd, bar_dn);
@@ -379,7 +379,7 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
             if (!per_item) engine_cu_mbar_expect(&bar_up, (unsigned)((size_t)ni * 2 * urun));
             for (int i = 0; i < infl; i++)
                 mg_copy_up(u, ids, i0 + i, gx, urun, ws + (size_t)i * 2 * urun,
-                           per_item ? &bar_it[i] : &bar_up, per_item, a.split);
+                           per_item ? &bar_it[i] : &bar_up, per_item);
             if (early && (dn_at == 0 || (dn_at == 1 && infl == ni)))
                 mg_copy_down(d, ids, g0, ng, wd, &bar_dn);
         }
@@ -413,7 +413,7 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
         }
         if (wl == 0 && (threadIdx.x & 31) == 0)
             mg_next_copies(u, d, ids, i, i0, infl, ni, gx, urun, ws, bar_it, dn_at, g0, ng, wd,
-                           &bar_dn, a.split); /* the group's first thread: later copies */
+                           &bar_dn); /* the group's first thread: later copies */
         const int it = i0 + i, j = it / gx, r = (it - j * gx) * 2 * FFN_WARPS + wl;
         ffn_up_rows<MODE, 2, true>(u, j, ids[j], r, xv, ws + (size_t)i * 2 * urun);
     }

@@ -120,9 +120,6 @@ typedef struct {
      * (all). In turn with 2,2 (call 4): Q8_0 487.6 / 487.4 against 477.7 / 477.4 (+2.1%), Q4_K_M
      * 570.4 / 571.0 against 571.6 / 571.8 (-0.2%, within the same-process spread): 1,1. */
     int pipe, pipe_down;
-    /* The whole-grid form: each up item's gate and up runs copied as this many parts each (0 or
-     * 1: one copy each; SPARK_CUDA_MOE_SPLIT). The same bytes. */
-    int split;
     /* The whole-grid form: pf_norm_n floats at pf_norm asked of L2 once the block's down rows
      * have landed (warp 1; NULL: none): the next layer's attention norm weights, which the q/k/v
      * launch after this one reads right after its wait. That launch's blocks cannot start beside
