@@ -162,7 +162,7 @@ struct engine_cuda_session {
     int mf_norm;  /* SPARK_CUDA_NEXT_NORM=1: it asks L2 for the next attention norm (pf_norm) */
     int mf_diag; /* SPARK_CUDA_MOE_FUSED_DIAG=bits: phases left out (diagnosis, moe_fused.cuh) */
     int mf_red;  /* SPARK_CUDA_MOE_FUSED_RED=1: its reduction by row class, no wait */
-    int tma_split; /* SPARK_CUDA_TMA_SPLIT=N: the q/k/v and wo rows as N copies (tma_split) */
+    int tma_split;       /* SPARK_CUDA_TMA_SPLIT=N: the q/k/v and wo rows as N copies (tma_split) */
     engine_cu_prog prog; /* the fused step's program, built at the first capture */
     uint8_t *mem;        /* one allocation: KV cache and step buffers */
     size_t bytes;

@@ -321,9 +321,8 @@ __device__ __forceinline__ void engine_cu_bulk_g2s(void *dst, const void *src, u
 
 /* engine_cu_bulk_g2s as `pieces` (>= 1) copies of consecutive 16-byte-multiple parts, issued in
  * order on the same barrier (bytes a multiple of 16): the same bytes in the same place. */
-__device__ __forceinline__ void engine_cu_bulk_g2s_split(void *dst, const void *src,
-                                                         unsigned bytes, uint64_t *bar,
-                                                         int pieces) {
+__device__ __forceinline__ void engine_cu_bulk_g2s_split(void *dst, const void *src, unsigned bytes,
+                                                         uint64_t *bar, int pieces) {
     const unsigned step = pieces > 1 ? ((bytes + pieces - 1) / pieces + 15u) & ~15u : bytes;
     for (unsigned o = 0; o < bytes; o += step)
         engine_cu_bulk_g2s((uint8_t *)dst + o, (const uint8_t *)src + o, min(step, bytes - o), bar);
