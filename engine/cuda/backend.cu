@@ -100,8 +100,7 @@ struct engine_cuda_session {
     int route;
     int coop;    /* SPARK_CUDA_COOP_SCALE (0/1): engine_cu_ffn_up_args.coop (also qwen35moe) */
     int coop_mv; /* SPARK_CUDA_COOP_MV=1: engine_cu_mv.coop of the qkv, router and head launches */
-    int nw_late; /* SPARK_CUDA_NW_LATE=1: engine_cu_mv.nw_late of the normed launches, mf.diag 0x40
-                  */
+    int nw_late; /* SPARK_CUDA_NW_LATE=1: the normed launches' nw_late, mf.diag 0x40 */
     bool head_r; /* the head launch reads the model's repacked copy (engine_cu_head_copy_wanted) */
     int head_rows; /* engine_cu_mv.q6r_rows (engine_cu_head_rows_env: SPARK_CUDA_HEAD_ROWS) */
     int head_ring; /* engine_cu_mv.ring of the head (engine_cu_head_ring_env) */

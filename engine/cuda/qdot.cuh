@@ -193,7 +193,7 @@ __device__ __forceinline__ engine_cu_nw_pre engine_cu_stage_nw(const float *nw, 
         const int i = 32 * w + lane, i1 = i + 32 * nwarps;
         if (i < n4) p.v[0] = __ldg(w4 + i);
         if (i1 < n4) p.v[1] = __ldg(w4 + i1);
-    } else if (MODE != ENGINE_CU_X_F32 && w < (n >> 8)) {
+    } else if (w < (n >> 8)) { /* Q8_K (p.ok: not F32) */
         const int i = w * 64 + 2 * lane;
         p.v[0] = __ldg(w4 + i);
         p.v[1] = __ldg(w4 + i + 1);
