@@ -19,7 +19,10 @@
  *   exp   the MoE launch's: a gate and an up run per item, items of 8 experts of 128 picked
  *         per launch, in a layer picked per launch (bench_bulk.cu BB_EXPERT)
  *   hot   every block the same C runs (L2 hits after the first launch)
- * Destinations: 128-byte aligned plus SHIFT bytes (0, 16, 48, 80). Per configuration: the
+ * Destinations: 128-byte aligned plus SHIFT bytes (0, 16, 48, 80). Each configuration twice:
+ * "bulk" (thread 0's cp.async.bulk copies) and "async" (the same bytes as every thread's
+ * 16-byte cp.async through the load/store units, issued before one wait), so that what a
+ * multiprocessor's bulk-copy unit takes in can be set against its load path. Per configuration: the
  * medians and p90 over blocks and launches of issue and land time (us after thread 0's first
  * clock), and the launch time (CUDA events) as GB/s of the bytes copied. */
 #include <stdint.h>
@@ -57,6 +60,26 @@ __device__ __forceinline__ uint64_t bb_clock() {
     return t;
 }
 
+/* The source offset of copy c of block b (the modes above). */
+__device__ __forceinline__ size_t bb_off(int mode, int b, int c, int copies, unsigned run,
+                                         size_t n_pages, unsigned seed) {
+    if (mode == BB_SEQ) return ((size_t)b * copies + c) * run;
+    if (mode == BB_PAGE_MODE) { /* a page per copy: a hash of (launch, b, c) */
+        const uint32_t h = bb_hash(seed ^ (uint32_t)(b * BB_MAX_COPIES + c) * 0x9e3779b9u);
+        return (size_t)(h % (uint32_t)n_pages) * BB_PAGE;
+    }
+    if (mode == BB_EXPERT) {
+        const size_t eb = (size_t)BB_ITEMS * run, tb = (size_t)BB_EXPERTS * eb;
+        const uint32_t layers = (uint32_t)(n_pages * BB_PAGE / (2 * tb));
+        const uint32_t layer = bb_hash(seed) % (layers ? layers : 1u);
+        const int item = b * (copies / 2) + c / 2, slot = (item / BB_ITEMS) % BB_USED;
+        const uint32_t e = bb_hash(seed + 977u * (uint32_t)slot) % BB_EXPERTS;
+        return (size_t)layer * 2 * tb + (size_t)(c & 1) * tb + (size_t)e * eb +
+               (size_t)(item % BB_ITEMS) * run;
+    }
+    return (size_t)c * run;
+}
+
 /* times[2 b]: issue, times[2 b + 1]: land, ns after thread 0's first clock */
 __global__ void __launch_bounds__(BB_THREADS, 1)
     bb_kernel(const uint8_t *src, size_t n_pages, int mode, int copies, unsigned run, int shift,
@@ -70,29 +93,44 @@ __global__ void __launch_bounds__(BB_THREADS, 1)
         t0 = bb_clock();
         engine_cu_mbar_expect(&bar, (unsigned)copies * run);
         for (int c = 0; c < copies; c++) {
-            size_t off;
-            if (mode == BB_SEQ) {
-                off = ((size_t)b * copies + c) * run;
-            } else if (mode == BB_PAGE_MODE) { /* a page per copy: a hash of (launch, b, c) */
-                const uint32_t h = bb_hash(seed ^ (uint32_t)(b * BB_MAX_COPIES + c) * 0x9e3779b9u);
-                off = (size_t)(h % (uint32_t)n_pages) * BB_PAGE;
-            } else if (mode == BB_EXPERT) {
-                const size_t eb = (size_t)BB_ITEMS * run, tb = (size_t)BB_EXPERTS * eb;
-                const uint32_t layers = (uint32_t)(n_pages * BB_PAGE / (2 * tb));
-                const uint32_t layer = bb_hash(seed) % (layers ? layers : 1u);
-                const int item = b * (copies / 2) + c / 2, slot = (item / BB_ITEMS) % BB_USED;
-                const uint32_t e = bb_hash(seed + 977u * (uint32_t)slot) % BB_EXPERTS;
-                off = (size_t)layer * 2 * tb + (size_t)(c & 1) * tb + (size_t)e * eb +
-                      (size_t)(item % BB_ITEMS) * run;
-            } else {
-                off = (size_t)c * run;
-            }
+            const size_t off = bb_off(mode, b, c, copies, run, n_pages, seed);
             engine_cu_bulk_g2s(bb_smem + shift + (size_t)c * run, src + off, run, &bar);
         }
         t1 = bb_clock();
     }
     __syncthreads();
     engine_cu_mbar_wait(&bar, 0);
+    if (threadIdx.x == 0) {
+        const uint64_t t2 = bb_clock();
+        times[2 * b] = (uint32_t)(t1 - t0);
+        times[2 * b + 1] = (uint32_t)(t2 - t0);
+    }
+}
+
+/* The same bytes by every thread's 16-byte cp.async (the load/store units' path, many requests
+ * in flight per thread) instead of the bulk-copy unit: times as bb_kernel's, "issue" when thread
+ * 0 has issued its part. */
+__global__ void __launch_bounds__(BB_THREADS, 1)
+    bb_async_kernel(const uint8_t *src, size_t n_pages, int mode, int copies, unsigned run,
+                    int shift, unsigned seed, uint32_t *times) {
+    extern __shared__ __align__(128) uint8_t bb_smem[];
+    const int b = blockIdx.x;
+    const unsigned per = run / 16u;
+    uint64_t t0 = 0, t1 = 0;
+    if (threadIdx.x == 0) t0 = bb_clock();
+    for (int c = 0; c < copies; c++) {
+        const uint8_t *s0 = src + bb_off(mode, b, c, copies, run, n_pages, seed);
+        uint8_t *d0 = bb_smem + shift + (size_t)c * run;
+        for (unsigned i = threadIdx.x; i < per; i += BB_THREADS)
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
+                             (unsigned)__cvta_generic_to_shared(d0 + 16u * i)),
+                         "l"(s0 + 16u * i)
+                         : "memory");
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    if (threadIdx.x == 0) t1 = bb_clock();
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    __syncthreads();
     if (threadIdx.x == 0) {
         const uint64_t t2 = bb_clock();
         times[2 * b] = (uint32_t)(t1 - t0);
@@ -170,49 +208,53 @@ int main(int argc, char **argv) {
     BB_CK(cudaEventCreate(&e1));
     printf("%s, %d SMs, %.1f GiB of sources (%zu pages of 2 MiB), runs of %u bytes, %d launches\n",
            prop.name, sms, (double)bytes / (1u << 30), n_pages, run, launches);
-    printf(
-        "mode copies shift | issue us median p90 | land us median p90 | launch us median | GB/s\n");
+    printf("eng   mode copies shift | issue us median p90 | land us median p90 | launch us median "
+           "| GB/s\n");
     static const char *const names[] = {"seq", "page", "exp", "hot"};
     static const int copies_set[] = {1, 2, 4, 6, 16};
     static const int shifts[] = {0, 16, 48, 80};
-    for (int mode = 0; mode < 4; mode++)
-        for (int ci = 0; ci < (int)(sizeof copies_set / sizeof copies_set[0]); ci++)
-            for (int si = 0; si < (int)(sizeof shifts / sizeof shifts[0]); si++) {
-                const int copies = copies_set[ci], shift = shifts[si];
-                if (shift && copies != 2) continue; /* the shifts at one size */
-                const size_t smem = 128 + (size_t)copies * run;
-                if ((mode == BB_SEQ && (size_t)sms * copies * run > bytes) ||
-                    (mode == BB_EXPERT && (copies % 2 || 2 * (size_t)BB_EXPERTS * BB_ITEMS * run > bytes)) ||
-                    smem > (size_t)optin)
-                    continue;
-                BB_CK(cudaFuncSetAttribute(bb_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           (int)smem));
-                for (int l = -1; l < launches; l++) { /* l -1: a warm-up */
-                    BB_CK(cudaEventRecord(e0));
-                    bb_kernel<<<sms, BB_THREADS, smem>>>(src, n_pages, mode, copies, run, shift,
-                                                         0x1234567u + 7919u * (unsigned)(l + 1),
-                                                         times);
-                    BB_CK(cudaGetLastError());
-                    BB_CK(cudaEventRecord(e1));
-                    BB_CK(cudaEventSynchronize(e1));
-                    if (l < 0) continue;
-                    BB_CK(cudaEventElapsedTime(&ms[l], e0, e1));
-                    BB_CK(cudaMemcpy(h + (size_t)l * 2 * sms, times, sizeof(uint32_t) * 2 * sms,
-                                     cudaMemcpyDeviceToHost));
+    for (int eng = 0; eng < 2; eng++) /* 0 bulk copies, 1 every thread's cp.async */
+        for (int mode = 0; mode < 4; mode++)
+            for (int ci = 0; ci < (int)(sizeof copies_set / sizeof copies_set[0]); ci++)
+                for (int si = 0; si < (int)(sizeof shifts / sizeof shifts[0]); si++) {
+                    const int copies = copies_set[ci], shift = shifts[si];
+                    if (shift && copies != 2) continue; /* the shifts at one size */
+                    const size_t smem = 128 + (size_t)copies * run;
+                    if ((mode == BB_SEQ && (size_t)sms * copies * run > bytes) ||
+                        (mode == BB_EXPERT &&
+                         (copies % 2 || 2 * (size_t)BB_EXPERTS * BB_ITEMS * run > bytes)) ||
+                        smem > (size_t)optin)
+                        continue;
+                    BB_CK(cudaFuncSetAttribute(eng ? bb_async_kernel : bb_kernel,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               (int)smem));
+                    for (int l = -1; l < launches; l++) { /* l -1: a warm-up */
+                        BB_CK(cudaEventRecord(e0));
+                        (eng ? bb_async_kernel : bb_kernel)<<<sms, BB_THREADS, smem>>>(
+                            src, n_pages, mode, copies, run, shift,
+                            0x1234567u + 7919u * (unsigned)(l + 1), times);
+                        BB_CK(cudaGetLastError());
+                        BB_CK(cudaEventRecord(e1));
+                        BB_CK(cudaEventSynchronize(e1));
+                        if (l < 0) continue;
+                        BB_CK(cudaEventElapsedTime(&ms[l], e0, e1));
+                        BB_CK(cudaMemcpy(h + (size_t)l * 2 * sms, times, sizeof(uint32_t) * 2 * sms,
+                                         cudaMemcpyDeviceToHost));
+                    }
+                    const size_t n = (size_t)sms * launches;
+                    for (size_t i = 0; i < n; i++) {
+                        iss[i] = h[2 * i];
+                        lan[i] = h[2 * i + 1];
+                    }
+                    qsort(iss, n, sizeof *iss, bb_cmp);
+                    qsort(lan, n, sizeof *lan, bb_cmp);
+                    qsort(ms, (size_t)launches, sizeof *ms, bb_cmpf);
+                    const double lm = ms[launches / 2] * 1e3;
+                    printf("%-5s %-4s %6d %5d | %8.2f %8.2f | %8.2f %8.2f | %8.2f | %7.1f\n",
+                           eng ? "async" : "bulk", names[mode], copies, shift, iss[n / 2] / 1e3,
+                           iss[n * 9 / 10] / 1e3, lan[n / 2] / 1e3, lan[n * 9 / 10] / 1e3, lm,
+                           (double)sms * copies * run / (lm * 1e3));
                 }
-                const size_t n = (size_t)sms * launches;
-                for (size_t i = 0; i < n; i++) {
-                    iss[i] = h[2 * i];
-                    lan[i] = h[2 * i + 1];
-                }
-                qsort(iss, n, sizeof *iss, bb_cmp);
-                qsort(lan, n, sizeof *lan, bb_cmp);
-                qsort(ms, (size_t)launches, sizeof *ms, bb_cmpf);
-                const double lm = ms[launches / 2] * 1e3;
-                printf("%-4s %6d %5d | %8.2f %8.2f | %8.2f %8.2f | %8.2f | %7.1f\n", names[mode],
-                       copies, shift, iss[n / 2] / 1e3, iss[n * 9 / 10] / 1e3, lan[n / 2] / 1e3,
-                       lan[n * 9 / 10] / 1e3, lm, (double)sms * copies * run / (lm * 1e3));
-            }
     free(h), free(iss), free(lan), free(ms);
     cudaFree(src), cudaFree(times);
     return 0;
