@@ -158,10 +158,10 @@ struct engine_cuda_session {
     int mf_pre; /* SPARK_CUDA_MOE_FUSED_PRE=1: its down items preloaded (moe_fused.cuh preload) */
     int mf_items; /* SPARK_CUDA_MOE_ITEMS=1: the grid form's per-item barriers (moe_fused.cuh) */
     int mf_pipe, mf_pipe_dn; /* SPARK_CUDA_MOE_PIPE=I[,D]: the order of its copies (pipe) */
+    unsigned mf_pace;        /* SPARK_CUDA_MOE_PACE=NS: its later up items paced (pace_ns) */
     int mf_norm;  /* SPARK_CUDA_NEXT_NORM=1: it asks L2 for the next attention norm (pf_norm) */
     int mf_diag; /* SPARK_CUDA_MOE_FUSED_DIAG=bits: phases left out (diagnosis, moe_fused.cuh) */
     int mf_red;  /* SPARK_CUDA_MOE_FUSED_RED=1: its reduction by row class, no wait */
-    int tma_split;       /* SPARK_CUDA_TMA_SPLIT=N: the q/k/v and wo rows as N copies (tma_split) */
     engine_cu_prog prog; /* the fused step's program, built at the first capture */
     uint8_t *mem;        /* one allocation: KV cache and step buffers */
     size_t bytes;
@@ -653,6 +653,8 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
             s->mf_pipe = pi > 0 && pi < 8 ? (int)pi : 0;
             s->mf_pipe_dn = pd > 0 && pd < 3 ? (int)pd : 0;
         }
+        e = getenv("SPARK_CUDA_MOE_PACE");
+        s->mf_pace = e ? (unsigned)strtoul(e, NULL, 10) : 0u;
         e = getenv("SPARK_CUDA_NEXT_NORM");
         s->mf_norm = e && e[0] == '1';
         e = getenv("SPARK_CUDA_MOE_FUSED_RED");
@@ -684,8 +686,6 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         s->coop_mv = e && e[0] == '1';
         e = getenv("SPARK_CUDA_NW_LATE");
         s->nw_late = e && e[0] == '1';
-        e = getenv("SPARK_CUDA_TMA_SPLIT");
-        s->tma_split = e ? atoi(e) : 1;
         e = getenv("SPARK_CUDA_ROUTER_FUSE");
         s->rf = (e ? e[0] == '1' : SPARK_CUDA_ROUTER_FUSE_DEFAULT) && !s->fused &&
                 !s->route_once && !s->down_routes;
@@ -824,7 +824,6 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
     mv->coop = s->coop_mv;
     mv->nw_late = s->nw_late;
     mv->tma = (s->route & ENGINE_CU_ROUTE_TMA_MV) != 0; /* the launchers check it applies */
-    mv->tma_split = s->tma_split;
 
     engine_cu_att at = {s->q,
                         s->k,
@@ -857,7 +856,6 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
     mv->cols = (int)hp->n_head * hd;
     mv->x = s->att;
     mv->tma = (s->route & ENGINE_CU_ROUTE_TMA_MV) != 0;
-    mv->tma_split = s->tma_split;
 
     engine_cu_ffn_up_args *up = &o->up;
     engine_cu_ffn_down_args *dn = &o->dn;
@@ -970,6 +968,7 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
         o->mf.items = s->mf_items;
         o->mf.pipe = s->mf_pipe;
         o->mf.pipe_down = s->mf_pipe_dn;
+        o->mf.pace_ns = s->mf_pace;
         if (s->mf_norm && l + 1 < hp->n_layer) {
             o->mf.pf_norm = cm->layers[l + 1].attn_norm;
             o->mf.pf_norm_n = emb;

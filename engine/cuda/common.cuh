@@ -319,15 +319,6 @@ __device__ __forceinline__ void engine_cu_bulk_g2s(void *dst, const void *src, u
 #endif
 }
 
-/* engine_cu_bulk_g2s as `pieces` (>= 1) copies of consecutive 16-byte-multiple parts, issued in
- * order on the same barrier (bytes a multiple of 16): the same bytes in the same place. */
-__device__ __forceinline__ void engine_cu_bulk_g2s_split(void *dst, const void *src, unsigned bytes,
-                                                         uint64_t *bar, int pieces) {
-    const unsigned step = pieces > 1 ? ((bytes + pieces - 1) / pieces + 15u) & ~15u : bytes;
-    for (unsigned o = 0; o < bytes; o += step)
-        engine_cu_bulk_g2s((uint8_t *)dst + o, (const uint8_t *)src + o, min(step, bytes - o), bar);
-}
-
 __device__ __forceinline__ void engine_cu_mbar_wait(uint64_t *bar, unsigned parity) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("{\n"
@@ -342,6 +333,42 @@ __device__ __forceinline__ void engine_cu_mbar_wait(uint64_t *bar, unsigned pari
     (void)bar;
     (void)parity;
 #endif
+}
+
+/* Whether the phase of parity of bar has completed (engine_cu_mbar_wait's test, no wait). */
+__device__ __forceinline__ bool engine_cu_mbar_done(uint64_t *bar, unsigned parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    unsigned r;
+    asm volatile("{\n"
+                 ".reg .pred p;\n"
+                 "mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                 "selp.u32 %0, 1, 0, p;\n"
+                 "}\n"
+                 : "=r"(r)
+                 : "r"(engine_cu_smem_addr(bar)), "r"(parity)
+                 : "memory");
+    return r != 0;
+#else
+    (void)bar;
+    (void)parity;
+    return true;
+#endif
+}
+
+/* The global timer, ns. */
+__device__ __forceinline__ uint64_t engine_cu_ns() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+/* Named barrier id (1..15; 0 is __syncthreads') of n threads (a multiple of 32): wait there, or
+ * only arrive. Memory ordered as at __syncthreads for the threads that wait. */
+__device__ __forceinline__ void engine_cu_bar_sync(int id, int n) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
+}
+__device__ __forceinline__ void engine_cu_bar_arrive(int id, int n) {
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory");
 }
 
 /* Order this thread's earlier generic-proxy accesses of shared memory (and, after a barrier,

@@ -107,12 +107,6 @@ typedef struct {
      * 27 (SPARK_CUDA_NW_LATE=1, for an A/B), instead of before it (qdot.cuh engine_cu_stage_nw).
      * The same values either way. */
     int nw_late;
-    /* The bulk-copy form (tma): each block's rows copied as this many parts (0 or 1: one copy,
-     * the default; SPARK_CUDA_TMA_SPLIT, the decode's q/k/v and wo launches). The same bytes.
-     * Session 28 call D (H200, tg128 in one process): Q4_K_M 575.1 tok/s with 4 parts, 571.9
-     * with 8, against 571.1 / 571.4 with one; to be confirmed before it becomes the default.
-     * The MoE launch's up runs in 4 or 8 parts measured 568.7 and 555.4 (dropped). */
-    int tma_split;
 } engine_cu_mv;
 #define ENGINE_CU_MV_RING_MAX 8 /* buffers a warp, at most */
 

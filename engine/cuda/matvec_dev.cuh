@@ -233,8 +233,7 @@ __device__ __forceinline__ void mv_block_tma(const engine_cu_mv &a, int bx, uint
         const int r0 = (bx - first) * PER, nr = min(PER, a.m[mi].rows - r0);
         engine_cu_mbar_init(&tma_bar);
         engine_cu_mbar_expect(&tma_bar, (unsigned)(nr * rb));
-        engine_cu_bulk_g2s_split(ws, a.m[mi].w + (size_t)r0 * rb, (unsigned)(nr * rb), &tma_bar,
-                                 a.tma_split);
+        engine_cu_bulk_g2s(ws, a.m[mi].w + (size_t)r0 * rb, (unsigned)(nr * rb), &tma_bar);
     }
     if (a.norm_w && (threadIdx.x >> 5) == ENGINE_CU_MV_WARPS - 1) /* read by every block: L2 */
         engine_cu_prefetch_l2((const uint8_t *)a.norm_w, sizeof(float) * (size_t)a.cols);
