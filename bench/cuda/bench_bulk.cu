@@ -19,6 +19,10 @@
  *   exp   the MoE launch's: a gate and an up run per item, items of 8 experts of 128 picked
  *         per launch, in a layer picked per launch (bench_bulk.cu BB_EXPERT)
  *   hot   every block the same C runs (L2 hits after the first launch)
+ *   seqr  as seq from a page drawn per launch (as a launch's weight rows: new pages each launch)
+ * seqr and exp also "+w": a launch before each timed one reads one word of every page the timed
+ * one's copies read, so that their address translations are warm and their data is not
+ * (-w 1: only those, bulk copies).
  * Destinations: 128-byte aligned plus SHIFT bytes (0, 16, 48, 80). Each configuration twice:
  * "bulk" (thread 0's cp.async.bulk copies) and "async" (the same bytes as every thread's
  * 16-byte cp.async through the load/store units, issued before one wait), so that what a
@@ -36,7 +40,7 @@
 #define BB_MAX_COPIES 16
 #define BB_PAGE ((size_t)2 << 20)
 
-enum { BB_SEQ, BB_PAGE_MODE, BB_EXPERT, BB_HOT };
+enum { BB_SEQ, BB_PAGE_MODE, BB_EXPERT, BB_HOT, BB_SEQR };
 
 /* BB_EXPERT: the MoE launch's pattern. A layer is a gate and an up tensor of BB_EXPERTS experts
  * of BB_ITEMS runs each, one after the other; a launch picks a layer and BB_USED experts (a
@@ -77,7 +81,27 @@ __device__ __forceinline__ size_t bb_off(int mode, int b, int c, int copies, uns
         return (size_t)layer * 2 * tb + (size_t)(c & 1) * tb + (size_t)e * eb +
                (size_t)(item % BB_ITEMS) * run;
     }
+    if (mode == BB_SEQR) { /* seq from a page drawn per launch (the pages change each launch) */
+        const size_t span = (size_t)BB_MAX_COPIES * 256 * run / BB_PAGE + 1;
+        const uint32_t base = bb_hash(seed) % (uint32_t)(n_pages > span ? n_pages - span : 1);
+        return (size_t)base * BB_PAGE + ((size_t)b * copies + c) * run;
+    }
     return (size_t)c * run;
+}
+
+/* Reads one word at the end of each 2 MiB page that copy c of block b (thread c) will read, so
+ * that the address translations of the timed launch after it are warm (the pages' data is not:
+ * a 16-byte word a page). */
+__global__ void bb_touch_kernel(const uint8_t *src, size_t n_pages, int mode, int copies,
+                                unsigned run, unsigned seed, unsigned *sink) {
+    const int c = threadIdx.x;
+    if (c >= copies) return;
+    const size_t off = bb_off(mode, blockIdx.x, c, copies, run, n_pages, seed);
+    const size_t p0 = off / BB_PAGE, p1 = (off + run - 1) / BB_PAGE;
+    unsigned v = 0;
+    for (size_t p = p0; p <= p1; p++)
+        v += __ldcg((const unsigned *)(src + (p + 1) * BB_PAGE - 16));
+    if (v == 0x9e3779b9u) *sink = v; /* never: keeps the loads */
 }
 
 /* times[2 b]: issue, times[2 b + 1]: land, ns after thread 0's first clock */
@@ -160,12 +184,14 @@ static int bb_cmpf(const void *a, const void *b) {
 int main(int argc, char **argv) {
     double gib = 16.0;
     unsigned run = 18432;
-    int launches = 50;
+    int launches = 50, warm_only = 0; /* -w 1: only the seqr / exp modes, cold and warm, bulk */
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "-g"))
             gib = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "-r"))
             run = (unsigned)strtoul(argv[i + 1], NULL, 10);
+        else if (!strcmp(argv[i], "-w"))
+            warm_only = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-n"))
             launches = atoi(argv[i + 1]);
         else {
@@ -210,13 +236,18 @@ int main(int argc, char **argv) {
            prop.name, sms, (double)bytes / (1u << 30), n_pages, run, launches);
     printf("eng   mode copies shift | issue us median p90 | land us median p90 | launch us median "
            "| GB/s\n");
-    static const char *const names[] = {"seq", "page", "exp", "hot"};
+    static const char *const names[] = {"seq", "page", "exp", "hot", "seqr"};
     static const int copies_set[] = {1, 2, 4, 6, 16};
     static const int shifts[] = {0, 16, 48, 80};
-    for (int eng = 0; eng < 2; eng++) /* 0 bulk copies, 1 every thread's cp.async */
-        for (int mode = 0; mode < 4; mode++)
+    for (int eng = 0; eng < 2; eng++)  /* 0 bulk copies, 1 every thread's cp.async */
+        for (int mw = 0; mw < 7; mw++) /* mode, and for seqr / exp cold or warm translations */
             for (int ci = 0; ci < (int)(sizeof copies_set / sizeof copies_set[0]); ci++)
                 for (int si = 0; si < (int)(sizeof shifts / sizeof shifts[0]); si++) {
+                    static const int mws[7][2] = {{0, 0}, {1, 0}, {2, 0}, {3, 0},
+                                                  {4, 0}, {4, 1}, {2, 1}};
+                    const int mode = mws[mw][0], warm = mws[mw][1];
+                    if ((warm_only && (eng || (mode != BB_SEQR && mode != BB_EXPERT)))) continue;
+                    if (warm && eng) continue;
                     const int copies = copies_set[ci], shift = shifts[si];
                     if (shift && copies != 2) continue; /* the shifts at one size */
                     const size_t smem = 128 + (size_t)copies * run;
@@ -229,6 +260,10 @@ int main(int argc, char **argv) {
                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                (int)smem));
                     for (int l = -1; l < launches; l++) { /* l -1: a warm-up */
+                        if (warm)
+                            bb_touch_kernel<<<sms, 32>>>(src, n_pages, mode, copies, run,
+                                                         0x1234567u + 7919u * (unsigned)(l + 1),
+                                                         times);
                         BB_CK(cudaEventRecord(e0));
                         (eng ? bb_async_kernel : bb_kernel)<<<sms, BB_THREADS, smem>>>(
                             src, n_pages, mode, copies, run, shift,
@@ -250,10 +285,10 @@ int main(int argc, char **argv) {
                     qsort(lan, n, sizeof *lan, bb_cmp);
                     qsort(ms, (size_t)launches, sizeof *ms, bb_cmpf);
                     const double lm = ms[launches / 2] * 1e3;
-                    printf("%-5s %-4s %6d %5d | %8.2f %8.2f | %8.2f %8.2f | %8.2f | %7.1f\n",
-                           eng ? "async" : "bulk", names[mode], copies, shift, iss[n / 2] / 1e3,
-                           iss[n * 9 / 10] / 1e3, lan[n / 2] / 1e3, lan[n * 9 / 10] / 1e3, lm,
-                           (double)sms * copies * run / (lm * 1e3));
+                    printf("%-5s %-4s%-2s %6d %5d | %8.2f %8.2f | %8.2f %8.2f | %8.2f | %7.1f\n",
+                           eng ? "async" : "bulk", names[mode], warm ? "+w" : "", copies, shift,
+                           iss[n / 2] / 1e3, iss[n * 9 / 10] / 1e3, lan[n / 2] / 1e3,
+                           lan[n * 9 / 10] / 1e3, lm, (double)sms * copies * run / (lm * 1e3));
                 }
     free(h), free(iss), free(lan), free(ms);
     cudaFree(src), cudaFree(times);
