@@ -362,6 +362,18 @@ __device__ __forceinline__ uint64_t engine_cu_ns() {
     return t;
 }
 
+/* One word of every 2 MiB page of bytes at p (and its last word), this caller's share: lanes of
+ * warp `part` of `parts` (a warp's lanes take consecutive pages), so that the pages' address
+ * translations are warm for later copies. Nothing is kept. */
+__device__ __forceinline__ void engine_cu_touch_pages(const uint8_t *p, size_t bytes, int part,
+                                                      int parts) {
+    const size_t pg = (size_t)2 << 20, n = (bytes + pg - 1) / pg;
+    for (size_t i = (size_t)part * 32 + (threadIdx.x & 31); i <= n; i += (size_t)parts * 32) {
+        const uint8_t *q = p + (i < n ? i * pg : bytes - 4);
+        asm volatile("{\n.reg .u32 t;\nld.volatile.global.u32 t, [%0];\n}" ::"l"(q) : "memory");
+    }
+}
+
 /* Named barrier id (1..15; 0 is __syncthreads') of n threads (a multiple of 32): wait there, or
  * only arrive. Memory ordered as at __syncthreads for the threads that wait. */
 __device__ __forceinline__ void engine_cu_bar_sync(int id, int n) {

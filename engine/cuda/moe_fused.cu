@@ -346,6 +346,11 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     }
     if (u.norm_w && w == FFN_WARPS - 1)
         engine_cu_prefetch_l2((const uint8_t *)u.norm_w, sizeof(float) * (size_t)u.cols);
+    if (a.tlb_warm && w == 1) { /* moe_fused.cuh tlb_warm */
+        engine_cu_touch_pages(u.gate, (size_t)u.n_expert * u.expert_bytes, b, nb);
+        engine_cu_touch_pages(u.up, (size_t)u.n_expert * u.expert_bytes, b, nb);
+        engine_cu_touch_pages(d.down, (size_t)u.n_expert * d.expert_bytes, b, nb);
+    }
     /* the staging warps' norm weights (qdot.cuh engine_cu_stage_nw), before the wait */
     const bool nw_pre = !(a.diag & MG_DIAG_NW_LATE);
     const engine_cu_nw_pre nwp = engine_cu_stage_x_nw<MODE>(nw_pre ? u.norm_w : nullptr, u.cols, 1);
@@ -718,6 +723,7 @@ extern "C" int engine_cuda_op_moe_fused(
         a.pipe = (flags >> 5) & 7;  /* the order of its copies */
         a.pipe_down = (flags >> 8) & 3;
         a.pace_ns = 100u * (unsigned)((flags >> 10) & 63); /* the later items paced */
+        a.tlb_warm = (flags >> 16) & 1;
         a.partial = (float *)(m + off[10]);
         a.counters = (unsigned *)(m + off[11]);
         const char *why = engine_cu_moe_fused_why(&a);

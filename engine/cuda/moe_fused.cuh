@@ -130,6 +130,11 @@ typedef struct {
      * so one item at a time leaves that latency idle between items, and all at once delays the
      * first. SPARK_CUDA_MOE_PACE=NS; 0 (the default) off. The same copies and arithmetic. */
     unsigned pace_ns;
+    /* The whole-grid form: tlb_warm != 0 has warp 1 of each block read one word of its share of
+     * the 2 MiB pages of the layer's gate, up and down expert tensors before the wait, so that
+     * their address translations are warm when the copies of the experts picked go
+     * (SPARK_CUDA_TLB_WARM=1, off by default; an A/B). The same copies and arithmetic. */
+    int tlb_warm;
     /* The whole-grid form: pf_norm_n floats at pf_norm asked of L2 once the block's down rows
      * have landed (warp 1; NULL: none): the next layer's attention norm weights, which the q/k/v
      * launch after this one reads right after its wait. That launch's blocks cannot start beside
