@@ -158,8 +158,6 @@ struct engine_cuda_session {
     int mf_pre; /* SPARK_CUDA_MOE_FUSED_PRE=1: its down items preloaded (moe_fused.cuh preload) */
     int mf_items; /* SPARK_CUDA_MOE_ITEMS=1: the grid form's per-item barriers (moe_fused.cuh) */
     int mf_pipe, mf_pipe_dn; /* SPARK_CUDA_MOE_PIPE=I[,D]: the order of its copies (pipe) */
-    unsigned mf_pace;        /* SPARK_CUDA_MOE_PACE=NS: its later up items paced (pace_ns) */
-    int mf_tlb;              /* SPARK_CUDA_TLB_WARM=1: it touches its experts' pages (tlb_warm) */
     int mf_norm;  /* SPARK_CUDA_NEXT_NORM=1: it asks L2 for the next attention norm (pf_norm) */
     int mf_diag; /* SPARK_CUDA_MOE_FUSED_DIAG=bits: phases left out (diagnosis, moe_fused.cuh) */
     int mf_red;  /* SPARK_CUDA_MOE_FUSED_RED=1: its reduction by row class, no wait */
@@ -654,10 +652,6 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
             s->mf_pipe = pi > 0 && pi < 8 ? (int)pi : 0;
             s->mf_pipe_dn = pd > 0 && pd < 3 ? (int)pd : 0;
         }
-        e = getenv("SPARK_CUDA_MOE_PACE");
-        s->mf_pace = e ? (unsigned)strtoul(e, NULL, 10) : 0u;
-        e = getenv("SPARK_CUDA_TLB_WARM");
-        s->mf_tlb = e && e[0] == '1';
         e = getenv("SPARK_CUDA_NEXT_NORM");
         s->mf_norm = e && e[0] == '1';
         e = getenv("SPARK_CUDA_MOE_FUSED_RED");
@@ -971,8 +965,6 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
         o->mf.items = s->mf_items;
         o->mf.pipe = s->mf_pipe;
         o->mf.pipe_down = s->mf_pipe_dn;
-        o->mf.pace_ns = s->mf_pace;
-        o->mf.tlb_warm = s->mf_tlb;
         if (s->mf_norm && l + 1 < hp->n_layer) {
             o->mf.pf_norm = cm->layers[l + 1].attn_norm;
             o->mf.pf_norm_n = emb;

@@ -335,54 +335,6 @@ __device__ __forceinline__ void engine_cu_mbar_wait(uint64_t *bar, unsigned pari
 #endif
 }
 
-/* Whether the phase of parity of bar has completed (engine_cu_mbar_wait's test, no wait). */
-__device__ __forceinline__ bool engine_cu_mbar_done(uint64_t *bar, unsigned parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    unsigned r;
-    asm volatile("{\n"
-                 ".reg .pred p;\n"
-                 "mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                 "selp.u32 %0, 1, 0, p;\n"
-                 "}\n"
-                 : "=r"(r)
-                 : "r"(engine_cu_smem_addr(bar)), "r"(parity)
-                 : "memory");
-    return r != 0;
-#else
-    (void)bar;
-    (void)parity;
-    return true;
-#endif
-}
-
-/* The global timer, ns. */
-__device__ __forceinline__ uint64_t engine_cu_ns() {
-    uint64_t t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
-/* One word of every 2 MiB page of bytes at p (and its last word), this caller's share: lanes of
- * warp `part` of `parts` (a warp's lanes take consecutive pages), so that the pages' address
- * translations are warm for later copies. Nothing is kept. */
-__device__ __forceinline__ void engine_cu_touch_pages(const uint8_t *p, size_t bytes, int part,
-                                                      int parts) {
-    const size_t pg = (size_t)2 << 20, n = (bytes + pg - 1) / pg;
-    for (size_t i = (size_t)part * 32 + (threadIdx.x & 31); i <= n; i += (size_t)parts * 32) {
-        const uint8_t *q = p + (i < n ? i * pg : bytes - 4);
-        asm volatile("{\n.reg .u32 t;\nld.volatile.global.u32 t, [%0];\n}" ::"l"(q) : "memory");
-    }
-}
-
-/* Named barrier id (1..15; 0 is __syncthreads') of n threads (a multiple of 32): wait there, or
- * only arrive. Memory ordered as at __syncthreads for the threads that wait. */
-__device__ __forceinline__ void engine_cu_bar_sync(int id, int n) {
-    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
-}
-__device__ __forceinline__ void engine_cu_bar_arrive(int id, int n) {
-    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory");
-}
-
 /* Order this thread's earlier generic-proxy accesses of shared memory (and, after a barrier,
  * the block's) before its later bulk copies into it: a copy into space the block has read. */
 __device__ __forceinline__ void engine_cu_fence_proxy_async() {

@@ -332,9 +332,6 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     /* up items issued at the start, and when the down runs go (moe_fused.cuh pipe) */
     const int infl = per_item && a.pipe > 0 ? min(ni, a.pipe) : ni;
     const int dn_at = early && ni > 0 ? a.pipe_down : 0;
-    /* warp 0 issues items 1 .. ni - 1, paced (moe_fused.cuh pace_ns) */
-    const bool pace = a.pace_ns > 0 && per_item && infl == 1 && ni > 1 && dn_at < 2;
-    uint64_t t_iss = 0; /* warp 0's lane 0: when it issued item 0 */
     /* every block starts before a dependent can launch, so all are resident by then */
     engine_cu_pdl_launch();
     if (threadIdx.x == 0) {
@@ -346,11 +343,6 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     }
     if (u.norm_w && w == FFN_WARPS - 1)
         engine_cu_prefetch_l2((const uint8_t *)u.norm_w, sizeof(float) * (size_t)u.cols);
-    if (a.tlb_warm && w == 1) { /* moe_fused.cuh tlb_warm */
-        engine_cu_touch_pages(u.gate, (size_t)u.n_expert * u.expert_bytes, b, nb);
-        engine_cu_touch_pages(u.up, (size_t)u.n_expert * u.expert_bytes, b, nb);
-        engine_cu_touch_pages(d.down, (size_t)u.n_expert * d.expert_bytes, b, nb);
-    }
     /* the staging warps' norm weights (qdot.cuh engine_cu_stage_nw), before the wait */
     const bool nw_pre = !(a.diag & MG_DIAG_NW_LATE);
     const engine_cu_nw_pre nwp = engine_cu_stage_x_nw<MODE>(nw_pre ? u.norm_w : nullptr, u.cols, 1);
@@ -390,7 +382,6 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
                            per_item ? &bar_it[i] : &bar_up, per_item);
             if (early && (dn_at == 0 || (dn_at == 1 && infl == ni)))
                 mg_copy_down(d, ids, g0, ng, wd, &bar_dn);
-            if (pace) t_iss = engine_cu_ns();
         }
         ENGINE_CU_TRACE(10);
     }
@@ -399,31 +390,11 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
         ENGINE_CU_TRACE(9);
         if (w == 0) ffn_route_weights<true>(u, b, raw, sc, my_id, wts);
     }
-    /* warps 1 .. stage x (engine_cu_stage_x's shares); with the router fusion x + ao, scaled */
-    if (w > 0)
-        engine_cu_stage_part<MODE, false, RF>(u.x, u.cols, u.norm_w, u.eps, sm, w - 1,
-                                              MG_THREADS / 32 - 1, RF ? u.x_add : nullptr,
-                                              RF ? sc : -1.0f, &nwp);
-    if (!pace) {
-        __syncthreads();
-    } else if (w > 0) { /* meet on barrier 1 (warp 0's weights), then say x is staged */
-        engine_cu_bar_sync(1, MG_THREADS);
-        engine_cu_bar_arrive(2, MG_THREADS);
-    } else { /* warp 0: its weights out, the later items paced, then x */
-        engine_cu_bar_arrive(1, MG_THREADS);
-        if ((threadIdx.x & 31) == 0)
-            for (int nx = 1; nx < ni; nx++) {
-                const uint64_t due = t_iss + a.pace_ns;
-                while (engine_cu_ns() < due && !engine_cu_mbar_done(&bar_it[nx - 1], 0)) {
-                }
-                mg_copy_up(u, ids, i0 + nx, gx, urun, ws + (size_t)nx * 2 * urun, &bar_it[nx],
-                           true);
-                if (dn_at == 1 && nx == ni - 1) mg_copy_down(d, ids, g0, ng, wd, &bar_dn);
-                t_iss = engine_cu_ns();
-            }
-        __syncwarp();
-        engine_cu_bar_sync(2, MG_THREADS);
-    }
+    if (RF) /* warps 1 ..; ends with a barrier */
+        engine_cu_stage_x<MODE, false, true>(u.x, u.cols, u.norm_w, u.eps, sm, 1, u.x_add, sc,
+                                             &nwp);
+    else
+        engine_cu_stage_x<MODE>(u.x, u.cols, u.norm_w, u.eps, sm, 1, nullptr, -1.0f, &nwp);
     ENGINE_CU_TRACE(6);
     if (b == 0 && (int)threadIdx.x < u.k) {
         u.ids[threadIdx.x] = ids[threadIdx.x];
@@ -440,7 +411,7 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
             engine_cu_mbar_wait(&bar_it[i], 0);
             if (i == 0) ENGINE_CU_TRACE(7); /* thread 0's group: item 0 landed */
         }
-        if (!pace && wl == 0 && (threadIdx.x & 31) == 0)
+        if (wl == 0 && (threadIdx.x & 31) == 0)
             mg_next_copies(u, d, ids, i, i0, infl, ni, gx, urun, ws, bar_it, dn_at, g0, ng, wd,
                            &bar_dn); /* the group's first thread: later copies */
         const int it = i0 + i, j = it / gx, r = (it - j * gx) * 2 * FFN_WARPS + wl;
@@ -722,8 +693,6 @@ extern "C" int engine_cuda_op_moe_fused(
         a.items = (flags >> 4) & 1; /* its per-item barriers */
         a.pipe = (flags >> 5) & 7;  /* the order of its copies */
         a.pipe_down = (flags >> 8) & 3;
-        a.pace_ns = 100u * (unsigned)((flags >> 10) & 63); /* the later items paced */
-        a.tlb_warm = (flags >> 16) & 1;
         a.partial = (float *)(m + off[10]);
         a.counters = (unsigned *)(m + off[11]);
         const char *why = engine_cu_moe_fused_why(&a);

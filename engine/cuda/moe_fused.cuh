@@ -120,21 +120,6 @@ typedef struct {
      * (all). In turn with 2,2 (call 4): Q8_0 487.6 / 487.4 against 477.7 / 477.4 (+2.1%), Q4_K_M
      * 570.4 / 571.0 against 571.6 / 571.8 (-0.2%, within the same-process spread): 1,1. */
     int pipe, pipe_down;
-    /* The whole-grid form with pipe 1 (and pipe_down 0 or 1): pace_ns > 0 has warp 0 issue the
-     * block's later up items itself, item i + 1 pace_ns after item i (or once item i has landed,
-     * if sooner), instead of the group that computes item i once item i has landed; warp 0
-     * stages nothing and only arrives at the staging's barrier, and waits for the staging
-     * (named barriers 1 and 2) once it has issued them. A block's copies land ~0.75 us after
-     * issue at the earliest and then at the multiprocessor's share of the memory's rate
-     * (bench_bulk, session 29: one item of 36 KB 1.9 us, two 3.0, three 4.0, from random experts),
-     * so one item at a time leaves that latency idle between items, and all at once delays the
-     * first. SPARK_CUDA_MOE_PACE=NS; 0 (the default) off. The same copies and arithmetic. */
-    unsigned pace_ns;
-    /* The whole-grid form: tlb_warm != 0 has warp 1 of each block read one word of its share of
-     * the 2 MiB pages of the layer's gate, up and down expert tensors before the wait, so that
-     * their address translations are warm when the copies of the experts picked go
-     * (SPARK_CUDA_TLB_WARM=1, off by default; an A/B). The same copies and arithmetic. */
-    int tlb_warm;
     /* The whole-grid form: pf_norm_n floats at pf_norm asked of L2 once the block's down rows
      * have landed (warp 1; NULL: none): the next layer's attention norm weights, which the q/k/v
      * launch after this one reads right after its wait. That launch's blocks cannot start beside
