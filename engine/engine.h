@@ -403,7 +403,8 @@ typedef struct {
     double prefill_ms;          /* forward over the uncached prompt tokens */
     int32_t decode_tokens;      /* generated tokens run through the model (decode steps) */
     double decode_ms;           /* time of those decode steps */
-    double sample_ms;           /* sampler, mask hook and detokenization */
+    double sample_ms;           /* sampler, mask hook and detokenization (with the tokens drawn
+                                 * on the GPU: the host's share, run while the GPU decodes) */
     engine_stop_reason stop;
     /* speculative decoding (mtp_draft > 0): verify passes, drafted and accepted tokens in all
      * and by draft position (i = 0: the first draft of a step; a draft after a rejected one

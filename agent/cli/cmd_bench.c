@@ -340,7 +340,7 @@ int cli_bench(int argc, char **argv) {
     engine_model *m = NULL;
     engine_session *s = NULL;
     int32_t *prompt = NULL;
-    double *pp = NULL, *tg = NULL, *pp_cpu = NULL, *tg_cpu = NULL;
+    double *pp = NULL, *tg = NULL, *pp_cpu = NULL, *tg_cpu = NULL, *gen = NULL, *gen_cpu = NULL;
     engine_model_params mp = ENGINE_MODEL_PARAMS_INIT;
     mp.n_threads = threads > 0 ? (int)threads : cfg.threads;
     mp.device = (engine_device)engine_device_parse(cfg.device);
@@ -379,7 +379,9 @@ int cli_bench(int argc, char **argv) {
     tg = calloc((size_t)reps, sizeof *tg);
     pp_cpu = calloc((size_t)reps, sizeof *pp_cpu);
     tg_cpu = calloc((size_t)reps, sizeof *tg_cpu);
-    if (!prompt || !pp || !tg || !pp_cpu || !tg_cpu) {
+    gen = calloc((size_t)reps, sizeof *gen);
+    gen_cpu = calloc((size_t)reps, sizeof *gen_cpu);
+    if (!prompt || !pp || !tg || !pp_cpu || !tg_cpu || !gen || !gen_cpu) {
         cli_errorf(cmd, "out of memory");
         goto done;
     }
@@ -390,6 +392,7 @@ int cli_bench(int argc, char **argv) {
         x = x * 6364136223846793005ull + 1442695040888963407ull;
         prompt[i] = (int32_t)((x >> 33) % (uint64_t)range);
     }
+    const bool gen_row = info.device == ENGINE_DEVICE_CUDA && n_gen > 0;
     for (long r = -1; r < reps; r++) { /* r = -1: warm-up (page in the weights) */
         engine_session_truncate(s, 0);
         if (depth > 0 && engine_session_append(s, prompt, (size_t)depth, NULL) != 0) {
@@ -412,6 +415,27 @@ int cli_bench(int argc, char **argv) {
             }
         }
         double c2 = cpu_ms(), t2 = now_ms();
+        /* on the GPU also the generation loop (engine_generate, greedy): the tokens drawn on the
+         * GPU, only ids crossing to the host; its decode time and tokens from its stats */
+        engine_gen_stats gs;
+        memset(&gs, 0, sizeof gs);
+        if (gen_row) {
+            engine_gen_params gp = ENGINE_GEN_PARAMS_INIT;
+            gp.prompt = prompt;
+            gp.n_prompt = (size_t)(depth + np);
+            gp.max_tokens = (int32_t)n_gen;
+            gp.sampling.temperature = 0.0f;
+            gp.ignore_eog = true;
+            if (engine_generate(s, &gp, NULL, NULL, &gs) != 0) {
+                cli_errorf(cmd, "%s", engine_error_last());
+                goto done;
+            }
+        }
+        double c3 = cpu_ms();
+        if (r >= 0 && gen_row) {
+            gen[r] = gs.decode_ms > 0 ? gs.decode_tokens * 1e3 / gs.decode_ms : 0.0;
+            gen_cpu[r] = c3 > c2 ? gs.decode_tokens * 1e3 / (c3 - c2) : 0.0;
+        }
         if (r >= 0) {
             pp[r] = n_prompt > 0 ? n_prompt * 1e3 / (t1 - t0) : 0.0;
             tg[r] = n_gen > 0 ? n_gen * 1e3 / (t2 - t1) : 0.0;
@@ -431,17 +455,18 @@ int cli_bench(int argc, char **argv) {
     printf("| %.36s | %.10s | %.10s | %.7s | %.7s | %.10s | %.18s | %.11s |\n",
            "------------------------------------", "----------", "----------", "-------",
            "-------", "----------", "------------------", "-----------");
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < 3; k++) {
         long n = k == 0 ? n_prompt : n_gen;
-        if (n == 0) continue;
+        if (n == 0 || (k == 2 && !gen_row)) continue;
         double mean, sd, cmean, csd;
-        mean_sd(k == 0 ? pp : tg, (int)reps, &mean, &sd);
-        mean_sd(k == 0 ? pp_cpu : tg_cpu, (int)reps, &cmean, &csd);
-        char test[40], ts[32], size[16];
+        mean_sd(k == 0 ? pp : k == 1 ? tg : gen, (int)reps, &mean, &sd);
+        mean_sd(k == 0 ? pp_cpu : k == 1 ? tg_cpu : gen_cpu, (int)reps, &cmean, &csd);
+        char test[48], ts[32], size[16];
+        const char *kind = k == 0 ? "pp" : "tg", *tail = k == 2 ? " gen" : "";
         if (depth > 0)
-            snprintf(test, sizeof test, "%s%ld@d%ld", k == 0 ? "pp" : "tg", n, depth);
+            snprintf(test, sizeof test, "%s%ld@d%ld%s", kind, n, depth, tail);
         else
-            snprintf(test, sizeof test, "%s%ld", k == 0 ? "pp" : "tg", n);
+            snprintf(test, sizeof test, "%s%ld%s", kind, n, tail);
         snprintf(ts, sizeof ts, "%.2f ± %.2f", mean, sd);
         snprintf(size, sizeof size, "%.2f MiB", file_mib);
         printf("| %-36.36s | %10s | %10s | %-7s | %7d | %10s | %20s | %11.2f |\n", desc, size,
@@ -457,6 +482,11 @@ int cli_bench(int argc, char **argv) {
     }
     double anon, mapped;
     rss_split(&anon, &mapped);
+    if (gen_row)
+        printf("\ntg: a token at a time through engine_session_append, its logits copied to the "
+               "host (llama-bench's tg); tg gen: engine_generate (greedy), every token drawn on "
+               "the GPU with the steps queued ahead of the host, only token ids crossing (what "
+               "`spark-agent complete` and the agent get).\n");
     printf("\nt/CPU-s: tokens per second of process CPU time (all threads): the speed without "
            "other load on the machine when threads = 1; spinning waits count against it.\n");
     printf("peak RSS %.1f MiB for a model file of %.1f MiB; now %.1f MiB anonymous (KV cache, "
@@ -470,6 +500,8 @@ done:
     free(tg);
     free(pp_cpu);
     free(tg_cpu);
+    free(gen);
+    free(gen_cpu);
     engine_session_free(s);
     engine_model_free(m);
     return ret;

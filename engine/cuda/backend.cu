@@ -80,6 +80,11 @@ struct engine_cuda_model {
     int rf_state;
 };
 
+/* engine_cuda_stream: steps queued ahead of the token the host waits for (the GPU never waits
+ * on the host while it handles one token), and the events' ring (> the steps in flight) */
+#define ENGINE_CUDA_STREAM_AHEAD 2
+#define ENGINE_CUDA_STREAM_RING 4
+
 struct engine_cuda_session {
     engine_cuda_model *cm;
     int32_t n_ctx;
@@ -87,6 +92,13 @@ struct engine_cuda_session {
     cudaStream_t stream;
     cudaGraphExec_t exec;
     bool captured;
+    /* the step with the truncated draw (engine_cu_sample_topk), captured at its first use */
+    cudaGraphExec_t exec_tk;
+    bool tk; /* while capturing: which sampler the step launches */
+    /* engine_cuda_stream: the tokens' copies on a stream of their own, into pinned memory */
+    cudaStream_t copy_st;
+    cudaEvent_t ev_step[ENGINE_CUDA_STREAM_RING], ev_copy[ENGINE_CUDA_STREAM_RING];
+    int32_t *h_tok; /* [n_ctx], pinned */
     int touch; /* SPARK_CUDA_TOUCH=1: weights into L1 before use (measured slower: off) */
     /* Diagnosis only (wrong results): SPARK_CUDA_DIAG_SKIP / SPARK_CUDA_DIAG_TWICE, bit masks
      * of the per-layer ops (1 qkv, 2 attention, 4 wo, 8 router, 16 up, 32 down) left out of /
@@ -172,6 +184,7 @@ struct engine_cuda_session {
     float *rope;        /* [n_ctx][hd / 2][2] cos, sin */
     unsigned *counters; /* [n_head + 2]: attention heads, sampler, router's routing */
     int32_t *ids, *out;
+    uint64_t *skeys; /* the truncated draw's candidate lists (engine_cu_sample_topk) */
     engine_cu_step *step;
     engine_cu_step *h_step; /* pinned host copy */
 };
@@ -546,8 +559,8 @@ done:
  * Sessions
  * ------------------------------------------------------------------------------------------- */
 typedef struct {
-    size_t kv_layer, x, q, kv, att, router, h, logits, partial, sscratch, ids, wts, counters, step,
-        out, rope, ao, mf_part, mf_ctr, total;
+    size_t kv_layer, x, q, kv, att, router, h, logits, partial, sscratch, skeys, ids, wts, counters,
+        step, out, rope, ao, mf_part, mf_ctr, total;
 } sess_layout;
 
 static sess_layout layout(const engine_cuda_model *cm, int32_t n_ctx, engine_kv_type kv) {
@@ -567,6 +580,7 @@ static sess_layout layout(const engine_cuda_model *cm, int32_t n_ctx, engine_kv_
     z.partial =
         align256(sizeof(float) * hp->n_head * (size_t)engine_cu_att_max_splits(n_ctx) * (hd + 2));
     z.sscratch = align256(sizeof(float) * 2 * ENGINE_CU_SAMPLE_BLOCKS);
+    z.skeys = align256(sizeof(uint64_t) * ENGINE_CU_TOPK_KEYS);
     z.ids = align256(sizeof(int32_t) * k);
     z.wts = align256(sizeof(float) * k);
     z.counters = align256(sizeof(unsigned) * (hp->n_head + 2));
@@ -581,7 +595,8 @@ static sess_layout layout(const engine_cuda_model *cm, int32_t n_ctx, engine_kv_
         z.mf_ctr = align256(sizeof(unsigned) * engine_cu_moe_fused_counters((int)k, (int)nff));
     }
     z.total = 2 * hp->n_layer * z.kv_layer + z.x + z.q + 2 * z.kv + z.att + z.router + z.h +
-              z.logits + z.partial + z.sscratch + z.ids + z.wts + z.counters + z.step + z.out +
+              z.logits + z.partial + z.sscratch + z.skeys + z.ids + z.wts + z.counters + z.step +
+              z.out +
               z.rope + z.ao + z.mf_part + z.mf_ctr;
     return z;
 }
@@ -727,7 +742,8 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
     CARVE(q, q, float)
     CARVE(k, kv, float) CARVE(v, kv, float) CARVE(att, att, float) CARVE(router, router, float)
         CARVE(h, h, float) CARVE(logits, logits, float) CARVE(partial, partial, float)
-            CARVE(sscratch, sscratch, float) CARVE(ids, ids, int32_t) CARVE(wts, wts, float)
+            CARVE(sscratch, sscratch, float) CARVE(skeys, skeys, uint64_t)
+                CARVE(ids, ids, int32_t) CARVE(wts, wts, float)
                 CARVE(counters, counters, unsigned) CARVE(step, step, engine_cu_step)
                     CARVE(out, out, int32_t) CARVE(rope, rope, float) CARVE(ao, ao, float)
                         CARVE(mf_part, mf_part, float) CARVE(mf_ctr, mf_ctr, unsigned)
@@ -747,6 +763,7 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
     }
     CU(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
     CU(cudaMallocHost((void **)&s->h_step, sizeof *s->h_step));
+    memset(s->h_step, 0, sizeof *s->h_step); /* top_k 0: no truncation unless asked */
     if ((s->mfuse || s->mf_grid) && hp->n_expert) mf_log(s);
     *out = s;
     s = NULL;
@@ -759,8 +776,15 @@ extern "C" void engine_cuda_session_free(engine_cuda_session *s) {
     if (!s) return;
     cudaSetDevice(s->cm->device);
     if (s->exec) cudaGraphExecDestroy(s->exec);
+    if (s->exec_tk) cudaGraphExecDestroy(s->exec_tk);
     engine_cu_prog_free(&s->prog);
     if (s->stream) cudaStreamDestroy(s->stream);
+    if (s->copy_st) cudaStreamDestroy(s->copy_st);
+    for (int i = 0; i < ENGINE_CUDA_STREAM_RING; i++) {
+        if (s->ev_step[i]) cudaEventDestroy(s->ev_step[i]);
+        if (s->ev_copy[i]) cudaEventDestroy(s->ev_copy[i]);
+    }
+    cudaFreeHost(s->h_tok);
     cudaFreeHost(s->h_step);
     cudaFree(s->mem);
     free(s->k_cache);
@@ -1113,12 +1137,17 @@ static void enqueue_step(engine_cuda_session *s, step_prof *p, route_trace *t) {
     mv.ring = s->head_ring;
     if (!(s->diag_skip & 64u)) engine_cu_matvec(&mv, st);
     mark(p, 7, st);
-    engine_cu_sample(s->logits, (int)hp->n_vocab, s->step, s->out, s->sscratch,
-                     s->counters + hp->n_head, st);
+    if (s->tk)
+        engine_cu_sample_topk(s->logits, (int)hp->n_vocab, s->step, s->out, s->sscratch, s->skeys,
+                              s->counters + hp->n_head, st);
+    else
+        engine_cu_sample(s->logits, (int)hp->n_vocab, s->step, s->out, s->sscratch,
+                         s->counters + hp->n_head, st);
     mark(p, 8, st);
 }
 
-static int capture(engine_cuda_session *s) {
+/* Capture the step (tk: with the truncated draw) into s->exec or s->exec_tk. */
+static int capture(engine_cuda_session *s, bool tk) {
     int rc = 0;
     cudaGraph_t g = NULL;
     if (s->fused && !s->prog.total && (rc = prog_build(s))) {
@@ -1127,21 +1156,24 @@ static int capture(engine_cuda_session *s) {
         s->fused = 0;
         rc = 0;
     }
+    if (tk) CU(engine_cu_sample_topk_prepare());
+    s->tk = tk;
     CU(cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal));
     enqueue_step(s, NULL, NULL);
+    s->tk = false;
     CU(cudaStreamEndCapture(s->stream, &g));
     CU(cudaGetLastError());
-    CU(cudaGraphInstantiate(&s->exec, g, 0));
-    s->captured = true;
+    CU(cudaGraphInstantiate(tk ? &s->exec_tk : &s->exec, g, 0));
+    if (!tk) s->captured = true;
 done:
+    s->tk = false;
     if (g) cudaGraphDestroy(g);
     return rc;
 }
 
 /* Set the step state and run n steps. */
-static int run_steps(engine_cuda_session *s, int32_t token, int32_t pos, int32_t n, float temp,
-                     uint64_t seed) {
-    int rc = 0;
+/* The positions and token of n steps from token at pos: 0 or an engine error. */
+static int run_steps_check(const engine_cuda_session *s, int32_t token, int32_t pos, int32_t n) {
     const engine_hparams *hp = &s->cm->m->hp;
     if (pos < 0 || n < 1 || pos > s->n_ctx - n)
         return engine_err(ENGINE_ERANGE,
@@ -1151,14 +1183,22 @@ static int run_steps(engine_cuda_session *s, int32_t token, int32_t pos, int32_t
     if (token < 0 || (uint32_t)token >= hp->n_vocab)
         return engine_err(ENGINE_EINVAL, "cuda decode: token id %d is not in [0, %u)", token,
                           hp->n_vocab);
+    return 0;
+}
+
+static int run_steps(engine_cuda_session *s, int32_t token, int32_t pos, int32_t n, float temp,
+                     uint64_t seed) {
+    int rc = run_steps_check(s, token, pos, n);
+    if (rc) return rc;
     CU(cudaSetDevice(s->cm->device));
-    if (!s->captured && (rc = capture(s))) goto done;
+    if (!s->captured && (rc = capture(s, false))) goto done;
     s->h_step->token = token;
     s->h_step->pos = pos;
     s->h_step->n_out = 0;
     s->h_step->out_cap = n;
     s->h_step->seed = seed;
     s->h_step->temp = temp;
+    s->h_step->top_k = 0;
     CU(cudaMemcpyAsync(s->step, s->h_step, sizeof *s->h_step, cudaMemcpyHostToDevice, s->stream));
     for (int32_t i = 0; i < n; i++)
         CU(cudaGraphLaunch(s->exec, s->stream));
@@ -1189,6 +1229,85 @@ extern "C" int engine_cuda_generate(engine_cuda_session *s, int32_t token, int32
     CU(cudaStreamSynchronize(s->stream));
 done:
     return rc;
+}
+
+extern "C" bool engine_cuda_stream_ok(const engine_cuda_session *s, const engine_cuda_sampling *p) {
+    if (p->temperature <= 0.0f) return true; /* greedy: the truncation does not apply */
+    const int32_t nv = (int32_t)s->cm->m->hp.n_vocab;
+    if (p->top_k > 0 && p->top_k < nv) /* the host sampler truncates only below n_vocab */
+        return p->top_k <= ENGINE_CU_TOPK_MAX &&
+               nv <= ENGINE_CU_SAMPLE_BLOCKS * ENGINE_CU_TOPK_SLICE;
+    return p->top_p >= 1.0f && p->min_p <= 0.0f; /* the whole softmax: the Gumbel draw */
+}
+
+/* The pinned token ring, the copy stream and its events, at a session's first stream. */
+static int stream_prepare(engine_cuda_session *s) {
+    int rc = 0;
+    if (s->h_tok) return 0;
+    CU(cudaStreamCreateWithFlags(&s->copy_st, cudaStreamNonBlocking));
+    for (int i = 0; i < ENGINE_CUDA_STREAM_RING; i++) {
+        CU(cudaEventCreateWithFlags(&s->ev_step[i], cudaEventDisableTiming));
+        CU(cudaEventCreateWithFlags(&s->ev_copy[i], cudaEventDisableTiming));
+    }
+    CU(cudaMallocHost((void **)&s->h_tok, sizeof(int32_t) * (size_t)s->n_ctx));
+done:
+    return rc;
+}
+
+extern "C" int engine_cuda_stream(engine_cuda_session *s, int32_t token, int32_t pos,
+                                  int32_t n_max, const engine_cuda_sampling *p,
+                                  engine_cuda_token_fn cb, void *user, int32_t *n_steps) {
+    int rc = 0, cb_rc = 0;
+    int32_t launched = 0, done_n = 0;
+    *n_steps = 0;
+    if (!engine_cuda_stream_ok(s, p))
+        return engine_err(ENGINE_EUNSUPPORTED,
+                          "cuda stream: this sampling (top_k %d, top_p %g, min_p %g) is the host "
+                          "sampler's",
+                          p->top_k, (double)p->top_p, (double)p->min_p);
+    const int32_t nv = (int32_t)s->cm->m->hp.n_vocab;
+    const bool tk = p->temperature > 0.0f && p->top_k > 0 && p->top_k < nv;
+    if ((rc = run_steps_check(s, token, pos, n_max))) return rc;
+    CU(cudaSetDevice(s->cm->device));
+    if ((rc = stream_prepare(s))) goto done;
+    if (!s->captured && (rc = capture(s, false))) goto done;
+    if (tk && !s->exec_tk && (rc = capture(s, true))) goto done;
+    s->h_step->token = token;
+    s->h_step->pos = pos;
+    s->h_step->n_out = 0;
+    s->h_step->out_cap = n_max;
+    s->h_step->seed = p->seed;
+    s->h_step->temp = p->temperature;
+    s->h_step->top_k = tk ? p->top_k : 0;
+    s->h_step->top_p = p->top_p;
+    s->h_step->min_p = p->min_p;
+    CU(cudaMemcpyAsync(s->step, s->h_step, sizeof *s->h_step, cudaMemcpyHostToDevice, s->stream));
+    /* step i samples token i: its copy follows it on the copy stream, so the step stream runs
+     * on while the host reads; at most ENGINE_CUDA_STREAM_AHEAD steps past the one awaited */
+    while (done_n < n_max) {
+        while (launched < n_max && launched < done_n + ENGINE_CUDA_STREAM_AHEAD) {
+            const int e = launched % ENGINE_CUDA_STREAM_RING;
+            CU(cudaGraphLaunch(tk ? s->exec_tk : s->exec, s->stream));
+            CU(cudaEventRecord(s->ev_step[e], s->stream));
+            CU(cudaStreamWaitEvent(s->copy_st, s->ev_step[e], 0));
+            CU(cudaMemcpyAsync(s->h_tok + launched, s->out + launched, sizeof(int32_t),
+                               cudaMemcpyDeviceToHost, s->copy_st));
+            CU(cudaEventRecord(s->ev_copy[e], s->copy_st));
+            launched++;
+        }
+        CU(cudaEventSynchronize(s->ev_copy[done_n % ENGINE_CUDA_STREAM_RING]));
+        const int32_t t = s->h_tok[done_n++];
+        if ((cb_rc = cb(user, t)) != 0) break;
+    }
+done:
+    /* the steps queued past a stop run out; their positions hold nothing the caller keeps */
+    if (s->stream) {
+        const cudaError_t e1 = cudaStreamSynchronize(s->stream);
+        const cudaError_t e2 = s->copy_st ? cudaStreamSynchronize(s->copy_st) : cudaSuccess;
+        if (!rc) rc = cu_err(e1 != cudaSuccess ? e1 : e2, "cudaStreamSynchronize (stream)");
+    }
+    *n_steps = done_n;
+    return rc ? rc : cb_rc < 0 ? cb_rc : 0;
 }
 
 extern "C" int engine_cuda_profile(engine_cuda_session *s, int32_t token, int32_t pos, int reps,

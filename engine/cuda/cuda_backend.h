@@ -83,6 +83,31 @@ int engine_cuda_decode(engine_cuda_session *s, int32_t token, int32_t pos, float
 int engine_cuda_generate(engine_cuda_session *s, int32_t token, int32_t pos, int32_t n,
                          float temperature, uint64_t seed, int32_t *out);
 
+/* Generation with every token drawn on the GPU and only token ids crossing to the host, the
+ * steps queued ahead of the host so the GPU does not wait for it: step i consumes token (i = 0)
+ * or the token step i - 1 drew, at position pos + i, and draws the next; cb(user, t) gets
+ * each drawn token in order and returns 0 to go on, > 0 to stop there, or a negative engine
+ * error to stop with. At most n_max steps (pos + n_max <= n_ctx); *n_steps = the steps whose
+ * tokens cb received. Steps queued past a stop still run (at most ENGINE_CUDA_STREAM_AHEAD - 1
+ * = 1): their K/V lies past pos + *n_steps, which later steps overwrite. The draw: greedy
+ * (temperature <= 0; ties to the lower id), or the host sampler's truncation (top_k <=
+ * 64, then top_p, min_p; engine/sample/sampler.c) and softmax(l / T) with a uniform hashed from
+ * (seed, i), or, with no truncation, the Gumbel draw of engine_cuda_generate. No mask, bias
+ * or penalties: engine_cuda_stream_ok says whether the GPU can draw with p (else
+ * ENGINE_EUNSUPPORTED). Returns 0, cb's error, or an engine error. */
+typedef struct {
+    float temperature;
+    int32_t top_k; /* 0 or >= n_vocab: off */
+    float top_p;   /* 1: off */
+    float min_p;   /* 0: off */
+    uint64_t seed;
+} engine_cuda_sampling;
+typedef int (*engine_cuda_token_fn)(void *user, int32_t token);
+bool engine_cuda_stream_ok(const engine_cuda_session *s, const engine_cuda_sampling *p);
+int engine_cuda_stream(engine_cuda_session *s, int32_t token, int32_t pos, int32_t n_max,
+                       const engine_cuda_sampling *p, engine_cuda_token_fn cb, void *user,
+                       int32_t *n_steps);
+
 /* Where a decode step's time goes: the step run un-captured with an event after each launch,
  * reps times; us[i] = mean microseconds per step of category i (embed, qkv, attention, wo,
  * router, ffn_up, ffn_down, head, sample). Launch gaps count towards the next kernel. */
@@ -156,6 +181,11 @@ int engine_cuda_op_moe_fused(engine_type up_type, engine_type down_type, int n_e
  * the per-session draw counter (0 for the first token). */
 int engine_cuda_op_sample(const float *logits, int n, float temperature, uint64_t seed,
                           int32_t step, int32_t *out);
+
+/* The truncated draw of engine_cuda_stream on n logits (top_k in 1..64): the token, and *u
+ * the uniform it drew with (for a reference draw). */
+int engine_cuda_op_sample_topk(const float *logits, int n, const engine_cuda_sampling *p,
+                               int32_t step, int32_t *out, double *u);
 
 /* The router fusion (router_fuse.cuh) of one layer: builds rm [n_expert][n_embd + n_att] = R | M
  * (R = W_r diag(g), M = R Wo, F32) from wo (n_embd rows of n_att values, wo_rb bytes each) and

@@ -329,6 +329,42 @@ extern "C" int engine_cuda_op_route(const float *logits, int n, int k, bool norm
     return a.get(weights, dw, sizeof(float) * (size_t)k);
 }
 
+extern "C" int engine_cuda_op_sample_topk(const float *logits, int n, const engine_cuda_sampling *p,
+                                          int32_t step, int32_t *out, double *u) {
+    int rc = engine_cuda_usable();
+    if (rc) return rc;
+    if (n < 1 || n > ENGINE_CU_SAMPLE_BLOCKS * ENGINE_CU_TOPK_SLICE || p->temperature <= 0.0f ||
+        p->top_k < 1 || p->top_k > ENGINE_CU_TOPK_MAX)
+        return engine_err(ENGINE_EINVAL, "sample_topk: %d logits, top_k %d, T %g", n, p->top_k,
+                          (double)p->temperature);
+    engine_cu_step hs;
+    memset(&hs, 0, sizeof hs);
+    hs.n_out = step;
+    hs.out_cap = step + 1;
+    hs.seed = p->seed;
+    hs.temp = p->temperature;
+    hs.top_k = p->top_k;
+    hs.top_p = p->top_p;
+    hs.min_p = p->min_p;
+    dev_arena a;
+    const float *dl = a.put<float>(logits, sizeof(float) * (size_t)n);
+    engine_cu_step *ds = a.put<engine_cu_step>(&hs, sizeof hs);
+    int32_t *dout = a.put<int32_t>(nullptr, sizeof(int32_t) * (size_t)(step + 1));
+    float *dsc = a.put<float>(nullptr, sizeof(float) * 2 * ENGINE_CU_SAMPLE_BLOCKS);
+    uint64_t *dk = a.put<uint64_t>(nullptr, sizeof(uint64_t) * ENGINE_CU_TOPK_KEYS);
+    unsigned *dc = a.put<unsigned>(nullptr, sizeof(unsigned));
+    if (a.rc) return a.rc;
+    if (cudaError_t e = engine_cu_sample_topk_prepare()) {
+        a.fail(e, "cudaFuncSetAttribute (sample_topk)");
+        return a.rc;
+    }
+    engine_cu_sample_topk(dl, n, ds, dout, dsc, dk, dc, 0);
+    if ((rc = a.get(&hs, ds, sizeof hs))) return rc;
+    *out = hs.token;
+    *u = engine_cu_key_uniform(engine_cu_draw_key(p->seed, step));
+    return 0;
+}
+
 extern "C" int engine_cuda_op_sample(const float *logits, int n, float temperature, uint64_t seed,
                                      int32_t step, int32_t *out) {
     int rc = engine_cuda_usable();

@@ -29,13 +29,6 @@ void engine_cu_embed(const uint8_t *emb, size_t row_bytes, int type, int n_embd,
                      row_bytes, type, n_embd, step, x);
 }
 
-__device__ __forceinline__ uint64_t splitmix64(uint64_t z) {
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 /* better = (v > bv) or (v == bv and i < bi) */
 __device__ __forceinline__ void arg_better(float v, int i, float *bv, int *bi) {
     if (v > *bv || (v == *bv && i < *bi)) {
@@ -69,29 +62,191 @@ __device__ void block_argmax(float *bv, int *bi) {
     }
 }
 
+/* The top-k draw's keys: (orderable logit bits << 32) | ~id, so that a larger key is a larger
+ * logit, ties to the lower id (as arg_better); NaN is -inf. 0: no candidate. */
+__device__ __forceinline__ uint64_t topk_key(float v, int i) {
+    if (v != v) v = -INFINITY;
+    uint32_t u = __float_as_uint(v);
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return ((uint64_t)u << 32) | (uint32_t)~(uint32_t)i;
+}
+__device__ __forceinline__ float topk_val(uint64_t k) {
+    uint32_t u = (uint32_t)(k >> 32);
+    return __uint_as_float((u & 0x80000000u) ? (u & 0x7fffffffu) : ~u);
+}
+__device__ __forceinline__ int topk_id(uint64_t k) { return (int)~(uint32_t)k; }
+
+/* One warp: the k largest keys of n_lists lists, each of len keys sorted descending at
+ * lists[j * len ..], into out[0 .. k) descending (0 past the last key). cur: n_lists bytes of
+ * shared memory (the lists' cursors; len <= 255). Lane l keeps the best head of its lists l,
+ * l + 32, ...; each round takes the warp's largest and the winning lane moves on. Keys are
+ * distinct (one id each), so one lane wins. Lane 0 stores every key of out. */
+__device__ void warp_topk(const uint64_t *lists, int n_lists, int len, int k, uint8_t *cur,
+                          uint64_t *out) {
+    const int lane = threadIdx.x & 31;
+    uint64_t best = 0;
+    int bj = -1;
+    for (int j = lane; j < n_lists; j += 32) {
+        cur[j] = 0;
+        const uint64_t v = lists[(size_t)j * len];
+        if (v > best) best = v, bj = j;
+    }
+    __syncwarp();
+    for (int r = 0; r < k; r++) {
+        uint64_t m = best;
+        for (int o = 16; o > 0; o >>= 1) {
+            const uint64_t x = __shfl_xor_sync(0xffffffffu, m, o);
+            m = x > m ? x : m;
+        }
+        if (lane == 0) out[r] = m;
+        if (m == 0) { /* the lists are spent */
+            if (lane == 0)
+                for (int q = r + 1; q < k; q++)
+                    out[q] = 0;
+            break;
+        }
+        if (best == m) { /* the lane's own lists and cursors only */
+            cur[bj]++;
+            best = 0;
+            bj = -1;
+            for (int j = lane; j < n_lists; j += 32) {
+                const int cj = cur[j];
+                if (cj < len) {
+                    const uint64_t v = lists[(size_t)j * len + cj];
+                    if (v > best) best = v, bj = j;
+                }
+            }
+        }
+    }
+    __syncwarp();
+}
+
+/* Inclusive prefix sum over the warp's lanes. */
+__device__ __forceinline__ float warp_scan(float v) {
+    const int lane = threadIdx.x & 31;
+    for (int o = 1; o < 32; o <<= 1) {
+        const float x = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += x;
+    }
+    return v;
+}
+
+/* Warp 0 of the last block: the draw from the merged candidates c[0 .. k) (descending keys):
+ * the host sampler's softmax(l / T) over them, top_p, min_p, then the first candidate whose
+ * running sum passes u * sum. Lane l holds candidates l and l + 32. Returns the id (every
+ * lane), 0 where no candidate is finite. */
+__device__ int topk_draw(const uint64_t *c, int k, const engine_cu_step *step, double u) {
+    const int lane = threadIdx.x & 31;
+    const float inv_t = 1.0f / step->temp;
+    float x[2], p[2];
+    bool live[2];
+    for (int h = 0; h < 2; h++) {
+        const int i = lane + 32 * h;
+        const uint64_t key = i < k ? c[i] : 0;
+        const float v = key ? topk_val(key) : -INFINITY;
+        live[h] = v > -INFINITY;
+        x[h] = v * inv_t;
+    }
+    const unsigned m0 = __ballot_sync(0xffffffffu, live[0]), m1 = __ballot_sync(0xffffffffu, live[1]);
+    const int n_live = __popc(m0) + __popc(m1); /* a prefix: the keys descend */
+    if (n_live == 0) return 0;
+    const float mx = __shfl_sync(0xffffffffu, x[0], 0);
+    float z = 0.0f;
+    for (int h = 0; h < 2; h++) {
+        p[h] = live[h] ? expf(x[h] - mx) : 0.0f;
+        z += p[h];
+    }
+    for (int o = 16; o > 0; o >>= 1)
+        z += __shfl_xor_sync(0xffffffffu, z, o);
+    for (int h = 0; h < 2; h++)
+        p[h] /= z;
+    /* running sums over the candidates in order */
+    float cum[2];
+    cum[0] = warp_scan(p[0]);
+    const float tot0 = __shfl_sync(0xffffffffu, cum[0], 31);
+    cum[1] = warp_scan(p[1]) + tot0;
+    int n = n_live;
+    if (step->top_p < 1.0f) { /* the first candidate whose running sum reaches top_p ends it */
+        const unsigned r0 = __ballot_sync(0xffffffffu, live[0] && cum[0] >= step->top_p),
+                       r1 = __ballot_sync(0xffffffffu, live[1] && cum[1] >= step->top_p);
+        if (r0) n = __ffs(r0);
+        else if (r1) n = 32 + __ffs(r1);
+    }
+    if (step->min_p > 0.0f) { /* p descends: the candidates above the threshold are a prefix */
+        const float thr = step->min_p * __shfl_sync(0xffffffffu, p[0], 0);
+        const int keep = __popc(__ballot_sync(0xffffffffu, live[0] && p[0] >= thr)) +
+                         __popc(__ballot_sync(0xffffffffu, live[1] && p[1] >= thr));
+        n = keep < n ? keep : n;
+    }
+    /* the draw over candidates 0 .. n-1 */
+    const float sum = __shfl_sync(0xffffffffu, n > 32 ? cum[1] : cum[0], (n - 1) & 31);
+    const float r = (float)(u * (double)sum);
+    const unsigned h0 = __ballot_sync(0xffffffffu, lane < n && r < cum[0]),
+                   h1 = __ballot_sync(0xffffffffu, lane + 32 < n && r < cum[1]);
+    const int pick = h0 ? __ffs(h0) - 1 : h1 ? 31 + __ffs(h1) : n - 1;
+    return topk_id(c[pick]);
+}
+
+/* the top-k launch's dynamic shared memory: a block's slice as keys, its warps' lists and
+ * cursors; in the last block every block's list, the merged one and the cursors */
+#define TK_SMEM_A (ENGINE_CU_TOPK_SLICE * 8 + 8 * ENGINE_CU_TOPK_MAX * 8 + ENGINE_CU_TOPK_SLICE)
+#define TK_SMEM_B (ENGINE_CU_TOPK_KEYS * 8 + ENGINE_CU_TOPK_MAX * 8 + ENGINE_CU_SAMPLE_BLOCKS)
+#define TK_SMEM (TK_SMEM_A > TK_SMEM_B ? TK_SMEM_A : TK_SMEM_B)
+
+__device__ __forceinline__ unsigned dyn_smem_bytes() {
+    unsigned r;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));
+    return r;
+}
+
 __global__ void sample_kernel(const float *logits, int n, engine_cu_step *step, int32_t *out,
-                              float *scratch, unsigned *counter) {
+                              float *scratch, uint64_t *keys, unsigned *counter) {
     __shared__ int s_last;
+    extern __shared__ __align__(16) uint8_t tk_smem[];
     engine_cu_pdl_launch();
     engine_cu_pdl_wait();
     const float temp = step->temp;
-    const uint64_t key = splitmix64(step->seed ^ splitmix64((uint64_t)step->n_out + 1));
+    const uint64_t key = engine_cu_draw_key(step->seed, step->n_out);
+    const int top_k = step->top_k;
+    /* the truncated draw: only in a launch that brought its keys and shared memory */
+    const bool tk = temp > 0.0f && top_k > 0 && top_k <= ENGINE_CU_TOPK_MAX && keys &&
+                    dyn_smem_bytes() >= TK_SMEM &&
+                    n <= (int)gridDim.x * ENGINE_CU_TOPK_SLICE;
     float bv = -INFINITY;
     int bi = 0x7fffffff;
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-        float v = logits[i];
-        if (temp > 0.0f) {
-            /* 53-bit uniform in (0, 1) */
-            double u = ((double)(splitmix64(key + (uint64_t)i) >> 11) + 0.5) * 0x1.0p-53;
-            v = (float)((double)v / temp - log(-log(u)));
+    if (tk) {
+        /* the block's slice as keys, each warp's top_k of its part, the block's of those */
+        uint64_t *sk = (uint64_t *)tk_smem, *wl = sk + ENGINE_CU_TOPK_SLICE;
+        uint8_t *cur = (uint8_t *)(wl + 8 * ENGINE_CU_TOPK_MAX);
+        const int per = (n + (int)gridDim.x - 1) / (int)gridDim.x;
+        const int i0 = (int)blockIdx.x * per, cnt = max(0, min(per, n - i0));
+        for (int i = threadIdx.x; i < cnt; i += blockDim.x)
+            sk[i] = topk_key(logits[i0 + i], i0 + i);
+        __syncthreads();
+        const int w = threadIdx.x >> 5, nw = blockDim.x >> 5, wp = (cnt + nw - 1) / nw;
+        const int w0 = min(cnt, w * wp), wn = min(cnt, w0 + wp) - w0;
+        warp_topk(sk + w0, wn, 1, top_k, cur + w * (ENGINE_CU_TOPK_SLICE / 8),
+                  wl + w * top_k);
+        __syncthreads();
+        if (w == 0) warp_topk(wl, nw, top_k, top_k, cur, keys + (size_t)blockIdx.x * top_k);
+    } else {
+        for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+            float v = logits[i];
+            if (temp > 0.0f) {
+                /* 53-bit uniform in (0, 1) */
+                double u = engine_cu_key_uniform(engine_cu_splitmix64(key + (uint64_t)i));
+                v = (float)((double)v / temp - log(-log(u)));
+            }
+            if (v != v) v = -INFINITY; /* NaN never wins */
+            arg_better(v, i, &bv, &bi);
         }
-        if (v != v) v = -INFINITY; /* NaN never wins */
-        arg_better(v, i, &bv, &bi);
+        block_argmax(&bv, &bi);
     }
-    block_argmax(&bv, &bi);
     if (threadIdx.x == 0) {
-        scratch[2 * blockIdx.x] = bv;
-        ((int *)scratch)[2 * blockIdx.x + 1] = bi;
+        if (!tk) {
+            scratch[2 * blockIdx.x] = bv;
+            ((int *)scratch)[2 * blockIdx.x + 1] = bi;
+        }
         __threadfence();
         unsigned done = atomicAdd(counter, 1u);
         s_last = done == gridDim.x - 1;
@@ -99,11 +254,25 @@ __global__ void sample_kernel(const float *logits, int n, engine_cu_step *step, 
     __syncthreads();
     if (!s_last) return;
     __threadfence();
-    bv = -INFINITY;
-    bi = 0x7fffffff;
-    for (int b = threadIdx.x; b < (int)gridDim.x; b += blockDim.x)
-        arg_better(__ldcg(scratch + 2 * b), __ldcg((const int *)scratch + 2 * b + 1), &bv, &bi);
-    block_argmax(&bv, &bi);
+    if (tk) {
+        /* every block's list, merged by warp 0, and the draw */
+        uint64_t *all = (uint64_t *)tk_smem, *fin = all + ENGINE_CU_TOPK_KEYS;
+        uint8_t *cur = (uint8_t *)(fin + ENGINE_CU_TOPK_MAX);
+        const int nk = (int)gridDim.x * top_k;
+        for (int i = threadIdx.x; i < nk; i += blockDim.x)
+            all[i] = __ldcg(keys + i);
+        __syncthreads();
+        if (threadIdx.x < 32) {
+            warp_topk(all, (int)gridDim.x, top_k, top_k, cur, fin);
+            bi = topk_draw(fin, top_k, step, engine_cu_key_uniform(key));
+        }
+    } else {
+        bv = -INFINITY;
+        bi = 0x7fffffff;
+        for (int b = threadIdx.x; b < (int)gridDim.x; b += blockDim.x)
+            arg_better(__ldcg(scratch + 2 * b), __ldcg((const int *)scratch + 2 * b + 1), &bv, &bi);
+        block_argmax(&bv, &bi);
+    }
     if (threadIdx.x == 0) {
         if (bi == 0x7fffffff) bi = 0; /* every logit -inf or NaN: a defined answer */
         step->token = bi;
@@ -117,7 +286,22 @@ __global__ void sample_kernel(const float *logits, int n, engine_cu_step *step, 
 void engine_cu_sample(const float *logits, int n, engine_cu_step *step, int32_t *out,
                       float *scratch, unsigned *counter, cudaStream_t stream) {
     engine_cu_launch(sample_kernel, dim3(ENGINE_CU_SAMPLE_BLOCKS), dim3(256), 0, stream, logits, n,
-                     step, out, scratch, counter);
+                     step, out, scratch, (uint64_t *)nullptr, counter);
+}
+
+size_t engine_cu_topk_smem(void) { return TK_SMEM; }
+
+cudaError_t engine_cu_sample_topk_prepare(void) {
+    return cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)TK_SMEM);
+}
+
+void engine_cu_sample_topk(const float *logits, int n, engine_cu_step *step, int32_t *out,
+                           float *scratch, uint64_t *keys, unsigned *counter, cudaStream_t stream) {
+    static_assert(ENGINE_CU_TOPK_MAX <= 255, "a cursor is a byte");
+    engine_cu_launch(sample_kernel, dim3(ENGINE_CU_SAMPLE_BLOCKS), dim3(256), (size_t)TK_SMEM,
+                     stream, logits, n, step, out, scratch, keys,
+                     counter);
 }
 
 ENGINE_CU_TRACE_TU(sample)

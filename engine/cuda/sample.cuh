@@ -23,10 +23,37 @@ typedef struct {
     int32_t out_cap;
     uint64_t seed;
     float temp; /* <= 0: greedy */
+    /* truncation, with temp > 0 and only in a launch of engine_cu_sample_topk (else ignored):
+     * top_k in 1..ENGINE_CU_TOPK_MAX keeps the top_k largest logits, then top_p (< 1: the
+     * smallest prefix whose probabilities reach it) and min_p (> 0: p >= min_p * p_max), the
+     * host sampler's order (engine/sample/sampler.c) */
+    int32_t top_k;
+    float top_p, min_p;
     int32_t pad;
 } engine_cu_step;
 
+/* The draw's hashes: the key of the draw numbered n_out under seed, and a uniform in (0, 1)
+ * from a key's 53 high bits (the Gumbel draw hashes key + i per logit). */
+__host__ __device__ __forceinline__ uint64_t engine_cu_splitmix64(uint64_t z) {
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+__host__ __device__ __forceinline__ uint64_t engine_cu_draw_key(uint64_t seed, int32_t n_out) {
+    return engine_cu_splitmix64(seed ^ engine_cu_splitmix64((uint64_t)n_out + 1));
+}
+__host__ __device__ __forceinline__ double engine_cu_key_uniform(uint64_t key) {
+    return ((double)(key >> 11) + 0.5) * 0x1.0p-53;
+}
+
 #define ENGINE_CU_SAMPLE_BLOCKS 128
+#define ENGINE_CU_TOPK_MAX 64
+/* the top-k launch: logits a block holds at most (n <= ENGINE_CU_SAMPLE_BLOCKS * this), its
+ * global scratch (the blocks' candidate lists) and its dynamic shared memory */
+#define ENGINE_CU_TOPK_SLICE 2048
+#define ENGINE_CU_TOPK_KEYS (ENGINE_CU_SAMPLE_BLOCKS * ENGINE_CU_TOPK_MAX)
+size_t engine_cu_topk_smem(void);
 
 /* x[t n_embd .. (t + 1) n_embd) = row `step[t].token` of the embedding (any supported type),
  * t < m, in one launch. */
@@ -37,5 +64,14 @@ void engine_cu_embed(const uint8_t *emb, size_t row_bytes, int type, int n_embd,
  * step->pos++. scratch: 2 * ENGINE_CU_SAMPLE_BLOCKS values; counter: one zeroed unsigned. */
 void engine_cu_sample(const float *logits, int n, engine_cu_step *step, int32_t *out,
                       float *scratch, unsigned *counter, cudaStream_t stream);
+/* The same, and where step->temp > 0 and step->top_k is in 1..ENGINE_CU_TOPK_MAX the
+ * truncated draw: each block's top_k candidates into keys (ENGINE_CU_TOPK_KEYS values), the
+ * last block's merge of them, softmax(l / T), top_p, min_p and a draw with the uniform of
+ * (seed, n_out). n <= ENGINE_CU_SAMPLE_BLOCKS * ENGINE_CU_TOPK_SLICE. Launched with
+ * engine_cu_topk_smem() bytes of dynamic shared memory, above the default limit:
+ * engine_cu_sample_topk_prepare raises it (on the current device; not during a capture). */
+cudaError_t engine_cu_sample_topk_prepare(void);
+void engine_cu_sample_topk(const float *logits, int n, engine_cu_step *step, int32_t *out,
+                           float *scratch, uint64_t *keys, unsigned *counter, cudaStream_t stream);
 
 #endif

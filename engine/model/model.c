@@ -646,6 +646,70 @@ const int32_t *engine_session_tokens(const engine_session *s) {
     return s->tokens;
 }
 
+bool engine_session_gpu_draws(const engine_session *s, const engine_sampling_params *p) {
+#ifdef SPARK_HAVE_CUDA
+    const char *e = getenv("SPARK_CUDA_GEN_LOOP");
+    if (!s->cuda || s->m->q35 || (e && e[0] == '0') || p->mask || p->accept ||
+        p->n_logit_bias || p->repeat_penalty != 1.0f || p->presence_penalty != 0.0f ||
+        p->frequency_penalty != 0.0f)
+        return false;
+    const engine_cuda_sampling cs = {p->temperature, p->top_k, p->top_p, p->min_p, p->seed};
+    return engine_cuda_stream_ok(s->cuda, &cs);
+#else
+    (void)s;
+    (void)p;
+    return false;
+#endif
+}
+
+#ifdef SPARK_HAVE_CUDA
+typedef struct {
+    engine_session *s;
+    int32_t prev; /* the token the step that drew the next one consumed */
+    int (*cb)(void *, int32_t);
+    void *user;
+} gpu_gen;
+
+static int gpu_gen_token(void *user, int32_t t) {
+    gpu_gen *g = user;
+    g->s->tokens[g->s->n_tokens++] = g->prev;
+    g->prev = t;
+    return g->cb(g->user, t);
+}
+#endif
+
+int engine_session_gpu_generate(engine_session *s, int32_t token, int32_t n_max,
+                                const engine_sampling_params *p, int (*cb)(void *, int32_t),
+                                void *user) {
+#ifdef SPARK_HAVE_CUDA
+    if (!engine_session_gpu_draws(s, p))
+        return engine_err(ENGINE_EUNSUPPORTED, "generate: this session or sampling is not drawn "
+                          "on the GPU");
+    if (n_max < 1 || n_max > s->n_ctx - s->n_tokens)
+        return engine_err(ENGINE_ERANGE, "generate: %d steps from position %d do not fit the "
+                          "context of %d", n_max, s->n_tokens, s->n_ctx);
+    const engine_cuda_sampling cs = {p->temperature, p->top_k, p->top_p, p->min_p, p->seed};
+    gpu_gen g = {s, token, cb, user};
+    int32_t n_steps = 0;
+    pthread_mutex_lock(&s->m->pool_mu);
+    s->logits_valid = false; /* the last step's logits stay on the GPU */
+    s->kv_cached = 0;
+    s->kv_diverged_at = -1;
+    int rc = engine_cuda_stream(s->cuda, token, s->n_tokens, n_max, &cs, gpu_gen_token, &g,
+                                &n_steps);
+    pthread_mutex_unlock(&s->m->pool_mu);
+    return rc;
+#else
+    (void)s;
+    (void)token;
+    (void)n_max;
+    (void)p;
+    (void)cb;
+    (void)user;
+    return engine_err(ENGINE_EUNSUPPORTED, "generate: this build has no CUDA backend");
+#endif
+}
+
 const float *engine_session_logits(const engine_session *s) {
     return s->logits_valid ? s->logits : NULL;
 }

@@ -163,6 +163,39 @@ int engine_gen_text_finish(engine_gen_text *g, engine_stop_reason *stop) {
     return 0;
 }
 
+/* The GPU's draws (engine_session_gpu_generate): each token as the host loop below takes a
+ * sampled one, after the step that drew it appended the token before it. */
+typedef struct {
+    const engine_gen_params *p;
+    engine_session *s;
+    engine_sampler *smp;
+    engine_gen_text *g;
+    engine_gen_stats *st;
+    int32_t max;
+} gpu_tail;
+
+static int gpu_tail_token(void *user, int32_t tok) {
+    gpu_tail *t = user;
+    engine_gen_stats *st = t->st;
+    st->decode_tokens++; /* the step appended the token before tok */
+    if (st->generated_tokens >= t->max) { /* tok was drawn past the end: dropped */
+        st->stop = ENGINE_STOP_LENGTH;
+        return 1;
+    }
+    double ts = engine_time_ms();
+    st->generated_tokens++;
+    int rc = engine_sampler_accept(t->smp, tok, true);
+    if (rc == 0) rc = engine_gen_text_token(t->g, tok, &st->stop);
+    st->sample_ms += engine_time_ms() - ts;
+    if (rc) return rc;
+    if (st->stop != ENGINE_STOP_NONE) return 1;
+    if (t->s->n_tokens >= t->s->n_ctx) {
+        st->stop = ENGINE_STOP_CONTEXT;
+        return 1;
+    }
+    return 0;
+}
+
 int engine_generate(engine_session *s, const engine_gen_params *p, engine_token_fn cb,
                     void *user, engine_gen_stats *stats) {
     engine_gen_stats st;
@@ -241,6 +274,22 @@ int engine_generate(engine_session *s, const engine_gen_params *p, engine_token_
             break;
         }
         double td = engine_time_ms();
+        if (engine_session_gpu_draws(s, &p->sampling)) {
+            /* the rest on the GPU: each step appends a token and draws the next, queued ahead
+             * of this thread; the steps that append the tokens up to the max (the host loop
+             * appends its last one too) */
+            gpu_tail t = {p, s, smp, &g, &st, max};
+            int64_t steps = (int64_t)max - st.generated_tokens + 1;
+            if (steps > s->n_ctx - s->n_tokens) steps = s->n_ctx - s->n_tokens;
+            rc = engine_session_gpu_generate(s, tok, (int32_t)steps, &p->sampling, gpu_tail_token,
+                                             &t);
+            /* decode_ms: the loop's wall time (sample_ms, the host's share, ran beside it) */
+            st.decode_ms += engine_time_ms() - td;
+            if (rc == ENGINE_ECANCELED) st.stop = ENGINE_STOP_CANCELED;
+            if (rc) goto done;
+            if (st.stop == ENGINE_STOP_NONE) st.stop = ENGINE_STOP_LENGTH;
+            break;
+        }
         rc = engine_session_append(s, &tok, 1, NULL);
         st.decode_ms += engine_time_ms() - td;
         if (rc) goto done;

@@ -64,6 +64,124 @@ int main(void) {
 
 static char tmpdir[256];
 
+/* engine_generate on a GPU session: the tokens drawn on the GPU (engine_cuda_stream) or, with
+ * SPARK_CUDA_GEN_LOOP=0, by the host loop; what came out and how it ended */
+#define GEN_MAX 256
+typedef struct {
+    int32_t tok[GEN_MAX];
+    int n, rc;
+    engine_gen_stats st;
+    int32_t n_tokens;
+    bool logits_kept; /* the host loop keeps the last logits, the GPU's draws do not */
+} gen_out;
+
+static int gen_cb(void *user, const char *text, size_t len, int32_t token) {
+    (void)text;
+    (void)len;
+    gen_out *o = user;
+    if (token >= 0 && o->n < GEN_MAX) o->tok[o->n++] = token;
+    return 0;
+}
+
+static void gen_once(engine_model *m, const engine_session_params *sp, const int32_t *prompt,
+                     int np, const engine_sampling_params *smp, int32_t max, const int32_t *stop,
+                     size_t n_stop, bool host, gen_out *o) {
+    memset(o, 0, sizeof *o);
+    if (host) setenv("SPARK_CUDA_GEN_LOOP", "0", 1);
+    engine_session *s = NULL;
+    o->rc = engine_session_new(&s, m, sp);
+    if (o->rc == 0) {
+        engine_gen_params gp = ENGINE_GEN_PARAMS_INIT;
+        gp.prompt = prompt;
+        gp.n_prompt = (size_t)np;
+        gp.max_tokens = max;
+        gp.sampling = *smp;
+        gp.ignore_eog = true;
+        gp.stop_tokens = stop;
+        gp.n_stop_tokens = n_stop;
+        o->rc = engine_generate(s, &gp, gen_cb, o, &o->st);
+        o->n_tokens = engine_session_n_tokens(s);
+        o->logits_kept = engine_session_logits(s) != NULL;
+    }
+    engine_session_free(s);
+    unsetenv("SPARK_CUDA_GEN_LOOP");
+}
+
+/* The GPU's draws against the host loop: greedy the same tokens, stops and session length (the
+ * same logits, argmax ties to the lower id on both); sampled reproducible for a seed; sampling
+ * the GPU does not draw (a top_k above 64) falls back to the host loop. */
+static void check_generate(engine_model *m, const engine_session_params *sp,
+                           const int32_t *prompt, int np, const char *what) {
+    engine_sampling_params greedy = ENGINE_SAMPLING_PARAMS_INIT;
+    greedy.temperature = 0.0f;
+    gen_out *h = malloc(sizeof *h), *g = malloc(sizeof *g);
+    if (!h || !g) {
+        CHECK(0, "out of memory");
+        goto out;
+    }
+    const int32_t maxes[2] = {20, 0}; /* 0: until the context is full */
+    for (int k = 0; k < 2; k++) {
+        gen_once(m, sp, prompt, np, &greedy, maxes[k], NULL, 0, true, h);
+        gen_once(m, sp, prompt, np, &greedy, maxes[k], NULL, 0, false, g);
+        CHECK(h->rc == 0 && g->rc == 0, "%s: generate rc %d (host) %d (gpu)", what, h->rc, g->rc);
+        CHECK(h->logits_kept && !g->logits_kept, "%s: the GPU loop did not run (logits %d %d)",
+              what, h->logits_kept, g->logits_kept);
+        CHECK(h->n == g->n && !memcmp(h->tok, g->tok, sizeof(int32_t) * (size_t)h->n),
+              "%s: greedy max %d: %d tokens (host) and %d (gpu) differ", what, maxes[k], h->n,
+              g->n);
+        CHECK(h->st.stop == g->st.stop && h->st.generated_tokens == g->st.generated_tokens &&
+                  h->st.decode_tokens == g->st.decode_tokens && h->n_tokens == g->n_tokens,
+              "%s: greedy max %d: stop %d / %d, generated %d / %d, decoded %d / %d, session %d / "
+              "%d",
+              what, maxes[k], h->st.stop, g->st.stop, h->st.generated_tokens,
+              g->st.generated_tokens, h->st.decode_tokens, g->st.decode_tokens, h->n_tokens,
+              g->n_tokens);
+        printf("%s: generate greedy (max %d) on the GPU == host loop: %d tokens, stop %d, "
+               "session %d positions\n",
+               what, maxes[k], g->n, g->st.stop, g->n_tokens);
+    }
+    /* a stop token: the 7th greedy token of a 20-token run */
+    gen_once(m, sp, prompt, np, &greedy, 20, NULL, 0, true, h);
+    if (h->rc == 0 && h->n > 7) {
+        const int32_t stop = h->tok[6];
+        gen_once(m, sp, prompt, np, &greedy, 20, &stop, 1, true, h);
+        gen_once(m, sp, prompt, np, &greedy, 20, &stop, 1, false, g);
+        CHECK(h->rc == 0 && g->rc == 0 && h->st.stop == ENGINE_STOP_TOKEN &&
+                  g->st.stop == ENGINE_STOP_TOKEN && h->n == g->n && h->n_tokens == g->n_tokens &&
+                  !memcmp(h->tok, g->tok, sizeof(int32_t) * (size_t)h->n),
+              "%s: stop token: stop %d / %d after %d / %d tokens, session %d / %d", what,
+              h->st.stop, g->st.stop, h->n, g->n, h->n_tokens, g->n_tokens);
+    }
+    /* sampled as the defaults say (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05) */
+    engine_sampling_params dflt = ENGINE_SAMPLING_PARAMS_INIT;
+    dflt.seed = 7;
+    gen_once(m, sp, prompt, np, &dflt, 30, NULL, 0, false, g);
+    gen_once(m, sp, prompt, np, &dflt, 30, NULL, 0, false, h);
+    CHECK(g->rc == 0 && !g->logits_kept && g->st.generated_tokens == 30 &&
+              g->st.stop == ENGINE_STOP_LENGTH && g->n_tokens == np + 30,
+          "%s: sampled on the GPU: rc %d, %d generated, stop %d, session %d", what, g->rc,
+          g->st.generated_tokens, g->st.stop, g->n_tokens);
+    CHECK(h->n == g->n && !memcmp(h->tok, g->tok, sizeof(int32_t) * (size_t)g->n),
+          "%s: sampled on the GPU: the same seed drew other tokens", what);
+    int distinct = 0;
+    for (int i = 0; i < g->n; i++) {
+        int seen = 0;
+        for (int j = 0; j < i; j++)
+            seen |= g->tok[j] == g->tok[i];
+        distinct += !seen;
+    }
+    printf("%s: generate sampled on the GPU (defaults, seed 7): %d tokens, %d distinct\n", what,
+           g->n, distinct);
+    /* a top_k the GPU does not take: the host loop */
+    dflt.top_k = 100;
+    gen_once(m, sp, prompt, np, &dflt, 5, NULL, 0, false, g);
+    CHECK(g->rc == 0 && g->logits_kept && g->st.generated_tokens == 5,
+          "%s: top_k 100 not on the host loop (rc %d, logits %d)", what, g->rc, g->logits_kept);
+out:
+    free(h);
+    free(g);
+}
+
 #define N_PROMPT 24
 #define N_GEN 40
 static int n_gen = N_GEN; /* generated tokens; fewer with a third argument (racecheck) */
@@ -432,6 +550,11 @@ static void run_model(const char *preset, const char *type) {
         }
         free(all);
         engine_session_free(s2);
+        if (m2) {
+            char what_g[64];
+            snprintf(what_g, sizeof what_g, "%-10s %-6s", preset, type);
+            check_generate(m2, &sp, tok_gpu, N_PROMPT, what_g);
+        }
         engine_model_free(m2);
     }
 out:

@@ -57,6 +57,7 @@ int main(void) {
 #include "cpu/cpu.h"
 #include "cpu/quant.h"
 #include "cuda/cuda_backend.h"
+#include "sample/spec.h"
 #include "test_cuda_check.h"
 
 static uint64_t rng_state = 0x1234567887654321ull;
@@ -747,6 +748,7 @@ static void test_moe_fused(void) {
 
 /* Draws of the temperature check (fewer with the argument "quick", for compute-sanitizer). */
 static int n_draws = 3000;
+#define ENGINE_CUDA_TOPK_MAX_TEST 64 /* the truncated draw's top_k limit (sample.cuh) */
 
 static void test_sample(void) {
     int n = 151936;
@@ -798,6 +800,114 @@ static void test_sample(void) {
     free(l);
 }
 
+/* The host sampler's draw with uniform u (engine/sample/sampler.c): its kept candidates
+ * (engine_sampler_probs) in its order (logit descending, ties to the lower id), the first whose
+ * running probability passes u. *gap: how near u lies to a boundary of that walk. */
+static int32_t ref_draw(const float *l, const float *probs, int n, double u, double *gap) {
+    int32_t ids[ENGINE_CUDA_TOPK_MAX_TEST];
+    int m = 0;
+    for (int i = 0; i < n && m < ENGINE_CUDA_TOPK_MAX_TEST; i++)
+        if (probs[i] > 0.0f) ids[m++] = i;
+    for (int i = 1; i < m; i++) /* insertion sort: m <= 64 */
+        for (int j = i; j > 0 && (l[ids[j]] > l[ids[j - 1]] ||
+                                  (l[ids[j]] == l[ids[j - 1]] && ids[j] < ids[j - 1]));
+             j--) {
+            const int32_t t = ids[j];
+            ids[j] = ids[j - 1];
+            ids[j - 1] = t;
+        }
+    double cum = 0.0;
+    *gap = 1.0;
+    int32_t pick = m ? ids[m - 1] : -1;
+    for (int i = 0; i < m; i++) {
+        cum += probs[ids[i]];
+        *gap = fmin(*gap, fabs(u - cum));
+        if (u < cum) {
+            pick = ids[i];
+            break;
+        }
+    }
+    return pick;
+}
+
+/* The GPU's truncated draw (engine_cuda_stream's top_k path) against the host sampler's with
+ * the same uniform: the same token, except where u lies within 1e-4 of a boundary (float
+ * sums; counted, at most 1% of the draws), on logits that make each cut bite. */
+static void test_sample_topk(void) {
+    const int n = 151936;
+    float *l = malloc(sizeof(float) * n), *probs = malloc(sizeof(float) * n);
+    struct {
+        const char *name;
+        int kind; /* 0 flat, 1 peaked, 2 five finite + NaN */
+        engine_cuda_sampling p;
+    } cases[] = {
+        {"flat, defaults", 0, {0.8f, 40, 0.95f, 0.05f, 1}},
+        {"flat, k 64 top_p 0.9", 0, {1.0f, 64, 0.9f, 0.0f, 2}},
+        {"peaked, defaults", 1, {0.8f, 40, 0.95f, 0.05f, 3}},
+        {"peaked, k 20", 1, {1.0f, 20, 1.0f, 0.0f, 4}},
+        {"peaked, k 64 top_p 0.5", 1, {1.3f, 64, 0.5f, 0.0f, 5}},
+        {"peaked, min_p 0.2", 1, {0.7f, 50, 1.0f, 0.2f, 6}},
+        {"peaked, k 1", 1, {1.0f, 1, 1.0f, 0.0f, 7}},
+        {"five finite", 2, {1.0f, 20, 0.95f, 0.0f, 8}},
+    };
+    const int draws = n_draws / 10 > 30 ? n_draws / 10 : 30;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const engine_cuda_sampling *p = &cases[c].p;
+        if (cases[c].kind == 2) {
+            for (int i = 0; i < n; i++)
+                l[i] = -INFINITY;
+            const int ids[5] = {3, 1000, 70000, 120001, 151935};
+            for (int i = 0; i < 5; i++)
+                l[ids[i]] = 0.5f * (float)i;
+            l[9] = NAN;
+        } else {
+            fill(l, (size_t)n, cases[c].kind == 0 ? 10.0f : 2.0f);
+            if (cases[c].kind == 1) /* 48 ids well above the rest, spread over 6 logits */
+                for (int i = 0; i < 48; i++)
+                    l[(i * 7919 + 11) % n] = 4.0f + 0.75f * (float)(i % 8) + 0.01f * (float)i;
+        }
+        engine_sampling_params hp = ENGINE_SAMPLING_PARAMS_INIT;
+        hp.temperature = p->temperature;
+        hp.top_k = p->top_k;
+        hp.top_p = p->top_p;
+        hp.min_p = p->min_p;
+        engine_sampler *smp = NULL;
+        CHECK(engine_sampler_new(&smp, &hp, n) == 0 && engine_sampler_probs(smp, l, probs) == 0,
+              "host sampler");
+        engine_sampler_free(smp);
+        int kept = 0;
+        for (int i = 0; i < n; i++)
+            kept += probs[i] > 0.0f;
+        int same = 0, near = 0, far = 0;
+        for (int d = 0; d < draws; d++) {
+            int32_t tok = -1;
+            double u = -1.0, gap = 1.0;
+            if (engine_cuda_op_sample_topk(l, n, p, d, &tok, &u) != 0) {
+                CHECK(0, "sample_topk: %s", engine_error_last());
+                break;
+            }
+            const int32_t want = ref_draw(l, probs, n, u, &gap);
+            if (tok == want)
+                same++;
+            else if (gap < 1e-4 && tok >= 0 && tok < n && probs[tok] > 0.0f)
+                near++;
+            else {
+                far++;
+                if (far <= 3)
+                    printf("  %s draw %d: u %.6f gpu %d, host %d (gap %.2g)\n", cases[c].name,
+                           d, u, tok, want, gap);
+            }
+        }
+        CHECK(far == 0 && near * 100 <= draws,
+              "top-k draw, %s: %d of %d draws differ from the host sampler's (%d at a boundary)",
+              cases[c].name, far + near, draws, near);
+        printf("sample top-k %-24s: %d kept, %d of %d draws == host sampler (%d at a boundary)\n",
+               cases[c].name, kept, same, draws, near);
+    }
+    free(l);
+    free(probs);
+}
+
 int main(int argc, char **argv) {
     if (engine_cuda_usable() != 0) {
         printf("skip: %s\n", engine_error_last());
@@ -806,6 +916,11 @@ int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "quick")) n_draws = 300;
     if (argc > 1 && !strcmp(argv[1], "ring")) { /* the ring form alone (compute-sanitizer) */
         test_matvec_ring();
+        return support_finish("test_cuda_ops");
+    }
+    if (argc > 1 && !strcmp(argv[1], "sample")) { /* the samplers alone */
+        test_sample();
+        test_sample_topk();
         return support_finish("test_cuda_ops");
     }
     if (argc > 1 && !strcmp(argv[1], "moe")) { /* the MoE launches alone (compute-sanitizer) */
@@ -820,6 +935,7 @@ int main(int argc, char **argv) {
     test_moe();
     test_moe_fused();
     test_sample();
+    test_sample_topk();
     /* the decode stage-5 launches of sessions: few blocks looping over their rows, the MoE
      * down kernel routing before its wait (engine/cuda/moe.cuh) */
     printf("with SPARK_CUDA_OP_BPS=1:\n");
