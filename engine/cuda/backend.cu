@@ -596,8 +596,7 @@ static sess_layout layout(const engine_cuda_model *cm, int32_t n_ctx, engine_kv_
     }
     z.total = 2 * hp->n_layer * z.kv_layer + z.x + z.q + 2 * z.kv + z.att + z.router + z.h +
               z.logits + z.partial + z.sscratch + z.skeys + z.ids + z.wts + z.counters + z.step +
-              z.out +
-              z.rope + z.ao + z.mf_part + z.mf_ctr;
+              z.out + z.rope + z.ao + z.mf_part + z.mf_ctr;
     return z;
 }
 
@@ -740,15 +739,15 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
     p += z.size;
     CARVE(x, x, float)
     CARVE(q, q, float)
-    CARVE(k, kv, float) CARVE(v, kv, float) CARVE(att, att, float) CARVE(router, router, float)
-        CARVE(h, h, float) CARVE(logits, logits, float) CARVE(partial, partial, float)
-            CARVE(sscratch, sscratch, float) CARVE(skeys, skeys, uint64_t)
-                CARVE(ids, ids, int32_t) CARVE(wts, wts, float)
+    CARVE(k, kv, float)
+    CARVE(v, kv, float) CARVE(att, att, float) CARVE(router, router, float) CARVE(h, h, float)
+        CARVE(logits, logits, float) CARVE(partial, partial, float) CARVE(sscratch, sscratch, float)
+            CARVE(skeys, skeys, uint64_t) CARVE(ids, ids, int32_t) CARVE(wts, wts, float)
                 CARVE(counters, counters, unsigned) CARVE(step, step, engine_cu_step)
                     CARVE(out, out, int32_t) CARVE(rope, rope, float) CARVE(ao, ao, float)
                         CARVE(mf_part, mf_part, float) CARVE(mf_ctr, mf_ctr, unsigned)
 #undef CARVE
-                        ENGINE_ASSERT((size_t)(p - s->mem) == z.total);
+                            ENGINE_ASSERT((size_t)(p - s->mem) == z.total);
     {
         size_t rb = sizeof(float) * (size_t)n_ctx * hp->head_dim_k;
         float *t = (float *)malloc(rb);
@@ -1254,9 +1253,9 @@ done:
     return rc;
 }
 
-extern "C" int engine_cuda_stream(engine_cuda_session *s, int32_t token, int32_t pos,
-                                  int32_t n_max, const engine_cuda_sampling *p,
-                                  engine_cuda_token_fn cb, void *user, int32_t *n_steps) {
+extern "C" int engine_cuda_stream(engine_cuda_session *s, int32_t token, int32_t pos, int32_t n_max,
+                                  const engine_cuda_sampling *p, engine_cuda_token_fn cb,
+                                  void *user, int32_t *n_steps) {
     int rc = 0, cb_rc = 0;
     int32_t launched = 0, done_n = 0;
     *n_steps = 0;

@@ -68,13 +68,15 @@ __device__ __forceinline__ uint64_t topk_key(float v, int i) {
     if (v != v) v = -INFINITY;
     uint32_t u = __float_as_uint(v);
     u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-    return ((uint64_t)u << 32) | (uint32_t)~(uint32_t)i;
+    return ((uint64_t)u << 32) | (uint32_t) ~(uint32_t)i;
 }
 __device__ __forceinline__ float topk_val(uint64_t k) {
     uint32_t u = (uint32_t)(k >> 32);
     return __uint_as_float((u & 0x80000000u) ? (u & 0x7fffffffu) : ~u);
 }
-__device__ __forceinline__ int topk_id(uint64_t k) { return (int)~(uint32_t)k; }
+__device__ __forceinline__ int topk_id(uint64_t k) {
+    return (int)~(uint32_t)k;
+}
 
 /* One warp: the k largest keys of n_lists lists, each of len keys sorted descending at
  * lists[j * len ..], into out[0 .. k) descending (0 past the last key). cur: n_lists bytes of
@@ -147,7 +149,8 @@ __device__ int topk_draw(const uint64_t *c, int k, const engine_cu_step *step, d
         live[h] = v > -INFINITY;
         x[h] = v * inv_t;
     }
-    const unsigned m0 = __ballot_sync(0xffffffffu, live[0]), m1 = __ballot_sync(0xffffffffu, live[1]);
+    const unsigned m0 = __ballot_sync(0xffffffffu, live[0]),
+                   m1 = __ballot_sync(0xffffffffu, live[1]);
     const int n_live = __popc(m0) + __popc(m1); /* a prefix: the keys descend */
     if (n_live == 0) return 0;
     const float mx = __shfl_sync(0xffffffffu, x[0], 0);
@@ -169,8 +172,10 @@ __device__ int topk_draw(const uint64_t *c, int k, const engine_cu_step *step, d
     if (step->top_p < 1.0f) { /* the first candidate whose running sum reaches top_p ends it */
         const unsigned r0 = __ballot_sync(0xffffffffu, live[0] && cum[0] >= step->top_p),
                        r1 = __ballot_sync(0xffffffffu, live[1] && cum[1] >= step->top_p);
-        if (r0) n = __ffs(r0);
-        else if (r1) n = 32 + __ffs(r1);
+        if (r0)
+            n = __ffs(r0);
+        else if (r1)
+            n = 32 + __ffs(r1);
     }
     if (step->min_p > 0.0f) { /* p descends: the candidates above the threshold are a prefix */
         const float thr = step->min_p * __shfl_sync(0xffffffffu, p[0], 0);
@@ -210,8 +215,7 @@ __global__ void sample_kernel(const float *logits, int n, engine_cu_step *step, 
     const int top_k = step->top_k;
     /* the truncated draw: only in a launch that brought its keys and shared memory */
     const bool tk = temp > 0.0f && top_k > 0 && top_k <= ENGINE_CU_TOPK_MAX && keys &&
-                    dyn_smem_bytes() >= TK_SMEM &&
-                    n <= (int)gridDim.x * ENGINE_CU_TOPK_SLICE;
+                    dyn_smem_bytes() >= TK_SMEM && n <= (int)gridDim.x * ENGINE_CU_TOPK_SLICE;
     float bv = -INFINITY;
     int bi = 0x7fffffff;
     if (tk) {
@@ -225,8 +229,7 @@ __global__ void sample_kernel(const float *logits, int n, engine_cu_step *step, 
         __syncthreads();
         const int w = threadIdx.x >> 5, nw = blockDim.x >> 5, wp = (cnt + nw - 1) / nw;
         const int w0 = min(cnt, w * wp), wn = min(cnt, w0 + wp) - w0;
-        warp_topk(sk + w0, wn, 1, top_k, cur + w * (ENGINE_CU_TOPK_SLICE / 8),
-                  wl + w * top_k);
+        warp_topk(sk + w0, wn, 1, top_k, cur + w * (ENGINE_CU_TOPK_SLICE / 8), wl + w * top_k);
         __syncthreads();
         if (w == 0) warp_topk(wl, nw, top_k, top_k, cur, keys + (size_t)blockIdx.x * top_k);
     } else {
@@ -289,7 +292,9 @@ void engine_cu_sample(const float *logits, int n, engine_cu_step *step, int32_t 
                      step, out, scratch, (uint64_t *)nullptr, counter);
 }
 
-size_t engine_cu_topk_smem(void) { return TK_SMEM; }
+size_t engine_cu_topk_smem(void) {
+    return TK_SMEM;
+}
 
 cudaError_t engine_cu_sample_topk_prepare(void) {
     return cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -300,8 +305,7 @@ void engine_cu_sample_topk(const float *logits, int n, engine_cu_step *step, int
                            float *scratch, uint64_t *keys, unsigned *counter, cudaStream_t stream) {
     static_assert(ENGINE_CU_TOPK_MAX <= 255, "a cursor is a byte");
     engine_cu_launch(sample_kernel, dim3(ENGINE_CU_SAMPLE_BLOCKS), dim3(256), (size_t)TK_SMEM,
-                     stream, logits, n, step, out, scratch, keys,
-                     counter);
+                     stream, logits, n, step, out, scratch, keys, counter);
 }
 
 ENGINE_CU_TRACE_TU(sample)

@@ -649,9 +649,8 @@ const int32_t *engine_session_tokens(const engine_session *s) {
 bool engine_session_gpu_draws(const engine_session *s, const engine_sampling_params *p) {
 #ifdef SPARK_HAVE_CUDA
     const char *e = getenv("SPARK_CUDA_GEN_LOOP");
-    if (!s->cuda || s->m->q35 || (e && e[0] == '0') || p->mask || p->accept ||
-        p->n_logit_bias || p->repeat_penalty != 1.0f || p->presence_penalty != 0.0f ||
-        p->frequency_penalty != 0.0f)
+    if (!s->cuda || s->m->q35 || (e && e[0] == '0') || p->mask || p->accept || p->n_logit_bias ||
+        p->repeat_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f)
         return false;
     const engine_cuda_sampling cs = {p->temperature, p->top_k, p->top_p, p->min_p, p->seed};
     return engine_cuda_stream_ok(s->cuda, &cs);
@@ -684,10 +683,12 @@ int engine_session_gpu_generate(engine_session *s, int32_t token, int32_t n_max,
 #ifdef SPARK_HAVE_CUDA
     if (!engine_session_gpu_draws(s, p))
         return engine_err(ENGINE_EUNSUPPORTED, "generate: this session or sampling is not drawn "
-                          "on the GPU");
+                                               "on the GPU");
     if (n_max < 1 || n_max > s->n_ctx - s->n_tokens)
-        return engine_err(ENGINE_ERANGE, "generate: %d steps from position %d do not fit the "
-                          "context of %d", n_max, s->n_tokens, s->n_ctx);
+        return engine_err(ENGINE_ERANGE,
+                          "generate: %d steps from position %d do not fit the "
+                          "context of %d",
+                          n_max, s->n_tokens, s->n_ctx);
     const engine_cuda_sampling cs = {p->temperature, p->top_k, p->top_p, p->min_p, p->seed};
     gpu_gen g = {s, token, cb, user};
     int32_t n_steps = 0;
@@ -695,8 +696,8 @@ int engine_session_gpu_generate(engine_session *s, int32_t token, int32_t n_max,
     s->logits_valid = false; /* the last step's logits stay on the GPU */
     s->kv_cached = 0;
     s->kv_diverged_at = -1;
-    int rc = engine_cuda_stream(s->cuda, token, s->n_tokens, n_max, &cs, gpu_gen_token, &g,
-                                &n_steps);
+    int rc =
+        engine_cuda_stream(s->cuda, token, s->n_tokens, n_max, &cs, gpu_gen_token, &g, &n_steps);
     pthread_mutex_unlock(&s->m->pool_mu);
     return rc;
 #else

@@ -177,7 +177,7 @@ typedef struct {
 static int gpu_tail_token(void *user, int32_t tok) {
     gpu_tail *t = user;
     engine_gen_stats *st = t->st;
-    st->decode_tokens++; /* the step appended the token before tok */
+    st->decode_tokens++;                  /* the step appended the token before tok */
     if (st->generated_tokens >= t->max) { /* tok was drawn past the end: dropped */
         st->stop = ENGINE_STOP_LENGTH;
         return 1;

@@ -110,8 +110,8 @@ static void gen_once(engine_model *m, const engine_session_params *sp, const int
 /* The GPU's draws against the host loop: greedy the same tokens, stops and session length (the
  * same logits, argmax ties to the lower id on both); sampled reproducible for a seed; sampling
  * the GPU does not draw (a top_k above 64) falls back to the host loop. */
-static void check_generate(engine_model *m, const engine_session_params *sp,
-                           const int32_t *prompt, int np, const char *what) {
+static void check_generate(engine_model *m, const engine_session_params *sp, const int32_t *prompt,
+                           int np, const char *what) {
     engine_sampling_params greedy = ENGINE_SAMPLING_PARAMS_INIT;
     greedy.temperature = 0.0f;
     gen_out *h = malloc(sizeof *h), *g = malloc(sizeof *g);

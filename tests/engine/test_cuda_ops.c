@@ -894,8 +894,8 @@ static void test_sample_topk(void) {
             else {
                 far++;
                 if (far <= 3)
-                    printf("  %s draw %d: u %.6f gpu %d, host %d (gap %.2g)\n", cases[c].name,
-                           d, u, tok, want, gap);
+                    printf("  %s draw %d: u %.6f gpu %d, host %d (gap %.2g)\n", cases[c].name, d, u,
+                           tok, want, gap);
             }
         }
         CHECK(far == 0 && near * 100 <= draws,
