@@ -95,6 +95,7 @@ struct engine_cuda_session {
     /* the step with the truncated draw (engine_cu_sample_topk), captured at its first use */
     cudaGraphExec_t exec_tk;
     bool tk; /* while capturing: which sampler the step launches */
+    int tk_algo; /* SPARK_CUDA_TOPK=radix: its top_k by radix select (engine_cu_step.tk_algo) */
     /* engine_cuda_stream: the tokens' copies on a stream of their own, into pinned memory */
     cudaStream_t copy_st;
     cudaEvent_t ev_step[ENGINE_CUDA_STREAM_RING], ev_copy[ENGINE_CUDA_STREAM_RING];
@@ -697,6 +698,7 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         s->coop_mv = e && e[0] == '1';
         e = getenv("SPARK_CUDA_NW_LATE");
         s->nw_late = e && e[0] == '1';
+        s->tk_algo = engine_cu_topk_algo_env();
         e = getenv("SPARK_CUDA_ROUTER_FUSE");
         s->rf = (e ? e[0] == '1' : SPARK_CUDA_ROUTER_FUSE_DEFAULT) && !s->fused &&
                 !s->route_once && !s->down_routes;
@@ -1280,6 +1282,7 @@ extern "C" int engine_cuda_stream(engine_cuda_session *s, int32_t token, int32_t
     s->h_step->top_k = tk ? p->top_k : 0;
     s->h_step->top_p = p->top_p;
     s->h_step->min_p = p->min_p;
+    s->h_step->tk_algo = s->tk_algo;
     CU(cudaMemcpyAsync(s->step, s->h_step, sizeof *s->h_step, cudaMemcpyHostToDevice, s->stream));
     /* step i samples token i: its copy follows it on the copy stream, so the step stream runs
      * on while the host reads; at most ENGINE_CUDA_STREAM_AHEAD steps past the one awaited */

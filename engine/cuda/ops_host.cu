@@ -346,6 +346,7 @@ extern "C" int engine_cuda_op_sample_topk(const float *logits, int n, const engi
     hs.top_k = p->top_k;
     hs.top_p = p->top_p;
     hs.min_p = p->min_p;
+    hs.tk_algo = engine_cu_topk_algo_env();
     dev_arena a;
     const float *dl = a.put<float>(logits, sizeof(float) * (size_t)n);
     engine_cu_step *ds = a.put<engine_cu_step>(&hs, sizeof hs);

@@ -1,5 +1,7 @@
 /* Embedding gather and on-device sampling (contract in sample.cuh). */
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "dequant.cuh"
 #include "sample.cuh"
@@ -123,6 +125,75 @@ __device__ void warp_topk(const uint64_t *lists, int n_lists, int len, int k, ui
     __syncwarp();
 }
 
+/* The whole block (blockDim.x threads): the k largest of keys[0 .. cnt) (shared memory; nonzero
+ * keys distinct), unordered, into sel[0 .. k) (shared memory; 0 past min(cnt, k)). A radix
+ * select from the top byte down: a histogram of the byte among the keys that share the bytes
+ * fixed so far (warp-aggregated atomics), the byte whose bin holds the k-th key fixed, until
+ * that bin's keys are exactly the ones still needed; then every key at or above the prefix.
+ * hist: 256 ints, ctl: 4 ints of shared memory. Ends with a barrier. */
+__device__ void block_radix_topk(const uint64_t *keys, int cnt, int k, uint64_t *sel, int *hist,
+                                 int *ctl) {
+    const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31;
+    uint64_t prefix = 0, mask = 0;
+    int need = k;
+    for (int shift = 56; cnt > k && shift >= 0; shift -= 8) {
+        for (int b = tid; b < 256; b += nt)
+            hist[b] = 0;
+        __syncthreads();
+        for (int base = 0; base < cnt; base += nt) { /* every lane of a warp in each trip */
+            const int i = base + tid;
+            const uint64_t key = i < cnt ? keys[i] : 0;
+            const bool in = i < cnt && (key & mask) == prefix;
+            const int bin = in ? (int)((key >> shift) & 255u) : -1;
+            const unsigned peers = __match_any_sync(0xffffffffu, bin);
+            if (in && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
+        }
+        __syncthreads();
+        if (tid < 32) { /* lane l: bins 255 - 8 l down to 248 - 8 l; counts from the top */
+            int c[8], sum = 0;
+            for (int j = 0; j < 8; j++) {
+                c[j] = hist[255 - 8 * lane - j];
+                sum += c[j];
+            }
+            int incl = sum;
+            for (int o = 1; o < 32; o <<= 1) {
+                const int x = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += x;
+            }
+            int acc = incl - sum;
+            if (acc < need && need <= incl)
+                for (int j = 0; j < 8; j++) {
+                    if (acc + c[j] >= need) {
+                        ctl[0] = 255 - 8 * lane - j; /* the byte */
+                        ctl[1] = acc;                /* keys above its bin */
+                        ctl[2] = c[j];               /* keys in it */
+                        break;
+                    }
+                    acc += c[j];
+                }
+        }
+        __syncthreads();
+        const int d = ctl[0], above = ctl[1], eq = ctl[2];
+        need -= above;
+        prefix |= (uint64_t)d << shift;
+        mask |= (uint64_t)255u << shift;
+        if (eq == need) break; /* the bin's keys are all in */
+    }
+    if (tid == 0) ctl[3] = 0;
+    __syncthreads();
+    for (int i = tid; i < cnt; i += nt) {
+        const uint64_t key = keys[i];
+        if ((key & mask) >= prefix) {
+            const int at = atomicAdd(&ctl[3], 1);
+            if (at < k) sel[at] = key;
+        }
+    }
+    __syncthreads();
+    for (int i = min(ctl[3], k) + tid; i < k; i += nt)
+        sel[i] = 0;
+    __syncthreads();
+}
+
 /* Inclusive prefix sum over the warp's lanes. */
 __device__ __forceinline__ float warp_scan(float v) {
     const int lane = threadIdx.x & 31;
@@ -193,9 +264,11 @@ __device__ int topk_draw(const uint64_t *c, int k, const engine_cu_step *step, d
 }
 
 /* the top-k launch's dynamic shared memory: a block's slice as keys, its warps' lists and
- * cursors; in the last block every block's list, the merged one and the cursors */
+ * cursors (tk_algo 0) or the selection, the histogram and its control words (1); in the last
+ * block every block's list, the merged one and the cursors, or the selection, the sorted one,
+ * the histogram and its words */
 #define TK_SMEM_A (ENGINE_CU_TOPK_SLICE * 8 + 8 * ENGINE_CU_TOPK_MAX * 8 + ENGINE_CU_TOPK_SLICE)
-#define TK_SMEM_B (ENGINE_CU_TOPK_KEYS * 8 + ENGINE_CU_TOPK_MAX * 8 + ENGINE_CU_SAMPLE_BLOCKS)
+#define TK_SMEM_B (ENGINE_CU_TOPK_KEYS * 8 + 2 * ENGINE_CU_TOPK_MAX * 8 + 256 * 4 + 16)
 #define TK_SMEM (TK_SMEM_A > TK_SMEM_B ? TK_SMEM_A : TK_SMEM_B)
 
 __device__ __forceinline__ unsigned dyn_smem_bytes() {
@@ -212,7 +285,7 @@ __global__ void sample_kernel(const float *logits, int n, engine_cu_step *step, 
     engine_cu_pdl_wait();
     const float temp = step->temp;
     const uint64_t key = engine_cu_draw_key(step->seed, step->n_out);
-    const int top_k = step->top_k;
+    const int top_k = step->top_k, algo = step->tk_algo;
     /* the truncated draw: only in a launch that brought its keys and shared memory */
     const bool tk = temp > 0.0f && top_k > 0 && top_k <= ENGINE_CU_TOPK_MAX && keys &&
                     dyn_smem_bytes() >= TK_SMEM && n <= (int)gridDim.x * ENGINE_CU_TOPK_SLICE;
@@ -227,6 +300,17 @@ __global__ void sample_kernel(const float *logits, int n, engine_cu_step *step, 
         for (int i = threadIdx.x; i < cnt; i += blockDim.x)
             sk[i] = topk_key(logits[i0 + i], i0 + i);
         __syncthreads();
+        if (algo == 1) { /* radix select into shared memory, then out to the block's list */
+            uint64_t *bl = sk + ENGINE_CU_TOPK_SLICE;
+            int *hist = (int *)(bl + ENGINE_CU_TOPK_MAX);
+            block_radix_topk(sk, cnt, top_k, bl, hist, hist + 256);
+            if ((int)threadIdx.x < top_k) {
+                keys[(size_t)blockIdx.x * top_k + threadIdx.x] = bl[threadIdx.x];
+                __threadfence();
+            }
+            __syncthreads();
+            goto counted;
+        }
         const int w = threadIdx.x >> 5, nw = blockDim.x >> 5, wp = (cnt + nw - 1) / nw;
         const int w0 = min(cnt, w * wp), wn = min(cnt, w0 + wp) - w0;
         warp_topk(sk + w0, wn, 1, top_k, cur + w * (ENGINE_CU_TOPK_SLICE / 8), wl + w * top_k);
@@ -245,6 +329,7 @@ __global__ void sample_kernel(const float *logits, int n, engine_cu_step *step, 
         }
         block_argmax(&bv, &bi);
     }
+counted:
     if (threadIdx.x == 0) {
         if (!tk) {
             scratch[2 * blockIdx.x] = bv;
@@ -258,14 +343,30 @@ __global__ void sample_kernel(const float *logits, int n, engine_cu_step *step, 
     if (!s_last) return;
     __threadfence();
     if (tk) {
-        /* every block's list, merged by warp 0, and the draw */
+        /* every block's list, merged by warp 0 (or selected by the block and sorted by rank),
+         * and the draw */
         uint64_t *all = (uint64_t *)tk_smem, *fin = all + ENGINE_CU_TOPK_KEYS;
         uint8_t *cur = (uint8_t *)(fin + ENGINE_CU_TOPK_MAX);
         const int nk = (int)gridDim.x * top_k;
         for (int i = threadIdx.x; i < nk; i += blockDim.x)
             all[i] = __ldcg(keys + i);
         __syncthreads();
-        if (threadIdx.x < 32) {
+        if (algo == 1) {
+            uint64_t *sel = fin + ENGINE_CU_TOPK_MAX;
+            int *hist = (int *)(sel + ENGINE_CU_TOPK_MAX);
+            block_radix_topk(all, nk, top_k, sel, hist, hist + 256);
+            if ((int)threadIdx.x < top_k) { /* rank: the keys above (zeros: by slot) */
+                const uint64_t me = sel[threadIdx.x];
+                int rank = 0;
+                for (int j = 0; j < top_k; j++) {
+                    const uint64_t o = sel[j];
+                    rank += o > me || (o == me && j < (int)threadIdx.x);
+                }
+                fin[rank] = me;
+            }
+            __syncthreads();
+            if (threadIdx.x < 32) bi = topk_draw(fin, top_k, step, engine_cu_key_uniform(key));
+        } else if (threadIdx.x < 32) {
             warp_topk(all, (int)gridDim.x, top_k, top_k, cur, fin);
             bi = topk_draw(fin, top_k, step, engine_cu_key_uniform(key));
         }
@@ -294,6 +395,11 @@ void engine_cu_sample(const float *logits, int n, engine_cu_step *step, int32_t 
 
 size_t engine_cu_topk_smem(void) {
     return TK_SMEM;
+}
+
+int engine_cu_topk_algo_env(void) {
+    const char *e = getenv("SPARK_CUDA_TOPK");
+    return e && !strcmp(e, "radix") ? 1 : 0;
 }
 
 cudaError_t engine_cu_sample_topk_prepare(void) {

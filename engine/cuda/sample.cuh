@@ -29,7 +29,7 @@ typedef struct {
      * host sampler's order (engine/sample/sampler.c) */
     int32_t top_k;
     float top_p, min_p;
-    int32_t pad;
+    int32_t tk_algo; /* the top_k selection: 0 rounds of warp-wide merges, 1 radix select */
 } engine_cu_step;
 
 /* The draw's hashes: the key of the draw numbered n_out under seed, and a uniform in (0, 1)
@@ -71,6 +71,8 @@ void engine_cu_sample(const float *logits, int n, engine_cu_step *step, int32_t 
  * engine_cu_topk_smem() bytes of dynamic shared memory, above the default limit:
  * engine_cu_sample_topk_prepare raises it (on the current device; not during a capture). */
 cudaError_t engine_cu_sample_topk_prepare(void);
+/* engine_cu_step.tk_algo from SPARK_CUDA_TOPK: "radix" 1, else 0 (the warp-wide merges). */
+int engine_cu_topk_algo_env(void);
 void engine_cu_sample_topk(const float *logits, int n, engine_cu_step *step, int32_t *out,
                            float *scratch, uint64_t *keys, unsigned *counter, cudaStream_t stream);
 

@@ -163,6 +163,11 @@ static void check_generate(engine_model *m, const engine_session_params *sp, con
           g->st.generated_tokens, g->st.stop, g->n_tokens);
     CHECK(h->n == g->n && !memcmp(h->tok, g->tok, sizeof(int32_t) * (size_t)g->n),
           "%s: sampled on the GPU: the same seed drew other tokens", what);
+    setenv("SPARK_CUDA_TOPK", "radix", 1); /* the other selection: the same candidates */
+    gen_once(m, sp, prompt, np, &dflt, 30, NULL, 0, false, h);
+    unsetenv("SPARK_CUDA_TOPK");
+    CHECK(h->rc == 0 && h->n == g->n && !memcmp(h->tok, g->tok, sizeof(int32_t) * (size_t)g->n),
+          "%s: sampled on the GPU: the radix selection drew other tokens", what);
     int distinct = 0;
     for (int i = 0; i < g->n; i++) {
         int seen = 0;

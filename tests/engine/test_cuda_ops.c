@@ -832,8 +832,10 @@ static int32_t ref_draw(const float *l, const float *probs, int n, double u, dou
 
 /* The GPU's truncated draw (engine_cuda_stream's top_k path) against the host sampler's with
  * the same uniform: the same token, except where u lies within 1e-4 of a boundary (float
- * sums; counted, at most 1% of the draws), on logits that make each cut bite. */
-static void test_sample_topk(void) {
+ * sums; counted, at most 1% of the draws), on logits that make each cut bite. algo: the
+ * SPARK_CUDA_TOPK selection ("merge", the default, or "radix"). */
+static void test_sample_topk(const char *algo) {
+    setenv("SPARK_CUDA_TOPK", algo, 1);
     const int n = 151936;
     float *l = malloc(sizeof(float) * n), *probs = malloc(sizeof(float) * n);
     struct {
@@ -899,11 +901,14 @@ static void test_sample_topk(void) {
             }
         }
         CHECK(far == 0 && near * 100 <= draws,
-              "top-k draw, %s: %d of %d draws differ from the host sampler's (%d at a boundary)",
-              cases[c].name, far + near, draws, near);
-        printf("sample top-k %-24s: %d kept, %d of %d draws == host sampler (%d at a boundary)\n",
-               cases[c].name, kept, same, draws, near);
+              "top-k draw (%s), %s: %d of %d draws differ from the host sampler's (%d at a "
+              "boundary)",
+              algo, cases[c].name, far + near, draws, near);
+        printf("sample top-k (%s) %-24s: %d kept, %d of %d draws == host sampler (%d at a "
+               "boundary)\n",
+               algo, cases[c].name, kept, same, draws, near);
     }
+    unsetenv("SPARK_CUDA_TOPK");
     free(l);
     free(probs);
 }
@@ -920,7 +925,8 @@ int main(int argc, char **argv) {
     }
     if (argc > 1 && !strcmp(argv[1], "sample")) { /* the samplers alone */
         test_sample();
-        test_sample_topk();
+        test_sample_topk("merge");
+        test_sample_topk("radix");
         return support_finish("test_cuda_ops");
     }
     if (argc > 1 && !strcmp(argv[1], "moe")) { /* the MoE launches alone (compute-sanitizer) */
@@ -935,7 +941,8 @@ int main(int argc, char **argv) {
     test_moe();
     test_moe_fused();
     test_sample();
-    test_sample_topk();
+    test_sample_topk("merge");
+    test_sample_topk("radix");
     /* the decode stage-5 launches of sessions: few blocks looping over their rows, the MoE
      * down kernel routing before its wait (engine/cuda/moe.cuh) */
     printf("with SPARK_CUDA_OP_BPS=1:\n");
