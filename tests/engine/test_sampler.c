@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "engine.h"
+#include "sample/spec.h"
 
 static int failures;
 
@@ -335,7 +336,92 @@ static void test_bad_params(void) {
     engine_sampler_free(NULL);
 }
 
+/* A mask of every third token and a few more (for test_fast_full). */
+static int third_mask(void *user, uint32_t *allowed, int32_t n_vocab) {
+    (void)user;
+    for (int32_t i = 0; i < n_vocab; i += 3) allowed[i / 32] |= 1u << (i % 32);
+    allowed[0] |= 0x1eu;
+    return 0;
+}
+
+/* The single-pass greedy and top_k draws against building every candidate and quickselect
+ * (SPARK_SAMPLER_FULL=1): the same probabilities bit for bit and the same tokens for a seed,
+ * on a large vocabulary with ties, NaN and -inf, with and without a mask, bias and penalties,
+ * top_k below, at and above the candidates. */
+static void test_fast_full(void) {
+    enum { BIG = 151936 };
+    float *l = malloc(sizeof(float) * BIG), *pa = malloc(sizeof(float) * BIG),
+          *pb = malloc(sizeof(float) * BIG);
+    if (!l || !pa || !pb) {
+        CHECK(0);
+        goto out;
+    }
+    uint64_t x = 7;
+    for (int i = 0; i < BIG; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        l[i] = (float)((x >> 40) % 4001) / 200.0f - 10.0f; /* 0.005 steps: many ties */
+    }
+    l[17] = NAN;
+    l[18] = -INFINITY;
+    l[19] = 10.0f; /* ties with the largest */
+    const engine_logit_bias bias[2] = {{5, 3.0f}, {6, -INFINITY}};
+    struct {
+        float temp;
+        int32_t top_k;
+        float top_p, min_p, rep;
+        bool mask, bias;
+    } cases[] = {
+        {0.0f, 40, 0.95f, 0.05f, 1.0f, false, false}, {0.0f, 0, 1.0f, 0.0f, 1.0f, true, false},
+        {0.8f, 40, 0.95f, 0.05f, 1.0f, false, false}, {1.0f, 1, 1.0f, 0.0f, 1.0f, false, false},
+        {1.3f, 64, 0.5f, 0.0f, 1.0f, true, false},    {0.7f, 1000, 1.0f, 0.1f, 1.0f, false, true},
+        {1.0f, 20, 0.9f, 0.0f, 1.3f, true, true},     {0.9f, BIG + 5, 1.0f, 0.3f, 1.0f, false, false},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        engine_sampling_params p = ENGINE_SAMPLING_PARAMS_INIT;
+        p.temperature = cases[c].temp;
+        p.top_k = cases[c].top_k;
+        p.top_p = cases[c].top_p;
+        p.min_p = cases[c].min_p;
+        p.repeat_penalty = cases[c].rep;
+        p.seed = 11 + c;
+        if (cases[c].mask) p.mask = third_mask;
+        if (cases[c].bias) {
+            p.logit_bias = bias;
+            p.n_logit_bias = 2;
+        }
+        engine_sampler *fast = NULL, *full = NULL;
+        CHECK(engine_sampler_new(&fast, &p, BIG) == 0);
+        setenv("SPARK_SAMPLER_FULL", "1", 1);
+        CHECK(engine_sampler_new(&full, &p, BIG) == 0);
+        unsetenv("SPARK_SAMPLER_FULL");
+        if (!fast || !full) {
+            engine_sampler_free(fast);
+            engine_sampler_free(full);
+            continue;
+        }
+        int same = 0;
+        const int draws = 40;
+        for (int d = 0; d < draws; d++) {
+            int32_t a = -1, b = -1;
+            CHECK(engine_sampler_sample(fast, l, &a) == 0 && engine_sampler_sample(full, l, &b) == 0);
+            same += a == b;
+            CHECK(engine_sampler_accept(fast, a, false) == 0 && engine_sampler_accept(full, b, false) == 0);
+        }
+        CHECK(same == draws);
+        CHECK(engine_sampler_probs(fast, l, pa) == 0 && engine_sampler_probs(full, l, pb) == 0 &&
+              memcmp(pa, pb, sizeof(float) * BIG) == 0);
+        if (same != draws) fprintf(stderr, "fast/full case %zu: %d of %d draws equal\n", c, same, draws);
+        engine_sampler_free(fast);
+        engine_sampler_free(full);
+    }
+out:
+    free(l);
+    free(pa);
+    free(pb);
+}
+
 int main(void) {
+    test_fast_full();
     test_greedy();
     test_seed();
     check_distribution(1.0f, 20000);
