@@ -202,6 +202,17 @@ static int cu_err(cudaError_t e, const char *what) {
         if ((rc = cu_err((call), #call))) goto done;                                               \
     } while (0)
 
+extern "C" int engine_cuda_host_pin(void *p, size_t bytes) {
+    int rc = 0;
+    CU(cudaHostRegister(p, bytes, cudaHostRegisterDefault));
+done:
+    return rc;
+}
+
+extern "C" void engine_cuda_host_unpin(void *p) {
+    if (p && cudaHostUnregister(p) != cudaSuccess) cudaGetLastError();
+}
+
 extern "C" int engine_cuda_usable(void) {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);

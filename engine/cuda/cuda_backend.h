@@ -33,6 +33,11 @@ typedef struct engine_cuda_session engine_cuda_session;
 
 /* 0 when a GPU is usable, else ENGINE_ENODEV with the reason. */
 int engine_cuda_usable(void);
+/* Page-lock bytes at p (page-aligned, not shared with another registration) for the GPU's
+ * copies into it (the logits a host loop reads each token): 0, or an engine error (the memory
+ * then stays pageable: copies still work, through the driver's staging). unpin: before free. */
+int engine_cuda_host_pin(void *p, size_t bytes);
+void engine_cuda_host_unpin(void *p);
 
 /* Copy the weights of m (a loaded, non-vocab-only model) to GPU `device` once, quantised as
  * they are, after checking their size against the free device memory. Logs the plan and the

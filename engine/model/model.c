@@ -566,7 +566,9 @@ int engine_session_new(engine_session **out, engine_model *m, const engine_sessi
     s->n_batch = sp.n_batch;
     s->kv_type = sp.kv_type;
     s->tokens = malloc(sizeof(int32_t) * (size_t)sp.n_ctx);
-    s->logits = malloc(sizeof(float) * m->hp.n_vocab);
+    /* whole pages: on the GPU they are page-locked, so each token's logits copy straight in */
+    const size_t lb = (sizeof(float) * m->hp.n_vocab + 4095) & ~(size_t)4095;
+    if (posix_memalign((void **)&s->logits, 4096, lb)) s->logits = NULL;
     if (!s->tokens || !s->logits) {
         free(s->tokens);
         free(s->logits);
@@ -593,6 +595,8 @@ int engine_session_new(engine_session **out, engine_model *m, const engine_sessi
         rc = engine_cuda_q35_prefill_new((engine_cuda_q35_prefill **)&s->cuda_pf, s->cuda, 0);
         if (rc) engine_cuda_q35_session_free(s->cuda);
     }
+    if (rc == 0 && m->cuda) /* unpinned, the copies still work (the driver stages them) */
+        s->logits_pinned = engine_cuda_host_pin(s->logits, lb) == 0;
 #else
     int rc = engine_kv_session_init(s);
     if (rc == 0) rc = m->q35 ? engine_q35_fwd_new(s) : engine_fwd_new(s);
@@ -628,6 +632,7 @@ void engine_session_free(engine_session *s) {
         engine_cuda_q35_session_free(s->cuda);
     else
         engine_cuda_session_free(s->cuda);
+    if (s->logits_pinned) engine_cuda_host_unpin(s->logits);
 #endif
     free(s->tokens);
     free(s->logits);

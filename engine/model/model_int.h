@@ -80,6 +80,7 @@ struct engine_session {
     int32_t *tokens;          /* [n_ctx] */
     float *logits;            /* [n_vocab] after the last token */
     bool logits_valid;
+    bool logits_pinned;       /* page-locked for the GPU's copies (engine_cuda_host_pin) */
     engine_fwd *fwd;          /* CPU forward state (NULL on the GPU) */
     struct engine_q35_fwd *q35; /* qwen35moe forward state instead of fwd (arch_qwen35moe.c) */
     void *cuda;               /* engine_cuda_session when the model is on the GPU */
