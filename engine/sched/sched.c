@@ -88,6 +88,9 @@ struct engine_sched {
     double *pre_ms;
     sched_req *wait_head, *wait_tail; /* thread-private FIFO */
     int32_t n_vocab;
+    /* sessions mode on the GPU, SPARK_SCHED_GPU_STREAK=1: a request decoding alone draws its
+     * tokens on the GPU, steps queued ahead (step_streak); off until measured on the card */
+    bool gpu_streak;
 
     pthread_t thread;
     bool thread_started;
@@ -559,7 +562,74 @@ static void step_batched(engine_sched *s) {
     }
 }
 
+/* step_streak's callback: a token the GPU drew after the step that appended the one before it
+ * (req_sample's bookkeeping; the request's end is left to step_streak, outside the session's
+ * lock). Stops the streak at the request's end, or when a request or a cancel comes in. */
+typedef struct {
+    engine_sched *s;
+    sched_slot *sl;
+    sched_req *rq;
+    int rc;
+    bool done;
+    double t;
+} streak;
+
+static int streak_token(void *user, int32_t tok) {
+    streak *c = user;
+    sched_req *rq = c->rq;
+    engine_gen_stats *g = &rq->st.gen;
+    const double ts = engine_time_ms();
+    c->sl->n_done++;
+    g->decode_ms += ts - c->t;
+    g->decode_tokens++;
+    g->generated_tokens++;
+    int rc = engine_sampler_accept(rq->smp, tok, true);
+    if (rc == 0) rc = engine_gen_text_token(&rq->text, tok, &g->stop);
+    if (rc == 0 && g->stop == ENGINE_STOP_NONE) {
+        int32_t max = rq->r.gen.max_tokens > 0 ? rq->r.gen.max_tokens : INT32_MAX;
+        if (g->generated_tokens >= max) g->stop = ENGINE_STOP_LENGTH;
+        else if (rq->n_toks >= c->s->p.n_ctx) g->stop = ENGINE_STOP_CONTEXT;
+    }
+    c->t = engine_time_ms();
+    g->sample_ms += c->t - ts;
+    if (rc || g->stop != ENGINE_STOP_NONE) {
+        c->rc = rc;
+        c->done = true;
+        return 1;
+    }
+    rq->toks[rq->n_toks++] = tok;
+    lock(c->s);
+    const bool other = c->s->in_head || c->s->stopping || rq->cancel;
+    unlock(c->s);
+    return other ? 1 : 0;
+}
+
+/* Sessions mode: the only running request, decoding on the GPU with sampling it draws there
+ * (engine_session_gpu_draws), runs its next steps back to back with only token ids crossing
+ * to this thread. Returns false where it does not apply (the ordinary step then runs). */
+static bool step_streak(engine_sched *s) {
+    if (!s->gpu_streak || s->n_running != 1 || s->wait_head) return false;
+    sched_slot *sl = &s->slots[s->order[0]];
+    sched_req *rq = sl->rq;
+    engine_gen_stats *g = &rq->st.gen;
+    if (g->generated_tokens == 0 || sl->n_done != rq->n_toks - 1 ||
+        !engine_session_gpu_draws(sl->sess, &rq->r.gen.sampling))
+        return false;
+    int64_t max = rq->r.gen.max_tokens > 0 ? rq->r.gen.max_tokens : INT32_MAX;
+    int64_t steps = max - g->generated_tokens;
+    const int64_t room = engine_session_n_ctx(sl->sess) - engine_session_n_tokens(sl->sess);
+    if (steps > room) steps = room;
+    if (steps < 1) return false;
+    streak c = {s, sl, rq, 0, false, engine_time_ms()};
+    int rc = engine_session_gpu_generate(sl->sess, rq->toks[sl->n_done], (int32_t)steps,
+                                         &rq->r.gen.sampling, streak_token, &c);
+    if (c.done) req_finish(s, rq, c.rc);
+    else if (rc) req_finish(s, rq, rc);
+    return true;
+}
+
 static void step_sessions(engine_sched *s) {
+    if (step_streak(s)) return;
     int32_t budget = s->p.prefill_chunk;
     for (int32_t i = 0; i < s->n_running; i++) {
         sched_slot *sl = &s->slots[s->order[i]];
@@ -782,6 +852,8 @@ int engine_sched_new_mode(engine_sched **out, engine_model *m, const engine_sche
     s->p = sp;
     s->batched = mode == ENGINE_SCHED_MODE_BATCHED || (mode == ENGINE_SCHED_MODE_AUTO && can_batch);
     s->gpu_mode = s->batched && m->cuda;
+    const char *gs = getenv("SPARK_SCHED_GPU_STREAK");
+    s->gpu_streak = !s->batched && m->cuda && gs && !strcmp(gs, "1");
     s->n_vocab = engine_model_n_vocab(m);
     s->next_id = 1;
     pthread_mutex_init(&s->mu, NULL);

@@ -259,11 +259,15 @@ static void sched_done(void *user, uint64_t id, int rc, const engine_request_sta
     pthread_mutex_unlock(&c->r->mu);
 }
 
-static void sched_once(engine_model *m, bool gpu_batch, sched_run *run, const char *name) {
+/* streak: SPARK_SCHED_GPU_STREAK=1 (sessions mode: a request decoding alone draws on the GPU);
+ * serial: each request submitted once the one before it is done (so every one runs alone). */
+static void sched_once(engine_model *m, bool gpu_batch, bool streak, bool serial, sched_run *run,
+                       const char *name) {
     memset(run, 0, sizeof *run);
     pthread_mutex_init(&run->mu, NULL);
     pthread_cond_init(&run->cv, NULL);
     setenv("SPARK_SCHED_GPU_BATCH", gpu_batch ? "1" : "0", 1);
+    if (streak) setenv("SPARK_SCHED_GPU_STREAK", "1", 1);
     engine_sched_params sp = ENGINE_SCHED_PARAMS_INIT;
     sp.max_seqs = 4;
     sp.n_ctx = N_CTX;
@@ -271,6 +275,7 @@ static void sched_once(engine_model *m, bool gpu_batch, sched_run *run, const ch
     engine_sched *s = NULL;
     int rc = engine_sched_new(&s, m, &sp);
     unsetenv("SPARK_SCHED_GPU_BATCH");
+    unsetenv("SPARK_SCHED_GPU_STREAK");
     CHECK(rc == 0, "%s: scheduler (%s)", name, gpu_batch ? "GPU batched" : "sessions");
     if (rc) {
         for (int i = 0; i < SCHED_REQS; i++)
@@ -299,6 +304,12 @@ static void sched_once(engine_model *m, bool gpu_batch, sched_run *run, const ch
             pthread_mutex_lock(&run->mu);
             run->pending--;
             run->rc[i] = rc;
+            pthread_mutex_unlock(&run->mu);
+        }
+        if (serial) {
+            pthread_mutex_lock(&run->mu);
+            while (run->pending > 0)
+                pthread_cond_wait(&run->cv, &run->mu);
             pthread_mutex_unlock(&run->mu);
         }
     }
@@ -333,9 +344,27 @@ static void run_sched(const char *path, const char *name) {
         CHECK(0, "load %s on cuda", path);
         return;
     }
-    static sched_run a, b;
-    sched_once(m, false, &a, name);
-    sched_once(m, true, &b, name);
+    static sched_run a, b, c, d;
+    sched_once(m, false, false, false, &a, name);
+    sched_once(m, true, false, false, &b, name);
+    /* the GPU streak: every request alone (serial), and the four at once (the last one left
+     * runs alone; a submission or the end stops a streak) */
+    sched_once(m, false, true, true, &c, name);
+    sched_once(m, false, true, false, &d, name);
+    int same_streak = 0;
+    for (int i = 0; i < SCHED_REQS; i++) {
+        const sched_run *v[2] = {&c, &d};
+        for (int k = 0; k < 2; k++) {
+            bool eq = v[k]->rc[i] == 0 && v[k]->n[i] == a.n[i] &&
+                      !memcmp(v[k]->toks[i], a.toks[i], sizeof(int32_t) * SCHED_GEN);
+            CHECK(eq, "%s: request %d: the GPU streak's tokens (%s) differ from the sessions' (rc "
+                      "%d, %d tokens)",
+                  name, i, k ? "together" : "serial", v[k]->rc[i], v[k]->n[i]);
+            same_streak += eq;
+        }
+    }
+    printf("%-40s: scheduler, sessions with the GPU streak vs without: %d of %d runs identical\n",
+           name, same_streak, 2 * SCHED_REQS);
     int same = 0;
     for (int i = 0; i < SCHED_REQS; i++) {
         CHECK(a.rc[i] == 0 && b.rc[i] == 0, "%s: request %d: rc %d (sessions), %d (GPU batched)",
