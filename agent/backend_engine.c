@@ -227,6 +227,7 @@ static int eng_turn(agent_backend *b, json_t *msgs, const char *tools_json,
         grammar_matcher_reset(e->gm);
         sp.mask = grammar_sampler_mask;
         sp.accept = grammar_sampler_accept;
+        sp.free_mask = grammar_sampler_free;
         sp.grammar_user = e->gm;
     }
     cb_ctx cc = {o};

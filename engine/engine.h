@@ -329,12 +329,19 @@ typedef struct {
     engine_mask_fn mask;    /* optional grammar hook (both may be NULL) */
     engine_accept_fn accept;
     void *grammar_user;
+    /* optional, with mask: whether the grammar is in a stretch whose masks are all one mask (a
+     * lazy grammar before its trigger): 1 and that mask in allowed (when not NULL), 0 not now,
+     * < 0 abort. With it, engine_generate on the GPU (SPARK_CUDA_GEN_FREE=1) draws such
+     * stretches there. grammar_sampler_free implements it. */
+    engine_mask_fn free_mask;
 } engine_sampling_params;
 
 #define ENGINE_SAMPLING_PARAMS_VERSION 1
-#define ENGINE_SAMPLING_PARAMS_INIT                                                             \
-    {ENGINE_SAMPLING_PARAMS_VERSION, 0.8f, 40, 0.95f, 0.05f, 1.0f, 0.0f, 0.0f, 64, 0, NULL, 0,  \
-     NULL, NULL, NULL}
+#define ENGINE_SAMPLING_PARAMS_INIT                                                                \
+    {                                                                                              \
+        ENGINE_SAMPLING_PARAMS_VERSION, 0.8f, 40, 0.95f, 0.05f, 1.0f, 0.0f, 0.0f, 64, 0, NULL, 0,  \
+            NULL, NULL, NULL, NULL                                                                 \
+    }
 
 /* A sampler for a vocabulary of n_vocab ids; copies params (the bias array stays borrowed).
  * Scratch for the whole vocabulary is allocated here, none per token. */

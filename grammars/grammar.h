@@ -206,6 +206,11 @@ uint64_t grammar_matcher_state_hash(const grammar_matcher *m);
 
 int grammar_sampler_mask(void *user, uint32_t *allowed, int32_t n_vocab);
 int grammar_sampler_accept(void *user, int32_t token);
+/* The engine sampler's free_mask hook: 1 while a lazy grammar has not been triggered and the
+ * text does not end in a trigger's beginning -- its mask is then the same at every such state
+ * (any text; tokens that would trigger and break the grammar excluded), filled into allowed
+ * when it is not NULL -- else 0 (the mask hook is needed for the next token); < 0 an error. */
+int grammar_sampler_free(void *user, uint32_t *allowed, int32_t n_vocab);
 
 #ifdef __cplusplus
 }

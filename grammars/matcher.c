@@ -515,6 +515,18 @@ int grammar_sampler_mask(void *user, uint32_t *allowed, int32_t n_vocab) {
     return grammar_matcher_mask(user, allowed, n_vocab);
 }
 
+int grammar_sampler_free(void *user, uint32_t *allowed, int32_t n_vocab) {
+    grammar_matcher *m = user;
+    if (!m || m->finished || m->n_pos != 0) return 0; /* triggered, or not lazy */
+    const grammar *g = m->g;
+    for (int t = 0; t < g->n_triggers; t++) /* the text ends in a trigger's beginning */
+        for (size_t k = 1; k < g->trigger_len[t] && k <= m->n_text; k++)
+            if (memcmp(m->text + m->n_text - k, g->triggers[t], k) == 0) return 0;
+    if (!allowed) return 1;
+    int rc = grammar_matcher_mask(m, allowed, n_vocab);
+    return rc < 0 ? rc : 1;
+}
+
 int grammar_sampler_accept(void *user, int32_t token) {
     return grammar_matcher_accept(user, token);
 }

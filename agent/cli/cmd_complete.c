@@ -323,6 +323,7 @@ static int cli_grammar_setup(cli_grammar *cg, engine_model *m, const char *gbnf,
     }
     sp->mask = grammar_sampler_mask;
     sp->accept = grammar_sampler_accept;
+    sp->free_mask = grammar_sampler_free;
     sp->grammar_user = cg->m;
     ret = CLI_EXIT_OK;
 done:

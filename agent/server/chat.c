@@ -741,6 +741,7 @@ static int job_submit(srv_chat *c, srv_job *j, const int32_t *ids, size_t n, con
     if (j->gm) {
         rq.gen.sampling.mask = grammar_sampler_mask;
         rq.gen.sampling.accept = grammar_sampler_accept;
+        rq.gen.sampling.free_mask = grammar_sampler_free;
         rq.gen.sampling.grammar_user = j->gm;
     }
     const char *stops[4];

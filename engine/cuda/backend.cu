@@ -186,6 +186,7 @@ struct engine_cuda_session {
     unsigned *counters; /* [n_head + 2]: attention heads, sampler, router's routing */
     int32_t *ids, *out;
     uint64_t *skeys; /* the truncated draw's candidate lists (engine_cu_sample_topk) */
+    uint32_t *allow; /* engine_cuda_stream's mask: [(n_vocab + 31) / 32] bits */
     engine_cu_step *step;
     engine_cu_step *h_step; /* pinned host copy */
 };
@@ -571,8 +572,8 @@ done:
  * Sessions
  * ------------------------------------------------------------------------------------------- */
 typedef struct {
-    size_t kv_layer, x, q, kv, att, router, h, logits, partial, sscratch, skeys, ids, wts, counters,
-        step, out, rope, ao, mf_part, mf_ctr, total;
+    size_t kv_layer, x, q, kv, att, router, h, logits, partial, sscratch, skeys, allow, ids, wts,
+        counters, step, out, rope, ao, mf_part, mf_ctr, total;
 } sess_layout;
 
 static sess_layout layout(const engine_cuda_model *cm, int32_t n_ctx, engine_kv_type kv) {
@@ -593,6 +594,7 @@ static sess_layout layout(const engine_cuda_model *cm, int32_t n_ctx, engine_kv_
         align256(sizeof(float) * hp->n_head * (size_t)engine_cu_att_max_splits(n_ctx) * (hd + 2));
     z.sscratch = align256(sizeof(float) * 2 * ENGINE_CU_SAMPLE_BLOCKS);
     z.skeys = align256(sizeof(uint64_t) * ENGINE_CU_TOPK_KEYS);
+    z.allow = align256(sizeof(uint32_t) * ((hp->n_vocab + 31) / 32));
     z.ids = align256(sizeof(int32_t) * k);
     z.wts = align256(sizeof(float) * k);
     z.counters = align256(sizeof(unsigned) * (hp->n_head + 2));
@@ -607,8 +609,8 @@ static sess_layout layout(const engine_cuda_model *cm, int32_t n_ctx, engine_kv_
         z.mf_ctr = align256(sizeof(unsigned) * engine_cu_moe_fused_counters((int)k, (int)nff));
     }
     z.total = 2 * hp->n_layer * z.kv_layer + z.x + z.q + 2 * z.kv + z.att + z.router + z.h +
-              z.logits + z.partial + z.sscratch + z.skeys + z.ids + z.wts + z.counters + z.step +
-              z.out + z.rope + z.ao + z.mf_part + z.mf_ctr;
+              z.logits + z.partial + z.sscratch + z.skeys + z.allow + z.ids + z.wts + z.counters +
+              z.step + z.out + z.rope + z.ao + z.mf_part + z.mf_ctr;
     return z;
 }
 
@@ -753,14 +755,16 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
     CARVE(x, x, float)
     CARVE(q, q, float)
     CARVE(k, kv, float)
-    CARVE(v, kv, float) CARVE(att, att, float) CARVE(router, router, float) CARVE(h, h, float)
+    CARVE(v, kv, float)
+    CARVE(att, att, float) CARVE(router, router, float) CARVE(h, h, float)
         CARVE(logits, logits, float) CARVE(partial, partial, float) CARVE(sscratch, sscratch, float)
-            CARVE(skeys, skeys, uint64_t) CARVE(ids, ids, int32_t) CARVE(wts, wts, float)
-                CARVE(counters, counters, unsigned) CARVE(step, step, engine_cu_step)
-                    CARVE(out, out, int32_t) CARVE(rope, rope, float) CARVE(ao, ao, float)
-                        CARVE(mf_part, mf_part, float) CARVE(mf_ctr, mf_ctr, unsigned)
+            CARVE(skeys, skeys, uint64_t) CARVE(allow, allow, uint32_t) CARVE(ids, ids, int32_t)
+                CARVE(wts, wts, float) CARVE(counters, counters, unsigned)
+                    CARVE(step, step, engine_cu_step) CARVE(out, out, int32_t)
+                        CARVE(rope, rope, float) CARVE(ao, ao, float) CARVE(mf_part, mf_part, float)
+                            CARVE(mf_ctr, mf_ctr, unsigned)
 #undef CARVE
-                            ENGINE_ASSERT((size_t)(p - s->mem) == z.total);
+                                ENGINE_ASSERT((size_t)(p - s->mem) == z.total);
     {
         size_t rb = sizeof(float) * (size_t)n_ctx * hp->head_dim_k;
         float *t = (float *)malloc(rb);
@@ -1151,10 +1155,10 @@ static void enqueue_step(engine_cuda_session *s, step_prof *p, route_trace *t) {
     mark(p, 7, st);
     if (s->tk)
         engine_cu_sample_topk(s->logits, (int)hp->n_vocab, s->step, s->out, s->sscratch, s->skeys,
-                              s->counters + hp->n_head, st);
+                              s->counters + hp->n_head, st, s->allow);
     else
         engine_cu_sample(s->logits, (int)hp->n_vocab, s->step, s->out, s->sscratch,
-                         s->counters + hp->n_head, st);
+                         s->counters + hp->n_head, st, s->allow);
     mark(p, 8, st);
 }
 
@@ -1211,6 +1215,7 @@ static int run_steps(engine_cuda_session *s, int32_t token, int32_t pos, int32_t
     s->h_step->seed = seed;
     s->h_step->temp = temp;
     s->h_step->top_k = 0;
+    s->h_step->masked = 0;
     CU(cudaMemcpyAsync(s->step, s->h_step, sizeof *s->h_step, cudaMemcpyHostToDevice, s->stream));
     for (int32_t i = 0; i < n; i++)
         CU(cudaGraphLaunch(s->exec, s->stream));
@@ -1294,6 +1299,10 @@ extern "C" int engine_cuda_stream(engine_cuda_session *s, int32_t token, int32_t
     s->h_step->top_p = p->top_p;
     s->h_step->min_p = p->min_p;
     s->h_step->tk_algo = s->tk_algo;
+    s->h_step->masked = p->allow != NULL;
+    if (p->allow)
+        CU(cudaMemcpyAsync(s->allow, p->allow, sizeof(uint32_t) * (((size_t)nv + 31) / 32),
+                           cudaMemcpyHostToDevice, s->stream));
     CU(cudaMemcpyAsync(s->step, s->h_step, sizeof *s->h_step, cudaMemcpyHostToDevice, s->stream));
     /* step i samples token i: its copy follows it on the copy stream, so the step stream runs
      * on while the host reads; at most ENGINE_CUDA_STREAM_AHEAD steps past the one awaited */
@@ -1348,6 +1357,7 @@ extern "C" int engine_cuda_profile(engine_cuda_session *s, int32_t token, int32_
         s->h_step->n_out = 0;
         s->h_step->out_cap = 1;
         s->h_step->temp = 0;
+        s->h_step->masked = 0;
         CU(cudaMemcpyAsync(s->step, s->h_step, sizeof *s->h_step, cudaMemcpyHostToDevice,
                            s->stream));
         p.n = 0;
@@ -1394,6 +1404,7 @@ extern "C" int engine_cuda_route_trace(engine_cuda_session *s, int32_t token, in
     s->h_step->n_out = 0;
     s->h_step->out_cap = 1;
     s->h_step->temp = 0;
+    s->h_step->masked = 0;
     CU(cudaMemcpyAsync(s->step, s->h_step, sizeof *s->h_step, cudaMemcpyHostToDevice, s->stream));
     enqueue_step(s, NULL, &t);
     if (logits)

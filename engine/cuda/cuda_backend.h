@@ -106,6 +106,8 @@ typedef struct {
     float top_p;   /* 1: off */
     float min_p;   /* 0: off */
     uint64_t seed;
+    const uint32_t *allow; /* NULL, or n_vocab bits: only those tokens are drawn (a grammar's
+                            * mask that holds for every step of the call) */
 } engine_cuda_sampling;
 typedef int (*engine_cuda_token_fn)(void *user, int32_t token);
 bool engine_cuda_stream_ok(const engine_cuda_session *s, const engine_cuda_sampling *p);

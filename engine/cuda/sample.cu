@@ -277,8 +277,14 @@ __device__ __forceinline__ unsigned dyn_smem_bytes() {
     return r;
 }
 
+/* logits[i], or -inf where the launch's mask leaves token i out */
+__device__ __forceinline__ float masked_logit(const float *logits, const uint32_t *allow, int i) {
+    return allow && !(__ldg(allow + (i >> 5)) >> (i & 31) & 1u) ? -INFINITY : logits[i];
+}
+
 __global__ void sample_kernel(const float *logits, int n, engine_cu_step *step, int32_t *out,
-                              float *scratch, uint64_t *keys, unsigned *counter) {
+                              float *scratch, uint64_t *keys, unsigned *counter,
+                              const uint32_t *allow_all) {
     __shared__ int s_last;
     extern __shared__ __align__(16) uint8_t tk_smem[];
     engine_cu_pdl_launch();
@@ -286,6 +292,7 @@ __global__ void sample_kernel(const float *logits, int n, engine_cu_step *step, 
     const float temp = step->temp;
     const uint64_t key = engine_cu_draw_key(step->seed, step->n_out);
     const int top_k = step->top_k, algo = step->tk_algo;
+    const uint32_t *allow = step->masked ? allow_all : nullptr;
     /* the truncated draw: only in a launch that brought its keys and shared memory */
     const bool tk = temp > 0.0f && top_k > 0 && top_k <= ENGINE_CU_TOPK_MAX && keys &&
                     dyn_smem_bytes() >= TK_SMEM && n <= (int)gridDim.x * ENGINE_CU_TOPK_SLICE;
@@ -298,7 +305,7 @@ __global__ void sample_kernel(const float *logits, int n, engine_cu_step *step, 
         const int per = (n + (int)gridDim.x - 1) / (int)gridDim.x;
         const int i0 = (int)blockIdx.x * per, cnt = max(0, min(per, n - i0));
         for (int i = threadIdx.x; i < cnt; i += blockDim.x)
-            sk[i] = topk_key(logits[i0 + i], i0 + i);
+            sk[i] = topk_key(masked_logit(logits, allow, i0 + i), i0 + i);
         __syncthreads();
         if (algo == 1) { /* radix select into shared memory, then out to the block's list */
             uint64_t *bl = sk + ENGINE_CU_TOPK_SLICE;
@@ -318,7 +325,7 @@ __global__ void sample_kernel(const float *logits, int n, engine_cu_step *step, 
         if (w == 0) warp_topk(wl, nw, top_k, top_k, cur, keys + (size_t)blockIdx.x * top_k);
     } else {
         for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-            float v = logits[i];
+            float v = masked_logit(logits, allow, i);
             if (temp > 0.0f) {
                 /* 53-bit uniform in (0, 1) */
                 double u = engine_cu_key_uniform(engine_cu_splitmix64(key + (uint64_t)i));
@@ -388,9 +395,10 @@ counted:
 }
 
 void engine_cu_sample(const float *logits, int n, engine_cu_step *step, int32_t *out,
-                      float *scratch, unsigned *counter, cudaStream_t stream) {
+                      float *scratch, unsigned *counter, cudaStream_t stream,
+                      const uint32_t *allow) {
     engine_cu_launch(sample_kernel, dim3(ENGINE_CU_SAMPLE_BLOCKS), dim3(256), 0, stream, logits, n,
-                     step, out, scratch, (uint64_t *)nullptr, counter);
+                     step, out, scratch, (uint64_t *)nullptr, counter, allow);
 }
 
 size_t engine_cu_topk_smem(void) {
@@ -408,10 +416,11 @@ cudaError_t engine_cu_sample_topk_prepare(void) {
 }
 
 void engine_cu_sample_topk(const float *logits, int n, engine_cu_step *step, int32_t *out,
-                           float *scratch, uint64_t *keys, unsigned *counter, cudaStream_t stream) {
+                           float *scratch, uint64_t *keys, unsigned *counter, cudaStream_t stream,
+                           const uint32_t *allow) {
     static_assert(ENGINE_CU_TOPK_MAX <= 255, "a cursor is a byte");
     engine_cu_launch(sample_kernel, dim3(ENGINE_CU_SAMPLE_BLOCKS), dim3(256), (size_t)TK_SMEM,
-                     stream, logits, n, step, out, scratch, keys, counter);
+                     stream, logits, n, step, out, scratch, keys, counter, allow);
 }
 
 ENGINE_CU_TRACE_TU(sample)

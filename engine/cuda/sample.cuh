@@ -30,6 +30,7 @@ typedef struct {
     int32_t top_k;
     float top_p, min_p;
     int32_t tk_algo; /* the top_k selection: 0 rounds of warp-wide merges, 1 radix select */
+    int32_t masked;  /* 1: only the tokens whose bit is set in the launch's allow may be drawn */
 } engine_cu_step;
 
 /* The draw's hashes: the key of the draw numbered n_out under seed, and a uniform in (0, 1)
@@ -61,9 +62,12 @@ void engine_cu_embed(const uint8_t *emb, size_t row_bytes, int type, int n_embd,
                      const engine_cu_step *step, int m, float *x, cudaStream_t stream);
 
 /* Sample from logits[0..n): step->token = choice, out[n_out++] = choice (while n_out < cap),
- * step->pos++. scratch: 2 * ENGINE_CU_SAMPLE_BLOCKS values; counter: one zeroed unsigned. */
+ * step->pos++. scratch: 2 * ENGINE_CU_SAMPLE_BLOCKS values; counter: one zeroed unsigned.
+ * allow: NULL, or n bits that, where step->masked, say which tokens may be drawn (the others
+ * count as -inf, as the host sampler's grammar mask makes them). */
 void engine_cu_sample(const float *logits, int n, engine_cu_step *step, int32_t *out,
-                      float *scratch, unsigned *counter, cudaStream_t stream);
+                      float *scratch, unsigned *counter, cudaStream_t stream,
+                      const uint32_t *allow = nullptr);
 /* The same, and where step->temp > 0 and step->top_k is in 1..ENGINE_CU_TOPK_MAX the
  * truncated draw: each block's top_k candidates into keys (ENGINE_CU_TOPK_KEYS values), the
  * last block's merge of them, softmax(l / T), top_p, min_p and a draw with the uniform of
@@ -74,6 +78,7 @@ cudaError_t engine_cu_sample_topk_prepare(void);
 /* engine_cu_step.tk_algo from SPARK_CUDA_TOPK: "radix" 1, else 0 (the warp-wide merges). */
 int engine_cu_topk_algo_env(void);
 void engine_cu_sample_topk(const float *logits, int n, engine_cu_step *step, int32_t *out,
-                           float *scratch, uint64_t *keys, unsigned *counter, cudaStream_t stream);
+                           float *scratch, uint64_t *keys, unsigned *counter, cudaStream_t stream,
+                           const uint32_t *allow = nullptr);
 
 #endif

@@ -653,11 +653,14 @@ const int32_t *engine_session_tokens(const engine_session *s) {
 
 bool engine_session_gpu_draws(const engine_session *s, const engine_sampling_params *p) {
 #ifdef SPARK_HAVE_CUDA
-    const char *e = getenv("SPARK_CUDA_GEN_LOOP");
-    if (!s->cuda || s->m->q35 || (e && e[0] == '0') || p->mask || p->accept || p->n_logit_bias ||
-        p->repeat_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f)
+    const char *e = getenv("SPARK_CUDA_GEN_LOOP"), *f = getenv("SPARK_CUDA_GEN_FREE");
+    /* a grammar: only through its free stretches, where its mask is one mask (free_mask) */
+    const bool grammar_ok = p->free_mask && p->mask && f && f[0] == '1';
+    if (!s->cuda || s->m->q35 || (e && e[0] == '0') || ((p->mask || p->accept) && !grammar_ok) ||
+        p->n_logit_bias || p->repeat_penalty != 1.0f || p->presence_penalty != 0.0f ||
+        p->frequency_penalty != 0.0f)
         return false;
-    const engine_cuda_sampling cs = {p->temperature, p->top_k, p->top_p, p->min_p, p->seed};
+    const engine_cuda_sampling cs = {p->temperature, p->top_k, p->top_p, p->min_p, p->seed, NULL};
     return engine_cuda_stream_ok(s->cuda, &cs);
 #else
     (void)s;
@@ -683,8 +686,8 @@ static int gpu_gen_token(void *user, int32_t t) {
 #endif
 
 int engine_session_gpu_generate(engine_session *s, int32_t token, int32_t n_max,
-                                const engine_sampling_params *p, int (*cb)(void *, int32_t),
-                                void *user) {
+                                const engine_sampling_params *p, const uint32_t *allow,
+                                int (*cb)(void *, int32_t), void *user) {
 #ifdef SPARK_HAVE_CUDA
     if (!engine_session_gpu_draws(s, p))
         return engine_err(ENGINE_EUNSUPPORTED, "generate: this session or sampling is not drawn "
@@ -694,7 +697,9 @@ int engine_session_gpu_generate(engine_session *s, int32_t token, int32_t n_max,
                           "generate: %d steps from position %d do not fit the "
                           "context of %d",
                           n_max, s->n_tokens, s->n_ctx);
-    const engine_cuda_sampling cs = {p->temperature, p->top_k, p->top_p, p->min_p, p->seed};
+    if ((p->mask != NULL) != (allow != NULL))
+        return engine_err(ENGINE_EINVAL, "generate: a grammar's mask goes with its allowed bits");
+    const engine_cuda_sampling cs = {p->temperature, p->top_k, p->top_p, p->min_p, p->seed, allow};
     gpu_gen g = {s, token, cb, user};
     int32_t n_steps = 0;
     pthread_mutex_lock(&s->m->pool_mu);
@@ -710,6 +715,7 @@ int engine_session_gpu_generate(engine_session *s, int32_t token, int32_t n_max,
     (void)token;
     (void)n_max;
     (void)p;
+    (void)allow;
     (void)cb;
     (void)user;
     return engine_err(ENGINE_EUNSUPPORTED, "generate: this build has no CUDA backend");

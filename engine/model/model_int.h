@@ -128,18 +128,20 @@ size_t engine_fwd_bytes(const engine_model *m, int32_t n_ctx, int32_t n_batch,
 
 /* Generation with the tokens drawn on the GPU (engine_cuda_stream; model.c). gpu_draws: whether
  * s runs there with p: a qwen3 / qwen3moe session on the GPU, and nothing in p that only the
- * host sampler has (a mask or accept hook, logit bias, penalties, a top_k above 64, top_p or
- * min_p without top_k); SPARK_CUDA_GEN_LOOP=0 says no (the host loop, for an A/B).
- * gpu_generate: token (drawn, not yet appended) is appended and the next drawn, then that one,
- * n_max times at most; cb(user, t) gets each drawn token in order (0: go on, > 0: stop there,
+ * host sampler has (logit bias, penalties, a top_k above 64, top_p or min_p without top_k, a
+ * grammar without free_mask or unless SPARK_CUDA_GEN_FREE=1); SPARK_CUDA_GEN_LOOP=0 says no
+ * (the host loop, for an A/B). gpu_generate: token (drawn, not yet appended) is appended and
+ * the next drawn, then that one, n_max times at most, only the tokens of allow (a grammar's
+ * free mask; NULL without a grammar); cb(user, t) gets each drawn token in order (0: go on,
+ * > 0: stop there,
  * < 0: stop with that error), which the session does not hold until a later step appends it.
  * Holds the model's pool lock throughout (cb must not run the same model). The session's
  * logits are not kept (engine_session_logits: NULL until the next append). Returns 0, cb's
  * error or an engine error; s->n_tokens counts the tokens appended either way. */
 bool engine_session_gpu_draws(const engine_session *s, const engine_sampling_params *p);
 int engine_session_gpu_generate(engine_session *s, int32_t token, int32_t n_max,
-                                const engine_sampling_params *p, int (*cb)(void *, int32_t),
-                                void *user);
+                                const engine_sampling_params *p, const uint32_t *allow,
+                                int (*cb)(void *, int32_t), void *user);
 
 /* Generated text as engine_generate streams it (sample/generate.c), shared with the scheduler:
  * token -> streaming detokenizer (complete UTF-8) -> held back while it may begin a stop

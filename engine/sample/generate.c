@@ -164,7 +164,10 @@ int engine_gen_text_finish(engine_gen_text *g, engine_stop_reason *stop) {
 }
 
 /* The GPU's draws (engine_session_gpu_generate): each token as the host loop below takes a
- * sampled one, after the step that drew it appended the token before it. */
+ * sampled one, after the step that drew it appended the token before it. With a grammar the
+ * GPU draws with its free mask (allow); a token after which the grammar's mask is another
+ * (free_mask: 0, or other bits in cmp) ends the stretch: *sw, and the host loop goes on from
+ * that token (last), drawn and accepted but not yet appended. */
 typedef struct {
     const engine_gen_params *p;
     engine_session *s;
@@ -172,6 +175,11 @@ typedef struct {
     engine_gen_text *g;
     engine_gen_stats *st;
     int32_t max;
+    const uint32_t *allow;
+    uint32_t *cmp;
+    int32_t n_vocab;
+    bool sw;
+    int32_t last;
 } gpu_tail;
 
 static int gpu_tail_token(void *user, int32_t tok) {
@@ -192,6 +200,18 @@ static int gpu_tail_token(void *user, int32_t tok) {
     if (t->s->n_tokens >= t->s->n_ctx) {
         st->stop = ENGINE_STOP_CONTEXT;
         return 1;
+    }
+    if (t->allow) {
+        const engine_sampling_params *sp = &t->p->sampling;
+        const size_t words = ((size_t)t->n_vocab + 31) / 32;
+        int fr = sp->free_mask(sp->grammar_user, t->cmp, t->n_vocab);
+        if (fr < 0)
+            return engine_err(ENGINE_ECANCELED, "generate: the grammar's free_mask hook aborted");
+        if (fr != 1 || memcmp(t->cmp, t->allow, words * sizeof *t->cmp) != 0) {
+            t->sw = true;
+            t->last = tok;
+            return 1;
+        }
     }
     return 0;
 }
@@ -223,6 +243,7 @@ int engine_generate(engine_session *s, const engine_gen_params *p, engine_token_
     engine_sampler *smp = NULL;
     engine_gen_text g;
     bool have_text = false;
+    uint32_t *free_bits = NULL; /* a grammar's free mask, and the one after each GPU token */
     rc = engine_sampler_new(&smp, &p->sampling, engine_model_n_vocab(m));
     if (rc) goto done;
     if ((rc = engine_gen_text_init(&g, m, p, cb, user))) goto done;
@@ -274,21 +295,43 @@ int engine_generate(engine_session *s, const engine_gen_params *p, engine_token_
             break;
         }
         double td = engine_time_ms();
-        if (engine_session_gpu_draws(s, &p->sampling)) {
-            /* the rest on the GPU: each step appends a token and draws the next, queued ahead
-             * of this thread; the steps that append the tokens up to the max (the host loop
-             * appends its last one too) */
-            gpu_tail t = {p, s, smp, &g, &st, max};
+        int fr = engine_session_gpu_draws(s, &p->sampling) ? 1 : 0;
+        const int32_t nv = engine_model_n_vocab(m);
+        const size_t words = ((size_t)nv + 31) / 32;
+        if (fr && p->sampling.mask) { /* a grammar: on the GPU through a free stretch only */
+            if (!free_bits && !(free_bits = malloc(2 * words * sizeof *free_bits))) {
+                rc = engine_err(ENGINE_ENOMEM, "out of memory for the grammar's mask");
+                goto done;
+            }
+            fr = p->sampling.free_mask(p->sampling.grammar_user, free_bits, nv);
+            if (fr < 0) {
+                rc = engine_err(ENGINE_ECANCELED, "generate: the grammar's free_mask hook aborted");
+                st.stop = ENGINE_STOP_CANCELED;
+                goto done;
+            }
+        }
+        if (fr == 1) {
+            /* on the GPU: each step appends a token and draws the next, queued ahead of this
+             * thread; the steps that append the tokens up to the max (the host loop appends its
+             * last one too) */
+            const bool gm = p->sampling.mask != NULL;
+            gpu_tail t = {
+                p,  s,     smp, &g, &st, max, gm ? free_bits : NULL, gm ? free_bits + words : NULL,
+                nv, false, -1};
             int64_t steps = (int64_t)max - st.generated_tokens + 1;
             if (steps > s->n_ctx - s->n_tokens) steps = s->n_ctx - s->n_tokens;
-            rc = engine_session_gpu_generate(s, tok, (int32_t)steps, &p->sampling, gpu_tail_token,
-                                             &t);
+            rc = engine_session_gpu_generate(s, tok, (int32_t)steps, &p->sampling, t.allow,
+                                             gpu_tail_token, &t);
             /* decode_ms: the loop's wall time (sample_ms, the host's share, ran beside it) */
             st.decode_ms += engine_time_ms() - td;
             if (rc == ENGINE_ECANCELED) st.stop = ENGINE_STOP_CANCELED;
             if (rc) goto done;
-            if (st.stop == ENGINE_STOP_NONE) st.stop = ENGINE_STOP_LENGTH;
-            break;
+            if (!t.sw) {
+                if (st.stop == ENGINE_STOP_NONE) st.stop = ENGINE_STOP_LENGTH;
+                break;
+            }
+            tok = t.last; /* the grammar left its free stretch: the host loop from this token */
+            td = engine_time_ms();
         }
         rc = engine_session_append(s, &tok, 1, NULL);
         st.decode_ms += engine_time_ms() - td;
@@ -299,6 +342,7 @@ int engine_generate(engine_session *s, const engine_gen_params *p, engine_token_
     if (rc == 0) rc = engine_gen_text_finish(&g, &st.stop);
 done:
     if (stats) *stats = st;
+    free(free_bits);
     engine_sampler_free(smp);
     if (have_text) engine_gen_text_deinit(&g);
     return rc;

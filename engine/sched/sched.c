@@ -612,7 +612,7 @@ static bool step_streak(engine_sched *s) {
     sched_slot *sl = &s->slots[s->order[0]];
     sched_req *rq = sl->rq;
     engine_gen_stats *g = &rq->st.gen;
-    if (g->generated_tokens == 0 || sl->n_done != rq->n_toks - 1 ||
+    if (g->generated_tokens == 0 || sl->n_done != rq->n_toks - 1 || rq->r.gen.sampling.mask ||
         !engine_session_gpu_draws(sl->sess, &rq->r.gen.sampling))
         return false;
     int64_t max = rq->r.gen.max_tokens > 0 ? rq->r.gen.max_tokens : INT32_MAX;
@@ -622,7 +622,7 @@ static bool step_streak(engine_sched *s) {
     if (steps < 1) return false;
     streak c = {s, sl, rq, 0, false, engine_time_ms()};
     int rc = engine_session_gpu_generate(sl->sess, rq->toks[sl->n_done], (int32_t)steps,
-                                         &rq->r.gen.sampling, streak_token, &c);
+                                         &rq->r.gen.sampling, NULL, streak_token, &c);
     if (c.done) req_finish(s, rq, c.rc);
     else if (rc) req_finish(s, rq, rc);
     return true;

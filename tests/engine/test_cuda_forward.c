@@ -107,6 +107,40 @@ static void gen_once(engine_model *m, const engine_session_params *sp, const int
     unsetenv("SPARK_CUDA_GEN_LOOP");
 }
 
+/* A grammar stand-in for the GPU's free stretches: every id % 5 == 1 banned (% 5 == 2 from the
+ * 15th accepted token on); free_mask says free except from the 8th to the 11th token, so a run
+ * goes GPU, host, GPU, and the mask's change at the 15th ends a stretch. */
+typedef struct {
+    int accepted;
+} fake_grammar;
+
+static void fake_bits(const fake_grammar *f, uint32_t *allowed, int32_t n) {
+    const int banned = f->accepted >= 15 ? 2 : 1;
+    for (int32_t i = 0; i < n; i++)
+        if (i % 5 != banned) allowed[i / 32] |= 1u << (i % 32);
+}
+
+static int fake_mask(void *user, uint32_t *allowed, int32_t n) {
+    fake_bits(user, allowed, n);
+    return 0;
+}
+
+static int fake_accept(void *user, int32_t token) {
+    (void)token;
+    ((fake_grammar *)user)->accepted++;
+    return 0;
+}
+
+static int fake_free(void *user, uint32_t *allowed, int32_t n) {
+    const fake_grammar *f = user;
+    if (f->accepted >= 8 && f->accepted < 12) return 0;
+    if (allowed) {
+        memset(allowed, 0, sizeof(uint32_t) * (((size_t)n + 31) / 32));
+        fake_bits(f, allowed, n);
+    }
+    return 1;
+}
+
 /* The GPU's draws against the host loop: greedy the same tokens, stops and session length (the
  * same logits, argmax ties to the lower id on both); sampled reproducible for a seed; sampling
  * the GPU does not draw (a top_k above 64) falls back to the host loop. */
@@ -177,6 +211,30 @@ static void check_generate(engine_model *m, const engine_session_params *sp, con
     }
     printf("%s: generate sampled on the GPU (defaults, seed 7): %d tokens, %d distinct\n", what,
            g->n, distinct);
+    /* a grammar's free stretches on the GPU (SPARK_CUDA_GEN_FREE=1) against the host loop */
+    fake_grammar fg_h = {0}, fg_g = {0};
+    engine_sampling_params gram = greedy;
+    gram.mask = fake_mask;
+    gram.accept = fake_accept;
+    gram.free_mask = fake_free;
+    gram.grammar_user = &fg_h;
+    gen_once(m, sp, prompt, np, &gram, 20, NULL, 0, true, h);
+    setenv("SPARK_CUDA_GEN_FREE", "1", 1);
+    gram.grammar_user = &fg_g;
+    gen_once(m, sp, prompt, np, &gram, 20, NULL, 0, false, g);
+    unsetenv("SPARK_CUDA_GEN_FREE");
+    bool banned_ok = true;
+    for (int i = 0; i < g->n; i++)
+        banned_ok &= g->tok[i] % 5 != (i >= 15 ? 2 : 1); /* drawn after i accepted tokens */
+    CHECK(h->rc == 0 && g->rc == 0 && h->n == 20 && g->n == 20 &&
+              !memcmp(h->tok, g->tok, sizeof(int32_t) * 20) && h->n_tokens == g->n_tokens &&
+              fg_h.accepted == fg_g.accepted && banned_ok && !g->logits_kept,
+          "%s: grammar stretches on the GPU: rc %d / %d, %d / %d tokens, session %d / %d, "
+          "accepted %d / %d, banned ids kept out %d, logits kept %d",
+          what, h->rc, g->rc, h->n, g->n, h->n_tokens, g->n_tokens, fg_h.accepted, fg_g.accepted,
+          banned_ok, g->logits_kept);
+    printf("%s: generate with a grammar's free stretches on the GPU == host loop: %d tokens\n",
+           what, g->n);
     /* a top_k the GPU does not take: the host loop */
     dflt.top_k = 100;
     gen_once(m, sp, prompt, np, &dflt, 5, NULL, 0, false, g);

@@ -843,14 +843,14 @@ static void test_sample_topk(const char *algo) {
         int kind; /* 0 flat, 1 peaked, 2 five finite + NaN */
         engine_cuda_sampling p;
     } cases[] = {
-        {"flat, defaults", 0, {0.8f, 40, 0.95f, 0.05f, 1}},
-        {"flat, k 64 top_p 0.9", 0, {1.0f, 64, 0.9f, 0.0f, 2}},
-        {"peaked, defaults", 1, {0.8f, 40, 0.95f, 0.05f, 3}},
-        {"peaked, k 20", 1, {1.0f, 20, 1.0f, 0.0f, 4}},
-        {"peaked, k 64 top_p 0.5", 1, {1.3f, 64, 0.5f, 0.0f, 5}},
-        {"peaked, min_p 0.2", 1, {0.7f, 50, 1.0f, 0.2f, 6}},
-        {"peaked, k 1", 1, {1.0f, 1, 1.0f, 0.0f, 7}},
-        {"five finite", 2, {1.0f, 20, 0.95f, 0.0f, 8}},
+        {"flat, defaults", 0, {0.8f, 40, 0.95f, 0.05f, 1, NULL}},
+        {"flat, k 64 top_p 0.9", 0, {1.0f, 64, 0.9f, 0.0f, 2, NULL}},
+        {"peaked, defaults", 1, {0.8f, 40, 0.95f, 0.05f, 3, NULL}},
+        {"peaked, k 20", 1, {1.0f, 20, 1.0f, 0.0f, 4, NULL}},
+        {"peaked, k 64 top_p 0.5", 1, {1.3f, 64, 0.5f, 0.0f, 5, NULL}},
+        {"peaked, min_p 0.2", 1, {0.7f, 50, 1.0f, 0.2f, 6, NULL}},
+        {"peaked, k 1", 1, {1.0f, 1, 1.0f, 0.0f, 7, NULL}},
+        {"five finite", 2, {1.0f, 20, 0.95f, 0.0f, 8, NULL}},
     };
     const int draws = n_draws / 10 > 30 ? n_draws / 10 : 30;
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {

@@ -299,6 +299,43 @@ static grammar *tools(grammar_tool_format fmt, grammar_tool_mode mode, const cha
     return g;
 }
 
+/* grammar_sampler_free on the lazy tool grammar: free (and the same mask) on plain text, not
+ * free once the text ends in the trigger's beginning, nor once it is triggered; never for a
+ * grammar that is not lazy. */
+static void test_free_state(grammar *lazy, grammar *strict) {
+    grammar_index *ix = NULL;
+    grammar_matcher *m = NULL;
+    int32_t eog = 256;
+    uint32_t a[9], b[9], c[9];
+    if (grammar_index_new(&ix, lazy, bytes_vocab) || grammar_matcher_new(&m, ix, &eog, 1)) {
+        CHECK(0, "matcher: %s", grammar_error_last());
+        grammar_index_free(ix);
+        return;
+    }
+    CHECK(grammar_sampler_free(m, a, 257) == 1, "free at the start");
+    CHECK(grammar_matcher_accept_bytes(m, "Let me look. ", 13) == 0, "text");
+    CHECK(grammar_sampler_free(m, b, 257) == 1 && !memcmp(a, b, sizeof a),
+          "free after text, the same mask");
+    CHECK(grammar_matcher_mask(m, c, 257) == 0 && !memcmp(b, c, sizeof b), "the matcher's mask");
+    CHECK(grammar_matcher_accept_bytes(m, "a <tool", 7) == 0, "a trigger's beginning");
+    CHECK(grammar_sampler_free(m, NULL, 257) == 0, "not free after \"<tool\"");
+    CHECK(grammar_matcher_accept_bytes(m, "box> x", 6) == 0, "not the trigger after all");
+    CHECK(grammar_sampler_free(m, b, 257) == 1 && !memcmp(a, b, sizeof a), "free again");
+    CHECK(grammar_matcher_accept_bytes(m, "<tool_call>", 11) == 0, "the trigger");
+    CHECK(grammar_sampler_free(m, NULL, 257) == 0, "not free once triggered");
+    grammar_matcher_free(m);
+    grammar_index_free(ix);
+    m = NULL;
+    ix = NULL;
+    if (grammar_index_new(&ix, strict, bytes_vocab) || grammar_matcher_new(&m, ix, &eog, 1)) {
+        CHECK(0, "matcher: %s", grammar_error_last());
+    } else {
+        CHECK(grammar_sampler_free(m, NULL, 257) == 0, "a grammar that is not lazy");
+    }
+    grammar_matcher_free(m);
+    grammar_index_free(ix);
+}
+
 static void test_tools(void) {
     const char *call1 = "<tool_call>\n{\"name\": \"read_file\", \"arguments\": {\"path\": \"a.c\", \"line\": 3}}\n</tool_call>";
     const char *call2 = "<tool_call>\n{\"name\": \"git_status\", \"arguments\": {}}\n</tool_call>";
@@ -328,6 +365,9 @@ static void test_tools(void) {
         grammar_free(g);
     }
     g = tools(GRAMMAR_TOOLS_HERMES, GRAMMAR_TOOLS_AUTO, NULL, 1);
+    grammar *req = tools(GRAMMAR_TOOLS_HERMES, GRAMMAR_TOOLS_REQUIRED, NULL, 1);
+    if (g && req) test_free_state(g, req);
+    grammar_free(req);
     if (g) {
         char s[2048];
         snprintf(s, sizeof s, "Let me look. %s", call1);
