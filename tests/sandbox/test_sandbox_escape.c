@@ -437,9 +437,16 @@ static void test_bombs(void) {
     const char *bomb[] = {"sh", "-c", "b() { b | b & }; b; while :; do :; done", "spark-bomb-31337",
                           NULL};
     if (run_in(&r, &pol, bomb, NULL, NULL) == 0) {
-        if (!sbx_check(r.stopped == SANDBOX_STOP_TIMEOUT && strstr(r.err.data, "fork"),
+        /* stopped by the timeout; or, where the bomb took every slot before the shell's own
+         * loop, the shell ending on its failed fork (the limit held either way; seen again in
+         * the CI's ASan run under load, session 30) -- what is left is checked below */
+        const bool bounded =
+            r.stopped == SANDBOX_STOP_TIMEOUT ||
+            (r.signal == 0 && r.exit_code != 0 && strstr(r.err.data, "Cannot fork"));
+        if (!sbx_check(bounded && strstr(r.err.data, "fork"),
                        "fork bomb hits the process limit (\"%.40s\") and is stopped (%s, "
-                       "%.2f s)", r.err.data, sandbox_stop_reason_name(r.stopped), r.wall_s))
+                       "%.2f s)",
+                       r.err.data, sandbox_stop_reason_name(r.stopped), r.wall_s))
             sbx_dump("fork bomb", &r);
         sandbox_result_deinit(&r);
     }
