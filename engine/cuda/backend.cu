@@ -205,7 +205,7 @@ static int cu_err(cudaError_t e, const char *what) {
 
 extern "C" int engine_cuda_host_pin(void *p, size_t bytes) {
     int rc = 0;
-    CU(cudaHostRegister(p, bytes, cudaHostRegisterDefault));
+    CU(cudaHostRegister(p, bytes, cudaHostRegisterPortable)); /* every device's context */
 done:
     return rc;
 }
