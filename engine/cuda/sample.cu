@@ -401,10 +401,6 @@ void engine_cu_sample(const float *logits, int n, engine_cu_step *step, int32_t 
                      step, out, scratch, (uint64_t *)nullptr, counter, allow);
 }
 
-size_t engine_cu_topk_smem(void) {
-    return TK_SMEM;
-}
-
 int engine_cu_topk_algo_env(void) {
     const char *e = getenv("SPARK_CUDA_TOPK");
     return e && !strcmp(e, "radix") ? 1 : 0;

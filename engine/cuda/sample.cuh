@@ -54,7 +54,6 @@ __host__ __device__ __forceinline__ double engine_cu_key_uniform(uint64_t key) {
  * global scratch (the blocks' candidate lists) and its dynamic shared memory */
 #define ENGINE_CU_TOPK_SLICE 2048
 #define ENGINE_CU_TOPK_KEYS (ENGINE_CU_SAMPLE_BLOCKS * ENGINE_CU_TOPK_MAX)
-size_t engine_cu_topk_smem(void);
 
 /* x[t n_embd .. (t + 1) n_embd) = row `step[t].token` of the embedding (any supported type),
  * t < m, in one launch. */
@@ -71,8 +70,8 @@ void engine_cu_sample(const float *logits, int n, engine_cu_step *step, int32_t 
 /* The same, and where step->temp > 0 and step->top_k is in 1..ENGINE_CU_TOPK_MAX the
  * truncated draw: each block's top_k candidates into keys (ENGINE_CU_TOPK_KEYS values), the
  * last block's merge of them, softmax(l / T), top_p, min_p and a draw with the uniform of
- * (seed, n_out). n <= ENGINE_CU_SAMPLE_BLOCKS * ENGINE_CU_TOPK_SLICE. Launched with
- * engine_cu_topk_smem() bytes of dynamic shared memory, above the default limit:
+ * (seed, n_out). n <= ENGINE_CU_SAMPLE_BLOCKS * ENGINE_CU_TOPK_SLICE. Launched with ~66 KB
+ * of dynamic shared memory, above the default limit:
  * engine_cu_sample_topk_prepare raises it (on the current device; not during a capture). */
 cudaError_t engine_cu_sample_topk_prepare(void);
 /* engine_cu_step.tk_algo from SPARK_CUDA_TOPK: "radix" 1, else 0 (the warp-wide merges). */

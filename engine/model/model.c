@@ -595,8 +595,12 @@ int engine_session_new(engine_session **out, engine_model *m, const engine_sessi
         rc = engine_cuda_q35_prefill_new((engine_cuda_q35_prefill **)&s->cuda_pf, s->cuda, 0);
         if (rc) engine_cuda_q35_session_free(s->cuda);
     }
-    if (rc == 0 && m->cuda) /* unpinned, the copies still work (the driver stages them) */
+    if (rc == 0 && m->cuda) { /* unpinned, the copies still work (the driver stages them) */
         s->logits_pinned = engine_cuda_host_pin(s->logits, lb) == 0;
+        const char *e = getenv("SPARK_CUDA_GEN_LOOP"), *f = getenv("SPARK_CUDA_GEN_FREE");
+        s->gen_loop = !(e && e[0] == '0');
+        s->gen_free = f && f[0] == '1';
+    }
 #else
     int rc = engine_kv_session_init(s);
     if (rc == 0) rc = m->q35 ? engine_q35_fwd_new(s) : engine_fwd_new(s);
@@ -653,10 +657,9 @@ const int32_t *engine_session_tokens(const engine_session *s) {
 
 bool engine_session_gpu_draws(const engine_session *s, const engine_sampling_params *p) {
 #ifdef SPARK_HAVE_CUDA
-    const char *e = getenv("SPARK_CUDA_GEN_LOOP"), *f = getenv("SPARK_CUDA_GEN_FREE");
     /* a grammar: only through its free stretches, where its mask is one mask (free_mask) */
-    const bool grammar_ok = p->free_mask && p->mask && f && f[0] == '1';
-    if (!s->cuda || s->m->q35 || (e && e[0] == '0') || ((p->mask || p->accept) && !grammar_ok) ||
+    const bool grammar_ok = p->free_mask && p->mask && s->gen_free;
+    if (!s->cuda || s->m->q35 || !s->gen_loop || ((p->mask || p->accept) && !grammar_ok) ||
         p->n_logit_bias || p->repeat_penalty != 1.0f || p->presence_penalty != 0.0f ||
         p->frequency_penalty != 0.0f)
         return false;

@@ -250,21 +250,17 @@ static void req_finish(engine_sched *s, sched_req *rq, int rc) {
     req_free(rq);
 }
 
-/* The logits after the request's last token are ready: sample (pre: the token already drawn
- * from them, or NULL), stream, decide. Returns true when the request is still running. */
-static bool req_sample(engine_sched *s, sched_req *rq, const float *logits, const int32_t *pre) {
-    double ts = engine_time_ms();
+/* A token drawn for the request (started at ts): count, accept, stream, decide; the token joins
+ * rq->toks while the request goes on. Returns 0 with g->stop NONE (going on), 0 with a stop
+ * reason, or an error; ending the request is the caller's (req_finish). */
+static int req_take(engine_sched *s, sched_req *rq, int32_t tok, double ts) {
     engine_gen_stats *g = &rq->st.gen;
-    int32_t tok = pre ? *pre : -1;
-    int rc = pre ? 0 : engine_sampler_sample(rq->smp, logits, &tok);
-    if (rc == 0) {
-        g->generated_tokens++;
-        if (!rq->sampled_once) {
-            rq->sampled_once = true;
-            rq->st.ttft_ms = ts - rq->t_submit;
-        }
-        rc = engine_sampler_accept(rq->smp, tok, true);
+    g->generated_tokens++;
+    if (!rq->sampled_once) {
+        rq->sampled_once = true;
+        rq->st.ttft_ms = ts - rq->t_submit;
     }
+    int rc = engine_sampler_accept(rq->smp, tok, true);
     if (rc == 0) rc = engine_gen_text_token(&rq->text, tok, &g->stop);
     g->sample_ms += engine_time_ms() - ts;
     if (rc == 0 && g->stop == ENGINE_STOP_NONE) {
@@ -272,11 +268,24 @@ static bool req_sample(engine_sched *s, sched_req *rq, const float *logits, cons
         if (g->generated_tokens >= max) g->stop = ENGINE_STOP_LENGTH;
         else if (rq->n_toks >= s->p.n_ctx) g->stop = ENGINE_STOP_CONTEXT;
     }
-    if (rc || g->stop != ENGINE_STOP_NONE) {
+    if (rc == 0 && g->stop == ENGINE_STOP_NONE) rq->toks[rq->n_toks++] = tok;
+    return rc;
+}
+
+/* The logits after the request's last token are ready: sample (pre: the token already drawn
+ * from them, or NULL), stream, decide. Returns true when the request is still running. */
+static bool req_sample(engine_sched *s, sched_req *rq, const float *logits, const int32_t *pre) {
+    double ts = engine_time_ms();
+    int32_t tok = pre ? *pre : -1;
+    int rc = pre ? 0 : engine_sampler_sample(rq->smp, logits, &tok);
+    if (rc == 0)
+        rc = req_take(s, rq, tok, ts);
+    else
+        rq->st.gen.sample_ms += engine_time_ms() - ts;
+    if (rc || rq->st.gen.stop != ENGINE_STOP_NONE) {
         req_finish(s, rq, rc);
         return false;
     }
-    rq->toks[rq->n_toks++] = tok;
     return true;
 }
 
@@ -563,8 +572,9 @@ static void step_batched(engine_sched *s) {
 }
 
 /* step_streak's callback: a token the GPU drew after the step that appended the one before it
- * (req_sample's bookkeeping; the request's end is left to step_streak, outside the session's
- * lock). Stops the streak at the request's end, or when a request or a cancel comes in. */
+ * (req_take; the request's end is left to step_streak: req_finish frees the session, which
+ * takes the lock the stream holds). Stops the streak at the request's end, or when a request
+ * or a cancel comes in. */
 typedef struct {
     engine_sched *s;
     sched_slot *sl;
@@ -582,22 +592,13 @@ static int streak_token(void *user, int32_t tok) {
     c->sl->n_done++;
     g->decode_ms += ts - c->t;
     g->decode_tokens++;
-    g->generated_tokens++;
-    int rc = engine_sampler_accept(rq->smp, tok, true);
-    if (rc == 0) rc = engine_gen_text_token(&rq->text, tok, &g->stop);
-    if (rc == 0 && g->stop == ENGINE_STOP_NONE) {
-        int32_t max = rq->r.gen.max_tokens > 0 ? rq->r.gen.max_tokens : INT32_MAX;
-        if (g->generated_tokens >= max) g->stop = ENGINE_STOP_LENGTH;
-        else if (rq->n_toks >= c->s->p.n_ctx) g->stop = ENGINE_STOP_CONTEXT;
-    }
+    const int rc = req_take(c->s, rq, tok, ts);
     c->t = engine_time_ms();
-    g->sample_ms += c->t - ts;
     if (rc || g->stop != ENGINE_STOP_NONE) {
         c->rc = rc;
         c->done = true;
         return 1;
     }
-    rq->toks[rq->n_toks++] = tok;
     lock(c->s);
     const bool other = c->s->in_head || c->s->stopping || rq->cancel;
     unlock(c->s);
