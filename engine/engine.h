@@ -331,7 +331,7 @@ typedef struct {
     void *grammar_user;
     /* optional, with mask: whether the grammar is in a stretch whose masks are all one mask (a
      * lazy grammar before its trigger): 1 and that mask in allowed (when not NULL), 0 not now,
-     * < 0 abort. With it, engine_generate on the GPU (SPARK_CUDA_GEN_FREE=1) draws such
+     * < 0 abort. With it, engine_generate on the GPU (unless SPARK_CUDA_GEN_FREE=0) draws such
      * stretches there. grammar_sampler_free implements it. */
     engine_mask_fn free_mask;
 } engine_sampling_params;

@@ -95,7 +95,7 @@ struct engine_cuda_session {
     /* the step with the truncated draw (engine_cu_sample_topk), captured at its first use */
     cudaGraphExec_t exec_tk;
     bool tk; /* while capturing: which sampler the step launches */
-    int tk_algo; /* SPARK_CUDA_TOPK=radix: its top_k by radix select (engine_cu_step.tk_algo) */
+    int tk_algo; /* its top_k by radix select (1, the default) or SPARK_CUDA_TOPK=merge (0) */
     /* engine_cuda_stream: the tokens' copies on a stream of their own, into pinned memory */
     cudaStream_t copy_st;
     cudaEvent_t ev_step[ENGINE_CUDA_STREAM_RING], ev_copy[ENGINE_CUDA_STREAM_RING];
@@ -172,9 +172,6 @@ struct engine_cuda_session {
     int mf_items; /* SPARK_CUDA_MOE_ITEMS=1: the grid form's per-item barriers (moe_fused.cuh) */
     int mf_pipe, mf_pipe_dn; /* SPARK_CUDA_MOE_PIPE=I[,D]: the order of its copies (pipe) */
     int mf_norm;  /* SPARK_CUDA_NEXT_NORM=1: it asks L2 for the next attention norm (pf_norm) */
-    /* SPARK_CUDA_PF_NEXT=bits: it asks L2 for the next layer's weights (moe_fused.cuh pf_w):
-     * 1 q/k/v, 2 wo, 4 [R | M]; 8: at the block's end, not once its down rows have landed */
-    int mf_pfnext;
     int mf_diag; /* SPARK_CUDA_MOE_FUSED_DIAG=bits: phases left out (diagnosis, moe_fused.cuh) */
     int mf_red;  /* SPARK_CUDA_MOE_FUSED_RED=1: its reduction by row class, no wait */
     engine_cu_prog prog; /* the fused step's program, built at the first capture */
@@ -685,8 +682,6 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         }
         e = getenv("SPARK_CUDA_NEXT_NORM");
         s->mf_norm = e && e[0] == '1';
-        e = getenv("SPARK_CUDA_PF_NEXT");
-        s->mf_pfnext = e ? (int)strtol(e, NULL, 0) & 15 : 0;
         e = getenv("SPARK_CUDA_MOE_FUSED_RED");
         s->mf_red = e && e[0] == '1';
         e = getenv("SPARK_CUDA_MOE_FUSED_DIAG");
@@ -1013,28 +1008,6 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
         if (s->mf_norm && l + 1 < hp->n_layer) {
             o->mf.pf_norm = cm->layers[l + 1].attn_norm;
             o->mf.pf_norm_n = emb;
-        }
-        if (s->mf_pfnext && l + 1 < hp->n_layer) {
-            const cu_layer *nx = &cm->layers[l + 1];
-            const cu_w *pw[4] = {NULL, NULL, NULL, NULL};
-            if (s->mf_pfnext & 1) {
-                pw[0] = &nx->wq;
-                pw[1] = &nx->wk;
-                pw[2] = &nx->wv;
-            }
-            if (s->mf_pfnext & 2) pw[3] = &nx->wo;
-            int n = 0;
-            for (int i = 0; i < 4; i++)
-                if (pw[i] && pw[i]->d) {
-                    o->mf.pf_w[n] = pw[i]->d;
-                    o->mf.pf_bytes[n++] = mat_bytes(pw[i]);
-                }
-            if ((s->mf_pfnext & 4) && s->rf) {
-                o->mf.pf_w[n] = (const uint8_t *)(cm->rf_mem + (size_t)(l + 1) * cm->rf_layer);
-                o->mf.pf_bytes[n++] = sizeof(float) * cm->rf_layer;
-            }
-            o->mf.pf_n = n;
-            o->mf.pf_end = (s->mf_pfnext & 8) != 0;
         }
         o->mf.partial = s->mf_part;
         o->mf.counters = s->mf_ctr;

@@ -304,24 +304,6 @@ __device__ __forceinline__ void mg_next_copies(const engine_cu_ffn_up_args &u,
 #define MG_DIAG_LATE 0x20   /* diag: the routing after the block's scale (moe_fused.cuh diag) */
 #define MG_DIAG_NW_LATE 0x40 /* diag: the norm weights read after the wait (moe_fused.cuh diag) */
 
-/* Block b's share of a's next-layer ranges (moe_fused.cuh pf_w) asked of L2, in bulk
- * prefetches of at most 32 KB. */
-__device__ __forceinline__ void mg_pf_next(const engine_cu_moe_fused_args &a, int b, int nb) {
-    size_t t = 0, base = 0;
-#pragma unroll
-    for (int i = 0; i < ENGINE_CU_PF_NEXT_MAX; i++)
-        t += i < a.pf_n ? a.pf_bytes[i] : 0;
-    const size_t lo = t * (size_t)b / (size_t)nb, hi = t * (size_t)(b + 1) / (size_t)nb;
-#pragma unroll
-    for (int i = 0; i < ENGINE_CU_PF_NEXT_MAX; i++) {
-        if (i >= a.pf_n) break;
-        const size_t s = lo > base ? lo : base, e = min(hi, base + a.pf_bytes[i]);
-        for (size_t o = s; o < e; o += 32768)
-            engine_cu_prefetch_bulk(a.pf_w[i] + (o - base), min(e - o, (size_t)32768));
-        base += a.pf_bytes[i];
-    }
-}
-
 template <int MODE, bool RF>
 __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_fused_args a) {
     /* from a 128-byte boundary, where the bulk copies land: +2.7% Q4_K_M, +5.7% Q8_0 against
@@ -457,8 +439,6 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     ENGINE_CU_TRACE(8);
     if (a.pf_norm && w == 1) /* the next launch's norm weights (moe_fused.cuh pf_norm) */
         engine_cu_prefetch_l2((const uint8_t *)a.pf_norm, sizeof(float) * (size_t)a.pf_norm_n);
-    if (a.pf_n && !a.pf_end && threadIdx.x == 64) /* warp 2: the next layer's weights */
-        mg_pf_next(a, b, nb);
     for (int i = q; i < ng; i += MG_GROUPS) {
         const int r = (g0 + i) * FFN_WARPS + wl;
         const uint8_t *wr = wd + (size_t)i * d.k * drun + (size_t)wl * d.row_bytes;
@@ -473,7 +453,6 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
         }
         if ((threadIdx.x & 31) == 0) down_store<RF>(d, r, v);
     }
-    if (a.pf_n && a.pf_end && threadIdx.x == 0) mg_pf_next(a, b, nb);
     ENGINE_CU_TRACE_END();
 }
 

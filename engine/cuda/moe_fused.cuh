@@ -45,8 +45,6 @@
 
 #include "moe.cuh"
 
-#define ENGINE_CU_PF_NEXT_MAX 5 /* engine_cu_moe_fused_args.pf_w */
-
 typedef struct {
     /* MoE (router set); h [k][n_ff] written; x_add: the router fusion (and then dn.y_add). The
      * stage-5/6 fields (max_bps, trigger_late, routed, stage_early) are not read. */
@@ -131,15 +129,6 @@ typedef struct {
      * 18 call 1: 495.8 against 496.6 tok/s Q4_K_M, 432.9 against 431.1 Q8_0). */
     const float *pf_norm;
     int pf_norm_n;
-    /* The whole-grid form: pf_n byte ranges (pf_w[i], pf_bytes[i]) asked of L2 with bulk
-     * prefetches, block b its b-th share of their sum, once the block's down rows have landed
-     * (pf_end 0) or once its down rows are computed (1): the next layer's q/k/v (and wo, [R | M])
-     * weights, read while this launch's last rows compute and the memory would stand idle, so
-     * that the next q/k/v launch's copies come from L2 and do not share the memory with the wo
-     * launch's early copies. SPARK_CUDA_PF_NEXT=bits (backend.cu mf_pfnext); off by default. */
-    const uint8_t *pf_w[ENGINE_CU_PF_NEXT_MAX];
-    size_t pf_bytes[ENGINE_CU_PF_NEXT_MAX];
-    int pf_n, pf_end;
     /* Set by the launcher (engine_cu_moe_fused) for the whole-grid form: up items and down row
      * groups per block, and the offset of the weight copies in shared memory. */
     int ipb, gpb;

@@ -599,7 +599,7 @@ int engine_session_new(engine_session **out, engine_model *m, const engine_sessi
         s->logits_pinned = engine_cuda_host_pin(s->logits, lb) == 0;
         const char *e = getenv("SPARK_CUDA_GEN_LOOP"), *f = getenv("SPARK_CUDA_GEN_FREE");
         s->gen_loop = !(e && e[0] == '0');
-        s->gen_free = f && f[0] == '1';
+        s->gen_free = !(f && f[0] == '0'); /* on by default since session 31 (model_int.h) */
     }
 #else
     int rc = engine_kv_session_init(s);

@@ -81,7 +81,7 @@ struct engine_session {
     float *logits;            /* [n_vocab] after the last token */
     bool logits_valid;
     bool logits_pinned;       /* page-locked for the GPU's copies (engine_cuda_host_pin) */
-    /* SPARK_CUDA_GEN_LOOP (not 0) and SPARK_CUDA_GEN_FREE (1) at creation: engine_session_gpu_draws
+    /* SPARK_CUDA_GEN_LOOP and SPARK_CUDA_GEN_FREE (each not 0) at creation: engine_session_gpu_draws
      */
     bool gen_loop, gen_free;
     engine_fwd *fwd;          /* CPU forward state (NULL on the GPU) */
@@ -132,7 +132,7 @@ size_t engine_fwd_bytes(const engine_model *m, int32_t n_ctx, int32_t n_batch,
 /* Generation with the tokens drawn on the GPU (engine_cuda_stream; model.c). gpu_draws: whether
  * s runs there with p: a qwen3 / qwen3moe session on the GPU, and nothing in p that only the
  * host sampler has (logit bias, penalties, a top_k above 64, top_p or min_p without top_k, a
- * grammar without free_mask or unless SPARK_CUDA_GEN_FREE=1); SPARK_CUDA_GEN_LOOP=0 says no
+ * grammar without free_mask, or with SPARK_CUDA_GEN_FREE=0); SPARK_CUDA_GEN_LOOP=0 says no
  * (the host loop, for an A/B). gpu_generate: token (drawn, not yet appended) is appended and
  * the next drawn, then that one, n_max times at most, only the tokens of allow (a grammar's
  * free mask; NULL without a grammar); cb(user, t) gets each drawn token in order (0: go on,

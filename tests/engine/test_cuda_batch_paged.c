@@ -259,7 +259,8 @@ static void sched_done(void *user, uint64_t id, int rc, const engine_request_sta
     pthread_mutex_unlock(&c->r->mu);
 }
 
-/* streak: SPARK_SCHED_GPU_STREAK=1 (sessions mode: a request decoding alone draws on the GPU);
+/* streak: SPARK_SCHED_GPU_STREAK=1 (the default; sessions mode: a request decoding alone draws
+ * on the GPU), else =0;
  * serial: each request submitted once the one before it is done (so every one runs alone). */
 static void sched_once(engine_model *m, bool gpu_batch, bool streak, bool serial, sched_run *run,
                        const char *name) {
@@ -267,7 +268,7 @@ static void sched_once(engine_model *m, bool gpu_batch, bool streak, bool serial
     pthread_mutex_init(&run->mu, NULL);
     pthread_cond_init(&run->cv, NULL);
     setenv("SPARK_SCHED_GPU_BATCH", gpu_batch ? "1" : "0", 1);
-    if (streak) setenv("SPARK_SCHED_GPU_STREAK", "1", 1);
+    setenv("SPARK_SCHED_GPU_STREAK", streak ? "1" : "0", 1);
     engine_sched_params sp = ENGINE_SCHED_PARAMS_INIT;
     sp.max_seqs = 4;
     sp.n_ctx = N_CTX;

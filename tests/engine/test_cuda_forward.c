@@ -197,11 +197,11 @@ static void check_generate(engine_model *m, const engine_session_params *sp, con
           g->st.generated_tokens, g->st.stop, g->n_tokens);
     CHECK(h->n == g->n && !memcmp(h->tok, g->tok, sizeof(int32_t) * (size_t)g->n),
           "%s: sampled on the GPU: the same seed drew other tokens", what);
-    setenv("SPARK_CUDA_TOPK", "radix", 1); /* the other selection: the same candidates */
+    setenv("SPARK_CUDA_TOPK", "merge", 1); /* the other selection: the same candidates */
     gen_once(m, sp, prompt, np, &dflt, 30, NULL, 0, false, h);
     unsetenv("SPARK_CUDA_TOPK");
     CHECK(h->rc == 0 && h->n == g->n && !memcmp(h->tok, g->tok, sizeof(int32_t) * (size_t)g->n),
-          "%s: sampled on the GPU: the radix selection drew other tokens", what);
+          "%s: sampled on the GPU: the merges drew other tokens than the radix select", what);
     int distinct = 0;
     for (int i = 0; i < g->n; i++) {
         int seen = 0;
@@ -211,7 +211,8 @@ static void check_generate(engine_model *m, const engine_session_params *sp, con
     }
     printf("%s: generate sampled on the GPU (defaults, seed 7): %d tokens, %d distinct\n", what,
            g->n, distinct);
-    /* a grammar's free stretches on the GPU (SPARK_CUDA_GEN_FREE=1) against the host loop */
+    /* a grammar's free stretches on the GPU (the default; SPARK_CUDA_GEN_FREE=0 the host loop)
+     * against the host loop */
     fake_grammar fg_h = {0}, fg_g = {0};
     engine_sampling_params gram = greedy;
     gram.mask = fake_mask;
@@ -219,10 +220,8 @@ static void check_generate(engine_model *m, const engine_session_params *sp, con
     gram.free_mask = fake_free;
     gram.grammar_user = &fg_h;
     gen_once(m, sp, prompt, np, &gram, 20, NULL, 0, true, h);
-    setenv("SPARK_CUDA_GEN_FREE", "1", 1);
     gram.grammar_user = &fg_g;
     gen_once(m, sp, prompt, np, &gram, 20, NULL, 0, false, g);
-    unsetenv("SPARK_CUDA_GEN_FREE");
     bool banned_ok = true;
     for (int i = 0; i < g->n; i++)
         banned_ok &= g->tok[i] % 5 != (i >= 15 ? 2 : 1); /* drawn after i accepted tokens */
@@ -252,7 +251,7 @@ static int n_gen = N_GEN; /* generated tokens; fewer with a third argument (race
 /* Run-time switches of the decode stage-6 paths, and the short-context attention launch (a
  * block per query head, engine/cuda/att_short_dev.cuh; every position here is below 256): a
  * session per set, its variables set to 1 (or to the value after '='). */
-#define N_ALT 18
+#define N_ALT 16
 static const char *const alt_sets[N_ALT][3] = {
     {"SPARK_CUDA_ROUTE_ONCE", NULL, NULL},
     {"SPARK_CUDA_UP_EARLY", NULL, NULL},
@@ -270,8 +269,6 @@ static const char *const alt_sets[N_ALT][3] = {
     {"SPARK_CUDA_MOE_PIPE=2,2", NULL, NULL},  /* its copies in another order (pipe) */
     {"SPARK_CUDA_MOE_PIPE=0", NULL, NULL},    /* the copies all at the start */
     {"SPARK_CUDA_HEAD_RING=0", NULL, NULL},   /* the head in the looping blocks, not rings */
-    {"SPARK_CUDA_PF_NEXT=7", NULL, NULL},     /* the next layer's weights asked of L2 */
-    {"SPARK_CUDA_PF_NEXT=15", NULL, NULL},    /* the same at the MoE blocks' end */
 };
 
 /* Which alt sets run: all, unless SPARK_TEST_CUDA_ALTS lists their indices ("8,9") or says
