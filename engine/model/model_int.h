@@ -145,6 +145,12 @@ bool engine_session_gpu_draws(const engine_session *s, const engine_sampling_par
 int engine_session_gpu_generate(engine_session *s, int32_t token, int32_t n_max,
                                 const engine_sampling_params *p, const uint32_t *allow,
                                 int (*cb)(void *, int32_t), void *user);
+/* A grammar's free stretch on the GPU (sample/generate.c), after each token the grammar
+ * accepted: 1 while p's free_mask still says free with the mask allow (cmp: scratch of the
+ * same words), 0 once the stretch has ended (the next token needs the mask hook), or an error
+ * (ENGINE_ECANCELED: the hook aborted). */
+int engine_gen_free_still(const engine_sampling_params *p, const uint32_t *allow, uint32_t *cmp,
+                          int32_t n_vocab);
 
 /* Generated text as engine_generate streams it (sample/generate.c), shared with the scheduler:
  * token -> streaming detokenizer (complete UTF-8) -> held back while it may begin a stop

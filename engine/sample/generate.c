@@ -202,18 +202,23 @@ static int gpu_tail_token(void *user, int32_t tok) {
         return 1;
     }
     if (t->allow) {
-        const engine_sampling_params *sp = &t->p->sampling;
-        const size_t words = ((size_t)t->n_vocab + 31) / 32;
-        int fr = sp->free_mask(sp->grammar_user, t->cmp, t->n_vocab);
-        if (fr < 0)
-            return engine_err(ENGINE_ECANCELED, "generate: the grammar's free_mask hook aborted");
-        if (fr != 1 || memcmp(t->cmp, t->allow, words * sizeof *t->cmp) != 0) {
+        int fr = engine_gen_free_still(&t->p->sampling, t->allow, t->cmp, t->n_vocab);
+        if (fr < 0) return fr;
+        if (fr == 0) {
             t->sw = true;
             t->last = tok;
             return 1;
         }
     }
     return 0;
+}
+
+int engine_gen_free_still(const engine_sampling_params *p, const uint32_t *allow, uint32_t *cmp,
+                          int32_t n_vocab) {
+    const size_t words = ((size_t)n_vocab + 31) / 32;
+    int fr = p->free_mask(p->grammar_user, cmp, n_vocab);
+    if (fr < 0) return engine_err(ENGINE_ECANCELED, "generate: the grammar's free_mask hook aborted");
+    return fr == 1 && memcmp(cmp, allow, words * sizeof *cmp) == 0;
 }
 
 int engine_generate(engine_session *s, const engine_gen_params *p, engine_token_fn cb,

@@ -93,6 +93,9 @@ struct engine_sched {
      * bench -B 1 -p 128 -n 128`, Qwen3-30B-A3B Q4_K_M, 532.3 / 532.4 tok/s against 457.8 / 465.2
      * (+15%; H200, session 31 call A) */
     bool gpu_streak;
+    /* a grammar's free mask and the one after each streak token: [2][words], made at the first
+     * streak with a grammar */
+    uint32_t *streak_bits;
 
     pthread_t thread;
     bool thread_started;
@@ -575,8 +578,9 @@ static void step_batched(engine_sched *s) {
 
 /* step_streak's callback: a token the GPU drew after the step that appended the one before it
  * (req_take; the request's end is left to step_streak: req_finish frees the session, which
- * takes the lock the stream holds). Stops the streak at the request's end, or when a request
- * or a cancel comes in. */
+ * takes the lock the stream holds). Stops the streak at the request's end, when a request or a
+ * cancel comes in, or when the request's grammar leaves its free stretch (allow: its mask
+ * there; the ordinary step then appends the token and draws the next with the mask hook). */
 typedef struct {
     engine_sched *s;
     sched_slot *sl;
@@ -584,6 +588,8 @@ typedef struct {
     int rc;
     bool done;
     double t;
+    const uint32_t *allow;
+    uint32_t *cmp;
 } streak;
 
 static int streak_token(void *user, int32_t tok) {
@@ -601,6 +607,14 @@ static int streak_token(void *user, int32_t tok) {
         c->done = true;
         return 1;
     }
+    if (c->allow) {
+        const int fr = engine_gen_free_still(&rq->r.gen.sampling, c->allow, c->cmp, c->s->n_vocab);
+        if (fr <= 0) {
+            c->rc = fr;
+            c->done = fr < 0;
+            return 1;
+        }
+    }
     lock(c->s);
     const bool other = c->s->in_head || c->s->stopping || rq->cancel;
     unlock(c->s);
@@ -608,24 +622,40 @@ static int streak_token(void *user, int32_t tok) {
 }
 
 /* Sessions mode: the only running request, decoding on the GPU with sampling it draws there
- * (engine_session_gpu_draws), runs its next steps back to back with only token ids crossing
- * to this thread. Returns false where it does not apply (the ordinary step then runs). */
+ * (engine_session_gpu_draws: with a grammar, through its free stretches), runs its next steps
+ * back to back with only token ids crossing to this thread. Returns false where it does not
+ * apply (the ordinary step then runs). */
 static bool step_streak(engine_sched *s) {
     if (!s->gpu_streak || s->n_running != 1 || s->wait_head) return false;
     sched_slot *sl = &s->slots[s->order[0]];
     sched_req *rq = sl->rq;
     engine_gen_stats *g = &rq->st.gen;
-    if (g->generated_tokens == 0 || sl->n_done != rq->n_toks - 1 || rq->r.gen.sampling.mask ||
-        !engine_session_gpu_draws(sl->sess, &rq->r.gen.sampling))
+    const engine_sampling_params *sp = &rq->r.gen.sampling;
+    if (g->generated_tokens == 0 || sl->n_done != rq->n_toks - 1 ||
+        !engine_session_gpu_draws(sl->sess, sp))
         return false;
+    const size_t words = ((size_t)s->n_vocab + 31) / 32;
+    const uint32_t *allow = NULL;
+    if (sp->mask) { /* a grammar (engine_session_gpu_draws: with free_mask): free now? */
+        if (!s->streak_bits && !(s->streak_bits = malloc(2 * words * sizeof *s->streak_bits)))
+            return false; /* the ordinary step: no memory for the masks is no error */
+        const int fr = sp->free_mask(sp->grammar_user, s->streak_bits, s->n_vocab);
+        if (fr < 0) {
+            req_finish(s, rq, engine_err(ENGINE_ECANCELED, "the grammar's free_mask hook aborted"));
+            return true;
+        }
+        if (fr != 1) return false;
+        allow = s->streak_bits;
+    }
     int64_t max = rq->r.gen.max_tokens > 0 ? rq->r.gen.max_tokens : INT32_MAX;
     int64_t steps = max - g->generated_tokens;
     const int64_t room = engine_session_n_ctx(sl->sess) - engine_session_n_tokens(sl->sess);
     if (steps > room) steps = room;
     if (steps < 1) return false;
-    streak c = {s, sl, rq, 0, false, engine_time_ms()};
-    int rc = engine_session_gpu_generate(sl->sess, rq->toks[sl->n_done], (int32_t)steps,
-                                         &rq->r.gen.sampling, NULL, streak_token, &c);
+    streak c = {s,     sl,   rq, 0, false, engine_time_ms(), allow,
+                allow ? s->streak_bits + words : NULL};
+    int rc = engine_session_gpu_generate(sl->sess, rq->toks[sl->n_done], (int32_t)steps, sp,
+                                         allow, streak_token, &c);
     if (c.done) req_finish(s, rq, c.rc);
     else if (rc) req_finish(s, rq, rc);
     return true;
@@ -782,6 +812,7 @@ void engine_sched_free(engine_sched *s) {
     free(s->pre_tok);
     free(s->pre_rc);
     free(s->pre_ms);
+    free(s->streak_bits);
     engine_fwd_free(s->fwd);
 #ifdef SPARK_HAVE_CUDA
     engine_cuda_batch_free(s->gpu);

@@ -376,3 +376,39 @@ int support_finish(const char *name) {
     printf("%s: ok\n", name);
     return 0;
 }
+
+static void fake_bits(const support_fake_grammar *f, uint32_t *allowed, int32_t n) {
+    const int banned = f->accepted >= f->switch_at ? 2 : 1;
+    for (int32_t i = 0; i < n; i++)
+        if (i % 5 != banned) allowed[i / 32] |= 1u << (i % 32);
+}
+
+static int fake_mask(void *user, uint32_t *allowed, int32_t n) {
+    fake_bits(user, allowed, n);
+    return 0;
+}
+
+static int fake_accept(void *user, int32_t token) {
+    (void)token;
+    ((support_fake_grammar *)user)->accepted++;
+    return 0;
+}
+
+static int fake_free(void *user, uint32_t *allowed, int32_t n) {
+    const support_fake_grammar *f = user;
+    if (f->accepted >= f->hold_from && f->accepted < f->hold_to) return 0;
+    if (allowed) {
+        memset(allowed, 0, sizeof(uint32_t) * (((size_t)n + 31) / 32));
+        fake_bits(f, allowed, n);
+    }
+    return 1;
+}
+
+void support_fake_grammar_use(engine_sampling_params *p, support_fake_grammar *g, int hold_from,
+                              int hold_to, int switch_at) {
+    *g = (support_fake_grammar){0, hold_from, hold_to, switch_at};
+    p->mask = fake_mask;
+    p->accept = fake_accept;
+    p->free_mask = fake_free;
+    p->grammar_user = g;
+}

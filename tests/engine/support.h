@@ -165,4 +165,17 @@ double support_ref_compare(support_ref *r, const float *e, double tol, const cha
 /* Print "<name>: ok" to stdout, or "<name>: N failure(s)" to stderr; the exit status (0 or 1). */
 int support_finish(const char *name);
 
+/* A grammar stand-in for the GPU's free stretches (engine_sampling_params' mask, accept and
+ * free_mask hooks; user = the support_fake_grammar): every id % 5 == 1 banned, % 5 == 2 from
+ * the switch_at-th accepted token on; free_mask says free except while hold_from <= accepted <
+ * hold_to, so a run goes GPU, host, GPU, and the mask's change at switch_at ends a stretch. */
+typedef struct {
+    int accepted;
+    int hold_from, hold_to, switch_at;
+} support_fake_grammar;
+
+/* Its hooks set into p, with user g (accepted reset to 0). */
+void support_fake_grammar_use(engine_sampling_params *p, support_fake_grammar *g, int hold_from,
+                              int hold_to, int switch_at);
+
 #endif

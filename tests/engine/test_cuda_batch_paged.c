@@ -222,7 +222,9 @@ static void check_errors(engine_cuda_batch *gb, int32_t nv) {
  * against the default (one session per request): 6 requests, 4 at a time, prompts in chunks of
  * 32 tokens per step, 8 greedy tokens each; the same tokens (f32 weights: the two paths differ
  * by summation order only, far below the gap of the top two logits of these models), and every
- * block free again at the end. */
+ * block free again at the end. Requests 1 and 4 carry a grammar stand-in (support.h: not free
+ * at its 3rd and 4th tokens, its mask another from the 6th), which a GPU streak draws through
+ * its free stretches only. */
 #define SCHED_REQS 6
 #define SCHED_GEN 8
 
@@ -285,6 +287,7 @@ static void sched_once(engine_model *m, bool gpu_batch, bool streak, bool serial
     }
     const int32_t nv = engine_model_n_vocab(m);
     static int32_t prompts[SCHED_REQS][64];
+    static support_fake_grammar fg[SCHED_REQS];
     sched_ctx ctx[SCHED_REQS];
     for (int i = 0; i < SCHED_REQS; i++) {
         for (int j = 0; j < prompt_len[i]; j++)
@@ -296,6 +299,7 @@ static void sched_once(engine_model *m, bool gpu_batch, bool streak, bool serial
         r.gen.max_tokens = SCHED_GEN;
         r.gen.ignore_eog = true;
         r.gen.sampling.temperature = 0.0f;
+        if (i % 3 == 1) support_fake_grammar_use(&r.gen.sampling, &fg[i], 3, 5, 6);
         uint64_t id;
         pthread_mutex_lock(&run->mu);
         run->pending++;
@@ -366,6 +370,11 @@ static void run_sched(const char *path, const char *name) {
     }
     printf("%-40s: scheduler, sessions with the GPU streak vs without: %d of %d runs identical\n",
            name, same_streak, 2 * SCHED_REQS);
+    int banned = 0; /* the grammar requests' tokens: none the stand-in bans */
+    for (int i = 1; i < SCHED_REQS; i += 3)
+        for (int j = 0; j < d.n[i]; j++)
+            banned += d.toks[i][j] % 5 == (j >= 6 ? 2 : 1);
+    CHECK(banned == 0, "%s: %d tokens the grammar stand-in bans", name, banned);
     int same = 0;
     for (int i = 0; i < SCHED_REQS; i++) {
         CHECK(a.rc[i] == 0 && b.rc[i] == 0, "%s: request %d: rc %d (sessions), %d (GPU batched)",

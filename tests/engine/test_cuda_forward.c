@@ -107,40 +107,6 @@ static void gen_once(engine_model *m, const engine_session_params *sp, const int
     unsetenv("SPARK_CUDA_GEN_LOOP");
 }
 
-/* A grammar stand-in for the GPU's free stretches: every id % 5 == 1 banned (% 5 == 2 from the
- * 15th accepted token on); free_mask says free except from the 8th to the 11th token, so a run
- * goes GPU, host, GPU, and the mask's change at the 15th ends a stretch. */
-typedef struct {
-    int accepted;
-} fake_grammar;
-
-static void fake_bits(const fake_grammar *f, uint32_t *allowed, int32_t n) {
-    const int banned = f->accepted >= 15 ? 2 : 1;
-    for (int32_t i = 0; i < n; i++)
-        if (i % 5 != banned) allowed[i / 32] |= 1u << (i % 32);
-}
-
-static int fake_mask(void *user, uint32_t *allowed, int32_t n) {
-    fake_bits(user, allowed, n);
-    return 0;
-}
-
-static int fake_accept(void *user, int32_t token) {
-    (void)token;
-    ((fake_grammar *)user)->accepted++;
-    return 0;
-}
-
-static int fake_free(void *user, uint32_t *allowed, int32_t n) {
-    const fake_grammar *f = user;
-    if (f->accepted >= 8 && f->accepted < 12) return 0;
-    if (allowed) {
-        memset(allowed, 0, sizeof(uint32_t) * (((size_t)n + 31) / 32));
-        fake_bits(f, allowed, n);
-    }
-    return 1;
-}
-
 /* The GPU's draws against the host loop: greedy the same tokens, stops and session length (the
  * same logits, argmax ties to the lower id on both); sampled reproducible for a seed; sampling
  * the GPU does not draw (a top_k above 64) falls back to the host loop. */
@@ -213,14 +179,11 @@ static void check_generate(engine_model *m, const engine_session_params *sp, con
            g->n, distinct);
     /* a grammar's free stretches on the GPU (the default; SPARK_CUDA_GEN_FREE=0 the host loop)
      * against the host loop */
-    fake_grammar fg_h = {0}, fg_g = {0};
+    support_fake_grammar fg_h, fg_g;
     engine_sampling_params gram = greedy;
-    gram.mask = fake_mask;
-    gram.accept = fake_accept;
-    gram.free_mask = fake_free;
-    gram.grammar_user = &fg_h;
+    support_fake_grammar_use(&gram, &fg_h, 8, 12, 15);
     gen_once(m, sp, prompt, np, &gram, 20, NULL, 0, true, h);
-    gram.grammar_user = &fg_g;
+    support_fake_grammar_use(&gram, &fg_g, 8, 12, 15);
     gen_once(m, sp, prompt, np, &gram, 20, NULL, 0, false, g);
     bool banned_ok = true;
     for (int i = 0; i < g->n; i++)
