@@ -81,8 +81,7 @@ struct engine_session {
     float *logits;            /* [n_vocab] after the last token */
     bool logits_valid;
     bool logits_pinned;       /* page-locked for the GPU's copies (engine_cuda_host_pin) */
-    /* SPARK_CUDA_GEN_LOOP and SPARK_CUDA_GEN_FREE (each not 0) at creation: engine_session_gpu_draws
-     */
+    /* SPARK_CUDA_GEN_LOOP, _GEN_FREE (each not 0) at creation: engine_session_gpu_draws */
     bool gen_loop, gen_free;
     engine_fwd *fwd;          /* CPU forward state (NULL on the GPU) */
     struct engine_q35_fwd *q35; /* qwen35moe forward state instead of fwd (arch_qwen35moe.c) */

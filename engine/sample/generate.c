@@ -217,7 +217,8 @@ int engine_gen_free_still(const engine_sampling_params *p, const uint32_t *allow
                           int32_t n_vocab) {
     const size_t words = ((size_t)n_vocab + 31) / 32;
     int fr = p->free_mask(p->grammar_user, cmp, n_vocab);
-    if (fr < 0) return engine_err(ENGINE_ECANCELED, "generate: the grammar's free_mask hook aborted");
+    if (fr < 0)
+        return engine_err(ENGINE_ECANCELED, "generate: the grammar's free_mask hook aborted");
     return fr == 1 && memcmp(cmp, allow, words * sizeof *cmp) == 0;
 }
 

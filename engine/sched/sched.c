@@ -652,10 +652,10 @@ static bool step_streak(engine_sched *s) {
     const int64_t room = engine_session_n_ctx(sl->sess) - engine_session_n_tokens(sl->sess);
     if (steps > room) steps = room;
     if (steps < 1) return false;
-    streak c = {s,     sl,   rq, 0, false, engine_time_ms(), allow,
-                allow ? s->streak_bits + words : NULL};
-    int rc = engine_session_gpu_generate(sl->sess, rq->toks[sl->n_done], (int32_t)steps, sp,
-                                         allow, streak_token, &c);
+    streak c = {
+        s, sl, rq, 0, false, engine_time_ms(), allow, allow ? s->streak_bits + words : NULL};
+    int rc = engine_session_gpu_generate(sl->sess, rq->toks[sl->n_done], (int32_t)steps, sp, allow,
+                                         streak_token, &c);
     if (c.done) req_finish(s, rq, c.rc);
     else if (rc) req_finish(s, rq, rc);
     return true;
