@@ -63,6 +63,8 @@ struct engine_cuda_batch {
     /* SPARK_CUDA_BMM_STAGE=N: the grouped (expert) launches stage at most N of a tile's items at
      * a time (their shared memory, so more blocks a multiprocessor); 0: as many as the bucket */
     int tile_stage;
+    /* SPARK_CUDA_BMM_GPB=G: a grouped launch's block takes G row groups (engine_cu_bmm_args gpb) */
+    int tile_gpb;
     cudaEvent_t ev[2];
     long prof_steps[7];
     double prof_gpu_ms[7], prof_wall_ms[7];
@@ -203,6 +205,8 @@ static int pb_dec_new(engine_cuda_batch *b, engine_cuda_model *cm) {
     b->prof = e && e[0] == '1';
     e = getenv("SPARK_CUDA_BMM_STAGE");
     b->tile_stage = e ? (int)strtol(e, NULL, 10) : 0;
+    e = getenv("SPARK_CUDA_BMM_GPB");
+    b->tile_gpb = e ? (int)strtol(e, NULL, 10) : 1;
     for (int i = 0; b->prof && i < 2; i++) {
         const int r = engine_cu_pf_err(cudaEventCreate(&b->ev[i]), "cudaEventCreate");
         if (r) return r;
@@ -263,6 +267,7 @@ static void pb_ffn_up(engine_cuda_batch *b, const engine_cuda_wview *g, const en
         a.n_tiles = b->n_tiles;
         a.max_tiles = pb_max_tiles(m * k, (int)hp->n_expert);
         if (b->tile_stage > 0) a.max_items = std::min(a.max_items, b->tile_stage);
+        a.gpb = b->tile_gpb;
     }
     if (g->type == u->type) {
         a.w2 = (const uint8_t *)u->d;
@@ -321,6 +326,7 @@ static void pb_dec_pass(engine_cuda_batch *b, int nb, cudaStream_t st) {
             a.n_tiles = b->n_tiles;
             a.max_tiles = pb_max_tiles(nb * k, ne);
             if (b->tile_stage > 0) a.max_items = std::min(a.max_items, b->tile_stage);
+            a.gpb = b->tile_gpb;
             engine_cu_bmm(&a, st);
             engine_cu_pf_combine(b->x, b->d, b->slot, b->wts, nb, k, emb, st);
         } else {

@@ -236,7 +236,8 @@ void engine_cu_bmm(const engine_cu_bmm_args *a, cudaStream_t stream) {
     const int n_groups = (a->rows + BMM_PER - 1) / BMM_PER;
     /* a dense matrix of many rows (the output head): a few waves of blocks looping over the
      * row groups, so the inputs are staged once per block */
-    const int gx = a->tiles ? n_groups : std::min(n_groups, 1024);
+    const int gx = a->tiles ? (n_groups + std::max(1, a->gpb) - 1) / std::max(1, a->gpb)
+                            : std::min(n_groups, 1024);
     const dim3 grid((unsigned)gx, a->tiles ? (unsigned)a->max_tiles : 1u);
     const bool up = a->w2 != NULL;
     if (fdec) {

@@ -36,6 +36,7 @@ typedef struct {
     const int32_t *tiles, *n_tiles; /* grouped (device), or NULL: dense */
     int max_tiles;                  /* grouped: the grid's tiles (n_tiles <= max_tiles) */
     int max_items;                  /* the most items of one tile (dense: m) */
+    int gpb; /* grouped: row groups a block takes (> 1: a tile's inputs staged once for them) */
 } engine_cu_bmm_args;
 
 /* Once per process before the first launch (not while a stream is being captured): the
