@@ -65,6 +65,9 @@ struct engine_cuda_batch {
     int tile_stage;
     /* SPARK_CUDA_BMM_GPB=G: a grouped launch's block takes G row groups (engine_cu_bmm_args gpb) */
     int tile_gpb;
+    /* decode steps of at most this many sequences take the small-m pass, more the prefill
+     * pass's GEMMs (SPARK_CUDA_BATCH_SMALLM=N) */
+    int smallm_max;
     cudaEvent_t ev[2];
     long prof_steps[7];
     double prof_gpu_ms[7], prof_wall_ms[7];
@@ -205,6 +208,8 @@ static int pb_dec_new(engine_cuda_batch *b, engine_cuda_model *cm) {
     b->prof = e && e[0] == '1';
     e = getenv("SPARK_CUDA_BMM_STAGE");
     b->tile_stage = e ? (int)strtol(e, NULL, 10) : 0;
+    e = getenv("SPARK_CUDA_BATCH_SMALLM");
+    b->smallm_max = e ? (int)strtol(e, NULL, 10) : PB_MAX_BUCKET;
     e = getenv("SPARK_CUDA_BMM_GPB");
     b->tile_gpb = e ? (int)strtol(e, NULL, 10) : 1;
     for (int i = 0; b->prof && i < 2; i++) {
@@ -560,7 +565,7 @@ extern "C" int engine_cuda_batch_run(engine_cuda_batch *b, const engine_cuda_bat
                                   q->tokens[j], hp->n_vocab);
         n += q->n_tokens;
     }
-    bool decode = b->dec != PB_DEC_OFF && n_seqs <= b->nb_max;
+    bool decode = b->dec != PB_DEC_OFF && n_seqs <= b->nb_max && n_seqs <= b->smallm_max;
     for (int32_t i = 0; decode && i < n_seqs; i++)
         decode = seqs[i].n_tokens == 1;
     if (decode) return pb_decode(b, seqs, n_seqs);
