@@ -24,6 +24,9 @@
  * Block accounting: while the sequences live the cache holds exactly their blocks; after they
  * are released every block is free again. Bad tables, tokens and sizes are refused before any
  * work (ENGINE_EINVAL / ENGINE_ERANGE).
+ * Decode steps take the small-m pass here for up to 8 sequences (SPARK_CUDA_BATCH_SMALLM=64
+ * unless set; the default sends more than 4 through the prefill pass, which the mixed passes
+ * above run).
  * Decode graph: the graph replay against the same decode pass un-captured
  * (SPARK_CUDA_BATCH_DECODE=eager), 8 and 3 sequences ending one after another (buckets 8, 4
  * with padding rows, 2, 1): equal bit for bit at every step.
@@ -553,6 +556,10 @@ int main(int argc, char **argv) {
         printf("skip: %s\n", engine_error_last());
         return 77;
     }
+    /* every decode step of up to MAX_SEQS sequences through the small-m pass (by default more
+     * than 4 take the prefill pass, which the mixed passes here run anyway), unless the caller
+     * set the threshold */
+    setenv("SPARK_CUDA_BATCH_SMALLM", "64", 0);
     const int rc = support_init();
     if (rc) return rc;
     if (support_tmpdir(tmpdir, sizeof tmpdir, "test_cuda_batch_paged", false) != 0) return 1;
