@@ -312,6 +312,7 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     __shared__ int ids[ENGINE_CU_MAX_EXPERT_USED];
     __shared__ float wts[ENGINE_CU_MAX_EXPERT_USED];
     __shared__ uint64_t bar_up, bar_dn, bar_it[MG_MAX_IPB];
+    __shared__ unsigned dn_warps; /* dn_reuse: warps done with the items the down runs take */
     const engine_cu_ffn_up_args &u = a.up;
     const engine_cu_ffn_down_args &d = a.dn;
     const int b = blockIdx.x, nb = gridDim.x, w = threadIdx.x >> 5;
@@ -332,11 +333,20 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     /* up items issued at the start, and when the down runs go (moe_fused.cuh pipe) */
     const int infl = per_item && a.pipe > 0 ? min(ni, a.pipe) : ni;
     const int dn_at = early && ni > 0 ? a.pipe_down : 0;
+    /* grid 1 with dn_reuse: the down runs go into the space of the first nd items once their
+     * rows are computed (every warp of those items counted in dn_warps), while later items still
+     * land, where nd < ni; else (nd 0) once all of the block's rows are (step 3) */
+    int nd = 0;
+    if (!early && a.dn_reuse && per_item && ng > 0) {
+        nd = (int)(((size_t)ng * d.k * drun + 2 * urun - 1) / (2 * urun));
+        if (nd >= ni) nd = 0;
+    }
     /* every block starts before a dependent can launch, so all are resident by then */
     engine_cu_pdl_launch();
     if (threadIdx.x == 0) {
         engine_cu_mbar_init(&bar_up);
         engine_cu_mbar_init(&bar_dn);
+        dn_warps = 0;
         if (per_item)
             for (int i = 0; i < ni; i++)
                 engine_cu_mbar_init(&bar_it[i]);
@@ -416,12 +426,32 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
                            &bar_dn); /* the group's first thread: later copies */
         const int it = i0 + i, j = it / gx, r = (it - j * gx) * 2 * FFN_WARPS + wl;
         ffn_up_rows<MODE, 2, true>(u, j, ids[j], r, xv, ws + (size_t)i * 2 * urun);
+        if (i < nd) { /* this warp's reads of item i's space done: counted; the last copies */
+            __syncwarp();
+            if ((threadIdx.x & 31) == 0) {
+                __threadfence_block();
+                if (atomicAdd(&dn_warps, 1u) == (unsigned)(nd * FFN_WARPS) - 1) {
+                    __threadfence_block();
+                    engine_cu_fence_proxy_async(); /* the block's reads of that space first */
+                    mg_copy_down(d, ids, g0, ng, wd, &bar_dn);
+                }
+            }
+        }
+    }
+    /* a.y_pre: lane 0 of each warp reads its first down row's y (and y_add) now, so that its
+     * store after the down products waits for no load (nobody else writes those rows) */
+    const bool ypre = a.y_pre && q < ng;
+    const int ry = (g0 + q) * FFN_WARPS + wl;
+    float y0 = 0.0f, ya0 = 0.0f;
+    if (ypre && (threadIdx.x & 31) == 0) {
+        y0 = d.y[ry];
+        if (RF) ya0 = d.y_add[ry];
     }
     /* 3. h stored everywhere; meanwhile (grid 1) the down runs into the up runs' space */
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
-        if (!early) {
+        if (!early && !nd) {
             engine_cu_fence_proxy_async(); /* the block's reads of the up runs come first */
             mg_copy_down(d, ids, g0, ng, wd, &bar_dn);
         }
@@ -451,7 +481,12 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
             ENGINE_CU_QUANT_CASES(MG_CASE)
 #undef MG_CASE
         }
-        if ((threadIdx.x & 31) == 0) down_store<RF>(d, r, v);
+        if ((threadIdx.x & 31) == 0) {
+            if (ypre && i == q)
+                d.y[r] = RF ? (y0 + ya0) + v : y0 + v; /* down_store's adds in its order */
+            else
+                down_store<RF>(d, r, v);
+        }
     }
     ENGINE_CU_TRACE_END();
 }
@@ -693,6 +728,8 @@ extern "C" int engine_cuda_op_moe_fused(
         a.items = (flags >> 4) & 1; /* its per-item barriers */
         a.pipe = (flags >> 5) & 7;  /* the order of its copies */
         a.pipe_down = (flags >> 8) & 3;
+        a.dn_reuse = (flags >> 10) & 1; /* grid 1: the down runs into computed items' space */
+        a.y_pre = (flags >> 11) & 1;    /* the down rows' y read before the products */
         a.partial = (float *)(m + off[10]);
         a.counters = (unsigned *)(m + off[11]);
         const char *why = engine_cu_moe_fused_why(&a);

@@ -120,6 +120,16 @@ typedef struct {
      * (all). In turn with 2,2 (call 4): Q8_0 487.6 / 487.4 against 477.7 / 477.4 (+2.1%), Q4_K_M
      * 570.4 / 571.0 against 571.6 / 571.8 (-0.2%, within the same-process spread): 1,1. */
     int pipe, pipe_down;
+    /* The whole-grid form 1 (SPARK_CUDA_MOE_DN_REUSE=1): the block's down runs copied into the
+     * space of its first up items as soon as every warp computing those items is done with them
+     * (a shared count), while its later items still land, instead of once all of its items are
+     * computed; where the down runs need all items' space, as before. Needs per-item barriers
+     * (pipe > 0 or items). The same arithmetic. */
+    int dn_reuse;
+    /* The whole-grid form (SPARK_CUDA_MOE_YPRE=1): lane 0 of each warp reads its first down
+     * row's y (and y_add) before the grid barrier, so that the store after its down products
+     * waits on no load at the launch's end. The same adds in the same order. */
+    int y_pre;
     /* The whole-grid form: pf_norm_n floats at pf_norm asked of L2 once the block's down rows
      * have landed (warp 1; NULL: none): the next layer's attention norm weights, which the q/k/v
      * launch after this one reads right after its wait. That launch's blocks cannot start beside

@@ -214,7 +214,7 @@ static int n_gen = N_GEN; /* generated tokens; fewer with a third argument (race
 /* Run-time switches of the decode stage-6 paths, and the short-context attention launch (a
  * block per query head, engine/cuda/att_short_dev.cuh; every position here is below 256): a
  * session per set, its variables set to 1 (or to the value after '='). */
-#define N_ALT 16
+#define N_ALT 18
 static const char *const alt_sets[N_ALT][3] = {
     {"SPARK_CUDA_ROUTE_ONCE", NULL, NULL},
     {"SPARK_CUDA_UP_EARLY", NULL, NULL},
@@ -232,6 +232,10 @@ static const char *const alt_sets[N_ALT][3] = {
     {"SPARK_CUDA_MOE_PIPE=2,2", NULL, NULL},  /* its copies in another order (pipe) */
     {"SPARK_CUDA_MOE_PIPE=0", NULL, NULL},    /* the copies all at the start */
     {"SPARK_CUDA_HEAD_RING=0", NULL, NULL},   /* the head in the looping blocks, not rings */
+    /* experts guessed and asked of L2 (a hint: the same results); the MoE launch's y read early */
+    {"SPARK_CUDA_MOE_GUESS=8,2", "SPARK_CUDA_MOE_YPRE", NULL},
+    /* its form 1 with the down runs into computed items' space; the first items guessed */
+    {"SPARK_CUDA_MOE_FUSED=g1", "SPARK_CUDA_MOE_DN_REUSE", "SPARK_CUDA_MOE_GUESS=4,0"},
 };
 
 /* Which alt sets run: all, unless SPARK_TEST_CUDA_ALTS lists their indices ("8,9") or says
