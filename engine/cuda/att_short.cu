@@ -71,16 +71,20 @@ __device__ __forceinline__ void att_guess_block(const engine_cu_guess &g, int gb
         g.counters[1] = 0;
     }
     /* units: (guess i, matrix m of gate, up, down, chunk c), every n_blocks-th from gb */
-    const int per = g.down_bytes ? 2 * g.chunks + 1 : 2 * g.chunks, units = g.top * per;
+    const int per = g.down_bytes ? 2 * g.chunks + 1 : 2 * g.chunks;
+    const int units = g.how == 1 ? 0 : g.top * per;
     for (int u = gb + t * g.n_blocks; u < units; u += ATT_THREADS * g.n_blocks) {
         const int i = u / per, c = u - i * per;
         const size_t e = (size_t)sel[i];
-        if (c == 2 * g.chunks)
-            engine_cu_prefetch_bulk(g.down + e * g.down_bytes, g.down_bytes);
+        const uint8_t *p = c == 2 * g.chunks
+                               ? g.down + e * g.down_bytes
+                               : (c < g.chunks ? g.gate : g.up) + e * g.expert_bytes +
+                                     (size_t)(c < g.chunks ? c : c - g.chunks) * g.chunk_step;
+        const size_t n = c == 2 * g.chunks ? g.down_bytes : g.chunk_bytes;
+        if (g.how == 2)
+            engine_cu_prefetch_rows(p, n);
         else
-            engine_cu_prefetch_bulk((c < g.chunks ? g.gate : g.up) + e * g.expert_bytes +
-                                        (size_t)(c < g.chunks ? c : c - g.chunks) * g.chunk_step,
-                                    g.chunk_bytes);
+            engine_cu_prefetch_bulk(p, n);
     }
 }
 

@@ -47,6 +47,7 @@ typedef struct {
     const uint8_t *gate, *up, *down;
     float *logits;      /* [n_expert] scratch */
     unsigned *counters; /* [2], zero between launches */
+    int how; /* 0 bulk prefetches, 1 none (the guess's own cost), 2 a line at a time */
 } engine_cu_guess;
 
 typedef struct {

@@ -175,7 +175,8 @@ struct engine_cuda_session {
     int mf_y_pre;            /* SPARK_CUDA_MOE_YPRE=1 (moe_fused.cuh y_pre) */
     /* SPARK_CUDA_MOE_GUESS=T[,M]: the attention launch asks L2 for the T experts guessed from
      * the layer's input (attention.cuh engine_cu_guess); M 0 their first up items' rows, 1 all
-     * their gate and up rows, 2 and their down matrices. T 0 (the default): none. */
+     * their gate and up rows, 2 and their down matrices; + 4 the guess without prefetches
+     * (its own cost), + 8 prefetched a line at a time. T 0 (the default): none. */
     int guess_top, guess_mode;
     float *guess; /* its scratch: n_expert logits, then 2 counters */
     int mf_norm;  /* SPARK_CUDA_NEXT_NORM=1: it asks L2 for the next attention norm (pf_norm) */
@@ -700,7 +701,7 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
             const long gt = strtol(e, &end, 10);
             const long gm = end && *end == ',' ? strtol(end + 1, NULL, 10) : 0;
             s->guess_top = gt > 0 && gt <= 64 ? (int)gt : 0;
-            s->guess_mode = gm >= 0 && gm <= 2 ? (int)gm : 0;
+            s->guess_mode = gm >= 0 && gm <= 11 ? (int)gm : 0; /* + 4: none, + 8: by lines */
         }
         e = getenv("SPARK_CUDA_NEXT_NORM");
         s->mf_norm = e && e[0] == '1';
@@ -882,12 +883,14 @@ static void guess_get(const engine_cuda_session *s, uint32_t l, layer_ops *o) {
      * of 16 rows, where a slot's groups split evenly among its blocks), else all */
     const int groups = rows / 16, items = o->up.k * groups, sms = engine_cu_sm_count();
     const int ipb = (items + sms - 1) / sms;
-    const bool first = s->guess_mode == 0 && ipb > 0 && groups % ipb == 0;
+    const int mode = s->guess_mode & 3;
+    const bool first = mode == 0 && ipb > 0 && groups % ipb == 0;
     g->chunks = first ? groups / ipb : groups;
     g->chunk_bytes = 16 * o->up.row_bytes;
     g->chunk_step = (first ? (size_t)ipb : 1) * g->chunk_bytes;
     g->expert_bytes = o->up.expert_bytes;
-    g->down_bytes = s->guess_mode == 2 ? o->dn.expert_bytes : 0;
+    g->down_bytes = mode == 2 ? o->dn.expert_bytes : 0;
+    g->how = s->guess_mode & 4 ? 1 : s->guess_mode & 8 ? 2 : 0;
     g->gate = o->up.gate;
     g->up = o->up.up;
     g->down = o->dn.down;
