@@ -29,27 +29,6 @@
 #define ENGINE_CU_ATT_SPLIT 256    /* positions per block (= its threads) */
 #define ENGINE_CU_ATT_MAX_GROUP 16 /* query heads per KV head */
 
-/* The experts guessed for the layer's MoE block, asked of L2 (the short path's launch:
- * att_short.cu; SPARK_CUDA_MOE_GUESS): n_blocks more blocks of the launch each compute the raw
- * router logits of n_expert / n_blocks experts on the residual x entering the layer (the rows'
- * first n_embd floats: R = W_r diag(ffn_norm), router_fuse.cuh; the MoE block routes on R (x +
- * Wo a) scaled, so the attention's part is what the guess leaves out), wait for each other, rank
- * them, and ask L2 (bulk prefetches) for the `top` best guesses' gate and up rows -- chunks of
- * chunk_bytes every chunk_step bytes, `chunks` of them per matrix -- and with down_bytes > 0 their
- * down matrices, so that the MoE launch's copies of the experts it does pick find them in L2.
- * A hint only: nothing reads what it computes but itself. n_blocks 0: none. */
-typedef struct {
-    const float *rows; /* [n_expert] rows, row_stride floats apart */
-    size_t row_stride;
-    const float *x; /* [n_embd] */
-    int n_embd, n_expert, n_blocks, top, chunks;
-    size_t chunk_bytes, chunk_step, expert_bytes, down_bytes;
-    const uint8_t *gate, *up, *down;
-    float *logits;      /* [n_expert] scratch */
-    unsigned *counters; /* [2], zero between launches */
-    int how; /* 0 bulk prefetches, 1 none (the guess's own cost), 2 a line at a time */
-} engine_cu_guess;
-
 typedef struct {
     const float *q, *k, *v;       /* this position's projections [n_head*hd], [n_kv*hd] x 2 */
     const float *q_norm, *k_norm; /* [hd] */
@@ -70,7 +49,6 @@ typedef struct {
     float *partial;     /* [n_head][max_splits][hd + 2] scratch */
     unsigned *counters; /* [n_kv], zero between launches */
     float *out;         /* [n_head * hd] */
-    engine_cu_guess guess; /* the short path's launch only */
 } engine_cu_att;
 
 /* Head dimensions the kernel is instantiated for (64, 128, 256). */

@@ -171,15 +171,12 @@ struct engine_cuda_session {
     int mf_pre; /* SPARK_CUDA_MOE_FUSED_PRE=1: its down items preloaded (moe_fused.cuh preload) */
     int mf_items; /* SPARK_CUDA_MOE_ITEMS=1: the grid form's per-item barriers (moe_fused.cuh) */
     int mf_pipe, mf_pipe_dn; /* SPARK_CUDA_MOE_PIPE=I[,D]: the order of its copies (pipe) */
-    int mf_dn_reuse;         /* SPARK_CUDA_MOE_DN_REUSE=1 (moe_fused.cuh dn_reuse) */
-    int mf_y_pre;            /* SPARK_CUDA_MOE_YPRE=1 (moe_fused.cuh y_pre) */
-    /* SPARK_CUDA_MOE_GUESS=T[,M]: the attention launch asks L2 for the T experts guessed from
-     * the layer's input (attention.cuh engine_cu_guess); M 0 their first up items' rows, 1 all
-     * their gate and up rows, 2 and their down matrices; + 4 the guess without prefetches
-     * (its own cost), + 8 prefetched a line at a time. T 0 (the default): none. */
-    int guess_top, guess_mode;
-    float *guess; /* its scratch: n_expert logits, then 2 counters */
+    int mf_y_pre;            /* SPARK_CUDA_MOE_YPRE=0 turns it off (moe_fused.cuh y_pre) */
     int mf_norm;  /* SPARK_CUDA_NEXT_NORM=1: it asks L2 for the next attention norm (pf_norm) */
+    /* SPARK_CUDA_PF_NEXT=bits: it asks L2 for the next layer's weights (moe_fused.cuh pf_w):
+     * 1 q/k/v, 2 wo, 4 [R | M]; 8: at the block's end, not once its down rows have landed; 16:
+     * at the block's start, before its wait */
+    int mf_pfnext;
     int mf_diag; /* SPARK_CUDA_MOE_FUSED_DIAG=bits: phases left out (diagnosis, moe_fused.cuh) */
     int mf_red;  /* SPARK_CUDA_MOE_FUSED_RED=1: its reduction by row class, no wait */
     engine_cu_prog prog; /* the fused step's program, built at the first capture */
@@ -581,7 +578,7 @@ done:
  * ------------------------------------------------------------------------------------------- */
 typedef struct {
     size_t kv_layer, x, q, kv, att, router, h, logits, partial, sscratch, skeys, allow, ids, wts,
-        counters, step, out, rope, ao, mf_part, mf_ctr, guess, total;
+        counters, step, out, rope, ao, mf_part, mf_ctr, total;
 } sess_layout;
 
 static sess_layout layout(const engine_cuda_model *cm, int32_t n_ctx, engine_kv_type kv) {
@@ -610,17 +607,15 @@ static sess_layout layout(const engine_cuda_model *cm, int32_t n_ctx, engine_kv_
     z.out = align256(sizeof(int32_t) * (size_t)n_ctx);
     z.rope = align256(sizeof(float) * (size_t)n_ctx * hd);
     z.ao = z.x;
-    z.mf_part = z.mf_ctr = z.guess = 0; /* MoE: SPARK_CUDA_MOE_FUSED's scratch (1.5 MB for the
-                                           30B shape) and SPARK_CUDA_MOE_GUESS's */
+    z.mf_part = z.mf_ctr = 0; /* MoE: SPARK_CUDA_MOE_FUSED's scratch, 1.5 MB for the 30B shape */
     if (hp->n_expert) {
-        z.guess = align256(sizeof(float) * (hp->n_expert + 2));
         z.mf_part = align256(sizeof(float) * engine_cu_moe_fused_partial_floats(
                                                  (int)k, (int)nff, (int)hp->n_embd));
         z.mf_ctr = align256(sizeof(unsigned) * engine_cu_moe_fused_counters((int)k, (int)nff));
     }
     z.total = 2 * hp->n_layer * z.kv_layer + z.x + z.q + 2 * z.kv + z.att + z.router + z.h +
               z.logits + z.partial + z.sscratch + z.skeys + z.allow + z.ids + z.wts + z.counters +
-              z.step + z.out + z.rope + z.ao + z.mf_part + z.mf_ctr + z.guess;
+              z.step + z.out + z.rope + z.ao + z.mf_part + z.mf_ctr;
     return z;
 }
 
@@ -690,21 +685,12 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
             s->mf_pipe = pi > 0 && pi < 8 ? (int)pi : 0;
             s->mf_pipe_dn = pd > 0 && pd < 3 ? (int)pd : 0;
         }
-        e = getenv("SPARK_CUDA_MOE_DN_REUSE");
-        s->mf_dn_reuse = e && e[0] == '1';
-        e = getenv("SPARK_CUDA_MOE_YPRE");
-        s->mf_y_pre = e && e[0] == '1';
-        e = getenv("SPARK_CUDA_MOE_GUESS");
-        s->guess_top = s->guess_mode = 0;
-        if (e) {
-            char *end = NULL;
-            const long gt = strtol(e, &end, 10);
-            const long gm = end && *end == ',' ? strtol(end + 1, NULL, 10) : 0;
-            s->guess_top = gt > 0 && gt <= 64 ? (int)gt : 0;
-            s->guess_mode = gm >= 0 && gm <= 11 ? (int)gm : 0; /* + 4: none, + 8: by lines */
-        }
+        e = getenv("SPARK_CUDA_MOE_YPRE"); /* on: session 32 calls A-B */
+        s->mf_y_pre = !e || e[0] != '0';
         e = getenv("SPARK_CUDA_NEXT_NORM");
         s->mf_norm = e && e[0] == '1';
+        e = getenv("SPARK_CUDA_PF_NEXT");
+        s->mf_pfnext = e ? (int)strtol(e, NULL, 0) & 31 : 0;
         e = getenv("SPARK_CUDA_MOE_FUSED_RED");
         s->mf_red = e && e[0] == '1';
         e = getenv("SPARK_CUDA_MOE_FUSED_DIAG");
@@ -785,7 +771,7 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
                 CARVE(wts, wts, float) CARVE(counters, counters, unsigned)
                     CARVE(step, step, engine_cu_step) CARVE(out, out, int32_t)
                         CARVE(rope, rope, float) CARVE(ao, ao, float) CARVE(mf_part, mf_part, float)
-                            CARVE(mf_ctr, mf_ctr, unsigned) CARVE(guess, guess, float)
+                            CARVE(mf_ctr, mf_ctr, unsigned)
 #undef CARVE
                                 ENGINE_ASSERT((size_t)(p - s->mem) == z.total);
     {
@@ -861,42 +847,6 @@ typedef struct {
     bool mfuse; /* SPARK_CUDA_MOE_FUSED: mf replaces the up and down launches */
     engine_cu_moe_fused_args mf;
 } layer_ops;
-
-/* SPARK_CUDA_MOE_GUESS's blocks in the attention launch (attention.cuh engine_cu_guess): where
- * the layer's MoE block is the whole-grid launch with the router fusion (whose [R | M] rows the
- * guess reads) and the attention takes the short path's launch. */
-static void guess_get(const engine_cuda_session *s, uint32_t l, layer_ops *o) {
-    const engine_hparams *hp = &s->cm->m->hp;
-    const int ne = (int)hp->n_expert, emb = (int)hp->n_embd, rows = o->up.rows;
-    if (!s->guess_top || !o->fuse || !o->mfuse || !o->mf.grid || !o->at.short_path || !s->guess ||
-        ne % 4 || ne > 256 || emb % 4 || emb > 8 * 256 || rows % 16 || o->up.row_bytes % 16)
-        return;
-    engine_cu_guess *g = &o->at.guess;
-    g->rows = (const float *)o->rf.rm.m[0].w;
-    g->row_stride = (size_t)o->rf.rm.cols;
-    g->x = s->x;
-    g->n_embd = emb;
-    g->n_expert = ne;
-    g->n_blocks = ne / 4;
-    g->top = s->guess_top < ne ? s->guess_top : ne;
-    /* mode 0: the row groups the MoE blocks copy first (each block's item 0: every ipb-th group
-     * of 16 rows, where a slot's groups split evenly among its blocks), else all */
-    const int groups = rows / 16, items = o->up.k * groups, sms = engine_cu_sm_count();
-    const int ipb = (items + sms - 1) / sms;
-    const int mode = s->guess_mode & 3;
-    const bool first = mode == 0 && ipb > 0 && groups % ipb == 0;
-    g->chunks = first ? groups / ipb : groups;
-    g->chunk_bytes = 16 * o->up.row_bytes;
-    g->chunk_step = (first ? (size_t)ipb : 1) * g->chunk_bytes;
-    g->expert_bytes = o->up.expert_bytes;
-    g->down_bytes = mode == 2 ? o->dn.expert_bytes : 0;
-    g->how = s->guess_mode & 4 ? 1 : s->guess_mode & 8 ? 2 : 0;
-    g->gate = o->up.gate;
-    g->up = o->up.up;
-    g->down = o->dn.down;
-    g->logits = s->guess;
-    g->counters = (unsigned *)(s->guess + ne);
-}
 
 static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o) {
     const engine_cuda_model *cm = s->cm;
@@ -1064,39 +1014,53 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
         o->mf.items = s->mf_items;
         o->mf.pipe = s->mf_pipe;
         o->mf.pipe_down = s->mf_pipe_dn;
-        o->mf.dn_reuse = s->mf_dn_reuse;
         o->mf.y_pre = s->mf_y_pre;
         if (s->mf_norm && l + 1 < hp->n_layer) {
             o->mf.pf_norm = cm->layers[l + 1].attn_norm;
             o->mf.pf_norm_n = emb;
         }
+        if (s->mf_pfnext && l + 1 < hp->n_layer) {
+            const cu_layer *nx = &cm->layers[l + 1];
+            const cu_w *pw[4] = {NULL, NULL, NULL, NULL};
+            if (s->mf_pfnext & 1) {
+                pw[0] = &nx->wq;
+                pw[1] = &nx->wk;
+                pw[2] = &nx->wv;
+            }
+            if (s->mf_pfnext & 2) pw[3] = &nx->wo;
+            int n = 0;
+            for (int i = 0; i < 4; i++)
+                if (pw[i] && pw[i]->d) {
+                    o->mf.pf_w[n] = pw[i]->d;
+                    o->mf.pf_bytes[n++] = mat_bytes(pw[i]);
+                }
+            if ((s->mf_pfnext & 4) && s->rf) {
+                o->mf.pf_w[n] = (const uint8_t *)(cm->rf_mem + (size_t)(l + 1) * cm->rf_layer);
+                o->mf.pf_bytes[n++] = sizeof(float) * cm->rf_layer;
+            }
+            o->mf.pf_n = n;
+            o->mf.pf_at = s->mf_pfnext & 16 ? 2 : s->mf_pfnext & 8 ? 1 : 0;
+        }
         o->mf.partial = s->mf_part;
         o->mf.counters = s->mf_ctr;
         o->mfuse = engine_cu_moe_fused_why(&o->mf) == NULL;
     }
-    guess_get(s, l, o);
 }
 
 /* Log which layers SPARK_CUDA_MOE_FUSED's launch takes (at session creation). */
 static void mf_log(const engine_cuda_session *s) {
     const engine_hparams *hp = &s->cm->m->hp;
-    uint32_t n = 0, ng = 0;
+    uint32_t n = 0;
     const char *why = hp->n_expert ? NULL : "not an MoE model";
     for (uint32_t l = 0; hp->n_expert && l < hp->n_layer; l++) {
         layer_ops o;
         layer_ops_get(s, l, &o);
         n += o.mfuse;
-        ng += o.at.guess.n_blocks > 0;
         if (!o.mfuse && !why) why = engine_cu_moe_fused_why(&o.mf);
     }
     engine_log(ENGINE_LOG_INFO, "cuda: MoE block in one launch (%s%d) in %u of %u layers%s%s",
                s->mf_grid ? "whole grid, form " : "slices of ", s->mf_grid ? s->mf_grid : s->mfuse,
                n, hp->n_layer, why ? "; not: " : "", why ? why : "");
-    if (s->guess_top)
-        engine_log(ENGINE_LOG_INFO,
-                   "cuda: %d experts guessed from each layer's input and asked of L2 (mode %d) in "
-                   "%u of %u layers",
-                   s->guess_top, s->guess_mode, ng, hp->n_layer);
 }
 
 /* Build and upload the fused step's program: per layer the ops in the per-op order, each

@@ -304,6 +304,24 @@ __device__ __forceinline__ void mg_next_copies(const engine_cu_ffn_up_args &u,
 #define MG_DIAG_LATE 0x20   /* diag: the routing after the block's scale (moe_fused.cuh diag) */
 #define MG_DIAG_NW_LATE 0x40 /* diag: the norm weights read after the wait (moe_fused.cuh diag) */
 
+/* Block b's share of a's next-layer ranges (moe_fused.cuh pf_w) asked of L2, in bulk
+ * prefetches of at most 32 KB. */
+__device__ __forceinline__ void mg_pf_next(const engine_cu_moe_fused_args &a, int b, int nb) {
+    size_t t = 0, base = 0;
+#pragma unroll
+    for (int i = 0; i < ENGINE_CU_PF_NEXT_MAX; i++)
+        t += i < a.pf_n ? a.pf_bytes[i] : 0;
+    const size_t lo = t * (size_t)b / (size_t)nb, hi = t * (size_t)(b + 1) / (size_t)nb;
+#pragma unroll
+    for (int i = 0; i < ENGINE_CU_PF_NEXT_MAX; i++) {
+        if (i >= a.pf_n) break;
+        const size_t s = lo > base ? lo : base, e = min(hi, base + a.pf_bytes[i]);
+        for (size_t o = s; o < e; o += 32768)
+            engine_cu_prefetch_bulk(a.pf_w[i] + (o - base), min(e - o, (size_t)32768));
+        base += a.pf_bytes[i];
+    }
+}
+
 template <int MODE, bool RF>
 __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_fused_args a) {
     /* from a 128-byte boundary, where the bulk copies land: +2.7% Q4_K_M, +5.7% Q8_0 against
@@ -312,7 +330,6 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     __shared__ int ids[ENGINE_CU_MAX_EXPERT_USED];
     __shared__ float wts[ENGINE_CU_MAX_EXPERT_USED];
     __shared__ uint64_t bar_up, bar_dn, bar_it[MG_MAX_IPB];
-    __shared__ unsigned dn_warps; /* dn_reuse: warps done with the items the down runs take */
     const engine_cu_ffn_up_args &u = a.up;
     const engine_cu_ffn_down_args &d = a.dn;
     const int b = blockIdx.x, nb = gridDim.x, w = threadIdx.x >> 5;
@@ -333,20 +350,11 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     /* up items issued at the start, and when the down runs go (moe_fused.cuh pipe) */
     const int infl = per_item && a.pipe > 0 ? min(ni, a.pipe) : ni;
     const int dn_at = early && ni > 0 ? a.pipe_down : 0;
-    /* grid 1 with dn_reuse: the down runs go into the space of the first nd items once their
-     * rows are computed (every warp of those items counted in dn_warps), while later items still
-     * land, where nd < ni; else (nd 0) once all of the block's rows are (step 3) */
-    int nd = 0;
-    if (!early && a.dn_reuse && per_item && ng > 0) {
-        nd = (int)(((size_t)ng * d.k * drun + 2 * urun - 1) / (2 * urun));
-        if (nd >= ni) nd = 0;
-    }
     /* every block starts before a dependent can launch, so all are resident by then */
     engine_cu_pdl_launch();
     if (threadIdx.x == 0) {
         engine_cu_mbar_init(&bar_up);
         engine_cu_mbar_init(&bar_dn);
-        dn_warps = 0;
         if (per_item)
             for (int i = 0; i < ni; i++)
                 engine_cu_mbar_init(&bar_it[i]);
@@ -356,6 +364,8 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     /* the staging warps' norm weights (qdot.cuh engine_cu_stage_nw), before the wait */
     const bool nw_pre = !(a.diag & MG_DIAG_NW_LATE);
     const engine_cu_nw_pre nwp = engine_cu_stage_x_nw<MODE>(nw_pre ? u.norm_w : nullptr, u.cols, 1);
+    if (a.pf_n && a.pf_at == 2 && threadIdx.x == 64) /* warp 2: the next layer's, before */
+        mg_pf_next(a, b, nb);
     engine_cu_pdl_wait();
     /* 1. route and copy (warp 0), stage x (the others): the up kernel's steps. With the router
      * fusion and the block's scale (RF, u.coop), warp 0 picks the experts from the raw logits
@@ -426,17 +436,6 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
                            &bar_dn); /* the group's first thread: later copies */
         const int it = i0 + i, j = it / gx, r = (it - j * gx) * 2 * FFN_WARPS + wl;
         ffn_up_rows<MODE, 2, true>(u, j, ids[j], r, xv, ws + (size_t)i * 2 * urun);
-        if (i < nd) { /* this warp's reads of item i's space done: counted; the last copies */
-            __syncwarp();
-            if ((threadIdx.x & 31) == 0) {
-                __threadfence_block();
-                if (atomicAdd(&dn_warps, 1u) == (unsigned)(nd * FFN_WARPS) - 1) {
-                    __threadfence_block();
-                    engine_cu_fence_proxy_async(); /* the block's reads of that space first */
-                    mg_copy_down(d, ids, g0, ng, wd, &bar_dn);
-                }
-            }
-        }
     }
     /* a.y_pre: lane 0 of each warp reads its first down row's y (and y_add) now, so that its
      * store after the down products waits for no load (nobody else writes those rows) */
@@ -451,7 +450,7 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
-        if (!early && !nd) {
+        if (!early) {
             engine_cu_fence_proxy_async(); /* the block's reads of the up runs come first */
             mg_copy_down(d, ids, g0, ng, wd, &bar_dn);
         }
@@ -469,6 +468,8 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     ENGINE_CU_TRACE(8);
     if (a.pf_norm && w == 1) /* the next launch's norm weights (moe_fused.cuh pf_norm) */
         engine_cu_prefetch_l2((const uint8_t *)a.pf_norm, sizeof(float) * (size_t)a.pf_norm_n);
+    if (a.pf_n && a.pf_at == 0 && threadIdx.x == 64) /* warp 2: the next layer's weights */
+        mg_pf_next(a, b, nb);
     for (int i = q; i < ng; i += MG_GROUPS) {
         const int r = (g0 + i) * FFN_WARPS + wl;
         const uint8_t *wr = wd + (size_t)i * d.k * drun + (size_t)wl * d.row_bytes;
@@ -488,6 +489,7 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
                 down_store<RF>(d, r, v);
         }
     }
+    if (a.pf_n && a.pf_at == 1 && threadIdx.x == 0) mg_pf_next(a, b, nb);
     ENGINE_CU_TRACE_END();
 }
 
@@ -728,8 +730,7 @@ extern "C" int engine_cuda_op_moe_fused(
         a.items = (flags >> 4) & 1; /* its per-item barriers */
         a.pipe = (flags >> 5) & 7;  /* the order of its copies */
         a.pipe_down = (flags >> 8) & 3;
-        a.dn_reuse = (flags >> 10) & 1; /* grid 1: the down runs into computed items' space */
-        a.y_pre = (flags >> 11) & 1;    /* the down rows' y read before the products */
+        a.y_pre = (flags >> 11) & 1; /* the down rows' y read before the products */
         a.partial = (float *)(m + off[10]);
         a.counters = (unsigned *)(m + off[11]);
         const char *why = engine_cu_moe_fused_why(&a);

@@ -45,6 +45,8 @@
 
 #include "moe.cuh"
 
+#define ENGINE_CU_PF_NEXT_MAX 5 /* engine_cu_moe_fused_args.pf_w */
+
 typedef struct {
     /* MoE (router set); h [k][n_ff] written; x_add: the router fusion (and then dn.y_add). The
      * stage-5/6 fields (max_bps, trigger_late, routed, stage_early) are not read. */
@@ -120,15 +122,11 @@ typedef struct {
      * (all). In turn with 2,2 (call 4): Q8_0 487.6 / 487.4 against 477.7 / 477.4 (+2.1%), Q4_K_M
      * 570.4 / 571.0 against 571.6 / 571.8 (-0.2%, within the same-process spread): 1,1. */
     int pipe, pipe_down;
-    /* The whole-grid form 1 (SPARK_CUDA_MOE_DN_REUSE=1): the block's down runs copied into the
-     * space of its first up items as soon as every warp computing those items is done with them
-     * (a shared count), while its later items still land, instead of once all of its items are
-     * computed; where the down runs need all items' space, as before. Needs per-item barriers
-     * (pipe > 0 or items). The same arithmetic. */
-    int dn_reuse;
-    /* The whole-grid form (SPARK_CUDA_MOE_YPRE=1): lane 0 of each warp reads its first down
-     * row's y (and y_add) before the grid barrier, so that the store after its down products
-     * waits on no load at the launch's end. The same adds in the same order. */
+    /* The whole-grid form (SPARK_CUDA_MOE_YPRE; on in the sessions, =0 off): lane 0 of each warp
+     * reads its first down row's y (and y_add) before the grid barrier, so that the store after
+     * its down products waits on no load at the launch's end. The same adds in the same order.
+     * Session 32 (H200, tg128 in one process): Q4_K_M 575.6 / 576.5 / 579.7 against 571.6-574.9
+     * off, Q8_0 491.5 / 492.1 / 491.9 against 489.4-490.6. */
     int y_pre;
     /* The whole-grid form: pf_norm_n floats at pf_norm asked of L2 once the block's down rows
      * have landed (warp 1; NULL: none): the next layer's attention norm weights, which the q/k/v
@@ -139,6 +137,16 @@ typedef struct {
      * 18 call 1: 495.8 against 496.6 tok/s Q4_K_M, 432.9 against 431.1 Q8_0). */
     const float *pf_norm;
     int pf_norm_n;
+    /* The whole-grid form: pf_n byte ranges (pf_w[i], pf_bytes[i]) asked of L2 with bulk
+     * prefetches, block b its b-th share of their sum, once the block's down rows have landed
+     * (pf_at 0), once its down rows are computed (1), or at its start, before its wait (2: while
+     * the routing leaves the memory idle): the next layer's q/k/v (and wo, [R | M])
+     * weights, read while this launch's last rows compute and the memory would stand idle, so
+     * that the next q/k/v launch's copies come from L2 and do not share the memory with the wo
+     * launch's early copies. SPARK_CUDA_PF_NEXT=bits (backend.cu mf_pfnext); off by default. */
+    const uint8_t *pf_w[ENGINE_CU_PF_NEXT_MAX];
+    size_t pf_bytes[ENGINE_CU_PF_NEXT_MAX];
+    int pf_n, pf_at;
     /* Set by the launcher (engine_cu_moe_fused) for the whole-grid form: up items and down row
      * groups per block, and the offset of the weight copies in shared memory. */
     int ipb, gpb;

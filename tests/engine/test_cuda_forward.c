@@ -232,10 +232,9 @@ static const char *const alt_sets[N_ALT][3] = {
     {"SPARK_CUDA_MOE_PIPE=2,2", NULL, NULL},  /* its copies in another order (pipe) */
     {"SPARK_CUDA_MOE_PIPE=0", NULL, NULL},    /* the copies all at the start */
     {"SPARK_CUDA_HEAD_RING=0", NULL, NULL},   /* the head in the looping blocks, not rings */
-    /* experts guessed and asked of L2 (a hint: the same results); the MoE launch's y read early */
-    {"SPARK_CUDA_MOE_GUESS=8,2", "SPARK_CUDA_MOE_YPRE", NULL},
-    /* its form 1 with the down runs into computed items' space; the first items guessed */
-    {"SPARK_CUDA_MOE_FUSED=g1", "SPARK_CUDA_MOE_DN_REUSE", "SPARK_CUDA_MOE_GUESS=4,0"},
+    {"SPARK_CUDA_MOE_YPRE=0", NULL, NULL},    /* the MoE launch's y read after its products */
+    /* the next layer's q/k/v and wo asked of L2 by the MoE launch before its wait */
+    {"SPARK_CUDA_PF_NEXT=19", "SPARK_CUDA_MOE_FUSED=g1", NULL},
 };
 
 /* Which alt sets run: all, unless SPARK_TEST_CUDA_ALTS lists their indices ("8,9") or says
