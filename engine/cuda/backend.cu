@@ -172,11 +172,8 @@ struct engine_cuda_session {
     int mf_items; /* SPARK_CUDA_MOE_ITEMS=1: the grid form's per-item barriers (moe_fused.cuh) */
     int mf_pipe, mf_pipe_dn; /* SPARK_CUDA_MOE_PIPE=I[,D]: the order of its copies (pipe) */
     int mf_y_pre;            /* SPARK_CUDA_MOE_YPRE=0 turns it off (moe_fused.cuh y_pre) */
+    int mf_unroll;           /* SPARK_CUDA_MOE_UNROLL=bits (moe_fused.cuh unroll) */
     int mf_norm;  /* SPARK_CUDA_NEXT_NORM=1: it asks L2 for the next attention norm (pf_norm) */
-    /* SPARK_CUDA_PF_NEXT=bits: it asks L2 for the next layer's weights (moe_fused.cuh pf_w):
-     * 1 q/k/v, 2 wo, 4 [R | M]; 8: at the block's end, not once its down rows have landed; 16:
-     * at the block's start, before its wait */
-    int mf_pfnext;
     int mf_diag; /* SPARK_CUDA_MOE_FUSED_DIAG=bits: phases left out (diagnosis, moe_fused.cuh) */
     int mf_red;  /* SPARK_CUDA_MOE_FUSED_RED=1: its reduction by row class, no wait */
     engine_cu_prog prog; /* the fused step's program, built at the first capture */
@@ -685,12 +682,12 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
             s->mf_pipe = pi > 0 && pi < 8 ? (int)pi : 0;
             s->mf_pipe_dn = pd > 0 && pd < 3 ? (int)pd : 0;
         }
+        e = getenv("SPARK_CUDA_MOE_UNROLL");
+        s->mf_unroll = e ? atoi(e) & 3 : 0;
         e = getenv("SPARK_CUDA_MOE_YPRE"); /* on: session 32 calls A-B */
         s->mf_y_pre = !e || e[0] != '0';
         e = getenv("SPARK_CUDA_NEXT_NORM");
         s->mf_norm = e && e[0] == '1';
-        e = getenv("SPARK_CUDA_PF_NEXT");
-        s->mf_pfnext = e ? (int)strtol(e, NULL, 0) & 31 : 0;
         e = getenv("SPARK_CUDA_MOE_FUSED_RED");
         s->mf_red = e && e[0] == '1';
         e = getenv("SPARK_CUDA_MOE_FUSED_DIAG");
@@ -1015,31 +1012,10 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
         o->mf.pipe = s->mf_pipe;
         o->mf.pipe_down = s->mf_pipe_dn;
         o->mf.y_pre = s->mf_y_pre;
+        o->mf.unroll = s->mf_unroll;
         if (s->mf_norm && l + 1 < hp->n_layer) {
             o->mf.pf_norm = cm->layers[l + 1].attn_norm;
             o->mf.pf_norm_n = emb;
-        }
-        if (s->mf_pfnext && l + 1 < hp->n_layer) {
-            const cu_layer *nx = &cm->layers[l + 1];
-            const cu_w *pw[4] = {NULL, NULL, NULL, NULL};
-            if (s->mf_pfnext & 1) {
-                pw[0] = &nx->wq;
-                pw[1] = &nx->wk;
-                pw[2] = &nx->wv;
-            }
-            if (s->mf_pfnext & 2) pw[3] = &nx->wo;
-            int n = 0;
-            for (int i = 0; i < 4; i++)
-                if (pw[i] && pw[i]->d) {
-                    o->mf.pf_w[n] = pw[i]->d;
-                    o->mf.pf_bytes[n++] = mat_bytes(pw[i]);
-                }
-            if ((s->mf_pfnext & 4) && s->rf) {
-                o->mf.pf_w[n] = (const uint8_t *)(cm->rf_mem + (size_t)(l + 1) * cm->rf_layer);
-                o->mf.pf_bytes[n++] = sizeof(float) * cm->rf_layer;
-            }
-            o->mf.pf_n = n;
-            o->mf.pf_at = s->mf_pfnext & 16 ? 2 : s->mf_pfnext & 8 ? 1 : 0;
         }
         o->mf.partial = s->mf_part;
         o->mf.counters = s->mf_ctr;

@@ -304,24 +304,6 @@ __device__ __forceinline__ void mg_next_copies(const engine_cu_ffn_up_args &u,
 #define MG_DIAG_LATE 0x20   /* diag: the routing after the block's scale (moe_fused.cuh diag) */
 #define MG_DIAG_NW_LATE 0x40 /* diag: the norm weights read after the wait (moe_fused.cuh diag) */
 
-/* Block b's share of a's next-layer ranges (moe_fused.cuh pf_w) asked of L2, in bulk
- * prefetches of at most 32 KB. */
-__device__ __forceinline__ void mg_pf_next(const engine_cu_moe_fused_args &a, int b, int nb) {
-    size_t t = 0, base = 0;
-#pragma unroll
-    for (int i = 0; i < ENGINE_CU_PF_NEXT_MAX; i++)
-        t += i < a.pf_n ? a.pf_bytes[i] : 0;
-    const size_t lo = t * (size_t)b / (size_t)nb, hi = t * (size_t)(b + 1) / (size_t)nb;
-#pragma unroll
-    for (int i = 0; i < ENGINE_CU_PF_NEXT_MAX; i++) {
-        if (i >= a.pf_n) break;
-        const size_t s = lo > base ? lo : base, e = min(hi, base + a.pf_bytes[i]);
-        for (size_t o = s; o < e; o += 32768)
-            engine_cu_prefetch_bulk(a.pf_w[i] + (o - base), min(e - o, (size_t)32768));
-        base += a.pf_bytes[i];
-    }
-}
-
 template <int MODE, bool RF>
 __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_fused_args a) {
     /* from a 128-byte boundary, where the bulk copies land: +2.7% Q4_K_M, +5.7% Q8_0 against
@@ -364,8 +346,6 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     /* the staging warps' norm weights (qdot.cuh engine_cu_stage_nw), before the wait */
     const bool nw_pre = !(a.diag & MG_DIAG_NW_LATE);
     const engine_cu_nw_pre nwp = engine_cu_stage_x_nw<MODE>(nw_pre ? u.norm_w : nullptr, u.cols, 1);
-    if (a.pf_n && a.pf_at == 2 && threadIdx.x == 64) /* warp 2: the next layer's, before */
-        mg_pf_next(a, b, nb);
     engine_cu_pdl_wait();
     /* 1. route and copy (warp 0), stage x (the others): the up kernel's steps. With the router
      * fusion and the block's scale (RF, u.coop), warp 0 picks the experts from the raw logits
@@ -435,7 +415,10 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
             mg_next_copies(u, d, ids, i, i0, infl, ni, gx, urun, ws, bar_it, dn_at, g0, ng, wd,
                            &bar_dn); /* the group's first thread: later copies */
         const int it = i0 + i, j = it / gx, r = (it - j * gx) * 2 * FFN_WARPS + wl;
-        ffn_up_rows<MODE, 2, true>(u, j, ids[j], r, xv, ws + (size_t)i * 2 * urun);
+        if (a.unroll & 1) /* moe_fused.cuh unroll */
+            ffn_up_rows<MODE, 2, true, 2>(u, j, ids[j], r, xv, ws + (size_t)i * 2 * urun);
+        else
+            ffn_up_rows<MODE, 2, true>(u, j, ids[j], r, xv, ws + (size_t)i * 2 * urun);
     }
     /* a.y_pre: lane 0 of each warp reads its first down row's y (and y_add) now, so that its
      * store after the down products waits for no load (nobody else writes those rows) */
@@ -468,8 +451,6 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     ENGINE_CU_TRACE(8);
     if (a.pf_norm && w == 1) /* the next launch's norm weights (moe_fused.cuh pf_norm) */
         engine_cu_prefetch_l2((const uint8_t *)a.pf_norm, sizeof(float) * (size_t)a.pf_norm_n);
-    if (a.pf_n && a.pf_at == 0 && threadIdx.x == 64) /* warp 2: the next layer's weights */
-        mg_pf_next(a, b, nb);
     for (int i = q; i < ng; i += MG_GROUPS) {
         const int r = (g0 + i) * FFN_WARPS + wl;
         const uint8_t *wr = wd + (size_t)i * d.k * drun + (size_t)wl * d.row_bytes;
@@ -477,7 +458,9 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
         switch (d.type) {
 #define MG_CASE(T)                                                                                 \
     case T:                                                                                        \
-        if (MODE == engine_cu_x_mode(T)) v = down_row<T, true>(d, r, ids, wts, sm, true, wr);      \
+        if (MODE == engine_cu_x_mode(T))                                                           \
+            v = a.unroll & 2 ? down_row<T, true, 6>(d, r, ids, wts, sm, true, wr)                  \
+                             : down_row<T, true>(d, r, ids, wts, sm, true, wr);                    \
         break;
             ENGINE_CU_QUANT_CASES(MG_CASE)
 #undef MG_CASE
@@ -489,7 +472,6 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
                 down_store<RF>(d, r, v);
         }
     }
-    if (a.pf_n && a.pf_at == 1 && threadIdx.x == 0) mg_pf_next(a, b, nb);
     ENGINE_CU_TRACE_END();
 }
 
@@ -731,6 +713,7 @@ extern "C" int engine_cuda_op_moe_fused(
         a.pipe = (flags >> 5) & 7;  /* the order of its copies */
         a.pipe_down = (flags >> 8) & 3;
         a.y_pre = (flags >> 11) & 1; /* the down rows' y read before the products */
+        a.unroll = (flags >> 12) & 3;
         a.partial = (float *)(m + off[10]);
         a.counters = (unsigned *)(m + off[11]);
         const char *why = engine_cu_moe_fused_why(&a);

@@ -45,8 +45,6 @@
 
 #include "moe.cuh"
 
-#define ENGINE_CU_PF_NEXT_MAX 5 /* engine_cu_moe_fused_args.pf_w */
-
 typedef struct {
     /* MoE (router set); h [k][n_ff] written; x_add: the router fusion (and then dn.y_add). The
      * stage-5/6 fields (max_bps, trigger_late, routed, stage_early) are not read. */
@@ -128,6 +126,10 @@ typedef struct {
      * Session 32 (H200, tg128 in one process): Q4_K_M 575.6 / 576.5 / 579.7 against 571.6-574.9
      * off, Q8_0 491.5 / 492.1 / 491.9 against 489.4-490.6. */
     int y_pre;
+    /* The whole-grid form, for an A/B (SPARK_CUDA_MOE_UNROLL=bits): 1 its up rows' chunk loop
+     * unrolled by 2, 2 its down rows' item loop by 6 (else 2): more loads in flight, the same sums
+     * in the same order. */
+    int unroll;
     /* The whole-grid form: pf_norm_n floats at pf_norm asked of L2 once the block's down rows
      * have landed (warp 1; NULL: none): the next layer's attention norm weights, which the q/k/v
      * launch after this one reads right after its wait. That launch's blocks cannot start beside
@@ -137,16 +139,6 @@ typedef struct {
      * 18 call 1: 495.8 against 496.6 tok/s Q4_K_M, 432.9 against 431.1 Q8_0). */
     const float *pf_norm;
     int pf_norm_n;
-    /* The whole-grid form: pf_n byte ranges (pf_w[i], pf_bytes[i]) asked of L2 with bulk
-     * prefetches, block b its b-th share of their sum, once the block's down rows have landed
-     * (pf_at 0), once its down rows are computed (1), or at its start, before its wait (2: while
-     * the routing leaves the memory idle): the next layer's q/k/v (and wo, [R | M])
-     * weights, read while this launch's last rows compute and the memory would stand idle, so
-     * that the next q/k/v launch's copies come from L2 and do not share the memory with the wo
-     * launch's early copies. SPARK_CUDA_PF_NEXT=bits (backend.cu mf_pfnext); off by default. */
-    const uint8_t *pf_w[ENGINE_CU_PF_NEXT_MAX];
-    size_t pf_bytes[ENGINE_CU_PF_NEXT_MAX];
-    int pf_n, pf_at;
     /* Set by the launcher (engine_cu_moe_fused) for the whole-grid form: up items and down row
      * groups per block, and the offset of the weight copies in shared memory. */
     int ipb, gpb;
