@@ -274,14 +274,13 @@ static __device__ void route_block(const float *logits, int n, int k, int norm_t
 /* gate and up of rows r + i FFN_WARPS (i < NR: rows r and r + FFN_WARPS by default) of one
  * expert against the staged x, in one loop (the 2 NR rows' loads in flight together): h =
  * silu(g) * u for each into h[NR]. stride: the bytes from one of the rows to the next. */
-template <int T, int NR = 2, bool SH = false, int U = 1>
+template <int T, int NR = 2, bool SH = false>
 __device__ __forceinline__ void up_rows(const uint8_t *g, const uint8_t *u, size_t stride,
                                         int n_chunks, const engine_cu_xv &xv, float *h) {
     float ag[NR], au[NR];
 #pragma unroll
     for (int i = 0; i < NR; i++)
         ag[i] = au[i] = 0.0f;
-#pragma unroll U /* U > 1: more chunks' loads in flight; the same sums in the same order */
     for (int c = threadIdx.x & 31; c < n_chunks; c += 32) {
 #pragma unroll
         for (int i = 0; i < NR; i++) {
@@ -378,7 +377,7 @@ __device__ __forceinline__ void ffn_route_warp(const engine_cu_ffn_up_args &a, i
  * for every i < NR, all below a.rows (the caller's). SH (quantised types): the rows from the
  * block's copy of its item's two runs in shared memory, gate run at ws, up run after it (row r
  * at ws + (r % (2 FFN_WARPS)) row_bytes). */
-template <int MODE, int NR = 2, bool SH = false, int U = 1>
+template <int MODE, int NR = 2, bool SH = false>
 __device__ __forceinline__ void ffn_up_rows(const engine_cu_ffn_up_args &a, int j, int e, int r,
                                             const engine_cu_xv &xv, const uint8_t *ws = nullptr) {
     const size_t off = (size_t)e * a.expert_bytes + (size_t)r * a.row_bytes;
@@ -394,8 +393,7 @@ __device__ __forceinline__ void ffn_up_rows(const engine_cu_ffn_up_args &a, int 
     switch (a.type) { /* gate and up share a type (checked at upload) */
 #define UP_CASE(T)                                                                                 \
     case T:                                                                                        \
-        if (MODE == engine_cu_x_mode(T))                                                           \
-            up_rows<T, NR, SH, U>(gr, ur, stride, a.cols >> 5, xv, hv);                            \
+        if (MODE == engine_cu_x_mode(T)) up_rows<T, NR, SH>(gr, ur, stride, a.cols >> 5, xv, hv);  \
         break;
         ENGINE_CU_QUANT_CASES(UP_CASE)
 #undef UP_CASE
@@ -539,7 +537,7 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
 
 /* A lane takes (expert slot, chunk) items, so all 32 lanes work and the loads of different
  * experts are in flight together. */
-template <int T, bool SH = false, int U = 2>
+template <int T, bool SH = false>
 __device__ __forceinline__ float down_row(const engine_cu_ffn_down_args &a, int r, const int *ids,
                                           const float *wts, const uint8_t *sm, bool quant,
                                           const uint8_t *ws = nullptr) {
@@ -549,7 +547,7 @@ __device__ __forceinline__ float down_row(const engine_cu_ffn_down_args &a, int 
     const int dj = 32 / nch, dc = 32 - dj * nch;
     int j = lane / nch, c = lane - j * nch;
     float tot = 0.0f;
-#pragma unroll U /* U 2 by default; the same sums in the same order for any U */
+#pragma unroll 2
     for (int it = lane; it < n_items; it += 32) {
         /* SH: slot j's run of FFN_WARPS rows in shared memory (engine_cu_run_stride apart), ws
          * this warp's row in slot 0 */

@@ -415,10 +415,7 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
             mg_next_copies(u, d, ids, i, i0, infl, ni, gx, urun, ws, bar_it, dn_at, g0, ng, wd,
                            &bar_dn); /* the group's first thread: later copies */
         const int it = i0 + i, j = it / gx, r = (it - j * gx) * 2 * FFN_WARPS + wl;
-        if (a.unroll & 1) /* moe_fused.cuh unroll */
-            ffn_up_rows<MODE, 2, true, 2>(u, j, ids[j], r, xv, ws + (size_t)i * 2 * urun);
-        else
-            ffn_up_rows<MODE, 2, true>(u, j, ids[j], r, xv, ws + (size_t)i * 2 * urun);
+        ffn_up_rows<MODE, 2, true>(u, j, ids[j], r, xv, ws + (size_t)i * 2 * urun);
     }
     /* a.y_pre: lane 0 of each warp reads its first down row's y (and y_add) now, so that its
      * store after the down products waits for no load (nobody else writes those rows) */
@@ -458,9 +455,7 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
         switch (d.type) {
 #define MG_CASE(T)                                                                                 \
     case T:                                                                                        \
-        if (MODE == engine_cu_x_mode(T))                                                           \
-            v = a.unroll & 2 ? down_row<T, true, 6>(d, r, ids, wts, sm, true, wr)                  \
-                             : down_row<T, true>(d, r, ids, wts, sm, true, wr);                    \
+        if (MODE == engine_cu_x_mode(T)) v = down_row<T, true>(d, r, ids, wts, sm, true, wr);      \
         break;
             ENGINE_CU_QUANT_CASES(MG_CASE)
 #undef MG_CASE
@@ -713,7 +708,6 @@ extern "C" int engine_cuda_op_moe_fused(
         a.pipe = (flags >> 5) & 7;  /* the order of its copies */
         a.pipe_down = (flags >> 8) & 3;
         a.y_pre = (flags >> 11) & 1; /* the down rows' y read before the products */
-        a.unroll = (flags >> 12) & 3;
         a.partial = (float *)(m + off[10]);
         a.counters = (unsigned *)(m + off[11]);
         const char *why = engine_cu_moe_fused_why(&a);

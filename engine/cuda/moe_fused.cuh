@@ -126,10 +126,6 @@ typedef struct {
      * Session 32 (H200, tg128 in one process): Q4_K_M 575.6 / 576.5 / 579.7 against 571.6-574.9
      * off, Q8_0 491.5 / 492.1 / 491.9 against 489.4-490.6. */
     int y_pre;
-    /* The whole-grid form, for an A/B (SPARK_CUDA_MOE_UNROLL=bits): 1 its up rows' chunk loop
-     * unrolled by 2, 2 its down rows' item loop by 6 (else 2): more loads in flight, the same sums
-     * in the same order. */
-    int unroll;
     /* The whole-grid form: pf_norm_n floats at pf_norm asked of L2 once the block's down rows
      * have landed (warp 1; NULL: none): the next layer's attention norm weights, which the q/k/v
      * launch after this one reads right after its wait. That launch's blocks cannot start beside
