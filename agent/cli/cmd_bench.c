@@ -16,10 +16,11 @@
 static void usage(FILE *f) {
     fprintf(f, "usage: spark-agent bench [-m FILE] [-p N_PROMPT] [-n N_GEN] [-t THREADS] "
                "[-r REPS] [-d DEPTH] [-B SEQS] [--kv f16|f32|q8_0]\n\n"
-               "Measure prefill (pp) and decode (tg) speed: a prompt of N_PROMPT tokens, then\n"
-               "N_GEN tokens decoded one at a time after it; mean ± sd over REPS runs (after one\n"
-               "warm-up run). With -d, both run after DEPTH tokens of context (filled untimed, as\n"
-               "llama-bench's -d). Prints a table and the peak resident memory; on the GPU also\n"
+               "Measure prefill (pp) and decode (tg) speed as llama-bench does: a prompt of\n"
+               "N_PROMPT tokens, and apart from it N_GEN tokens decoded one at a time after one\n"
+               "token of context; mean ± sd over REPS runs (after one warm-up run). With -d,\n"
+               "both run after DEPTH tokens of context (filled untimed, as llama-bench's -d).\n"
+               "Prints a table and the peak resident memory; on the GPU also\n"
                "the card and driver (the device: config or SPARK_DEVICE), and a 'tg gen' row:\n"
                "the N_GEN tokens through the generation loop (greedy), every token drawn on the\n"
                "GPU and only ids crossing to the host, as `complete` and the agent run it.\n\n"
@@ -357,7 +358,10 @@ int cli_bench(int argc, char **argv) {
     }
     engine_model_info info;
     engine_model_info_get(m, &info);
-    long need = depth + n_prompt + n_gen + 1;
+    /* -B: each sequence's prompt, then its tokens; else pp and tg apart, after DEPTH */
+    long need = n_seqs > 0                ? n_prompt + n_gen + 1
+                : n_prompt > n_gen + 1 ? depth + n_prompt
+                                       : depth + n_gen + 1;
     if (need > info.n_ctx_train) {
         cli_errorf(cmd, "-d %ld + -p %ld + -n %ld exceeds the model's context of %d", depth,
                    n_prompt, n_gen, info.n_ctx_train);
@@ -402,13 +406,21 @@ int cli_bench(int argc, char **argv) {
             goto done;
         }
         double c0 = cpu_ms(), t0 = now_ms();
-        /* tg alone still needs one token of context to decode after */
-        long np = n_prompt > 0 || depth > 0 ? n_prompt : 1;
-        if (np > 0 && engine_session_append(s, prompt + depth, (size_t)np, NULL) != 0) {
+        if (n_prompt > 0 && engine_session_append(s, prompt + depth, (size_t)n_prompt, NULL) != 0) {
             cli_errorf(cmd, "%s", engine_error_last());
             goto done;
         }
         double c1 = cpu_ms(), t1 = now_ms();
+        /* tg as llama-bench measures it: from DEPTH tokens of context, not after the prompt (one
+         * token appended untimed, to decode after) */
+        if (n_gen > 0) {
+            if (engine_session_truncate(s, (int32_t)depth) != 0 ||
+                engine_session_append(s, prompt + depth, 1, NULL) != 0) {
+                cli_errorf(cmd, "%s", engine_error_last());
+                goto done;
+            }
+        }
+        const double c1g = cpu_ms(), t1g = now_ms();
         for (long i = 0; i < n_gen; i++) {
             int32_t tok = argmax(engine_session_logits(s), nv);
             if (engine_session_append(s, &tok, 1, NULL) != 0) {
@@ -424,7 +436,7 @@ int cli_bench(int argc, char **argv) {
         if (gen_row) {
             engine_gen_params gp = ENGINE_GEN_PARAMS_INIT;
             gp.prompt = prompt;
-            gp.n_prompt = (size_t)(depth + np);
+            gp.n_prompt = (size_t)(depth + 1);
             gp.max_tokens = (int32_t)n_gen;
             gp.sampling.temperature = 0.0f;
             gp.ignore_eog = true;
@@ -440,9 +452,9 @@ int cli_bench(int argc, char **argv) {
         }
         if (r >= 0) {
             pp[r] = n_prompt > 0 ? n_prompt * 1e3 / (t1 - t0) : 0.0;
-            tg[r] = n_gen > 0 ? n_gen * 1e3 / (t2 - t1) : 0.0;
+            tg[r] = n_gen > 0 ? n_gen * 1e3 / (t2 - t1g) : 0.0;
             pp_cpu[r] = n_prompt > 0 ? n_prompt * 1e3 / (c1 - c0) : 0.0;
-            tg_cpu[r] = n_gen > 0 ? n_gen * 1e3 / (c2 - c1) : 0.0;
+            tg_cpu[r] = n_gen > 0 ? n_gen * 1e3 / (c2 - c1g) : 0.0;
         }
     }
     struct rusage ru;
