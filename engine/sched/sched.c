@@ -75,7 +75,8 @@ struct engine_sched {
     bool gpu_mode;
     void *gpu;                        /* engine_cuda_batch */
     void *gpu_seqs;                   /* [max_seqs] engine_cuda_batch_seq */
-    float *gpu_logits;                /* [max_seqs][n_vocab] */
+    float *gpu_logits;                /* [max_seqs][n_vocab], whole pages */
+    bool gpu_logits_pinned;           /* page-locked for the pass's copies into it */
     sched_slot *slots;                /* [max_seqs] */
     int32_t *order;                   /* running slots, oldest admission first */
     int32_t n_running;
@@ -453,9 +454,15 @@ static int gpu_new(engine_sched *s) {
     engine_kv_stats ks;
     engine_kv_cache_stats(s->kvc, &ks);
     s->gpu_seqs = calloc((size_t)s->p.max_seqs, sizeof(engine_cuda_batch_seq));
-    s->gpu_logits = malloc(sizeof(float) * (size_t)s->p.max_seqs * (size_t)s->n_vocab);
+    /* whole pages, page-locked: each step copies max_seqs x n_vocab floats into it (608 KB a
+     * sequence for Qwen3), which pageable memory would take through the driver's staging;
+     * unpinned, the copies still work */
+    const size_t lb = (sizeof(float) * (size_t)s->p.max_seqs * (size_t)s->n_vocab + 4095) &
+                      ~(size_t)4095;
+    if (posix_memalign((void **)&s->gpu_logits, 4096, lb)) s->gpu_logits = NULL;
     if (!s->gpu_seqs || !s->gpu_logits)
         return engine_err(ENGINE_ENOMEM, "out of memory for a scheduler");
+    s->gpu_logits_pinned = engine_cuda_host_pin(s->gpu_logits, lb) == 0;
     return engine_cuda_batch_new((engine_cuda_batch **)&s->gpu, s->m->cuda, ks.n_blocks,
                                  ks.block_size, s->p.n_ctx, s->p.prefill_chunk + s->p.max_seqs,
                                  s->p.max_seqs, s->m->kv_type);
@@ -816,6 +823,7 @@ void engine_sched_free(engine_sched *s) {
     engine_fwd_free(s->fwd);
 #ifdef SPARK_HAVE_CUDA
     engine_cuda_batch_free(s->gpu);
+    if (s->gpu_logits_pinned) engine_cuda_host_unpin(s->gpu_logits);
 #endif
     free(s->gpu_seqs);
     free(s->gpu_logits);
