@@ -363,8 +363,9 @@ int cli_bench(int argc, char **argv) {
                 : n_prompt > n_gen + 1 ? depth + n_prompt
                                        : depth + n_gen + 1;
     if (need > info.n_ctx_train) {
-        cli_errorf(cmd, "-d %ld + -p %ld + -n %ld exceeds the model's context of %d", depth,
-                   n_prompt, n_gen, info.n_ctx_train);
+        cli_errorf(cmd,
+                   "-d %ld -p %ld -n %ld need %ld positions, more than the model's context of %d",
+                   depth, n_prompt, n_gen, need, info.n_ctx_train);
         ret = CLI_EXIT_USAGE;
         goto done;
     }

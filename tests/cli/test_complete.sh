@@ -118,6 +118,10 @@ has out "pp8"; check "bench reports prefill" $?
 has out "tg2"; check "bench reports decode" $?
 has out "peak RSS"; check "bench reports peak RSS" $?
 expect_rc "bench nothing to do" 2 "$cli" bench -m "$m" -p 0 -n 0
+# pp and tg apart (as llama-bench): the context holds the larger of the two after -d
+expect_rc "bench past the context" 2 "$cli" bench -m "$m" -d 40000 -p 961 -n 0
+has err "need 40961 positions, more than the model's context of 40960"
+check "bench says how many positions it needs" $?
 expect_rc "bench bad reps" 2 "$cli" bench -m "$m" -r 0
 
 echo "$fails failure(s)"
