@@ -1,0 +1,446 @@
+/* The attention and the wo + router products in one launch at short context (contract in
+ * att_wo.cuh). */
+#include <string.h>
+
+#include <cooperative_groups.h>
+
+#include "att_short_dev.cuh"
+#include "att_wo.cuh"
+#include "qdot.cuh"
+
+/* Shared memory of a block, in this order (each part 128-byte aligned): the Wo slice (rg x sb),
+ * the cluster's M rows (epc x nh hd floats), the block's R rows (nown x n_embd floats), then
+ * sq[nh][hd], sc[nh][SPLIT], so[WARPS][nh][hd], the new K and V rows (hd floats of room each),
+ * sa[nh hd] (the outputs), the 8-bit staging of sa, pw[rg], pm[epc], rx[nown], ssum[nh]. */
+typedef struct {
+    size_t ws, wm, wr, sq, sc, so, kr, vr, sa, xs, pw, pm, rx, ss, total;
+} aw_smem;
+
+__host__ __device__ static inline size_t aw_up(size_t n) {
+    return (n + 127) & ~(size_t)127;
+}
+
+__host__ __device__ static inline int aw_nown(const engine_cu_aw_plan &p) {
+    return (p.epc + p.c - 1) / p.c;
+}
+
+__host__ __device__ static inline aw_smem aw_layout(const engine_cu_aw_plan &p, int hd,
+                                                     int n_embd) {
+    aw_smem z;
+    const size_t na = (size_t)p.nh * hd, f = sizeof(float);
+    z.ws = 0;
+    z.wm = z.ws + aw_up((size_t)p.rg * p.sb);
+    z.wr = z.wm + aw_up(f * (size_t)p.epc * na);
+    z.sq = z.wr + aw_up(f * (size_t)aw_nown(p) * n_embd);
+    z.sc = z.sq + aw_up(f * na);
+    z.so = z.sc + aw_up(f * (size_t)p.nh * ENGINE_CU_ATT_SPLIT);
+    z.kr = z.so + aw_up(f * ENGINE_CU_AW_WARPS * na);
+    z.vr = z.kr + aw_up(f * hd);
+    z.sa = z.vr + aw_up(f * hd);
+    z.xs = z.sa + aw_up(f * na);
+    z.pw = z.xs + aw_up(engine_cu_xs_bytes(true, (int)na));
+    z.pm = z.pw + aw_up(f * p.rg);
+    z.rx = z.pm + aw_up(f * p.epc);
+    z.ss = z.rx + aw_up(f * aw_nown(p));
+    z.total = z.ss + aw_up(f * p.nh);
+    return z;
+}
+
+/* Partial dot products of the block's Wo slice rows with the staged slice of â (every thread):
+ * NC chunks a row, 32 / NC rows a warp at a time, lane (row r_off, chunk c); the row's chunks
+ * summed by shuffles within its NC lanes, in lane order by the butterfly. */
+template <int T, int NC>
+__device__ __forceinline__ void aw_wo_rows(const uint8_t *ws, size_t sb, int rg,
+                                           const engine_cu_xv &xv, float *pw) {
+    constexpr int RPI = 32 / NC;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int ro = lane / NC, c = lane % NC;
+    for (int base = w * RPI; base < rg; base += ENGINE_CU_AW_WARPS * RPI) { /* warp-uniform */
+        const int r = base + ro;
+        float d = engine_cu_dot_chunk<T, true>(ws + (size_t)min(r, rg - 1) * sb, c, xv);
+#pragma unroll
+        for (int o = NC / 2; o > 0; o >>= 1)
+            d += __shfl_xor_sync(0xffffffffu, d, o);
+        if (c == 0 && r < rg) pw[r] = d;
+    }
+}
+
+template <int HD, int NH, bool F32, int MODE>
+__global__ void __launch_bounds__(ENGINE_CU_AW_THREADS, 1) aw_kernel(engine_cu_aw_args a) {
+    namespace cg = cooperative_groups;
+    extern __shared__ __align__(128) uint8_t aw_sm[];
+    __shared__ uint64_t bar_r, bar_w;
+    constexpr int NA = NH * HD;         /* the block's columns of Wo */
+    constexpr int NC = NA / 32;         /* chunks of a slice row */
+    constexpr int DPL = HD / 32;        /* V dimensions per lane */
+    constexpr int TPP = 4;              /* threads a position in the scores */
+    constexpr int NI = HD / 8 / TPP;    /* groups of 8 values a thread in the scores */
+    constexpr int PSTEP = ENGINE_CU_AW_THREADS / TPP;
+    constexpr int NW = ENGINE_CU_AW_WARPS;
+    constexpr int VU = att_short_vu(HD);
+    constexpr size_t elt = F32 ? 4 : 2;
+    static_assert(NC <= 32 && 32 % NC == 0, "a slice row's chunks within a warp");
+    static_assert(ENGINE_CU_ATT_SPLIT <= 32 * NW, "a warp's positions within its lanes");
+    engine_cu_pdl_launch();
+    cg::cluster_group cl = cg::this_cluster();
+    const engine_cu_aw_plan &p = a.p;
+    const aw_smem z = aw_layout(p, HD, a.n_embd);
+    const int g = blockIdx.x, q = (int)cl.block_rank();
+    const int t = threadIdx.x, lane = t & 31, w = t >> 5;
+    const int emb = a.n_embd, n_att = a.at.n_head * HD, nown = aw_nown(p);
+    const int G = a.at.n_head / a.at.n_kv, h0 = q * NH, kvh = h0 / G;
+    const int pos = *a.at.pos; /* set before the step's graph runs */
+    const int np = pos + 1, nl = pos;
+    const size_t kv_dim = (size_t)a.at.n_kv * HD, col = (size_t)kvh * HD;
+    const uintptr_t kc = (uintptr_t)a.at.k_cache + col * elt;
+    const uint8_t *vc = (const uint8_t *)a.at.v_cache + col * elt;
+    uint8_t *ws = aw_sm + z.ws;
+    float *wm = (float *)(aw_sm + z.wm), *wr = (float *)(aw_sm + z.wr);
+    float *sq = (float *)(aw_sm + z.sq), *sc = (float *)(aw_sm + z.sc);
+    float *so = (float *)(aw_sm + z.so), *sa = (float *)(aw_sm + z.sa);
+    uint8_t *skr = aw_sm + z.kr, *svr = aw_sm + z.vr, *xs = aw_sm + z.xs;
+    float *pw = (float *)(aw_sm + z.pw), *pm = (float *)(aw_sm + z.pm);
+    float *rx = (float *)(aw_sm + z.rx), *ssum = (float *)(aw_sm + z.ss);
+
+    /* 1. the weights (they do not depend on the step) into shared memory, the cache rows
+     * before the position to L2 */
+    if (t == 0) {
+        const size_t rrow = (size_t)(emb + n_att); /* floats of an [R | M] row */
+        int nm = 0, nr = 0;
+        for (int j = 0; j < p.epc; j++) {
+            const int e = g * p.epc + j;
+            if (e >= a.n_expert) break;
+            nm++;
+            if (j % p.c == q) nr++;
+        }
+        engine_cu_mbar_init(&bar_r);
+        engine_cu_mbar_init(&bar_w);
+        engine_cu_mbar_expect(&bar_r, (unsigned)(sizeof(float) * ((size_t)nm * NA +
+                                                                  (size_t)nr * emb)));
+        for (int j = 0, k = 0; j < nm; j++) {
+            const float *row = a.rm + (size_t)(g * p.epc + j) * rrow;
+            engine_cu_bulk_g2s(wm + (size_t)j * NA, row + emb + h0 * HD, sizeof(float) * NA,
+                               &bar_r);
+            if (j % p.c == q)
+                engine_cu_bulk_g2s(wr + (size_t)(k++) * emb, row, (unsigned)(sizeof(float) * emb),
+                                   &bar_r);
+        }
+        const size_t wbytes = (size_t)p.rg * p.sb;
+        engine_cu_mbar_expect(&bar_w, (unsigned)wbytes);
+        engine_cu_bulk_g2s(ws, a.wo_r + (size_t)(g * p.c + q) * wbytes, (unsigned)wbytes, &bar_w);
+    }
+    __syncthreads(); /* the barriers' init before any wait on them */
+    {
+        const int nb = (G / NH) * p.n_grp, bi = (h0 - kvh * G) / NH + (G / NH) * g;
+        for (int r = bi + nb * t; r < nl; r += nb * ENGINE_CU_AW_THREADS) {
+            engine_cu_prefetch_rows((const uint8_t *)kc + (size_t)r * kv_dim * elt, HD * elt);
+            engine_cu_prefetch_rows(vc + (size_t)r * kv_dim * elt, HD * elt);
+        }
+    }
+    engine_cu_pdl_wait();
+    const float2 *rope = a.at.rope + (size_t)pos * (HD / 2);
+
+    /* 2. q of the block's heads normed and rotated; the new K / V row; R x of its experts */
+    if (w < NH) {
+        float v[DPL];
+        norm_rope_warp<HD>(a.at.q + (size_t)(h0 + w) * HD, a.at.q_norm, rope, a.at.eps, v);
+#pragma unroll
+        for (int i = 0; i < DPL; i++)
+            sq[w * HD + lane + 32 * i] = v[i];
+    } else if (w == NH) {
+        float v[DPL];
+        norm_rope_warp<HD>(a.at.k + col, a.at.k_norm, rope, a.at.eps, v);
+        const bool store = g == 0 && h0 == kvh * G; /* one block a KV head stores the row */
+        const size_t o = (size_t)pos * kv_dim + col;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) {
+            const int d = lane + 32 * i;
+            const float vv = a.at.v[col + d];
+            if (F32) {
+                ((float *)skr)[d] = v[i];
+                ((float *)svr)[d] = vv;
+                if (store) {
+                    ((float *)a.at.k_cache)[o + d] = v[i];
+                    ((float *)a.at.v_cache)[o + d] = vv;
+                }
+            } else {
+                const __half hk = __float2half_rn(v[i]), hv = __float2half_rn(vv);
+                ((__half *)skr)[d] = hk;
+                ((__half *)svr)[d] = hv;
+                if (store) {
+                    ((__half *)a.at.k_cache)[o + d] = hk;
+                    ((__half *)a.at.v_cache)[o + d] = hv;
+                }
+            }
+        }
+    } else if (w - NH - 1 < nown) {
+        engine_cu_mbar_wait(&bar_r, 0);
+        for (int k = w - NH - 1; k < nown; k += NW - NH - 1) {
+            const int j = q + k * p.c;
+            if (j >= p.epc || g * p.epc + j >= a.n_expert) break;
+            const float4 *r4 = (const float4 *)(wr + (size_t)k * emb), *x4 = (const float4 *)a.x;
+            float acc = 0.0f;
+            for (int i = lane; i < (emb >> 2); i += 32) {
+                const float4 r = r4[i], x = x4[i];
+                acc = fmaf(r.x, x.x, acc);
+                acc = fmaf(r.y, x.y, acc);
+                acc = fmaf(r.z, x.z, acc);
+                acc = fmaf(r.w, x.w, acc);
+            }
+            acc = engine_cu_warp_sum(acc);
+            if (lane == 0) rx[k] = acc;
+        }
+    }
+    __syncthreads();
+
+    /* 3. scores: TPP threads a position, each K load used for the NH heads */
+    const float scale = 1.0f / sqrtf((float)HD);
+    const int part = t & (TPP - 1);
+    for (int jb = 0; jb < np; jb += PSTEP) { /* uniform over the block */
+        const int j = jb + t / TPP;
+        const uintptr_t kr = kc + (uintptr_t)j * kv_dim * elt;
+        const void *row = (const void *)(j < nl ? kr : (uintptr_t)skr);
+        float kk[NI][8];
+#pragma unroll
+        for (int ii = 0; ii < NI; ii++)
+            kv_load8(row, F32, 8 * (part + TPP * ii), kk[ii]);
+#pragma unroll
+        for (int h = 0; h < NH; h++) {
+            float d = 0.0f;
+#pragma unroll
+            for (int ii = 0; ii < NI; ii++) {
+                const float *qp = sq + h * HD + 8 * (part + TPP * ii);
+                const float4 q0 = *(const float4 *)qp, q1 = *(const float4 *)(qp + 4);
+                d += q0.x * kk[ii][0] + q0.y * kk[ii][1] + q0.z * kk[ii][2] + q0.w * kk[ii][3] +
+                     q1.x * kk[ii][4] + q1.y * kk[ii][5] + q1.z * kk[ii][6] + q1.w * kk[ii][7];
+            }
+#pragma unroll
+            for (int o = 1; o < TPP; o <<= 1)
+                d += __shfl_xor_sync(0xffffffffu, d, o);
+            if (part == 0 && j < np) sc[h * ENGINE_CU_ATT_SPLIT + j] = d * scale;
+        }
+    }
+    __syncthreads();
+
+    /* 4. every warp: each head's max and denominator, the weights of its own positions
+     * w + NW lane; V with lanes over dimensions, warps over every NW-th position */
+    constexpr int NJ = ENGINE_CU_ATT_SPLIT / 32;
+    const int jo = w + NW * lane;
+    float e[NH];
+#pragma unroll
+    for (int h = 0; h < NH; h++) {
+        const float *sh = sc + h * ENGINE_CU_ATT_SPLIT;
+        float mx = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < NJ; i++)
+            if (lane + 32 * i < np) mx = fmaxf(mx, sh[lane + 32 * i]);
+        mx = engine_cu_warp_max(mx);
+        float sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < NJ; i++)
+            if (lane + 32 * i < np) sum += expf(sh[lane + 32 * i] - mx);
+        sum = engine_cu_warp_sum(sum);
+        if (w == 0 && lane == 0) ssum[h] = sum;
+        e[h] = jo < np ? expf(sh[jo] - mx) : 0.0f;
+    }
+    const int nk = (nl - w + NW - 1) / NW; /* this warp's rows < nl */
+    float acc[NH][DPL];
+#pragma unroll
+    for (int h = 0; h < NH; h++)
+#pragma unroll
+        for (int i = 0; i < DPL; i++)
+            acc[h][i] = 0.0f;
+    for (int k0 = 0; k0 < nk; k0 += VU) { /* uniform over the warp */
+        float vv[VU][DPL];
+#pragma unroll
+        for (int u = 0; u < VU; u++)
+            kv_loadn<DPL>(vc + (size_t)(w + NW * min(k0 + u, nk - 1)) * kv_dim * elt, F32,
+                          (size_t)lane * DPL, vv[u]);
+#pragma unroll
+        for (int u = 0; u < VU; u++) {
+#pragma unroll
+            for (int h = 0; h < NH; h++) {
+                const float pj = __shfl_sync(0xffffffffu, e[h], (k0 + u) & 31);
+                if (k0 + u < nk)
+#pragma unroll
+                    for (int i = 0; i < DPL; i++)
+                        acc[h][i] += pj * vv[u][i];
+            }
+        }
+    }
+    if (nl % NW == w) { /* row pos, the last of this warp's positions */
+        float vv[DPL];
+        kv_loadn<DPL>(svr, F32, (size_t)lane * DPL, vv);
+#pragma unroll
+        for (int h = 0; h < NH; h++) {
+            const float pj = __shfl_sync(0xffffffffu, e[h], nl / NW);
+#pragma unroll
+            for (int i = 0; i < DPL; i++)
+                acc[h][i] += pj * vv[i];
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < NH; h++)
+#pragma unroll
+        for (int i = 0; i < DPL; i++)
+            so[((size_t)w * NH + h) * HD + lane * DPL + i] = acc[h][i];
+    __syncthreads();
+    for (int i = t; i < NA; i += ENGINE_CU_AW_THREADS) {
+        const int h = i / HD, d = i - h * HD;
+        float o = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NW; k++)
+            o += so[((size_t)k * NH + h) * HD + d];
+        sa[i] = o / ssum[h];
+    }
+    __syncthreads();
+
+    /* 5. the outputs staged as the wo blocks stage â; the slice's partial sums */
+    engine_cu_stage_part<MODE>(sa, NA, nullptr, 0.0f, xs, w, NW);
+    __syncthreads();
+    const engine_cu_xv xv = engine_cu_xv_at(xs, NA, true, 0);
+    engine_cu_mbar_wait(&bar_w, 0);
+    switch (a.wo_type) {
+#define AW_CASE(T)                                                                                 \
+    case T:                                                                                        \
+        if (MODE == engine_cu_x_mode(T)) aw_wo_rows<T, NC>(ws, p.sb, p.rg, xv, pw);                \
+        break;
+        ENGINE_CU_QUANT_CASES(AW_CASE)
+#undef AW_CASE
+    default: break;
+    }
+    {
+        engine_cu_mbar_wait(&bar_r, 0);
+        for (int j = w; j < p.epc; j += NW) {
+            if (g * p.epc + j >= a.n_expert) break;
+            const float *mr = wm + (size_t)j * NA;
+            float s = 0.0f;
+            for (int i = lane; i < NA; i += 32)
+                s = fmaf(mr[i], xv.d[i >> 5] * (float)xv.q[i], s);
+            s = engine_cu_warp_sum(s);
+            if (lane == 0) pm[j] = s;
+        }
+    }
+    cl.sync();
+
+    /* 6. the cluster's sums, partials in rank order */
+    const int rpb = p.rg / p.c;
+    for (int i = t; i < rpb; i += ENGINE_CU_AW_THREADS) {
+        const int r = q * rpb + i;
+        float s = 0.0f;
+        for (int k = 0; k < p.c; k++)
+            s += *cl.map_shared_rank(pw + r, k);
+        a.ao[(size_t)g * p.rg + r] = s;
+    }
+    for (int k = w; k < nown; k += NW) {
+        const int j = q + k * p.c, e2 = g * p.epc + j;
+        if (j >= p.epc || e2 >= a.n_expert) break;
+        if (lane == 0) {
+            float s = 0.0f;
+            for (int b = 0; b < p.c; b++)
+                s += *cl.map_shared_rank(pm + j, b);
+            a.raw[e2] = rx[k] + s;
+        }
+    }
+    cl.sync(); /* the partials stay until every block of the cluster has read them */
+}
+
+static int aw_gran(int wo_type) {
+    return engine_cu_x_mode(wo_type) == ENGINE_CU_X_Q8_K ? 256 : 32;
+}
+
+/* The heads a block takes for this head dim (the kernel's instances). */
+static bool aw_shape_ok(int hd, int nh) {
+    return (hd == 128 && (nh == 4 || nh == 2)) || (hd == 64 && nh == 1);
+}
+
+const char *engine_cu_aw_plan_for(engine_cu_aw_plan *p, int wo_type, size_t wo_row_bytes,
+                                  int n_embd, int n_head, int n_kv, int hd, int n_expert) {
+    memset(p, 0, sizeof *p);
+    if (!engine_cu_type_quant(wo_type)) return "Wo is not of a quantised type";
+    if (!engine_cu_bulk_ok()) return "the device has no bulk copies (sm_90 and later)";
+    if (n_kv < 1 || n_head % n_kv) return "the heads do not split into KV groups";
+    const int G = n_head / n_kv, n_att = n_head * hd;
+    int nh = 0;
+    for (int c = 8; c >= 1 && !nh; c >>= 1) { /* the most blocks a cluster first */
+        if (n_head % c) continue;
+        const int h = n_head / c;
+        if (G % h == 0 && (h * hd) % aw_gran(wo_type) == 0 && aw_shape_ok(hd, h)) nh = h;
+    }
+    if (!nh) return "no split of the heads fits a cluster of at most 8 blocks";
+    p->nh = nh;
+    p->c = n_head / nh;
+    p->sb = wo_row_bytes / (size_t)(n_att / (nh * hd));
+    if (p->sb * (size_t)(n_att / (nh * hd)) != wo_row_bytes) return "Wo's rows do not split";
+    int n_grp = engine_cu_sm_count() / p->c;
+    while (n_grp > 1 && (n_embd % n_grp || (n_embd / n_grp) % p->c)) n_grp--;
+    if (n_grp < 1 || n_embd % n_grp || (n_embd / n_grp) % p->c)
+        return "the rows do not split into clusters";
+    p->n_grp = n_grp;
+    p->rg = n_embd / n_grp;
+    p->epc = (n_expert + n_grp - 1) / n_grp;
+    if (((size_t)p->rg * p->sb) % 16) return "a block's slice is not a whole number of 16 bytes";
+    const aw_smem z = aw_layout(*p, hd, n_embd);
+    int dev = 0, optin = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) !=
+            cudaSuccess) {
+        cudaGetLastError();
+        return "the device's shared memory per block is unknown";
+    }
+    if (z.total + 1024 > (size_t)optin) return "a block's shared memory would not fit";
+    return NULL;
+}
+
+size_t engine_cu_aw_repack_bytes(const engine_cu_aw_plan *p) {
+    return (size_t)p->n_grp * p->c * p->rg * p->sb;
+}
+
+int engine_cu_aw_repack(const engine_cu_aw_plan *p, const uint8_t *wo, size_t row_bytes,
+                        uint8_t *dst, cudaStream_t stream) {
+    for (int g = 0; g < p->n_grp; g++)
+        for (int q = 0; q < p->c; q++) {
+            const cudaError_t e = cudaMemcpy2DAsync(
+                dst + ((size_t)g * p->c + q) * p->rg * p->sb, p->sb,
+                wo + (size_t)g * p->rg * row_bytes + (size_t)q * p->sb, row_bytes, p->sb,
+                (size_t)p->rg, cudaMemcpyDeviceToDevice, stream);
+            if (e != cudaSuccess)
+                return engine_err(ENGINE_EINTERNAL, "cudaMemcpy2DAsync (Wo repack): %s",
+                                  cudaGetErrorString(e));
+        }
+    return 0;
+}
+
+template <int HD, int NH, bool F32, int MODE>
+static void aw_launch(const engine_cu_aw_args *a, size_t smem, cudaStream_t st) {
+    engine_cu_launch_ex(aw_kernel<HD, NH, F32, MODE>, dim3((unsigned)a->p.n_grp, (unsigned)a->p.c),
+                        dim3(ENGINE_CU_AW_THREADS), smem, st, true, (unsigned)a->p.c, *a);
+}
+
+template <int HD, int NH>
+static void aw_launch_kv(const engine_cu_aw_args *a, size_t smem, cudaStream_t st) {
+    const bool q8k = engine_cu_x_mode(a->wo_type) == ENGINE_CU_X_Q8_K;
+    if (a->at.kv_f32) {
+        if (q8k)
+            aw_launch<HD, NH, true, ENGINE_CU_X_Q8_K>(a, smem, st);
+        else
+            aw_launch<HD, NH, true, ENGINE_CU_X_Q8_0>(a, smem, st);
+    } else {
+        if (q8k)
+            aw_launch<HD, NH, false, ENGINE_CU_X_Q8_K>(a, smem, st);
+        else
+            aw_launch<HD, NH, false, ENGINE_CU_X_Q8_0>(a, smem, st);
+    }
+}
+
+void engine_cu_att_wo(const engine_cu_aw_args *a, cudaStream_t stream) {
+    const size_t smem = aw_layout(a->p, a->at.hd, a->n_embd).total;
+    if (a->at.hd == 128 && a->p.nh == 4)
+        aw_launch_kv<128, 4>(a, smem, stream);
+    else if (a->at.hd == 128 && a->p.nh == 2)
+        aw_launch_kv<128, 2>(a, smem, stream);
+    else
+        aw_launch_kv<64, 1>(a, smem, stream);
+}
+
+ENGINE_CU_TRACE_TU(att_wo)
