@@ -85,7 +85,8 @@ __global__ void __launch_bounds__(ENGINE_CU_AW_THREADS, 1) aw_kernel(engine_cu_a
     cg::cluster_group cl = cg::this_cluster();
     const engine_cu_aw_plan &p = a.p;
     const aw_smem z = aw_layout(p, HD, a.n_embd);
-    const int g = blockIdx.x, q = (int)cl.block_rank();
+    const int g = blockIdx.x, q = blockIdx.y; /* = cl.block_rank(): clusters of 1 x c x 1 */
+    const int nrank = a.diag_nocl ? 1 : p.c;
     const int t = threadIdx.x, lane = t & 31, w = t >> 5;
     const int emb = a.n_embd, n_att = a.at.n_head * HD, nown = aw_nown(p);
     const int G = a.at.n_head / a.at.n_kv, h0 = q * NH, kvh = h0 / G;
@@ -321,15 +322,15 @@ __global__ void __launch_bounds__(ENGINE_CU_AW_THREADS, 1) aw_kernel(engine_cu_a
             if (lane == 0) pm[j] = s;
         }
     }
-    cl.sync();
+    if (nrank > 1) cl.sync();
 
     /* 6. the cluster's sums, partials in rank order */
     const int rpb = p.rg / p.c;
     for (int i = t; i < rpb; i += ENGINE_CU_AW_THREADS) {
         const int r = q * rpb + i;
         float s = 0.0f;
-        for (int k = 0; k < p.c; k++)
-            s += *cl.map_shared_rank(pw + r, k);
+        for (int k = 0; k < nrank; k++)
+            s += nrank > 1 ? *cl.map_shared_rank(pw + r, k) : pw[r];
         a.ao[(size_t)g * p.rg + r] = s;
     }
     for (int k = w; k < nown; k += NW) {
@@ -337,12 +338,12 @@ __global__ void __launch_bounds__(ENGINE_CU_AW_THREADS, 1) aw_kernel(engine_cu_a
         if (j >= p.epc || e2 >= a.n_expert) break;
         if (lane == 0) {
             float s = 0.0f;
-            for (int b = 0; b < p.c; b++)
-                s += *cl.map_shared_rank(pm + j, b);
+            for (int b = 0; b < nrank; b++)
+                s += nrank > 1 ? *cl.map_shared_rank(pm + j, b) : pm[j];
             a.raw[e2] = rx[k] + s;
         }
     }
-    cl.sync(); /* the partials stay until every block of the cluster has read them */
+    if (nrank > 1) cl.sync(); /* the partials stay until every block of the cluster read them */
 }
 
 static int aw_gran(int wo_type) {
@@ -414,7 +415,35 @@ int engine_cu_aw_repack(const engine_cu_aw_plan *p, const uint8_t *wo, size_t ro
 template <int HD, int NH, bool F32, int MODE>
 static void aw_launch(const engine_cu_aw_args *a, size_t smem, cudaStream_t st) {
     engine_cu_launch_ex(aw_kernel<HD, NH, F32, MODE>, dim3((unsigned)a->p.n_grp, (unsigned)a->p.c),
-                        dim3(ENGINE_CU_AW_THREADS), smem, st, true, (unsigned)a->p.c, *a);
+                        dim3(ENGINE_CU_AW_THREADS), smem, st, true,
+                        a->diag_nocl ? 0u : (unsigned)a->p.c, *a);
+}
+
+template <int HD, int NH, bool F32, int MODE>
+static int aw_clusters(const engine_cu_aw_plan *p, size_t smem) {
+    auto k = aw_kernel<HD, NH, F32, MODE>;
+    if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
+        cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+    }
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)p->n_grp, (unsigned)p->c);
+    cfg.blockDim = dim3(ENGINE_CU_AW_THREADS);
+    cfg.dynamicSmemBytes = smem;
+    cudaLaunchAttribute at;
+    at.id = cudaLaunchAttributeClusterDimension;
+    at.val.clusterDim.x = 1;
+    at.val.clusterDim.y = (unsigned)p->c;
+    at.val.clusterDim.z = 1;
+    cfg.attrs = &at;
+    cfg.numAttrs = 1;
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, k, &cfg) != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+    }
+    return n;
 }
 
 template <int HD, int NH>
@@ -431,6 +460,21 @@ static void aw_launch_kv(const engine_cu_aw_args *a, size_t smem, cudaStream_t s
         else
             aw_launch<HD, NH, false, ENGINE_CU_X_Q8_0>(a, smem, st);
     }
+}
+
+int engine_cu_aw_max_clusters(const engine_cu_aw_plan *p, int hd, int wo_type, int kv_f32,
+                              int n_embd) {
+    const size_t smem = aw_layout(*p, hd, n_embd).total;
+    const bool q8k = engine_cu_x_mode(wo_type) == ENGINE_CU_X_Q8_K;
+#define AW_CL(HD, NH)                                                                              \
+    return kv_f32 ? (q8k ? aw_clusters<HD, NH, true, ENGINE_CU_X_Q8_K>(p, smem)                    \
+                         : aw_clusters<HD, NH, true, ENGINE_CU_X_Q8_0>(p, smem))                   \
+                  : (q8k ? aw_clusters<HD, NH, false, ENGINE_CU_X_Q8_K>(p, smem)                   \
+                         : aw_clusters<HD, NH, false, ENGINE_CU_X_Q8_0>(p, smem))
+    if (hd == 128 && p->nh == 4) AW_CL(128, 4);
+    if (hd == 128 && p->nh == 2) AW_CL(128, 2);
+    AW_CL(64, 1);
+#undef AW_CL
 }
 
 void engine_cu_att_wo(const engine_cu_aw_args *a, cudaStream_t stream) {

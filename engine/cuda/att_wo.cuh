@@ -61,6 +61,9 @@ typedef struct {
     int n_embd, n_expert;
     float *ao;  /* [n_embd]: Wo â */
     float *raw; /* [n_expert]: R x + M â */
+    /* Diagnosis only (wrong results, SPARK_CUDA_ATT_WO=2): no clusters; each block stores its
+     * own partial sums where its rank's share of the sums would go */
+    int diag_nocl;
 } engine_cu_aw_args;
 
 /* The split for a model of this shape on this device, or NULL with *p set; else the reason it
@@ -78,5 +81,10 @@ int engine_cu_aw_repack(const engine_cu_aw_plan *p, const uint8_t *wo, size_t ro
 /* Enqueue the launch (programmatic dependent launch, clusters of p.c blocks). The caller keeps
  * positions below ENGINE_CU_ATT_SPLIT (one split). */
 void engine_cu_att_wo(const engine_cu_aw_args *a, cudaStream_t stream);
+
+/* Clusters of the launch resident at once on this device (cudaOccupancyMaxActiveClusters), or
+ * -1 when the query fails. */
+int engine_cu_aw_max_clusters(const engine_cu_aw_plan *p, int hd, int wo_type, int kv_f32,
+                              int n_embd);
 
 #endif

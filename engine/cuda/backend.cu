@@ -612,10 +612,13 @@ static int aw_prepare(engine_cuda_model *cm) {
     const size_t bytes = cm->aw_layer * hp->n_layer;
     CU(cudaMemGetInfo(&free_b, &total_b));
     engine_log(ENGINE_LOG_INFO,
-               "cuda: memory plan: Wo repacked for the attention + wo launch %.1f MB (clusters of "
-               "%d blocks of %d heads, %d x %d rows); %.2f GB free",
-               (double)bytes / 1e6, cm->aw_plan.c, cm->aw_plan.nh, cm->aw_plan.n_grp,
-               cm->aw_plan.rg, (double)free_b / 1e9);
+               "cuda: memory plan: Wo repacked for the attention + wo launch %.1f MB (%d clusters "
+               "of %d blocks of %d heads, %d rows each; %d clusters resident at once); %.2f GB free",
+               (double)bytes / 1e6, cm->aw_plan.n_grp, cm->aw_plan.c, cm->aw_plan.nh,
+               cm->aw_plan.rg,
+               engine_cu_aw_max_clusters(&cm->aw_plan, (int)hp->head_dim_k, wo0->type, 0,
+                                         (int)hp->n_embd),
+               (double)free_b / 1e9);
     if (bytes + ((size_t)64 << 20) > free_b) {
         rc = engine_err(ENGINE_ENOMEM,
                         "the attention + wo launch needs %.2f GB of GPU memory but %.2f GB are "
@@ -798,7 +801,7 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
     if (s->rf && cm->rf_state != 1) s->rf = 0;
     {
         const char *e = getenv("SPARK_CUDA_ATT_WO");
-        s->aw = s->rf && s->att_short && e && e[0] == '1';
+        s->aw = s->rf && s->att_short && e && (e[0] == '1' || e[0] == '2') ? e[0] - '0' : 0;
         s->aw_max = ENGINE_CU_ATT_SPLIT;
     }
     if (s->aw && (rc = aw_prepare(cm))) goto done;
@@ -1092,6 +1095,7 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
             aw->n_expert = (int)hp->n_expert;
             aw->ao = s->ao;
             aw->raw = s->router;
+            aw->diag_nocl = s->aw == 2;
         }
     }
     up->diag = dn->diag = s->diag_moe;
