@@ -9,11 +9,13 @@
 #include "qdot.cuh"
 
 /* Shared memory of a block, in this order (each part 128-byte aligned): the Wo slice (rg x sb),
- * the cluster's M rows (epc x nh hd floats), the block's R rows (nown x n_embd floats), then
- * sq[nh][hd], sc[nh][SPLIT], so[WARPS][nh][hd], the new K and V rows (hd floats of room each),
- * sa[nh hd] (the outputs), the 8-bit staging of sa, pw[rg], pm[epc], rx[nown], ssum[nh]. */
+ * the cluster's M rows (epc x nh hd floats), then sq[nh][hd] and sc[nh][SPLIT], which
+ * so[WARPS][nh][hd] overlays once the scores are read, the new K and V rows (hd floats of room
+ * each), sa[nh hd] (the outputs), the 8-bit staging of sa, pw[rg], pm[epc], rx[nown],
+ * ssum[nh]. Two blocks fit a multiprocessor for the 30B shape (Q8_0 too), so that all 16
+ * clusters of 8 are resident at once (one block a multiprocessor: 15 on the H200). */
 typedef struct {
-    size_t ws, wm, wr, sq, sc, so, kr, vr, sa, xs, pw, pm, rx, ss, total;
+    size_t ws, wm, sq, sc, so, kr, vr, sa, xs, pw, pm, rx, ss, total;
 } aw_smem;
 
 __host__ __device__ static inline size_t aw_up(size_t n) {
@@ -30,11 +32,12 @@ __host__ __device__ static inline aw_smem aw_layout(const engine_cu_aw_plan &p, 
     const size_t na = (size_t)p.nh * hd, f = sizeof(float);
     z.ws = 0;
     z.wm = z.ws + aw_up((size_t)p.rg * p.sb);
-    z.wr = z.wm + aw_up(f * (size_t)p.epc * na);
-    z.sq = z.wr + aw_up(f * (size_t)aw_nown(p) * n_embd);
+    z.sq = z.wm + aw_up(f * (size_t)p.epc * na);
     z.sc = z.sq + aw_up(f * na);
-    z.so = z.sc + aw_up(f * (size_t)p.nh * ENGINE_CU_ATT_SPLIT);
-    z.kr = z.so + aw_up(f * ENGINE_CU_AW_WARPS * na);
+    z.so = z.sq;
+    const size_t qs = aw_up(f * na) + aw_up(f * (size_t)p.nh * ENGINE_CU_ATT_SPLIT),
+                 os = aw_up(f * ENGINE_CU_AW_WARPS * na);
+    z.kr = z.sq + (qs > os ? qs : os);
     z.vr = z.kr + aw_up(f * hd);
     z.sa = z.vr + aw_up(f * hd);
     z.xs = z.sa + aw_up(f * na);
@@ -66,7 +69,7 @@ __device__ __forceinline__ void aw_wo_rows(const uint8_t *ws, size_t sb, int rg,
 }
 
 template <int HD, int NH, bool F32, int MODE>
-__global__ void __launch_bounds__(ENGINE_CU_AW_THREADS, 1) aw_kernel(engine_cu_aw_args a) {
+__global__ void __launch_bounds__(ENGINE_CU_AW_THREADS, 2) aw_kernel(engine_cu_aw_args a) {
     namespace cg = cooperative_groups;
     extern __shared__ __align__(128) uint8_t aw_sm[];
     __shared__ uint64_t bar_r, bar_w;
@@ -96,7 +99,7 @@ __global__ void __launch_bounds__(ENGINE_CU_AW_THREADS, 1) aw_kernel(engine_cu_a
     const uintptr_t kc = (uintptr_t)a.at.k_cache + col * elt;
     const uint8_t *vc = (const uint8_t *)a.at.v_cache + col * elt;
     uint8_t *ws = aw_sm + z.ws;
-    float *wm = (float *)(aw_sm + z.wm), *wr = (float *)(aw_sm + z.wr);
+    float *wm = (float *)(aw_sm + z.wm);
     float *sq = (float *)(aw_sm + z.sq), *sc = (float *)(aw_sm + z.sc);
     float *so = (float *)(aw_sm + z.so), *sa = (float *)(aw_sm + z.sa);
     uint8_t *skr = aw_sm + z.kr, *svr = aw_sm + z.vr, *xs = aw_sm + z.xs;
@@ -105,32 +108,29 @@ __global__ void __launch_bounds__(ENGINE_CU_AW_THREADS, 1) aw_kernel(engine_cu_a
 
     /* 1. the weights (they do not depend on the step) into shared memory, the cache rows
      * before the position to L2 */
+    const size_t rrow = (size_t)(emb + n_att); /* floats of an [R | M] row */
     if (t == 0) {
-        const size_t rrow = (size_t)(emb + n_att); /* floats of an [R | M] row */
-        int nm = 0, nr = 0;
-        for (int j = 0; j < p.epc; j++) {
-            const int e = g * p.epc + j;
-            if (e >= a.n_expert) break;
-            nm++;
-            if (j % p.c == q) nr++;
-        }
+        int nm = 0;
+        while (nm < p.epc && g * p.epc + nm < a.n_expert) nm++;
         engine_cu_mbar_init(&bar_r);
         engine_cu_mbar_init(&bar_w);
-        engine_cu_mbar_expect(&bar_r, (unsigned)(sizeof(float) * ((size_t)nm * NA +
-                                                                  (size_t)nr * emb)));
-        for (int j = 0, k = 0; j < nm; j++) {
-            const float *row = a.rm + (size_t)(g * p.epc + j) * rrow;
-            engine_cu_bulk_g2s(wm + (size_t)j * NA, row + emb + h0 * HD, sizeof(float) * NA,
-                               &bar_r);
-            if (j % p.c == q)
-                engine_cu_bulk_g2s(wr + (size_t)(k++) * emb, row, (unsigned)(sizeof(float) * emb),
-                                   &bar_r);
-        }
+        engine_cu_mbar_expect(&bar_r, (unsigned)(sizeof(float) * (size_t)nm * NA));
+        for (int j = 0; j < nm; j++)
+            engine_cu_bulk_g2s(wm + (size_t)j * NA,
+                               a.rm + (size_t)(g * p.epc + j) * rrow + emb + h0 * HD,
+                               sizeof(float) * NA, &bar_r);
         const size_t wbytes = (size_t)p.rg * p.sb;
         engine_cu_mbar_expect(&bar_w, (unsigned)wbytes);
         engine_cu_bulk_g2s(ws, a.wo_r + (size_t)(g * p.c + q) * wbytes, (unsigned)wbytes, &bar_w);
     }
     __syncthreads(); /* the barriers' init before any wait on them */
+    if (w > NH) /* the R rows of the experts this block sums (read after the wait): L2 */
+        for (int k = w - NH - 1; k < nown; k += NW - NH - 1) {
+            const int j = q + k * p.c;
+            if (j >= p.epc || g * p.epc + j >= a.n_expert) break;
+            engine_cu_prefetch_l2((const uint8_t *)(a.rm + (size_t)(g * p.epc + j) * rrow),
+                                  sizeof(float) * emb);
+        }
     {
         const int nb = (G / NH) * p.n_grp, bi = (h0 - kvh * G) / NH + (G / NH) * g;
         for (int r = bi + nb * t; r < nl; r += nb * ENGINE_CU_AW_THREADS) {
@@ -175,14 +175,15 @@ __global__ void __launch_bounds__(ENGINE_CU_AW_THREADS, 1) aw_kernel(engine_cu_a
             }
         }
     } else if (w - NH - 1 < nown) {
-        engine_cu_mbar_wait(&bar_r, 0);
         for (int k = w - NH - 1; k < nown; k += NW - NH - 1) {
             const int j = q + k * p.c;
             if (j >= p.epc || g * p.epc + j >= a.n_expert) break;
-            const float4 *r4 = (const float4 *)(wr + (size_t)k * emb), *x4 = (const float4 *)a.x;
+            const float4 *r4 = (const float4 *)(a.rm + (size_t)(g * p.epc + j) * rrow),
+                         *x4 = (const float4 *)a.x;
             float acc = 0.0f;
+#pragma unroll 4
             for (int i = lane; i < (emb >> 2); i += 32) {
-                const float4 r = r4[i], x = x4[i];
+                const float4 r = __ldg(r4 + i), x = x4[i];
                 acc = fmaf(r.x, x.x, acc);
                 acc = fmaf(r.y, x.y, acc);
                 acc = fmaf(r.z, x.z, acc);
@@ -193,6 +194,7 @@ __global__ void __launch_bounds__(ENGINE_CU_AW_THREADS, 1) aw_kernel(engine_cu_a
         }
     }
     __syncthreads();
+    ENGINE_CU_TRACE(4);
 
     /* 3. scores: TPP threads a position, each K load used for the NH heads */
     const float scale = 1.0f / sqrtf((float)HD);
@@ -222,6 +224,7 @@ __global__ void __launch_bounds__(ENGINE_CU_AW_THREADS, 1) aw_kernel(engine_cu_a
         }
     }
     __syncthreads();
+    ENGINE_CU_TRACE(5);
 
     /* 4. every warp: each head's max and denominator, the weights of its own positions
      * w + NW lane; V with lanes over dimensions, warps over every NW-th position */
@@ -269,6 +272,7 @@ __global__ void __launch_bounds__(ENGINE_CU_AW_THREADS, 1) aw_kernel(engine_cu_a
             }
         }
     }
+    __syncthreads(); /* every warp past the scores: so overlays sq and sc */
     if (nl % NW == w) { /* row pos, the last of this warp's positions */
         float vv[DPL];
         kv_loadn<DPL>(svr, F32, (size_t)lane * DPL, vv);
@@ -295,12 +299,15 @@ __global__ void __launch_bounds__(ENGINE_CU_AW_THREADS, 1) aw_kernel(engine_cu_a
         sa[i] = o / ssum[h];
     }
     __syncthreads();
+    ENGINE_CU_TRACE(2);
 
     /* 5. the outputs staged as the wo blocks stage â; the slice's partial sums */
     engine_cu_stage_part<MODE>(sa, NA, nullptr, 0.0f, xs, w, NW);
     __syncthreads();
     const engine_cu_xv xv = engine_cu_xv_at(xs, NA, true, 0);
+    ENGINE_CU_TRACE(6);
     engine_cu_mbar_wait(&bar_w, 0);
+    ENGINE_CU_TRACE(7);
     switch (a.wo_type) {
 #define AW_CASE(T)                                                                                 \
     case T:                                                                                        \
@@ -323,27 +330,39 @@ __global__ void __launch_bounds__(ENGINE_CU_AW_THREADS, 1) aw_kernel(engine_cu_a
         }
     }
     if (nrank > 1) cl.sync();
+    ENGINE_CU_TRACE(8);
 
-    /* 6. the cluster's sums, partials in rank order */
+    /* 6. the cluster's sums, partials in rank order (all ranks' loads in flight at once) */
     const int rpb = p.rg / p.c;
     for (int i = t; i < rpb; i += ENGINE_CU_AW_THREADS) {
         const int r = q * rpb + i;
+        float v[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            v[k] = k < nrank ? (nrank > 1 ? *cl.map_shared_rank(pw + r, k) : pw[r]) : 0.0f;
         float s = 0.0f;
-        for (int k = 0; k < nrank; k++)
-            s += nrank > 1 ? *cl.map_shared_rank(pw + r, k) : pw[r];
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            if (k < nrank) s += v[k];
         a.ao[(size_t)g * p.rg + r] = s;
     }
     for (int k = w; k < nown; k += NW) {
         const int j = q + k * p.c, e2 = g * p.epc + j;
         if (j >= p.epc || e2 >= a.n_expert) break;
         if (lane == 0) {
+            float v[8];
+#pragma unroll
+            for (int b = 0; b < 8; b++)
+                v[b] = b < nrank ? (nrank > 1 ? *cl.map_shared_rank(pm + j, b) : pm[j]) : 0.0f;
             float s = 0.0f;
-            for (int b = 0; b < nrank; b++)
-                s += nrank > 1 ? *cl.map_shared_rank(pm + j, b) : pm[j];
+#pragma unroll
+            for (int b = 0; b < 8; b++)
+                if (b < nrank) s += v[b];
             a.raw[e2] = rx[k] + s;
         }
     }
     if (nrank > 1) cl.sync(); /* the partials stay until every block of the cluster read them */
+    ENGINE_CU_TRACE(3);
 }
 
 static int aw_gran(int wo_type) {

@@ -38,7 +38,7 @@
 #include "attention.cuh"
 #include "common.cuh"
 
-#define ENGINE_CU_AW_THREADS 512
+#define ENGINE_CU_AW_THREADS 256
 #define ENGINE_CU_AW_WARPS (ENGINE_CU_AW_THREADS / 32)
 
 /* The split of one model's layers (the same for every layer). */
