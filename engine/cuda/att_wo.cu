@@ -11,7 +11,7 @@
 /* Shared memory of a block, in this order (each part 128-byte aligned): the Wo slice (rg x sb),
  * the cluster's M rows (epc x nh hd floats), then sq[nh][hd] and sc[nh][SPLIT], which
  * so[WARPS][nh][hd] overlays once the scores are read, the new K and V rows (hd floats of room
- * each), sa[nh hd] (the outputs), the 8-bit staging of sa, pw[rg], pm[epc], rx[nown],
+ * each), sa[nh hd] (the outputs), the 8-bit staging of sa, pw[rg], pm[epc], rx[warps],
  * ssum[nh]. Two blocks fit a multiprocessor for the 30B shape (Q8_0 too), so that all 16
  * clusters of 8 are resident at once (one block a multiprocessor: 15 on the H200). */
 typedef struct {
@@ -20,10 +20,6 @@ typedef struct {
 
 __host__ __device__ static inline size_t aw_up(size_t n) {
     return (n + 127) & ~(size_t)127;
-}
-
-__host__ __device__ static inline int aw_nown(const engine_cu_aw_plan &p) {
-    return (p.epc + p.c - 1) / p.c;
 }
 
 __host__ __device__ static inline aw_smem aw_layout(const engine_cu_aw_plan &p, int hd,
@@ -44,7 +40,7 @@ __host__ __device__ static inline aw_smem aw_layout(const engine_cu_aw_plan &p, 
     z.pw = z.xs + aw_up(engine_cu_xs_bytes(true, (int)na));
     z.pm = z.pw + aw_up(f * p.rg);
     z.rx = z.pm + aw_up(f * p.epc);
-    z.ss = z.rx + aw_up(f * aw_nown(p));
+    z.ss = z.rx + aw_up(f * ENGINE_CU_AW_WARPS);
     z.total = z.ss + aw_up(f * p.nh);
     return z;
 }
@@ -58,6 +54,7 @@ __device__ __forceinline__ void aw_wo_rows(const uint8_t *ws, size_t sb, int rg,
     constexpr int RPI = 32 / NC;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int ro = lane / NC, c = lane % NC;
+#pragma unroll 4
     for (int base = w * RPI; base < rg; base += ENGINE_CU_AW_WARPS * RPI) { /* warp-uniform */
         const int r = base + ro;
         float d = engine_cu_dot_chunk<T, true>(ws + (size_t)min(r, rg - 1) * sb, c, xv);
@@ -67,6 +64,9 @@ __device__ __forceinline__ void aw_wo_rows(const uint8_t *ws, size_t sb, int rg,
         if (c == 0 && r < rg) pw[r] = d;
     }
 }
+
+/* float4s of an R row each thread holds: rows of up to 4 * 4 * ENGINE_CU_AW_THREADS values */
+#define AW_RX 2
 
 template <int HD, int NH, bool F32, int MODE>
 __global__ void __launch_bounds__(ENGINE_CU_AW_THREADS, 2) aw_kernel(engine_cu_aw_args a) {
@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(ENGINE_CU_AW_THREADS, 2) aw_kernel(engine_cu_a
     const int g = blockIdx.x, q = blockIdx.y; /* = cl.block_rank(): clusters of 1 x c x 1 */
     const int nrank = a.diag_nocl ? 1 : p.c;
     const int t = threadIdx.x, lane = t & 31, w = t >> 5;
-    const int emb = a.n_embd, n_att = a.at.n_head * HD, nown = aw_nown(p);
+    const int emb = a.n_embd, n_att = a.at.n_head * HD;
     const int G = a.at.n_head / a.at.n_kv, h0 = q * NH, kvh = h0 / G;
     const int pos = *a.at.pos; /* set before the step's graph runs */
     const int np = pos + 1, nl = pos;
@@ -124,13 +124,17 @@ __global__ void __launch_bounds__(ENGINE_CU_AW_THREADS, 2) aw_kernel(engine_cu_a
         engine_cu_bulk_g2s(ws, a.wo_r + (size_t)(g * p.c + q) * wbytes, (unsigned)wbytes, &bar_w);
     }
     __syncthreads(); /* the barriers' init before any wait on them */
-    if (w > NH) /* the R rows of the experts this block sums (read after the wait): L2 */
-        for (int k = w - NH - 1; k < nown; k += NW - NH - 1) {
-            const int j = q + k * p.c;
-            if (j >= p.epc || g * p.epc + j >= a.n_expert) break;
-            engine_cu_prefetch_l2((const uint8_t *)(a.rm + (size_t)(g * p.epc + j) * rrow),
-                                  sizeof(float) * emb);
-        }
+    /* the R row of the expert this block sums (j = q; plan: at most one a block), a float4 of
+     * it every ENGINE_CU_AW_THREADS, into registers */
+    const int ej = g * p.epc + q;
+    const bool own = q < p.epc && ej < a.n_expert;
+    const float4 *r4 = (const float4 *)(a.rm + (size_t)(own ? ej : 0) * rrow);
+    float4 rr[AW_RX];
+#pragma unroll
+    for (int k = 0; k < AW_RX; k++)
+        rr[k] = own && t + k * ENGINE_CU_AW_THREADS < (emb >> 2)
+                    ? __ldg(r4 + t + k * ENGINE_CU_AW_THREADS)
+                    : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     {
         const int nb = (G / NH) * p.n_grp, bi = (h0 - kvh * G) / NH + (G / NH) * g;
         for (int r = bi + nb * t; r < nl; r += nb * ENGINE_CU_AW_THREADS) {
@@ -140,6 +144,12 @@ __global__ void __launch_bounds__(ENGINE_CU_AW_THREADS, 2) aw_kernel(engine_cu_a
     }
     engine_cu_pdl_wait();
     const float2 *rope = a.at.rope + (size_t)pos * (HD / 2);
+    float4 xr[AW_RX]; /* x (final now) for R x: its loads in flight beside the q / k work */
+#pragma unroll
+    for (int k = 0; k < AW_RX; k++)
+        xr[k] = own && t + k * ENGINE_CU_AW_THREADS < (emb >> 2)
+                    ? ((const float4 *)a.x)[t + k * ENGINE_CU_AW_THREADS]
+                    : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 
     /* 2. q of the block's heads normed and rotated; the new K / V row; R x of its experts */
     if (w < NH) {
@@ -174,24 +184,18 @@ __global__ void __launch_bounds__(ENGINE_CU_AW_THREADS, 2) aw_kernel(engine_cu_a
                 }
             }
         }
-    } else if (w - NH - 1 < nown) {
-        for (int k = w - NH - 1; k < nown; k += NW - NH - 1) {
-            const int j = q + k * p.c;
-            if (j >= p.epc || g * p.epc + j >= a.n_expert) break;
-            const float4 *r4 = (const float4 *)(a.rm + (size_t)(g * p.epc + j) * rrow),
-                         *x4 = (const float4 *)a.x;
-            float acc = 0.0f;
-#pragma unroll 4
-            for (int i = lane; i < (emb >> 2); i += 32) {
-                const float4 r = __ldg(r4 + i), x = x4[i];
-                acc = fmaf(r.x, x.x, acc);
-                acc = fmaf(r.y, x.y, acc);
-                acc = fmaf(r.z, x.z, acc);
-                acc = fmaf(r.w, x.w, acc);
-            }
-            acc = engine_cu_warp_sum(acc);
-            if (lane == 0) rx[k] = acc;
+    }
+    if (own) { /* R x: each thread's float4s, the warps' sums in rx[w] (added in warp order) */
+        float acc = 0.0f;
+#pragma unroll
+        for (int k = 0; k < AW_RX; k++) {
+            acc = fmaf(rr[k].x, xr[k].x, acc);
+            acc = fmaf(rr[k].y, xr[k].y, acc);
+            acc = fmaf(rr[k].z, xr[k].z, acc);
+            acc = fmaf(rr[k].w, xr[k].w, acc);
         }
+        acc = engine_cu_warp_sum(acc);
+        if (lane == 0) rx[w] = acc;
     }
     __syncthreads();
     ENGINE_CU_TRACE(4);
@@ -323,6 +327,7 @@ __global__ void __launch_bounds__(ENGINE_CU_AW_THREADS, 2) aw_kernel(engine_cu_a
             if (g * p.epc + j >= a.n_expert) break;
             const float *mr = wm + (size_t)j * NA;
             float s = 0.0f;
+#pragma unroll 4
             for (int i = lane; i < NA; i += 32)
                 s = fmaf(mr[i], xv.d[i >> 5] * (float)xv.q[i], s);
             s = engine_cu_warp_sum(s);
@@ -346,20 +351,19 @@ __global__ void __launch_bounds__(ENGINE_CU_AW_THREADS, 2) aw_kernel(engine_cu_a
             if (k < nrank) s += v[k];
         a.ao[(size_t)g * p.rg + r] = s;
     }
-    for (int k = w; k < nown; k += NW) {
-        const int j = q + k * p.c, e2 = g * p.epc + j;
-        if (j >= p.epc || e2 >= a.n_expert) break;
-        if (lane == 0) {
-            float v[8];
+    if (own && t == 0) {
+        float v[8];
 #pragma unroll
-            for (int b = 0; b < 8; b++)
-                v[b] = b < nrank ? (nrank > 1 ? *cl.map_shared_rank(pm + j, b) : pm[j]) : 0.0f;
-            float s = 0.0f;
+        for (int b = 0; b < 8; b++)
+            v[b] = b < nrank ? (nrank > 1 ? *cl.map_shared_rank(pm + q, b) : pm[q]) : 0.0f;
+        float s = 0.0f;
 #pragma unroll
-            for (int b = 0; b < 8; b++)
-                if (b < nrank) s += v[b];
-            a.raw[e2] = rx[k] + s;
-        }
+        for (int b = 0; b < NW; b++)
+            s += rx[b];
+#pragma unroll
+        for (int b = 0; b < 8; b++)
+            if (b < nrank) s += v[b];
+        a.raw[ej] = s;
     }
     if (nrank > 1) cl.sync(); /* the partials stay until every block of the cluster read them */
     ENGINE_CU_TRACE(3);
@@ -399,6 +403,8 @@ const char *engine_cu_aw_plan_for(engine_cu_aw_plan *p, int wo_type, size_t wo_r
     p->n_grp = n_grp;
     p->rg = n_embd / n_grp;
     p->epc = (n_expert + n_grp - 1) / n_grp;
+    if (p->epc > p->c) return "more experts a cluster than blocks";
+    if (n_embd > 4 * AW_RX * ENGINE_CU_AW_THREADS) return "the hidden size is past the R rows' registers";
     if (((size_t)p->rg * p->sb) % 16) return "a block's slice is not a whole number of 16 bytes";
     const aw_smem z = aw_layout(*p, hd, n_embd);
     int dev = 0, optin = 0;
