@@ -11,7 +11,7 @@
 /* Shared memory of a block, in this order (each part 128-byte aligned): the Wo slice (rg x sb),
  * the cluster's M rows (epc x nh hd floats), then sq[nh][hd] and sc[nh][SPLIT], which
  * so[WARPS][nh][hd] overlays once the scores are read, the new K and V rows (hd floats of room
- * each), sa[nh hd] (the outputs), the 8-bit staging of sa, pw[rg], pm[epc], rx[warps],
+ * each), sa[nh hd] (the outputs), the 8-bit staging of sa, pw[c][rg / c] (the ranks' partials of its rows), pm[8], rx[warps],
  * ssum[nh]. Two blocks fit a multiprocessor for the 30B shape (Q8_0 too), so that all 16
  * clusters of 8 are resident at once (one block a multiprocessor: 15 on the H200). */
 typedef struct {
@@ -39,7 +39,7 @@ __host__ __device__ static inline aw_smem aw_layout(const engine_cu_aw_plan &p, 
     z.xs = z.sa + aw_up(f * na);
     z.pw = z.xs + aw_up(engine_cu_xs_bytes(true, (int)na));
     z.pm = z.pw + aw_up(f * p.rg);
-    z.rx = z.pm + aw_up(f * p.epc);
+    z.rx = z.pm + aw_up(f * 8); /* pm[rank]: the block's expert's partials */
     z.ss = z.rx + aw_up(f * ENGINE_CU_AW_WARPS);
     z.total = z.ss + aw_up(f * p.nh);
     return z;
@@ -47,10 +47,14 @@ __host__ __device__ static inline aw_smem aw_layout(const engine_cu_aw_plan &p, 
 
 /* Partial dot products of the block's Wo slice rows with the staged slice of â (every thread):
  * NC chunks a row, 32 / NC rows a warp at a time, lane (row r_off, chunk c); the row's chunks
- * summed by shuffles within its NC lanes, in lane order by the butterfly. */
+ * summed by shuffles within its NC lanes, in lane order by the butterfly. Row r's sum goes to
+ * the block of rank r / rpb (nrank > 1: through distributed shared memory), slot
+ * rk rpb + r % rpb of its pw. */
 template <int T, int NC>
 __device__ __forceinline__ void aw_wo_rows(const uint8_t *ws, size_t sb, int rg,
-                                           const engine_cu_xv &xv, float *pw) {
+                                           const engine_cu_xv &xv, float *pw, int nrank, int rk,
+                                           int rpb) {
+    namespace cg = cooperative_groups;
     constexpr int RPI = 32 / NC;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int ro = lane / NC, c = lane % NC;
@@ -61,7 +65,11 @@ __device__ __forceinline__ void aw_wo_rows(const uint8_t *ws, size_t sb, int rg,
 #pragma unroll
         for (int o = NC / 2; o > 0; o >>= 1)
             d += __shfl_xor_sync(0xffffffffu, d, o);
-        if (c == 0 && r < rg) pw[r] = d;
+        if (c == 0 && r < rg) {
+            const int owner = r / rpb, slot = rk * rpb + (r - owner * rpb);
+            float *dst = nrank > 1 ? cg::this_cluster().map_shared_rank(pw, owner) : pw;
+            dst[slot] = d;
+        }
     }
 }
 
@@ -80,7 +88,7 @@ __global__ void __launch_bounds__(ENGINE_CU_AW_THREADS, 2) aw_kernel(engine_cu_a
     constexpr int NI = HD / 8 / TPP;    /* groups of 8 values a thread in the scores */
     constexpr int PSTEP = ENGINE_CU_AW_THREADS / TPP;
     constexpr int NW = ENGINE_CU_AW_WARPS;
-    constexpr int VU = att_short_vu(HD);
+    constexpr int VU = NH >= 4 ? 8 : att_short_vu(HD); /* V rows in flight: registers */
     constexpr size_t elt = F32 ? 4 : 2;
     static_assert(NC <= 32 && 32 % NC == 0, "a slice row's chunks within a warp");
     static_assert(ENGINE_CU_ATT_SPLIT <= 32 * NW, "a warp's positions within its lanes");
@@ -89,7 +97,7 @@ __global__ void __launch_bounds__(ENGINE_CU_AW_THREADS, 2) aw_kernel(engine_cu_a
     const engine_cu_aw_plan &p = a.p;
     const aw_smem z = aw_layout(p, HD, a.n_embd);
     const int g = blockIdx.x, q = blockIdx.y; /* = cl.block_rank(): clusters of 1 x c x 1 */
-    const int nrank = a.diag_nocl ? 1 : p.c;
+    const int nrank = a.diag_nocl ? 1 : p.c, rk = nrank > 1 ? q : 0, rpb = p.rg / nrank;
     const int t = threadIdx.x, lane = t & 31, w = t >> 5;
     const int emb = a.n_embd, n_att = a.at.n_head * HD;
     const int G = a.at.n_head / a.at.n_kv, h0 = q * NH, kvh = h0 / G;
@@ -315,7 +323,8 @@ __global__ void __launch_bounds__(ENGINE_CU_AW_THREADS, 2) aw_kernel(engine_cu_a
     switch (a.wo_type) {
 #define AW_CASE(T)                                                                                 \
     case T:                                                                                        \
-        if (MODE == engine_cu_x_mode(T)) aw_wo_rows<T, NC>(ws, p.sb, p.rg, xv, pw);                \
+        if (MODE == engine_cu_x_mode(T))                                                           \
+            aw_wo_rows<T, NC>(ws, p.sb, p.rg, xv, pw, nrank, rk, rpb);                             \
         break;
         ENGINE_CU_QUANT_CASES(AW_CASE)
 #undef AW_CASE
@@ -331,42 +340,32 @@ __global__ void __launch_bounds__(ENGINE_CU_AW_THREADS, 2) aw_kernel(engine_cu_a
             for (int i = lane; i < NA; i += 32)
                 s = fmaf(mr[i], xv.d[i >> 5] * (float)xv.q[i], s);
             s = engine_cu_warp_sum(s);
-            if (lane == 0) pm[j] = s;
+            /* expert j's partial to the block that sums it (rank j), slot rk */
+            if (lane == 0 && (nrank > 1 || j == q))
+                (nrank > 1 ? cl.map_shared_rank(pm, j) : pm)[rk] = s;
         }
     }
-    if (nrank > 1) cl.sync();
+    if (nrank > 1) cl.sync(); /* every partial in its summing block's shared memory */
     ENGINE_CU_TRACE(8);
 
-    /* 6. the cluster's sums, partials in rank order (all ranks' loads in flight at once) */
-    const int rpb = p.rg / p.c;
+    /* 6. the block's rows and expert: the ranks' partials in rank order, from its own shared
+     * memory (no block reads another's after the barrier, so none waits to exit) */
     for (int i = t; i < rpb; i += ENGINE_CU_AW_THREADS) {
-        const int r = q * rpb + i;
-        float v[8];
-#pragma unroll
-        for (int k = 0; k < 8; k++)
-            v[k] = k < nrank ? (nrank > 1 ? *cl.map_shared_rank(pw + r, k) : pw[r]) : 0.0f;
         float s = 0.0f;
-#pragma unroll
-        for (int k = 0; k < 8; k++)
-            if (k < nrank) s += v[k];
-        a.ao[(size_t)g * p.rg + r] = s;
+        for (int k = 0; k < nrank; k++)
+            s += pw[k * rpb + i];
+        a.ao[(size_t)g * p.rg + rk * rpb + i] = s;
     }
     if (own && t == 0) {
-        float v[8];
-#pragma unroll
-        for (int b = 0; b < 8; b++)
-            v[b] = b < nrank ? (nrank > 1 ? *cl.map_shared_rank(pm + q, b) : pm[q]) : 0.0f;
         float s = 0.0f;
 #pragma unroll
         for (int b = 0; b < NW; b++)
             s += rx[b];
-#pragma unroll
-        for (int b = 0; b < 8; b++)
-            if (b < nrank) s += v[b];
+        for (int b = 0; b < nrank; b++)
+            s += pm[b];
         a.raw[ej] = s;
     }
-    if (nrank > 1) cl.sync(); /* the partials stay until every block of the cluster read them */
-    ENGINE_CU_TRACE(3);
+    ENGINE_CU_TRACE_END();
 }
 
 static int aw_gran(int wo_type) {
