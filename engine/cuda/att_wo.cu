@@ -11,9 +11,10 @@
 /* Shared memory of a block, in this order (each part 128-byte aligned): the Wo slice (rg x sb),
  * the cluster's M rows (epc x nh hd floats), then sq[nh][hd] and sc[nh][SPLIT], which
  * so[WARPS][nh][hd] overlays once the scores are read, the new K and V rows (hd floats of room
- * each), sa[nh hd] (the outputs), the 8-bit staging of sa, pw[c][rg / c] (the ranks' partials of its rows), pm[8], rx[warps],
- * ssum[nh]. Two blocks fit a multiprocessor for the 30B shape (Q8_0 too), so that all 16
- * clusters of 8 are resident at once (one block a multiprocessor: 15 on the H200). */
+ * each), sa[nh hd] (the outputs), the 8-bit staging of sa, pw[c][rg / c] (the ranks' partials of
+ * its rows), pm[8], rx[warps], ssum[nh]. Two blocks fit a multiprocessor for the 30B shape (Q8_0
+ * too), so that all 16 clusters of 8 are resident at once (one block a multiprocessor: 15 on the
+ * H200). */
 typedef struct {
     size_t ws, wm, sq, sc, so, kr, vr, sa, xs, pw, pm, rx, ss, total;
 } aw_smem;
@@ -23,7 +24,7 @@ __host__ __device__ static inline size_t aw_up(size_t n) {
 }
 
 __host__ __device__ static inline aw_smem aw_layout(const engine_cu_aw_plan &p, int hd,
-                                                     int n_embd) {
+                                                    int n_embd) {
     aw_smem z;
     const size_t na = (size_t)p.nh * hd, f = sizeof(float);
     z.ws = 0;
@@ -81,11 +82,11 @@ __global__ void __launch_bounds__(ENGINE_CU_AW_THREADS, 2) aw_kernel(engine_cu_a
     namespace cg = cooperative_groups;
     extern __shared__ __align__(128) uint8_t aw_sm[];
     __shared__ uint64_t bar_r, bar_w;
-    constexpr int NA = NH * HD;         /* the block's columns of Wo */
-    constexpr int NC = NA / 32;         /* chunks of a slice row */
-    constexpr int DPL = HD / 32;        /* V dimensions per lane */
-    constexpr int TPP = 4;              /* threads a position in the scores */
-    constexpr int NI = HD / 8 / TPP;    /* groups of 8 values a thread in the scores */
+    constexpr int NA = NH * HD;      /* the block's columns of Wo */
+    constexpr int NC = NA / 32;      /* chunks of a slice row */
+    constexpr int DPL = HD / 32;     /* V dimensions per lane */
+    constexpr int TPP = 4;           /* threads a position in the scores */
+    constexpr int NI = HD / 8 / TPP; /* groups of 8 values a thread in the scores */
     constexpr int PSTEP = ENGINE_CU_AW_THREADS / TPP;
     constexpr int NW = ENGINE_CU_AW_WARPS;
     constexpr int VU = NH >= 4 ? 8 : att_short_vu(HD); /* V rows in flight: registers */
@@ -119,7 +120,8 @@ __global__ void __launch_bounds__(ENGINE_CU_AW_THREADS, 2) aw_kernel(engine_cu_a
     const size_t rrow = (size_t)(emb + n_att); /* floats of an [R | M] row */
     if (t == 0) {
         int nm = 0;
-        while (nm < p.epc && g * p.epc + nm < a.n_expert) nm++;
+        while (nm < p.epc && g * p.epc + nm < a.n_expert)
+            nm++;
         engine_cu_mbar_init(&bar_r);
         engine_cu_mbar_init(&bar_w);
         engine_cu_mbar_expect(&bar_r, (unsigned)(sizeof(float) * (size_t)nm * NA));
@@ -284,7 +286,7 @@ __global__ void __launch_bounds__(ENGINE_CU_AW_THREADS, 2) aw_kernel(engine_cu_a
             }
         }
     }
-    __syncthreads(); /* every warp past the scores: so overlays sq and sc */
+    __syncthreads();    /* every warp past the scores: so overlays sq and sc */
     if (nl % NW == w) { /* row pos, the last of this warp's positions */
         float vv[DPL];
         kv_loadn<DPL>(svr, F32, (size_t)lane * DPL, vv);
@@ -328,7 +330,8 @@ __global__ void __launch_bounds__(ENGINE_CU_AW_THREADS, 2) aw_kernel(engine_cu_a
         break;
         ENGINE_CU_QUANT_CASES(AW_CASE)
 #undef AW_CASE
-    default: break;
+    default:
+        break;
     }
     {
         engine_cu_mbar_wait(&bar_r, 0);
@@ -396,14 +399,16 @@ const char *engine_cu_aw_plan_for(engine_cu_aw_plan *p, int wo_type, size_t wo_r
     p->sb = wo_row_bytes / (size_t)(n_att / (nh * hd));
     if (p->sb * (size_t)(n_att / (nh * hd)) != wo_row_bytes) return "Wo's rows do not split";
     int n_grp = engine_cu_sm_count() / p->c;
-    while (n_grp > 1 && (n_embd % n_grp || (n_embd / n_grp) % p->c)) n_grp--;
+    while (n_grp > 1 && (n_embd % n_grp || (n_embd / n_grp) % p->c))
+        n_grp--;
     if (n_grp < 1 || n_embd % n_grp || (n_embd / n_grp) % p->c)
         return "the rows do not split into clusters";
     p->n_grp = n_grp;
     p->rg = n_embd / n_grp;
     p->epc = (n_expert + n_grp - 1) / n_grp;
     if (p->epc > p->c) return "more experts a cluster than blocks";
-    if (n_embd > 4 * AW_RX * ENGINE_CU_AW_THREADS) return "the hidden size is past the R rows' registers";
+    if (n_embd > 4 * AW_RX * ENGINE_CU_AW_THREADS)
+        return "the hidden size is past the R rows' registers";
     if (((size_t)p->rg * p->sb) % 16) return "a block's slice is not a whole number of 16 bytes";
     const aw_smem z = aw_layout(*p, hd, n_embd);
     int dev = 0, optin = 0;
@@ -425,10 +430,10 @@ int engine_cu_aw_repack(const engine_cu_aw_plan *p, const uint8_t *wo, size_t ro
                         uint8_t *dst, cudaStream_t stream) {
     for (int g = 0; g < p->n_grp; g++)
         for (int q = 0; q < p->c; q++) {
-            const cudaError_t e = cudaMemcpy2DAsync(
-                dst + ((size_t)g * p->c + q) * p->rg * p->sb, p->sb,
-                wo + (size_t)g * p->rg * row_bytes + (size_t)q * p->sb, row_bytes, p->sb,
-                (size_t)p->rg, cudaMemcpyDeviceToDevice, stream);
+            const cudaError_t e =
+                cudaMemcpy2DAsync(dst + ((size_t)g * p->c + q) * p->rg * p->sb, p->sb,
+                                  wo + (size_t)g * p->rg * row_bytes + (size_t)q * p->sb, row_bytes,
+                                  p->sb, (size_t)p->rg, cudaMemcpyDeviceToDevice, stream);
             if (e != cudaSuccess)
                 return engine_err(ENGINE_EINTERNAL, "cudaMemcpy2DAsync (Wo repack): %s",
                                   cudaGetErrorString(e));

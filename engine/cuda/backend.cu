@@ -611,14 +611,13 @@ static int aw_prepare(engine_cuda_model *cm) {
     cm->aw_layer = align256(engine_cu_aw_repack_bytes(&cm->aw_plan));
     const size_t bytes = cm->aw_layer * hp->n_layer;
     CU(cudaMemGetInfo(&free_b, &total_b));
-    engine_log(ENGINE_LOG_INFO,
-               "cuda: memory plan: Wo repacked for the attention + wo launch %.1f MB (%d clusters "
-               "of %d blocks of %d heads, %d rows each; %d clusters resident at once); %.2f GB free",
-               (double)bytes / 1e6, cm->aw_plan.n_grp, cm->aw_plan.c, cm->aw_plan.nh,
-               cm->aw_plan.rg,
-               engine_cu_aw_max_clusters(&cm->aw_plan, (int)hp->head_dim_k, wo0->type, 0,
-                                         (int)hp->n_embd),
-               (double)free_b / 1e9);
+    engine_log(
+        ENGINE_LOG_INFO,
+        "cuda: memory plan: Wo repacked for the attention + wo launch %.1f MB (%d clusters "
+        "of %d blocks of %d heads, %d rows each; %d clusters resident at once); %.2f GB free",
+        (double)bytes / 1e6, cm->aw_plan.n_grp, cm->aw_plan.c, cm->aw_plan.nh, cm->aw_plan.rg,
+        engine_cu_aw_max_clusters(&cm->aw_plan, (int)hp->head_dim_k, wo0->type, 0, (int)hp->n_embd),
+        (double)free_b / 1e9);
     if (bytes + ((size_t)64 << 20) > free_b) {
         rc = engine_err(ENGINE_ENOMEM,
                         "the attention + wo launch needs %.2f GB of GPU memory but %.2f GB are "
@@ -1214,8 +1213,7 @@ static void enqueue_step(engine_cuda_session *s, step_prof *p, route_trace *t) {
                             engine_cu_attention(&o.at, st);
                         break;
                     case 2:
-                        if (s->cap_aw && o.awo)
-                            break; /* in the launch above */
+                        if (s->cap_aw && o.awo) break; /* in the launch above */
                         if (o.fuse)
                             engine_cu_rf_wo(&o.rf, st);
                         else
@@ -1297,7 +1295,9 @@ static int capture(engine_cuda_session *s, bool tk, bool aw = false) {
     s->cap_aw = false;
     CU(cudaStreamEndCapture(s->stream, &g));
     CU(cudaGetLastError());
-    CU(cudaGraphInstantiate(aw ? (tk ? &s->exec_aw_tk : &s->exec_aw) : tk ? &s->exec_tk : &s->exec,
+    CU(cudaGraphInstantiate(aw   ? (tk ? &s->exec_aw_tk : &s->exec_aw)
+                            : tk ? &s->exec_tk
+                                 : &s->exec,
                             g, 0));
     if (!tk && !aw) s->captured = true;
 done:

@@ -426,9 +426,10 @@ static void run_model(const char *preset, const char *type) {
         tok_cpu[i] = tok_gpu[i] = (int32_t)((i * 7919 + 13) % nv);
     char what[64];
     snprintf(what, sizeof what, "%-10s %-6s logits", preset, type);
-    support_logit_stats c = {
-        .exact = exact, .moe = strcmp(preset, "tiny") == 0 || strcmp(preset, "small") == 0,
-        .worst_cos = 1, .what = what};
+    support_logit_stats c = {.exact = exact,
+                             .moe = strcmp(preset, "tiny") == 0 || strcmp(preset, "small") == 0,
+                             .worst_cos = 1,
+                             .what = what};
     char what_f[64];
     snprintf(what_f, sizeof what_f, "%-10s %-6s logits, router unfused", preset, type);
     support_logit_stats cf = {.exact = exact, .moe = c.moe, .worst_cos = 1, .what = what_f};
@@ -443,8 +444,8 @@ static void run_model(const char *preset, const char *type) {
      * slices fit, att_wo.cuh: the tiny q8_0 and the small q4_k_m model here), the CPU's bounds
      * and the default's greedy tokens up to near-ties; elsewhere the session is the default's */
     const bool aw_on = gaw && engine_cuda_session_att_wo(gaw) > 0;
-    const bool aw_want = strcmp(preset, "small") == 0 ||
-                         (strcmp(preset, "tiny") == 0 && strcmp(type, "q8_0") == 0);
+    const bool aw_want =
+        strcmp(preset, "small") == 0 || (strcmp(preset, "tiny") == 0 && strcmp(type, "q8_0") == 0);
     CHECK(aw_on == aw_want, "%s %s: attention + wo launch %s", preset, type,
           aw_on ? "taken where it should not apply" : "not taken");
     char what_w[64];
@@ -506,8 +507,8 @@ static void run_model(const char *preset, const char *type) {
         if (tok_cpu[i] == tok_gpu[i]) {
             const support_logit_row r = support_logit_add(&cw, lc, lw, nv);
             if (!cw.moe)
-                CHECK(r.cosine >= 0.999, "%s %s step %d, attention + wo: cosine %.6f", preset,
-                      type, i, r.cosine);
+                CHECK(r.cosine >= 0.999, "%s %s step %d, attention + wo: cosine %.6f", preset, type,
+                      i, r.cosine);
         }
         if (tok_cpu[i] == tok_gpu[i]) { /* the default session's bounds against the CPU */
             const support_logit_row r = support_logit_add(&cf, lc, lf, nv);
@@ -627,8 +628,7 @@ static void run_model(const char *preset, const char *type) {
                                outw) == 0,
           "generate (attention + wo)");
     CHECK(memcmp(outw, outg, sizeof(int32_t) * (aw_tie_at < 0 ? n_gen - 1 : aw_tie_at)) == 0,
-          "%s %s: generate with the attention + wo launch differs from the default", preset,
-          type);
+          "%s %s: generate with the attention + wo launch differs from the default", preset, type);
     if (aw_on) check_aw_switch(gm, nv, preset, type);
     for (int a = 0; a < N_ALT; a++) {
         if (!alt_on[a]) continue;
