@@ -23,7 +23,6 @@
 #include "moe.cuh"
 #include "moe_fused.cuh"
 #include "qdot.cuh"
-#include "att_wo.cuh"
 #include "router_fuse.cuh"
 #include "sample.cuh"
 #include "step.cuh"
@@ -79,13 +78,6 @@ struct engine_cuda_model {
     float *rf_mem;
     size_t rf_layer;
     int rf_state;
-    /* The attention and wo + router in one launch (att_wo.cuh, SPARK_CUDA_ATT_WO): the split
-     * and Wo repacked per layer (layer l at aw_mem + l * aw_layer), built with the router
-     * fusion's matrices at the first session that asks; aw_state as rf_state. */
-    engine_cu_aw_plan aw_plan;
-    uint8_t *aw_mem;
-    size_t aw_layer;
-    int aw_state;
 };
 
 /* engine_cuda_stream: steps queued ahead of the token the host waits for (the GPU never waits
@@ -103,12 +95,6 @@ struct engine_cuda_session {
     /* the step with the truncated draw (engine_cu_sample_topk), captured at its first use */
     cudaGraphExec_t exec_tk;
     bool tk; /* while capturing: which sampler the step launches */
-    /* SPARK_CUDA_ATT_WO=1 (att_wo.cuh): steps at positions below aw_max replay exec_aw /
-     * exec_aw_tk, captured with the attention and wo + router launches as one (cap_aw while
-     * capturing); the other steps replay exec / exec_tk */
-    int aw, aw_max;
-    cudaGraphExec_t exec_aw, exec_aw_tk;
-    bool cap_aw;
     int tk_algo; /* its top_k by radix select (1, the default) or SPARK_CUDA_TOPK=merge (0) */
     /* engine_cuda_stream: the tokens' copies on a stream of their own, into pinned memory */
     cudaStream_t copy_st;
@@ -454,11 +440,10 @@ done:
 
 extern "C" void engine_cuda_model_free(engine_cuda_model *cm) {
     if (!cm) return;
-    if (cm->mem || cm->rf_mem || cm->head_mem || cm->aw_mem) {
+    if (cm->mem || cm->rf_mem || cm->head_mem) {
         cudaSetDevice(cm->device);
         cudaFree(cm->mem);
         cudaFree(cm->rf_mem);
-        cudaFree(cm->aw_mem);
         cudaFree(cm->head_mem);
     }
     free(cm->layers);
@@ -584,64 +569,6 @@ done:
     return rc;
 }
 
-/* Build Wo's repacked copy of every layer for the attention and wo + router launch
- * (att_wo.cuh) once per model, at the first session that asks for it, after the router fusion's
- * matrices (which it reads): 0 with cm->aw_state 1 when built, 0 with aw_state -1 (logged) when
- * the model cannot use it, else an error. */
-static int aw_prepare(engine_cuda_model *cm) {
-    if (cm->aw_state) return 0;
-    const engine_hparams *hp = &cm->m->hp;
-    int rc = cu_err(cudaSetDevice(cm->device), "cudaSetDevice");
-    if (rc) return rc;
-    const char *why = cm->rf_state != 1 ? "the router fusion is off" : NULL;
-    const cu_w *wo0 = &cm->layers[0].wo;
-    if (!why)
-        why = engine_cu_aw_plan_for(&cm->aw_plan, wo0->type, wo0->row_bytes, (int)hp->n_embd,
-                                    (int)hp->n_head, (int)hp->n_head_kv, (int)hp->head_dim_k,
-                                    (int)hp->n_expert);
-    for (uint32_t l = 1; !why && l < hp->n_layer; l++)
-        if (cm->layers[l].wo.type != wo0->type || cm->layers[l].wo.row_bytes != wo0->row_bytes)
-            why = "the layers' Wo differ in type";
-    if (why) {
-        cm->aw_state = -1;
-        engine_log(ENGINE_LOG_INFO, "cuda: attention and wo in one launch off: %s", why);
-        return 0;
-    }
-    size_t free_b = 0, total_b = 0;
-    cm->aw_layer = align256(engine_cu_aw_repack_bytes(&cm->aw_plan));
-    const size_t bytes = cm->aw_layer * hp->n_layer;
-    CU(cudaMemGetInfo(&free_b, &total_b));
-    engine_log(
-        ENGINE_LOG_INFO,
-        "cuda: memory plan: Wo repacked for the attention + wo launch %.1f MB (%d clusters "
-        "of %d blocks of %d heads, %d rows each; %d clusters resident at once); %.2f GB free",
-        (double)bytes / 1e6, cm->aw_plan.n_grp, cm->aw_plan.c, cm->aw_plan.nh, cm->aw_plan.rg,
-        engine_cu_aw_max_clusters(&cm->aw_plan, (int)hp->head_dim_k, wo0->type, 0, (int)hp->n_embd),
-        (double)free_b / 1e9);
-    if (bytes + ((size_t)64 << 20) > free_b) {
-        rc = engine_err(ENGINE_ENOMEM,
-                        "the attention + wo launch needs %.2f GB of GPU memory but %.2f GB are "
-                        "free (leave SPARK_CUDA_ATT_WO unset)",
-                        (double)bytes / 1e9, (double)free_b / 1e9);
-        goto done;
-    }
-    CU(cudaMalloc((void **)&cm->aw_mem, bytes));
-    for (uint32_t l = 0; l < hp->n_layer; l++) {
-        const cu_w *wo = &cm->layers[l].wo;
-        if ((rc = engine_cu_aw_repack(&cm->aw_plan, wo->d, wo->row_bytes,
-                                      cm->aw_mem + (size_t)l * cm->aw_layer, 0)))
-            goto done;
-    }
-    CU(cudaDeviceSynchronize());
-    cm->aw_state = 1;
-done:
-    if (rc) {
-        cudaFree(cm->aw_mem);
-        cm->aw_mem = NULL;
-    }
-    return rc;
-}
-
 /* ---------------------------------------------------------------------------------------------
  * Sessions
  * ------------------------------------------------------------------------------------------- */
@@ -694,10 +621,6 @@ extern "C" size_t engine_cuda_session_bytes(const engine_cuda_model *cm, int32_t
 }
 
 static void mf_log(const engine_cuda_session *s);
-
-extern "C" int32_t engine_cuda_session_att_wo(const engine_cuda_session *s) {
-    return s->aw ? s->aw_max : 0;
-}
 
 extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_model *cm,
                                        int32_t n_ctx, engine_kv_type kv) {
@@ -798,13 +721,6 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
     }
     if (s->rf && (rc = rf_prepare(cm))) goto done;
     if (s->rf && cm->rf_state != 1) s->rf = 0;
-    {
-        const char *e = getenv("SPARK_CUDA_ATT_WO");
-        s->aw = s->rf && s->att_short && e && (e[0] == '1' || e[0] == '2') ? e[0] - '0' : 0;
-        s->aw_max = ENGINE_CU_ATT_SPLIT;
-    }
-    if (s->aw && (rc = aw_prepare(cm))) goto done;
-    if (s->aw && cm->aw_state != 1) s->aw = 0;
     s->k_cache = (void **)calloc(hp->n_layer, sizeof(void *));
     s->v_cache = (void **)calloc(hp->n_layer, sizeof(void *));
     if (!s->k_cache || !s->v_cache) {
@@ -880,8 +796,6 @@ extern "C" void engine_cuda_session_free(engine_cuda_session *s) {
     cudaSetDevice(s->cm->device);
     if (s->exec) cudaGraphExecDestroy(s->exec);
     if (s->exec_tk) cudaGraphExecDestroy(s->exec_tk);
-    if (s->exec_aw) cudaGraphExecDestroy(s->exec_aw);
-    if (s->exec_aw_tk) cudaGraphExecDestroy(s->exec_aw_tk);
     engine_cu_prog_free(&s->prog);
     if (s->stream) cudaStreamDestroy(s->stream);
     if (s->copy_st) cudaStreamDestroy(s->copy_st);
@@ -926,8 +840,6 @@ typedef struct {
     engine_cu_rf_args rf;
     bool mfuse; /* SPARK_CUDA_MOE_FUSED: mf replaces the up and down launches */
     engine_cu_moe_fused_args mf;
-    bool awo; /* SPARK_CUDA_ATT_WO: aw replaces the attention and rf launches (short graphs) */
-    engine_cu_aw_args aw;
 } layer_ops;
 
 static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o) {
@@ -1081,21 +993,6 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
         o->rf.n_embd = emb;
         up->x_add = s->ao;
         dn->y_add = s->ao;
-        if (s->aw) {
-            engine_cu_aw_args *aw = &o->aw;
-            o->awo = true;
-            aw->at = o->at;
-            aw->wo_r = cm->aw_mem + (size_t)l * cm->aw_layer;
-            aw->wo_type = ly->wo.type;
-            aw->p = cm->aw_plan;
-            aw->rm = cm->rf_mem + (size_t)l * cm->rf_layer;
-            aw->x = s->x;
-            aw->n_embd = emb;
-            aw->n_expert = (int)hp->n_expert;
-            aw->ao = s->ao;
-            aw->raw = s->router;
-            aw->diag_nocl = s->aw == 2;
-        }
     }
     up->diag = dn->diag = s->diag_moe;
     up->route = s->route;
@@ -1206,14 +1103,8 @@ static void enqueue_step(engine_cuda_session *s, step_prof *p, route_trace *t) {
                 for (int i = 0; i < n_launch; i++) {
                     switch (op) {
                     case 0: engine_cu_matvec(&o.qkv, st); break;
-                    case 1:
-                        if (s->cap_aw && o.awo)
-                            engine_cu_att_wo(&o.aw, st);
-                        else
-                            engine_cu_attention(&o.at, st);
-                        break;
+                    case 1: engine_cu_attention(&o.at, st); break;
                     case 2:
-                        if (s->cap_aw && o.awo) break; /* in the launch above */
                         if (o.fuse)
                             engine_cu_rf_wo(&o.rf, st);
                         else
@@ -1275,9 +1166,8 @@ static void enqueue_step(engine_cuda_session *s, step_prof *p, route_trace *t) {
     mark(p, 8, st);
 }
 
-/* Capture the step (tk: with the truncated draw; aw: the short-context form, att_wo.cuh) into
- * s->exec, s->exec_tk, s->exec_aw or s->exec_aw_tk. */
-static int capture(engine_cuda_session *s, bool tk, bool aw = false) {
+/* Capture the step (tk: with the truncated draw) into s->exec or s->exec_tk. */
+static int capture(engine_cuda_session *s, bool tk) {
     int rc = 0;
     cudaGraph_t g = NULL;
     if (s->fused && !s->prog.total && (rc = prog_build(s))) {
@@ -1288,21 +1178,15 @@ static int capture(engine_cuda_session *s, bool tk, bool aw = false) {
     }
     if (tk) CU(engine_cu_sample_topk_prepare());
     s->tk = tk;
-    s->cap_aw = aw;
     CU(cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal));
     enqueue_step(s, NULL, NULL);
     s->tk = false;
-    s->cap_aw = false;
     CU(cudaStreamEndCapture(s->stream, &g));
     CU(cudaGetLastError());
-    CU(cudaGraphInstantiate(aw   ? (tk ? &s->exec_aw_tk : &s->exec_aw)
-                            : tk ? &s->exec_tk
-                                 : &s->exec,
-                            g, 0));
-    if (!tk && !aw) s->captured = true;
+    CU(cudaGraphInstantiate(tk ? &s->exec_tk : &s->exec, g, 0));
+    if (!tk) s->captured = true;
 done:
     s->tk = false;
-    s->cap_aw = false;
     if (g) cudaGraphDestroy(g);
     return rc;
 }
@@ -1322,33 +1206,12 @@ static int run_steps_check(const engine_cuda_session *s, int32_t token, int32_t 
     return 0;
 }
 
-/* The graphs the steps at positions pos .. pos + n - 1 replay, captured if not yet (tk: with
- * the truncated draw): the short-context form below s->aw_max (SPARK_CUDA_ATT_WO), else the
- * default. */
-static int graphs_ready(engine_cuda_session *s, bool tk, int32_t pos, int32_t n) {
-    int rc = 0;
-    if (!s->aw || pos + n > s->aw_max) {
-        if (!s->captured && (rc = capture(s, false))) return rc;
-        if (tk && !s->exec_tk && (rc = capture(s, true))) return rc;
-    }
-    if (s->aw && pos < s->aw_max) {
-        if (!s->exec_aw && (rc = capture(s, false, true))) return rc;
-        if (tk && !s->exec_aw_tk && (rc = capture(s, true, true))) return rc;
-    }
-    return rc;
-}
-
-static cudaGraphExec_t graph_at(const engine_cuda_session *s, bool tk, int32_t pos) {
-    if (s->aw && pos < s->aw_max) return tk ? s->exec_aw_tk : s->exec_aw;
-    return tk ? s->exec_tk : s->exec;
-}
-
 static int run_steps(engine_cuda_session *s, int32_t token, int32_t pos, int32_t n, float temp,
                      uint64_t seed) {
     int rc = run_steps_check(s, token, pos, n);
     if (rc) return rc;
     CU(cudaSetDevice(s->cm->device));
-    if ((rc = graphs_ready(s, false, pos, n))) goto done;
+    if (!s->captured && (rc = capture(s, false))) goto done;
     s->h_step->token = token;
     s->h_step->pos = pos;
     s->h_step->n_out = 0;
@@ -1359,7 +1222,7 @@ static int run_steps(engine_cuda_session *s, int32_t token, int32_t pos, int32_t
     s->h_step->masked = 0;
     CU(cudaMemcpyAsync(s->step, s->h_step, sizeof *s->h_step, cudaMemcpyHostToDevice, s->stream));
     for (int32_t i = 0; i < n; i++)
-        CU(cudaGraphLaunch(graph_at(s, false, pos + i), s->stream));
+        CU(cudaGraphLaunch(s->exec, s->stream));
 done:
     return rc;
 }
@@ -1428,7 +1291,8 @@ extern "C" int engine_cuda_stream(engine_cuda_session *s, int32_t token, int32_t
     if ((rc = run_steps_check(s, token, pos, n_max))) return rc;
     CU(cudaSetDevice(s->cm->device));
     if ((rc = stream_prepare(s))) goto done;
-    if ((rc = graphs_ready(s, tk, pos, n_max))) goto done;
+    if (!s->captured && (rc = capture(s, false))) goto done;
+    if (tk && !s->exec_tk && (rc = capture(s, true))) goto done;
     s->h_step->token = token;
     s->h_step->pos = pos;
     s->h_step->n_out = 0;
@@ -1449,7 +1313,7 @@ extern "C" int engine_cuda_stream(engine_cuda_session *s, int32_t token, int32_t
     while (done_n < n_max) {
         while (launched < n_max && launched < done_n + ENGINE_CUDA_STREAM_AHEAD) {
             const int e = launched % ENGINE_CUDA_STREAM_RING;
-            CU(cudaGraphLaunch(graph_at(s, tk, pos + launched), s->stream));
+            CU(cudaGraphLaunch(tk ? s->exec_tk : s->exec, s->stream));
             CU(cudaEventRecord(s->ev_step[e], s->stream));
             CU(cudaStreamWaitEvent(s->copy_st, s->ev_step[e], 0));
             CU(cudaMemcpyAsync(s->h_tok + launched, s->out + launched, sizeof(int32_t),

@@ -74,9 +74,6 @@ int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_model *cm, in
 void engine_cuda_session_free(engine_cuda_session *s);
 /* Bytes a session of n_ctx positions allocates on the device. */
 size_t engine_cuda_session_bytes(const engine_cuda_model *cm, int32_t n_ctx, engine_kv_type kv);
-/* Positions below which the session's steps run the attention and the wo + router products as
- * one launch (SPARK_CUDA_ATT_WO=1, engine/cuda/att_wo.cuh); 0 when it does not. */
-int32_t engine_cuda_session_att_wo(const engine_cuda_session *s);
 
 /* One decode step: token at position pos (0 <= pos < n_ctx; positions before pos must hold
  * the earlier tokens). logits: NULL or n_vocab floats (host) for the next-token logits;

@@ -11,7 +11,7 @@ extern "C" {
 #ifdef SPARK_CUDA_TRACE
 /* clang-format off */
 #define TRACE_TUS(X)                                                                               \
-    X(att_short) X(att_wo) X(attention) X(batch_mm) X(deltanet) X(deltanet_chunk) X(gemm) X(matvec) X(moe) \
+    X(att_short) X(attention) X(batch_mm) X(deltanet) X(deltanet_chunk) X(gemm) X(matvec) X(moe) \
     X(moe_fused) X(paged_att) X(prefill) X(q35_prefill) X(q35_prefill_att) X(q35_vatt)             \
     X(q35_vdelta) X(q35_verify) X(qwen35_attn) X(router_fuse) X(sample) X(step)
 /* clang-format on */
