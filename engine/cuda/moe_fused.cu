@@ -305,7 +305,7 @@ __device__ __forceinline__ void mg_next_copies(const engine_cu_ffn_up_args &u,
 #define MG_DIAG_NW_LATE 0x40 /* diag: the norm weights read after the wait (moe_fused.cuh diag) */
 
 template <int MODE, bool RF>
-__device__ __forceinline__ void mg_body(const engine_cu_moe_fused_args &a) {
+__global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_fused_args a) {
     /* from a 128-byte boundary, where the bulk copies land: +2.7% Q4_K_M, +5.7% Q8_0 against
      * the 16-byte boundary it had (Qwen3-30B-A3B, H200, session 21 call 1) */
     extern __shared__ __align__(128) uint4 mg_shm[];
@@ -470,19 +470,6 @@ __device__ __forceinline__ void mg_body(const engine_cu_moe_fused_args &a) {
     ENGINE_CU_TRACE_END();
 }
 
-template <int MODE, bool RF>
-__global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_fused_args a) {
-    mg_body<MODE, RF>(a);
-}
-
-/* The same launch in MG_SLIM_REGS registers a thread (moe_fused.cuh slim), so that a block of
- * the next launch (256 threads of 80) fits beside each of its blocks. */
-#define MG_SLIM_REGS 56
-template <int MODE, bool RF>
-__global__ void __maxnreg__(MG_SLIM_REGS) moe_grid_slim_kernel(engine_cu_moe_fused_args a) {
-    mg_body<MODE, RF>(a);
-}
-
 typedef void (*mf_kernel_fn)(engine_cu_moe_fused_args);
 
 static mf_kernel_fn mf_kernel(int mode, bool rf) {
@@ -501,14 +488,7 @@ static size_t mf_smem(const engine_cu_moe_fused_args *a) {
     return mf_align16(engine_cu_xs_bytes(q, a->up.cols)) + engine_cu_xs_bytes(q, 256);
 }
 
-static mf_kernel_fn mg_kernel(int mode, bool rf, bool slim) {
-    if (slim) {
-        if (mode == ENGINE_CU_X_Q8_K)
-            return rf ? moe_grid_slim_kernel<ENGINE_CU_X_Q8_K, true>
-                      : moe_grid_slim_kernel<ENGINE_CU_X_Q8_K, false>;
-        return rf ? moe_grid_slim_kernel<ENGINE_CU_X_Q8_0, true>
-                  : moe_grid_slim_kernel<ENGINE_CU_X_Q8_0, false>;
-    }
+static mf_kernel_fn mg_kernel(int mode, bool rf) {
     if (mode == ENGINE_CU_X_Q8_K)
         return rf ? moe_grid_kernel<ENGINE_CU_X_Q8_K, true>
                   : moe_grid_kernel<ENGINE_CU_X_Q8_K, false>;
@@ -565,7 +545,7 @@ static const char *mg_why(engine_cu_moe_fused_args *a, int *nb, size_t *smem) {
         return "the device query failed";
     }
     if (*smem > (size_t)optin) return "the copies do not fit shared memory";
-    if (!engine_cu_one_wave(mg_kernel(mode, u.x_add != nullptr, a->slim), MG_THREADS, *smem, *nb))
+    if (!engine_cu_one_wave(mg_kernel(mode, u.x_add != nullptr), MG_THREADS, *smem, *nb))
         return "its blocks do not all fit the GPU at once";
     return nullptr;
 }
@@ -627,8 +607,8 @@ void engine_cu_moe_fused(const engine_cu_moe_fused_args *a, cudaStream_t stream)
         int nb = 0;
         size_t smem = 0;
         mg_why(&c, &nb, &smem);
-        engine_cu_launch(mg_kernel(engine_cu_x_mode(c.up.type), c.up.x_add != nullptr, c.slim),
-                         dim3(nb), dim3(MG_THREADS), smem, stream, c);
+        engine_cu_launch(mg_kernel(engine_cu_x_mode(c.up.type), c.up.x_add != nullptr), dim3(nb),
+                         dim3(MG_THREADS), smem, stream, c);
         return;
     }
     const int nb = a->up.k * (a->up.rows / a->slice);
@@ -728,7 +708,6 @@ extern "C" int engine_cuda_op_moe_fused(
         a.pipe = (flags >> 5) & 7;  /* the order of its copies */
         a.pipe_down = (flags >> 8) & 3;
         a.y_pre = (flags >> 11) & 1; /* the down rows' y read before the products */
-        a.slim = (flags >> 12) & 1;  /* the instance in fewer registers (moe_fused.cuh slim) */
         a.partial = (float *)(m + off[10]);
         a.counters = (unsigned *)(m + off[11]);
         const char *why = engine_cu_moe_fused_why(&a);

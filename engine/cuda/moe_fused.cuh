@@ -126,16 +126,6 @@ typedef struct {
      * Session 32 (H200, tg128 in one process): Q4_K_M 575.6 / 576.5 / 579.7 against 571.6-574.9
      * off, Q8_0 491.5 / 492.1 / 491.9 against 489.4-490.6. */
     int y_pre;
-    /* The whole-grid form (SPARK_CUDA_MOE_SLIM=1; off by default until measured): its instance
-     * compiled in 56 registers a thread (moe_fused.cu MG_SLIM_REGS) instead of 80, the same
-     * code and sums. Its 768 x 80 registers leave 4,096 of a multiprocessor's 65,536, so the
-     * next q/k/v launch's blocks (256 x 80) start only as this launch's blocks leave, and their
-     * bulk copies and staging run after its end (session 16; session 28's trace: they start
-     * 0.24 us before their wait returns, at 1.13 us median after it). In 56 (43,008 a block)
-     * one q/k/v block fits beside each block, starts at this launch's trigger and has its rows
-     * copied before its wait; ptxas spills 124 / 228 bytes (K-quants, router fusion) and 44 /
-     * 108 (Q8_0) a thread, into L1. */
-    int slim;
     /* The whole-grid form: pf_norm_n floats at pf_norm asked of L2 once the block's down rows
      * have landed (warp 1; NULL: none): the next layer's attention norm weights, which the q/k/v
      * launch after this one reads right after its wait. That launch's blocks cannot start beside
