@@ -84,6 +84,7 @@ struct engine_cuda_model {
  * on the host while it handles one token), and the events' ring (> the steps in flight) */
 #define ENGINE_CUDA_STREAM_AHEAD 2
 #define ENGINE_CUDA_STREAM_RING 4
+#define ENGINE_CUDA_GRAPH_STEPS_MAX 16
 
 struct engine_cuda_session {
     engine_cuda_model *cm;
@@ -94,6 +95,12 @@ struct engine_cuda_session {
     bool captured;
     /* the step with the truncated draw (engine_cu_sample_topk), captured at its first use */
     cudaGraphExec_t exec_tk;
+    /* SPARK_CUDA_GRAPH_STEPS=K (2..ENGINE_CUDA_GRAPH_STEPS_MAX; default 1, none): run_steps
+     * replays K greedy / untruncated steps as one graph of K captured steps, captured at its
+     * first use, so that K - 1 of every K step boundaries are edges inside a graph (the next
+     * step's embedding launched programmatically during the draw) instead of graph launches */
+    cudaGraphExec_t exec_k;
+    int graph_steps;
     bool tk; /* while capturing: which sampler the step launches */
     int tk_algo; /* its top_k by radix select (1, the default) or SPARK_CUDA_TOPK=merge (0) */
     /* engine_cuda_stream: the tokens' copies on a stream of their own, into pinned memory */
@@ -718,6 +725,9 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         e = getenv("SPARK_CUDA_NW_LATE");
         s->nw_late = e && e[0] == '1';
         s->tk_algo = engine_cu_topk_algo_env();
+        e = getenv("SPARK_CUDA_GRAPH_STEPS");
+        s->graph_steps = e ? atoi(e) : 1;
+        if (s->graph_steps < 2 || s->graph_steps > ENGINE_CUDA_GRAPH_STEPS_MAX) s->graph_steps = 1;
         e = getenv("SPARK_CUDA_ROUTER_FUSE");
         s->rf = (e ? e[0] == '1' : SPARK_CUDA_ROUTER_FUSE_DEFAULT) && !s->fused &&
                 !s->route_once && !s->down_routes;
@@ -799,6 +809,7 @@ extern "C" void engine_cuda_session_free(engine_cuda_session *s) {
     cudaSetDevice(s->cm->device);
     if (s->exec) cudaGraphExecDestroy(s->exec);
     if (s->exec_tk) cudaGraphExecDestroy(s->exec_tk);
+    if (s->exec_k) cudaGraphExecDestroy(s->exec_k);
     engine_cu_prog_free(&s->prog);
     if (s->stream) cudaStreamDestroy(s->stream);
     if (s->copy_st) cudaStreamDestroy(s->copy_st);
@@ -1170,8 +1181,9 @@ static void enqueue_step(engine_cuda_session *s, step_prof *p, route_trace *t) {
     mark(p, 8, st);
 }
 
-/* Capture the step (tk: with the truncated draw) into s->exec or s->exec_tk. */
-static int capture(engine_cuda_session *s, bool tk) {
+/* Capture the step (tk: with the truncated draw) into s->exec or s->exec_tk; k > 1: k steps
+ * (without the truncation) one after another into s->exec_k. */
+static int capture(engine_cuda_session *s, bool tk, int k = 1) {
     int rc = 0;
     cudaGraph_t g = NULL;
     if (s->fused && !s->prog.total && (rc = prog_build(s))) {
@@ -1183,12 +1195,13 @@ static int capture(engine_cuda_session *s, bool tk) {
     if (tk) CU(engine_cu_sample_topk_prepare());
     s->tk = tk;
     CU(cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal));
-    enqueue_step(s, NULL, NULL);
+    for (int i = 0; i < k; i++)
+        enqueue_step(s, NULL, NULL);
     s->tk = false;
     CU(cudaStreamEndCapture(s->stream, &g));
     CU(cudaGetLastError());
-    CU(cudaGraphInstantiate(tk ? &s->exec_tk : &s->exec, g, 0));
-    if (!tk) s->captured = true;
+    CU(cudaGraphInstantiate(k > 1 ? &s->exec_k : tk ? &s->exec_tk : &s->exec, g, 0));
+    if (!tk && k == 1) s->captured = true;
 done:
     s->tk = false;
     if (g) cudaGraphDestroy(g);
@@ -1216,6 +1229,9 @@ static int run_steps(engine_cuda_session *s, int32_t token, int32_t pos, int32_t
     if (rc) return rc;
     CU(cudaSetDevice(s->cm->device));
     if (!s->captured && (rc = capture(s, false))) goto done;
+    if (s->graph_steps > 1 && n >= s->graph_steps && !s->exec_k &&
+        (rc = capture(s, false, s->graph_steps)))
+        goto done;
     s->h_step->token = token;
     s->h_step->pos = pos;
     s->h_step->n_out = 0;
@@ -1225,8 +1241,11 @@ static int run_steps(engine_cuda_session *s, int32_t token, int32_t pos, int32_t
     s->h_step->top_k = 0;
     s->h_step->masked = 0;
     CU(cudaMemcpyAsync(s->step, s->h_step, sizeof *s->h_step, cudaMemcpyHostToDevice, s->stream));
-    for (int32_t i = 0; i < n; i++)
-        CU(cudaGraphLaunch(s->exec, s->stream));
+    for (int32_t i = 0; i < n;) {
+        const bool k = s->graph_steps > 1 && n - i >= s->graph_steps;
+        CU(cudaGraphLaunch(k ? s->exec_k : s->exec, s->stream));
+        i += k ? s->graph_steps : 1;
+    }
 done:
     return rc;
 }
