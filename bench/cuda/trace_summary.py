@@ -172,9 +172,13 @@ def main():
     if not steps:
         return
     full = steps[1:] if len(steps) > 1 else steps
-    for st in full:
-        print("step: %d launches, %.1f us from the embedding's wait to the last launch's wait" %
-              (len(st), (st[-1]["w0"] - st[0]["w0"]) / 1e3))
+    for i, st in enumerate(full):
+        nx = full[i + 1] if i + 1 < len(full) else None
+        print("step: %d launches, %.1f us from the embedding's wait to the last launch's wait%s" %
+              (len(st), (st[-1]["w0"] - st[0]["w0"]) / 1e3,
+               "; %.2f us from there to the next embedding's wait (%.2f to its first block)" %
+               ((nx[0]["w0"] - st[-1]["w0"]) / 1e3, (nx[0]["s0"] - st[-1]["w0"]) / 1e3)
+               if nx else ""))
     rows = None
     for st in full:  # the mean over the steps (launch i of each)
         if len(st) != len(full[0]):
