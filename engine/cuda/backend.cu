@@ -84,7 +84,6 @@ struct engine_cuda_model {
  * on the host while it handles one token), and the events' ring (> the steps in flight) */
 #define ENGINE_CUDA_STREAM_AHEAD 2
 #define ENGINE_CUDA_STREAM_RING 4
-#define ENGINE_CUDA_GRAPH_STEPS_MAX 16
 
 struct engine_cuda_session {
     engine_cuda_model *cm;
@@ -95,12 +94,6 @@ struct engine_cuda_session {
     bool captured;
     /* the step with the truncated draw (engine_cu_sample_topk), captured at its first use */
     cudaGraphExec_t exec_tk;
-    /* SPARK_CUDA_GRAPH_STEPS=K (2..ENGINE_CUDA_GRAPH_STEPS_MAX; default 1, none): run_steps
-     * replays K greedy / untruncated steps as one graph of K captured steps, captured at its
-     * first use, so that K - 1 of every K step boundaries are edges inside a graph (the next
-     * step's embedding launched programmatically during the draw) instead of graph launches */
-    cudaGraphExec_t exec_k;
-    int graph_steps;
     bool tk; /* while capturing: which sampler the step launches */
     int tk_algo; /* its top_k by radix select (1, the default) or SPARK_CUDA_TOPK=merge (0) */
     /* engine_cuda_stream: the tokens' copies on a stream of their own, into pinned memory */
@@ -179,7 +172,6 @@ struct engine_cuda_session {
     int mf_items; /* SPARK_CUDA_MOE_ITEMS=1: the grid form's per-item barriers (moe_fused.cuh) */
     int mf_pipe, mf_pipe_dn; /* SPARK_CUDA_MOE_PIPE=I[,D]: the order of its copies (pipe) */
     int mf_y_pre;            /* SPARK_CUDA_MOE_YPRE=0 turns it off (moe_fused.cuh y_pre) */
-    int mf_body;  /* SPARK_CUDA_MOE_BODY=1: its body through mg_body (moe_fused.cuh body) */
     int mf_norm;  /* SPARK_CUDA_NEXT_NORM=1: it asks L2 for the next attention norm (pf_norm) */
     int mf_diag; /* SPARK_CUDA_MOE_FUSED_DIAG=bits: phases left out (diagnosis, moe_fused.cuh) */
     int mf_red;  /* SPARK_CUDA_MOE_FUSED_RED=1: its reduction by row class, no wait */
@@ -691,8 +683,6 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         }
         e = getenv("SPARK_CUDA_MOE_YPRE"); /* on: session 32 calls A-B */
         s->mf_y_pre = !e || e[0] != '0';
-        e = getenv("SPARK_CUDA_MOE_BODY");
-        s->mf_body = e && e[0] == '1';
         e = getenv("SPARK_CUDA_NEXT_NORM");
         s->mf_norm = e && e[0] == '1';
         e = getenv("SPARK_CUDA_MOE_FUSED_RED");
@@ -725,9 +715,6 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         e = getenv("SPARK_CUDA_NW_LATE");
         s->nw_late = e && e[0] == '1';
         s->tk_algo = engine_cu_topk_algo_env();
-        e = getenv("SPARK_CUDA_GRAPH_STEPS");
-        s->graph_steps = e ? atoi(e) : 1;
-        if (s->graph_steps < 2 || s->graph_steps > ENGINE_CUDA_GRAPH_STEPS_MAX) s->graph_steps = 1;
         e = getenv("SPARK_CUDA_ROUTER_FUSE");
         s->rf = (e ? e[0] == '1' : SPARK_CUDA_ROUTER_FUSE_DEFAULT) && !s->fused &&
                 !s->route_once && !s->down_routes;
@@ -809,7 +796,6 @@ extern "C" void engine_cuda_session_free(engine_cuda_session *s) {
     cudaSetDevice(s->cm->device);
     if (s->exec) cudaGraphExecDestroy(s->exec);
     if (s->exec_tk) cudaGraphExecDestroy(s->exec_tk);
-    if (s->exec_k) cudaGraphExecDestroy(s->exec_k);
     engine_cu_prog_free(&s->prog);
     if (s->stream) cudaStreamDestroy(s->stream);
     if (s->copy_st) cudaStreamDestroy(s->copy_st);
@@ -1023,7 +1009,6 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
         o->mf.pipe = s->mf_pipe;
         o->mf.pipe_down = s->mf_pipe_dn;
         o->mf.y_pre = s->mf_y_pre;
-        o->mf.body = s->mf_body;
         if (s->mf_norm && l + 1 < hp->n_layer) {
             o->mf.pf_norm = cm->layers[l + 1].attn_norm;
             o->mf.pf_norm_n = emb;
@@ -1181,9 +1166,8 @@ static void enqueue_step(engine_cuda_session *s, step_prof *p, route_trace *t) {
     mark(p, 8, st);
 }
 
-/* Capture the step (tk: with the truncated draw) into s->exec or s->exec_tk; k > 1: k steps
- * (without the truncation) one after another into s->exec_k. */
-static int capture(engine_cuda_session *s, bool tk, int k = 1) {
+/* Capture the step (tk: with the truncated draw) into s->exec or s->exec_tk. */
+static int capture(engine_cuda_session *s, bool tk) {
     int rc = 0;
     cudaGraph_t g = NULL;
     if (s->fused && !s->prog.total && (rc = prog_build(s))) {
@@ -1195,13 +1179,12 @@ static int capture(engine_cuda_session *s, bool tk, int k = 1) {
     if (tk) CU(engine_cu_sample_topk_prepare());
     s->tk = tk;
     CU(cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < k; i++)
-        enqueue_step(s, NULL, NULL);
+    enqueue_step(s, NULL, NULL);
     s->tk = false;
     CU(cudaStreamEndCapture(s->stream, &g));
     CU(cudaGetLastError());
-    CU(cudaGraphInstantiate(k > 1 ? &s->exec_k : tk ? &s->exec_tk : &s->exec, g, 0));
-    if (!tk && k == 1) s->captured = true;
+    CU(cudaGraphInstantiate(tk ? &s->exec_tk : &s->exec, g, 0));
+    if (!tk) s->captured = true;
 done:
     s->tk = false;
     if (g) cudaGraphDestroy(g);
@@ -1229,9 +1212,6 @@ static int run_steps(engine_cuda_session *s, int32_t token, int32_t pos, int32_t
     if (rc) return rc;
     CU(cudaSetDevice(s->cm->device));
     if (!s->captured && (rc = capture(s, false))) goto done;
-    if (s->graph_steps > 1 && n >= s->graph_steps && !s->exec_k &&
-        (rc = capture(s, false, s->graph_steps)))
-        goto done;
     s->h_step->token = token;
     s->h_step->pos = pos;
     s->h_step->n_out = 0;
@@ -1241,11 +1221,8 @@ static int run_steps(engine_cuda_session *s, int32_t token, int32_t pos, int32_t
     s->h_step->top_k = 0;
     s->h_step->masked = 0;
     CU(cudaMemcpyAsync(s->step, s->h_step, sizeof *s->h_step, cudaMemcpyHostToDevice, s->stream));
-    for (int32_t i = 0; i < n;) {
-        const bool k = s->graph_steps > 1 && n - i >= s->graph_steps;
-        CU(cudaGraphLaunch(k ? s->exec_k : s->exec, s->stream));
-        i += k ? s->graph_steps : 1;
-    }
+    for (int32_t i = 0; i < n; i++)
+        CU(cudaGraphLaunch(s->exec, s->stream));
 done:
     return rc;
 }

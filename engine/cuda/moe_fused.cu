@@ -306,20 +306,168 @@ __device__ __forceinline__ void mg_next_copies(const engine_cu_ffn_up_args &u,
 
 template <int MODE, bool RF>
 __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_fused_args a) {
-#include "moe_grid_body.inc"
-}
-
-/* The same text in a force-inlined function of a const reference, called by a kernel
- * (SPARK_CUDA_MOE_BODY=1, moe_fused.cuh body): ptxas schedules it differently (its SASS is not
- * the kernel's). */
-template <int MODE, bool RF>
-__device__ __forceinline__ void mg_body(const engine_cu_moe_fused_args &a) {
-#include "moe_grid_body.inc"
-}
-
-template <int MODE, bool RF>
-__global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_body_kernel(engine_cu_moe_fused_args a) {
-    mg_body<MODE, RF>(a);
+    /* from a 128-byte boundary, where the bulk copies land: +2.7% Q4_K_M, +5.7% Q8_0 against
+     * the 16-byte boundary it had (Qwen3-30B-A3B, H200, session 21 call 1) */
+    extern __shared__ __align__(128) uint4 mg_shm[];
+    __shared__ int ids[ENGINE_CU_MAX_EXPERT_USED];
+    __shared__ float wts[ENGINE_CU_MAX_EXPERT_USED];
+    __shared__ uint64_t bar_up, bar_dn, bar_it[MG_MAX_IPB];
+    const engine_cu_ffn_up_args &u = a.up;
+    const engine_cu_ffn_down_args &d = a.dn;
+    const int b = blockIdx.x, nb = gridDim.x, w = threadIdx.x >> 5;
+    const int q = w / FFN_WARPS, wl = w - q * FFN_WARPS;
+    const int gx = u.rows / (2 * FFN_WARPS), n_items = u.k * gx, n_groups = d.rows / FFN_WARPS;
+    const int i0 = b * a.ipb, ni = max(0, min(a.ipb, n_items - i0));
+    const int g0 = b * a.gpb, ng = max(0, min(a.gpb, n_groups - g0));
+    /* urun: a gate or up run (128-byte multiples for the 30B-A3B's types); drun: the stride of
+     * the down runs (mg_copy_down) */
+    const size_t urun = (size_t)2 * FFN_WARPS * u.row_bytes,
+                 drun = engine_cu_run_stride((size_t)FFN_WARPS * d.row_bytes);
+    uint8_t *sm = (uint8_t *)mg_shm, *ws = sm + a.ws_off;
+    const bool early = a.grid == 2;
+    uint8_t *wd = early ? ws + (size_t)a.ipb * 2 * urun : ws; /* the down runs */
+    /* a.items: each item's runs counted on a barrier of its own, so that a warp group computes
+     * its item as soon as that item's runs have landed */
+    const bool per_item = (a.items || a.pipe > 0) && a.ipb <= MG_MAX_IPB;
+    /* up items issued at the start, and when the down runs go (moe_fused.cuh pipe) */
+    const int infl = per_item && a.pipe > 0 ? min(ni, a.pipe) : ni;
+    const int dn_at = early && ni > 0 ? a.pipe_down : 0;
+    /* every block starts before a dependent can launch, so all are resident by then */
+    engine_cu_pdl_launch();
+    if (threadIdx.x == 0) {
+        engine_cu_mbar_init(&bar_up);
+        engine_cu_mbar_init(&bar_dn);
+        if (per_item)
+            for (int i = 0; i < ni; i++)
+                engine_cu_mbar_init(&bar_it[i]);
+    }
+    if (u.norm_w && w == FFN_WARPS - 1)
+        engine_cu_prefetch_l2((const uint8_t *)u.norm_w, sizeof(float) * (size_t)u.cols);
+    /* the staging warps' norm weights (qdot.cuh engine_cu_stage_nw), before the wait */
+    const bool nw_pre = !(a.diag & MG_DIAG_NW_LATE);
+    const engine_cu_nw_pre nwp = engine_cu_stage_x_nw<MODE>(nw_pre ? u.norm_w : nullptr, u.cols, 1);
+    engine_cu_pdl_wait();
+    /* 1. route and copy (warp 0), stage x (the others): the up kernel's steps. With the router
+     * fusion and the block's scale (RF, u.coop), warp 0 picks the experts from the raw logits
+     * and issues the copies between its share of the scale's loads and the scale's barrier, and
+     * weighs them after it (the ids need no scale: ffn_route_ids) */
+    const bool coop = RF && u.coop, split = coop && !(a.diag & MG_DIAG_LATE);
+    float sc = -1.0f, raw[ENGINE_CU_MAX_EXPERT / 32];
+    float ss = 0.0f;
+    if (coop) {
+        if (w == 0) ffn_route_raw(u, raw);
+        ss = engine_cu_block_ss<false, true>((const float4 *)u.x, (const float4 *)u.x_add, u.cols,
+                                             MF_THREADS); /* the up kernel's scale's bits */
+        if (!split) sc = engine_cu_block_scale_end(ss, u.cols, u.eps, MF_THREADS);
+    }
+    int my_id = 0;
+    if (w == 0) {
+        if (coop) { /* raw[] stays in registers (a pointer chosen at run time put it on the stack)
+                     */
+            my_id = ffn_route_ids<true>(u, raw, ids);
+            if (a.diag & MG_DIAG_ROUTE2) my_id = ffn_route_ids<true>(u, raw, ids); /* the same */
+            if (!split) ffn_route_weights<true>(u, b, raw, sc, my_id, wts);
+        } else {
+            ffn_route_warp<RF, true>(u, b, ids, wts);
+            if (a.diag & MG_DIAG_ROUTE2) { /* the same ids and weights again */
+                __syncwarp();
+                ffn_route_warp<RF, true>(u, b, ids, wts);
+            }
+        }
+        ENGINE_CU_TRACE(5);
+        if ((threadIdx.x & 31) == 0) {
+            if (!per_item) engine_cu_mbar_expect(&bar_up, (unsigned)((size_t)ni * 2 * urun));
+            for (int i = 0; i < infl; i++)
+                mg_copy_up(u, ids, i0 + i, gx, urun, ws + (size_t)i * 2 * urun,
+                           per_item ? &bar_it[i] : &bar_up, per_item);
+            if (early && (dn_at == 0 || (dn_at == 1 && infl == ni)))
+                mg_copy_down(d, ids, g0, ng, wd, &bar_dn);
+        }
+        ENGINE_CU_TRACE(10);
+    }
+    if (split) {
+        sc = engine_cu_block_scale_end(ss, u.cols, u.eps, MF_THREADS);
+        ENGINE_CU_TRACE(9);
+        if (w == 0) ffn_route_weights<true>(u, b, raw, sc, my_id, wts);
+    }
+    if (RF) /* warps 1 ..; ends with a barrier */
+        engine_cu_stage_x<MODE, false, true>(u.x, u.cols, u.norm_w, u.eps, sm, 1, u.x_add, sc,
+                                             &nwp);
+    else
+        engine_cu_stage_x<MODE>(u.x, u.cols, u.norm_w, u.eps, sm, 1, nullptr, -1.0f, &nwp);
+    ENGINE_CU_TRACE(6);
+    if (b == 0 && (int)threadIdx.x < u.k) {
+        u.ids[threadIdx.x] = ids[threadIdx.x];
+        u.weights[threadIdx.x] = wts[threadIdx.x];
+    }
+    /* 2. the items' rows of h from the copy */
+    const engine_cu_xv xv = engine_cu_xv_at(sm, u.cols, true, 0);
+    if (!per_item) {
+        engine_cu_mbar_wait(&bar_up, 0);
+        ENGINE_CU_TRACE(7);
+    }
+    for (int i = q; i < ni; i += MG_GROUPS) {
+        if (per_item) {
+            engine_cu_mbar_wait(&bar_it[i], 0);
+            if (i == 0) ENGINE_CU_TRACE(7); /* thread 0's group: item 0 landed */
+        }
+        if (wl == 0 && (threadIdx.x & 31) == 0)
+            mg_next_copies(u, d, ids, i, i0, infl, ni, gx, urun, ws, bar_it, dn_at, g0, ng, wd,
+                           &bar_dn); /* the group's first thread: later copies */
+        const int it = i0 + i, j = it / gx, r = (it - j * gx) * 2 * FFN_WARPS + wl;
+        ffn_up_rows<MODE, 2, true>(u, j, ids[j], r, xv, ws + (size_t)i * 2 * urun);
+    }
+    /* a.y_pre: lane 0 of each warp reads its first down row's y (and y_add) now, so that its
+     * store after the down products waits for no load (nobody else writes those rows) */
+    const bool ypre = a.y_pre && q < ng;
+    const int ry = (g0 + q) * FFN_WARPS + wl;
+    float y0 = 0.0f, ya0 = 0.0f;
+    if (ypre && (threadIdx.x & 31) == 0) {
+        y0 = d.y[ry];
+        if (RF) ya0 = d.y_add[ry];
+    }
+    /* 3. h stored everywhere; meanwhile (grid 1) the down runs into the up runs' space */
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        if (!early) {
+            engine_cu_fence_proxy_async(); /* the block's reads of the up runs come first */
+            mg_copy_down(d, ids, g0, ng, wd, &bar_dn);
+        }
+        atomicAdd(a.counters, 1u);
+    }
+    engine_cu_spin_bounded(a.counters, (unsigned)nb, 10000000000ull); /* 10 s: a trap, no hang */
+    ENGINE_CU_TRACE(4);
+    if (threadIdx.x == 0 && atomicAdd(a.counters + 1, 1u) == (unsigned)nb - 1) {
+        a.counters[0] = 0; /* every block has passed the barrier: zero for the next launch */
+        a.counters[1] = 0;
+    }
+    /* 4. all of h staged (through L2) as the down kernel stages it, then the block's groups */
+    engine_cu_stage_x<MODE, true>(u.h, d.k * d.cols, nullptr, 0.0f, sm); /* ends with a barrier */
+    engine_cu_mbar_wait(&bar_dn, 0);
+    ENGINE_CU_TRACE(8);
+    if (a.pf_norm && w == 1) /* the next launch's norm weights (moe_fused.cuh pf_norm) */
+        engine_cu_prefetch_l2((const uint8_t *)a.pf_norm, sizeof(float) * (size_t)a.pf_norm_n);
+    for (int i = q; i < ng; i += MG_GROUPS) {
+        const int r = (g0 + i) * FFN_WARPS + wl;
+        const uint8_t *wr = wd + (size_t)i * d.k * drun + (size_t)wl * d.row_bytes;
+        float v = 0.0f;
+        switch (d.type) {
+#define MG_CASE(T)                                                                                 \
+    case T:                                                                                        \
+        if (MODE == engine_cu_x_mode(T)) v = down_row<T, true>(d, r, ids, wts, sm, true, wr);      \
+        break;
+            ENGINE_CU_QUANT_CASES(MG_CASE)
+#undef MG_CASE
+        }
+        if ((threadIdx.x & 31) == 0) {
+            if (ypre && i == q)
+                d.y[r] = RF ? (y0 + ya0) + v : y0 + v; /* down_store's adds in its order */
+            else
+                down_store<RF>(d, r, v);
+        }
+    }
+    ENGINE_CU_TRACE_END();
 }
 
 typedef void (*mf_kernel_fn)(engine_cu_moe_fused_args);
@@ -340,14 +488,7 @@ static size_t mf_smem(const engine_cu_moe_fused_args *a) {
     return mf_align16(engine_cu_xs_bytes(q, a->up.cols)) + engine_cu_xs_bytes(q, 256);
 }
 
-static mf_kernel_fn mg_kernel(int mode, bool rf, bool body) {
-    if (body) {
-        if (mode == ENGINE_CU_X_Q8_K)
-            return rf ? moe_grid_body_kernel<ENGINE_CU_X_Q8_K, true>
-                      : moe_grid_body_kernel<ENGINE_CU_X_Q8_K, false>;
-        return rf ? moe_grid_body_kernel<ENGINE_CU_X_Q8_0, true>
-                  : moe_grid_body_kernel<ENGINE_CU_X_Q8_0, false>;
-    }
+static mf_kernel_fn mg_kernel(int mode, bool rf) {
     if (mode == ENGINE_CU_X_Q8_K)
         return rf ? moe_grid_kernel<ENGINE_CU_X_Q8_K, true>
                   : moe_grid_kernel<ENGINE_CU_X_Q8_K, false>;
@@ -404,7 +545,7 @@ static const char *mg_why(engine_cu_moe_fused_args *a, int *nb, size_t *smem) {
         return "the device query failed";
     }
     if (*smem > (size_t)optin) return "the copies do not fit shared memory";
-    if (!engine_cu_one_wave(mg_kernel(mode, u.x_add != nullptr, a->body), MG_THREADS, *smem, *nb))
+    if (!engine_cu_one_wave(mg_kernel(mode, u.x_add != nullptr), MG_THREADS, *smem, *nb))
         return "its blocks do not all fit the GPU at once";
     return nullptr;
 }
@@ -466,8 +607,8 @@ void engine_cu_moe_fused(const engine_cu_moe_fused_args *a, cudaStream_t stream)
         int nb = 0;
         size_t smem = 0;
         mg_why(&c, &nb, &smem);
-        engine_cu_launch(mg_kernel(engine_cu_x_mode(c.up.type), c.up.x_add != nullptr, c.body),
-                         dim3(nb), dim3(MG_THREADS), smem, stream, c);
+        engine_cu_launch(mg_kernel(engine_cu_x_mode(c.up.type), c.up.x_add != nullptr), dim3(nb),
+                         dim3(MG_THREADS), smem, stream, c);
         return;
     }
     const int nb = a->up.k * (a->up.rows / a->slice);
@@ -567,7 +708,6 @@ extern "C" int engine_cuda_op_moe_fused(
         a.pipe = (flags >> 5) & 7;  /* the order of its copies */
         a.pipe_down = (flags >> 8) & 3;
         a.y_pre = (flags >> 11) & 1; /* the down rows' y read before the products */
-        a.body = (flags >> 12) & 1;  /* the body through mg_body (moe_fused.cuh body) */
         a.partial = (float *)(m + off[10]);
         a.counters = (unsigned *)(m + off[11]);
         const char *why = engine_cu_moe_fused_why(&a);

@@ -126,13 +126,6 @@ typedef struct {
      * Session 32 (H200, tg128 in one process): Q4_K_M 575.6 / 576.5 / 579.7 against 571.6-574.9
      * off, Q8_0 491.5 / 492.1 / 491.9 against 489.4-490.6. */
     int y_pre;
-    /* The whole-grid form (SPARK_CUDA_MOE_BODY=1; an A/B, off by default): the same text
-     * (moe_grid_body.inc) through a force-inlined function of a const reference (moe_fused.cu
-     * mg_body), which ptxas schedules differently (80 registers, no spills, another SASS). With it
-     * as the only instance (session 34 call A, 88b3043) the default measured 581.4 / 580.7 tok/s
-     * Q4_K_M and 494.5 / 494.2 Q8_0 against 576.6 / 490.9 on another machine in call G: not
-     * measured in one process. */
-    int body;
     /* The whole-grid form: pf_norm_n floats at pf_norm asked of L2 once the block's down rows
      * have landed (warp 1; NULL: none): the next layer's attention norm weights, which the q/k/v
      * launch after this one reads right after its wait. That launch's blocks cannot start beside
