@@ -100,9 +100,10 @@ typedef struct {
 } engine_cu_trace_ptr;
 static __device__ engine_cu_trace_ptr engine_cu_trace_g;
 
-__device__ __forceinline__ void engine_cu_trace_ev(unsigned ev) {
+/* ev recorded by the calling thread (one thread of the block: ENGINE_CU_TRACE_ANY) */
+__device__ __forceinline__ void engine_cu_trace_any(unsigned ev) {
     const engine_cu_trace_ptr tp = engine_cu_trace_g;
-    if (!tp.rec || (threadIdx.x | threadIdx.y | threadIdx.z)) return;
+    if (!tp.rec) return;
     unsigned long long t, g;
     unsigned sm;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -120,6 +121,9 @@ __device__ __forceinline__ void engine_cu_trace_ev(unsigned ev) {
     r.gy = gridDim.y * gridDim.z;
     tp.rec[(size_t)sm * tp.per_sm + i] = r;
 }
+__device__ __forceinline__ void engine_cu_trace_ev(unsigned ev) {
+    if (!(threadIdx.x | threadIdx.y | threadIdx.z)) engine_cu_trace_any(ev);
+}
 /* At the end of each .cu file with kernels: the host-side binder of that file's pointer. */
 #define ENGINE_CU_TRACE_TU(name)                                                                   \
     extern "C" int engine_cu_trace_bind_##name(const void *p) {                                    \
@@ -127,6 +131,7 @@ __device__ __forceinline__ void engine_cu_trace_ev(unsigned ev) {
                cudaSuccess;                                                                        \
     }
 #define ENGINE_CU_TRACE(ev) engine_cu_trace_ev(ev)
+#define ENGINE_CU_TRACE_ANY(ev) engine_cu_trace_any(ev)
 /* The end of a block's work (every thread of the block reaches it): a barrier, then ev 3. */
 #define ENGINE_CU_TRACE_END()                                                                      \
     do {                                                                                           \
@@ -137,6 +142,7 @@ __device__ __forceinline__ void engine_cu_trace_ev(unsigned ev) {
 #define ENGINE_CU_TRACE_END() ((void)0)
 #define ENGINE_CU_TRACE_TU(name)
 #define ENGINE_CU_TRACE(ev) ((void)0)
+#define ENGINE_CU_TRACE_ANY(ev) ((void)0)
 #endif
 
 __device__ __forceinline__ void engine_cu_pdl_wait() {

@@ -410,12 +410,16 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
         if (per_item) {
             engine_cu_mbar_wait(&bar_it[i], 0);
             if (i == 0) ENGINE_CU_TRACE(7); /* thread 0's group: item 0 landed */
+            if (i > 0 && wl == 0 && (threadIdx.x & 31) == 0)
+                ENGINE_CU_TRACE_ANY(12 + i); /* item i landed (13, 14, ...) */
         }
         if (wl == 0 && (threadIdx.x & 31) == 0)
             mg_next_copies(u, d, ids, i, i0, infl, ni, gx, urun, ws, bar_it, dn_at, g0, ng, wd,
                            &bar_dn); /* the group's first thread: later copies */
         const int it = i0 + i, j = it / gx, r = (it - j * gx) * 2 * FFN_WARPS + wl;
         ffn_up_rows<MODE, 2, true>(u, j, ids[j], r, xv, ws + (size_t)i * 2 * urun);
+        if (wl == 0 && (threadIdx.x & 31) == 0)
+            ENGINE_CU_TRACE_ANY(20 + i); /* the group's first warp done with item i */
     }
     /* a.y_pre: lane 0 of each warp reads its first down row's y (and y_add) now, so that its
      * store after the down products waits for no load (nobody else writes those rows) */
@@ -429,6 +433,7 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     /* 3. h stored everywhere; meanwhile (grid 1) the down runs into the up runs' space */
     __threadfence();
     __syncthreads();
+    ENGINE_CU_TRACE(12); /* every product of the block done: its arrival at the grid barrier */
     if (threadIdx.x == 0) {
         if (!early) {
             engine_cu_fence_proxy_async(); /* the block's reads of the up runs come first */
