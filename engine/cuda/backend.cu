@@ -172,8 +172,7 @@ struct engine_cuda_session {
     int mf_items; /* SPARK_CUDA_MOE_ITEMS=1: the grid form's per-item barriers (moe_fused.cuh) */
     int mf_pipe, mf_pipe_dn; /* SPARK_CUDA_MOE_PIPE=I[,D]: the order of its copies (pipe) */
     int mf_y_pre;            /* SPARK_CUDA_MOE_YPRE=0 turns it off (moe_fused.cuh y_pre) */
-    int mf_arrive;           /* SPARK_CUDA_MOE_ARRIVE=1 (moe_fused.cuh arrive) */
-    int mf_wq;               /* SPARK_CUDA_MOE_WQ=1 (moe_fused.cuh wq) */
+    int mf_arrive;           /* SPARK_CUDA_MOE_ARRIVE=0 turns it off (moe_fused.cuh arrive) */
     int mf_norm;  /* SPARK_CUDA_NEXT_NORM=1: it asks L2 for the next attention norm (pf_norm) */
     int mf_diag; /* SPARK_CUDA_MOE_FUSED_DIAG=bits: phases left out (diagnosis, moe_fused.cuh) */
     int mf_red;  /* SPARK_CUDA_MOE_FUSED_RED=1: its reduction by row class, no wait */
@@ -681,12 +680,10 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
             const long pi = strtol(e, &end, 10);
             const long pd = end && *end == ',' ? strtol(end + 1, NULL, 10) : 0;
             s->mf_pipe = pi > 0 && pi < 8 ? (int)pi : 0;
-            s->mf_pipe_dn = pd > 0 && pd < 4 ? (int)pd : 0;
+            s->mf_pipe_dn = pd > 0 && pd < 3 ? (int)pd : 0;
         }
-        e = getenv("SPARK_CUDA_MOE_ARRIVE");
-        s->mf_arrive = e && e[0] == '1';
-        e = getenv("SPARK_CUDA_MOE_WQ");
-        s->mf_wq = e && e[0] == '1';
+        e = getenv("SPARK_CUDA_MOE_ARRIVE"); /* on: session 35 call C */
+        s->mf_arrive = !e || e[0] != '0';
         e = getenv("SPARK_CUDA_MOE_YPRE"); /* on: session 32 calls A-B */
         s->mf_y_pre = !e || e[0] != '0';
         e = getenv("SPARK_CUDA_NEXT_NORM");
@@ -1016,7 +1013,6 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
         o->mf.pipe_down = s->mf_pipe_dn;
         o->mf.y_pre = s->mf_y_pre;
         o->mf.arrive = s->mf_arrive;
-        o->mf.wq = s->mf_wq;
         if (s->mf_norm && l + 1 < hp->n_layer) {
             o->mf.pf_norm = cm->layers[l + 1].attn_norm;
             o->mf.pf_norm_n = emb;

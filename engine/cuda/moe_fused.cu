@@ -312,7 +312,6 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     __shared__ int ids[ENGINE_CU_MAX_EXPERT_USED];
     __shared__ float wts[ENGINE_CU_MAX_EXPERT_USED];
     __shared__ uint64_t bar_up, bar_dn, bar_it[MG_MAX_IPB];
-    __shared__ unsigned wq_next; /* a.wq: the next row to take */
     const engine_cu_ffn_up_args &u = a.up;
     const engine_cu_ffn_down_args &d = a.dn;
     const int b = blockIdx.x, nb = gridDim.x, w = threadIdx.x >> 5;
@@ -336,7 +335,6 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     /* every block starts before a dependent can launch, so all are resident by then */
     engine_cu_pdl_launch();
     if (threadIdx.x == 0) {
-        wq_next = 0;
         engine_cu_mbar_init(&bar_up);
         engine_cu_mbar_init(&bar_dn);
         if (per_item)
@@ -408,25 +406,7 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
         engine_cu_mbar_wait(&bar_up, 0);
         ENGINE_CU_TRACE(7);
     }
-    const bool wq = per_item && a.wq;
-    while (wq) { /* a.wq: a row at a time, to the warps as they come free */
-        const int lane = threadIdx.x & 31, nu = ni * 2 * FFN_WARPS;
-        int un = 0;
-        if (lane == 0) un = (int)atomicAdd(&wq_next, 1u);
-        un = __shfl_sync(0xffffffffu, un, 0);
-        if (un >= nu) { /* no row left: the first warp here issues the down runs (pipe_down 3) */
-            if (un == nu && dn_at == 3 && lane == 0) mg_copy_down(d, ids, g0, ng, wd, &bar_dn);
-            break;
-        }
-        const int i = un / (2 * FFN_WARPS), rr = un - i * 2 * FFN_WARPS;
-        engine_cu_mbar_wait(&bar_it[i], 0);
-        if (rr == 0 && lane == 0)
-            mg_next_copies(u, d, ids, i, i0, infl, ni, gx, urun, ws, bar_it, dn_at, g0, ng, wd,
-                           &bar_dn);
-        const int it = i0 + i, j = it / gx, r = (it - j * gx) * 2 * FFN_WARPS + rr;
-        ffn_up_rows<MODE, 1, true>(u, j, ids[j], r, xv, ws + (size_t)i * 2 * urun);
-    }
-    for (int i = q; i < ni && !wq; i += MG_GROUPS) {
+    for (int i = q; i < ni; i += MG_GROUPS) {
         if (per_item) {
             engine_cu_mbar_wait(&bar_it[i], 0);
             if (i == 0) ENGINE_CU_TRACE(7); /* thread 0's group: item 0 landed */
@@ -441,9 +421,6 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
         if (wl == 0 && (threadIdx.x & 31) == 0)
             ENGINE_CU_TRACE_ANY(20 + i); /* the group's first warp done with item i */
     }
-    /* pipe_down 3: group 0 is done with its items, so its first thread can wait on the copy
-     * queue while the other groups compute */
-    if (dn_at == 3 && !wq && q == 0 && threadIdx.x == 0) mg_copy_down(d, ids, g0, ng, wd, &bar_dn);
     /* a.y_pre: lane 0 of each warp reads its first down row's y (and y_add) now, so that its
      * store after the down products waits for no load (nobody else writes those rows) */
     const bool ypre = a.y_pre && q < ng;
@@ -464,7 +441,7 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
         }
         atomicAdd(a.counters, 1u);
     }
-    if (!early && a.arrive && threadIdx.x == 32) { /* the arrival first: a.arrive */
+    if (!early && a.arrive && threadIdx.x == 32) { /* the arrival first (moe_fused.cuh arrive) */
         engine_cu_fence_proxy_async();
         mg_copy_down(d, ids, g0, ng, wd, &bar_dn);
     }
@@ -741,7 +718,6 @@ extern "C" int engine_cuda_op_moe_fused(
         a.pipe_down = (flags >> 8) & 3;
         a.y_pre = (flags >> 11) & 1; /* the down rows' y read before the products */
         a.arrive = (flags >> 12) & 1; /* form 1: the arrival before the down copies */
-        a.wq = (flags >> 13) & 1;     /* the up rows to the warps as they come free */
         a.partial = (float *)(m + off[10]);
         a.counters = (unsigned *)(m + off[11]);
         const char *why = engine_cu_moe_fused_why(&a);

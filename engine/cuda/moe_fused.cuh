@@ -119,27 +119,18 @@ typedef struct {
      * (2,1), 565.6 (3,2), 544.1 (all at the start); Q8_0 477.7 (2), 491.6 (1), 469.6 (3), 464.4
      * (all). In turn with 2,2 (call 4): Q8_0 487.6 / 487.4 against 477.7 / 477.4 (+2.1%), Q4_K_M
      * 570.4 / 571.0 against 571.6 / 571.8 (-0.2%, within the same-process spread): 1,1.
-     * D = 3: the down runs issued by group 0's first thread once its own items are computed. With
-     * D = 1 and 2 the thread that issues the 16 down runs belongs to a group that has an item still
-     * to compute, and the issue holds that thread's warp while the copy queue drains. Session 35
-     * call B's trace (1,1): item 1 landed at 9.3 us but was computed only by 13.8, against 2.0 us
-     * for item 2. Group 0 is idle once its item is done. */
+     * Tried and dropped in session 35 (bench/cuda/patches/s35-moe-pipe3-wq.patch): D = 3, the down
+     * runs issued by group 0 once its item is computed, so that their issue holds no warp that
+     * still has an item to compute: -1.0% (Q4_K_M, call C). */
     int pipe, pipe_down;
-    /* The whole-grid form 1 (SPARK_CUDA_MOE_ARRIVE=1): the block's arrival at the grid barrier is
-     * counted before its down runs are issued, and warp 1's first thread issues them. Without it,
-     * thread 0 issues the 16 runs and only then counts the arrival, so every block waits for the
-     * last block's issue. Session 35 call B, Q8_0: 3.2 us from the last block's products to past
-     * the barrier, against 1.3 us for Q4_K_M's form 2. The same results. */
+    /* The whole-grid form 1 (on in the sessions; SPARK_CUDA_MOE_ARRIVE=0 off): the block's arrival
+     * at the grid barrier is counted before its down runs are issued, and warp 1's first thread
+     * issues them. Before, thread 0 issued the 16 runs first and counted the arrival only then.
+     * A bulk copy is accepted only as the copy queue drains, so every block waited for the last
+     * block's issue. Session 35 call B, Q8_0 trace: 3.2 us from the last block's products to past
+     * the barrier, against 1.3 us for Q4_K_M's form 2. The same results. Call C (H200, tg128 in
+     * one process): Q8_0 491.3 / 491.2 against 486.9 / 487.2 tok/s (+0.85%). */
     int arrive;
-    /* The whole-grid form with per-item barriers (SPARK_CUDA_MOE_WQ=1): the up items' rows dealt
-     * out to the block's warps as they come free, a row (its gate and up rows) at a time, in
-     * item order (a shared counter), instead of item i to warp group i % 3, two rows a warp.
-     * While only item 0 has landed, all of the block's warps can work on it, where one group of 8
-     * computed it (session 35 call B: ~2 us for an item on 8 warps, ~3.3 us for all three on 24).
-     * The warp that takes an item's first row issues the next item (pipe); with pipe_down 3 the
-     * first warp to find no row left issues the down runs. Each row's sums are up_rows' for that
-     * row, so h is the same bit for bit. */
-    int wq;
     /* The whole-grid form (SPARK_CUDA_MOE_YPRE; on in the sessions, =0 off): lane 0 of each warp
      * reads its first down row's y (and y_add) before the grid barrier, so that the store after
      * its down products waits on no load at the launch's end. The same adds in the same order.
