@@ -173,7 +173,6 @@ struct engine_cuda_session {
     int mf_pipe, mf_pipe_dn; /* SPARK_CUDA_MOE_PIPE=I[,D]: the order of its copies (pipe) */
     int mf_y_pre;            /* SPARK_CUDA_MOE_YPRE=0 turns it off (moe_fused.cuh y_pre) */
     int mf_arrive;           /* SPARK_CUDA_MOE_ARRIVE=0 turns it off (moe_fused.cuh arrive) */
-    int mf_own;              /* SPARK_CUDA_MOE_OWN=1 (moe_fused.cuh own) */
     int mf_norm;  /* SPARK_CUDA_NEXT_NORM=1: it asks L2 for the next attention norm (pf_norm) */
     int mf_diag; /* SPARK_CUDA_MOE_FUSED_DIAG=bits: phases left out (diagnosis, moe_fused.cuh) */
     int mf_red;  /* SPARK_CUDA_MOE_FUSED_RED=1: its reduction by row class, no wait */
@@ -685,8 +684,6 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         }
         e = getenv("SPARK_CUDA_MOE_ARRIVE"); /* on: session 35 call C */
         s->mf_arrive = !e || e[0] != '0';
-        e = getenv("SPARK_CUDA_MOE_OWN");
-        s->mf_own = e && e[0] == '1';
         e = getenv("SPARK_CUDA_MOE_YPRE"); /* on: session 32 calls A-B */
         s->mf_y_pre = !e || e[0] != '0';
         e = getenv("SPARK_CUDA_NEXT_NORM");
@@ -1016,7 +1013,6 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
         o->mf.pipe_down = s->mf_pipe_dn;
         o->mf.y_pre = s->mf_y_pre;
         o->mf.arrive = s->mf_arrive;
-        o->mf.own = s->mf_own;
         if (s->mf_norm && l + 1 < hp->n_layer) {
             o->mf.pf_norm = cm->layers[l + 1].attn_norm;
             o->mf.pf_norm_n = emb;

@@ -406,20 +406,14 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
         engine_cu_mbar_wait(&bar_up, 0);
         ENGINE_CU_TRACE(7);
     }
-    const bool own = per_item && a.own && infl < ni;
     for (int i = q; i < ni; i += MG_GROUPS) {
-        if (own && i >= infl && wl == 0 && (threadIdx.x & 31) == 0) { /* a.own: item i's copies */
-            engine_cu_mbar_wait(&bar_it[i - infl], 0);
-            mg_copy_up(u, ids, i0 + i, gx, urun, ws + (size_t)i * 2 * urun, &bar_it[i], true);
-            if (dn_at >= 1 && i == ni - 1) mg_copy_down(d, ids, g0, ng, wd, &bar_dn);
-        }
         if (per_item) {
             engine_cu_mbar_wait(&bar_it[i], 0);
             if (i == 0) ENGINE_CU_TRACE(7); /* thread 0's group: item 0 landed */
             if (i > 0 && wl == 0 && (threadIdx.x & 31) == 0)
                 ENGINE_CU_TRACE_ANY(12 + i); /* item i landed (13, 14, ...) */
         }
-        if (!own && wl == 0 && (threadIdx.x & 31) == 0)
+        if (wl == 0 && (threadIdx.x & 31) == 0)
             mg_next_copies(u, d, ids, i, i0, infl, ni, gx, urun, ws, bar_it, dn_at, g0, ng, wd,
                            &bar_dn); /* the group's first thread: later copies */
         const int it = i0 + i, j = it / gx, r = (it - j * gx) * 2 * FFN_WARPS + wl;
@@ -724,7 +718,6 @@ extern "C" int engine_cuda_op_moe_fused(
         a.pipe_down = (flags >> 8) & 3;
         a.y_pre = (flags >> 11) & 1; /* the down rows' y read before the products */
         a.arrive = (flags >> 12) & 1; /* form 1: the arrival before the down copies */
-        a.own = (flags >> 13) & 1;    /* each item's copies issued by its own group */
         a.partial = (float *)(m + off[10]);
         a.counters = (unsigned *)(m + off[11]);
         const char *why = engine_cu_moe_fused_why(&a);

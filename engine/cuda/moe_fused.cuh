@@ -131,13 +131,6 @@ typedef struct {
      * the barrier, against 1.3 us for Q4_K_M's form 2. The same results. Call C (H200, tg128 in
      * one process): Q8_0 491.3 / 491.2 against 486.9 / 487.2 tok/s (+0.85%). */
     int arrive;
-    /* The whole-grid form with pipe > 0 (SPARK_CUDA_MOE_OWN=1): the first thread of the group that
-     * computes item i >= pipe issues item i's copies itself once item i - pipe has landed (with
-     * form 2 and pipe_down > 0, the last item's group then issues the down runs too), before it
-     * waits for its item; by default the group of item i - pipe issues them (mg_next_copies)
-     * before it computes that item, so the issue, which waits on the copy queue, holds a warp
-     * with work to do. The same copies at the same moments, by an idle warp. The same results. */
-    int own;
     /* The whole-grid form (SPARK_CUDA_MOE_YPRE; on in the sessions, =0 off): lane 0 of each warp
      * reads its first down row's y (and y_add) before the grid barrier, so that the store after
      * its down products waits on no load at the launch's end. The same adds in the same order.
