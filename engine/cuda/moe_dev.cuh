@@ -540,7 +540,9 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
 template <int T, bool SH = false>
 __device__ __forceinline__ float down_row(const engine_cu_ffn_down_args &a, int r, const int *ids,
                                           const float *wts, const uint8_t *sm, bool quant,
-                                          const uint8_t *ws = nullptr) {
+                                          const uint8_t *ws = nullptr, size_t sst = 0) {
+    /* sst (SH): the bytes from one slot's rows to the next (0: one run of FFN_WARPS rows) */
+    if (SH && !sst) sst = engine_cu_run_stride(FFN_WARPS * a.row_bytes);
     const int nch = a.cols >> 5, n_items = a.k * nch, lane = threadIdx.x & 31;
     /* item it = (slot j, chunk c) = divmod(it, nch), stepped by 32 without a division an item
      * (the loop had a div.s32 an item) */
@@ -551,7 +553,7 @@ __device__ __forceinline__ float down_row(const engine_cu_ffn_down_args &a, int 
     for (int it = lane; it < n_items; it += 32) {
         /* SH: slot j's run of FFN_WARPS rows in shared memory (engine_cu_run_stride apart), ws
          * this warp's row in slot 0 */
-        const uint8_t *d = SH ? ws + (size_t)j * engine_cu_run_stride(FFN_WARPS * a.row_bytes)
+        const uint8_t *d = SH ? ws + (size_t)j * sst
                               : a.down + (size_t)ids[j] * a.expert_bytes + (size_t)r * a.row_bytes;
         const engine_cu_xv xv = engine_cu_xv_at(sm, a.k * a.cols, quant, j * a.cols);
         tot += wts[j] * engine_cu_dot_chunk<T, SH>(d, c, xv);

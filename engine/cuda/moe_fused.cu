@@ -255,9 +255,18 @@ __global__ void __launch_bounds__(MF_THREADS, 2) moe_fused_kernel(engine_cu_moe_
  * run of FFN_WARPS rows of each of the k experts per group, into dst (group i, slot j at
  * (i k + j) run), counted on bar. */
 __device__ __forceinline__ void mg_copy_down(const engine_cu_ffn_down_args &d, const int *ids,
-                                             int g0, int ng, uint8_t *dst, uint64_t *bar) {
+                                             int g0, int ng, uint8_t *dst, uint64_t *bar,
+                                             bool merged = false) {
     const size_t run = (size_t)FFN_WARPS * d.row_bytes, st = engine_cu_run_stride(run);
     engine_cu_mbar_expect(bar, (unsigned)((size_t)ng * d.k * run));
+    if (merged) { /* MG_DIAG_DMERGE: slot j's ng groups (consecutive rows) as one copy */
+        const size_t ms = engine_cu_run_stride((size_t)ng * run);
+        for (int j = 0; j < d.k; j++)
+            engine_cu_bulk_g2s(dst + (size_t)j * ms,
+                               d.down + (size_t)ids[j] * d.expert_bytes + (size_t)g0 * run,
+                               (unsigned)((size_t)ng * run), bar);
+        return;
+    }
     for (int i = 0; i < ng; i++)
         for (int j = 0; j < d.k; j++)
             engine_cu_bulk_g2s(dst + (size_t)(i * d.k + j) * st,
@@ -283,13 +292,14 @@ __device__ __forceinline__ void mg_next_copies(const engine_cu_ffn_up_args &u,
                                                const engine_cu_ffn_down_args &d, const int *ids,
                                                int i, int i0, int infl, int ni, int gx, size_t urun,
                                                uint8_t *ws, uint64_t *bar_it, int dn_at, int g0,
-                                               int ng, uint8_t *wd, uint64_t *bar_dn) {
+                                               int ng, uint8_t *wd, uint64_t *bar_dn,
+                                               bool dmerge) {
     const int nx = i + infl;
     if (nx < ni) {
         mg_copy_up(u, ids, i0 + nx, gx, urun, ws + (size_t)nx * 2 * urun, &bar_it[nx], true);
-        if (dn_at == 1 && nx == ni - 1) mg_copy_down(d, ids, g0, ng, wd, bar_dn);
+        if (dn_at == 1 && nx == ni - 1) mg_copy_down(d, ids, g0, ng, wd, bar_dn, dmerge);
     }
-    if (dn_at == 2 && i == ni - 1) mg_copy_down(d, ids, g0, ng, wd, bar_dn);
+    if (dn_at == 2 && i == ni - 1) mg_copy_down(d, ids, g0, ng, wd, bar_dn, dmerge);
 }
 
 /* MG_GROUPS warp groups of FFN_WARPS warps: group q takes the block's up items q, q + MG_GROUPS,
@@ -303,6 +313,10 @@ __device__ __forceinline__ void mg_next_copies(const engine_cu_ffn_up_args &u,
 #define MG_DIAG_ROUTE2 0x10 /* diag: the routing warp routes twice (moe_fused.cuh diag) */
 #define MG_DIAG_LATE 0x20   /* diag: the routing after the block's scale (moe_fused.cuh diag) */
 #define MG_DIAG_NW_LATE 0x40 /* diag: the norm weights read after the wait (moe_fused.cuh diag) */
+/* diag (SPARK_CUDA_MOE_FUSED_DIAG=0x80): the down runs of each expert slot, its ng groups of
+ * consecutive rows, as one bulk copy (k copies instead of ng k), laid out slot by slot; the same
+ * bytes and sums */
+#define MG_DIAG_DMERGE 0x80
 
 template <int MODE, bool RF>
 __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_fused_args a) {
@@ -332,6 +346,7 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     /* up items issued at the start, and when the down runs go (moe_fused.cuh pipe) */
     const int infl = per_item && a.pipe > 0 ? min(ni, a.pipe) : ni;
     const int dn_at = early && ni > 0 ? a.pipe_down : 0;
+    const bool dmerge = (a.diag & MG_DIAG_DMERGE) != 0;
     /* every block starts before a dependent can launch, so all are resident by then */
     engine_cu_pdl_launch();
     if (threadIdx.x == 0) {
@@ -381,7 +396,7 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
                 mg_copy_up(u, ids, i0 + i, gx, urun, ws + (size_t)i * 2 * urun,
                            per_item ? &bar_it[i] : &bar_up, per_item);
             if (early && (dn_at == 0 || (dn_at == 1 && infl == ni)))
-                mg_copy_down(d, ids, g0, ng, wd, &bar_dn);
+                mg_copy_down(d, ids, g0, ng, wd, &bar_dn, dmerge);
         }
         ENGINE_CU_TRACE(10);
     }
@@ -415,7 +430,7 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
         }
         if (wl == 0 && (threadIdx.x & 31) == 0)
             mg_next_copies(u, d, ids, i, i0, infl, ni, gx, urun, ws, bar_it, dn_at, g0, ng, wd,
-                           &bar_dn); /* the group's first thread: later copies */
+                           &bar_dn, dmerge); /* the group's first thread: later copies */
         const int it = i0 + i, j = it / gx, r = (it - j * gx) * 2 * FFN_WARPS + wl;
         ffn_up_rows<MODE, 2, true>(u, j, ids[j], r, xv, ws + (size_t)i * 2 * urun);
         if (wl == 0 && (threadIdx.x & 31) == 0)
@@ -437,13 +452,13 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     if (threadIdx.x == 0) {
         if (!early && !a.arrive) {
             engine_cu_fence_proxy_async(); /* the block's reads of the up runs come first */
-            mg_copy_down(d, ids, g0, ng, wd, &bar_dn);
+            mg_copy_down(d, ids, g0, ng, wd, &bar_dn, dmerge);
         }
         atomicAdd(a.counters, 1u);
     }
     if (!early && a.arrive && threadIdx.x == 32) { /* the arrival first (moe_fused.cuh arrive) */
         engine_cu_fence_proxy_async();
-        mg_copy_down(d, ids, g0, ng, wd, &bar_dn);
+        mg_copy_down(d, ids, g0, ng, wd, &bar_dn, dmerge);
     }
     engine_cu_spin_bounded(a.counters, (unsigned)nb, 10000000000ull); /* 10 s: a trap, no hang */
     ENGINE_CU_TRACE(4);
@@ -459,12 +474,16 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
         engine_cu_prefetch_l2((const uint8_t *)a.pf_norm, sizeof(float) * (size_t)a.pf_norm_n);
     for (int i = q; i < ng; i += MG_GROUPS) {
         const int r = (g0 + i) * FFN_WARPS + wl;
-        const uint8_t *wr = wd + (size_t)i * d.k * drun + (size_t)wl * d.row_bytes;
+        /* the run of slot 0 (group-major; MG_DIAG_DMERGE: slot-major, the slots ms apart) */
+        const size_t ms = dmerge ? engine_cu_run_stride((size_t)ng * FFN_WARPS * d.row_bytes) : 0;
+        const uint8_t *wr = wd + (dmerge ? (size_t)i * FFN_WARPS * d.row_bytes
+                                         : (size_t)i * d.k * drun) +
+                            (size_t)wl * d.row_bytes;
         float v = 0.0f;
         switch (d.type) {
 #define MG_CASE(T)                                                                                 \
     case T:                                                                                        \
-        if (MODE == engine_cu_x_mode(T)) v = down_row<T, true>(d, r, ids, wts, sm, true, wr);      \
+        if (MODE == engine_cu_x_mode(T)) v = down_row<T, true>(d, r, ids, wts, sm, true, wr, ms);  \
         break;
             ENGINE_CU_QUANT_CASES(MG_CASE)
 #undef MG_CASE
@@ -718,6 +737,7 @@ extern "C" int engine_cuda_op_moe_fused(
         a.pipe_down = (flags >> 8) & 3;
         a.y_pre = (flags >> 11) & 1; /* the down rows' y read before the products */
         a.arrive = (flags >> 12) & 1; /* form 1: the arrival before the down copies */
+        a.diag = (flags >> 13) & 1 ? MG_DIAG_DMERGE : 0; /* the down runs merged per slot */
         a.partial = (float *)(m + off[10]);
         a.counters = (unsigned *)(m + off[11]);
         const char *why = engine_cu_moe_fused_why(&a);
