@@ -259,7 +259,7 @@ __device__ __forceinline__ void mg_copy_down(const engine_cu_ffn_down_args &d, c
                                              bool merged = false) {
     const size_t run = (size_t)FFN_WARPS * d.row_bytes, st = engine_cu_run_stride(run);
     engine_cu_mbar_expect(bar, (unsigned)((size_t)ng * d.k * run));
-    if (merged) { /* MG_DIAG_DMERGE: slot j's ng groups (consecutive rows) as one copy */
+    if (merged) { /* dn_merge: slot j's ng groups (consecutive rows) as one copy */
         const size_t ms = engine_cu_run_stride((size_t)ng * run);
         for (int j = 0; j < d.k; j++)
             engine_cu_bulk_g2s(dst + (size_t)j * ms,
@@ -292,8 +292,7 @@ __device__ __forceinline__ void mg_next_copies(const engine_cu_ffn_up_args &u,
                                                const engine_cu_ffn_down_args &d, const int *ids,
                                                int i, int i0, int infl, int ni, int gx, size_t urun,
                                                uint8_t *ws, uint64_t *bar_it, int dn_at, int g0,
-                                               int ng, uint8_t *wd, uint64_t *bar_dn,
-                                               bool dmerge) {
+                                               int ng, uint8_t *wd, uint64_t *bar_dn, bool dmerge) {
     const int nx = i + infl;
     if (nx < ni) {
         mg_copy_up(u, ids, i0 + nx, gx, urun, ws + (size_t)nx * 2 * urun, &bar_it[nx], true);
@@ -313,10 +312,6 @@ __device__ __forceinline__ void mg_next_copies(const engine_cu_ffn_up_args &u,
 #define MG_DIAG_ROUTE2 0x10 /* diag: the routing warp routes twice (moe_fused.cuh diag) */
 #define MG_DIAG_LATE 0x20   /* diag: the routing after the block's scale (moe_fused.cuh diag) */
 #define MG_DIAG_NW_LATE 0x40 /* diag: the norm weights read after the wait (moe_fused.cuh diag) */
-/* diag (SPARK_CUDA_MOE_FUSED_DIAG=0x80): the down runs of each expert slot, its ng groups of
- * consecutive rows, as one bulk copy (k copies instead of ng k), laid out slot by slot; the same
- * bytes and sums */
-#define MG_DIAG_DMERGE 0x80
 
 template <int MODE, bool RF>
 __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_fused_args a) {
@@ -346,7 +341,7 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     /* up items issued at the start, and when the down runs go (moe_fused.cuh pipe) */
     const int infl = per_item && a.pipe > 0 ? min(ni, a.pipe) : ni;
     const int dn_at = early && ni > 0 ? a.pipe_down : 0;
-    const bool dmerge = (a.diag & MG_DIAG_DMERGE) != 0;
+    const bool dmerge = a.dn_merge == 1 || (a.dn_merge == 2 && early); /* moe_fused.cuh */
     /* every block starts before a dependent can launch, so all are resident by then */
     engine_cu_pdl_launch();
     if (threadIdx.x == 0) {
@@ -474,11 +469,11 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
         engine_cu_prefetch_l2((const uint8_t *)a.pf_norm, sizeof(float) * (size_t)a.pf_norm_n);
     for (int i = q; i < ng; i += MG_GROUPS) {
         const int r = (g0 + i) * FFN_WARPS + wl;
-        /* the run of slot 0 (group-major; MG_DIAG_DMERGE: slot-major, the slots ms apart) */
+        /* the run of slot 0 (group-major; dn_merge: slot-major, the slots ms apart) */
         const size_t ms = dmerge ? engine_cu_run_stride((size_t)ng * FFN_WARPS * d.row_bytes) : 0;
-        const uint8_t *wr = wd + (dmerge ? (size_t)i * FFN_WARPS * d.row_bytes
-                                         : (size_t)i * d.k * drun) +
-                            (size_t)wl * d.row_bytes;
+        const uint8_t *wr =
+            wd + (dmerge ? (size_t)i * FFN_WARPS * d.row_bytes : (size_t)i * d.k * drun) +
+            (size_t)wl * d.row_bytes;
         float v = 0.0f;
         switch (d.type) {
 #define MG_CASE(T)                                                                                 \
@@ -736,8 +731,8 @@ extern "C" int engine_cuda_op_moe_fused(
         a.pipe = (flags >> 5) & 7;  /* the order of its copies */
         a.pipe_down = (flags >> 8) & 3;
         a.y_pre = (flags >> 11) & 1; /* the down rows' y read before the products */
-        a.arrive = (flags >> 12) & 1; /* form 1: the arrival before the down copies */
-        a.diag = (flags >> 13) & 1 ? MG_DIAG_DMERGE : 0; /* the down runs merged per slot */
+        a.arrive = (flags >> 12) & 1;   /* form 1: the arrival before the down copies */
+        a.dn_merge = (flags >> 13) & 1; /* the down runs merged per slot, both forms */
         a.partial = (float *)(m + off[10]);
         a.counters = (unsigned *)(m + off[11]);
         const char *why = engine_cu_moe_fused_why(&a);

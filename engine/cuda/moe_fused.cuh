@@ -131,6 +131,13 @@ typedef struct {
      * the barrier, against 1.3 us for Q4_K_M's form 2. The same results. Call C (H200, tg128 in
      * one process): Q8_0 491.3 / 491.2 against 486.9 / 487.2 tok/s (+0.85%). */
     int arrive;
+    /* The whole-grid form: each expert slot's down runs (its gpb groups of FFN_WARPS consecutive
+     * rows) issued as one bulk copy and laid out slot by slot, so a block issues k copies
+     * instead of gpb k. SPARK_CUDA_MOE_DMERGE: 0 none, 1 both forms, default 2 form 2 only.
+     * Session 35 call E (one process, H200): Q4_K_M (form 2) 573.9 / 573.9 against 570.4 / 569.9
+     * tok/s (+0.65%); Q8_0 (form 1, arrival first) 488.6 / 488.5 against 491.4 / 491.7 (-0.6%).
+     * The same bytes and sums. */
+    int dn_merge;
     /* The whole-grid form (SPARK_CUDA_MOE_YPRE; on in the sessions, =0 off): lane 0 of each warp
      * reads its first down row's y (and y_add) before the grid barrier, so that the store after
      * its down products waits on no load at the launch's end. The same adds in the same order.

@@ -233,10 +233,10 @@ static const char *const alt_sets[N_ALT][3] = {
     {"SPARK_CUDA_MOE_PIPE=0", NULL, NULL},    /* the copies all at the start */
     {"SPARK_CUDA_HEAD_RING=0", NULL, NULL},   /* the head in the looping blocks, not rings */
     {"SPARK_CUDA_MOE_YPRE=0", NULL, NULL},    /* the MoE launch's y read after its products */
-    {"SPARK_CUDA_MOE_YPRE=0", "SPARK_CUDA_MOE_FUSED=g1", NULL}, /* and in its form 1 */
+    {"SPARK_CUDA_MOE_YPRE=0", "SPARK_CUDA_MOE_FUSED=g1", NULL},   /* and in its form 1 */
     {"SPARK_CUDA_MOE_ARRIVE=0", "SPARK_CUDA_MOE_FUSED=g1", NULL}, /* form 1: copies, arrival */
-    {"SPARK_CUDA_MOE_FUSED_DIAG=128", NULL, NULL}, /* its down runs merged per expert slot */
-    {"SPARK_CUDA_MOE_FUSED_DIAG=128", "SPARK_CUDA_MOE_FUSED=g1", NULL}, /* and in form 1 */
+    {"SPARK_CUDA_MOE_DMERGE=0", NULL, NULL}, /* its down runs a copy per group and slot */
+    {"SPARK_CUDA_MOE_DMERGE=1", "SPARK_CUDA_MOE_FUSED=g1", NULL}, /* merged in form 1 too */
 };
 
 /* Which alt sets run: all, unless SPARK_TEST_CUDA_ALTS lists their indices ("8,9") or says
