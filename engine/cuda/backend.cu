@@ -674,8 +674,10 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         s->mf_pre = e && e[0] == '1';
         e = getenv("SPARK_CUDA_MOE_ITEMS");
         s->mf_items = e && e[0] == '1';
-        e = getenv("SPARK_CUDA_MOE_PIPE"); /* default 1,1: session 21 calls 3-4 (moe_fused.cuh) */
-        s->mf_pipe = s->mf_pipe_dn = 1;
+        /* default 1,2: session 35 call G, with form 2's down runs merged (1,1 from session 21) */
+        e = getenv("SPARK_CUDA_MOE_PIPE");
+        s->mf_pipe = 1;
+        s->mf_pipe_dn = 2;
         if (e) {
             char *end = NULL;
             const long pi = strtol(e, &end, 10);
