@@ -119,6 +119,9 @@ typedef struct {
      * (2,1), 565.6 (3,2), 544.1 (all at the start); Q8_0 477.7 (2), 491.6 (1), 469.6 (3), 464.4
      * (all). In turn with 2,2 (call 4): Q8_0 487.6 / 487.4 against 477.7 / 477.4 (+2.1%), Q4_K_M
      * 570.4 / 571.0 against 571.6 / 571.8 (-0.2%, within the same-process spread): 1,1.
+     * Session 35 call G, with form 2's down runs merged (dn_merge): 1,2 577.1 / 577.0 against 1,1
+     * 573.4 / 573.2 and 2,2 573.8 / 574.6, 2,1 563.3 (Q4_K_M); Q8_0 (form 1: I alone) 1 492.2 /
+     * 492.0 against 2 482.8 / 482.9: 1,2 the default since then.
      * Tried and dropped in session 35 (bench/cuda/patches/s35-moe-pipe3-wq.patch): D = 3, the down
      * runs issued by group 0 once its item is computed, so that their issue holds no warp that
      * still has an item to compute: -1.0% (Q4_K_M, call C). */
