@@ -256,8 +256,21 @@ __global__ void __launch_bounds__(MF_THREADS, 2) moe_fused_kernel(engine_cu_moe_
  * (i k + j) run), counted on bar. */
 __device__ __forceinline__ void mg_copy_down(const engine_cu_ffn_down_args &d, const int *ids,
                                              int g0, int ng, uint8_t *dst, uint64_t *bar,
-                                             bool merged = false) {
+                                             bool merged = false, bool lanes = false) {
     const size_t run = (size_t)FFN_WARPS * d.row_bytes, st = engine_cu_run_stride(run);
+    if (lanes) { /* SPARK_CUDA_MOE_LANES: a whole warp calls; lane l issues copy l */
+        const int lane = threadIdx.x & 31, n = merged ? d.k : ng * d.k;
+        if (lane == 0) engine_cu_mbar_expect(bar, (unsigned)((size_t)ng * d.k * run));
+        __syncwarp();
+        if (lane < n) {
+            const int i = merged ? 0 : lane / d.k, j = merged ? lane : lane - (lane / d.k) * d.k;
+            const size_t ms = engine_cu_run_stride((size_t)ng * run);
+            engine_cu_bulk_g2s(merged ? dst + (size_t)j * ms : dst + (size_t)(i * d.k + j) * st,
+                               d.down + (size_t)ids[j] * d.expert_bytes + (size_t)(g0 + i) * run,
+                               (unsigned)(merged ? (size_t)ng * run : run), bar);
+        }
+        return;
+    }
     engine_cu_mbar_expect(bar, (unsigned)((size_t)ng * d.k * run));
     if (merged) { /* dn_merge: slot j's ng groups (consecutive rows) as one copy */
         const size_t ms = engine_cu_run_stride((size_t)ng * run);
@@ -292,13 +305,17 @@ __device__ __forceinline__ void mg_next_copies(const engine_cu_ffn_up_args &u,
                                                const engine_cu_ffn_down_args &d, const int *ids,
                                                int i, int i0, int infl, int ni, int gx, size_t urun,
                                                uint8_t *ws, uint64_t *bar_it, int dn_at, int g0,
-                                               int ng, uint8_t *wd, uint64_t *bar_dn, bool dmerge) {
+                                               int ng, uint8_t *wd, uint64_t *bar_dn, bool dmerge,
+                                               bool lanes) {
+    /* lanes: the whole warp calls (the down copies a lane each), else its first thread */
     const int nx = i + infl;
+    const bool first = !lanes || (threadIdx.x & 31) == 0;
     if (nx < ni) {
-        mg_copy_up(u, ids, i0 + nx, gx, urun, ws + (size_t)nx * 2 * urun, &bar_it[nx], true);
-        if (dn_at == 1 && nx == ni - 1) mg_copy_down(d, ids, g0, ng, wd, bar_dn, dmerge);
+        if (first)
+            mg_copy_up(u, ids, i0 + nx, gx, urun, ws + (size_t)nx * 2 * urun, &bar_it[nx], true);
+        if (dn_at == 1 && nx == ni - 1) mg_copy_down(d, ids, g0, ng, wd, bar_dn, dmerge, lanes);
     }
-    if (dn_at == 2 && i == ni - 1) mg_copy_down(d, ids, g0, ng, wd, bar_dn, dmerge);
+    if (dn_at == 2 && i == ni - 1) mg_copy_down(d, ids, g0, ng, wd, bar_dn, dmerge, lanes);
 }
 
 /* MG_GROUPS warp groups of FFN_WARPS warps: group q takes the block's up items q, q + MG_GROUPS,
@@ -342,6 +359,7 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     const int infl = per_item && a.pipe > 0 ? min(ni, a.pipe) : ni;
     const int dn_at = early && ni > 0 ? a.pipe_down : 0;
     const bool dmerge = a.dn_merge == 1 || (a.dn_merge == 2 && early); /* moe_fused.cuh */
+    const bool lanes = a.lanes == 1 || (a.lanes == 2 && early); /* moe_fused.cuh lanes */
     /* every block starts before a dependent can launch, so all are resident by then */
     engine_cu_pdl_launch();
     if (threadIdx.x == 0) {
@@ -390,9 +408,11 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
             for (int i = 0; i < infl; i++)
                 mg_copy_up(u, ids, i0 + i, gx, urun, ws + (size_t)i * 2 * urun,
                            per_item ? &bar_it[i] : &bar_up, per_item);
-            if (early && (dn_at == 0 || (dn_at == 1 && infl == ni)))
+            if (!lanes && early && (dn_at == 0 || (dn_at == 1 && infl == ni)))
                 mg_copy_down(d, ids, g0, ng, wd, &bar_dn, dmerge);
         }
+        if (lanes && early && (dn_at == 0 || (dn_at == 1 && infl == ni)))
+            mg_copy_down(d, ids, g0, ng, wd, &bar_dn, dmerge, true);
         ENGINE_CU_TRACE(10);
     }
     if (split) {
@@ -423,9 +443,9 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
             if (i > 0 && wl == 0 && (threadIdx.x & 31) == 0)
                 ENGINE_CU_TRACE_ANY(12 + i); /* item i landed (13, 14, ...) */
         }
-        if (wl == 0 && (threadIdx.x & 31) == 0)
+        if (wl == 0 && (lanes || (threadIdx.x & 31) == 0))
             mg_next_copies(u, d, ids, i, i0, infl, ni, gx, urun, ws, bar_it, dn_at, g0, ng, wd,
-                           &bar_dn, dmerge); /* the group's first thread: later copies */
+                           &bar_dn, dmerge, lanes); /* the group's first thread: later copies */
         const int it = i0 + i, j = it / gx, r = (it - j * gx) * 2 * FFN_WARPS + wl;
         ffn_up_rows<MODE, 2, true>(u, j, ids[j], r, xv, ws + (size_t)i * 2 * urun);
         if (wl == 0 && (threadIdx.x & 31) == 0)
@@ -451,9 +471,9 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
         }
         atomicAdd(a.counters, 1u);
     }
-    if (!early && a.arrive && threadIdx.x == 32) { /* the arrival first (moe_fused.cuh arrive) */
+    if (!early && a.arrive && (lanes ? w == 1 : threadIdx.x == 32)) { /* moe_fused.cuh arrive */
         engine_cu_fence_proxy_async();
-        mg_copy_down(d, ids, g0, ng, wd, &bar_dn, dmerge);
+        mg_copy_down(d, ids, g0, ng, wd, &bar_dn, dmerge, lanes);
     }
     engine_cu_spin_bounded(a.counters, (unsigned)nb, 10000000000ull); /* 10 s: a trap, no hang */
     ENGINE_CU_TRACE(4);
@@ -733,6 +753,7 @@ extern "C" int engine_cuda_op_moe_fused(
         a.y_pre = (flags >> 11) & 1; /* the down rows' y read before the products */
         a.arrive = (flags >> 12) & 1;   /* form 1: the arrival before the down copies */
         a.dn_merge = (flags >> 13) & 1; /* the down runs merged per slot, both forms */
+        a.lanes = (flags >> 14) & 1;    /* the down copies a lane each, both forms */
         a.partial = (float *)(m + off[10]);
         a.counters = (unsigned *)(m + off[11]);
         const char *why = engine_cu_moe_fused_why(&a);

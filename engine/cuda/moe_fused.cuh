@@ -141,6 +141,13 @@ typedef struct {
      * tok/s (+0.65%); Q8_0 (form 1, arrival first) 488.6 / 488.5 against 491.4 / 491.7 (-0.6%).
      * The same bytes and sums. */
     int dn_merge;
+    /* The whole-grid form: the down runs' copies issued by the lanes of a warp, a copy a lane,
+     * where one thread issued them in turn (a bulk copy's issue took 0.07-0.33 us in bench_bulk,
+     * session 29). SPARK_CUDA_MOE_LANES: 0 none, 1 both forms, default 2 form 2 only. Session 36
+     * (H200, tg128 in one process): Q4_K_M (form 2) 575.3 / 575.8 against 572.5 / 573.1 tok/s
+     * (+0.5%, call A), 573.1 / 573.2 against 568.9 / 569.3 (+0.7%, call B); Q8_0 (form 1) 487.0
+     * / 487.2 against 492.4 / 492.9 (-1.1%, call A). The same copies. */
+    int lanes;
     /* The whole-grid form (SPARK_CUDA_MOE_YPRE; on in the sessions, =0 off): lane 0 of each warp
      * reads its first down row's y (and y_add) before the grid barrier, so that the store after
      * its down products waits on no load at the launch's end. The same adds in the same order.
