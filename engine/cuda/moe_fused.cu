@@ -329,6 +329,11 @@ __device__ __forceinline__ void mg_next_copies(const engine_cu_ffn_up_args &u,
 #define MG_DIAG_ROUTE2 0x10 /* diag: the routing warp routes twice (moe_fused.cuh diag) */
 #define MG_DIAG_LATE 0x20   /* diag: the routing after the block's scale (moe_fused.cuh diag) */
 #define MG_DIAG_NW_LATE 0x40 /* diag: the norm weights read after the wait (moe_fused.cuh diag) */
+/* diag, timing only (wrong results): the up products (0x80), the staging of h after the grid
+ * barrier (0x100) or the down products (0x200) left out, the copies and barriers kept */
+#define MG_DIAG_NO_UP 0x80
+#define MG_DIAG_NO_HSTAGE 0x100
+#define MG_DIAG_NO_DOWN 0x200
 
 template <int MODE, bool RF>
 __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_fused_args a) {
@@ -447,7 +452,8 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
             mg_next_copies(u, d, ids, i, i0, infl, ni, gx, urun, ws, bar_it, dn_at, g0, ng, wd,
                            &bar_dn, dmerge, lanes); /* the group's first thread: later copies */
         const int it = i0 + i, j = it / gx, r = (it - j * gx) * 2 * FFN_WARPS + wl;
-        ffn_up_rows<MODE, 2, true>(u, j, ids[j], r, xv, ws + (size_t)i * 2 * urun);
+        if (!(a.diag & MG_DIAG_NO_UP))
+            ffn_up_rows<MODE, 2, true>(u, j, ids[j], r, xv, ws + (size_t)i * 2 * urun);
         if (wl == 0 && (threadIdx.x & 31) == 0)
             ENGINE_CU_TRACE_ANY(20 + i); /* the group's first warp done with item i */
     }
@@ -482,7 +488,10 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
         a.counters[1] = 0;
     }
     /* 4. all of h staged (through L2) as the down kernel stages it, then the block's groups */
-    engine_cu_stage_x<MODE, true>(u.h, d.k * d.cols, nullptr, 0.0f, sm); /* ends with a barrier */
+    if (a.diag & MG_DIAG_NO_HSTAGE)
+        __syncthreads();
+    else
+        engine_cu_stage_x<MODE, true>(u.h, d.k * d.cols, nullptr, 0.0f, sm); /* ends with a barrier */
     engine_cu_mbar_wait(&bar_dn, 0);
     ENGINE_CU_TRACE(8);
     if (a.pf_norm && w == 1) /* the next launch's norm weights (moe_fused.cuh pf_norm) */
@@ -498,7 +507,8 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
         switch (d.type) {
 #define MG_CASE(T)                                                                                 \
     case T:                                                                                        \
-        if (MODE == engine_cu_x_mode(T)) v = down_row<T, true>(d, r, ids, wts, sm, true, wr, ms);  \
+        if (MODE == engine_cu_x_mode(T) && !(a.diag & MG_DIAG_NO_DOWN))                            \
+            v = down_row<T, true>(d, r, ids, wts, sm, true, wr, ms);                               \
         break;
             ENGINE_CU_QUANT_CASES(MG_CASE)
 #undef MG_CASE

@@ -71,7 +71,8 @@ typedef struct {
      * inputs warm), 0x20 it picks the experts after the block's RMS scale, as before session 27
      * (the same results; the cost of the copies waiting for the scale), 0x40 its staging warps
      * read their norm weights after the wait, as before session 27 (SPARK_CUDA_NW_LATE=1 sets
-     * it; the same results). */
+     * it; the same results); for timing only (wrong results), the grid form without its up
+     * products (0x80), its staging of h (0x100) or its down products (0x200). */
     int diag;
     /* The whole-grid form (SPARK_CUDA_MOE_FUSED=g; slice, preload, class_reduce, partial and diag
      * but its bit 0x10 not read), 0 off. One block per multiprocessor, each with bulk copies
