@@ -536,8 +536,8 @@ __device__ __forceinline__ void ffn_up_block(const engine_cu_ffn_up_args &a, int
 }
 
 /* A lane takes (expert slot, chunk) items, so all 32 lanes work and the loads of different
- * experts are in flight together. */
-template <int T, bool SH = false>
+ * experts are in flight together. UN: the loop's unroll (the same sums in the same order). */
+template <int T, bool SH = false, int UN = 2>
 __device__ __forceinline__ float down_row(const engine_cu_ffn_down_args &a, int r, const int *ids,
                                           const float *wts, const uint8_t *sm, bool quant,
                                           const uint8_t *ws = nullptr, size_t sst = 0) {
@@ -549,7 +549,7 @@ __device__ __forceinline__ float down_row(const engine_cu_ffn_down_args &a, int 
     const int dj = 32 / nch, dc = 32 - dj * nch;
     int j = lane / nch, c = lane - j * nch;
     float tot = 0.0f;
-#pragma unroll 2
+#pragma unroll(UN)
     for (int it = lane; it < n_items; it += 32) {
         /* SH: slot j's run of FFN_WARPS rows in shared memory (engine_cu_run_stride apart), ws
          * this warp's row in slot 0 */
@@ -565,29 +565,6 @@ __device__ __forceinline__ float down_row(const engine_cu_ffn_down_args &a, int 
         }
     }
     return engine_cu_warp_sum(tot);
-}
-
-/* down_row's terms of this lane (items it = lane + 32 k, k0 <= k < k1; SH, ws this warp's row
- * in slot 0, sst as there): ACC, tot continued with them in down_row's order and expression
- * (tot += wts[j] * dot), returned; else each term's dot stored to dots[32 (k - k0)]. So a row's
- * terms can be split between two warps and summed by one of them to down_row's bits. */
-template <int T, bool ACC>
-__device__ __forceinline__ float down_terms(const engine_cu_ffn_down_args &a, const float *wts,
-                                            const uint8_t *sm, const uint8_t *ws, size_t sst,
-                                            int k0, int k1, float tot, float *dots) {
-    if (!sst) sst = engine_cu_run_stride(FFN_WARPS * a.row_bytes);
-    const int nch = a.cols >> 5, n_items = a.k * nch, lane = threadIdx.x & 31;
-    for (int k = k0; k < k1; k++) {
-        const int it = lane + 32 * k;
-        if (it >= n_items) break;
-        const int j = it / nch, c = it - j * nch;
-        const engine_cu_xv xv = engine_cu_xv_at(sm, a.k * a.cols, true, j * a.cols);
-        if (ACC)
-            tot += wts[j] * engine_cu_dot_chunk<T, true>(ws + (size_t)j * sst, c, xv);
-        else
-            dots[32 * (k - k0)] = engine_cu_dot_chunk<T, true>(ws + (size_t)j * sst, c, xv);
-    }
-    return tot;
 }
 
 /* Row r's result: y[r] += s, or with the router fusion (RF, a.y_add) y[r] = (y[r] + y_add[r]) +

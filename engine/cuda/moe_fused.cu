@@ -299,16 +299,6 @@ __device__ __forceinline__ void mg_copy_up(const engine_cu_ffn_up_args &u, const
     engine_cu_bulk_g2s(dst + urun, u.up + off, (unsigned)urun, bar);
 }
 
-/* Warp wl's row of down row group i (of the block's ng) in the down runs at wd: slot 0's copy
- * (group-major, drun apart; merged: slot-major). */
-__device__ __forceinline__ const uint8_t *mg_down_run(const engine_cu_ffn_down_args &d,
-                                                      const uint8_t *wd, bool dmerge, int ng,
-                                                      size_t drun, int i, int wl) {
-    (void)ng;
-    return wd + (dmerge ? (size_t)i * FFN_WARPS * d.row_bytes : (size_t)i * d.k * drun) +
-           (size_t)wl * d.row_bytes;
-}
-
 /* The copies that follow the landing of a block's up item i (its group's first thread): item
  * i + infl, and the down runs where the order (dn_at) puts them. */
 __device__ __forceinline__ void mg_next_copies(const engine_cu_ffn_up_args &u,
@@ -344,6 +334,9 @@ __device__ __forceinline__ void mg_next_copies(const engine_cu_ffn_up_args &u,
 #define MG_DIAG_NO_UP 0x80
 #define MG_DIAG_NO_HSTAGE 0x100
 #define MG_DIAG_NO_DOWN 0x200
+/* diag 0x400 (the same results): the down products' loop rolled (down_row UN 1, not 2): fewer
+ * instructions to fetch once a launch (session 23's ncu: "no instruction" stalls) */
+#define MG_DIAG_DROLL 0x400
 
 template <int MODE, bool RF>
 __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_fused_args a) {
@@ -506,39 +499,6 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     ENGINE_CU_TRACE(8);
     if (a.pf_norm && w == 1) /* the next launch's norm weights (moe_fused.cuh pf_norm) */
         engine_cu_prefetch_l2((const uint8_t *)a.pf_norm, sizeof(float) * (size_t)a.pf_norm_n);
-    /* a.dn_split (moe_fused.cuh): two row groups, the third warp group computing the last kt
-     * terms of a lane for both (in dsp), the row's own warp the first kk - kt and the sum */
-    const int kk = (d.k * (d.cols >> 5) + 31) / 32, kt = kk / 3;
-    __shared__ float dsp[2 * FFN_WARPS][2][32];
-    if (a.dn_split && ng == 2 && MG_GROUPS == 3 && kt >= 1 && kt <= 2 &&
-        !(a.diag & MG_DIAG_NO_DOWN)) {
-        const size_t ms = dmerge ? engine_cu_run_stride((size_t)ng * FFN_WARPS * d.row_bytes) : 0;
-        const int lane = threadIdx.x & 31;
-        float tot = 0.0f;
-        switch (d.type) {
-#define MG_SPLIT(T)                                                                                    case T:                                                                                                if (MODE == engine_cu_x_mode(T)) {                                                                     if (q < 2)                                                                                             tot = down_terms<T, true>(d, wts, sm, mg_down_run(d, wd, dmerge, ng, drun, q, wl),                                           ms, 0, kk - kt, 0.0f, nullptr);                                      else                                                                                                   for (int i = 0; i < 2; i++)                                                                            down_terms<T, false>(d, wts, sm, mg_down_run(d, wd, dmerge, ng, drun, i, wl),                                           ms, kk - kt, kk, 0.0f, &dsp[i * FFN_WARPS + wl][0][lane]);             __syncthreads();                                                                               }                                                                                                  break;
-            ENGINE_CU_QUANT_CASES(MG_SPLIT)
-#undef MG_SPLIT
-        }
-        if (q < 2) {
-            const int nch = d.cols >> 5, n_items = d.k * nch;
-            for (int k = kk - kt; k < kk; k++) { /* down_row's order: the same expression */
-                const int it = lane + 32 * k;
-                if (it >= n_items) break;
-                tot += wts[it / nch] * dsp[q * FFN_WARPS + wl][k - (kk - kt)][lane];
-            }
-            const float v = engine_cu_warp_sum(tot);
-            const int r = (g0 + q) * FFN_WARPS + wl;
-            if (lane == 0) {
-                if (ypre)
-                    d.y[r] = RF ? (y0 + ya0) + v : y0 + v; /* down_store's adds in its order */
-                else
-                    down_store<RF>(d, r, v);
-            }
-        }
-        ENGINE_CU_TRACE_END();
-        return;
-    }
     for (int i = q; i < ng; i += MG_GROUPS) {
         const int r = (g0 + i) * FFN_WARPS + wl;
         /* the run of slot 0 (group-major; dn_merge: slot-major, the slots ms apart) */
@@ -550,8 +510,12 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
         switch (d.type) {
 #define MG_CASE(T)                                                                                 \
     case T:                                                                                        \
-        if (MODE == engine_cu_x_mode(T) && !(a.diag & MG_DIAG_NO_DOWN))                            \
-            v = down_row<T, true>(d, r, ids, wts, sm, true, wr, ms);                               \
+        if (MODE == engine_cu_x_mode(T) && !(a.diag & MG_DIAG_NO_DOWN)) {                          \
+            if (a.diag & MG_DIAG_DROLL)                                                            \
+                v = down_row<T, true, 1>(d, r, ids, wts, sm, true, wr, ms);                        \
+            else                                                                                   \
+                v = down_row<T, true>(d, r, ids, wts, sm, true, wr, ms);                           \
+        }                                                                                          \
         break;
             ENGINE_CU_QUANT_CASES(MG_CASE)
 #undef MG_CASE
@@ -807,7 +771,6 @@ extern "C" int engine_cuda_op_moe_fused(
         a.arrive = (flags >> 12) & 1;   /* form 1: the arrival before the down copies */
         a.dn_merge = (flags >> 13) & 1; /* the down runs merged per slot, both forms */
         a.lanes = (flags >> 14) & 1;    /* the down copies a lane each, both forms */
-        a.dn_split = (flags >> 15) & 1; /* the down terms split over the three warp groups */
         a.partial = (float *)(m + off[10]);
         a.counters = (unsigned *)(m + off[11]);
         const char *why = engine_cu_moe_fused_why(&a);

@@ -72,7 +72,8 @@ typedef struct {
      * (the same results; the cost of the copies waiting for the scale), 0x40 its staging warps
      * read their norm weights after the wait, as before session 27 (SPARK_CUDA_NW_LATE=1 sets
      * it; the same results); for timing only (wrong results), the grid form without its up
-     * products (0x80), its staging of h (0x100) or its down products (0x200). */
+     * products (0x80), its staging of h (0x100) or its down products (0x200); 0x400 its down
+     * products' loop rolled (the same results). */
     int diag;
     /* The whole-grid form (SPARK_CUDA_MOE_FUSED=g; slice, preload, class_reduce, partial and diag
      * but its bit 0x10 not read), 0 off. One block per multiprocessor, each with bulk copies
@@ -149,12 +150,6 @@ typedef struct {
      * (+0.5%, call A), 573.1 / 573.2 against 568.9 / 569.3 (+0.7%, call B); Q8_0 (form 1) 487.0
      * / 487.2 against 492.4 / 492.9 (-1.1%, call A). The same copies. */
     int lanes;
-    /* The whole-grid form with two down row groups a block (the 30B-A3B shape: 16 rows): the
-     * third warp group, idle in the down phase, computes the last third of each lane's down_row
-     * terms (its dots, through shared memory) for both groups' rows, and each row's own warp the
-     * rest and the sum, in down_row's order and expression: the same bits, on 24 warps instead
-     * of 16 (SPARK_CUDA_MOE_DSPLIT=1). */
-    int dn_split;
     /* The whole-grid form (SPARK_CUDA_MOE_YPRE; on in the sessions, =0 off): lane 0 of each warp
      * reads its first down row's y (and y_add) before the grid barrier, so that the store after
      * its down products waits on no load at the launch's end. The same adds in the same order.
