@@ -274,19 +274,31 @@ static __device__ void route_block(const float *logits, int n, int k, int norm_t
 /* gate and up of rows r + i FFN_WARPS (i < NR: rows r and r + FFN_WARPS by default) of one
  * expert against the staged x, in one loop (the 2 NR rows' loads in flight together): h =
  * silu(g) * u for each into h[NR]. stride: the bytes from one of the rows to the next. */
-template <int T, int NR = 2, bool SH = false>
+template <int T, int NR, bool SH>
+__device__ __forceinline__ void up_step(const uint8_t *g, const uint8_t *u, size_t stride, int c,
+                                        const engine_cu_xv &xv, float *ag, float *au) {
+#pragma unroll
+    for (int i = 0; i < NR; i++) {
+        ag[i] += engine_cu_dot_chunk<T, SH>(g + i * stride, c, xv);
+        au[i] += engine_cu_dot_chunk<T, SH>(u + i * stride, c, xv);
+    }
+}
+
+/* ROLL: the chunk loop kept rolled (less code to fetch; the same sums in the same order). */
+template <int T, int NR = 2, bool SH = false, bool ROLL = false>
 __device__ __forceinline__ void up_rows(const uint8_t *g, const uint8_t *u, size_t stride,
                                         int n_chunks, const engine_cu_xv &xv, float *h) {
     float ag[NR], au[NR];
 #pragma unroll
     for (int i = 0; i < NR; i++)
         ag[i] = au[i] = 0.0f;
-    for (int c = threadIdx.x & 31; c < n_chunks; c += 32) {
-#pragma unroll
-        for (int i = 0; i < NR; i++) {
-            ag[i] += engine_cu_dot_chunk<T, SH>(g + i * stride, c, xv);
-            au[i] += engine_cu_dot_chunk<T, SH>(u + i * stride, c, xv);
-        }
+    if (ROLL) {
+#pragma unroll 1
+        for (int c = threadIdx.x & 31; c < n_chunks; c += 32)
+            up_step<T, NR, SH>(g, u, stride, c, xv, ag, au);
+    } else {
+        for (int c = threadIdx.x & 31; c < n_chunks; c += 32)
+            up_step<T, NR, SH>(g, u, stride, c, xv, ag, au);
     }
 #pragma unroll
     for (int i = 0; i < NR; i++) {
@@ -377,7 +389,7 @@ __device__ __forceinline__ void ffn_route_warp(const engine_cu_ffn_up_args &a, i
  * for every i < NR, all below a.rows (the caller's). SH (quantised types): the rows from the
  * block's copy of its item's two runs in shared memory, gate run at ws, up run after it (row r
  * at ws + (r % (2 FFN_WARPS)) row_bytes). */
-template <int MODE, int NR = 2, bool SH = false>
+template <int MODE, int NR = 2, bool SH = false, bool ROLL = false>
 __device__ __forceinline__ void ffn_up_rows(const engine_cu_ffn_up_args &a, int j, int e, int r,
                                             const engine_cu_xv &xv, const uint8_t *ws = nullptr) {
     const size_t off = (size_t)e * a.expert_bytes + (size_t)r * a.row_bytes;
@@ -393,7 +405,8 @@ __device__ __forceinline__ void ffn_up_rows(const engine_cu_ffn_up_args &a, int 
     switch (a.type) { /* gate and up share a type (checked at upload) */
 #define UP_CASE(T)                                                                                 \
     case T:                                                                                        \
-        if (MODE == engine_cu_x_mode(T)) up_rows<T, NR, SH>(gr, ur, stride, a.cols >> 5, xv, hv);  \
+        if (MODE == engine_cu_x_mode(T))                                                           \
+            up_rows<T, NR, SH, ROLL>(gr, ur, stride, a.cols >> 5, xv, hv);                         \
         break;
         ENGINE_CU_QUANT_CASES(UP_CASE)
 #undef UP_CASE

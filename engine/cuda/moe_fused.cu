@@ -334,9 +334,6 @@ __device__ __forceinline__ void mg_next_copies(const engine_cu_ffn_up_args &u,
 #define MG_DIAG_NO_UP 0x80
 #define MG_DIAG_NO_HSTAGE 0x100
 #define MG_DIAG_NO_DOWN 0x200
-/* diag 0x400 (the same results): the down products' loop rolled (down_row UN 1, not 2): fewer
- * instructions to fetch once a launch (session 23's ncu: "no instruction" stalls) */
-#define MG_DIAG_DROLL 0x400
 
 template <int MODE, bool RF>
 __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_fused_args a) {
@@ -455,8 +452,12 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
             mg_next_copies(u, d, ids, i, i0, infl, ni, gx, urun, ws, bar_it, dn_at, g0, ng, wd,
                            &bar_dn, dmerge, lanes); /* the group's first thread: later copies */
         const int it = i0 + i, j = it / gx, r = (it - j * gx) * 2 * FFN_WARPS + wl;
-        if (!(a.diag & MG_DIAG_NO_UP))
+        if (a.diag & MG_DIAG_NO_UP) {
+        } else if (a.roll & 2) { /* moe_fused.cuh roll */
+            ffn_up_rows<MODE, 2, true, true>(u, j, ids[j], r, xv, ws + (size_t)i * 2 * urun);
+        } else {
             ffn_up_rows<MODE, 2, true>(u, j, ids[j], r, xv, ws + (size_t)i * 2 * urun);
+        }
         if (wl == 0 && (threadIdx.x & 31) == 0)
             ENGINE_CU_TRACE_ANY(20 + i); /* the group's first warp done with item i */
     }
@@ -511,7 +512,7 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
 #define MG_CASE(T)                                                                                 \
     case T:                                                                                        \
         if (MODE == engine_cu_x_mode(T) && !(a.diag & MG_DIAG_NO_DOWN)) {                          \
-            if (a.diag & MG_DIAG_DROLL)                                                            \
+            if (a.roll & 1) /* moe_fused.cuh roll */                                               \
                 v = down_row<T, true, 1>(d, r, ids, wts, sm, true, wr, ms);                        \
             else                                                                                   \
                 v = down_row<T, true>(d, r, ids, wts, sm, true, wr, ms);                           \
@@ -771,6 +772,7 @@ extern "C" int engine_cuda_op_moe_fused(
         a.arrive = (flags >> 12) & 1;   /* form 1: the arrival before the down copies */
         a.dn_merge = (flags >> 13) & 1; /* the down runs merged per slot, both forms */
         a.lanes = (flags >> 14) & 1;    /* the down copies a lane each, both forms */
+        a.roll = (flags >> 15) & 3;     /* the down (1) and up (2) loops rolled */
         a.partial = (float *)(m + off[10]);
         a.counters = (unsigned *)(m + off[11]);
         const char *why = engine_cu_moe_fused_why(&a);

@@ -72,8 +72,7 @@ typedef struct {
      * (the same results; the cost of the copies waiting for the scale), 0x40 its staging warps
      * read their norm weights after the wait, as before session 27 (SPARK_CUDA_NW_LATE=1 sets
      * it; the same results); for timing only (wrong results), the grid form without its up
-     * products (0x80), its staging of h (0x100) or its down products (0x200); 0x400 its down
-     * products' loop rolled (the same results). */
+     * products (0x80), its staging of h (0x100) or its down products (0x200). */
     int diag;
     /* The whole-grid form (SPARK_CUDA_MOE_FUSED=g; slice, preload, class_reduce, partial and diag
      * but its bit 0x10 not read), 0 off. One block per multiprocessor, each with bulk copies
@@ -150,6 +149,14 @@ typedef struct {
      * (+0.5%, call A), 573.1 / 573.2 against 568.9 / 569.3 (+0.7%, call B); Q8_0 (form 1) 487.0
      * / 487.2 against 492.4 / 492.9 (-1.1%, call A). The same copies. */
     int lanes;
+    /* The whole-grid form's product loops kept rolled: 1 the down products' (down_row's unroll
+     * 1, not 2), 2 the up products' (up_rows ROLL). The same sums in the same order, in less
+     * code: each launch fetches its code anew (Nsight Compute, session 36 call G: 2,471
+     * instructions executed, 39.5 KB in 345 lines of 128 bytes; 12.9% of the warp samples wait
+     * for an instruction). SPARK_CUDA_MOE_ROLL=bits, default 1. Call G (H200, tg128 in one
+     * process): down rolled Q4_K_M 577.8 / 577.8 against 570.3 / 570.2 tok/s (+1.3%), Q8_0 493.4
+     * / 493.3 against 490.7 / 490.7 (+0.5%); 37.7 KB, 331 lines, 11.9% waiting. */
+    int roll;
     /* The whole-grid form (SPARK_CUDA_MOE_YPRE; on in the sessions, =0 off): lane 0 of each warp
      * reads its first down row's y (and y_add) before the grid barrier, so that the store after
      * its down products waits on no load at the launch's end. The same adds in the same order.
