@@ -175,7 +175,7 @@ struct engine_cuda_session {
     int mf_arrive;           /* SPARK_CUDA_MOE_ARRIVE=0 turns it off (moe_fused.cuh arrive) */
     int mf_dn_merge;         /* SPARK_CUDA_MOE_DMERGE=0|1 (moe_fused.cuh dn_merge; default 2) */
     int mf_lanes;            /* SPARK_CUDA_MOE_LANES=0|1 (moe_fused.cuh lanes; default 2) */
-    int mf_roll;             /* SPARK_CUDA_MOE_ROLL=bits (moe_fused.cuh roll; default 1) */
+    int mf_roll;             /* SPARK_CUDA_MOE_ROLL=bits (moe_fused.cuh roll; default 3) */
     int mf_norm;  /* SPARK_CUDA_NEXT_NORM=1: it asks L2 for the next attention norm (pf_norm) */
     int mf_diag; /* SPARK_CUDA_MOE_FUSED_DIAG=bits: phases left out (diagnosis, moe_fused.cuh) */
     int mf_red;  /* SPARK_CUDA_MOE_FUSED_RED=1: its reduction by row class, no wait */
@@ -693,8 +693,8 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         s->mf_dn_merge = e && (e[0] == '0' || e[0] == '1') ? e[0] - '0' : 2;
         e = getenv("SPARK_CUDA_MOE_LANES"); /* 2, form 2 only: session 36 calls A-B */
         s->mf_lanes = e && (e[0] == '0' || e[0] == '1') ? e[0] - '0' : 2;
-        e = getenv("SPARK_CUDA_MOE_ROLL"); /* 1, the down loop: session 36 call G */
-        s->mf_roll = e && e[0] >= '0' && e[0] <= '3' ? e[0] - '0' : 1;
+        e = getenv("SPARK_CUDA_MOE_ROLL"); /* 3, both loops: session 36 calls G-H */
+        s->mf_roll = e && e[0] >= '0' && e[0] <= '3' ? e[0] - '0' : 3;
         e = getenv("SPARK_CUDA_MOE_YPRE"); /* on: session 32 calls A-B */
         s->mf_y_pre = !e || e[0] != '0';
         e = getenv("SPARK_CUDA_NEXT_NORM");

@@ -153,9 +153,10 @@ typedef struct {
      * 1, not 2), 2 the up products' (up_rows ROLL). The same sums in the same order, in less
      * code: each launch fetches its code anew (Nsight Compute, session 36 call G: 2,471
      * instructions executed, 39.5 KB in 345 lines of 128 bytes; 12.9% of the warp samples wait
-     * for an instruction). SPARK_CUDA_MOE_ROLL=bits, default 1. Call G (H200, tg128 in one
+     * for an instruction). SPARK_CUDA_MOE_ROLL=bits, default 3. Call G (H200, tg128 in one
      * process): down rolled Q4_K_M 577.8 / 577.8 against 570.3 / 570.2 tok/s (+1.3%), Q8_0 493.4
-     * / 493.3 against 490.7 / 490.7 (+0.5%); 37.7 KB, 331 lines, 11.9% waiting. */
+     * / 493.3 against 490.7 / 490.7 (+0.5%); 37.7 KB, 331 lines, 11.9% waiting. Call H: 0 / 1 /
+     * 3 Q4_K_M 571.7, 572.9 / 577.6, 576.7 / 579.1, 579.7; Q8_0 485.5 / 489.9 / 491.6. */
     int roll;
     /* The whole-grid form (SPARK_CUDA_MOE_YPRE; on in the sessions, =0 off): lane 0 of each warp
      * reads its first down row's y (and y_add) before the grid barrier, so that the store after
