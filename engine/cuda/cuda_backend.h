@@ -175,7 +175,8 @@ int engine_cuda_op_route(const float *logits, int n, int k, bool norm_topk, int 
  * grid (the whole-grid form 1, 2 or 3 = auto; slice then unused), 16 its items (per-item
  * barriers), (flags >> 5) & 7 its pipe and (flags >> 8) & 3 its pipe_down (the order of its
  * copies; 0, 0: all at the start), 2048 its y_pre, 4096 its arrive, 8192 its dn_merge (1: both
- * forms; else 0), 16384 its lanes (1: both forms; else 0), (flags >> 15) & 3 its roll. ENGINE_EUNSUPPORTED (with the reason) when the fused launch cannot run this case;
+ * forms; else 0), 16384 its lanes (1: both forms; else 0), (flags >> 15) & 3 its roll.
+ * ENGINE_EUNSUPPORTED (with the reason) when the fused launch cannot run this case;
  * ENGINE_EINTERNAL when its counters are not back at zero afterwards. */
 int engine_cuda_op_moe_fused(engine_type up_type, engine_type down_type, int n_expert, int k,
                              bool norm_topk, int n_embd, int n_ff, const float *router,

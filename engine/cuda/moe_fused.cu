@@ -301,12 +301,10 @@ __device__ __forceinline__ void mg_copy_up(const engine_cu_ffn_up_args &u, const
 
 /* The copies that follow the landing of a block's up item i (its group's first thread): item
  * i + infl, and the down runs where the order (dn_at) puts them. */
-__device__ __forceinline__ void mg_next_copies(const engine_cu_ffn_up_args &u,
-                                               const engine_cu_ffn_down_args &d, const int *ids,
-                                               int i, int i0, int infl, int ni, int gx, size_t urun,
-                                               uint8_t *ws, uint64_t *bar_it, int dn_at, int g0,
-                                               int ng, uint8_t *wd, uint64_t *bar_dn, bool dmerge,
-                                               bool lanes) {
+__device__ __forceinline__ void
+mg_next_copies(const engine_cu_ffn_up_args &u, const engine_cu_ffn_down_args &d, const int *ids,
+               int i, int i0, int infl, int ni, int gx, size_t urun, uint8_t *ws, uint64_t *bar_it,
+               int dn_at, int g0, int ng, uint8_t *wd, uint64_t *bar_dn, bool dmerge, bool lanes) {
     /* lanes: the whole warp calls (the down copies a lane each), else its first thread */
     const int nx = i + infl;
     const bool first = !lanes || (threadIdx.x & 31) == 0;
@@ -364,7 +362,7 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     const int infl = per_item && a.pipe > 0 ? min(ni, a.pipe) : ni;
     const int dn_at = early && ni > 0 ? a.pipe_down : 0;
     const bool dmerge = a.dn_merge == 1 || (a.dn_merge == 2 && early); /* moe_fused.cuh */
-    const bool lanes = a.lanes == 1 || (a.lanes == 2 && early); /* moe_fused.cuh lanes */
+    const bool lanes = a.lanes == 1 || (a.lanes == 2 && early);        /* moe_fused.cuh lanes */
     /* every block starts before a dependent can launch, so all are resident by then */
     engine_cu_pdl_launch();
     if (threadIdx.x == 0) {
@@ -495,7 +493,8 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     if (a.diag & MG_DIAG_NO_HSTAGE)
         __syncthreads();
     else
-        engine_cu_stage_x<MODE, true>(u.h, d.k * d.cols, nullptr, 0.0f, sm); /* ends with a barrier */
+        engine_cu_stage_x<MODE, true>(u.h, d.k * d.cols, nullptr, 0.0f,
+                                      sm); /* ends with a barrier */
     engine_cu_mbar_wait(&bar_dn, 0);
     ENGINE_CU_TRACE(8);
     if (a.pf_norm && w == 1) /* the next launch's norm weights (moe_fused.cuh pf_norm) */

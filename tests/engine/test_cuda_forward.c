@@ -238,10 +238,10 @@ static const char *const alt_sets[N_ALT][3] = {
     {"SPARK_CUDA_MOE_DMERGE=0", NULL, NULL}, /* its down runs a copy per group and slot */
     {"SPARK_CUDA_MOE_DMERGE=1", "SPARK_CUDA_MOE_FUSED=g1", NULL}, /* merged in form 1 too */
     {"SPARK_CUDA_MOE_PIPE=1,1", NULL, NULL}, /* the down runs with the last up item */
-    {"SPARK_CUDA_MOE_LANES=0", NULL, NULL}, /* its down copies issued by one thread */
+    {"SPARK_CUDA_MOE_LANES=0", NULL, NULL},  /* its down copies issued by one thread */
     {"SPARK_CUDA_MOE_LANES=1", "SPARK_CUDA_MOE_FUSED=g1", NULL}, /* a lane each in form 1 too */
-    {"SPARK_CUDA_MOE_ROLL=0", NULL, NULL},                         /* its loops unrolled */
-    {"SPARK_CUDA_MOE_ROLL=1", "SPARK_CUDA_MOE_FUSED=g1", NULL},    /* the down loop alone, form 1 */
+    {"SPARK_CUDA_MOE_ROLL=0", NULL, NULL},                       /* its loops unrolled */
+    {"SPARK_CUDA_MOE_ROLL=1", "SPARK_CUDA_MOE_FUSED=g1", NULL},  /* the down loop alone, form 1 */
 };
 
 /* Which alt sets run: all, unless SPARK_TEST_CUDA_ALTS lists their indices ("8,9") or says
