@@ -7,6 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -45,6 +48,27 @@ static void on_event(void *user, const char *ev) {
         *c->cancel = 1;
 }
 
+/* The run's directory: a fixed path, so that tool messages that name the workspace (a refused
+ * path's "outside the workspace /tmp/...") are the same in every run and the seeded trajectory
+ * repeats (with a mkdtemp name each run took another one: session 36). Held with a lock file
+ * (flock: released at exit, even on a crash); a directory that another run holds, or that is not
+ * ours, gives a private mkdtemp one instead. Returns the lock's fd, -1 for a private directory,
+ * -2 on failure. */
+static int workspace_dir(char *dir, size_t n) {
+    snprintf(dir, n, "/tmp/spark_test_loop_engine_%u", (unsigned)getuid());
+    struct stat sb;
+    if ((mkdir(dir, 0700) == 0 || errno == EEXIST) && lstat(dir, &sb) == 0 && S_ISDIR(sb.st_mode) &&
+        sb.st_uid == getuid()) {
+        char lp[96];
+        snprintf(lp, sizeof lp, "%s/.lock", dir);
+        const int fd = open(lp, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+        if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0) return fd;
+        if (fd >= 0) close(fd);
+    }
+    snprintf(dir, n, "/tmp/test_loop_engine_XXXXXX");
+    return mkdtemp(dir) ? -1 : -2;
+}
+
 int main(void) {
     const char *src = getenv("SPARK_SOURCE_DIR");
     if (!src) src = ".";
@@ -59,12 +83,14 @@ int main(void) {
         }
         tokdir = tdir;
     }
-    char dir[] = "/tmp/test_loop_engine_XXXXXX";
-    if (!mkdtemp(dir)) return 1;
-    char path[256], cmd[512];
-    snprintf(cmd, sizeof cmd, "cd %s && mkdir repo && cd repo && printf 'int a;\\n' > a.c && "
-             "printf 'x\\n' > b.txt && git init -q && git add -A && git -c user.name=t "
-             "-c user.email=t@t commit -qm init", dir);
+    char dir[64];
+    const int lock = workspace_dir(dir, sizeof dir);
+    if (lock == -2) return 1;
+    char path[256], cmd[640];
+    snprintf(cmd, sizeof cmd, "cd %s && rm -rf repo tiny.gguf && mkdir repo && cd repo && "
+             "printf 'int a;\\n' > a.c && printf 'x\\n' > b.txt && git init -q && git add -A && "
+             "GIT_AUTHOR_DATE=2000-01-01T00:00:00Z GIT_COMMITTER_DATE=2000-01-01T00:00:00Z "
+             "git -c user.name=t -c user.email=t@t commit -qm init", dir);
     if (system(cmd)) return 1;
     snprintf(path, sizeof path, "%s/tiny.gguf", dir);
     engine_model_gen_params gp;
@@ -215,6 +241,7 @@ int main(void) {
     engine_model_free(m);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd)) failures++;
+    if (lock >= 0) close(lock);
     if (failures) fprintf(stderr, "%d failure(s)\n", failures);
     return failures ? 1 : 0;
 }
