@@ -87,10 +87,12 @@ int main(void) {
     const int lock = workspace_dir(dir, sizeof dir);
     if (lock == -2) return 1;
     char path[256], cmd[640];
-    snprintf(cmd, sizeof cmd, "cd %s && rm -rf repo tiny.gguf && mkdir repo && cd repo && "
+    snprintf(cmd, sizeof cmd,
+             "cd %s && rm -rf repo tiny.gguf && mkdir repo && cd repo && "
              "printf 'int a;\\n' > a.c && printf 'x\\n' > b.txt && git init -q && git add -A && "
              "GIT_AUTHOR_DATE=2000-01-01T00:00:00Z GIT_COMMITTER_DATE=2000-01-01T00:00:00Z "
-             "git -c user.name=t -c user.email=t@t commit -qm init", dir);
+             "git -c user.name=t -c user.email=t@t commit -qm init",
+             dir);
     if (system(cmd)) return 1;
     snprintf(path, sizeof path, "%s/tiny.gguf", dir);
     engine_model_gen_params gp;
