@@ -568,6 +568,11 @@ static int mg_layout(engine_cu_moe_fused_args *a, size_t *smem) {
     a->ipb = (n_items + sms - 1) / sms;
     const int nb = (n_items + a->ipb - 1) / a->ipb;
     a->gpb = (n_groups + nb - 1) / nb;
+    /* lanes (moe_fused.cuh) issue one down copy each: a form with more copies than a warp has
+     * lanes issues them from one thread */
+    const bool merged = a->dn_merge == 1 || (a->dn_merge == 2 && a->grid == 2);
+    if ((a->lanes == 1 || (a->lanes == 2 && a->grid == 2)) && (merged ? 1 : a->gpb) * d.k > 32)
+        a->lanes = 0;
     const size_t xs = engine_cu_xs_bytes(true, u.cols), hs = engine_cu_xs_bytes(true, d.k * d.cols);
     a->ws_off = (unsigned)engine_cu_w_off(xs > hs ? xs : hs);
     const size_t up = (size_t)a->ipb * 4 * FFN_WARPS * u.row_bytes,
