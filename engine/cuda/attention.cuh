@@ -49,6 +49,9 @@ typedef struct {
     float *partial;     /* [n_head][max_splits][hd + 2] scratch */
     unsigned *counters; /* [n_kv], zero between launches */
     float *out;         /* [n_head * hd] */
+    /* 1: the short path's blocks run a dry pass of their code before the wait, so that its
+     * instructions are fetched by then (att_short_dev.cuh; the same outputs bit for bit) */
+    int warm;
 } engine_cu_att;
 
 /* Head dimensions the kernel is instantiated for (64, 128, 256). */

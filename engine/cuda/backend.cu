@@ -152,6 +152,9 @@ struct engine_cuda_session {
      * H200 (12-block Qwen3-30B-A3B cut, -n 64): +15% tok/s at depth 1024, +1.4% at 4096, -14%
      * at 8192 with no limit (K/V read once per head), so the default stops at 4096 */
     int att_long;
+    /* SPARK_CUDA_ATT_WARM=1: the short path's blocks run a dry pass of their code before the
+     * wait (attention.cuh warm; the same outputs bit for bit); default 0 */
+    int att_warm;
     /* SPARK_CUDA_MOE_FUSED=S (32 or 64; 1 means 32; default 0 off): qwen3moe layers run the MoE
      * block as one launch of slices of S intermediate rows (moe_fused.cuh) in place of the up
      * and down launches, with or without the router fusion; a layer it cannot take (logged at
@@ -672,6 +675,8 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
             n = n < 0 ? 0 : n > 256L * ENGINE_CU_ATT_SPLIT ? 256L * ENGINE_CU_ATT_SPLIT : n;
             s->att_long = (int)((n + ENGINE_CU_ATT_SPLIT - 1) / ENGINE_CU_ATT_SPLIT);
         }
+        e = getenv("SPARK_CUDA_ATT_WARM");
+        s->att_warm = e && e[0] == '1';
         e = getenv("SPARK_CUDA_MOE_FUSED_PRE");
         s->mf_pre = e && e[0] == '1';
         e = getenv("SPARK_CUDA_MOE_ITEMS");
@@ -898,7 +903,8 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
                         hd,
                         s->partial,
                         s->counters,
-                        s->att};
+                        s->att,
+                        s->att_warm};
     o->at = at;
 
     mv = &o->wo;

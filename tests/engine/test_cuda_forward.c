@@ -214,7 +214,7 @@ static int n_gen = N_GEN; /* generated tokens; fewer with a third argument (race
 /* Run-time switches of the decode stage-6 paths, and the short-context attention launch (a
  * block per query head, engine/cuda/att_short_dev.cuh; every position here is below 256): a
  * session per set, its variables set to 1 (or to the value after '='). */
-#define N_ALT 26
+#define N_ALT 27
 static const char *const alt_sets[N_ALT][3] = {
     {"SPARK_CUDA_ROUTE_ONCE", NULL, NULL},
     {"SPARK_CUDA_UP_EARLY", NULL, NULL},
@@ -242,6 +242,7 @@ static const char *const alt_sets[N_ALT][3] = {
     {"SPARK_CUDA_MOE_LANES=1", "SPARK_CUDA_MOE_FUSED=g1", NULL}, /* a lane each in form 1 too */
     {"SPARK_CUDA_MOE_ROLL=0", NULL, NULL},                       /* its loops unrolled */
     {"SPARK_CUDA_MOE_ROLL=1", "SPARK_CUDA_MOE_FUSED=g1", NULL},  /* the down loop alone, form 1 */
+    {"SPARK_CUDA_ATT_WARM=1", NULL, NULL}, /* the attention blocks' dry pass before the wait */
 };
 
 /* Which alt sets run: all, unless SPARK_TEST_CUDA_ALTS lists their indices ("8,9") or says
