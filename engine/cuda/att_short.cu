@@ -31,13 +31,27 @@ __global__ void __launch_bounds__(ATT_THREADS, HD > 128 ? 1 : 2) att_flat_kernel
     att_block<HD, 8>(a, blockIdx.x - s * a.n_kv, s, max_splits, att_smem, engine_cu_pdl_sync());
 }
 
+unsigned engine_cu_att_flat_blocks(int n_head, int n_kv, int long_splits, int n_ctx, int pos) {
+    const int max_splits = engine_cu_att_max_splits(n_ctx);
+    if (pos >= 0) { /* the kernel's own choice of path at pos */
+        const int n_act = (pos + ENGINE_CU_ATT_SPLIT) / ENGINE_CU_ATT_SPLIT;
+        return (unsigned)(n_act == 1 || n_act <= long_splits ? n_head * n_act : n_kv * n_act);
+    }
+    const int ls = long_splits < 1 ? 1 : long_splits < max_splits ? long_splits : max_splits;
+    const int nb = n_head * ls; /* the per-head blocks of the longest per-head position */
+    return (unsigned)(nb > n_kv * max_splits ? nb : n_kv * max_splits);
+}
+
+const void *engine_cu_att_flat_kernel(int hd) {
+    switch (hd) {
+    case 64: return (const void *)att_flat_kernel<64>;
+    case 128: return (const void *)att_flat_kernel<128>;
+    default: return (const void *)att_flat_kernel<256>;
+    }
+}
+
 template <int HD> static void att_flat_launch(const engine_cu_att *a, cudaStream_t stream) {
-    const int max_splits = engine_cu_att_max_splits(a->n_ctx);
-    const int ls = a->long_splits < 1            ? 1
-                   : a->long_splits < max_splits ? a->long_splits
-                                                 : max_splits;
-    const int nb = a->n_head * ls; /* the per-head blocks of the longest per-head position */
-    const dim3 grid((unsigned)(nb > a->n_kv * max_splits ? nb : a->n_kv * max_splits));
+    const dim3 grid(engine_cu_att_flat_blocks(a->n_head, a->n_kv, a->long_splits, a->n_ctx, -1));
     size_t smem = att_smem_bytes(a->n_head / a->n_kv, a->hd);
     if (att_short_smem_bytes(a->hd) > smem) smem = att_short_smem_bytes(a->hd);
     engine_cu_launch(att_flat_kernel<HD>, grid, dim3(ATT_THREADS), smem, stream, *a);

@@ -84,17 +84,8 @@ __device__ __forceinline__ void att_short_block(const engine_cu_att &a, int h, i
             engine_cu_prefetch_rows(vc + (size_t)p * kv_dim * elt, HD * elt);
         }
     }
+    sync.wait();
     const float2 *rope = a.rope + (size_t)pos * (HD / 2);
-    float *ph = a.partial + (size_t)h * max_splits * (HD + 2); /* this head's splits */
-    /* a.warm: a dry pass before the wait runs the same code (one copy: the pass loop is kept
-     * rolled) on whatever the inputs hold then, storing nothing outside shared memory, so that
-     * the multiprocessor has fetched the instructions the real pass runs after the wait. Its
-     * shared variables are each written before read in the real pass, and the passes are
-     * separated by the barriers in between. */
-#pragma unroll 1
-    for (int pass = a.warm ? 0 : 1; pass < 2; pass++) {
-    const bool dry = pass == 0;
-    if (!dry) sync.wait();
 
     if (w == 0) {
         float v[DPL];
@@ -113,7 +104,7 @@ __device__ __forceinline__ void att_short_block(const engine_cu_att &a, int h, i
             if (F32) {
                 ((float *)skr)[i] = v[t];
                 ((float *)svr)[i] = vv;
-                if (g == 0 && !dry) {
+                if (g == 0) {
                     ((float *)a.k_cache)[o + i] = v[t];
                     ((float *)a.v_cache)[o + i] = vv;
                 }
@@ -121,7 +112,7 @@ __device__ __forceinline__ void att_short_block(const engine_cu_att &a, int h, i
                 const __half hk = __float2half_rn(v[t]), hv = __float2half_rn(vv);
                 ((__half *)skr)[i] = hk;
                 ((__half *)svr)[i] = hv;
-                if (g == 0 && !dry) {
+                if (g == 0) {
                     ((__half *)a.k_cache)[o + i] = hk;
                     ((__half *)a.v_cache)[o + i] = hv;
                 }
@@ -215,12 +206,12 @@ __device__ __forceinline__ void att_short_block(const engine_cu_att &a, int h, i
     for (int t = 0; t < DPL; t++)
         sw[lane * DPL + t] = acc[t];
     __syncthreads();
+    float *ph = a.partial + (size_t)h * max_splits * (HD + 2); /* this head's splits */
     for (int i = threadIdx.x; i < HD; i += ATT_THREADS) {
         float o = 0.0f;
 #pragma unroll
         for (int k = 0; k < ATT_WARPS; k++)
             o += so[(size_t)k * HD + i];
-        if (dry) continue;
         if (n_act == 1) {
             a.out[(size_t)h * HD + i] = o / sum;
         } else { /* att_block's partial: max, denominator, unnormalised sums */
@@ -231,7 +222,6 @@ __device__ __forceinline__ void att_short_block(const engine_cu_att &a, int h, i
                 part[1] = sum;
             }
         }
-    }
     }
     if (n_act == 1) return;
 

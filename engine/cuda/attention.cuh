@@ -49,9 +49,6 @@ typedef struct {
     float *partial;     /* [n_head][max_splits][hd + 2] scratch */
     unsigned *counters; /* [n_kv], zero between launches */
     float *out;         /* [n_head * hd] */
-    /* 1: the short path's blocks run a dry pass of their code before the wait, so that its
-     * instructions are fetched by then (att_short_dev.cuh; the same outputs bit for bit) */
-    int warm;
 } engine_cu_att;
 
 /* Head dimensions the kernel is instantiated for (64, 128, 256). */
@@ -65,5 +62,11 @@ void engine_cu_rope_table(float *cs, const float *inv_freq, int hd, int n_pos);
 void engine_cu_attention(const engine_cu_att *a, cudaStream_t stream);
 /* The short_path launch (att_short.cu); engine_cu_attention calls it when short_path is set. */
 void engine_cu_attention_flat(const engine_cu_att *a, cudaStream_t stream);
+/* The flat launch's blocks: its whole grid (pos < 0: what engine_cu_attention_flat launches),
+ * or the blocks that do any work at position pos (the others exit at once), for a captured
+ * launch's grid to be set to (SPARK_CUDA_ATT_GRID); and its kernel for head dimension hd, to
+ * find such launches in a graph. */
+unsigned engine_cu_att_flat_blocks(int n_head, int n_kv, int long_splits, int n_ctx, int pos);
+const void *engine_cu_att_flat_kernel(int hd);
 
 #endif

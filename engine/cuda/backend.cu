@@ -94,6 +94,15 @@ struct engine_cuda_session {
     bool captured;
     /* the step with the truncated draw (engine_cu_sample_topk), captured at its first use */
     cudaGraphExec_t exec_tk;
+    /* SPARK_CUDA_ATT_GRID (default 1): the flat attention launches of exec ([0]) and exec_tk
+     * ([1]) get, before a replay, only the blocks that work at its position
+     * (engine_cu_att_flat_blocks; the rest would exit at once: 480 of 512 at depth 0 with
+     * ATT_LONG 4096); the graphs are kept for their nodes. att_blocks: their grid in the exec. */
+    int att_grid;
+    cudaGraph_t graph[2];
+    cudaGraphNode_t *att_nodes[2];
+    int n_att_nodes[2];
+    unsigned att_blocks[2];
     bool tk; /* while capturing: which sampler the step launches */
     int tk_algo; /* its top_k by radix select (1, the default) or SPARK_CUDA_TOPK=merge (0) */
     /* engine_cuda_stream: the tokens' copies on a stream of their own, into pinned memory */
@@ -152,9 +161,6 @@ struct engine_cuda_session {
      * H200 (12-block Qwen3-30B-A3B cut, -n 64): +15% tok/s at depth 1024, +1.4% at 4096, -14%
      * at 8192 with no limit (K/V read once per head), so the default stops at 4096 */
     int att_long;
-    /* SPARK_CUDA_ATT_WARM=1: the short path's blocks run a dry pass of their code before the
-     * wait (attention.cuh warm; the same outputs bit for bit); default 0 */
-    int att_warm;
     /* SPARK_CUDA_MOE_FUSED=S (32 or 64; 1 means 32; default 0 off): qwen3moe layers run the MoE
      * block as one launch of slices of S intermediate rows (moe_fused.cuh) in place of the up
      * and down launches, with or without the router fusion; a layer it cannot take (logged at
@@ -675,8 +681,8 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
             n = n < 0 ? 0 : n > 256L * ENGINE_CU_ATT_SPLIT ? 256L * ENGINE_CU_ATT_SPLIT : n;
             s->att_long = (int)((n + ENGINE_CU_ATT_SPLIT - 1) / ENGINE_CU_ATT_SPLIT);
         }
-        e = getenv("SPARK_CUDA_ATT_WARM");
-        s->att_warm = e && e[0] == '1';
+        e = getenv("SPARK_CUDA_ATT_GRID");
+        s->att_grid = e ? e[0] != '0' : 1;
         e = getenv("SPARK_CUDA_MOE_FUSED_PRE");
         s->mf_pre = e && e[0] == '1';
         e = getenv("SPARK_CUDA_MOE_ITEMS");
@@ -815,6 +821,10 @@ extern "C" void engine_cuda_session_free(engine_cuda_session *s) {
     cudaSetDevice(s->cm->device);
     if (s->exec) cudaGraphExecDestroy(s->exec);
     if (s->exec_tk) cudaGraphExecDestroy(s->exec_tk);
+    for (int i = 0; i < 2; i++) {
+        if (s->graph[i]) cudaGraphDestroy(s->graph[i]);
+        free(s->att_nodes[i]);
+    }
     engine_cu_prog_free(&s->prog);
     if (s->stream) cudaStreamDestroy(s->stream);
     if (s->copy_st) cudaStreamDestroy(s->copy_st);
@@ -903,8 +913,7 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
                         hd,
                         s->partial,
                         s->counters,
-                        s->att,
-                        s->att_warm};
+                        s->att};
     o->at = at;
 
     mv = &o->wo;
@@ -1190,6 +1199,59 @@ static void enqueue_step(engine_cuda_session *s, step_prof *p, route_trace *t) {
     mark(p, 8, st);
 }
 
+/* The flat attention launches of graph g (one a layer), into s->att_nodes[tk]: none when the
+ * session does not take them (SPARK_CUDA_ATT_GRID=0, ATT_SHORT=0). */
+static int att_nodes_find(engine_cuda_session *s, cudaGraph_t g, int tk) {
+    int rc = 0;
+    size_t n = 0;
+    cudaGraphNode_t *nodes = NULL;
+    const void *fn = engine_cu_att_flat_kernel((int)s->cm->m->hp.head_dim_k);
+    if (!s->att_grid || !s->att_short) return 0;
+    CU(cudaGraphGetNodes(g, NULL, &n));
+    nodes = (cudaGraphNode_t *)malloc(sizeof *nodes * (n ? n : 1));
+    s->att_nodes[tk] = (cudaGraphNode_t *)malloc(sizeof *nodes * (n ? n : 1));
+    if (!nodes || !s->att_nodes[tk]) {
+        rc = engine_err(ENGINE_ENOMEM, "out of memory");
+        goto done;
+    }
+    CU(cudaGraphGetNodes(g, nodes, &n));
+    for (size_t i = 0; i < n; i++) {
+        cudaGraphNodeType t;
+        cudaKernelNodeParams kp;
+        CU(cudaGraphNodeGetType(nodes[i], &t));
+        if (t != cudaGraphNodeTypeKernel) continue;
+        CU(cudaGraphKernelNodeGetParams(nodes[i], &kp));
+        if (kp.func == fn) s->att_nodes[tk][s->n_att_nodes[tk]++] = nodes[i];
+    }
+    if (s->n_att_nodes[tk] != (int)s->cm->m->hp.n_layer)
+        engine_log(ENGINE_LOG_INFO, "cuda: %d flat attention launches found in the step of %u layers",
+                   s->n_att_nodes[tk], s->cm->m->hp.n_layer);
+done:
+    free(nodes);
+    return rc;
+}
+
+/* Before a replay of exec (tk: exec_tk) at position pos: its attention launches' grids set to
+ * the blocks that work at pos, when that changed (every ENGINE_CU_ATT_SPLIT positions). The
+ * change applies to the replays launched after it, not to those already launched. */
+static int att_grid_set(engine_cuda_session *s, int tk, int32_t pos) {
+    int rc = 0;
+    if (!s->n_att_nodes[tk]) return 0;
+    const engine_hparams *hp = &s->cm->m->hp;
+    const unsigned nb = engine_cu_att_flat_blocks((int)hp->n_head, (int)hp->n_head_kv,
+                                                  s->att_long, s->n_ctx, pos);
+    if (nb == s->att_blocks[tk]) return 0;
+    for (int i = 0; i < s->n_att_nodes[tk]; i++) {
+        cudaKernelNodeParams kp;
+        CU(cudaGraphKernelNodeGetParams(s->att_nodes[tk][i], &kp));
+        kp.gridDim.x = nb;
+        CU(cudaGraphExecKernelNodeSetParams(tk ? s->exec_tk : s->exec, s->att_nodes[tk][i], &kp));
+    }
+    s->att_blocks[tk] = nb;
+done:
+    return rc;
+}
+
 /* Capture the step (tk: with the truncated draw) into s->exec or s->exec_tk. */
 static int capture(engine_cuda_session *s, bool tk) {
     int rc = 0;
@@ -1209,6 +1271,10 @@ static int capture(engine_cuda_session *s, bool tk) {
     CU(cudaGetLastError());
     CU(cudaGraphInstantiate(tk ? &s->exec_tk : &s->exec, g, 0));
     if (!tk) s->captured = true;
+    s->att_blocks[tk] = 0; /* the whole grid, as captured */
+    if ((rc = att_nodes_find(s, g, tk))) goto done;
+    s->graph[tk] = g; /* its nodes name the attention launches to update */
+    g = NULL;
 done:
     s->tk = false;
     if (g) cudaGraphDestroy(g);
@@ -1245,8 +1311,10 @@ static int run_steps(engine_cuda_session *s, int32_t token, int32_t pos, int32_t
     s->h_step->top_k = 0;
     s->h_step->masked = 0;
     CU(cudaMemcpyAsync(s->step, s->h_step, sizeof *s->h_step, cudaMemcpyHostToDevice, s->stream));
-    for (int32_t i = 0; i < n; i++)
+    for (int32_t i = 0; i < n; i++) {
+        if ((rc = att_grid_set(s, 0, pos + i))) goto done;
         CU(cudaGraphLaunch(s->exec, s->stream));
+    }
 done:
     return rc;
 }
@@ -1337,6 +1405,7 @@ extern "C" int engine_cuda_stream(engine_cuda_session *s, int32_t token, int32_t
     while (done_n < n_max) {
         while (launched < n_max && launched < done_n + ENGINE_CUDA_STREAM_AHEAD) {
             const int e = launched % ENGINE_CUDA_STREAM_RING;
+            if ((rc = att_grid_set(s, tk, pos + launched))) goto done;
             CU(cudaGraphLaunch(tk ? s->exec_tk : s->exec, s->stream));
             CU(cudaEventRecord(s->ev_step[e], s->stream));
             CU(cudaStreamWaitEvent(s->copy_st, s->ev_step[e], 0));

@@ -213,8 +213,6 @@ extern "C" int engine_cuda_op_attention(int n_head, int n_kv, int hd, int32_t po
         e = getenv("SPARK_CUDA_OP_ATT_LONG");
         at.long_splits = e ? (atoi(e) + ENGINE_CU_ATT_SPLIT - 1) / ENGINE_CU_ATT_SPLIT : 0;
         if (at.long_splits < 0 || at.long_splits > ENGINE_CU_ATT_SPLIT) at.long_splits = 0;
-        e = getenv("SPARK_CUDA_OP_ATT_WARM");
-        at.warm = e && e[0] == '1';
     }
     engine_cu_attention(&at, 0);
     if ((rc = a.get(out, dout, sizeof(float) * (size_t)n_head * hd))) return rc;

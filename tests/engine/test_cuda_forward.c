@@ -41,9 +41,11 @@
  * top-2 margin within twice the largest logit difference between the two: a rounding flip;
  * counted and printed, and the device generation compared up to the first one) (the dense model
  * has no MoE block: the session is then the default one).
+ * Then (run_long) sessions of the tiny Q4_K_M model generate 1,100 tokens, past four attention
+ * splits, with and without the position-sized attention grids, bit for bit.
  * Arguments PRESET TYPE [N_GEN] run that one model (for compute-sanitizer racecheck), with
  * N_GEN (2..40) generated tokens; SPARK_TEST_CUDA_ALTS (indices, or "none") limits the alt
- * sessions, each left out said on stdout. */
+ * sessions, each left out said on stdout; arguments long TYPE run run_long alone. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -214,7 +216,7 @@ static int n_gen = N_GEN; /* generated tokens; fewer with a third argument (race
 /* Run-time switches of the decode stage-6 paths, and the short-context attention launch (a
  * block per query head, engine/cuda/att_short_dev.cuh; every position here is below 256): a
  * session per set, its variables set to 1 (or to the value after '='). */
-#define N_ALT 27
+#define N_ALT 26
 static const char *const alt_sets[N_ALT][3] = {
     {"SPARK_CUDA_ROUTE_ONCE", NULL, NULL},
     {"SPARK_CUDA_UP_EARLY", NULL, NULL},
@@ -242,7 +244,6 @@ static const char *const alt_sets[N_ALT][3] = {
     {"SPARK_CUDA_MOE_LANES=1", "SPARK_CUDA_MOE_FUSED=g1", NULL}, /* a lane each in form 1 too */
     {"SPARK_CUDA_MOE_ROLL=0", NULL, NULL},                       /* its loops unrolled */
     {"SPARK_CUDA_MOE_ROLL=1", "SPARK_CUDA_MOE_FUSED=g1", NULL},  /* the down loop alone, form 1 */
-    {"SPARK_CUDA_ATT_WARM=1", NULL, NULL}, /* the attention blocks' dry pass before the wait */
 };
 
 /* Which alt sets run: all, unless SPARK_TEST_CUDA_ALTS lists their indices ("8,9") or says
@@ -612,6 +613,78 @@ out:
     unlink(path);
 }
 
+/* Past the first split: the attention launches' grids follow the position as the step graph
+ * replays (SPARK_CUDA_ATT_GRID, on by default: before a replay whose position needs another
+ * number of blocks, every 256 positions, the captured launches are updated). Sessions of the
+ * tiny model with an F16 cache generate N_LONG greedy tokens on the device from position 0, in
+ * three calls (each crossing split boundaries, and a boundary between two of them), and then
+ * the logits at the next position: the sessions with the whole grid (ATT_GRID=0), with the
+ * per-KV-head launch (ATT_SHORT=0, a grid fixed at capture) and with att_block's blocks from 512
+ * on (ATT_LONG=512: the flat launch changes path mid-run) must equal the default's bit for
+ * bit. */
+#define N_LONG 1100
+static void run_long(const char *type) {
+    static const char *const sets[] = {NULL, "SPARK_CUDA_ATT_GRID=0", "SPARK_CUDA_ATT_SHORT=0",
+                                       "SPARK_CUDA_ATT_LONG=512"};
+    enum { NS = sizeof sets / sizeof sets[0] };
+    static const int32_t calls[] = {300, 468, N_LONG - 768}; /* ends 300, 768, N_LONG */
+    char path[600];
+    snprintf(path, sizeof path, "%s/long-%s.gguf", tmpdir, type);
+    if (support_gen("tiny", type, 11, path) != 0) {
+        CHECK(0, "model gen tiny %s", type);
+        return;
+    }
+    engine_model_params mp = ENGINE_MODEL_PARAMS_INIT;
+    mp.device = ENGINE_DEVICE_CPU;
+    mp.n_ctx = N_LONG + 1;
+    engine_model *m = NULL;
+    engine_cuda_model *gm = NULL;
+    engine_cuda_session *gs[NS] = {NULL};
+    int32_t *tok[NS] = {NULL};
+    float *lg[NS] = {NULL};
+    CHECK(engine_model_load(&m, path, &mp) == 0, "load %s", path);
+    if (m) CHECK(engine_cuda_model_new(&gm, m, 0) == 0, "cuda model");
+    const int32_t nv = m ? engine_model_n_vocab(m) : 0;
+    for (int i = 0; gm && i < NS; i++) {
+        if (sets[i]) alt_env(sets[i], true);
+        CHECK(engine_cuda_session_new(&gs[i], gm, N_LONG + 1, ENGINE_KV_F16) == 0,
+              "long session %d", i);
+        if (sets[i]) alt_env(sets[i], false);
+        tok[i] = malloc(sizeof(int32_t) * N_LONG);
+        lg[i] = malloc(sizeof(float) * nv);
+        if (!gs[i] || !tok[i] || !lg[i]) goto out;
+        int32_t t = 1, pos = 0;
+        for (int c = 0; c < 3; c++) {
+            CHECK(engine_cuda_generate(gs[i], t, pos, calls[c], 0.0f, 0, tok[i] + pos) == 0,
+                  "long session %d: generate %d at %d", i, calls[c], pos);
+            pos += calls[c];
+            t = tok[i][pos - 1];
+        }
+        CHECK(engine_cuda_decode(gs[i], t, pos, lg[i], NULL) == 0, "long session %d: decode", i);
+    }
+    for (int i = 1; gm && i < NS; i++) {
+        int first = -1;
+        for (int j = 0; j < N_LONG && first < 0; j++)
+            if (tok[i][j] != tok[0][j]) first = j;
+        CHECK(first < 0, "tiny %s: %s: greedy tokens differ from the default's at position %d",
+              type, sets[i], first + 1);
+        CHECK(memcmp(lg[i], lg[0], sizeof(float) * nv) == 0,
+              "tiny %s: %s: logits at position %d differ from the default's", type, sets[i],
+              N_LONG);
+        if (first < 0) printf("tiny %-6s long: %s == default bit for bit over %d positions\n", type,
+                              sets[i], N_LONG + 1);
+    }
+out:
+    for (int i = 0; i < NS; i++) {
+        engine_cuda_session_free(gs[i]);
+        free(tok[i]);
+        free(lg[i]);
+    }
+    engine_cuda_model_free(gm);
+    engine_model_free(m);
+    unlink(path);
+}
+
 int main(int argc, char **argv) {
     if (engine_cuda_usable() != 0) {
         printf("skip: %s\n", engine_error_last());
@@ -621,7 +694,9 @@ int main(int argc, char **argv) {
     if (rc) return rc;
     if (support_tmpdir(tmpdir, sizeof tmpdir, "test_cuda_forward", false) != 0) return 1;
     alt_select();
-    if (argc >= 3) { /* PRESET TYPE [N_GEN]: that model alone, racecheck takes minutes over all */
+    if (argc >= 3 && !strcmp(argv[1], "long")) { /* long TYPE: run_long alone */
+        run_long(argv[2]);
+    } else if (argc >= 3) { /* PRESET TYPE [N_GEN]: that model alone, racecheck takes minutes */
         if (argc > 3) n_gen = atoi(argv[3]) < 2 ? 2 : atoi(argv[3]) > N_GEN ? N_GEN : atoi(argv[3]);
         run_model(argv[1], argv[2]);
     } else {
@@ -630,6 +705,7 @@ int main(int argc, char **argv) {
             run_model("tiny", types[i]);
             run_model("qwen3-tiny", types[i]);
         }
+        run_long("q4_k_m");
     }
     support_rmtree(tmpdir);
     return support_finish("test_cuda_forward");
