@@ -94,10 +94,11 @@ struct engine_cuda_session {
     bool captured;
     /* the step with the truncated draw (engine_cu_sample_topk), captured at its first use */
     cudaGraphExec_t exec_tk;
-    /* SPARK_CUDA_ATT_GRID (default 1): the flat attention launches of exec ([0]) and exec_tk
+    /* SPARK_CUDA_ATT_GRID=N (default 1): the flat attention launches of exec ([0]) and exec_tk
      * ([1]) get, before a replay, only the blocks that work at its position
      * (engine_cu_att_flat_blocks; the rest would exit at once: 480 of 512 at depth 0 with
-     * ATT_LONG 4096); the graphs are kept for their nodes. att_blocks: their grid in the exec. */
+     * ATT_LONG 4096), or at least N (up to the whole grid); 0: the whole grid. The graphs are
+     * kept for their nodes. att_blocks: their grid in the exec now. */
     int att_grid;
     cudaGraph_t graph[2];
     cudaGraphNode_t *att_nodes[2];
@@ -682,7 +683,8 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
             s->att_long = (int)((n + ENGINE_CU_ATT_SPLIT - 1) / ENGINE_CU_ATT_SPLIT);
         }
         e = getenv("SPARK_CUDA_ATT_GRID");
-        s->att_grid = e ? e[0] != '0' : 1;
+        s->att_grid = e ? atoi(e) : 1;
+        if (s->att_grid < 0) s->att_grid = 0;
         e = getenv("SPARK_CUDA_MOE_FUSED_PRE");
         s->mf_pre = e && e[0] == '1';
         e = getenv("SPARK_CUDA_MOE_ITEMS");
@@ -1238,8 +1240,11 @@ static int att_grid_set(engine_cuda_session *s, int tk, int32_t pos) {
     int rc = 0;
     if (!s->n_att_nodes[tk]) return 0;
     const engine_hparams *hp = &s->cm->m->hp;
-    const unsigned nb = engine_cu_att_flat_blocks((int)hp->n_head, (int)hp->n_head_kv,
-                                                  s->att_long, s->n_ctx, pos);
+    const unsigned all = engine_cu_att_flat_blocks((int)hp->n_head, (int)hp->n_head_kv,
+                                                   s->att_long, s->n_ctx, -1);
+    unsigned nb = engine_cu_att_flat_blocks((int)hp->n_head, (int)hp->n_head_kv, s->att_long,
+                                            s->n_ctx, pos);
+    if (nb < (unsigned)s->att_grid) nb = (unsigned)s->att_grid < all ? (unsigned)s->att_grid : all;
     if (nb == s->att_blocks[tk]) return 0;
     for (int i = 0; i < s->n_att_nodes[tk]; i++) {
         cudaKernelNodeParams kp;
