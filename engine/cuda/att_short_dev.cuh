@@ -51,17 +51,15 @@ static inline size_t att_short_smem_bytes(int hd) {
  * the split, the head's last block (counters[h]) merging them into the output. att_smem:
  * att_short_smem_bytes of dynamic shared memory (16-byte aligned); sync.wait() before the
  * inputs are read (every thread calls it). */
-template <int HD, bool F32, typename S>
+template <int HD, bool F32, int PP = att_short_pp(HD), int VU = att_short_vu(HD), typename S>
 __device__ __forceinline__ void att_short_block(const engine_cu_att &a, int h, int s, int pos,
                                                 int max_splits, float *att_smem, const S &sync) {
     constexpr int DPL = HD / 32;         /* V dimensions per lane */
     constexpr int NI = HD / 8 / ATT_TPP; /* groups of 8 values per thread in the score loop */
-    constexpr int PP = att_short_pp(HD);
     constexpr int PSTEP = ATT_THREADS / ATT_TPP; /* positions per pass and u */
     /* V rows in flight per warp: a chunk's loads are all issued (the rows past the warp's last
      * clamped to it, their terms skipped), so a short tail costs one round trip, not one per
      * row */
-    constexpr int VU = att_short_vu(HD);
     constexpr size_t elt = F32 ? 4 : 2;
     const int G = a.n_head / a.n_kv, kvh = h / G, g = h - kvh * G;
     const int n_act = (pos + ENGINE_CU_ATT_SPLIT) / ENGINE_CU_ATT_SPLIT;

@@ -94,12 +94,15 @@ struct engine_cuda_session {
     bool captured;
     /* the step with the truncated draw (engine_cu_sample_topk), captured at its first use */
     cudaGraphExec_t exec_tk;
-    /* SPARK_CUDA_ATT_GRID=N (default 1): the flat attention launches of exec ([0]) and exec_tk
-     * ([1]) get, before a replay, only the blocks that work at its position
-     * (engine_cu_att_flat_blocks; the rest would exit at once: 480 of 512 at depth 0 with
-     * ATT_LONG 4096), or at least N (up to the whole grid); 0: the whole grid. The graphs are
-     * kept for their nodes. att_blocks: their grid in the exec now. */
+    /* SPARK_CUDA_ATT_GRID=N: the flat attention launches of exec ([0]) and exec_tk ([1]) get,
+     * before a replay, the blocks that work at its position (engine_cu_att_flat_blocks; the
+     * rest exit at once: 480 of the 512 at depth 0 with ATT_LONG 4096), but at least N (at most
+     * the whole grid); 0: the whole grid. Default N: the multiprocessors. Session 37 calls C-D
+     * (H200, 132 multiprocessors; tg128 against the whole grid): N = 1 +1.2% / -0.3% (Q4_K_M /
+     * Q8_0), 64 +1.4% / -0.3%, 132 +1.6% / +0.2%, 264 +0.6% / +0.5%. The graphs are kept for
+     * their nodes; att_blocks: the grid in the exec now. */
     int att_grid;
+    int att_cfg; /* SPARK_CUDA_ATT_CFG (attention.cuh cfg), for an A/B */
     cudaGraph_t graph[2];
     cudaGraphNode_t *att_nodes[2];
     int n_att_nodes[2];
@@ -682,8 +685,16 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
             n = n < 0 ? 0 : n > 256L * ENGINE_CU_ATT_SPLIT ? 256L * ENGINE_CU_ATT_SPLIT : n;
             s->att_long = (int)((n + ENGINE_CU_ATT_SPLIT - 1) / ENGINE_CU_ATT_SPLIT);
         }
+        e = getenv("SPARK_CUDA_ATT_CFG");
+        s->att_cfg = e ? atoi(e) & 3 : 0;
         e = getenv("SPARK_CUDA_ATT_GRID");
-        s->att_grid = e ? atoi(e) : 1;
+        if (e) {
+            s->att_grid = atoi(e);
+        } else if (cudaDeviceGetAttribute(&s->att_grid, cudaDevAttrMultiProcessorCount,
+                                          cm->device) != cudaSuccess) {
+            cudaGetLastError();
+            s->att_grid = 1;
+        }
         if (s->att_grid < 0) s->att_grid = 0;
         e = getenv("SPARK_CUDA_MOE_FUSED_PRE");
         s->mf_pre = e && e[0] == '1';
@@ -915,7 +926,8 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
                         hd,
                         s->partial,
                         s->counters,
-                        s->att};
+                        s->att,
+                        s->att_cfg};
     o->at = at;
 
     mv = &o->wo;
@@ -1207,7 +1219,7 @@ static int att_nodes_find(engine_cuda_session *s, cudaGraph_t g, int tk) {
     int rc = 0;
     size_t n = 0;
     cudaGraphNode_t *nodes = NULL;
-    const void *fn = engine_cu_att_flat_kernel((int)s->cm->m->hp.head_dim_k);
+    const void *fn = engine_cu_att_flat_kernel((int)s->cm->m->hp.head_dim_k, s->att_cfg);
     if (!s->att_grid || !s->att_short) return 0;
     CU(cudaGraphGetNodes(g, NULL, &n));
     nodes = (cudaGraphNode_t *)malloc(sizeof *nodes * (n ? n : 1));

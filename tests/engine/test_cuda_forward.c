@@ -614,18 +614,22 @@ out:
 }
 
 /* Past the first split: the attention launches' grids follow the position as the step graph
- * replays (SPARK_CUDA_ATT_GRID, on by default: before a replay whose position needs another
- * number of blocks, every 256 positions, the captured launches are updated). Sessions of the
- * tiny model with an F16 cache generate N_LONG greedy tokens on the device from position 0, in
+ * replays (SPARK_CUDA_ATT_GRID: before a replay whose position needs another number of blocks,
+ * every 256 positions, the captured launches are updated; by default with a floor of one block
+ * a multiprocessor, which leaves this model's 20-block grid whole). Sessions of the tiny
+ * model with an F16 cache generate N_LONG greedy tokens on the device from position 0, in
  * three calls (each crossing split boundaries, and a boundary between two of them), and then
- * the logits at the next position: the sessions with the whole grid (ATT_GRID=0), with the
- * per-KV-head launch (ATT_SHORT=0, a grid fixed at capture) and with att_block's blocks from 512
- * on (ATT_LONG=512: the flat launch changes path mid-run) must equal the default's bit for
- * bit. */
+ * the logits at the next position: the sessions with the whole grid (ATT_GRID=0), with exact
+ * grids (ATT_GRID=1: 4, 8, .. 20 blocks), with the per-KV-head launch (ATT_SHORT=0, a grid
+ * fixed at capture) and with exact grids and att_block's blocks from 512 on (ATT_LONG=512: the
+ * flat launch changes path mid-run) must equal the default's bit for bit. */
 #define N_LONG 1100
 static void run_long(const char *type) {
-    static const char *const sets[] = {NULL, "SPARK_CUDA_ATT_GRID=0", "SPARK_CUDA_ATT_SHORT=0",
-                                       "SPARK_CUDA_ATT_LONG=512"};
+    static const char *const sets[][2] = {{NULL, NULL},
+                                          {"SPARK_CUDA_ATT_GRID=0", NULL},
+                                          {"SPARK_CUDA_ATT_GRID=1", NULL},
+                                          {"SPARK_CUDA_ATT_SHORT=0", NULL},
+                                          {"SPARK_CUDA_ATT_GRID=1", "SPARK_CUDA_ATT_LONG=512"}};
     enum { NS = sizeof sets / sizeof sets[0] };
     static const int32_t calls[] = {300, 468, N_LONG - 768}; /* ends 300, 768, N_LONG */
     char path[600];
@@ -646,10 +650,12 @@ static void run_long(const char *type) {
     if (m) CHECK(engine_cuda_model_new(&gm, m, 0) == 0, "cuda model");
     const int32_t nv = m ? engine_model_n_vocab(m) : 0;
     for (int i = 0; gm && i < NS; i++) {
-        if (sets[i]) alt_env(sets[i], true);
+        for (int v = 0; v < 2 && sets[i][v]; v++)
+            alt_env(sets[i][v], true);
         CHECK(engine_cuda_session_new(&gs[i], gm, N_LONG + 1, ENGINE_KV_F16) == 0,
               "long session %d", i);
-        if (sets[i]) alt_env(sets[i], false);
+        for (int v = 0; v < 2 && sets[i][v]; v++)
+            alt_env(sets[i][v], false);
         tok[i] = malloc(sizeof(int32_t) * N_LONG);
         lg[i] = malloc(sizeof(float) * nv);
         if (!gs[i] || !tok[i] || !lg[i]) goto out;
@@ -666,13 +672,15 @@ static void run_long(const char *type) {
         int first = -1;
         for (int j = 0; j < N_LONG && first < 0; j++)
             if (tok[i][j] != tok[0][j]) first = j;
-        CHECK(first < 0, "tiny %s: %s: greedy tokens differ from the default's at position %d",
-              type, sets[i], first + 1);
+        const char *b = sets[i][1] ? sets[i][1] : "";
+        CHECK(first < 0, "tiny %s: %s %s: greedy tokens differ from the default's at position %d",
+              type, sets[i][0], b, first + 1);
         CHECK(memcmp(lg[i], lg[0], sizeof(float) * nv) == 0,
-              "tiny %s: %s: logits at position %d differ from the default's", type, sets[i],
-              N_LONG);
-        if (first < 0) printf("tiny %-6s long: %s == default bit for bit over %d positions\n", type,
-                              sets[i], N_LONG + 1);
+              "tiny %s: %s %s: logits at position %d differ from the default's", type, sets[i][0],
+              b, N_LONG);
+        if (first < 0)
+            printf("tiny %-6s long: %s %s == default bit for bit over %d positions\n", type,
+                   sets[i][0], b, N_LONG + 1);
     }
 out:
     for (int i = 0; i < NS; i++) {
