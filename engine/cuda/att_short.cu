@@ -8,11 +8,12 @@
 
 /* HD 256 may take more than 128 registers (one block per multiprocessor; else it spills). */
 /* CFG (an A/B of code size, HD 128 only: a.cfg): bit 0 halves the V rows in flight (VU), bit 1
- * takes one position a thread and score pass (PP); the same sums in the same order. */
+ * keeps the softmax's loops over a lane's scores rolled; the same sums in the same order. */
 template <int HD, int CFG>
 __global__ void __launch_bounds__(ATT_THREADS, HD > 128 ? 1 : 2) att_flat_kernel(engine_cu_att a) {
-    constexpr int PP = CFG & 2 ? 1 : att_short_pp(HD);
+    constexpr int PP = att_short_pp(HD);
     constexpr int VU = CFG & 1 ? att_short_vu(HD) / 2 : att_short_vu(HD);
+    constexpr int SMU = CFG & 2 ? 1 : 8;
     extern __shared__ __align__(16) float att_smem[];
     engine_cu_pdl_launch();
     /* the position is set before the step's graph runs (no kernel of the step writes it) */
@@ -25,11 +26,11 @@ __global__ void __launch_bounds__(ATT_THREADS, HD > 128 ? 1 : 2) att_flat_kernel
         if ((int)blockIdx.x >= a.n_head * n_act) return;
         const int s = blockIdx.x / a.n_head, h = blockIdx.x - s * a.n_head;
         if (a.kv_f32)
-            att_short_block<HD, true, PP, VU>(a, h, s, pos, max_splits, att_smem,
-                                              engine_cu_pdl_sync{});
+            att_short_block<HD, true, PP, VU, SMU>(a, h, s, pos, max_splits, att_smem,
+                                                   engine_cu_pdl_sync{});
         else
-            att_short_block<HD, false, PP, VU>(a, h, s, pos, max_splits, att_smem,
-                                               engine_cu_pdl_sync{});
+            att_short_block<HD, false, PP, VU, SMU>(a, h, s, pos, max_splits, att_smem,
+                                                    engine_cu_pdl_sync{});
         return;
     }
     const int s = blockIdx.x / a.n_kv;

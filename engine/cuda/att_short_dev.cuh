@@ -31,12 +31,15 @@
 
 #include "attention_dev.cuh"
 
-/* Positions per thread and score pass, and V rows in flight per warp (a chunk). */
+/* Positions per thread and score pass, and V rows in flight per warp (a chunk). At HD 128 one
+ * position and 8 rows (were 2 and 16): less code, which each launch fetches anew, for more
+ * passes at longer positions: +1.0% / +0.8% tg128 (Q4_K_M / Q8_0, Qwen3-30B-A3B, H200, session
+ * 37 call E; the same sums in the same order). HD 64 and 256 as they were (not measured). */
 __host__ __device__ constexpr int att_short_pp(int hd) {
-    return hd <= 64 ? 4 : hd <= 128 ? 2 : 1;
+    return hd <= 64 ? 4 : 1;
 }
 __host__ __device__ constexpr int att_short_vu(int hd) {
-    return hd / 32 <= 4 ? 16 : 4;
+    return hd <= 64 ? 16 : hd <= 128 ? 8 : 4;
 }
 /* Shared memory of a per-head block: sq[HD], sc[SPLIT], so[ATT_WARPS][HD] floats, then the new
  * K and V rows in the cache's format (HD floats of room each). */
@@ -51,7 +54,8 @@ static inline size_t att_short_smem_bytes(int hd) {
  * the split, the head's last block (counters[h]) merging them into the output. att_smem:
  * att_short_smem_bytes of dynamic shared memory (16-byte aligned); sync.wait() before the
  * inputs are read (every thread calls it). */
-template <int HD, bool F32, int PP = att_short_pp(HD), int VU = att_short_vu(HD), typename S>
+template <int HD, bool F32, int PP = att_short_pp(HD), int VU = att_short_vu(HD), int SMU = 8,
+          typename S>
 __device__ __forceinline__ void att_short_block(const engine_cu_att &a, int h, int s, int pos,
                                                 int max_splits, float *att_smem, const S &sync) {
     constexpr int DPL = HD / 32;         /* V dimensions per lane */
@@ -159,12 +163,12 @@ __device__ __forceinline__ void att_short_block(const engine_cu_att &a, int h, i
      * numerator of its own positions w + ATT_WARPS * lane */
     constexpr int NJ = ENGINE_CU_ATT_SPLIT / 32; /* positions per lane (fixed trip count) */
     float mx = -INFINITY;
-#pragma unroll
+#pragma unroll(SMU)
     for (int i = 0; i < NJ; i++)
         if (lane + 32 * i < np) mx = fmaxf(mx, sc[lane + 32 * i]);
     mx = engine_cu_warp_max(mx);
     float sum = 0.0f;
-#pragma unroll
+#pragma unroll(SMU)
     for (int i = 0; i < NJ; i++)
         if (lane + 32 * i < np) sum += expf(sc[lane + 32 * i] - mx);
     sum = engine_cu_warp_sum(sum);

@@ -99,8 +99,10 @@ struct engine_cuda_session {
      * rest exit at once: 480 of the 512 at depth 0 with ATT_LONG 4096), but at least N (at most
      * the whole grid); 0: the whole grid. Default N: the multiprocessors. Session 37 calls C-D
      * (H200, 132 multiprocessors; tg128 against the whole grid): N = 1 +1.2% / -0.3% (Q4_K_M /
-     * Q8_0), 64 +1.4% / -0.3%, 132 +1.6% / +0.2%, 264 +0.6% / +0.5%. The graphs are kept for
-     * their nodes; att_blocks: the grid in the exec now. */
+     * Q8_0), 64 +1.4% / -0.3%, 132 +1.6% / +0.2%, 264 +0.6% / +0.5%. Past the positions of
+     * the per-head blocks (ATT_LONG; att_block's blocks) N > 1 keeps the whole grid: at 8K
+     * depth its 132 working blocks alone were 1.1% slower than the 512 (call E). The graphs are
+     * kept for their nodes; att_blocks: the grid in the exec now. */
     int att_grid;
     int att_cfg; /* SPARK_CUDA_ATT_CFG (attention.cuh cfg), for an A/B */
     cudaGraph_t graph[2];
@@ -1256,6 +1258,9 @@ static int att_grid_set(engine_cuda_session *s, int tk, int32_t pos) {
                                                    s->att_long, s->n_ctx, -1);
     unsigned nb = engine_cu_att_flat_blocks((int)hp->n_head, (int)hp->n_head_kv, s->att_long,
                                             s->n_ctx, pos);
+    const int n_act = pos / ENGINE_CU_ATT_SPLIT + 1;
+    if (s->att_grid > 1 && n_act > 1 && n_act > s->att_long)
+        nb = all; /* att_block's path: the whole grid (measured faster at 8K, see att_grid) */
     if (nb < (unsigned)s->att_grid) nb = (unsigned)s->att_grid < all ? (unsigned)s->att_grid : all;
     if (nb == s->att_blocks[tk]) return 0;
     for (int i = 0; i < s->n_att_nodes[tk]; i++) {

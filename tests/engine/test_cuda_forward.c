@@ -621,15 +621,17 @@ out:
  * three calls (each crossing split boundaries, and a boundary between two of them), and then
  * the logits at the next position: the sessions with the whole grid (ATT_GRID=0), with exact
  * grids (ATT_GRID=1: 4, 8, .. 20 blocks), with the per-KV-head launch (ATT_SHORT=0, a grid
- * fixed at capture) and with exact grids and att_block's blocks from 512 on (ATT_LONG=512: the
- * flat launch changes path mid-run) must equal the default's bit for bit. */
+ * fixed at capture), with exact grids and att_block's blocks from 512 on (ATT_LONG=512: the
+ * flat launch changes path mid-run) and with a floor of 6 blocks there (6, 8, then the whole
+ * 10 on att_block's path) must equal the default's bit for bit. */
 #define N_LONG 1100
 static void run_long(const char *type) {
     static const char *const sets[][2] = {{NULL, NULL},
                                           {"SPARK_CUDA_ATT_GRID=0", NULL},
                                           {"SPARK_CUDA_ATT_GRID=1", NULL},
                                           {"SPARK_CUDA_ATT_SHORT=0", NULL},
-                                          {"SPARK_CUDA_ATT_GRID=1", "SPARK_CUDA_ATT_LONG=512"}};
+                                          {"SPARK_CUDA_ATT_GRID=1", "SPARK_CUDA_ATT_LONG=512"},
+                                          {"SPARK_CUDA_ATT_GRID=6", "SPARK_CUDA_ATT_LONG=512"}};
     enum { NS = sizeof sets / sizeof sets[0] };
     static const int32_t calls[] = {300, 468, N_LONG - 768}; /* ends 300, 768, N_LONG */
     char path[600];
