@@ -7,13 +7,14 @@
 #include "attention_dev.cuh"
 
 /* HD 256 may take more than 128 registers (one block per multiprocessor; else it spills). */
-/* CFG (an A/B of code size, HD 128 only: a.cfg): bit 0 halves the V rows in flight (VU), bit 1
- * keeps the softmax's loops over a lane's scores rolled; the same sums in the same order. */
+/* CFG (an A/B of code size, HD 128 only: a.cfg): 1 the sessions' 36 choice (2 positions a
+ * thread a score pass, 16 V rows in flight), 2 4 V rows in flight; the same sums in the same
+ * order. */
 template <int HD, int CFG>
 __global__ void __launch_bounds__(ATT_THREADS, HD > 128 ? 1 : 2) att_flat_kernel(engine_cu_att a) {
-    constexpr int PP = att_short_pp(HD);
-    constexpr int VU = CFG & 1 ? att_short_vu(HD) / 2 : att_short_vu(HD);
-    constexpr int SMU = CFG & 2 ? 1 : 8;
+    constexpr int PP = CFG == 1 ? 2 : att_short_pp(HD);
+    constexpr int VU = CFG == 1 ? 16 : CFG == 2 ? 4 : att_short_vu(HD);
+    constexpr int SMU = 8;
     extern __shared__ __align__(16) float att_smem[];
     engine_cu_pdl_launch();
     /* the position is set before the step's graph runs (no kernel of the step writes it) */
