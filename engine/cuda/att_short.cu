@@ -7,14 +7,8 @@
 #include "attention_dev.cuh"
 
 /* HD 256 may take more than 128 registers (one block per multiprocessor; else it spills). */
-/* CFG (an A/B of code size, HD 128 only: a.cfg): 1 the sessions' 36 choice (2 positions a
- * thread a score pass, 16 V rows in flight), 2 4 V rows in flight; the same sums in the same
- * order. */
-template <int HD, int CFG>
+template <int HD>
 __global__ void __launch_bounds__(ATT_THREADS, HD > 128 ? 1 : 2) att_flat_kernel(engine_cu_att a) {
-    constexpr int PP = CFG == 1 ? 2 : att_short_pp(HD);
-    constexpr int VU = CFG == 1 ? 16 : CFG == 2 ? 4 : att_short_vu(HD);
-    constexpr int SMU = 8;
     extern __shared__ __align__(16) float att_smem[];
     engine_cu_pdl_launch();
     /* the position is set before the step's graph runs (no kernel of the step writes it) */
@@ -27,11 +21,9 @@ __global__ void __launch_bounds__(ATT_THREADS, HD > 128 ? 1 : 2) att_flat_kernel
         if ((int)blockIdx.x >= a.n_head * n_act) return;
         const int s = blockIdx.x / a.n_head, h = blockIdx.x - s * a.n_head;
         if (a.kv_f32)
-            att_short_block<HD, true, PP, VU, SMU>(a, h, s, pos, max_splits, att_smem,
-                                                   engine_cu_pdl_sync{});
+            att_short_block<HD, true>(a, h, s, pos, max_splits, att_smem, engine_cu_pdl_sync{});
         else
-            att_short_block<HD, false, PP, VU, SMU>(a, h, s, pos, max_splits, att_smem,
-                                                    engine_cu_pdl_sync{});
+            att_short_block<HD, false>(a, h, s, pos, max_splits, att_smem, engine_cu_pdl_sync{});
         return;
     }
     const int s = blockIdx.x / a.n_kv;
@@ -50,38 +42,26 @@ unsigned engine_cu_att_flat_blocks(int n_head, int n_kv, int long_splits, int n_
     return (unsigned)(nb > n_kv * max_splits ? nb : n_kv * max_splits);
 }
 
-const void *engine_cu_att_flat_kernel(int hd, int cfg) {
+const void *engine_cu_att_flat_kernel(int hd) {
     switch (hd) {
-    case 64: return (const void *)att_flat_kernel<64, 0>;
-    case 128:
-        return cfg == 1   ? (const void *)att_flat_kernel<128, 1>
-               : cfg == 2 ? (const void *)att_flat_kernel<128, 2>
-               : cfg == 3 ? (const void *)att_flat_kernel<128, 3>
-                          : (const void *)att_flat_kernel<128, 0>;
-    default: return (const void *)att_flat_kernel<256, 0>;
+    case 64: return (const void *)att_flat_kernel<64>;
+    case 128: return (const void *)att_flat_kernel<128>;
+    default: return (const void *)att_flat_kernel<256>;
     }
 }
 
-template <int HD, int CFG>
-static void att_flat_launch(const engine_cu_att *a, cudaStream_t stream) {
+template <int HD> static void att_flat_launch(const engine_cu_att *a, cudaStream_t stream) {
     const dim3 grid(engine_cu_att_flat_blocks(a->n_head, a->n_kv, a->long_splits, a->n_ctx, -1));
     size_t smem = att_smem_bytes(a->n_head / a->n_kv, a->hd);
     if (att_short_smem_bytes(a->hd) > smem) smem = att_short_smem_bytes(a->hd);
-    engine_cu_launch(att_flat_kernel<HD, CFG>, grid, dim3(ATT_THREADS), smem, stream, *a);
+    engine_cu_launch(att_flat_kernel<HD>, grid, dim3(ATT_THREADS), smem, stream, *a);
 }
 
 void engine_cu_attention_flat(const engine_cu_att *a, cudaStream_t stream) {
     switch (a->hd) {
-    case 64: att_flat_launch<64, 0>(a, stream); break;
-    case 128:
-        switch (a->cfg) {
-        case 1: att_flat_launch<128, 1>(a, stream); break;
-        case 2: att_flat_launch<128, 2>(a, stream); break;
-        case 3: att_flat_launch<128, 3>(a, stream); break;
-        default: att_flat_launch<128, 0>(a, stream); break;
-        }
-        break;
-    default: att_flat_launch<256, 0>(a, stream); break;
+    case 64: att_flat_launch<64>(a, stream); break;
+    case 128: att_flat_launch<128>(a, stream); break;
+    default: att_flat_launch<256>(a, stream); break;
     }
 }
 

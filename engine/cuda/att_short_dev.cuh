@@ -33,8 +33,9 @@
 
 /* Positions per thread and score pass, and V rows in flight per warp (a chunk). At HD 128 one
  * position and 8 rows (were 2 and 16): less code, which each launch fetches anew, for more
- * passes at longer positions: +1.0% / +0.8% tg128 (Q4_K_M / Q8_0, Qwen3-30B-A3B, H200, session
- * 37 call E; the same sums in the same order). HD 64 and 256 as they were (not measured). */
+ * passes at longer positions. Qwen3-30B-A3B on the H200 (session 37 call G, one process, the
+ * same sums in the same order): tg128 +1.0% (Q4_K_M and Q8_0), at 4096 depth 0.0%, at 1024
+ * -0.5%; 4 rows: +0.3% at depth 0, -1.3% at 1024. HD 64 and 256 as they were (not measured). */
 __host__ __device__ constexpr int att_short_pp(int hd) {
     return hd <= 64 ? 4 : 1;
 }
@@ -54,16 +55,17 @@ static inline size_t att_short_smem_bytes(int hd) {
  * the split, the head's last block (counters[h]) merging them into the output. att_smem:
  * att_short_smem_bytes of dynamic shared memory (16-byte aligned); sync.wait() before the
  * inputs are read (every thread calls it). */
-template <int HD, bool F32, int PP = att_short_pp(HD), int VU = att_short_vu(HD), int SMU = 8,
-          typename S>
+template <int HD, bool F32, typename S>
 __device__ __forceinline__ void att_short_block(const engine_cu_att &a, int h, int s, int pos,
                                                 int max_splits, float *att_smem, const S &sync) {
     constexpr int DPL = HD / 32;         /* V dimensions per lane */
     constexpr int NI = HD / 8 / ATT_TPP; /* groups of 8 values per thread in the score loop */
+    constexpr int PP = att_short_pp(HD);
     constexpr int PSTEP = ATT_THREADS / ATT_TPP; /* positions per pass and u */
     /* V rows in flight per warp: a chunk's loads are all issued (the rows past the warp's last
      * clamped to it, their terms skipped), so a short tail costs one round trip, not one per
      * row */
+    constexpr int VU = att_short_vu(HD);
     constexpr size_t elt = F32 ? 4 : 2;
     const int G = a.n_head / a.n_kv, kvh = h / G, g = h - kvh * G;
     const int n_act = (pos + ENGINE_CU_ATT_SPLIT) / ENGINE_CU_ATT_SPLIT;
@@ -163,12 +165,12 @@ __device__ __forceinline__ void att_short_block(const engine_cu_att &a, int h, i
      * numerator of its own positions w + ATT_WARPS * lane */
     constexpr int NJ = ENGINE_CU_ATT_SPLIT / 32; /* positions per lane (fixed trip count) */
     float mx = -INFINITY;
-#pragma unroll(SMU)
+#pragma unroll
     for (int i = 0; i < NJ; i++)
         if (lane + 32 * i < np) mx = fmaxf(mx, sc[lane + 32 * i]);
     mx = engine_cu_warp_max(mx);
     float sum = 0.0f;
-#pragma unroll(SMU)
+#pragma unroll
     for (int i = 0; i < NJ; i++)
         if (lane + 32 * i < np) sum += expf(sc[lane + 32 * i] - mx);
     sum = engine_cu_warp_sum(sum);

@@ -49,7 +49,6 @@ typedef struct {
     float *partial;     /* [n_head][max_splits][hd + 2] scratch */
     unsigned *counters; /* [n_kv], zero between launches */
     float *out;         /* [n_head * hd] */
-    int cfg; /* SPARK_CUDA_ATT_CFG: the flat launch's code-size variant (att_short.cu), HD 128 */
 } engine_cu_att;
 
 /* Head dimensions the kernel is instantiated for (64, 128, 256). */
@@ -68,6 +67,6 @@ void engine_cu_attention_flat(const engine_cu_att *a, cudaStream_t stream);
  * launch's grid to be set to (SPARK_CUDA_ATT_GRID); and its kernel for head dimension hd, to
  * find such launches in a graph. */
 unsigned engine_cu_att_flat_blocks(int n_head, int n_kv, int long_splits, int n_ctx, int pos);
-const void *engine_cu_att_flat_kernel(int hd, int cfg);
+const void *engine_cu_att_flat_kernel(int hd);
 
 #endif

@@ -104,7 +104,6 @@ struct engine_cuda_session {
      * depth its 132 working blocks alone were 1.1% slower than the 512 (call E). The graphs are
      * kept for their nodes; att_blocks: the grid in the exec now. */
     int att_grid;
-    int att_cfg; /* SPARK_CUDA_ATT_CFG (attention.cuh cfg), for an A/B */
     cudaGraph_t graph[2];
     cudaGraphNode_t *att_nodes[2];
     int n_att_nodes[2];
@@ -687,8 +686,6 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
             n = n < 0 ? 0 : n > 256L * ENGINE_CU_ATT_SPLIT ? 256L * ENGINE_CU_ATT_SPLIT : n;
             s->att_long = (int)((n + ENGINE_CU_ATT_SPLIT - 1) / ENGINE_CU_ATT_SPLIT);
         }
-        e = getenv("SPARK_CUDA_ATT_CFG");
-        s->att_cfg = e ? atoi(e) & 3 : 0;
         e = getenv("SPARK_CUDA_ATT_GRID");
         if (e) {
             s->att_grid = atoi(e);
@@ -928,8 +925,7 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
                         hd,
                         s->partial,
                         s->counters,
-                        s->att,
-                        s->att_cfg};
+                        s->att};
     o->at = at;
 
     mv = &o->wo;
@@ -1221,7 +1217,7 @@ static int att_nodes_find(engine_cuda_session *s, cudaGraph_t g, int tk) {
     int rc = 0;
     size_t n = 0;
     cudaGraphNode_t *nodes = NULL;
-    const void *fn = engine_cu_att_flat_kernel((int)s->cm->m->hp.head_dim_k, s->att_cfg);
+    const void *fn = engine_cu_att_flat_kernel((int)s->cm->m->hp.head_dim_k);
     if (!s->att_grid || !s->att_short) return 0;
     CU(cudaGraphGetNodes(g, NULL, &n));
     nodes = (cudaGraphNode_t *)malloc(sizeof *nodes * (n ? n : 1));
