@@ -44,9 +44,12 @@ unsigned engine_cu_att_flat_blocks(int n_head, int n_kv, int long_splits, int n_
 
 const void *engine_cu_att_flat_kernel(int hd) {
     switch (hd) {
-    case 64: return (const void *)att_flat_kernel<64>;
-    case 128: return (const void *)att_flat_kernel<128>;
-    default: return (const void *)att_flat_kernel<256>;
+    case 64:
+        return (const void *)att_flat_kernel<64>;
+    case 128:
+        return (const void *)att_flat_kernel<128>;
+    default:
+        return (const void *)att_flat_kernel<256>;
     }
 }
 

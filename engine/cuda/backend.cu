@@ -1236,7 +1236,8 @@ static int att_nodes_find(engine_cuda_session *s, cudaGraph_t g, int tk) {
         if (kp.func == fn) s->att_nodes[tk][s->n_att_nodes[tk]++] = nodes[i];
     }
     if (s->n_att_nodes[tk] != (int)s->cm->m->hp.n_layer)
-        engine_log(ENGINE_LOG_INFO, "cuda: %d flat attention launches found in the step of %u layers",
+        engine_log(ENGINE_LOG_INFO,
+                   "cuda: %d flat attention launches found in the step of %u layers",
                    s->n_att_nodes[tk], s->cm->m->hp.n_layer);
 done:
     free(nodes);
@@ -1250,10 +1251,10 @@ static int att_grid_set(engine_cuda_session *s, int tk, int32_t pos) {
     int rc = 0;
     if (!s->n_att_nodes[tk]) return 0;
     const engine_hparams *hp = &s->cm->m->hp;
-    const unsigned all = engine_cu_att_flat_blocks((int)hp->n_head, (int)hp->n_head_kv,
-                                                   s->att_long, s->n_ctx, -1);
-    unsigned nb = engine_cu_att_flat_blocks((int)hp->n_head, (int)hp->n_head_kv, s->att_long,
-                                            s->n_ctx, pos);
+    const unsigned all =
+        engine_cu_att_flat_blocks((int)hp->n_head, (int)hp->n_head_kv, s->att_long, s->n_ctx, -1);
+    unsigned nb =
+        engine_cu_att_flat_blocks((int)hp->n_head, (int)hp->n_head_kv, s->att_long, s->n_ctx, pos);
     const int n_act = pos / ENGINE_CU_ATT_SPLIT + 1;
     if (s->att_grid > 1 && n_act > 1 && n_act > s->att_long)
         nb = all; /* att_block's path: the whole grid (measured faster at 8K, see att_grid) */
