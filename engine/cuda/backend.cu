@@ -1240,6 +1240,7 @@ static int att_nodes_find(engine_cuda_session *s, cudaGraph_t g, int tk) {
                    "cuda: %d flat attention launches found in the step of %u layers",
                    s->n_att_nodes[tk], s->cm->m->hp.n_layer);
 done:
+    if (rc) s->n_att_nodes[tk] = 0; /* none updated: the graph is freed with the error */
     free(nodes);
     return rc;
 }
