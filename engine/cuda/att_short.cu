@@ -31,6 +31,44 @@ __global__ void __launch_bounds__(ATT_THREADS, HD > 128 ? 1 : 2) att_flat_kernel
     att_block<HD, 8>(a, blockIdx.x - s * a.n_kv, s, max_splits, att_smem, engine_cu_pdl_sync());
 }
 
+/* Positions below ENGINE_CU_ATT_SPLIT alone (SPARK_CUDA_ATT_ONE: a step graph's attention
+ * nodes take it there, backend.cu att_grid_set): att_flat_kernel's block per query head at one
+ * split, without its other paths' code and with the cache type fixed; VU 0 att_short_vu's V
+ * rows in flight, else VU. The same sums in the same order. */
+template <int HD, bool F32, int VU>
+__global__ void __launch_bounds__(ATT_THREADS, HD > 128 ? 1 : 2) att_one_kernel(engine_cu_att a) {
+    extern __shared__ __align__(16) float att_smem[];
+    engine_cu_pdl_launch();
+    if ((int)blockIdx.x >= a.n_head) return; /* before any load */
+    const int max_splits = (a.n_ctx + ENGINE_CU_ATT_SPLIT - 1) / ENGINE_CU_ATT_SPLIT;
+    att_short_block<HD, F32, true, VU>(a, blockIdx.x, 0, *a.pos, max_splits, att_smem,
+                                       engine_cu_pdl_sync{});
+}
+
+template <int HD> static const void *att_one_fn(bool f32, int v) {
+    constexpr int VH = att_short_vu(HD) / 2;
+    if (f32)
+        return v == 2 ? (const void *)att_one_kernel<HD, true, VH>
+                      : (const void *)att_one_kernel<HD, true, 0>;
+    return v == 2 ? (const void *)att_one_kernel<HD, false, VH>
+                  : (const void *)att_one_kernel<HD, false, 0>;
+}
+
+const void *engine_cu_att_one_kernel(int hd, bool f32, int v) {
+    switch (hd) {
+    case 64:
+        return att_one_fn<64>(f32, v);
+    case 128:
+        return att_one_fn<128>(f32, v);
+    default:
+        return att_one_fn<256>(f32, v);
+    }
+}
+
+size_t engine_cu_att_one_smem(int hd) {
+    return att_short_smem_bytes(hd);
+}
+
 unsigned engine_cu_att_flat_blocks(int n_head, int n_kv, int long_splits, int n_ctx, int pos) {
     const int max_splits = engine_cu_att_max_splits(n_ctx);
     if (pos >= 0) { /* the kernel's own choice of path at pos */

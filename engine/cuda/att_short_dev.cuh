@@ -55,7 +55,7 @@ static inline size_t att_short_smem_bytes(int hd) {
  * the split, the head's last block (counters[h]) merging them into the output. att_smem:
  * att_short_smem_bytes of dynamic shared memory (16-byte aligned); sync.wait() before the
  * inputs are read (every thread calls it). */
-template <int HD, bool F32, typename S>
+template <int HD, bool F32, bool ONE = false, int VU_ = 0, typename S>
 __device__ __forceinline__ void att_short_block(const engine_cu_att &a, int h, int s, int pos,
                                                 int max_splits, float *att_smem, const S &sync) {
     constexpr int DPL = HD / 32;         /* V dimensions per lane */
@@ -65,10 +65,11 @@ __device__ __forceinline__ void att_short_block(const engine_cu_att &a, int h, i
     /* V rows in flight per warp: a chunk's loads are all issued (the rows past the warp's last
      * clamped to it, their terms skipped), so a short tail costs one round trip, not one per
      * row */
-    constexpr int VU = att_short_vu(HD);
+    constexpr int VU = VU_ ? VU_ : att_short_vu(HD);
     constexpr size_t elt = F32 ? 4 : 2;
     const int G = a.n_head / a.n_kv, kvh = h / G, g = h - kvh * G;
-    const int n_act = (pos + ENGINE_CU_ATT_SPLIT) / ENGINE_CU_ATT_SPLIT;
+    /* ONE: the caller's position is below ENGINE_CU_ATT_SPLIT (att_one_kernel) */
+    const int n_act = ONE ? 1 : (pos + ENGINE_CU_ATT_SPLIT) / ENGINE_CU_ATT_SPLIT;
     const int p_begin = s * ENGINE_CU_ATT_SPLIT, np = min(ENGINE_CU_ATT_SPLIT, pos + 1 - p_begin);
     const bool last = s == n_act - 1;   /* the split holding row pos */
     const int nl = last ? np - 1 : np;  /* this split's rows to read from the cache */

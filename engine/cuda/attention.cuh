@@ -68,5 +68,11 @@ void engine_cu_attention_flat(const engine_cu_att *a, cudaStream_t stream);
  * find such launches in a graph. */
 unsigned engine_cu_att_flat_blocks(int n_head, int n_kv, int long_splits, int n_ctx, int pos);
 const void *engine_cu_att_flat_kernel(int hd);
+/* The kernel that serves positions below ENGINE_CU_ATT_SPLIT alone (att_short.cu; v 1 its V
+ * rows as att_short_vu says, 2 half as many), with the flat launch's parameters, a block per
+ * query head (more blocks leave at once) and engine_cu_att_one_smem bytes of dynamic shared
+ * memory: a captured flat launch's node may be set to it there (SPARK_CUDA_ATT_ONE). */
+const void *engine_cu_att_one_kernel(int hd, bool f32, int v);
+size_t engine_cu_att_one_smem(int hd);
 
 #endif

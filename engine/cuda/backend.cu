@@ -104,6 +104,13 @@ struct engine_cuda_session {
      * depth its 132 working blocks alone were 1.1% slower than the 512 (call E). The graphs are
      * kept for their nodes; att_blocks: the grid in the exec now. */
     int att_grid;
+    /* SPARK_CUDA_ATT_ONE=0|1|2 (default 2): below ENGINE_CU_ATT_SPLIT positions the nodes run
+     * engine_cu_att_one_kernel (v 1 or 2) instead; 0: the flat kernel throughout. Session 38
+     * call D (H200, tg128 against 0, twice each): 1 +0.7% / +0.7% (Q4_K_M / Q8_0), 2 +1.0% /
+     * +0.8% (Q4_K_M 604.3, 602.2 against 595.9, 598.2). att_fn: the kernel in the exec now
+     * (NULL: as captured) */
+    int att_one;
+    const void *att_fn[2];
     cudaGraph_t graph[2];
     cudaGraphNode_t *att_nodes[2];
     int n_att_nodes[2];
@@ -190,6 +197,7 @@ struct engine_cuda_session {
     int mf_dn_merge;         /* SPARK_CUDA_MOE_DMERGE=0|1 (moe_fused.cuh dn_merge; default 2) */
     int mf_lanes;            /* SPARK_CUDA_MOE_LANES=0|1 (moe_fused.cuh lanes; default 2) */
     int mf_roll;             /* SPARK_CUDA_MOE_ROLL=bits (moe_fused.cuh roll; default 3) */
+    int mf_spec;             /* SPARK_CUDA_MOE_SPEC=0|1 (moe_fused.cuh spec; default 2) */
     int mf_norm;  /* SPARK_CUDA_NEXT_NORM=1: it asks L2 for the next attention norm (pf_norm) */
     int mf_diag; /* SPARK_CUDA_MOE_FUSED_DIAG=bits: phases left out (diagnosis, moe_fused.cuh) */
     int mf_red;  /* SPARK_CUDA_MOE_FUSED_RED=1: its reduction by row class, no wait */
@@ -686,6 +694,8 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
             n = n < 0 ? 0 : n > 256L * ENGINE_CU_ATT_SPLIT ? 256L * ENGINE_CU_ATT_SPLIT : n;
             s->att_long = (int)((n + ENGINE_CU_ATT_SPLIT - 1) / ENGINE_CU_ATT_SPLIT);
         }
+        e = getenv("SPARK_CUDA_ATT_ONE");
+        s->att_one = e && e[0] >= '0' && e[0] <= '2' ? e[0] - '0' : 2;
         e = getenv("SPARK_CUDA_ATT_GRID");
         if (e) {
             s->att_grid = atoi(e);
@@ -718,6 +728,8 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         s->mf_lanes = e && (e[0] == '0' || e[0] == '1') ? e[0] - '0' : 2;
         e = getenv("SPARK_CUDA_MOE_ROLL"); /* 3, both loops: session 36 calls G-H */
         s->mf_roll = e && e[0] >= '0' && e[0] <= '3' ? e[0] - '0' : 3;
+        e = getenv("SPARK_CUDA_MOE_SPEC");
+        s->mf_spec = e && (e[0] == '0' || e[0] == '1') ? e[0] - '0' : 2;
         e = getenv("SPARK_CUDA_MOE_YPRE"); /* on: session 32 calls A-B */
         s->mf_y_pre = !e || e[0] != '0';
         e = getenv("SPARK_CUDA_NEXT_NORM");
@@ -1054,6 +1066,7 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
         o->mf.dn_merge = s->mf_dn_merge;
         o->mf.lanes = s->mf_lanes;
         o->mf.roll = s->mf_roll;
+        o->mf.spec = s->mf_spec;
         if (s->mf_norm && l + 1 < hp->n_layer) {
             o->mf.pf_norm = cm->layers[l + 1].attn_norm;
             o->mf.pf_norm_n = emb;
@@ -1218,7 +1231,7 @@ static int att_nodes_find(engine_cuda_session *s, cudaGraph_t g, int tk) {
     size_t n = 0;
     cudaGraphNode_t *nodes = NULL;
     const void *fn = engine_cu_att_flat_kernel((int)s->cm->m->hp.head_dim_k);
-    if (!s->att_grid || !s->att_short) return 0;
+    if ((!s->att_grid && !s->att_one) || !s->att_short) return 0;
     CU(cudaGraphGetNodes(g, NULL, &n));
     nodes = (cudaGraphNode_t *)malloc(sizeof *nodes * (n ? n : 1));
     s->att_nodes[tk] = (cudaGraphNode_t *)malloc(sizeof *nodes * (n ? n : 1));
@@ -1260,14 +1273,24 @@ static int att_grid_set(engine_cuda_session *s, int tk, int32_t pos) {
     if (s->att_grid > 1 && n_act > 1 && n_act > s->att_long)
         nb = all; /* att_block's path: the whole grid (measured faster at 8K, see att_grid) */
     if (nb < (unsigned)s->att_grid) nb = (unsigned)s->att_grid < all ? (unsigned)s->att_grid : all;
-    if (nb == s->att_blocks[tk]) return 0;
+    if (!s->att_grid) nb = all;
+    const void *fn =
+        s->att_one && n_act == 1
+            ? engine_cu_att_one_kernel((int)hp->head_dim_k, s->kv == ENGINE_KV_F32, s->att_one)
+            : NULL;
+    if (nb == s->att_blocks[tk] && fn == s->att_fn[tk]) return 0;
     for (int i = 0; i < s->n_att_nodes[tk]; i++) {
-        cudaKernelNodeParams kp;
+        cudaKernelNodeParams kp; /* the node as captured (exec updates leave it) */
         CU(cudaGraphKernelNodeGetParams(s->att_nodes[tk][i], &kp));
         kp.gridDim.x = nb;
+        if (fn) {
+            kp.func = (void *)fn;
+            kp.sharedMemBytes = (unsigned)engine_cu_att_one_smem((int)hp->head_dim_k);
+        }
         CU(cudaGraphExecKernelNodeSetParams(tk ? s->exec_tk : s->exec, s->att_nodes[tk][i], &kp));
     }
     s->att_blocks[tk] = nb;
+    s->att_fn[tk] = fn;
 done:
     return rc;
 }
@@ -1292,6 +1315,7 @@ static int capture(engine_cuda_session *s, bool tk) {
     CU(cudaGraphInstantiate(tk ? &s->exec_tk : &s->exec, g, 0));
     if (!tk) s->captured = true;
     s->att_blocks[tk] = 0; /* the whole grid, as captured */
+    s->att_fn[tk] = NULL;
     if ((rc = att_nodes_find(s, g, tk))) goto done;
     s->graph[tk] = g; /* its nodes name the attention launches to update */
     g = NULL;

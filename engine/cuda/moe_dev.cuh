@@ -389,7 +389,7 @@ __device__ __forceinline__ void ffn_route_warp(const engine_cu_ffn_up_args &a, i
  * for every i < NR, all below a.rows (the caller's). SH (quantised types): the rows from the
  * block's copy of its item's two runs in shared memory, gate run at ws, up run after it (row r
  * at ws + (r % (2 FFN_WARPS)) row_bytes). */
-template <int MODE, int NR = 2, bool SH = false, bool ROLL = false>
+template <int MODE, int NR = 2, bool SH = false, bool ROLL = false, int UT = 0>
 __device__ __forceinline__ void ffn_up_rows(const engine_cu_ffn_up_args &a, int j, int e, int r,
                                             const engine_cu_xv &xv, const uint8_t *ws = nullptr) {
     const size_t off = (size_t)e * a.expert_bytes + (size_t)r * a.row_bytes;
@@ -405,14 +405,15 @@ __device__ __forceinline__ void ffn_up_rows(const engine_cu_ffn_up_args &a, int 
     switch (a.type) { /* gate and up share a type (checked at upload) */
 #define UP_CASE(T)                                                                                 \
     case T:                                                                                        \
-        if (MODE == engine_cu_x_mode(T))                                                           \
+        if (MODE == engine_cu_x_mode(T) && (UT == 0 || UT == T))                                   \
             up_rows<T, NR, SH, ROLL>(gr, ur, stride, a.cols >> 5, xv, hv);                         \
         break;
         ENGINE_CU_QUANT_CASES(UP_CASE)
 #undef UP_CASE
 #define UP_CASE(T)                                                                                 \
     case T:                                                                                        \
-        if (MODE == ENGINE_CU_X_F32 && !SH) up_rows<T, NR>(gr, ur, stride, a.cols >> 5, xv, hv);   \
+        if (MODE == ENGINE_CU_X_F32 && !SH && UT == 0)                                             \
+            up_rows<T, NR>(gr, ur, stride, a.cols >> 5, xv, hv);                                   \
         break;
         ENGINE_CU_FLOAT_CASES(UP_CASE)
 #undef UP_CASE

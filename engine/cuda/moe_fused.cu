@@ -333,7 +333,9 @@ mg_next_copies(const engine_cu_ffn_up_args &u, const engine_cu_ffn_down_args &d,
 #define MG_DIAG_NO_HSTAGE 0x100
 #define MG_DIAG_NO_DOWN 0x200
 
-template <int MODE, bool RF>
+/* UT, DT (a.spec): the instance for gate/up of type UT and down of type DT alone (0: any), so
+ * that only their products are in its code */
+template <int MODE, bool RF, int UT = 0, int DT = 0>
 __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_fused_args a) {
     /* from a 128-byte boundary, where the bulk copies land: +2.7% Q4_K_M, +5.7% Q8_0 against
      * the 16-byte boundary it had (Qwen3-30B-A3B, H200, session 21 call 1) */
@@ -452,9 +454,9 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
         const int it = i0 + i, j = it / gx, r = (it - j * gx) * 2 * FFN_WARPS + wl;
         if (a.diag & MG_DIAG_NO_UP) {
         } else if (a.roll & 2) { /* moe_fused.cuh roll */
-            ffn_up_rows<MODE, 2, true, true>(u, j, ids[j], r, xv, ws + (size_t)i * 2 * urun);
+            ffn_up_rows<MODE, 2, true, true, UT>(u, j, ids[j], r, xv, ws + (size_t)i * 2 * urun);
         } else {
-            ffn_up_rows<MODE, 2, true>(u, j, ids[j], r, xv, ws + (size_t)i * 2 * urun);
+            ffn_up_rows<MODE, 2, true, false, UT>(u, j, ids[j], r, xv, ws + (size_t)i * 2 * urun);
         }
         if (wl == 0 && (threadIdx.x & 31) == 0)
             ENGINE_CU_TRACE_ANY(20 + i); /* the group's first warp done with item i */
@@ -510,7 +512,7 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
         switch (d.type) {
 #define MG_CASE(T)                                                                                 \
     case T:                                                                                        \
-        if (MODE == engine_cu_x_mode(T) && !(a.diag & MG_DIAG_NO_DOWN)) {                          \
+        if (MODE == engine_cu_x_mode(T) && (DT == 0 || DT == T) && !(a.diag & MG_DIAG_NO_DOWN)) {  \
             if (a.roll & 1) /* moe_fused.cuh roll */                                               \
                 v = down_row<T, true, 1>(d, r, ids, wts, sm, true, wr, ms);                        \
             else                                                                                   \
@@ -548,7 +550,16 @@ static size_t mf_smem(const engine_cu_moe_fused_args *a) {
     return mf_align16(engine_cu_xs_bytes(q, a->up.cols)) + engine_cu_xs_bytes(q, 256);
 }
 
-static mf_kernel_fn mg_kernel(int mode, bool rf) {
+static mf_kernel_fn mg_kernel(int mode, bool rf, const engine_cu_moe_fused_args *a) {
+    if (a->spec && rf) { /* moe_fused.cuh spec: the common files' type pairs */
+        const int ut = a->up.type, dt = a->dn.type;
+        if (a->spec == 1 && ut == ENGINE_TYPE_Q4_K && dt == ENGINE_TYPE_Q6_K)
+            return moe_grid_kernel<ENGINE_CU_X_Q8_K, true, ENGINE_TYPE_Q4_K, ENGINE_TYPE_Q6_K>;
+        if (a->spec == 1 && ut == ENGINE_TYPE_Q4_K && dt == ENGINE_TYPE_Q4_K)
+            return moe_grid_kernel<ENGINE_CU_X_Q8_K, true, ENGINE_TYPE_Q4_K, ENGINE_TYPE_Q4_K>;
+        if (ut == ENGINE_TYPE_Q8_0 && dt == ENGINE_TYPE_Q8_0)
+            return moe_grid_kernel<ENGINE_CU_X_Q8_0, true, ENGINE_TYPE_Q8_0, ENGINE_TYPE_Q8_0>;
+    }
     if (mode == ENGINE_CU_X_Q8_K)
         return rf ? moe_grid_kernel<ENGINE_CU_X_Q8_K, true>
                   : moe_grid_kernel<ENGINE_CU_X_Q8_K, false>;
@@ -610,7 +621,7 @@ static const char *mg_why(engine_cu_moe_fused_args *a, int *nb, size_t *smem) {
         return "the device query failed";
     }
     if (*smem > (size_t)optin) return "the copies do not fit shared memory";
-    if (!engine_cu_one_wave(mg_kernel(mode, u.x_add != nullptr), MG_THREADS, *smem, *nb))
+    if (!engine_cu_one_wave(mg_kernel(mode, u.x_add != nullptr, a), MG_THREADS, *smem, *nb))
         return "its blocks do not all fit the GPU at once";
     return nullptr;
 }
@@ -672,8 +683,8 @@ void engine_cu_moe_fused(const engine_cu_moe_fused_args *a, cudaStream_t stream)
         int nb = 0;
         size_t smem = 0;
         mg_why(&c, &nb, &smem);
-        engine_cu_launch(mg_kernel(engine_cu_x_mode(c.up.type), c.up.x_add != nullptr), dim3(nb),
-                         dim3(MG_THREADS), smem, stream, c);
+        engine_cu_launch(mg_kernel(engine_cu_x_mode(c.up.type), c.up.x_add != nullptr, &c),
+                         dim3(nb), dim3(MG_THREADS), smem, stream, c);
         return;
     }
     const int nb = a->up.k * (a->up.rows / a->slice);
@@ -777,6 +788,7 @@ extern "C" int engine_cuda_op_moe_fused(
         a.dn_merge = (flags >> 13) & 1; /* the down runs merged per slot, both forms */
         a.lanes = (flags >> 14) & 1;    /* the down copies a lane each, both forms */
         a.roll = (flags >> 15) & 3;     /* the down (1) and up (2) loops rolled */
+        a.spec = (flags >> 17) & 1;     /* the instance of the types alone */
         a.partial = (float *)(m + off[10]);
         a.counters = (unsigned *)(m + off[11]);
         const char *why = engine_cu_moe_fused_why(&a);

@@ -216,7 +216,7 @@ static int n_gen = N_GEN; /* generated tokens; fewer with a third argument (race
 /* Run-time switches of the decode stage-6 paths, and the short-context attention launch (a
  * block per query head, engine/cuda/att_short_dev.cuh; every position here is below 256): a
  * session per set, its variables set to 1 (or to the value after '='). */
-#define N_ALT 26
+#define N_ALT 31
 static const char *const alt_sets[N_ALT][3] = {
     {"SPARK_CUDA_ROUTE_ONCE", NULL, NULL},
     {"SPARK_CUDA_UP_EARLY", NULL, NULL},
@@ -244,6 +244,11 @@ static const char *const alt_sets[N_ALT][3] = {
     {"SPARK_CUDA_MOE_LANES=1", "SPARK_CUDA_MOE_FUSED=g1", NULL}, /* a lane each in form 1 too */
     {"SPARK_CUDA_MOE_ROLL=0", NULL, NULL},                       /* its loops unrolled */
     {"SPARK_CUDA_MOE_ROLL=1", "SPARK_CUDA_MOE_FUSED=g1", NULL},  /* the down loop alone, form 1 */
+    {"SPARK_CUDA_MOE_SPEC=0", NULL, NULL},                       /* no types' own instance */
+    {"SPARK_CUDA_MOE_SPEC=1", NULL, NULL},                       /* Q4_K's pairs' own too */
+    {"SPARK_CUDA_MOE_SPEC=1", "SPARK_CUDA_MOE_FUSED=g1", NULL},  /* and in form 1 */
+    {"SPARK_CUDA_ATT_ONE=0", NULL, NULL}, /* the flat attention kernel below 256 too */
+    {"SPARK_CUDA_ATT_ONE=1", NULL, NULL}, /* the one-split kernel with all its V rows */
 };
 
 /* Which alt sets run: all, unless SPARK_TEST_CUDA_ALTS lists their indices ("8,9") or says
@@ -622,8 +627,10 @@ out:
  * the logits at the next position: the sessions with the whole grid (ATT_GRID=0), with exact
  * grids (ATT_GRID=1: 4, 8, .. 20 blocks), with the per-KV-head launch (ATT_SHORT=0, a grid
  * fixed at capture), with exact grids and att_block's blocks from 512 on (ATT_LONG=512: the
- * flat launch changes path mid-run) and with a floor of 6 blocks there (6, 8, then the whole
- * 10 on att_block's path) must equal the default's bit for bit. */
+ * flat launch changes path mid-run), with a floor of 6 blocks there (6, 8, then the whole
+ * 10 on att_block's path), with the flat kernel below 256 positions too (ATT_ONE=0: the default
+ * swaps the one-split kernel in there and out at 256) and with the one-split kernel of all its V
+ * rows in the whole grid must equal the default's bit for bit. */
 #define N_LONG 1100
 static void run_long(const char *type) {
     static const char *const sets[][2] = {{NULL, NULL},
@@ -631,7 +638,9 @@ static void run_long(const char *type) {
                                           {"SPARK_CUDA_ATT_GRID=1", NULL},
                                           {"SPARK_CUDA_ATT_SHORT=0", NULL},
                                           {"SPARK_CUDA_ATT_GRID=1", "SPARK_CUDA_ATT_LONG=512"},
-                                          {"SPARK_CUDA_ATT_GRID=6", "SPARK_CUDA_ATT_LONG=512"}};
+                                          {"SPARK_CUDA_ATT_GRID=6", "SPARK_CUDA_ATT_LONG=512"},
+                                          {"SPARK_CUDA_ATT_ONE=0", NULL},
+                                          {"SPARK_CUDA_ATT_ONE=1", "SPARK_CUDA_ATT_GRID=0"}};
     enum { NS = sizeof sets / sizeof sets[0] };
     static const int32_t calls[] = {300, 468, N_LONG - 768}; /* ends 300, 768, N_LONG */
     char path[600];
