@@ -52,8 +52,10 @@ __device__ __forceinline__ int mv_find(const engine_cu_mv &a, int g, int per, in
  * repacked copy (dequant.cuh ENGINE_CU_TYPE_Q6_KR; R 1, 2 or 4, mode Q8_K), an instance of its own
  * so that the other launches' code stays as it is (a Q6_KR case in their switch measured ~1%
  * slower steps, session 12). SH (R > 0, quantised): the group's rows from the block's copy in
- * shared memory at ws (mv_block's bulk copy, engine_cu_mv.tma). */
-template <int MODE, int R, bool Q6R = false, bool SH = false>
+ * shared memory at ws (mv_block's bulk copy, engine_cu_mv.tma). TT (a quantised type; 0: any):
+ * an instance whose switch holds type TT's products alone, for callers whose matrices are all
+ * of type TT (router_fuse.cu, engine_cu_rf_args.spec); the same sums. */
+template <int MODE, int R, bool Q6R = false, bool SH = false, int TT = 0>
 __device__ __forceinline__ float *mv_group(const engine_cu_mv &a, int g, const engine_cu_xv &xv,
                                            float *part, const uint8_t *ws = nullptr) {
     constexpr int NR = R > 0 ? R : 1, PER = R > 0 ? ENGINE_CU_MV_WARPS * R : 1;
@@ -81,14 +83,14 @@ __device__ __forceinline__ float *mv_group(const engine_cu_mv &a, int g, const e
         switch (type) {
 #define MV_CASE(T)                                                                                 \
     case T:                                                                                        \
-        if (MODE == engine_cu_x_mode(T))                                                           \
+        if (MODE == engine_cu_x_mode(T) && (TT == 0 || TT == T))                                   \
             mv_rows<T, NR, SH>(row, stride, nvalid, c0, step, n_chunks, xv, acc);                  \
         break;
             ENGINE_CU_QUANT_CASES(MV_CASE)
 #undef MV_CASE
 #define MV_CASE(T)                                                                                 \
     case T:                                                                                        \
-        if (MODE == ENGINE_CU_X_F32 && !SH)                                                        \
+        if (MODE == ENGINE_CU_X_F32 && !SH && TT == 0)                                             \
             mv_rows<T, NR>(row, stride, nvalid, c0, step, n_chunks, xv, acc);                      \
         break;
             ENGINE_CU_FLOAT_CASES(MV_CASE)
@@ -164,7 +166,7 @@ __device__ __forceinline__ void mv_prefetch_groups(const engine_cu_mv &a, int g0
  * into registers before the wait (a.preload; quantised type T of the block's first group, R >
  * 0): those loads are in flight during the wait and the staging, the compute picks them up
  * after it; the same sums in the same order as mv_rows. */
-template <int T, int MODE, int R, typename S>
+template <int T, int MODE, int R, typename S, int TT = 0>
 __device__ __forceinline__ void mv_block_pre(const engine_cu_mv &a, int n_groups, int bx, int gdx,
                                              uint8_t *sm, const S &sync, int mi, int first) {
     __shared__ float part[ENGINE_CU_MV_WARPS];
@@ -210,7 +212,7 @@ __device__ __forceinline__ void mv_block_pre(const engine_cu_mv &a, int n_groups
         }
     }
     for (int g = bx + gdx; g < n_groups; g += gdx)
-        mv_group<MODE, R>(a, g, xv, part);
+        mv_group<MODE, R, false, false, TT>(a, g, xv, part);
 }
 
 /* mv_block below with a.tma (the launcher's: a block per row group, R > 0, a quantised mode,
@@ -218,7 +220,7 @@ __device__ __forceinline__ void mv_block_pre(const engine_cu_mv &a, int n_groups
  * rows (one contiguous run) into shared memory after the staged x with a bulk copy BEFORE the
  * wait, so the rows arrive while the previous kernel finishes; the warps then compute from
  * there: mv_group's sums, bit for bit. */
-template <int MODE, int R, typename S, bool NORM = true>
+template <int MODE, int R, typename S, bool NORM = true, int TT = 0>
 __device__ __forceinline__ void mv_block_tma(const engine_cu_mv &a, int bx, uint8_t *sm,
                                              const S &sync) {
     constexpr int PER = ENGINE_CU_MV_WARPS * R;
@@ -244,7 +246,7 @@ __device__ __forceinline__ void mv_block_tma(const engine_cu_mv &a, int bx, uint
     engine_cu_mbar_wait(&tma_bar, 0);
     ENGINE_CU_TRACE(7);
     const engine_cu_xv xv = engine_cu_xv_at(sm, a.cols, true, 0);
-    mv_group<MODE, R, false, true>(a, bx, xv, part, ws);
+    mv_group<MODE, R, false, true, TT>(a, bx, xv, part, ws);
     ENGINE_CU_TRACE_END();
 }
 
@@ -254,7 +256,7 @@ __device__ __forceinline__ void mv_block_tma(const engine_cu_mv &a, int bx, uint
  * R > 0: a group is 8 * R rows, warp w computing rows w, w + 8, ... of it (R at once).
  * R == 0 (split-K, for matrices of few rows): a group is one row, warp w taking chunks
  * w, w + 8, ... and the block summing the warps' parts. */
-template <int MODE, int R, typename S, bool Q6R = false, bool NORM = true>
+template <int MODE, int R, typename S, bool Q6R = false, bool NORM = true, int TT = 0>
 __device__ __forceinline__ void mv_block(const engine_cu_mv &a, int n_groups, int bx, int gdx,
                                          uint8_t *sm, const S &sync) {
     constexpr int NR = R > 0 ? R : 1, PER = R > 0 ? ENGINE_CU_MV_WARPS * R : 1;
@@ -262,7 +264,7 @@ __device__ __forceinline__ void mv_block(const engine_cu_mv &a, int n_groups, in
     const int w = threadIdx.x >> 5;
     if constexpr (!Q6R && R > 0 && MODE != ENGINE_CU_X_F32)
         if (a.tma) {
-            mv_block_tma<MODE, R, S, NORM>(a, bx, sm, sync);
+            mv_block_tma<MODE, R, S, NORM, TT>(a, bx, sm, sync);
             return;
         }
     if (!Q6R && R > 0 && R <= 2 && MODE != ENGINE_CU_X_F32 && a.preload && !a.touch) {
@@ -272,8 +274,9 @@ __device__ __forceinline__ void mv_block(const engine_cu_mv &a, int n_groups, in
         switch (a.m[mi].type) {
 #define MV_PRE(T)                                                                                  \
     case T:                                                                                        \
-        if (MODE == engine_cu_x_mode(T)) {                                                         \
-            mv_block_pre<T, MODE, (R > 0 ? R : 1)>(a, n_groups, bx, gdx, sm, sync, mi, first);     \
+        if (MODE == engine_cu_x_mode(T) && (TT == 0 || TT == T)) {                                 \
+            mv_block_pre<T, MODE, (R > 0 ? R : 1), S, TT>(a, n_groups, bx, gdx, sm, sync, mi,      \
+                                                          first);                                  \
             return;                                                                                \
         }                                                                                          \
         break;
@@ -324,7 +327,7 @@ __device__ __forceinline__ void mv_block(const engine_cu_mv &a, int n_groups, in
     const engine_cu_xv xv = engine_cu_xv_at(sm, a.cols, MODE != ENGINE_CU_X_F32, 0);
     float *y = nullptr;
     for (int g = bx; g < n_groups; g += gdx) {
-        float *yg = mv_group<MODE, R, Q6R>(a, g, xv, part);
+        float *yg = mv_group<MODE, R, Q6R, false, TT>(a, g, xv, part);
         if (yg) y = yg;
     }
     uint32_t sum = 0;

@@ -89,24 +89,24 @@ __device__ __forceinline__ void rf_router_block(const engine_cu_rf_args &a, int 
 /* Block blockIdx.x of the launch for the token a points at: blocks [0, n_rb) router blocks of RB
  * rows each, the rest the wo product's blocks (R rows per warp, n_groups row groups, as
  * engine_cu_matvec_plan says). */
-template <int MODE, int R, int RB>
-__device__ __forceinline__ void rf_wo_block(const engine_cu_rf_args &a, int n_groups,
-                                            uint8_t *sm) {
+template <int MODE, int R, int RB, int TT = 0>
+__device__ __forceinline__ void rf_wo_block(const engine_cu_rf_args &a, int n_groups, uint8_t *sm) {
     const int n_rb = (a.rm.m[0].rows + RB - 1) / RB;
     if ((int)blockIdx.x < n_rb)
         rf_router_block<MODE, RB>(a, blockIdx.x, sm);
     else
-        mv_block<MODE, R, engine_cu_pdl_sync, false, false>(a.wo, n_groups, blockIdx.x - n_rb,
-                                                            gridDim.x - n_rb, sm,
-                                                            engine_cu_pdl_sync()); /* no norm */
+        mv_block<MODE, R, engine_cu_pdl_sync, false, false, TT>(a.wo, n_groups, blockIdx.x - n_rb,
+                                                                gridDim.x - n_rb, sm,
+                                                                engine_cu_pdl_sync()); /* no norm */
 }
 
-template <int MODE, int R, int RB>
+/* TT (engine_cu_rf_args.spec): the instance of Wo's type alone (matvec_dev.cuh mv_group) */
+template <int MODE, int R, int RB, int TT = 0>
 __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 3)
     rf_wo_kernel(engine_cu_rf_args a, int n_groups) {
     extern __shared__ __align__(128) uint4 rf_smem[];
     engine_cu_pdl_launch();
-    rf_wo_block<MODE, R, RB>(a, n_groups, (uint8_t *)rf_smem);
+    rf_wo_block<MODE, R, RB, TT>(a, n_groups, (uint8_t *)rf_smem);
 }
 
 /* rf_wo_kernel for blockIdx.y's token (router_fuse.cuh: m > 1): its pointers moved on, then the
@@ -280,6 +280,19 @@ static void rf_launch_rb(const engine_cu_rf_args *a, const engine_cu_mv_plan &p,
         else
             engine_cu_launch(rf_wo_tok_kernel<MODE, 2, RB>, tg, block, smem, stream, *a,
                              p.n_groups);
+        return;
+    }
+    const int wt = a->wo.m[0].type;
+    if (a->spec == 1 && p.r > 0 && MODE == ENGINE_CU_X_Q8_K && wt == ENGINE_TYPE_Q4_K) {
+        engine_cu_launch(p.r == 1 ? rf_wo_kernel<MODE, 1, RB, ENGINE_TYPE_Q4_K>
+                                  : rf_wo_kernel<MODE, 2, RB, ENGINE_TYPE_Q4_K>,
+                         grid, block, smem, stream, *a, p.n_groups);
+        return;
+    }
+    if (a->spec && p.r > 0 && MODE == ENGINE_CU_X_Q8_0 && wt == ENGINE_TYPE_Q8_0) {
+        engine_cu_launch(p.r == 1 ? rf_wo_kernel<MODE, 1, RB, ENGINE_TYPE_Q8_0>
+                                  : rf_wo_kernel<MODE, 2, RB, ENGINE_TYPE_Q8_0>,
+                         grid, block, smem, stream, *a, p.n_groups);
         return;
     }
     if (p.r == 0)
