@@ -1,6 +1,7 @@
 /* Batch-1 decode speed of the CUDA backend (a benchmark, not a test).
  *
  *   bench_decode MODEL.gguf [-n N_GEN] [-r REPS] [-d DEPTH] [-c N_CTX] [-a 0|1] [-e VARIANTS]
+ *                [-k 0|1]
  *
  * Uploads the model, then per repetition: the device-resident loop (one CUDA graph replay per
  * token, greedy sampling on the GPU, nothing crossing to the host until the end) generates
@@ -18,7 +19,9 @@
  * variant's tokens differ, it also prints, at the first differing position, the default
  * session's top-2 logit margin and the largest |logit difference| between the two sessions
  * (both fed the same history), and that difference one position earlier: a margin below the
- * difference is a near-tie that a rounding difference flips. */
+ * difference is a near-tie that a rounding difference flips. -k 0 frees the first session (and
+ * the second) before the variants, so that each variant's session is the process's only one
+ * (no diagnosis of differing tokens then, and no per-kernel profile at the end). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -113,7 +116,7 @@ static int variant(engine_cuda_model *gm, engine_cuda_session *gs, int nv_logits
         if (out[i] != ref[i]) differ = depth + i;
     if (!rc && differ >= 0) {
         printf("variant \"%s\": greedy tokens differ at position %d\n", spec, differ);
-        differ_diag(gs, vs, nv_logits, differ, depth, pre, ref);
+        if (gs) differ_diag(gs, vs, nv_logits, differ, depth, pre, ref);
     }
     engine_cuda_session_free(vs);
     bench_env_pop(&env);
@@ -132,12 +135,12 @@ int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr,
                 "usage: %s MODEL.gguf [-n N_GEN] [-r REPS] [-d DEPTH] [-c N_CTX] [-a 0|1] "
-                "[-e VARIANTS]\n",
+                "[-e VARIANTS] [-k 0|1]\n",
                 argv[0]);
         return 2;
     }
     const char *path = argv[1];
-    int n_gen = 128, reps = 5, depth = 0, n_ctx = 0, ab = 1;
+    int n_gen = 128, reps = 5, depth = 0, n_ctx = 0, ab = 1, keep = 1;
     const char *variants = NULL;
     for (int i = 2; i + 1 < argc; i += 2) {
         int v = atoi(argv[i + 1]);
@@ -153,6 +156,8 @@ int main(int argc, char **argv) {
             n_ctx = v;
         else if (!strcmp(argv[i], "-a"))
             ab = v;
+        else if (!strcmp(argv[i], "-k"))
+            keep = v;
         else {
             fprintf(stderr, "unknown option %s\n", argv[i]);
             return 2;
@@ -218,6 +223,10 @@ int main(int argc, char **argv) {
     gs2 = NULL;
 report:;
     int vdiffer = 0;
+    if (variants && !keep) { /* -k 0: each variant's session alone in the process */
+        engine_cuda_session_free(gs);
+        gs = NULL;
+    }
     if (variants) {
         char vb[2048];
         snprintf(vb, sizeof vb, "%s", variants);
@@ -248,7 +257,7 @@ report:;
     double us[ENGINE_CUDA_PROF_COUNT];
     static const char *names[ENGINE_CUDA_PROF_COUNT] = {
         "embed", "qkv", "attention", "wo", "router", "ffn_up", "ffn_down", "head", "sample"};
-    if (engine_cuda_profile(gs, first, depth + n_gen / 2, 5, us) == 0) {
+    if (gs && engine_cuda_profile(gs, first, depth + n_gen / 2, 5, us) == 0) {
         double tot = 0;
         for (int i = 0; i < ENGINE_CUDA_PROF_COUNT; i++)
             tot += us[i];
