@@ -160,11 +160,11 @@ typedef struct {
     int roll;
     /* The whole-grid form with the router fusion: where gate/up and down are Q4_K and Q6_K, Q4_K
      * and Q4_K (1), or Q8_0 and Q8_0 (1, 2), a kernel instance whose code holds those types'
-     * products alone (the generic one holds every type's; the hot code then lies in fewer,
-     * nearer lines). SPARK_CUDA_MOE_SPEC=0|1, default 2; the same sums. Session 38 call D
-     * (H200, tg128, twice each, against 0): 1 Q4_K_M 596.6, 595.4 against 595.9, 598.2 (-0.2%),
-     * Q8_0 504.1, 504.7 against 497.8, 497.3 (+1.4%); with SPARK_CUDA_ATT_ONE=1 +1.2% over it
-     * alone on Q8_0. */
+     * products alone (the generic one holds every type's of its staging mode; why the Q8_0
+     * instance is faster is not measured). SPARK_CUDA_MOE_SPEC=0|1, default 2; the same sums.
+     * Session 38 call D (H200, tg128, twice each, against 0): 1 Q4_K_M 596.6, 595.4 against
+     * 595.9, 598.2 (-0.2%), Q8_0 504.1, 504.7 against 497.8, 497.3 (+1.4%); with
+     * SPARK_CUDA_ATT_ONE=1 as well 506.6, 507.2 (+0.5% over the instance alone). */
     int spec;
     /* The whole-grid form (SPARK_CUDA_MOE_YPRE; on in the sessions, =0 off): lane 0 of each warp
      * reads its first down row's y (and y_add) before the grid barrier, so that the store after

@@ -282,19 +282,22 @@ static void rf_launch_rb(const engine_cu_rf_args *a, const engine_cu_mv_plan &p,
                              p.n_groups);
         return;
     }
+    /* router_fuse.cuh spec: instances only in the type's own staging mode */
     const int wt = a->wo.m[0].type;
-    if (a->spec == 1 && p.r > 0 && MODE == ENGINE_CU_X_Q8_K && wt == ENGINE_TYPE_Q4_K) {
-        engine_cu_launch(p.r == 1 ? rf_wo_kernel<MODE, 1, RB, ENGINE_TYPE_Q4_K>
-                                  : rf_wo_kernel<MODE, 2, RB, ENGINE_TYPE_Q4_K>,
-                         grid, block, smem, stream, *a, p.n_groups);
-        return;
-    }
-    if (a->spec && p.r > 0 && MODE == ENGINE_CU_X_Q8_0 && wt == ENGINE_TYPE_Q8_0) {
-        engine_cu_launch(p.r == 1 ? rf_wo_kernel<MODE, 1, RB, ENGINE_TYPE_Q8_0>
-                                  : rf_wo_kernel<MODE, 2, RB, ENGINE_TYPE_Q8_0>,
-                         grid, block, smem, stream, *a, p.n_groups);
-        return;
-    }
+    if constexpr (MODE == ENGINE_CU_X_Q8_K)
+        if (a->spec == 1 && p.r > 0 && wt == ENGINE_TYPE_Q4_K) {
+            engine_cu_launch(p.r == 1 ? rf_wo_kernel<MODE, 1, RB, ENGINE_TYPE_Q4_K>
+                                      : rf_wo_kernel<MODE, 2, RB, ENGINE_TYPE_Q4_K>,
+                             grid, block, smem, stream, *a, p.n_groups);
+            return;
+        }
+    if constexpr (MODE == ENGINE_CU_X_Q8_0)
+        if (a->spec && p.r > 0 && wt == ENGINE_TYPE_Q8_0) {
+            engine_cu_launch(p.r == 1 ? rf_wo_kernel<MODE, 1, RB, ENGINE_TYPE_Q8_0>
+                                      : rf_wo_kernel<MODE, 2, RB, ENGINE_TYPE_Q8_0>,
+                             grid, block, smem, stream, *a, p.n_groups);
+            return;
+        }
     if (p.r == 0)
         engine_cu_launch(rf_wo_kernel<MODE, 0, RB>, grid, block, smem, stream, *a, p.n_groups);
     else if (p.r == 1)
