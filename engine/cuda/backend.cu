@@ -199,6 +199,7 @@ struct engine_cuda_session {
     int mf_roll;             /* SPARK_CUDA_MOE_ROLL=bits (moe_fused.cuh roll; default 3) */
     int mf_spec;             /* SPARK_CUDA_MOE_SPEC=0|1 (moe_fused.cuh spec; default 2) */
     int rf_spec;             /* SPARK_CUDA_RF_SPEC=0|1 (router_fuse.cuh spec; default 2) */
+    int mv_spec;             /* SPARK_CUDA_MV_SPEC=1 (matvec.cuh spec) */
     int mf_norm;  /* SPARK_CUDA_NEXT_NORM=1: it asks L2 for the next attention norm (pf_norm) */
     int mf_diag; /* SPARK_CUDA_MOE_FUSED_DIAG=bits: phases left out (diagnosis, moe_fused.cuh) */
     int mf_red;  /* SPARK_CUDA_MOE_FUSED_RED=1: its reduction by row class, no wait */
@@ -733,6 +734,8 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         s->mf_spec = e && (e[0] == '0' || e[0] == '1') ? e[0] - '0' : 2;
         e = getenv("SPARK_CUDA_RF_SPEC");
         s->rf_spec = e && (e[0] == '0' || e[0] == '1') ? e[0] - '0' : 2;
+        e = getenv("SPARK_CUDA_MV_SPEC");
+        s->mv_spec = e && e[0] == '1';
         e = getenv("SPARK_CUDA_MOE_YPRE"); /* on: session 32 calls A-B */
         s->mf_y_pre = !e || e[0] != '0';
         e = getenv("SPARK_CUDA_NEXT_NORM");
@@ -920,6 +923,7 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
     mv->coop = s->coop_mv;
     mv->nw_late = s->nw_late;
     mv->tma = (s->route & ENGINE_CU_ROUTE_TMA_MV) != 0; /* the launchers check it applies */
+    mv->spec = s->mv_spec;
 
     engine_cu_att at = {s->q,
                         s->k,
@@ -952,6 +956,7 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
     mv->cols = (int)hp->n_head * hd;
     mv->x = s->att;
     mv->tma = (s->route & ENGINE_CU_ROUTE_TMA_MV) != 0;
+    mv->spec = s->mv_spec;
 
     engine_cu_ffn_up_args *up = &o->up;
     engine_cu_ffn_down_args *dn = &o->dn;

@@ -22,13 +22,28 @@ bool engine_cu_type_supported(int type) {
     }
 }
 
-template <int MODE, int R, bool Q6R = false>
+/* TT (engine_cu_mv.spec): the instance of one weight type alone (matvec_dev.cuh mv_group) */
+template <int MODE, int R, bool Q6R = false, int TT = 0>
 __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 3)
     mv_kernel(engine_cu_mv a, int n_groups) {
     extern __shared__ __align__(128) uint4 mv_smem[];
     engine_cu_pdl_launch();
-    mv_block<MODE, R, engine_cu_pdl_sync, Q6R>(a, n_groups, blockIdx.x, gridDim.x,
-                                               (uint8_t *)mv_smem, engine_cu_pdl_sync());
+    mv_block<MODE, R, engine_cu_pdl_sync, Q6R, true, TT>(a, n_groups, blockIdx.x, gridDim.x,
+                                                         (uint8_t *)mv_smem, engine_cu_pdl_sync());
+}
+
+/* The instance of mv_kernel<MODE, R> for a's one weight type where a.spec asks for it and every
+ * matrix is of that type (Q8_0 in its mode, Q4_K in Q8_K's); else the generic one. */
+typedef void (*mv_kernel_fn)(engine_cu_mv, int);
+template <int MODE, int R> static mv_kernel_fn mv_kernel_for(const engine_cu_mv *a) {
+    int t = a->m[0].type;
+    for (int i = 1; i < a->n_mat; i++)
+        if (a->m[i].type != t) t = -1;
+    if constexpr (MODE == ENGINE_CU_X_Q8_0)
+        if (a->spec && t == ENGINE_TYPE_Q8_0) return mv_kernel<MODE, R, false, ENGINE_TYPE_Q8_0>;
+    if constexpr (MODE == ENGINE_CU_X_Q8_K)
+        if (a->spec && t == ENGINE_TYPE_Q4_K) return mv_kernel<MODE, R, false, ENGINE_TYPE_Q4_K>;
+    return mv_kernel<MODE, R>;
 }
 
 /* The repacked head with four rows a warp (engine_cu_mv.q6r_rows): registers for two blocks a
@@ -244,9 +259,9 @@ template <int MODE> static void mv_launch_mode(const engine_cu_mv *a, cudaStream
     const dim3 grid(p.blocks), block(ENGINE_CU_MV_WARPS * 32);
     if constexpr (MODE != ENGINE_CU_X_F32)
         if (a->tma && p.r >= 1 && p.r <= 3) { /* the rows' copies, where they fit one wave */
-            void (*k)(engine_cu_mv, int) = p.r == 1   ? mv_kernel<MODE, 1>
-                                           : p.r == 2 ? mv_kernel<MODE, 2>
-                                                      : mv_kernel<MODE, 3>;
+            const mv_kernel_fn k = p.r == 1   ? mv_kernel_for<MODE, 1>(a)
+                                   : p.r == 2 ? mv_kernel_for<MODE, 2>(a)
+                                              : mv_kernel_for<MODE, 3>(a);
             const size_t tsm = engine_cu_mv_tma_smem(a, &p);
             if (tsm && engine_cu_one_wave(k, ENGINE_CU_MV_WARPS * 32, tsm, p.blocks)) {
                 engine_cu_launch(k, grid, block, tsm, stream, *a, p.n_groups);

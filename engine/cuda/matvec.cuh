@@ -107,6 +107,10 @@ typedef struct {
      * 27 (SPARK_CUDA_NW_LATE=1, for an A/B), instead of before it (qdot.cuh engine_cu_stage_nw).
      * The same values either way. */
     int nw_late;
+    /* 1: where every matrix is Q8_0, or every one Q4_K, the bulk-copy form (tma) runs in a
+     * kernel instance holding that type's products alone (matvec_dev.cuh TT;
+     * SPARK_CUDA_MV_SPEC=1). The same sums. */
+    int spec;
 } engine_cu_mv;
 #define ENGINE_CU_MV_RING_MAX 8 /* buffers a warp, at most */
 
