@@ -251,7 +251,7 @@ static const char *const alt_sets[N_ALT][3] = {
     {"SPARK_CUDA_ATT_ONE=1", NULL, NULL}, /* the one-split kernel with all its V rows */
     {"SPARK_CUDA_RF_SPEC=0", NULL, NULL}, /* the wo + router launch's generic instance */
     {"SPARK_CUDA_RF_SPEC=1", NULL, NULL}, /* its Q4_K instance too */
-    {"SPARK_CUDA_MV_SPEC=1", NULL, NULL}, /* q/k/v (and wo) in one type's instance */
+    {"SPARK_CUDA_MV_SPEC=0", NULL, NULL}, /* q/k/v (and wo) in the generic instance */
 };
 
 /* Which alt sets run: all, unless SPARK_TEST_CUDA_ALTS lists their indices ("8,9") or says
