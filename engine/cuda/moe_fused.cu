@@ -339,7 +339,7 @@ mg_next_copies(const engine_cu_ffn_up_args &u, const engine_cu_ffn_down_args &d,
  * once all nb blocks have arrived (counters[0]: the grid barrier, which this loop also waits
  * for), until the ticket passes n_groups. The groups in cl[]; returns how many. The last block
  * done claiming (counters[3]) zeroes the ticket: no block claims after its own count. */
-__device__ __noinline__ int mg_steal(const engine_cu_ffn_down_args &d, const int *ids,
+__device__ __forceinline__ int mg_steal(const engine_cu_ffn_down_args &d, const int *ids,
                                      unsigned *ctr, unsigned nb, int n_groups, uint8_t *wd,
                                      size_t drun, uint64_t *bar, int *cl) {
     const size_t run = (size_t)FFN_WARPS * d.row_bytes;
