@@ -200,7 +200,6 @@ struct engine_cuda_session {
     int mf_spec;             /* SPARK_CUDA_MOE_SPEC=0|1 (moe_fused.cuh spec; default 2) */
     int rf_spec;             /* SPARK_CUDA_RF_SPEC=0|1 (router_fuse.cuh spec; default 2) */
     int mv_spec;             /* SPARK_CUDA_MV_SPEC=0 off (matvec.cuh spec; default on) */
-    int mf_steal;            /* SPARK_CUDA_MOE_STEAL=1 (moe_fused.cuh steal) */
     int mf_norm;  /* SPARK_CUDA_NEXT_NORM=1: it asks L2 for the next attention norm (pf_norm) */
     int mf_diag; /* SPARK_CUDA_MOE_FUSED_DIAG=bits: phases left out (diagnosis, moe_fused.cuh) */
     int mf_red;  /* SPARK_CUDA_MOE_FUSED_RED=1: its reduction by row class, no wait */
@@ -735,8 +734,6 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         s->mf_spec = e && (e[0] == '0' || e[0] == '1') ? e[0] - '0' : 2;
         e = getenv("SPARK_CUDA_RF_SPEC");
         s->rf_spec = e && (e[0] == '0' || e[0] == '1') ? e[0] - '0' : 2;
-        e = getenv("SPARK_CUDA_MOE_STEAL");
-        s->mf_steal = e && e[0] == '1';
         e = getenv("SPARK_CUDA_MV_SPEC");
         s->mv_spec = !e || e[0] != '0'; /* on: session 39 call A */
         e = getenv("SPARK_CUDA_MOE_YPRE"); /* on: session 32 calls A-B */
@@ -1079,7 +1076,6 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
         o->mf.lanes = s->mf_lanes;
         o->mf.roll = s->mf_roll;
         o->mf.spec = s->mf_spec;
-        o->mf.steal = s->mf_steal;
         if (s->mf_norm && l + 1 < hp->n_layer) {
             o->mf.pf_norm = cm->layers[l + 1].attn_norm;
             o->mf.pf_norm_n = emb;

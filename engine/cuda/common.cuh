@@ -341,26 +341,6 @@ __device__ __forceinline__ void engine_cu_mbar_wait(uint64_t *bar, unsigned pari
 #endif
 }
 
-/* Whether phase `parity` of bar has completed (its bytes landed), without waiting. */
-__device__ __forceinline__ bool engine_cu_mbar_test(uint64_t *bar, unsigned parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    unsigned ok;
-    asm volatile("{\n"
-                 ".reg .pred p;\n"
-                 "mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                 "selp.u32 %0, 1, 0, p;\n"
-                 "}\n"
-                 : "=r"(ok)
-                 : "r"(engine_cu_smem_addr(bar)), "r"(parity)
-                 : "memory");
-    return ok != 0;
-#else
-    (void)bar;
-    (void)parity;
-    return true;
-#endif
-}
-
 /* Order this thread's earlier generic-proxy accesses of shared memory (and, after a barrier,
  * the block's) before its later bulk copies into it: a copy into space the block has read. */
 __device__ __forceinline__ void engine_cu_fence_proxy_async() {

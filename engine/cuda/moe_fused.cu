@@ -333,51 +333,6 @@ mg_next_copies(const engine_cu_ffn_up_args &u, const engine_cu_ffn_down_args &d,
 #define MG_DIAG_NO_HSTAGE 0x100
 #define MG_DIAG_NO_DOWN 0x200
 
-/* moe_fused.cuh steal (form 1), by one thread once the block's arrival is counted: down row
- * groups claimed from the ticket counters[2], each copied (its k runs, drun apart) into the
- * block's space on bar[n], the next one once the last has landed, until MG_GROUPS are held or,
- * once all nb blocks have arrived (counters[0]: the grid barrier, which this loop also waits
- * for), until the ticket passes n_groups. The groups in cl[]; returns how many. The last block
- * done claiming (counters[3]) zeroes the ticket: no block claims after its own count. */
-__device__ __forceinline__ int mg_steal(const engine_cu_ffn_down_args &d, const int *ids,
-                                     unsigned *ctr, unsigned nb, int n_groups, uint8_t *wd,
-                                     size_t drun, uint64_t *bar, int *cl) {
-    const size_t run = (size_t)FFN_WARPS * d.row_bytes;
-    int n = 0;
-    bool all = false, out = false;
-    unsigned long long t0, t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    for (;;) {
-        if (!all) all = engine_cu_ld_acquire(ctr) >= nb;
-        if (!out && n < MG_GROUPS && (n == 0 || all || engine_cu_mbar_test(&bar[n - 1], 0))) {
-            const unsigned g = atomicAdd(ctr + 2, 1u);
-            if (g >= (unsigned)n_groups) {
-                out = true;
-                continue;
-            }
-            cl[n] = (int)g;
-            uint8_t *dst = wd + (size_t)n * d.k * drun;
-            engine_cu_mbar_expect(&bar[n], (unsigned)((size_t)d.k * run));
-            for (int j = 0; j < d.k; j++)
-                engine_cu_bulk_g2s(dst + (size_t)j * drun,
-                                   d.down + (size_t)ids[j] * d.expert_bytes + (size_t)g * run,
-                                   (unsigned)run, &bar[n]);
-            n++;
-            continue;
-        }
-        if (all) break;
-        __nanosleep(32);
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-        if (t - t0 > 10000000000ull) __trap(); /* 10 s: a trap, no hang */
-    }
-    __threadfence();
-    if (atomicAdd(ctr + 3, 1u) == nb - 1) {
-        ctr[2] = 0;
-        ctr[3] = 0;
-    }
-    return n;
-}
-
 /* UT, DT (a.spec): the instance for gate/up of type UT and down of type DT alone (0: any), so
  * that only their products are in its code */
 template <int MODE, bool RF, int UT = 0, int DT = 0>
@@ -388,8 +343,6 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     __shared__ int ids[ENGINE_CU_MAX_EXPERT_USED];
     __shared__ float wts[ENGINE_CU_MAX_EXPERT_USED];
     __shared__ uint64_t bar_up, bar_dn, bar_it[MG_MAX_IPB];
-    __shared__ uint64_t bar_cl[MG_GROUPS]; /* steal: a claimed down group's runs each */
-    __shared__ int cl_g[MG_GROUPS], cl_n;
     const engine_cu_ffn_up_args &u = a.up;
     const engine_cu_ffn_down_args &d = a.dn;
     const int b = blockIdx.x, nb = gridDim.x, w = threadIdx.x >> 5;
@@ -412,7 +365,6 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     const int dn_at = early && ni > 0 ? a.pipe_down : 0;
     const bool dmerge = a.dn_merge == 1 || (a.dn_merge == 2 && early); /* moe_fused.cuh */
     const bool lanes = a.lanes == 1 || (a.lanes == 2 && early);        /* moe_fused.cuh lanes */
-    const bool steal = !early && a.steal; /* moe_fused.cuh steal */
     /* every block starts before a dependent can launch, so all are resident by then */
     engine_cu_pdl_launch();
     if (threadIdx.x == 0) {
@@ -421,9 +373,6 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
         if (per_item)
             for (int i = 0; i < ni; i++)
                 engine_cu_mbar_init(&bar_it[i]);
-        if (steal)
-            for (int i = 0; i < MG_GROUPS; i++)
-                engine_cu_mbar_init(&bar_cl[i]);
     }
     if (u.norm_w && w == FFN_WARPS - 1)
         engine_cu_prefetch_l2((const uint8_t *)u.norm_w, sizeof(float) * (size_t)u.cols);
@@ -514,7 +463,7 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     }
     /* a.y_pre: lane 0 of each warp reads its first down row's y (and y_add) now, so that its
      * store after the down products waits for no load (nobody else writes those rows) */
-    const bool ypre = a.y_pre && q < ng && !steal; /* steal: read after the barrier */
+    const bool ypre = a.y_pre && q < ng;
     const int ry = (g0 + q) * FFN_WARPS + wl;
     float y0 = 0.0f, ya0 = 0.0f;
     if (ypre && (threadIdx.x & 31) == 0) {
@@ -525,57 +474,6 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     __threadfence();
     __syncthreads();
     ENGINE_CU_TRACE(12); /* every product of the block done: its arrival at the grid barrier */
-    if (steal) {
-        if (threadIdx.x == 0) atomicAdd(a.counters, 1u);
-        if (threadIdx.x == 32) { /* claims until the barrier, and after it while any are left */
-            engine_cu_fence_proxy_async(); /* the block's reads of the up runs come first */
-            cl_n = mg_steal(d, ids, a.counters, (unsigned)nb, n_groups, wd, drun, bar_cl, cl_g);
-        }
-        __syncthreads();
-        ENGINE_CU_TRACE(4);
-        if (threadIdx.x == 0 && atomicAdd(a.counters + 1, 1u) == (unsigned)nb - 1) {
-            a.counters[0] = 0;
-            a.counters[1] = 0;
-        }
-        const int rs = q < cl_n ? cl_g[q] * FFN_WARPS + wl : -1;
-        if (rs >= 0 && a.y_pre && (threadIdx.x & 31) == 0) { /* read during the staging of h */
-            y0 = d.y[rs];
-            if (RF) ya0 = d.y_add[rs];
-        }
-        if (a.diag & MG_DIAG_NO_HSTAGE)
-            __syncthreads();
-        else
-            engine_cu_stage_x<MODE, true>(u.h, d.k * d.cols, nullptr, 0.0f, sm);
-        if (rs < 0) {
-            ENGINE_CU_TRACE_END();
-            return;
-        }
-        engine_cu_mbar_wait(&bar_cl[q], 0);
-        ENGINE_CU_TRACE(8);
-        const uint8_t *wr = wd + (size_t)q * d.k * drun + (size_t)wl * d.row_bytes;
-        float v = 0.0f;
-        switch (d.type) {
-#define MG_CASE(T)                                                                                 \
-    case T:                                                                                        \
-        if (MODE == engine_cu_x_mode(T) && (DT == 0 || DT == T) && !(a.diag & MG_DIAG_NO_DOWN)) {  \
-            if (a.roll & 1)                                                                        \
-                v = down_row<T, true, 1>(d, rs, ids, wts, sm, true, wr, 0);                        \
-            else                                                                                   \
-                v = down_row<T, true>(d, rs, ids, wts, sm, true, wr, 0);                           \
-        }                                                                                          \
-        break;
-            ENGINE_CU_QUANT_CASES(MG_CASE)
-#undef MG_CASE
-        }
-        if ((threadIdx.x & 31) == 0) {
-            if (a.y_pre)
-                d.y[rs] = RF ? (y0 + ya0) + v : y0 + v; /* down_store's adds in its order */
-            else
-                down_store<RF>(d, rs, v);
-        }
-        ENGINE_CU_TRACE_END();
-        return;
-    }
     if (threadIdx.x == 0) {
         if (!early && !a.arrive) {
             engine_cu_fence_proxy_async(); /* the block's reads of the up runs come first */
@@ -688,11 +586,8 @@ static int mg_layout(engine_cu_moe_fused_args *a, size_t *smem) {
         a->lanes = 0;
     const size_t xs = engine_cu_xs_bytes(true, u.cols), hs = engine_cu_xs_bytes(true, d.k * d.cols);
     a->ws_off = (unsigned)engine_cu_w_off(xs > hs ? xs : hs);
-    /* steal (form 1): room for MG_GROUPS claimed groups, and enough of them in the grid */
-    if (a->steal && (a->grid != 1 || (long)nb * MG_GROUPS < n_groups)) a->steal = 0;
     const size_t up = (size_t)a->ipb * 4 * FFN_WARPS * u.row_bytes,
-                 dn = (size_t)(a->steal ? MG_GROUPS : a->gpb) * d.k *
-                      engine_cu_run_stride((size_t)FFN_WARPS * d.row_bytes);
+                 dn = (size_t)a->gpb * d.k * engine_cu_run_stride((size_t)FFN_WARPS * d.row_bytes);
     *smem = a->ws_off + (a->grid == 2 ? up + dn : up > dn ? up : dn);
     const int ng = (n_groups + a->gpb - 1) / a->gpb;
     return nb > ng ? nb : ng;
@@ -894,7 +789,6 @@ extern "C" int engine_cuda_op_moe_fused(
         a.lanes = (flags >> 14) & 1;    /* the down copies a lane each, both forms */
         a.roll = (flags >> 15) & 3;     /* the down (1) and up (2) loops rolled */
         a.spec = (flags >> 17) & 1;     /* the instance of the types alone */
-        a.steal = (flags >> 18) & 1;    /* form 1: the down groups claimed */
         a.partial = (float *)(m + off[10]);
         a.counters = (unsigned *)(m + off[11]);
         const char *why = engine_cu_moe_fused_why(&a);

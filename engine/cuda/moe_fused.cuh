@@ -172,16 +172,6 @@ typedef struct {
      * Session 32 (H200, tg128 in one process): Q4_K_M 575.6 / 576.5 / 579.7 against 571.6-574.9
      * off, Q8_0 491.5 / 492.1 / 491.9 against 489.4-490.6. */
     int y_pre;
-    /* The whole-grid form 1 (SPARK_CUDA_MOE_STEAL=1; off by default): the down row groups are
-     * claimed, not dealt. Each block, once its up products are stored and its arrival counted,
-     * takes a group from a grid-wide ticket (counters[2]) and copies its runs into its own
-     * space, then another each time its last copy has landed, until it holds MG_GROUPS groups
-     * or, once every block has arrived, until none is left. Blocks that finish their up items
-     * early fetch the down rows while the slowest block still loads its up rows; the last block
-     * to arrive finds few or none to fetch, where it had gpb groups (form 1's 104 KB at the
-     * Q8_0 30B shape, ~3 us at a multiprocessor's copy rate) behind its arrival. Each row is
-     * computed by down_row as before, whichever block holds it: the same sums. */
-    int steal;
     /* The whole-grid form: pf_norm_n floats at pf_norm asked of L2 once the block's down rows
      * have landed (warp 1; NULL: none): the next layer's attention norm weights, which the q/k/v
      * launch after this one reads right after its wait. That launch's blocks cannot start beside
