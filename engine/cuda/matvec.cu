@@ -41,18 +41,8 @@ template <int MODE, int R> static mv_kernel_fn mv_kernel_for(const engine_cu_mv 
         if (a->m[i].type != t) t = -1;
     if constexpr (MODE == ENGINE_CU_X_Q8_0)
         if (a->spec && t == ENGINE_TYPE_Q8_0) return mv_kernel<MODE, R, false, ENGINE_TYPE_Q8_0>;
-    if constexpr (MODE == ENGINE_CU_X_Q8_K) {
+    if constexpr (MODE == ENGINE_CU_X_Q8_K)
         if (a->spec && t == ENGINE_TYPE_Q4_K) return mv_kernel<MODE, R, false, ENGINE_TYPE_Q4_K>;
-        /* Q4_K_M's q and k in Q4_K with v in Q6_K (half of a 48-layer file's layers) */
-        bool q4 = false, q6 = false, other = false;
-        for (int i = 0; i < a->n_mat; i++) {
-            q4 |= a->m[i].type == ENGINE_TYPE_Q4_K;
-            q6 |= a->m[i].type == ENGINE_TYPE_Q6_K;
-            other |= a->m[i].type != ENGINE_TYPE_Q4_K && a->m[i].type != ENGINE_TYPE_Q6_K;
-        }
-        if (a->spec == 2 && q4 && q6 && !other)
-            return mv_kernel<MODE, R, false, engine_cu_tt(ENGINE_TYPE_Q4_K, ENGINE_TYPE_Q6_K)>;
-    }
     return mv_kernel<MODE, R>;
 }
 

@@ -109,8 +109,7 @@ typedef struct {
     int nw_late;
     /* 1: where every matrix is Q8_0, or every one Q4_K, the bulk-copy form (tma) runs in a
      * kernel instance holding that type's products alone (matvec_dev.cuh TT; the sessions'
-     * default, SPARK_CUDA_MV_SPEC=0 off); 2: also Q4_K with Q6_K (a Q4_K_M file's q, k and v
-     * where v is Q6_K) in an instance of that pair (SPARK_CUDA_MV_SPEC=2). The same sums. Session 39 call A, one process per
+     * default, SPARK_CUDA_MV_SPEC=0 off). The same sums. Session 39 call A, one process per
      * order: Q4_K_M +0.2-0.3% in both orders, Q8_0 +1.0% in one and 0 in the other. */
     int spec;
 } engine_cu_mv;

@@ -31,15 +31,6 @@ __device__ __forceinline__ void mv_rows(const uint8_t *row0, size_t stride, int 
         }
 }
 
-/* An instance's type set (the TT of mv_group and its callers): 0 any type, else a type t1 or
- * the pair t1 | t2 << 8 (engine types are below 256; no quantised type is 0). */
-__host__ __device__ constexpr int engine_cu_tt(int t1, int t2 = 0) {
-    return t1 | t2 << 8;
-}
-__host__ __device__ constexpr bool engine_cu_tt_has(int tt, int t) {
-    return tt == 0 || (tt & 255) == t || (tt >> 8) == t;
-}
-
 /* Row groups: matrix i owns groups [start_i, start_i + n_i), of `per` rows each. */
 __device__ __forceinline__ int mv_find(const engine_cu_mv &a, int g, int per, int *first) {
     int start = 0;
@@ -61,10 +52,9 @@ __device__ __forceinline__ int mv_find(const engine_cu_mv &a, int g, int per, in
  * repacked copy (dequant.cuh ENGINE_CU_TYPE_Q6_KR; R 1, 2 or 4, mode Q8_K), an instance of its own
  * so that the other launches' code stays as it is (a Q6_KR case in their switch measured ~1%
  * slower steps, session 12). SH (R > 0, quantised): the group's rows from the block's copy in
- * shared memory at ws (mv_block's bulk copy, engine_cu_mv.tma). TT (0: any; else one or two
- * quantised types, engine_cu_tt): an instance whose switch holds those types' products alone,
- * for callers whose matrices are all of them (router_fuse.cu engine_cu_rf_args.spec, matvec.cu
- * engine_cu_mv.spec); the same sums. */
+ * shared memory at ws (mv_block's bulk copy, engine_cu_mv.tma). TT (a quantised type; 0: any):
+ * an instance whose switch holds type TT's products alone, for callers whose matrices are all
+ * of type TT (router_fuse.cu, engine_cu_rf_args.spec); the same sums. */
 template <int MODE, int R, bool Q6R = false, bool SH = false, int TT = 0>
 __device__ __forceinline__ float *mv_group(const engine_cu_mv &a, int g, const engine_cu_xv &xv,
                                            float *part, const uint8_t *ws = nullptr) {
@@ -93,7 +83,7 @@ __device__ __forceinline__ float *mv_group(const engine_cu_mv &a, int g, const e
         switch (type) {
 #define MV_CASE(T)                                                                                 \
     case T:                                                                                        \
-        if (MODE == engine_cu_x_mode(T) && engine_cu_tt_has(TT, T))                                   \
+        if (MODE == engine_cu_x_mode(T) && (TT == 0 || TT == T))                                   \
             mv_rows<T, NR, SH>(row, stride, nvalid, c0, step, n_chunks, xv, acc);                  \
         break;
             ENGINE_CU_QUANT_CASES(MV_CASE)
@@ -284,7 +274,7 @@ __device__ __forceinline__ void mv_block(const engine_cu_mv &a, int n_groups, in
         switch (a.m[mi].type) {
 #define MV_PRE(T)                                                                                  \
     case T:                                                                                        \
-        if (MODE == engine_cu_x_mode(T) && engine_cu_tt_has(TT, T)) {                                 \
+        if (MODE == engine_cu_x_mode(T) && (TT == 0 || TT == T)) {                                 \
             mv_block_pre<T, MODE, (R > 0 ? R : 1), S, TT>(a, n_groups, bx, gdx, sm, sync, mi,      \
                                                           first);                                  \
             return;                                                                                \
