@@ -345,6 +345,8 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     __shared__ uint64_t bar_up, bar_dn, bar_it[MG_MAX_IPB];
     const engine_cu_ffn_up_args &u = a.up;
     const engine_cu_ffn_down_args &d = a.dn;
+    /* the types' own instance (UT) holds the sessions' loops alone: rolled, no diagnosis */
+    const int roll = UT ? 3 : a.roll, diag = UT ? 0 : a.diag;
     const int b = blockIdx.x, nb = gridDim.x, w = threadIdx.x >> 5;
     const int q = w / FFN_WARPS, wl = w - q * FFN_WARPS;
     const int gx = u.rows / (2 * FFN_WARPS), n_items = u.k * gx, n_groups = d.rows / FFN_WARPS;
@@ -377,14 +379,14 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     if (u.norm_w && w == FFN_WARPS - 1)
         engine_cu_prefetch_l2((const uint8_t *)u.norm_w, sizeof(float) * (size_t)u.cols);
     /* the staging warps' norm weights (qdot.cuh engine_cu_stage_nw), before the wait */
-    const bool nw_pre = !(a.diag & MG_DIAG_NW_LATE);
+    const bool nw_pre = !(diag & MG_DIAG_NW_LATE);
     const engine_cu_nw_pre nwp = engine_cu_stage_x_nw<MODE>(nw_pre ? u.norm_w : nullptr, u.cols, 1);
     engine_cu_pdl_wait();
     /* 1. route and copy (warp 0), stage x (the others): the up kernel's steps. With the router
      * fusion and the block's scale (RF, u.coop), warp 0 picks the experts from the raw logits
      * and issues the copies between its share of the scale's loads and the scale's barrier, and
      * weighs them after it (the ids need no scale: ffn_route_ids) */
-    const bool coop = RF && u.coop, split = coop && !(a.diag & MG_DIAG_LATE);
+    const bool coop = RF && u.coop, split = coop && !(diag & MG_DIAG_LATE);
     float sc = -1.0f, raw[ENGINE_CU_MAX_EXPERT / 32];
     float ss = 0.0f;
     if (coop) {
@@ -398,11 +400,11 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
         if (coop) { /* raw[] stays in registers (a pointer chosen at run time put it on the stack)
                      */
             my_id = ffn_route_ids<true>(u, raw, ids);
-            if (a.diag & MG_DIAG_ROUTE2) my_id = ffn_route_ids<true>(u, raw, ids); /* the same */
+            if (diag & MG_DIAG_ROUTE2) my_id = ffn_route_ids<true>(u, raw, ids); /* the same */
             if (!split) ffn_route_weights<true>(u, b, raw, sc, my_id, wts);
         } else {
             ffn_route_warp<RF, true>(u, b, ids, wts);
-            if (a.diag & MG_DIAG_ROUTE2) { /* the same ids and weights again */
+            if (diag & MG_DIAG_ROUTE2) { /* the same ids and weights again */
                 __syncwarp();
                 ffn_route_warp<RF, true>(u, b, ids, wts);
             }
@@ -452,8 +454,8 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
             mg_next_copies(u, d, ids, i, i0, infl, ni, gx, urun, ws, bar_it, dn_at, g0, ng, wd,
                            &bar_dn, dmerge, lanes); /* the group's first thread: later copies */
         const int it = i0 + i, j = it / gx, r = (it - j * gx) * 2 * FFN_WARPS + wl;
-        if (a.diag & MG_DIAG_NO_UP) {
-        } else if (a.roll & 2) { /* moe_fused.cuh roll */
+        if (diag & MG_DIAG_NO_UP) {
+        } else if (roll & 2) { /* moe_fused.cuh roll */
             ffn_up_rows<MODE, 2, true, true, UT>(u, j, ids[j], r, xv, ws + (size_t)i * 2 * urun);
         } else {
             ffn_up_rows<MODE, 2, true, false, UT>(u, j, ids[j], r, xv, ws + (size_t)i * 2 * urun);
@@ -492,7 +494,7 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
         a.counters[1] = 0;
     }
     /* 4. all of h staged (through L2) as the down kernel stages it, then the block's groups */
-    if (a.diag & MG_DIAG_NO_HSTAGE)
+    if (diag & MG_DIAG_NO_HSTAGE)
         __syncthreads();
     else
         engine_cu_stage_x<MODE, true>(u.h, d.k * d.cols, nullptr, 0.0f,
@@ -512,8 +514,8 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
         switch (d.type) {
 #define MG_CASE(T)                                                                                 \
     case T:                                                                                        \
-        if (MODE == engine_cu_x_mode(T) && (DT == 0 || DT == T) && !(a.diag & MG_DIAG_NO_DOWN)) {  \
-            if (a.roll & 1) /* moe_fused.cuh roll */                                               \
+        if (MODE == engine_cu_x_mode(T) && (DT == 0 || DT == T) && !(diag & MG_DIAG_NO_DOWN)) {  \
+            if (roll & 1) /* moe_fused.cuh roll */                                               \
                 v = down_row<T, true, 1>(d, r, ids, wts, sm, true, wr, ms);                        \
             else                                                                                   \
                 v = down_row<T, true>(d, r, ids, wts, sm, true, wr, ms);                           \
@@ -551,7 +553,8 @@ static size_t mf_smem(const engine_cu_moe_fused_args *a) {
 }
 
 static mf_kernel_fn mg_kernel(int mode, bool rf, const engine_cu_moe_fused_args *a) {
-    if (a->spec && rf) { /* moe_fused.cuh spec: the common files' type pairs */
+    /* moe_fused.cuh spec: the common files' type pairs, with the sessions' roll and no diag */
+    if (a->spec && rf && a->roll == 3 && !a->diag) {
         const int ut = a->up.type, dt = a->dn.type;
         if (a->spec == 1 && ut == ENGINE_TYPE_Q4_K && dt == ENGINE_TYPE_Q6_K)
             return moe_grid_kernel<ENGINE_CU_X_Q8_K, true, ENGINE_TYPE_Q4_K, ENGINE_TYPE_Q6_K>;

@@ -164,7 +164,10 @@ typedef struct {
      * instance is faster is not measured). SPARK_CUDA_MOE_SPEC=0|1, default 2; the same sums.
      * Session 38 call D (H200, tg128, twice each, against 0): 1 Q4_K_M 596.6, 595.4 against
      * 595.9, 598.2 (-0.2%), Q8_0 504.1, 504.7 against 497.8, 497.3 (+1.4%); with
-     * SPARK_CUDA_ATT_ONE=1 as well 506.6, 507.2 (+0.5% over the instance alone). */
+     * SPARK_CUDA_ATT_ONE=1 as well 506.6, 507.2 (+0.5% over the instance alone). Since session
+     * 39 the instance also fixes roll at 3 and diag at 0 (the launcher takes it only then), so its
+     * image holds the rolled loops alone and no diagnosis branch: Q8_0/Q8_0 9,968 instructions
+     * (was 15,232), the Q4_K pairs 11,456 (16,720 / 16,896). */
     int spec;
     /* The whole-grid form (SPARK_CUDA_MOE_YPRE; on in the sessions, =0 off): lane 0 of each warp
      * reads its first down row's y (and y_add) before the grid barrier, so that the store after
