@@ -334,8 +334,10 @@ mg_next_copies(const engine_cu_ffn_up_args &u, const engine_cu_ffn_down_args &d,
 #define MG_DIAG_NO_DOWN 0x200
 
 /* UT, DT (a.spec): the instance for gate/up of type UT and down of type DT alone (0: any), so
- * that only their products are in its code */
-template <int MODE, bool RF, int UT = 0, int DT = 0>
+ * that only their products are in its code. F (1, 2; with UT): form F with every switch it reads
+ * at the sessions' default (mg_form_fixed), fixed here, so that the alternatives' code is not in
+ * the image either. */
+template <int MODE, bool RF, int UT = 0, int DT = 0, int F = 0>
 __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_fused_args a) {
     /* from a 128-byte boundary, where the bulk copies land: +2.7% Q4_K_M, +5.7% Q8_0 against
      * the 16-byte boundary it had (Qwen3-30B-A3B, H200, session 21 call 1) */
@@ -357,16 +359,18 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     const size_t urun = (size_t)2 * FFN_WARPS * u.row_bytes,
                  drun = engine_cu_run_stride((size_t)FFN_WARPS * d.row_bytes);
     uint8_t *sm = (uint8_t *)mg_shm, *ws = sm + a.ws_off;
-    const bool early = a.grid == 2;
+    const bool early = F ? F == 2 : a.grid == 2;
     uint8_t *wd = early ? ws + (size_t)a.ipb * 2 * urun : ws; /* the down runs */
     /* a.items: each item's runs counted on a barrier of its own, so that a warp group computes
      * its item as soon as that item's runs have landed */
-    const bool per_item = (a.items || a.pipe > 0) && a.ipb <= MG_MAX_IPB;
+    const int pipe = F ? 1 : a.pipe;
+    const bool per_item = (F || a.items || pipe > 0) && a.ipb <= MG_MAX_IPB;
     /* up items issued at the start, and when the down runs go (moe_fused.cuh pipe) */
-    const int infl = per_item && a.pipe > 0 ? min(ni, a.pipe) : ni;
-    const int dn_at = early && ni > 0 ? a.pipe_down : 0;
-    const bool dmerge = a.dn_merge == 1 || (a.dn_merge == 2 && early); /* moe_fused.cuh */
-    const bool lanes = a.lanes == 1 || (a.lanes == 2 && early);        /* moe_fused.cuh lanes */
+    const int infl = per_item && pipe > 0 ? min(ni, pipe) : ni;
+    const int dn_at = early && ni > 0 ? (F ? 2 : a.pipe_down) : 0;
+    const bool dmerge = F ? F == 2 : a.dn_merge == 1 || (a.dn_merge == 2 && early); /* moe_fused.cuh */
+    const bool lanes = F ? F == 2 : a.lanes == 1 || (a.lanes == 2 && early); /* moe_fused.cuh */
+    const bool y_pre = F ? true : a.y_pre, arrive = F ? true : a.arrive;
     /* every block starts before a dependent can launch, so all are resident by then */
     engine_cu_pdl_launch();
     if (threadIdx.x == 0) {
@@ -386,7 +390,7 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
      * fusion and the block's scale (RF, u.coop), warp 0 picks the experts from the raw logits
      * and issues the copies between its share of the scale's loads and the scale's barrier, and
      * weighs them after it (the ids need no scale: ffn_route_ids) */
-    const bool coop = RF && u.coop, split = coop && !(diag & MG_DIAG_LATE);
+    const bool coop = RF && (F || u.coop), split = coop && !(diag & MG_DIAG_LATE);
     float sc = -1.0f, raw[ENGINE_CU_MAX_EXPERT / 32];
     float ss = 0.0f;
     if (coop) {
@@ -465,7 +469,7 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     }
     /* a.y_pre: lane 0 of each warp reads its first down row's y (and y_add) now, so that its
      * store after the down products waits for no load (nobody else writes those rows) */
-    const bool ypre = a.y_pre && q < ng;
+    const bool ypre = y_pre && q < ng;
     const int ry = (g0 + q) * FFN_WARPS + wl;
     float y0 = 0.0f, ya0 = 0.0f;
     if (ypre && (threadIdx.x & 31) == 0) {
@@ -477,13 +481,13 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     __syncthreads();
     ENGINE_CU_TRACE(12); /* every product of the block done: its arrival at the grid barrier */
     if (threadIdx.x == 0) {
-        if (!early && !a.arrive) {
+        if (!early && !arrive) {
             engine_cu_fence_proxy_async(); /* the block's reads of the up runs come first */
             mg_copy_down(d, ids, g0, ng, wd, &bar_dn, dmerge);
         }
         atomicAdd(a.counters, 1u);
     }
-    if (!early && a.arrive && (lanes ? w == 1 : threadIdx.x == 32)) { /* moe_fused.cuh arrive */
+    if (!early && arrive && (lanes ? w == 1 : threadIdx.x == 32)) { /* moe_fused.cuh arrive */
         engine_cu_fence_proxy_async();
         mg_copy_down(d, ids, g0, ng, wd, &bar_dn, dmerge, lanes);
     }
@@ -552,16 +556,36 @@ static size_t mf_smem(const engine_cu_moe_fused_args *a) {
     return mf_align16(engine_cu_xs_bytes(q, a->up.cols)) + engine_cu_xs_bytes(q, 256);
 }
 
+/* The form (1, 2) of a laid-out whole-grid launch when every switch the form reads is at the
+ * sessions' default (so that moe_grid_kernel's F instance computes the same), else 0. */
+static int mg_form_fixed(const engine_cu_moe_fused_args *a) {
+    const bool early = a->grid == 2;
+    const bool dmerge = a->dn_merge == 1 || (a->dn_merge == 2 && early);
+    const bool lanes = a->lanes == 1 || (a->lanes == 2 && early);
+    if ((a->grid != 1 && a->grid != 2) || a->roll != 3 || a->diag || !a->y_pre || a->pipe != 1 ||
+        !a->up.coop || dmerge != early || lanes != early || (early ? a->pipe_down != 2 : !a->arrive))
+        return 0;
+    return a->grid;
+}
+
+template <int MODE, int UT, int DT> static mf_kernel_fn mg_spec(const engine_cu_moe_fused_args *a) {
+    const int f = a->spec == 3 ? 0 : mg_form_fixed(a); /* spec 3: the switches read at run time */
+    return f == 1   ? moe_grid_kernel<MODE, true, UT, DT, 1>
+           : f == 2 ? moe_grid_kernel<MODE, true, UT, DT, 2>
+                    : moe_grid_kernel<MODE, true, UT, DT>;
+}
+
 static mf_kernel_fn mg_kernel(int mode, bool rf, const engine_cu_moe_fused_args *a) {
     /* moe_fused.cuh spec: the common files' type pairs, with the sessions' roll and no diag */
     if (a->spec && rf && a->roll == 3 && !a->diag) {
         const int ut = a->up.type, dt = a->dn.type;
-        if (a->spec == 1 && ut == ENGINE_TYPE_Q4_K && dt == ENGINE_TYPE_Q6_K)
-            return moe_grid_kernel<ENGINE_CU_X_Q8_K, true, ENGINE_TYPE_Q4_K, ENGINE_TYPE_Q6_K>;
-        if (a->spec == 1 && ut == ENGINE_TYPE_Q4_K && dt == ENGINE_TYPE_Q4_K)
-            return moe_grid_kernel<ENGINE_CU_X_Q8_K, true, ENGINE_TYPE_Q4_K, ENGINE_TYPE_Q4_K>;
+        const bool q4 = a->spec != 2 && ut == ENGINE_TYPE_Q4_K;
+        if (q4 && dt == ENGINE_TYPE_Q6_K)
+            return mg_spec<ENGINE_CU_X_Q8_K, ENGINE_TYPE_Q4_K, ENGINE_TYPE_Q6_K>(a);
+        if (q4 && dt == ENGINE_TYPE_Q4_K)
+            return mg_spec<ENGINE_CU_X_Q8_K, ENGINE_TYPE_Q4_K, ENGINE_TYPE_Q4_K>(a);
         if (ut == ENGINE_TYPE_Q8_0 && dt == ENGINE_TYPE_Q8_0)
-            return moe_grid_kernel<ENGINE_CU_X_Q8_0, true, ENGINE_TYPE_Q8_0, ENGINE_TYPE_Q8_0>;
+            return mg_spec<ENGINE_CU_X_Q8_0, ENGINE_TYPE_Q8_0, ENGINE_TYPE_Q8_0>(a);
     }
     if (mode == ENGINE_CU_X_Q8_K)
         return rf ? moe_grid_kernel<ENGINE_CU_X_Q8_K, true>
@@ -792,6 +816,7 @@ extern "C" int engine_cuda_op_moe_fused(
         a.lanes = (flags >> 14) & 1;    /* the down copies a lane each, both forms */
         a.roll = (flags >> 15) & 3;     /* the down (1) and up (2) loops rolled */
         a.spec = (flags >> 17) & 1;     /* the instance of the types alone */
+        a.up.coop = (int)((flags >> 19) & 1) && x_add; /* the block's scale, as the sessions */
         a.partial = (float *)(m + off[10]);
         a.counters = (unsigned *)(m + off[11]);
         const char *why = engine_cu_moe_fused_why(&a);

@@ -161,13 +161,20 @@ typedef struct {
     /* The whole-grid form with the router fusion: where gate/up and down are Q4_K and Q6_K, Q4_K
      * and Q4_K (1), or Q8_0 and Q8_0 (1, 2), a kernel instance whose code holds those types'
      * products alone (the generic one holds every type's of its staging mode; why the Q8_0
-     * instance is faster is not measured). SPARK_CUDA_MOE_SPEC=0|1, default 2; the same sums.
+     * instance is faster is not measured). SPARK_CUDA_MOE_SPEC=0|2 (2: Q8_0's alone), default 1
+     * since session 39; the same sums.
      * Session 38 call D (H200, tg128, twice each, against 0): 1 Q4_K_M 596.6, 595.4 against
      * 595.9, 598.2 (-0.2%), Q8_0 504.1, 504.7 against 497.8, 497.3 (+1.4%); with
      * SPARK_CUDA_ATT_ONE=1 as well 506.6, 507.2 (+0.5% over the instance alone). Since session
      * 39 the instance also fixes roll at 3 and diag at 0 (the launcher takes it only then), so its
      * image holds the rolled loops alone and no diagnosis branch: Q8_0/Q8_0 9,968 instructions
-     * (was 15,232), the Q4_K pairs 11,456 (16,720 / 16,896). */
+     * (was 15,232), the Q4_K pairs 11,456 (16,720 / 16,896). Session 39 call F (H200, tg128 with
+     * eager modules, in both orders): Q8_0 533.0 / 530.9 against the generic 514.1 / 509.7
+     * (+3.7% / +4.2%), Q4_K_M 623.5 / 625.0 against 604.1 / 603.4 (+3.2% / +3.6%); spark-agent
+     * bench tg128 gen Q4_K_M 627.32 against 607.01, Q8_0 526.4 / 526.5 (510.7 before). Where
+     * every switch the form reads is at the sessions' default (grid, items/pipe, pipe_down,
+     * dn_merge, lanes, arrive, y_pre, up.coop), the instance of that form fixes them too
+     * (moe_fused.cu mg_form_fixed); SPARK_CUDA_MOE_SPEC=3 keeps them read at run time. */
     int spec;
     /* The whole-grid form (SPARK_CUDA_MOE_YPRE; on in the sessions, =0 off): lane 0 of each warp
      * reads its first down row's y (and y_add) before the grid barrier, so that the store after

@@ -216,7 +216,7 @@ static int n_gen = N_GEN; /* generated tokens; fewer with a third argument (race
 /* Run-time switches of the decode stage-6 paths, and the short-context attention launch (a
  * block per query head, engine/cuda/att_short_dev.cuh; every position here is below 256): a
  * session per set, its variables set to 1 (or to the value after '='). */
-#define N_ALT 34
+#define N_ALT 35
 static const char *const alt_sets[N_ALT][3] = {
     {"SPARK_CUDA_ROUTE_ONCE", NULL, NULL},
     {"SPARK_CUDA_UP_EARLY", NULL, NULL},
@@ -245,13 +245,14 @@ static const char *const alt_sets[N_ALT][3] = {
     {"SPARK_CUDA_MOE_ROLL=0", NULL, NULL},                       /* its loops unrolled */
     {"SPARK_CUDA_MOE_ROLL=1", "SPARK_CUDA_MOE_FUSED=g1", NULL},  /* the down loop alone, form 1 */
     {"SPARK_CUDA_MOE_SPEC=0", NULL, NULL},                       /* no types' own instance */
-    {"SPARK_CUDA_MOE_SPEC=1", NULL, NULL},                       /* Q4_K's pairs' own too */
-    {"SPARK_CUDA_MOE_SPEC=1", "SPARK_CUDA_MOE_FUSED=g1", NULL},  /* and in form 1 */
+    {"SPARK_CUDA_MOE_SPEC=2", NULL, NULL},                       /* Q8_0's pair's own alone */
+    {"SPARK_CUDA_MOE_SPEC=0", "SPARK_CUDA_MOE_FUSED=g1", NULL},  /* none, in form 1 */
     {"SPARK_CUDA_ATT_ONE=0", NULL, NULL}, /* the flat attention kernel below 256 too */
     {"SPARK_CUDA_ATT_ONE=1", NULL, NULL}, /* the one-split kernel with all its V rows */
     {"SPARK_CUDA_RF_SPEC=0", NULL, NULL}, /* the wo + router launch's generic instance */
     {"SPARK_CUDA_RF_SPEC=1", NULL, NULL}, /* its Q4_K instance too */
     {"SPARK_CUDA_MV_SPEC=0", NULL, NULL}, /* q/k/v (and wo) in the generic instance */
+    {"SPARK_CUDA_MOE_SPEC=3", NULL, NULL}, /* the MoE instances' switches at run time */
 };
 
 /* Which alt sets run: all, unless SPARK_TEST_CUDA_ALTS lists their indices ("8,9") or says
