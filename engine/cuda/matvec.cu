@@ -23,13 +23,14 @@ bool engine_cu_type_supported(int type) {
 }
 
 /* TT (engine_cu_mv.spec): the instance of one weight type alone (matvec_dev.cuh mv_group) */
-template <int MODE, int R, bool Q6R = false, int TT = 0>
+/* TO: the bulk-copy form alone (matvec_dev.cuh mv_block; launched only with a.tma) */
+template <int MODE, int R, bool Q6R = false, int TT = 0, bool TO = false>
 __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 3)
     mv_kernel(engine_cu_mv a, int n_groups) {
     extern __shared__ __align__(128) uint4 mv_smem[];
     engine_cu_pdl_launch();
-    mv_block<MODE, R, engine_cu_pdl_sync, Q6R, true, TT>(a, n_groups, blockIdx.x, gridDim.x,
-                                                         (uint8_t *)mv_smem, engine_cu_pdl_sync());
+    mv_block<MODE, R, engine_cu_pdl_sync, Q6R, true, TT, TO>(
+        a, n_groups, blockIdx.x, gridDim.x, (uint8_t *)mv_smem, engine_cu_pdl_sync());
 }
 
 /* The instance of mv_kernel<MODE, R> for a's one weight type where a.spec asks for it and every
@@ -39,10 +40,16 @@ template <int MODE, int R> static mv_kernel_fn mv_kernel_for(const engine_cu_mv 
     int t = a->m[0].type;
     for (int i = 1; i < a->n_mat; i++)
         if (a->m[i].type != t) t = -1;
+    /* spec 3: the type's instance with every form in its image (session 39 call A's) */
+    const bool to = a->spec != 3 && a->tma;
     if constexpr (MODE == ENGINE_CU_X_Q8_0)
-        if (a->spec && t == ENGINE_TYPE_Q8_0) return mv_kernel<MODE, R, false, ENGINE_TYPE_Q8_0>;
+        if (a->spec && t == ENGINE_TYPE_Q8_0)
+            return to ? mv_kernel<MODE, R, false, ENGINE_TYPE_Q8_0, true>
+                      : mv_kernel<MODE, R, false, ENGINE_TYPE_Q8_0>;
     if constexpr (MODE == ENGINE_CU_X_Q8_K)
-        if (a->spec && t == ENGINE_TYPE_Q4_K) return mv_kernel<MODE, R, false, ENGINE_TYPE_Q4_K>;
+        if (a->spec && t == ENGINE_TYPE_Q4_K)
+            return to ? mv_kernel<MODE, R, false, ENGINE_TYPE_Q4_K, true>
+                      : mv_kernel<MODE, R, false, ENGINE_TYPE_Q4_K>;
     return mv_kernel<MODE, R>;
 }
 

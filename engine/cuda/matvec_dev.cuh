@@ -256,14 +256,17 @@ __device__ __forceinline__ void mv_block_tma(const engine_cu_mv &a, int bx, uint
  * R > 0: a group is 8 * R rows, warp w computing rows w, w + 8, ... of it (R at once).
  * R == 0 (split-K, for matrices of few rows): a group is one row, warp w taking chunks
  * w, w + 8, ... and the block summing the warps' parts. */
-template <int MODE, int R, typename S, bool Q6R = false, bool NORM = true, int TT = 0>
+template <int MODE, int R, typename S, bool Q6R = false, bool NORM = true, int TT = 0,
+          bool TO = false>
 __device__ __forceinline__ void mv_block(const engine_cu_mv &a, int n_groups, int bx, int gdx,
                                          uint8_t *sm, const S &sync) {
     constexpr int NR = R > 0 ? R : 1, PER = R > 0 ? ENGINE_CU_MV_WARPS * R : 1;
     __shared__ float part[ENGINE_CU_MV_WARPS];
     const int w = threadIdx.x >> 5;
+    /* TO (a launcher's, with a.tma set): the bulk-copy form alone, so that the instance's image
+     * holds none of the other forms' code */
     if constexpr (!Q6R && R > 0 && MODE != ENGINE_CU_X_F32)
-        if (a.tma) {
+        if (TO || a.tma) {
             mv_block_tma<MODE, R, S, NORM, TT>(a, bx, sm, sync);
             return;
         }

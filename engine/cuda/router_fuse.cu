@@ -89,24 +89,25 @@ __device__ __forceinline__ void rf_router_block(const engine_cu_rf_args &a, int 
 /* Block blockIdx.x of the launch for the token a points at: blocks [0, n_rb) router blocks of RB
  * rows each, the rest the wo product's blocks (R rows per warp, n_groups row groups, as
  * engine_cu_matvec_plan says). */
-template <int MODE, int R, int RB, int TT = 0>
+template <int MODE, int R, int RB, int TT = 0, bool TO = false>
 __device__ __forceinline__ void rf_wo_block(const engine_cu_rf_args &a, int n_groups, uint8_t *sm) {
     const int n_rb = (a.rm.m[0].rows + RB - 1) / RB;
     if ((int)blockIdx.x < n_rb)
         rf_router_block<MODE, RB>(a, blockIdx.x, sm);
     else
-        mv_block<MODE, R, engine_cu_pdl_sync, false, false, TT>(a.wo, n_groups, blockIdx.x - n_rb,
-                                                                gridDim.x - n_rb, sm,
-                                                                engine_cu_pdl_sync()); /* no norm */
+        mv_block<MODE, R, engine_cu_pdl_sync, false, false, TT, TO>(
+            a.wo, n_groups, blockIdx.x - n_rb, gridDim.x - n_rb, sm,
+            engine_cu_pdl_sync()); /* no norm */
 }
 
-/* TT (engine_cu_rf_args.spec): the instance of Wo's type alone (matvec_dev.cuh mv_group) */
-template <int MODE, int R, int RB, int TT = 0>
+/* TT (engine_cu_rf_args.spec): the instance of Wo's type alone (matvec_dev.cuh mv_group); TO:
+ * its bulk-copy form alone (launched only with a.wo.tma) */
+template <int MODE, int R, int RB, int TT = 0, bool TO = false>
 __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 3)
     rf_wo_kernel(engine_cu_rf_args a, int n_groups) {
     extern __shared__ __align__(128) uint4 rf_smem[];
     engine_cu_pdl_launch();
-    rf_wo_block<MODE, R, RB, TT>(a, n_groups, (uint8_t *)rf_smem);
+    rf_wo_block<MODE, R, RB, TT, TO>(a, n_groups, (uint8_t *)rf_smem);
 }
 
 /* rf_wo_kernel for blockIdx.y's token (router_fuse.cuh: m > 1): its pointers moved on, then the
@@ -284,17 +285,25 @@ static void rf_launch_rb(const engine_cu_rf_args *a, const engine_cu_mv_plan &p,
     }
     /* router_fuse.cuh spec: instances only in the type's own staging mode */
     const int wt = a->wo.m[0].type;
+    /* the bulk-copy form alone where the wo blocks take it (spec 3: every form, as before) */
+    const bool to = a->spec != 3 && a->wo.tma;
     if constexpr (MODE == ENGINE_CU_X_Q8_K)
         if (a->spec == 1 && p.r > 0 && wt == ENGINE_TYPE_Q4_K) {
-            engine_cu_launch(p.r == 1 ? rf_wo_kernel<MODE, 1, RB, ENGINE_TYPE_Q4_K>
-                                      : rf_wo_kernel<MODE, 2, RB, ENGINE_TYPE_Q4_K>,
+            constexpr int T = ENGINE_TYPE_Q4_K;
+            engine_cu_launch(p.r == 1 ? (to ? rf_wo_kernel<MODE, 1, RB, T, true>
+                                            : rf_wo_kernel<MODE, 1, RB, T>)
+                                      : (to ? rf_wo_kernel<MODE, 2, RB, T, true>
+                                            : rf_wo_kernel<MODE, 2, RB, T>),
                              grid, block, smem, stream, *a, p.n_groups);
             return;
         }
     if constexpr (MODE == ENGINE_CU_X_Q8_0)
         if (a->spec && p.r > 0 && wt == ENGINE_TYPE_Q8_0) {
-            engine_cu_launch(p.r == 1 ? rf_wo_kernel<MODE, 1, RB, ENGINE_TYPE_Q8_0>
-                                      : rf_wo_kernel<MODE, 2, RB, ENGINE_TYPE_Q8_0>,
+            constexpr int T = ENGINE_TYPE_Q8_0;
+            engine_cu_launch(p.r == 1 ? (to ? rf_wo_kernel<MODE, 1, RB, T, true>
+                                            : rf_wo_kernel<MODE, 1, RB, T>)
+                                      : (to ? rf_wo_kernel<MODE, 2, RB, T, true>
+                                            : rf_wo_kernel<MODE, 2, RB, T>),
                              grid, block, smem, stream, *a, p.n_groups);
             return;
         }
