@@ -368,7 +368,8 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     /* up items issued at the start, and when the down runs go (moe_fused.cuh pipe) */
     const int infl = per_item && pipe > 0 ? min(ni, pipe) : ni;
     const int dn_at = early && ni > 0 ? (F ? 2 : a.pipe_down) : 0;
-    const bool dmerge = F ? F == 2 : a.dn_merge == 1 || (a.dn_merge == 2 && early); /* moe_fused.cuh */
+    const bool dmerge =
+        F ? F == 2 : a.dn_merge == 1 || (a.dn_merge == 2 && early);          /* moe_fused.cuh */
     const bool lanes = F ? F == 2 : a.lanes == 1 || (a.lanes == 2 && early); /* moe_fused.cuh */
     const bool y_pre = F ? true : a.y_pre, arrive = F ? true : a.arrive;
     /* every block starts before a dependent can launch, so all are resident by then */
@@ -518,8 +519,8 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
         switch (d.type) {
 #define MG_CASE(T)                                                                                 \
     case T:                                                                                        \
-        if (MODE == engine_cu_x_mode(T) && (DT == 0 || DT == T) && !(diag & MG_DIAG_NO_DOWN)) {  \
-            if (roll & 1) /* moe_fused.cuh roll */                                               \
+        if (MODE == engine_cu_x_mode(T) && (DT == 0 || DT == T) && !(diag & MG_DIAG_NO_DOWN)) {    \
+            if (roll & 1) /* moe_fused.cuh roll */                                                 \
                 v = down_row<T, true, 1>(d, r, ids, wts, sm, true, wr, ms);                        \
             else                                                                                   \
                 v = down_row<T, true>(d, r, ids, wts, sm, true, wr, ms);                           \
@@ -563,7 +564,8 @@ static int mg_form_fixed(const engine_cu_moe_fused_args *a) {
     const bool dmerge = a->dn_merge == 1 || (a->dn_merge == 2 && early);
     const bool lanes = a->lanes == 1 || (a->lanes == 2 && early);
     if ((a->grid != 1 && a->grid != 2) || a->roll != 3 || a->diag || !a->y_pre || a->pipe != 1 ||
-        !a->up.coop || dmerge != early || lanes != early || (early ? a->pipe_down != 2 : !a->arrive))
+        !a->up.coop || dmerge != early || lanes != early ||
+        (early ? a->pipe_down != 2 : !a->arrive))
         return 0;
     return a->grid;
 }

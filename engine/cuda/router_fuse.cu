@@ -290,21 +290,19 @@ static void rf_launch_rb(const engine_cu_rf_args *a, const engine_cu_mv_plan &p,
     if constexpr (MODE == ENGINE_CU_X_Q8_K)
         if (a->spec == 1 && p.r > 0 && wt == ENGINE_TYPE_Q4_K) {
             constexpr int T = ENGINE_TYPE_Q4_K;
-            engine_cu_launch(p.r == 1 ? (to ? rf_wo_kernel<MODE, 1, RB, T, true>
-                                            : rf_wo_kernel<MODE, 1, RB, T>)
-                                      : (to ? rf_wo_kernel<MODE, 2, RB, T, true>
-                                            : rf_wo_kernel<MODE, 2, RB, T>),
-                             grid, block, smem, stream, *a, p.n_groups);
+            engine_cu_launch(
+                p.r == 1 ? (to ? rf_wo_kernel<MODE, 1, RB, T, true> : rf_wo_kernel<MODE, 1, RB, T>)
+                         : (to ? rf_wo_kernel<MODE, 2, RB, T, true> : rf_wo_kernel<MODE, 2, RB, T>),
+                grid, block, smem, stream, *a, p.n_groups);
             return;
         }
     if constexpr (MODE == ENGINE_CU_X_Q8_0)
         if (a->spec && p.r > 0 && wt == ENGINE_TYPE_Q8_0) {
             constexpr int T = ENGINE_TYPE_Q8_0;
-            engine_cu_launch(p.r == 1 ? (to ? rf_wo_kernel<MODE, 1, RB, T, true>
-                                            : rf_wo_kernel<MODE, 1, RB, T>)
-                                      : (to ? rf_wo_kernel<MODE, 2, RB, T, true>
-                                            : rf_wo_kernel<MODE, 2, RB, T>),
-                             grid, block, smem, stream, *a, p.n_groups);
+            engine_cu_launch(
+                p.r == 1 ? (to ? rf_wo_kernel<MODE, 1, RB, T, true> : rf_wo_kernel<MODE, 1, RB, T>)
+                         : (to ? rf_wo_kernel<MODE, 2, RB, T, true> : rf_wo_kernel<MODE, 2, RB, T>),
+                grid, block, smem, stream, *a, p.n_groups);
             return;
         }
     if (p.r == 0)

@@ -676,18 +676,18 @@ static void test_moe_fused_case(engine_type ut, engine_type dt, int n_expert, in
      * down runs merged per expert slot (dn_merge 1), 16 the down copies a lane each (lanes 1), 32
      * the down loop rolled and 64 the up loop rolled (roll 1, 2), 128 the instance of the types
      * alone (spec; with the router fusion, for Q4_K/Q6_K, Q4_K/Q4_K, Q8_0/Q8_0), 512 the block's
- * RMS scale with the router fusion (up.coop, as in the sessions: with 128 and every other switch
- * at the sessions' default, the instance of the form with them fixed) */
+     * RMS scale with the router fusion (up.coop, as in the sessions: with 128 and every other
+     * switch at the sessions' default, the instance of the form with them fixed) */
     static const int forms[][5] = {
         /* form, items, I, D, bits */
-        {1, 0, 0, 0, 0},   {1, 1, 0, 0, 0},   {2, 0, 0, 0, 0},  {2, 1, 0, 0, 0},
-        {2, 0, 1, 0, 0},   {2, 0, 1, 1, 0},   {2, 0, 1, 2, 0},  {2, 0, 2, 1, 0},
-        {2, 1, 0, 2, 0},   {1, 0, 1, 0, 0},   {2, 0, 2, 2, 0},  {1, 1, 0, 0, 2},
-        {1, 0, 2, 0, 2},   {2, 0, 1, 1, 2},   {1, 0, 1, 0, 2},  {1, 0, 1, 0, 6},
-        {1, 1, 0, 0, 4},   {1, 0, 2, 0, 6},   {2, 0, 1, 1, 10}, {2, 0, 1, 2, 8},
-        {2, 1, 0, 0, 8},   {1, 0, 1, 0, 14},  {1, 1, 0, 0, 12}, {2, 0, 1, 2, 26},
-        {2, 0, 1, 1, 18},  {2, 0, 0, 0, 16},  {1, 0, 1, 0, 22}, {1, 0, 1, 0, 30},
-        {2, 0, 1, 2, 58},  {2, 0, 1, 2, 122}, {2, 0, 1, 2, 90}, {1, 0, 1, 0, 38},
+        {1, 0, 0, 0, 0},   {1, 1, 0, 0, 0},   {2, 0, 0, 0, 0},   {2, 1, 0, 0, 0},
+        {2, 0, 1, 0, 0},   {2, 0, 1, 1, 0},   {2, 0, 1, 2, 0},   {2, 0, 2, 1, 0},
+        {2, 1, 0, 2, 0},   {1, 0, 1, 0, 0},   {2, 0, 2, 2, 0},   {1, 1, 0, 0, 2},
+        {1, 0, 2, 0, 2},   {2, 0, 1, 1, 2},   {1, 0, 1, 0, 2},   {1, 0, 1, 0, 6},
+        {1, 1, 0, 0, 4},   {1, 0, 2, 0, 6},   {2, 0, 1, 1, 10},  {2, 0, 1, 2, 8},
+        {2, 1, 0, 0, 8},   {1, 0, 1, 0, 14},  {1, 1, 0, 0, 12},  {2, 0, 1, 2, 26},
+        {2, 0, 1, 1, 18},  {2, 0, 0, 0, 16},  {1, 0, 1, 0, 22},  {1, 0, 1, 0, 30},
+        {2, 0, 1, 2, 58},  {2, 0, 1, 2, 122}, {2, 0, 1, 2, 90},  {1, 0, 1, 0, 38},
         {1, 0, 1, 0, 102}, {2, 0, 1, 2, 250}, {1, 0, 1, 0, 230}, {2, 0, 1, 2, 762},
         {1, 0, 1, 0, 742}};
     for (int fi = 0; rc == 0 && fi < (int)(sizeof forms / sizeof forms[0]) &&
