@@ -305,12 +305,6 @@ static void rf_launch_rb(const engine_cu_rf_args *a, const engine_cu_mv_plan &p,
                 grid, block, smem, stream, *a, p.n_groups);
             return;
         }
-    if (a->spec == 4 && to && p.r > 0) { /* the generic instance, the bulk-copy form alone */
-        engine_cu_launch(p.r == 1 ? rf_wo_kernel<MODE, 1, RB, 0, true>
-                                  : rf_wo_kernel<MODE, 2, RB, 0, true>,
-                         grid, block, smem, stream, *a, p.n_groups);
-        return;
-    }
     if (p.r == 0)
         engine_cu_launch(rf_wo_kernel<MODE, 0, RB>, grid, block, smem, stream, *a, p.n_groups);
     else if (p.r == 1)
