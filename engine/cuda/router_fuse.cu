@@ -241,6 +241,14 @@ __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 3)
         vmv_group<MODE, R>(a.wo, ys, g, sm, xs, a.m, 0, part);
 }
 
+/* rf_wo_kernel's instance of Wo's type T for r rows a warp (1, 2), with the bulk-copy form alone
+ * (to) or every form */
+typedef void (*rf_kernel_fn)(engine_cu_rf_args, int);
+template <int MODE, int RB, int T> static rf_kernel_fn rf_spec_kernel(int r, bool to) {
+    if (r == 1) return to ? rf_wo_kernel<MODE, 1, RB, T, true> : rf_wo_kernel<MODE, 1, RB, T>;
+    return to ? rf_wo_kernel<MODE, 2, RB, T, true> : rf_wo_kernel<MODE, 2, RB, T>;
+}
+
 template <int MODE, int RB>
 static void rf_launch_rb(const engine_cu_rf_args *a, const engine_cu_mv_plan &p, size_t smem,
                          cudaStream_t stream) {
@@ -289,20 +297,14 @@ static void rf_launch_rb(const engine_cu_rf_args *a, const engine_cu_mv_plan &p,
     const bool to = a->spec != 3 && a->wo.tma;
     if constexpr (MODE == ENGINE_CU_X_Q8_K)
         if (a->spec == 1 && p.r > 0 && wt == ENGINE_TYPE_Q4_K) {
-            constexpr int T = ENGINE_TYPE_Q4_K;
-            engine_cu_launch(
-                p.r == 1 ? (to ? rf_wo_kernel<MODE, 1, RB, T, true> : rf_wo_kernel<MODE, 1, RB, T>)
-                         : (to ? rf_wo_kernel<MODE, 2, RB, T, true> : rf_wo_kernel<MODE, 2, RB, T>),
-                grid, block, smem, stream, *a, p.n_groups);
+            engine_cu_launch(rf_spec_kernel<MODE, RB, ENGINE_TYPE_Q4_K>(p.r, to), grid, block, smem,
+                             stream, *a, p.n_groups);
             return;
         }
     if constexpr (MODE == ENGINE_CU_X_Q8_0)
         if (a->spec && p.r > 0 && wt == ENGINE_TYPE_Q8_0) {
-            constexpr int T = ENGINE_TYPE_Q8_0;
-            engine_cu_launch(
-                p.r == 1 ? (to ? rf_wo_kernel<MODE, 1, RB, T, true> : rf_wo_kernel<MODE, 1, RB, T>)
-                         : (to ? rf_wo_kernel<MODE, 2, RB, T, true> : rf_wo_kernel<MODE, 2, RB, T>),
-                grid, block, smem, stream, *a, p.n_groups);
+            engine_cu_launch(rf_spec_kernel<MODE, RB, ENGINE_TYPE_Q8_0>(p.r, to), grid, block, smem,
+                             stream, *a, p.n_groups);
             return;
         }
     if (p.r == 0)
