@@ -41,7 +41,7 @@ template <int MODE, int R> static mv_kernel_fn mv_kernel_for(const engine_cu_mv 
     for (int i = 1; i < a->n_mat; i++)
         if (a->m[i].type != t) t = -1;
     /* spec 3: the type's instance with every form in its image (session 39 call A's) */
-    const bool to = a->spec != 3 && a->tma;
+    const bool to = a->spec != 3 && a->tma && !a->coop && !a->nw_late; /* mv_block TO */
     if constexpr (MODE == ENGINE_CU_X_Q8_0)
         if (a->spec && t == ENGINE_TYPE_Q8_0)
             return to ? mv_kernel<MODE, R, false, ENGINE_TYPE_Q8_0, true>

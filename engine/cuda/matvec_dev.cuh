@@ -123,23 +123,26 @@ __device__ __forceinline__ float *mv_group(const engine_cu_mv &a, int g, const e
 }
 
 /* Stage the block's input (every thread calls it; ends with a barrier): normalised with the
- * per-warp scale, or with a.coop the whole block's (engine_cu_mv.coop). */
-template <int MODE>
+ * per-warp scale, or with a.coop the whole block's (engine_cu_mv.coop). FIX (an instance
+ * launched only with a.coop and a.nw_late off, and without a norm where !NORM): those fixed, so
+ * that the alternatives are not in its image. */
+template <int MODE, bool NORM = true, bool FIX = false>
 __device__ __forceinline__ void mv_stage(const engine_cu_mv &a, uint8_t *sm,
                                          const engine_cu_nw_pre *pre = nullptr) {
+    const float *nw = FIX && !NORM ? nullptr : a.norm_w;
     const float sc =
-        a.coop && a.norm_w
+        !FIX && a.coop && nw
             ? engine_cu_block_scale<false, false>((const float4 *)a.x, nullptr, a.cols, a.eps)
             : -1.0f;
-    engine_cu_stage_x<MODE>(a.x, a.cols, a.norm_w, a.eps, sm, 0, nullptr, sc, pre);
+    engine_cu_stage_x<MODE>(a.x, a.cols, nw, a.eps, sm, 0, nullptr, sc, pre);
 }
 
 /* The staging warp's norm weights read before the wait (qdot.cuh engine_cu_stage_nw; none with
  * a.nw_late): for mv_stage. */
-template <int MODE, bool NORM = true>
+template <int MODE, bool NORM = true, bool FIX = false>
 __device__ __forceinline__ engine_cu_nw_pre mv_nw(const engine_cu_mv &a) {
     if (!NORM) return engine_cu_stage_x_nw<MODE>(nullptr, a.cols);
-    return engine_cu_stage_x_nw<MODE>(a.nw_late ? nullptr : a.norm_w, a.cols);
+    return engine_cu_stage_x_nw<MODE>(!FIX && a.nw_late ? nullptr : a.norm_w, a.cols);
 }
 
 /* Ask L2 for warp w's rows of groups g0, g0 + gdx, ... (R > 0; all of them, or g0's alone). */
@@ -220,7 +223,7 @@ __device__ __forceinline__ void mv_block_pre(const engine_cu_mv &a, int n_groups
  * rows (one contiguous run) into shared memory after the staged x with a bulk copy BEFORE the
  * wait, so the rows arrive while the previous kernel finishes; the warps then compute from
  * there: mv_group's sums, bit for bit. */
-template <int MODE, int R, typename S, bool NORM = true, int TT = 0>
+template <int MODE, int R, typename S, bool NORM = true, int TT = 0, bool FIX = false>
 __device__ __forceinline__ void mv_block_tma(const engine_cu_mv &a, int bx, uint8_t *sm,
                                              const S &sync) {
     constexpr int PER = ENGINE_CU_MV_WARPS * R;
@@ -237,11 +240,12 @@ __device__ __forceinline__ void mv_block_tma(const engine_cu_mv &a, int bx, uint
         engine_cu_mbar_expect(&tma_bar, (unsigned)(nr * rb));
         engine_cu_bulk_g2s(ws, a.m[mi].w + (size_t)r0 * rb, (unsigned)(nr * rb), &tma_bar);
     }
-    if (a.norm_w && (threadIdx.x >> 5) == ENGINE_CU_MV_WARPS - 1) /* read by every block: L2 */
+    if ((NORM || !FIX) && a.norm_w &&
+        (threadIdx.x >> 5) == ENGINE_CU_MV_WARPS - 1) /* read by every block: L2 */
         engine_cu_prefetch_l2((const uint8_t *)a.norm_w, sizeof(float) * (size_t)a.cols);
-    const engine_cu_nw_pre nwp = mv_nw<MODE, NORM>(a); /* NORM false: a launch with no norm */
+    const engine_cu_nw_pre nwp = mv_nw<MODE, NORM, FIX>(a); /* NORM false: a launch with no norm */
     sync.wait();
-    mv_stage<MODE>(a, sm, &nwp); /* ends with a barrier: the barrier's init visible to all */
+    mv_stage<MODE, NORM, FIX>(a, sm, &nwp); /* ends with a barrier: the init visible to all */
     ENGINE_CU_TRACE(4);
     engine_cu_mbar_wait(&tma_bar, 0);
     ENGINE_CU_TRACE(7);
@@ -263,11 +267,12 @@ __device__ __forceinline__ void mv_block(const engine_cu_mv &a, int n_groups, in
     constexpr int NR = R > 0 ? R : 1, PER = R > 0 ? ENGINE_CU_MV_WARPS * R : 1;
     __shared__ float part[ENGINE_CU_MV_WARPS];
     const int w = threadIdx.x >> 5;
-    /* TO (a launcher's, with a.tma set): the bulk-copy form alone, so that the instance's image
-     * holds none of the other forms' code */
+    /* TO (a launcher's, with a.tma set, a.coop and a.nw_late off, and no norm where !NORM): the
+     * bulk-copy form alone with those fixed (mv_stage FIX), so that the instance's image holds
+     * none of the other forms' code */
     if constexpr (!Q6R && R > 0 && MODE != ENGINE_CU_X_F32)
         if (TO || a.tma) {
-            mv_block_tma<MODE, R, S, NORM, TT>(a, bx, sm, sync);
+            mv_block_tma<MODE, R, S, NORM, TT, TO>(a, bx, sm, sync);
             return;
         }
     if (!Q6R && R > 0 && R <= 2 && MODE != ENGINE_CU_X_F32 && a.preload && !a.touch) {

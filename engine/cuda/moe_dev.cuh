@@ -327,19 +327,22 @@ __device__ __forceinline__ void ffn_route_raw(const engine_cu_ffn_up_args &a,
  * one the staging uses (route_weights_raw; block b 0 also stores qwen35's scaled shared-expert
  * logit, a.rf_sh). N4: with at most 128 experts, 4 a lane (the same results; a second
  * instance, so only the whole-grid MoE launch asks for it: in the up kernels it cost registers). */
-template <bool N4>
+template <bool N4, bool E128 = false>
 __device__ __forceinline__ int ffn_route_ids(const engine_cu_ffn_up_args &a, const float *raw,
                                              int *ids) {
-    const bool shfl = (a.route & ENGINE_CU_ROUTE_SHFL) != 0;
-    if (N4 && a.n_expert <= 128) return route_ids_raw<4>(raw, a.n_expert, a.k, shfl, ids);
+    /* E128: the caller's instance is launched only with at most 128 experts and route's picks
+     * (no ENGINE_CU_ROUTE_SHFL), so that the other paths are not in its image */
+    const bool shfl = !E128 && (a.route & ENGINE_CU_ROUTE_SHFL) != 0;
+    if (E128 || (N4 && a.n_expert <= 128))
+        return route_ids_raw<4>(raw, a.n_expert, a.k, shfl, ids);
     return route_ids_raw<>(raw, a.n_expert, a.k, shfl, ids);
 }
 
-template <bool N4>
+template <bool N4, bool E128 = false>
 __device__ __forceinline__ void ffn_route_weights(const engine_cu_ffn_up_args &a, int b,
                                                   const float *raw, float sc, int my_id,
                                                   float *wts) {
-    if (N4 && a.n_expert <= 128)
+    if (E128 || (N4 && a.n_expert <= 128))
         route_weights_raw<4>(raw, sc, a.n_expert, a.k, a.norm_topk, my_id, wts);
     else
         route_weights_raw<>(raw, sc, a.n_expert, a.k, a.norm_topk, my_id, wts);

@@ -364,7 +364,7 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     /* a.items: each item's runs counted on a barrier of its own, so that a warp group computes
      * its item as soon as that item's runs have landed */
     const int pipe = F ? 1 : a.pipe;
-    const bool per_item = (F || a.items || pipe > 0) && a.ipb <= MG_MAX_IPB;
+    const bool per_item = F ? true : (a.items || pipe > 0) && a.ipb <= MG_MAX_IPB; /* F: fits */
     /* up items issued at the start, and when the down runs go (moe_fused.cuh pipe) */
     const int infl = per_item && pipe > 0 ? min(ni, pipe) : ni;
     const int dn_at = early && ni > 0 ? (F ? 2 : a.pipe_down) : 0;
@@ -378,6 +378,7 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
         engine_cu_mbar_init(&bar_up);
         engine_cu_mbar_init(&bar_dn);
         if (per_item)
+#pragma unroll 1
             for (int i = 0; i < ni; i++)
                 engine_cu_mbar_init(&bar_it[i]);
     }
@@ -404,9 +405,9 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     if (w == 0) {
         if (coop) { /* raw[] stays in registers (a pointer chosen at run time put it on the stack)
                      */
-            my_id = ffn_route_ids<true>(u, raw, ids);
+            my_id = ffn_route_ids<true, F != 0>(u, raw, ids);
             if (diag & MG_DIAG_ROUTE2) my_id = ffn_route_ids<true>(u, raw, ids); /* the same */
-            if (!split) ffn_route_weights<true>(u, b, raw, sc, my_id, wts);
+            if (!split) ffn_route_weights<true, F != 0>(u, b, raw, sc, my_id, wts);
         } else {
             ffn_route_warp<RF, true>(u, b, ids, wts);
             if (diag & MG_DIAG_ROUTE2) { /* the same ids and weights again */
@@ -430,11 +431,11 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     if (split) {
         sc = engine_cu_block_scale_end(ss, u.cols, u.eps, MF_THREADS);
         ENGINE_CU_TRACE(9);
-        if (w == 0) ffn_route_weights<true>(u, b, raw, sc, my_id, wts);
+        if (w == 0) ffn_route_weights<true, F != 0>(u, b, raw, sc, my_id, wts);
     }
-    if (RF) /* warps 1 ..; ends with a barrier */
-        engine_cu_stage_x<MODE, false, true>(u.x, u.cols, u.norm_w, u.eps, sm, 1, u.x_add, sc,
-                                             &nwp);
+    if (RF) /* warps 1 ..; ends with a barrier. F: the block's scale sc (coop and split) */
+        engine_cu_stage_x<MODE, false, true, F != 0>(u.x, u.cols, u.norm_w, u.eps, sm, 1, u.x_add,
+                                                     sc, &nwp);
     else
         engine_cu_stage_x<MODE>(u.x, u.cols, u.norm_w, u.eps, sm, 1, nullptr, -1.0f, &nwp);
     ENGINE_CU_TRACE(6);
@@ -506,7 +507,7 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
                                       sm); /* ends with a barrier */
     engine_cu_mbar_wait(&bar_dn, 0);
     ENGINE_CU_TRACE(8);
-    if (a.pf_norm && w == 1) /* the next launch's norm weights (moe_fused.cuh pf_norm) */
+    if (!F && a.pf_norm && w == 1) /* the next launch's norm weights (moe_fused.cuh pf_norm) */
         engine_cu_prefetch_l2((const uint8_t *)a.pf_norm, sizeof(float) * (size_t)a.pf_norm_n);
     for (int i = q; i < ng; i += MG_GROUPS) {
         const int r = (g0 + i) * FFN_WARPS + wl;
@@ -566,6 +567,11 @@ static int mg_form_fixed(const engine_cu_moe_fused_args *a) {
     if ((a->grid != 1 && a->grid != 2) || a->roll != 3 || a->diag || !a->y_pre || a->pipe != 1 ||
         !a->up.coop || dmerge != early || lanes != early ||
         (early ? a->pipe_down != 2 : !a->arrive))
+        return 0;
+    /* what the F instances also take as fixed: an item barrier each, at most 128 experts routed
+     * by route's picks (moe_dev.cuh ffn_route_ids E128), no next-norm prefetch */
+    if (a->ipb > MG_MAX_IPB || a->up.n_expert > 128 || (a->up.route & ENGINE_CU_ROUTE_SHFL) ||
+        a->pf_norm)
         return 0;
     return a->grid;
 }

@@ -226,8 +226,10 @@ __device__ __forceinline__ int engine_cu_q4x8(float4 v, float s, int *sum) {
  * but possibly in this multiprocessor's L1 from before that); the same values and arithmetic.
  * ADD: the vector staged is x[i] + xa[i] (one F32 add per value, before the norm).
  * given >= 0: the RMS scale, computed already (engine_cu_block_scale), not by each warp.
+ * GIVEN: the caller always passes the scale (given), so that the warps' own computation of it
+ * is not in its image (a NaN scale is staged as given, NaN values either way).
  * engine_cu_stage_part: the share of warp w of the nwarps that stage (no barrier). */
-template <int MODE, bool CG = false, bool ADD = false>
+template <int MODE, bool CG = false, bool ADD = false, bool GIVEN = false>
 __device__ __forceinline__ void engine_cu_stage_part(const float *x, int n, const float *nw,
                                                      float eps, uint8_t *sm, int w, int nwarps,
                                                      const float *xa = nullptr, float given = -1.0f,
@@ -237,8 +239,9 @@ __device__ __forceinline__ void engine_cu_stage_part(const float *x, int n, cons
     {
         float scale = 1.0f;
         if (nw)
-            scale =
-                given >= 0.0f ? given : engine_cu_stage_scale<CG, ADD>(x4, a4, n, n4, lane, eps);
+            scale = GIVEN || given >= 0.0f
+                        ? given
+                        : engine_cu_stage_scale<CG, ADD>(x4, a4, n, n4, lane, eps);
         if (MODE == ENGINE_CU_X_F32) {
             float4 *f = (float4 *)sm;
             for (int i = 32 * w + lane; i < n4; i += 32 * nwarps)
@@ -303,15 +306,15 @@ __device__ __forceinline__ void engine_cu_stage_part(const float *x, int n, cons
 }
 
 /* pre: this warp's engine_cu_stage_nw(nw, n, w - w0, warps - w0), read before the wait. */
-template <int MODE, bool CG = false, bool ADD = false>
+template <int MODE, bool CG = false, bool ADD = false, bool GIVEN = false>
 __device__ __forceinline__ void engine_cu_stage_x(const float *x, int n, const float *nw, float eps,
                                                   uint8_t *sm, int w0 = 0,
                                                   const float *xa = nullptr, float given = -1.0f,
                                                   const engine_cu_nw_pre *pre = nullptr) {
     const int w = (threadIdx.x >> 5) - w0;
     if (w >= 0)
-        engine_cu_stage_part<MODE, CG, ADD>(x, n, nw, eps, sm, w, (blockDim.x >> 5) - w0, xa, given,
-                                            pre);
+        engine_cu_stage_part<MODE, CG, ADD, GIVEN>(x, n, nw, eps, sm, w, (blockDim.x >> 5) - w0,
+                                                   xa, given, pre);
     __syncthreads();
 }
 

@@ -294,7 +294,8 @@ static void rf_launch_rb(const engine_cu_rf_args *a, const engine_cu_mv_plan &p,
     /* router_fuse.cuh spec: instances only in the type's own staging mode */
     const int wt = a->wo.m[0].type;
     /* the bulk-copy form alone where the wo blocks take it (spec 3: every form, as before) */
-    const bool to = a->spec != 3 && a->wo.tma;
+    const bool to = a->spec != 3 && a->wo.tma && !a->wo.coop && !a->wo.nw_late &&
+                    !a->wo.norm_w; /* matvec_dev.cuh mv_block TO, without a norm */
     if constexpr (MODE == ENGINE_CU_X_Q8_K)
         if (a->spec == 1 && p.r > 0 && wt == ENGINE_TYPE_Q4_K) {
             engine_cu_launch(rf_spec_kernel<MODE, RB, ENGINE_TYPE_Q4_K>(p.r, to), grid, block, smem,
