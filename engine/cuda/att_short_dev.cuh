@@ -74,7 +74,7 @@ __device__ __forceinline__ void att_short_block(const engine_cu_att &a, int h, i
     const bool last = s == n_act - 1;   /* the split holding row pos */
     const int nl = last ? np - 1 : np;  /* this split's rows to read from the cache */
     const size_t kv_dim = (size_t)a.n_kv * HD, col = (size_t)kvh * HD;
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31, w = engine_cu_warp_id();
     const int part = threadIdx.x & (ATT_TPP - 1);
     const size_t off0 = ((size_t)p_begin * kv_dim + col) * elt; /* the split's first row */
     const uintptr_t kc = (uintptr_t)a.k_cache + off0;

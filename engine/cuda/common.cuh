@@ -38,6 +38,14 @@ int engine_err(int code, const char *fmt, ...);
 
 #define ENGINE_CUDA_WARP 32
 
+/* The thread's warp in its block, known to the compiler as the same in every lane (a shuffle
+ * from lane 0), so that code under a branch on it is not taken for divergent: no run-time
+ * divergence checks and slow collective paths around the shuffles there. The whole warp calls
+ * it, converged (at a kernel's start). */
+__device__ __forceinline__ int engine_cu_warp_id() {
+    return __shfl_sync(0xffffffffu, (int)(threadIdx.x >> 5), 0);
+}
+
 __device__ __forceinline__ float engine_cu_warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1)
         v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -59,7 +59,7 @@ template <int MODE, int R, bool Q6R = false, bool SH = false, int TT = 0>
 __device__ __forceinline__ float *mv_group(const engine_cu_mv &a, int g, const engine_cu_xv &xv,
                                            float *part, const uint8_t *ws = nullptr) {
     constexpr int NR = R > 0 ? R : 1, PER = R > 0 ? ENGINE_CU_MV_WARPS * R : 1;
-    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int w = engine_cu_warp_id(), lane = threadIdx.x & 31;
     int first;
     const int mi = mv_find(a, g, PER, &first);
     if (mi < 0) return nullptr; /* never: n_groups row groups in all */
@@ -266,7 +266,7 @@ __device__ __forceinline__ void mv_block(const engine_cu_mv &a, int n_groups, in
                                          uint8_t *sm, const S &sync) {
     constexpr int NR = R > 0 ? R : 1, PER = R > 0 ? ENGINE_CU_MV_WARPS * R : 1;
     __shared__ float part[ENGINE_CU_MV_WARPS];
-    const int w = threadIdx.x >> 5;
+    const int w = engine_cu_warp_id();
     /* TO (a launcher's, with a.tma set, a.coop and a.nw_late off, and no norm where !NORM): the
      * bulk-copy form alone with those fixed (mv_stage FIX), so that the instance's image holds
      * none of the other forms' code */

@@ -349,7 +349,7 @@ __global__ void __launch_bounds__(MG_THREADS, 1) moe_grid_kernel(engine_cu_moe_f
     const engine_cu_ffn_down_args &d = a.dn;
     /* the types' own instance (UT) holds the sessions' loops alone: rolled, no diagnosis */
     const int roll = UT ? 3 : a.roll, diag = UT ? 0 : a.diag;
-    const int b = blockIdx.x, nb = gridDim.x, w = threadIdx.x >> 5;
+    const int b = blockIdx.x, nb = gridDim.x, w = engine_cu_warp_id();
     const int q = w / FFN_WARPS, wl = w - q * FFN_WARPS;
     const int gx = u.rows / (2 * FFN_WARPS), n_items = u.k * gx, n_groups = d.rows / FFN_WARPS;
     const int i0 = b * a.ipb, ni = max(0, min(a.ipb, n_items - i0));

@@ -311,7 +311,7 @@ __device__ __forceinline__ void engine_cu_stage_x(const float *x, int n, const f
                                                   uint8_t *sm, int w0 = 0,
                                                   const float *xa = nullptr, float given = -1.0f,
                                                   const engine_cu_nw_pre *pre = nullptr) {
-    const int w = (threadIdx.x >> 5) - w0;
+    const int w = engine_cu_warp_id() - w0;
     if (w >= 0)
         engine_cu_stage_part<MODE, CG, ADD, GIVEN>(x, n, nw, eps, sm, w, (blockDim.x >> 5) - w0,
                                                    xa, given, pre);
@@ -338,7 +338,7 @@ template <int MODE>
 __device__ __forceinline__ void engine_cu_stage_xm(const float *x, size_t x_stride, int n,
                                                    const float *nw, float eps, uint8_t *sm,
                                                    size_t sm_stride, int m, int w0 = 0) {
-    const int nwarps = (int)(blockDim.x >> 5) - w0, i = (int)(threadIdx.x >> 5) - w0;
+    const int nwarps = (int)(blockDim.x >> 5) - w0, i = engine_cu_warp_id() - w0;
     if (i >= 0 && nwarps >= m) {
         const int t = i % m;
         engine_cu_stage_part<MODE>(x + (size_t)t * x_stride, n, nw, eps, sm + (size_t)t * sm_stride,
