@@ -50,6 +50,8 @@ template <int MODE, int R> static mv_kernel_fn mv_kernel_for(const engine_cu_mv 
         if (a->spec && t == ENGINE_TYPE_Q4_K)
             return to ? mv_kernel<MODE, R, false, ENGINE_TYPE_Q4_K, true>
                       : mv_kernel<MODE, R, false, ENGINE_TYPE_Q4_K>;
+    /* spec 4: the mixed types' generic instance with the bulk-copy form alone as well */
+    if (a->spec == 4 && to) return mv_kernel<MODE, R, false, 0, true>;
     return mv_kernel<MODE, R>;
 }
 

@@ -112,7 +112,8 @@ typedef struct {
      * default, SPARK_CUDA_MV_SPEC=0 off). The same sums. Session 39 call A, one process per
      * order: Q4_K_M +0.2-0.3% in both orders, Q8_0 +1.0% in one and 0 in the other. The
      * instance holds the bulk-copy form alone (matvec_dev.cuh mv_block TO); 3: the type's
-     * instance with every form in its image, as in call A. */
+     * instance with every form in its image, as in call A; 4: as 1, and matrices of mixed or
+     * other types in the generic instance with the bulk-copy form alone (not measured). */
     int spec;
 } engine_cu_mv;
 #define ENGINE_CU_MV_RING_MAX 8 /* buffers a warp, at most */

@@ -61,7 +61,8 @@ typedef struct {
      * (H200, tg128, two processes): Q8_0 509.2 / 509.3 against 506.4 / 506.6 (+0.5%); Q4_K_M
      * 603.2 / 603.1 against 604.6 / 604.3 (-0.2%). Since session 39, where the wo blocks take
      * the bulk-copy form (wo.tma), the instance holds that form alone (matvec_dev.cuh mv_block
-     * TO); 3: Q8_0's instance with every form in its image, as before. */
+     * TO); 3: Q8_0's instance with every form in its image, as before; 4: Q8_0's as 2, other
+     * types in the generic instance with the bulk-copy form alone (not measured). */
     int spec;
 } engine_cu_rf_args;
 

@@ -216,7 +216,7 @@ static int n_gen = N_GEN; /* generated tokens; fewer with a third argument (race
 /* Run-time switches of the decode stage-6 paths, and the short-context attention launch (a
  * block per query head, engine/cuda/att_short_dev.cuh; every position here is below 256): a
  * session per set, its variables set to 1 (or to the value after '='). */
-#define N_ALT 36
+#define N_ALT 37
 static const char *const alt_sets[N_ALT][3] = {
     {"SPARK_CUDA_ROUTE_ONCE", NULL, NULL},
     {"SPARK_CUDA_UP_EARLY", NULL, NULL},
@@ -254,6 +254,7 @@ static const char *const alt_sets[N_ALT][3] = {
     {"SPARK_CUDA_MV_SPEC=0", NULL, NULL},  /* q/k/v (and wo) in the generic instance */
     {"SPARK_CUDA_MOE_SPEC=3", NULL, NULL}, /* the MoE instances' switches at run time */
     {"SPARK_CUDA_MV_SPEC=3", "SPARK_CUDA_RF_SPEC=3", NULL}, /* their instances, every form */
+    {"SPARK_CUDA_MV_SPEC=4", "SPARK_CUDA_RF_SPEC=4", NULL}, /* generic, the copy form alone */
 };
 
 /* Which alt sets run: all, unless SPARK_TEST_CUDA_ALTS lists their indices ("8,9") or says
