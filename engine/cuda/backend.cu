@@ -198,8 +198,8 @@ struct engine_cuda_session {
     int mf_lanes;            /* SPARK_CUDA_MOE_LANES=0|1 (moe_fused.cuh lanes; default 2) */
     int mf_roll;             /* SPARK_CUDA_MOE_ROLL=bits (moe_fused.cuh roll; default 3) */
     int mf_spec;             /* SPARK_CUDA_MOE_SPEC=0|2|3 (moe_fused.cuh spec; default 1) */
-    int rf_spec;             /* SPARK_CUDA_RF_SPEC=0|1|3|4 (router_fuse.cuh spec; default 2) */
-    int mv_spec;             /* SPARK_CUDA_MV_SPEC=0|3|4 (matvec.cuh spec; default 1) */
+    int rf_spec;             /* SPARK_CUDA_RF_SPEC=0..4 (router_fuse.cuh spec; default 1) */
+    int mv_spec;             /* SPARK_CUDA_MV_SPEC=0|1|3|4 (matvec.cuh spec; default 4) */
     int mf_norm;  /* SPARK_CUDA_NEXT_NORM=1: it asks L2 for the next attention norm (pf_norm) */
     int mf_diag; /* SPARK_CUDA_MOE_FUSED_DIAG=bits: phases left out (diagnosis, moe_fused.cuh) */
     int mf_red;  /* SPARK_CUDA_MOE_FUSED_RED=1: its reduction by row class, no wait */
@@ -733,10 +733,10 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         e = getenv("SPARK_CUDA_MOE_SPEC");
         s->mf_spec = e && (e[0] == '0' || e[0] == '2' || e[0] == '3') ? e[0] - '0' : 1; /* 1: s39 */
         e = getenv("SPARK_CUDA_RF_SPEC");
-        s->rf_spec = e && e[0] >= '0' && e[0] <= '4' ? e[0] - '0' : 2;
+        s->rf_spec = e && e[0] >= '0' && e[0] <= '4' ? e[0] - '0' : 1; /* 1: session 40 F */
         e = getenv("SPARK_CUDA_MV_SPEC");
-        s->mv_spec =
-            e && (e[0] == '0' || e[0] == '3' || e[0] == '4') ? e[0] - '0' : 1; /* 1: s39 A */
+        s->mv_spec = e && e[0] >= '0' && e[0] <= '4' && e[0] != '2' ? e[0] - '0'
+                                                                    : 4; /* 4: session 40 F */
         e = getenv("SPARK_CUDA_MOE_YPRE"); /* on: session 32 calls A-B */
         s->mf_y_pre = !e || e[0] != '0';
         e = getenv("SPARK_CUDA_NEXT_NORM");

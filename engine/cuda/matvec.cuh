@@ -108,12 +108,15 @@ typedef struct {
      * The same values either way. */
     int nw_late;
     /* 1: where every matrix is Q8_0, or every one Q4_K, the bulk-copy form (tma) runs in a
-     * kernel instance holding that type's products alone (matvec_dev.cuh TT; the sessions'
-     * default, SPARK_CUDA_MV_SPEC=0 off). The same sums. Session 39 call A, one process per
+     * kernel instance holding that type's products alone (matvec_dev.cuh TT;
+     * SPARK_CUDA_MV_SPEC=0 off). The same sums. Session 39 call A, one process per
      * order: Q4_K_M +0.2-0.3% in both orders, Q8_0 +1.0% in one and 0 in the other. The
      * instance holds the bulk-copy form alone (matvec_dev.cuh mv_block TO); 3: the type's
-     * instance with every form in its image, as in call A; 4: as 1, and matrices of mixed or
-     * other types in the generic instance with the bulk-copy form alone (not measured). */
+     * instance with every form in its image, as in call A; 4 (the sessions' default since
+     * session 40): as 1, and matrices of mixed or other types in the generic instance with the
+     * bulk-copy form alone. Session 40 call F (spark-agent bench tg128 gen, Q4_K_M, whose
+     * layers with a Q6_K v take it; with RF_SPEC=1): 680.53 / 680.47 against 675.64 / 675.31
+     * (+0.7%). */
     int spec;
 } engine_cu_mv;
 #define ENGINE_CU_MV_RING_MAX 8 /* buffers a warp, at most */

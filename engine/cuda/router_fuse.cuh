@@ -56,13 +56,16 @@ typedef struct {
     int m, seq;
     size_t x_stride, att_stride, ao_stride, raw_stride;
     /* The decode launch (m <= 1) in a kernel instance holding Wo's type's products alone (the
-     * generic one holds every type's of its staging mode): 1 where Wo is Q4_K or Q8_0, 2 (the
-     * sessions' default; SPARK_CUDA_RF_SPEC=0|1|3) Q8_0 alone. The same sums. Session 38 call H
+     * generic one holds every type's of its staging mode): 1 (the sessions' default since
+     * session 40; SPARK_CUDA_RF_SPEC=0..4) where Wo is Q4_K or Q8_0, 2 Q8_0 alone. The same
+     * sums. Session 38 call H
      * (H200, tg128, two processes): Q8_0 509.2 / 509.3 against 506.4 / 506.6 (+0.5%); Q4_K_M
      * 603.2 / 603.1 against 604.6 / 604.3 (-0.2%). Since session 39, where the wo blocks take
      * the bulk-copy form (wo.tma), the instance holds that form alone (matvec_dev.cuh mv_block
      * TO); 3: Q8_0's instance with every form in its image, as before; 4: Q8_0's as 2, other
-     * types in the generic instance with the bulk-copy form alone (not measured). */
+     * types in the generic instance with the bulk-copy form alone. Session 40 call F
+     * (spark-agent bench tg128 gen, Q4_K_M, two processes each): 1 675.64 / 675.31 against 2
+     * 662.99 / 663.18 (+1.9%). */
     int spec;
 } engine_cu_rf_args;
 

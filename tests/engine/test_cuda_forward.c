@@ -250,11 +250,12 @@ static const char *const alt_sets[N_ALT][3] = {
     {"SPARK_CUDA_ATT_ONE=0", NULL, NULL},  /* the flat attention kernel below 256 too */
     {"SPARK_CUDA_ATT_ONE=1", NULL, NULL},  /* the one-split kernel with all its V rows */
     {"SPARK_CUDA_RF_SPEC=0", NULL, NULL},  /* the wo + router launch's generic instance */
-    {"SPARK_CUDA_RF_SPEC=1", NULL, NULL},  /* its Q4_K instance too */
+    {"SPARK_CUDA_RF_SPEC=2", NULL, NULL},  /* its Q8_0 instance alone (Q4_K: generic) */
     {"SPARK_CUDA_MV_SPEC=0", NULL, NULL},  /* q/k/v (and wo) in the generic instance */
     {"SPARK_CUDA_MOE_SPEC=3", NULL, NULL}, /* the MoE instances' switches at run time */
     {"SPARK_CUDA_MV_SPEC=3", "SPARK_CUDA_RF_SPEC=3", NULL}, /* their instances, every form */
-    {"SPARK_CUDA_MV_SPEC=4", "SPARK_CUDA_RF_SPEC=4", NULL}, /* generic, the copy form alone */
+    {"SPARK_CUDA_MV_SPEC=1", "SPARK_CUDA_RF_SPEC=4", NULL}, /* mixed q/k/v generic, Q4_K Wo in
+                                                                the generic copy-form instance */
 };
 
 /* Which alt sets run: all, unless SPARK_TEST_CUDA_ALTS lists their indices ("8,9") or says
