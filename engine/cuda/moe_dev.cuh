@@ -215,9 +215,12 @@ static __device__ __forceinline__ void route_weights_raw(const float *raw, float
         if (i == slot) v = t;
     }
     v = v >= 0.0f ? v : 0.0f; /* NaN: route's key 1 stands for 0 */
-    float tot = 0.0f;
-    for (int j = 0; j < k; j++)
-        tot += __shfl_sync(0xffffffffu, v, j);
+    float tot = 0.0f; /* k <= ENGINE_CU_MAX_EXPERT_USED: a fixed count, the same adds in order */
+#pragma unroll
+    for (int j = 0; j < ENGINE_CU_MAX_EXPERT_USED; j++) {
+        const float t = __shfl_sync(0xffffffffu, v, j);
+        if (j < k) tot += t;
+    }
     if (lane < k) wts[lane] = norm_topk ? v / tot : v;
     __syncwarp();
 }

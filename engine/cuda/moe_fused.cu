@@ -281,6 +281,7 @@ __device__ __forceinline__ void mg_copy_down(const engine_cu_ffn_down_args &d, c
         return;
     }
     for (int i = 0; i < ng; i++)
+#pragma unroll 1 /* one thread's copies: a loop, not unrolled code */
         for (int j = 0; j < d.k; j++)
             engine_cu_bulk_g2s(dst + (size_t)(i * d.k + j) * st,
                                d.down + (size_t)ids[j] * d.expert_bytes + (size_t)(g0 + i) * run,
