@@ -735,8 +735,8 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         e = getenv("SPARK_CUDA_RF_SPEC");
         s->rf_spec = e && e[0] >= '0' && e[0] <= '4' ? e[0] - '0' : 1; /* 1: session 40 F */
         e = getenv("SPARK_CUDA_MV_SPEC");
-        s->mv_spec = e && e[0] >= '0' && e[0] <= '4' && e[0] != '2' ? e[0] - '0'
-                                                                    : 4; /* 4: session 40 F */
+        s->mv_spec =
+            e && e[0] >= '0' && e[0] <= '4' && e[0] != '2' ? e[0] - '0' : 4; /* 4: session 40 F */
         e = getenv("SPARK_CUDA_MOE_YPRE"); /* on: session 32 calls A-B */
         s->mf_y_pre = !e || e[0] != '0';
         e = getenv("SPARK_CUDA_NEXT_NORM");

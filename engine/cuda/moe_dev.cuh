@@ -336,8 +336,7 @@ __device__ __forceinline__ int ffn_route_ids(const engine_cu_ffn_up_args &a, con
     /* E128: the caller's instance is launched only with at most 128 experts and route's picks
      * (no ENGINE_CU_ROUTE_SHFL), so that the other paths are not in its image */
     const bool shfl = !E128 && (a.route & ENGINE_CU_ROUTE_SHFL) != 0;
-    if (E128 || (N4 && a.n_expert <= 128))
-        return route_ids_raw<4>(raw, a.n_expert, a.k, shfl, ids);
+    if (E128 || (N4 && a.n_expert <= 128)) return route_ids_raw<4>(raw, a.n_expert, a.k, shfl, ids);
     return route_ids_raw<>(raw, a.n_expert, a.k, shfl, ids);
 }
 

@@ -313,8 +313,8 @@ __device__ __forceinline__ void engine_cu_stage_x(const float *x, int n, const f
                                                   const engine_cu_nw_pre *pre = nullptr) {
     const int w = engine_cu_warp_id() - w0;
     if (w >= 0)
-        engine_cu_stage_part<MODE, CG, ADD, GIVEN>(x, n, nw, eps, sm, w, (blockDim.x >> 5) - w0,
-                                                   xa, given, pre);
+        engine_cu_stage_part<MODE, CG, ADD, GIVEN>(x, n, nw, eps, sm, w, (blockDim.x >> 5) - w0, xa,
+                                                   given, pre);
     __syncthreads();
 }
 

@@ -308,7 +308,7 @@ static void rf_launch_rb(const engine_cu_rf_args *a, const engine_cu_mv_plan &p,
                              stream, *a, p.n_groups);
             return;
         }
-    if constexpr (MODE != ENGINE_CU_X_F32) /* to: a quantised mode's (rf_launch) */
+    if constexpr (MODE != ENGINE_CU_X_F32)   /* to: a quantised mode's (rf_launch) */
         if (a->spec == 4 && to && p.r > 0) { /* the generic instance, the copy form alone */
             engine_cu_launch(p.r == 1 ? rf_wo_kernel<MODE, 1, RB, 0, true>
                                       : rf_wo_kernel<MODE, 2, RB, 0, true>,
