@@ -96,8 +96,9 @@ struct engine_cuda_session {
     cudaGraphExec_t exec_tk;
     /* SPARK_CUDA_ATT_GRID=N: the flat attention launches of exec ([0]) and exec_tk ([1]) get,
      * before a replay, the blocks that work at its position (engine_cu_att_flat_blocks; the
-     * rest exit at once: 480 of the 512 at depth 0 with ATT_LONG 4096), but at least N (at most
-     * the whole grid); 0: the whole grid. Default N: the multiprocessors. Session 37 calls C-D
+     * rest exit at once: 480 of the 512 at depth 0 with ATT_LONG 4096), but at least N (also
+     * past the captured grid, which a context of 1,024 positions or fewer makes smaller than
+     * the multiprocessors); 0: the whole grid. Default N: the multiprocessors. Session 37 calls C-D
      * (H200, 132 multiprocessors; tg128 against the whole grid): N = 1 +1.2% / -0.3% (Q4_K_M /
      * Q8_0), 64 +1.4% / -0.3%, 132 +1.6% / +0.2%, 264 +0.6% / +0.5%. Past the positions of
      * the per-head blocks (ATT_LONG; att_block's blocks) N > 1 keeps the whole grid: at 8K
@@ -1282,7 +1283,9 @@ static int att_grid_set(engine_cuda_session *s, int tk, int32_t pos) {
     const int n_act = pos / ENGINE_CU_ATT_SPLIT + 1;
     if (s->att_grid > 1 && n_act > 1 && n_act > s->att_long)
         nb = all; /* att_block's path: the whole grid (measured faster at 8K, see att_grid) */
-    if (nb < (unsigned)s->att_grid) nb = (unsigned)s->att_grid < all ? (unsigned)s->att_grid : all;
+    /* the floor holds past the captured grid too (the blocks past the working ones exit before
+     * any load in both kernels), so a short context runs the grid a long one runs */
+    if (nb < (unsigned)s->att_grid) nb = (unsigned)s->att_grid;
     if (!s->att_grid) nb = all;
     const void *fn =
         s->att_one && n_act == 1

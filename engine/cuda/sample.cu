@@ -6,8 +6,11 @@
 #include "dequant.cuh"
 #include "sample.cuh"
 
+/* T: the table's type fixed in the instance (its decode alone in the image), or -1: any. */
+template <int T>
 __global__ void embed_kernel(const uint8_t *emb, size_t row_bytes, int type, int n_embd,
                              const engine_cu_step *step, float *x) {
+    if (T >= 0) type = T;
     engine_cu_pdl_launch();
     engine_cu_pdl_wait();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
@@ -27,8 +30,12 @@ __global__ void embed_kernel(const uint8_t *emb, size_t row_bytes, int type, int
 void engine_cu_embed(const uint8_t *emb, size_t row_bytes, int type, int n_embd,
                      const engine_cu_step *step, int m, float *x, cudaStream_t stream) {
     int chunks = n_embd / 32;
-    engine_cu_launch(embed_kernel, dim3((chunks + 127) / 128, m), dim3(128), 0, stream, emb,
-                     row_bytes, type, n_embd, step, x);
+    auto fn = type == ENGINE_TYPE_Q4_K   ? embed_kernel<ENGINE_TYPE_Q4_K>
+              : type == ENGINE_TYPE_Q6_K ? embed_kernel<ENGINE_TYPE_Q6_K>
+              : type == ENGINE_TYPE_Q8_0 ? embed_kernel<ENGINE_TYPE_Q8_0>
+                                         : embed_kernel<-1>;
+    engine_cu_launch(fn, dim3((chunks + 127) / 128, m), dim3(128), 0, stream, emb, row_bytes, type,
+                     n_embd, step, x);
 }
 
 /* better = (v > bv) or (v == bv and i < bi) */
@@ -282,6 +289,9 @@ __device__ __forceinline__ float masked_logit(const float *logits, const uint32_
     return allow && !(__ldg(allow + (i >> 5)) >> (i & 31) & 1u) ? -INFINITY : logits[i];
 }
 
+/* TK: the launch brings the truncated draw's keys and shared memory (engine_cu_sample_topk);
+ * without it (engine_cu_sample) the instance holds no truncated-draw code. */
+template <bool TK>
 __global__ void sample_kernel(const float *logits, int n, engine_cu_step *step, int32_t *out,
                               float *scratch, uint64_t *keys, unsigned *counter,
                               const uint32_t *allow_all) {
@@ -294,7 +304,7 @@ __global__ void sample_kernel(const float *logits, int n, engine_cu_step *step, 
     const int top_k = step->top_k, algo = step->tk_algo;
     const uint32_t *allow = step->masked ? allow_all : nullptr;
     /* the truncated draw: only in a launch that brought its keys and shared memory */
-    const bool tk = temp > 0.0f && top_k > 0 && top_k <= ENGINE_CU_TOPK_MAX && keys &&
+    const bool tk = TK && temp > 0.0f && top_k > 0 && top_k <= ENGINE_CU_TOPK_MAX && keys &&
                     dyn_smem_bytes() >= TK_SMEM && n <= (int)gridDim.x * ENGINE_CU_TOPK_SLICE;
     float bv = -INFINITY;
     int bi = 0x7fffffff;
@@ -397,7 +407,8 @@ counted:
 void engine_cu_sample(const float *logits, int n, engine_cu_step *step, int32_t *out,
                       float *scratch, unsigned *counter, cudaStream_t stream,
                       const uint32_t *allow) {
-    engine_cu_launch(sample_kernel, dim3(ENGINE_CU_SAMPLE_BLOCKS), dim3(256), 0, stream, logits, n,
+    engine_cu_launch(sample_kernel<false>, dim3(ENGINE_CU_SAMPLE_BLOCKS), dim3(256), 0, stream,
+                     logits, n,
                      step, out, scratch, (uint64_t *)nullptr, counter, allow);
 }
 
@@ -410,7 +421,7 @@ int engine_cu_topk_algo_env(void) {
 }
 
 cudaError_t engine_cu_sample_topk_prepare(void) {
-    return cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    return cudaFuncSetAttribute(sample_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)TK_SMEM);
 }
 
@@ -418,7 +429,7 @@ void engine_cu_sample_topk(const float *logits, int n, engine_cu_step *step, int
                            float *scratch, uint64_t *keys, unsigned *counter, cudaStream_t stream,
                            const uint32_t *allow) {
     static_assert(ENGINE_CU_TOPK_MAX <= 255, "a cursor is a byte");
-    engine_cu_launch(sample_kernel, dim3(ENGINE_CU_SAMPLE_BLOCKS), dim3(256), (size_t)TK_SMEM,
+    engine_cu_launch(sample_kernel<true>, dim3(ENGINE_CU_SAMPLE_BLOCKS), dim3(256), (size_t)TK_SMEM,
                      stream, logits, n, step, out, scratch, keys, counter, allow);
 }
 

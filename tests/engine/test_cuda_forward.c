@@ -628,7 +628,8 @@ out:
 /* Past the first split: the attention launches' grids follow the position as the step graph
  * replays (SPARK_CUDA_ATT_GRID: before a replay whose position needs another number of blocks,
  * every 256 positions, the captured launches are updated; by default with a floor of one block
- * a multiprocessor, which leaves this model's 20-block grid whole). Sessions of the tiny
+ * a multiprocessor, past this model's 20-block captured grid: its extra blocks exit at once,
+ * and a short context runs the grid a long one runs). Sessions of the tiny
  * model with an F16 cache generate N_LONG greedy tokens on the device from position 0, in
  * three calls (each crossing split boundaries, and a boundary between two of them), and then
  * the logits at the next position: the sessions with the whole grid (ATT_GRID=0), with exact
