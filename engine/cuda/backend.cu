@@ -650,6 +650,7 @@ extern "C" size_t engine_cuda_session_bytes(const engine_cuda_model *cm, int32_t
 }
 
 static void mf_log(const engine_cuda_session *s);
+static int capture(engine_cuda_session *s, bool tk);
 
 extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_model *cm,
                                        int32_t n_ctx, engine_kv_type kv) {
@@ -803,28 +804,62 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
     s->bytes = z.total;
     CU(cudaMemset(s->mem, 0, z.total));
     p = s->mem;
-    for (uint32_t l = 0; l < hp->n_layer; l++) {
-        s->k_cache[l] = p;
-        p += z.kv_layer;
-        s->v_cache[l] = p;
-        p += z.kv_layer;
-    }
+    {
+        /* SPARK_CUDA_SCRATCH_FIRST=1 (a diagnosis: does the decode step's speed follow where
+         * its small buffers land?): the step's buffers of fixed size first, at offsets that do
+         * not depend on the context's length, then the others, then the KV cache; default: the
+         * KV cache first */
+        const char *e = getenv("SPARK_CUDA_SCRATCH_FIRST");
+        const bool first = e && e[0] == '1';
 #define CARVE(field, size, T)                                                                      \
-    s->field = (T *)p;                                                                             \
-    p += z.size;
-    CARVE(x, x, float)
-    CARVE(q, q, float)
-    CARVE(k, kv, float)
-    CARVE(v, kv, float)
-    CARVE(att, att, float) CARVE(router, router, float) CARVE(h, h, float)
-        CARVE(logits, logits, float) CARVE(partial, partial, float) CARVE(sscratch, sscratch, float)
-            CARVE(skeys, skeys, uint64_t) CARVE(allow, allow, uint32_t) CARVE(ids, ids, int32_t)
-                CARVE(wts, wts, float) CARVE(counters, counters, unsigned)
-                    CARVE(step, step, engine_cu_step) CARVE(out, out, int32_t)
-                        CARVE(rope, rope, float) CARVE(ao, ao, float) CARVE(mf_part, mf_part, float)
-                            CARVE(mf_ctr, mf_ctr, unsigned)
+    do {                                                                                           \
+        s->field = (T *)p;                                                                         \
+        p += z.size;                                                                               \
+    } while (0)
+        if (!first)
+            for (uint32_t l = 0; l < hp->n_layer; l++) {
+                s->k_cache[l] = p;
+                p += z.kv_layer;
+                s->v_cache[l] = p;
+                p += z.kv_layer;
+            }
+        CARVE(x, x, float);
+        CARVE(q, q, float);
+        CARVE(k, kv, float);
+        CARVE(v, kv, float);
+        CARVE(att, att, float);
+        CARVE(router, router, float);
+        CARVE(h, h, float);
+        CARVE(logits, logits, float);
+        if (!first) CARVE(partial, partial, float);
+        CARVE(sscratch, sscratch, float);
+        CARVE(skeys, skeys, uint64_t);
+        CARVE(allow, allow, uint32_t);
+        CARVE(ids, ids, int32_t);
+        CARVE(wts, wts, float);
+        CARVE(counters, counters, unsigned);
+        CARVE(step, step, engine_cu_step);
+        if (!first) {
+            CARVE(out, out, int32_t);
+            CARVE(rope, rope, float);
+        }
+        CARVE(ao, ao, float);
+        CARVE(mf_part, mf_part, float);
+        CARVE(mf_ctr, mf_ctr, unsigned);
+        if (first) {
+            CARVE(partial, partial, float);
+            CARVE(out, out, int32_t);
+            CARVE(rope, rope, float);
+            for (uint32_t l = 0; l < hp->n_layer; l++) {
+                s->k_cache[l] = p;
+                p += z.kv_layer;
+                s->v_cache[l] = p;
+                p += z.kv_layer;
+            }
+        }
 #undef CARVE
-                                ENGINE_ASSERT((size_t)(p - s->mem) == z.total);
+        ENGINE_ASSERT((size_t)(p - s->mem) == z.total);
+    }
     {
         size_t rb = sizeof(float) * (size_t)n_ctx * hp->head_dim_k;
         float *t = (float *)malloc(rb);
@@ -841,6 +876,13 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
     CU(cudaMallocHost((void **)&s->h_step, sizeof *s->h_step));
     memset(s->h_step, 0, sizeof *s->h_step); /* top_k 0: no truncation unless asked */
     if ((s->mfuse || s->mf_grid) && hp->n_expert) mf_log(s);
+    {
+        /* SPARK_CUDA_CAPTURE_EARLY=1 (a diagnosis: does a prefill before the step's capture,
+         * the order of every real session, slow the step?): the step captured here, before any
+         * other launch of the session, instead of at its first decode */
+        const char *e = getenv("SPARK_CUDA_CAPTURE_EARLY");
+        if (e && e[0] == '1' && (rc = capture(s, false))) goto done;
+    }
     *out = s;
     s = NULL;
 done:

@@ -216,7 +216,7 @@ static int n_gen = N_GEN; /* generated tokens; fewer with a third argument (race
 /* Run-time switches of the decode stage-6 paths, and the short-context attention launch (a
  * block per query head, engine/cuda/att_short_dev.cuh; every position here is below 256): a
  * session per set, its variables set to 1 (or to the value after '='). */
-#define N_ALT 37
+#define N_ALT 39
 static const char *const alt_sets[N_ALT][3] = {
     {"SPARK_CUDA_ROUTE_ONCE", NULL, NULL},
     {"SPARK_CUDA_UP_EARLY", NULL, NULL},
@@ -256,6 +256,8 @@ static const char *const alt_sets[N_ALT][3] = {
     {"SPARK_CUDA_MV_SPEC=3", "SPARK_CUDA_RF_SPEC=3", NULL}, /* their instances, every form */
     {"SPARK_CUDA_MV_SPEC=1", "SPARK_CUDA_RF_SPEC=4", NULL}, /* mixed q/k/v generic, Q4_K Wo in
                                                                 the generic copy-form instance */
+    {"SPARK_CUDA_SCRATCH_FIRST", NULL, NULL}, /* the step's buffers before the KV cache */
+    {"SPARK_CUDA_CAPTURE_EARLY", NULL, NULL}, /* the step captured at the session's start */
 };
 
 /* Which alt sets run: all, unless SPARK_TEST_CUDA_ALTS lists their indices ("8,9") or says
