@@ -116,6 +116,14 @@ struct engine_cuda_session {
     cudaGraphNode_t *att_nodes[2];
     int n_att_nodes[2];
     unsigned att_blocks[2];
+    /* SPARK_CUDA_SAMPLE_GREEDY=1 (off by default, not measured yet): the draw's node of exec
+     * set, before replays that draw greedily, to the sampler's greedy instance
+     * (engine_cu_sample_kernel: 512 sm_90 instructions against 856), else back to the
+     * captured one. sample_node: that node of graph[0] (NULL: none), sample_fn: its kernel in
+     * the exec now */
+    bool sample_greedy;
+    cudaGraphNode_t sample_node;
+    const void *sample_fn;
     bool tk; /* while capturing: which sampler the step launches */
     int tk_algo; /* its top_k by radix select (1, the default) or SPARK_CUDA_TOPK=merge (0) */
     /* engine_cuda_stream: the tokens' copies on a stream of their own, into pinned memory */
@@ -698,6 +706,8 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
             n = n < 0 ? 0 : n > 256L * ENGINE_CU_ATT_SPLIT ? 256L * ENGINE_CU_ATT_SPLIT : n;
             s->att_long = (int)((n + ENGINE_CU_ATT_SPLIT - 1) / ENGINE_CU_ATT_SPLIT);
         }
+        e = getenv("SPARK_CUDA_SAMPLE_GREEDY");
+        s->sample_greedy = e && e[0] == '1';
         e = getenv("SPARK_CUDA_ATT_ONE");
         s->att_one = e && e[0] >= '0' && e[0] <= '2' ? e[0] - '0' : 2;
         e = getenv("SPARK_CUDA_ATT_GRID");
@@ -1277,6 +1287,48 @@ static void enqueue_step(engine_cuda_session *s, step_prof *p, route_trace *t) {
     mark(p, 8, st);
 }
 
+/* The draw's launch of graph g (the step without the truncated draw), into s->sample_node,
+ * where the session takes SPARK_CUDA_SAMPLE_GREEDY. */
+static int sample_node_find(engine_cuda_session *s, cudaGraph_t g) {
+    int rc = 0;
+    size_t n = 0;
+    cudaGraphNode_t *nodes = NULL;
+    const void *fn = engine_cu_sample_kernel(false);
+    s->sample_node = NULL;
+    s->sample_fn = fn;
+    if (!s->sample_greedy) return 0;
+    CU(cudaGraphGetNodes(g, NULL, &n));
+    nodes = (cudaGraphNode_t *)malloc(sizeof *nodes * (n ? n : 1));
+    if (!nodes) return engine_err(ENGINE_ENOMEM, "out of memory");
+    CU(cudaGraphGetNodes(g, nodes, &n));
+    for (size_t i = 0; i < n && !s->sample_node; i++) {
+        cudaGraphNodeType t;
+        cudaKernelNodeParams kp;
+        CU(cudaGraphNodeGetType(nodes[i], &t));
+        if (t != cudaGraphNodeTypeKernel) continue;
+        CU(cudaGraphKernelNodeGetParams(nodes[i], &kp));
+        if (kp.func == fn) s->sample_node = nodes[i];
+    }
+done:
+    free(nodes);
+    return rc;
+}
+
+/* Before replays of exec that draw greedily (greedy) or not: its draw's node set to the
+ * sampler's greedy instance or back to the captured kernel, where that changes. */
+static int sample_set(engine_cuda_session *s, bool greedy) {
+    int rc = 0;
+    const void *fn = engine_cu_sample_kernel(greedy);
+    if (!s->sample_node || fn == s->sample_fn) return 0;
+    cudaKernelNodeParams kp; /* the node as captured */
+    CU(cudaGraphKernelNodeGetParams(s->sample_node, &kp));
+    kp.func = (void *)fn;
+    CU(cudaGraphExecKernelNodeSetParams(s->exec, s->sample_node, &kp));
+    s->sample_fn = fn;
+done:
+    return rc;
+}
+
 /* The flat attention launches of graph g (one a layer), into s->att_nodes[tk]: none when the
  * session does not take them (SPARK_CUDA_ATT_GRID=0, ATT_SHORT=0). */
 static int att_nodes_find(engine_cuda_session *s, cudaGraph_t g, int tk) {
@@ -1372,6 +1424,7 @@ static int capture(engine_cuda_session *s, bool tk) {
     s->att_blocks[tk] = 0; /* the whole grid, as captured */
     s->att_fn[tk] = NULL;
     if ((rc = att_nodes_find(s, g, tk))) goto done;
+    if (!tk && (rc = sample_node_find(s, g))) goto done;
     s->graph[tk] = g; /* its nodes name the attention launches to update */
     g = NULL;
 done:
@@ -1410,6 +1463,7 @@ static int run_steps(engine_cuda_session *s, int32_t token, int32_t pos, int32_t
     s->h_step->top_k = 0;
     s->h_step->masked = 0;
     CU(cudaMemcpyAsync(s->step, s->h_step, sizeof *s->h_step, cudaMemcpyHostToDevice, s->stream));
+    if ((rc = sample_set(s, temp <= 0.0f))) goto done;
     for (int32_t i = 0; i < n; i++) {
         if ((rc = att_grid_set(s, 0, pos + i))) goto done;
         CU(cudaGraphLaunch(s->exec, s->stream));
@@ -1499,6 +1553,7 @@ extern "C" int engine_cuda_stream(engine_cuda_session *s, int32_t token, int32_t
         CU(cudaMemcpyAsync(s->allow, p->allow, sizeof(uint32_t) * (((size_t)nv + 31) / 32),
                            cudaMemcpyHostToDevice, s->stream));
     CU(cudaMemcpyAsync(s->step, s->h_step, sizeof *s->h_step, cudaMemcpyHostToDevice, s->stream));
+    if (!tk && (rc = sample_set(s, p->temperature <= 0.0f))) goto done;
     /* step i samples token i: its copy follows it on the copy stream, so the step stream runs
      * on while the host reads; at most ENGINE_CUDA_STREAM_AHEAD steps past the one awaited */
     while (done_n < n_max) {

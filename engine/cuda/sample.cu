@@ -289,9 +289,11 @@ __device__ __forceinline__ float masked_logit(const float *logits, const uint32_
     return allow && !(__ldg(allow + (i >> 5)) >> (i & 31) & 1u) ? -INFINITY : logits[i];
 }
 
-/* TK: the launch brings the truncated draw's keys and shared memory (engine_cu_sample_topk);
- * without it (engine_cu_sample) the instance holds no truncated-draw code. */
-template <bool TK>
+/* MODE 2: the launch brings the truncated draw's keys and shared memory
+ * (engine_cu_sample_topk); 0 (engine_cu_sample): no truncated-draw code in the instance; 1:
+ * nor the Gumbel draw's (greedy whatever step->temp says: a graph's node set to it only for
+ * steps that draw greedily, engine_cu_sample_kernel). */
+template <int MODE>
 __global__ void sample_kernel(const float *logits, int n, engine_cu_step *step, int32_t *out,
                               float *scratch, uint64_t *keys, unsigned *counter,
                               const uint32_t *allow_all) {
@@ -304,7 +306,7 @@ __global__ void sample_kernel(const float *logits, int n, engine_cu_step *step, 
     const int top_k = step->top_k, algo = step->tk_algo;
     const uint32_t *allow = step->masked ? allow_all : nullptr;
     /* the truncated draw: only in a launch that brought its keys and shared memory */
-    const bool tk = TK && temp > 0.0f && top_k > 0 && top_k <= ENGINE_CU_TOPK_MAX && keys &&
+    const bool tk = MODE == 2 && temp > 0.0f && top_k > 0 && top_k <= ENGINE_CU_TOPK_MAX && keys &&
                     dyn_smem_bytes() >= TK_SMEM && n <= (int)gridDim.x * ENGINE_CU_TOPK_SLICE;
     float bv = -INFINITY;
     int bi = 0x7fffffff;
@@ -336,7 +338,7 @@ __global__ void sample_kernel(const float *logits, int n, engine_cu_step *step, 
     } else {
         for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
             float v = masked_logit(logits, allow, i);
-            if (temp > 0.0f) {
+            if (MODE != 1 && temp > 0.0f) {
                 /* 53-bit uniform in (0, 1) */
                 double u = engine_cu_key_uniform(engine_cu_splitmix64(key + (uint64_t)i));
                 v = (float)((double)v / temp - log(-log(u)));
@@ -407,9 +409,13 @@ counted:
 void engine_cu_sample(const float *logits, int n, engine_cu_step *step, int32_t *out,
                       float *scratch, unsigned *counter, cudaStream_t stream,
                       const uint32_t *allow) {
-    engine_cu_launch(sample_kernel<false>, dim3(ENGINE_CU_SAMPLE_BLOCKS), dim3(256), 0, stream,
+    engine_cu_launch(sample_kernel<0>, dim3(ENGINE_CU_SAMPLE_BLOCKS), dim3(256), 0, stream,
                      logits, n,
                      step, out, scratch, (uint64_t *)nullptr, counter, allow);
+}
+
+const void *engine_cu_sample_kernel(bool greedy) {
+    return greedy ? (const void *)sample_kernel<1> : (const void *)sample_kernel<0>;
 }
 
 /* The radix select by default: Qwen3-30B-A3B Q4_K_M `complete` with the default sampling 510.4 /
@@ -421,7 +427,7 @@ int engine_cu_topk_algo_env(void) {
 }
 
 cudaError_t engine_cu_sample_topk_prepare(void) {
-    return cudaFuncSetAttribute(sample_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    return cudaFuncSetAttribute(sample_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)TK_SMEM);
 }
 
@@ -429,7 +435,7 @@ void engine_cu_sample_topk(const float *logits, int n, engine_cu_step *step, int
                            float *scratch, uint64_t *keys, unsigned *counter, cudaStream_t stream,
                            const uint32_t *allow) {
     static_assert(ENGINE_CU_TOPK_MAX <= 255, "a cursor is a byte");
-    engine_cu_launch(sample_kernel<true>, dim3(ENGINE_CU_SAMPLE_BLOCKS), dim3(256), (size_t)TK_SMEM,
+    engine_cu_launch(sample_kernel<2>, dim3(ENGINE_CU_SAMPLE_BLOCKS), dim3(256), (size_t)TK_SMEM,
                      stream, logits, n, step, out, scratch, keys, counter, allow);
 }
 

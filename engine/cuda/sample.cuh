@@ -67,6 +67,9 @@ void engine_cu_embed(const uint8_t *emb, size_t row_bytes, int type, int n_embd,
 void engine_cu_sample(const float *logits, int n, engine_cu_step *step, int32_t *out,
                       float *scratch, unsigned *counter, cudaStream_t stream,
                       const uint32_t *allow = nullptr);
+/* engine_cu_sample's kernel (a graph's node), or (greedy) an instance of it that draws
+ * greedily whatever step->temp says and holds no other draw's code: the same launch. */
+const void *engine_cu_sample_kernel(bool greedy);
 /* The same, and where step->temp > 0 and step->top_k is in 1..ENGINE_CU_TOPK_MAX the
  * truncated draw: each block's top_k candidates into keys (ENGINE_CU_TOPK_KEYS values), the
  * last block's merge of them, softmax(l / T), top_p, min_p and a draw with the uniform of

@@ -216,7 +216,7 @@ static int n_gen = N_GEN; /* generated tokens; fewer with a third argument (race
 /* Run-time switches of the decode stage-6 paths, and the short-context attention launch (a
  * block per query head, engine/cuda/att_short_dev.cuh; every position here is below 256): a
  * session per set, its variables set to 1 (or to the value after '='). */
-#define N_ALT 39
+#define N_ALT 40
 static const char *const alt_sets[N_ALT][3] = {
     {"SPARK_CUDA_ROUTE_ONCE", NULL, NULL},
     {"SPARK_CUDA_UP_EARLY", NULL, NULL},
@@ -258,6 +258,7 @@ static const char *const alt_sets[N_ALT][3] = {
                                                                 the generic copy-form instance */
     {"SPARK_CUDA_SCRATCH_FIRST", NULL, NULL}, /* the step's buffers before the KV cache */
     {"SPARK_CUDA_CAPTURE_EARLY", NULL, NULL}, /* the step captured at the session's start */
+    {"SPARK_CUDA_SAMPLE_GREEDY", NULL, NULL}, /* greedy steps' draw in its own instance */
 };
 
 /* Which alt sets run: all, unless SPARK_TEST_CUDA_ALTS lists their indices ("8,9") or says
@@ -565,6 +566,17 @@ static void run_model(const char *preset, const char *type) {
                                    outs2) == 0,
           "sampled generate");
     CHECK(memcmp(outs, outs2, sizeof(int32_t) * (n_gen - 1)) == 0, "seeded sampling repeats");
+    /* and in each alt session, after its greedy run (SPARK_CUDA_SAMPLE_GREEDY: the draw's node
+     * set back from the greedy instance) */
+    for (int a = 0; a < N_ALT; a++) {
+        if (!alt_on[a] || alt_unfused(a)) continue;
+        CHECK(engine_cuda_generate(ga[a], tok_gpu[N_PROMPT - 1], N_PROMPT - 1, n_gen - 1, 0.9f, 5,
+                                   outs2) == 0,
+              "sampled generate (stage-6 switch set %d)", a);
+        CHECK(memcmp(outs2, outs, sizeof(int32_t) * (n_gen - 1)) == 0,
+              "%s %s: seeded sampling with stage-6 switch set %d differs from the default", preset,
+              type, a);
+    }
     /* bad input is an error, not a crash */
     CHECK(engine_cuda_decode(gs, nv, 0, NULL, NULL) == ENGINE_EINVAL, "token out of range");
     CHECK(engine_cuda_decode(gs, 0, 256, NULL, NULL) == ENGINE_ERANGE, "position out of range");
