@@ -409,9 +409,8 @@ counted:
 void engine_cu_sample(const float *logits, int n, engine_cu_step *step, int32_t *out,
                       float *scratch, unsigned *counter, cudaStream_t stream,
                       const uint32_t *allow) {
-    engine_cu_launch(sample_kernel<0>, dim3(ENGINE_CU_SAMPLE_BLOCKS), dim3(256), 0, stream,
-                     logits, n,
-                     step, out, scratch, (uint64_t *)nullptr, counter, allow);
+    engine_cu_launch(sample_kernel<0>, dim3(ENGINE_CU_SAMPLE_BLOCKS), dim3(256), 0, stream, logits,
+                     n, step, out, scratch, (uint64_t *)nullptr, counter, allow);
 }
 
 const void *engine_cu_sample_kernel(bool greedy) {
