@@ -208,7 +208,6 @@ struct engine_cuda_session {
     int mf_roll;             /* SPARK_CUDA_MOE_ROLL=bits (moe_fused.cuh roll; default 3) */
     int mf_spec;             /* SPARK_CUDA_MOE_SPEC=0|2|3 (moe_fused.cuh spec; default 1) */
     int rf_spec;             /* SPARK_CUDA_RF_SPEC=0..4 (router_fuse.cuh spec; default 1) */
-    int rf_fit;              /* SPARK_CUDA_RF_FIT=1 (router_fuse.cuh fit; default 0) */
     int mv_spec;             /* SPARK_CUDA_MV_SPEC=0|1|3|4 (matvec.cuh spec; default 4) */
     int mf_norm;  /* SPARK_CUDA_NEXT_NORM=1: it asks L2 for the next attention norm (pf_norm) */
     int mf_diag; /* SPARK_CUDA_MOE_FUSED_DIAG=bits: phases left out (diagnosis, moe_fused.cuh) */
@@ -747,8 +746,6 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         s->mf_spec = e && (e[0] == '0' || e[0] == '2' || e[0] == '3') ? e[0] - '0' : 1; /* 1: s39 */
         e = getenv("SPARK_CUDA_RF_SPEC");
         s->rf_spec = e && e[0] >= '0' && e[0] <= '4' ? e[0] - '0' : 1; /* 1: session 40 F */
-        e = getenv("SPARK_CUDA_RF_FIT");
-        s->rf_fit = e && e[0] == '1';
         e = getenv("SPARK_CUDA_MV_SPEC");
         s->mv_spec =
             e && e[0] >= '0' && e[0] <= '4' && e[0] != '2' ? e[0] - '0' : 4; /* 4: session 40 F */
@@ -1110,7 +1107,6 @@ static void layer_ops_get(const engine_cuda_session *s, uint32_t l, layer_ops *o
         o->rf.x = s->x;
         o->rf.n_embd = emb;
         o->rf.spec = s->rf_spec;
-        o->rf.fit = s->rf_fit;
         up->x_add = s->ao;
         dn->y_add = s->ao;
     }

@@ -31,10 +31,8 @@ static __device__ __forceinline__ float rf_dot4(uint4 w, float4 x, float acc) {
  * (MODE: Wo's staging), then dequantised. A row's threads (the block's 1/RB) take consecutive
  * float4s of it (coalesced), the first RF_PRE (RB 2: half) each loaded into registers before the
  * wait (the rows are written once, at the build); the row's warps' parts are summed by its first
- * thread. RB = 2 when one row per block would not fit the launch in one wave (qwen35: 257 rows).
- * FIT: the launcher saw the row fit the registers' loads (rf_fits: the 30B-A3B's 6,144 values at
- * RB 1), so the instance holds no L2 request or loop for the rest. */
-template <int MODE, int RB, bool FIT = false>
+ * thread. RB = 2 when one row per block would not fit the launch in one wave (qwen35: 257 rows). */
+template <int MODE, int RB>
 __device__ __forceinline__ void rf_router_block(const engine_cu_rf_args &a, int blk, uint8_t *sm) {
     __shared__ float part[ENGINE_CU_MV_WARPS];
     const int t = threadIdx.x, nt = blockDim.x, emb = a.n_embd, na = a.wo.cols;
@@ -50,7 +48,7 @@ __device__ __forceinline__ void rf_router_block(const engine_cu_rf_args &a, int 
 #pragma unroll
     for (int k = 0; k < PRE; k++)
         if (live && tr + k * ntr < n4) pre[k] = engine_cu_ldq(w4 + tr + k * ntr);
-    if (!FIT && live && n4 > PRE * ntr && tr < 32) /* one warp a row: the rest, L2 only */
+    if (live && n4 > PRE * ntr && tr < 32) /* one warp a row: the rest of it, L2 only */
         engine_cu_prefetch_l2((const uint8_t *)(w4 + PRE * ntr),
                               sizeof(uint4) * (size_t)(n4 - PRE * ntr));
     engine_cu_pdl_wait();
@@ -73,7 +71,7 @@ __device__ __forceinline__ void rf_router_block(const engine_cu_rf_args &a, int 
 #pragma unroll
     for (int k = 0; k < PRE; k++)
         if (live && tr + k * ntr < n4) acc = rf_dot4(pre[k], f4[tr + k * ntr], acc);
-    if (!FIT && live)
+    if (live)
         for (int i = tr + PRE * ntr; i < n4; i += ntr)
             acc = rf_dot4(engine_cu_ldq(w4 + i), f4[i], acc);
     acc = engine_cu_warp_sum(acc);
@@ -91,11 +89,11 @@ __device__ __forceinline__ void rf_router_block(const engine_cu_rf_args &a, int 
 /* Block blockIdx.x of the launch for the token a points at: blocks [0, n_rb) router blocks of RB
  * rows each, the rest the wo product's blocks (R rows per warp, n_groups row groups, as
  * engine_cu_matvec_plan says). */
-template <int MODE, int R, int RB, int TT = 0, bool TO = false, bool FIT = false>
+template <int MODE, int R, int RB, int TT = 0, bool TO = false>
 __device__ __forceinline__ void rf_wo_block(const engine_cu_rf_args &a, int n_groups, uint8_t *sm) {
     const int n_rb = (a.rm.m[0].rows + RB - 1) / RB;
     if ((int)blockIdx.x < n_rb)
-        rf_router_block<MODE, RB, FIT>(a, blockIdx.x, sm);
+        rf_router_block<MODE, RB>(a, blockIdx.x, sm);
     else
         mv_block<MODE, R, engine_cu_pdl_sync, false, false, TT, TO>(
             a.wo, n_groups, blockIdx.x - n_rb, gridDim.x - n_rb, sm,
@@ -103,14 +101,13 @@ __device__ __forceinline__ void rf_wo_block(const engine_cu_rf_args &a, int n_gr
 }
 
 /* TT (engine_cu_rf_args.spec): the instance of Wo's type alone (matvec_dev.cuh mv_group); TO:
- * its bulk-copy form alone (launched only with a.wo.tma); FIT: rf_router_block's (launched only
- * where rf_fits) */
-template <int MODE, int R, int RB, int TT = 0, bool TO = false, bool FIT = false>
+ * its bulk-copy form alone (launched only with a.wo.tma) */
+template <int MODE, int R, int RB, int TT = 0, bool TO = false>
 __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 3)
     rf_wo_kernel(engine_cu_rf_args a, int n_groups) {
     extern __shared__ __align__(128) uint4 rf_smem[];
     engine_cu_pdl_launch();
-    rf_wo_block<MODE, R, RB, TT, TO, FIT>(a, n_groups, (uint8_t *)rf_smem);
+    rf_wo_block<MODE, R, RB, TT, TO>(a, n_groups, (uint8_t *)rf_smem);
 }
 
 /* rf_wo_kernel for blockIdx.y's token (router_fuse.cuh: m > 1): its pointers moved on, then the
@@ -245,21 +242,11 @@ __global__ void __launch_bounds__(ENGINE_CU_MV_WARPS * 32, 3)
 }
 
 /* rf_wo_kernel's instance of Wo's type T for r rows a warp (1, 2), with the bulk-copy form alone
- * (to; and fit: rf_router_block's rows in the registers alone) or every form */
+ * (to) or every form */
 typedef void (*rf_kernel_fn)(engine_cu_rf_args, int);
-template <int MODE, int RB, int T> static rf_kernel_fn rf_spec_kernel(int r, bool to, bool fit) {
-    if (to && fit)
-        return r == 1 ? rf_wo_kernel<MODE, 1, RB, T, true, true>
-                      : rf_wo_kernel<MODE, 2, RB, T, true, true>;
+template <int MODE, int RB, int T> static rf_kernel_fn rf_spec_kernel(int r, bool to) {
     if (r == 1) return to ? rf_wo_kernel<MODE, 1, RB, T, true> : rf_wo_kernel<MODE, 1, RB, T>;
     return to ? rf_wo_kernel<MODE, 2, RB, T, true> : rf_wo_kernel<MODE, 2, RB, T>;
-}
-
-/* Whether a router row of a's shape fits rf_router_block's loads before the wait at RB rows a
- * block of ENGINE_CU_MV_WARPS warps (its FIT instances), where a->fit asks for them. */
-static bool rf_fits(const engine_cu_rf_args *a, int rb) {
-    const int n4 = (a->n_embd + a->wo.cols) >> 2, ntr = ENGINE_CU_MV_WARPS * 32 / rb;
-    return a->fit && n4 <= (rb == 1 ? RF_PRE : RF_PRE / 2) * ntr;
 }
 
 template <int MODE, int RB>
@@ -311,14 +298,14 @@ static void rf_launch_rb(const engine_cu_rf_args *a, const engine_cu_mv_plan &p,
                     !a->wo.norm_w; /* matvec_dev.cuh mv_block TO, without a norm */
     if constexpr (MODE == ENGINE_CU_X_Q8_K)
         if (a->spec == 1 && p.r > 0 && wt == ENGINE_TYPE_Q4_K) {
-            engine_cu_launch(rf_spec_kernel<MODE, RB, ENGINE_TYPE_Q4_K>(p.r, to, rf_fits(a, RB)),
-                             grid, block, smem, stream, *a, p.n_groups);
+            engine_cu_launch(rf_spec_kernel<MODE, RB, ENGINE_TYPE_Q4_K>(p.r, to), grid, block, smem,
+                             stream, *a, p.n_groups);
             return;
         }
     if constexpr (MODE == ENGINE_CU_X_Q8_0)
         if (a->spec && p.r > 0 && wt == ENGINE_TYPE_Q8_0) {
-            engine_cu_launch(rf_spec_kernel<MODE, RB, ENGINE_TYPE_Q8_0>(p.r, to, rf_fits(a, RB)),
-                             grid, block, smem, stream, *a, p.n_groups);
+            engine_cu_launch(rf_spec_kernel<MODE, RB, ENGINE_TYPE_Q8_0>(p.r, to), grid, block, smem,
+                             stream, *a, p.n_groups);
             return;
         }
     if constexpr (MODE != ENGINE_CU_X_F32)   /* to: a quantised mode's (rf_launch) */

@@ -67,10 +67,6 @@ typedef struct {
      * (spark-agent bench tg128 gen, Q4_K_M, two processes each): 1 675.64 / 675.31 against 2
      * 662.99 / 663.18 (+1.9%). */
     int spec;
-    /* SPARK_CUDA_RF_FIT=1 (off by default, not measured yet): where spec picks Wo's type's
-     * bulk-copy instance and a router row fits the loads its threads make before the wait
-     * (the 30B-A3B's), an instance without the code for the rest of a row. The same sums. */
-    int fit;
 } engine_cu_rf_args;
 
 /* Dynamic shared memory of a router block: the F32 vector [x ; â] and, for quantised Wo, â's
