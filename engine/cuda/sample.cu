@@ -289,6 +289,10 @@ __device__ __forceinline__ float masked_logit(const float *logits, const uint32_
     return allow && !(__ldg(allow + (i >> 5)) >> (i & 31) & 1u) ? -INFINITY : logits[i];
 }
 
+/* Logits a thread of the greedy instance loads at once: the whole of a 248,320-token vocabulary
+ * in one round at 128 blocks of 256 threads. */
+#define SAMPLE_GU 8
+
 /* MODE 2: the launch brings the truncated draw's keys and shared memory
  * (engine_cu_sample_topk); 0 (engine_cu_sample): no truncated-draw code in the instance; 1:
  * nor the Gumbel draw's (greedy whatever step->temp says: a graph's node set to it only for
@@ -335,6 +339,25 @@ __global__ void sample_kernel(const float *logits, int n, engine_cu_step *step, 
         warp_topk(sk + w0, wn, 1, top_k, cur + w * (ENGINE_CU_TOPK_SLICE / 8), wl + w * top_k);
         __syncthreads();
         if (w == 0) warp_topk(wl, nw, top_k, top_k, cur, keys + (size_t)blockIdx.x * top_k);
+    } else if (MODE == 1) {
+        /* greedy: a thread's logits loaded SAMPLE_GU at a time before any compare (the
+         * launch reads them from L2 straight after the head; one load's latency each, not one
+         * a value). The best under arg_better's order whatever the order of visits. */
+        const int stride = (int)(gridDim.x * blockDim.x);
+        for (int i0 = blockIdx.x * blockDim.x + threadIdx.x; i0 < n; i0 += SAMPLE_GU * stride) {
+            float v[SAMPLE_GU];
+#pragma unroll
+            for (int u = 0; u < SAMPLE_GU; u++) {
+                const int i = i0 + u * stride;
+                v[u] = i < n ? masked_logit(logits, allow, i) : -INFINITY;
+            }
+#pragma unroll
+            for (int u = 0; u < SAMPLE_GU; u++) {
+                if (v[u] != v[u]) v[u] = -INFINITY; /* NaN never wins */
+                if (i0 + u * stride < n) arg_better(v[u], i0 + u * stride, &bv, &bi);
+            }
+        }
+        block_argmax(&bv, &bi);
     } else {
         for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
             float v = masked_logit(logits, allow, i);
