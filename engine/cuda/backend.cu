@@ -119,8 +119,8 @@ struct engine_cuda_session {
     /* SPARK_CUDA_SAMPLE_GREEDY=1 (off by default, not measured yet): the draw's node of exec
      * set, before replays that draw greedily, to the sampler's greedy instance
      * (engine_cu_sample_kernel: 728 sm_90 instructions against 856, a thread's logits loaded
-     * 8 at a time), else back to the captured one. sample_node: that node of graph[0] (NULL: none), sample_fn: its kernel in
-     * the exec now */
+     * 8 at a time), else back to the captured one. sample_node: that node of graph[0]
+     * (NULL: none), sample_fn: its kernel in the exec now */
     bool sample_greedy;
     cudaGraphNode_t sample_node;
     const void *sample_fn;
