@@ -821,18 +821,23 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
          * KV cache first */
         const char *e = getenv("SPARK_CUDA_SCRATCH_FIRST");
         const bool first = e && e[0] == '1';
-#define CARVE(field, size, T)                                                                      \
+        const size_t kv_bytes = 2 * hp->n_layer * z.kv_layer, sized = z.partial + z.out + z.rope;
+        /* the KV cache (first: at the end), and with first the context-sized buffers before it */
+        uint8_t *pk = first ? s->mem + z.total - kv_bytes : p, *pn = first ? pk - sized : NULL;
+        for (uint32_t l = 0; l < hp->n_layer; l++) {
+            s->k_cache[l] = pk;
+            pk += z.kv_layer;
+            s->v_cache[l] = pk;
+            pk += z.kv_layer;
+        }
+        if (!first) p = pk;
+#define CARVE_AT(at, field, size, T)                                                               \
     do {                                                                                           \
-        s->field = (T *)p;                                                                         \
-        p += z.size;                                                                               \
+        s->field = (T *)at;                                                                        \
+        at += z.size;                                                                              \
     } while (0)
-        if (!first)
-            for (uint32_t l = 0; l < hp->n_layer; l++) {
-                s->k_cache[l] = p;
-                p += z.kv_layer;
-                s->v_cache[l] = p;
-                p += z.kv_layer;
-            }
+#define CARVE(field, size, T) CARVE_AT(p, field, size, T)
+#define CARVE_N(field, size, T) CARVE_AT((*(first ? &pn : &p)), field, size, T)
         CARVE(x, x, float);
         CARVE(q, q, float);
         CARVE(k, kv, float);
@@ -841,7 +846,7 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         CARVE(router, router, float);
         CARVE(h, h, float);
         CARVE(logits, logits, float);
-        if (!first) CARVE(partial, partial, float);
+        CARVE_N(partial, partial, float);
         CARVE(sscratch, sscratch, float);
         CARVE(skeys, skeys, uint64_t);
         CARVE(allow, allow, uint32_t);
@@ -849,26 +854,17 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         CARVE(wts, wts, float);
         CARVE(counters, counters, unsigned);
         CARVE(step, step, engine_cu_step);
-        if (!first) {
-            CARVE(out, out, int32_t);
-            CARVE(rope, rope, float);
-        }
+        CARVE_N(out, out, int32_t);
+        CARVE_N(rope, rope, float);
         CARVE(ao, ao, float);
         CARVE(mf_part, mf_part, float);
         CARVE(mf_ctr, mf_ctr, unsigned);
-        if (first) {
-            CARVE(partial, partial, float);
-            CARVE(out, out, int32_t);
-            CARVE(rope, rope, float);
-            for (uint32_t l = 0; l < hp->n_layer; l++) {
-                s->k_cache[l] = p;
-                p += z.kv_layer;
-                s->v_cache[l] = p;
-                p += z.kv_layer;
-            }
-        }
+#undef CARVE_N
 #undef CARVE
-        ENGINE_ASSERT((size_t)(p - s->mem) == z.total);
+#undef CARVE_AT
+        ENGINE_ASSERT(first ? p == s->mem + z.total - kv_bytes - sized &&
+                                  pn == s->mem + z.total - kv_bytes
+                            : (size_t)(p - s->mem) == z.total);
     }
     {
         size_t rb = sizeof(float) * (size_t)n_ctx * hp->head_dim_k;
@@ -1287,30 +1283,46 @@ static void enqueue_step(engine_cuda_session *s, step_prof *p, route_trace *t) {
     mark(p, 8, st);
 }
 
-/* The draw's launch of graph g (the step without the truncated draw), into s->sample_node,
- * where the session takes SPARK_CUDA_SAMPLE_GREEDY. */
-static int sample_node_find(engine_cuda_session *s, cudaGraph_t g) {
+/* The kernel nodes of graph g that launch fn, into *out (allocated here, freed by the caller
+ * also on an error), *n of them. */
+static int graph_kernel_nodes(cudaGraph_t g, const void *fn, cudaGraphNode_t **out, int *n) {
     int rc = 0;
-    size_t n = 0;
+    size_t nn = 0;
     cudaGraphNode_t *nodes = NULL;
-    const void *fn = engine_cu_sample_kernel(false);
-    s->sample_node = NULL;
-    s->sample_fn = fn;
-    if (!s->sample_greedy) return 0;
-    CU(cudaGraphGetNodes(g, NULL, &n));
-    nodes = (cudaGraphNode_t *)malloc(sizeof *nodes * (n ? n : 1));
-    if (!nodes) return engine_err(ENGINE_ENOMEM, "out of memory");
-    CU(cudaGraphGetNodes(g, nodes, &n));
-    for (size_t i = 0; i < n && !s->sample_node; i++) {
+    *n = 0;
+    CU(cudaGraphGetNodes(g, NULL, &nn));
+    nodes = (cudaGraphNode_t *)malloc(sizeof *nodes * (nn ? nn : 1));
+    *out = (cudaGraphNode_t *)malloc(sizeof *nodes * (nn ? nn : 1));
+    if (!nodes || !*out) {
+        rc = engine_err(ENGINE_ENOMEM, "out of memory");
+        goto done;
+    }
+    CU(cudaGraphGetNodes(g, nodes, &nn));
+    for (size_t i = 0; i < nn; i++) {
         cudaGraphNodeType t;
         cudaKernelNodeParams kp;
         CU(cudaGraphNodeGetType(nodes[i], &t));
         if (t != cudaGraphNodeTypeKernel) continue;
         CU(cudaGraphKernelNodeGetParams(nodes[i], &kp));
-        if (kp.func == fn) s->sample_node = nodes[i];
+        if (kp.func == fn) (*out)[(*n)++] = nodes[i];
     }
 done:
     free(nodes);
+    return rc;
+}
+
+/* The draw's launch of graph g (the step without the truncated draw), into s->sample_node,
+ * where the session takes SPARK_CUDA_SAMPLE_GREEDY. */
+static int sample_node_find(engine_cuda_session *s, cudaGraph_t g) {
+    const void *fn = engine_cu_sample_kernel(false);
+    s->sample_node = NULL;
+    s->sample_fn = fn;
+    if (!s->sample_greedy) return 0;
+    cudaGraphNode_t *found = NULL;
+    int n = 0;
+    const int rc = graph_kernel_nodes(g, fn, &found, &n);
+    if (!rc && n > 0) s->sample_node = found[0];
+    free(found);
     return rc;
 }
 
@@ -1332,35 +1344,18 @@ done:
 /* The flat attention launches of graph g (one a layer), into s->att_nodes[tk]: none when the
  * session does not take them (SPARK_CUDA_ATT_GRID=0, ATT_SHORT=0). */
 static int att_nodes_find(engine_cuda_session *s, cudaGraph_t g, int tk) {
-    int rc = 0;
-    size_t n = 0;
-    cudaGraphNode_t *nodes = NULL;
-    const void *fn = engine_cu_att_flat_kernel((int)s->cm->m->hp.head_dim_k);
     if ((!s->att_grid && !s->att_one) || !s->att_short) return 0;
-    CU(cudaGraphGetNodes(g, NULL, &n));
-    nodes = (cudaGraphNode_t *)malloc(sizeof *nodes * (n ? n : 1));
-    s->att_nodes[tk] = (cudaGraphNode_t *)malloc(sizeof *nodes * (n ? n : 1));
-    if (!nodes || !s->att_nodes[tk]) {
-        rc = engine_err(ENGINE_ENOMEM, "out of memory");
-        goto done;
-    }
-    CU(cudaGraphGetNodes(g, nodes, &n));
-    for (size_t i = 0; i < n; i++) {
-        cudaGraphNodeType t;
-        cudaKernelNodeParams kp;
-        CU(cudaGraphNodeGetType(nodes[i], &t));
-        if (t != cudaGraphNodeTypeKernel) continue;
-        CU(cudaGraphKernelNodeGetParams(nodes[i], &kp));
-        if (kp.func == fn) s->att_nodes[tk][s->n_att_nodes[tk]++] = nodes[i];
+    const int rc = graph_kernel_nodes(g, engine_cu_att_flat_kernel((int)s->cm->m->hp.head_dim_k),
+                                      &s->att_nodes[tk], &s->n_att_nodes[tk]);
+    if (rc) {
+        s->n_att_nodes[tk] = 0; /* none updated: the graph is freed with the error */
+        return rc;
     }
     if (s->n_att_nodes[tk] != (int)s->cm->m->hp.n_layer)
         engine_log(ENGINE_LOG_INFO,
                    "cuda: %d flat attention launches found in the step of %u layers",
                    s->n_att_nodes[tk], s->cm->m->hp.n_layer);
-done:
-    if (rc) s->n_att_nodes[tk] = 0; /* none updated: the graph is freed with the error */
-    free(nodes);
-    return rc;
+    return 0;
 }
 
 /* Before a replay of exec (tk: exec_tk) at position pos: its attention launches' grids set to
