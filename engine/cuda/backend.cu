@@ -652,6 +652,44 @@ static sess_layout layout(const engine_cuda_model *cm, int32_t n_ctx, engine_kv_
     return z;
 }
 
+/* SPARK_CUDA_PAD="FIELD:BYTES[,FIELD:BYTES...]" (a diagnosis: which of the step's buffers sets
+ * its speed by where it lands? SPARK_CUDA_SCRATCH_FIRST moved them all and cost 1.2% at n_ctx
+ * 512, session 42 call D): BYTES (rounded up to 256) left free before the named buffer of the
+ * session's layout ("kv": before the KV cache). Unknown names are an error. */
+typedef struct {
+    char name[16];
+    size_t bytes;
+} sess_pad;
+enum { SESS_PADS = 8 };
+
+static int pads_parse(const char *e, sess_pad *pads, size_t *sum) {
+    int n = 0;
+    *sum = 0;
+    while (e && *e) {
+        const char *c = strchr(e, ':');
+        char *end = NULL;
+        if (!c || c == e || (size_t)(c - e) >= sizeof pads[0].name || n == SESS_PADS)
+            return engine_err(ENGINE_EINVAL, "SPARK_CUDA_PAD: bad entry at \"%s\"", e);
+        memcpy(pads[n].name, e, (size_t)(c - e));
+        pads[n].name[c - e] = 0;
+        unsigned long long b = strtoull(c + 1, &end, 0);
+        if (end == c + 1 || (*end && *end != ',') || b > ((size_t)1 << 32))
+            return engine_err(ENGINE_EINVAL, "SPARK_CUDA_PAD: bad size at \"%s\"", c + 1);
+        pads[n].bytes = align256((size_t)b);
+        *sum += pads[n++].bytes;
+        e = *end ? end + 1 : end;
+    }
+    for (int i = n; i < SESS_PADS; i++) pads[i].name[0] = 0, pads[i].bytes = 0;
+    return 0;
+}
+
+static size_t pad_of(const sess_pad *pads, const char *name, int *used) {
+    size_t b = 0;
+    for (int i = 0; i < SESS_PADS; i++)
+        if (pads[i].name[0] && !strcmp(pads[i].name, name)) b += pads[i].bytes, ++*used;
+    return b;
+}
+
 extern "C" size_t engine_cuda_session_bytes(const engine_cuda_model *cm, int32_t n_ctx,
                                             engine_kv_type kv) {
     return layout(cm, n_ctx, kv).total;
@@ -669,7 +707,12 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
                           hp->n_ctx_train);
     int rc = 0;
     sess_layout z = layout(cm, n_ctx, kv);
-    size_t free_b = 0, total_b = 0;
+    size_t free_b = 0, total_b = 0, pad_sum = 0;
+    sess_pad pads[SESS_PADS];
+    int pads_used = 0, pads_n = 0;
+    if ((rc = pads_parse(getenv("SPARK_CUDA_PAD"), pads, &pad_sum))) return rc;
+    for (int i = 0; i < SESS_PADS; i++) pads_n += pads[i].name[0] != 0;
+    z.total += pad_sum;
     uint8_t *p;
     engine_cuda_session *s = (engine_cuda_session *)calloc(1, sizeof *s);
     if (!s) return engine_err(ENGINE_ENOMEM, "out of memory");
@@ -821,9 +864,14 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
          * KV cache first */
         const char *e = getenv("SPARK_CUDA_SCRATCH_FIRST");
         const bool first = e && e[0] == '1';
+        if (first && pad_sum) {
+            rc = engine_err(ENGINE_EINVAL, "SPARK_CUDA_PAD and SPARK_CUDA_SCRATCH_FIRST together");
+            goto done;
+        }
         const size_t kv_bytes = 2 * hp->n_layer * z.kv_layer, sized = z.partial + z.out + z.rope;
         /* the KV cache (first: at the end), and with first the context-sized buffers before it */
-        uint8_t *pk = first ? s->mem + z.total - kv_bytes : p, *pn = first ? pk - sized : NULL;
+        uint8_t *pk = first ? s->mem + z.total - kv_bytes : p + pad_of(pads, "kv", &pads_used),
+                *pn = first ? pk - sized : NULL;
         for (uint32_t l = 0; l < hp->n_layer; l++) {
             s->k_cache[l] = pk;
             pk += z.kv_layer;
@@ -833,6 +881,7 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         if (!first) p = pk;
 #define CARVE_AT(at, field, size, T)                                                               \
     do {                                                                                           \
+        at += pad_of(pads, #field, &pads_used);                                                    \
         s->field = (T *)at;                                                                        \
         at += z.size;                                                                              \
     } while (0)
@@ -862,6 +911,10 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
 #undef CARVE_N
 #undef CARVE
 #undef CARVE_AT
+        if (pads_used != pads_n) {
+            rc = engine_err(ENGINE_EINVAL, "SPARK_CUDA_PAD names a buffer the session lacks");
+            goto done;
+        }
         ENGINE_ASSERT(first ? p == s->mem + z.total - kv_bytes - sized &&
                                   pn == s->mem + z.total - kv_bytes
                             : (size_t)(p - s->mem) == z.total);
