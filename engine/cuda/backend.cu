@@ -122,6 +122,8 @@ struct engine_cuda_session {
      * 8 at a time), else back to the captured one. sample_node: that node of graph[0]
      * (NULL: none), sample_fn: its kernel in the exec now */
     bool sample_greedy;
+    bool l2_persist; /* SPARK_CUDA_L2_PERSIST=1: l2_persist_nodes */
+    uint8_t *hot_lo, *hot_hi; /* the step's buffers past the KV cache (the L2 window) */
     cudaGraphNode_t sample_node;
     const void *sample_fn;
     bool tk; /* while capturing: which sampler the step launches */
@@ -751,6 +753,8 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         }
         e = getenv("SPARK_CUDA_SAMPLE_GREEDY");
         s->sample_greedy = e && e[0] == '1';
+        e = getenv("SPARK_CUDA_L2_PERSIST");
+        s->l2_persist = e && e[0] == '1';
         e = getenv("SPARK_CUDA_ATT_ONE");
         s->att_one = e && e[0] >= '0' && e[0] <= '2' ? e[0] - '0' : 2;
         e = getenv("SPARK_CUDA_ATT_GRID");
@@ -911,6 +915,8 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
 #undef CARVE_N
 #undef CARVE
 #undef CARVE_AT
+        s->hot_lo = (uint8_t *)s->x;
+        s->hot_hi = p;
         if (pads_used != pads_n) {
             rc = engine_err(ENGINE_EINVAL, "SPARK_CUDA_PAD names a buffer the session lacks");
             goto done;
@@ -1336,8 +1342,8 @@ static void enqueue_step(engine_cuda_session *s, step_prof *p, route_trace *t) {
     mark(p, 8, st);
 }
 
-/* The kernel nodes of graph g that launch fn, into *out (allocated here, freed by the caller
- * also on an error), *n of them. */
+/* The kernel nodes of graph g that launch fn (NULL: every kernel node), into *out (allocated
+ * here, freed by the caller also on an error), *n of them. */
 static int graph_kernel_nodes(cudaGraph_t g, const void *fn, cudaGraphNode_t **out, int *n) {
     int rc = 0;
     size_t nn = 0;
@@ -1357,7 +1363,54 @@ static int graph_kernel_nodes(cudaGraph_t g, const void *fn, cudaGraphNode_t **o
         CU(cudaGraphNodeGetType(nodes[i], &t));
         if (t != cudaGraphNodeTypeKernel) continue;
         CU(cudaGraphKernelNodeGetParams(nodes[i], &kp));
-        if (kp.func == fn) (*out)[(*n)++] = nodes[i];
+        if (!fn || kp.func == fn) (*out)[(*n)++] = nodes[i];
+    }
+done:
+    free(nodes);
+    return rc;
+}
+
+/* SPARK_CUDA_L2_PERSIST=1 (a diagnosis: the step's speed moved by up to 1% with where its
+ * buffers land, session 42 calls D-E, and a 4 KiB shift of the wo output's buffer alone cost
+ * 0.4%; are its activations pushed out of L2 between a write and the next launch's read?): every
+ * kernel node of graph g gets an access-policy window over the session's buffers past the KV
+ * cache (x .. the MoE counters) with persisting hits, and the device sets aside that much of L2
+ * for persisting lines (at most its limit; a window larger than that persists a fraction). */
+static int l2_persist_nodes(engine_cuda_session *s, cudaGraph_t g) {
+    if (!s->l2_persist) return 0;
+    int rc = 0, n = 0, max_p = 0, max_w = 0;
+    cudaGraphNode_t *nodes = NULL;
+    size_t cur = 0, bytes = (size_t)(s->hot_hi - s->hot_lo);
+    CU(cudaDeviceGetAttribute(&max_p, cudaDevAttrMaxPersistingL2CacheSize, s->cm->device));
+    CU(cudaDeviceGetAttribute(&max_w, cudaDevAttrMaxAccessPolicyWindowSize, s->cm->device));
+    if (max_p <= 0 || max_w <= 0) {
+        engine_log(ENGINE_LOG_INFO, "cuda: SPARK_CUDA_L2_PERSIST: no persisting L2 here");
+        return 0;
+    }
+    bytes = bytes < (size_t)max_w ? bytes : (size_t)max_w;
+    {
+        const size_t want = bytes < (size_t)max_p ? bytes : (size_t)max_p;
+        CU(cudaDeviceGetLimit(&cur, cudaLimitPersistingL2CacheSize));
+        if (cur < want) CU(cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, want));
+        CU(cudaDeviceGetLimit(&cur, cudaLimitPersistingL2CacheSize));
+    }
+    {
+        cudaKernelNodeAttrValue v;
+        memset(&v, 0, sizeof v);
+        v.accessPolicyWindow.base_ptr = s->hot_lo;
+        v.accessPolicyWindow.num_bytes = bytes;
+        v.accessPolicyWindow.hitRatio = cur >= bytes ? 1.0f : (float)cur / (float)bytes;
+        v.accessPolicyWindow.hitProp = cudaAccessPropertyPersisting;
+        v.accessPolicyWindow.missProp = cudaAccessPropertyStreaming;
+        if ((rc = graph_kernel_nodes(g, NULL, &nodes, &n))) goto done;
+        for (int i = 0; i < n; i++)
+            CU(cudaGraphKernelNodeSetAttribute(nodes[i], cudaKernelNodeAttributeAccessPolicyWindow,
+                                               &v));
+        engine_log(ENGINE_LOG_INFO,
+                   "cuda: L2 window of %.2f MiB (persisting %.2f MiB, hit ratio %.2f) on %d "
+                   "launches",
+                   (double)bytes / 1048576.0, (double)cur / 1048576.0,
+                   (double)v.accessPolicyWindow.hitRatio, n);
     }
 done:
     free(nodes);
@@ -1467,6 +1520,7 @@ static int capture(engine_cuda_session *s, bool tk) {
     s->tk = false;
     CU(cudaStreamEndCapture(s->stream, &g));
     CU(cudaGetLastError());
+    if ((rc = l2_persist_nodes(s, g))) goto done;
     CU(cudaGraphInstantiate(tk ? &s->exec_tk : &s->exec, g, 0));
     if (!tk) s->captured = true;
     s->att_blocks[tk] = 0; /* the whole grid, as captured */
