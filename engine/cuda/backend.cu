@@ -123,6 +123,10 @@ struct engine_cuda_session {
      * (NULL: none), sample_fn: its kernel in the exec now */
     bool sample_greedy;
     bool l2_persist; /* SPARK_CUDA_L2_PERSIST=1: l2_persist_nodes */
+    /* the captured step's embedding gathered by the draw of the step before (engine_cu_embed_to;
+     * SPARK_CUDA_EMBED_DRAW=0: a launch of its own at the step's start, as uncaptured steps
+     * have it); capturing: enqueue_step is being captured */
+    bool embed_draw, capturing;
     uint8_t *hot_lo, *hot_hi; /* the step's buffers past the KV cache (the L2 window) */
     cudaGraphNode_t sample_node;
     const void *sample_fn;
@@ -755,6 +759,8 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         s->sample_greedy = e && e[0] == '1';
         e = getenv("SPARK_CUDA_L2_PERSIST");
         s->l2_persist = e && e[0] == '1';
+        e = getenv("SPARK_CUDA_EMBED_DRAW");
+        s->embed_draw = !e || e[0] != '0';
         e = getenv("SPARK_CUDA_ATT_ONE");
         s->att_one = e && e[0] >= '0' && e[0] <= '2' ? e[0] - '0' : 2;
         e = getenv("SPARK_CUDA_ATT_GRID");
@@ -1263,9 +1269,13 @@ static void enqueue_step(engine_cuda_session *s, step_prof *p, route_trace *t) {
     cudaStream_t st = s->stream;
     const int emb = (int)hp->n_embd;
     const float eps = hp->rms_norm_eps;
+    /* a captured step's embedding comes from the draw before it (step_embed before the first) */
+    const bool draw_embeds = s->embed_draw && s->capturing;
+    engine_cu_embed_to next = {cm->tok_embd.d, cm->tok_embd.row_bytes, cm->tok_embd.type, emb, s->x};
     mark(p, -1, st);
-    engine_cu_embed(cm->tok_embd.d, cm->tok_embd.row_bytes, cm->tok_embd.type, emb, s->step, 1,
-                    s->x, st);
+    if (!draw_embeds)
+        engine_cu_embed(cm->tok_embd.d, cm->tok_embd.row_bytes, cm->tok_embd.type, emb, s->step, 1,
+                        s->x, st);
     mark(p, 0, st);
     if (s->fused && s->prog.total && !p && !t) {
         engine_cu_prog_launch(&s->prog, st);
@@ -1335,11 +1345,21 @@ static void enqueue_step(engine_cuda_session *s, step_prof *p, route_trace *t) {
     mark(p, 7, st);
     if (s->tk)
         engine_cu_sample_topk(s->logits, (int)hp->n_vocab, s->step, s->out, s->sscratch, s->skeys,
-                              s->counters + hp->n_head, st, s->allow);
+                              s->counters + hp->n_head, st, s->allow,
+                              draw_embeds ? &next : NULL);
     else
         engine_cu_sample(s->logits, (int)hp->n_vocab, s->step, s->out, s->sscratch,
-                         s->counters + hp->n_head, st, s->allow);
+                         s->counters + hp->n_head, st, s->allow, draw_embeds ? &next : NULL);
     mark(p, 8, st);
+}
+
+/* Before the first replay of a captured step whose embedding the draw gathers: the embedding
+ * of the step state's token (the host's), as the step without embed_draw starts. */
+static void step_embed(const engine_cuda_session *s) {
+    const engine_cuda_model *cm = s->cm;
+    if (s->embed_draw)
+        engine_cu_embed(cm->tok_embd.d, cm->tok_embd.row_bytes, cm->tok_embd.type,
+                        (int)cm->m->hp.n_embd, s->step, 1, s->x, s->stream);
 }
 
 /* The kernel nodes of graph g that launch fn (NULL: every kernel node), into *out (allocated
@@ -1516,7 +1536,9 @@ static int capture(engine_cuda_session *s, bool tk) {
     if (tk) CU(engine_cu_sample_topk_prepare());
     s->tk = tk;
     CU(cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal));
+    s->capturing = true;
     enqueue_step(s, NULL, NULL);
+    s->capturing = false;
     s->tk = false;
     CU(cudaStreamEndCapture(s->stream, &g));
     CU(cudaGetLastError());
@@ -1566,6 +1588,7 @@ static int run_steps(engine_cuda_session *s, int32_t token, int32_t pos, int32_t
     s->h_step->masked = 0;
     CU(cudaMemcpyAsync(s->step, s->h_step, sizeof *s->h_step, cudaMemcpyHostToDevice, s->stream));
     if ((rc = sample_set(s, temp <= 0.0f))) goto done;
+    step_embed(s);
     for (int32_t i = 0; i < n; i++) {
         if ((rc = att_grid_set(s, 0, pos + i))) goto done;
         CU(cudaGraphLaunch(s->exec, s->stream));
@@ -1656,6 +1679,7 @@ extern "C" int engine_cuda_stream(engine_cuda_session *s, int32_t token, int32_t
                            cudaMemcpyHostToDevice, s->stream));
     CU(cudaMemcpyAsync(s->step, s->h_step, sizeof *s->h_step, cudaMemcpyHostToDevice, s->stream));
     if (!tk && (rc = sample_set(s, p->temperature <= 0.0f))) goto done;
+    step_embed(s);
     /* step i samples token i: its copy follows it on the copy stream, so the step stream runs
      * on while the host reads; at most ENGINE_CUDA_STREAM_AHEAD steps past the one awaited */
     while (done_n < n_max) {

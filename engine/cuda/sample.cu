@@ -6,6 +6,18 @@
 #include "dequant.cuh"
 #include "sample.cuh"
 
+/* Chunk c (32 values) of an embedding row into x. */
+__device__ __forceinline__ void embed_chunk(int type, const uint8_t *row, int c, float *x) {
+    float va[16], vb[16];
+    int a0, b0;
+    engine_cu_chunk_cols(type, c, &a0, &b0);
+    engine_cu_decode_chunk(type, row, c, va, vb);
+    for (int l = 0; l < 16; l++) {
+        x[a0 + l] = va[l];
+        x[b0 + l] = vb[l];
+    }
+}
+
 /* T: the table's type fixed in the instance (its decode alone in the image), or -1: any. */
 template <int T>
 __global__ void embed_kernel(const uint8_t *emb, size_t row_bytes, int type, int n_embd,
@@ -15,16 +27,9 @@ __global__ void embed_kernel(const uint8_t *emb, size_t row_bytes, int type, int
     engine_cu_pdl_wait();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= (n_embd >> 5)) return;
-    x += (size_t)blockIdx.y * n_embd; /* row blockIdx.y of m */
-    const uint8_t *row = emb + (size_t)step[blockIdx.y].token * row_bytes;
-    float va[16], vb[16];
-    int a0, b0;
-    engine_cu_chunk_cols(type, c, &a0, &b0);
-    engine_cu_decode_chunk(type, row, c, va, vb);
-    for (int l = 0; l < 16; l++) {
-        x[a0 + l] = va[l];
-        x[b0 + l] = vb[l];
-    }
+    /* row blockIdx.y of m */
+    embed_chunk(type, emb + (size_t)step[blockIdx.y].token * row_bytes, c,
+                x + (size_t)blockIdx.y * n_embd);
 }
 
 void engine_cu_embed(const uint8_t *emb, size_t row_bytes, int type, int n_embd,
@@ -300,8 +305,8 @@ __device__ __forceinline__ float masked_logit(const float *logits, const uint32_
 template <int MODE>
 __global__ void sample_kernel(const float *logits, int n, engine_cu_step *step, int32_t *out,
                               float *scratch, uint64_t *keys, unsigned *counter,
-                              const uint32_t *allow_all) {
-    __shared__ int s_last;
+                              const uint32_t *allow_all, engine_cu_embed_to emb) {
+    __shared__ int s_last, s_tok;
     extern __shared__ __align__(16) uint8_t tk_smem[];
     engine_cu_pdl_launch();
     engine_cu_pdl_wait();
@@ -426,14 +431,25 @@ counted:
         step->n_out++;
         step->pos++;
         *counter = 0;
+        s_tok = bi;
     }
+    if (!emb.x) return;
+    __syncthreads();
+    for (int c = threadIdx.x; c < (emb.n_embd >> 5); c += blockDim.x)
+        embed_chunk(emb.type, emb.table + (size_t)s_tok * emb.row_bytes, c, emb.x);
+}
+
+static engine_cu_embed_to embed_to(const engine_cu_embed_to *e) {
+    engine_cu_embed_to none;
+    memset(&none, 0, sizeof none);
+    return e ? *e : none;
 }
 
 void engine_cu_sample(const float *logits, int n, engine_cu_step *step, int32_t *out,
                       float *scratch, unsigned *counter, cudaStream_t stream,
-                      const uint32_t *allow) {
+                      const uint32_t *allow, const engine_cu_embed_to *emb) {
     engine_cu_launch(sample_kernel<0>, dim3(ENGINE_CU_SAMPLE_BLOCKS), dim3(256), 0, stream, logits,
-                     n, step, out, scratch, (uint64_t *)nullptr, counter, allow);
+                     n, step, out, scratch, (uint64_t *)nullptr, counter, allow, embed_to(emb));
 }
 
 const void *engine_cu_sample_kernel(bool greedy) {
@@ -455,10 +471,10 @@ cudaError_t engine_cu_sample_topk_prepare(void) {
 
 void engine_cu_sample_topk(const float *logits, int n, engine_cu_step *step, int32_t *out,
                            float *scratch, uint64_t *keys, unsigned *counter, cudaStream_t stream,
-                           const uint32_t *allow) {
+                           const uint32_t *allow, const engine_cu_embed_to *emb) {
     static_assert(ENGINE_CU_TOPK_MAX <= 255, "a cursor is a byte");
     engine_cu_launch(sample_kernel<2>, dim3(ENGINE_CU_SAMPLE_BLOCKS), dim3(256), (size_t)TK_SMEM,
-                     stream, logits, n, step, out, scratch, keys, counter, allow);
+                     stream, logits, n, step, out, scratch, keys, counter, allow, embed_to(emb));
 }
 
 ENGINE_CU_TRACE_TU(sample)

@@ -60,13 +60,24 @@ __host__ __device__ __forceinline__ double engine_cu_key_uniform(uint64_t key) {
 void engine_cu_embed(const uint8_t *emb, size_t row_bytes, int type, int n_embd,
                      const engine_cu_step *step, int m, float *x, cudaStream_t stream);
 
+/* The next step's embedding, gathered by the draw's last block once it has chosen (a decode
+ * graph's draw, so that the step starts at its first layer with no launch of its own for the
+ * embedding): x[0 .. n_embd) = row `choice` of table (any supported type); x NULL: none. */
+typedef struct {
+    const uint8_t *table;
+    size_t row_bytes;
+    int type, n_embd;
+    float *x;
+} engine_cu_embed_to;
+
 /* Sample from logits[0..n): step->token = choice, out[n_out++] = choice (while n_out < cap),
  * step->pos++. scratch: 2 * ENGINE_CU_SAMPLE_BLOCKS values; counter: one zeroed unsigned.
  * allow: NULL, or n bits that, where step->masked, say which tokens may be drawn (the others
- * count as -inf, as the host sampler's grammar mask makes them). */
+ * count as -inf, as the host sampler's grammar mask makes them). emb: NULL, or the choice's
+ * embedding row to gather (engine_cu_embed_to). */
 void engine_cu_sample(const float *logits, int n, engine_cu_step *step, int32_t *out,
                       float *scratch, unsigned *counter, cudaStream_t stream,
-                      const uint32_t *allow = nullptr);
+                      const uint32_t *allow = nullptr, const engine_cu_embed_to *emb = nullptr);
 /* engine_cu_sample's kernel (a graph's node), or (greedy) an instance of it that draws
  * greedily whatever step->temp says and holds no other draw's code: the same launch. */
 const void *engine_cu_sample_kernel(bool greedy);
@@ -81,6 +92,7 @@ cudaError_t engine_cu_sample_topk_prepare(void);
 int engine_cu_topk_algo_env(void);
 void engine_cu_sample_topk(const float *logits, int n, engine_cu_step *step, int32_t *out,
                            float *scratch, uint64_t *keys, unsigned *counter, cudaStream_t stream,
-                           const uint32_t *allow = nullptr);
+                           const uint32_t *allow = nullptr,
+                           const engine_cu_embed_to *emb = nullptr);
 
 #endif

@@ -216,7 +216,7 @@ static int n_gen = N_GEN; /* generated tokens; fewer with a third argument (race
 /* Run-time switches of the decode stage-6 paths, and the short-context attention launch (a
  * block per query head, engine/cuda/att_short_dev.cuh; every position here is below 256): a
  * session per set, its variables set to 1 (or to the value after '='). */
-#define N_ALT 42
+#define N_ALT 43
 static const char *const alt_sets[N_ALT][3] = {
     {"SPARK_CUDA_ROUTE_ONCE", NULL, NULL},
     {"SPARK_CUDA_UP_EARLY", NULL, NULL},
@@ -261,6 +261,7 @@ static const char *const alt_sets[N_ALT][3] = {
     {"SPARK_CUDA_SAMPLE_GREEDY", NULL, NULL}, /* greedy steps' draw in its own instance */
     {"SPARK_CUDA_PAD=kv:512,x:4096,mf_ctr:256", NULL, NULL}, /* the buffers moved */
     {"SPARK_CUDA_L2_PERSIST", NULL, NULL}, /* the step's buffers an L2 persisting window */
+    {"SPARK_CUDA_EMBED_DRAW=0", NULL, NULL}, /* the embedding a launch of its own again */
 };
 
 /* Which alt sets run: all, unless SPARK_TEST_CUDA_ALTS lists their indices ("8,9") or says
