@@ -5,7 +5,8 @@ SPARK_BENCH_TRACE=FILE in a -DSPARK_CUDA_TRACE=ON build).
 Per launch (grid id): its blocks, the first and last block start (ev 0), the first and last
 return of a block's PDL wait (ev 1). Launches in order of their first wait return (the
 previous kernel's completion as this one saw it); a step starts at the embedding launch (the
-first launch of one block). For each launch:
+first launch of one block), or where the draw gathers the next step's embedding, at the first
+launch after the draw. For each launch:
   gap   = its first wait return - the previous launch's first wait return (us): the time the
           chain spent in the previous launch, boundary included
   early = first wait return - first block start: how long its first block waited (prefetching)
@@ -144,8 +145,20 @@ def main():
         recs.append((t, grid, ev, gx, gy))
     recs.sort()
     # a graph replay keeps its launches' grid ids: split the records into steps at the starts of
-    # the embedding launch (one block of 128 threads), the first launch of a step
+    # the embedding launch (one block of 128 threads), the first launch of a step; a step whose
+    # embedding the draw before it gathers (SPARK_CUDA_EMBED_DRAW, the default since session
+    # 42) starts at the first block start of another launch after a wait return of the draw
+    # (ENGINE_CU_SAMPLE_BLOCKS = 128 blocks of 256 threads): the next replay's first launch
     starts = [r[0] for r in recs if r[3] == 1 and r[4] == 1 and r[2] == 128 << 8]
+    if not starts:
+        draw_waited = False
+        for t, grid, ev, gx, gy in recs:
+            draw = gx == 128 and gy == 1 and ev >> 8 == 256
+            if draw and ev & 0xFF == 1:
+                draw_waited = True
+            elif not draw and ev & 0xFF == 0 and draw_waited:
+                starts.append(t)
+                draw_waited = False
     steps = []
     for i, t0 in enumerate(starts):
         t1 = starts[i + 1] if i + 1 < len(starts) else None
@@ -174,9 +187,9 @@ def main():
     full = steps[1:] if len(steps) > 1 else steps
     for i, st in enumerate(full):
         nx = full[i + 1] if i + 1 < len(full) else None
-        print("step: %d launches, %.1f us from the embedding's wait to the last launch's wait%s" %
+        print("step: %d launches, %.1f us from the first launch's wait to the last launch's wait%s" %
               (len(st), (st[-1]["w0"] - st[0]["w0"]) / 1e3,
-               "; %.2f us from there to the next embedding's wait (%.2f to its first block)" %
+               "; %.2f us from there to the next step's first wait (%.2f to its first block)" %
                ((nx[0]["w0"] - st[-1]["w0"]) / 1e3, (nx[0]["s0"] - st[-1]["w0"]) / 1e3)
                if nx else ""))
     rows = None
