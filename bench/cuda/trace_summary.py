@@ -149,16 +149,18 @@ def main():
     # embedding the draw before it gathers (SPARK_CUDA_EMBED_DRAW, the default since session
     # 42) starts at the first block start of another launch after a wait return of the draw
     # (ENGINE_CU_SAMPLE_BLOCKS = 128 blocks of 256 threads): the next replay's first launch
+    # (there, one embedding launch before the first replay: whichever finds more steps)
     starts = [r[0] for r in recs if r[3] == 1 and r[4] == 1 and r[2] == 128 << 8]
-    if not starts:
-        draw_waited = False
-        for t, grid, ev, gx, gy in recs:
-            draw = gx == 128 and gy == 1 and ev >> 8 == 256
-            if draw and ev & 0xFF == 1:
-                draw_waited = True
-            elif not draw and ev & 0xFF == 0 and draw_waited:
-                starts.append(t)
-                draw_waited = False
+    after_draw, draw_waited = [], False
+    for t, grid, ev, gx, gy in recs:
+        draw = gx == 128 and gy == 1 and ev >> 8 == 256
+        if draw and ev & 0xFF == 1:
+            draw_waited = True
+        elif not draw and ev & 0xFF == 0 and draw_waited:
+            after_draw.append(t)
+            draw_waited = False
+    if len(after_draw) > len(starts):
+        starts = after_draw
     steps = []
     for i, t0 in enumerate(starts):
         t1 = starts[i + 1] if i + 1 < len(starts) else None
