@@ -671,6 +671,7 @@ enum { SESS_PADS = 8 };
 static int pads_parse(const char *e, sess_pad *pads, size_t *sum) {
     int n = 0;
     *sum = 0;
+    memset(pads, 0, sizeof(sess_pad) * SESS_PADS);
     while (e && *e) {
         const char *c = strchr(e, ':');
         char *end = NULL;
@@ -685,7 +686,6 @@ static int pads_parse(const char *e, sess_pad *pads, size_t *sum) {
         *sum += pads[n++].bytes;
         e = *end ? end + 1 : end;
     }
-    for (int i = n; i < SESS_PADS; i++) pads[i].name[0] = 0, pads[i].bytes = 0;
     return 0;
 }
 
@@ -717,7 +717,8 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
     sess_pad pads[SESS_PADS];
     int pads_used = 0, pads_n = 0;
     if ((rc = pads_parse(getenv("SPARK_CUDA_PAD"), pads, &pad_sum))) return rc;
-    for (int i = 0; i < SESS_PADS; i++) pads_n += pads[i].name[0] != 0;
+    for (int i = 0; i < SESS_PADS; i++)
+        pads_n += pads[i].name[0] != 0;
     z.total += pad_sum;
     uint8_t *p;
     engine_cuda_session *s = (engine_cuda_session *)calloc(1, sizeof *s);
@@ -1271,7 +1272,8 @@ static void enqueue_step(engine_cuda_session *s, step_prof *p, route_trace *t) {
     const float eps = hp->rms_norm_eps;
     /* a captured step's embedding comes from the draw before it (step_embed before the first) */
     const bool draw_embeds = s->embed_draw && s->capturing;
-    engine_cu_embed_to next = {cm->tok_embd.d, cm->tok_embd.row_bytes, cm->tok_embd.type, emb, s->x};
+    engine_cu_embed_to next = {cm->tok_embd.d, cm->tok_embd.row_bytes, cm->tok_embd.type, emb,
+                               s->x};
     mark(p, -1, st);
     if (!draw_embeds)
         engine_cu_embed(cm->tok_embd.d, cm->tok_embd.row_bytes, cm->tok_embd.type, emb, s->step, 1,
@@ -1345,8 +1347,7 @@ static void enqueue_step(engine_cuda_session *s, step_prof *p, route_trace *t) {
     mark(p, 7, st);
     if (s->tk)
         engine_cu_sample_topk(s->logits, (int)hp->n_vocab, s->step, s->out, s->sscratch, s->skeys,
-                              s->counters + hp->n_head, st, s->allow,
-                              draw_embeds ? &next : NULL);
+                              s->counters + hp->n_head, st, s->allow, draw_embeds ? &next : NULL);
     else
         engine_cu_sample(s->logits, (int)hp->n_vocab, s->step, s->out, s->sscratch,
                          s->counters + hp->n_head, st, s->allow, draw_embeds ? &next : NULL);

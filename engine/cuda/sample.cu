@@ -446,8 +446,8 @@ static engine_cu_embed_to embed_to(const engine_cu_embed_to *e) {
 }
 
 void engine_cu_sample(const float *logits, int n, engine_cu_step *step, int32_t *out,
-                      float *scratch, unsigned *counter, cudaStream_t stream,
-                      const uint32_t *allow, const engine_cu_embed_to *emb) {
+                      float *scratch, unsigned *counter, cudaStream_t stream, const uint32_t *allow,
+                      const engine_cu_embed_to *emb) {
     engine_cu_launch(sample_kernel<0>, dim3(ENGINE_CU_SAMPLE_BLOCKS), dim3(256), 0, stream, logits,
                      n, step, out, scratch, (uint64_t *)nullptr, counter, allow, embed_to(emb));
 }

@@ -260,7 +260,7 @@ static const char *const alt_sets[N_ALT][3] = {
     {"SPARK_CUDA_CAPTURE_EARLY", NULL, NULL}, /* the step captured at the session's start */
     {"SPARK_CUDA_SAMPLE_GREEDY", NULL, NULL}, /* greedy steps' draw in its own instance */
     {"SPARK_CUDA_PAD=kv:512,x:4096,mf_ctr:256", NULL, NULL}, /* the buffers moved */
-    {"SPARK_CUDA_L2_PERSIST", NULL, NULL}, /* the step's buffers an L2 persisting window */
+    {"SPARK_CUDA_L2_PERSIST", NULL, NULL},   /* the step's buffers an L2 persisting window */
     {"SPARK_CUDA_EMBED_DRAW=0", NULL, NULL}, /* the embedding a launch of its own again */
 };
 
