@@ -10,7 +10,10 @@
  * (qwen3moe: the router's product runs in the wo launch unless SPARK_CUDA_ROUTER_FUSE=0:
  * router_fuse.cuh)
  * The token and position live in device memory (engine_cu_step), so the graph captured on the
- * first step is replayed unchanged for every later one. */
+ * first step is replayed unchanged for every later one. The captured step has no embed launch:
+ * its sample gathers the chosen token's embedding into x for the next replay, and a run of
+ * replays starts with one embed launch of the host's token (step_embed; SPARK_CUDA_EMBED_DRAW=0
+ * keeps embed in the graph). */
 #include <algorithm>
 #include <math.h>
 #include <stdio.h>
