@@ -665,7 +665,9 @@ static sess_layout layout(const engine_cuda_model *cm, int32_t n_ctx, engine_kv_
 /* SPARK_CUDA_PAD="FIELD:BYTES[,FIELD:BYTES...]" (a diagnosis: which of the step's buffers sets
  * its speed by where it lands? SPARK_CUDA_SCRATCH_FIRST moved them all and cost 1.2% at n_ctx
  * 512, session 42 call D): BYTES (rounded up to 256) left free before the named buffer of the
- * session's layout ("kv": before the KV cache). Unknown names are an error. */
+ * session's layout ("kv": before the KV cache). Unknown names are an error. When it is set, the
+ * session logs where x, ao and mf_ctr landed in their 2 MiB pages ("kv:0": the default layout),
+ * to set against bench/cuda/bench_place.cu's map of offsets. */
 typedef struct {
     char name[16];
     size_t bytes;
@@ -931,6 +933,14 @@ extern "C" int engine_cuda_session_new(engine_cuda_session **out, engine_cuda_mo
         if (pads_used != pads_n) {
             rc = engine_err(ENGINE_EINVAL, "SPARK_CUDA_PAD names a buffer the session lacks");
             goto done;
+        }
+        if (getenv("SPARK_CUDA_PAD")) { /* where they landed ("kv:0": the default layout) */
+            const uintptr_t page = ((uintptr_t)2 << 20) - 1;
+            engine_log(ENGINE_LOG_INFO,
+                       "cuda: SPARK_CUDA_PAD: x, ao, mf_ctr at %zu, %zu, %zu bytes into their "
+                       "2 MiB pages (the session's memory at %zu)",
+                       (size_t)((uintptr_t)s->x & page), (size_t)((uintptr_t)s->ao & page),
+                       (size_t)((uintptr_t)s->mf_ctr & page), (size_t)((uintptr_t)s->mem & page));
         }
         ENGINE_ASSERT(first ? p == s->mem + z.total - kv_bytes - sized &&
                                   pn == s->mem + z.total - kv_bytes
