@@ -19,6 +19,10 @@
  *        (the max is what a launch whose blocks all wait for the slowest pays)
  *   bw   two blocks of 256 threads per multiprocessor read the whole buffer 16 times (L2 hits
  *        after the first pass): microseconds a launch (CUDA events over 4 x LAUNCHES launches)
+ *   wr   the decode step's pattern: 16 blocks write the buffer (as the wo + router launch writes
+ *        ao), then a block of 256 threads per multiprocessor reads all of it once (as every MoE
+ *        block stages x + ao): cycles of a reading block from its first load to its last,
+ *        mean and max over the blocks
  * Printed: each allocation's distribution (min, p10, median, p90, max) of both, the offsets
  * worst by lat max, and how the allocations agree (the offsets in the worst tenth of both). */
 #include <cuda_runtime.h>
@@ -28,13 +32,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CK(x)                                                                                     \
-    do {                                                                                          \
-        cudaError_t e_ = (x);                                                                     \
-        if (e_ != cudaSuccess) {                                                                  \
-            fprintf(stderr, "bench_place: %s: %s\n", #x, cudaGetErrorString(e_));                 \
-            exit(1);                                                                              \
-        }                                                                                         \
+#define CK(x)                                                                                      \
+    do {                                                                                           \
+        cudaError_t e_ = (x);                                                                      \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "bench_place: %s: %s\n", #x, cudaGetErrorString(e_));                  \
+            exit(1);                                                                               \
+        }                                                                                          \
     } while (0)
 
 #define LAT_REPS 4
@@ -82,9 +86,39 @@ __global__ void bw_kernel(const float4 *p, int n4, float *sink) {
     if (acc == 1234.5f) sink[blockIdx.x] = acc;
 }
 
+#define WR_WRITERS 16
+
+__global__ void wr_write_kernel(float4 *p, int n4) {
+    for (int i = (int)(blockIdx.x * blockDim.x + threadIdx.x); i < n4;
+         i += (int)(gridDim.x * blockDim.x))
+        p[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f); /* zeros: lat's chain stays in the buffer */
+}
+
+__global__ void wr_read_kernel(const float4 *p, int n4, long long *cyc, float *sink) {
+    __shared__ float part[BW_THREADS];
+    __syncthreads();
+    const long long t0 = clock64();
+    float acc = 0.0f;
+    for (int i = (int)threadIdx.x; i < n4; i += BW_THREADS) {
+        const float4 v = ld_cg4(p + i);
+        acc += v.x + v.y + v.z + v.w;
+    }
+    part[threadIdx.x] = acc;
+    __syncthreads();
+    const long long t1 = clock64();
+    if (threadIdx.x == 0) {
+        cyc[blockIdx.x] = t1 - t0;
+        if (part[0] == 1234.5f) sink[blockIdx.x] = part[0];
+    }
+}
+
 typedef struct {
-    double lat_mean, lat_max, bw_us;
+    double lat_mean, lat_max, bw_us, wr_mean, wr_max;
 } probe;
+
+static double field_of(const probe *q, size_t field) {
+    return *(const double *)((const char *)q + field);
+}
 
 static int cmp_d(const void *a, const void *b) {
     const double x = *(const double *)a, y = *(const double *)b;
@@ -100,11 +134,30 @@ static void dist(const char *what, const probe *pr, int n, size_t field) {
     double *v = (double *)malloc(sizeof(double) * (size_t)n);
     if (!v) exit(1);
     for (int i = 0; i < n; i++)
-        v[i] = *(const double *)((const char *)&pr[i] + field);
+        v[i] = field_of(&pr[i], field);
     qsort(v, (size_t)n, sizeof *v, cmp_d);
     printf("  %-22s min %8.2f  p10 %8.2f  median %8.2f  p90 %8.2f  max %8.2f\n", what, v[0],
            pct(v, n, 0.1), pct(v, n, 0.5), pct(v, n, 0.9), v[n - 1]);
     free(v);
+}
+
+/* The 8 offsets worst by one field. */
+static void worst(const char *what, const probe *pa, int n_off, size_t step, size_t field) {
+    int w[8], nw = 0;
+    for (int k = 0; k < 8 && k < n_off; k++) {
+        int bi = -1;
+        for (int o = 0; o < n_off; o++) {
+            bool used = false;
+            for (int j = 0; j < nw; j++)
+                used |= w[j] == o;
+            if (!used && (bi < 0 || field_of(&pa[o], field) > field_of(&pa[bi], field))) bi = o;
+        }
+        w[nw++] = bi;
+    }
+    printf("  worst by %s:", what);
+    for (int j = 0; j < nw; j++)
+        printf(" %zu (%.1f)", (size_t)w[j] * step, field_of(&pa[w[j]], field));
+    printf("\n");
 }
 
 int main(int argc, char **argv) {
@@ -112,12 +165,18 @@ int main(int argc, char **argv) {
     int n_alloc = 2, n_launch = 5;
     const char *csv = NULL;
     for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "-b")) bytes = strtoull(argv[i + 1], NULL, 0);
-        else if (!strcmp(argv[i], "-m")) max_off = strtoull(argv[i + 1], NULL, 0);
-        else if (!strcmp(argv[i], "-s")) step = strtoull(argv[i + 1], NULL, 0);
-        else if (!strcmp(argv[i], "-a")) n_alloc = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "-n")) n_launch = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "-o")) csv = argv[i + 1];
+        if (!strcmp(argv[i], "-b"))
+            bytes = strtoull(argv[i + 1], NULL, 0);
+        else if (!strcmp(argv[i], "-m"))
+            max_off = strtoull(argv[i + 1], NULL, 0);
+        else if (!strcmp(argv[i], "-s"))
+            step = strtoull(argv[i + 1], NULL, 0);
+        else if (!strcmp(argv[i], "-a"))
+            n_alloc = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "-n"))
+            n_launch = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "-o"))
+            csv = argv[i + 1];
         else {
             fprintf(stderr, "bench_place: unknown option %s\n", argv[i]);
             return 2;
@@ -183,12 +242,31 @@ int main(int argc, char **argv) {
             }
             q->lat_mean = mean / n_launch;
             q->lat_max = mx / n_launch;
+            mean = mx = 0.0;
+            for (int l = 0; l < n_launch; l++) {
+                wr_write_kernel<<<WR_WRITERS, BW_THREADS>>>((float4 *)(uintptr_t)p,
+                                                            (int)(bytes / 16));
+                wr_read_kernel<<<n_sm, BW_THREADS>>>((const float4 *)p, (int)(bytes / 16), d_cyc,
+                                                     (float *)d_sink);
+                CK(cudaGetLastError());
+                CK(cudaMemcpy(cyc, d_cyc, sizeof(long long) * (size_t)n_sm,
+                              cudaMemcpyDeviceToHost));
+                double s = 0.0, m = 0.0;
+                for (int b = 0; b < n_sm; b++) {
+                    s += (double)cyc[b];
+                    if ((double)cyc[b] > m) m = (double)cyc[b];
+                }
+                mean += s / n_sm;
+                mx += m;
+            }
+            q->wr_mean = mean / n_launch;
+            q->wr_max = mx / n_launch;
             bw_kernel<<<2 * n_sm, BW_THREADS>>>((const float4 *)p, (int)(bytes / 16),
-                                                 (float *)d_sink); /* warm */
+                                                (float *)d_sink); /* warm */
             CK(cudaEventRecord(e0));
             for (int l = 0; l < 4 * n_launch; l++)
                 bw_kernel<<<2 * n_sm, BW_THREADS>>>((const float4 *)p, (int)(bytes / 16),
-                                                     (float *)d_sink);
+                                                    (float *)d_sink);
             CK(cudaEventRecord(e1));
             CK(cudaEventSynchronize(e1));
             float ms = 0.0f;
@@ -197,52 +275,43 @@ int main(int argc, char **argv) {
         }
     FILE *f = csv ? fopen(csv, "w") : NULL;
     if (csv && !f) fprintf(stderr, "bench_place: cannot write %s\n", csv);
-    if (f) fprintf(f, "alloc,offset,lat_mean_cyc,lat_max_cyc,bw_us\n");
+    if (f) fprintf(f, "alloc,offset,lat_mean_cyc,lat_max_cyc,bw_us,wr_mean_cyc,wr_max_cyc\n");
     for (int a = 0; a < n_alloc; a++) {
         const probe *pa = &pr[(size_t)a * (size_t)n_off];
         printf("allocation %d:\n", a);
         dist("lat mean (cycles)", pa, n_off, offsetof(probe, lat_mean));
         dist("lat max (cycles)", pa, n_off, offsetof(probe, lat_max));
         dist("bw (us a launch)", pa, n_off, offsetof(probe, bw_us));
+        dist("wr mean (cycles)", pa, n_off, offsetof(probe, wr_mean));
+        dist("wr max (cycles)", pa, n_off, offsetof(probe, wr_max));
         if (f)
             for (int o = 0; o < n_off; o++)
-                fprintf(f, "%d,%zu,%.2f,%.2f,%.3f\n", a, (size_t)o * step, pa[o].lat_mean,
-                        pa[o].lat_max, pa[o].bw_us);
-        /* the 8 worst offsets by lat max */
-        int worst[8];
-        int nw = 0;
-        for (int k = 0; k < 8 && k < n_off; k++) {
-            int bi = -1;
-            for (int o = 0; o < n_off; o++) {
-                bool used = false;
-                for (int j = 0; j < nw; j++) used |= worst[j] == o;
-                if (!used && (bi < 0 || pa[o].lat_max > pa[bi].lat_max)) bi = o;
-            }
-            worst[nw++] = bi;
-        }
-        printf("  worst by lat max:");
-        for (int j = 0; j < nw; j++)
-            printf(" %zu (%.1f)", (size_t)worst[j] * step, pa[worst[j]].lat_max);
-        printf("\n");
+                fprintf(f, "%d,%zu,%.2f,%.2f,%.3f,%.1f,%.1f\n", a, (size_t)o * step, pa[o].lat_mean,
+                        pa[o].lat_max, pa[o].bw_us, pa[o].wr_mean, pa[o].wr_max);
+        worst("lat max", pa, n_off, step, offsetof(probe, lat_max));
+        worst("wr max", pa, n_off, step, offsetof(probe, wr_max));
     }
     if (f) fclose(f);
     if (n_alloc >= 2) { /* do the allocations agree on the bad offsets? */
-        for (int field = 0; field < 2; field++) {
-            const size_t fo = field ? offsetof(probe, bw_us) : offsetof(probe, lat_max);
+        static const char *const names[3] = {"lat max", "bw", "wr max"};
+        const size_t fos[3] = {offsetof(probe, lat_max), offsetof(probe, bw_us),
+                               offsetof(probe, wr_max)};
+        for (int field = 0; field < 3; field++) {
+            const size_t fo = fos[field];
             double th[8];
             double *v = (double *)malloc(sizeof(double) * (size_t)n_off);
             if (!v) return 1;
             for (int a = 0; a < n_alloc; a++) {
                 for (int o = 0; o < n_off; o++)
-                    v[o] = *(const double *)((const char *)&pr[(size_t)a * n_off + o] + fo);
+                    v[o] = field_of(&pr[(size_t)a * n_off + o], fo);
                 qsort(v, (size_t)n_off, sizeof *v, cmp_d);
                 th[a] = pct(v, n_off, 0.9);
             }
             free(v);
             int in0 = 0, both = 0;
             for (int o = 0; o < n_off; o++) {
-                const double x0 = *(const double *)((const char *)&pr[o] + fo);
-                const double x1 = *(const double *)((const char *)&pr[(size_t)n_off + o] + fo);
+                const double x0 = field_of(&pr[o], fo);
+                const double x1 = field_of(&pr[(size_t)n_off + o], fo);
                 if (x0 >= th[0]) {
                     in0++;
                     both += x1 >= th[1];
@@ -250,7 +319,7 @@ int main(int argc, char **argv) {
             }
             printf("%s: of allocation 0's worst tenth (%d offsets), %d are in allocation 1's "
                    "(%.0f%%; 10%% if unrelated)\n",
-                   field ? "bw" : "lat max", in0, both, in0 ? 100.0 * both / in0 : 0.0);
+                   names[field], in0, both, in0 ? 100.0 * both / in0 : 0.0);
         }
     }
     printf("clock %.0f MHz\n", clk_khz / 1e3);
