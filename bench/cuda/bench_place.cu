@@ -195,6 +195,9 @@ int main(int argc, char **argv) {
     CK(cudaGetDeviceProperties(&prop, dev));
     const int n_off = (int)(max_off / step);
     const int n_lines = (int)(bytes / 128);
+    /* the writers' threads: each of the WR_WRITERS blocks writes its share of the buffer */
+    int wr_threads = ((int)(bytes / 16) + WR_WRITERS - 1) / WR_WRITERS;
+    wr_threads = wr_threads < 32 ? 32 : wr_threads > 1024 ? 1024 : (wr_threads + 31) / 32 * 32;
     printf("bench_place: %s, %d SMs, L2 %d KiB; %zu bytes at %d offsets (step %zu) in %d "
            "allocations; lat: %d blocks of 32, bw: %d blocks of %d, %d launches\n",
            prop.name, n_sm, prop.l2CacheSize >> 10, bytes, n_off, step, n_alloc, n_sm, 2 * n_sm,
@@ -244,7 +247,7 @@ int main(int argc, char **argv) {
             q->lat_max = mx / n_launch;
             mean = mx = 0.0;
             for (int l = 0; l < n_launch; l++) {
-                wr_write_kernel<<<WR_WRITERS, BW_THREADS>>>((float4 *)(uintptr_t)p,
+                wr_write_kernel<<<WR_WRITERS, wr_threads>>>((float4 *)(uintptr_t)p,
                                                             (int)(bytes / 16));
                 wr_read_kernel<<<n_sm, BW_THREADS>>>((const float4 *)p, (int)(bytes / 16), d_cyc,
                                                      (float *)d_sink);
