@@ -23,6 +23,10 @@
  *        ao), then a block of 256 threads per multiprocessor reads all of it once (as every MoE
  *        block stages x + ao): cycles of a reading block from its first load to its last,
  *        mean and max over the blocks
+ *   wrR  the same with the buffer written REPL times (-r, default 4; 1: not measured), the copies
+ *        back to back from the offset, and each reading block reading copy (its SM id % REPL):
+ *        whether spreading the one hot vector over more lines (a fix the engine could adopt for
+ *        ao and x) lowers the readers' max and flattens it over the offsets
  * Printed: each allocation's distribution (min, p10, median, p90, max) of both, the offsets
  * worst by lat max, and how the allocations agree (the offsets in the worst tenth of both). */
 #include <cuda_runtime.h>
@@ -88,14 +92,24 @@ __global__ void bw_kernel(const float4 *p, int n4, float *sink) {
 
 #define WR_WRITERS 16
 
-__global__ void wr_write_kernel(float4 *p, int n4) {
+/* n4 float4 of each of the repl copies, back to back (zeros: lat's chain stays in the buffer) */
+__global__ void wr_write_kernel(float4 *p, int n4, int repl) {
     for (int i = (int)(blockIdx.x * blockDim.x + threadIdx.x); i < n4;
          i += (int)(gridDim.x * blockDim.x))
-        p[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f); /* zeros: lat's chain stays in the buffer */
+        for (int r = 0; r < repl; r++)
+            p[(size_t)r * n4 + i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 }
 
-__global__ void wr_read_kernel(const float4 *p, int n4, long long *cyc, float *sink) {
+__device__ __forceinline__ unsigned sm_id() {
+    unsigned v;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(v));
+    return v;
+}
+
+/* repl > 1: the block reads copy (its SM id % repl) */
+__global__ void wr_read_kernel(const float4 *p, int n4, int repl, long long *cyc, float *sink) {
     __shared__ float part[BW_THREADS];
+    if (repl > 1) p += (size_t)(sm_id() % (unsigned)repl) * n4;
     __syncthreads();
     const long long t0 = clock64();
     float acc = 0.0f;
@@ -113,7 +127,7 @@ __global__ void wr_read_kernel(const float4 *p, int n4, long long *cyc, float *s
 }
 
 typedef struct {
-    double lat_mean, lat_max, bw_us, wr_mean, wr_max;
+    double lat_mean, lat_max, bw_us, wr_mean, wr_max, wrr_mean, wrr_max;
 } probe;
 
 static double field_of(const probe *q, size_t field) {
@@ -160,9 +174,34 @@ static void worst(const char *what, const probe *pa, int n_off, size_t step, siz
     printf("\n");
 }
 
+/* The wr pattern at p with repl copies, n_launch times: the reading blocks' cycles, mean and max
+ * over the blocks, averaged over the launches. */
+static void wr_probe(const uint8_t *p, size_t bytes, int repl, int wr_threads, int n_sm,
+                     int n_launch, long long *d_cyc, long long *cyc, uint32_t *d_sink,
+                     double *mean_out, double *max_out) {
+    double mean = 0.0, mx = 0.0;
+    for (int l = 0; l < n_launch; l++) {
+        wr_write_kernel<<<WR_WRITERS, wr_threads>>>((float4 *)(uintptr_t)p, (int)(bytes / 16),
+                                                    repl);
+        wr_read_kernel<<<n_sm, BW_THREADS>>>((const float4 *)p, (int)(bytes / 16), repl, d_cyc,
+                                             (float *)d_sink);
+        CK(cudaGetLastError());
+        CK(cudaMemcpy(cyc, d_cyc, sizeof(long long) * (size_t)n_sm, cudaMemcpyDeviceToHost));
+        double s = 0.0, m = 0.0;
+        for (int b = 0; b < n_sm; b++) {
+            s += (double)cyc[b];
+            if ((double)cyc[b] > m) m = (double)cyc[b];
+        }
+        mean += s / n_sm;
+        mx += m;
+    }
+    *mean_out = mean / n_launch;
+    *max_out = mx / n_launch;
+}
+
 int main(int argc, char **argv) {
     size_t bytes = 8192, max_off = (size_t)2 << 20, step = 256;
-    int n_alloc = 2, n_launch = 5;
+    int n_alloc = 2, n_launch = 5, repl = 4;
     const char *csv = NULL;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "-b"))
@@ -175,6 +214,8 @@ int main(int argc, char **argv) {
             n_alloc = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-n"))
             n_launch = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "-r"))
+            repl = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-o"))
             csv = argv[i + 1];
         else {
@@ -183,8 +224,9 @@ int main(int argc, char **argv) {
         }
     }
     if (bytes < 128 || bytes % 128 || step < 16 || step % 16 || max_off < step || n_alloc < 1 ||
-        n_alloc > 8 || n_launch < 1) {
-        fprintf(stderr, "bench_place: bad arguments (BYTES a multiple of 128, STEP of 16)\n");
+        n_alloc > 8 || n_launch < 1 || repl < 1 || repl > 16) {
+        fprintf(stderr, "bench_place: bad arguments (BYTES a multiple of 128, STEP of 16, REPL "
+                        "1..16)\n");
         return 2;
     }
     int dev = 0, n_sm = 0, clk_khz = 0;
@@ -199,10 +241,11 @@ int main(int argc, char **argv) {
     int wr_threads = ((int)(bytes / 16) + WR_WRITERS - 1) / WR_WRITERS;
     wr_threads = wr_threads < 32 ? 32 : wr_threads > 1024 ? 1024 : (wr_threads + 31) / 32 * 32;
     printf("bench_place: %s, %d SMs, L2 %d KiB; %zu bytes at %d offsets (step %zu) in %d "
-           "allocations; lat: %d blocks of 32, bw: %d blocks of %d, %d launches\n",
+           "allocations; lat: %d blocks of 32, bw: %d blocks of %d, %d launches; wrR: %d copies\n",
            prop.name, n_sm, prop.l2CacheSize >> 10, bytes, n_off, step, n_alloc, n_sm, 2 * n_sm,
-           BW_THREADS, n_launch);
-    const size_t region = (max_off + bytes + ((size_t)2 << 20) - 1) & ~(((size_t)2 << 20) - 1);
+           BW_THREADS, n_launch, repl);
+    const size_t region =
+        (max_off + (size_t)repl * bytes + ((size_t)2 << 20) - 1) & ~(((size_t)2 << 20) - 1);
     uint8_t *base[8] = {0};
     long long *d_cyc = NULL;
     uint32_t *d_sink = NULL;
@@ -245,25 +288,11 @@ int main(int argc, char **argv) {
             }
             q->lat_mean = mean / n_launch;
             q->lat_max = mx / n_launch;
-            mean = mx = 0.0;
-            for (int l = 0; l < n_launch; l++) {
-                wr_write_kernel<<<WR_WRITERS, wr_threads>>>((float4 *)(uintptr_t)p,
-                                                            (int)(bytes / 16));
-                wr_read_kernel<<<n_sm, BW_THREADS>>>((const float4 *)p, (int)(bytes / 16), d_cyc,
-                                                     (float *)d_sink);
-                CK(cudaGetLastError());
-                CK(cudaMemcpy(cyc, d_cyc, sizeof(long long) * (size_t)n_sm,
-                              cudaMemcpyDeviceToHost));
-                double s = 0.0, m = 0.0;
-                for (int b = 0; b < n_sm; b++) {
-                    s += (double)cyc[b];
-                    if ((double)cyc[b] > m) m = (double)cyc[b];
-                }
-                mean += s / n_sm;
-                mx += m;
-            }
-            q->wr_mean = mean / n_launch;
-            q->wr_max = mx / n_launch;
+            wr_probe(p, bytes, 1, wr_threads, n_sm, n_launch, d_cyc, cyc, d_sink, &q->wr_mean,
+                     &q->wr_max);
+            if (repl > 1)
+                wr_probe(p, bytes, repl, wr_threads, n_sm, n_launch, d_cyc, cyc, d_sink,
+                         &q->wrr_mean, &q->wrr_max);
             bw_kernel<<<2 * n_sm, BW_THREADS>>>((const float4 *)p, (int)(bytes / 16),
                                                 (float *)d_sink); /* warm */
             CK(cudaEventRecord(e0));
@@ -278,7 +307,9 @@ int main(int argc, char **argv) {
         }
     FILE *f = csv ? fopen(csv, "w") : NULL;
     if (csv && !f) fprintf(stderr, "bench_place: cannot write %s\n", csv);
-    if (f) fprintf(f, "alloc,offset,lat_mean_cyc,lat_max_cyc,bw_us,wr_mean_cyc,wr_max_cyc\n");
+    if (f)
+        fprintf(f, "alloc,offset,lat_mean_cyc,lat_max_cyc,bw_us,wr_mean_cyc,wr_max_cyc,"
+                   "wrr_mean_cyc,wrr_max_cyc\n");
     for (int a = 0; a < n_alloc; a++) {
         const probe *pa = &pr[(size_t)a * (size_t)n_off];
         printf("allocation %d:\n", a);
@@ -287,19 +318,25 @@ int main(int argc, char **argv) {
         dist("bw (us a launch)", pa, n_off, offsetof(probe, bw_us));
         dist("wr mean (cycles)", pa, n_off, offsetof(probe, wr_mean));
         dist("wr max (cycles)", pa, n_off, offsetof(probe, wr_max));
+        if (repl > 1) {
+            dist("wrR mean (cycles)", pa, n_off, offsetof(probe, wrr_mean));
+            dist("wrR max (cycles)", pa, n_off, offsetof(probe, wrr_max));
+        }
         if (f)
             for (int o = 0; o < n_off; o++)
-                fprintf(f, "%d,%zu,%.2f,%.2f,%.3f,%.1f,%.1f\n", a, (size_t)o * step, pa[o].lat_mean,
-                        pa[o].lat_max, pa[o].bw_us, pa[o].wr_mean, pa[o].wr_max);
+                fprintf(f, "%d,%zu,%.2f,%.2f,%.3f,%.1f,%.1f,%.1f,%.1f\n", a, (size_t)o * step,
+                        pa[o].lat_mean, pa[o].lat_max, pa[o].bw_us, pa[o].wr_mean, pa[o].wr_max,
+                        pa[o].wrr_mean, pa[o].wrr_max);
         worst("lat max", pa, n_off, step, offsetof(probe, lat_max));
         worst("wr max", pa, n_off, step, offsetof(probe, wr_max));
+        if (repl > 1) worst("wrR max", pa, n_off, step, offsetof(probe, wrr_max));
     }
     if (f) fclose(f);
     if (n_alloc >= 2) { /* do the allocations agree on the bad offsets? */
-        static const char *const names[3] = {"lat max", "bw", "wr max"};
-        const size_t fos[3] = {offsetof(probe, lat_max), offsetof(probe, bw_us),
-                               offsetof(probe, wr_max)};
-        for (int field = 0; field < 3; field++) {
+        static const char *const names[4] = {"lat max", "bw", "wr max", "wrR max"};
+        const size_t fos[4] = {offsetof(probe, lat_max), offsetof(probe, bw_us),
+                               offsetof(probe, wr_max), offsetof(probe, wrr_max)};
+        for (int field = 0; field < (repl > 1 ? 4 : 3); field++) {
             const size_t fo = fos[field];
             double th[8];
             double *v = (double *)malloc(sizeof(double) * (size_t)n_off);
