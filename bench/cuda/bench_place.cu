@@ -10,7 +10,7 @@
  * Built on its own:
  *
  *   nvcc -O2 -arch=sm_90 -o bench_place bench/cuda/bench_place.cu
- *   bench_place [-b BYTES] [-m MAX_OFFSET] [-s STEP] [-a ALLOCS] [-n LAUNCHES] [-o CSV]
+ *   bench_place [-b BYTES] [-m MAX_OFFSET] [-s STEP] [-a ALLOCS] [-n LAUNCHES] [-r REPL] [-o CSV]
  *
  * BYTES (default 8,192: x or ao of a 2,048-wide model) at offsets 0, STEP, ... < MAX_OFFSET
  * (default 256 and 2 MiB) from the start of each of ALLOCS (default 2) allocations. Per offset:
