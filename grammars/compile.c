@@ -8,6 +8,10 @@
 #define MAX_NFA_STATES (4u << 20)
 #define MAX_DFA_STATES (1u << 18)
 #define MAX_RULE_STATES (1u << 16)
+/* NFA states held by all DFA states together. Sets that stay large (a `.*` inside a repeated
+ * group) reach it long before the state limits, and bound the time and memory of a grammar that
+ * blows up: the largest grammars of the test suite hold about 24,000. */
+#define MAX_SET_ITEMS (1u << 21)
 
 enum { NE_EPS, NE_BYTE, NE_REF };
 
@@ -251,6 +255,13 @@ static size_t closure(sc *c, const int32_t *seed, size_t n) {
         }
     while (sp) {
         int32_t s = c->stack[--sp];
+        if (c->n_items >= MAX_SET_ITEMS) {
+            c->err = grammar_err(GRAMMAR_ELIMIT,
+                                 "grammar too large (its states hold more than %u "
+                                 "NFA states in all)",
+                                 MAX_SET_ITEMS);
+            return 0;
+        }
         if (grammar_grow((void **)&c->items, &c->cap_items, c->n_items + 1, sizeof *c->items)) {
             c->err = grammar_err(GRAMMAR_ENOMEM, "out of memory");
             return 0;

@@ -1127,7 +1127,10 @@ int grammar_new_json_schema(grammar **out, const char *schema_json, size_t len) 
     if (rc) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", grammar_error_last());
-        grammar_err(rc, "internal: the grammar made from the schema does not compile: %s", msg);
+        if (rc == GRAMMAR_ELIMIT) /* a size limit is the schema's doing, not ours */
+            grammar_err(rc, "schema too complex: %s", msg);
+        else
+            grammar_err(rc, "internal: the grammar made from the schema does not compile: %s", msg);
     }
     free(text);
     return rc;

@@ -303,6 +303,16 @@ int engine_tokenizer_spec_from_hf(engine_tokenizer_spec **out, const char *tj, s
         }
         if (id->ival > max_id) max_id = id->ival;
     }
+    /* ids must cover 0..max_id, one a token: a larger id means gaps, and sizing the tables by it
+     * would let a few bytes of hostile file ask for gigabytes */
+    uint64_t n_named = (uint64_t)vocab->count + (added ? added->count : 0);
+    if ((uint64_t)(max_id + 1) > n_named) {
+        rc = engine_err(ENGINE_EUNSUPPORTED,
+                        "%s: ids go up to %lld but there are only %llu tokens "
+                        "(gaps in the vocabulary)",
+                        name, (long long)max_id, (unsigned long long)n_named);
+        goto fail;
+    }
     if (merges->count > (uint32_t)INT32_MAX / 2) {
         rc = engine_err(ENGINE_EFORMAT, "%s: too many merges", name);
         goto fail;

@@ -239,6 +239,22 @@ static void test_spec(void) {
         free(mod);
         free(js);
     }
+    /* an id far past the number of tokens: refused before any table is sized by it */
+    {
+        char *js = NULL;
+        j = make_json(0);
+        CHECK(engine_tokenizer_spec_set_string(&js, j, strlen(j)) == 0);
+        char *p = strstr(js, "\"id\": 302");
+        CHECK(p != NULL);
+        size_t n = strlen(js) + 32;
+        char *mod = malloc(n);
+        snprintf(mod, n, "%.*s\"id\": 1000000000%s", (int)(p - js), js, p + strlen("\"id\": 302"));
+        CHECK(engine_tokenizer_spec_from_hf(&spec, mod, strlen(mod), NULL, 0) ==
+              ENGINE_EUNSUPPORTED);
+        CHECK(strstr(engine_error_last(), "ids go up to 1000000000 but there are only 303 tokens"));
+        free(mod);
+        free(js);
+    }
     const char *cfg_bad = "{\"eos_token\": \"<|nope|>\"}";
     j = make_json(0);
     CHECK(engine_tokenizer_spec_from_hf(&spec, j, strlen(j), cfg_bad, strlen(cfg_bad)) == ENGINE_EFORMAT);

@@ -262,6 +262,19 @@ static void test_schemas(void) {
     expect_schema("{\"type\":\"boolean\",\"nullable\":true}", (const char *[]){"true", "null", NULL}, (const char *[]){"0", NULL});
     expect_schema("{\"type\":\"object\",\"properties\":{\"\xc3\xa9\\\"\":{\"const\":\"\\n\"}},\"required\":[\"\xc3\xa9\\\"\"]}",
                   (const char *[]){"{\"\xc3\xa9\\\"\":\"\\n\"}", NULL}, (const char *[]){"{}", NULL});
+    /* a pattern whose DFA blows up with large state sets: refused by the bound on the sets' size,
+     * before the per-rule state limit, so that a hostile schema costs little time and memory */
+    {
+        const char *js = "{\"type\":\"string\",\"pattern\":\"^(.*a.{10})*$\"}";
+        grammar *g = NULL;
+        int rc = grammar_new_json_schema(&g, js, strlen(js));
+        CHECK(rc == GRAMMAR_ELIMIT && g == NULL, "schema %s: rc %d, want GRAMMAR_ELIMIT", js, rc);
+        CHECK(strstr(grammar_error_last(),
+                     "schema too complex: grammar too large (its states hold more "
+                     "than 2097152 NFA states in all)") != NULL,
+              "schema %s: error '%s'", js, grammar_error_last());
+        grammar_free(g);
+    }
     /* errors name the place */
     expect_schema_error("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"foo\":1}}}",
                         GRAMMAR_EUNSUPPORTED, "#/properties/a/foo");
